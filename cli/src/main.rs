@@ -1,0 +1,2 @@
+//! `peerless` CLI (stub).
+fn main() {}

@@ -1,0 +1,106 @@
+//! Diagnostics: every error about input names the file, line and column, shows the
+//! offending line with a caret under it, and says what was expected.
+
+use std::fmt;
+
+use crate::ir::Span;
+
+/// What stage found the problem.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// Malformed text (lexing or syntax).
+    Parse,
+    /// Well-formed text or proto that breaks a shape or structure rule.
+    Verify,
+    /// Binary `HloModuleProto` that cannot be decoded.
+    Proto,
+    /// Input Peerless understands but does not support (op, dtype, attribute).
+    Unsupported,
+}
+
+/// An error about an HLO module, with its location when one is known.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Error {
+    pub kind: ErrorKind,
+    pub file: String,
+    /// 1-based; 0 when the location is unknown (e.g. proto input).
+    pub line: u32,
+    pub col: u32,
+    pub message: String,
+    /// The text of the offending line, for the caret display.
+    pub source_line: Option<String>,
+    pub caret_len: u32,
+}
+
+impl Error {
+    /// An error at `span` of `src` (the whole source text of `file`).
+    pub fn at(kind: ErrorKind, file: &str, src: &str, span: Span, message: impl Into<String>) -> Self {
+        let source_line = if span.line > 0 { src.lines().nth(span.line as usize - 1).map(str::to_owned) } else { None };
+        Error {
+            kind,
+            file: file.to_owned(),
+            line: span.line,
+            col: span.col,
+            message: message.into(),
+            source_line,
+            caret_len: span.len.max(1),
+        }
+    }
+
+    /// Fills in the offending line from `src` when the error has a location but no
+    /// line text yet (verifier errors are raised without access to the source).
+    pub fn with_source(mut self, src: &str) -> Self {
+        if self.line > 0 && self.source_line.is_none() {
+            self.source_line = src.lines().nth(self.line as usize - 1).map(str::to_owned);
+        }
+        self
+    }
+
+    /// An error with no source location.
+    pub fn new(kind: ErrorKind, file: &str, message: impl Into<String>) -> Self {
+        Error { kind, file: file.to_owned(), line: 0, col: 0, message: message.into(), source_line: None, caret_len: 1 }
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let what = match self.kind {
+            ErrorKind::Parse => "parse error",
+            ErrorKind::Verify => "invalid module",
+            ErrorKind::Proto => "invalid HloModuleProto",
+            ErrorKind::Unsupported => "unsupported",
+        };
+        if self.line > 0 {
+            write!(f, "{}:{}:{}: {}: {}", self.file, self.line, self.col, what, self.message)?;
+        } else {
+            write!(f, "{}: {}: {}", self.file, what, self.message)?;
+        }
+        if let Some(line) = &self.source_line {
+            // Tabs keep their width so the caret lines up under the text.
+            let pad: String = line
+                .chars()
+                .take(self.col.saturating_sub(1) as usize)
+                .map(|c| if c == '\t' { '\t' } else { ' ' })
+                .collect();
+            let shown: String = line.chars().take(200).collect();
+            write!(f, "\n  | {shown}\n  | {pad}{}", "^".repeat(self.caret_len.min(80) as usize))?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for Error {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn caret_under_column() {
+        let src = "HloModule m\n\nENTRY e {\n  x = f32[2] bogus()\n}\n";
+        let e = Error::at(ErrorKind::Parse, "t.hlo", src, Span { line: 4, col: 14, len: 5 }, "unknown opcode 'bogus'");
+        let s = e.to_string();
+        assert!(s.starts_with("t.hlo:4:14: parse error: unknown opcode 'bogus'"), "{s}");
+        assert!(s.ends_with("\n  |   x = f32[2] bogus()\n  |              ^^^^^"), "{s}");
+    }
+}

@@ -1,0 +1,349 @@
+//! The HLO IR: a module owns every computation and instruction in arenas keyed by
+//! typed `u32` indices (cranelift-entity), so passes hold small copyable ids
+//! instead of pointers. Both front ends (text and proto) build this same IR, and
+//! [`crate::verify`] checks it before anything consumes it.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use cranelift_entity::{PrimaryMap, entity_impl};
+
+use crate::literal::Literal;
+use crate::opcode::Opcode;
+use crate::types::{ArrayShape, Shape};
+
+/// Index of an instruction in [`Module::instrs`].
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct InstrId(u32);
+entity_impl!(InstrId, "%");
+
+/// Index of a computation in [`Module::comps`].
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct CompId(u32);
+entity_impl!(CompId, "comp");
+
+/// A position in the source text (1-based line and column), for diagnostics.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Span {
+    pub line: u32,
+    pub col: u32,
+    /// Length in characters of the spanned text (at least 1 when shown).
+    pub len: u32,
+}
+
+/// Comparison direction of a `compare` instruction.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ComparisonDirection {
+    Eq,
+    Ne,
+    Lt,
+    Le,
+    Gt,
+    Ge,
+}
+
+impl ComparisonDirection {
+    pub fn from_name(s: &str) -> Option<Self> {
+        Some(match s {
+            "EQ" => Self::Eq,
+            "NE" => Self::Ne,
+            "LT" => Self::Lt,
+            "LE" => Self::Le,
+            "GT" => Self::Gt,
+            "GE" => Self::Ge,
+            _ => return None,
+        })
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Eq => "EQ",
+            Self::Ne => "NE",
+            Self::Lt => "LT",
+            Self::Le => "LE",
+            Self::Gt => "GT",
+            Self::Ge => "GE",
+        }
+    }
+}
+
+/// Replica groups as XLA spells them: an explicit list `{{0,2},{1,3}}`, or the
+/// compact iota form `[G,S]<=[d0,d1,..]T(p0,p1,..)` (a reshape of `iota(prod(dims))`
+/// to `dims`, transposed by `perm`, then read as `G` groups of `S`).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum ReplicaGroups {
+    Explicit(Vec<Vec<i64>>),
+    Iota(IotaReplicaGroups),
+}
+
+/// The iota form of replica groups.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct IotaReplicaGroups {
+    pub num_groups: i64,
+    pub group_size: i64,
+    pub reshape_dims: Vec<i64>,
+    /// Empty means the identity permutation.
+    pub transpose_perm: Vec<i64>,
+}
+
+impl IotaReplicaGroups {
+    /// Expands to explicit groups. `None` if the form is inconsistent
+    /// (product of dims ≠ groups × size, or a bad permutation).
+    pub fn expand(&self) -> Option<Vec<Vec<i64>>> {
+        let total: i64 = self.reshape_dims.iter().product();
+        if self.num_groups < 0 || self.group_size < 0 || total != self.num_groups * self.group_size {
+            return None;
+        }
+        if self.reshape_dims.iter().any(|&d| d < 0) || total > (1 << 24) {
+            return None;
+        }
+        let rank = self.reshape_dims.len();
+        let perm: Vec<usize> = if self.transpose_perm.is_empty() {
+            (0..rank).collect()
+        } else {
+            if self.transpose_perm.len() != rank {
+                return None;
+            }
+            let p: Vec<usize> = self.transpose_perm.iter().map(|&x| x as usize).collect();
+            let mut seen = vec![false; rank];
+            for &x in &p {
+                if x >= rank || std::mem::replace(&mut seen[x], true) {
+                    return None;
+                }
+            }
+            p
+        };
+        // Strides of the reshaped (pre-transpose) array.
+        let dims: Vec<usize> = self.reshape_dims.iter().map(|&d| d as usize).collect();
+        let mut strides = vec![1usize; rank];
+        for i in (0..rank.saturating_sub(1)).rev() {
+            strides[i] = strides[i + 1] * dims[i + 1];
+        }
+        let tdims: Vec<usize> = perm.iter().map(|&p| dims[p]).collect();
+        let mut flat = Vec::with_capacity(total as usize);
+        let mut idx = vec![0usize; rank];
+        for _ in 0..total {
+            let src: usize = (0..rank).map(|k| idx[k] * strides[perm[k]]).sum();
+            flat.push(src as i64);
+            for k in (0..rank).rev() {
+                idx[k] += 1;
+                if idx[k] < tdims[k] {
+                    break;
+                }
+                idx[k] = 0;
+            }
+        }
+        let size = self.group_size.max(1) as usize;
+        Some(if self.group_size == 0 { Vec::new() } else { flat.chunks(size).map(<[i64]>::to_vec).collect() })
+    }
+}
+
+impl ReplicaGroups {
+    /// The groups as explicit lists (iota form expanded). `None` only for an
+    /// inconsistent iota form, which the parser and verifier reject.
+    pub fn groups(&self) -> Option<Vec<Vec<i64>>> {
+        match self {
+            ReplicaGroups::Explicit(g) => Some(g.clone()),
+            ReplicaGroups::Iota(i) => i.expand(),
+        }
+    }
+}
+
+impl fmt::Display for ReplicaGroups {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let join = |v: &[i64]| v.iter().map(i64::to_string).collect::<Vec<_>>().join(",");
+        match self {
+            ReplicaGroups::Explicit(g) => {
+                let inner: Vec<String> = g.iter().map(|x| format!("{{{}}}", join(x))).collect();
+                write!(f, "{{{}}}", inner.join(","))
+            }
+            ReplicaGroups::Iota(i) => {
+                write!(f, "[{},{}]<=[{}]", i.num_groups, i.group_size, join(&i.reshape_dims))?;
+                if !i.transpose_perm.is_empty() {
+                    write!(f, "T({})", join(&i.transpose_perm))?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// An HLO sharding annotation (`sharding={...}`).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Sharding {
+    Replicated,
+    Manual,
+    Maximal { device: i64 },
+    /// `{devices=[a,b,..]<=[n]}` or `{devices=[a,b]0,1,2,3}`, optionally with
+    /// `last_tile_dim_replicate` or `last_tile_dims={manual,..}`.
+    Tiled {
+        /// Tile assignment dimensions (including a trailing replication dimension, if any).
+        tile_dims: Vec<i64>,
+        /// Devices of the tile assignment in row-major order (iota form expanded).
+        devices: Vec<i64>,
+        last_tile_dim_replicate: bool,
+        /// Raw `last_tile_dims={..}` subgroup types, when present.
+        last_tile_dims: Vec<String>,
+    },
+    Tuple(Vec<Sharding>),
+    /// `{unknown}` or anything else XLA may print that Peerless keeps verbatim.
+    Other(String),
+}
+
+/// A `lo_hi_interior` padding triple for one dimension of `pad`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct PadDim {
+    pub lo: i64,
+    pub hi: i64,
+    pub interior: i64,
+}
+
+/// One dimension of a `slice={[start:limit:stride], ...}` attribute.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct SliceDim {
+    pub start: i64,
+    pub limit: i64,
+    pub stride: i64,
+}
+
+/// Dot dimension numbers.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct DotDims {
+    pub lhs_batch: Vec<i64>,
+    pub rhs_batch: Vec<i64>,
+    pub lhs_contracting: Vec<i64>,
+    pub rhs_contracting: Vec<i64>,
+}
+
+/// Typed attributes of an instruction. Attributes the IR does not model are kept
+/// verbatim in `other` (key → raw text) so real XLA dumps parse and print back.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Attrs {
+    /// `parameter(N)`.
+    pub parameter_number: Option<i64>,
+    /// `constant(...)` payload, already typed by the instruction's shape.
+    pub literal: Option<Literal>,
+    /// `get-tuple-element` `index=N`.
+    pub tuple_index: Option<i64>,
+    /// `dimensions={..}` (broadcast, transpose, reduce, concatenate, reverse, all-gather, ...).
+    pub dimensions: Option<Vec<i64>>,
+    pub replica_groups: Option<ReplicaGroups>,
+    pub channel_id: Option<i64>,
+    pub use_global_device_ids: bool,
+    /// all-to-all `dimensions={d}` is stored in `dimensions`; this is the split dimension
+    /// when present as `split_dimension` (proto form).
+    pub split_dimension: Option<i64>,
+    pub slice: Option<Vec<SliceDim>>,
+    pub dynamic_slice_sizes: Option<Vec<i64>>,
+    pub padding: Option<Vec<PadDim>>,
+    pub source_target_pairs: Option<Vec<(i64, i64)>>,
+    pub sharding: Option<Sharding>,
+    pub frontend_attributes: BTreeMap<String, String>,
+    pub backend_config: Option<String>,
+    pub metadata: Option<String>,
+    pub custom_call_target: Option<String>,
+    pub comparison_direction: Option<ComparisonDirection>,
+    /// `type=` of compare (`TOTALORDER`, `FLOAT`, `SIGNED`, `UNSIGNED`).
+    pub comparison_type: Option<String>,
+    pub iota_dimension: Option<i64>,
+    pub dot: Option<DotDims>,
+    pub control_predecessors: Vec<InstrId>,
+    /// Any attribute not modelled above, verbatim.
+    pub other: BTreeMap<String, String>,
+}
+
+/// One HLO instruction.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Instruction {
+    pub name: String,
+    pub opcode: Opcode,
+    pub shape: Shape,
+    pub operands: Vec<InstrId>,
+    /// Called computations: `to_apply`, `calls`, branch computations, in XLA's order.
+    pub called: Vec<CompId>,
+    pub attrs: Attrs,
+    /// The computation this instruction belongs to.
+    pub parent: CompId,
+    /// Where the instruction's name starts in the source, when parsed from text.
+    pub span: Option<Span>,
+}
+
+impl Instruction {
+    /// The array shape, for instructions that produce an array.
+    pub fn array_shape(&self) -> Option<&ArrayShape> {
+        self.shape.as_array()
+    }
+}
+
+/// A named computation: instructions in program order, its parameters by number, and its root.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Computation {
+    pub name: String,
+    pub instrs: Vec<InstrId>,
+    /// `params[i]` is `parameter(i)`.
+    pub params: Vec<InstrId>,
+    pub root: InstrId,
+    pub span: Option<Span>,
+}
+
+/// Module-level configuration from the `HloModule` header (or the proto).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ModuleConfig {
+    pub replica_count: i64,
+    pub num_partitions: i64,
+    /// `entry_computation_layout={(...)->...}` verbatim, when present.
+    pub entry_computation_layout: Option<String>,
+    pub frontend_attributes: BTreeMap<String, String>,
+    /// Other header attributes, verbatim.
+    pub other: BTreeMap<String, String>,
+}
+
+/// A whole HLO module.
+#[derive(Clone, Debug)]
+pub struct Module {
+    pub name: String,
+    pub config: ModuleConfig,
+    pub comps: PrimaryMap<CompId, Computation>,
+    pub instrs: PrimaryMap<InstrId, Instruction>,
+    pub entry: CompId,
+    /// Source file name (for diagnostics), `<proto>` for binary input.
+    pub source_name: String,
+}
+
+impl Module {
+    pub fn entry(&self) -> &Computation {
+        &self.comps[self.entry]
+    }
+
+    pub fn instr(&self, id: InstrId) -> &Instruction {
+        &self.instrs[id]
+    }
+
+    pub fn comp(&self, id: CompId) -> &Computation {
+        &self.comps[id]
+    }
+
+    /// Finds a computation by name.
+    pub fn comp_by_name(&self, name: &str) -> Option<CompId> {
+        self.comps.iter().find(|(_, c)| c.name == name).map(|(id, _)| id)
+    }
+
+    /// Entry parameter shapes, by parameter number.
+    pub fn entry_param_shapes(&self) -> Vec<&Shape> {
+        self.entry().params.iter().map(|&p| &self.instrs[p].shape).collect()
+    }
+
+    /// Entry result shape.
+    pub fn entry_result_shape(&self) -> &Shape {
+        &self.instrs[self.entry().root].shape
+    }
+
+    /// All collective instructions of the module, in computation then program order.
+    pub fn collectives(&self) -> Vec<InstrId> {
+        self.comps
+            .values()
+            .flat_map(|c| c.instrs.iter().copied())
+            .filter(|&i| self.instrs[i].opcode.is_collective())
+            .collect()
+    }
+}

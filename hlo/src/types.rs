@@ -1,0 +1,366 @@
+//! Element types and shapes, spelled exactly as XLA prints them.
+
+use std::fmt;
+
+/// An XLA element type. Names follow `xla_data.proto`'s `PrimitiveType`
+/// (the text form is the lower-case spelling: `f32`, `bf16`, `f8e4m3fn`, ...).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum PrimitiveType {
+    Pred,
+    S4,
+    S8,
+    S16,
+    S32,
+    S64,
+    U4,
+    U8,
+    U16,
+    U32,
+    U64,
+    F16,
+    Bf16,
+    F32,
+    F64,
+    F8E5M2,
+    F8E4M3,
+    F8E4M3FN,
+    F8E4M3B11FNUZ,
+    F8E5M2FNUZ,
+    F8E4M3FNUZ,
+    F8E3M4,
+    F8E8M0FNU,
+    C64,
+    C128,
+    Token,
+}
+
+impl PrimitiveType {
+    /// Every type, for tables and round-trip tests.
+    pub const ALL: [PrimitiveType; 26] = [
+        Self::Pred,
+        Self::S4,
+        Self::S8,
+        Self::S16,
+        Self::S32,
+        Self::S64,
+        Self::U4,
+        Self::U8,
+        Self::U16,
+        Self::U32,
+        Self::U64,
+        Self::F16,
+        Self::Bf16,
+        Self::F32,
+        Self::F64,
+        Self::F8E5M2,
+        Self::F8E4M3,
+        Self::F8E4M3FN,
+        Self::F8E4M3B11FNUZ,
+        Self::F8E5M2FNUZ,
+        Self::F8E4M3FNUZ,
+        Self::F8E3M4,
+        Self::F8E8M0FNU,
+        Self::C64,
+        Self::C128,
+        Self::Token,
+    ];
+
+    /// The spelling XLA uses in HLO text.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Pred => "pred",
+            Self::S4 => "s4",
+            Self::S8 => "s8",
+            Self::S16 => "s16",
+            Self::S32 => "s32",
+            Self::S64 => "s64",
+            Self::U4 => "u4",
+            Self::U8 => "u8",
+            Self::U16 => "u16",
+            Self::U32 => "u32",
+            Self::U64 => "u64",
+            Self::F16 => "f16",
+            Self::Bf16 => "bf16",
+            Self::F32 => "f32",
+            Self::F64 => "f64",
+            Self::F8E5M2 => "f8e5m2",
+            Self::F8E4M3 => "f8e4m3",
+            Self::F8E4M3FN => "f8e4m3fn",
+            Self::F8E4M3B11FNUZ => "f8e4m3b11fnuz",
+            Self::F8E5M2FNUZ => "f8e5m2fnuz",
+            Self::F8E4M3FNUZ => "f8e4m3fnuz",
+            Self::F8E3M4 => "f8e3m4",
+            Self::F8E8M0FNU => "f8e8m0fnu",
+            Self::C64 => "c64",
+            Self::C128 => "c128",
+            Self::Token => "token",
+        }
+    }
+
+    /// Parses the HLO text spelling.
+    pub fn from_name(s: &str) -> Option<Self> {
+        Self::ALL.iter().copied().find(|t| t.name() == s)
+    }
+
+    /// Bytes one element occupies in a Peerless buffer. Sub-byte types (s4/u4)
+    /// are stored unpacked, one element per byte, so every type is addressable.
+    pub fn byte_size(self) -> usize {
+        match self {
+            Self::Pred | Self::S4 | Self::U4 | Self::S8 | Self::U8 => 1,
+            Self::F8E5M2
+            | Self::F8E4M3
+            | Self::F8E4M3FN
+            | Self::F8E4M3B11FNUZ
+            | Self::F8E5M2FNUZ
+            | Self::F8E4M3FNUZ
+            | Self::F8E3M4
+            | Self::F8E8M0FNU => 1,
+            Self::S16 | Self::U16 | Self::F16 | Self::Bf16 => 2,
+            Self::S32 | Self::U32 | Self::F32 => 4,
+            Self::S64 | Self::U64 | Self::F64 | Self::C64 => 8,
+            Self::C128 => 16,
+            Self::Token => 0,
+        }
+    }
+
+    pub fn is_float(self) -> bool {
+        matches!(self, Self::F16 | Self::Bf16 | Self::F32 | Self::F64) || self.is_f8()
+    }
+
+    pub fn is_f8(self) -> bool {
+        matches!(
+            self,
+            Self::F8E5M2
+                | Self::F8E4M3
+                | Self::F8E4M3FN
+                | Self::F8E4M3B11FNUZ
+                | Self::F8E5M2FNUZ
+                | Self::F8E4M3FNUZ
+                | Self::F8E3M4
+                | Self::F8E8M0FNU
+        )
+    }
+
+    pub fn is_signed_int(self) -> bool {
+        matches!(self, Self::S4 | Self::S8 | Self::S16 | Self::S32 | Self::S64)
+    }
+
+    pub fn is_unsigned_int(self) -> bool {
+        matches!(self, Self::U4 | Self::U8 | Self::U16 | Self::U32 | Self::U64)
+    }
+
+    pub fn is_integral(self) -> bool {
+        self.is_signed_int() || self.is_unsigned_int()
+    }
+
+    pub fn is_complex(self) -> bool {
+        matches!(self, Self::C64 | Self::C128)
+    }
+
+    /// Types Peerless computes with (arithmetic, reductions, collective kernels).
+    /// F8 variants, s4/u4 and complex types can be stored and moved, never computed on.
+    pub fn is_computable(self) -> bool {
+        matches!(
+            self,
+            Self::Pred
+                | Self::S8
+                | Self::S16
+                | Self::S32
+                | Self::S64
+                | Self::U8
+                | Self::U16
+                | Self::U32
+                | Self::U64
+                | Self::F16
+                | Self::Bf16
+                | Self::F32
+                | Self::F64
+        )
+    }
+}
+
+impl fmt::Display for PrimitiveType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A dense array shape: element type, logical dimensions and (optional) layout.
+/// Layouts are kept for printing; Peerless buffers are always row-major
+/// (the logical dimension order, major to minor).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ArrayShape {
+    pub ty: PrimitiveType,
+    pub dims: Vec<i64>,
+    /// `minor_to_major` as written in `{1,0}`, when the text or proto gave one.
+    pub layout: Option<Vec<i64>>,
+}
+
+impl ArrayShape {
+    pub fn new(ty: PrimitiveType, dims: Vec<i64>) -> Self {
+        ArrayShape { ty, dims, layout: None }
+    }
+
+    pub fn scalar(ty: PrimitiveType) -> Self {
+        Self::new(ty, Vec::new())
+    }
+
+    pub fn rank(&self) -> usize {
+        self.dims.len()
+    }
+
+    /// Number of elements (1 for a scalar).
+    pub fn element_count(&self) -> usize {
+        self.dims.iter().map(|&d| d.max(0) as usize).product()
+    }
+
+    /// Bytes of a row-major Peerless buffer holding this shape.
+    pub fn byte_size(&self) -> usize {
+        self.element_count() * self.ty.byte_size()
+    }
+
+    /// Same element type and dimensions; layouts are ignored.
+    pub fn compatible(&self, other: &ArrayShape) -> bool {
+        self.ty == other.ty && self.dims == other.dims
+    }
+
+    /// Row-major strides in elements.
+    pub fn strides(&self) -> Vec<usize> {
+        let mut strides = vec![1usize; self.dims.len()];
+        for i in (0..self.dims.len().saturating_sub(1)).rev() {
+            strides[i] = strides[i + 1] * self.dims[i + 1].max(0) as usize;
+        }
+        strides
+    }
+}
+
+impl fmt::Display for ArrayShape {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}[", self.ty)?;
+        for (i, d) in self.dims.iter().enumerate() {
+            if i > 0 {
+                f.write_str(",")?;
+            }
+            write!(f, "{d}")?;
+        }
+        f.write_str("]")?;
+        if let Some(layout) = &self.layout {
+            f.write_str("{")?;
+            for (i, d) in layout.iter().enumerate() {
+                if i > 0 {
+                    f.write_str(",")?;
+                }
+                write!(f, "{d}")?;
+            }
+            f.write_str("}")?;
+        }
+        Ok(())
+    }
+}
+
+/// The shape of an HLO value: an array, a tuple of shapes, or a token.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Shape {
+    Array(ArrayShape),
+    Tuple(Vec<Shape>),
+    Token,
+}
+
+impl Shape {
+    pub fn array(ty: PrimitiveType, dims: Vec<i64>) -> Self {
+        Shape::Array(ArrayShape::new(ty, dims))
+    }
+
+    pub fn as_array(&self) -> Option<&ArrayShape> {
+        match self {
+            Shape::Array(a) => Some(a),
+            _ => None,
+        }
+    }
+
+    pub fn tuple_elements(&self) -> Option<&[Shape]> {
+        match self {
+            Shape::Tuple(t) => Some(t),
+            _ => None,
+        }
+    }
+
+    pub fn is_tuple(&self) -> bool {
+        matches!(self, Shape::Tuple(_))
+    }
+
+    /// Same structure, element types and dimensions; layouts are ignored.
+    pub fn compatible(&self, other: &Shape) -> bool {
+        match (self, other) {
+            (Shape::Array(a), Shape::Array(b)) => a.compatible(b),
+            (Shape::Tuple(a), Shape::Tuple(b)) => {
+                a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.compatible(y))
+            }
+            (Shape::Token, Shape::Token) => true,
+            _ => false,
+        }
+    }
+
+    /// Array leaves in depth-first order (the order of flattened entry results).
+    pub fn leaves(&self) -> Vec<&ArrayShape> {
+        let mut out = Vec::new();
+        fn walk<'a>(s: &'a Shape, out: &mut Vec<&'a ArrayShape>) {
+            match s {
+                Shape::Array(a) => out.push(a),
+                Shape::Tuple(t) => t.iter().for_each(|e| walk(e, out)),
+                Shape::Token => {}
+            }
+        }
+        walk(self, &mut out);
+        out
+    }
+
+    /// Total bytes of all array leaves.
+    pub fn byte_size(&self) -> usize {
+        self.leaves().iter().map(|a| a.byte_size()).sum()
+    }
+}
+
+impl fmt::Display for Shape {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Shape::Array(a) => a.fmt(f),
+            Shape::Token => f.write_str("token[]"),
+            Shape::Tuple(t) => {
+                f.write_str("(")?;
+                for (i, s) in t.iter().enumerate() {
+                    if i > 0 {
+                        f.write_str(", ")?;
+                    }
+                    s.fmt(f)?;
+                }
+                f.write_str(")")
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip() {
+        for t in PrimitiveType::ALL {
+            assert_eq!(PrimitiveType::from_name(t.name()), Some(t));
+        }
+        assert_eq!(PrimitiveType::from_name("f7"), None);
+    }
+
+    #[test]
+    fn shape_display_and_strides() {
+        let mut a = ArrayShape::new(PrimitiveType::F32, vec![2, 3, 4]);
+        assert_eq!(a.strides(), vec![12, 4, 1]);
+        assert_eq!(a.byte_size(), 96);
+        a.layout = Some(vec![2, 1, 0]);
+        assert_eq!(a.to_string(), "f32[2,3,4]{2,1,0}");
+        let t = Shape::Tuple(vec![Shape::Array(a), Shape::array(PrimitiveType::Pred, vec![])]);
+        assert_eq!(t.to_string(), "(f32[2,3,4]{2,1,0}, pred[])");
+        assert_eq!(t.leaves().len(), 2);
+    }
+}

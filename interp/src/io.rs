@@ -1,0 +1,1 @@
+//! npz input/output in the CLI's naming scheme (stub).

@@ -173,7 +173,9 @@ impl fmt::Display for ReplicaGroups {
 pub enum Sharding {
     Replicated,
     Manual,
-    Maximal { device: i64 },
+    Maximal {
+        device: i64,
+    },
     /// `{devices=[a,b,..]<=[n]}` or `{devices=[a,b]0,1,2,3}`, optionally with
     /// `last_tile_dim_replicate` or `last_tile_dims={manual,..}`.
     Tiled {
@@ -225,14 +227,12 @@ pub struct Attrs {
     pub literal: Option<Literal>,
     /// `get-tuple-element` `index=N`.
     pub tuple_index: Option<i64>,
-    /// `dimensions={..}` (broadcast, transpose, reduce, concatenate, reverse, all-gather, ...).
+    /// `dimensions={..}` (broadcast, transpose, reduce, concatenate, reverse, all-gather,
+    /// reduce-scatter, and all-to-all's split dimension in its array form).
     pub dimensions: Option<Vec<i64>>,
     pub replica_groups: Option<ReplicaGroups>,
     pub channel_id: Option<i64>,
     pub use_global_device_ids: bool,
-    /// all-to-all `dimensions={d}` is stored in `dimensions`; this is the split dimension
-    /// when present as `split_dimension` (proto form).
-    pub split_dimension: Option<i64>,
     pub slice: Option<Vec<SliceDim>>,
     pub dynamic_slice_sizes: Option<Vec<i64>>,
     pub padding: Option<Vec<PadDim>>,

@@ -42,7 +42,8 @@ pub fn decode_proto(file: &str, bytes: &[u8]) -> Result<Module, Error> {
 /// content is not UTF-8 text (or the name ends in `.pb`).
 pub fn load_file(path: &std::path::Path) -> Result<Module, Error> {
     let name = path.display().to_string();
-    let bytes = std::fs::read(path).map_err(|e| Error::new(ErrorKind::Parse, &name, format!("cannot read file: {e}")))?;
+    let bytes =
+        std::fs::read(path).map_err(|e| Error::new(ErrorKind::Parse, &name, format!("cannot read file: {e}")))?;
     let is_pb = path.extension().is_some_and(|e| e == "pb");
     match (is_pb, std::str::from_utf8(&bytes)) {
         (false, Ok(text)) => parse_text(&name, text),
@@ -53,7 +54,11 @@ pub fn load_file(path: &std::path::Path) -> Result<Module, Error> {
             }
             #[cfg(not(feature = "proto"))]
             {
-                Err(Error::new(ErrorKind::Unsupported, &name, "binary HloModuleProto input needs the `proto` feature of peerless-hlo"))
+                Err(Error::new(
+                    ErrorKind::Unsupported,
+                    &name,
+                    "binary HloModuleProto input needs the `proto` feature of peerless-hlo",
+                ))
             }
         }
     }

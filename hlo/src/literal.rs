@@ -168,9 +168,9 @@ impl Literal {
         Some(match shape {
             Shape::Array(_) => Literal::Array(leaves.next()?),
             Shape::Token => Literal::Token,
-            Shape::Tuple(t) => Literal::Tuple(
-                t.iter().map(|s| Literal::from_leaves(s, leaves)).collect::<Option<Vec<_>>>()?,
-            ),
+            Shape::Tuple(t) => {
+                Literal::Tuple(t.iter().map(|s| Literal::from_leaves(s, leaves)).collect::<Option<Vec<_>>>()?)
+            }
         })
     }
 
@@ -207,10 +207,7 @@ mod tests {
 
     #[test]
     fn leaves_round_trip() {
-        let l = Literal::Tuple(vec![
-            Array::scalar(1i32).into(),
-            Literal::Tuple(vec![Array::scalar(2.0f64).into()]),
-        ]);
+        let l = Literal::Tuple(vec![Array::scalar(1i32).into(), Literal::Tuple(vec![Array::scalar(2.0f64).into()])]);
         let shape = l.shape();
         let leaves: Vec<Array> = l.leaves().into_iter().cloned().collect();
         let back = Literal::from_leaves(&shape, &mut leaves.into_iter()).unwrap();

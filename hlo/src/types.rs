@@ -293,9 +293,7 @@ impl Shape {
     pub fn compatible(&self, other: &Shape) -> bool {
         match (self, other) {
             (Shape::Array(a), Shape::Array(b)) => a.compatible(b),
-            (Shape::Tuple(a), Shape::Tuple(b)) => {
-                a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.compatible(y))
-            }
+            (Shape::Tuple(a), Shape::Tuple(b)) => a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.compatible(y)),
             (Shape::Token, Shape::Token) => true,
             _ => false,
         }

@@ -1,10 +1,23 @@
 //! Collective emitter: turns a verified HLO module into one thunk program per device
 //! and decides, per collective, between Peerless's peer-access kernels and a fallback.
 //!
-//! This crate is filled by the emitter issue; today it only exposes the dtype guard,
-//! the first rule every decision starts from.
+//! This is the decision layer: [`Flags`] (XLA-style `--name=value`), the
+//! [`PeerAccessTable`] (computed once per device set), and [`decide`] / [`plan`], which
+//! apply the rules in a fixed order and give every decision a reason. Buffer
+//! assignment and thunk programs come next.
+
+mod decide;
+pub mod flags;
+pub mod peers;
+
+use std::fmt;
 
 use hlo::PrimitiveType;
+
+pub use decide::{MAX_GROUP_SIZE, PlannedCollective, decide, plan, plan_with_peers};
+pub use flags::{Backend, FLAGS, FlagSpec, Flags, HostTopology, flags_help};
+pub use hlo::analysis::DeviceMode;
+pub use peers::{PeerAccessTable, PeerTableKey};
 
 /// Element types Peerless's own collective kernels accept. F8 variants, s4/u4 and
 /// complex types always go to the fallback. Callers pass the *operand's* element type
@@ -12,6 +25,32 @@ use hlo::PrimitiveType;
 pub fn kernel_accepts_dtype(ty: PrimitiveType) -> bool {
     ty.is_computable()
 }
+
+/// Emitter errors. Each names what to fix; none is a silent fallback.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum EmitError {
+    /// A flag that does not parse; the message lists every valid flag.
+    InvalidFlag(String),
+    /// A collective that cannot run on this device count as written (groups, pairs,
+    /// operands). `message` names the instruction.
+    InvalidCollective { instr: String, message: String },
+    /// `--<flag>=kernel` forces a kernel, but a rule rules it out.
+    KernelForced { instr: String, op: String, flag: String, reason: String },
+}
+
+impl fmt::Display for EmitError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::InvalidFlag(m) => write!(f, "invalid flag: {m}"),
+            Self::InvalidCollective { message, .. } => f.write_str(message),
+            Self::KernelForced { instr, op, flag, reason } => {
+                write!(f, "{op} '{instr}': --{flag}=kernel forces a Peerless kernel, but {reason}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for EmitError {}
 
 #[cfg(test)]
 mod tests {
@@ -24,5 +63,6 @@ mod tests {
         for t in [PrimitiveType::F8E4M3FN, PrimitiveType::F8E5M2, PrimitiveType::S4, PrimitiveType::U4] {
             assert!(!kernel_accepts_dtype(t), "{t}");
         }
+        assert!(!kernel_accepts_dtype(PrimitiveType::C64));
     }
 }

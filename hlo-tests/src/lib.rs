@@ -1,1 +1,492 @@
-//! Shared helpers for the HLO conformance suite (stub).
+//! Shared helpers for the HLO conformance suite: the `// peerless-test:` directive,
+//! reading XLA goldens from npz, and comparing Peerless's results with them.
+//!
+//! Goldens are produced only by `hlo-tests/gen_goldens.py` (XLA's CPU backend via
+//! jaxlib, or the JAX program itself for `jax_*` cases). Nothing here writes them.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::io::Read as _;
+use std::path::{Path, PathBuf};
+
+use hlo::{Array, ArrayShape, Literal, PrimitiveType, Shape};
+
+/// The suite's root directory (`hlo-tests/`).
+pub fn suite_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+pub fn cases_dir() -> PathBuf {
+    suite_dir().join("cases")
+}
+
+pub fn goldens_dir() -> PathBuf {
+    suite_dir().join("goldens")
+}
+
+/// How a case runs: replicas or partitions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    Replica,
+    Partition,
+}
+
+/// Tolerance class of a case (`tolerance=loose` multiplies float tolerances by 10).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Tolerance {
+    Default,
+    Loose,
+}
+
+/// The parsed first line of a case: `// peerless-test: devices=1,2 mode=replica ...`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Directive {
+    pub devices: Vec<usize>,
+    pub mode: Mode,
+    pub tolerance: Tolerance,
+    /// `inputs=positive` (generator-side only; recorded for completeness).
+    pub positive_inputs: bool,
+    /// `source=jax`: the module was dumped from a JAX program.
+    pub source_jax: bool,
+}
+
+pub const DIRECTIVE_PREFIX: &str = "// peerless-test:";
+
+/// Parses the directive line at the top of a case.
+pub fn parse_directive(text: &str) -> Result<Directive, String> {
+    let first = text.lines().next().unwrap_or("");
+    let rest = first
+        .strip_prefix(DIRECTIVE_PREFIX)
+        .ok_or_else(|| format!("first line must start with `{DIRECTIVE_PREFIX}`"))?;
+    let mut devices = None;
+    let mut mode = None;
+    let mut tolerance = Tolerance::Default;
+    let mut positive_inputs = false;
+    let mut source_jax = false;
+    for tok in rest.split_whitespace() {
+        let (k, v) = tok.split_once('=').ok_or_else(|| format!("bad directive token `{tok}`"))?;
+        match k {
+            "devices" => {
+                let list: Result<Vec<usize>, _> = v.split(',').map(str::parse).collect();
+                let list = list.map_err(|e| format!("bad devices list `{v}`: {e}"))?;
+                if list.is_empty() || list.contains(&0) {
+                    return Err(format!("bad devices list `{v}`"));
+                }
+                devices = Some(list);
+            }
+            "mode" => {
+                mode = Some(match v {
+                    "replica" => Mode::Replica,
+                    "partition" => Mode::Partition,
+                    _ => return Err(format!("bad mode `{v}`")),
+                })
+            }
+            "tolerance" => {
+                tolerance = match v {
+                    "loose" => Tolerance::Loose,
+                    "default" => Tolerance::Default,
+                    _ => return Err(format!("bad tolerance `{v}`")),
+                }
+            }
+            "inputs" => {
+                positive_inputs = match v {
+                    "positive" => true,
+                    "default" => false,
+                    _ => return Err(format!("bad inputs `{v}`")),
+                }
+            }
+            "source" => {
+                source_jax = match v {
+                    "jax" => true,
+                    _ => return Err(format!("bad source `{v}`")),
+                }
+            }
+            _ => return Err(format!("unknown directive key `{k}`")),
+        }
+    }
+    Ok(Directive {
+        devices: devices.ok_or("directive needs devices=...")?,
+        mode: mode.ok_or("directive needs mode=replica|partition")?,
+        tolerance,
+        positive_inputs,
+        source_jax,
+    })
+}
+
+/// One case file.
+#[derive(Clone, Debug)]
+pub struct Case {
+    pub name: String,
+    pub path: PathBuf,
+    pub text: String,
+    pub directive: Result<Directive, String>,
+}
+
+/// All cases under `cases/`, sorted by name.
+pub fn load_cases() -> std::io::Result<Vec<Case>> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(cases_dir())? {
+        let path = entry?.path();
+        if path.extension().is_some_and(|e| e == "hlo") {
+            let name = path.file_stem().unwrap().to_string_lossy().into_owned();
+            let text = std::fs::read_to_string(&path)?;
+            let directive = parse_directive(&text);
+            out.push(Case { name, path, text, directive });
+        }
+    }
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(out)
+}
+
+/// `goldens/<case>.d<N>.npz`.
+pub fn golden_path(case: &str, n: usize) -> PathBuf {
+    goldens_dir().join(format!("{case}.d{n}.npz"))
+}
+
+/// `goldens/<case>.pb`.
+pub fn proto_path(case: &str) -> PathBuf {
+    goldens_dir().join(format!("{case}.pb"))
+}
+
+/// The (case, device count) pairs present in `goldens/` as `<case>.d<N>.npz`.
+pub fn golden_inventory() -> std::io::Result<Vec<(String, usize)>> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(goldens_dir())? {
+        let fname = entry?.file_name().to_string_lossy().into_owned();
+        let Some(stem) = fname.strip_suffix(".npz") else { continue };
+        if let Some((case, n)) = stem.rsplit_once(".d")
+            && let Ok(n) = n.parse()
+        {
+            out.push((case.to_string(), n));
+            continue;
+        }
+        out.push((stem.to_string(), 0));
+    }
+    out.sort();
+    Ok(out)
+}
+
+// ------------------------------------------------------------------------------- npz
+
+/// A raw array from an npz: numpy type char (`b`, `i`, `u`, `f`), item size, shape,
+/// little-endian C-order bytes.
+#[derive(Clone, Debug)]
+pub struct RawArray {
+    pub kind: char,
+    pub item_size: usize,
+    pub dims: Vec<i64>,
+    pub data: Vec<u8>,
+}
+
+/// Reads every array of an npz file.
+pub fn read_npz(path: &Path) -> Result<BTreeMap<String, RawArray>, String> {
+    let ctx = |e: std::io::Error| format!("{}: {e}", path.display());
+    let mut archive = npyz::npz::NpzArchive::open(path).map_err(ctx)?;
+    let names: Vec<String> = archive.array_names().map(str::to_owned).collect();
+    let mut out = BTreeMap::new();
+    for name in names {
+        let file = archive.by_name(&name).map_err(ctx)?.ok_or_else(|| format!("{}: no {name}", path.display()))?;
+        let npyz::DType::Plain(ts) = file.dtype() else {
+            return Err(format!("{}: {name}: not a plain dtype", path.display()));
+        };
+        if file.order() != npyz::Order::C {
+            return Err(format!("{}: {name}: Fortran order", path.display()));
+        }
+        let item_size = ts.num_bytes().ok_or_else(|| format!("{}: {name}: dtype size", path.display()))?;
+        if item_size > 1 && ts.endianness() == npyz::Endianness::Big {
+            return Err(format!("{}: {name}: big-endian", path.display()));
+        }
+        let kind = match ts.type_char() {
+            npyz::TypeChar::Bool => 'b',
+            npyz::TypeChar::Int => 'i',
+            npyz::TypeChar::Uint => 'u',
+            npyz::TypeChar::Float => 'f',
+            other => return Err(format!("{}: {name}: unsupported dtype {other:?}", path.display())),
+        };
+        let dims: Vec<i64> = file.shape().iter().map(|&d| d as i64).collect();
+        let count: usize = dims.iter().product::<i64>() as usize;
+        let mut data = Vec::new();
+        file.into_inner().read_to_end(&mut data).map_err(ctx)?;
+        if data.len() != count * item_size {
+            return Err(format!("{}: {name}: {} data bytes, expected {}", path.display(), data.len(), count * item_size));
+        }
+        out.insert(name, RawArray { kind, item_size, dims, data });
+    }
+    Ok(out)
+}
+
+/// The numpy (type char, item size) a golden of element type `ty` is stored with:
+/// bf16 as uint16 bits, f8 types as uint8 bits, s4/u4 as one uint8 per element
+/// (s4 sign-extended), pred as bool, everything else as its native numpy type.
+pub fn storage_of(ty: PrimitiveType) -> Option<(char, usize)> {
+    use PrimitiveType as T;
+    Some(match ty {
+        T::Pred => ('b', 1),
+        T::S8 => ('i', 1),
+        T::S16 => ('i', 2),
+        T::S32 => ('i', 4),
+        T::S64 => ('i', 8),
+        T::U8 => ('u', 1),
+        T::U16 => ('u', 2),
+        T::U32 => ('u', 4),
+        T::U64 => ('u', 8),
+        T::F16 => ('f', 2),
+        T::F32 => ('f', 4),
+        T::F64 => ('f', 8),
+        T::Bf16 => ('u', 2),
+        T::S4 | T::U4 => ('u', 1),
+        t if t.is_f8() => ('u', 1),
+        _ => return None,
+    })
+}
+
+/// Builds a Peerless array of element type `ty` from a stored golden array (its dims
+/// are taken from the npz: for `jax_*` cases they are per-device shard dims).
+pub fn to_array(raw: &RawArray, ty: PrimitiveType) -> Result<Array, String> {
+    let want = storage_of(ty).ok_or_else(|| format!("element type {} has no npz storage", ty.name()))?;
+    if (raw.kind, raw.item_size) != want {
+        return Err(format!(
+            "stored as {}{} but element type {} needs {}{}",
+            raw.kind, raw.item_size, ty.name(), want.0, want.1
+        ));
+    }
+    let mut data = raw.data.clone();
+    if ty == PrimitiveType::Pred {
+        data.iter_mut().for_each(|b| *b = (*b != 0) as u8);
+    }
+    Array::new(ArrayShape::new(ty, raw.dims.clone()), data).map_err(|e| e.to_string())
+}
+
+/// A case's golden for one device count: per-device inputs and expected result leaves.
+#[derive(Clone, Debug)]
+pub struct Golden {
+    /// `inputs[d][i]` = `p{i}_d{d}`.
+    pub inputs: Vec<Vec<RawArray>>,
+    /// `outputs[d][j]` = `o{j}_d{d}`.
+    pub outputs: Vec<Vec<RawArray>>,
+}
+
+/// Reads `p{i}_d{d}` / `o{j}_d{d}` for `n` devices and checks that no other names exist.
+pub fn read_golden(path: &Path, n: usize) -> Result<Golden, String> {
+    let mut arrays = read_npz(path)?;
+    let mut take = |prefix: char, d: usize| {
+        let mut v = Vec::new();
+        while let Some(a) = arrays.remove(&format!("{prefix}{}_d{d}", v.len())) {
+            v.push(a);
+        }
+        v
+    };
+    let mut inputs = Vec::new();
+    let mut outputs = Vec::new();
+    for d in 0..n {
+        inputs.push(take('p', d));
+        outputs.push(take('o', d));
+    }
+    if let Some(extra) = arrays.keys().next() {
+        return Err(format!("{}: unexpected array `{extra}` for {n} devices", path.display()));
+    }
+    for d in 0..n {
+        if inputs[d].len() != inputs[0].len() || outputs[d].len() != outputs[0].len() {
+            return Err(format!("{}: device {d} has a different number of inputs/outputs", path.display()));
+        }
+    }
+    if outputs.first().is_none_or(Vec::is_empty) {
+        return Err(format!("{}: no outputs", path.display()));
+    }
+    Ok(Golden { inputs, outputs })
+}
+
+/// Entry arguments for the interpreter: element types from the module's entry
+/// parameters, dims from the golden (shards for `jax_*` cases).
+pub fn make_args(param_shapes: &[&Shape], golden: &Golden) -> Result<Vec<Vec<Literal>>, String> {
+    let mut args = Vec::new();
+    for (d, inputs) in golden.inputs.iter().enumerate() {
+        if inputs.len() != param_shapes.len() {
+            return Err(format!(
+                "golden has {} inputs per device, entry computation has {} parameters",
+                inputs.len(),
+                param_shapes.len()
+            ));
+        }
+        let mut dev = Vec::new();
+        for (i, (raw, shape)) in inputs.iter().zip(param_shapes).enumerate() {
+            let ty = shape.as_array().ok_or_else(|| format!("entry parameter {i} is not an array"))?.ty;
+            dev.push(Literal::Array(to_array(raw, ty).map_err(|e| format!("p{i}_d{d}: {e}"))?));
+        }
+        args.push(dev);
+    }
+    Ok(args)
+}
+
+// ------------------------------------------------------------------------------- comparison
+
+/// Float tolerance `|got - want| <= atol + rtol * |want|` for an element type.
+pub fn tolerance(ty: PrimitiveType, class: Tolerance) -> (f64, f64) {
+    let (rtol, atol) = match ty {
+        PrimitiveType::F64 => (1e-12, 1e-14),
+        PrimitiveType::F32 => (1e-5, 1e-6),
+        PrimitiveType::F16 => (1e-3, 1e-4),
+        PrimitiveType::Bf16 => (1e-2, 1e-3),
+        _ => (0.0, 0.0),
+    };
+    match class {
+        Tolerance::Default => (rtol, atol),
+        Tolerance::Loose => (rtol * 10.0, atol * 10.0),
+    }
+}
+
+fn float_at(a: &Array, i: usize) -> Option<f64> {
+    let b = a.element_bytes(i);
+    Some(match a.ty() {
+        PrimitiveType::F16 => half::f16::from_le_bytes([b[0], b[1]]).to_f64(),
+        PrimitiveType::Bf16 => half::bf16::from_le_bytes([b[0], b[1]]).to_f64(),
+        PrimitiveType::F32 => f32::from_le_bytes(b.try_into().ok()?) as f64,
+        PrimitiveType::F64 => f64::from_le_bytes(b.try_into().ok()?),
+        _ => return None,
+    })
+}
+
+fn show_elem(a: &Array, i: usize) -> String {
+    if let Some(f) = float_at(a, i) {
+        return format!("{f:e}");
+    }
+    let b = a.element_bytes(i);
+    use PrimitiveType as T;
+    match a.ty() {
+        T::Pred => format!("{}", b[0] != 0),
+        T::S8 | T::S4 => format!("{}", b[0] as i8),
+        T::S16 => format!("{}", i16::from_le_bytes([b[0], b[1]])),
+        T::S32 => format!("{}", i32::from_le_bytes(b.try_into().unwrap())),
+        T::S64 => format!("{}", i64::from_le_bytes(b.try_into().unwrap())),
+        T::U8 | T::U4 => format!("{}", b[0]),
+        T::U16 => format!("{}", u16::from_le_bytes([b[0], b[1]])),
+        T::U32 => format!("{}", u32::from_le_bytes(b.try_into().unwrap())),
+        T::U64 => format!("{}", u64::from_le_bytes(b.try_into().unwrap())),
+        _ => format!("0x{}", b.iter().rev().map(|x| format!("{x:02x}")).collect::<String>()),
+    }
+}
+
+fn index_of(dims: &[i64], mut flat: usize) -> String {
+    let mut idx = vec![0usize; dims.len()];
+    for k in (0..dims.len()).rev() {
+        let d = dims[k].max(1) as usize;
+        idx[k] = flat % d;
+        flat /= d;
+    }
+    format!("{idx:?}")
+}
+
+/// Compares one result leaf with its golden. Integers, pred and f8 / 4-bit types must
+/// match exactly; floats within [`tolerance`] (NaN matches NaN, infinities match
+/// same-sign infinities). Returns a diff report on mismatch.
+pub fn compare_leaf(name: &str, got: &Array, want: &Array, class: Tolerance) -> Result<(), String> {
+    if got.ty() != want.ty() || got.dims() != want.dims() {
+        return Err(format!(
+            "{name}: shape mismatch: expected {}{:?}, got {}{:?}",
+            want.ty().name(),
+            want.dims(),
+            got.ty().name(),
+            got.dims()
+        ));
+    }
+    let (rtol, atol) = tolerance(want.ty(), class);
+    let n = want.element_count();
+    let mut bad = Vec::new();
+    for i in 0..n {
+        let ok = match (float_at(got, i), float_at(want, i)) {
+            (Some(g), Some(w)) => {
+                if w.is_nan() || g.is_nan() {
+                    w.is_nan() && g.is_nan()
+                } else if w.is_infinite() || g.is_infinite() {
+                    g == w
+                } else {
+                    (g - w).abs() <= atol + rtol * w.abs()
+                }
+            }
+            _ => {
+                let (g, w) = (got.element_bytes(i), want.element_bytes(i));
+                if want.ty() == PrimitiveType::Pred { (g[0] != 0) == (w[0] != 0) } else { g == w }
+            }
+        };
+        if !ok {
+            bad.push(i);
+        }
+    }
+    if bad.is_empty() {
+        return Ok(());
+    }
+    let mut msg = format!(
+        "{name}: {} of {n} elements differ ({}{:?}, rtol={rtol:e}, atol={atol:e})",
+        bad.len(),
+        want.ty().name(),
+        want.dims()
+    );
+    for &i in bad.iter().take(10) {
+        let _ = write!(msg, "\n    at {}: expected {}, got {}", index_of(want.dims(), i), show_elem(want, i), show_elem(got, i));
+    }
+    if bad.len() > 10 {
+        let _ = write!(msg, "\n    ... and {} more", bad.len() - 10);
+    }
+    Err(msg)
+}
+
+/// Compares every device's result with the golden outputs; collects all diffs.
+pub fn compare_results(got: &[Literal], golden: &Golden, class: Tolerance) -> Result<(), String> {
+    if got.len() != golden.outputs.len() {
+        return Err(format!("interpreter returned {} device results, expected {}", got.len(), golden.outputs.len()));
+    }
+    let mut errors = Vec::new();
+    for (d, (lit, want)) in got.iter().zip(&golden.outputs).enumerate() {
+        let leaves = lit.leaves();
+        if leaves.len() != want.len() {
+            errors.push(format!("device {d}: result has {} leaves, golden has {}", leaves.len(), want.len()));
+            continue;
+        }
+        for (j, (g, w)) in leaves.iter().zip(want).enumerate() {
+            let name = format!("o{j}_d{d}");
+            match to_array(w, g.ty()) {
+                Err(e) => errors.push(format!("{name}: golden unreadable as {}: {e}", g.ty().name())),
+                Ok(w) => {
+                    if let Err(e) = compare_leaf(&name, g, &w, class) {
+                        errors.push(e);
+                    }
+                }
+            }
+        }
+    }
+    if errors.is_empty() { Ok(()) } else { Err(errors.join("\n")) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn directive_parses() {
+        let d = parse_directive("// peerless-test: devices=1,2,8 mode=partition tolerance=loose\nHloModule m").unwrap();
+        assert_eq!(d.devices, vec![1, 2, 8]);
+        assert_eq!(d.mode, Mode::Partition);
+        assert_eq!(d.tolerance, Tolerance::Loose);
+        assert!(parse_directive("HloModule m").is_err());
+        assert!(parse_directive("// peerless-test: devices=2").is_err());
+        assert!(parse_directive("// peerless-test: devices=2 mode=replica bogus=1").is_err());
+    }
+
+    #[test]
+    fn float_compare() {
+        let w = Array::from_slice(vec![4], &[1.0f32, f32::NAN, f32::INFINITY, 0.0]);
+        let g = Array::from_slice(vec![4], &[1.000001f32, f32::NAN, f32::INFINITY, -0.0]);
+        compare_leaf("x", &g, &w, Tolerance::Default).unwrap();
+        let g = Array::from_slice(vec![4], &[1.1f32, 0.0, f32::NEG_INFINITY, 0.0]);
+        let e = compare_leaf("x", &g, &w, Tolerance::Default).unwrap_err();
+        assert!(e.contains("3 of 4"), "{e}");
+    }
+
+    #[test]
+    fn int_compare_is_exact() {
+        let w = Array::from_slice(vec![2], &[1i32, 2]);
+        let g = Array::from_slice(vec![2], &[1i32, 3]);
+        assert!(compare_leaf("x", &g, &w, Tolerance::Loose).is_err());
+        compare_leaf("x", &w, &w, Tolerance::Default).unwrap();
+    }
+}

@@ -7,6 +7,7 @@
 //! instruction of the same computation that precedes its user; every called
 //! computation exists; shapes are consistent with XLA's shape inference.
 
+pub mod analysis;
 pub mod diag;
 pub mod ir;
 pub mod literal;

@@ -1,7 +1,620 @@
-//! HloModuleProto decoder (stub: filled in by the proto work).
+//! HloModuleProto decoder: turns a serialized `xla.HloModuleProto` into the IR.
+//!
+//! The message types come from `pjrt-sys` (prost-generated from its copy of XLA's
+//! protos). That copy predates a few fields newer XLA writes (the `f8e4m3`,
+//! `f8e3m4` and `f8e8m0fnu` literal payloads, and the iota replica-group list an
+//! instruction carries in field 92), which prost would silently drop; a small
+//! supplementary prost message tree below reads just those fields from the same bytes.
+//!
+//! Every size is bounded before anything is allocated from it, ids must resolve,
+//! and nesting is limited, so hostile input yields an [`ErrorKind::Proto`] error
+//! rather than a panic or a huge allocation.
+
+use std::collections::{BTreeMap, HashMap};
+
+use cranelift_entity::{EntityRef, PrimaryMap};
+use pjrt_sys::protos::xla as pb;
+use prost::Message;
+
+use crate::ir::{
+    Attrs, CompId, ComparisonDirection, Computation, DotDims, InstrId, Instruction, IotaReplicaGroups, ModuleConfig,
+    PadDim, ReplicaGroups, Sharding, SliceDim,
+};
+use crate::literal::{Array, Literal};
+use crate::opcode::Opcode;
+use crate::types::{ArrayShape, PrimitiveType, Shape};
 use crate::{Error, ErrorKind, Module};
 
+/// Largest element count of one array accepted (2^40).
+const MAX_ELEMENTS: u128 = 1 << 40;
+/// Deepest tuple nesting accepted in shapes, literals and shardings.
+const MAX_DEPTH: usize = 64;
+/// Largest device count an iota tile assignment may expand to.
+const MAX_DEVICES: i64 = 1 << 24;
+
+/// Fields of newer XLA protos that `pjrt-sys`'s copy lacks.
+mod extra {
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Module {
+        #[prost(message, repeated, tag = "3")]
+        pub computations: Vec<Computation>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Computation {
+        #[prost(message, repeated, tag = "2")]
+        pub instructions: Vec<Instruction>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Instruction {
+        #[prost(message, optional, tag = "8")]
+        pub literal: Option<Literal>,
+        /// The iota replica-group list newer XLA writes outside `collective_device_list`.
+        #[prost(message, optional, tag = "92")]
+        pub iota_device_list: Option<pjrt_sys::protos::xla::IotaReplicaGroupListProto>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Literal {
+        #[prost(message, repeated, tag = "10")]
+        pub tuple_literals: Vec<Literal>,
+        #[prost(bytes = "vec", tag = "28")]
+        pub f8e4m3s: Vec<u8>,
+        #[prost(bytes = "vec", tag = "29")]
+        pub f8e3m4s: Vec<u8>,
+        #[prost(bytes = "vec", tag = "33")]
+        pub f8e8m0fnus: Vec<u8>,
+    }
+}
+
+type R<T> = Result<T, Error>;
+
 /// Decodes a serialized `HloModuleProto` into an unverified module.
-pub fn decode(file: &str, _bytes: &[u8]) -> Result<Module, Error> {
-    Err(Error::new(ErrorKind::Unsupported, file, "proto decoder not built yet"))
+pub fn decode(file: &str, bytes: &[u8]) -> Result<Module, Error> {
+    let proto = pb::HloModuleProto::decode(bytes)
+        .map_err(|e| Error::new(ErrorKind::Proto, file, format!("cannot decode HloModuleProto: {e}")))?;
+    let extra = extra::Module::decode(bytes)
+        .map_err(|e| Error::new(ErrorKind::Proto, file, format!("cannot decode HloModuleProto: {e}")))?;
+    Decoder { file }.module(&proto, &extra)
+}
+
+struct Decoder<'a> {
+    file: &'a str,
+}
+
+fn primitive_type(v: i32) -> Result<PrimitiveType, String> {
+    use PrimitiveType as P;
+    Ok(match v {
+        1 => P::Pred,
+        2 => P::S8,
+        3 => P::S16,
+        4 => P::S32,
+        5 => P::S64,
+        6 => P::U8,
+        7 => P::U16,
+        8 => P::U32,
+        9 => P::U64,
+        10 => P::F16,
+        11 => P::F32,
+        12 => P::F64,
+        15 => P::C64,
+        16 => P::Bf16,
+        17 => P::Token,
+        18 => P::C128,
+        19 => P::F8E5M2,
+        20 => P::F8E4M3FN,
+        21 => P::S4,
+        22 => P::U4,
+        23 => P::F8E4M3B11FNUZ,
+        24 => P::F8E5M2FNUZ,
+        25 => P::F8E4M3FNUZ,
+        28 => P::F8E4M3,
+        29 => P::F8E3M4,
+        33 => P::F8E8M0FNU,
+        14 => return Err("element type OPAQUE_TYPE is not supported".into()),
+        26 | 27 => return Err("2-bit element types (s2/u2) are not supported".into()),
+        30 | 31 => return Err("1-bit element types are not supported".into()),
+        32 => return Err("element type f4e2m1fn is not supported".into()),
+        0 => return Err("element type PRIMITIVE_TYPE_INVALID".into()),
+        v => return Err(format!("unknown element type {v}")),
+    })
+}
+
+/// Opcodes whose text form always carries `dimensions={...}` (even when empty).
+fn has_dimensions_attr(op: Opcode) -> bool {
+    use Opcode::*;
+    matches!(
+        op,
+        Broadcast
+            | Transpose
+            | Reduce
+            | Concatenate
+            | Reverse
+            | AllGather
+            | AllGatherStart
+            | ReduceScatter
+            | Sort
+            | Map
+            | GetDimensionSize
+            | SetDimensionSize
+    )
+}
+
+/// Collectives that XLA always prints with `replica_groups=` (`{}` when empty).
+fn has_replica_groups(op: Opcode) -> bool {
+    use Opcode::*;
+    matches!(
+        op,
+        AllReduce
+            | AllReduceStart
+            | AllGather
+            | AllGatherStart
+            | AllToAll
+            | RaggedAllToAll
+            | ReduceScatter
+            | CollectiveBroadcast
+    )
+}
+
+fn sharding_type_name(t: i32) -> String {
+    match t {
+        0 => "replicated".into(),
+        1 => "maximal".into(),
+        2 => "tuple".into(),
+        3 => "other".into(),
+        4 => "manual".into(),
+        5 => "unknown".into(),
+        v => format!("type{v}"),
+    }
+}
+
+/// Reorders `data` (elements of `esize` bytes laid out per `minor_to_major`) into row-major order.
+fn to_row_major(data: &[u8], dims: &[usize], minor_to_major: &[usize], esize: usize) -> Vec<u8> {
+    let rank = dims.len();
+    let n: usize = dims.iter().product();
+    let mut strides = vec![1usize; rank];
+    for i in (0..rank.saturating_sub(1)).rev() {
+        strides[i] = strides[i + 1] * dims[i + 1];
+    }
+    // Physical order, major to minor.
+    let order: Vec<usize> = minor_to_major.iter().rev().copied().collect();
+    let mut out = vec![0u8; data.len()];
+    let mut idx = vec![0usize; rank];
+    for p in 0..n {
+        let off: usize = (0..rank).map(|k| idx[k] * strides[order[k]]).sum();
+        out[off * esize..(off + 1) * esize].copy_from_slice(&data[p * esize..(p + 1) * esize]);
+        for k in (0..rank).rev() {
+            idx[k] += 1;
+            if idx[k] < dims[order[k]] {
+                break;
+            }
+            idx[k] = 0;
+        }
+    }
+    out
+}
+
+/// Builds an iota replica-group form, normalizing an identity permutation to empty
+/// (as the text form writes it).
+fn iota_groups(l: &pb::IotaReplicaGroupListProto) -> ReplicaGroups {
+    let perm: Vec<i64> = l.iota_transpose_perm.iter().map(|&p| p as i64).collect();
+    let identity = perm.iter().enumerate().all(|(i, &p)| p == i as i64);
+    ReplicaGroups::Iota(IotaReplicaGroups {
+        num_groups: l.num_replica_groups,
+        group_size: l.num_devices_per_group,
+        reshape_dims: l.iota_reshape_dims.clone(),
+        transpose_perm: if identity { Vec::new() } else { perm },
+    })
+}
+
+impl Decoder<'_> {
+    fn err(&self, msg: impl Into<String>) -> Error {
+        Error::new(ErrorKind::Proto, self.file, msg)
+    }
+
+    fn module(&self, p: &pb::HloModuleProto, extra: &extra::Module) -> R<Module> {
+        // Pass 1: computation and instruction ids.
+        let mut comp_ids: HashMap<i64, CompId> = HashMap::new();
+        let mut next_instr = 0usize;
+        let mut instr_ids: Vec<HashMap<i64, InstrId>> = Vec::with_capacity(p.computations.len());
+        for (ci, c) in p.computations.iter().enumerate() {
+            if comp_ids.insert(c.id, CompId::new(ci)).is_some() {
+                return Err(self.err(format!("computation id {} ({}) appears more than once", c.id, c.name)));
+            }
+            let mut map = HashMap::with_capacity(c.instructions.len());
+            for ins in &c.instructions {
+                if map.insert(ins.id, InstrId::new(next_instr)).is_some() {
+                    return Err(self.err(format!(
+                        "instruction id {} ({}) appears more than once in computation {}",
+                        ins.id, ins.name, c.name
+                    )));
+                }
+                next_instr += 1;
+            }
+            instr_ids.push(map);
+        }
+        if next_instr >= u32::MAX as usize || p.computations.len() >= u32::MAX as usize {
+            return Err(self.err("too many instructions"));
+        }
+
+        // Pass 2: build.
+        let mut comps: PrimaryMap<CompId, Computation> = PrimaryMap::with_capacity(p.computations.len());
+        let mut instrs: PrimaryMap<InstrId, Instruction> = PrimaryMap::with_capacity(next_instr);
+        for (ci, c) in p.computations.iter().enumerate() {
+            let cid = CompId::new(ci);
+            let ids = &instr_ids[ci];
+            let xc = extra.computations.get(ci);
+            let mut list = Vec::with_capacity(c.instructions.len());
+            let mut params: Vec<(i64, InstrId)> = Vec::new();
+            for (ii, ins) in c.instructions.iter().enumerate() {
+                let xi = xc.and_then(|x| x.instructions.get(ii));
+                let built = self.instruction(ins, xi, cid, ids, &comp_ids).map_err(|e| {
+                    self.err(format!("computation {}, instruction {}: {}", c.name, ins.name, e.message))
+                })?;
+                if built.opcode == Opcode::Parameter {
+                    params.push((ins.parameter_number, InstrId::new(instrs.len())));
+                }
+                list.push(instrs.push(built));
+            }
+            params.sort();
+            let root = *ids
+                .get(&c.root_id)
+                .ok_or_else(|| self.err(format!("computation {}: root id {} does not resolve", c.name, c.root_id)))?;
+            comps.push(Computation {
+                name: c.name.clone(),
+                instrs: list,
+                params: params.into_iter().map(|(_, i)| i).collect(),
+                root,
+                span: None,
+            });
+        }
+        let entry = match comp_ids.get(&p.entry_computation_id) {
+            Some(&e) => e,
+            None => comps
+                .iter()
+                .find(|(_, c)| !p.entry_computation_name.is_empty() && c.name == p.entry_computation_name)
+                .map(|(id, _)| id)
+                .ok_or_else(|| {
+                    self.err(format!(
+                        "entry computation id {} ({}) does not resolve",
+                        p.entry_computation_id, p.entry_computation_name
+                    ))
+                })?,
+        };
+        let frontend_attributes: BTreeMap<String, String> =
+            p.frontend_attributes.as_ref().map(|f| f.map.clone().into_iter().collect()).unwrap_or_default();
+        Ok(Module {
+            name: p.name.clone(),
+            config: ModuleConfig {
+                replica_count: 1,
+                num_partitions: 1,
+                entry_computation_layout: None,
+                frontend_attributes,
+                other: BTreeMap::new(),
+            },
+            comps,
+            instrs,
+            entry,
+            source_name: self.file.to_owned(),
+        })
+    }
+
+    // `replica_groups` (field 49) is deprecated in favour of `collective_device_list`,
+    // but older producers still write it.
+    #[allow(deprecated)]
+    fn instruction(
+        &self,
+        p: &pb::HloInstructionProto,
+        x: Option<&extra::Instruction>,
+        parent: CompId,
+        ids: &HashMap<i64, InstrId>,
+        comp_ids: &HashMap<i64, CompId>,
+    ) -> R<Instruction> {
+        let opcode = Opcode::from_name(&p.opcode).ok_or_else(|| self.err(format!("unknown opcode '{}'", p.opcode)))?;
+        let shape = self.shape(p.shape.as_ref().ok_or_else(|| self.err("instruction has no shape"))?, 0)?;
+        let resolve = |what: &str, id: i64| {
+            ids.get(&id)
+                .copied()
+                .ok_or_else(|| self.err(format!("{what} id {id} does not resolve in this computation")))
+        };
+        let operands = p.operand_ids.iter().map(|&i| resolve("operand", i)).collect::<R<Vec<_>>>()?;
+        let control_predecessors =
+            p.control_predecessor_ids.iter().map(|&i| resolve("control predecessor", i)).collect::<R<Vec<_>>>()?;
+        let called = p
+            .called_computation_ids
+            .iter()
+            .map(|&i| {
+                comp_ids.get(&i).copied().ok_or_else(|| self.err(format!("called computation id {i} does not resolve")))
+            })
+            .collect::<R<Vec<_>>>()?;
+
+        let mut a = Attrs { control_predecessors, ..Attrs::default() };
+        match opcode {
+            Opcode::Parameter => a.parameter_number = Some(p.parameter_number),
+            Opcode::GetTupleElement => a.tuple_index = Some(p.tuple_index),
+            Opcode::Iota => a.iota_dimension = p.dimensions.first().copied(),
+            Opcode::Constant => {
+                let lp = p.literal.as_ref().ok_or_else(|| self.err("constant has no literal"))?;
+                a.literal = Some(self.literal(lp, x.and_then(|x| x.literal.as_ref()), &shape, 0)?);
+            }
+            _ => {}
+        }
+        if opcode != Opcode::Iota && (has_dimensions_attr(opcode) || !p.dimensions.is_empty()) {
+            a.dimensions = Some(p.dimensions.clone());
+        }
+        a.replica_groups = if let Some(l) = x.and_then(|x| x.iota_device_list.as_ref()) {
+            Some(iota_groups(l))
+        } else if let Some(l) = p.collective_device_list.as_ref().and_then(|d| d.iota_replica_group_list.as_ref()) {
+            Some(iota_groups(l))
+        } else if let Some(d) = p.collective_device_list.as_ref().filter(|d| !d.replica_groups.is_empty()) {
+            Some(ReplicaGroups::Explicit(d.replica_groups.iter().map(|g| g.replica_ids.clone()).collect()))
+        } else if !p.replica_groups.is_empty() {
+            Some(ReplicaGroups::Explicit(p.replica_groups.iter().map(|g| g.replica_ids.clone()).collect()))
+        } else if has_replica_groups(opcode) {
+            Some(ReplicaGroups::Explicit(Vec::new()))
+        } else {
+            None
+        };
+        a.channel_id = (p.channel_id > 0).then_some(p.channel_id);
+        a.use_global_device_ids = p.use_global_device_ids;
+        if opcode == Opcode::Slice || !p.slice_dimensions.is_empty() {
+            a.slice = Some(
+                p.slice_dimensions
+                    .iter()
+                    .map(|s| SliceDim { start: s.start, limit: s.limit, stride: s.stride })
+                    .collect(),
+            );
+        }
+        if opcode == Opcode::DynamicSlice || !p.dynamic_slice_sizes.is_empty() {
+            a.dynamic_slice_sizes = Some(p.dynamic_slice_sizes.clone());
+        }
+        if let Some(pc) = &p.padding_config {
+            a.padding = Some(
+                pc.dimensions
+                    .iter()
+                    .map(|d| PadDim { lo: d.edge_padding_low, hi: d.edge_padding_high, interior: d.interior_padding })
+                    .collect(),
+            );
+        }
+        if matches!(opcode, Opcode::CollectivePermute | Opcode::CollectivePermuteStart)
+            || !p.source_target_pairs.is_empty()
+        {
+            a.source_target_pairs = Some(p.source_target_pairs.iter().map(|s| (s.source, s.target)).collect());
+        }
+        if let Some(s) = &p.sharding {
+            a.sharding = Some(self.sharding(s, 0)?);
+        }
+        if let Some(f) = &p.frontend_attributes {
+            a.frontend_attributes = f.map.clone().into_iter().collect();
+        }
+        if !p.backend_config.is_empty() {
+            a.backend_config = Some(String::from_utf8_lossy(&p.backend_config).into_owned());
+        }
+        a.metadata = p.metadata.as_ref().and_then(metadata);
+        if !p.custom_call_target.is_empty() {
+            a.custom_call_target = Some(p.custom_call_target.clone());
+        }
+        if !p.comparison_direction.is_empty() {
+            a.comparison_direction = Some(
+                ComparisonDirection::from_name(&p.comparison_direction)
+                    .ok_or_else(|| self.err(format!("unknown comparison direction '{}'", p.comparison_direction)))?,
+            );
+        }
+        if !p.comparison_type.is_empty() {
+            a.comparison_type = Some(p.comparison_type.clone());
+        }
+        if let Some(d) = &p.dot_dimension_numbers {
+            a.dot = Some(DotDims {
+                lhs_batch: d.lhs_batch_dimensions.clone(),
+                rhs_batch: d.rhs_batch_dimensions.clone(),
+                lhs_contracting: d.lhs_contracting_dimensions.clone(),
+                rhs_contracting: d.rhs_contracting_dimensions.clone(),
+            });
+        }
+        if !p.fusion_kind.is_empty() {
+            a.other.insert("kind".into(), p.fusion_kind.clone());
+        }
+        Ok(Instruction { name: p.name.clone(), opcode, shape, operands, called, attrs: a, parent, span: None })
+    }
+
+    fn shape(&self, s: &pb::ShapeProto, depth: usize) -> R<Shape> {
+        if depth > MAX_DEPTH {
+            return Err(self.err(format!("shape nests tuples deeper than {MAX_DEPTH} levels")));
+        }
+        match s.element_type {
+            13 => Ok(Shape::Tuple(s.tuple_shapes.iter().map(|t| self.shape(t, depth + 1)).collect::<R<Vec<_>>>()?)),
+            17 => Ok(Shape::Token),
+            t => {
+                let ty = primitive_type(t).map_err(|m| self.err(m))?;
+                let mut count: u128 = 1;
+                for &d in &s.dimensions {
+                    if d < 0 {
+                        return Err(self.err(format!("shape has a negative dimension {d}")));
+                    }
+                    count = count.saturating_mul(d as u128);
+                }
+                if count > MAX_ELEMENTS {
+                    return Err(self.err(format!("shape {:?} has more than 2^40 elements", s.dimensions)));
+                }
+                let m2m = s.layout.as_ref().map(|l| l.minor_to_major.clone()).unwrap_or_default();
+                let layout = if m2m.is_empty() {
+                    None
+                } else {
+                    let rank = s.dimensions.len();
+                    let mut seen = vec![false; rank];
+                    let ok = m2m.len() == rank
+                        && m2m
+                            .iter()
+                            .all(|&d| d >= 0 && (d as usize) < rank && !std::mem::replace(&mut seen[d as usize], true));
+                    if !ok {
+                        return Err(self.err(format!(
+                            "layout minor_to_major {m2m:?} is not a permutation of the {rank} dimensions"
+                        )));
+                    }
+                    Some(m2m)
+                };
+                Ok(Shape::Array(ArrayShape { ty, dims: s.dimensions.clone(), layout }))
+            }
+        }
+    }
+
+    fn literal(&self, p: &pb::LiteralProto, x: Option<&extra::Literal>, fallback: &Shape, depth: usize) -> R<Literal> {
+        if depth > MAX_DEPTH {
+            return Err(self.err(format!("literal nests tuples deeper than {MAX_DEPTH} levels")));
+        }
+        let shape = match &p.shape {
+            Some(s) => self.shape(s, depth)?,
+            None => fallback.clone(),
+        };
+        match &shape {
+            Shape::Token => Ok(Literal::Token),
+            Shape::Tuple(elems) => {
+                if p.tuple_literals.len() != elems.len() {
+                    return Err(self.err(format!(
+                        "tuple literal has {} elements, its shape has {}",
+                        p.tuple_literals.len(),
+                        elems.len()
+                    )));
+                }
+                let parts = p
+                    .tuple_literals
+                    .iter()
+                    .zip(elems)
+                    .enumerate()
+                    .map(|(i, (l, s))| self.literal(l, x.and_then(|x| x.tuple_literals.get(i)), s, depth + 1))
+                    .collect::<R<Vec<_>>>()?;
+                Ok(Literal::Tuple(parts))
+            }
+            Shape::Array(a) => Ok(Literal::Array(self.array(p, x, a)?)),
+        }
+    }
+
+    fn array(&self, p: &pb::LiteralProto, x: Option<&extra::Literal>, a: &ArrayShape) -> R<Array> {
+        use PrimitiveType as P;
+        let n = a.element_count();
+        let le = |v: Vec<u8>, count: usize| (v, count);
+        let empty: &[u8] = &[];
+        let xb = |f: fn(&extra::Literal) -> &Vec<u8>| x.map_or(empty, |x| f(x).as_slice());
+        let (data, count) = match a.ty {
+            P::Pred => le(p.preds.iter().map(|&b| b as u8).collect(), p.preds.len()),
+            P::S8 => le(p.s8s.clone(), p.s8s.len()),
+            P::U8 => le(p.u8s.clone(), p.u8s.len()),
+            P::S4 => le(p.s4s.iter().map(|&b| (((b & 0xf) << 4) as i8 >> 4) as u8).collect(), p.s4s.len()),
+            P::U4 => le(p.u4s.iter().map(|&b| b & 0xf).collect(), p.u4s.len()),
+            P::S16 => le(p.s16s.clone(), p.s16s.len() / 2),
+            P::U16 => le(p.u16s.clone(), p.u16s.len() / 2),
+            P::F16 => le(p.f16s.clone(), p.f16s.len() / 2),
+            P::Bf16 => le(p.bf16s.clone(), p.bf16s.len() / 2),
+            P::S32 => le(p.s32s.iter().flat_map(|v| v.to_le_bytes()).collect(), p.s32s.len()),
+            P::S64 => le(p.s64s.iter().flat_map(|v| v.to_le_bytes()).collect(), p.s64s.len()),
+            P::U32 => le(p.u32s.iter().flat_map(|v| v.to_le_bytes()).collect(), p.u32s.len()),
+            P::U64 => le(p.u64s.iter().flat_map(|v| v.to_le_bytes()).collect(), p.u64s.len()),
+            P::F32 => le(p.f32s.iter().flat_map(|v| v.to_le_bytes()).collect(), p.f32s.len()),
+            P::F64 => le(p.f64s.iter().flat_map(|v| v.to_le_bytes()).collect(), p.f64s.len()),
+            P::C64 => le(p.c64s.iter().flat_map(|v| v.to_le_bytes()).collect(), p.c64s.len() / 2),
+            P::C128 => le(p.c128s.iter().flat_map(|v| v.to_le_bytes()).collect(), p.c128s.len() / 2),
+            P::F8E5M2 => le(p.f8e5m2s.clone(), p.f8e5m2s.len()),
+            P::F8E4M3FN => le(p.f8e4m3fns.clone(), p.f8e4m3fns.len()),
+            P::F8E4M3B11FNUZ => le(p.f8e4m3b11fnuzs.clone(), p.f8e4m3b11fnuzs.len()),
+            P::F8E5M2FNUZ => le(p.f8e5m2fnuzs.clone(), p.f8e5m2fnuzs.len()),
+            P::F8E4M3FNUZ => le(p.f8e4m3fnuzs.clone(), p.f8e4m3fnuzs.len()),
+            P::F8E4M3 => le(xb(|x| &x.f8e4m3s).to_vec(), xb(|x| &x.f8e4m3s).len()),
+            P::F8E3M4 => le(xb(|x| &x.f8e3m4s).to_vec(), xb(|x| &x.f8e3m4s).len()),
+            P::F8E8M0FNU => le(xb(|x| &x.f8e8m0fnus).to_vec(), xb(|x| &x.f8e8m0fnus).len()),
+            P::Token => return Err(self.err("token-typed array literal")),
+        };
+        if count != n || data.len() != a.byte_size() {
+            return Err(self.err(format!(
+                "literal of shape {} needs {n} elements, got {count} ({} bytes)",
+                ArrayShape::new(a.ty, a.dims.clone()),
+                data.len()
+            )));
+        }
+        let data = match &a.layout {
+            Some(m2m) if a.rank() >= 2 && m2m.iter().rev().enumerate().any(|(i, &d)| d != i as i64) => {
+                let dims: Vec<usize> = a.dims.iter().map(|&d| d as usize).collect();
+                let m2m: Vec<usize> = m2m.iter().map(|&d| d as usize).collect();
+                to_row_major(&data, &dims, &m2m, a.ty.byte_size())
+            }
+            _ => data,
+        };
+        Array::new(a.clone(), data).map_err(|e| self.err(e.to_string()))
+    }
+
+    fn sharding(&self, s: &pb::OpSharding, depth: usize) -> R<Sharding> {
+        if depth > MAX_DEPTH {
+            return Err(self.err(format!("sharding nests tuples deeper than {MAX_DEPTH} levels")));
+        }
+        Ok(match s.r#type {
+            0 => Sharding::Replicated,
+            4 => Sharding::Manual,
+            5 => Sharding::Other("unknown".into()),
+            1 => Sharding::Maximal {
+                device: *s
+                    .tile_assignment_devices
+                    .first()
+                    .ok_or_else(|| self.err("maximal sharding without a device"))?,
+            },
+            2 => Sharding::Tuple(s.tuple_shardings.iter().map(|t| self.sharding(t, depth + 1)).collect::<R<Vec<_>>>()?),
+            3 => {
+                let tile_dims = s.tile_assignment_dimensions.clone();
+                let bounded =
+                    |v: &[i64]| {
+                        v.iter().try_fold(1i64, |acc, &d| {
+                            if d < 0 { None } else { acc.checked_mul(d).filter(|&t| t <= MAX_DEVICES) }
+                        })
+                    };
+                let total = bounded(&tile_dims).ok_or_else(|| {
+                    self.err(format!("sharding tile assignment {tile_dims:?} is too large or negative"))
+                })?;
+                let devices = if s.iota_reshape_dims.is_empty() {
+                    s.tile_assignment_devices.clone()
+                } else {
+                    let n = bounded(&s.iota_reshape_dims).ok_or_else(|| {
+                        self.err(format!("sharding iota dims {:?} are too large or negative", s.iota_reshape_dims))
+                    })?;
+                    let iota = IotaReplicaGroups {
+                        num_groups: 1,
+                        group_size: n,
+                        reshape_dims: s.iota_reshape_dims.clone(),
+                        transpose_perm: s.iota_transpose_perm.iter().map(|&p| p as i64).collect(),
+                    };
+                    iota.expand().and_then(|g| g.into_iter().next()).unwrap_or_default()
+                };
+                if devices.len() as i64 != total {
+                    return Err(self.err(format!(
+                        "sharding tile assignment {tile_dims:?} needs {total} devices, got {}",
+                        devices.len()
+                    )));
+                }
+                Sharding::Tiled {
+                    tile_dims,
+                    devices,
+                    last_tile_dim_replicate: s.replicate_on_last_tile_dim,
+                    last_tile_dims: s.last_tile_dims.iter().map(|&t| sharding_type_name(t)).collect(),
+                }
+            }
+            t => Sharding::Other(format!("type{t}")),
+        })
+    }
+}
+
+/// `{op_type="..." op_name="..." source_file="..." source_line=N}`, as XLA prints it.
+fn metadata(m: &pb::OpMetadata) -> Option<String> {
+    let mut parts = Vec::new();
+    let quote = |s: &str| s.replace('\\', "\\\\").replace('"', "\\\"");
+    if !m.op_type.is_empty() {
+        parts.push(format!("op_type=\"{}\"", quote(&m.op_type)));
+    }
+    if !m.op_name.is_empty() {
+        parts.push(format!("op_name=\"{}\"", quote(&m.op_name)));
+    }
+    if !m.source_file.is_empty() {
+        parts.push(format!("source_file=\"{}\"", quote(&m.source_file)));
+    }
+    if m.source_line != 0 {
+        parts.push(format!("source_line={}", m.source_line));
+    }
+    (!parts.is_empty()).then(|| format!("{{{}}}", parts.join(" ")))
 }

@@ -1,7 +1,1558 @@
-//! Verifier (stub: filled in by the verifier work).
-use crate::{Error, Module};
+//! Verifier: checks a module's structure (ids resolve, operands are defined before
+//! use in the same computation, parameters are numbered `0..n`, called computations
+//! exist and the call graph has no cycles) and every instruction's shape rule, after
+//! XLA's shape inference. Ops Peerless does not execute (while, sort, gather, ...)
+//! only get the structural checks; the interpreter reports them as unsupported.
+//!
+//! Errors carry the offending instruction's span (line 0 when it has none, e.g.
+//! proto input) and a message of the form `%name: <opcode> <rule>, got <what>`.
+
+use std::collections::{HashMap, HashSet};
+use std::fmt::Display;
+
+use crate::ir::{CompId, InstrId, IotaReplicaGroups, ReplicaGroups, Span};
+use crate::opcode::Opcode;
+use crate::types::{ArrayShape, PrimitiveType, Shape};
+use crate::{Error, ErrorKind, Module};
+
+/// Largest element count of one array the verifier accepts (2^40), so that
+/// downstream byte-size arithmetic can never overflow.
+pub const MAX_ELEMENTS: u128 = 1 << 40;
+/// Deepest tuple nesting accepted in a shape.
+pub const MAX_SHAPE_DEPTH: usize = 64;
+/// Largest device count an iota replica-group form may expand to.
+const MAX_IOTA_DEVICES: i64 = 1 << 24;
+
+/// Custom-call targets whose shape rule is known: one operand, result of the same element type.
+const SHARDING_TARGETS: &[&str] = &[
+    "Sharding",
+    "SPMDFullToShardShape",
+    "SPMDShardToFullShape",
+    "xla.sdy.GlobalToLocalShape",
+    "xla.sdy.LocalToGlobalShape",
+    "xla.sdy.FuncResultSharding",
+];
+
+type R<T = ()> = Result<T, Error>;
 
 /// Checks structure and every instruction's shape rule.
-pub fn verify(_module: &Module) -> Result<(), Error> {
+pub fn verify(module: &Module) -> Result<(), Error> {
+    let v = Verifier { m: module };
+    v.structure()?;
+    v.call_graph_acyclic()?;
+    for comp in module.comps.values() {
+        for &id in &comp.instrs {
+            let ins = &module.instrs[id];
+            v.shape_valid(id, &ins.shape, 0)?;
+        }
+    }
+    for comp in module.comps.values() {
+        for &id in &comp.instrs {
+            v.instruction(id)?;
+        }
+    }
     Ok(())
+}
+
+/// `%name`, whether or not the stored name carries the sigil.
+fn pname(name: &str) -> String {
+    if name.starts_with('%') { name.to_owned() } else { format!("%{name}") }
+}
+
+/// A shape as XLA prints it, without layouts.
+fn sh(s: &Shape) -> String {
+    match s {
+        Shape::Array(a) => arr_str(a),
+        Shape::Token => "token[]".into(),
+        Shape::Tuple(t) => format!("({})", t.iter().map(sh).collect::<Vec<_>>().join(", ")),
+    }
+}
+
+fn arr_str(a: &ArrayShape) -> String {
+    format!("{}[{}]", a.ty, a.dims.iter().map(i64::to_string).collect::<Vec<_>>().join(","))
+}
+
+fn list(v: &[i64]) -> String {
+    format!("{{{}}}", v.iter().map(i64::to_string).collect::<Vec<_>>().join(","))
+}
+
+/// Element count, `None` on a negative dimension or overflow.
+fn elements(a: &ArrayShape) -> Option<u128> {
+    a.dims.iter().try_fold(1u128, |acc, &d| if d < 0 { None } else { acc.checked_mul(d as u128) })
+}
+
+/// Bit width of one element (s4/u4: 4), `None` for tokens.
+fn bit_width(t: PrimitiveType) -> Option<u64> {
+    match t {
+        PrimitiveType::Token => None,
+        PrimitiveType::S4 | PrimitiveType::U4 => Some(4),
+        t => Some(t.byte_size() as u64 * 8),
+    }
+}
+
+/// `dims` must be distinct and each in `0..rank`.
+fn valid_dim_set(dims: &[i64], rank: usize) -> bool {
+    let mut seen = vec![false; rank];
+    dims.iter().all(|&d| d >= 0 && (d as usize) < rank && !std::mem::replace(&mut seen[d as usize], true))
+}
+
+/// Expands an iota replica-group form after bounding its sizes (so the expansion
+/// cannot overflow or allocate absurdly).
+fn expand_iota(i: &IotaReplicaGroups) -> Option<Vec<Vec<i64>>> {
+    let in_range = |x: i64| (0..=MAX_IOTA_DEVICES).contains(&x);
+    if !in_range(i.num_groups) || !in_range(i.group_size) || !i.reshape_dims.iter().all(|&d| in_range(d)) {
+        return None;
+    }
+    let total =
+        i.reshape_dims.iter().try_fold(1i64, |acc, &d| acc.checked_mul(d).filter(|&t| t <= MAX_IOTA_DEVICES))?;
+    if total != i.num_groups * i.group_size {
+        return None;
+    }
+    i.expand()
+}
+
+struct Verifier<'a> {
+    m: &'a Module,
+}
+
+impl<'a> Verifier<'a> {
+    fn at(&self, span: Option<Span>, message: String) -> Error {
+        let s = span.unwrap_or_default();
+        Error {
+            kind: ErrorKind::Verify,
+            file: self.m.source_name.clone(),
+            line: s.line,
+            col: s.col,
+            message,
+            source_line: None,
+            caret_len: s.len.max(1),
+        }
+    }
+
+    /// An error about instruction `id` (which must exist).
+    fn err(&self, id: InstrId, msg: impl Display) -> Error {
+        match self.m.instrs.get(id) {
+            Some(i) => self.at(i.span, format!("{}: {msg}", pname(&i.name))),
+            None => self.at(None, format!("{id}: {msg}")),
+        }
+    }
+
+    fn comp_err(&self, c: CompId, msg: impl Display) -> Error {
+        let comp = &self.m.comps[c];
+        self.at(comp.span, format!("computation {}: {msg}", pname(&comp.name)))
+    }
+
+    // ---------------------------------------------------------------- structure
+
+    fn structure(&self) -> R {
+        let m = self.m;
+        if m.comps.get(m.entry).is_none() {
+            return Err(self.at(None, format!("entry computation {} does not exist", m.entry)));
+        }
+        let mut owner: HashSet<InstrId> = HashSet::new();
+        for (cid, comp) in m.comps.iter() {
+            if comp.instrs.is_empty() {
+                return Err(self.comp_err(cid, "has no instructions"));
+            }
+            let members: HashSet<InstrId> = comp.instrs.iter().copied().collect();
+            let mut pos: HashMap<InstrId, usize> = HashMap::new();
+            for (k, &id) in comp.instrs.iter().enumerate() {
+                let Some(ins) = m.instrs.get(id) else {
+                    return Err(self.comp_err(cid, format!("lists instruction {id}, which does not exist")));
+                };
+                if ins.parent != cid {
+                    let other = m.comps.get(ins.parent).map_or_else(|| ins.parent.to_string(), |c| pname(&c.name));
+                    return Err(
+                        self.err(id, format!("listed in computation {} but its parent is {other}", pname(&comp.name)))
+                    );
+                }
+                if !owner.insert(id) {
+                    return Err(self.err(id, "instruction appears more than once in the module"));
+                }
+                for (j, &op) in ins.operands.iter().enumerate() {
+                    if pos.contains_key(&op) {
+                        continue;
+                    }
+                    let msg = match m.instrs.get(op) {
+                        None => format!("operand {j} refers to instruction {op}, which does not exist"),
+                        Some(o) if o.parent != cid || !members.contains(&op) => format!(
+                            "operand {j} ({}) belongs to another computation, not {}",
+                            pname(&o.name),
+                            pname(&comp.name)
+                        ),
+                        Some(o) => format!("operand {j} ({}) is used before it is defined", pname(&o.name)),
+                    };
+                    return Err(self.err(id, msg));
+                }
+                for &cp in &ins.attrs.control_predecessors {
+                    match m.instrs.get(cp) {
+                        Some(o) if o.parent == cid && members.contains(&cp) => {}
+                        Some(o) => {
+                            return Err(self.err(
+                                id,
+                                format!(
+                                    "control predecessor {} is not in computation {}",
+                                    pname(&o.name),
+                                    pname(&comp.name)
+                                ),
+                            ));
+                        }
+                        None => return Err(self.err(id, format!("control predecessor {cp} does not exist"))),
+                    }
+                }
+                for &c in &ins.called {
+                    if m.comps.get(c).is_none() {
+                        return Err(self.err(id, format!("calls computation {c}, which does not exist")));
+                    }
+                }
+                pos.insert(id, k);
+            }
+            if !pos.contains_key(&comp.root) {
+                return Err(self.comp_err(cid, format!("root {} is not one of its instructions", comp.root)));
+            }
+            // Parameters: numbered 0..n without gaps, and `params[i]` is parameter(i).
+            let mut numbers = Vec::new();
+            for &id in &comp.instrs {
+                let ins = &m.instrs[id];
+                if ins.opcode != Opcode::Parameter {
+                    continue;
+                }
+                let Some(n) = ins.attrs.parameter_number else {
+                    return Err(self.err(id, "parameter has no parameter number"));
+                };
+                numbers.push((n, id));
+            }
+            numbers.sort();
+            for (i, &(n, id)) in numbers.iter().enumerate() {
+                if n != i as i64 {
+                    let got: Vec<i64> = numbers.iter().map(|p| p.0).collect();
+                    return Err(self.err(
+                        id,
+                        format!(
+                            "parameters of computation {} must be numbered 0..{} without gaps or repeats, got {}",
+                            pname(&comp.name),
+                            numbers.len(),
+                            list(&got)
+                        ),
+                    ));
+                }
+            }
+            if comp.params.len() != numbers.len() || numbers.iter().any(|&(n, id)| comp.params[n as usize] != id) {
+                return Err(self.comp_err(
+                    cid,
+                    format!(
+                        "parameter list ({} entries) does not match its {} parameter instructions",
+                        comp.params.len(),
+                        numbers.len()
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// No computation may (transitively) call itself.
+    fn call_graph_acyclic(&self) -> R {
+        let m = self.m;
+        // 0 = unvisited, 1 = on the stack, 2 = done.
+        let mut state: HashMap<CompId, u8> = HashMap::new();
+        for start in m.comps.keys() {
+            if state.contains_key(&start) {
+                continue;
+            }
+            // Stack of (computation, list of (caller instr, callee), next index).
+            let edges = |c: CompId| -> Vec<(InstrId, CompId)> {
+                m.comps[c].instrs.iter().flat_map(|&i| m.instrs[i].called.iter().map(move |&cc| (i, cc))).collect()
+            };
+            let mut stack = vec![(start, edges(start), 0usize)];
+            state.insert(start, 1);
+            while let Some(top) = stack.last_mut() {
+                if top.2 == top.1.len() {
+                    state.insert(top.0, 2);
+                    stack.pop();
+                    continue;
+                }
+                let (caller, callee) = top.1[top.2];
+                top.2 += 1;
+                match state.get(&callee).copied().unwrap_or(0) {
+                    0 => {
+                        state.insert(callee, 1);
+                        let e = edges(callee);
+                        stack.push((callee, e, 0));
+                    }
+                    1 => {
+                        return Err(self.err(
+                            caller,
+                            format!(
+                                "calls computation {}, which is already on the call stack (recursion is not allowed)",
+                                pname(&m.comps[callee].name)
+                            ),
+                        ));
+                    }
+                    _ => {}
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn shape_valid(&self, id: InstrId, s: &Shape, depth: usize) -> R {
+        if depth > MAX_SHAPE_DEPTH {
+            return Err(self.err(id, format!("shape nests tuples deeper than {MAX_SHAPE_DEPTH} levels")));
+        }
+        match s {
+            Shape::Array(a) => {
+                if let Some(&d) = a.dims.iter().find(|&&d| d < 0) {
+                    return Err(self.err(id, format!("shape has a negative dimension {d}")));
+                }
+                match elements(a) {
+                    Some(n) if n <= MAX_ELEMENTS => Ok(()),
+                    _ => Err(self.err(id, format!("shape {} has more than 2^40 elements", arr_str(a)))),
+                }
+            }
+            Shape::Tuple(t) => t.iter().try_for_each(|e| self.shape_valid(id, e, depth + 1)),
+            Shape::Token => Ok(()),
+        }
+    }
+
+    // ---------------------------------------------------------------- helpers
+
+    fn op(&self, id: InstrId) -> &'a str {
+        self.m.instrs[id].opcode.name()
+    }
+
+    fn operand_shape(&self, id: InstrId, i: usize) -> &'a Shape {
+        &self.m.instrs[self.m.instrs[id].operands[i]].shape
+    }
+
+    fn n_operands(&self, id: InstrId, n: usize) -> R {
+        let k = self.m.instrs[id].operands.len();
+        if k != n {
+            let s = if n == 1 { "" } else { "s" };
+            return Err(self.err(id, format!("{} expects {n} operand{s}, got {k}", self.op(id))));
+        }
+        Ok(())
+    }
+
+    fn min_operands(&self, id: InstrId, n: usize) -> R {
+        let k = self.m.instrs[id].operands.len();
+        if k < n {
+            return Err(self.err(id, format!("{} expects at least {n} operand(s), got {k}", self.op(id))));
+        }
+        Ok(())
+    }
+
+    fn arr(&self, id: InstrId, i: usize) -> R<&'a ArrayShape> {
+        let s = self.operand_shape(id, i);
+        s.as_array().ok_or_else(|| self.err(id, format!("{} operand {i} must be an array, got {}", self.op(id), sh(s))))
+    }
+
+    fn res(&self, id: InstrId) -> R<&'a ArrayShape> {
+        let s = &self.m.instrs[id].shape;
+        s.as_array().ok_or_else(|| self.err(id, format!("{} result must be an array, got {}", self.op(id), sh(s))))
+    }
+
+    fn result_is(&self, id: InstrId, expected: &Shape, why: &str) -> R {
+        let got = &self.m.instrs[id].shape;
+        if !got.compatible(expected) {
+            return Err(
+                self.err(id, format!("{} result must be {} ({why}), got {}", self.op(id), sh(expected), sh(got)))
+            );
+        }
+        Ok(())
+    }
+
+    fn result_dims(&self, id: InstrId, ty: PrimitiveType, dims: Vec<i64>, why: &str) -> R {
+        self.result_is(id, &Shape::array(ty, dims), why)
+    }
+
+    fn dims_attr(&self, id: InstrId) -> R<&'a [i64]> {
+        self.m.instrs[id]
+            .attrs
+            .dimensions
+            .as_deref()
+            .ok_or_else(|| self.err(id, format!("{} needs a dimensions={{...}} attribute", self.op(id))))
+    }
+
+    fn called(&self, id: InstrId, what: &str) -> R<CompId> {
+        let ins = &self.m.instrs[id];
+        match ins.called.as_slice() {
+            [c] => Ok(*c),
+            v => Err(self.err(id, format!("{} needs exactly one {what} computation, got {}", self.op(id), v.len()))),
+        }
+    }
+
+    // ---------------------------------------------------------------- per op
+
+    fn instruction(&self, id: InstrId) -> R {
+        use Opcode::*;
+        let ins = &self.m.instrs[id];
+        let op = ins.opcode;
+        match op {
+            Parameter => self.n_operands(id, 0),
+            Constant => self.constant(id),
+            _ if op.is_elementwise_unary() => self.unary(id),
+            _ if op.is_elementwise_binary() => self.binary(id),
+            Select => self.select(id),
+            Clamp => self.clamp(id),
+            Convert => {
+                self.n_operands(id, 1)?;
+                let (a, r) = (self.arr(id, 0)?, self.res(id)?);
+                if a.dims != r.dims {
+                    return Err(
+                        self.err(id, format!("convert must keep the dimensions, got {} -> {}", arr_str(a), arr_str(r)))
+                    );
+                }
+                Ok(())
+            }
+            BitcastConvert => self.bitcast_convert(id),
+            Broadcast => self.broadcast(id),
+            Reshape => {
+                self.n_operands(id, 1)?;
+                let (a, r) = (self.arr(id, 0)?, self.res(id)?);
+                if a.ty != r.ty || elements(a) != elements(r) {
+                    return Err(self.err(
+                        id,
+                        format!(
+                            "reshape must keep the element type and element count, got {} -> {}",
+                            arr_str(a),
+                            arr_str(r)
+                        ),
+                    ));
+                }
+                Ok(())
+            }
+            Bitcast => {
+                self.n_operands(id, 1)?;
+                let (a, r) = (self.arr(id, 0)?, self.res(id)?);
+                let bytes = |x: &ArrayShape| elements(x).map(|n| n * x.ty.byte_size() as u128);
+                if bytes(a) != bytes(r) {
+                    return Err(
+                        self.err(id, format!("bitcast must keep the byte size, got {} -> {}", arr_str(a), arr_str(r)))
+                    );
+                }
+                Ok(())
+            }
+            Transpose => self.transpose(id),
+            Slice => self.slice(id),
+            DynamicSlice => self.dynamic_slice(id),
+            DynamicUpdateSlice => self.dynamic_update_slice(id),
+            Concatenate => self.concatenate(id),
+            Pad => self.pad(id),
+            Iota => {
+                self.n_operands(id, 0)?;
+                let r = self.res(id)?;
+                match ins.attrs.iota_dimension {
+                    Some(d) if d >= 0 && (d as usize) < r.rank() => Ok(()),
+                    Some(d) => Err(self.err(
+                        id,
+                        format!("iota_dimension={d} is out of range for result {} of rank {}", arr_str(r), r.rank()),
+                    )),
+                    None => Err(self.err(id, "iota needs an iota_dimension attribute")),
+                }
+            }
+            Reverse => {
+                self.n_operands(id, 1)?;
+                let a = self.arr(id, 0)?;
+                let dims = self.dims_attr(id)?;
+                if !valid_dim_set(dims, a.rank()) {
+                    return Err(self.err(
+                        id,
+                        format!("reverse dimensions={} must be distinct dimensions of {}", list(dims), arr_str(a)),
+                    ));
+                }
+                self.result_is(id, &Shape::Array(a.clone()), "same as the operand")
+            }
+            Reduce => self.reduce(id),
+            Dot => self.dot(id),
+            Tuple => {
+                let expected = Shape::Tuple(ins.operands.iter().map(|&o| self.m.instrs[o].shape.clone()).collect());
+                self.result_is(id, &expected, "the tuple of its operand shapes")
+            }
+            GetTupleElement => {
+                self.n_operands(id, 1)?;
+                let s = self.operand_shape(id, 0);
+                let Some(elems) = s.tuple_elements() else {
+                    return Err(self.err(id, format!("get-tuple-element operand must be a tuple, got {}", sh(s))));
+                };
+                let Some(index) = ins.attrs.tuple_index else {
+                    return Err(self.err(id, "get-tuple-element needs an index attribute"));
+                };
+                if index < 0 || index as usize >= elems.len() {
+                    return Err(self.err(
+                        id,
+                        format!(
+                            "get-tuple-element index={index} is out of range for a tuple of {} elements {}",
+                            elems.len(),
+                            sh(s)
+                        ),
+                    ));
+                }
+                self.result_is(id, &elems[index as usize], &format!("element {index} of the operand"))
+            }
+            Copy => {
+                self.n_operands(id, 1)?;
+                self.result_is(id, &self.operand_shape(id, 0).clone(), "same as the operand")
+            }
+            Call => self.call(id),
+            Fusion => self.fusion(id),
+            ReplicaId | PartitionId => {
+                self.n_operands(id, 0)?;
+                self.result_is(id, &Shape::array(PrimitiveType::U32, vec![]), "a u32 scalar")
+            }
+            CustomCall => self.custom_call(id),
+            AllReduce | AllReduceStart => self.all_reduce(id),
+            AllReduceDone => {
+                self.n_operands(id, 1)?;
+                self.result_is(id, &self.operand_shape(id, 0).clone(), "same as the all-reduce-start operand")
+            }
+            AllGather => self.all_gather(id),
+            AllGatherStart => self.all_gather_start(id),
+            AllGatherDone => {
+                self.n_operands(id, 1)?;
+                let s = self.operand_shape(id, 0);
+                match s.tuple_elements() {
+                    Some([_, gathered]) => self.result_is(id, gathered, "element 1 of the all-gather-start tuple"),
+                    _ => Err(self.err(
+                        id,
+                        format!(
+                            "all-gather-done operand must be the (operand, result) tuple of an all-gather-start, got {}",
+                            sh(s)
+                        ),
+                    )),
+                }
+            }
+            AllToAll => self.all_to_all(id),
+            ReduceScatter => self.reduce_scatter(id),
+            CollectivePermute => self.collective_permute(id),
+            CollectivePermuteStart => self.collective_permute_start(id),
+            CollectivePermuteDone => {
+                self.n_operands(id, 1)?;
+                let s = self.operand_shape(id, 0);
+                match s.tuple_elements() {
+                    Some([_, out, ..]) => self.result_is(id, out, "element 1 of the collective-permute-start tuple"),
+                    _ => Err(self.err(
+                        id,
+                        format!(
+                            "collective-permute-done operand must be the tuple of a collective-permute-start, got {}",
+                            sh(s)
+                        ),
+                    )),
+                }
+            }
+            CollectiveBroadcast => {
+                self.groups(id, false)?;
+                Ok(())
+            }
+            // Parsed but not executed by Peerless: structure only.
+            _ => Ok(()),
+        }
+    }
+
+    fn constant(&self, id: InstrId) -> R {
+        self.n_operands(id, 0)?;
+        let ins = &self.m.instrs[id];
+        let Some(lit) = &ins.attrs.literal else {
+            return Err(self.err(id, "constant has no literal"));
+        };
+        let ls = lit.shape();
+        if !ls.compatible(&ins.shape) {
+            return Err(self.err(
+                id,
+                format!("constant literal has shape {}, but the instruction's shape is {}", sh(&ls), sh(&ins.shape)),
+            ));
+        }
+        for a in lit.leaves() {
+            let need = elements(&a.shape).map(|n| n * a.shape.ty.byte_size() as u128);
+            if need != Some(a.data.len() as u128) {
+                return Err(self
+                    .err(id, format!("constant literal of shape {} holds {} bytes", arr_str(&a.shape), a.data.len())));
+            }
+        }
+        Ok(())
+    }
+
+    fn unary(&self, id: InstrId) -> R {
+        use Opcode::*;
+        self.n_operands(id, 1)?;
+        let op = self.m.instrs[id].opcode;
+        let a = self.arr(id, 0)?;
+        let t = a.ty;
+        let component = |t: PrimitiveType| match t {
+            PrimitiveType::C64 => PrimitiveType::F32,
+            PrimitiveType::C128 => PrimitiveType::F64,
+            t => t,
+        };
+        let out_ty = match op {
+            IsFinite => {
+                if !t.is_float() {
+                    return Err(self.err(id, format!("is-finite needs a floating-point operand, got {}", arr_str(a))));
+                }
+                PrimitiveType::Pred
+            }
+            Not if !(t == PrimitiveType::Pred || t.is_integral()) => {
+                return Err(self.err(id, format!("not needs a pred or integer operand, got {}", arr_str(a))));
+            }
+            PopulationCount | CountLeadingZeros if !t.is_integral() => {
+                return Err(self.err(id, format!("{} needs an integer operand, got {}", op.name(), arr_str(a))));
+            }
+            Abs | Real | Imag => component(t),
+            _ => t,
+        };
+        self.result_dims(id, out_ty, a.dims.clone(), "elementwise")
+    }
+
+    fn binary(&self, id: InstrId) -> R {
+        use Opcode::*;
+        self.n_operands(id, 2)?;
+        let ins = &self.m.instrs[id];
+        let op = ins.opcode;
+        let (a, b) = (self.arr(id, 0)?, self.arr(id, 1)?);
+        if !a.compatible(b) {
+            return Err(self.err(
+                id,
+                format!(
+                    "{} operands must have the same element type and dimensions, got {} and {}",
+                    op.name(),
+                    arr_str(a),
+                    arr_str(b)
+                ),
+            ));
+        }
+        let t = a.ty;
+        let out_ty = match op {
+            Compare => {
+                if ins.attrs.comparison_direction.is_none() {
+                    return Err(self.err(id, "compare needs a direction attribute (EQ, NE, LT, LE, GT, GE)"));
+                }
+                PrimitiveType::Pred
+            }
+            And | Or | Xor if !(t == PrimitiveType::Pred || t.is_integral()) => {
+                return Err(self.err(id, format!("{} needs pred or integer operands, got {}", op.name(), arr_str(a))));
+            }
+            ShiftLeft | ShiftRightArithmetic | ShiftRightLogical if !t.is_integral() => {
+                return Err(self.err(id, format!("{} needs integer operands, got {}", op.name(), arr_str(a))));
+            }
+            Complex => match t {
+                PrimitiveType::F32 => PrimitiveType::C64,
+                PrimitiveType::F64 => PrimitiveType::C128,
+                _ => return Err(self.err(id, format!("complex needs f32 or f64 operands, got {}", arr_str(a)))),
+            },
+            _ => t,
+        };
+        self.result_dims(id, out_ty, a.dims.clone(), "elementwise")
+    }
+
+    fn select(&self, id: InstrId) -> R {
+        self.n_operands(id, 3)?;
+        let (p, t, f) = (self.arr(id, 0)?, self.arr(id, 1)?, self.arr(id, 2)?);
+        if p.ty != PrimitiveType::Pred {
+            return Err(self.err(id, format!("select predicate must be pred, got {}", arr_str(p))));
+        }
+        if !t.compatible(f) {
+            return Err(self
+                .err(id, format!("select branches must have the same shape, got {} and {}", arr_str(t), arr_str(f))));
+        }
+        if p.rank() != 0 && p.dims != t.dims {
+            return Err(self.err(
+                id,
+                format!(
+                    "select predicate must be a scalar or have the branches' dimensions, got {} for {}",
+                    arr_str(p),
+                    arr_str(t)
+                ),
+            ));
+        }
+        self.result_is(id, &Shape::Array(t.clone()), "same as the branches")
+    }
+
+    fn clamp(&self, id: InstrId) -> R {
+        self.n_operands(id, 3)?;
+        let (lo, x, hi) = (self.arr(id, 0)?, self.arr(id, 1)?, self.arr(id, 2)?);
+        for (what, b) in [("min", lo), ("max", hi)] {
+            if b.ty != x.ty || (b.rank() != 0 && b.dims != x.dims) {
+                return Err(self.err(
+                    id,
+                    format!(
+                        "clamp {what} must be a scalar or match the operand, with the same element type, got {} for {}",
+                        arr_str(b),
+                        arr_str(x)
+                    ),
+                ));
+            }
+        }
+        self.result_is(id, &Shape::Array(x.clone()), "same as the operand")
+    }
+
+    fn bitcast_convert(&self, id: InstrId) -> R {
+        self.n_operands(id, 1)?;
+        let (a, r) = (self.arr(id, 0)?, self.res(id)?);
+        let (Some(ib), Some(ob)) = (bit_width(a.ty), bit_width(r.ty)) else {
+            return Err(self.err(id, "bitcast-convert cannot convert tokens"));
+        };
+        let expected: Option<Vec<i64>> = if ib == ob {
+            Some(a.dims.clone())
+        } else if ib > ob {
+            (ib % ob == 0).then(|| a.dims.iter().copied().chain([(ib / ob) as i64]).collect())
+        } else {
+            match a.dims.split_last() {
+                Some((&last, rest)) if ob % ib == 0 && last == (ob / ib) as i64 => Some(rest.to_vec()),
+                _ => None,
+            }
+        };
+        match expected {
+            Some(d) if d == r.dims => Ok(()),
+            Some(d) => Err(self.err(
+                id,
+                format!(
+                    "bitcast-convert from {} to {} must give dimensions {}, got {}",
+                    arr_str(a),
+                    r.ty,
+                    list(&d),
+                    arr_str(r)
+                ),
+            )),
+            None => Err(self.err(
+                id,
+                format!(
+                    "bitcast-convert from {} ({ib} bits) to {} ({ob} bits): the narrower operand's minor dimension must be {}",
+                    arr_str(a),
+                    arr_str(r),
+                    ob.max(ib) / ob.min(ib)
+                ),
+            )),
+        }
+    }
+
+    fn broadcast(&self, id: InstrId) -> R {
+        self.n_operands(id, 1)?;
+        let (a, r) = (self.arr(id, 0)?, self.res(id)?);
+        let dims = self.dims_attr(id)?;
+        if a.ty != r.ty {
+            return Err(
+                self.err(id, format!("broadcast must keep the element type, got {} -> {}", arr_str(a), arr_str(r)))
+            );
+        }
+        if dims.len() != a.rank() {
+            return Err(self.err(
+                id,
+                format!(
+                    "broadcast dimensions={} must map each of the {} operand dimensions of {}",
+                    list(dims),
+                    a.rank(),
+                    arr_str(a)
+                ),
+            ));
+        }
+        if !valid_dim_set(dims, r.rank()) {
+            return Err(self.err(
+                id,
+                format!("broadcast dimensions={} must be distinct dimensions of the result {}", list(dims), arr_str(r)),
+            ));
+        }
+        for (i, &d) in dims.iter().enumerate() {
+            if a.dims[i] != r.dims[d as usize] {
+                return Err(self.err(
+                    id,
+                    format!(
+                        "broadcast maps operand dimension {i} (size {}) to result dimension {d} (size {}): sizes must be equal",
+                        a.dims[i], r.dims[d as usize]
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn transpose(&self, id: InstrId) -> R {
+        self.n_operands(id, 1)?;
+        let a = self.arr(id, 0)?;
+        let perm = self.dims_attr(id)?;
+        if perm.len() != a.rank() || !valid_dim_set(perm, a.rank()) {
+            return Err(self.err(
+                id,
+                format!(
+                    "transpose dimensions={} must be a permutation of 0..{} for {}",
+                    list(perm),
+                    a.rank(),
+                    arr_str(a)
+                ),
+            ));
+        }
+        let dims = perm.iter().map(|&p| a.dims[p as usize]).collect();
+        self.result_dims(id, a.ty, dims, "operand dimensions permuted")
+    }
+
+    fn slice(&self, id: InstrId) -> R {
+        self.n_operands(id, 1)?;
+        let a = self.arr(id, 0)?;
+        let Some(sl) = &self.m.instrs[id].attrs.slice else {
+            return Err(self.err(id, "slice needs a slice={[start:limit:stride],...} attribute"));
+        };
+        if sl.len() != a.rank() {
+            return Err(self.err(
+                id,
+                format!("slice has {} dimension bounds for operand {} of rank {}", sl.len(), arr_str(a), a.rank()),
+            ));
+        }
+        let mut dims = Vec::with_capacity(sl.len());
+        for (i, s) in sl.iter().enumerate() {
+            if s.stride <= 0 {
+                return Err(self.err(id, format!("slice stride in dimension {i} must be positive, got {}", s.stride)));
+            }
+            if s.start < 0 || s.start > s.limit || s.limit > a.dims[i] {
+                return Err(self.err(
+                    id,
+                    format!(
+                        "slice [{}:{}] in dimension {i} is out of bounds for operand {} (need 0 <= start <= limit <= {})",
+                        s.start,
+                        s.limit,
+                        arr_str(a),
+                        a.dims[i]
+                    ),
+                ));
+            }
+            let len = s.limit - s.start;
+            dims.push(len / s.stride + i64::from(len % s.stride != 0));
+        }
+        self.result_dims(id, a.ty, dims, "ceil((limit-start)/stride) per dimension")
+    }
+
+    fn start_indices(&self, id: InstrId, first: usize, rank: usize) -> R {
+        let n = self.m.instrs[id].operands.len() - first;
+        if n != rank {
+            return Err(
+                self.err(id, format!("{} needs one start index per operand dimension ({rank}), got {n}", self.op(id)))
+            );
+        }
+        for i in first..first + rank {
+            let s = self.arr(id, i)?;
+            if s.rank() != 0 || !s.ty.is_integral() {
+                return Err(self.err(
+                    id,
+                    format!("{} start index (operand {i}) must be an integer scalar, got {}", self.op(id), arr_str(s)),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn dynamic_slice(&self, id: InstrId) -> R {
+        self.min_operands(id, 1)?;
+        let a = self.arr(id, 0)?;
+        self.start_indices(id, 1, a.rank())?;
+        let Some(sizes) = &self.m.instrs[id].attrs.dynamic_slice_sizes else {
+            return Err(self.err(id, "dynamic-slice needs a dynamic_slice_sizes attribute"));
+        };
+        if sizes.len() != a.rank() || sizes.iter().zip(&a.dims).any(|(&s, &d)| s < 0 || s > d) {
+            return Err(self.err(
+                id,
+                format!(
+                    "dynamic-slice dynamic_slice_sizes={} must give one size per dimension, each within {}",
+                    list(sizes),
+                    arr_str(a)
+                ),
+            ));
+        }
+        self.result_dims(id, a.ty, sizes.clone(), "the dynamic_slice_sizes")
+    }
+
+    fn dynamic_update_slice(&self, id: InstrId) -> R {
+        self.min_operands(id, 2)?;
+        let (a, u) = (self.arr(id, 0)?, self.arr(id, 1)?);
+        self.start_indices(id, 2, a.rank())?;
+        if u.ty != a.ty || u.rank() != a.rank() || u.dims.iter().zip(&a.dims).any(|(x, y)| x > y) {
+            return Err(self.err(
+                id,
+                format!(
+                    "dynamic-update-slice update {} must have the operand's element type and rank and fit within {}",
+                    arr_str(u),
+                    arr_str(a)
+                ),
+            ));
+        }
+        self.result_is(id, &Shape::Array(a.clone()), "same as the operand")
+    }
+
+    fn concatenate(&self, id: InstrId) -> R {
+        self.min_operands(id, 1)?;
+        let dims = self.dims_attr(id)?;
+        let first = self.arr(id, 0)?;
+        let d = match dims {
+            [d] if *d >= 0 && (*d as usize) < first.rank() => *d as usize,
+            _ => {
+                return Err(self.err(
+                    id,
+                    format!("concatenate dimensions={} must name one dimension of {}", list(dims), arr_str(first)),
+                ));
+            }
+        };
+        let mut total = 0i64;
+        for i in 0..self.m.instrs[id].operands.len() {
+            let a = self.arr(id, i)?;
+            let same_rest = a.rank() == first.rank()
+                && a.dims.iter().zip(&first.dims).enumerate().all(|(k, (x, y))| k == d || x == y);
+            if a.ty != first.ty || !same_rest {
+                return Err(self.err(
+                    id,
+                    format!(
+                        "concatenate operands must have the same element type and equal dimensions except dimension {d}, got {} and {}",
+                        arr_str(first),
+                        arr_str(a)
+                    ),
+                ));
+            }
+            total = total.saturating_add(a.dims[d]);
+        }
+        let mut out = first.dims.clone();
+        out[d] = total;
+        self.result_dims(id, first.ty, out, "operands joined along the dimension")
+    }
+
+    fn pad(&self, id: InstrId) -> R {
+        self.n_operands(id, 2)?;
+        let (a, v) = (self.arr(id, 0)?, self.arr(id, 1)?);
+        if v.rank() != 0 || v.ty != a.ty {
+            return Err(self.err(
+                id,
+                format!("pad value must be a scalar of the operand's element type {}, got {}", a.ty, arr_str(v)),
+            ));
+        }
+        let Some(pads) = &self.m.instrs[id].attrs.padding else {
+            return Err(self.err(id, "pad needs a padding=lo_hi_interior attribute"));
+        };
+        if pads.len() != a.rank() {
+            return Err(self.err(
+                id,
+                format!("pad has {} padding entries for operand {} of rank {}", pads.len(), arr_str(a), a.rank()),
+            ));
+        }
+        let mut dims = Vec::with_capacity(pads.len());
+        for (i, (p, &n)) in pads.iter().zip(&a.dims).enumerate() {
+            if p.interior < 0 {
+                return Err(
+                    self.err(id, format!("pad interior padding in dimension {i} must be >= 0, got {}", p.interior))
+                );
+            }
+            let size = p.lo as i128 + p.hi as i128 + n as i128 + (n as i128 - 1).max(0) * p.interior as i128;
+            if size < 0 || size > i64::MAX as i128 {
+                return Err(self.err(
+                    id,
+                    format!("pad gives dimension {i} a negative or overflowing size {size} (lo={}, hi={})", p.lo, p.hi),
+                ));
+            }
+            dims.push(size as i64);
+        }
+        self.result_dims(id, a.ty, dims, "lo + hi + n + (n-1)*interior per dimension")
+    }
+
+    /// `comp` must take `2N` scalars (`types[i]` twice: accumulators then values) and
+    /// return a scalar (`N == 1`) or an `N`-tuple of scalars of `types`.
+    fn check_reducer(&self, id: InstrId, c: CompId, types: &[PrimitiveType]) -> R {
+        let comp = &self.m.comps[c];
+        let n = types.len();
+        let cname = pname(&comp.name);
+        let op = self.op(id);
+        if comp.params.len() != 2 * n {
+            return Err(self.err(
+                id,
+                format!(
+                    "{op} to_apply computation {cname} must take {} scalar parameters, got {}",
+                    2 * n,
+                    comp.params.len()
+                ),
+            ));
+        }
+        for (k, &p) in comp.params.iter().enumerate() {
+            let want = Shape::array(types[k % n], vec![]);
+            let got = &self.m.instrs[p].shape;
+            if !got.compatible(&want) {
+                return Err(self.err(
+                    id,
+                    format!("{op} to_apply computation {cname} parameter {k} must be {}, got {}", sh(&want), sh(got)),
+                ));
+            }
+        }
+        let root = &self.m.instrs[comp.root].shape;
+        let scalars: Vec<Shape> = types.iter().map(|&t| Shape::array(t, vec![])).collect();
+        let tuple = Shape::Tuple(scalars.clone());
+        if !(root.compatible(&tuple) || (n == 1 && root.compatible(&scalars[0]))) {
+            let want = if n == 1 { sh(&scalars[0]) } else { sh(&tuple) };
+            return Err(self.err(id, format!("{op} to_apply computation {cname} must return {want}, got {}", sh(root))));
+        }
+        Ok(())
+    }
+
+    fn reduce(&self, id: InstrId) -> R {
+        let k = self.m.instrs[id].operands.len();
+        if k == 0 || !k.is_multiple_of(2) {
+            return Err(
+                self.err(id, format!("reduce needs N inputs and N init values (an even count), got {k} operands"))
+            );
+        }
+        let n = k / 2;
+        let first = self.arr(id, 0)?;
+        let mut types = Vec::with_capacity(n);
+        for i in 0..n {
+            let a = self.arr(id, i)?;
+            if a.dims != first.dims {
+                return Err(self.err(
+                    id,
+                    format!("reduce inputs must have the same dimensions, got {} and {}", arr_str(first), arr_str(a)),
+                ));
+            }
+            let init = self.arr(id, n + i)?;
+            if init.rank() != 0 || init.ty != a.ty {
+                return Err(self.err(
+                    id,
+                    format!(
+                        "reduce init value {i} must be a scalar {} (input {i} is {}), got {}",
+                        a.ty,
+                        arr_str(a),
+                        arr_str(init)
+                    ),
+                ));
+            }
+            types.push(a.ty);
+        }
+        let dims = self.dims_attr(id)?;
+        if !valid_dim_set(dims, first.rank()) {
+            return Err(self.err(
+                id,
+                format!("reduce dimensions={} must be distinct dimensions of {}", list(dims), arr_str(first)),
+            ));
+        }
+        let c = self.called(id, "to_apply")?;
+        self.check_reducer(id, c, &types)?;
+        let kept: Vec<i64> =
+            first.dims.iter().enumerate().filter(|(i, _)| !dims.contains(&(*i as i64))).map(|(_, &d)| d).collect();
+        let outs: Vec<Shape> = types.iter().map(|&t| Shape::array(t, kept.clone())).collect();
+        let expected = if n == 1 { outs[0].clone() } else { Shape::Tuple(outs) };
+        self.result_is(id, &expected, "input dimensions minus the reduced ones")
+    }
+
+    fn dot(&self, id: InstrId) -> R {
+        self.n_operands(id, 2)?;
+        let (l, r) = (self.arr(id, 0)?, self.arr(id, 1)?);
+        let res = self.res(id)?;
+        let dd = self.m.instrs[id].attrs.dot.clone().unwrap_or_default();
+        let bad = |msg: String| Err(self.err(id, format!("dot {msg}, for {} x {}", arr_str(l), arr_str(r))));
+        if dd.lhs_batch.len() != dd.rhs_batch.len() {
+            return bad(format!(
+                "lhs_batch_dims={} and rhs_batch_dims={} must have the same length",
+                list(&dd.lhs_batch),
+                list(&dd.rhs_batch)
+            ));
+        }
+        if dd.lhs_contracting.len() != dd.rhs_contracting.len() {
+            return bad(format!(
+                "lhs_contracting_dims={} and rhs_contracting_dims={} must have the same length",
+                list(&dd.lhs_contracting),
+                list(&dd.rhs_contracting)
+            ));
+        }
+        let lhs_all: Vec<i64> = dd.lhs_batch.iter().chain(&dd.lhs_contracting).copied().collect();
+        let rhs_all: Vec<i64> = dd.rhs_batch.iter().chain(&dd.rhs_contracting).copied().collect();
+        if !valid_dim_set(&lhs_all, l.rank()) {
+            return bad(format!(
+                "lhs batch and contracting dimensions {} must be distinct and in range",
+                list(&lhs_all)
+            ));
+        }
+        if !valid_dim_set(&rhs_all, r.rank()) {
+            return bad(format!(
+                "rhs batch and contracting dimensions {} must be distinct and in range",
+                list(&rhs_all)
+            ));
+        }
+        for (&a, &b) in dd.lhs_batch.iter().zip(&dd.rhs_batch) {
+            if l.dims[a as usize] != r.dims[b as usize] {
+                return bad(format!("batch dimension lhs {a} and rhs {b} differ in size"));
+            }
+        }
+        for (&a, &b) in dd.lhs_contracting.iter().zip(&dd.rhs_contracting) {
+            if l.dims[a as usize] != r.dims[b as usize] {
+                return bad(format!(
+                    "contracting dimension lhs {a} (size {}) and rhs {b} (size {}) differ",
+                    l.dims[a as usize], r.dims[b as usize]
+                ));
+            }
+        }
+        let mut dims: Vec<i64> = dd.lhs_batch.iter().map(|&a| l.dims[a as usize]).collect();
+        dims.extend(l.dims.iter().enumerate().filter(|(i, _)| !lhs_all.contains(&(*i as i64))).map(|(_, &d)| d));
+        dims.extend(r.dims.iter().enumerate().filter(|(i, _)| !rhs_all.contains(&(*i as i64))).map(|(_, &d)| d));
+        if res.dims != dims {
+            return Err(self.err(
+                id,
+                format!(
+                    "dot result must have dimensions {} (batch, lhs free, rhs free), got {}",
+                    list(&dims),
+                    arr_str(res)
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Operands match the callee's parameters.
+    fn args_match(&self, id: InstrId, c: CompId) -> R {
+        let ins = &self.m.instrs[id];
+        let comp = &self.m.comps[c];
+        let cname = pname(&comp.name);
+        if ins.operands.len() != comp.params.len() {
+            return Err(self.err(
+                id,
+                format!(
+                    "{} passes {} operands to computation {cname}, which takes {} parameters",
+                    self.op(id),
+                    ins.operands.len(),
+                    comp.params.len()
+                ),
+            ));
+        }
+        for (i, (&o, &p)) in ins.operands.iter().zip(&comp.params).enumerate() {
+            let (os, ps) = (&self.m.instrs[o].shape, &self.m.instrs[p].shape);
+            if !os.compatible(ps) {
+                return Err(self.err(
+                    id,
+                    format!("{} operand {i} is {}, but {cname} parameter {i} is {}", self.op(id), sh(os), sh(ps)),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn call(&self, id: InstrId) -> R {
+        let c = self.called(id, "to_apply")?;
+        self.args_match(id, c)?;
+        let root = &self.m.instrs[self.m.comps[c].root].shape;
+        self.result_is(id, root, "the callee's root shape")
+    }
+
+    fn fusion(&self, id: InstrId) -> R {
+        let Some(&c) = self.m.instrs[id].called.first() else {
+            return Err(self.err(id, "fusion needs a calls= computation"));
+        };
+        self.args_match(id, c)
+    }
+
+    fn custom_call(&self, id: InstrId) -> R {
+        let ins = &self.m.instrs[id];
+        let Some(target) = ins.attrs.custom_call_target.as_deref() else {
+            return Ok(());
+        };
+        if !SHARDING_TARGETS.contains(&target) {
+            return Ok(());
+        }
+        self.n_operands(id, 1)?;
+        let (a, r) = (self.arr(id, 0)?, self.res(id)?);
+        if a.ty != r.ty {
+            return Err(self.err(
+                id,
+                format!("custom-call {target} must keep the element type, got {} -> {}", arr_str(a), arr_str(r)),
+            ));
+        }
+        Ok(())
+    }
+
+    // ---------------------------------------------------------------- collectives
+
+    /// Validates replica groups; returns the explicit groups, `None` when absent or
+    /// empty (`{}`: every device, count unknown at verify time).
+    fn groups(&self, id: InstrId, uniform: bool) -> R<Option<Vec<Vec<i64>>>> {
+        let Some(rg) = &self.m.instrs[id].attrs.replica_groups else {
+            return Ok(None);
+        };
+        let groups = match rg {
+            ReplicaGroups::Explicit(g) => g.clone(),
+            ReplicaGroups::Iota(i) => expand_iota(i).ok_or_else(|| {
+                self.err(
+                    id,
+                    format!(
+                        "replica_groups={rg} is not a valid iota form (product of the reshape dims must equal groups x size, with a valid permutation)"
+                    ),
+                )
+            })?,
+        };
+        if groups.is_empty() {
+            return Ok(None);
+        }
+        let mut seen = HashSet::new();
+        for g in &groups {
+            for &d in g {
+                if d < 0 {
+                    return Err(self.err(id, format!("replica_groups={rg} contains a negative id {d}")));
+                }
+                if !seen.insert(d) {
+                    return Err(self.err(id, format!("replica_groups={rg} lists id {d} more than once")));
+                }
+            }
+        }
+        if uniform {
+            let n = groups[0].len();
+            if n == 0 {
+                return Err(self.err(id, format!("{} replica groups must not be empty, got {rg}", self.op(id))));
+            }
+            if let Some(g) = groups.iter().find(|g| g.len() != n) {
+                return Err(self.err(
+                    id,
+                    format!(
+                        "{} needs replica groups of uniform size, got sizes {n} and {} in {rg}",
+                        self.op(id),
+                        g.len()
+                    ),
+                ));
+            }
+        }
+        Ok(Some(groups))
+    }
+
+    fn group_size(&self, id: InstrId) -> R<Option<i64>> {
+        Ok(self.groups(id, true)?.map(|g| g[0].len() as i64))
+    }
+
+    /// all-reduce's to_apply: a binary scalar computation of the operands' element type.
+    fn collective_reducer(&self, id: InstrId) -> R {
+        let c = self.called(id, "to_apply")?;
+        let first = self.arr(id, 0)?;
+        for i in 0..self.m.instrs[id].operands.len() {
+            let a = self.arr(id, i)?;
+            if a.ty != first.ty {
+                return Err(self.err(
+                    id,
+                    format!(
+                        "{} operands must share one element type for the reducer, got {} and {}",
+                        self.op(id),
+                        arr_str(first),
+                        arr_str(a)
+                    ),
+                ));
+            }
+        }
+        self.check_reducer(id, c, &[first.ty])
+    }
+
+    /// Result is the operand shape (one operand) or the tuple of operand shapes.
+    fn operands_or_tuple(&self, id: InstrId, shapes: Vec<Shape>, what: &str) -> R {
+        let got = &self.m.instrs[id].shape;
+        let tuple = Shape::Tuple(shapes.clone());
+        if got.compatible(&tuple) || (shapes.len() == 1 && got.compatible(&shapes[0])) {
+            return Ok(());
+        }
+        let want = if shapes.len() == 1 { sh(&shapes[0]) } else { sh(&tuple) };
+        Err(self.err(id, format!("{} result must be {want} ({what}), got {}", self.op(id), sh(got))))
+    }
+
+    fn operand_shapes(&self, id: InstrId) -> Vec<Shape> {
+        self.m.instrs[id].operands.iter().map(|&o| self.m.instrs[o].shape.clone()).collect()
+    }
+
+    fn all_reduce(&self, id: InstrId) -> R {
+        self.min_operands(id, 1)?;
+        self.groups(id, false)?;
+        self.collective_reducer(id)?;
+        self.operands_or_tuple(id, self.operand_shapes(id), "the operand shapes")
+    }
+
+    /// Checks that `out` is `a` gathered along `d` by `group` (unknown: any positive multiple).
+    fn gathered(&self, id: InstrId, a: &ArrayShape, out: &Shape, d: usize, group: Option<i64>) -> R {
+        let op = self.op(id);
+        let Some(r) = out.as_array() else {
+            return Err(
+                self.err(id, format!("{op} result for operand {} must be an array, got {}", arr_str(a), sh(out)))
+            );
+        };
+        let rest_equal =
+            r.rank() == a.rank() && r.dims.iter().zip(&a.dims).enumerate().all(|(k, (x, y))| k == d || x == y);
+        if r.ty != a.ty || !rest_equal {
+            return Err(self.err(
+                id,
+                format!(
+                    "{op} result {} must match operand {} except in the gathered dimension {d}",
+                    arr_str(r),
+                    arr_str(a)
+                ),
+            ));
+        }
+        let (n, m) = (a.dims[d], r.dims[d]);
+        match group {
+            Some(g) if n.checked_mul(g) != Some(m) => Err(self.err(
+                id,
+                format!(
+                    "{op} result dimension {d} must be {} (operand size {n} x group size {g}), got {} for {}",
+                    n.saturating_mul(g),
+                    m,
+                    arr_str(r)
+                ),
+            )),
+            None if (n == 0 && m != 0) || (n != 0 && (m == 0 || m % n != 0)) => Err(self.err(
+                id,
+                format!(
+                    "{op} result dimension {d} must be a positive multiple of the operand's {n}, got {m} for {}",
+                    arr_str(r)
+                ),
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    fn gather_dim(&self, id: InstrId) -> R<usize> {
+        let dims = self.dims_attr(id)?;
+        let mut rank_ok = true;
+        for i in 0..self.m.instrs[id].operands.len() {
+            let a = self.arr(id, i)?;
+            rank_ok &= matches!(dims, [d] if *d >= 0 && (*d as usize) < a.rank());
+        }
+        match dims {
+            [d] if rank_ok => Ok(*d as usize),
+            _ => {
+                let a = self.arr(id, 0)?;
+                Err(self.err(
+                    id,
+                    format!("{} dimensions={} must name one dimension of {}", self.op(id), list(dims), arr_str(a)),
+                ))
+            }
+        }
+    }
+
+    fn all_gather(&self, id: InstrId) -> R {
+        self.min_operands(id, 1)?;
+        let group = self.group_size(id)?;
+        let d = self.gather_dim(id)?;
+        let k = self.m.instrs[id].operands.len();
+        let shape = &self.m.instrs[id].shape;
+        let outs: Vec<&Shape> = match shape {
+            Shape::Tuple(t) if t.len() == k => t.iter().collect(),
+            s if k == 1 && s.as_array().is_some() => vec![s],
+            s => {
+                return Err(self.err(
+                    id,
+                    format!(
+                        "all-gather of {k} operands must produce {k} results (a tuple when more than one), got {}",
+                        sh(s)
+                    ),
+                ));
+            }
+        };
+        for (i, out) in outs.into_iter().enumerate() {
+            let a = self.arr(id, i)?;
+            self.gathered(id, a, out, d, group)?;
+        }
+        Ok(())
+    }
+
+    fn all_gather_start(&self, id: InstrId) -> R {
+        self.min_operands(id, 1)?;
+        let group = self.group_size(id)?;
+        let d = self.gather_dim(id)?;
+        let k = self.m.instrs[id].operands.len();
+        let shape = &self.m.instrs[id].shape;
+        let bad = || {
+            self.err(
+                id,
+                format!(
+                    "all-gather-start result must be the tuple (operand, gathered) (or ((operands...), (gathered...)) for several operands), got {}",
+                    sh(shape)
+                ),
+            )
+        };
+        let Some([ins_part, outs_part]) = shape.tuple_elements() else {
+            return Err(bad());
+        };
+        let pairs: Vec<(&Shape, &Shape)> = if k == 1 && ins_part.as_array().is_some() {
+            vec![(ins_part, outs_part)]
+        } else {
+            match (ins_part.tuple_elements(), outs_part.tuple_elements()) {
+                (Some(a), Some(b)) if a.len() == k && b.len() == k => a.iter().zip(b).collect(),
+                _ => return Err(bad()),
+            }
+        };
+        for (i, (in_s, out_s)) in pairs.into_iter().enumerate() {
+            let a = self.arr(id, i)?;
+            if !in_s.compatible(&Shape::Array(a.clone())) {
+                return Err(self.err(
+                    id,
+                    format!("all-gather-start tuple element for operand {i} must be {}, got {}", arr_str(a), sh(in_s)),
+                ));
+            }
+            self.gathered(id, a, out_s, d, group)?;
+        }
+        Ok(())
+    }
+
+    fn all_to_all(&self, id: InstrId) -> R {
+        self.min_operands(id, 1)?;
+        let group = self.group_size(id)?;
+        let ins = &self.m.instrs[id];
+        match ins.attrs.dimensions.as_deref() {
+            Some(dims) => {
+                self.n_operands(id, 1)?;
+                let a = self.arr(id, 0)?;
+                let d = match dims {
+                    [d] if *d >= 0 && (*d as usize) < a.rank() => *d as usize,
+                    _ => {
+                        return Err(self.err(
+                            id,
+                            format!(
+                                "all-to-all dimensions={} must name one split dimension of {}",
+                                list(dims),
+                                arr_str(a)
+                            ),
+                        ));
+                    }
+                };
+                if let Some(g) = group
+                    && a.dims[d] % g != 0
+                {
+                    return Err(self.err(
+                        id,
+                        format!(
+                            "all-to-all split dimension {d} of {} (size {}) must be divisible by the group size {g}",
+                            arr_str(a),
+                            a.dims[d]
+                        ),
+                    ));
+                }
+                self.result_is(id, &Shape::Array(a.clone()), "same as the operand")
+            }
+            None => {
+                for i in 0..ins.operands.len() {
+                    self.arr(id, i)?;
+                }
+                self.operands_or_tuple(id, self.operand_shapes(id), "the operand shapes")
+            }
+        }
+    }
+
+    fn reduce_scatter(&self, id: InstrId) -> R {
+        self.min_operands(id, 1)?;
+        let group = self.group_size(id)?;
+        let d = self.gather_dim(id)?;
+        self.collective_reducer(id)?;
+        let k = self.m.instrs[id].operands.len();
+        let shape = &self.m.instrs[id].shape;
+        let outs: Vec<&Shape> = match shape {
+            Shape::Tuple(t) if t.len() == k => t.iter().collect(),
+            s if k == 1 && s.as_array().is_some() => vec![s],
+            s => {
+                return Err(self.err(
+                    id,
+                    format!(
+                        "reduce-scatter of {k} operands must produce {k} results (a tuple when more than one), got {}",
+                        sh(s)
+                    ),
+                ));
+            }
+        };
+        for (i, out) in outs.into_iter().enumerate() {
+            let a = self.arr(id, i)?;
+            let Some(r) = out.as_array() else {
+                return Err(self.err(id, format!("reduce-scatter result {i} must be an array, got {}", sh(out))));
+            };
+            let rest_equal =
+                r.rank() == a.rank() && r.dims.iter().zip(&a.dims).enumerate().all(|(k, (x, y))| k == d || x == y);
+            if r.ty != a.ty || !rest_equal {
+                return Err(self.err(
+                    id,
+                    format!(
+                        "reduce-scatter result {} must match operand {} except in the scattered dimension {d}",
+                        arr_str(r),
+                        arr_str(a)
+                    ),
+                ));
+            }
+            let (n, m) = (a.dims[d], r.dims[d]);
+            match group {
+                Some(g) => {
+                    if n % g != 0 {
+                        return Err(self.err(
+                            id,
+                            format!(
+                                "reduce-scatter operand dimension {d} (size {n}) of {} is not divisible by the group size {g}",
+                                arr_str(a)
+                            ),
+                        ));
+                    }
+                    if m != n / g {
+                        return Err(self.err(
+                            id,
+                            format!(
+                                "reduce-scatter result dimension {d} must be {} (operand size {n} / group size {g}), got {m}",
+                                n / g
+                            ),
+                        ));
+                    }
+                }
+                None => {
+                    if (m == 0 && n != 0) || (m != 0 && n % m != 0) {
+                        return Err(self.err(
+                            id,
+                            format!(
+                                "reduce-scatter result dimension {d} ({m}) must divide the operand's {n} for {}",
+                                arr_str(a)
+                            ),
+                        ));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn source_target_pairs(&self, id: InstrId) -> R {
+        let Some(pairs) = &self.m.instrs[id].attrs.source_target_pairs else {
+            return Err(self.err(id, format!("{} needs a source_target_pairs attribute", self.op(id))));
+        };
+        let (mut sources, mut targets) = (HashSet::new(), HashSet::new());
+        for &(s, t) in pairs {
+            if s < 0 || t < 0 {
+                return Err(
+                    self.err(id, format!("{} source_target_pairs has a negative id in {{{s},{t}}}", self.op(id)))
+                );
+            }
+            if !sources.insert(s) {
+                return Err(
+                    self.err(id, format!("{} source_target_pairs lists source {s} more than once", self.op(id)))
+                );
+            }
+            if !targets.insert(t) {
+                return Err(
+                    self.err(id, format!("{} source_target_pairs lists target {t} more than once", self.op(id)))
+                );
+            }
+        }
+        Ok(())
+    }
+
+    fn collective_permute(&self, id: InstrId) -> R {
+        self.min_operands(id, 1)?;
+        self.source_target_pairs(id)?;
+        self.operands_or_tuple(id, self.operand_shapes(id), "same as the operand")
+    }
+
+    fn collective_permute_start(&self, id: InstrId) -> R {
+        self.n_operands(id, 1)?;
+        self.source_target_pairs(id)?;
+        let a = self.operand_shape(id, 0);
+        let shape = &self.m.instrs[id].shape;
+        let ok = match shape.tuple_elements() {
+            Some([x, y, extra @ ..]) => {
+                x.compatible(a)
+                    && y.compatible(a)
+                    && extra.iter().all(|e| e.as_array().is_some_and(|e| e.ty == PrimitiveType::U32))
+            }
+            _ => false,
+        };
+        if !ok {
+            return Err(self.err(
+                id,
+                format!(
+                    "collective-permute-start result must be the tuple ({0}, {0}) (optionally followed by u32 context), got {1}",
+                    sh(a),
+                    sh(shape)
+                ),
+            ));
+        }
+        Ok(())
+    }
 }

@@ -1,5 +1,14 @@
 //! Thunks: plain-data collective configs and the prepare / initialize / execute
-//! interface that every backend runs. Filled by the emitter/thunk issue.
+//! interface that every backend runs.
+//!
+//! Today this crate holds the data the emitter's decision layer produces: what a
+//! collective is ([`CollectiveConfig`]) and how it will run ([`Decision`]). Nothing here
+//! refers to devices or memory; a backend turns a config plus a decision into work.
+
+use std::fmt;
+
+use hlo::analysis::ReductionKind;
+use hlo::{Opcode, PrimitiveType};
 
 /// XLA's three thunk phases, in the order a runtime drives them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -10,4 +19,235 @@ pub enum Phase {
     Initialize,
     /// Launch only.
     Execute,
+}
+
+/// The kind of a collective, independent of whether it is issued asynchronously.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CollectiveKind {
+    AllReduce,
+    AllGather,
+    AllToAll,
+    ReduceScatter,
+    CollectivePermute,
+    /// No Peerless kernel; always the fallback.
+    RaggedAllToAll,
+    /// No Peerless kernel; always the fallback.
+    CollectiveBroadcast,
+}
+
+/// A collective operation: its kind, and whether it is the `-start` half of an async
+/// pair (`all-reduce-start`, `all-gather-start`, `collective-permute-start`). The
+/// matching `-done` is not a separate collective.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct CollectiveOp {
+    pub kind: CollectiveKind,
+    pub is_async: bool,
+}
+
+impl CollectiveOp {
+    /// The collective an opcode starts, or `None` for non-collectives and `-done` halves.
+    pub fn from_opcode(op: Opcode) -> Option<Self> {
+        use CollectiveKind as K;
+        let (kind, is_async) = match op {
+            Opcode::AllReduce => (K::AllReduce, false),
+            Opcode::AllReduceStart => (K::AllReduce, true),
+            Opcode::AllGather => (K::AllGather, false),
+            Opcode::AllGatherStart => (K::AllGather, true),
+            Opcode::AllToAll => (K::AllToAll, false),
+            Opcode::ReduceScatter => (K::ReduceScatter, false),
+            Opcode::CollectivePermute => (K::CollectivePermute, false),
+            Opcode::CollectivePermuteStart => (K::CollectivePermute, true),
+            Opcode::RaggedAllToAll => (K::RaggedAllToAll, false),
+            Opcode::CollectiveBroadcast => (K::CollectiveBroadcast, false),
+            _ => return None,
+        };
+        Some(CollectiveOp { kind, is_async })
+    }
+
+    /// The HLO opcode spelling (`all-gather-start` for an async all-gather).
+    pub fn name(self) -> &'static str {
+        use CollectiveKind as K;
+        match (self.kind, self.is_async) {
+            (K::AllReduce, false) => "all-reduce",
+            (K::AllReduce, true) => "all-reduce-start",
+            (K::AllGather, false) => "all-gather",
+            (K::AllGather, true) => "all-gather-start",
+            (K::AllToAll, _) => "all-to-all",
+            (K::ReduceScatter, _) => "reduce-scatter",
+            (K::CollectivePermute, false) => "collective-permute",
+            (K::CollectivePermute, true) => "collective-permute-start",
+            (K::RaggedAllToAll, _) => "ragged-all-to-all",
+            (K::CollectiveBroadcast, _) => "collective-broadcast",
+        }
+    }
+}
+
+impl fmt::Display for CollectiveOp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Everything a backend needs to know about one collective, as plain data.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CollectiveConfig {
+    pub op: CollectiveOp,
+    /// Groups of global device ids (`replica * num_partitions + partition`), in XLA's
+    /// participant order; every device is in exactly one group.
+    pub groups: Vec<Vec<usize>>,
+    /// Element type of the *operand* (an `all-gather-start` result is a tuple, so the
+    /// result shape says nothing about what moves).
+    pub element_type: PrimitiveType,
+    /// The reduction of all-reduce / reduce-scatter, when `to_apply` is recognised.
+    pub reduction: Option<ReductionKind>,
+    /// Bytes of all operands on one device.
+    pub bytes_per_device: usize,
+    /// Gather / scatter / split dimension, where the op has one.
+    pub dimension: Option<usize>,
+    /// Collective-permute pairs as global device ids (source, target); empty otherwise.
+    pub source_target_pairs: Vec<(usize, usize)>,
+    pub num_operands: usize,
+}
+
+/// Formats groups as XLA prints replica groups: `{{0,1},{2,3}}`.
+pub fn fmt_groups(groups: &[Vec<usize>]) -> String {
+    let inner: Vec<String> = groups
+        .iter()
+        .map(|g| format!("{{{}}}", g.iter().map(usize::to_string).collect::<Vec<_>>().join(",")))
+        .collect();
+    format!("{{{}}}", inner.join(","))
+}
+
+impl fmt::Display for CollectiveConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {} {} B", self.op, self.element_type, self.bytes_per_device)?;
+        if self.num_operands != 1 {
+            write!(f, " ({} operands)", self.num_operands)?;
+        }
+        if let Some(r) = self.reduction {
+            write!(f, " {r}")?;
+        }
+        if let Some(d) = self.dimension {
+            write!(f, " dim={d}")?;
+        }
+        if self.op.kind == CollectiveKind::CollectivePermute {
+            let pairs: Vec<String> = self.source_target_pairs.iter().map(|(s, t)| format!("{s}->{t}")).collect();
+            write!(f, " pairs=[{}]", pairs.join(","))
+        } else {
+            write!(f, " groups={}", fmt_groups(&self.groups))
+        }
+    }
+}
+
+/// A Peerless peer-access kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum KernelAlgorithm {
+    /// Every rank reads all peers' inputs and reduces them in fixed rank order.
+    OneShotAllReduce,
+    /// Reduce-scatter of 1/N slices, then an all-gather of the reduced slices.
+    TwoShotAllReduce,
+    DirectAllGather,
+    DirectAllToAll,
+    DirectReduceScatter,
+    DirectPermute,
+}
+
+impl KernelAlgorithm {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::OneShotAllReduce => "one-shot all-reduce",
+            Self::TwoShotAllReduce => "two-shot all-reduce",
+            Self::DirectAllGather => "direct all-gather",
+            Self::DirectAllToAll => "direct all-to-all",
+            Self::DirectReduceScatter => "direct reduce-scatter",
+            Self::DirectPermute => "direct permute",
+        }
+    }
+}
+
+impl fmt::Display for KernelAlgorithm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// How a collective runs: a Peerless kernel, or the backend's fallback path
+/// (the host backend's copy loops, NCCL/RCCL on GPUs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Implementation {
+    Kernel(KernelAlgorithm),
+    Fallback,
+}
+
+impl fmt::Display for Implementation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Kernel(k) => write!(f, "kernel ({k})"),
+            Self::Fallback => f.write_str("fallback"),
+        }
+    }
+}
+
+/// The emitter's choice for one collective, with the reason it was made. Every
+/// decision carries a reason a person can act on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Decision {
+    pub implementation: Implementation,
+    pub reason: String,
+}
+
+impl Decision {
+    pub fn kernel(algo: KernelAlgorithm, reason: impl Into<String>) -> Self {
+        Decision { implementation: Implementation::Kernel(algo), reason: reason.into() }
+    }
+
+    pub fn fallback(reason: impl Into<String>) -> Self {
+        Decision { implementation: Implementation::Fallback, reason: reason.into() }
+    }
+
+    pub fn is_kernel(&self) -> bool {
+        matches!(self.implementation, Implementation::Kernel(_))
+    }
+}
+
+impl fmt::Display for Decision {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.implementation, self.reason)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn op_names_round_trip_through_opcodes() {
+        for &opc in Opcode::ALL {
+            if let Some(op) = CollectiveOp::from_opcode(opc) {
+                assert_eq!(op.name(), opc.name());
+                assert!(opc.is_collective());
+            } else {
+                assert!(!opc.is_collective(), "{opc}");
+            }
+        }
+        assert_eq!(CollectiveOp::from_opcode(Opcode::AllGatherDone), None);
+    }
+
+    #[test]
+    fn displays() {
+        let cfg = CollectiveConfig {
+            op: CollectiveOp { kind: CollectiveKind::AllReduce, is_async: true },
+            groups: vec![vec![0, 1], vec![2, 3]],
+            element_type: PrimitiveType::Bf16,
+            reduction: Some(ReductionKind::Sum),
+            bytes_per_device: 64,
+            dimension: None,
+            source_target_pairs: vec![],
+            num_operands: 1,
+        };
+        assert_eq!(cfg.to_string(), "all-reduce-start bf16 64 B sum groups={{0,1},{2,3}}");
+        let d = Decision::kernel(KernelAlgorithm::OneShotAllReduce, "64 bytes <= one_shot_max_bytes=262144");
+        assert_eq!(d.to_string(), "kernel (one-shot all-reduce): 64 bytes <= one_shot_max_bytes=262144");
+        assert_eq!(Decision::fallback("x").to_string(), "fallback: x");
+    }
 }

@@ -1,0 +1,156 @@
+//! Concise tables for the terminal.
+
+use std::fmt::Write;
+
+use hlo::{Array, Literal, Module, Opcode, PrimitiveType};
+use interp::{Mode, RunConfig};
+
+/// Formats seconds with a unit that keeps three significant digits.
+pub fn duration(secs: f64) -> String {
+    if secs >= 1.0 {
+        format!("{secs:.2} s")
+    } else if secs >= 1e-3 {
+        format!("{:.2} ms", secs * 1e3)
+    } else {
+        format!("{:.1} µs", secs * 1e6)
+    }
+}
+
+/// Renders rows as a left-aligned table with a header rule.
+pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let line = |cells: Vec<&str>| {
+        let mut s = String::new();
+        for (i, (cell, w)) in cells.iter().zip(&widths).enumerate() {
+            if i + 1 == cells.len() {
+                s.push_str(cell);
+            } else {
+                let _ = write!(s, "{cell:<w$}  ");
+            }
+        }
+        s.trim_end().to_owned() + "\n"
+    };
+    let mut out = line(header.to_vec());
+    out.push_str(&line(widths.iter().map(|&w| "-".repeat(w)).collect::<Vec<_>>().iter().map(String::as_str).collect()));
+    for row in rows {
+        out.push_str(&line(row.iter().map(String::as_str).collect()));
+    }
+    out
+}
+
+/// `check`'s summary: the module, its entry signature and its collectives.
+pub fn summary(module: &Module) -> String {
+    let entry = module.entry();
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "module {}: {} computations, {} instructions, replica_count={}, num_partitions={}",
+        module.name,
+        module.comps.len(),
+        module.instrs.len(),
+        module.config.replica_count.max(1),
+        module.config.num_partitions.max(1)
+    );
+    for (i, shape) in module.entry_param_shapes().iter().enumerate() {
+        let _ = writeln!(s, "  param {i}: {shape}");
+    }
+    let _ = writeln!(s, "  result: {}", module.entry_result_shape());
+    let rows: Vec<Vec<String>> = module
+        .collectives()
+        .into_iter()
+        .map(|id| {
+            let instr = module.instr(id);
+            let operand_ty = instr
+                .operands
+                .first()
+                .and_then(|&o| module.instr(o).shape.leaves().first().map(|a| a.ty.to_string()))
+                .unwrap_or_else(|| "-".into());
+            let bytes: usize = instr.operands.iter().map(|&o| module.instr(o).shape.byte_size()).sum();
+            let groups = match &instr.attrs.replica_groups {
+                Some(g) => g.to_string(),
+                None if instr.opcode == Opcode::CollectivePermute || instr.opcode == Opcode::CollectivePermuteStart => {
+                    let pairs = instr.attrs.source_target_pairs.as_deref().unwrap_or(&[]);
+                    let p: Vec<String> = pairs.iter().map(|(a, b)| format!("{a}->{b}")).collect();
+                    p.join(",")
+                }
+                None => "{}".into(),
+            };
+            vec![instr.name.clone(), instr.opcode.to_string(), operand_ty, bytes.to_string(), groups]
+        })
+        .collect();
+    if rows.is_empty() {
+        s.push_str("no collectives\n");
+    } else {
+        s.push_str(&table(&["collective", "op", "dtype", "bytes/device", "groups"], &rows));
+    }
+    s
+}
+
+/// `run`'s output table: one row per device and result leaf.
+pub fn outputs_table(module: &Module, cfg: &RunConfig, outputs: &[Literal]) -> String {
+    let mode = match cfg.mode {
+        Mode::Replica => "replica",
+        Mode::Partition => "partition",
+    };
+    let mut rows = Vec::new();
+    for (d, out) in outputs.iter().enumerate() {
+        for (j, leaf) in out.leaves().into_iter().enumerate() {
+            rows.push(vec![format!("o{j}"), format!("{mode} {d}"), leaf.shape.to_string(), preview(leaf, 6)]);
+        }
+    }
+    let _ = module;
+    table(&["output", "device", "shape", "values"], &rows)
+}
+
+/// The first `n` elements of an array, formatted for its element type.
+pub fn preview(a: &Array, n: usize) -> String {
+    let count = a.element_count();
+    let shown: Vec<String> = (0..count.min(n)).map(|i| element(a, i)).collect();
+    let more = if count > n { format!(", … ({count} elements)") } else { String::new() };
+    format!("[{}{}]", shown.join(", "), more)
+}
+
+fn element(a: &Array, i: usize) -> String {
+    let b = a.element_bytes(i);
+    let le = |n: usize| {
+        let mut v = [0u8; 8];
+        v[..n].copy_from_slice(&b[..n]);
+        u64::from_le_bytes(v)
+    };
+    match a.ty() {
+        PrimitiveType::Pred => (b[0] != 0).to_string(),
+        PrimitiveType::S8 => (b[0] as i8).to_string(),
+        PrimitiveType::S16 => (le(2) as u16 as i16).to_string(),
+        PrimitiveType::S32 => (le(4) as u32 as i32).to_string(),
+        PrimitiveType::S64 => (le(8) as i64).to_string(),
+        PrimitiveType::U8 | PrimitiveType::U16 | PrimitiveType::U32 | PrimitiveType::U64 => le(b.len()).to_string(),
+        PrimitiveType::F16 => format!("{}", half::f16::from_bits(le(2) as u16)),
+        PrimitiveType::Bf16 => format!("{}", half::bf16::from_bits(le(2) as u16)),
+        PrimitiveType::F32 => format!("{:.6}", f32::from_bits(le(4) as u32)),
+        PrimitiveType::F64 => format!("{:.6}", f64::from_bits(le(8))),
+        other => format!("0x{:0w$x}/{other}", le(b.len().min(8)), w = b.len().min(8) * 2),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_aligns_columns() {
+        let t = table(&["a", "bee"], &[vec!["long cell".into(), "x".into()]]);
+        assert_eq!(t, "a          bee\n---------  ---\nlong cell  x\n");
+    }
+
+    #[test]
+    fn preview_formats_types() {
+        assert_eq!(preview(&Array::from_slice(vec![3], &[1i32, -2, 3]), 2), "[1, -2, … (3 elements)]");
+        assert_eq!(preview(&Array::from_slice(vec![1], &[true]), 4), "[true]");
+        assert_eq!(preview(&Array::from_slice(vec![1], &[half::bf16::from_f32(1.5)]), 4), "[1.5]");
+    }
+}

@@ -1,0 +1,389 @@
+//! XLA-style emitter flags (`--name=value`), from the `PEERLESS_FLAGS` environment
+//! variable or the CLI. [`FLAGS`] is the one table of every flag: name, type, help, and
+//! how to read and write it; defaults live in `Flags::default()` and the table shows them.
+
+use std::fmt;
+
+use thunks::CollectiveKind;
+
+use crate::EmitError;
+
+/// Environment variable [`Flags::from_env`] reads.
+pub const ENV_VAR: &str = "PEERLESS_FLAGS";
+
+/// Largest all-reduce (operand bytes per device) the one-shot kernel takes: 256 KiB,
+/// XLA's one-shot cut-off, which TensorRT-LLM's dispatch table matches
+/// (shared/research/collective_anchors.md, §1 "Limits" and §3 "Dispatch").
+pub const DEFAULT_ONE_SHOT_MAX_BYTES: usize = 256 * 1024;
+/// Largest all-reduce the two-shot kernel takes: 4 MiB, XLA's two-shot cut-off
+/// (2 MB in earlier versions); NCCL wins above it (collective_anchors.md §1, §3, lesson 6).
+pub const DEFAULT_TWO_SHOT_MAX_BYTES: usize = 4 * 1024 * 1024;
+/// How long a collective may wait for its peers before the runtime reports a hang.
+pub const DEFAULT_COLLECTIVE_TIMEOUT_MS: u64 = 10_000;
+
+/// Which implementation a collective kind may use.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Backend {
+    /// The decision rules pick (kernel where every rule allows it).
+    #[default]
+    Auto,
+    /// Peerless kernels only: a collective no kernel can run is an error, not a fallback.
+    Kernel,
+    /// Always the fallback.
+    Fallback,
+}
+
+impl Backend {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Auto => "auto",
+            Self::Kernel => "kernel",
+            Self::Fallback => "fallback",
+        }
+    }
+
+    fn parse(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(Self::Auto),
+            "kernel" => Ok(Self::Kernel),
+            "fallback" => Ok(Self::Fallback),
+            _ => Err(format!("'{s}' is not one of auto, kernel, fallback")),
+        }
+    }
+}
+
+impl fmt::Display for Backend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Which devices of a host can reach each other's memory directly. Stands in for the
+/// hardware probe on the host backend and in tests.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub enum HostTopology {
+    /// Every device reaches every other (`full`).
+    #[default]
+    FullMesh,
+    /// Only the listed links, both directions (`pairs:0-1,2-3`).
+    Pairs(Vec<(usize, usize)>),
+}
+
+/// Largest device id a `pairs:` topology may name.
+pub const MAX_TOPOLOGY_DEVICE: usize = 4095;
+
+impl HostTopology {
+    /// Parses `full` or `pairs:A-B,C-D,...` (an empty list means no links).
+    pub fn parse(s: &str) -> Result<Self, String> {
+        if s == "full" {
+            return Ok(Self::FullMesh);
+        }
+        let Some(list) = s.strip_prefix("pairs:") else {
+            return Err(format!("'{s}' is neither 'full' nor 'pairs:A-B,C-D,...'"));
+        };
+        let mut pairs = Vec::new();
+        for item in list.split(',').filter(|i| !i.is_empty()) {
+            let parsed =
+                item.split_once('-').and_then(|(a, b)| Some((a.parse::<usize>().ok()?, b.parse::<usize>().ok()?)));
+            match parsed {
+                Some((a, b)) if a != b && a <= MAX_TOPOLOGY_DEVICE && b <= MAX_TOPOLOGY_DEVICE => pairs.push((a, b)),
+                _ => {
+                    return Err(format!(
+                        "'{item}' in '{s}' is not a link A-B between two different devices 0..={MAX_TOPOLOGY_DEVICE}"
+                    ));
+                }
+            }
+        }
+        Ok(Self::Pairs(pairs))
+    }
+}
+
+impl fmt::Display for HostTopology {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::FullMesh => f.write_str("full"),
+            Self::Pairs(p) => {
+                let items: Vec<String> = p.iter().map(|(a, b)| format!("{a}-{b}")).collect();
+                write!(f, "pairs:{}", items.join(","))
+            }
+        }
+    }
+}
+
+/// The emitter's flags. Build with `Flags::default()`, [`Flags::parse`] or
+/// [`Flags::from_env`]; change one with [`Flags::apply`].
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Flags {
+    pub all_reduce_backend: Backend,
+    pub all_gather_backend: Backend,
+    pub all_to_all_backend: Backend,
+    pub reduce_scatter_backend: Backend,
+    pub collective_permute_backend: Backend,
+    pub one_shot_max_bytes: usize,
+    pub two_shot_max_bytes: usize,
+    pub collective_timeout_ms: u64,
+    pub host_topology: HostTopology,
+}
+
+impl Default for Flags {
+    fn default() -> Self {
+        Flags {
+            all_reduce_backend: Backend::Auto,
+            all_gather_backend: Backend::Auto,
+            all_to_all_backend: Backend::Auto,
+            reduce_scatter_backend: Backend::Auto,
+            collective_permute_backend: Backend::Auto,
+            one_shot_max_bytes: DEFAULT_ONE_SHOT_MAX_BYTES,
+            two_shot_max_bytes: DEFAULT_TWO_SHOT_MAX_BYTES,
+            collective_timeout_ms: DEFAULT_COLLECTIVE_TIMEOUT_MS,
+            host_topology: HostTopology::FullMesh,
+        }
+    }
+}
+
+/// One flag: its name (without `--`), value type, help, and accessors.
+pub struct FlagSpec {
+    pub name: &'static str,
+    /// The value's type as shown to users (`auto|kernel|fallback`, `bytes`, ...).
+    pub ty: &'static str,
+    pub help: &'static str,
+    get: fn(&Flags) -> String,
+    set: fn(&mut Flags, &str) -> Result<(), String>,
+}
+
+impl FlagSpec {
+    /// The default value, as it would be written on the command line.
+    pub fn default_value(&self) -> String {
+        (self.get)(&Flags::default())
+    }
+
+    /// The value in `flags`.
+    pub fn value(&self, flags: &Flags) -> String {
+        (self.get)(flags)
+    }
+}
+
+impl fmt::Debug for FlagSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FlagSpec").field("name", &self.name).field("ty", &self.ty).finish_non_exhaustive()
+    }
+}
+
+fn parse_bytes(s: &str) -> Result<usize, String> {
+    s.parse::<usize>().map_err(|_| format!("'{s}' is not a byte count (a non-negative integer)"))
+}
+
+macro_rules! backend_flag {
+    ($name:literal, $field:ident, $what:literal) => {
+        FlagSpec {
+            name: $name,
+            ty: "auto|kernel|fallback",
+            help: concat!(
+                "how ",
+                $what,
+                " runs: auto = kernel where the rules allow, else fallback; kernel = kernel or error; fallback = always"
+            ),
+            get: |f| f.$field.name().to_owned(),
+            set: |f, v| {
+                f.$field = Backend::parse(v)?;
+                Ok(())
+            },
+        }
+    };
+}
+
+/// Every emitter flag. `peerless flags` prints this table.
+pub const FLAGS: &[FlagSpec] = &[
+    backend_flag!("all_reduce_backend", all_reduce_backend, "all-reduce (and all-reduce-start)"),
+    backend_flag!("all_gather_backend", all_gather_backend, "all-gather (and all-gather-start)"),
+    backend_flag!("all_to_all_backend", all_to_all_backend, "all-to-all"),
+    backend_flag!("reduce_scatter_backend", reduce_scatter_backend, "reduce-scatter"),
+    backend_flag!("collective_permute_backend", collective_permute_backend, "collective-permute (and its start)"),
+    FlagSpec {
+        name: "one_shot_max_bytes",
+        ty: "bytes",
+        help: "largest all-reduce (operand bytes per device) for the one-shot kernel (XLA's cut-off)",
+        get: |f| f.one_shot_max_bytes.to_string(),
+        set: |f, v| {
+            f.one_shot_max_bytes = parse_bytes(v)?;
+            Ok(())
+        },
+    },
+    FlagSpec {
+        name: "two_shot_max_bytes",
+        ty: "bytes",
+        help: "largest all-reduce for the two-shot kernel; larger ones use the fallback (XLA's cut-off)",
+        get: |f| f.two_shot_max_bytes.to_string(),
+        set: |f, v| {
+            f.two_shot_max_bytes = parse_bytes(v)?;
+            Ok(())
+        },
+    },
+    FlagSpec {
+        name: "collective_timeout_ms",
+        ty: "milliseconds > 0",
+        help: "how long a collective waits for its peers before reporting a hang",
+        get: |f| f.collective_timeout_ms.to_string(),
+        set: |f, v| match v.parse::<u64>() {
+            Ok(ms) if ms > 0 => {
+                f.collective_timeout_ms = ms;
+                Ok(())
+            }
+            _ => Err(format!("'{v}' is not a positive number of milliseconds")),
+        },
+    },
+    FlagSpec {
+        name: "host_topology",
+        ty: "full|pairs:A-B,C-D,...",
+        help: "peer links of the host backend: every pair (full) or only the listed links, both directions",
+        get: |f| f.host_topology.to_string(),
+        set: |f, v| {
+            f.host_topology = HostTopology::parse(v)?;
+            Ok(())
+        },
+    },
+];
+
+/// The flag table as text: one line per flag with its type, default and help.
+pub fn flags_help() -> String {
+    let mut out = String::new();
+    for spec in FLAGS {
+        out.push_str(&format!(
+            "  --{}={}  (default {})\n      {}\n",
+            spec.name,
+            spec.ty,
+            spec.default_value(),
+            spec.help
+        ));
+    }
+    out
+}
+
+fn flag_error(msg: String) -> EmitError {
+    EmitError::InvalidFlag(format!("{msg}\nvalid flags:\n{}", flags_help().trim_end()))
+}
+
+impl Flags {
+    /// Parses whitespace-separated `--name=value` flags over the defaults.
+    pub fn parse(s: &str) -> Result<Flags, EmitError> {
+        let mut flags = Flags::default();
+        for arg in s.split_whitespace() {
+            flags.apply(arg)?;
+        }
+        Ok(flags)
+    }
+
+    /// Reads [`ENV_VAR`]; unset means the defaults.
+    pub fn from_env() -> Result<Flags, EmitError> {
+        match std::env::var(ENV_VAR) {
+            Ok(s) => Flags::parse(&s).map_err(|e| match e {
+                EmitError::InvalidFlag(m) => EmitError::InvalidFlag(format!("in {ENV_VAR}: {m}")),
+                other => other,
+            }),
+            Err(std::env::VarError::NotPresent) => Ok(Flags::default()),
+            Err(std::env::VarError::NotUnicode(_)) => Err(flag_error(format!("{ENV_VAR} is not valid UTF-8"))),
+        }
+    }
+
+    /// Sets one flag from `--name=value`.
+    pub fn apply(&mut self, arg: &str) -> Result<(), EmitError> {
+        let Some(body) = arg.strip_prefix("--") else {
+            return Err(flag_error(format!("'{arg}' is not a flag of the form --name=value")));
+        };
+        let Some((name, value)) = body.split_once('=') else {
+            return Err(flag_error(format!("'{arg}' has no value (write --{body}=VALUE)")));
+        };
+        let Some(spec) = FLAGS.iter().find(|s| s.name == name) else {
+            return Err(flag_error(format!("unknown flag '--{name}'")));
+        };
+        (spec.set)(self, value).map_err(|why| flag_error(format!("bad value for --{name} ({}): {why}", spec.ty)))
+    }
+
+    /// The backend flag governing `kind` and its name, or `None` for kinds Peerless has
+    /// no kernel for.
+    pub fn backend_for(&self, kind: CollectiveKind) -> Option<(Backend, &'static str)> {
+        use CollectiveKind as K;
+        Some(match kind {
+            K::AllReduce => (self.all_reduce_backend, "all_reduce_backend"),
+            K::AllGather => (self.all_gather_backend, "all_gather_backend"),
+            K::AllToAll => (self.all_to_all_backend, "all_to_all_backend"),
+            K::ReduceScatter => (self.reduce_scatter_backend, "reduce_scatter_backend"),
+            K::CollectivePermute => (self.collective_permute_backend, "collective_permute_backend"),
+            K::RaggedAllToAll | K::CollectiveBroadcast => return None,
+        })
+    }
+}
+
+/// Every flag as `--name=value`, so `Flags::parse(&flags.to_string())` round-trips.
+impl fmt::Display for Flags {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let args: Vec<String> = FLAGS.iter().map(|s| format!("--{}={}", s.name, s.value(self))).collect();
+        f.write_str(&args.join(" "))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_come_from_one_place() {
+        let f = Flags::parse("").unwrap();
+        assert_eq!(f, Flags::default());
+        assert_eq!(f.one_shot_max_bytes, 262_144);
+        assert_eq!(f.two_shot_max_bytes, 4_194_304);
+        assert_eq!(f.collective_timeout_ms, 10_000);
+        assert_eq!(f.host_topology, HostTopology::FullMesh);
+        let defaults: Vec<(&str, String)> = FLAGS.iter().map(|s| (s.name, s.default_value())).collect();
+        assert!(defaults.contains(&("all_reduce_backend", "auto".into())));
+        assert!(defaults.contains(&("one_shot_max_bytes", "262144".into())));
+        assert!(defaults.contains(&("host_topology", "full".into())));
+        let mut seen = std::collections::HashSet::new();
+        assert!(FLAGS.iter().all(|s| seen.insert(s.name)));
+    }
+
+    #[test]
+    fn parses_every_flag_and_round_trips() {
+        let s = "--all_reduce_backend=kernel --all_gather_backend=fallback --all_to_all_backend=auto \
+                 --reduce_scatter_backend=fallback --collective_permute_backend=kernel --one_shot_max_bytes=1024 \
+                 --two_shot_max_bytes=65536 --collective_timeout_ms=500 --host_topology=pairs:0-1,2-3";
+        let f = Flags::parse(s).unwrap();
+        assert_eq!(f.all_reduce_backend, Backend::Kernel);
+        assert_eq!(f.all_gather_backend, Backend::Fallback);
+        assert_eq!(f.collective_permute_backend, Backend::Kernel);
+        assert_eq!(f.one_shot_max_bytes, 1024);
+        assert_eq!(f.two_shot_max_bytes, 65536);
+        assert_eq!(f.collective_timeout_ms, 500);
+        assert_eq!(f.host_topology, HostTopology::Pairs(vec![(0, 1), (2, 3)]));
+        assert_eq!(f.to_string(), s.split_whitespace().collect::<Vec<_>>().join(" "));
+        assert_eq!(Flags::parse(&f.to_string()).unwrap(), f);
+        let mut g = Flags::default();
+        g.apply("--host_topology=pairs:").unwrap();
+        assert_eq!(g.host_topology, HostTopology::Pairs(vec![]));
+        g.apply("--host_topology=full").unwrap();
+        assert_eq!(g.host_topology, HostTopology::FullMesh);
+    }
+
+    #[test]
+    fn errors_list_every_valid_flag() {
+        for (bad, want) in [
+            ("--bogus=1", "unknown flag '--bogus'"),
+            ("--all_reduce_backend=nccl", "bad value for --all_reduce_backend (auto|kernel|fallback)"),
+            ("--one_shot_max_bytes=-1", "not a byte count"),
+            ("--one_shot_max_bytes=256K", "not a byte count"),
+            ("--collective_timeout_ms=0", "positive number of milliseconds"),
+            ("--host_topology=ring", "neither 'full'"),
+            ("--host_topology=pairs:0-0", "'0-0'"),
+            ("--host_topology=pairs:0-x", "'0-x'"),
+            ("--all_reduce_backend", "has no value"),
+            ("all_reduce_backend=kernel", "not a flag of the form"),
+        ] {
+            let e = Flags::parse(bad).unwrap_err().to_string();
+            assert!(e.contains(want), "{bad}: {e}");
+            for spec in FLAGS {
+                assert!(e.contains(&format!("--{}={}", spec.name, spec.ty)), "{bad}: {e}");
+            }
+            assert!(e.contains("(default 262144)") && e.contains("(default auto)"), "{e}");
+        }
+    }
+}

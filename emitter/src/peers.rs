@@ -1,0 +1,180 @@
+//! Which devices can read and write each other's memory directly: an N×N table the
+//! decision rules consult. It is built once per device set and shared: the host
+//! backend derives it from `--host_topology`; a GPU backend supplies its own (driver
+//! peer-access query plus a real transfer probe, since drivers can report access that
+//! does not work) through [`PeerAccessTable::from_fn`] and [`PeerAccessTable::cached`].
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use crate::flags::HostTopology;
+
+/// What a cached table was computed for.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum PeerTableKey {
+    /// The host backend's simulated devices under a `--host_topology`.
+    HostTopology { num_devices: usize, topology: HostTopology },
+    /// A hardware backend's device set (`backend` names it, e.g. `cuda`; `devices` are
+    /// its ordinals, in the order table indices refer to them).
+    Backend { backend: String, devices: Vec<usize> },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Links {
+    /// Every device reaches every other.
+    All,
+    /// Only these directed links.
+    Set(BTreeSet<(usize, usize)>),
+    /// Row-major N×N, `from * n + to`.
+    Matrix(Vec<bool>),
+}
+
+/// Peer access between `n` devices: `can_access(a, b)` says whether device `a` can
+/// address device `b`'s memory. Self-access is always true; ids `>= n` never have access.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PeerAccessTable {
+    n: usize,
+    links: Links,
+    /// Where the table came from, for decision reasons (`host_topology pairs:0-1,2-3`).
+    source: String,
+}
+
+type Cache = Mutex<HashMap<PeerTableKey, Arc<PeerAccessTable>>>;
+
+fn cache() -> &'static Cache {
+    static CACHE: OnceLock<Cache> = OnceLock::new();
+    CACHE.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+impl PeerAccessTable {
+    /// A table from a predicate over device pairs, evaluated once per ordered pair
+    /// (`n × n` entries, so `n` should be a real device count). Backends use this with
+    /// their hardware query.
+    pub fn from_fn(n: usize, source: impl Into<String>, mut can_access: impl FnMut(usize, usize) -> bool) -> Self {
+        let mut m = vec![false; n * n];
+        for a in 0..n {
+            for b in 0..n {
+                m[a * n + b] = a == b || can_access(a, b);
+            }
+        }
+        PeerAccessTable { n, links: Links::Matrix(m), source: source.into() }
+    }
+
+    /// Every device reaches every other.
+    pub fn full(n: usize, source: impl Into<String>) -> Self {
+        PeerAccessTable { n, links: Links::All, source: source.into() }
+    }
+
+    /// The table for `n` host-backend devices under `topology`, computed once per
+    /// `(n, topology)` and shared process-wide. `pairs:` links are symmetric; links that
+    /// name a device `>= n` are ignored.
+    pub fn for_host_topology(n: usize, topology: &HostTopology) -> Arc<Self> {
+        let key = PeerTableKey::HostTopology { num_devices: n, topology: topology.clone() };
+        Self::cached(key, || {
+            let source = format!("host_topology {topology}");
+            match topology {
+                HostTopology::FullMesh => Self::full(n, source),
+                HostTopology::Pairs(pairs) => {
+                    let set =
+                        pairs.iter().filter(|&&(a, b)| a < n && b < n).flat_map(|&(a, b)| [(a, b), (b, a)]).collect();
+                    PeerAccessTable { n, links: Links::Set(set), source }
+                }
+            }
+        })
+    }
+
+    /// The cached table for `key`, building it with `build` the first time. A backend
+    /// calls this with [`PeerTableKey::Backend`] so its probe runs once per device set.
+    pub fn cached(key: PeerTableKey, build: impl FnOnce() -> PeerAccessTable) -> Arc<Self> {
+        // A poisoned lock only means another thread panicked mid-insert; the map is
+        // still a valid map, so keep using it.
+        let mut map = cache().lock().unwrap_or_else(|e| e.into_inner());
+        Arc::clone(map.entry(key).or_insert_with(|| Arc::new(build())))
+    }
+
+    /// Number of devices the table covers.
+    pub fn num_devices(&self) -> usize {
+        self.n
+    }
+
+    /// Where the table came from, e.g. `host_topology pairs:0-1,2-3`.
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
+    /// Whether device `from` can address device `to`'s memory.
+    pub fn can_access(&self, from: usize, to: usize) -> bool {
+        if from >= self.n || to >= self.n {
+            return false;
+        }
+        if from == to {
+            return true;
+        }
+        match &self.links {
+            Links::All => true,
+            Links::Set(s) => s.contains(&(from, to)),
+            Links::Matrix(m) => m.get(from * self.n + to).copied().unwrap_or(false),
+        }
+    }
+
+    /// The first pair of `devices` (in listed order) without access in both
+    /// directions, if any.
+    pub fn missing_link(&self, devices: &[usize]) -> Option<(usize, usize)> {
+        for (i, &a) in devices.iter().enumerate() {
+            for &b in &devices[i + 1..] {
+                if !(self.can_access(a, b) && self.can_access(b, a)) {
+                    return Some((a, b));
+                }
+            }
+        }
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn full_mesh_and_pairs() {
+        let t = PeerAccessTable::for_host_topology(4, &HostTopology::FullMesh);
+        assert!(t.can_access(0, 3) && t.can_access(3, 0));
+        assert!(!t.can_access(0, 4));
+        assert_eq!(t.missing_link(&[0, 1, 2, 3]), None);
+        let topo = HostTopology::Pairs(vec![(0, 1), (3, 2), (1, 9)]);
+        let t = PeerAccessTable::for_host_topology(4, &topo);
+        assert!(t.can_access(0, 1) && t.can_access(1, 0) && t.can_access(2, 3) && t.can_access(3, 2));
+        assert!(!t.can_access(0, 2) && !t.can_access(1, 3));
+        for d in 0..4 {
+            assert!(t.can_access(d, d));
+        }
+        assert_eq!(t.missing_link(&[0, 1]), None);
+        assert_eq!(t.missing_link(&[0, 2]), Some((0, 2)));
+        assert_eq!(t.source(), "host_topology pairs:0-1,3-2,1-9");
+        let none = PeerAccessTable::for_host_topology(2, &HostTopology::Pairs(vec![]));
+        assert!(!none.can_access(0, 1) && none.can_access(1, 1));
+    }
+
+    #[test]
+    fn cached_per_device_set() {
+        let topo = HostTopology::Pairs(vec![(0, 1)]);
+        let a = PeerAccessTable::for_host_topology(3, &topo);
+        let b = PeerAccessTable::for_host_topology(3, &topo);
+        assert!(Arc::ptr_eq(&a, &b));
+        let c = PeerAccessTable::for_host_topology(2, &topo);
+        assert!(!Arc::ptr_eq(&a, &c));
+        // A backend's probe runs once per device set.
+        let mut calls = 0;
+        let key = || PeerTableKey::Backend { backend: "test-cached".into(), devices: vec![0, 1] };
+        let t1 = PeerAccessTable::cached(key(), || {
+            calls += 1;
+            PeerAccessTable::from_fn(2, "probe", |a, b| a < b)
+        });
+        let t2 = PeerAccessTable::cached(key(), || PeerAccessTable::full(2, "never built"));
+        assert_eq!(calls, 1);
+        assert!(Arc::ptr_eq(&t1, &t2));
+        // Asymmetric access counts as a missing link.
+        assert!(t1.can_access(0, 1) && !t1.can_access(1, 0));
+        assert_eq!(t1.missing_link(&[0, 1]), Some((0, 1)));
+    }
+}

@@ -1,0 +1,623 @@
+//! Analyses over the IR shared by the interpreter and the emitter: which reduction a
+//! collective's `to_apply` computes, and which devices each collective groups together
+//! (XLA's `CollectiveOpGroupMode` rules).
+//!
+//! Device ids here are *global* ids: `replica * num_partitions + partition`, which is
+//! XLA's flattened id. Peerless runs either one partition (replica mode) or one replica
+//! (partition mode), so the flattened id is also the device's index.
+
+use std::fmt;
+
+use crate::ir::{CompId, InstrId, Instruction, Module};
+use crate::opcode::Opcode;
+use crate::types::Shape;
+
+/// A reduction a collective kernel can compute, recognised from a `to_apply`
+/// computation by [`recognize_reduction`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ReductionKind {
+    Sum,
+    Prod,
+    Min,
+    Max,
+    And,
+    Or,
+}
+
+impl ReductionKind {
+    /// The binary opcode the reduction applies.
+    pub fn opcode(self) -> Opcode {
+        match self {
+            Self::Sum => Opcode::Add,
+            Self::Prod => Opcode::Multiply,
+            Self::Min => Opcode::Minimum,
+            Self::Max => Opcode::Maximum,
+            Self::And => Opcode::And,
+            Self::Or => Opcode::Or,
+        }
+    }
+
+    /// The reduction applied by `op`, if `op` is one of the six.
+    pub fn from_opcode(op: Opcode) -> Option<Self> {
+        Some(match op {
+            Opcode::Add => Self::Sum,
+            Opcode::Multiply => Self::Prod,
+            Opcode::Minimum => Self::Min,
+            Opcode::Maximum => Self::Max,
+            Opcode::And => Self::And,
+            Opcode::Or => Self::Or,
+            _ => return None,
+        })
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Sum => "sum",
+            Self::Prod => "prod",
+            Self::Min => "min",
+            Self::Max => "max",
+            Self::And => "and",
+            Self::Or => "or",
+        }
+    }
+}
+
+impl fmt::Display for ReductionKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Recognises a reduction computation: two scalar parameters of one element type whose
+/// root is `add`, `multiply`, `minimum`, `maximum`, `and` or `or` of exactly those two
+/// parameters, in either order. Only the opcode is recognised (an `add` on `pred` is
+/// [`ReductionKind::Sum`], not `Or`); anything else, including a missing computation,
+/// is `None`.
+pub fn recognize_reduction(module: &Module, comp: CompId) -> Option<ReductionKind> {
+    let comp = module.comps.get(comp)?;
+    let [p0, p1] = comp.params[..] else { return None };
+    let root = module.instrs.get(comp.root)?;
+    let kind = ReductionKind::from_opcode(root.opcode)?;
+    let [a, b] = root.operands[..] else { return None };
+    if !((a == p0 && b == p1) || (a == p1 && b == p0)) || p0 == p1 {
+        return None;
+    }
+    let scalar = |id: InstrId| match &module.instrs.get(id)?.shape {
+        Shape::Array(s) if s.rank() == 0 => Some(s.ty),
+        _ => None,
+    };
+    let ty = scalar(p0)?;
+    if scalar(p1)? != ty || scalar(comp.root)? != ty {
+        return None;
+    }
+    if matches!(kind, ReductionKind::And | ReductionKind::Or) && !(ty == crate::PrimitiveType::Pred || ty.is_integral())
+    {
+        return None;
+    }
+    Some(kind)
+}
+
+/// How a collective's replica groups name devices (XLA's `CollectiveOpGroupMode`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum GroupMode {
+    /// Groups name replica ids; each group is formed once per partition.
+    CrossReplica,
+    /// Groups name partition ids; each group is formed once per replica.
+    CrossPartition,
+    /// Groups name replica ids; a group holds those replicas' devices in every partition.
+    CrossReplicaAndPartition,
+    /// Groups name flattened device ids (`replica * num_partitions + partition`).
+    FlattenedId,
+}
+
+impl fmt::Display for GroupMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::CrossReplica => "cross-replica",
+            Self::CrossPartition => "cross-partition",
+            Self::CrossReplicaAndPartition => "cross-replica-and-partition",
+            Self::FlattenedId => "flattened-id",
+        })
+    }
+}
+
+/// Whether an opcode carries `use_global_device_ids` (XLA's all-reduce family and
+/// all-gather). For the others XLA passes "absent", which changes the channel rule.
+fn has_global_device_ids_attr(op: Opcode) -> bool {
+    matches!(
+        op,
+        Opcode::AllReduce | Opcode::AllReduceStart | Opcode::ReduceScatter | Opcode::AllGather | Opcode::AllGatherStart
+    )
+}
+
+/// XLA's `GetCollectiveOpGroupMode(has_channel_id, use_global_device_ids)`:
+///
+/// | channel_id | use_global_device_ids          | mode                          |
+/// |------------|--------------------------------|-------------------------------|
+/// | absent     | false / not an attribute       | `CrossReplica`                |
+/// | present    | not an attribute of the op     | `CrossPartition`              |
+/// | present    | false                          | `CrossReplicaAndPartition`    |
+/// | present    | true                           | `FlattenedId`                 |
+///
+/// `use_global_device_ids` is an attribute of all-reduce (and its start), reduce-scatter
+/// and all-gather (and its start); all-to-all, collective-permute and
+/// collective-broadcast have none, so a channel id makes them `CrossPartition`.
+/// `use_global_device_ids` without a channel id is invalid in XLA; this returns
+/// `CrossReplica` for it and [`device_groups`] rejects it.
+pub fn group_mode(instr: &Instruction) -> GroupMode {
+    let has_channel = instr.attrs.channel_id.is_some();
+    match (has_channel, has_global_device_ids_attr(instr.opcode)) {
+        (false, _) => GroupMode::CrossReplica,
+        (true, false) => GroupMode::CrossPartition,
+        (true, true) if instr.attrs.use_global_device_ids => GroupMode::FlattenedId,
+        (true, true) => GroupMode::CrossReplicaAndPartition,
+    }
+}
+
+/// Most devices [`device_groups`] will enumerate (bounds allocation on odd input).
+pub const MAX_DEVICES: usize = 1 << 16;
+
+/// How device ids map onto a module's replicas and partitions when it runs on N devices.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DeviceMode {
+    /// `num_replicas = N`, one partition.
+    Replica,
+    /// `num_partitions = N`, one replica.
+    Partition,
+}
+
+impl DeviceMode {
+    /// `(num_replicas, num_partitions)` for `num_devices` devices.
+    pub fn counts(self, num_devices: usize) -> (usize, usize) {
+        match self {
+            Self::Replica => (num_devices, 1),
+            Self::Partition => (1, num_devices),
+        }
+    }
+}
+
+fn fmt_groups(groups: &[Vec<usize>]) -> String {
+    let inner: Vec<String> = groups
+        .iter()
+        .map(|g| format!("{{{}}}", g.iter().map(usize::to_string).collect::<Vec<_>>().join(",")))
+        .collect();
+    format!("{{{}}}", inner.join(","))
+}
+
+/// Checks `num_replicas × num_partitions` and returns the device count.
+fn device_count(what: &str, num_replicas: usize, num_partitions: usize) -> Result<usize, String> {
+    match num_replicas.checked_mul(num_partitions) {
+        Some(n) if n > 0 && n <= MAX_DEVICES => Ok(n),
+        _ => Err(format!(
+            "{what}: {num_replicas} replicas × {num_partitions} partitions is not a usable device count (1..={MAX_DEVICES})"
+        )),
+    }
+}
+
+fn describe(instr: &Instruction) -> String {
+    format!("{} '{}'", instr.opcode, instr.name)
+}
+
+/// The groups of global device ids (`replica * num_partitions + partition`) a
+/// collective runs over, in XLA's order (`GetParticipatingDevicesGroups`): iota forms
+/// are expanded, empty groups mean "all replicas" (or all partitions in
+/// `CrossPartition` mode), and every device must appear in exactly one group.
+///
+/// For collective-permute (which has no replica groups) the groups are the sets its
+/// source-target pairs are resolved within: every replica's partitions
+/// (`CrossPartition`) or every partition's replicas (`CrossReplica`); see
+/// [`permute_pairs`] for the pairs themselves.
+///
+/// Errors name the instruction and its groups.
+pub fn device_groups(
+    module: &Module,
+    instr: InstrId,
+    num_replicas: usize,
+    num_partitions: usize,
+) -> Result<Vec<Vec<usize>>, String> {
+    let ins = module.instrs.get(instr).ok_or_else(|| format!("no instruction {instr}"))?;
+    let what = describe(ins);
+    let n = device_count(&what, num_replicas, num_partitions)?;
+    let mode = group_mode(ins);
+    if ins.attrs.channel_id.is_none() && ins.attrs.use_global_device_ids {
+        return Err(format!("{what}: use_global_device_ids=true needs a channel_id"));
+    }
+    let (nr, np) = (num_replicas, num_partitions);
+    let is_permute = matches!(ins.opcode, Opcode::CollectivePermute | Opcode::CollectivePermuteStart);
+    let logical: Vec<Vec<i64>> = if is_permute {
+        Vec::new()
+    } else {
+        match &ins.attrs.replica_groups {
+            None => Vec::new(),
+            Some(rg) => rg.groups().ok_or_else(|| format!("{what}: inconsistent iota replica groups {rg}"))?,
+        }
+    };
+    let shown = || ins.attrs.replica_groups.as_ref().map_or_else(|| "{}".to_owned(), ToString::to_string);
+    // The id space the groups name, for range checks and "empty means all".
+    let id_limit = match mode {
+        GroupMode::CrossPartition => np,
+        GroupMode::FlattenedId => n,
+        GroupMode::CrossReplica | GroupMode::CrossReplicaAndPartition => nr,
+    };
+    let logical: Vec<Vec<usize>> = if logical.is_empty() {
+        if mode == GroupMode::FlattenedId && !is_permute {
+            return Err(format!("{what}: replica groups cannot be empty with use_global_device_ids=true"));
+        }
+        vec![(0..id_limit).collect()]
+    } else {
+        let mut out = Vec::with_capacity(logical.len());
+        for g in &logical {
+            let mut ids = Vec::with_capacity(g.len());
+            for &id in g {
+                match usize::try_from(id) {
+                    Ok(u) if u < id_limit => ids.push(u),
+                    _ => {
+                        return Err(format!(
+                            "{what}: id {id} in replica_groups={} is out of range for {mode} mode \
+                             ({nr} replicas, {np} partitions)",
+                            shown()
+                        ));
+                    }
+                }
+            }
+            out.push(ids);
+        }
+        out
+    };
+    let dev = |r: usize, p: usize| r * np + p;
+    let mut groups: Vec<Vec<usize>> = Vec::new();
+    match mode {
+        GroupMode::CrossReplica => {
+            for g in &logical {
+                for p in 0..np {
+                    groups.push(g.iter().map(|&r| dev(r, p)).collect());
+                }
+            }
+        }
+        GroupMode::CrossPartition => {
+            for g in &logical {
+                for r in 0..nr {
+                    groups.push(g.iter().map(|&p| dev(r, p)).collect());
+                }
+            }
+        }
+        GroupMode::CrossReplicaAndPartition => {
+            for g in &logical {
+                groups.push(g.iter().flat_map(|&r| (0..np).map(move |p| dev(r, p))).collect());
+            }
+        }
+        GroupMode::FlattenedId => groups = logical,
+    }
+    let mut seen = vec![false; n];
+    for g in &groups {
+        for &d in g {
+            if std::mem::replace(&mut seen[d], true) {
+                return Err(format!(
+                    "{what}: device {d} appears in more than one group (replica_groups={}, {mode} mode, device groups {})",
+                    shown(),
+                    fmt_groups(&groups)
+                ));
+            }
+        }
+    }
+    if let Some(missing) = seen.iter().position(|&s| !s) {
+        return Err(format!(
+            "{what}: device {missing} is in no group (replica_groups={}, {mode} mode, {nr} replicas × {np} partitions, \
+             device groups {})",
+            shown(),
+            fmt_groups(&groups)
+        ));
+    }
+    Ok(groups)
+}
+
+/// A collective-permute's source-target pairs as global device pairs, resolved within
+/// every group of [`device_groups`] (pairs name replica ids in `CrossReplica` mode and
+/// partition ids in `CrossPartition` mode, as in XLA). Errors if an id is out of range
+/// or a device is a source (or a target) twice.
+pub fn permute_pairs(
+    module: &Module,
+    instr: InstrId,
+    num_replicas: usize,
+    num_partitions: usize,
+) -> Result<Vec<(usize, usize)>, String> {
+    let ins = module.instrs.get(instr).ok_or_else(|| format!("no instruction {instr}"))?;
+    let what = describe(ins);
+    if !matches!(ins.opcode, Opcode::CollectivePermute | Opcode::CollectivePermuteStart) {
+        return Err(format!("{what}: not a collective-permute"));
+    }
+    let groups = device_groups(module, instr, num_replicas, num_partitions)?;
+    let pairs = ins.attrs.source_target_pairs.as_deref().unwrap_or(&[]);
+    let limit = groups.first().map_or(0, Vec::len);
+    let mut logical = Vec::with_capacity(pairs.len());
+    let (mut src_seen, mut dst_seen) = (vec![false; limit], vec![false; limit]);
+    for &(s, t) in pairs {
+        let (Ok(su), Ok(tu)) = (usize::try_from(s), usize::try_from(t)) else {
+            return Err(format!("{what}: source_target_pairs entry {{{s},{t}}} has a negative id"));
+        };
+        if su >= limit || tu >= limit {
+            return Err(format!(
+                "{what}: source_target_pairs entry {{{s},{t}}} is out of range for groups of {limit} ({} mode)",
+                group_mode(ins)
+            ));
+        }
+        if std::mem::replace(&mut src_seen[su], true) || std::mem::replace(&mut dst_seen[tu], true) {
+            return Err(format!("{what}: source_target_pairs names id {s} as a source or {t} as a target twice"));
+        }
+        logical.push((su, tu));
+    }
+    Ok(groups.iter().flat_map(|g| logical.iter().map(move |&(s, t)| (g[s], g[t]))).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ir::{Attrs, Computation, IotaReplicaGroups, ModuleConfig, ReplicaGroups};
+    use crate::types::PrimitiveType;
+
+    /// A module with a reducer `r` (root `op` over params in the given order) and an
+    /// entry holding one collective `c` of opcode `coll` built by `attrs`.
+    struct Build {
+        m: Module,
+    }
+
+    impl Build {
+        fn new() -> Self {
+            Build {
+                m: Module {
+                    name: "m".into(),
+                    config: ModuleConfig::default(),
+                    comps: Default::default(),
+                    instrs: Default::default(),
+                    entry: CompId::from_u32(0),
+                    source_name: "t".into(),
+                },
+            }
+        }
+
+        /// Adds a computation whose instructions are `(name, opcode, shape, operand indices
+        /// into this list, param number)`; the last one is the root.
+        fn comp(&mut self, name: &str, body: &[(&str, Opcode, Shape, &[usize], Option<i64>)]) -> CompId {
+            let cid = self.m.comps.next_key();
+            let mut ids: Vec<InstrId> = Vec::new();
+            let mut params = Vec::new();
+            for (n, op, shape, ops, pnum) in body {
+                let attrs = Attrs { parameter_number: *pnum, ..Attrs::default() };
+                let id = self.m.instrs.push(Instruction {
+                    name: (*n).into(),
+                    opcode: *op,
+                    shape: shape.clone(),
+                    operands: ops.iter().map(|&i| ids[i]).collect(),
+                    called: vec![],
+                    attrs,
+                    parent: cid,
+                    span: None,
+                });
+                if pnum.is_some() {
+                    params.push(id);
+                }
+                ids.push(id);
+            }
+            let root = *ids.last().unwrap();
+            self.m.comps.push(Computation { name: name.into(), instrs: ids, params, root, span: None })
+        }
+    }
+
+    fn f32s() -> Shape {
+        Shape::array(PrimitiveType::F32, vec![])
+    }
+
+    fn reducer(op: Opcode, ty: PrimitiveType, swap: bool) -> (Module, CompId) {
+        let mut b = Build::new();
+        let s = Shape::array(ty, vec![]);
+        let ops: &[usize] = if swap { &[1, 0] } else { &[0, 1] };
+        let c = b.comp(
+            "r",
+            &[
+                ("x", Opcode::Parameter, s.clone(), &[], Some(0)),
+                ("y", Opcode::Parameter, s.clone(), &[], Some(1)),
+                ("z", op, s, ops, None),
+            ],
+        );
+        (b.m, c)
+    }
+
+    #[test]
+    fn recognises_each_reduction_in_either_order() {
+        for (op, kind, ty) in [
+            (Opcode::Add, ReductionKind::Sum, PrimitiveType::F32),
+            (Opcode::Multiply, ReductionKind::Prod, PrimitiveType::Bf16),
+            (Opcode::Minimum, ReductionKind::Min, PrimitiveType::S32),
+            (Opcode::Maximum, ReductionKind::Max, PrimitiveType::U8),
+            (Opcode::And, ReductionKind::And, PrimitiveType::Pred),
+            (Opcode::Or, ReductionKind::Or, PrimitiveType::Pred),
+            (Opcode::Or, ReductionKind::Or, PrimitiveType::U32),
+            (Opcode::Add, ReductionKind::Sum, PrimitiveType::Pred),
+        ] {
+            for swap in [false, true] {
+                let (m, c) = reducer(op, ty, swap);
+                assert_eq!(recognize_reduction(&m, c), Some(kind), "{op} {ty} swap={swap}");
+            }
+        }
+    }
+
+    #[test]
+    fn rejects_other_reductions() {
+        for op in [Opcode::Subtract, Opcode::Divide, Opcode::Xor, Opcode::Power] {
+            let (m, c) = reducer(op, PrimitiveType::F32, false);
+            assert_eq!(recognize_reduction(&m, c), None, "{op}");
+        }
+        // `and` on floats is not a reduction a kernel computes.
+        let (m, c) = reducer(Opcode::And, PrimitiveType::F32, false);
+        assert_eq!(recognize_reduction(&m, c), None);
+        // add(x, x): same parameter twice.
+        let mut b = Build::new();
+        let c = b.comp(
+            "r",
+            &[
+                ("x", Opcode::Parameter, f32s(), &[], Some(0)),
+                ("y", Opcode::Parameter, f32s(), &[], Some(1)),
+                ("z", Opcode::Add, f32s(), &[0, 0], None),
+            ],
+        );
+        assert_eq!(recognize_reduction(&b.m, c), None);
+        // add(x, y) then negate: root is not the reduction.
+        let mut b = Build::new();
+        let c = b.comp(
+            "r",
+            &[
+                ("x", Opcode::Parameter, f32s(), &[], Some(0)),
+                ("y", Opcode::Parameter, f32s(), &[], Some(1)),
+                ("z", Opcode::Add, f32s(), &[0, 1], None),
+                ("n", Opcode::Negate, f32s(), &[2], None),
+            ],
+        );
+        assert_eq!(recognize_reduction(&b.m, c), None);
+        // Non-scalar parameters.
+        let v = Shape::array(PrimitiveType::F32, vec![2]);
+        let mut b = Build::new();
+        let c = b.comp(
+            "r",
+            &[
+                ("x", Opcode::Parameter, v.clone(), &[], Some(0)),
+                ("y", Opcode::Parameter, v.clone(), &[], Some(1)),
+                ("z", Opcode::Add, v, &[0, 1], None),
+            ],
+        );
+        assert_eq!(recognize_reduction(&b.m, c), None);
+        // A computation id that does not exist.
+        assert_eq!(recognize_reduction(&b.m, CompId::from_u32(7)), None);
+    }
+
+    /// A module whose entry is `p = f32[4] parameter(0); c = <op>(p)` with `attrs`.
+    fn collective(op: Opcode, attrs: Attrs) -> (Module, InstrId) {
+        let mut b = Build::new();
+        let s = Shape::array(PrimitiveType::F32, vec![4]);
+        let c = b.comp("e", &[("p", Opcode::Parameter, s.clone(), &[], Some(0)), ("c", op, s, &[0], None)]);
+        let root = b.m.comps[c].root;
+        b.m.instrs[root].attrs = attrs;
+        b.m.entry = c;
+        (b.m, root)
+    }
+
+    fn groups_attr(g: &[&[i64]]) -> Option<ReplicaGroups> {
+        Some(ReplicaGroups::Explicit(g.iter().map(|x| x.to_vec()).collect()))
+    }
+
+    #[test]
+    fn group_mode_follows_xla() {
+        let mk = |op, ch: Option<i64>, g: bool| {
+            let (m, id) = collective(op, Attrs { channel_id: ch, use_global_device_ids: g, ..Attrs::default() });
+            group_mode(m.instr(id))
+        };
+        assert_eq!(mk(Opcode::AllReduce, None, false), GroupMode::CrossReplica);
+        assert_eq!(mk(Opcode::AllReduce, Some(1), false), GroupMode::CrossReplicaAndPartition);
+        assert_eq!(mk(Opcode::AllReduce, Some(1), true), GroupMode::FlattenedId);
+        assert_eq!(mk(Opcode::AllGatherStart, Some(1), true), GroupMode::FlattenedId);
+        assert_eq!(mk(Opcode::ReduceScatter, Some(1), false), GroupMode::CrossReplicaAndPartition);
+        assert_eq!(mk(Opcode::AllToAll, Some(1), false), GroupMode::CrossPartition);
+        assert_eq!(mk(Opcode::AllToAll, None, false), GroupMode::CrossReplica);
+        assert_eq!(mk(Opcode::CollectivePermute, Some(1), false), GroupMode::CrossPartition);
+        assert_eq!(mk(Opcode::CollectivePermute, None, false), GroupMode::CrossReplica);
+    }
+
+    #[test]
+    fn cross_replica_groups_repeat_per_partition() {
+        let attrs = Attrs { replica_groups: groups_attr(&[&[0, 1]]), ..Attrs::default() };
+        let (m, id) = collective(Opcode::AllReduce, attrs);
+        // 2 replicas × 2 partitions: device = r * 2 + p.
+        assert_eq!(device_groups(&m, id, 2, 2).unwrap(), vec![vec![0, 2], vec![1, 3]]);
+        // Empty groups mean all replicas.
+        let (m, id) = collective(Opcode::AllReduce, Attrs::default());
+        assert_eq!(device_groups(&m, id, 4, 1).unwrap(), vec![vec![0, 1, 2, 3]]);
+        let (m, id) = collective(Opcode::AllReduce, Attrs { replica_groups: groups_attr(&[]), ..Attrs::default() });
+        assert_eq!(device_groups(&m, id, 1, 3).unwrap(), vec![vec![0], vec![1], vec![2]]);
+    }
+
+    #[test]
+    fn cross_partition_groups_repeat_per_replica() {
+        let attrs = Attrs { channel_id: Some(1), replica_groups: groups_attr(&[&[1, 0]]), ..Attrs::default() };
+        let (m, id) = collective(Opcode::AllToAll, attrs);
+        assert_eq!(device_groups(&m, id, 2, 2).unwrap(), vec![vec![1, 0], vec![3, 2]]);
+        let (m, id) = collective(Opcode::AllToAll, Attrs { channel_id: Some(1), ..Attrs::default() });
+        assert_eq!(device_groups(&m, id, 1, 4).unwrap(), vec![vec![0, 1, 2, 3]]);
+    }
+
+    #[test]
+    fn cross_replica_and_partition_takes_every_partition() {
+        let attrs = Attrs { channel_id: Some(1), replica_groups: groups_attr(&[&[0], &[1]]), ..Attrs::default() };
+        let (m, id) = collective(Opcode::AllReduce, attrs);
+        assert_eq!(device_groups(&m, id, 2, 2).unwrap(), vec![vec![0, 1], vec![2, 3]]);
+        // Partition mode (1 replica): the only group is every partition.
+        let (m, id) = collective(Opcode::AllGather, Attrs { channel_id: Some(1), ..Attrs::default() });
+        assert_eq!(device_groups(&m, id, 1, 4).unwrap(), vec![vec![0, 1, 2, 3]]);
+    }
+
+    #[test]
+    fn flattened_ids_explicit_iota_and_transposed_iota() {
+        let flat =
+            |rg| Attrs { channel_id: Some(1), use_global_device_ids: true, replica_groups: rg, ..Attrs::default() };
+        let (m, id) = collective(Opcode::AllReduce, flat(groups_attr(&[&[0, 4], &[1, 5], &[2, 6], &[3, 7]])));
+        assert_eq!(device_groups(&m, id, 1, 8).unwrap(), vec![vec![0, 4], vec![1, 5], vec![2, 6], vec![3, 7]]);
+        // [2,4]<=[8]: {0,1,2,3},{4,5,6,7}.
+        let iota = |g, s, dims: &[i64], perm: &[i64]| {
+            Some(ReplicaGroups::Iota(IotaReplicaGroups {
+                num_groups: g,
+                group_size: s,
+                reshape_dims: dims.to_vec(),
+                transpose_perm: perm.to_vec(),
+            }))
+        };
+        let (m, id) = collective(Opcode::AllReduce, flat(iota(2, 4, &[8], &[])));
+        assert_eq!(device_groups(&m, id, 1, 8).unwrap(), vec![vec![0, 1, 2, 3], vec![4, 5, 6, 7]]);
+        // [4,2]<=[2,4]T(1,0): {0,4},{1,5},{2,6},{3,7}.
+        let (m, id) = collective(Opcode::AllReduce, flat(iota(4, 2, &[2, 4], &[1, 0])));
+        assert_eq!(device_groups(&m, id, 1, 8).unwrap(), vec![vec![0, 4], vec![1, 5], vec![2, 6], vec![3, 7]]);
+        // Iota in cross-replica mode names replicas.
+        let (m, id) =
+            collective(Opcode::AllReduce, Attrs { replica_groups: iota(2, 2, &[2, 2], &[1, 0]), ..Attrs::default() });
+        assert_eq!(device_groups(&m, id, 4, 1).unwrap(), vec![vec![0, 2], vec![1, 3]]);
+        // Inconsistent iota.
+        let (m, id) = collective(Opcode::AllReduce, flat(iota(3, 2, &[8], &[])));
+        let e = device_groups(&m, id, 1, 8).unwrap_err();
+        assert!(e.contains("all-reduce 'c'") && e.contains("iota"), "{e}");
+    }
+
+    #[test]
+    fn every_device_exactly_once() {
+        let flat =
+            |rg| Attrs { channel_id: Some(1), use_global_device_ids: true, replica_groups: rg, ..Attrs::default() };
+        let (m, id) = collective(Opcode::AllReduce, flat(groups_attr(&[&[0, 1], &[1, 2]])));
+        let e = device_groups(&m, id, 1, 4).unwrap_err();
+        assert!(e.contains("'c'") && e.contains("device 1 appears in more than one group"), "{e}");
+        assert!(e.contains("replica_groups={{0,1},{1,2}}"), "{e}");
+        let (m, id) = collective(Opcode::AllReduce, flat(groups_attr(&[&[0, 1]])));
+        let e = device_groups(&m, id, 1, 4).unwrap_err();
+        assert!(e.contains("device 2 is in no group"), "{e}");
+        let (m, id) = collective(Opcode::AllReduce, flat(groups_attr(&[&[0, 9]])));
+        let e = device_groups(&m, id, 1, 4).unwrap_err();
+        assert!(e.contains("id 9") && e.contains("out of range"), "{e}");
+        let (m, id) = collective(Opcode::AllReduce, flat(None));
+        assert!(device_groups(&m, id, 1, 4).unwrap_err().contains("cannot be empty"));
+        let (m, id) = collective(Opcode::AllReduce, Attrs { use_global_device_ids: true, ..Attrs::default() });
+        assert!(device_groups(&m, id, 4, 1).unwrap_err().contains("needs a channel_id"));
+        let (m, id) = collective(Opcode::AllReduce, Attrs::default());
+        assert!(device_groups(&m, id, usize::MAX, 2).is_err());
+        assert!(device_groups(&m, id, 0, 2).is_err());
+    }
+
+    #[test]
+    fn permute_pairs_resolve_per_group() {
+        let attrs = Attrs { channel_id: Some(1), source_target_pairs: Some(vec![(0, 1), (1, 0)]), ..Attrs::default() };
+        let (m, id) = collective(Opcode::CollectivePermute, attrs);
+        assert_eq!(device_groups(&m, id, 2, 2).unwrap(), vec![vec![0, 1], vec![2, 3]]);
+        assert_eq!(permute_pairs(&m, id, 2, 2).unwrap(), vec![(0, 1), (1, 0), (2, 3), (3, 2)]);
+        let attrs = Attrs { source_target_pairs: Some(vec![(0, 3)]), ..Attrs::default() };
+        let (m, id) = collective(Opcode::CollectivePermuteStart, attrs);
+        assert_eq!(permute_pairs(&m, id, 4, 1).unwrap(), vec![(0, 3)]);
+        assert!(permute_pairs(&m, id, 2, 1).unwrap_err().contains("out of range"));
+        let attrs = Attrs { source_target_pairs: Some(vec![(0, 1), (0, 2)]), ..Attrs::default() };
+        let (m, id) = collective(Opcode::CollectivePermute, attrs);
+        assert!(permute_pairs(&m, id, 4, 1).unwrap_err().contains("twice"));
+    }
+}

@@ -1,0 +1,801 @@
+//! Attribute values: the typed ones of [`Attrs`] and [`ModuleConfig`], replica
+//! groups (explicit, iota and mesh-axes forms), shardings, and raw values.
+
+use std::collections::BTreeMap;
+
+use super::cursor::{Cursor, MAX_DEPTH, PResult};
+use crate::ir::{
+    Attrs, ComparisonDirection, DotDims, IotaReplicaGroups, ModuleConfig, PadDim, ReplicaGroups, Sharding, SliceDim,
+};
+use crate::opcode::Opcode;
+
+/// Most devices an iota or mesh form may expand to.
+const MAX_DEVICES: i64 = 1 << 24;
+
+/// Where a called computation goes in [`crate::Instruction::called`] (this order).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum CallSlot {
+    ToApply,
+    Calls,
+    Condition,
+    Body,
+    TrueComputation,
+    FalseComputation,
+    BranchComputations,
+    Select,
+    Scatter,
+    CalledComputations,
+}
+
+/// Names of an instruction resolved after its computation (or module) is read.
+#[derive(Default)]
+pub(crate) struct Pending<'a> {
+    pub calls: Vec<(CallSlot, &'a str, usize, usize)>,
+    pub control: Vec<(&'a str, usize, usize)>,
+}
+
+/// One `key=value` of the `HloModule` header (the `,` and nothing else consumed).
+pub(crate) fn header_attr(c: &mut Cursor<'_>, config: &mut ModuleConfig) -> PResult<()> {
+    let Some((_, key)) = c.ident() else {
+        return Err(c.err_found("expected a header attribute name after ','"));
+    };
+    c.expect(b'=', &format!("after header attribute '{key}'"))?;
+    match key {
+        "replica_count" => config.replica_count = positive(c, "replica_count")?,
+        "num_partitions" => config.num_partitions = positive(c, "num_partitions")?,
+        "entry_computation_layout" => {
+            let raw = c.balanced()?;
+            let inner = raw.strip_prefix('{').and_then(|s| s.strip_suffix('}')).unwrap_or(raw);
+            config.entry_computation_layout = Some(inner.to_owned());
+        }
+        "frontend_attributes" => config.frontend_attributes = frontend_attributes(c)?,
+        _ => {
+            let raw = c.raw_value()?;
+            config.other.insert(key.to_owned(), raw.to_owned());
+        }
+    }
+    Ok(())
+}
+
+fn positive(c: &mut Cursor<'_>, what: &str) -> PResult<i64> {
+    c.ws();
+    let start = c.pos;
+    let v = c.int(what)?;
+    if v < 1 {
+        return Err(c.err_range(start, c.pos, &format!("{what} must be at least 1, found {v}")));
+    }
+    Ok(v)
+}
+
+/// One instruction attribute value (after `key=`).
+pub(crate) fn instr_attr<'a>(
+    c: &mut Cursor<'a>,
+    key: &'a str,
+    opcode: Opcode,
+    a: &mut Attrs,
+    pending: &mut Pending<'a>,
+) -> PResult<()> {
+    match key {
+        "dimensions" => a.dimensions = Some(int_list(c, "dimensions")?),
+        "replica_groups" => a.replica_groups = Some(replica_groups(c)?),
+        "channel_id" => a.channel_id = Some(c.int("channel_id")?),
+        "use_global_device_ids" => a.use_global_device_ids = c.boolean("use_global_device_ids")?,
+        "to_apply" => called(c, CallSlot::ToApply, pending)?,
+        "calls" => called(c, CallSlot::Calls, pending)?,
+        "condition" => called(c, CallSlot::Condition, pending)?,
+        "body" => called(c, CallSlot::Body, pending)?,
+        "true_computation" => called(c, CallSlot::TrueComputation, pending)?,
+        "false_computation" => called(c, CallSlot::FalseComputation, pending)?,
+        "branch_computations" => called(c, CallSlot::BranchComputations, pending)?,
+        "select" if opcode == Opcode::SelectAndScatter => called(c, CallSlot::Select, pending)?,
+        "scatter" if opcode == Opcode::SelectAndScatter => called(c, CallSlot::Scatter, pending)?,
+        "called_computations" => called(c, CallSlot::CalledComputations, pending)?,
+        "slice" => a.slice = Some(slice(c)?),
+        "dynamic_slice_sizes" => a.dynamic_slice_sizes = Some(int_list(c, "dynamic_slice_sizes")?),
+        "padding" => a.padding = Some(padding(c)?),
+        "source_target_pairs" => a.source_target_pairs = Some(source_target_pairs(c)?),
+        "sharding" => a.sharding = Some(sharding(c, 0)?),
+        "frontend_attributes" => a.frontend_attributes = frontend_attributes(c)?,
+        "backend_config" => {
+            a.backend_config = Some(if c.peek() == Some(b'"') { c.string()? } else { c.raw_value()?.to_owned() });
+        }
+        "metadata" => a.metadata = Some(c.raw_value()?.to_owned()),
+        "custom_call_target" => a.custom_call_target = Some(c.string()?),
+        "control-predecessors" => {
+            for (n, s, e) in name_list(c, "control-predecessors")? {
+                pending.control.push((n, s, e));
+            }
+        }
+        "direction" => {
+            let Some((s, d)) = c.ident() else { return Err(c.err_found("expected a comparison direction")) };
+            let Some(dir) = ComparisonDirection::from_name(d) else {
+                return Err(c.err_range(
+                    s,
+                    c.pos,
+                    &format!("unknown comparison direction '{d}'; expected EQ, NE, LT, LE, GT or GE"),
+                ));
+            };
+            a.comparison_direction = Some(dir);
+        }
+        "type" if opcode == Opcode::Compare => {
+            let Some((s, t)) = c.ident() else { return Err(c.err_found("expected a comparison type")) };
+            if !matches!(t, "TOTALORDER" | "FLOAT" | "SIGNED" | "UNSIGNED" | "PARTIALORDER") {
+                return Err(c.err_range(
+                    s,
+                    c.pos,
+                    &format!("unknown comparison type '{t}'; expected TOTALORDER, FLOAT, SIGNED or UNSIGNED"),
+                ));
+            }
+            a.comparison_type = Some(t.to_owned());
+        }
+        "iota_dimension" => a.iota_dimension = Some(c.uint("iota_dimension")?),
+        "index" if opcode == Opcode::GetTupleElement => a.tuple_index = Some(c.uint("the tuple index")?),
+        "lhs_batch_dims" => a.dot.get_or_insert_with(DotDims::default).lhs_batch = int_list(c, key)?,
+        "rhs_batch_dims" => a.dot.get_or_insert_with(DotDims::default).rhs_batch = int_list(c, key)?,
+        "lhs_contracting_dims" => a.dot.get_or_insert_with(DotDims::default).lhs_contracting = int_list(c, key)?,
+        "rhs_contracting_dims" => a.dot.get_or_insert_with(DotDims::default).rhs_contracting = int_list(c, key)?,
+        _ => {
+            let raw = c.raw_value()?;
+            a.other.insert(key.to_owned(), raw.to_owned());
+        }
+    }
+    Ok(())
+}
+
+/// `{1,2,3}` or `{}`.
+pub(crate) fn int_list(c: &mut Cursor<'_>, what: &str) -> PResult<Vec<i64>> {
+    c.expect(b'{', &format!("to open the list of {what}"))?;
+    let mut v = Vec::new();
+    if c.eat(b'}') {
+        return Ok(v);
+    }
+    loop {
+        v.push(c.int(what)?);
+        if c.eat(b',') {
+            continue;
+        }
+        c.expect(b'}', &format!("or ',' in the list of {what}"))?;
+        return Ok(v);
+    }
+}
+
+/// `[1,2,3]` or `[]`.
+fn bracket_list(c: &mut Cursor<'_>, what: &str) -> PResult<Vec<i64>> {
+    c.expect(b'[', &format!("to open the {what}"))?;
+    let mut v = Vec::new();
+    if c.eat(b']') {
+        return Ok(v);
+    }
+    loop {
+        if v.len() >= super::parser::MAX_RANK {
+            return Err(c.err_found(&format!("too many entries in the {what} (at most {})", super::parser::MAX_RANK)));
+        }
+        v.push(c.int(what)?);
+        if c.eat(b',') {
+            continue;
+        }
+        c.expect(b']', &format!("or ',' in the {what}"))?;
+        return Ok(v);
+    }
+}
+
+/// `%comp`, or `{%a, %b}` for branch computations.
+fn called<'a>(c: &mut Cursor<'a>, slot: CallSlot, pending: &mut Pending<'a>) -> PResult<()> {
+    if c.peek() == Some(b'{') {
+        for (n, s, e) in name_list(c, "computation names")? {
+            pending.calls.push((slot, n, s, e));
+        }
+    } else {
+        let Some((s, n)) = c.name() else { return Err(c.err_found("expected a computation name")) };
+        pending.calls.push((slot, n, s, c.pos));
+    }
+    Ok(())
+}
+
+/// `{%a, %b}` or `{}`.
+fn name_list<'a>(c: &mut Cursor<'a>, what: &str) -> PResult<Vec<(&'a str, usize, usize)>> {
+    c.expect(b'{', &format!("to open the list of {what}"))?;
+    let mut v = Vec::new();
+    if c.eat(b'}') {
+        return Ok(v);
+    }
+    loop {
+        let Some((s, n)) = c.name() else { return Err(c.err_found(&format!("expected a name in the list of {what}"))) };
+        v.push((n, s, c.pos));
+        if c.eat(b',') {
+            continue;
+        }
+        c.expect(b'}', &format!("or ',' in the list of {what}"))?;
+        return Ok(v);
+    }
+}
+
+/// `{[0:4], [1:3:2]}`.
+fn slice(c: &mut Cursor<'_>) -> PResult<Vec<SliceDim>> {
+    c.expect(b'{', "to open the slice ranges")?;
+    let mut v = Vec::new();
+    if c.eat(b'}') {
+        return Ok(v);
+    }
+    loop {
+        c.expect(b'[', "to open a slice range [start:limit:stride]")?;
+        let start = c.int("the slice start")?;
+        c.expect(b':', "between slice start and limit")?;
+        let limit = c.int("the slice limit")?;
+        let stride = if c.eat(b':') { c.int("the slice stride")? } else { 1 };
+        c.expect(b']', "to close the slice range")?;
+        v.push(SliceDim { start, limit, stride });
+        if c.eat(b',') {
+            continue;
+        }
+        c.expect(b'}', "or ',' in the slice ranges")?;
+        return Ok(v);
+    }
+}
+
+/// `0_0x1_2_1`: `lo_hi[_interior]` per dimension, separated by `x`.
+fn padding(c: &mut Cursor<'_>) -> PResult<Vec<PadDim>> {
+    c.ws();
+    let start = c.pos;
+    let mut end = start;
+    while c.byte_at(end).is_some_and(|b| b.is_ascii_digit() || matches!(b, b'_' | b'x' | b'-')) {
+        end += 1;
+    }
+    let text = c.slice(start, end);
+    c.pos = end;
+    let bad = |c: &Cursor<'_>| {
+        c.err_range(start, end.max(start + 1), &format!("bad padding '{text}'; expected lo_hi or lo_hi_interior per dimension, separated by 'x'"))
+    };
+    let mut v = Vec::new();
+    if text.is_empty() {
+        return Err(bad(c));
+    }
+    for dim in text.split('x') {
+        let nums: Vec<&str> = dim.split('_').collect();
+        let parse = |s: &str| s.parse::<i64>().ok();
+        let (lo, hi, interior) = match nums.as_slice() {
+            [lo, hi] => (parse(lo), parse(hi), Some(0)),
+            [lo, hi, i] => (parse(lo), parse(hi), parse(i)),
+            _ => return Err(bad(c)),
+        };
+        let (Some(lo), Some(hi), Some(interior)) = (lo, hi, interior) else { return Err(bad(c)) };
+        v.push(PadDim { lo, hi, interior });
+    }
+    Ok(v)
+}
+
+/// `{{0,1},{1,0}}`.
+fn source_target_pairs(c: &mut Cursor<'_>) -> PResult<Vec<(i64, i64)>> {
+    c.expect(b'{', "to open source_target_pairs")?;
+    let mut v = Vec::new();
+    if c.eat(b'}') {
+        return Ok(v);
+    }
+    loop {
+        c.ws();
+        let ps = c.pos;
+        let pair = int_list(c, "a source-target pair")?;
+        let [s, t] = pair[..] else {
+            return Err(c.err_range(ps, c.pos, &format!("source-target pair has {} entries; expected {{source,target}}", pair.len())));
+        };
+        v.push((s, t));
+        if c.eat(b',') {
+            continue;
+        }
+        c.expect(b'}', "or ',' in source_target_pairs")?;
+        return Ok(v);
+    }
+}
+
+/// `{k="v", k2={raw}, ...}`: string values are unescaped, braced values kept verbatim.
+pub(crate) fn frontend_attributes(c: &mut Cursor<'_>) -> PResult<BTreeMap<String, String>> {
+    c.expect(b'{', "to open frontend_attributes")?;
+    let mut m = BTreeMap::new();
+    if c.eat(b'}') {
+        return Ok(m);
+    }
+    loop {
+        let key = match c.peek() {
+            Some(b'"') => c.string()?,
+            _ => match c.ident() {
+                Some((_, k)) => k.to_owned(),
+                None => return Err(c.err_found("expected an attribute name in frontend_attributes")),
+            },
+        };
+        c.expect(b'=', &format!("after frontend attribute '{key}'"))?;
+        let value = match c.peek() {
+            Some(b'"') => c.string()?,
+            Some(b'{' | b'[' | b'(') => c.balanced()?.to_owned(),
+            _ => c.raw_value()?.to_owned(),
+        };
+        m.insert(key, value);
+        if c.eat(b',') {
+            continue;
+        }
+        c.expect(b'}', "or ',' in frontend_attributes")?;
+        return Ok(m);
+    }
+}
+
+/// `{{0,1},{2,3}}`, `{}`, `[G,S]<=[dims]T(perm)`, or `mesh[a=2,b=4] {b}`.
+pub(crate) fn replica_groups(c: &mut Cursor<'_>) -> PResult<ReplicaGroups> {
+    c.ws();
+    let start = c.pos;
+    match c.raw_peek() {
+        Some(b'{') => {
+            c.pos += 1;
+            let mut groups = Vec::new();
+            if c.eat(b'}') {
+                return Ok(ReplicaGroups::Explicit(groups));
+            }
+            loop {
+                groups.push(int_list(c, "replica ids")?);
+                if c.eat(b',') {
+                    continue;
+                }
+                if c.at_eof() || c.peek() != Some(b'}') {
+                    return Err(c.err_found(&format!(
+                        "expected '}}' to close replica_groups opened at {} (or ',' and another group)",
+                        c.loc(start)
+                    )));
+                }
+                c.pos += 1;
+                return Ok(ReplicaGroups::Explicit(groups));
+            }
+        }
+        Some(b'[') => {
+            let g = bracket_list(c, "replica group count and size [groups,size]")?;
+            let [num_groups, group_size] = g[..] else {
+                return Err(c.err_range(
+                    start,
+                    c.pos,
+                    &format!("iota replica groups need [groups,size]; found {} numbers", g.len()),
+                ));
+            };
+            let (reshape_dims, transpose_perm) = iota_tail(c)?;
+            let iota = IotaReplicaGroups { num_groups, group_size, reshape_dims, transpose_perm };
+            check_iota(c, start, &iota)?;
+            Ok(ReplicaGroups::Iota(iota))
+        }
+        _ => mesh_groups(c, start),
+    }
+}
+
+/// `<=[d0,d1,..]` with an optional `T(p0,p1,..)`.
+fn iota_tail(c: &mut Cursor<'_>) -> PResult<(Vec<i64>, Vec<i64>)> {
+    if !c.eat_str("<=") {
+        return Err(c.err_found("expected '<=' and the reshape dimensions of the iota form"));
+    }
+    let dims = bracket_list(c, "iota reshape dimensions")?;
+    let mut perm = Vec::new();
+    if c.raw_peek() == Some(b'T') {
+        c.pos += 1;
+        c.expect(b'(', "after 'T' to open the transpose permutation")?;
+        if !c.eat(b')') {
+            loop {
+                if perm.len() >= super::parser::MAX_RANK {
+                    return Err(c.err_found("transpose permutation too long"));
+                }
+                perm.push(c.int("a permutation entry")?);
+                if c.eat(b',') {
+                    continue;
+                }
+                c.expect(b')', "or ',' in the transpose permutation")?;
+                break;
+            }
+        }
+    }
+    Ok((dims, perm))
+}
+
+fn check_iota(c: &Cursor<'_>, start: usize, i: &IotaReplicaGroups) -> PResult<()> {
+    let err = |msg: String| c.err_range(start, c.pos, &msg);
+    if i.reshape_dims.iter().any(|&d| d < 0) || i.num_groups < 0 || i.group_size < 0 {
+        return Err(err("iota form has a negative size; expected non-negative sizes".into()));
+    }
+    let total = i.reshape_dims.iter().try_fold(1i64, |a, &d| a.checked_mul(d));
+    let Some(total) = total.filter(|&t| t <= MAX_DEVICES) else {
+        return Err(err(format!("iota form is too large; expected at most {MAX_DEVICES} devices")));
+    };
+    if i.num_groups.checked_mul(i.group_size) != Some(total) {
+        return Err(err(format!(
+            "iota form [{},{}] has {} devices but its reshape dims {:?} have {total}; expected groups x size = product of dims",
+            i.num_groups,
+            i.group_size,
+            i.num_groups.saturating_mul(i.group_size),
+            i.reshape_dims
+        )));
+    }
+    if !i.transpose_perm.is_empty() {
+        let n = i.reshape_dims.len();
+        let mut seen = vec![false; n];
+        let ok = i.transpose_perm.len() == n
+            && i.transpose_perm.iter().all(|&p| {
+                usize::try_from(p).ok().and_then(|p| seen.get_mut(p)).is_some_and(|s| !std::mem::replace(s, true))
+            });
+        if !ok {
+            return Err(err(format!(
+                "bad transpose permutation {:?}; expected a permutation of 0..{n}",
+                i.transpose_perm
+            )));
+        }
+    }
+    if i.expand().is_none() {
+        return Err(err("inconsistent iota form".into()));
+    }
+    Ok(())
+}
+
+/// A mesh axis name: an identifier or a quoted string.
+fn axis_name(c: &mut Cursor<'_>) -> PResult<String> {
+    c.ws();
+    match c.raw_peek() {
+        Some(q @ (b'\'' | b'"')) => {
+            let s = c.pos;
+            c.pos += 1;
+            while c.raw_peek().is_some_and(|b| b != q && b != b'\n') {
+                c.pos += 1;
+            }
+            if c.raw_peek() != Some(q) {
+                return Err(c.err_range(s, s + 1, "unterminated axis name; expected a closing quote"));
+            }
+            c.pos += 1;
+            Ok(c.slice(s + 1, c.pos - 1).to_owned())
+        }
+        _ => match c.ident() {
+            Some((_, n)) => Ok(n.to_owned()),
+            None => Err(c.err_found("expected a mesh axis name")),
+        },
+    }
+}
+
+/// XLA's mesh-axes form: `mesh[a=2,b=4] {b}`, `mesh[a=2,b=4], device_ids=(...) {a:(1)2}`,
+/// `maximal_mesh[device_id=3] {}`. Converted to the iota form (or explicit groups when
+/// the mesh has its own device order).
+fn mesh_groups(c: &mut Cursor<'_>, start: usize) -> PResult<ReplicaGroups> {
+    let Some((_, kw)) = c.ident() else {
+        return Err(c.err_found("expected replica groups: {{...}}, [groups,size]<=[dims] or mesh[...] {axes}"));
+    };
+    match kw {
+        "maximal_mesh" => {
+            c.expect(b'[', "after 'maximal_mesh'")?;
+            if !c.eat_kw("device_id") {
+                return Err(c.err_found("expected 'device_id=N' in maximal_mesh"));
+            }
+            c.expect(b'=', "after 'device_id'")?;
+            let d = c.uint("a device id")?;
+            c.expect(b']', "to close maximal_mesh")?;
+            c.expect(b'{', "to open the replica group axes")?;
+            c.expect(b'}', "(a maximal mesh has no axes)")?;
+            Ok(ReplicaGroups::Explicit(vec![vec![d]]))
+        }
+        "mesh" => {
+            c.expect(b'[', "after 'mesh' to open its axes")?;
+            let mut names: Vec<String> = Vec::new();
+            let mut sizes: Vec<i64> = Vec::new();
+            if !c.eat(b']') {
+                loop {
+                    names.push(axis_name(c)?);
+                    c.expect(b'=', "after a mesh axis name")?;
+                    let s = c.uint("a mesh axis size")?;
+                    if s == 0 || sizes.len() >= super::parser::MAX_RANK {
+                        return Err(c.err_found("mesh axis sizes must be positive and at most 32 axes"));
+                    }
+                    sizes.push(s);
+                    if c.eat(b',') {
+                        continue;
+                    }
+                    c.expect(b']', "or ',' in the mesh axes")?;
+                    break;
+                }
+            }
+            let total = sizes.iter().try_fold(1i64, |a, &d| a.checked_mul(d)).filter(|&t| t <= MAX_DEVICES);
+            let Some(total) = total else {
+                return Err(c.err_range(start, c.pos, &format!("mesh is too large; expected at most {MAX_DEVICES} devices")));
+            };
+            // Optional explicit device order.
+            let save = c.pos;
+            let mut device_ids: Option<Vec<i64>> = None;
+            if c.eat(b',') {
+                if c.eat_kw("device_ids") {
+                    c.expect(b'=', "after 'device_ids'")?;
+                    let ds = c.pos;
+                    device_ids = Some(mesh_device_ids(c, total, ds)?);
+                } else {
+                    c.pos = save;
+                }
+            }
+            c.expect(b'{', "to open the replica group axes of the mesh")?;
+            let mut refs: Vec<(usize, i64, i64)> = Vec::new(); // (axis, pre_size, size)
+            if !c.eat(b'}') {
+                loop {
+                    let as_ = c.pos;
+                    let n = axis_name(c)?;
+                    let Some(axis) = names.iter().position(|x| *x == n) else {
+                        return Err(c.err_range(as_, c.pos, &format!("unknown mesh axis '{n}'; expected one of {names:?}")));
+                    };
+                    let full = sizes.get(axis).copied().unwrap_or(1);
+                    let (pre, size) = if c.eat(b':') {
+                        c.expect(b'(', "to open the sub-axis pre-size")?;
+                        let pre = c.uint("a sub-axis pre-size")?;
+                        c.expect(b')', "to close the sub-axis pre-size")?;
+                        let size = c.uint("a sub-axis size")?;
+                        (pre, size)
+                    } else {
+                        (1, full)
+                    };
+                    let fits = pre >= 1 && size >= 1 && pre.checked_mul(size).is_some_and(|ps| full % ps == 0);
+                    if !fits {
+                        return Err(c.err_range(
+                            as_,
+                            c.pos,
+                            &format!("sub-axis {n}:({pre}){size} does not divide axis size {full}"),
+                        ));
+                    }
+                    refs.push((axis, pre, size));
+                    if c.eat(b',') {
+                        continue;
+                    }
+                    c.expect(b'}', "or ',' in the replica group axes")?;
+                    break;
+                }
+            }
+            mesh_to_groups(c, start, &sizes, &refs, device_ids)
+        }
+        other => Err(c.err_range(
+            start,
+            c.pos,
+            &format!("unknown replica groups form '{other}'; expected {{...}}, [groups,size]<=[dims] or mesh[...] {{axes}}"),
+        )),
+    }
+}
+
+/// `(...)` after `device_ids=`: an iota tile form `[dims]<=[..]T(..)` or a flat id list.
+fn mesh_device_ids(c: &mut Cursor<'_>, total: i64, start: usize) -> PResult<Vec<i64>> {
+    c.expect(b'(', "to open the mesh device ids")?;
+    let ids = if c.peek() == Some(b'[') {
+        let dims = bracket_list(c, "device id dimensions")?;
+        let (reshape_dims, transpose_perm) = if c.peek() == Some(b'<') {
+            iota_tail(c)?
+        } else {
+            (dims.clone(), Vec::new())
+        };
+        let iota = IotaReplicaGroups { num_groups: 1, group_size: total, reshape_dims, transpose_perm };
+        check_iota(c, start, &iota)?;
+        iota.expand().and_then(|g| g.into_iter().next()).unwrap_or_default()
+    } else {
+        let mut v = Vec::new();
+        loop {
+            while c.eat(b'{') {}
+            v.push(c.int("a device id")?);
+            while c.eat(b'}') {}
+            if !c.eat(b',') {
+                break;
+            }
+            if v.len() as i64 > total {
+                break;
+            }
+        }
+        v
+    };
+    c.expect(b')', "to close the mesh device ids")?;
+    if ids.len() as i64 != total {
+        return Err(c.err_range(start, c.pos, &format!("mesh has {total} devices but device_ids lists {}", ids.len())));
+    }
+    Ok(ids)
+}
+
+fn mesh_to_groups(
+    c: &Cursor<'_>,
+    start: usize,
+    sizes: &[i64],
+    refs: &[(usize, i64, i64)],
+    device_ids: Option<Vec<i64>>,
+) -> PResult<ReplicaGroups> {
+    let err = |msg: String| c.err_range(start, c.pos, &msg);
+    // Split every mesh axis into factors at each referenced sub-axis boundary
+    // (pre-size counts the major side), then group by the referenced factors.
+    let mut factors: Vec<i64> = Vec::new();
+    let mut bounds_of: Vec<Vec<i64>> = Vec::new();
+    let mut first_factor: Vec<usize> = Vec::new();
+    for (axis, &n) in sizes.iter().enumerate() {
+        let mut b = vec![1, n];
+        for &(a, pre, size) in refs {
+            if a == axis {
+                b.push(pre);
+                b.push(pre * size);
+            }
+        }
+        b.sort_unstable();
+        b.dedup();
+        if b.windows(2).any(|w| w[1] % w[0] != 0) {
+            return Err(err(format!("sub-axes of mesh axis {axis} do not nest; expected sizes that divide each other")));
+        }
+        first_factor.push(factors.len());
+        factors.extend(b.windows(2).map(|w| w[1] / w[0]));
+        bounds_of.push(b);
+    }
+    let mut used = vec![false; factors.len()];
+    let mut grouped: Vec<usize> = Vec::new();
+    for &(axis, pre, size) in refs {
+        let (Some(b), Some(&f0)) = (bounds_of.get(axis), first_factor.get(axis)) else {
+            return Err(err("bad mesh axis reference".into()));
+        };
+        let lo = b.iter().position(|&x| x == pre).unwrap_or(0);
+        let hi = b.iter().position(|&x| x == pre * size).unwrap_or(lo);
+        for f in f0 + lo..f0 + hi {
+            match used.get_mut(f) {
+                Some(u) if !*u => *u = true,
+                _ => return Err(err("mesh axes of the replica groups overlap; expected each axis once".into())),
+            }
+            grouped.push(f);
+        }
+    }
+    let rest: Vec<usize> = (0..factors.len()).filter(|f| !used.get(*f).copied().unwrap_or(true)).collect();
+    let num_groups: i64 = rest.iter().filter_map(|&f| factors.get(f)).product();
+    let group_size: i64 = grouped.iter().filter_map(|&f| factors.get(f)).product();
+    let perm: Vec<i64> = rest.iter().chain(grouped.iter()).map(|&f| f as i64).collect();
+    let identity = perm.iter().enumerate().all(|(i, &p)| i as i64 == p);
+    let iota = IotaReplicaGroups {
+        num_groups,
+        group_size,
+        reshape_dims: factors,
+        transpose_perm: if identity { Vec::new() } else { perm },
+    };
+    match device_ids {
+        None => Ok(ReplicaGroups::Iota(iota)),
+        Some(ids) => {
+            let Some(groups) = iota.expand() else { return Err(err("inconsistent mesh replica groups".into())) };
+            let mapped = groups
+                .into_iter()
+                .map(|g| g.into_iter().map(|i| usize::try_from(i).ok().and_then(|i| ids.get(i).copied()).unwrap_or(-1)).collect())
+                .collect();
+            Ok(ReplicaGroups::Explicit(mapped))
+        }
+    }
+}
+
+/// `{replicated}`, `{maximal device=N}`, `{manual}`, `{devices=[..]...}`, tuples `{{..}, {..}}`.
+/// Forms Peerless does not model (`{unknown}`, `shard_as`, ...) are kept as [`Sharding::Other`].
+pub(crate) fn sharding(c: &mut Cursor<'_>, depth: u32) -> PResult<Sharding> {
+    c.ws();
+    let start = c.pos;
+    if depth >= MAX_DEPTH {
+        return Err(c.err_found(&format!("sharding nested too deeply (more than {MAX_DEPTH} levels)")));
+    }
+    c.expect(b'{', "to open a sharding")?;
+    if c.peek() == Some(b'{') {
+        let mut elems = Vec::new();
+        loop {
+            elems.push(sharding(c, depth + 1)?);
+            if c.eat(b',') {
+                continue;
+            }
+            c.expect(b'}', "or ',' in the tuple sharding")?;
+            return Ok(Sharding::Tuple(elems));
+        }
+    }
+    if c.eat(b'}') {
+        return Ok(Sharding::Tuple(Vec::new()));
+    }
+    let mut kind: Option<Sharding> = None;
+    let mut unmodelled = false;
+    let mut tile: Option<(Vec<i64>, Vec<i64>)> = None;
+    let mut last_tile_dim_replicate = false;
+    let mut last_tile_dims: Vec<String> = Vec::new();
+    loop {
+        if c.eat(b'}') {
+            break;
+        }
+        let Some((ks, kw)) = c.ident() else {
+            return Err(c.err_found("expected a sharding keyword (replicated, manual, maximal, devices=...) or '}'"));
+        };
+        match kw {
+            "replicated" => kind = Some(Sharding::Replicated),
+            "manual" => kind = Some(Sharding::Manual),
+            "maximal" => {
+                if !c.eat_kw("device") {
+                    return Err(c.err_found("expected 'device=N' after 'maximal'"));
+                }
+                c.expect(b'=', "after 'device'")?;
+                kind = Some(Sharding::Maximal { device: c.uint("a device id")? });
+            }
+            "devices" => {
+                c.expect(b'=', "after 'devices'")?;
+                c.ws();
+                let ds = c.pos;
+                let dims = bracket_list(c, "tile assignment dimensions")?;
+                let devices = if c.peek() == Some(b'<') {
+                    let (reshape_dims, transpose_perm) = iota_tail(c)?;
+                    let total: i64 = reshape_dims.iter().try_fold(1i64, |a, &d| a.checked_mul(d)).unwrap_or(-1);
+                    let iota = IotaReplicaGroups { num_groups: 1, group_size: total, reshape_dims, transpose_perm };
+                    check_iota(c, ds, &iota)?;
+                    iota.expand().and_then(|g| g.into_iter().next()).unwrap_or_default()
+                } else {
+                    let mut v = Vec::new();
+                    loop {
+                        v.push(c.int("a device id")?);
+                        if v.len() as i64 > MAX_DEVICES {
+                            return Err(c.err_found("too many devices in the tile assignment"));
+                        }
+                        // A ',' followed by a number continues the list; anything else ends it.
+                        let save = c.pos;
+                        if c.eat(b',') && c.peek().is_some_and(|b| b.is_ascii_digit()) {
+                            continue;
+                        }
+                        c.pos = save;
+                        break;
+                    }
+                    v
+                };
+                let want = dims.iter().try_fold(1i64, |a, &d| a.checked_mul(d));
+                if want != Some(devices.len() as i64) || dims.iter().any(|&d| d < 1) {
+                    return Err(c.err_range(
+                        ds,
+                        c.pos,
+                        &format!(
+                            "tile assignment dims {dims:?} need {} devices but {} are given",
+                            want.map_or("too many".to_owned(), |w| w.to_string()),
+                            devices.len()
+                        ),
+                    ));
+                }
+                tile = Some((dims, devices));
+            }
+            "last_tile_dim_replicate" => last_tile_dim_replicate = true,
+            "last_tile_dims" => {
+                c.expect(b'=', "after 'last_tile_dims'")?;
+                c.expect(b'{', "to open last_tile_dims")?;
+                if !c.eat(b'}') {
+                    loop {
+                        match c.ident() {
+                            Some((_, t)) => last_tile_dims.push(t.to_owned()),
+                            None => return Err(c.err_found("expected a subgroup type (manual, replicated, ...)")),
+                        }
+                        if c.eat(b',') {
+                            continue;
+                        }
+                        c.expect(b'}', "or ',' in last_tile_dims")?;
+                        break;
+                    }
+                }
+            }
+            "metadata" => {
+                c.expect(b'=', "after 'metadata'")?;
+                c.balanced()?;
+            }
+            _ => {
+                let _ = ks;
+                unmodelled = true;
+                if c.eat(b'=') {
+                    if matches!(c.peek(), Some(b'{' | b'[' | b'(')) {
+                        c.balanced()?;
+                    } else {
+                        skip_word(c);
+                    }
+                } else if c.peek().is_some_and(|b| b.is_ascii_digit()) {
+                    // `shard_as 0` / `shard_like 1`.
+                    c.int("a sharding group id")?;
+                }
+            }
+        }
+    }
+    let raw = c.slice(start, c.pos);
+    if unmodelled {
+        return Ok(Sharding::Other(raw.to_owned()));
+    }
+    match (kind, tile) {
+        (None, Some((tile_dims, devices))) => {
+            Ok(Sharding::Tiled { tile_dims, devices, last_tile_dim_replicate, last_tile_dims })
+        }
+        (Some(k), None) => Ok(k),
+        _ => Ok(Sharding::Other(raw.to_owned())),
+    }
+}
+
+fn skip_word(c: &mut Cursor<'_>) {
+    c.ws();
+    while c.raw_peek().is_some_and(|b| !b.is_ascii_whitespace() && b != b'}' && b != b',') {
+        c.pos += 1;
+    }
+}

@@ -1,0 +1,465 @@
+//! `constant(...)` payloads, typed by the instruction's shape: scalars, nested
+//! `{...}` arrays, tuples `( a, b )`, and every element type's value syntax.
+//! Values are stored little-endian, row-major; s4/u4 one (sign-extended) byte each.
+
+use super::cursor::{Cursor, MAX_DEPTH, PResult};
+use crate::literal::{Array, Literal};
+use crate::types::{ArrayShape, PrimitiveType, Shape};
+
+pub(crate) fn parse_constant(c: &mut Cursor<'_>, shape: &Shape) -> PResult<Literal> {
+    literal(c, shape, 0)
+}
+
+fn literal(c: &mut Cursor<'_>, shape: &Shape, depth: u32) -> PResult<Literal> {
+    c.ws();
+    if depth >= MAX_DEPTH {
+        return Err(c.err_found(&format!("constant nested too deeply (more than {MAX_DEPTH} levels)")));
+    }
+    check_elided(c)?;
+    match shape {
+        Shape::Token => Err(c.err_found("token constants are not supported; expected an array or tuple shape")),
+        Shape::Tuple(elems) => {
+            c.expect(b'(', &format!("to open a tuple constant of shape {shape}"))?;
+            let mut out = Vec::with_capacity(elems.len());
+            for (i, e) in elems.iter().enumerate() {
+                if i > 0 {
+                    c.expect(b',', &format!("between tuple constant elements (shape {shape})"))?;
+                }
+                out.push(literal(c, e, depth + 1)?);
+            }
+            c.expect(b')', &format!("to close the tuple constant: shape {shape} has {} elements", elems.len()))?;
+            Ok(Literal::Tuple(out))
+        }
+        Shape::Array(a) => {
+            let size = a.ty.byte_size();
+            if a.ty == PrimitiveType::Token || size == 0 {
+                return Err(c.err_found(&format!("constants of type {} are not supported", a.ty)));
+            }
+            let mut data = Vec::new();
+            if a.dims.is_empty() {
+                element(c, a.ty, &mut data)?;
+            } else if c.peek() != Some(b'{') {
+                return Err(c.err_found(&format!("expected '{{' to open an array constant of shape {a}")));
+            } else {
+                let start = c.pos;
+                let total = a.element_count();
+                // `{}` stands for any zero-element array.
+                let save = c.pos;
+                c.pos += 1;
+                if total == 0 && c.eat(b'}') {
+                    // done
+                } else {
+                    c.pos = save;
+                    nested(c, a, 0, &mut data)?;
+                }
+                if data.len() != total * size {
+                    return Err(c.err_range(
+                        start,
+                        c.pos,
+                        &format!("constant has {} elements; expected {total} for shape {a}", data.len() / size),
+                    ));
+                }
+            }
+            Array::new(a.clone(), data)
+                .map(Literal::Array)
+                .map_err(|e| c.err_range(c.pos, c.pos, &format!("internal: {e}")))
+        }
+    }
+}
+
+/// XLA prints big constants as `{...}`: the values are not in the text.
+fn check_elided(c: &mut Cursor<'_>) -> PResult<()> {
+    let start = c.pos;
+    let save = c.pos;
+    let brace = c.eat(b'{');
+    if c.eat_str("...") {
+        let end = c.pos + usize::from(brace);
+        c.pos = save;
+        return Err(c.err_range(
+            start,
+            end,
+            "elided constant: XLA printed '{...}' instead of the values; expected the full literal \
+             (print with print_large_constants=true)",
+        ));
+    }
+    c.pos = save;
+    Ok(())
+}
+
+/// One brace level of an array constant: exactly `dims[dim]` entries.
+fn nested(c: &mut Cursor<'_>, a: &ArrayShape, dim: usize, out: &mut Vec<u8>) -> PResult<()> {
+    c.ws();
+    let open = c.pos;
+    c.expect(b'{', &format!("to open dimension {dim} of the array constant (shape {a})"))?;
+    check_elided_inner(c, open)?;
+    let want = a.dims.get(dim).copied().unwrap_or(0);
+    let inner = dim + 1 < a.dims.len();
+    let mut n: i64 = 0;
+    if !c.eat(b'}') {
+        loop {
+            if n >= want {
+                return Err(c.err_found(&format!(
+                    "too many entries in dimension {dim} of the array constant: shape {a} has {want}"
+                )));
+            }
+            if inner {
+                nested(c, a, dim + 1, out)?;
+            } else {
+                element(c, a.ty, out)?;
+            }
+            n += 1;
+            if c.eat(b',') {
+                continue;
+            }
+            if c.peek() != Some(b'}') {
+                return Err(c.err_found(&format!("expected ',' or '}}' in the array constant (shape {a})")));
+            }
+            c.pos += 1;
+            break;
+        }
+    }
+    if n != want {
+        return Err(c.err_range(
+            open,
+            c.pos,
+            &format!("dimension {dim} of the array constant has {n} entries; expected {want} for shape {a}"),
+        ));
+    }
+    Ok(())
+}
+
+fn check_elided_inner(c: &mut Cursor<'_>, open: usize) -> PResult<()> {
+    let save = c.pos;
+    if c.eat_str("...") {
+        let end = c.pos;
+        c.pos = save;
+        return Err(c.err_range(
+            open,
+            end + 1,
+            "elided constant: XLA printed '{...}' instead of the values; expected the full literal",
+        ));
+    }
+    Ok(())
+}
+
+/// The text of one value token: sign, digits, letters, `.`, exponent sign, and a
+/// `(0x...)` NaN payload.
+fn value_token<'a>(c: &mut Cursor<'a>) -> (usize, &'a str) {
+    c.ws();
+    let start = c.pos;
+    if matches!(c.raw_peek(), Some(b'-' | b'+')) {
+        c.pos += 1;
+    }
+    loop {
+        match c.raw_peek() {
+            Some(b) if b.is_ascii_alphanumeric() || b == b'.' || b == b'_' => c.pos += 1,
+            Some(b'+' | b'-')
+                if matches!(c.byte_at(c.pos.wrapping_sub(1)), Some(b'e' | b'E'))
+                    && c.slice(start, c.pos).trim_start_matches(['-', '+']).starts_with(|ch: char| ch.is_ascii_digit() || ch == '.') =>
+            {
+                c.pos += 1
+            }
+            _ => break,
+        }
+    }
+    let tok = c.slice(start, c.pos);
+    if tok.trim_start_matches(['-', '+']) == "nan" && c.raw_peek() == Some(b'(') {
+        while let Some(b) = c.raw_peek() {
+            c.pos += 1;
+            if b == b')' || b == b'\n' {
+                break;
+            }
+        }
+    }
+    (start, c.slice(start, c.pos))
+}
+
+/// Parses one element of type `ty` and appends its little-endian bytes.
+fn element(c: &mut Cursor<'_>, ty: PrimitiveType, out: &mut Vec<u8>) -> PResult<()> {
+    use PrimitiveType as T;
+    if ty.is_complex() {
+        c.expect(b'(', &format!("to open a {ty} value (real, imag)"))?;
+        let part = if ty == T::C64 { T::F32 } else { T::F64 };
+        element(c, part, out)?;
+        c.expect(b',', "between the real and imaginary parts")?;
+        element(c, part, out)?;
+        c.expect(b')', "to close the complex value")?;
+        return Ok(());
+    }
+    let (start, tok) = value_token(c);
+    let end = c.pos;
+    if tok.is_empty() {
+        return Err(c.err_found(&format!("expected a {ty} value")));
+    }
+    let bad = |c: &Cursor<'_>, what: &str| c.err_range(start, end, &format!("invalid {ty} value '{tok}'; expected {what}"));
+    match ty {
+        T::Pred => match tok {
+            "true" | "1" => out.push(1),
+            "false" | "0" => out.push(0),
+            _ => return Err(bad(c, "true or false")),
+        },
+        _ if ty.is_integral() => {
+            let Ok(v) = tok.parse::<i128>() else { return Err(bad(c, "an integer")) };
+            let (lo, hi): (i128, i128) = match ty {
+                T::S4 => (-8, 7),
+                T::S8 => (i8::MIN.into(), i8::MAX.into()),
+                T::S16 => (i16::MIN.into(), i16::MAX.into()),
+                T::S32 => (i32::MIN.into(), i32::MAX.into()),
+                T::S64 => (i64::MIN.into(), i64::MAX.into()),
+                T::U4 => (0, 15),
+                T::U8 => (0, u8::MAX.into()),
+                T::U16 => (0, u16::MAX.into()),
+                T::U32 => (0, u32::MAX.into()),
+                _ => (0, u64::MAX.into()),
+            };
+            if v < lo || v > hi {
+                return Err(c.err_range(start, end, &format!("integer {v} is out of range for {ty}; expected {lo}..={hi}")));
+            }
+            let bytes = v.to_le_bytes();
+            out.extend_from_slice(bytes.get(..ty.byte_size()).unwrap_or(&[]));
+        }
+        _ => {
+            let Some(v) = float_value(tok) else { return Err(bad(c, "a number, inf, -inf or nan")) };
+            match ty {
+                T::F32 => out.extend_from_slice(&f32_bits(tok, &v).to_le_bytes()),
+                T::F64 => out.extend_from_slice(&f64_bits(&v).to_le_bytes()),
+                T::F16 => out.extend_from_slice(&small_float_bits(&v, 10, half::f16::from_f64(v.value).to_bits()).to_le_bytes()),
+                T::Bf16 => out.extend_from_slice(&small_float_bits(&v, 7, half::bf16::from_f64(v.value).to_bits()).to_le_bytes()),
+                _ => match F8Format::of(ty) {
+                    Some(f) => out.push(f.encode(v.value)),
+                    None => {
+                        return Err(c.err_range(start, end, &format!("constants of type {ty} are not supported")));
+                    }
+                },
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A parsed float token: its value and, for NaNs, the payload written as `nan(0x..)`.
+struct FloatValue {
+    value: f64,
+    nan_payload: Option<u64>,
+}
+
+fn float_value(tok: &str) -> Option<FloatValue> {
+    let (neg, body) = match tok.as_bytes().first() {
+        Some(b'-') => (true, tok.get(1..)?),
+        Some(b'+') => (false, tok.get(1..)?),
+        _ => (false, tok),
+    };
+    let sign = if neg { -1.0 } else { 1.0 };
+    if body == "inf" {
+        return Some(FloatValue { value: sign * f64::INFINITY, nan_payload: None });
+    }
+    if body == "nan" {
+        return Some(FloatValue { value: if neg { -f64::NAN } else { f64::NAN }, nan_payload: None });
+    }
+    if let Some(p) = body.strip_prefix("nan(").and_then(|s| s.strip_suffix(')')) {
+        let hex = p.strip_prefix("0x").or_else(|| p.strip_prefix("0X"))?;
+        let payload = u64::from_str_radix(hex, 16).ok()?;
+        return Some(FloatValue { value: if neg { -f64::NAN } else { f64::NAN }, nan_payload: Some(payload) });
+    }
+    // Plain decimal: digits or '.' first (rejects words Rust would accept, like "infinity").
+    if !body.starts_with(|ch: char| ch.is_ascii_digit() || ch == '.') {
+        return None;
+    }
+    if !body.bytes().all(|b| b.is_ascii_digit() || matches!(b, b'.' | b'e' | b'E' | b'+' | b'-')) {
+        return None;
+    }
+    let v: f64 = body.parse().ok()?;
+    Some(FloatValue { value: sign * v, nan_payload: None })
+}
+
+fn f32_bits(tok: &str, v: &FloatValue) -> u32 {
+    if v.value.is_nan() {
+        let sign = if v.value.is_sign_negative() { 0x8000_0000 } else { 0 };
+        let payload = match v.nan_payload.map(|p| (p & 0x7f_ffff) as u32) {
+            Some(p) if p != 0 => p,
+            _ => 0x40_0000,
+        };
+        return sign | 0x7f80_0000 | payload;
+    }
+    // Decimal straight to f32 (one rounding), not through f64.
+    tok.parse::<f32>().ok().filter(|x| !x.is_nan()).unwrap_or(v.value as f32).to_bits()
+}
+
+fn f64_bits(v: &FloatValue) -> u64 {
+    if v.value.is_nan() {
+        let sign = if v.value.is_sign_negative() { 1u64 << 63 } else { 0 };
+        let payload = match v.nan_payload.map(|p| p & ((1 << 52) - 1)) {
+            Some(p) if p != 0 => p,
+            _ => 1 << 51,
+        };
+        return sign | (0x7ff << 52) | payload;
+    }
+    v.value.to_bits()
+}
+
+/// f16/bf16 bits: `rounded` (from `half`, round-to-nearest-even) except for NaNs,
+/// which keep their sign and payload (`mant_bits` wide).
+fn small_float_bits(v: &FloatValue, mant_bits: u32, rounded: u16) -> u16 {
+    if !v.value.is_nan() {
+        return rounded;
+    }
+    let sign: u16 = if v.value.is_sign_negative() { 0x8000 } else { 0 };
+    let exp_mask: u16 = !(0x8000 | ((1u16 << mant_bits) - 1));
+    let mask = (1u64 << mant_bits) - 1;
+    let payload = match v.nan_payload.map(|p| (p & mask) as u16) {
+        Some(p) if p != 0 => p,
+        _ => 1 << (mant_bits - 1),
+    };
+    sign | exp_mask | payload
+}
+
+/// An 8-bit float format: 1 sign bit, `exp` exponent bits, `mant` mantissa bits.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct F8Format {
+    exp: u32,
+    mant: u32,
+    bias: i32,
+    /// IEEE-like: the top exponent encodes inf (mantissa 0) and NaN.
+    ieee: bool,
+    /// "fnuz": no negative zero, the only NaN is 0x80, no infinity.
+    fnuz: bool,
+}
+
+impl F8Format {
+    pub(crate) fn of(ty: PrimitiveType) -> Option<Self> {
+        use PrimitiveType as T;
+        let f = |exp, mant, bias, ieee, fnuz| Some(F8Format { exp, mant, bias, ieee, fnuz });
+        match ty {
+            T::F8E5M2 => f(5, 2, 15, true, false),
+            T::F8E4M3 => f(4, 3, 7, true, false),
+            T::F8E3M4 => f(3, 4, 3, true, false),
+            T::F8E4M3FN => f(4, 3, 7, false, false),
+            T::F8E4M3FNUZ => f(4, 3, 8, false, true),
+            T::F8E5M2FNUZ => f(5, 2, 16, false, true),
+            T::F8E4M3B11FNUZ => f(4, 3, 11, false, true),
+            _ => None,
+        }
+    }
+
+    fn nan(self, neg: bool) -> u8 {
+        if self.fnuz {
+            0x80
+        } else {
+            let all = (1u8 << (self.exp + self.mant)) - 1; // exponent and mantissa all ones
+            all | if neg { 0x80 } else { 0 }
+        }
+    }
+
+    /// Rounds `v` to nearest (ties to even). Overflow gives inf where the format
+    /// has one, NaN otherwise (non-saturating, like XLA's conversions).
+    pub(crate) fn encode(self, v: f64) -> u8 {
+        let neg = v.is_sign_negative();
+        let sign: u8 = if neg { 0x80 } else { 0 };
+        if v.is_nan() {
+            return self.nan(neg);
+        }
+        let max_field: i32 = (1 << self.exp) - 1;
+        let mant_one: i64 = 1 << self.mant; // implicit leading one
+        let overflow = || {
+            if self.ieee { sign | ((max_field as u8) << self.mant) } else { self.nan(neg) }
+        };
+        if v.is_infinite() {
+            return overflow();
+        }
+        let a = v.abs();
+        if a == 0.0 {
+            return if self.fnuz { 0 } else { sign };
+        }
+        let emin = 1 - self.bias; // exponent of the smallest normal
+        // floor(log2(a)) exactly, from the f64 exponent (a is normal or subnormal f64).
+        let bits = a.to_bits();
+        let raw_exp = ((bits >> 52) & 0x7ff) as i32;
+        let e = if raw_exp == 0 { -1075 } else { raw_exp - 1023 }.max(emin);
+        // Scale so that one unit is the quantum at exponent e (exact: power-of-two scaling).
+        let scaled = a * pow2(self.mant as i32 - e);
+        let mut m = scaled.round_ties_even() as i64;
+        let mut e = e;
+        if m >= 2 * mant_one {
+            m /= 2;
+            e += 1;
+        }
+        if m == 0 {
+            return if self.fnuz { 0 } else { sign };
+        }
+        let field: i32 = if m < mant_one { 0 } else { e + self.bias };
+        let frac = (m & (mant_one - 1)) as u8;
+        // Largest finite encoding.
+        let (max_finite_field, max_finite_frac): (i32, u8) = if self.ieee {
+            (max_field - 1, (mant_one - 1) as u8)
+        } else if self.fnuz {
+            (max_field, (mant_one - 1) as u8)
+        } else {
+            (max_field, (mant_one - 2) as u8) // fn: S.1111.111 is NaN
+        };
+        if field > max_finite_field || (field == max_finite_field && frac > max_finite_frac) {
+            return overflow();
+        }
+        sign | ((field as u8) << self.mant) | frac
+    }
+}
+
+/// 2^k as f64 for |k| well inside the normal range.
+fn pow2(k: i32) -> f64 {
+    let k = k.clamp(-1000, 1000);
+    f64::from_bits(((k + 1023) as u64) << 52)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn f8_e4m3fn() {
+        let f = F8Format::of(PrimitiveType::F8E4M3FN).unwrap();
+        assert_eq!(f.encode(0.0), 0x00);
+        assert_eq!(f.encode(-0.0), 0x80);
+        assert_eq!(f.encode(1.0), 0x38);
+        assert_eq!(f.encode(-2.0), 0xC0);
+        assert_eq!(f.encode(448.0), 0x7E);
+        assert_eq!(f.encode(464.0), 0x7E); // tie rounds to even (0x7E), not to NaN
+        assert_eq!(f.encode(480.0), 0x7F); // overflow: NaN
+        assert_eq!(f.encode(f64::NAN), 0x7F);
+        assert_eq!(f.encode(2f64.powi(-9)), 0x01); // smallest subnormal
+        assert_eq!(f.encode(2f64.powi(-10)), 0x00); // tie to even: 0
+        assert_eq!(f.encode(3.0 * 2f64.powi(-10)), 0x02); // 1.5 quanta -> 2
+        assert_eq!(f.encode(1.0625), 0x38); // tie between 1.0 and 1.125 -> even (1.0)
+        assert_eq!(f.encode(1.1875), 0x3A); // tie between 1.125 and 1.25 -> even (1.25)
+        assert_eq!(f.encode(0.015625), 0x08); // 2^-6, smallest normal
+    }
+
+    #[test]
+    fn f8_e5m2() {
+        let f = F8Format::of(PrimitiveType::F8E5M2).unwrap();
+        assert_eq!(f.encode(1.0), 0x3C);
+        assert_eq!(f.encode(57344.0), 0x7B);
+        assert_eq!(f.encode(61440.0), 0x7C); // tie at max -> even: inf
+        assert_eq!(f.encode(f64::INFINITY), 0x7C);
+        assert_eq!(f.encode(f64::NEG_INFINITY), 0xFC);
+        assert_eq!(f.encode(f64::NAN), 0x7F);
+        assert_eq!(f.encode(2f64.powi(-16)), 0x01);
+        assert_eq!(f.encode(-1.5), 0xBE);
+    }
+
+    #[test]
+    fn f8_fnuz() {
+        let f = F8Format::of(PrimitiveType::F8E4M3FNUZ).unwrap();
+        assert_eq!(f.encode(-0.0), 0x00);
+        assert_eq!(f.encode(1.0), 0x40);
+        assert_eq!(f.encode(240.0), 0x7F);
+        assert_eq!(f.encode(f64::NAN), 0x80);
+        assert_eq!(f.encode(1e9), 0x80);
+    }
+
+    #[test]
+    fn floats() {
+        assert!(float_value("infinity").is_none());
+        assert!(float_value("1e-05").is_some());
+        assert_eq!(float_value("-2.5").unwrap().value, -2.5);
+        assert_eq!(float_value("nan(0x1)").unwrap().nan_payload, Some(1));
+    }
+}

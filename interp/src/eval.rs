@@ -1,0 +1,854 @@
+//! The lockstep evaluator: every instruction's value is one [`Literal`] per device.
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+
+use hlo::{Array, ArrayShape, CompId, InstrId, Instruction, Literal, Module, Opcode, PrimitiveType, Shape};
+
+use crate::ops::{self, OpResult};
+use crate::plan::{self, Plan};
+use crate::scalar::{self, Sc};
+use crate::{InterpError, Mode, describe};
+
+type R<T> = Result<T, InterpError>;
+
+/// Deepest nesting of called computations.
+const MAX_DEPTH: usize = 64;
+
+pub struct Interp<'a> {
+    pub m: &'a Module,
+    pub n: usize,
+    pub mode: Mode,
+    /// Sharding plan of the entry computation (partition mode).
+    pub plan: Option<&'a Plan>,
+}
+
+/// How a reduction computation combines values.
+enum Reducer {
+    /// `to_apply` is one binary op on its two scalar parameters.
+    Fast(Opcode),
+    Generic(CompId),
+}
+
+struct Ctx<'b> {
+    id: InstrId,
+    ins: &'b Instruction,
+}
+
+impl<'a> Interp<'a> {
+    fn desc(&self, id: InstrId) -> String {
+        describe(self.m, id)
+    }
+
+    fn rt(&self, c: &Ctx, why: impl Into<String>) -> InterpError {
+        InterpError::Runtime { instr: self.desc(c.id), why: why.into() }
+    }
+
+    fn unsupported(&self, c: &Ctx, why: impl Into<String>) -> InterpError {
+        InterpError::UnsupportedOp { op: c.ins.opcode.name().to_string(), instr: self.desc(c.id), why: why.into() }
+    }
+
+    fn dtype(&self, c: &Ctx, ty: PrimitiveType) -> InterpError {
+        InterpError::UnsupportedDtype { dtype: ty.name().to_string(), op: c.ins.opcode.name().to_string(), instr: self.desc(c.id) }
+    }
+
+    /// Evaluates computation `cid`; `args[p][d]` is parameter `p` on device `d`.
+    pub fn eval_comp(&self, cid: CompId, args: &[Vec<Literal>], depth: usize) -> R<Vec<Literal>> {
+        let comp = self.m.comps.get(cid).ok_or_else(|| InterpError::Runtime {
+            instr: format!("computation {cid}"),
+            why: "no such computation".into(),
+        })?;
+        if depth > MAX_DEPTH {
+            return Err(InterpError::Runtime {
+                instr: comp.name.clone(),
+                why: format!("calls nested deeper than {MAX_DEPTH}"),
+            });
+        }
+        let plan = if cid == self.m.entry { self.plan } else { None };
+        let mut vals: HashMap<InstrId, Vec<Literal>> = HashMap::new();
+        for &id in &comp.instrs {
+            let ins = self.m.instrs.get(id).ok_or_else(|| InterpError::Runtime {
+                instr: format!("{id} in {}", comp.name),
+                why: "no such instruction".into(),
+            })?;
+            let c = Ctx { id, ins };
+            let mut ops: Vec<Cow<Vec<Literal>>> = Vec::with_capacity(ins.operands.len());
+            for (k, o) in ins.operands.iter().enumerate() {
+                let v = vals.get(o).ok_or_else(|| self.rt(&c, format!("operand {k} ({o}) is not defined before use")))?;
+                match plan.and_then(|p| p.slices.get(&(id, k))) {
+                    Some(t) => {
+                        let mut cut = Vec::with_capacity(self.n);
+                        for (d, l) in v.iter().enumerate() {
+                            let a = l.as_array().ok_or_else(|| self.rt(&c, "cannot shard a tuple"))?;
+                            cut.push(Literal::Array(t.shard(a, d).map_err(|e| self.rt(&c, e))?));
+                        }
+                        ops.push(Cow::Owned(cut));
+                    }
+                    None => ops.push(Cow::Borrowed(v)),
+                }
+            }
+            let expected = match plan.and_then(|p| p.tags.get(&id)) {
+                Some(t) => t.local_shape(&ins.shape),
+                None => ins.shape.clone(),
+            };
+            let ops: Vec<&Vec<Literal>> = ops.iter().map(|c| c.as_ref()).collect();
+            let out = self.eval_instr(&c, &ops, args, &expected, depth)?;
+            if out.len() != self.n {
+                return Err(self.rt(&c, "internal: wrong number of device values"));
+            }
+            for (d, v) in out.iter().enumerate() {
+                let got = v.shape();
+                if !got.compatible(&expected) {
+                    return Err(self.rt(&c, format!("device {d} produced {got}, expected {expected}")));
+                }
+            }
+            vals.insert(id, out);
+        }
+        let mut root = vals.remove(&comp.root).ok_or_else(|| InterpError::Runtime {
+            instr: comp.name.clone(),
+            why: "root instruction not evaluated".into(),
+        })?;
+        if let Some(p) = plan
+            && p.root_slices.iter().any(Option::is_some)
+        {
+            for (d, v) in root.iter_mut().enumerate() {
+                let shape = v.shape();
+                let mut leaves = Vec::new();
+                for (leaf, t) in v.leaves().into_iter().zip(&p.root_slices) {
+                    leaves.push(match t {
+                        Some(t) => t.shard(leaf, d).map_err(|why| InterpError::Runtime { instr: self.desc(comp.root), why })?,
+                        None => leaf.clone(),
+                    });
+                }
+                *v = Literal::from_leaves(&shape, &mut leaves.into_iter()).ok_or_else(|| InterpError::Runtime {
+                    instr: self.desc(comp.root),
+                    why: "internal: result leaves".into(),
+                })?;
+            }
+        }
+        Ok(root)
+    }
+
+    /// Runs `f` for every device.
+    fn per_dev(&self, mut f: impl FnMut(usize) -> R<Literal>) -> R<Vec<Literal>> {
+        (0..self.n).map(&mut f).collect()
+    }
+
+    fn arr<'l>(&self, c: &Ctx, l: &'l Literal) -> R<&'l Array> {
+        l.as_array().ok_or_else(|| self.rt(c, "expected an array operand"))
+    }
+
+    fn out_array<'s>(&self, c: &Ctx, s: &'s Shape) -> R<&'s ArrayShape> {
+        s.as_array().ok_or_else(|| self.rt(c, "expected an array result shape"))
+    }
+
+    fn wrap(&self, c: &Ctx, r: OpResult<Array>) -> R<Literal> {
+        r.map(Literal::Array).map_err(|e| self.rt(c, e))
+    }
+
+    fn scalars_of(&self, c: &Ctx, a: &Array) -> R<Vec<Sc>> {
+        ops::scalars(a).ok_or_else(|| self.dtype(c, a.shape.ty))
+    }
+
+    fn index_scalar(&self, c: &Ctx, l: &Literal) -> R<i64> {
+        let a = self.arr(c, l)?;
+        if a.element_count() != 1 {
+            return Err(self.rt(c, "start index is not a scalar"));
+        }
+        self.scalars_of(c, a)?[0].as_index().ok_or_else(|| self.rt(c, "start index is not an integer"))
+    }
+
+    fn dims_attr<'s>(&self, c: &'s Ctx) -> R<&'s [i64]> {
+        c.ins.attrs.dimensions.as_deref().ok_or_else(|| self.rt(c, "missing dimensions={...}"))
+    }
+
+    fn eval_instr(
+        &self,
+        c: &Ctx,
+        ops: &[&Vec<Literal>],
+        args: &[Vec<Literal>],
+        expected: &Shape,
+        depth: usize,
+    ) -> R<Vec<Literal>> {
+        use Opcode::*;
+        let ins = c.ins;
+        let need = |k: usize| -> R<()> {
+            if ops.len() < k { Err(self.rt(c, format!("needs {k} operands, has {}", ops.len()))) } else { Ok(()) }
+        };
+        match ins.opcode {
+            Parameter => {
+                let p = ins.attrs.parameter_number.ok_or_else(|| self.rt(c, "parameter without number"))?;
+                let v = usize::try_from(p).ok().and_then(|p| args.get(p)).ok_or_else(|| self.rt(c, "no argument"))?;
+                if v.len() != self.n {
+                    return Err(self.rt(c, "internal: argument device count"));
+                }
+                Ok(v.clone())
+            }
+            Constant => {
+                let l = ins.attrs.literal.as_ref().ok_or_else(|| self.rt(c, "constant without literal"))?;
+                Ok(vec![l.clone(); self.n])
+            }
+            Tuple => self.per_dev(|d| Ok(Literal::Tuple(ops.iter().map(|o| o[d].clone()).collect()))),
+            GetTupleElement => {
+                need(1)?;
+                let i = ins.attrs.tuple_index.ok_or_else(|| self.rt(c, "missing index"))?;
+                self.per_dev(|d| match &ops[0][d] {
+                    Literal::Tuple(t) => {
+                        usize::try_from(i).ok().and_then(|i| t.get(i)).cloned().ok_or_else(|| self.rt(c, "index out of range"))
+                    }
+                    _ => Err(self.rt(c, "operand is not a tuple")),
+                })
+            }
+            Copy | OptimizationBarrier | AddDependency => {
+                need(1)?;
+                Ok(ops[0].clone())
+            }
+            AfterAll => Ok(vec![Literal::Token; self.n]),
+            CopyStart => {
+                need(1)?;
+                self.per_dev(|d| {
+                    Ok(Literal::Tuple(vec![ops[0][d].clone(), ops[0][d].clone(), Array::scalar(0u32).into()]))
+                })
+            }
+            CopyDone => {
+                need(1)?;
+                self.per_dev(|d| self.tuple_elem(c, &ops[0][d], 0))
+            }
+            Bitcast | Reshape => {
+                need(1)?;
+                let out = self.out_array(c, expected)?;
+                self.per_dev(|d| {
+                    let a = self.arr(c, &ops[0][d])?;
+                    if ins.opcode == Bitcast && a.data.len() == out.byte_size() {
+                        return Ok(Literal::Array(Array { shape: out.clone(), data: a.data.clone() }));
+                    }
+                    if a.shape.ty != out.ty {
+                        return Err(self.rt(c, "reshape changes the element type"));
+                    }
+                    self.wrap(c, ops::reshape(a, out))
+                })
+            }
+            Broadcast => {
+                need(1)?;
+                let out = self.out_array(c, expected)?;
+                let dims = self.dims_attr(c)?;
+                self.per_dev(|d| self.wrap(c, ops::broadcast(self.arr(c, &ops[0][d])?, out, dims)))
+            }
+            Transpose => {
+                need(1)?;
+                let dims = self.dims_attr(c)?;
+                self.per_dev(|d| self.wrap(c, ops::transpose(self.arr(c, &ops[0][d])?, dims)))
+            }
+            Slice => {
+                need(1)?;
+                let sl = ins.attrs.slice.as_deref().ok_or_else(|| self.rt(c, "missing slice={...}"))?;
+                self.per_dev(|d| self.wrap(c, ops::slice(self.arr(c, &ops[0][d])?, sl)))
+            }
+            DynamicSlice => {
+                need(1)?;
+                let out = self.out_array(c, expected)?;
+                let sizes = ins.attrs.dynamic_slice_sizes.clone().unwrap_or_else(|| out.dims.clone());
+                self.per_dev(|d| {
+                    let starts = ops[1..].iter().map(|o| self.index_scalar(c, &o[d])).collect::<R<Vec<_>>>()?;
+                    self.wrap(c, ops::dynamic_slice(self.arr(c, &ops[0][d])?, &starts, &sizes))
+                })
+            }
+            DynamicUpdateSlice => {
+                need(2)?;
+                self.per_dev(|d| {
+                    let starts = ops[2..].iter().map(|o| self.index_scalar(c, &o[d])).collect::<R<Vec<_>>>()?;
+                    let a = self.arr(c, &ops[0][d])?;
+                    let u = self.arr(c, &ops[1][d])?;
+                    self.wrap(c, ops::dynamic_update_slice(a, u, &starts))
+                })
+            }
+            Concatenate => {
+                let dims = self.dims_attr(c)?;
+                let &[dim] = dims else { return Err(self.rt(c, "concatenate needs one dimension")) };
+                self.per_dev(|d| {
+                    let parts = ops.iter().map(|o| self.arr(c, &o[d])).collect::<R<Vec<_>>>()?;
+                    self.wrap(c, ops::concatenate(&parts, dim))
+                })
+            }
+            Pad => {
+                need(2)?;
+                let cfg = ins.attrs.padding.as_deref().ok_or_else(|| self.rt(c, "missing padding="))?;
+                self.per_dev(|d| self.wrap(c, ops::pad(self.arr(c, &ops[0][d])?, self.arr(c, &ops[1][d])?, cfg)))
+            }
+            Iota => {
+                let out = self.out_array(c, expected)?;
+                if !out.ty.is_computable() {
+                    return Err(self.dtype(c, out.ty));
+                }
+                let dim = ins.attrs.iota_dimension.ok_or_else(|| self.rt(c, "missing iota_dimension"))?;
+                let a = self.wrap(c, ops::iota(out, dim))?;
+                Ok(vec![a; self.n])
+            }
+            Reverse => {
+                need(1)?;
+                let dims = self.dims_attr(c)?;
+                self.per_dev(|d| self.wrap(c, ops::reverse(self.arr(c, &ops[0][d])?, dims)))
+            }
+            Convert => {
+                need(1)?;
+                let out = self.out_array(c, expected)?;
+                self.per_dev(|d| {
+                    let a = self.arr(c, &ops[0][d])?;
+                    let vals = self.scalars_of(c, a)?;
+                    let conv =
+                        vals.into_iter().map(|v| scalar::convert(v, out.ty)).collect::<Option<Vec<_>>>().ok_or_else(|| self.dtype(c, out.ty))?;
+                    self.wrap(c, ops::from_scalars(out.ty, a.shape.dims.clone(), &conv))
+                })
+            }
+            BitcastConvert => {
+                need(1)?;
+                let out = self.out_array(c, expected)?;
+                self.per_dev(|d| {
+                    let a = self.arr(c, &ops[0][d])?;
+                    for ty in [a.shape.ty, out.ty] {
+                        if matches!(ty, PrimitiveType::S4 | PrimitiveType::U4 | PrimitiveType::Pred | PrimitiveType::Token) {
+                            return Err(self.dtype(c, ty));
+                        }
+                    }
+                    if a.data.len() != out.byte_size() {
+                        return Err(self.rt(c, format!("bitcast-convert of {} to {out} changes the byte size", a.shape)));
+                    }
+                    Ok(Literal::Array(Array { shape: out.clone(), data: a.data.clone() }))
+                })
+            }
+            op if op.is_elementwise_unary() => {
+                need(1)?;
+                if matches!(op, Real | Imag | Erf) {
+                    return Err(self.unsupported(c, "not implemented by the interpreter"));
+                }
+                self.per_dev(|d| {
+                    let a = self.arr(c, &ops[0][d])?;
+                    let vals = self.scalars_of(c, a)?;
+                    let out = vals.into_iter().map(|v| scalar::unary(op, v)).collect::<Option<Vec<_>>>();
+                    let out = out.ok_or_else(|| self.dtype(c, a.shape.ty))?;
+                    let ty = out.first().map_or(if op == IsFinite { PrimitiveType::Pred } else { a.shape.ty }, |v| v.ty());
+                    self.wrap(c, ops::from_scalars(ty, a.shape.dims.clone(), &out))
+                })
+            }
+            Compare => {
+                need(2)?;
+                let dir = ins.attrs.comparison_direction.ok_or_else(|| self.rt(c, "missing direction"))?;
+                let total = ins.attrs.comparison_type.as_deref() == Some("TOTALORDER");
+                self.per_dev(|d| {
+                    let (a, b) = (self.arr(c, &ops[0][d])?, self.arr(c, &ops[1][d])?);
+                    self.same_shape(c, a, b)?;
+                    let (x, y) = (self.scalars_of(c, a)?, self.scalars_of(c, b)?);
+                    let out = x
+                        .iter()
+                        .zip(&y)
+                        .map(|(&p, &q)| scalar::compare(dir, total, p, q).map(Sc::Pred))
+                        .collect::<Option<Vec<_>>>()
+                        .ok_or_else(|| self.dtype(c, a.shape.ty))?;
+                    self.wrap(c, ops::from_scalars(PrimitiveType::Pred, a.shape.dims.clone(), &out))
+                })
+            }
+            Complex => Err(self.unsupported(c, "complex numbers are not computed")),
+            op if op.is_elementwise_binary() => {
+                need(2)?;
+                self.per_dev(|d| {
+                    let (a, b) = (self.arr(c, &ops[0][d])?, self.arr(c, &ops[1][d])?);
+                    self.same_shape(c, a, b)?;
+                    let (x, y) = (self.scalars_of(c, a)?, self.scalars_of(c, b)?);
+                    let out = x
+                        .iter()
+                        .zip(&y)
+                        .map(|(&p, &q)| scalar::binary(op, p, q))
+                        .collect::<Option<Vec<_>>>()
+                        .ok_or_else(|| self.dtype(c, a.shape.ty))?;
+                    self.wrap(c, ops::from_scalars(a.shape.ty, a.shape.dims.clone(), &out))
+                })
+            }
+            Select => {
+                need(3)?;
+                self.per_dev(|d| {
+                    let p = self.arr(c, &ops[0][d])?;
+                    let (t, f) = (self.arr(c, &ops[1][d])?, self.arr(c, &ops[2][d])?);
+                    self.same_shape(c, t, f)?;
+                    if p.shape.ty != PrimitiveType::Pred || (p.shape.rank() != 0 && p.shape.dims != t.shape.dims) {
+                        return Err(self.rt(c, format!("bad predicate {} for {}", p.shape, t.shape)));
+                    }
+                    let es = t.shape.ty.byte_size();
+                    let mut data = f.data.clone();
+                    for i in 0..t.element_count() {
+                        let pi = if p.shape.rank() == 0 { 0 } else { i };
+                        if p.data[pi] != 0 {
+                            data[i * es..(i + 1) * es].copy_from_slice(&t.data[i * es..(i + 1) * es]);
+                        }
+                    }
+                    Ok(Literal::Array(Array { shape: t.shape.clone(), data }))
+                })
+            }
+            Clamp => {
+                need(3)?;
+                self.per_dev(|d| {
+                    let (lo, x, hi) = (self.arr(c, &ops[0][d])?, self.arr(c, &ops[1][d])?, self.arr(c, &ops[2][d])?);
+                    for b in [lo, hi] {
+                        if b.shape.ty != x.shape.ty || (b.shape.rank() != 0 && b.shape.dims != x.shape.dims) {
+                            return Err(self.rt(c, format!("bad clamp bound {} for {}", b.shape, x.shape)));
+                        }
+                    }
+                    let (l, v, h) = (self.scalars_of(c, lo)?, self.scalars_of(c, x)?, self.scalars_of(c, hi)?);
+                    let pick = |s: &[Sc], i: usize| if s.len() == 1 { s[0] } else { s[i] };
+                    let out = (0..v.len())
+                        .map(|i| {
+                            scalar::binary(Maximum, v[i], pick(&l, i)).and_then(|m| scalar::binary(Minimum, m, pick(&h, i)))
+                        })
+                        .collect::<Option<Vec<_>>>()
+                        .ok_or_else(|| self.dtype(c, x.shape.ty))?;
+                    self.wrap(c, ops::from_scalars(x.shape.ty, x.shape.dims.clone(), &out))
+                })
+            }
+            Reduce => self.reduce(c, ops, depth),
+            Dot => {
+                need(2)?;
+                let out = self.out_array(c, expected)?;
+                let dd = ins.attrs.dot.clone().unwrap_or_default();
+                self.per_dev(|d| {
+                    let (a, b) = (self.arr(c, &ops[0][d])?, self.arr(c, &ops[1][d])?);
+                    for ty in [a.shape.ty, b.shape.ty, out.ty] {
+                        if !ty.is_computable() || ty == PrimitiveType::Pred {
+                            return Err(self.dtype(c, ty));
+                        }
+                    }
+                    self.wrap(c, ops::dot(a, b, &dd, out.ty))
+                })
+            }
+            Call => {
+                let callee = *ins.called.first().ok_or_else(|| self.rt(c, "call without computation"))?;
+                let args: Vec<Vec<Literal>> = ops.iter().map(|o| (*o).clone()).collect();
+                self.check_args(c, callee, &args)?;
+                self.eval_comp(callee, &args, depth + 1)
+            }
+            CustomCall => {
+                let target = ins.attrs.custom_call_target.as_deref().unwrap_or("");
+                if !plan::is_sharding_call(target) {
+                    return Err(self.unsupported(c, format!("custom-call target \"{target}\" is not supported")));
+                }
+                if self.mode == Mode::Replica && target != "Sharding" && target != "xla.sdy.FuncResultSharding" {
+                    return Err(self.unsupported(c, format!("\"{target}\" (shard_map) needs Mode::Partition")));
+                }
+                need(1)?;
+                if ops.len() == 1 && !expected.is_tuple() {
+                    Ok(ops[0].clone())
+                } else {
+                    self.per_dev(|d| Ok(Literal::Tuple(ops.iter().map(|o| o[d].clone()).collect())))
+                }
+            }
+            ReplicaId | PartitionId => {
+                let mine = (ins.opcode == ReplicaId) == (self.mode == Mode::Replica);
+                self.per_dev(|d| Ok(Array::scalar(if mine { d as u32 } else { 0 }).into()))
+            }
+            AllReduce | AllReduceStart => self.all_reduce(c, ops, depth, false),
+            ReduceScatter => self.all_reduce(c, ops, depth, true),
+            AllReduceDone | CollectivePermuteDone | AllGatherDone => {
+                need(1)?;
+                if ins.opcode == AllReduceDone {
+                    return Ok(ops[0].clone());
+                }
+                self.per_dev(|d| self.tuple_elem(c, &ops[0][d], 1))
+            }
+            AllGather | AllGatherStart => self.all_gather(c, ops, expected),
+            AllToAll => self.all_to_all(c, ops, expected),
+            CollectivePermute | CollectivePermuteStart => self.collective_permute(c, ops, expected),
+            CollectiveBroadcast => {
+                need(1)?;
+                let groups = self.groups(c)?;
+                let mut out = vec![Literal::Token; self.n];
+                for g in &groups {
+                    for &m in g {
+                        out[m] = ops[0][g[0]].clone();
+                    }
+                }
+                Ok(out)
+            }
+            op => Err(self.unsupported(c, format!("'{op}' is not executed by Peerless"))),
+        }
+    }
+
+    fn tuple_elem(&self, c: &Ctx, l: &Literal, i: usize) -> R<Literal> {
+        match l {
+            Literal::Tuple(t) => t.get(i).cloned().ok_or_else(|| self.rt(c, "tuple too short")),
+            _ => Err(self.rt(c, "operand is not a tuple")),
+        }
+    }
+
+    fn same_shape(&self, c: &Ctx, a: &Array, b: &Array) -> R<()> {
+        if a.shape.compatible(&b.shape) {
+            Ok(())
+        } else {
+            Err(self.rt(c, format!("operand shapes differ: {} vs {}", a.shape, b.shape)))
+        }
+    }
+
+    fn check_args(&self, c: &Ctx, callee: CompId, args: &[Vec<Literal>]) -> R<()> {
+        let comp = self.m.comps.get(callee).ok_or_else(|| self.rt(c, "no such computation"))?;
+        if comp.params.len() != args.len() {
+            return Err(self.rt(c, format!("{} takes {} parameters, given {}", comp.name, comp.params.len(), args.len())));
+        }
+        for (i, (&p, a)) in comp.params.iter().zip(args).enumerate() {
+            let want = &self.m.instr(p).shape;
+            if let Some(v) = a.iter().find(|v| !v.shape().compatible(want)) {
+                return Err(self.rt(c, format!("argument {i} of {} has shape {}, expected {want}", comp.name, v.shape())));
+            }
+        }
+        Ok(())
+    }
+
+    // ---- reductions ----
+
+    fn reducer(&self, comp: CompId) -> Reducer {
+        let Some(cm) = self.m.comps.get(comp) else { return Reducer::Generic(comp) };
+        if cm.params.len() == 2 && cm.instrs.len() == 3 {
+            let root = self.m.instr(cm.root);
+            let (p0, p1) = (cm.params[0], cm.params[1]);
+            let scalar_ty = |id: InstrId| self.m.instr(id).shape.as_array().filter(|a| a.rank() == 0).map(|a| a.ty);
+            let same = scalar_ty(p0).is_some() && scalar_ty(p0) == scalar_ty(p1) && scalar_ty(p0) == scalar_ty(cm.root);
+            let ops_ok = root.operands == [p0, p1] || root.operands == [p1, p0];
+            if same
+                && ops_ok
+                && matches!(
+                    root.opcode,
+                    Opcode::Add | Opcode::Multiply | Opcode::Maximum | Opcode::Minimum | Opcode::And | Opcode::Or | Opcode::Xor
+                )
+            {
+                return Reducer::Fast(root.opcode);
+            }
+        }
+        Reducer::Generic(comp)
+    }
+
+    /// Applies the reducer: `accs` and `xs` are one element of each of the N reduced values.
+    fn combine(&self, c: &Ctx, r: &Reducer, accs: &[Sc], xs: &[Sc], depth: usize) -> R<Vec<Sc>> {
+        match r {
+            Reducer::Fast(op) => {
+                let v = scalar::binary(*op, accs[0], xs[0]).ok_or_else(|| self.dtype(c, accs[0].ty()))?;
+                Ok(vec![v])
+            }
+            Reducer::Generic(comp) => {
+                let sub = Interp { m: self.m, n: 1, mode: self.mode, plan: None };
+                let args: Vec<Vec<Literal>> = accs
+                    .iter()
+                    .chain(xs)
+                    .map(|&s| {
+                        let mut data = vec![0u8; s.ty().byte_size()];
+                        s.write(&mut data);
+                        vec![Literal::Array(Array { shape: ArrayShape::scalar(s.ty()), data })]
+                    })
+                    .collect();
+                self.check_args(c, *comp, &args)?;
+                let out = sub.eval_comp(*comp, &args, depth + 1)?;
+                let leaves = out[0].leaves();
+                if leaves.len() != accs.len() {
+                    return Err(self.rt(c, "reduction computation returns the wrong number of values"));
+                }
+                leaves
+                    .iter()
+                    .map(|a| {
+                        if a.element_count() != 1 {
+                            return Err(self.rt(c, "reduction computation returns a non-scalar"));
+                        }
+                        Ok(self.scalars_of(c, a)?[0])
+                    })
+                    .collect()
+            }
+        }
+    }
+
+    fn reduce(&self, c: &Ctx, ops: &[&Vec<Literal>], depth: usize) -> R<Vec<Literal>> {
+        let ins = c.ins;
+        let comp = *ins.called.first().ok_or_else(|| self.rt(c, "reduce without to_apply"))?;
+        let red = self.reducer(comp);
+        if ops.is_empty() || ops.len() % 2 != 0 {
+            return Err(self.rt(c, "reduce needs N inputs and N init values"));
+        }
+        let nv = ops.len() / 2;
+        let rdims = self.dims_attr(c)?;
+        self.per_dev(|d| {
+            let inputs = ops[..nv].iter().map(|o| self.arr(c, &o[d])).collect::<R<Vec<_>>>()?;
+            let inits = ops[nv..].iter().map(|o| self.arr(c, &o[d])).collect::<R<Vec<_>>>()?;
+            let in_dims = &inputs[0].shape.dims;
+            let rank = in_dims.len();
+            if inputs.iter().any(|a| &a.shape.dims != in_dims) || inits.iter().any(|a| a.shape.rank() != 0) {
+                return Err(self.rt(c, "reduce inputs differ in shape or inits are not scalars"));
+            }
+            let mut seen = vec![false; rank];
+            for &r in rdims {
+                if r < 0 || r as usize >= rank || std::mem::replace(&mut seen[r as usize], true) {
+                    return Err(self.rt(c, format!("bad reduce dimensions {rdims:?} for rank {rank}")));
+                }
+            }
+            let kept: Vec<usize> = (0..rank).filter(|&k| !seen[k]).collect();
+            let out_dims: Vec<i64> = kept.iter().map(|&k| in_dims[k]).collect();
+            let out_count: usize = out_dims.iter().map(|&x| x as usize).product();
+            let mut out_strides = vec![0usize; rank];
+            let mut s = 1;
+            for &k in kept.iter().rev() {
+                out_strides[k] = s;
+                s *= in_dims[k] as usize;
+            }
+            let xs = inputs.iter().map(|a| self.scalars_of(c, a)).collect::<R<Vec<_>>>()?;
+            let init = inits.iter().map(|a| Ok(self.scalars_of(c, a)?[0])).collect::<R<Vec<_>>>()?;
+            let mut acc: Vec<Vec<Sc>> = (0..out_count).map(|_| init.clone()).collect();
+            let dims: Vec<usize> = in_dims.iter().map(|&x| x as usize).collect();
+            let mut err = None;
+            let mut xv = vec![init[0]; nv];
+            ops::for_each_index(&dims, |idx, flat| {
+                if err.is_some() {
+                    return;
+                }
+                let o: usize = idx.iter().zip(&out_strides).map(|(i, s)| i * s).sum();
+                for k in 0..nv {
+                    xv[k] = xs[k][flat];
+                }
+                match self.combine(c, &red, &acc[o], &xv, depth) {
+                    Ok(v) => acc[o] = v,
+                    Err(e) => err = Some(e),
+                }
+            });
+            if let Some(e) = err {
+                return Err(e);
+            }
+            let mut results = Vec::with_capacity(nv);
+            for k in 0..nv {
+                let vals: Vec<Sc> = acc.iter().map(|a| a[k]).collect();
+                let ty = vals.first().map_or(inits[k].shape.ty, |v| v.ty());
+                results.push(Literal::Array(ops::from_scalars(ty, out_dims.clone(), &vals).map_err(|e| self.rt(c, e))?));
+            }
+            Ok(if nv == 1 && !ins.shape.is_tuple() { results.pop().unwrap_or(Literal::Token) } else { Literal::Tuple(results) })
+        })
+    }
+
+    // ---- collectives ----
+
+    /// Groups of device ids for a collective, following XLA's CollectiveOpGroupMode.
+    pub fn groups(&self, c: &Ctx) -> R<Vec<Vec<usize>>> {
+        let a = &c.ins.attrs;
+        let listed = match &a.replica_groups {
+            None => Vec::new(),
+            Some(g) => g.groups().ok_or_else(|| self.rt(c, format!("inconsistent replica_groups {g}")))?,
+        };
+        // Partition mode without a channel id: groups of replicas within each partition;
+        // there is one replica, so every device is alone.
+        let (space, singles) = if self.mode == Mode::Partition && a.channel_id.is_none() { (1, true) } else { (self.n, false) };
+        let groups: Vec<Vec<i64>> = if listed.is_empty() { vec![(0..space as i64).collect()] } else { listed };
+        let mut seen = vec![false; space];
+        for g in &groups {
+            for &id in g {
+                let ok = id >= 0 && (id as usize) < space && !std::mem::replace(&mut seen[id as usize], true);
+                if !ok {
+                    return Err(self.rt(
+                        c,
+                        format!(
+                            "replica_groups {:?}: id {id} is out of range (< {space}) or repeated",
+                            c.ins.attrs.replica_groups.as_ref().map(|g| g.to_string())
+                        ),
+                    ));
+                }
+            }
+        }
+        if seen.iter().any(|&s| !s) {
+            return Err(self.rt(
+                c,
+                format!(
+                    "replica_groups {} do not cover all {space} ids",
+                    c.ins.attrs.replica_groups.as_ref().map_or("{}".into(), |g| g.to_string())
+                ),
+            ));
+        }
+        if singles {
+            return Ok((0..self.n).map(|d| vec![d]).collect());
+        }
+        Ok(groups.into_iter().map(|g| g.into_iter().map(|x| x as usize).collect()).collect())
+    }
+
+    /// The array operands of a (possibly variadic) collective on every device: `[operand][device]`.
+    fn arrays<'l>(&self, c: &Ctx, ops: &[&'l Vec<Literal>]) -> R<Vec<Vec<&'l Array>>> {
+        if ops.is_empty() {
+            return Err(self.rt(c, "collective without operands"));
+        }
+        ops.iter().map(|o| o.iter().map(|l| self.arr(c, l)).collect()).collect()
+    }
+
+    /// Packs per-operand results into each device's value (a tuple when variadic).
+    fn pack(&self, results: Vec<Vec<Array>>, tuple: bool) -> Vec<Literal> {
+        let mut per_dev: Vec<Vec<Literal>> = vec![Vec::new(); self.n];
+        for r in results {
+            for (d, a) in r.into_iter().enumerate() {
+                per_dev[d].push(Literal::Array(a));
+            }
+        }
+        per_dev
+            .into_iter()
+            .map(|mut v| if !tuple && v.len() == 1 { v.pop().unwrap_or(Literal::Token) } else { Literal::Tuple(v) })
+            .collect()
+    }
+
+    fn all_reduce(&self, c: &Ctx, ops: &[&Vec<Literal>], depth: usize, scatter: bool) -> R<Vec<Literal>> {
+        let comp = *c.ins.called.first().ok_or_else(|| self.rt(c, "missing to_apply"))?;
+        let red = self.reducer(comp);
+        let groups = self.groups(c)?;
+        let arrays = self.arrays(c, ops)?;
+        let mut results: Vec<Vec<Array>> = Vec::new();
+        for per_dev in &arrays {
+            let mut out: Vec<Option<Array>> = vec![None; self.n];
+            for g in &groups {
+                let first = per_dev[g[0]];
+                if g.iter().any(|&m| !per_dev[m].shape.compatible(&first.shape)) {
+                    return Err(self.rt(c, "group members' operands differ in shape"));
+                }
+                let mut acc = self.scalars_of(c, first)?;
+                for &m in &g[1..] {
+                    let xs = self.scalars_of(c, per_dev[m])?;
+                    for (a, &x) in acc.iter_mut().zip(&xs) {
+                        *a = self.combine(c, &red, &[*a], &[x], depth)?[0];
+                    }
+                }
+                let ty = acc.first().map_or(first.shape.ty, |v| v.ty());
+                let full = ops::from_scalars(ty, first.shape.dims.clone(), &acc).map_err(|e| self.rt(c, e))?;
+                for (k, &m) in g.iter().enumerate() {
+                    out[m] = Some(if scatter { self.block(c, &full, g.len(), k)? } else { full.clone() });
+                }
+            }
+            results.push(out.into_iter().collect::<Option<Vec<_>>>().ok_or_else(|| self.rt(c, "device not in a group"))?);
+        }
+        Ok(self.pack(results, c.ins.shape.is_tuple()))
+    }
+
+    /// Block `k` of `g` along the collective's dimension.
+    fn block(&self, c: &Ctx, a: &Array, g: usize, k: usize) -> R<Array> {
+        let &[dim] = self.dims_attr(c)? else { return Err(self.rt(c, "needs one dimension")) };
+        if dim < 0 || dim as usize >= a.shape.rank() {
+            return Err(self.rt(c, format!("dimension {dim} out of range for {}", a.shape)));
+        }
+        let size = a.shape.dims[dim as usize];
+        if g == 0 || size % g as i64 != 0 {
+            return Err(self.rt(c, format!("dimension {dim} of {} does not split into {g} blocks", a.shape)));
+        }
+        let b = size / g as i64;
+        let mut starts = vec![0; a.shape.rank()];
+        starts[dim as usize] = b * k as i64;
+        let mut dims = a.shape.dims.clone();
+        dims[dim as usize] = b;
+        Ok(ops::window(a, &starts, ArrayShape::new(a.shape.ty, dims)))
+    }
+
+    fn all_gather(&self, c: &Ctx, ops: &[&Vec<Literal>], expected: &Shape) -> R<Vec<Literal>> {
+        let &[dim] = self.dims_attr(c)? else { return Err(self.rt(c, "all-gather needs one dimension")) };
+        let groups = self.groups(c)?;
+        let arrays = self.arrays(c, ops)?;
+        let mut results: Vec<Vec<Array>> = Vec::new();
+        for per_dev in &arrays {
+            let mut out: Vec<Option<Array>> = vec![None; self.n];
+            for g in &groups {
+                let parts: Vec<&Array> = g.iter().map(|&m| per_dev[m]).collect();
+                let full = ops::concatenate(&parts, dim).map_err(|e| self.rt(c, e))?;
+                for &m in g {
+                    out[m] = Some(full.clone());
+                }
+            }
+            results.push(out.into_iter().collect::<Option<Vec<_>>>().ok_or_else(|| self.rt(c, "device not in a group"))?);
+        }
+        if c.ins.opcode == Opcode::AllGatherStart {
+            // (operand, result), or ((operands), (results)) when variadic.
+            let variadic = matches!(expected.tuple_elements(), Some([Shape::Tuple(_), ..]));
+            let gathered = self.pack(results, variadic);
+            return Ok((0..self.n)
+                .map(|d| {
+                    let input = if variadic {
+                        Literal::Tuple(ops.iter().map(|o| o[d].clone()).collect())
+                    } else {
+                        ops[0][d].clone()
+                    };
+                    Literal::Tuple(vec![input, gathered[d].clone()])
+                })
+                .collect());
+        }
+        Ok(self.pack(results, expected.is_tuple()))
+    }
+
+    fn all_to_all(&self, c: &Ctx, ops: &[&Vec<Literal>], expected: &Shape) -> R<Vec<Literal>> {
+        let groups = self.groups(c)?;
+        let arrays = self.arrays(c, ops)?;
+        let mut out: Vec<Option<Literal>> = vec![None; self.n];
+        match c.ins.attrs.dimensions.as_deref() {
+            Some(&[split]) => {
+                if arrays.len() != 1 {
+                    return Err(self.unsupported(c, "variadic array-form all-to-all"));
+                }
+                let per_dev = &arrays[0];
+                for g in &groups {
+                    for (i, &me) in g.iter().enumerate() {
+                        let chunks =
+                            g.iter().map(|&sender| self.block(c, per_dev[sender], g.len(), i)).collect::<R<Vec<_>>>()?;
+                        let refs: Vec<&Array> = chunks.iter().collect();
+                        let got = ops::concatenate(&refs, split).map_err(|e| self.rt(c, e))?;
+                        out[me] = Some(Literal::Array(got));
+                    }
+                }
+            }
+            None | Some(&[]) => {
+                for g in &groups {
+                    if arrays.len() != g.len() {
+                        return Err(self.rt(c, format!("{} operands for a group of {}", arrays.len(), g.len())));
+                    }
+                    for (p, &me) in g.iter().enumerate() {
+                        let got: Vec<Literal> = g.iter().map(|&sender| Literal::Array(arrays[p][sender].clone())).collect();
+                        out[me] = Some(if expected.is_tuple() {
+                            Literal::Tuple(got)
+                        } else {
+                            got.into_iter().next().unwrap_or(Literal::Token)
+                        });
+                    }
+                }
+            }
+            Some(d) => return Err(self.rt(c, format!("all-to-all dimensions {d:?}"))),
+        }
+        out.into_iter().collect::<Option<Vec<_>>>().ok_or_else(|| self.rt(c, "device not in a group"))
+    }
+
+    fn collective_permute(&self, c: &Ctx, ops: &[&Vec<Literal>], expected: &Shape) -> R<Vec<Literal>> {
+        if ops.len() != 1 {
+            return Err(self.unsupported(c, "in-place (multi-operand) collective-permute"));
+        }
+        let pairs = c.ins.attrs.source_target_pairs.as_deref().unwrap_or(&[]);
+        let space = if self.mode == Mode::Partition && c.ins.attrs.channel_id.is_none() { 1 } else { self.n };
+        let mut is_src = vec![false; space];
+        let mut is_tgt = vec![false; space];
+        for &(s, t) in pairs {
+            let ok = |x: i64| x >= 0 && (x as usize) < space;
+            if !ok(s) || !ok(t) {
+                return Err(self.rt(c, format!("source_target_pair {{{s},{t}}} out of range (< {space})")));
+            }
+            if std::mem::replace(&mut is_src[s as usize], true) || std::mem::replace(&mut is_tgt[t as usize], true) {
+                return Err(self.rt(c, format!("source_target_pairs repeat a source or target: {pairs:?}")));
+            }
+        }
+        let zero_like = |l: &Literal| Literal::zeros(&l.shape());
+        let result: Vec<Literal> = if space == 1 {
+            // Cross-replica within each partition: only (0,0) is possible.
+            ops[0].iter().map(|l| if pairs.is_empty() { zero_like(l) } else { l.clone() }).collect()
+        } else {
+            let mut r: Vec<Literal> = ops[0].iter().map(zero_like).collect();
+            for &(s, t) in pairs {
+                r[t as usize] = ops[0][s as usize].clone();
+            }
+            r
+        };
+        if c.ins.opcode == Opcode::CollectivePermuteStart {
+            let elems = expected.tuple_elements().ok_or_else(|| self.rt(c, "start must return a tuple"))?;
+            return Ok((0..self.n)
+                .map(|d| {
+                    let mut t = vec![ops[0][d].clone(), result[d].clone()];
+                    t.extend(elems.iter().skip(2).map(Literal::zeros));
+                    Literal::Tuple(t)
+                })
+                .collect());
+        }
+        Ok(result)
+    }
+}

@@ -1,0 +1,408 @@
+//! Array operations on raw row-major bytes (data movement works for every element type,
+//! F8 and s4/u4 included) and elementwise maps through [`Sc`].
+//!
+//! Every function validates its attributes against the operands' actual shapes and
+//! returns `Err(reason)` instead of panicking; the evaluator adds the instruction's name.
+
+use hlo::{Array, ArrayShape, DotDims, PadDim, PrimitiveType, SliceDim};
+
+use crate::scalar::{self, Sc};
+
+pub type OpResult<T> = Result<T, String>;
+
+/// Largest array the interpreter will allocate (elements).
+pub const MAX_ELEMENTS: usize = 1 << 31;
+
+/// Validates dimensions (non-negative, bounded size) and builds a shape.
+pub fn shape(ty: PrimitiveType, dims: Vec<i64>) -> OpResult<ArrayShape> {
+    let mut count: usize = 1;
+    for &d in &dims {
+        if d < 0 {
+            return Err(format!("negative dimension in {dims:?}"));
+        }
+        count = count.checked_mul(d as usize).filter(|&c| c <= MAX_ELEMENTS).ok_or("array too large")?;
+    }
+    Ok(ArrayShape::new(ty, dims))
+}
+
+fn udims(s: &ArrayShape) -> Vec<usize> {
+    s.dims.iter().map(|&d| d.max(0) as usize).collect()
+}
+
+/// Calls `f(out_index, out_flat)` for every index of `dims` in row-major order.
+pub fn for_each_index(dims: &[usize], mut f: impl FnMut(&[usize], usize)) {
+    let count: usize = dims.iter().product();
+    let mut idx = vec![0usize; dims.len()];
+    for flat in 0..count {
+        f(&idx, flat);
+        for k in (0..dims.len()).rev() {
+            idx[k] += 1;
+            if idx[k] < dims[k] {
+                break;
+            }
+            idx[k] = 0;
+        }
+    }
+}
+
+/// Builds an array of `out` by copying, for each output index, the source element
+/// `src(index)` (a flat index into `a`), or leaving the fill bytes where it is `None`.
+fn gather_by(a: &Array, out: ArrayShape, fill: Option<&[u8]>, mut src: impl FnMut(&[usize]) -> Option<usize>) -> Array {
+    let es = a.shape.ty.byte_size();
+    let mut data = vec![0u8; out.byte_size()];
+    if let Some(f) = fill
+        && f.len() == es
+        && es > 0
+    {
+        for chunk in data.chunks_exact_mut(es) {
+            chunk.copy_from_slice(f);
+        }
+    }
+    let od = udims(&out);
+    for_each_index(&od, |idx, flat| {
+        if let Some(s) = src(idx) {
+            data[flat * es..(flat + 1) * es].copy_from_slice(&a.data[s * es..(s + 1) * es]);
+        }
+    });
+    Array { shape: out, data }
+}
+
+/// The window of `a` starting at `starts` with shape `out` (same type); positions outside
+/// `a` read as zero bytes.
+pub fn window(a: &Array, starts: &[i64], out: ArrayShape) -> Array {
+    let dims = udims(&a.shape);
+    let strides = a.shape.strides();
+    gather_by(a, out, None, |idx| {
+        let mut s = 0;
+        for k in 0..idx.len() {
+            let p = starts[k] + idx[k] as i64;
+            if p < 0 || p as usize >= dims[k] {
+                return None;
+            }
+            s += p as usize * strides[k];
+        }
+        Some(s)
+    })
+}
+
+pub fn reshape(a: &Array, out: &ArrayShape) -> OpResult<Array> {
+    if out.element_count() != a.element_count() || out.ty.byte_size() != a.shape.ty.byte_size() {
+        return Err(format!("cannot reshape {} to {}", a.shape, out));
+    }
+    Ok(Array { shape: ArrayShape::new(out.ty, out.dims.clone()), data: a.data.clone() })
+}
+
+pub fn broadcast(a: &Array, out: &ArrayShape, dims: &[i64]) -> OpResult<Array> {
+    if dims.len() != a.shape.rank() {
+        return Err(format!("broadcast dimensions {dims:?} do not match operand rank {}", a.shape.rank()));
+    }
+    for (i, &d) in dims.iter().enumerate() {
+        if d < 0 || d as usize >= out.rank() || out.dims[d as usize] != a.shape.dims[i] {
+            return Err(format!("broadcast of {} to {} with dimensions {dims:?}", a.shape, out));
+        }
+    }
+    let strides = a.shape.strides();
+    let out = ArrayShape::new(a.shape.ty, out.dims.clone());
+    Ok(gather_by(a, out, None, |idx| Some(dims.iter().enumerate().map(|(i, &d)| idx[d as usize] * strides[i]).sum())))
+}
+
+pub fn transpose(a: &Array, perm: &[i64]) -> OpResult<Array> {
+    let rank = a.shape.rank();
+    let mut seen = vec![false; rank];
+    for &p in perm {
+        if p < 0 || p as usize >= rank || std::mem::replace(&mut seen[p as usize], true) {
+            return Err(format!("bad permutation {perm:?} for rank {rank}"));
+        }
+    }
+    if perm.len() != rank {
+        return Err(format!("bad permutation {perm:?} for rank {rank}"));
+    }
+    let strides = a.shape.strides();
+    let out = ArrayShape::new(a.shape.ty, perm.iter().map(|&p| a.shape.dims[p as usize]).collect());
+    Ok(gather_by(a, out, None, |idx| Some(perm.iter().enumerate().map(|(i, &p)| idx[i] * strides[p as usize]).sum())))
+}
+
+pub fn slice(a: &Array, sl: &[SliceDim]) -> OpResult<Array> {
+    if sl.len() != a.shape.rank() {
+        return Err(format!("slice has {} dimensions, operand rank {}", sl.len(), a.shape.rank()));
+    }
+    let mut dims = Vec::new();
+    for (k, s) in sl.iter().enumerate() {
+        if s.start < 0 || s.stride < 1 || s.limit < s.start || s.limit > a.shape.dims[k] {
+            return Err(format!("bad slice [{}:{}:{}] of dimension {k} (size {})", s.start, s.limit, s.stride, a.shape.dims[k]));
+        }
+        dims.push((s.limit - s.start + s.stride - 1) / s.stride);
+    }
+    let strides = a.shape.strides();
+    let out = ArrayShape::new(a.shape.ty, dims);
+    Ok(gather_by(a, out, None, |idx| {
+        Some(idx.iter().enumerate().map(|(k, &i)| (sl[k].start as usize + i * sl[k].stride as usize) * strides[k]).sum())
+    }))
+}
+
+/// Clamps dynamic start indices into `[0, dim - size]` as XLA does.
+pub fn clamp_starts(dims: &[i64], sizes: &[i64], starts: &[i64]) -> OpResult<Vec<i64>> {
+    if starts.len() != dims.len() || sizes.len() != dims.len() {
+        return Err(format!("{} start indices for rank {}", starts.len(), dims.len()));
+    }
+    let mut out = Vec::new();
+    for k in 0..dims.len() {
+        if sizes[k] < 0 || sizes[k] > dims[k] {
+            return Err(format!("slice size {} exceeds dimension {k} of size {}", sizes[k], dims[k]));
+        }
+        out.push(starts[k].clamp(0, dims[k] - sizes[k]));
+    }
+    Ok(out)
+}
+
+pub fn dynamic_slice(a: &Array, starts: &[i64], sizes: &[i64]) -> OpResult<Array> {
+    let s = clamp_starts(&a.shape.dims, sizes, starts)?;
+    Ok(window(a, &s, ArrayShape::new(a.shape.ty, sizes.to_vec())))
+}
+
+pub fn dynamic_update_slice(a: &Array, upd: &Array, starts: &[i64]) -> OpResult<Array> {
+    if upd.shape.ty != a.shape.ty {
+        return Err(format!("update type {} differs from operand {}", upd.shape.ty, a.shape.ty));
+    }
+    let s = clamp_starts(&a.shape.dims, &upd.shape.dims, starts)?;
+    let es = a.shape.ty.byte_size();
+    let strides = a.shape.strides();
+    let mut out = a.clone();
+    for_each_index(&udims(&upd.shape), |idx, flat| {
+        let dst: usize = idx.iter().enumerate().map(|(k, &i)| (s[k] as usize + i) * strides[k]).sum();
+        out.data[dst * es..(dst + 1) * es].copy_from_slice(&upd.data[flat * es..(flat + 1) * es]);
+    });
+    Ok(out)
+}
+
+pub fn concatenate(parts: &[&Array], dim: i64) -> OpResult<Array> {
+    let first = parts.first().ok_or("concatenate of nothing")?;
+    let rank = first.shape.rank();
+    if dim < 0 || dim as usize >= rank {
+        return Err(format!("concatenate dimension {dim} out of range for rank {rank}"));
+    }
+    let d = dim as usize;
+    let mut total = 0;
+    for p in parts {
+        let same = p.shape.ty == first.shape.ty
+            && p.shape.rank() == rank
+            && (0..rank).all(|k| k == d || p.shape.dims[k] == first.shape.dims[k]);
+        if !same {
+            return Err(format!("cannot concatenate {} with {} along {d}", first.shape, p.shape));
+        }
+        total += p.shape.dims[d];
+    }
+    let mut dims = first.shape.dims.clone();
+    dims[d] = total;
+    let out = shape(first.shape.ty, dims)?;
+    // Row-major: the result is, for each index of the dimensions before `d`, the parts'
+    // contiguous blocks one after another.
+    let outer: usize = first.shape.dims[..d].iter().map(|&x| x as usize).product();
+    let es = first.shape.ty.byte_size();
+    let mut data = Vec::with_capacity(out.byte_size());
+    for o in 0..outer {
+        for p in parts {
+            let block = p.shape.dims[d..].iter().map(|&x| x as usize).product::<usize>() * es;
+            data.extend_from_slice(&p.data[o * block..(o + 1) * block]);
+        }
+    }
+    Ok(Array { shape: out, data })
+}
+
+pub fn pad(a: &Array, value: &Array, cfg: &[PadDim]) -> OpResult<Array> {
+    if cfg.len() != a.shape.rank() || value.shape.ty != a.shape.ty || value.element_count() != 1 {
+        return Err(format!("bad pad of {} with {} and {} padding dims", a.shape, value.shape, cfg.len()));
+    }
+    let mut dims = Vec::new();
+    for (k, p) in cfg.iter().enumerate() {
+        let n = a.shape.dims[k];
+        if p.interior < 0 {
+            return Err("negative interior padding".into());
+        }
+        let inner = if n == 0 { 0 } else { n + (n - 1) * p.interior };
+        let size = p.lo + inner + p.hi;
+        if size < 0 {
+            return Err(format!("padding makes dimension {k} negative"));
+        }
+        dims.push(size);
+    }
+    let out = shape(a.shape.ty, dims)?;
+    let strides = a.shape.strides();
+    let src_dims = udims(&a.shape);
+    Ok(gather_by(a, out, Some(&value.data), |idx| {
+        let mut s = 0;
+        for k in 0..idx.len() {
+            let rel = idx[k] as i64 - cfg[k].lo;
+            let step = cfg[k].interior + 1;
+            if rel < 0 || rel % step != 0 {
+                return None;
+            }
+            let i = (rel / step) as usize;
+            if i >= src_dims[k] {
+                return None;
+            }
+            s += i * strides[k];
+        }
+        Some(s)
+    }))
+}
+
+pub fn reverse(a: &Array, dims: &[i64]) -> OpResult<Array> {
+    let rank = a.shape.rank();
+    if dims.iter().any(|&d| d < 0 || d as usize >= rank) {
+        return Err(format!("reverse dimensions {dims:?} out of range for rank {rank}"));
+    }
+    let strides = a.shape.strides();
+    let ad = udims(&a.shape);
+    Ok(gather_by(a, a.shape.clone(), None, |idx| {
+        Some(
+            (0..idx.len())
+                .map(|k| {
+                    let i = if dims.contains(&(k as i64)) { ad[k] - 1 - idx[k] } else { idx[k] };
+                    i * strides[k]
+                })
+                .sum(),
+        )
+    }))
+}
+
+/// Reads every element as a scalar. `None` for a type Peerless does not compute with.
+pub fn scalars(a: &Array) -> Option<Vec<Sc>> {
+    let es = a.shape.ty.byte_size();
+    if !a.shape.ty.is_computable() {
+        return None;
+    }
+    a.data.chunks_exact(es).map(|b| Sc::read(a.shape.ty, b)).collect()
+}
+
+/// Builds an array from scalars (all of type `ty`).
+pub fn from_scalars(ty: PrimitiveType, dims: Vec<i64>, vals: &[Sc]) -> OpResult<Array> {
+    let shape = shape(ty, dims)?;
+    let es = ty.byte_size();
+    if vals.len() != shape.element_count() {
+        return Err("internal: element count mismatch".into());
+    }
+    let mut data = vec![0u8; shape.byte_size()];
+    for (i, v) in vals.iter().enumerate() {
+        if v.ty() != ty {
+            return Err(format!("internal: {} element in {ty} array", v.ty()));
+        }
+        v.write(&mut data[i * es..(i + 1) * es]);
+    }
+    Ok(Array { shape, data })
+}
+
+pub fn iota(out: &ArrayShape, dim: i64) -> OpResult<Array> {
+    if dim < 0 || dim as usize >= out.rank() {
+        return Err(format!("iota dimension {dim} out of range for {out}"));
+    }
+    let mut vals = Vec::with_capacity(out.element_count());
+    let mut err = None;
+    for_each_index(&udims(out), |idx, _| match scalar::convert(Sc::S64(idx[dim as usize] as i64), out.ty) {
+        Some(v) => vals.push(v),
+        None => err = Some(format!("iota of {}", out.ty)),
+    });
+    if let Some(e) = err {
+        return Err(e);
+    }
+    from_scalars(out.ty, out.dims.clone(), &vals)
+}
+
+/// Accumulator types of `dot`.
+enum Acc {
+    F32(Vec<f32>, Vec<f32>),
+    F64(Vec<f64>, Vec<f64>),
+    I64(Vec<i64>, Vec<i64>),
+}
+
+fn widen_f(v: &[Sc]) -> Vec<f64> {
+    v.iter()
+        .map(|&s| match scalar::convert(s, PrimitiveType::F64) {
+            Some(Sc::F64(x)) => x,
+            _ => 0.0,
+        })
+        .collect()
+}
+
+fn widen_i(v: &[Sc]) -> Vec<i64> {
+    v.iter()
+        .map(|&s| match s {
+            Sc::U64(x) => x as i64,
+            other => other.as_index().unwrap_or(0),
+        })
+        .collect()
+}
+
+/// `dot` with general dimension numbers. Floats accumulate in f32 (f64 when any side is
+/// f64) and round once to the result type; integers accumulate with wrapping arithmetic.
+pub fn dot(l: &Array, r: &Array, dd: &DotDims, out_ty: PrimitiveType) -> OpResult<Array> {
+    let lr = l.shape.rank() as i64;
+    let rr = r.shape.rank() as i64;
+    let all_l: Vec<i64> = dd.lhs_batch.iter().chain(&dd.lhs_contracting).copied().collect();
+    let all_r: Vec<i64> = dd.rhs_batch.iter().chain(&dd.rhs_contracting).copied().collect();
+    if all_l.iter().any(|&d| d < 0 || d >= lr)
+        || all_r.iter().any(|&d| d < 0 || d >= rr)
+        || dd.lhs_batch.len() != dd.rhs_batch.len()
+        || dd.lhs_contracting.len() != dd.rhs_contracting.len()
+    {
+        return Err("bad dot dimension numbers".into());
+    }
+    for (a, b) in all_l.iter().zip(&all_r) {
+        if l.shape.dims[*a as usize] != r.shape.dims[*b as usize] {
+            return Err(format!("dot dimension {a} of {} does not match dimension {b} of {}", l.shape, r.shape));
+        }
+    }
+    let lfree: Vec<i64> = (0..lr).filter(|d| !all_l.contains(d)).collect();
+    let rfree: Vec<i64> = (0..rr).filter(|d| !all_r.contains(d)).collect();
+    let lperm: Vec<i64> = dd.lhs_batch.iter().chain(&lfree).chain(&dd.lhs_contracting).copied().collect();
+    let rperm: Vec<i64> = dd.rhs_batch.iter().chain(&dd.rhs_contracting).chain(&rfree).copied().collect();
+    if lperm.len() != lr as usize || rperm.len() != rr as usize {
+        return Err("dot dimension repeated".into());
+    }
+    let lt = transpose(l, &lperm)?;
+    let rt = transpose(r, &rperm)?;
+    let prod = |s: &ArrayShape, ds: &[i64]| ds.iter().map(|&d| s.dims[d as usize] as usize).product::<usize>();
+    let b = prod(&l.shape, &dd.lhs_batch);
+    let m = prod(&l.shape, &lfree);
+    let k = prod(&l.shape, &dd.lhs_contracting);
+    let n = prod(&r.shape, &rfree);
+    let mut dims: Vec<i64> = dd.lhs_batch.iter().map(|&d| l.shape.dims[d as usize]).collect();
+    dims.extend(lfree.iter().map(|&d| l.shape.dims[d as usize]));
+    dims.extend(rfree.iter().map(|&d| r.shape.dims[d as usize]));
+    let out_shape = shape(out_ty, dims)?;
+    let (ls, rs) = match (scalars(&lt), scalars(&rt)) {
+        (Some(a), Some(b)) => (a, b),
+        _ => return Err("dot operand type is not computable".into()),
+    };
+    let (lt_ty, rt_ty) = (l.shape.ty, r.shape.ty);
+    let acc = if lt_ty.is_float() || rt_ty.is_float() || out_ty.is_float() {
+        if lt_ty == PrimitiveType::F64 || rt_ty == PrimitiveType::F64 || out_ty == PrimitiveType::F64 {
+            Acc::F64(widen_f(&ls), widen_f(&rs))
+        } else {
+            let f = |v: &[Sc]| widen_f(v).into_iter().map(|x| x as f32).collect();
+            Acc::F32(f(&ls), f(&rs))
+        }
+    } else if lt_ty == PrimitiveType::Pred || rt_ty == PrimitiveType::Pred {
+        return Err("dot of pred".into());
+    } else {
+        Acc::I64(widen_i(&ls), widen_i(&rs))
+    };
+    let mut out = Vec::with_capacity(b * m * n);
+    for bi in 0..b {
+        for i in 0..m {
+            for j in 0..n {
+                let li = |kk: usize| (bi * m + i) * k + kk;
+                let ri = |kk: usize| (bi * k + kk) * n + j;
+                let v = match &acc {
+                    Acc::F32(x, y) => Sc::F32((0..k).fold(0f32, |s, kk| s + x[li(kk)] * y[ri(kk)])),
+                    Acc::F64(x, y) => Sc::F64((0..k).fold(0f64, |s, kk| s + x[li(kk)] * y[ri(kk)])),
+                    Acc::I64(x, y) => {
+                        Sc::S64((0..k).fold(0i64, |s, kk| s.wrapping_add(x[li(kk)].wrapping_mul(y[ri(kk)]))))
+                    }
+                };
+                out.push(scalar::convert(v, out_ty).ok_or(format!("dot result type {out_ty}"))?);
+            }
+        }
+    }
+    from_scalars(out_ty, out_shape.dims, &out)
+}

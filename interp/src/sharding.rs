@@ -1,0 +1,279 @@
+//! Shardings, reduced to what the interpreter needs: how many tiles each dimension has
+//! and which tile each device holds ([`Tiling`]). Built from HLO shardings
+//! (`sharding={devices=[..]..}`) or from Shardy's string attributes
+//! (`#sdy.sharding<@mesh, [{"x"}, {}]>` with the module's `xla.sdy.meshes`).
+
+use hlo::{Array, ArrayShape, Module, Sharding};
+
+/// A tiled layout of an array over devices. Uneven dimensions are padded: every shard
+/// has `ceil(dim / count)` elements along a dimension, as XLA's partitioner lays them out.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Tiling {
+    /// Tiles per array dimension.
+    pub counts: Vec<i64>,
+    /// `coords[d]`: the tile device `d` holds (one index per dimension); `None` when only
+    /// the local shape is known (so a full value cannot be cut into shards).
+    pub coords: Option<Vec<Vec<i64>>>,
+}
+
+impl Tiling {
+    /// True when no dimension is split (the value is replicated).
+    pub fn is_trivial(&self) -> bool {
+        self.counts.iter().all(|&c| c == 1)
+    }
+
+    /// The shard shape of a global array shape.
+    pub fn shard_shape(&self, global: &ArrayShape) -> ArrayShape {
+        let dims = global
+            .dims
+            .iter()
+            .zip(self.counts.iter().chain(std::iter::repeat(&1)))
+            .map(|(&g, &c)| if c <= 1 { g } else { (g + c - 1) / c })
+            .collect();
+        ArrayShape::new(global.ty, dims)
+    }
+
+    /// Device `d`'s shard of a full (global) array; padding beyond the array is zero.
+    pub fn shard(&self, a: &Array, d: usize) -> Result<Array, String> {
+        let coords = self
+            .coords
+            .as_ref()
+            .and_then(|c| c.get(d))
+            .ok_or_else(|| format!("the tile of device {d} is unknown, so a full value cannot be sharded"))?;
+        if coords.len() != a.shape.rank() {
+            return Err(format!("sharding of rank {} applied to {}", coords.len(), a.shape));
+        }
+        let local = self.shard_shape(&a.shape);
+        let starts: Vec<i64> = coords.iter().zip(&local.dims).map(|(&c, &s)| c * s).collect();
+        Ok(crate::ops::window(a, &starts, local))
+    }
+}
+
+/// Converts an HLO sharding for an array of `rank` dimensions on `n` devices.
+/// `Ok(None)`: replicated, manual, maximal or unknown (the full value on every device).
+pub fn from_hlo(s: &Sharding, rank: usize, n: usize) -> Result<Option<Tiling>, String> {
+    let Sharding::Tiled { tile_dims, devices, last_tile_dim_replicate, last_tile_dims } = s else {
+        return Ok(None);
+    };
+    let extra = *last_tile_dim_replicate as usize + last_tile_dims.len();
+    if tile_dims.len() != rank + extra {
+        return Err(format!("sharding has {} tile dimensions, array has rank {rank}", tile_dims.len()));
+    }
+    if tile_dims.iter().any(|&t| t < 1) {
+        return Err("sharding has a tile dimension < 1".into());
+    }
+    let total: i64 = tile_dims.iter().product();
+    if total as usize != devices.len() {
+        return Err(format!("sharding lists {} devices for {total} tiles", devices.len()));
+    }
+    if devices.len() != n {
+        return Err(format!("sharding spans {} devices, running on {n}", devices.len()));
+    }
+    let mut coords: Vec<Option<Vec<i64>>> = vec![None; n];
+    let mut idx = vec![0i64; tile_dims.len()];
+    for &dev in devices {
+        let slot = usize::try_from(dev).ok().and_then(|d| coords.get_mut(d)).ok_or(format!("device {dev} ≥ {n}"))?;
+        if slot.is_some() {
+            return Err(format!("device {dev} appears twice in the sharding"));
+        }
+        *slot = Some(idx[..rank].to_vec());
+        for k in (0..idx.len()).rev() {
+            idx[k] += 1;
+            if idx[k] < tile_dims[k] {
+                break;
+            }
+            idx[k] = 0;
+        }
+    }
+    let coords = coords.into_iter().collect::<Option<Vec<_>>>().ok_or("not every device holds a tile")?;
+    Ok(Some(Tiling { counts: tile_dims[..rank].to_vec(), coords: Some(coords) }))
+}
+
+/// A Shardy mesh: named axes with sizes, and the device at each mesh position.
+#[derive(Clone, Debug)]
+struct Mesh {
+    axes: Vec<(String, i64)>,
+    device_ids: Option<Vec<i64>>,
+}
+
+fn strip(s: &str) -> String {
+    s.replace('\\', "")
+}
+
+/// Finds the bracketed text starting at `open` (which must be `[`, `{` or `<`), returning the
+/// inside and the index after the closing bracket.
+fn bracketed(s: &str, open: usize) -> Option<(&str, usize)> {
+    let b = s.as_bytes();
+    let (o, c) = match b.get(open)? {
+        b'[' => (b'[', b']'),
+        b'{' => (b'{', b'}'),
+        b'<' => (b'<', b'>'),
+        _ => return None,
+    };
+    let mut depth = 0;
+    for (i, &ch) in b.iter().enumerate().skip(open) {
+        if ch == o {
+            depth += 1;
+        } else if ch == c {
+            depth -= 1;
+            if depth == 0 {
+                return Some((&s[open + 1..i], i + 1));
+            }
+        }
+    }
+    None
+}
+
+fn quoted(s: &str) -> Vec<String> {
+    s.split('"').skip(1).step_by(2).map(str::to_string).collect()
+}
+
+fn parse_mesh(body: &str) -> Result<Mesh, String> {
+    // body: `["a"=2, "b"=4], device_ids=[...]` (the inside of `#sdy.mesh<...>`).
+    let start = body.find('[').ok_or("mesh without axes")?;
+    let (axes_s, after) = bracketed(body, start).ok_or("unbalanced mesh")?;
+    let mut axes = Vec::new();
+    for part in axes_s.split(',').filter(|p| !p.trim().is_empty()) {
+        let (name, size) = part.split_once('=').ok_or(format!("bad mesh axis '{part}'"))?;
+        let name = quoted(name).into_iter().next().ok_or(format!("bad mesh axis '{part}'"))?;
+        let size: i64 = size.trim().parse().map_err(|_| format!("bad mesh axis size '{part}'"))?;
+        axes.push((name, size));
+    }
+    let rest = &body[after..];
+    let device_ids = match rest.find("device_ids") {
+        Some(p) => {
+            let open = rest[p..].find('[').ok_or("bad device_ids")? + p;
+            let (ids, _) = bracketed(rest, open).ok_or("bad device_ids")?;
+            Some(
+                ids.split(',')
+                    .map(|x| x.trim().parse::<i64>().map_err(|_| format!("bad device id '{x}'")))
+                    .collect::<Result<Vec<_>, _>>()?,
+            )
+        }
+        None => None,
+    };
+    Ok(Mesh { axes, device_ids })
+}
+
+fn find_mesh(module: &Module, name: &str) -> Result<Mesh, String> {
+    let meshes =
+        module.config.frontend_attributes.get("xla.sdy.meshes").map(|s| strip(s)).ok_or("module has no xla.sdy.meshes")?;
+    let mut pos = 0;
+    while let Some(p) = meshes[pos..].find("#sdy.mesh<") {
+        let at = pos + p;
+        let head = meshes[..at].trim_end().trim_end_matches('=').trim_end();
+        let mesh_name = head.rsplit(|c: char| c == '{' || c == ',' || c.is_whitespace()).next().unwrap_or("");
+        let open = at + "#sdy.mesh".len();
+        let (body, after) = bracketed(&meshes, open).ok_or("unbalanced xla.sdy.meshes")?;
+        if mesh_name == name {
+            return parse_mesh(body);
+        }
+        pos = after;
+    }
+    Err(format!("mesh @{name} not found in xla.sdy.meshes"))
+}
+
+/// Parses every `<@mesh, [dims]>` of a Shardy sharding attribute (`#sdy.sharding<..>` or
+/// `#sdy.sharding_per_value<[..]>`): per value, the mesh name and the axes of each dimension.
+fn parse_values(s: &str) -> Result<Vec<(String, Vec<Vec<String>>)>, String> {
+    let s = strip(s);
+    let mut out = Vec::new();
+    let mut pos = 0;
+    while let Some(p) = s[pos..].find('@') {
+        let at = pos + p + 1;
+        let end = s[at..].find([',', '>', ' ']).map(|e| at + e).ok_or("bad sharding")?;
+        let name = s[at..end].to_string();
+        let open = s[end..].find('[').map(|o| end + o).ok_or("sharding without dimensions")?;
+        let (dims_s, after) = bracketed(&s, open).ok_or("unbalanced sharding")?;
+        let mut dims = Vec::new();
+        let mut i = 0;
+        while let Some(o) = dims_s[i..].find('{') {
+            let (inner, next) = bracketed(dims_s, i + o).ok_or("unbalanced dimension sharding")?;
+            if inner.contains(':') {
+                return Err(format!("sub-axis dimension sharding '{{{inner}}}' is not supported"));
+            }
+            dims.push(quoted(inner));
+            i = next;
+        }
+        out.push((name, dims));
+        pos = after;
+    }
+    Ok(out)
+}
+
+fn tiling_from_mesh(mesh: &Mesh, dims: &[Vec<String>], n: usize) -> Result<Tiling, String> {
+    let total: i64 = mesh.axes.iter().map(|a| a.1).product();
+    if total as usize != n {
+        return Err(format!("mesh has {total} devices, running on {n}"));
+    }
+    let axis = |name: &str| mesh.axes.iter().position(|a| a.0 == name).ok_or(format!("unknown mesh axis '{name}'"));
+    let mut counts = Vec::new();
+    for d in dims {
+        let mut c = 1;
+        for a in d {
+            c *= mesh.axes[axis(a)?].1;
+        }
+        counts.push(c);
+    }
+    let mut coords: Vec<Option<Vec<i64>>> = vec![None; n];
+    for p in 0..total {
+        // Mesh coordinates of flat position p (row-major over the axes).
+        let mut rem = p;
+        let mut mc = vec![0i64; mesh.axes.len()];
+        for k in (0..mesh.axes.len()).rev() {
+            mc[k] = rem % mesh.axes[k].1;
+            rem /= mesh.axes[k].1;
+        }
+        let dev = match &mesh.device_ids {
+            Some(ids) => *ids.get(p as usize).ok_or("device_ids shorter than the mesh")?,
+            None => p,
+        };
+        let mut tile = Vec::new();
+        for d in dims {
+            let mut c = 0;
+            for a in d {
+                let k = axis(a)?;
+                c = c * mesh.axes[k].1 + mc[k];
+            }
+            tile.push(c);
+        }
+        let slot = usize::try_from(dev).ok().and_then(|d| coords.get_mut(d)).ok_or(format!("device {dev} ≥ {n}"))?;
+        *slot = Some(tile);
+    }
+    let coords = coords.into_iter().collect::<Option<Vec<_>>>().ok_or("not every device is in the mesh")?;
+    Ok(Tiling { counts, coords: Some(coords) })
+}
+
+/// Tilings of every value of a Shardy sharding attribute, using the module's meshes.
+/// `None` for a replicated value.
+pub fn from_sdy(module: &Module, attr: &str, n: usize) -> Result<Vec<Option<Tiling>>, String> {
+    parse_values(attr)?
+        .into_iter()
+        .map(|(mesh_name, dims)| {
+            let mesh = find_mesh(module, &mesh_name)?;
+            let t = tiling_from_mesh(&mesh, &dims, n)?;
+            Ok(if t.is_trivial() { None } else { Some(t) })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parse_shardy_values() {
+        let v = parse_values(r#"#sdy.sharding_per_value<[<@mesh, [{\"a\"}, {\"b\"}]>, <@mesh, [{}, {"b", "a"}]>]>"#)
+            .unwrap();
+        assert_eq!(v.len(), 2);
+        assert_eq!(v[0].1, vec![vec!["a".to_string()], vec!["b".to_string()]]);
+        assert_eq!(v[1].1, vec![vec![], vec!["b".to_string(), "a".to_string()]]);
+        let m = parse_mesh(r#"["a"=2, "b"=4], device_ids=[7,6,5,4,3,2,1,0]"#).unwrap();
+        assert_eq!(m.axes, vec![("a".to_string(), 2), ("b".to_string(), 4)]);
+        let t = tiling_from_mesh(&m, &v[1].1, 8).unwrap();
+        assert_eq!(t.counts, vec![1, 8]);
+        // Device 7 sits at mesh position 0: a=0, b=0 → tile 0; device 0 at position 7: a=1,b=3 → 3*2+1.
+        assert_eq!(t.coords.as_ref().unwrap()[7], vec![0, 0]);
+        assert_eq!(t.coords.as_ref().unwrap()[0], vec![0, 7]);
+    }
+}

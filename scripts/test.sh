@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# The test command: everything CI checks, runnable on a fresh machine.
+#   scripts/test.sh            # setup, fmt, clippy, cargo test, XLA golden check
+# Set PEERLESS_SKIP_GOLDEN_CHECK=1 to skip re-running XLA (needs jax 0.10.2).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+
+step() { printf '\n== %s\n' "$*"; }
+
+step "cargo fmt --check"
+cargo fmt --all -- --check
+
+step "cargo clippy (warnings are errors)"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+
+step "cargo test"
+cargo test --workspace --locked
+
+if [ "${PEERLESS_SKIP_GOLDEN_CHECK:-0}" != "1" ]; then
+  step "XLA goldens are reproducible (hlo-tests/gen_goldens.py --check)"
+  python3 hlo-tests/gen_goldens.py --check
+fi
+echo "scripts/test.sh: all checks passed"

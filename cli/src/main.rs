@@ -140,7 +140,7 @@ fn run(args: &RunArgs) -> CliResult<()> {
     let (module, parse_secs) = load(&args.file)?;
     let cfg = run_config(&module, args)?;
     let inputs = match &args.inputs {
-        Some(path) => interp::io::inputs_from_npz(&module, &cfg, path)?,
+        Some(path) => interp::io::inputs_from_npz(&module, &cfg, &interp::io::read_npz(path)?)?,
         None => interp::io::random_inputs(&module, &cfg, args.seed)?,
     };
     log::info!("running {} on {} devices ({:?} mode)", module.name, cfg.num_devices, cfg.mode);
@@ -151,7 +151,9 @@ fn run(args: &RunArgs) -> CliResult<()> {
     let run_secs = t.elapsed().as_secs_f64();
     print!("{}", report::outputs_table(&module, &cfg, &outputs));
     if let Some(out) = &args.out {
-        interp::io::write_run_npz(out, &inputs, &outputs)?;
+        let mut arrays = interp::io::inputs_to_npz(&inputs)?;
+        arrays.extend(interp::io::outputs_to_npz(&outputs));
+        interp::io::write_npz(out, &arrays)?;
         println!("wrote {}", out.display());
     }
     let mode = match cfg.mode {

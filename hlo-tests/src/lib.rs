@@ -208,7 +208,12 @@ pub fn read_npz(path: &Path) -> Result<BTreeMap<String, RawArray>, String> {
         let mut data = Vec::new();
         file.into_inner().read_to_end(&mut data).map_err(ctx)?;
         if data.len() != count * item_size {
-            return Err(format!("{}: {name}: {} data bytes, expected {}", path.display(), data.len(), count * item_size));
+            return Err(format!(
+                "{}: {name}: {} data bytes, expected {}",
+                path.display(),
+                data.len(),
+                count * item_size
+            ));
         }
         out.insert(name, RawArray { kind, item_size, dims, data });
     }
@@ -247,7 +252,11 @@ pub fn to_array(raw: &RawArray, ty: PrimitiveType) -> Result<Array, String> {
     if (raw.kind, raw.item_size) != want {
         return Err(format!(
             "stored as {}{} but element type {} needs {}{}",
-            raw.kind, raw.item_size, ty.name(), want.0, want.1
+            raw.kind,
+            raw.item_size,
+            ty.name(),
+            want.0,
+            want.1
         ));
     }
     let mut data = raw.data.clone();
@@ -422,7 +431,13 @@ pub fn compare_leaf(name: &str, got: &Array, want: &Array, class: Tolerance) -> 
         want.dims()
     );
     for &i in bad.iter().take(10) {
-        let _ = write!(msg, "\n    at {}: expected {}, got {}", index_of(want.dims(), i), show_elem(want, i), show_elem(got, i));
+        let _ = write!(
+            msg,
+            "\n    at {}: expected {}, got {}",
+            index_of(want.dims(), i),
+            show_elem(want, i),
+            show_elem(got, i)
+        );
     }
     if bad.len() > 10 {
         let _ = write!(msg, "\n    ... and {} more", bad.len() - 10);

@@ -57,7 +57,11 @@ fn inventory(cases: &[Case]) -> Result<(), String> {
                 for &n in &d.devices {
                     declared.insert((c.name.clone(), n));
                     if !golden_path(&c.name, n).exists() {
-                        errors.push(format!("{}: declares devices={n} but {} is missing", c.name, golden_path(&c.name, n).display()));
+                        errors.push(format!(
+                            "{}: declares devices={n} but {} is missing",
+                            c.name,
+                            golden_path(&c.name, n).display()
+                        ));
                     }
                 }
                 if !proto_path(&c.name).exists() {

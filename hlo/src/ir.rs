@@ -90,11 +90,15 @@ impl IotaReplicaGroups {
     /// Expands to explicit groups. `None` if the form is inconsistent
     /// (product of dims ≠ groups × size, or a bad permutation).
     pub fn expand(&self) -> Option<Vec<Vec<i64>>> {
-        let total: i64 = self.reshape_dims.iter().product();
-        if self.num_groups < 0 || self.group_size < 0 || total != self.num_groups * self.group_size {
+        // Checked arithmetic: this may be called on unverified input.
+        if self.reshape_dims.iter().any(|&d| d < 0) {
             return None;
         }
-        if self.reshape_dims.iter().any(|&d| d < 0) || total > (1 << 24) {
+        let total = self.reshape_dims.iter().try_fold(1i64, |acc, &d| acc.checked_mul(d))?;
+        if self.num_groups < 0 || self.group_size < 0 || Some(total) != self.num_groups.checked_mul(self.group_size) {
+            return None;
+        }
+        if total > (1 << 24) {
             return None;
         }
         let rank = self.reshape_dims.len();

@@ -210,13 +210,15 @@ impl ArrayShape {
     }
 
     /// Number of elements (1 for a scalar).
+    /// Saturates at `usize::MAX` instead of overflowing (unverified shapes may be absurd;
+    /// the verifier bounds verified ones to 2^40 elements).
     pub fn element_count(&self) -> usize {
-        self.dims.iter().map(|&d| d.max(0) as usize).product()
+        self.dims.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d.max(0) as usize)).unwrap_or(usize::MAX)
     }
 
-    /// Bytes of a row-major Peerless buffer holding this shape.
+    /// Bytes of a row-major Peerless buffer holding this shape (saturating).
     pub fn byte_size(&self) -> usize {
-        self.element_count() * self.ty.byte_size()
+        self.element_count().saturating_mul(self.ty.byte_size())
     }
 
     /// Same element type and dimensions; layouts are ignored.
@@ -228,7 +230,7 @@ impl ArrayShape {
     pub fn strides(&self) -> Vec<usize> {
         let mut strides = vec![1usize; self.dims.len()];
         for i in (0..self.dims.len().saturating_sub(1)).rev() {
-            strides[i] = strides[i + 1] * self.dims[i + 1].max(0) as usize;
+            strides[i] = strides[i + 1].saturating_mul(self.dims[i + 1].max(0) as usize);
         }
         strides
     }
@@ -315,7 +317,7 @@ impl Shape {
 
     /// Total bytes of all array leaves.
     pub fn byte_size(&self) -> usize {
-        self.leaves().iter().map(|a| a.byte_size()).sum()
+        self.leaves().iter().fold(0usize, |acc, a| acc.saturating_add(a.byte_size()))
     }
 }
 

@@ -1144,13 +1144,28 @@ impl<'a> Verifier<'a> {
         if !SHARDING_TARGETS.contains(&target) {
             return Ok(());
         }
-        self.n_operands(id, 1)?;
-        let (a, r) = (self.arr(id, 0)?, self.res(id)?);
-        if a.ty != r.ty {
-            return Err(self.err(
-                id,
-                format!("custom-call {target} must keep the element type, got {} -> {}", arr_str(a), arr_str(r)),
-            ));
+        // One operand → an array of the same element type; N operands (the sdy
+        // shard_map forms) → an N-tuple, element i of operand i's element type.
+        self.min_operands(id, 1)?;
+        let n = ins.operands.len();
+        let results: Vec<&Shape> = match &ins.shape {
+            s @ Shape::Array(_) if n == 1 => vec![s],
+            Shape::Tuple(t) if t.len() == n => t.iter().collect(),
+            s => {
+                return Err(self.err(
+                    id,
+                    format!("custom-call {target} of {n} operand(s) must produce {n} result(s), got {}", sh(s)),
+                ));
+            }
+        };
+        for (i, r) in results.into_iter().enumerate() {
+            let a = self.arr(id, i)?;
+            if r.as_array().is_none_or(|r| r.ty != a.ty) {
+                return Err(self.err(
+                    id,
+                    format!("custom-call {target} must keep the element type, got {} -> {}", arr_str(a), sh(r)),
+                ));
+            }
         }
         Ok(())
     }

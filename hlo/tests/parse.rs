@@ -74,7 +74,10 @@ fn jax_simple_unoptimized() {
     assert_eq!(comp_names(&m, &root.called), ["region_0.1"]);
     assert_eq!(root.operands.iter().map(|&o| m.instr(o).name.as_str()).collect::<Vec<_>>(), ["mul.3", "constant.3"]);
     let x = find(&m, "x.1");
-    assert_eq!(x.shape, Shape::Array(ArrayShape { ty: PrimitiveType::F32, dims: vec![4, 8], layout: Some(vec![1, 0]) }));
+    assert_eq!(
+        x.shape,
+        Shape::Array(ArrayShape { ty: PrimitiveType::F32, dims: vec![4, 8], layout: Some(vec![1, 0]) })
+    );
     assert_eq!(m.entry_param_shapes().len(), 1);
     assert_eq!(array(lit(&m, "constant.2")).to_vec::<f32>(), Some(vec![2.0]));
     assert_eq!(find(&m, "mul.2").attrs.dimensions, Some(vec![]));
@@ -128,7 +131,12 @@ fn jax_shard_map_collectives() {
     let x = find(&m, "x.1");
     assert_eq!(
         x.attrs.sharding,
-        Some(Sharding::Tiled { tile_dims: vec![8], devices: (0..8).collect(), last_tile_dim_replicate: false, last_tile_dims: vec![] })
+        Some(Sharding::Tiled {
+            tile_dims: vec![8],
+            devices: (0..8).collect(),
+            last_tile_dim_replicate: false,
+            last_tile_dims: vec![]
+        })
     );
     assert_eq!(
         x.attrs.frontend_attributes.get("xla.sdy.sharding").map(String::as_str),
@@ -158,7 +166,10 @@ fn jax_shard_map_optimized() {
     assert_eq!(a2a.shape.tuple_elements().unwrap().len(), 8);
     assert_eq!(find(&m, "concatenate").operands.len(), 8);
     assert_eq!(find(&m, "get-tuple-element.12").attrs.tuple_index, Some(7));
-    assert_eq!(find(&m, "slice.9").attrs.slice, Some(vec![SliceDim { start: 7, limit: 8, stride: 1 }, SliceDim { start: 0, limit: 1, stride: 1 }]));
+    assert_eq!(
+        find(&m, "slice.9").attrs.slice,
+        Some(vec![SliceDim { start: 7, limit: 8, stride: 1 }, SliceDim { start: 0, limit: 1, stride: 1 }])
+    );
 }
 
 #[test]
@@ -416,7 +427,7 @@ ENTRY e {
   f = f32[2] fusion(x), kind=kLoop, calls=b0
   ROOT k = f32[2] call(x), to_apply=b2
 }
-b0 {
+%b0 (a: f32[2]) -> f32[2], execution_thread="main" {
   ROOT a = f32[2] parameter(0)
 }
 b1 {
@@ -584,7 +595,8 @@ fn every_element_type_parses_in_shapes() {
 #[test]
 fn opcodes_all_parse() {
     for &op in Opcode::ALL {
-        let src = format!("HloModule m\nENTRY e {{\n  x = f32[2] parameter(0)\n  ROOT y = f32[2] {}(x)\n}}\n", op.name());
+        let src =
+            format!("HloModule m\nENTRY e {{\n  x = f32[2] parameter(0)\n  ROOT y = f32[2] {}(x)\n}}\n", op.name());
         let m = match op {
             Opcode::Parameter | Opcode::Constant => continue,
             _ => parse(&src),
@@ -596,7 +608,8 @@ fn opcodes_all_parse() {
 #[test]
 fn parse_text_runs_the_verifier_on_valid_input() {
     // hlo::parse_text = text::parse + verify; a simple valid module passes both.
-    let src = std::fs::read_to_string(format!("{}/tests/text_samples/jax_simple.hlo", env!("CARGO_MANIFEST_DIR"))).unwrap();
+    let src =
+        std::fs::read_to_string(format!("{}/tests/text_samples/jax_simple.hlo", env!("CARGO_MANIFEST_DIR"))).unwrap();
     let m = hlo::parse_text("jax_simple.hlo", &src).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(m.entry().name, "main.2");
 }

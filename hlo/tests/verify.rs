@@ -1010,3 +1010,23 @@ fn text_modules_accepted() {
         }
     }
 }
+
+#[test]
+fn sdy_shard_map_custom_calls_are_variadic() {
+    let mk = |result: Shape| {
+        entry(move |b| {
+            let x = b.param("x", 0, f32s(&[2, 4]));
+            let y = b.param("y", 1, a(T::S32, &[2]));
+            b.with("sm", Opcode::CustomCall, result, &[x, y], |i| {
+                i.attrs.custom_call_target = Some("xla.sdy.GlobalToLocalShape".into())
+            })
+        })
+    };
+    accepts(&mk(tup(&[f32s(&[1, 4]), a(T::S32, &[1])])));
+    rejects(&mk(tup(&[f32s(&[1, 4]), f32s(&[1])])), "sm", "must keep the element type, got s32[2] -> f32[1]");
+    rejects(
+        &mk(f32s(&[1, 4])),
+        "sm",
+        "custom-call xla.sdy.GlobalToLocalShape of 2 operand(s) must produce 2 result(s)",
+    );
+}

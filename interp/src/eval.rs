@@ -30,9 +30,9 @@ enum Reducer {
     Generic(CompId),
 }
 
-struct Ctx<'b> {
-    id: InstrId,
-    ins: &'b Instruction,
+pub(crate) struct Ctx<'b> {
+    pub(crate) id: InstrId,
+    pub(crate) ins: &'b Instruction,
 }
 
 impl<'a> Interp<'a> {
@@ -49,7 +49,11 @@ impl<'a> Interp<'a> {
     }
 
     fn dtype(&self, c: &Ctx, ty: PrimitiveType) -> InterpError {
-        InterpError::UnsupportedDtype { dtype: ty.name().to_string(), op: c.ins.opcode.name().to_string(), instr: self.desc(c.id) }
+        InterpError::UnsupportedDtype {
+            dtype: ty.name().to_string(),
+            op: c.ins.opcode.name().to_string(),
+            instr: self.desc(c.id),
+        }
     }
 
     /// Evaluates computation `cid`; `args[p][d]` is parameter `p` on device `d`.
@@ -74,7 +78,8 @@ impl<'a> Interp<'a> {
             let c = Ctx { id, ins };
             let mut ops: Vec<Cow<Vec<Literal>>> = Vec::with_capacity(ins.operands.len());
             for (k, o) in ins.operands.iter().enumerate() {
-                let v = vals.get(o).ok_or_else(|| self.rt(&c, format!("operand {k} ({o}) is not defined before use")))?;
+                let v =
+                    vals.get(o).ok_or_else(|| self.rt(&c, format!("operand {k} ({o}) is not defined before use")))?;
                 match plan.and_then(|p| p.slices.get(&(id, k))) {
                     Some(t) => {
                         let mut cut = Vec::with_capacity(self.n);
@@ -91,6 +96,10 @@ impl<'a> Interp<'a> {
                 Some(t) => t.local_shape(&ins.shape),
                 None => ins.shape.clone(),
             };
+            for leaf in expected.leaves() {
+                ops::shape(leaf.ty, leaf.dims.clone())
+                    .map_err(|e| self.rt(&c, format!("result shape {expected}: {e}")))?;
+            }
             let ops: Vec<&Vec<Literal>> = ops.iter().map(|c| c.as_ref()).collect();
             let out = self.eval_instr(&c, &ops, args, &expected, depth)?;
             if out.len() != self.n {
@@ -116,7 +125,9 @@ impl<'a> Interp<'a> {
                 let mut leaves = Vec::new();
                 for (leaf, t) in v.leaves().into_iter().zip(&p.root_slices) {
                     leaves.push(match t {
-                        Some(t) => t.shard(leaf, d).map_err(|why| InterpError::Runtime { instr: self.desc(comp.root), why })?,
+                        Some(t) => {
+                            t.shard(leaf, d).map_err(|why| InterpError::Runtime { instr: self.desc(comp.root), why })?
+                        }
                         None => leaf.clone(),
                     });
                 }
@@ -162,7 +173,7 @@ impl<'a> Interp<'a> {
         c.ins.attrs.dimensions.as_deref().ok_or_else(|| self.rt(c, "missing dimensions={...}"))
     }
 
-    fn eval_instr(
+    pub(crate) fn eval_instr(
         &self,
         c: &Ctx,
         ops: &[&Vec<Literal>],
@@ -193,9 +204,11 @@ impl<'a> Interp<'a> {
                 need(1)?;
                 let i = ins.attrs.tuple_index.ok_or_else(|| self.rt(c, "missing index"))?;
                 self.per_dev(|d| match &ops[0][d] {
-                    Literal::Tuple(t) => {
-                        usize::try_from(i).ok().and_then(|i| t.get(i)).cloned().ok_or_else(|| self.rt(c, "index out of range"))
-                    }
+                    Literal::Tuple(t) => usize::try_from(i)
+                        .ok()
+                        .and_then(|i| t.get(i))
+                        .cloned()
+                        .ok_or_else(|| self.rt(c, "index out of range")),
                     _ => Err(self.rt(c, "operand is not a tuple")),
                 })
             }
@@ -295,8 +308,11 @@ impl<'a> Interp<'a> {
                 self.per_dev(|d| {
                     let a = self.arr(c, &ops[0][d])?;
                     let vals = self.scalars_of(c, a)?;
-                    let conv =
-                        vals.into_iter().map(|v| scalar::convert(v, out.ty)).collect::<Option<Vec<_>>>().ok_or_else(|| self.dtype(c, out.ty))?;
+                    let conv = vals
+                        .into_iter()
+                        .map(|v| scalar::convert(v, out.ty))
+                        .collect::<Option<Vec<_>>>()
+                        .ok_or_else(|| self.dtype(c, out.ty))?;
                     self.wrap(c, ops::from_scalars(out.ty, a.shape.dims.clone(), &conv))
                 })
             }
@@ -306,12 +322,17 @@ impl<'a> Interp<'a> {
                 self.per_dev(|d| {
                     let a = self.arr(c, &ops[0][d])?;
                     for ty in [a.shape.ty, out.ty] {
-                        if matches!(ty, PrimitiveType::S4 | PrimitiveType::U4 | PrimitiveType::Pred | PrimitiveType::Token) {
+                        if matches!(
+                            ty,
+                            PrimitiveType::S4 | PrimitiveType::U4 | PrimitiveType::Pred | PrimitiveType::Token
+                        ) {
                             return Err(self.dtype(c, ty));
                         }
                     }
                     if a.data.len() != out.byte_size() {
-                        return Err(self.rt(c, format!("bitcast-convert of {} to {out} changes the byte size", a.shape)));
+                        return Err(
+                            self.rt(c, format!("bitcast-convert of {} to {out} changes the byte size", a.shape))
+                        );
                     }
                     Ok(Literal::Array(Array { shape: out.clone(), data: a.data.clone() }))
                 })
@@ -326,7 +347,8 @@ impl<'a> Interp<'a> {
                     let vals = self.scalars_of(c, a)?;
                     let out = vals.into_iter().map(|v| scalar::unary(op, v)).collect::<Option<Vec<_>>>();
                     let out = out.ok_or_else(|| self.dtype(c, a.shape.ty))?;
-                    let ty = out.first().map_or(if op == IsFinite { PrimitiveType::Pred } else { a.shape.ty }, |v| v.ty());
+                    let ty =
+                        out.first().map_or(if op == IsFinite { PrimitiveType::Pred } else { a.shape.ty }, |v| v.ty());
                     self.wrap(c, ops::from_scalars(ty, a.shape.dims.clone(), &out))
                 })
             }
@@ -396,7 +418,8 @@ impl<'a> Interp<'a> {
                     let pick = |s: &[Sc], i: usize| if s.len() == 1 { s[0] } else { s[i] };
                     let out = (0..v.len())
                         .map(|i| {
-                            scalar::binary(Maximum, v[i], pick(&l, i)).and_then(|m| scalar::binary(Minimum, m, pick(&h, i)))
+                            scalar::binary(Maximum, v[i], pick(&l, i))
+                                .and_then(|m| scalar::binary(Minimum, m, pick(&h, i)))
                         })
                         .collect::<Option<Vec<_>>>()
                         .ok_or_else(|| self.dtype(c, x.shape.ty))?;
@@ -488,12 +511,16 @@ impl<'a> Interp<'a> {
     fn check_args(&self, c: &Ctx, callee: CompId, args: &[Vec<Literal>]) -> R<()> {
         let comp = self.m.comps.get(callee).ok_or_else(|| self.rt(c, "no such computation"))?;
         if comp.params.len() != args.len() {
-            return Err(self.rt(c, format!("{} takes {} parameters, given {}", comp.name, comp.params.len(), args.len())));
+            return Err(
+                self.rt(c, format!("{} takes {} parameters, given {}", comp.name, comp.params.len(), args.len()))
+            );
         }
         for (i, (&p, a)) in comp.params.iter().zip(args).enumerate() {
             let want = &self.m.instr(p).shape;
             if let Some(v) = a.iter().find(|v| !v.shape().compatible(want)) {
-                return Err(self.rt(c, format!("argument {i} of {} has shape {}, expected {want}", comp.name, v.shape())));
+                return Err(
+                    self.rt(c, format!("argument {i} of {} has shape {}, expected {want}", comp.name, v.shape()))
+                );
             }
         }
         Ok(())
@@ -513,7 +540,13 @@ impl<'a> Interp<'a> {
                 && ops_ok
                 && matches!(
                     root.opcode,
-                    Opcode::Add | Opcode::Multiply | Opcode::Maximum | Opcode::Minimum | Opcode::And | Opcode::Or | Opcode::Xor
+                    Opcode::Add
+                        | Opcode::Multiply
+                        | Opcode::Maximum
+                        | Opcode::Minimum
+                        | Opcode::And
+                        | Opcode::Or
+                        | Opcode::Xor
                 )
             {
                 return Reducer::Fast(root.opcode);
@@ -563,7 +596,7 @@ impl<'a> Interp<'a> {
         let ins = c.ins;
         let comp = *ins.called.first().ok_or_else(|| self.rt(c, "reduce without to_apply"))?;
         let red = self.reducer(comp);
-        if ops.is_empty() || ops.len() % 2 != 0 {
+        if ops.is_empty() || !ops.len().is_multiple_of(2) {
             return Err(self.rt(c, "reduce needs N inputs and N init values"));
         }
         let nv = ops.len() / 2;
@@ -617,53 +650,32 @@ impl<'a> Interp<'a> {
             for k in 0..nv {
                 let vals: Vec<Sc> = acc.iter().map(|a| a[k]).collect();
                 let ty = vals.first().map_or(inits[k].shape.ty, |v| v.ty());
-                results.push(Literal::Array(ops::from_scalars(ty, out_dims.clone(), &vals).map_err(|e| self.rt(c, e))?));
+                results
+                    .push(Literal::Array(ops::from_scalars(ty, out_dims.clone(), &vals).map_err(|e| self.rt(c, e))?));
             }
-            Ok(if nv == 1 && !ins.shape.is_tuple() { results.pop().unwrap_or(Literal::Token) } else { Literal::Tuple(results) })
+            Ok(if nv == 1 && !ins.shape.is_tuple() {
+                results.pop().unwrap_or(Literal::Token)
+            } else {
+                Literal::Tuple(results)
+            })
         })
     }
 
     // ---- collectives ----
 
-    /// Groups of device ids for a collective, following XLA's CollectiveOpGroupMode.
-    pub fn groups(&self, c: &Ctx) -> R<Vec<Vec<usize>>> {
-        let a = &c.ins.attrs;
-        let listed = match &a.replica_groups {
-            None => Vec::new(),
-            Some(g) => g.groups().ok_or_else(|| self.rt(c, format!("inconsistent replica_groups {g}")))?,
-        };
-        // Partition mode without a channel id: groups of replicas within each partition;
-        // there is one replica, so every device is alone.
-        let (space, singles) = if self.mode == Mode::Partition && a.channel_id.is_none() { (1, true) } else { (self.n, false) };
-        let groups: Vec<Vec<i64>> = if listed.is_empty() { vec![(0..space as i64).collect()] } else { listed };
-        let mut seen = vec![false; space];
-        for g in &groups {
-            for &id in g {
-                let ok = id >= 0 && (id as usize) < space && !std::mem::replace(&mut seen[id as usize], true);
-                if !ok {
-                    return Err(self.rt(
-                        c,
-                        format!(
-                            "replica_groups {:?}: id {id} is out of range (< {space}) or repeated",
-                            c.ins.attrs.replica_groups.as_ref().map(|g| g.to_string())
-                        ),
-                    ));
-                }
-            }
+    /// (replica count, partition count) for the shared group analysis.
+    fn counts(&self) -> (usize, usize) {
+        match self.mode {
+            Mode::Replica => (self.n, 1),
+            Mode::Partition => (1, self.n),
         }
-        if seen.iter().any(|&s| !s) {
-            return Err(self.rt(
-                c,
-                format!(
-                    "replica_groups {} do not cover all {space} ids",
-                    c.ins.attrs.replica_groups.as_ref().map_or("{}".into(), |g| g.to_string())
-                ),
-            ));
-        }
-        if singles {
-            return Ok((0..self.n).map(|d| vec![d]).collect());
-        }
-        Ok(groups.into_iter().map(|g| g.into_iter().map(|x| x as usize).collect()).collect())
+    }
+
+    /// Groups of device ids for a collective, following XLA's CollectiveOpGroupMode
+    /// (`hlo::analysis::device_groups`, shared with the emitter).
+    fn groups(&self, c: &Ctx) -> R<Vec<Vec<usize>>> {
+        let (r, p) = self.counts();
+        hlo::analysis::device_groups(self.m, c.id, r, p).map_err(|e| self.rt(c, e))
     }
 
     /// The array operands of a (possibly variadic) collective on every device: `[operand][device]`.
@@ -714,7 +726,8 @@ impl<'a> Interp<'a> {
                     out[m] = Some(if scatter { self.block(c, &full, g.len(), k)? } else { full.clone() });
                 }
             }
-            results.push(out.into_iter().collect::<Option<Vec<_>>>().ok_or_else(|| self.rt(c, "device not in a group"))?);
+            results
+                .push(out.into_iter().collect::<Option<Vec<_>>>().ok_or_else(|| self.rt(c, "device not in a group"))?);
         }
         Ok(self.pack(results, c.ins.shape.is_tuple()))
     }
@@ -751,7 +764,8 @@ impl<'a> Interp<'a> {
                     out[m] = Some(full.clone());
                 }
             }
-            results.push(out.into_iter().collect::<Option<Vec<_>>>().ok_or_else(|| self.rt(c, "device not in a group"))?);
+            results
+                .push(out.into_iter().collect::<Option<Vec<_>>>().ok_or_else(|| self.rt(c, "device not in a group"))?);
         }
         if c.ins.opcode == Opcode::AllGatherStart {
             // (operand, result), or ((operands), (results)) when variadic.
@@ -783,8 +797,10 @@ impl<'a> Interp<'a> {
                 let per_dev = &arrays[0];
                 for g in &groups {
                     for (i, &me) in g.iter().enumerate() {
-                        let chunks =
-                            g.iter().map(|&sender| self.block(c, per_dev[sender], g.len(), i)).collect::<R<Vec<_>>>()?;
+                        let chunks = g
+                            .iter()
+                            .map(|&sender| self.block(c, per_dev[sender], g.len(), i))
+                            .collect::<R<Vec<_>>>()?;
                         let refs: Vec<&Array> = chunks.iter().collect();
                         let got = ops::concatenate(&refs, split).map_err(|e| self.rt(c, e))?;
                         out[me] = Some(Literal::Array(got));
@@ -797,7 +813,8 @@ impl<'a> Interp<'a> {
                         return Err(self.rt(c, format!("{} operands for a group of {}", arrays.len(), g.len())));
                     }
                     for (p, &me) in g.iter().enumerate() {
-                        let got: Vec<Literal> = g.iter().map(|&sender| Literal::Array(arrays[p][sender].clone())).collect();
+                        let got: Vec<Literal> =
+                            g.iter().map(|&sender| Literal::Array(arrays[p][sender].clone())).collect();
                         out[me] = Some(if expected.is_tuple() {
                             Literal::Tuple(got)
                         } else {
@@ -815,30 +832,12 @@ impl<'a> Interp<'a> {
         if ops.len() != 1 {
             return Err(self.unsupported(c, "in-place (multi-operand) collective-permute"));
         }
-        let pairs = c.ins.attrs.source_target_pairs.as_deref().unwrap_or(&[]);
-        let space = if self.mode == Mode::Partition && c.ins.attrs.channel_id.is_none() { 1 } else { self.n };
-        let mut is_src = vec![false; space];
-        let mut is_tgt = vec![false; space];
-        for &(s, t) in pairs {
-            let ok = |x: i64| x >= 0 && (x as usize) < space;
-            if !ok(s) || !ok(t) {
-                return Err(self.rt(c, format!("source_target_pair {{{s},{t}}} out of range (< {space})")));
-            }
-            if std::mem::replace(&mut is_src[s as usize], true) || std::mem::replace(&mut is_tgt[t as usize], true) {
-                return Err(self.rt(c, format!("source_target_pairs repeat a source or target: {pairs:?}")));
-            }
+        let (r, p) = self.counts();
+        let pairs = hlo::analysis::permute_pairs(self.m, c.id, r, p).map_err(|e| self.rt(c, e))?;
+        let mut result: Vec<Literal> = ops[0].iter().map(|l| Literal::zeros(&l.shape())).collect();
+        for (src, dst) in pairs {
+            result[dst] = ops[0][src].clone();
         }
-        let zero_like = |l: &Literal| Literal::zeros(&l.shape());
-        let result: Vec<Literal> = if space == 1 {
-            // Cross-replica within each partition: only (0,0) is possible.
-            ops[0].iter().map(|l| if pairs.is_empty() { zero_like(l) } else { l.clone() }).collect()
-        } else {
-            let mut r: Vec<Literal> = ops[0].iter().map(zero_like).collect();
-            for &(s, t) in pairs {
-                r[t as usize] = ops[0][s as usize].clone();
-            }
-            r
-        };
         if c.ins.opcode == Opcode::CollectivePermuteStart {
             let elems = expected.tuple_elements().ok_or_else(|| self.rt(c, "start must return a tuple"))?;
             return Ok((0..self.n)

@@ -1,1 +1,300 @@
-//! npz input/output in the CLI's naming scheme (stub).
+//! npz input/output in the CLI's naming scheme, and seeded random inputs.
+//!
+//! Naming: device `d`'s entry parameter `i` is the array [`param_name`]`(i, d)` =
+//! `p{i}_d{d}`; leaf `j` of device `d`'s entry result (leaves flattened depth-first; a
+//! non-tuple result is leaf 0) is [`output_name`]`(j, d)` = `o{j}_d{d}`. In partition mode
+//! each array holds that device's local shard ([`crate::local_param_shapes`]).
+//!
+//! dtypes: numpy `bool`↔pred, `int8..int64`↔s8..s64, `uint8..uint64`↔u8..u64,
+//! `float16`↔f16, `float32`↔f32, `float64`↔f64. numpy has no bfloat16, so bf16 is stored
+//! as `uint16` raw bits; F8 variants and s4/u4 (one element per byte) as `uint8` raw bytes.
+//! Reading therefore yields the numpy type, and [`to_type`] reinterprets it as the type the
+//! caller expects. [`inputs_from_npz`] does that for a module's parameters and checks
+//! shapes; [`outputs_to_npz`] writes every device's results.
+//!
+//! CLI glue: [`random_inputs`] (seeded with ChaCha8: floats uniform in [-1, 1), signed ints
+//! in [-8, 8), unsigned in [0, 16), pred fair coin), [`inputs_from_npz`],
+//! [`inputs_to_npz`], [`outputs_to_npz`], [`outputs_from_npz`].
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use half::{bf16, f16};
+use hlo::{Array, ArrayShape, Element, Literal, Module, PrimitiveType, Shape};
+use npyz::WriterBuilder;
+use rand::{Rng, SeedableRng};
+
+use crate::{InterpError, RunConfig};
+
+/// npz I/O errors.
+#[derive(Debug, thiserror::Error)]
+pub enum IoError {
+    #[error("{path}: {source}")]
+    Io { path: String, source: std::io::Error },
+    #[error("{path}: array '{name}': {why}")]
+    Array { path: String, name: String, why: String },
+    #[error("{0}")]
+    Mismatch(String),
+    #[error(transparent)]
+    Interp(#[from] InterpError),
+}
+
+/// `p{i}_d{d}`: device `d`'s entry parameter `i`.
+pub fn param_name(i: usize, d: usize) -> String {
+    format!("p{i}_d{d}")
+}
+
+/// `o{j}_d{d}`: leaf `j` (depth-first) of device `d`'s entry result.
+pub fn output_name(j: usize, d: usize) -> String {
+    format!("o{j}_d{d}")
+}
+
+fn io_err(path: &Path) -> impl Fn(std::io::Error) -> IoError + '_ {
+    move |source| IoError::Io { path: path.display().to_string(), source }
+}
+
+/// The numpy storage type of an element type (bf16 → u16 bits; F8, s4, u4 → u8 bytes).
+pub fn storage_type(ty: PrimitiveType) -> Option<PrimitiveType> {
+    use PrimitiveType::*;
+    Some(match ty {
+        Bf16 => U16,
+        S4 | U4 => U8,
+        t if t.is_f8() => U8,
+        Pred | S8 | S16 | S32 | S64 | U8 | U16 | U32 | U64 | F16 | F32 | F64 => ty,
+        _ => return None,
+    })
+}
+
+/// Reinterprets an array read from npz as `ty`: identity when the types already agree,
+/// u16 bits → bf16, u8 bytes → F8/s4/u4. `None` if the stored type does not fit `ty`.
+pub fn to_type(a: Array, ty: PrimitiveType) -> Option<Array> {
+    if a.shape.ty == ty {
+        return Some(a);
+    }
+    if storage_type(ty) != Some(a.shape.ty) {
+        return None;
+    }
+    Some(Array { shape: ArrayShape::new(ty, a.shape.dims), data: a.data })
+}
+
+macro_rules! read_as {
+    ($file:expr, $t:ty) => {{
+        let v: Vec<$t> = $file.into_vec::<$t>()?;
+        let mut data = vec![0u8; v.len() * std::mem::size_of::<$t>()];
+        for (i, x) in v.into_iter().enumerate() {
+            x.write_le(&mut data[i * std::mem::size_of::<$t>()..]);
+        }
+        (<$t as Element>::TYPE, data)
+    }};
+}
+
+/// Reads every array of an npz file (types as numpy stored them).
+pub fn read_npz(path: impl AsRef<Path>) -> Result<BTreeMap<String, Array>, IoError> {
+    let path = path.as_ref();
+    let mut npz = npyz::npz::NpzArchive::open(path).map_err(io_err(path))?;
+    let names: Vec<String> = npz.array_names().map(str::to_string).collect();
+    let mut out = BTreeMap::new();
+    for name in names {
+        let bad = |why: String| IoError::Array { path: path.display().to_string(), name: name.clone(), why };
+        let file = npz.by_name(&name).map_err(io_err(path))?.ok_or_else(|| bad("vanished".into()))?;
+        let dims: Vec<i64> = file.shape().iter().map(|&d| d as i64).collect();
+        if file.order() == npyz::Order::Fortran && dims.iter().filter(|&&d| d > 1).count() > 1 {
+            return Err(bad("Fortran-ordered arrays are not supported".into()));
+        }
+        let dtype = file.dtype();
+        let npyz::DType::Plain(ts) = &dtype else { return Err(bad(format!("unsupported dtype {}", dtype.descr()))) };
+        let read = || -> std::io::Result<(PrimitiveType, Vec<u8>)> {
+            use npyz::TypeChar::*;
+            Ok(match (ts.type_char(), ts.size_field()) {
+                (Bool, 1) => read_as!(file, bool),
+                (Int, 1) => read_as!(file, i8),
+                (Int, 2) => read_as!(file, i16),
+                (Int, 4) => read_as!(file, i32),
+                (Int, 8) => read_as!(file, i64),
+                (Uint, 1) => read_as!(file, u8),
+                (Uint, 2) => read_as!(file, u16),
+                (Uint, 4) => read_as!(file, u32),
+                (Uint, 8) => read_as!(file, u64),
+                (Float, 2) => read_as!(file, f16),
+                (Float, 4) => read_as!(file, f32),
+                (Float, 8) => read_as!(file, f64),
+                _ => return Err(std::io::Error::other(format!("unsupported dtype {ts}"))),
+            })
+        };
+        let (ty, data) = read().map_err(|e| bad(e.to_string()))?;
+        let shape = crate::ops::shape(ty, dims).map_err(bad)?;
+        let a = Array::new(shape, data).map_err(|e| bad(e.to_string()))?;
+        out.insert(name, a);
+    }
+    Ok(out)
+}
+
+fn write_one<T: npyz::AutoSerialize + Element>(
+    npz: &mut npyz::npz::NpzWriter<std::io::BufWriter<std::fs::File>>,
+    name: &str,
+    a: &Array,
+) -> std::io::Result<()> {
+    let dims: Vec<u64> = a.shape.dims.iter().map(|&d| d.max(0) as u64).collect();
+    let size = std::mem::size_of::<T>();
+    let mut w = npz.array::<T>(name, Default::default())?.default_dtype().shape(&dims).begin_nd()?;
+    for chunk in a.data.chunks_exact(size) {
+        w.push(&T::from_le(chunk))?;
+    }
+    w.finish()
+}
+
+/// Writes arrays to an npz file (bf16 as uint16 bits, F8/s4/u4 as uint8 bytes).
+pub fn write_npz(path: impl AsRef<Path>, arrays: &BTreeMap<String, Array>) -> Result<(), IoError> {
+    let path = path.as_ref();
+    let mut npz = npyz::npz::NpzWriter::create(path).map_err(io_err(path))?;
+    for (name, a) in arrays {
+        use PrimitiveType::*;
+        let st = storage_type(a.shape.ty).ok_or_else(|| IoError::Array {
+            path: path.display().to_string(),
+            name: name.clone(),
+            why: format!("type {} cannot be stored", a.shape.ty),
+        })?;
+        let r = match st {
+            Pred => write_one::<bool>(&mut npz, name, a),
+            S8 => write_one::<i8>(&mut npz, name, a),
+            S16 => write_one::<i16>(&mut npz, name, a),
+            S32 => write_one::<i32>(&mut npz, name, a),
+            S64 => write_one::<i64>(&mut npz, name, a),
+            U8 => write_one::<u8>(&mut npz, name, a),
+            U16 => write_one::<u16>(&mut npz, name, a),
+            U32 => write_one::<u32>(&mut npz, name, a),
+            U64 => write_one::<u64>(&mut npz, name, a),
+            F16 => write_one::<f16>(&mut npz, name, a),
+            F32 => write_one::<f32>(&mut npz, name, a),
+            _ => write_one::<f64>(&mut npz, name, a),
+        };
+        r.map_err(io_err(path))?;
+    }
+    // Dropping the writer finishes the zip; do it explicitly to see errors.
+    npz.zip_writer().finish().map_err(|e| io_err(path)(std::io::Error::other(e.to_string())))?;
+    Ok(())
+}
+
+fn random_array(rng: &mut rand_chacha::ChaCha8Rng, shape: &ArrayShape) -> Result<Array, InterpError> {
+    use PrimitiveType::*;
+    let n = shape.element_count();
+    let es = shape.ty.byte_size();
+    let mut data = vec![0u8; shape.byte_size()];
+    for i in 0..n {
+        let out = &mut data[i * es..(i + 1) * es];
+        match shape.ty {
+            Pred => rng.random::<bool>().write_le(out),
+            S8 => rng.random_range(-8i8..8).write_le(out),
+            S16 => rng.random_range(-8i16..8).write_le(out),
+            S32 => rng.random_range(-8i32..8).write_le(out),
+            S64 => rng.random_range(-8i64..8).write_le(out),
+            U8 => rng.random_range(0u8..16).write_le(out),
+            U16 => rng.random_range(0u16..16).write_le(out),
+            U32 => rng.random_range(0u32..16).write_le(out),
+            U64 => rng.random_range(0u64..16).write_le(out),
+            F16 => f16::from_f32(rng.random_range(-1f32..1.0)).write_le(out),
+            Bf16 => bf16::from_f32(rng.random_range(-1f32..1.0)).write_le(out),
+            F32 => rng.random_range(-1f32..1.0).write_le(out),
+            F64 => rng.random_range(-1f64..1.0).write_le(out),
+            S4 => out[0] = rng.random_range(-8i8..8) as u8,
+            U4 => out[0] = rng.random_range(0u8..16),
+            _ => out.iter_mut().for_each(|b| *b = rng.random()),
+        }
+    }
+    Ok(Array { shape: ArrayShape::new(shape.ty, shape.dims.clone()), data })
+}
+
+fn random_literal(rng: &mut rand_chacha::ChaCha8Rng, shape: &Shape) -> Result<Literal, InterpError> {
+    Ok(match shape {
+        Shape::Array(a) => Literal::Array(random_array(rng, a)?),
+        Shape::Tuple(t) => Literal::Tuple(t.iter().map(|s| random_literal(rng, s)).collect::<Result<_, _>>()?),
+        Shape::Token => Literal::Token,
+    })
+}
+
+/// Seeded random entry arguments, `[device][parameter]`, of each device's local shapes.
+pub fn random_inputs(module: &Module, cfg: &RunConfig, seed: u64) -> Result<Vec<Vec<Literal>>, InterpError> {
+    let shapes = crate::local_param_shapes(module, cfg)?;
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    shapes.iter().map(|dev| dev.iter().map(|s| random_literal(&mut rng, s)).collect()).collect()
+}
+
+/// Builds entry arguments `[device][parameter]` from npz arrays named `p{i}_d{d}` (tuple
+/// parameters are not supported: use one array per array parameter), converting stored
+/// types to the parameter types and checking local shapes.
+pub fn inputs_from_npz(
+    module: &Module,
+    cfg: &RunConfig,
+    arrays: &BTreeMap<String, Array>,
+) -> Result<Vec<Vec<Literal>>, IoError> {
+    let shapes = crate::local_param_shapes(module, cfg)?;
+    let mut out = Vec::new();
+    for (d, dev) in shapes.iter().enumerate() {
+        let mut args = Vec::new();
+        for (i, s) in dev.iter().enumerate() {
+            let name = param_name(i, d);
+            let want =
+                s.as_array().ok_or_else(|| IoError::Mismatch(format!("parameter {i} has non-array shape {s}")))?;
+            let a = arrays.get(&name).ok_or_else(|| IoError::Mismatch(format!("missing array '{name}'")))?;
+            let stored = a.shape.ty;
+            let a = to_type(a.clone(), want.ty).ok_or_else(|| {
+                IoError::Mismatch(format!("'{name}': stored as {stored}, parameter {i} is {}", want.ty))
+            })?;
+            if a.shape.dims != want.dims {
+                return Err(IoError::Mismatch(format!(
+                    "'{name}': parameter {i} on device {d} expects {want}, got {}",
+                    a.shape
+                )));
+            }
+            args.push(Literal::Array(a));
+        }
+        out.push(args);
+    }
+    Ok(out)
+}
+
+/// Arguments `[device][parameter]` as npz arrays `p{i}_d{d}`.
+pub fn inputs_to_npz(args: &[Vec<Literal>]) -> Result<BTreeMap<String, Array>, IoError> {
+    let mut out = BTreeMap::new();
+    for (d, dev) in args.iter().enumerate() {
+        for (i, l) in dev.iter().enumerate() {
+            let a = l.as_array().ok_or_else(|| IoError::Mismatch(format!("parameter {i} is not an array")))?;
+            out.insert(param_name(i, d), a.clone());
+        }
+    }
+    Ok(out)
+}
+
+/// Every device's result leaves as npz arrays `o{j}_d{d}`.
+pub fn outputs_to_npz(results: &[Literal]) -> BTreeMap<String, Array> {
+    let mut out = BTreeMap::new();
+    for (d, r) in results.iter().enumerate() {
+        for (j, a) in r.leaves().into_iter().enumerate() {
+            out.insert(output_name(j, d), a.clone());
+        }
+    }
+    out
+}
+
+/// Reads expected results `[device][leaf]` (`o{j}_d{d}`) typed as `leaf_types`.
+pub fn outputs_from_npz(
+    arrays: &BTreeMap<String, Array>,
+    num_devices: usize,
+    leaf_types: &[PrimitiveType],
+) -> Result<Vec<Vec<Array>>, IoError> {
+    (0..num_devices)
+        .map(|d| {
+            leaf_types
+                .iter()
+                .enumerate()
+                .map(|(j, &ty)| {
+                    let name = output_name(j, d);
+                    let a = arrays.get(&name).ok_or_else(|| IoError::Mismatch(format!("missing array '{name}'")))?;
+                    let stored = a.shape.ty;
+                    to_type(a.clone(), ty)
+                        .ok_or_else(|| IoError::Mismatch(format!("'{name}': stored as {stored}, expected {ty}")))
+                })
+                .collect()
+        })
+        .collect()
+}

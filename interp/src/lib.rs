@@ -21,6 +21,7 @@ mod ops;
 mod plan;
 mod scalar;
 mod sharding;
+pub mod single;
 
 use hlo::{InstrId, Literal, Module, Shape};
 
@@ -42,7 +43,7 @@ pub struct RunConfig {
 }
 
 /// Interpreter errors. Unsupported ops and dtypes name themselves.
-#[derive(Debug, thiserror::Error)]
+#[derive(Clone, Debug, thiserror::Error)]
 pub enum InterpError {
     #[error("unsupported op '{op}' ({instr}): {why}")]
     UnsupportedOp { op: String, instr: String, why: String },
@@ -122,6 +123,9 @@ pub fn local_param_shapes(module: &Module, cfg: &RunConfig) -> Result<Vec<Vec<Sh
 /// sharded result; the declared shape otherwise).
 pub fn local_result_shapes(module: &Module, cfg: &RunConfig) -> Result<Vec<Shape>, InterpError> {
     let plan = make_plan(module, cfg)?;
+    if let Some(e) = plan.as_ref().and_then(|p| p.deferred.clone()) {
+        return Err(e);
+    }
     let declared = module.entry_result_shape();
     let shape = match plan.as_ref().and_then(|p| p.root_tag.as_ref()) {
         Some(t) => t.local_shape(declared),
@@ -134,6 +138,9 @@ pub fn local_result_shapes(module: &Module, cfg: &RunConfig) -> Result<Vec<Shape
 /// shape [`local_param_shapes`] gives); returns each device's entry result.
 pub fn run(module: &Module, cfg: &RunConfig, args: &[Vec<Literal>]) -> Result<Vec<Literal>, InterpError> {
     let plan = make_plan(module, cfg)?;
+    if let Some(e) = plan.as_ref().and_then(|p| p.deferred.clone()) {
+        return Err(e);
+    }
     let n = cfg.num_devices;
     if args.len() != n {
         return Err(InterpError::BadArguments(format!("{} devices' argument lists for {n} devices", args.len())));
@@ -157,8 +164,7 @@ pub fn run(module: &Module, cfg: &RunConfig, args: &[Vec<Literal>]) -> Result<Ve
         }
     }
     // Transpose to [parameter][device].
-    let by_param: Vec<Vec<Literal>> =
-        (0..shapes.len()).map(|i| args.iter().map(|a| a[i].clone()).collect()).collect();
+    let by_param: Vec<Vec<Literal>> = (0..shapes.len()).map(|i| args.iter().map(|a| a[i].clone()).collect()).collect();
     let interp = eval::Interp { m: module, n, mode: cfg.mode, plan: plan.as_ref() };
     interp.eval_comp(module.entry, &by_param, 0)
 }

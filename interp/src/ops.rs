@@ -129,14 +129,19 @@ pub fn slice(a: &Array, sl: &[SliceDim]) -> OpResult<Array> {
     let mut dims = Vec::new();
     for (k, s) in sl.iter().enumerate() {
         if s.start < 0 || s.stride < 1 || s.limit < s.start || s.limit > a.shape.dims[k] {
-            return Err(format!("bad slice [{}:{}:{}] of dimension {k} (size {})", s.start, s.limit, s.stride, a.shape.dims[k]));
+            return Err(format!(
+                "bad slice [{}:{}:{}] of dimension {k} (size {})",
+                s.start, s.limit, s.stride, a.shape.dims[k]
+            ));
         }
         dims.push((s.limit - s.start + s.stride - 1) / s.stride);
     }
     let strides = a.shape.strides();
     let out = ArrayShape::new(a.shape.ty, dims);
     Ok(gather_by(a, out, None, |idx| {
-        Some(idx.iter().enumerate().map(|(k, &i)| (sl[k].start as usize + i * sl[k].stride as usize) * strides[k]).sum())
+        Some(
+            idx.iter().enumerate().map(|(k, &i)| (sl[k].start as usize + i * sl[k].stride as usize) * strides[k]).sum(),
+        )
     }))
 }
 

@@ -80,6 +80,9 @@ pub struct Plan {
     /// The entry result's final tag.
     pub root_tag: Option<Tag>,
     pub param_tags: Vec<Tag>,
+    /// The first op on sharded values that needs XLA's SPMD partitioner: reported when
+    /// the module runs, so parameter shapes stay available.
+    pub deferred: Option<InterpError>,
 }
 
 const FULL_TO_SHARD: [&str; 2] = ["SPMDFullToShardShape", "xla.sdy.GlobalToLocalShape"];
@@ -156,12 +159,10 @@ fn param_tag(m: &Module, id: InstrId, n: usize) -> Result<Tag, String> {
             Some("xla.sdy.GlobalToLocalShape") => {
                 let locals = value_shapes(&user.shape, user.operands.len());
                 let shapes: Vec<&Shape> = user.operands.iter().map(|&o| &m.instr(o).shape).collect();
-                return Ok(
-                    match sdy_tags(m, user.attrs.frontend_attributes.get("xla.sdy.in_shardings"), &shapes, n) {
-                        Ok(ts) => ts[k].clone(),
-                        Err(_) => locals.get(k).map_or(Tag::Global, |l| ratio_tiling(&ins.shape, l)),
-                    },
-                );
+                return Ok(match sdy_tags(m, user.attrs.frontend_attributes.get("xla.sdy.in_shardings"), &shapes, n) {
+                    Ok(ts) => ts[k].clone(),
+                    Err(_) => locals.get(k).map_or(Tag::Global, |l| ratio_tiling(&ins.shape, l)),
+                });
             }
             _ => {}
         }
@@ -182,18 +183,16 @@ pub fn analyze(m: &Module, n: usize) -> Result<Plan, InterpError> {
     for &id in &entry.instrs {
         let ins = m.instr(id);
         let err = |why: String| InterpError::Runtime { instr: describe(m, id), why };
-        let unsupported = |why: String| InterpError::UnsupportedOp {
-            op: ins.opcode.name().to_string(),
-            instr: describe(m, id),
-            why,
-        };
-        let op_tags: Vec<Tag> =
-            ins.operands.iter().map(|o| plan.tags.get(o).cloned().unwrap_or(Tag::Global)).collect();
+        let unsupported =
+            |why: String| InterpError::UnsupportedOp { op: ins.opcode.name().to_string(), instr: describe(m, id), why };
+        let op_tags: Vec<Tag> = ins.operands.iter().map(|o| plan.tags.get(o).cloned().unwrap_or(Tag::Global)).collect();
         let target = ins.attrs.custom_call_target.as_deref().unwrap_or("");
         let tag = match ins.opcode {
             Opcode::Parameter => param_tag(m, id, n).map_err(err)?,
             Opcode::Tuple => Tag::tuple(op_tags),
-            Opcode::GetTupleElement => op_tags.first().map_or(Tag::Global, |t| t.element(ins.attrs.tuple_index.unwrap_or(0) as usize)),
+            Opcode::GetTupleElement => {
+                op_tags.first().map_or(Tag::Global, |t| t.element(ins.attrs.tuple_index.unwrap_or(0) as usize))
+            }
             Opcode::OptimizationBarrier | Opcode::AddDependency => op_tags.first().cloned().unwrap_or(Tag::Global),
             Opcode::BitcastConvert
                 if ins.operands.first().and_then(|&o| m.instr(o).shape.as_array()).map(|a| a.ty.byte_size())
@@ -257,7 +256,10 @@ pub fn analyze(m: &Module, n: usize) -> Result<Plan, InterpError> {
                         }
                     };
                     if !Tag::Local(tiling.clone()).local_shape(global).compatible(locals[k]) {
-                        return Err(err(format!("sharding of operand {k} does not give the local shape {}", locals[k])));
+                        return Err(err(format!(
+                            "sharding of operand {k} does not give the local shape {}",
+                            locals[k]
+                        )));
                     }
                     plan.slices.insert((id, k), tiling);
                 }
@@ -274,9 +276,12 @@ pub fn analyze(m: &Module, n: usize) -> Result<Plan, InterpError> {
                 } else {
                     match sdy_tags(m, ins.attrs.frontend_attributes.get("xla.sdy.out_shardings"), &globals, n) {
                         Ok(ts) => ts,
-                        Err(_) => {
-                            ins.operands.iter().zip(&globals).map(|(&o, g)| ratio_tiling(g, &m.instr(o).shape)).collect()
-                        }
+                        Err(_) => ins
+                            .operands
+                            .iter()
+                            .zip(&globals)
+                            .map(|(&o, g)| ratio_tiling(g, &m.instr(o).shape))
+                            .collect(),
                     }
                 };
                 for (k, &o) in ins.operands.iter().enumerate() {
@@ -327,8 +332,10 @@ pub fn analyze(m: &Module, n: usize) -> Result<Plan, InterpError> {
                 }
             }
             _ => {
-                if let Some(k) = op_tags.iter().position(|t| !t.is_global()) {
-                    return Err(unsupported(format!(
+                if let Some(k) = op_tags.iter().position(|t| !t.is_global())
+                    && plan.deferred.is_none()
+                {
+                    plan.deferred = Some(unsupported(format!(
                         "operand {k} ({}) is sharded across partitions; running '{}' on it needs XLA's SPMD partitioner",
                         describe(m, ins.operands[k]),
                         ins.opcode

@@ -52,14 +52,14 @@ impl Sc {
         }
         Some(match ty {
             T::Pred => Sc::Pred(b[0] != 0),
-            T::S8 => Sc::S8(i8::from_le(b)),
-            T::S16 => Sc::S16(i16::from_le(b)),
-            T::S32 => Sc::S32(i32::from_le(b)),
-            T::S64 => Sc::S64(i64::from_le(b)),
-            T::U8 => Sc::U8(u8::from_le(b)),
-            T::U16 => Sc::U16(u16::from_le(b)),
-            T::U32 => Sc::U32(u32::from_le(b)),
-            T::U64 => Sc::U64(u64::from_le(b)),
+            T::S8 => Sc::S8(<i8 as Element>::from_le(b)),
+            T::S16 => Sc::S16(<i16 as Element>::from_le(b)),
+            T::S32 => Sc::S32(<i32 as Element>::from_le(b)),
+            T::S64 => Sc::S64(<i64 as Element>::from_le(b)),
+            T::U8 => Sc::U8(<u8 as Element>::from_le(b)),
+            T::U16 => Sc::U16(<u16 as Element>::from_le(b)),
+            T::U32 => Sc::U32(<u32 as Element>::from_le(b)),
+            T::U64 => Sc::U64(<u64 as Element>::from_le(b)),
             T::F16 => Sc::F16(f16::from_le(b)),
             T::Bf16 => Sc::Bf16(bf16::from_le(b)),
             T::F32 => Sc::F32(f32::from_le(b)),
@@ -328,7 +328,6 @@ trait Float: Copy + PartialOrd + std::ops::Neg<Output = Self> {
     fn div(self, o: Self) -> Self;
     fn rem(self, o: Self) -> Self;
     fn is_nan(self) -> bool;
-    fn is_finite(self) -> bool;
     fn is_sign_negative(self) -> bool;
     fn powf(self, o: Self) -> Self;
     fn atan2(self, o: Self) -> Self;
@@ -376,9 +375,6 @@ macro_rules! float_impl {
             }
             fn is_nan(self) -> bool {
                 <$t>::is_nan(self)
-            }
-            fn is_finite(self) -> bool {
-                <$t>::is_finite(self)
             }
             fn is_sign_negative(self) -> bool {
                 <$t>::is_sign_negative(self)
@@ -692,9 +688,4 @@ fn f64_to_f32_odd(x: f64) -> f32 {
     }
     let bits = f.to_bits();
     if (f as f64).abs() < x.abs() { f32::from_bits(bits + 1) } else { f32::from_bits(bits - 1) }
-}
-
-/// The zero of a computable type.
-pub fn zero(ty: T) -> Option<Sc> {
-    convert(Sc::S8(0), ty)
 }

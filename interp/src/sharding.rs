@@ -156,8 +156,12 @@ fn parse_mesh(body: &str) -> Result<Mesh, String> {
 }
 
 fn find_mesh(module: &Module, name: &str) -> Result<Mesh, String> {
-    let meshes =
-        module.config.frontend_attributes.get("xla.sdy.meshes").map(|s| strip(s)).ok_or("module has no xla.sdy.meshes")?;
+    let meshes = module
+        .config
+        .frontend_attributes
+        .get("xla.sdy.meshes")
+        .map(|s| strip(s))
+        .ok_or("module has no xla.sdy.meshes")?;
     let mut pos = 0;
     while let Some(p) = meshes[pos..].find("#sdy.mesh<") {
         let at = pos + p;

@@ -1,4 +1,7 @@
-//! Collective kernels and device backends. The host backend (N simulated devices)
-//! arrives with the emitter issue, CUDA and ROCm with theirs.
+//! Collective kernels and device backends. [`host`] is the host backend's collective
+//! layer (N simulated devices in one process); CUDA and ROCm arrive with their issues.
+
+pub mod exec;
+pub mod host;
 
 pub use thunks::Phase;

@@ -1,11 +1,17 @@
 //! Thunks: plain-data collective configs and the prepare / initialize / execute
 //! interface that every backend runs.
 //!
-//! Today this crate holds the data the emitter's decision layer produces: what a
-//! collective is ([`CollectiveConfig`]) and how it will run ([`Decision`]). Nothing here
-//! refers to devices or memory; a backend turns a config plus a decision into work.
+//! The emitter's decision layer produces what a collective is ([`CollectiveConfig`])
+//! and how it will run ([`Decision`]); buffer assignment and program building produce
+//! one [`ThunkProgram`] per device ([`program`]): plain data with arena offsets. A
+//! backend implements [`Backend`] (prepare / initialize / execute) to run them. Nothing
+//! here refers to a particular device or to PJRT.
+
+pub mod program;
 
 use std::fmt;
+
+pub use program::{Backend, NoScratch, Region, Resources, ScratchSizer, Thunk, ThunkProgram};
 
 use hlo::analysis::ReductionKind;
 use hlo::{Opcode, PrimitiveType};

@@ -9,8 +9,9 @@ use crate::ir::{
 };
 use crate::opcode::Opcode;
 
-/// Most devices an iota or mesh form may expand to.
-const MAX_DEVICES: i64 = 1 << 24;
+/// Most devices an iota, mesh or tile-assignment form may name (bounds what one
+/// attribute can expand to in memory).
+const MAX_DEVICES: i64 = 1 << 16;
 
 /// Where a called computation goes in [`crate::Instruction::called`] (this order).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -244,7 +245,11 @@ fn padding(c: &mut Cursor<'_>) -> PResult<Vec<PadDim>> {
     let text = c.slice(start, end);
     c.pos = end;
     let bad = |c: &Cursor<'_>| {
-        c.err_range(start, end.max(start + 1), &format!("bad padding '{text}'; expected lo_hi or lo_hi_interior per dimension, separated by 'x'"))
+        c.err_range(
+            start,
+            end.max(start + 1),
+            &format!("bad padding '{text}'; expected lo_hi or lo_hi_interior per dimension, separated by 'x'"),
+        )
     };
     let mut v = Vec::new();
     if text.is_empty() {
@@ -276,7 +281,11 @@ fn source_target_pairs(c: &mut Cursor<'_>) -> PResult<Vec<(i64, i64)>> {
         let ps = c.pos;
         let pair = int_list(c, "a source-target pair")?;
         let [s, t] = pair[..] else {
-            return Err(c.err_range(ps, c.pos, &format!("source-target pair has {} entries; expected {{source,target}}", pair.len())));
+            return Err(c.err_range(
+                ps,
+                c.pos,
+                &format!("source-target pair has {} entries; expected {{source,target}}", pair.len()),
+            ));
         };
         v.push((s, t));
         if c.eat(b',') {
@@ -329,6 +338,12 @@ pub(crate) fn replica_groups(c: &mut Cursor<'_>) -> PResult<ReplicaGroups> {
                 return Ok(ReplicaGroups::Explicit(groups));
             }
             loop {
+                if c.peek() != Some(b'{') {
+                    return Err(c.err_found(&format!(
+                        "expected '{{' to open a replica group, or '}}' to close replica_groups opened at {}",
+                        c.loc(start)
+                    )));
+                }
                 groups.push(int_list(c, "replica ids")?);
                 if c.eat(b',') {
                     continue;
@@ -420,9 +435,6 @@ fn check_iota(c: &Cursor<'_>, start: usize, i: &IotaReplicaGroups) -> PResult<()
             )));
         }
     }
-    if i.expand().is_none() {
-        return Err(err("inconsistent iota form".into()));
-    }
     Ok(())
 }
 
@@ -491,7 +503,11 @@ fn mesh_groups(c: &mut Cursor<'_>, start: usize) -> PResult<ReplicaGroups> {
             }
             let total = sizes.iter().try_fold(1i64, |a, &d| a.checked_mul(d)).filter(|&t| t <= MAX_DEVICES);
             let Some(total) = total else {
-                return Err(c.err_range(start, c.pos, &format!("mesh is too large; expected at most {MAX_DEVICES} devices")));
+                return Err(c.err_range(
+                    start,
+                    c.pos,
+                    &format!("mesh is too large; expected at most {MAX_DEVICES} devices"),
+                ));
             };
             // Optional explicit device order.
             let save = c.pos;
@@ -512,7 +528,11 @@ fn mesh_groups(c: &mut Cursor<'_>, start: usize) -> PResult<ReplicaGroups> {
                     let as_ = c.pos;
                     let n = axis_name(c)?;
                     let Some(axis) = names.iter().position(|x| *x == n) else {
-                        return Err(c.err_range(as_, c.pos, &format!("unknown mesh axis '{n}'; expected one of {names:?}")));
+                        return Err(c.err_range(
+                            as_,
+                            c.pos,
+                            &format!("unknown mesh axis '{n}'; expected one of {names:?}"),
+                        ));
                     };
                     let full = sizes.get(axis).copied().unwrap_or(1);
                     let (pre, size) = if c.eat(b':') {
@@ -545,7 +565,9 @@ fn mesh_groups(c: &mut Cursor<'_>, start: usize) -> PResult<ReplicaGroups> {
         other => Err(c.err_range(
             start,
             c.pos,
-            &format!("unknown replica groups form '{other}'; expected {{...}}, [groups,size]<=[dims] or mesh[...] {{axes}}"),
+            &format!(
+                "unknown replica groups form '{other}'; expected {{...}}, [groups,size]<=[dims] or mesh[...] {{axes}}"
+            ),
         )),
     }
 }
@@ -555,11 +577,8 @@ fn mesh_device_ids(c: &mut Cursor<'_>, total: i64, start: usize) -> PResult<Vec<
     c.expect(b'(', "to open the mesh device ids")?;
     let ids = if c.peek() == Some(b'[') {
         let dims = bracket_list(c, "device id dimensions")?;
-        let (reshape_dims, transpose_perm) = if c.peek() == Some(b'<') {
-            iota_tail(c)?
-        } else {
-            (dims.clone(), Vec::new())
-        };
+        let (reshape_dims, transpose_perm) =
+            if c.peek() == Some(b'<') { iota_tail(c)? } else { (dims.clone(), Vec::new()) };
         let iota = IotaReplicaGroups { num_groups: 1, group_size: total, reshape_dims, transpose_perm };
         check_iota(c, start, &iota)?;
         iota.expand().and_then(|g| g.into_iter().next()).unwrap_or_default()
@@ -609,7 +628,9 @@ fn mesh_to_groups(
         b.sort_unstable();
         b.dedup();
         if b.windows(2).any(|w| w[1] % w[0] != 0) {
-            return Err(err(format!("sub-axes of mesh axis {axis} do not nest; expected sizes that divide each other")));
+            return Err(err(format!(
+                "sub-axes of mesh axis {axis} do not nest; expected sizes that divide each other"
+            )));
         }
         first_factor.push(factors.len());
         factors.extend(b.windows(2).map(|w| w[1] / w[0]));
@@ -648,7 +669,11 @@ fn mesh_to_groups(
             let Some(groups) = iota.expand() else { return Err(err("inconsistent mesh replica groups".into())) };
             let mapped = groups
                 .into_iter()
-                .map(|g| g.into_iter().map(|i| usize::try_from(i).ok().and_then(|i| ids.get(i).copied()).unwrap_or(-1)).collect())
+                .map(|g| {
+                    g.into_iter()
+                        .map(|i| usize::try_from(i).ok().and_then(|i| ids.get(i).copied()).unwrap_or(-1))
+                        .collect()
+                })
                 .collect();
             Ok(ReplicaGroups::Explicit(mapped))
         }
@@ -687,7 +712,7 @@ pub(crate) fn sharding(c: &mut Cursor<'_>, depth: u32) -> PResult<Sharding> {
         if c.eat(b'}') {
             break;
         }
-        let Some((ks, kw)) = c.ident() else {
+        let Some((_, kw)) = c.ident() else {
             return Err(c.err_found("expected a sharding keyword (replicated, manual, maximal, devices=...) or '}'"));
         };
         match kw {
@@ -765,7 +790,6 @@ pub(crate) fn sharding(c: &mut Cursor<'_>, depth: u32) -> PResult<Sharding> {
                 c.balanced()?;
             }
             _ => {
-                let _ = ks;
                 unmodelled = true;
                 if c.eat(b'=') {
                     if matches!(c.peek(), Some(b'{' | b'[' | b'(')) {

@@ -177,11 +177,19 @@ impl<'a> Cursor<'a> {
         // Identifier characters glued to the digits (`3x`, `1.5`) are not an integer.
         if self.raw_peek().is_some_and(|c| c.is_ascii_alphabetic() || c == b'.') {
             let end = self.token_end(start);
-            return Err(self.err_range(start, end, &format!("expected {what} (an integer), found '{}'", self.slice(start, end))));
+            return Err(self.err_range(
+                start,
+                end,
+                &format!("expected {what} (an integer), found '{}'", self.slice(start, end)),
+            ));
         }
         let text = self.slice(start, self.pos);
         text.parse::<i64>().map_err(|_| {
-            self.err_range(start, self.pos, &format!("integer {text} is out of range for a 64-bit value; expected {what}"))
+            self.err_range(
+                start,
+                self.pos,
+                &format!("integer {text} is out of range for a 64-bit value; expected {what}"),
+            )
         })
     }
 
@@ -191,7 +199,11 @@ impl<'a> Cursor<'a> {
         let start = self.pos;
         let v = self.int(what)?;
         if v < 0 {
-            return Err(self.err_range(start, self.pos, &format!("expected {what} (a non-negative integer), found {v}")));
+            return Err(self.err_range(
+                start,
+                self.pos,
+                &format!("expected {what} (a non-negative integer), found {v}"),
+            ));
         }
         Ok(v)
     }
@@ -320,7 +332,11 @@ impl<'a> Cursor<'a> {
                     Some(&(open, at)) => Err(self.err_range(
                         at,
                         at + 1,
-                        &format!("unbalanced '{}': no matching '{}' before the end of the file", open as char, closer(open) as char),
+                        &format!(
+                            "unbalanced '{}': no matching '{}' before the end of the file",
+                            open as char,
+                            closer(open) as char
+                        ),
                     )),
                     None => Ok(()),
                 };

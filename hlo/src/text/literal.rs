@@ -155,7 +155,9 @@ fn value_token<'a>(c: &mut Cursor<'a>) -> (usize, &'a str) {
             Some(b) if b.is_ascii_alphanumeric() || b == b'.' || b == b'_' => c.pos += 1,
             Some(b'+' | b'-')
                 if matches!(c.byte_at(c.pos.wrapping_sub(1)), Some(b'e' | b'E'))
-                    && c.slice(start, c.pos).trim_start_matches(['-', '+']).starts_with(|ch: char| ch.is_ascii_digit() || ch == '.') =>
+                    && c.slice(start, c.pos)
+                        .trim_start_matches(['-', '+'])
+                        .starts_with(|ch: char| ch.is_ascii_digit() || ch == '.') =>
             {
                 c.pos += 1
             }
@@ -189,9 +191,11 @@ fn element(c: &mut Cursor<'_>, ty: PrimitiveType, out: &mut Vec<u8>) -> PResult<
     let (start, tok) = value_token(c);
     let end = c.pos;
     if tok.is_empty() {
-        return Err(c.err_found(&format!("expected a {ty} value")));
+        let article = if ty.name().starts_with(['f', 's', 'u']) { "an" } else { "a" };
+        return Err(c.err_found(&format!("expected {article} {ty} value")));
     }
-    let bad = |c: &Cursor<'_>, what: &str| c.err_range(start, end, &format!("invalid {ty} value '{tok}'; expected {what}"));
+    let bad =
+        |c: &Cursor<'_>, what: &str| c.err_range(start, end, &format!("invalid {ty} value '{tok}'; expected {what}"));
     match ty {
         T::Pred => match tok {
             "true" | "1" => out.push(1),
@@ -213,7 +217,11 @@ fn element(c: &mut Cursor<'_>, ty: PrimitiveType, out: &mut Vec<u8>) -> PResult<
                 _ => (0, u64::MAX.into()),
             };
             if v < lo || v > hi {
-                return Err(c.err_range(start, end, &format!("integer {v} is out of range for {ty}; expected {lo}..={hi}")));
+                return Err(c.err_range(
+                    start,
+                    end,
+                    &format!("integer {v} is out of range for {ty}; expected {lo}..={hi}"),
+                ));
             }
             let bytes = v.to_le_bytes();
             out.extend_from_slice(bytes.get(..ty.byte_size()).unwrap_or(&[]));
@@ -223,8 +231,10 @@ fn element(c: &mut Cursor<'_>, ty: PrimitiveType, out: &mut Vec<u8>) -> PResult<
             match ty {
                 T::F32 => out.extend_from_slice(&f32_bits(tok, &v).to_le_bytes()),
                 T::F64 => out.extend_from_slice(&f64_bits(&v).to_le_bytes()),
-                T::F16 => out.extend_from_slice(&small_float_bits(&v, 10, half::f16::from_f64(v.value).to_bits()).to_le_bytes()),
-                T::Bf16 => out.extend_from_slice(&small_float_bits(&v, 7, half::bf16::from_f64(v.value).to_bits()).to_le_bytes()),
+                T::F16 => out
+                    .extend_from_slice(&small_float_bits(&v, 10, half::f16::from_f64(v.value).to_bits()).to_le_bytes()),
+                T::Bf16 => out
+                    .extend_from_slice(&small_float_bits(&v, 7, half::bf16::from_f64(v.value).to_bits()).to_le_bytes()),
                 _ => match F8Format::of(ty) {
                     Some(f) => out.push(f.encode(v.value)),
                     None => {

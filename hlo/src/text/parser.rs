@@ -88,7 +88,11 @@ pub(crate) fn parse_module(c: &mut Cursor<'_>) -> PResult<Module> {
 
     let Some(entry) = entry else {
         let end = hm_start + "HloModule".len();
-        return Err(c.err_range(hm_start, end, "module has no ENTRY computation; expected one computation marked 'ENTRY'"));
+        return Err(c.err_range(
+            hm_start,
+            end,
+            "module has no ENTRY computation; expected one computation marked 'ENTRY'",
+        ));
     };
 
     // Second pass: called computations.
@@ -258,7 +262,11 @@ impl<'a> CompBuilder<'a> {
             };
             let kend = c.pos;
             if seen.contains(&key) {
-                return Err(c.err_range(kstart, kend, &format!("duplicate attribute '{key}'; expected each attribute once")));
+                return Err(c.err_range(
+                    kstart,
+                    kend,
+                    &format!("duplicate attribute '{key}'; expected each attribute once"),
+                ));
             }
             seen.push(key);
             c.expect(b'=', &format!("after attribute name '{key}'"))?;
@@ -285,7 +293,11 @@ impl<'a> CompBuilder<'a> {
                 && Opcode::from_name(word).is_some()
             {
                 if depth >= MAX_DEPTH {
-                    return Err(c.err_range(start, c.pos, &format!("instructions nested too deeply (more than {MAX_DEPTH} levels)")));
+                    return Err(c.err_range(
+                        start,
+                        c.pos,
+                        &format!("instructions nested too deeply (more than {MAX_DEPTH} levels)"),
+                    ));
                 }
                 c.pos = start;
                 let rhs = self.rhs(c, instrs, depth + 1, false)?;
@@ -326,6 +338,23 @@ fn parse_computation<'a>(
             return Err(c.err_found("expected '->' and the result shape after the computation's parameter list"));
         }
         parse_shape(c, 0)?;
+    }
+    // Computation attributes such as `, execution_thread="parallel"` (ignored).
+    while c.eat(b',') {
+        if c.ident().is_none() {
+            return Err(c.err_found("expected a computation attribute name after ','"));
+        }
+        c.expect(b'=', "after the computation attribute name")?;
+        match c.peek() {
+            Some(b'"') => {
+                c.string()?;
+            }
+            _ => {
+                if c.ident().is_none() {
+                    return Err(c.err_found("expected a quoted string or a word as the computation attribute value"));
+                }
+            }
+        }
     }
     c.expect(b'{', &format!("to open the body of computation '{name}'"))?;
 
@@ -376,7 +405,11 @@ fn parse_computation<'a>(
     }
 
     let Some(&last) = b.ids.last() else {
-        return Err(c.err_range(name_start, name_end, &format!("computation '{name}' has no instructions; expected at least one")));
+        return Err(c.err_range(
+            name_start,
+            name_end,
+            &format!("computation '{name}' has no instructions; expected at least one"),
+        ));
     };
     let root = root.map_or(last, |(r, _)| r);
 
@@ -387,7 +420,10 @@ fn parse_computation<'a>(
     for (i, &(n, pid, ps, pe)) in params.iter().enumerate() {
         if n != i as i64 {
             let msg = if n < i as i64 {
-                format!("duplicate parameter number {n} in computation '{name}'; expected each of 0..{} once", params.len())
+                format!(
+                    "duplicate parameter number {n} in computation '{name}'; expected each of 0..{} once",
+                    params.len()
+                )
             } else {
                 format!(
                     "parameter numbers of computation '{name}' have a gap: parameter({i}) is missing; expected 0..{}",
@@ -417,7 +453,10 @@ fn parse_computation<'a>(
                     return Err(c.err_range(
                         r.start,
                         r.end,
-                        &format!("operand '{}' is used before its definition; expected operands defined earlier", r.name),
+                        &format!(
+                            "operand '{}' is used before its definition; expected operands defined earlier",
+                            r.name
+                        ),
                     ));
                 }
                 None => {
@@ -493,7 +532,11 @@ pub(crate) fn parse_shape(c: &mut Cursor<'_>, depth: u32) -> PResult<Shape> {
     };
     let tend = c.pos;
     let Some(ty) = PrimitiveType::from_name(tname) else {
-        return Err(c.err_range(tstart, tend, &format!("unknown element type '{tname}'; expected a type such as f32, s32, pred")));
+        return Err(c.err_range(
+            tstart,
+            tend,
+            &format!("unknown element type '{tname}'; expected a type such as f32, s32, pred"),
+        ));
     };
     if c.raw_peek() != Some(b'[') {
         return Err(c.err_found(&format!("expected '[' and the dimensions after element type '{tname}'")));

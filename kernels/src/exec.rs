@@ -1,0 +1,579 @@
+//! The host backend's executor: a verified module becomes one thunk program per device
+//! (emitter), and [`HostExecutable::execute`] runs device `d`'s program on worker thread
+//! `d` against a [`HostCluster`] of per-device arenas.
+//!
+//! Phases (thunks' [`Backend`]): `prepare` reads the programs' resources (the arena
+//! size, which already holds every collective's scratch and signals); `initialize`
+//! creates the cluster once per executable; `execute` only launches: it copies the
+//! arguments into each device's parameter regions, runs the thunks in order, and copies
+//! the result leaves out.
+//!
+//! - **Compute thunks** run the reference interpreter's per-op code on the device's
+//!   values ([`interp::single::InstrEvaluator`]); collective thunks call
+//!   [`HostDevice::run_collective`]; `-done` thunks are no-ops (the start ran it).
+//! - **Progress**: each device records the last thunk it completed, so a failure or a
+//!   hang report names where every device stopped.
+//! - **Failures**: the first error on a device ends that device's program; peers blocked
+//!   in a collective with it end by their own `--collective_timeout_ms`, never hang. The
+//!   error returned is a root cause if there is one (an error other than a timeout),
+//!   else the lowest device's timeout, which names the ranks that never arrived.
+//! - **Recovery**: a failed execution leaves signal epochs out of step between devices
+//!   (some devices entered a collective that others never did), so it poisons the
+//!   cluster; the next `execute` re-initializes it (fresh zeroed arenas, epochs back in
+//!   step) before running. Executions of one executable are serialised; different
+//!   executables have their own clusters and never interfere.
+
+use std::fmt;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use emitter::{DeviceMode, EmitError, Flags, PeerAccessTable, PlannedCollective, ValueInfo};
+use hlo::{Array, ArrayShape, InstrId, Literal, Module, Shape};
+use interp::single::InstrEvaluator;
+use interp::{InterpError, RunConfig};
+use thunks::{Backend, CollectiveConfig, Implementation, Resources, ScratchSizer, Thunk, ThunkProgram};
+
+use crate::host::{self, CollectiveCall, CollectiveError, HostCluster, HostDevice, HostError, PeerMatrix};
+
+/// The host backend's scratch and signal sizes, for the emitter's buffer assignment.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct HostSizer;
+
+impl ScratchSizer for HostSizer {
+    fn scratch_bytes(&self, config: &CollectiveConfig, implementation: Implementation) -> usize {
+        host::scratch_bytes(config, implementation)
+    }
+    fn signal_bytes(&self, config: &CollectiveConfig, implementation: Implementation) -> usize {
+        host::signal_bytes(config, implementation)
+    }
+}
+
+/// Executor errors. Device errors name the device, the thunk and where every device
+/// stopped.
+#[derive(Debug)]
+pub enum ExecError {
+    /// The emitter could not plan or lay out the module.
+    Emit(EmitError),
+    /// The interpreter cannot run the module on this device set (checked when building).
+    Interp(InterpError),
+    /// The cluster could not be created.
+    Host(HostError),
+    BadArguments(String),
+    /// A thunk failed on a device.
+    Device {
+        device: usize,
+        /// Thunk index and label (`all-reduce 'ar'`).
+        thunk: usize,
+        label: String,
+        message: String,
+        /// Whether it is a collective timeout (peers' failures usually are).
+        timeout: bool,
+        /// `d0: #3 all-reduce 'ar', d1: none, ...`.
+        progress: String,
+    },
+}
+
+impl fmt::Display for ExecError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Emit(e) => write!(f, "emitter: {e}"),
+            Self::Interp(e) => write!(f, "{e}"),
+            Self::Host(e) => write!(f, "host backend: {e}"),
+            Self::BadArguments(m) => write!(f, "bad arguments: {m}"),
+            Self::Device { device, thunk, label, message, progress, .. } => write!(
+                f,
+                "device {device}: thunk #{thunk} {label} failed: {message}\n  last completed thunk per device: {progress}"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for ExecError {}
+
+impl From<EmitError> for ExecError {
+    fn from(e: EmitError) -> Self {
+        Self::Emit(e)
+    }
+}
+
+impl From<InterpError> for ExecError {
+    fn from(e: InterpError) -> Self {
+        Self::Interp(e)
+    }
+}
+
+impl From<HostError> for ExecError {
+    fn from(e: HostError) -> Self {
+        Self::Host(e)
+    }
+}
+
+/// The interpreter's knowledge of per-device shapes, for buffer assignment.
+struct EvalInfo<'a>(&'a InstrEvaluator);
+
+impl ValueInfo for EvalInfo<'_> {
+    fn local_shape(&self, module: &Module, id: InstrId) -> Shape {
+        self.0.local_shape(module, id)
+    }
+    fn transforms_operands(&self, id: InstrId) -> bool {
+        self.0.cuts_operands(id)
+    }
+}
+
+fn interp_mode(mode: DeviceMode) -> interp::Mode {
+    match mode {
+        DeviceMode::Replica => interp::Mode::Replica,
+        DeviceMode::Partition => interp::Mode::Partition,
+    }
+}
+
+/// Per thunk: the shapes its regions hold (operand leaves, result leaves), resolved once.
+#[derive(Clone, Debug, Default)]
+struct ThunkShapes {
+    /// Per operand, its local shape (Compute) — leaves line up with `inputs`.
+    operands: Vec<Shape>,
+    /// Operand leaves (Collective).
+    operand_leaves: Vec<ArrayShape>,
+}
+
+/// Something a test can inject into one execution.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// Device `device` skips collective `collective` (by instruction name), as if it never
+    /// arrived; its peers time out waiting for it.
+    WithholdRank { device: usize, collective: String },
+}
+
+/// The host backend: programs plus what running them needs (module, evaluator, timeout).
+pub struct HostBackend {
+    module: Module,
+    evaluator: InstrEvaluator,
+    num_devices: usize,
+    peers: Arc<PeerMatrix>,
+    timeout: Duration,
+    shapes: Vec<ThunkShapes>,
+    param_shapes: Vec<Shape>,
+    /// The root's value shape (before any result sharding).
+    root_shape: Shape,
+    /// Per device, 1 + index of the last completed thunk (0: none yet).
+    progress: Vec<AtomicUsize>,
+    fault: Mutex<Option<Fault>>,
+}
+
+impl fmt::Debug for HostBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HostBackend")
+            .field("module", &self.module.name)
+            .field("num_devices", &self.num_devices)
+            .finish_non_exhaustive()
+    }
+}
+
+/// How one device's run ended.
+struct DeviceFailure {
+    thunk: usize,
+    label: String,
+    message: String,
+    timeout: bool,
+}
+
+impl HostBackend {
+    fn progress_report(&self, programs: &[ThunkProgram]) -> String {
+        let parts: Vec<String> = self
+            .progress
+            .iter()
+            .enumerate()
+            .map(|(d, p)| match p.load(Ordering::Acquire).checked_sub(1) {
+                None => format!("d{d}: none"),
+                Some(k) => {
+                    let label = programs.get(d).and_then(|pr| pr.thunks.get(k)).map_or_else(String::new, Thunk::label);
+                    format!("d{d}: #{k} {label}")
+                }
+            })
+            .collect();
+        parts.join(", ")
+    }
+
+    fn read_leaves(&self, dev: &HostDevice, regions: &[thunks::Region], shape: &Shape) -> Result<Literal, String> {
+        let leaf_shapes = shape.leaves();
+        if leaf_shapes.len() != regions.len() {
+            return Err(format!("{} regions for {} array leaves of {shape}", regions.len(), leaf_shapes.len()));
+        }
+        let mut arrays = Vec::with_capacity(regions.len());
+        for (r, s) in regions.iter().zip(leaf_shapes) {
+            let bytes = dev.read(r.offset, r.len).map_err(|e| e.to_string())?;
+            arrays.push(Array::new(s.clone(), bytes).map_err(|e| e.to_string())?);
+        }
+        Literal::from_leaves(shape, &mut arrays.into_iter()).ok_or_else(|| format!("cannot build a value of {shape}"))
+    }
+
+    fn write_leaves(dev: &HostDevice, regions: &[thunks::Region], value: &Literal) -> Result<(), String> {
+        let leaves = value.leaves();
+        if leaves.len() != regions.len() {
+            return Err(format!("value has {} array leaves, {} regions", leaves.len(), regions.len()));
+        }
+        for (r, a) in regions.iter().zip(leaves) {
+            if a.data.len() != r.len {
+                return Err(format!("leaf of {} bytes for a region of {}", a.data.len(), r.len));
+            }
+            dev.write(r.offset, &a.data).map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    }
+
+    fn run_thunk(&self, dev: &HostDevice, k: usize, thunk: &Thunk) -> Result<(), (String, bool)> {
+        let d = dev.rank();
+        let plain = |m: String| (m, false);
+        match thunk {
+            Thunk::Compute { instr, inputs, outputs, .. } => {
+                let shapes = self.shapes.get(k).map(|s| s.operands.as_slice()).unwrap_or(&[]);
+                let mut operands = Vec::with_capacity(shapes.len());
+                let mut at = 0usize;
+                for s in shapes {
+                    let n = s.leaves().len();
+                    let regions = inputs.get(at..at + n).ok_or_else(|| plain("operand regions".into()))?;
+                    operands.push(self.read_leaves(dev, regions, s).map_err(plain)?);
+                    at += n;
+                }
+                let value =
+                    self.evaluator.eval(&self.module, *instr, &operands, d).map_err(|e| plain(e.to_string()))?;
+                Self::write_leaves(dev, outputs, &value).map_err(plain)
+            }
+            Thunk::Copy { src, dst, len, .. } => dev.copy_within(*src, *dst, *len).map_err(|e| plain(e.to_string())),
+            Thunk::Collective { name, config, implementation, inputs, outputs, scratch, signals, .. } => {
+                let withheld = matches!(
+                    &*self.fault.lock().unwrap_or_else(|e| e.into_inner()),
+                    Some(Fault::WithholdRank { device, collective }) if *device == d && collective == name
+                );
+                if withheld {
+                    return Ok(());
+                }
+                let region = |r: &thunks::Region| host::Region::new(r.offset, r.len);
+                let call = CollectiveCall {
+                    config,
+                    implementation: *implementation,
+                    inputs: inputs.iter().map(region).collect(),
+                    outputs: outputs.iter().map(region).collect(),
+                    operand_shapes: self.shapes.get(k).map(|s| s.operand_leaves.clone()).unwrap_or_default(),
+                    scratch: region(scratch),
+                    signals: region(signals),
+                    timeout: self.timeout,
+                    name,
+                };
+                dev.run_collective(&call).map_err(|e| {
+                    let timeout = matches!(e, CollectiveError::Timeout { .. });
+                    (e.to_string(), timeout)
+                })
+            }
+            Thunk::CollectiveDone { .. } => Ok(()),
+        }
+    }
+
+    fn run_device(&self, dev: &HostDevice, program: &ThunkProgram, args: &[Literal]) -> Result<Literal, DeviceFailure> {
+        let d = dev.rank();
+        let setup = |message: String| DeviceFailure { thunk: 0, label: "(arguments)".into(), message, timeout: false };
+        for (i, (arg, regions)) in args.iter().zip(&program.params).enumerate() {
+            Self::write_leaves(dev, regions, arg).map_err(|e| setup(format!("parameter {i}: {e}")))?;
+        }
+        let progress = self.progress.get(d);
+        for (k, thunk) in program.thunks.iter().enumerate() {
+            self.run_thunk(dev, k, thunk).map_err(|(message, timeout)| DeviceFailure {
+                thunk: k,
+                label: thunk.label(),
+                message,
+                timeout,
+            })?;
+            if let Some(p) = progress {
+                p.store(k + 1, Ordering::Release);
+            }
+        }
+        let last = program.thunks.len();
+        let done = |message: String| DeviceFailure { thunk: last, label: "(results)".into(), message, timeout: false };
+        let root = self.read_leaves(dev, &program.results, &self.root_shape).map_err(done)?;
+        self.evaluator.finish_result(&self.module, root, d).map_err(|e| done(e.to_string()))
+    }
+
+    fn check_args(&self, args: &[Vec<Literal>]) -> Result<(), ExecError> {
+        if args.len() != self.num_devices {
+            return Err(ExecError::BadArguments(format!(
+                "{} devices' argument lists for {} devices",
+                args.len(),
+                self.num_devices
+            )));
+        }
+        for (d, a) in args.iter().enumerate() {
+            if a.len() != self.param_shapes.len() {
+                return Err(ExecError::BadArguments(format!(
+                    "device {d}: {} arguments, the entry computation takes {}",
+                    a.len(),
+                    self.param_shapes.len()
+                )));
+            }
+            for (i, (v, want)) in a.iter().zip(&self.param_shapes).enumerate() {
+                let got = v.shape();
+                if !got.compatible(want) {
+                    return Err(ExecError::BadArguments(format!(
+                        "parameter {i} on device {d}: expected {want}, got {got}"
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Backend for HostBackend {
+    type Initialized = Arc<HostCluster>;
+    type Error = ExecError;
+
+    fn prepare(&self, programs: &[ThunkProgram]) -> Result<Resources, ExecError> {
+        if programs.len() != self.num_devices {
+            return Err(ExecError::BadArguments(format!(
+                "{} programs for {} devices",
+                programs.len(),
+                self.num_devices
+            )));
+        }
+        Ok(Resources::of(programs))
+    }
+
+    fn initialize(&self, resources: &Resources) -> Result<Arc<HostCluster>, ExecError> {
+        Ok(HostCluster::new(resources.num_devices, resources.arena_bytes.max(1), Arc::clone(&self.peers))?)
+    }
+
+    fn execute(
+        &self,
+        cluster: &Arc<HostCluster>,
+        programs: &[ThunkProgram],
+        args: &[Vec<Literal>],
+    ) -> Result<Vec<Literal>, ExecError> {
+        self.check_args(args)?;
+        if programs.len() != self.num_devices || cluster.num_devices() != self.num_devices {
+            return Err(ExecError::BadArguments("programs, cluster and device count disagree".into()));
+        }
+        for p in &self.progress {
+            p.store(0, Ordering::Release);
+        }
+        let outcomes: Vec<Result<Literal, DeviceFailure>> = std::thread::scope(|s| {
+            let handles: Vec<_> = programs
+                .iter()
+                .zip(args)
+                .map(|(program, a)| {
+                    let dev = cluster.device(program.device);
+                    s.spawn(move || self.run_device(&dev, program, a))
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join().unwrap_or_else(|_| {
+                        Err(DeviceFailure {
+                            thunk: 0,
+                            label: "(worker)".into(),
+                            message: "worker thread panicked".into(),
+                            timeout: false,
+                        })
+                    })
+                })
+                .collect()
+        });
+        let mut results = Vec::with_capacity(outcomes.len());
+        let mut failures = Vec::new();
+        for (d, o) in outcomes.into_iter().enumerate() {
+            match o {
+                Ok(v) => results.push(v),
+                Err(f) => failures.push((d, f)),
+            }
+        }
+        // A root cause (not a timeout) first; else the lowest device's timeout.
+        let pick = failures.iter().position(|(_, f)| !f.timeout).unwrap_or(0);
+        if let Some((device, f)) = failures.into_iter().nth(pick) {
+            return Err(ExecError::Device {
+                device,
+                thunk: f.thunk,
+                label: f.label,
+                message: f.message,
+                timeout: f.timeout,
+                progress: self.progress_report(programs),
+            });
+        }
+        Ok(results)
+    }
+}
+
+/// The cluster an executable runs on, and whether a failed execution left it out of step.
+struct ClusterState {
+    cluster: Arc<HostCluster>,
+    poisoned: bool,
+}
+
+/// A module compiled for the host backend on `num_devices` devices.
+pub struct HostExecutable {
+    backend: HostBackend,
+    programs: Vec<ThunkProgram>,
+    planned: Vec<PlannedCollective>,
+    resources: Resources,
+    state: Mutex<ClusterState>,
+}
+
+impl fmt::Debug for HostExecutable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HostExecutable")
+            .field("backend", &self.backend)
+            .field("resources", &self.resources)
+            .finish_non_exhaustive()
+    }
+}
+
+fn peer_matrix(table: &PeerAccessTable, n: usize) -> PeerMatrix {
+    (0..n).map(|a| (0..n).map(|b| table.can_access(a, b)).collect()).collect()
+}
+
+impl HostExecutable {
+    /// Compiles `module` (verified) for `num_devices` host devices in `mode`: inlines calls,
+    /// plans every collective with `flags`, assigns buffers, builds one program per device
+    /// (prepare) and creates the cluster (initialize).
+    pub fn new(module: &Module, num_devices: usize, mode: DeviceMode, flags: &Flags) -> Result<Self, ExecError> {
+        if num_devices == 0 {
+            return Err(ExecError::BadArguments("num_devices must be at least 1".into()));
+        }
+        let flat = emitter::inline_calls(module)?;
+        let evaluator = InstrEvaluator::new(&flat, &RunConfig { num_devices, mode: interp_mode(mode) })?;
+        let table = PeerAccessTable::for_host_topology(num_devices, &flags.host_topology);
+        let built =
+            emitter::build_programs(&flat, num_devices, mode, flags, &table, &EvalInfo(&evaluator), &HostSizer)?;
+        let first = built.programs.first().ok_or_else(|| ExecError::BadArguments("no programs".into()))?;
+        let shapes = first
+            .thunks
+            .iter()
+            .map(|t| match t {
+                Thunk::Compute { instr, .. } => ThunkShapes {
+                    operands: flat.instr(*instr).operands.iter().map(|&o| evaluator.local_shape(&flat, o)).collect(),
+                    operand_leaves: Vec::new(),
+                },
+                Thunk::Collective { instr, .. } => ThunkShapes {
+                    operands: Vec::new(),
+                    operand_leaves: flat
+                        .instr(*instr)
+                        .operands
+                        .iter()
+                        .flat_map(|&o| {
+                            evaluator.local_shape(&flat, o).leaves().into_iter().cloned().collect::<Vec<_>>()
+                        })
+                        .collect(),
+                },
+                _ => ThunkShapes::default(),
+            })
+            .collect();
+        let param_shapes = evaluator.param_shapes().to_vec();
+        let root_shape = evaluator.local_shape(&flat, flat.entry().root);
+        let backend = HostBackend {
+            evaluator,
+            num_devices,
+            peers: Arc::new(peer_matrix(&table, num_devices)),
+            timeout: Duration::from_millis(flags.collective_timeout_ms),
+            shapes,
+            param_shapes,
+            root_shape,
+            progress: (0..num_devices).map(|_| AtomicUsize::new(0)).collect(),
+            fault: Mutex::new(None),
+            module: flat,
+        };
+        let resources = backend.prepare(&built.programs)?;
+        let cluster = backend.initialize(&resources)?;
+        Ok(HostExecutable {
+            backend,
+            programs: built.programs,
+            planned: built.planned,
+            resources,
+            state: Mutex::new(ClusterState { cluster, poisoned: false }),
+        })
+    }
+
+    /// Runs every device's program once. `args[d]` are device `d`'s entry parameters
+    /// (each of the shape [`HostExecutable::param_shapes`] gives); returns each device's
+    /// entry result. Executions of one executable are serialised.
+    pub fn execute(&self, args: &[Vec<Literal>]) -> Result<Vec<Literal>, ExecError> {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if state.poisoned {
+            // Signal epochs are out of step after a failure: start from fresh arenas.
+            state.cluster = self.backend.initialize(&self.resources)?;
+            state.poisoned = false;
+        }
+        let out = self.backend.execute(&state.cluster, &self.programs, args);
+        if matches!(out, Err(ExecError::Device { .. })) {
+            state.poisoned = true;
+        }
+        out
+    }
+
+    /// One program per device.
+    pub fn programs(&self) -> &[ThunkProgram] {
+        &self.programs
+    }
+
+    /// Every collective that runs, with its decision.
+    pub fn planned(&self) -> &[PlannedCollective] {
+        &self.planned
+    }
+
+    /// What `prepare` declared (arena bytes per device, scratch, signals).
+    pub fn resources(&self) -> &Resources {
+        &self.resources
+    }
+
+    /// Per entry parameter, the shape each device's argument must have.
+    pub fn param_shapes(&self) -> &[Shape] {
+        &self.backend.param_shapes
+    }
+
+    /// Per device, the last thunk it completed in the latest execution (index and label).
+    pub fn progress(&self) -> Vec<Option<(usize, String)>> {
+        let programs = &self.programs;
+        self.backend
+            .progress
+            .iter()
+            .enumerate()
+            .map(|(d, p)| {
+                let k = p.load(Ordering::Acquire).checked_sub(1)?;
+                Some((k, programs.get(d)?.thunks.get(k)?.label()))
+            })
+            .collect()
+    }
+
+    /// Injects `fault` into every later execution (`None` clears it). For tests of
+    /// failure handling.
+    pub fn set_fault(&self, fault: Option<Fault>) {
+        *self.backend.fault.lock().unwrap_or_else(|e| e.into_inner()) = fault;
+    }
+}
+
+/// Compiles and runs `module` once on the host backend: what `peerless run --backend
+/// host` calls. `args[d]` are device `d`'s entry parameters.
+pub fn run_host(
+    module: &Module,
+    num_devices: usize,
+    mode: DeviceMode,
+    flags: &Flags,
+    args: &[Vec<Literal>],
+) -> Result<Vec<Literal>, ExecError> {
+    HostExecutable::new(module, num_devices, mode, flags)?.execute(args)
+}
+
+/// The thunk programs the host backend would run (with its scratch sizes and the
+/// interpreter's shard shapes), for `peerless check --thunks`; `Display` prints them.
+pub fn host_programs(
+    module: &Module,
+    num_devices: usize,
+    mode: DeviceMode,
+    flags: &Flags,
+) -> Result<emitter::Programs, ExecError> {
+    if num_devices == 0 {
+        return Err(ExecError::BadArguments("num_devices must be at least 1".into()));
+    }
+    let flat = emitter::inline_calls(module)?;
+    let evaluator = InstrEvaluator::new(&flat, &RunConfig { num_devices, mode: interp_mode(mode) })?;
+    let table = PeerAccessTable::for_host_topology(num_devices, &flags.host_topology);
+    Ok(emitter::build_programs(&flat, num_devices, mode, flags, &table, &EvalInfo(&evaluator), &HostSizer)?)
+}

@@ -1,0 +1,344 @@
+//! The host backend's collective layer: N simulated devices in one process.
+//!
+//! Device memory is one zeroed, 64-byte aligned arena per device; peer access is direct
+//! access to a peer's arena. Collectives run the same synchronisation protocols the GPU
+//! kernels will (`shared/research/collective_anchors.md` §1–§4), so the protocols are
+//! proven here before any GPU runs them:
+//!
+//! - **Signal flags** are 32-bit counters in arena memory (the call's `signals` region), one
+//!   writer per flag word, written with `Release` and read with `Acquire`, and compared with
+//!   a wrapping-aware "at least". They are never reset.
+//! - **Epochs** advance on the device side: word 0 of a device's own `signals` region is a
+//!   per-device, per-collective counter that the device reads and increments on entry.
+//!   Nothing is passed from the host, so a captured graph could replay the same call.
+//! - **No host-side coordination** inside a collective: no mutex, barrier or channel
+//!   between devices, only flags in arena memory.
+//! - **A watchdog** on every wait: spinning (`spin_loop`, then `yield_now`, then short
+//!   sleeps) stops at the call's deadline with [`CollectiveError::Timeout`], which names the
+//!   ranks that never arrived. Nothing hangs.
+//!
+//! The protocols themselves are described in `protocol.rs`.
+//!
+//! **Ownership of `scratch` and `signals`:** both regions belong to one collective
+//! instruction for the lifetime of the cluster; the same offsets must be passed on every
+//! device and every execution of that instruction, and no other collective may use them.
+//! The epoch counter and the one-shot's "no end barrier" argument rely on it (a rank may
+//! leave a one-shot while a peer still reads its staging buffer).
+
+mod arena;
+mod layout;
+mod protocol;
+mod reduce;
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hlo::ArrayShape;
+use thunks::{CollectiveConfig, CollectiveKind, CollectiveOp, Implementation, KernelAlgorithm};
+
+use arena::Arena;
+
+/// Peer access between devices: `peers[a][b]` says whether device `a` can address device
+/// `b`'s memory. Self-access is implied. Kernels (never the fallback) require access in both
+/// directions between every pair of devices that exchange data.
+pub type PeerMatrix = Vec<Vec<bool>>;
+
+/// A byte range of a device's arena. Collective regions are symmetric: the same offsets
+/// on every device.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Region {
+    pub offset: usize,
+    pub len: usize,
+}
+
+impl Region {
+    pub fn new(offset: usize, len: usize) -> Self {
+        Region { offset, len }
+    }
+
+    /// Whether the two ranges share a byte (empty regions share none).
+    fn overlaps(&self, other: &Region) -> bool {
+        self.len > 0
+            && other.len > 0
+            && self.offset < other.offset.saturating_add(other.len)
+            && other.offset < self.offset.saturating_add(self.len)
+    }
+}
+
+impl fmt::Display for Region {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "[{}, +{})", self.offset, self.len)
+    }
+}
+
+/// One execution of a collective on one device.
+#[derive(Clone, Debug)]
+pub struct CollectiveCall<'a> {
+    /// Groups are global device ids (= host device ranks).
+    pub config: &'a CollectiveConfig,
+    /// `Kernel(algorithm)` or `Fallback`.
+    pub implementation: Implementation,
+    /// One region per operand, symmetric across devices.
+    pub inputs: Vec<Region>,
+    /// One region per result (all-to-all tuple form: one per operand), symmetric.
+    pub outputs: Vec<Region>,
+    /// Each operand's shape (element type and dimensions), needed where a dimension splits
+    /// or concatenates operands (all-gather, all-to-all, reduce-scatter) and for variadic
+    /// collectives of mixed element types. Empty: every operand is a 1-D array of
+    /// `config.element_type`.
+    pub operand_shapes: Vec<ArrayShape>,
+    /// Staging space of at least [`scratch_bytes`] bytes, owned by this collective.
+    pub scratch: Region,
+    /// Signal space of at least [`signal_bytes`] bytes at an 8-byte aligned offset, owned by
+    /// this collective; zero when the cluster is created and never reset afterwards.
+    pub signals: Region,
+    /// How long the whole call may take before it fails with a timeout.
+    pub timeout: Duration,
+    /// The instruction's name, for errors.
+    pub name: &'a str,
+}
+
+/// Errors of the host device layer.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum HostError {
+    #[error("a host cluster needs at least one device")]
+    NoDevices,
+    #[error("peer matrix for {num_devices} devices has a row of {len} entries (or {rows} rows)")]
+    PeerMatrix { num_devices: usize, rows: usize, len: usize },
+    #[error("cannot allocate {arena_bytes} bytes of device memory for each of {num_devices} devices")]
+    Alloc { num_devices: usize, arena_bytes: usize },
+    #[error("device {rank} does not exist (the cluster has {num_devices} devices)")]
+    NoSuchDevice { rank: usize, num_devices: usize },
+    #[error("{what} {offset}+{len} is outside device {rank}'s {arena_bytes}-byte arena")]
+    OutOfBounds { what: &'static str, rank: usize, offset: usize, len: usize, arena_bytes: usize },
+}
+
+/// `%name`, unless the name already carries the sigil.
+fn pct(name: &str) -> String {
+    if name.starts_with('%') { name.to_string() } else { format!("%{name}") }
+}
+
+/// Formats a group as `{0,1,2,3}`.
+fn fmt_group(group: &[usize]) -> String {
+    format!("{{{}}}", group.iter().map(usize::to_string).collect::<Vec<_>>().join(","))
+}
+
+/// Errors of one collective call. Every variant names the collective.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum CollectiveError {
+    /// A wait passed the call's deadline. `missing` are the ranks whose signal never came;
+    /// `group` is the waiting rank's group (for collective-permute, its source/target pair).
+    #[error(
+        "{op} {} timed out after {} ms on rank {waiting_rank} waiting for ranks {missing:?} of group {}",
+        pct(collective),
+        timeout.as_millis(),
+        fmt_group(group)
+    )]
+    Timeout {
+        collective: String,
+        op: CollectiveOp,
+        group: Vec<usize>,
+        waiting_rank: usize,
+        missing: Vec<usize>,
+        timeout: Duration,
+    },
+    /// The call does not fit its config, its regions or the cluster.
+    #[error("{op} {} on rank {rank}: {reason}", pct(collective))]
+    Invalid { collective: String, op: CollectiveOp, rank: usize, reason: String },
+    /// The host backend has no implementation for this op, type or reduction.
+    #[error("{op} {} on rank {rank}: unsupported: {reason}", pct(collective))]
+    Unsupported { collective: String, op: CollectiveOp, rank: usize, reason: String },
+    /// A kernel needs peer access the cluster's peer matrix does not give.
+    #[error("{op} {} ({implementation}): no peer access {from}↔{to}", pct(collective))]
+    NoPeerAccess { collective: String, op: CollectiveOp, implementation: Implementation, from: usize, to: usize },
+    #[error("{op} {}: {source}", pct(collective))]
+    Memory { collective: String, op: CollectiveOp, source: HostError },
+}
+
+/// N simulated devices sharing one process. Create one per executable (or per run) and
+/// hand [`HostCluster::device`] handles to one worker thread per device.
+pub struct HostCluster {
+    arenas: Vec<Arena>,
+    arena_bytes: usize,
+    peers: Arc<PeerMatrix>,
+}
+
+impl fmt::Debug for HostCluster {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HostCluster")
+            .field("num_devices", &self.arenas.len())
+            .field("arena_bytes", &self.arena_bytes)
+            .finish_non_exhaustive()
+    }
+}
+
+impl HostCluster {
+    /// `num_devices` devices of `arena_bytes` zeroed bytes each. `peers` must be
+    /// `num_devices × num_devices`.
+    pub fn new(num_devices: usize, arena_bytes: usize, peers: Arc<PeerMatrix>) -> Result<Arc<Self>, HostError> {
+        if num_devices == 0 {
+            return Err(HostError::NoDevices);
+        }
+        if peers.len() != num_devices || peers.iter().any(|r| r.len() != num_devices) {
+            let len = peers.iter().map(Vec::len).find(|&l| l != num_devices).unwrap_or(num_devices);
+            return Err(HostError::PeerMatrix { num_devices, rows: peers.len(), len });
+        }
+        let alloc = HostError::Alloc { num_devices, arena_bytes };
+        let mut arenas = Vec::new();
+        arenas.try_reserve_exact(num_devices).map_err(|_| alloc.clone())?;
+        for _ in 0..num_devices {
+            arenas.push(Arena::new(arena_bytes).ok_or_else(|| alloc.clone())?);
+        }
+        Ok(Arc::new(HostCluster { arenas, arena_bytes, peers }))
+    }
+
+    pub fn num_devices(&self) -> usize {
+        self.arenas.len()
+    }
+
+    pub fn arena_bytes(&self) -> usize {
+        self.arena_bytes
+    }
+
+    pub fn peers(&self) -> &PeerMatrix {
+        &self.peers
+    }
+
+    /// Whether `a` and `b` can access each other's memory (always true for `a == b`).
+    pub fn can_access(&self, a: usize, b: usize) -> bool {
+        let one = |x: usize, y: usize| self.peers.get(x).and_then(|r| r.get(y)).copied().unwrap_or(false);
+        a == b || (one(a, b) && one(b, a))
+    }
+
+    /// The handle device `d`'s worker thread uses. A handle for a device that does not exist
+    /// fails every operation with [`HostError::NoSuchDevice`].
+    pub fn device(self: &Arc<Self>, d: usize) -> HostDevice {
+        HostDevice { cluster: Arc::clone(self), rank: d }
+    }
+
+    fn arena(&self, rank: usize) -> Result<&Arena, HostError> {
+        self.arenas.get(rank).ok_or(HostError::NoSuchDevice { rank, num_devices: self.arenas.len() })
+    }
+
+    fn check(&self, what: &'static str, rank: usize, region: Region) -> Result<(), HostError> {
+        match region.offset.checked_add(region.len) {
+            Some(end) if end <= self.arena_bytes => Ok(()),
+            _ => Err(HostError::OutOfBounds {
+                what,
+                rank,
+                offset: region.offset,
+                len: region.len,
+                arena_bytes: self.arena_bytes,
+            }),
+        }
+    }
+}
+
+/// Device `rank` of a [`HostCluster`].
+#[derive(Clone, Debug)]
+pub struct HostDevice {
+    cluster: Arc<HostCluster>,
+    rank: usize,
+}
+
+impl HostDevice {
+    /// The device's global id.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    pub fn cluster(&self) -> &Arc<HostCluster> {
+        &self.cluster
+    }
+
+    /// Reads `len` bytes of this device's arena.
+    pub fn read(&self, offset: usize, len: usize) -> Result<Vec<u8>, HostError> {
+        let arena = self.cluster.arena(self.rank)?;
+        self.cluster.check("read", self.rank, Region::new(offset, len))?;
+        let mut out = Vec::new();
+        out.try_reserve_exact(len).map_err(|_| HostError::Alloc { num_devices: 1, arena_bytes: len })?;
+        out.resize(len, 0);
+        arena.load(offset, &mut out);
+        Ok(out)
+    }
+
+    /// Writes `bytes` into this device's arena.
+    pub fn write(&self, offset: usize, bytes: &[u8]) -> Result<(), HostError> {
+        let arena = self.cluster.arena(self.rank)?;
+        self.cluster.check("write", self.rank, Region::new(offset, bytes.len()))?;
+        arena.store(offset, bytes);
+        Ok(())
+    }
+
+    /// Copies `len` bytes from `src` to `dst` within this device's arena (overlap allowed).
+    pub fn copy_within(&self, src: usize, dst: usize, len: usize) -> Result<(), HostError> {
+        let arena = self.cluster.arena(self.rank)?;
+        self.cluster.check("copy source", self.rank, Region::new(src, len))?;
+        self.cluster.check("copy destination", self.rank, Region::new(dst, len))?;
+        arena::copy(arena, src, arena, dst, len);
+        Ok(())
+    }
+
+    /// Runs one collective as this device. Every device of the call's groups (or, for
+    /// collective-permute, every device) must make the same call; a device that never does
+    /// makes its peers fail with [`CollectiveError::Timeout`] after `call.timeout`.
+    pub fn run_collective(&self, call: &CollectiveCall) -> Result<(), CollectiveError> {
+        protocol::run(&self.cluster, self.rank, call)
+    }
+}
+
+/// Bytes of the staging space in the `scratch` region, rounded up to 64.
+fn staging_stride(config: &CollectiveConfig) -> usize {
+    config.bytes_per_device.div_ceil(64).saturating_mul(64)
+}
+
+/// Staging buffers an implementation keeps: two (chosen by epoch parity) for the kernels
+/// that read peers' staging without an end barrier, none for the direct push kernels, one
+/// for the fallback.
+fn staging_buffers(implementation: Implementation) -> usize {
+    match implementation {
+        Implementation::Kernel(
+            KernelAlgorithm::OneShotAllReduce
+            | KernelAlgorithm::TwoShotAllReduce
+            | KernelAlgorithm::DirectReduceScatter,
+        ) => 2,
+        Implementation::Kernel(
+            KernelAlgorithm::DirectAllGather | KernelAlgorithm::DirectAllToAll | KernelAlgorithm::DirectPermute,
+        ) => 0,
+        Implementation::Fallback => 1,
+    }
+}
+
+/// Bytes of staging space (`CollectiveCall::scratch`) a collective needs.
+pub fn scratch_bytes(config: &CollectiveConfig, implementation: Implementation) -> usize {
+    staging_stride(config).saturating_mul(staging_buffers(implementation))
+}
+
+/// Barriers (sets of per-member flag slots) an implementation uses.
+fn barriers(implementation: Implementation) -> usize {
+    match implementation {
+        Implementation::Kernel(KernelAlgorithm::OneShotAllReduce | KernelAlgorithm::DirectReduceScatter) => 1,
+        _ => 2,
+    }
+}
+
+/// The largest group (flag slots per barrier), at least 1.
+fn max_group(config: &CollectiveConfig) -> usize {
+    config.groups.iter().map(Vec::len).max().unwrap_or(0).max(1)
+}
+
+/// Flag words after the epoch counter.
+fn signal_slots(config: &CollectiveConfig, implementation: Implementation) -> usize {
+    if config.op.kind == CollectiveKind::CollectivePermute {
+        2
+    } else {
+        barriers(implementation).saturating_mul(max_group(config))
+    }
+}
+
+/// Bytes of signal space (`CollectiveCall::signals`) a collective needs: an 8-byte word for
+/// the epoch counter, then one 8-byte word per flag (a 32-bit counter in its low half).
+pub fn signal_bytes(config: &CollectiveConfig, implementation: Implementation) -> usize {
+    signal_slots(config, implementation).saturating_add(1).saturating_mul(8)
+}

@@ -1,0 +1,222 @@
+//! The typed reduction loops every host collective uses (one-shot, two-shot,
+//! reduce-scatter and the fallback), in one place so that all paths agree bit for bit.
+//!
+//! Semantics, per element, folding group members in fixed order (member 0, 1, ...):
+//! `acc = m0; acc = op(acc, m1); ...`.
+//! - `pred`: sum is xor (XLA adds `i1`), prod / min / and are and, max / or are or;
+//!   any non-zero byte is true and results are 0 or 1.
+//! - integers: sum and prod wrap; min / max; and / or are bitwise.
+//! - `f16` / `bf16`: members are widened to `f32`, folded in `f32` and rounded once at the
+//!   end, as the GPU kernels do (XLA's interpreter rounds after every step instead, so
+//!   comparisons against it need a tolerance for 16-bit sums and products).
+//! - `f32` / `f64`: folded in their own type. min / max propagate NaN (the first NaN in
+//!   member order wins) and order -0 below +0, like `llvm.minimum` / `llvm.maximum`.
+//!
+//! A single member is copied byte for byte (no widening round trip).
+
+use half::{bf16, f16};
+use hlo::PrimitiveType as T;
+use hlo::analysis::ReductionKind as K;
+
+/// A validated (element type, reduction) pair.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Reducer {
+    ty: T,
+    kind: K,
+}
+
+impl Reducer {
+    /// The reducer for `kind` over `ty`, or why there is none.
+    pub(crate) fn new(ty: T, kind: K) -> Result<Self, String> {
+        if !ty.is_computable() {
+            return Err(format!(
+                "cannot reduce {ty} (only pred, s8-s64, u8-u64, f16, bf16, f32 and f64 are computed on)"
+            ));
+        }
+        if ty.is_float() && matches!(kind, K::And | K::Or) {
+            return Err(format!("{kind} is not defined on {ty}"));
+        }
+        Ok(Reducer { ty, kind })
+    }
+
+    /// Reduces `members` (each at least `out.len()` bytes, a whole number of elements)
+    /// element-wise into `out`, folding members in slice order.
+    pub(crate) fn reduce(self, members: &[&[u8]], out: &mut [u8]) {
+        match members {
+            [] => out.fill(0),
+            [one] => out.copy_from_slice(&one[..out.len()]),
+            _ => self.fold(members, out),
+        }
+    }
+
+    fn fold(self, m: &[&[u8]], out: &mut [u8]) {
+        macro_rules! int {
+            ($t:ty, $w:literal) => {{
+                let ld = <$t>::from_le_bytes;
+                let st = <$t>::to_le_bytes;
+                match self.kind {
+                    K::Sum => fold::<$w, $t>(m, out, ld, <$t>::wrapping_add, st),
+                    K::Prod => fold::<$w, $t>(m, out, ld, <$t>::wrapping_mul, st),
+                    K::Min => fold::<$w, $t>(m, out, ld, Ord::min, st),
+                    K::Max => fold::<$w, $t>(m, out, ld, Ord::max, st),
+                    K::And => fold::<$w, $t>(m, out, ld, |a, b| a & b, st),
+                    K::Or => fold::<$w, $t>(m, out, ld, |a, b| a | b, st),
+                }
+            }};
+        }
+        macro_rules! float {
+            ($w:literal, $acc:ty, $ld:expr, $st:expr) => {{
+                match self.kind {
+                    K::Sum => fold::<$w, $acc>(m, out, $ld, |a, b| a + b, $st),
+                    K::Prod => fold::<$w, $acc>(m, out, $ld, |a, b| a * b, $st),
+                    K::Min => fold::<$w, $acc>(m, out, $ld, |a, b| min_max(a, b, false), $st),
+                    K::Max => fold::<$w, $acc>(m, out, $ld, |a, b| min_max(a, b, true), $st),
+                    // Rejected by `Reducer::new`; keep member 0 rather than panic.
+                    K::And | K::Or => fold::<$w, $acc>(m, out, $ld, |a, _| a, $st),
+                }
+            }};
+        }
+        match self.ty {
+            T::Pred => {
+                let ld = |b: [u8; 1]| b[0] != 0;
+                let st = |v: bool| [u8::from(v)];
+                match self.kind {
+                    K::Sum => fold::<1, bool>(m, out, ld, |a, b| a ^ b, st),
+                    K::Prod | K::Min | K::And => fold::<1, bool>(m, out, ld, |a, b| a & b, st),
+                    K::Max | K::Or => fold::<1, bool>(m, out, ld, |a, b| a | b, st),
+                }
+            }
+            T::S8 => int!(i8, 1),
+            T::S16 => int!(i16, 2),
+            T::S32 => int!(i32, 4),
+            T::S64 => int!(i64, 8),
+            T::U8 => int!(u8, 1),
+            T::U16 => int!(u16, 2),
+            T::U32 => int!(u32, 4),
+            T::U64 => int!(u64, 8),
+            T::F16 => {
+                float!(2, f32, |b: [u8; 2]| f16::from_le_bytes(b).to_f32(), |v: f32| f16::from_f32(v).to_le_bytes())
+            }
+            T::Bf16 => {
+                float!(2, f32, |b: [u8; 2]| bf16::from_le_bytes(b).to_f32(), |v: f32| bf16::from_f32(v).to_le_bytes())
+            }
+            T::F32 => float!(4, f32, f32::from_le_bytes, f32::to_le_bytes),
+            T::F64 => float!(8, f64, f64::from_le_bytes, f64::to_le_bytes),
+            // Not computable (rejected by `Reducer::new`): keep member 0.
+            _ => out.copy_from_slice(&m[0][..out.len()]),
+        }
+    }
+}
+
+/// A float that min / max can order the way XLA does.
+trait MinMax: Copy + PartialOrd {
+    fn is_nan(self) -> bool;
+    fn is_zero(self) -> bool;
+    fn is_sign_negative(self) -> bool;
+}
+
+macro_rules! min_max_impl {
+    ($t:ty) => {
+        impl MinMax for $t {
+            fn is_nan(self) -> bool {
+                <$t>::is_nan(self)
+            }
+            fn is_zero(self) -> bool {
+                self == 0.0
+            }
+            fn is_sign_negative(self) -> bool {
+                <$t>::is_sign_negative(self)
+            }
+        }
+    };
+}
+min_max_impl!(f32);
+min_max_impl!(f64);
+
+/// `llvm.maximum` (`max = true`) / `llvm.minimum`: NaN-propagating (the left NaN first),
+/// -0 < +0.
+fn min_max<F: MinMax>(x: F, y: F, max: bool) -> F {
+    if x.is_nan() {
+        x
+    } else if y.is_nan() {
+        y
+    } else if x.is_zero() && y.is_zero() {
+        if x.is_sign_negative() != max { x } else { y }
+    } else if (x > y) == max {
+        x
+    } else {
+        y
+    }
+}
+
+/// Element `i` of width `W` from `m` (zeros past the end, which callers never ask for).
+fn elem<const W: usize>(m: &[u8], i: usize) -> [u8; W] {
+    let mut b = [0u8; W];
+    if let Some(s) = m.get(i * W..i * W + W) {
+        b.copy_from_slice(s);
+    }
+    b
+}
+
+fn fold<const W: usize, A: Copy>(
+    members: &[&[u8]],
+    out: &mut [u8],
+    load: impl Fn([u8; W]) -> A,
+    op: impl Fn(A, A) -> A,
+    store: impl Fn(A) -> [u8; W],
+) {
+    let Some((first, rest)) = members.split_first() else { return };
+    for (i, o) in out.chunks_exact_mut(W).enumerate() {
+        let mut acc = load(elem::<W>(first, i));
+        for m in rest {
+            acc = op(acc, load(elem::<W>(m, i)));
+        }
+        o.copy_from_slice(&store(acc));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(ty: T, kind: K, members: &[Vec<u8>]) -> Vec<u8> {
+        let r = Reducer::new(ty, kind).unwrap();
+        let refs: Vec<&[u8]> = members.iter().map(Vec::as_slice).collect();
+        let mut out = vec![0u8; members[0].len()];
+        r.reduce(&refs, &mut out);
+        out
+    }
+
+    fn f32s(v: &[f32]) -> Vec<u8> {
+        v.iter().flat_map(|x| x.to_le_bytes()).collect()
+    }
+
+    #[test]
+    fn float_min_max_follow_xla() {
+        let a = f32s(&[f32::NAN, 1.0, -0.0, 0.0, 2.0]);
+        let b = f32s(&[3.0, f32::NAN, 0.0, -0.0, -5.0]);
+        let max = run(T::F32, K::Max, &[a.clone(), b.clone()]);
+        let got: Vec<f32> = max.chunks(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+        assert!(got[0].is_nan() && got[1].is_nan());
+        assert_eq!((got[2].to_bits(), got[3].to_bits(), got[4]), (0.0f32.to_bits(), 0.0f32.to_bits(), 2.0));
+        let min = run(T::F32, K::Min, &[a, b]);
+        let got: Vec<f32> = min.chunks(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+        assert_eq!((got[2].to_bits(), got[3].to_bits(), got[4]), ((-0.0f32).to_bits(), (-0.0f32).to_bits(), -5.0));
+    }
+
+    #[test]
+    fn pred_ints_and_half_precision() {
+        assert_eq!(run(T::Pred, K::Sum, &[vec![1, 1, 0], vec![1, 0, 0]]), vec![0, 1, 0]);
+        assert_eq!(run(T::Pred, K::Max, &[vec![1, 7, 0], vec![1, 0, 0]]), vec![1, 1, 0]);
+        assert_eq!(run(T::U8, K::Sum, &[vec![200], vec![100]]), vec![44]);
+        assert_eq!(run(T::S8, K::Min, &[vec![0x80], vec![5]]), vec![0x80]);
+        // bf16: 1 + 3 * 2^-9 in f32 rounds to 1 + 2^-7 in bf16; folding per step would
+        // round 1 + 2^-9 back to 1.0 every time.
+        let one = bf16::from_f32(1.0).to_le_bytes().to_vec();
+        let tiny = bf16::from_f32(1.0 / 512.0).to_le_bytes().to_vec();
+        let got = run(T::Bf16, K::Sum, &[one, tiny.clone(), tiny.clone(), tiny]);
+        assert_eq!(bf16::from_le_bytes([got[0], got[1]]).to_f32(), 1.0 + 1.0 / 128.0);
+        assert!(Reducer::new(T::F32, K::And).is_err());
+        assert!(Reducer::new(T::F8E4M3FN, K::Sum).is_err());
+    }
+}

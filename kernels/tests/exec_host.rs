@@ -1,0 +1,169 @@
+//! The host executor's runtime behaviour: repeated executions, concurrent executables,
+//! a withheld rank, and recovery after a failed execution.
+
+use std::time::{Duration, Instant};
+
+use emitter::{DeviceMode, Flags};
+use hlo::{Array, Literal};
+use kernels::exec::{ExecError, Fault, HostExecutable};
+
+const ALL_REDUCE: &str = r#"
+HloModule ar, replica_count=4
+add {
+  x = f32[] parameter(0)
+  y = f32[] parameter(1)
+  ROOT z = f32[] add(x, y)
+}
+ENTRY main {
+  p = f32[16] parameter(0)
+  ar = f32[16] all-reduce(p), replica_groups={}, to_apply=add
+  n = f32[16] negate(ar)
+  ag = f32[64] all-gather(n), replica_groups={}, dimensions={0}
+  ROOT t = (f32[16], f32[64]) tuple(ar, ag)
+}
+"#;
+
+fn args_for(n: usize, salt: f32) -> Vec<Vec<Literal>> {
+    (0..n)
+        .map(|d| {
+            let v: Vec<f32> = (0..16).map(|i| salt + (d * 16 + i) as f32).collect();
+            vec![Array::from_slice(vec![16], &v).into()]
+        })
+        .collect()
+}
+
+fn check(out: &[Literal], n: usize, salt: f32) {
+    let sum: Vec<f32> = (0..16).map(|i| (0..n).map(|d| salt + (d * 16 + i) as f32).fold(0.0, |a, x| a + x)).collect();
+    let gathered: Vec<f32> = (0..n).flat_map(|_| sum.iter().map(|x| -x)).collect();
+    assert_eq!(out.len(), n);
+    for (d, o) in out.iter().enumerate() {
+        let leaves = o.leaves();
+        assert_eq!(leaves[0].to_vec::<f32>().unwrap(), sum, "device {d} all-reduce, salt {salt}");
+        assert_eq!(leaves[1].to_vec::<f32>().unwrap(), gathered, "device {d} all-gather, salt {salt}");
+    }
+}
+
+fn compile(text: &str, n: usize, flags: &str) -> HostExecutable {
+    let m = hlo::parse_text("t.hlo", text).unwrap();
+    HostExecutable::new(&m, n, DeviceMode::Replica, &Flags::parse(flags).unwrap()).unwrap()
+}
+
+#[test]
+fn one_executable_runs_1000_times() {
+    let exe = compile(ALL_REDUCE, 4, "");
+    assert!(exe.planned().iter().all(|p| p.decision.is_kernel()));
+    for i in 0..1000 {
+        let salt = (i % 97) as f32;
+        check(&exe.execute(&args_for(4, salt)).unwrap(), 4, salt);
+    }
+    let progress = exe.progress();
+    assert!(progress.iter().all(|p| p.as_ref().is_some_and(|(k, _)| *k + 1 == exe.programs()[0].thunks.len())));
+}
+
+#[test]
+fn two_executables_run_concurrently() {
+    let kernel = compile(ALL_REDUCE, 4, "");
+    let fallback = compile(ALL_REDUCE, 4, "--all_reduce_backend=fallback --all_gather_backend=fallback");
+    assert!(fallback.planned().iter().all(|p| !p.decision.is_kernel()));
+    std::thread::scope(|s| {
+        for (t, exe) in [&kernel, &fallback].into_iter().enumerate() {
+            s.spawn(move || {
+                for i in 0..200 {
+                    let salt = (t * 1000 + i) as f32;
+                    check(&exe.execute(&args_for(4, salt)).unwrap(), 4, salt);
+                }
+            });
+        }
+        // The same executable from two threads at once is serialised, not corrupted.
+        s.spawn(|| {
+            for i in 0..50 {
+                let salt = 5000.0 + i as f32;
+                check(&kernel.execute(&args_for(4, salt)).unwrap(), 4, salt);
+            }
+        });
+    });
+}
+
+fn withheld_rank_times_out(flags: &str) {
+    let timeout_ms = 300;
+    let exe = compile(ALL_REDUCE, 4, &format!("{flags} --collective_timeout_ms={timeout_ms}"));
+    exe.set_fault(Some(Fault::WithholdRank { device: 2, collective: "ar".into() }));
+    let start = Instant::now();
+    let err = exe.execute(&args_for(4, 1.0)).unwrap_err();
+    let took = start.elapsed();
+    // Every waiting device gives up after its own timeout; nothing hangs.
+    assert!(took < Duration::from_millis(timeout_ms * 4), "took {took:?}");
+    assert!(took >= Duration::from_millis(timeout_ms), "took {took:?}");
+    let ExecError::Device { device, ref label, ref message, timeout, ref progress, .. } = err else { panic!("{err}") };
+    assert!(timeout, "{err}");
+    assert_ne!(device, 2, "{err}");
+    assert_eq!(label, "all-reduce 'ar'", "{err}");
+    assert!(message.contains("timed out after 300 ms") && message.contains("waiting for ranks [2]"), "{err}");
+    assert!(progress.contains("d0: none"), "{err}");
+    let text = err.to_string();
+    assert!(text.starts_with(&format!("device {device}: thunk #0 all-reduce 'ar' failed: ")), "{text}");
+    // The same executable runs correctly again once the rank is back.
+    exe.set_fault(None);
+    for salt in [2.0, 3.0] {
+        check(&exe.execute(&args_for(4, salt)).unwrap(), 4, salt);
+    }
+}
+
+#[test]
+fn withheld_rank_times_out_kernel() {
+    withheld_rank_times_out("");
+}
+
+#[test]
+fn withheld_rank_times_out_fallback() {
+    withheld_rank_times_out("--all_reduce_backend=fallback --all_gather_backend=fallback");
+}
+
+#[test]
+fn a_rank_withheld_from_a_later_collective_is_named_with_progress() {
+    // Device 0 skips the all-gather after the all-reduce ran everywhere.
+    let exe = compile(ALL_REDUCE, 4, "--collective_timeout_ms=200");
+    exe.set_fault(Some(Fault::WithholdRank { device: 0, collective: "ag".into() }));
+    let err = exe.execute(&args_for(4, 1.0)).unwrap_err();
+    let text = err.to_string();
+    assert!(text.contains("all-gather 'ag'") && text.contains("waiting for ranks [0]"), "{text}");
+    // Progress names where each device stopped: past the all-reduce and the negate.
+    assert!(text.contains("#1 compute 'n'"), "{text}");
+    exe.set_fault(None);
+    check(&exe.execute(&args_for(4, 7.0)).unwrap(), 4, 7.0);
+}
+
+#[test]
+fn an_unsupported_op_is_the_reported_root_cause() {
+    let text = r#"
+HloModule bad, replica_count=2
+add {
+  x = f32[] parameter(0)
+  y = f32[] parameter(1)
+  ROOT z = f32[] add(x, y)
+}
+ENTRY main {
+  p = f32[4] parameter(0)
+  e = f32[4] erf(p)
+  ROOT ar = f32[4] all-reduce(e), replica_groups={}, to_apply=add
+}
+"#;
+    let exe = compile(text, 2, "--collective_timeout_ms=200");
+    let args: Vec<Vec<Literal>> = (0..2).map(|_| vec![Array::from_slice(vec![4], &[1f32; 4]).into()]).collect();
+    let err = exe.execute(&args).unwrap_err();
+    let ExecError::Device { device: 0, thunk: 0, timeout: false, .. } = err else { panic!("{err}") };
+    assert!(err.to_string().contains("compute 'e' failed: unsupported op 'erf'"), "{err}");
+}
+
+#[test]
+fn bad_arguments_are_errors() {
+    let exe = compile(ALL_REDUCE, 4, "");
+    let e = exe.execute(&args_for(3, 0.0)).unwrap_err();
+    assert!(e.to_string().contains("3 devices' argument lists for 4 devices"), "{e}");
+    let mut a = args_for(4, 0.0);
+    a[1][0] = Array::from_slice(vec![15], &[0f32; 15]).into();
+    let e = exe.execute(&a).unwrap_err();
+    assert!(e.to_string().contains("parameter 0 on device 1: expected f32[16], got f32[15]"), "{e}");
+    // Bad arguments do not poison anything.
+    check(&exe.execute(&args_for(4, 1.0)).unwrap(), 4, 1.0);
+}

@@ -27,19 +27,26 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Parse and verify a module (HLO text or binary HloModuleProto) and print a summary.
-    Check {
-        /// The module file.
-        file: PathBuf,
-    },
+    /// Parse and verify a module (HLO text or binary HloModuleProto), print a summary and,
+    /// for N devices, how every collective would run and why.
+    Check(CheckArgs),
     /// Run a module on N devices and print (and optionally save) every device's outputs.
     Run(RunArgs),
+    /// List the Peerless flags (set in PEERLESS_FLAGS or with --flag NAME=VALUE).
+    Flags,
 }
 
 #[derive(clap::Args)]
-struct RunArgs {
-    /// The module file (HLO text or binary HloModuleProto).
+struct CheckArgs {
+    /// The module file.
     file: PathBuf,
+    #[command(flatten)]
+    devices: DeviceArgs,
+}
+
+/// Device layout and Peerless flags, shared by `check` and `run`.
+#[derive(clap::Args)]
+struct DeviceArgs {
     /// Number of devices (default: the module's replica_count × num_partitions).
     #[arg(long)]
     devices: Option<usize>,
@@ -47,6 +54,18 @@ struct RunArgs {
     /// declares num_partitions > 1, else replica).
     #[arg(long, value_enum)]
     mode: Option<ModeArg>,
+    /// A Peerless flag, e.g. `--flag all_reduce_backend=fallback` (repeatable; applied
+    /// after PEERLESS_FLAGS). `peerless flags` lists them.
+    #[arg(long = "flag", value_name = "NAME=VALUE")]
+    flags: Vec<String>,
+}
+
+#[derive(clap::Args)]
+struct RunArgs {
+    /// The module file (HLO text or binary HloModuleProto).
+    file: PathBuf,
+    #[command(flatten)]
+    devices: DeviceArgs,
     /// Inputs as npz (`p{i}_d{d}`); without it, seeded random inputs.
     #[arg(long)]
     inputs: Option<PathBuf>,
@@ -77,8 +96,12 @@ fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Check { file } => check(&file),
+        Command::Check(args) => check(&args),
         Command::Run(args) => run(&args),
+        Command::Flags => {
+            print!("{}", emitter::flags_help());
+            Ok(())
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -97,16 +120,38 @@ fn load(file: &std::path::Path) -> CliResult<(Module, f64)> {
     Ok((module, t.elapsed().as_secs_f64()))
 }
 
-fn check(file: &std::path::Path) -> CliResult<()> {
-    let (module, secs) = load(file)?;
+fn check(args: &CheckArgs) -> CliResult<()> {
+    let (module, secs) = load(&args.file)?;
     print!("{}", report::summary(&module));
+    let declared = module.config.replica_count.max(1) * module.config.num_partitions.max(1);
+    let collectives = module.collectives().len();
+    if args.devices.devices.is_none() && declared == 1 && collectives > 0 {
+        // JAX's dumps do not carry the device count in the header; guessing would
+        // explain decisions for a layout the user never asked about.
+        println!("{collectives} collectives: pass --devices N to see how each would run on N devices");
+    } else {
+        let cfg = run_config(&module, &args.devices)?;
+        let flags = flags(&args.devices)?;
+        let plan = emitter::plan(&module, cfg.num_devices, cfg.mode, &flags)?;
+        print!("{}", report::decisions(&plan, &cfg));
+    }
     println!("ok: parsed and verified in {}", report::duration(secs));
     Ok(())
 }
 
+/// PEERLESS_FLAGS, then each `--flag NAME=VALUE`.
+fn flags(args: &DeviceArgs) -> CliResult<emitter::Flags> {
+    let mut flags = emitter::Flags::from_env()?;
+    for f in &args.flags {
+        let f = f.trim_start_matches('-');
+        flags.apply(&format!("--{f}"))?;
+    }
+    Ok(flags)
+}
+
 /// Picks device count and mode from the flags and the module header, rejecting
 /// combinations the module contradicts.
-fn run_config(module: &Module, args: &RunArgs) -> CliResult<RunConfig> {
+fn run_config(module: &Module, args: &DeviceArgs) -> CliResult<RunConfig> {
     let (replicas, partitions) = (module.config.replica_count.max(1), module.config.num_partitions.max(1));
     let mode = match args.mode {
         Some(ModeArg::Replica) => Mode::Replica,
@@ -138,7 +183,7 @@ fn run_config(module: &Module, args: &RunArgs) -> CliResult<RunConfig> {
 
 fn run(args: &RunArgs) -> CliResult<()> {
     let (module, parse_secs) = load(&args.file)?;
-    let cfg = run_config(&module, args)?;
+    let cfg = run_config(&module, &args.devices)?;
     let inputs = match &args.inputs {
         Some(path) => interp::io::inputs_from_npz(&module, &cfg, &interp::io::read_npz(path)?)?,
         None => interp::io::random_inputs(&module, &cfg, args.seed)?,

@@ -2,7 +2,7 @@
 
 use std::fmt::Write;
 
-use hlo::{Array, Literal, Module, Opcode, PrimitiveType};
+use hlo::{Array, Literal, Module, PrimitiveType};
 use interp::{Mode, RunConfig};
 
 /// Formats seconds with a unit that keeps three significant digits.
@@ -43,9 +43,8 @@ pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
     out
 }
 
-/// `check`'s summary: the module, its entry signature and its collectives.
+/// `check`'s summary: the module and its entry signature.
 pub fn summary(module: &Module) -> String {
-    let entry = module.entry();
     let mut s = String::new();
     let _ = writeln!(
         s,
@@ -60,35 +59,37 @@ pub fn summary(module: &Module) -> String {
         let _ = writeln!(s, "  param {i}: {shape}");
     }
     let _ = writeln!(s, "  result: {}", module.entry_result_shape());
-    let rows: Vec<Vec<String>> = module
-        .collectives()
-        .into_iter()
-        .map(|id| {
-            let instr = module.instr(id);
-            let operand_ty = instr
-                .operands
-                .first()
-                .and_then(|&o| module.instr(o).shape.leaves().first().map(|a| a.ty.to_string()))
-                .unwrap_or_else(|| "-".into());
-            let bytes: usize = instr.operands.iter().map(|&o| module.instr(o).shape.byte_size()).sum();
-            let groups = match &instr.attrs.replica_groups {
-                Some(g) => g.to_string(),
-                None if instr.opcode == Opcode::CollectivePermute || instr.opcode == Opcode::CollectivePermuteStart => {
-                    let pairs = instr.attrs.source_target_pairs.as_deref().unwrap_or(&[]);
-                    let p: Vec<String> = pairs.iter().map(|(a, b)| format!("{a}->{b}")).collect();
-                    p.join(",")
-                }
-                None => "{}".into(),
-            };
-            vec![instr.name.clone(), instr.opcode.to_string(), operand_ty, bytes.to_string(), groups]
+    s
+}
+
+/// `check`'s decision table: one line per collective with the chosen implementation and why.
+pub fn decisions(plan: &[emitter::PlannedCollective], cfg: &RunConfig) -> String {
+    let mode = match cfg.mode {
+        Mode::Replica => "replicas",
+        Mode::Partition => "partitions",
+    };
+    if plan.is_empty() {
+        return format!("collectives on {} {mode}: none\n", cfg.num_devices);
+    }
+    let rows: Vec<Vec<String>> = plan
+        .iter()
+        .map(|p| {
+            vec![
+                p.instr.clone(),
+                p.op.to_string(),
+                p.dtype.to_string(),
+                p.bytes.to_string(),
+                thunks::fmt_groups(&p.groups),
+                p.decision.implementation.to_string(),
+                p.decision.reason.clone(),
+            ]
         })
         .collect();
-    if rows.is_empty() {
-        s.push_str("no collectives\n");
-    } else {
-        s.push_str(&table(&["collective", "op", "dtype", "bytes/device", "groups"], &rows));
-    }
-    s
+    format!(
+        "collectives on {} {mode}:\n{}",
+        cfg.num_devices,
+        table(&["collective", "op", "dtype", "bytes/device", "groups", "implementation", "reason"], &rows)
+    )
 }
 
 /// `run`'s output table: one row per device and result leaf.

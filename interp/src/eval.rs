@@ -665,10 +665,7 @@ impl<'a> Interp<'a> {
 
     /// (replica count, partition count) for the shared group analysis.
     fn counts(&self) -> (usize, usize) {
-        match self.mode {
-            Mode::Replica => (self.n, 1),
-            Mode::Partition => (1, self.n),
-        }
+        self.mode.counts(self.n)
     }
 
     /// Groups of device ids for a collective, following XLA's CollectiveOpGroupMode

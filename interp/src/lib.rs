@@ -25,15 +25,9 @@ pub mod single;
 
 use hlo::{InstrId, Literal, Module, Shape};
 
-/// How device ids map onto the module's replicas and partitions.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Mode {
-    /// `num_replicas = N`, one partition; replica groups name replica ids.
-    Replica,
-    /// `num_partitions = N`, one replica; with `use_global_device_ids` (or a channel id)
-    /// replica groups name partition ids.
-    Partition,
-}
+/// How device ids map onto the module's replicas and partitions (shared with the
+/// emitter, so both resolve replica groups the same way).
+pub use hlo::analysis::DeviceMode as Mode;
 
 /// What to run on.
 #[derive(Clone, Debug)]

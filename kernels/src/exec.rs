@@ -273,6 +273,9 @@ impl HostBackend {
     fn run_device(&self, dev: &HostDevice, program: &ThunkProgram, args: &[Literal]) -> Result<Literal, DeviceFailure> {
         let d = dev.rank();
         let setup = |message: String| DeviceFailure { thunk: 0, label: "(arguments)".into(), message, timeout: false };
+        if args.len() != program.params.len() {
+            return Err(setup(format!("{} arguments for {} parameters", args.len(), program.params.len())));
+        }
         for (i, (arg, regions)) in args.iter().zip(&program.params).enumerate() {
             Self::write_leaves(dev, regions, arg).map_err(|e| setup(format!("parameter {i}: {e}")))?;
         }

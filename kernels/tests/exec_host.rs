@@ -167,3 +167,54 @@ fn bad_arguments_are_errors() {
     // Bad arguments do not poison anything.
     check(&exe.execute(&args_for(4, 1.0)).unwrap(), 4, 1.0);
 }
+
+/// Modules the conformance cases do not cover, checked against the interpreter.
+#[test]
+fn matches_the_interpreter_on_async_copies_tuples_and_calls() {
+    let text = r#"
+HloModule misc, replica_count=4
+add {
+  x = s32[] parameter(0)
+  y = s32[] parameter(1)
+  ROOT z = s32[] add(x, y)
+}
+who {
+  v = s32[3] parameter(0)
+  r = u32[] replica-id()
+  c = s32[] convert(r)
+  b = s32[3] broadcast(c), dimensions={}
+  s = s32[3] add(v, b)
+  ROOT t = (s32[3], u32[]) tuple(s, r)
+}
+ENTRY main {
+  p = (s32[3], f32[2,2]) parameter(0)
+  a = s32[3] get-tuple-element(p), index=0
+  f = f32[2,2] get-tuple-element(p), index=1
+  cs = (f32[2,2], f32[2,2], u32[]) copy-start(f)
+  w = (s32[3], u32[]) call(a), to_apply=who
+  ws = s32[3] get-tuple-element(w), index=0
+  ars = s32[3] all-reduce-start(ws), replica_groups={{0,1},{2,3}}, to_apply=add
+  cd = f32[2,2] copy-done(cs)
+  ard = s32[3] all-reduce-done(ars)
+  ps = (s32[3], s32[3], u32[], u32[]) collective-permute-start(ard), source_target_pairs={{0,1},{1,2},{2,3}}
+  pd = s32[3] collective-permute-done(ps)
+  bc = f32[4] reshape(cd)
+  ROOT t = (s32[3], f32[4], (s32[3], s32[3], u32[], u32[]), (s32[3], u32[]), (f32[2,2], f32[2,2], u32[])) tuple(pd, bc, ps, w, cs)
+}
+"#;
+    let m = hlo::parse_text("misc.hlo", text).unwrap();
+    let args: Vec<Vec<Literal>> = (0..4i32)
+        .map(|d| {
+            let a = Array::from_slice(vec![3], &[d, 10 * d, -7]);
+            let f = Array::from_slice(vec![2, 2], &[d as f32, 1.5, -2.0, 0.25]);
+            vec![Literal::Tuple(vec![a.into(), f.into()])]
+        })
+        .collect();
+    let want = interp::run(&m, &interp::RunConfig { num_devices: 4, mode: interp::Mode::Replica }, &args).unwrap();
+    for flags in ["", "--all_reduce_backend=fallback --collective_permute_backend=fallback"] {
+        let exe = HostExecutable::new(&m, 4, DeviceMode::Replica, &Flags::parse(flags).unwrap()).unwrap();
+        for _ in 0..3 {
+            assert_eq!(exe.execute(&args).unwrap(), want, "flags '{flags}'\n{}", exe.programs()[0]);
+        }
+    }
+}

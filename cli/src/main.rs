@@ -1,9 +1,10 @@
 //! `peerless`: check and run XLA HLO modules on N devices.
 //!
 //! ```text
-//! peerless check FILE.hlo
+//! peerless check FILE.hlo [--devices N] [--mode replica|partition] [--thunks] [--flag NAME=VALUE]...
+//! peerless flags
 //! peerless run FILE.hlo --devices N [--mode replica|partition] [--inputs IN.npz]
-//!              [--seed S] [--out OUT.npz] [--backend interp]
+//!              [--seed S] [--out OUT.npz] [--backend host|interp] [--flag NAME=VALUE]...
 //! ```
 //! Arrays in npz files are named `p{i}_d{d}` (entry parameter i on device d) and
 //! `o{j}_d{d}` (leaf j of the entry result, depth first); see `interp::io`.
@@ -42,6 +43,9 @@ struct CheckArgs {
     file: PathBuf,
     #[command(flatten)]
     devices: DeviceArgs,
+    /// Also print every device's thunk program with arena offsets (host backend).
+    #[arg(long)]
+    thunks: bool,
 }
 
 /// Device layout and Peerless flags, shared by `check` and `run`.
@@ -76,7 +80,7 @@ struct RunArgs {
     #[arg(long)]
     out: Option<PathBuf>,
     /// Execution backend.
-    #[arg(long, value_enum, default_value_t = BackendArg::Interp)]
+    #[arg(long, value_enum, default_value_t = BackendArg::Host)]
     backend: BackendArg,
 }
 
@@ -88,6 +92,9 @@ enum ModeArg {
 
 #[derive(Clone, Copy, ValueEnum, PartialEq, Eq)]
 enum BackendArg {
+    /// N simulated devices, one worker thread each, running the thunk programs with the
+    /// same collective protocols as the GPU kernels.
+    Host,
     /// The reference interpreter (XLA semantics, devices evaluated in lockstep).
     Interp,
 }
@@ -134,6 +141,9 @@ fn check(args: &CheckArgs) -> CliResult<()> {
         let flags = flags(&args.devices)?;
         let plan = emitter::plan(&module, cfg.num_devices, cfg.mode, &flags)?;
         print!("{}", report::decisions(&plan, &cfg));
+        if args.thunks {
+            print!("{}", kernels::exec::host_programs(&module, cfg.num_devices, cfg.mode, &flags)?);
+        }
     }
     println!("ok: parsed and verified in {}", report::duration(secs));
     Ok(())
@@ -191,6 +201,10 @@ fn run(args: &RunArgs) -> CliResult<()> {
     log::info!("running {} on {} devices ({:?} mode)", module.name, cfg.num_devices, cfg.mode);
     let t = Instant::now();
     let outputs = match args.backend {
+        BackendArg::Host => {
+            let flags = flags(&args.devices)?;
+            kernels::exec::run_host(&module, cfg.num_devices, cfg.mode, &flags, &inputs)?
+        }
         BackendArg::Interp => interp::run(&module, &cfg, &inputs)?,
     };
     let run_secs = t.elapsed().as_secs_f64();
@@ -205,8 +219,12 @@ fn run(args: &RunArgs) -> CliResult<()> {
         Mode::Replica => "replicas",
         Mode::Partition => "partitions",
     };
+    let backend = match args.backend {
+        BackendArg::Host => "host",
+        BackendArg::Interp => "interp",
+    };
     println!(
-        "{}: {} {} on interp: parse+verify {}, run {}",
+        "{}: {} {} on {backend}: parse+verify {}, run {}",
         module.name,
         cfg.num_devices,
         mode,

@@ -1,0 +1,176 @@
+//! The `peerless` binary as a user runs it: exit codes, tables and error messages.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("cli lives in the workspace").to_path_buf()
+}
+
+fn peerless(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_peerless"))
+        .args(args)
+        .current_dir(repo())
+        .env_remove("PEERLESS_FLAGS")
+        .output()
+        .expect("run peerless")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("peerless-cli-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    dir.join(name)
+}
+
+#[test]
+fn readme_example_runs_on_both_backends_and_agrees() {
+    let mut outs = Vec::new();
+    for backend in ["host", "interp"] {
+        let path = tmp(&format!("ar-{backend}.npz"));
+        let o = peerless(&[
+            "run",
+            "examples/all_reduce.hlo",
+            "--devices",
+            "4",
+            "--backend",
+            backend,
+            "--out",
+            path.to_str().expect("utf-8 path"),
+        ]);
+        assert!(o.status.success(), "{backend}: {}", stderr(&o));
+        let out = stdout(&o);
+        assert!(out.contains("output  device"), "{out}");
+        assert!(out.contains("replica 3"), "{out}");
+        assert!(out.contains(&format!("4 replicas on {backend}")), "{out}");
+        outs.push(interp::io::read_npz(&path).expect("read npz"));
+    }
+    // Same seed, same inputs; sums of 4 f32 values in fixed order agree bitwise.
+    assert_eq!(outs[0], outs[1]);
+    assert!(outs[0].contains_key("p0_d3") && outs[0].contains_key("o1_d3"));
+}
+
+#[test]
+fn inputs_round_trip_through_npz() {
+    let first = tmp("first.npz");
+    let o = peerless(&["run", "examples/all_reduce.hlo", "--seed", "7", "--out", first.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let again = tmp("again.npz");
+    let o = peerless(&[
+        "run",
+        "examples/all_reduce.hlo",
+        "--inputs",
+        first.to_str().unwrap(),
+        "--out",
+        again.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(interp::io::read_npz(&first).unwrap(), interp::io::read_npz(&again).unwrap());
+}
+
+#[test]
+fn check_explains_dtype_guard_and_peer_access_fallbacks() {
+    let hlo = tmp("guards.hlo");
+    std::fs::write(
+        &hlo,
+        "HloModule guards\n\nsum {\n  a = f32[] parameter(0)\n  b = f32[] parameter(1)\n  ROOT s = f32[] add(a, b)\n}\n\n\
+         ENTRY main {\n  x = f8e4m3fn[4] parameter(0)\n  y = f32[16] parameter(1)\n  \
+         ags = (f8e4m3fn[4], f8e4m3fn[16]) all-gather-start(x), replica_groups={{0,1,2,3}}, dimensions={0}\n  \
+         ag = f8e4m3fn[16] all-gather-done(ags)\n  \
+         ar = f32[16] all-reduce(y), replica_groups={{0,2},{1,3}}, to_apply=sum\n  \
+         ROOT t = (f8e4m3fn[16], f32[16]) tuple(ag, ar)\n}\n",
+    )
+    .unwrap();
+    let o = peerless(&["check", hlo.to_str().unwrap(), "--devices", "4", "--flag", "host_topology=pairs:0-1,2-3"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    let line = |name: &str| out.lines().find(|l| l.starts_with(name)).unwrap_or_default().to_owned();
+    assert!(line("ags").contains("fallback") && line("ags").contains("dtype guard"), "{out}");
+    assert!(line("ags").contains("f8e4m3fn"), "{out}");
+    assert!(line("ar ").contains("fallback") && line("ar ").contains("no peer access 0↔2"), "{out}");
+    // With a full mesh the all-reduce takes the one-shot kernel.
+    let o = peerless(&["check", hlo.to_str().unwrap(), "--devices", "4", "--thunks"]);
+    let out = stdout(&o);
+    assert!(out.contains("kernel (one-shot all-reduce)"), "{out}");
+    assert!(out.contains("device 3: arena"), "{out}");
+}
+
+#[test]
+fn bad_flags_list_the_valid_ones() {
+    let o = peerless(&["check", "examples/all_reduce.hlo", "--flag", "all_reduce_backend=fast"]);
+    assert!(!o.status.success());
+    let err = stderr(&o);
+    assert!(err.contains("all_reduce_backend") && err.contains("one_shot_max_bytes"), "{err}");
+    let o = peerless(&["flags"]);
+    assert!(o.status.success() && stdout(&o).contains("collective_timeout_ms"));
+}
+
+#[test]
+fn forced_kernel_on_unsupported_case_is_an_error() {
+    let o = peerless(&[
+        "run",
+        "hlo-tests/cases/f8_s4_movement.hlo",
+        "--devices",
+        "2",
+        "--flag",
+        "all_gather_backend=kernel",
+    ]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("dtype guard"), "{}", stderr(&o));
+}
+
+/// Malformed inputs: each gets a non-zero exit and an error with a location.
+#[test]
+fn malformed_inputs_fail_cleanly_with_locations() {
+    let good = "HloModule m\n\nENTRY e {\n  x = f32[4] parameter(0)\n  ROOT y = f32[4] negate(x)\n}\n";
+    let cases: Vec<(&str, String, &str)> = vec![
+        ("empty", String::new(), ":1:1:"),
+        ("truncated", good[..good.len() - 20].to_owned(), ":"),
+        ("unknown opcode", good.replace("negate", "frobnicate"), ":5:"),
+        ("unknown type", good.replace("f32[4] negate", "f31[4] negate"), ":5:"),
+        ("shape mismatch", good.replace("ROOT y = f32[4]", "ROOT y = f32[5]"), ":5:"),
+        ("operand type", good.replace("ROOT y = f32[4] negate(x)", "ROOT y = s32[4] negate(x)"), ":5:"),
+        ("undefined operand", good.replace("negate(x)", "negate(z)"), ":5:"),
+        ("duplicate name", good.replace("ROOT y", "ROOT x"), ":5:"),
+        ("missing entry", good.replace("ENTRY ", ""), ":"),
+        ("unbalanced", good.replace("ROOT y = f32[4] negate(x)\n}", "ROOT y = f32[4] negate(x)\n"), ":"),
+        ("bad dims", good.replace("f32[4] parameter", "f32[4,] parameter"), ":4:"),
+        ("bad groups", good.replace("negate(x)", "all-reduce(x), replica_groups={{0,1}, to_apply=e"), ":5:"),
+        ("bad iota groups", good.replace("negate(x)", "all-reduce(x), replica_groups=[2,3]<=[4], to_apply=e"), ":5:"),
+        ("unknown computation", good.replace("negate(x)", "call(x), to_apply=nowhere"), ":5:"),
+        ("param gap", good.replace("parameter(0)", "parameter(1)"), ":4:"),
+        ("bad constant", good.replace("negate(x)", "constant({1,2,3})"), ":5:"),
+        ("int out of range", good.replace("ROOT y = f32[4] negate(x)", "ROOT y = s8[] constant(300)"), ":5:"),
+        ("bad attribute", good.replace("negate(x)", "broadcast(x), dimensions={7}"), ":5:"),
+        ("bad slice", good.replace("ROOT y = f32[4] negate(x)", "ROOT y = f32[2] slice(x), slice={[3:9]}"), ":5:"),
+        ("bad transpose", good.replace("ROOT y = f32[4] negate(x)", "ROOT y = f32[4] transpose(x), dimensions={1}"), ":5:"),
+        ("unterminated string", good.replace("negate(x)", "negate(x), metadata={op_name=\"oops}"), ":"),
+        ("nesting bomb", format!("HloModule m\nENTRY e {{\n  x = {} parameter(0)\n}}\n", "(".repeat(10_000)), ":3:"),
+        ("huge dims", good.replace("f32[4] parameter", "f32[99999999999999999999] parameter"), ":4:"),
+    ];
+    assert!(cases.len() >= 20);
+    for (what, text, loc) in &cases {
+        let path = tmp(&format!("bad-{}.hlo", what.replace(' ', "_")));
+        std::fs::write(&path, text).unwrap();
+        let o = peerless(&["check", path.to_str().unwrap()]);
+        let err = stderr(&o);
+        assert!(!o.status.success(), "{what}: exit 0\n{}", stdout(&o));
+        assert!(err.starts_with("error: ") && err.contains(&format!("{}{loc}", path.display())), "{what}: {err}");
+        assert!(!err.contains("panicked"), "{what}: {err}");
+    }
+    // Garbage bytes are taken as a proto and rejected as one.
+    let path = tmp("garbage.pb");
+    std::fs::write(&path, [0xffu8, 0x13, 0x00, 0x9a, 0x42, 0x07, 0xee]).unwrap();
+    let o = peerless(&["check", path.to_str().unwrap()]);
+    assert!(!o.status.success() && stderr(&o).contains("HloModuleProto"), "{}", stderr(&o));
+    // A missing file is a clear error too.
+    let o = peerless(&["run", "no/such/file.hlo"]);
+    assert!(!o.status.success() && stderr(&o).contains("cannot read"), "{}", stderr(&o));
+}

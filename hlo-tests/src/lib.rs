@@ -4,12 +4,10 @@
 //! Goldens are produced only by `hlo-tests/gen_goldens.py` (XLA's CPU backend via
 //! jaxlib, or the JAX program itself for `jax_*` cases). Nothing here writes them.
 
-use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::io::Read as _;
 use std::path::{Path, PathBuf};
 
-use hlo::{Array, ArrayShape, Literal, PrimitiveType, Shape};
+use hlo::{Array, Literal, PrimitiveType, Shape};
 
 /// The suite's root directory (`hlo-tests/`).
 pub fn suite_dir() -> PathBuf {
@@ -168,116 +166,28 @@ pub fn golden_inventory() -> std::io::Result<Vec<(String, usize)>> {
 
 // ------------------------------------------------------------------------------- npz
 
-/// A raw array from an npz: numpy type char (`b`, `i`, `u`, `f`), item size, shape,
-/// little-endian C-order bytes.
-#[derive(Clone, Debug)]
-pub struct RawArray {
-    pub kind: char,
-    pub item_size: usize,
-    pub dims: Vec<i64>,
-    pub data: Vec<u8>,
-}
-
-/// Reads every array of an npz file.
-pub fn read_npz(path: &Path) -> Result<BTreeMap<String, RawArray>, String> {
-    let ctx = |e: std::io::Error| format!("{}: {e}", path.display());
-    let mut archive = npyz::npz::NpzArchive::open(path).map_err(ctx)?;
-    let names: Vec<String> = archive.array_names().map(str::to_owned).collect();
-    let mut out = BTreeMap::new();
-    for name in names {
-        let file = archive.by_name(&name).map_err(ctx)?.ok_or_else(|| format!("{}: no {name}", path.display()))?;
-        let npyz::DType::Plain(ts) = file.dtype() else {
-            return Err(format!("{}: {name}: not a plain dtype", path.display()));
-        };
-        if file.order() != npyz::Order::C {
-            return Err(format!("{}: {name}: Fortran order", path.display()));
-        }
-        let item_size = ts.num_bytes().ok_or_else(|| format!("{}: {name}: dtype size", path.display()))?;
-        if item_size > 1 && ts.endianness() == npyz::Endianness::Big {
-            return Err(format!("{}: {name}: big-endian", path.display()));
-        }
-        let kind = match ts.type_char() {
-            npyz::TypeChar::Bool => 'b',
-            npyz::TypeChar::Int => 'i',
-            npyz::TypeChar::Uint => 'u',
-            npyz::TypeChar::Float => 'f',
-            other => return Err(format!("{}: {name}: unsupported dtype {other:?}", path.display())),
-        };
-        let dims: Vec<i64> = file.shape().iter().map(|&d| d as i64).collect();
-        let count: usize = dims.iter().product::<i64>() as usize;
-        let mut data = Vec::new();
-        file.into_inner().read_to_end(&mut data).map_err(ctx)?;
-        if data.len() != count * item_size {
-            return Err(format!(
-                "{}: {name}: {} data bytes, expected {}",
-                path.display(),
-                data.len(),
-                count * item_size
-            ));
-        }
-        out.insert(name, RawArray { kind, item_size, dims, data });
-    }
-    Ok(out)
-}
-
-/// The numpy (type char, item size) a golden of element type `ty` is stored with:
-/// bf16 as uint16 bits, f8 types as uint8 bits, s4/u4 as one uint8 per element
-/// (s4 sign-extended), pred as bool, everything else as its native numpy type.
-pub fn storage_of(ty: PrimitiveType) -> Option<(char, usize)> {
-    use PrimitiveType as T;
-    Some(match ty {
-        T::Pred => ('b', 1),
-        T::S8 => ('i', 1),
-        T::S16 => ('i', 2),
-        T::S32 => ('i', 4),
-        T::S64 => ('i', 8),
-        T::U8 => ('u', 1),
-        T::U16 => ('u', 2),
-        T::U32 => ('u', 4),
-        T::U64 => ('u', 8),
-        T::F16 => ('f', 2),
-        T::F32 => ('f', 4),
-        T::F64 => ('f', 8),
-        T::Bf16 => ('u', 2),
-        T::S4 | T::U4 => ('u', 1),
-        t if t.is_f8() => ('u', 1),
-        _ => return None,
+/// Reinterprets a stored golden array as element type `ty` (`interp::io`'s npz
+/// convention: bf16 as uint16 bits, f8 and s4/u4 as uint8, everything else native). Its
+/// dims come from the npz: for `jax_*` cases they are per-device shard dims.
+pub fn to_array(stored: &Array, ty: PrimitiveType) -> Result<Array, String> {
+    interp::io::to_type(stored.clone(), ty).ok_or_else(|| {
+        let want = interp::io::storage_type(ty).map_or_else(|| "nothing".to_owned(), |t| t.name().to_owned());
+        format!("stored as {} but element type {} is stored as {want}", stored.ty().name(), ty.name())
     })
-}
-
-/// Builds a Peerless array of element type `ty` from a stored golden array (its dims
-/// are taken from the npz: for `jax_*` cases they are per-device shard dims).
-pub fn to_array(raw: &RawArray, ty: PrimitiveType) -> Result<Array, String> {
-    let want = storage_of(ty).ok_or_else(|| format!("element type {} has no npz storage", ty.name()))?;
-    if (raw.kind, raw.item_size) != want {
-        return Err(format!(
-            "stored as {}{} but element type {} needs {}{}",
-            raw.kind,
-            raw.item_size,
-            ty.name(),
-            want.0,
-            want.1
-        ));
-    }
-    let mut data = raw.data.clone();
-    if ty == PrimitiveType::Pred {
-        data.iter_mut().for_each(|b| *b = (*b != 0) as u8);
-    }
-    Array::new(ArrayShape::new(ty, raw.dims.clone()), data).map_err(|e| e.to_string())
 }
 
 /// A case's golden for one device count: per-device inputs and expected result leaves.
 #[derive(Clone, Debug)]
 pub struct Golden {
     /// `inputs[d][i]` = `p{i}_d{d}`.
-    pub inputs: Vec<Vec<RawArray>>,
+    pub inputs: Vec<Vec<Array>>,
     /// `outputs[d][j]` = `o{j}_d{d}`.
-    pub outputs: Vec<Vec<RawArray>>,
+    pub outputs: Vec<Vec<Array>>,
 }
 
 /// Reads `p{i}_d{d}` / `o{j}_d{d}` for `n` devices and checks that no other names exist.
 pub fn read_golden(path: &Path, n: usize) -> Result<Golden, String> {
-    let mut arrays = read_npz(path)?;
+    let mut arrays = interp::io::read_npz(path).map_err(|e| e.to_string())?;
     let mut take = |prefix: char, d: usize| {
         let mut v = Vec::new();
         while let Some(a) = arrays.remove(&format!("{prefix}{}_d{d}", v.len())) {

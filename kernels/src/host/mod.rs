@@ -44,33 +44,9 @@ use arena::Arena;
 /// directions between every pair of devices that exchange data.
 pub type PeerMatrix = Vec<Vec<bool>>;
 
-/// A byte range of a device's arena. Collective regions are symmetric: the same offsets
-/// on every device.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub struct Region {
-    pub offset: usize,
-    pub len: usize,
-}
-
-impl Region {
-    pub fn new(offset: usize, len: usize) -> Self {
-        Region { offset, len }
-    }
-
-    /// Whether the two ranges share a byte (empty regions share none).
-    fn overlaps(&self, other: &Region) -> bool {
-        self.len > 0
-            && other.len > 0
-            && self.offset < other.offset.saturating_add(other.len)
-            && other.offset < self.offset.saturating_add(self.len)
-    }
-}
-
-impl fmt::Display for Region {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "[{}, +{})", self.offset, self.len)
-    }
-}
+/// A byte range of a device's arena (the thunk programs' type). Collective regions are
+/// symmetric: the same offsets on every device.
+pub use thunks::Region;
 
 /// One execution of a collective on one device.
 #[derive(Clone, Debug)]

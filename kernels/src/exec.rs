@@ -435,7 +435,7 @@ impl HostExecutable {
             return Err(ExecError::BadArguments("num_devices must be at least 1".into()));
         }
         let flat = emitter::inline_calls(module)?;
-        let evaluator = InstrEvaluator::new(&flat, &RunConfig { num_devices, mode: mode })?;
+        let evaluator = InstrEvaluator::new(&flat, &RunConfig { num_devices, mode })?;
         let table = PeerAccessTable::for_host_topology(num_devices, &flags.host_topology);
         let built =
             emitter::build_programs(&flat, num_devices, mode, flags, &table, &EvalInfo(&evaluator), &HostSizer)?;
@@ -569,7 +569,7 @@ pub fn host_programs(
         return Err(ExecError::BadArguments("num_devices must be at least 1".into()));
     }
     let flat = emitter::inline_calls(module)?;
-    let evaluator = InstrEvaluator::new(&flat, &RunConfig { num_devices, mode: mode })?;
+    let evaluator = InstrEvaluator::new(&flat, &RunConfig { num_devices, mode })?;
     let table = PeerAccessTable::for_host_topology(num_devices, &flags.host_topology);
     Ok(emitter::build_programs(&flat, num_devices, mode, flags, &table, &EvalInfo(&evaluator), &HostSizer)?)
 }

@@ -17,6 +17,12 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 step "cargo test"
 cargo test --workspace --locked
 
+step "JAX 0.10.2 loads the PJRT plugin (plugin/tests/test_jax.py)"
+cargo build -p peerless-pjrt --locked
+target_dir=$(cargo metadata --format-version 1 --no-deps | python3 -c "import json,sys; print(json.load(sys.stdin)['target_directory'])")
+PEERLESS_PJRT_LIBRARY="$target_dir/debug/libpeerless_pjrt.so" PYTHONPATH=plugin/python \
+  python3 -m pytest -q plugin/tests/test_jax.py
+
 if [ "${PEERLESS_SKIP_GOLDEN_CHECK:-0}" != "1" ]; then
   step "XLA goldens are reproducible (hlo-tests/gen_goldens.py --check)"
   python3 hlo-tests/gen_goldens.py --check

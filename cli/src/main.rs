@@ -9,6 +9,8 @@
 //! Arrays in npz files are named `p{i}_d{d}` (entry parameter i on device d) and
 //! `o{j}_d{d}` (leaf j of the entry result, depth first); see `interp::io`.
 
+mod bench;
+mod devices;
 mod report;
 
 use std::path::PathBuf;
@@ -35,6 +37,10 @@ enum Command {
     Run(RunArgs),
     /// List the Peerless flags (set in PEERLESS_FLAGS or with --flag NAME=VALUE).
     Flags,
+    /// Benchmark Peerless's CUDA collective kernels beside NCCL on the local GPUs.
+    Bench(bench::BenchArgs),
+    /// List the local GPUs, the peer-access table and the probe results.
+    Devices,
 }
 
 #[derive(clap::Args)]
@@ -109,6 +115,8 @@ fn main() -> ExitCode {
             print!("{}", emitter::flags_help());
             Ok(())
         }
+        Command::Bench(args) => bench::run(&args).map_err(Into::into),
+        Command::Devices => devices::run().map_err(Into::into),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -150,7 +150,11 @@ fn malformed_inputs_fail_cleanly_with_locations() {
         ("int out of range", good.replace("ROOT y = f32[4] negate(x)", "ROOT y = s8[] constant(300)"), ":5:"),
         ("bad attribute", good.replace("negate(x)", "broadcast(x), dimensions={7}"), ":5:"),
         ("bad slice", good.replace("ROOT y = f32[4] negate(x)", "ROOT y = f32[2] slice(x), slice={[3:9]}"), ":5:"),
-        ("bad transpose", good.replace("ROOT y = f32[4] negate(x)", "ROOT y = f32[4] transpose(x), dimensions={1}"), ":5:"),
+        (
+            "bad transpose",
+            good.replace("ROOT y = f32[4] negate(x)", "ROOT y = f32[4] transpose(x), dimensions={1}"),
+            ":5:",
+        ),
         ("unterminated string", good.replace("negate(x)", "negate(x), metadata={op_name=\"oops}"), ":"),
         ("nesting bomb", format!("HloModule m\nENTRY e {{\n  x = {} parameter(0)\n}}\n", "(".repeat(10_000)), ":3:"),
         ("huge dims", good.replace("f32[4] parameter", "f32[99999999999999999999] parameter"), ":4:"),

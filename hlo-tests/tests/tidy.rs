@@ -46,7 +46,7 @@ fn bazel_paths_exist() {
         assert!(root.join(&path).is_file(), "BUILD.bazel names crate_root {path}, which does not exist");
         checked += 1;
     }
-    for pattern in quoted_values(&build, "srcs").into_iter().chain(quoted_values(&build, "data")) {
+    for pattern in ["srcs", "data", "compile_data"].into_iter().flat_map(|k| quoted_values(&build, k)) {
         let prefix = pattern.split('*').next().unwrap_or(&pattern).trim_end_matches('/');
         assert!(root.join(prefix).exists(), "BUILD.bazel names {pattern}, but {prefix} does not exist");
         checked += 1;

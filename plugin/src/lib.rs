@@ -1,8 +1,32 @@
-//! The PJRT C API implemented in Rust. A thin `cdylib` on top will export
-//! `GetPjrtApi`; all logic lives here so it is unit-testable. Filled by the plugin issue.
+//! The PJRT C API (version 0.54, the header `pjrt-sys` ships) implemented in Rust over the
+//! Peerless host backend. The `peerless-pjrt` cdylib (plugin/so) exports [`api`] as
+//! `GetPjrtApi`; all logic lives here so it is unit-testable through the function table.
+//!
+//! Module map: [`boundary`] (the one shape of every entry point: struct_size check,
+//! catch_unwind, errors), [`error`], [`runtime`] (client, devices, buffers, events,
+//! compile/execute), [`mlir`] (the registered MLIR → HLO converter), [`api`] (entry points
+//! and the table).
 
-/// The platform name JAX sees (`JAX_PLATFORMS=peerless`).
-pub const PLATFORM_NAME: &str = "peerless";
+pub mod api;
+pub mod boundary;
+pub mod error;
+pub mod mlir;
+pub mod runtime;
+
+use std::sync::OnceLock;
 
 /// Re-exported so the plugin and the CLI agree on the IR version.
 pub use hlo;
+pub use pjrt_sys;
+
+/// The platform name JAX sees (`JAX_PLATFORMS=peerless`).
+pub const PLATFORM_NAME: &str = "peerless";
+/// The platform version reported by the topology.
+pub const PLATFORM_VERSION: &str = concat!("peerless ", env!("CARGO_PKG_VERSION"));
+
+static TABLE: OnceLock<api::Table> = OnceLock::new();
+
+/// The function table (`GetPjrtApi`'s result). Never null; lives for the process.
+pub fn api() -> *const pjrt_sys::PJRT_Api {
+    &TABLE.get_or_init(api::table).api
+}

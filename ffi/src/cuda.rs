@@ -1,0 +1,392 @@
+//! The CUDA driver: result layer (every status → [`Error::Call`] naming call and device) and
+//! small owners. Contexts are the devices' primary contexts; memory is plain `cuMemAlloc`
+//! (never managed memory).
+
+use std::ffi::c_void;
+use std::sync::OnceLock;
+
+use cudarc::driver::result as r;
+use cudarc::driver::sys;
+
+use crate::{Error, Result, guarded};
+
+/// Maps a driver status to an [`Error`] naming the call and the device.
+fn ck<T>(call: &'static str, dev: Option<usize>, res: Result<T, r::DriverError>) -> Result<T> {
+    res.map_err(|e| {
+        let name = e.error_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+        let text = e.error_string().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+        Error::Call { call, device: dev, status: format!("{name} ({}): {text}", e.0 as i32) }
+    })
+}
+
+/// Runs a driver call guarded against missing symbols and checks its status.
+fn call<T>(name: &'static str, dev: Option<usize>, f: impl FnOnce() -> Result<T, r::DriverError>) -> Result<T> {
+    ck(name, dev, guarded(name, dev, f)?)
+}
+
+/// Raw status → result, for `sys` calls cudarc has no result wrapper for.
+fn st(s: sys::CUresult) -> Result<(), r::DriverError> {
+    s.result()
+}
+
+static INIT: OnceLock<Result<()>> = OnceLock::new();
+
+/// Probes libcuda and runs `cuInit` once.
+pub fn init() -> Result<()> {
+    INIT.get_or_init(|| {
+        if !crate::libs::cuda_present() {
+            return Err(Error::Library {
+                lib: "libcuda",
+                reason: "libcuda.so.1 not found on the loader path (no NVIDIA driver on this machine?)".into(),
+            });
+        }
+        call("cuInit", None, r::init)
+    })
+    .clone()
+}
+
+/// Number of visible devices.
+pub fn device_count() -> Result<usize> {
+    init()?;
+    Ok(call("cuDeviceGetCount", None, r::device::get_count)?.max(0) as usize)
+}
+
+/// A device's primary context, retained for the life of the value.
+#[derive(Debug)]
+pub struct Context {
+    pub ordinal: usize,
+    pub dev: sys::CUdevice,
+    pub ctx: sys::CUcontext,
+}
+
+// SAFETY: a CUcontext handle may be used from any thread once made current there; every method
+// makes it current first.
+unsafe impl Send for Context {}
+// SAFETY: as above; the driver serialises use of one context internally.
+unsafe impl Sync for Context {}
+
+impl Context {
+    pub fn new(ordinal: usize) -> Result<Context> {
+        init()?;
+        let d = Some(ordinal);
+        let dev = call("cuDeviceGet", d, || r::device::get(ordinal as i32))?;
+        // SAFETY: `dev` is a valid device handle from cuDeviceGet.
+        let ctx = call("cuDevicePrimaryCtxRetain", d, || unsafe { r::primary_ctx::retain(dev) })?;
+        let c = Context { ordinal, dev, ctx };
+        c.bind()?;
+        Ok(c)
+    }
+
+    /// Makes this context current on the calling thread.
+    pub fn bind(&self) -> Result<()> {
+        // SAFETY: `self.ctx` is a retained primary context, valid until drop.
+        call("cuCtxSetCurrent", Some(self.ordinal), || unsafe { r::ctx::set_current(self.ctx) })
+    }
+
+    fn d(&self) -> Option<usize> {
+        Some(self.ordinal)
+    }
+
+    pub fn name(&self) -> Result<String> {
+        call("cuDeviceGetName", self.d(), || r::device::get_name(self.dev))
+    }
+
+    pub fn attribute(&self, a: sys::CUdevice_attribute) -> Result<i32> {
+        // SAFETY: `self.dev` is a valid device handle.
+        call("cuDeviceGetAttribute", self.d(), || unsafe { r::device::get_attribute(self.dev, a) })
+    }
+
+    /// (major, minor) compute capability.
+    pub fn compute_capability(&self) -> Result<(i32, i32)> {
+        Ok((
+            self.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
+            self.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
+        ))
+    }
+
+    pub fn sm_count(&self) -> Result<i32> {
+        self.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+    }
+
+    /// `cuDeviceCanAccessPeer(self → peer)`.
+    pub fn can_access_peer(&self, peer: &Context) -> Result<bool> {
+        let mut v = 0i32;
+        call("cuDeviceCanAccessPeer", self.d(), || {
+            // SAFETY: both handles are valid devices; `v` outlives the call.
+            st(unsafe { sys::cuDeviceCanAccessPeer(&mut v, self.dev, peer.dev) })
+        })?;
+        Ok(v != 0)
+    }
+
+    /// Lets kernels in this context access `peer`'s memory. Enabling twice is not an error.
+    pub fn enable_peer_access(&self, peer: &Context) -> Result<()> {
+        self.bind()?;
+        // SAFETY: `peer.ctx` is a retained context; this context is current.
+        let s = guarded("cuCtxEnablePeerAccess", self.d(), || unsafe { sys::cuCtxEnablePeerAccess(peer.ctx, 0) })?;
+        if s == sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED {
+            return Ok(());
+        }
+        ck("cuCtxEnablePeerAccess", self.d(), st(s))
+    }
+
+    pub fn synchronize(&self) -> Result<()> {
+        self.bind()?;
+        call("cuCtxSynchronize", self.d(), r::ctx::synchronize)
+    }
+
+    /// Loads a CUBIN or PTX image (NUL-terminated for PTX).
+    pub fn load_module(&self, image: &[u8]) -> Result<Module> {
+        self.bind()?;
+        let mut img = image.to_vec();
+        img.push(0);
+        // SAFETY: `img` is a complete image that outlives the call (the driver copies it).
+        let m = call("cuModuleLoadData", self.d(), || unsafe { r::module::load_data(img.as_ptr() as *const c_void) })?;
+        Ok(Module { m, ordinal: self.ordinal })
+    }
+}
+
+impl Drop for Context {
+    fn drop(&mut self) {
+        // SAFETY: releases the retain taken in `new`, once.
+        let _ = guarded("cuDevicePrimaryCtxRelease", self.d(), || unsafe { r::primary_ctx::release(self.dev) });
+    }
+}
+
+/// A loaded module; lives as long as its context (never unloaded while the context lives).
+#[derive(Debug)]
+pub struct Module {
+    m: sys::CUmodule,
+    ordinal: usize,
+}
+// SAFETY: module and function handles are context-wide and usable from any thread.
+unsafe impl Send for Module {}
+// SAFETY: as above; they are immutable.
+unsafe impl Sync for Module {}
+
+/// A kernel entry point.
+#[derive(Debug, Clone, Copy)]
+pub struct Function {
+    pub f: sys::CUfunction,
+    pub ordinal: usize,
+}
+// SAFETY: function handles are immutable and context-wide.
+unsafe impl Send for Function {}
+// SAFETY: as above.
+unsafe impl Sync for Function {}
+
+impl Module {
+    pub fn function(&self, name: &str) -> Result<Function> {
+        let n = std::ffi::CString::new(name).map_err(|_| Error::Invalid(format!("kernel name {name:?}")))?;
+        // SAFETY: `self.m` is a loaded module; `n` outlives the call.
+        let f = call("cuModuleGetFunction", Some(self.ordinal), || unsafe { r::module::get_function(self.m, n) })?;
+        Ok(Function { f, ordinal: self.ordinal })
+    }
+}
+
+/// A non-blocking stream.
+#[derive(Debug)]
+pub struct Stream {
+    pub s: sys::CUstream,
+    pub ordinal: usize,
+}
+// SAFETY: stream handles may be used from any thread with their context current.
+unsafe impl Send for Stream {}
+// SAFETY: as above.
+unsafe impl Sync for Stream {}
+
+impl Stream {
+    pub fn new(ctx: &Context) -> Result<Stream> {
+        ctx.bind()?;
+        let s = call("cuStreamCreate", Some(ctx.ordinal), || r::stream::create(r::stream::StreamKind::NonBlocking))?;
+        Ok(Stream { s, ordinal: ctx.ordinal })
+    }
+
+    pub fn synchronize(&self) -> Result<()> {
+        // SAFETY: `self.s` is a live stream.
+        call("cuStreamSynchronize", Some(self.ordinal), || unsafe { r::stream::synchronize(self.s) })
+    }
+
+    /// Launches `f` with `params` (pointers to each argument, in the kernel's order).
+    ///
+    /// # Safety
+    /// `params` must match the kernel's parameter list in number, order and layout, and every
+    /// pointer argument must stay valid until the kernel finishes.
+    pub unsafe fn launch(&self, f: &Function, grid: u32, block: u32, params: &mut [*mut c_void]) -> Result<()> {
+        // SAFETY: the caller guarantees the parameter list; `f` belongs to this stream's context.
+        call("cuLaunchKernel", Some(self.ordinal), || unsafe {
+            r::launch_kernel(f.f, (grid, 1, 1), (block, 1, 1), 0, self.s, params)
+        })
+    }
+
+    pub fn wait(&self, e: &Event) -> Result<()> {
+        // SAFETY: both handles are live.
+        call("cuStreamWaitEvent", Some(self.ordinal), || unsafe {
+            r::stream::wait_event(self.s, e.e, sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT)
+        })
+    }
+
+    /// Async device-to-device copy of `len` bytes (same or peer device, unified addressing).
+    pub fn copy_d2d(&self, dst: u64, src: u64, len: usize) -> Result<()> {
+        // SAFETY: the caller's buffers are device allocations of at least `len` bytes.
+        call("cuMemcpyDtoDAsync", Some(self.ordinal), || unsafe { r::memcpy_dtod_async(dst, src, len, self.s) })
+    }
+
+    pub fn memset_u8(&self, dst: u64, v: u8, len: usize) -> Result<()> {
+        // SAFETY: as in copy_d2d.
+        call("cuMemsetD8Async", Some(self.ordinal), || unsafe { r::memset_d8_async(dst, v, len, self.s) })
+    }
+
+    /// Starts capturing this stream into a graph (relaxed mode: other threads may keep working).
+    pub fn begin_capture(&self) -> Result<()> {
+        // SAFETY: the stream is live.
+        call("cuStreamBeginCapture", Some(self.ordinal), || unsafe {
+            r::stream::begin_capture(self.s, sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
+        })
+    }
+
+    pub fn end_capture(&self) -> Result<Graph> {
+        // SAFETY: the stream is capturing (begin_capture succeeded).
+        let g = call("cuStreamEndCapture", Some(self.ordinal), || unsafe { r::stream::end_capture(self.s) })?;
+        let mut exec: sys::CUgraphExec = std::ptr::null_mut();
+        call("cuGraphInstantiateWithFlags", Some(self.ordinal), || {
+            // SAFETY: `g` is the captured graph; `exec` outlives the call.
+            st(unsafe { sys::cuGraphInstantiateWithFlags(&mut exec, g, 0) })
+        })?;
+        Ok(Graph { g, exec, ordinal: self.ordinal })
+    }
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        // SAFETY: destroys the stream created in `new`, once; pending work completes first.
+        let _ = guarded("cuStreamDestroy", Some(self.ordinal), || unsafe { r::stream::destroy(self.s) });
+    }
+}
+
+/// An instantiated CUDA graph.
+#[derive(Debug)]
+pub struct Graph {
+    g: sys::CUgraph,
+    exec: sys::CUgraphExec,
+    ordinal: usize,
+}
+// SAFETY: graph handles may be launched from any thread.
+unsafe impl Send for Graph {}
+
+impl Graph {
+    pub fn launch(&self, s: &Stream) -> Result<()> {
+        // SAFETY: `exec` is instantiated and `s` is live.
+        call("cuGraphLaunch", Some(self.ordinal), || unsafe { r::graph::launch(self.exec, s.s) })
+    }
+}
+
+impl Drop for Graph {
+    fn drop(&mut self) {
+        // SAFETY: destroys handles created in end_capture, once.
+        let _ = guarded("cuGraphExecDestroy", Some(self.ordinal), || unsafe {
+            let _ = r::graph::exec_destroy(self.exec);
+            r::graph::destroy(self.g)
+        });
+    }
+}
+
+/// A timing event.
+#[derive(Debug)]
+pub struct Event {
+    e: sys::CUevent,
+    ordinal: usize,
+}
+// SAFETY: event handles may be used from any thread.
+unsafe impl Send for Event {}
+// SAFETY: as above.
+unsafe impl Sync for Event {}
+
+impl Event {
+    pub fn new(ctx: &Context) -> Result<Event> {
+        ctx.bind()?;
+        let e = call("cuEventCreate", Some(ctx.ordinal), || r::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT))?;
+        Ok(Event { e, ordinal: ctx.ordinal })
+    }
+
+    pub fn record(&self, s: &Stream) -> Result<()> {
+        // SAFETY: both handles are live.
+        call("cuEventRecord", Some(self.ordinal), || unsafe { r::event::record(self.e, s.s) })
+    }
+
+    pub fn synchronize(&self) -> Result<()> {
+        // SAFETY: the event is live.
+        call("cuEventSynchronize", Some(self.ordinal), || unsafe { r::event::synchronize(self.e) })
+    }
+
+    /// Milliseconds from `start` to `self` (both recorded and complete).
+    pub fn since(&self, start: &Event) -> Result<f32> {
+        // SAFETY: both events are live.
+        call("cuEventElapsedTime", Some(self.ordinal), || unsafe { r::event::elapsed(start.e, self.e) })
+    }
+}
+
+impl Drop for Event {
+    fn drop(&mut self) {
+        // SAFETY: destroys the event created in `new`, once.
+        let _ = guarded("cuEventDestroy", Some(self.ordinal), || unsafe { r::event::destroy(self.e) });
+    }
+}
+
+/// A plain device allocation (`cuMemAlloc`), freed on drop.
+#[derive(Debug)]
+pub struct DeviceBuffer {
+    pub ptr: u64,
+    pub len: usize,
+    pub ordinal: usize,
+    ctx: sys::CUcontext,
+}
+// SAFETY: a device pointer is a plain address; frees bind the owning context first.
+unsafe impl Send for DeviceBuffer {}
+// SAFETY: as above; the value itself is immutable.
+unsafe impl Sync for DeviceBuffer {}
+
+impl DeviceBuffer {
+    /// Allocates `len` bytes (at least 1) and zeroes them.
+    pub fn zeroed(ctx: &Context, len: usize) -> Result<DeviceBuffer> {
+        ctx.bind()?;
+        let n = len.max(1);
+        // SAFETY: allocation in the current context; no managed memory.
+        let ptr = call("cuMemAlloc", Some(ctx.ordinal), || unsafe { r::malloc_sync(n) })?;
+        let b = DeviceBuffer { ptr, len, ordinal: ctx.ordinal, ctx: ctx.ctx };
+        // SAFETY: `ptr` is a fresh allocation of `n` bytes.
+        call("cuMemsetD8", Some(ctx.ordinal), || unsafe { r::memset_d8_sync(ptr, 0, n) })?;
+        Ok(b)
+    }
+
+    pub fn write<T: Copy>(&self, data: &[T]) -> Result<()> {
+        if std::mem::size_of_val(data) > self.len {
+            return Err(Error::Invalid(format!("write of {} bytes into {}", std::mem::size_of_val(data), self.len)));
+        }
+        self.bind()?;
+        // SAFETY: the destination holds at least size_of_val(data) bytes (checked above).
+        call("cuMemcpyHtoD", Some(self.ordinal), || unsafe { r::memcpy_htod_sync(self.ptr, data) })
+    }
+
+    pub fn read<T: Copy>(&self, out: &mut [T]) -> Result<()> {
+        if std::mem::size_of_val(out) > self.len {
+            return Err(Error::Invalid(format!("read of {} bytes from {}", std::mem::size_of_val(out), self.len)));
+        }
+        self.bind()?;
+        // SAFETY: the source holds at least size_of_val(out) bytes (checked above).
+        call("cuMemcpyDtoH", Some(self.ordinal), || unsafe { r::memcpy_dtoh_sync(out, self.ptr) })
+    }
+
+    fn bind(&self) -> Result<()> {
+        // SAFETY: `self.ctx` is the owning primary context, retained while buffers exist.
+        call("cuCtxSetCurrent", Some(self.ordinal), || unsafe { r::ctx::set_current(self.ctx) })
+    }
+}
+
+impl Drop for DeviceBuffer {
+    fn drop(&mut self) {
+        if self.bind().is_ok() {
+            // SAFETY: frees the allocation made in `zeroed`, once.
+            let _ = guarded("cuMemFree", Some(self.ordinal), || unsafe { r::free_sync(self.ptr) });
+        }
+    }
+}

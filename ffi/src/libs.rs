@@ -1,0 +1,149 @@
+//! Finding and probing the device libraries.
+//!
+//! - libcuda comes from the driver (`libcuda.so.1` on the loader path).
+//! - libnvrtc: `PEERLESS_NVRTC_LIB` (a file), else the PyPI wheels' locations under every
+//!   site-packages (`nvidia/cuda_nvrtc/lib/libnvrtc.so.12`, `nvidia/cu13/lib/libnvrtc.so.13`, ...),
+//!   `LD_LIBRARY_PATH`, `CUDA_HOME`/`/usr/local/cuda`. The file is loaded by absolute path and kept
+//!   loaded; cudarc's later load by name then resolves to it through its SONAME.
+//! - libnccl: `PEERLESS_NCCL_LIB`, else `nvidia/nccl/lib/libnccl.so.2` (the `nvidia-nccl-cu12` /
+//!   `-cu13` wheels) under every site-packages, `LD_LIBRARY_PATH`, then the loader's search path.
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use crate::{Error, Result};
+
+/// Every site-packages / dist-packages directory worth searching: `python3`'s own list, the
+/// `PYTHONPATH` entries, and the usual prefixes.
+pub fn site_packages() -> Vec<PathBuf> {
+    let mut dirs: Vec<PathBuf> = Vec::new();
+    if let Ok(p) = std::env::var("PYTHONPATH") {
+        dirs.extend(std::env::split_paths(&p));
+    }
+    let script = "import site,sys\nfor p in site.getsitepackages()+[site.getusersitepackages()]+sys.path: print(p)";
+    for py in ["python3", "python"] {
+        if let Ok(out) = std::process::Command::new(py).args(["-c", script]).output()
+            && out.status.success()
+        {
+            dirs.extend(String::from_utf8_lossy(&out.stdout).lines().filter(|l| !l.is_empty()).map(PathBuf::from));
+            break;
+        }
+    }
+    for root in ["/usr/lib", "/usr/local/lib", "/opt/conda/lib"] {
+        if let Ok(rd) = std::fs::read_dir(root) {
+            for e in rd.flatten() {
+                let name = e.file_name().to_string_lossy().to_string();
+                if name.starts_with("python3") {
+                    dirs.push(e.path().join("site-packages"));
+                    dirs.push(e.path().join("dist-packages"));
+                }
+            }
+        }
+    }
+    dirs.retain(|d| d.is_dir());
+    dirs.dedup();
+    dirs
+}
+
+fn ld_library_path() -> Vec<PathBuf> {
+    std::env::var_os("LD_LIBRARY_PATH").map(|p| std::env::split_paths(&p).collect()).unwrap_or_default()
+}
+
+/// Files in `dir` whose name starts with `prefix` and is a versioned shared object
+/// (`libnvrtc.so.12`, not `libnvrtc-builtins...`), best (highest major) first.
+fn matching(dir: &Path, prefix: &str) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.flatten()
+                .map(|e| e.path())
+                .filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with(prefix)))
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v.reverse();
+    v
+}
+
+/// Candidate files for a library whose wheel lives under `nvidia/<pkg>/lib`.
+fn candidates(env: &str, wheel_dirs: &[&str], prefix: &str) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    if let Some(p) = std::env::var_os(env) {
+        out.push(PathBuf::from(p));
+    }
+    for sp in site_packages() {
+        for w in wheel_dirs {
+            out.extend(matching(&sp.join(w), prefix));
+        }
+    }
+    for d in ld_library_path() {
+        out.extend(matching(&d, prefix));
+    }
+    let cuda_home = std::env::var_os("CUDA_HOME").map(PathBuf::from).unwrap_or_else(|| "/usr/local/cuda".into());
+    out.extend(matching(&cuda_home.join("lib64"), prefix));
+    out
+}
+
+/// A library kept loaded for the life of the process.
+#[derive(Debug)]
+pub struct Loaded {
+    pub path: PathBuf,
+    pub lib: libloading::Library,
+}
+
+fn load_first(lib: &'static str, env: &str, paths: Vec<PathBuf>) -> Result<Loaded> {
+    let mut tried = Vec::new();
+    for p in paths {
+        // SAFETY: loading a vendor library runs its initialisers; NVIDIA's libraries have no
+        // initialisers with preconditions on the caller.
+        match unsafe { libloading::Library::new(&p) } {
+            Ok(l) => return Ok(Loaded { path: p, lib: l }),
+            Err(e) => tried.push(format!("{}: {e}", p.display())),
+        }
+    }
+    let hint = if tried.is_empty() { "no candidate file found".to_string() } else { tried.join("; ") };
+    Err(Error::Library { lib, reason: format!("{hint} (set {env} to the library file, or install the wheel)") })
+}
+
+static NVRTC: OnceLock<Result<Loaded>> = OnceLock::new();
+static NCCL: OnceLock<Result<Loaded>> = OnceLock::new();
+
+/// Loads libnvrtc (see the module docs) once and makes sure cudarc resolves to it.
+pub fn nvrtc() -> Result<&'static Loaded> {
+    NVRTC
+        .get_or_init(|| {
+            let paths = candidates(
+                "PEERLESS_NVRTC_LIB",
+                &["nvidia/cuda_nvrtc/lib", "nvidia/cu13/lib", "nvidia/cu12/lib"],
+                "libnvrtc.so.",
+            );
+            let loaded = load_first("libnvrtc", "PEERLESS_NVRTC_LIB", paths)?;
+            // SAFETY: probing only dlopens by name; no cudarc symbol is called.
+            if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+                return Err(Error::Library {
+                    lib: "libnvrtc",
+                    reason: format!("{} loaded, but its SONAME is not one cudarc loads", loaded.path.display()),
+                });
+            }
+            Ok(loaded)
+        })
+        .as_ref()
+        .map_err(Clone::clone)
+}
+
+/// Loads libnccl once (see the module docs).
+pub fn nccl() -> Result<&'static Loaded> {
+    NCCL.get_or_init(|| {
+        let mut paths = candidates("PEERLESS_NCCL_LIB", &["nvidia/nccl/lib", "nvidia/cu13/lib"], "libnccl.so");
+        paths.push("libnccl.so.2".into());
+        load_first("libnccl", "PEERLESS_NCCL_LIB", paths)
+    })
+    .as_ref()
+    .map_err(Clone::clone)
+}
+
+/// Whether the CUDA driver library can be loaded.
+pub fn cuda_present() -> bool {
+    // SAFETY: probing only dlopens by name; no symbol is called.
+    unsafe { cudarc::driver::sys::is_culib_present() }
+}

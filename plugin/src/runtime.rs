@@ -1,0 +1,462 @@
+//! The objects behind PJRT handles: client, devices, memories, topology, events, buffers and
+//! executables, and the two operations with real work in them, compile and execute.
+//!
+//! Everything is synchronous on the host backend: `Execute` returns after every device has
+//! finished, so every event this plugin hands out is born ready.
+
+use std::os::raw::c_char;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use emitter::{DeviceMode, Flags};
+use hlo::{Array, ArrayShape, Literal, PrimitiveType, Shape};
+use kernels::exec::HostExecutable;
+use pjrt_sys::protos::xla;
+use pjrt_sys::{PJRT_Buffer_Type, PJRT_Device, PJRT_DeviceDescription, PJRT_Memory};
+use prost::Message;
+
+use crate::error::{Error, Result};
+
+/// The one memory kind every device has.
+pub const MEMORY_KIND: &str = "device";
+/// Device kind reported for host-backend devices.
+pub const DEVICE_KIND: &str = "peerless-host";
+
+/// Which backend a client runs programs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BackendKind {
+    Host,
+}
+
+/// Client creation settings (create options, then environment, then defaults).
+#[derive(Clone, Debug)]
+pub struct ClientConfig {
+    pub backend: BackendKind,
+    pub num_devices: usize,
+    pub flags: Flags,
+}
+
+impl ClientConfig {
+    /// `num_devices` from the create option, else `PEERLESS_NUM_DEVICES` (alias
+    /// `PEERLESS_HOST_DEVICES`), else 8; backend from `PEERLESS_BACKEND` (default `host`);
+    /// flags from `PEERLESS_FLAGS` and then the create option `peerless_flags`.
+    pub fn new(option_devices: Option<i64>, option_flags: Option<&str>) -> Result<Self> {
+        let backend = match std::env::var("PEERLESS_BACKEND").as_deref() {
+            Err(_) | Ok("") | Ok("host") => BackendKind::Host,
+            Ok(other) => {
+                return Err(Error::invalid(format!(
+                    "peerless: PEERLESS_BACKEND={other} is not available in this build (supported: host)"
+                )));
+            }
+        };
+        let env_devices = ["PEERLESS_NUM_DEVICES", "PEERLESS_HOST_DEVICES"].iter().find_map(|k| std::env::var(k).ok());
+        let num_devices = match (option_devices, env_devices) {
+            (Some(n), _) => n,
+            (None, Some(s)) => s
+                .trim()
+                .parse::<i64>()
+                .map_err(|_| Error::invalid(format!("peerless: PEERLESS_NUM_DEVICES={s} is not an integer")))?,
+            (None, None) => 8,
+        };
+        if !(1..=4096).contains(&num_devices) {
+            return Err(Error::invalid(format!("peerless: num_devices must be in 1..=4096, got {num_devices}")));
+        }
+        let mut flags = Flags::from_env().map_err(|e| Error::invalid(format!("peerless: PEERLESS_FLAGS: {e}")))?;
+        if let Some(extra) = option_flags {
+            for arg in extra.split_whitespace() {
+                flags.apply(arg).map_err(|e| Error::invalid(format!("peerless: peerless_flags: {e}")))?;
+            }
+        }
+        Ok(ClientConfig { backend, num_devices: num_devices as usize, flags })
+    }
+}
+
+/// A device; its `PJRT_DeviceDescription*` is the same pointer.
+pub struct Device {
+    pub id: i32,
+    pub index: usize,
+    pub debug_string: String,
+    pub to_string: String,
+    /// `[the device's one memory]`, as the array `Device_AddressableMemories` returns.
+    pub memories: [*mut PJRT_Memory; 1],
+}
+
+/// A device's memory (kind [`MEMORY_KIND`]).
+pub struct Memory {
+    pub id: i32,
+    pub debug_string: String,
+    pub to_string: String,
+    /// `[the device owning it]`, as the array `Memory_AddressableByDevices` returns.
+    pub devices: [*mut PJRT_Device; 1],
+}
+
+/// The client's topology; owned by the client (`TopologyDescription_Destroy` on it is a no-op).
+pub struct Topology {
+    pub descriptions: Vec<*mut PJRT_DeviceDescription>,
+}
+
+/// A client: N devices with one memory each. Devices and memories are boxed so the
+/// pointers handed out stay valid until `Client_Destroy`.
+pub struct Client {
+    pub config: ClientConfig,
+    pub devices: Vec<Box<Device>>,
+    pub memories: Vec<Box<Memory>>,
+    pub device_ptrs: Vec<*mut PJRT_Device>,
+    pub memory_ptrs: Vec<*mut PJRT_Memory>,
+    pub topology: Box<Topology>,
+    pub platform_version: String,
+}
+
+impl Client {
+    pub fn new(config: ClientConfig) -> Box<Client> {
+        let n = config.num_devices;
+        let mut devices: Vec<Box<Device>> = (0..n)
+            .map(|i| {
+                Box::new(Device {
+                    id: i as i32,
+                    index: i,
+                    debug_string: format!("peerless:{i}"),
+                    to_string: format!("PeerlessDevice(id={i}, backend=host)"),
+                    memories: [std::ptr::null_mut()],
+                })
+            })
+            .collect();
+        let mut memories: Vec<Box<Memory>> = (0..n)
+            .map(|i| {
+                Box::new(Memory {
+                    id: i as i32,
+                    debug_string: format!("peerless:{i}:device"),
+                    to_string: format!("PeerlessMemory(id={i}, kind=device)"),
+                    devices: [std::ptr::null_mut()],
+                })
+            })
+            .collect();
+        for (d, m) in devices.iter_mut().zip(memories.iter_mut()) {
+            d.memories[0] = std::ptr::from_mut::<Memory>(m).cast();
+            m.devices[0] = std::ptr::from_mut::<Device>(d).cast();
+        }
+        let device_ptrs: Vec<*mut PJRT_Device> =
+            devices.iter_mut().map(|d| std::ptr::from_mut::<Device>(d).cast()).collect();
+        let memory_ptrs = memories.iter_mut().map(|m| std::ptr::from_mut::<Memory>(m).cast()).collect();
+        let topology = Box::new(Topology { descriptions: device_ptrs.iter().map(|p| p.cast()).collect() });
+        Box::new(Client {
+            config,
+            devices,
+            memories,
+            device_ptrs,
+            memory_ptrs,
+            topology,
+            platform_version: format!("peerless {} (host backend)", env!("CARGO_PKG_VERSION")),
+        })
+    }
+
+    /// The index of the device behind `p`, if it is one of ours.
+    pub fn device_index(&self, p: *mut PJRT_Device) -> Option<usize> {
+        self.device_ptrs.iter().position(|&q| q == p)
+    }
+
+    /// The index of the device owning memory `p`, if it is one of ours.
+    pub fn memory_index(&self, p: *mut PJRT_Memory) -> Option<usize> {
+        self.memory_ptrs.iter().position(|&q| q == p)
+    }
+
+    /// The device with global id `id`.
+    pub fn device_by_id(&self, id: i64) -> Result<usize> {
+        usize::try_from(id)
+            .ok()
+            .filter(|&i| i < self.devices.len())
+            .ok_or_else(|| Error::invalid(format!("peerless: no device with id {id} ({} devices)", self.devices.len())))
+    }
+}
+
+/// An event; always ready (see module docs), carrying the operation's outcome.
+pub struct Event {
+    pub result: Result<()>,
+}
+
+impl Event {
+    pub fn ready() -> *mut pjrt_sys::PJRT_Event {
+        Box::into_raw(Box::new(Event { result: Ok(()) })).cast()
+    }
+}
+
+/// A buffer: one dense array on one device. `None` once deleted.
+pub struct Buffer {
+    pub client: *const Client,
+    pub device: usize,
+    pub shape: ArrayShape,
+    pub data: Mutex<Option<Arc<Array>>>,
+}
+
+impl Buffer {
+    pub fn array(&self) -> Result<Arc<Array>> {
+        self.data
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+            .ok_or_else(|| Error::failed_precondition("peerless: buffer has been deleted"))
+    }
+}
+
+/// PJRT buffer type ↔ HLO primitive type.
+pub fn to_pjrt_type(ty: PrimitiveType) -> Option<PJRT_Buffer_Type> {
+    use PrimitiveType as P;
+    Some(match ty {
+        P::Pred => pjrt_sys::PJRT_Buffer_Type_PJRT_Buffer_Type_PRED,
+        P::S4 => pjrt_sys::PJRT_Buffer_Type_PJRT_Buffer_Type_S4,
+        P::S8 => pjrt_sys::PJRT_Buffer_Type_PJRT_Buffer_Type_S8,
+        P::S16 => pjrt_sys::PJRT_Buffer_Type_PJRT_Buffer_Type_S16,
+        P::S32 => pjrt_sys::PJRT_Buffer_Type_PJRT_Buffer_Type_S32,
+        P::S64 => pjrt_sys::PJRT_Buffer_Type_PJRT_Buffer_Type_S64,
+        P::U4 => pjrt_sys::PJRT_Buffer_Type_PJRT_Buffer_Type_U4,
+        P::U8 => pjrt_sys::PJRT_Buffer_Type_PJRT_Buffer_Type_U8,
+        P::U16 => pjrt_sys::PJRT_Buffer_Type_PJRT_Buffer_Type_U16,
+        P::U32 => pjrt_sys::PJRT_Buffer_Type_PJRT_Buffer_Type_U32,
+        P::U64 => pjrt_sys::PJRT_Buffer_Type_PJRT_Buffer_Type_U64,
+        P::F16 => pjrt_sys::PJRT_Buffer_Type_PJRT_Buffer_Type_F16,
+        P::Bf16 => pjrt_sys::PJRT_Buffer_Type_PJRT_Buffer_Type_BF16,
+        P::F32 => pjrt_sys::PJRT_Buffer_Type_PJRT_Buffer_Type_F32,
+        P::F64 => pjrt_sys::PJRT_Buffer_Type_PJRT_Buffer_Type_F64,
+        P::C64 => pjrt_sys::PJRT_Buffer_Type_PJRT_Buffer_Type_C64,
+        P::C128 => pjrt_sys::PJRT_Buffer_Type_PJRT_Buffer_Type_C128,
+        P::F8E5M2 => pjrt_sys::PJRT_Buffer_Type_PJRT_Buffer_Type_F8E5M2,
+        P::F8E4M3FN => pjrt_sys::PJRT_Buffer_Type_PJRT_Buffer_Type_F8E4M3FN,
+        P::F8E4M3B11FNUZ => pjrt_sys::PJRT_Buffer_Type_PJRT_Buffer_Type_F8E4M3B11FNUZ,
+        P::F8E5M2FNUZ => pjrt_sys::PJRT_Buffer_Type_PJRT_Buffer_Type_F8E5M2FNUZ,
+        P::F8E4M3FNUZ => pjrt_sys::PJRT_Buffer_Type_PJRT_Buffer_Type_F8E4M3FNUZ,
+        P::Token => pjrt_sys::PJRT_Buffer_Type_PJRT_Buffer_Type_TOKEN,
+        _ => return None,
+    })
+}
+
+pub fn from_pjrt_type(t: PJRT_Buffer_Type) -> Result<PrimitiveType> {
+    PrimitiveType::ALL
+        .iter()
+        .copied()
+        .find(|&p| to_pjrt_type(p) == Some(t) && p != PrimitiveType::Token)
+        .ok_or_else(|| Error::invalid(format!("peerless: unsupported PJRT buffer type {t}")))
+}
+
+/// Gathers a host array with `byte_strides` (empty = dense row-major) into dense row-major.
+pub(crate) fn gather_host(src: *const u8, shape: &ArrayShape, byte_strides: &[i64]) -> Result<Vec<u8>> {
+    let elem = shape.ty.byte_size();
+    let total = shape.byte_size();
+    let dense: Vec<i64> = shape.strides().iter().map(|&s| (s * elem) as i64).collect();
+    if total == 0 {
+        return Ok(Vec::new());
+    }
+    if src.is_null() {
+        return Err(Error::invalid("peerless: host buffer data is null"));
+    }
+    if byte_strides.is_empty() || byte_strides == dense.as_slice() {
+        // SAFETY: the caller's host buffer holds `total` bytes in dense row-major order
+        // (PJRT contract for BufferFromHostBuffer without strides, or with dense strides).
+        return Ok(unsafe { std::slice::from_raw_parts(src, total) }.to_vec());
+    }
+    if byte_strides.len() != shape.dims.len() {
+        return Err(Error::invalid(format!(
+            "peerless: {} byte strides for a rank-{} array",
+            byte_strides.len(),
+            shape.dims.len()
+        )));
+    }
+    let mut out = Vec::with_capacity(total);
+    let count = shape.element_count();
+    let mut index = vec![0i64; shape.dims.len()];
+    for _ in 0..count {
+        let offset: i64 = index.iter().zip(byte_strides).map(|(i, s)| i * s).sum();
+        // SAFETY: the caller's strides describe its buffer (PJRT contract), so every
+        // in-bounds index lands on `elem` readable bytes at `src + offset`.
+        out.extend_from_slice(unsafe { std::slice::from_raw_parts(src.offset(offset as isize), elem) });
+        for k in (0..index.len()).rev() {
+            index[k] += 1;
+            if index[k] < shape.dims[k] {
+                break;
+            }
+            index[k] = 0;
+        }
+    }
+    Ok(out)
+}
+
+/// A compiled program with everything the executable queries report.
+pub struct Compiled {
+    pub name: String,
+    pub exe: HostExecutable,
+    pub num_replicas: usize,
+    pub num_partitions: usize,
+    /// Device index per logical device (replica-major), i.e. in device-assignment order.
+    pub devices: Vec<usize>,
+    pub out_shapes: Vec<ArrayShape>,
+    pub out_types: Vec<PJRT_Buffer_Type>,
+    pub out_dims: Vec<i64>,
+    pub out_dim_sizes: Vec<usize>,
+    pub fingerprint: String,
+    pub deleted: AtomicBool,
+}
+
+/// A `PJRT_Executable` handle (caller-owned view of a compiled program).
+pub struct Executable {
+    pub compiled: Arc<Compiled>,
+    pub kinds: Vec<*const c_char>,
+    pub kind_sizes: Vec<usize>,
+}
+
+impl Executable {
+    pub fn new(compiled: Arc<Compiled>) -> Self {
+        let n = compiled.out_types.len();
+        Executable { compiled, kinds: vec![MEMORY_KIND.as_ptr().cast(); n], kind_sizes: vec![MEMORY_KIND.len(); n] }
+    }
+}
+
+/// A `PJRT_LoadedExecutable` handle.
+pub struct Loaded {
+    pub compiled: Arc<Compiled>,
+    pub client: *const Client,
+    pub device_ptrs: Vec<*mut PJRT_Device>,
+}
+
+/// 64-bit FNV-1a, for fingerprints.
+pub fn fnv1a(parts: &[&[u8]]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for part in parts {
+        for &b in *part {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+        h ^= 0xff;
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
+/// Compiles a program (`format` as PJRT names it) with serialized `CompileOptionsProto`.
+pub fn compile(client: &Client, format: &str, code: &[u8], options: &[u8]) -> Result<Compiled> {
+    let proto: Vec<u8> = match format {
+        "hlo" => code.to_vec(),
+        "hlo_with_config" => xla::HloModuleProtoWithConfig::decode(code)?
+            .hlo_module
+            .ok_or_else(|| Error::invalid("peerless: hlo_with_config program without hlo_module"))?
+            .encode_to_vec(),
+        "mlir" => crate::mlir::convert(code)?,
+        other => {
+            return Err(Error::invalid(format!(
+                "peerless: unsupported program format {other:?} (supported: hlo, hlo_with_config, mlir)"
+            )));
+        }
+    };
+    let module = hlo::decode_proto("program", &proto)?;
+    let opts = xla::CompileOptionsProto::decode(options)?;
+    let build = opts.executable_build_options.unwrap_or_default();
+    let num_replicas = build.num_replicas.max(1) as usize;
+    let num_partitions = build.num_partitions.max(1) as usize;
+    let (mode, n) = match (num_replicas, num_partitions) {
+        (r, 1) => (DeviceMode::Replica, r),
+        (1, p) => (DeviceMode::Partition, p),
+        (r, p) => {
+            return Err(Error::unimplemented(format!(
+                "peerless: {r} replicas x {p} partitions; only one of them may exceed 1"
+            )));
+        }
+    };
+    if n > client.devices.len() {
+        return Err(Error::invalid(format!(
+            "peerless: program needs {n} devices, the client has {}",
+            client.devices.len()
+        )));
+    }
+    let devices = match build.device_assignment.as_ref().filter(|a| !a.computation_devices.is_empty()) {
+        None => (0..n).collect::<Vec<_>>(),
+        Some(a) => {
+            let mut v = Vec::with_capacity(n);
+            for r in 0..num_replicas {
+                for p in 0..num_partitions {
+                    let id =
+                        a.computation_devices.get(p).and_then(|c| c.replica_device_ids.get(r)).ok_or_else(|| {
+                            Error::invalid(format!("peerless: device assignment lacks replica {r} partition {p}"))
+                        })?;
+                    v.push(client.device_by_id(*id)?);
+                }
+            }
+            v
+        }
+    };
+    let mut seen = devices.clone();
+    seen.sort_unstable();
+    seen.dedup();
+    if seen.len() != devices.len() {
+        return Err(Error::invalid(format!("peerless: device assignment repeats a device: {devices:?}")));
+    }
+    let exe = HostExecutable::new(&module, n, mode, &client.config.flags)?;
+    let cfg = interp::RunConfig { num_devices: n, mode };
+    let result = interp::local_result_shapes(&module, &cfg)?.into_iter().next().unwrap_or(Shape::Tuple(Vec::new()));
+    let out_shapes: Vec<ArrayShape> = result.leaves().into_iter().cloned().collect();
+    let out_types = out_shapes
+        .iter()
+        .map(|s| {
+            to_pjrt_type(s.ty).ok_or_else(|| Error::unimplemented(format!("peerless: output type {}", s.ty.name())))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let out_dims = out_shapes.iter().flat_map(|s| s.dims.iter().copied()).collect();
+    let out_dim_sizes = out_shapes.iter().map(|s| s.dims.len()).collect();
+    let dev_bytes: Vec<u8> = devices.iter().flat_map(|d| (*d as u64).to_le_bytes()).collect();
+    let fingerprint = format!("peerless-{:016x}", fnv1a(&[&proto, options, &dev_bytes]));
+    Ok(Compiled {
+        name: module.name.clone(),
+        exe,
+        num_replicas,
+        num_partitions,
+        devices,
+        out_shapes,
+        out_types,
+        out_dims,
+        out_dim_sizes,
+        fingerprint,
+        deleted: AtomicBool::new(false),
+    })
+}
+
+impl Compiled {
+    /// Runs every device: `args[d][i]` is device `d`'s argument `i`; returns `out[d][o]`.
+    pub fn execute(&self, args: &[Vec<&Buffer>]) -> Result<Vec<Vec<Arc<Array>>>> {
+        if self.deleted.load(Ordering::Acquire) {
+            return Err(Error::failed_precondition("peerless: executable has been deleted"));
+        }
+        if args.len() != self.devices.len() {
+            return Err(Error::invalid(format!(
+                "peerless: Execute got {} argument lists for an executable on {} devices",
+                args.len(),
+                self.devices.len()
+            )));
+        }
+        let mut lits = Vec::with_capacity(args.len());
+        for (d, list) in args.iter().enumerate() {
+            let mut row = Vec::with_capacity(list.len());
+            for (i, b) in list.iter().enumerate() {
+                if b.device != self.devices[d] {
+                    return Err(Error::invalid(format!(
+                        "peerless: argument {i} of logical device {d} lives on device {}, expected device {}",
+                        b.device, self.devices[d]
+                    )));
+                }
+                row.push(Literal::Array((*b.array()?).clone()));
+            }
+            lits.push(row);
+        }
+        let results = self.exe.execute(&lits)?;
+        results
+            .into_iter()
+            .map(|r| {
+                let leaves: Vec<Arc<Array>> = r.leaves().into_iter().map(|a| Arc::new(a.clone())).collect();
+                if leaves.len() != self.out_shapes.len() {
+                    return Err(Error::internal(format!(
+                        "peerless: program returned {} outputs, expected {}",
+                        leaves.len(),
+                        self.out_shapes.len()
+                    )));
+                }
+                Ok(leaves)
+            })
+            .collect()
+    }
+}

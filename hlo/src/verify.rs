@@ -1330,25 +1330,25 @@ impl<'a> Verifier<'a> {
         }
     }
 
+    /// The result shapes of a variadic collective: one array for one operand, else a tuple
+    /// with one element per operand.
+    fn variadic_results(&self, id: InstrId, op: &str) -> R<Vec<&'a Shape>> {
+        let k = self.m.instrs[id].operands.len();
+        match &self.m.instrs[id].shape {
+            Shape::Tuple(t) if t.len() == k => Ok(t.iter().collect()),
+            s if k == 1 && s.as_array().is_some() => Ok(vec![s]),
+            s => Err(self.err(
+                id,
+                format!("{op} of {k} operands must produce {k} results (a tuple when more than one), got {}", sh(s)),
+            )),
+        }
+    }
+
     fn all_gather(&self, id: InstrId) -> R {
         self.min_operands(id, 1)?;
         let group = self.group_size(id)?;
         let d = self.gather_dim(id)?;
-        let k = self.m.instrs[id].operands.len();
-        let shape = &self.m.instrs[id].shape;
-        let outs: Vec<&Shape> = match shape {
-            Shape::Tuple(t) if t.len() == k => t.iter().collect(),
-            s if k == 1 && s.as_array().is_some() => vec![s],
-            s => {
-                return Err(self.err(
-                    id,
-                    format!(
-                        "all-gather of {k} operands must produce {k} results (a tuple when more than one), got {}",
-                        sh(s)
-                    ),
-                ));
-            }
-        };
+        let outs = self.variadic_results(id, "all-gather")?;
         for (i, out) in outs.into_iter().enumerate() {
             let a = self.arr(id, i)?;
             self.gathered(id, a, out, d, group)?;
@@ -1444,21 +1444,7 @@ impl<'a> Verifier<'a> {
         let group = self.group_size(id)?;
         let d = self.gather_dim(id)?;
         self.collective_reducer(id)?;
-        let k = self.m.instrs[id].operands.len();
-        let shape = &self.m.instrs[id].shape;
-        let outs: Vec<&Shape> = match shape {
-            Shape::Tuple(t) if t.len() == k => t.iter().collect(),
-            s if k == 1 && s.as_array().is_some() => vec![s],
-            s => {
-                return Err(self.err(
-                    id,
-                    format!(
-                        "reduce-scatter of {k} operands must produce {k} results (a tuple when more than one), got {}",
-                        sh(s)
-                    ),
-                ));
-            }
-        };
+        let outs = self.variadic_results(id, "reduce-scatter")?;
         for (i, out) in outs.into_iter().enumerate() {
             let a = self.arr(id, i)?;
             let Some(r) = out.as_array() else {

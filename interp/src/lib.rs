@@ -25,6 +25,8 @@ pub mod single;
 
 use hlo::{InstrId, Literal, Module, Shape};
 
+pub use sharding::Tiling;
+
 /// How device ids map onto the module's replicas and partitions (shared with the
 /// emitter, so both resolve replica groups the same way).
 pub use hlo::analysis::DeviceMode as Mode;
@@ -126,6 +128,28 @@ pub fn local_result_shapes(module: &Module, cfg: &RunConfig) -> Result<Vec<Shape
         None => declared.clone(),
     };
     Ok(vec![shape; cfg.num_devices])
+}
+
+/// Partition mode: the tilings of the entry parameters (one per parameter) and of the
+/// entry result's array leaves, as [`local_param_shapes`] and [`local_result_shapes`] use
+/// them (`None`: every device holds the full value). Replica mode: `None`.
+#[allow(clippy::type_complexity)]
+pub fn entry_tilings(
+    module: &Module,
+    cfg: &RunConfig,
+) -> Result<Option<(Vec<Option<Tiling>>, Vec<Option<Tiling>>)>, InterpError> {
+    let Some(plan) = make_plan(module, cfg)? else { return Ok(None) };
+    let tiling = |t: &plan::Tag| match t {
+        plan::Tag::Local(t) => Some(t.clone()),
+        _ => None,
+    };
+    let params = (0..module.entry().params.len()).map(|i| plan.param_tags.get(i).and_then(tiling)).collect();
+    let declared = module.entry_result_shape();
+    let results = match &plan.root_tag {
+        Some(t) => t.leaves(declared).iter().map(tiling).collect(),
+        None => declared.leaves().iter().map(|_| None).collect(),
+    };
+    Ok(Some((params, results)))
 }
 
 /// Runs the entry computation. `args[d]` are device `d`'s entry parameters (each of the

@@ -734,6 +734,37 @@ entry!(executable_num_outputs(a: PJRT_Executable_NumOutputs_Args) {
     Ok(())
 });
 
+/// Format name of the optimized program (a serialized `HloModuleProtoWithConfig`).
+const HLO_WITH_CONFIG: &str = "hlo_with_config";
+
+// Two-phase: with `program.code` null, reports the size; then fills the caller's buffer.
+entry!(executable_optimized_program(a: PJRT_Executable_OptimizedProgram_Args) {
+    let c = compiled_of(a.executable)?;
+    if a.program.is_null() {
+        return Err(Error::invalid("peerless: OptimizedProgram: program is null"));
+    }
+    // SAFETY: `a.program` is non-null and points to the caller's `PJRT_Program` for this
+    // call (PJRT contract).
+    let p = unsafe { &mut *a.program };
+    (p.format, p.format_size) = str_out(HLO_WITH_CONFIG);
+    if p.code.is_null() {
+        p.code_size = c.optimized.len();
+        return Ok(());
+    }
+    if p.code_size < c.optimized.len() {
+        return Err(Error::invalid(format!(
+            "peerless: OptimizedProgram: code_size {} < {} bytes needed",
+            p.code_size,
+            c.optimized.len()
+        )));
+    }
+    // SAFETY: `p.code` is non-null and the caller owns `p.code_size` writable bytes there
+    // (checked ≥ the program's length above); the source is our own buffer, so they do not overlap.
+    unsafe { std::ptr::copy_nonoverlapping(c.optimized.as_ptr(), p.code.cast::<u8>(), c.optimized.len()) };
+    p.code_size = c.optimized.len();
+    Ok(())
+});
+
 entry!(executable_code_size(a: PJRT_Executable_SizeOfGeneratedCodeInBytes_Args) {
     compiled_of(a.executable)?;
     a.size_in_bytes = 0;
@@ -843,11 +874,6 @@ entry!(loaded_execute(a: PJRT_LoadedExecutable_Execute_Args) {
 
 // ---- not implemented ------------------------------------------------------------------------
 
-unimplemented_entry!(
-    executable_optimized_program,
-    PJRT_Executable_OptimizedProgram_Args,
-    "no optimized program is kept"
-);
 unimplemented_entry!(executable_serialize, PJRT_Executable_Serialize_Args, "executables are not serializable");
 unimplemented_entry!(
     executable_deserialize_and_load,

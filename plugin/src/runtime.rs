@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex};
 
 use emitter::{DeviceMode, Flags};
 use hlo::{Array, ArrayShape, Literal, PrimitiveType, Shape};
+use interp::Tiling;
 use kernels::exec::HostExecutable;
 use pjrt_sys::protos::xla;
 use pjrt_sys::{PJRT_Buffer_Type, PJRT_Device, PJRT_DeviceDescription, PJRT_Memory};
@@ -292,6 +293,9 @@ pub struct Compiled {
     pub out_dims: Vec<i64>,
     pub out_dim_sizes: Vec<usize>,
     pub fingerprint: String,
+    /// The program as a serialized `HloModuleProtoWithConfig`, with the entry computation's
+    /// parameter and output shardings (`PJRT_Executable_OptimizedProgram`).
+    pub optimized: Vec<u8>,
     pub deleted: AtomicBool,
 }
 
@@ -401,6 +405,7 @@ pub fn compile(client: &Client, format: &str, code: &[u8], options: &[u8]) -> Re
     let out_dim_sizes = out_shapes.iter().map(|s| s.dims.len()).collect();
     let dev_bytes: Vec<u8> = devices.iter().flat_map(|d| (*d as u64).to_le_bytes()).collect();
     let fingerprint = format!("peerless-{:016x}", fnv1a(&[&proto, options, &dev_bytes]));
+    let optimized = optimized_program(&module, &proto, &cfg, num_replicas, num_partitions)?;
     Ok(Compiled {
         name: module.name.clone(),
         exe,
@@ -412,8 +417,81 @@ pub fn compile(client: &Client, format: &str, code: &[u8], options: &[u8]) -> Re
         out_dims,
         out_dim_sizes,
         fingerprint,
+        optimized,
         deleted: AtomicBool::new(false),
     })
+}
+
+/// An `OpSharding` for a value tiled by `t` over `n` devices (`None`: replicated). Devices
+/// are logical ids (positions in the device assignment), as XLA's shardings name them.
+fn op_sharding(t: Option<&Tiling>, n: usize) -> Result<xla::OpSharding> {
+    const REPLICATED: i32 = 0;
+    const OTHER: i32 = 3;
+    let replicated = xla::OpSharding { r#type: REPLICATED, ..Default::default() };
+    let Some(t) = t.filter(|t| !t.is_trivial()) else { return Ok(replicated) };
+    let tiles = t.counts.iter().product::<i64>().max(1) as usize;
+    if !n.is_multiple_of(tiles) {
+        return Err(Error::internal(format!("peerless: {tiles} tiles do not divide {n} devices evenly")));
+    }
+    let rep = n / tiles;
+    // Linear (row-major) tile index of each device; without known tiles, device d holds tile d / rep.
+    let linear: Vec<usize> = match &t.coords {
+        Some(coords) => {
+            coords.iter().map(|c| c.iter().zip(&t.counts).fold(0i64, |acc, (&c, &k)| acc * k + c) as usize).collect()
+        }
+        None => (0..n).map(|d| d / rep).collect(),
+    };
+    let mut devices = vec![-1i64; n];
+    let mut filled = vec![0usize; tiles];
+    for (d, &tile) in linear.iter().enumerate() {
+        let k = filled.get_mut(tile).filter(|k| **k < rep).ok_or_else(|| {
+            Error::internal(format!("peerless: device {d}'s tile {tile} is out of range or over-full"))
+        })?;
+        devices[tile * rep + *k] = d as i64;
+        *k += 1;
+    }
+    let mut dims = t.counts.clone();
+    if rep > 1 {
+        dims.push(rep as i64);
+    }
+    Ok(xla::OpSharding {
+        r#type: OTHER,
+        tile_assignment_dimensions: dims,
+        tile_assignment_devices: devices,
+        replicate_on_last_tile_dim: rep > 1,
+        ..Default::default()
+    })
+}
+
+/// The program as `PJRT_Executable_OptimizedProgram` returns it: the `HloModuleProto`
+/// (`proto`) with `spmd_parameters_shardings` / `spmd_output_sharding` set from the
+/// interpreter's sharding analysis, wrapped with a config whose entry layout is the
+/// module's program shape (jaxlib rebuilds an `HloModule` from it and reads the shardings).
+fn optimized_program(
+    module: &hlo::Module,
+    proto: &[u8],
+    cfg: &interp::RunConfig,
+    num_replicas: usize,
+    num_partitions: usize,
+) -> Result<Vec<u8>> {
+    let mut m = xla::HloModuleProto::decode(proto)?;
+    if let Some((params, results)) = interp::entry_tilings(module, cfg)? {
+        let n = cfg.num_devices;
+        m.spmd_parameters_shardings = params.iter().map(|t| op_sharding(t.as_ref(), n)).collect::<Result<_>>()?;
+        let leaves = results.iter().map(|t| op_sharding(t.as_ref(), n)).collect::<Result<Vec<_>>>()?;
+        m.spmd_output_sharding = Some(match module.entry_result_shape() {
+            Shape::Tuple(_) => xla::OpSharding { r#type: 2, tuple_shardings: leaves, ..Default::default() },
+            _ => leaves.into_iter().next().unwrap_or_default(),
+        });
+    }
+    let config = xla::HloModuleConfigProto {
+        entry_computation_layout: m.host_program_shape.clone(),
+        replica_count: num_replicas as i64,
+        num_partitions: num_partitions as i64,
+        use_spmd_partitioning: num_partitions > 1,
+        ..Default::default()
+    };
+    Ok(xla::HloModuleProtoWithConfig { hlo_module: Some(m), config: Some(config) }.encode_to_vec())
 }
 
 impl Compiled {
@@ -458,5 +536,29 @@ impl Compiled {
                 Ok(leaves)
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn op_sharding_of_tilings() {
+        assert_eq!(op_sharding(None, 8).unwrap().r#type, 0);
+        assert_eq!(op_sharding(Some(&Tiling { counts: vec![1, 1], coords: None }), 8).unwrap().r#type, 0);
+        // Eight tiles, device d holding tile 7 - d.
+        let t = Tiling { counts: vec![8], coords: Some((0..8).map(|d| vec![7 - d]).collect()) };
+        let s = op_sharding(Some(&t), 8).unwrap();
+        assert_eq!((s.r#type, s.tile_assignment_dimensions.clone()), (3, vec![8]));
+        assert_eq!(s.tile_assignment_devices, vec![7, 6, 5, 4, 3, 2, 1, 0]);
+        assert!(!s.replicate_on_last_tile_dim);
+        // Two tiles on four devices: each tile held twice, replication on a last dimension.
+        let t = Tiling { counts: vec![2, 1], coords: Some(vec![vec![0, 0], vec![1, 0], vec![0, 0], vec![1, 0]]) };
+        let s = op_sharding(Some(&t), 4).unwrap();
+        assert_eq!(s.tile_assignment_dimensions, vec![2, 1, 2]);
+        assert_eq!(s.tile_assignment_devices, vec![0, 2, 1, 3]);
+        assert!(s.replicate_on_last_tile_dim);
+        assert!(op_sharding(Some(&Tiling { counts: vec![3], coords: None }), 8).is_err());
     }
 }

@@ -85,14 +85,14 @@ def shard_map_on(platform, f, x, in_specs, out_specs):
 SHARD_CASES = {
     "psum": (lambda a: jax.lax.psum(a, "x"), P("x"), P("x")),
     "all_gather": (lambda a: jax.lax.all_gather(a, "x", tiled=True), P("x"), P("x")),
+    "ppermute": (lambda a: jax.lax.ppermute(a, "x", [(i, (i + 1) % 8) for i in range(8)]), P("x"), P("x")),
+    "psum_scatter": (lambda a: jax.lax.psum_scatter(a, "x", tiled=True), P(), P("x")),
+    "psum_replicated_out": (lambda a: jax.lax.psum(a.sum(keepdims=True), "x"), P("x"), P()),
 }
 
 
-# Known gap, stated rather than skipped: the plugin does not yet report output/parameter
-# shardings (PJRT_Executable_OptimizedProgram with spmd_output_sharding), so jaxlib leaves
-# them UnspecifiedValue and fails in array.py before Execute. strict=True: this turns into
-# a failure the day it starts passing, so the marker gets removed.
-@pytest.mark.xfail(strict=True, raises=AttributeError, reason="no output shardings reported yet (OptimizedProgram)")
+# Output and parameter shardings reach jaxlib through PJRT_Executable_OptimizedProgram
+# (spmd_output_sharding / spmd_parameters_shardings of the returned HloModuleProto).
 @pytest.mark.parametrize("name", sorted(SHARD_CASES))
 def test_shard_map_8_devices_matches_cpu(name):
     f, i, o = SHARD_CASES[name]

@@ -33,7 +33,7 @@ use thunks::{Implementation, KernelAlgorithm};
 /// The fixed seed; `EXEC_STRESS_SEED` (decimal or 0x-hex) overrides it to reproduce or explore.
 const SEED: u64 = 0x5eed_c011_ec71_0e55;
 /// How many modules to generate (each runs 3-5 times); `EXEC_STRESS_MODULES` overrides it.
-const MODULES: usize = 1000;
+const MODULES: usize = 3500;
 
 fn env_number(name: &str) -> Option<u64> {
     let v = std::env::var(name).ok()?;
@@ -628,6 +628,17 @@ fn executions_match_the_interpreter() {
         panic!("{report}");
     }
     assert!(executions >= 1000, "only {executions} executions");
+    // At the default size every collective op (sync and async forms each) runs ≥ 1000 times.
+    if modules >= MODULES {
+        for op in Op::ALL {
+            let total: usize = counts
+                .iter()
+                .filter(|(k, _)| k.rsplit_once(' ').is_some_and(|(o, _)| o == op.name()))
+                .map(|(_, v)| v)
+                .sum();
+            assert!(total >= 1000, "{} ran only {total} times", op.name());
+        }
+    }
     // Every op ran both as a kernel and as the fallback, and all-reduce took all three paths.
     for op in Op::ALL {
         let got = |alg: &str| counts.get(&format!("{} {alg}", op.name())).copied().unwrap_or(0);

@@ -107,59 +107,49 @@ impl Ptrs {
     }
 }
 
-/// The arguments of `pl_one_shot_*` / `pl_two_shot_*`, in the kernels' order (written once).
-#[repr(C)]
-struct ReduceArgs {
-    input: u64,
-    output: u64,
-    n: u64,
-    rank: u32,
-    world: u32,
-    stage: Ptrs,
-    stride: u64,
-    flags: Ptrs,
-    counter: u64,
+/// Declares a kernel's argument struct and its `params()` (the pointer array a launch
+/// takes) from one field list, so each kernel's argument order is written exactly once.
+macro_rules! kernel_args {
+    ($(#[$meta:meta])* struct $name:ident { $($field:ident: $ty:ty),* $(,)? }) => {
+        $(#[$meta])*
+        #[repr(C)]
+        struct $name {
+            $($field: $ty),*
+        }
+
+        impl $name {
+            fn params(&mut self) -> [*mut c_void; [$(stringify!($field)),*].len()] {
+                [$(&mut self.$field as *mut $ty as *mut c_void),*]
+            }
+        }
+    };
 }
 
-impl ReduceArgs {
-    fn params(&mut self) -> [*mut c_void; 9] {
-        [
-            &mut self.input as *mut u64 as *mut c_void,
-            &mut self.output as *mut u64 as *mut c_void,
-            &mut self.n as *mut u64 as *mut c_void,
-            &mut self.rank as *mut u32 as *mut c_void,
-            &mut self.world as *mut u32 as *mut c_void,
-            &mut self.stage as *mut Ptrs as *mut c_void,
-            &mut self.stride as *mut u64 as *mut c_void,
-            &mut self.flags as *mut Ptrs as *mut c_void,
-            &mut self.counter as *mut u64 as *mut c_void,
-        ]
+kernel_args! {
+    /// The arguments of `pl_one_shot_*` / `pl_two_shot_*`, in the kernels' order.
+    struct ReduceArgs {
+        input: u64,
+        output: u64,
+        n: u64,
+        rank: u32,
+        world: u32,
+        stage: Ptrs,
+        stride: u64,
+        flags: Ptrs,
+        counter: u64,
     }
 }
 
-/// The arguments of `pl_all_gather`, in order.
-#[repr(C)]
-struct GatherArgs {
-    input: u64,
-    bytes: u64,
-    rank: u32,
-    world: u32,
-    out: Ptrs,
-    flags: Ptrs,
-    counter: u64,
-}
-
-impl GatherArgs {
-    fn params(&mut self) -> [*mut c_void; 7] {
-        [
-            &mut self.input as *mut u64 as *mut c_void,
-            &mut self.bytes as *mut u64 as *mut c_void,
-            &mut self.rank as *mut u32 as *mut c_void,
-            &mut self.world as *mut u32 as *mut c_void,
-            &mut self.out as *mut Ptrs as *mut c_void,
-            &mut self.flags as *mut Ptrs as *mut c_void,
-            &mut self.counter as *mut u64 as *mut c_void,
-        ]
+kernel_args! {
+    /// The arguments of `pl_all_gather`, in order.
+    struct GatherArgs {
+        input: u64,
+        bytes: u64,
+        rank: u32,
+        world: u32,
+        out: Ptrs,
+        flags: Ptrs,
+        counter: u64,
     }
 }
 

@@ -1,20 +1,41 @@
 #!/usr/bin/env bash
 # The GPU check: runs prebuilt binaries (no Rust on the GPU machines) and writes logs to $1.
 #   scripts/gpu_check.sh LOGDIR [BINDIR]
-# BINDIR (default .gpu) holds `peerless` and `cuda_collectives` (the kernels' GPU test),
-# copied from a release build: cargo build --release -p peerless-cli &&
-#   cargo test --release -p peerless-kernels --test cuda_collectives --no-run
+# BINDIR (default .gpu) holds binaries copied from a release build (scripts/gpu_build.sh):
+#   peerless, cuda_collectives, exec_conformance, exec_stress.
+# GPU_CHECK_STEPS (default "devices collectives conformance stress run bench") picks steps;
+# BENCH_ARGS passes options to `peerless bench`; STRESS_MODULES sizes the stress test.
 set -uo pipefail
 LOG=${1:?usage: gpu_check.sh LOGDIR [BINDIR]}
 BIN=${2:-.gpu}
+STEPS=${GPU_CHECK_STEPS:-devices collectives conformance stress run bench}
 mkdir -p "$LOG"
 # NVLink multicast stays off (shared hosts): never remove these.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export PEERLESS_HLO_TESTS_DIR="$PWD/hlo-tests" PEERLESS_CACHE_DIR=/tmp/peerless-kernel-cache
 rc=0
-{ nvidia-smi; nvidia-smi topo -m; } >"$LOG/nvidia-smi.txt" 2>&1
-"$BIN/peerless" devices 2>&1 | tee "$LOG/devices.txt" || rc=1
-"$BIN/cuda_collectives" --ignored --test-threads=1 2>&1 | tee "$LOG/cuda_collectives.txt" || rc=1
-"$BIN/peerless" bench --csv "$LOG/bench.csv" ${BENCH_ARGS:-} 2>"$LOG/bench_progress.txt" | tee "$LOG/bench.md" || rc=1
-tail -3 "$LOG/bench_progress.txt"
-echo "gpu_check rc=$rc"
+has() { [[ " $STEPS " == *" $1 "* ]]; }
+step() { # step NAME SECONDS CMD...: runs CMD with a time limit, logs to NAME.txt
+  local name=$1 limit=$2
+  shift 2
+  echo "== $name: $*" | tee -a "$LOG/summary.txt"
+  local t0=$SECONDS
+  timeout -k 10 "$limit" "$@" >"$LOG/$name.txt" 2>&1
+  local r=$?
+  echo "   rc=$r in $((SECONDS - t0)) s" | tee -a "$LOG/summary.txt"
+  tail -4 "$LOG/$name.txt" | sed 's/^/   | /' | tee -a "$LOG/summary.txt"
+  [ $r -eq 0 ] || rc=1
+}
+{ date -u; nvidia-smi; nvidia-smi topo -m; } >"$LOG/nvidia-smi.txt" 2>&1
+has devices && step devices 120 "$BIN/peerless" devices
+has collectives && step cuda_collectives 300 "$BIN/cuda_collectives" --ignored --test-threads=1
+if has conformance; then
+  PEERLESS_TEST_BACKEND=cuda step conformance 400 "$BIN/exec_conformance" --test-threads=1
+  grep -E "^test .*(FAILED|failed)" "$LOG/conformance.txt" | head -20 >>"$LOG/summary.txt"
+fi
+has stress && PEERLESS_TEST_BACKEND=cuda EXEC_STRESS_MODULES=${STRESS_MODULES:-400} \
+  step stress 400 "$BIN/exec_stress" --nocapture
+has run && step run_example 120 "$BIN/peerless" run examples/all_reduce.hlo --devices 2 --backend cuda
+has bench && step bench 500 "$BIN/peerless" bench --csv "$LOG/bench.csv" ${BENCH_ARGS:-}
+echo "gpu_check rc=$rc" | tee -a "$LOG/summary.txt"
 exit $rc

@@ -11,6 +11,14 @@ command -v protoc >/dev/null 2>&1 || need_apt+=(protobuf-compiler)
 if ! ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1 && ! ldconfig -p 2>/dev/null | grep -q libclang; then
   need_apt+=(libclang-dev)
 fi
+# HIP compile check without AMD hardware (scripts/hip_check.sh, the rocm feature's hipRTC
+# test): Debian bookworm's hipcc and HIP runtime (ROCm 5.2.3; hipRTC is inside libamdhip64).
+if ! command -v hipcc >/dev/null 2>&1 && ! [ -x "${ROCM_PATH:-/opt/rocm}/bin/hipcc" ]; then
+  need_apt+=(hipcc)
+fi
+if ! ls /usr/lib/x86_64-linux-gnu/libamdhip64.so* "${ROCM_PATH:-/opt/rocm}"/lib/libamdhip64.so* >/dev/null 2>&1; then
+  need_apt+=(libamdhip64-dev)
+fi
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "setup: installing ${need_apt[*]}"
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"

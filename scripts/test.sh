@@ -17,6 +17,18 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 step "cargo test"
 cargo test --workspace --locked
 
+# ROCm without AMD hardware: the rocm feature (off by default) is linted and its tests run
+# (hipRTC compiles every kernel source for gfx90a through Debian's libamdhip64), and hipcc
+# compiles every kernel source. Debian installs ROCm under /usr.
+export ROCM_PATH=${ROCM_PATH:-/usr}
+step "ROCm: clippy and tests of the rocm feature (ROCM_PATH=$ROCM_PATH)"
+cargo clippy -p peerless-ffi -p peerless-kernels -p peerless-emitter --features peerless-kernels/rocm \
+  --all-targets --locked -- -D warnings
+cargo test -p peerless-ffi -p peerless-kernels --features peerless-kernels/rocm --locked --lib --test rocm_hiprtc
+
+step "ROCm: every kernel source compiles with hipcc (scripts/hip_check.sh)"
+scripts/hip_check.sh
+
 step "JAX 0.10.2 loads the PJRT plugin (plugin/tests/test_jax.py)"
 cargo build -p peerless-pjrt --locked
 target_dir=$(cargo metadata --format-version 1 --no-deps | python3 -c "import json,sys; print(json.load(sys.stdin)['target_directory'])")

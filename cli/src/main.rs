@@ -4,7 +4,7 @@
 //! peerless check FILE.hlo [--devices N] [--mode replica|partition] [--thunks] [--flag NAME=VALUE]...
 //! peerless flags
 //! peerless run FILE.hlo --devices N [--mode replica|partition] [--inputs IN.npz]
-//!              [--seed S] [--out OUT.npz] [--backend host|interp] [--flag NAME=VALUE]...
+//!              [--seed S] [--out OUT.npz] [--backend host|cuda|interp] [--flag NAME=VALUE]...
 //! ```
 //! Arrays in npz files are named `p{i}_d{d}` (entry parameter i on device d) and
 //! `o{j}_d{d}` (leaf j of the entry result, depth first); see `interp::io`.
@@ -20,6 +20,7 @@ use std::time::Instant;
 use clap::{Parser, Subcommand, ValueEnum};
 use hlo::Module;
 use interp::{Mode, RunConfig};
+use kernels::exec::{BackendKind, Executable};
 
 #[derive(Parser)]
 #[command(name = "peerless", version, about = "Peerless: XLA HLO programs with collectives on N devices")]
@@ -101,6 +102,9 @@ enum BackendArg {
     /// N simulated devices, one worker thread each, running the thunk programs with the
     /// same collective protocols as the GPU kernels.
     Host,
+    /// Local NVIDIA GPUs 0..N: collectives on Peerless kernels or NCCL, other
+    /// instructions evaluated on the host between them.
+    Cuda,
     /// The reference interpreter (XLA semantics, devices evaluated in lockstep).
     Interp,
 }
@@ -209,9 +213,10 @@ fn run(args: &RunArgs) -> CliResult<()> {
     log::info!("running {} on {} devices ({:?} mode)", module.name, cfg.num_devices, cfg.mode);
     let t = Instant::now();
     let outputs = match args.backend {
-        BackendArg::Host => {
+        BackendArg::Host | BackendArg::Cuda => {
             let flags = flags(&args.devices)?;
-            kernels::exec::run_host(&module, cfg.num_devices, cfg.mode, &flags, &inputs)?
+            let kind = if args.backend == BackendArg::Host { BackendKind::Host } else { BackendKind::Cuda };
+            Executable::new(kind, &module, cfg.num_devices, cfg.mode, &flags)?.execute(&inputs)?
         }
         BackendArg::Interp => interp::run(&module, &cfg, &inputs)?,
     };
@@ -229,6 +234,7 @@ fn run(args: &RunArgs) -> CliResult<()> {
     };
     let backend = match args.backend {
         BackendArg::Host => "host",
+        BackendArg::Cuda => "cuda",
         BackendArg::Interp => "interp",
     };
     println!(

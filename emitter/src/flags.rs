@@ -123,6 +123,12 @@ pub struct Flags {
     pub two_shot_max_bytes: usize,
     pub collective_timeout_ms: u64,
     pub host_topology: HostTopology,
+    /// Use peer kernels even on GPU targets whose cross-device atomics are known not to be
+    /// visible to peers ([`crate::peers::PEER_ATOMICS_NOT_VISIBLE`]).
+    pub allow_unsafe_peer_targets: bool,
+    /// GPU backends: after the first run, capture each device's program into a graph and
+    /// replay it (programs with host-evaluated instructions always run stream by stream).
+    pub cuda_graphs: bool,
 }
 
 impl Default for Flags {
@@ -137,6 +143,8 @@ impl Default for Flags {
             two_shot_max_bytes: DEFAULT_TWO_SHOT_MAX_BYTES,
             collective_timeout_ms: DEFAULT_COLLECTIVE_TIMEOUT_MS,
             host_topology: HostTopology::FullMesh,
+            allow_unsafe_peer_targets: false,
+            cuda_graphs: true,
         }
     }
 }
@@ -240,6 +248,42 @@ pub const FLAGS: &[FlagSpec] = &[
         set: |f, v| {
             f.host_topology = HostTopology::parse(v)?;
             Ok(())
+        },
+    },
+    FlagSpec {
+        name: "allow_unsafe_peer_targets",
+        ty: "true|false",
+        help: "use peer kernels even on GPU targets whose cross-device atomics are known not to be visible to \
+               peers (gfx90a, MI200-class); false: those devices use the fallback",
+        get: |f| f.allow_unsafe_peer_targets.to_string(),
+        set: |f, v| match v {
+            "true" => {
+                f.allow_unsafe_peer_targets = true;
+                Ok(())
+            }
+            "false" => {
+                f.allow_unsafe_peer_targets = false;
+                Ok(())
+            }
+            _ => Err(format!("'{v}' is neither true nor false")),
+        },
+    },
+    FlagSpec {
+        name: "cuda_graphs",
+        ty: "true|false",
+        help: "GPU backends: capture each device's program into a CUDA graph after the first run and replay it \
+               (programs that evaluate instructions on the host always run stream by stream)",
+        get: |f| f.cuda_graphs.to_string(),
+        set: |f, v| match v {
+            "true" => {
+                f.cuda_graphs = true;
+                Ok(())
+            }
+            "false" => {
+                f.cuda_graphs = false;
+                Ok(())
+            }
+            _ => Err(format!("'{v}' is neither true nor false")),
         },
     },
 ];
@@ -346,7 +390,8 @@ mod tests {
     fn parses_every_flag_and_round_trips() {
         let s = "--all_reduce_backend=kernel --all_gather_backend=fallback --all_to_all_backend=auto \
                  --reduce_scatter_backend=fallback --collective_permute_backend=kernel --one_shot_max_bytes=1024 \
-                 --two_shot_max_bytes=65536 --collective_timeout_ms=500 --host_topology=pairs:0-1,2-3";
+                 --two_shot_max_bytes=65536 --collective_timeout_ms=500 --host_topology=pairs:0-1,2-3 \
+                 --allow_unsafe_peer_targets=true";
         let f = Flags::parse(s).unwrap();
         assert_eq!(f.all_reduce_backend, Backend::Kernel);
         assert_eq!(f.all_gather_backend, Backend::Fallback);
@@ -355,6 +400,7 @@ mod tests {
         assert_eq!(f.two_shot_max_bytes, 65536);
         assert_eq!(f.collective_timeout_ms, 500);
         assert_eq!(f.host_topology, HostTopology::Pairs(vec![(0, 1), (2, 3)]));
+        assert!(f.allow_unsafe_peer_targets && !Flags::default().allow_unsafe_peer_targets);
         assert_eq!(f.to_string(), s.split_whitespace().collect::<Vec<_>>().join(" "));
         assert_eq!(Flags::parse(&f.to_string()).unwrap(), f);
         let mut g = Flags::default();
@@ -375,6 +421,7 @@ mod tests {
             ("--host_topology=ring", "neither 'full'"),
             ("--host_topology=pairs:0-0", "'0-0'"),
             ("--host_topology=pairs:0-x", "'0-x'"),
+            ("--allow_unsafe_peer_targets=yes", "neither true nor false"),
             ("--all_reduce_backend", "has no value"),
             ("all_reduce_backend=kernel", "not a flag of the form"),
         ] {

@@ -7,7 +7,16 @@
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use crate::flags::HostTopology;
+use crate::flags::{Flags, HostTopology};
+
+/// GPU targets whose cross-device atomics are known not to be visible to peers while
+/// kernels run, with why: Peerless's kernels synchronise through system-scope flags in
+/// peers' memory, so on these targets every cross-device link counts as missing (the
+/// collective uses the fallback) unless `--allow_unsafe_peer_targets=true`. XLA excludes
+/// MI200 from its collective kernels for the same reason (`has_peer_visible_atomics()`,
+/// openxla/xla#48069).
+pub const PEER_ATOMICS_NOT_VISIBLE: &[(&str, &str)] =
+    &[("gfx90a", "MI200-class: cross-device atomics are not visible to peers (openxla/xla#48069)")];
 
 /// What a cached table was computed for.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -90,6 +99,40 @@ impl PeerAccessTable {
         // still a valid map, so keep using it.
         let mut map = cache().lock().unwrap_or_else(|e| e.into_inner());
         Arc::clone(map.entry(key).or_insert_with(|| Arc::new(build())))
+    }
+
+    /// This table with every cross-device link of a device whose GPU target (`targets[i]`
+    /// for table index `i`, e.g. `gfx90a`, or a full `gfx90a:sramecc+:xnack-`) is listed in
+    /// [`PEER_ATOMICS_NOT_VISIBLE`] removed, unless `flags.allow_unsafe_peer_targets`. The
+    /// source names the excluded target, why, and the flag, so decision reasons say what to
+    /// change. Returns `self` when nothing is excluded.
+    pub fn with_target_policy(self: &Arc<Self>, targets: &[&str], flags: &Flags) -> Arc<Self> {
+        if flags.allow_unsafe_peer_targets {
+            return Arc::clone(self);
+        }
+        let base = |t: &str| t.split(':').next().unwrap_or(t).to_string();
+        let excluded: Vec<Option<&'static str>> = (0..self.n)
+            .map(|i| {
+                let t = targets.get(i).map(|t| base(t))?;
+                PEER_ATOMICS_NOT_VISIBLE.iter().find(|(name, _)| *name == t).map(|(_, why)| *why)
+            })
+            .collect();
+        let mut notes: Vec<String> = Vec::new();
+        for (i, why) in excluded.iter().enumerate() {
+            if let Some(why) = why {
+                let note = format!("{} excluded: {why}", base(targets[i]));
+                if !notes.contains(&note) {
+                    notes.push(note);
+                }
+            }
+        }
+        if notes.is_empty() {
+            return Arc::clone(self);
+        }
+        let source = format!("{}; {}; --allow_unsafe_peer_targets=true forces kernels", self.source, notes.join("; "));
+        Arc::new(PeerAccessTable::from_fn(self.n, source, |a, b| {
+            excluded[a].is_none() && excluded[b].is_none() && self.can_access(a, b)
+        }))
     }
 
     /// Number of devices the table covers.
@@ -176,5 +219,30 @@ mod tests {
         // Asymmetric access counts as a missing link.
         assert!(t1.can_access(0, 1) && !t1.can_access(1, 0));
         assert_eq!(t1.missing_link(&[0, 1]), Some((0, 1)));
+    }
+
+    #[test]
+    fn gfx90a_is_excluded_unless_forced() {
+        let probed = Arc::new(PeerAccessTable::full(3, "rocm peer probe"));
+        let flags = Flags::default();
+        // MI300X (gfx942) keeps every link.
+        let t = probed.with_target_policy(&["gfx942:sramecc+:xnack-"; 3], &flags);
+        assert!(Arc::ptr_eq(&t, &probed));
+        // One MI200 device loses its cross-device links; the others keep theirs; self-access stays.
+        let t = probed.with_target_policy(&["gfx942", "gfx90a:sramecc+:xnack-", "gfx942"], &flags);
+        assert!(!t.can_access(0, 1) && !t.can_access(1, 2) && !t.can_access(2, 1));
+        assert!(t.can_access(0, 2) && t.can_access(2, 0) && t.can_access(1, 1));
+        assert_eq!(t.missing_link(&[0, 1, 2]), Some((0, 1)));
+        assert_eq!(
+            t.source(),
+            "rocm peer probe; gfx90a excluded: MI200-class: cross-device atomics are not visible to peers \
+             (openxla/xla#48069); --allow_unsafe_peer_targets=true forces kernels"
+        );
+        // The flag forces kernels: the probed table as it is.
+        let forced = Flags::parse("--allow_unsafe_peer_targets=true").unwrap();
+        assert!(Arc::ptr_eq(&probed.with_target_policy(&["gfx90a"; 3], &forced), &probed));
+        // A probe that already found no link stays without one.
+        let none = Arc::new(PeerAccessTable::from_fn(2, "probe", |_, _| false));
+        assert!(!none.with_target_policy(&["gfx942"; 2], &forced).can_access(0, 1));
     }
 }

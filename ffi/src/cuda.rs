@@ -206,6 +206,17 @@ impl Stream {
         call("cuStreamSynchronize", Some(self.ordinal), || unsafe { r::stream::synchronize(self.s) })
     }
 
+    /// Whether all work enqueued so far has finished (`cuStreamQuery`), without blocking.
+    pub fn query(&self) -> Result<bool> {
+        // SAFETY: `self.s` is a live stream.
+        let status = guarded("cuStreamQuery", Some(self.ordinal), || unsafe { sys::cuStreamQuery(self.s) })?;
+        match status {
+            sys::CUresult::CUDA_SUCCESS => Ok(true),
+            sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+            other => ck("cuStreamQuery", Some(self.ordinal), st(other)).map(|_| true),
+        }
+    }
+
     /// Launches `f` with `params` (pointers to each argument, in the kernel's order).
     ///
     /// # Safety
@@ -374,6 +385,32 @@ impl DeviceBuffer {
         self.bind()?;
         // SAFETY: the source holds at least size_of_val(out) bytes (checked above).
         call("cuMemcpyDtoH", Some(self.ordinal), || unsafe { r::memcpy_dtoh_sync(out, self.ptr) })
+    }
+
+    /// Copies `data` into bytes `[offset, offset + data.len())` (synchronous).
+    pub fn write_at(&self, offset: usize, data: &[u8]) -> Result<()> {
+        if offset.checked_add(data.len()).is_none_or(|end| end > self.len) {
+            return Err(Error::Invalid(format!("write of {} bytes at {offset} into {}", data.len(), self.len)));
+        }
+        if data.is_empty() {
+            return Ok(());
+        }
+        self.bind()?;
+        // SAFETY: the destination range lies inside the allocation (checked above).
+        call("cuMemcpyHtoD", Some(self.ordinal), || unsafe { r::memcpy_htod_sync(self.ptr + offset as u64, data) })
+    }
+
+    /// Copies bytes `[offset, offset + out.len())` into `out` (synchronous).
+    pub fn read_at(&self, offset: usize, out: &mut [u8]) -> Result<()> {
+        if offset.checked_add(out.len()).is_none_or(|end| end > self.len) {
+            return Err(Error::Invalid(format!("read of {} bytes at {offset} from {}", out.len(), self.len)));
+        }
+        if out.is_empty() {
+            return Ok(());
+        }
+        self.bind()?;
+        // SAFETY: the source range lies inside the allocation (checked above).
+        call("cuMemcpyDtoH", Some(self.ordinal), || unsafe { r::memcpy_dtoh_sync(out, self.ptr + offset as u64) })
     }
 
     fn bind(&self) -> Result<()> {

@@ -1,5 +1,6 @@
 //! The only home of `unsafe` foreign calls besides the device layers: dynamic loading of the
-//! CUDA driver, NVRTC and NCCL (HIP later).
+//! CUDA driver, NVRTC and NCCL, and (feature `rocm`) the HIP runtime, hipRTC and RCCL
+//! ([`hip`], [`hiprtc`], [`rccl`], bound directly through `libloading`).
 //!
 //! Layers, as in cudarc: `sys` (raw entry points: cudarc's `driver::sys` / `nvrtc::sys`, and
 //! [`nccl`]'s own table) → a result layer that turns every status into an [`Error`] naming the
@@ -11,9 +12,15 @@
 //! turns a missing symbol into an error.
 
 pub mod cuda;
+#[cfg(feature = "rocm")]
+pub mod hip;
+#[cfg(feature = "rocm")]
+pub mod hiprtc;
 pub mod libs;
 pub mod nccl;
 pub mod nvrtc;
+#[cfg(feature = "rocm")]
+pub mod rccl;
 
 pub use cudarc::driver::sys as cu_sys;
 
@@ -29,6 +36,9 @@ pub enum Error {
     /// NVRTC rejected a source; `log` is the compiler's log.
     #[error("NVRTC could not compile {name} for {arch}: {status}\n{log}")]
     Compile { name: String, arch: String, status: String, log: String },
+    /// hipRTC rejected a source; `log` is the compiler's log.
+    #[error("hipRTC could not compile {name} for {arch}: {status}\n{log}")]
+    HipCompile { name: String, arch: String, status: String, log: String },
     /// A value outside what a call accepts.
     #[error("{0}")]
     Invalid(String),

@@ -94,15 +94,15 @@ pub struct Loaded {
 fn load_first(lib: &'static str, env: &str, paths: Vec<PathBuf>) -> Result<Loaded> {
     let mut tried = Vec::new();
     for p in paths {
-        // SAFETY: loading a vendor library runs its initialisers; NVIDIA's libraries have no
-        // initialisers with preconditions on the caller.
+        // SAFETY: loading a vendor library runs its initialisers; NVIDIA's and AMD's (HIP,
+        // hipRTC, RCCL) libraries have no initialisers with preconditions on the caller.
         match unsafe { libloading::Library::new(&p) } {
             Ok(l) => return Ok(Loaded { path: p, lib: l }),
             Err(e) => tried.push(format!("{}: {e}", p.display())),
         }
     }
     let hint = if tried.is_empty() { "no candidate file found".to_string() } else { tried.join("; ") };
-    Err(Error::Library { lib, reason: format!("{hint} (set {env} to the library file, or install the wheel)") })
+    Err(Error::Library { lib, reason: format!("{hint} (set {env} to the library file, or install the library)") })
 }
 
 static NVRTC: OnceLock<Result<Loaded>> = OnceLock::new();
@@ -146,4 +146,99 @@ pub fn nccl() -> Result<&'static Loaded> {
 pub fn cuda_present() -> bool {
     // SAFETY: probing only dlopens by name; no symbol is called.
     unsafe { cudarc::driver::sys::is_culib_present() }
+}
+
+// ---- ROCm (feature `rocm`) ----
+
+/// Directories of a ROCm install, best first: `ROCM_PATH` (`/usr` for Debian's packages),
+/// `HIP_PATH`, `/opt/rocm`, then Debian's multiarch directory and `LD_LIBRARY_PATH`.
+#[cfg(feature = "rocm")]
+fn rocm_lib_dirs() -> Vec<PathBuf> {
+    let mut roots: Vec<PathBuf> =
+        ["ROCM_PATH", "HIP_PATH"].iter().filter_map(std::env::var_os).map(PathBuf::from).collect();
+    roots.push("/opt/rocm".into());
+    let mut dirs: Vec<PathBuf> = roots.iter().flat_map(|r| [r.join("lib"), r.join("lib64")]).collect();
+    dirs.push("/usr/lib/x86_64-linux-gnu".into());
+    dirs.extend(ld_library_path());
+    dirs.retain(|d| d.is_dir());
+    dirs.dedup();
+    dirs
+}
+
+/// Candidate files for a ROCm library: `env` (a file), then `prefix*` in every ROCm library
+/// directory (highest version first), then the bare `sonames` for the loader's search path.
+#[cfg(feature = "rocm")]
+fn rocm_candidates(env: &str, prefix: &str, sonames: &[&str]) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    if let Some(p) = std::env::var_os(env) {
+        out.push(PathBuf::from(p));
+    }
+    for d in rocm_lib_dirs() {
+        out.extend(matching(&d, prefix));
+    }
+    out.extend(sonames.iter().map(PathBuf::from));
+    out
+}
+
+#[cfg(feature = "rocm")]
+static HIP: OnceLock<Result<Loaded>> = OnceLock::new();
+#[cfg(feature = "rocm")]
+static HIPRTC: OnceLock<Result<Loaded>> = OnceLock::new();
+#[cfg(feature = "rocm")]
+static RCCL: OnceLock<Result<Loaded>> = OnceLock::new();
+
+/// Loads the HIP runtime (`libamdhip64`) once: `PEERLESS_HIP_LIB`, then the ROCm directories
+/// (see [`rocm_lib_dirs`]), then `libamdhip64.so.6` / `.so.5` / `.so` by name.
+#[cfg(feature = "rocm")]
+pub fn hip() -> Result<&'static Loaded> {
+    HIP.get_or_init(|| {
+        let paths = rocm_candidates(
+            "PEERLESS_HIP_LIB",
+            "libamdhip64.so",
+            &["libamdhip64.so.6", "libamdhip64.so.5", "libamdhip64.so"],
+        );
+        load_first("libamdhip64", "PEERLESS_HIP_LIB", paths)
+    })
+    .as_ref()
+    .map_err(Clone::clone)
+}
+
+/// Loads hipRTC once: `PEERLESS_HIPRTC_LIB`, then `libhiprtc.so*` (ROCm 5.3 and later ship it
+/// as its own library), then the HIP runtime itself, which exports the hiprtc* entry points in
+/// ROCm up to 5.2 (Debian bookworm's 5.2.3).
+#[cfg(feature = "rocm")]
+pub fn hiprtc() -> Result<&'static Loaded> {
+    HIPRTC
+        .get_or_init(|| {
+            let paths = rocm_candidates("PEERLESS_HIPRTC_LIB", "libhiprtc.so", &["libhiprtc.so.6", "libhiprtc.so.5"]);
+            let mut tried = Vec::new();
+            match load_first("libhiprtc", "PEERLESS_HIPRTC_LIB", paths) {
+                Ok(l) => return Ok(l),
+                Err(e) => tried.push(e.to_string()),
+            }
+            let hip = hip().map_err(|e| Error::Library {
+                lib: "libhiprtc",
+                reason: format!("{}; and the HIP runtime is unavailable too: {e}", tried.join("; ")),
+            })?;
+            // SAFETY: the HIP runtime is already loaded (no initialisers run again); this only
+            // takes a second reference to it, kept for the life of the process.
+            match unsafe { libloading::Library::new(&hip.path) } {
+                Ok(lib) => Ok(Loaded { path: hip.path.clone(), lib }),
+                Err(e) => Err(Error::Library { lib: "libhiprtc", reason: format!("{}: {e}", hip.path.display()) }),
+            }
+        })
+        .as_ref()
+        .map_err(Clone::clone)
+}
+
+/// Loads RCCL once: `PEERLESS_RCCL_LIB`, then `librccl.so*` in the ROCm directories, then
+/// `librccl.so.1` by name.
+#[cfg(feature = "rocm")]
+pub fn rccl() -> Result<&'static Loaded> {
+    RCCL.get_or_init(|| {
+        let paths = rocm_candidates("PEERLESS_RCCL_LIB", "librccl.so", &["librccl.so.1", "librccl.so"]);
+        load_first("librccl", "PEERLESS_RCCL_LIB", paths)
+    })
+    .as_ref()
+    .map_err(Clone::clone)
 }

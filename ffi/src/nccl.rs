@@ -1,6 +1,7 @@
 //! NCCL, bound directly (sys → result → safe) and loaded by absolute path (see [`crate::libs`]).
 //! Only what the fallback and the benchmark need: one communicator set per clique of local
-//! devices (`ncclCommInitAll`), grouped all-reduce / all-gather.
+//! devices (`ncclCommInitAll`), grouped all-reduce / all-gather / reduce-scatter, and
+//! point-to-point send / recv issued inside one group ([`Comms::exchange`]).
 
 use std::ffi::{CStr, c_char, c_int, c_void};
 use std::sync::OnceLock;
@@ -47,6 +48,10 @@ struct Sys {
     group_end: unsafe extern "C" fn() -> c_int,
     all_reduce: unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, c_int, Comm, *mut c_void) -> c_int,
     all_gather: unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, Comm, *mut c_void) -> c_int,
+    reduce_scatter:
+        unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, c_int, Comm, *mut c_void) -> c_int,
+    send: unsafe extern "C" fn(*const c_void, usize, c_int, c_int, Comm, *mut c_void) -> c_int,
+    recv: unsafe extern "C" fn(*mut c_void, usize, c_int, c_int, Comm, *mut c_void) -> c_int,
 }
 
 static SYS: OnceLock<Result<Sys>> = OnceLock::new();
@@ -71,6 +76,9 @@ fn sys() -> Result<&'static Sys> {
             group_end: sym!("ncclGroupEnd"),
             all_reduce: sym!("ncclAllReduce"),
             all_gather: sym!("ncclAllGather"),
+            reduce_scatter: sym!("ncclReduceScatter"),
+            send: sym!("ncclSend"),
+            recv: sym!("ncclRecv"),
         })
     })
     .as_ref()
@@ -94,6 +102,18 @@ pub fn version() -> Result<i32> {
     // SAFETY: `v` outlives the call.
     ck(s, "ncclGetVersion", None, unsafe { (s.get_version)(&mut v) })?;
     Ok(v)
+}
+
+/// One point-to-point transfer of [`Comms::exchange`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct P2p {
+    /// The communicator (clique rank) that issues it.
+    pub rank: usize,
+    /// `true`: send `bytes` from `buf` to `peer`; `false`: receive them into `buf`.
+    pub send: bool,
+    pub peer: usize,
+    pub buf: u64,
+    pub bytes: usize,
 }
 
 /// One communicator per local device of a clique, created together.
@@ -163,6 +183,67 @@ impl Comms {
             };
             ck(s, "ncclAllGather", Some(self.ordinals[i]), st)
         })
+    }
+
+    /// Grouped reduce-scatter: `bufs[i] = (send of count * len, recv of count)` on device `i`.
+    pub fn reduce_scatter(
+        &self,
+        bufs: &[(u64, u64)],
+        count: usize,
+        ty: DataType,
+        op: RedOp,
+        streams: &[&Stream],
+    ) -> Result<()> {
+        self.grouped(streams, |s, i, comm, stream| {
+            // SAFETY: send holds `count * len` and recv `count` elements on device `i`.
+            let st = unsafe {
+                (s.reduce_scatter)(
+                    bufs[i].0 as *const c_void,
+                    bufs[i].1 as *mut c_void,
+                    count,
+                    ty as c_int,
+                    op as c_int,
+                    comm,
+                    stream,
+                )
+            };
+            ck(s, "ncclReduceScatter", Some(self.ordinals[i]), st)
+        })
+    }
+
+    /// Point-to-point transfers in one group: each [`P2p`] is issued by communicator
+    /// `rank` (device `ordinals[rank]`) on `streams[rank]`, byte counts as `Uint8`.
+    pub fn exchange(&self, ops: &[P2p], streams: &[&Stream]) -> Result<()> {
+        if streams.len() != self.comms.len() {
+            return Err(Error::Invalid(format!("{} streams for {} communicators", streams.len(), self.comms.len())));
+        }
+        if let Some(op) = ops.iter().find(|o| o.rank >= self.comms.len() || o.peer >= self.comms.len()) {
+            return Err(Error::Invalid(format!("p2p {op:?} outside a clique of {}", self.comms.len())));
+        }
+        let s = sys()?;
+        // SAFETY: group calls take no arguments.
+        ck(s, "ncclGroupStart", None, unsafe { (s.group_start)() })?;
+        let mut res = Ok(());
+        for op in ops {
+            let (comm, stream) = (self.comms[op.rank], streams[op.rank].s as *mut c_void);
+            let peer = op.peer as c_int;
+            let u8t = DataType::Uint8 as c_int;
+            res = if op.send {
+                // SAFETY: `buf` is a device allocation of at least `bytes` bytes on this rank's device.
+                let st = unsafe { (s.send)(op.buf as *const c_void, op.bytes, u8t, peer, comm, stream) };
+                ck(s, "ncclSend", Some(self.ordinals[op.rank]), st)
+            } else {
+                // SAFETY: as above, for the receive buffer.
+                let st = unsafe { (s.recv)(op.buf as *mut c_void, op.bytes, u8t, peer, comm, stream) };
+                ck(s, "ncclRecv", Some(self.ordinals[op.rank]), st)
+            };
+            if res.is_err() {
+                break;
+            }
+        }
+        // SAFETY: closes the group opened above.
+        let end = ck(s, "ncclGroupEnd", None, unsafe { (s.group_end)() });
+        res.and(end)
     }
 
     fn grouped(

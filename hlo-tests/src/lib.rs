@@ -9,9 +9,13 @@ use std::path::{Path, PathBuf};
 
 use hlo::{Array, Literal, PrimitiveType, Shape};
 
-/// The suite's root directory (`hlo-tests/`).
+/// The suite's root directory (`hlo-tests/`): `PEERLESS_HLO_TESTS_DIR` when set (prebuilt
+/// test binaries run from another checkout, as on the GPU machines), else this crate's.
 pub fn suite_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    match std::env::var_os("PEERLESS_HLO_TESTS_DIR") {
+        Some(d) => PathBuf::from(d),
+        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")),
+    }
 }
 
 pub fn cases_dir() -> PathBuf {

@@ -53,6 +53,65 @@ mod extra {
         /// The iota replica-group list newer XLA writes outside `collective_device_list`.
         #[prost(message, optional, tag = "92")]
         pub iota_device_list: Option<pjrt_sys::protos::xla::IotaReplicaGroupListProto>,
+        /// Replica groups named by mesh axes (`replica_groups=mesh['x'=2,'y'=4] {'y'}`),
+        /// what JAX 0.11's Shardy lowering (rgv3) emits for shard_map collectives.
+        #[prost(message, optional, tag = "93")]
+        pub mesh_axes_list: Option<MeshAxesList>,
+    }
+
+    /// `xla.MeshAxesReplicaGroupListProto`.
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct MeshAxesList {
+        #[prost(message, optional, tag = "1")]
+        pub mesh: Option<Mesh>,
+        #[prost(message, repeated, tag = "2")]
+        pub axes: Vec<AxisRef>,
+    }
+
+    /// `xla.MeshProto`: named axes over devices `device_ids` (row-major), or over
+    /// `iota_transform` applied to `iota(prod(sizes))`, or over plain iota.
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Mesh {
+        #[prost(message, repeated, tag = "1")]
+        pub axes: Vec<MeshAxis>,
+        #[prost(int64, repeated, tag = "2")]
+        pub device_ids: Vec<i64>,
+        #[prost(message, optional, tag = "3")]
+        pub iota_transform: Option<IotaTransform>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct MeshAxis {
+        #[prost(string, tag = "1")]
+        pub name: String,
+        #[prost(int64, tag = "2")]
+        pub size: i64,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct IotaTransform {
+        #[prost(int64, repeated, tag = "1")]
+        pub reshape_dims: Vec<i64>,
+        #[prost(int64, repeated, tag = "2")]
+        pub transpose_perm: Vec<i64>,
+    }
+
+    /// `xla.AxisRefProto`: mesh axis `mesh_axis_index`, or the sub-axis of it of size
+    /// `size` after the first `pre_size` (major) factor.
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct AxisRef {
+        #[prost(int64, tag = "1")]
+        pub mesh_axis_index: i64,
+        #[prost(message, optional, tag = "2")]
+        pub sub_axis_info: Option<SubAxis>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct SubAxis {
+        #[prost(int64, tag = "1")]
+        pub pre_size: i64,
+        #[prost(int64, tag = "2")]
+        pub size: i64,
     }
 
     #[derive(Clone, PartialEq, prost::Message)]
@@ -208,6 +267,106 @@ fn iota_groups(l: &pb::IotaReplicaGroupListProto) -> ReplicaGroups {
     })
 }
 
+/// Replica groups named by mesh axes, as XLA expands them: the mesh's device array is
+/// reshaped so that every referenced (sub-)axis is a dimension of its own, the referenced
+/// dimensions are moved last (in mesh-axis order; sub-axes of one axis in the order they are
+/// listed), and the result is read as groups of the referenced dimensions' product.
+fn mesh_axes_groups(l: &extra::MeshAxesList) -> Result<ReplicaGroups, String> {
+    let mesh = l.mesh.as_ref().ok_or("no mesh")?;
+    let sizes: Vec<i64> = mesh.axes.iter().map(|a| a.size).collect();
+    if sizes.iter().any(|&s| s < 1) {
+        return Err(format!("mesh axis sizes {sizes:?} must be positive"));
+    }
+    let total = sizes.iter().try_fold(1i64, |acc, &s| acc.checked_mul(s)).filter(|&t| t <= MAX_DEVICES);
+    let total = total.ok_or_else(|| format!("mesh {sizes:?} has more than {MAX_DEVICES} devices"))?;
+    // Per mesh axis: its factors after splitting off referenced sub-axes, and which of them
+    // are referenced (indices into the factors, in listed order).
+    let mut dims: Vec<i64> = Vec::new();
+    let mut grouped: Vec<i64> = Vec::new();
+    for (axis, &full) in sizes.iter().enumerate() {
+        let refs: Vec<&extra::AxisRef> = l.axes.iter().filter(|r| r.mesh_axis_index == axis as i64).collect();
+        let offset = dims.len() as i64;
+        match refs.as_slice() {
+            [] => dims.push(full),
+            [r] if r.sub_axis_info.is_none() => {
+                dims.push(full);
+                grouped.push(offset);
+            }
+            _ => {
+                let mut subs = refs
+                    .iter()
+                    .enumerate()
+                    .map(|(i, r)| {
+                        let s = r.sub_axis_info.as_ref().ok_or("an axis is referenced both whole and split")?;
+                        if s.pre_size < 1 || s.size < 2 {
+                            return Err(format!("bad sub-axis ({}){}", s.pre_size, s.size));
+                        }
+                        Ok((s.pre_size, s.size, i))
+                    })
+                    .collect::<Result<Vec<_>, String>>()?;
+                subs.sort_by_key(|&(pre, _, _)| pre);
+                let mut placed = vec![0i64; subs.len()];
+                let mut prefix = 1i64;
+                for &(pre, size, i) in &subs {
+                    if pre % prefix != 0 {
+                        return Err(format!("sub-axes of mesh axis {axis} overlap"));
+                    }
+                    if pre != prefix {
+                        dims.push(pre / prefix);
+                        prefix = pre;
+                    }
+                    placed[i] = dims.len() as i64;
+                    dims.push(size);
+                    prefix = prefix.checked_mul(size).filter(|&p| p <= full).ok_or("sub-axes exceed their axis")?;
+                }
+                if full % prefix != 0 {
+                    return Err(format!("sub-axes do not divide mesh axis {axis} of size {full}"));
+                }
+                if prefix != full {
+                    dims.push(full / prefix);
+                }
+                grouped.extend(placed);
+            }
+        }
+    }
+    if l.axes.iter().any(|r| r.mesh_axis_index < 0 || r.mesh_axis_index as usize >= sizes.len()) {
+        return Err(format!("axis index out of range for a mesh of {} axes", sizes.len()));
+    }
+    let group_size: i64 = grouped.iter().map(|&g| dims[g as usize]).product();
+    let mut perm: Vec<i64> = (0..dims.len() as i64).filter(|d| !grouped.contains(d)).collect();
+    perm.extend(&grouped);
+    let positions = IotaReplicaGroups {
+        num_groups: total / group_size.max(1),
+        group_size,
+        reshape_dims: dims,
+        transpose_perm: if perm.iter().enumerate().all(|(i, &p)| p == i as i64) { Vec::new() } else { perm },
+    };
+    // Device at each mesh position (row-major).
+    let devices: Option<Vec<i64>> = if !mesh.device_ids.is_empty() {
+        if mesh.device_ids.len() as i64 != total {
+            return Err(format!("{} device ids for a mesh of {total} devices", mesh.device_ids.len()));
+        }
+        Some(mesh.device_ids.clone())
+    } else if let Some(t) = &mesh.iota_transform {
+        let all = IotaReplicaGroups {
+            num_groups: 1,
+            group_size: total,
+            reshape_dims: t.reshape_dims.clone(),
+            transpose_perm: t.transpose_perm.clone(),
+        };
+        Some(all.expand().and_then(|g| g.into_iter().next()).ok_or("inconsistent mesh iota transform")?)
+    } else {
+        None
+    };
+    match devices {
+        None => Ok(ReplicaGroups::Iota(positions)),
+        Some(ids) => {
+            let groups = positions.expand().ok_or("inconsistent mesh")?;
+            Ok(ReplicaGroups::Explicit(groups.iter().map(|g| g.iter().map(|&p| ids[p as usize]).collect()).collect()))
+        }
+    }
+}
+
 impl Decoder<'_> {
     fn err(&self, msg: impl Into<String>) -> Error {
         Error::new(ErrorKind::Proto, self.file, msg)
@@ -343,7 +502,9 @@ impl Decoder<'_> {
         if opcode != Opcode::Iota && (has_dimensions_attr(opcode) || !p.dimensions.is_empty()) {
             a.dimensions = Some(p.dimensions.clone());
         }
-        a.replica_groups = if let Some(l) = x.and_then(|x| x.iota_device_list.as_ref()) {
+        a.replica_groups = if let Some(l) = x.and_then(|x| x.mesh_axes_list.as_ref()) {
+            Some(mesh_axes_groups(l).map_err(|e| self.err(format!("mesh-axes replica groups: {e}")))?)
+        } else if let Some(l) = x.and_then(|x| x.iota_device_list.as_ref()) {
             Some(iota_groups(l))
         } else if let Some(l) = p.collective_device_list.as_ref().and_then(|d| d.iota_replica_group_list.as_ref()) {
             Some(iota_groups(l))
@@ -617,4 +778,58 @@ fn metadata(m: &pb::OpMetadata) -> Option<String> {
         parts.push(format!("source_line={}", m.source_line));
     }
     (!parts.is_empty()).then(|| format!("{{{}}}", parts.join(" ")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::extra::{AxisRef, Mesh, MeshAxesList, MeshAxis, SubAxis};
+    use super::mesh_axes_groups;
+
+    fn mesh(sizes: &[i64], device_ids: Vec<i64>) -> Mesh {
+        let axes = sizes.iter().enumerate().map(|(i, &size)| MeshAxis { name: format!("a{i}"), size }).collect();
+        Mesh { axes, device_ids, iota_transform: None }
+    }
+
+    fn axis(i: i64) -> AxisRef {
+        AxisRef { mesh_axis_index: i, sub_axis_info: None }
+    }
+
+    fn sub(i: i64, pre_size: i64, size: i64) -> AxisRef {
+        AxisRef { mesh_axis_index: i, sub_axis_info: Some(SubAxis { pre_size, size }) }
+    }
+
+    fn groups(m: Mesh, axes: Vec<AxisRef>) -> Vec<Vec<i64>> {
+        mesh_axes_groups(&MeshAxesList { mesh: Some(m), axes }).unwrap().groups().unwrap()
+    }
+
+    #[test]
+    fn mesh_axes_replica_groups() {
+        // mesh x=2, y=4 (device d at x = d / 4, y = d % 4).
+        assert_eq!(groups(mesh(&[2, 4], vec![]), vec![axis(1)]), vec![vec![0, 1, 2, 3], vec![4, 5, 6, 7]]);
+        assert_eq!(groups(mesh(&[2, 4], vec![]), vec![axis(0)]), vec![vec![0, 4], vec![1, 5], vec![2, 6], vec![3, 7]]);
+        assert_eq!(groups(mesh(&[2, 4], vec![]), vec![axis(0), axis(1)]), vec![(0..8).collect::<Vec<_>>()]);
+        // Sub-axes of an 8-device axis: (1)2 is the major factor of 2, (4)2 the minor one.
+        assert_eq!(groups(mesh(&[8], vec![]), vec![sub(0, 1, 2)]), vec![vec![0, 4], vec![1, 5], vec![2, 6], vec![3, 7]]);
+        assert_eq!(groups(mesh(&[8], vec![]), vec![sub(0, 1, 2), sub(0, 4, 2)]), vec![vec![0, 1, 4, 5], vec![2, 3, 6, 7]]);
+        assert_eq!(groups(mesh(&[8], vec![]), vec![sub(0, 2, 2)]), vec![vec![0, 2], vec![1, 3], vec![4, 6], vec![5, 7]]);
+        // Explicit device order: groups name devices, not mesh positions.
+        assert_eq!(groups(mesh(&[2, 2], vec![3, 2, 1, 0]), vec![axis(1)]), vec![vec![3, 2], vec![1, 0]]);
+        // An iota transform: devices [[0, 2], [1, 3]].
+        let mut m = mesh(&[2, 2], vec![]);
+        m.iota_transform = Some(super::extra::IotaTransform { reshape_dims: vec![2, 2], transpose_perm: vec![1, 0] });
+        assert_eq!(groups(m, vec![axis(1)]), vec![vec![0, 2], vec![1, 3]]);
+    }
+
+    #[test]
+    fn bad_mesh_axes_are_errors() {
+        let bad = |m: Mesh, axes: Vec<AxisRef>| mesh_axes_groups(&MeshAxesList { mesh: Some(m), axes }).unwrap_err();
+        assert!(bad(mesh(&[2, 4], vec![]), vec![axis(2)]).contains("out of range"));
+        assert!(bad(mesh(&[0, 4], vec![]), vec![axis(1)]).contains("positive"));
+        assert!(bad(mesh(&[2, 4], vec![0, 1]), vec![axis(1)]).contains("device ids"));
+        assert!(bad(mesh(&[8], vec![]), vec![sub(0, 1, 16)]).contains("exceed"));
+        assert!(bad(mesh(&[8], vec![]), vec![sub(0, 3, 2)]).contains("divide"));
+        assert!(bad(mesh(&[8], vec![]), vec![axis(0), sub(0, 1, 2)]).contains("whole and split"));
+        assert!(bad(mesh(&[1 << 20, 1 << 20], vec![]), vec![axis(0)]).contains("more than"));
+        assert!(mesh_axes_groups(&MeshAxesList { mesh: None, axes: vec![] }).is_err());
+    }
 }

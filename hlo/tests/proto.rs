@@ -106,6 +106,23 @@ fn all_reduce_replica_groups() {
     assert_eq!(find(&m, "c").attrs.replica_groups, None);
 }
 
+/// JAX 0.11 (rgv3) names replica groups by mesh axes (field 93); see fixtures/jax011/dump.py.
+#[test]
+fn jax011_mesh_axes_replica_groups() {
+    let groups = |name: &str, op: Opcode| {
+        let bytes = std::fs::read(fixture(&format!("jax011/{name}"), "pb")).expect("fixture");
+        let m = hlo::decode_proto(name, &bytes).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let i = m.instrs.values().find(|i| i.opcode == op).unwrap_or_else(|| panic!("{name}: no {op:?}"));
+        i.attrs.replica_groups.as_ref().expect("replica groups").groups().expect("consistent")
+    };
+    // Mesh x=2, y=4 over devices 0..8 in order: device d sits at x = d / 4, y = d % 4.
+    assert_eq!(groups("psum_y", Opcode::AllReduce), vec![vec![0, 1, 2, 3], vec![4, 5, 6, 7]]);
+    assert_eq!(groups("psum_xy", Opcode::AllReduce), vec![(0..8).collect::<Vec<i64>>()]);
+    assert_eq!(groups("ag_x", Opcode::AllGather), vec![vec![0, 4], vec![1, 5], vec![2, 6], vec![3, 7]]);
+    assert_eq!(groups("all_to_all", Opcode::AllToAll), vec![(0..8).collect::<Vec<i64>>()]);
+    assert_eq!(groups("psum_scatter", Opcode::ReduceScatter), vec![(0..8).collect::<Vec<i64>>()]);
+}
+
 #[test]
 fn all_gather_start_tuple() {
     let m = load("all_gather_start");

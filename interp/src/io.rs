@@ -91,12 +91,37 @@ macro_rules! read_as {
 /// Reads every array of an npz file (types as numpy stored them).
 pub fn read_npz(path: impl AsRef<Path>) -> Result<BTreeMap<String, Array>, IoError> {
     let path = path.as_ref();
-    let mut npz = npyz::npz::NpzArchive::open(path).map_err(io_err(path))?;
+    let file = std::fs::File::open(path).map_err(io_err(path))?;
+    read_npz_from(path, std::io::BufReader::new(file))
+}
+
+/// Reads every array of an npz archive held in memory (`path` names it in errors).
+pub fn read_npz_bytes(path: impl AsRef<Path>, bytes: &[u8]) -> Result<BTreeMap<String, Array>, IoError> {
+    read_npz_from(path.as_ref(), std::io::Cursor::new(bytes))
+}
+
+/// Largest element count accepted from one npy header (2^40, as `hlo` bounds shapes).
+const MAX_NPY_ELEMENTS: u64 = 1 << 40;
+
+fn read_npz_from<R: std::io::Read + std::io::Seek>(path: &Path, reader: R) -> Result<BTreeMap<String, Array>, IoError> {
+    let mut npz = npyz::npz::NpzArchive::new(reader).map_err(io_err(path))?;
     let names: Vec<String> = npz.array_names().map(str::to_string).collect();
     let mut out = BTreeMap::new();
     for name in names {
         let bad = |why: String| IoError::Array { path: path.display().to_string(), name: name.clone(), why };
-        let file = npz.by_name(&name).map_err(io_err(path))?.ok_or_else(|| bad("vanished".into()))?;
+        // Read the member's bytes first (as much as it really holds, not what a header
+        // claims), and check the npy header's shape before npyz multiplies it out.
+        let mut bytes = Vec::new();
+        {
+            use std::io::Read;
+            let mut member = npz
+                .zip_archive()
+                .by_name(&format!("{name}.npy"))
+                .map_err(|e| bad(format!("cannot open the archive member: {e}")))?;
+            member.read_to_end(&mut bytes).map_err(|e| bad(format!("cannot read the archive member: {e}")))?;
+        }
+        check_npy_shape(&bytes).map_err(bad)?;
+        let file = npyz::NpyFile::new(bytes.as_slice()).map_err(|e| bad(e.to_string()))?;
         let dims: Vec<i64> = file.shape().iter().map(|&d| d as i64).collect();
         if file.order() == npyz::Order::Fortran && dims.iter().filter(|&&d| d > 1).count() > 1 {
             return Err(bad("Fortran-ordered arrays are not supported".into()));
@@ -127,6 +152,45 @@ pub fn read_npz(path: impl AsRef<Path>) -> Result<BTreeMap<String, Array>, IoErr
         out.insert(name, a);
     }
     Ok(out)
+}
+
+/// Checks the `'shape': (...)` entry of an npy header: every dimension parses, their
+/// product fits in [`MAX_NPY_ELEMENTS`], and the data that follows the header holds at
+/// least that many bytes' worth of 1-byte elements. Headers it cannot read are left to npyz.
+fn check_npy_shape(bytes: &[u8]) -> Result<(), String> {
+    let (header_len, start) = match bytes.get(6) {
+        Some(1) if bytes.len() >= 10 => (usize::from(u16::from_le_bytes([bytes[8], bytes[9]])), 10usize),
+        Some(2 | 3) if bytes.len() >= 12 => {
+            (u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]) as usize, 12)
+        }
+        _ => return Ok(()),
+    };
+    let Some(header) = bytes.get(start..start.saturating_add(header_len)) else {
+        return Err(format!("npy header claims {header_len} bytes, the member has {}", bytes.len()));
+    };
+    let header = String::from_utf8_lossy(header);
+    let Some(at) = header.find("'shape'") else { return Ok(()) };
+    let rest = &header[at + "'shape'".len()..];
+    let (Some(open), Some(close)) = (rest.find('('), rest.find(')')) else { return Ok(()) };
+    if close < open {
+        return Ok(());
+    }
+    let mut count: u64 = 1;
+    for dim in rest[open + 1..close].split(',').map(str::trim).filter(|d| !d.is_empty()) {
+        let d: u64 = dim.trim_end_matches('L').parse().map_err(|_| format!("npy shape entry '{dim}' is not a size"))?;
+        count = count
+            .checked_mul(d)
+            .filter(|&c| c <= MAX_NPY_ELEMENTS)
+            .ok_or_else(|| format!("npy shape {} has more than 2^40 elements", &rest[open..=close]))?;
+    }
+    let data = bytes.len() - start - header_len;
+    if count > data as u64 {
+        return Err(format!(
+            "npy shape {} has {count} elements but only {data} data bytes follow",
+            &rest[open..=close]
+        ));
+    }
+    Ok(())
 }
 
 fn write_one<T: npyz::AutoSerialize + Element>(

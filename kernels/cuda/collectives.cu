@@ -1,4 +1,8 @@
 // Peerless's peer-access collective kernels (CUDA C++, compiled at run time by NVRTC).
+// Kernels: one-shot / two-shot all-reduce and reduce-scatter per (type, reduction),
+// pl_exchange (direct all-gather, all-to-all, collective-permute over strided runs),
+// pl_all_gather (the benchmark's contiguous all-gather), and the fallback's local helpers
+// pl_copy_runs / pl_reduce_blocks_*.
 //
 // The protocols are the host backend's (kernels/src/host/protocol.rs), per thread block:
 // - Signals of one communicator on one device: `u32 counter[PL_BLOCKS]` (the block's launch
@@ -23,6 +27,32 @@
 
 struct Ptrs { u64 p[PL_MAX_RANKS]; };
 
+// Where a kernel reports a peer that never arrived: `word` points to this device's
+// `u32[2]` status (bit m of word[0]: member m missed a barrier; word[1]: the tag of the
+// first collective that timed out). Once word[0] is non-zero every later wait of the
+// execution returns at once, so a missing rank costs one timeout, not one per barrier.
+struct Status { u64 word; u64 timeout_ns; u64 tag; };
+
+PL_DEVICE bool failed(const Status& st) {
+  return *reinterpret_cast<volatile const u32*>(st.word) != 0;
+}
+
+// Spins until the counter at `p` is at least `e`, or `st.timeout_ns` passed (reported as
+// member `member` missing), or an earlier wait of this execution already failed.
+PL_DEVICE void wait_bounded(const u32* p, u32 e, const Status& st, u32 member) {
+  if (reached(load_acquire_sys(p), e)) return;
+  const u64 t0 = pl_nanotime();
+  while (!reached(load_acquire_sys(p), e)) {
+    if (failed(st)) return;
+    if (pl_nanotime() - t0 > st.timeout_ns) {
+      u32* w = reinterpret_cast<u32*>(st.word);
+      atomicCAS(w + 1, 0u, (u32)st.tag);
+      atomicOr(w, 1u << member);
+      return;
+    }
+  }
+}
+
 PL_DEVICE u32* flag_slot(u64 flags_base, u32 set, u32 block, u32 rank) {
   return reinterpret_cast<u32*>(flags_base) + (set * PL_BLOCKS + block) * PL_MAX_RANKS + rank;
 }
@@ -39,12 +69,12 @@ PL_DEVICE u32 next_epoch(u32* counter) {
 }
 
 // Per-block cross-rank barrier: every thread's prior writes are ordered before the signal.
-PL_DEVICE void block_barrier(const Ptrs& flags, u32 set, u32 rank, u32 world, u32 value) {
+PL_DEVICE void block_barrier(const Ptrs& flags, u32 set, u32 rank, u32 world, u32 value, const Status& st) {
   __syncthreads();
   const u32 t = threadIdx.x;
   if (t < world) {
     store_release_sys(flag_slot(flags.p[t], set, blockIdx.x, rank), value);
-    wait_at_least(flag_slot(flags.p[rank], set, blockIdx.x, t), value);
+    wait_bounded(flag_slot(flags.p[rank], set, blockIdx.x, t), value, st, t);
   }
   __syncthreads();
 }
@@ -77,7 +107,10 @@ template <> struct Tr<f16> {
     static PL_DEVICE Acc up(T v) { return v; }      \
     static PL_DEVICE T down(Acc a) { return a; }    \
   };
+typedef short s16;
 PL_INT_TRAITS(u8)
+PL_INT_TRAITS(s16)
+PL_INT_TRAITS(u16)
 PL_INT_TRAITS(s32)
 PL_INT_TRAITS(u32)
 PL_INT_TRAITS(s64)
@@ -92,6 +125,8 @@ struct Min { template <typename A> static PL_DEVICE A f(A a, A b) { return (a !=
 struct Max { template <typename A> static PL_DEVICE A f(A a, A b) { return (a != a || b != b) ? a + b : (b > a ? b : a); } };
 struct And { template <typename A> static PL_DEVICE A f(A a, A b) { return a & b; } };
 struct Or { template <typename A> static PL_DEVICE A f(A a, A b) { return a | b; } };
+struct Xor { template <typename A> static PL_DEVICE A f(A a, A b) { return a ^ b; } };  // pred "add"
+
 
 template <typename T> struct Unit {
   static constexpr u32 VEC = 16 / sizeof(T);
@@ -153,7 +188,7 @@ PL_DEVICE void reduce_unit(T* dst, const Ptrs& stage, u64 par, u32 world, u64 u,
 // One-shot all-reduce: copy-in to my staging[parity], barrier, reduce every rank's staging.
 template <typename T, typename R>
 PL_DEVICE void one_shot(const T* in, T* out, u64 n, u32 rank, u32 world, const Ptrs& stage, u64 stride,
-                        const Ptrs& flags, u32* counter) {
+                        const Ptrs& flags, u32* counter, const Status& st) {
   const u32 e = next_epoch(counter);
   const u64 par = (e & 1) * stride;
   const u64 units = (n + Unit<T>::VEC - 1) / Unit<T>::VEC;
@@ -162,7 +197,7 @@ PL_DEVICE void one_shot(const T* in, T* out, u64 n, u32 rank, u32 world, const P
   T* mine = reinterpret_cast<T*>(stage.p[rank] + par);
   const bool in_ok = aligned16(in), out_ok = aligned16(out);
   for (u64 u = tid; u < units; u += nt) copy_unit(mine, in, u, n, in_ok);
-  block_barrier(flags, 0, rank, world, e);
+  block_barrier(flags, 0, rank, world, e, st);
   for (u64 u = tid; u < units; u += nt) reduce_unit<T, R>(out, stage, par, world, u, n, out_ok);
 }
 
@@ -170,7 +205,7 @@ PL_DEVICE void one_shot(const T* in, T* out, u64 n, u32 rank, u32 world, const P
 // barrier, gather the other slices from their owners' staging.
 template <typename T, typename R>
 PL_DEVICE void two_shot(const T* in, T* out, u64 n, u32 rank, u32 world, const Ptrs& stage, u64 stride,
-                        const Ptrs& flags, u32* counter) {
+                        const Ptrs& flags, u32* counter, const Status& st) {
   const u32 e = next_epoch(counter);
   const u64 par = (e & 1) * stride;
   const u64 units = (n + Unit<T>::VEC - 1) / Unit<T>::VEC;
@@ -183,7 +218,7 @@ PL_DEVICE void two_shot(const T* in, T* out, u64 n, u32 rank, u32 world, const P
     const u64 lo = k * per, hi = pl_min(units, lo + per);
     for (u64 u = lo + tid; u < hi; u += nt) copy_unit(mine, in, u, n, in_ok);
   }
-  block_barrier(flags, 0, rank, world, 2 * e - 1);
+  block_barrier(flags, 0, rank, world, 2 * e - 1, st);
   {
     const u64 lo = rank * per, hi = pl_min(units, lo + per);
     for (u64 u = lo + tid; u < hi; u += nt) {
@@ -191,7 +226,7 @@ PL_DEVICE void two_shot(const T* in, T* out, u64 n, u32 rank, u32 world, const P
       copy_unit(out, mine, u, n, out_ok);
     }
   }
-  block_barrier(flags, 0, rank, world, 2 * e);
+  block_barrier(flags, 0, rank, world, 2 * e, st);
   for (u32 i = 1; i < world; ++i) {
     const u32 k = (rank + i) % world;
     const u64 lo = k * per, hi = pl_min(units, lo + per);
@@ -200,13 +235,14 @@ PL_DEVICE void two_shot(const T* in, T* out, u64 n, u32 rank, u32 world, const P
   }
 }
 
-// All-gather by pushing: "ready" barrier (every peer is inside this launch, so its output is
-// free), push my `bytes` into every peer's output at slot `rank` in rotated order, then
-// "done" barrier (every peer's pushes into my output are complete).
+// All-gather by pushing (the benchmark's contiguous form; the executor uses pl_exchange):
+// "ready" barrier (every peer is inside this launch, so its output is free), push my `bytes`
+// into every peer's output at slot `rank` in rotated order, then "done" barrier (every
+// peer's pushes into my output are complete).
 PL_GLOBAL void __launch_bounds__(512) pl_all_gather(const u8* in, u64 bytes, u32 rank, u32 world, Ptrs out,
-                                                    Ptrs flags, u32* counter) {
+                                                    Ptrs flags, u32* counter, Status st) {
   const u32 e = next_epoch(counter);
-  block_barrier(flags, 0, rank, world, e);
+  block_barrier(flags, 0, rank, world, e, st);
   const u64 units = (bytes + 15) / 16;
   const u64 nt = (u64)gridDim.x * blockDim.x;
   const u64 tid = (u64)blockIdx.x * blockDim.x + threadIdx.x;
@@ -217,17 +253,164 @@ PL_GLOBAL void __launch_bounds__(512) pl_all_gather(const u8* in, u64 bytes, u32
     const bool ok = in_ok && aligned16(dst);
     for (u64 u = tid; u < units; u += nt) copy_unit(dst, in, u, bytes, ok);
   }
-  block_barrier(flags, 1, rank, world, e);
+  block_barrier(flags, 1, rank, world, e, st);
+}
+
+// ---- strided runs: `rows` runs of `row` bytes, `sstride` / `dstride` apart ----
+struct Run { u64 src; u64 dst; u64 rows; u64 row; u64 sstride; u64 dstride; };
+
+// Copies a run set, 16-byte units spread over the whole grid (unit u: thread u mod nt).
+PL_DEVICE void copy_runs(const Run& r) {
+  if (r.rows == 0 || r.row == 0) return;
+  const u64 upr = (r.row + 15) / 16;
+  const u64 units = r.rows * upr;
+  const u64 nt = (u64)gridDim.x * blockDim.x;
+  const u64 tid = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+  const bool vec = ((r.src | r.dst | r.sstride | r.dstride) & 15) == 0;
+  for (u64 u = tid; u < units; u += nt) {
+    const u64 row = u / upr, c = (u - row * upr) * 16;
+    const u8* s = reinterpret_cast<const u8*>(r.src + row * r.sstride + c);
+    u8* d = reinterpret_cast<u8*>(r.dst + row * r.dstride + c);
+    const u64 len = pl_min(16, r.row - c);
+    if (vec && len == 16) {
+      store16(d, load16(s));
+    } else {
+      for (u64 i = 0; i < len; ++i) d[i] = s[i];
+    }
+  }
+}
+
+// A device-local strided copy (the fallback's packing and unpacking around NCCL).
+PL_GLOBAL void __launch_bounds__(512) pl_copy_runs(Run r) { copy_runs(r); }
+
+// ---- the exchange kernel: direct all-gather, all-to-all and collective-permute ----
+// Two signal phases around a list of copies (which may target peers' memory). Phase s
+// stores the epoch into `sig[s].n` peers' flag slots (flags set s, this block) and waits
+// until `wait[s].n` of this device's own slots reach it. All-gather and all-to-all use a
+// full group barrier in both phases ("ready": every peer is inside this launch, so its
+// output is free; "done": every push into my output landed); collective-permute signals
+// "ready" to its source and "done" to its target.
+#define PL_MAX_TASKS 8
+struct Sig { u64 n; u64 base[PL_MAX_RANKS]; u64 slot[PL_MAX_RANKS]; };
+struct Wait { u64 n; u64 slot[PL_MAX_RANKS]; };
+struct Xchg {
+  u64 counter;  // this device's u32[PL_BLOCKS] launch counters
+  u64 flags;    // this device's flag sets
+  Sig sig[2];
+  Wait wait[2];
+  u64 ntasks;
+  Run task[PL_MAX_TASKS];
+};
+
+PL_DEVICE void exchange_phase(const Xchg& x, u32 s, u32 e, const Status& st) {
+  __syncthreads();
+  const u32 t = threadIdx.x;
+  if (t < x.sig[s].n) store_release_sys(flag_slot(x.sig[s].base[t], s, blockIdx.x, (u32)x.sig[s].slot[t]), e);
+  if (t < x.wait[s].n) wait_bounded(flag_slot(x.flags, s, blockIdx.x, (u32)x.wait[s].slot[t]), e, st, (u32)x.wait[s].slot[t]);
+  __syncthreads();
+}
+
+PL_GLOBAL void __launch_bounds__(512) pl_exchange(Xchg x, Status st) {
+  const u32 e = next_epoch(reinterpret_cast<u32*>(x.counter));
+  exchange_phase(x, 0, e, st);
+  if (!failed(st)) {
+    for (u64 k = 0; k < x.ntasks && k < PL_MAX_TASKS; ++k) copy_runs(x.task[k]);
+  }
+  exchange_phase(x, 1, e, st);
+}
+
+// ---- block reductions: reduce-scatter and the fallback's local reduce ----
+// An operand viewed along the scatter dimension: `outer` rows of `world` blocks of `brow`
+// bytes (`full` = world * brow bytes per row). Unit u of a block is VEC elements of one
+// row: the same unit index maps to the same thread in every block, so a per-block barrier
+// covers exactly the units a block stages and later reads.
+struct Blocks { u64 outer; u64 brow; u64 full; };
+
+template <typename T>
+PL_DEVICE u64 block_units(const Blocks& b) {
+  const u64 elems = b.brow / sizeof(T);
+  return b.outer * ((elems + Unit<T>::VEC - 1) / Unit<T>::VEC);
+}
+
+// Reduces block `k` of every `srcs.p[0..world)` (fixed order) into dense `out`.
+template <typename T, typename R>
+PL_DEVICE void reduce_block(const Ptrs& srcs, u32 world, u32 k, T* out, const Blocks& b) {
+  typedef typename Tr<T>::Acc A;
+  constexpr u32 VEC = Unit<T>::VEC;
+  const u64 elems = b.brow / sizeof(T);
+  const u64 upr = (elems + VEC - 1) / VEC;
+  const u64 units = b.outer * upr;
+  const u64 nt = (u64)gridDim.x * blockDim.x;
+  const u64 tid = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+  for (u64 u = tid; u < units; u += nt) {
+    const u64 row = u / upr, c = (u - row * upr) * VEC;
+    const u64 off = row * b.full + k * b.brow + c * sizeof(T);
+    const u64 len = pl_min(VEC, elems - c);
+    T* dst = out + row * elems + c;
+    A acc[VEC];
+    for (u32 i = 0; i < len; ++i) acc[i] = Tr<T>::up(reinterpret_cast<const T*>(srcs.p[0] + off)[i]);
+#pragma unroll 1
+    for (u32 p = 1; p < world; ++p) {
+      const T* s = reinterpret_cast<const T*>(srcs.p[p] + off);
+      for (u32 i = 0; i < len; ++i) acc[i] = R::f(acc[i], Tr<T>::up(s[i]));
+    }
+    for (u32 i = 0; i < len; ++i) dst[i] = Tr<T>::down(acc[i]);
+  }
+}
+
+// Direct reduce-scatter: stage my whole operand (block by block, same unit mapping as the
+// reduce), barrier, reduce block `rank` from every member's staging. Double-buffered by
+// launch parity like the one-shot all-reduce, so no end barrier.
+template <typename T, typename R>
+PL_DEVICE void reduce_scatter(const u8* in, T* out, u32 rank, u32 world, const Ptrs& stage, u64 stride,
+                              const Ptrs& flags, u32* counter, const Blocks& b, const Status& st) {
+  const u32 e = next_epoch(counter);
+  const u64 par = (e & 1) * stride;
+  constexpr u32 VEC = Unit<T>::VEC;
+  const u64 elems = b.brow / sizeof(T);
+  const u64 upr = (elems + VEC - 1) / VEC;
+  const u64 units = b.outer * upr;
+  const u64 nt = (u64)gridDim.x * blockDim.x;
+  const u64 tid = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+  u8* mine = reinterpret_cast<u8*>(stage.p[rank] + par);
+  const bool vec = ((reinterpret_cast<u64>(in) | reinterpret_cast<u64>(mine) | b.brow | b.full) & 15) == 0;
+  for (u32 k = 0; k < world; ++k) {
+    for (u64 u = tid; u < units; u += nt) {
+      const u64 row = u / upr, c = (u - row * upr) * VEC;
+      const u64 off = row * b.full + k * b.brow + c * sizeof(T);
+      const u64 len = pl_min(VEC, elems - c) * sizeof(T);
+      if (vec && len == 16) {
+        store16(mine + off, load16(in + off));
+      } else {
+        for (u64 i = 0; i < len; ++i) mine[off + i] = in[off + i];
+      }
+    }
+  }
+  block_barrier(flags, 0, rank, world, e, st);
+  Ptrs srcs;
+  for (u32 p = 0; p < PL_MAX_RANKS; ++p) srcs.p[p] = stage.p[p] + par;
+  if (!failed(st)) reduce_block<T, R>(srcs, world, rank, out, b);
 }
 
 #define PL_AR(NAME, T, R)                                                                                    \
   PL_GLOBAL void __launch_bounds__(512) pl_one_shot_##NAME(const T* in, T* out, u64 n, u32 rank, u32 world, \
-                                                          Ptrs stage, u64 stride, Ptrs flags, u32* counter) { \
-    one_shot<T, R>(in, out, n, rank, world, stage, stride, flags, counter);                                  \
+                                                          Ptrs stage, u64 stride, Ptrs flags, u32* counter,    \
+                                                          Status st) {                                         \
+    one_shot<T, R>(in, out, n, rank, world, stage, stride, flags, counter, st);                              \
   }                                                                                                          \
   PL_GLOBAL void __launch_bounds__(512) pl_two_shot_##NAME(const T* in, T* out, u64 n, u32 rank, u32 world, \
-                                                          Ptrs stage, u64 stride, Ptrs flags, u32* counter) { \
-    two_shot<T, R>(in, out, n, rank, world, stage, stride, flags, counter);                                  \
+                                                          Ptrs stage, u64 stride, Ptrs flags, u32* counter,    \
+                                                          Status st) {                                         \
+    two_shot<T, R>(in, out, n, rank, world, stage, stride, flags, counter, st);                              \
+  }                                                                                                          \
+  PL_GLOBAL void __launch_bounds__(512) pl_reduce_scatter_##NAME(const u8* in, T* out, u32 rank, u32 world,  \
+                                                                Ptrs stage, u64 stride, Ptrs flags,           \
+                                                                u32* counter, Blocks b, Status st) {          \
+    reduce_scatter<T, R>(in, out, rank, world, stage, stride, flags, counter, b, st);                        \
+  }                                                                                                          \
+  PL_GLOBAL void __launch_bounds__(512) pl_reduce_blocks_##NAME(Ptrs srcs, u32 world, u32 k, T* out,         \
+                                                               Blocks b) {                                   \
+    reduce_block<T, R>(srcs, world, k, out, b);                                                              \
   }
 
 #define PL_AR_ARITH(NAME, T) PL_AR(NAME##_sum, T, Sum) PL_AR(NAME##_prod, T, Prod) PL_AR(NAME##_min, T, Min) PL_AR(NAME##_max, T, Max)
@@ -238,7 +421,10 @@ PL_AR_ARITH(f64, double)
 PL_AR_ARITH(bf16, bf16)
 PL_AR_ARITH(f16, f16)
 PL_AR_INT(s8, s8)
+PL_AR_INT(s16, s16)
 PL_AR_INT(s32, s32)
+PL_AR_INT(u8, u8)
+PL_AR_INT(u16, u16)
 PL_AR_INT(u32, u32)
 PL_AR_INT(s64, s64)
 PL_AR_INT(u64, u64)
@@ -246,6 +432,8 @@ PL_AR(pred_and, u8, And)
 PL_AR(pred_or, u8, Or)
 PL_AR(pred_max, u8, Or)
 PL_AR(pred_min, u8, And)
+PL_AR(pred_sum, u8, Xor)
+PL_AR(pred_prod, u8, And)
 
 // Peer-access probe: one thread stores `v` into a peer's memory and reads it back.
 PL_GLOBAL void pl_probe(u32* remote, u32 v, u32* readback) {

@@ -1,6 +1,23 @@
-// Portability header for Peerless's device kernels: CUDA (NVRTC) today, HIP later.
-// No system headers: NVRTC compiles these sources without a CUDA toolkit install.
+// Portability header for Peerless's device kernels: one source tree for CUDA (NVRTC) and
+// HIP (hipRTC at run time, hipcc in CI). Every CUDA/HIP difference lives in this file; the
+// kernels use only the names defined here plus the common CUDA/HIP builtins (threadIdx,
+// blockIdx, gridDim, blockDim, __syncthreads, __shared__, atomicCAS/atomicOr, which are
+// device (CUDA) / agent (HIP) scope in both).
+//
+// Memory scopes: cross-device flags are system scope (CUDA .sys, HIP
+// __HIP_MEMORY_SCOPE_SYSTEM); flags only this device's blocks touch may use device scope
+// (CUDA .gpu, HIP __HIP_MEMORY_SCOPE_AGENT). Counters are compared unsigned and
+// wrapping-aware (`reached`). Kernels must not assume a warp of 32: an AMD CDNA wavefront
+// is 64 lanes (PL_WAVE).
+//
+// Headers: NVRTC compiles without a CUDA toolkit (no system headers here), and hipRTC has
+// the HIP runtime built in (__HIPCC_RTC__); only a full hipcc compile includes
+// <hip/hip_runtime.h>.
 #pragma once
+
+#if defined(__HIPCC__) && !defined(__HIPCC_RTC__)
+#include <hip/hip_runtime.h>
+#endif
 
 typedef unsigned char u8;
 typedef unsigned short u16;
@@ -12,9 +29,12 @@ typedef long long s64;
 #if defined(__HIPCC__)
 #define PL_DEVICE __device__ __forceinline__
 #define PL_GLOBAL extern "C" __global__
+// Lanes that execute in lockstep: 64 on CDNA (gfx9xx); 32 on RDNA in wave32 mode.
+#define PL_WAVE __AMDGCN_WAVEFRONT_SIZE
 #else
 #define PL_DEVICE __device__ __forceinline__
 #define PL_GLOBAL extern "C" __global__
+#define PL_WAVE 32
 #endif
 
 // 16-bit float storage types (bit patterns); arithmetic happens in fp32.
@@ -31,8 +51,10 @@ PL_DEVICE bf16 from_f32_bf16(float f) {
   return r;
 }
 #if defined(__HIPCC__)
-PL_DEVICE float to_f32(f16 v) { return __half2float(__ushort_as_half(v.x)); }
-PL_DEVICE f16 from_f32_f16(float f) { f16 r; r.x = __half_as_ushort(__float2half_rn(f)); return r; }
+// Clang's native _Float16 (IEEE binary16 on AMDGPU, round to nearest even): no hip_fp16.h,
+// which the HIP runtime header does not include and hipRTC and hipcc ship differently.
+PL_DEVICE float to_f32(f16 v) { return (float)__builtin_bit_cast(_Float16, v.x); }
+PL_DEVICE f16 from_f32_f16(float f) { f16 r; r.x = __builtin_bit_cast(u16, (_Float16)f); return r; }
 #else
 PL_DEVICE float to_f32(f16 v) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(v.x)); return f; }
 PL_DEVICE f16 from_f32_f16(float f) { f16 r; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(r.x) : "f"(f)); return r; }
@@ -57,12 +79,40 @@ PL_DEVICE u32 load_acquire_sys(const u32* p) {
 }
 #endif
 
+// Same-device flags (only this device's blocks touch them): device / agent scope.
+#if defined(__HIPCC__)
+PL_DEVICE void store_release_dev(u32* p, u32 v) {
+  __hip_atomic_store(p, v, __ATOMIC_RELEASE, __HIP_MEMORY_SCOPE_AGENT);
+}
+PL_DEVICE u32 load_acquire_dev(const u32* p) {
+  return __hip_atomic_load(p, __ATOMIC_ACQUIRE, __HIP_MEMORY_SCOPE_AGENT);
+}
+#else
+PL_DEVICE void store_release_dev(u32* p, u32 v) {
+  asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+PL_DEVICE u32 load_acquire_dev(const u32* p) {
+  u32 v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+#endif
+
 // Wrapping-aware "v is at least e" for 32-bit counters.
 PL_DEVICE bool reached(u32 v, u32 e) { return (s32)(v - e) >= 0; }
+
+// One pause inside a spin-wait loop. On AMD, s_sleep(1) (64 cycles) keeps polling
+// wavefronts from flooding the fabric with remote acquire loads; CUDA spins as before.
+#if defined(__HIPCC__)
+PL_DEVICE void pl_spin_pause() { __builtin_amdgcn_s_sleep(1); }
+#else
+PL_DEVICE void pl_spin_pause() {}
+#endif
 
 // Spins until the counter at `p` is at least `e`.
 PL_DEVICE void wait_at_least(const u32* p, u32 e) {
   while (!reached(load_acquire_sys(p), e)) {
+    pl_spin_pause();
   }
 }
 
@@ -72,3 +122,15 @@ PL_DEVICE vec16 load16(const void* p) { return *reinterpret_cast<const vec16*>(p
 PL_DEVICE void store16(void* p, vec16 v) { *reinterpret_cast<vec16*>(p) = v; }
 
 PL_DEVICE u64 pl_min(u64 a, u64 b) { return a < b ? a : b; }
+
+// Nanoseconds from a device-wide clock, for bounded spin waits (a peer that never arrives
+// ends in a reported timeout, never a hung stream).
+#if defined(__HIPCC__)
+PL_DEVICE u64 pl_nanotime() { return __builtin_amdgcn_s_memrealtime() * 10ull; }  // 100 MHz counter
+#else
+PL_DEVICE u64 pl_nanotime() {
+  u64 t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+#endif

@@ -60,6 +60,8 @@ pub enum ExecError {
     /// The cluster could not be created.
     Host(HostError),
     BadArguments(String),
+    /// A device backend could not load or run the program (names the backend and call).
+    Backend(String),
     /// A thunk failed on a device.
     Device {
         device: usize,
@@ -81,6 +83,7 @@ impl fmt::Display for ExecError {
             Self::Interp(e) => write!(f, "{e}"),
             Self::Host(e) => write!(f, "host backend: {e}"),
             Self::BadArguments(m) => write!(f, "bad arguments: {m}"),
+            Self::Backend(m) => f.write_str(m),
             Self::Device { device, thunk, label, message, progress, .. } => write!(
                 f,
                 "device {device}: thunk #{thunk} {label} failed: {message}\n  last completed thunk per device: {progress}"
@@ -123,11 +126,138 @@ impl ValueInfo for EvalInfo<'_> {
 
 /// Per thunk: the shapes its regions hold (operand leaves, result leaves), resolved once.
 #[derive(Clone, Debug, Default)]
-struct ThunkShapes {
+pub(crate) struct ThunkShapes {
     /// Per operand, its local shape (Compute) — leaves line up with `inputs`.
-    operands: Vec<Shape>,
+    pub(crate) operands: Vec<Shape>,
     /// Operand leaves (Collective).
-    operand_leaves: Vec<ArrayShape>,
+    pub(crate) operand_leaves: Vec<ArrayShape>,
+}
+
+/// A module lowered for a device set, shared by every backend that runs thunk programs:
+/// the inlined module, the per-instruction evaluator, one program per device, and the
+/// shapes each thunk's regions hold.
+pub(crate) struct Lowered {
+    pub(crate) module: Module,
+    pub(crate) evaluator: InstrEvaluator,
+    pub(crate) programs: Vec<ThunkProgram>,
+    pub(crate) planned: Vec<PlannedCollective>,
+    pub(crate) shapes: Vec<ThunkShapes>,
+    pub(crate) param_shapes: Vec<Shape>,
+    /// The root's value shape (before any result sharding).
+    pub(crate) root_shape: Shape,
+}
+
+/// Inlines calls, plans every collective with `flags` against `table`, assigns buffers with
+/// `sizer`'s scratch and signal sizes, and builds one program per device.
+pub(crate) fn lower(
+    module: &Module,
+    num_devices: usize,
+    mode: DeviceMode,
+    flags: &Flags,
+    table: &PeerAccessTable,
+    sizer: &impl ScratchSizer,
+) -> Result<Lowered, ExecError> {
+    if num_devices == 0 {
+        return Err(ExecError::BadArguments("num_devices must be at least 1".into()));
+    }
+    let flat = emitter::inline_calls(module)?;
+    let evaluator = InstrEvaluator::new(&flat, &RunConfig { num_devices, mode })?;
+    let built = emitter::build_programs(&flat, num_devices, mode, flags, table, &EvalInfo(&evaluator), sizer)?;
+    let first = built.programs.first().ok_or_else(|| ExecError::BadArguments("no programs".into()))?;
+    let shapes = first
+        .thunks
+        .iter()
+        .map(|t| match t {
+            Thunk::Compute { instr, .. } => ThunkShapes {
+                operands: flat.instr(*instr).operands.iter().map(|&o| evaluator.local_shape(&flat, o)).collect(),
+                operand_leaves: Vec::new(),
+            },
+            Thunk::Collective { instr, .. } => ThunkShapes {
+                operands: Vec::new(),
+                operand_leaves: flat
+                    .instr(*instr)
+                    .operands
+                    .iter()
+                    .flat_map(|&o| evaluator.local_shape(&flat, o).leaves().into_iter().cloned().collect::<Vec<_>>())
+                    .collect(),
+            },
+            _ => ThunkShapes::default(),
+        })
+        .collect();
+    let param_shapes = evaluator.param_shapes().to_vec();
+    let root_shape = evaluator.local_shape(&flat, flat.entry().root);
+    Ok(Lowered {
+        programs: built.programs,
+        planned: built.planned,
+        shapes,
+        param_shapes,
+        root_shape,
+        evaluator,
+        module: flat,
+    })
+}
+
+/// Reads a value of `shape` from its array leaves' regions with `read(offset, len)`.
+pub(crate) fn read_value(
+    regions: &[thunks::Region],
+    shape: &Shape,
+    mut read: impl FnMut(usize, usize) -> Result<Vec<u8>, String>,
+) -> Result<Literal, String> {
+    let leaf_shapes = shape.leaves();
+    if leaf_shapes.len() != regions.len() {
+        return Err(format!("{} regions for {} array leaves of {shape}", regions.len(), leaf_shapes.len()));
+    }
+    let mut arrays = Vec::with_capacity(regions.len());
+    for (r, s) in regions.iter().zip(leaf_shapes) {
+        let bytes = read(r.offset, r.len)?;
+        arrays.push(Array::new(s.clone(), bytes).map_err(|e| e.to_string())?);
+    }
+    Literal::from_leaves(shape, &mut arrays.into_iter()).ok_or_else(|| format!("cannot build a value of {shape}"))
+}
+
+/// Writes `value`'s array leaves into their regions with `write(offset, bytes)`.
+pub(crate) fn write_value(
+    regions: &[thunks::Region],
+    value: &Literal,
+    mut write: impl FnMut(usize, &[u8]) -> Result<(), String>,
+) -> Result<(), String> {
+    let leaves = value.leaves();
+    if leaves.len() != regions.len() {
+        return Err(format!("value has {} array leaves, {} regions", leaves.len(), regions.len()));
+    }
+    for (r, a) in regions.iter().zip(leaves) {
+        if a.data.len() != r.len {
+            return Err(format!("leaf of {} bytes for a region of {}", a.data.len(), r.len));
+        }
+        write(r.offset, &a.data)?;
+    }
+    Ok(())
+}
+
+/// Checks `args` (per device, per parameter) against the entry's per-device shapes.
+pub(crate) fn check_args(args: &[Vec<Literal>], num_devices: usize, param_shapes: &[Shape]) -> Result<(), ExecError> {
+    if args.len() != num_devices {
+        return Err(ExecError::BadArguments(format!(
+            "{} devices' argument lists for {num_devices} devices",
+            args.len()
+        )));
+    }
+    for (d, a) in args.iter().enumerate() {
+        if a.len() != param_shapes.len() {
+            return Err(ExecError::BadArguments(format!(
+                "device {d}: {} arguments, the entry computation takes {}",
+                a.len(),
+                param_shapes.len()
+            )));
+        }
+        for (i, (v, want)) in a.iter().zip(param_shapes).enumerate() {
+            let got = v.shape();
+            if !got.compatible(want) {
+                return Err(ExecError::BadArguments(format!("parameter {i} on device {d}: expected {want}, got {got}")));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Something a test can inject into one execution.
@@ -136,6 +266,10 @@ pub enum Fault {
     /// Device `device` skips collective `collective` (by instruction name), as if it never
     /// arrived; its peers time out waiting for it.
     WithholdRank { device: usize, collective: String },
+    /// Device `device` fails with an error just before collective `collective`, as a worker
+    /// whose own work broke would; its peers time out waiting for it, and the returned
+    /// error is this root cause.
+    FailBefore { device: usize, collective: String },
 }
 
 /// The host backend: programs plus what running them needs (module, evaluator, timeout).
@@ -189,30 +323,11 @@ impl HostBackend {
     }
 
     fn read_leaves(&self, dev: &HostDevice, regions: &[thunks::Region], shape: &Shape) -> Result<Literal, String> {
-        let leaf_shapes = shape.leaves();
-        if leaf_shapes.len() != regions.len() {
-            return Err(format!("{} regions for {} array leaves of {shape}", regions.len(), leaf_shapes.len()));
-        }
-        let mut arrays = Vec::with_capacity(regions.len());
-        for (r, s) in regions.iter().zip(leaf_shapes) {
-            let bytes = dev.read(r.offset, r.len).map_err(|e| e.to_string())?;
-            arrays.push(Array::new(s.clone(), bytes).map_err(|e| e.to_string())?);
-        }
-        Literal::from_leaves(shape, &mut arrays.into_iter()).ok_or_else(|| format!("cannot build a value of {shape}"))
+        read_value(regions, shape, |o, l| dev.read(o, l).map_err(|e| e.to_string()))
     }
 
     fn write_leaves(dev: &HostDevice, regions: &[thunks::Region], value: &Literal) -> Result<(), String> {
-        let leaves = value.leaves();
-        if leaves.len() != regions.len() {
-            return Err(format!("value has {} array leaves, {} regions", leaves.len(), regions.len()));
-        }
-        for (r, a) in regions.iter().zip(leaves) {
-            if a.data.len() != r.len {
-                return Err(format!("leaf of {} bytes for a region of {}", a.data.len(), r.len));
-            }
-            dev.write(r.offset, &a.data).map_err(|e| e.to_string())?;
-        }
-        Ok(())
+        write_value(regions, value, |o, b| dev.write(o, b).map_err(|e| e.to_string()))
     }
 
     fn run_thunk(&self, dev: &HostDevice, k: usize, thunk: &Thunk) -> Result<(), (String, bool)> {
@@ -235,12 +350,14 @@ impl HostBackend {
             }
             Thunk::Copy { src, dst, len, .. } => dev.copy_within(*src, *dst, *len).map_err(|e| plain(e.to_string())),
             Thunk::Collective { name, config, implementation, inputs, outputs, scratch, signals, .. } => {
-                let withheld = matches!(
-                    &*self.fault.lock().unwrap_or_else(|e| e.into_inner()),
-                    Some(Fault::WithholdRank { device, collective }) if *device == d && collective == name
-                );
-                if withheld {
-                    return Ok(());
+                match &*self.fault.lock().unwrap_or_else(|e| e.into_inner()) {
+                    Some(Fault::WithholdRank { device, collective }) if *device == d && collective == name => {
+                        return Ok(());
+                    }
+                    Some(Fault::FailBefore { device, collective }) if *device == d && collective == name => {
+                        return Err(plain(format!("injected fault: device {d} failed before collective '{name}'")));
+                    }
+                    _ => {}
                 }
                 let region = |r: &thunks::Region| host::Region::new(r.offset, r.len);
                 let call = CollectiveCall {
@@ -291,31 +408,7 @@ impl HostBackend {
     }
 
     fn check_args(&self, args: &[Vec<Literal>]) -> Result<(), ExecError> {
-        if args.len() != self.num_devices {
-            return Err(ExecError::BadArguments(format!(
-                "{} devices' argument lists for {} devices",
-                args.len(),
-                self.num_devices
-            )));
-        }
-        for (d, a) in args.iter().enumerate() {
-            if a.len() != self.param_shapes.len() {
-                return Err(ExecError::BadArguments(format!(
-                    "device {d}: {} arguments, the entry computation takes {}",
-                    a.len(),
-                    self.param_shapes.len()
-                )));
-            }
-            for (i, (v, want)) in a.iter().zip(&self.param_shapes).enumerate() {
-                let got = v.shape();
-                if !got.compatible(want) {
-                    return Err(ExecError::BadArguments(format!(
-                        "parameter {i} on device {d}: expected {want}, got {got}"
-                    )));
-                }
-            }
-        }
-        Ok(())
+        check_args(args, self.num_devices, &self.param_shapes)
     }
 }
 
@@ -431,57 +524,26 @@ impl HostExecutable {
     /// plans every collective with `flags`, assigns buffers, builds one program per device
     /// (prepare) and creates the cluster (initialize).
     pub fn new(module: &Module, num_devices: usize, mode: DeviceMode, flags: &Flags) -> Result<Self, ExecError> {
-        if num_devices == 0 {
-            return Err(ExecError::BadArguments("num_devices must be at least 1".into()));
-        }
-        let flat = emitter::inline_calls(module)?;
-        let evaluator = InstrEvaluator::new(&flat, &RunConfig { num_devices, mode })?;
         let table = PeerAccessTable::for_host_topology(num_devices, &flags.host_topology);
-        let built =
-            emitter::build_programs(&flat, num_devices, mode, flags, &table, &EvalInfo(&evaluator), &HostSizer)?;
-        let first = built.programs.first().ok_or_else(|| ExecError::BadArguments("no programs".into()))?;
-        let shapes = first
-            .thunks
-            .iter()
-            .map(|t| match t {
-                Thunk::Compute { instr, .. } => ThunkShapes {
-                    operands: flat.instr(*instr).operands.iter().map(|&o| evaluator.local_shape(&flat, o)).collect(),
-                    operand_leaves: Vec::new(),
-                },
-                Thunk::Collective { instr, .. } => ThunkShapes {
-                    operands: Vec::new(),
-                    operand_leaves: flat
-                        .instr(*instr)
-                        .operands
-                        .iter()
-                        .flat_map(|&o| {
-                            evaluator.local_shape(&flat, o).leaves().into_iter().cloned().collect::<Vec<_>>()
-                        })
-                        .collect(),
-                },
-                _ => ThunkShapes::default(),
-            })
-            .collect();
-        let param_shapes = evaluator.param_shapes().to_vec();
-        let root_shape = evaluator.local_shape(&flat, flat.entry().root);
+        let low = lower(module, num_devices, mode, flags, &table, &HostSizer)?;
         let backend = HostBackend {
-            evaluator,
+            evaluator: low.evaluator,
             num_devices,
             peers: Arc::new(peer_matrix(&table, num_devices)),
             timeout: Duration::from_millis(flags.collective_timeout_ms),
-            shapes,
-            param_shapes,
-            root_shape,
+            shapes: low.shapes,
+            param_shapes: low.param_shapes,
+            root_shape: low.root_shape,
             progress: (0..num_devices).map(|_| AtomicUsize::new(0)).collect(),
             fault: Mutex::new(None),
-            module: flat,
+            module: low.module,
         };
-        let resources = backend.prepare(&built.programs)?;
+        let resources = backend.prepare(&low.programs)?;
         let cluster = backend.initialize(&resources)?;
         Ok(HostExecutable {
             backend,
-            programs: built.programs,
-            planned: built.planned,
+            programs: low.programs,
+            planned: low.planned,
             resources,
             state: Mutex::new(ClusterState { cluster, poisoned: false }),
         })
@@ -572,4 +634,107 @@ pub fn host_programs(
     let evaluator = InstrEvaluator::new(&flat, &RunConfig { num_devices, mode })?;
     let table = PeerAccessTable::for_host_topology(num_devices, &flags.host_topology);
     Ok(emitter::build_programs(&flat, num_devices, mode, flags, &table, &EvalInfo(&evaluator), &HostSizer)?)
+}
+
+/// The devices a program runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BackendKind {
+    /// N simulated devices: worker threads over shared-memory arenas.
+    Host,
+    /// Local NVIDIA GPUs `0..N` (feature `cuda`).
+    Cuda,
+}
+
+impl BackendKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            BackendKind::Host => "host",
+            BackendKind::Cuda => "cuda",
+        }
+    }
+}
+
+/// A compiled module on one backend: a closed enum, so callers (the CLI, the plugin) never
+/// name a backend's types. Without the `cuda` feature the `Cuda` kind is an error that says so.
+#[derive(Debug)]
+pub enum Executable {
+    Host(HostExecutable),
+    #[cfg(feature = "cuda")]
+    Cuda(crate::cuda::CudaExecutable),
+}
+
+impl Executable {
+    /// Compiles `module` for `num_devices` devices of `kind` in `mode`.
+    pub fn new(
+        kind: BackendKind,
+        module: &Module,
+        num_devices: usize,
+        mode: DeviceMode,
+        flags: &Flags,
+    ) -> Result<Self, ExecError> {
+        match kind {
+            BackendKind::Host => Ok(Executable::Host(HostExecutable::new(module, num_devices, mode, flags)?)),
+            #[cfg(feature = "cuda")]
+            BackendKind::Cuda => {
+                Ok(Executable::Cuda(crate::cuda::CudaExecutable::new(module, num_devices, mode, flags)?))
+            }
+            #[cfg(not(feature = "cuda"))]
+            BackendKind::Cuda => {
+                Err(ExecError::Backend("this build of Peerless has no cuda backend (feature `cuda` is off)".into()))
+            }
+        }
+    }
+
+    /// Runs every device's program once (`args[d]`: device `d`'s parameters).
+    pub fn execute(&self, args: &[Vec<Literal>]) -> Result<Vec<Literal>, ExecError> {
+        match self {
+            Executable::Host(e) => e.execute(args),
+            #[cfg(feature = "cuda")]
+            Executable::Cuda(e) => e.execute(args),
+        }
+    }
+
+    pub fn kind(&self) -> BackendKind {
+        match self {
+            Executable::Host(_) => BackendKind::Host,
+            #[cfg(feature = "cuda")]
+            Executable::Cuda(_) => BackendKind::Cuda,
+        }
+    }
+
+    /// One program per device.
+    pub fn programs(&self) -> &[ThunkProgram] {
+        match self {
+            Executable::Host(e) => e.programs(),
+            #[cfg(feature = "cuda")]
+            Executable::Cuda(e) => e.programs(),
+        }
+    }
+
+    /// Every collective that runs, with its decision.
+    pub fn planned(&self) -> &[PlannedCollective] {
+        match self {
+            Executable::Host(e) => e.planned(),
+            #[cfg(feature = "cuda")]
+            Executable::Cuda(e) => e.planned(),
+        }
+    }
+
+    /// Per entry parameter, the shape each device's argument must have.
+    pub fn param_shapes(&self) -> &[Shape] {
+        match self {
+            Executable::Host(e) => e.param_shapes(),
+            #[cfg(feature = "cuda")]
+            Executable::Cuda(e) => e.param_shapes(),
+        }
+    }
+
+    /// Injects `fault` into every later execution (`None` clears it).
+    pub fn set_fault(&self, fault: Option<Fault>) {
+        match self {
+            Executable::Host(e) => e.set_fault(fault),
+            #[cfg(feature = "cuda")]
+            Executable::Cuda(e) => e.set_fault(fault),
+        }
+    }
 }

@@ -5,5 +5,7 @@
 pub mod cuda;
 pub mod exec;
 pub mod host;
+#[cfg(feature = "rocm")]
+pub mod rocm;
 
 pub use thunks::Phase;

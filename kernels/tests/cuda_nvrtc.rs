@@ -34,8 +34,20 @@ fn every_kernel_source_compiles_for_sm80_and_sm90() {
         assert_eq!(out.len(), units);
         for (name, ptx) in &out {
             let text = String::from_utf8_lossy(ptx);
-            for k in ["pl_one_shot_f32_sum", "pl_two_shot_bf16_sum", "pl_all_gather", "pl_probe", "pl_one_shot_pred_or"]
-            {
+            for k in [
+                "pl_one_shot_f32_sum",
+                "pl_two_shot_bf16_sum",
+                "pl_all_gather",
+                "pl_probe",
+                "pl_one_shot_pred_or",
+                "pl_one_shot_pred_sum",
+                "pl_two_shot_u16_max",
+                "pl_reduce_scatter_f16_sum",
+                "pl_reduce_scatter_s8_or",
+                "pl_reduce_blocks_s16_and",
+                "pl_exchange",
+                "pl_copy_runs",
+            ] {
                 assert!(text.contains(&format!(".entry {k}")), "{name} for sm_{cc} lacks {k}");
             }
             // System-scope release/acquire flags, and 16-byte vector loads in the one-shot.

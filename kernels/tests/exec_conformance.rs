@@ -8,6 +8,9 @@
 //! host backend runs with: aligned, inside the arena, no two simultaneously live buffers
 //! sharing a byte, and scratch / signals / the zero region shared with nothing.
 //!
+//! `PEERLESS_TEST_BACKEND=cuda` runs the same trials on local GPUs (the CUDA backend); cases
+//! that declare more devices than there are GPUs are reported as ignored, never as passed.
+//!
 //! `cargo test -p peerless-kernels --test exec_conformance [-- FILTER]`
 
 use std::sync::Arc;
@@ -15,7 +18,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use emitter::{DeviceMode, Flags};
 use hlo_tests::{Case, Mode, golden_path, load_cases, read_golden};
-use kernels::exec::HostExecutable;
+use kernels::exec::{BackendKind, Executable};
 use libtest_mimic::{Arguments, Failed, Trial};
 
 const FALLBACK: &str = "--all_reduce_backend=fallback --all_gather_backend=fallback --all_to_all_backend=fallback \
@@ -25,6 +28,25 @@ const FALLBACK: &str = "--all_reduce_backend=fallback --all_gather_backend=fallb
 enum Config {
     Kernel,
     Fallback,
+}
+
+fn backend() -> BackendKind {
+    match std::env::var("PEERLESS_TEST_BACKEND").as_deref() {
+        Ok("cuda") => BackendKind::Cuda,
+        Ok("host") | Err(_) => BackendKind::Host,
+        Ok(other) => panic!("PEERLESS_TEST_BACKEND={other}: expected host or cuda"),
+    }
+}
+
+/// Devices the backend has (host: any number).
+fn available(kind: BackendKind) -> usize {
+    match kind {
+        BackendKind::Host => usize::MAX,
+        #[cfg(feature = "cuda")]
+        BackendKind::Cuda => kernels::cuda::device_count().unwrap_or(0),
+        #[cfg(not(feature = "cuda"))]
+        BackendKind::Cuda => 0,
+    }
 }
 
 fn run_case(case: &Case, n: usize, config: Config) -> Result<(), String> {
@@ -40,7 +62,7 @@ fn run_case(case: &Case, n: usize, config: Config) -> Result<(), String> {
         Config::Kernel => Flags::default(),
         Config::Fallback => Flags::parse(FALLBACK).map_err(|e| e.to_string())?,
     };
-    let exe = HostExecutable::new(&module, n, mode, &flags).map_err(|e| format!("compile: {e}"))?;
+    let exe = Executable::new(backend(), &module, n, mode, &flags).map_err(|e| format!("compile: {e}"))?;
     if let Config::Fallback = config
         && let Some(k) = exe.planned().iter().find(|p| p.decision.is_kernel() && p.groups.iter().any(|g| g.len() > 1))
     {
@@ -84,6 +106,12 @@ fn check_layout(case: &Case, n: usize) -> Result<(), String> {
 
 fn main() {
     let args = Arguments::from_args();
+    let kind = backend();
+    let gpus = available(kind);
+    if kind == BackendKind::Cuda && gpus == 0 {
+        eprintln!("PEERLESS_TEST_BACKEND=cuda but no CUDA device is usable");
+        std::process::exit(1);
+    }
     let cases = Arc::new(load_cases().expect("cannot read hlo-tests/cases"));
     let matched = [Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0))];
     let mut trials = Vec::new();
@@ -108,17 +136,20 @@ fn main() {
                     Config::Kernel => "kernel",
                     Config::Fallback => "fallback",
                 };
-                trials.push(Trial::test(format!("{label}::{}::d{n}", case.name), move || {
+                let trial = Trial::test(format!("{label}::{}::d{n}", case.name), move || {
                     run_case(&cases[idx], n, config).map_err(Failed::from)?;
                     matched.fetch_add(1, Ordering::Relaxed);
                     Ok(())
-                }));
+                });
+                // More devices than this machine has: ignored (counted as such), never passed.
+                trials.push(trial.with_ignored_flag(n > gpus));
             }
         }
     }
     let conclusion = libtest_mimic::run(&args, trials);
     println!(
-        "host backend: {} case runs matched XLA goldens (kernel) / {} (fallback)",
+        "{} backend: {} case runs matched XLA goldens (kernel) / {} (fallback)",
+        kind.name(),
         matched[0].load(Ordering::Relaxed),
         matched[1].load(Ordering::Relaxed)
     );

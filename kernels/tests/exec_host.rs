@@ -218,3 +218,65 @@ ENTRY main {
         }
     }
 }
+
+fn failing_worker_is_the_root_cause(flags: &str) {
+    // Device 1 errors just before the all-reduce; devices 0, 2 and 3 wait for it and time
+    // out. The reported error is device 1's own, not a peer's timeout.
+    let timeout_ms = 200;
+    let exe = compile(ALL_REDUCE, 4, &format!("{flags} --collective_timeout_ms={timeout_ms}"));
+    for round in 0..3 {
+        exe.set_fault(Some(Fault::FailBefore { device: 1, collective: "ar".into() }));
+        let start = Instant::now();
+        let err = exe.execute(&args_for(4, 1.0)).unwrap_err();
+        assert!(start.elapsed() < Duration::from_millis(timeout_ms * 4), "took {:?}", start.elapsed());
+        let ExecError::Device { device: 1, timeout: false, ref label, .. } = err else {
+            panic!("round {round}: {err}")
+        };
+        assert_eq!(label, "all-reduce 'ar'", "{err}");
+        let text = err.to_string();
+        assert!(text.contains("injected fault: device 1 failed before collective 'ar'"), "{text}");
+        assert!(text.contains("d1: none"), "{text}");
+        // Same executable, fault cleared: correct results again, several times over (the
+        // failed run left epochs out of step; the next execute starts from fresh arenas).
+        exe.set_fault(None);
+        for salt in [10.0, 11.0, 12.0] {
+            let salt = salt + round as f32;
+            check(&exe.execute(&args_for(4, salt)).unwrap(), 4, salt);
+        }
+    }
+    // A fault on a later collective, after the all-reduce succeeded everywhere.
+    exe.set_fault(Some(Fault::FailBefore { device: 3, collective: "ag".into() }));
+    let err = exe.execute(&args_for(4, 2.0)).unwrap_err();
+    assert!(err.to_string().contains("device 3 failed before collective 'ag'"), "{err}");
+    exe.set_fault(None);
+    check(&exe.execute(&args_for(4, 2.0)).unwrap(), 4, 2.0);
+}
+
+#[test]
+fn a_worker_failing_before_a_collective_is_reported_and_recovered_kernel() {
+    failing_worker_is_the_root_cause("");
+}
+
+#[test]
+fn a_worker_failing_before_a_collective_is_reported_and_recovered_fallback() {
+    failing_worker_is_the_root_cause("--all_reduce_backend=fallback --all_gather_backend=fallback");
+}
+
+#[test]
+fn an_arena_larger_than_host_memory_is_an_error_at_load_time() {
+    // 2^38 f32 elements: a 1 TiB result buffer per device, far beyond any host's memory. The
+    // module is valid; compiling (which allocates the arenas) must refuse it with a clear
+    // error instead of running out of memory at run time.
+    let text = r#"
+HloModule huge, replica_count=2
+ENTRY main {
+  c = f32[] constant(1)
+  ROOT b = f32[274877906944] broadcast(c), dimensions={}
+}
+"#;
+    let m = hlo::parse_text("huge.hlo", text).unwrap();
+    let err = HostExecutable::new(&m, 2, DeviceMode::Replica, &Flags::default()).unwrap_err();
+    let msg = err.to_string();
+    assert!(msg.contains("1099511627776-byte arena") || msg.contains("arena on each of 2 devices"), "{msg}");
+    assert!(msg.contains("host memory"), "{msg}");
+}

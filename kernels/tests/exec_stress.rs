@@ -24,7 +24,7 @@ use emitter::{DeviceMode, Flags};
 use half::{bf16, f16};
 use hlo::{Array, Literal, Module, PrimitiveType as T};
 use interp::{Mode, RunConfig};
-use kernels::exec::HostExecutable;
+use kernels::exec::{BackendKind, Executable};
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -536,8 +536,25 @@ fn check(spec: &Spec, got: &[Literal], want: &[Literal], twin: Option<&[Literal]
     Ok(())
 }
 
+/// `PEERLESS_TEST_BACKEND=cuda` runs the same modules on local GPUs; modules that need more
+/// devices than there are GPUs are skipped and counted in the summary line.
+fn backend() -> (BackendKind, usize) {
+    match std::env::var("PEERLESS_TEST_BACKEND").as_deref() {
+        #[cfg(feature = "cuda")]
+        Ok("cuda") => {
+            let n = kernels::cuda::device_count().unwrap_or(0);
+            assert!(n > 0, "PEERLESS_TEST_BACKEND=cuda but no CUDA device is usable");
+            (BackendKind::Cuda, n)
+        }
+        Ok("host") | Err(_) => (BackendKind::Host, usize::MAX),
+        Ok(other) => panic!("PEERLESS_TEST_BACKEND={other}: expected host or cuda (with the cuda feature)"),
+    }
+}
+
 #[test]
 fn executions_match_the_interpreter() {
+    let (kind, devices) = backend();
+    let mut skipped = 0usize;
     let start = Instant::now();
     let seed = env_number("EXEC_STRESS_SEED").unwrap_or(SEED);
     let modules = env_number("EXEC_STRESS_MODULES").map_or(MODULES, |m| m as usize);
@@ -560,9 +577,13 @@ fn executions_match_the_interpreter() {
             (DeviceMode::Replica, Mode::Replica)
         };
         let cfg = RunConfig { num_devices: spec.n, mode: imode };
+        if spec.n > devices {
+            skipped += 1;
+            continue;
+        }
         let fail =
             |epoch: usize, message: String| Failure { case, epoch, spec: spec.clone(), text: text.clone(), message };
-        let exe = match HostExecutable::new(&module, spec.n, mode, &flags) {
+        let exe = match Executable::new(kind, &module, spec.n, mode, &flags) {
             Ok(e) => e,
             Err(e) => {
                 failures.push(fail(0, format!("compile error: {e}")));
@@ -610,7 +631,12 @@ fn executions_match_the_interpreter() {
         failed_cases += usize::from(case_failed);
     }
     let elapsed = start.elapsed();
-    let mut line = format!("exec stress: {executions} executions, {modules} modules in {elapsed:.1?}:");
+    let mut line = format!(
+        "exec stress ({} backend): {executions} executions, {} modules ({skipped} skipped: more devices than \
+         available) in {elapsed:.1?}:",
+        kind.name(),
+        modules - skipped
+    );
     for (k, v) in &counts {
         write!(line, " {k} {v},").unwrap();
     }
@@ -629,7 +655,7 @@ fn executions_match_the_interpreter() {
     }
     assert!(executions >= 1000, "only {executions} executions");
     // At the default size every collective op (sync and async forms each) runs ≥ 1000 times.
-    if modules >= MODULES {
+    if modules >= MODULES && skipped == 0 {
         for op in Op::ALL {
             let total: usize = counts
                 .iter()

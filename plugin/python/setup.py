@@ -1,11 +1,14 @@
 """Builds libpeerless_pjrt.so with cargo when installed from a checkout.
 
-`pip install ./plugin/python` runs `cargo build --release -p peerless-pjrt` in the
-repository root (two directories up) and copies the library into the package. Set
-PEERLESS_PJRT_LIBRARY=/path/libpeerless_pjrt.so to skip the build and bundle that file
-instead (machines without a Rust toolchain can also set it at run time, see __init__.py).
+`pip install ./plugin/python` runs `cargo build --release --locked -p peerless-pjrt` in the
+repository root (two directories up) and copies the library into the package
+(`jax_plugins/peerless/libpeerless_pjrt.so`). Set PEERLESS_PJRT_LIBRARY=/path/libpeerless_pjrt.so
+to skip cargo and bundle that file instead: a machine without a Rust toolchain installs a
+library built elsewhere (at run time, the same variable overrides the bundled library,
+see __init__.py). The wheel is platform-specific because it carries a native library.
 """
 
+import json
 import os
 import shutil
 import subprocess
@@ -13,30 +16,64 @@ from pathlib import Path
 
 from setuptools import setup
 from setuptools.command.build_py import build_py
+from setuptools.dist import Distribution
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 LIB = "libpeerless_pjrt.so"
 
 
+def cargo_library() -> Path:
+    if not (REPO / "Cargo.toml").is_file():
+        raise RuntimeError(
+            f"no Cargo workspace at {REPO}; install from a Peerless checkout "
+            "or set PEERLESS_PJRT_LIBRARY to a prebuilt libpeerless_pjrt.so"
+        )
+    if shutil.which("cargo") is None:
+        raise RuntimeError(
+            "cargo not found: install a Rust toolchain (https://rustup.rs) "
+            "or set PEERLESS_PJRT_LIBRARY to a prebuilt libpeerless_pjrt.so"
+        )
+    subprocess.check_call(["cargo", "build", "--release", "--locked", "-p", "peerless-pjrt"], cwd=REPO)
+    meta = subprocess.check_output(["cargo", "metadata", "--format-version", "1", "--no-deps"], cwd=REPO)
+    return Path(json.loads(meta)["target_directory"]) / "release" / LIB
+
+
 class BuildWithCargo(build_py):
     def run(self):
         super().run()
-        dest = Path(self.build_lib) / "jax_plugins" / "peerless" / LIB
         prebuilt = os.environ.get("PEERLESS_PJRT_LIBRARY")
-        if prebuilt:
-            src = Path(prebuilt)
-        else:
-            if not (REPO / "Cargo.toml").is_file():
-                raise RuntimeError(
-                    f"no Cargo workspace at {REPO}; install from a Peerless checkout "
-                    "or set PEERLESS_PJRT_LIBRARY to a prebuilt libpeerless_pjrt.so"
-                )
-            target = Path(os.environ.get("CARGO_TARGET_DIR", REPO / "target"))
-            subprocess.check_call(["cargo", "build", "--release", "-p", "peerless-pjrt"], cwd=REPO)
-            src = target / "release" / LIB
+        src = Path(prebuilt) if prebuilt else cargo_library()
+        if not src.is_file():
+            raise RuntimeError(f"{src} does not exist")
+        dest = Path(self.build_lib) / "jax_plugins" / "peerless" / LIB
         dest.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(src, dest)
+        shutil.copyfile(src, dest)
+        os.chmod(dest, 0o755)
 
 
-setup(cmdclass={"build_py": BuildWithCargo})
+class BinaryDistribution(Distribution):
+    """Marks the wheel as platform-specific (it carries a native library)."""
+
+    def has_ext_modules(self):
+        return True
+
+
+cmdclass = {"build_py": BuildWithCargo}
+try:
+    try:
+        from setuptools.command.bdist_wheel import bdist_wheel
+    except ImportError:
+        from wheel.bdist_wheel import bdist_wheel
+
+    class PlatformWheel(bdist_wheel):
+        """`py3-none-<platform>`: the library uses no Python ABI, only the platform's."""
+
+        def get_tag(self):
+            return ("py3", "none", super().get_tag()[2])
+
+    cmdclass["bdist_wheel"] = PlatformWheel
+except ImportError:  # no wheel support: pip builds none either
+    pass
+
+setup(cmdclass=cmdclass, distclass=BinaryDistribution)

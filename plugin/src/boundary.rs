@@ -40,6 +40,14 @@ fn panic_message(p: &(dyn Any + Send)) -> String {
     }
 }
 
+/// Test hook: `PEERLESS_TEST_PANIC=<entry point>` (the Rust name, e.g. `plugin_attributes`;
+/// read once per process) makes that entry point panic inside its body, so a test driving
+/// the library from C can prove that no panic crosses the boundary (plugin/so/tests/c_abi.rs).
+fn forced_panic(name: &str) -> bool {
+    static NAME: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    NAME.get_or_init(|| std::env::var("PEERLESS_TEST_PANIC").ok()).as_deref() == Some(name)
+}
+
 /// Runs `f` on `*args` as an entry point named `name`: null and undersized args are
 /// INVALID_ARGUMENT; a panic is INTERNAL (and never unwinds into the caller).
 ///
@@ -66,6 +74,9 @@ pub unsafe fn enter<A: Args>(
                 pjrt_sys::PJRT_API_MAJOR,
                 pjrt_sys::PJRT_API_MINOR
             )));
+        }
+        if forced_panic(name) {
+            panic!("{name}: forced by PEERLESS_TEST_PANIC");
         }
         // SAFETY: the caller's struct is at least as large as the one we know (checked
         // above), so every field of `A` lies inside it; the caller owns it for the call.

@@ -23,11 +23,51 @@ pub const MEMORY_KIND: &str = "device";
 /// Device kind reported for host-backend devices.
 pub const DEVICE_KIND: &str = "peerless-host";
 
-/// Which backend a client runs programs on.
+/// Which backend a client runs programs on (`PEERLESS_BACKEND`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BackendKind {
+    /// N simulated devices on N threads (`kernels::exec::HostExecutable`).
     Host,
+    /// One device per GPU; see [`cuda_backend`], the one place it is wired.
+    Cuda,
 }
+
+impl BackendKind {
+    /// `PEERLESS_BACKEND`: `host`, `cuda`, or unset / empty. Unset means host for now; once
+    /// [`cuda_backend`] reports devices, the default becomes cuda when it finds usable GPUs.
+    pub fn from_env() -> Result<Self> {
+        match std::env::var("PEERLESS_BACKEND").as_deref().map(str::trim) {
+            Err(_) | Ok("") | Ok("host") => Ok(BackendKind::Host),
+            Ok("cuda") => Ok(BackendKind::Cuda),
+            Ok(other) => Err(Error::invalid(format!(
+                "peerless: PEERLESS_BACKEND={other} is not a backend (expected host or cuda)"
+            ))),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            BackendKind::Host => "host",
+            BackendKind::Cuda => "cuda",
+        }
+    }
+}
+
+// ==== CUDA backend hook =====================================================================
+/// **The one place the CUDA backend enters the plugin.** Called by [`ClientConfig::new`] when
+/// `PEERLESS_BACKEND=cuda`; returns the number of GPUs the client exposes. Today the plugin
+/// has no CUDA executor wired, so this is an error and `Client_Create` fails with it (JAX
+/// shows it when it initializes the `peerless` backend). To wire CUDA: return the usable
+/// GPU count here (e.g. `kernels::cuda::device_count()`), build the CUDA executable where
+/// [`compile`] builds `HostExecutable::new` (match on `client.config.backend`), and run it
+/// where [`Compiled::execute`] calls `self.exe.execute`.
+pub fn cuda_backend() -> Result<usize> {
+    Err(Error::unimplemented(
+        "peerless: cuda backend not built/available: this plugin build runs programs on the host \
+         backend only (unset PEERLESS_BACKEND or set PEERLESS_BACKEND=host)",
+    ))
+}
+// ============================================================================================
 
 /// Client creation settings (create options, then environment, then defaults).
 #[derive(Clone, Debug)]
@@ -38,26 +78,15 @@ pub struct ClientConfig {
 }
 
 impl ClientConfig {
-    /// `num_devices` from the create option, else `PEERLESS_NUM_DEVICES` (alias
-    /// `PEERLESS_HOST_DEVICES`), else 8; backend from `PEERLESS_BACKEND` (default `host`);
-    /// flags from `PEERLESS_FLAGS` and then the create option `peerless_flags`.
+    /// Backend from `PEERLESS_BACKEND` ([`BackendKind::from_env`]). Host backend: `num_devices`
+    /// from the create option, else `PEERLESS_HOST_DEVICES` (alias `PEERLESS_NUM_DEVICES`),
+    /// else 8. CUDA backend: one device per GPU ([`cuda_backend`]). Flags from
+    /// `PEERLESS_FLAGS` and then the create option `peerless_flags`.
     pub fn new(option_devices: Option<i64>, option_flags: Option<&str>) -> Result<Self> {
-        let backend = match std::env::var("PEERLESS_BACKEND").as_deref() {
-            Err(_) | Ok("") | Ok("host") => BackendKind::Host,
-            Ok(other) => {
-                return Err(Error::invalid(format!(
-                    "peerless: PEERLESS_BACKEND={other} is not available in this build (supported: host)"
-                )));
-            }
-        };
-        let env_devices = ["PEERLESS_NUM_DEVICES", "PEERLESS_HOST_DEVICES"].iter().find_map(|k| std::env::var(k).ok());
-        let num_devices = match (option_devices, env_devices) {
-            (Some(n), _) => n,
-            (None, Some(s)) => s
-                .trim()
-                .parse::<i64>()
-                .map_err(|_| Error::invalid(format!("peerless: PEERLESS_NUM_DEVICES={s} is not an integer")))?,
-            (None, None) => 8,
+        let backend = BackendKind::from_env()?;
+        let num_devices = match backend {
+            BackendKind::Host => host_devices(option_devices)?,
+            BackendKind::Cuda => cuda_backend()? as i64,
         };
         if !(1..=4096).contains(&num_devices) {
             return Err(Error::invalid(format!("peerless: num_devices must be in 1..=4096, got {num_devices}")));
@@ -70,6 +99,20 @@ impl ClientConfig {
         }
         Ok(ClientConfig { backend, num_devices: num_devices as usize, flags })
     }
+}
+
+/// The host backend's device count: create option `num_devices`, else `PEERLESS_HOST_DEVICES`,
+/// else `PEERLESS_NUM_DEVICES`, else 8.
+fn host_devices(option_devices: Option<i64>) -> Result<i64> {
+    if let Some(n) = option_devices {
+        return Ok(n);
+    }
+    for var in ["PEERLESS_HOST_DEVICES", "PEERLESS_NUM_DEVICES"] {
+        if let Some(s) = std::env::var(var).ok().filter(|s| !s.trim().is_empty()) {
+            return s.trim().parse::<i64>().map_err(|_| Error::invalid(format!("peerless: {var}={s} is not an integer")));
+        }
+    }
+    Ok(8)
 }
 
 /// A device; its `PJRT_DeviceDescription*` is the same pointer.
@@ -111,13 +154,14 @@ pub struct Client {
 impl Client {
     pub fn new(config: ClientConfig) -> Box<Client> {
         let n = config.num_devices;
+        let backend = config.backend.name();
         let mut devices: Vec<Box<Device>> = (0..n)
             .map(|i| {
                 Box::new(Device {
                     id: i as i32,
                     index: i,
                     debug_string: format!("peerless:{i}"),
-                    to_string: format!("PeerlessDevice(id={i}, backend=host)"),
+                    to_string: format!("PeerlessDevice(id={i}, backend={backend})"),
                     memories: [std::ptr::null_mut()],
                 })
             })
@@ -147,7 +191,7 @@ impl Client {
             device_ptrs,
             memory_ptrs,
             topology,
-            platform_version: format!("peerless {} (host backend)", env!("CARGO_PKG_VERSION")),
+            platform_version: format!("peerless {} ({backend} backend)", env!("CARGO_PKG_VERSION")),
         })
     }
 
@@ -391,7 +435,9 @@ pub fn compile(client: &Client, format: &str, code: &[u8], options: &[u8]) -> Re
     if seen.len() != devices.len() {
         return Err(Error::invalid(format!("peerless: device assignment repeats a device: {devices:?}")));
     }
-    let exe = HostExecutable::new(&module, n, mode, &client.config.flags)?;
+    let flags = compile_flags(&client.config.flags, &opts.env_option_overrides)?;
+    let exe = HostExecutable::new(&module, n, mode, &flags)?;
+    exe.set_fault(test_fault(&exe)?);
     let cfg = interp::RunConfig { num_devices: n, mode };
     let result = interp::local_result_shapes(&module, &cfg)?.into_iter().next().unwrap_or(Shape::Tuple(Vec::new()));
     let out_shapes: Vec<ArrayShape> = result.leaves().into_iter().cloned().collect();
@@ -420,6 +466,52 @@ pub fn compile(client: &Client, format: &str, code: &[u8], options: &[u8]) -> Re
         optimized,
         deleted: AtomicBool::new(false),
     })
+}
+
+/// Test hook: `PEERLESS_TEST_FAULT=fail:<device>` (that logical device errors just before
+/// the program's first collective) or `withhold:<device>` (it skips that collective, so its
+/// peers time out) is injected into every executable compiled while it is set. For the
+/// fault tests (plugin/tests/test_faults.py, docs/RELIABILITY.md); unset, nothing changes.
+fn test_fault(exe: &HostExecutable) -> Result<Option<kernels::exec::Fault>> {
+    let Ok(spec) = std::env::var("PEERLESS_TEST_FAULT") else { return Ok(None) };
+    let bad =
+        || Error::invalid(format!("peerless: PEERLESS_TEST_FAULT={spec}: expected fail:<device> or withhold:<device>"));
+    let (kind, device) = spec.split_once(':').ok_or_else(bad)?;
+    let device: usize = device.trim().parse().map_err(|_| bad())?;
+    let Some(first) = exe.planned().first() else { return Ok(None) };
+    let collective = first.instr.clone();
+    Ok(Some(match kind {
+        "fail" => kernels::exec::Fault::FailBefore { device, collective },
+        "withhold" => kernels::exec::Fault::WithholdRank { device, collective },
+        _ => return Err(bad()),
+    }))
+}
+
+/// The client's flags with the compile options' overrides applied: every override named
+/// like a Peerless flag (`jax.jit(f).lower(x).compile(compiler_options={"all_reduce_backend":
+/// "fallback"})`) sets it; XLA's own options (`xla_*`) mean nothing to Peerless and are
+/// ignored; any other name is an error listing the valid flags.
+fn compile_flags(
+    base: &Flags,
+    overrides: &std::collections::HashMap<String, xla::OptionOverrideProto>,
+) -> Result<Flags> {
+    use xla::option_override_proto::Value;
+    let mut flags = base.clone();
+    let mut names: Vec<&String> = overrides.keys().filter(|k| !k.starts_with("xla_")).collect();
+    names.sort();
+    for name in names {
+        let value = match overrides[name].value.as_ref() {
+            Some(Value::StringField(s)) => s.clone(),
+            Some(Value::BoolField(b)) => b.to_string(),
+            Some(Value::IntField(i)) => i.to_string(),
+            Some(Value::DoubleField(d)) => d.to_string(),
+            None => String::new(),
+        };
+        flags
+            .apply(&format!("--{name}={value}"))
+            .map_err(|e| Error::invalid(format!("peerless: compile option {name}={value}: {e}")))?;
+    }
+    Ok(flags)
 }
 
 /// An `OpSharding` for a value tiled by `t` over `n` devices (`None`: replicated). Devices

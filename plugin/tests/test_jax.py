@@ -1,17 +1,26 @@
 """JAX on Peerless vs JAX's CPU backend, in one process.
 
+Every program runs twice in this process, once on Peerless devices and once on JAX's own CPU
+backend, and the results are compared (exactly for integers, to a dtype-dependent tolerance
+for floats). Nothing here hard-codes an expected result.
+
 Run (from the repository root):
-    cargo build --release -p peerless-pjrt
-    PEERLESS_PJRT_LIBRARY=$CARGO_TARGET_DIR/release/libpeerless_pjrt.so \
-      PYTHONPATH=plugin/python python3.11 -m pytest -q plugin/tests/test_jax.py
-(or `pip install ./plugin/python` and drop the two variables). Nothing is skipped: a
-missing library is a failure.
+    cargo build -p peerless-pjrt
+    PEERLESS_PJRT_LIBRARY=$CARGO_TARGET_DIR/debug/libpeerless_pjrt.so \
+      PYTHONPATH=plugin/python python3 -m pytest -q plugin/tests/test_jax.py
+(or `pip install ./plugin/python` and drop the two variables). Nothing is skipped on the CI
+machine: a missing library is a failure.
+
+On a GPU machine: `PEERLESS_BACKEND=cuda` (the plugin then has one device per GPU). The mesh
+sizes are parametrized by `len(jax.devices("peerless"))`: cases needing more devices than
+exist are skipped, with the reason printed by `pytest -rs`.
 """
 
+import math
 import os
 
 os.environ.setdefault("JAX_PLATFORMS", "peerless,cpu")
-os.environ.setdefault("PEERLESS_NUM_DEVICES", "8")
+# JAX's CPU backend is the reference: give it as many devices as the largest mesh we build.
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 
 import jax  # noqa: E402
@@ -22,79 +31,452 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
 
 import jax_plugins.peerless as peerless  # noqa: E402
 
+PEERLESS = "peerless"
+CPU = "cpu"
+BACKEND = os.environ.get("PEERLESS_BACKEND", "host")
+
+
+def num_devices():
+    return len(jax.devices(PEERLESS))
+
+
+def max_mesh():
+    """Largest mesh both platforms can hold."""
+    return min(num_devices(), len(jax.devices(CPU)))
+
+
+def need(k):
+    if k > max_mesh():
+        pytest.skip(f"needs {k} devices; peerless has {num_devices()}, cpu {len(jax.devices(CPU))}")
+
+
+DTYPES = {"f32": jnp.float32, "bf16": jnp.bfloat16, "f16": jnp.float16, "i32": jnp.int32}
+
+
+def sample(shape, dtype, seed=0):
+    """Values exactly representable in every tested dtype (small integers / 8 for floats,
+    signed), so sums of up to 8 of them are exact in bf16 and f16 too, and every
+    comparison can be exact up to reduction order."""
+    rng = np.random.default_rng(seed)
+    v = rng.integers(-16, 17, size=shape)
+    if jnp.issubdtype(dtype, jnp.floating):
+        return (v / 8.0).astype(dtype)
+    return v.astype(dtype)
+
+
+def assert_same(got, want, dtype=None):
+    got, want = np.asarray(got), np.asarray(want)
+    assert got.shape == want.shape, (got.shape, want.shape)
+    assert got.dtype == want.dtype, (got.dtype, want.dtype)
+    if jnp.issubdtype(got.dtype, jnp.floating):
+        tol = {np.dtype(jnp.bfloat16): 1e-2, np.dtype(np.float16): 1e-3}.get(got.dtype, 1e-5)
+        np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), rtol=tol, atol=tol)
+    else:
+        np.testing.assert_array_equal(got, want)
+
+
+def assert_tree_same(got, want):
+    g, gt = jax.tree.flatten(got)
+    w, wt = jax.tree.flatten(want)
+    assert gt == wt
+    for a, b in zip(g, w):
+        assert_same(a, b)
+
+
+# ---- the plugin and its devices -----------------------------------------------------------
+
 
 def test_library_is_found():
     assert os.path.isfile(peerless.library_path())
 
 
 def test_devices():
-    devs = jax.devices("peerless")
-    assert len(devs) == 8
-    assert [d.id for d in devs] == list(range(8))
-    assert all(d.platform == "peerless" for d in devs)
-    assert jax.devices()[0].platform == "peerless"
+    devs = jax.devices(PEERLESS)
+    want = os.environ.get("PEERLESS_HOST_DEVICES") or os.environ.get("PEERLESS_NUM_DEVICES")
+    if BACKEND == "host":
+        assert len(devs) == int(want or 8)
+    else:
+        assert len(devs) >= 1
+    assert [d.id for d in devs] == list(range(len(devs)))
+    assert all(d.platform == PEERLESS for d in devs)
+    assert len({str(d) for d in devs}) == len(devs)
+    assert all(d.process_index == 0 for d in devs)
+    assert jax.devices()[0].platform == PEERLESS
+    assert jax.default_backend() == PEERLESS
+    assert jax.device_count() == len(devs)
+    mem = devs[0].default_memory()
+    assert mem.kind == "device"
+    assert [m.kind for m in devs[-1].addressable_memories()] == ["device"]
 
 
-def on(platform, f, *args):
-    dev = jax.devices(platform)[0]
-    args = [jax.device_put(a, dev) for a in args]
-    return np.asarray(jax.jit(f)(*args))
+# ---- jit on one device -------------------------------------------------------------------
 
 
-CASES = {
-    "elementwise": (lambda a, b: a * b + 1.0, (np.arange(12, dtype=np.float32).reshape(3, 4),) * 2),
-    "sum": (lambda a: a.sum(), (np.arange(24, dtype=np.float32).reshape(2, 3, 4),)),
-    "max_axis": (lambda a: a.max(axis=1), (np.random.default_rng(0).standard_normal((5, 7)).astype(np.float32),)),
-    "reshape_transpose": (lambda a: a.reshape(4, 6).T, (np.arange(24, dtype=np.float32),)),
-    "int32": (lambda a: (a * 3) // 2 - a, (np.arange(10, dtype=np.int32),)),
-    "bf16": (lambda a: (a * 2).astype(jnp.bfloat16), (np.linspace(-2, 2, 9, dtype=np.float32),)),
-    "f16": (lambda a: jnp.tanh(a.astype(jnp.float16)), (np.linspace(-2, 2, 9, dtype=np.float32),)),
-    "two_outputs": (lambda a: (a + 1, a.sum()), (np.ones(4, np.float32),)),
+def on(platform, f, args, device_index=0):
+    dev = jax.devices(platform)[device_index]
+    return jax.jit(f)(*[jax.device_put(a, dev) for a in args])
+
+
+ONE_DEVICE = {
+    "add_mul": lambda a, b: a * b + a,
+    "sub_neg_abs": lambda a, b: jnp.abs(a - b) - (-a),
+    "max_min": lambda a, b: jnp.maximum(a, b) - jnp.minimum(a, b),
+    "select": lambda a, b: jnp.where(a > b, a, b),
+    "compare_cast": lambda a, b: (a >= b).astype(a.dtype) + (a == b),
+    "sum_all": lambda a, b: a.sum(),
+    "sum_axis0": lambda a, b: a.sum(axis=0),
+    "max_axis1": lambda a, b: a.max(axis=1),
+    "min_keepdims": lambda a, b: a.min(axis=1, keepdims=True),
+    "prod_axis1": lambda a, b: (jnp.sign(a) + 1).prod(axis=1),
+    "argmax": lambda a, b: jnp.argmax(a, axis=1),
+    "reshape_transpose": lambda a, b: a.reshape(4, 6).T,
+    "broadcast": lambda a, b: a[:, None, :] + b[None, :, :].sum(axis=0, keepdims=True),
+    "concat_slice": lambda a, b: jnp.concatenate([a[1:], b[:2]], axis=0)[:, ::2],
+    "pad_rev": lambda a, b: jnp.pad(a, ((1, 0), (0, 2)))[::-1],
+    "dot": lambda a, b: jnp.dot(a, b.T),
+    "iota_dynamic_slice": lambda a, b: jax.lax.dynamic_slice(a, (1, 2), (2, 3)) + jnp.arange(3, dtype=a.dtype),
+    "tuple_out": lambda a, b: (a + 1, a.sum(), b.reshape(-1)),
+}
+FLOAT_ONLY = {
+    "tanh_exp": lambda a, b: jnp.tanh(a) + jnp.exp(b / 4),
+    "mean_axis": lambda a, b: a.mean(axis=0),
+    "div_sqrt": lambda a, b: a / (jnp.abs(b) + 1) + jnp.sqrt(jnp.abs(a)),
+    "softmax": lambda a, b: jax.nn.softmax(a, axis=-1),
 }
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
-def test_jit_one_device_matches_cpu(name):
-    f, args = CASES[name]
-    got = jax.tree.map(np.asarray, jax.jit(f)(*[jax.device_put(a, jax.devices("peerless")[0]) for a in args]))
-    want = jax.tree.map(np.asarray, jax.jit(f)(*[jax.device_put(a, jax.devices("cpu")[0]) for a in args]))
-    jax.tree.map(lambda g, w: np.testing.assert_allclose(np.asarray(g, np.float64), np.asarray(w, np.float64), rtol=1e-3), got, want)
+ONE_DEVICE_CASES = [(n, d) for n in sorted(ONE_DEVICE) for d in sorted(DTYPES)] + [
+    (n, d) for n in sorted(FLOAT_ONLY) for d in sorted(DTYPES) if d != "i32"
+]
 
 
-def test_repeated_calls():
-    f = jax.jit(lambda a: a * 2.0)
-    x = jax.device_put(np.arange(4, dtype=np.float32), jax.devices("peerless")[0])
-    for _ in range(5):
-        x = f(x)
-    np.testing.assert_array_equal(np.asarray(x), np.arange(4, dtype=np.float32) * 32)
+@pytest.mark.parametrize("name,dtype", ONE_DEVICE_CASES)
+def test_jit_one_device(name, dtype):
+    dt = DTYPES[dtype]
+    f = ONE_DEVICE.get(name) or FLOAT_ONLY[name]
+    args = (sample((4, 6), dt, 1), sample((4, 6), dt, 2))
+    assert_tree_same(on(PEERLESS, f, args), on(CPU, f, args))
+
+
+def test_jit_dtype_conversions():
+    f = lambda a: (a.astype(jnp.bfloat16), a.astype(jnp.float16), a.astype(jnp.int32), (a * 3).astype(jnp.uint8))  # noqa: E731
+    args = (np.linspace(-3, 3, 13, dtype=np.float32),)
+    assert_tree_same(on(PEERLESS, f, args), on(CPU, f, args))
 
 
 def test_jit_on_another_device():
-    d = jax.devices("peerless")[5]
-    y = jax.jit(lambda a: a + 1)(jax.device_put(np.arange(3.0, dtype=np.float32), d))
+    d = jax.devices(PEERLESS)[-1]
+    x = sample((3, 5), jnp.float32)
+    y = jax.jit(lambda a: a + 1)(jax.device_put(x, d))
     assert y.devices() == {d}
-    np.testing.assert_array_equal(np.asarray(y), [1, 2, 3])
+    assert_same(y, on(CPU, lambda a: a + 1, (x,)))
 
 
-def shard_map_on(platform, f, x, in_specs, out_specs):
-    mesh = Mesh(np.array(jax.devices(platform)[:8]), ("x",))
+def test_repeated_calls_of_one_compiled_function():
+    f = jax.jit(lambda a, b: a * 2.0 + b)
+    dev, cpu = jax.devices(PEERLESS)[0], jax.devices(CPU)[0]
+    x0, b0 = sample((4, 3), jnp.float32, 1), sample((4, 3), jnp.float32, 2)
+    x, b = jax.device_put(x0, dev), jax.device_put(b0, dev)
+    xc, bc = jax.device_put(x0, cpu), jax.device_put(b0, cpu)
+    compiled = f.lower(x, b).compile()
+    for _ in range(20):
+        x, xc = compiled(x, b), f(xc, bc)
+        assert_same(x, xc)
+    # Through jit's cache: after the first calls (uncommitted -> committed arguments), no
+    # further compilation however often it is called.
+    for _ in range(2):
+        x, xc = f(x, b), f(xc, bc)
+    before = f._cache_size()
+    for _ in range(10):
+        x, xc = f(x, b), f(xc, bc)
+        assert_same(x, xc)
+    assert f._cache_size() == before
+
+
+# ---- shard_map ----------------------------------------------------------------------------
+
+
+def mesh_of(platform, shape, names):
+    n = math.prod(shape)
+    return Mesh(np.array(jax.devices(platform)[:n]).reshape(shape), names)
+
+
+def shard_map_on(platform, f, mesh_shape, names, x, in_specs, out_specs, repeat=1):
+    mesh = mesh_of(platform, mesh_shape, names)
     xs = jax.device_put(x, NamedSharding(mesh, in_specs))
-    return np.asarray(jax.jit(jax.shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs))(xs))
+    g = jax.jit(jax.shard_map(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs))
+    out = g(xs)
+    for _ in range(repeat - 1):
+        out = g(xs)
+    if isinstance(out, jax.Array):
+        assert out.sharding.spec == NamedSharding(mesh, out_specs).spec or out.sharding.is_equivalent_to(
+            NamedSharding(mesh, out_specs), out.ndim
+        )
+    return out
 
 
-SHARD_CASES = {
-    "psum": (lambda a: jax.lax.psum(a, "x"), P("x"), P("x")),
-    "all_gather": (lambda a: jax.lax.all_gather(a, "x", tiled=True), P("x"), P("x")),
-    "ppermute": (lambda a: jax.lax.ppermute(a, "x", [(i, (i + 1) % 8) for i in range(8)]), P("x"), P("x")),
-    "psum_scatter": (lambda a: jax.lax.psum_scatter(a, "x", tiled=True), P(), P("x")),
-    "psum_replicated_out": (lambda a: jax.lax.psum(a.sum(keepdims=True), "x"), P("x"), P()),
+def compare_shard_map(f, mesh_shape, names, x, in_specs, out_specs, repeat=1):
+    need(math.prod(mesh_shape))
+    got = shard_map_on(PEERLESS, f, mesh_shape, names, x, in_specs, out_specs, repeat)
+    want = shard_map_on(CPU, f, mesh_shape, names, x, in_specs, out_specs)
+    assert_same(got, want)
+
+
+def ppermute_ring(axis, k, shift=1):
+    return lambda a: jax.lax.ppermute(a, axis, [(i, (i + shift) % k) for i in range(k)])
+
+
+def collectives_1d(k):
+    """name -> (f, per-device block shape); the mesh axis is 'x' of size k."""
+    ax = "x"
+    return {
+        "psum": (lambda a: jax.lax.psum(a, ax), (2, 3)),
+        "pmax": (lambda a: jax.lax.pmax(a, ax), (2, 3)),
+        "pmin": (lambda a: jax.lax.pmin(a, ax), (2, 3)),
+        "pmean": (lambda a: jax.lax.pmean(a, ax), (2, 3)),
+        "all_gather_tiled_axis0": (lambda a: jax.lax.all_gather(a, ax, axis=0, tiled=True), (2, 3)),
+        "all_gather_tiled_axis1": (lambda a: jax.lax.all_gather(a, ax, axis=1, tiled=True), (2, 3)),
+        "all_gather_untiled_axis0": (lambda a: jax.lax.all_gather(a, ax, axis=0), (2, 3)),
+        "all_gather_untiled_axis1": (lambda a: jax.lax.all_gather(a, ax, axis=1), (2, 3)),
+        "all_to_all_0_0": (lambda a: jax.lax.all_to_all(a, ax, 0, 0, tiled=True), (k, 3)),
+        "all_to_all_1_1": (lambda a: jax.lax.all_to_all(a, ax, 1, 1, tiled=True), (2, 2 * k)),
+        "all_to_all_split0_concat1": (lambda a: jax.lax.all_to_all(a, ax, 0, 1, tiled=True), (2 * k, 3)),
+        "all_to_all_split1_concat0": (lambda a: jax.lax.all_to_all(a, ax, 1, 0, tiled=True), (3, 2 * k)),
+        "all_to_all_untiled": (lambda a: jax.lax.all_to_all(a, ax, 0, 1), (k, 3)),
+        "psum_scatter_tiled_dim0": (lambda a: jax.lax.psum_scatter(a, ax, scatter_dimension=0, tiled=True), (2 * k, 3)),
+        "psum_scatter_tiled_dim1": (lambda a: jax.lax.psum_scatter(a, ax, scatter_dimension=1, tiled=True), (2, k)),
+        "psum_scatter_untiled": (lambda a: jax.lax.psum_scatter(a, ax), (k, 3)),
+        "ppermute_ring": (ppermute_ring(ax, k), (2, 3)),
+        "ppermute_back2": (ppermute_ring(ax, k, shift=-2 if k > 2 else 1), (2, 3)),
+        "ppermute_partial": (lambda a: jax.lax.ppermute(a, ax, [(0, k - 1), (k - 1, 0)]), (2, 3)),
+        "axis_index": (lambda a: a + jax.lax.axis_index(ax).astype(a.dtype), (2, 3)),
+        "chain": (lambda a: jax.lax.psum(jax.lax.ppermute(a * 2, ax, [(i, (i + 1) % k) for i in range(k)]), ax) - a, (2, 3)),
+    }
+
+
+def block_input(mesh_shape, block, dtype, seed=0):
+    """A global array whose block per device is `block` (leading dims scaled by the mesh)."""
+    shape = list(block)
+    for i, m in enumerate(mesh_shape):
+        shape[i] *= m
+    return sample(tuple(shape), dtype, seed)
+
+
+MESH_1D = [2, 4, 8]
+
+
+@pytest.mark.parametrize("k", MESH_1D)
+@pytest.mark.parametrize("name", sorted(collectives_1d(8)))
+def test_shard_map_1d_f32(name, k):
+    f, block = collectives_1d(k)[name]
+    x = block_input((k,), block, jnp.float32)
+    compare_shard_map(f, (k,), ("x",), x, P("x"), P("x"))
+
+
+DTYPE_OPS = ["psum", "pmax", "pmin", "pmean", "all_gather_tiled_axis1", "all_to_all_split0_concat1",
+             "psum_scatter_tiled_dim0", "ppermute_ring", "axis_index"]
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "f16", "i32"])
+@pytest.mark.parametrize("name", DTYPE_OPS)
+def test_shard_map_1d_dtypes(name, dtype):
+    k = max(m for m in MESH_1D if m <= max(max_mesh(), 2))
+    f, block = collectives_1d(k)[name]
+    x = block_input((k,), block, DTYPES[dtype], seed=3)
+    compare_shard_map(f, (k,), ("x",), x, P("x"), P("x"))
+
+
+def test_shard_map_replicated_in_and_out():
+    k = min(8, max_mesh())
+    need(2)
+    f = lambda a: jax.lax.psum(a.sum(keepdims=True), "x")  # noqa: E731
+    compare_shard_map(f, (k,), ("x",), sample((4 * k,), jnp.float32), P("x"), P())
+    g = lambda a: jax.lax.psum_scatter(a, "x", tiled=True)  # noqa: E731
+    compare_shard_map(g, (k,), ("x",), sample((2 * k, 3), jnp.float32), P(), P("x"))
+
+
+def collectives_2d(a, b, axis):
+    """Collectives over `axis` ('x', 'y' or ('x', 'y')) of an a x b mesh; per-device block shapes."""
+    n = {"x": a, "y": b}[axis] if isinstance(axis, str) else a * b
+    return {
+        "psum": (lambda v: jax.lax.psum(v, axis), (2, 3)),
+        "pmax": (lambda v: jax.lax.pmax(v, axis), (2, 3)),
+        "pmin": (lambda v: jax.lax.pmin(v, axis), (2, 3)),
+        "pmean": (lambda v: jax.lax.pmean(v, axis), (2, 3)),
+        "all_gather_tiled_axis0": (lambda v: jax.lax.all_gather(v, axis, axis=0, tiled=True), (2, 3)),
+        "all_gather_tiled_axis1": (lambda v: jax.lax.all_gather(v, axis, axis=1, tiled=True), (2, 3)),
+        "all_gather_untiled_axis0": (lambda v: jax.lax.all_gather(v, axis, axis=0), (2, 3)),
+        "all_gather_untiled_axis1": (lambda v: jax.lax.all_gather(v, axis, axis=1), (2, 3)),
+        "all_to_all_split0_concat1": (lambda v: jax.lax.all_to_all(v, axis, 0, 1, tiled=True), (n, 3)),
+        "all_to_all_split1_concat0": (lambda v: jax.lax.all_to_all(v, axis, 1, 0, tiled=True), (2, n)),
+        "psum_scatter_tiled": (lambda v: jax.lax.psum_scatter(v, axis, scatter_dimension=1, tiled=True), (2, 2 * n)),
+        "ppermute": (
+            (lambda v: jax.lax.ppermute(v, axis, [(i, (i + 1) % n) for i in range(n)])),
+            (2, 3),
+        ),
+        "axis_index": (lambda v: v + jax.lax.axis_index(axis).astype(v.dtype), (2, 3)),
+    }
+
+
+MESH_2D = [(2, 2), (2, 4), (4, 2)]
+AXES_2D = {"x": "x", "y": "y", "xy": ("x", "y")}
+
+
+@pytest.mark.parametrize("axis", sorted(AXES_2D))
+@pytest.mark.parametrize("mesh_shape", MESH_2D, ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("name", sorted(collectives_2d(2, 2, "x")))
+def test_shard_map_2d(name, mesh_shape, axis):
+    if name.startswith("ppermute") and axis == "xy":
+        pass  # ppermute over both axes: permutation of the flattened (x, y) index
+    a, b = mesh_shape
+    f, block = collectives_2d(a, b, AXES_2D[axis])[name]
+    x = block_input(mesh_shape, block, jnp.float32, seed=5)
+    compare_shard_map(f, mesh_shape, ("x", "y"), x, P("x", "y"), P("x", "y"))
+
+
+def test_shard_map_2d_partially_sharded_input():
+    """Input sharded over 'x' only (replicated over 'y'), output over both."""
+    need(8)
+    f = lambda v: jax.lax.psum(v * (jax.lax.axis_index("y") + 1).astype(v.dtype), "y")  # noqa: E731
+    compare_shard_map(f, (2, 4), ("x", "y"), sample((4, 3), jnp.float32), P("x"), P("x"))
+
+
+def test_shard_map_repeated_calls():
+    k = min(8, max_mesh())
+    need(2)
+    f, block = collectives_1d(k)["psum"]
+    compare_shard_map(f, (k,), ("x",), block_input((k,), block, jnp.float32), P("x"), P("x"), repeat=10)
+
+
+# ---- pmap ---------------------------------------------------------------------------------
+
+
+def pmap_on(platform, f, x, k):
+    return jax.pmap(f, axis_name="i", devices=jax.devices(platform)[:k])(x)
+
+
+PMAP = {
+    "psum": lambda a: jax.lax.psum(a, "i"),
+    "pmean_pmax": lambda a: jax.lax.pmean(a, "i") + jax.lax.pmax(a, "i"),
+    "axis_index": lambda a: a * jax.lax.axis_index("i").astype(a.dtype),
+    "all_gather": lambda a: jax.lax.all_gather(a, "i"),
+    "elementwise": lambda a: jnp.sin(a) * 2,
 }
 
 
-# Output and parameter shardings reach jaxlib through PJRT_Executable_OptimizedProgram
-# (spmd_output_sharding / spmd_parameters_shardings of the returned HloModuleProto).
-@pytest.mark.parametrize("name", sorted(SHARD_CASES))
-def test_shard_map_8_devices_matches_cpu(name):
-    f, i, o = SHARD_CASES[name]
-    x = np.arange(32, dtype=np.float32)
-    np.testing.assert_allclose(shard_map_on("peerless", f, x, i, o), shard_map_on("cpu", f, x, i, o))
+@pytest.mark.parametrize("k", MESH_1D)
+@pytest.mark.parametrize("name", sorted(PMAP))
+def test_pmap(name, k):
+    need(k)
+    x = sample((k, 3, 2), jnp.float32, seed=7)
+    got = pmap_on(PEERLESS, PMAP[name], x, k)
+    want = pmap_on(CPU, PMAP[name], x, k)
+    assert {d.platform for d in got.devices()} == {PEERLESS}
+    assert_same(got, want)
+
+
+def test_pmap_repeated_calls_and_int32():
+    k = min(8, max_mesh())
+    need(2)
+    f = jax.pmap(lambda a: jax.lax.psum(a, "i"), axis_name="i", devices=jax.devices(PEERLESS)[:k])
+    g = jax.pmap(lambda a: jax.lax.psum(a, "i"), axis_name="i", devices=jax.devices(CPU)[:k])
+    x = sample((k, 5), jnp.int32)
+    for _ in range(5):
+        assert_same(f(x), g(x))
+
+
+# ---- compile options ----------------------------------------------------------------------
+
+
+def test_compiler_options_set_peerless_flags():
+    """`compiler_options` reach the plugin as CompileOptionsProto.env_option_overrides; names
+    of Peerless flags set them for that executable, bad values are errors."""
+    k = min(8, max_mesh())
+    need(2)
+    f, block = collectives_1d(k)["psum"]
+    x = block_input((k,), block, jnp.float32)
+    want = shard_map_on(CPU, f, (k,), ("x",), x, P("x"), P("x"))
+    mesh = mesh_of(PEERLESS, (k,), ("x",))
+    g = jax.jit(jax.shard_map(f, mesh=mesh, in_specs=P("x"), out_specs=P("x")))
+    xs = jax.device_put(x, NamedSharding(mesh, P("x")))
+    for backend in ["fallback", "kernel"]:
+        compiled = g.lower(xs).compile(compiler_options={"all_reduce_backend": backend})
+        assert_same(compiled(xs), want)
+    with pytest.raises(Exception, match="all_reduce_backend=bogus"):
+        g.lower(xs).compile(compiler_options={"all_reduce_backend": "bogus"})
+
+
+# ---- client settings (each in a fresh process: JAX creates the client once) -------------------
+
+
+def run_python(code, **env):
+    import subprocess
+    import sys
+
+    full = dict(os.environ, JAX_PLATFORMS="peerless", **env)
+    return subprocess.run([sys.executable, "-c", code], env=full, capture_output=True, text=True, timeout=300)
+
+
+PROBE = """
+import jax
+try:
+    print("DEVICES", len(jax.devices("peerless")), repr(jax.devices()[0]))
+except Exception as e:
+    print("ERROR", type(e).__name__, e)
+"""
+
+
+@pytest.mark.skipif(BACKEND != "host", reason="host backend device count")
+def test_host_devices_from_environment():
+    p = run_python(PROBE, PEERLESS_HOST_DEVICES="3", PEERLESS_BACKEND="host")
+    assert p.returncode == 0, p.stderr
+    assert "DEVICES 3 PeerlessDevice(id=0, backend=host)" in p.stdout, p.stdout + p.stderr
+
+
+def test_backend_selection_errors_are_clear():
+    p = run_python(PROBE, PEERLESS_BACKEND="tpu")
+    assert p.returncode == 0, p.stderr
+    assert "ERROR" in p.stdout and "PEERLESS_BACKEND=tpu is not a backend" in p.stdout, p.stdout + p.stderr
+    # cuda: devices where the CUDA backend is wired and GPUs exist, else a clear error.
+    p = run_python(PROBE, PEERLESS_BACKEND="cuda")
+    assert p.returncode == 0, p.stderr
+    if "ERROR" in p.stdout:
+        assert "cuda backend not built/available" in p.stdout, p.stdout + p.stderr
+    else:
+        assert "backend=cuda" in p.stdout, p.stdout
+
+
+# ---- errors -------------------------------------------------------------------------------
+
+
+def test_unsupported_program_is_a_python_exception():
+    """A jit over an array sharded across devices with no shard_map needs XLA's SPMD
+    partitioner, which Peerless does not have: a clear error naming the op, not a crash."""
+    need(2)
+    k = min(8, max_mesh())
+    mesh = mesh_of(PEERLESS, (k,), ("x",))
+    x = jax.device_put(np.arange(4.0 * k, dtype=np.float32).reshape(k, 4), NamedSharding(mesh, P("x")))
+    with pytest.raises(Exception, match=r"(?s)peerless.*(partition|sharded)") as e:
+        jax.jit(lambda a: a.sum(axis=0))(x).block_until_ready()
+    assert "peerless" in str(e.value)
+    # The plugin is still usable afterwards.
+    x1 = sample((3,), jnp.float32)
+    assert_same(on(PEERLESS, lambda a: a + 1, (x1,)), on(CPU, lambda a: a + 1, (x1,)))
+
+
+UNSUPPORTED = {
+    # Ops the Peerless executor does not run: the error names the op.
+    "sort": (lambda a: jnp.sort(a), r"peerless.*'sort'"),
+    "cumsum": (lambda a: jnp.cumsum(a), r"peerless.*'reduce-window'"),
+    "while_loop": (lambda a: jax.lax.fori_loop(0, 3, lambda i, v: v * 2, a), r"peerless.*'while'"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(UNSUPPORTED))
+def test_unsupported_op_is_a_python_exception(name):
+    f, pattern = UNSUPPORTED[name]
+    x = jax.device_put(sample((5,), jnp.float32), jax.devices(PEERLESS)[0])
+    with pytest.raises(Exception, match=pattern):
+        jax.jit(f)(x).block_until_ready()
+    x1 = sample((3,), jnp.float32)
+    assert_same(on(PEERLESS, lambda a: a * 2, (x1,)), on(CPU, lambda a: a * 2, (x1,)))

@@ -7,7 +7,7 @@ use ffi::nccl;
 
 use super::{BLOCKS, Clique, CudaError, MAX_RANKS, Result, SIGNAL_BYTES, THREADS};
 
-/// Element types the kernels take.
+/// Element types the kernels take (every computable type: `emitter::kernel_accepts_dtype`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Dtype {
     F32,
@@ -15,9 +15,12 @@ pub enum Dtype {
     Bf16,
     F16,
     S8,
+    S16,
     S32,
-    U32,
     S64,
+    U8,
+    U16,
+    U32,
     U64,
     Pred,
 }
@@ -30,25 +33,50 @@ impl Dtype {
             Dtype::Bf16 => "bf16",
             Dtype::F16 => "f16",
             Dtype::S8 => "s8",
+            Dtype::S16 => "s16",
             Dtype::S32 => "s32",
-            Dtype::U32 => "u32",
             Dtype::S64 => "s64",
+            Dtype::U8 => "u8",
+            Dtype::U16 => "u16",
+            Dtype::U32 => "u32",
             Dtype::U64 => "u64",
             Dtype::Pred => "pred",
         }
     }
 
+    /// The kernels' type for an HLO element type (`None`: not computable on the device).
+    pub fn of(ty: hlo::PrimitiveType) -> Option<Dtype> {
+        use hlo::PrimitiveType as T;
+        Some(match ty {
+            T::F32 => Dtype::F32,
+            T::F64 => Dtype::F64,
+            T::Bf16 => Dtype::Bf16,
+            T::F16 => Dtype::F16,
+            T::S8 => Dtype::S8,
+            T::S16 => Dtype::S16,
+            T::S32 => Dtype::S32,
+            T::S64 => Dtype::S64,
+            T::U8 => Dtype::U8,
+            T::U16 => Dtype::U16,
+            T::U32 => Dtype::U32,
+            T::U64 => Dtype::U64,
+            T::Pred => Dtype::Pred,
+            _ => return None,
+        })
+    }
+
     pub fn size(self) -> usize {
         match self {
-            Dtype::S8 | Dtype::Pred => 1,
-            Dtype::Bf16 | Dtype::F16 => 2,
+            Dtype::S8 | Dtype::U8 | Dtype::Pred => 1,
+            Dtype::Bf16 | Dtype::F16 | Dtype::S16 | Dtype::U16 => 2,
             Dtype::F32 | Dtype::S32 | Dtype::U32 => 4,
             Dtype::F64 | Dtype::S64 | Dtype::U64 => 8,
         }
     }
 
-    pub fn nccl(self) -> nccl::DataType {
-        match self {
+    /// NCCL's type, where NCCL has one (it has no 16-bit integers).
+    pub fn nccl(self) -> Option<nccl::DataType> {
+        Some(match self {
             Dtype::F32 => nccl::DataType::Float32,
             Dtype::F64 => nccl::DataType::Float64,
             Dtype::Bf16 => nccl::DataType::Bfloat16,
@@ -58,8 +86,26 @@ impl Dtype {
             Dtype::U32 => nccl::DataType::Uint32,
             Dtype::S64 => nccl::DataType::Int64,
             Dtype::U64 => nccl::DataType::Uint64,
-            Dtype::Pred => nccl::DataType::Uint8,
-        }
+            Dtype::U8 | Dtype::Pred => nccl::DataType::Uint8,
+            Dtype::S16 | Dtype::U16 => return None,
+        })
+    }
+
+    /// NCCL's reduction for `red` on this type, where NCCL computes XLA's semantics
+    /// (pred: and = min, or = max; pred add is xor, which NCCL lacks; no bitwise and/or on
+    /// integers).
+    pub fn nccl_reduction(self, red: Red) -> Option<(nccl::DataType, nccl::RedOp)> {
+        let ty = self.nccl()?;
+        let op = match (self, red) {
+            (Dtype::Pred, Red::Prod | Red::Min | Red::And) => nccl::RedOp::Min,
+            (Dtype::Pred, Red::Max | Red::Or) => nccl::RedOp::Max,
+            (Dtype::Pred, Red::Sum) | (_, Red::And | Red::Or) => return None,
+            (_, Red::Sum) => nccl::RedOp::Sum,
+            (_, Red::Prod) => nccl::RedOp::Prod,
+            (_, Red::Min) => nccl::RedOp::Min,
+            (_, Red::Max) => nccl::RedOp::Max,
+        };
+        Some((ty, op))
     }
 }
 
@@ -85,6 +131,24 @@ impl Red {
             Red::Or => "or",
         }
     }
+
+    pub fn of(kind: hlo::analysis::ReductionKind) -> Red {
+        use hlo::analysis::ReductionKind as K;
+        match kind {
+            K::Sum => Red::Sum,
+            K::Prod => Red::Prod,
+            K::Min => Red::Min,
+            K::Max => Red::Max,
+            K::And => Red::And,
+            K::Or => Red::Or,
+        }
+    }
+
+    /// Whether the kernels have this reduction for `ty` (floats: arithmetic only).
+    pub fn defined_for(self, ty: Dtype) -> bool {
+        let float = matches!(ty, Dtype::F32 | Dtype::F64 | Dtype::Bf16 | Dtype::F16);
+        !(float && matches!(self, Red::And | Red::Or))
+    }
 }
 
 /// All-reduce algorithm.
@@ -97,10 +161,10 @@ pub enum Algo {
 /// `struct Ptrs` of the kernels: one address per rank.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
-struct Ptrs([u64; MAX_RANKS]);
+pub(crate) struct Ptrs(pub [u64; MAX_RANKS]);
 
 impl Ptrs {
-    fn of(v: &[u64]) -> Ptrs {
+    pub(crate) fn of(v: &[u64]) -> Ptrs {
         let mut p = Ptrs::default();
         p.0[..v.len()].copy_from_slice(v);
         p
@@ -110,24 +174,54 @@ impl Ptrs {
 /// Declares a kernel's argument struct and its `params()` (the pointer array a launch
 /// takes) from one field list, so each kernel's argument order is written exactly once.
 macro_rules! kernel_args {
-    ($(#[$meta:meta])* struct $name:ident { $($field:ident: $ty:ty),* $(,)? }) => {
+    ($(#[$meta:meta])* $vis:vis struct $name:ident { $($field:ident: $ty:ty),* $(,)? }) => {
         $(#[$meta])*
         #[repr(C)]
-        struct $name {
-            $($field: $ty),*
+        #[derive(Debug, Clone, Copy)]
+        $vis struct $name {
+            $(pub(crate) $field: $ty),*
         }
 
         impl $name {
-            fn params(&mut self) -> [*mut c_void; [$(stringify!($field)),*].len()] {
+            pub(crate) fn params(&mut self) -> [*mut c_void; [$(stringify!($field)),*].len()] {
                 [$(&mut self.$field as *mut $ty as *mut c_void),*]
             }
         }
     };
 }
 
+/// `struct Status` of the kernels: where a bounded wait reports a peer that never arrived.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Status {
+    /// Device address of this device's `u32[2]`: missing-member mask, tag of the first timeout.
+    pub word: u64,
+    pub timeout_ns: u64,
+    /// Non-zero tag naming the collective (the executor uses thunk index + 1).
+    pub tag: u64,
+}
+
+/// How long the benchmark's kernels wait for a peer before reporting it missing.
+const BENCH_TIMEOUT_NS: u64 = 30_000_000_000;
+
+/// Reads and clears the status words of `bufs` (one per device); `Err` names the members
+/// (clique ranks) that never arrived.
+pub(crate) fn take_status(bufs: &[DeviceBuffer], what: &str) -> Result<()> {
+    for (r, b) in bufs.iter().enumerate() {
+        let mut w = [0u32; 2];
+        b.read(&mut w)?;
+        if w[0] != 0 {
+            b.write(&[0u32; 2])?;
+            let missing: Vec<usize> = (0..32).filter(|i| w[0] & (1 << i) != 0).collect();
+            return Err(CudaError::Invalid(format!("{what}: rank {r} timed out waiting for ranks {missing:?}")));
+        }
+    }
+    Ok(())
+}
+
 kernel_args! {
     /// The arguments of `pl_one_shot_*` / `pl_two_shot_*`, in the kernels' order.
-    struct ReduceArgs {
+    pub(crate) struct ReduceArgs {
         input: u64,
         output: u64,
         n: u64,
@@ -137,12 +231,13 @@ kernel_args! {
         stride: u64,
         flags: Ptrs,
         counter: u64,
+        status: Status,
     }
 }
 
 kernel_args! {
     /// The arguments of `pl_all_gather`, in order.
-    struct GatherArgs {
+    pub(crate) struct GatherArgs {
         input: u64,
         bytes: u64,
         rank: u32,
@@ -150,7 +245,103 @@ kernel_args! {
         out: Ptrs,
         flags: Ptrs,
         counter: u64,
+        status: Status,
     }
+}
+
+kernel_args! {
+    /// The arguments of `pl_reduce_scatter_*`, in order.
+    pub(crate) struct ScatterArgs {
+        input: u64,
+        output: u64,
+        rank: u32,
+        world: u32,
+        stage: Ptrs,
+        stride: u64,
+        flags: Ptrs,
+        counter: u64,
+        blocks: Blocks,
+        status: Status,
+    }
+}
+
+kernel_args! {
+    /// The arguments of `pl_reduce_blocks_*`, in order.
+    pub(crate) struct BlocksArgs {
+        srcs: Ptrs,
+        world: u32,
+        block: u32,
+        output: u64,
+        blocks: Blocks,
+    }
+}
+
+kernel_args! {
+    /// The arguments of `pl_exchange`.
+    pub(crate) struct ExchangeArgs {
+        x: Xchg,
+        status: Status,
+    }
+}
+
+kernel_args! {
+    /// The argument of `pl_copy_runs`.
+    pub(crate) struct RunArgs {
+        run: Run,
+    }
+}
+
+/// `struct Run`: `rows` runs of `row` bytes, `sstride` / `dstride` apart.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Run {
+    pub src: u64,
+    pub dst: u64,
+    pub rows: u64,
+    pub row: u64,
+    pub sstride: u64,
+    pub dstride: u64,
+}
+
+/// `struct Blocks`: `outer` rows of `world` blocks of `brow` bytes (`full` bytes a row).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Blocks {
+    pub outer: u64,
+    pub brow: u64,
+    pub full: u64,
+}
+
+/// Copies an exchange kernel takes at most (`PL_MAX_TASKS`).
+pub(crate) const MAX_TASKS: usize = 8;
+
+/// `struct Sig`: flag slots to store the epoch into (peer flag-set bases).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Sig {
+    pub n: u64,
+    pub base: [u64; MAX_RANKS],
+    pub slot: [u64; MAX_RANKS],
+}
+
+/// `struct Wait`: own flag slots to wait on.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Wait {
+    pub n: u64,
+    pub slot: [u64; MAX_RANKS],
+}
+
+/// `struct Xchg`: two signal phases around up to [`MAX_TASKS`] copies.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Xchg {
+    pub counter: u64,
+    pub flags: u64,
+    pub sig: [Sig; 2],
+    pub wait: [Wait; 2],
+    pub ntasks: u64,
+    pub task: [Run; MAX_TASKS],
 }
 
 fn round_up(x: usize, a: usize) -> usize {
@@ -167,6 +358,7 @@ pub struct AllReduce {
     max_bytes: usize,
     stride: usize,
     arena: Vec<DeviceBuffer>,
+    status: Vec<DeviceBuffer>,
     funcs: Vec<Function>,
 }
 
@@ -182,7 +374,8 @@ impl AllReduce {
         let stride = round_up(max_bytes.max(16), 256);
         let sig = round_up(SIGNAL_BYTES, 256);
         let arena = clique.alloc(sig + 2 * stride)?;
-        Ok(AllReduce { algo, dtype, red, max_bytes, stride, arena, funcs })
+        let status = clique.alloc(8)?;
+        Ok(AllReduce { algo, dtype, red, max_bytes, stride, arena, status, funcs })
     }
 
     /// Enqueues one all-reduce of `n` elements: `ins[i]` / `outs[i]` on device `i` (device
@@ -212,6 +405,7 @@ impl AllReduce {
                 stride: self.stride as u64,
                 flags: Ptrs::of(&flags),
                 counter: self.arena[r].ptr,
+                status: Status { word: self.status[r].ptr, timeout_ns: BENCH_TIMEOUT_NS, tag: 1 },
             };
             d.ctx.bind()?;
             // SAFETY: ReduceArgs::params matches the kernel's parameter list; every pointer is a
@@ -220,12 +414,19 @@ impl AllReduce {
         }
         Ok(())
     }
+
+    /// Errors if a launch since the last check timed out waiting for a peer (call after
+    /// synchronising).
+    pub fn check(&self) -> Result<()> {
+        take_status(&self.status, "all-reduce")
+    }
 }
 
 /// One all-gather communicator (push to peers, rotated order).
 #[derive(Debug)]
 pub struct AllGather {
     arena: Vec<DeviceBuffer>,
+    status: Vec<DeviceBuffer>,
     funcs: Vec<Function>,
 }
 
@@ -234,7 +435,7 @@ impl AllGather {
         clique.require_full_peer_access()?;
         let funcs =
             clique.devices.iter().map(|d| Ok(d.module.function("pl_all_gather")?)).collect::<Result<Vec<_>>>()?;
-        Ok(AllGather { arena: clique.alloc(SIGNAL_BYTES)?, funcs })
+        Ok(AllGather { arena: clique.alloc(SIGNAL_BYTES)?, status: clique.alloc(8)?, funcs })
     }
 
     /// Enqueues one all-gather of `bytes` per device: `outs[i]` holds `world * bytes`.
@@ -257,6 +458,7 @@ impl AllGather {
                 out: Ptrs::of(outs),
                 flags: Ptrs::of(&flags),
                 counter: self.arena[r].ptr,
+                status: Status { word: self.status[r].ptr, timeout_ns: BENCH_TIMEOUT_NS, tag: 1 },
             };
             d.ctx.bind()?;
             // SAFETY: GatherArgs::params matches pl_all_gather's parameters; buffers are clique
@@ -264,6 +466,11 @@ impl AllGather {
             unsafe { d.stream.launch(&self.funcs[r], BLOCKS, THREADS, &mut a.params())? };
         }
         Ok(())
+    }
+
+    /// As [`AllReduce::check`].
+    pub fn check(&self) -> Result<()> {
+        take_status(&self.status, "all-gather")
     }
 }
 
@@ -288,15 +495,12 @@ impl NcclClique {
         dtype: Dtype,
         red: Red,
     ) -> Result<()> {
-        let op = match red {
-            Red::Sum => nccl::RedOp::Sum,
-            Red::Prod => nccl::RedOp::Prod,
-            Red::Min | Red::And => nccl::RedOp::Min,
-            Red::Max | Red::Or => nccl::RedOp::Max,
-        };
+        let (ty, op) = dtype.nccl_reduction(red).ok_or_else(|| {
+            CudaError::Invalid(format!("NCCL has no {} reduction of {}", red.name(), dtype.name()))
+        })?;
         let bufs: Vec<(u64, u64)> = ins.iter().copied().zip(outs.iter().copied()).collect();
         let streams: Vec<_> = clique.devices.iter().map(|d| &d.stream).collect();
-        Ok(self.comms.all_reduce(&bufs, n, dtype.nccl(), op, &streams)?)
+        Ok(self.comms.all_reduce(&bufs, n, ty, op, &streams)?)
     }
 
     pub fn all_gather(&self, clique: &Clique, ins: &[u64], outs: &[u64], bytes: usize) -> Result<()> {

@@ -5,12 +5,14 @@
 //! Every CUDA call goes through `ffi` and returns an error naming the call and the device;
 //! nothing here panics on a missing library or device.
 
-mod collectives;
+pub(crate) mod collectives;
+pub mod exec;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
 pub use collectives::{Algo, AllGather, AllReduce, Dtype, NcclClique, Red};
+pub use exec::{CudaExecutable, CudaSizer, shared_clique};
 use emitter::{PeerAccessTable, PeerTableKey};
 pub use ffi::Error as FfiError;
 use ffi::cuda::{Context, DeviceBuffer, Module, Stream};
@@ -57,16 +59,60 @@ pub fn compile_sources(cc: u32, out: Output) -> Result<Vec<(String, Vec<u8>)>> {
     Ok(v)
 }
 
-/// CUBIN per compute capability, compiled once per process.
+/// Where compiled kernels are kept between processes: `PEERLESS_CACHE_DIR`, else
+/// `$XDG_CACHE_HOME/peerless`, else `~/.cache/peerless` (NVRTC takes tens of seconds for
+/// the whole kernel set, which a JAX user would otherwise pay in every process).
+fn cache_dir() -> Option<std::path::PathBuf> {
+    if let Some(d) = std::env::var_os("PEERLESS_CACHE_DIR") {
+        return Some(d.into());
+    }
+    if let Some(d) = std::env::var_os("XDG_CACHE_HOME") {
+        return Some(std::path::PathBuf::from(d).join("peerless"));
+    }
+    std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".cache").join("peerless"))
+}
+
+/// The on-disk cache file for compute capability `cc`: named by a hash of the sources, the
+/// block count and the NVRTC version, so any change compiles afresh.
+fn cache_file(cc: u32) -> Option<std::path::PathBuf> {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    SOURCES.hash(&mut h);
+    BLOCKS.hash(&mut h);
+    ffi::nvrtc::version().ok()?.hash(&mut h);
+    Some(cache_dir()?.join(format!("kernels-sm{cc}-{:016x}.cubin", h.finish())))
+}
+
+/// CUBIN per compute capability: compiled once per process, and kept on disk.
 fn cubin_for(cc: u32) -> Result<Arc<Vec<u8>>> {
     static CACHE: OnceLock<Mutex<HashMap<u32, Arc<Vec<u8>>>>> = OnceLock::new();
     let cache = CACHE.get_or_init(Default::default);
-    if let Some(c) = cache.lock().map_err(|_| CudaError::Invalid("kernel cache poisoned".into()))?.get(&cc) {
+    let mut cache = cache.lock().map_err(|_| CudaError::Invalid("kernel cache poisoned".into()))?;
+    if let Some(c) = cache.get(&cc) {
         return Ok(c.clone());
     }
-    let mut bins = compile_sources(cc, Output::Cubin)?;
-    let bin = Arc::new(bins.pop().map(|b| b.1).unwrap_or_default());
-    cache.lock().map_err(|_| CudaError::Invalid("kernel cache poisoned".into()))?.insert(cc, bin.clone());
+    let file = cache_file(cc);
+    let bin = match file.as_ref().and_then(|f| std::fs::read(f).ok()).filter(|b| !b.is_empty()) {
+        Some(b) => b,
+        None => {
+            let started = std::time::Instant::now();
+            let b = compile_sources(cc, Output::Cubin)?.pop().map(|b| b.1).unwrap_or_default();
+            log::info!("compiled the kernels for sm_{cc} in {:.1} s", started.elapsed().as_secs_f64());
+            if let Some(f) = &file {
+                // A cache that cannot be written only costs the next process a compile.
+                let tmp = f.with_extension(format!("tmp{}", std::process::id()));
+                let saved = f.parent().map(std::fs::create_dir_all).transpose().is_ok()
+                    && std::fs::write(&tmp, &b).is_ok()
+                    && std::fs::rename(&tmp, f).is_ok();
+                if !saved {
+                    log::warn!("could not cache compiled kernels at {}", f.display());
+                }
+            }
+            b
+        }
+    };
+    let bin = Arc::new(bin);
+    cache.insert(cc, bin.clone());
     Ok(bin)
 }
 
@@ -103,6 +149,9 @@ pub struct Clique {
     /// `probes[i][j]`: can device i's kernels access device j's memory.
     pub probes: Vec<Vec<Probe>>,
     pub peers: Arc<PeerAccessTable>,
+    /// Held while an executable enqueues its programs: collectives of two executables
+    /// enqueued in different orders on different devices would wait for each other forever.
+    pub(crate) exec_lock: Mutex<()>,
 }
 
 /// Number of CUDA devices visible (error if there is no driver).
@@ -139,7 +188,7 @@ impl Clique {
         let peers = PeerAccessTable::cached(key, move || {
             PeerAccessTable::from_fn(n, "cuda peer probe", |a, b| matches!(table[a][b], Probe::Local | Probe::Ok))
         });
-        Ok(Clique { devices, probes, peers })
+        Ok(Clique { devices, probes, peers, exec_lock: Mutex::new(()) })
     }
 
     pub fn len(&self) -> usize {

@@ -84,6 +84,11 @@ pub enum HostError {
     PeerMatrix { num_devices: usize, rows: usize, len: usize },
     #[error("cannot allocate {arena_bytes} bytes of device memory for each of {num_devices} devices")]
     Alloc { num_devices: usize, arena_bytes: usize },
+    #[error(
+        "the program needs a {arena_bytes}-byte arena on each of {num_devices} devices, more than the \
+         {host_bytes} bytes of host memory the host backend's devices share (MemTotal in /proc/meminfo)"
+    )]
+    ExceedsHostMemory { num_devices: usize, arena_bytes: usize, host_bytes: u64 },
     #[error("device {rank} does not exist (the cluster has {num_devices} devices)")]
     NoSuchDevice { rank: usize, num_devices: usize },
     #[error("{what} {offset}+{len} is outside device {rank}'s {arena_bytes}-byte arena")]
@@ -149,6 +154,15 @@ impl fmt::Debug for HostCluster {
     }
 }
 
+/// The host's physical memory (`MemTotal`), which every simulated device's arena comes
+/// from; `None` where /proc/meminfo cannot be read.
+fn host_memory_bytes() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}
+
 impl HostCluster {
     /// `num_devices` devices of `arena_bytes` zeroed bytes each. `peers` must be
     /// `num_devices × num_devices`.
@@ -159,6 +173,13 @@ impl HostCluster {
         if peers.len() != num_devices || peers.iter().any(|r| r.len() != num_devices) {
             let len = peers.iter().map(Vec::len).find(|&l| l != num_devices).unwrap_or(num_devices);
             return Err(HostError::PeerMatrix { num_devices, rows: peers.len(), len });
+        }
+        if let Some(host_bytes) = host_memory_bytes()
+            && (num_devices as u128) * (arena_bytes as u128) > u128::from(host_bytes)
+        {
+            // Refuse at load time: zeroing the arenas would otherwise run the process out of
+            // memory (overcommit lets the reservation itself succeed).
+            return Err(HostError::ExceedsHostMemory { num_devices, arena_bytes, host_bytes });
         }
         let alloc = HostError::Alloc { num_devices, arena_bytes };
         let mut arenas = Vec::new();

@@ -5,8 +5,11 @@ plugin library and hand it an MLIR → HLO converter (jaxlib's own), since the p
 compiles HloModuleProtos and JAX sends StableHLO.
 
 The library is, in order: $PEERLESS_PJRT_LIBRARY, or the libpeerless_pjrt.so bundled in
-this package. Client options: PEERLESS_NUM_DEVICES (default 8), PEERLESS_BACKEND (host),
-PEERLESS_FLAGS.
+this package. The plugin itself reads its settings from the environment when JAX creates the
+client: PEERLESS_BACKEND (host | cuda; default host), PEERLESS_HOST_DEVICES (host backend
+device count, default 8; PEERLESS_NUM_DEVICES is an alias), PEERLESS_FLAGS (collective
+flags, see `peerless flags`). JAX's `jax_pjrt_client_create_options` may also pass
+`num_devices:N;peerless_flags:...`.
 """
 
 from __future__ import annotations
@@ -80,11 +83,8 @@ def initialize() -> None:
     # The same library is dlopen'ed by ctypes and by XLA; dlopen returns one handle, so the
     # converter registered here is the one the plugin's Compile sees.
     _register_converter(path)
-    options = {}
-    if "PEERLESS_NUM_DEVICES" in os.environ:
-        options["num_devices"] = int(os.environ["PEERLESS_NUM_DEVICES"])
     try:
-        xla_bridge.register_plugin(PLATFORM, priority=400, library_path=path, options=options)
+        xla_bridge.register_plugin(PLATFORM, priority=400, library_path=path)
     except Exception as e:  # a second initialize() in one process
         if "ALREADY_EXISTS" not in str(e) and "already" not in str(e).lower():
             raise

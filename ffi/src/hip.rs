@@ -1,0 +1,694 @@
+//! The HIP runtime (feature `rocm`), bound directly and loaded at run time (sys → result →
+//! owners, like [`crate::cuda`]): devices, streams, events, plain and fine-grained device
+//! allocations, peer access, and code-object modules with kernel launches.
+//!
+//! Why not `hip-rs`: its build script runs bindgen over `hipblas/hipblas.h` and links
+//! `libhipblas` and `libamdhip64` at build time, so it cannot even type-check against Debian's
+//! ROCm packages (no hipBLAS), and it wraps none of events, peer access, modules, launches or
+//! hipRTC. Binding the ~35 entry points we call keeps `cargo build --features rocm` free of
+//! any ROCm install, as the CUDA layer is (ARCHITECTURE.md, dependency table).
+//!
+//! HIP has no explicit contexts: [`Context::bind`] is `hipSetDevice`, which selects the
+//! device's primary context on the calling thread; every method binds before it calls.
+//! Statuses become [`Error::Call`] naming the call and the device (`hipGetErrorName`).
+
+use std::ffi::{CStr, CString, c_char, c_int, c_uint, c_void};
+use std::sync::OnceLock;
+
+use crate::{Error, Result};
+
+/// `hipStream_t`, `hipEvent_t`, `hipModule_t`, `hipFunction_t`: opaque handles.
+pub type RawStream = *mut c_void;
+type RawEvent = *mut c_void;
+type RawModule = *mut c_void;
+type RawFunction = *mut c_void;
+
+/// `hipErrorPeerAccessAlreadyEnabled`.
+const PEER_ACCESS_ALREADY_ENABLED: c_int = 704;
+/// `hipStreamNonBlocking`.
+const STREAM_NON_BLOCKING: c_uint = 1;
+/// `hipDeviceMallocFinegrained` (`hipExtMallocWithFlags`): coherent across devices while
+/// kernels run, which cross-device signal flags need.
+const MALLOC_FINE_GRAINED: c_uint = 1;
+/// `hipMemcpyKind`.
+const H2D: c_int = 1;
+const D2H: c_int = 2;
+const D2D: c_int = 3;
+/// `hipDeviceAttributeMultiprocessorCount` (HIP's CUDA-compatible attribute range, value
+/// from ROCm 5.2's `hip_runtime_api.h`).
+pub const ATTR_MULTIPROCESSOR_COUNT: c_int = 63;
+/// Bytes reserved for `hipDeviceProp_t`: larger than every layout (792 bytes in ROCm 5.2,
+/// about 1.5 KiB for ROCm 6's `R0600`).
+const PROPS_BYTES: usize = 16 * 1024;
+
+/// The raw entry points (signatures as `hip_runtime_api.h` declares them; `hipError_t` is a
+/// C enum, i.e. `int`).
+struct Sys {
+    get_error_name: unsafe extern "C" fn(c_int) -> *const c_char,
+    get_error_string: unsafe extern "C" fn(c_int) -> *const c_char,
+    init: unsafe extern "C" fn(c_uint) -> c_int,
+    runtime_get_version: unsafe extern "C" fn(*mut c_int) -> c_int,
+    get_device_count: unsafe extern "C" fn(*mut c_int) -> c_int,
+    set_device: unsafe extern "C" fn(c_int) -> c_int,
+    device_get_name: unsafe extern "C" fn(*mut c_char, c_int, c_int) -> c_int,
+    get_device_properties: unsafe extern "C" fn(*mut c_void, c_int) -> c_int,
+    device_get_attribute: unsafe extern "C" fn(*mut c_int, c_int, c_int) -> c_int,
+    device_can_access_peer: unsafe extern "C" fn(*mut c_int, c_int, c_int) -> c_int,
+    device_enable_peer_access: unsafe extern "C" fn(c_int, c_uint) -> c_int,
+    device_synchronize: unsafe extern "C" fn() -> c_int,
+    stream_create_with_flags: unsafe extern "C" fn(*mut RawStream, c_uint) -> c_int,
+    stream_synchronize: unsafe extern "C" fn(RawStream) -> c_int,
+    stream_destroy: unsafe extern "C" fn(RawStream) -> c_int,
+    stream_wait_event: unsafe extern "C" fn(RawStream, RawEvent, c_uint) -> c_int,
+    event_create: unsafe extern "C" fn(*mut RawEvent) -> c_int,
+    event_record: unsafe extern "C" fn(RawEvent, RawStream) -> c_int,
+    event_synchronize: unsafe extern "C" fn(RawEvent) -> c_int,
+    event_elapsed_time: unsafe extern "C" fn(*mut f32, RawEvent, RawEvent) -> c_int,
+    event_destroy: unsafe extern "C" fn(RawEvent) -> c_int,
+    malloc: unsafe extern "C" fn(*mut *mut c_void, usize) -> c_int,
+    ext_malloc_with_flags: unsafe extern "C" fn(*mut *mut c_void, usize, c_uint) -> c_int,
+    free: unsafe extern "C" fn(*mut c_void) -> c_int,
+    memset: unsafe extern "C" fn(*mut c_void, c_int, usize) -> c_int,
+    memset_async: unsafe extern "C" fn(*mut c_void, c_int, usize, RawStream) -> c_int,
+    memcpy: unsafe extern "C" fn(*mut c_void, *const c_void, usize, c_int) -> c_int,
+    memcpy_async: unsafe extern "C" fn(*mut c_void, *const c_void, usize, c_int, RawStream) -> c_int,
+    module_load_data: unsafe extern "C" fn(*mut RawModule, *const c_void) -> c_int,
+    module_get_function: unsafe extern "C" fn(*mut RawFunction, RawModule, *const c_char) -> c_int,
+    module_unload: unsafe extern "C" fn(RawModule) -> c_int,
+    module_launch_kernel: unsafe extern "C" fn(
+        RawFunction,
+        c_uint,
+        c_uint,
+        c_uint,
+        c_uint,
+        c_uint,
+        c_uint,
+        c_uint,
+        RawStream,
+        *mut *mut c_void,
+        *mut *mut c_void,
+    ) -> c_int,
+}
+
+static SYS: OnceLock<Result<Sys>> = OnceLock::new();
+
+fn sys() -> Result<&'static Sys> {
+    SYS.get_or_init(|| {
+        let l = &crate::libs::hip()?.lib;
+        macro_rules! sym {
+            ($($n:literal),+) => {{
+                let mut found = None;
+                $(
+                    if found.is_none() {
+                        // SAFETY: the symbol's C signature is the one hip_runtime_api.h declares
+                        // for this name (stable across ROCm 5 and 6 for every entry point used
+                        // here), matching the field it is stored in; the library stays loaded
+                        // for the life of the process.
+                        found = unsafe { l.get(concat!($n, "\0").as_bytes()) }.ok().map(|s| *s);
+                    }
+                )+
+                found.ok_or_else(|| Error::Library {
+                    lib: "libamdhip64",
+                    reason: format!("symbol {} missing", [$($n),+].join(" / ")),
+                })?
+            }};
+        }
+        Ok(Sys {
+            get_error_name: sym!("hipGetErrorName"),
+            get_error_string: sym!("hipGetErrorString"),
+            init: sym!("hipInit"),
+            runtime_get_version: sym!("hipRuntimeGetVersion"),
+            get_device_count: sym!("hipGetDeviceCount"),
+            set_device: sym!("hipSetDevice"),
+            device_get_name: sym!("hipDeviceGetName"),
+            // ROCm 6 exports the new layout as ...R0600 and keeps the old name for the old
+            // layout; either holds `gcnArchName`, which is all we read (see `Context::arch`).
+            get_device_properties: sym!("hipGetDevicePropertiesR0600", "hipGetDeviceProperties"),
+            device_get_attribute: sym!("hipDeviceGetAttribute"),
+            device_can_access_peer: sym!("hipDeviceCanAccessPeer"),
+            device_enable_peer_access: sym!("hipDeviceEnablePeerAccess"),
+            device_synchronize: sym!("hipDeviceSynchronize"),
+            stream_create_with_flags: sym!("hipStreamCreateWithFlags"),
+            stream_synchronize: sym!("hipStreamSynchronize"),
+            stream_destroy: sym!("hipStreamDestroy"),
+            stream_wait_event: sym!("hipStreamWaitEvent"),
+            event_create: sym!("hipEventCreate"),
+            event_record: sym!("hipEventRecord"),
+            event_synchronize: sym!("hipEventSynchronize"),
+            event_elapsed_time: sym!("hipEventElapsedTime"),
+            event_destroy: sym!("hipEventDestroy"),
+            malloc: sym!("hipMalloc"),
+            ext_malloc_with_flags: sym!("hipExtMallocWithFlags"),
+            free: sym!("hipFree"),
+            memset: sym!("hipMemset"),
+            memset_async: sym!("hipMemsetAsync"),
+            memcpy: sym!("hipMemcpy"),
+            memcpy_async: sym!("hipMemcpyAsync"),
+            module_load_data: sym!("hipModuleLoadData"),
+            module_get_function: sym!("hipModuleGetFunction"),
+            module_unload: sym!("hipModuleUnload"),
+            module_launch_kernel: sym!("hipModuleLaunchKernel"),
+        })
+    })
+    .as_ref()
+    .map_err(Clone::clone)
+}
+
+/// Result layer: a `hipError_t` → an error naming the call, the device and the status.
+fn ck(s: &Sys, call: &'static str, device: Option<usize>, status: c_int) -> Result<()> {
+    if status == 0 {
+        return Ok(());
+    }
+    let text = |p: *const c_char| {
+        if p.is_null() {
+            String::new()
+        } else {
+            // SAFETY: HIP's error name/string functions return static NUL-terminated strings.
+            unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+        }
+    };
+    // SAFETY: both functions accept any status value and return static strings (or null).
+    let (name, desc) = unsafe { ((s.get_error_name)(status), (s.get_error_string)(status)) };
+    Err(Error::Call { call, device, status: format!("{} ({status}): {}", text(name), text(desc)) })
+}
+
+static INIT: OnceLock<Result<()>> = OnceLock::new();
+
+/// Loads libamdhip64 and runs `hipInit` once.
+pub fn init() -> Result<()> {
+    INIT.get_or_init(|| {
+        let s = sys()?;
+        // SAFETY: hipInit takes a flags word that must be 0.
+        ck(s, "hipInit", None, unsafe { (s.init)(0) })
+    })
+    .clone()
+}
+
+/// Whether the HIP runtime library can be loaded (no device needed).
+pub fn present() -> bool {
+    sys().is_ok()
+}
+
+/// The HIP runtime's version code (`hipRuntimeGetVersion`, e.g. 50221153 for 5.2).
+pub fn runtime_version() -> Result<i32> {
+    let s = sys()?;
+    let mut v = 0;
+    // SAFETY: `v` outlives the call.
+    ck(s, "hipRuntimeGetVersion", None, unsafe { (s.runtime_get_version)(&mut v) })?;
+    Ok(v)
+}
+
+/// Number of visible HIP devices.
+pub fn device_count() -> Result<usize> {
+    init()?;
+    let s = sys()?;
+    let mut n = 0;
+    // SAFETY: `n` outlives the call.
+    ck(s, "hipGetDeviceCount", None, unsafe { (s.get_device_count)(&mut n) })?;
+    Ok(n.max(0) as usize)
+}
+
+/// The gfx target of an AMD `gcnArchName` (`gfx90a:sramecc+:xnack-` → `gfx90a`), if it is
+/// one (`gfx` followed by lowercase hex digits).
+pub fn gfx_target(arch_name: &str) -> Option<&str> {
+    let t = arch_name.split(':').next()?;
+    let digits = t.strip_prefix("gfx")?;
+    (!digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))).then_some(t)
+}
+
+/// Finds `gcnArchName` in the bytes of a `hipDeviceProp_t` of any layout: the one
+/// NUL-terminated field of the form `gfx<hex>[:feature±]*`.
+fn find_arch_name(props: &[u8]) -> Option<String> {
+    let mut i = 0;
+    while i + 3 <= props.len() {
+        if &props[i..i + 3] == b"gfx" && (i == 0 || props[i - 1] == 0 || !props[i - 1].is_ascii_graphic()) {
+            let end = props[i..].iter().position(|&b| b == 0).map(|p| i + p)?;
+            if let Ok(s) = std::str::from_utf8(&props[i..end])
+                && gfx_target(s).is_some()
+                && s.split(':').skip(1).all(|f| f.len() > 1 && (f.ends_with('+') || f.ends_with('-')))
+            {
+                return Some(s.to_string());
+            }
+        }
+        i += 1;
+    }
+    None
+}
+
+/// One HIP device, selected with `hipSetDevice` before every call.
+#[derive(Debug)]
+pub struct Context {
+    pub ordinal: usize,
+}
+
+impl Context {
+    pub fn new(ordinal: usize) -> Result<Context> {
+        let n = device_count()?;
+        if ordinal >= n {
+            return Err(Error::Call {
+                call: "hipSetDevice",
+                device: Some(ordinal),
+                status: format!("only {n} HIP device(s) visible"),
+            });
+        }
+        let c = Context { ordinal };
+        c.bind()?;
+        Ok(c)
+    }
+
+    fn d(&self) -> Option<usize> {
+        Some(self.ordinal)
+    }
+
+    fn id(&self) -> c_int {
+        self.ordinal as c_int
+    }
+
+    /// Makes this device current on the calling thread.
+    pub fn bind(&self) -> Result<()> {
+        let s = sys()?;
+        // SAFETY: the ordinal was checked against hipGetDeviceCount in `new`.
+        ck(s, "hipSetDevice", self.d(), unsafe { (s.set_device)(self.id()) })
+    }
+
+    pub fn name(&self) -> Result<String> {
+        let s = sys()?;
+        let mut buf = [0 as c_char; 256];
+        // SAFETY: `buf` holds the 256 bytes passed as its length.
+        ck(s, "hipDeviceGetName", self.d(), unsafe {
+            (s.device_get_name)(buf.as_mut_ptr(), buf.len() as c_int, self.id())
+        })?;
+        buf[255] = 0;
+        // SAFETY: the last byte of `buf` is NUL, so the string ends inside it.
+        Ok(unsafe { CStr::from_ptr(buf.as_ptr()) }.to_string_lossy().into_owned())
+    }
+
+    /// The device's `gcnArchName`, e.g. `gfx90a:sramecc+:xnack-` (what hipRTC's
+    /// `--offload-arch` takes, so the code object matches the device's xnack/sramecc mode).
+    pub fn arch(&self) -> Result<String> {
+        let s = sys()?;
+        let mut props = vec![0u64; PROPS_BYTES / 8];
+        // SAFETY: `props` is zeroed, 8-byte aligned and larger than any hipDeviceProp_t layout.
+        ck(s, "hipGetDeviceProperties", self.d(), unsafe {
+            (s.get_device_properties)(props.as_mut_ptr() as *mut c_void, self.id())
+        })?;
+        let bytes: Vec<u8> = props.iter().flat_map(|w| w.to_ne_bytes()).collect();
+        find_arch_name(&bytes).ok_or_else(|| Error::Call {
+            call: "hipGetDeviceProperties",
+            device: self.d(),
+            status: "no gcnArchName of the form gfx<hex>[:feature±] in the device properties".into(),
+        })
+    }
+
+    pub fn attribute(&self, attr: c_int) -> Result<i32> {
+        let s = sys()?;
+        let mut v = 0;
+        // SAFETY: `v` outlives the call; an unknown attribute is an error status, not UB.
+        ck(s, "hipDeviceGetAttribute", self.d(), unsafe { (s.device_get_attribute)(&mut v, attr, self.id()) })?;
+        Ok(v)
+    }
+
+    /// Compute units.
+    pub fn cu_count(&self) -> Result<i32> {
+        self.attribute(ATTR_MULTIPROCESSOR_COUNT)
+    }
+
+    /// `hipDeviceCanAccessPeer(self → peer)`.
+    pub fn can_access_peer(&self, peer: &Context) -> Result<bool> {
+        let s = sys()?;
+        let mut v = 0;
+        // SAFETY: both ordinals are valid devices; `v` outlives the call.
+        ck(s, "hipDeviceCanAccessPeer", self.d(), unsafe { (s.device_can_access_peer)(&mut v, self.id(), peer.id()) })?;
+        Ok(v != 0)
+    }
+
+    /// Lets kernels on this device access `peer`'s memory. Enabling twice is not an error.
+    pub fn enable_peer_access(&self, peer: &Context) -> Result<()> {
+        self.bind()?;
+        let s = sys()?;
+        // SAFETY: this device is current; `peer` is a valid ordinal; flags must be 0.
+        let st = unsafe { (s.device_enable_peer_access)(peer.id(), 0) };
+        if st == PEER_ACCESS_ALREADY_ENABLED {
+            return Ok(());
+        }
+        ck(s, "hipDeviceEnablePeerAccess", self.d(), st)
+    }
+
+    pub fn synchronize(&self) -> Result<()> {
+        self.bind()?;
+        let s = sys()?;
+        // SAFETY: no arguments; this device is current.
+        ck(s, "hipDeviceSynchronize", self.d(), unsafe { (s.device_synchronize)() })
+    }
+
+    /// Loads a code object (hipRTC's output for this device's arch).
+    pub fn load_module(&self, image: &[u8]) -> Result<Module> {
+        self.bind()?;
+        let s = sys()?;
+        let mut m: RawModule = std::ptr::null_mut();
+        // SAFETY: `image` is a complete code object that outlives the call (HIP copies it).
+        ck(s, "hipModuleLoadData", self.d(), unsafe { (s.module_load_data)(&mut m, image.as_ptr() as *const c_void) })?;
+        Ok(Module { m, ordinal: self.ordinal })
+    }
+}
+
+/// A loaded code object, unloaded on drop.
+#[derive(Debug)]
+pub struct Module {
+    m: RawModule,
+    ordinal: usize,
+}
+// SAFETY: module and function handles are process-wide and usable from any thread.
+unsafe impl Send for Module {}
+// SAFETY: as above; they are immutable.
+unsafe impl Sync for Module {}
+
+/// A kernel entry point. Valid while its [`Module`] lives.
+#[derive(Debug, Clone, Copy)]
+pub struct Function {
+    f: RawFunction,
+    pub ordinal: usize,
+}
+// SAFETY: function handles are immutable and usable from any thread.
+unsafe impl Send for Function {}
+// SAFETY: as above.
+unsafe impl Sync for Function {}
+
+impl Module {
+    pub fn function(&self, name: &str) -> Result<Function> {
+        let n = CString::new(name).map_err(|_| Error::Invalid(format!("kernel name {name:?}")))?;
+        let s = sys()?;
+        let mut f: RawFunction = std::ptr::null_mut();
+        // SAFETY: `self.m` is a loaded module; `n` outlives the call.
+        ck(s, "hipModuleGetFunction", Some(self.ordinal), unsafe {
+            (s.module_get_function)(&mut f, self.m, n.as_ptr())
+        })
+        .map_err(|e| match e {
+            Error::Call { call, device, status } => Error::Call { call, device, status: format!("{name}: {status}") },
+            other => other,
+        })?;
+        Ok(Function { f, ordinal: self.ordinal })
+    }
+}
+
+impl Drop for Module {
+    fn drop(&mut self) {
+        if let Ok(s) = sys() {
+            // SAFETY: selects the owning device (a valid ordinal), then unloads the module
+            // loaded in `load_module`, once.
+            unsafe {
+                let _ = (s.set_device)(self.ordinal as c_int);
+                let _ = (s.module_unload)(self.m);
+            }
+        }
+    }
+}
+
+/// A non-blocking stream.
+#[derive(Debug)]
+pub struct Stream {
+    pub s: RawStream,
+    pub ordinal: usize,
+}
+// SAFETY: stream handles may be used from any thread.
+unsafe impl Send for Stream {}
+// SAFETY: as above; HIP serialises work on one stream internally.
+unsafe impl Sync for Stream {}
+
+impl Stream {
+    pub fn new(ctx: &Context) -> Result<Stream> {
+        ctx.bind()?;
+        let s = sys()?;
+        let mut st: RawStream = std::ptr::null_mut();
+        // SAFETY: `st` outlives the call; the device is current.
+        ck(s, "hipStreamCreateWithFlags", ctx.d(), unsafe {
+            (s.stream_create_with_flags)(&mut st, STREAM_NON_BLOCKING)
+        })?;
+        Ok(Stream { s: st, ordinal: ctx.ordinal })
+    }
+
+    fn d(&self) -> Option<usize> {
+        Some(self.ordinal)
+    }
+
+    pub fn synchronize(&self) -> Result<()> {
+        let s = sys()?;
+        // SAFETY: `self.s` is a live stream.
+        ck(s, "hipStreamSynchronize", self.d(), unsafe { (s.stream_synchronize)(self.s) })
+    }
+
+    /// Launches `f` with `params` (pointers to each argument, in the kernel's order).
+    ///
+    /// # Safety
+    /// `params` must match the kernel's parameter list in number, order and layout, and every
+    /// pointer argument must stay valid until the kernel finishes.
+    pub unsafe fn launch(&self, f: &Function, grid: u32, block: u32, params: &mut [*mut c_void]) -> Result<()> {
+        if f.ordinal != self.ordinal {
+            return Err(Error::Invalid(format!(
+                "kernel of device {} launched on a stream of device {}",
+                f.ordinal, self.ordinal
+            )));
+        }
+        let s = sys()?;
+        // SAFETY: the caller guarantees the parameter list; `f` belongs to this stream's
+        // device (checked above); no dynamic shared memory and no `extra` block.
+        ck(s, "hipModuleLaunchKernel", self.d(), unsafe {
+            (s.module_launch_kernel)(f.f, grid, 1, 1, block, 1, 1, 0, self.s, params.as_mut_ptr(), std::ptr::null_mut())
+        })
+    }
+
+    pub fn wait(&self, e: &Event) -> Result<()> {
+        let s = sys()?;
+        // SAFETY: both handles are live; flags must be 0.
+        ck(s, "hipStreamWaitEvent", self.d(), unsafe { (s.stream_wait_event)(self.s, e.e, 0) })
+    }
+
+    /// Async device-to-device copy of `len` bytes (same or peer device, unified addressing).
+    ///
+    /// # Safety
+    /// `dst` and `src` must be device allocations of at least `len` bytes that stay valid
+    /// until the copy completes.
+    pub unsafe fn copy_d2d(&self, dst: u64, src: u64, len: usize) -> Result<()> {
+        let s = sys()?;
+        // SAFETY: the caller guarantees both ranges.
+        ck(s, "hipMemcpyAsync", self.d(), unsafe {
+            (s.memcpy_async)(dst as *mut c_void, src as *const c_void, len, D2D, self.s)
+        })
+    }
+
+    /// Async byte fill.
+    ///
+    /// # Safety
+    /// `dst` must be a device allocation of at least `len` bytes, valid until the fill ends.
+    pub unsafe fn memset_u8(&self, dst: u64, v: u8, len: usize) -> Result<()> {
+        let s = sys()?;
+        // SAFETY: the caller guarantees the range.
+        ck(s, "hipMemsetAsync", self.d(), unsafe { (s.memset_async)(dst as *mut c_void, v as c_int, len, self.s) })
+    }
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        if let Ok(s) = sys() {
+            // SAFETY: destroys the stream created in `new`, once; pending work completes first.
+            let _ = unsafe { (s.stream_destroy)(self.s) };
+        }
+    }
+}
+
+/// A timing event.
+#[derive(Debug)]
+pub struct Event {
+    e: RawEvent,
+    ordinal: usize,
+}
+// SAFETY: event handles may be used from any thread.
+unsafe impl Send for Event {}
+// SAFETY: as above.
+unsafe impl Sync for Event {}
+
+impl Event {
+    pub fn new(ctx: &Context) -> Result<Event> {
+        ctx.bind()?;
+        let s = sys()?;
+        let mut e: RawEvent = std::ptr::null_mut();
+        // SAFETY: `e` outlives the call; the device is current.
+        ck(s, "hipEventCreate", ctx.d(), unsafe { (s.event_create)(&mut e) })?;
+        Ok(Event { e, ordinal: ctx.ordinal })
+    }
+
+    pub fn record(&self, st: &Stream) -> Result<()> {
+        let s = sys()?;
+        // SAFETY: both handles are live.
+        ck(s, "hipEventRecord", Some(self.ordinal), unsafe { (s.event_record)(self.e, st.s) })
+    }
+
+    pub fn synchronize(&self) -> Result<()> {
+        let s = sys()?;
+        // SAFETY: the event is live.
+        ck(s, "hipEventSynchronize", Some(self.ordinal), unsafe { (s.event_synchronize)(self.e) })
+    }
+
+    /// Milliseconds from `start` to `self` (both recorded and complete).
+    pub fn since(&self, start: &Event) -> Result<f32> {
+        let s = sys()?;
+        let mut ms = 0f32;
+        // SAFETY: both events are live; `ms` outlives the call.
+        ck(s, "hipEventElapsedTime", Some(self.ordinal), unsafe { (s.event_elapsed_time)(&mut ms, start.e, self.e) })?;
+        Ok(ms)
+    }
+}
+
+impl Drop for Event {
+    fn drop(&mut self) {
+        if let Ok(s) = sys() {
+            // SAFETY: destroys the event created in `new`, once.
+            let _ = unsafe { (s.event_destroy)(self.e) };
+        }
+    }
+}
+
+/// A device allocation, freed on drop.
+#[derive(Debug)]
+pub struct DeviceBuffer {
+    pub ptr: u64,
+    pub len: usize,
+    pub ordinal: usize,
+    /// `hipExtMallocWithFlags(hipDeviceMallocFinegrained)` rather than `hipMalloc`.
+    pub fine_grained: bool,
+}
+
+impl DeviceBuffer {
+    /// `len` bytes (at least 1) of plain device memory (`hipMalloc`, coarse-grained), zeroed.
+    pub fn zeroed(ctx: &Context, len: usize) -> Result<DeviceBuffer> {
+        Self::alloc(ctx, len, false)
+    }
+
+    /// `len` bytes of fine-grained device memory, zeroed: stores and atomics at system scope
+    /// are visible to peers while kernels run, which signal flags and staging that peers
+    /// poll or read need (coarse-grained memory is only coherent at kernel boundaries).
+    pub fn fine_grained(ctx: &Context, len: usize) -> Result<DeviceBuffer> {
+        Self::alloc(ctx, len, true)
+    }
+
+    fn alloc(ctx: &Context, len: usize, fine: bool) -> Result<DeviceBuffer> {
+        ctx.bind()?;
+        let s = sys()?;
+        let n = len.max(1);
+        let mut p: *mut c_void = std::ptr::null_mut();
+        if fine {
+            // SAFETY: `p` outlives the call; the device is current.
+            ck(s, "hipExtMallocWithFlags", ctx.d(), unsafe {
+                (s.ext_malloc_with_flags)(&mut p, n, MALLOC_FINE_GRAINED)
+            })?;
+        } else {
+            // SAFETY: as above.
+            ck(s, "hipMalloc", ctx.d(), unsafe { (s.malloc)(&mut p, n) })?;
+        }
+        let b = DeviceBuffer { ptr: p as u64, len, ordinal: ctx.ordinal, fine_grained: fine };
+        // SAFETY: `p` is a fresh allocation of `n` bytes.
+        ck(s, "hipMemset", ctx.d(), unsafe { (s.memset)(p, 0, n) })?;
+        Ok(b)
+    }
+
+    fn bind(&self) -> Result<()> {
+        let s = sys()?;
+        // SAFETY: the ordinal was valid when the buffer was allocated on it.
+        ck(s, "hipSetDevice", Some(self.ordinal), unsafe { (s.set_device)(self.ordinal as c_int) })
+    }
+
+    pub fn write<T: Copy>(&self, data: &[T]) -> Result<()> {
+        let bytes = std::mem::size_of_val(data);
+        // SAFETY: `data` is a slice of plain `Copy` values: its bytes are initialised and live.
+        let raw = unsafe { std::slice::from_raw_parts(data.as_ptr() as *const u8, bytes) };
+        self.write_at(0, raw)
+    }
+
+    pub fn read<T: Copy>(&self, out: &mut [T]) -> Result<()> {
+        let bytes = std::mem::size_of_val(out);
+        if bytes > self.len {
+            return Err(Error::Invalid(format!("read of {bytes} bytes from {}", self.len)));
+        }
+        self.bind()?;
+        let s = sys()?;
+        // SAFETY: the source holds at least `bytes` bytes (checked above) and `out` is a
+        // writable host range of `bytes` bytes of plain `Copy` values.
+        ck(s, "hipMemcpy", Some(self.ordinal), unsafe {
+            (s.memcpy)(out.as_mut_ptr() as *mut c_void, self.ptr as *const c_void, bytes, D2H)
+        })
+    }
+
+    /// Copies `data` into bytes `[offset, offset + data.len())` (synchronous).
+    pub fn write_at(&self, offset: usize, data: &[u8]) -> Result<()> {
+        if offset.checked_add(data.len()).is_none_or(|end| end > self.len) {
+            return Err(Error::Invalid(format!("write of {} bytes at {offset} into {}", data.len(), self.len)));
+        }
+        if data.is_empty() {
+            return Ok(());
+        }
+        self.bind()?;
+        let s = sys()?;
+        // SAFETY: the destination range lies inside the allocation (checked above).
+        ck(s, "hipMemcpy", Some(self.ordinal), unsafe {
+            (s.memcpy)((self.ptr + offset as u64) as *mut c_void, data.as_ptr() as *const c_void, data.len(), H2D)
+        })
+    }
+
+    /// Copies bytes `[offset, offset + out.len())` into `out` (synchronous).
+    pub fn read_at(&self, offset: usize, out: &mut [u8]) -> Result<()> {
+        if offset.checked_add(out.len()).is_none_or(|end| end > self.len) {
+            return Err(Error::Invalid(format!("read of {} bytes at {offset} from {}", out.len(), self.len)));
+        }
+        if out.is_empty() {
+            return Ok(());
+        }
+        self.bind()?;
+        let s = sys()?;
+        // SAFETY: the source range lies inside the allocation (checked above).
+        ck(s, "hipMemcpy", Some(self.ordinal), unsafe {
+            (s.memcpy)(out.as_mut_ptr() as *mut c_void, (self.ptr + offset as u64) as *const c_void, out.len(), D2H)
+        })
+    }
+}
+
+impl Drop for DeviceBuffer {
+    fn drop(&mut self) {
+        if self.bind().is_ok()
+            && let Ok(s) = sys()
+        {
+            // SAFETY: frees the allocation made in `alloc`, once (hipFree frees both kinds).
+            let _ = unsafe { (s.free)(self.ptr as *mut c_void) };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gfx_targets() {
+        assert_eq!(gfx_target("gfx90a:sramecc+:xnack-"), Some("gfx90a"));
+        assert_eq!(gfx_target("gfx942"), Some("gfx942"));
+        assert_eq!(gfx_target("gfx1100"), Some("gfx1100"));
+        for bad in ["", "gfx", "sm_90", "gfx9G", "GFX90A"] {
+            assert_eq!(gfx_target(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn arch_name_is_found_in_any_props_layout() {
+        // A name field first (as in every hipDeviceProp_t), then other fields, then the arch.
+        let mut props = vec![0u8; 1024];
+        props[..19].copy_from_slice(b"AMD Instinct MI250X");
+        props[300..304].copy_from_slice(&910i32.to_ne_bytes());
+        let arch = b"gfx90a:sramecc+:xnack-";
+        props[396..396 + arch.len()].copy_from_slice(arch);
+        assert_eq!(find_arch_name(&props).as_deref(), Some("gfx90a:sramecc+:xnack-"));
+        // Text that merely contains "gfx" is not an arch name.
+        let mut other = vec![0u8; 64];
+        other[..9].copy_from_slice(b"gfxcard:x");
+        assert_eq!(find_arch_name(&other), None);
+        assert_eq!(find_arch_name(&[0u8; 64]), None);
+    }
+}

@@ -1,0 +1,148 @@
+//! hipRTC (feature `rocm`): HIP C++ source → an AMD GPU code object for one offload arch,
+//! at run time. Bound directly like [`crate::hip`]; found by [`crate::libs::hiprtc`]
+//! (`libhiprtc.so` from ROCm 5.3 on, the HIP runtime itself before). No GPU is needed to
+//! compile, so CI runs it against Debian's ROCm 5.2 packages.
+
+use std::ffi::{CStr, CString, c_char, c_int};
+use std::sync::OnceLock;
+
+use crate::{Error, Result};
+
+type Program = *mut std::ffi::c_void;
+
+struct Sys {
+    version: unsafe extern "C" fn(*mut c_int, *mut c_int) -> c_int,
+    get_error_string: unsafe extern "C" fn(c_int) -> *const c_char,
+    create_program: unsafe extern "C" fn(
+        *mut Program,
+        *const c_char,
+        *const c_char,
+        c_int,
+        *const *const c_char,
+        *const *const c_char,
+    ) -> c_int,
+    compile_program: unsafe extern "C" fn(Program, c_int, *const *const c_char) -> c_int,
+    get_program_log_size: unsafe extern "C" fn(Program, *mut usize) -> c_int,
+    get_program_log: unsafe extern "C" fn(Program, *mut c_char) -> c_int,
+    get_code_size: unsafe extern "C" fn(Program, *mut usize) -> c_int,
+    get_code: unsafe extern "C" fn(Program, *mut c_char) -> c_int,
+    destroy_program: unsafe extern "C" fn(*mut Program) -> c_int,
+}
+
+static SYS: OnceLock<Result<Sys>> = OnceLock::new();
+
+fn sys() -> Result<&'static Sys> {
+    SYS.get_or_init(|| {
+        let loaded = crate::libs::hiprtc()?;
+        let l = &loaded.lib;
+        macro_rules! sym {
+            ($n:literal) => {
+                // SAFETY: the symbol's C signature is the one hiprtc.h declares (unchanged from
+                // ROCm 4.2 to 6.x), matching the field it is stored in; the library stays loaded.
+                *unsafe { l.get(concat!($n, "\0").as_bytes()) }.map_err(|e| Error::Library {
+                    lib: "libhiprtc",
+                    reason: format!("{}: symbol {} missing: {e}", loaded.path.display(), $n),
+                })?
+            };
+        }
+        Ok(Sys {
+            version: sym!("hiprtcVersion"),
+            get_error_string: sym!("hiprtcGetErrorString"),
+            create_program: sym!("hiprtcCreateProgram"),
+            compile_program: sym!("hiprtcCompileProgram"),
+            get_program_log_size: sym!("hiprtcGetProgramLogSize"),
+            get_program_log: sym!("hiprtcGetProgramLog"),
+            get_code_size: sym!("hiprtcGetCodeSize"),
+            get_code: sym!("hiprtcGetCode"),
+            destroy_program: sym!("hiprtcDestroyProgram"),
+        })
+    })
+    .as_ref()
+    .map_err(Clone::clone)
+}
+
+fn status_text(s: &Sys, status: c_int) -> String {
+    // SAFETY: hiprtcGetErrorString returns a static NUL-terminated string (or null).
+    let p = unsafe { (s.get_error_string)(status) };
+    let text = if p.is_null() {
+        String::new()
+    } else {
+        // SAFETY: non-null, static and NUL-terminated (see above).
+        unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+    };
+    format!("hiprtcResult {status}: {text}")
+}
+
+fn ck(s: &Sys, call: &'static str, status: c_int) -> Result<()> {
+    if status == 0 { Ok(()) } else { Err(Error::Call { call, device: None, status: status_text(s, status) }) }
+}
+
+/// hipRTC's version as (major, minor).
+pub fn version() -> Result<(i32, i32)> {
+    let s = sys()?;
+    let (mut a, mut b) = (0, 0);
+    // SAFETY: both out-pointers outlive the call.
+    ck(s, "hiprtcVersion", unsafe { (s.version)(&mut a, &mut b) })?;
+    Ok((a, b))
+}
+
+/// Compiles `src` (named `name` in messages) for `arch` (an offload arch such as `gfx90a` or
+/// a device's full `gcnArchName`, `gfx90a:sramecc+:xnack-`), with headers given as
+/// (name, contents). Returns the code object `hipModuleLoadData` takes.
+pub fn compile(name: &str, src: &str, headers: &[(&str, &str)], arch: &str) -> Result<Vec<u8>> {
+    let s = sys()?;
+    let cstr = |t: &str| CString::new(t).map_err(|_| Error::Invalid(format!("NUL byte in {name}")));
+    let csrc = cstr(src)?;
+    let cname = cstr(name)?;
+    let hnames: Vec<CString> = headers.iter().map(|h| cstr(h.0)).collect::<Result<_>>()?;
+    let hsrcs: Vec<CString> = headers.iter().map(|h| cstr(h.1)).collect::<Result<_>>()?;
+    let hn: Vec<*const c_char> = hnames.iter().map(|c| c.as_ptr()).collect();
+    let hs: Vec<*const c_char> = hsrcs.iter().map(|c| c.as_ptr()).collect();
+    let mut prog: Program = std::ptr::null_mut();
+    // SAFETY: every pointer is a NUL-terminated string alive for the call; counts match.
+    ck(s, "hiprtcCreateProgram", unsafe {
+        (s.create_program)(&mut prog, csrc.as_ptr(), cname.as_ptr(), hn.len() as c_int, hs.as_ptr(), hn.as_ptr())
+    })?;
+    let result = (|| {
+        let opts: Vec<CString> = [format!("--offload-arch={arch}"), "-std=c++17".into(), "-O3".into()]
+            .iter()
+            .map(|o| cstr(o))
+            .collect::<Result<_>>()?;
+        let optp: Vec<*const c_char> = opts.iter().map(|c| c.as_ptr()).collect();
+        // SAFETY: `prog` is live; the options are NUL-terminated strings alive for the call.
+        let st = unsafe { (s.compile_program)(prog, optp.len() as c_int, optp.as_ptr()) };
+        if st != 0 {
+            let mut n = 0usize;
+            // SAFETY: `prog` is live; `n` outlives the call.
+            let log = if unsafe { (s.get_program_log_size)(prog, &mut n) } == 0 && n > 0 {
+                let mut buf = vec![0u8; n + 1];
+                // SAFETY: `buf` holds the `n` bytes hipRTC reported, plus a NUL.
+                if unsafe { (s.get_program_log)(prog, buf.as_mut_ptr() as *mut c_char) } == 0 {
+                    String::from_utf8_lossy(&buf[..buf.iter().position(|&b| b == 0).unwrap_or(n)]).into_owned()
+                } else {
+                    String::new()
+                }
+            } else {
+                String::new()
+            };
+            return Err(Error::HipCompile { name: name.into(), arch: arch.into(), status: status_text(s, st), log });
+        }
+        let mut n = 0usize;
+        // SAFETY: `prog` compiled successfully; `n` outlives the call.
+        ck(s, "hiprtcGetCodeSize", unsafe { (s.get_code_size)(prog, &mut n) })?;
+        let mut code = vec![0u8; n];
+        // SAFETY: `code` holds the `n` bytes hipRTC reported.
+        ck(s, "hiprtcGetCode", unsafe { (s.get_code)(prog, code.as_mut_ptr() as *mut c_char) })?;
+        if code.is_empty() {
+            return Err(Error::Call {
+                call: "hiprtcGetCode",
+                device: None,
+                status: format!("empty code object for {arch}"),
+            });
+        }
+        Ok(code)
+    })();
+    // SAFETY: destroys the program created above, once.
+    let _ = unsafe { (s.destroy_program)(&mut prog) };
+    result
+}

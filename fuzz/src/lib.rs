@@ -1,0 +1,84 @@
+//! One function per fuzz target, shared by the libFuzzer binaries (`fuzz/libfuzzer`, nightly,
+//! `cargo fuzz`) and the stable replay of the saved corpora (`fuzz/tests/corpus.rs`, part of
+//! `cargo test`). Each takes arbitrary bytes and must return (error or not) without
+//! panicking, aborting, hanging or allocating more than the input can justify.
+//!
+//! | target | parser under test | then |
+//! |---|---|---|
+//! | [`hlo_text`] | `hlo::parse_text` | host thunk programs (emitter, buffers) on 1 and 2 devices |
+//! | [`hlo_proto`] | `hlo::decode_proto` | as `hlo_text` |
+//! | [`compile_options`] | `CompileOptionsProto` in `plugin::runtime::compile` | compile a fixed module |
+//! | [`npz`] | `interp::io::read_npz_bytes` | |
+//! | [`flags`] | `emitter::Flags::parse` and `Flags::apply` | |
+
+use emitter::{DeviceMode, Flags};
+
+/// Every target by name, for the replay test and the fuzz binaries.
+pub const TARGETS: &[(&str, fn(&[u8]))] = &[
+    ("hlo_text", hlo_text),
+    ("hlo_proto", hlo_proto),
+    ("compile_options", compile_options),
+    ("npz", npz),
+    ("flags", flags),
+];
+
+/// What a verified module goes through after parsing: the host backend's programs
+/// (inlining, the interpreter's sharding analysis, collective decisions, buffer
+/// assignment) on 1 and 2 devices in both modes. Nothing is allocated for the arena.
+fn downstream(module: &hlo::Module) {
+    let flags = Flags::default();
+    for (n, mode) in [(1, DeviceMode::Replica), (2, DeviceMode::Replica), (2, DeviceMode::Partition)] {
+        let _ = kernels::exec::host_programs(module, n, mode, &flags);
+    }
+}
+
+/// HLO text (`hlo::parse_text`), then [`downstream`].
+pub fn hlo_text(data: &[u8]) {
+    if let Ok(src) = std::str::from_utf8(data)
+        && let Ok(m) = hlo::parse_text("fuzz.hlo", src)
+    {
+        downstream(&m);
+    }
+}
+
+/// A serialized `HloModuleProto` (`hlo::decode_proto`), then [`downstream`].
+pub fn hlo_proto(data: &[u8]) {
+    if let Ok(m) = hlo::decode_proto("fuzz.pb", data) {
+        downstream(&m);
+    }
+}
+
+/// The module [`compile_options`] compiles: XLA's serialization of hlo-tests' `all_gather`
+/// case (4 replicas).
+const COMPILE_MODULE: &[u8] = include_bytes!("../../hlo-tests/goldens/all_gather.pb");
+
+/// `CompileOptionsProto` bytes, given to the plugin's compile with a fixed valid module on an
+/// 8-device client (num_replicas / num_partitions / device assignment come from them).
+pub fn compile_options(data: &[u8]) {
+    thread_local! {
+        static CLIENT: Box<plugin::runtime::Client> = plugin::runtime::Client::new(plugin::runtime::ClientConfig {
+            backend: plugin::runtime::BackendKind::Host,
+            num_devices: 8,
+            flags: Flags::default(),
+        });
+    }
+    CLIENT.with(|client| {
+        let _ = plugin::runtime::compile(client, "hlo", COMPILE_MODULE, data);
+    });
+}
+
+/// npz archive bytes (`interp::io::read_npz_bytes`).
+pub fn npz(data: &[u8]) {
+    let _ = interp::io::read_npz_bytes("fuzz.npz", data);
+}
+
+/// A flag string: `Flags::parse` of the whole, and `Flags::apply` of each word.
+pub fn flags(data: &[u8]) {
+    if let Ok(s) = std::str::from_utf8(data) {
+        let _ = Flags::parse(s);
+        let mut f = Flags::default();
+        for word in s.split_whitespace() {
+            let _ = f.apply(word);
+        }
+    }
+}

@@ -5,8 +5,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${1:-.gpu}
 mkdir -p "$BIN"
-cargo build --release --locked -p peerless-cli
-cp "$(cargo metadata --format-version 1 --no-deps | python3 -c "import json,sys; print(json.load(sys.stdin)['target_directory'])")/release/peerless" "$BIN/"
+cargo build --release --locked -p peerless-cli -p peerless-pjrt
+target=$(cargo metadata --format-version 1 --no-deps | python3 -c "import json,sys; print(json.load(sys.stdin)['target_directory'])")
+cp "$target/release/peerless" "$target/release/libpeerless_pjrt.so" "$BIN/"
 for t in cuda_collectives exec_conformance exec_stress; do
   exe=$(cargo test --release --locked -p peerless-kernels --test "$t" --no-run --message-format=json 2>/dev/null |
     python3 -c "import json,sys
@@ -16,4 +17,4 @@ for l in sys.stdin:
         print(m['executable'])")
   cp "$exe" "$BIN/$t"
 done
-ls -la "$BIN"
+strip "$BIN"/* && ls -la "$BIN"

@@ -2,13 +2,13 @@
 # The GPU check: runs prebuilt binaries (no Rust on the GPU machines) and writes logs to $1.
 #   scripts/gpu_check.sh LOGDIR [BINDIR]
 # BINDIR (default .gpu) holds binaries copied from a release build (scripts/gpu_build.sh):
-#   peerless, cuda_collectives, exec_conformance, exec_stress.
-# GPU_CHECK_STEPS (default "devices collectives conformance stress run bench") picks steps;
+#   peerless, libpeerless_pjrt.so, cuda_collectives, exec_conformance, exec_stress.
+# GPU_CHECK_STEPS (default: every step below) picks steps;
 # BENCH_ARGS passes options to `peerless bench`; STRESS_MODULES sizes the stress test.
 set -uo pipefail
 LOG=${1:?usage: gpu_check.sh LOGDIR [BINDIR]}
 BIN=${2:-.gpu}
-STEPS=${GPU_CHECK_STEPS:-devices collectives conformance stress run bench}
+STEPS=${GPU_CHECK_STEPS:-devices collectives conformance stress run bench bench2 torch jax psum}
 mkdir -p "$LOG"
 # NVLink multicast stays off (shared hosts): never remove these.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -35,7 +35,13 @@ if has conformance; then
 fi
 has stress && PEERLESS_TEST_BACKEND=cuda EXEC_STRESS_MODULES=${STRESS_MODULES:-400} \
   step stress 400 "$BIN/exec_stress" --nocapture
-has run && step run_example 120 "$BIN/peerless" run examples/all_reduce.hlo --devices 2 --backend cuda
+has run && step run_example 120 "$BIN/peerless" run examples/all_reduce.hlo --devices 4 --backend cuda
 has bench && step bench 500 "$BIN/peerless" bench --csv "$LOG/bench.csv" ${BENCH_ARGS:-}
+has bench2 && step bench2 300 "$BIN/peerless" bench --devices 2 --dtypes f32 --csv "$LOG/bench2.csv" ${BENCH2_ARGS:-}
+has torch && step torch_symm 300 python3 scripts/torch_symm_bench.py --out "$LOG/torch_symm.csv"
+# JAX (0.11 on the GPU image) with the plugin on the cuda backend, against JAX's CPU backend.
+export PEERLESS_PJRT_LIBRARY="$PWD/$BIN/libpeerless_pjrt.so" PYTHONPATH="$PWD/plugin/python"
+has jax && PEERLESS_BACKEND=cuda step jax_pytest 400 python3 -m pytest -q -x plugin/tests/test_jax.py
+has psum && PEERLESS_BACKEND=cuda step time_psum 300 python3 plugin/tests/time_psum.py --out "$LOG/time_psum.csv"
 echo "gpu_check rc=$rc" | tee -a "$LOG/summary.txt"
 exit $rc

@@ -33,7 +33,7 @@ if [ "${PEERLESS_SKIP_PYTHON:-0}" != "1" ]; then
     echo "setup: installing nvidia-cuda-nvrtc-cu12 (NVRTC for the kernel compile check)"
     python3 -m pip install -q nvidia-cuda-nvrtc-cu12==12.9.86
   fi
-  if ! python3 -c "import jax, jaxlib, ml_dtypes, pytest; assert jax.__version__ == '0.10.2'" >/dev/null 2>&1; then
+  if ! python3 -c "import jax, jaxlib, ml_dtypes, pytest, wheel; assert jax.__version__ == '0.10.2'" >/dev/null 2>&1; then
     echo "setup: installing Python packages from hlo-tests/requirements.txt"
     python3 -m pip install -q -r hlo-tests/requirements.txt
   fi

@@ -29,11 +29,26 @@ cargo test -p peerless-ffi -p peerless-kernels --features peerless-kernels/rocm 
 step "ROCm: every kernel source compiles with hipcc (scripts/hip_check.sh)"
 scripts/hip_check.sh
 
-step "JAX 0.10.2 loads the PJRT plugin (plugin/tests/test_jax.py)"
+step "JAX 0.10.2 runs programs on the PJRT plugin vs JAX's CPU backend (plugin/tests/test_jax.py)"
 cargo build -p peerless-pjrt --locked
 target_dir=$(cargo metadata --format-version 1 --no-deps | python3 -c "import json,sys; print(json.load(sys.stdin)['target_directory'])")
-PEERLESS_PJRT_LIBRARY="$target_dir/debug/libpeerless_pjrt.so" PYTHONPATH=plugin/python \
-  python3 -m pytest -q plugin/tests/test_jax.py
+lib="$target_dir/debug/libpeerless_pjrt.so"
+PEERLESS_PJRT_LIBRARY="$lib" PYTHONPATH=plugin/python python3 -m pytest -q plugin/tests/test_jax.py
+
+step "pip install ./plugin/python (bundling the library built above); JAX finds the plugin by itself"
+# `pip install ./plugin/python` alone runs a release build (well over 5 minutes on 2 cores), so CI
+# bundles the debug library through PEERLESS_PJRT_LIBRARY and installs without build isolation
+# (setuptools + wheel from hlo-tests/requirements.txt) into a throwaway venv that sees the system's
+# jax/jaxlib; then, outside the checkout and with no PEERLESS_* / PYTHONPATH, JAX lists the devices.
+venv_dir=$(mktemp -d)
+python3 -m venv --system-site-packages "$venv_dir/venv"
+PEERLESS_PJRT_LIBRARY="$lib" "$venv_dir/venv/bin/pip" install -q --no-build-isolation ./plugin/python
+(cd "$venv_dir" && env -u PEERLESS_PJRT_LIBRARY -u PYTHONPATH JAX_PLATFORMS=peerless "$venv_dir/venv/bin/python" -c '
+import os, jax, jax_plugins.peerless as p
+assert os.path.realpath(p.library_path()).startswith(os.path.realpath(p.__path__[0])), p.library_path()
+print(jax.devices())
+assert len(jax.devices()) == 8 and jax.devices()[0].platform == "peerless"')
+rm -rf "$venv_dir"
 
 if [ "${PEERLESS_SKIP_GOLDEN_CHECK:-0}" != "1" ]; then
   step "XLA goldens are reproducible (hlo-tests/gen_goldens.py --check)"

@@ -2,9 +2,13 @@
 //! at run time. Bound directly like [`crate::hip`]; found by [`crate::libs::hiprtc`]
 //! (`libhiprtc.so` from ROCm 5.3 on, the HIP runtime itself before). No GPU is needed to
 //! compile, so CI runs it against Debian's ROCm 5.2 packages.
+//!
+//! Every call is serialised by one process-wide lock: ROCm 5.2's hipRTC crashes (SIGSEGV)
+//! when two programs compile at once in one process (measured: the two tests of
+//! `kernels/tests/rocm_hiprtc.rs` on two test threads), and compiles are once per arch anyway.
 
 use std::ffi::{CStr, CString, c_char, c_int};
-use std::sync::OnceLock;
+use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use crate::{Error, Result};
 
@@ -61,6 +65,13 @@ fn sys() -> Result<&'static Sys> {
     .map_err(Clone::clone)
 }
 
+/// The lock every hipRTC call holds (see the module docs). A poisoned lock only means a
+/// panic elsewhere while holding it; hipRTC's state is not ours, so keep going.
+fn serialised() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn status_text(s: &Sys, status: c_int) -> String {
     // SAFETY: hiprtcGetErrorString returns a static NUL-terminated string (or null).
     let p = unsafe { (s.get_error_string)(status) };
@@ -80,6 +91,7 @@ fn ck(s: &Sys, call: &'static str, status: c_int) -> Result<()> {
 /// hipRTC's version as (major, minor).
 pub fn version() -> Result<(i32, i32)> {
     let s = sys()?;
+    let _lock = serialised();
     let (mut a, mut b) = (0, 0);
     // SAFETY: both out-pointers outlive the call.
     ck(s, "hiprtcVersion", unsafe { (s.version)(&mut a, &mut b) })?;
@@ -98,6 +110,7 @@ pub fn compile(name: &str, src: &str, headers: &[(&str, &str)], arch: &str) -> R
     let hsrcs: Vec<CString> = headers.iter().map(|h| cstr(h.1)).collect::<Result<_>>()?;
     let hn: Vec<*const c_char> = hnames.iter().map(|c| c.as_ptr()).collect();
     let hs: Vec<*const c_char> = hsrcs.iter().map(|c| c.as_ptr()).collect();
+    let _lock = serialised();
     let mut prog: Program = std::ptr::null_mut();
     // SAFETY: every pointer is a NUL-terminated string alive for the call; counts match.
     ck(s, "hiprtcCreateProgram", unsafe {

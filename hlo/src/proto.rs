@@ -809,9 +809,18 @@ mod tests {
         assert_eq!(groups(mesh(&[2, 4], vec![]), vec![axis(0)]), vec![vec![0, 4], vec![1, 5], vec![2, 6], vec![3, 7]]);
         assert_eq!(groups(mesh(&[2, 4], vec![]), vec![axis(0), axis(1)]), vec![(0..8).collect::<Vec<_>>()]);
         // Sub-axes of an 8-device axis: (1)2 is the major factor of 2, (4)2 the minor one.
-        assert_eq!(groups(mesh(&[8], vec![]), vec![sub(0, 1, 2)]), vec![vec![0, 4], vec![1, 5], vec![2, 6], vec![3, 7]]);
-        assert_eq!(groups(mesh(&[8], vec![]), vec![sub(0, 1, 2), sub(0, 4, 2)]), vec![vec![0, 1, 4, 5], vec![2, 3, 6, 7]]);
-        assert_eq!(groups(mesh(&[8], vec![]), vec![sub(0, 2, 2)]), vec![vec![0, 2], vec![1, 3], vec![4, 6], vec![5, 7]]);
+        assert_eq!(
+            groups(mesh(&[8], vec![]), vec![sub(0, 1, 2)]),
+            vec![vec![0, 4], vec![1, 5], vec![2, 6], vec![3, 7]]
+        );
+        assert_eq!(
+            groups(mesh(&[8], vec![]), vec![sub(0, 1, 2), sub(0, 4, 2)]),
+            vec![vec![0, 1, 4, 5], vec![2, 3, 6, 7]]
+        );
+        assert_eq!(
+            groups(mesh(&[8], vec![]), vec![sub(0, 2, 2)]),
+            vec![vec![0, 2], vec![1, 3], vec![4, 6], vec![5, 7]]
+        );
         // Explicit device order: groups name devices, not mesh positions.
         assert_eq!(groups(mesh(&[2, 2], vec![3, 2, 1, 0]), vec![axis(1)]), vec![vec![3, 2], vec![1, 0]]);
         // An iota transform: devices [[0, 2], [1, 3]].

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use emitter::{DeviceMode, Flags};
 use hlo::{Array, ArrayShape, Literal, PrimitiveType, Shape};
 use interp::Tiling;
-use kernels::exec::HostExecutable;
+use kernels::exec::Executable as DeviceProgram;
 use pjrt_sys::protos::xla;
 use pjrt_sys::{PJRT_Buffer_Type, PJRT_Device, PJRT_DeviceDescription, PJRT_Memory};
 use prost::Message;
@@ -26,17 +26,18 @@ pub const DEVICE_KIND: &str = "peerless-host";
 /// Which backend a client runs programs on (`PEERLESS_BACKEND`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BackendKind {
-    /// N simulated devices on N threads (`kernels::exec::HostExecutable`).
+    /// N simulated devices on N threads (the host backend of `kernels::exec::Executable`).
     Host,
     /// One device per GPU; see [`cuda_backend`], the one place it is wired.
     Cuda,
 }
 
 impl BackendKind {
-    /// `PEERLESS_BACKEND`: `host`, `cuda`, or unset / empty. Unset means host for now; once
-    /// [`cuda_backend`] reports devices, the default becomes cuda when it finds usable GPUs.
+    /// `PEERLESS_BACKEND`: `host`, `cuda`, or unset / empty: cuda when usable GPUs are found
+    /// ([`cuda_backend`]), else host.
     pub fn from_env() -> Result<Self> {
         match std::env::var("PEERLESS_BACKEND").as_deref().map(str::trim) {
+            Err(_) | Ok("") if cuda_usable() => Ok(BackendKind::Cuda),
             Err(_) | Ok("") | Ok("host") => Ok(BackendKind::Host),
             Ok("cuda") => Ok(BackendKind::Cuda),
             Ok(other) => Err(Error::invalid(format!(
@@ -55,17 +56,20 @@ impl BackendKind {
 
 // ==== CUDA backend hook =====================================================================
 /// **The one place the CUDA backend enters the plugin.** Called by [`ClientConfig::new`] when
-/// `PEERLESS_BACKEND=cuda`; returns the number of GPUs the client exposes. Today the plugin
-/// has no CUDA executor wired, so this is an error and `Client_Create` fails with it (JAX
-/// shows it when it initializes the `peerless` backend). To wire CUDA: return the usable
-/// GPU count here (e.g. `kernels::cuda::device_count()`), build the CUDA executable where
-/// [`compile`] builds `HostExecutable::new` (match on `client.config.backend`), and run it
-/// where [`Compiled::execute`] calls `self.exe.execute`.
+/// the backend is cuda; returns the number of GPUs the client exposes (all local GPUs, at
+/// most the kernels' clique size). [`compile`] builds a `kernels::exec::Executable` of the
+/// client's backend kind; executions run it the same way on either backend.
 pub fn cuda_backend() -> Result<usize> {
-    Err(Error::unimplemented(
-        "peerless: cuda backend not built/available: this plugin build runs programs on the host \
-         backend only (unset PEERLESS_BACKEND or set PEERLESS_BACKEND=host)",
-    ))
+    match kernels::cuda::device_count() {
+        Ok(n) if n > 0 => Ok(n.min(kernels::cuda::MAX_RANKS)),
+        Ok(_) => Err(Error::invalid("peerless: PEERLESS_BACKEND=cuda but no CUDA device is visible")),
+        Err(e) => Err(Error::invalid(format!("peerless: PEERLESS_BACKEND=cuda but CUDA is unusable: {e}"))),
+    }
+}
+
+/// Whether the default backend (PEERLESS_BACKEND unset) is cuda: usable GPUs are found.
+fn cuda_usable() -> bool {
+    cuda_backend().is_ok()
 }
 // ============================================================================================
 
@@ -109,7 +113,10 @@ fn host_devices(option_devices: Option<i64>) -> Result<i64> {
     }
     for var in ["PEERLESS_HOST_DEVICES", "PEERLESS_NUM_DEVICES"] {
         if let Some(s) = std::env::var(var).ok().filter(|s| !s.trim().is_empty()) {
-            return s.trim().parse::<i64>().map_err(|_| Error::invalid(format!("peerless: {var}={s} is not an integer")));
+            return s
+                .trim()
+                .parse::<i64>()
+                .map_err(|_| Error::invalid(format!("peerless: {var}={s} is not an integer")));
         }
     }
     Ok(8)
@@ -327,7 +334,7 @@ pub(crate) fn gather_host(src: *const u8, shape: &ArrayShape, byte_strides: &[i6
 /// A compiled program with everything the executable queries report.
 pub struct Compiled {
     pub name: String,
-    pub exe: HostExecutable,
+    pub exe: DeviceProgram,
     pub num_replicas: usize,
     pub num_partitions: usize,
     /// Device index per logical device (replica-major), i.e. in device-assignment order.
@@ -436,7 +443,11 @@ pub fn compile(client: &Client, format: &str, code: &[u8], options: &[u8]) -> Re
         return Err(Error::invalid(format!("peerless: device assignment repeats a device: {devices:?}")));
     }
     let flags = compile_flags(&client.config.flags, &opts.env_option_overrides)?;
-    let exe = HostExecutable::new(&module, n, mode, &flags)?;
+    let kind = match client.config.backend {
+        BackendKind::Host => kernels::exec::BackendKind::Host,
+        BackendKind::Cuda => kernels::exec::BackendKind::Cuda,
+    };
+    let exe = DeviceProgram::new(kind, &module, n, mode, &flags)?;
     exe.set_fault(test_fault(&exe)?);
     let cfg = interp::RunConfig { num_devices: n, mode };
     let result = interp::local_result_shapes(&module, &cfg)?.into_iter().next().unwrap_or(Shape::Tuple(Vec::new()));
@@ -472,7 +483,7 @@ pub fn compile(client: &Client, format: &str, code: &[u8], options: &[u8]) -> Re
 /// the program's first collective) or `withhold:<device>` (it skips that collective, so its
 /// peers time out) is injected into every executable compiled while it is set. For the
 /// fault tests (plugin/tests/test_faults.py, docs/RELIABILITY.md); unset, nothing changes.
-fn test_fault(exe: &HostExecutable) -> Result<Option<kernels::exec::Fault>> {
+fn test_fault(exe: &DeviceProgram) -> Result<Option<kernels::exec::Fault>> {
     let Ok(spec) = std::env::var("PEERLESS_TEST_FAULT") else { return Ok(None) };
     let bad =
         || Error::invalid(format!("peerless: PEERLESS_TEST_FAULT={spec}: expected fail:<device> or withhold:<device>"));

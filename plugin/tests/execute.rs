@@ -51,12 +51,17 @@ fn input(d: usize) -> Array {
 }
 
 fn buffer(c: &Client, device: usize, a: &Array) -> Buffer {
-    Buffer { client: std::ptr::from_ref(c), device, shape: a.shape.clone(), data: Mutex::new(Some(Arc::new(a.clone()))) }
+    Buffer {
+        client: std::ptr::from_ref(c),
+        device,
+        shape: a.shape.clone(),
+        data: Mutex::new(Some(Arc::new(a.clone()))),
+    }
 }
 
 /// Runs `compiled` on per-replica inputs placed on the assigned devices; returns each
 /// replica's output and the interpreter's.
-fn run_both(c: &Client, compiled: &Compiled) -> (Vec<Array>, Vec<Array>) {
+fn run_both(c: &Client, compiled: &Compiled) -> (Vec<Plain>, Vec<Plain>) {
     let n = compiled.devices.len();
     let inputs: Vec<Array> = (0..n).map(input).collect();
     let bufs: Vec<Buffer> = (0..n).map(|r| buffer(c, compiled.devices[r], &inputs[r])).collect();
@@ -66,9 +71,17 @@ fn run_both(c: &Client, compiled: &Compiled) -> (Vec<Array>, Vec<Array>) {
     let cfg = interp::RunConfig { num_devices: n, mode: interp::Mode::Replica };
     let lits: Vec<Vec<Literal>> = inputs.iter().map(|a| vec![Literal::Array(a.clone())]).collect();
     let want = interp::run(&module, &cfg, &lits).expect("interp");
-    let got = got.into_iter().map(|row| (*row[0]).clone()).collect();
-    let want = want.into_iter().map(|l| l.as_array().expect("array").clone()).collect();
+    let got = got.into_iter().map(|row| plain(&row[0])).collect();
+    let want = want.into_iter().map(|l| plain(l.as_array().expect("array"))).collect();
     (got, want)
+}
+
+/// Type, dimensions and bytes (layouts are all row-major here; only whether one is spelled
+/// out differs between the executor and the interpreter).
+type Plain = (PrimitiveType, Vec<i64>, Vec<u8>);
+
+fn plain(a: &Array) -> Plain {
+    (a.shape.ty, a.shape.dims.clone(), a.data.clone())
 }
 
 #[test]

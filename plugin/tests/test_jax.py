@@ -437,11 +437,12 @@ def test_backend_selection_errors_are_clear():
     p = run_python(PROBE, PEERLESS_BACKEND="tpu")
     assert p.returncode == 0, p.stderr
     assert "ERROR" in p.stdout and "PEERLESS_BACKEND=tpu is not a backend" in p.stdout, p.stdout + p.stderr
-    # cuda: devices where the CUDA backend is wired and GPUs exist, else a clear error.
+    # cuda: GPU devices where the CUDA backend is usable, else a Python exception that names
+    # the plugin and cuda (never a crash).
     p = run_python(PROBE, PEERLESS_BACKEND="cuda")
     assert p.returncode == 0, p.stderr
     if "ERROR" in p.stdout:
-        assert "cuda backend not built/available" in p.stdout, p.stdout + p.stderr
+        assert "peerless" in p.stdout and "cuda" in p.stdout.lower(), p.stdout + p.stderr
     else:
         assert "backend=cuda" in p.stdout, p.stdout
 

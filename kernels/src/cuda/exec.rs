@@ -241,6 +241,10 @@ struct View {
 impl View {
     fn of(shape: &ArrayShape, dim: usize) -> Result<View, String> {
         let dims: Vec<usize> = shape.dims.iter().map(|&d| usize::try_from(d).unwrap_or(0)).collect();
+        if dims.is_empty() {
+            // A scalar (all-reduce operands may be): one row of one element.
+            return Ok(View { outer: 1, n: 1, inner: shape.ty.byte_size() });
+        }
         let Some(&n) = dims.get(dim) else {
             return Err(format!("dimension {dim} is out of range for operand shape {shape}"));
         };
@@ -1125,9 +1129,16 @@ impl CudaExecutable {
                     dirty = true;
                 }
                 Step::Collective { stages, report } => {
+                    // A failing device stops before this collective; like a withheld one, its
+                    // peers then time out, and the error returned is its own.
+                    let failing = match fault {
+                        Some(Fault::FailBefore { device, collective }) if *collective == report.name => Some(*device),
+                        _ => None,
+                    };
                     let withheld = |d: usize| {
-                        matches!(fault, Some(Fault::WithholdRank { device, collective })
-                            if *device == d && *collective == report.name)
+                        Some(d) == failing
+                            || matches!(fault, Some(Fault::WithholdRank { device, collective })
+                                if *device == d && *collective == report.name)
                     };
                     for stage in stages {
                         match stage {
@@ -1156,6 +1167,16 @@ impl CudaExecutable {
                         }
                     }
                     dirty = true;
+                    if let Some(d) = failing {
+                        let _ = self.sync_all();
+                        let _ = self.status.take();
+                        return Err(self.device_error(
+                            d,
+                            k,
+                            format!("injected failure before {} '{}'", report.label, report.name),
+                            true,
+                        ));
+                    }
                 }
                 Step::Nothing => {}
             }

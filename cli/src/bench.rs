@@ -95,9 +95,8 @@ impl Op {
     /// The module: one collective over all `n` replicas of an `elems`-element operand.
     fn module(self, ty: PrimitiveType, elems: usize, n: usize) -> String {
         let t = ty.name();
-        let add = format!(
-            "add {{\n  a = {t}[] parameter(0)\n  b = {t}[] parameter(1)\n  ROOT s = {t}[] add(a, b)\n}}\n\n"
-        );
+        let add =
+            format!("add {{\n  a = {t}[] parameter(0)\n  b = {t}[] parameter(1)\n  ROOT s = {t}[] add(a, b)\n}}\n\n");
         let body = match self {
             Op::AllReduce => format!("ROOT r = {t}[{elems}] all-reduce(p), replica_groups={{}}, to_apply=add"),
             Op::AllGather => {
@@ -109,7 +108,9 @@ impl Op {
             ),
             Op::AllToAll => format!("ROOT r = {t}[{elems}] all-to-all(p), dimensions={{0}}, replica_groups={{}}"),
         };
-        format!("HloModule bench, replica_count={n}\n\n{add}ENTRY e {{\n  p = {t}[{elems}] parameter(0)\n  {body}\n}}\n")
+        format!(
+            "HloModule bench, replica_count={n}\n\n{add}ENTRY e {{\n  p = {t}[{elems}] parameter(0)\n  {body}\n}}\n"
+        )
     }
 
     /// What device `d` must hold, from every device's small-integer inputs.

@@ -43,6 +43,7 @@ PL_DEVICE void wait_bounded(const u32* p, u32 e, const Status& st, u32 member) {
   if (reached(load_acquire_sys(p), e)) return;
   const u64 t0 = pl_nanotime();
   while (!reached(load_acquire_sys(p), e)) {
+    pl_spin_pause();
     if (failed(st)) return;
     if (pl_nanotime() - t0 > st.timeout_ns) {
       u32* w = reinterpret_cast<u32*>(st.word);

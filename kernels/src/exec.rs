@@ -253,7 +253,9 @@ pub(crate) fn check_args(args: &[Vec<Literal>], num_devices: usize, param_shapes
         for (i, (v, want)) in a.iter().zip(param_shapes).enumerate() {
             let got = v.shape();
             if !got.compatible(want) {
-                return Err(ExecError::BadArguments(format!("parameter {i} on device {d}: expected {want}, got {got}")));
+                return Err(ExecError::BadArguments(format!(
+                    "parameter {i} on device {d}: expected {want}, got {got}"
+                )));
             }
         }
     }

@@ -495,9 +495,9 @@ impl NcclClique {
         dtype: Dtype,
         red: Red,
     ) -> Result<()> {
-        let (ty, op) = dtype.nccl_reduction(red).ok_or_else(|| {
-            CudaError::Invalid(format!("NCCL has no {} reduction of {}", red.name(), dtype.name()))
-        })?;
+        let (ty, op) = dtype
+            .nccl_reduction(red)
+            .ok_or_else(|| CudaError::Invalid(format!("NCCL has no {} reduction of {}", red.name(), dtype.name())))?;
         let bufs: Vec<(u64, u64)> = ins.iter().copied().zip(outs.iter().copied()).collect();
         let streams: Vec<_> = clique.devices.iter().map(|d| &d.stream).collect();
         Ok(self.comms.all_reduce(&bufs, n, ty, op, &streams)?)

@@ -158,7 +158,11 @@ enum NcclCall {
 enum Stage {
     /// Per device (clique index), launches in order.
     Local(Vec<Vec<Launch>>),
-    Nccl { comms: Arc<Mutex<Comms>>, members: Vec<usize>, call: NcclCall },
+    Nccl {
+        comms: Arc<Mutex<Comms>>,
+        members: Vec<usize>,
+        call: NcclCall,
+    },
 }
 
 /// What one thunk does on the clique.
@@ -166,8 +170,15 @@ enum Stage {
 enum Step {
     /// Evaluate instruction thunk `k` on the host for every device.
     Compute,
-    Copy { src: usize, dst: usize, len: usize },
-    Collective { stages: Vec<Stage>, report: Report },
+    Copy {
+        src: usize,
+        dst: usize,
+        len: usize,
+    },
+    Collective {
+        stages: Vec<Stage>,
+        report: Report,
+    },
     Nothing,
 }
 
@@ -222,9 +233,7 @@ fn run_nccl(clique: &Clique, comms: &Mutex<Comms>, members: &[usize], call: &Ncc
     match call {
         NcclCall::AllReduce { bufs, count, ty, op } => comms.all_reduce(bufs, *count, *ty, *op, &streams)?,
         NcclCall::AllGather { bufs, bytes } => comms.all_gather(bufs, *bytes, nccl::DataType::Uint8, &streams)?,
-        NcclCall::ReduceScatter { bufs, count, ty, op } => {
-            comms.reduce_scatter(bufs, *count, *ty, *op, &streams)?
-        }
+        NcclCall::ReduceScatter { bufs, count, ty, op } => comms.reduce_scatter(bufs, *count, *ty, *op, &streams)?,
         NcclCall::P2p(ops) => comms.exchange(ops, &streams)?,
     }
     Ok(())
@@ -460,13 +469,8 @@ fn kernel_launches(
         }
         Algo::DirectAllGather | Algo::DirectAllToAll => {
             let (sig, wait) = b.group_phase(group, idx, signals);
-            let mut x = Xchg {
-                counter,
-                flags: b.flags(d, signals),
-                sig: [sig, sig],
-                wait: [wait, wait],
-                ..Xchg::default()
-            };
+            let mut x =
+                Xchg { counter, flags: b.flags(d, signals), sig: [sig, sig], wait: [wait, wait], ..Xchg::default() };
             let v = View::of(shape, config.dimension.unwrap_or(0))?;
             for i in 0..g {
                 let k = (idx + i) % g;
@@ -538,7 +542,8 @@ fn permute_launches(
         Some(t) => {
             x.wait[0].slot[0] = 0;
             x.wait[0].n = 1;
-            x.task[0] = Run { src, dst: b.at(t, output.offset), rows: 1, row: input.len as u64, sstride: 0, dstride: 0 };
+            x.task[0] =
+                Run { src, dst: b.at(t, output.offset), rows: 1, row: input.len as u64, sstride: 0, dstride: 0 };
             x.ntasks = 1;
             x.sig[1].base[0] = b.flags(t, signals);
             x.sig[1].slot[0] = 1;
@@ -590,7 +595,11 @@ fn fallback_stages(
             }
             for &(s, t) in &config.source_target_pairs {
                 if s == t {
-                    per[s].push(Launch::Copy { dst: b.at(s, output.offset), src: b.at(s, input.offset), len: input.len });
+                    per[s].push(Launch::Copy {
+                        dst: b.at(s, output.offset),
+                        src: b.at(s, input.offset),
+                        len: input.len,
+                    });
                 } else if input.len > 0 {
                     ops.push(P2p { rank: s, send: true, peer: t, buf: b.at(s, input.offset), bytes: input.len });
                     ops.push(P2p { rank: t, send: false, peer: s, buf: b.at(t, output.offset), bytes: input.len });
@@ -630,10 +639,7 @@ fn fallback_stages(
         let comms = shared_comms(&ordinals).map_err(|e| e.to_string())?;
         let nccl = |call| Stage::Nccl { comms: comms.clone(), members: group.clone(), call };
         let bufs = |i: &Region, o: &Region, si: Option<usize>, so: Option<usize>| -> Vec<(u64, u64)> {
-            group
-                .iter()
-                .map(|&m| (b.at(m, si.unwrap_or(i.offset)), b.at(m, so.unwrap_or(o.offset))))
-                .collect()
+            group.iter().map(|&m| (b.at(m, si.unwrap_or(i.offset)), b.at(m, so.unwrap_or(o.offset)))).collect()
         };
         if tuple_a2a {
             if inputs.len() != g {
@@ -969,14 +975,12 @@ impl CudaExecutable {
     /// on the host.
     pub fn enqueue(&self, graphs: bool) -> Result<(), ExecError> {
         if self.steps.iter().any(|s| matches!(s, Step::Compute)) {
-            return Err(ExecError::Backend("cuda backend: enqueue needs a program without host-evaluated instructions".into()));
+            return Err(ExecError::Backend(
+                "cuda backend: enqueue needs a program without host-evaluated instructions".into(),
+            ));
         }
         let _serial = self.clique.exec_lock.lock().unwrap_or_else(|e| e.into_inner());
-        if graphs {
-            self.launch_graphs()
-        } else {
-            self.enqueue_steps(None).map(|_| ())
-        }
+        if graphs { self.launch_graphs() } else { self.enqueue_steps(None).map(|_| ()) }
     }
 
     /// Waits for every device and reports a collective that timed out (after [`Self::enqueue`]).
@@ -1043,7 +1047,8 @@ impl CudaExecutable {
             let mut at = 0usize;
             for s in shapes {
                 let nl = s.leaves().len();
-                let regions = inputs.get(at..at + nl).ok_or_else(|| self.device_error(d, k, "operands".into(), false))?;
+                let regions =
+                    inputs.get(at..at + nl).ok_or_else(|| self.device_error(d, k, "operands".into(), false))?;
                 operands.push(read_value(regions, s, read).map_err(|m| self.device_error(d, k, m, false))?);
                 at += nl;
             }

@@ -12,8 +12,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
 pub use collectives::{Algo, AllGather, AllReduce, Dtype, NcclClique, Red};
-pub use exec::{CudaExecutable, CudaSizer, shared_clique};
 use emitter::{PeerAccessTable, PeerTableKey};
+pub use exec::{CudaExecutable, CudaSizer, shared_clique};
 pub use ffi::Error as FfiError;
 use ffi::cuda::{Context, DeviceBuffer, Module, Stream};
 use ffi::nvrtc::Output;

@@ -413,7 +413,7 @@ mod tests {
     /// An npy (version 1) file with header dict `dict` and `data` after it.
     fn npy(dict: &str, data: &[u8]) -> Vec<u8> {
         let mut h = dict.to_string();
-        while (10 + h.len() + 1) % 64 != 0 {
+        while !(10 + h.len() + 1).is_multiple_of(64) {
             h.push(' ');
         }
         h.push('\n');
@@ -439,7 +439,7 @@ mod tests {
         for (shape, why) in [
             ("(4294967296, 4294967296)", "more than 2^40 elements"),
             ("(18446744073709551615, 2)", "more than 2^40 elements"),
-            ("(1000000000000,)", "more than 2^40 elements"),
+            ("(1000000000000,)", "1000000000000 elements but only 8 data bytes follow"),
             ("(1000000,)", "only 8 data bytes follow"),
             ("(2, x)", "is not a size"),
         ] {

@@ -38,6 +38,9 @@ pub enum RedOp {
     Min = 3,
 }
 
+/// `ncclAllReduce` and `ncclReduceScatter`: (send, recv, count, type, op, comm, stream).
+type ReduceFn = unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, c_int, Comm, *mut c_void) -> c_int;
+
 /// The raw entry points.
 struct Sys {
     get_version: unsafe extern "C" fn(*mut c_int) -> c_int,
@@ -46,7 +49,7 @@ struct Sys {
     comm_destroy: unsafe extern "C" fn(Comm) -> c_int,
     group_start: unsafe extern "C" fn() -> c_int,
     group_end: unsafe extern "C" fn() -> c_int,
-    all_reduce: unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, c_int, Comm, *mut c_void) -> c_int,
+    all_reduce: ReduceFn,
     all_gather: unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, Comm, *mut c_void) -> c_int,
     reduce_scatter: unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, c_int, Comm, *mut c_void) -> c_int,
     send: unsafe extern "C" fn(*const c_void, usize, c_int, c_int, Comm, *mut c_void) -> c_int,
@@ -155,22 +158,7 @@ impl Comms {
         op: RedOp,
         streams: &[&Stream],
     ) -> Result<()> {
-        self.grouped(streams, |s, i, comm, stream| {
-            // SAFETY: buffers are device allocations of `count` elements on device `i`;
-            // `stream` belongs to that device.
-            let st = unsafe {
-                (s.all_reduce)(
-                    bufs[i].0 as *const c_void,
-                    bufs[i].1 as *mut c_void,
-                    count,
-                    ty as c_int,
-                    op as c_int,
-                    comm,
-                    stream,
-                )
-            };
-            ck(s, "ncclAllReduce", Some(self.ordinals[i]), st)
-        })
+        self.reducing(|s| s.all_reduce, "ncclAllReduce", bufs, count, ty, op, streams)
     }
 
     /// Grouped all-gather of `count` elements per device.
@@ -193,10 +181,26 @@ impl Comms {
         op: RedOp,
         streams: &[&Stream],
     ) -> Result<()> {
+        self.reducing(|s| s.reduce_scatter, "ncclReduceScatter", bufs, count, ty, op, streams)
+    }
+
+    /// A grouped reducing collective (all-reduce and reduce-scatter share one C signature).
+    #[allow(clippy::too_many_arguments)]
+    fn reducing(
+        &self,
+        entry: fn(&Sys) -> ReduceFn,
+        call: &'static str,
+        bufs: &[(u64, u64)],
+        count: usize,
+        ty: DataType,
+        op: RedOp,
+        streams: &[&Stream],
+    ) -> Result<()> {
         self.grouped(streams, |s, i, comm, stream| {
-            // SAFETY: send holds `count * len` and recv `count` elements on device `i`.
+            // SAFETY: the buffers are device allocations on device `i` sized for `count` as the
+            // calling method documents; `stream` belongs to that device.
             let st = unsafe {
-                (s.reduce_scatter)(
+                entry(s)(
                     bufs[i].0 as *const c_void,
                     bufs[i].1 as *mut c_void,
                     count,
@@ -206,7 +210,7 @@ impl Comms {
                     stream,
                 )
             };
-            ck(s, "ncclReduceScatter", Some(self.ordinals[i]), st)
+            ck(s, call, Some(self.ordinals[i]), st)
         })
     }
 

@@ -35,6 +35,23 @@ target_dir=$(cargo metadata --format-version 1 --no-deps | python3 -c "import js
 lib="$target_dir/debug/libpeerless_pjrt.so"
 PEERLESS_PJRT_LIBRARY="$lib" PYTHONPATH=plugin/python python3 -m pytest -q plugin/tests/test_jax.py
 
+step "Collective faults reach JAX as exceptions; the client recovers (plugin/tests/test_faults.py)"
+PEERLESS_PJRT_LIBRARY="$lib" PYTHONPATH=plugin/python python3 -m pytest -q plugin/tests/test_faults.py
+
+# The saved fuzz corpora replay in `cargo test` above (fuzz/tests/corpus.rs, stable Rust). The
+# smoke fuzz needs the nightly toolchain and cargo-fuzz; without them it says so and skips.
+step "Smoke fuzz: 20 s per target (docs/RELIABILITY.md)"
+if cargo +nightly fuzz --version >/dev/null 2>&1; then
+  for t in hlo_text hlo_proto compile_options npz flags; do
+    work=$(mktemp -d)
+    cargo +nightly fuzz run --fuzz-dir fuzz/libfuzzer -O "$t" "$work" "fuzz/corpus/$t" -- \
+      -max_total_time=20 -rss_limit_mb=2048 -timeout=20
+    rm -rf "$work"
+  done
+else
+  echo "SKIPPED the smoke fuzz: 'cargo +nightly fuzz' is not available (rustup toolchain install nightly; cargo install cargo-fuzz)"
+fi
+
 step "pip install ./plugin/python (bundling the library built above); JAX finds the plugin by itself"
 # `pip install ./plugin/python` alone runs a release build (well over 5 minutes on 2 cores), so CI
 # bundles the debug library through PEERLESS_PJRT_LIBRARY and installs without build isolation

@@ -391,8 +391,9 @@ mod tests {
         let s = "--all_reduce_backend=kernel --all_gather_backend=fallback --all_to_all_backend=auto \
                  --reduce_scatter_backend=fallback --collective_permute_backend=kernel --one_shot_max_bytes=1024 \
                  --two_shot_max_bytes=65536 --collective_timeout_ms=500 --host_topology=pairs:0-1,2-3 \
-                 --allow_unsafe_peer_targets=true";
+                 --allow_unsafe_peer_targets=true --cuda_graphs=false";
         let f = Flags::parse(s).unwrap();
+        assert!(!f.cuda_graphs && Flags::default().cuda_graphs);
         assert_eq!(f.all_reduce_backend, Backend::Kernel);
         assert_eq!(f.all_gather_backend, Backend::Fallback);
         assert_eq!(f.collective_permute_backend, Backend::Kernel);

@@ -187,6 +187,13 @@ pub fn analyze(m: &Module, n: usize) -> Result<Plan, InterpError> {
             |why: String| InterpError::UnsupportedOp { op: ins.opcode.name().to_string(), instr: describe(m, id), why };
         let op_tags: Vec<Tag> = ins.operands.iter().map(|o| plan.tags.get(o).cloned().unwrap_or(Tag::Global)).collect();
         let target = ins.attrs.custom_call_target.as_deref().unwrap_or("");
+        if ins.opcode == Opcode::CustomCall {
+            for key in ["xla.sdy.sharding", "xla.sdy.in_shardings", "xla.sdy.out_shardings"] {
+                if let Some(attr) = ins.attrs.frontend_attributes.get(key) {
+                    sharding::check_unreduced(attr).map_err(unsupported)?;
+                }
+            }
+        }
         let tag = match ins.opcode {
             Opcode::Parameter => param_tag(m, id, n).map_err(err)?,
             Opcode::Tuple => Tag::tuple(op_tags),

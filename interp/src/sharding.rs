@@ -49,12 +49,27 @@ impl Tiling {
     }
 }
 
+const UNREDUCED: &str = "a value with unreduced axes (partial sums to be reduced by XLA's SPMD partitioner) \
+                         is not supported";
+
+/// Errors if a Shardy sharding attribute (`#sdy.sharding..<..>`) has unreduced axes; see
+/// [`parse_values`].
+pub fn check_unreduced(attr: &str) -> Result<(), String> {
+    if !attr.contains("unreduced") {
+        return Ok(());
+    }
+    parse_values(attr).map(|_| ())
+}
+
 /// Converts an HLO sharding for an array of `rank` dimensions on `n` devices.
 /// `Ok(None)`: replicated, manual, maximal or unknown (the full value on every device).
 pub fn from_hlo(s: &Sharding, rank: usize, n: usize) -> Result<Option<Tiling>, String> {
     let Sharding::Tiled { tile_dims, devices, last_tile_dim_replicate, last_tile_dims } = s else {
         return Ok(None);
     };
+    if last_tile_dims.iter().any(|k| k.trim() == "unreduced") {
+        return Err(UNREDUCED.into());
+    }
     let extra = *last_tile_dim_replicate as usize + last_tile_dims.len();
     if tile_dims.len() != rank + extra {
         return Err(format!("sharding has {} tile dimensions, array has rank {rank}", tile_dims.len()));
@@ -199,6 +214,19 @@ fn parse_values(s: &str) -> Result<Vec<(String, Vec<Vec<String>>)>, String> {
             dims.push(quoted(inner));
             i = next;
         }
+        // `unreduced={"y"}`: every device holds a partial sum over those axes, to be reduced
+        // when the value is resharded: that reduction is inserted by XLA's SPMD partitioner,
+        // and reading the value as replicated would give wrong sums. (`reduced` axes, whose
+        // values are already equal across the axis, are harmless.)
+        let rest = &s[after..];
+        let tail = &rest[..rest.find('>').unwrap_or(rest.len())];
+        if let Some(u) = tail.find("unreduced") {
+            let axes = tail[u..].find('{').and_then(|o| bracketed(&tail[u..], o)).map_or("", |(inner, _)| inner);
+            return Err(format!(
+                "a value with unreduced axes {{{axes}}} (partial sums to be reduced by XLA's SPMD partitioner) \
+                 is not supported"
+            ));
+        }
         out.push((name, dims));
         pos = after;
     }
@@ -279,5 +307,13 @@ mod tests {
         // Device 7 sits at mesh position 0: a=0, b=0 → tile 0; device 0 at position 7: a=1,b=3 → 3*2+1.
         assert_eq!(t.coords.as_ref().unwrap()[7], vec![0, 0]);
         assert_eq!(t.coords.as_ref().unwrap()[0], vec![0, 7]);
+    }
+
+    #[test]
+    fn unreduced_axes_are_an_error_reduced_ones_are_not() {
+        let e = parse_values(r#"#sdy.sharding_per_value<[<@mesh, [], unreduced={"y"}>]>"#).unwrap_err();
+        assert!(e.contains(r#"unreduced axes {"y"}"#), "{e}");
+        let v = parse_values(r#"#sdy.sharding<@mesh, [{"x"}, {}], reduced={"y"}>"#).unwrap();
+        assert_eq!(v[0].1, vec![vec!["x".to_string()], vec![]]);
     }
 }

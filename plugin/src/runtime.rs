@@ -518,6 +518,14 @@ fn compile_flags(
             Some(Value::DoubleField(d)) => d.to_string(),
             None => String::new(),
         };
+        if !emitter::FLAGS.iter().any(|f| f.name == name.as_str()) {
+            // XLA's wording, which JAX's own tests match.
+            let known: Vec<&str> = emitter::FLAGS.iter().map(|f| f.name).collect();
+            return Err(Error::invalid(format!(
+                "peerless: No such compile option: '{name}' (Peerless flags: {}; XLA's xla_* options are ignored)",
+                known.join(", ")
+            )));
+        }
         flags
             .apply(&format!("--{name}={value}"))
             .map_err(|e| Error::invalid(format!("peerless: compile option {name}={value}: {e}")))?;
@@ -583,6 +591,10 @@ fn optimized_program(
         m.spmd_parameters_shardings = params.iter().map(|t| op_sharding(t.as_ref(), n)).collect::<Result<_>>()?;
         let leaves = results.iter().map(|t| op_sharding(t.as_ref(), n)).collect::<Result<Vec<_>>>()?;
         m.spmd_output_sharding = Some(match module.entry_result_shape() {
+            // XLA gives an empty tuple one (replicated) leaf sharding.
+            Shape::Tuple(_) if leaves.is_empty() => {
+                xla::OpSharding { r#type: 2, tuple_shardings: vec![xla::OpSharding::default()], ..Default::default() }
+            }
             Shape::Tuple(_) => xla::OpSharding { r#type: 2, tuple_shardings: leaves, ..Default::default() },
             _ => leaves.into_iter().next().unwrap_or_default(),
         });

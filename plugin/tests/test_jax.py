@@ -341,6 +341,26 @@ def test_shard_map_2d_partially_sharded_input():
     compare_shard_map(f, (2, 4), ("x", "y"), sample((4, 3), jnp.float32), P("x"), P("x"))
 
 
+def test_shard_map_without_outputs():
+    """A program with an empty result (eager shard_map of a body with no outputs, as in JAX's
+    shard_map_test): the output sharding of an empty tuple must be XLA's (one leaf)."""
+    from functools import partial
+
+    from jax._src import core
+
+    need(4)
+    prim = core.Primitive("peerless_test_nothing")
+    prim.multiple_results = True
+    prim.def_impl(lambda: [])
+    prim.def_abstract_eval(lambda: [])
+    def body():
+        prim.bind()
+
+    for platform in (PEERLESS, CPU):
+        f = partial(jax.shard_map, mesh=mesh_of(platform, (4,), ("x",)), in_specs=(), out_specs=None)
+        assert f(body)() is None
+
+
 def test_shard_map_repeated_calls():
     k = min(8, max_mesh())
     need(2)
@@ -404,6 +424,10 @@ def test_compiler_options_set_peerless_flags():
         assert_same(compiled(xs), want)
     with pytest.raises(Exception, match="all_reduce_backend=bogus"):
         g.lower(xs).compile(compiler_options={"all_reduce_backend": "bogus"})
+    # XLA's wording for an unknown option (JAX's pmap_test matches it); xla_* options are ignored.
+    with pytest.raises(Exception, match="No such compile option: 'invalid_key'"):
+        g.lower(xs).compile(compiler_options={"invalid_key": "invalid_value"})
+    assert_same(g.lower(xs).compile(compiler_options={"xla_embed_ir_in_executable": True})(xs), want)
 
 
 # ---- client settings (each in a fresh process: JAX creates the client once) -------------------
@@ -463,6 +487,32 @@ def test_unsupported_program_is_a_python_exception():
     # The plugin is still usable afterwards.
     x1 = sample((3,), jnp.float32)
     assert_same(on(PEERLESS, lambda a: a + 1, (x1,)), on(CPU, lambda a: a + 1, (x1,)))
+
+
+def test_unreduced_values_are_an_error():
+    """The gradient of a `reduced` output is `unreduced` (partial sums that XLA's partitioner
+    reduces when resharding): Peerless must refuse it, not return per-device partial sums."""
+    from jax.sharding import AxisType
+
+    need(4)
+    x = np.arange(32.0, dtype=np.float32).reshape(8, 4)
+
+    def grad_on(platform):
+        devs = jax.devices(platform)[:4]
+        mesh = jax.make_mesh((2, 2), ("x", "y"), axis_types=(AxisType.Explicit,) * 2, devices=devs)
+        with jax.set_mesh(mesh):
+            arr = jax.device_put(x, P("x", "y"))
+
+            @jax.shard_map(out_specs=P(reduced={"y"}))
+            def f(a):
+                seq = jax.lax.all_gather(a, "y", axis=1, tiled=True, to="reduced")
+                return jax.lax.psum(jnp.sum(seq), "x")
+
+            return jax.jit(jax.grad(f))(arr)
+
+    assert_same(grad_on(CPU), on(CPU, jax.grad(jnp.sum), (x,)))  # the program is valid
+    with pytest.raises(Exception, match=r"peerless.*unreduced axes"):
+        grad_on(PEERLESS).block_until_ready()
 
 
 UNSUPPORTED = {

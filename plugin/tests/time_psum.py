@@ -7,8 +7,10 @@
 For each per-device size (f32, default 1 KiB ... 1 MiB) and each platform, on all local
 devices of that platform: one compile, `--warmup` calls, then `--iters` (>= 50) timed calls,
 each `f(x).block_until_ready()` timed on its own; the table shows the median per call
-divided by 20 (µs per psum). Every step is `psum(a) * (1/n) + axis_index`, so no psum's
-operand is replicated and XLA cannot fold a psum of a psum into a multiply.
+divided by 20 (µs per psum). By default every step is `psum(a) * (1/n) + axis_index`, so no
+psum's operand is replicated and XLA cannot fold a psum of a psum into a multiply;
+`--step psum` chains bare psums (the collectives alone; XLA may fold some of them, so the header
+and the CSV give the number of all-reduces left in each compiled program).
 
 Each platform runs in its own subprocess (`JAX_PLATFORMS=<platform>`): both want the same
 GPUs, and stock JAX on CUDA preallocates most of their memory. The stock platform is cuda
@@ -56,16 +58,27 @@ def child(args):
     def body(a):
         idx = jax.lax.axis_index("x").astype(a.dtype)
         for _ in range(CHAIN):
-            a = jax.lax.psum(a, "x") * (1.0 / n) + idx
+            a = jax.lax.psum(a, "x")
+            if args.step == "fma":
+                a = a * (1.0 / n) + idx
         return a
 
     f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=P("x")))
     rows = []
+    all_reduces = None
     for size in args.sizes:
         elems = max(size // 4, 1)
         x = np.random.default_rng(0).standard_normal((n, elems)).astype(np.float32)
         xs = jax.device_put(x, NamedSharding(mesh, P("x")))
         out = f(xs).block_until_ready()
+        if all_reduces is None:
+            # How many all-reduces the compiled program really has (XLA may fold a psum of an
+            # already-reduced value into a multiply, which `--step psum` invites).
+            try:
+                text = f.lower(xs).compile().as_text()
+                all_reduces = text.count(" all-reduce(") + text.count(" all-reduce-start(")
+            except Exception:  # the platform may not expose its compiled program
+                all_reduces = -1
         for _ in range(args.warmup):
             out = f(xs).block_until_ready()
         times = []
@@ -84,13 +97,14 @@ def child(args):
                 "checksum": [float(host.sum()), float(np.abs(host).sum())],
             }
         )
-    print("RESULT " + json.dumps({"platform": args.platform, "devices": n, "device": str(devices[0]), "rows": rows}))
+    print("RESULT " + json.dumps({"platform": args.platform, "devices": n, "device": str(devices[0]), "rows": rows,
+                                  "all_reduces": all_reduces}))
 
 
 def run_child(platform, args, env_extra):
     env = dict(os.environ, JAX_PLATFORMS=platform, **env_extra)
     cmd = [sys.executable, os.path.abspath(__file__), "--child", "--platform", platform,
-           "--sizes", ",".join(str(s) for s in args.sizes), "--iters", str(args.iters), "--warmup", str(args.warmup)]
+           "--sizes", ",".join(str(s) for s in args.sizes), "--iters", str(args.iters), "--warmup", str(args.warmup), "--step", args.step]
     if args.devices:
         cmd += ["--devices", str(args.devices)]
     # stderr (progress, JAX's warnings) passes through; stdout carries the result.
@@ -118,6 +132,9 @@ def main():
     ap.add_argument("--sizes", default="1K,4K,16K,64K,256K,1M", help="per-device bytes, e.g. 1K,256K,1M")
     ap.add_argument("--iters", type=int, default=50, help="timed calls per size (>= 50)")
     ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--step", choices=["fma", "psum"], default="fma",
+                    help="fma: psum(a) / n + axis_index per step (default; no psum can be folded); "
+                         "psum: bare chained psums (XLA may fold them; the header shows how many remain)")
     ap.add_argument("--devices", type=int, help="use the first N devices of each platform (default: all)")
     ap.add_argument("--stock", choices=["auto", "cuda", "cpu"], default="auto", help="stock JAX platform")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -138,7 +155,9 @@ def main():
     ref = run_child(stock, args, extra)
 
     print(f"peerless: {peerless['devices']} x {peerless['device']}   stock: {ref['devices']} x {ref['device']} ({stock})")
-    print(f"{CHAIN} chained psums per call; median of {args.iters} calls after {args.warmup} warm-up calls")
+    print(f"{CHAIN} chained psums per call (--step {args.step}); median of {args.iters} calls after {args.warmup} "
+          f"warm-up calls; all-reduces in the compiled program: peerless {peerless['all_reduces']}, "
+          f"{stock} {ref['all_reduces']} (-1: not readable)")
     print(f"{'bytes/device':>12}  {'peerless µs/psum':>16}  {'stock µs/psum':>13}  match")
     table = []
     for p, s in zip(peerless["rows"], ref["rows"]):
@@ -155,6 +174,9 @@ def main():
             "stock_platform": stock,
             "peerless_backend": os.environ.get("PEERLESS_BACKEND", "host"),
             "iters": args.iters,
+            "step": args.step,
+            "peerless_all_reduces": peerless["all_reduces"],
+            "stock_all_reduces": ref["all_reduces"],
             "match": match if same_n else "n/a",
         }
         table.append(row)

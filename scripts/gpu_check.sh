@@ -8,7 +8,7 @@
 set -uo pipefail
 LOG=${1:?usage: gpu_check.sh LOGDIR [BINDIR]}
 BIN=${2:-.gpu}
-STEPS=${GPU_CHECK_STEPS:-devices collectives conformance stress run bench bench2 torch jax psum}
+STEPS=${GPU_CHECK_STEPS:-devices collectives conformance stress run bench bench2 torch jax faults psum}
 mkdir -p "$LOG"
 # NVLink multicast stays off (shared hosts): never remove these.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -42,6 +42,10 @@ has torch && step torch_symm 300 python3 scripts/torch_symm_bench.py --out "$LOG
 # JAX (0.11 on the GPU image) with the plugin on the cuda backend, against JAX's CPU backend.
 export PEERLESS_PJRT_LIBRARY="$PWD/$BIN/libpeerless_pjrt.so" PYTHONPATH="$PWD/plugin/python"
 has jax && PEERLESS_BACKEND=cuda step jax_pytest 400 python3 -m pytest -q -x plugin/tests/test_jax.py
+# Collective faults through JAX (docs/RELIABILITY.md section 3): a failing or withheld device on
+# the kernel path ends in an exception, then the client runs new programs. Cases needing more
+# devices than GPUs are skipped; -rs lists them in the log.
+has faults && PEERLESS_BACKEND=cuda step faults 300 python3 -m pytest -q -rs plugin/tests/test_faults.py
 has psum && PEERLESS_BACKEND=cuda step time_psum 300 python3 plugin/tests/time_psum.py --out "$LOG/time_psum.csv"
 echo "gpu_check rc=$rc" | tee -a "$LOG/summary.txt"
 exit $rc

@@ -129,6 +129,9 @@ pub struct Flags {
     /// GPU backends: after the first run, capture each device's program into a graph and
     /// replay it (programs with host-evaluated instructions always run stream by stream).
     pub cuda_graphs: bool,
+    /// GPU backends: run non-collective instructions as generated device kernels (else the
+    /// host evaluates them between device steps: slower, and never graph-captured).
+    pub device_codegen: bool,
 }
 
 impl Default for Flags {
@@ -145,6 +148,7 @@ impl Default for Flags {
             host_topology: HostTopology::FullMesh,
             allow_unsafe_peer_targets: false,
             cuda_graphs: true,
+            device_codegen: true,
         }
     }
 }
@@ -286,6 +290,24 @@ pub const FLAGS: &[FlagSpec] = &[
             _ => Err(format!("'{v}' is neither true nor false")),
         },
     },
+    FlagSpec {
+        name: "device_codegen",
+        ty: "true|false",
+        help: "GPU backends: run non-collective instructions as kernels generated per instruction and shape \
+               (false: evaluate them on the host between device steps)",
+        get: |f| f.device_codegen.to_string(),
+        set: |f, v| match v {
+            "true" => {
+                f.device_codegen = true;
+                Ok(())
+            }
+            "false" => {
+                f.device_codegen = false;
+                Ok(())
+            }
+            _ => Err(format!("'{v}' is neither true nor false")),
+        },
+    },
 ];
 
 /// The flag table as text: one line per flag with its type, default and help.
@@ -391,9 +413,10 @@ mod tests {
         let s = "--all_reduce_backend=kernel --all_gather_backend=fallback --all_to_all_backend=auto \
                  --reduce_scatter_backend=fallback --collective_permute_backend=kernel --one_shot_max_bytes=1024 \
                  --two_shot_max_bytes=65536 --collective_timeout_ms=500 --host_topology=pairs:0-1,2-3 \
-                 --allow_unsafe_peer_targets=true --cuda_graphs=false";
+                 --allow_unsafe_peer_targets=true --cuda_graphs=false --device_codegen=false";
         let f = Flags::parse(s).unwrap();
         assert!(!f.cuda_graphs && Flags::default().cuda_graphs);
+        assert!(!f.device_codegen && Flags::default().device_codegen);
         assert_eq!(f.all_reduce_backend, Backend::Kernel);
         assert_eq!(f.all_gather_backend, Backend::Fallback);
         assert_eq!(f.collective_permute_backend, Backend::Kernel);

@@ -108,7 +108,6 @@ template <> struct Tr<f16> {
     static PL_DEVICE Acc up(T v) { return v; }      \
     static PL_DEVICE T down(Acc a) { return a; }    \
   };
-typedef short s16;
 PL_INT_TRAITS(u8)
 PL_INT_TRAITS(s16)
 PL_INT_TRAITS(u16)
@@ -116,7 +115,6 @@ PL_INT_TRAITS(s32)
 PL_INT_TRAITS(u32)
 PL_INT_TRAITS(s64)
 PL_INT_TRAITS(u64)
-typedef signed char s8;
 PL_INT_TRAITS(s8)
 
 // ---- reductions (NaN-propagating min/max for floats: a + b is NaN when either is) ----

@@ -19,7 +19,9 @@
 #include <hip/hip_runtime.h>
 #endif
 
+typedef signed char s8;
 typedef unsigned char u8;
+typedef short s16;
 typedef unsigned short u16;
 typedef unsigned int u32;
 typedef int s32;

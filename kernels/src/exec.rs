@@ -145,6 +145,7 @@ pub(crate) struct Lowered {
     pub(crate) param_shapes: Vec<Shape>,
     /// The root's value shape (before any result sharding).
     pub(crate) root_shape: Shape,
+    pub(crate) mode: DeviceMode,
 }
 
 /// Inlines calls, plans every collective with `flags` against `table`, assigns buffers with
@@ -192,6 +193,7 @@ pub(crate) fn lower(
         shapes,
         param_shapes,
         root_shape,
+        mode,
         evaluator,
         module: flat,
     })

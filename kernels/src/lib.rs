@@ -1,6 +1,8 @@
 //! Collective kernels and device backends. [`host`] is the host backend's collective
-//! layer (N simulated devices in one process); CUDA and ROCm arrive with their issues.
+//! layer (N simulated devices in one process); [`codegen`] writes device code for
+//! non-collective instructions; `cuda` and `rocm` are the GPU device layers.
 
+pub mod codegen;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod exec;

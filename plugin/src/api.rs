@@ -850,16 +850,33 @@ entry!(loaded_execute(a: PJRT_LoadedExecutable_Execute_Args) {
         let bufs = slice(list, a.num_args, "argument list")?;
         args.push(bufs.iter().map(|&p| buffer_of(p)).collect::<Result<Vec<_>>>()?);
     }
-    let outs = c.execute(&args)?;
+    // The output lists are checked before anything runs: when Execute returns an error the
+    // caller reads no outputs and destroys none (PJRT contract), so a buffer written into
+    // `output_lists[0]` before `output_lists[1]` turned out null would leak.
     let out_lists = slice(a.output_lists, a.num_devices, "output_lists")?;
+    let num_outputs = c.out_shapes.len();
+    if let Some(d) = out_lists.iter().position(|p| p.is_null()).filter(|_| num_outputs > 0) {
+        return Err(Error::invalid(format!(
+            "peerless: output_lists[{d}] is null, but the executable has {num_outputs} outputs per device"
+        )));
+    }
+    let outs = c.execute(&args)?;
+    if outs.len() != out_lists.len() || outs.iter().any(|row| row.len() != num_outputs) {
+        return Err(Error::internal(format!(
+            "peerless: execution returned {} output lists, expected {} of {num_outputs} outputs",
+            outs.len(),
+            out_lists.len()
+        )));
+    }
+    // Nothing below can fail, so on every error above no output buffer and no completion
+    // event has been written: a failed execution fails for every device at once, in the
+    // returned error (the header: "If Execute returns an error, then
+    // `device_complete_events` will not be populated").
     for (d, (row, &dst)) in outs.into_iter().zip(out_lists).enumerate() {
-        if dst.is_null() && !row.is_empty() {
-            return Err(Error::invalid(format!("peerless: output_lists[{d}] is null")));
-        }
         for (o, array) in row.into_iter().enumerate() {
             let b = Buffer { client: l.client, device: c.devices[d], shape: array.shape.clone(), data: std::sync::Mutex::new(Some(array)) };
-            // SAFETY: the caller allocates `output_lists[d]` with NumOutputs slots (PJRT
-            // contract); `o < NumOutputs` because `execute` checked the output count.
+            // SAFETY: the caller allocates `output_lists[d]` (non-null, checked) with
+            // NumOutputs slots (PJRT contract); `o < num_outputs` (checked above).
             unsafe { dst.add(o).write(Box::into_raw(Box::new(b)).cast()) };
         }
     }

@@ -5,7 +5,7 @@
 
 mod support;
 
-use hlo::{Array, PrimitiveType};
+use hlo::Array;
 use support::*;
 
 /// Eight hlo-tests cases with goldens, replica mode, no 16-bit or 8-bit floats.
@@ -19,27 +19,6 @@ const CASES: &[(&str, usize)] = &[
     ("all_reduce_subgroups", 4),
     ("concatenate", 2),
 ];
-
-fn close_to(got: &[u8], want: &Array) -> bool {
-    let pairs = |n: usize| got.chunks_exact(n).zip(want.data.chunks_exact(n));
-    match want.shape.ty {
-        PrimitiveType::F32 => {
-            got.len() == want.data.len()
-                && pairs(4).all(|(a, b)| {
-                    let (a, b) = (f32::from_le_bytes(a.try_into().unwrap()), f32::from_le_bytes(b.try_into().unwrap()));
-                    a == b || (a - b).abs() <= 1e-5 * b.abs().max(1.0)
-                })
-        }
-        PrimitiveType::F64 => {
-            got.len() == want.data.len()
-                && pairs(8).all(|(a, b)| {
-                    let (a, b) = (f64::from_le_bytes(a.try_into().unwrap()), f64::from_le_bytes(b.try_into().unwrap()));
-                    a == b || (a - b).abs() <= 1e-9 * b.abs().max(1.0)
-                })
-        }
-        _ => got == want.data.as_slice(),
-    }
-}
 
 /// Compiles `case` on `c`, runs it on the golden inputs, checks XLA's outputs; returns the
 /// output bytes.

@@ -14,10 +14,13 @@
 //!   process), with strided packing (`pl_copy_runs`) where a dimension is not the major
 //!   one, and an NCCL all-gather plus a local fixed-order reduce (`pl_reduce_blocks_*`)
 //!   for reductions NCCL lacks (pred add, bitwise and/or, 16-bit integers).
-//! - **Non-collective instructions** are evaluated by the reference interpreter's per-op
-//!   code on the host, reading operands from and writing results to device memory. This
-//!   is correct for every op the interpreter supports but not fast; device code
-//!   generation for them is future work (ARCHITECTURE.md).
+//! - **Non-collective instructions** run as kernels generated per instruction and shape
+//!   (`crate::codegen`: one translation unit per executable, compiled with NVRTC once per
+//!   architecture and cached on disk); constants are uploaded once and copied in;
+//!   reshapes and bitcasts are device copies. What codegen declines (tuple-shaped values,
+//!   variadic reduces, S4/U4/F8, sort, gather, …) is evaluated by the reference
+//!   interpreter on the host between device steps; such a program is not graph-captured.
+//!   `--device_codegen=false` puts every instruction on the host.
 //! - **Missing ranks**: kernel waits are bounded by `--collective_timeout_ms` on the
 //!   device; a timeout sets the device's status word, every later wait of the execution
 //!   returns at once, and `execute` reports the collective, its group and the members that
@@ -44,6 +47,7 @@ use super::collectives::{
     Wait, Xchg,
 };
 use super::{BLOCKS, Clique, CudaError, MAX_RANKS, SIGNAL_BYTES, THREADS};
+use crate::codegen::{self, GEN_THREADS, GenStep};
 use crate::exec::{ExecError, Fault, Lowered, check_args, lower, read_value, write_value};
 
 const ALIGN: usize = 256;
@@ -140,9 +144,26 @@ enum Args {
 /// One device-side operation of a collective on one device.
 #[derive(Clone, Debug)]
 enum Launch {
-    Kernel { func: Function, args: Box<Args> },
-    Copy { dst: u64, src: u64, len: usize },
-    Zero { dst: u64, len: usize },
+    Kernel {
+        func: Function,
+        args: Box<Args>,
+    },
+    /// A generated kernel (crate::codegen): `(arena base, device index)`.
+    Generated {
+        func: Function,
+        arena: u64,
+        device: u32,
+        blocks: u32,
+    },
+    Copy {
+        dst: u64,
+        src: u64,
+        len: usize,
+    },
+    Zero {
+        dst: u64,
+        len: usize,
+    },
 }
 
 /// NCCL calls over one communicator set (`members[i]`: the clique index of rank i).
@@ -170,6 +191,8 @@ enum Stage {
 enum Step {
     /// Evaluate instruction thunk `k` on the host for every device.
     Compute,
+    /// Per device (clique index), launches in order (generated kernels, constants).
+    Local(Vec<Vec<Launch>>),
     Copy {
         src: usize,
         dst: usize,
@@ -206,6 +229,14 @@ fn launch(clique: &Clique, d: usize, l: &Launch) -> Result<(), CudaError> {
             if *len > 0 {
                 dev.stream.memset_u8(*dst, 0, *len)?;
             }
+        }
+        Launch::Generated { func, arena, device, blocks } => {
+            let (mut a, mut d) = (*arena, *device);
+            let mut params = [&mut a as *mut u64 as *mut std::ffi::c_void, &mut d as *mut u32 as *mut std::ffi::c_void];
+            // SAFETY: generated kernels take (u8* arena, u32 device) (codegen.rs writes every
+            // one so); every offset they touch lies inside this executable's arena, which was
+            // laid out for exactly these regions and lives as long as the executable.
+            unsafe { dev.stream.launch(func, *blocks, GEN_THREADS, &mut params)? };
         }
         Launch::Kernel { func, args } => {
             let mut a = **args;
@@ -897,6 +928,13 @@ pub struct CudaExecutable {
     use_graphs: bool,
     /// Per device, the program captured after its first run (dropped on failure).
     graphs: Mutex<Option<Vec<ffi::cuda::Graph>>>,
+    /// Per device, the module of generated kernels (declared after `graphs`, which launch
+    /// them, so it is unloaded after them) and the constants the program copies in.
+    _generated: Vec<ffi::cuda::Module>,
+    _constants: Vec<DeviceBuffer>,
+    /// Compute thunks the device runs / the host evaluates.
+    device_computes: usize,
+    host_computes: Vec<(usize, String, String)>,
 }
 
 impl fmt::Debug for CudaExecutable {
@@ -910,6 +948,35 @@ impl fmt::Debug for CudaExecutable {
 
 fn cuda_err(e: impl fmt::Display) -> ExecError {
     ExecError::Backend(format!("cuda backend: {e}"))
+}
+
+/// Compiles `plan`'s unit for every device's architecture and loads it, and uploads its
+/// constants (each at the next `ALIGN` boundary, in thunk order) once per device.
+fn load_generated(
+    clique: &Clique,
+    plan: &codegen::GenPlan,
+) -> Result<(Vec<ffi::cuda::Module>, Vec<DeviceBuffer>), ExecError> {
+    let mut modules = Vec::new();
+    if plan.kernels() > 0 {
+        for dev in &clique.devices {
+            let cc = (dev.cc.0 * 10 + dev.cc.1) as u32;
+            let bin = super::generated_cubin(cc, &plan.source)
+                .map_err(|e| ExecError::Backend(format!("cuda backend: generated kernels: {e}")))?;
+            modules.push(dev.ctx.load_module(&bin).map_err(cuda_err)?);
+        }
+    }
+    let mut blob = Vec::new();
+    for s in plan.steps.iter().flatten() {
+        if let GenStep::Constant { bytes, .. } = s {
+            blob.extend_from_slice(bytes);
+            blob.resize(round_up(blob.len(), ALIGN), 0);
+        }
+    }
+    let constants = clique.alloc(blob.len().max(ALIGN)).map_err(cuda_err)?;
+    for b in &constants {
+        b.write_at(0, &blob).map_err(cuda_err)?;
+    }
+    Ok((modules, constants))
 }
 
 impl CudaExecutable {
@@ -934,10 +1001,42 @@ impl CudaExecutable {
         let bases: Vec<u64> = arena.iter().map(|b| b.ptr).collect();
         let words: Vec<u64> = status.bufs.iter().map(|b| b.ptr).collect();
         let timeout_ns = flags.collective_timeout_ms.saturating_mul(1_000_000);
+        let plan = if flags.device_codegen { codegen::plan(&low) } else { codegen::GenPlan::default() };
+        let (generated, constants) = load_generated(&clique, &plan)?;
+        for (k, name, why) in &plan.host {
+            log::info!("module '{}': compute #{k} '{name}' runs on the host: {why}", low.module.name);
+        }
+        let mut const_at = 0usize;
         let mut steps = Vec::new();
         for (k, thunk) in low.programs[0].thunks.iter().enumerate() {
             steps.push(match thunk {
-                Thunk::Compute { .. } => Step::Compute,
+                Thunk::Compute { .. } => match plan.steps.get(k).cloned().flatten() {
+                    None => Step::Compute,
+                    Some(GenStep::Nothing) => Step::Nothing,
+                    Some(GenStep::Copy { src, dst, len }) => Step::Copy { src, dst, len },
+                    Some(GenStep::Constant { bytes, dst }) => {
+                        let per = (0..clique.len())
+                            .map(|d| {
+                                vec![Launch::Copy {
+                                    dst: bases[d] + dst as u64,
+                                    src: constants[d].ptr + const_at as u64,
+                                    len: bytes.len(),
+                                }]
+                            })
+                            .collect();
+                        const_at = round_up(const_at + bytes.len(), ALIGN);
+                        Step::Local(per)
+                    }
+                    Some(GenStep::Kernel { name, elements }) => {
+                        let mut per = Vec::new();
+                        for (d, m) in generated.iter().enumerate() {
+                            let func = m.function(&name).map_err(cuda_err)?;
+                            let blocks = GenStep::blocks(elements);
+                            per.push(vec![Launch::Generated { func, arena: bases[d], device: d as u32, blocks }]);
+                        }
+                        Step::Local(per)
+                    }
+                },
                 Thunk::Copy { src, dst, len, .. } => Step::Copy { src: *src, dst: *dst, len: *len },
                 Thunk::Collective { name, .. } => {
                     let b = Build { clique: &clique, bases: &bases, status: &words, timeout_ns, tag: k as u64 + 1, k };
@@ -959,8 +1058,18 @@ impl CudaExecutable {
             poisoned: Mutex::new(false),
             use_graphs: flags.cuda_graphs && !steps.iter().any(|s| matches!(s, Step::Compute)),
             graphs: Mutex::new(None),
+            device_computes: steps.iter().filter(|s| matches!(s, Step::Local(_))).count(),
+            host_computes: plan.host,
             steps,
+            _generated: generated,
+            _constants: constants,
         })
+    }
+
+    /// Compute thunks run on the device (generated kernels, constants) and those the host
+    /// evaluates, as (thunk, instruction, why).
+    pub fn compute_placement(&self) -> (usize, &[(usize, String, String)]) {
+        (self.device_computes, &self.host_computes)
     }
 
     /// Whether executions replay CUDA graphs (`--cuda_graphs` and no host-evaluated
@@ -1125,6 +1234,14 @@ impl CudaExecutable {
                         dirty = false;
                     }
                     self.compute(k)?;
+                }
+                Step::Local(per) => {
+                    for (d, launches) in per.iter().enumerate() {
+                        for l in launches {
+                            launch(&self.clique, d, l).map_err(|e| self.device_error(d, k, e.to_string(), false))?;
+                        }
+                    }
+                    dirty = true;
                 }
                 Step::Copy { src, dst, len } => {
                     for (d, b) in self.arena.iter().enumerate() {

@@ -51,16 +51,32 @@ pub struct Loaded(pub usize);
 pub struct Buffer(pub usize);
 
 pub fn create_client(num_devices: i64) -> Client {
+    create_client_with_flags(num_devices, None)
+}
+
+/// A client with `num_devices` (host backend) and, if given, the create option
+/// `peerless_flags` (`"--collective_timeout_ms=300"`).
+pub fn create_client_with_flags(num_devices: i64, flags: Option<&str>) -> Client {
     let name = "num_devices";
-    let mut opt = PJRT_NamedValue::new();
-    opt.name = name.as_ptr().cast();
-    opt.name_size = name.len();
-    opt.type_ = PJRT_NamedValue_Type_PJRT_NamedValue_kInt64;
-    opt.__bindgen_anon_1.int64_value = num_devices;
+    let mut opts = vec![PJRT_NamedValue::new()];
+    opts[0].name = name.as_ptr().cast();
+    opts[0].name_size = name.len();
+    opts[0].type_ = PJRT_NamedValue_Type_PJRT_NamedValue_kInt64;
+    opts[0].__bindgen_anon_1.int64_value = num_devices;
+    if let Some(flags) = flags {
+        let name = "peerless_flags";
+        let mut o = PJRT_NamedValue::new();
+        o.name = name.as_ptr().cast();
+        o.name_size = name.len();
+        o.type_ = PJRT_NamedValue_Type_PJRT_NamedValue_kString;
+        o.__bindgen_anon_1.string_value = flags.as_ptr().cast();
+        o.value_size = flags.len();
+        opts.push(o);
+    }
     let mut c = PJRT_Client_Create_Args::new();
-    c.create_options = &opt;
-    c.num_options = 1;
-    // SAFETY: initialised args; `opt` outlives the call.
+    c.create_options = opts.as_ptr();
+    c.num_options = opts.len();
+    // SAFETY: initialised args; `opts` and the strings they point to outlive the call.
     ok(unsafe { (api().PJRT_Client_Create.unwrap())(&mut c) }, "Client_Create");
     Client(c.client as usize)
 }
@@ -248,6 +264,29 @@ pub fn case(name: &str, devices: usize) -> Case {
         proto,
         inputs: (0..devices).map(|d| series('p', d)).collect(),
         outputs: (0..devices).map(|d| series('o', d)).collect(),
+    }
+}
+
+/// Whether `got` (an output's bytes) matches XLA's `want`: integers and other types
+/// exactly, f32 to 1e-5 and f64 to 1e-9 relative.
+pub fn close_to(got: &[u8], want: &Array) -> bool {
+    let pairs = |n: usize| got.chunks_exact(n).zip(want.data.chunks_exact(n));
+    match want.shape.ty {
+        PrimitiveType::F32 => {
+            got.len() == want.data.len()
+                && pairs(4).all(|(a, b)| {
+                    let (a, b) = (f32::from_le_bytes(a.try_into().unwrap()), f32::from_le_bytes(b.try_into().unwrap()));
+                    a == b || (a - b).abs() <= 1e-5 * b.abs().max(1.0)
+                })
+        }
+        PrimitiveType::F64 => {
+            got.len() == want.data.len()
+                && pairs(8).all(|(a, b)| {
+                    let (a, b) = (f64::from_le_bytes(a.try_into().unwrap()), f64::from_le_bytes(b.try_into().unwrap()));
+                    a == b || (a - b).abs() <= 1e-9 * b.abs().max(1.0)
+                })
+        }
+        _ => got == want.data.as_slice(),
     }
 }
 

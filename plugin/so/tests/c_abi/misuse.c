@@ -305,6 +305,29 @@ int main(int argc, char** argv) {
     x.num_args = 1;
     EXPECT_ERROR(api->PJRT_LoadedExecutable_Execute(&x), "null");
     CHECK(out[0][0] == NULL && out[1][0] == NULL && events[0] == NULL);
+
+    /* Valid arguments but a null output list (the whole array, device 1's, device 0's): an
+     * error before anything runs, and nothing written into the other device's list or the
+     * events. On an error the caller destroys no outputs, so a buffer written there would
+     * leak (valgrind: section 2 of docs/RELIABILITY.md). */
+    PJRT_ExecuteOptions opts = {.struct_size = PJRT_ExecuteOptions_STRUCT_SIZE};
+    PJRT_Buffer* ok_args[2][2] = {{a0, NULL}, {a1, NULL}};
+    PJRT_Buffer* const* lists[2] = {ok_args[0], ok_args[1]};
+    PJRT_Buffer* row[2] = {NULL, NULL};
+    PJRT_Event* ev[2] = {NULL, NULL};
+    x.options = &opts;
+    x.argument_lists = lists;
+    x.device_complete_events = ev;
+    x.output_lists = NULL;
+    EXPECT_ERROR(api->PJRT_LoadedExecutable_Execute(&x), "output_lists is null");
+    PJRT_Buffer** second_null[2] = {row, NULL};
+    x.output_lists = second_null;
+    EXPECT_ERROR(api->PJRT_LoadedExecutable_Execute(&x), "output_lists[1] is null");
+    CHECK(row[0] == NULL && row[1] == NULL && ev[0] == NULL && ev[1] == NULL);
+    PJRT_Buffer** first_null[2] = {NULL, row};
+    x.output_lists = first_null;
+    EXPECT_ERROR(api->PJRT_LoadedExecutable_Execute(&x), "output_lists[0] is null");
+    CHECK(row[0] == NULL && row[1] == NULL && ev[0] == NULL && ev[1] == NULL);
   }
 
   /* A correct execution after all that: device 0 receives device 1's x. */

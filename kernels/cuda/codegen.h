@@ -9,7 +9,7 @@
 //   order -0 below +0; 16-bit floats are computed in fp32 and rounded back by the caller.
 // Generated code calls these overloads with locals of the exact compute types.
 #pragma once
-#include "peerless_device.h"
+#include "peerless_types.h"
 
 #define PL_INT_OPS(T, U, S, W, BITS)                                                            \
   PL_DEVICE T op_add(T x, T y) { return (T)(U)((W)(U)x + (W)(U)y); }                           \

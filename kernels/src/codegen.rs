@@ -32,6 +32,8 @@ pub const GEN_MAX_BLOCKS: u64 = 4096;
 
 /// The header every generated unit includes (scalar semantics), with its name.
 pub const GEN_HEADER: (&str, &str) = ("codegen.h", include_str!("../cuda/codegen.h"));
+/// The element-type header `codegen.h` includes (shared with the collective kernels).
+pub const TYPES_HEADER: (&str, &str) = ("peerless_types.h", include_str!("../cuda/peerless_types.h"));
 
 /// What a compute thunk becomes on the device.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -148,6 +150,20 @@ impl Ty {
             other => Err(format!("element type {other} is not computed on the device")),
         }
     }
+    /// A type moved as raw stored elements of its byte size (never computed with).
+    fn raw(ty: T) -> R<Ty> {
+        match Ty::of(ty) {
+            Ok(t) => Ok(t),
+            Err(e) => match ty.byte_size() {
+                1 => Ok(Ty { ty: T::U8 }),
+                2 => Ok(Ty { ty: T::U16 }),
+                4 => Ok(Ty { ty: T::U32 }),
+                8 => Ok(Ty { ty: T::U64 }),
+                _ => Err(e),
+            },
+        }
+    }
+
     /// Storage type in memory.
     fn store_t(self) -> &'static str {
         match self.ty {
@@ -471,7 +487,14 @@ impl Gen<'_> {
         if n == 0 {
             return Ok((GenStep::Nothing, String::new()));
         }
-        let ot = Ty::of(out.ty)?;
+        // Data movement copies stored elements and never computes with them, so any element
+        // type of 1, 2, 4 or 8 bytes moves (F8, S4 / U4 are one byte per element, as in XLA's
+        // host literals; C64 is 8 bytes).
+        let moves = matches!(
+            ins.opcode,
+            Broadcast | Transpose | Slice | Reverse | DynamicSlice | DynamicUpdateSlice | Pad | Concatenate | Select
+        );
+        let ot = if moves { Ty::raw(out.ty)? } else { Ty::of(out.ty)? };
         let dims = udims(out)?;
         let mut decls = self.out_ptr(ot)?;
         let mut prologue = String::new();
@@ -895,72 +918,5 @@ impl Gen<'_> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn plan_of(text: &str, n: usize) -> GenPlan {
-        let m = hlo::parse_text("t.hlo", text).unwrap();
-        generate(&m, n, emitter::DeviceMode::Replica, &emitter::Flags::default()).unwrap()
-    }
-
-    #[test]
-    fn kernels_constants_copies_and_declined_ops() {
-        let p = plan_of(
-            r#"HloModule m
-add { a = f32[] parameter(0)  b = f32[] parameter(1)  ROOT s = f32[] add(a, b) }
-ENTRY e {
-  x = f32[4,3] parameter(0)
-  c = f32[] constant(2)
-  cb = f32[4,3] broadcast(c), dimensions={}
-  y = f32[4,3] multiply(x, cb)
-  r = f32[12] reshape(y)
-  z = f32[] constant(0)
-  s = f32[4] reduce(y, z), dimensions={1}, to_apply=add
-  w = f32[4] sort(s), dimensions={0}, to_apply=add
-  ROOT t = (f32[12], f32[4], f32[4]) tuple(r, s, w)
-}"#,
-            2,
-        );
-        let kinds: Vec<&str> = p
-            .steps
-            .iter()
-            .flatten()
-            .map(|s| match s {
-                GenStep::Kernel { .. } => "kernel",
-                GenStep::Constant { .. } => "constant",
-                GenStep::Copy { .. } => "copy",
-                GenStep::Nothing => "nothing",
-            })
-            .collect();
-        // reshape of a same-size value aliases (no thunk); sort stays on the host.
-        assert_eq!(kinds, ["constant", "kernel", "kernel", "constant", "kernel"], "{p:?}");
-        assert_eq!(p.kernels(), 3);
-        assert_eq!(p.host.len(), 1);
-        assert!(p.host[0].1 == "w" && p.host[0].2.contains("sort"), "{:?}", p.host);
-        assert!(p.source.contains("#include \"codegen.h\""));
-        assert!(p.source.contains("op_mul(x, y)"), "{}", p.source);
-        // The reduce folds dimension 1 in order, from the init value.
-        assert!(p.source.contains("for (u64 r1 = 0; r1 < 3ull; ++r1)"), "{}", p.source);
-        assert!(p.source.contains("acc = op_add(acc, in0[(o0) * 3ull + (r1)])"), "{}", p.source);
-    }
-
-    #[test]
-    fn sixteen_bit_floats_compute_in_f32_and_round_each_step() {
-        let p = plan_of(
-            r#"HloModule m
-mx { a = bf16[] parameter(0)  b = bf16[] parameter(1)  ROOT s = bf16[] maximum(a, b) }
-ENTRY e {
-  x = bf16[8] parameter(0)
-  i = s32[8] convert(x)
-  h = f16[8] convert(i)
-  z = bf16[] constant(-inf)
-  ROOT m = bf16[] reduce(x, z), dimensions={0}, to_apply=mx
-}"#,
-            1,
-        );
-        assert_eq!(p.kernels(), 3, "{:?}", p.host);
-        assert!(p.source.contains("pl_f2i_s32((double)(to_f32(in0[i])))"), "{}", p.source);
-        assert!(p.source.contains("from_f32_f16(pl_f64_to_f32_odd((double)(in0[i])))"), "{}", p.source);
-        assert!(p.source.contains("acc = pl_rnd_bf16(op_max(acc, to_f32("), "{}", p.source);
-    }
-}
+#[path = "codegen_tests.rs"]
+mod tests;

@@ -452,6 +452,9 @@ impl Gen<'_> {
         if !ins.called.is_empty() && ins.opcode != Reduce {
             return Err(format!("{} calls a computation", ins.opcode.name()));
         }
+        if ins.opcode == Reduce {
+            return self.reduce();
+        }
         let out = self.out_shape()?;
         let out_bytes = out.byte_size();
         let dst = self.outputs.first().ok_or("no result region")?.offset;
@@ -751,47 +754,6 @@ impl Gen<'_> {
                     at += size;
                 }
             }
-            Reduce => {
-                if ins.operands.len() != 2 {
-                    return Err("variadic reduce".into());
-                }
-                let (a, init) = (self.operand(0)?, self.operand(1)?);
-                if a.ty != out.ty || init.ty != out.ty || init.rank() != 0 {
-                    return Err("reduce types differ".into());
-                }
-                let op = self.reducer()?;
-                let adims = udims(a)?;
-                let rdims: Vec<usize> = ins
-                    .attrs
-                    .dimensions
-                    .as_deref()
-                    .ok_or("missing dimensions")?
-                    .iter()
-                    .map(|&d| usize::try_from(d).ok().filter(|&d| d < adims.len()).ok_or("bad dimension"))
-                    .collect::<Result<_, _>>()?;
-                let kept: Vec<usize> = (0..adims.len()).filter(|k| !rdims.contains(k)).collect();
-                if kept.len() != dims.len() {
-                    return Err("reduce result rank".into());
-                }
-                decls += &self.in_ptr(0, ot)?;
-                decls += &self.in_ptr(1, ot)?;
-                body.push_str(&Self::decompose(&dims));
-                let _ = writeln!(body, "    {} acc = {};", ot.comp_t(), ot.load("in1[0]"));
-                // Reduced dimensions in increasing order: the interpreter's row-major order.
-                let mut sorted = rdims.clone();
-                sorted.sort_unstable();
-                let mut idx = vec![String::new(); adims.len()];
-                for (j, &k) in kept.iter().enumerate() {
-                    idx[k] = oidx[j].clone();
-                }
-                for &k in &sorted {
-                    idx[k] = format!("r{k}");
-                    let _ = writeln!(body, "    for (u64 r{k} = 0; r{k} < {}ull; ++r{k})", adims[k]);
-                }
-                let x = ot.load(&format!("in0[{}]", linear(&idx, &strides(&adims))));
-                let step = ot.round(&binary(op, ot, "acc", &x)?);
-                let _ = writeln!(body, "    acc = {step};\n    out[i] = {};", ot.store("acc"));
-            }
             Dot => self.dot(out, &dims, ot, &mut decls, &mut body)?,
             op => return Err(format!("{} has no device code", op.name())),
         }
@@ -822,12 +784,10 @@ impl Gen<'_> {
         Ok(p)
     }
 
-    /// The single binary op of a reducer `{p0, p1} -> op(p0, p1)`.
-    fn reducer(&self) -> R<Opcode> {
+    /// The single binary op of a reducer `{p0, p1} -> op(p0, p1)`, if it is one.
+    fn fast_reducer(&self, comp: hlo::CompId) -> Option<Opcode> {
         let m = &self.low.module;
-        let ins = m.instr(self.instr);
-        let &[c] = ins.called.as_slice() else { return Err("reduce without one computation".into()) };
-        let cm = m.comps.get(c).ok_or("missing reducer")?;
+        let cm = m.comps.get(comp)?;
         if cm.params.len() == 2 && cm.instrs.len() == 3 {
             let root = m.instr(cm.root);
             let (p0, p1) = (cm.params[0], cm.params[1]);
@@ -843,10 +803,219 @@ impl Gen<'_> {
                         | Opcode::Xor
                 )
             {
-                return Ok(root.opcode);
+                return Some(root.opcode);
             }
         }
-        Err(format!("reducer '{}' is not one binary op of its parameters", cm.name))
+        None
+    }
+
+    /// `reduce` of N inputs with N init values: one output element per loop iteration, the
+    /// reduced dimensions folded in the interpreter's (row-major) order, the reducer inlined
+    /// (one binary op, or any scalar computation of elementwise ops: argmax and the like).
+    fn reduce(&self) -> R<(GenStep, String)> {
+        let m = &self.low.module;
+        let ins = m.instr(self.instr);
+        let nv = ins.operands.len() / 2;
+        if nv == 0 || ins.operands.len() != 2 * nv {
+            return Err("reduce needs N inputs and N init values".into());
+        }
+        let &[comp] = ins.called.as_slice() else { return Err("reduce without one computation".into()) };
+        let local = self.low.evaluator.local_shape(m, self.instr);
+        if local != ins.shape {
+            return Err(format!("the result is sharded (per-device shape {local})"));
+        }
+        let outs: Vec<&ArrayShape> = match &ins.shape {
+            Shape::Array(a) if nv == 1 => vec![a],
+            Shape::Tuple(t) if t.len() == nv => {
+                t.iter().map(|s| s.as_array().ok_or("nested tuple result")).collect::<Result<_, _>>()?
+            }
+            s => return Err(format!("reduce result {s} does not match its {nv} inputs")),
+        };
+        let ins_shapes: Vec<&ArrayShape> = (0..2 * nv).map(|i| self.operand(i)).collect::<R<_>>()?;
+        let adims = udims(ins_shapes[0])?;
+        let dims = udims(outs[0])?;
+        let mut tys = Vec::new();
+        for j in 0..nv {
+            let (a, init, o) = (ins_shapes[j], ins_shapes[nv + j], outs[j]);
+            if a.dims != ins_shapes[0].dims
+                || a.ty != o.ty
+                || init.ty != o.ty
+                || init.rank() != 0
+                || o.dims != outs[0].dims
+            {
+                return Err("reduce inputs, inits and results differ in type or shape".into());
+            }
+            tys.push(Ty::of(o.ty)?);
+        }
+        if self.outputs.len() != nv {
+            return Err("reduce result regions".into());
+        }
+        let rdims: Vec<usize> = ins
+            .attrs
+            .dimensions
+            .as_deref()
+            .ok_or("missing dimensions")?
+            .iter()
+            .map(|&d| usize::try_from(d).ok().filter(|&d| d < adims.len()).ok_or("bad dimension"))
+            .collect::<Result<_, _>>()?;
+        let kept: Vec<usize> = (0..adims.len()).filter(|k| !rdims.contains(k)).collect();
+        if kept.len() != dims.len() {
+            return Err("reduce result rank".into());
+        }
+        let n = outs[0].element_count() as u64;
+        if n == 0 {
+            return Ok((GenStep::Nothing, String::new()));
+        }
+        let mut decls = String::new();
+        for (j, t) in tys.iter().enumerate() {
+            let _ = writeln!(
+                decls,
+                "  {}* __restrict__ out{j} = ({}*)(A + {}ull);",
+                t.store_t(),
+                t.store_t(),
+                self.outputs[j].offset
+            );
+            decls += &self.in_ptr(j, *t)?;
+            decls += &self.in_ptr(nv + j, *t)?;
+        }
+        let mut body = Self::decompose(&dims);
+        for (j, t) in tys.iter().enumerate() {
+            let _ = writeln!(body, "    {} acc{j} = {};", t.comp_t(), t.load(&format!("in{}[0]", nv + j)));
+        }
+        let mut sorted = rdims.clone();
+        sorted.sort_unstable();
+        let mut idx = vec![String::new(); adims.len()];
+        for (j, &k) in kept.iter().enumerate() {
+            idx[k] = format!("o{j}");
+        }
+        for &k in &sorted {
+            idx[k] = format!("r{k}");
+            let _ = writeln!(body, "    for (u64 r{k} = 0; r{k} < {}ull; ++r{k})", adims[k]);
+        }
+        let at = linear(&idx, &strides(&adims));
+        match self.fast_reducer(comp).filter(|_| nv == 1) {
+            Some(op) => {
+                let x = tys[0].load(&format!("in0[{at}]"));
+                let _ = writeln!(body, "      acc0 = {};", tys[0].round(&binary(op, tys[0], "acc0", &x)?));
+            }
+            None => {
+                body.push_str("    {\n");
+                let mut args: Vec<String> = (0..nv).map(|j| format!("acc{j}")).collect();
+                for (j, t) in tys.iter().enumerate() {
+                    let _ = writeln!(body, "      const {} x{j} = {};", t.comp_t(), t.load(&format!("in{j}[{at}]")));
+                    args.push(format!("x{j}"));
+                }
+                let (code, results) = self.scalar_computation(comp, &args)?;
+                if results.len() != nv {
+                    return Err("the reducer returns the wrong number of values".into());
+                }
+                body.push_str(&code);
+                for (j, r) in results.iter().enumerate() {
+                    let _ = writeln!(body, "      acc{j} = {r};");
+                }
+                body.push_str("    }\n");
+            }
+        }
+        for (j, t) in tys.iter().enumerate() {
+            let _ = writeln!(body, "    out{j}[i] = {};", t.store(&format!("acc{j}")));
+        }
+        let name = self.name();
+        let code = format!(
+            "\n// {} = reduce\nPL_GLOBAL void __launch_bounds__({GEN_THREADS}) {name}(u8* __restrict__ A, u32 dev) {{\n  \
+             (void)dev;\n{decls}  for (u64 i = pl_first(); i < {n}ull; i += pl_stride()) {{\n{body}  }}\n}}\n",
+            ins.name.replace(['\n', '\r'], " ")
+        );
+        Ok((GenStep::Kernel { name, elements: n }, code))
+    }
+
+    /// Inlines a scalar computation (a reducer) as statements over compute values: `args`
+    /// name its parameters' values; returns the code and the names of the root's values (one,
+    /// or one per element of a root tuple). Elementwise ops, compare, select, clamp,
+    /// convert and scalar constants; 16-bit floats rounded after every op.
+    fn scalar_computation(&self, comp: hlo::CompId, args: &[String]) -> R<(String, Vec<String>)> {
+        use Opcode::*;
+        let m = &self.low.module;
+        let cm = m.comps.get(comp).ok_or("missing computation")?;
+        if cm.params.len() != args.len() {
+            return Err(format!("computation '{}' takes {} parameters, not {}", cm.name, cm.params.len(), args.len()));
+        }
+        let mut names: std::collections::HashMap<InstrId, Vec<String>> = std::collections::HashMap::new();
+        let mut code = String::new();
+        let scalar_ty = |id: InstrId| -> R<Ty> {
+            match &m.instr(id).shape {
+                Shape::Array(a) if a.rank() == 0 => Ty::of(a.ty),
+                s => Err(format!("reducer value of shape {s} is not a scalar")),
+            }
+        };
+        for &id in &cm.instrs {
+            let ci = m.instr(id);
+            let arg = |k: usize| -> R<String> {
+                let o = ci.operands.get(k).ok_or("missing operand")?;
+                names.get(o).and_then(|v| v.first().cloned()).ok_or_else(|| "operand defined later".to_string())
+            };
+            let v = format!("v{}", id.as_u32());
+            let expr = match ci.opcode {
+                Parameter => {
+                    let p =
+                        ci.attrs.parameter_number.and_then(|p| usize::try_from(p).ok()).ok_or("parameter number")?;
+                    names.insert(id, vec![args.get(p).ok_or("parameter out of range")?.clone()]);
+                    continue;
+                }
+                Tuple => {
+                    let vs = (0..ci.operands.len()).map(arg).collect::<R<Vec<_>>>()?;
+                    names.insert(id, vs);
+                    continue;
+                }
+                Constant => {
+                    let t = scalar_ty(id)?;
+                    let Some(Literal::Array(a)) = ci.attrs.literal.as_ref() else { return Err("constant".into()) };
+                    let mut b = [0u8; 8];
+                    let len = a.data.len().min(8);
+                    b[..len].copy_from_slice(&a.data[..len]);
+                    let bits = u64::from_le_bytes(b);
+                    match t.ty {
+                        T::F32 => format!("__uint_as_float({bits:#x}u)"),
+                        T::F64 => format!("__longlong_as_double((s64){bits:#x}ull)"),
+                        T::Bf16 => format!("to_f32(bf16{{(u16){bits:#x}}})"),
+                        T::F16 => format!("to_f32(f16{{(u16){bits:#x}}})"),
+                        T::Pred => format!("(u8){}", (bits & 0xff != 0) as u8),
+                        _ => format!("({})(u64){bits:#x}ull", t.store_t()),
+                    }
+                }
+                Compare => {
+                    let t = scalar_ty(ci.operands[0])?;
+                    let dir = ci.attrs.comparison_direction.ok_or("missing direction")?;
+                    let total = ci.attrs.comparison_type.as_deref() == Some("TOTALORDER");
+                    compare(dir, total, t, &arg(0)?, &arg(1)?)
+                }
+                Select => format!("({} ? {} : {})", arg(0)?, arg(1)?, arg(2)?),
+                Convert => convert(scalar_ty(ci.operands[0])?, scalar_ty(id)?, &arg(0)?),
+                Clamp => {
+                    let t = scalar_ty(id)?;
+                    let mx = t.round(&binary(Maximum, t, &arg(1)?, &arg(0)?)?);
+                    t.round(&binary(Minimum, t, &mx, &arg(2)?)?)
+                }
+                op if op.is_elementwise_binary() => {
+                    let t = scalar_ty(id)?;
+                    t.round(&binary(op, t, &arg(0)?, &arg(1)?)?)
+                }
+                op if op.is_elementwise_unary() => {
+                    let t = scalar_ty(ci.operands[0])?;
+                    match op {
+                        IsFinite if t.is_float() => format!("(u8)op_isfinite({})", arg(0)?),
+                        Not if t.is_pred() => format!("(u8)!({})", arg(0)?),
+                        Abs | Sign | Negate if t.is_pred() => arg(0)?,
+                        _ => t.round(&format!("{}({})", unary_fn(op, t)?, arg(0)?)),
+                    }
+                }
+                op => return Err(format!("{} in a reducer has no device code", op.name())),
+            };
+            let t = scalar_ty(id)?;
+            let _ = writeln!(code, "      const {} {v} = {expr};", t.comp_t());
+            names.insert(id, vec![v]);
+        }
+        let results = names.remove(&cm.root).ok_or("reducer without a root")?;
+        Ok((code, results))
     }
 
     fn dot(&self, out: &ArrayShape, dims: &[u64], ot: Ty, decls: &mut String, body: &mut String) -> R<()> {

@@ -46,7 +46,7 @@ ENTRY e {
     assert!(p.source.contains("op_mul(x, y)"), "{}", p.source);
     // The reduce folds dimension 1 in order, from the init value.
     assert!(p.source.contains("for (u64 r1 = 0; r1 < 3ull; ++r1)"), "{}", p.source);
-    assert!(p.source.contains("acc = op_add(acc, in0[(o0) * 3ull + (r1)])"), "{}", p.source);
+    assert!(p.source.contains("acc0 = op_add(acc0, in0[(o0) * 3ull + (r1)])"), "{}", p.source);
 }
 
 #[test]
@@ -66,7 +66,7 @@ ENTRY e {
     assert_eq!(p.kernels(), 3, "{:?}", p.host);
     assert!(p.source.contains("pl_f2i_s32((double)(to_f32(in0[i])))"), "{}", p.source);
     assert!(p.source.contains("from_f32_f16(pl_f64_to_f32_odd((double)(in0[i])))"), "{}", p.source);
-    assert!(p.source.contains("acc = pl_rnd_bf16(op_max(acc, to_f32("), "{}", p.source);
+    assert!(p.source.contains("acc0 = pl_rnd_bf16(op_max(acc0, to_f32("), "{}", p.source);
 }
 
 // ---- host emulation: generated kernels built by the host C++ compiler, run on random
@@ -206,7 +206,6 @@ fn emulate(name: &str, module: &hlo::Module, n: usize, mode: emitter::DeviceMode
         // SAFETY: every generated kernel is `void(u8*, u32)` (codegen.rs writes them so).
         let f: libloading::Symbol<unsafe extern "C" fn(*mut u8, u32)> =
             unsafe { lib.get(kname.as_bytes()) }.map_err(|e| e.to_string())?;
-        let out_shape = ins.shape.as_array().ok_or("non-array result")?;
         for draw in 0..3 {
             for d in [0, n - 1] {
                 let mut arena = vec![0u8; low.programs[0].arena_bytes];
@@ -225,29 +224,33 @@ fn emulate(name: &str, module: &hlo::Module, n: usize, mode: emitter::DeviceMode
                 // its thunk's regions inside it; one host "thread" runs the whole loop.
                 unsafe { f(arena.as_mut_ptr(), d as u32) };
                 let want = low.evaluator.eval(&low.module, *instr, &operands, d).map_err(|e| e.to_string())?;
-                let want = want.as_array().ok_or("interpreter returned a tuple")?;
-                let got = &arena[outputs[0].offset..outputs[0].offset + want.data.len()];
-                let es = out_shape.ty.byte_size().max(1);
-                for (j, (g, w)) in got.chunks(es).zip(want.data.chunks(es)).enumerate() {
-                    if !agree(out_shape.ty, g, w, approximate(ins.opcode)) {
-                        let args: Vec<String> = operands
-                            .iter()
-                            .map(|o| {
-                                let a = o.as_array().unwrap();
-                                let es = a.shape.ty.byte_size().max(1);
-                                let j = if a.element_count() == out_shape.element_count() { j } else { 0 };
-                                format!(
-                                    "{:02x?}",
-                                    &a.data[(j * es).min(a.data.len())..((j + 1) * es).min(a.data.len())]
-                                )
-                            })
-                            .collect();
-                        return Err(format!(
-                            "{name} on {n}: '{}' ({}) element {j} (draw {draw}, device {d}): got {g:02x?}, interpreter \
-                             {w:02x?}; operands at that element (or 0): {args:?}",
-                            ins.name,
-                            ins.opcode.name(),
-                        ));
+                let leaves = want.leaves();
+                if leaves.len() != outputs.len() {
+                    return Err(format!("'{}': {} result leaves, {} regions", ins.name, leaves.len(), outputs.len()));
+                }
+                for (want, out) in leaves.iter().zip(outputs) {
+                    let got = &arena[out.offset..out.offset + want.data.len()];
+                    let ty = want.shape.ty;
+                    let es = ty.byte_size().max(1);
+                    for (j, (g, w)) in got.chunks(es).zip(want.data.chunks(es)).enumerate() {
+                        if !agree(ty, g, w, approximate(ins.opcode)) {
+                            let args: Vec<String> = operands
+                                .iter()
+                                .map(|o| {
+                                    let a = o.as_array().unwrap();
+                                    let es = a.shape.ty.byte_size().max(1);
+                                    let j = if a.element_count() == want.element_count() { j } else { 0 };
+                                    let at = (j * es).min(a.data.len());
+                                    format!("{:02x?}", &a.data[at..(at + es).min(a.data.len())])
+                                })
+                                .collect();
+                            return Err(format!(
+                                "{name} on {n}: '{}' ({}) element {j} (draw {draw}, device {d}): got {g:02x?}, \
+                                 interpreter {w:02x?}; operands at that element (or 0): {args:?}",
+                                ins.name,
+                                ins.opcode.name(),
+                            ));
+                        }
                     }
                 }
                 checked += 1;

@@ -2,13 +2,13 @@
 # The GPU check: runs prebuilt binaries (no Rust on the GPU machines) and writes logs to $1.
 #   scripts/gpu_check.sh LOGDIR [BINDIR]
 # BINDIR (default .gpu) holds binaries copied from a release build (scripts/gpu_build.sh):
-#   peerless, libpeerless_pjrt.so, cuda_collectives, exec_conformance, exec_stress.
+#   peerless, libpeerless_pjrt.so, cuda_collectives, exec_conformance, exec_stress, exec_chain.
 # GPU_CHECK_STEPS (default: every step below) picks steps;
 # BENCH_ARGS passes options to `peerless bench`; STRESS_MODULES sizes the stress test.
 set -uo pipefail
 LOG=${1:?usage: gpu_check.sh LOGDIR [BINDIR]}
 BIN=${2:-.gpu}
-STEPS=${GPU_CHECK_STEPS:-devices collectives conformance stress run bench bench2 torch jax faults psum}
+STEPS=${GPU_CHECK_STEPS:-devices collectives conformance stress chain run bench bench2 torch jax faults psum}
 mkdir -p "$LOG"
 # NVLink multicast stays off (shared hosts): never remove these.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -35,6 +35,7 @@ if has conformance; then
 fi
 has stress && PEERLESS_TEST_BACKEND=cuda EXEC_STRESS_MODULES=${STRESS_MODULES:-400} \
   step stress 400 "$BIN/exec_stress" --nocapture
+has chain && PEERLESS_TEST_BACKEND=cuda step chain 300 "$BIN/exec_chain" --nocapture
 has run && step run_example 120 "$BIN/peerless" run examples/all_reduce.hlo --devices 4 --backend cuda
 has bench && step bench 500 "$BIN/peerless" bench --csv "$LOG/bench.csv" ${BENCH_ARGS:-}
 has bench2 && step bench2 300 "$BIN/peerless" bench --devices 2 --dtypes f32 --csv "$LOG/bench2.csv" ${BENCH2_ARGS:-}

@@ -366,6 +366,9 @@ impl DeviceBuffer {
         let b = DeviceBuffer { ptr, len, ordinal: ctx.ordinal, ctx: ctx.ctx };
         // SAFETY: `ptr` is a fresh allocation of `n` bytes.
         call("cuMemsetD8", Some(ctx.ordinal), || unsafe { r::memset_d8_sync(ptr, 0, n) })?;
+        // cuMemsetD8 on device memory may return before it completes, on the legacy stream,
+        // which Peerless's non-blocking streams do not wait for.
+        b.settle()?;
         Ok(b)
     }
 
@@ -375,7 +378,8 @@ impl DeviceBuffer {
         }
         self.bind()?;
         // SAFETY: the destination holds at least size_of_val(data) bytes (checked above).
-        call("cuMemcpyHtoD", Some(self.ordinal), || unsafe { r::memcpy_htod_sync(self.ptr, data) })
+        call("cuMemcpyHtoD", Some(self.ordinal), || unsafe { r::memcpy_htod_sync(self.ptr, data) })?;
+        self.settle()
     }
 
     pub fn read<T: Copy>(&self, out: &mut [T]) -> Result<()> {
@@ -387,7 +391,8 @@ impl DeviceBuffer {
         call("cuMemcpyDtoH", Some(self.ordinal), || unsafe { r::memcpy_dtoh_sync(out, self.ptr) })
     }
 
-    /// Copies `data` into bytes `[offset, offset + data.len())` (synchronous).
+    /// Copies `data` into bytes `[offset, offset + data.len())`; returns once the bytes are in
+    /// device memory, so work enqueued afterwards on any stream sees them.
     pub fn write_at(&self, offset: usize, data: &[u8]) -> Result<()> {
         if offset.checked_add(data.len()).is_none_or(|end| end > self.len) {
             return Err(Error::Invalid(format!("write of {} bytes at {offset} into {}", data.len(), self.len)));
@@ -397,7 +402,8 @@ impl DeviceBuffer {
         }
         self.bind()?;
         // SAFETY: the destination range lies inside the allocation (checked above).
-        call("cuMemcpyHtoD", Some(self.ordinal), || unsafe { r::memcpy_htod_sync(self.ptr + offset as u64, data) })
+        call("cuMemcpyHtoD", Some(self.ordinal), || unsafe { r::memcpy_htod_sync(self.ptr + offset as u64, data) })?;
+        self.settle()
     }
 
     /// Copies bytes `[offset, offset + out.len())` into `out` (synchronous).
@@ -411,6 +417,14 @@ impl DeviceBuffer {
         self.bind()?;
         // SAFETY: the source range lies inside the allocation (checked above).
         call("cuMemcpyDtoH", Some(self.ordinal), || unsafe { r::memcpy_dtoh_sync(out, self.ptr + offset as u64) })
+    }
+
+    /// Waits until every copy and memset issued on the context has landed. A "synchronous"
+    /// cuMemcpyHtoD from pageable memory returns once the data is staged, with the DMA still
+    /// in flight on the legacy stream, which kernels on Peerless's non-blocking streams do
+    /// not wait for: without this, a large argument could be read before it arrives.
+    fn settle(&self) -> Result<()> {
+        call("cuCtxSynchronize", Some(self.ordinal), r::ctx::synchronize)
     }
 
     fn bind(&self) -> Result<()> {

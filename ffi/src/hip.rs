@@ -588,7 +588,17 @@ impl DeviceBuffer {
         let b = DeviceBuffer { ptr: p as u64, len, ordinal: ctx.ordinal, fine_grained: fine };
         // SAFETY: `p` is a fresh allocation of `n` bytes.
         ck(s, "hipMemset", ctx.d(), unsafe { (s.memset)(p, 0, n) })?;
+        b.settle()?;
         Ok(b)
+    }
+
+    /// Waits for the device: hipMemset and hipMemcpy from pageable memory may return before
+    /// the bytes land, on the null stream, which non-blocking streams do not wait for (the
+    /// CUDA layer's `settle`, for the same reason).
+    fn settle(&self) -> Result<()> {
+        let s = sys()?;
+        // SAFETY: no arguments; the buffer's device is current (callers bind first).
+        ck(s, "hipDeviceSynchronize", Some(self.ordinal), unsafe { (s.device_synchronize)() })
     }
 
     fn bind(&self) -> Result<()> {
@@ -618,7 +628,8 @@ impl DeviceBuffer {
         })
     }
 
-    /// Copies `data` into bytes `[offset, offset + data.len())` (synchronous).
+    /// Copies `data` into bytes `[offset, offset + data.len())`; returns once the bytes are in
+    /// device memory.
     pub fn write_at(&self, offset: usize, data: &[u8]) -> Result<()> {
         if offset.checked_add(data.len()).is_none_or(|end| end > self.len) {
             return Err(Error::Invalid(format!("write of {} bytes at {offset} into {}", data.len(), self.len)));
@@ -631,7 +642,8 @@ impl DeviceBuffer {
         // SAFETY: the destination range lies inside the allocation (checked above).
         ck(s, "hipMemcpy", Some(self.ordinal), unsafe {
             (s.memcpy)((self.ptr + offset as u64) as *mut c_void, data.as_ptr() as *const c_void, data.len(), H2D)
-        })
+        })?;
+        self.settle()
     }
 
     /// Copies bytes `[offset, offset + out.len())` into `out` (synchronous).

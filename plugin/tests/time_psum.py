@@ -182,6 +182,8 @@ def main():
         table.append(row)
         print(f"{row['size_bytes']:>12}  {row['peerless_us_per_psum']:>16.2f}  {row['stock_us_per_psum']:>13.2f}  "
               f"{'n/a' if not same_n else 'yes' if match else 'NO'}")
+        if same_n and not match:
+            print(f"    checksums (sum, sum of |x|): peerless {a}, {stock} {b}")
     if args.out:
         with open(args.out, "w", newline="") as fh:
             w = csv.DictWriter(fh, fieldnames=list(table[0]))

@@ -529,30 +529,10 @@ impl<'a> Interp<'a> {
     // ---- reductions ----
 
     fn reducer(&self, comp: CompId) -> Reducer {
-        let Some(cm) = self.m.comps.get(comp) else { return Reducer::Generic(comp) };
-        if cm.params.len() == 2 && cm.instrs.len() == 3 {
-            let root = self.m.instr(cm.root);
-            let (p0, p1) = (cm.params[0], cm.params[1]);
-            let scalar_ty = |id: InstrId| self.m.instr(id).shape.as_array().filter(|a| a.rank() == 0).map(|a| a.ty);
-            let same = scalar_ty(p0).is_some() && scalar_ty(p0) == scalar_ty(p1) && scalar_ty(p0) == scalar_ty(cm.root);
-            let ops_ok = root.operands == [p0, p1] || root.operands == [p1, p0];
-            if same
-                && ops_ok
-                && matches!(
-                    root.opcode,
-                    Opcode::Add
-                        | Opcode::Multiply
-                        | Opcode::Maximum
-                        | Opcode::Minimum
-                        | Opcode::And
-                        | Opcode::Or
-                        | Opcode::Xor
-                )
-            {
-                return Reducer::Fast(root.opcode);
-            }
+        match single_op_reducer(self.m, comp) {
+            Some(op) => Reducer::Fast(op),
+            None => Reducer::Generic(comp),
         }
-        Reducer::Generic(comp)
     }
 
     /// Applies the reducer: `accs` and `xs` are one element of each of the N reduced values.
@@ -847,4 +827,28 @@ impl<'a> Interp<'a> {
         }
         Ok(result)
     }
+}
+
+/// The op of a reducer that is one associative binary op of its two scalar parameters
+/// (`add`, `multiply`, `maximum`, `minimum`, `and`, `or`, `xor`, either operand order);
+/// `None` for anything else. Backends use it to pick a fast path; the interpreter's fold
+/// order stays the same either way.
+pub fn single_op_reducer(m: &Module, comp: CompId) -> Option<Opcode> {
+    let cm = m.comps.get(comp)?;
+    if cm.params.len() != 2 || cm.instrs.len() != 3 {
+        return None;
+    }
+    let root = m.instr(cm.root);
+    let (p0, p1) = (cm.params[0], cm.params[1]);
+    let scalar_ty = |id: InstrId| m.instr(id).shape.as_array().filter(|a| a.rank() == 0).map(|a| a.ty);
+    let same = scalar_ty(p0).is_some() && scalar_ty(p0) == scalar_ty(p1) && scalar_ty(p0) == scalar_ty(cm.root);
+    let ops_ok = root.operands == [p0, p1] || root.operands == [p1, p0];
+    let op = root.opcode;
+    (same
+        && ops_ok
+        && matches!(
+            op,
+            Opcode::Add | Opcode::Multiply | Opcode::Maximum | Opcode::Minimum | Opcode::And | Opcode::Or | Opcode::Xor
+        ))
+    .then_some(op)
 }

@@ -784,31 +784,6 @@ impl Gen<'_> {
         Ok(p)
     }
 
-    /// The single binary op of a reducer `{p0, p1} -> op(p0, p1)`, if it is one.
-    fn fast_reducer(&self, comp: hlo::CompId) -> Option<Opcode> {
-        let m = &self.low.module;
-        let cm = m.comps.get(comp)?;
-        if cm.params.len() == 2 && cm.instrs.len() == 3 {
-            let root = m.instr(cm.root);
-            let (p0, p1) = (cm.params[0], cm.params[1]);
-            if (root.operands == [p0, p1] || root.operands == [p1, p0])
-                && matches!(
-                    root.opcode,
-                    Opcode::Add
-                        | Opcode::Multiply
-                        | Opcode::Maximum
-                        | Opcode::Minimum
-                        | Opcode::And
-                        | Opcode::Or
-                        | Opcode::Xor
-                )
-            {
-                return Some(root.opcode);
-            }
-        }
-        None
-    }
-
     /// `reduce` of N inputs with N init values: one output element per loop iteration, the
     /// reduced dimensions folded in the interpreter's (row-major) order, the reducer inlined
     /// (one binary op, or any scalar computation of elementwise ops: argmax and the like).
@@ -893,7 +868,7 @@ impl Gen<'_> {
             let _ = writeln!(body, "    for (u64 r{k} = 0; r{k} < {}ull; ++r{k})", adims[k]);
         }
         let at = linear(&idx, &strides(&adims));
-        match self.fast_reducer(comp).filter(|_| nv == 1) {
+        match interp::single_op_reducer(&self.low.module, comp).filter(|_| nv == 1) {
             Some(op) => {
                 let x = tys[0].load(&format!("in0[{at}]"));
                 let _ = writeln!(body, "      acc0 = {};", tys[0].round(&binary(op, tys[0], "acc0", &x)?));

@@ -14,54 +14,11 @@
 
 mod support;
 
-use std::ptr::null_mut;
-
 use plugin::pjrt_sys::*;
 use support::*;
 
 const N: usize = 4;
 const CASE: &str = "all_reduce_sum";
-
-/// What one Execute call left behind: its error message, and every output and completion-event
-/// slot (all null before the call).
-struct Outcome {
-    error: Option<String>,
-    outs: Vec<Vec<*mut PJRT_Buffer>>,
-    events: Vec<*mut PJRT_Event>,
-}
-
-impl Outcome {
-    fn nothing_written(&self) -> bool {
-        self.outs.iter().flatten().all(|p| p.is_null()) && self.events.iter().all(|e| e.is_null())
-    }
-}
-
-/// Executes `l` on `args`, with `output_lists[null_list]` null if given.
-fn execute_raw(l: Loaded, args: &[Vec<Buffer>], null_list: Option<usize>) -> Outcome {
-    let n_out = num_outputs(l);
-    let lists: Vec<Vec<*mut PJRT_Buffer>> =
-        args.iter().map(|row| row.iter().map(|b| b.0 as *mut PJRT_Buffer).collect()).collect();
-    let list_ptrs: Vec<*const *mut PJRT_Buffer> = lists.iter().map(|r| r.as_ptr()).collect();
-    let mut outs: Vec<Vec<*mut PJRT_Buffer>> = args.iter().map(|_| vec![null_mut(); n_out]).collect();
-    let out_ptrs: Vec<*mut *mut PJRT_Buffer> = outs
-        .iter_mut()
-        .enumerate()
-        .map(|(d, r)| if Some(d) == null_list { null_mut() } else { r.as_mut_ptr() })
-        .collect();
-    let mut events: Vec<*mut PJRT_Event> = vec![null_mut(); args.len()];
-    let mut opts = PJRT_ExecuteOptions::new();
-    let mut x = PJRT_LoadedExecutable_Execute_Args::new();
-    x.executable = l.0 as *mut PJRT_LoadedExecutable;
-    x.options = &mut opts;
-    x.argument_lists = list_ptrs.as_ptr();
-    x.num_devices = args.len();
-    x.num_args = args.first().map_or(0, Vec::len);
-    x.output_lists = out_ptrs.as_ptr();
-    x.device_complete_events = events.as_mut_ptr();
-    // SAFETY: every array above has the lengths the args declare and outlives the call.
-    let error = error_message(unsafe { (api().PJRT_LoadedExecutable_Execute.unwrap())(&mut x) });
-    Outcome { error, outs, events }
-}
 
 /// Compiles the case with `PEERLESS_TEST_FAULT=spec` set for the compile only.
 fn compile_with_fault(c: Client, proto: &[u8], spec: &str) -> Loaded {

@@ -179,15 +179,32 @@ pub fn num_outputs(l: Loaded) -> usize {
     }
 }
 
-/// Executes with `args[d][i]`; returns `out[d][o]` (`Err`: the plugin's message). Every
-/// device's completion event is awaited and destroyed.
-pub fn try_execute(l: Loaded, args: &[Vec<Buffer>]) -> Result<Vec<Vec<Buffer>>, String> {
+/// What one Execute call left behind: its error message, and every output and completion-event
+/// slot (all null before the call).
+pub struct Outcome {
+    pub error: Option<String>,
+    pub outs: Vec<Vec<*mut PJRT_Buffer>>,
+    pub events: Vec<*mut PJRT_Event>,
+}
+
+impl Outcome {
+    pub fn nothing_written(&self) -> bool {
+        self.outs.iter().flatten().all(|p| p.is_null()) && self.events.iter().all(|e| e.is_null())
+    }
+}
+
+/// Executes `l` on `args`, with `output_lists[null_list]` null if given.
+pub fn execute_raw(l: Loaded, args: &[Vec<Buffer>], null_list: Option<usize>) -> Outcome {
     let n_out = num_outputs(l);
     let lists: Vec<Vec<*mut PJRT_Buffer>> =
         args.iter().map(|row| row.iter().map(|b| b.0 as *mut PJRT_Buffer).collect()).collect();
     let list_ptrs: Vec<*const *mut PJRT_Buffer> = lists.iter().map(|r| r.as_ptr()).collect();
     let mut outs: Vec<Vec<*mut PJRT_Buffer>> = args.iter().map(|_| vec![null_mut(); n_out]).collect();
-    let out_ptrs: Vec<*mut *mut PJRT_Buffer> = outs.iter_mut().map(|r| r.as_mut_ptr()).collect();
+    let out_ptrs: Vec<*mut *mut PJRT_Buffer> = outs
+        .iter_mut()
+        .enumerate()
+        .map(|(d, r)| if Some(d) == null_list { null_mut() } else { r.as_mut_ptr() })
+        .collect();
     let mut events: Vec<*mut PJRT_Event> = vec![null_mut(); args.len()];
     let mut opts = PJRT_ExecuteOptions::new();
     let mut x = PJRT_LoadedExecutable_Execute_Args::new();
@@ -199,8 +216,15 @@ pub fn try_execute(l: Loaded, args: &[Vec<Buffer>]) -> Result<Vec<Vec<Buffer>>, 
     x.output_lists = out_ptrs.as_ptr();
     x.device_complete_events = events.as_mut_ptr();
     // SAFETY: every array above has the lengths the args declare and outlives the call.
-    let e = unsafe { (api().PJRT_LoadedExecutable_Execute.unwrap())(&mut x) };
-    if let Some(m) = error_message(e) {
+    let error = error_message(unsafe { (api().PJRT_LoadedExecutable_Execute.unwrap())(&mut x) });
+    Outcome { error, outs, events }
+}
+
+/// Executes with `args[d][i]`; returns `out[d][o]` (`Err`: the plugin's message). Every
+/// device's completion event is awaited and destroyed.
+pub fn try_execute(l: Loaded, args: &[Vec<Buffer>]) -> Result<Vec<Vec<Buffer>>, String> {
+    let Outcome { error, outs, events } = execute_raw(l, args, None);
+    if let Some(m) = error {
         return Err(m);
     }
     for ev in events {

@@ -489,7 +489,7 @@ impl<'a> Interp<'a> {
                 }
                 Ok(out)
             }
-            op => Err(self.unsupported(c, format!("'{op}' is not executed by Peerless"))),
+            op => Err(self.unsupported(c, unexecuted(op).unwrap_or("not executed by Peerless"))),
         }
     }
 
@@ -851,4 +851,61 @@ pub fn single_op_reducer(m: &Module, comp: CompId) -> Option<Opcode> {
             Opcode::Add | Opcode::Multiply | Opcode::Maximum | Opcode::Minimum | Opcode::And | Opcode::Or | Opcode::Xor
         ))
     .then_some(op)
+}
+
+/// Why the interpreter (hence every backend) never executes `op`, or `None` for the ops it
+/// does (the arms of the evaluator's dispatch; custom calls are checked by target when run).
+/// Compiling a module that uses one is an error naming it, before anything runs.
+pub fn unexecuted(op: Opcode) -> Option<&'static str> {
+    use Opcode::*;
+    match op {
+        Real | Imag | Erf => Some("not implemented by the interpreter"),
+        Complex => Some("complex numbers are not computed"),
+        Parameter
+        | Constant
+        | Tuple
+        | GetTupleElement
+        | Copy
+        | OptimizationBarrier
+        | AddDependency
+        | AfterAll
+        | CopyStart
+        | CopyDone
+        | Bitcast
+        | Reshape
+        | Broadcast
+        | Transpose
+        | Slice
+        | DynamicSlice
+        | DynamicUpdateSlice
+        | Concatenate
+        | Pad
+        | Iota
+        | Reverse
+        | Convert
+        | BitcastConvert
+        | Compare
+        | Select
+        | Clamp
+        | Reduce
+        | Dot
+        | Call
+        | CustomCall
+        | ReplicaId
+        | PartitionId
+        | AllReduce
+        | AllReduceStart
+        | AllReduceDone
+        | ReduceScatter
+        | AllGather
+        | AllGatherStart
+        | AllGatherDone
+        | AllToAll
+        | CollectivePermute
+        | CollectivePermuteStart
+        | CollectivePermuteDone
+        | CollectiveBroadcast => None,
+        op if op.is_elementwise_unary() || op.is_elementwise_binary() => None,
+        _ => Some("not executed by Peerless"),
+    }
 }

@@ -31,6 +31,35 @@ pub struct InstrEvaluator {
     needs_devices: HashMap<CompId, bool>,
 }
 
+/// Errors on the first instruction, in any computation the entry reaches, whose op no
+/// backend executes: a compile-time error naming it rather than a failure mid-run.
+fn check_executable(m: &Module) -> R<()> {
+    let mut seen = HashSet::new();
+    let mut stack = vec![m.entry];
+    while let Some(c) = stack.pop() {
+        let Some(comp) = m.comps.get(c).filter(|_| seen.insert(c)) else { continue };
+        for &id in &comp.instrs {
+            let ins = m.instr(id);
+            let target = ins.attrs.custom_call_target.as_deref().unwrap_or("");
+            let custom = format!("custom-call target \"{target}\" is not supported");
+            let why = match crate::unexecuted(ins.opcode) {
+                Some(why) => Some(why.to_string()),
+                None if ins.opcode == Opcode::CustomCall && !crate::plan::is_sharding_call(target) => Some(custom),
+                None => None,
+            };
+            if let Some(why) = why {
+                return Err(InterpError::UnsupportedOp {
+                    op: ins.opcode.name().to_string(),
+                    instr: describe(m, id),
+                    why,
+                });
+            }
+            stack.extend(ins.called.iter().copied());
+        }
+    }
+    Ok(())
+}
+
 fn needs_devices(m: &Module, comp: CompId, memo: &mut HashMap<CompId, bool>, depth: usize) -> bool {
     if let Some(&v) = memo.get(&comp) {
         return v;
@@ -56,6 +85,7 @@ fn needs_devices(m: &Module, comp: CompId, memo: &mut HashMap<CompId, bool>, dep
 impl InstrEvaluator {
     /// Analyses `module` for `cfg` (in partition mode, which values are shards).
     pub fn new(module: &Module, cfg: &RunConfig) -> R<Self> {
+        check_executable(module)?;
         let plan = make_plan(module, cfg)?;
         if let Some(e) = plan.as_ref().and_then(|p| p.deferred.clone()) {
             return Err(e);

@@ -216,7 +216,17 @@ fn run(args: &RunArgs) -> CliResult<()> {
         BackendArg::Host | BackendArg::Cuda => {
             let flags = flags(&args.devices)?;
             let kind = if args.backend == BackendArg::Host { BackendKind::Host } else { BackendKind::Cuda };
-            Executable::new(kind, &module, cfg.num_devices, cfg.mode, &flags)?.execute(&inputs)?
+            let exe = Executable::new(kind, &module, cfg.num_devices, cfg.mode, &flags)?;
+            if let Executable::Cuda(c) = &exe {
+                let (on_device, on_host) = c.compute_placement();
+                println!(
+                    "cuda: {on_device} non-collective instructions on the device, {} on the host{}; CUDA graphs: {}",
+                    on_host.len(),
+                    on_host.iter().map(|(_, name, why)| format!("\n  host: '{name}': {why}")).collect::<String>(),
+                    if c.uses_graphs() { "yes" } else { "no" }
+                );
+            }
+            exe.execute(&inputs)?
         }
         BackendArg::Interp => interp::run(&module, &cfg, &inputs)?,
     };

@@ -427,6 +427,7 @@ impl<'a> Interp<'a> {
                 })
             }
             Reduce => self.reduce(c, ops, depth),
+            Sort => self.sort(c, ops, depth),
             Dot => {
                 need(2)?;
                 let out = self.out_array(c, expected)?;
@@ -635,6 +636,96 @@ impl<'a> Interp<'a> {
             }
             Ok(if nv == 1 && !ins.shape.is_tuple() {
                 results.pop().unwrap_or(Literal::Token)
+            } else {
+                Literal::Tuple(results)
+            })
+        })
+    }
+
+    /// Whether `lhs` sorts before `rhs` under comparator `comp` (parameters
+    /// `lhs0, rhs0, lhs1, rhs1, …`); a single `compare(p0, p1)` is evaluated directly.
+    fn sorts_before(&self, c: &Ctx, comp: CompId, lhs: &[Sc], rhs: &[Sc], depth: usize) -> R<bool> {
+        if let Some(cm) = self.m.comps.get(comp) {
+            let root = self.m.instr(cm.root);
+            if root.opcode == Opcode::Compare
+                && cm.params.len() >= 2
+                && root.operands == [cm.params[0], cm.params[1]]
+                && let Some(dir) = root.attrs.comparison_direction
+            {
+                let total = root.attrs.comparison_type.as_deref() == Some("TOTALORDER");
+                return scalar::compare(dir, total, lhs[0], rhs[0]).ok_or_else(|| self.dtype(c, lhs[0].ty()));
+            }
+        }
+        let lit = |s: Sc| {
+            let mut data = vec![0u8; s.ty().byte_size()];
+            s.write(&mut data);
+            vec![Literal::Array(Array { shape: ArrayShape::scalar(s.ty()), data })]
+        };
+        let args: Vec<Vec<Literal>> = lhs.iter().zip(rhs).flat_map(|(&a, &b)| [lit(a), lit(b)]).collect();
+        self.check_args(c, comp, &args)?;
+        let sub = Interp { m: self.m, n: 1, mode: self.mode, plan: None };
+        let out = sub.eval_comp(comp, &args, depth + 1)?;
+        match out.first().and_then(|l| l.as_array()) {
+            Some(a) if a.shape.ty == PrimitiveType::Pred && a.element_count() == 1 => Ok(a.data[0] != 0),
+            _ => Err(self.rt(c, "the sort comparator does not return a pred scalar")),
+        }
+    }
+
+    /// `sort` of N operands along one dimension: every slice is reordered by the comparator
+    /// (a stable merge sort, so equal keys keep their order, as `is_stable=true` asks; an
+    /// inconsistent comparator gives some order, never a panic).
+    fn sort(&self, c: &Ctx, ops: &[&Vec<Literal>], depth: usize) -> R<Vec<Literal>> {
+        let ins = c.ins;
+        let comp = *ins.called.first().ok_or_else(|| self.rt(c, "sort without a comparator"))?;
+        let &[dim] = self.dims_attr(c)? else { return Err(self.rt(c, "sort needs one dimension")) };
+        if ops.is_empty() {
+            return Err(self.rt(c, "sort of nothing"));
+        }
+        self.per_dev(|d| {
+            let arrays = ops.iter().map(|o| self.arr(c, &o[d])).collect::<R<Vec<_>>>()?;
+            let dims = &arrays[0].shape.dims;
+            if arrays.iter().any(|a| &a.shape.dims != dims) {
+                return Err(self.rt(c, "sort operands differ in shape"));
+            }
+            let k = usize::try_from(dim).ok().filter(|&k| k < dims.len()).ok_or_else(|| self.rt(c, "bad dimension"))?;
+            let len = dims[k] as usize;
+            let inner: usize = dims[k + 1..].iter().map(|&x| x as usize).product();
+            let total: usize = dims.iter().map(|&x| x as usize).product();
+            let xs = arrays.iter().map(|a| self.scalars_of(c, a)).collect::<R<Vec<_>>>()?;
+            let mut out: Vec<Vec<Sc>> = xs.clone();
+            let mut err = None;
+            for slice in 0..total.checked_div(len).unwrap_or(0) {
+                let (o, i) = (slice / inner.max(1), slice % inner.max(1));
+                let at = |j: usize| (o * len + j) * inner + i;
+                let key = |j: usize| xs.iter().map(|x| x[at(j)]).collect::<Vec<Sc>>();
+                let mut before = |a: usize, b: usize| -> bool {
+                    if err.is_some() {
+                        return false;
+                    }
+                    self.sorts_before(c, comp, &key(a), &key(b), depth).unwrap_or_else(|e| {
+                        err = Some(e);
+                        false
+                    })
+                };
+                let order = merge_sort(len, &mut before);
+                for (j, &from) in order.iter().enumerate() {
+                    for (dst, src) in out.iter_mut().zip(&xs) {
+                        dst[at(j)] = src[at(from)];
+                    }
+                }
+            }
+            if let Some(e) = err {
+                return Err(e);
+            }
+            let results = out
+                .iter()
+                .zip(&arrays)
+                .map(|(v, a)| {
+                    Ok(Literal::Array(ops::from_scalars(a.shape.ty, dims.clone(), v).map_err(|e| self.rt(c, e))?))
+                })
+                .collect::<R<Vec<_>>>()?;
+            Ok(if results.len() == 1 && !ins.shape.is_tuple() {
+                results.into_iter().next().unwrap_or(Literal::Token)
             } else {
                 Literal::Tuple(results)
             })
@@ -904,8 +995,38 @@ pub fn unexecuted(op: Opcode) -> Option<&'static str> {
         | CollectivePermute
         | CollectivePermuteStart
         | CollectivePermuteDone
-        | CollectiveBroadcast => None,
+        | CollectiveBroadcast
+        | Sort => None,
         op if op.is_elementwise_unary() || op.is_elementwise_binary() => None,
         _ => Some("not executed by Peerless"),
     }
+}
+
+/// A stable bottom-up merge sort of `0..n` by `before(a, b)` ("a sorts strictly before b"),
+/// returning the permutation. Unlike `slice::sort_by` it never panics on a comparator that is
+/// not a strict weak order (NaN-unaware user comparators): it just yields some order.
+fn merge_sort(n: usize, before: &mut impl FnMut(usize, usize) -> bool) -> Vec<usize> {
+    let mut a: Vec<usize> = (0..n).collect();
+    let mut b = a.clone();
+    let mut width = 1;
+    while width < n {
+        for lo in (0..n).step_by(2 * width) {
+            let mid = (lo + width).min(n);
+            let hi = (lo + 2 * width).min(n);
+            let (mut i, mut j) = (lo, mid);
+            for slot in b.iter_mut().take(hi).skip(lo) {
+                // Take from the right run only when strictly before: stability.
+                if j < hi && (i >= mid || before(a[j], a[i])) {
+                    *slot = a[j];
+                    j += 1;
+                } else {
+                    *slot = a[i];
+                    i += 1;
+                }
+            }
+        }
+        std::mem::swap(&mut a, &mut b);
+        width *= 2;
+    }
+    a
 }

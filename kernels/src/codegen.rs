@@ -449,11 +449,14 @@ impl Gen<'_> {
         if self.low.evaluator.cuts_operands(self.instr) {
             return Err("an operand is cut into this device's shard first".into());
         }
-        if !ins.called.is_empty() && ins.opcode != Reduce {
+        if !ins.called.is_empty() && !matches!(ins.opcode, Reduce | Sort) {
             return Err(format!("{} calls a computation", ins.opcode.name()));
         }
         if ins.opcode == Reduce {
             return self.reduce();
+        }
+        if ins.opcode == Sort {
+            return self.sort();
         }
         let out = self.out_shape()?;
         let out_bytes = out.byte_size();
@@ -901,6 +904,90 @@ impl Gen<'_> {
             ins.name.replace(['\n', '\r'], " ")
         );
         Ok((GenStep::Kernel { name, elements: n }, code))
+    }
+
+    /// `sort` of N operands along one dimension: one thread per slice copies it to the
+    /// results and insertion-sorts it there with the comparator inlined (stable, as the
+    /// interpreter's merge sort; quadratic in the slice length — correctness first).
+    fn sort(&self) -> R<(GenStep, String)> {
+        let m = &self.low.module;
+        let ins = m.instr(self.instr);
+        let nv = ins.operands.len();
+        let &[comp] = ins.called.as_slice() else { return Err("sort without one comparator".into()) };
+        let local = self.low.evaluator.local_shape(m, self.instr);
+        if local != ins.shape {
+            return Err(format!("the result is sharded (per-device shape {local})"));
+        }
+        let shapes: Vec<&ArrayShape> = (0..nv).map(|i| self.operand(i)).collect::<R<_>>()?;
+        let outs: Vec<&ArrayShape> = match &ins.shape {
+            Shape::Array(a) if nv == 1 => vec![a],
+            Shape::Tuple(t) if t.len() == nv => {
+                t.iter().map(|s| s.as_array().ok_or("nested tuple result")).collect::<Result<_, _>>()?
+            }
+            s => return Err(format!("sort result {s} does not match its {nv} operands")),
+        };
+        if nv == 0
+            || self.outputs.len() != nv
+            || shapes.iter().zip(&outs).any(|(a, o)| a != o || a.dims != shapes[0].dims)
+        {
+            return Err("sort operands and results differ in shape".into());
+        }
+        let dims = udims(shapes[0])?;
+        let &[d] = ins.attrs.dimensions.as_deref().unwrap_or(&[]) else {
+            return Err("sort needs one dimension".into());
+        };
+        let d = usize::try_from(d).ok().filter(|&d| d < dims.len()).ok_or("bad sort dimension")?;
+        let (len, inner) = (dims[d], dims[d + 1..].iter().product::<u64>());
+        let slices = dims.iter().product::<u64>().checked_div(len).unwrap_or(0);
+        if slices == 0 {
+            return Ok((GenStep::Nothing, String::new()));
+        }
+        let tys = shapes.iter().map(|a| Ty::of(a.ty)).collect::<R<Vec<_>>>()?;
+        let mut decls = String::new();
+        for (k, t) in tys.iter().enumerate() {
+            let _ = writeln!(
+                decls,
+                "  {}* __restrict__ out{k} = ({}*)(A + {}ull);",
+                t.store_t(),
+                t.store_t(),
+                self.outputs[k].offset
+            );
+            decls += &self.in_ptr(k, *t)?;
+        }
+        let mut body = format!(
+            "    const u64 base = (i / {inner}ull) * {}ull + (i % {inner}ull);\n    for (u64 j = 0; j < {len}ull; ++j) {{\n",
+            len * inner
+        );
+        for k in 0..nv {
+            let _ = writeln!(body, "      out{k}[base + j * {inner}ull] = in{k}[base + j * {inner}ull];");
+        }
+        body += &format!("    }}\n    for (u64 a = 1; a < {len}ull; ++a) {{\n      for (u64 j = a; j > 0; --j) {{\n");
+        let mut args = Vec::new();
+        for (k, t) in tys.iter().enumerate() {
+            let _ = writeln!(
+                body,
+                "      const {c} a{k} = {}; const {c} b{k} = {};",
+                t.load(&format!("out{k}[base + j * {inner}ull]")),
+                t.load(&format!("out{k}[base + (j - 1) * {inner}ull]")),
+                c = t.comp_t()
+            );
+            args.push(format!("a{k}"));
+            args.push(format!("b{k}"));
+        }
+        let (code, results) = self.scalar_computation(comp, &args)?;
+        let [before] = results.as_slice() else { return Err("the comparator returns more than one value".into()) };
+        body += &code;
+        let _ = writeln!(body, "      if (!({before})) break;");
+        for (k, t) in tys.iter().enumerate() {
+            let _ = writeln!(
+                body,
+                "      {{ const {s} t = out{k}[base + j * {inner}ull]; out{k}[base + j * {inner}ull] = \
+                 out{k}[base + (j - 1) * {inner}ull]; out{k}[base + (j - 1) * {inner}ull] = t; }}",
+                s = t.store_t()
+            );
+        }
+        body += "      }\n    }\n";
+        Ok(self.kernel(slices, &decls, "", &body))
     }
 
     /// Inlines a scalar computation (a reducer) as statements over compute values: `args`

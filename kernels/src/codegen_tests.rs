@@ -115,13 +115,28 @@ fn random_element(ty: T, rng: &mut ChaCha8Rng, out: &mut [u8]) {
     }
 }
 
-fn random_array(shape: &ArrayShape, rng: &mut ChaCha8Rng) -> Array {
+/// Random operand data; `no_nan` redraws NaNs (sort: with NaN a `<` comparator is not the
+/// strict weak order XLA requires, and the order of incomparable elements is unspecified).
+fn random_array(shape: &ArrayShape, rng: &mut ChaCha8Rng, no_nan: bool) -> Array {
     let es = shape.ty.byte_size();
     let mut data = vec![0u8; shape.byte_size()];
     for e in data.chunks_mut(es.max(1)) {
         random_element(shape.ty, rng, e);
+        while no_nan && is_nan(shape.ty, e) {
+            random_element(shape.ty, rng, e);
+        }
     }
     Array { shape: shape.clone(), data }
+}
+
+fn is_nan(ty: T, b: &[u8]) -> bool {
+    match ty {
+        T::F32 => f32::from_le_bytes(b.try_into().unwrap()).is_nan(),
+        T::F64 => f64::from_le_bytes(b.try_into().unwrap()).is_nan(),
+        T::F16 => half::f16::from_le_bytes(b.try_into().unwrap()).is_nan(),
+        T::Bf16 => half::bf16::from_le_bytes(b.try_into().unwrap()).is_nan(),
+        _ => false,
+    }
 }
 
 /// Whether two stored elements agree: bitwise, both NaN, or (approximate ops) within 2 ulps.
@@ -215,7 +230,11 @@ fn emulate(name: &str, module: &hlo::Module, n: usize, mode: emitter::DeviceMode
                     // An operand used twice (`multiply(x, x)`) is one region: one draw.
                     let a = match inputs[..i].iter().position(|r| *r == inputs[i]) {
                         Some(j) => operands[j].clone(),
-                        None => Literal::Array(random_array(s.as_array().ok_or("non-array operand")?, &mut rng)),
+                        None => Literal::Array(random_array(
+                            s.as_array().ok_or("non-array operand")?,
+                            &mut rng,
+                            ins.opcode == Opcode::Sort,
+                        )),
                     };
                     let bytes = &a.as_array().ok_or("non-array operand")?.data;
                     arena[inputs[i].offset..inputs[i].offset + bytes.len()].copy_from_slice(bytes);

@@ -339,7 +339,7 @@ impl<'a> Interp<'a> {
             }
             op if op.is_elementwise_unary() => {
                 need(1)?;
-                if matches!(op, Real | Imag | Erf) {
+                if matches!(op, Real | Imag) {
                     return Err(self.unsupported(c, "not implemented by the interpreter"));
                 }
                 self.per_dev(|d| {
@@ -950,7 +950,7 @@ pub fn single_op_reducer(m: &Module, comp: CompId) -> Option<Opcode> {
 pub fn unexecuted(op: Opcode) -> Option<&'static str> {
     use Opcode::*;
     match op {
-        Real | Imag | Erf => Some("not implemented by the interpreter"),
+        Real | Imag => Some("complex numbers are not computed"),
         Complex => Some("complex numbers are not computed"),
         Parameter
         | Constant

@@ -347,6 +347,7 @@ trait Float: Copy + PartialOrd + std::ops::Neg<Output = Self> {
     fn cos(self) -> Self;
     fn tan(self) -> Self;
     fn signum(self) -> Self;
+    fn erf(self) -> Self;
 }
 
 macro_rules! float_impl {
@@ -433,9 +434,28 @@ macro_rules! float_impl {
             fn signum(self) -> Self {
                 <$t>::signum(self)
             }
+            fn erf(self) -> Self {
+                Erf::erf_impl(self)
+            }
         }
     };
 }
+
+/// erf from libm (Rust's std has none), by width.
+trait Erf {
+    fn erf_impl(self) -> Self;
+}
+impl Erf for f32 {
+    fn erf_impl(self) -> Self {
+        libm::erff(self)
+    }
+}
+impl Erf for f64 {
+    fn erf_impl(self) -> Self {
+        libm::erf(self)
+    }
+}
+
 float_impl!(f32);
 float_impl!(f64);
 
@@ -496,6 +516,7 @@ fn float_unary<F: Float>(op: Opcode, x: F) -> Option<F> {
         Sine => x.sin(),
         Cosine => x.cos(),
         Tan => x.tan(),
+        Erf => x.erf(),
         _ => return None,
     })
 }

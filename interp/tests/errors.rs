@@ -34,9 +34,12 @@ fn f8_and_s4_move_but_do_not_compute() {
 
 #[test]
 fn unsupported_ops_name_themselves() {
-    let t = "HloModule m\ncmp {\n  a = f32[] parameter(0)\n  b = f32[] parameter(1)\n  ROOT c = pred[] compare(a, b), direction=LT\n}\nENTRY e {\n  x = f32[4] parameter(0)\n  ROOT s = f32[4] sort(x), dimensions={0}, to_apply=cmp\n}\n";
+    let t = "HloModule m\nENTRY e {\n  x = f32[4] parameter(0)\n  ROOT s = f32[4] reduce-precision(x), exponent_bits=5, mantissa_bits=10\n}\n";
     let e = run_err(t, 1, Mode::Replica, vec![vec![ramp(&[4], 0.0)]]);
-    assert!(matches!(&e, InterpError::UnsupportedOp { op, instr, .. } if op == "sort" && instr.contains("%s")), "{e}");
+    assert!(
+        matches!(&e, InterpError::UnsupportedOp { op, instr, .. } if op == "reduce-precision" && instr.contains("%s")),
+        "{e}"
+    );
     let t = "HloModule m\nENTRY e {\n  x = f32[4] parameter(0)\n  ROOT s = f32[4] custom-call(x), custom_call_target=\"my_kernel\"\n}\n";
     let e = run_err(t, 1, Mode::Replica, vec![vec![ramp(&[4], 0.0)]]);
     assert!(matches!(&e, InterpError::UnsupportedOp { why, .. } if why.contains("my_kernel")), "{e}");

@@ -126,7 +126,8 @@ PL_DEVICE bool op_signbit(double x) { return __double_as_longlong(x) < 0; }
   PL_DEVICE F op_sign(F x) { return (op_isnan(x) || x == (F)0) ? x : (op_signbit(x) ? (F)-1 : (F)1); } \
   PL_DEVICE F op_sin(F x) { return sin##SUF(x); }                                              \
   PL_DEVICE F op_cos(F x) { return cos##SUF(x); }                                              \
-  PL_DEVICE F op_tan(F x) { return tan##SUF(x); }
+  PL_DEVICE F op_tan(F x) { return tan##SUF(x); }                                              \
+  PL_DEVICE F op_erf(F x) { return erf##SUF(x); }
 
 PL_FLOAT_OPS(float, f)
 PL_FLOAT_OPS(double, )

@@ -277,6 +277,7 @@ fn unary_fn(op: Opcode, t: Ty) -> R<&'static str> {
         Sine if t.is_float() => "op_sin",
         Cosine if t.is_float() => "op_cos",
         Tan if t.is_float() => "op_tan",
+        Erf if t.is_float() => "op_erf",
         _ => return Err(format!("{} of {} has no device code", op.name(), t.ty)),
     };
     Ok(f)

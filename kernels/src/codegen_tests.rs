@@ -80,7 +80,7 @@ use rand_chacha::ChaCha8Rng;
 /// Transcendental ops: the host math library may differ from Rust's in the last bits.
 fn approximate(op: Opcode) -> bool {
     use Opcode::*;
-    matches!(op, Exp | Expm1 | Log | Log1p | Tanh | Logistic | Sine | Cosine | Tan | Power | Atan2 | Cbrt)
+    matches!(op, Exp | Expm1 | Log | Log1p | Tanh | Logistic | Sine | Cosine | Tan | Power | Atan2 | Cbrt | Erf)
 }
 
 fn random_element(ty: T, rng: &mut ChaCha8Rng, out: &mut [u8]) {

@@ -138,8 +138,8 @@ fn an_unsupported_op_is_a_compile_error_naming_it() {
     // Failures mid-run (a worker failing before a collective) are covered by the FailBefore
     // tests below: the root cause, not the peers' timeouts, is reported.
     for (line, want) in [
-        ("e = f32[4] erf(p)", "unsupported op 'erf'"),
-        ("e = f32[4] sort(p), dimensions={0}, to_apply=lt", "unsupported op 'sort'"),
+        ("e = f32[4] reduce-precision(p), exponent_bits=5, mantissa_bits=10", "unsupported op 'reduce-precision'"),
+        ("w = f32[4] cholesky(p)\n  e = f32[4] negate(w)", "unsupported op 'cholesky'"),
         (r#"e = f32[4] custom-call(p), custom_call_target="Foo""#, r#"custom-call target "Foo" is not supported"#),
     ] {
         let text = format!(

@@ -143,6 +143,7 @@ FLOAT_ONLY = {
     "mean_axis": lambda a, b: a.mean(axis=0),
     "div_sqrt": lambda a, b: a / (jnp.abs(b) + 1) + jnp.sqrt(jnp.abs(a)),
     "softmax": lambda a, b: jax.nn.softmax(a, axis=-1),
+    "gelu_exact": lambda a, b: jax.nn.gelu(a, approximate=False),
 }
 
 

@@ -39,8 +39,17 @@ fn a_thousand_compile_execute_destroy_rounds_keep_memory_fds_and_threads_flat() 
             peak = peak.max(usage().rss_bytes);
         }
     }
-    let after = usage();
     let took = started.elapsed();
+    // A worker that was just joined may still be leaving the kernel's thread list for a few
+    // milliseconds: give exiting threads a moment before counting (a leak never goes away).
+    let mut after = usage();
+    for _ in 0..100 {
+        if after.threads <= before.threads {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        after = usage();
+    }
     eprintln!(
         "1000 rounds in {took:?}: RSS {} KiB -> {} KiB (peak {} KiB), fds {} -> {}, threads {} -> {}",
         before.rss_bytes / 1024,
@@ -55,5 +64,6 @@ fn a_thousand_compile_execute_destroy_rounds_keep_memory_fds_and_threads_flat() 
     let growth = after.rss_bytes.saturating_sub(before.rss_bytes);
     assert!(growth < 8 << 20, "resident memory grew by {} KiB over 1000 rounds", growth / 1024);
     assert_eq!(after.fds, before.fds, "file descriptors leaked");
-    assert_eq!(after.threads, before.threads, "threads leaked");
+    // Fewer is fine: a thread alive at the first count (a worker still exiting) may be gone.
+    assert!(after.threads <= before.threads, "threads leaked: {} -> {}", before.threads, after.threads);
 }

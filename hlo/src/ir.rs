@@ -351,3 +351,52 @@ impl Module {
             .collect()
     }
 }
+
+/// `gather`'s dimension numbers, read from its attributes (text form, which the proto
+/// importer writes too): `offset_dims={..}, collapsed_slice_dims={..}, start_index_map={..},
+/// index_vector_dim=N, slice_sizes={..}` and the optional batching dimensions.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct GatherDims {
+    pub offset_dims: Vec<i64>,
+    pub collapsed_slice_dims: Vec<i64>,
+    pub start_index_map: Vec<i64>,
+    pub index_vector_dim: i64,
+    pub slice_sizes: Vec<i64>,
+    pub operand_batching_dims: Vec<i64>,
+    pub start_indices_batching_dims: Vec<i64>,
+}
+
+impl GatherDims {
+    /// The dimension numbers of a `gather` instruction, or what is missing or malformed.
+    pub fn of(attrs: &Attrs) -> Result<GatherDims, String> {
+        let list = |key: &str, required: bool| -> Result<Vec<i64>, String> {
+            match attrs.other.get(key) {
+                None if !required => Ok(Vec::new()),
+                None => Err(format!("gather without {key}")),
+                Some(v) => {
+                    let inner = v.trim().trim_start_matches('{').trim_end_matches('}').trim();
+                    if inner.is_empty() {
+                        return Ok(Vec::new());
+                    }
+                    inner.split(',').map(|x| x.trim().parse::<i64>().map_err(|_| format!("bad {key}={v}"))).collect()
+                }
+            }
+        };
+        let index_vector_dim = attrs
+            .other
+            .get("index_vector_dim")
+            .ok_or("gather without index_vector_dim")?
+            .trim()
+            .parse::<i64>()
+            .map_err(|_| "bad index_vector_dim".to_string())?;
+        Ok(GatherDims {
+            offset_dims: list("offset_dims", true)?,
+            collapsed_slice_dims: list("collapsed_slice_dims", false)?,
+            start_index_map: list("start_index_map", true)?,
+            index_vector_dim,
+            slice_sizes: list("slice_sizes", true)?,
+            operand_batching_dims: list("operand_batching_dims", false)?,
+            start_indices_batching_dims: list("start_indices_batching_dims", false)?,
+        })
+    }
+}

@@ -573,6 +573,19 @@ impl Decoder<'_> {
                 rhs_contracting: d.rhs_contracting_dimensions.clone(),
             });
         }
+        if let Some(g) = &p.gather_dimension_numbers {
+            // The text form's attributes, which `GatherDims::of` reads for both front ends.
+            let list = |v: &[i64]| format!("{{{}}}", v.iter().map(i64::to_string).collect::<Vec<_>>().join(","));
+            a.other.insert("offset_dims".into(), list(&g.offset_dims));
+            a.other.insert("collapsed_slice_dims".into(), list(&g.collapsed_slice_dims));
+            a.other.insert("start_index_map".into(), list(&g.start_index_map));
+            a.other.insert("index_vector_dim".into(), g.index_vector_dim.to_string());
+            if !g.operand_batching_dims.is_empty() {
+                a.other.insert("operand_batching_dims".into(), list(&g.operand_batching_dims));
+                a.other.insert("start_indices_batching_dims".into(), list(&g.start_indices_batching_dims));
+            }
+            a.other.insert("slice_sizes".into(), list(&p.gather_slice_sizes));
+        }
         if !p.fusion_kind.is_empty() {
             a.other.insert("kind".into(), p.fusion_kind.clone());
         }

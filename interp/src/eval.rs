@@ -428,6 +428,20 @@ impl<'a> Interp<'a> {
             }
             Reduce => self.reduce(c, ops, depth),
             Sort => self.sort(c, ops, depth),
+            Gather => {
+                need(2)?;
+                let g = hlo::GatherDims::of(&ins.attrs).map_err(|e| self.rt(c, e))?;
+                let out = self.out_array(c, expected)?;
+                self.per_dev(|d| {
+                    let (a, idx) = (self.arr(c, &ops[0][d])?, self.arr(c, &ops[1][d])?);
+                    let starts = self
+                        .scalars_of(c, idx)?
+                        .iter()
+                        .map(|v| v.as_index().ok_or_else(|| self.rt(c, "gather indices must be integers")))
+                        .collect::<R<Vec<i64>>>()?;
+                    self.wrap(c, ops::gather(a, &idx.shape, &starts, &g, out))
+                })
+            }
             Dot => {
                 need(2)?;
                 let out = self.out_array(c, expected)?;
@@ -996,7 +1010,8 @@ pub fn unexecuted(op: Opcode) -> Option<&'static str> {
         | CollectivePermuteStart
         | CollectivePermuteDone
         | CollectiveBroadcast
-        | Sort => None,
+        | Sort
+        | Gather => None,
         op if op.is_elementwise_unary() || op.is_elementwise_binary() => None,
         _ => Some("not executed by Peerless"),
     }

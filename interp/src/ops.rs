@@ -411,3 +411,103 @@ pub fn dot(l: &Array, r: &Array, dd: &DotDims, out_ty: PrimitiveType) -> OpResul
     }
     from_scalars(out_ty, out_shape.dims, &out)
 }
+
+/// Where `gather` reads: the dimension numbers checked against the shapes once, then, per
+/// output index, the operand's flat index. Shared by the interpreter and (as plain data) by
+/// backends that generate code for it.
+#[derive(Clone, Debug)]
+pub struct GatherPlan {
+    /// Output dimensions that index the start indices (in order), and the start-index
+    /// dimension each one is (the index-vector dimension skipped).
+    pub batch: Vec<(usize, usize)>,
+    /// Per operand dimension: `Some(out_dim)` when an output dimension offsets it.
+    pub offset_of: Vec<Option<usize>>,
+    /// Per entry of the index vector: the operand dimension it starts.
+    pub start_index_map: Vec<usize>,
+    /// The index-vector dimension of the start indices (== their rank: an implicit one).
+    pub index_vector_dim: usize,
+    /// Per operand dimension, the largest start (`dim - slice_size`): starts clamp to it.
+    pub max_start: Vec<i64>,
+}
+
+impl GatherPlan {
+    pub fn new(operand: &[i64], indices: &[i64], g: &hlo::GatherDims, out: &[i64]) -> OpResult<GatherPlan> {
+        if !g.operand_batching_dims.is_empty() || !g.start_indices_batching_dims.is_empty() {
+            return Err("gather with batching dimensions is not supported".into());
+        }
+        let r = operand.len();
+        let ivd =
+            usize::try_from(g.index_vector_dim).ok().filter(|&v| v <= indices.len()).ok_or("bad index_vector_dim")?;
+        let nvec = if ivd == indices.len() { 1 } else { indices[ivd] as usize };
+        let as_dims = |v: &[i64], n: usize| -> OpResult<Vec<usize>> {
+            v.iter()
+                .map(|&d| usize::try_from(d).ok().filter(|&d| d < n).ok_or_else(|| format!("bad dimension {d}")))
+                .collect()
+        };
+        let start_index_map = as_dims(&g.start_index_map, r)?;
+        let collapsed = as_dims(&g.collapsed_slice_dims, r)?;
+        let offset_dims = as_dims(&g.offset_dims, out.len())?;
+        if start_index_map.len() != nvec || g.slice_sizes.len() != r {
+            return Err(format!("gather: {nvec} start indices per vector, start_index_map {:?}", g.start_index_map));
+        }
+        let batch_out: Vec<usize> = (0..out.len()).filter(|d| !offset_dims.contains(d)).collect();
+        let batch_idx: Vec<usize> = (0..indices.len()).filter(|&k| k != ivd).collect();
+        let offset_operand: Vec<usize> = (0..r).filter(|d| !collapsed.contains(d)).collect();
+        if batch_out.len() != batch_idx.len() || offset_operand.len() != offset_dims.len() {
+            return Err("gather dimension numbers do not match the shapes".into());
+        }
+        let mut offset_of = vec![None; r];
+        for (&od, &opd) in offset_dims.iter().zip(&offset_operand) {
+            if out[od] > g.slice_sizes[opd] {
+                return Err("gather output dimension larger than its slice".into());
+            }
+            offset_of[opd] = Some(od);
+        }
+        let mut max_start = Vec::with_capacity(r);
+        for (d, (&size, &slice)) in operand.iter().zip(&g.slice_sizes).enumerate() {
+            if slice < 0 || slice > size {
+                return Err(format!("gather slice size {slice} for dimension {d} of size {size}"));
+            }
+            max_start.push(size - slice);
+        }
+        Ok(GatherPlan {
+            batch: batch_out.into_iter().zip(batch_idx).collect(),
+            offset_of,
+            start_index_map,
+            index_vector_dim: ivd,
+            max_start,
+        })
+    }
+}
+
+/// `gather`: `starts` are the start indices' values as i64 (unsigned above i64::MAX saturate).
+pub fn gather(
+    a: &Array,
+    idx_shape: &ArrayShape,
+    starts: &[i64],
+    g: &hlo::GatherDims,
+    out: &ArrayShape,
+) -> OpResult<Array> {
+    let p = GatherPlan::new(&a.shape.dims, &idx_shape.dims, g, &out.dims)?;
+    let ist = idx_shape.strides();
+    let ast = a.shape.strides();
+    let irank = idx_shape.rank();
+    Ok(gather_by(a, ArrayShape::new(a.shape.ty, out.dims.clone()), None, |o| {
+        let mut base = 0usize;
+        for &(od, id) in &p.batch {
+            base += o[od] * ist[id];
+        }
+        let mut s = 0usize;
+        for (d, &od) in p.offset_of.iter().enumerate() {
+            let start = match p.start_index_map.iter().position(|&m| m == d) {
+                Some(k) => {
+                    let at = if p.index_vector_dim == irank { base } else { base + k * ist[p.index_vector_dim] };
+                    starts[at].clamp(0, p.max_start[d]) as usize
+                }
+                None => 0,
+            };
+            s += (start + od.map_or(0, |od| o[od])) * ast[d];
+        }
+        Some(s)
+    }))
+}

@@ -499,7 +499,16 @@ impl Gen<'_> {
         // host literals; C64 is 8 bytes).
         let moves = matches!(
             ins.opcode,
-            Broadcast | Transpose | Slice | Reverse | DynamicSlice | DynamicUpdateSlice | Pad | Concatenate | Select
+            Broadcast
+                | Transpose
+                | Slice
+                | Reverse
+                | DynamicSlice
+                | DynamicUpdateSlice
+                | Pad
+                | Concatenate
+                | Select
+                | Gather
         );
         let ot = if moves { Ty::raw(out.ty)? } else { Ty::of(out.ty)? };
         let dims = udims(out)?;
@@ -757,6 +766,59 @@ impl Gen<'_> {
                     );
                     at += size;
                 }
+            }
+            Gather => {
+                let (a, idx) = (self.operand(0)?, self.operand(1)?);
+                let it = Ty::of(idx.ty)?;
+                if a.ty != out.ty || !it.is_int() {
+                    return Err("gather types: the operand's type in, integer indices".into());
+                }
+                let g = hlo::GatherDims::of(&ins.attrs)?;
+                let p = interp::GatherPlan::new(&a.dims, &idx.dims, &g, &out.dims)?;
+                decls += &self.in_ptr(0, ot)?;
+                decls += &self.in_ptr(1, it)?;
+                let (ist, ast) = (strides(&udims(idx)?), strides(&udims(a)?));
+                body.push_str(&Self::decompose(&dims));
+                let base: Vec<String> = p.batch.iter().map(|&(od, id)| format!("o{od} * {}ull", ist[id])).collect();
+                let _ = writeln!(
+                    body,
+                    "    const u64 gb = {};",
+                    if base.is_empty() { "0ull".into() } else { base.join(" + ") }
+                );
+                let mut terms = Vec::new();
+                for (d, od) in p.offset_of.iter().enumerate() {
+                    let start = match p.start_index_map.iter().position(|&m| m == d) {
+                        Some(k) => {
+                            let at = if p.index_vector_dim == idx.rank() {
+                                "gb".to_string()
+                            } else {
+                                format!("gb + {}ull", k as u64 * ist[p.index_vector_dim])
+                            };
+                            // As an i64 (u64 above i64::MAX saturates), clamped to [0, dim - size].
+                            let v = if idx.ty == T::U64 {
+                                format!(
+                                    "(s64)(in1[{at}] > 9223372036854775807ull ? 9223372036854775807ull : in1[{at}])"
+                                )
+                            } else {
+                                format!("(s64)in1[{at}]")
+                            };
+                            let _ = writeln!(
+                                body,
+                                "    const s64 t{d} = {v};\n    const u64 st{d} = t{d} < 0 ? 0ull : ((u64)t{d} > {m}ull ? {m}ull : (u64)t{d});",
+                                m = p.max_start[d]
+                            );
+                            format!("st{d}")
+                        }
+                        None => "0ull".to_string(),
+                    };
+                    let off = od.map_or(String::new(), |od| format!(" + o{od}"));
+                    terms.push(format!("({start}{off}) * {}ull", ast[d]));
+                }
+                let _ = writeln!(
+                    body,
+                    "    out[i] = in0[{}];",
+                    if terms.is_empty() { "0ull".into() } else { terms.join(" + ") }
+                );
             }
             Dot => self.dot(out, &dims, ot, &mut decls, &mut body)?,
             op => return Err(format!("{} has no device code", op.name())),

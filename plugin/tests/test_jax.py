@@ -137,6 +137,7 @@ ONE_DEVICE = {
     "iota_dynamic_slice": lambda a, b: jax.lax.dynamic_slice(a, (1, 2), (2, 3)) + jnp.arange(3, dtype=a.dtype),
     "tuple_out": lambda a, b: (a + 1, a.sum(), b.reshape(-1)),
     "sort_argsort": lambda a, b: (jnp.sort(a, axis=1), jnp.argsort(b, axis=0)),
+    "gather_take": lambda a, b: (jnp.take(a, jnp.array([3, 0, 2]), axis=0), a[:, jnp.array([5, 1, 1])]),
 }
 FLOAT_ONLY = {
     "tanh_exp": lambda a, b: jnp.tanh(a) + jnp.exp(b / 4),

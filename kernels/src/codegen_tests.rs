@@ -299,10 +299,7 @@ fn generated_kernels_match_the_interpreter_in_host_emulation() {
     for case in hlo_tests::load_cases().expect("hlo-tests cases") {
         let Ok(d) = case.directive.as_ref() else { continue };
         let module = hlo::parse_text(&case.name, &case.text).expect("parse");
-        let mode = match d.mode {
-            hlo_tests::Mode::Replica => emitter::DeviceMode::Replica,
-            hlo_tests::Mode::Partition => emitter::DeviceMode::Partition,
-        };
+        let mode = d.mode.device_mode();
         for &n in &d.devices {
             let src = generate(&module, n, mode, &emitter::Flags::default()).expect("generate").source;
             if src.is_empty() || !seen.insert(src) {

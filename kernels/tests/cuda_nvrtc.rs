@@ -74,10 +74,7 @@ fn every_generated_unit_compiles() {
     for case in hlo_tests::load_cases().expect("hlo-tests cases") {
         let Ok(d) = case.directive.as_ref() else { continue };
         let module = hlo::parse_text(&case.name, &case.text).expect("parse");
-        let mode = match d.mode {
-            hlo_tests::Mode::Replica => emitter::DeviceMode::Replica,
-            hlo_tests::Mode::Partition => emitter::DeviceMode::Partition,
-        };
+        let mode = d.mode.device_mode();
         for &n in &d.devices {
             let plan = kernels::codegen::generate(&module, n, mode, &emitter::Flags::default())
                 .unwrap_or_else(|e| panic!("{} on {n}: {e}", case.name));

@@ -16,8 +16,8 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use emitter::{DeviceMode, Flags};
-use hlo_tests::{Case, Mode, golden_path, load_cases, read_golden};
+use emitter::Flags;
+use hlo_tests::{Case, golden_path, load_cases, read_golden};
 use kernels::exec::{BackendKind, Executable};
 use libtest_mimic::{Arguments, Failed, Trial};
 
@@ -54,10 +54,7 @@ fn run_case(case: &Case, n: usize, config: Config) -> Result<(), String> {
     let module = hlo::parse_text(&case.path.display().to_string(), &case.text).map_err(|e| format!("parse: {e}"))?;
     let golden = read_golden(&golden_path(&case.name, n), n)?;
     let args = hlo_tests::make_args(&module.entry_param_shapes(), &golden)?;
-    let mode = match d.mode {
-        Mode::Replica => DeviceMode::Replica,
-        Mode::Partition => DeviceMode::Partition,
-    };
+    let mode = d.mode.device_mode();
     let flags = match config {
         Config::Kernel => Flags::default(),
         Config::Fallback => Flags::parse(FALLBACK).map_err(|e| e.to_string())?,
@@ -80,10 +77,7 @@ fn check_layout(case: &Case, n: usize) -> Result<(), String> {
     use emitter::buffers::{ALIGN, BufferKind};
     let d = case.directive.as_ref().map_err(Clone::clone)?;
     let module = hlo::parse_text(&case.path.display().to_string(), &case.text).map_err(|e| format!("parse: {e}"))?;
-    let mode = match d.mode {
-        Mode::Replica => DeviceMode::Replica,
-        Mode::Partition => DeviceMode::Partition,
-    };
+    let mode = d.mode.device_mode();
     let p = kernels::exec::host_programs(&module, n, mode, &Flags::default()).map_err(|e| e.to_string())?;
     let b = &p.buffers;
     let reserved = |k| matches!(k, BufferKind::Signals | BufferKind::Scratch | BufferKind::Zero);

@@ -3,7 +3,7 @@
 //! ([`hip`], [`hiprtc`], [`rccl`], bound directly through `libloading`).
 //!
 //! Layers, as in cudarc: `sys` (raw entry points: cudarc's `driver::sys` / `nvrtc::sys`, and
-//! [`nccl`]'s own table) → a result layer that turns every status into an [`Error`] naming the
+//! [`ccl`]'s own table, shared by NCCL and RCCL) → a result layer that turns every status into an [`Error`] naming the
 //! call and the device → small safe owners ([`cuda::Context`], [`cuda::Stream`],
 //! [`cuda::Event`], [`cuda::DeviceBuffer`], [`nccl::Comms`]).
 //!
@@ -11,6 +11,7 @@
 //! library is probed first ([`libs`]) and every cudarc call runs under `catch_unwind`, which
 //! turns a missing symbol into an error.
 
+pub mod ccl;
 pub mod cuda;
 #[cfg(feature = "rocm")]
 pub mod hip;

@@ -1,271 +1,41 @@
-//! RCCL (feature `rocm`), the ROCm fallback: the same C API as NCCL (`nccl*` entry points,
-//! `ncclDataType_t` / `ncclRedOp_t` values, grouped calls), loaded by absolute path through
-//! [`crate::libs::rccl`] with a clear error when it is absent. The enums and [`P2p`] are
-//! NCCL's ([`crate::nccl`]); only the streams differ (HIP streams).
+//! RCCL (feature `rocm`), the ROCm fallback: the same C API as NCCL, so the shared
+//! collective-library core ([`crate::ccl`]) on HIP streams, loaded by absolute path through
+//! [`crate::libs::rccl`] with a clear error when it is absent.
 
-use std::ffi::{CStr, c_char, c_int, c_void};
+use std::ffi::c_void;
 use std::sync::OnceLock;
 
+use crate::Result;
+use crate::ccl::{CclStream, Lib};
+pub use crate::ccl::{DataType, P2p, RedOp};
 use crate::hip::Stream;
-pub use crate::nccl::{DataType, P2p, RedOp};
-use crate::{Error, Result};
 
-type Comm = *mut c_void;
+/// One RCCL communicator per local device of a clique.
+pub type Comms = crate::ccl::Comms<Stream>;
 
-/// The raw entry points (rccl.h's signatures, which are nccl.h's).
-struct Sys {
-    get_version: unsafe extern "C" fn(*mut c_int) -> c_int,
-    get_error_string: unsafe extern "C" fn(c_int) -> *const c_char,
-    comm_init_all: unsafe extern "C" fn(*mut Comm, c_int, *const c_int) -> c_int,
-    comm_destroy: unsafe extern "C" fn(Comm) -> c_int,
-    group_start: unsafe extern "C" fn() -> c_int,
-    group_end: unsafe extern "C" fn() -> c_int,
-    all_reduce: unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, c_int, Comm, *mut c_void) -> c_int,
-    all_gather: unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, Comm, *mut c_void) -> c_int,
-    reduce_scatter: unsafe extern "C" fn(*const c_void, *mut c_void, usize, c_int, c_int, Comm, *mut c_void) -> c_int,
-    send: unsafe extern "C" fn(*const c_void, usize, c_int, c_int, Comm, *mut c_void) -> c_int,
-    recv: unsafe extern "C" fn(*mut c_void, usize, c_int, c_int, Comm, *mut c_void) -> c_int,
+fn lib() -> Result<&'static Lib> {
+    static LIB: OnceLock<Result<Lib>> = OnceLock::new();
+    LIB.get_or_init(|| Lib::load(crate::libs::rccl()?, "librccl", "RCCL")).as_ref().map_err(Clone::clone)
 }
 
-static SYS: OnceLock<Result<Sys>> = OnceLock::new();
-
-fn sys() -> Result<&'static Sys> {
-    SYS.get_or_init(|| {
-        let loaded = crate::libs::rccl()?;
-        let l = &loaded.lib;
-        macro_rules! sym {
-            ($n:literal) => {
-                // SAFETY: the symbol's C signature is the one rccl.h declares (NCCL 2.x ABI),
-                // matching the field type it is stored in; the library stays loaded forever.
-                *unsafe { l.get(concat!($n, "\0").as_bytes()) }.map_err(|e| Error::Library {
-                    lib: "librccl",
-                    reason: format!("{}: symbol {} missing: {e}", loaded.path.display(), $n),
-                })?
-            };
-        }
-        Ok(Sys {
-            get_version: sym!("ncclGetVersion"),
-            get_error_string: sym!("ncclGetErrorString"),
-            comm_init_all: sym!("ncclCommInitAll"),
-            comm_destroy: sym!("ncclCommDestroy"),
-            group_start: sym!("ncclGroupStart"),
-            group_end: sym!("ncclGroupEnd"),
-            all_reduce: sym!("ncclAllReduce"),
-            all_gather: sym!("ncclAllGather"),
-            reduce_scatter: sym!("ncclReduceScatter"),
-            send: sym!("ncclSend"),
-            recv: sym!("ncclRecv"),
-        })
-    })
-    .as_ref()
-    .map_err(Clone::clone)
-}
-
-/// Result layer: status → error naming the call (as RCCL) and the device.
-fn ck(s: &Sys, call: &'static str, device: Option<usize>, status: c_int) -> Result<()> {
-    if status == 0 {
-        return Ok(());
+impl CclStream for Stream {
+    fn raw(&self) -> *mut c_void {
+        self.s
     }
-    // SAFETY: ncclGetErrorString returns a static NUL-terminated string for any status.
-    let p = unsafe { (s.get_error_string)(status) };
-    let text = if p.is_null() {
-        String::new()
-    } else {
-        // SAFETY: non-null, static, NUL-terminated (see above).
-        unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
-    };
-    Err(Error::Call { call, device, status: format!("RCCL ncclResult {status}: {text}") })
+    fn ordinal(&self) -> usize {
+        self.ordinal
+    }
+    fn lib() -> Result<&'static Lib> {
+        lib()
+    }
 }
 
 /// Whether RCCL can be loaded.
 pub fn present() -> bool {
-    sys().is_ok()
+    lib().is_ok()
 }
 
 /// RCCL's version code (NCCL's scheme, e.g. 21804 for 2.18.4).
 pub fn version() -> Result<i32> {
-    let s = sys()?;
-    let mut v = 0;
-    // SAFETY: `v` outlives the call.
-    ck(s, "ncclGetVersion", None, unsafe { (s.get_version)(&mut v) })?;
-    Ok(v)
-}
-
-/// One RCCL communicator per local device of a clique, created together.
-#[derive(Debug)]
-pub struct Comms {
-    comms: Vec<Comm>,
-    ordinals: Vec<usize>,
-}
-// SAFETY: communicators are used from one thread at a time (calls for one clique are issued
-// from the owning thread inside a group).
-unsafe impl Send for Comms {}
-
-impl Comms {
-    /// `ncclCommInitAll` over the given HIP device ordinals.
-    pub fn new(ordinals: &[usize]) -> Result<Comms> {
-        let s = sys()?;
-        let devs: Vec<c_int> = ordinals.iter().map(|&d| d as c_int).collect();
-        let mut comms: Vec<Comm> = vec![std::ptr::null_mut(); devs.len()];
-        // SAFETY: `comms` and `devs` both hold `devs.len()` elements.
-        ck(s, "ncclCommInitAll", None, unsafe {
-            (s.comm_init_all)(comms.as_mut_ptr(), devs.len() as c_int, devs.as_ptr())
-        })?;
-        Ok(Comms { comms, ordinals: ordinals.to_vec() })
-    }
-
-    pub fn len(&self) -> usize {
-        self.comms.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.comms.is_empty()
-    }
-
-    /// Grouped all-reduce: `bufs[i] = (send, recv)` on device `i`, enqueued on `streams[i]`.
-    pub fn all_reduce(
-        &self,
-        bufs: &[(u64, u64)],
-        count: usize,
-        ty: DataType,
-        op: RedOp,
-        streams: &[&Stream],
-    ) -> Result<()> {
-        self.grouped(bufs.len(), streams, |s, i, comm, stream| {
-            // SAFETY: buffers are device allocations of `count` elements on device `i`;
-            // `stream` belongs to that device.
-            let st = unsafe {
-                (s.all_reduce)(
-                    bufs[i].0 as *const c_void,
-                    bufs[i].1 as *mut c_void,
-                    count,
-                    ty as c_int,
-                    op as c_int,
-                    comm,
-                    stream,
-                )
-            };
-            ck(s, "ncclAllReduce", Some(self.ordinals[i]), st)
-        })
-    }
-
-    /// Grouped all-gather of `count` elements per device.
-    pub fn all_gather(&self, bufs: &[(u64, u64)], count: usize, ty: DataType, streams: &[&Stream]) -> Result<()> {
-        self.grouped(bufs.len(), streams, |s, i, comm, stream| {
-            // SAFETY: send holds `count` and recv `count * len` elements on device `i`.
-            let st = unsafe {
-                (s.all_gather)(bufs[i].0 as *const c_void, bufs[i].1 as *mut c_void, count, ty as c_int, comm, stream)
-            };
-            ck(s, "ncclAllGather", Some(self.ordinals[i]), st)
-        })
-    }
-
-    /// Grouped reduce-scatter: `bufs[i] = (send of count * len, recv of count)` on device `i`.
-    pub fn reduce_scatter(
-        &self,
-        bufs: &[(u64, u64)],
-        count: usize,
-        ty: DataType,
-        op: RedOp,
-        streams: &[&Stream],
-    ) -> Result<()> {
-        self.grouped(bufs.len(), streams, |s, i, comm, stream| {
-            // SAFETY: send holds `count * len` and recv `count` elements on device `i`.
-            let st = unsafe {
-                (s.reduce_scatter)(
-                    bufs[i].0 as *const c_void,
-                    bufs[i].1 as *mut c_void,
-                    count,
-                    ty as c_int,
-                    op as c_int,
-                    comm,
-                    stream,
-                )
-            };
-            ck(s, "ncclReduceScatter", Some(self.ordinals[i]), st)
-        })
-    }
-
-    /// Point-to-point transfers in one group: each [`P2p`] is issued by communicator `rank`
-    /// on `streams[rank]`, byte counts as `Uint8`.
-    pub fn exchange(&self, ops: &[P2p], streams: &[&Stream]) -> Result<()> {
-        self.check_streams(streams)?;
-        if let Some(op) = ops.iter().find(|o| o.rank >= self.comms.len() || o.peer >= self.comms.len()) {
-            return Err(Error::Invalid(format!("p2p {op:?} outside a clique of {}", self.comms.len())));
-        }
-        let s = sys()?;
-        // SAFETY: group calls take no arguments.
-        ck(s, "ncclGroupStart", None, unsafe { (s.group_start)() })?;
-        let mut res = Ok(());
-        for op in ops {
-            let (comm, stream) = (self.comms[op.rank], streams[op.rank].s);
-            let (peer, u8t) = (op.peer as c_int, DataType::Uint8 as c_int);
-            res = if op.send {
-                // SAFETY: `buf` is a device allocation of at least `bytes` bytes on this rank's device.
-                let st = unsafe { (s.send)(op.buf as *const c_void, op.bytes, u8t, peer, comm, stream) };
-                ck(s, "ncclSend", Some(self.ordinals[op.rank]), st)
-            } else {
-                // SAFETY: as above, for the receive buffer.
-                let st = unsafe { (s.recv)(op.buf as *mut c_void, op.bytes, u8t, peer, comm, stream) };
-                ck(s, "ncclRecv", Some(self.ordinals[op.rank]), st)
-            };
-            if res.is_err() {
-                break;
-            }
-        }
-        // SAFETY: closes the group opened above.
-        let end = ck(s, "ncclGroupEnd", None, unsafe { (s.group_end)() });
-        res.and(end)
-    }
-
-    fn check_streams(&self, streams: &[&Stream]) -> Result<()> {
-        if streams.len() != self.comms.len() {
-            return Err(Error::Invalid(format!("{} streams for {} communicators", streams.len(), self.comms.len())));
-        }
-        for (i, st) in streams.iter().enumerate() {
-            if st.ordinal != self.ordinals[i] {
-                return Err(Error::Invalid(format!(
-                    "stream of device {} for the communicator of device {}",
-                    st.ordinal, self.ordinals[i]
-                )));
-            }
-        }
-        Ok(())
-    }
-
-    fn grouped(
-        &self,
-        nbufs: usize,
-        streams: &[&Stream],
-        mut each: impl FnMut(&Sys, usize, Comm, *mut c_void) -> Result<()>,
-    ) -> Result<()> {
-        self.check_streams(streams)?;
-        if nbufs != self.comms.len() {
-            return Err(Error::Invalid(format!("{nbufs} buffer pairs for {} communicators", self.comms.len())));
-        }
-        let s = sys()?;
-        // SAFETY: group calls take no arguments.
-        ck(s, "ncclGroupStart", None, unsafe { (s.group_start)() })?;
-        let mut res = Ok(());
-        for (i, &c) in self.comms.iter().enumerate() {
-            res = each(s, i, c, streams[i].s);
-            if res.is_err() {
-                break;
-            }
-        }
-        // SAFETY: closes the group opened above.
-        let end = ck(s, "ncclGroupEnd", None, unsafe { (s.group_end)() });
-        res.and(end)
-    }
-}
-
-impl Drop for Comms {
-    fn drop(&mut self) {
-        if let Ok(s) = sys() {
-            for &c in &self.comms {
-                // SAFETY: destroys communicators created in `new`, once each.
-                let _ = unsafe { (s.comm_destroy)(c) };
-            }
-        }
-    }
+    lib()?.version()
 }

@@ -34,7 +34,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use emitter::{DeviceMode, Flags, PlannedCollective};
-use ffi::cuda::{DeviceBuffer, Function};
+use ffi::cuda::{DeviceBuffer, Function, PinnedBuffer};
 use ffi::nccl::{self, Comms, P2p};
 use hlo::{ArrayShape, Literal, Shape};
 use thunks::{
@@ -932,6 +932,10 @@ pub struct CudaExecutable {
     /// them, so it is unloaded after them) and the constants the program copies in.
     _generated: Vec<ffi::cuda::Module>,
     _constants: Vec<DeviceBuffer>,
+    /// Per device, page-locked staging for the arguments and then the results (empty when
+    /// they exceed [`PINNED_MAX_BYTES`]: then pageable synchronous copies). Every run ends with
+    /// its streams synchronised, so no copy through it is in flight between runs.
+    staging: Mutex<Vec<PinnedBuffer>>,
     /// Compute thunks the device runs / the host evaluates.
     device_computes: usize,
     host_computes: Vec<(usize, String, String)>,
@@ -944,6 +948,15 @@ impl fmt::Debug for CudaExecutable {
             .field("devices", &self.clique.len())
             .finish_non_exhaustive()
     }
+}
+
+/// Arguments plus results of one device above which the executor does not pin host memory
+/// (page-locked memory is a scarce system resource) and copies synchronously instead.
+const PINNED_MAX_BYTES: usize = 1 << 30;
+
+/// Bytes of one device's argument and result regions: the size of its pinned staging.
+fn staging_bytes(program: &ThunkProgram) -> usize {
+    program.params.iter().flatten().chain(&program.results).map(|r| r.len).sum()
 }
 
 fn cuda_err(e: impl fmt::Display) -> ExecError {
@@ -1048,7 +1061,14 @@ impl CudaExecutable {
                 Thunk::CollectiveDone { .. } => Step::Nothing,
             });
         }
+        let mut staging = Vec::new();
+        if low.programs.iter().all(|p| staging_bytes(p) <= PINNED_MAX_BYTES) {
+            for (p, dev) in low.programs.iter().zip(&clique.devices) {
+                staging.push(PinnedBuffer::new(&dev.ctx, staging_bytes(p)).map_err(cuda_err)?);
+            }
+        }
         Ok(CudaExecutable {
+            staging: Mutex::new(staging),
             low,
             clique,
             arena,
@@ -1215,6 +1235,9 @@ impl CudaExecutable {
         let out = self.run(args);
         if out.is_err() {
             *self.graphs.lock().unwrap_or_else(|e| e.into_inner()) = None;
+            // No copy through the pinned staging may outlive the run (a device that does not
+            // finish here is reported by the next run, or its buffers' drops wait for it).
+            let _ = self.sync_all();
         }
         if matches!(out, Err(ExecError::Device { timeout: true, .. })) {
             *poisoned = true;
@@ -1225,7 +1248,8 @@ impl CudaExecutable {
     /// Enqueues every step; host-evaluated steps synchronise first. Returns whether work
     /// is pending on the streams.
     fn enqueue_steps(&self, fault: Option<&Fault>) -> Result<bool, ExecError> {
-        let mut dirty = false;
+        // The arguments' async copies may still be in flight.
+        let mut dirty = true;
         for (k, step) in self.steps.iter().enumerate() {
             match step {
                 Step::Compute => {
@@ -1335,10 +1359,26 @@ impl CudaExecutable {
     }
 
     fn run(&self, args: &[Vec<Literal>]) -> Result<Vec<Literal>, ExecError> {
+        let mut staging = self.staging.lock().unwrap_or_else(|e| e.into_inner());
         for (d, (program, a)) in self.low.programs.iter().zip(args).enumerate() {
+            self.clique.devices[d].ctx.bind().map_err(|e| self.device_error(d, 0, e.to_string(), false))?;
+            let mut at = 0;
             for (i, (arg, regions)) in a.iter().zip(&program.params).enumerate() {
-                write_value(regions, arg, |o, bytes| self.arena[d].write_at(o, bytes).map_err(|e| e.to_string()))
-                    .map_err(|m| self.device_error(d, 0, format!("parameter {i}: {m}"), false))?;
+                write_value(regions, arg, |o, bytes| match staging.get_mut(d) {
+                    Some(pin) => {
+                        self.check_region(d, o, bytes.len())?;
+                        pin.host_mut()[at..at + bytes.len()].copy_from_slice(bytes);
+                        // SAFETY: the region lies inside the arena (checked above); the pinned
+                        // bytes stay untouched until this run synchronises the stream (at the
+                        // end of every run, failed ones included: `execute`).
+                        unsafe { self.clique.devices[d].stream.copy_h2d_async(self.arena[d].ptr + o as u64, pin, at, bytes.len()) }
+                            .map_err(|e| e.to_string())?;
+                        at += bytes.len();
+                        Ok(())
+                    }
+                    None => self.arena[d].write_at(o, bytes).map_err(|e| e.to_string()),
+                })
+                .map_err(|m| self.device_error(d, 0, format!("parameter {i}: {m}"), false))?;
             }
         }
         let fault = self.fault.lock().unwrap_or_else(|e| e.into_inner()).clone();
@@ -1347,6 +1387,21 @@ impl CudaExecutable {
             self.launch_graphs()?;
         } else {
             self.enqueue_steps(fault.as_ref())?;
+        }
+        // Results: every device's async copies into its staging (after its arguments), queued
+        // behind the program, so the one wait below covers both.
+        for (d, pin) in staging.iter().enumerate() {
+            let program = &self.low.programs[d];
+            self.clique.devices[d].ctx.bind().map_err(|e| self.device_error(d, 0, e.to_string(), false))?;
+            let mut at = program.params.iter().flatten().map(|r| r.len).sum::<usize>();
+            for r in &program.results {
+                self.check_region(d, r.offset, r.len).map_err(|m| self.device_error(d, self.steps.len(), m, false))?;
+                // SAFETY: the region lies inside the arena (checked above); the staging is
+                // read only after the stream is synchronised below.
+                unsafe { self.clique.devices[d].stream.copy_d2h_async(pin, at, self.arena[d].ptr + r.offset as u64, r.len) }
+                    .map_err(|e| self.device_error(d, self.steps.len(), e.to_string(), false))?;
+                at += r.len;
+            }
         }
         self.sync_all()?;
         self.check_status()?;
@@ -1360,9 +1415,17 @@ impl CudaExecutable {
         let mut results = Vec::with_capacity(self.low.programs.len());
         for (d, program) in self.low.programs.iter().enumerate() {
             let buf = &self.arena[d];
-            let root = read_value(&program.results, &self.low.root_shape, |o, l| {
-                let mut v = vec![0u8; l];
-                buf.read_at(o, &mut v).map(|_| v).map_err(|e| e.to_string())
+            let mut at = program.params.iter().flatten().map(|r| r.len).sum::<usize>();
+            let root = read_value(&program.results, &self.low.root_shape, |o, l| match staging.get_mut(d) {
+                Some(pin) => {
+                    let v = pin.host_mut()[at..at + l].to_vec();
+                    at += l;
+                    Ok(v)
+                }
+                None => {
+                    let mut v = vec![0u8; l];
+                    buf.read_at(o, &mut v).map(|_| v).map_err(|e| e.to_string())
+                }
             })
             .map_err(|m| self.device_error(d, self.steps.len(), m, false))?;
             results.push(
@@ -1373,6 +1436,14 @@ impl CudaExecutable {
             );
         }
         Ok(results)
+    }
+
+    /// Checks that `len` bytes at `offset` lie inside device `d`'s arena.
+    fn check_region(&self, d: usize, offset: usize, len: usize) -> Result<(), String> {
+        if offset.checked_add(len).is_none_or(|end| end > self.arena[d].len) {
+            return Err(format!("region of {len} bytes at {offset} outside the arena of {} bytes", self.arena[d].len));
+        }
+        Ok(())
     }
 
     /// One program per device.

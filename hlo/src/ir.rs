@@ -263,7 +263,8 @@ pub struct Instruction {
     pub opcode: Opcode,
     pub shape: Shape,
     pub operands: Vec<InstrId>,
-    /// Called computations: `to_apply`, `calls`, branch computations, in XLA's order.
+    /// Called computations: `to_apply`, `calls`, branch computations, in XLA's order, except
+    /// `while`: (condition, body) from both front ends (XLA's proto has body first).
     pub called: Vec<CompId>,
     pub attrs: Attrs,
     /// The computation this instruction belongs to.

@@ -480,13 +480,17 @@ impl Decoder<'_> {
         let operands = p.operand_ids.iter().map(|&i| resolve("operand", i)).collect::<R<Vec<_>>>()?;
         let control_predecessors =
             p.control_predecessor_ids.iter().map(|&i| resolve("control predecessor", i)).collect::<R<Vec<_>>>()?;
-        let called = p
+        let mut called = p
             .called_computation_ids
             .iter()
             .map(|&i| {
                 comp_ids.get(&i).copied().ok_or_else(|| self.err(format!("called computation id {i} does not resolve")))
             })
             .collect::<R<Vec<_>>>()?;
+        if opcode == Opcode::While && called.len() == 2 {
+            // XLA serializes (body, condition); the IR's order is the text form's (condition, body).
+            called.swap(0, 1);
+        }
 
         let mut a = Attrs { control_predecessors, ..Attrs::default() };
         match opcode {

@@ -544,6 +544,8 @@ impl<'a> Verifier<'a> {
                 self.groups(id, false)?;
                 Ok(())
             }
+            While => self.while_loop(id),
+            Conditional => self.conditional(id),
             // Parsed but not executed by Peerless: structure only.
             _ => Ok(()),
         }
@@ -1127,6 +1129,55 @@ impl<'a> Verifier<'a> {
         self.args_match(id, c)?;
         let root = &self.m.instrs[self.m.comps[c].root].shape;
         self.result_is(id, root, "the callee's root shape")
+    }
+
+    /// One parameter of shape `arg` and a root of shape `root`.
+    fn signature(&self, id: InstrId, c: CompId, what: &str, arg: &Shape, root: &Shape) -> R {
+        let comp = &self.m.comps[c];
+        let cname = pname(&comp.name);
+        let params: Vec<&Shape> = comp.params.iter().map(|&p| &self.m.instrs[p].shape).collect();
+        if params.len() != 1 || !params[0].compatible(arg) {
+            let got = params.iter().map(|s| sh(s)).collect::<Vec<_>>().join(", ");
+            return Err(self.err(id, format!("{what} {cname} must take one parameter {}, takes ({got})", sh(arg))));
+        }
+        let got = &self.m.instrs[comp.root].shape;
+        if !got.compatible(root) {
+            return Err(self.err(id, format!("{what} {cname} must return {}, returns {}", sh(root), sh(got))));
+        }
+        Ok(())
+    }
+
+    fn while_loop(&self, id: InstrId) -> R {
+        self.n_operands(id, 1)?;
+        let ins = &self.m.instrs[id];
+        let &[cond, body] = ins.called.as_slice() else {
+            return Err(self.err(id, "while needs a condition= and a body= computation"));
+        };
+        let state = self.operand_shape(id, 0);
+        self.result_is(id, state, "the loop state's shape")?;
+        self.signature(id, cond, "condition", state, &Shape::array(PrimitiveType::Pred, vec![]))?;
+        self.signature(id, body, "body", state, state)
+    }
+
+    fn conditional(&self, id: InstrId) -> R {
+        let ins = &self.m.instrs[id];
+        let n = ins.called.len();
+        if n == 0 {
+            return Err(self.err(id, "conditional needs branch computations"));
+        }
+        self.n_operands(id, n + 1)?;
+        let sel = self.arr(id, 0)?;
+        let ok = sel.rank() == 0 && (sel.ty == PrimitiveType::S32 || (sel.ty == PrimitiveType::Pred && n == 2));
+        if !ok {
+            return Err(self.err(
+                id,
+                format!("conditional selector must be pred[] (two branches) or s32[], got {}", arr_str(sel)),
+            ));
+        }
+        for (k, &b) in ins.called.iter().enumerate() {
+            self.signature(id, b, &format!("branch {k}"), self.operand_shape(id, k + 1), &ins.shape)?;
+        }
+        Ok(())
     }
 
     fn fusion(&self, id: InstrId) -> R {

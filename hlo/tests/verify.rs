@@ -942,6 +942,26 @@ fn unexecuted_ops_get_structure_checks_only() {
 /// (source, line, message fragment) rejected by `parse_text` once the parser exists.
 const TEXT_CASES: &[(&str, u32, &str)] = &[
     (
+        "HloModule m\n\nc {\n  s = f32[4] parameter(0)\n  ROOT z = f32[] constant(0)\n}\n\nb {\n  s = f32[4] parameter(0)\n  ROOT n = f32[4] negate(s)\n}\n\nENTRY main {\n  x = f32[4] parameter(0)\n  ROOT w = f32[4] while(x), condition=c, body=b\n}\n",
+        15,
+        "must return pred[], returns f32[]",
+    ),
+    (
+        "HloModule m\n\nc {\n  s = f32[4] parameter(0)\n  ROOT z = pred[] constant(false)\n}\n\nb {\n  s = f32[4] parameter(0)\n  ROOT n = f32[2] slice(s), slice={[0:2]}\n}\n\nENTRY main {\n  x = f32[4] parameter(0)\n  ROOT w = f32[4] while(x), condition=c, body=b\n}\n",
+        15,
+        "must return f32[4], returns f32[2]",
+    ),
+    (
+        "HloModule m\n\nt {\n  s = f32[4] parameter(0)\n  ROOT n = f32[4] negate(s)\n}\n\nENTRY main {\n  p = s8[] parameter(0)\n  x = f32[4] parameter(1)\n  ROOT c = f32[4] conditional(p, x, x), true_computation=t, false_computation=t\n}\n",
+        11,
+        "selector must be pred[] (two branches) or s32[], got s8[]",
+    ),
+    (
+        "HloModule m\n\nt {\n  s = f32[4] parameter(0)\n  ROOT n = f32[4] negate(s)\n}\n\nENTRY main {\n  p = s32[] parameter(0)\n  x = f32[2] parameter(1)\n  ROOT c = f32[4] conditional(p, x), branch_computations={t}\n}\n",
+        11,
+        "must take one parameter f32[2], takes (f32[4])",
+    ),
+    (
         "HloModule m\n\nENTRY main {\n  x = f32[4] parameter(0)\n  y = s32[4] parameter(1)\n  ROOT add.3 = f32[4] add(x, y)\n}\n",
         6,
         "add operands must have the same element type and dimensions, got f32[4] and s32[4]",

@@ -15,12 +15,19 @@ type R<T> = Result<T, InterpError>;
 /// Deepest nesting of called computations.
 const MAX_DEPTH: usize = 64;
 
+/// Most iterations of one `while` before it is an error rather than a hang (a loop whose
+/// condition never becomes false would otherwise never return).
+pub const MAX_WHILE_ITERATIONS: u64 = 1 << 24;
+
 pub struct Interp<'a> {
     pub m: &'a Module,
     pub n: usize,
     pub mode: Mode,
     /// Sharding plan of the entry computation (partition mode).
     pub plan: Option<&'a Plan>,
+    /// The device id of this interpreter's device 0 (`replica-id` / `partition-id` give
+    /// `first + d`): a one-device interpreter for device 3 of 8 has `first` 3.
+    pub first: usize,
 }
 
 /// How a reduction computation combines values.
@@ -456,6 +463,8 @@ impl<'a> Interp<'a> {
                     self.wrap(c, ops::dot(a, b, &dd, out.ty))
                 })
             }
+            While => self.while_loop(c, ops, depth),
+            Conditional => self.conditional(c, ops, expected, depth),
             Call => {
                 let callee = *ins.called.first().ok_or_else(|| self.rt(c, "call without computation"))?;
                 let args: Vec<Vec<Literal>> = ops.iter().map(|o| (*o).clone()).collect();
@@ -479,7 +488,7 @@ impl<'a> Interp<'a> {
             }
             ReplicaId | PartitionId => {
                 let mine = (ins.opcode == ReplicaId) == (self.mode == Mode::Replica);
-                self.per_dev(|d| Ok(Array::scalar(if mine { d as u32 } else { 0 }).into()))
+                self.per_dev(|d| Ok(Array::scalar(if mine { (self.first + d) as u32 } else { 0 }).into()))
             }
             AllReduce | AllReduceStart => self.all_reduce(c, ops, depth, false),
             ReduceScatter => self.all_reduce(c, ops, depth, true),
@@ -506,6 +515,90 @@ impl<'a> Interp<'a> {
             }
             op => Err(self.unsupported(c, unexecuted(op).unwrap_or("not executed by Peerless"))),
         }
+    }
+
+    // ---- control flow ----
+
+    /// A scalar `pred` (or, for `conditional`, `s32`) of one device, as an integer.
+    fn selector(&self, c: &Ctx, l: &Literal) -> R<(bool, i64)> {
+        let a = l.as_array().filter(|a| a.shape.rank() == 0).ok_or_else(|| self.rt(c, "selector is not a scalar"))?;
+        match self.scalars_of(c, a)?.first() {
+            Some(Sc::Pred(p)) => Ok((true, *p as i64)),
+            Some(Sc::S32(v)) => Ok((false, *v as i64)),
+            _ => Err(self.rt(c, format!("selector of type {} (expected pred or s32)", a.shape.ty.name()))),
+        }
+    }
+
+    /// `while`: called computations are (condition, body) — both front ends give that order.
+    /// Devices leave the loop independently (a finished device's state is kept while the
+    /// others go on); a body with a collective needs every device to agree, as on XLA.
+    fn while_loop(&self, c: &Ctx, ops: &[&Vec<Literal>], depth: usize) -> R<Vec<Literal>> {
+        let (&[cond, body], [init]) = (c.ins.called.as_slice(), ops) else {
+            return Err(self.rt(c, "while needs one operand, a condition and a body"));
+        };
+        let mut state: Vec<Literal> = (*init).clone();
+        let mut iterations = 0u64;
+        loop {
+            let args = [state];
+            self.check_args(c, cond, &args)?;
+            let go = self.eval_comp(cond, &args, depth + 1)?;
+            let [state_now] = args;
+            state = state_now;
+            let go = go.iter().map(|l| self.selector(c, l).map(|(_, v)| v != 0)).collect::<R<Vec<bool>>>()?;
+            if !go.iter().any(|&g| g) {
+                return Ok(state);
+            }
+            if iterations == MAX_WHILE_ITERATIONS {
+                return Err(self.rt(c, format!("still looping after {MAX_WHILE_ITERATIONS} iterations")));
+            }
+            iterations += 1;
+            let split = !go.iter().all(|&g| g);
+            if split && comp_has_collective(self.m, body, 0) {
+                return Err(self.rt(c, "devices disagree on the loop condition of a body with collectives"));
+            }
+            let args = [state];
+            let next = self.eval_comp(body, &args, depth + 1)?;
+            let [before] = args;
+            state = before.into_iter().zip(next).zip(&go).map(|((b, n), &g)| if g { n } else { b }).collect();
+        }
+    }
+
+    /// `conditional`: operand 0 selects the branch (pred: true → branch 0, false → branch 1;
+    /// s32: that branch, out of range → the last), operand 1 + k is branch k's argument.
+    fn conditional(&self, c: &Ctx, ops: &[&Vec<Literal>], expected: &Shape, depth: usize) -> R<Vec<Literal>> {
+        let branches = &c.ins.called;
+        if branches.is_empty() || ops.len() != branches.len() + 1 {
+            return Err(self.rt(c, format!("{} branches for {} operands", branches.len(), ops.len())));
+        }
+        let mut pick = Vec::with_capacity(self.n);
+        for l in ops[0] {
+            pick.push(match self.selector(c, l)? {
+                (true, v) if branches.len() == 2 => usize::from(v == 0),
+                (true, _) => return Err(self.rt(c, "a pred selector needs exactly two branches")),
+                (false, v) => usize::try_from(v).ok().filter(|&k| k < branches.len()).unwrap_or(branches.len() - 1),
+            });
+        }
+        let mut out: Vec<Option<Literal>> = vec![None; self.n];
+        for (k, &b) in branches.iter().enumerate() {
+            if !pick.contains(&k) {
+                continue;
+            }
+            if pick.iter().any(|&p| p != k) && comp_has_collective(self.m, b, 0) {
+                return Err(self.rt(c, "devices take different branches and one has collectives"));
+            }
+            let args = [ops[k + 1].clone()];
+            self.check_args(c, b, &args)?;
+            for (d, v) in self.eval_comp(b, &args, depth + 1)?.into_iter().enumerate() {
+                if pick[d] == k {
+                    out[d] = Some(v);
+                }
+            }
+        }
+        let out: Vec<Literal> = out.into_iter().flatten().collect();
+        if out.len() != self.n || out.iter().any(|v| !v.shape().compatible(expected)) {
+            return Err(self.rt(c, format!("branches must produce {expected}")));
+        }
+        Ok(out)
     }
 
     fn tuple_elem(&self, c: &Ctx, l: &Literal, i: usize) -> R<Literal> {
@@ -558,7 +651,7 @@ impl<'a> Interp<'a> {
                 Ok(vec![v])
             }
             Reducer::Generic(comp) => {
-                let sub = Interp { m: self.m, n: 1, mode: self.mode, plan: None };
+                let sub = Interp { m: self.m, n: 1, mode: self.mode, plan: None, first: self.first };
                 let args: Vec<Vec<Literal>> = accs
                     .iter()
                     .chain(xs)
@@ -677,7 +770,7 @@ impl<'a> Interp<'a> {
         };
         let args: Vec<Vec<Literal>> = lhs.iter().zip(rhs).flat_map(|(&a, &b)| [lit(a), lit(b)]).collect();
         self.check_args(c, comp, &args)?;
-        let sub = Interp { m: self.m, n: 1, mode: self.mode, plan: None };
+        let sub = Interp { m: self.m, n: 1, mode: self.mode, plan: None, first: self.first };
         let out = sub.eval_comp(comp, &args, depth + 1)?;
         match out.first().and_then(|l| l.as_array()) {
             Some(a) if a.shape.ty == PrimitiveType::Pred && a.element_count() == 1 => Ok(a.data[0] != 0),
@@ -938,6 +1031,19 @@ impl<'a> Interp<'a> {
 /// (`add`, `multiply`, `maximum`, `minimum`, `and`, `or`, `xor`, either operand order);
 /// `None` for anything else. Backends use it to pick a fast path; the interpreter's fold
 /// order stays the same either way.
+/// Whether computation `comp` contains (transitively) a collective.
+pub fn comp_has_collective(m: &Module, comp: CompId, depth: usize) -> bool {
+    let Some(c) = m.comps.get(comp) else { return false };
+    depth > MAX_DEPTH
+        || c.instrs.iter().any(|&i| {
+            m.instrs.get(i).is_some_and(|ins| {
+                ins.opcode.is_collective()
+                    || ins.opcode.is_collective_done()
+                    || ins.called.iter().any(|&cc| comp_has_collective(m, cc, depth + 1))
+            })
+        })
+}
+
 pub fn single_op_reducer(m: &Module, comp: CompId) -> Option<Opcode> {
     let cm = m.comps.get(comp)?;
     if cm.params.len() != 2 || cm.instrs.len() != 3 {
@@ -995,6 +1101,8 @@ pub fn unexecuted(op: Opcode) -> Option<&'static str> {
         | Reduce
         | Dot
         | Call
+        | While
+        | Conditional
         | CustomCall
         | ReplicaId
         | PartitionId

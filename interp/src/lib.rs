@@ -185,6 +185,6 @@ pub fn run(module: &Module, cfg: &RunConfig, args: &[Vec<Literal>]) -> Result<Ve
     }
     // Transpose to [parameter][device].
     let by_param: Vec<Vec<Literal>> = (0..shapes.len()).map(|i| args.iter().map(|a| a[i].clone()).collect()).collect();
-    let interp = eval::Interp { m: module, n, mode: cfg.mode, plan: plan.as_ref() };
+    let interp = eval::Interp { m: module, n, mode: cfg.mode, plan: plan.as_ref(), first: 0 };
     interp.eval_comp(module.entry, &by_param, 0)
 }

@@ -3,9 +3,10 @@
 //! every non-collective instruction of a thunk program through [`InstrEvaluator::eval`]).
 //!
 //! Collectives are not evaluated here (the backend runs them), and neither is anything
-//! whose called computations contain a collective, `replica-id` or `partition-id`:
-//! those need every device, or the device id, inside the callee; a backend inlines such
-//! calls first.
+//! whose called computations contain a collective: that needs every device inside the
+//! callee. A backend inlines such calls first; a `while` or `conditional` with a collective
+//! inside is refused when the module is compiled. `replica-id` / `partition-id` inside a
+//! callee give the device's own id.
 
 use std::collections::{HashMap, HashSet};
 
@@ -27,7 +28,7 @@ pub struct InstrEvaluator {
     params: Vec<Shape>,
     /// Instructions with an operand cut into this device's shard before use.
     cuts: HashSet<InstrId>,
-    /// Computations that contain (transitively) a collective or a device id.
+    /// Computations that contain (transitively) a collective.
     needs_devices: HashMap<CompId, bool>,
 }
 
@@ -74,7 +75,6 @@ fn needs_devices(m: &Module, comp: CompId, memo: &mut HashMap<CompId, bool>, dep
         m.instrs.get(i).is_none_or(|ins| {
             ins.opcode.is_collective()
                 || ins.opcode.is_collective_done()
-                || matches!(ins.opcode, Opcode::ReplicaId | Opcode::PartitionId)
                 || ins.called.iter().any(|&cc| needs_devices(m, cc, memo, depth + 1))
         })
     });
@@ -95,6 +95,18 @@ impl InstrEvaluator {
         let mut memo = HashMap::new();
         for (cid, _) in module.comps.iter() {
             needs_devices(module, cid, &mut memo, 0);
+        }
+        // Entry instructions run one device at a time; a collective inside one of their
+        // computations (a loop body, a branch) would need the others.
+        for &id in &module.entry().instrs {
+            let ins = module.instr(id);
+            if !ins.opcode.is_collective() && ins.called.iter().any(|c| memo.get(c).copied().unwrap_or(true)) {
+                return Err(InterpError::UnsupportedOp {
+                    op: ins.opcode.name().to_string(),
+                    instr: describe(module, id),
+                    why: "collectives inside its computations (a loop body or a branch) are not supported yet".into(),
+                });
+            }
         }
         Ok(InstrEvaluator { plan, mode: cfg.mode, num_devices: cfg.num_devices, params, cuts, needs_devices: memo })
     }
@@ -137,9 +149,7 @@ impl InstrEvaluator {
             return Err(unsupported("collectives and parameters are the backend's, not one device's".into()));
         }
         if ins.called.iter().any(|c| self.needs_devices.get(c).copied().unwrap_or(true)) {
-            return Err(unsupported(
-                "a called computation contains a collective or a device id; inline it first".into(),
-            ));
+            return Err(unsupported("a called computation contains a collective; inline it first".into()));
         }
         if operands.len() != ins.operands.len() {
             return Err(InterpError::BadArguments(format!(
@@ -167,8 +177,8 @@ impl InstrEvaluator {
             }
         }
         let refs: Vec<&Vec<Literal>> = ops.iter().collect();
-        // A one-device interpreter: nothing it runs here depends on the device id.
-        let interp = Interp { m: module, n: 1, mode: self.mode, plan: None };
+        // A one-device interpreter for this device (device ids inside callees are its own).
+        let interp = Interp { m: module, n: 1, mode: self.mode, plan: None, first: device };
         let out = interp.eval_instr(&Ctx { id, ins }, &refs, &[], &expected, 0)?;
         let v = out.into_iter().next().ok_or_else(|| rt("internal: no value".into()))?;
         let got = v.shape();

@@ -1371,8 +1371,15 @@ impl CudaExecutable {
                         // SAFETY: the region lies inside the arena (checked above); the pinned
                         // bytes stay untouched until this run synchronises the stream (at the
                         // end of every run, failed ones included: `execute`).
-                        unsafe { self.clique.devices[d].stream.copy_h2d_async(self.arena[d].ptr + o as u64, pin, at, bytes.len()) }
-                            .map_err(|e| e.to_string())?;
+                        unsafe {
+                            self.clique.devices[d].stream.copy_h2d_async(
+                                self.arena[d].ptr + o as u64,
+                                pin,
+                                at,
+                                bytes.len(),
+                            )
+                        }
+                        .map_err(|e| e.to_string())?;
                         at += bytes.len();
                         Ok(())
                     }
@@ -1398,8 +1405,10 @@ impl CudaExecutable {
                 self.check_region(d, r.offset, r.len).map_err(|m| self.device_error(d, self.steps.len(), m, false))?;
                 // SAFETY: the region lies inside the arena (checked above); the staging is
                 // read only after the stream is synchronised below.
-                unsafe { self.clique.devices[d].stream.copy_d2h_async(pin, at, self.arena[d].ptr + r.offset as u64, r.len) }
-                    .map_err(|e| self.device_error(d, self.steps.len(), e.to_string(), false))?;
+                unsafe {
+                    self.clique.devices[d].stream.copy_d2h_async(pin, at, self.arena[d].ptr + r.offset as u64, r.len)
+                }
+                .map_err(|e| self.device_error(d, self.steps.len(), e.to_string(), false))?;
                 at += r.len;
             }
         }

@@ -367,37 +367,73 @@ pub struct GatherDims {
     pub start_indices_batching_dims: Vec<i64>,
 }
 
+/// A `{a,b,..}` list attribute of `op` (`None` when absent), as the text form writes it.
+fn list_attr(attrs: &Attrs, op: &str, key: &str) -> Result<Option<Vec<i64>>, String> {
+    let Some(v) = attrs.other.get(key) else { return Ok(None) };
+    let inner = v.trim().trim_start_matches('{').trim_end_matches('}').trim();
+    if inner.is_empty() {
+        return Ok(Some(Vec::new()));
+    }
+    inner
+        .split(',')
+        .map(|x| x.trim().parse::<i64>().map_err(|_| format!("{op}: bad {key}={v}")))
+        .collect::<Result<_, _>>()
+        .map(Some)
+}
+
+/// The `index_vector_dim=N` attribute of `op`.
+fn index_vector_dim(attrs: &Attrs, op: &str) -> Result<i64, String> {
+    attrs
+        .other
+        .get("index_vector_dim")
+        .ok_or(format!("{op} without index_vector_dim"))?
+        .trim()
+        .parse::<i64>()
+        .map_err(|_| format!("{op}: bad index_vector_dim"))
+}
+
 impl GatherDims {
     /// The dimension numbers of a `gather` instruction, or what is missing or malformed.
     pub fn of(attrs: &Attrs) -> Result<GatherDims, String> {
-        let list = |key: &str, required: bool| -> Result<Vec<i64>, String> {
-            match attrs.other.get(key) {
-                None if !required => Ok(Vec::new()),
-                None => Err(format!("gather without {key}")),
-                Some(v) => {
-                    let inner = v.trim().trim_start_matches('{').trim_end_matches('}').trim();
-                    if inner.is_empty() {
-                        return Ok(Vec::new());
-                    }
-                    inner.split(',').map(|x| x.trim().parse::<i64>().map_err(|_| format!("bad {key}={v}"))).collect()
-                }
-            }
-        };
-        let index_vector_dim = attrs
-            .other
-            .get("index_vector_dim")
-            .ok_or("gather without index_vector_dim")?
-            .trim()
-            .parse::<i64>()
-            .map_err(|_| "bad index_vector_dim".to_string())?;
+        let req = |key: &str| list_attr(attrs, "gather", key)?.ok_or(format!("gather without {key}"));
+        let opt = |key: &str| Ok::<_, String>(list_attr(attrs, "gather", key)?.unwrap_or_default());
         Ok(GatherDims {
-            offset_dims: list("offset_dims", true)?,
-            collapsed_slice_dims: list("collapsed_slice_dims", false)?,
-            start_index_map: list("start_index_map", true)?,
-            index_vector_dim,
-            slice_sizes: list("slice_sizes", true)?,
-            operand_batching_dims: list("operand_batching_dims", false)?,
-            start_indices_batching_dims: list("start_indices_batching_dims", false)?,
+            offset_dims: req("offset_dims")?,
+            collapsed_slice_dims: opt("collapsed_slice_dims")?,
+            start_index_map: req("start_index_map")?,
+            index_vector_dim: index_vector_dim(attrs, "gather")?,
+            slice_sizes: req("slice_sizes")?,
+            operand_batching_dims: opt("operand_batching_dims")?,
+            start_indices_batching_dims: opt("start_indices_batching_dims")?,
+        })
+    }
+}
+
+/// `scatter`'s dimension numbers, read like [`GatherDims`]: `update_window_dims={..},
+/// inserted_window_dims={..}, scatter_dims_to_operand_dims={..}, index_vector_dim=N` and the
+/// optional batching dimensions.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ScatterDims {
+    pub update_window_dims: Vec<i64>,
+    pub inserted_window_dims: Vec<i64>,
+    pub scatter_dims_to_operand_dims: Vec<i64>,
+    pub index_vector_dim: i64,
+    pub input_batching_dims: Vec<i64>,
+    pub scatter_indices_batching_dims: Vec<i64>,
+}
+
+impl ScatterDims {
+    /// The dimension numbers of a `scatter` instruction, or what is missing or malformed.
+    pub fn of(attrs: &Attrs) -> Result<ScatterDims, String> {
+        let req = |key: &str| list_attr(attrs, "scatter", key)?.ok_or(format!("scatter without {key}"));
+        let opt = |key: &str| Ok::<_, String>(list_attr(attrs, "scatter", key)?.unwrap_or_default());
+        Ok(ScatterDims {
+            update_window_dims: req("update_window_dims")?,
+            inserted_window_dims: opt("inserted_window_dims")?,
+            scatter_dims_to_operand_dims: req("scatter_dims_to_operand_dims")?,
+            index_vector_dim: index_vector_dim(attrs, "scatter")?,
+            input_batching_dims: opt("input_batching_dims")?,
+            scatter_indices_batching_dims: opt("scatter_indices_batching_dims")?,
         })
     }
 }

@@ -590,6 +590,18 @@ impl Decoder<'_> {
             }
             a.other.insert("slice_sizes".into(), list(&p.gather_slice_sizes));
         }
+        if let Some(g) = &p.scatter_dimension_numbers {
+            // As for gather: the text form's attributes, which `ScatterDims::of` reads.
+            let list = |v: &[i64]| format!("{{{}}}", v.iter().map(i64::to_string).collect::<Vec<_>>().join(","));
+            a.other.insert("update_window_dims".into(), list(&g.update_window_dims));
+            a.other.insert("inserted_window_dims".into(), list(&g.inserted_window_dims));
+            a.other.insert("scatter_dims_to_operand_dims".into(), list(&g.scatter_dims_to_operand_dims));
+            a.other.insert("index_vector_dim".into(), g.index_vector_dim.to_string());
+            if !g.input_batching_dims.is_empty() {
+                a.other.insert("input_batching_dims".into(), list(&g.input_batching_dims));
+                a.other.insert("scatter_indices_batching_dims".into(), list(&g.scatter_indices_batching_dims));
+            }
+        }
         if !p.fusion_kind.is_empty() {
             a.other.insert("kind".into(), p.fusion_kind.clone());
         }

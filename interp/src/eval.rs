@@ -463,6 +463,7 @@ impl<'a> Interp<'a> {
                     self.wrap(c, ops::dot(a, b, &dd, out.ty))
                 })
             }
+            Scatter => self.scatter(c, ops, depth),
             While => self.while_loop(c, ops, depth),
             Conditional => self.conditional(c, ops, expected, depth),
             Call => {
@@ -740,6 +741,73 @@ impl<'a> Interp<'a> {
                 let ty = vals.first().map_or(inits[k].shape.ty, |v| v.ty());
                 results
                     .push(Literal::Array(ops::from_scalars(ty, out_dims.clone(), &vals).map_err(|e| self.rt(c, e))?));
+            }
+            Ok(if nv == 1 && !ins.shape.is_tuple() {
+                results.pop().unwrap_or(Literal::Token)
+            } else {
+                Literal::Tuple(results)
+            })
+        })
+    }
+
+    /// `scatter` of N operands: operands, the indices, N updates; each update element is
+    /// combined into its operand element in the updates' row-major order (XLA's order for
+    /// repeated indices), skipping windows out of bounds.
+    fn scatter(&self, c: &Ctx, ops: &[&Vec<Literal>], depth: usize) -> R<Vec<Literal>> {
+        let ins = c.ins;
+        let comp = *ins.called.first().ok_or_else(|| self.rt(c, "scatter without to_apply"))?;
+        let red = self.reducer(comp);
+        if ops.len() < 3 || ops.len().is_multiple_of(2) {
+            return Err(self.rt(c, "scatter needs N operands, the indices and N updates"));
+        }
+        let nv = (ops.len() - 1) / 2;
+        let dims = hlo::ScatterDims::of(&ins.attrs).map_err(|e| self.rt(c, e))?;
+        self.per_dev(|d| {
+            let operands = ops[..nv].iter().map(|o| self.arr(c, &o[d])).collect::<R<Vec<_>>>()?;
+            let idx = self.arr(c, &ops[nv][d])?;
+            let updates = ops[nv + 1..].iter().map(|o| self.arr(c, &o[d])).collect::<R<Vec<_>>>()?;
+            let (odims, udims) = (&operands[0].shape.dims, &updates[0].shape.dims);
+            if operands.iter().any(|a| &a.shape.dims != odims) || updates.iter().any(|a| &a.shape.dims != udims) {
+                return Err(self.rt(c, "scatter operands (or updates) differ in shape"));
+            }
+            let plan = ops::ScatterPlan::new(odims, &idx.shape.dims, udims, &dims).map_err(|e| self.rt(c, e))?;
+            let starts = self
+                .scalars_of(c, idx)?
+                .iter()
+                .map(|v| v.as_index().ok_or_else(|| self.rt(c, "scatter indices must be integers")))
+                .collect::<R<Vec<i64>>>()?;
+            let mut vals = operands.iter().map(|a| self.scalars_of(c, a)).collect::<R<Vec<_>>>()?;
+            let ups = updates.iter().map(|a| self.scalars_of(c, a)).collect::<R<Vec<_>>>()?;
+            let ushape: Vec<usize> = udims.iter().map(|&x| x as usize).collect();
+            let mut err = None;
+            let (mut acc, mut xv) = (Vec::with_capacity(nv), Vec::with_capacity(nv));
+            ops::for_each_index(&ushape, |u, flat| {
+                if err.is_some() {
+                    return;
+                }
+                let Some(o) = plan.target(u, &starts) else { return };
+                acc.clear();
+                xv.clear();
+                for k in 0..nv {
+                    acc.push(vals[k][o]);
+                    xv.push(ups[k][flat]);
+                }
+                match self.combine(c, &red, &acc, &xv, depth) {
+                    Ok(v) => {
+                        for (k, x) in v.into_iter().enumerate() {
+                            vals[k][o] = x;
+                        }
+                    }
+                    Err(e) => err = Some(e),
+                }
+            });
+            if let Some(e) = err {
+                return Err(e);
+            }
+            let mut results = Vec::with_capacity(nv);
+            for (k, v) in vals.iter().enumerate() {
+                let a = ops::from_scalars(operands[k].shape.ty, odims.clone(), v).map_err(|e| self.rt(c, e))?;
+                results.push(Literal::Array(a));
             }
             Ok(if nv == 1 && !ins.shape.is_tuple() {
                 results.pop().unwrap_or(Literal::Token)
@@ -1119,7 +1187,8 @@ pub fn unexecuted(op: Opcode) -> Option<&'static str> {
         | CollectivePermuteDone
         | CollectiveBroadcast
         | Sort
-        | Gather => None,
+        | Gather
+        | Scatter => None,
         op if op.is_elementwise_unary() || op.is_elementwise_binary() => None,
         _ => Some("not executed by Peerless"),
     }

@@ -26,7 +26,7 @@ pub mod single;
 use hlo::{InstrId, Literal, Module, Shape};
 
 pub use eval::{single_op_reducer, unexecuted};
-pub use ops::GatherPlan;
+pub use ops::{GatherPlan, ScatterPlan};
 pub use sharding::Tiling;
 
 /// How device ids map onto the module's replicas and partitions (shared with the

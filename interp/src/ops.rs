@@ -480,6 +480,103 @@ impl GatherPlan {
     }
 }
 
+/// Where `scatter` writes: the dimension numbers checked against the shapes once, then, per
+/// update element, the operand's flat index (or none: XLA skips an update whose window
+/// does not fit inside the operand, rather than clamping as gather does).
+#[derive(Clone, Debug)]
+pub struct ScatterPlan {
+    /// Update dimensions that index the scatter indices (in order), with the indices'
+    /// dimension each one is (the index-vector dimension skipped).
+    scatter: Vec<(usize, usize)>,
+    /// Per operand dimension: `Some(update_dim)` when an update window dimension offsets it.
+    window_of: Vec<Option<usize>>,
+    /// Per entry of the index vector: the operand dimension it starts.
+    to_operand: Vec<usize>,
+    index_vector_dim: usize,
+    index_strides: Vec<usize>,
+    /// Per operand dimension: the window's extent (1 for inserted dimensions).
+    window: Vec<i64>,
+    operand: Vec<i64>,
+    operand_strides: Vec<usize>,
+}
+
+impl ScatterPlan {
+    pub fn new(operand: &[i64], indices: &[i64], updates: &[i64], s: &hlo::ScatterDims) -> OpResult<ScatterPlan> {
+        if !s.input_batching_dims.is_empty() || !s.scatter_indices_batching_dims.is_empty() {
+            return Err("scatter with batching dimensions is not supported".into());
+        }
+        let (r, ir) = (operand.len(), indices.len());
+        let ivd = usize::try_from(s.index_vector_dim).ok().filter(|&v| v <= ir).ok_or("bad index_vector_dim")?;
+        let nvec = if ivd == ir { 1 } else { usize::try_from(indices[ivd]).map_err(|_| "bad indices shape")? };
+        let as_dims = |v: &[i64], n: usize| -> OpResult<Vec<usize>> {
+            v.iter()
+                .map(|&d| usize::try_from(d).ok().filter(|&d| d < n).ok_or_else(|| format!("bad dimension {d}")))
+                .collect()
+        };
+        let to_operand = as_dims(&s.scatter_dims_to_operand_dims, r)?;
+        let inserted = as_dims(&s.inserted_window_dims, r)?;
+        let update_window = as_dims(&s.update_window_dims, updates.len())?;
+        if to_operand.len() != nvec {
+            return Err(format!("scatter: {nvec} indices per vector, scatter_dims_to_operand_dims {to_operand:?}"));
+        }
+        let window_operand: Vec<usize> = (0..r).filter(|d| !inserted.contains(d)).collect();
+        let update_scatter: Vec<usize> = (0..updates.len()).filter(|d| !update_window.contains(d)).collect();
+        let index_dims: Vec<usize> = (0..ir).filter(|&k| k != ivd).collect();
+        if window_operand.len() != update_window.len() || update_scatter.len() != index_dims.len() {
+            return Err("scatter dimension numbers do not match the shapes".into());
+        }
+        if update_scatter.iter().zip(&index_dims).any(|(&u, &i)| updates[u] != indices[i]) {
+            return Err("scatter updates and indices disagree on the scatter dimensions".into());
+        }
+        let mut window_of = vec![None; r];
+        let mut window = vec![1i64; r];
+        for (&ud, &od) in update_window.iter().zip(&window_operand) {
+            if updates[ud] > operand[od] {
+                return Err("scatter update window larger than the operand".into());
+            }
+            window_of[od] = Some(ud);
+            window[od] = updates[ud];
+        }
+        let strides = |dims: &[i64]| {
+            let mut st = vec![1usize; dims.len()];
+            for k in (0..dims.len().saturating_sub(1)).rev() {
+                st[k] = st[k + 1] * dims[k + 1] as usize;
+            }
+            st
+        };
+        Ok(ScatterPlan {
+            scatter: update_scatter.into_iter().zip(index_dims).collect(),
+            window_of,
+            to_operand,
+            index_vector_dim: ivd,
+            index_strides: strides(indices),
+            window,
+            operand: operand.to_vec(),
+            operand_strides: strides(operand),
+        })
+    }
+
+    /// The operand's flat index that update element `u` combines into, or `None` when its
+    /// window is out of bounds. `starts` are the scatter indices' values as i64.
+    pub fn target(&self, u: &[usize], starts: &[i64]) -> Option<usize> {
+        let ist = &self.index_strides;
+        let base: usize = self.scatter.iter().map(|&(ud, id)| u[ud] * ist[id]).sum();
+        let mut flat = 0usize;
+        for (d, &size) in self.operand.iter().enumerate() {
+            let start = match self.to_operand.iter().position(|&m| m == d) {
+                Some(_) if self.index_vector_dim == ist.len() => starts[base],
+                Some(k) => starts[base + k * ist[self.index_vector_dim]],
+                None => 0,
+            };
+            if start < 0 || start > size - self.window[d] {
+                return None;
+            }
+            flat += (start as usize + self.window_of[d].map_or(0, |ud| u[ud])) * self.operand_strides[d];
+        }
+        Some(flat)
+    }
+}
+
 /// `gather`: `starts` are the start indices' values as i64 (unsigned above i64::MAX saturate).
 pub fn gather(
     a: &Array,

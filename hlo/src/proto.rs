@@ -577,9 +577,10 @@ impl Decoder<'_> {
                 rhs_contracting: d.rhs_contracting_dimensions.clone(),
             });
         }
+        // Gather's and scatter's dimension numbers become the text form's attributes, which
+        // `GatherDims::of` / `ScatterDims::of` read for both front ends.
+        let list = |v: &[i64]| format!("{{{}}}", v.iter().map(i64::to_string).collect::<Vec<_>>().join(","));
         if let Some(g) = &p.gather_dimension_numbers {
-            // The text form's attributes, which `GatherDims::of` reads for both front ends.
-            let list = |v: &[i64]| format!("{{{}}}", v.iter().map(i64::to_string).collect::<Vec<_>>().join(","));
             a.other.insert("offset_dims".into(), list(&g.offset_dims));
             a.other.insert("collapsed_slice_dims".into(), list(&g.collapsed_slice_dims));
             a.other.insert("start_index_map".into(), list(&g.start_index_map));
@@ -591,8 +592,6 @@ impl Decoder<'_> {
             a.other.insert("slice_sizes".into(), list(&p.gather_slice_sizes));
         }
         if let Some(g) = &p.scatter_dimension_numbers {
-            // As for gather: the text form's attributes, which `ScatterDims::of` reads.
-            let list = |v: &[i64]| format!("{{{}}}", v.iter().map(i64::to_string).collect::<Vec<_>>().join(","));
             a.other.insert("update_window_dims".into(), list(&g.update_window_dims));
             a.other.insert("inserted_window_dims".into(), list(&g.inserted_window_dims));
             a.other.insert("scatter_dims_to_operand_dims".into(), list(&g.scatter_dims_to_operand_dims));

@@ -412,6 +412,11 @@ pub fn dot(l: &Array, r: &Array, dd: &DotDims, out_ty: PrimitiveType) -> OpResul
     from_scalars(out_ty, out_shape.dims, &out)
 }
 
+/// Dimension numbers as indices, each below `n`.
+fn as_dims(v: &[i64], n: usize) -> OpResult<Vec<usize>> {
+    v.iter().map(|&d| usize::try_from(d).ok().filter(|&d| d < n).ok_or_else(|| format!("bad dimension {d}"))).collect()
+}
+
 /// Where `gather` reads: the dimension numbers checked against the shapes once, then, per
 /// output index, the operand's flat index. Shared by the interpreter and (as plain data) by
 /// backends that generate code for it.
@@ -439,11 +444,6 @@ impl GatherPlan {
         let ivd =
             usize::try_from(g.index_vector_dim).ok().filter(|&v| v <= indices.len()).ok_or("bad index_vector_dim")?;
         let nvec = if ivd == indices.len() { 1 } else { indices[ivd] as usize };
-        let as_dims = |v: &[i64], n: usize| -> OpResult<Vec<usize>> {
-            v.iter()
-                .map(|&d| usize::try_from(d).ok().filter(|&d| d < n).ok_or_else(|| format!("bad dimension {d}")))
-                .collect()
-        };
         let start_index_map = as_dims(&g.start_index_map, r)?;
         let collapsed = as_dims(&g.collapsed_slice_dims, r)?;
         let offset_dims = as_dims(&g.offset_dims, out.len())?;
@@ -508,11 +508,6 @@ impl ScatterPlan {
         let (r, ir) = (operand.len(), indices.len());
         let ivd = usize::try_from(s.index_vector_dim).ok().filter(|&v| v <= ir).ok_or("bad index_vector_dim")?;
         let nvec = if ivd == ir { 1 } else { usize::try_from(indices[ivd]).map_err(|_| "bad indices shape")? };
-        let as_dims = |v: &[i64], n: usize| -> OpResult<Vec<usize>> {
-            v.iter()
-                .map(|&d| usize::try_from(d).ok().filter(|&d| d < n).ok_or_else(|| format!("bad dimension {d}")))
-                .collect()
-        };
         let to_operand = as_dims(&s.scatter_dims_to_operand_dims, r)?;
         let inserted = as_dims(&s.inserted_window_dims, r)?;
         let update_window = as_dims(&s.update_window_dims, updates.len())?;

@@ -117,6 +117,11 @@ def on(platform, f, args, device_index=0):
     return jax.jit(f)(*[jax.device_put(a, dev) for a in args])
 
 
+def lowest(dtype):
+    """The identity of max for `dtype` (max-pool's init value)."""
+    return -jnp.inf if jnp.issubdtype(dtype, jnp.floating) else jnp.iinfo(dtype).min
+
+
 ONE_DEVICE = {
     "add_mul": lambda a, b: a * b + a,
     "sub_neg_abs": lambda a, b: jnp.abs(a - b) - (-a),
@@ -138,6 +143,9 @@ ONE_DEVICE = {
     "tuple_out": lambda a, b: (a + 1, a.sum(), b.reshape(-1)),
     "sort_argsort": lambda a, b: (jnp.sort(a, axis=1), jnp.argsort(b, axis=0)),
     "gather_take": lambda a, b: (jnp.take(a, jnp.array([3, 0, 2]), axis=0), a[:, jnp.array([5, 1, 1])]),
+    # reduce-window: jnp.cumsum (6 terms: exact in every dtype) and a strided, padded max pool.
+    "cumsum": lambda a, b: (jnp.cumsum(a[0]), jnp.cumsum(b, axis=1)),
+    "max_pool": lambda a, b: jax.lax.reduce_window(a, lowest(a.dtype), jax.lax.max, (2, 3), (2, 2), "SAME"),
 }
 FLOAT_ONLY = {
     "tanh_exp": lambda a, b: jnp.tanh(a) + jnp.exp(b / 4),
@@ -520,7 +528,7 @@ def test_unreduced_values_are_an_error():
 
 UNSUPPORTED = {
     # Ops the Peerless executor does not run: the error names the op.
-    "cumsum": (lambda a: jnp.cumsum(a), r"peerless.*'reduce-window'"),
+    "scatter_add": (lambda a: a.at[jnp.array([1, 3])].add(1.0), r"peerless.*'scatter'"),
     "while_loop": (lambda a: jax.lax.fori_loop(0, 3, lambda i, v: v * 2, a), r"peerless.*'while'"),
 }
 

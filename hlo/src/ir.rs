@@ -437,3 +437,128 @@ impl ScatterDims {
         })
     }
 }
+
+/// One dimension of a [`Window`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct WindowDim {
+    pub size: i64,
+    pub stride: i64,
+    pub pad_lo: i64,
+    pub pad_hi: i64,
+    /// `lhs_dilate`: the input's elements are this far apart, with holes between them.
+    pub base_dilation: i64,
+    /// `rhs_dilate`: the window's elements are this far apart.
+    pub window_dilation: i64,
+    /// `rhs_reversal` (convolution windows only).
+    pub reversal: bool,
+}
+
+/// The window of a windowed op (`reduce-window`; convolution and select-and-scatter print
+/// theirs the same way), read from its attributes (text form, which the proto importer
+/// writes too): `window={size=3x3 stride=2x2 pad=1_1x0_1 lhs_dilate=1x2 rhs_dilate=2x1}`, one
+/// entry per dimension joined by `x`. A field left out takes XLA's default (stride and
+/// dilations 1, no padding, no reversal), as XLA's printer leaves out fields that are all
+/// default; `window={}` is the window of a scalar.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Window {
+    pub dims: Vec<WindowDim>,
+}
+
+impl Window {
+    /// The window of an instruction, or what is missing or malformed.
+    pub fn of(attrs: &Attrs) -> Result<Window, String> {
+        let raw = attrs.other.get("window").ok_or("needs a window={...} attribute")?;
+        let bad = |why: String| format!("has a malformed window={raw}: {why}");
+        let inner =
+            raw.trim().strip_prefix('{').and_then(|s| s.strip_suffix('}')).ok_or_else(|| bad("no braces".into()))?;
+        let mut fields: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+        for field in inner.split_whitespace() {
+            let (key, value) = field.split_once('=').ok_or_else(|| bad(format!("'{field}' is not key=value")))?;
+            if !matches!(key, "size" | "stride" | "pad" | "lhs_dilate" | "rhs_dilate" | "rhs_reversal") {
+                return Err(bad(format!(
+                    "unknown field '{key}'; expected size, stride, pad, lhs_dilate, rhs_dilate or rhs_reversal"
+                )));
+            }
+            if fields.insert(key, value.split('x').collect()).is_some() {
+                return Err(bad(format!("'{key}' appears more than once")));
+            }
+        }
+        let int = |s: &str| s.parse::<i64>().map_err(|_| bad(format!("'{s}' is not an integer")));
+        let rank = match fields.get("size") {
+            Some(v) => v.len(),
+            None if fields.is_empty() => 0,
+            None => return Err(bad("fields without size=".into())),
+        };
+        // Per dimension, the field's entry (`None` where the field is left out).
+        let entries = |key: &str| -> Result<Vec<Option<&str>>, String> {
+            match fields.get(key) {
+                None => Ok(vec![None; rank]),
+                Some(v) if v.len() == rank => Ok(v.iter().map(|&s| Some(s)).collect()),
+                Some(v) => Err(bad(format!("{key}= has {} entries for a window of {rank} dimensions", v.len()))),
+            }
+        };
+        let num = |e: Option<&str>, default: i64| e.map_or(Ok(default), int);
+        let (size, stride, pad) = (entries("size")?, entries("stride")?, entries("pad")?);
+        let (lhs, rhs, rev) = (entries("lhs_dilate")?, entries("rhs_dilate")?, entries("rhs_reversal")?);
+        let mut dims = Vec::with_capacity(rank);
+        for k in 0..rank {
+            let (pad_lo, pad_hi) = match pad[k] {
+                None => (0, 0),
+                Some(p) => {
+                    let (lo, hi) = p.split_once('_').ok_or_else(|| bad(format!("padding '{p}' is not lo_hi")))?;
+                    (int(lo)?, int(hi)?)
+                }
+            };
+            let reversal = match rev[k] {
+                None | Some("0") => false,
+                Some("1") => true,
+                Some(r) => return Err(bad(format!("rhs_reversal entry '{r}' is not 0 or 1"))),
+            };
+            dims.push(WindowDim {
+                size: num(size[k], 1)?,
+                stride: num(stride[k], 1)?,
+                pad_lo,
+                pad_hi,
+                base_dilation: num(lhs[k], 1)?,
+                window_dilation: num(rhs[k], 1)?,
+                reversal,
+            });
+        }
+        Ok(Window { dims })
+    }
+
+    /// XLA's shape rule for a window over an input of dimensions `input`: per dimension, the
+    /// number of window positions, `(padded_dilated_input - dilated_window) / stride + 1`
+    /// (0 when the window does not fit), where a dilated size is `(n - 1) * dilation + 1` (0
+    /// stays 0). Errors say which dimension breaks which rule.
+    pub fn output_dims(&self, input: &[i64]) -> Result<Vec<i64>, String> {
+        if self.dims.len() != input.len() {
+            return Err(format!("window has {} dimensions for an input of rank {}", self.dims.len(), input.len()));
+        }
+        let dilated = |n: i64, d: i64| if n == 0 { Some(0) } else { (n - 1).checked_mul(d)?.checked_add(1) };
+        let mut out = Vec::with_capacity(input.len());
+        for (k, (w, &n)) in self.dims.iter().zip(input).enumerate() {
+            let positive = [("size", w.size), ("stride", w.stride)];
+            let at_least_one = [("lhs_dilate", w.base_dilation), ("rhs_dilate", w.window_dilation)];
+            for (what, v) in positive.into_iter().chain(at_least_one) {
+                if v < 1 {
+                    return Err(format!("window dimension {k} has {what}={v}; it must be at least 1"));
+                }
+            }
+            let padded = dilated(n, w.base_dilation)
+                .and_then(|b| b.checked_add(w.pad_lo))
+                .and_then(|b| b.checked_add(w.pad_hi))
+                .ok_or_else(|| format!("window dimension {k}: the padded, dilated input overflows"))?;
+            if padded < 0 {
+                return Err(format!(
+                    "window dimension {k}: padding {}_{} leaves a negative size {padded} of the dilated input",
+                    w.pad_lo, w.pad_hi
+                ));
+            }
+            let win = dilated(w.size, w.window_dilation)
+                .ok_or_else(|| format!("window dimension {k}: the dilated window overflows"))?;
+            out.push(if padded == 0 || win > padded { 0 } else { (padded - win) / w.stride + 1 });
+        }
+        Ok(out)
+    }
+}

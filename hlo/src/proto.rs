@@ -601,6 +601,10 @@ impl Decoder<'_> {
                 a.other.insert("scatter_indices_batching_dims".into(), list(&g.scatter_indices_batching_dims));
             }
         }
+        if let Some(w) = &p.window {
+            // The text form, which `Window::of` reads for both front ends.
+            a.other.insert("window".into(), window_text(&w.dimensions));
+        }
         if !p.fusion_kind.is_empty() {
             a.other.insert("kind".into(), p.fusion_kind.clone());
         }
@@ -789,6 +793,26 @@ impl Decoder<'_> {
     }
 }
 
+/// `{size=.. stride=.. pad=lo_hi.. lhs_dilate=.. rhs_dilate=.. rhs_reversal=..}`, as XLA prints a
+/// window: a field whose entries are all the default is left out.
+fn window_text(dims: &[pb::WindowDimension]) -> String {
+    let mut fields: Vec<String> = Vec::new();
+    let mut field = |name: &str, show: bool, entry: &dyn Fn(&pb::WindowDimension) -> String| {
+        if show {
+            fields.push(format!("{name}={}", dims.iter().map(entry).collect::<Vec<_>>().join("x")));
+        }
+    };
+    field("size", !dims.is_empty(), &|d| d.size.to_string());
+    field("stride", dims.iter().any(|d| d.stride != 1), &|d| d.stride.to_string());
+    field("pad", dims.iter().any(|d| d.padding_low != 0 || d.padding_high != 0), &|d| {
+        format!("{}_{}", d.padding_low, d.padding_high)
+    });
+    field("lhs_dilate", dims.iter().any(|d| d.base_dilation != 1), &|d| d.base_dilation.to_string());
+    field("rhs_dilate", dims.iter().any(|d| d.window_dilation != 1), &|d| d.window_dilation.to_string());
+    field("rhs_reversal", dims.iter().any(|d| d.window_reversal), &|d| u8::from(d.window_reversal).to_string());
+    format!("{{{}}}", fields.join(" "))
+}
+
 /// `{op_type="..." op_name="..." source_file="..." source_line=N}`, as XLA prints it.
 fn metadata(m: &pb::OpMetadata) -> Option<String> {
     let mut parts = Vec::new();
@@ -855,6 +879,27 @@ mod tests {
         let mut m = mesh(&[2, 2], vec![]);
         m.iota_transform = Some(super::extra::IotaTransform { reshape_dims: vec![2, 2], transpose_perm: vec![1, 0] });
         assert_eq!(groups(m, vec![axis(1)]), vec![vec![0, 2], vec![1, 3]]);
+    }
+
+    #[test]
+    fn windows_print_as_xla_does() {
+        use pjrt_sys::protos::xla::WindowDimension;
+        let dim = |size, stride, padding_low, padding_high, base_dilation| WindowDimension {
+            size,
+            stride,
+            padding_low,
+            padding_high,
+            window_dilation: 1,
+            base_dilation,
+            window_reversal: false,
+        };
+        // Fields whose entries are all the default are left out.
+        assert_eq!(super::window_text(&[dim(8, 1, 7, 0, 1)]), "{size=8 pad=7_0}");
+        assert_eq!(
+            super::window_text(&[dim(1, 1, 0, 0, 1), dim(3, 2, 1, 1, 2)]),
+            "{size=1x3 stride=1x2 pad=0_0x1_1 lhs_dilate=1x2}"
+        );
+        assert_eq!(super::window_text(&[]), "{}");
     }
 
     #[test]

@@ -10,7 +10,7 @@
 use std::collections::{HashMap, HashSet};
 use std::fmt::Display;
 
-use crate::ir::{CompId, InstrId, IotaReplicaGroups, ReplicaGroups, Span};
+use crate::ir::{CompId, InstrId, IotaReplicaGroups, ReplicaGroups, Span, Window};
 use crate::opcode::Opcode;
 use crate::types::{ArrayShape, PrimitiveType, Shape};
 use crate::{Error, ErrorKind, Module};
@@ -464,6 +464,7 @@ impl<'a> Verifier<'a> {
                 self.result_is(id, &Shape::Array(a.clone()), "same as the operand")
             }
             Reduce => self.reduce(id),
+            ReduceWindow => self.reduce_window(id),
             Dot => self.dot(id),
             Tuple => {
                 let expected = Shape::Tuple(ins.operands.iter().map(|&o| self.m.instrs[o].shape.clone()).collect());
@@ -985,11 +986,14 @@ impl<'a> Verifier<'a> {
         Ok(())
     }
 
-    fn reduce(&self, id: InstrId) -> R {
+    /// The operands of reduce and reduce-window: N inputs of one shape, then N scalar init
+    /// values of their element types. Returns the first input and the N element types.
+    fn inputs_and_inits(&self, id: InstrId) -> R<(&'a ArrayShape, Vec<PrimitiveType>)> {
+        let op = self.op(id);
         let k = self.m.instrs[id].operands.len();
         if k == 0 || !k.is_multiple_of(2) {
             return Err(
-                self.err(id, format!("reduce needs N inputs and N init values (an even count), got {k} operands"))
+                self.err(id, format!("{op} needs N inputs and N init values (an even count), got {k} operands"))
             );
         }
         let n = k / 2;
@@ -1000,7 +1004,7 @@ impl<'a> Verifier<'a> {
             if a.dims != first.dims {
                 return Err(self.err(
                     id,
-                    format!("reduce inputs must have the same dimensions, got {} and {}", arr_str(first), arr_str(a)),
+                    format!("{op} inputs must have the same dimensions, got {} and {}", arr_str(first), arr_str(a)),
                 ));
             }
             let init = self.arr(id, n + i)?;
@@ -1008,7 +1012,7 @@ impl<'a> Verifier<'a> {
                 return Err(self.err(
                     id,
                     format!(
-                        "reduce init value {i} must be a scalar {} (input {i} is {}), got {}",
+                        "{op} init value {i} must be a scalar {} (input {i} is {}), got {}",
                         a.ty,
                         arr_str(a),
                         arr_str(init)
@@ -1017,6 +1021,12 @@ impl<'a> Verifier<'a> {
             }
             types.push(a.ty);
         }
+        Ok((first, types))
+    }
+
+    fn reduce(&self, id: InstrId) -> R {
+        let (first, types) = self.inputs_and_inits(id)?;
+        let n = types.len();
         let dims = self.dims_attr(id)?;
         if !valid_dim_set(dims, first.rank()) {
             return Err(self.err(
@@ -1031,6 +1041,21 @@ impl<'a> Verifier<'a> {
         let outs: Vec<Shape> = types.iter().map(|&t| Shape::array(t, kept.clone())).collect();
         let expected = if n == 1 { outs[0].clone() } else { Shape::Tuple(outs) };
         self.result_is(id, &expected, "input dimensions minus the reduced ones")
+    }
+
+    /// reduce-window: N inputs and N init values as reduce, a window of the inputs' rank, and
+    /// per dimension as many results as window positions (`Window::output_dims`).
+    fn reduce_window(&self, id: InstrId) -> R {
+        let (first, types) = self.inputs_and_inits(id)?;
+        let window = Window::of(&self.m.instrs[id].attrs).map_err(|e| self.err(id, format!("reduce-window {e}")))?;
+        let dims = window
+            .output_dims(&first.dims)
+            .map_err(|e| self.err(id, format!("reduce-window {e} ({})", arr_str(first))))?;
+        let c = self.called(id, "to_apply")?;
+        self.check_reducer(id, c, &types)?;
+        let outs: Vec<Shape> = types.iter().map(|&t| Shape::array(t, dims.clone())).collect();
+        let expected = if outs.len() == 1 { outs[0].clone() } else { Shape::Tuple(outs) };
+        self.result_is(id, &expected, "(padded dilated input - dilated window) / stride + 1 per dimension")
     }
 
     fn dot(&self, id: InstrId) -> R {

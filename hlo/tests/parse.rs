@@ -613,3 +613,62 @@ fn parse_text_runs_the_verifier_on_valid_input() {
     let m = hlo::parse_text("jax_simple.hlo", &src).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(m.entry().name, "main.2");
 }
+
+#[test]
+fn window_attribute() {
+    let m = parse(
+        r#"HloModule m
+add { a = f32[] parameter(0)  b = f32[] parameter(1)  ROOT s = f32[] add(a, b) }
+ENTRY e {
+  x = f32[8] parameter(0)
+  z = f32[] constant(0)
+  cs = f32[8] reduce-window(x, z), window={size=8 pad=7_0}, to_apply=add
+  y = f32[4,6] parameter(1)
+  all = f32[10,1] reduce-window(y, z), window={size=2x3 stride=1x2 pad=2_2x-1_0 lhs_dilate=2x1 rhs_dilate=1x2 rhs_reversal=0x1}, to_apply=add
+  s = f32[] parameter(2)
+  ROOT sc = f32[] reduce-window(s, z), window={}, to_apply=add
+}"#,
+    );
+    let w = |name: &str| hlo::Window::of(&find(&m, name).attrs).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let dim = |size, stride, pad_lo, pad_hi, base_dilation, window_dilation, reversal| hlo::WindowDim {
+        size,
+        stride,
+        pad_lo,
+        pad_hi,
+        base_dilation,
+        window_dilation,
+        reversal,
+    };
+    // Fields left out take XLA's defaults.
+    assert_eq!(w("cs").dims, [dim(8, 1, 7, 0, 1, 1, false)]);
+    assert_eq!(w("cs").output_dims(&[8]), Ok(vec![8]));
+    assert_eq!(w("all").dims, [dim(2, 1, 2, 2, 2, 1, false), dim(3, 2, -1, 0, 1, 2, true)]);
+    // Dimension 0: 4 dilated by 2 is 7, padded 11, windows of 2 → 10; dimension 1: 6 less one
+    // of padding is 5, a window of 3 dilated by 2 is 5 → 1.
+    assert_eq!(w("all").output_dims(&[4, 6]), Ok(vec![10, 1]));
+    assert_eq!(w("sc").dims, []);
+    assert_eq!(w("sc").output_dims(&[]), Ok(vec![]));
+    assert_eq!(comp_names(&m, &find(&m, "cs").called), ["add"]);
+
+    let bad = |raw: &str| {
+        let mut a = hlo::Attrs::default();
+        a.other.insert("window".into(), raw.into());
+        hlo::Window::of(&a).unwrap_err()
+    };
+    assert!(bad("{size=2 stride=1x1}").contains("stride= has 2 entries for a window of 1 dimensions"));
+    assert!(bad("{stride=2}").contains("without size="));
+    assert!(bad("{size=2 pad=1}").contains("padding '1' is not lo_hi"));
+    assert!(bad("{size=a}").contains("'a' is not an integer"));
+    assert!(bad("{size=2 size=2}").contains("more than once"));
+    assert!(bad("{size=2 dilate=2}").contains("unknown field 'dilate'"));
+    assert!(bad("{size=2 rhs_reversal=2}").contains("is not 0 or 1"));
+    assert!(bad("size=2").contains("no braces"));
+    assert!(hlo::Window::of(&hlo::Attrs::default()).unwrap_err().contains("needs a window={...} attribute"));
+    let zero = hlo::Window { dims: vec![dim(0, 1, 0, 0, 1, 1, false)] };
+    assert!(zero.output_dims(&[4]).unwrap_err().contains("window dimension 0 has size=0"));
+    let neg = hlo::Window { dims: vec![dim(1, 1, -3, -2, 1, 1, false)] };
+    assert!(neg.output_dims(&[4]).unwrap_err().contains("negative size -1"));
+    let wide = hlo::Window { dims: vec![dim(5, 1, 0, 0, 1, 1, false)] };
+    assert_eq!(wide.output_dims(&[4]), Ok(vec![0]));
+    assert!(wide.output_dims(&[4, 4]).unwrap_err().contains("1 dimensions for an input of rank 2"));
+}

@@ -451,6 +451,80 @@ fn reduce_rules() {
     rejects(&m, "r", "reduce needs N inputs and N init values");
 }
 
+#[test]
+fn reduce_window_rules() {
+    let rw = |input: &[i64], window: &str, out: Shape| {
+        let window = window.to_string();
+        entry_with_adder(|b, add| {
+            let x = b.param("x", 0, f32s(input));
+            let z = b.param("z", 1, f32s(&[]));
+            b.with("rw", Opcode::ReduceWindow, out, &[x, z], |i| {
+                i.attrs.other.insert("window".into(), window);
+                i.called = vec![add];
+            })
+        })
+    };
+    // jnp.cumsum's form, a strided padded pool, dilations, and a scalar.
+    accepts(&rw(&[8], "{size=8 pad=7_0}", f32s(&[8])));
+    accepts(&rw(&[7, 6], "{size=3x3 stride=2x2 pad=1_1x1_1}", f32s(&[4, 3])));
+    accepts(&rw(&[5, 7], "{size=2x3 stride=1x2 pad=1_0x0_1 lhs_dilate=2x1 rhs_dilate=1x2}", f32s(&[9, 2])));
+    accepts(&rw(&[], "{}", f32s(&[])));
+    accepts(&rw(&[4], "{size=5}", f32s(&[0])));
+    // floor((7 + 2 - 3) / 2) + 1 = 4, not 3.
+    rejects(
+        &rw(&[7, 6], "{size=3x3 stride=2x2 pad=1_1x1_1}", f32s(&[3, 3])),
+        "rw",
+        "reduce-window result must be f32[4,3] ((padded dilated input - dilated window) / stride + 1 per dimension), got f32[3,3]",
+    );
+    rejects(&rw(&[8], "{size=8 pad=7_0}", a(T::S32, &[8])), "rw", "reduce-window result must be f32[8]");
+    rejects(&rw(&[8], "{size=2x2}", f32s(&[7])), "rw", "window has 2 dimensions for an input of rank 1 (f32[8])");
+    rejects(&rw(&[8], "{size=2 stride=0}", f32s(&[7])), "rw", "window dimension 0 has stride=0");
+    rejects(&rw(&[8], "{size=2 pad=-5_-5}", f32s(&[7])), "rw", "leaves a negative size -2");
+    rejects(&rw(&[8], "{size=2 stride=1x1}", f32s(&[7])), "rw", "stride= has 2 entries for a window of 1 dimensions");
+    let m = entry_with_adder(|b, add| {
+        let x = b.param("x", 0, f32s(&[8]));
+        b.with("rw", Opcode::ReduceWindow, f32s(&[7]), &[x], |i| {
+            i.attrs.other.insert("window".into(), "{size=2}".into());
+            i.called = vec![add];
+        })
+    });
+    rejects(&m, "rw", "reduce-window needs N inputs and N init values (an even count), got 1 operands");
+    let m = entry_with_adder(|b, add| {
+        let x = b.param("x", 0, f32s(&[8]));
+        b.with("rw", Opcode::ReduceWindow, f32s(&[7]), &[x, x], |i| {
+            i.attrs.other.insert("window".into(), "{size=2}".into());
+            i.called = vec![add];
+        })
+    });
+    rejects(&m, "rw", "reduce-window init value 0 must be a scalar f32");
+    let m = entry_with_adder(|b, add| {
+        let x = b.param("x", 0, f32s(&[8]));
+        let z = b.param("z", 1, f32s(&[]));
+        b.with("rw", Opcode::ReduceWindow, f32s(&[7]), &[x, z], |i| i.called = vec![add])
+    });
+    rejects(&m, "rw", "reduce-window needs a window={...} attribute");
+    // Variadic: a tuple of one result per input, and a reducer of 2N parameters.
+    let variadic = |out: Shape| {
+        let mut b = B::new();
+        let add = b.adder("add", T::F32);
+        let x = b.param("x", 0, f32s(&[6]));
+        let y = b.param("y", 1, a(T::S32, &[6]));
+        let z = b.param("z", 2, f32s(&[]));
+        let zi = b.param("zi", 3, a(T::S32, &[]));
+        let root = b.with("rw", Opcode::ReduceWindow, out, &[x, y, z, zi], |i| {
+            i.attrs.other.insert("window".into(), "{size=2 stride=2}".into());
+            i.called = vec![add];
+        });
+        let e = b.finish("main", root);
+        b.module(e)
+    };
+    rejects(
+        &variadic(tup(&[f32s(&[3]), a(T::S32, &[3])])),
+        "rw",
+        "reduce-window to_apply computation %add must take 4 scalar parameters, got 2",
+    );
+}
+
 fn dd(lb: &[i64], rb: &[i64], lc: &[i64], rc: &[i64]) -> Option<DotDims> {
     Some(DotDims {
         lhs_batch: lb.to_vec(),
@@ -990,6 +1064,11 @@ const TEXT_CASES: &[(&str, u32, &str)] = &[
         "HloModule m\n\nENTRY main {\n  x = (f32[2], s32[]) parameter(0)\n  ROOT g = f32[2] get-tuple-element(x), index=2\n}\n",
         5,
         "index=2 is out of range",
+    ),
+    (
+        "HloModule m\n\nadd {\n  a = f32[] parameter(0)\n  b = f32[] parameter(1)\n  ROOT c = f32[] add(a, b)\n}\n\nENTRY main {\n  x = f32[8] parameter(0)\n  z = f32[] constant(0)\n  ROOT rw = f32[7] reduce-window(x, z), window={size=8 pad=7_0}, to_apply=add\n}\n",
+        12,
+        "reduce-window result must be f32[8]",
     ),
 ];
 

@@ -434,6 +434,7 @@ impl<'a> Interp<'a> {
                 })
             }
             Reduce => self.reduce(c, ops, depth),
+            ReduceWindow => self.reduce_window(c, ops, depth),
             Sort => self.sort(c, ops, depth),
             Gather => {
                 need(2)?;
@@ -735,18 +736,79 @@ impl<'a> Interp<'a> {
             if let Some(e) = err {
                 return Err(e);
             }
-            let mut results = Vec::with_capacity(nv);
-            for k in 0..nv {
-                let vals: Vec<Sc> = acc.iter().map(|a| a[k]).collect();
-                let ty = vals.first().map_or(inits[k].shape.ty, |v| v.ty());
-                results
-                    .push(Literal::Array(ops::from_scalars(ty, out_dims.clone(), &vals).map_err(|e| self.rt(c, e))?));
+            self.accumulated(c, &acc, &inits, out_dims)
+        })
+    }
+
+    /// The result of a reduction of N values: `acc[i]` holds element `i` of each of them
+    /// (`inits` give the types of an empty result); one array, or a tuple when the
+    /// instruction's shape is one.
+    fn accumulated(&self, c: &Ctx, acc: &[Vec<Sc>], inits: &[&Array], out_dims: Vec<i64>) -> R<Literal> {
+        let mut results = Vec::with_capacity(inits.len());
+        for (k, init) in inits.iter().enumerate() {
+            let vals: Vec<Sc> = acc.iter().map(|a| a[k]).collect();
+            let ty = vals.first().map_or(init.shape.ty, |v| v.ty());
+            results.push(Literal::Array(ops::from_scalars(ty, out_dims.clone(), &vals).map_err(|e| self.rt(c, e))?));
+        }
+        Ok(if results.len() == 1 && !c.ins.shape.is_tuple() {
+            results.pop().unwrap_or(Literal::Token)
+        } else {
+            Literal::Tuple(results)
+        })
+    }
+
+    /// `reduce-window` of N inputs with N init values: each output element starts from the
+    /// init values and folds in the input elements its window covers, in row-major window
+    /// order (padding and base-dilation holes read nothing, as on XLA's CPU backend:
+    /// [`ops::window_reads`]). Scalar inputs are returned as they are, as XLA does.
+    fn reduce_window(&self, c: &Ctx, ops: &[&Vec<Literal>], depth: usize) -> R<Vec<Literal>> {
+        let comp = *c.ins.called.first().ok_or_else(|| self.rt(c, "reduce-window without to_apply"))?;
+        let red = self.reducer(comp);
+        if ops.is_empty() || !ops.len().is_multiple_of(2) {
+            return Err(self.rt(c, "reduce-window needs N inputs and N init values"));
+        }
+        let nv = ops.len() / 2;
+        let window = hlo::Window::of(&c.ins.attrs).map_err(|e| self.rt(c, e))?;
+        if window.dims.iter().any(|d| d.reversal) {
+            return Err(self.unsupported(c, "a reversed window (rhs_reversal) is not supported"));
+        }
+        self.per_dev(|d| {
+            let inputs = ops[..nv].iter().map(|o| self.arr(c, &o[d])).collect::<R<Vec<_>>>()?;
+            let inits = ops[nv..].iter().map(|o| self.arr(c, &o[d])).collect::<R<Vec<_>>>()?;
+            let in_dims = &inputs[0].shape.dims;
+            if inputs.iter().any(|a| &a.shape.dims != in_dims) || inits.iter().any(|a| a.shape.rank() != 0) {
+                return Err(self.rt(c, "reduce-window inputs differ in shape or inits are not scalars"));
             }
-            Ok(if nv == 1 && !ins.shape.is_tuple() {
-                results.pop().unwrap_or(Literal::Token)
-            } else {
-                Literal::Tuple(results)
+            let out_dims = window.output_dims(in_dims).map_err(|e| self.rt(c, e))?;
+            let out_count = ops::shape(inits[0].shape.ty, out_dims.clone()).map_err(|e| self.rt(c, e))?.element_count();
+            let xs = inputs.iter().map(|a| self.scalars_of(c, a)).collect::<R<Vec<_>>>()?;
+            let init = inits.iter().map(|a| Ok(self.scalars_of(c, a)?[0])).collect::<R<Vec<_>>>()?;
+            if in_dims.is_empty() {
+                // Scalar inputs (a window of no dimensions): XLA's compiler turns the op into a
+                // copy of its inputs, whatever the init values and the reducer.
+                let acc = vec![xs.iter().map(|x| x[0]).collect::<Vec<Sc>>()];
+                return self.accumulated(c, &acc, &inits, out_dims);
+            }
+            let mut acc: Vec<Vec<Sc>> = vec![init.clone(); out_count];
+            let mut err = None;
+            let mut xv = init.clone();
+            ops::window_reads(in_dims, &window, &out_dims, |o, src| {
+                if err.is_some() {
+                    return;
+                }
+                for k in 0..nv {
+                    xv[k] = xs[k][src];
+                }
+                match self.combine(c, &red, &acc[o], &xv, depth) {
+                    Ok(v) => acc[o] = v,
+                    Err(e) => err = Some(e),
+                }
             })
+            .map_err(|e| self.rt(c, e))?;
+            if let Some(e) = err {
+                return Err(e);
+            }
+            self.accumulated(c, &acc, &inits, out_dims)
         })
     }
 
@@ -1167,6 +1229,7 @@ pub fn unexecuted(op: Opcode) -> Option<&'static str> {
         | Select
         | Clamp
         | Reduce
+        | ReduceWindow
         | Dot
         | Call
         | While

@@ -572,6 +572,44 @@ impl ScatterPlan {
     }
 }
 
+/// The reads of `reduce-window` over an input of dimensions `input`: calls `f(out, src)` for
+/// every output element (flat index `out`, row-major) and, within it, for every input element
+/// its window covers (flat index `src`), in row-major window order. Window positions in the
+/// padding or in a hole of the base dilation read nothing: XLA's CPU backend and its evaluator
+/// skip them rather than fold in the init value, so the init value counts once, as the
+/// accumulator's start, whatever the reducer. `out` must be `w.output_dims(input)`.
+pub fn window_reads(input: &[i64], w: &hlo::Window, out: &[i64], mut f: impl FnMut(usize, usize)) -> OpResult<()> {
+    let want = w.output_dims(input)?;
+    if want != out {
+        return Err(format!("a window over {input:?} gives dimensions {want:?}, not {out:?}"));
+    }
+    let sizes: Vec<usize> = w.dims.iter().map(|d| d.size as usize).collect();
+    // The window's positions are visited for every output element: bound them as an array.
+    sizes.iter().try_fold(1usize, |n, &s| n.checked_mul(s).filter(|&n| n <= MAX_ELEMENTS)).ok_or("window too large")?;
+    let mut strides = vec![1usize; input.len()];
+    for k in (0..input.len().saturating_sub(1)).rev() {
+        strides[k] = strides[k + 1] * input[k + 1] as usize;
+    }
+    let out: Vec<usize> = out.iter().map(|&d| d as usize).collect();
+    for_each_index(&out, |o, flat| {
+        for_each_index(&sizes, |win, _| {
+            let mut src = 0;
+            for (k, d) in w.dims.iter().enumerate() {
+                // Position in the padded, dilated input, relative to the first input element
+                // (i128: no product of a bounded index and an i64 attribute overflows).
+                let p = o[k] as i128 * d.stride as i128 + win[k] as i128 * d.window_dilation as i128 - d.pad_lo as i128;
+                let dil = d.base_dilation as i128;
+                if p < 0 || p % dil != 0 || p / dil >= input[k] as i128 {
+                    return;
+                }
+                src += (p / dil) as usize * strides[k];
+            }
+            f(flat, src);
+        });
+    });
+    Ok(())
+}
+
 /// `gather`: `starts` are the start indices' values as i64 (unsigned above i64::MAX saturate).
 pub fn gather(
     a: &Array,

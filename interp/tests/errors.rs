@@ -46,6 +46,28 @@ fn unsupported_ops_name_themselves() {
 }
 
 #[test]
+fn reduce_window_errors_name_the_instruction() {
+    let add = "add {\n  x = f32[] parameter(0)\n  y = f32[] parameter(1)\n  ROOT s = f32[] add(x, y)\n}\n";
+    let t = format!(
+        "HloModule m\n{add}ENTRY e {{\n  a = f32[4] parameter(0)\n  z = f32[] constant(0)\n  ROOT rw = f32[3] reduce-window(a, z), window={{size=2 rhs_reversal=1}}, to_apply=add\n}}\n"
+    );
+    let e = run_err(&t, 1, Mode::Replica, vec![vec![ramp(&[4], 0.0)]]);
+    assert!(
+        matches!(&e, InterpError::UnsupportedOp { op, instr, why } if op == "reduce-window" && instr.contains("%rw") && why.contains("rhs_reversal")),
+        "{e}"
+    );
+    // Hand-broken IR (bypassing the verifier): a malformed window, a window of the wrong rank.
+    let t = t.replace(" rhs_reversal=1", "");
+    let mut m = parse(&t);
+    let root = m.entry().root;
+    for window in ["{size=2 stride=x}", "{size=2x2}", "{size=0}"] {
+        m.instrs[root].attrs.other.insert("window".into(), window.into());
+        let e = interp::run(&m, &cfg(1, Mode::Replica), &[vec![ramp(&[4], 0.0)]]).unwrap_err();
+        assert!(matches!(&e, InterpError::Runtime { instr, .. } if instr.contains("%rw")), "{window}: {e}");
+    }
+}
+
+#[test]
 fn bad_arguments() {
     let t =
         "HloModule m\nENTRY e {\n  a = f32[2] parameter(0)\n  b = s32[] parameter(1)\n  ROOT r = f32[2] negate(a)\n}\n";

@@ -132,6 +132,65 @@ fn reduce_bf16_rounds_every_step() {
 }
 
 #[test]
+fn reduce_window_folds_each_window_from_init() {
+    let rw = |input: &str, window: &str, out: &str, init: &str, params: Vec<Literal>| {
+        run1(
+            &format!(
+                "HloModule m\n{ADD_F32}ENTRY e {{\n  a = {input} parameter(0)\n  z = f32[] constant({init})\n  ROOT r = {out} reduce-window(a, z), window={window}, to_apply=add\n}}\n"
+            ),
+            params,
+        )
+    };
+    // jnp.cumsum: a window as long as the input, padded low by all but one.
+    let r = rw("f32[4]", "{size=4 pad=3_0}", "f32[4]", "0", vec![ramp(&[4], 1.0)]);
+    assert_eq!(vals::<f32>(&r), vec![1., 3., 6., 10.]);
+    // Along dimension 1 only, with a stride: [[0 1 2 3] [4 5 6 7]] in windows of 2.
+    let r = rw("f32[2,4]", "{size=1x2 stride=1x2}", "f32[2,2]", "0", vec![ramp(&[2, 4], 0.0)]);
+    assert_eq!(vals::<f32>(&r), vec![1., 5., 9., 13.]);
+    // Padding and base-dilation holes read nothing: the init value (10) counts once. The
+    // dilated, padded input is [pad pad 1 hole 2 pad]; windows of 3.
+    let r = rw("f32[2]", "{size=3 pad=2_1 lhs_dilate=2}", "f32[4]", "10", vec![ramp(&[2], 1.0)]);
+    assert_eq!(vals::<f32>(&r), vec![11., 11., 13., 12.]);
+    // Window dilation: elements 0 and 2, 1 and 3.
+    let r = rw("f32[4]", "{size=2 rhs_dilate=2}", "f32[2]", "0", vec![ramp(&[4], 0.0)]);
+    assert_eq!(vals::<f32>(&r), vec![2., 4.]);
+    // Scalar inputs come back unchanged (XLA compiles the op to a copy, init and reducer unused).
+    let r = rw("f32[]", "{}", "f32[]", "10", vec![arr(&[], &[2.5f32])]);
+    assert_eq!(vals::<f32>(&r), vec![2.5]);
+    // Generic to_apply (x*2 + y, not commutative): a left fold from init in row-major window
+    // order. Windows of 3 over [0 1 2 3]: ((1*2+0)*2+1)*2+2 = 12, ((1*2+1)*2+2)*2+3 = 19.
+    let t = "HloModule m\nf {\n  x = s32[] parameter(0)\n  y = s32[] parameter(1)\n  two = s32[] constant(2)\n  m = s32[] multiply(x, two)\n  ROOT s = s32[] add(m, y)\n}\nENTRY e {\n  a = s32[4] parameter(0)\n  z = s32[] constant(1)\n  ROOT r = s32[2] reduce-window(a, z), window={size=3}, to_apply=f\n}\n";
+    assert_eq!(vals::<i32>(&run1(t, vec![arr(&[4], &[0i32, 1, 2, 3])])), vec![12, 19]);
+}
+
+#[test]
+fn variadic_reduce_window_argmax_pool() {
+    let t = "HloModule m
+argmax {
+  v0 = f32[] parameter(0)
+  i0 = s32[] parameter(1)
+  v1 = f32[] parameter(2)
+  i1 = s32[] parameter(3)
+  gt = pred[] compare(v1, v0), direction=GT
+  v = f32[] select(gt, v1, v0)
+  i = s32[] select(gt, i1, i0)
+  ROOT t = (f32[], s32[]) tuple(v, i)
+}
+ENTRY e {
+  a = f32[6] parameter(0)
+  idx = s32[6] iota(), iota_dimension=0
+  ninf = f32[] constant(-inf)
+  zero = s32[] constant(-1)
+  ROOT r = (f32[4], s32[4]) reduce-window(a, idx, ninf, zero), window={size=2 stride=2 pad=1_1}, to_apply=argmax
+}
+";
+    // Windows [pad 3] [1 4] [1 5] [9 pad].
+    let r = run1(t, vec![arr(&[6], &[3.0f32, 1.0, 4.0, 1.0, 5.0, 9.0])]);
+    assert_eq!(tuple_vals::<f32>(&r, 0), vec![3.0, 4.0, 5.0, 9.0]);
+    assert_eq!(tuple_vals::<i32>(&r, 1), vec![0, 2, 4, 5]);
+}
+
+#[test]
 fn dot_general() {
     let t = "HloModule m\nENTRY e {\n  a = f32[2,3] parameter(0)\n  b = f32[3,2] parameter(1)\n  ROOT r = f32[2,2] dot(a, b), lhs_contracting_dims={1}, rhs_contracting_dims={0}\n}\n";
     let r = run1(t, vec![ramp(&[2, 3], 0.0), ramp(&[3, 2], 0.0)]);

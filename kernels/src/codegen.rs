@@ -450,11 +450,14 @@ impl Gen<'_> {
         if self.low.evaluator.cuts_operands(self.instr) {
             return Err("an operand is cut into this device's shard first".into());
         }
-        if !ins.called.is_empty() && !matches!(ins.opcode, Reduce | Sort) {
+        if !ins.called.is_empty() && !matches!(ins.opcode, Reduce | ReduceWindow | Sort) {
             return Err(format!("{} calls a computation", ins.opcode.name()));
         }
         if ins.opcode == Reduce {
             return self.reduce();
+        }
+        if ins.opcode == ReduceWindow {
+            return self.reduce_window();
         }
         if ins.opcode == Sort {
             return self.sort();
@@ -933,7 +936,25 @@ impl Gen<'_> {
             idx[k] = format!("r{k}");
             let _ = writeln!(body, "    for (u64 r{k} = 0; r{k} < {}ull; ++r{k})", adims[k]);
         }
-        let at = linear(&idx, &strides(&adims));
+        body += &self.fold(comp, &tys, &linear(&idx, &strides(&adims)))?;
+        for (j, t) in tys.iter().enumerate() {
+            let _ = writeln!(body, "    out{j}[i] = {};", t.store(&format!("acc{j}")));
+        }
+        let name = self.name();
+        let code = format!(
+            "\n// {} = reduce\nPL_GLOBAL void __launch_bounds__({GEN_THREADS}) {name}(u8* __restrict__ A, u32 dev) {{\n  \
+             (void)dev;\n{decls}  for (u64 i = pl_first(); i < {n}ull; i += pl_stride()) {{\n{body}  }}\n}}\n",
+            ins.name.replace(['\n', '\r'], " ")
+        );
+        Ok((GenStep::Kernel { name, elements: n }, code))
+    }
+
+    /// One step of a reduction: element `at` of inputs `in0..` folded into accumulators
+    /// `acc0..` (of types `tys`) by reducer `comp`, as one statement (a one-op reducer of one
+    /// input) or as a block with the reducer computation inlined.
+    fn fold(&self, comp: hlo::CompId, tys: &[Ty], at: &str) -> R<String> {
+        let nv = tys.len();
+        let mut body = String::new();
         match interp::single_op_reducer(&self.low.module, comp).filter(|_| nv == 1) {
             Some(op) => {
                 let x = tys[0].load(&format!("in0[{at}]"));
@@ -957,16 +978,117 @@ impl Gen<'_> {
                 body.push_str("    }\n");
             }
         }
+        Ok(body)
+    }
+
+    /// `reduce-window` of N inputs with N init values: one output element per loop iteration,
+    /// folding the input elements its window covers into the init values in row-major window
+    /// order, padding and base-dilation holes skipped (the interpreter's `window_reads`), the
+    /// reducer inlined as for reduce. Scalar inputs are copied, as XLA does.
+    fn reduce_window(&self) -> R<(GenStep, String)> {
+        let m = &self.low.module;
+        let ins = m.instr(self.instr);
+        let nv = ins.operands.len() / 2;
+        if nv == 0 || ins.operands.len() != 2 * nv {
+            return Err("reduce-window needs N inputs and N init values".into());
+        }
+        let &[comp] = ins.called.as_slice() else { return Err("reduce-window without one computation".into()) };
+        let local = self.low.evaluator.local_shape(m, self.instr);
+        if local != ins.shape {
+            return Err(format!("the result is sharded (per-device shape {local})"));
+        }
+        let outs: Vec<&ArrayShape> = match &ins.shape {
+            Shape::Array(a) if nv == 1 => vec![a],
+            Shape::Tuple(t) if t.len() == nv => {
+                t.iter().map(|s| s.as_array().ok_or("nested tuple result")).collect::<Result<_, _>>()?
+            }
+            s => return Err(format!("reduce-window result {s} does not match its {nv} inputs")),
+        };
+        let ins_shapes: Vec<&ArrayShape> = (0..2 * nv).map(|i| self.operand(i)).collect::<R<_>>()?;
+        let window = hlo::Window::of(&ins.attrs)?;
+        if window.dims.iter().any(|d| d.reversal) {
+            return Err("a reversed window (rhs_reversal)".into());
+        }
+        let want = window.output_dims(&ins_shapes[0].dims)?;
+        let mut tys = Vec::new();
+        for j in 0..nv {
+            let (a, init, o) = (ins_shapes[j], ins_shapes[nv + j], outs[j]);
+            if a.dims != ins_shapes[0].dims || a.ty != o.ty || init.ty != o.ty || init.rank() != 0 || o.dims != want {
+                return Err("reduce-window inputs, inits and results differ in type or shape".into());
+            }
+            tys.push(Ty::of(o.ty)?);
+        }
+        if self.outputs.len() != nv {
+            return Err("reduce-window result regions".into());
+        }
+        let adims = udims(ins_shapes[0])?;
+        // Every position the kernel computes (`o * stride + w * window_dilation - pad_lo`) is
+        // within this bound, so its s64 arithmetic cannot overflow.
+        let dilated = |n: i128, d: i64| if n == 0 { 0 } else { (n - 1) * d as i128 + 1 };
+        let bound = window.dims.iter().zip(&adims).fold(0i128, |acc, (w, &n)| {
+            let b = dilated(n as i128, w.base_dilation)
+                + (w.pad_lo as i128).abs()
+                + (w.pad_hi as i128).abs()
+                + dilated(w.size as i128, w.window_dilation);
+            acc.max(b)
+        });
+        if bound >= 1 << 62 {
+            return Err("window positions beyond 2^62".into());
+        }
+        let dims = udims(outs[0])?;
+        let n = outs[0].element_count() as u64;
+        if n == 0 {
+            return Ok((GenStep::Nothing, String::new()));
+        }
+        let mut decls = String::new();
+        for (j, t) in tys.iter().enumerate() {
+            let _ = writeln!(
+                decls,
+                "  {}* __restrict__ out{j} = ({}*)(A + {}ull);",
+                t.store_t(),
+                t.store_t(),
+                self.outputs[j].offset
+            );
+            decls += &self.in_ptr(j, *t)?;
+            decls += &self.in_ptr(nv + j, *t)?;
+        }
+        let mut body = Self::decompose(&dims);
+        if adims.is_empty() {
+            for j in 0..nv {
+                let _ = writeln!(body, "    out{j}[i] = in{j}[0];");
+            }
+            return Ok(self.kernel(n, &decls, "", &body));
+        }
+        for (j, t) in tys.iter().enumerate() {
+            let _ = writeln!(body, "    {} acc{j} = {};", t.comp_t(), t.load(&format!("in{}[0]", nv + j)));
+        }
+        let mut idx = Vec::new();
+        for (k, w) in window.dims.iter().enumerate() {
+            // The window position in the padded, dilated input: it reads an element only where
+            // it falls on one (not in the padding, not in a hole of the base dilation).
+            let bd = w.base_dilation;
+            let (inside, at) = if bd == 1 {
+                (format!("p{k} >= 0 && p{k} < {}ll", adims[k]), format!("(u64)p{k}"))
+            } else {
+                (
+                    format!("p{k} >= 0 && p{k} % {bd}ll == 0 && p{k} / {bd}ll < {}ll", adims[k]),
+                    format!("(u64)(p{k} / {bd}ll)"),
+                )
+            };
+            let _ = writeln!(
+                body,
+                "    for (u64 w{k} = 0; w{k} < {}ull; ++w{k}) {{\n    const s64 p{k} = (s64)o{k} * {}ll + (s64)w{k} * \
+                 {}ll - ({}ll);\n    if (!({inside})) continue;",
+                w.size, w.stride, w.window_dilation, w.pad_lo
+            );
+            idx.push(at);
+        }
+        body += &self.fold(comp, &tys, &linear(&idx, &strides(&adims)))?;
+        body += &"    }\n".repeat(adims.len());
         for (j, t) in tys.iter().enumerate() {
             let _ = writeln!(body, "    out{j}[i] = {};", t.store(&format!("acc{j}")));
         }
-        let name = self.name();
-        let code = format!(
-            "\n// {} = reduce\nPL_GLOBAL void __launch_bounds__({GEN_THREADS}) {name}(u8* __restrict__ A, u32 dev) {{\n  \
-             (void)dev;\n{decls}  for (u64 i = pl_first(); i < {n}ull; i += pl_stride()) {{\n{body}  }}\n}}\n",
-            ins.name.replace(['\n', '\r'], " ")
-        );
-        Ok((GenStep::Kernel { name, elements: n }, code))
+        Ok(self.kernel(n, &decls, "", &body))
     }
 
     /// `sort` of N operands along one dimension: one thread per slice copies it to the

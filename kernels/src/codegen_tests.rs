@@ -70,6 +70,32 @@ ENTRY e {
     assert!(p.source.contains("acc0 = pl_rnd_bf16(op_max(acc0, to_f32("), "{}", p.source);
 }
 
+#[test]
+fn reduce_window_loops_over_the_window_and_reads_only_input_elements() {
+    let p = plan_of(
+        r#"HloModule m
+add { a = f32[] parameter(0)  b = f32[] parameter(1)  ROOT s = f32[] add(a, b) }
+ENTRY e {
+  x = f32[8] parameter(0)
+  z = f32[] constant(0)
+  c = f32[8] reduce-window(x, z), window={size=8 pad=7_0}, to_apply=add
+  d = f32[5,7] parameter(1)
+  r = f32[9,2] reduce-window(d, z), window={size=2x3 stride=1x2 pad=1_0x0_1 lhs_dilate=2x1 rhs_dilate=1x2}, to_apply=add
+  ROOT t = (f32[8], f32[9,2]) tuple(c, r)
+}"#,
+        1,
+    );
+    assert_eq!(p.kernels(), 2, "{:?}", p.host);
+    // cumsum: the window slides over the low padding, which reads nothing.
+    assert!(p.source.contains("for (u64 w0 = 0; w0 < 8ull; ++w0)"), "{}", p.source);
+    assert!(p.source.contains("const s64 p0 = (s64)o0 * 1ll + (s64)w0 * 1ll - (7ll);"), "{}", p.source);
+    assert!(p.source.contains("if (!(p0 >= 0 && p0 < 8ll)) continue;"), "{}", p.source);
+    assert!(p.source.contains("acc0 = op_add(acc0, in0[((u64)p0)])"), "{}", p.source);
+    // Base dilation: holes read nothing; window dilation and stride step the position.
+    assert!(p.source.contains("p0 >= 0 && p0 % 2ll == 0 && p0 / 2ll < 5ll"), "{}", p.source);
+    assert!(p.source.contains("(s64)o1 * 2ll + (s64)w1 * 2ll - (0ll)"), "{}", p.source);
+}
+
 // ---- host emulation: generated kernels built by the host C++ compiler, run on random
 // ---- operands (edge values included), compared with the interpreter's per-op code.
 

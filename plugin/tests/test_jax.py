@@ -117,6 +117,11 @@ def on(platform, f, args, device_index=0):
     return jax.jit(f)(*[jax.device_put(a, dev) for a in args])
 
 
+def lowest(dtype):
+    """The identity of max for `dtype` (max-pool's init value)."""
+    return -jnp.inf if jnp.issubdtype(dtype, jnp.floating) else jnp.iinfo(dtype).min
+
+
 ONE_DEVICE = {
     "add_mul": lambda a, b: a * b + a,
     "sub_neg_abs": lambda a, b: jnp.abs(a - b) - (-a),
@@ -150,6 +155,9 @@ ONE_DEVICE = {
     # Scatter: repeated indices accumulate; out-of-range ones are dropped.
     "scatter_add_set": lambda a, b: (a.at[jnp.array([1, 3, 1])].add(b[0]), a.at[:, jnp.array([0, 7, 2])].set(b[:, :3]),
                                      a.at[jnp.array([[0, 5], [2, 2]])].max(b[0, 0])),
+    # reduce-window: jnp.cumsum (6 terms: exact in every dtype) and a strided, padded max pool.
+    "cumsum": lambda a, b: (jnp.cumsum(a[0]), jnp.cumsum(b, axis=1)),
+    "max_pool": lambda a, b: jax.lax.reduce_window(a, lowest(a.dtype), jax.lax.max, (2, 3), (2, 2), "SAME"),
 }
 FLOAT_ONLY = {
     "tanh_exp": lambda a, b: jnp.tanh(a) + jnp.exp(b / 4),
@@ -535,7 +543,6 @@ def test_unreduced_values_are_an_error():
 
 UNSUPPORTED = {
     # Ops the Peerless executor does not run: the error names the op.
-    "cumsum": (lambda a: jnp.cumsum(a), r"peerless.*'reduce-window'"),
     "convolution": (lambda a: jnp.convolve(a, a), r"peerless.*'convolution'"),
 }
 

@@ -22,7 +22,7 @@ pub use decide::{MAX_GROUP_SIZE, PlannedCollective, decide, plan, plan_with_peer
 pub use flags::{Backend, FLAGS, FlagSpec, Flags, HostTopology, flags_help};
 pub use hlo::analysis::DeviceMode;
 pub use peers::{PeerAccessTable, PeerTableKey};
-pub use program::{Programs, build_programs, inline_calls, plan_entry, thunk_programs};
+pub use program::{Programs, build_programs, inline_calls, plan_entry, thunk_programs, trip_count};
 
 /// Element types Peerless's own collective kernels accept. F8 variants, s4/u4 and
 /// complex types always go to the fallback. Callers pass the *operand's* element type

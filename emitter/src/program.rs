@@ -7,6 +7,11 @@
 //! computation is assigned; computations that are not inlined (`to_apply` of reduce,
 //! all-reduce, ...) are evaluated inside the one thunk that uses them.
 //!
+//! A `while` whose body or condition has a collective is unrolled the same way when its
+//! trip count is a compile-time constant ([`trip_count`]: the counted loops `fori_loop` and
+//! `scan` lower to), since every device's program must run its collectives in one order;
+//! other loops stay one instruction and run on the host, one device at a time.
+//!
 //! Thunks follow the entry's program order. A non-collective instruction that needs
 //! bytes of its own is a [`Thunk::Compute`] (or [`Thunk::Copy`] for `copy` and the first
 //! half of `copy-start`); aliasing instructions emit nothing; a synchronous collective
@@ -30,6 +35,76 @@ use crate::peers::PeerAccessTable;
 pub const MAX_INLINE_DEPTH: usize = 64;
 /// Most instructions an inlined entry computation may have.
 pub const MAX_INLINED_INSTRS: usize = 1 << 20;
+/// Most iterations of a loop [`inline_calls`] unrolls.
+pub const MAX_UNROLLED_TRIPS: i64 = 1 << 16;
+
+/// The integer value of a scalar integer constant.
+fn int_constant(m: &Module, id: InstrId) -> Option<i64> {
+    let ins = m.instrs.get(id).filter(|i| i.opcode == Opcode::Constant)?;
+    let a = ins.attrs.literal.as_ref()?.as_array().filter(|a| a.shape.rank() == 0)?;
+    let b = a.data.as_slice();
+    use hlo::PrimitiveType as T;
+    Some(match a.shape.ty {
+        T::S8 => i8::from_le_bytes(b.try_into().ok()?) as i64,
+        T::S16 => i16::from_le_bytes(b.try_into().ok()?) as i64,
+        T::S32 => i32::from_le_bytes(b.try_into().ok()?) as i64,
+        T::S64 => i64::from_le_bytes(b.try_into().ok()?),
+        T::U8 => u8::from_le_bytes(b.try_into().ok()?) as i64,
+        T::U16 => u16::from_le_bytes(b.try_into().ok()?) as i64,
+        T::U32 => u32::from_le_bytes(b.try_into().ok()?) as i64,
+        T::U64 => i64::try_from(u64::from_le_bytes(b.try_into().ok()?)).ok()?,
+        _ => return None,
+    })
+}
+
+/// The trip count of `while` instruction `id` of `m` when the loop counts: its state is a
+/// tuple whose element `i` starts at a constant (`init` is a `tuple` with a constant there),
+/// the body adds a positive constant to it and leaves every other element it reads for the
+/// bound alone, and the condition compares it (`<`, `<=`, or the same reversed) with a
+/// constant or with a state element that starts constant and the body passes through.
+/// `None` for any other loop: its trip count is not known until it runs.
+pub fn trip_count(m: &Module, id: InstrId) -> Option<i64> {
+    use hlo::ComparisonDirection as D;
+    let w = m.instrs.get(id).filter(|w| w.opcode == Opcode::While)?;
+    let (&[cond, body], &[init]) = (w.called.as_slice(), w.operands.as_slice()) else { return None };
+    let (cond, body) = (m.comps.get(cond)?, m.comps.get(body)?);
+    let init = m.instrs.get(init).filter(|i| i.opcode == Opcode::Tuple)?;
+    let (&[cp], &[bp]) = (cond.params.as_slice(), body.params.as_slice()) else { return None };
+    let body_root = m.instrs.get(body.root).filter(|r| r.opcode == Opcode::Tuple)?;
+    // Element `k` of the state, read in `comp` (whose parameter is `p`).
+    let element = |x: InstrId, p: InstrId| -> Option<usize> {
+        let g = m.instrs.get(x).filter(|g| g.opcode == Opcode::GetTupleElement && g.operands == [p])?;
+        usize::try_from(g.attrs.tuple_index?).ok()
+    };
+    // A value the condition compares with: a constant, or a loop-invariant state element.
+    let bound = |x: InstrId| -> Option<i64> {
+        if let Some(v) = int_constant(m, x) {
+            return Some(v);
+        }
+        let k = element(x, cp)?;
+        (element(*body_root.operands.get(k)?, bp)? == k).then_some(())?;
+        int_constant(m, *init.operands.get(k)?)
+    };
+    let cmp = m.instrs.get(cond.root).filter(|c| c.opcode == Opcode::Compare)?;
+    let (&[l, r], dir) = (cmp.operands.as_slice(), cmp.attrs.comparison_direction?) else { return None };
+    let (i, limit, inclusive) = match dir {
+        D::Lt | D::Le => (element(l, cp)?, bound(r)?, dir == D::Le),
+        D::Gt | D::Ge => (element(r, cp)?, bound(l)?, dir == D::Ge),
+        _ => return None,
+    };
+    let start = int_constant(m, *init.operands.get(i)?)?;
+    let next = m.instrs.get(*body_root.operands.get(i)?).filter(|a| a.opcode == Opcode::Add)?;
+    let step = match *next.operands.as_slice() {
+        [a, b] if element(a, bp) == Some(i) => int_constant(m, b)?,
+        [a, b] if element(b, bp) == Some(i) => int_constant(m, a)?,
+        _ => return None,
+    };
+    if step <= 0 {
+        return None;
+    }
+    let span = limit.checked_sub(start)?.checked_add(i64::from(inclusive))?;
+    Some(if span <= 0 { 0 } else { span.checked_add(step - 1)? / step })
+}
 
 fn program_err(instr: &str, message: impl Into<String>) -> EmitError {
     EmitError::Program { instr: instr.to_owned(), message: message.into() }
@@ -86,6 +161,21 @@ impl Inliner<'_> {
                     .ok_or_else(|| program_err(&ins.name, format!("operand {o} is not defined before use")))
             };
             let operands = ins.operands.iter().map(remap).collect::<Result<Vec<_>, _>>()?;
+            if ins.opcode == Opcode::While && ins.called.iter().any(|&c| self.src.calls_collective(c)) {
+                // Unrolled: the body inlined once per iteration, each on the state before it.
+                // The trip count is read off the source module, where `init` is the operand
+                // as written (a tuple of constants and values).
+                if let Some(trips) = trip_count(self.src, id).filter(|&t| t <= MAX_UNROLLED_TRIPS) {
+                    let body = ins.called.get(1).and_then(|&c| self.src.comps.get(c));
+                    let body = body.ok_or_else(|| program_err(&ins.name, "while without a body"))?;
+                    let mut state = operands[0];
+                    for _ in 0..trips {
+                        state = self.inline(body, &[state], depth + 1, false)?;
+                    }
+                    map.insert(id, state);
+                    continue;
+                }
+            }
             if ins.opcode == Opcode::Call {
                 let callee = ins
                     .called
@@ -123,12 +213,18 @@ impl Inliner<'_> {
     }
 }
 
-/// Inlines every `call` reachable from the entry computation, recursively. The entry's
+/// Inlines every `call` reachable from the entry computation, recursively, and unrolls
+/// every counted `while` there whose computations have a collective. The entry's
 /// own instructions keep their ids and names; inlined ones get new ids, and their
 /// names get a `.N` suffix where they would clash. Other computations are unchanged.
 pub fn inline_calls(module: &Module) -> Result<Module, EmitError> {
     let entry = module.comps.get(module.entry).ok_or_else(|| program_err(&module.name, "no entry computation"))?;
-    let has_call = entry.instrs.iter().any(|&i| module.instrs.get(i).is_some_and(|x| x.opcode == Opcode::Call));
+    let has_call = entry.instrs.iter().any(|&i| {
+        module.instrs.get(i).is_some_and(|x| {
+            x.opcode == Opcode::Call
+                || (x.opcode == Opcode::While && x.called.iter().any(|&c| module.calls_collective(c)))
+        })
+    });
     if !has_call {
         return Ok(module.clone());
     }

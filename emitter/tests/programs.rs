@@ -188,3 +188,50 @@ ENTRY main {
     let zero = p.buffers.buffers.iter().find(|b| b.kind == BufferKind::Zero).unwrap();
     assert_eq!(zero.region.offset, r[3].offset);
 }
+
+/// A module with one loop `w` over state `(s32[], f32[4])`: `cmp` is the condition's root
+/// (over `i` and `n`, the bound), `next` the counter update, `start` its initial value.
+fn counted(cmp: &str, bound: &str, next: &str, start: i32) -> String {
+    format!(
+        "HloModule m\n\nadd {{\n  a = f32[] parameter(0)\n  b = f32[] parameter(1)\n  ROOT s = f32[] add(a, b)\n}}\n\n\
+         c {{\n  s = (s32[], f32[4]) parameter(0)\n  i = s32[] get-tuple-element(s), index=0\n  \
+         n = s32[] {bound}\n  ROOT p = pred[] {cmp}\n}}\n\n\
+         b {{\n  s = (s32[], f32[4]) parameter(0)\n  i = s32[] get-tuple-element(s), index=0\n  \
+         x = f32[4] get-tuple-element(s), index=1\n  r = f32[4] all-reduce(x), to_apply=add, replica_groups={{}}\n  \
+         k = s32[] constant(2)\n  i1 = s32[] {next}\n  ROOT t = (s32[], f32[4]) tuple(i1, r)\n}}\n\n\
+         ENTRY main {{\n  x = f32[4] parameter(0)\n  z = s32[] constant({start})\n  \
+         init = (s32[], f32[4]) tuple(z, x)\n  w = (s32[], f32[4]) while(init), condition=c, body=b\n  \
+         ROOT r = f32[4] get-tuple-element(w), index=1\n}}\n"
+    )
+}
+
+#[test]
+fn counted_loops_have_a_trip_count_and_unroll() {
+    let cases: &[(&str, &str, &str, i32, Option<i64>)] = &[
+        ("compare(i, n), direction=LT", "constant(7)", "add(i, k)", 0, Some(4)),
+        ("compare(i, n), direction=LE", "constant(7)", "add(k, i)", 1, Some(4)),
+        ("compare(n, i), direction=GT", "constant(6)", "add(i, k)", 0, Some(3)),
+        ("compare(n, i), direction=GE", "constant(6)", "add(i, k)", 0, Some(4)),
+        ("compare(i, n), direction=LT", "constant(-3)", "add(i, k)", 0, Some(0)),
+        // Not counted: the wrong direction, a bound read from data, a step that is not a constant.
+        ("compare(i, n), direction=GT", "constant(7)", "add(i, k)", 0, None),
+        ("compare(i, n), direction=NE", "constant(7)", "add(i, k)", 0, None),
+        ("compare(i, n), direction=LT", "constant(7)", "multiply(i, k)", 1, None),
+        ("compare(i, n), direction=LT", "constant(7)", "add(i, i)", 1, None),
+    ];
+    for &(cmp, bound, next, start, want) in cases {
+        let text = counted(cmp, bound, next, start);
+        let m = hlo::parse_text("t.hlo", &text).unwrap();
+        let w = m.entry().instrs.iter().copied().find(|&i| m.instrs[i].opcode == hlo::Opcode::While).unwrap();
+        assert_eq!(emitter::trip_count(&m, w), want, "{cmp} {bound} {next} from {start}");
+        let flat = inline_calls(&m).unwrap();
+        let count = |op| flat.entry().instrs.iter().filter(|&&i| flat.instrs[i].opcode == op).count();
+        match want {
+            Some(t) => {
+                assert_eq!(count(hlo::Opcode::While), 0, "{cmp}");
+                assert_eq!(count(hlo::Opcode::AllReduce), t as usize, "{cmp}");
+            }
+            None => assert_eq!(count(hlo::Opcode::While), 1, "{cmp}"),
+        }
+    }
+}

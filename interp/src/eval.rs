@@ -555,7 +555,7 @@ impl<'a> Interp<'a> {
             }
             iterations += 1;
             let split = !go.iter().all(|&g| g);
-            if split && comp_has_collective(self.m, body, 0) {
+            if split && self.m.calls_collective(body) {
                 return Err(self.rt(c, "devices disagree on the loop condition of a body with collectives"));
             }
             let args = [state];
@@ -585,7 +585,7 @@ impl<'a> Interp<'a> {
             if !pick.contains(&k) {
                 continue;
             }
-            if pick.iter().any(|&p| p != k) && comp_has_collective(self.m, b, 0) {
+            if pick.iter().any(|&p| p != k) && self.m.calls_collective(b) {
                 return Err(self.rt(c, "devices take different branches and one has collectives"));
             }
             let args = [ops[k + 1].clone()];
@@ -1161,19 +1161,6 @@ impl<'a> Interp<'a> {
 /// (`add`, `multiply`, `maximum`, `minimum`, `and`, `or`, `xor`, either operand order);
 /// `None` for anything else. Backends use it to pick a fast path; the interpreter's fold
 /// order stays the same either way.
-/// Whether computation `comp` contains (transitively) a collective.
-pub fn comp_has_collective(m: &Module, comp: CompId, depth: usize) -> bool {
-    let Some(c) = m.comps.get(comp) else { return false };
-    depth > MAX_DEPTH
-        || c.instrs.iter().any(|&i| {
-            m.instrs.get(i).is_some_and(|ins| {
-                ins.opcode.is_collective()
-                    || ins.opcode.is_collective_done()
-                    || ins.called.iter().any(|&cc| comp_has_collective(m, cc, depth + 1))
-            })
-        })
-}
-
 pub fn single_op_reducer(m: &Module, comp: CompId) -> Option<Opcode> {
     let cm = m.comps.get(comp)?;
     if cm.params.len() != 2 || cm.instrs.len() != 3 {

@@ -277,6 +277,12 @@ def collectives_1d(k):
         # A loop whose body uses the device's index, then a collective on its result.
         "fori_axis_index_then_psum": (lambda a: jax.lax.psum(jax.lax.fori_loop(
             0, 3, lambda i, v: v * 2 + jax.lax.axis_index(ax).astype(v.dtype), a), ax), (2, 3)),
+        # Collectives inside counted loops (unrolled by the emitter).
+        "fori_psum_inside": (lambda a: jax.lax.fori_loop(
+            0, 3, lambda i, v: v * 0.5 + jax.lax.psum(v, ax) * 0.25, a), (2, 3)),
+        "scan_ppermute_inside": (lambda a: jax.lax.scan(
+            lambda c, x: (jax.lax.ppermute(c, ax, [(j, (j + 1) % k) for j in range(k)]) + x, c.sum()),
+            a[0], a)[0], (4, 3)),
     }
 
 
@@ -547,11 +553,12 @@ UNSUPPORTED = {
 }
 
 
-def test_collective_inside_a_loop_is_a_clear_error():
-    """A loop body with a collective would need the per-device programs to loop together:
-    not supported yet, and refused at compile time naming the while."""
+def test_collective_inside_an_uncounted_loop_is_a_clear_error():
+    """A loop body with a collective whose trip count is only known at run time would need the
+    per-device programs to loop together: not supported yet, and refused at compile time
+    naming the while. (Counted loops, as fori_loop and scan lower, are unrolled.)"""
     need(2)
-    f = lambda a: jax.lax.fori_loop(0, 2, lambda i, v: v + jax.lax.psum(v, "x"), a)  # noqa: E731
+    f = lambda a: jax.lax.while_loop(lambda v: v.sum() < 100, lambda v: v + jax.lax.psum(v, "x") + 1, a)  # noqa: E731
     with pytest.raises(Exception, match=r"(?s)peerless.*'while'.*collectives inside"):
         shard_map_on(PEERLESS, f, (2,), ("x",), sample((4, 3), jnp.float32), P("x"), P("x"))
     x1 = sample((3,), jnp.float32)

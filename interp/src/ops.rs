@@ -412,6 +412,35 @@ pub fn dot(l: &Array, r: &Array, dd: &DotDims, out_ty: PrimitiveType) -> OpResul
     from_scalars(out_ty, out_shape.dims, &out)
 }
 
+/// Per operand dimension, the batch dimension (of the output for gather, of the updates for
+/// scatter) whose coordinate is its start, for `batching[j]` paired with index dimension
+/// `index_batching[j]`; `batch` / `index_dims` pair those dimensions with the indices'.
+fn batching_dims(
+    batching: &[usize],
+    index_batching: &[usize],
+    batch: &[usize],
+    index_dims: &[usize],
+    operand: &[i64],
+    indices: &[i64],
+    r: usize,
+) -> OpResult<Vec<Option<usize>>> {
+    if batching.len() != index_batching.len() {
+        return Err("batching dimensions of the operand and the indices differ in number".into());
+    }
+    let mut of = vec![None; r];
+    for (&d, &id) in batching.iter().zip(index_batching) {
+        let k = index_dims.iter().position(|&x| x == id).ok_or("a batching dimension is the index-vector dimension")?;
+        if operand[d] != indices[id] {
+            return Err(format!(
+                "batching dimension {d} has {} elements, the indices' {id} has {}",
+                operand[d], indices[id]
+            ));
+        }
+        of[d] = Some(batch[k]);
+    }
+    Ok(of)
+}
+
 /// Dimension numbers as indices, each below `n`.
 fn as_dims(v: &[i64], n: usize) -> OpResult<Vec<usize>> {
     v.iter().map(|&d| usize::try_from(d).ok().filter(|&d| d < n).ok_or_else(|| format!("bad dimension {d}"))).collect()
@@ -427,6 +456,9 @@ pub struct GatherPlan {
     pub batch: Vec<(usize, usize)>,
     /// Per operand dimension: `Some(out_dim)` when an output dimension offsets it.
     pub offset_of: Vec<Option<usize>>,
+    /// Per operand dimension: `Some(out_dim)` for a batching dimension, whose start is that
+    /// output (batch) coordinate (`take_along_axis` gathers this way).
+    pub batch_of: Vec<Option<usize>>,
     /// Per entry of the index vector: the operand dimension it starts.
     pub start_index_map: Vec<usize>,
     /// The index-vector dimension of the start indices (== their rank: an implicit one).
@@ -437,9 +469,6 @@ pub struct GatherPlan {
 
 impl GatherPlan {
     pub fn new(operand: &[i64], indices: &[i64], g: &hlo::GatherDims, out: &[i64]) -> OpResult<GatherPlan> {
-        if !g.operand_batching_dims.is_empty() || !g.start_indices_batching_dims.is_empty() {
-            return Err("gather with batching dimensions is not supported".into());
-        }
         let r = operand.len();
         let ivd =
             usize::try_from(g.index_vector_dim).ok().filter(|&v| v <= indices.len()).ok_or("bad index_vector_dim")?;
@@ -447,15 +476,18 @@ impl GatherPlan {
         let start_index_map = as_dims(&g.start_index_map, r)?;
         let collapsed = as_dims(&g.collapsed_slice_dims, r)?;
         let offset_dims = as_dims(&g.offset_dims, out.len())?;
+        let batching = as_dims(&g.operand_batching_dims, r)?;
+        let index_batching = as_dims(&g.start_indices_batching_dims, indices.len())?;
         if start_index_map.len() != nvec || g.slice_sizes.len() != r {
             return Err(format!("gather: {nvec} start indices per vector, start_index_map {:?}", g.start_index_map));
         }
         let batch_out: Vec<usize> = (0..out.len()).filter(|d| !offset_dims.contains(d)).collect();
         let batch_idx: Vec<usize> = (0..indices.len()).filter(|&k| k != ivd).collect();
-        let offset_operand: Vec<usize> = (0..r).filter(|d| !collapsed.contains(d)).collect();
+        let offset_operand: Vec<usize> = (0..r).filter(|d| !collapsed.contains(d) && !batching.contains(d)).collect();
         if batch_out.len() != batch_idx.len() || offset_operand.len() != offset_dims.len() {
             return Err("gather dimension numbers do not match the shapes".into());
         }
+        let batch_of = batching_dims(&batching, &index_batching, &batch_out, &batch_idx, operand, indices, r)?;
         let mut offset_of = vec![None; r];
         for (&od, &opd) in offset_dims.iter().zip(&offset_operand) {
             if out[od] > g.slice_sizes[opd] {
@@ -473,6 +505,7 @@ impl GatherPlan {
         Ok(GatherPlan {
             batch: batch_out.into_iter().zip(batch_idx).collect(),
             offset_of,
+            batch_of,
             start_index_map,
             index_vector_dim: ivd,
             max_start,
@@ -490,6 +523,9 @@ pub struct ScatterPlan {
     scatter: Vec<(usize, usize)>,
     /// Per operand dimension: `Some(update_dim)` when an update window dimension offsets it.
     window_of: Vec<Option<usize>>,
+    /// Per operand dimension: `Some(update_dim)` for a batching dimension, whose start is
+    /// that update (scatter) coordinate.
+    batch_of: Vec<Option<usize>>,
     /// Per entry of the index vector: the operand dimension it starts.
     to_operand: Vec<usize>,
     index_vector_dim: usize,
@@ -502,9 +538,6 @@ pub struct ScatterPlan {
 
 impl ScatterPlan {
     pub fn new(operand: &[i64], indices: &[i64], updates: &[i64], s: &hlo::ScatterDims) -> OpResult<ScatterPlan> {
-        if !s.input_batching_dims.is_empty() || !s.scatter_indices_batching_dims.is_empty() {
-            return Err("scatter with batching dimensions is not supported".into());
-        }
         let (r, ir) = (operand.len(), indices.len());
         let ivd = usize::try_from(s.index_vector_dim).ok().filter(|&v| v <= ir).ok_or("bad index_vector_dim")?;
         let nvec = if ivd == ir { 1 } else { usize::try_from(indices[ivd]).map_err(|_| "bad indices shape")? };
@@ -514,7 +547,9 @@ impl ScatterPlan {
         if to_operand.len() != nvec {
             return Err(format!("scatter: {nvec} indices per vector, scatter_dims_to_operand_dims {to_operand:?}"));
         }
-        let window_operand: Vec<usize> = (0..r).filter(|d| !inserted.contains(d)).collect();
+        let batching = as_dims(&s.input_batching_dims, r)?;
+        let index_batching = as_dims(&s.scatter_indices_batching_dims, ir)?;
+        let window_operand: Vec<usize> = (0..r).filter(|d| !inserted.contains(d) && !batching.contains(d)).collect();
         let update_scatter: Vec<usize> = (0..updates.len()).filter(|d| !update_window.contains(d)).collect();
         let index_dims: Vec<usize> = (0..ir).filter(|&k| k != ivd).collect();
         if window_operand.len() != update_window.len() || update_scatter.len() != index_dims.len() {
@@ -523,6 +558,7 @@ impl ScatterPlan {
         if update_scatter.iter().zip(&index_dims).any(|(&u, &i)| updates[u] != indices[i]) {
             return Err("scatter updates and indices disagree on the scatter dimensions".into());
         }
+        let batch_of = batching_dims(&batching, &index_batching, &update_scatter, &index_dims, operand, indices, r)?;
         let mut window_of = vec![None; r];
         let mut window = vec![1i64; r];
         for (&ud, &od) in update_window.iter().zip(&window_operand) {
@@ -542,6 +578,7 @@ impl ScatterPlan {
         Ok(ScatterPlan {
             scatter: update_scatter.into_iter().zip(index_dims).collect(),
             window_of,
+            batch_of,
             to_operand,
             index_vector_dim: ivd,
             index_strides: strides(indices),
@@ -559,6 +596,7 @@ impl ScatterPlan {
         let mut flat = 0usize;
         for (d, &size) in self.operand.iter().enumerate() {
             let start = match self.to_operand.iter().position(|&m| m == d) {
+                _ if self.batch_of[d].is_some() => self.batch_of[d].map_or(0, |ud| u[ud] as i64),
                 Some(_) if self.index_vector_dim == ist.len() => starts[base],
                 Some(k) => starts[base + k * ist[self.index_vector_dim]],
                 None => 0,
@@ -630,6 +668,7 @@ pub fn gather(
         let mut s = 0usize;
         for (d, &od) in p.offset_of.iter().enumerate() {
             let start = match p.start_index_map.iter().position(|&m| m == d) {
+                _ if p.batch_of[d].is_some() => p.batch_of[d].map_or(0, |bd| o[bd]),
                 Some(k) => {
                     let at = if p.index_vector_dim == irank { base } else { base + k * ist[p.index_vector_dim] };
                     starts[at].clamp(0, p.max_start[d]) as usize

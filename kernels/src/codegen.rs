@@ -791,6 +791,7 @@ impl Gen<'_> {
                 let mut terms = Vec::new();
                 for (d, od) in p.offset_of.iter().enumerate() {
                     let start = match p.start_index_map.iter().position(|&m| m == d) {
+                        _ if p.batch_of[d].is_some() => p.batch_of[d].map_or(String::new(), |bd| format!("o{bd}")),
                         Some(k) => {
                             let at = if p.index_vector_dim == idx.rank() {
                                 "gb".to_string()

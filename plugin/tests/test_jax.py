@@ -152,6 +152,7 @@ ONE_DEVICE = {
         jax.lax.switch((a.sum() > 0).astype(jnp.int32) + (b.sum() > 0).astype(jnp.int32),
                        [lambda x: x, lambda x: -x, lambda x: x * x], b)),
     "scan": lambda a, b: jax.lax.scan(lambda c, x: (c + x, c * x), jnp.zeros_like(a[0]), a),
+    "take_along_axis": lambda a, b: jnp.take_along_axis(a, jnp.argsort(b, axis=1)[:, ::2], axis=1),
     # Scatter: repeated indices accumulate; out-of-range ones are dropped.
     "scatter_add_set": lambda a, b: (a.at[jnp.array([1, 3, 1])].add(b[0]), a.at[:, jnp.array([0, 7, 2])].set(b[:, :3]),
                                      a.at[jnp.array([[0, 5], [2, 2]])].max(b[0, 0])),
@@ -165,6 +166,9 @@ FLOAT_ONLY = {
     "div_sqrt": lambda a, b: a / (jnp.abs(b) + 1) + jnp.sqrt(jnp.abs(a)),
     "softmax": lambda a, b: jax.nn.softmax(a, axis=-1),
     "gelu_exact": lambda a, b: jax.nn.gelu(a, approximate=False),
+    # take_along_axis gathers with batching dimensions; its gradient scatters with them.
+    "take_along_axis_grad": lambda a, b: jax.grad(
+        lambda x: (jnp.take_along_axis(x, jnp.argsort(b, axis=1)[:, :3], axis=1) ** 2).sum())(a),
 }
 
 

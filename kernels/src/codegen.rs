@@ -854,17 +854,17 @@ impl Gen<'_> {
         Ok(p)
     }
 
-    /// `reduce` of N inputs with N init values: one output element per loop iteration, the
-    /// reduced dimensions folded in the interpreter's (row-major) order, the reducer inlined
-    /// (one binary op, or any scalar computation of elementwise ops: argmax and the like).
-    fn reduce(&self) -> R<(GenStep, String)> {
+    /// What `reduce` and `reduce-window` of N inputs with N init values share: N, the
+    /// reducer, the N result shapes and the 2N operand shapes; an error where the result is
+    /// sharded or does not match.
+    fn reduction(&self, what: &str) -> R<(usize, hlo::CompId, Vec<&ArrayShape>, Vec<&ArrayShape>)> {
         let m = &self.low.module;
         let ins = m.instr(self.instr);
         let nv = ins.operands.len() / 2;
         if nv == 0 || ins.operands.len() != 2 * nv {
-            return Err("reduce needs N inputs and N init values".into());
+            return Err(format!("{what} needs N inputs and N init values"));
         }
-        let &[comp] = ins.called.as_slice() else { return Err("reduce without one computation".into()) };
+        let &[comp] = ins.called.as_slice() else { return Err(format!("{what} without one computation")) };
         let local = self.low.evaluator.local_shape(m, self.instr);
         if local != ins.shape {
             return Err(format!("the result is sharded (per-device shape {local})"));
@@ -874,9 +874,19 @@ impl Gen<'_> {
             Shape::Tuple(t) if t.len() == nv => {
                 t.iter().map(|s| s.as_array().ok_or("nested tuple result")).collect::<Result<_, _>>()?
             }
-            s => return Err(format!("reduce result {s} does not match its {nv} inputs")),
+            s => return Err(format!("{what} result {s} does not match its {nv} inputs")),
         };
         let ins_shapes: Vec<&ArrayShape> = (0..2 * nv).map(|i| self.operand(i)).collect::<R<_>>()?;
+        Ok((nv, comp, outs, ins_shapes))
+    }
+
+    /// `reduce` of N inputs with N init values: one output element per loop iteration, the
+    /// reduced dimensions folded in the interpreter's (row-major) order, the reducer inlined
+    /// (one binary op, or any scalar computation of elementwise ops: argmax and the like).
+    fn reduce(&self) -> R<(GenStep, String)> {
+        let m = &self.low.module;
+        let ins = m.instr(self.instr);
+        let (nv, comp, outs, ins_shapes) = self.reduction("reduce")?;
         let adims = udims(ins_shapes[0])?;
         let dims = udims(outs[0])?;
         let mut tys = Vec::new();
@@ -989,23 +999,7 @@ impl Gen<'_> {
     fn reduce_window(&self) -> R<(GenStep, String)> {
         let m = &self.low.module;
         let ins = m.instr(self.instr);
-        let nv = ins.operands.len() / 2;
-        if nv == 0 || ins.operands.len() != 2 * nv {
-            return Err("reduce-window needs N inputs and N init values".into());
-        }
-        let &[comp] = ins.called.as_slice() else { return Err("reduce-window without one computation".into()) };
-        let local = self.low.evaluator.local_shape(m, self.instr);
-        if local != ins.shape {
-            return Err(format!("the result is sharded (per-device shape {local})"));
-        }
-        let outs: Vec<&ArrayShape> = match &ins.shape {
-            Shape::Array(a) if nv == 1 => vec![a],
-            Shape::Tuple(t) if t.len() == nv => {
-                t.iter().map(|s| s.as_array().ok_or("nested tuple result")).collect::<Result<_, _>>()?
-            }
-            s => return Err(format!("reduce-window result {s} does not match its {nv} inputs")),
-        };
-        let ins_shapes: Vec<&ArrayShape> = (0..2 * nv).map(|i| self.operand(i)).collect::<R<_>>()?;
+        let (nv, comp, outs, ins_shapes) = self.reduction("reduce-window")?;
         let window = hlo::Window::of(&ins.attrs)?;
         if window.dims.iter().any(|d| d.reversal) {
             return Err("a reversed window (rhs_reversal)".into());

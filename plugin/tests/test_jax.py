@@ -185,6 +185,20 @@ def test_jit_one_device(name, dtype):
     assert_tree_same(on(PEERLESS, f, args), on(CPU, f, args))
 
 
+def test_random_numbers_match_cpu():
+    """jax.random (threefry as plain integer ops; permutation sorts) gives the CPU backend's
+    numbers: the integers bit for bit, the floats within f32 tolerance (XLA's CPU backend may
+    contract the inverse-erf polynomial into FMAs; Peerless rounds every op)."""
+    f = lambda k: (jax.random.normal(jax.random.key(k), (4, 5)),  # noqa: E731
+                   jax.random.uniform(jax.random.key(k + 1), (3,)),
+                   jax.random.randint(jax.random.key(k), (6,), 0, 10),
+                   jax.random.permutation(jax.random.key(k), 8))
+    got = jax.jit(f)(jax.device_put(3, jax.devices(PEERLESS)[0]))
+    want = jax.jit(f)(jax.device_put(3, jax.devices(CPU)[0]))
+    for g, w in zip(got, want):
+        assert_same(g, w)
+
+
 def test_jit_dtype_conversions():
     f = lambda a: (a.astype(jnp.bfloat16), a.astype(jnp.float16), a.astype(jnp.int32), (a * 3).astype(jnp.uint8))  # noqa: E731
     args = (np.linspace(-3, 3, 13, dtype=np.float32),)

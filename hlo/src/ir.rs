@@ -426,6 +426,72 @@ impl GatherDims {
     }
 }
 
+/// `convolution`'s dimension numbers and group counts, read from its attributes (text form,
+/// which the proto importer writes too): `dim_labels=b01f_01io->b01f` (per operand, which
+/// dimension is the batch / feature (`b`, `f`; kernel: input / output features `i`, `o`) and
+/// which is spatial dimension `k` (the digit `k`)), `feature_group_count=N`,
+/// `batch_group_count=N` (both 1 when absent).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ConvDims {
+    pub input_batch: usize,
+    pub input_feature: usize,
+    pub input_spatial: Vec<usize>,
+    pub kernel_input: usize,
+    pub kernel_output: usize,
+    pub kernel_spatial: Vec<usize>,
+    pub output_batch: usize,
+    pub output_feature: usize,
+    pub output_spatial: Vec<usize>,
+    pub feature_groups: i64,
+    pub batch_groups: i64,
+}
+
+impl ConvDims {
+    /// The dimension numbers of a `convolution` instruction, or what is missing or malformed.
+    pub fn of(attrs: &Attrs) -> Result<ConvDims, String> {
+        let raw = attrs.other.get("dim_labels").ok_or("convolution without dim_labels")?;
+        let bad = || format!("convolution: bad dim_labels={raw}");
+        let (lhs, rest) = raw.trim().split_once('_').ok_or_else(bad)?;
+        let (rhs, out) = rest.split_once("->").ok_or_else(bad)?;
+        // (position of `a`, position of `b`, position of each spatial digit in order)
+        let labels = |l: &str, a: char, b: char| -> Result<(usize, usize, Vec<usize>), String> {
+            let (mut pa, mut pb) = (None, None);
+            let mut spatial = vec![None; l.len().saturating_sub(2)];
+            for (p, ch) in l.chars().enumerate() {
+                let slot = match ch {
+                    _ if ch == a => &mut pa,
+                    _ if ch == b => &mut pb,
+                    _ => ch.to_digit(10).and_then(|k| spatial.get_mut(k as usize)).ok_or_else(bad)?,
+                };
+                if slot.replace(p).is_some() {
+                    return Err(bad());
+                }
+            }
+            let spatial = spatial.into_iter().collect::<Option<Vec<_>>>().ok_or_else(bad)?;
+            Ok((pa.ok_or_else(bad)?, pb.ok_or_else(bad)?, spatial))
+        };
+        let (input_batch, input_feature, input_spatial) = labels(lhs, 'b', 'f')?;
+        let (kernel_input, kernel_output, kernel_spatial) = labels(rhs, 'i', 'o')?;
+        let (output_batch, output_feature, output_spatial) = labels(out, 'b', 'f')?;
+        let count = |key: &str| -> Result<i64, String> {
+            attrs.other.get(key).map_or(Ok(1), |v| v.trim().parse().map_err(|_| format!("convolution: bad {key}={v}")))
+        };
+        Ok(ConvDims {
+            input_batch,
+            input_feature,
+            input_spatial,
+            kernel_input,
+            kernel_output,
+            kernel_spatial,
+            output_batch,
+            output_feature,
+            output_spatial,
+            feature_groups: count("feature_group_count")?,
+            batch_groups: count("batch_group_count")?,
+        })
+    }
+}
+
 /// `scatter`'s dimension numbers, read like [`GatherDims`]: `update_window_dims={..},
 /// inserted_window_dims={..}, scatter_dims_to_operand_dims={..}, index_vector_dim=N` and the
 /// optional batching dimensions.

@@ -601,6 +601,48 @@ impl Decoder<'_> {
                 a.other.insert("scatter_indices_batching_dims".into(), list(&g.scatter_indices_batching_dims));
             }
         }
+        if let Some(c) = &p.convolution_dimension_numbers {
+            // dim_labels as the text form prints it, which `ConvDims::of` reads.
+            let labels = |rank: usize, a: (i64, char), b: (i64, char), spatial: &[i64]| -> String {
+                let mut l = vec!['?'; rank];
+                for (d, ch) in [a, b]
+                    .into_iter()
+                    .chain(spatial.iter().enumerate().map(|(k, &d)| (d, char::from_digit(k as u32, 10).unwrap_or('?'))))
+                {
+                    if let Some(x) = usize::try_from(d).ok().and_then(|d| l.get_mut(d)) {
+                        *x = ch;
+                    }
+                }
+                l.into_iter().collect()
+            };
+            let rank = 2 + c.input_spatial_dimensions.len();
+            a.other.insert(
+                "dim_labels".into(),
+                format!(
+                    "{}_{}->{}",
+                    labels(
+                        rank,
+                        (c.input_batch_dimension, 'b'),
+                        (c.input_feature_dimension, 'f'),
+                        &c.input_spatial_dimensions
+                    ),
+                    labels(
+                        rank,
+                        (c.kernel_input_feature_dimension, 'i'),
+                        (c.kernel_output_feature_dimension, 'o'),
+                        &c.kernel_spatial_dimensions
+                    ),
+                    labels(
+                        rank,
+                        (c.output_batch_dimension, 'b'),
+                        (c.output_feature_dimension, 'f'),
+                        &c.output_spatial_dimensions
+                    ),
+                ),
+            );
+            a.other.insert("feature_group_count".into(), p.feature_group_count.max(1).to_string());
+            a.other.insert("batch_group_count".into(), p.batch_group_count.max(1).to_string());
+        }
         if let Some(w) = &p.window {
             // The text form, which `Window::of` reads for both front ends.
             a.other.insert("window".into(), window_text(&w.dimensions));

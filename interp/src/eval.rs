@@ -465,6 +465,16 @@ impl<'a> Interp<'a> {
                 })
             }
             Scatter => self.scatter(c, ops, depth),
+            Convolution => {
+                need(2)?;
+                let cd = hlo::ConvDims::of(&ins.attrs).map_err(|e| self.rt(c, e))?;
+                let w = hlo::Window::of(&ins.attrs).map_err(|e| self.rt(c, e))?;
+                let out = self.out_array(c, expected)?;
+                self.per_dev(|d| {
+                    let (a, b) = (self.arr(c, &ops[0][d])?, self.arr(c, &ops[1][d])?);
+                    self.wrap(c, ops::convolution(a, b, &cd, &w, out))
+                })
+            }
             While => self.while_loop(c, ops, depth),
             Conditional => self.conditional(c, ops, expected, depth),
             Call => {
@@ -1238,7 +1248,8 @@ pub fn unexecuted(op: Opcode) -> Option<&'static str> {
         | CollectiveBroadcast
         | Sort
         | Gather
-        | Scatter => None,
+        | Scatter
+        | Convolution => None,
         op if op.is_elementwise_unary() || op.is_elementwise_binary() => None,
         _ => Some("not executed by Peerless"),
     }

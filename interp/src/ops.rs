@@ -412,6 +412,101 @@ pub fn dot(l: &Array, r: &Array, dd: &DotDims, out_ty: PrimitiveType) -> OpResul
     from_scalars(out_ty, out_shape.dims, &out)
 }
 
+/// `convolution` (feature groups, padding, base and window dilation, strides; no batch
+/// groups or reversed windows), accumulating as `dot` does: fp32 (fp64 when an operand is
+/// fp64) for floats, wrapping i64 for integers, in input-feature then row-major window order.
+pub fn convolution(l: &Array, r: &Array, cd: &hlo::ConvDims, w: &hlo::Window, out: &ArrayShape) -> OpResult<Array> {
+    let ns = cd.input_spatial.len();
+    let (ld, rd, od) = (&l.shape.dims, &r.shape.dims, &out.dims);
+    if cd.kernel_spatial.len() != ns || cd.output_spatial.len() != ns || w.dims.len() != ns {
+        return Err("convolution: dimension numbers and window disagree on the spatial rank".into());
+    }
+    if ld.len() != ns + 2 || rd.len() != ns + 2 || od.len() != ns + 2 {
+        return Err("convolution: operand ranks do not match the dimension numbers".into());
+    }
+    if w.dims.iter().any(|d| d.reversal) {
+        return Err("convolution with a reversed window is not supported".into());
+    }
+    if cd.batch_groups != 1 {
+        return Err("convolution with batch_group_count > 1 is not supported".into());
+    }
+    let (c, o, g) = (ld[cd.input_feature], rd[cd.kernel_output], cd.feature_groups);
+    if g < 1 || c % g != 0 || o % g != 0 || rd[cd.kernel_input] != c / g {
+        return Err(format!("convolution: {c} input and {o} output features do not split into {g} groups"));
+    }
+    let spatial_in: Vec<i64> = cd.input_spatial.iter().map(|&d| ld[d]).collect();
+    let spatial_out = w.output_dims(&spatial_in)?;
+    let ok = od[cd.output_batch] == ld[cd.input_batch]
+        && od[cd.output_feature] == o
+        && cd.output_spatial.iter().zip(&spatial_out).all(|(&d, &n)| od[d] == n)
+        && cd.kernel_spatial.iter().zip(&w.dims).all(|(&d, wd)| rd[d] == wd.size);
+    if !ok {
+        return Err(format!("convolution of {} and {} cannot give {out}", l.shape, r.shape));
+    }
+    let (ls, rs) = match (scalars(l), scalars(r)) {
+        (Some(a), Some(b)) => (a, b),
+        _ => return Err("convolution operand type is not computable".into()),
+    };
+    let (lt, rt, ot) = (l.shape.ty, r.shape.ty, out.ty);
+    let acc = if lt.is_float() || rt.is_float() || ot.is_float() {
+        if [lt, rt, ot].contains(&PrimitiveType::F64) {
+            Acc::F64(widen_f(&ls), widen_f(&rs))
+        } else {
+            let f = |v: &[Sc]| widen_f(v).into_iter().map(|x| x as f32).collect();
+            Acc::F32(f(&ls), f(&rs))
+        }
+    } else if lt == PrimitiveType::Pred || rt == PrimitiveType::Pred {
+        return Err("convolution of pred".into());
+    } else {
+        Acc::I64(widen_i(&ls), widen_i(&rs))
+    };
+    let (lst, rst) = (l.shape.strides(), r.shape.strides());
+    let (cg, og) = ((c / g) as usize, (o / g) as usize);
+    let wsizes: Vec<usize> = w.dims.iter().map(|d| d.size as usize).collect();
+    let odims: Vec<usize> = od.iter().map(|&x| x as usize).collect();
+    let mut vals = Vec::with_capacity(out.element_count());
+    let mut err = None;
+    for_each_index(&odims, |oi, _| {
+        let (b, f) = (oi[cd.output_batch], oi[cd.output_feature]);
+        let group = f / og;
+        let (mut af32, mut af64, mut ai64) = (0f32, 0f64, 0i64);
+        for ci in 0..cg {
+            let lbase = b * lst[cd.input_batch] + (group * cg + ci) * lst[cd.input_feature];
+            let rbase = ci * rst[cd.kernel_input] + f * rst[cd.kernel_output];
+            for_each_index(&wsizes, |kp, _| {
+                let (mut li, mut ri) = (lbase, rbase);
+                for (k, wd) in w.dims.iter().enumerate() {
+                    // Position in the padded, base-dilated input; holes and padding read nothing.
+                    let p = oi[cd.output_spatial[k]] as i64 * wd.stride + kp[k] as i64 * wd.window_dilation - wd.pad_lo;
+                    if p < 0 || p % wd.base_dilation != 0 || p / wd.base_dilation >= spatial_in[k] {
+                        return;
+                    }
+                    li += (p / wd.base_dilation) as usize * lst[cd.input_spatial[k]];
+                    ri += kp[k] * rst[cd.kernel_spatial[k]];
+                }
+                match &acc {
+                    Acc::F32(x, y) => af32 += x[li] * y[ri],
+                    Acc::F64(x, y) => af64 += x[li] * y[ri],
+                    Acc::I64(x, y) => ai64 = ai64.wrapping_add(x[li].wrapping_mul(y[ri])),
+                }
+            });
+        }
+        let v = match &acc {
+            Acc::F32(..) => Sc::F32(af32),
+            Acc::F64(..) => Sc::F64(af64),
+            Acc::I64(..) => Sc::S64(ai64),
+        };
+        match scalar::convert(v, ot) {
+            Some(v) => vals.push(v),
+            None => err = Some(format!("convolution result type {ot}")),
+        }
+    });
+    if let Some(e) = err {
+        return Err(e);
+    }
+    from_scalars(ot, od.clone(), &vals)
+}
+
 /// Per operand dimension, the batch dimension (of the output for gather, of the updates for
 /// scatter) whose coordinate is its start, for `batching[j]` paired with index dimension
 /// `index_batching[j]`; `batch` / `index_dims` pair those dimensions with the indices'.

@@ -435,6 +435,7 @@ impl<'a> Interp<'a> {
             }
             Reduce => self.reduce(c, ops, depth),
             ReduceWindow => self.reduce_window(c, ops, depth),
+            SelectAndScatter => self.select_and_scatter(c, ops, depth),
             Sort => self.sort(c, ops, depth),
             Gather => {
                 need(2)?;
@@ -889,6 +890,43 @@ impl<'a> Interp<'a> {
         })
     }
 
+    /// `select-and-scatter` (the gradient of a max pool): for every window position, the
+    /// window's operand elements in row-major order (padding never chosen) keep the selected
+    /// one while `select(selected, next)` holds; the source element at that position is then
+    /// combined by `scatter` into the output (the init value everywhere else) at the selected
+    /// element. Computations are (select, scatter) from both front ends.
+    fn select_and_scatter(&self, c: &Ctx, ops: &[&Vec<Literal>], depth: usize) -> R<Vec<Literal>> {
+        let ins = c.ins;
+        let (&[select, scatter], [operand, source, init]) = (ins.called.as_slice(), ops) else {
+            return Err(self.rt(c, "select-and-scatter needs an operand, a source, an init value, select and scatter"));
+        };
+        let w = hlo::Window::of(&ins.attrs).map_err(|e| self.rt(c, e))?;
+        if w.dims.iter().any(|d| d.base_dilation != 1 || d.window_dilation != 1) {
+            return Err(self.unsupported(c, "select-and-scatter with a dilated window"));
+        }
+        let red = self.reducer(scatter);
+        self.per_dev(|d| {
+            let (a, s, i) = (self.arr(c, &operand[d])?, self.arr(c, &source[d])?, self.arr(c, &init[d])?);
+            let (vals, src) = (self.scalars_of(c, a)?, self.scalars_of(c, s)?);
+            let init = *self.scalars_of(c, i)?.first().ok_or_else(|| self.rt(c, "init is not a scalar"))?;
+            // Per window position, the operand elements it covers, in row-major window order.
+            let mut reads: Vec<Vec<usize>> = vec![Vec::new(); s.element_count()];
+            ops::window_reads(&a.shape.dims, &w, &s.shape.dims, |o, k| reads[o].push(k)).map_err(|e| self.rt(c, e))?;
+            let mut out = vec![init; vals.len()];
+            for (o, covered) in reads.iter().enumerate() {
+                let Some((&first, rest)) = covered.split_first() else { continue };
+                let mut chosen = first;
+                for &k in rest {
+                    if !self.sorts_before(c, select, &[vals[chosen]], &[vals[k]], depth)? {
+                        chosen = k;
+                    }
+                }
+                out[chosen] = self.combine(c, &red, &[out[chosen]], &[src[o]], depth)?[0];
+            }
+            self.wrap(c, ops::from_scalars(init.ty(), a.shape.dims.clone(), &out))
+        })
+    }
+
     /// Whether `lhs` sorts before `rhs` under comparator `comp` (parameters
     /// `lhs0, rhs0, lhs1, rhs1, …`); a single `compare(p0, p1)` is evaluated directly.
     fn sorts_before(&self, c: &Ctx, comp: CompId, lhs: &[Sc], rhs: &[Sc], depth: usize) -> R<bool> {
@@ -914,7 +952,7 @@ impl<'a> Interp<'a> {
         let out = sub.eval_comp(comp, &args, depth + 1)?;
         match out.first().and_then(|l| l.as_array()) {
             Some(a) if a.shape.ty == PrimitiveType::Pred && a.element_count() == 1 => Ok(a.data[0] != 0),
-            _ => Err(self.rt(c, "the sort comparator does not return a pred scalar")),
+            _ => Err(self.rt(c, "the comparator does not return a pred scalar")),
         }
     }
 
@@ -1249,6 +1287,7 @@ pub fn unexecuted(op: Opcode) -> Option<&'static str> {
         | Sort
         | Gather
         | Scatter
+        | SelectAndScatter
         | Convolution => None,
         op if op.is_elementwise_unary() || op.is_elementwise_binary() => None,
         _ => Some("not executed by Peerless"),

@@ -169,6 +169,9 @@ FLOAT_ONLY = {
     "div_sqrt": lambda a, b: a / (jnp.abs(b) + 1) + jnp.sqrt(jnp.abs(a)),
     "softmax": lambda a, b: jax.nn.softmax(a, axis=-1),
     "gelu_exact": lambda a, b: jax.nn.gelu(a, approximate=False),
+    # The gradient of a max pool: select-and-scatter.
+    "max_pool_grad": lambda a, b: jax.grad(lambda x: (jax.lax.reduce_window(
+        x, -jnp.inf, jax.lax.max, (2, 3), (2, 2), "SAME") ** 2).sum())(a),
     # take_along_axis gathers with batching dimensions; its gradient scatters with them.
     "take_along_axis_grad": lambda a, b: jax.grad(
         lambda x: (jnp.take_along_axis(x, jnp.argsort(b, axis=1)[:, :3], axis=1) ** 2).sum())(a),

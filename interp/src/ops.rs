@@ -320,6 +320,30 @@ enum Acc {
     I64(Vec<i64>, Vec<i64>),
 }
 
+impl Acc {
+    /// `op`'s operands widened to its accumulation type: fp64 when any of the three types is
+    /// fp64, else fp32 when any is a float, else wrapping i64 (pred is refused).
+    fn of(op: &str, l: &Array, r: &Array, out_ty: PrimitiveType) -> OpResult<Acc> {
+        let (ls, rs) = match (scalars(l), scalars(r)) {
+            (Some(a), Some(b)) => (a, b),
+            _ => return Err(format!("{op} operand type is not computable")),
+        };
+        let types = [l.shape.ty, r.shape.ty, out_ty];
+        Ok(if types.iter().any(|t| t.is_float()) {
+            if types.contains(&PrimitiveType::F64) {
+                Acc::F64(widen_f(&ls), widen_f(&rs))
+            } else {
+                let f = |v: &[Sc]| widen_f(v).into_iter().map(|x| x as f32).collect();
+                Acc::F32(f(&ls), f(&rs))
+            }
+        } else if types[..2].contains(&PrimitiveType::Pred) {
+            return Err(format!("{op} of pred"));
+        } else {
+            Acc::I64(widen_i(&ls), widen_i(&rs))
+        })
+    }
+}
+
 fn widen_f(v: &[Sc]) -> Vec<f64> {
     v.iter()
         .map(|&s| match scalar::convert(s, PrimitiveType::F64) {
@@ -375,23 +399,7 @@ pub fn dot(l: &Array, r: &Array, dd: &DotDims, out_ty: PrimitiveType) -> OpResul
     dims.extend(lfree.iter().map(|&d| l.shape.dims[d as usize]));
     dims.extend(rfree.iter().map(|&d| r.shape.dims[d as usize]));
     let out_shape = shape(out_ty, dims)?;
-    let (ls, rs) = match (scalars(&lt), scalars(&rt)) {
-        (Some(a), Some(b)) => (a, b),
-        _ => return Err("dot operand type is not computable".into()),
-    };
-    let (lt_ty, rt_ty) = (l.shape.ty, r.shape.ty);
-    let acc = if lt_ty.is_float() || rt_ty.is_float() || out_ty.is_float() {
-        if lt_ty == PrimitiveType::F64 || rt_ty == PrimitiveType::F64 || out_ty == PrimitiveType::F64 {
-            Acc::F64(widen_f(&ls), widen_f(&rs))
-        } else {
-            let f = |v: &[Sc]| widen_f(v).into_iter().map(|x| x as f32).collect();
-            Acc::F32(f(&ls), f(&rs))
-        }
-    } else if lt_ty == PrimitiveType::Pred || rt_ty == PrimitiveType::Pred {
-        return Err("dot of pred".into());
-    } else {
-        Acc::I64(widen_i(&ls), widen_i(&rs))
-    };
+    let acc = Acc::of("dot", &lt, &rt, out_ty)?;
     let mut out = Vec::with_capacity(b * m * n);
     for bi in 0..b {
         for i in 0..m {
@@ -443,23 +451,8 @@ pub fn convolution(l: &Array, r: &Array, cd: &hlo::ConvDims, w: &hlo::Window, ou
     if !ok {
         return Err(format!("convolution of {} and {} cannot give {out}", l.shape, r.shape));
     }
-    let (ls, rs) = match (scalars(l), scalars(r)) {
-        (Some(a), Some(b)) => (a, b),
-        _ => return Err("convolution operand type is not computable".into()),
-    };
-    let (lt, rt, ot) = (l.shape.ty, r.shape.ty, out.ty);
-    let acc = if lt.is_float() || rt.is_float() || ot.is_float() {
-        if [lt, rt, ot].contains(&PrimitiveType::F64) {
-            Acc::F64(widen_f(&ls), widen_f(&rs))
-        } else {
-            let f = |v: &[Sc]| widen_f(v).into_iter().map(|x| x as f32).collect();
-            Acc::F32(f(&ls), f(&rs))
-        }
-    } else if lt == PrimitiveType::Pred || rt == PrimitiveType::Pred {
-        return Err("convolution of pred".into());
-    } else {
-        Acc::I64(widen_i(&ls), widen_i(&rs))
-    };
+    let ot = out.ty;
+    let acc = Acc::of("convolution", l, r, ot)?;
     let (lst, rst) = (l.shape.strides(), r.shape.strides());
     let (cg, og) = ((c / g) as usize, (o / g) as usize);
     let wsizes: Vec<usize> = w.dims.iter().map(|d| d.size as usize).collect();

@@ -8,6 +8,12 @@ fn one(body: &str, params: Vec<Literal>) -> Literal {
     run1(&format!("HloModule m\nENTRY e {{\n{body}\n}}\n"), params)
 }
 
+/// A reducer that is not commutative (`x * 2 + y`): its results show the fold order.
+const FOLD: &str = "f {\n  x = s32[] parameter(0)\n  y = s32[] parameter(1)\n  two = s32[] constant(2)\n  m = s32[] multiply(x, two)\n  ROOT s = s32[] add(m, y)\n}\n";
+
+/// The (value, index) reducer of an argmax: the larger value wins, the earlier index on ties.
+const ARGMAX: &str = "argmax {\n  v0 = f32[] parameter(0)\n  i0 = s32[] parameter(1)\n  v1 = f32[] parameter(2)\n  i1 = s32[] parameter(3)\n  gt = pred[] compare(v1, v0), direction=GT\n  v = f32[] select(gt, v1, v0)\n  i = s32[] select(gt, i1, i0)\n  ROOT t = (f32[], s32[]) tuple(v, i)\n}\n";
+
 #[test]
 fn reshape_broadcast_transpose() {
     let x = ramp(&[2, 3], 0.0);
@@ -92,32 +98,25 @@ fn reduce_add_and_generic() {
     );
     assert_eq!(vals::<f32>(&run1(&t, vec![ramp(&[2, 3], 0.0)])), vec![13., 15., 17.]);
     // Generic to_apply (x*2 + y, not commutative): left fold in row-major order from init.
-    let t = "HloModule m\nf {\n  x = s32[] parameter(0)\n  y = s32[] parameter(1)\n  two = s32[] constant(2)\n  m = s32[] multiply(x, two)\n  ROOT s = s32[] add(m, y)\n}\nENTRY e {\n  a = s32[2,3] parameter(0)\n  z = s32[] constant(1)\n  ROOT r = s32[2] reduce(a, z), dimensions={1}, to_apply=f\n}\n";
+    let t = &format!(
+        "HloModule m\n{FOLD}ENTRY e {{\n  a = s32[2,3] parameter(0)\n  z = s32[] constant(1)\n  ROOT r = s32[2] reduce(a, z), dimensions={{1}}, to_apply=f\n}}\n"
+    );
     // row 0: ((1*2+0)*2+1)*2+2 = 12; row 1: ((1*2+3)*2+4)*2+5 = 33.
     assert_eq!(vals::<i32>(&run1(t, vec![arr(&[2, 3], &[0i32, 1, 2, 3, 4, 5])])), vec![12, 33]);
 }
 
 #[test]
 fn variadic_reduce_argmax() {
-    let t = "HloModule m
-argmax {
-  v0 = f32[] parameter(0)
-  i0 = s32[] parameter(1)
-  v1 = f32[] parameter(2)
-  i1 = s32[] parameter(3)
-  gt = pred[] compare(v1, v0), direction=GT
-  v = f32[] select(gt, v1, v0)
-  i = s32[] select(gt, i1, i0)
-  ROOT t = (f32[], s32[]) tuple(v, i)
-}
-ENTRY e {
+    let t = &format!(
+        "HloModule m\n{ARGMAX}ENTRY e {{
   a = f32[2,4] parameter(0)
   idx = s32[2,4] iota(), iota_dimension=1
   ninf = f32[] constant(-inf)
   zero = s32[] constant(0)
-  ROOT r = (f32[2], s32[2]) reduce(a, idx, ninf, zero), dimensions={1}, to_apply=argmax
-}
-";
+  ROOT r = (f32[2], s32[2]) reduce(a, idx, ninf, zero), dimensions={{1}}, to_apply=argmax
+}}
+"
+    );
     let r = run1(t, vec![arr(&[2, 4], &[1.0f32, 5.0, 3.0, 5.0, -1.0, -2.0, 0.5, -3.0])]);
     assert_eq!(tuple_vals::<f32>(&r, 0), vec![5.0, 0.5]);
     assert_eq!(tuple_vals::<i32>(&r, 1), vec![1, 2]);
@@ -159,31 +158,24 @@ fn reduce_window_folds_each_window_from_init() {
     assert_eq!(vals::<f32>(&r), vec![2.5]);
     // Generic to_apply (x*2 + y, not commutative): a left fold from init in row-major window
     // order. Windows of 3 over [0 1 2 3]: ((1*2+0)*2+1)*2+2 = 12, ((1*2+1)*2+2)*2+3 = 19.
-    let t = "HloModule m\nf {\n  x = s32[] parameter(0)\n  y = s32[] parameter(1)\n  two = s32[] constant(2)\n  m = s32[] multiply(x, two)\n  ROOT s = s32[] add(m, y)\n}\nENTRY e {\n  a = s32[4] parameter(0)\n  z = s32[] constant(1)\n  ROOT r = s32[2] reduce-window(a, z), window={size=3}, to_apply=f\n}\n";
+    let t = &format!(
+        "HloModule m\n{FOLD}ENTRY e {{\n  a = s32[4] parameter(0)\n  z = s32[] constant(1)\n  ROOT r = s32[2] reduce-window(a, z), window={{size=3}}, to_apply=f\n}}\n"
+    );
     assert_eq!(vals::<i32>(&run1(t, vec![arr(&[4], &[0i32, 1, 2, 3])])), vec![12, 19]);
 }
 
 #[test]
 fn variadic_reduce_window_argmax_pool() {
-    let t = "HloModule m
-argmax {
-  v0 = f32[] parameter(0)
-  i0 = s32[] parameter(1)
-  v1 = f32[] parameter(2)
-  i1 = s32[] parameter(3)
-  gt = pred[] compare(v1, v0), direction=GT
-  v = f32[] select(gt, v1, v0)
-  i = s32[] select(gt, i1, i0)
-  ROOT t = (f32[], s32[]) tuple(v, i)
-}
-ENTRY e {
+    let t = &format!(
+        "HloModule m\n{ARGMAX}ENTRY e {{
   a = f32[6] parameter(0)
   idx = s32[6] iota(), iota_dimension=0
   ninf = f32[] constant(-inf)
   zero = s32[] constant(-1)
-  ROOT r = (f32[4], s32[4]) reduce-window(a, idx, ninf, zero), window={size=2 stride=2 pad=1_1}, to_apply=argmax
-}
-";
+  ROOT r = (f32[4], s32[4]) reduce-window(a, idx, ninf, zero), window={{size=2 stride=2 pad=1_1}}, to_apply=argmax
+}}
+"
+    );
     // Windows [pad 3] [1 4] [1 5] [9 pad].
     let r = run1(t, vec![arr(&[6], &[3.0f32, 1.0, 4.0, 1.0, 5.0, 9.0])]);
     assert_eq!(tuple_vals::<f32>(&r, 0), vec![3.0, 4.0, 5.0, 9.0]);

@@ -340,6 +340,24 @@ fn compare(dir: ComparisonDirection, total: bool, t: Ty, a: &str, b: &str) -> St
 }
 
 /// Row-major strides of `dims`.
+/// A reduction's accumulators `acc0..`, each starting at its init value `in{N + j}[0]`.
+fn reduction_init(tys: &[Ty]) -> String {
+    let mut s = String::new();
+    for (j, t) in tys.iter().enumerate() {
+        let _ = writeln!(s, "    {} acc{j} = {};", t.comp_t(), t.load(&format!("in{}[0]", tys.len() + j)));
+    }
+    s
+}
+
+/// A reduction's results: accumulator `acc{j}` stored into `out{j}[i]`.
+fn reduction_store(tys: &[Ty]) -> String {
+    let mut s = String::new();
+    for (j, t) in tys.iter().enumerate() {
+        let _ = writeln!(s, "    out{j}[i] = {};", t.store(&format!("acc{j}")));
+    }
+    s
+}
+
 fn strides(dims: &[u64]) -> Vec<u64> {
     let mut s = vec![1u64; dims.len()];
     for k in (0..dims.len().saturating_sub(1)).rev() {
@@ -880,31 +898,48 @@ impl Gen<'_> {
         Ok((nv, comp, outs, ins_shapes))
     }
 
+    /// The element types of a reduction's N results, checking that every input has the first
+    /// one's dimensions, every init is a scalar, each input, init and result share a type, and
+    /// every result has dimensions `dims`.
+    fn reduction_types(&self, what: &str, outs: &[&ArrayShape], ins: &[&ArrayShape], dims: &[i64]) -> R<Vec<Ty>> {
+        let nv = outs.len();
+        let mut tys = Vec::with_capacity(nv);
+        for j in 0..nv {
+            let (a, init, o) = (ins[j], ins[nv + j], outs[j]);
+            if a.dims != ins[0].dims || a.ty != o.ty || init.ty != o.ty || init.rank() != 0 || o.dims != dims {
+                return Err(format!("{what} inputs, inits and results differ in type or shape"));
+            }
+            tys.push(Ty::of(o.ty)?);
+        }
+        if self.outputs.len() != nv {
+            return Err(format!("{what} result regions"));
+        }
+        Ok(tys)
+    }
+
+    /// A reduction's pointers: results `out0..`, inputs `in0..` and init values `in{N}..`.
+    fn reduction_decls(&self, tys: &[Ty]) -> R<String> {
+        let nv = tys.len();
+        let mut decls = String::new();
+        for (j, t) in tys.iter().enumerate() {
+            let st = t.store_t();
+            let _ = writeln!(decls, "  {st}* __restrict__ out{j} = ({st}*)(A + {}ull);", self.outputs[j].offset);
+            decls += &self.in_ptr(j, *t)?;
+            decls += &self.in_ptr(nv + j, *t)?;
+        }
+        Ok(decls)
+    }
+
     /// `reduce` of N inputs with N init values: one output element per loop iteration, the
     /// reduced dimensions folded in the interpreter's (row-major) order, the reducer inlined
     /// (one binary op, or any scalar computation of elementwise ops: argmax and the like).
     fn reduce(&self) -> R<(GenStep, String)> {
         let m = &self.low.module;
         let ins = m.instr(self.instr);
-        let (nv, comp, outs, ins_shapes) = self.reduction("reduce")?;
+        let (_, comp, outs, ins_shapes) = self.reduction("reduce")?;
         let adims = udims(ins_shapes[0])?;
         let dims = udims(outs[0])?;
-        let mut tys = Vec::new();
-        for j in 0..nv {
-            let (a, init, o) = (ins_shapes[j], ins_shapes[nv + j], outs[j]);
-            if a.dims != ins_shapes[0].dims
-                || a.ty != o.ty
-                || init.ty != o.ty
-                || init.rank() != 0
-                || o.dims != outs[0].dims
-            {
-                return Err("reduce inputs, inits and results differ in type or shape".into());
-            }
-            tys.push(Ty::of(o.ty)?);
-        }
-        if self.outputs.len() != nv {
-            return Err("reduce result regions".into());
-        }
+        let tys = self.reduction_types("reduce", &outs, &ins_shapes, &outs[0].dims)?;
         let rdims: Vec<usize> = ins
             .attrs
             .dimensions
@@ -921,22 +956,9 @@ impl Gen<'_> {
         if n == 0 {
             return Ok((GenStep::Nothing, String::new()));
         }
-        let mut decls = String::new();
-        for (j, t) in tys.iter().enumerate() {
-            let _ = writeln!(
-                decls,
-                "  {}* __restrict__ out{j} = ({}*)(A + {}ull);",
-                t.store_t(),
-                t.store_t(),
-                self.outputs[j].offset
-            );
-            decls += &self.in_ptr(j, *t)?;
-            decls += &self.in_ptr(nv + j, *t)?;
-        }
+        let decls = self.reduction_decls(&tys)?;
         let mut body = Self::decompose(&dims);
-        for (j, t) in tys.iter().enumerate() {
-            let _ = writeln!(body, "    {} acc{j} = {};", t.comp_t(), t.load(&format!("in{}[0]", nv + j)));
-        }
+        body += &reduction_init(&tys);
         let mut sorted = rdims.clone();
         sorted.sort_unstable();
         let mut idx = vec![String::new(); adims.len()];
@@ -948,16 +970,8 @@ impl Gen<'_> {
             let _ = writeln!(body, "    for (u64 r{k} = 0; r{k} < {}ull; ++r{k})", adims[k]);
         }
         body += &self.fold(comp, &tys, &linear(&idx, &strides(&adims)))?;
-        for (j, t) in tys.iter().enumerate() {
-            let _ = writeln!(body, "    out{j}[i] = {};", t.store(&format!("acc{j}")));
-        }
-        let name = self.name();
-        let code = format!(
-            "\n// {} = reduce\nPL_GLOBAL void __launch_bounds__({GEN_THREADS}) {name}(u8* __restrict__ A, u32 dev) {{\n  \
-             (void)dev;\n{decls}  for (u64 i = pl_first(); i < {n}ull; i += pl_stride()) {{\n{body}  }}\n}}\n",
-            ins.name.replace(['\n', '\r'], " ")
-        );
-        Ok((GenStep::Kernel { name, elements: n }, code))
+        body += &reduction_store(&tys);
+        Ok(self.kernel(n, &decls, "", &body))
     }
 
     /// One step of a reduction: element `at` of inputs `in0..` folded into accumulators
@@ -1005,17 +1019,7 @@ impl Gen<'_> {
             return Err("a reversed window (rhs_reversal)".into());
         }
         let want = window.output_dims(&ins_shapes[0].dims)?;
-        let mut tys = Vec::new();
-        for j in 0..nv {
-            let (a, init, o) = (ins_shapes[j], ins_shapes[nv + j], outs[j]);
-            if a.dims != ins_shapes[0].dims || a.ty != o.ty || init.ty != o.ty || init.rank() != 0 || o.dims != want {
-                return Err("reduce-window inputs, inits and results differ in type or shape".into());
-            }
-            tys.push(Ty::of(o.ty)?);
-        }
-        if self.outputs.len() != nv {
-            return Err("reduce-window result regions".into());
-        }
+        let tys = self.reduction_types("reduce-window", &outs, &ins_shapes, &want)?;
         let adims = udims(ins_shapes[0])?;
         // Every position the kernel computes (`o * stride + w * window_dilation - pad_lo`) is
         // within this bound, so its s64 arithmetic cannot overflow.
@@ -1035,18 +1039,7 @@ impl Gen<'_> {
         if n == 0 {
             return Ok((GenStep::Nothing, String::new()));
         }
-        let mut decls = String::new();
-        for (j, t) in tys.iter().enumerate() {
-            let _ = writeln!(
-                decls,
-                "  {}* __restrict__ out{j} = ({}*)(A + {}ull);",
-                t.store_t(),
-                t.store_t(),
-                self.outputs[j].offset
-            );
-            decls += &self.in_ptr(j, *t)?;
-            decls += &self.in_ptr(nv + j, *t)?;
-        }
+        let decls = self.reduction_decls(&tys)?;
         let mut body = Self::decompose(&dims);
         if adims.is_empty() {
             for j in 0..nv {
@@ -1054,9 +1047,7 @@ impl Gen<'_> {
             }
             return Ok(self.kernel(n, &decls, "", &body));
         }
-        for (j, t) in tys.iter().enumerate() {
-            let _ = writeln!(body, "    {} acc{j} = {};", t.comp_t(), t.load(&format!("in{}[0]", nv + j)));
-        }
+        body += &reduction_init(&tys);
         let mut idx = Vec::new();
         for (k, w) in window.dims.iter().enumerate() {
             // The window position in the padded, dilated input: it reads an element only where
@@ -1080,9 +1071,7 @@ impl Gen<'_> {
         }
         body += &self.fold(comp, &tys, &linear(&idx, &strides(&adims)))?;
         body += &"    }\n".repeat(adims.len());
-        for (j, t) in tys.iter().enumerate() {
-            let _ = writeln!(body, "    out{j}[i] = {};", t.store(&format!("acc{j}")));
-        }
+        body += &reduction_store(&tys);
         Ok(self.kernel(n, &decls, "", &body))
     }
 

@@ -8,7 +8,7 @@
 set -uo pipefail
 LOG=${1:?usage: gpu_check.sh LOGDIR [BINDIR]}
 BIN=${2:-.gpu}
-STEPS=${GPU_CHECK_STEPS:-devices collectives conformance stress chain run bench bench2 torch jax faults psum}
+STEPS=${GPU_CHECK_STEPS:-devices collectives conformance conformance2 stress chain chain2 run bench bench2 torch jax faults psum}
 mkdir -p "$LOG"
 # NVLink multicast stays off (shared hosts): never remove these.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -33,6 +33,12 @@ if has conformance; then
   PEERLESS_TEST_BACKEND=cuda step conformance 400 "$BIN/exec_conformance" --test-threads=1
   grep -E "^test .*(FAILED|failed)" "$LOG/conformance.txt" | head -20 >>"$LOG/summary.txt"
 fi
+# The same cases on the first two GPUs only (a 2-GPU machine's view, on a larger machine).
+if has conformance2; then
+  CUDA_VISIBLE_DEVICES=0,1 PEERLESS_TEST_BACKEND=cuda step conformance2 400 "$BIN/exec_conformance" --test-threads=1
+  grep -E "^test .*(FAILED|failed)" "$LOG/conformance2.txt" | head -20 >>"$LOG/summary.txt"
+fi
+has chain2 && CUDA_VISIBLE_DEVICES=0,1 PEERLESS_TEST_BACKEND=cuda step chain2 300 "$BIN/exec_chain" --nocapture
 has stress && PEERLESS_TEST_BACKEND=cuda EXEC_STRESS_MODULES=${STRESS_MODULES:-400} \
   step stress 400 "$BIN/exec_stress" --nocapture
 has chain && PEERLESS_TEST_BACKEND=cuda step chain 300 "$BIN/exec_chain" --nocapture

@@ -8,7 +8,7 @@
 set -uo pipefail
 LOG=${1:?usage: gpu_check.sh LOGDIR [BINDIR]}
 BIN=${2:-.gpu}
-STEPS=${GPU_CHECK_STEPS:-devices collectives conformance conformance2 stress chain chain2 run bench bench2 torch jax faults psum}
+STEPS=${GPU_CHECK_STEPS:-devices collectives conformance conformance2 stress chain chain2 run bench bench2 sweep torch jax faults psum}
 mkdir -p "$LOG"
 # NVLink multicast stays off (shared hosts): never remove these.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -45,6 +45,17 @@ has chain && PEERLESS_TEST_BACKEND=cuda step chain 300 "$BIN/exec_chain" --nocap
 has run && step run_example 120 "$BIN/peerless" run examples/all_reduce.hlo --devices 4 --backend cuda
 has bench && step bench 500 "$BIN/peerless" bench --csv "$LOG/bench.csv" ${BENCH_ARGS:-}
 has bench2 && step bench2 300 "$BIN/peerless" bench --devices 2 --dtypes f32 --csv "$LOG/bench2.csv" ${BENCH2_ARGS:-}
+# Grid-size sweep of the Peerless kernels alone (graph launches, f32): SWEEP_BLOCKS lists
+# --collective_blocks values; the all-reduce rows also run with one-shot up to 4 MiB.
+if has sweep; then
+  for b in ${SWEEP_BLOCKS:-24 48 96}; do
+    step "sweep_b$b" 200 "$BIN/peerless" bench --impls peerless --modes graph --dtypes f32 \
+      --flags "--collective_blocks=$b" --csv "$LOG/sweep_b$b.csv"
+    step "sweep_oneshot_b$b" 120 "$BIN/peerless" bench --impls peerless --modes graph --dtypes f32 \
+      --ops all-reduce --max-bytes 4194304 --flags "--collective_blocks=$b --one_shot_max_bytes=4194304" \
+      --csv "$LOG/sweep_oneshot_b$b.csv"
+  done
+fi
 has torch && step torch_symm 300 python3 scripts/torch_symm_bench.py --out "$LOG/torch_symm.csv"
 # JAX (0.11 on the GPU image) with the plugin on the cuda backend, against JAX's CPU backend.
 export PEERLESS_PJRT_LIBRARY="$PWD/$BIN/libpeerless_pjrt.so" PYTHONPATH="$PWD/plugin/python"

@@ -20,14 +20,19 @@ def main():
     ap.add_argument("--torch")
     ap.add_argument("--dtype", default="f32")
     ap.add_argument("--out", required=True)
+    ap.add_argument("--modes", default="", help="comma-separated launch modes to plot (default: all)")
+    ap.add_argument("--blocks", default="", help="comma-separated Peerless max_blocks to plot (default: all)")
     a = ap.parse_args()
     series = defaultdict(list)  # (op, label) -> [(bytes, us, busbw)]
     devices = "?"
     for r in csv.DictReader(open(a.csv)):
-        if r["dtype"] != a.dtype:
+        if r["dtype"] != a.dtype or (a.modes and r["mode"] not in a.modes.split(",")):
+            continue
+        blocks = r.get("max_blocks", "0")
+        if a.blocks and r["impl"] != "nccl" and blocks not in a.blocks.split(","):
             continue
         devices = r["devices"]
-        who = "nccl" if r["impl"] == "nccl" else "peerless"
+        who = "nccl" if r["impl"] == "nccl" else f"peerless b{blocks}" if blocks != "0" else "peerless"
         series[(r["op"], f"{who} ({r['mode']})")].append(
             (int(r["bytes"]), float(r["us_median"]), float(r["busbw_gbps"])))
     if a.torch:

@@ -45,9 +45,21 @@ pub struct BenchArgs {
     /// Collectives.
     #[arg(long, value_delimiter = ',', default_value = "all-reduce,all-gather,reduce-scatter,all-to-all")]
     ops: Vec<String>,
-    /// Launch modes (stream, graph).
-    #[arg(long, value_delimiter = ',', default_value = "stream,graph")]
+    /// Launch modes: stream (each run's kernels launched back to back), graph (one graph
+    /// launch per run), graph-batch (one graph of a whole sample's runs, as PyTorch's and
+    /// nccl-tests' graph timings do).
+    #[arg(long, value_delimiter = ',', default_value = "stream,graph,graph-batch")]
     modes: Vec<String>,
+    /// Implementations (peerless, nccl).
+    #[arg(long, value_delimiter = ',', default_value = "peerless,nccl")]
+    impls: Vec<String>,
+    /// Extra emitter flags for the Peerless rows (e.g. `--one_shot_max_bytes=4194304`).
+    #[arg(long, default_value = "", allow_hyphen_values = true)]
+    flags: String,
+    /// Largest grids of the Peerless kernels to compare (`--collective_blocks`), one set of
+    /// Peerless rows per value (default: the flag's default).
+    #[arg(long, value_delimiter = ',')]
+    blocks: Vec<u32>,
     /// Write every row as CSV here.
     #[arg(long)]
     csv: Option<PathBuf>,
@@ -59,6 +71,8 @@ struct Row {
     bytes: usize,
     imp: String,
     mode: &'static str,
+    /// `--collective_blocks` of a Peerless row (0 for NCCL).
+    blocks: u32,
     us: f64,
     algbw: f64,
     busbw: f64,
@@ -186,8 +200,16 @@ fn check(exe: &CudaExecutable, op: Op, ty: PrimitiveType, elems: usize, n: usize
     Ok(())
 }
 
-/// Median over samples of the slowest device's time per call, µs.
-fn time(clique: &Clique, samples: usize, batch: usize, call: impl Fn() -> Result<(), String>) -> Result<f64, String> {
+/// Median over samples of the slowest device's time per call, µs: a sample is `launches`
+/// calls of `call`, each running the collective `per_launch` times.
+fn time(
+    clique: &Clique,
+    samples: usize,
+    launches: usize,
+    per_launch: usize,
+    call: impl Fn() -> Result<(), String>,
+) -> Result<f64, String> {
+    let batch = launches * per_launch;
     let e = |e: ffi::Error| e.to_string();
     for _ in 0..5 {
         call()?;
@@ -201,7 +223,7 @@ fn time(clique: &Clique, samples: usize, batch: usize, call: impl Fn() -> Result
             d.ctx.bind().map_err(e)?;
             ev.record(&d.stream).map_err(e)?;
         }
-        for _ in 0..batch {
+        for _ in 0..launches {
             call()?;
         }
         for (d, ev) in clique.devices.iter().zip(&ends) {
@@ -239,8 +261,24 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
     )
     .map_err(|e| e.to_string())?;
     // Peerless kernels at every size: one-shot up to its cut-off, two-shot above.
-    let kernels_everywhere =
-        Flags::parse(&format!("--two_shot_max_bytes={}", usize::MAX)).map_err(|e| e.to_string())?;
+    let base =
+        Flags::parse(&format!("--two_shot_max_bytes={} {}", usize::MAX, args.flags)).map_err(|e| e.to_string())?;
+    let peerless: Vec<Flags> = if args.blocks.is_empty() {
+        vec![base]
+    } else {
+        args.blocks
+            .iter()
+            .map(|b| {
+                let mut f = base.clone();
+                f.apply(&format!("--collective_blocks={b}")).map(|_| f).map_err(|e| e.to_string())
+            })
+            .collect::<Result<_, _>>()?
+    };
+    for i in &args.impls {
+        if i != "peerless" && i != "nccl" {
+            return Err(format!("bench implementation {i} (peerless, nccl)"));
+        }
+    }
     let mut rows = Vec::new();
     let wf = n as f64;
     for op in args.ops.iter().map(|s| Op::parse(s)).collect::<Result<Vec<_>, _>>()? {
@@ -266,7 +304,11 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
                 };
                 let text = op.module(ty, elems, n);
                 let module = hlo::parse_text("bench.hlo", &text).map_err(|e| e.to_string())?;
-                for (flags, is_nccl) in [(&kernels_everywhere, false), (&fallback, true)] {
+                let configs = peerless.iter().map(|f| (f, false)).chain([(&fallback, true)]);
+                for (flags, is_nccl) in configs {
+                    if !args.impls.iter().any(|i| i == if is_nccl { "nccl" } else { "peerless" }) {
+                        continue;
+                    }
                     let exe = CudaExecutable::new(&module, n, DeviceMode::Replica, flags).map_err(|e| e.to_string())?;
                     let imp = if is_nccl {
                         "nccl".to_string()
@@ -280,13 +322,18 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
                     let what = format!("{imp} {} {bytes} B {}", op.name(), ty.name());
                     check(&exe, op, ty, elems, n, &what)?;
                     for mode in &args.modes {
-                        let graphs = match mode.as_str() {
-                            "stream" => false,
-                            "graph" => true,
-                            other => return Err(format!("bench mode {other} (stream, graph)")),
+                        let (mode, us) = match mode.as_str() {
+                            "stream" | "graph" => {
+                                let graphs = mode == "graph";
+                                let call = || exe.enqueue(graphs).map_err(|e| e.to_string());
+                                (if graphs { "graph" } else { "stream" }, time(&clique, args.samples, batch, 1, call)?)
+                            }
+                            "graph-batch" => {
+                                let call = || exe.enqueue_batch(batch).map_err(|e| e.to_string());
+                                ("graph-batch", time(&clique, args.samples, 1, batch, call)?)
+                            }
+                            other => return Err(format!("bench mode {other} (stream, graph, graph-batch)")),
                         };
-                        let call = || exe.enqueue(graphs).map_err(|e| e.to_string());
-                        let us = time(&clique, args.samples, batch, call)?;
                         exe.finish().map_err(|e| format!("{what} ({mode}): {e}"))?;
                         let (fa, fb) = op.factors(wf);
                         let algbw = fa * bytes as f64 / us / 1e3;
@@ -296,7 +343,8 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
                             dtype: ty,
                             bytes,
                             imp: imp.clone(),
-                            mode: if graphs { "graph" } else { "stream" },
+                            mode,
+                            blocks: if is_nccl { 0 } else { flags.collective_blocks },
                             us,
                             algbw,
                             busbw: algbw * fb,
@@ -310,7 +358,7 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
     let mut table = String::new();
     let _ = writeln!(table, "| op | dtype | bytes/device | impl | launch | µs (median) | algbw GB/s | busbw GB/s |");
     let _ = writeln!(table, "|---|---|---:|---|---|---:|---:|---:|");
-    let mut csv = String::from("op,dtype,devices,bytes,impl,mode,us_median,algbw_gbps,busbw_gbps\n");
+    let mut csv = String::from("op,dtype,devices,bytes,impl,mode,max_blocks,us_median,algbw_gbps,busbw_gbps\n");
     for r in &rows {
         let _ = writeln!(
             table,
@@ -319,8 +367,8 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
         );
         let _ = writeln!(
             csv,
-            "{},{},{n},{},{},{},{:.3},{:.2},{:.2}",
-            r.op, r.dtype, r.bytes, r.imp, r.mode, r.us, r.algbw, r.busbw
+            "{},{},{n},{},{},{},{},{:.3},{:.2},{:.2}",
+            r.op, r.dtype, r.bytes, r.imp, r.mode, r.blocks, r.us, r.algbw, r.busbw
         );
     }
     print!("{table}");

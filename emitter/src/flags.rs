@@ -18,6 +18,12 @@ pub const DEFAULT_ONE_SHOT_MAX_BYTES: usize = 256 * 1024;
 /// Largest all-reduce the two-shot kernel takes: 4 MiB, XLA's two-shot cut-off
 /// (2 MB in earlier versions); NCCL wins above it (collective_anchors.md §1, §3, lesson 6).
 pub const DEFAULT_TWO_SHOT_MAX_BYTES: usize = 4 * 1024 * 1024;
+/// GPU backends: the most thread blocks a collective kernel's grid may have. The kernels'
+/// per-block counter and flag arrays are sized for this many (`PL_BLOCKS`).
+pub const MAX_COLLECTIVE_BLOCKS: u32 = 128;
+/// GPU backends: the default largest grid of a collective kernel (smaller messages get
+/// fewer blocks: one thread per 16-byte unit).
+pub const DEFAULT_COLLECTIVE_BLOCKS: u32 = 64;
 /// How long a collective may wait for its peers before the runtime reports a hang.
 pub const DEFAULT_COLLECTIVE_TIMEOUT_MS: u64 = 10_000;
 
@@ -132,6 +138,8 @@ pub struct Flags {
     /// GPU backends: run non-collective instructions as generated device kernels (else the
     /// host evaluates them between device steps: slower, and never graph-captured).
     pub device_codegen: bool,
+    /// GPU backends: the largest grid of a collective kernel, 1..=[`MAX_COLLECTIVE_BLOCKS`].
+    pub collective_blocks: u32,
 }
 
 impl Default for Flags {
@@ -149,6 +157,7 @@ impl Default for Flags {
             allow_unsafe_peer_targets: false,
             cuda_graphs: true,
             device_codegen: true,
+            collective_blocks: DEFAULT_COLLECTIVE_BLOCKS,
         }
     }
 }
@@ -308,6 +317,20 @@ pub const FLAGS: &[FlagSpec] = &[
             _ => Err(format!("'{v}' is neither true nor false")),
         },
     },
+    FlagSpec {
+        name: "collective_blocks",
+        ty: "blocks",
+        help: "GPU backends: the most thread blocks of a collective kernel's grid (1..=128); smaller messages \
+               get fewer, one thread per 16-byte unit",
+        get: |f| f.collective_blocks.to_string(),
+        set: |f, v| match v.parse::<u32>() {
+            Ok(b) if (1..=MAX_COLLECTIVE_BLOCKS).contains(&b) => {
+                f.collective_blocks = b;
+                Ok(())
+            }
+            _ => Err(format!("'{v}' is not a block count in 1..={MAX_COLLECTIVE_BLOCKS}")),
+        },
+    },
 ];
 
 /// The flag table as text: one line per flag with its type, default and help.
@@ -413,10 +436,12 @@ mod tests {
         let s = "--all_reduce_backend=kernel --all_gather_backend=fallback --all_to_all_backend=auto \
                  --reduce_scatter_backend=fallback --collective_permute_backend=kernel --one_shot_max_bytes=1024 \
                  --two_shot_max_bytes=65536 --collective_timeout_ms=500 --host_topology=pairs:0-1,2-3 \
-                 --allow_unsafe_peer_targets=true --cuda_graphs=false --device_codegen=false";
+                 --allow_unsafe_peer_targets=true --cuda_graphs=false --device_codegen=false --collective_blocks=64";
         let f = Flags::parse(s).unwrap();
         assert!(!f.cuda_graphs && Flags::default().cuda_graphs);
         assert!(!f.device_codegen && Flags::default().device_codegen);
+        assert_eq!((f.collective_blocks, Flags::default().collective_blocks), (64, DEFAULT_COLLECTIVE_BLOCKS));
+        assert!(Flags::parse("--collective_blocks=0").is_err() && Flags::parse("--collective_blocks=129").is_err());
         assert_eq!(f.all_reduce_backend, Backend::Kernel);
         assert_eq!(f.all_gather_backend, Backend::Fallback);
         assert_eq!(f.collective_permute_backend, Backend::Kernel);

@@ -58,14 +58,17 @@ PL_DEVICE u32* flag_slot(u64 flags_base, u32 set, u32 block, u32 rank) {
   return reinterpret_cast<u32*>(flags_base) + (set * PL_BLOCKS + block) * PL_MAX_RANKS + rank;
 }
 
-// Advances this block's launch counter (only this block of this device touches it).
+// Advances this block's launch counter and returns it. Grids vary with the message size (up
+// to PL_BLOCKS blocks), so block b also advances counters b + gridDim, b + 2 gridDim, ...:
+// every counter of a device advances once per launch and all blocks of a launch share one
+// epoch (the staging parity below needs that). Only this block touches those counters
+// during the launch; launches on a stream are ordered.
 PL_DEVICE u32 next_epoch(u32* counter) {
   __shared__ u32 e;
-  if (threadIdx.x == 0) {
-    e = counter[blockIdx.x] + 1;
-    counter[blockIdx.x] = e;
-  }
+  if (threadIdx.x == 0) e = counter[blockIdx.x] + 1;
   __syncthreads();
+  // Thread t stores counter blockIdx.x + t * gridDim.x (thread 0 its own block's).
+  for (u32 i = blockIdx.x + threadIdx.x * gridDim.x; i < PL_BLOCKS; i += gridDim.x * blockDim.x) counter[i] = e;
   return e;
 }
 
@@ -231,6 +234,33 @@ PL_DEVICE void reduce_vecs(vec16 (&y)[UN], const Ptrs& src, u32 world, const u64
   }
 }
 
+// Reduces one whole 16-byte unit at byte offset `off` of every rank's buffer, with every
+// rank's load issued before any is used (the small-message path: one unit per thread, so the
+// NVLink latency is paid once, not once per rank). Same fixed rank order as reduce_vecs.
+template <typename T, typename R>
+PL_DEVICE vec16 reduce_wide(const Ptrs& src, u32 world, u64 off) {
+  typedef typename Tr<T>::Acc A;
+  constexpr u32 VEC = Unit<T>::VEC;
+  union V { vec16 v; T e[VEC]; };
+  V x[PL_MAX_RANKS];
+#pragma unroll
+  for (u32 p = 0; p < PL_MAX_RANKS; ++p)
+    if (p < world) x[p].v = load16(reinterpret_cast<const void*>(src.p[p] + off));
+  A acc[VEC];
+#pragma unroll
+  for (u32 i = 0; i < VEC; ++i) acc[i] = Tr<T>::up(x[0].e[i]);
+#pragma unroll
+  for (u32 p = 1; p < PL_MAX_RANKS; ++p)
+    if (p < world) {
+#pragma unroll
+      for (u32 i = 0; i < VEC; ++i) acc[i] = R::f(acc[i], Tr<T>::up(x[p].e[i]));
+    }
+  V o;
+#pragma unroll
+  for (u32 i = 0; i < VEC; ++i) o.e[i] = Tr<T>::down(acc[i]);
+  return o.v;
+}
+
 // Stores unit `u` of `y` into dst (16-byte store when `vec_ok`, element stores otherwise).
 template <typename T>
 PL_DEVICE void store_unit(T* dst, u64 u, vec16 y, bool vec_ok) {
@@ -284,7 +314,12 @@ PL_DEVICE void reduce_range(T* dst, bool dst_ok, T* dst2, const Ptrs& stage, u64
       if (dst2) store16(dst2 + (u + k * nt) * VEC, y[k]);
     }
   }
-  for (; u < hi; u += nt) {
+  for (; u < full; u += nt) {
+    const vec16 y = reduce_wide<T, R>(stage, world, par + u * 16);
+    store_unit(dst, u, y, dst_ok);
+    if (dst2) store16(dst2 + u * VEC, y);
+  }
+  for (; u < hi; u += nt) {  // the array's partial last unit
     reduce_unit<T, R>(dst, stage, par, world, u, n, dst_ok);
     if (dst2) copy_unit(dst2, dst, u, n, dst_ok);
   }

@@ -408,9 +408,10 @@ impl AllReduce {
                 status: Status { word: self.status[r].ptr, timeout_ns: BENCH_TIMEOUT_NS, tag: 1 },
             };
             d.ctx.bind()?;
+            let grid = super::grid((n * self.dtype.size()).div_ceil(16) as u64, super::DEFAULT_GRID);
             // SAFETY: ReduceArgs::params matches the kernel's parameter list; every pointer is a
             // device allocation of the clique (peer access probed) that outlives the launch.
-            unsafe { d.stream.launch(&self.funcs[r], BLOCKS, THREADS, &mut a.params())? };
+            unsafe { d.stream.launch(&self.funcs[r], grid, THREADS, &mut a.params())? };
         }
         Ok(())
     }
@@ -463,7 +464,14 @@ impl AllGather {
             d.ctx.bind()?;
             // SAFETY: GatherArgs::params matches pl_all_gather's parameters; buffers are clique
             // allocations with probed peer access that outlive the launch.
-            unsafe { d.stream.launch(&self.funcs[r], BLOCKS, THREADS, &mut a.params())? };
+            unsafe {
+                d.stream.launch(
+                    &self.funcs[r],
+                    super::grid(bytes.div_ceil(16) as u64, super::DEFAULT_GRID),
+                    THREADS,
+                    &mut a.params(),
+                )?
+            };
         }
         Ok(())
     }

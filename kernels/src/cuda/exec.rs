@@ -46,6 +46,7 @@ use super::collectives::{
     Blocks, BlocksArgs, Dtype, ExchangeArgs, MAX_TASKS, Ptrs, Red, ReduceArgs, Run, RunArgs, ScatterArgs, Sig, Status,
     Wait, Xchg,
 };
+use super::launcher::LaunchError;
 use super::{BLOCKS, Clique, CudaError, MAX_RANKS, SIGNAL_BYTES, THREADS};
 use crate::codegen::{self, GEN_THREADS, GenStep};
 use crate::exec::{ExecError, Fault, Lowered, check_args, lower, read_value, write_value};
@@ -147,6 +148,8 @@ enum Launch {
     Kernel {
         func: Function,
         args: Box<Args>,
+        /// Blocks per grid (`super::grid`): the same on every rank of the collective.
+        grid: u32,
     },
     /// A generated kernel (crate::codegen): `(arena base, device index)`.
     Generated {
@@ -238,7 +241,7 @@ fn launch(clique: &Clique, d: usize, l: &Launch) -> Result<(), CudaError> {
             // laid out for exactly these regions and lives as long as the executable.
             unsafe { dev.stream.launch(func, *blocks, GEN_THREADS, &mut params)? };
         }
-        Launch::Kernel { func, args } => {
+        Launch::Kernel { func, args, grid } => {
             let mut a = **args;
             // SAFETY: each Args variant's params() matches the parameter list of the kernel
             // family `func` was looked up from (one field list per kernel, in
@@ -246,11 +249,11 @@ fn launch(clique: &Clique, d: usize, l: &Launch) -> Result<(), CudaError> {
             // words (alive for the executable) on devices whose peer access was probed.
             unsafe {
                 match &mut a {
-                    Args::Reduce(x) => dev.stream.launch(func, BLOCKS, THREADS, &mut x.params())?,
-                    Args::Scatter(x) => dev.stream.launch(func, BLOCKS, THREADS, &mut x.params())?,
-                    Args::Blocks(x) => dev.stream.launch(func, BLOCKS, THREADS, &mut x.params())?,
-                    Args::Exchange(x) => dev.stream.launch(func, BLOCKS, THREADS, &mut x.params())?,
-                    Args::Run(x) => dev.stream.launch(func, BLOCKS, THREADS, &mut x.params())?,
+                    Args::Reduce(x) => dev.stream.launch(func, *grid, THREADS, &mut x.params())?,
+                    Args::Scatter(x) => dev.stream.launch(func, *grid, THREADS, &mut x.params())?,
+                    Args::Blocks(x) => dev.stream.launch(func, *grid, THREADS, &mut x.params())?,
+                    Args::Exchange(x) => dev.stream.launch(func, *grid, THREADS, &mut x.params())?,
+                    Args::Run(x) => dev.stream.launch(func, *grid, THREADS, &mut x.params())?,
                 }
             }
         }
@@ -318,6 +321,8 @@ struct Build<'a> {
     timeout_ns: u64,
     tag: u64,
     k: usize,
+    /// `--collective_blocks`.
+    max_grid: u32,
 }
 
 impl Build<'_> {
@@ -327,6 +332,11 @@ impl Build<'_> {
 
     fn at(&self, d: usize, offset: usize) -> u64 {
         self.bases[d] + offset as u64
+    }
+
+    /// The grid of a collective launch that moves `bytes` per device and phase.
+    fn grid(&self, bytes: usize) -> u32 {
+        super::grid((bytes as u64).div_ceil(16), self.max_grid)
     }
 
     fn status(&self, d: usize) -> Status {
@@ -476,6 +486,7 @@ fn kernel_launches(
             Launch::Kernel {
                 func: b.func(d, &format!("pl_{kind}_{}_{}", t.name(), r.name()))?,
                 args: Box::new(Args::Reduce(args)),
+                grid: b.grid(input.len),
             }
         }
         Algo::DirectReduceScatter => {
@@ -496,6 +507,7 @@ fn kernel_launches(
             Launch::Kernel {
                 func: b.func(d, &format!("pl_reduce_scatter_{}_{}", t.name(), r.name()))?,
                 args: Box::new(Args::Scatter(args)),
+                grid: b.grid(output.len),
             }
         }
         Algo::DirectAllGather | Algo::DirectAllToAll => {
@@ -533,6 +545,7 @@ fn kernel_launches(
             Launch::Kernel {
                 func: b.func(d, "pl_exchange")?,
                 args: Box::new(Args::Exchange(ExchangeArgs { x, status: b.status(d) })),
+                grid: b.grid(input.len),
             }
         }
         Algo::DirectPermute => return Err("permute handled above".into()),
@@ -585,13 +598,15 @@ fn permute_launches(
     launches.push(Launch::Kernel {
         func: b.func(d, "pl_exchange")?,
         args: Box::new(Args::Exchange(ExchangeArgs { x, status: b.status(d) })),
+        grid: b.grid(input.len),
     });
     // Status bit 0: my target never signalled "ready"; bit 1: my source never delivered.
     Ok((launches, vec![target.unwrap_or(d), source.unwrap_or(d)]))
 }
 
 fn run_launch(b: &Build, d: usize, run: Run) -> Result<Launch, String> {
-    Ok(Launch::Kernel { func: b.func(d, "pl_copy_runs")?, args: Box::new(Args::Run(RunArgs { run })) })
+    let grid = b.grid((run.rows * run.row) as usize);
+    Ok(Launch::Kernel { func: b.func(d, "pl_copy_runs")?, args: Box::new(Args::Run(RunArgs { run })), grid })
 }
 
 /// The NCCL fallback's stages.
@@ -782,7 +797,8 @@ fn fallback_stages(
                                 blocks,
                             };
                             let func = b.func(m, &format!("pl_reduce_blocks_{}_{}", t.name(), r.name()))?;
-                            per[m].push(Launch::Kernel { func, args: Box::new(Args::Blocks(args)) });
+                            let grid = b.grid(output.len);
+                            per[m].push(Launch::Kernel { func, args: Box::new(Args::Blocks(args)), grid });
                         }
                         local(&mut stages, per);
                         scratch_at += input.len * g;
@@ -927,7 +943,9 @@ pub struct CudaExecutable {
     /// `--cuda_graphs` and the program evaluates nothing on the host.
     use_graphs: bool,
     /// Per device, the program captured after its first run (dropped on failure).
-    graphs: Mutex<Option<Vec<ffi::cuda::Graph>>>,
+    graphs: Mutex<Option<Vec<Mutex<ffi::cuda::Graph>>>>,
+    /// The benchmark's graphs of several runs each ([`Self::enqueue_batch`]).
+    batch_graphs: Mutex<Option<(usize, Vec<Mutex<ffi::cuda::Graph>>)>>,
     /// Per device, the module of generated kernels (declared after `graphs`, which launch
     /// them, so it is unloaded after them) and the constants the program copies in.
     _generated: Vec<ffi::cuda::Module>,
@@ -1052,7 +1070,15 @@ impl CudaExecutable {
                 },
                 Thunk::Copy { src, dst, len, .. } => Step::Copy { src: *src, dst: *dst, len: *len },
                 Thunk::Collective { name, .. } => {
-                    let b = Build { clique: &clique, bases: &bases, status: &words, timeout_ns, tag: k as u64 + 1, k };
+                    let b = Build {
+                        clique: &clique,
+                        bases: &bases,
+                        status: &words,
+                        timeout_ns,
+                        tag: k as u64 + 1,
+                        k,
+                        max_grid: flags.collective_blocks,
+                    };
                     let shapes = low.shapes.get(k).map(|s| s.operand_leaves.clone()).unwrap_or_default();
                     let (stages, report) = collective_stages(&b, &low.programs, &shapes)
                         .map_err(|m| ExecError::Backend(format!("cuda backend: collective '{name}': {m}")))?;
@@ -1078,6 +1104,7 @@ impl CudaExecutable {
             poisoned: Mutex::new(false),
             use_graphs: flags.cuda_graphs && !steps.iter().any(|s| matches!(s, Step::Compute)),
             graphs: Mutex::new(None),
+            batch_graphs: Mutex::new(None),
             device_computes: steps.iter().filter(|s| matches!(s, Step::Local(_))).count(),
             host_computes: plan.host,
             steps,
@@ -1112,6 +1139,25 @@ impl CudaExecutable {
         if graphs { self.launch_graphs() } else { self.enqueue_steps(None).map(|_| ()) }
     }
 
+    /// Like [`Self::enqueue`] with graphs, but each device's graph holds `calls` runs of the
+    /// program back to back (captured on first use, and again when `calls` changes): one
+    /// graph launch per `calls` runs, as PyTorch's and nccl-tests' graph timings do. For the
+    /// benchmark, which reports it beside the one-run-per-launch graphs.
+    pub fn enqueue_batch(&self, calls: usize) -> Result<(), ExecError> {
+        if self.steps.iter().any(|s| matches!(s, Step::Compute)) {
+            return Err(ExecError::Backend(
+                "cuda backend: enqueue needs a program without host-evaluated instructions".into(),
+            ));
+        }
+        let _serial = self.clique.exec_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let mut b = self.batch_graphs.lock().unwrap_or_else(|e| e.into_inner());
+        if b.as_ref().is_none_or(|(n, _)| *n != calls) {
+            *b = None;
+            *b = Some((calls, self.capture_calls(calls.max(1))?));
+        }
+        self.launch_captured(b.as_ref().map(|(_, g)| g.as_slice()).unwrap_or_default())
+    }
+
     /// Waits for every device and reports a collective that timed out (after [`Self::enqueue`]).
     pub fn finish(&self) -> Result<(), ExecError> {
         self.sync_all()?;
@@ -1124,27 +1170,50 @@ impl CudaExecutable {
         if g.is_none() {
             *g = Some(self.capture()?);
         }
-        for (d, (dev, graph)) in self.clique.devices.iter().zip(g.iter().flatten()).enumerate() {
-            dev.ctx.bind().map_err(cuda_err)?;
-            graph.launch(&dev.stream).map_err(|e| self.device_error(d, 0, e.to_string(), false))?;
-        }
-        Ok(())
+        self.launch_captured(g.as_deref().unwrap_or_default())
+    }
+
+    /// Launches one captured graph per device, every device from its own host thread at
+    /// once (launcher.rs).
+    fn launch_captured(&self, graphs: &[Mutex<ffi::cuda::Graph>]) -> Result<(), ExecError> {
+        let launched = self.clique.launcher.run(graphs.len(), |d| {
+            let dev = &self.clique.devices[d];
+            dev.ctx
+                .bind()
+                .and_then(|_| graphs[d].lock().unwrap_or_else(|e| e.into_inner()).launch(&dev.stream))
+                .map_err(|e| (d, e))
+        });
+        launched.map_err(|e| match e {
+            LaunchError::Failed((d, e)) => self.device_error(d, 0, e.to_string(), false),
+            LaunchError::Panicked(p) => ExecError::Backend(format!("cuda graph launch panicked: {p}")),
+        })
     }
 
     /// Captures one graph per device of the whole program (every stream captured at once,
     /// so NCCL's grouped multi-device calls are captured too).
-    fn capture(&self) -> Result<Vec<ffi::cuda::Graph>, ExecError> {
+    fn capture(&self) -> Result<Vec<Mutex<ffi::cuda::Graph>>, ExecError> {
+        self.capture_calls(1)
+    }
+
+    /// Captures `calls` runs of the program, back to back, into one graph per device.
+    fn capture_calls(&self, calls: usize) -> Result<Vec<Mutex<ffi::cuda::Graph>>, ExecError> {
         for dev in &self.clique.devices {
             dev.ctx.bind().map_err(cuda_err)?;
             dev.stream.begin_capture().map_err(cuda_err)?;
         }
-        let enq = self.enqueue_steps(None);
+        let mut enq = Ok(true);
+        for _ in 0..calls {
+            enq = self.enqueue_steps(None);
+            if enq.is_err() {
+                break;
+            }
+        }
         let mut graphs = Vec::new();
         let mut first_err = enq.err();
         for dev in &self.clique.devices {
             let ended = dev.ctx.bind().and_then(|_| dev.stream.end_capture());
             match ended {
-                Ok(g) => graphs.push(g),
+                Ok(g) => graphs.push(Mutex::new(g)),
                 Err(e) => {
                     first_err.get_or_insert(cuda_err(e));
                 }

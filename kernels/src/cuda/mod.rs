@@ -7,6 +7,7 @@
 
 pub(crate) mod collectives;
 pub mod exec;
+pub mod launcher;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -18,11 +19,24 @@ pub use ffi::Error as FfiError;
 use ffi::cuda::{Context, DeviceBuffer, Module, Stream};
 use ffi::nvrtc::Output;
 
-/// Blocks per grid of every collective kernel; also the size of the per-block flag arrays
-/// (the kernels get it as `PL_BLOCKS`). One constant for launch and signal sizing.
-pub const BLOCKS: u32 = 24;
+/// The most blocks a collective kernel's grid may have: the size of the per-block counter
+/// and flag arrays (the kernels get it as `PL_BLOCKS`). One constant bounds launch geometry
+/// and sizes the signals; [`grid`] picks each launch's block count at or below it.
+pub const BLOCKS: u32 = emitter::flags::MAX_COLLECTIVE_BLOCKS;
+/// The largest grid [`grid`] picks by default (`--collective_blocks`).
+pub const DEFAULT_GRID: u32 = emitter::flags::DEFAULT_COLLECTIVE_BLOCKS;
 /// Threads per block (the kernels' `__launch_bounds__`).
 pub const THREADS: u32 = 512;
+/// Blocks for a collective launch that moves `units` 16-byte units per device and phase:
+/// one thread per unit up to `max_grid` blocks (at least one, at most [`BLOCKS`]). Small
+/// messages get one block, so one block's flags make the whole barrier, and large ones
+/// spread over `max_grid` blocks with several units per thread. Every rank of a collective
+/// computes the same grid from the same size, which the per-block barriers need.
+pub fn grid(units: u64, max_grid: u32) -> u32 {
+    let max = max_grid.clamp(1, BLOCKS);
+    units.div_ceil(u64::from(THREADS)).clamp(1, u64::from(max)) as u32
+}
+
 /// Largest clique the kernels take (`PL_MAX_RANKS`).
 pub const MAX_RANKS: usize = 8;
 /// Bytes of one communicator's signals on one device: the per-block counters and two flag sets.
@@ -185,6 +199,8 @@ pub struct Clique {
     /// Held while an executable enqueues its programs: collectives of two executables
     /// enqueued in different orders on different devices would wait for each other forever.
     pub(crate) exec_lock: Mutex<()>,
+    /// One host thread per device (but the first) for launching on every device at once.
+    pub launcher: launcher::Launcher,
 }
 
 /// Number of CUDA devices visible (error if there is no driver).
@@ -221,7 +237,7 @@ impl Clique {
         let peers = PeerAccessTable::cached(key, move || {
             PeerAccessTable::from_fn(n, "cuda peer probe", |a, b| matches!(table[a][b], Probe::Local | Probe::Ok))
         });
-        Ok(Clique { devices, probes, peers, exec_lock: Mutex::new(()) })
+        Ok(Clique { devices, probes, peers, exec_lock: Mutex::new(()), launcher: launcher::Launcher::new(n) })
     }
 
     pub fn len(&self) -> usize {

@@ -97,10 +97,11 @@ impl AllReduce {
                 status: Status { word: self.status[r].ptr, timeout_ns: TIMEOUT_NS, tag: 1 },
             };
             d.ctx.bind()?;
+            let grid = crate::cuda::grid((n * self.dtype.size()).div_ceil(16) as u64, crate::cuda::DEFAULT_GRID);
             // SAFETY: ReduceArgs::params matches the kernel's parameter list (the same source
             // as CUDA's); every pointer is a device allocation of the clique (peer access
             // probed) that outlives the launch.
-            unsafe { d.stream.launch(&self.funcs[r], BLOCKS, THREADS, &mut a.params())? };
+            unsafe { d.stream.launch(&self.funcs[r], grid, THREADS, &mut a.params())? };
         }
         Ok(())
     }
@@ -153,9 +154,10 @@ impl AllGather {
                 status: Status { word: self.status[r].ptr, timeout_ns: TIMEOUT_NS, tag: 1 },
             };
             d.ctx.bind()?;
+            let grid = crate::cuda::grid(bytes.div_ceil(16) as u64, crate::cuda::DEFAULT_GRID);
             // SAFETY: GatherArgs::params matches pl_all_gather's parameters; buffers are clique
             // allocations with probed peer access that outlive the launch.
-            unsafe { d.stream.launch(&self.funcs[r], BLOCKS, THREADS, &mut a.params())? };
+            unsafe { d.stream.launch(&self.funcs[r], grid, THREADS, &mut a.params())? };
         }
         Ok(())
     }

@@ -138,8 +138,22 @@ fn peer_reason(peers: &PeerAccessTable, a: usize, b: usize) -> String {
     }
 }
 
+/// What a backend's kernels can do beyond the baseline rules.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Capabilities {
+    /// Variadic all-reduce (a data-parallel gradient sync is one) and tuple-form
+    /// all-to-all run as one kernel call over several operands.
+    pub variadic: bool,
+}
+
 /// Rules 2–7 for a collective whose backend flag allows a kernel.
-fn rules(cfg: &CollectiveConfig, types: &[PrimitiveType], flags: &Flags, peers: &PeerAccessTable) -> Decision {
+fn rules(
+    cfg: &CollectiveConfig,
+    types: &[PrimitiveType],
+    flags: &Flags,
+    peers: &PeerAccessTable,
+    caps: Capabilities,
+) -> Decision {
     let op = cfg.op;
     let Some(default) = default_kernel(op.kind) else {
         return Decision::fallback(format!("no Peerless kernel for {op}"));
@@ -150,8 +164,9 @@ fn rules(cfg: &CollectiveConfig, types: &[PrimitiveType], flags: &Flags, peers: 
             "dtype guard: operand element type {ty} (kernels take pred, s8-s64, u8-u64, f16, bf16, f32, f64)"
         ));
     }
-    // 3. one operand.
-    if cfg.num_operands > 1 {
+    // 3. one operand, unless the backend takes variadic all-reduce / tuple all-to-all.
+    let variadic_ok = caps.variadic && matches!(op.kind, CollectiveKind::AllReduce | CollectiveKind::AllToAll);
+    if cfg.num_operands > 1 && !variadic_ok {
         return Decision::fallback(format!(
             "variadic {op} with {} operands: kernels take one operand",
             cfg.num_operands
@@ -232,6 +247,19 @@ pub fn decide(
     flags: &Flags,
     peers: &PeerAccessTable,
 ) -> Result<(CollectiveConfig, Decision), EmitError> {
+    decide_with(module, instr_id, num_replicas, num_partitions, flags, peers, Capabilities::default())
+}
+
+/// [`decide`] for a backend with `caps`.
+pub fn decide_with(
+    module: &Module,
+    instr_id: InstrId,
+    num_replicas: usize,
+    num_partitions: usize,
+    flags: &Flags,
+    peers: &PeerAccessTable,
+    caps: Capabilities,
+) -> Result<(CollectiveConfig, Decision), EmitError> {
     let ins = module.instrs.get(instr_id).ok_or_else(|| EmitError::InvalidCollective {
         instr: instr_id.to_string(),
         message: format!("no instruction {instr_id} in module '{}'", module.name),
@@ -249,7 +277,7 @@ pub fn decide(
     let backend = flags.backend_for(op.kind);
     let decision = match backend {
         Some((Backend::Fallback, flag)) => Decision::fallback(format!("forced by --{flag}=fallback")),
-        _ => rules(&cfg, &types, flags, peers),
+        _ => rules(&cfg, &types, flags, peers, caps),
     };
     if let Some((Backend::Kernel, flag)) = backend
         && !decision.is_kernel()

@@ -7,6 +7,7 @@
 //! backend implements [`Backend`] (prepare / initialize / execute) to run them. Nothing
 //! here refers to a particular device or to PJRT.
 
+pub mod custom_call;
 pub mod program;
 
 use std::fmt;

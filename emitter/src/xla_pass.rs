@@ -1,0 +1,627 @@
+//! The collective emitter as an HLO pass inside XLA's pipeline.
+//!
+//! XLA hands the pass a serialized `HloModuleProto` after SPMD partitioning
+//! (`jax.extend.xla`, stage PRE_SCHEDULER); the pass decides every collective with the
+//! same rules as the standalone emitter ([`crate::decide_with`]) and rewrites each one
+//! assigned to a kernel into a typed-FFI `custom-call` to a Peerless target whose
+//! attributes are the plain-data [`CustomCallConfig`]. Fallbacks stay XLA's own
+//! collectives, untouched.
+//!
+//! The rewrite edits the protobuf wire format in place rather than re-encoding decoded
+//! messages: our prost copy of XLA's protos predates fields newer XLA writes (mesh-axes
+//! replica groups, original values, ...), and prost drops unknown fields. Every byte of
+//! the module except the rewritten instructions passes through verbatim.
+//!
+//! Invariants: the pass is a pure function of (bytes, config) apart from the
+//! per-rewrite `instance` ids, holds no locks, and a module it already rewrote comes back
+//! unchanged (its Peerless custom calls are not collectives, and its fallbacks are decided
+//! the same way again). It never fails a compile: the C entry point turns every error into
+//! "unchanged" with the reason logged.
+
+use std::collections::{BTreeSet, HashMap};
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use hlo::{InstrId, Module, Opcode};
+use prost::Message;
+use prost::bytes::Buf;
+use prost::encoding::{WireType, decode_key, decode_varint, encode_key, encode_varint};
+use thunks::custom_call::{CustomCallConfig, target_name};
+use thunks::{CollectiveKind, Implementation};
+
+use crate::decide::{Capabilities, decide_with};
+use crate::flags::Flags;
+use crate::peers::PeerAccessTable;
+
+/// `xla.CustomCallApiVersion.API_VERSION_TYPED_FFI`.
+const API_VERSION_TYPED_FFI: u64 = 4;
+
+/// HloInstructionProto fields.
+mod field {
+    pub const NAME: u32 = 1;
+    pub const OPCODE: u32 = 2;
+    pub const DIMENSIONS: u32 = 14;
+    pub const CHANNEL_ID: u32 = 26;
+    pub const CUSTOM_CALL_TARGET: u32 = 28;
+    pub const CALLED_COMPUTATION_IDS: u32 = 38;
+    pub const BACKEND_CONFIG: u32 = 43;
+    pub const REPLICA_GROUPS: u32 = 49;
+    pub const SOURCE_TARGET_PAIRS: u32 = 52;
+    pub const CONSTRAIN_LAYOUT: u32 = 56;
+    pub const USE_GLOBAL_DEVICE_IDS: u32 = 71;
+    pub const CUSTOM_CALL_API_VERSION: u32 = 77;
+    pub const COLLECTIVE_DEVICE_LIST: u32 = 87;
+    pub const IOTA_DEVICE_LIST: u32 = 92;
+    pub const MESH_AXES_LIST: u32 = 93;
+    /// HloModuleProto.computations, HloComputationProto.instructions.
+    pub const COMPUTATIONS: u32 = 3;
+    pub const INSTRUCTIONS: u32 = 2;
+}
+
+/// Fields of a collective that mean nothing on a custom call (groups, reducer, channel);
+/// they are dropped, and opcode, target, backend_config and api version are written anew.
+const DROPPED: [u32; 14] = [
+    field::OPCODE,
+    field::DIMENSIONS,
+    field::CHANNEL_ID,
+    field::CUSTOM_CALL_TARGET,
+    field::CALLED_COMPUTATION_IDS,
+    field::BACKEND_CONFIG,
+    field::REPLICA_GROUPS,
+    field::SOURCE_TARGET_PAIRS,
+    field::CONSTRAIN_LAYOUT,
+    field::USE_GLOBAL_DEVICE_IDS,
+    field::CUSTOM_CALL_API_VERSION,
+    field::COLLECTIVE_DEVICE_LIST,
+    field::IOTA_DEVICE_LIST,
+    field::MESH_AXES_LIST,
+];
+
+/// Opcodes the pass looks at (and the quick scan looks for).
+const COLLECTIVE_OPCODES: [&str; 10] = [
+    "all-reduce",
+    "all-gather",
+    "all-to-all",
+    "reduce-scatter",
+    "collective-permute",
+    "all-reduce-start",
+    "all-gather-start",
+    "collective-permute-start",
+    "ragged-all-to-all",
+    "collective-broadcast",
+];
+
+/// `xla.DeviceAssignmentProto` (HloModuleProto field 15): logical (replica, computation)
+/// to device id. Decoded on its own so the pass needs no other proto types.
+#[derive(Clone, PartialEq, prost::Message)]
+struct ModuleHeader {
+    #[prost(message, optional, tag = "15")]
+    device_assignment: Option<DeviceAssignment>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct DeviceAssignment {
+    #[prost(int32, tag = "1")]
+    replica_count: i32,
+    #[prost(int32, tag = "2")]
+    computation_count: i32,
+    #[prost(message, repeated, tag = "3")]
+    computation_devices: Vec<ComputationDevices>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct ComputationDevices {
+    #[prost(int64, repeated, tag = "1")]
+    replica_device_ids: Vec<i64>,
+}
+
+/// Just the layouts of every instruction's shape (the IR keeps no layouts): on CPU the
+/// pass runs after layout assignment, so a collective's buffers may be column-major.
+mod layouts {
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Module {
+        #[prost(message, repeated, tag = "3")]
+        pub computations: Vec<Computation>,
+    }
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Computation {
+        #[prost(message, repeated, tag = "2")]
+        pub instructions: Vec<Instruction>,
+    }
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Instruction {
+        #[prost(string, tag = "1")]
+        pub name: String,
+        #[prost(message, optional, tag = "3")]
+        pub shape: Option<Shape>,
+    }
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Shape {
+        #[prost(int64, repeated, tag = "3")]
+        pub dimensions: Vec<i64>,
+        #[prost(message, repeated, tag = "4")]
+        pub tuple_shapes: Vec<Shape>,
+        #[prost(message, optional, tag = "5")]
+        pub layout: Option<Layout>,
+    }
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Layout {
+        #[prost(int64, repeated, tag = "1")]
+        pub minor_to_major: Vec<i64>,
+        #[prost(message, repeated, tag = "6")]
+        pub tiles: Vec<Tile>,
+    }
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Tile {
+        #[prost(int64, repeated, tag = "1")]
+        pub dimensions: Vec<i64>,
+    }
+}
+
+/// One array's layout as the pass compares them: `minor_to_major`, or `None` for the
+/// default (row-major) layout. Tiled layouts are an error.
+type LeafLayout = Option<Vec<i64>>;
+
+fn leaf_layouts(shape: &layouts::Shape, out: &mut Vec<Result<LeafLayout, String>>) {
+    if !shape.tuple_shapes.is_empty() {
+        for s in &shape.tuple_shapes {
+            leaf_layouts(s, out);
+        }
+        return;
+    }
+    let rank = shape.dimensions.len() as i64;
+    let default: Vec<i64> = (0..rank).rev().collect();
+    out.push(match &shape.layout {
+        None => Ok(None),
+        Some(l) if !l.tiles.is_empty() => Err("a tiled layout".to_owned()),
+        Some(l) if l.minor_to_major.is_empty() || l.minor_to_major == default => Ok(None),
+        Some(l) => Ok(Some(l.minor_to_major.clone())),
+    });
+}
+
+/// Every instruction's leaf layouts, by name.
+fn layout_map(bytes: &[u8]) -> Result<HashMap<String, Vec<Result<LeafLayout, String>>>, PassError> {
+    let m = layouts::Module::decode(bytes).map_err(|e| PassError::Wire(e.to_string()))?;
+    let mut out = HashMap::new();
+    for c in m.computations {
+        for i in c.instructions {
+            let mut leaves = Vec::new();
+            if let Some(s) = &i.shape {
+                leaf_layouts(s, &mut leaves);
+            }
+            out.insert(i.name, leaves);
+        }
+    }
+    Ok(out)
+}
+
+/// The one layout all of a collective's operands and results share, or why they do not.
+/// Collectives move bytes in the buffers' physical order, so operand and result layouts
+/// must agree; a non-default one is passed to the handler (`layout` attribute).
+fn common_layout(
+    module: &Module,
+    id: InstrId,
+    layouts: &HashMap<String, Vec<Result<LeafLayout, String>>>,
+) -> Result<LeafLayout, String> {
+    let ins = module.instr(id);
+    let mut names: Vec<&str> = ins.operands.iter().filter_map(|&o| module.instrs.get(o)).map(|o| o.name.as_str()).collect();
+    names.push(&ins.name);
+    let mut seen: Option<LeafLayout> = None;
+    for name in names {
+        for l in layouts.get(name).into_iter().flatten() {
+            let l = l.clone().map_err(|e| format!("'{name}' has {e}"))?;
+            match &seen {
+                None => seen = Some(l),
+                Some(s) if *s == l => {}
+                Some(s) => {
+                    let show = |x: &LeafLayout| x.as_ref().map_or("row-major".to_owned(), |v| format!("{v:?}"));
+                    return Err(format!("operand and result layouts differ ({} vs {})", show(s), show(&l)));
+                }
+            }
+        }
+    }
+    Ok(seen.flatten())
+}
+
+/// What the pass needs to know about the process it runs in.
+#[derive(Clone, Debug)]
+pub struct PassConfig {
+    pub flags: Flags,
+    /// Peer access between device ids; `None`: every device reaches every other (the CPU
+    /// platform, whose devices share one address space).
+    pub peers: Option<std::sync::Arc<PeerAccessTable>>,
+    /// Device ids this process owns; `None`: all of them. A group with another device falls
+    /// back (its collective needs XLA's cross-process path).
+    pub local_devices: Option<BTreeSet<usize>>,
+    /// What the handlers of this platform can run.
+    pub caps: Capabilities,
+}
+
+impl Default for PassConfig {
+    fn default() -> Self {
+        PassConfig { flags: Flags::default(), peers: None, local_devices: None, caps: Capabilities { variadic: true } }
+    }
+}
+
+/// One collective the pass looked at.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PassDecision {
+    pub instr: String,
+    /// HLO opcode (`all-reduce`, ...).
+    pub op: String,
+    /// Operand element types, comma-separated.
+    pub dtype: String,
+    /// Operand bytes per device.
+    pub bytes: usize,
+    /// Groups as device ids, XLA's `{{0,1},{2,3}}` spelling (pairs for permute).
+    pub groups: String,
+    /// `kernel (one-shot all-reduce)` or `fallback`.
+    pub implementation: String,
+    pub kernel: bool,
+    pub reason: String,
+}
+
+impl fmt::Display for PassDecision {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} {} {} {} B groups={} -> {}: {}",
+            self.op, self.instr, self.dtype, self.bytes, self.groups, self.implementation, self.reason
+        )
+    }
+}
+
+/// The pass's answer.
+#[derive(Clone, Debug, Default)]
+pub struct PassOutcome {
+    /// The rewritten module, `None` when nothing changed.
+    pub module: Option<Vec<u8>>,
+    pub decisions: Vec<PassDecision>,
+}
+
+/// Why the pass left a module alone. The module is then returned unchanged.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum PassError {
+    #[error("malformed HloModuleProto: {0}")]
+    Wire(String),
+    #[error("cannot decode the module: {0}")]
+    Decode(String),
+    #[error("device assignment: {0}")]
+    Assignment(String),
+}
+
+/// Instance ids: a per-process random base plus a counter, so two compiles (or two
+/// processes sharing a persistent compilation cache) never give two collectives the same
+/// handler state.
+fn next_instance() -> u64 {
+    static BASE: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let base = *BASE.get_or_init(|| {
+        use std::hash::{BuildHasher, Hasher};
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u32(std::process::id());
+        if let Ok(t) = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) {
+            h.write_u128(t.as_nanos());
+        }
+        h.finish() & 0x7fff_ffff_0000_0000
+    });
+    base.wrapping_add(NEXT.fetch_add(1, Ordering::Relaxed)) & (i64::MAX as u64)
+}
+
+// ----------------------------------------------------------------------------- wire format
+
+/// One field of a message: its number, wire type, the whole encoded field (key included)
+/// and, for length-delimited fields, the payload.
+struct Field<'a> {
+    tag: u32,
+    wire: WireType,
+    raw: &'a [u8],
+    payload: &'a [u8],
+}
+
+fn fields(msg: &[u8]) -> Result<Vec<Field<'_>>, PassError> {
+    let err = |e: prost::DecodeError| PassError::Wire(e.to_string());
+    let mut out = Vec::new();
+    let mut buf = msg;
+    while buf.has_remaining() {
+        let start = msg.len() - buf.len();
+        let (tag, wire) = decode_key(&mut buf).map_err(err)?;
+        let payload_start = msg.len() - buf.len();
+        let payload_len = match wire {
+            WireType::Varint => {
+                decode_varint(&mut buf).map_err(err)?;
+                0
+            }
+            WireType::SixtyFourBit => 8,
+            WireType::ThirtyTwoBit => 4,
+            WireType::LengthDelimited => {
+                let n = decode_varint(&mut buf).map_err(err)?;
+                usize::try_from(n).map_err(|_| PassError::Wire(format!("length {n} too large")))?
+            }
+            WireType::StartGroup | WireType::EndGroup => {
+                return Err(PassError::Wire(format!("field {tag}: groups are not used by XLA's protos")));
+            }
+        };
+        if payload_len > buf.remaining() {
+            return Err(PassError::Wire(format!("field {tag} runs past the end of its message")));
+        }
+        let payload_at = msg.len() - buf.len();
+        buf.advance(payload_len);
+        let end = msg.len() - buf.len();
+        let payload = if wire == WireType::LengthDelimited { &msg[payload_at..end] } else { &msg[payload_start..end] };
+        out.push(Field { tag, wire, raw: &msg[start..end], payload });
+    }
+    Ok(out)
+}
+
+fn put_bytes(out: &mut Vec<u8>, tag: u32, bytes: &[u8]) {
+    encode_key(tag, WireType::LengthDelimited, out);
+    encode_varint(bytes.len() as u64, out);
+    out.extend_from_slice(bytes);
+}
+
+/// Calls `f(name, opcode)` for every instruction of every computation.
+fn for_each_instruction(module: &[u8], mut f: impl FnMut(&str, &str)) -> Result<(), PassError> {
+    for c in fields(module)?.iter().filter(|c| c.tag == field::COMPUTATIONS && c.wire == WireType::LengthDelimited) {
+        for i in fields(c.payload)?.iter().filter(|i| i.tag == field::INSTRUCTIONS && i.wire == WireType::LengthDelimited)
+        {
+            let (mut name, mut opcode) = ("", "");
+            for x in fields(i.payload)? {
+                match x.tag {
+                    field::NAME => name = std::str::from_utf8(x.payload).unwrap_or(""),
+                    field::OPCODE => opcode = std::str::from_utf8(x.payload).unwrap_or(""),
+                    _ => {}
+                }
+            }
+            f(name, opcode);
+        }
+    }
+    Ok(())
+}
+
+/// Whether the module has any collective: the cheap check that lets the pass return at
+/// once for the many modules without one.
+pub fn has_collectives(module: &[u8]) -> Result<bool, PassError> {
+    let mut any = false;
+    for_each_instruction(module, |_, op| any |= COLLECTIVE_OPCODES.contains(&op))?;
+    Ok(any)
+}
+
+/// Re-encodes the module with the instructions named in `rewrites` turned into custom
+/// calls (target, backend_config).
+fn rewrite(module: &[u8], rewrites: &HashMap<String, (&'static str, String)>) -> Result<Vec<u8>, PassError> {
+    let mut out = Vec::with_capacity(module.len() + rewrites.len() * 256);
+    for c in fields(module)? {
+        if c.tag != field::COMPUTATIONS || c.wire != WireType::LengthDelimited {
+            out.extend_from_slice(c.raw);
+            continue;
+        }
+        let mut comp = Vec::with_capacity(c.payload.len());
+        for i in fields(c.payload)? {
+            if i.tag != field::INSTRUCTIONS || i.wire != WireType::LengthDelimited {
+                comp.extend_from_slice(i.raw);
+                continue;
+            }
+            let fs = fields(i.payload)?;
+            let name = fs.iter().find(|x| x.tag == field::NAME).map(|x| String::from_utf8_lossy(x.payload));
+            let Some((target, config)) = name.and_then(|n| rewrites.get(n.as_ref())) else {
+                comp.extend_from_slice(i.raw);
+                continue;
+            };
+            let mut ins = Vec::with_capacity(i.payload.len() + config.len() + 64);
+            for x in fs.iter().filter(|x| !DROPPED.contains(&x.tag)) {
+                ins.extend_from_slice(x.raw);
+            }
+            put_bytes(&mut ins, field::OPCODE, b"custom-call");
+            put_bytes(&mut ins, field::CUSTOM_CALL_TARGET, target.as_bytes());
+            put_bytes(&mut ins, field::BACKEND_CONFIG, config.as_bytes());
+            encode_key(field::CUSTOM_CALL_API_VERSION, WireType::Varint, &mut ins);
+            encode_varint(API_VERSION_TYPED_FFI, &mut ins);
+            put_bytes(&mut comp, field::INSTRUCTIONS, &ins);
+        }
+        put_bytes(&mut out, field::COMPUTATIONS, &comp);
+    }
+    Ok(out)
+}
+
+// ----------------------------------------------------------------------------- the pass
+
+/// Logical id (`replica * partitions + partition`) → device id.
+struct Assignment {
+    replicas: usize,
+    partitions: usize,
+    devices: Vec<usize>,
+}
+
+impl Assignment {
+    fn of(bytes: &[u8]) -> Result<Self, PassError> {
+        let header = ModuleHeader::decode(bytes).map_err(|e| PassError::Wire(e.to_string()))?;
+        let Some(da) = header.device_assignment else {
+            return Err(PassError::Assignment("the module carries no device assignment".into()));
+        };
+        let (r, c) = (da.replica_count, da.computation_count);
+        if r < 1 || c < 1 || da.computation_devices.len() != c as usize {
+            return Err(PassError::Assignment(format!(
+                "{r} replicas × {c} computations with {} computation device lists",
+                da.computation_devices.len()
+            )));
+        }
+        let (replicas, partitions) = (r as usize, c as usize);
+        let mut devices = vec![0; replicas * partitions];
+        for (p, comp) in da.computation_devices.iter().enumerate() {
+            if comp.replica_device_ids.len() != replicas {
+                return Err(PassError::Assignment(format!(
+                    "computation {p} lists {} devices for {replicas} replicas",
+                    comp.replica_device_ids.len()
+                )));
+            }
+            for (rep, &d) in comp.replica_device_ids.iter().enumerate() {
+                devices[rep * partitions + p] = usize::try_from(d)
+                    .map_err(|_| PassError::Assignment(format!("negative device id {d}")))?;
+            }
+        }
+        Ok(Assignment { replicas, partitions, devices })
+    }
+
+    fn device(&self, logical: usize) -> usize {
+        self.devices.get(logical).copied().unwrap_or(logical)
+    }
+}
+
+fn fmt_ids(groups: &[Vec<usize>]) -> String {
+    thunks::fmt_groups(groups)
+}
+
+/// Runs the pass over a serialized module.
+pub fn run(bytes: &[u8], cfg: &PassConfig) -> Result<PassOutcome, PassError> {
+    if !has_collectives(bytes)? {
+        return Ok(PassOutcome::default());
+    }
+    let assignment = Assignment::of(bytes)?;
+    let module = hlo::proto::decode("module", bytes).map_err(|e| PassError::Decode(e.to_string()))?;
+    let n = assignment.devices.iter().copied().max().map_or(1, |m| m + 1);
+    let peers = match &cfg.peers {
+        Some(p) => p.clone(),
+        None => std::sync::Arc::new(PeerAccessTable::full(n, "one process, shared memory")),
+    };
+    // The rules see logical ids; peer access is checked on device ids in `decide_one`.
+    let logical = PeerAccessTable::full(assignment.devices.len(), "checked on device ids");
+    let layouts = layout_map(bytes)?;
+    let mut decisions = Vec::new();
+    let mut rewrites = HashMap::new();
+    for id in module.collectives() {
+        let (decision, rewrite) = decide_one(&module, id, &assignment, cfg, &logical, &peers, &layouts);
+        if let Some(r) = rewrite {
+            rewrites.insert(decision.instr.clone(), r);
+        }
+        log::info!("peerless pass: {decision}");
+        decisions.push(decision);
+    }
+    let module = if rewrites.is_empty() { None } else { Some(rewrite(bytes, &rewrites)?) };
+    Ok(PassOutcome { module, decisions })
+}
+
+/// Decides one collective; returns its record and, for a kernel, its rewrite.
+fn decide_one(
+    module: &Module,
+    id: InstrId,
+    a: &Assignment,
+    cfg: &PassConfig,
+    logical: &PeerAccessTable,
+    peers: &PeerAccessTable,
+    layouts: &HashMap<String, Vec<Result<LeafLayout, String>>>,
+) -> (PassDecision, Option<(&'static str, String)>) {
+    let ins = module.instr(id);
+    let dtype = {
+        let types: Vec<String> = ins
+            .operands
+            .iter()
+            .filter_map(|&o| module.instrs.get(o))
+            .flat_map(|o| o.shape.leaves().into_iter().map(|l| l.ty.to_string()))
+            .collect();
+        types.join(",")
+    };
+    let mut d = PassDecision {
+        instr: ins.name.clone(),
+        op: ins.opcode.name().to_owned(),
+        dtype,
+        bytes: ins.operands.iter().filter_map(|&o| module.instrs.get(o)).map(|o| o.shape.byte_size()).sum(),
+        groups: String::new(),
+        implementation: "fallback".into(),
+        kernel: false,
+        reason: String::new(),
+    };
+    if matches!(ins.opcode, Opcode::AllReduceStart | Opcode::AllGatherStart | Opcode::CollectivePermuteStart) {
+        d.reason = "async start/done pair (the pass runs before XLA makes collectives async)".into();
+        return (d, None);
+    }
+    // Decide on device ids: map the logical groups through the assignment first, so peer
+    // access and process locality are checked on the devices that will really talk.
+    let (config, decision) = match decide_with(module, id, a.replicas, a.partitions, &cfg.flags, logical, cfg.caps) {
+        Ok(x) => x,
+        Err(e) => {
+            d.reason = e.to_string();
+            return (d, None);
+        }
+    };
+    let groups: Vec<Vec<usize>> = config.groups.iter().map(|g| g.iter().map(|&l| a.device(l)).collect()).collect();
+    let pairs: Vec<(usize, usize)> =
+        config.source_target_pairs.iter().map(|&(s, t)| (a.device(s), a.device(t))).collect();
+    d.groups = if config.op.kind == CollectiveKind::CollectivePermute {
+        let p: Vec<String> = pairs.iter().map(|(s, t)| format!("{s}->{t}")).collect();
+        format!("[{}]", p.join(","))
+    } else {
+        fmt_ids(&groups)
+    };
+    let Implementation::Kernel(algorithm) = decision.implementation else {
+        d.reason = decision.reason;
+        return (d, None);
+    };
+    // Peer access on the real devices (the rules saw logical ids).
+    let talking: Vec<Vec<usize>> = if config.op.kind == CollectiveKind::CollectivePermute {
+        pairs.iter().filter(|(s, t)| s != t).map(|&(s, t)| vec![s, t]).collect()
+    } else {
+        groups.clone()
+    };
+    if let Some(local) = &cfg.local_devices
+        && let Some(&dev) = talking.iter().flatten().find(|d| !local.contains(d))
+    {
+        d.reason = format!("device {dev} belongs to another process (this process has {local:?})");
+        return (d, None);
+    }
+    if let Some((x, y)) = talking.iter().find_map(|g| peers.missing_link(g)) {
+        d.reason = format!("no peer access {x}↔{y} ({})", peers.source());
+        return (d, None);
+    }
+    let layout = match common_layout(module, id, layouts) {
+        Ok(l) => l,
+        Err(e) => {
+            d.reason = e;
+            return (d, None);
+        }
+    };
+    let Some(target) = target_name(config.op.kind) else {
+        d.reason = format!("no Peerless kernel for {}", config.op);
+        return (d, None);
+    };
+    let call = CustomCallConfig {
+        kind: config.op.kind,
+        algorithm,
+        groups: if config.op.kind == CollectiveKind::CollectivePermute { Vec::new() } else { groups },
+        pairs,
+        reduction: config.reduction,
+        dimension: if config.op.kind == CollectiveKind::AllToAll && config.num_operands > 1 {
+            None
+        } else {
+            config.dimension
+        },
+        layout: layout.map(|l| l.into_iter().map(|x| x as usize).collect()),
+        instance: next_instance(),
+        timeout_ms: cfg.flags.collective_timeout_ms,
+        name: ins.name.clone(),
+    };
+    d.implementation = decision.implementation.to_string();
+    d.kernel = true;
+    d.reason = decision.reason;
+    (d, Some((target, call.backend_config())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wire_walker_rejects_truncated_input() {
+        assert!(fields(&[0x0a, 0x05, 1, 2]).is_err());
+        assert!(fields(&[0x0b]).is_err());
+        assert!(has_collectives(&[]).is_ok_and(|x| !x));
+    }
+
+    #[test]
+    fn instance_ids_are_distinct_and_positive() {
+        let a = next_instance();
+        let b = next_instance();
+        assert_ne!(a, b);
+        assert!(a <= i64::MAX as u64 && b <= i64::MAX as u64);
+    }
+}

@@ -1,0 +1,369 @@
+//! The contract between the collective pass and the FFI handlers: which typed-FFI
+//! custom-call target a collective becomes, and the plain-data attributes it carries.
+//!
+//! The pass (emitter) writes a [`CustomCallConfig`] into the custom call's
+//! `backend_config` as an MLIR dictionary ([`CustomCallConfig::backend_config`]); XLA
+//! parses it and hands the handler each attribute by name; the handler rebuilds the same
+//! value with [`CustomCallConfig::from_attrs`]. Both directions live here so they cannot
+//! drift apart. Groups and pairs are *device ids* (the module's device assignment is
+//! applied by the pass), so a handler finds its rank from its own device id.
+
+use std::fmt;
+
+use hlo::analysis::ReductionKind;
+
+use crate::{CollectiveKind, Implementation, KernelAlgorithm};
+
+/// Every custom-call target starts with this.
+pub const TARGET_PREFIX: &str = "peerless.";
+
+/// Target names, one per collective kind that has a Peerless kernel.
+pub const TARGETS: [(CollectiveKind, &str); 5] = [
+    (CollectiveKind::AllReduce, "peerless.all_reduce"),
+    (CollectiveKind::AllGather, "peerless.all_gather"),
+    (CollectiveKind::AllToAll, "peerless.all_to_all"),
+    (CollectiveKind::ReduceScatter, "peerless.reduce_scatter"),
+    (CollectiveKind::CollectivePermute, "peerless.collective_permute"),
+];
+
+/// The custom-call target of a collective kind (`None`: no Peerless kernel).
+pub fn target_name(kind: CollectiveKind) -> Option<&'static str> {
+    TARGETS.iter().find(|(k, _)| *k == kind).map(|(_, t)| *t)
+}
+
+/// The collective kind of a target name.
+pub fn target_kind(target: &str) -> Option<CollectiveKind> {
+    TARGETS.iter().find(|(_, t)| *t == target).map(|(k, _)| *k)
+}
+
+/// Attribute spelling of an algorithm.
+pub fn algorithm_name(algo: KernelAlgorithm) -> &'static str {
+    match algo {
+        KernelAlgorithm::OneShotAllReduce => "one_shot",
+        KernelAlgorithm::TwoShotAllReduce => "two_shot",
+        KernelAlgorithm::DirectAllGather => "direct_all_gather",
+        KernelAlgorithm::DirectAllToAll => "direct_all_to_all",
+        KernelAlgorithm::DirectReduceScatter => "direct_reduce_scatter",
+        KernelAlgorithm::DirectPermute => "direct_permute",
+    }
+}
+
+fn algorithm_from_name(s: &str) -> Option<KernelAlgorithm> {
+    use KernelAlgorithm as K;
+    [
+        K::OneShotAllReduce,
+        K::TwoShotAllReduce,
+        K::DirectAllGather,
+        K::DirectAllToAll,
+        K::DirectReduceScatter,
+        K::DirectPermute,
+    ]
+    .into_iter()
+    .find(|&a| algorithm_name(a) == s)
+}
+
+fn reduction_from_name(s: &str) -> Option<ReductionKind> {
+    use ReductionKind as R;
+    [R::Sum, R::Prod, R::Min, R::Max, R::And, R::Or].into_iter().find(|r| r.name() == s)
+}
+
+/// The name as it goes into an MLIR string: instruction names are identifiers, but
+/// anything outside `[A-Za-z0-9_.-]` becomes `_` so no escape rules are involved.
+fn plain_name(name: &str) -> String {
+    name.chars().map(|c| if c.is_ascii_alphanumeric() || "_.-".contains(c) { c } else { '_' }).collect()
+}
+
+/// What one Peerless custom call is, as plain data.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CustomCallConfig {
+    pub kind: CollectiveKind,
+    /// The kernel the pass chose (the pass rewrites only kernel decisions).
+    pub algorithm: KernelAlgorithm,
+    /// Groups of device ids (empty for collective-permute).
+    pub groups: Vec<Vec<usize>>,
+    /// (source, target) device ids, collective-permute only.
+    pub pairs: Vec<(usize, usize)>,
+    pub reduction: Option<ReductionKind>,
+    /// Gather / scatter / split dimension (absent for tuple-form all-to-all).
+    pub dimension: Option<usize>,
+    /// The buffers' shared `minor_to_major` when it is not row-major (XLA's CPU pipeline
+    /// assigns layouts before the pass runs); the handler works on the physical order.
+    pub layout: Option<Vec<usize>>,
+    /// Unique per rewritten instruction and compile: keys the handler's per-collective state
+    /// (staging, signal flags), which the protocols require to belong to one collective.
+    pub instance: u64,
+    pub timeout_ms: u64,
+    /// The original instruction's name, for errors.
+    pub name: String,
+}
+
+/// Why a handler's attributes do not describe a Peerless collective.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum AttrError {
+    #[error("attribute '{0}' is missing")]
+    Missing(&'static str),
+    #[error("attribute '{name}': {message}")]
+    Invalid { name: &'static str, message: String },
+}
+
+/// Where [`CustomCallConfig::from_attrs`] reads attributes from (the FFI call frame; a
+/// map in tests). Each accessor returns `Ok(None)` for a missing attribute and an error
+/// message for one of another type.
+pub trait AttrSource {
+    fn i64(&self, name: &str) -> Result<Option<i64>, String>;
+    fn str(&self, name: &str) -> Result<Option<String>, String>;
+    fn i64_array(&self, name: &str) -> Result<Option<Vec<i64>>, String>;
+}
+
+fn need<T>(name: &'static str, v: Result<Option<T>, String>) -> Result<T, AttrError> {
+    v.map_err(|message| AttrError::Invalid { name, message })?.ok_or(AttrError::Missing(name))
+}
+
+fn nonneg(name: &'static str, v: i64) -> Result<usize, AttrError> {
+    usize::try_from(v).map_err(|_| AttrError::Invalid { name, message: format!("{v} is negative") })
+}
+
+impl CustomCallConfig {
+    /// The custom-call target.
+    pub fn target(&self) -> &'static str {
+        target_name(self.kind).unwrap_or("peerless.unknown")
+    }
+
+    /// The implementation it runs.
+    pub fn implementation(&self) -> Implementation {
+        Implementation::Kernel(self.algorithm)
+    }
+
+    /// The MLIR dictionary XLA reads a typed-FFI custom call's attributes from
+    /// (`backend_config={...}`), keys sorted as XLA sorts them.
+    pub fn backend_config(&self) -> String {
+        fn arr(v: impl IntoIterator<Item = usize>) -> String {
+            let items: Vec<String> = v.into_iter().map(|x| x.to_string()).collect();
+            if items.is_empty() { "array<i64>".to_owned() } else { format!("array<i64: {}>", items.join(", ")) }
+        }
+        let mut kv: Vec<(&str, String)> = vec![
+            ("algorithm", format!("\"{}\"", algorithm_name(self.algorithm))),
+            ("instance", format!("{} : i64", self.instance & (i64::MAX as u64))),
+            ("name", format!("\"{}\"", plain_name(&self.name))),
+            ("timeout_ms", format!("{} : i64", self.timeout_ms.min(i64::MAX as u64))),
+        ];
+        if self.kind == CollectiveKind::CollectivePermute {
+            kv.push(("pairs", arr(self.pairs.iter().flat_map(|&(s, t)| [s, t]))));
+        } else {
+            let size = self.groups.first().map_or(0, Vec::len);
+            kv.push(("group_size", format!("{size} : i64")));
+            kv.push(("groups", arr(self.groups.iter().flatten().copied())));
+        }
+        if let Some(r) = self.reduction {
+            kv.push(("reduction", format!("\"{}\"", r.name())));
+        }
+        if let Some(d) = self.dimension {
+            kv.push(("dimension", format!("{d} : i64")));
+        }
+        if let Some(l) = &self.layout {
+            kv.push(("layout", arr(l.iter().copied())));
+        }
+        kv.sort_by(|a, b| a.0.cmp(b.0));
+        let body: Vec<String> = kv.into_iter().map(|(k, v)| format!("{k} = {v}")).collect();
+        format!("{{{}}}", body.join(", "))
+    }
+
+    /// Rebuilds the config a handler of `kind` was called with.
+    pub fn from_attrs(kind: CollectiveKind, a: &dyn AttrSource) -> Result<Self, AttrError> {
+        let algo_name = need("algorithm", a.str("algorithm"))?;
+        let algorithm = algorithm_from_name(&algo_name).ok_or_else(|| AttrError::Invalid {
+            name: "algorithm",
+            message: format!("unknown algorithm '{algo_name}'"),
+        })?;
+        let instance = need("instance", a.i64("instance"))? as u64;
+        let timeout_ms = nonneg("timeout_ms", need("timeout_ms", a.i64("timeout_ms"))?)? as u64;
+        let name = a.str("name").map_err(|message| AttrError::Invalid { name: "name", message })?.unwrap_or_default();
+        let reduction = match a.str("reduction").map_err(|message| AttrError::Invalid { name: "reduction", message })? {
+            None => None,
+            Some(r) => Some(reduction_from_name(&r).ok_or_else(|| AttrError::Invalid {
+                name: "reduction",
+                message: format!("unknown reduction '{r}'"),
+            })?),
+        };
+        if matches!(kind, CollectiveKind::AllReduce | CollectiveKind::ReduceScatter) && reduction.is_none() {
+            return Err(AttrError::Missing("reduction"));
+        }
+        let dimension = match a.i64("dimension").map_err(|message| AttrError::Invalid { name: "dimension", message })? {
+            None => None,
+            Some(d) => Some(nonneg("dimension", d)?),
+        };
+        let layout = match a.i64_array("layout").map_err(|message| AttrError::Invalid { name: "layout", message })? {
+            None => None,
+            Some(l) => Some(l.into_iter().map(|d| nonneg("layout", d)).collect::<Result<Vec<_>, _>>()?),
+        };
+        let (mut groups, mut pairs) = (Vec::new(), Vec::new());
+        if kind == CollectiveKind::CollectivePermute {
+            let flat = need("pairs", a.i64_array("pairs"))?;
+            if flat.len() % 2 != 0 {
+                return Err(AttrError::Invalid { name: "pairs", message: format!("{} ids, not pairs", flat.len()) });
+            }
+            for p in flat.chunks(2) {
+                pairs.push((nonneg("pairs", p[0])?, nonneg("pairs", p[1])?));
+            }
+        } else {
+            let flat = need("groups", a.i64_array("groups"))?;
+            let size = nonneg("group_size", need("group_size", a.i64("group_size"))?)?;
+            if size == 0 || flat.len() % size != 0 {
+                return Err(AttrError::Invalid {
+                    name: "groups",
+                    message: format!("{} ids do not split into groups of {size}", flat.len()),
+                });
+            }
+            for g in flat.chunks(size) {
+                groups.push(g.iter().map(|&d| nonneg("groups", d)).collect::<Result<Vec<_>, _>>()?);
+            }
+        }
+        Ok(CustomCallConfig { kind, algorithm, groups, pairs, reduction, dimension, layout, instance, timeout_ms, name })
+    }
+
+    /// Physical dimensions and the physical index of `dimension` for buffers whose logical
+    /// dimensions are `dims`: with a `layout`, the buffer is a row-major array of the
+    /// dimensions in major-to-minor order.
+    pub fn physical(&self, dims: &[i64]) -> Result<(Vec<i64>, Option<usize>), String> {
+        let Some(l) = &self.layout else { return Ok((dims.to_vec(), self.dimension)) };
+        let mut sorted = l.clone();
+        sorted.sort_unstable();
+        if sorted != (0..dims.len()).collect::<Vec<_>>() {
+            return Err(format!("layout {l:?} is not a permutation of {} dimensions", dims.len()));
+        }
+        let major_to_minor: Vec<usize> = l.iter().rev().copied().collect();
+        let phys = major_to_minor.iter().map(|&d| dims[d]).collect();
+        let dim = self.dimension.map(|d| major_to_minor.iter().position(|&x| x == d).unwrap_or(d));
+        Ok((phys, dim))
+    }
+
+    /// The group that contains `device` (for permute: every device in a pair).
+    pub fn group_of(&self, device: usize) -> Option<&[usize]> {
+        self.groups.iter().find(|g| g.contains(&device)).map(Vec::as_slice)
+    }
+
+    /// The largest device id the call names, plus one.
+    pub fn device_span(&self) -> usize {
+        let g = self.groups.iter().flatten().copied();
+        let p = self.pairs.iter().flat_map(|&(s, t)| [s, t]);
+        g.chain(p).max().map_or(0, |m| m + 1)
+    }
+}
+
+impl fmt::Display for CustomCallConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}({}) {}", self.target(), self.name, self.backend_config())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+
+    /// Parses the dictionary `backend_config` writes, the way XLA hands it over.
+    struct Parsed(HashMap<String, String>);
+
+    impl Parsed {
+        fn new(s: &str) -> Self {
+            let inner = s.strip_prefix('{').and_then(|s| s.strip_suffix('}')).expect("braced");
+            let mut m = HashMap::new();
+            // Values never contain ", " followed by a key = ...; split on top-level commas.
+            let mut depth = 0;
+            let mut start = 0;
+            let bytes = inner.as_bytes();
+            for i in 0..=bytes.len() {
+                let c = bytes.get(i).copied();
+                match c {
+                    Some(b'<') => depth += 1,
+                    Some(b'>') => depth -= 1,
+                    Some(b',') if depth > 0 => {}
+                    Some(b',') | None => {
+                        let item = inner[start..i].trim();
+                        let (k, v) = item.split_once(" = ").expect("k = v");
+                        m.insert(k.to_owned(), v.to_owned());
+                        start = i + 1;
+                    }
+                    _ => {}
+                }
+            }
+            Parsed(m)
+        }
+    }
+
+    impl AttrSource for Parsed {
+        fn i64(&self, name: &str) -> Result<Option<i64>, String> {
+            self.0
+                .get(name)
+                .map(|v| v.strip_suffix(" : i64").ok_or("not an i64")?.parse().map_err(|_| "bad i64".to_owned()))
+                .transpose()
+                .map_err(str::to_owned)
+        }
+        fn str(&self, name: &str) -> Result<Option<String>, String> {
+            Ok(self.0.get(name).map(|v| v.trim_matches('"').to_owned()))
+        }
+        fn i64_array(&self, name: &str) -> Result<Option<Vec<i64>>, String> {
+            Ok(self.0.get(name).map(|v| {
+                let body = v.strip_prefix("array<i64").unwrap().trim_end_matches('>');
+                body.strip_prefix(": ").map_or(vec![], |b| b.split(", ").map(|x| x.parse().unwrap()).collect())
+            }))
+        }
+    }
+
+    #[test]
+    fn round_trips_through_backend_config() {
+        let c = CustomCallConfig {
+            kind: CollectiveKind::AllReduce,
+            algorithm: KernelAlgorithm::OneShotAllReduce,
+            groups: vec![vec![3, 2], vec![1, 0]],
+            pairs: vec![],
+            reduction: Some(ReductionKind::Max),
+            dimension: None,
+            layout: None,
+            instance: 77,
+            timeout_ms: 10_000,
+            name: "all-reduce.2".into(),
+        };
+        let s = c.backend_config();
+        assert_eq!(
+            s,
+            "{algorithm = \"one_shot\", group_size = 2 : i64, groups = array<i64: 3, 2, 1, 0>, instance = 77 : i64, \
+             name = \"all-reduce.2\", reduction = \"max\", timeout_ms = 10000 : i64}"
+        );
+        assert_eq!(CustomCallConfig::from_attrs(CollectiveKind::AllReduce, &Parsed::new(&s)).unwrap(), c);
+        assert_eq!(c.group_of(1), Some(&[1usize, 0][..]));
+        assert_eq!(c.device_span(), 4);
+
+        let p = CustomCallConfig {
+            kind: CollectiveKind::CollectivePermute,
+            algorithm: KernelAlgorithm::DirectPermute,
+            groups: vec![],
+            pairs: vec![(0, 1), (1, 0)],
+            reduction: None,
+            dimension: Some(0),
+            layout: Some(vec![0, 1]),
+            instance: 5,
+            timeout_ms: 1,
+            name: "cp".into(),
+        };
+        let back = CustomCallConfig::from_attrs(CollectiveKind::CollectivePermute, &Parsed::new(&p.backend_config()));
+        assert_eq!(back.unwrap(), p);
+    }
+
+    #[test]
+    fn bad_attributes_name_themselves() {
+        let ok = "{algorithm = \"one_shot\", group_size = 2 : i64, groups = array<i64: 0, 1>, instance = 1 : i64, \
+                  reduction = \"sum\", timeout_ms = 5 : i64}";
+        let kind = CollectiveKind::AllReduce;
+        assert!(CustomCallConfig::from_attrs(kind, &Parsed::new(ok)).is_ok());
+        let e = CustomCallConfig::from_attrs(kind, &Parsed::new(&ok.replace("one_shot", "zig"))).unwrap_err();
+        assert_eq!(e.to_string(), "attribute 'algorithm': unknown algorithm 'zig'");
+        let e = CustomCallConfig::from_attrs(kind, &Parsed::new(&ok.replace("group_size = 2", "group_size = 3")));
+        assert!(e.unwrap_err().to_string().contains("do not split into groups of 3"));
+        let no_red = ok.replace(", reduction = \"sum\"", "");
+        assert_eq!(CustomCallConfig::from_attrs(kind, &Parsed::new(&no_red)).unwrap_err(), AttrError::Missing("reduction"));
+        assert_eq!(target_kind("peerless.all_gather"), Some(CollectiveKind::AllGather));
+        assert_eq!(target_name(CollectiveKind::RaggedAllToAll), None);
+    }
+}

@@ -7,6 +7,7 @@ pub mod codegen;
 pub mod cuda;
 pub mod exec;
 pub mod host;
+pub mod xla_host;
 #[cfg(feature = "rocm")]
 pub mod rocm;
 

@@ -1,0 +1,266 @@
+//! The host backend behind XLA's CPU FFI handlers: each Peerless custom call runs the host
+//! backend's protocols (one-/two-shot all-reduce, direct all-gather / all-to-all /
+//! reduce-scatter / permute, device-side epochs, watchdog) between XLA's CPU devices.
+//!
+//! XLA CPU runs every device's program on its own thread and hands the handler that
+//! device's buffers. Each rewritten collective (its `instance` id) owns one
+//! [`HostCluster`] spanning the devices it names, created on first use: the protocols
+//! require staging and signal regions that belong to one collective for the cluster's
+//! lifetime, and one cluster per instance gives exactly that. A call copies the device's
+//! operands into its arena, runs the protocol and copies the results out.
+//!
+//! Invariant: every device of a group makes the same calls of an instance in the same
+//! order (XLA runs one SPMD program per device); a device that never arrives makes its
+//! peers fail with a timeout error naming the collective, the group and the missing ranks.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use hlo::{ArrayShape, PrimitiveType};
+use thunks::custom_call::CustomCallConfig;
+use thunks::{CollectiveConfig, CollectiveKind, CollectiveOp, Region};
+
+use crate::host::{CollectiveCall, CollectiveError, HostCluster, HostError, scratch_bytes, signal_bytes};
+
+/// One device's side of a call: its operands and result buffers, in XLA's order.
+#[derive(Debug)]
+pub struct HostCall<'a> {
+    pub config: &'a CustomCallConfig,
+    /// The calling device's id.
+    pub device: usize,
+    /// Operand bytes with their logical shapes.
+    pub inputs: Vec<(&'a [u8], ArrayShape)>,
+    /// Result buffers with their logical shapes.
+    pub outputs: Vec<(&'a mut [u8], ArrayShape)>,
+}
+
+/// Errors of a host custom call. Each names the collective.
+#[derive(Debug, thiserror::Error)]
+pub enum HostCallError {
+    #[error("{name}: {message}")]
+    Invalid { name: String, message: String },
+    #[error(transparent)]
+    Collective(#[from] CollectiveError),
+    #[error("{name}: {source}")]
+    Memory { name: String, source: HostError },
+}
+
+/// A collective's cluster and the regions of its arena.
+#[derive(Debug)]
+struct Instance {
+    /// Shapes the instance was built for: every later call must match.
+    shapes: (Vec<ArrayShape>, Vec<ArrayShape>),
+    cluster: Arc<HostCluster>,
+    config: CollectiveConfig,
+    physical: Vec<ArrayShape>,
+    inputs: Vec<Region>,
+    outputs: Vec<Region>,
+    scratch: Region,
+    signals: Region,
+}
+
+fn instances() -> &'static Mutex<HashMap<u64, Arc<Instance>>> {
+    static MAP: std::sync::OnceLock<Mutex<HashMap<u64, Arc<Instance>>>> = std::sync::OnceLock::new();
+    MAP.get_or_init(Default::default)
+}
+
+/// Number of collective instances alive (tests and diagnostics).
+pub fn live_instances() -> usize {
+    instances().lock().unwrap_or_else(PoisonError::into_inner).len()
+}
+
+fn align64(n: usize) -> usize {
+    n.div_ceil(64).saturating_mul(64)
+}
+
+fn invalid(cfg: &CustomCallConfig, message: impl Into<String>) -> HostCallError {
+    HostCallError::Invalid { name: cfg.name.clone(), message: message.into() }
+}
+
+impl Instance {
+    fn build(call: &HostCall) -> Result<Instance, HostCallError> {
+        let cfg = call.config;
+        let in_shapes: Vec<ArrayShape> = call.inputs.iter().map(|(_, s)| s.clone()).collect();
+        let out_shapes: Vec<ArrayShape> = call.outputs.iter().map(|(_, s)| s.clone()).collect();
+        let Some(first) = in_shapes.first() else { return Err(invalid(cfg, "a collective needs an operand")) };
+        // The protocols see row-major arrays in the buffers' physical order.
+        let mut physical = Vec::with_capacity(in_shapes.len());
+        let mut dimension = cfg.dimension;
+        for s in &in_shapes {
+            let (dims, d) = cfg.physical(&s.dims).map_err(|m| invalid(cfg, m))?;
+            dimension = d;
+            physical.push(ArrayShape::new(s.ty, dims));
+        }
+        let n = cfg.device_span().max(call.device + 1);
+        let groups = if cfg.kind == CollectiveKind::CollectivePermute { vec![(0..n).collect()] } else { cfg.groups.clone() };
+        let config = CollectiveConfig {
+            op: CollectiveOp { kind: cfg.kind, is_async: false },
+            groups,
+            element_type: first.ty,
+            reduction: cfg.reduction,
+            bytes_per_device: in_shapes.iter().map(ArrayShape::byte_size).sum(),
+            dimension,
+            source_target_pairs: cfg.pairs.clone(),
+            num_operands: in_shapes.len(),
+        };
+        let implementation = cfg.implementation();
+        let mut at = 0usize;
+        let mut region = |len: usize| {
+            let r = Region::new(at, len);
+            at = at.saturating_add(align64(len));
+            r
+        };
+        let inputs: Vec<Region> = in_shapes.iter().map(|s| region(s.byte_size())).collect();
+        let outputs: Vec<Region> = out_shapes.iter().map(|s| region(s.byte_size())).collect();
+        let scratch = region(scratch_bytes(&config, implementation));
+        let signals = region(signal_bytes(&config, implementation));
+        let peers = Arc::new(vec![vec![true; n]; n]);
+        let cluster = HostCluster::new(n, at.max(64), peers)
+            .map_err(|source| HostCallError::Memory { name: cfg.name.clone(), source })?;
+        Ok(Instance { shapes: (in_shapes, out_shapes), cluster, config, physical, inputs, outputs, scratch, signals })
+    }
+}
+
+/// Runs one device's side of a Peerless custom call on the host backend.
+pub fn run(call: HostCall) -> Result<(), HostCallError> {
+    let cfg = call.config;
+    for (bytes, shape) in &call.inputs {
+        if bytes.len() != shape.byte_size() {
+            return Err(invalid(cfg, format!("operand of {} bytes for shape {shape}", bytes.len())));
+        }
+    }
+    for (bytes, shape) in &call.outputs {
+        if bytes.len() != shape.byte_size() {
+            return Err(invalid(cfg, format!("result of {} bytes for shape {shape}", bytes.len())));
+        }
+    }
+    if call.inputs.len() != call.outputs.len() {
+        return Err(invalid(cfg, format!("{} operands but {} results", call.inputs.len(), call.outputs.len())));
+    }
+    if let Some((_, s)) = call.inputs.iter().find(|(_, s)| s.ty.byte_size() == 0 || s.ty == PrimitiveType::Token) {
+        return Err(invalid(cfg, format!("element type {} cannot move", s.ty)));
+    }
+    let instance = {
+        let mut map = instances().lock().unwrap_or_else(PoisonError::into_inner);
+        match map.get(&cfg.instance) {
+            Some(i) => Arc::clone(i),
+            None => {
+                let i = Arc::new(Instance::build(&call)?);
+                map.insert(cfg.instance, Arc::clone(&i));
+                i
+            }
+        }
+    };
+    let shapes_in: Vec<&ArrayShape> = call.inputs.iter().map(|(_, s)| s).collect();
+    let shapes_out: Vec<&ArrayShape> = call.outputs.iter().map(|(_, s)| s).collect();
+    if shapes_in != instance.shapes.0.iter().collect::<Vec<_>>() || shapes_out != instance.shapes.1.iter().collect::<Vec<_>>()
+    {
+        return Err(invalid(cfg, "called with other shapes than the first call of this collective"));
+    }
+    let memory = |source| HostCallError::Memory { name: cfg.name.clone(), source };
+    let dev = instance.cluster.device(call.device);
+    for ((bytes, _), r) in call.inputs.iter().zip(&instance.inputs) {
+        dev.write(r.offset, bytes).map_err(memory)?;
+    }
+    let c = CollectiveCall {
+        config: &instance.config,
+        implementation: cfg.implementation(),
+        inputs: instance.inputs.clone(),
+        outputs: instance.outputs.clone(),
+        operand_shapes: instance.physical.clone(),
+        scratch: instance.scratch,
+        signals: instance.signals,
+        timeout: Duration::from_millis(cfg.timeout_ms),
+        name: &cfg.name,
+    };
+    dev.run_collective(&c)?;
+    for ((bytes, _), r) in call.outputs.into_iter().zip(&instance.outputs) {
+        bytes.copy_from_slice(&dev.read(r.offset, r.len).map_err(memory)?);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::thread;
+
+    use hlo::analysis::ReductionKind;
+    use thunks::KernelAlgorithm;
+
+    use super::*;
+
+    fn cfg(kind: CollectiveKind, algorithm: KernelAlgorithm, instance: u64) -> CustomCallConfig {
+        CustomCallConfig {
+            kind,
+            algorithm,
+            groups: vec![vec![0, 1, 2, 3]],
+            pairs: vec![],
+            reduction: Some(ReductionKind::Sum),
+            dimension: Some(0),
+            layout: None,
+            instance,
+            timeout_ms: 5_000,
+            name: "c".into(),
+        }
+    }
+
+    fn f32s(v: &[f32]) -> Vec<u8> {
+        v.iter().flat_map(|x| x.to_le_bytes()).collect()
+    }
+
+    #[test]
+    fn all_reduce_and_all_gather_across_threads() {
+        let ar = cfg(CollectiveKind::AllReduce, KernelAlgorithm::OneShotAllReduce, 0xA11);
+        let ag = cfg(CollectiveKind::AllGather, KernelAlgorithm::DirectAllGather, 0xA12);
+        let outs: Vec<(Vec<u8>, Vec<u8>)> = thread::scope(|s| {
+            let hs: Vec<_> = (0..4)
+                .map(|d| {
+                    let (ar, ag) = (&ar, &ag);
+                    s.spawn(move || {
+                        let x = f32s(&[d as f32, 1.0]);
+                        let mut r = vec![0u8; 8];
+                        let mut g = vec![0u8; 32];
+                        for _ in 0..3 {
+                            let shape = ArrayShape::new(PrimitiveType::F32, vec![2]);
+                            run(HostCall {
+                                config: ar,
+                                device: d,
+                                inputs: vec![(&x, shape.clone())],
+                                outputs: vec![(&mut r, shape.clone())],
+                            })
+                            .unwrap();
+                            run(HostCall {
+                                config: ag,
+                                device: d,
+                                inputs: vec![(&x, shape)],
+                                outputs: vec![(&mut g, ArrayShape::new(PrimitiveType::F32, vec![8]))],
+                            })
+                            .unwrap();
+                        }
+                        (r, g)
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for (r, g) in outs {
+            assert_eq!(r, f32s(&[6.0, 4.0]));
+            assert_eq!(g, f32s(&[0.0, 1.0, 1.0, 1.0, 2.0, 1.0, 3.0, 1.0]));
+        }
+    }
+
+    #[test]
+    fn a_missing_rank_is_a_timeout_naming_it() {
+        let mut c = cfg(CollectiveKind::AllReduce, KernelAlgorithm::OneShotAllReduce, 0xA13);
+        c.groups = vec![vec![0, 1]];
+        c.timeout_ms = 50;
+        let x = f32s(&[1.0]);
+        let mut r = vec![0u8; 4];
+        let shape = ArrayShape::new(PrimitiveType::F32, vec![1]);
+        let e = run(HostCall { config: &c, device: 0, inputs: vec![(&x, shape.clone())], outputs: vec![(&mut r, shape)] })
+            .unwrap_err();
+        let msg = e.to_string();
+        assert!(msg.contains("timed out") && msg.contains("[1]") && msg.contains("{0,1}"), "{msg}");
+    }
+}

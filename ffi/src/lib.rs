@@ -22,6 +22,7 @@ pub mod nccl;
 pub mod nvrtc;
 #[cfg(feature = "rocm")]
 pub mod rccl;
+pub mod xla_ffi;
 
 pub use cudarc::driver::sys as cu_sys;
 

@@ -1,3 +1,1259 @@
-//! XLA's typed FFI ("custom call" handlers): [`sys`], the C ABI (API version 0.4).
+//! XLA's typed FFI ("custom call" handlers), as a handler author sees it.
+//!
+//! XLA calls a handler as `XLA_FFI_Error* handler(XLA_FFI_CallFrame*)`, null meaning success.
+//! Two layers, as elsewhere in this crate:
+//! - [`sys`]: the C ABI (API version 0.4, jaxlib 0.11.2), written by hand and checked against
+//!   jaxlib's header by `tests/xla_ffi_layout.rs`;
+//! - this module: [`CallFrame`] (arguments, results and attributes by name, with typed
+//!   errors), the registration-time metadata probe, the API calls a handler makes (stream,
+//!   device ordinal, run id, state), and [`guard`], which turns a [`HandlerError`] or a panic
+//!   into an XLA error with the right code.
+//!
+//! A handler is a few lines:
+//!
+//! ```
+//! use ffi::xla_ffi::{CallFrame, HandlerError, XLA_FFI_CallFrame, XLA_FFI_Error, guard};
+//!
+//! fn scale(f: &CallFrame<'_>) -> Result<(), HandlerError> {
+//!     let (x, y) = (f.arg(0)?, f.ret(0)?);
+//!     let factor = f.attr_f64("factor")?;
+//!     # let _ = (x.byte_len()?, y.data, factor);
+//!     // ... launch work on f.stream()? reading x.data, writing y.data ...
+//!     Ok(())
+//! }
+//!
+//! /// Registered with XLA (e.g. `jax.ffi.register_ffi_target(.., pycapsule(..))`).
+//! pub unsafe extern "C" fn peerless_scale(frame: *mut XLA_FFI_CallFrame) -> *mut XLA_FFI_Error {
+//!     // SAFETY: XLA calls a handler with a call frame valid for the duration of the call.
+//!     unsafe { guard(frame, scale) }
+//! }
+//! ```
+//!
+//! or, with the macro, `ffi::xla_ffi_handler! { pub fn peerless_scale(f) { scale(f) } }`.
+//!
+//! Facts about XLA's side this layer relies on (jaxlib 0.11.2, checked on XLA:CPU):
+//! - Sub-byte element types (s1/s2/s4, u1/u2/u4, f4e2m1fn) arrive packed, low bits first:
+//!   8 s4 elements occupy 4 bytes, 8 s2 elements 2. [`BufferRef::byte_len`] counts that way
+//!   (XLA's own C++ `size_bytes()` assumes one byte per element, which over-counts them).
+//! - Attributes arrive sorted by name; Python ints as s64 scalars, floats as f64, bools as
+//!   pred, strings as strings, NumPy arrays as arrays of their dtype.
+//! - XLA_FFI_Error_Create copies the message (XLA keeps it in an `absl::Status`).
+//! - `XLA_FFI_Stream_Get` on CPU fails with UNIMPLEMENTED ("XLA FFI GPU context is not
+//!   available"); `XLA_FFI_DeviceOrdinal_Get` returns the device's id.
+//! - Registration probes the execute handler once with a metadata extension (a null `ctx`)
+//!   and accepts the reported API version only within XLA's range (jaxlib 0.11.2: 0.1 to
+//!   0.4; a handler reporting 0.5 is refused); [`guard`] answers the probe with 0.4.
 
 pub mod sys;
+#[cfg(test)]
+mod tests;
+
+use std::ffi::{CStr, CString, c_void};
+use std::fmt;
+use std::marker::PhantomData;
+use std::mem::{offset_of, size_of};
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::ptr;
+
+pub use sys::{XLA_FFI_CallFrame, XLA_FFI_Error, XLA_FFI_Handler, XLA_FFI_TypeId as TypeId};
+
+/// The (major, minor) API version handlers built on [`sys`] report: XLA accepts a handler
+/// whose version lies in its supported range (jaxlib 0.11.2: 0.1 to 0.4).
+pub const API_VERSION: (i32, i32) = (sys::XLA_FFI_API_MAJOR, sys::XLA_FFI_API_MINOR);
+
+/// Handler traits, a bit set (reported in the metadata probe).
+pub type Traits = sys::XLA_FFI_Handler_Traits;
+/// The handler may be captured into a command buffer (CUDA graph).
+pub const COMMAND_BUFFER_COMPATIBLE: Traits = sys::XLA_FFI_HANDLER_TRAITS_COMMAND_BUFFER_COMPATIBLE;
+
+// ---------------------------------------------------------------------------------------------
+// Data types
+
+macro_rules! data_types {
+    ($($v:ident = $raw:ident, $name:literal, $bits:expr;)*) => {
+        /// An element type. `Unknown` keeps a value this table does not know (a newer XLA's).
+        #[allow(clippy::upper_case_acronyms)]
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum DataType {
+            $($v,)*
+            Unknown(i32),
+        }
+
+        impl DataType {
+            pub fn from_raw(t: sys::XLA_FFI_DataType) -> DataType {
+                match t {
+                    $(sys::XLA_FFI_DataType::$raw => DataType::$v,)*
+                    sys::XLA_FFI_DataType(n) => DataType::Unknown(n),
+                }
+            }
+
+            pub fn to_raw(self) -> sys::XLA_FFI_DataType {
+                match self {
+                    $(DataType::$v => sys::XLA_FFI_DataType::$raw,)*
+                    DataType::Unknown(n) => sys::XLA_FFI_DataType(n),
+                }
+            }
+
+            /// XLA's spelling (`"f32"`, `"bf16"`, `"f8e4m3fn"`, ...); `"unknown"` for
+            /// [`DataType::Unknown`].
+            pub fn name(self) -> &'static str {
+                match self {
+                    $(DataType::$v => $name,)*
+                    DataType::Unknown(_) => "unknown",
+                }
+            }
+
+            /// Bits per element: 0 for token, `None` for invalid and unknown types.
+            pub fn bit_width(self) -> Option<usize> {
+                match self {
+                    $(DataType::$v => $bits,)*
+                    DataType::Unknown(_) => None,
+                }
+            }
+        }
+    };
+}
+
+data_types! {
+    Invalid = INVALID, "invalid", None;
+    Pred = PRED, "pred", Some(8);
+    S1 = S1, "s1", Some(1);
+    S2 = S2, "s2", Some(2);
+    S4 = S4, "s4", Some(4);
+    S8 = S8, "s8", Some(8);
+    S16 = S16, "s16", Some(16);
+    S32 = S32, "s32", Some(32);
+    S64 = S64, "s64", Some(64);
+    U1 = U1, "u1", Some(1);
+    U2 = U2, "u2", Some(2);
+    U4 = U4, "u4", Some(4);
+    U8 = U8, "u8", Some(8);
+    U16 = U16, "u16", Some(16);
+    U32 = U32, "u32", Some(32);
+    U64 = U64, "u64", Some(64);
+    F16 = F16, "f16", Some(16);
+    F32 = F32, "f32", Some(32);
+    F64 = F64, "f64", Some(64);
+    BF16 = BF16, "bf16", Some(16);
+    C64 = C64, "c64", Some(64);
+    C128 = C128, "c128", Some(128);
+    Token = TOKEN, "token", Some(0);
+    F8E5M2 = F8E5M2, "f8e5m2", Some(8);
+    F8E3M4 = F8E3M4, "f8e3m4", Some(8);
+    F8E4M3 = F8E4M3, "f8e4m3", Some(8);
+    F8E4M3FN = F8E4M3FN, "f8e4m3fn", Some(8);
+    F8E4M3B11FNUZ = F8E4M3B11FNUZ, "f8e4m3b11fnuz", Some(8);
+    F8E5M2FNUZ = F8E5M2FNUZ, "f8e5m2fnuz", Some(8);
+    F8E4M3FNUZ = F8E4M3FNUZ, "f8e4m3fnuz", Some(8);
+    F4E2M1FN = F4E2M1FN, "f4e2m1fn", Some(4);
+    F8E8M0FNU = F8E8M0FNU, "f8e8m0fnu", Some(8);
+}
+
+impl DataType {
+    /// Bytes per element: `None` for sub-byte types (packed, see [`DataType::byte_len`]),
+    /// invalid and unknown types; `Some(0)` for token.
+    pub fn byte_width(self) -> Option<usize> {
+        self.bit_width().filter(|b| b % 8 == 0).map(|b| b / 8)
+    }
+
+    /// Bytes `elements` elements occupy, sub-byte types packed (`ceil(elements * bits / 8)`);
+    /// `None` for invalid and unknown types or on overflow.
+    pub fn byte_len(self, elements: usize) -> Option<usize> {
+        let bits = self.bit_width()?;
+        Some(elements.checked_mul(bits)?.div_ceil(8))
+    }
+}
+
+impl fmt::Display for DataType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DataType::Unknown(n) => write!(f, "unknown data type {n}"),
+            t => f.write_str(t.name()),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Error codes, stages
+
+macro_rules! error_codes {
+    ($($v:ident = $raw:ident;)*) => {
+        /// XLA's status codes (absl's canonical codes).
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum ErrorCode {
+            $($v,)*
+        }
+
+        impl ErrorCode {
+            /// A value outside the table becomes [`ErrorCode::Unknown`].
+            pub fn from_raw(c: sys::XLA_FFI_Error_Code) -> ErrorCode {
+                match c {
+                    $(sys::XLA_FFI_Error_Code::$raw => ErrorCode::$v,)*
+                    _ => ErrorCode::Unknown,
+                }
+            }
+
+            pub fn to_raw(self) -> sys::XLA_FFI_Error_Code {
+                match self {
+                    $(ErrorCode::$v => sys::XLA_FFI_Error_Code::$raw,)*
+                }
+            }
+
+            /// The code's name, as absl spells it (`INVALID_ARGUMENT`).
+            pub fn name(self) -> &'static str {
+                match self {
+                    $(ErrorCode::$v => stringify!($raw),)*
+                }
+            }
+        }
+    };
+}
+
+error_codes! {
+    Ok = OK;
+    Cancelled = CANCELLED;
+    Unknown = UNKNOWN;
+    InvalidArgument = INVALID_ARGUMENT;
+    DeadlineExceeded = DEADLINE_EXCEEDED;
+    NotFound = NOT_FOUND;
+    AlreadyExists = ALREADY_EXISTS;
+    PermissionDenied = PERMISSION_DENIED;
+    ResourceExhausted = RESOURCE_EXHAUSTED;
+    FailedPrecondition = FAILED_PRECONDITION;
+    Aborted = ABORTED;
+    OutOfRange = OUT_OF_RANGE;
+    Unimplemented = UNIMPLEMENTED;
+    Internal = INTERNAL;
+    Unavailable = UNAVAILABLE;
+    DataLoss = DATA_LOSS;
+    Unauthenticated = UNAUTHENTICATED;
+}
+
+impl fmt::Display for ErrorCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The stage a handler is called for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ExecutionStage {
+    Instantiate,
+    Prepare,
+    Initialize,
+    Execute,
+    Record,
+    Unknown(i32),
+}
+
+impl ExecutionStage {
+    pub fn from_raw(s: sys::XLA_FFI_ExecutionStage) -> ExecutionStage {
+        use sys::XLA_FFI_ExecutionStage as S;
+        match s {
+            S::INSTANTIATE => ExecutionStage::Instantiate,
+            S::PREPARE => ExecutionStage::Prepare,
+            S::INITIALIZE => ExecutionStage::Initialize,
+            S::EXECUTE => ExecutionStage::Execute,
+            S::RECORD => ExecutionStage::Record,
+            S(n) => ExecutionStage::Unknown(n),
+        }
+    }
+
+    pub fn to_raw(self) -> sys::XLA_FFI_ExecutionStage {
+        use sys::XLA_FFI_ExecutionStage as S;
+        match self {
+            ExecutionStage::Instantiate => S::INSTANTIATE,
+            ExecutionStage::Prepare => S::PREPARE,
+            ExecutionStage::Initialize => S::INITIALIZE,
+            ExecutionStage::Execute => S::EXECUTE,
+            ExecutionStage::Record => S::RECORD,
+            ExecutionStage::Unknown(n) => S(n),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Errors
+
+/// Every failure a handler can report; [`guard`] hands it to XLA with [`HandlerError::code`].
+#[derive(Debug, thiserror::Error, Clone, PartialEq)]
+pub enum HandlerError {
+    /// No attribute of this name (`available`: the names the call has).
+    #[error("attribute `{name}` not found (attributes: {})", names_or_none(available))]
+    MissingAttr { name: String, available: Vec<String> },
+    /// The attribute exists with another type or a value out of the asked type's range.
+    #[error("attribute `{name}`: expected {expected}, found {found}")]
+    AttrType { name: String, expected: &'static str, found: String },
+    /// An argument or result index past the end (`what`: "argument" or "result").
+    #[error("{what} {index} out of range: the call has {count}")]
+    OutOfRange { what: &'static str, index: usize, count: usize },
+    /// The call frame breaks the ABI's rules (a null pointer, a short struct, a negative
+    /// count or dimension, a non-buffer operand).
+    #[error("malformed XLA FFI call frame: {0}")]
+    Frame(String),
+    /// An XLA API call failed (or XLA's API table lacks the entry: `Unimplemented`).
+    #[error("{call} failed ({code}): {message}")]
+    Api { call: &'static str, code: ErrorCode, message: String },
+    /// Raised by the handler itself.
+    #[error("{message}")]
+    Handler { code: ErrorCode, message: String },
+    /// The handler panicked; the payload's message.
+    #[error("handler panicked: {0}")]
+    Panic(String),
+}
+
+fn names_or_none(names: &[String]) -> String {
+    if names.is_empty() { "none".into() } else { names.join(", ") }
+}
+
+impl HandlerError {
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> HandlerError {
+        HandlerError::Handler { code, message: message.into() }
+    }
+
+    pub fn invalid_argument(message: impl Into<String>) -> HandlerError {
+        HandlerError::new(ErrorCode::InvalidArgument, message)
+    }
+
+    pub fn internal(message: impl Into<String>) -> HandlerError {
+        HandlerError::new(ErrorCode::Internal, message)
+    }
+
+    /// The code XLA sees.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            HandlerError::MissingAttr { .. } | HandlerError::AttrType { .. } | HandlerError::OutOfRange { .. } => {
+                ErrorCode::InvalidArgument
+            }
+            HandlerError::Frame(_) => ErrorCode::InvalidArgument,
+            HandlerError::Api { code, .. } | HandlerError::Handler { code, .. } => *code,
+            HandlerError::Panic(_) => ErrorCode::Internal,
+        }
+    }
+}
+
+/// A device-layer failure inside a handler is XLA's `INTERNAL`.
+impl From<crate::Error> for HandlerError {
+    fn from(e: crate::Error) -> HandlerError {
+        HandlerError::internal(e.to_string())
+    }
+}
+
+pub type Result<T, E = HandlerError> = std::result::Result<T, E>;
+
+fn frame_err<T>(what: impl Into<String>) -> Result<T> {
+    Err(HandlerError::Frame(what.into()))
+}
+
+// ---------------------------------------------------------------------------------------------
+// The API table
+
+/// The entry `$slot` of `$api` (a `&XLA_FFI_Api`), if the table is long enough to hold it and
+/// it is set; otherwise an `Unimplemented` [`HandlerError::Api`].
+macro_rules! slot {
+    ($api:expr, $slot:ident) => {{
+        let api: &sys::XLA_FFI_Api = $api;
+        let end = offset_of!(sys::XLA_FFI_Api, $slot) + size_of::<usize>();
+        match api.$slot {
+            Some(f) if api.struct_size >= end => Ok(f),
+            _ => Err(HandlerError::Api {
+                call: stringify!($slot),
+                code: ErrorCode::Unimplemented,
+                message: format!("XLA's FFI API table (size {}) has no such entry", api.struct_size),
+            }),
+        }
+    }};
+}
+
+/// Creates an XLA error through `api` (null if the table has no `XLA_FFI_Error_Create`).
+/// `OK` becomes `UNKNOWN`: XLA would read an OK error as success. NUL bytes in the message
+/// are written `\0`; XLA copies the message, so it lives only for the call.
+fn make_error(api: &sys::XLA_FFI_Api, code: ErrorCode, message: &str) -> *mut XLA_FFI_Error {
+    let Ok(create) = slot!(api, XLA_FFI_Error_Create) else {
+        return ptr::null_mut();
+    };
+    let code = if code == ErrorCode::Ok { ErrorCode::Unknown } else { code };
+    let msg = CString::new(message.replace('\0', "\\0")).unwrap_or_default();
+    let mut args = sys::XLA_FFI_Error_Create_Args {
+        struct_size: sys::XLA_FFI_Error_Create_Args_STRUCT_SIZE,
+        extension_start: ptr::null_mut(),
+        message: msg.as_ptr(),
+        errc: code.to_raw(),
+    };
+    // SAFETY: `create` is the table's Error_Create; `args` is fully initialised and `msg`
+    // outlives the call (XLA copies the message).
+    unsafe { create(&mut args) }
+}
+
+/// Turns an error an API call returned into a [`HandlerError::Api`] and destroys it (its
+/// owner is the caller of the API).
+fn take_error(api: &sys::XLA_FFI_Api, call: &'static str, err: *mut XLA_FFI_Error) -> HandlerError {
+    let mut code = ErrorCode::Unknown;
+    let mut message = String::from("(XLA's API table has no XLA_FFI_Error_GetDetails)");
+    if let Ok(details) = slot!(api, XLA_FFI_Error_GetDetails) {
+        let mut args = sys::XLA_FFI_Error_GetDetails_Args {
+            struct_size: sys::XLA_FFI_Error_GetDetails_Args_STRUCT_SIZE,
+            extension_start: ptr::null_mut(),
+            error: err,
+            message: ptr::null(),
+            errc: sys::XLA_FFI_Error_Code::UNKNOWN,
+        };
+        // SAFETY: `err` is a live error the API just returned; `args` is initialised.
+        unsafe { details(&mut args) };
+        code = ErrorCode::from_raw(args.errc);
+        message = if args.message.is_null() {
+            String::new()
+        } else {
+            // SAFETY: GetDetails returns a NUL-terminated message valid while `err` lives;
+            // it is copied here, before `err` is destroyed below.
+            unsafe { CStr::from_ptr(args.message) }.to_string_lossy().into_owned()
+        };
+    }
+    if let Ok(destroy) = slot!(api, XLA_FFI_Error_Destroy) {
+        let mut args = sys::XLA_FFI_Error_Destroy_Args {
+            struct_size: sys::XLA_FFI_Error_Destroy_Args_STRUCT_SIZE,
+            extension_start: ptr::null_mut(),
+            error: err,
+        };
+        // SAFETY: `err` is live and owned by us; it is not used after this call.
+        unsafe { destroy(&mut args) };
+    }
+    HandlerError::Api { call, code, message }
+}
+
+fn check(api: &sys::XLA_FFI_Api, call: &'static str, err: *mut XLA_FFI_Error) -> Result<()> {
+    if err.is_null() { Ok(()) } else { Err(take_error(api, call, err)) }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Buffers and attributes
+
+/// An argument or result buffer: `dims.iter().product()` elements of `dtype`, row-major, at
+/// `data` (device memory on GPU platforms).
+#[derive(Debug, Clone, Copy)]
+pub struct BufferRef<'a> {
+    pub dtype: DataType,
+    pub dims: &'a [i64],
+    pub data: *mut c_void,
+}
+
+impl BufferRef<'_> {
+    pub fn rank(&self) -> usize {
+        self.dims.len()
+    }
+
+    /// The number of elements (1 for a scalar).
+    pub fn element_count(&self) -> Result<usize> {
+        self.dims.iter().try_fold(1usize, |n, &d| {
+            let d = usize::try_from(d)
+                .map_err(|_| HandlerError::Frame(format!("negative dimension in {:?}", self.dims)))?;
+            n.checked_mul(d).ok_or_else(|| HandlerError::Frame(format!("element count of {:?} overflows", self.dims)))
+        })
+    }
+
+    /// The buffer's size in bytes; sub-byte types packed as XLA stores them (8 s4 elements
+    /// in 4 bytes). An error for invalid or unknown element types.
+    pub fn byte_len(&self) -> Result<usize> {
+        let n = self.element_count()?;
+        self.dtype
+            .byte_len(n)
+            .ok_or_else(|| HandlerError::invalid_argument(format!("no byte size for a {} buffer", self.dtype)))
+    }
+}
+
+/// A scalar attribute's value. `Other`: a type this layer does not decode (f16, c64, ...).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Scalar {
+    Pred(bool),
+    S8(i8),
+    S16(i16),
+    S32(i32),
+    S64(i64),
+    U8(u8),
+    U16(u16),
+    U32(u32),
+    U64(u64),
+    F32(f32),
+    F64(f64),
+    Other(DataType),
+}
+
+impl Scalar {
+    pub fn dtype(&self) -> DataType {
+        match self {
+            Scalar::Pred(_) => DataType::Pred,
+            Scalar::S8(_) => DataType::S8,
+            Scalar::S16(_) => DataType::S16,
+            Scalar::S32(_) => DataType::S32,
+            Scalar::S64(_) => DataType::S64,
+            Scalar::U8(_) => DataType::U8,
+            Scalar::U16(_) => DataType::U16,
+            Scalar::U32(_) => DataType::U32,
+            Scalar::U64(_) => DataType::U64,
+            Scalar::F32(_) => DataType::F32,
+            Scalar::F64(_) => DataType::F64,
+            Scalar::Other(t) => *t,
+        }
+    }
+
+    /// An integer scalar whose value fits `i64`.
+    pub fn as_i64(&self) -> Option<i64> {
+        match *self {
+            Scalar::S8(v) => Some(v.into()),
+            Scalar::S16(v) => Some(v.into()),
+            Scalar::S32(v) => Some(v.into()),
+            Scalar::S64(v) => Some(v),
+            Scalar::U8(v) => Some(v.into()),
+            Scalar::U16(v) => Some(v.into()),
+            Scalar::U32(v) => Some(v.into()),
+            Scalar::U64(v) => i64::try_from(v).ok(),
+            _ => None,
+        }
+    }
+
+    /// A floating-point scalar (f32 widened).
+    pub fn as_f64(&self) -> Option<f64> {
+        match *self {
+            Scalar::F32(v) => Some(v.into()),
+            Scalar::F64(v) => Some(v),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Scalar {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Scalar::Pred(v) => write!(f, "pred {v}"),
+            Scalar::S8(v) => write!(f, "s8 {v}"),
+            Scalar::S16(v) => write!(f, "s16 {v}"),
+            Scalar::S32(v) => write!(f, "s32 {v}"),
+            Scalar::S64(v) => write!(f, "s64 {v}"),
+            Scalar::U8(v) => write!(f, "u8 {v}"),
+            Scalar::U16(v) => write!(f, "u16 {v}"),
+            Scalar::U32(v) => write!(f, "u32 {v}"),
+            Scalar::U64(v) => write!(f, "u64 {v}"),
+            Scalar::F32(v) => write!(f, "f32 {v}"),
+            Scalar::F64(v) => write!(f, "f64 {v}"),
+            Scalar::Other(t) => write!(f, "{t}"),
+        }
+    }
+}
+
+/// An array attribute: `len` elements of `dtype`.
+#[derive(Debug, Clone, Copy)]
+pub struct ArrayRef<'a> {
+    pub dtype: DataType,
+    pub len: usize,
+    data: *const c_void,
+    _frame: PhantomData<&'a ()>,
+}
+
+impl ArrayRef<'_> {
+    /// The elements' address (null possible when `len` is 0).
+    pub fn data(&self) -> *const c_void {
+        self.data
+    }
+
+    /// Reads element `i` as `T` (the caller matched `T` to `dtype`).
+    fn read<T: Copy>(&self, i: usize) -> T {
+        debug_assert!(i < self.len && size_of::<T>() * 8 == self.dtype.bit_width().unwrap_or(0));
+        // SAFETY: `data` holds `len` elements of `dtype` for the frame's lifetime (checked
+        // non-null when `len > 0` at construction); callers pass `i < len` and a `T` of the
+        // element's width. Unaligned reads cost nothing and tolerate any producer.
+        unsafe { ptr::read_unaligned((self.data as *const T).add(i)) }
+    }
+
+    /// The elements as `i64`, for any integer element type whose values fit (u64 values past
+    /// `i64::MAX` do not); `None` otherwise.
+    pub fn to_i64_vec(&self) -> Option<Vec<i64>> {
+        let n = self.len;
+        Some(match self.dtype {
+            DataType::S8 => (0..n).map(|i| self.read::<i8>(i).into()).collect(),
+            DataType::S16 => (0..n).map(|i| self.read::<i16>(i).into()).collect(),
+            DataType::S32 => (0..n).map(|i| self.read::<i32>(i).into()).collect(),
+            DataType::S64 => (0..n).map(|i| self.read::<i64>(i)).collect(),
+            DataType::U8 => (0..n).map(|i| self.read::<u8>(i).into()).collect(),
+            DataType::U16 => (0..n).map(|i| self.read::<u16>(i).into()).collect(),
+            DataType::U32 => (0..n).map(|i| self.read::<u32>(i).into()).collect(),
+            DataType::U64 => (0..n).map(|i| i64::try_from(self.read::<u64>(i)).ok()).collect::<Option<_>>()?,
+            _ => return None,
+        })
+    }
+
+    /// The elements as `f64`, for f32 and f64 arrays.
+    pub fn to_f64_vec(&self) -> Option<Vec<f64>> {
+        let n = self.len;
+        Some(match self.dtype {
+            DataType::F32 => (0..n).map(|i| self.read::<f32>(i).into()).collect(),
+            DataType::F64 => (0..n).map(|i| self.read::<f64>(i)).collect(),
+            _ => return None,
+        })
+    }
+}
+
+/// One attribute's value.
+#[derive(Debug, Clone, Copy)]
+pub enum Attr<'a> {
+    Scalar(Scalar),
+    Array(ArrayRef<'a>),
+    /// The bytes as XLA passed them (not NUL-terminated; UTF-8 in practice).
+    String(&'a [u8]),
+    /// A nested dictionary, left raw.
+    Dictionary(&'a sys::XLA_FFI_Attrs),
+    /// An attribute type this layer does not know.
+    Unknown(i32),
+}
+
+impl Attr<'_> {
+    /// What the attribute is, for error messages: "scalar s32 7", "array of s64 (3
+    /// elements)", "string", ...
+    pub fn describe(&self) -> String {
+        match self {
+            Attr::Scalar(s) => format!("scalar {s}"),
+            Attr::Array(a) => format!("array of {} ({} elements)", a.dtype, a.len),
+            Attr::String(_) => "string".into(),
+            Attr::Dictionary(_) => "dictionary".into(),
+            Attr::Unknown(t) => format!("attribute of unknown type {t}"),
+        }
+    }
+}
+
+/// A byte span's bytes.
+///
+/// # Safety
+/// `span.ptr` points to `span.len` readable bytes that live for `'a` (or `len` is 0).
+unsafe fn span_bytes<'a>(span: &sys::XLA_FFI_ByteSpan) -> Result<&'a [u8]> {
+    if span.len == 0 {
+        return Ok(&[]);
+    }
+    if span.ptr.is_null() {
+        return frame_err(format!("byte span of length {} at null", span.len));
+    }
+    // SAFETY: the caller's contract; `ptr` is non-null and `len > 0`.
+    Ok(unsafe { std::slice::from_raw_parts(span.ptr as *const u8, span.len) })
+}
+
+/// Reads a scalar of type `T` at `p`.
+///
+/// # Safety
+/// `p` points to a readable `T`.
+unsafe fn read_scalar<T: Copy>(p: *const c_void) -> T {
+    // SAFETY: the caller's contract.
+    unsafe { ptr::read_unaligned(p as *const T) }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The call frame
+
+/// The call frame XLA passes a handler, read-only, with typed access.
+#[derive(Debug, Clone, Copy)]
+pub struct CallFrame<'a> {
+    raw: &'a XLA_FFI_CallFrame,
+}
+
+/// Argument or result list.
+#[derive(Clone, Copy)]
+enum Side {
+    Arg,
+    Ret,
+}
+
+impl Side {
+    fn name(self) -> &'static str {
+        match self {
+            Side::Arg => "argument",
+            Side::Ret => "result",
+        }
+    }
+}
+
+impl<'a> CallFrame<'a> {
+    /// Wraps `ptr`, checking it is non-null and at least as large as the frame this layer
+    /// reads.
+    ///
+    /// # Safety
+    /// `ptr` is null or a call frame XLA passed to a handler, valid (with everything it points
+    /// to, as the ABI describes) for `'a`, which must not outlive the handler call.
+    pub unsafe fn from_raw(ptr: *mut XLA_FFI_CallFrame) -> Result<CallFrame<'a>> {
+        if ptr.is_null() {
+            return frame_err("null call frame");
+        }
+        // SAFETY: non-null and, by the caller's contract, a valid call frame for `'a`;
+        // `struct_size` is the first field, present in every version.
+        let size = unsafe { (*ptr).struct_size };
+        if size < sys::XLA_FFI_CallFrame_STRUCT_SIZE {
+            return frame_err(format!(
+                "call frame size {size}, expected at least {} (API version {}.{})",
+                sys::XLA_FFI_CallFrame_STRUCT_SIZE,
+                API_VERSION.0,
+                API_VERSION.1
+            ));
+        }
+        // SAFETY: as above; the size check shows every field up to `attrs` exists.
+        Ok(CallFrame { raw: unsafe { &*ptr } })
+    }
+
+    /// The frame itself, for what this layer does not cover.
+    pub fn raw(&self) -> &'a XLA_FFI_CallFrame {
+        self.raw
+    }
+
+    /// XLA's API table.
+    pub fn api(&self) -> Result<&'a sys::XLA_FFI_Api> {
+        if self.raw.api.is_null() {
+            return frame_err("null API table");
+        }
+        // SAFETY: XLA's API table is static, valid for the process; non-null checked.
+        let api = unsafe { &*self.raw.api };
+        if api.struct_size < offset_of!(sys::XLA_FFI_Api, XLA_FFI_Error_Create) {
+            return frame_err(format!("API table size {}", api.struct_size));
+        }
+        Ok(api)
+    }
+
+    pub fn stage(&self) -> ExecutionStage {
+        ExecutionStage::from_raw(self.raw.stage)
+    }
+
+    // ---- metadata probe
+
+    /// Whether this call is XLA's registration-time probe for the handler's metadata rather
+    /// than a real call ([`guard`] answers it before running the handler's body).
+    pub fn is_metadata_probe(&self) -> bool {
+        let ext = self.raw.extension_start;
+        // SAFETY: a non-null `extension_start` points to an extension header XLA built for
+        // this call (frame contract).
+        !ext.is_null() && unsafe { (*ext).r#type } == sys::XLA_FFI_InternalExtension_Type::XLA_FFI_Extension_Metadata
+    }
+
+    /// Answers the metadata probe: the API version of [`sys`] ([`API_VERSION`]), `traits`, and
+    /// no state type (where the metadata struct has room for it). An error if this is not a
+    /// probe or XLA's structs are shorter than this layer's.
+    pub fn answer_metadata_probe(&self, traits: Traits) -> Result<()> {
+        if !self.is_metadata_probe() {
+            return frame_err("not a metadata probe");
+        }
+        let ext = self.raw.extension_start as *mut sys::XLA_FFI_Metadata_Extension;
+        // SAFETY: a metadata-typed extension is an XLA_FFI_Metadata_Extension (ABI); its
+        // header's `struct_size` (first field) is readable in every version.
+        let ext_size = unsafe { (*ext).extension_base.struct_size };
+        if ext_size < sys::XLA_FFI_Metadata_Extension_STRUCT_SIZE {
+            return frame_err(format!(
+                "metadata extension size {ext_size}, expected at least {}",
+                sys::XLA_FFI_Metadata_Extension_STRUCT_SIZE
+            ));
+        }
+        // SAFETY: the size check shows `metadata` exists.
+        let meta = unsafe { (*ext).metadata };
+        if meta.is_null() {
+            return frame_err("metadata probe without a metadata struct");
+        }
+        // SAFETY: XLA's metadata struct, live and writable for the call (probe contract).
+        let meta = unsafe { &mut *meta };
+        if meta.struct_size < sys::XLA_FFI_Metadata_STRUCT_SIZE {
+            return frame_err(format!(
+                "metadata size {}, expected at least {}",
+                meta.struct_size,
+                sys::XLA_FFI_Metadata_STRUCT_SIZE
+            ));
+        }
+        meta.api_version = sys::XLA_FFI_Api_Version {
+            struct_size: sys::XLA_FFI_Api_Version_STRUCT_SIZE,
+            extension_start: ptr::null_mut(),
+            major_version: sys::XLA_FFI_API_MAJOR,
+            minor_version: sys::XLA_FFI_API_MINOR,
+        };
+        meta.traits = traits;
+        if meta.struct_size >= offset_of!(sys::XLA_FFI_Metadata, state_type_id) + size_of::<TypeId>() {
+            meta.state_type_id = sys::XLA_FFI_UNKNOWN_TYPE_ID;
+        }
+        Ok(())
+    }
+
+    // ---- arguments and results
+
+    /// (count, types, pointers) of the argument or result list.
+    fn list(&self, side: Side) -> Result<(usize, *const i32, *const *mut c_void)> {
+        let (size, types, ptrs) = match side {
+            Side::Arg => (self.raw.args.size, self.raw.args.types as *const i32, self.raw.args.args),
+            Side::Ret => (self.raw.rets.size, self.raw.rets.types as *const i32, self.raw.rets.rets),
+        };
+        let n = usize::try_from(size).map_err(|_| HandlerError::Frame(format!("{} count {size}", side.name())))?;
+        if n > 0 && (types.is_null() || ptrs.is_null()) {
+            return frame_err(format!("{n} {}s at a null list", side.name()));
+        }
+        Ok((n, types, ptrs as *const *mut c_void))
+    }
+
+    fn buffer(&self, side: Side, i: usize) -> Result<BufferRef<'a>> {
+        let (n, types, ptrs) = self.list(side)?;
+        if i >= n {
+            return Err(HandlerError::OutOfRange { what: side.name(), index: i, count: n });
+        }
+        // SAFETY: `types` and `ptrs` hold `n` entries (frame contract, non-null checked) and
+        // `i < n`. The type is read as an i32 (both enums' representation).
+        let (ty, p) = unsafe { (*types.add(i), *ptrs.add(i)) };
+        if ty != sys::XLA_FFI_ArgType::BUFFER.0 {
+            return frame_err(format!("{} {i} has type {ty}, not a buffer", side.name()));
+        }
+        if p.is_null() {
+            return frame_err(format!("{} {i} is null", side.name()));
+        }
+        // SAFETY: a buffer-typed entry points to an XLA_FFI_Buffer valid for the call (ABI);
+        // `struct_size` is its first field.
+        let b = unsafe { &*(p as *const sys::XLA_FFI_Buffer) };
+        if b.struct_size < sys::XLA_FFI_Buffer_STRUCT_SIZE {
+            return frame_err(format!("{} {i}: buffer size {}", side.name(), b.struct_size));
+        }
+        let rank = usize::try_from(b.rank)
+            .map_err(|_| HandlerError::Frame(format!("{} {i}: rank {}", side.name(), b.rank)))?;
+        let dims: &'a [i64] = if rank == 0 {
+            &[]
+        } else if b.dims.is_null() {
+            return frame_err(format!("{} {i}: rank {rank} with null dims", side.name()));
+        } else {
+            // SAFETY: `dims` holds `rank` entries valid for the call (ABI); non-null checked.
+            unsafe { std::slice::from_raw_parts(b.dims, rank) }
+        };
+        Ok(BufferRef { dtype: DataType::from_raw(b.dtype), dims, data: b.data })
+    }
+
+    pub fn arg_count(&self) -> Result<usize> {
+        Ok(self.list(Side::Arg)?.0)
+    }
+
+    pub fn ret_count(&self) -> Result<usize> {
+        Ok(self.list(Side::Ret)?.0)
+    }
+
+    /// Argument `i` (a buffer).
+    pub fn arg(&self, i: usize) -> Result<BufferRef<'a>> {
+        self.buffer(Side::Arg, i)
+    }
+
+    /// Result `i` (a buffer).
+    pub fn ret(&self, i: usize) -> Result<BufferRef<'a>> {
+        self.buffer(Side::Ret, i)
+    }
+
+    pub fn args(&self) -> Result<Vec<BufferRef<'a>>> {
+        (0..self.arg_count()?).map(|i| self.arg(i)).collect()
+    }
+
+    pub fn rets(&self) -> Result<Vec<BufferRef<'a>>> {
+        (0..self.ret_count()?).map(|i| self.ret(i)).collect()
+    }
+
+    // ---- attributes
+
+    pub fn attr_count(&self) -> Result<usize> {
+        let a = &self.raw.attrs;
+        let n = usize::try_from(a.size).map_err(|_| HandlerError::Frame(format!("attribute count {}", a.size)))?;
+        if n > 0 && (a.types.is_null() || a.names.is_null() || a.attrs.is_null()) {
+            return frame_err(format!("{n} attributes at a null list"));
+        }
+        Ok(n)
+    }
+
+    /// Attribute `i`'s name (bytes).
+    fn name_at(&self, i: usize) -> Result<&'a [u8]> {
+        // SAFETY: `names` holds `attr_count()` entries (checked by the caller, `i` below it).
+        let span = unsafe { *self.raw.attrs.names.add(i) };
+        if span.is_null() {
+            return frame_err(format!("attribute {i} has a null name"));
+        }
+        // SAFETY: a non-null name is a byte span valid for the call (ABI).
+        unsafe { span_bytes(&*span) }
+    }
+
+    /// Every attribute's name, in XLA's order (sorted). Non-UTF-8 names are a frame error.
+    pub fn attr_names(&self) -> Result<Vec<&'a str>> {
+        (0..self.attr_count()?)
+            .map(|i| {
+                let b = self.name_at(i)?;
+                std::str::from_utf8(b)
+                    .map_err(|_| HandlerError::Frame(format!("attribute {i}'s name is not UTF-8: {b:?}")))
+            })
+            .collect()
+    }
+
+    /// Attribute `i`'s value.
+    fn attr_at(&self, i: usize) -> Result<Attr<'a>> {
+        let a = &self.raw.attrs;
+        // SAFETY: `types` and `attrs` hold `attr_count()` entries and `i` is below it (caller).
+        let (ty, p) = unsafe { (*a.types.add(i), *a.attrs.add(i)) };
+        if p.is_null() && ty != sys::XLA_FFI_AttrType::STRING {
+            return frame_err(format!("attribute {i} is null"));
+        }
+        Ok(match ty {
+            sys::XLA_FFI_AttrType::SCALAR => {
+                // SAFETY: a scalar-typed attribute points to an XLA_FFI_Scalar (ABI).
+                let s = unsafe { *(p as *const sys::XLA_FFI_Scalar) };
+                let t = DataType::from_raw(s.dtype);
+                if s.value.is_null() {
+                    return frame_err(format!("scalar attribute {i} ({t}) has a null value"));
+                }
+                let v = s.value as *const c_void;
+                // SAFETY: (each arm) `value` points to one element of the scalar's dtype
+                // (ABI), and each arm reads the type of that width.
+                unsafe {
+                    match t {
+                        DataType::Pred => Scalar::Pred(read_scalar::<u8>(v) != 0),
+                        DataType::S8 => Scalar::S8(read_scalar(v)),
+                        DataType::S16 => Scalar::S16(read_scalar(v)),
+                        DataType::S32 => Scalar::S32(read_scalar(v)),
+                        DataType::S64 => Scalar::S64(read_scalar(v)),
+                        DataType::U8 => Scalar::U8(read_scalar(v)),
+                        DataType::U16 => Scalar::U16(read_scalar(v)),
+                        DataType::U32 => Scalar::U32(read_scalar(v)),
+                        DataType::U64 => Scalar::U64(read_scalar(v)),
+                        DataType::F32 => Scalar::F32(read_scalar(v)),
+                        DataType::F64 => Scalar::F64(read_scalar(v)),
+                        other => Scalar::Other(other),
+                    }
+                }
+                .into()
+            }
+            sys::XLA_FFI_AttrType::ARRAY => {
+                // SAFETY: an array-typed attribute points to an XLA_FFI_Array (ABI).
+                let arr = unsafe { *(p as *const sys::XLA_FFI_Array) };
+                if arr.size > 0 && arr.data.is_null() {
+                    return frame_err(format!("array attribute {i} has {} elements at null", arr.size));
+                }
+                Attr::Array(ArrayRef {
+                    dtype: DataType::from_raw(arr.dtype),
+                    len: arr.size,
+                    data: arr.data,
+                    _frame: PhantomData,
+                })
+            }
+            sys::XLA_FFI_AttrType::STRING => {
+                if p.is_null() {
+                    return frame_err(format!("string attribute {i} is null"));
+                }
+                // SAFETY: a string-typed attribute points to a byte span valid for the call.
+                Attr::String(unsafe { span_bytes(&*(p as *const sys::XLA_FFI_ByteSpan))? })
+            }
+            // SAFETY: a dictionary-typed attribute points to an XLA_FFI_Attrs valid for the call.
+            sys::XLA_FFI_AttrType::DICTIONARY => Attr::Dictionary(unsafe { &*(p as *const sys::XLA_FFI_Attrs) }),
+            sys::XLA_FFI_AttrType(t) => Attr::Unknown(t),
+        })
+    }
+
+    /// The attribute `name`, or `None`. A linear scan (attribute lists are short; XLA sorts
+    /// them, but this does not rely on it).
+    pub fn attr_opt(&self, name: &str) -> Result<Option<Attr<'a>>> {
+        for i in 0..self.attr_count()? {
+            if self.name_at(i)? == name.as_bytes() {
+                return self.attr_at(i).map(Some);
+            }
+        }
+        Ok(None)
+    }
+
+    /// The attribute `name`; [`HandlerError::MissingAttr`] (listing the call's attributes) if
+    /// absent.
+    pub fn attr(&self, name: &str) -> Result<Attr<'a>> {
+        match self.attr_opt(name)? {
+            Some(a) => Ok(a),
+            None => Err(HandlerError::MissingAttr {
+                name: name.into(),
+                available: (0..self.attr_count()?)
+                    .map(|i| self.name_at(i).map(|b| String::from_utf8_lossy(b).into_owned()))
+                    .collect::<Result<_>>()?,
+            }),
+        }
+    }
+
+    fn mistyped(name: &str, expected: &'static str, found: &Attr<'_>) -> HandlerError {
+        HandlerError::AttrType { name: name.into(), expected, found: found.describe() }
+    }
+
+    /// An integer scalar attribute (any integer type whose value fits `i64`; JAX passes
+    /// Python ints as s64).
+    pub fn attr_i64(&self, name: &str) -> Result<i64> {
+        match self.attr(name)? {
+            Attr::Scalar(s) if s.as_i64().is_some() => Ok(s.as_i64().unwrap_or_default()),
+            a => Err(Self::mistyped(name, "an integer scalar fitting i64", &a)),
+        }
+    }
+
+    /// A floating-point scalar attribute (f64, or f32 widened).
+    pub fn attr_f64(&self, name: &str) -> Result<f64> {
+        match self.attr(name)? {
+            Attr::Scalar(s) if s.as_f64().is_some() => Ok(s.as_f64().unwrap_or_default()),
+            a => Err(Self::mistyped(name, "an f32 or f64 scalar", &a)),
+        }
+    }
+
+    /// A pred scalar attribute.
+    pub fn attr_bool(&self, name: &str) -> Result<bool> {
+        match self.attr(name)? {
+            Attr::Scalar(Scalar::Pred(b)) => Ok(b),
+            a => Err(Self::mistyped(name, "a pred scalar", &a)),
+        }
+    }
+
+    /// A string attribute; not UTF-8 is a type error.
+    pub fn attr_str(&self, name: &str) -> Result<&'a str> {
+        match self.attr(name)? {
+            Attr::String(b) => std::str::from_utf8(b).map_err(|_| HandlerError::AttrType {
+                name: name.into(),
+                expected: "a UTF-8 string",
+                found: format!("bytes {b:?}"),
+            }),
+            a => Err(Self::mistyped(name, "a string", &a)),
+        }
+    }
+
+    /// An integer array attribute as `i64`s (s64 as is; other integer types converted when
+    /// every value fits).
+    pub fn attr_i64_array(&self, name: &str) -> Result<Vec<i64>> {
+        match self.attr(name)? {
+            Attr::Array(a) if a.to_i64_vec().is_some() => Ok(a.to_i64_vec().unwrap_or_default()),
+            a => Err(Self::mistyped(name, "an integer array fitting i64", &a)),
+        }
+    }
+
+    /// A floating-point array attribute as `f64`s.
+    pub fn attr_f64_array(&self, name: &str) -> Result<Vec<f64>> {
+        match self.attr(name)? {
+            Attr::Array(a) if a.to_f64_vec().is_some() => Ok(a.to_f64_vec().unwrap_or_default()),
+            a => Err(Self::mistyped(name, "an f32 or f64 array", &a)),
+        }
+    }
+
+    // ---- API calls
+
+    /// The platform stream of the call (a `CUstream` on CUDA). XLA:CPU has none and answers
+    /// UNIMPLEMENTED, which comes back as [`HandlerError::Api`].
+    pub fn stream(&self) -> Result<*mut c_void> {
+        let api = self.api()?;
+        let f = slot!(api, XLA_FFI_Stream_Get)?;
+        let mut args = sys::XLA_FFI_Stream_Get_Args {
+            struct_size: sys::XLA_FFI_Stream_Get_Args_STRUCT_SIZE,
+            extension_start: ptr::null_mut(),
+            ctx: self.raw.ctx,
+            stream: ptr::null_mut(),
+        };
+        // SAFETY: `f` is the table's entry; `args` is initialised with this call's context.
+        check(api, "XLA_FFI_Stream_Get", unsafe { f(&mut args) })?;
+        Ok(args.stream)
+    }
+
+    /// The ordinal of the device the call runs on (XLA:CPU: the device id).
+    pub fn device_ordinal(&self) -> Result<i32> {
+        let api = self.api()?;
+        let f = slot!(api, XLA_FFI_DeviceOrdinal_Get)?;
+        let mut args = sys::XLA_FFI_DeviceOrdinal_Get_Args {
+            struct_size: sys::XLA_FFI_DeviceOrdinal_Get_Args_STRUCT_SIZE,
+            extension_start: ptr::null_mut(),
+            ctx: self.raw.ctx,
+            device_ordinal: -1,
+        };
+        // SAFETY: as in `stream`.
+        check(api, "XLA_FFI_DeviceOrdinal_Get", unsafe { f(&mut args) })?;
+        Ok(args.device_ordinal)
+    }
+
+    /// The id of the current run (the same on every device of one execution).
+    pub fn run_id(&self) -> Result<i64> {
+        let api = self.api()?;
+        let f = slot!(api, XLA_FFI_RunId_Get)?;
+        let mut args = sys::XLA_FFI_RunId_Get_Args {
+            struct_size: sys::XLA_FFI_RunId_Get_Args_STRUCT_SIZE,
+            extension_start: ptr::null_mut(),
+            ctx: self.raw.ctx,
+            run_id: 0,
+        };
+        // SAFETY: as in `stream`.
+        check(api, "XLA_FFI_RunId_Get", unsafe { f(&mut args) })?;
+        Ok(args.run_id)
+    }
+
+    /// The state of type `type_id` set at `stage` (an error if none or of another type).
+    pub fn state_get(&self, stage: ExecutionStage, type_id: TypeId) -> Result<*mut c_void> {
+        let api = self.api()?;
+        let f = slot!(api, XLA_FFI_State_Get)?;
+        let mut id = type_id;
+        let mut args = sys::XLA_FFI_State_Get_Args {
+            struct_size: sys::XLA_FFI_State_Get_Args_STRUCT_SIZE,
+            extension_start: ptr::null_mut(),
+            ctx: self.raw.ctx,
+            stage: stage.to_raw(),
+            type_id: &mut id,
+            state: ptr::null_mut(),
+        };
+        // SAFETY: as in `stream`; `id` outlives the call.
+        check(api, "XLA_FFI_State_Get", unsafe { f(&mut args) })?;
+        Ok(args.state)
+    }
+
+    /// Hands `state` to XLA as the state of type `type_id` for `stage` (an error if already
+    /// set). XLA keeps it until the executable dies and then calls the deleter registered
+    /// with `type_id`.
+    ///
+    /// # Safety
+    /// `state` is an object of the type registered as `type_id`, owned by the caller, which
+    /// gives ownership to XLA on success.
+    pub unsafe fn state_set(&self, stage: ExecutionStage, type_id: TypeId, state: *mut c_void) -> Result<()> {
+        let api = self.api()?;
+        let f = slot!(api, XLA_FFI_State_Set)?;
+        let mut id = type_id;
+        let mut args = sys::XLA_FFI_State_Set_Args {
+            struct_size: sys::XLA_FFI_State_Set_Args_STRUCT_SIZE,
+            extension_start: ptr::null_mut(),
+            ctx: self.raw.ctx,
+            stage: stage.to_raw(),
+            type_id: &mut id,
+            state,
+        };
+        // SAFETY: as in `stream`; `id` outlives the call; `state`'s type and ownership are the
+        // caller's contract.
+        check(api, "XLA_FFI_State_Set", unsafe { f(&mut args) })
+    }
+
+    /// A new XLA error (for a handler to return): null if XLA's table cannot create one.
+    /// `OK` becomes `UNKNOWN`; XLA copies the message.
+    pub fn error(&self, code: ErrorCode, message: &str) -> *mut XLA_FFI_Error {
+        match self.api() {
+            Ok(api) => make_error(api, code, message),
+            Err(_) => ptr::null_mut(),
+        }
+    }
+}
+
+impl From<Scalar> for Attr<'_> {
+    fn from(s: Scalar) -> Self {
+        Attr::Scalar(s)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The guard
+
+fn panic_message(p: Box<dyn std::any::Any + Send>) -> String {
+    p.downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a non-string panic payload".into())
+}
+
+/// Runs handler body `f` on the frame XLA passed: answers the metadata probe (traits 0),
+/// turns `Err` into an XLA error with [`HandlerError::code`] and a panic into `INTERNAL`
+/// ("handler panicked: .."). Null means success, as XLA expects.
+///
+/// A failure that cannot be reported, because the frame is null or carries no usable API
+/// table, aborts the process with a message on stderr: returning null would report success
+/// over lost work. (A probe is the exception: there, leaving the metadata unanswered already
+/// fails registration, with XLA's version-mismatch message.)
+///
+/// # Safety
+/// `frame` is the call frame XLA passed to the handler, valid for the call.
+pub unsafe fn guard(frame: *mut XLA_FFI_CallFrame, f: impl FnOnce(&CallFrame<'_>) -> Result<()>) -> *mut XLA_FFI_Error {
+    // SAFETY: the caller's contract.
+    unsafe { guard_with_traits(frame, 0, f) }
+}
+
+/// [`guard`], reporting `traits` (e.g. [`COMMAND_BUFFER_COMPATIBLE`]) in the metadata probe.
+///
+/// # Safety
+/// As [`guard`].
+pub unsafe fn guard_with_traits(
+    frame: *mut XLA_FFI_CallFrame,
+    traits: Traits,
+    f: impl FnOnce(&CallFrame<'_>) -> Result<()>,
+) -> *mut XLA_FFI_Error {
+    // SAFETY: the caller's contract.
+    let cf = match unsafe { CallFrame::from_raw(frame) } {
+        Ok(cf) => cf,
+        // SAFETY: the caller's contract.
+        Err(e) => return unsafe { report_on_short_frame(frame, &e) },
+    };
+    let probe = cf.is_metadata_probe();
+    let result = catch_unwind(AssertUnwindSafe(|| if probe { cf.answer_metadata_probe(traits) } else { f(&cf) }))
+        .unwrap_or_else(|p| Err(HandlerError::Panic(panic_message(p))));
+    match result {
+        Ok(()) => ptr::null_mut(),
+        Err(e) => {
+            let err = cf.error(e.code(), &e.to_string());
+            if err.is_null() && !probe {
+                unreportable(&e);
+            }
+            if err.is_null() {
+                eprintln!("peerless: XLA FFI metadata probe failed, and XLA gave no API to report it: {e}");
+            }
+            err
+        }
+    }
+}
+
+/// Reports `e` for a frame [`CallFrame::from_raw`] refused, through its API table if the frame
+/// is long enough to hold one.
+///
+/// # Safety
+/// `frame` is null or points to at least `struct_size` readable bytes of a call frame.
+unsafe fn report_on_short_frame(frame: *mut XLA_FFI_CallFrame, e: &HandlerError) -> *mut XLA_FFI_Error {
+    if !frame.is_null() {
+        // SAFETY: `struct_size` (the first field) is present in every version.
+        let size = unsafe { (*frame).struct_size };
+        if size >= offset_of!(XLA_FFI_CallFrame, api) + size_of::<usize>() {
+            // SAFETY: the size shows `api` is present.
+            let api = unsafe { (*frame).api };
+            if !api.is_null() {
+                // SAFETY: XLA's table is static; `struct_size` is its first field.
+                let api = unsafe { &*api };
+                let err = make_error(api, e.code(), &e.to_string());
+                if !err.is_null() {
+                    return err;
+                }
+            }
+        }
+    }
+    unreportable(e)
+}
+
+fn unreportable(e: &HandlerError) -> ! {
+    eprintln!("peerless: an XLA FFI handler failed and XLA gave no way to report it; aborting: {e}");
+    std::process::abort()
+}
+
+/// Defines an XLA FFI handler, `unsafe extern "C" fn $name(*mut XLA_FFI_CallFrame) ->
+/// *mut XLA_FFI_Error`, whose body sees the frame as `&CallFrame` and returns
+/// `Result<(), HandlerError>`; it runs under [`xla_ffi::guard`](crate::xla_ffi::guard).
+///
+/// ```
+/// ffi::xla_ffi_handler! {
+///     /// Checks its one argument is f32.
+///     pub fn peerless_check_f32(f) {
+///         let x = f.arg(0)?;
+///         if x.dtype != ffi::xla_ffi::DataType::F32 {
+///             return Err(ffi::xla_ffi::HandlerError::invalid_argument(format!("got {}", x.dtype)));
+///         }
+///         Ok(())
+///     }
+/// }
+/// ```
+#[macro_export]
+macro_rules! xla_ffi_handler {
+    ($(#[$m:meta])* $vis:vis fn $name:ident($frame:ident) $body:block) => {
+        $(#[$m])*
+        ///
+        /// # Safety
+        /// `frame` is a call frame XLA passed, valid for the call.
+        $vis unsafe extern "C" fn $name(
+            frame: *mut $crate::xla_ffi::XLA_FFI_CallFrame,
+        ) -> *mut $crate::xla_ffi::XLA_FFI_Error {
+            // SAFETY: this function's contract.
+            unsafe {
+                $crate::xla_ffi::guard(
+                    frame,
+                    |$frame: &$crate::xla_ffi::CallFrame<'_>| -> ::core::result::Result<(), $crate::xla_ffi::HandlerError> {
+                        $body
+                    },
+                )
+            }
+        }
+    };
+}

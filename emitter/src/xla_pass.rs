@@ -204,7 +204,8 @@ fn common_layout(
     layouts: &HashMap<String, Vec<Result<LeafLayout, String>>>,
 ) -> Result<LeafLayout, String> {
     let ins = module.instr(id);
-    let mut names: Vec<&str> = ins.operands.iter().filter_map(|&o| module.instrs.get(o)).map(|o| o.name.as_str()).collect();
+    let mut names: Vec<&str> =
+        ins.operands.iter().filter_map(|&o| module.instrs.get(o)).map(|o| o.name.as_str()).collect();
     names.push(&ins.name);
     let mut seen: Option<LeafLayout> = None;
     for name in names {
@@ -363,7 +364,8 @@ fn put_bytes(out: &mut Vec<u8>, tag: u32, bytes: &[u8]) {
 /// Calls `f(name, opcode)` for every instruction of every computation.
 fn for_each_instruction(module: &[u8], mut f: impl FnMut(&str, &str)) -> Result<(), PassError> {
     for c in fields(module)?.iter().filter(|c| c.tag == field::COMPUTATIONS && c.wire == WireType::LengthDelimited) {
-        for i in fields(c.payload)?.iter().filter(|i| i.tag == field::INSTRUCTIONS && i.wire == WireType::LengthDelimited)
+        for i in
+            fields(c.payload)?.iter().filter(|i| i.tag == field::INSTRUCTIONS && i.wire == WireType::LengthDelimited)
         {
             let (mut name, mut opcode) = ("", "");
             for x in fields(i.payload)? {
@@ -456,8 +458,8 @@ impl Assignment {
                 )));
             }
             for (rep, &d) in comp.replica_device_ids.iter().enumerate() {
-                devices[rep * partitions + p] = usize::try_from(d)
-                    .map_err(|_| PassError::Assignment(format!("negative device id {d}")))?;
+                devices[rep * partitions + p] =
+                    usize::try_from(d).map_err(|_| PassError::Assignment(format!("negative device id {d}")))?;
             }
         }
         Ok(Assignment { replicas, partitions, devices })

@@ -17,8 +17,10 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use ffi::xla_ffi::{CallFrame, ErrorCode, HandlerError, Traits};
 use hlo::{ArrayShape, PrimitiveType};
 use thunks::custom_call::CustomCallConfig;
+use thunks::ffi_handler::{CollectiveRuntime, array_shape};
 use thunks::{CollectiveConfig, CollectiveKind, CollectiveOp, Region};
 
 use crate::host::{CollectiveCall, CollectiveError, HostCluster, HostError, scratch_bytes, signal_bytes};
@@ -93,7 +95,8 @@ impl Instance {
             physical.push(ArrayShape::new(s.ty, dims));
         }
         let n = cfg.device_span().max(call.device + 1);
-        let groups = if cfg.kind == CollectiveKind::CollectivePermute { vec![(0..n).collect()] } else { cfg.groups.clone() };
+        let groups =
+            if cfg.kind == CollectiveKind::CollectivePermute { vec![(0..n).collect()] } else { cfg.groups.clone() };
         let config = CollectiveConfig {
             op: CollectiveOp { kind: cfg.kind, is_async: false },
             groups,
@@ -154,7 +157,8 @@ pub fn run(call: HostCall) -> Result<(), HostCallError> {
     };
     let shapes_in: Vec<&ArrayShape> = call.inputs.iter().map(|(_, s)| s).collect();
     let shapes_out: Vec<&ArrayShape> = call.outputs.iter().map(|(_, s)| s).collect();
-    if shapes_in != instance.shapes.0.iter().collect::<Vec<_>>() || shapes_out != instance.shapes.1.iter().collect::<Vec<_>>()
+    if shapes_in != instance.shapes.0.iter().collect::<Vec<_>>()
+        || shapes_out != instance.shapes.1.iter().collect::<Vec<_>>()
     {
         return Err(invalid(cfg, "called with other shapes than the first call of this collective"));
     }
@@ -179,6 +183,55 @@ pub fn run(call: HostCall) -> Result<(), HostCallError> {
         bytes.copy_from_slice(&dev.read(r.offset, r.len).map_err(memory)?);
     }
     Ok(())
+}
+
+/// The CPU platform's [`CollectiveRuntime`]: XLA:CPU buffers are host memory.
+#[derive(Debug, Default)]
+pub struct HostRuntime;
+
+impl CollectiveRuntime for HostRuntime {
+    fn traits(&self) -> Traits {
+        0
+    }
+
+    fn execute(&self, f: &CallFrame<'_>, call: &CustomCallConfig, device: usize) -> Result<(), HandlerError> {
+        let (args, rets) = (f.args()?, f.rets()?);
+        let mut inputs = Vec::with_capacity(args.len());
+        for a in &args {
+            let shape = array_shape(a)?;
+            let len = a.byte_len()?;
+            let bytes: &[u8] = if len == 0 {
+                &[]
+            } else {
+                // SAFETY: on XLA:CPU a buffer's `data` is host memory holding `len` bytes (its
+                // dtype and dims), valid for the duration of the call; operands are only read.
+                unsafe { std::slice::from_raw_parts(a.data as *const u8, len) }
+            };
+            inputs.push((bytes, shape));
+        }
+        let mut outputs = Vec::with_capacity(rets.len());
+        for r in &rets {
+            let shape = array_shape(r)?;
+            let len = r.byte_len()?;
+            let bytes: &mut [u8] = if len == 0 {
+                &mut []
+            } else {
+                // SAFETY: as above, and result buffers are distinct from each other and from the
+                // operands (the pass's custom calls declare no output-operand aliasing), so this
+                // is the only reference to these bytes during the call.
+                unsafe { std::slice::from_raw_parts_mut(r.data as *mut u8, len) }
+            };
+            outputs.push((bytes, shape));
+        }
+        run(HostCall { config: call, device, inputs, outputs }).map_err(|e| {
+            let code = match &e {
+                HostCallError::Collective(CollectiveError::Timeout { .. }) => ErrorCode::DeadlineExceeded,
+                HostCallError::Invalid { .. } => ErrorCode::InvalidArgument,
+                _ => ErrorCode::Internal,
+            };
+            HandlerError::new(code, e.to_string())
+        })
+    }
 }
 
 #[cfg(test)]
@@ -258,8 +311,9 @@ mod tests {
         let x = f32s(&[1.0]);
         let mut r = vec![0u8; 4];
         let shape = ArrayShape::new(PrimitiveType::F32, vec![1]);
-        let e = run(HostCall { config: &c, device: 0, inputs: vec![(&x, shape.clone())], outputs: vec![(&mut r, shape)] })
-            .unwrap_err();
+        let e =
+            run(HostCall { config: &c, device: 0, inputs: vec![(&x, shape.clone())], outputs: vec![(&mut r, shape)] })
+                .unwrap_err();
         let msg = e.to_string();
         assert!(msg.contains("timed out") && msg.contains("[1]") && msg.contains("{0,1}"), "{msg}");
     }

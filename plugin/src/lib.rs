@@ -12,6 +12,8 @@ pub mod boundary;
 pub mod error;
 pub mod mlir;
 pub mod runtime;
+pub mod xla_handlers;
+pub mod xla_inside;
 
 use std::sync::OnceLock;
 

@@ -218,7 +218,18 @@ impl CustomCallConfig {
                 groups.push(g.iter().map(|&d| nonneg("groups", d)).collect::<Result<Vec<_>, _>>()?);
             }
         }
-        Ok(CustomCallConfig { kind, algorithm, groups, pairs, reduction, dimension, layout, instance, timeout_ms, name })
+        Ok(CustomCallConfig {
+            kind,
+            algorithm,
+            groups,
+            pairs,
+            reduction,
+            dimension,
+            layout,
+            instance,
+            timeout_ms,
+            name,
+        })
     }
 
     /// Physical dimensions and the physical index of `dimension` for buffers whose logical
@@ -296,9 +307,10 @@ mod tests {
         fn i64(&self, name: &str) -> Result<Option<i64>, String> {
             self.0
                 .get(name)
-                .map(|v| v.strip_suffix(" : i64").ok_or("not an i64")?.parse().map_err(|_| "bad i64".to_owned()))
+                .map(|v| {
+                    v.strip_suffix(" : i64").ok_or("not an i64".to_owned())?.parse().map_err(|_| "bad i64".to_owned())
+                })
                 .transpose()
-                .map_err(str::to_owned)
         }
         fn str(&self, name: &str) -> Result<Option<String>, String> {
             Ok(self.0.get(name).map(|v| v.trim_matches('"').to_owned()))
@@ -362,7 +374,10 @@ mod tests {
         let e = CustomCallConfig::from_attrs(kind, &Parsed::new(&ok.replace("group_size = 2", "group_size = 3")));
         assert!(e.unwrap_err().to_string().contains("do not split into groups of 3"));
         let no_red = ok.replace(", reduction = \"sum\"", "");
-        assert_eq!(CustomCallConfig::from_attrs(kind, &Parsed::new(&no_red)).unwrap_err(), AttrError::Missing("reduction"));
+        assert_eq!(
+            CustomCallConfig::from_attrs(kind, &Parsed::new(&no_red)).unwrap_err(),
+            AttrError::Missing("reduction")
+        );
         assert_eq!(target_kind("peerless.all_gather"), Some(CollectiveKind::AllGather));
         assert_eq!(target_name(CollectiveKind::RaggedAllToAll), None);
     }

@@ -8,6 +8,7 @@
 //! here refers to a particular device or to PJRT.
 
 pub mod custom_call;
+pub mod ffi_handler;
 pub mod program;
 
 use std::fmt;

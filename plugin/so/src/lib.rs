@@ -1,6 +1,7 @@
 //! The shared library JAX loads (`libpeerless_pjrt.so`). It only re-exports: all logic, and
-//! every safety argument, lives in the `plugin` crate. Public symbols: `GetPjrtApi` and
-//! `PeerlessRegisterMlirConverter`.
+//! every safety argument, lives in the `plugin` crate. Public symbols: `GetPjrtApi`,
+//! `PeerlessRegisterMlirConverter`, and for Peerless inside XLA `PeerlessXlaPass`,
+//! `PeerlessXlaPassFree` and `PeerlessXlaHandler`.
 
 use plugin::pjrt_sys::PJRT_Api;
 
@@ -16,4 +17,53 @@ pub extern "C" fn GetPjrtApi() -> *const PJRT_Api {
 pub extern "C" fn PeerlessRegisterMlirConverter(converter: Option<plugin::mlir::Converter>, ctx: usize) -> i32 {
     plugin::mlir::register(converter, ctx);
     0
+}
+
+/// The collective pass for XLA (`jax_plugins.peerless.enable()`); see `plugin::xla_inside`.
+/// Never returns null; free the result with `PeerlessXlaPassFree`.
+///
+/// # Safety
+/// `module` points to `len` readable bytes; the strings are null or NUL-terminated.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn PeerlessXlaPass(
+    platform: *const std::ffi::c_char,
+    module: *const u8,
+    len: usize,
+    flags: *const std::ffi::c_char,
+    local_devices: *const std::ffi::c_char,
+) -> *mut plugin::xla_inside::PassResult {
+    // SAFETY: this function's contract is `pass_entry`'s.
+    unsafe { plugin::xla_inside::pass_entry(platform, module, len, flags, local_devices) }
+}
+
+/// Frees a `PeerlessXlaPass` result (null is ignored).
+///
+/// # Safety
+/// `result` came from `PeerlessXlaPass` and is freed once.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn PeerlessXlaPassFree(result: *mut plugin::xla_inside::PassResult) {
+    // SAFETY: this function's contract is `pass_free`'s.
+    unsafe { plugin::xla_inside::pass_free(result) }
+}
+
+/// The typed-FFI handler for `target` on `platform` ("cpu"), or null.
+///
+/// # Safety
+/// Both strings are null or NUL-terminated.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn PeerlessXlaHandler(
+    platform: *const std::ffi::c_char,
+    target: *const std::ffi::c_char,
+) -> *const std::ffi::c_void {
+    let read = |p: *const std::ffi::c_char| {
+        if p.is_null() {
+            return String::new();
+        }
+        // SAFETY: the caller passes a NUL-terminated string.
+        unsafe { std::ffi::CStr::from_ptr(p) }.to_string_lossy().into_owned()
+    };
+    match plugin::xla_handlers::handler(&read(platform), &read(target)) {
+        Some(h) => h as *const std::ffi::c_void,
+        None => std::ptr::null(),
+    }
 }

@@ -1,4 +1,8 @@
-"""JAX plugin for Peerless (`JAX_PLATFORMS=peerless`).
+"""JAX plugin for Peerless.
+
+Two ways in: inside XLA (`enable()` / `PEERLESS_ENABLE=1`: XLA compiles and runs the
+program, Peerless runs the collectives it takes; see inside.py), and the standalone PJRT
+platform `JAX_PLATFORMS=peerless` described below.
 
 JAX imports every `jax_plugins.*` module and calls `initialize()`. We register the PJRT
 plugin library and hand it an MLIR → HLO converter (jaxlib's own), since the plugin
@@ -17,6 +21,8 @@ from __future__ import annotations
 import ctypes
 import os
 from pathlib import Path
+
+from .inside import decisions, disable, enable, enabled, reset_stats, stats  # noqa: F401  (public API)
 
 PLATFORM = "peerless"
 _LIB = "libpeerless_pjrt.so"
@@ -77,6 +83,11 @@ def initialize() -> None:
     from jax._src import xla_bridge
 
     path = library_path()
+    if os.environ.get("PEERLESS_ENABLE", "") not in ("", "0"):
+        # Peerless inside XLA for users who change no code (see inside.py).
+        from . import inside
+
+        inside.enable_at_start()
     # The plugin claims PJRT C API 0.54 (the header we build against); jaxlib accepts an
     # older minor (>= its kMinPjRtMinor, 29 in jaxlib 0.10.2) only in compatibility mode.
     os.environ.setdefault("ENABLE_PJRT_COMPATIBILITY", "1")

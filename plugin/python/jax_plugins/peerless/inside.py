@@ -1,0 +1,256 @@
+"""Peerless inside XLA: the collective pass and the FFI handlers, on JAX's own backends.
+
+    import jax_plugins.peerless as peerless
+    peerless.enable()          # every initialised platform Peerless supports ("cpu", "cuda")
+    ...                        # jit / shard_map as usual; XLA compiles, Peerless runs collectives
+    peerless.stats()           # {"all-reduce": {"kernel": 3, "fallback": 0}, ...}
+    peerless.disable()
+
+`PEERLESS_ENABLE=1` does `enable()` when JAX starts (JAX imports this package while it
+discovers plugins). `PEERLESS_FLAGS` (or `enable(flags=...)`) sets the collective flags
+(`peerless flags` lists them). Each decision is logged at INFO on the `jax_plugins.peerless`
+logger: op, dtype, bytes, groups, implementation and reason.
+
+How it works: `jax.extend.xla.register_hlo_module_transformation` runs our pass at stage
+PRE_SCHEDULER (after SPMD partitioning); the pass (Rust, in libpeerless_pjrt.so) rewrites
+each collective it takes into a typed-FFI custom call `peerless.<op>`, whose handlers
+(registered with `jax.ffi.register_ffi_target`) run Peerless's protocols: the host backend
+on CPU, the peer-access kernels on XLA's stream on CUDA.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import threading
+from typing import Iterable
+
+log = logging.getLogger("jax_plugins.peerless")
+
+PASS_NAME = "peerless_collectives"
+TARGETS = (
+    "peerless.all_reduce",
+    "peerless.all_gather",
+    "peerless.all_to_all",
+    "peerless.reduce_scatter",
+    "peerless.collective_permute",
+)
+# Platforms with Peerless handlers, as JAX names them, and as XLA's FFI registry does.
+SUPPORTED = {"cpu": "cpu", "cuda": "CUDA"}
+
+
+class _PassResult(ctypes.Structure):
+    _fields_ = [
+        ("status", ctypes.c_int32),
+        ("module", ctypes.POINTER(ctypes.c_uint8)),
+        ("module_len", ctypes.c_size_t),
+        ("report", ctypes.POINTER(ctypes.c_uint8)),
+        ("report_len", ctypes.c_size_t),
+    ]
+
+
+_lock = threading.Lock()
+_state = {
+    "dll": None,
+    "enabled": set(),  # platforms with the pass registered
+    "targets": set(),  # platforms whose FFI targets are registered (never unregistered)
+    "flags": "",
+    "stats": {},
+    "decisions": [],
+    "errors": 0,
+}
+
+
+def _dll():
+    if _state["dll"] is None:
+        from . import library_path
+
+        dll = ctypes.CDLL(library_path())
+        dll.PeerlessXlaPass.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p, ctypes.c_char_p]
+        dll.PeerlessXlaPass.restype = ctypes.POINTER(_PassResult)
+        dll.PeerlessXlaPassFree.argtypes = [ctypes.POINTER(_PassResult)]
+        dll.PeerlessXlaPassFree.restype = None
+        dll.PeerlessXlaHandler.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
+        dll.PeerlessXlaHandler.restype = ctypes.c_void_p
+        _state["dll"] = dll
+    return _state["dll"]
+
+
+def _record(platform: str, report: str) -> None:
+    """Counts the pass's decisions (one tab-separated line each) and logs them."""
+    with _lock:
+        for line in report.splitlines():
+            f = line.split("\t")
+            if len(f) != 8:
+                continue
+            op, instr, dtype, nbytes, groups, kernel, impl, reason = f
+            key = "kernel" if kernel == "1" else "fallback"
+            _state["stats"].setdefault(op, {"kernel": 0, "fallback": 0})[key] += 1
+            _state["decisions"].append(
+                {
+                    "platform": platform,
+                    "op": op,
+                    "instruction": instr,
+                    "dtype": dtype,
+                    "bytes": int(nbytes),
+                    "groups": groups,
+                    "implementation": impl,
+                    "reason": reason,
+                }
+            )
+            log.info("%s %s %s %s B groups=%s -> %s: %s", op, instr, dtype, nbytes, groups, impl, reason)
+
+
+def _make_pass(platform: str, local_devices: str):
+    dll = _dll()
+    plat = platform.encode()
+    local = local_devices.encode()
+
+    def run(module: bytes):
+        # XLA calls this from its compile threads; the Rust side is thread-safe and never
+        # raises (errors come back as "unchanged" with the reason).
+        flags = _state["flags"].encode()
+        res = dll.PeerlessXlaPass(plat, module, len(module), flags, local)
+        if not res:
+            return None
+        try:
+            r = res.contents
+            report = ctypes.string_at(r.report, r.report_len).decode("utf-8", "replace") if r.report_len else ""
+            if r.status < 0:
+                with _lock:
+                    _state["errors"] += 1
+                log.warning("peerless pass left a module unchanged: %s", report)
+                return None
+            _record(platform, report)
+            if r.status == 1:
+                return ctypes.string_at(r.module, r.module_len)
+            return None
+        finally:
+            dll.PeerlessXlaPassFree(res)
+
+    return run
+
+
+def _register_targets(platform: str) -> None:
+    import jax
+
+    if platform in _state["targets"]:
+        return
+    dll = _dll()
+    xla_platform = SUPPORTED[platform]
+    fn_type = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p)
+    for target in TARGETS:
+        addr = dll.PeerlessXlaHandler(platform.encode(), target.encode())
+        if not addr:
+            raise RuntimeError(f"libpeerless_pjrt.so has no {platform} handler for {target}")
+        jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(fn_type(addr)), platform=xla_platform, api_version=1)
+    _state["targets"].add(platform)
+
+
+def _local_devices(platform: str) -> str:
+    """Device ids this process owns on `platform`, as the pass wants them."""
+    import jax
+
+    try:
+        return ",".join(str(d.id) for d in jax.local_devices(backend=platform))
+    except RuntimeError:
+        return ""
+
+
+def _register_pass(platform: str, local_devices: str) -> None:
+    from jax.extend import xla as jxla
+
+    jxla.register_hlo_module_transformation(
+        _make_pass(platform, local_devices),
+        name=PASS_NAME,
+        stage=jxla.PipelineStage.PRE_SCHEDULER,
+        platforms=[platform],
+    )
+
+
+def enable(platforms: str | Iterable[str] | None = None, *, flags: str | None = None) -> list[str]:
+    """Runs Peerless's collective pass and handlers inside XLA for `platforms` ("cpu",
+    "cuda"; None: every initialised platform Peerless supports). Returns the platforms
+    enabled. Calling it again for an enabled platform changes nothing but the flags."""
+    from jax._src import xla_bridge
+
+    if flags is not None:
+        _state["flags"] = flags
+    elif not _state["flags"]:
+        _state["flags"] = os.environ.get("PEERLESS_FLAGS", "")
+    if platforms is None:
+        wanted = [p for p in xla_bridge.backends() if p in SUPPORTED]
+    else:
+        wanted = [platforms] if isinstance(platforms, str) else list(platforms)
+    for p in wanted:
+        if p not in SUPPORTED:
+            raise ValueError(f"Peerless has no handlers for platform {p!r} (supported: {sorted(SUPPORTED)})")
+    done = []
+    for p in wanted:
+        _register_targets(p)
+        if p not in _state["enabled"]:
+            _register_pass(p, _local_devices(p))
+            _state["enabled"].add(p)
+        done.append(p)
+    return done
+
+
+def disable(platforms: str | Iterable[str] | None = None) -> None:
+    """Stops rewriting collectives for newly compiled programs (compiled ones keep their
+    Peerless custom calls, whose handlers stay registered)."""
+    from jax.extend import xla as jxla
+
+    wanted = set(_state["enabled"]) if platforms is None else ({platforms} if isinstance(platforms, str) else set(platforms))
+    for p in sorted(wanted & _state["enabled"]):
+        jxla.clear_hlo_module_transformation(PASS_NAME, jxla.PipelineStage.PRE_SCHEDULER, platforms=[p])
+        _state["enabled"].discard(p)
+
+
+def enabled() -> list[str]:
+    return sorted(_state["enabled"])
+
+
+def stats() -> dict:
+    """Decisions over the modules compiled since `enable` (HLO op names):
+    {"all-reduce": {"kernel": n, "fallback": m}, ...}."""
+    with _lock:
+        return {op: dict(v) for op, v in sorted(_state["stats"].items())}
+
+
+def decisions() -> list[dict]:
+    """Every decision since `enable` (or `reset_stats`), with its reason."""
+    with _lock:
+        return [dict(d) for d in _state["decisions"]]
+
+
+def reset_stats() -> None:
+    with _lock:
+        _state["stats"].clear()
+        _state["decisions"].clear()
+        _state["errors"] = 0
+
+
+def enable_at_start() -> None:
+    """`PEERLESS_ENABLE=1`: called while JAX discovers plugins, before any backend exists.
+    CPU registers at once (XLA's CPU pass and FFI registries are process-global); PJRT
+    plugins (cuda) register from JAX's plugin callback, once their C API is loaded."""
+    from jax._src import xla_bridge
+
+    _state["flags"] = os.environ.get("PEERLESS_FLAGS", "")
+
+    def on_plugin(c_api=None):
+        for name, factory in list(xla_bridge._backend_factories.items()):
+            if factory.c_api is c_api and name in SUPPORTED and name not in _state["enabled"]:
+                from jax._src.lib import _xla
+
+                _register_targets(name)
+                _xla.register_xla_transform_c_api(c_api, PASS_NAME, 0, _make_pass(name, ""))
+                _state["enabled"].add(name)
+
+    from jax._src.lib import _xla
+
+    _register_targets("cpu")
+    _xla.register_xla_transform(PASS_NAME, 0, _make_pass("cpu", ""))
+    _state["enabled"].add("cpu")
+    xla_bridge.register_plugin_callbacks(on_plugin)

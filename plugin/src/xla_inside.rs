@@ -1,0 +1,204 @@
+//! Peerless inside XLA: the C entry points behind `jax_plugins.peerless.enable()`.
+//!
+//! - [`pass_entry`] (`PeerlessXlaPass`): the collective pass. A serialized HloModuleProto
+//!   in; a [`PassResult`] out with the rewritten module (or none: unchanged) and a report of
+//!   every decision, one tab-separated line each. It never fails a compile: a decode error
+//!   or a panic comes back as status -1 with the reason, and the caller keeps the module.
+//! - [`handler`] (`PeerlessXlaHandler`): the typed-FFI handler of a platform and target.
+//!
+//! Thread safety: XLA runs the pass from several compile threads at once; the pass keeps no
+//! state but an atomic instance counter, and the per-platform configuration is read-only
+//! after its first build.
+
+use std::collections::BTreeSet;
+use std::ffi::{CStr, c_char};
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
+use emitter::xla_pass::{self, PassConfig, PassOutcome};
+use emitter::{Capabilities, Flags};
+
+/// What `PeerlessXlaPass` returns; free it with `PeerlessXlaPassFree`.
+#[repr(C)]
+#[derive(Debug)]
+pub struct PassResult {
+    /// 1: `module` holds the rewritten module; 0: unchanged; -1: error (unchanged, `report`
+    /// says why).
+    pub status: i32,
+    pub module: *mut u8,
+    pub module_len: usize,
+    pub report: *mut u8,
+    pub report_len: usize,
+}
+
+fn boxed_bytes(v: Vec<u8>) -> (*mut u8, usize) {
+    let b = v.into_boxed_slice();
+    let len = b.len();
+    (Box::into_raw(b).cast::<u8>(), len)
+}
+
+fn result(status: i32, module: Option<Vec<u8>>, report: String) -> *mut PassResult {
+    let (module, module_len) = module.map_or((std::ptr::null_mut(), 0), boxed_bytes);
+    let (report, report_len) = boxed_bytes(report.into_bytes());
+    Box::into_raw(Box::new(PassResult { status, module, module_len, report, report_len }))
+}
+
+/// The pass configuration for a platform, flags string and local device list.
+pub fn pass_config(platform: &str, flags: &str, local_devices: &str) -> Result<PassConfig, String> {
+    let mut f = Flags::from_env().map_err(|e| e.to_string())?;
+    for arg in flags.split_whitespace() {
+        f.apply(arg).map_err(|e| e.to_string())?;
+    }
+    let local: Option<BTreeSet<usize>> = if local_devices.trim().is_empty() {
+        None
+    } else {
+        Some(
+            local_devices
+                .split(',')
+                .map(|d| d.trim().parse::<usize>().map_err(|_| format!("bad local device id '{d}'")))
+                .collect::<Result<_, _>>()?,
+        )
+    };
+    let caps = match platform {
+        "cpu" => Capabilities { variadic: true },
+        "cuda" => Capabilities { variadic: true },
+        other => return Err(format!("Peerless has no handlers for platform '{other}'")),
+    };
+    Ok(PassConfig {
+        flags: f,
+        peers: crate::xla_handlers::peer_table(platform, local.as_ref()),
+        local_devices: local,
+        caps,
+    })
+}
+
+/// One decision per line: op, instruction, dtypes, bytes, groups, kernel (1/0),
+/// implementation, reason. Tabs and newlines inside fields become spaces.
+pub fn report(outcome: &PassOutcome) -> String {
+    let clean = |s: &str| s.replace(['\t', '\n'], " ");
+    let mut out = String::new();
+    for d in &outcome.decisions {
+        out.push_str(&format!(
+            "{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\n",
+            clean(&d.op),
+            clean(&d.instr),
+            clean(&d.dtype),
+            d.bytes,
+            clean(&d.groups),
+            u8::from(d.kernel),
+            clean(&d.implementation),
+            clean(&d.reason)
+        ));
+    }
+    out
+}
+
+/// Runs the pass; see the module docs. Safe wrapper of the C entry point's body.
+pub fn run_pass(platform: &str, module: &[u8], flags: &str, local_devices: &str) -> (i32, Option<Vec<u8>>, String) {
+    let run = || -> Result<(i32, Option<Vec<u8>>, String), String> {
+        let cfg = pass_config(platform, flags, local_devices)?;
+        let outcome = xla_pass::run(module, &cfg).map_err(|e| e.to_string())?;
+        let text = report(&outcome);
+        Ok(match outcome.module {
+            Some(m) => (1, Some(m), text),
+            None => (0, None, text),
+        })
+    };
+    match catch_unwind(AssertUnwindSafe(run)) {
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) => {
+            log::warn!("peerless pass: module left unchanged: {e}");
+            (-1, None, e)
+        }
+        Err(p) => {
+            let msg = p
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| p.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "panic".into());
+            log::error!("peerless pass panicked (module left unchanged): {msg}");
+            (-1, None, format!("internal error (module left unchanged): {msg}"))
+        }
+    }
+}
+
+/// Reads a C string argument; null is "".
+///
+/// # Safety
+/// `p` is null or a NUL-terminated string valid for the call.
+unsafe fn c_str<'a>(p: *const c_char) -> &'a str {
+    if p.is_null() {
+        return "";
+    }
+    // SAFETY: the caller promises a NUL-terminated string alive for the call.
+    unsafe { CStr::from_ptr(p) }.to_str().unwrap_or("")
+}
+
+/// `PeerlessXlaPass(platform, module, len, flags, local_devices)`. Never returns null.
+///
+/// # Safety
+/// `module` points to `len` readable bytes (or is null with `len == 0`); the strings are
+/// null or NUL-terminated. The result must be freed with [`pass_free`].
+pub unsafe fn pass_entry(
+    platform: *const c_char,
+    module: *const u8,
+    len: usize,
+    flags: *const c_char,
+    local_devices: *const c_char,
+) -> *mut PassResult {
+    let bytes: &[u8] = if module.is_null() || len == 0 {
+        &[]
+    } else {
+        // SAFETY: the caller promises `len` readable bytes at `module` for the call.
+        unsafe { std::slice::from_raw_parts(module, len) }
+    };
+    // SAFETY: the caller promises null or NUL-terminated strings.
+    let (platform, flags, local) = unsafe { (c_str(platform), c_str(flags), c_str(local_devices)) };
+    let (status, module, report) = run_pass(platform, bytes, flags, local);
+    result(status, module, report)
+}
+
+/// Frees a [`PassResult`]; null is ignored.
+///
+/// # Safety
+/// `r` is null or a pointer [`pass_entry`] returned that was not freed yet.
+pub unsafe fn pass_free(r: *mut PassResult) {
+    if r.is_null() {
+        return;
+    }
+    // SAFETY: `r` came from `Box::into_raw` in `result` and is freed once (caller's promise).
+    let r = unsafe { Box::from_raw(r) };
+    for (p, n) in [(r.module, r.module_len), (r.report, r.report_len)] {
+        if !p.is_null() {
+            // SAFETY: `p`/`n` came from `boxed_bytes` (a boxed slice of exactly `n` bytes).
+            drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(p, n)) });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn garbage_is_an_error_not_a_crash() {
+        let (status, module, report) = run_pass("cpu", &[0x0a, 0xff, 0xff], "", "");
+        assert_eq!(status, -1);
+        assert!(module.is_none());
+        assert!(report.contains("malformed"), "{report}");
+        let (status, _, report) = run_pass("tpu", &[], "", "");
+        assert_eq!(status, -1);
+        assert!(report.contains("no handlers for platform 'tpu'"), "{report}");
+        let (status, _, report) = run_pass("cpu", &[], "--bogus=1", "");
+        assert_eq!(status, -1);
+        assert!(report.contains("bogus"), "{report}");
+    }
+
+    #[test]
+    fn results_free_cleanly() {
+        let r = result(1, Some(vec![1, 2, 3]), "x\n".into());
+        // SAFETY: `r` is fresh from `result` and freed once.
+        unsafe { pass_free(r) };
+        // SAFETY: null is allowed.
+        unsafe { pass_free(std::ptr::null_mut()) };
+    }
+}

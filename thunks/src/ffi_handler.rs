@@ -1,0 +1,87 @@
+//! Thunks as XLA FFI handlers: the phases XLA drives (instantiate / prepare / initialize /
+//! execute) for every Peerless custom call, independent of the platform.
+//!
+//! A platform supplies a [`CollectiveRuntime`] (the host backend on CPU, the peer-access
+//! kernels on CUDA); the C ABI layer (plugin) wraps [`dispatch`] in
+//! `ffi::xla_ffi::guard_with_traits`, which answers XLA's metadata probe with the runtime's traits; [`dispatch`]
+//! rebuilds the call's [`CustomCallConfig`] from its attributes, finds the calling device,
+//! and hands the execute stage to the runtime. Every error, and any panic, becomes an XLA
+//! FFI error (JAX raises it as an exception); nothing unwinds into XLA.
+
+use ffi::xla_ffi::{BufferRef, CallFrame, ErrorCode, ExecutionStage, HandlerError, Traits};
+use hlo::{ArrayShape, PrimitiveType};
+
+use crate::CollectiveKind;
+use crate::custom_call::{AttrSource, CustomCallConfig};
+
+/// A platform's implementation of the Peerless custom calls.
+pub trait CollectiveRuntime: Sync {
+    /// Traits the handlers declare in the metadata probe (command-buffer compatibility).
+    fn traits(&self) -> Traits;
+    /// Runs the call on `device` (its device id).
+    fn execute(&self, frame: &CallFrame<'_>, call: &CustomCallConfig, device: usize) -> Result<(), HandlerError>;
+}
+
+/// The call frame's attributes, as [`CustomCallConfig::from_attrs`] reads them.
+struct FrameAttrs<'a, 'f>(&'a CallFrame<'f>);
+
+fn missing_is_none<T>(r: Result<T, HandlerError>) -> Result<Option<T>, String> {
+    match r {
+        Ok(v) => Ok(Some(v)),
+        Err(HandlerError::MissingAttr { .. }) => Ok(None),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+impl AttrSource for FrameAttrs<'_, '_> {
+    fn i64(&self, name: &str) -> Result<Option<i64>, String> {
+        missing_is_none(self.0.attr_i64(name))
+    }
+    fn str(&self, name: &str) -> Result<Option<String>, String> {
+        missing_is_none(self.0.attr_str(name).map(str::to_owned))
+    }
+    fn i64_array(&self, name: &str) -> Result<Option<Vec<i64>>, String> {
+        missing_is_none(self.0.attr_i64_array(name))
+    }
+}
+
+/// The element type of a buffer, as the IR names it; sub-byte and unknown types are an
+/// error (the pass never sends them to a kernel: XLA packs them, the kernels do not).
+pub fn element_type(b: &BufferRef<'_>) -> Result<PrimitiveType, HandlerError> {
+    let name = b.dtype.name();
+    match PrimitiveType::from_name(name) {
+        Some(t) if !matches!(t, PrimitiveType::S4 | PrimitiveType::U4) && b.dtype.byte_width().is_some() => Ok(t),
+        _ => Err(HandlerError::invalid_argument(format!("element type {name} cannot run on a Peerless kernel"))),
+    }
+}
+
+/// A buffer's logical shape.
+pub fn array_shape(b: &BufferRef<'_>) -> Result<ArrayShape, HandlerError> {
+    Ok(ArrayShape::new(element_type(b)?, b.dims.to_vec()))
+}
+
+/// The handler body for a custom call of `kind`.
+pub fn dispatch(kind: CollectiveKind, f: &CallFrame<'_>, rt: &dyn CollectiveRuntime) -> Result<(), HandlerError> {
+    // Instantiate / prepare / initialize: the runtimes set up per-collective state lazily on
+    // first execute (it must be shared by every device of a group, which these stages,
+    // called per device, cannot see all at once).
+    if f.stage() != ExecutionStage::Execute {
+        return Ok(());
+    }
+    let call = CustomCallConfig::from_attrs(kind, &FrameAttrs(f)).map_err(|e| {
+        HandlerError::invalid_argument(format!("{}: {e}", crate::custom_call::target_name(kind).unwrap_or("?")))
+    })?;
+    let device = f.device_ordinal()?;
+    let device = usize::try_from(device)
+        .map_err(|_| HandlerError::new(ErrorCode::Internal, format!("XLA reported device ordinal {device}")))?;
+    let in_call = if kind == CollectiveKind::CollectivePermute { true } else { call.group_of(device).is_some() };
+    if !in_call {
+        return Err(HandlerError::invalid_argument(format!(
+            "{} '{}': device {device} is in none of its groups {}",
+            call.target(),
+            call.name,
+            crate::fmt_groups(&call.groups)
+        )));
+    }
+    rt.execute(f, &call, device)
+}

@@ -7,8 +7,8 @@ pub mod codegen;
 pub mod cuda;
 pub mod exec;
 pub mod host;
-pub mod xla_host;
 #[cfg(feature = "rocm")]
 pub mod rocm;
+pub mod xla_host;
 
 pub use thunks::Phase;

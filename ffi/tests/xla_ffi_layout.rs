@@ -187,7 +187,8 @@ fn jaxlib_include() -> Result<PathBuf, String> {
         .output()
         .map_err(|e| format!("cannot run {python}: {e}"))?;
     if !out.status.success() {
-        return Err(format!("{python} cannot import jaxlib: {}", String::from_utf8_lossy(&out.stderr).trim()));
+        let err = String::from_utf8_lossy(&out.stderr);
+        return Err(format!("{python} cannot import jaxlib: {}", err.trim().lines().last().unwrap_or("")));
     }
     let inc = Path::new(String::from_utf8_lossy(&out.stdout).trim()).join("include");
     if !inc.join("xla/ffi/api/c_api.h").is_file() {

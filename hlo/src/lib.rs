@@ -12,6 +12,7 @@ pub mod diag;
 pub mod ir;
 pub mod literal;
 pub mod opcode;
+pub mod print;
 #[cfg(feature = "proto")]
 pub mod proto;
 pub mod text;
@@ -22,6 +23,7 @@ pub use diag::{Error, ErrorKind};
 pub use ir::*;
 pub use literal::{Array, Element, Literal};
 pub use opcode::Opcode;
+pub use print::{PrintOptions, module_text};
 pub use types::{ArrayShape, PrimitiveType, Shape};
 
 /// Parses HLO text and verifies it. `file` names the source in diagnostics.

@@ -236,7 +236,7 @@ fn element(c: &mut Cursor<'_>, ty: PrimitiveType, out: &mut Vec<u8>) -> PResult<
                 T::Bf16 => out
                     .extend_from_slice(&small_float_bits(&v, 7, half::bf16::from_f64(v.value).to_bits()).to_le_bytes()),
                 _ => match F8Format::of(ty) {
-                    Some(f) => out.push(f.encode(v.value)),
+                    Some(f) => out.push(f.encode_with_payload(v.value, v.nan_payload)),
                     None => {
                         return Err(c.err_range(start, end, &format!("constants of type {ty} are not supported")));
                     }
@@ -360,6 +360,58 @@ impl F8Format {
         }
     }
 
+    /// Like [`F8Format::encode`], but a NaN of an IEEE-like format (several NaN encodings) keeps
+    /// its `nan(0x..)` payload, so that the printer's output of any byte parses back to it.
+    pub(crate) fn encode_with_payload(self, v: f64, payload: Option<u64>) -> u8 {
+        let mask = (1u64 << self.mant) - 1;
+        match payload.map(|p| (p & mask) as u8) {
+            Some(p) if v.is_nan() && self.ieee && p != 0 => {
+                let sign = if v.is_sign_negative() { 0x80 } else { 0 };
+                sign | ((((1u8 << self.exp) - 1) << self.mant) | p)
+            }
+            _ => self.encode(v),
+        }
+    }
+
+    /// The value of the encoding `b` (exact in f64). NaNs keep their sign; the payload is
+    /// [`F8Format::nan_payload`].
+    pub(crate) fn decode(self, b: u8) -> f64 {
+        let neg = b & 0x80 != 0;
+        let sign = if neg { -1.0 } else { 1.0 };
+        let max_field = (1u8 << self.exp) - 1;
+        let field = (b >> self.mant) & max_field;
+        let frac = b & ((1u8 << self.mant) - 1);
+        if self.nan_payload(b).is_some() {
+            return if neg { -f64::NAN } else { f64::NAN };
+        }
+        if self.ieee && field == max_field {
+            return sign * f64::INFINITY;
+        }
+        let m = self.mant as i32;
+        let magnitude = if field == 0 {
+            f64::from(frac) * pow2(1 - self.bias - m)
+        } else {
+            f64::from((1u16 << self.mant) + u16::from(frac)) * pow2(i32::from(field) - self.bias - m)
+        };
+        sign * magnitude
+    }
+
+    /// For a NaN encoding, its mantissa bits (the `nan(0x..)` payload); `None` otherwise.
+    pub(crate) fn nan_payload(self, b: u8) -> Option<u8> {
+        let max_field = (1u8 << self.exp) - 1;
+        let field = (b >> self.mant) & max_field;
+        let frac = b & ((1u8 << self.mant) - 1);
+        let all_ones = (1u8 << self.mant) - 1;
+        let nan = if self.fnuz {
+            b == 0x80
+        } else if self.ieee {
+            field == max_field && frac != 0
+        } else {
+            field == max_field && frac == all_ones
+        };
+        nan.then_some(frac)
+    }
+
     /// Rounds `v` to nearest (ties to even). Overflow gives inf where the format
     /// has one, NaN otherwise (non-saturating, like XLA's conversions).
     pub(crate) fn encode(self, v: f64) -> u8 {
@@ -453,6 +505,21 @@ mod tests {
         assert_eq!(f.encode(f64::NAN), 0x7F);
         assert_eq!(f.encode(2f64.powi(-16)), 0x01);
         assert_eq!(f.encode(-1.5), 0xBE);
+    }
+
+    #[test]
+    fn f8_decode_inverts_encode() {
+        use PrimitiveType as T;
+        for ty in [T::F8E5M2, T::F8E4M3, T::F8E3M4, T::F8E4M3FN, T::F8E4M3FNUZ, T::F8E5M2FNUZ, T::F8E4M3B11FNUZ] {
+            let f = F8Format::of(ty).unwrap();
+            for b in 0..=255u8 {
+                let payload = f.nan_payload(b).map(u64::from);
+                assert_eq!(f.encode_with_payload(f.decode(b), payload), b, "{ty} {b:#04x}");
+            }
+        }
+        let f = F8Format::of(T::F8E4M3FN).unwrap();
+        assert_eq!((f.decode(0x38), f.decode(0x7E), f.decode(0x01)), (1.0, 448.0, 2f64.powi(-9)));
+        assert!(f.decode(0x7F).is_nan());
     }
 
     #[test]

@@ -27,10 +27,20 @@ mod cursor;
 mod literal;
 mod parser;
 
+pub(crate) use literal::F8Format;
+
 use crate::{Error, Module};
 
 /// Parses HLO text into an unverified module. `file` names the source in diagnostics.
 pub fn parse(file: &str, src: &str) -> Result<Module, Error> {
     let mut c = cursor::Cursor::new(file, src);
     parser::parse_module(&mut c)
+}
+
+/// Whether `s` is exactly one `{...}` group as the parser reads one (brackets matched, quoted
+/// strings skipped whole). The printer writes such values (a braced `backend_config`, a frontend
+/// attribute's `{...}` value) verbatim, knowing they read back unchanged.
+pub(crate) fn is_braced_group(s: &str) -> bool {
+    let mut c = cursor::Cursor::new("", s);
+    s.starts_with('{') && c.balanced().is_ok() && c.pos == s.len()
 }

@@ -9,21 +9,28 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// The `include/` directory of the `pjrt-sys` crate this workspace builds against.
+/// The `include/` directory of the `pjrt-sys` crate this workspace builds against, from
+/// `cargo metadata` for the target this test was built for (build.rs hands it over): the
+/// filter keeps cargo to the packages that build fetched, so `--offline` holds on a machine
+/// that has built nothing else (unfiltered, cargo wants every platform's packages).
 fn pjrt_include() -> PathBuf {
     let out = Command::new(env!("CARGO"))
-        .args(["metadata", "--format-version", "1", "--offline"])
+        .args(["metadata", "--format-version", "1", "--offline", "--filter-platform", env!("PEERLESS_TARGET")])
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .output()
         .expect("cargo metadata runs");
     assert!(out.status.success(), "cargo metadata: {}", String::from_utf8_lossy(&out.stderr));
-    let json = String::from_utf8(out.stdout).expect("utf-8 metadata");
-    let manifest = json
-        .split("\"manifest_path\":\"")
-        .skip(1)
-        .filter_map(|s| s.split('"').next())
-        .find(|p| p.contains("/pjrt-sys-") && p.ends_with("Cargo.toml"))
-        .expect("pjrt-sys in cargo metadata");
+    let meta: serde_json::Value = serde_json::from_slice(&out.stdout).expect("cargo metadata prints JSON");
+    let manifests: Vec<&str> = meta["packages"]
+        .as_array()
+        .expect("cargo metadata lists packages")
+        .iter()
+        .filter(|p| p["name"] == "pjrt-sys")
+        .filter_map(|p| p["manifest_path"].as_str())
+        .collect();
+    let [manifest] = manifests[..] else {
+        panic!("expected one pjrt-sys package in cargo metadata, got {manifests:?}")
+    };
     let include = Path::new(manifest).parent().expect("crate dir").join("include");
     assert!(include.join("xla/pjrt/c/pjrt_c_api.h").is_file(), "no PJRT header under {}", include.display());
     include

@@ -1,10 +1,26 @@
 #!/usr/bin/env bash
 # The test command: everything CI checks, runnable on a fresh machine.
-#   scripts/test.sh            # setup, fmt, clippy, cargo test, XLA golden check
-# Set PEERLESS_SKIP_GOLDEN_CHECK=1 to skip re-running XLA (needs jax 0.10.2).
+#   scripts/test.sh            # setup, fmt, clippy, cargo test, JAX on the plugin, fuzz, goldens
+# Python runs in scripts/setup.sh's venvs under ${PEERLESS_VENV_DIR:-<repo>/.venv}: jax/ (JAX
+# 0.11.2, Python 3.12) for everything that loads the plugin, goldens/ (JAX 0.10.2, Python
+# 3.11) for the golden check. Set PEERLESS_SKIP_GOLDEN_CHECK=1 to skip re-running XLA.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
+
+venv_root=${PEERLESS_VENV_DIR:-.venv}
+case $venv_root in /*) ;; *) venv_root=$PWD/$venv_root ;; esac
+# The interpreter of the JAX steps (plugin/requirements.txt), for this script and its children.
+export PEERLESS_PYTHON="$venv_root/jax/bin/python"
+goldens_python="$venv_root/goldens/bin/python"
+# NVRTC for the kernel compile check in `cargo test` (kernels/tests/cuda_nvrtc.rs): the wheel in
+# the JAX venv, whatever `python3` on PATH is.
+if [ -z "${PEERLESS_NVRTC_LIB:-}" ]; then
+  PEERLESS_NVRTC_LIB=$("$PEERLESS_PYTHON" -c '
+import glob, os, nvidia.cuda_nvrtc as m
+print(*[p for d in m.__path__ for p in glob.glob(os.path.join(d, "lib", "libnvrtc.so.*"))][:1])' 2>/dev/null || true)
+  [ -n "$PEERLESS_NVRTC_LIB" ] && export PEERLESS_NVRTC_LIB
+fi
 
 step() { printf '\n== %s\n' "$*"; }
 
@@ -29,14 +45,14 @@ cargo test -p peerless-ffi -p peerless-kernels --features peerless-kernels/rocm 
 step "ROCm: every kernel source compiles with hipcc (scripts/hip_check.sh)"
 scripts/hip_check.sh
 
-step "JAX 0.10.2 runs programs on the PJRT plugin vs JAX's CPU backend (plugin/tests/test_jax.py)"
+step "JAX $("$PEERLESS_PYTHON" -c 'import jax; print(jax.__version__)') runs programs on the PJRT plugin vs JAX's CPU backend (plugin/tests/test_jax.py)"
 cargo build -p peerless-pjrt --locked
-target_dir=$(cargo metadata --format-version 1 --no-deps | python3 -c "import json,sys; print(json.load(sys.stdin)['target_directory'])")
+target_dir=$(cargo metadata --format-version 1 --no-deps | "$PEERLESS_PYTHON" -c "import json,sys; print(json.load(sys.stdin)['target_directory'])")
 lib="$target_dir/debug/libpeerless_pjrt.so"
-PEERLESS_PJRT_LIBRARY="$lib" PYTHONPATH=plugin/python python3 -m pytest -q plugin/tests/test_jax.py
+PEERLESS_PJRT_LIBRARY="$lib" PYTHONPATH=plugin/python "$PEERLESS_PYTHON" -m pytest -q plugin/tests/test_jax.py
 
 step "Collective faults reach JAX as exceptions; the client recovers (plugin/tests/test_faults.py)"
-PEERLESS_PJRT_LIBRARY="$lib" PYTHONPATH=plugin/python python3 -m pytest -q plugin/tests/test_faults.py
+PEERLESS_PJRT_LIBRARY="$lib" PYTHONPATH=plugin/python "$PEERLESS_PYTHON" -m pytest -q plugin/tests/test_faults.py
 
 # The saved fuzz corpora replay in `cargo test` above (fuzz/tests/corpus.rs). The smoke fuzz
 # runs libFuzzer for 20 s per target on the stable toolchain: cargo-fuzz's flags are nightly
@@ -64,12 +80,16 @@ done
 
 step "pip install ./plugin/python (bundling the library built above); JAX finds the plugin by itself"
 # `pip install ./plugin/python` alone runs a release build (well over 5 minutes on 2 cores), so CI
-# bundles the debug library through PEERLESS_PJRT_LIBRARY and installs without build isolation
-# (setuptools + wheel from hlo-tests/requirements.txt) into a throwaway venv that sees the system's
-# jax/jaxlib; then, outside the checkout and with no PEERLESS_* / PYTHONPATH, JAX lists the devices.
+# bundles the debug library through PEERLESS_PJRT_LIBRARY and installs it without build isolation
+# into a throwaway venv that sees the JAX venv's packages (jax, setuptools, wheel; a .pth file
+# names its site-packages); then, outside the checkout and with no PEERLESS_* / PYTHONPATH, JAX
+# lists the devices.
 venv_dir=$(mktemp -d)
-python3 -m venv --system-site-packages "$venv_dir/venv"
-PEERLESS_PJRT_LIBRARY="$lib" "$venv_dir/venv/bin/pip" install -q --no-build-isolation ./plugin/python
+"$PEERLESS_PYTHON" -m venv "$venv_dir/venv"
+purelib() { "$1" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'; }
+purelib "$PEERLESS_PYTHON" >"$(purelib "$venv_dir/venv/bin/python")/peerless_jax_venv.pth"
+PEERLESS_PJRT_LIBRARY="$lib" "$venv_dir/venv/bin/python" -m pip install -q --disable-pip-version-check \
+  --no-build-isolation ./plugin/python
 (cd "$venv_dir" && env -u PEERLESS_PJRT_LIBRARY -u PYTHONPATH JAX_PLATFORMS=peerless "$venv_dir/venv/bin/python" -c '
 import os, jax, jax_plugins.peerless as p
 assert os.path.realpath(p.library_path()).startswith(os.path.realpath(p.__path__[0])), p.library_path()
@@ -78,7 +98,7 @@ assert len(jax.devices()) == 8 and jax.devices()[0].platform == "peerless"')
 rm -rf "$venv_dir"
 
 if [ "${PEERLESS_SKIP_GOLDEN_CHECK:-0}" != "1" ]; then
-  step "XLA goldens are reproducible (hlo-tests/gen_goldens.py --check)"
-  python3 hlo-tests/gen_goldens.py --check
+  step "XLA goldens are reproducible (hlo-tests/gen_goldens.py --check, JAX $("$goldens_python" -c 'import jax; print(jax.__version__)'))"
+  "$goldens_python" hlo-tests/gen_goldens.py --check
 fi
 echo "scripts/test.sh: all checks passed"

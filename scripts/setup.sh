@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what a fresh machine needs to build and test Peerless:
-# libclang + protoc (pjrt-sys runs bindgen and prost-build over the XLA protos), Debian's
+# libclang + protoc (pjrt-sys runs bindgen and prost-build over the XLA protos), gcc/g++, Debian's
 # hipcc and HIP runtime (the ROCm compile checks), and two Python virtual environments under
 # ${PEERLESS_VENV_DIR:-<repo>/.venv}:
 #   goldens/  Python 3.11, hlo-tests/requirements.txt (jax/jaxlib 0.10.2: XLA's goldens)
@@ -20,6 +20,10 @@ apt_install() {
 
 need_apt=()
 command -v protoc >/dev/null 2>&1 || need_apt+=(protobuf-compiler)
+# The C ABI test compiles a C program (plugin/so/tests/c_abi.rs); the generated kernels' host
+# check builds them with the C++ compiler (kernels/src/codegen_tests.rs).
+command -v "${CC:-cc}" >/dev/null 2>&1 || need_apt+=(gcc)
+command -v "${CXX:-g++}" >/dev/null 2>&1 || need_apt+=(g++)
 if ! ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1 && ! ldconfig -p 2>/dev/null | grep -q libclang; then
   need_apt+=(libclang-dev)
 fi

@@ -304,6 +304,93 @@ impl Drop for Stream {
     }
 }
 
+/// A stream another library owns (XLA's, handed to an FFI handler), borrowed for one call:
+/// it launches and copies like a [`Stream`] and is never destroyed here.
+#[derive(Debug)]
+pub struct ForeignStream(std::mem::ManuallyDrop<Stream>);
+
+impl ForeignStream {
+    /// Borrows the raw `CUstream` `s` of device `ordinal`.
+    ///
+    /// # Safety
+    /// `s` is a live stream of device `ordinal`'s primary context (or null, the legacy
+    /// stream), and outlives the value.
+    pub unsafe fn new(s: *mut c_void, ordinal: usize) -> ForeignStream {
+        ForeignStream(std::mem::ManuallyDrop::new(Stream { s: s as sys::CUstream, ordinal }))
+    }
+}
+
+impl std::ops::Deref for ForeignStream {
+    type Target = Stream;
+    fn deref(&self) -> &Stream {
+        &self.0
+    }
+}
+
+/// Page-locked host memory mapped into the device's address space: a kernel writes it, and
+/// the host reads it later without synchronising a stream (a collective's timeout status).
+#[derive(Debug)]
+pub struct HostMapped {
+    ptr: *mut u32,
+    len: usize,
+    /// The device address of the same bytes.
+    pub device_ptr: u64,
+    ordinal: usize,
+    ctx: sys::CUcontext,
+}
+// SAFETY: plain host memory owned by this value; the host touches it only through volatile
+// word accesses, which tolerate a concurrent device writer.
+unsafe impl Send for HostMapped {}
+// SAFETY: as above.
+unsafe impl Sync for HostMapped {}
+
+impl HostMapped {
+    /// `words` zeroed 32-bit words (at least one).
+    pub fn new(ctx: &Context, words: usize) -> Result<HostMapped> {
+        ctx.bind()?;
+        let len = words.max(1) * 4;
+        const PORTABLE_DEVICEMAP: u32 = 0x01 | 0x02; // CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP
+        // SAFETY: a fresh host allocation; freed once in `drop`.
+        let ptr = call("cuMemHostAlloc", Some(ctx.ordinal), || unsafe { r::malloc_host(len, PORTABLE_DEVICEMAP) })?;
+        let ptr = ptr.cast::<u32>();
+        // SAFETY: `ptr` holds `len` writable bytes just allocated.
+        unsafe { std::ptr::write_bytes(ptr, 0, words.max(1)) };
+        let mut dptr: sys::CUdeviceptr = 0;
+        // SAFETY: `ptr` is a mapped host allocation of this context; `dptr` is a valid out-pointer.
+        let mapped = call("cuMemHostGetDevicePointer", Some(ctx.ordinal), || {
+            st(unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dptr, ptr.cast(), 0) })
+        });
+        let m = HostMapped { ptr, len, device_ptr: dptr, ordinal: ctx.ordinal, ctx: ctx.ctx };
+        mapped?;
+        Ok(m)
+    }
+
+    /// Reads word `i` (a device may be writing it).
+    pub fn load(&self, i: usize) -> u32 {
+        assert!(i * 4 < self.len, "word {i} of a {}-byte mapping", self.len);
+        // SAFETY: in bounds (asserted); volatile because a device writes the word behind the
+        // compiler's back.
+        unsafe { std::ptr::read_volatile(self.ptr.add(i)) }
+    }
+
+    /// Writes word `i`.
+    pub fn store(&self, i: usize, v: u32) {
+        assert!(i * 4 < self.len, "word {i} of a {}-byte mapping", self.len);
+        // SAFETY: as in `load`.
+        unsafe { std::ptr::write_volatile(self.ptr.add(i), v) }
+    }
+}
+
+impl Drop for HostMapped {
+    fn drop(&mut self) {
+        // SAFETY: `self.ctx` is the owning primary context, retained while buffers exist.
+        if guarded("cuCtxSetCurrent", Some(self.ordinal), || unsafe { r::ctx::set_current(self.ctx) }).is_ok() {
+            // SAFETY: frees the allocation made in `new`, once.
+            let _ = guarded("cuMemFreeHost", Some(self.ordinal), || unsafe { r::free_host(self.ptr.cast()) });
+        }
+    }
+}
+
 /// An instantiated CUDA graph.
 #[derive(Debug)]
 pub struct Graph {

@@ -10,12 +10,14 @@ use std::sync::Arc;
 
 use emitter::PeerAccessTable;
 use ffi::xla_ffi::{XLA_FFI_CallFrame, XLA_FFI_Error};
+use kernels::cuda::xla::CudaRuntime;
 use kernels::xla_host::HostRuntime;
 use thunks::CollectiveKind;
 use thunks::custom_call::target_kind;
 use thunks::ffi_handler::{CollectiveRuntime, dispatch};
 
 static HOST: HostRuntime = HostRuntime;
+static CUDA: CudaRuntime = CudaRuntime;
 
 /// Runs `kind`'s handler with `rt`.
 ///
@@ -47,31 +49,47 @@ handlers! { &HOST;
     cpu_collective_permute => CollectivePermute,
 }
 
+handlers! { &CUDA;
+    cuda_all_reduce => AllReduce,
+    cuda_all_gather => AllGather,
+    cuda_all_to_all => AllToAll,
+    cuda_reduce_scatter => ReduceScatter,
+    cuda_collective_permute => CollectivePermute,
+}
+
 /// A typed-FFI handler as XLA registers it.
 pub type Handler = unsafe extern "C" fn(*mut XLA_FFI_CallFrame) -> *mut XLA_FFI_Error;
 
-/// The handler of `target` on `platform` (`"cpu"`), or `None`.
+/// The handler of `target` on `platform` (`"cpu"` or `"cuda"`), or `None`.
 pub fn handler(platform: &str, target: &str) -> Option<Handler> {
+    use CollectiveKind as K;
     let kind = target_kind(target)?;
-    let cpu: Handler = match kind {
-        CollectiveKind::AllReduce => cpu_all_reduce,
-        CollectiveKind::AllGather => cpu_all_gather,
-        CollectiveKind::AllToAll => cpu_all_to_all,
-        CollectiveKind::ReduceScatter => cpu_reduce_scatter,
-        CollectiveKind::CollectivePermute => cpu_collective_permute,
-        CollectiveKind::RaggedAllToAll | CollectiveKind::CollectiveBroadcast => return None,
+    let h: Handler = match (platform, kind) {
+        ("cpu", K::AllReduce) => cpu_all_reduce,
+        ("cpu", K::AllGather) => cpu_all_gather,
+        ("cpu", K::AllToAll) => cpu_all_to_all,
+        ("cpu", K::ReduceScatter) => cpu_reduce_scatter,
+        ("cpu", K::CollectivePermute) => cpu_collective_permute,
+        ("cuda", K::AllReduce) => cuda_all_reduce,
+        ("cuda", K::AllGather) => cuda_all_gather,
+        ("cuda", K::AllToAll) => cuda_all_to_all,
+        ("cuda", K::ReduceScatter) => cuda_reduce_scatter,
+        ("cuda", K::CollectivePermute) => cuda_collective_permute,
+        _ => return None,
     };
-    match platform {
-        "cpu" => Some(cpu),
-        _ => None,
-    }
+    Some(h)
 }
 
 /// The peer-access table the pass decides with on `platform`: `None` on CPU (one address
-/// space: every device reaches every other).
+/// space: every device reaches every other); on CUDA the probed table of the process's GPUs
+/// (device id = ordinal in one process), or a table with no links when the GPUs cannot be
+/// opened (every collective then stays XLA's, with that reason).
 pub fn peer_table(platform: &str, _local: Option<&BTreeSet<usize>>) -> Option<Arc<PeerAccessTable>> {
     match platform {
-        "cpu" => None,
+        "cuda" => Some(kernels::cuda::xla::peer_table().unwrap_or_else(|e| {
+            log::warn!("peerless: no peer table on cuda: {e}");
+            Arc::new(PeerAccessTable::from_fn(0, format!("GPUs not opened: {e}"), |_, _| false))
+        })),
         _ => None,
     }
 }

@@ -8,6 +8,7 @@
 pub(crate) mod collectives;
 pub mod exec;
 pub mod launcher;
+pub mod xla;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};

@@ -1,0 +1,485 @@
+//! The CUDA runtime behind XLA's FFI handlers: Peerless's peer-access kernels launched on
+//! XLA's stream, with XLA's buffers as operands and results.
+//!
+//! - The process's GPUs are opened once ([`Clique`]: primary contexts, the kernel module,
+//!   peer access enabled and probed per pair): XLA uses the same primary contexts.
+//! - Each rewritten collective (its `instance` id) owns symmetric staging and signal flags
+//!   on every device it names, allocated when its first device arrives (under a lock, once)
+//!   and kept for the process. Launch counters (epochs) live on the device, so XLA may
+//!   capture a call into a command buffer (CUDA graph) and replay it without the handler.
+//! - All-reduce and reduce-scatter read XLA's operand and write XLA's result directly (the
+//!   kernels stage the operand into the symmetric buffer themselves). All-gather, all-to-all
+//!   and permute push into the peers' symmetric staging (a peer's XLA buffer address is not
+//!   known to us), then each device copies its staging into its result, in stream order:
+//!   the next call's "ready" barrier cannot pass before that copy has run.
+//! - A peer that never arrives ends the kernel's bounded wait: the kernel writes the missing
+//!   members into a host-mapped status word, and the next call of the collective on that
+//!   device reports them as an error (no host synchronisation on the hot path).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+
+use ffi::cuda::{DeviceBuffer, ForeignStream, HostMapped};
+use ffi::xla_ffi::{BufferRef, COMMAND_BUFFER_COMPATIBLE, CallFrame, ErrorCode, HandlerError, Traits};
+use hlo::ArrayShape;
+use thunks::custom_call::CustomCallConfig;
+use thunks::ffi_handler::{CollectiveRuntime, array_shape};
+use thunks::{CollectiveKind as Kind, KernelAlgorithm as Algo};
+
+use super::collectives::{
+    Blocks, Dtype, ExchangeArgs, MAX_TASKS, Ptrs, Red, ReduceArgs, Run, ScatterArgs, Sig, Status, Wait, Xchg,
+};
+use super::{BLOCKS, Clique, DEFAULT_GRID, MAX_RANKS, SIGNAL_BYTES, THREADS};
+
+fn round_up(x: usize, a: usize) -> usize {
+    x.div_ceil(a).saturating_mul(a)
+}
+
+fn err(code: ErrorCode, m: impl Into<String>) -> HandlerError {
+    HandlerError::new(code, m)
+}
+
+fn internal(e: impl std::fmt::Display) -> HandlerError {
+    HandlerError::internal(e.to_string())
+}
+
+/// Every GPU of the process, opened once.
+fn clique() -> Result<&'static Clique, HandlerError> {
+    static CLIQUE: OnceLock<Result<Clique, String>> = OnceLock::new();
+    CLIQUE
+        .get_or_init(|| {
+            let n = super::device_count().map_err(|e| e.to_string())?.min(MAX_RANKS);
+            let ordinals: Vec<usize> = (0..n).collect();
+            Clique::new(&ordinals).map_err(|e| e.to_string())
+        })
+        .as_ref()
+        .map_err(|e| err(ErrorCode::FailedPrecondition, format!("Peerless cannot open the GPUs: {e}")))
+}
+
+/// The peer-access table of the process's GPUs (for the pass), or why there is none.
+pub fn peer_table() -> Result<Arc<emitter::PeerAccessTable>, String> {
+    clique().map(|c| c.peers.clone()).map_err(|e| e.to_string())
+}
+
+/// One device's part of a collective.
+#[derive(Debug)]
+struct Rank {
+    staging: DeviceBuffer,
+    signals: DeviceBuffer,
+    status: HostMapped,
+}
+
+#[derive(Debug)]
+struct Instance {
+    /// By device id (= ordinal: one process owns every GPU it sees).
+    ranks: HashMap<usize, Rank>,
+    /// Staging bytes per device (AR / RS: two halves).
+    staging: usize,
+}
+
+fn instances() -> &'static Mutex<HashMap<u64, Arc<Instance>>> {
+    static MAP: OnceLock<Mutex<HashMap<u64, Arc<Instance>>>> = OnceLock::new();
+    MAP.get_or_init(Default::default)
+}
+
+/// Staging a call needs on every device.
+fn staging_bytes(cfg: &CustomCallConfig, args: &[ArrayShape], rets: &[ArrayShape]) -> usize {
+    let max_in = args.iter().map(ArrayShape::byte_size).max().unwrap_or(0);
+    match cfg.algorithm {
+        // Double-buffered operand (the largest, for variadic calls run one by one).
+        Algo::OneShotAllReduce | Algo::TwoShotAllReduce | Algo::DirectReduceScatter => {
+            2 * round_up(max_in.max(16), 256)
+        }
+        // The result is assembled here, then copied out.
+        _ => round_up(rets.iter().map(ArrayShape::byte_size).sum::<usize>().max(16), 256),
+    }
+}
+
+fn devices_of(cfg: &CustomCallConfig) -> Vec<usize> {
+    let mut v: Vec<usize> =
+        cfg.groups.iter().flatten().copied().chain(cfg.pairs.iter().flat_map(|&(s, t)| [s, t])).collect();
+    v.sort_unstable();
+    v.dedup();
+    v
+}
+
+fn instance(
+    c: &Clique,
+    cfg: &CustomCallConfig,
+    args: &[ArrayShape],
+    rets: &[ArrayShape],
+) -> Result<Arc<Instance>, HandlerError> {
+    let mut map = instances().lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some(i) = map.get(&cfg.instance) {
+        return Ok(i.clone());
+    }
+    let staging = staging_bytes(cfg, args, rets);
+    let mut ranks = HashMap::new();
+    for d in devices_of(cfg) {
+        let dev = c.devices.get(d).ok_or_else(|| {
+            err(
+                ErrorCode::FailedPrecondition,
+                format!("'{}' names device {d}; this process has {} GPUs", cfg.name, c.len()),
+            )
+        })?;
+        let rank = Rank {
+            staging: DeviceBuffer::zeroed(&dev.ctx, staging).map_err(internal)?,
+            signals: DeviceBuffer::zeroed(&dev.ctx, SIGNAL_BYTES).map_err(internal)?,
+            status: HostMapped::new(&dev.ctx, 2).map_err(internal)?,
+        };
+        ranks.insert(d, rank);
+    }
+    let i = Arc::new(Instance { ranks, staging });
+    map.insert(cfg.instance, i.clone());
+    Ok(i)
+}
+
+/// The CUDA platform's [`CollectiveRuntime`].
+#[derive(Debug, Default)]
+pub struct CudaRuntime;
+
+struct Call<'a> {
+    c: &'static Clique,
+    cfg: &'a CustomCallConfig,
+    inst: &'a Instance,
+    device: usize,
+    stream: ForeignStream,
+}
+
+impl Call<'_> {
+    fn rank(&self, d: usize) -> Result<&Rank, HandlerError> {
+        self.inst.ranks.get(&d).ok_or_else(|| internal(format!("'{}': no state for device {d}", self.cfg.name)))
+    }
+
+    fn flags(&self, d: usize) -> Result<u64, HandlerError> {
+        Ok(self.rank(d)?.signals.ptr + 4 * BLOCKS as u64)
+    }
+
+    fn status(&self) -> Result<Status, HandlerError> {
+        let timeout_ns = self.cfg.timeout_ms.saturating_mul(1_000_000);
+        Ok(Status { word: self.rank(self.device)?.status.device_ptr, timeout_ns, tag: 1 })
+    }
+
+    fn func(&self, name: &str) -> Result<ffi::cuda::Function, HandlerError> {
+        self.c.devices[self.device].module.function(name).map_err(|e| internal(format!("kernel {name}: {e}")))
+    }
+
+    fn launch<A>(
+        &self,
+        func: &str,
+        grid: u32,
+        params: &mut [*mut std::ffi::c_void],
+        _args: &A,
+    ) -> Result<(), HandlerError> {
+        let f = self.func(func)?;
+        // SAFETY: every caller builds `params` from one of collectives.rs's argument structs
+        // (`_args`, alive for this call) whose field list is the kernel family's parameter list;
+        // every address is an XLA buffer of this call (alive until the stream reaches it, XLA's
+        // contract) or this instance's symmetric staging, signals or mapped status, which live for
+        // the process on devices whose peer access was probed.
+        unsafe { self.stream.launch(&f, grid, THREADS, params) }.map_err(internal)
+    }
+
+    fn grid(bytes: usize) -> u32 {
+        super::grid((bytes as u64).div_ceil(16), DEFAULT_GRID)
+    }
+}
+
+fn view(shape: &ArrayShape, dim: usize) -> Result<(usize, usize, usize), HandlerError> {
+    let dims: Vec<usize> = shape.dims.iter().map(|&d| usize::try_from(d).unwrap_or(0)).collect();
+    if dims.is_empty() {
+        return Ok((1, 1, shape.ty.byte_size()));
+    }
+    let n = *dims
+        .get(dim)
+        .ok_or_else(|| err(ErrorCode::InvalidArgument, format!("dimension {dim} out of range for {shape}")))?;
+    Ok((dims[..dim].iter().product(), n, dims[dim + 1..].iter().product::<usize>() * shape.ty.byte_size()))
+}
+
+impl CollectiveRuntime for CudaRuntime {
+    fn traits(&self) -> Traits {
+        COMMAND_BUFFER_COMPATIBLE
+    }
+
+    fn execute(&self, f: &CallFrame<'_>, cfg: &CustomCallConfig, device: usize) -> Result<(), HandlerError> {
+        let c = clique()?;
+        let (args, rets) = (f.args()?, f.rets()?);
+        let arg_shapes = args.iter().map(array_shape).collect::<Result<Vec<_>, _>>()?;
+        let ret_shapes = rets.iter().map(array_shape).collect::<Result<Vec<_>, _>>()?;
+        let inst = instance(c, cfg, &arg_shapes, &ret_shapes)?;
+        let dev = c.devices.get(device).ok_or_else(|| internal(format!("no GPU {device}")))?;
+        dev.ctx.bind().map_err(internal)?;
+        // SAFETY: XLA hands an FFI handler the CUstream of the calling device, alive for the call
+        // and for the work enqueued on it.
+        let stream = unsafe { ForeignStream::new(f.stream()?, device) };
+        let call = Call { c, cfg, inst: &inst, device, stream };
+        // A previous call's kernel may have given up on a peer: report it now.
+        let st = &call.rank(device)?.status;
+        let missing = st.load(0);
+        if missing != 0 {
+            st.store(0, 0);
+            // Status bits name group members (permute: bit 0 my target, bit 1 my source).
+            let bits = (0..32usize).filter(|i| missing & (1 << i) != 0);
+            let members: Vec<usize> = if cfg.kind == Kind::CollectivePermute {
+                let target = cfg.pairs.iter().find(|p| p.0 == device).map_or(device, |p| p.1);
+                let source = cfg.pairs.iter().find(|p| p.1 == device).map_or(device, |p| p.0);
+                bits.map(|b| if b == 0 { target } else { source }).collect()
+            } else {
+                let group = cfg.group_of(device).unwrap_or(&[]);
+                bits.filter_map(|b| group.get(b).copied()).collect()
+            };
+            return Err(err(
+                ErrorCode::DeadlineExceeded,
+                format!(
+                    "{} '{}' on device {device}: an earlier call timed out after {} ms waiting for devices {members:?} (groups {}, pairs {:?})",
+                    cfg.target(),
+                    cfg.name,
+                    cfg.timeout_ms,
+                    thunks::fmt_groups(&cfg.groups),
+                    cfg.pairs
+                ),
+            ));
+        }
+        match cfg.kind {
+            Kind::CollectivePermute => permute(&call, &args, &rets, &arg_shapes),
+            _ => {
+                let group = cfg.group_of(device).ok_or_else(|| internal("device in no group"))?.to_vec();
+                let idx = group.iter().position(|&m| m == device).unwrap_or(0);
+                match cfg.algorithm {
+                    Algo::OneShotAllReduce | Algo::TwoShotAllReduce | Algo::DirectReduceScatter => {
+                        for (i, (a, r)) in args.iter().zip(&rets).enumerate() {
+                            reduce(&call, &group, idx, a, r, &arg_shapes[i])?;
+                        }
+                        Ok(())
+                    }
+                    Algo::DirectAllGather | Algo::DirectAllToAll => push(&call, &group, idx, &args, &rets, &arg_shapes),
+                    Algo::DirectPermute => Err(internal("direct permute on a grouped collective")),
+                }
+            }
+        }
+    }
+}
+
+/// All-reduce (one-/two-shot) or reduce-scatter of one operand.
+fn reduce(
+    call: &Call,
+    group: &[usize],
+    idx: usize,
+    a: &BufferRef,
+    r: &BufferRef,
+    shape: &ArrayShape,
+) -> Result<(), HandlerError> {
+    let cfg = call.cfg;
+    let bytes = shape.byte_size();
+    let g = group.len();
+    if g == 1 {
+        return call.stream.copy_d2d(r.data as u64, a.data as u64, bytes).map_err(internal);
+    }
+    let t =
+        Dtype::of(shape.ty).ok_or_else(|| err(ErrorCode::InvalidArgument, format!("no kernel for {}", shape.ty)))?;
+    let red = Red::of(cfg.reduction.ok_or_else(|| err(ErrorCode::InvalidArgument, "no reduction"))?);
+    if !red.defined_for(t) {
+        return Err(err(ErrorCode::InvalidArgument, format!("no {} reduction for {}", red.name(), t.name())));
+    }
+    let stage = Ptrs::of(&group.iter().map(|&m| call.rank(m).map(|r| r.staging.ptr)).collect::<Result<Vec<_>, _>>()?);
+    let flags = Ptrs::of(&group.iter().map(|&m| call.flags(m)).collect::<Result<Vec<_>, _>>()?);
+    let stride = (call.inst.staging / 2) as u64;
+    let counter = call.rank(call.device)?.signals.ptr;
+    if cfg.algorithm == Algo::DirectReduceScatter {
+        let (phys, dim) = cfg.physical(&shape.dims).map_err(|m| err(ErrorCode::InvalidArgument, m))?;
+        let (outer, n, inner) = view(&ArrayShape::new(shape.ty, phys), dim.unwrap_or(0))?;
+        if n % g != 0 {
+            return Err(err(ErrorCode::InvalidArgument, format!("dimension of {n} does not split into {g}")));
+        }
+        let blocks = Blocks { outer: outer as u64, brow: (n / g * inner) as u64, full: (n * inner) as u64 };
+        let mut x = ScatterArgs {
+            input: a.data as u64,
+            output: r.data as u64,
+            rank: idx as u32,
+            world: g as u32,
+            stage,
+            stride,
+            flags,
+            counter,
+            blocks,
+            status: call.status()?,
+        };
+        let name = format!("pl_reduce_scatter_{}_{}", t.name(), red.name());
+        return call.launch(&name, Call::grid(bytes / g), &mut x.params(), &x);
+    }
+    let kind = if cfg.algorithm == Algo::OneShotAllReduce { "one_shot" } else { "two_shot" };
+    let mut x = ReduceArgs {
+        input: a.data as u64,
+        output: r.data as u64,
+        n: (bytes / t.size()) as u64,
+        rank: idx as u32,
+        world: g as u32,
+        stage,
+        stride,
+        flags,
+        counter,
+        status: call.status()?,
+    };
+    call.launch(&format!("pl_{kind}_{}_{}", t.name(), red.name()), Call::grid(bytes), &mut x.params(), &x)
+}
+
+/// All-gather and all-to-all: push into the peers' staging, then copy my staging out.
+fn push(
+    call: &Call,
+    group: &[usize],
+    idx: usize,
+    args: &[BufferRef],
+    rets: &[BufferRef],
+    shapes: &[ArrayShape],
+) -> Result<(), HandlerError> {
+    let cfg = call.cfg;
+    let g = group.len();
+    let mine = call.rank(call.device)?;
+    if g > MAX_TASKS {
+        return Err(err(ErrorCode::InvalidArgument, format!("group of {g} > {MAX_TASKS}")));
+    }
+    let mut sig = Sig::default();
+    let mut wait = Wait::default();
+    for (j, &m) in group.iter().enumerate() {
+        if j != idx {
+            sig.base[sig.n as usize] = call.flags(m)?;
+            sig.slot[sig.n as usize] = idx as u64;
+            sig.n += 1;
+            wait.slot[wait.n as usize] = j as u64;
+            wait.n += 1;
+        }
+    }
+    let mut x = Xchg {
+        counter: mine.signals.ptr,
+        flags: call.flags(call.device)?,
+        sig: [sig, sig],
+        wait: [wait, wait],
+        ..Xchg::default()
+    };
+    let peer_stage = |k: usize| call.rank(group[k]).map(|r| r.staging.ptr);
+    // Copies from my staging into XLA's results once every push has landed.
+    let mut outs: Vec<(u64, u64, usize)> = Vec::new();
+    let moved: usize;
+    if cfg.kind == Kind::AllToAll && args.len() > 1 {
+        // Tuple form: operand k goes to member k, result j comes from member j.
+        if args.len() != g || rets.len() != g {
+            return Err(err(
+                ErrorCode::InvalidArgument,
+                format!("tuple all-to-all with {} operands in a group of {g}", args.len()),
+            ));
+        }
+        let chunk = round_up(shapes[0].byte_size(), 256);
+        for i in 0..g {
+            let k = (idx + i) % g;
+            let len = shapes[k].byte_size() as u64;
+            x.task[i] = Run {
+                src: args[k].data as u64,
+                dst: peer_stage(k)? + (idx * chunk) as u64,
+                rows: 1,
+                row: len,
+                sstride: 0,
+                dstride: 0,
+            };
+        }
+        for (j, r) in rets.iter().enumerate() {
+            outs.push((r.data as u64, mine.staging.ptr + (j * chunk) as u64, shapes[j].byte_size()));
+        }
+        moved = shapes[0].byte_size();
+    } else {
+        let (a, r, shape) = (&args[0], &rets[0], &shapes[0]);
+        let (phys, dim) = cfg.physical(&shape.dims).map_err(|m| err(ErrorCode::InvalidArgument, m))?;
+        let (outer, n, inner) = view(&ArrayShape::new(shape.ty, phys), dim.unwrap_or(0))?;
+        let row = (n * inner) as u64;
+        for i in 0..g {
+            let k = (idx + i) % g;
+            x.task[i] = if cfg.kind == Kind::AllGather {
+                Run {
+                    src: a.data as u64,
+                    dst: peer_stage(k)? + idx as u64 * row,
+                    rows: outer as u64,
+                    row,
+                    sstride: row,
+                    dstride: g as u64 * row,
+                }
+            } else {
+                if n % g != 0 {
+                    return Err(err(ErrorCode::InvalidArgument, format!("dimension of {n} does not split into {g}")));
+                }
+                let brow = (n / g * inner) as u64;
+                Run {
+                    src: a.data as u64 + k as u64 * brow,
+                    dst: peer_stage(k)? + idx as u64 * brow,
+                    rows: outer as u64,
+                    row: brow,
+                    sstride: row,
+                    dstride: row,
+                }
+            };
+        }
+        let out_bytes = r.byte_len()?;
+        outs.push((r.data as u64, mine.staging.ptr, out_bytes));
+        moved = shape.byte_size();
+    }
+    x.ntasks = g as u64;
+    let mut e = ExchangeArgs { x, status: call.status()? };
+    call.launch("pl_exchange", Call::grid(moved), &mut e.params(), &e)?;
+    for (dst, src, len) in outs {
+        if len > 0 {
+            call.stream.copy_d2d(dst, src, len).map_err(internal)?;
+        }
+    }
+    Ok(())
+}
+
+/// Collective-permute: "ready" from my target, push into its staging, "done" to it; then my
+/// staging (what my source pushed) becomes my result, or zeros without a source.
+fn permute(call: &Call, args: &[BufferRef], rets: &[BufferRef], shapes: &[ArrayShape]) -> Result<(), HandlerError> {
+    let d = call.device;
+    let (a, r) = (&args[0], &rets[0]);
+    let len = shapes[0].byte_size();
+    let target = call.cfg.pairs.iter().find(|p| p.0 == d).map(|p| p.1);
+    let source = call.cfg.pairs.iter().find(|p| p.1 == d).map(|p| p.0);
+    let mine = call.rank(d)?;
+    let mut x = Xchg { counter: mine.signals.ptr, flags: call.flags(d)?, ..Xchg::default() };
+    if let Some(s) = source.filter(|&s| s != d) {
+        x.sig[0].base[0] = call.flags(s)?;
+        x.sig[0].slot[0] = 0;
+        x.sig[0].n = 1;
+        x.wait[1].slot[0] = 1;
+        x.wait[1].n = 1;
+    }
+    match target {
+        Some(t) if t == d => {
+            x.task[0] =
+                Run { src: a.data as u64, dst: mine.staging.ptr, rows: 1, row: len as u64, sstride: 0, dstride: 0 };
+            x.ntasks = 1;
+        }
+        Some(t) => {
+            x.wait[0].slot[0] = 0;
+            x.wait[0].n = 1;
+            x.task[0] = Run {
+                src: a.data as u64,
+                dst: call.rank(t)?.staging.ptr,
+                rows: 1,
+                row: len as u64,
+                sstride: 0,
+                dstride: 0,
+            };
+            x.ntasks = 1;
+            x.sig[1].base[0] = call.flags(t)?;
+            x.sig[1].slot[0] = 1;
+            x.sig[1].n = 1;
+        }
+        None => {}
+    }
+    let mut e = ExchangeArgs { x, status: call.status()? };
+    call.launch("pl_exchange", Call::grid(len), &mut e.params(), &e)?;
+    if len == 0 {
+        return Ok(());
+    }
+    if source.is_some() {
+        call.stream.copy_d2d(r.data as u64, mine.staging.ptr, len).map_err(internal)
+    } else {
+        call.stream.memset_u8(r.data as u64, 0, len).map_err(internal)
+    }
+}

@@ -256,6 +256,60 @@ pub struct Attrs {
     pub other: BTreeMap<String, String>,
 }
 
+/// A custom-call's `api_version=`: how XLA calls its target (XLA's `CustomCallApiVersion`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CustomCallApiVersion {
+    Original,
+    StatusReturning,
+    StatusReturningUnified,
+    /// XLA FFI: typed buffers and attributes (Peerless's own custom calls use this).
+    TypedFfi,
+}
+
+impl CustomCallApiVersion {
+    pub fn from_name(s: &str) -> Option<Self> {
+        Some(match s {
+            "API_VERSION_ORIGINAL" => Self::Original,
+            "API_VERSION_STATUS_RETURNING" => Self::StatusReturning,
+            "API_VERSION_STATUS_RETURNING_UNIFIED" => Self::StatusReturningUnified,
+            "API_VERSION_TYPED_FFI" => Self::TypedFfi,
+            _ => return None,
+        })
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Original => "API_VERSION_ORIGINAL",
+            Self::StatusReturning => "API_VERSION_STATUS_RETURNING",
+            Self::StatusReturningUnified => "API_VERSION_STATUS_RETURNING_UNIFIED",
+            Self::TypedFfi => "API_VERSION_TYPED_FFI",
+        }
+    }
+}
+
+impl Attrs {
+    /// A custom-call's API version. Both front ends keep it in `other["api_version"]` as the
+    /// text spells it (absent means the original API, which XLA does not print); an unknown
+    /// name is an error, which the verifier reports.
+    pub fn custom_call_api_version(&self) -> Result<CustomCallApiVersion, String> {
+        match self.other.get("api_version") {
+            None => Ok(CustomCallApiVersion::Original),
+            Some(v) => CustomCallApiVersion::from_name(v.trim()).ok_or_else(|| {
+                format!(
+                    "unknown api_version={v}; expected API_VERSION_ORIGINAL, API_VERSION_STATUS_RETURNING, \
+                     API_VERSION_STATUS_RETURNING_UNIFIED or API_VERSION_TYPED_FFI"
+                )
+            }),
+        }
+    }
+
+    /// `custom_call_has_side_effect=true` (kept in `other` by both front ends): the call may
+    /// not be removed or duplicated.
+    pub fn custom_call_has_side_effect(&self) -> bool {
+        self.other.get("custom_call_has_side_effect").is_some_and(|v| v.trim() == "true")
+    }
+}
+
 /// One HLO instruction.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Instruction {

@@ -251,6 +251,7 @@ const ATTR_ORDER: &[&str] = &[
     "k",
     "largest",
     "distribution",
+    "algorithm",
     "fft_type",
     "fft_length",
     "is_host_transfer",

@@ -650,7 +650,114 @@ impl Decoder<'_> {
         if !p.fusion_kind.is_empty() {
             a.other.insert("kind".into(), p.fusion_kind.clone());
         }
+        self.small_attrs(p, opcode, &mut a.other)?;
         Ok(Instruction { name: p.name.clone(), opcode, shape, operands, called, attrs: a, parent, span: None })
+    }
+
+    /// Flags and small attributes the IR does not type, written as XLA's text form spells
+    /// them (as gather's dimension numbers are), so that both front ends keep the same
+    /// `other` entries and the printer writes them back: the custom-call ones (side effect,
+    /// API version, schedule, operand layouts, output aliasing), sort's stability, scatter's
+    /// and gather's index hints, precision, and the parameters of reduce-precision, top-k,
+    /// rng, rng-bit-generator and fft.
+    fn small_attrs(&self, p: &pb::HloInstructionProto, opcode: Opcode, other: &mut BTreeMap<String, String>) -> R<()> {
+        let mut put = |key: &str, value: String| {
+            other.insert(key.into(), value);
+        };
+        for (key, on) in [
+            ("is_host_transfer", p.is_host_transfer),
+            ("constrain_layout", p.constrain_layout),
+            ("is_stable", p.is_stable),
+            ("indices_are_sorted", p.indices_are_sorted),
+            ("unique_indices", p.unique_indices),
+            ("custom_call_has_side_effect", p.custom_call_has_side_effect),
+        ] {
+            if on {
+                put(key, "true".into());
+            }
+        }
+        let list = |v: &[i64]| format!("{{{}}}", v.iter().map(i64::to_string).collect::<Vec<_>>().join(","));
+        let enum_name = |what: &str, name: Option<&'static str>, v: i32| {
+            name.ok_or_else(|| self.err(format!("unknown {what} {v}")))
+        };
+        if let Some(pc) = &p.precision_config
+            && pc.operand_precision.iter().any(|&x| x != 0)
+        {
+            let names = pc
+                .operand_precision
+                .iter()
+                .map(|&x| {
+                    let name = pb::precision_config::Precision::try_from(x).ok().map(|e| e.as_str_name());
+                    enum_name("operand precision", name, x).map(str::to_ascii_lowercase)
+                })
+                .collect::<R<Vec<_>>>()?;
+            put("operand_precision", format!("{{{}}}", names.join(",")));
+        }
+        match opcode {
+            Opcode::CustomCall => {
+                // 0 (unspecified) and 1 (original) are both the original API, which XLA
+                // does not print.
+                let v = p.custom_call_api_version;
+                if v > 1 {
+                    let name = pb::CustomCallApiVersion::try_from(v).ok().map(|e| e.as_str_name());
+                    put("api_version", enum_name("custom_call_api_version", name, v)?.to_owned());
+                }
+                let v = p.custom_call_schedule;
+                if v != 0 {
+                    let name = pb::CustomCallSchedule::try_from(v).ok().map(|e| e.as_str_name());
+                    put("schedule", enum_name("custom_call_schedule", name, v)?.to_owned());
+                }
+                if !p.operand_shapes_with_layout.is_empty() {
+                    let shapes = p
+                        .operand_shapes_with_layout
+                        .iter()
+                        .map(|s| self.shape(s, 0).map(|s| s.to_string()))
+                        .collect::<R<Vec<_>>>()?;
+                    put("operand_layout_constraints", format!("{{{}}}", shapes.join(", ")));
+                }
+                if !p.output_operand_aliasing.is_empty() {
+                    let pairs: Vec<String> = p
+                        .output_operand_aliasing
+                        .iter()
+                        .map(|o| {
+                            format!(
+                                "{}: ({}, {})",
+                                list(&o.output_shape_index),
+                                o.operand_index,
+                                list(&o.operand_shape_index)
+                            )
+                        })
+                        .collect();
+                    put("output_to_operand_aliasing", format!("{{{}}}", pairs.join(", ")));
+                }
+            }
+            Opcode::ReducePrecision => {
+                put("exponent_bits", p.exponent_bits.to_string());
+                put("mantissa_bits", p.mantissa_bits.to_string());
+            }
+            Opcode::TopK => {
+                put("k", p.k.to_string());
+                put("largest", p.largest.to_string());
+            }
+            Opcode::Rng => {
+                let v = p.distribution;
+                let name = pb::RandomDistribution::try_from(v).ok().map(|e| e.as_str_name());
+                put("distribution", enum_name("rng distribution", name, v)?.to_ascii_lowercase());
+            }
+            Opcode::RngBitGenerator => {
+                let v = p.rng_algorithm;
+                let name = pb::RandomAlgorithm::try_from(v).ok().map(|e| e.as_str_name());
+                put("algorithm", enum_name("rng algorithm", name, v)?.to_ascii_lowercase());
+            }
+            Opcode::Fft => {
+                let v = p.fft_type;
+                let name = pb::FftType::try_from(v).ok().map(|e| e.as_str_name());
+                put("fft_type", enum_name("fft type", name, v)?.to_owned());
+                put("fft_length", list(&p.fft_length));
+            }
+            _ => {}
+        }
+        Ok(())
     }
 
     fn shape(&self, s: &pb::ShapeProto, depth: usize) -> R<Shape> {
@@ -784,7 +891,8 @@ impl Decoder<'_> {
         Ok(match s.r#type {
             0 => Sharding::Replicated,
             4 => Sharding::Manual,
-            5 => Sharding::Other("unknown".into()),
+            // Braced, as the text front end keeps an unmodelled sharding.
+            5 => Sharding::Other("{unknown}".into()),
             1 => Sharding::Maximal {
                 device: *s
                     .tile_assignment_devices
@@ -830,7 +938,7 @@ impl Decoder<'_> {
                     last_tile_dims: s.last_tile_dims.iter().map(|&t| sharding_type_name(t)).collect(),
                 }
             }
-            t => Sharding::Other(format!("type{t}")),
+            t => Sharding::Other(format!("{{type{t}}}")),
         })
     }
 }

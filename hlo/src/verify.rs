@@ -1214,6 +1214,7 @@ impl<'a> Verifier<'a> {
 
     fn custom_call(&self, id: InstrId) -> R {
         let ins = &self.m.instrs[id];
+        ins.attrs.custom_call_api_version().map_err(|e| self.err(id, format!("custom-call has an {e}")))?;
         let Some(target) = ins.attrs.custom_call_target.as_deref() else {
             return Ok(());
         };

@@ -376,10 +376,90 @@ ENTRY %main (a: f32[8], b: (f32[4], s32[2])) -> (f32[8], (f32[4], s32[2])) {
     );
     let ar = &m.instrs[m.entry().root];
     assert_eq!(ar.attrs.custom_call_target.as_deref(), Some("peerless.all_reduce"));
+    assert_eq!(ar.attrs.custom_call_api_version(), Ok(hlo::CustomCallApiVersion::TypedFfi));
+    assert!(!ar.attrs.custom_call_has_side_effect());
     assert_eq!(
         ar.attrs.backend_config.as_deref(),
         Some(
             r#"{algorithm = "one_shot", groups = array<i64: 0, 1, 2, 3>, group_size = 4 : i64, instance = 12345 : i64, reduction = "sum"}"#
         )
     );
+}
+
+/// A typed-FFI custom call read from an `HloModuleProto` keeps its API version, side effect,
+/// schedule, operand layouts and output aliasing (fields the IR does not type), and prints
+/// them as XLA's text does.
+#[cfg(feature = "proto")]
+#[test]
+fn proto_custom_call_attributes_round_trip() {
+    use pjrt_sys::protos::xla as pb;
+    use prost::Message;
+    let f32s = |dims: &[i64]| pb::ShapeProto {
+        element_type: 11,
+        dimensions: dims.to_vec(),
+        is_dynamic_dimension: vec![false; dims.len()],
+        layout: Some(Box::new(pb::LayoutProto {
+            minor_to_major: (0..dims.len() as i64).rev().collect(),
+            ..Default::default()
+        })),
+        ..Default::default()
+    };
+    let instr = |id: i64, opcode: &str, shape: pb::ShapeProto| pb::HloInstructionProto {
+        id,
+        name: format!("i{id}"),
+        opcode: opcode.into(),
+        shape: Some(shape),
+        ..Default::default()
+    };
+    let backend = r#"{algorithm = "one_shot", groups = array<i64: 0, 1>, reduction = "sum"}"#;
+    let cc = pb::HloInstructionProto {
+        operand_ids: vec![1],
+        custom_call_target: "peerless.all_reduce".into(),
+        custom_call_api_version: pb::CustomCallApiVersion::ApiVersionTypedFfi as i32,
+        custom_call_has_side_effect: true,
+        custom_call_schedule: pb::CustomCallSchedule::ScheduleLatest as i32,
+        operand_shapes_with_layout: vec![f32s(&[4])],
+        output_operand_aliasing: vec![pb::OutputOperandAliasing {
+            output_shape_index: vec![],
+            operand_index: 0,
+            operand_shape_index: vec![],
+        }],
+        backend_config: backend.as_bytes().to_vec(),
+        ..instr(2, "custom-call", f32s(&[4]))
+    };
+    let param = pb::HloInstructionProto { parameter_number: 0, ..instr(1, "parameter", f32s(&[4])) };
+    let bytes = pb::HloModuleProto {
+        name: "m".into(),
+        entry_computation_name: "main".into(),
+        entry_computation_id: 1,
+        computations: vec![pb::HloComputationProto {
+            name: "main".into(),
+            instructions: vec![param, cc],
+            id: 1,
+            root_id: 2,
+            ..Default::default()
+        }],
+        ..Default::default()
+    }
+    .encode_to_vec();
+    let m = hlo::decode_proto("m.pb", &bytes).unwrap_or_else(|e| panic!("{e}"));
+    let root = &m.instrs[m.entry().root];
+    assert_eq!(root.attrs.custom_call_api_version(), Ok(hlo::CustomCallApiVersion::TypedFfi));
+    assert!(root.attrs.custom_call_has_side_effect());
+    let text = round_trip("m.pb", &m);
+    let want = format!(
+        "  ROOT %i2 = f32[4]{{0}} custom-call(%i1), custom_call_target=\"peerless.all_reduce\", \
+         operand_layout_constraints={{f32[4]{{0}}}}, custom_call_has_side_effect=true, \
+         output_to_operand_aliasing={{{{}}: (0, {{}})}}, schedule=SCHEDULE_LATEST, \
+         api_version=API_VERSION_TYPED_FFI, backend_config={backend}\n"
+    );
+    assert!(text.contains(&want), "{text}");
+}
+
+#[test]
+fn custom_call_api_version_is_checked() {
+    let text = "HloModule m\nENTRY main {\n  a = f32[2] parameter(0)\n  \
+                ROOT c = f32[2] custom-call(a), custom_call_target=\"t\", api_version=API_VERSION_NEW\n}\n";
+    let e = hlo::parse_text("m", text).unwrap_err();
+    assert!(e.message.contains("unknown api_version=API_VERSION_NEW"), "{e}");
 }

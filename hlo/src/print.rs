@@ -561,8 +561,10 @@ pub fn sharding_text(s: &Sharding) -> String {
     }
 }
 
-/// Tile assignments of up to this many non-trivial dimensions are tried as transposed iotas.
+/// Tile assignments of up to this many non-trivial dimensions, and up to this many devices,
+/// are tried as transposed iotas (each of up to 5! permutations is expanded and compared).
 const MAX_IOTA_SEARCH_RANK: usize = 5;
+const MAX_IOTA_SEARCH_DEVICES: usize = 1 << 12;
 
 /// The canonical iota form (reshape dimensions, transpose permutation; empty when none) of a
 /// tile assignment whose devices, in row-major order, are `transpose(iota(dims), perm)`
@@ -575,7 +577,8 @@ fn iota_form(tile_dims: &[i64], devices: &[i64]) -> Option<(Vec<i64>, Vec<i64>)>
         return Some((vec![n], Vec::new()));
     }
     let dims: Vec<i64> = tile_dims.iter().copied().filter(|&d| d != 1).collect();
-    if dims.len() > MAX_IOTA_SEARCH_RANK || dims.iter().product::<i64>() != n {
+    let product = dims.iter().try_fold(1i64, |acc, &d| acc.checked_mul(d));
+    if dims.len() > MAX_IOTA_SEARCH_RANK || devices.len() > MAX_IOTA_SEARCH_DEVICES || product != Some(n) {
         return None;
     }
     // Every permutation, in lexicographic order: reshape dims `r` with `r[perm[i]] = dims[i]`,
@@ -654,7 +657,11 @@ pub fn literal_text(out: &mut String, l: &Literal) {
 fn array_text(out: &mut String, a: &Array) {
     let size = a.ty().byte_size().max(1);
     let mut elems = a.data.chunks_exact(size).map(|b| element_text(a.ty(), b));
-    if a.dims().is_empty() {
+    if a.data.len() != a.shape.byte_size() {
+        // Only a hand-built array can disagree with its shape: print XLA's elided form,
+        // which the parser rejects with a clear message.
+        out.push_str("{...}");
+    } else if a.dims().is_empty() {
         out.push_str(&elems.next().unwrap_or_default());
     } else if a.element_count() == 0 {
         out.push_str("{}");
@@ -838,6 +845,36 @@ mod tests {
         assert_eq!(iota_form(&[4, 2], &devices), Some((vec![2, 4], vec![1, 0])));
         assert_eq!(iota_form(&[2, 2], &[3, 2, 1, 0]), None);
         assert_eq!(canonical_iota(vec![2, 2, 2], vec![2, 0, 1]), (vec![4, 2], vec![1, 0]));
+    }
+
+    #[test]
+    fn malformed_modules_print_without_panicking() {
+        use cranelift_entity::EntityRef;
+        let mut m = crate::parse_text(
+            "m",
+            "HloModule m\nr {\n  ROOT a = f32[] parameter(0)\n}\nENTRY e {\n  p = f32[2] parameter(0)\n  \
+             c = f32[2] constant({1, 2})\n  ROOT s = f32[2] add(p, c), sharding={devices=[2]0,1}\n}\n",
+        )
+        .unwrap();
+        let root = m.entry().root;
+        let c = m.entry().instrs[1];
+        m.instrs[root].operands.push(InstrId::new(999));
+        m.instrs[root].called = vec![CompId::new(99), CompId::new(0)];
+        m.instrs[root].attrs.control_predecessors.push(InstrId::new(998));
+        m.instrs[root].attrs.sharding = Some(Sharding::Tiled {
+            tile_dims: vec![i64::MAX, 4, -1],
+            devices: vec![0, 1],
+            last_tile_dim_replicate: false,
+            last_tile_dims: vec![],
+        });
+        if let Some(Literal::Array(a)) = &mut m.instrs[c].attrs.literal {
+            a.shape.dims = vec![1 << 40];
+        }
+        m.comps[CompId::new(0)].root = InstrId::new(12345);
+        let text = module_text(&m);
+        assert!(text.contains("constant({...})") && text.contains("%<invalid %999>"), "{text}");
+        m.entry = CompId::new(77);
+        module_text(&m);
     }
 
     #[test]

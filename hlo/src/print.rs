@@ -151,8 +151,9 @@ fn int_list(v: &[i64]) -> String {
     format!("{{{}}}", join(v, ","))
 }
 
-/// A double-quoted string with the escapes the parser reads back (`\"`, `\\`, `\n`, `\t`,
-/// `\r`, `\xHH` for other control characters). Other characters, UTF-8 included, print as is.
+/// A double-quoted string with the escapes the parser reads back, as XLA's `CEscape` writes
+/// them (`\"`, `\\`, `\n`, `\t`, `\r`, octal `\ooo` for other control characters). Other
+/// characters, UTF-8 included, print as is.
 pub(crate) fn quote(s: &str) -> String {
     let mut out = String::with_capacity(s.len() + 2);
     out.push('"');
@@ -163,7 +164,7 @@ pub(crate) fn quote(s: &str) -> String {
             '\n' => out.push_str("\\n"),
             '\t' => out.push_str("\\t"),
             '\r' => out.push_str("\\r"),
-            c if (c as u32) < 0x20 || c == '\x7f' => out.push_str(&format!("\\x{:02x}", c as u32)),
+            c if (c as u32) < 0x20 || c == '\x7f' => out.push_str(&format!("\\{:03o}", c as u32)),
             c => out.push(c),
         }
     }
@@ -411,10 +412,12 @@ impl Printer<'_> {
             push("use_global_device_ids", "true".into());
         }
         if let Some(s) = &a.slice {
+            // XLA writes every stride when any is not 1.
+            let unit = s.iter().all(|d| d.stride == 1);
             let dims: Vec<String> = s
                 .iter()
                 .map(|d| {
-                    if d.stride == 1 {
+                    if unit {
                         format!("[{}:{}]", d.start, d.limit)
                     } else {
                         format!("[{}:{}:{}]", d.start, d.limit, d.stride)
@@ -635,19 +638,19 @@ fn next_permutation(p: &mut [usize]) -> bool {
 }
 
 /// A constant's payload as XLA writes it on one line: `1`, `{1, 2}`, `{ { 1, 2 }, { 3, 4 } }`,
-/// tuples `(1, {2, 3})`.
+/// tuples `( 1, {2, 3} )`; `pred` arrays as `{1, 0}` (a scalar as `true`).
 pub fn literal_text(out: &mut String, l: &Literal) {
     match l {
         Literal::Array(a) => array_text(out, a),
         Literal::Tuple(t) => {
-            out.push('(');
+            out.push_str("( ");
             for (i, e) in t.iter().enumerate() {
                 if i > 0 {
                     out.push_str(", ");
                 }
                 literal_text(out, e);
             }
-            out.push(')');
+            out.push_str(if t.is_empty() { ")" } else { " )" });
         }
         // Not expressible in HLO text (the parser rejects token constants).
         Literal::Token => {}
@@ -656,7 +659,12 @@ pub fn literal_text(out: &mut String, l: &Literal) {
 
 fn array_text(out: &mut String, a: &Array) {
     let size = a.ty().byte_size().max(1);
-    let mut elems = a.data.chunks_exact(size).map(|b| element_text(a.ty(), b));
+    // XLA writes the elements of a `pred` array as 1 and 0, "so that the string is more dense".
+    let dense_pred = a.ty() == PrimitiveType::Pred && !a.dims().is_empty();
+    let mut elems = a
+        .data
+        .chunks_exact(size)
+        .map(|b| if dense_pred { u8::from(le::<1>(b)[0] != 0).to_string() } else { element_text(a.ty(), b) });
     if a.data.len() != a.shape.byte_size() {
         // Only a hand-built array can disagree with its shape: print XLA's elided form,
         // which the parser rejects with a clear message.
@@ -879,7 +887,7 @@ mod tests {
 
     #[test]
     fn strings_quote_and_escape() {
-        assert_eq!(quote("a\"b\\c\nd\u{1}"), "\"a\\\"b\\\\c\\nd\\x01\"");
+        assert_eq!(quote("a\"b\\c\nd\u{1}\u{7f}é"), "\"a\\\"b\\\\c\\nd\\001\\177é\"");
         assert_eq!(braced_or_quoted("{\"a\": \"}\"}"), "{\"a\": \"}\"}");
         assert_eq!(braced_or_quoted("{a} {b}"), "\"{a} {b}\"");
         assert_eq!(braced_or_quoted("x"), "\"x\"");

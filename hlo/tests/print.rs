@@ -213,7 +213,7 @@ ENTRY %main (p0: f32[4,8], p1: s32[4]) -> f32[4] {
   %p0 = f32[4,8]{1,0} parameter(0), sharding={devices=[2,2]<=[2,2]T(1,0)}
   %p1 = s32[4]{0} parameter(1), sharding={{replicated}, {maximal device=1}}
   %zero = f32[] constant(0)
-  %s = f32[2,4] slice(%p0), slice={[0:4:2], [0:4]}
+  %s = f32[2,4] slice(%p0), slice={[0:4:2], [0:4:1]}
   %pd = f32[5,4] pad(%s, %zero), padding=1_1_1x0_0_0
   %t = f32[8,4] transpose(%p0), dimensions={1,0}
   %d = f32[4,4] dot(%p0, %t), lhs_contracting_dims={1}, rhs_contracting_dims={0}
@@ -237,8 +237,8 @@ ENTRY %main (p0: f32[4,8], p1: s32[4]) -> f32[4] {
   %cc = (f32[4], s32[4]) custom-call(%wx, %p1), custom_call_target="peerless.all_reduce", custom_call_has_side_effect=true, api_version=API_VERSION_TYPED_FFI, backend_config={algorithm = "one_shot", groups = array<i64: 0, 1, 2, 3>, group_size = 4 : i64, instance = 12345 : i64, reduction = "sum"}
   %g = f32[4] get-tuple-element(%cc), index=0
   %so = f32[4] sort(%g), dimensions={0}, is_stable=true, to_apply=%less
-  %kc = (f32[2], s32[], pred[2,2]) constant(({1.5, -0}, 7, { { true, false }, { false, true } }))
-  ROOT %out = f32[4] add(%so, %g), sharding={devices=[2,1,2]3,1,2,0 last_tile_dim_replicate}, frontend_attributes={k="v"}, control-predecessors={%cp, %ds}, metadata={op_name="jit(f)/add" source_file="f.py" source_line=3}, backend_config="not \"json\""
+  %kc = (f32[2], s32[], pred[2,2]) constant(( {1.5, -0}, 7, { { 1, 0 }, { 0, 1 } } ))
+  ROOT %out = f32[4] add(%so, %g), sharding={devices=[2,1,2]3,1,2,0 last_tile_dim_replicate}, frontend_attributes={k="v"}, control-predecessors={%cp, %ds}, metadata={op_name="jit(f)/add" source_file="f.py" source_line=3}, backend_config="not \"json\"\t\001"
 }
 "#,
     );
@@ -286,7 +286,7 @@ fn constants_and_iota_groups_print_in_full() {
     for want in [
         "  %k = f32[2,3] constant({ { 1, -2.5, 300 }, { -0.125, 0, 0.0015 } })",
         "  %i3 = s32[2,2,2] constant({ { { 1, -2 }, { 3, -4 } }, { { 5, -6 }, { 7, 2147483647 } } })",
-        "  %pr = pred[4] constant({true, false, false, true})",
+        "  %pr = pred[4] constant({1, 0, 0, 1})",
         "  %hf = f16[3] constant({0.1, -2, 1024})",
         "  %sp = f32[4] constant({inf, -inf, nan, -0})",
         "  %d = f64[2] constant({1.7976931348623157e308, -5e-324})",

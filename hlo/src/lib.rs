@@ -1,6 +1,8 @@
 //! Peerless's HLO front end: one IR (typed indices into arenas) built from XLA's HLO
 //! text or from a binary `HloModuleProto`, and a verifier that checks every
-//! instruction's shape rule before anything downstream sees the module.
+//! instruction's shape rule before anything downstream sees the module, and a
+//! printer back to HLO text ([`print::module_text`]) that the parser reads back
+//! to the same IR.
 //!
 //! Invariants for consumers: a [`Module`] returned by [`parse_text`] or
 //! [`decode_proto`] has passed [`verify::verify`]; every operand id refers to an

@@ -7,6 +7,7 @@
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use emitter::PeerAccessTable;
 use ffi::xla_ffi::{XLA_FFI_CallFrame, XLA_FFI_Error};
@@ -17,31 +18,55 @@ use thunks::custom_call::target_kind;
 use thunks::ffi_handler::{CollectiveRuntime, dispatch};
 
 static HOST: HostRuntime = HostRuntime;
+/// Execute-stage handler calls per platform (cpu, cuda): a call captured into a command
+/// buffer and replayed by XLA does not count, which is how tests see that it was replayed.
+static CALLS: [AtomicU64; 2] = [AtomicU64::new(0), AtomicU64::new(0)];
+
+/// Execute-stage calls of the handlers of `platform` so far.
+pub fn handler_calls(platform: &str) -> u64 {
+    match platform {
+        "cpu" => CALLS[0].load(Ordering::Relaxed),
+        "cuda" => CALLS[1].load(Ordering::Relaxed),
+        _ => 0,
+    }
+}
 static CUDA: CudaRuntime = CudaRuntime;
 
 /// Runs `kind`'s handler with `rt`.
 ///
 /// # Safety
 /// `frame` is the call frame XLA passed to a handler, valid for the call.
-unsafe fn call(kind: CollectiveKind, frame: *mut XLA_FFI_CallFrame, rt: &dyn CollectiveRuntime) -> *mut XLA_FFI_Error {
+unsafe fn call(
+    kind: CollectiveKind,
+    frame: *mut XLA_FFI_CallFrame,
+    rt: &dyn CollectiveRuntime,
+    counter: &AtomicU64,
+) -> *mut XLA_FFI_Error {
     // SAFETY: the caller's contract (a live call frame from XLA).
-    unsafe { ffi::xla_ffi::guard_with_traits(frame, rt.traits(), |f| dispatch(kind, f, rt)) }
+    unsafe {
+        ffi::xla_ffi::guard_with_traits(frame, rt.traits(), |f| {
+            if f.stage() == ffi::xla_ffi::ExecutionStage::Execute {
+                counter.fetch_add(1, Ordering::Relaxed);
+            }
+            dispatch(kind, f, rt)
+        })
+    }
 }
 
 macro_rules! handlers {
-    ($rt:expr; $($name:ident => $kind:ident),* $(,)?) => {
+    ($rt:expr, $counter:expr; $($name:ident => $kind:ident),* $(,)?) => {
         $(
             /// # Safety
             /// Called by XLA with a live call frame.
             unsafe extern "C" fn $name(frame: *mut XLA_FFI_CallFrame) -> *mut XLA_FFI_Error {
                 // SAFETY: XLA calls handlers with a call frame valid for the call.
-                unsafe { call(CollectiveKind::$kind, frame, $rt) }
+                unsafe { call(CollectiveKind::$kind, frame, $rt, $counter) }
             }
         )*
     };
 }
 
-handlers! { &HOST;
+handlers! { &HOST, &CALLS[0];
     cpu_all_reduce => AllReduce,
     cpu_all_gather => AllGather,
     cpu_all_to_all => AllToAll,
@@ -49,7 +74,7 @@ handlers! { &HOST;
     cpu_collective_permute => CollectivePermute,
 }
 
-handlers! { &CUDA;
+handlers! { &CUDA, &CALLS[1];
     cuda_all_reduce => AllReduce,
     cuda_all_gather => AllGather,
     cuda_all_to_all => AllToAll,

@@ -11,10 +11,11 @@
 //! - **Epochs** advance on the device side: word 0 of a device's own `signals` region is a
 //!   per-device, per-collective counter that the device reads and increments on entry.
 //!   Nothing is passed from the host, so a captured graph could replay the same call.
-//! - **No host-side coordination** inside a collective: no mutex, barrier or channel
-//!   between devices, only flags in arena memory.
-//! - **A watchdog** on every wait: spinning (`spin_loop`, then `yield_now`, then short
-//!   sleeps) stops at the call's deadline with [`CollectiveError::Timeout`], which names the
+//! - **No host-side coordination** inside a collective: no barrier or channel between
+//!   devices, only flags in arena memory. A waiting device spins briefly, then parks on the
+//!   cluster's condition variable, which every flag store notifies: a wake-up hint for hosts
+//!   with fewer cores than devices (XLA:CPU), never a source of truth.
+//! - **A watchdog** on every wait: waiting (spinning, then parking) stops at the call's deadline with [`CollectiveError::Timeout`], which names the
 //!   ranks that never arrived. Nothing hangs.
 //!
 //! The protocols themselves are described in `protocol.rs`.
@@ -31,7 +32,7 @@ mod protocol;
 mod reduce;
 
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use hlo::ArrayShape;
@@ -143,6 +144,10 @@ pub struct HostCluster {
     arenas: Vec<Arena>,
     arena_bytes: usize,
     peers: Arc<PeerMatrix>,
+    /// Where waiting devices park: a generation counter bumped by every flag store. A hint
+    /// only: the protocols read flags, never this.
+    parked: Mutex<u64>,
+    wakeup: Condvar,
 }
 
 impl fmt::Debug for HostCluster {
@@ -187,11 +192,29 @@ impl HostCluster {
         for _ in 0..num_devices {
             arenas.push(Arena::new(arena_bytes).ok_or_else(|| alloc.clone())?);
         }
-        Ok(Arc::new(HostCluster { arenas, arena_bytes, peers }))
+        Ok(Arc::new(HostCluster { arenas, arena_bytes, peers, parked: Mutex::new(0), wakeup: Condvar::new() }))
     }
 
     pub fn num_devices(&self) -> usize {
         self.arenas.len()
+    }
+
+    /// Wakes every parked device (after a flag store).
+    pub(crate) fn wake(&self) {
+        let mut g = self.parked.lock().unwrap_or_else(PoisonError::into_inner);
+        *g = g.wrapping_add(1);
+        drop(g);
+        self.wakeup.notify_all();
+    }
+
+    /// Takes the parking lock; re-check the flags under it, then [`HostCluster::park`].
+    pub(crate) fn park_lock(&self) -> MutexGuard<'_, u64> {
+        self.parked.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Sleeps until a flag store or `timeout`.
+    pub(crate) fn park(&self, guard: MutexGuard<'_, u64>, timeout: Duration) {
+        drop(self.wakeup.wait_timeout(guard, timeout).unwrap_or_else(PoisonError::into_inner));
     }
 
     pub fn arena_bytes(&self) -> usize {

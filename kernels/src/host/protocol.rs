@@ -49,7 +49,6 @@
 //!   moves every element type (f8, s4/u4, complex included) and reduces computable ones.
 
 use std::hint::spin_loop;
-use std::thread;
 use std::time::{Duration, Instant};
 
 use hlo::ArrayShape;
@@ -438,6 +437,7 @@ impl Ctx<'_> {
         for i in 1..g {
             let m = self.group[(self.idx + i) % g];
             self.arena(m).flag_store(self.slot(b, self.idx), self.epoch);
+            self.cluster.wake();
         }
     }
 
@@ -479,11 +479,17 @@ impl Ctx<'_> {
                     timeout: call.timeout,
                 });
             }
-            if spins <= 4096 {
-                thread::yield_now();
-            } else {
-                thread::sleep(Duration::from_micros(50));
+            // Park until a peer stores a flag (every store wakes the cluster's parked
+            // devices; the flags stay the only truth, the wake-up is a hint), so a host with
+            // fewer cores than devices (XLA:CPU runs one thread per device) makes progress.
+            let parked = self.cluster.park_lock();
+            pending.retain(|&(w, _)| !reached(own.flag_load(w), self.epoch));
+            if pending.is_empty() {
+                return Ok(());
             }
+            let cap = Duration::from_millis(2);
+            let wait = self.deadline.map_or(cap, |d| d.saturating_duration_since(Instant::now()).min(cap));
+            self.cluster.park(parked, wait);
         }
     }
 
@@ -585,6 +591,7 @@ impl Ctx<'_> {
             }
             if m != self.rank {
                 dst.flag_store(self.slot(1, self.idx), self.epoch);
+                self.cluster.wake();
             }
         }
         self.wait_all(1)
@@ -611,6 +618,7 @@ impl Ctx<'_> {
         let Pair { target, source } = self.pair;
         if let Some(s) = source.filter(|&s| s != self.rank) {
             self.arena(s).flag_store(self.sig + Self::READY, self.epoch);
+            self.cluster.wake();
         }
         match target {
             Some(t) if t == self.rank => self.copy_inputs_to_outputs(),
@@ -621,6 +629,7 @@ impl Ctx<'_> {
                     arena::copy(self.own(), o.input.offset, dst, o.output.offset, o.input.len);
                 }
                 dst.flag_store(self.sig + Self::DONE, self.epoch);
+                self.cluster.wake();
             }
             None => {}
         }
@@ -641,6 +650,7 @@ impl Ctx<'_> {
         if let Some(t) = remote_target {
             self.stage_in(st);
             self.arena(t).flag_store(self.sig + Self::DONE, self.epoch);
+            self.cluster.wake();
         }
         match source {
             Some(s) if s == self.rank => self.copy_inputs_to_outputs(),
@@ -651,6 +661,7 @@ impl Ctx<'_> {
                     arena::copy(src, st + o.stage, self.own(), o.output.offset, o.input.len);
                 }
                 src.flag_store(self.sig + Self::READY, self.epoch);
+                self.cluster.wake();
             }
             None => self.zero_outputs(),
         }

@@ -67,3 +67,17 @@ pub unsafe extern "C" fn PeerlessXlaHandler(
         None => std::ptr::null(),
     }
 }
+
+/// Execute-stage calls of Peerless's FFI handlers on `platform` ("cpu", "cuda") so far.
+///
+/// # Safety
+/// `platform` is null or NUL-terminated.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn PeerlessXlaHandlerCalls(platform: *const std::ffi::c_char) -> u64 {
+    if platform.is_null() {
+        return 0;
+    }
+    // SAFETY: the caller passes a NUL-terminated string.
+    let p = unsafe { std::ffi::CStr::from_ptr(platform) }.to_string_lossy();
+    plugin::xla_handlers::handler_calls(&p)
+}

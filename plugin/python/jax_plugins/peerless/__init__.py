@@ -22,7 +22,7 @@ import ctypes
 import os
 from pathlib import Path
 
-from .inside import decisions, disable, enable, enabled, reset_stats, stats  # noqa: F401  (public API)
+from .inside import decisions, disable, enable, enabled, handler_calls, reset_stats, stats  # noqa: F401  (public API)
 
 PLATFORM = "peerless"
 _LIB = "libpeerless_pjrt.so"

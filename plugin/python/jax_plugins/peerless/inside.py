@@ -73,6 +73,8 @@ def _dll():
         dll.PeerlessXlaPassFree.restype = None
         dll.PeerlessXlaHandler.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
         dll.PeerlessXlaHandler.restype = ctypes.c_void_p
+        dll.PeerlessXlaHandlerCalls.argtypes = [ctypes.c_char_p]
+        dll.PeerlessXlaHandlerCalls.restype = ctypes.c_uint64
         _state["dll"] = dll
     return _state["dll"]
 
@@ -222,6 +224,13 @@ def decisions() -> list[dict]:
     """Every decision since `enable` (or `reset_stats`), with its reason."""
     with _lock:
         return [dict(d) for d in _state["decisions"]]
+
+
+def handler_calls(platform: str = "cpu") -> int:
+    """Execute-stage calls of Peerless's handlers on `platform` so far. A call XLA captured
+    into a command buffer and replays does not reach the handler, so this stays behind the
+    number of executions then."""
+    return int(_dll().PeerlessXlaHandlerCalls(platform.encode()))
 
 
 def reset_stats() -> None:

@@ -1,0 +1,341 @@
+#!/usr/bin/env python3
+"""Peerless inside XLA on GPUs: correctness against XLA alone, and timings beside stock XLA
+(NCCL) and XLA's own collective kernels. Not a test suite: a script the device tool runs
+(scripts/gpu_xla_inside.sh), printing tables and writing JSON to --out.
+
+    python3 plugin/tests/gpu_xla_inside.py check   --out DIR   # every visible GPU
+    python3 plugin/tests/gpu_xla_inside.py compute --out DIR   # one GPU: no-collective programs
+    python3 plugin/tests/gpu_xla_inside.py bench   --out DIR   # psum chain + TP decode layer
+
+Each configuration (peerless / stock / xla-kernels, command buffers on / off) runs in its own
+process, since XLA reads XLA_FLAGS once. The child prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+# NVLink multicast stays off on shared hosts.
+SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+CONFIGS = {
+    "stock": "",
+    "peerless": "",
+    "xla-kernels": "--xla_gpu_experimental_use_collective_kernels=ALL_REDUCE,ALL_GATHER",
+}
+GRAPHS = {"graphs": "--xla_gpu_graph_min_graph_size=1", "nographs": "--xla_gpu_enable_command_buffer="}
+
+
+def child(config: str, graphs: str, job: str, extra: list[str]) -> dict:
+    env = dict(os.environ, **SAFE_ENV)
+    env["XLA_FLAGS"] = " ".join(x for x in (CONFIGS[config], GRAPHS[graphs], env.get("XLA_FLAGS", "")) if x)
+    env["PEERLESS_CHILD_CONFIG"] = config
+    env["PEERLESS_CHILD_ARRAYS"] = f"/tmp/peerless_{config}_{graphs}_{job}.npz"
+    cmd = [sys.executable, os.path.abspath(__file__), "_child", job, *extra]
+    t0 = time.time()
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    lines = [l for l in p.stdout.splitlines() if l.startswith("{")]
+    if p.returncode != 0 or not lines:
+        return {"config": config, "graphs": graphs, "job": job, "error": (p.stderr or p.stdout)[-3000:], "rc": p.returncode}
+    out = json.loads(lines[-1])
+    out.update(config=config, graphs=graphs, job=job, wall_s=round(time.time() - t0, 1))
+    return out
+
+
+# ----------------------------------------------------------------------------- child side
+
+def _setup():
+    import jax
+
+    config = os.environ["PEERLESS_CHILD_CONFIG"]
+    if config == "peerless":
+        import jax_plugins.peerless as peerless
+
+        peerless.enable([os.environ.get("PEERLESS_PLATFORM", "cuda")])
+        return jax, peerless
+    return jax, None
+
+
+def _time(fn, *args, warmup=3, iters=20, repeats=5):
+    import jax
+
+    for _ in range(warmup):
+        jax.block_until_ready(fn(*args))
+    samples = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            r = fn(*args)
+        jax.block_until_ready(r)
+        samples.append((time.perf_counter() - t0) / iters)
+    samples.sort()
+    return samples[len(samples) // 2] * 1e6
+
+
+def job_check(sizes: list[int]):
+    """Collectives over every visible GPU: results as hex digests + decisions."""
+    import hashlib
+
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+    jax, peerless = _setup()
+    import jax.numpy as jnp
+
+    devs = jax.devices()
+    n = len(devs)
+    mesh = Mesh(np.array(devs), ("x",))
+    out = {"n": n, "results": {}, "handler_calls": None}
+    arrays = {}
+    progs = {
+        "psum": lambda x: jax.lax.psum(x, "x"),
+        "pmax": lambda x: jax.lax.pmax(x, "x"),
+        "all_gather": lambda x: jax.lax.all_gather(x, "x", axis=0, tiled=True),
+        "all_gather_ax1": lambda x: jax.lax.all_gather(x, "x", axis=1, tiled=True),
+        "all_to_all": lambda x: jax.lax.all_to_all(x, "x", 1, 1, tiled=True),
+        "psum_scatter": lambda x: jax.lax.psum_scatter(x, "x", scatter_dimension=1, tiled=True),
+        "ppermute": lambda x: jax.lax.ppermute(x, "x", [(i, (i + 1) % n) for i in range(n)]),
+        "chain": lambda x: jax.lax.psum(jax.lax.psum(x * 2, "x") + 1, "x"),
+    }
+    for dtype in ("float32", "bfloat16", "int32"):
+        for size in sizes:
+            cols = max(8 * n, size // 4 // n)
+            cols -= cols % (8 * n)
+            rng = np.random.default_rng(size)
+            host = rng.standard_normal((n, cols)) if dtype != "int32" else rng.integers(-9, 10, (n, cols))
+            x = jax.device_put(jnp.asarray(host, dtype=dtype), NamedSharding(mesh, P("x")))
+            for name, body in progs.items():
+                if dtype == "int32" and name == "chain":
+                    continue
+                f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=P("x"), check_vma=False))
+                try:
+                    # Several calls: with command buffers XLA replays the captured graph.
+                    for i in range(4):
+                        r = np.asarray(jax.block_until_ready(f(x + i if dtype != "int32" else x + i)).astype("float32"))
+                    out["results"][f"{name}/{dtype}/{size}"] = hashlib.sha1(r.tobytes()).hexdigest()[:16]
+                    arrays[f"{name}/{dtype}/{size}"] = r
+                except Exception as e:  # noqa: BLE001
+                    out["results"][f"{name}/{dtype}/{size}"] = f"ERROR {type(e).__name__}: {str(e)[:300]}"
+    # Auto-partitioned jit: a data-parallel MLP train step.
+    def loss(w, xb, yb):
+        h = jnp.tanh(xb @ w[0])
+        return jnp.mean((h @ w[1] - yb) ** 2)
+
+    @jax.jit
+    def step(w, xb, yb):
+        g = jax.grad(loss)(w, xb, yb)
+        return [wi - 0.1 * gi for wi, gi in zip(w, g)]
+
+    rep, dat = NamedSharding(mesh, P()), NamedSharding(mesh, P("x"))
+    rng = np.random.default_rng(0)
+    w = [jax.device_put(jnp.asarray(rng.standard_normal((256, 512)) * 0.05, jnp.float32), rep),
+         jax.device_put(jnp.asarray(rng.standard_normal((512, 64)) * 0.05, jnp.float32), rep)]
+    xb = jax.device_put(jnp.asarray(rng.standard_normal((64 * n, 256)), jnp.float32), dat)
+    yb = jax.device_put(jnp.asarray(rng.standard_normal((64 * n, 64)), jnp.float32), dat)
+    for _ in range(3):
+        w = step(w, xb, yb)
+    for i, wi in enumerate(w):
+        arrays[f"mlp_dp/w{i}"] = np.asarray(wi)
+        out["results"][f"mlp_dp/w{i}"] = hashlib.sha1(arrays[f"mlp_dp/w{i}"].tobytes()).hexdigest()[:16]
+    np.savez(os.environ["PEERLESS_CHILD_ARRAYS"], **arrays)
+    if peerless is not None:
+        out["stats"] = peerless.stats()
+        out["handler_calls"] = peerless.handler_calls(os.environ.get("PEERLESS_PLATFORM", "cuda"))
+        out["fallbacks"] = [d for d in peerless.decisions() if d["implementation"] == "fallback"][:10]
+    print(json.dumps(out))
+
+
+def job_compute():
+    """Programs without collectives on one GPU: Peerless enabled must cost nothing."""
+    import numpy as np
+
+    jax, peerless = _setup()
+    import jax.numpy as jnp
+
+    rng = np.random.default_rng(0)
+    res = {}
+    a = jnp.asarray(rng.standard_normal((1024, 1024)), jnp.float32)
+    res["matmul_f32_1024"] = _time(jax.jit(lambda x: x @ x), a)
+    b = jnp.asarray(rng.standard_normal((2048, 2048)), jnp.bfloat16)
+    res["matmul_bf16_2048"] = _time(jax.jit(lambda x: x @ x), b)
+
+    def mlp_loss(w, x, y):
+        h = jax.nn.gelu(x @ w[0])
+        return jnp.mean((h @ w[1] - y) ** 2)
+
+    w = [jnp.asarray(rng.standard_normal((1024, 4096)) * 0.02, jnp.float32), jnp.asarray(rng.standard_normal((4096, 1024)) * 0.02, jnp.float32)]
+    xb = jnp.asarray(rng.standard_normal((256, 1024)), jnp.float32)
+    step = jax.jit(lambda w, x, y: [wi - 1e-3 * gi for wi, gi in zip(w, jax.grad(mlp_loss)(w, x, y))])
+    res["mlp_train_step"] = _time(step, w, xb, xb)
+
+    d, h = 1024, 16
+    p = {k: jnp.asarray(rng.standard_normal(s) * 0.02, jnp.bfloat16) for k, s in
+         {"qkv": (d, 3 * d), "o": (d, d), "w1": (d, 4 * d), "w2": (4 * d, d)}.items()}
+    xt = jnp.asarray(rng.standard_normal((8, 512, d)), jnp.bfloat16)
+
+    def block(p, x):
+        q, k, v = jnp.split(x @ p["qkv"], 3, axis=-1)
+        sh = lambda t: t.reshape(t.shape[0], t.shape[1], h, d // h).transpose(0, 2, 1, 3)
+        q, k, v = sh(q), sh(k), sh(v)
+        att = jax.nn.softmax(q @ k.transpose(0, 1, 3, 2) / (d // h) ** 0.5, axis=-1)
+        o = (att @ v).transpose(0, 2, 1, 3).reshape(x.shape)
+        x = x + o @ p["o"]
+        return x + jax.nn.gelu(x @ p["w1"]) @ p["w2"]
+
+    res["transformer_block"] = _time(jax.jit(block), p, xt)
+    out = {"us": res}
+    if peerless is not None:
+        out["stats"] = peerless.stats()
+    print(json.dumps(out))
+
+
+def job_bench(sizes: list[int]):
+    """µs per psum in a jitted chain of 20, over every visible GPU; and a tensor-parallel
+    transformer decode layer (bf16, d_model 4096, 32 heads, MLP 4x, batch 8, one token)."""
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+    jax, peerless = _setup()
+    import jax.numpy as jnp
+
+    devs = jax.devices()
+    n = len(devs)
+    mesh = Mesh(np.array(devs), ("x",))
+    chain = 20
+
+    def body(x):
+        for _ in range(chain):
+            x = jax.lax.psum(x, "x") * (1.0 / n)
+        return x
+
+    f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=P("x")))
+    res = {}
+    for size in sizes:
+        elems = max(4, size // 4)
+        x = jax.device_put(jnp.ones((n, elems), jnp.float32), NamedSharding(mesh, P("x")))
+        res[f"psum/{size}"] = _time(f, x, iters=10) / chain
+    # TP decode layer: column-parallel qkv / w1, row-parallel o / w2 -> two all-reduces.
+    d, heads, batch = 4096, 32, 8
+    rng = np.random.default_rng(0)
+    col, row = NamedSharding(mesh, P(None, "x")), NamedSharding(mesh, P("x", None))
+    p = {
+        "qkv": jax.device_put(jnp.asarray(rng.standard_normal((d, 3 * d)) * 0.02, jnp.bfloat16), col),
+        "o": jax.device_put(jnp.asarray(rng.standard_normal((d, d)) * 0.02, jnp.bfloat16), row),
+        "w1": jax.device_put(jnp.asarray(rng.standard_normal((d, 4 * d)) * 0.02, jnp.bfloat16), col),
+        "w2": jax.device_put(jnp.asarray(rng.standard_normal((4 * d, d)) * 0.02, jnp.bfloat16), row),
+    }
+    kv_len = 1024
+    kc = jax.device_put(jnp.asarray(rng.standard_normal((batch, heads, kv_len, d // heads)) * 0.5, jnp.bfloat16), NamedSharding(mesh, P(None, "x")))
+
+    def layer(p, x, kc):
+        qkv = x @ p["qkv"]
+        q, k, v = jnp.split(qkv, 3, axis=-1)
+        q = q.reshape(batch, heads, 1, d // heads)
+        att = jax.nn.softmax((q @ kc.transpose(0, 1, 3, 2)) / (d // heads) ** 0.5, axis=-1)
+        o = (att @ kc).reshape(batch, d)
+        x = x + o @ p["o"]
+        return x + jax.nn.gelu(x @ p["w1"]) @ p["w2"]
+
+    xt = jax.device_put(jnp.asarray(rng.standard_normal((batch, d)), jnp.bfloat16), NamedSharding(mesh, P()))
+    lay = jax.jit(layer)
+    res["tp_decode_layer"] = _time(lay, p, xt, kc)
+    out = {"us": res, "n": n, "decode_checksum": float(jnp.sum(jnp.abs(lay(p, xt, kc).astype(jnp.float32))))}
+    if peerless is not None:
+        out["stats"] = peerless.stats()
+        out["fallbacks"] = [dd for dd in peerless.decisions() if dd["implementation"] == "fallback"][:10]
+    print(json.dumps(out))
+
+
+# ----------------------------------------------------------------------------- driver
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("mode", choices=["check", "compute", "bench", "_child"])
+    ap.add_argument("rest", nargs="*")
+    ap.add_argument("--out", default="gpu_xla_inside_out")
+    ap.add_argument("--sizes", default="1024,65536,262144,1048576,4194304")
+    a = ap.parse_args()
+    sizes = [int(s) for s in a.sizes.split(",")]
+    if a.mode == "_child":
+        job = a.rest[0]
+        if job == "check":
+            job_check(sizes)
+        elif job == "compute":
+            job_compute()
+        else:
+            job_bench(sizes)
+        return 0
+    os.makedirs(a.out, exist_ok=True)
+    rows = []
+    rc = 0
+    if a.mode == "check":
+        ref = child("stock", "nographs", "check", ["--sizes", a.sizes])
+        rows.append(ref)
+        for cfg, gr in (("peerless", "graphs"), ("peerless", "nographs")):
+            r = child(cfg, gr, "check", ["--sizes", a.sizes])
+            rows.append(r)
+            if "error" in r or "error" in ref:
+                print(f"{cfg}/{gr}: ERROR\n{r.get('error') or ref.get('error')}")
+                rc = 1
+                continue
+            import numpy as np
+
+            want = np.load(f"/tmp/peerless_stock_nographs_check.npz")
+            got = np.load(f"/tmp/peerless_{cfg}_{gr}_check.npz")
+            bad = {}
+            for k, v in r["results"].items():
+                if v.startswith("ERROR") or k not in want.files or k not in got.files:
+                    bad[k] = (ref["results"].get(k), v)
+                    continue
+                # Exact for ints; for floats XLA's NCCL and Peerless may round sums in another
+                # order: bf16 1e-2 / 1e-3, f32 1e-5 / 1e-6 (relative / absolute).
+                tol = {"bfloat16": (1e-2, 1e-3), "int32": (0, 0)}.get(k.split("/")[1], (1e-5, 1e-6))
+                if not np.allclose(got[k], want[k], rtol=tol[0], atol=tol[1]):
+                    diff = float(np.max(np.abs(got[k] - want[k])))
+                    bad[k] = (ref["results"].get(k), f"{v} max|diff|={diff:.3g}")
+            exact = sum(1 for k, v in r["results"].items() if ref["results"].get(k) == v)
+            ok = len(r["results"]) - len(bad)
+            print(f"   ({exact} bit-identical)")
+            print(f"{cfg:9s} {gr:9s} {ok}/{len(r['results'])} results equal XLA alone; stats {r.get('stats')}; handler calls {r.get('handler_calls')}")
+            for k, (want, got) in sorted(bad.items())[:20]:
+                print(f"   MISMATCH {k}: xla {want} | peerless {got}")
+            if r.get("fallbacks"):
+                print(f"   fallbacks: {[(x['op'], x['reason']) for x in r['fallbacks']]}")
+            rc |= bool(bad)
+    elif a.mode == "compute":
+        base = child("stock", "graphs", "compute", [])
+        mine = child("peerless", "graphs", "compute", [])
+        rows += [base, mine]
+        if "error" in base or "error" in mine:
+            print("ERROR", base.get("error") or mine.get("error"))
+            rc = 1
+        else:
+            print(f"{'program':22s} {'stock µs':>10s} {'peerless µs':>12s} {'ratio':>6s}")
+            for k, v in base["us"].items():
+                print(f"{k:22s} {v:10.1f} {mine['us'][k]:12.1f} {mine['us'][k] / v:6.3f}")
+    else:
+        res = {cfg: child(cfg, "graphs", "bench", ["--sizes", a.sizes]) for cfg in CONFIGS}
+        rows += list(res.values())
+        for cfg, r in res.items():
+            if "error" in r:
+                print(f"{cfg}: ERROR {r['error']}")
+                rc = 1
+        keys = next((list(r["us"]) for r in res.values() if "us" in r), [])
+        print(f"{'µs':22s} " + " ".join(f"{c:>12s}" for c in res))
+        for k in keys:
+            print(f"{k:22s} " + " ".join(f"{res[c]['us'][k]:12.2f}" if "us" in res[c] else f"{'-':>12s}" for c in res))
+        for c, r in res.items():
+            if "decode_checksum" in r:
+                print(f"{c}: decode checksum {r['decode_checksum']:.6g} stats {r.get('stats')} fallbacks {[(x['op'], x['reason']) for x in r.get('fallbacks', [])]}")
+    with open(os.path.join(a.out, f"{a.mode}.json"), "w") as fh:
+        json.dump(rows, fh, indent=1)
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

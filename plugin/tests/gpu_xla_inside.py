@@ -308,16 +308,19 @@ def main():
                 print(f"   fallbacks: {[(x['op'], x['reason']) for x in r['fallbacks']]}")
             rc |= bool(bad)
     elif a.mode == "compute":
-        base = child("stock", "graphs", "compute", [])
-        mine = child("peerless", "graphs", "compute", [])
-        rows += [base, mine]
-        if "error" in base or "error" in mine:
-            print("ERROR", base.get("error") or mine.get("error"))
+        # Alternate the two processes (stock, peerless, stock, peerless) and keep each one's
+        # best: the first process on a cold GPU runs at lower clocks.
+        runs = [child(c, "graphs", "compute", []) for c in ("stock", "peerless", "stock", "peerless")]
+        rows += runs
+        errs = [r["error"] for r in runs if "error" in r]
+        if errs:
+            print("ERROR", errs[0])
             rc = 1
         else:
-            print(f"{'program':22s} {'stock µs':>10s} {'peerless µs':>12s} {'ratio':>6s}")
-            for k, v in base["us"].items():
-                print(f"{k:22s} {v:10.1f} {mine['us'][k]:12.1f} {mine['us'][k] / v:6.3f}")
+            best = {c: {k: min(r["us"][k] for r in runs if r["config"] == c) for k in runs[0]["us"]} for c in ("stock", "peerless")}
+            print(f"{'program':22s} {'stock µs':>10s} {'peerless µs':>12s} {'ratio':>6s}   (best of 2 processes each)")
+            for k, v in best["stock"].items():
+                print(f"{k:22s} {v:10.1f} {best['peerless'][k]:12.1f} {best['peerless'][k] / v:6.3f}")
     else:
         res = {cfg: child(cfg, "graphs", "bench", ["--sizes", a.sizes]) for cfg in CONFIGS}
         rows += list(res.values())

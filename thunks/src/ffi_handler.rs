@@ -18,6 +18,11 @@ use crate::custom_call::{AttrSource, CustomCallConfig};
 pub trait CollectiveRuntime: Sync {
     /// Traits the handlers declare in the metadata probe (command-buffer compatibility).
     fn traits(&self) -> Traits;
+    /// The INITIALIZE stage on `device` (outside any stream capture): set up per-collective
+    /// state that must not be created while XLA records a command buffer.
+    fn initialize(&self, _frame: &CallFrame<'_>, _call: &CustomCallConfig, _device: usize) -> Result<(), HandlerError> {
+        Ok(())
+    }
     /// Runs the call on `device` (its device id).
     fn execute(&self, frame: &CallFrame<'_>, call: &CustomCallConfig, device: usize) -> Result<(), HandlerError>;
 }
@@ -62,10 +67,10 @@ pub fn array_shape(b: &BufferRef<'_>) -> Result<ArrayShape, HandlerError> {
 
 /// The handler body for a custom call of `kind`.
 pub fn dispatch(kind: CollectiveKind, f: &CallFrame<'_>, rt: &dyn CollectiveRuntime) -> Result<(), HandlerError> {
-    // Instantiate / prepare / initialize: the runtimes set up per-collective state lazily on
-    // first execute (it must be shared by every device of a group, which these stages,
-    // called per device, cannot see all at once).
-    if f.stage() != ExecutionStage::Execute {
+    // Instantiate / prepare: nothing to declare. Initialize: the runtime sets up this
+    // device's part of the collective's state (peers' parts are joined on execute).
+    let stage = f.stage();
+    if !matches!(stage, ExecutionStage::Execute | ExecutionStage::Initialize) {
         return Ok(());
     }
     let call = CustomCallConfig::from_attrs(kind, &FrameAttrs(f)).map_err(|e| {
@@ -82,6 +87,9 @@ pub fn dispatch(kind: CollectiveKind, f: &CallFrame<'_>, rt: &dyn CollectiveRunt
             call.name,
             crate::fmt_groups(&call.groups)
         )));
+    }
+    if stage == ExecutionStage::Initialize {
+        return rt.initialize(f, &call, device);
     }
     rt.execute(f, &call, device)
 }

@@ -69,12 +69,18 @@ struct Rank {
     status: HostMapped,
 }
 
+/// A collective's per-device state. Each device allocates its own part, in its INITIALIZE
+/// stage (outside any stream capture: allocating or memsetting on another device while that
+/// device records a command buffer would break its capture), and publishes it here; a
+/// device's first execute waits (bounded) until every device it exchanges with has.
 #[derive(Debug)]
 struct Instance {
-    /// By device id (= ordinal: one process owns every GPU it sees).
-    ranks: HashMap<usize, Rank>,
+    ranks: Mutex<HashMap<usize, Arc<Rank>>>,
+    /// The complete set, once every device named has published (the hot path reads this).
+    complete: OnceLock<HashMap<usize, Arc<Rank>>>,
     /// Staging bytes per device (AR / RS: two halves).
     staging: usize,
+    devices: Vec<usize>,
 }
 
 fn instances() -> &'static Mutex<HashMap<u64, Arc<Instance>>> {
@@ -87,51 +93,82 @@ fn staging_bytes(cfg: &CustomCallConfig, args: &[ArrayShape], rets: &[ArrayShape
     let max_in = args.iter().map(ArrayShape::byte_size).max().unwrap_or(0);
     match cfg.algorithm {
         // Double-buffered operand (the largest, for variadic calls run one by one).
-        Algo::OneShotAllReduce | Algo::TwoShotAllReduce | Algo::DirectReduceScatter => {
-            2 * round_up(max_in.max(16), 256)
-        }
+        Algo::OneShotAllReduce | Algo::TwoShotAllReduce | Algo::DirectReduceScatter => 2 * round_up(max_in.max(16), 256),
         // The result is assembled here, then copied out.
         _ => round_up(rets.iter().map(ArrayShape::byte_size).sum::<usize>().max(16), 256),
     }
 }
 
 fn devices_of(cfg: &CustomCallConfig) -> Vec<usize> {
-    let mut v: Vec<usize> =
-        cfg.groups.iter().flatten().copied().chain(cfg.pairs.iter().flat_map(|&(s, t)| [s, t])).collect();
+    let mut v: Vec<usize> = cfg.groups.iter().flatten().copied().chain(cfg.pairs.iter().flat_map(|&(s, t)| [s, t])).collect();
     v.sort_unstable();
     v.dedup();
     v
 }
 
-fn instance(
-    c: &Clique,
-    cfg: &CustomCallConfig,
-    args: &[ArrayShape],
-    rets: &[ArrayShape],
-) -> Result<Arc<Instance>, HandlerError> {
+/// The instance of `cfg` (created empty on first sight; allocates nothing).
+fn instance(cfg: &CustomCallConfig, args: &[ArrayShape], rets: &[ArrayShape]) -> Arc<Instance> {
     let mut map = instances().lock().unwrap_or_else(PoisonError::into_inner);
-    if let Some(i) = map.get(&cfg.instance) {
-        return Ok(i.clone());
+    map.entry(cfg.instance)
+        .or_insert_with(|| {
+            Arc::new(Instance {
+                ranks: Mutex::new(HashMap::new()),
+                complete: OnceLock::new(),
+                staging: staging_bytes(cfg, args, rets),
+                devices: devices_of(cfg),
+            })
+        })
+        .clone()
+}
+
+/// Allocates and publishes `device`'s part of `inst` unless it exists.
+fn publish_own(c: &Clique, cfg: &CustomCallConfig, inst: &Instance, device: usize) -> Result<(), HandlerError> {
+    if inst.ranks.lock().unwrap_or_else(PoisonError::into_inner).contains_key(&device) {
+        return Ok(());
     }
-    let staging = staging_bytes(cfg, args, rets);
-    let mut ranks = HashMap::new();
-    for d in devices_of(cfg) {
-        let dev = c.devices.get(d).ok_or_else(|| {
-            err(
-                ErrorCode::FailedPrecondition,
-                format!("'{}' names device {d}; this process has {} GPUs", cfg.name, c.len()),
-            )
-        })?;
-        let rank = Rank {
-            staging: DeviceBuffer::zeroed(&dev.ctx, staging).map_err(internal)?,
-            signals: DeviceBuffer::zeroed(&dev.ctx, SIGNAL_BYTES).map_err(internal)?,
-            status: HostMapped::new(&dev.ctx, 2).map_err(internal)?,
+    let dev = c.devices.get(device).ok_or_else(|| {
+        err(ErrorCode::FailedPrecondition, format!("'{}' runs on device {device}; this process has {} GPUs", cfg.name, c.len()))
+    })?;
+    let rank = Rank {
+        staging: DeviceBuffer::zeroed(&dev.ctx, inst.staging).map_err(internal)?,
+        signals: DeviceBuffer::zeroed(&dev.ctx, SIGNAL_BYTES).map_err(internal)?,
+        status: HostMapped::new(&dev.ctx, 2).map_err(internal)?,
+    };
+    inst.ranks.lock().unwrap_or_else(PoisonError::into_inner).entry(device).or_insert_with(|| Arc::new(rank));
+    Ok(())
+}
+
+/// Every device's part, waiting (up to the call's timeout) for devices that have not
+/// published yet; the error names them.
+fn all_ranks<'a>(cfg: &CustomCallConfig, inst: &'a Instance) -> Result<&'a HashMap<usize, Arc<Rank>>, HandlerError> {
+    if let Some(c) = inst.complete.get() {
+        return Ok(c);
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_millis(cfg.timeout_ms);
+    loop {
+        let missing: Vec<usize> = {
+            let ranks = inst.ranks.lock().unwrap_or_else(PoisonError::into_inner);
+            let missing: Vec<usize> = inst.devices.iter().copied().filter(|d| !ranks.contains_key(d)).collect();
+            if missing.is_empty() {
+                return Ok(inst.complete.get_or_init(|| ranks.clone()));
+            }
+            missing
         };
-        ranks.insert(d, rank);
+        if std::time::Instant::now() >= deadline {
+            return Err(err(
+                ErrorCode::DeadlineExceeded,
+                format!(
+                    "{} '{}': devices {missing:?} never initialised it within {} ms (groups {}, pairs {:?})",
+                    cfg.target(),
+                    cfg.name,
+                    cfg.timeout_ms,
+                    thunks::fmt_groups(&cfg.groups),
+                    cfg.pairs
+                ),
+            ));
+        }
+        std::thread::sleep(std::time::Duration::from_micros(50));
     }
-    let i = Arc::new(Instance { ranks, staging });
-    map.insert(cfg.instance, i.clone());
-    Ok(i)
 }
 
 /// The CUDA platform's [`CollectiveRuntime`].
@@ -142,13 +179,14 @@ struct Call<'a> {
     c: &'static Clique,
     cfg: &'a CustomCallConfig,
     inst: &'a Instance,
+    ranks: &'a HashMap<usize, Arc<Rank>>,
     device: usize,
     stream: ForeignStream,
 }
 
 impl Call<'_> {
     fn rank(&self, d: usize) -> Result<&Rank, HandlerError> {
-        self.inst.ranks.get(&d).ok_or_else(|| internal(format!("'{}': no state for device {d}", self.cfg.name)))
+        self.ranks.get(&d).map(|r| &**r).ok_or_else(|| internal(format!("'{}': no state for device {d}", self.cfg.name)))
     }
 
     fn flags(&self, d: usize) -> Result<u64, HandlerError> {
@@ -201,18 +239,32 @@ impl CollectiveRuntime for CudaRuntime {
         COMMAND_BUFFER_COMPATIBLE
     }
 
+    fn initialize(&self, f: &CallFrame<'_>, cfg: &CustomCallConfig, device: usize) -> Result<(), HandlerError> {
+        let c = clique()?;
+        let (args, rets) = (f.args()?, f.rets()?);
+        let arg_shapes = args.iter().map(array_shape).collect::<Result<Vec<_>, _>>()?;
+        let ret_shapes = rets.iter().map(array_shape).collect::<Result<Vec<_>, _>>()?;
+        let inst = instance(cfg, &arg_shapes, &ret_shapes);
+        publish_own(c, cfg, &inst, device)
+    }
+
     fn execute(&self, f: &CallFrame<'_>, cfg: &CustomCallConfig, device: usize) -> Result<(), HandlerError> {
         let c = clique()?;
         let (args, rets) = (f.args()?, f.rets()?);
         let arg_shapes = args.iter().map(array_shape).collect::<Result<Vec<_>, _>>()?;
         let ret_shapes = rets.iter().map(array_shape).collect::<Result<Vec<_>, _>>()?;
-        let inst = instance(c, cfg, &arg_shapes, &ret_shapes)?;
+        let inst = instance(cfg, &arg_shapes, &ret_shapes);
+        if inst.complete.get().is_none() {
+            // Normally done in INITIALIZE; a runtime that skipped it allocates here.
+            publish_own(c, cfg, &inst, device)?;
+        }
+        let ranks = all_ranks(cfg, &inst)?;
         let dev = c.devices.get(device).ok_or_else(|| internal(format!("no GPU {device}")))?;
         dev.ctx.bind().map_err(internal)?;
         // SAFETY: XLA hands an FFI handler the CUstream of the calling device, alive for the call
         // and for the work enqueued on it.
         let stream = unsafe { ForeignStream::new(f.stream()?, device) };
-        let call = Call { c, cfg, inst: &inst, device, stream };
+        let call = Call { c, cfg, inst: &inst, ranks, device, stream };
         // A previous call's kernel may have given up on a peer: report it now.
         let st = &call.rank(device)?.status;
         let missing = st.load(0);

@@ -146,7 +146,10 @@ def _register_targets(platform: str) -> None:
         addr = dll.PeerlessXlaHandler(platform.encode(), target.encode())
         if not addr:
             raise RuntimeError(f"libpeerless_pjrt.so has no {platform} handler for {target}")
-        jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(fn_type(addr)), platform=xla_platform, api_version=1)
+        cap = jax.ffi.pycapsule(fn_type(addr))
+        # One function serves both stages: INITIALIZE sets up this device's part of a
+        # collective's state outside any command-buffer capture; EXECUTE launches.
+        jax.ffi.register_ffi_target(target, {"initialize": cap, "execute": cap}, platform=xla_platform, api_version=1)
     _state["targets"].add(platform)
 
 

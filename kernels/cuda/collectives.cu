@@ -31,7 +31,12 @@ struct Ptrs { u64 p[PL_MAX_RANKS]; };
 // `u32[2]` status (bit m of word[0]: member m missed a barrier; word[1]: the tag of the
 // first collective that timed out). Once word[0] is non-zero every later wait of the
 // execution returns at once, so a missing rank costs one timeout, not one per barrier.
-struct Status { u64 word; u64 timeout_ns; u64 tag; };
+// `word`: this device's u32[2] (missing-member mask, tag of the first timeout) in device
+// memory, polled by every wait. `report`: 0, or host-mapped u32[2] that a timeout also writes
+// (plain stores: host-mapped memory has no device atomics over PCIe), for hosts that read
+// the outcome without synchronising (XLA's FFI handlers); polling it would cost a PCIe read
+// per spin.
+struct Status { u64 word; u64 timeout_ns; u64 tag; u64 report; };
 
 PL_DEVICE bool failed(const Status& st) {
   return *reinterpret_cast<volatile const u32*>(st.word) != 0;
@@ -48,7 +53,13 @@ PL_DEVICE void wait_bounded(const u32* p, u32 e, const Status& st, u32 member) {
     if (pl_nanotime() - t0 > st.timeout_ns) {
       u32* w = reinterpret_cast<u32*>(st.word);
       atomicCAS(w + 1, 0u, (u32)st.tag);
-      atomicOr(w, 1u << member);
+      const u32 mask = atomicOr(w, 1u << member) | (1u << member);
+      if (st.report) {
+        volatile u32* r = reinterpret_cast<volatile u32*>(st.report);
+        r[1] = (u32)st.tag;
+        r[0] = mask;
+        __threadfence_system();
+      }
       return;
     }
   }

@@ -199,6 +199,9 @@ pub(crate) struct Status {
     pub timeout_ns: u64,
     /// Non-zero tag naming the collective (the executor uses thunk index + 1).
     pub tag: u64,
+    /// 0, or a host-mapped `u32[2]` a timeout also writes (XLA's handlers read it without
+    /// synchronising).
+    pub report: u64,
 }
 
 /// How long the benchmark's kernels wait for a peer before reporting it missing.
@@ -405,7 +408,7 @@ impl AllReduce {
                 stride: self.stride as u64,
                 flags: Ptrs::of(&flags),
                 counter: self.arena[r].ptr,
-                status: Status { word: self.status[r].ptr, timeout_ns: BENCH_TIMEOUT_NS, tag: 1 },
+                status: Status { word: self.status[r].ptr, timeout_ns: BENCH_TIMEOUT_NS, tag: 1, report: 0 },
             };
             d.ctx.bind()?;
             let grid = super::grid((n * self.dtype.size()).div_ceil(16) as u64, super::DEFAULT_GRID);
@@ -459,7 +462,7 @@ impl AllGather {
                 out: Ptrs::of(outs),
                 flags: Ptrs::of(&flags),
                 counter: self.arena[r].ptr,
-                status: Status { word: self.status[r].ptr, timeout_ns: BENCH_TIMEOUT_NS, tag: 1 },
+                status: Status { word: self.status[r].ptr, timeout_ns: BENCH_TIMEOUT_NS, tag: 1, report: 0 },
             };
             d.ctx.bind()?;
             // SAFETY: GatherArgs::params matches pl_all_gather's parameters; buffers are clique

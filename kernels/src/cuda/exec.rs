@@ -340,7 +340,7 @@ impl Build<'_> {
     }
 
     fn status(&self, d: usize) -> Status {
-        Status { word: self.status[d], timeout_ns: self.timeout_ns, tag: self.tag }
+        Status { word: self.status[d], timeout_ns: self.timeout_ns, tag: self.tag, report: 0 }
     }
 
     fn func(&self, d: usize, name: &str) -> Result<Function, String> {

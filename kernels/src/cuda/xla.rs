@@ -13,7 +13,7 @@
 //!   known to us), then each device copies its staging into its result, in stream order:
 //!   the next call's "ready" barrier cannot pass before that copy has run.
 //! - A peer that never arrives ends the kernel's bounded wait: the kernel writes the missing
-//!   members into a host-mapped status word, and the next call of the collective on that
+//!   members into its status word and into a host-mapped report word, and the next call of the collective on that
 //!   device reports them as an error (no host synchronisation on the hot path).
 
 use std::collections::HashMap;
@@ -66,7 +66,10 @@ pub fn peer_table() -> Result<Arc<emitter::PeerAccessTable>, String> {
 struct Rank {
     staging: DeviceBuffer,
     signals: DeviceBuffer,
-    status: HostMapped,
+    /// The kernels' status words (polled while waiting: device memory).
+    status: DeviceBuffer,
+    /// Where a timeout is also reported, for the host to read without synchronising.
+    report: HostMapped,
 }
 
 /// A collective's per-device state. Each device allocates its own part, in its INITIALIZE
@@ -93,14 +96,17 @@ fn staging_bytes(cfg: &CustomCallConfig, args: &[ArrayShape], rets: &[ArrayShape
     let max_in = args.iter().map(ArrayShape::byte_size).max().unwrap_or(0);
     match cfg.algorithm {
         // Double-buffered operand (the largest, for variadic calls run one by one).
-        Algo::OneShotAllReduce | Algo::TwoShotAllReduce | Algo::DirectReduceScatter => 2 * round_up(max_in.max(16), 256),
+        Algo::OneShotAllReduce | Algo::TwoShotAllReduce | Algo::DirectReduceScatter => {
+            2 * round_up(max_in.max(16), 256)
+        }
         // The result is assembled here, then copied out.
         _ => round_up(rets.iter().map(ArrayShape::byte_size).sum::<usize>().max(16), 256),
     }
 }
 
 fn devices_of(cfg: &CustomCallConfig) -> Vec<usize> {
-    let mut v: Vec<usize> = cfg.groups.iter().flatten().copied().chain(cfg.pairs.iter().flat_map(|&(s, t)| [s, t])).collect();
+    let mut v: Vec<usize> =
+        cfg.groups.iter().flatten().copied().chain(cfg.pairs.iter().flat_map(|&(s, t)| [s, t])).collect();
     v.sort_unstable();
     v.dedup();
     v
@@ -127,12 +133,16 @@ fn publish_own(c: &Clique, cfg: &CustomCallConfig, inst: &Instance, device: usiz
         return Ok(());
     }
     let dev = c.devices.get(device).ok_or_else(|| {
-        err(ErrorCode::FailedPrecondition, format!("'{}' runs on device {device}; this process has {} GPUs", cfg.name, c.len()))
+        err(
+            ErrorCode::FailedPrecondition,
+            format!("'{}' runs on device {device}; this process has {} GPUs", cfg.name, c.len()),
+        )
     })?;
     let rank = Rank {
         staging: DeviceBuffer::zeroed(&dev.ctx, inst.staging).map_err(internal)?,
         signals: DeviceBuffer::zeroed(&dev.ctx, SIGNAL_BYTES).map_err(internal)?,
-        status: HostMapped::new(&dev.ctx, 2).map_err(internal)?,
+        status: DeviceBuffer::zeroed(&dev.ctx, 8).map_err(internal)?,
+        report: HostMapped::new(&dev.ctx, 2).map_err(internal)?,
     };
     inst.ranks.lock().unwrap_or_else(PoisonError::into_inner).entry(device).or_insert_with(|| Arc::new(rank));
     Ok(())
@@ -186,7 +196,10 @@ struct Call<'a> {
 
 impl Call<'_> {
     fn rank(&self, d: usize) -> Result<&Rank, HandlerError> {
-        self.ranks.get(&d).map(|r| &**r).ok_or_else(|| internal(format!("'{}': no state for device {d}", self.cfg.name)))
+        self.ranks
+            .get(&d)
+            .map(|r| &**r)
+            .ok_or_else(|| internal(format!("'{}': no state for device {d}", self.cfg.name)))
     }
 
     fn flags(&self, d: usize) -> Result<u64, HandlerError> {
@@ -195,7 +208,8 @@ impl Call<'_> {
 
     fn status(&self) -> Result<Status, HandlerError> {
         let timeout_ns = self.cfg.timeout_ms.saturating_mul(1_000_000);
-        Ok(Status { word: self.rank(self.device)?.status.device_ptr, timeout_ns, tag: 1 })
+        let r = self.rank(self.device)?;
+        Ok(Status { word: r.status.ptr, timeout_ns, tag: 1, report: r.report.device_ptr })
     }
 
     fn func(&self, name: &str) -> Result<ffi::cuda::Function, HandlerError> {
@@ -266,10 +280,13 @@ impl CollectiveRuntime for CudaRuntime {
         let stream = unsafe { ForeignStream::new(f.stream()?, device) };
         let call = Call { c, cfg, inst: &inst, ranks, device, stream };
         // A previous call's kernel may have given up on a peer: report it now.
-        let st = &call.rank(device)?.status;
-        let missing = st.load(0);
+        let own = call.rank(device)?;
+        let missing = own.report.load(0);
         if missing != 0 {
-            st.store(0, 0);
+            // Clear both words: the device one in stream order (later launches would otherwise
+            // see the failure and skip their work).
+            own.report.store(0, 0);
+            call.stream.memset_u8(own.status.ptr, 0, 8).map_err(internal)?;
             // Status bits name group members (permute: bit 0 my target, bit 1 my source).
             let bits = (0..32usize).filter(|i| missing & (1 << i) != 0);
             let members: Vec<usize> = if cfg.kind == Kind::CollectivePermute {

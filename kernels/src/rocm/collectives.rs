@@ -94,7 +94,7 @@ impl AllReduce {
                 stride: self.stride as u64,
                 flags: Ptrs::of(&flags),
                 counter: self.arena[r].ptr,
-                status: Status { word: self.status[r].ptr, timeout_ns: TIMEOUT_NS, tag: 1 },
+                status: Status { word: self.status[r].ptr, timeout_ns: TIMEOUT_NS, tag: 1, report: 0 },
             };
             d.ctx.bind()?;
             let grid = crate::cuda::grid((n * self.dtype.size()).div_ceil(16) as u64, crate::cuda::DEFAULT_GRID);
@@ -151,7 +151,7 @@ impl AllGather {
                 out: Ptrs::of(outs),
                 flags: Ptrs::of(&flags),
                 counter: self.arena[r].ptr,
-                status: Status { word: self.status[r].ptr, timeout_ns: TIMEOUT_NS, tag: 1 },
+                status: Status { word: self.status[r].ptr, timeout_ns: TIMEOUT_NS, tag: 1, report: 0 },
             };
             d.ctx.bind()?;
             let grid = crate::cuda::grid(bytes.div_ceil(16) as u64, crate::cuda::DEFAULT_GRID);

@@ -356,8 +356,9 @@ impl HostMapped {
         // SAFETY: `ptr` holds `len` writable bytes just allocated.
         unsafe { std::ptr::write_bytes(ptr, 0, words.max(1)) };
         let mut dptr: sys::CUdeviceptr = 0;
-        // SAFETY: `ptr` is a mapped host allocation of this context; `dptr` is a valid out-pointer.
         let mapped = call("cuMemHostGetDevicePointer", Some(ctx.ordinal), || {
+            // SAFETY: `ptr` is a mapped host allocation of this context; `dptr` is a valid
+            // out-pointer.
             st(unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dptr, ptr.cast(), 0) })
         });
         let m = HostMapped { ptr, len, device_ptr: dptr, ordinal: ctx.ordinal, ctx: ctx.ctx };

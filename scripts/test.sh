@@ -65,7 +65,7 @@ if ! cargo fuzz --version >/dev/null 2>&1; then
   cargo install --locked cargo-fuzz --version 0.13.2
 fi
 echo "(the first target builds the fuzz project: several minutes on 2 cores)"
-for t in hlo_text hlo_proto compile_options npz flags; do
+for t in hlo_text hlo_proto compile_options npz flags xla_pass; do
   work=$(mktemp -d)
   mkdir "$work/new"
   if ! RUSTC_BOOTSTRAP=1 cargo fuzz run --fuzz-dir fuzz/libfuzzer -s none -O "$t" "$work/new" "fuzz/corpus/$t" -- \

@@ -236,11 +236,20 @@ pub struct PassConfig {
     pub local_devices: Option<BTreeSet<usize>>,
     /// What the handlers of this platform can run.
     pub caps: Capabilities,
+    /// The first `instance` id of this run, the next rewrite getting the next id (tests
+    /// want stable output); `None`: ids from a per-process random base ([`next_instance`]).
+    pub instance_base: Option<u64>,
 }
 
 impl Default for PassConfig {
     fn default() -> Self {
-        PassConfig { flags: Flags::default(), peers: None, local_devices: None, caps: Capabilities { variadic: true } }
+        PassConfig {
+            flags: Flags::default(),
+            peers: None,
+            local_devices: None,
+            caps: Capabilities { variadic: true },
+            instance_base: None,
+        }
     }
 }
 
@@ -492,7 +501,8 @@ pub fn run(bytes: &[u8], cfg: &PassConfig) -> Result<PassOutcome, PassError> {
     let mut decisions = Vec::new();
     let mut rewrites = HashMap::new();
     for id in module.collectives() {
-        let (decision, rewrite) = decide_one(&module, id, &assignment, cfg, &logical, &peers, &layouts);
+        let instance = cfg.instance_base.map(|b| b.wrapping_add(rewrites.len() as u64) & (i64::MAX as u64));
+        let (decision, rewrite) = decide_one(&module, id, &assignment, cfg, &logical, &peers, &layouts, instance);
         if let Some(r) = rewrite {
             rewrites.insert(decision.instr.clone(), r);
         }
@@ -503,7 +513,8 @@ pub fn run(bytes: &[u8], cfg: &PassConfig) -> Result<PassOutcome, PassError> {
     Ok(PassOutcome { module, decisions })
 }
 
-/// Decides one collective; returns its record and, for a kernel, its rewrite.
+/// Decides one collective; returns its record and, for a kernel, its rewrite (with
+/// `instance` as its id, or a fresh one).
 fn decide_one(
     module: &Module,
     id: InstrId,
@@ -512,6 +523,7 @@ fn decide_one(
     logical: &PeerAccessTable,
     peers: &PeerAccessTable,
     layouts: &HashMap<String, Vec<Result<LeafLayout, String>>>,
+    instance: Option<u64>,
 ) -> (PassDecision, Option<(&'static str, String)>) {
     let ins = module.instr(id);
     let dtype = {
@@ -598,7 +610,7 @@ fn decide_one(
             config.dimension
         },
         layout: layout.map(|l| l.into_iter().map(|x| x as usize).collect()),
-        instance: next_instance(),
+        instance: instance.unwrap_or_else(next_instance),
         timeout_ms: cfg.flags.collective_timeout_ms,
         name: ins.name.clone(),
     };

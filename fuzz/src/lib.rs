@@ -10,6 +10,7 @@
 //! | [`compile_options`] | `CompileOptionsProto` in `plugin::runtime::compile` | compile a fixed module |
 //! | [`npz`] | `interp::io::read_npz_bytes` | |
 //! | [`flags`] | `emitter::Flags::parse` and `Flags::apply` | |
+//! | [`xla_pass`] | `emitter::xla_pass::run` (the pass inside XLA) | the pass again on its rewrite |
 
 use emitter::{DeviceMode, Flags};
 
@@ -20,6 +21,7 @@ pub const TARGETS: &[(&str, fn(&[u8]))] = &[
     ("compile_options", compile_options),
     ("npz", npz),
     ("flags", flags),
+    ("xla_pass", xla_pass),
 ];
 
 /// What a verified module goes through after parsing: the host backend's programs
@@ -80,5 +82,15 @@ pub fn flags(data: &[u8]) {
         for word in s.split_whitespace() {
             let _ = f.apply(word);
         }
+    }
+}
+
+/// A serialized `HloModuleProto` as XLA hands it to the Peerless pass (`emitter::xla_pass::run`,
+/// the body of the plugin's `PeerlessXlaPass`, called here without its panic guard so a panic
+/// is a finding), then the pass again on the module it rewrote.
+pub fn xla_pass(data: &[u8]) {
+    let cfg = emitter::xla_pass::PassConfig { instance_base: Some(1), ..Default::default() };
+    if let Ok(emitter::xla_pass::PassOutcome { module: Some(m), .. }) = emitter::xla_pass::run(data, &cfg) {
+        let _ = emitter::xla_pass::run(&m, &cfg);
     }
 }

@@ -68,6 +68,7 @@ pub fn pass_config(platform: &str, flags: &str, local_devices: &str) -> Result<P
         peers: crate::xla_handlers::peer_table(platform, local.as_ref()),
         local_devices: local,
         caps,
+        instance_base: None,
     })
 }
 

@@ -1,0 +1,183 @@
+"""Writes the inputs of the pass's golden tests (emitter/tests/xla_pass.rs): `NAME.pb`, the
+serialized HloModuleProto exactly as XLA hands it to the Peerless pass (jax.extend.xla,
+stage PRE_SCHEDULER, CPU with 8 host devices), for a few small JAX programs.
+
+    /tmp/v312/bin/python emitter/tests/xla_pass/make_inputs.py      # (a venv with jax 0.11.2)
+    PEERLESS_BLESS=1 cargo test -p peerless-emitter --test xla_pass  # then re-bless
+
+A pass callback records every module a program's compile runs through it; of those, only
+the module(s) holding a collective are kept (the helper modules of device_put, iota, ...
+are dropped), or for `no_collective` the program's own module. `psum_fallback` is
+`psum_f32` again: its `.flags` file makes the runner force the fallback.
+The inputs also seed the fuzz target's corpus (named by content, as libFuzzer names them):
+
+    for f in emitter/tests/xla_pass/*.pb; do cp "$f" fuzz/corpus/xla_pass/$(sha1sum <"$f" | cut -c1-40); done
+"""
+
+import os
+import pathlib
+import sys
+
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from jax.extend import xla as jx  # noqa: E402
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
+
+OUT = pathlib.Path(__file__).resolve().parent
+
+COLLECTIVES = {
+    b"all-reduce", b"all-gather", b"all-to-all", b"reduce-scatter", b"collective-permute",
+    b"all-reduce-start", b"all-gather-start", b"collective-permute-start", b"ragged-all-to-all",
+    b"collective-broadcast",
+}
+
+
+# ---------------------------------------------------------------- a minimal protobuf reader
+
+def varint(b, i):
+    v = s = 0
+    while True:
+        x = b[i]
+        i += 1
+        v |= (x & 0x7F) << s
+        s += 7
+        if x < 0x80:
+            return v, i
+
+
+def fields(b):
+    """(field number, payload) of each field of a message (length-delimited payloads only)."""
+    i = 0
+    while i < len(b):
+        key, i = varint(b, i)
+        tag, wire = key >> 3, key & 7
+        if wire == 0:
+            _, i = varint(b, i)
+        elif wire == 1:
+            i += 8
+        elif wire == 5:
+            i += 4
+        elif wire == 2:
+            n, i = varint(b, i)
+            yield tag, b[i:i + n]
+            i += n
+        else:
+            raise ValueError(f"wire type {wire}")
+
+
+def module_name(b):
+    return next((p.decode() for t, p in fields(b) if t == 1), "?")
+
+
+def opcodes(b):
+    """Every instruction's opcode (HloModuleProto.computations[].instructions[].opcode)."""
+    for t, comp in fields(b):
+        if t != 3:
+            continue
+        for t2, ins in fields(comp):
+            if t2 != 2:
+                continue
+            for t3, p in fields(ins):
+                if t3 == 2:
+                    yield bytes(p)
+
+
+# ---------------------------------------------------------------- recording
+
+seen = []
+
+
+def callback(b):
+    seen.append(bytes(b))
+    return None
+
+
+jx.register_hlo_module_transformation(callback, name="peerless_make_inputs", platforms="cpu")
+
+
+def record(name, f, *args, keep=None):
+    """Runs `f(*args)` and saves the modules its compile passed through that hold a
+    collective (or, with `keep`, those whose name contains it)."""
+    seen.clear()
+    jax.block_until_ready(f(*args))
+    if keep is None:
+        picked = [b for b in seen if COLLECTIVES & set(opcodes(b))]
+    else:
+        picked = [b for b in seen if keep in module_name(b) and not COLLECTIVES & set(opcodes(b))]
+    if not picked:
+        sys.exit(f"{name}: no module kept of {[module_name(b) for b in seen]}")
+    for k, b in enumerate(picked):
+        path = OUT / (f"{name}.pb" if k == 0 else f"{name}_{k + 1}.pb")
+        path.write_bytes(b)
+        ops = sorted({o.decode() for o in opcodes(b)} & {c.decode() for c in COLLECTIVES})
+        print(f"{path.name}: {module_name(b)}, {len(b)} bytes, {ops}")
+    return picked
+
+
+devs = jax.devices()
+assert len(devs) == 8, devs
+mesh = Mesh(np.array(devs), ("x",))
+mesh24 = Mesh(np.array(devs).reshape(2, 4), ("a", "b"))
+rev = Mesh(np.array(devs[::-1]), ("x",))
+
+
+def jitted(name, f):
+    """`f` jitted under `name`, so the module is `jit_NAME`."""
+    def g(*a):
+        return f(*a)
+    g.__name__ = g.__qualname__ = name
+    return jax.jit(g)
+
+
+def case(name, f, *args, m=mesh, i=P("x"), o=P("x")):
+    """`f` under shard_map over mesh `m`, jitted as `name`, recorded."""
+    return record(name, jitted(name, jax.shard_map(f, mesh=m, in_specs=i, out_specs=o)), *args)
+
+
+x = jnp.arange(64.0, dtype=jnp.float32).reshape(8, 8)
+ring = [(k, (k + 1) % 8) for k in range(8)]
+
+psum = case("psum_f32", lambda v: jax.lax.psum(v, "x"), x, o=P())
+(OUT / "psum_fallback.pb").write_bytes(psum[0])
+print("psum_fallback.pb: psum_f32.pb again (psum_fallback.flags forces the fallback)")
+case("pmax_i32", lambda v: jax.lax.pmax(v, "x"), jnp.arange(64, dtype=jnp.int32).reshape(8, 8), o=P())
+case("psum_mesh2x4_axis_b", lambda v: jax.lax.psum(v, "b"), x, m=mesh24, i=P(("a", "b")), o=P("a"))
+case("psum_mesh2x4_both", lambda v: jax.lax.psum(v, ("a", "b")), x, m=mesh24, i=P(("a", "b")), o=P())
+# CPU's layout assignment gives the gathered buffers a column-major layout (`layout` attribute).
+case("all_gather_axis1", lambda v: jax.lax.all_gather(v, "x", axis=1, tiled=True), x)
+# XLA:CPU decomposes the array all-to-all into its tuple form (8 operands, 8 results).
+case("all_to_all", lambda v: jax.lax.all_to_all(v, "x", 1, 1, tiled=True),
+     jnp.arange(512.0, dtype=jnp.float32).reshape(8, 64))
+case("psum_scatter", lambda v: jax.lax.psum_scatter(v, "x", scatter_dimension=1, tiled=True),
+     jnp.ones((8, 64), jnp.float32))
+case("ppermute_ring", lambda v: jax.lax.ppermute(v, "x", ring), x)
+# Two rewrites in one module: instance ids 1 and 2, in instruction order.
+case("ppermute_then_psum", lambda v: jax.lax.psum(jax.lax.ppermute(v, "x", ring) * 2.0, "x"), x, o=P())
+# The device assignment maps logical ids 0..7 to devices 7..0.
+case("psum_reversed_devices", lambda v: jax.lax.psum(v, "x"), x, m=rev, o=P())
+# XLA:CPU's float normalization turns f8 into f16 before the pass runs: the pass sees an f16
+# all-gather between two converts. complex64, which CPU keeps, meets the dtype guard.
+case("all_gather_f8", lambda v: jax.lax.all_gather(v, "x", axis=0, tiled=True), jnp.ones((8, 8), jnp.float8_e4m3fn))
+case("all_gather_c64", lambda v: jax.lax.all_gather(v, "x", axis=0, tiled=True), jnp.ones((8, 8), jnp.complex64))
+
+
+def loss(w, xs, ys):
+    h = jnp.tanh(xs @ w[0])
+    return jnp.mean((h @ w[1] - ys) ** 2)
+
+
+@jax.jit
+def train_step(w, xs, ys):
+    g = jax.grad(loss)(w, xs, ys)
+    return [wi - 0.1 * gi for wi, gi in zip(w, g)]
+
+
+# Data-parallel: the two weight gradients are summed by one variadic all-reduce.
+rep, dat = NamedSharding(mesh, P()), NamedSharding(mesh, P("x"))
+w = [jax.device_put(jnp.ones((16, 32)) * 0.01, rep), jax.device_put(jnp.ones((32, 4)) * 0.01, rep)]
+record("mlp_train_step", train_step, w, jax.device_put(jnp.ones((64, 16)), dat), jax.device_put(jnp.ones((64, 4)), dat))
+
+record("no_collective", jitted("no_collective", lambda v: jnp.tanh(v) * 2.0 + 1.0), x, keep="no_collective")

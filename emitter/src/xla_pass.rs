@@ -587,6 +587,19 @@ fn decide_one(
         d.reason = format!("no peer access {x}↔{y} ({})", peers.source());
         return (d, None);
     }
+    // Partitioner-made collectives XLA would run asynchronously, overlapped with compute:
+    // above the flag's size, overlap wins over a faster kernel in order on the compute stream.
+    let spmd = ins.attrs.frontend_attributes.get("is_spmd_generated").is_some_and(|v| v == "true");
+    if let Some(limit) = cfg.flags.xla_async_above_bytes
+        && spmd
+        && config.bytes_per_device > limit
+    {
+        d.reason = format!(
+            "partitioner-made, {} bytes > xla_async_above_bytes={limit}: XLA runs it asynchronously, overlapped with compute",
+            config.bytes_per_device
+        );
+        return (d, None);
+    }
     let layout = match common_layout(module, id, layouts) {
         Ok(l) => l,
         Err(e) => {

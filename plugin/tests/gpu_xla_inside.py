@@ -121,6 +121,13 @@ def job_check(sizes: list[int]):
                     arrays[f"{name}/{dtype}/{size}"] = r
                 except Exception as e:  # noqa: BLE001
                     out["results"][f"{name}/{dtype}/{size}"] = f"ERROR {type(e).__name__}: {str(e)[:300]}"
+    # f8 moves through XLA's collective (dtype guard) where the GPU pipeline keeps f8.
+    x8 = jax.device_put(jnp.asarray(np.linspace(-2, 2, n * 64).reshape(n, 64), jnp.float8_e4m3fn), NamedSharding(mesh, P("x")))
+    for name in ("all_gather", "ppermute"):
+        f8 = jax.jit(jax.shard_map(progs[name], mesh=mesh, in_specs=P("x"), out_specs=P("x"), check_vma=False))
+        r = np.asarray(f8(x8)).astype("float32")
+        arrays[f"{name}_f8/f8/64"] = r
+        out["results"][f"{name}_f8/f8/64"] = hashlib.sha1(r.tobytes()).hexdigest()[:16]
     # Auto-partitioned jit: a data-parallel MLP train step.
     def loss(w, xb, yb):
         h = jnp.tanh(xb @ w[0])
@@ -219,6 +226,42 @@ def job_bench(sizes: list[int]):
         elems = max(4, size // 4)
         x = jax.device_put(jnp.ones((n, elems), jnp.float32), NamedSharding(mesh, P("x")))
         res[f"psum/{size}"] = _time(f, x, iters=10) / chain
+    # Chains of the other collectives (shape-preserving round trips), µs per collective.
+    ops = {
+        # all-gather then a local slice back: one all-gather per step.
+        "all_gather": lambda x: jax.lax.all_gather(x, "x", axis=1, tiled=True)[:, : x.shape[1]] * 0.5,
+        "all_to_all": lambda x: jax.lax.all_to_all(x, "x", 1, 1, tiled=True) * 0.5,
+        # reduce-scatter then a local tile back to full width.
+        "psum_scatter": lambda x: jnp.tile(jax.lax.psum_scatter(x, "x", scatter_dimension=1, tiled=True), (1, n)) * 0.5,
+        "ppermute": lambda x: jax.lax.ppermute(x, "x", [(i, (i + 1) % n) for i in range(n)]) * 0.5,
+    }
+    for name, op in ops.items():
+        def body2(x, op=op):
+            for _ in range(chain):
+                x = op(x)
+            return x
+
+        g = jax.jit(jax.shard_map(body2, mesh=mesh, in_specs=P("x"), out_specs=P("x"), check_vma=False))
+        for size in sizes:
+            if size > (1 << 22):
+                continue
+            cols = max(8 * n, size // 4)
+            x = jax.device_put(jnp.ones((n, cols), jnp.float32), NamedSharding(mesh, P("x")))
+            res[f"{name}/{size}"] = _time(g, x, iters=10) / chain
+    # A data-parallel MLP train step (bf16 weights, f32 loss): gradients as one variadic
+    # all-reduce that XLA would otherwise overlap with the backward pass.
+    rng = np.random.default_rng(1)
+    rep, dat = NamedSharding(mesh, P()), NamedSharding(mesh, P("x"))
+    ws = [jax.device_put(jnp.asarray(rng.standard_normal(s) * 0.02, jnp.bfloat16), rep) for s in [(1024, 4096), (4096, 1024), (1024, 1024)]]
+    xb = jax.device_put(jnp.asarray(rng.standard_normal((32 * n, 1024)), jnp.bfloat16), dat)
+
+    def dp_loss(w, x):
+        h = jax.nn.gelu(x @ w[0]) @ w[1]
+        return jnp.mean(((h @ w[2]).astype(jnp.float32) - 1.0) ** 2)
+
+    dp = jax.jit(lambda w, x: [wi - 1e-3 * gi for wi, gi in zip(w, jax.grad(dp_loss)(w, x))])
+    res["dp_mlp_train_step"] = _time(dp, ws, xb)
+    dp_check = float(sum(jnp.sum(jnp.abs(wi.astype(jnp.float32))) for wi in dp(ws, xb)))
     # TP decode layer: column-parallel qkv / w1, row-parallel o / w2 -> two all-reduces.
     d, heads, batch = 4096, 32, 8
     rng = np.random.default_rng(0)
@@ -244,7 +287,23 @@ def job_bench(sizes: list[int]):
     xt = jax.device_put(jnp.asarray(rng.standard_normal((batch, d)), jnp.bfloat16), NamedSharding(mesh, P()))
     lay = jax.jit(layer)
     res["tp_decode_layer"] = _time(lay, p, xt, kc)
-    out = {"us": res, "n": n, "decode_checksum": float(jnp.sum(jnp.abs(lay(p, xt, kc).astype(jnp.float32))))}
+    # Prefill: batch 8 x 2048 tokens through the same layer's matmuls (its all-reduces are
+    # 128 MiB: above two_shot_max_bytes, so XLA's NCCL; Peerless must cost nothing here).
+    def prefill(p, x):
+        h = x @ p["qkv"]
+        x = x + h[..., :d] @ p["o"]
+        return x + jax.nn.gelu(x @ p["w1"]) @ p["w2"]
+
+    xp = jax.device_put(jnp.asarray(rng.standard_normal((8, 2048, d)) * 0.1, jnp.bfloat16), NamedSharding(mesh, P()))
+    pf = jax.jit(prefill)
+    res["tp_prefill_layer"] = _time(pf, p, xp, iters=5)
+    out = {
+        "us": res,
+        "n": n,
+        "decode_checksum": float(jnp.sum(jnp.abs(lay(p, xt, kc).astype(jnp.float32)))),
+        "prefill_checksum": float(jnp.sum(jnp.abs(pf(p, xp).astype(jnp.float32)))),
+        "dp_checksum": dp_check,
+    }
     if peerless is not None:
         out["stats"] = peerless.stats()
         out["fallbacks"] = [dd for dd in peerless.decisions() if dd["implementation"] == "fallback"][:10]
@@ -294,7 +353,7 @@ def main():
                     continue
                 # Exact for ints; for floats XLA's NCCL and Peerless may round sums in another
                 # order: bf16 1e-2 / 1e-3, f32 1e-5 / 1e-6 (relative / absolute).
-                tol = {"bfloat16": (1e-2, 1e-3), "int32": (0, 0)}.get(k.split("/")[1], (1e-5, 1e-6))
+                tol = {"bfloat16": (1e-2, 1e-3), "int32": (0, 0), "f8": (0, 0)}.get(k.split("/")[1], (1e-5, 1e-6))
                 if not np.allclose(got[k], want[k], rtol=tol[0], atol=tol[1]):
                     diff = float(np.max(np.abs(got[k] - want[k])))
                     bad[k] = (ref["results"].get(k), f"{v} max|diff|={diff:.3g}")
@@ -334,7 +393,8 @@ def main():
             print(f"{k:22s} " + " ".join(f"{res[c]['us'][k]:12.2f}" if "us" in res[c] else f"{'-':>12s}" for c in res))
         for c, r in res.items():
             if "decode_checksum" in r:
-                print(f"{c}: decode checksum {r['decode_checksum']:.6g} stats {r.get('stats')} fallbacks {[(x['op'], x['reason']) for x in r.get('fallbacks', [])]}")
+                fb = sorted({(x["op"], x["reason"]) for x in r.get("fallbacks", [])})
+                print(f"{c}: checksums decode {r['decode_checksum']:.6g} prefill {r['prefill_checksum']:.6g} dp {r['dp_checksum']:.6g}; stats {r.get('stats')}; fallbacks {fb}")
     with open(os.path.join(a.out, f"{a.mode}.json"), "w") as fh:
         json.dump(rows, fh, indent=1)
     return rc

@@ -195,15 +195,34 @@ fn layout_map(bytes: &[u8]) -> Result<HashMap<String, Vec<Result<LeafLayout, Str
     Ok(out)
 }
 
-/// The one layout all of a collective's operands and results share, or why they do not.
-/// Collectives move bytes in the buffers' physical order, so operand and result layouts
-/// must agree; a non-default one is passed to the handler (`layout` attribute).
+/// The layout a collective's handler works in, or why it cannot run. Collectives move bytes
+/// in the buffers' physical order. Elementwise ones (all-reduce, tuple all-to-all, permute)
+/// need each operand to share its result's layout, and then need no attribute; the others
+/// need one layout for operand and result, passed to the handler (`layout` attribute) when it
+/// is not the default.
 fn common_layout(
     module: &Module,
     id: InstrId,
     layouts: &HashMap<String, Vec<Result<LeafLayout, String>>>,
+    elementwise: bool,
 ) -> Result<LeafLayout, String> {
     let ins = module.instr(id);
+    let show = |x: &LeafLayout| x.as_ref().map_or("row-major".to_owned(), |v| format!("{v:?}"));
+    if elementwise {
+        let results = layouts.get(&ins.name).cloned().unwrap_or_default();
+        let mut operands = Vec::new();
+        for o in ins.operands.iter().filter_map(|&o| module.instrs.get(o)) {
+            operands.extend(layouts.get(&o.name).cloned().unwrap_or_default());
+        }
+        for (i, (a, r)) in operands.iter().zip(&results).enumerate() {
+            let a = a.clone().map_err(|e| format!("operand {i} has {e}"))?;
+            let r = r.clone().map_err(|e| format!("result {i} has {e}"))?;
+            if a != r {
+                return Err(format!("operand {i} and result {i} layouts differ ({} vs {})", show(&a), show(&r)));
+            }
+        }
+        return Ok(None);
+    }
     let mut names: Vec<&str> =
         ins.operands.iter().filter_map(|&o| module.instrs.get(o)).map(|o| o.name.as_str()).collect();
     names.push(&ins.name);
@@ -215,7 +234,6 @@ fn common_layout(
                 None => seen = Some(l),
                 Some(s) if *s == l => {}
                 Some(s) => {
-                    let show = |x: &LeafLayout| x.as_ref().map_or("row-major".to_owned(), |v| format!("{v:?}"));
                     return Err(format!("operand and result layouts differ ({} vs {})", show(s), show(&l)));
                 }
             }
@@ -600,7 +618,12 @@ fn decide_one(
         );
         return (d, None);
     }
-    let layout = match common_layout(module, id, layouts) {
+    let elementwise = match config.op.kind {
+        CollectiveKind::AllReduce | CollectiveKind::CollectivePermute => true,
+        CollectiveKind::AllToAll => config.num_operands > 1,
+        _ => false,
+    };
+    let layout = match common_layout(module, id, layouts, elementwise) {
         Ok(l) => l,
         Err(e) => {
             d.reason = e;
@@ -623,6 +646,7 @@ fn decide_one(
             config.dimension
         },
         layout: layout.map(|l| l.into_iter().map(|x| x as usize).collect()),
+        num_devices: a.devices.iter().copied().max().map_or(0, |m| m + 1),
         instance: instance.unwrap_or_else(next_instance),
         timeout_ms: cfg.flags.collective_timeout_ms,
         name: ins.name.clone(),

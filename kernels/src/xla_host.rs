@@ -180,7 +180,7 @@ pub fn run(call: HostCall) -> Result<(), HostCallError> {
     };
     dev.run_collective(&c)?;
     for ((bytes, _), r) in call.outputs.into_iter().zip(&instance.outputs) {
-        bytes.copy_from_slice(&dev.read(r.offset, r.len).map_err(memory)?);
+        dev.read_into(r.offset, bytes).map_err(memory)?;
     }
     Ok(())
 }
@@ -226,7 +226,10 @@ impl CollectiveRuntime for HostRuntime {
         run(HostCall { config: call, device, inputs, outputs }).map_err(|e| {
             let code = match &e {
                 HostCallError::Collective(CollectiveError::Timeout { .. }) => ErrorCode::DeadlineExceeded,
-                HostCallError::Invalid { .. } => ErrorCode::InvalidArgument,
+                HostCallError::Invalid { .. }
+                | HostCallError::Collective(CollectiveError::Unsupported { .. } | CollectiveError::Invalid { .. }) => {
+                    ErrorCode::InvalidArgument
+                }
                 _ => ErrorCode::Internal,
             };
             HandlerError::new(code, e.to_string())
@@ -252,6 +255,7 @@ mod tests {
             reduction: Some(ReductionKind::Sum),
             dimension: Some(0),
             layout: None,
+            num_devices: 4,
             instance,
             timeout_ms: 5_000,
             name: "c".into(),

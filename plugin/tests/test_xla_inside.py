@@ -360,8 +360,8 @@ def transformer_compiled():
     return _TRANSFORMER
 
 
-# The one fallback seen in this program (jax 0.11.2): see the xfail below.
-LAYOUT_FALLBACK = "operand and result layouts differ"
+# Operand and result layouts must agree per operand (elementwise all-reduce) or overall.
+LAYOUT_FALLBACK = "layouts differ"
 
 
 def test_transformer_train_step_dp_tp():
@@ -376,13 +376,6 @@ def test_transformer_train_step_dp_tp():
     assert_tree_same(t["rewritten"](*t["args"]), t["oracle"](*t["args"]))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="missed kernel: the pass wants ONE layout for all of a collective's buffers, so a "
-    "variadic all-reduce of (f32[B,S,D]{1,0,2}, f32[B,S-1]{1,0}) (the logits' gradient over tp) "
-    "falls back ('operand and result layouts differ'); an all-reduce is elementwise and operand "
-    "i and result i share a layout, which is all its kernels need",
-)
 def test_transformer_train_step_all_on_kernels():
     decisions = transformer_compiled()["decisions"]
     fallbacks = [d for d in decisions if not is_kernel(d)]
@@ -610,12 +603,6 @@ def test_concurrent_executions_from_threads():
     assert not failures, failures[0]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: kernels::xla_host sizes a permute's cluster from its pairs and the FIRST "
-    "device to arrive (device_span().max(device + 1)); devices above the pairs' highest id "
-    "(which run the call and receive zeros) then fail with 'device 2 does not exist'",
-)
 def test_partial_permute_not_naming_the_last_devices():
     mesh = make_mesh("1d8")
     f = shard_map_program(mesh, "x", lambda v, a, k: jax.lax.ppermute(v, a, [(0, 1), (1, 0)]))
@@ -732,11 +719,6 @@ def test_handler_bad_attributes_raise(case):
     assert_still_works()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: the handlers ignore attributes they do not know (XLA's own typed-FFI bindings "
-    "reject them); a misspelt optional attribute (e.g. 'dimensoin', 'layuot') passes silently",
-)
 def test_handler_unexpected_attribute_raises():
     with pytest.raises(jax.errors.JaxRuntimeError, match="bogus"):
         call_on_device0(sample((4,), np.float32), attrs(bogus=np.int64(3)))
@@ -881,3 +863,9 @@ def test_one_info_log_line_per_decision(caplog):
         m = r.getMessage()
         for part in (d["op"], d["instruction"], d["dtype"], f"{d['bytes']} B", d["groups"], d["implementation"]):
             assert part in m, (part, m)
+
+
+def test_enable_rejects_bad_flags():
+    """A flag the pass would reject is an error at enable(), not a warning per compile."""
+    with pytest.raises(ValueError, match="all_reduce_backend"):
+        peerless.enable("cpu", flags="--all_reduce_backend=xla")

@@ -89,6 +89,9 @@ pub struct CustomCallConfig {
     /// The buffers' shared `minor_to_major` when it is not row-major (XLA's CPU pipeline
     /// assigns layouts before the pass runs); the handler works on the physical order.
     pub layout: Option<Vec<usize>>,
+    /// Device ids the program spans (the module's device assignment: largest id + 1; 0 =
+    /// unknown). Devices outside every pair still call a permute (they receive zeros).
+    pub num_devices: usize,
     /// Unique per rewritten instruction and compile: keys the handler's per-collective state
     /// (staging, signal flags), which the protocols require to belong to one collective.
     pub instance: u64,
@@ -97,9 +100,26 @@ pub struct CustomCallConfig {
     pub name: String,
 }
 
+/// Every attribute a Peerless custom call may carry.
+pub const ATTRIBUTES: [&str; 11] = [
+    "algorithm",
+    "dimension",
+    "group_size",
+    "groups",
+    "instance",
+    "layout",
+    "name",
+    "num_devices",
+    "pairs",
+    "reduction",
+    "timeout_ms",
+];
+
 /// Why a handler's attributes do not describe a Peerless collective.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum AttrError {
+    #[error("unknown attribute '{name}' (a Peerless custom call takes {known})")]
+    Unknown { name: String, known: String },
     #[error("attribute '{0}' is missing")]
     Missing(&'static str),
     #[error("attribute '{name}': {message}")]
@@ -110,6 +130,8 @@ pub enum AttrError {
 /// map in tests). Each accessor returns `Ok(None)` for a missing attribute and an error
 /// message for one of another type.
 pub trait AttrSource {
+    /// Every attribute name the call has.
+    fn names(&self) -> Result<Vec<String>, String>;
     fn i64(&self, name: &str) -> Result<Option<i64>, String>;
     fn str(&self, name: &str) -> Result<Option<String>, String>;
     fn i64_array(&self, name: &str) -> Result<Option<Vec<i64>>, String>;
@@ -143,6 +165,7 @@ impl CustomCallConfig {
         }
         let mut kv: Vec<(&str, String)> = vec![
             ("algorithm", format!("\"{}\"", algorithm_name(self.algorithm))),
+            ("num_devices", format!("{} : i64", self.num_devices)),
             ("instance", format!("{} : i64", self.instance & (i64::MAX as u64))),
             ("name", format!("\"{}\"", plain_name(&self.name))),
             ("timeout_ms", format!("{} : i64", self.timeout_ms.min(i64::MAX as u64))),
@@ -168,8 +191,13 @@ impl CustomCallConfig {
         format!("{{{}}}", body.join(", "))
     }
 
-    /// Rebuilds the config a handler of `kind` was called with.
+    /// Rebuilds the config a handler of `kind` was called with. An attribute this contract
+    /// does not define is an error (a misspelt optional one would otherwise be ignored).
     pub fn from_attrs(kind: CollectiveKind, a: &dyn AttrSource) -> Result<Self, AttrError> {
+        let names = a.names().map_err(|message| AttrError::Invalid { name: "attributes", message })?;
+        if let Some(bad) = names.iter().find(|n| !ATTRIBUTES.contains(&n.as_str())) {
+            return Err(AttrError::Unknown { name: bad.clone(), known: ATTRIBUTES.join(", ") });
+        }
         let algo_name = need("algorithm", a.str("algorithm"))?;
         let algorithm = algorithm_from_name(&algo_name).ok_or_else(|| AttrError::Invalid {
             name: "algorithm",
@@ -218,6 +246,11 @@ impl CustomCallConfig {
                 groups.push(g.iter().map(|&d| nonneg("groups", d)).collect::<Result<Vec<_>, _>>()?);
             }
         }
+        let num_devices =
+            match a.i64("num_devices").map_err(|message| AttrError::Invalid { name: "num_devices", message })? {
+                None => 0,
+                Some(n) => nonneg("num_devices", n)?,
+            };
         Ok(CustomCallConfig {
             kind,
             algorithm,
@@ -226,6 +259,7 @@ impl CustomCallConfig {
             reduction,
             dimension,
             layout,
+            num_devices,
             instance,
             timeout_ms,
             name,
@@ -253,11 +287,11 @@ impl CustomCallConfig {
         self.groups.iter().find(|g| g.contains(&device)).map(Vec::as_slice)
     }
 
-    /// The largest device id the call names, plus one.
+    /// The largest device id the call names (or the program spans), plus one.
     pub fn device_span(&self) -> usize {
         let g = self.groups.iter().flatten().copied();
         let p = self.pairs.iter().flat_map(|&(s, t)| [s, t]);
-        g.chain(p).max().map_or(0, |m| m + 1)
+        g.chain(p).max().map_or(0, |m| m + 1).max(self.num_devices)
     }
 }
 
@@ -304,6 +338,9 @@ mod tests {
     }
 
     impl AttrSource for Parsed {
+        fn names(&self) -> Result<Vec<String>, String> {
+            Ok(self.0.keys().cloned().collect())
+        }
         fn i64(&self, name: &str) -> Result<Option<i64>, String> {
             self.0
                 .get(name)
@@ -333,6 +370,7 @@ mod tests {
             reduction: Some(ReductionKind::Max),
             dimension: None,
             layout: None,
+            num_devices: 4,
             instance: 77,
             timeout_ms: 10_000,
             name: "all-reduce.2".into(),
@@ -341,7 +379,7 @@ mod tests {
         assert_eq!(
             s,
             "{algorithm = \"one_shot\", group_size = 2 : i64, groups = array<i64: 3, 2, 1, 0>, instance = 77 : i64, \
-             name = \"all-reduce.2\", reduction = \"max\", timeout_ms = 10000 : i64}"
+             name = \"all-reduce.2\", num_devices = 4 : i64, reduction = \"max\", timeout_ms = 10000 : i64}"
         );
         assert_eq!(CustomCallConfig::from_attrs(CollectiveKind::AllReduce, &Parsed::new(&s)).unwrap(), c);
         assert_eq!(c.group_of(1), Some(&[1usize, 0][..]));
@@ -355,6 +393,7 @@ mod tests {
             reduction: None,
             dimension: Some(0),
             layout: Some(vec![0, 1]),
+            num_devices: 8,
             instance: 5,
             timeout_ms: 1,
             name: "cp".into(),

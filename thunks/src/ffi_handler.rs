@@ -39,6 +39,9 @@ fn missing_is_none<T>(r: Result<T, HandlerError>) -> Result<Option<T>, String> {
 }
 
 impl AttrSource for FrameAttrs<'_, '_> {
+    fn names(&self) -> Result<Vec<String>, String> {
+        self.0.attr_names().map(|v| v.into_iter().map(str::to_owned).collect()).map_err(|e| e.to_string())
+    }
     fn i64(&self, name: &str) -> Result<Option<i64>, String> {
         missing_is_none(self.0.attr_i64(name))
     }

@@ -32,6 +32,8 @@ mod protocol;
 mod reduce;
 
 use std::fmt;
+use std::sync::atomic::Ordering::SeqCst;
+use std::sync::atomic::{AtomicUsize, fence};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -148,6 +150,8 @@ pub struct HostCluster {
     /// only: the protocols read flags, never this.
     parked: Mutex<u64>,
     wakeup: Condvar,
+    /// Devices parked or about to park: a flag store skips the lock and notify when none is.
+    parkers: AtomicUsize,
 }
 
 impl fmt::Debug for HostCluster {
@@ -192,7 +196,14 @@ impl HostCluster {
         for _ in 0..num_devices {
             arenas.push(Arena::new(arena_bytes).ok_or_else(|| alloc.clone())?);
         }
-        Ok(Arc::new(HostCluster { arenas, arena_bytes, peers, parked: Mutex::new(0), wakeup: Condvar::new() }))
+        Ok(Arc::new(HostCluster {
+            arenas,
+            arena_bytes,
+            peers,
+            parked: Mutex::new(0),
+            wakeup: Condvar::new(),
+            parkers: AtomicUsize::new(0),
+        }))
     }
 
     pub fn num_devices(&self) -> usize {
@@ -201,6 +212,12 @@ impl HostCluster {
 
     /// Wakes every parked device (after a flag store).
     pub(crate) fn wake(&self) {
+        // Pairs with the SeqCst increment in `park_lock`: either a parker sees the flag this
+        // device just stored, or this device sees the parker (no lost wake-up).
+        fence(SeqCst);
+        if self.parkers.load(SeqCst) == 0 {
+            return;
+        }
         let mut g = self.parked.lock().unwrap_or_else(PoisonError::into_inner);
         *g = g.wrapping_add(1);
         drop(g);
@@ -208,13 +225,19 @@ impl HostCluster {
     }
 
     /// Takes the parking lock; re-check the flags under it, then [`HostCluster::park`].
+    /// Every `park_lock` is followed by exactly one `park`.
     pub(crate) fn park_lock(&self) -> MutexGuard<'_, u64> {
+        self.parkers.fetch_add(1, SeqCst);
         self.parked.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Sleeps until a flag store or `timeout`.
-    pub(crate) fn park(&self, guard: MutexGuard<'_, u64>, timeout: Duration) {
-        drop(self.wakeup.wait_timeout(guard, timeout).unwrap_or_else(PoisonError::into_inner));
+    /// Sleeps until a flag store or `timeout` (or returns at once with `None`: the flags
+    /// were re-checked and the wait is over).
+    pub(crate) fn park(&self, guard: Option<MutexGuard<'_, u64>>, timeout: Duration) {
+        if let Some(guard) = guard {
+            drop(self.wakeup.wait_timeout(guard, timeout).unwrap_or_else(PoisonError::into_inner));
+        }
+        self.parkers.fetch_sub(1, SeqCst);
     }
 
     pub fn arena_bytes(&self) -> usize {
@@ -270,6 +293,14 @@ impl HostDevice {
 
     pub fn cluster(&self) -> &Arc<HostCluster> {
         &self.cluster
+    }
+
+    /// Reads `out.len()` bytes of this device's arena at `offset` into `out`.
+    pub fn read_into(&self, offset: usize, out: &mut [u8]) -> Result<(), HostError> {
+        let arena = self.cluster.arena(self.rank)?;
+        self.cluster.check("read", self.rank, Region::new(offset, out.len()))?;
+        arena.load(offset, out);
+        Ok(())
     }
 
     /// Reads `len` bytes of this device's arena.

@@ -485,11 +485,12 @@ impl Ctx<'_> {
             let parked = self.cluster.park_lock();
             pending.retain(|&(w, _)| !reached(own.flag_load(w), self.epoch));
             if pending.is_empty() {
+                self.cluster.park(None, Duration::ZERO);
                 return Ok(());
             }
             let cap = Duration::from_millis(2);
             let wait = self.deadline.map_or(cap, |d| d.saturating_duration_since(Instant::now()).min(cap));
-            self.cluster.park(parked, wait);
+            self.cluster.park(Some(parked), wait);
         }
     }
 

@@ -134,6 +134,20 @@ def _make_pass(platform: str, local_devices: str):
     return run
 
 
+def _check_flags(flags: str) -> None:
+    """Raises ValueError for flags the pass would reject (every compile would otherwise log a
+    warning and rewrite nothing). The pass on an empty module checks only the flags."""
+    dll = _dll()
+    res = dll.PeerlessXlaPass(b"cpu", None, 0, flags.encode(), b"")
+    try:
+        r = res.contents
+        if r.status < 0:
+            msg = ctypes.string_at(r.report, r.report_len).decode("utf-8", "replace")
+            raise ValueError(f"Peerless flags {flags!r}: {msg}")
+    finally:
+        dll.PeerlessXlaPassFree(res)
+
+
 def _register_targets(platform: str) -> None:
     import jax
 
@@ -181,9 +195,11 @@ def enable(platforms: str | Iterable[str] | None = None, *, flags: str | None = 
     from jax._src import xla_bridge
 
     if flags is not None:
+        _check_flags(flags)
         _state["flags"] = flags
     elif not _state["flags"]:
         _state["flags"] = os.environ.get("PEERLESS_FLAGS", "")
+        _check_flags(_state["flags"])
     if platforms is None:
         wanted = [p for p in xla_bridge.backends() if p in SUPPORTED]
     else:

@@ -54,6 +54,9 @@ PEERLESS_PJRT_LIBRARY="$lib" PYTHONPATH=plugin/python "$PEERLESS_PYTHON" -m pyte
 step "Collective faults reach JAX as exceptions; the client recovers (plugin/tests/test_faults.py)"
 PEERLESS_PJRT_LIBRARY="$lib" PYTHONPATH=plugin/python "$PEERLESS_PYTHON" -m pytest -q plugin/tests/test_faults.py
 
+step "Peerless inside XLA: XLA:CPU, 8 host devices, every program vs XLA alone (plugin/tests/test_xla_inside.py)"
+PEERLESS_PJRT_LIBRARY="$lib" PYTHONPATH=plugin/python "$PEERLESS_PYTHON" -m pytest -q plugin/tests/test_xla_inside.py
+
 # The saved fuzz corpora replay in `cargo test` above (fuzz/tests/corpus.rs). The smoke fuzz
 # runs libFuzzer for 20 s per target on the stable toolchain: cargo-fuzz's flags are nightly
 # ones, which RUSTC_BOOTSTRAP=1 admits, and `-s none` leaves out AddressSanitizer (it needs

@@ -146,12 +146,19 @@ pub struct HostCluster {
     arenas: Vec<Arena>,
     arena_bytes: usize,
     peers: Arc<PeerMatrix>,
-    /// Where waiting devices park: a generation counter bumped by every flag store. A hint
-    /// only: the protocols read flags, never this.
-    parked: Mutex<u64>,
+    /// Where each device parks while it waits for its flags; a flag store into a device's
+    /// arena wakes that device. A hint only: the protocols read flags, never this.
+    parking: Vec<Parking>,
+}
+
+/// One device's parking spot.
+#[derive(Default)]
+struct Parking {
+    lock: Mutex<()>,
     wakeup: Condvar,
-    /// Devices parked or about to park: a flag store skips the lock and notify when none is.
-    parkers: AtomicUsize,
+    /// Set while the device is parked or about to park: a flag store skips the lock and
+    /// notify when it is clear.
+    parked: AtomicUsize,
 }
 
 impl fmt::Debug for HostCluster {
@@ -197,12 +204,10 @@ impl HostCluster {
             arenas.push(Arena::new(arena_bytes).ok_or_else(|| alloc.clone())?);
         }
         Ok(Arc::new(HostCluster {
+            parking: (0..arenas.len()).map(|_| Parking::default()).collect(),
             arenas,
             arena_bytes,
             peers,
-            parked: Mutex::new(0),
-            wakeup: Condvar::new(),
-            parkers: AtomicUsize::new(0),
         }))
     }
 
@@ -210,34 +215,35 @@ impl HostCluster {
         self.arenas.len()
     }
 
-    /// Wakes every parked device (after a flag store).
-    pub(crate) fn wake(&self) {
-        // Pairs with the SeqCst increment in `park_lock`: either a parker sees the flag this
-        // device just stored, or this device sees the parker (no lost wake-up).
+    /// Wakes device `rank` if it is parked (after a flag store into its arena).
+    pub(crate) fn wake(&self, rank: usize) {
+        let Some(p) = self.parking.get(rank) else { return };
+        // Pairs with the SeqCst increment in `park_lock`: either the parker sees the flag just
+        // stored, or this store sees the parker (no lost wake-up).
         fence(SeqCst);
-        if self.parkers.load(SeqCst) == 0 {
+        if p.parked.load(SeqCst) == 0 {
             return;
         }
-        let mut g = self.parked.lock().unwrap_or_else(PoisonError::into_inner);
-        *g = g.wrapping_add(1);
-        drop(g);
-        self.wakeup.notify_all();
+        drop(p.lock.lock().unwrap_or_else(PoisonError::into_inner));
+        p.wakeup.notify_all();
     }
 
-    /// Takes the parking lock; re-check the flags under it, then [`HostCluster::park`].
-    /// Every `park_lock` is followed by exactly one `park`.
-    pub(crate) fn park_lock(&self) -> MutexGuard<'_, u64> {
-        self.parkers.fetch_add(1, SeqCst);
-        self.parked.lock().unwrap_or_else(PoisonError::into_inner)
+    /// Takes device `rank`'s parking lock; re-check the flags under it, then
+    /// [`HostCluster::park`]. Every `park_lock` is followed by exactly one `park`.
+    pub(crate) fn park_lock(&self, rank: usize) -> Option<MutexGuard<'_, ()>> {
+        let p = self.parking.get(rank)?;
+        p.parked.fetch_add(1, SeqCst);
+        Some(p.lock.lock().unwrap_or_else(PoisonError::into_inner))
     }
 
-    /// Sleeps until a flag store or `timeout` (or returns at once with `None`: the flags
-    /// were re-checked and the wait is over).
-    pub(crate) fn park(&self, guard: Option<MutexGuard<'_, u64>>, timeout: Duration) {
-        if let Some(guard) = guard {
-            drop(self.wakeup.wait_timeout(guard, timeout).unwrap_or_else(PoisonError::into_inner));
+    /// Sleeps until a flag store into `rank`'s arena or `timeout` (returns at once with
+    /// `None`: the flags were re-checked and the wait is over).
+    pub(crate) fn park(&self, rank: usize, guard: Option<Option<MutexGuard<'_, ()>>>, timeout: Duration) {
+        let Some(p) = self.parking.get(rank) else { return };
+        if let Some(Some(guard)) = guard {
+            drop(p.wakeup.wait_timeout(guard, timeout).unwrap_or_else(PoisonError::into_inner));
         }
-        self.parkers.fetch_sub(1, SeqCst);
+        p.parked.fetch_sub(1, SeqCst);
     }
 
     pub fn arena_bytes(&self) -> usize {

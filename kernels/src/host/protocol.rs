@@ -437,7 +437,7 @@ impl Ctx<'_> {
         for i in 1..g {
             let m = self.group[(self.idx + i) % g];
             self.arena(m).flag_store(self.slot(b, self.idx), self.epoch);
-            self.cluster.wake();
+            self.cluster.wake(m);
         }
     }
 
@@ -482,15 +482,15 @@ impl Ctx<'_> {
             // Park until a peer stores a flag (every store wakes the cluster's parked
             // devices; the flags stay the only truth, the wake-up is a hint), so a host with
             // fewer cores than devices (XLA:CPU runs one thread per device) makes progress.
-            let parked = self.cluster.park_lock();
+            let parked = self.cluster.park_lock(self.rank);
             pending.retain(|&(w, _)| !reached(own.flag_load(w), self.epoch));
             if pending.is_empty() {
-                self.cluster.park(None, Duration::ZERO);
+                self.cluster.park(self.rank, None, Duration::ZERO);
                 return Ok(());
             }
             let cap = Duration::from_millis(2);
             let wait = self.deadline.map_or(cap, |d| d.saturating_duration_since(Instant::now()).min(cap));
-            self.cluster.park(Some(parked), wait);
+            self.cluster.park(self.rank, Some(parked), wait);
         }
     }
 
@@ -592,7 +592,7 @@ impl Ctx<'_> {
             }
             if m != self.rank {
                 dst.flag_store(self.slot(1, self.idx), self.epoch);
-                self.cluster.wake();
+                self.cluster.wake(m);
             }
         }
         self.wait_all(1)
@@ -619,7 +619,7 @@ impl Ctx<'_> {
         let Pair { target, source } = self.pair;
         if let Some(s) = source.filter(|&s| s != self.rank) {
             self.arena(s).flag_store(self.sig + Self::READY, self.epoch);
-            self.cluster.wake();
+            self.cluster.wake(s);
         }
         match target {
             Some(t) if t == self.rank => self.copy_inputs_to_outputs(),
@@ -630,7 +630,7 @@ impl Ctx<'_> {
                     arena::copy(self.own(), o.input.offset, dst, o.output.offset, o.input.len);
                 }
                 dst.flag_store(self.sig + Self::DONE, self.epoch);
-                self.cluster.wake();
+                self.cluster.wake(t);
             }
             None => {}
         }
@@ -651,7 +651,7 @@ impl Ctx<'_> {
         if let Some(t) = remote_target {
             self.stage_in(st);
             self.arena(t).flag_store(self.sig + Self::DONE, self.epoch);
-            self.cluster.wake();
+            self.cluster.wake(t);
         }
         match source {
             Some(s) if s == self.rank => self.copy_inputs_to_outputs(),
@@ -662,7 +662,7 @@ impl Ctx<'_> {
                     arena::copy(src, st + o.stage, self.own(), o.output.offset, o.input.len);
                 }
                 src.flag_store(self.sig + Self::READY, self.epoch);
-                self.cluster.wake();
+                self.cluster.wake(s);
             }
             None => self.zero_outputs(),
         }

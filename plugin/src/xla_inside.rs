@@ -42,8 +42,10 @@ fn result(status: i32, module: Option<Vec<u8>>, report: String) -> *mut PassResu
     Box::into_raw(Box::new(PassResult { status, module, module_len, report, report_len }))
 }
 
-/// The pass configuration for a platform, flags string and local device list.
-pub fn pass_config(platform: &str, flags: &str, local_devices: &str) -> Result<PassConfig, String> {
+/// The pass configuration for a platform, flags string and local device list. `probe`:
+/// look up the platform's peer table (on CUDA this opens the GPUs once per process, which
+/// compiles the kernels on a cold cache: modules without collectives must not pay for it).
+pub fn pass_config(platform: &str, flags: &str, local_devices: &str, probe: bool) -> Result<PassConfig, String> {
     let mut f = Flags::from_env().map_err(|e| e.to_string())?;
     for arg in flags.split_whitespace() {
         f.apply(arg).map_err(|e| e.to_string())?;
@@ -63,13 +65,9 @@ pub fn pass_config(platform: &str, flags: &str, local_devices: &str) -> Result<P
         "cuda" => Capabilities { variadic: true },
         other => return Err(format!("Peerless has no handlers for platform '{other}'")),
     };
-    Ok(PassConfig {
-        flags: f,
-        peers: crate::xla_handlers::peer_table(platform, local.as_ref()),
-        local_devices: local,
-        caps,
-        instance_base: None,
-    })
+    // Without the probe the table is unused: `xla_pass::run` returns before deciding.
+    let peers = if probe { crate::xla_handlers::peer_table(platform, local.as_ref()) } else { None };
+    Ok(PassConfig { flags: f, peers, local_devices: local, caps, instance_base: None })
 }
 
 /// One decision per line: op, instruction, dtypes, bytes, groups, kernel (1/0),
@@ -96,7 +94,10 @@ pub fn report(outcome: &PassOutcome) -> String {
 /// Runs the pass; see the module docs. Safe wrapper of the C entry point's body.
 pub fn run_pass(platform: &str, module: &[u8], flags: &str, local_devices: &str) -> (i32, Option<Vec<u8>>, String) {
     let run = || -> Result<(i32, Option<Vec<u8>>, String), String> {
-        let cfg = pass_config(platform, flags, local_devices)?;
+        // Flags are checked on every call (a bad one is an error even for an empty module);
+        // the peer table only when there is a collective to decide.
+        let probe = xla_pass::has_collectives(module).unwrap_or(true);
+        let cfg = pass_config(platform, flags, local_devices, probe)?;
         let outcome = xla_pass::run(module, &cfg).map_err(|e| e.to_string())?;
         let text = report(&outcome);
         Ok(match outcome.module {

@@ -1114,6 +1114,25 @@ impl<'a> CallFrame<'a> {
         check(api, "XLA_FFI_State_Set", unsafe { f(&mut args) })
     }
 
+    /// Registers a state type named `name` whose objects XLA destroys with `deleter`, and
+    /// returns its id (XLA assigns it; registering the same name again returns the first id).
+    /// `info` must live for the process (XLA keeps the pointer).
+    pub fn register_type(&self, name: &'static str, info: &'static StateType) -> Result<TypeId> {
+        let api = self.api()?;
+        let f = slot!(api, XLA_FFI_Type_Register)?;
+        let mut id = sys::XLA_FFI_UNKNOWN_TYPE_ID;
+        let mut args = sys::XLA_FFI_Type_Register_Args {
+            struct_size: sys::XLA_FFI_Type_Register_Args_STRUCT_SIZE,
+            extension_start: ptr::null_mut(),
+            name: sys::XLA_FFI_ByteSpan { ptr: name.as_ptr().cast(), len: name.len() },
+            type_id: &mut id,
+            type_info: &info.0,
+        };
+        // SAFETY: as in `stream`; `name` and `info` are 'static, `id` outlives the call.
+        check(api, "XLA_FFI_Type_Register", unsafe { f(&mut args) })?;
+        Ok(id)
+    }
+
     /// A new XLA error (for a handler to return): null if XLA's table cannot create one.
     /// `OK` becomes `UNKNOWN`; XLA copies the message.
     pub fn error(&self, code: ErrorCode, message: &str) -> *mut XLA_FFI_Error {
@@ -1121,6 +1140,24 @@ impl<'a> CallFrame<'a> {
             Ok(api) => make_error(api, code, message),
             Err(_) => ptr::null_mut(),
         }
+    }
+}
+
+/// A state type as XLA keeps it for the process: its deleter (`XLA_FFI_TypeInfo`).
+#[derive(Debug)]
+pub struct StateType(sys::XLA_FFI_TypeInfo);
+
+// SAFETY: never changed after construction, and its extension pointer is always null.
+unsafe impl Sync for StateType {}
+
+impl StateType {
+    /// A type whose objects XLA destroys with `deleter`.
+    pub const fn new(deleter: unsafe extern "C" fn(*mut c_void)) -> StateType {
+        StateType(sys::XLA_FFI_TypeInfo {
+            struct_size: sys::XLA_FFI_TypeInfo_STRUCT_SIZE,
+            extension_start: ptr::null_mut(),
+            deleter: Some(deleter),
+        })
     }
 }
 

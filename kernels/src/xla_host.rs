@@ -14,10 +14,12 @@
 //! peers fail with a timeout error naming the collective, the group and the missing ranks.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
-use ffi::xla_ffi::{CallFrame, ErrorCode, HandlerError, Traits};
+use ffi::xla_ffi::{CallFrame, ErrorCode, ExecutionStage, HandlerError, StateType, Traits, TypeId};
 use hlo::{ArrayShape, PrimitiveType};
 use thunks::custom_call::CustomCallConfig;
 use thunks::ffi_handler::{CollectiveRuntime, array_shape};
@@ -61,6 +63,41 @@ struct Instance {
     scratch: Region,
     signals: Region,
 }
+
+/// Clusters alive, wherever they are held (tests watch executables free theirs).
+static LIVE: AtomicUsize = AtomicUsize::new(0);
+
+impl Drop for Instance {
+    fn drop(&mut self) {
+        LIVE.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Number of collective clusters alive in the process.
+pub fn live_clusters() -> usize {
+    LIVE.load(Ordering::Relaxed)
+}
+
+/// The per-executable state XLA holds for one custom call (set at INSTANTIATE, deleted
+/// with the executable): the collective's cluster, built by the first device to execute.
+#[derive(Debug, Default)]
+struct ExecState {
+    instance: OnceLock<Result<Arc<Instance>, String>>,
+}
+
+/// How XLA destroys an [`ExecState`].
+unsafe extern "C" fn delete_state(p: *mut c_void) {
+    if !p.is_null() {
+        // SAFETY: XLA hands back the pointer `instantiate` gave it (a leaked Box<ExecState>),
+        // once, when the executable is destroyed.
+        drop(unsafe { Box::from_raw(p.cast::<ExecState>()) });
+    }
+}
+
+static STATE_INFO: StateType = StateType::new(delete_state);
+
+/// The state type's id, registered with XLA on the first INSTANTIATE.
+static STATE_TYPE: OnceLock<TypeId> = OnceLock::new();
 
 fn instances() -> &'static Mutex<HashMap<u64, Arc<Instance>>> {
     static MAP: std::sync::OnceLock<Mutex<HashMap<u64, Arc<Instance>>>> = std::sync::OnceLock::new();
@@ -121,12 +158,13 @@ impl Instance {
         let peers = Arc::new(vec![vec![true; n]; n]);
         let cluster = HostCluster::new(n, at.max(64), peers)
             .map_err(|source| HostCallError::Memory { name: cfg.name.clone(), source })?;
+        LIVE.fetch_add(1, Ordering::Relaxed);
         Ok(Instance { shapes: (in_shapes, out_shapes), cluster, config, physical, inputs, outputs, scratch, signals })
     }
 }
 
-/// Runs one device's side of a Peerless custom call on the host backend.
-pub fn run(call: HostCall) -> Result<(), HostCallError> {
+/// Checks a call's buffers against its shapes.
+fn check_call(call: &HostCall) -> Result<(), HostCallError> {
     let cfg = call.config;
     for (bytes, shape) in &call.inputs {
         if bytes.len() != shape.byte_size() {
@@ -144,6 +182,14 @@ pub fn run(call: HostCall) -> Result<(), HostCallError> {
     if let Some((_, s)) = call.inputs.iter().find(|(_, s)| s.ty.byte_size() == 0 || s.ty == PrimitiveType::Token) {
         return Err(invalid(cfg, format!("element type {} cannot move", s.ty)));
     }
+    Ok(())
+}
+
+/// Runs one device's side of a Peerless custom call on the host backend, with the
+/// collective's cluster from the process-wide table (kept for the process).
+pub fn run(call: HostCall) -> Result<(), HostCallError> {
+    check_call(&call)?;
+    let cfg = call.config;
     let instance = {
         let mut map = instances().lock().unwrap_or_else(PoisonError::into_inner);
         match map.get(&cfg.instance) {
@@ -155,6 +201,12 @@ pub fn run(call: HostCall) -> Result<(), HostCallError> {
             }
         }
     };
+    run_on(&instance, call)
+}
+
+/// Runs `call` on `instance`'s cluster.
+fn run_on(instance: &Instance, call: HostCall) -> Result<(), HostCallError> {
+    let cfg = call.config;
     let shapes_in: Vec<&ArrayShape> = call.inputs.iter().map(|(_, s)| s).collect();
     let shapes_out: Vec<&ArrayShape> = call.outputs.iter().map(|(_, s)| s).collect();
     if shapes_in != instance.shapes.0.iter().collect::<Vec<_>>()
@@ -194,6 +246,29 @@ impl CollectiveRuntime for HostRuntime {
         0
     }
 
+    fn instantiate(&self, f: &CallFrame<'_>, _call: &CustomCallConfig) -> Result<(), HandlerError> {
+        let id = match STATE_TYPE.get() {
+            Some(id) => *id,
+            None => *STATE_TYPE.get_or_init(|| {
+                f.register_type("peerless.host_collective", &STATE_INFO).unwrap_or(
+                    // Unregistered: calls fall back to the process-wide table.
+                    ffi::xla_ffi::sys::XLA_FFI_UNKNOWN_TYPE_ID,
+                )
+            }),
+        };
+        if id.type_id == 0 {
+            return Ok(());
+        }
+        let state = Box::into_raw(Box::<ExecState>::default());
+        // SAFETY: `state` is a fresh Box<ExecState>, the type registered as `id` with
+        // `delete_state`; XLA owns it on success.
+        if unsafe { f.state_set(ExecutionStage::Instantiate, id, state.cast()) }.is_err() {
+            // SAFETY: XLA did not take it; it is still ours, and freed once.
+            drop(unsafe { Box::from_raw(state) });
+        }
+        Ok(())
+    }
+
     fn execute(&self, f: &CallFrame<'_>, call: &CustomCallConfig, device: usize) -> Result<(), HandlerError> {
         let (args, rets) = (f.args()?, f.rets()?);
         let mut inputs = Vec::with_capacity(args.len());
@@ -223,7 +298,32 @@ impl CollectiveRuntime for HostRuntime {
             };
             outputs.push((bytes, shape));
         }
-        run(HostCall { config: call, device, inputs, outputs }).map_err(|e| {
+        let call = HostCall { config: call, device, inputs, outputs };
+        // The executable's own state when XLA instantiated one (freed with the executable),
+        // else the process-wide table.
+        let state = STATE_TYPE
+            .get()
+            .filter(|id| id.type_id != 0)
+            .and_then(|&id| f.state_get(ExecutionStage::Instantiate, id).ok())
+            .filter(|p| !p.is_null());
+        let result = match state {
+            Some(p) => {
+                // SAFETY: XLA keeps the state set at INSTANTIATE (a Box<ExecState>) alive until
+                // the executable is destroyed, which cannot happen during one of its calls;
+                // it is only read through shared references.
+                let state = unsafe { &*p.cast::<ExecState>() };
+                check_call(&call).and_then(|()| {
+                    let inst =
+                        state.instance.get_or_init(|| Instance::build(&call).map(Arc::new).map_err(|e| e.to_string()));
+                    match inst {
+                        Ok(i) => run_on(i, call),
+                        Err(m) => Err(HostCallError::Invalid { name: call.config.name.clone(), message: m.clone() }),
+                    }
+                })
+            }
+            None => run(call),
+        };
+        result.map_err(|e| {
             let code = match &e {
                 HostCallError::Collective(CollectiveError::Timeout { .. }) => ErrorCode::DeadlineExceeded,
                 HostCallError::Invalid { .. }

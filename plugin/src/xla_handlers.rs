@@ -22,6 +22,11 @@ static HOST: HostRuntime = HostRuntime;
 /// buffer and replayed by XLA does not count, which is how tests see that it was replayed.
 static CALLS: [AtomicU64; 2] = [AtomicU64::new(0), AtomicU64::new(0)];
 
+/// Collective clusters of the CPU handlers alive now (each freed with its executable).
+pub fn live_collectives() -> usize {
+    kernels::xla_host::live_clusters()
+}
+
 /// Execute-stage calls of the handlers of `platform` so far.
 pub fn handler_calls(platform: &str) -> u64 {
     match platform {

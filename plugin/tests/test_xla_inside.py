@@ -869,3 +869,26 @@ def test_enable_rejects_bad_flags():
     """A flag the pass would reject is an error at enable(), not a warning per compile."""
     with pytest.raises(ValueError, match="all_reduce_backend"):
         peerless.enable("cpu", flags="--all_reduce_backend=xla")
+
+
+def test_executables_free_their_collectives():
+    """Each compiled collective's CPU cluster is XLA FFI state of its executable: deleting
+    the executable frees it (it used to live for the process)."""
+    import gc
+
+    from jax_plugins.peerless import inside
+
+    mesh = make_mesh("1d8")
+    x = sample((N * 64, 1024), np.float32, 21)
+    before = inside.live_collectives()
+    for _ in range(5):
+        jax.clear_caches()
+        peerless.enable("cpu")
+        f = jax.jit(jax.shard_map(lambda v: jax.lax.psum(v, "x"), mesh=mesh, in_specs=P("x"), out_specs=P()))
+        c = f.lower(x).compile()
+        jax.block_until_ready(c(x))
+        assert inside.live_collectives() >= before + 1
+        del c, f
+        jax.clear_caches()
+        gc.collect()
+    assert inside.live_collectives() <= before, (before, inside.live_collectives())

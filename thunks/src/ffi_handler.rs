@@ -18,6 +18,12 @@ use crate::custom_call::{AttrSource, CustomCallConfig};
 pub trait CollectiveRuntime: Sync {
     /// Traits the handlers declare in the metadata probe (command-buffer compatibility).
     fn traits(&self) -> Traits;
+    /// The INSTANTIATE stage: once per executable and custom call on XLA:CPU (no device yet),
+    /// where a runtime may hand XLA per-executable state (`CallFrame::state_set`), which XLA
+    /// destroys with the executable.
+    fn instantiate(&self, _frame: &CallFrame<'_>, _call: &CustomCallConfig) -> Result<(), HandlerError> {
+        Ok(())
+    }
     /// The INITIALIZE stage on `device` (outside any stream capture): set up per-collective
     /// state that must not be created while XLA records a command buffer.
     fn initialize(&self, _frame: &CallFrame<'_>, _call: &CustomCallConfig, _device: usize) -> Result<(), HandlerError> {
@@ -70,15 +76,19 @@ pub fn array_shape(b: &BufferRef<'_>) -> Result<ArrayShape, HandlerError> {
 
 /// The handler body for a custom call of `kind`.
 pub fn dispatch(kind: CollectiveKind, f: &CallFrame<'_>, rt: &dyn CollectiveRuntime) -> Result<(), HandlerError> {
-    // Instantiate / prepare: nothing to declare. Initialize: the runtime sets up this
-    // device's part of the collective's state (peers' parts are joined on execute).
+    // Instantiate: per-executable state (before any device runs). Prepare: nothing to
+    // declare. Initialize: the runtime sets up this device's part of the collective's state
+    // (peers' parts are joined on execute).
     let stage = f.stage();
-    if !matches!(stage, ExecutionStage::Execute | ExecutionStage::Initialize) {
+    if !matches!(stage, ExecutionStage::Execute | ExecutionStage::Initialize | ExecutionStage::Instantiate) {
         return Ok(());
     }
     let call = CustomCallConfig::from_attrs(kind, &FrameAttrs(f)).map_err(|e| {
         HandlerError::invalid_argument(format!("{}: {e}", crate::custom_call::target_name(kind).unwrap_or("?")))
     })?;
+    if stage == ExecutionStage::Instantiate {
+        return rt.instantiate(f, &call);
+    }
     let device = f.device_ordinal()?;
     let device = usize::try_from(device)
         .map_err(|_| HandlerError::new(ErrorCode::Internal, format!("XLA reported device ordinal {device}")))?;

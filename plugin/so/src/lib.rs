@@ -81,3 +81,9 @@ pub unsafe extern "C" fn PeerlessXlaHandlerCalls(platform: *const std::ffi::c_ch
     let p = unsafe { std::ffi::CStr::from_ptr(platform) }.to_string_lossy();
     plugin::xla_handlers::handler_calls(&p)
 }
+
+/// Collective clusters of the CPU handlers alive in the process (freed with executables).
+#[unsafe(no_mangle)]
+pub extern "C" fn PeerlessXlaLiveCollectives() -> u64 {
+    plugin::xla_handlers::live_collectives() as u64
+}

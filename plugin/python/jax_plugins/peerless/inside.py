@@ -75,6 +75,8 @@ def _dll():
         dll.PeerlessXlaHandler.restype = ctypes.c_void_p
         dll.PeerlessXlaHandlerCalls.argtypes = [ctypes.c_char_p]
         dll.PeerlessXlaHandlerCalls.restype = ctypes.c_uint64
+        dll.PeerlessXlaLiveCollectives.argtypes = []
+        dll.PeerlessXlaLiveCollectives.restype = ctypes.c_uint64
         _state["dll"] = dll
     return _state["dll"]
 
@@ -161,9 +163,12 @@ def _register_targets(platform: str) -> None:
         if not addr:
             raise RuntimeError(f"libpeerless_pjrt.so has no {platform} handler for {target}")
         cap = jax.ffi.pycapsule(fn_type(addr))
-        # One function serves both stages: INITIALIZE sets up this device's part of a
-        # collective's state outside any command-buffer capture; EXECUTE launches.
-        jax.ffi.register_ffi_target(target, {"initialize": cap, "execute": cap}, platform=xla_platform, api_version=1)
+        # One function serves every stage: INSTANTIATE hands XLA per-executable state (on
+        # CPU: the collective's cluster, freed with the executable); INITIALIZE sets up this
+        # device's part of a collective's state outside any command-buffer capture (CUDA);
+        # EXECUTE runs it.
+        stages = {"instantiate": cap, "initialize": cap, "execute": cap}
+        jax.ffi.register_ffi_target(target, stages, platform=xla_platform, api_version=1)
     _state["targets"].add(platform)
 
 
@@ -250,6 +255,11 @@ def handler_calls(platform: str = "cpu") -> int:
     into a command buffer and replays does not reach the handler, so this stays behind the
     number of executions then."""
     return int(_dll().PeerlessXlaHandlerCalls(platform.encode()))
+
+
+def live_collectives() -> int:
+    """Collective clusters the CPU handlers hold now; each is freed with its executable."""
+    return int(_dll().PeerlessXlaLiveCollectives())
 
 
 def reset_stats() -> None:

@@ -96,8 +96,12 @@ pub fn run_pass(platform: &str, module: &[u8], flags: &str, local_devices: &str)
     let run = || -> Result<(i32, Option<Vec<u8>>, String), String> {
         // Flags are checked on every call (a bad one is an error even for an empty module);
         // the peer table only when there is a collective to decide.
-        let probe = xla_pass::has_collectives(module).unwrap_or(true);
-        let cfg = pass_config(platform, flags, local_devices, probe)?;
+        let any = xla_pass::has_collectives(module);
+        let cfg = pass_config(platform, flags, local_devices, !matches!(any, Ok(false)))?;
+        if let Ok(false) = any {
+            // The common case (XLA hands the pass every module): one wire scan, done.
+            return Ok((0, None, String::new()));
+        }
         let outcome = xla_pass::run(module, &cfg).map_err(|e| e.to_string())?;
         let text = report(&outcome);
         Ok(match outcome.module {

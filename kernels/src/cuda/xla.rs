@@ -181,6 +181,18 @@ fn all_ranks<'a>(cfg: &CustomCallConfig, inst: &'a Instance) -> Result<&'a HashM
     }
 }
 
+/// The call's buffers, its operands' shapes and its collective's instance.
+fn frame_instance<'a>(
+    f: &CallFrame<'a>,
+    cfg: &CustomCallConfig,
+) -> Result<(Vec<BufferRef<'a>>, Vec<BufferRef<'a>>, Vec<ArrayShape>, Arc<Instance>), HandlerError> {
+    let (args, rets) = (f.args()?, f.rets()?);
+    let arg_shapes = args.iter().map(array_shape).collect::<Result<Vec<_>, _>>()?;
+    let ret_shapes = rets.iter().map(array_shape).collect::<Result<Vec<_>, _>>()?;
+    let inst = instance(cfg, &arg_shapes, &ret_shapes);
+    Ok((args, rets, arg_shapes, inst))
+}
+
 /// The CUDA platform's [`CollectiveRuntime`].
 #[derive(Debug, Default)]
 pub struct CudaRuntime;
@@ -255,19 +267,13 @@ impl CollectiveRuntime for CudaRuntime {
 
     fn initialize(&self, f: &CallFrame<'_>, cfg: &CustomCallConfig, device: usize) -> Result<(), HandlerError> {
         let c = clique()?;
-        let (args, rets) = (f.args()?, f.rets()?);
-        let arg_shapes = args.iter().map(array_shape).collect::<Result<Vec<_>, _>>()?;
-        let ret_shapes = rets.iter().map(array_shape).collect::<Result<Vec<_>, _>>()?;
-        let inst = instance(cfg, &arg_shapes, &ret_shapes);
+        let (_, _, _, inst) = frame_instance(f, cfg)?;
         publish_own(c, cfg, &inst, device)
     }
 
     fn execute(&self, f: &CallFrame<'_>, cfg: &CustomCallConfig, device: usize) -> Result<(), HandlerError> {
         let c = clique()?;
-        let (args, rets) = (f.args()?, f.rets()?);
-        let arg_shapes = args.iter().map(array_shape).collect::<Result<Vec<_>, _>>()?;
-        let ret_shapes = rets.iter().map(array_shape).collect::<Result<Vec<_>, _>>()?;
-        let inst = instance(cfg, &arg_shapes, &ret_shapes);
+        let (args, rets, arg_shapes, inst) = frame_instance(f, cfg)?;
         if inst.complete.get().is_none() {
             // Normally done in INITIALIZE; a runtime that skipped it allocates here.
             publish_own(c, cfg, &inst, device)?;

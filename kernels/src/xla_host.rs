@@ -1,13 +1,14 @@
-//! The host backend behind XLA's CPU FFI handlers: each Peerless custom call runs the host
-//! backend's protocols (one-/two-shot all-reduce, direct all-gather / all-to-all /
-//! reduce-scatter / permute, device-side epochs, watchdog) between XLA's CPU devices.
+//! The host backend behind XLA's CPU FFI handlers: each Peerless custom call runs the
+//! host protocols (one-/two-shot all-reduce, direct all-gather / all-to-all /
+//! reduce-scatter / permute, device-side epochs, watchdog) between XLA's CPU devices, on
+//! XLA's own buffers ([`crate::host::direct`]).
 //!
 //! XLA CPU runs every device's program on its own thread and hands the handler that
 //! device's buffers. Each rewritten collective (its `instance` id) owns one
-//! [`HostCluster`] spanning the devices it names, created on first use: the protocols
-//! require staging and signal regions that belong to one collective for the cluster's
-//! lifetime, and one cluster per instance gives exactly that. A call copies the device's
-//! operands into its arena, runs the protocol and copies the results out.
+//! [`DirectCollective`] spanning the devices it names, created on first use: staging and
+//! flags that belong to one collective for the executable's lifetime. A call copies the
+//! device's operands into its own staging buffer, meets its group, and computes its
+//! results from the members' staging straight into XLA's result buffers.
 //!
 //! Invariant: every device of a group makes the same calls of an instance in the same
 //! order (XLA runs one SPMD program per device); a device that never arrives makes its
@@ -23,9 +24,10 @@ use ffi::xla_ffi::{CallFrame, ErrorCode, ExecutionStage, HandlerError, StateType
 use hlo::{ArrayShape, PrimitiveType};
 use thunks::custom_call::CustomCallConfig;
 use thunks::ffi_handler::{CollectiveRuntime, array_shape};
-use thunks::{CollectiveConfig, CollectiveKind, CollectiveOp, Region};
+use thunks::{CollectiveConfig, CollectiveOp};
 
-use crate::host::{CollectiveCall, CollectiveError, HostCluster, HostError, scratch_bytes, signal_bytes};
+use crate::host::CollectiveError;
+use crate::host::direct::DirectCollective;
 
 /// One device's side of a call: its operands and result buffers, in XLA's order.
 #[derive(Debug)]
@@ -46,25 +48,17 @@ pub enum HostCallError {
     Invalid { name: String, message: String },
     #[error(transparent)]
     Collective(#[from] CollectiveError),
-    #[error("{name}: {source}")]
-    Memory { name: String, source: HostError },
 }
 
-/// A collective's cluster and the regions of its arena.
+/// A rewritten collective: the shapes it was built for and its protocol state.
 #[derive(Debug)]
 struct Instance {
     /// Shapes the instance was built for: every later call must match.
     shapes: (Vec<ArrayShape>, Vec<ArrayShape>),
-    cluster: Arc<HostCluster>,
-    config: CollectiveConfig,
-    physical: Vec<ArrayShape>,
-    inputs: Vec<Region>,
-    outputs: Vec<Region>,
-    scratch: Region,
-    signals: Region,
+    collective: DirectCollective,
 }
 
-/// Clusters alive, wherever they are held (tests watch executables free theirs).
+/// Collectives alive, wherever they are held (tests watch executables free theirs).
 static LIVE: AtomicUsize = AtomicUsize::new(0);
 
 impl Drop for Instance {
@@ -73,13 +67,13 @@ impl Drop for Instance {
     }
 }
 
-/// Number of collective clusters alive in the process.
+/// Number of collective instances alive in the process.
 pub fn live_clusters() -> usize {
     LIVE.load(Ordering::Relaxed)
 }
 
 /// The per-executable state XLA holds for one custom call (set at INSTANTIATE, deleted
-/// with the executable): the collective's cluster, built by the first device to execute.
+/// with the executable): the collective, built by the first device to execute.
 #[derive(Debug, Default)]
 struct ExecState {
     instance: OnceLock<Result<Arc<Instance>, String>>,
@@ -109,10 +103,6 @@ pub fn live_instances() -> usize {
     instances().lock().unwrap_or_else(PoisonError::into_inner).len()
 }
 
-fn align64(n: usize) -> usize {
-    n.div_ceil(64).saturating_mul(64)
-}
-
 fn invalid(cfg: &CustomCallConfig, message: impl Into<String>) -> HostCallError {
     HostCallError::Invalid { name: cfg.name.clone(), message: message.into() }
 }
@@ -132,11 +122,9 @@ impl Instance {
             physical.push(ArrayShape::new(s.ty, dims));
         }
         let n = cfg.device_span().max(call.device + 1);
-        let groups =
-            if cfg.kind == CollectiveKind::CollectivePermute { vec![(0..n).collect()] } else { cfg.groups.clone() };
         let config = CollectiveConfig {
             op: CollectiveOp { kind: cfg.kind, is_async: false },
-            groups,
+            groups: cfg.groups.clone(),
             element_type: first.ty,
             reduction: cfg.reduction,
             bytes_per_device: in_shapes.iter().map(ArrayShape::byte_size).sum(),
@@ -144,22 +132,13 @@ impl Instance {
             source_target_pairs: cfg.pairs.clone(),
             num_operands: in_shapes.len(),
         };
-        let implementation = cfg.implementation();
-        let mut at = 0usize;
-        let mut region = |len: usize| {
-            let r = Region::new(at, len);
-            at = at.saturating_add(align64(len));
-            r
-        };
-        let inputs: Vec<Region> = in_shapes.iter().map(|s| region(s.byte_size())).collect();
-        let outputs: Vec<Region> = out_shapes.iter().map(|s| region(s.byte_size())).collect();
-        let scratch = region(scratch_bytes(&config, implementation));
-        let signals = region(signal_bytes(&config, implementation));
-        let peers = Arc::new(vec![vec![true; n]; n]);
-        let cluster = HostCluster::new(n, at.max(64), peers)
-            .map_err(|source| HostCallError::Memory { name: cfg.name.clone(), source })?;
+        let timeout = Duration::from_millis(cfg.timeout_ms);
+        let collective = DirectCollective::new(&config, cfg.algorithm, &physical, n, timeout, &cfg.name)?;
+        if collective.output_lens() != out_shapes.iter().map(ArrayShape::byte_size).collect::<Vec<_>>() {
+            return Err(invalid(cfg, format!("result shapes {out_shapes:?} do not fit operands {in_shapes:?}")));
+        }
         LIVE.fetch_add(1, Ordering::Relaxed);
-        Ok(Instance { shapes: (in_shapes, out_shapes), cluster, config, physical, inputs, outputs, scratch, signals })
+        Ok(Instance { shapes: (in_shapes, out_shapes), collective })
     }
 }
 
@@ -204,7 +183,7 @@ pub fn run(call: HostCall) -> Result<(), HostCallError> {
     run_on(&instance, call)
 }
 
-/// Runs `call` on `instance`'s cluster.
+/// Runs `call` on `instance`: XLA's buffers in and out, no copies of results.
 fn run_on(instance: &Instance, call: HostCall) -> Result<(), HostCallError> {
     let cfg = call.config;
     let shapes_in: Vec<&ArrayShape> = call.inputs.iter().map(|(_, s)| s).collect();
@@ -214,27 +193,9 @@ fn run_on(instance: &Instance, call: HostCall) -> Result<(), HostCallError> {
     {
         return Err(invalid(cfg, "called with other shapes than the first call of this collective"));
     }
-    let memory = |source| HostCallError::Memory { name: cfg.name.clone(), source };
-    let dev = instance.cluster.device(call.device);
-    for ((bytes, _), r) in call.inputs.iter().zip(&instance.inputs) {
-        dev.write(r.offset, bytes).map_err(memory)?;
-    }
-    let c = CollectiveCall {
-        config: &instance.config,
-        implementation: cfg.implementation(),
-        inputs: instance.inputs.clone(),
-        outputs: instance.outputs.clone(),
-        operand_shapes: instance.physical.clone(),
-        scratch: instance.scratch,
-        signals: instance.signals,
-        timeout: Duration::from_millis(cfg.timeout_ms),
-        name: &cfg.name,
-    };
-    dev.run_collective(&c)?;
-    for ((bytes, _), r) in call.outputs.into_iter().zip(&instance.outputs) {
-        dev.read_into(r.offset, bytes).map_err(memory)?;
-    }
-    Ok(())
+    let inputs: Vec<&[u8]> = call.inputs.iter().map(|(b, _)| *b).collect();
+    let mut outputs: Vec<&mut [u8]> = call.outputs.into_iter().map(|(b, _)| b).collect();
+    Ok(instance.collective.run(call.device, &inputs, &mut outputs)?)
 }
 
 /// The CPU platform's [`CollectiveRuntime`]: XLA:CPU buffers are host memory.
@@ -342,7 +303,7 @@ mod tests {
     use std::thread;
 
     use hlo::analysis::ReductionKind;
-    use thunks::KernelAlgorithm;
+    use thunks::{CollectiveKind, KernelAlgorithm};
 
     use super::*;
 

@@ -27,6 +27,7 @@
 //! leave a one-shot while a peer still reads its staging buffer).
 
 mod arena;
+pub mod direct;
 mod layout;
 mod protocol;
 mod reduce;

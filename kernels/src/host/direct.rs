@@ -1,0 +1,754 @@
+//! The host protocols on plain process memory: what XLA:CPU's FFI handlers run on XLA's
+//! own buffers (no arena, no copies of results).
+//!
+//! XLA:CPU runs each device's program on its own thread, in one address space, so "peer
+//! access" is a pointer. The arena-backed [`super::HostCluster`] simulates GPU memory for
+//! the standalone host backend; here each rewritten collective ([`DirectCollective`], one
+//! per custom call of an executable) owns, per group member, two staging buffers (double
+//! buffered by epoch parity, as in `protocol.rs`) and the members' flags. A call:
+//!
+//! 1. takes the next epoch `e` of its member (counted per member, never reset);
+//! 2. copies its operands into its own staging buffer `e % 2` (peers never touch XLA's
+//!    buffers, so a rank that returns early, with a timeout, cannot leave a peer reading or
+//!    writing memory XLA has reused);
+//! 3. arrives at barrier 0 and waits for every member of its group (bounded by the call's
+//!    timeout; the error names the ranks that never came);
+//! 4. computes its own results from the members' staging buffers, in the algorithm the
+//!    pass chose: one-shot (reduce every member in fixed order), two-shot (reduce slice
+//!    `rank` into its staging, barrier 1, gather the slices in rotated order), direct
+//!    reduce-scatter (reduce block `rank`), direct all-gather / all-to-all (pull, rotated
+//!    order), direct permute (the target pulls from its source's staging).
+//!
+//! Why one barrier suffices (the double-buffering argument of `protocol.rs`): a member
+//! writes staging buffer `e % 2` again only at epoch `e + 2`, after passing barrier 0 of
+//! `e + 1`, which every peer reaches only after finishing epoch `e`'s reads. A call also
+//! checks, before its copy-in, that every member finished epoch `e - 2` (always true after
+//! a normal barrier, and what keeps the argument sound after a timeout).
+//!
+//! A timeout breaks the epoch it happened in: every member waiting in it, and any that
+//! arrives for it later, fails with the timeout error; the next epoch starts clean.
+//! Waiting members sleep on the group's condition variable (8 device threads may share
+//! 2 cores); the last to arrive wakes them.
+
+use std::alloc::{Layout, alloc_zeroed, dealloc};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use hlo::ArrayShape;
+use thunks::{CollectiveConfig, CollectiveKind as Kind, CollectiveOp, KernelAlgorithm as Algo};
+
+use super::layout::{Runs, Split, shape_bytes};
+use super::reduce::Reducer;
+use super::{CollectiveError, HostError, fmt_group};
+
+/// A zeroed, 64-byte aligned buffer that members reach through raw pointers; the
+/// protocol, not the type system, says who may touch which bytes when.
+struct Staging {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: `Staging` owns its allocation; all access goes through `ptr` under the protocol's
+// rules (one writer per byte range per phase, readers only after a barrier that orders them
+// after the write), so sharing it between device threads is sound.
+unsafe impl Send for Staging {}
+// SAFETY: as above.
+unsafe impl Sync for Staging {}
+
+impl Staging {
+    fn new(len: usize) -> Result<Self, HostError> {
+        if len == 0 {
+            return Ok(Staging { ptr: NonNull::dangling(), len });
+        }
+        let alloc = HostError::Alloc { num_devices: 1, arena_bytes: len };
+        let layout = Layout::from_size_align(len, 64).map_err(|_| alloc.clone())?;
+        // SAFETY: `layout` has a non-zero size.
+        let p = unsafe { alloc_zeroed(layout) };
+        Ok(Staging { ptr: NonNull::new(p).ok_or(alloc)?, len })
+    }
+
+    /// `len` bytes at `at`, shared. Caller: nobody writes them until the borrow ends.
+    fn read(&self, at: usize, len: usize) -> &[u8] {
+        assert!(at.checked_add(len).is_some_and(|end| end <= self.len), "staging read {at}+{len} of {}", self.len);
+        if len == 0 {
+            return &[];
+        }
+        // SAFETY: in bounds (checked above); the protocol guarantees no concurrent writer
+        // (module docs: a buffer is written only by its owner, before the barrier its
+        // readers wait for, and not again until they have all finished).
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr().add(at), len) }
+    }
+
+    /// `len` bytes at `at`, exclusive. Caller: the owning member, in its write phase.
+    #[allow(clippy::mut_from_ref)]
+    fn write(&self, at: usize, len: usize) -> &mut [u8] {
+        assert!(at.checked_add(len).is_some_and(|end| end <= self.len), "staging write {at}+{len} of {}", self.len);
+        if len == 0 {
+            return &mut [];
+        }
+        // SAFETY: in bounds (checked above); only the owning member writes its buffer, and
+        // only while no peer reads it (before barrier 0 of the epoch, or a region peers
+        // read only after barrier 1), so this is the only reference to these bytes.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr().add(at), len) }
+    }
+}
+
+impl Drop for Staging {
+    fn drop(&mut self) {
+        if self.len > 0 {
+            // SAFETY: allocated in `new` with this size and alignment, freed once.
+            unsafe { dealloc(self.ptr.as_ptr(), Layout::from_size_align_unchecked(self.len, 64)) };
+        }
+    }
+}
+
+/// Arrivals of a set of members (a group, or every device of a permute), under one lock.
+#[derive(Debug)]
+struct Flags {
+    /// `arrived[p][i]`: the latest epoch member `i` arrived at barrier `p` in.
+    /// Collective-permute: `arrived[0][d]` = "posted" (device `d` staged epoch e),
+    /// `arrived[1][d]` = "consumed" (`d`'s target read it).
+    arrived: [Vec<u64>; 2],
+    /// The latest epoch a timeout broke (0: none), and the ranks missing then.
+    broken: u64,
+    missing: Vec<usize>,
+}
+
+struct Rendezvous {
+    flags: Mutex<Flags>,
+    wake: Condvar,
+    /// Per member: its epoch counter (only that member writes it).
+    epoch: Vec<AtomicU64>,
+    /// Per member: the latest epoch whose reads of peers' staging it has finished.
+    finished: Vec<AtomicU64>,
+}
+
+impl Rendezvous {
+    fn new(n: usize) -> Self {
+        Rendezvous {
+            flags: Mutex::new(Flags { arrived: [vec![0; n], vec![0; n]], broken: 0, missing: vec![] }),
+            wake: Condvar::new(),
+            epoch: (0..n).map(|_| AtomicU64::new(0)).collect(),
+            finished: (0..n).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Flags> {
+        self.flags.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Waits until `ready(flags)` or the deadline; `Err(())` on timeout.
+    fn wait_until<'a>(
+        &'a self,
+        mut g: MutexGuard<'a, Flags>,
+        deadline: Instant,
+        ready: impl Fn(&Flags) -> bool,
+    ) -> Result<MutexGuard<'a, Flags>, MutexGuard<'a, Flags>> {
+        while !ready(&g) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(g);
+            }
+            g = self.wake.wait_timeout(g, left).unwrap_or_else(PoisonError::into_inner).0;
+        }
+        Ok(g)
+    }
+}
+
+/// One group: its members (device ids, in group order), their staging and flags.
+struct Group {
+    members: Vec<usize>,
+    staging: Vec<[Staging; 2]>,
+    sync: Rendezvous,
+}
+
+/// One operand of the collective, as every member stages it.
+#[derive(Clone, Debug)]
+struct Operand {
+    /// Physical (row-major) shape of the operand.
+    shape: ArrayShape,
+    len: usize,
+    out_len: usize,
+    /// Offset in a staging buffer; the two-shot's reduced copy lies `reduced` further.
+    stage: usize,
+    reducer: Option<Reducer>,
+    split: Option<Split>,
+}
+
+/// One rewritten collective of an executable, shared by the device threads that run it.
+pub struct DirectCollective {
+    op: CollectiveOp,
+    algorithm: Algo,
+    name: String,
+    timeout: Duration,
+    ops: Vec<Operand>,
+    /// The two-shot's reduced slices start this far into a staging buffer.
+    reduced: usize,
+    groups: Vec<Group>,
+    /// Device id → (group index, member index).
+    rank_of: Vec<Option<(usize, usize)>>,
+    /// Collective-permute: device id → its source and its target.
+    pairs: Vec<(Option<usize>, Option<usize>)>,
+}
+
+impl std::fmt::Debug for DirectCollective {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DirectCollective")
+            .field("op", &self.op)
+            .field("algorithm", &self.algorithm)
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+fn align64(n: usize) -> usize {
+    n.div_ceil(64).saturating_mul(64)
+}
+
+/// Copies run by run from `src` into `dst` (same row count and length).
+fn copy_runs(src: &[u8], s: Runs, dst: &mut [u8], d: Runs) {
+    for (a, b) in s.starts(0).zip(d.starts(0)) {
+        dst[b..b + d.row].copy_from_slice(&src[a..a + s.row]);
+    }
+}
+
+impl DirectCollective {
+    /// A collective for `config` (groups and pairs are device ids below `num_devices`),
+    /// run with `algorithm` on operands of the given physical shapes.
+    pub fn new(
+        config: &CollectiveConfig,
+        algorithm: Algo,
+        shapes: &[ArrayShape],
+        num_devices: usize,
+        timeout: Duration,
+        name: &str,
+    ) -> Result<Self, CollectiveError> {
+        let op = config.op;
+        let invalid = |reason: String| CollectiveError::Invalid { collective: name.to_string(), op, rank: 0, reason };
+        let unsupported =
+            |reason: String| CollectiveError::Unsupported { collective: name.to_string(), op, rank: 0, reason };
+        let computes = match algorithm {
+            Algo::OneShotAllReduce | Algo::TwoShotAllReduce => Kind::AllReduce,
+            Algo::DirectAllGather => Kind::AllGather,
+            Algo::DirectAllToAll => Kind::AllToAll,
+            Algo::DirectReduceScatter => Kind::ReduceScatter,
+            Algo::DirectPermute => Kind::CollectivePermute,
+        };
+        if computes != op.kind {
+            return Err(invalid(format!("{} does not compute {op}", algorithm.name())));
+        }
+
+        // Groups (device ids) and each device's place in them.
+        let mut rank_of = vec![None; num_devices];
+        let mut pairs = vec![(None, None); num_devices];
+        let groups: Vec<Vec<usize>> = if op.kind == Kind::CollectivePermute {
+            for &(s, t) in &config.source_target_pairs {
+                if s >= num_devices || t >= num_devices {
+                    return Err(invalid(format!("source-target pair {s}->{t} names a device >= {num_devices}")));
+                }
+                if pairs[s].1.replace(t).is_some() || pairs[t].0.replace(s).is_some() {
+                    return Err(invalid(format!("source-target pairs repeat source {s} or target {t}")));
+                }
+            }
+            for (d, r) in rank_of.iter_mut().enumerate() {
+                *r = Some((0, d));
+            }
+            vec![(0..num_devices).collect()]
+        } else {
+            for (gi, g) in config.groups.iter().enumerate() {
+                for (i, &d) in g.iter().enumerate() {
+                    match rank_of.get_mut(d) {
+                        Some(r @ None) => *r = Some((gi, i)),
+                        _ => {
+                            return Err(invalid(format!(
+                                "replica group {} names device {d} twice or out of range",
+                                fmt_group(g)
+                            )));
+                        }
+                    }
+                }
+            }
+            config.groups.clone()
+        };
+
+        // Operands, and how results relate to them.
+        let mut ops = Vec::with_capacity(shapes.len());
+        let mut stage = 0usize;
+        let dim = config.dimension.unwrap_or(0);
+        let g_of = |j: usize| groups.get(j).map_or(1, Vec::len);
+        let g = g_of(0);
+        if groups.iter().any(|m| m.len() != g) {
+            return Err(invalid("replica groups differ in size".into()));
+        }
+        for (j, shape) in shapes.iter().enumerate() {
+            let len = shape_bytes(shape).ok_or_else(|| invalid(format!("operand {j}'s shape {shape} has no size")))?;
+            if shape.ty.byte_size() == 0 {
+                return Err(invalid(format!("operand {j} has element type {}, which has no bytes", shape.ty)));
+            }
+            let reducer = match op.kind {
+                Kind::AllReduce | Kind::ReduceScatter => {
+                    let kind = config.reduction.ok_or_else(|| unsupported("reduction not recognised".into()))?;
+                    Some(Reducer::new(shape.ty, kind).map_err(unsupported)?)
+                }
+                _ => None,
+            };
+            let (split, out_len) = match op.kind {
+                Kind::AllReduce | Kind::CollectivePermute => (None, len),
+                Kind::AllGather => (Some(Split::new(shape, dim, len).map_err(invalid)?), len.saturating_mul(g)),
+                Kind::ReduceScatter => {
+                    let s = Split::new(shape, dim, len).map_err(invalid)?;
+                    s.check_blocks(g, shape, dim).map_err(invalid)?;
+                    (Some(s), len / g.max(1))
+                }
+                Kind::AllToAll if config.dimension.is_some() => {
+                    if shapes.len() != 1 {
+                        return Err(invalid(format!("array all-to-all with {} operands", shapes.len())));
+                    }
+                    let s = Split::new(shape, dim, len).map_err(invalid)?;
+                    s.check_blocks(g, shape, dim).map_err(invalid)?;
+                    (Some(s), len)
+                }
+                Kind::AllToAll => {
+                    if shapes.len() != g || shapes.iter().any(|s| shape_bytes(s) != Some(len)) {
+                        return Err(invalid(format!(
+                            "tuple all-to-all needs {g} operands of one size, not {} operands",
+                            shapes.len()
+                        )));
+                    }
+                    (None, len)
+                }
+                Kind::RaggedAllToAll | Kind::CollectiveBroadcast => {
+                    return Err(unsupported(format!("the host backend has no {op}")));
+                }
+            };
+            ops.push(Operand { shape: shape.clone(), len, out_len, stage, reducer, split });
+            stage = stage.saturating_add(align64(len));
+        }
+        if ops.is_empty() {
+            return Err(invalid("a collective needs an operand".into()));
+        }
+        let reduced = stage;
+        let per_buffer = if algorithm == Algo::TwoShotAllReduce { stage.saturating_mul(2) } else { stage };
+        let memory = |source| CollectiveError::Memory { collective: name.to_string(), op, source };
+        let groups = groups
+            .into_iter()
+            .map(|members| {
+                let staging = members
+                    .iter()
+                    .map(|_| Ok([Staging::new(per_buffer)?, Staging::new(per_buffer)?]))
+                    .collect::<Result<Vec<_>, HostError>>()
+                    .map_err(memory)?;
+                Ok(Group { sync: Rendezvous::new(members.len()), members, staging })
+            })
+            .collect::<Result<Vec<_>, CollectiveError>>()?;
+        Ok(DirectCollective { op, algorithm, name: name.to_string(), timeout, ops, reduced, groups, rank_of, pairs })
+    }
+
+    /// Bytes each result buffer must have (for the caller's checks).
+    pub fn output_lens(&self) -> Vec<usize> {
+        self.ops.iter().map(|o| o.out_len).collect()
+    }
+
+    fn invalid(&self, rank: usize, reason: String) -> CollectiveError {
+        CollectiveError::Invalid { collective: self.name.clone(), op: self.op, rank, reason }
+    }
+
+    fn timeout_error(&self, group: &[usize], rank: usize, missing: Vec<usize>) -> CollectiveError {
+        CollectiveError::Timeout {
+            collective: self.name.clone(),
+            op: self.op,
+            group: group.to_vec(),
+            waiting_rank: rank,
+            missing,
+            timeout: self.timeout,
+        }
+    }
+
+    /// Runs device `device`'s side of one call: `inputs` are its operands, `outputs` its
+    /// result buffers (XLA's), in operand order.
+    pub fn run(&self, device: usize, inputs: &[&[u8]], outputs: &mut [&mut [u8]]) -> Result<(), CollectiveError> {
+        let Some(&Some((gi, idx))) = self.rank_of.get(device) else {
+            return Err(self.invalid(device, format!("device {device} is in no group of this collective")));
+        };
+        if inputs.len() != self.ops.len() || outputs.len() != self.ops.len() {
+            return Err(self.invalid(
+                device,
+                format!("{} operands and {} results for {} operands", inputs.len(), outputs.len(), self.ops.len()),
+            ));
+        }
+        for (j, o) in self.ops.iter().enumerate() {
+            if inputs[j].len() != o.len || outputs[j].len() != o.out_len {
+                return Err(self.invalid(
+                    device,
+                    format!(
+                        "operand {j}: {} bytes in, {} out; the collective needs {} and {}",
+                        inputs[j].len(),
+                        outputs[j].len(),
+                        o.len,
+                        o.out_len
+                    ),
+                ));
+            }
+        }
+        let deadline = Instant::now() + self.timeout;
+        let group = &self.groups[gi];
+        let sync = &group.sync;
+        let e = sync.epoch[idx].load(Ordering::Relaxed) + 1;
+        sync.epoch[idx].store(e, Ordering::Relaxed);
+        // However the call ends, this member is done reading peers' buffers of epoch `e`.
+        struct Finish<'a>(&'a AtomicU64, u64);
+        impl Drop for Finish<'_> {
+            fn drop(&mut self) {
+                self.0.store(self.1, Ordering::Release);
+            }
+        }
+        let _finish = Finish(&sync.finished[idx], e);
+        if self.op.kind == Kind::CollectivePermute {
+            return self.permute(group, device, e, deadline, inputs, outputs);
+        }
+        self.wait_finished(group, idx, e, deadline)?;
+        let own = &group.staging[idx][(e % 2) as usize];
+        for (o, x) in self.ops.iter().zip(inputs) {
+            own.write(o.stage, o.len).copy_from_slice(x);
+        }
+        self.barrier(group, 0, idx, e, deadline)?;
+        let par = (e % 2) as usize;
+        let g = group.members.len();
+        let member = |k: usize, at: usize, len: usize| group.staging[k][par].read(at, len);
+        match self.algorithm {
+            Algo::OneShotAllReduce => {
+                for (o, out) in self.ops.iter().zip(outputs.iter_mut()) {
+                    let Some(red) = o.reducer else { continue };
+                    let m: Vec<&[u8]> = (0..g).map(|k| member(k, o.stage, o.len)).collect();
+                    red.reduce(&m, out);
+                }
+            }
+            Algo::TwoShotAllReduce => {
+                for o in &self.ops {
+                    let Some(red) = o.reducer else { continue };
+                    let (lo, hi) = slice(o, g, idx);
+                    let m: Vec<&[u8]> = (0..g).map(|k| member(k, o.stage + lo, hi - lo)).collect();
+                    red.reduce(&m, own.write(self.reduced + o.stage + lo, hi - lo));
+                }
+                self.barrier(group, 1, idx, e, deadline)?;
+                for i in 0..g {
+                    let k = (idx + i) % g;
+                    for (o, out) in self.ops.iter().zip(outputs.iter_mut()) {
+                        let (lo, hi) = slice(o, g, k);
+                        out[lo..hi].copy_from_slice(member(k, self.reduced + o.stage + lo, hi - lo));
+                    }
+                }
+            }
+            Algo::DirectReduceScatter => {
+                for (o, out) in self.ops.iter().zip(outputs.iter_mut()) {
+                    let (Some(red), Some(s)) = (o.reducer, o.split) else { continue };
+                    let (src, dst) = (s.block(g, idx), s.block_dense(g));
+                    for (a, b) in src.starts(o.stage).zip(dst.starts(0)) {
+                        let m: Vec<&[u8]> = (0..g).map(|k| member(k, a, src.row)).collect();
+                        red.reduce(&m, &mut out[b..b + dst.row]);
+                    }
+                }
+            }
+            Algo::DirectAllGather => {
+                for i in 0..g {
+                    let k = (idx + i) % g;
+                    for (o, out) in self.ops.iter().zip(outputs.iter_mut()) {
+                        let Some(s) = o.split else { continue };
+                        copy_runs(member(k, o.stage, o.len), s.whole(), out, s.gathered(g, k));
+                    }
+                }
+            }
+            Algo::DirectAllToAll => {
+                for i in 0..g {
+                    let k = (idx + i) % g;
+                    match self.ops.first().and_then(|o| o.split) {
+                        // Array form: my block k is member k's block `idx`.
+                        Some(s) => {
+                            let o = &self.ops[0];
+                            copy_runs(member(k, o.stage, o.len), s.block(g, idx), outputs[0], s.block(g, k));
+                        }
+                        // Tuple form: my result k is member k's operand `idx`.
+                        None => {
+                            let src = &self.ops[idx];
+                            outputs[k].copy_from_slice(member(k, src.stage, src.len));
+                        }
+                    }
+                }
+            }
+            Algo::DirectPermute => {}
+        }
+        Ok(())
+    }
+
+    /// Before writing staging buffer `e % 2`: every member finished epoch `e - 2`.
+    fn wait_finished(&self, group: &Group, idx: usize, e: u64, deadline: Instant) -> Result<(), CollectiveError> {
+        let behind = || -> Vec<usize> {
+            (group.sync.finished.iter().enumerate())
+                .filter(|(_, f)| f.load(Ordering::Acquire).saturating_add(2) < e)
+                .map(|(k, _)| group.members[k])
+                .collect()
+        };
+        loop {
+            let missing = behind();
+            if missing.is_empty() {
+                return Ok(());
+            }
+            // Only after a timeout can a member still be in epoch e - 2.
+            if Instant::now() >= deadline {
+                return Err(self.timeout_error(&group.members, group.members[idx], missing));
+            }
+            std::thread::sleep(Duration::from_micros(50));
+        }
+    }
+
+    /// Arrives at barrier `p` of epoch `e` and waits for the whole group.
+    fn barrier(&self, group: &Group, p: usize, idx: usize, e: u64, deadline: Instant) -> Result<(), CollectiveError> {
+        let sync = &group.sync;
+        let mut f = sync.lock();
+        if f.broken >= e {
+            return Err(self.broken(group, idx, &f));
+        }
+        f.arrived[p][idx] = e;
+        let ready = |f: &Flags| f.broken >= e || f.arrived[p].iter().all(|&a| a >= e);
+        if ready(&f) {
+            drop(f);
+            sync.wake.notify_all();
+            return Ok(());
+        }
+        match sync.wait_until(f, deadline, ready) {
+            Ok(f) if f.broken < e => Ok(()),
+            Ok(f) => Err(self.broken(group, idx, &f)),
+            Err(mut f) => {
+                f.broken = f.broken.max(e);
+                f.missing =
+                    (f.arrived[p].iter().enumerate()).filter(|(_, a)| **a < e).map(|(k, _)| group.members[k]).collect();
+                let err = self.broken(group, idx, &f);
+                drop(f);
+                sync.wake.notify_all();
+                Err(err)
+            }
+        }
+    }
+
+    /// The timeout error of a broken epoch: the ranks that had not arrived when it broke.
+    fn broken(&self, group: &Group, idx: usize, f: &Flags) -> CollectiveError {
+        self.timeout_error(&group.members, group.members[idx], f.missing.clone())
+    }
+
+    /// Collective-permute: a source stages its operand and posts it; its target waits for
+    /// the post, pulls, and marks it consumed; devices nothing targets write zeros.
+    fn permute(
+        &self,
+        group: &Group,
+        d: usize,
+        e: u64,
+        deadline: Instant,
+        inputs: &[&[u8]],
+        outputs: &mut [&mut [u8]],
+    ) -> Result<(), CollectiveError> {
+        let (source, target) = self.pairs[d];
+        let sync = &group.sync;
+        let par = (e % 2) as usize;
+        let pair_timeout = |peer: usize| self.timeout_error(&[d.min(peer), d.max(peer)], d, vec![peer]);
+        if let Some(t) = target.filter(|&t| t != d) {
+            // My staging buffer `e % 2` is free once my target consumed epoch e - 2.
+            let f = sync.lock();
+            let f = sync
+                .wait_until(f, deadline, |f| f.arrived[1][d].saturating_add(2) >= e)
+                .map_err(|_| pair_timeout(t))?;
+            drop(f);
+            for (o, x) in self.ops.iter().zip(inputs) {
+                group.staging[d][par].write(o.stage, o.len).copy_from_slice(x);
+            }
+            sync.lock().arrived[0][d] = e;
+            sync.wake.notify_all();
+        }
+        match source {
+            Some(s) if s == d => {
+                for (x, out) in inputs.iter().zip(outputs.iter_mut()) {
+                    out.copy_from_slice(x);
+                }
+            }
+            Some(s) => {
+                let f = sync.lock();
+                let waited = sync.wait_until(f, deadline, |f| f.arrived[0][s] >= e);
+                let mut f = match waited {
+                    Ok(f) => {
+                        drop(f);
+                        for (o, out) in self.ops.iter().zip(outputs.iter_mut()) {
+                            out.copy_from_slice(group.staging[s][par].read(o.stage, o.len));
+                        }
+                        sync.lock()
+                    }
+                    Err(f) => f,
+                };
+                // Consumed (or given up on): my source may reuse the buffer at e + 2.
+                let timed_out = f.arrived[0][s] < e;
+                f.arrived[1][s] = f.arrived[1][s].max(e);
+                drop(f);
+                sync.wake.notify_all();
+                if timed_out {
+                    return Err(pair_timeout(s));
+                }
+            }
+            None => outputs.iter_mut().for_each(|o| o.fill(0)),
+        }
+        Ok(())
+    }
+}
+
+/// Byte range of two-shot slice `k` of `g` of operand `o`: `ceil(n / g)` elements each,
+/// the last ones shorter or empty.
+fn slice(o: &Operand, g: usize, k: usize) -> (usize, usize) {
+    let eb = o.shape.ty.byte_size().max(1);
+    let n = o.len / eb;
+    let s = n.div_ceil(g.max(1));
+    ((k * s).min(n) * eb, ((k + 1) * s).min(n) * eb)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::thread;
+
+    use hlo::PrimitiveType as T;
+    use hlo::analysis::ReductionKind;
+
+    use super::*;
+
+    fn config(kind: Kind, groups: Vec<Vec<usize>>, dimension: Option<usize>, n_ops: usize) -> CollectiveConfig {
+        CollectiveConfig {
+            op: CollectiveOp { kind, is_async: false },
+            groups,
+            element_type: T::S32,
+            reduction: Some(ReductionKind::Sum),
+            bytes_per_device: 0,
+            dimension,
+            source_target_pairs: vec![],
+            num_operands: n_ops,
+        }
+    }
+
+    fn ints(v: impl IntoIterator<Item = i32>) -> Vec<u8> {
+        v.into_iter().flat_map(i32::to_le_bytes).collect()
+    }
+
+    /// Runs `calls` calls on every device of `c` at once; device d's operand j is
+    /// `input(d, j)`. Returns each device's results of the last call.
+    fn run_all(
+        c: &DirectCollective,
+        n: usize,
+        calls: usize,
+        input: impl Fn(usize, usize) -> Vec<u8> + Sync,
+    ) -> Vec<Vec<Vec<u8>>> {
+        thread::scope(|s| {
+            let hs: Vec<_> = (0..n)
+                .map(|d| {
+                    let input = &input;
+                    s.spawn(move || {
+                        let ins: Vec<Vec<u8>> = (0..c.ops.len()).map(|j| input(d, j)).collect();
+                        let mut outs: Vec<Vec<u8>> = c.output_lens().into_iter().map(|l| vec![0xAA; l]).collect();
+                        for _ in 0..calls {
+                            let i: Vec<&[u8]> = ins.iter().map(Vec::as_slice).collect();
+                            let mut o: Vec<&mut [u8]> = outs.iter_mut().map(Vec::as_mut_slice).collect();
+                            c.run(d, &i, &mut o).unwrap();
+                        }
+                        outs
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        })
+    }
+
+    const T10: Duration = Duration::from_secs(10);
+
+    #[test]
+    fn all_reduce_one_and_two_shot_in_groups() {
+        for algo in [Algo::OneShotAllReduce, Algo::TwoShotAllReduce] {
+            let cfg = config(Kind::AllReduce, vec![vec![0, 2], vec![3, 1]], None, 2);
+            let shapes = [ArrayShape::new(T::S32, vec![5]), ArrayShape::new(T::S32, vec![3])];
+            let c = DirectCollective::new(&cfg, algo, &shapes, 4, T10, "ar").unwrap();
+            let outs = run_all(&c, 4, 5, |d, j| ints((0..[5, 3][j]).map(|i| (d as i32 + 1) * 10 + i)));
+            for (d, o) in outs.iter().enumerate() {
+                let peer = [2, 3, 0, 1][d];
+                let want = |j: usize| ints((0..[5, 3][j]).map(|i| (d as i32 + 1) * 10 + (peer + 1) * 10 + 2 * i));
+                assert_eq!(o, &vec![want(0), want(1)], "{algo:?} device {d}");
+            }
+        }
+    }
+
+    #[test]
+    fn gather_scatter_all_to_all_and_permute() {
+        let n = 4;
+        // All-gather along dimension 1 of a [2, 2] operand.
+        let cfg = config(Kind::AllGather, vec![vec![0, 1, 2, 3]], Some(1), 1);
+        let c =
+            DirectCollective::new(&cfg, Algo::DirectAllGather, &[ArrayShape::new(T::S32, vec![2, 2])], n, T10, "ag")
+                .unwrap();
+        let outs = run_all(&c, n, 3, |d, _| ints((0..4).map(|i| d as i32 * 100 + i)));
+        let want = ints((0..2).flat_map(|r| (0..4).flat_map(move |d| [d * 100 + 2 * r, d * 100 + 2 * r + 1])));
+        assert!(outs.iter().all(|o| o[0] == want));
+        // Reduce-scatter of 8 elements.
+        let cfg = config(Kind::ReduceScatter, vec![vec![0, 1, 2, 3]], Some(0), 1);
+        let c =
+            DirectCollective::new(&cfg, Algo::DirectReduceScatter, &[ArrayShape::new(T::S32, vec![8])], n, T10, "rs")
+                .unwrap();
+        let outs = run_all(&c, n, 3, |d, _| ints((0..8).map(|i| i * (d as i32 + 1))));
+        for (d, o) in outs.iter().enumerate() {
+            assert_eq!(o[0], ints((2 * d as i32..2 * d as i32 + 2).map(|i| i * 10)));
+        }
+        // Array all-to-all.
+        let cfg = config(Kind::AllToAll, vec![vec![0, 1, 2, 3]], Some(0), 1);
+        let c = DirectCollective::new(&cfg, Algo::DirectAllToAll, &[ArrayShape::new(T::S32, vec![4])], n, T10, "a2a")
+            .unwrap();
+        let outs = run_all(&c, n, 3, |d, _| ints((0..4).map(|i| d as i32 * 10 + i)));
+        for (d, o) in outs.iter().enumerate() {
+            assert_eq!(o[0], ints((0..4).map(|k| k * 10 + d as i32)));
+        }
+        // Tuple all-to-all.
+        let c = DirectCollective::new(
+            &config(Kind::AllToAll, vec![vec![0, 1, 2, 3]], None, 4),
+            Algo::DirectAllToAll,
+            &vec![ArrayShape::new(T::S32, vec![1]); 4],
+            n,
+            T10,
+            "a2a_tuple",
+        )
+        .unwrap();
+        let outs = run_all(&c, n, 3, |d, j| ints([d as i32 * 10 + j as i32]));
+        for (d, o) in outs.iter().enumerate() {
+            assert_eq!(o, &(0..4).map(|k| ints([k * 10 + d as i32])).collect::<Vec<_>>());
+        }
+        // Permute: 0→1, 1→2, 2→2; device 0 and 3 get no source (zeros).
+        let mut cfg = config(Kind::CollectivePermute, vec![], None, 1);
+        cfg.source_target_pairs = vec![(0, 1), (1, 2), (3, 0)];
+        let c = DirectCollective::new(&cfg, Algo::DirectPermute, &[ArrayShape::new(T::S32, vec![2])], n, T10, "cp")
+            .unwrap();
+        let outs = run_all(&c, n, 5, |d, _| ints([d as i32, 7]));
+        assert_eq!(
+            outs.iter().map(|o| o[0].clone()).collect::<Vec<_>>(),
+            vec![ints([3, 7]), ints([0, 7]), ints([1, 7]), ints([0, 0])]
+        );
+    }
+
+    #[test]
+    fn a_missing_rank_times_out_and_the_next_epoch_is_clean() {
+        let cfg = config(Kind::AllReduce, vec![vec![0, 1]], None, 1);
+        let shape = [ArrayShape::new(T::S32, vec![1])];
+        let c =
+            DirectCollective::new(&cfg, Algo::OneShotAllReduce, &shape, 2, Duration::from_millis(50), "ar").unwrap();
+        let x = ints([1]);
+        let mut r = vec![0u8; 4];
+        let e = c.run(0, &[&x], &mut [&mut r]).unwrap_err().to_string();
+        assert!(e.contains("timed out") && e.contains("[1]") && e.contains("{0,1}"), "{e}");
+        // The late rank fails its call of the broken epoch too, without waiting.
+        let t = Instant::now();
+        assert!(c.run(1, &[&x], &mut [&mut r]).is_err());
+        assert!(t.elapsed() < Duration::from_millis(40));
+        // Both then agree again.
+        let outs = run_all(&c, 2, 3, |_, _| ints([1]));
+        assert!(outs.iter().all(|o| o[0] == ints([2])));
+    }
+}

@@ -1161,6 +1161,71 @@ impl StateType {
     }
 }
 
+/// Per-executable state of type `T` that XLA keeps: handed over at INSTANTIATE, read at
+/// later stages, destroyed (dropped) with the executable. Declare one `static` per type.
+pub struct ExecutableState<T: Default + Send + Sync + 'static> {
+    name: &'static str,
+    info: StateType,
+    id: std::sync::OnceLock<TypeId>,
+    _t: PhantomData<fn() -> T>,
+}
+
+impl<T: Default + Send + Sync + 'static> fmt::Debug for ExecutableState<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ExecutableState").field("name", &self.name).field("id", &self.id.get()).finish()
+    }
+}
+
+/// How XLA destroys an [`ExecutableState`]'s object.
+unsafe extern "C" fn drop_boxed<T>(p: *mut c_void) {
+    if !p.is_null() {
+        // SAFETY: XLA hands back the pointer `ExecutableState::instantiate` gave it (a
+        // leaked Box<T>, registered with this deleter), once, when the executable dies.
+        drop(unsafe { Box::from_raw(p.cast::<T>()) });
+    }
+}
+
+impl<T: Default + Send + Sync + 'static> ExecutableState<T> {
+    /// State registered with XLA under `name` (unique per type in the process).
+    pub const fn new(name: &'static str) -> Self {
+        ExecutableState { name, info: StateType::new(drop_boxed::<T>), id: std::sync::OnceLock::new(), _t: PhantomData }
+    }
+
+    /// The type's id, registered on first use; `None` where XLA's table cannot register.
+    fn id(&'static self, f: &CallFrame<'_>) -> Option<TypeId> {
+        let id = *self.id.get_or_init(|| f.register_type(self.name, &self.info).unwrap_or(sys::XLA_FFI_UNKNOWN_TYPE_ID));
+        (id.type_id != 0).then_some(id)
+    }
+
+    /// At INSTANTIATE: hands XLA a fresh `T` for this executable. False where XLA keeps
+    /// none (no type registry, or state already set); callers then keep their own.
+    pub fn instantiate(&'static self, f: &CallFrame<'_>) -> bool {
+        let Some(id) = self.id(f) else { return false };
+        let state = Box::into_raw(Box::<T>::default());
+        // SAFETY: `state` is a fresh Box<T>, the type registered as `id` with `drop_boxed::<T>`;
+        // XLA owns it on success.
+        if unsafe { f.state_set(ExecutionStage::Instantiate, id, state.cast()) }.is_err() {
+            // SAFETY: XLA did not take it; it is still ours, and freed once.
+            drop(unsafe { Box::from_raw(state) });
+            return false;
+        }
+        true
+    }
+
+    /// The executable's `T`, if XLA holds one (set at INSTANTIATE).
+    pub fn get<'f>(&'static self, f: &'f CallFrame<'_>) -> Option<&'f T> {
+        let id = *self.id.get()?;
+        if id.type_id == 0 {
+            return None;
+        }
+        let p = f.state_get(ExecutionStage::Instantiate, id).ok()?;
+        // SAFETY: XLA keeps the state set at INSTANTIATE (a Box<T>, by the type id) alive until
+        // the executable is destroyed, which cannot happen during one of its calls; it is
+        // only read through shared references (T: Sync).
+        (!p.is_null()).then(|| unsafe { &*p.cast::<T>() })
+    }
+}
+
 impl From<Scalar> for Attr<'_> {
     fn from(s: Scalar) -> Self {
         Attr::Scalar(s)

@@ -15,12 +15,11 @@
 //! peers fail with a timeout error naming the collective, the group and the missing ranks.
 
 use std::collections::HashMap;
-use std::ffi::c_void;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
-use ffi::xla_ffi::{CallFrame, ErrorCode, ExecutionStage, HandlerError, StateType, Traits, TypeId};
+use ffi::xla_ffi::{CallFrame, ErrorCode, ExecutableState, HandlerError, Traits};
 use hlo::{ArrayShape, PrimitiveType};
 use thunks::custom_call::CustomCallConfig;
 use thunks::ffi_handler::{CollectiveRuntime, array_shape};
@@ -79,19 +78,8 @@ struct ExecState {
     instance: OnceLock<Result<Arc<Instance>, String>>,
 }
 
-/// How XLA destroys an [`ExecState`].
-unsafe extern "C" fn delete_state(p: *mut c_void) {
-    if !p.is_null() {
-        // SAFETY: XLA hands back the pointer `instantiate` gave it (a leaked Box<ExecState>),
-        // once, when the executable is destroyed.
-        drop(unsafe { Box::from_raw(p.cast::<ExecState>()) });
-    }
-}
-
-static STATE_INFO: StateType = StateType::new(delete_state);
-
-/// The state type's id, registered with XLA on the first INSTANTIATE.
-static STATE_TYPE: OnceLock<TypeId> = OnceLock::new();
+/// Where XLA keeps each executable's [`ExecState`].
+static STATE: ExecutableState<ExecState> = ExecutableState::new("peerless.host_collective");
 
 fn instances() -> &'static Mutex<HashMap<u64, Arc<Instance>>> {
     static MAP: std::sync::OnceLock<Mutex<HashMap<u64, Arc<Instance>>>> = std::sync::OnceLock::new();
@@ -208,25 +196,8 @@ impl CollectiveRuntime for HostRuntime {
     }
 
     fn instantiate(&self, f: &CallFrame<'_>, _call: &CustomCallConfig) -> Result<(), HandlerError> {
-        let id = match STATE_TYPE.get() {
-            Some(id) => *id,
-            None => *STATE_TYPE.get_or_init(|| {
-                f.register_type("peerless.host_collective", &STATE_INFO).unwrap_or(
-                    // Unregistered: calls fall back to the process-wide table.
-                    ffi::xla_ffi::sys::XLA_FFI_UNKNOWN_TYPE_ID,
-                )
-            }),
-        };
-        if id.type_id == 0 {
-            return Ok(());
-        }
-        let state = Box::into_raw(Box::<ExecState>::default());
-        // SAFETY: `state` is a fresh Box<ExecState>, the type registered as `id` with
-        // `delete_state`; XLA owns it on success.
-        if unsafe { f.state_set(ExecutionStage::Instantiate, id, state.cast()) }.is_err() {
-            // SAFETY: XLA did not take it; it is still ours, and freed once.
-            drop(unsafe { Box::from_raw(state) });
-        }
+        // Without XLA-held state, calls fall back to the process-wide table.
+        STATE.instantiate(f);
         Ok(())
     }
 
@@ -262,26 +233,15 @@ impl CollectiveRuntime for HostRuntime {
         let call = HostCall { config: call, device, inputs, outputs };
         // The executable's own state when XLA instantiated one (freed with the executable),
         // else the process-wide table.
-        let state = STATE_TYPE
-            .get()
-            .filter(|id| id.type_id != 0)
-            .and_then(|&id| f.state_get(ExecutionStage::Instantiate, id).ok())
-            .filter(|p| !p.is_null());
-        let result = match state {
-            Some(p) => {
-                // SAFETY: XLA keeps the state set at INSTANTIATE (a Box<ExecState>) alive until
-                // the executable is destroyed, which cannot happen during one of its calls;
-                // it is only read through shared references.
-                let state = unsafe { &*p.cast::<ExecState>() };
-                check_call(&call).and_then(|()| {
-                    let inst =
-                        state.instance.get_or_init(|| Instance::build(&call).map(Arc::new).map_err(|e| e.to_string()));
-                    match inst {
-                        Ok(i) => run_on(i, call),
-                        Err(m) => Err(HostCallError::Invalid { name: call.config.name.clone(), message: m.clone() }),
-                    }
-                })
-            }
+        let result = match STATE.get(f) {
+            Some(state) => check_call(&call).and_then(|()| {
+                let inst =
+                    state.instance.get_or_init(|| Instance::build(&call).map(Arc::new).map_err(|e| e.to_string()));
+                match inst {
+                    Ok(i) => run_on(i, call),
+                    Err(m) => Err(HostCallError::Invalid { name: call.config.name.clone(), message: m.clone() }),
+                }
+            }),
             None => run(call),
         };
         result.map_err(|e| {

@@ -22,9 +22,9 @@ static HOST: HostRuntime = HostRuntime;
 /// buffer and replayed by XLA does not count, which is how tests see that it was replayed.
 static CALLS: [AtomicU64; 2] = [AtomicU64::new(0), AtomicU64::new(0)];
 
-/// Collective clusters of the CPU handlers alive now (each freed with its executable).
+/// Collectives of the CPU and CUDA handlers alive now (each freed with its executable).
 pub fn live_collectives() -> usize {
-    kernels::xla_host::live_clusters()
+    kernels::xla_host::live_clusters() + kernels::cuda::xla::live_instances()
 }
 
 /// Execute-stage calls of the handlers of `platform` so far.

@@ -154,6 +154,16 @@ def job_check(sizes: list[int]):
         out["stats"] = peerless.stats()
         out["handler_calls"] = peerless.handler_calls(os.environ.get("PEERLESS_PLATFORM", "cuda"))
         out["fallbacks"] = [d for d in peerless.decisions() if d["implementation"] == "fallback"][:10]
+        # Each executable's collectives are XLA FFI state: dropping the executables frees them.
+        import gc
+
+        from jax_plugins.peerless import inside
+
+        out["live_collectives"] = [inside.live_collectives()]
+        del f, step
+        jax.clear_caches()
+        gc.collect()
+        out["live_collectives"].append(inside.live_collectives())
     print(json.dumps(out))
 
 
@@ -386,6 +396,12 @@ def main():
             print(f"{cfg:9s} {gr:9s} {ok}/{len(r['results'])} results equal XLA alone; stats {r.get('stats')}; handler calls {r.get('handler_calls')}")
             for k, (want, got) in sorted(bad.items())[:20]:
                 print(f"   MISMATCH {k}: xla {want} | peerless {got}")
+            live = r.get("live_collectives")
+            if live:
+                freed = live[1] < live[0]
+                print(f"   collective instances alive {live[0]} -> {live[1]} after dropping the executables"
+                      f" ({'freed' if freed else 'NOT FREED'})")
+                rc |= not freed
             if r.get("fallbacks"):
                 print(f"   fallbacks: {[(x['op'], x['reason']) for x in r['fallbacks']]}")
             rc |= bool(bad)

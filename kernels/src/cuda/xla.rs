@@ -4,8 +4,9 @@
 //! - The process's GPUs are opened once ([`Clique`]: primary contexts, the kernel module,
 //!   peer access enabled and probed per pair): XLA uses the same primary contexts.
 //! - Each rewritten collective (its `instance` id) owns symmetric staging and signal flags
-//!   on every device it names, allocated when its first device arrives (under a lock, once)
-//!   and kept for the process. Launch counters (epochs) live on the device, so XLA may
+//!   on every device it names, each device's part allocated in its INITIALIZE stage, and
+//!   kept with the executable (XLA FFI state set at INSTANTIATE; freed when XLA destroys the
+//!   executable; a process-wide table where XLA keeps no state). Launch counters (epochs) live on the device, so XLA may
 //!   capture a call into a command buffer (CUDA graph) and replay it without the handler.
 //! - All-reduce and reduce-scatter read XLA's operand and write XLA's result directly (the
 //!   kernels stage the operand into the symmetric buffer themselves). All-gather, all-to-all
@@ -17,10 +18,11 @@
 //!   device reports them as an error (no host synchronisation on the hot path).
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use ffi::cuda::{DeviceBuffer, ForeignStream, HostMapped};
-use ffi::xla_ffi::{BufferRef, COMMAND_BUFFER_COMPATIBLE, CallFrame, ErrorCode, HandlerError, Traits};
+use ffi::xla_ffi::{BufferRef, COMMAND_BUFFER_COMPATIBLE, CallFrame, ErrorCode, ExecutableState, HandlerError, Traits};
 use hlo::ArrayShape;
 use thunks::custom_call::CustomCallConfig;
 use thunks::ffi_handler::{CollectiveRuntime, array_shape};
@@ -86,6 +88,30 @@ struct Instance {
     devices: Vec<usize>,
 }
 
+/// Instances alive (tests watch executables free theirs).
+static LIVE: AtomicUsize = AtomicUsize::new(0);
+
+impl Drop for Instance {
+    fn drop(&mut self) {
+        LIVE.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Number of CUDA collective instances alive in the process.
+pub fn live_instances() -> usize {
+    LIVE.load(Ordering::Relaxed)
+}
+
+/// An executable's state for one custom call (set at INSTANTIATE, dropped with the
+/// executable, which frees every device's staging): the collective's instance.
+#[derive(Debug, Default)]
+struct ExecState {
+    instance: OnceLock<Arc<Instance>>,
+}
+
+static STATE: ExecutableState<ExecState> = ExecutableState::new("peerless.cuda_collective");
+
+/// Instances of executables XLA keeps no state for (kept for the process).
 fn instances() -> &'static Mutex<HashMap<u64, Arc<Instance>>> {
     static MAP: OnceLock<Mutex<HashMap<u64, Arc<Instance>>>> = OnceLock::new();
     MAP.get_or_init(Default::default)
@@ -112,19 +138,24 @@ fn devices_of(cfg: &CustomCallConfig) -> Vec<usize> {
     v
 }
 
-/// The instance of `cfg` (created empty on first sight; allocates nothing).
-fn instance(cfg: &CustomCallConfig, args: &[ArrayShape], rets: &[ArrayShape]) -> Arc<Instance> {
+fn new_instance(cfg: &CustomCallConfig, args: &[ArrayShape], rets: &[ArrayShape]) -> Arc<Instance> {
+    LIVE.fetch_add(1, Ordering::Relaxed);
+    Arc::new(Instance {
+        ranks: Mutex::new(HashMap::new()),
+        complete: OnceLock::new(),
+        staging: staging_bytes(cfg, args, rets),
+        devices: devices_of(cfg),
+    })
+}
+
+/// The instance of `cfg` (created empty on first sight; allocates nothing): the
+/// executable's own where XLA keeps state, else the process-wide table's.
+fn instance(f: &CallFrame<'_>, cfg: &CustomCallConfig, args: &[ArrayShape], rets: &[ArrayShape]) -> Arc<Instance> {
+    if let Some(state) = STATE.get(f) {
+        return state.instance.get_or_init(|| new_instance(cfg, args, rets)).clone();
+    }
     let mut map = instances().lock().unwrap_or_else(PoisonError::into_inner);
-    map.entry(cfg.instance)
-        .or_insert_with(|| {
-            Arc::new(Instance {
-                ranks: Mutex::new(HashMap::new()),
-                complete: OnceLock::new(),
-                staging: staging_bytes(cfg, args, rets),
-                devices: devices_of(cfg),
-            })
-        })
-        .clone()
+    map.entry(cfg.instance).or_insert_with(|| new_instance(cfg, args, rets)).clone()
 }
 
 /// Allocates and publishes `device`'s part of `inst` unless it exists.
@@ -189,7 +220,7 @@ fn frame_instance<'a>(
     let (args, rets) = (f.args()?, f.rets()?);
     let arg_shapes = args.iter().map(array_shape).collect::<Result<Vec<_>, _>>()?;
     let ret_shapes = rets.iter().map(array_shape).collect::<Result<Vec<_>, _>>()?;
-    let inst = instance(cfg, &arg_shapes, &ret_shapes);
+    let inst = instance(f, cfg, &arg_shapes, &ret_shapes);
     Ok((args, rets, arg_shapes, inst))
 }
 
@@ -263,6 +294,12 @@ fn view(shape: &ArrayShape, dim: usize) -> Result<(usize, usize, usize), Handler
 impl CollectiveRuntime for CudaRuntime {
     fn traits(&self) -> Traits {
         COMMAND_BUFFER_COMPATIBLE
+    }
+
+    fn instantiate(&self, f: &CallFrame<'_>, _cfg: &CustomCallConfig) -> Result<(), HandlerError> {
+        // Without XLA-held state, instances live in the process-wide table.
+        STATE.instantiate(f);
+        Ok(())
     }
 
     fn initialize(&self, f: &CallFrame<'_>, cfg: &CustomCallConfig, device: usize) -> Result<(), HandlerError> {

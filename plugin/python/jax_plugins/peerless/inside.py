@@ -163,15 +163,10 @@ def _register_targets(platform: str) -> None:
         if not addr:
             raise RuntimeError(f"libpeerless_pjrt.so has no {platform} handler for {target}")
         cap = jax.ffi.pycapsule(fn_type(addr))
-        # One function serves every stage: INSTANTIATE hands XLA per-executable state (on
-        # CPU: the collective's cluster, freed with the executable); INITIALIZE sets up this
-        # device's part of a collective's state outside any command-buffer capture (CUDA);
-        # EXECUTE runs it.
-        # (INSTANTIATE only on CPU: the CUDA runtime keeps no per-executable state yet, and
-        # its handlers were measured without that stage.)
-        stages = {"initialize": cap, "execute": cap}
-        if platform == "cpu":
-            stages["instantiate"] = cap
+        # One function serves every stage: INSTANTIATE hands XLA per-executable state (the
+        # collective's instance, freed with the executable); INITIALIZE sets up this
+        # device's part of it outside any command-buffer capture (CUDA); EXECUTE runs it.
+        stages = {"instantiate": cap, "initialize": cap, "execute": cap}
         jax.ffi.register_ffi_target(target, stages, platform=xla_platform, api_version=1)
     _state["targets"].add(platform)
 

@@ -50,6 +50,14 @@ pub fn pass_config(platform: &str, flags: &str, local_devices: &str, probe: bool
     for arg in flags.split_whitespace() {
         f.apply(arg).map_err(|e| e.to_string())?;
     }
+    // XLA:CPU does not overlap its collectives with compute, so the rule that leaves large
+    // partitioner-made collectives to XLA (measured on GPUs) only costs there: a DP train
+    // step on 8 host devices took 0.88× XLA's time on Peerless's kernels and 1.01× with the
+    // rule (docs/PERFORMANCE.md). An explicit setting wins.
+    let explicit = |s: &str| s.contains("xla_async_above_bytes");
+    if platform == "cpu" && !explicit(flags) && !explicit(&std::env::var(emitter::flags::ENV_VAR).unwrap_or_default()) {
+        f.xla_async_above_bytes = None;
+    }
     let local: Option<BTreeSet<usize>> = if local_devices.trim().is_empty() {
         None
     } else {

@@ -292,6 +292,9 @@ def bench_compile(args):
               + ", ".join(f"{t:.2f}" for t in total[m]))
     module = PASS_TIME.get("module", b"")
     rust = rust_pass_seconds(module) if module else 0.0
+    if args.dump_module and module:
+        with open(args.dump_module, "wb") as fh:  # for profiling the pass alone
+            fh.write(module)
     kernels = [d for d in decisions if d["implementation"] != "fallback"]
     print(f"  Peerless pass callback: {statistics.median(pass_s) * 1e3:.1f} ms per compile (median; ctypes call into "
           f"Rust + decision bookkeeping) over {pass_calls} module(s); {len(decisions)} collectives decided, "
@@ -330,6 +333,7 @@ def main():
     ap.add_argument("--size", type=int, default=1, help="scales the runtime programs' arrays")
     ap.add_argument("--compile-reps", type=int, default=3)
     ap.add_argument("--layers", type=int, default=32)
+    ap.add_argument("--dump-module", help="write the module the pass got (serialized HloModuleProto) here")
     ap.add_argument("--d-model", type=int, default=256)
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--seq", type=int, default=64)

@@ -114,6 +114,8 @@ struct Flags {
     /// The latest epoch a timeout broke (0: none), and the ranks missing then.
     broken: u64,
     missing: Vec<usize>,
+    /// Two-shot: each member's operands (address, length), published at barrier 0.
+    inputs: Vec<Vec<(usize, usize)>>,
 }
 
 struct Rendezvous {
@@ -128,7 +130,12 @@ struct Rendezvous {
 impl Rendezvous {
     fn new(n: usize) -> Self {
         Rendezvous {
-            flags: Mutex::new(Flags { arrived: [vec![0; n], vec![0; n]], broken: 0, missing: vec![] }),
+            flags: Mutex::new(Flags {
+                arrived: [vec![0; n], vec![0; n]],
+                broken: 0,
+                missing: vec![],
+                inputs: vec![vec![]; n],
+            }),
             wake: Condvar::new(),
             epoch: (0..n).map(|_| AtomicU64::new(0)).collect(),
             finished: (0..n).map(|_| AtomicU64::new(0)).collect(),
@@ -139,19 +146,24 @@ impl Rendezvous {
         self.flags.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Waits until `ready(flags)` or the deadline; `Err(())` on timeout.
+    /// Waits until `ready(flags)` or the deadline (none: no limit); `Err` on timeout.
     fn wait_until<'a>(
         &'a self,
         mut g: MutexGuard<'a, Flags>,
-        deadline: Instant,
+        deadline: Option<Instant>,
         ready: impl Fn(&Flags) -> bool,
     ) -> Result<MutexGuard<'a, Flags>, MutexGuard<'a, Flags>> {
         while !ready(&g) {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Err(g);
-            }
-            g = self.wake.wait_timeout(g, left).unwrap_or_else(PoisonError::into_inner).0;
+            g = match deadline {
+                Some(d) => {
+                    let left = d.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        return Err(g);
+                    }
+                    self.wake.wait_timeout(g, left).unwrap_or_else(PoisonError::into_inner).0
+                }
+                None => self.wake.wait(g).unwrap_or_else(PoisonError::into_inner),
+            };
         }
         Ok(g)
     }
@@ -184,7 +196,8 @@ pub struct DirectCollective {
     name: String,
     timeout: Duration,
     ops: Vec<Operand>,
-    /// The two-shot's reduced slices start this far into a staging buffer.
+    /// The two-shot's reduced slices start this far into a staging buffer (0: it stages no
+    /// operands).
     reduced: usize,
     groups: Vec<Group>,
     /// Device id → (group index, member index).
@@ -329,8 +342,10 @@ impl DirectCollective {
         if ops.is_empty() {
             return Err(invalid("a collective needs an operand".into()));
         }
-        let reduced = stage;
-        let per_buffer = if algorithm == Algo::TwoShotAllReduce { stage.saturating_mul(2) } else { stage };
+        // Staging holds each operand at `stage`; the two-shot stages nothing (it reads peers'
+        // operands in place) and keeps its reduced slices there instead.
+        let reduced = 0;
+        let per_buffer = stage;
         let memory = |source| CollectiveError::Memory { collective: name.to_string(), op, source };
         let groups = groups
             .into_iter()
@@ -410,10 +425,15 @@ impl DirectCollective {
         }
         self.wait_finished(group, idx, e, deadline)?;
         let own = &group.staging[idx][(e % 2) as usize];
-        for (o, x) in self.ops.iter().zip(inputs) {
-            own.write(o.stage, o.len).copy_from_slice(x);
+        // The two-shot reads peers' operands in place: its barrier 1, which no member passes
+        // before every member finished those reads, keeps them alive. The others stage theirs.
+        let in_place = self.algorithm == Algo::TwoShotAllReduce;
+        if !in_place {
+            for (o, x) in self.ops.iter().zip(inputs) {
+                own.write(o.stage, o.len).copy_from_slice(x);
+            }
         }
-        self.barrier(group, 0, idx, e, deadline)?;
+        self.barrier(group, 0, idx, e, Some(deadline), in_place.then_some(inputs))?;
         let par = (e % 2) as usize;
         let g = group.members.len();
         let member = |k: usize, at: usize, len: usize| group.staging[k][par].read(at, len);
@@ -426,13 +446,21 @@ impl DirectCollective {
                 }
             }
             Algo::TwoShotAllReduce => {
-                for o in &self.ops {
-                    let Some(red) = o.reducer else { continue };
-                    let (lo, hi) = slice(o, g, idx);
-                    let m: Vec<&[u8]> = (0..g).map(|k| member(k, o.stage + lo, hi - lo)).collect();
-                    red.reduce(&m, own.write(self.reduced + o.stage + lo, hi - lo));
+                let table = group.sync.lock().inputs.clone();
+                let reduce = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    for (j, o) in self.ops.iter().enumerate() {
+                        let Some(red) = o.reducer else { continue };
+                        let (lo, hi) = slice(o, g, idx);
+                        let m: Vec<&[u8]> = table.iter().map(|t| peer_input(&t[j], lo, hi)).collect();
+                        red.reduce(&m, own.write(self.reduced + o.stage + lo, hi - lo));
+                    }
+                }));
+                // Not bounded: every member passed barrier 0, so each arrives after its reads
+                // (a panic included), and none may leave while a peer still reads its operand.
+                self.barrier(group, 1, idx, e, None, None)?;
+                if let Err(p) = reduce {
+                    std::panic::resume_unwind(p);
                 }
-                self.barrier(group, 1, idx, e, deadline)?;
                 for i in 0..g {
                     let k = (idx + i) % g;
                     for (o, out) in self.ops.iter().zip(outputs.iter_mut()) {
@@ -503,12 +531,24 @@ impl DirectCollective {
         }
     }
 
-    /// Arrives at barrier `p` of epoch `e` and waits for the whole group.
-    fn barrier(&self, group: &Group, p: usize, idx: usize, e: u64, deadline: Instant) -> Result<(), CollectiveError> {
+    /// Arrives at barrier `p` of epoch `e` (publishing `inputs` for a two-shot) and waits
+    /// for the whole group, until `deadline` (none: every member is known to be coming).
+    fn barrier(
+        &self,
+        group: &Group,
+        p: usize,
+        idx: usize,
+        e: u64,
+        deadline: Option<Instant>,
+        inputs: Option<&[&[u8]]>,
+    ) -> Result<(), CollectiveError> {
         let sync = &group.sync;
         let mut f = sync.lock();
         if f.broken >= e {
             return Err(self.broken(group, idx, &f));
+        }
+        if let Some(x) = inputs {
+            f.inputs[idx] = x.iter().map(|b| (b.as_ptr() as usize, b.len())).collect();
         }
         f.arrived[p][idx] = e;
         let ready = |f: &Flags| f.broken >= e || f.arrived[p].iter().all(|&a| a >= e);
@@ -556,7 +596,7 @@ impl DirectCollective {
             // My staging buffer `e % 2` is free once my target consumed epoch e - 2.
             let f = sync.lock();
             let f = sync
-                .wait_until(f, deadline, |f| f.arrived[1][d].saturating_add(2) >= e)
+                .wait_until(f, Some(deadline), |f| f.arrived[1][d].saturating_add(2) >= e)
                 .map_err(|_| pair_timeout(t))?;
             drop(f);
             for (o, x) in self.ops.iter().zip(inputs) {
@@ -573,7 +613,7 @@ impl DirectCollective {
             }
             Some(s) => {
                 let f = sync.lock();
-                let waited = sync.wait_until(f, deadline, |f| f.arrived[0][s] >= e);
+                let waited = sync.wait_until(f, Some(deadline), |f| f.arrived[0][s] >= e);
                 let mut f = match waited {
                     Ok(f) => {
                         drop(f);
@@ -597,6 +637,21 @@ impl DirectCollective {
         }
         Ok(())
     }
+}
+
+/// Bytes `lo..hi` of a peer's operand published at barrier 0 as (address, length).
+fn peer_input(entry: &(usize, usize), lo: usize, hi: usize) -> &[u8] {
+    let (addr, len) = *entry;
+    assert!(lo <= hi && hi <= len, "peer operand range {lo}..{hi} of {len}");
+    if lo == hi {
+        return &[];
+    }
+    // SAFETY: the owner published its XLA operand (valid for its call, never written during
+    // it) at barrier 0 of this epoch and cannot return before barrier 1, which this member
+    // reaches only after its last use of the slice (the reduce phase; the borrow checker
+    // cannot see the barrier, so callers keep these slices inside that phase); the range is
+    // in bounds (checked).
+    unsafe { std::slice::from_raw_parts((addr as *const u8).add(lo), hi - lo) }
 }
 
 /// Byte range of two-shot slice `k` of `g` of operand `o`: `ceil(n / g)` elements each,
@@ -735,20 +790,21 @@ mod tests {
 
     #[test]
     fn a_missing_rank_times_out_and_the_next_epoch_is_clean() {
-        let cfg = config(Kind::AllReduce, vec![vec![0, 1]], None, 1);
-        let shape = [ArrayShape::new(T::S32, vec![1])];
-        let c =
-            DirectCollective::new(&cfg, Algo::OneShotAllReduce, &shape, 2, Duration::from_millis(50), "ar").unwrap();
-        let x = ints([1]);
-        let mut r = vec![0u8; 4];
-        let e = c.run(0, &[&x], &mut [&mut r]).unwrap_err().to_string();
-        assert!(e.contains("timed out") && e.contains("[1]") && e.contains("{0,1}"), "{e}");
-        // The late rank fails its call of the broken epoch too, without waiting.
-        let t = Instant::now();
-        assert!(c.run(1, &[&x], &mut [&mut r]).is_err());
-        assert!(t.elapsed() < Duration::from_millis(40));
-        // Both then agree again.
-        let outs = run_all(&c, 2, 3, |_, _| ints([1]));
-        assert!(outs.iter().all(|o| o[0] == ints([2])));
+        for algo in [Algo::OneShotAllReduce, Algo::TwoShotAllReduce] {
+            let cfg = config(Kind::AllReduce, vec![vec![0, 1]], None, 1);
+            let shape = [ArrayShape::new(T::S32, vec![3])];
+            let c = DirectCollective::new(&cfg, algo, &shape, 2, Duration::from_millis(50), "ar").unwrap();
+            let x = ints([1, 2, 3]);
+            let mut r = vec![0u8; 12];
+            let e = c.run(0, &[&x], &mut [&mut r]).unwrap_err().to_string();
+            assert!(e.contains("timed out") && e.contains("[1]") && e.contains("{0,1}"), "{algo:?}: {e}");
+            // The late rank fails its call of the broken epoch too, without waiting.
+            let t = Instant::now();
+            assert!(c.run(1, &[&x], &mut [&mut r]).is_err());
+            assert!(t.elapsed() < Duration::from_millis(40));
+            // Both then agree again.
+            let outs = run_all(&c, 2, 3, |_, _| ints([1, 2, 3]));
+            assert!(outs.iter().all(|o| o[0] == ints([2, 4, 6])), "{algo:?}");
+        }
     }
 }

@@ -56,6 +56,22 @@ mod field {
     /// HloModuleProto.computations, HloComputationProto.instructions.
     pub const COMPUTATIONS: u32 = 3;
     pub const INSTRUCTIONS: u32 = 2;
+    /// HloInstructionProto.
+    pub const SHAPE: u32 = 3;
+    pub const PARAMETER_NUMBER: u32 = 9;
+    pub const ID: u32 = 35;
+    pub const OPERAND_IDS: u32 = 36;
+    pub const CONTROL_PREDECESSOR_IDS: u32 = 37;
+    /// HloComputationProto.
+    pub const COMPUTATION_ID: u32 = 5;
+    pub const ROOT_ID: u32 = 6;
+    /// HloModuleProto: the fields the slim module keeps besides its computations (name,
+    /// entry name, id, entry id, is_dynamic, device assignment, auto-SPMD flag, frontend
+    /// attributes); the rest (schedule, aliasing, shardings, stack frames, ...) name
+    /// instructions the slim module drops.
+    pub const MODULE_KEPT: [u32; 8] = [1, 2, 5, 6, 11, 15, 16, 19];
+    pub const ENTRY_NAME: u32 = 2;
+    pub const ENTRY_ID: u32 = 6;
 }
 
 /// Fields of a collective that mean nothing on a custom call (groups, reducer, channel);
@@ -416,6 +432,136 @@ pub fn has_collectives(module: &[u8]) -> Result<bool, PassError> {
     Ok(any)
 }
 
+/// Varints of a packed (or unpacked single) repeated int64 field.
+fn ints(f: &Field<'_>) -> Result<Vec<i64>, PassError> {
+    let err = |e: prost::DecodeError| PassError::Wire(e.to_string());
+    let mut out = Vec::new();
+    match f.wire {
+        WireType::Varint => out.push(decode_varint(&mut &f.payload[..]).map_err(err)? as i64),
+        WireType::LengthDelimited => {
+            let mut b = f.payload;
+            while b.has_remaining() {
+                out.push(decode_varint(&mut b).map_err(err)? as i64);
+            }
+        }
+        _ => return Err(PassError::Wire(format!("field {}: not an integer", f.tag))),
+    }
+    Ok(out)
+}
+
+fn put_varint(out: &mut Vec<u8>, tag: u32, v: i64) {
+    encode_key(tag, WireType::Varint, out);
+    encode_varint(v as u64, out);
+}
+
+/// What the decisions read, and nothing else: a module of the computations that hold
+/// collectives, each reduced to its collectives (verbatim but for control predecessors)
+/// and their operands (as parameters of the same name, id and shape), plus the
+/// computations the collectives call (reducers), verbatim. Decoding it costs a fraction of
+/// decoding the whole module (a 32-layer train step: 3.8 MB, 29 672 instructions in 3 435
+/// computations, of which the slim module keeps the few hundred that matter).
+fn slim(module: &[u8]) -> Result<Vec<u8>, PassError> {
+    let top = fields(module)?;
+    let mut kept_comps: Vec<Vec<u8>> = Vec::new();
+    let mut called: Vec<i64> = Vec::new();
+    let mut entry: Option<(Vec<u8>, i64)> = None;
+    let mut by_id: HashMap<i64, &[u8]> = HashMap::new();
+    for c in top.iter().filter(|c| c.tag == field::COMPUTATIONS && c.wire == WireType::LengthDelimited) {
+        let cf = fields(c.payload)?;
+        let comp_id =
+            cf.iter().find(|x| x.tag == field::COMPUTATION_ID).map(ints).transpose()?.and_then(|v| v.first().copied());
+        if let Some(id) = comp_id {
+            by_id.insert(id, c.raw);
+        }
+        let instrs: Vec<&Field<'_>> =
+            cf.iter().filter(|i| i.tag == field::INSTRUCTIONS && i.wire == WireType::LengthDelimited).collect();
+        // The collectives of this computation, with their fields.
+        let mut colls: Vec<Vec<Field<'_>>> = Vec::new();
+        let mut all: HashMap<i64, Vec<Field<'_>>> = HashMap::new();
+        for i in &instrs {
+            let fs = fields(i.payload)?;
+            let op =
+                fs.iter().find(|x| x.tag == field::OPCODE).map_or("", |x| std::str::from_utf8(x.payload).unwrap_or(""));
+            if COLLECTIVE_OPCODES.contains(&op) {
+                colls.push(fs);
+            } else {
+                let id = fs.iter().find(|x| x.tag == field::ID).map(ints).transpose()?.and_then(|v| v.first().copied());
+                if let Some(id) = id {
+                    all.insert(id, fs);
+                }
+            }
+        }
+        if colls.is_empty() {
+            continue;
+        }
+        let mut out = Vec::new();
+        for x in cf.iter().filter(|x| matches!(x.tag, 1 | 5)) {
+            out.extend_from_slice(x.raw);
+        }
+        // Operands that are not collectives themselves become parameters.
+        let mut stand_ins: Vec<i64> = Vec::new();
+        for fs in &colls {
+            for x in fs.iter().filter(|x| x.tag == field::OPERAND_IDS) {
+                for id in ints(x)? {
+                    if all.contains_key(&id) && !stand_ins.contains(&id) {
+                        stand_ins.push(id);
+                    }
+                }
+            }
+            for x in fs.iter().filter(|x| x.tag == field::CALLED_COMPUTATION_IDS) {
+                called.extend(ints(x)?);
+            }
+        }
+        for (k, id) in stand_ins.iter().enumerate() {
+            let fs = &all[id];
+            let mut ins = Vec::new();
+            for x in fs.iter().filter(|x| matches!(x.tag, field::NAME | field::SHAPE | field::ID)) {
+                ins.extend_from_slice(x.raw);
+            }
+            put_bytes(&mut ins, field::OPCODE, b"parameter");
+            put_varint(&mut ins, field::PARAMETER_NUMBER, k as i64);
+            put_bytes(&mut out, field::INSTRUCTIONS, &ins);
+        }
+        let mut root = 0;
+        for fs in &colls {
+            let mut ins = Vec::new();
+            for x in fs.iter().filter(|x| x.tag != field::CONTROL_PREDECESSOR_IDS) {
+                ins.extend_from_slice(x.raw);
+                if x.tag == field::ID {
+                    root = ints(x)?.first().copied().unwrap_or(0);
+                }
+            }
+            put_bytes(&mut out, field::INSTRUCTIONS, &ins);
+        }
+        put_varint(&mut out, field::ROOT_ID, root);
+        if entry.is_none() {
+            let name = cf.iter().find(|x| x.tag == field::NAME).map(|x| x.payload.to_vec()).unwrap_or_default();
+            entry = Some((name, comp_id.unwrap_or(0)));
+        }
+        kept_comps.push(out);
+    }
+    let mut out = Vec::with_capacity(module.len() / 8);
+    for x in top.iter().filter(|x| field::MODULE_KEPT.contains(&x.tag)) {
+        out.extend_from_slice(x.raw);
+    }
+    for c in &kept_comps {
+        put_bytes(&mut out, field::COMPUTATIONS, c);
+    }
+    called.sort_unstable();
+    called.dedup();
+    for id in called {
+        if let Some(raw) = by_id.get(&id) {
+            out.extend_from_slice(raw);
+        }
+    }
+    // The entry is a kept computation (the last value of a scalar field wins).
+    if let Some((name, id)) = entry {
+        put_bytes(&mut out, field::ENTRY_NAME, &name);
+        put_varint(&mut out, field::ENTRY_ID, id);
+    }
+    Ok(out)
+}
+
 /// Re-encodes the module with the instructions named in `rewrites` turned into custom
 /// calls (target, backend_config).
 fn rewrite(module: &[u8], rewrites: &HashMap<String, (&'static str, String)>) -> Result<Vec<u8>, PassError> {
@@ -507,7 +653,8 @@ pub fn run(bytes: &[u8], cfg: &PassConfig) -> Result<PassOutcome, PassError> {
         return Ok(PassOutcome::default());
     }
     let assignment = Assignment::of(bytes)?;
-    let module = hlo::proto::decode("module", bytes).map_err(|e| PassError::Decode(e.to_string()))?;
+    let slim = slim(bytes)?;
+    let module = hlo::proto::decode("module", &slim).map_err(|e| PassError::Decode(e.to_string()))?;
     let n = assignment.devices.iter().copied().max().map_or(1, |m| m + 1);
     let peers = match &cfg.peers {
         Some(p) => p.clone(),
@@ -515,7 +662,7 @@ pub fn run(bytes: &[u8], cfg: &PassConfig) -> Result<PassOutcome, PassError> {
     };
     // The rules see logical ids; peer access is checked on device ids in `decide_one`.
     let logical = PeerAccessTable::full(assignment.devices.len(), "checked on device ids");
-    let layouts = layout_map(bytes)?;
+    let layouts = layout_map(&slim)?;
     let mut decisions = Vec::new();
     let mut rewrites = HashMap::new();
     for id in module.collectives() {

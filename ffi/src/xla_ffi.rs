@@ -1193,7 +1193,8 @@ impl<T: Default + Send + Sync + 'static> ExecutableState<T> {
 
     /// The type's id, registered on first use; `None` where XLA's table cannot register.
     fn id(&'static self, f: &CallFrame<'_>) -> Option<TypeId> {
-        let id = *self.id.get_or_init(|| f.register_type(self.name, &self.info).unwrap_or(sys::XLA_FFI_UNKNOWN_TYPE_ID));
+        let id =
+            *self.id.get_or_init(|| f.register_type(self.name, &self.info).unwrap_or(sys::XLA_FFI_UNKNOWN_TYPE_ID));
         (id.type_id != 0).then_some(id)
     }
 

@@ -350,6 +350,34 @@ PL_DEVICE void one_shot(const T* in, T* out, u64 n, u32 rank, u32 world, const P
   reduce_range<T, R>(out, out_ok, nullptr, stage, par, world, 0, units, n);
 }
 
+// A variadic all-reduce in one launch: up to PL_MAX_OPERANDS operands of one element type,
+// operand j staged at byte offset `off[j]` of the staging half. Same protocol as one_shot
+// (every operand copied in, one barrier, every operand reduced), so a gradient sync of many
+// small arrays pays one launch and one barrier instead of one per array.
+#define PL_MAX_OPERANDS 8
+struct Many { u64 count; u64 in[PL_MAX_OPERANDS]; u64 out[PL_MAX_OPERANDS]; u64 n[PL_MAX_OPERANDS]; u64 off[PL_MAX_OPERANDS]; };
+
+template <typename T, typename R>
+PL_DEVICE void one_shot_many(const Many& m, u32 rank, u32 world, const Ptrs& stage, u64 stride, const Ptrs& flags,
+                             u32* counter, const Status& st) {
+  const u32 e = next_epoch(counter);
+  const u64 par = (e & 1) * stride;
+  const u64 count = pl_min(m.count, PL_MAX_OPERANDS);
+  for (u64 j = 0; j < count; ++j) {
+    const T* in = reinterpret_cast<const T*>(m.in[j]);
+    const u64 units = (m.n[j] + Unit<T>::VEC - 1) / Unit<T>::VEC;
+    copy_range(reinterpret_cast<T*>(stage.p[rank] + par + m.off[j]), in, 0, units, m.n[j], aligned16(in));
+  }
+  block_barrier(flags, 0, rank, world, e, st);
+  for (u64 j = 0; j < count; ++j) {
+    T* out = reinterpret_cast<T*>(m.out[j]);
+    const u64 units = (m.n[j] + Unit<T>::VEC - 1) / Unit<T>::VEC;
+    Ptrs s;
+    for (u32 p = 0; p < PL_MAX_RANKS; ++p) s.p[p] = stage.p[p] + m.off[j];
+    reduce_range<T, R>(out, aligned16(out), nullptr, s, par, world, 0, units, m.n[j]);
+  }
+}
+
 // Two-shot all-reduce: copy-in, barrier, reduce my slice into my staging and output,
 // barrier, gather the other slices from their owners' staging.
 template <typename T, typename R>
@@ -603,6 +631,11 @@ PL_DEVICE void reduce_scatter(const u8* in, T* out, u32 rank, u32 world, const P
                                                           Ptrs stage, u64 stride, Ptrs flags, u32* counter,    \
                                                           Status st) {                                         \
     one_shot<T, R>(in, out, n, rank, world, stage, stride, flags, counter, st);                              \
+  }                                                                                                          \
+  PL_GLOBAL void __launch_bounds__(512) pl_one_shot_many_##NAME(Many m, u32 rank, u32 world, Ptrs stage,      \
+                                                               u64 stride, Ptrs flags, u32* counter,        \
+                                                               Status st) {                                 \
+    one_shot_many<T, R>(m, rank, world, stage, stride, flags, counter, st);                                  \
   }                                                                                                          \
   PL_GLOBAL void __launch_bounds__(512) pl_two_shot_##NAME(const T* in, T* out, u64 n, u32 rank, u32 world, \
                                                           Ptrs stage, u64 stride, Ptrs flags, u32* counter,    \

@@ -39,6 +39,9 @@ fn every_kernel_source_compiles_for_sm80_and_sm90() {
             let text = String::from_utf8_lossy(ptx);
             for k in [
                 "pl_one_shot_f32_sum",
+                "pl_one_shot_many_f32_sum",
+                "pl_one_shot_many_bf16_max",
+                "pl_one_shot_many_pred_or",
                 "pl_two_shot_bf16_sum",
                 "pl_all_gather",
                 "pl_probe",

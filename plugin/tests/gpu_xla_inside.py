@@ -101,6 +101,10 @@ def job_check(sizes: list[int]):
         "psum_scatter": lambda x: jax.lax.psum_scatter(x, "x", scatter_dimension=1, tiled=True),
         "ppermute": lambda x: jax.lax.ppermute(x, "x", [(i, (i + 1) % n) for i in range(n)]),
         "chain": lambda x: jax.lax.psum(jax.lax.psum(x * 2, "x") + 1, "x"),
+        # One variadic all-reduce (a one-shot launch per element type): same type for f32 and
+        # int32, two types for bf16.
+        "psum_tuple": lambda x: (lambda ab: ab[0] + ab[1].astype(x.dtype))(
+            jax.lax.psum((x, (x * 2).astype(jnp.float32 if x.dtype != jnp.int32 else x.dtype)), "x")),
     }
     for dtype in ("float32", "bfloat16", "int32"):
         for size in sizes:

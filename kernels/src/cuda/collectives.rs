@@ -238,6 +238,36 @@ kernel_args! {
     }
 }
 
+/// Operands a `pl_one_shot_many_*` launch takes at most (`PL_MAX_OPERANDS`).
+pub(crate) const MAX_OPERANDS: usize = 8;
+
+/// `struct Many` of the kernels: a variadic all-reduce's operands of one element type.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Many {
+    pub count: u64,
+    pub input: [u64; MAX_OPERANDS],
+    pub output: [u64; MAX_OPERANDS],
+    /// Elements of each operand.
+    pub n: [u64; MAX_OPERANDS],
+    /// Byte offset of each operand in a staging half (16-byte aligned).
+    pub off: [u64; MAX_OPERANDS],
+}
+
+kernel_args! {
+    /// The arguments of `pl_one_shot_many_*`, in the kernels' order.
+    pub(crate) struct ManyArgs {
+        many: Many,
+        rank: u32,
+        world: u32,
+        stage: Ptrs,
+        stride: u64,
+        flags: Ptrs,
+        counter: u64,
+        status: Status,
+    }
+}
+
 kernel_args! {
     /// The arguments of `pl_all_gather`, in order.
     pub(crate) struct GatherArgs {

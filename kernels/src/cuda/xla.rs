@@ -29,7 +29,8 @@ use thunks::ffi_handler::{CollectiveRuntime, array_shape};
 use thunks::{CollectiveKind as Kind, KernelAlgorithm as Algo};
 
 use super::collectives::{
-    Blocks, Dtype, ExchangeArgs, MAX_TASKS, Ptrs, Red, ReduceArgs, Run, ScatterArgs, Sig, Status, Wait, Xchg,
+    Blocks, Dtype, ExchangeArgs, MAX_OPERANDS, MAX_TASKS, Many, ManyArgs, Ptrs, Red, ReduceArgs, Run, ScatterArgs, Sig,
+    Status, Wait, Xchg,
 };
 use super::{BLOCKS, Clique, DEFAULT_GRID, MAX_RANKS, SIGNAL_BYTES, THREADS};
 
@@ -121,10 +122,10 @@ fn instances() -> &'static Mutex<HashMap<u64, Arc<Instance>>> {
 fn staging_bytes(cfg: &CustomCallConfig, args: &[ArrayShape], rets: &[ArrayShape]) -> usize {
     let max_in = args.iter().map(ArrayShape::byte_size).max().unwrap_or(0);
     match cfg.algorithm {
-        // Double-buffered operand (the largest, for variadic calls run one by one).
-        Algo::OneShotAllReduce | Algo::TwoShotAllReduce | Algo::DirectReduceScatter => {
-            2 * round_up(max_in.max(16), 256)
-        }
+        // Double-buffered: a variadic one-shot stages all its operands at once (one launch
+        // per element type), the others one operand at a time.
+        Algo::OneShotAllReduce => 2 * args.iter().map(|a| round_up(a.byte_size().max(16), 256)).sum::<usize>().max(256),
+        Algo::TwoShotAllReduce | Algo::DirectReduceScatter => 2 * round_up(max_in.max(16), 256),
         // The result is assembled here, then copied out.
         _ => round_up(rets.iter().map(ArrayShape::byte_size).sum::<usize>().max(16), 256),
     }
@@ -270,8 +271,9 @@ impl Call<'_> {
         // SAFETY: every caller builds `params` from one of collectives.rs's argument structs
         // (`_args`, alive for this call) whose field list is the kernel family's parameter list;
         // every address is an XLA buffer of this call (alive until the stream reaches it, XLA's
-        // contract) or this instance's symmetric staging, signals or mapped status, which live for
-        // the process on devices whose peer access was probed.
+        // contract) or this instance's symmetric staging, signals or mapped status, which live as
+        // long as the executable (which outlives the work it enqueued) on devices whose peer
+        // access was probed.
         unsafe { self.stream.launch(&f, grid, THREADS, params) }.map_err(internal)
     }
 
@@ -358,6 +360,9 @@ impl CollectiveRuntime for CudaRuntime {
                 let group = cfg.group_of(device).ok_or_else(|| internal("device in no group"))?.to_vec();
                 let idx = group.iter().position(|&m| m == device).unwrap_or(0);
                 match cfg.algorithm {
+                    Algo::OneShotAllReduce if args.len() > 1 && group.len() > 1 => {
+                        reduce_many(&call, &group, idx, &args, &rets, &arg_shapes)
+                    }
                     Algo::OneShotAllReduce | Algo::TwoShotAllReduce | Algo::DirectReduceScatter => {
                         for (i, (a, r)) in args.iter().zip(&rets).enumerate() {
                             reduce(&call, &group, idx, a, r, &arg_shapes[i])?;
@@ -370,6 +375,65 @@ impl CollectiveRuntime for CudaRuntime {
             }
         }
     }
+}
+
+/// A variadic one-shot all-reduce: one launch per element type (up to
+/// [`MAX_OPERANDS`] operands each), all operands staged side by side.
+fn reduce_many(
+    call: &Call,
+    group: &[usize],
+    idx: usize,
+    args: &[BufferRef],
+    rets: &[BufferRef],
+    shapes: &[ArrayShape],
+) -> Result<(), HandlerError> {
+    let red = Red::of(call.cfg.reduction.ok_or_else(|| err(ErrorCode::InvalidArgument, "no reduction"))?);
+    let stage = Ptrs::of(&group.iter().map(|&m| call.rank(m).map(|r| r.staging.ptr)).collect::<Result<Vec<_>, _>>()?);
+    let flags = Ptrs::of(&group.iter().map(|&m| call.flags(m)).collect::<Result<Vec<_>, _>>()?);
+    let stride = (call.inst.staging / 2) as u64;
+    let counter = call.rank(call.device)?.signals.ptr;
+    // Operand j's place in a staging half: the sum of the earlier operands' rounded sizes,
+    // the layout `staging_bytes` sized.
+    let mut offsets = Vec::with_capacity(shapes.len());
+    let mut at = 0usize;
+    for s in shapes {
+        offsets.push(at);
+        at += round_up(s.byte_size().max(16), 256);
+    }
+    let mut types: Vec<hlo::PrimitiveType> = shapes.iter().map(|s| s.ty).collect();
+    types.sort_unstable_by_key(|t| *t as i32);
+    types.dedup();
+    for ty in types {
+        let t = Dtype::of(ty).ok_or_else(|| err(ErrorCode::InvalidArgument, format!("no kernel for {ty}")))?;
+        if !red.defined_for(t) {
+            return Err(err(ErrorCode::InvalidArgument, format!("no {} reduction for {}", red.name(), t.name())));
+        }
+        let of_type: Vec<usize> = (0..shapes.len()).filter(|&j| shapes[j].ty == ty).collect();
+        for chunk in of_type.chunks(MAX_OPERANDS) {
+            let mut many = Many { count: chunk.len() as u64, ..Many::default() };
+            let mut bytes = 0;
+            for (k, &j) in chunk.iter().enumerate() {
+                many.input[k] = args[j].data as u64;
+                many.output[k] = rets[j].data as u64;
+                many.n[k] = (shapes[j].byte_size() / t.size()) as u64;
+                many.off[k] = offsets[j] as u64;
+                bytes = bytes.max(shapes[j].byte_size());
+            }
+            let mut x = ManyArgs {
+                many,
+                rank: idx as u32,
+                world: group.len() as u32,
+                stage,
+                stride,
+                flags,
+                counter,
+                status: call.status()?,
+            };
+            let name = format!("pl_one_shot_many_{}_{}", t.name(), red.name());
+            call.launch(&name, Call::grid(bytes), &mut x.params(), &x)?;
+        }
+    }
+    Ok(())
 }
 
 /// All-reduce (one-/two-shot) or reduce-scatter of one operand.

@@ -57,6 +57,12 @@ PEERLESS_PJRT_LIBRARY="$lib" PYTHONPATH=plugin/python "$PEERLESS_PYTHON" -m pyte
 step "Peerless inside XLA: XLA:CPU, 8 host devices, every program vs XLA alone (plugin/tests/test_xla_inside.py)"
 PEERLESS_PJRT_LIBRARY="$lib" PYTHONPATH=plugin/python "$PEERLESS_PYTHON" -m pytest -q plugin/tests/test_xla_inside.py
 
+step "JAX_PLATFORMS=peerless wrapping XLA's CPU plugin: programs vs JAX's CPU backend (plugin/tests/test_wrap.py)"
+PEERLESS_PJRT_LIBRARY="$lib" PYTHONPATH=plugin/python CI="${CI:-}" "$PEERLESS_PYTHON" -m pytest -q plugin/tests/test_wrap.py
+
+step "PJRT conformance (pypjrt): the wrapper vs XLA's CPU plugin alone (scripts/conform_wrap.py)"
+"$PEERLESS_PYTHON" scripts/conform_wrap.py "$lib"
+
 # The saved fuzz corpora replay in `cargo test` above (fuzz/tests/corpus.rs). The smoke fuzz
 # runs libFuzzer for 20 s per target on the stable toolchain: cargo-fuzz's flags are nightly
 # ones, which RUSTC_BOOTSTRAP=1 admits, and `-s none` leaves out AddressSanitizer (it needs

@@ -20,6 +20,7 @@ pub mod hiprtc;
 pub mod libs;
 pub mod nccl;
 pub mod nvrtc;
+pub mod pjrt;
 #[cfg(feature = "rocm")]
 pub mod rccl;
 pub mod xla_ffi;

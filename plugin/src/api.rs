@@ -254,6 +254,9 @@ entry!(event_on_ready(a: PJRT_Event_OnReady_Args) {
 // ---- client ---------------------------------------------------------------------------
 
 entry!(client_create(a: PJRT_Client_Create_Args) {
+    if let Some(e) = crate::wrap::load_error() {
+        return Err(Error::invalid(e));
+    }
     let opts = slice(a.create_options, a.num_options, "create_options")?;
     let mut devices = None;
     let mut flags = None;

@@ -12,6 +12,7 @@ pub mod boundary;
 pub mod error;
 pub mod mlir;
 pub mod runtime;
+pub mod wrap;
 pub mod xla_handlers;
 pub mod xla_inside;
 

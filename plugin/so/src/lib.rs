@@ -8,7 +8,11 @@ use plugin::pjrt_sys::PJRT_Api;
 /// The PJRT entry point: XLA's loader `dlsym`s this name and reads the function table.
 #[unsafe(no_mangle)]
 pub extern "C" fn GetPjrtApi() -> *const PJRT_Api {
-    plugin::api()
+    // XLA's own plugin, wrapped, when `PEERLESS_XLA_PLUGIN` names one (`plugin::wrap`).
+    match plugin::wrap::api() {
+        Some(api) => api.cast(),
+        None => plugin::api(),
+    }
 }
 
 /// Registers the MLIR → `HloModuleProto` converter (see `plugin::mlir::Converter`); the

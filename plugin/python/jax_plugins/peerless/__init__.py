@@ -94,8 +94,13 @@ def initialize() -> None:
     # The same library is dlopen'ed by ctypes and by XLA; dlopen returns one handle, so the
     # converter registered here is the one the plugin's Compile sees.
     _register_converter(path)
+    options = None
+    if os.environ.get("PEERLESS_XLA_PLUGIN"):
+        # The library wraps XLA's own plugin (plugin/src/wrap.rs): XLA compiles and runs
+        # everything, and the inner CPU plugin takes its device count as a create option.
+        options = {"cpu_device_count": int(os.environ.get("PEERLESS_HOST_DEVICES", "8"))}
     try:
-        xla_bridge.register_plugin(PLATFORM, priority=400, library_path=path)
+        xla_bridge.register_plugin(PLATFORM, priority=400, library_path=path, options=options)
     except Exception as e:  # a second initialize() in one process
         if "ALREADY_EXISTS" not in str(e) and "already" not in str(e).lower():
             raise

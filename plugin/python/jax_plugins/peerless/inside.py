@@ -181,11 +181,11 @@ def _local_devices(platform: str) -> str:
         return ""
 
 
-def _register_pass(platform: str, local_devices: str) -> None:
+def _register_pass(platform: str, local_devices: str, inner: str | None = None) -> None:
     from jax.extend import xla as jxla
 
     jxla.register_hlo_module_transformation(
-        _make_pass(platform, local_devices),
+        _make_pass(inner or platform, local_devices),
         name=PASS_NAME,
         stage=jxla.PipelineStage.PRE_SCHEDULER,
         platforms=[platform],
@@ -205,20 +205,44 @@ def enable(platforms: str | Iterable[str] | None = None, *, flags: str | None = 
         _state["flags"] = os.environ.get("PEERLESS_FLAGS", "")
         _check_flags(_state["flags"])
     if platforms is None:
-        wanted = [p for p in xla_bridge.backends() if p in SUPPORTED]
+        wanted = [p for p in xla_bridge.backends() if p in SUPPORTED or _wrapped(p)]
     else:
         wanted = [platforms] if isinstance(platforms, str) else list(platforms)
     for p in wanted:
-        if p not in SUPPORTED:
+        if p not in SUPPORTED and not _wrapped(p):
             raise ValueError(f"Peerless has no handlers for platform {p!r} (supported: {sorted(SUPPORTED)})")
     done = []
     for p in wanted:
-        _register_targets(p)
-        if p not in _state["enabled"]:
-            _register_pass(p, _local_devices(p))
-            _state["enabled"].add(p)
+        if _wrapped(p):
+            # libpeerless_pjrt.so wrapping XLA's plugin registered the handlers in that
+            # plugin's FFI registry when it was loaded; the pass goes through its
+            # XlaTransform extension, deciding for the inner platform's devices.
+            if p not in _state["enabled"]:
+                _register_pass(p, _local_devices(p), inner=_wrapped(p))
+                _state["enabled"].add(p)
+        else:
+            _register_targets(p)
+            if p not in _state["enabled"]:
+                _register_pass(p, _local_devices(p))
+                _state["enabled"].add(p)
         done.append(p)
     return done
+
+
+def _wrapped(platform: str) -> str | None:
+    """For the "peerless" backend wrapping XLA's plugin (PEERLESS_XLA_PLUGIN), the Peerless
+    platform of its devices ("cpu", "cuda"); else None."""
+    from . import PLATFORM
+
+    if platform != PLATFORM or not os.environ.get("PEERLESS_XLA_PLUGIN"):
+        return None
+    import jax
+
+    try:
+        kind = jax.devices(platform)[0].platform
+    except RuntimeError:
+        return None
+    return {"cpu": "cpu", "gpu": "cuda", "cuda": "cuda"}.get(kind)
 
 
 def disable(platforms: str | Iterable[str] | None = None) -> None:

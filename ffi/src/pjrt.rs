@@ -1,0 +1,268 @@
+//! The parts of the PJRT C API the wrapper of XLA's plugin needs (`plugin::wrap`): loading an
+//! inner plugin, reading its version and extension chain, and registering an XLA FFI
+//! handler through its FFI extension. Written from the documented layout of PJRT 0.115 (jax
+//! 0.11.2's), checked against XLA's CPU plugin of that version (docs/PLUGIN.md):
+//!
+//! - `PJRT_Api`: `size_t struct_size; PJRT_Extension_Base* extension_start;
+//!   PJRT_Api_Version pjrt_api_version` (24 bytes: size, extension, int major, int minor), then
+//!   one function pointer per slot, `PJRT_Error_Destroy` (slot 0) and `PJRT_Error_Message`
+//!   (slot 1) first. Slots are only ever appended.
+//! - `PJRT_Extension_Base`: `size_t struct_size; PJRT_Extension_Type type (int); next`.
+//! - The FFI extension (type 5): the base, then `type_id_register`, `user_data_add`,
+//!   `register_handler` (48 bytes). `PJRT_FFI_Register_Handler_Args`: `struct_size`,
+//!   `target_name`, `target_name_size`, `handler` (an `XLA_FFI_Handler*`), `platform_name`,
+//!   `platform_name_size`, `traits` (a 32-bit bit set): 52 bytes.
+//!
+//! The FFI registry is process-global inside the inner plugin (its own copy of XLA), so a
+//! handler is registered once per process, before or after clients exist.
+
+use std::ffi::{c_char, c_void};
+use std::path::{Path, PathBuf};
+
+/// `PJRT_Extension_Type_FFI`.
+pub const EXTENSION_FFI: u32 = 5;
+/// `PJRT_Extension_Type_XlaTransform`.
+pub const EXTENSION_XLA_TRANSFORM: u32 = 24;
+
+/// Bytes of the `PJRT_Api` header before the first function slot.
+const API_HEADER: usize = 40;
+const FFI_EXTENSION_SIZE: usize = 48;
+
+#[repr(C)]
+struct ExtensionBase {
+    struct_size: usize,
+    ty: u32,
+    next: *const ExtensionBase,
+}
+
+#[repr(C)]
+struct FfiExtension {
+    base: ExtensionBase,
+    type_id_register: *const c_void,
+    user_data_add: *const c_void,
+    register_handler: Option<unsafe extern "C" fn(*mut RegisterHandlerArgs) -> *mut c_void>,
+}
+
+#[repr(C)]
+struct RegisterHandlerArgs {
+    struct_size: usize,
+    target_name: *const c_char,
+    target_name_size: usize,
+    handler: *const c_void,
+    platform_name: *const c_char,
+    platform_name_size: usize,
+    traits: u32,
+}
+const REGISTER_HANDLER_ARGS_SIZE: usize = 52;
+
+#[repr(C)]
+struct ErrorMessageArgs {
+    struct_size: usize,
+    extension_start: *const c_void,
+    error: *mut c_void,
+    message: *const c_char,
+    message_size: usize,
+}
+
+#[repr(C)]
+struct ErrorDestroyArgs {
+    struct_size: usize,
+    extension_start: *const c_void,
+    error: *mut c_void,
+}
+
+type ErrorFn<A> = unsafe extern "C" fn(*mut A);
+
+/// An inner PJRT plugin, loaded for the process (never unloaded: XLA keeps pointers into it).
+#[derive(Debug)]
+pub struct InnerPlugin {
+    path: PathBuf,
+    api: *const u8,
+    struct_size: usize,
+    version: (i32, i32),
+    _lib: libloading::Library,
+}
+
+// SAFETY: the table is immutable after `GetPjrtApi` returns and the library stays loaded for
+// the process, so the pointer may be shared between threads.
+unsafe impl Send for InnerPlugin {}
+// SAFETY: as above.
+unsafe impl Sync for InnerPlugin {}
+
+impl InnerPlugin {
+    /// Loads the PJRT plugin at `path` and reads its function table's header.
+    pub fn load(path: &Path) -> Result<Self, String> {
+        let what = path.display();
+        // SAFETY: loading runs the library's initialisers; a PJRT plugin is a shared library
+        // meant to be dlopen-ed by a host process, which is what this is.
+        let lib = unsafe { libloading::Library::new(path) }.map_err(|e| format!("cannot load {what}: {e}"))?;
+        // SAFETY: `GetPjrtApi` has this signature in every PJRT plugin.
+        let get = unsafe { lib.get::<unsafe extern "C" fn() -> *const u8>(b"GetPjrtApi\0") }
+            .map_err(|e| format!("{what} is not a PJRT plugin (no GetPjrtApi): {e}"))?;
+        // SAFETY: as above; the plugin returns a pointer to its static table (or null).
+        let api = unsafe { get() };
+        if api.is_null() {
+            return Err(format!("{what}: GetPjrtApi returned null"));
+        }
+        // SAFETY: every PJRT_Api begins with the 40-byte header read here (module docs).
+        let (struct_size, major, minor) =
+            unsafe { (api.cast::<usize>().read(), api.add(32).cast::<i32>().read(), api.add(36).cast::<i32>().read()) };
+        if struct_size < API_HEADER + 16 {
+            return Err(format!("{what}: PJRT_Api of {struct_size} bytes is too small"));
+        }
+        Ok(InnerPlugin { path: path.to_path_buf(), api, struct_size, version: (major, minor), _lib: lib })
+    }
+
+    /// The plugin's own function table, for `GetPjrtApi` to hand out unchanged.
+    pub fn api(&self) -> *const c_void {
+        self.api.cast()
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// PJRT API (major, minor) version.
+    pub fn version(&self) -> (i32, i32) {
+        self.version
+    }
+
+    /// Bytes of the function table (40-byte header, 8 per slot).
+    pub fn struct_size(&self) -> usize {
+        self.struct_size
+    }
+
+    /// The extension chain: (type, struct size) of each.
+    pub fn extensions(&self) -> Vec<(u32, usize)> {
+        let mut out = Vec::new();
+        let mut ext = self.first_extension();
+        while !ext.is_null() && out.len() < 64 {
+            // SAFETY: a non-null chain entry is an extension base that lives as long as the
+            // loaded plugin (its table is static).
+            let e = unsafe { &*ext };
+            out.push((e.ty, e.struct_size));
+            ext = e.next;
+        }
+        out
+    }
+
+    fn first_extension(&self) -> *const ExtensionBase {
+        // SAFETY: offset 8 of the header is `extension_start` (module docs).
+        unsafe { self.api.add(8).cast::<*const ExtensionBase>().read() }
+    }
+
+    fn find_extension(&self, ty: u32, min_size: usize) -> Option<*const ExtensionBase> {
+        let mut ext = self.first_extension();
+        let mut n = 0;
+        while !ext.is_null() && n < 64 {
+            // SAFETY: as in `extensions`.
+            let e = unsafe { &*ext };
+            if e.ty == ty && e.struct_size >= min_size {
+                return Some(ext);
+            }
+            ext = e.next;
+            n += 1;
+        }
+        None
+    }
+
+    /// Function slot `i` of the table, if the table has it and it is set.
+    fn slot(&self, i: usize) -> Option<*const c_void> {
+        let at = API_HEADER + 8 * i;
+        if at + 8 > self.struct_size {
+            return None;
+        }
+        // SAFETY: in bounds of the table (checked against its struct size).
+        let p = unsafe { self.api.add(at).cast::<*const c_void>().read() };
+        (!p.is_null()).then_some(p)
+    }
+
+    /// Takes a `PJRT_Error*` from the plugin: its message, and the error freed.
+    fn take_error(&self, error: *mut c_void) -> String {
+        let mut message = String::from("(the plugin gave no message)");
+        if let Some(f) = self.slot(1) {
+            let mut a = ErrorMessageArgs {
+                struct_size: size_of::<ErrorMessageArgs>(),
+                extension_start: std::ptr::null(),
+                error,
+                message: std::ptr::null(),
+                message_size: 0,
+            };
+            // SAFETY: slot 1 is `PJRT_Error_Message`; `error` came from this plugin.
+            unsafe { std::mem::transmute::<*const c_void, ErrorFn<ErrorMessageArgs>>(f)(&mut a) };
+            if !a.message.is_null() {
+                // SAFETY: the plugin points `message` at `message_size` bytes owned by `error`.
+                let b = unsafe { std::slice::from_raw_parts(a.message.cast::<u8>(), a.message_size) };
+                message = String::from_utf8_lossy(b).into_owned();
+            }
+        }
+        if let Some(f) = self.slot(0) {
+            let mut a = ErrorDestroyArgs {
+                struct_size: size_of::<ErrorDestroyArgs>(),
+                extension_start: std::ptr::null(),
+                error,
+            };
+            // SAFETY: slot 0 is `PJRT_Error_Destroy`; the error is freed once, after its message
+            // was copied.
+            unsafe { std::mem::transmute::<*const c_void, ErrorFn<ErrorDestroyArgs>>(f)(&mut a) };
+        }
+        message
+    }
+
+    /// Registers `handler` (an `XLA_FFI_Handler*`) as the typed-FFI target `target` for the
+    /// inner plugin's platform `platform` ("Host" for XLA:CPU, "CUDA") with `traits`.
+    ///
+    /// # Safety
+    /// `handler` is a typed XLA FFI handler that stays valid for the process.
+    pub unsafe fn register_ffi_handler(
+        &self,
+        target: &'static str,
+        handler: *const c_void,
+        platform: &'static str,
+        traits: u32,
+    ) -> Result<(), String> {
+        let ext = self
+            .find_extension(EXTENSION_FFI, FFI_EXTENSION_SIZE)
+            .ok_or_else(|| format!("{} has no FFI extension of the PJRT 0.115 layout", self.path.display()))?;
+        // SAFETY: an FFI extension of at least the 48 bytes `FfiExtension` reads (checked).
+        let Some(register) = (unsafe { &*ext.cast::<FfiExtension>() }).register_handler else {
+            return Err(format!("{}: the FFI extension has no register_handler", self.path.display()));
+        };
+        let mut a = RegisterHandlerArgs {
+            struct_size: REGISTER_HANDLER_ARGS_SIZE,
+            target_name: target.as_ptr().cast(),
+            target_name_size: target.len(),
+            handler,
+            platform_name: platform.as_ptr().cast(),
+            platform_name_size: platform.len(),
+            traits,
+        };
+        // SAFETY: the extension's `register_handler` with args of its layout; the strings are
+        // 'static (the registry may keep them) and the handler is the caller's contract.
+        let err = unsafe { register(&mut a) };
+        if err.is_null() { Ok(()) } else { Err(format!("registering {target}: {}", self.take_error(err))) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::mem::{offset_of, size_of};
+
+    use super::*;
+
+    #[test]
+    fn layouts_are_pjrt_0_115s() {
+        assert_eq!(size_of::<ExtensionBase>(), 24);
+        assert_eq!(size_of::<FfiExtension>(), FFI_EXTENSION_SIZE);
+        assert_eq!(offset_of!(FfiExtension, register_handler), 40);
+        assert_eq!(offset_of!(RegisterHandlerArgs, traits) + 4, REGISTER_HANDLER_ARGS_SIZE);
+        assert_eq!(size_of::<ErrorMessageArgs>(), 40);
+        assert_eq!(size_of::<ErrorDestroyArgs>(), 24);
+    }
+
+    #[test]
+    fn a_missing_plugin_is_an_error_naming_it() {
+        let e = InnerPlugin::load(Path::new("/nonexistent/pjrt_plugin.so")).unwrap_err();
+        assert!(e.contains("/nonexistent/pjrt_plugin.so"), "{e}");
+    }
+}

@@ -95,9 +95,12 @@ def initialize() -> None:
     # converter registered here is the one the plugin's Compile sees.
     _register_converter(path)
     options = None
-    if os.environ.get("PEERLESS_XLA_PLUGIN"):
-        # The library wraps XLA's own plugin (plugin/src/wrap.rs): XLA compiles and runs
-        # everything, and the inner CPU plugin takes its device count as a create option.
+    inner = os.environ.get("PEERLESS_XLA_PLUGIN", "")
+    inner_platform = os.environ.get("PEERLESS_XLA_PLATFORM") or ("cuda" if "cuda" in os.path.basename(inner) else "cpu")
+    if inner and inner_platform == "cpu":
+        # The library wraps XLA's own plugin (plugin/src/wrap.rs, which tells CPU from CUDA
+        # the same way): XLA compiles and runs everything, and the inner CPU plugin takes its
+        # device count as a create option (the CUDA plugin rejects it).
         options = {"cpu_device_count": int(os.environ.get("PEERLESS_HOST_DEVICES", "8"))}
     try:
         xla_bridge.register_plugin(PLATFORM, priority=400, library_path=path, options=options)

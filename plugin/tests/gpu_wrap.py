@@ -46,39 +46,11 @@ def child(out):
 
         assert peerless.enable(["peerless"]) == ["peerless"]
     dev = jax.devices()[0]
-    rng = np.random.default_rng(0)
-    progs = {}
-    a = jnp.asarray(rng.standard_normal((1024, 1024)), jnp.float32)
-    progs["matmul_f32_1024"] = (lambda x: x @ x, (a,))
-    b = jnp.asarray(rng.standard_normal((2048, 2048)), jnp.bfloat16)
-    progs["matmul_bf16_2048"] = (lambda x: x @ x, (b,))
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from gpu_xla_inside import compute_programs
 
-    def mlp_loss(w, x, y):
-        return jnp.mean((jax.nn.gelu(x @ w[0]) @ w[1] - y) ** 2)
-
-    w = [jnp.asarray(rng.standard_normal((1024, 4096)) * 0.02, jnp.float32),
-         jnp.asarray(rng.standard_normal((4096, 1024)) * 0.02, jnp.float32)]
-    xb = jnp.asarray(rng.standard_normal((256, 1024)), jnp.float32)
-    progs["mlp_train_step"] = (lambda w, x, y: [wi - 1e-3 * gi for wi, gi in zip(w, jax.grad(mlp_loss)(w, x, y))], (w, xb, xb))
-    d, h = 1024, 16
-    p = {k: jnp.asarray(rng.standard_normal(s) * 0.02, jnp.bfloat16) for k, s in
-         {"qkv": (d, 3 * d), "o": (d, d), "w1": (d, 4 * d), "w2": (4 * d, d)}.items()}
-    xt = jnp.asarray(rng.standard_normal((8, 512, d)), jnp.bfloat16)
-
-    def block(p, x):
-        q, k, v = jnp.split(x @ p["qkv"], 3, axis=-1)
-        sh = lambda t: t.reshape(t.shape[0], t.shape[1], h, d // h).transpose(0, 2, 1, 3)  # noqa: E731
-        q, k, v = sh(q), sh(k), sh(v)
-        att = jax.nn.softmax(q @ k.transpose(0, 1, 3, 2) / (d // h) ** 0.5, axis=-1)
-        x = x + (att @ v).transpose(0, 2, 1, 3).reshape(x.shape) @ p["o"]
-        return x + jax.nn.gelu(x @ p["w1"]) @ p["w2"]
-
-    progs["transformer_block"] = (block, (p, xt))
-    progs["softmax_xent"] = (lambda l, y: -jnp.mean(jnp.sum(jax.nn.log_softmax(l) * y, axis=-1)),
-                             (jnp.asarray(rng.standard_normal((4096, 1024)), jnp.float32),
-                              jnp.full((4096, 1024), 1 / 1024, jnp.float32)))
-    progs["elementwise_chain"] = (lambda x: jnp.tanh(jnp.exp(-x * x) * 3.0 + jnp.sin(x)) * 0.5 + 1.0,
-                                  (jnp.asarray(rng.standard_normal((4 << 20,)), jnp.float32),))
+    progs = compute_programs()
+    rng = np.random.default_rng(1)
     k1 = jnp.asarray(rng.standard_normal((3, 3, 16, 32)) * 0.1, jnp.float32)
     k2 = jnp.asarray(rng.standard_normal((3, 3, 32, 32)) * 0.1, jnp.float32)
     img = jnp.asarray(rng.standard_normal((32, 64, 64, 16)), jnp.float32)

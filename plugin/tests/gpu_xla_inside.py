@@ -171,17 +171,14 @@ def job_check(sizes: list[int]):
     print(json.dumps(out))
 
 
-def job_compute():
-    """Programs without collectives on one GPU, each compiled twice in this process, by XLA
-    alone and with Peerless enabled, and timed alternately (the two executables share the
-    GPU's clocks and the process's state, so the ratio shows Peerless's cost alone)."""
+def compute_programs():
+    """name -> (fn, args): programs without collectives (matmuls, an MLP train step, a
+    transformer block, softmax cross-entropy, an elementwise chain), on the default backend."""
     import numpy as np
 
     import jax
     import jax.numpy as jnp
-    import jax_plugins.peerless as peerless
 
-    platform = os.environ.get("PEERLESS_PLATFORM", "cuda")
     rng = np.random.default_rng(0)
     progs = {}
     a = jnp.asarray(rng.standard_normal((1024, 1024)), jnp.float32)
@@ -216,6 +213,21 @@ def job_compute():
                              (jnp.asarray(rng.standard_normal((4096, 1024)), jnp.float32), jnp.full((4096, 1024), 1 / 1024, jnp.float32)))
     progs["elementwise_chain"] = (lambda x: jnp.tanh(jnp.exp(-x * x) * 3.0 + jnp.sin(x)) * 0.5 + 1.0,
                                   (jnp.asarray(rng.standard_normal((4 << 20,)), jnp.float32),))
+    return progs
+
+
+def job_compute():
+    """Programs without collectives on one GPU, each compiled twice in this process, by XLA
+    alone and with Peerless enabled, and timed alternately (the two executables share the
+    GPU's clocks and the process's state, so the ratio shows Peerless's cost alone)."""
+    import numpy as np
+
+    import jax
+    import jax.numpy as jnp
+    import jax_plugins.peerless as peerless
+
+    platform = os.environ.get("PEERLESS_PLATFORM", "cuda")
+    progs = compute_programs()
     res = {}
     for name, (fn, args) in progs.items():
         jax.clear_caches()

@@ -225,6 +225,14 @@ fn frame_instance<'a>(
     Ok((args, rets, arg_shapes, inst))
 }
 
+/// See [`Call::symmetric`].
+struct Symmetric {
+    stage: Ptrs,
+    flags: Ptrs,
+    stride: u64,
+    counter: u64,
+}
+
 /// The CUDA platform's [`CollectiveRuntime`].
 #[derive(Debug, Default)]
 pub struct CudaRuntime;
@@ -275,6 +283,19 @@ impl Call<'_> {
         // long as the executable (which outlives the work it enqueued) on devices whose peer
         // access was probed.
         unsafe { self.stream.launch(&f, grid, THREADS, params) }.map_err(internal)
+    }
+
+    /// The group's staging and flag bases, the staging half's size and this device's launch
+    /// counters: what every double-buffered reduction kernel takes.
+    fn symmetric(&self, group: &[usize]) -> Result<Symmetric, HandlerError> {
+        Ok(Symmetric {
+            stage: Ptrs::of(
+                &group.iter().map(|&m| self.rank(m).map(|r| r.staging.ptr)).collect::<Result<Vec<_>, _>>()?,
+            ),
+            flags: Ptrs::of(&group.iter().map(|&m| self.flags(m)).collect::<Result<Vec<_>, _>>()?),
+            stride: (self.inst.staging / 2) as u64,
+            counter: self.rank(self.device)?.signals.ptr,
+        })
     }
 
     fn grid(bytes: usize) -> u32 {
@@ -388,10 +409,7 @@ fn reduce_many(
     shapes: &[ArrayShape],
 ) -> Result<(), HandlerError> {
     let red = Red::of(call.cfg.reduction.ok_or_else(|| err(ErrorCode::InvalidArgument, "no reduction"))?);
-    let stage = Ptrs::of(&group.iter().map(|&m| call.rank(m).map(|r| r.staging.ptr)).collect::<Result<Vec<_>, _>>()?);
-    let flags = Ptrs::of(&group.iter().map(|&m| call.flags(m)).collect::<Result<Vec<_>, _>>()?);
-    let stride = (call.inst.staging / 2) as u64;
-    let counter = call.rank(call.device)?.signals.ptr;
+    let Symmetric { stage, flags, stride, counter } = call.symmetric(group)?;
     // Operand j's place in a staging half: the sum of the earlier operands' rounded sizes,
     // the layout `staging_bytes` sized.
     let mut offsets = Vec::with_capacity(shapes.len());
@@ -457,10 +475,7 @@ fn reduce(
     if !red.defined_for(t) {
         return Err(err(ErrorCode::InvalidArgument, format!("no {} reduction for {}", red.name(), t.name())));
     }
-    let stage = Ptrs::of(&group.iter().map(|&m| call.rank(m).map(|r| r.staging.ptr)).collect::<Result<Vec<_>, _>>()?);
-    let flags = Ptrs::of(&group.iter().map(|&m| call.flags(m)).collect::<Result<Vec<_>, _>>()?);
-    let stride = (call.inst.staging / 2) as u64;
-    let counter = call.rank(call.device)?.signals.ptr;
+    let Symmetric { stage, flags, stride, counter } = call.symmetric(group)?;
     if cfg.algorithm == Algo::DirectReduceScatter {
         let (phys, dim) = cfg.physical(&shape.dims).map_err(|m| err(ErrorCode::InvalidArgument, m))?;
         let (outer, n, inner) = view(&ArrayShape::new(shape.ty, phys), dim.unwrap_or(0))?;

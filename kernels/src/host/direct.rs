@@ -8,14 +8,16 @@
 //! buffered by epoch parity, as in `protocol.rs`) and the members' flags. A call:
 //!
 //! 1. takes the next epoch `e` of its member (counted per member, never reset);
-//! 2. copies its operands into its own staging buffer `e % 2` (peers never touch XLA's
-//!    buffers, so a rank that returns early, with a timeout, cannot leave a peer reading or
-//!    writing memory XLA has reused);
+//! 2. copies its operands into its own staging buffer `e % 2` (peers never write XLA's
+//!    buffers, and read them only in the two-shot, which publishes its operands' addresses
+//!    at barrier 0 instead and keeps them alive until barrier 1; so a rank that returns
+//!    early, with a timeout at barrier 0, cannot leave a peer using memory XLA has reused);
 //! 3. arrives at barrier 0 and waits for every member of its group (bounded by the call's
 //!    timeout; the error names the ranks that never came);
 //! 4. computes its own results from the members' staging buffers, in the algorithm the
 //!    pass chose: one-shot (reduce every member in fixed order), two-shot (reduce slice
-//!    `rank` into its staging, barrier 1, gather the slices in rotated order), direct
+//!    `rank` of every member's operand into its staging, barrier 1, gather the slices in
+//!    rotated order), direct
 //!    reduce-scatter (reduce block `rank`), direct all-gather / all-to-all (pull, rotated
 //!    order), direct permute (the target pulls from its source's staging).
 //!

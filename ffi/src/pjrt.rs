@@ -26,6 +26,17 @@ pub const EXTENSION_XLA_TRANSFORM: u32 = 24;
 
 /// Bytes of the `PJRT_Api` header before the first function slot.
 const API_HEADER: usize = 40;
+
+/// Function slots of `PJRT_Api` (their order is fixed since PJRT 0.1; the wrapper replaces
+/// these and keeps every other slot the inner plugin's).
+pub const SLOT_ERROR_DESTROY: usize = 0;
+pub const SLOT_ERROR_MESSAGE: usize = 1;
+pub const SLOT_ERROR_GET_CODE: usize = 2;
+pub const SLOT_CLIENT_COMPILE: usize = 20;
+/// `PJRT_Error_ForEachPayload` (PJRT 0.110-ish on; present in 0.115).
+pub const SLOT_ERROR_FOR_EACH_PAYLOAD: usize = 132;
+/// The newest PJRT minor version whose every error-reading slot the wrapper knows.
+pub const KNOWN_MINOR: i32 = 115;
 const FFI_EXTENSION_SIZE: usize = 48;
 
 #[repr(C)]
@@ -55,23 +66,59 @@ struct RegisterHandlerArgs {
 }
 const REGISTER_HANDLER_ARGS_SIZE: usize = 52;
 
+/// `PJRT_Error_Message_Args`.
 #[repr(C)]
-struct ErrorMessageArgs {
-    struct_size: usize,
-    extension_start: *const c_void,
-    error: *mut c_void,
-    message: *const c_char,
-    message_size: usize,
+pub struct ErrorMessageArgs {
+    pub struct_size: usize,
+    pub extension_start: *const c_void,
+    pub error: *mut c_void,
+    pub message: *const c_char,
+    pub message_size: usize,
 }
 
+/// `PJRT_Error_Destroy_Args`.
 #[repr(C)]
-struct ErrorDestroyArgs {
-    struct_size: usize,
-    extension_start: *const c_void,
-    error: *mut c_void,
+pub struct ErrorDestroyArgs {
+    pub struct_size: usize,
+    pub extension_start: *const c_void,
+    pub error: *mut c_void,
 }
 
 type ErrorFn<A> = unsafe extern "C" fn(*mut A);
+
+/// `PJRT_Error_GetCode_Args` (`code` is a `PJRT_Error_Code`, XLA's absl status codes).
+#[repr(C)]
+pub struct ErrorGetCodeArgs {
+    pub struct_size: usize,
+    pub extension_start: *const c_void,
+    pub error: *mut c_void,
+    pub code: i32,
+}
+
+/// `PJRT_Error_ForEachPayload_Args`: the error, then a callback and its argument.
+#[repr(C)]
+pub struct ErrorForEachPayloadArgs {
+    pub struct_size: usize,
+    pub extension_start: *const c_void,
+    pub error: *mut c_void,
+    pub callback: *const c_void,
+    pub user_arg: *mut c_void,
+}
+
+/// `PJRT_Client_Compile_Args`: `compile_options` is a serialized `CompileOptionsProto`.
+#[repr(C)]
+pub struct ClientCompileArgs {
+    pub struct_size: usize,
+    pub extension_start: *const c_void,
+    pub client: *mut c_void,
+    pub program: *const c_void,
+    pub compile_options: *const c_char,
+    pub compile_options_size: usize,
+    pub executable: *mut c_void,
+}
+
+/// A function slot's C signature: every PJRT entry point takes one args struct.
+pub type Entry<A> = unsafe extern "C" fn(*mut A) -> *mut c_void;
 
 /// An inner PJRT plugin, loaded for the process (never unloaded: XLA keeps pointers into it).
 #[derive(Debug)]
@@ -166,6 +213,40 @@ impl InnerPlugin {
         None
     }
 
+    /// A copy of the plugin's function table with the slots in `patches` replaced, leaked
+    /// for the process (XLA keeps the pointer). Header, version, extension chain and every
+    /// other slot are the plugin's own. Errors name a slot the table does not have.
+    pub fn patched_table(&self, patches: &[(usize, *const c_void)]) -> Result<*const c_void, String> {
+        let words = self.struct_size.div_ceil(8);
+        let mut copy = vec![0u64; words].into_boxed_slice();
+        // SAFETY: the table has `struct_size` readable bytes (its header says so) and `copy`
+        // has at least as many; the two do not overlap.
+        unsafe { std::ptr::copy_nonoverlapping(self.api, copy.as_mut_ptr().cast::<u8>(), self.struct_size) };
+        for &(i, f) in patches {
+            if self.slot(i).is_none() {
+                return Err(format!("{}: PJRT_Api has no function slot {i}", self.path.display()));
+            }
+            copy[(API_HEADER + 8 * i) / 8] = f as u64;
+        }
+        Ok(Box::leak(copy).as_ptr().cast())
+    }
+
+    /// The plugin's own function in slot `i` as the function-pointer type `F`.
+    ///
+    /// # Safety
+    /// `F` is the C signature of the PJRT function in slot `i`.
+    pub unsafe fn slot_fn<F: Copy>(&self, i: usize) -> Option<F> {
+        const { assert!(size_of::<F>() == size_of::<*const c_void>()) };
+        // SAFETY: a set slot holds a function pointer of the slot's signature, `F` (the
+        // caller's contract), which has a pointer's size (checked above).
+        self.slot(i).map(|p| unsafe { std::mem::transmute_copy::<*const c_void, F>(&p) })
+    }
+
+    /// Whether the table has function slot `i`, set.
+    pub fn has_slot(&self, i: usize) -> bool {
+        self.slot(i).is_some()
+    }
+
     /// Function slot `i` of the table, if the table has it and it is set.
     fn slot(&self, i: usize) -> Option<*const c_void> {
         let at = API_HEADER + 8 * i;
@@ -258,6 +339,8 @@ mod tests {
         assert_eq!(offset_of!(RegisterHandlerArgs, traits) + 4, REGISTER_HANDLER_ARGS_SIZE);
         assert_eq!(size_of::<ErrorMessageArgs>(), 40);
         assert_eq!(size_of::<ErrorDestroyArgs>(), 24);
+        assert_eq!(offset_of!(ErrorGetCodeArgs, code), 24);
+        assert_eq!(size_of::<ClientCompileArgs>(), 56);
     }
 
     #[test]

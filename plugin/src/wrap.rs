@@ -14,20 +14,45 @@
 //! returned, and its `PJRT_Client_Create` fails with [`load_error`], naming the path and
 //! the reason.
 //!
+//! The table handed out is a copy of the plugin's with four slots replaced:
+//! `PJRT_Client_Compile` takes Peerless's per-executable options out of the compile options
+//! (`compiler_options={"all_reduce_backend": "fallback"}`, or `peerless_flags`) and applies
+//! them to the pass for that compile; the three `PJRT_Error` slots answer for the errors
+//! those options raise and hand every other error to the plugin.
+//!
 //! Not yet here: registration from Rust at client creation (the pass for HLO files run
-//! through the CLI), the inner plugin found without the variable, create options
-//! (`PEERLESS_HOST_DEVICES`) passed to the inner client.
+//! through the CLI). The Python package finds the inner plugin when the variable is unset.
 
+use std::collections::BTreeSet;
+use std::ffi::{c_char, c_void};
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::PathBuf;
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 
-use ffi::pjrt::InnerPlugin;
+use ffi::pjrt::{
+    ClientCompileArgs, Entry, ErrorDestroyArgs, ErrorForEachPayloadArgs, ErrorGetCodeArgs, ErrorMessageArgs,
+    InnerPlugin, KNOWN_MINOR, SLOT_CLIENT_COMPILE, SLOT_ERROR_DESTROY, SLOT_ERROR_FOR_EACH_PAYLOAD,
+    SLOT_ERROR_GET_CODE, SLOT_ERROR_MESSAGE,
+};
+use pjrt_sys::protos::xla;
 use thunks::custom_call::TARGETS;
 
 /// The environment variable naming the inner plugin.
 pub const ENV_VAR: &str = "PEERLESS_XLA_PLUGIN";
 
-static INNER: OnceLock<Option<Result<InnerPlugin, String>>> = OnceLock::new();
+/// The inner plugin and the table handed out for it.
+struct Wrapped {
+    plugin: InnerPlugin,
+    table: *const c_void,
+    own_errors: bool,
+}
+
+// SAFETY: the table is a leaked, never-written copy; `InnerPlugin` is Send + Sync.
+unsafe impl Send for Wrapped {}
+// SAFETY: as above.
+unsafe impl Sync for Wrapped {}
+
+static INNER: OnceLock<Option<Result<Wrapped, String>>> = OnceLock::new();
 
 /// The Peerless platform whose handlers the inner plugin gets: "cuda" for XLA's CUDA plugin
 /// (`PEERLESS_XLA_PLATFORM`, else the file name), "cpu" otherwise.
@@ -40,7 +65,7 @@ fn platform_of(path: &std::path::Path) -> &'static str {
     }
 }
 
-fn load(path: PathBuf) -> Result<InnerPlugin, String> {
+fn load(path: PathBuf) -> Result<Wrapped, String> {
     let inner = InnerPlugin::load(&path)?;
     let platform = platform_of(&path);
     // XLA's FFI platform names, and the handlers' traits (CUDA: command-buffer compatible).
@@ -61,10 +86,24 @@ fn load(path: PathBuf) -> Result<InnerPlugin, String> {
         inner.version().1,
         inner.extensions().len()
     );
-    Ok(inner)
+    let mut patches = vec![
+        (SLOT_ERROR_DESTROY, error_destroy as *const c_void),
+        (SLOT_ERROR_MESSAGE, error_message as *const c_void),
+        (SLOT_ERROR_GET_CODE, error_get_code as *const c_void),
+        (SLOT_CLIENT_COMPILE, client_compile as *const c_void),
+    ];
+    if inner.has_slot(SLOT_ERROR_FOR_EACH_PAYLOAD) {
+        patches.push((SLOT_ERROR_FOR_EACH_PAYLOAD, error_for_each_payload as *const c_void));
+    }
+    // A newer plugin may read errors through slots this build does not know; then a bad
+    // Peerless option is reported by XLA itself (see `client_compile`), never by an error
+    // object of ours.
+    let own_errors = inner.version().0 == 0 && inner.version().1 <= KNOWN_MINOR;
+    let table = inner.patched_table(&patches)?;
+    Ok(Wrapped { plugin: inner, table, own_errors })
 }
 
-fn inner() -> Option<&'static Result<InnerPlugin, String>> {
+fn inner() -> Option<&'static Result<Wrapped, String>> {
     INNER
         .get_or_init(|| {
             let path = std::env::var_os(ENV_VAR).filter(|p| !p.is_empty())?;
@@ -80,9 +119,21 @@ fn inner() -> Option<&'static Result<InnerPlugin, String>> {
 /// The inner plugin's table when `PEERLESS_XLA_PLUGIN` names one that loaded.
 pub fn api() -> Option<*const std::ffi::c_void> {
     match inner()? {
-        Ok(p) => Some(p.api()),
+        Ok(w) => Some(w.table),
         Err(_) => None,
     }
+}
+
+/// The loaded inner plugin (only reached through the table, so it loaded).
+fn wrapped() -> &'static Wrapped {
+    match INNER.get() {
+        Some(Some(Ok(w))) => w,
+        _ => unreachable!("a wrapper entry point ran without the inner plugin"),
+    }
+}
+
+fn plugin() -> &'static InnerPlugin {
+    &wrapped().plugin
 }
 
 /// Why the inner plugin named by `PEERLESS_XLA_PLUGIN` could not be used, if it could not.
@@ -90,5 +141,284 @@ pub fn load_error() -> Option<String> {
     match inner()? {
         Ok(_) => None,
         Err(e) => Some(format!("peerless: {ENV_VAR} names an XLA plugin that cannot be wrapped: {e}")),
+    }
+}
+
+// ---- errors of our own ------------------------------------------------------------------
+
+/// An error the wrapper raises (a bad Peerless compile option); the plugin's own errors are
+/// its own. Told apart by address: ours are in [`OURS`] from creation to destruction.
+struct WrapError {
+    code: i32,
+    message: String,
+}
+
+static OURS: Mutex<BTreeSet<usize>> = Mutex::new(BTreeSet::new());
+
+/// `PJRT_Error_Code_INVALID_ARGUMENT` / `_INTERNAL` (absl's codes).
+const INVALID_ARGUMENT: i32 = 3;
+const INTERNAL: i32 = 13;
+
+fn new_error(code: i32, message: String) -> *mut c_void {
+    let p = Box::into_raw(Box::new(WrapError { code, message }));
+    OURS.lock().unwrap_or_else(|e| e.into_inner()).insert(p as usize);
+    p.cast()
+}
+
+fn ours(error: *mut c_void) -> Option<&'static WrapError> {
+    let set = OURS.lock().unwrap_or_else(|e| e.into_inner());
+    // SAFETY: an address in `OURS` is a live `WrapError` box (removed before it is freed).
+    set.contains(&(error as usize)).then(|| unsafe { &*error.cast::<WrapError>() })
+}
+
+unsafe extern "C" fn error_destroy(args: *mut ErrorDestroyArgs) {
+    let _ = catch_unwind(|| {
+        // SAFETY: PJRT passes a valid args struct.
+        let error = unsafe { (*args).error };
+        if OURS.lock().unwrap_or_else(|e| e.into_inner()).remove(&(error as usize)) {
+            // SAFETY: it was ours and is freed once (just taken out of the set).
+            drop(unsafe { Box::from_raw(error.cast::<WrapError>()) });
+        } else if let Some(f) = unsafe { plugin().slot_fn::<unsafe extern "C" fn(*mut ErrorDestroyArgs)>(SLOT_ERROR_DESTROY) } {
+            // SAFETY: the plugin's own error, to its own destructor.
+            unsafe { f(args) }
+        }
+    });
+}
+
+unsafe extern "C" fn error_message(args: *mut ErrorMessageArgs) {
+    let _ = catch_unwind(|| {
+        // SAFETY: PJRT passes a valid args struct.
+        let a = unsafe { &mut *args };
+        if let Some(e) = ours(a.error) {
+            (a.message, a.message_size) = (e.message.as_ptr().cast::<c_char>(), e.message.len());
+        } else if let Some(f) = unsafe { plugin().slot_fn::<unsafe extern "C" fn(*mut ErrorMessageArgs)>(SLOT_ERROR_MESSAGE) } {
+            // SAFETY: the plugin's own error, to its own accessor.
+            unsafe { f(args) }
+        }
+    });
+}
+
+unsafe extern "C" fn error_get_code(args: *mut ErrorGetCodeArgs) -> *mut c_void {
+    catch_unwind(|| {
+        // SAFETY: PJRT passes a valid args struct.
+        let a = unsafe { &mut *args };
+        if let Some(e) = ours(a.error) {
+            a.code = e.code;
+            return std::ptr::null_mut();
+        }
+        // SAFETY: the slot is `PJRT_Error_GetCode`; the plugin's own error.
+        match unsafe { plugin().slot_fn::<Entry<ErrorGetCodeArgs>>(SLOT_ERROR_GET_CODE) } {
+            Some(f) => unsafe { f(args) },
+            None => new_error(INTERNAL, "peerless: the inner plugin has no PJRT_Error_GetCode".into()),
+        }
+    })
+    .unwrap_or_else(|_| new_error(INTERNAL, "peerless: PJRT_Error_GetCode panicked".into()))
+}
+
+unsafe extern "C" fn error_for_each_payload(args: *mut ErrorForEachPayloadArgs) -> *mut c_void {
+    catch_unwind(|| {
+        // SAFETY: PJRT passes a valid args struct.
+        if ours(unsafe { (*args).error }).is_some() {
+            return std::ptr::null_mut(); // ours carry no payloads
+        }
+        // SAFETY: the slot is `PJRT_Error_ForEachPayload` (patched only where set).
+        match unsafe { plugin().slot_fn::<Entry<ErrorForEachPayloadArgs>>(SLOT_ERROR_FOR_EACH_PAYLOAD) } {
+            Some(f) => unsafe { f(args) },
+            None => std::ptr::null_mut(),
+        }
+    })
+    .unwrap_or_else(|_| new_error(INTERNAL, "peerless: PJRT_Error_ForEachPayload panicked".into()))
+}
+
+// ---- compile: Peerless's per-executable options ----------------------------------------
+
+unsafe extern "C" fn client_compile(args: *mut ClientCompileArgs) -> *mut c_void {
+    catch_unwind(AssertUnwindSafe(|| {
+        // SAFETY: the slot is `PJRT_Client_Compile` (set, since it was patched).
+        let Some(compile) = (unsafe { plugin().slot_fn::<Entry<ClientCompileArgs>>(SLOT_CLIENT_COMPILE) }) else {
+            return new_error(INTERNAL, "peerless: the inner plugin has no PJRT_Client_Compile".into());
+        };
+        if args.is_null() {
+            // SAFETY: the plugin reports its own bad arguments.
+            return unsafe { compile(args) };
+        }
+        // SAFETY: PJRT passes a valid args struct whose options are `compile_options_size`
+        // readable bytes (or null).
+        let a = unsafe { &mut *args };
+        let opts: &[u8] = if a.compile_options.is_null() {
+            &[]
+        } else {
+            // SAFETY: as above.
+            unsafe { std::slice::from_raw_parts(a.compile_options.cast::<u8>(), a.compile_options_size) }
+        };
+        match split_compile_options(opts) {
+            Err(e) if wrapped().own_errors => new_error(INVALID_ARGUMENT, e),
+            Err(e) => {
+                // XLA's own "No such compile option" error, carrying ours as the name.
+                let mut bad = opts.to_vec();
+                prost::encoding::message::encode(ENV_OPTION_OVERRIDES, &OverrideEntry { key: e, value: None }, &mut bad);
+                let saved = (a.compile_options, a.compile_options_size);
+                (a.compile_options, a.compile_options_size) = (bad.as_ptr().cast(), bad.len());
+                // SAFETY: the caller's args with options that outlive the call (`bad`).
+                let r = unsafe { compile(args) };
+                (a.compile_options, a.compile_options_size) = saved;
+                r
+            }
+            // SAFETY: the caller's args, unchanged.
+            Ok(None) => unsafe { compile(args) },
+            Ok(Some((flags, rest))) => {
+                let saved = (a.compile_options, a.compile_options_size);
+                (a.compile_options, a.compile_options_size) = (rest.as_ptr().cast(), rest.len());
+                // SAFETY: the caller's args with options that outlive the call (`rest`).
+                let r = crate::xla_inside::with_compile_flags(flags, || unsafe { compile(args) });
+                (a.compile_options, a.compile_options_size) = saved;
+                r
+            }
+        }
+    }))
+    .unwrap_or_else(|_| new_error(INTERNAL, "peerless: PJRT_Client_Compile panicked".into()))
+}
+
+/// `CompileOptionsProto.env_option_overrides` (field 7): one map entry.
+#[derive(Clone, PartialEq, prost::Message)]
+struct OverrideEntry {
+    #[prost(string, tag = "1")]
+    key: String,
+    #[prost(message, optional, tag = "2")]
+    value: Option<xla::OptionOverrideProto>,
+}
+
+const ENV_OPTION_OVERRIDES: u32 = 7;
+
+/// Takes Peerless's options out of a serialized `CompileOptionsProto`: entries of
+/// `env_option_overrides` named like a Peerless flag (`all_reduce_backend`, ...) or
+/// `peerless_flags` (a flag string). Returns None when there are none (the bytes go to XLA
+/// untouched), else the flags (`--name=value`, checked) and the options without them. Every
+/// other byte is kept as it is, fields this build does not know included (the message is
+/// edited on the wire, not decoded and re-encoded). Other names stay for XLA to judge.
+fn split_compile_options(bytes: &[u8]) -> Result<Option<(Vec<String>, Vec<u8>)>, String> {
+    use prost::Message;
+    use prost::encoding::{WireType, decode_key, decode_varint};
+    use xla::option_override_proto::Value;
+
+    let mut flags = Vec::new();
+    let mut rest = Vec::with_capacity(bytes.len());
+    let mut buf = bytes;
+    while !buf.is_empty() {
+        let start = bytes.len() - buf.len();
+        let Ok((tag, wire)) = decode_key(&mut buf) else { return Ok(None) };
+        let len = match wire {
+            WireType::Varint => match decode_varint(&mut buf) {
+                Ok(_) => 0,
+                Err(_) => return Ok(None),
+            },
+            WireType::SixtyFourBit => 8,
+            WireType::ThirtyTwoBit => 4,
+            WireType::LengthDelimited => match decode_varint(&mut buf) {
+                Ok(n) => n as usize,
+                Err(_) => return Ok(None),
+            },
+            // Groups are not used by this message; leave anything odd to XLA.
+            WireType::StartGroup | WireType::EndGroup => return Ok(None),
+        };
+        if len > buf.len() {
+            return Ok(None);
+        }
+        let payload = &buf[..len];
+        buf = &buf[len..];
+        let end = bytes.len() - buf.len();
+        if tag == ENV_OPTION_OVERRIDES && wire == WireType::LengthDelimited {
+            let entry = OverrideEntry::decode(payload).map_err(|e| format!("peerless: compile options: {e}"))?;
+            let value = match entry.value.and_then(|v| v.value) {
+                Some(Value::StringField(s)) => s,
+                Some(Value::BoolField(b)) => b.to_string(),
+                Some(Value::IntField(i)) => i.to_string(),
+                Some(Value::DoubleField(d)) => d.to_string(),
+                None => String::new(),
+            };
+            let name = entry.key.as_str();
+            let mine: Vec<String> = if name == "peerless_flags" {
+                value.split_whitespace().map(str::to_owned).collect()
+            } else if emitter::FLAGS.iter().any(|f| f.name == name) {
+                vec![format!("--{name}={value}")]
+            } else {
+                Vec::new()
+            };
+            if name == "peerless_flags" || !mine.is_empty() {
+                let mut check = emitter::Flags::default();
+                for f in &mine {
+                    check.apply(f).map_err(|e| format!("peerless: compile option {name}={value}: {e}"))?;
+                }
+                flags.extend(mine);
+                continue;
+            }
+        }
+        rest.extend_from_slice(&bytes[start..end]);
+    }
+    Ok(if flags.is_empty() && rest.len() == bytes.len() { None } else { Some((flags, rest)) })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use prost::Message;
+
+    use super::*;
+
+    fn options(overrides: &[(&str, &str)]) -> Vec<u8> {
+        let env_option_overrides: HashMap<String, xla::OptionOverrideProto> = overrides
+            .iter()
+            .map(|(k, v)| {
+                let value = Some(xla::option_override_proto::Value::StringField((*v).into()));
+                ((*k).to_owned(), xla::OptionOverrideProto { value })
+            })
+            .collect();
+        xla::CompileOptionsProto { env_option_overrides, parameter_is_tupled_arguments: true, ..Default::default() }
+            .encode_to_vec()
+    }
+
+    #[test]
+    fn options_without_peerless_ones_pass_untouched() {
+        assert_eq!(split_compile_options(&options(&[])).unwrap(), None);
+        assert_eq!(split_compile_options(&options(&[("xla_embed_ir_in_executable", "true")])).unwrap(), None);
+        assert_eq!(split_compile_options(&options(&[("invalid_key", "x")])).unwrap(), None);
+        assert_eq!(split_compile_options(&[]).unwrap(), None);
+    }
+
+    #[test]
+    fn peerless_options_come_out_and_the_rest_stays() {
+        let bytes = options(&[
+            ("all_reduce_backend", "fallback"),
+            ("xla_embed_ir_in_executable", "true"),
+            ("peerless_flags", "--one_shot_max_bytes=1024 --all_gather_backend=kernel"),
+        ]);
+        let (mut flags, rest) = split_compile_options(&bytes).unwrap().unwrap();
+        flags.sort();
+        assert_eq!(flags, ["--all_gather_backend=kernel", "--all_reduce_backend=fallback", "--one_shot_max_bytes=1024"]);
+        let left = xla::CompileOptionsProto::decode(rest.as_slice()).unwrap();
+        assert!(left.parameter_is_tupled_arguments);
+        assert_eq!(left.env_option_overrides.keys().collect::<Vec<_>>(), ["xla_embed_ir_in_executable"]);
+    }
+
+    #[test]
+    fn a_bad_peerless_option_is_an_error_naming_it() {
+        let e = split_compile_options(&options(&[("all_reduce_backend", "bogus")])).unwrap_err();
+        assert!(e.contains("all_reduce_backend=bogus"), "{e}");
+        let e = split_compile_options(&options(&[("peerless_flags", "--nope=1")])).unwrap_err();
+        assert!(e.contains("nope"), "{e}");
+    }
+
+    #[test]
+    fn unknown_fields_survive_the_edit() {
+        // Field 999 (varint) is unknown to this build's CompileOptionsProto.
+        let mut bytes = options(&[("all_reduce_backend", "kernel")]);
+        prost::encoding::encode_key(999, prost::encoding::WireType::Varint, &mut bytes);
+        prost::encoding::encode_varint(42, &mut bytes);
+        let (_, rest) = split_compile_options(&bytes).unwrap().unwrap();
+        let mut tail = Vec::new();
+        prost::encoding::encode_key(999, prost::encoding::WireType::Varint, &mut tail);
+        prost::encoding::encode_varint(42, &mut tail);
+        assert!(rest.ends_with(&tail));
     }
 }

@@ -99,8 +99,31 @@ pub fn report(outcome: &PassOutcome) -> String {
     out
 }
 
+thread_local! {
+    /// Per-executable flags of the compile running on this thread (`plugin::wrap` takes them
+    /// out of the compile options): XLA runs its passes, ours included, on the thread that
+    /// called `PJRT_Client_Compile`.
+    static COMPILE_FLAGS: std::cell::RefCell<Vec<String>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Runs `f` (a compile) with `flags` applied by the pass after its own, on this thread.
+pub fn with_compile_flags<R>(flags: Vec<String>, f: impl FnOnce() -> R) -> R {
+    struct Reset(Vec<String>);
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            let old = std::mem::take(&mut self.0);
+            COMPILE_FLAGS.with(|c| *c.borrow_mut() = old);
+        }
+    }
+    let _reset = Reset(COMPILE_FLAGS.with(|c| std::mem::replace(&mut *c.borrow_mut(), flags)));
+    f()
+}
+
 /// Runs the pass; see the module docs. Safe wrapper of the C entry point's body.
 pub fn run_pass(platform: &str, module: &[u8], flags: &str, local_devices: &str) -> (i32, Option<Vec<u8>>, String) {
+    let per_executable = COMPILE_FLAGS.with(|c| c.borrow().join(" "));
+    let flags = if per_executable.is_empty() { flags.to_owned() } else { format!("{flags} {per_executable}") };
+    let flags = flags.as_str();
     let run = || -> Result<(i32, Option<Vec<u8>>, String), String> {
         // Flags are checked on every call (a bad one is an error even for an empty module);
         // the peer table only when there is a collective to decide.

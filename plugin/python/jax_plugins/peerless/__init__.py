@@ -9,11 +9,16 @@ plugin library and hand it an MLIR → HLO converter (jaxlib's own), since the p
 compiles HloModuleProtos and JAX sends StableHLO.
 
 The library is, in order: $PEERLESS_PJRT_LIBRARY, or the libpeerless_pjrt.so bundled in
-this package. The plugin itself reads its settings from the environment when JAX creates the
-client: PEERLESS_BACKEND (host | cuda; default host), PEERLESS_HOST_DEVICES (host backend
-device count, default 8; PEERLESS_NUM_DEVICES is an alias), PEERLESS_FLAGS (collective
-flags, see `peerless flags`). JAX's `jax_pjrt_client_create_options` may also pass
-`num_devices:N;peerless_flags:...`.
+this package.
+
+`JAX_PLATFORMS=peerless` is XLA's own PJRT plugin plus Peerless (`inner_plugin()` says which
+plugin: jax-cuda13/12-pjrt's where a GPU is usable, else XLA's CPU plugin from
+`lammps-jax-pjrt-cpu`): XLA compiles, partitions and runs everything and Peerless's pass and
+handlers take the collectives. PEERLESS_HOST_DEVICES (default 8) sets the CPU device count,
+PEERLESS_FLAGS the collective flags (`peerless flags`), `compiler_options` per executable.
+With PEERLESS_XLA_PLUGIN=standalone (or no inner plugin installed) the older standalone
+platform answers instead: a separate compiler over the host backend, configured by
+PEERLESS_BACKEND (host | cuda), PEERLESS_HOST_DEVICES and PEERLESS_FLAGS.
 """
 
 from __future__ import annotations
@@ -79,6 +84,58 @@ def _register_converter(path: str) -> None:
     _dll.PeerlessRegisterMlirConverter(_converter, 0)
 
 
+def _gpus_usable() -> bool:
+    """At least one CUDA device this process may use (the driver answers; no GPU is opened)."""
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+        n = ctypes.c_int(0)
+        return cuda.cuInit(0) == 0 and cuda.cuDeviceGetCount(ctypes.byref(n)) == 0 and n.value > 0
+    except OSError:
+        return False
+
+
+def _installed_plugin(module: str, filename: str) -> str | None:
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        return None
+    for d in (spec.submodule_search_locations or []) if spec else []:
+        p = os.path.join(d, filename)
+        if os.path.isfile(p):
+            return p
+    return None
+
+
+def inner_plugin() -> tuple[str, str] | None:
+    """(path, platform) of XLA's PJRT plugin that `JAX_PLATFORMS=peerless` wraps, or None for
+    the standalone platform. In order: PEERLESS_XLA_PLUGIN (a path; "standalone" for the older
+    standalone platform); on a machine with a usable GPU (unless PEERLESS_BACKEND=host) the
+    installed jax-cuda13-pjrt / jax-cuda12-pjrt plugin; else XLA's CPU plugin from
+    `lammps-jax-pjrt-cpu`. PEERLESS_BACKEND=cuda insists on the CUDA plugin."""
+    env = os.environ.get("PEERLESS_XLA_PLUGIN", "")
+    if env == "standalone":
+        return None
+    if env:
+        platform = os.environ.get("PEERLESS_XLA_PLATFORM") or ("cuda" if "cuda" in os.path.basename(env) else "cpu")
+        return env, platform
+    backend = os.environ.get("PEERLESS_BACKEND", "")
+    if backend != "host":
+        for module in ("jax_plugins.xla_cuda13", "jax_plugins.xla_cuda12"):
+            path = _installed_plugin(module, "xla_cuda_plugin.so")
+            if path and (backend == "cuda" or _gpus_usable()):
+                return path, "cuda"
+        if backend == "cuda":
+            return None  # the standalone platform names what is missing at client creation
+    try:
+        import lammps_jax_pjrt_cpu
+
+        return str(lammps_jax_pjrt_cpu.PLUGIN_PATH), "cpu"
+    except ImportError:
+        return None
+
+
 def initialize() -> None:
     from jax._src import xla_bridge
 
@@ -88,22 +145,50 @@ def initialize() -> None:
         from . import inside
 
         inside.enable_at_start()
-    # The plugin claims PJRT C API 0.54 (the header we build against); jaxlib accepts an
-    # older minor (>= its kMinPjRtMinor, 29 in jaxlib 0.10.2) only in compatibility mode.
+    inner = inner_plugin()
+    if inner is not None:
+        _register_wrapper(xla_bridge, path, *inner)
+        return
+    # The standalone platform claims PJRT C API 0.54 (the header we build against); jaxlib
+    # accepts an older minor (>= its kMinPjRtMinor) only in compatibility mode.
     os.environ.setdefault("ENABLE_PJRT_COMPATIBILITY", "1")
     # The same library is dlopen'ed by ctypes and by XLA; dlopen returns one handle, so the
     # converter registered here is the one the plugin's Compile sees.
     _register_converter(path)
-    options = None
-    inner = os.environ.get("PEERLESS_XLA_PLUGIN", "")
-    inner_platform = os.environ.get("PEERLESS_XLA_PLATFORM") or ("cuda" if "cuda" in os.path.basename(inner) else "cpu")
-    if inner and inner_platform == "cpu":
-        # The library wraps XLA's own plugin (plugin/src/wrap.rs, which tells CPU from CUDA
-        # the same way): XLA compiles and runs everything, and the inner CPU plugin takes its
-        # device count as a create option (the CUDA plugin rejects it).
-        options = {"cpu_device_count": int(os.environ.get("PEERLESS_HOST_DEVICES", "8"))}
     try:
-        xla_bridge.register_plugin(PLATFORM, priority=400, library_path=path, options=options)
+        xla_bridge.register_plugin(PLATFORM, priority=400, library_path=path)
     except Exception as e:  # a second initialize() in one process
         if "ALREADY_EXISTS" not in str(e) and "already" not in str(e).lower():
             raise
+
+
+def _register_wrapper(xla_bridge, path: str, inner: str, platform: str) -> None:
+    """`JAX_PLATFORMS=peerless` as XLA's plugin `inner` plus Peerless (plugin/src/wrap.rs):
+    the library reads PEERLESS_XLA_PLUGIN when JAX loads it, registers its handlers in that
+    plugin and returns its table. The pass goes on at once (PEERLESS_ENABLE=0 leaves it off)."""
+    if platform == "cuda":
+        jax_platforms = os.environ.get("JAX_PLATFORMS", "")
+        if PLATFORM not in [p.strip() for p in jax_platforms.split(",")]:
+            # A second XLA GPU client beside JAX's own "cuda" would claim the GPUs' memory too:
+            # on GPUs the wrapper is there only when asked for by name.
+            return
+        from jaxlib import xla_client
+
+        # What JAX's own CUDA plugin is created with (allocator, memory fraction, ...).
+        options = dict(xla_client.generate_pjrt_gpu_plugin_options())
+    else:
+        # XLA's CPU plugin takes its device count as a create option (the CUDA one rejects it).
+        n = os.environ.get("PEERLESS_HOST_DEVICES") or os.environ.get("PEERLESS_NUM_DEVICES") or "8"
+        options = {"cpu_device_count": int(n)}
+    os.environ["PEERLESS_XLA_PLUGIN"] = inner
+    os.environ["PEERLESS_XLA_PLATFORM"] = platform
+    try:
+        c_api = xla_bridge.register_plugin(PLATFORM, priority=400, library_path=path, options=options)
+    except Exception as e:  # a second initialize() in one process
+        if "ALREADY_EXISTS" not in str(e) and "already" not in str(e).lower():
+            raise
+        return
+    if os.environ.get("PEERLESS_ENABLE", "") != "0" and c_api is not None:
+        from . import inside
+
+        inside.enable_wrapped_at_start(c_api, platform)

@@ -292,6 +292,20 @@ def reset_stats() -> None:
         _state["errors"] = 0
 
 
+def enable_wrapped_at_start(c_api, platform: str) -> None:
+    """`JAX_PLATFORMS=peerless` wrapping XLA's plugin: the pass goes on that plugin's
+    XlaTransform extension as soon as JAX has loaded it (before any client exists), deciding
+    for the inner `platform`'s devices ("cpu", "cuda")."""
+    from jax._src.lib import _xla
+
+    from . import PLATFORM
+
+    if not _state["flags"]:
+        _state["flags"] = os.environ.get("PEERLESS_FLAGS", "")
+    _xla.register_xla_transform_c_api(c_api, PASS_NAME, 0, _make_pass(platform, ""))
+    _state["enabled"].add(PLATFORM)
+
+
 def enable_at_start() -> None:
     """`PEERLESS_ENABLE=1`: called while JAX discovers plugins, before any backend exists.
     CPU registers at once (XLA's CPU pass and FFI registries are process-global); PJRT

@@ -45,13 +45,13 @@ cargo test -p peerless-ffi -p peerless-kernels --features peerless-kernels/rocm 
 step "ROCm: every kernel source compiles with hipcc (scripts/hip_check.sh)"
 scripts/hip_check.sh
 
-step "JAX $("$PEERLESS_PYTHON" -c 'import jax; print(jax.__version__)') runs programs on the PJRT plugin vs JAX's CPU backend (plugin/tests/test_jax.py)"
+step "JAX $("$PEERLESS_PYTHON" -c 'import jax; print(jax.__version__)') on JAX_PLATFORMS=peerless (XLA's CPU plugin wrapped) vs JAX's CPU backend (plugin/tests/test_jax.py)"
 cargo build -p peerless-pjrt --locked
 target_dir=$(cargo metadata --format-version 1 --no-deps | "$PEERLESS_PYTHON" -c "import json,sys; print(json.load(sys.stdin)['target_directory'])")
 lib="$target_dir/debug/libpeerless_pjrt.so"
-PEERLESS_PJRT_LIBRARY="$lib" PYTHONPATH=plugin/python "$PEERLESS_PYTHON" -m pytest -q plugin/tests/test_jax.py
+PEERLESS_PJRT_LIBRARY="$lib" PYTHONPATH=plugin/python CI="${CI:-}" "$PEERLESS_PYTHON" -m pytest -q plugin/tests/test_jax.py
 
-step "Collective faults reach JAX as exceptions; the client recovers (plugin/tests/test_faults.py)"
+step "The standalone platform (PEERLESS_XLA_PLUGIN=standalone): collective faults reach JAX as exceptions; the client recovers (plugin/tests/test_faults.py)"
 PEERLESS_PJRT_LIBRARY="$lib" PYTHONPATH=plugin/python "$PEERLESS_PYTHON" -m pytest -q plugin/tests/test_faults.py
 
 step "Peerless inside XLA: XLA:CPU, 8 host devices, every program vs XLA alone (plugin/tests/test_xla_inside.py)"
@@ -103,7 +103,8 @@ PEERLESS_PJRT_LIBRARY="$lib" "$venv_dir/venv/bin/python" -m pip install -q --dis
 import os, jax, jax_plugins.peerless as p
 assert os.path.realpath(p.library_path()).startswith(os.path.realpath(p.__path__[0])), p.library_path()
 print(jax.devices())
-assert len(jax.devices()) == 8 and jax.devices()[0].platform == "peerless"')
+assert len(jax.devices("peerless")) == 8 and p.wrapped() == "cpu", (jax.devices(), p.wrapped())
+assert jax.devices()[0] == jax.devices("peerless")[0]')
 rm -rf "$venv_dir"
 
 if [ "${PEERLESS_SKIP_GOLDEN_CHECK:-0}" != "1" ]; then

@@ -29,6 +29,9 @@ import os
 import time
 
 os.environ.setdefault("JAX_PLATFORMS", "peerless,cpu")
+# The standalone platform's executor (its fault hook); faults of Peerless inside XLA (handler
+# errors, a rank that never arrives) are test_xla_inside.py's.
+os.environ.setdefault("PEERLESS_XLA_PLUGIN", "standalone")
 os.environ.pop("PEERLESS_TEST_FAULT", None)
 
 import jax  # noqa: E402

@@ -1,8 +1,14 @@
-"""JAX on Peerless vs JAX's CPU backend, in one process.
+"""JAX on Peerless (`JAX_PLATFORMS=peerless`) vs JAX's CPU backend, in one process.
 
 Every program runs twice in this process, once on Peerless devices and once on JAX's own CPU
 backend, and the results are compared (exactly for integers, to a dtype-dependent tolerance
 for floats). Nothing here hard-codes an expected result.
+
+The "peerless" platform is XLA's own PJRT plugin wrapped by libpeerless_pjrt.so (in CI XLA's
+CPU plugin from `lammps-jax-pjrt-cpu`, 8 devices): XLA compiles and partitions, Peerless's
+pass and handlers take the collectives, and the handlers are checked to have run. With
+PEERLESS_XLA_PLUGIN=standalone the older standalone platform answers; the few cases where
+the two differ (what the standalone compiler refuses) say so.
 
 Run (from the repository root):
     cargo build -p peerless-pjrt
@@ -30,8 +36,15 @@ import pytest  # noqa: E402
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
 
 import jax_plugins.peerless as peerless  # noqa: E402
+from jax_plugins.peerless import inside  # noqa: E402
 
 PEERLESS = "peerless"
+# XLA's plugin wrapped (the default): its devices are the inner platform's ("cpu").
+WRAPPED = peerless.inner_plugin() is not None
+jax.devices()  # initialise the backends (the wrapper's state is set then)
+assert peerless.wrapped() == ("cpu" if WRAPPED else None)
+if os.environ.get("CI") and not WRAPPED and os.environ.get("PEERLESS_XLA_PLUGIN") != "standalone":
+    raise RuntimeError("CI installs XLA's CPU plugin (lammps-jax-pjrt-cpu): the wrapper must be in use")
 CPU = "cpu"
 BACKEND = os.environ.get("PEERLESS_BACKEND", "host")
 
@@ -98,15 +111,19 @@ def test_devices():
     else:
         assert len(devs) >= 1
     assert [d.id for d in devs] == list(range(len(devs)))
-    assert all(d.platform == PEERLESS for d in devs)
+    # Wrapped, the devices are the inner plugin's (XLA's CPU devices), on the "peerless" backend.
+    assert all(d.platform == ("cpu" if WRAPPED else PEERLESS) for d in devs)
     assert len({str(d) for d in devs}) == len(devs)
     assert all(d.process_index == 0 for d in devs)
-    assert jax.devices()[0].platform == PEERLESS
-    assert jax.default_backend() == PEERLESS
+    assert jax.devices()[0] == devs[0]
+    # JAX names a backend by its client's platform: wrapped, XLA's ("cpu"), lowering for it.
+    assert jax.default_backend() == ("cpu" if WRAPPED else PEERLESS)
     assert jax.device_count() == len(devs)
     mem = devs[0].default_memory()
     assert mem.kind == "device"
-    assert [m.kind for m in devs[-1].addressable_memories()] == ["device"]
+    kinds = [m.kind for m in devs[-1].addressable_memories()]
+    # Wrapped, XLA's memory spaces (host memory too); the standalone platform has one.
+    assert kinds[0] == "device" and (WRAPPED or kinds == ["device"]), kinds
 
 
 # ---- jit on one device -------------------------------------------------------------------
@@ -447,7 +464,7 @@ def test_pmap(name, k):
     x = sample((k, 3, 2), jnp.float32, seed=7)
     got = pmap_on(PEERLESS, PMAP[name], x, k)
     want = pmap_on(CPU, PMAP[name], x, k)
-    assert {d.platform for d in got.devices()} == {PEERLESS}
+    assert got.devices() <= set(jax.devices(PEERLESS))
     assert_same(got, want)
 
 
@@ -478,6 +495,9 @@ def test_compiler_options_set_peerless_flags():
     for backend in ["fallback", "kernel"]:
         compiled = g.lower(xs).compile(compiler_options={"all_reduce_backend": backend})
         assert_same(compiled(xs), want)
+        if WRAPPED:  # the pass saw the option for that compile only
+            last = [d for d in inside.decisions() if d["op"] == "all-reduce"][-1]
+            assert (last["implementation"] == "fallback") == (backend == "fallback"), last
     with pytest.raises(Exception, match="all_reduce_backend=bogus"):
         g.lower(xs).compile(compiler_options={"all_reduce_backend": "bogus"})
     # XLA's wording for an unknown option (JAX's pmap_test matches it); xla_* options are ignored.
@@ -510,7 +530,8 @@ except Exception as e:
 def test_host_devices_from_environment():
     p = run_python(PROBE, PEERLESS_HOST_DEVICES="3", PEERLESS_BACKEND="host")
     assert p.returncode == 0, p.stderr
-    assert "DEVICES 3 PeerlessDevice(id=0, backend=host)" in p.stdout, p.stdout + p.stderr
+    want = "DEVICES 3 CpuDevice(id=0)" if WRAPPED else "DEVICES 3 PeerlessDevice(id=0, backend=host)"
+    assert want in p.stdout, p.stdout + p.stderr
 
 
 def test_backend_selection_errors_are_clear():
@@ -530,24 +551,85 @@ def test_backend_selection_errors_are_clear():
 # ---- errors -------------------------------------------------------------------------------
 
 
-def test_unsupported_program_is_a_python_exception():
+def test_jit_on_sharded_arrays_without_shard_map():
     """A jit over an array sharded across devices with no shard_map needs XLA's SPMD
-    partitioner, which Peerless does not have: a clear error naming the op, not a crash."""
+    partitioner: wrapped, XLA partitions it (and Peerless runs the collectives it made); the
+    standalone compiler refuses it with a clear error naming the op."""
     need(2)
     k = min(8, max_mesh())
-    mesh = mesh_of(PEERLESS, (k,), ("x",))
-    x = jax.device_put(np.arange(4.0 * k, dtype=np.float32).reshape(k, 4), NamedSharding(mesh, P("x")))
-    with pytest.raises(Exception, match=r"(?s)peerless.*(partition|sharded)") as e:
-        jax.jit(lambda a: a.sum(axis=0))(x).block_until_ready()
-    assert "peerless" in str(e.value)
-    # The plugin is still usable afterwards.
-    x1 = sample((3,), jnp.float32)
-    assert_same(on(PEERLESS, lambda a: a + 1, (x1,)), on(CPU, lambda a: a + 1, (x1,)))
+    x = np.arange(4.0 * k, dtype=np.float32).reshape(k, 4)
+    f = lambda a: a.sum(axis=0)  # noqa: E731
+    if not WRAPPED:
+        mesh = mesh_of(PEERLESS, (k,), ("x",))
+        with pytest.raises(Exception, match=r"(?s)peerless.*(partition|sharded)") as e:
+            jax.jit(f)(jax.device_put(x, NamedSharding(mesh, P("x")))).block_until_ready()
+        assert "peerless" in str(e.value)
+        return
+    assert_same(*(jax.jit(f)(jax.device_put(x, NamedSharding(mesh_of(pl, (k,), ("x",)), P("x")))) for pl in (PEERLESS, CPU)))
 
 
-def test_unreduced_values_are_an_error():
+def named_on(platform, f, args, specs, mesh_shape, names):
+    """`jax.jit(f)` on arrays placed with NamedSharding(mesh, spec) on `platform`'s devices."""
+    mesh = mesh_of(platform, mesh_shape, names)
+    placed = [jax.device_put(a, NamedSharding(mesh, s)) for a, s in zip(args, specs)]
+    return jax.jit(f)(*placed)
+
+
+def _mlp_loss(w1, w2, x, y):
+    h = jax.nn.relu(x @ w1)
+    return jnp.mean((h @ w2 - y) ** 2)
+
+
+def _dp_step(w1, w2, x, y):
+    g1, g2 = jax.grad(_mlp_loss, argnums=(0, 1))(w1, w2, x, y)
+    return w1 - 0.1 * g1, w2 - 0.1 * g2
+
+
+NAMED = {
+    # name: (f, shapes, specs, mesh shape, axis names)
+    "sum_over_sharded_rows": (lambda a: a.sum(axis=0), [(16, 8)], [P("x")], (8,), ("x",)),
+    "mean_of_all": (lambda a: jnp.mean(a * 2.0), [(16, 8)], [P("x")], (8,), ("x",)),
+    "matmul_row_sharded_weight": (lambda a, w: jnp.tanh(a @ w), [(4, 32), (32, 16)], [P(), P("x")], (8,), ("x",)),
+    "matmul_col_sharded_weight": (lambda a, w: (a @ w).sum(axis=1), [(4, 32), (32, 16)], [P(), P(None, "x")], (8,), ("x",)),
+    "softmax_on_2d_mesh": (lambda a: jax.nn.softmax(a, axis=-1), [(8, 16)], [P("x", "y")], (2, 4), ("x", "y")),
+    "dp_mlp_step": (_dp_step, [(8, 16), (16, 4), (32, 8), (32, 4)], [P(), P(), P("x"), P("x")], (8,), ("x",)),
+    "fsdp_mlp_step": (_dp_step, [(8, 16), (16, 4), (32, 8), (32, 4)], [P("x"), P(None, "x"), P("x"), P("x")], (4,), ("x",)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(NAMED))
+def test_jit_on_named_sharding(name):
+    """Auto-partitioned jit on NamedSharding-sharded arrays (no shard_map): what the
+    standalone platform could not run. XLA partitions; the collectives it makes are Peerless's."""
+    if not WRAPPED:
+        pytest.skip("the standalone platform has no SPMD partitioner (test_jit_on_sharded_arrays_without_shard_map)")
+    f, shapes, specs, mesh_shape, names = NAMED[name]
+    need(math.prod(mesh_shape))
+    args = [sample(s, jnp.float32, seed=i) for i, s in enumerate(shapes)]
+    assert_tree_same(named_on(PEERLESS, f, args, specs, mesh_shape, names), named_on(CPU, f, args, specs, mesh_shape, names))
+
+
+def test_jit_reshards_rows_to_columns():
+    """A sharding constraint that moves an array from rows to columns (an all-to-all XLA makes)."""
+    if not WRAPPED:
+        pytest.skip("the standalone platform has no SPMD partitioner")
+    need(8)
+    x = sample((8, 8), jnp.float32)
+
+    def run(platform):
+        mesh = mesh_of(platform, (8,), ("x",))
+        f = lambda a: jax.lax.with_sharding_constraint(a * 3.0, NamedSharding(mesh, P(None, "x")))  # noqa: E731
+        out = jax.jit(f)(jax.device_put(x, NamedSharding(mesh, P("x"))))
+        assert out.sharding.spec == P(None, "x")
+        return out
+
+    assert_same(run(PEERLESS), run(CPU))
+
+
+def test_unreduced_values():
     """The gradient of a `reduced` output is `unreduced` (partial sums that XLA's partitioner
-    reduces when resharding): Peerless must refuse it, not return per-device partial sums."""
+    reduces when resharding). Wrapped, XLA does that and the result equals JAX's CPU backend;
+    the standalone platform must refuse it, not return per-device partial sums."""
     from jax.sharding import AxisType
 
     need(4)
@@ -566,34 +648,56 @@ def test_unreduced_values_are_an_error():
 
             return jax.jit(jax.grad(f))(arr)
 
-    assert_same(grad_on(CPU), on(CPU, jax.grad(jnp.sum), (x,)))  # the program is valid
+    want = grad_on(CPU)
+    assert_same(want, on(CPU, jax.grad(jnp.sum), (x,)))  # the program is valid
+    if WRAPPED:
+        assert_same(grad_on(PEERLESS), want)
+        return
     with pytest.raises(Exception, match=r"peerless.*unreduced axes"):
         grad_on(PEERLESS).block_until_ready()
 
 
 UNSUPPORTED = {
-    # Ops the Peerless executor does not run: the error names the op.
+    # Ops the standalone executor does not run (the error names the op); XLA runs them.
     "fft": (lambda a: jnp.fft.fft(a).real, r"peerless.*'fft'"),
 }
 
 
-def test_collective_inside_an_uncounted_loop_is_a_clear_error():
-    """A loop body with a collective whose trip count is only known at run time would need the
-    per-device programs to loop together: not supported yet, and refused at compile time
-    naming the while. (Counted loops, as fori_loop and scan lower, are unrolled.)"""
+def test_collective_inside_an_uncounted_loop():
+    """A loop body with a collective whose trip count is only known at run time. Wrapped, XLA
+    runs the loop and Peerless the psum inside it. The standalone platform would need the
+    per-device programs to loop together, and refuses it at compile time naming the while."""
     need(2)
     f = lambda a: jax.lax.while_loop(lambda v: v.sum() < 100, lambda v: v + jax.lax.psum(v, "x") + 1, a)  # noqa: E731
+    x = sample((4, 3), jnp.float32)
+    if WRAPPED:
+        assert_same(shard_map_on(PEERLESS, f, (2,), ("x",), x, P("x"), P("x")),
+                    shard_map_on(CPU, f, (2,), ("x",), x, P("x"), P("x")))
+        return
     with pytest.raises(Exception, match=r"(?s)peerless.*'while'.*collectives inside"):
-        shard_map_on(PEERLESS, f, (2,), ("x",), sample((4, 3), jnp.float32), P("x"), P("x"))
+        shard_map_on(PEERLESS, f, (2,), ("x",), x, P("x"), P("x"))
     x1 = sample((3,), jnp.float32)
     assert_same(on(PEERLESS, lambda a: a * 2, (x1,)), on(CPU, lambda a: a * 2, (x1,)))
 
 
 @pytest.mark.parametrize("name", sorted(UNSUPPORTED))
-def test_unsupported_op_is_a_python_exception(name):
+def test_ops_the_standalone_executor_lacks(name):
     f, pattern = UNSUPPORTED[name]
-    x = jax.device_put(sample((5,), jnp.float32), jax.devices(PEERLESS)[0])
+    x = sample((5,), jnp.float32)
+    if WRAPPED:
+        assert_same(on(PEERLESS, f, (x,)), on(CPU, f, (x,)))
+        return
     with pytest.raises(Exception, match=pattern):
-        jax.jit(f)(x).block_until_ready()
+        jax.jit(f)(jax.device_put(x, jax.devices(PEERLESS)[0])).block_until_ready()
     x1 = sample((3,), jnp.float32)
     assert_same(on(PEERLESS, lambda a: a * 2, (x1,)), on(CPU, lambda a: a * 2, (x1,)))
+
+
+def test_zz_peerless_handlers_ran():
+    """Wrapped, the collectives above ran on Peerless's handlers (runs last: pytest keeps file
+    order)."""
+    if not WRAPPED:
+        pytest.skip("the standalone platform runs its own executor, not XLA's handlers")
+    assert inside.handler_calls("cpu") > 0
+    assert inside.stats().get("all-reduce", {}).get("kernel", 0) > 0, inside.stats()
+

@@ -32,6 +32,9 @@ from .inside import decisions, disable, enable, enabled, handler_calls, reset_st
 PLATFORM = "peerless"
 _LIB = "libpeerless_pjrt.so"
 
+# The inner platform ("cpu", "cuda") when the "peerless" backend wraps XLA's plugin.
+_wrapped_platform: str | None = None
+
 # Keep ctypes callbacks alive for the life of the process.
 _converter = None
 _dll = None
@@ -108,12 +111,19 @@ def _installed_plugin(module: str, filename: str) -> str | None:
     return None
 
 
+def wrapped() -> str | None:
+    """The inner platform ("cpu", "cuda") when this process's "peerless" backend wraps XLA's
+    plugin, else None (the standalone platform, or none registered)."""
+    return _wrapped_platform
+
+
 def inner_plugin() -> tuple[str, str] | None:
     """(path, platform) of XLA's PJRT plugin that `JAX_PLATFORMS=peerless` wraps, or None for
     the standalone platform. In order: PEERLESS_XLA_PLUGIN (a path; "standalone" for the older
     standalone platform); on a machine with a usable GPU (unless PEERLESS_BACKEND=host) the
     installed jax-cuda13-pjrt / jax-cuda12-pjrt plugin; else XLA's CPU plugin from
-    `lammps-jax-pjrt-cpu`. PEERLESS_BACKEND=cuda insists on the CUDA plugin."""
+    `lammps-jax-pjrt-cpu`. PEERLESS_BACKEND=cuda insists on the CUDA plugin, =host (or cpu)
+    on the CPU one."""
     env = os.environ.get("PEERLESS_XLA_PLUGIN", "")
     if env == "standalone":
         return None
@@ -121,7 +131,9 @@ def inner_plugin() -> tuple[str, str] | None:
         platform = os.environ.get("PEERLESS_XLA_PLATFORM") or ("cuda" if "cuda" in os.path.basename(env) else "cpu")
         return env, platform
     backend = os.environ.get("PEERLESS_BACKEND", "")
-    if backend != "host":
+    if backend not in ("", "host", "cpu", "cuda"):
+        return None  # the standalone platform's client creation names the bad value
+    if backend not in ("host", "cpu"):
         for module in ("jax_plugins.xla_cuda13", "jax_plugins.xla_cuda12"):
             path = _installed_plugin(module, "xla_cuda_plugin.so")
             if path and (backend == "cuda" or _gpus_usable()):
@@ -180,14 +192,24 @@ def _register_wrapper(xla_bridge, path: str, inner: str, platform: str) -> None:
         # XLA's CPU plugin takes its device count as a create option (the CUDA one rejects it).
         n = os.environ.get("PEERLESS_HOST_DEVICES") or os.environ.get("PEERLESS_NUM_DEVICES") or "8"
         options = {"cpu_device_count": int(n)}
-    os.environ["PEERLESS_XLA_PLUGIN"] = inner
-    os.environ["PEERLESS_XLA_PLATFORM"] = platform
+    # The library reads these when JAX loads it (in register_plugin); they are put back after,
+    # so child processes choose for themselves.
+    saved = {k: os.environ.get(k) for k in ("PEERLESS_XLA_PLUGIN", "PEERLESS_XLA_PLATFORM")}
+    os.environ.update(PEERLESS_XLA_PLUGIN=inner, PEERLESS_XLA_PLATFORM=platform)
     try:
         c_api = xla_bridge.register_plugin(PLATFORM, priority=400, library_path=path, options=options)
     except Exception as e:  # a second initialize() in one process
         if "ALREADY_EXISTS" not in str(e) and "already" not in str(e).lower():
             raise
         return
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    global _wrapped_platform
+    _wrapped_platform = platform
     if os.environ.get("PEERLESS_ENABLE", "") != "0" and c_api is not None:
         from . import inside
 

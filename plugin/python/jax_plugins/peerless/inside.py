@@ -198,6 +198,7 @@ def enable(platforms: str | Iterable[str] | None = None, *, flags: str | None = 
     enabled. Calling it again for an enabled platform changes nothing but the flags."""
     from jax._src import xla_bridge
 
+    xla_bridge.backends()  # the plugins are loaded (and a wrapper known) from here on
     if flags is not None:
         _check_flags(flags)
         _state["flags"] = flags
@@ -230,19 +231,11 @@ def enable(platforms: str | Iterable[str] | None = None, *, flags: str | None = 
 
 
 def _wrapped(platform: str) -> str | None:
-    """For the "peerless" backend wrapping XLA's plugin (PEERLESS_XLA_PLUGIN), the Peerless
-    platform of its devices ("cpu", "cuda"); else None."""
-    from . import PLATFORM
+    """For the "peerless" backend wrapping XLA's plugin, the Peerless platform of its devices
+    ("cpu", "cuda"); else None."""
+    from . import PLATFORM, wrapped
 
-    if platform != PLATFORM or not os.environ.get("PEERLESS_XLA_PLUGIN"):
-        return None
-    import jax
-
-    try:
-        kind = jax.devices(platform)[0].platform
-    except RuntimeError:
-        return None
-    return {"cpu": "cpu", "gpu": "cuda", "cuda": "cuda"}.get(kind)
+    return wrapped() if platform == PLATFORM else None
 
 
 def disable(platforms: str | Iterable[str] | None = None) -> None:

@@ -70,7 +70,12 @@ fn load(path: PathBuf) -> Result<Wrapped, String> {
     let platform = platform_of(&path);
     // XLA's FFI platform names, and the handlers' traits (CUDA: command-buffer compatible).
     let (xla_platform, traits) = if platform == "cuda" { ("CUDA", 1) } else { ("Host", 0) };
-    for &(_, target) in TARGETS.iter() {
+    // The PJRT FFI extension registers an execute-only handler. Where JAX can reach the
+    // plugin's GPU extension (JAX's own CUDA plugin package, the same library), the Python
+    // package registers the whole bundle instead (instantiate / initialize / execute: state
+    // freed with the executable, set up outside command-buffer capture) and says so here.
+    let by_python = std::env::var("PEERLESS_XLA_HANDLERS").as_deref() == Ok("python");
+    for &(_, target) in TARGETS.iter().filter(|_| !by_python) {
         let Some(h) = crate::xla_handlers::handler(platform, target) else {
             return Err(format!("Peerless has no {platform} handler for {target}"));
         };
@@ -80,11 +85,12 @@ fn load(path: PathBuf) -> Result<Wrapped, String> {
             .map_err(|e| format!("{}: {e}", path.display()))?;
     }
     log::info!(
-        "peerless: wrapping {} (PJRT {}.{}, {} extensions); handlers registered for {xla_platform}",
+        "peerless: wrapping {} (PJRT {}.{}, {} extensions); handlers for {xla_platform} registered by {}",
         path.display(),
         inner.version().0,
         inner.version().1,
-        inner.extensions().len()
+        inner.extensions().len(),
+        if by_python { "the Python package" } else { "the FFI extension" }
     );
     let mut patches = vec![
         (SLOT_ERROR_DESTROY, error_destroy as *const c_void),
@@ -178,7 +184,11 @@ unsafe extern "C" fn error_destroy(args: *mut ErrorDestroyArgs) {
         if OURS.lock().unwrap_or_else(|e| e.into_inner()).remove(&(error as usize)) {
             // SAFETY: it was ours and is freed once (just taken out of the set).
             drop(unsafe { Box::from_raw(error.cast::<WrapError>()) });
-        } else if let Some(f) = unsafe { plugin().slot_fn::<unsafe extern "C" fn(*mut ErrorDestroyArgs)>(SLOT_ERROR_DESTROY) } {
+            return;
+        }
+        // SAFETY: the slot is `PJRT_Error_Destroy`, of the signature named.
+        let f = unsafe { plugin().slot_fn::<unsafe extern "C" fn(*mut ErrorDestroyArgs)>(SLOT_ERROR_DESTROY) };
+        if let Some(f) = f {
             // SAFETY: the plugin's own error, to its own destructor.
             unsafe { f(args) }
         }
@@ -191,7 +201,11 @@ unsafe extern "C" fn error_message(args: *mut ErrorMessageArgs) {
         let a = unsafe { &mut *args };
         if let Some(e) = ours(a.error) {
             (a.message, a.message_size) = (e.message.as_ptr().cast::<c_char>(), e.message.len());
-        } else if let Some(f) = unsafe { plugin().slot_fn::<unsafe extern "C" fn(*mut ErrorMessageArgs)>(SLOT_ERROR_MESSAGE) } {
+            return;
+        }
+        // SAFETY: the slot is `PJRT_Error_Message`, of the signature named.
+        let f = unsafe { plugin().slot_fn::<unsafe extern "C" fn(*mut ErrorMessageArgs)>(SLOT_ERROR_MESSAGE) };
+        if let Some(f) = f {
             // SAFETY: the plugin's own error, to its own accessor.
             unsafe { f(args) }
         }
@@ -208,6 +222,7 @@ unsafe extern "C" fn error_get_code(args: *mut ErrorGetCodeArgs) -> *mut c_void 
         }
         // SAFETY: the slot is `PJRT_Error_GetCode`; the plugin's own error.
         match unsafe { plugin().slot_fn::<Entry<ErrorGetCodeArgs>>(SLOT_ERROR_GET_CODE) } {
+            // SAFETY: the caller's args, to the plugin's own accessor.
             Some(f) => unsafe { f(args) },
             None => new_error(INTERNAL, "peerless: the inner plugin has no PJRT_Error_GetCode".into()),
         }
@@ -223,6 +238,7 @@ unsafe extern "C" fn error_for_each_payload(args: *mut ErrorForEachPayloadArgs) 
         }
         // SAFETY: the slot is `PJRT_Error_ForEachPayload` (patched only where set).
         match unsafe { plugin().slot_fn::<Entry<ErrorForEachPayloadArgs>>(SLOT_ERROR_FOR_EACH_PAYLOAD) } {
+            // SAFETY: the caller's args, to the plugin's own iterator.
             Some(f) => unsafe { f(args) },
             None => std::ptr::null_mut(),
         }
@@ -256,7 +272,11 @@ unsafe extern "C" fn client_compile(args: *mut ClientCompileArgs) -> *mut c_void
             Err(e) => {
                 // XLA's own "No such compile option" error, carrying ours as the name.
                 let mut bad = opts.to_vec();
-                prost::encoding::message::encode(ENV_OPTION_OVERRIDES, &OverrideEntry { key: e, value: None }, &mut bad);
+                prost::encoding::message::encode(
+                    ENV_OPTION_OVERRIDES,
+                    &OverrideEntry { key: e, value: None },
+                    &mut bad,
+                );
                 let saved = (a.compile_options, a.compile_options_size);
                 (a.compile_options, a.compile_options_size) = (bad.as_ptr().cast(), bad.len());
                 // SAFETY: the caller's args with options that outlive the call (`bad`).
@@ -395,7 +415,10 @@ mod tests {
         ]);
         let (mut flags, rest) = split_compile_options(&bytes).unwrap().unwrap();
         flags.sort();
-        assert_eq!(flags, ["--all_gather_backend=kernel", "--all_reduce_backend=fallback", "--one_shot_max_bytes=1024"]);
+        assert_eq!(
+            flags,
+            ["--all_gather_backend=kernel", "--all_reduce_backend=fallback", "--one_shot_max_bytes=1024"]
+        );
         let left = xla::CompileOptionsProto::decode(rest.as_slice()).unwrap();
         assert!(left.parameter_is_tupled_arguments);
         assert_eq!(left.env_option_overrides.keys().collect::<Vec<_>>(), ["xla_embed_ir_in_executable"]);

@@ -3,12 +3,16 @@
 
 Each configuration runs in its own process (the parent alternates them, two rounds each):
   stock    : JAX_PLATFORMS=cuda
-  peerless : JAX_PLATFORMS=peerless, PEERLESS_XLA_PLUGIN = the installed jax-cuda13-pjrt
-             plugin (libpeerless_pjrt.so returns its table, with Peerless's handlers
-             registered), Peerless's pass enabled on the wrapped backend.
+  peerless : JAX_PLATFORMS=peerless: libpeerless_pjrt.so finds the installed jax-cuda13-pjrt
+             plugin itself and hands JAX its table, with Peerless's handlers registered and
+             Peerless's pass on.
+  nopass   : the same with PEERLESS_ENABLE=0 (the wrapper without the pass), to tell the
+             pass's cost from the platform's.
+Per program: median µs per call over 5 × GPU_WRAP_CALLS (default 20) calls (`us`), and the host time to enqueue the
+20 calls (`enqueue_us`, per call); whether XLA's optimized HLO is the same text as stock's.
 Programs: matmul f32 / bf16, an MLP train step, a transformer block, softmax cross-entropy,
 an elementwise chain, a small conv net, and a one-device psum (which the pass rewrites, so
-Peerless's CUDA handler runs on XLA's stream). Median µs of 5 × 20 calls; results compared.
+Peerless's CUDA handler runs on XLA's stream). Results compared. `--noop`: also with a no-op pass registered instead.
     python3 plugin/tests/gpu_wrap.py --out DIR
 """
 
@@ -18,6 +22,7 @@ import subprocess
 import sys
 import time
 
+CALLS = int(os.environ.get("GPU_WRAP_CALLS", "20"))
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
 
@@ -44,7 +49,15 @@ def child(out):
     if os.environ.get("JAX_PLATFORMS") == "peerless":
         import jax_plugins.peerless as peerless
 
-        assert peerless.enable(["peerless"]) == ["peerless"]
+        jax.devices()
+        assert peerless.wrapped() == "cuda", peerless.wrapped()
+        want = [] if os.environ.get("PEERLESS_ENABLE") == "0" else ["peerless"]
+        assert peerless.enabled() == want, peerless.enabled()
+        if os.environ.get("GPU_WRAP_NOOP_PASS"):
+            # A pass that does nothing, registered like Peerless's: what registering costs.
+            from jax.extend import xla as jxla
+
+            jxla.register_hlo_module_transformation(lambda m: None, name="noop", platforms=["peerless"])
     dev = jax.devices()[0]
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from gpu_xla_inside import compute_programs
@@ -68,22 +81,32 @@ def child(out):
     progs["psum_1_device"] = (jax.shard_map(lambda v: jax.lax.psum(v * 2.0, "x") + 1.0, mesh=mesh,
                                             in_specs=P("x"), out_specs=P("x")),
                               (jnp.asarray(rng.standard_normal((1, 4096)), jnp.float32),))
-    res, arrays = {}, {}
+    res, enq, hlo, arrays = {}, {}, {}, {}
+    import hashlib
+
     for name, (fn, args) in progs.items():
         f = jax.jit(fn)
         r = jax.block_until_ready(f(*args))
         for i, leaf in enumerate(jax.tree.leaves(r)):
             arrays[f"{name}/{i}"] = np.asarray(leaf.astype(jnp.float32))
-        ts = []
+        text = f.lower(*args).compile().as_text() or ""
+        hlo[name] = hashlib.sha1(text.encode()).hexdigest()[:12]
+        if os.environ.get("GPU_WRAP_HLO_DIR"):
+            with open(os.path.join(os.environ["GPU_WRAP_HLO_DIR"], f"{name}.txt"), "w") as fh:
+                fh.write(text)
+        ts, es = [], []
         for _ in range(5):
             t0 = time.perf_counter()
-            for _ in range(20):
+            for _ in range(CALLS):
                 r = f(*args)
+            t1 = time.perf_counter()
             jax.block_until_ready(r)
-            ts.append((time.perf_counter() - t0) / 20 * 1e6)
+            ts.append((time.perf_counter() - t0) / CALLS * 1e6)
+            es.append((t1 - t0) / CALLS * 1e6)
         res[name] = sorted(ts)[2]
+        enq[name] = sorted(es)[2]
     np.savez(out, **arrays)
-    info = {"us": res, "device": str(dev), "platform": dev.platform}
+    info = {"us": res, "enqueue_us": enq, "hlo": hlo, "device": str(dev), "platform": dev.platform}
     if peerless is not None:
         from jax_plugins.peerless import inside
 
@@ -101,16 +124,27 @@ def main():
     plugin = cuda_plugin_path()
     import numpy as np
 
-    runs = {"stock": [], "peerless": []}
+    print(f"inner plugin (found by the package): {plugin}")
+    runs = {"stock": [], "peerless": [], "nopass": []}
+    if "--noop" in sys.argv:
+        runs["noop"] = []
     for rnd in range(2):
-        for cfg in ("stock", "peerless"):
+        for cfg in runs:
             env = dict(os.environ, **SAFE_ENV)
+            env.pop("PEERLESS_XLA_PLUGIN", None)
             if cfg == "stock":
                 env["JAX_PLATFORMS"] = "cuda"
-                env.pop("PEERLESS_XLA_PLUGIN", None)
             else:
-                env.update(JAX_PLATFORMS="peerless", PEERLESS_XLA_PLUGIN=plugin)
+                env["JAX_PLATFORMS"] = "peerless"
+                env.pop("PEERLESS_ENABLE", None)  # the pass is on by default
+                if cfg in ("nopass", "noop"):
+                    env["PEERLESS_ENABLE"] = "0"
+                if cfg == "noop":
+                    env["GPU_WRAP_NOOP_PASS"] = "1"
             npz = f"/tmp/gpu_wrap_{cfg}_{rnd}.npz"
+            if rnd == 0:
+                env["GPU_WRAP_HLO_DIR"] = os.path.join(out, f"hlo_{cfg}")
+                os.makedirs(env["GPU_WRAP_HLO_DIR"], exist_ok=True)
             p = subprocess.run([sys.executable, os.path.abspath(__file__), "_child", npz], env=env,
                                capture_output=True, text=True, timeout=600)
             lines = [l for l in p.stdout.splitlines() if l.startswith("{")]
@@ -126,16 +160,26 @@ def main():
     pr = runs["peerless"][0]
     print(f"stock on {runs['stock'][0]['device']}; peerless on {pr['device']} (platform {pr['platform']}), "
           f"stats {pr.get('stats')}, handler calls {pr.get('handler_calls')}")
-    print(f"{'program':20s} {'stock µs':>9s} {'peerless µs':>11s} {'ratio':>6s} same")
+    print(f"{'program':20s} {'stock µs':>9s} {'peerless µs':>11s} {'ratio':>6s} {'nopass':>7s} "
+          f"{'enqueue stock/peerless µs':>25s} {'HLO':>5s} same")
     rc = 0
     for name in runs["stock"][0]["us"]:
         s = min(r["us"][name] for r in runs["stock"])
         q = min(r["us"][name] for r in runs["peerless"])
+        n = min(r["us"][name] for r in runs["nopass"])
+        es = min(r["enqueue_us"][name] for r in runs["stock"])
+        eq = min(r["enqueue_us"][name] for r in runs["peerless"])
+        same_hlo = runs["stock"][0]["hlo"][name] == runs["nopass"][0]["hlo"][name]
         keys = [k for k in want.files if k.startswith(name + "/")]
         same = all(np.allclose(got[k], want[k], rtol=1e-5, atol=1e-6) for k in keys)
         exact = all(np.array_equal(got[k], want[k]) for k in keys)
-        print(f"{name:20s} {s:9.1f} {q:11.1f} {q / s:6.3f} {'bit-identical' if exact else same}")
+        print(f"{name:20s} {s:9.1f} {q:11.1f} {q / s:6.3f} {n / s:7.3f} {es:12.1f} / {eq:10.1f} "
+              f"{'same' if same_hlo else 'DIFF':>5s} {'bit-identical' if exact else same}")
         rc |= not same
+    if "noop" in runs:
+        print("a no-op pass registered instead of Peerless's (ratio to stock): " + ", ".join(
+            f"{k} {min(r['us'][k] for r in runs['noop']) / min(r['us'][k] for r in runs['stock']):.3f}"
+            for k in runs["stock"][0]["us"]))
     return rc
 
 

@@ -42,7 +42,8 @@ PEERLESS = "peerless"
 # XLA's plugin wrapped (the default): its devices are the inner platform's ("cpu").
 WRAPPED = peerless.inner_plugin() is not None
 jax.devices()  # initialise the backends (the wrapper's state is set then)
-assert peerless.wrapped() == ("cpu" if WRAPPED else None)
+INNER = peerless.wrapped()  # "cpu" / "cuda" wrapped, None standalone
+assert (INNER is not None) == WRAPPED, INNER
 if os.environ.get("CI") and not WRAPPED and os.environ.get("PEERLESS_XLA_PLUGIN") != "standalone":
     raise RuntimeError("CI installs XLA's CPU plugin (lammps-jax-pjrt-cpu): the wrapper must be in use")
 CPU = "cpu"
@@ -106,18 +107,18 @@ def test_library_is_found():
 def test_devices():
     devs = jax.devices(PEERLESS)
     want = os.environ.get("PEERLESS_HOST_DEVICES") or os.environ.get("PEERLESS_NUM_DEVICES")
-    if BACKEND == "host":
+    if INNER in ("cpu", None) and BACKEND == "host":
         assert len(devs) == int(want or 8)
     else:
         assert len(devs) >= 1
     assert [d.id for d in devs] == list(range(len(devs)))
-    # Wrapped, the devices are the inner plugin's (XLA's CPU devices), on the "peerless" backend.
-    assert all(d.platform == ("cpu" if WRAPPED else PEERLESS) for d in devs)
+    # Wrapped, the devices are the inner plugin's (XLA's CPU or GPU devices), on the "peerless" backend.
+    assert all(d.platform == {"cpu": "cpu", "cuda": "gpu", None: PEERLESS}[INNER] for d in devs)
     assert len({str(d) for d in devs}) == len(devs)
     assert all(d.process_index == 0 for d in devs)
     assert jax.devices()[0] == devs[0]
     # JAX names a backend by its client's platform: wrapped, XLA's ("cpu"), lowering for it.
-    assert jax.default_backend() == ("cpu" if WRAPPED else PEERLESS)
+    assert jax.default_backend() == {"cpu": "cpu", "cuda": "gpu", None: PEERLESS}[INNER]
     assert jax.device_count() == len(devs)
     mem = devs[0].default_memory()
     assert mem.kind == "device"
@@ -530,7 +531,10 @@ except Exception as e:
 def test_host_devices_from_environment():
     p = run_python(PROBE, PEERLESS_HOST_DEVICES="3", PEERLESS_BACKEND="host")
     assert p.returncode == 0, p.stderr
-    want = "DEVICES 3 CpuDevice(id=0)" if WRAPPED else "DEVICES 3 PeerlessDevice(id=0, backend=host)"
+    import importlib.util
+
+    cpu_inner = importlib.util.find_spec("lammps_jax_pjrt_cpu") is not None  # XLA's CPU plugin, wrapped
+    want = "DEVICES 3 CpuDevice(id=0)" if cpu_inner else "DEVICES 3 PeerlessDevice(id=0, backend=host)"
     assert want in p.stdout, p.stdout + p.stderr
 
 
@@ -698,6 +702,6 @@ def test_zz_peerless_handlers_ran():
     order)."""
     if not WRAPPED:
         pytest.skip("the standalone platform runs its own executor, not XLA's handlers")
-    assert inside.handler_calls("cpu") > 0
+    assert inside.handler_calls(INNER) > 0
     assert inside.stats().get("all-reduce", {}).get("kernel", 0) > 0, inside.stats()
 

@@ -194,8 +194,15 @@ def _register_wrapper(xla_bridge, path: str, inner: str, platform: str) -> None:
         options = {"cpu_device_count": int(n)}
     # The library reads these when JAX loads it (in register_plugin); they are put back after,
     # so child processes choose for themselves.
-    saved = {k: os.environ.get(k) for k in ("PEERLESS_XLA_PLUGIN", "PEERLESS_XLA_PLATFORM")}
-    os.environ.update(PEERLESS_XLA_PLUGIN=inner, PEERLESS_XLA_PLATFORM=platform)
+    # Handlers: the PJRT FFI extension registers execute-only ones (no per-executable state);
+    # where the inner plugin is JAX's own CUDA plugin package, JAX reaches its GPU extension,
+    # which takes the whole bundle (instantiate / initialize / execute), so we register here.
+    jax_cuda = platform == "cuda" and any(
+        _installed_plugin(m, "xla_cuda_plugin.so") == inner for m in ("jax_plugins.xla_cuda13", "jax_plugins.xla_cuda12"))
+    keys = ("PEERLESS_XLA_PLUGIN", "PEERLESS_XLA_PLATFORM", "PEERLESS_XLA_HANDLERS")
+    saved = {k: os.environ.get(k) for k in keys}
+    os.environ.update(PEERLESS_XLA_PLUGIN=inner, PEERLESS_XLA_PLATFORM=platform,
+                      PEERLESS_XLA_HANDLERS="python" if jax_cuda else "rust")
     try:
         c_api = xla_bridge.register_plugin(PLATFORM, priority=400, library_path=path, options=options)
     except Exception as e:  # a second initialize() in one process
@@ -210,7 +217,9 @@ def _register_wrapper(xla_bridge, path: str, inner: str, platform: str) -> None:
                 os.environ[k] = v
     global _wrapped_platform
     _wrapped_platform = platform
-    if os.environ.get("PEERLESS_ENABLE", "") != "0" and c_api is not None:
-        from . import inside
+    from . import inside
 
+    if jax_cuda:
+        inside._register_targets("cuda")  # JAX holds it until its CUDA plugin is initialised
+    if os.environ.get("PEERLESS_ENABLE", "") != "0" and c_api is not None:
         inside.enable_wrapped_at_start(c_api, platform)

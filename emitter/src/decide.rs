@@ -144,6 +144,9 @@ pub struct Capabilities {
     /// Variadic all-reduce (a data-parallel gradient sync is one) and tuple-form
     /// all-to-all run as one kernel call over several operands.
     pub variadic: bool,
+    /// Groups whose devices belong to several processes of one host (the handlers meet
+    /// through shared memory named by the job).
+    pub cross_process: bool,
 }
 
 /// Rules 2–7 for a collective whose backend flag allows a kernel.

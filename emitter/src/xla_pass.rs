@@ -18,7 +18,7 @@
 //! the same way again). It never fails a compile: the C entry point turns every error into
 //! "unchanged" with the reason logged.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -55,6 +55,8 @@ mod field {
     pub const MESH_AXES_LIST: u32 = 93;
     /// HloModuleProto.computations, HloComputationProto.instructions.
     pub const COMPUTATIONS: u32 = 3;
+    /// HloModuleProto.id: unique per process, so left out of fingerprints.
+    pub const MODULE_ID: u32 = 5;
     pub const INSTRUCTIONS: u32 = 2;
     /// HloInstructionProto.
     pub const SHAPE: u32 = 3;
@@ -265,9 +267,11 @@ pub struct PassConfig {
     /// Peer access between device ids; `None`: every device reaches every other (the CPU
     /// platform, whose devices share one address space).
     pub peers: Option<std::sync::Arc<PeerAccessTable>>,
-    /// Device ids this process owns; `None`: all of them. A group with another device falls
-    /// back (its collective needs XLA's cross-process path).
+    /// Device ids this process owns; `None`: all of them. Without a `topology`, a group
+    /// with another device falls back (its collective needs XLA's cross-process path).
     pub local_devices: Option<BTreeSet<usize>>,
+    /// The job's processes and hosts (`jax.distributed`); `None`: one process.
+    pub topology: Option<Topology>,
     /// What the handlers of this platform can run.
     pub caps: Capabilities,
     /// The first `instance` id of this run, the next rewrite getting the next id (tests
@@ -281,10 +285,135 @@ impl Default for PassConfig {
             flags: Flags::default(),
             peers: None,
             local_devices: None,
-            caps: Capabilities { variadic: true },
+            topology: None,
+            caps: Capabilities { variadic: true, cross_process: false },
             instance_base: None,
         }
     }
+}
+
+/// Which process owns each device of a job and which processes share a host. "Host" means
+/// a shared-memory domain: processes that can open each other's POSIX shared memory (the
+/// Python package checks it, rather than trusting host names: containers on one machine may
+/// not share /dev/shm). Every process of a job holds the same topology, so every process
+/// decides every collective the same way.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Topology {
+    /// Device id → process index, for every device of the job.
+    pub process_of: BTreeMap<usize, usize>,
+    /// Process index → host index.
+    pub host_of: BTreeMap<usize, usize>,
+    /// The job's token (hex, from the job's key-value store): names the shared segments of
+    /// groups across processes, so another job cannot meet them. `None`: such groups fall back.
+    pub job: Option<String>,
+    /// The process the pass runs in (its devices are the local ones); decisions never
+    /// depend on it.
+    pub this_process: Option<usize>,
+}
+
+impl Topology {
+    /// Parses `this=PROC;job=HEX;devices=ID:PROC,...;hosts=PROC:HOST,...` (the Python
+    /// package's spelling; `job` may be empty).
+    pub fn parse(s: &str) -> Result<Topology, String> {
+        let mut t = Topology::default();
+        let pairs = |v: &str, what: &str| -> Result<Vec<(usize, usize)>, String> {
+            v.split(',')
+                .filter(|x| !x.trim().is_empty())
+                .map(|x| {
+                    let (a, b) = x.split_once(':').ok_or_else(|| format!("{what} entry '{x}' is not A:B"))?;
+                    let n = |y: &str| y.trim().parse::<usize>().map_err(|_| format!("{what} entry '{x}': '{y}'"));
+                    Ok((n(a)?, n(b)?))
+                })
+                .collect()
+        };
+        for part in s.split(';').filter(|p| !p.trim().is_empty()) {
+            let (k, v) = part.split_once('=').ok_or_else(|| format!("topology part '{part}' is not KEY=VALUE"))?;
+            match k.trim() {
+                "job" if v.is_empty() => t.job = None,
+                "job" if (8..=64).contains(&v.len()) && v.bytes().all(|b| b.is_ascii_hexdigit()) => {
+                    t.job = Some(v.to_owned())
+                }
+                "job" => return Err(format!("job token '{v}' is not 8 to 64 hex digits")),
+                "this" => t.this_process = Some(v.trim().parse().map_err(|_| format!("process index '{v}'"))?),
+                "devices" => t.process_of = pairs(v, "devices")?.into_iter().collect(),
+                "hosts" => t.host_of = pairs(v, "hosts")?.into_iter().collect(),
+                other => return Err(format!("unknown topology key '{other}'")),
+            }
+        }
+        if let Some(p) = t.process_of.values().find(|p| !t.host_of.contains_key(p)) {
+            return Err(format!("process {p} has devices but no host"));
+        }
+        Ok(t)
+    }
+
+    /// The devices of `this_process`.
+    pub fn local_devices(&self) -> Option<BTreeSet<usize>> {
+        let me = self.this_process?;
+        Some(self.process_of.iter().filter(|&(_, &p)| p == me).map(|(&d, _)| d).collect())
+    }
+
+    /// Why `talking` (groups of device ids that exchange data) cannot run on Peerless's
+    /// kernels, or whether it crosses processes (`Ok(true)`).
+    fn check(&self, talking: &[Vec<usize>], cross_process: bool) -> Result<bool, String> {
+        let mut crosses = false;
+        for g in talking {
+            let mut procs = BTreeSet::new();
+            for d in g {
+                procs.insert(*self.process_of.get(d).ok_or_else(|| format!("device {d} is in no process of the job"))?);
+            }
+            if procs.len() < 2 {
+                continue;
+            }
+            let hosts: BTreeSet<usize> = procs.iter().filter_map(|p| self.host_of.get(p).copied()).collect();
+            if hosts.len() > 1 {
+                return Err(format!(
+                    "group {} spans hosts {hosts:?} (processes {procs:?}): XLA's collective runs between hosts",
+                    thunks::fmt_groups(std::slice::from_ref(g))
+                ));
+            }
+            crosses = true;
+        }
+        if crosses && !cross_process {
+            return Err(
+                "devices of several processes on one host: this platform's handlers do not reach across processes yet"
+                    .into(),
+            );
+        }
+        if crosses && self.job.is_none() {
+            return Err("devices of several processes, and no job token to name shared memory with".into());
+        }
+        Ok(crosses)
+    }
+}
+
+/// A collective id every process derives alike: the job, the module (its bytes but its
+/// per-process `id`), the instruction, and how often this process has rewritten this
+/// module before (SPMD processes compile the same modules in the same order).
+fn shared_instance(job: &str, fingerprint: u64, instr: &str, occurrence: u64) -> u64 {
+    use std::hash::{Hash, Hasher};
+    // SipHash with fixed keys: the same value in every process of one build.
+    let mut h = std::hash::DefaultHasher::new();
+    (job, fingerprint, instr, occurrence).hash(&mut h);
+    h.finish() & (i64::MAX as u64)
+}
+
+/// The module's fingerprint for [`shared_instance`]: every top-level field but `id`.
+fn fingerprint(module: &[u8]) -> Result<u64, PassError> {
+    use std::hash::Hasher;
+    let mut h = std::hash::DefaultHasher::new();
+    for f in fields(module)?.iter().filter(|f| f.tag != field::MODULE_ID) {
+        h.write(f.raw);
+    }
+    Ok(h.finish())
+}
+
+/// How many times this process rewrote a module of each fingerprint across processes.
+fn occurrence(fingerprint: u64) -> u64 {
+    static SEEN: std::sync::Mutex<BTreeMap<u64, u64>> = std::sync::Mutex::new(BTreeMap::new());
+    let mut seen = SEEN.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let n = seen.entry(fingerprint).or_insert(0);
+    *n += 1;
+    *n - 1
 }
 
 /// One collective the pass looked at.
@@ -665,9 +794,20 @@ pub fn run(bytes: &[u8], cfg: &PassConfig) -> Result<PassOutcome, PassError> {
     let layouts = layout_map(&slim)?;
     let mut decisions = Vec::new();
     let mut rewrites = HashMap::new();
+    // Collectives across processes get ids every process derives alike (the fingerprint is
+    // counted once per module, and only if the module has such a collective).
+    let shared = cfg.topology.as_ref().and_then(|t| t.job.as_deref()).map(|job| (job, fingerprint(bytes)));
+    let mut nth = None;
     for id in module.collectives() {
         let instance = cfg.instance_base.map(|b| b.wrapping_add(rewrites.len() as u64) & (i64::MAX as u64));
-        let (decision, rewrite) = decide_one(&module, id, &assignment, cfg, &logical, &peers, &layouts, instance);
+        let shared_id = |instr: &str| -> Option<u64> {
+            let (job, fp) = shared.as_ref()?;
+            let fp = fp.as_ref().ok().copied()?;
+            let n = *nth.get_or_insert_with(|| occurrence(fp));
+            Some(shared_instance(job, fp, instr, n))
+        };
+        let (decision, rewrite) =
+            decide_one(&module, id, &assignment, cfg, &logical, &peers, &layouts, instance, shared_id);
         if let Some(r) = rewrite {
             rewrites.insert(decision.instr.clone(), r);
         }
@@ -689,6 +829,7 @@ fn decide_one(
     peers: &PeerAccessTable,
     layouts: &HashMap<String, Vec<Result<LeafLayout, String>>>,
     instance: Option<u64>,
+    mut shared_id: impl FnMut(&str) -> Option<u64>,
 ) -> (PassDecision, Option<(&'static str, String)>) {
     let ins = module.instr(id);
     let dtype = {
@@ -742,13 +883,38 @@ fn decide_one(
     } else {
         groups.clone()
     };
-    if let Some(local) = &cfg.local_devices
+    // A collective in which no device meets another moves no data: XLA makes it a copy or
+    // nothing (folded into a fusion), where a custom call would cost a launch and split the
+    // fusions around it (+20 µs per call for a one-device psum on an H100). Forced kernels
+    // still run (single-GPU checks of the handlers).
+    let forced = matches!(cfg.flags.backend_for(config.op.kind), Some((crate::flags::Backend::Kernel, _)));
+    if !forced && talking.iter().all(|g| g.len() < 2) {
+        d.reason = "no device meets another (groups of one): XLA turns it into a copy or nothing".into();
+        return (d, None);
+    }
+    // Processes: a group inside one process runs as always; one across processes of a host
+    // meets through shared memory (named by the job); one across hosts is XLA's.
+    let mut job = None;
+    if let Some(t) = &cfg.topology {
+        match t.check(&talking, cfg.caps.cross_process) {
+            Ok(true) => job = t.job.clone(),
+            Ok(false) => {}
+            Err(why) => {
+                d.reason = why;
+                return (d, None);
+            }
+        }
+    } else if let Some(local) = &cfg.local_devices
         && let Some(&dev) = talking.iter().flatten().find(|d| !local.contains(d))
     {
         d.reason = format!("device {dev} belongs to another process (this process has {local:?})");
         return (d, None);
     }
-    if let Some((x, y)) = talking.iter().find_map(|g| peers.missing_link(g)) {
+
+    // The peer table is this process's; across processes shared memory reaches every device.
+    if job.is_none()
+        && let Some((x, y)) = talking.iter().find_map(|g| peers.missing_link(g))
+    {
         d.reason = format!("no peer access {x}↔{y} ({})", peers.source());
         return (d, None);
     }
@@ -781,6 +947,28 @@ fn decide_one(
         d.reason = format!("no Peerless kernel for {}", config.op);
         return (d, None);
     };
+    let processes: Vec<usize> = match (&job, &cfg.topology) {
+        (Some(_), Some(t)) => {
+            let named: Vec<usize> = if config.op.kind == CollectiveKind::CollectivePermute {
+                pairs.iter().flat_map(|&(s, t)| [s, t]).collect()
+            } else {
+                groups.iter().flatten().copied().collect()
+            };
+            // `check` found every talking device; a permute's idle self-pairs may be unknown.
+            named.iter().map(|d| t.process_of.get(d).copied().unwrap_or(0)).collect()
+        }
+        _ => Vec::new(),
+    };
+    let instance = match &job {
+        Some(_) => match shared_id(&ins.name) {
+            Some(i) => i,
+            None => {
+                d.reason = "across processes, and the module could not be fingerprinted".into();
+                return (d, None);
+            }
+        },
+        None => instance.unwrap_or_else(next_instance),
+    };
     let call = CustomCallConfig {
         kind: config.op.kind,
         algorithm,
@@ -794,9 +982,11 @@ fn decide_one(
         },
         layout: layout.map(|l| l.into_iter().map(|x| x as usize).collect()),
         num_devices: a.devices.iter().copied().max().map_or(0, |m| m + 1),
-        instance: instance.unwrap_or_else(next_instance),
+        instance,
         timeout_ms: cfg.flags.collective_timeout_ms,
         name: ins.name.clone(),
+        job,
+        processes,
     };
     d.implementation = decision.implementation.to_string();
     d.kernel = true;
@@ -813,6 +1003,77 @@ mod tests {
         assert!(fields(&[0x0a, 0x05, 1, 2]).is_err());
         assert!(fields(&[0x0b]).is_err());
         assert!(has_collectives(&[]).is_ok_and(|x| !x));
+    }
+
+    fn two_processes(hosts: &str, job: &str) -> Topology {
+        let devices: Vec<String> = (0..8).map(|d| format!("{d}:{}", d / 4)).collect();
+        Topology::parse(&format!("this=1;job={job};devices={};hosts={hosts}", devices.join(","))).unwrap()
+    }
+
+    fn decide(pb: &[u8], topology: Topology, cross_process: bool) -> (PassDecision, Option<String>) {
+        let cfg = PassConfig {
+            topology: Some(topology),
+            caps: Capabilities { variadic: true, cross_process },
+            instance_base: Some(1),
+            ..PassConfig::default()
+        };
+        let out = run(pb, &cfg).unwrap();
+        let text = out.module.map(|m| String::from_utf8_lossy(&m).into_owned());
+        (out.decisions.into_iter().next().unwrap(), text)
+    }
+
+    #[test]
+    fn topology_parses_and_rejects() {
+        let t = two_processes("0:0,1:0", "00ff00ff");
+        assert_eq!(t.process_of.get(&5), Some(&1));
+        assert_eq!(t.local_devices().unwrap().into_iter().collect::<Vec<_>>(), [4, 5, 6, 7]);
+        assert_eq!(t.job.as_deref(), Some("00ff00ff"));
+        assert!(Topology::parse("job=xyz").unwrap_err().contains("hex"));
+        assert!(Topology::parse("devices=0:0").unwrap_err().contains("no host"));
+        assert!(Topology::parse("devices=0-0;hosts=0:0").unwrap_err().contains("not A:B"));
+        assert!(Topology::parse("colour=red").unwrap_err().contains("unknown topology key"));
+        assert_eq!(Topology::parse("job=").unwrap().job, None);
+    }
+
+    #[test]
+    fn groups_across_processes_are_decided_by_host() {
+        let all = include_bytes!("../tests/xla_pass/psum_mesh2x4_both.pb");
+        let halves = include_bytes!("../tests/xla_pass/psum_mesh2x4_axis_b.pb");
+        // One host: the 8-device group meets through shared memory, named by the job.
+        let (d, m) = decide(all, two_processes("0:0,1:0", "abcdef0123"), true);
+        assert!(d.kernel, "{d}");
+        let m = m.unwrap();
+        assert!(m.contains("job = \"abcdef0123\"") && m.contains("processes = array<i64: 0, 0, 0, 0, 1, 1, 1, 1>"));
+        // Two hosts: XLA's collective.
+        let (d, _) = decide(all, two_processes("0:0,1:1", "abcdef0123"), true);
+        assert!(!d.kernel && d.reason.contains("spans hosts"), "{d}");
+        // A platform whose handlers stay in one process, or no job token: XLA's.
+        let (d, _) = decide(all, two_processes("0:0,1:0", "abcdef0123"), false);
+        assert!(!d.kernel && d.reason.contains("do not reach across processes"), "{d}");
+        let (d, _) = decide(all, Topology { job: None, ..two_processes("0:0,1:0", "abcdef0123") }, true);
+        assert!(!d.kernel && d.reason.contains("no job token"), "{d}");
+        // Groups inside each process: as in one process (no job attribute), on any host layout.
+        let (d, m) = decide(halves, two_processes("0:0,1:1", "abcdef0123"), false);
+        assert!(d.kernel, "{d}");
+        assert!(!m.unwrap().contains("job ="));
+    }
+
+    #[test]
+    fn shared_instances_agree_between_processes() {
+        let pb = include_bytes!("../tests/xla_pass/psum_f32.pb");
+        let fp = fingerprint(pb).unwrap();
+        // The same module with another per-process id has the same fingerprint.
+        let mut other = Vec::new();
+        put_varint(&mut other, field::MODULE_ID, 12345);
+        for f in fields(pb).unwrap().iter().filter(|f| f.tag != field::MODULE_ID) {
+            other.extend_from_slice(f.raw);
+        }
+        assert_eq!(fingerprint(&other).unwrap(), fp);
+        let a = shared_instance("abcd0123", fp, "all-reduce.1", 0);
+        assert_eq!(a, shared_instance("abcd0123", fp, "all-reduce.1", 0));
+        assert_ne!(a, shared_instance("abcd0123", fp, "all-reduce.1", 1));
+        assert_ne!(a, shared_instance("abcd0124", fp, "all-reduce.1", 0));
+        assert!(a <= i64::MAX as u64);
     }
 
     #[test]

@@ -280,6 +280,8 @@ mod tests {
             instance,
             timeout_ms: 5_000,
             name: "c".into(),
+            job: None,
+            processes: vec![],
         }
     }
 

@@ -9,7 +9,7 @@
 //! table), so JAX lowers for the inner platform and XLA compiles, partitions and runs
 //! everything; Peerless takes the collectives it rewrote.
 //!
-//! Without the variable, the standalone plugin answers as before. A plugin that cannot be
+//! Without the variable (or with it set to `standalone`), the standalone plugin answers as before. A plugin that cannot be
 //! loaded or registered with is not silently replaced by it: the standalone table is
 //! returned, and its `PJRT_Client_Create` fails with [`load_error`], naming the path and
 //! the reason.
@@ -112,7 +112,8 @@ fn load(path: PathBuf) -> Result<Wrapped, String> {
 fn inner() -> Option<&'static Result<Wrapped, String>> {
     INNER
         .get_or_init(|| {
-            let path = std::env::var_os(ENV_VAR).filter(|p| !p.is_empty())?;
+            // "standalone" (the Python package's spelling for the older platform) wraps nothing.
+            let path = std::env::var_os(ENV_VAR).filter(|p| !p.is_empty() && p != "standalone")?;
             let path = PathBuf::from(path);
             Some(
                 std::panic::catch_unwind(|| load(path.clone()))

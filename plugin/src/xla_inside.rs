@@ -58,24 +58,30 @@ pub fn pass_config(platform: &str, flags: &str, local_devices: &str, probe: bool
     if platform == "cpu" && !explicit(flags) && !explicit(&std::env::var(emitter::flags::ENV_VAR).unwrap_or_default()) {
         f.xla_async_above_bytes = None;
     }
-    let local: Option<BTreeSet<usize>> = if local_devices.trim().is_empty() {
-        None
+    // `local_devices`: this process's device ids ("0,1,2"), or the job's topology
+    // ("this=0;job=...;devices=0:0,...;hosts=0:0,...") under jax.distributed.
+    let (local, topology) = if local_devices.contains('=') {
+        let t = xla_pass::Topology::parse(local_devices)?;
+        (t.local_devices(), Some(t))
+    } else if local_devices.trim().is_empty() {
+        (None, None)
     } else {
-        Some(
-            local_devices
-                .split(',')
-                .map(|d| d.trim().parse::<usize>().map_err(|_| format!("bad local device id '{d}'")))
-                .collect::<Result<_, _>>()?,
-        )
+        let ids = local_devices
+            .split(',')
+            .map(|d| d.trim().parse::<usize>().map_err(|_| format!("bad local device id '{d}'")))
+            .collect::<Result<BTreeSet<_>, _>>()?;
+        (Some(ids), None)
     };
+    // CPU: the host protocols reach other processes of the host through shared memory.
+    // CUDA: not yet (the IPC path of the multi-process issue), so such groups fall back.
     let caps = match platform {
-        "cpu" => Capabilities { variadic: true },
-        "cuda" => Capabilities { variadic: true },
+        "cpu" => Capabilities { variadic: true, cross_process: true },
+        "cuda" => Capabilities { variadic: true, cross_process: false },
         other => return Err(format!("Peerless has no handlers for platform '{other}'")),
     };
     // Without the probe the table is unused: `xla_pass::run` returns before deciding.
     let peers = if probe { crate::xla_handlers::peer_table(platform, local.as_ref()) } else { None };
-    Ok(PassConfig { flags: f, peers, local_devices: local, caps, instance_base: None })
+    Ok(PassConfig { flags: f, peers, local_devices: local, topology, caps, instance_base: None })
 }
 
 /// One decision per line: op, instruction, dtypes, bytes, groups, kernel (1/0),

@@ -61,8 +61,8 @@ def rust_pass_seconds(module, reps=5):
 _make_pass = inside._make_pass
 
 
-def _timed_make_pass(platform_name, local_devices):
-    run = _make_pass(platform_name, local_devices)
+def _timed_make_pass(platform_name, local_devices=None, backend=None):
+    run = _make_pass(platform_name, local_devices, backend)
 
     def timed(module):
         t = time.perf_counter()

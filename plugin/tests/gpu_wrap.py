@@ -11,8 +11,8 @@ Each configuration runs in its own process (the parent alternates them, two roun
 Per program: median µs per call over 5 × GPU_WRAP_CALLS (default 20) calls (`us`), and the host time to enqueue the
 20 calls (`enqueue_us`, per call); whether XLA's optimized HLO is the same text as stock's.
 Programs: matmul f32 / bf16, an MLP train step, a transformer block, softmax cross-entropy,
-an elementwise chain, a small conv net, and a one-device psum (which the pass rewrites, so
-Peerless's CUDA handler runs on XLA's stream). Results compared. `--noop`: also with a no-op pass registered instead.
+an elementwise chain, a small conv net, and a one-device psum (which the pass leaves to XLA,
+since no device meets another: a custom call there cost a launch and split XLA's fusions). Results compared. `--noop`: also with a no-op pass registered instead.
     python3 plugin/tests/gpu_wrap.py --out DIR
 """
 

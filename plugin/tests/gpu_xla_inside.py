@@ -56,7 +56,12 @@ def _setup():
     if config == "peerless":
         import jax_plugins.peerless as peerless
 
-        peerless.enable([os.environ.get("PEERLESS_PLATFORM", "cuda")])
+        # On one GPU no device meets another, which the pass leaves to XLA by default; the
+        # single-GPU checks force the kernels so the handlers run on XLA's stream.
+        forced = " ".join(f"--{op}_backend=kernel" for op in
+                          ("all_reduce", "all_gather", "all_to_all", "reduce_scatter", "collective_permute"))
+        peerless.enable([os.environ.get("PEERLESS_PLATFORM", "cuda")],
+                        flags=os.environ.get("PEERLESS_FLAGS") or (forced if len(jax.devices()) == 1 else None))
         return jax, peerless
     return jax, None
 

@@ -98,19 +98,27 @@ pub struct CustomCallConfig {
     pub timeout_ms: u64,
     /// The original instruction's name, for errors.
     pub name: String,
+    /// Groups that span processes of one host: the job's token, which names the shared
+    /// segments (`None`: every group lies in one process).
+    pub job: Option<String>,
+    /// With `job`: the process of each device, in the order of the flattened `groups` (or
+    /// `pairs`).
+    pub processes: Vec<usize>,
 }
 
 /// Every attribute a Peerless custom call may carry.
-pub const ATTRIBUTES: [&str; 11] = [
+pub const ATTRIBUTES: [&str; 13] = [
     "algorithm",
     "dimension",
     "group_size",
     "groups",
     "instance",
+    "job",
     "layout",
     "name",
     "num_devices",
     "pairs",
+    "processes",
     "reduction",
     "timeout_ms",
 ];
@@ -186,6 +194,10 @@ impl CustomCallConfig {
         if let Some(l) = &self.layout {
             kv.push(("layout", arr(l.iter().copied())));
         }
+        if let Some(j) = &self.job {
+            kv.push(("job", format!("\"{}\"", plain_name(j))));
+            kv.push(("processes", arr(self.processes.iter().copied())));
+        }
         kv.sort_by(|a, b| a.0.cmp(b.0));
         let body: Vec<String> = kv.into_iter().map(|(k, v)| format!("{k} = {v}")).collect();
         format!("{{{}}}", body.join(", "))
@@ -246,6 +258,29 @@ impl CustomCallConfig {
                 groups.push(g.iter().map(|&d| nonneg("groups", d)).collect::<Result<Vec<_>, _>>()?);
             }
         }
+        let job = a.str("job").map_err(|message| AttrError::Invalid { name: "job", message })?;
+        let processes = match (&job, a.i64_array("processes")) {
+            (_, Err(message)) => return Err(AttrError::Invalid { name: "processes", message }),
+            (None, Ok(None)) => Vec::new(),
+            (None, Ok(Some(_))) => {
+                return Err(AttrError::Invalid { name: "processes", message: "given without 'job'".into() });
+            }
+            (Some(_), Ok(None)) => return Err(AttrError::Missing("processes")),
+            (Some(_), Ok(Some(p))) => {
+                let n = if kind == CollectiveKind::CollectivePermute {
+                    2 * pairs.len()
+                } else {
+                    groups.iter().map(Vec::len).sum()
+                };
+                if p.len() != n {
+                    return Err(AttrError::Invalid {
+                        name: "processes",
+                        message: format!("{} processes for {n} devices", p.len()),
+                    });
+                }
+                p.into_iter().map(|x| nonneg("processes", x)).collect::<Result<Vec<_>, _>>()?
+            }
+        };
         let num_devices =
             match a.i64("num_devices").map_err(|message| AttrError::Invalid { name: "num_devices", message })? {
                 None => 0,
@@ -263,7 +298,19 @@ impl CustomCallConfig {
             instance,
             timeout_ms,
             name,
+            job,
+            processes,
         })
+    }
+
+    /// With `job`: each named device's process (device id → process index).
+    pub fn process_of(&self) -> std::collections::BTreeMap<usize, usize> {
+        let devices: Vec<usize> = if self.kind == CollectiveKind::CollectivePermute {
+            self.pairs.iter().flat_map(|&(s, t)| [s, t]).collect()
+        } else {
+            self.groups.iter().flatten().copied().collect()
+        };
+        devices.into_iter().zip(self.processes.iter().copied()).collect()
     }
 
     /// Physical dimensions and the physical index of `dimension` for buffers whose logical
@@ -374,6 +421,8 @@ mod tests {
             instance: 77,
             timeout_ms: 10_000,
             name: "all-reduce.2".into(),
+            job: None,
+            processes: vec![],
         };
         let s = c.backend_config();
         assert_eq!(
@@ -397,9 +446,22 @@ mod tests {
             instance: 5,
             timeout_ms: 1,
             name: "cp".into(),
+            job: None,
+            processes: vec![],
         };
         let back = CustomCallConfig::from_attrs(CollectiveKind::CollectivePermute, &Parsed::new(&p.backend_config()));
         assert_eq!(back.unwrap(), p);
+
+        // Groups across processes: the job and each device's process travel along.
+        let x = CustomCallConfig { job: Some("0123abcd".into()), processes: vec![1, 1, 0, 0], ..c.clone() };
+        let s = x.backend_config();
+        assert!(s.contains("job = \"0123abcd\"") && s.contains("processes = array<i64: 1, 1, 0, 0>"), "{s}");
+        assert_eq!(CustomCallConfig::from_attrs(CollectiveKind::AllReduce, &Parsed::new(&s)).unwrap(), x);
+        assert_eq!(x.process_of().get(&3), Some(&1));
+        assert_eq!(x.process_of().get(&0), Some(&0));
+        let short = s.replace("processes = array<i64: 1, 1, 0, 0>", "processes = array<i64: 1>");
+        let e = CustomCallConfig::from_attrs(CollectiveKind::AllReduce, &Parsed::new(&short)).unwrap_err();
+        assert!(e.to_string().contains("1 processes for 4 devices"), "{e}");
     }
 
     #[test]

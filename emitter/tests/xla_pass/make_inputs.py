@@ -164,6 +164,16 @@ case("all_gather_f8", lambda v: jax.lax.all_gather(v, "x", axis=0, tiled=True), 
 case("all_gather_c64", lambda v: jax.lax.all_gather(v, "x", axis=0, tiled=True), jnp.ones((8, 8), jnp.complex64))
 
 
+# No device meets another: the pass leaves these to XLA (a copy or nothing) unless forced
+# (`psum_one_device_forced.flags`), which is how single-GPU checks run the handlers.
+one = Mesh(np.array(jax.devices()[:1]), ("x",))
+psum1 = case("psum_one_device", lambda v: jax.lax.psum(v, "x"), x, m=one)
+(OUT / "psum_one_device_forced.pb").write_bytes(psum1[0])
+print("psum_one_device_forced.pb: psum_one_device.pb again (its .flags forces the kernel)")
+mesh81 = Mesh(np.array(jax.devices()).reshape(8, 1), ("a", "b"))
+case("psum_axis_of_one", lambda v: jax.lax.psum(v, "b"), x, m=mesh81, i=P(("a", "b")), o=P(("a", "b")))
+
+
 def loss(w, xs, ys):
     h = jnp.tanh(xs @ w[0])
     return jnp.mean((h @ w[1] - ys) ** 2)

@@ -221,5 +221,9 @@ def _register_wrapper(xla_bridge, path: str, inner: str, platform: str) -> None:
 
     if jax_cuda:
         inside._register_targets("cuda")  # JAX holds it until its CUDA plugin is initialised
-    if os.environ.get("PEERLESS_ENABLE", "") != "0" and c_api is not None:
+    # The pass goes on where the platform will be used: JAX_PLATFORMS names it, or is unset
+    # (the highest priority platform, this one, is the default).
+    wanted = os.environ.get("JAX_PLATFORMS", "")
+    used = not wanted or PLATFORM in [p.strip() for p in wanted.split(",")]
+    if os.environ.get("PEERLESS_ENABLE", "") != "0" and c_api is not None and used:
         inside.enable_wrapped_at_start(c_api, platform)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import secrets
 import threading
 from typing import Iterable
 
@@ -59,6 +60,7 @@ _state = {
     "stats": {},
     "decisions": [],
     "errors": 0,
+    "topology": {},  # JAX backend name -> the pass's topology string (jax.distributed jobs)
 }
 
 
@@ -106,15 +108,96 @@ def _record(platform: str, report: str) -> None:
             log.info("%s %s %s %s B groups=%s -> %s: %s", op, instr, dtype, nbytes, groups, impl, reason)
 
 
-def _make_pass(platform: str, local_devices: str):
+def _kv_barrier_get(client, key: str, timeout_ms: int) -> str:
+    v = client.blocking_key_value_get(key, timeout_ms)
+    return v.decode() if isinstance(v, bytes) else v
+
+
+def _job_hosts(client, this: int, nproc: int) -> tuple[str, dict[int, int]]:
+    """The job's token and each process's host, agreed through the job's key-value store.
+
+    "Host" is a shared-memory domain, tested rather than assumed from host names (containers
+    on one machine may not share /dev/shm): every process leaves a nonce in /dev/shm, reads
+    the others', and publishes whom it saw; processes that see each other share a host."""
+    timeout = int(os.environ.get("PEERLESS_TOPOLOGY_TIMEOUT_MS", "60000"))
+    if this == 0:
+        job = secrets.token_hex(16)
+        client.key_value_set("peerless/job", job)
+    else:
+        job = _kv_barrier_get(client, "peerless/job", timeout)
+    nonce = secrets.token_hex(16)
+    mine = f"/dev/shm/peerless-{job}-p{this}"
+    try:
+        fd = os.open(mine, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+        os.write(fd, nonce.encode())
+        os.close(fd)
+    except OSError as e:  # no /dev/shm: every process is its own host
+        log.warning("peerless: no shared memory (%s): groups across processes use XLA's collectives", e)
+        mine = None
+    try:
+        client.key_value_set(f"peerless/{job}/nonce/{this}", nonce)
+        sees = []
+        for q in range(nproc):
+            want = _kv_barrier_get(client, f"peerless/{job}/nonce/{q}", timeout)
+            try:
+                with open(f"/dev/shm/peerless-{job}-p{q}") as fh:
+                    if fh.read() == want:
+                        sees.append(q)
+            except OSError:
+                pass
+        client.key_value_set(f"peerless/{job}/sees/{this}", ",".join(map(str, sees)))
+        # Every process has looked once all have published (so files may go after this).
+        views = {q: {int(x) for x in _kv_barrier_get(client, f"peerless/{job}/sees/{q}", timeout).split(",") if x}
+                 for q in range(nproc)}
+    finally:
+        if mine:
+            os.unlink(mine)
+    hosts = {q: min([p for p in views[q] if q in views[p]] + [q]) for q in range(nproc)}
+    return job, hosts
+
+
+def _topology(backend_name: str, platform: str) -> str:
+    """What the pass knows of the processes: this process's device ids in one process, or
+    under jax.distributed the job's topology (`this=P;job=HEX;devices=ID:P,..;hosts=P:H,..`),
+    computed once (collectively: every process compiles the same programs)."""
+    from jax._src import distributed
+
+    gs = distributed.global_state
+    if gs.client is None or (gs.num_processes or 1) <= 1:
+        return ""  # one process: every device is local
+    with _lock:
+        cached = _state["topology"].get(backend_name)
+    if cached is not None:
+        return cached
+    from jax._src import xla_bridge
+
+    backend = xla_bridge.get_backend(backend_name)
+    this, nproc = backend.process_index(), gs.num_processes
+    job, hosts = _job_hosts(gs.client, this, nproc)
+    devices = ",".join(f"{d.id}:{d.process_index}" for d in backend.devices())
+    topo = f"this={this};job={job};devices={devices};hosts=" + ",".join(f"{q}:{h}" for q, h in sorted(hosts.items()))
+    log.info("peerless: process %d of %d, hosts %s, platform %s", this, nproc, hosts, platform)
+    with _lock:
+        _state["topology"].setdefault(backend_name, topo)
+        return _state["topology"][backend_name]
+
+
+def _make_pass(platform: str, local_devices: str | None = None, backend: str | None = None):
+    """The pass for XLA's `platform` ("cpu", "cuda") on JAX backend `backend` (default the
+    same name). `local_devices` fixes the process view; None: found at each compile (it
+    changes when jax.distributed starts)."""
     dll = _dll()
     plat = platform.encode()
-    local = local_devices.encode()
 
     def run(module: bytes):
         # XLA calls this from its compile threads; the Rust side is thread-safe and never
         # raises (errors come back as "unchanged" with the reason).
         flags = _state["flags"].encode()
+        try:
+            local = (local_devices if local_devices is not None else _topology(backend or platform, platform)).encode()
+        except Exception as e:  # noqa: BLE001 - the pass never breaks a compile
+            log.warning("peerless: process topology unknown (%s): the pass leaves this module to XLA", e)
+            return None
         res = dll.PeerlessXlaPass(plat, module, len(module), flags, local)
         if not res:
             return None
@@ -171,21 +254,11 @@ def _register_targets(platform: str) -> None:
     _state["targets"].add(platform)
 
 
-def _local_devices(platform: str) -> str:
-    """Device ids this process owns on `platform`, as the pass wants them."""
-    import jax
-
-    try:
-        return ",".join(str(d.id) for d in jax.local_devices(backend=platform))
-    except RuntimeError:
-        return ""
-
-
-def _register_pass(platform: str, local_devices: str, inner: str | None = None) -> None:
+def _register_pass(platform: str, inner: str | None = None) -> None:
     from jax.extend import xla as jxla
 
     jxla.register_hlo_module_transformation(
-        _make_pass(inner or platform, local_devices),
+        _make_pass(inner or platform, backend=platform),
         name=PASS_NAME,
         stage=jxla.PipelineStage.PRE_SCHEDULER,
         platforms=[platform],
@@ -219,12 +292,12 @@ def enable(platforms: str | Iterable[str] | None = None, *, flags: str | None = 
             # plugin's FFI registry when it was loaded; the pass goes through its
             # XlaTransform extension, deciding for the inner platform's devices.
             if p not in _state["enabled"]:
-                _register_pass(p, _local_devices(p), inner=_wrapped(p))
+                _register_pass(p, inner=_wrapped(p))
                 _state["enabled"].add(p)
         else:
             _register_targets(p)
             if p not in _state["enabled"]:
-                _register_pass(p, _local_devices(p))
+                _register_pass(p)
                 _state["enabled"].add(p)
         done.append(p)
     return done
@@ -295,7 +368,7 @@ def enable_wrapped_at_start(c_api, platform: str) -> None:
 
     if not _state["flags"]:
         _state["flags"] = os.environ.get("PEERLESS_FLAGS", "")
-    _xla.register_xla_transform_c_api(c_api, PASS_NAME, 0, _make_pass(platform, ""))
+    _xla.register_xla_transform_c_api(c_api, PASS_NAME, 0, _make_pass(platform, backend=PLATFORM))
     _state["enabled"].add(PLATFORM)
 
 
@@ -313,12 +386,12 @@ def enable_at_start() -> None:
                 from jax._src.lib import _xla
 
                 _register_targets(name)
-                _xla.register_xla_transform_c_api(c_api, PASS_NAME, 0, _make_pass(name, ""))
+                _xla.register_xla_transform_c_api(c_api, PASS_NAME, 0, _make_pass(name))
                 _state["enabled"].add(name)
 
     from jax._src.lib import _xla
 
     _register_targets("cpu")
-    _xla.register_xla_transform(PASS_NAME, 0, _make_pass("cpu", ""))
+    _xla.register_xla_transform(PASS_NAME, 0, _make_pass("cpu"))
     _state["enabled"].add("cpu")
     xla_bridge.register_plugin_callbacks(on_plugin)

@@ -57,6 +57,9 @@ PEERLESS_PJRT_LIBRARY="$lib" PYTHONPATH=plugin/python "$PEERLESS_PYTHON" -m pyte
 step "Peerless inside XLA: XLA:CPU, 8 host devices, every program vs XLA alone (plugin/tests/test_xla_inside.py)"
 PEERLESS_PJRT_LIBRARY="$lib" PYTHONPATH=plugin/python "$PEERLESS_PYTHON" -m pytest -q plugin/tests/test_xla_inside.py
 
+step "Many processes: jax.distributed, 2 processes × 4 CPU devices, groups across them on shared memory, faults (plugin/tests/test_multiprocess.py)"
+PEERLESS_PJRT_LIBRARY="$lib" PYTHONPATH=plugin/python "$PEERLESS_PYTHON" -m pytest -q plugin/tests/test_multiprocess.py
+
 step "JAX_PLATFORMS=peerless wrapping XLA's CPU plugin: programs vs JAX's CPU backend (plugin/tests/test_wrap.py)"
 PEERLESS_PJRT_LIBRARY="$lib" PYTHONPATH=plugin/python CI="${CI:-}" "$PEERLESS_PYTHON" -m pytest -q plugin/tests/test_wrap.py
 

@@ -991,6 +991,9 @@ fn decide_one(
     d.implementation = decision.implementation.to_string();
     d.kernel = true;
     d.reason = decision.reason;
+    if call.job.is_some() {
+        d.reason.push_str(" (across processes of one host: shared memory)");
+    }
     (d, Some((target, call.backend_config())))
 }
 

@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
 """`JAX_PLATFORMS=peerless` wrapping XLA's CUDA plugin vs stock JAX on CUDA, one GPU.
 
-Each configuration runs in its own process (the parent alternates them, two rounds each):
+Each configuration runs in its own process, pinned to the same 4 CPU cores (host dispatch
+dominates these small programs, and a process's placement moved it by ±20%); the parent
+alternates them, GPU_WRAP_ROUNDS (default 3) rounds in rotating order, and takes each
+configuration's best round:
   stock    : JAX_PLATFORMS=cuda
   peerless : JAX_PLATFORMS=peerless: libpeerless_pjrt.so finds the installed jax-cuda13-pjrt
              plugin itself and hands JAX its table, with Peerless's handlers registered and
@@ -40,6 +43,8 @@ def cuda_plugin_path():
 
 
 def child(out):
+    cores = sorted(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, set(cores[2:6] if len(cores) >= 6 else cores))
     import numpy as np
 
     import jax
@@ -128,8 +133,10 @@ def main():
     runs = {"stock": [], "peerless": [], "nopass": []}
     if "--noop" in sys.argv:
         runs["noop"] = []
-    for rnd in range(2):
-        for cfg in runs:
+    rounds = int(os.environ.get("GPU_WRAP_ROUNDS", "3"))
+    names = list(runs)
+    for rnd in range(rounds):
+        for cfg in names[rnd % len(names):] + names[:rnd % len(names)]:
             env = dict(os.environ, **SAFE_ENV)
             env.pop("PEERLESS_XLA_PLUGIN", None)
             if cfg == "stock":

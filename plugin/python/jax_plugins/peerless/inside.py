@@ -92,7 +92,10 @@ def _record(platform: str, report: str) -> None:
                 continue
             op, instr, dtype, nbytes, groups, kernel, impl, reason = f
             key = "kernel" if kernel == "1" else "fallback"
-            _state["stats"].setdefault(op, {"kernel": 0, "fallback": 0})[key] += 1
+            counts = _state["stats"].setdefault(op, {"kernel": 0, "fallback": 0})
+            counts[key] += 1
+            if kernel == "1" and "across processes" in reason:
+                counts["cross_process"] = counts.get("cross_process", 0) + 1
             _state["decisions"].append(
                 {
                     "platform": platform,
@@ -125,6 +128,9 @@ def _job_hosts(client, this: int, nproc: int) -> tuple[str, dict[int, int]]:
         client.key_value_set("peerless/job", job)
     else:
         job = _kv_barrier_get(client, "peerless/job", timeout)
+    if os.environ.get("PEERLESS_SHARED_MEMORY", "") == "0":
+        # The user says processes share no memory: each is its own host.
+        return job, {q: q for q in range(nproc)}
     nonce = secrets.token_hex(16)
     mine = f"/dev/shm/peerless-{job}-p{this}"
     try:
@@ -328,7 +334,9 @@ def enabled() -> list[str]:
 
 def stats() -> dict:
     """Decisions over the modules compiled since `enable` (HLO op names):
-    {"all-reduce": {"kernel": n, "fallback": m}, ...}."""
+    {"all-reduce": {"kernel": n, "fallback": m, "cross_process": k}, ...}, where
+    `cross_process` counts the kernels whose groups span processes of one host (shared
+    memory; present once there is one)."""
     with _lock:
         return {op: dict(v) for op, v in sorted(_state["stats"].items())}
 

@@ -31,6 +31,10 @@
 //! arrives for it later, fails with the timeout error; the next epoch starts clean.
 //! Waiting members sleep on the group's condition variable (8 device threads may share
 //! 2 cores); the last to arrive wakes them.
+//!
+//! What a collective computes (operands, groups, staging layout, results from staged
+//! operands) is its `Plan`, which `shm.rs` shares to run the same collectives between
+//! processes.
 
 use std::alloc::{Layout, alloc_zeroed, dealloc};
 use std::ptr::NonNull;
@@ -180,40 +184,55 @@ struct Group {
 
 /// One operand of the collective, as every member stages it.
 #[derive(Clone, Debug)]
-struct Operand {
+pub(super) struct Operand {
     /// Physical (row-major) shape of the operand.
-    shape: ArrayShape,
-    len: usize,
-    out_len: usize,
+    pub(super) shape: ArrayShape,
+    pub(super) len: usize,
+    pub(super) out_len: usize,
     /// Offset in a staging buffer; the two-shot's reduced copy lies `reduced` further.
-    stage: usize,
-    reducer: Option<Reducer>,
-    split: Option<Split>,
+    pub(super) stage: usize,
+    pub(super) reducer: Option<Reducer>,
+    pub(super) split: Option<Split>,
+}
+
+/// What a rewritten collective computes, whatever memory its members meet in: the
+/// operands and where each lies in a staging buffer, the groups, the permute pairs, and
+/// the results computed from members' staged operands. [`DirectCollective`] (device
+/// threads of one process) and `shm::ShmCollective` (processes of one host) share it, so
+/// the two agree bit for bit.
+#[derive(Debug)]
+pub(super) struct Plan {
+    pub(super) op: CollectiveOp,
+    pub(super) algorithm: Algo,
+    pub(super) name: String,
+    pub(super) timeout: Duration,
+    pub(super) ops: Vec<Operand>,
+    /// Bytes of one staging buffer: every operand at its `stage` offset.
+    pub(super) per_buffer: usize,
+    /// Each group's members (device ids, in group order); collective-permute: one group
+    /// of every device.
+    pub(super) group_members: Vec<Vec<usize>>,
+    /// Device id → (group index, member index).
+    pub(super) rank_of: Vec<Option<(usize, usize)>>,
+    /// Collective-permute: device id → its source and its target.
+    pub(super) pairs: Vec<(Option<usize>, Option<usize>)>,
 }
 
 /// One rewritten collective of an executable, shared by the device threads that run it.
 pub struct DirectCollective {
-    op: CollectiveOp,
-    algorithm: Algo,
-    name: String,
-    timeout: Duration,
-    ops: Vec<Operand>,
+    plan: Plan,
     /// The two-shot's reduced slices start this far into a staging buffer (0: it stages no
     /// operands).
     reduced: usize,
     groups: Vec<Group>,
-    /// Device id → (group index, member index).
-    rank_of: Vec<Option<(usize, usize)>>,
-    /// Collective-permute: device id → its source and its target.
-    pairs: Vec<(Option<usize>, Option<usize>)>,
 }
 
 impl std::fmt::Debug for DirectCollective {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DirectCollective")
-            .field("op", &self.op)
-            .field("algorithm", &self.algorithm)
-            .field("name", &self.name)
+            .field("op", &self.plan.op)
+            .field("algorithm", &self.plan.algorithm)
+            .field("name", &self.plan.name)
             .finish_non_exhaustive()
     }
 }
@@ -229,10 +248,10 @@ fn copy_runs(src: &[u8], s: Runs, dst: &mut [u8], d: Runs) {
     }
 }
 
-impl DirectCollective {
-    /// A collective for `config` (groups and pairs are device ids below `num_devices`),
-    /// run with `algorithm` on operands of the given physical shapes.
-    pub fn new(
+impl Plan {
+    /// The plan of `config` (groups and pairs are device ids below `num_devices`), run
+    /// with `algorithm` on operands of the given physical shapes.
+    pub(super) fn new(
         config: &CollectiveConfig,
         algorithm: Algo,
         shapes: &[ArrayShape],
@@ -344,35 +363,29 @@ impl DirectCollective {
         if ops.is_empty() {
             return Err(invalid("a collective needs an operand".into()));
         }
-        // Staging holds each operand at `stage`; the two-shot stages nothing (it reads peers'
-        // operands in place) and keeps its reduced slices there instead.
-        let reduced = 0;
-        let per_buffer = stage;
-        let memory = |source| CollectiveError::Memory { collective: name.to_string(), op, source };
-        let groups = groups
-            .into_iter()
-            .map(|members| {
-                let staging = members
-                    .iter()
-                    .map(|_| Ok([Staging::new(per_buffer)?, Staging::new(per_buffer)?]))
-                    .collect::<Result<Vec<_>, HostError>>()
-                    .map_err(memory)?;
-                Ok(Group { sync: Rendezvous::new(members.len()), members, staging })
-            })
-            .collect::<Result<Vec<_>, CollectiveError>>()?;
-        Ok(DirectCollective { op, algorithm, name: name.to_string(), timeout, ops, reduced, groups, rank_of, pairs })
+        Ok(Plan {
+            op,
+            algorithm,
+            name: name.to_string(),
+            timeout,
+            ops,
+            per_buffer: stage,
+            group_members: groups,
+            rank_of,
+            pairs,
+        })
     }
 
     /// Bytes each result buffer must have (for the caller's checks).
-    pub fn output_lens(&self) -> Vec<usize> {
+    pub(super) fn output_lens(&self) -> Vec<usize> {
         self.ops.iter().map(|o| o.out_len).collect()
     }
 
-    fn invalid(&self, rank: usize, reason: String) -> CollectiveError {
+    pub(super) fn invalid(&self, rank: usize, reason: String) -> CollectiveError {
         CollectiveError::Invalid { collective: self.name.clone(), op: self.op, rank, reason }
     }
 
-    fn timeout_error(&self, group: &[usize], rank: usize, missing: Vec<usize>) -> CollectiveError {
+    pub(super) fn timeout_error(&self, group: &[usize], rank: usize, missing: Vec<usize>) -> CollectiveError {
         CollectiveError::Timeout {
             collective: self.name.clone(),
             op: self.op,
@@ -383,9 +396,14 @@ impl DirectCollective {
         }
     }
 
-    /// Runs device `device`'s side of one call: `inputs` are its operands, `outputs` its
-    /// result buffers (XLA's), in operand order.
-    pub fn run(&self, device: usize, inputs: &[&[u8]], outputs: &mut [&mut [u8]]) -> Result<(), CollectiveError> {
+    /// Checks one call of device `device` against the plan; its (group index, member
+    /// index).
+    pub(super) fn check_call(
+        &self,
+        device: usize,
+        inputs: &[&[u8]],
+        outputs: &[&mut [u8]],
+    ) -> Result<(usize, usize), CollectiveError> {
         let Some(&Some((gi, idx))) = self.rank_of.get(device) else {
             return Err(self.invalid(device, format!("device {device} is in no group of this collective")));
         };
@@ -409,66 +427,28 @@ impl DirectCollective {
                 ));
             }
         }
-        let deadline = Instant::now() + self.timeout;
-        let group = &self.groups[gi];
-        let sync = &group.sync;
-        let e = sync.epoch[idx].load(Ordering::Relaxed) + 1;
-        sync.epoch[idx].store(e, Ordering::Relaxed);
-        // However the call ends, this member is done reading peers' buffers of epoch `e`.
-        struct Finish<'a>(&'a AtomicU64, u64);
-        impl Drop for Finish<'_> {
-            fn drop(&mut self) {
-                self.0.store(self.1, Ordering::Release);
-            }
-        }
-        let _finish = Finish(&sync.finished[idx], e);
-        if self.op.kind == Kind::CollectivePermute {
-            return self.permute(group, device, e, deadline, inputs, outputs);
-        }
-        self.wait_finished(group, idx, e, deadline)?;
-        let own = &group.staging[idx][(e % 2) as usize];
-        // The two-shot reads peers' operands in place: its barrier 1, which no member passes
-        // before every member finished those reads, keeps them alive. The others stage theirs.
-        let in_place = self.algorithm == Algo::TwoShotAllReduce;
-        if !in_place {
-            for (o, x) in self.ops.iter().zip(inputs) {
-                own.write(o.stage, o.len).copy_from_slice(x);
-            }
-        }
-        self.barrier(group, 0, idx, e, Some(deadline), in_place.then_some(inputs))?;
-        let par = (e % 2) as usize;
-        let g = group.members.len();
-        let member = |k: usize, at: usize, len: usize| group.staging[k][par].read(at, len);
-        match self.algorithm {
+        Ok((gi, idx))
+    }
+
+    /// Member `idx`'s results, for a group of `g`, from the members' staged operands:
+    /// `member(k, at, len)` is `len` bytes at `at` of member `k`'s staging buffer of this
+    /// epoch. For the algorithms that read staging only (one-shot all-reduce, direct
+    /// reduce-scatter, all-gather and all-to-all); the two-shot and the permute are their
+    /// callers' own.
+    pub(super) fn compute<'a>(
+        &self,
+        algorithm: Algo,
+        idx: usize,
+        g: usize,
+        member: impl Fn(usize, usize, usize) -> &'a [u8],
+        outputs: &mut [&mut [u8]],
+    ) {
+        match algorithm {
             Algo::OneShotAllReduce => {
                 for (o, out) in self.ops.iter().zip(outputs.iter_mut()) {
                     let Some(red) = o.reducer else { continue };
                     let m: Vec<&[u8]> = (0..g).map(|k| member(k, o.stage, o.len)).collect();
                     red.reduce(&m, out);
-                }
-            }
-            Algo::TwoShotAllReduce => {
-                let table = group.sync.lock().inputs.clone();
-                let reduce = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    for (j, o) in self.ops.iter().enumerate() {
-                        let Some(red) = o.reducer else { continue };
-                        let (lo, hi) = slice(o, g, idx);
-                        let m: Vec<&[u8]> = table.iter().map(|t| peer_input(&t[j], lo, hi)).collect();
-                        red.reduce(&m, own.write(self.reduced + o.stage + lo, hi - lo));
-                    }
-                }));
-                // Not bounded: every member passed barrier 0, so each arrives after its reads
-                // (a panic included), and none may leave while a peer still reads its operand.
-                self.barrier(group, 1, idx, e, None, None)?;
-                if let Err(p) = reduce {
-                    std::panic::resume_unwind(p);
-                }
-                for i in 0..g {
-                    let k = (idx + i) % g;
-                    for (o, out) in self.ops.iter().zip(outputs.iter_mut()) {
-                        let (lo, hi) = slice(o, g, k);
-                        out[lo..hi].copy_from_slice(member(k, self.reduced + o.stage + lo, hi - lo));
-                    }
                 }
             }
             Algo::DirectReduceScatter => {
@@ -507,7 +487,108 @@ impl DirectCollective {
                     }
                 }
             }
-            Algo::DirectPermute => {}
+            Algo::TwoShotAllReduce | Algo::DirectPermute => {
+                unreachable!("{algorithm} computes outside Plan::compute")
+            }
+        }
+    }
+}
+
+impl DirectCollective {
+    /// A collective for `config` (groups and pairs are device ids below `num_devices`),
+    /// run with `algorithm` on operands of the given physical shapes.
+    pub fn new(
+        config: &CollectiveConfig,
+        algorithm: Algo,
+        shapes: &[ArrayShape],
+        num_devices: usize,
+        timeout: Duration,
+        name: &str,
+    ) -> Result<Self, CollectiveError> {
+        let plan = Plan::new(config, algorithm, shapes, num_devices, timeout, name)?;
+        // Staging holds each operand at `stage`; the two-shot stages nothing (it reads peers'
+        // operands in place) and keeps its reduced slices there instead.
+        let reduced = 0;
+        let per_buffer = plan.per_buffer;
+        let memory = |source| CollectiveError::Memory { collective: plan.name.clone(), op: plan.op, source };
+        let groups = (plan.group_members.iter())
+            .map(|members| {
+                let staging = members
+                    .iter()
+                    .map(|_| Ok([Staging::new(per_buffer)?, Staging::new(per_buffer)?]))
+                    .collect::<Result<Vec<_>, HostError>>()
+                    .map_err(memory)?;
+                Ok(Group { sync: Rendezvous::new(members.len()), members: members.clone(), staging })
+            })
+            .collect::<Result<Vec<_>, CollectiveError>>()?;
+        Ok(DirectCollective { plan, reduced, groups })
+    }
+
+    /// Bytes each result buffer must have (for the caller's checks).
+    pub fn output_lens(&self) -> Vec<usize> {
+        self.plan.output_lens()
+    }
+
+    /// Runs device `device`'s side of one call: `inputs` are its operands, `outputs` its
+    /// result buffers (XLA's), in operand order.
+    pub fn run(&self, device: usize, inputs: &[&[u8]], outputs: &mut [&mut [u8]]) -> Result<(), CollectiveError> {
+        let (gi, idx) = self.plan.check_call(device, inputs, outputs)?;
+        let deadline = Instant::now() + self.plan.timeout;
+        let group = &self.groups[gi];
+        let sync = &group.sync;
+        let e = sync.epoch[idx].load(Ordering::Relaxed) + 1;
+        sync.epoch[idx].store(e, Ordering::Relaxed);
+        // However the call ends, this member is done reading peers' buffers of epoch `e`.
+        struct Finish<'a>(&'a AtomicU64, u64);
+        impl Drop for Finish<'_> {
+            fn drop(&mut self) {
+                self.0.store(self.1, Ordering::Release);
+            }
+        }
+        let _finish = Finish(&sync.finished[idx], e);
+        if self.plan.op.kind == Kind::CollectivePermute {
+            return self.permute(group, device, e, deadline, inputs, outputs);
+        }
+        self.wait_finished(group, idx, e, deadline)?;
+        let own = &group.staging[idx][(e % 2) as usize];
+        // The two-shot reads peers' operands in place: its barrier 1, which no member passes
+        // before every member finished those reads, keeps them alive. The others stage theirs.
+        let in_place = self.plan.algorithm == Algo::TwoShotAllReduce;
+        if !in_place {
+            for (o, x) in self.plan.ops.iter().zip(inputs) {
+                own.write(o.stage, o.len).copy_from_slice(x);
+            }
+        }
+        self.barrier(group, 0, idx, e, Some(deadline), in_place.then_some(inputs))?;
+        let par = (e % 2) as usize;
+        let g = group.members.len();
+        let member = |k: usize, at: usize, len: usize| group.staging[k][par].read(at, len);
+        match self.plan.algorithm {
+            Algo::TwoShotAllReduce => {
+                let table = group.sync.lock().inputs.clone();
+                let reduce = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    for (j, o) in self.plan.ops.iter().enumerate() {
+                        let Some(red) = o.reducer else { continue };
+                        let (lo, hi) = slice(o, g, idx);
+                        let m: Vec<&[u8]> = table.iter().map(|t| peer_input(&t[j], lo, hi)).collect();
+                        red.reduce(&m, own.write(self.reduced + o.stage + lo, hi - lo));
+                    }
+                }));
+                // Not bounded: every member passed barrier 0, so each arrives after its reads
+                // (a panic included), and none may leave while a peer still reads its operand.
+                self.barrier(group, 1, idx, e, None, None)?;
+                if let Err(p) = reduce {
+                    std::panic::resume_unwind(p);
+                }
+                for i in 0..g {
+                    let k = (idx + i) % g;
+                    for (o, out) in self.plan.ops.iter().zip(outputs.iter_mut()) {
+                        let (lo, hi) = slice(o, g, k);
+                        out[lo..hi].copy_from_slice(member(k, self.reduced + o.stage + lo, hi - lo));
+                    }
+                }
+            }
+            algo => self.plan.compute(algo, idx, g, member, outputs),
         }
         Ok(())
     }
@@ -527,7 +608,7 @@ impl DirectCollective {
             }
             // Only after a timeout can a member still be in epoch e - 2.
             if Instant::now() >= deadline {
-                return Err(self.timeout_error(&group.members, group.members[idx], missing));
+                return Err(self.plan.timeout_error(&group.members, group.members[idx], missing));
             }
             std::thread::sleep(Duration::from_micros(50));
         }
@@ -576,7 +657,7 @@ impl DirectCollective {
 
     /// The timeout error of a broken epoch: the ranks that had not arrived when it broke.
     fn broken(&self, group: &Group, idx: usize, f: &Flags) -> CollectiveError {
-        self.timeout_error(&group.members, group.members[idx], f.missing.clone())
+        self.plan.timeout_error(&group.members, group.members[idx], f.missing.clone())
     }
 
     /// Collective-permute: a source stages its operand and posts it; its target waits for
@@ -590,10 +671,10 @@ impl DirectCollective {
         inputs: &[&[u8]],
         outputs: &mut [&mut [u8]],
     ) -> Result<(), CollectiveError> {
-        let (source, target) = self.pairs[d];
+        let (source, target) = self.plan.pairs[d];
         let sync = &group.sync;
         let par = (e % 2) as usize;
-        let pair_timeout = |peer: usize| self.timeout_error(&[d.min(peer), d.max(peer)], d, vec![peer]);
+        let pair_timeout = |peer: usize| self.plan.timeout_error(&[d.min(peer), d.max(peer)], d, vec![peer]);
         if let Some(t) = target.filter(|&t| t != d) {
             // My staging buffer `e % 2` is free once my target consumed epoch e - 2.
             let f = sync.lock();
@@ -601,7 +682,7 @@ impl DirectCollective {
                 .wait_until(f, Some(deadline), |f| f.arrived[1][d].saturating_add(2) >= e)
                 .map_err(|_| pair_timeout(t))?;
             drop(f);
-            for (o, x) in self.ops.iter().zip(inputs) {
+            for (o, x) in self.plan.ops.iter().zip(inputs) {
                 group.staging[d][par].write(o.stage, o.len).copy_from_slice(x);
             }
             sync.lock().arrived[0][d] = e;
@@ -619,7 +700,7 @@ impl DirectCollective {
                 let mut f = match waited {
                     Ok(f) => {
                         drop(f);
-                        for (o, out) in self.ops.iter().zip(outputs.iter_mut()) {
+                        for (o, out) in self.plan.ops.iter().zip(outputs.iter_mut()) {
                             out.copy_from_slice(group.staging[s][par].read(o.stage, o.len));
                         }
                         sync.lock()
@@ -704,7 +785,7 @@ mod tests {
                 .map(|d| {
                     let input = &input;
                     s.spawn(move || {
-                        let ins: Vec<Vec<u8>> = (0..c.ops.len()).map(|j| input(d, j)).collect();
+                        let ins: Vec<Vec<u8>> = (0..c.plan.ops.len()).map(|j| input(d, j)).collect();
                         let mut outs: Vec<Vec<u8>> = c.output_lens().into_iter().map(|l| vec![0xAA; l]).collect();
                         for _ in 0..calls {
                             let i: Vec<&[u8]> = ins.iter().map(Vec::as_slice).collect();

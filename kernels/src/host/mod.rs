@@ -31,6 +31,8 @@ pub mod direct;
 mod layout;
 mod protocol;
 mod reduce;
+#[cfg(target_os = "linux")]
+pub mod shm;
 
 use std::fmt;
 use std::sync::atomic::Ordering::SeqCst;

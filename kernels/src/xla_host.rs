@@ -27,6 +27,7 @@ use thunks::{CollectiveConfig, CollectiveOp};
 
 use crate::host::CollectiveError;
 use crate::host::direct::DirectCollective;
+use crate::host::shm::{ShmCollective, ShmKey};
 
 /// One device's side of a call: its operands and result buffers, in XLA's order.
 #[derive(Debug)]
@@ -49,12 +50,36 @@ pub enum HostCallError {
     Collective(#[from] CollectiveError),
 }
 
+/// Where a collective's members meet: one process's memory, or a segment shared by the
+/// processes of a host (groups across processes under jax.distributed).
+#[derive(Debug)]
+enum Protocol {
+    Direct(DirectCollective),
+    Shared(ShmCollective),
+}
+
+impl Protocol {
+    fn output_lens(&self) -> Vec<usize> {
+        match self {
+            Protocol::Direct(c) => c.output_lens(),
+            Protocol::Shared(c) => c.output_lens(),
+        }
+    }
+
+    fn run(&self, device: usize, inputs: &[&[u8]], outputs: &mut [&mut [u8]]) -> Result<(), CollectiveError> {
+        match self {
+            Protocol::Direct(c) => c.run(device, inputs, outputs),
+            Protocol::Shared(c) => c.run(device, inputs, outputs),
+        }
+    }
+}
+
 /// A rewritten collective: the shapes it was built for and its protocol state.
 #[derive(Debug)]
 struct Instance {
     /// Shapes the instance was built for: every later call must match.
     shapes: (Vec<ArrayShape>, Vec<ArrayShape>),
-    collective: DirectCollective,
+    collective: Protocol,
 }
 
 /// Collectives alive, wherever they are held (tests watch executables free theirs).
@@ -121,7 +146,40 @@ impl Instance {
             num_operands: in_shapes.len(),
         };
         let timeout = Duration::from_millis(cfg.timeout_ms);
-        let collective = DirectCollective::new(&config, cfg.algorithm, &physical, n, timeout, &cfg.name)?;
+        let collective = match &cfg.job {
+            None => Protocol::Direct(DirectCollective::new(&config, cfg.algorithm, &physical, n, timeout, &cfg.name)?),
+            Some(job) => {
+                // Groups across processes: every process of the host that owns a member
+                // opens the segment the job and the (shared) instance id name.
+                let by_device = cfg.process_of();
+                let Some(&this) = by_device.get(&call.device) else {
+                    return Err(invalid(
+                        cfg,
+                        format!("device {} has no process in the call's attributes", call.device),
+                    ));
+                };
+                // Devices the call does not name: process 0 (every process fills them alike, since
+                // the segment's plan fingerprint covers the whole map).
+                let mut process_of = vec![0; n];
+                for (&d, &p) in &by_device {
+                    if let Some(slot) = process_of.get_mut(d) {
+                        *slot = p;
+                    }
+                }
+                let key = ShmKey { job: job.clone(), instance: cfg.instance };
+                Protocol::Shared(ShmCollective::new(
+                    &config,
+                    cfg.algorithm,
+                    &physical,
+                    n,
+                    timeout,
+                    &cfg.name,
+                    &key,
+                    &process_of,
+                    this,
+                )?)
+            }
+        };
         if collective.output_lens() != out_shapes.iter().map(ArrayShape::byte_size).collect::<Vec<_>>() {
             return Err(invalid(cfg, format!("result shapes {out_shapes:?} do not fit operands {in_shapes:?}")));
         }

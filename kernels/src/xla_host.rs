@@ -55,7 +55,7 @@ pub enum HostCallError {
 #[derive(Debug)]
 enum Protocol {
     Direct(DirectCollective),
-    Shared(ShmCollective),
+    Shared(Box<ShmCollective>),
 }
 
 impl Protocol {
@@ -167,7 +167,7 @@ impl Instance {
                     }
                 }
                 let key = ShmKey { job: job.clone(), instance: cfg.instance };
-                Protocol::Shared(ShmCollective::new(
+                Protocol::Shared(Box::new(ShmCollective::new(
                     &config,
                     cfg.algorithm,
                     &physical,
@@ -177,7 +177,7 @@ impl Instance {
                     &key,
                     &process_of,
                     this,
-                )?)
+                )?))
             }
         };
         if collective.output_lens() != out_shapes.iter().map(ArrayShape::byte_size).collect::<Vec<_>>() {

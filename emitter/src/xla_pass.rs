@@ -796,14 +796,14 @@ pub fn run(bytes: &[u8], cfg: &PassConfig) -> Result<PassOutcome, PassError> {
     let mut rewrites = HashMap::new();
     // Collectives across processes get ids every process derives alike (the fingerprint is
     // counted once per module, and only if the module has such a collective).
-    let shared = cfg.topology.as_ref().and_then(|t| t.job.as_deref()).map(|job| (job, fingerprint(bytes)));
-    let mut nth = None;
+    // Fingerprinted (and counted) only when a collective crosses processes.
+    let job = cfg.topology.as_ref().and_then(|t| t.job.as_deref());
+    let mut module_key: Option<Option<(u64, u64)>> = None;
     for id in module.collectives() {
         let instance = cfg.instance_base.map(|b| b.wrapping_add(rewrites.len() as u64) & (i64::MAX as u64));
         let shared_id = |instr: &str| -> Option<u64> {
-            let (job, fp) = shared.as_ref()?;
-            let fp = fp.as_ref().ok().copied()?;
-            let n = *nth.get_or_insert_with(|| occurrence(fp));
+            let job = job?;
+            let (fp, n) = (*module_key.get_or_insert_with(|| fingerprint(bytes).ok().map(|fp| (fp, occurrence(fp)))))?;
             Some(shared_instance(job, fp, instr, n))
         };
         let (decision, rewrite) =

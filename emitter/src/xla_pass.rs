@@ -309,11 +309,14 @@ pub struct Topology {
     /// The process the pass runs in (its devices are the local ones); decisions never
     /// depend on it.
     pub this_process: Option<usize>,
+    /// This process's devices: device id → the platform's local ordinal (a GPU's CUDA
+    /// ordinal), for the handlers, which XLA calls with the ordinal. Empty: not given.
+    pub ordinals: BTreeMap<usize, usize>,
 }
 
 impl Topology {
-    /// Parses `this=PROC;job=HEX;devices=ID:PROC,...;hosts=PROC:HOST,...` (the Python
-    /// package's spelling; `job` may be empty).
+    /// Parses `this=PROC;job=HEX;devices=ID:PROC,...;hosts=PROC:HOST,...[;ordinals=ID:ORD,...]`
+    /// (the Python package's spelling; `job` may be empty).
     pub fn parse(s: &str) -> Result<Topology, String> {
         let mut t = Topology::default();
         let pairs = |v: &str, what: &str| -> Result<Vec<(usize, usize)>, String> {
@@ -337,6 +340,7 @@ impl Topology {
                 "this" => t.this_process = Some(v.trim().parse().map_err(|_| format!("process index '{v}'"))?),
                 "devices" => t.process_of = pairs(v, "devices")?.into_iter().collect(),
                 "hosts" => t.host_of = pairs(v, "hosts")?.into_iter().collect(),
+                "ordinals" => t.ordinals = pairs(v, "ordinals")?.into_iter().collect(),
                 other => return Err(format!("unknown topology key '{other}'")),
             }
         }
@@ -1036,6 +1040,8 @@ mod tests {
         assert!(Topology::parse("devices=0-0;hosts=0:0").unwrap_err().contains("not A:B"));
         assert!(Topology::parse("colour=red").unwrap_err().contains("unknown topology key"));
         assert_eq!(Topology::parse("job=").unwrap().job, None);
+        let o = Topology::parse("this=1;devices=0:0,1:1;hosts=0:0,1:0;ordinals=1:0").unwrap();
+        assert_eq!(o.ordinals.into_iter().collect::<Vec<_>>(), [(1, 0)]);
     }
 
     #[test]

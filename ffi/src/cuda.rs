@@ -621,3 +621,65 @@ impl Drop for DeviceBuffer {
         }
     }
 }
+
+/// Bytes of a CUDA IPC memory handle (`CUipcMemHandle`).
+pub const IPC_HANDLE_BYTES: usize = 64;
+
+impl DeviceBuffer {
+    /// The allocation's IPC handle: another process of the host opens it with
+    /// [`IpcMapping::open`] (a `cuMemAlloc` allocation; valid while this buffer lives).
+    pub fn ipc_handle(&self) -> Result<[u8; IPC_HANDLE_BYTES]> {
+        self.bind()?;
+        let mut h = sys::CUipcMemHandle_st { reserved: [0; IPC_HANDLE_BYTES] };
+        call("cuIpcGetMemHandle", Some(self.ordinal), || {
+            // SAFETY: `self.ptr` is the base of a live `cuMemAlloc` allocation of the current
+            // context; `h` outlives the call.
+            st(unsafe { sys::cuIpcGetMemHandle(&mut h, self.ptr) })
+        })?;
+        Ok(h.reserved.map(|c| c as u8))
+    }
+}
+
+/// Another process's device allocation, opened from its IPC handle into this process's
+/// address space (unified addressing: the address is valid in every context of the process
+/// that has peer access to the allocation's device). Closed on drop.
+#[derive(Debug)]
+pub struct IpcMapping {
+    pub ptr: u64,
+    pub ordinal: usize,
+    ctx: sys::CUcontext,
+}
+// SAFETY: a device address; closing binds the context it was opened in.
+unsafe impl Send for IpcMapping {}
+// SAFETY: as above; the value is immutable.
+unsafe impl Sync for IpcMapping {}
+
+impl IpcMapping {
+    /// Opens `handle` in `ctx`, enabling peer access to its device lazily where it lies on
+    /// another GPU. Fails in the process that exported the handle (CUDA's rule).
+    pub fn open(ctx: &Context, handle: &[u8; IPC_HANDLE_BYTES]) -> Result<IpcMapping> {
+        ctx.bind()?;
+        let h = sys::CUipcMemHandle_st { reserved: handle.map(|b| b as std::ffi::c_char) };
+        let mut ptr: sys::CUdeviceptr = 0;
+        let lazy = sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as std::ffi::c_uint;
+        call("cuIpcOpenMemHandle", Some(ctx.ordinal), || {
+            // SAFETY: `h` is a handle's 64 bytes (the driver validates them and fails on
+            // garbage); `ptr` outlives the call; `ctx` is current.
+            st(unsafe { sys::cuIpcOpenMemHandle_v2(&mut ptr, h, lazy) })
+        })?;
+        Ok(IpcMapping { ptr, ordinal: ctx.ordinal, ctx: ctx.ctx })
+    }
+}
+
+impl Drop for IpcMapping {
+    fn drop(&mut self) {
+        // SAFETY: `self.ctx` is the primary context the mapping was opened in (retained by the
+        // clique that owns this mapping's user); the mapping is closed once.
+        let bound = guarded("cuCtxSetCurrent", Some(self.ordinal), || unsafe { r::ctx::set_current(self.ctx) });
+        if matches!(bound, Ok(Ok(()))) {
+            // SAFETY: `self.ptr` came from cuIpcOpenMemHandle and is closed once.
+            let _ =
+                guarded("cuIpcCloseMemHandle", Some(self.ordinal), || unsafe { sys::cuIpcCloseMemHandle(self.ptr) });
+        }
+    }
+}

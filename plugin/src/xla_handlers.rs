@@ -5,7 +5,7 @@
 //! runtime; `ffi::xla_ffi::guard_with_traits` answers the metadata probe and turns errors
 //! and panics into XLA errors.
 
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -111,15 +111,29 @@ pub fn handler(platform: &str, target: &str) -> Option<Handler> {
 }
 
 /// The peer-access table the pass decides with on `platform`: `None` on CPU (one address
-/// space: every device reaches every other); on CUDA the probed table of the process's GPUs
-/// (device id = ordinal in one process), or a table with no links when the GPUs cannot be
-/// opened (every collective then stays XLA's, with that reason).
-pub fn peer_table(platform: &str, _local: Option<&BTreeSet<usize>>) -> Option<Arc<PeerAccessTable>> {
+/// space: every device reaches every other); on CUDA the probed table of the process's GPUs,
+/// on device ids (`ordinals`: this process's device id → CUDA ordinal, where the process
+/// does not own every device; `None`: ids are ordinals), or a table with no links when the
+/// GPUs cannot be opened (every collective then stays XLA's, with that reason).
+pub fn peer_table(platform: &str, ordinals: Option<&BTreeMap<usize, usize>>) -> Option<Arc<PeerAccessTable>> {
     match platform {
-        "cuda" => Some(kernels::cuda::xla::peer_table().unwrap_or_else(|e| {
-            log::warn!("peerless: no peer table on cuda: {e}");
-            Arc::new(PeerAccessTable::from_fn(0, format!("GPUs not opened: {e}"), |_, _| false))
-        })),
+        "cuda" => Some(match kernels::cuda::xla::peer_table() {
+            Ok(t) => match ordinals.filter(|o| !o.is_empty()) {
+                None => t,
+                Some(o) => {
+                    let n = o.keys().max().map_or(0, |m| m + 1);
+                    let source = format!("{} (device ids of this process {:?})", t.source(), o.keys());
+                    Arc::new(PeerAccessTable::from_fn(n, source, |a, b| match (o.get(&a), o.get(&b)) {
+                        (Some(&x), Some(&y)) => t.can_access(x, y),
+                        _ => false,
+                    }))
+                }
+            },
+            Err(e) => {
+                log::warn!("peerless: no peer table on cuda: {e}");
+                Arc::new(PeerAccessTable::from_fn(0, format!("GPUs not opened: {e}"), |_, _| false))
+            }
+        }),
         _ => None,
     }
 }

@@ -72,15 +72,23 @@ pub fn pass_config(platform: &str, flags: &str, local_devices: &str, probe: bool
             .collect::<Result<BTreeSet<_>, _>>()?;
         (Some(ids), None)
     };
-    // CPU: the host protocols reach other processes of the host through shared memory.
-    // CUDA: not yet (the IPC path of the multi-process issue), so such groups fall back.
+    // Both platforms reach the other processes of a host: CPU through the host protocols
+    // over shared memory, CUDA through staging shared with IPC handles.
     let caps = match platform {
-        "cpu" => Capabilities { variadic: true, cross_process: true },
-        "cuda" => Capabilities { variadic: true, cross_process: false },
+        "cpu" | "cuda" => Capabilities { variadic: true, cross_process: true },
         other => return Err(format!("Peerless has no handlers for platform '{other}'")),
     };
+    // XLA calls a GPU's handlers with its CUDA ordinal; under jax.distributed the ordinal is
+    // not the device id, so the handlers learn the mapping here (before any executable of
+    // this topology runs: the pass runs at its compile).
+    let ordinals = topology.as_ref().map(|t| t.ordinals.clone()).filter(|o| !o.is_empty());
+    if platform == "cuda"
+        && let Some(o) = &ordinals
+    {
+        kernels::cuda::xla::set_device_ids(o.iter().map(|(&id, &ord)| (ord, id)).collect());
+    }
     // Without the probe the table is unused: `xla_pass::run` returns before deciding.
-    let peers = if probe { crate::xla_handlers::peer_table(platform, local.as_ref()) } else { None };
+    let peers = if probe { crate::xla_handlers::peer_table(platform, ordinals.as_ref()) } else { None };
     Ok(PassConfig { flags: f, peers, local_devices: local, topology, caps, instance_base: None })
 }
 

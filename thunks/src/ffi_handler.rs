@@ -29,6 +29,12 @@ pub trait CollectiveRuntime: Sync {
     fn initialize(&self, _frame: &CallFrame<'_>, _call: &CustomCallConfig, _device: usize) -> Result<(), HandlerError> {
         Ok(())
     }
+    /// The device id of the device XLA calls the handler on, from the ordinal XLA reports
+    /// (XLA:CPU reports the id itself; a GPU reports its local ordinal, which is the id only
+    /// in a process that owns every device).
+    fn device_id(&self, ordinal: usize) -> Result<usize, HandlerError> {
+        Ok(ordinal)
+    }
     /// Runs the call on `device` (its device id).
     fn execute(&self, frame: &CallFrame<'_>, call: &CustomCallConfig, device: usize) -> Result<(), HandlerError>;
 }
@@ -92,6 +98,7 @@ pub fn dispatch(kind: CollectiveKind, f: &CallFrame<'_>, rt: &dyn CollectiveRunt
     let device = f.device_ordinal()?;
     let device = usize::try_from(device)
         .map_err(|_| HandlerError::new(ErrorCode::Internal, format!("XLA reported device ordinal {device}")))?;
+    let device = rt.device_id(device)?;
     let in_call = if kind == CollectiveKind::CollectivePermute { true } else { call.group_of(device).is_some() };
     if !in_call {
         return Err(HandlerError::invalid_argument(format!(

@@ -13,15 +13,21 @@
 //!   and permute push into the peers' symmetric staging (a peer's XLA buffer address is not
 //!   known to us), then each device copies its staging into its result, in stream order:
 //!   the next call's "ready" barrier cannot pass before that copy has run.
+//! - Groups across processes of one host (`job` calls, `jax.distributed`): each process
+//!   allocates its own devices' parts, and in INITIALIZE posts their CUDA IPC handles in a
+//!   shared segment named by the job's token and the collective's shared id
+//!   ([`crate::host::shm::exchange`]); it opens the other processes' handles (peer access
+//!   enabled lazily) and the kernels run as in one process. XLA calls the handlers with the
+//!   CUDA ordinal, which is not the device id there: [`set_device_ids`] maps it.
 //! - A peer that never arrives ends the kernel's bounded wait: the kernel writes the missing
 //!   members into its status word and into a host-mapped report word, and the next call of the collective on that
 //!   device reports them as an error (no host synchronisation on the hot path).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock};
 
-use ffi::cuda::{DeviceBuffer, ForeignStream, HostMapped};
+use ffi::cuda::{DeviceBuffer, ForeignStream, HostMapped, IPC_HANDLE_BYTES, IpcMapping};
 use ffi::xla_ffi::{BufferRef, COMMAND_BUFFER_COMPATIBLE, CallFrame, ErrorCode, ExecutableState, HandlerError, Traits};
 use hlo::ArrayShape;
 use thunks::custom_call::CustomCallConfig;
@@ -64,7 +70,23 @@ pub fn peer_table() -> Result<Arc<emitter::PeerAccessTable>, String> {
     clique().map(|c| c.peers.clone()).map_err(|e| e.to_string())
 }
 
-/// One device's part of a collective.
+/// Local ordinal → device id, where this process does not own every device of the job
+/// (`jax.distributed`); empty: ids are ordinals.
+static DEVICE_IDS: RwLock<BTreeMap<usize, usize>> = RwLock::new(BTreeMap::new());
+
+/// Records which device id each local GPU (CUDA ordinal) has in the job (the pass's
+/// configuration knows it from the topology).
+pub fn set_device_ids(ids: BTreeMap<usize, usize>) {
+    *DEVICE_IDS.write().unwrap_or_else(PoisonError::into_inner) = ids;
+}
+
+/// The CUDA ordinal of device id `id` in this process.
+pub fn ordinal_of(id: usize) -> Option<usize> {
+    let ids = DEVICE_IDS.read().unwrap_or_else(PoisonError::into_inner);
+    if ids.is_empty() { Some(id) } else { ids.iter().find(|(_, d)| **d == id).map(|(o, _)| *o) }
+}
+
+/// One device's part of a collective (a device of this process).
 #[derive(Debug)]
 struct Rank {
     staging: DeviceBuffer,
@@ -75,15 +97,37 @@ struct Rank {
     report: HostMapped,
 }
 
+/// Where a member's staging and signals lie, as this process addresses them.
+#[derive(Clone, Copy, Debug)]
+struct Addr {
+    staging: u64,
+    signals: u64,
+}
+
+/// Every member's addresses, once known (the hot path reads this).
+#[derive(Debug)]
+struct Complete {
+    /// This process's devices' parts.
+    ranks: HashMap<usize, Arc<Rank>>,
+    /// Every member's staging and signals: its own buffers, or another process's opened
+    /// from their IPC handles.
+    addrs: HashMap<usize, Addr>,
+    /// Other processes' buffers, closed when the instance goes.
+    _mapped: Vec<IpcMapping>,
+}
+
 /// A collective's per-device state. Each device allocates its own part, in its INITIALIZE
 /// stage (outside any stream capture: allocating or memsetting on another device while that
 /// device records a command buffer would break its capture), and publishes it here; a
-/// device's first execute waits (bounded) until every device it exchanges with has.
+/// device's first execute waits (bounded) until every device it exchanges with has: in this
+/// process through `ranks`, in other processes of the host (`job` calls) through the IPC
+/// handles they post in a shared segment ([`crate::host::shm::exchange`]).
 #[derive(Debug)]
 struct Instance {
     ranks: Mutex<HashMap<usize, Arc<Rank>>>,
-    /// The complete set, once every device named has published (the hot path reads this).
-    complete: OnceLock<HashMap<usize, Arc<Rank>>>,
+    complete: OnceLock<Complete>,
+    /// Held by the one thread of the process that meets the other processes.
+    meeting: Mutex<()>,
     /// Staging bytes per device (AR / RS: two halves).
     staging: usize,
     devices: Vec<usize>,
@@ -144,6 +188,7 @@ fn new_instance(cfg: &CustomCallConfig, args: &[ArrayShape], rets: &[ArrayShape]
     Arc::new(Instance {
         ranks: Mutex::new(HashMap::new()),
         complete: OnceLock::new(),
+        meeting: Mutex::new(()),
         staging: staging_bytes(cfg, args, rets),
         devices: devices_of(cfg),
     })
@@ -159,15 +204,21 @@ fn instance(f: &CallFrame<'_>, cfg: &CustomCallConfig, args: &[ArrayShape], rets
     map.entry(cfg.instance).or_insert_with(|| new_instance(cfg, args, rets)).clone()
 }
 
-/// Allocates and publishes `device`'s part of `inst` unless it exists.
-fn publish_own(c: &Clique, cfg: &CustomCallConfig, inst: &Instance, device: usize) -> Result<(), HandlerError> {
+/// Allocates and publishes the part of `inst` of `device` (GPU `ordinal`) unless it exists.
+fn publish_own(
+    c: &Clique,
+    cfg: &CustomCallConfig,
+    inst: &Instance,
+    device: usize,
+    ordinal: usize,
+) -> Result<(), HandlerError> {
     if inst.ranks.lock().unwrap_or_else(PoisonError::into_inner).contains_key(&device) {
         return Ok(());
     }
-    let dev = c.devices.get(device).ok_or_else(|| {
+    let dev = c.devices.get(ordinal).ok_or_else(|| {
         err(
             ErrorCode::FailedPrecondition,
-            format!("'{}' runs on device {device}; this process has {} GPUs", cfg.name, c.len()),
+            format!("'{}' runs on device {device} (GPU {ordinal}); this process has {} GPUs", cfg.name, c.len()),
         )
     })?;
     let rank = Rank {
@@ -180,37 +231,128 @@ fn publish_own(c: &Clique, cfg: &CustomCallConfig, inst: &Instance, device: usiz
     Ok(())
 }
 
-/// Every device's part, waiting (up to the call's timeout) for devices that have not
-/// published yet; the error names them.
-fn all_ranks<'a>(cfg: &CustomCallConfig, inst: &'a Instance) -> Result<&'a HashMap<usize, Arc<Rank>>, HandlerError> {
-    if let Some(c) = inst.complete.get() {
-        return Ok(c);
+/// The devices of the call this process owns: all of them unless the call spans processes.
+fn local_members(cfg: &CustomCallConfig, inst: &Instance, device: usize) -> Vec<usize> {
+    if cfg.job.is_none() {
+        return inst.devices.clone();
     }
+    let by = cfg.process_of();
+    let me = by.get(&device).copied();
+    inst.devices.iter().copied().filter(|d| by.get(d).copied() == me).collect()
+}
+
+/// Every member's addresses, waiting (up to the call's timeout) for devices that have not
+/// published yet; the error names them. `ordinal`: the calling GPU, in whose context other
+/// processes' buffers are opened.
+fn all_ranks<'a>(
+    c: &Clique,
+    cfg: &CustomCallConfig,
+    inst: &'a Instance,
+    device: usize,
+    ordinal: usize,
+) -> Result<&'a Complete, HandlerError> {
+    if let Some(done) = inst.complete.get() {
+        return Ok(done);
+    }
+    let timed_out = |missing: Vec<usize>, how: &str| {
+        err(
+            ErrorCode::DeadlineExceeded,
+            format!(
+                "{} '{}': devices {missing:?} never {how} within {} ms (groups {}, pairs {:?})",
+                cfg.target(),
+                cfg.name,
+                cfg.timeout_ms,
+                thunks::fmt_groups(&cfg.groups),
+                cfg.pairs
+            ),
+        )
+    };
+    let local = local_members(cfg, inst, device);
     let deadline = std::time::Instant::now() + std::time::Duration::from_millis(cfg.timeout_ms);
-    loop {
+    let ranks = loop {
         let missing: Vec<usize> = {
             let ranks = inst.ranks.lock().unwrap_or_else(PoisonError::into_inner);
-            let missing: Vec<usize> = inst.devices.iter().copied().filter(|d| !ranks.contains_key(d)).collect();
+            let missing: Vec<usize> = local.iter().copied().filter(|d| !ranks.contains_key(d)).collect();
             if missing.is_empty() {
-                return Ok(inst.complete.get_or_init(|| ranks.clone()));
+                break ranks.clone();
             }
             missing
         };
         if std::time::Instant::now() >= deadline {
-            return Err(err(
-                ErrorCode::DeadlineExceeded,
-                format!(
-                    "{} '{}': devices {missing:?} never initialised it within {} ms (groups {}, pairs {:?})",
-                    cfg.target(),
-                    cfg.name,
-                    cfg.timeout_ms,
-                    thunks::fmt_groups(&cfg.groups),
-                    cfg.pairs
-                ),
-            ));
+            return Err(timed_out(missing, "initialised it"));
         }
         std::thread::sleep(std::time::Duration::from_micros(50));
+    };
+    let own = |r: &Rank| Addr { staging: r.staging.ptr, signals: r.signals.ptr };
+    let mut addrs: HashMap<usize, Addr> = ranks.iter().map(|(&d, r)| (d, own(r))).collect();
+    let Some(job) = &cfg.job else {
+        return Ok(inst.complete.get_or_init(|| Complete { ranks, addrs, _mapped: vec![] }));
+    };
+    // Across processes: one thread of this process meets the others.
+    let _meeting = inst.meeting.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some(done) = inst.complete.get() {
+        return Ok(done);
     }
+    // Each device posts its staging's and signals' IPC handles and the staging size.
+    const SLOT: usize = 2 * IPC_HANDLE_BYTES + 8;
+    let mut posts = Vec::new();
+    for &d in &local {
+        let r = &ranks[&d];
+        let mut b = Vec::with_capacity(SLOT);
+        b.extend_from_slice(&r.staging.ipc_handle().map_err(internal)?);
+        b.extend_from_slice(&r.signals.ipc_handle().map_err(internal)?);
+        b.extend_from_slice(&(inst.staging as u64).to_le_bytes());
+        posts.push((d, b));
+    }
+    let processes = inst.devices.iter().filter_map(|d| cfg.process_of().get(d).copied()).collect::<BTreeSet<_>>();
+    let name = format!("/peerless-{job}-{:016x}-cuda", cfg.instance);
+    let left = deadline.saturating_duration_since(std::time::Instant::now());
+    let all =
+        crate::host::shm::exchange(&name, &inst.devices, processes.len() as u64, &posts, SLOT, left).map_err(|e| {
+            match e {
+                crate::host::shm::ExchangeError::Missing(m) => {
+                    timed_out(m, "posted their buffers (their processes never came)")
+                }
+                crate::host::shm::ExchangeError::Segment(why) => {
+                    err(ErrorCode::FailedPrecondition, format!("{} '{}': {why}", cfg.target(), cfg.name))
+                }
+            }
+        })?;
+    let ctx = &c.devices.get(ordinal).ok_or_else(|| internal(format!("no GPU {ordinal}")))?.ctx;
+    let mut mapped = Vec::new();
+    for (d, b) in all.iter().filter(|(d, _)| !ranks.contains_key(d)) {
+        let handle = |at: usize| -> [u8; IPC_HANDLE_BYTES] {
+            let mut h = [0u8; IPC_HANDLE_BYTES];
+            h.copy_from_slice(&b[at..at + IPC_HANDLE_BYTES]);
+            h
+        };
+        let size = u64::from_le_bytes(b[2 * IPC_HANDLE_BYTES..].try_into().unwrap_or_default());
+        if size != inst.staging as u64 {
+            return Err(internal(format!(
+                "'{}': device {d} staged {size} bytes where this process stages {}",
+                cfg.name, inst.staging
+            )));
+        }
+        let open = |h: [u8; IPC_HANDLE_BYTES]| {
+            IpcMapping::open(ctx, &h).map_err(|e| {
+                err(
+                    ErrorCode::FailedPrecondition,
+                    format!("'{}': cannot map device {d}'s buffers from another process: {e}", cfg.name),
+                )
+            })
+        };
+        let (staging, signals) = (open(handle(0))?, open(handle(IPC_HANDLE_BYTES))?);
+        addrs.insert(*d, Addr { staging: staging.ptr, signals: signals.ptr });
+        mapped.push(staging);
+        mapped.push(signals);
+    }
+    Ok(inst.complete.get_or_init(|| Complete { ranks, addrs, _mapped: mapped }))
+}
+
+/// The CUDA ordinal XLA calls the handler on.
+fn ordinal(f: &CallFrame<'_>) -> Result<usize, HandlerError> {
+    let o = f.device_ordinal()?;
+    usize::try_from(o).map_err(|_| internal(format!("XLA reported device ordinal {o}")))
 }
 
 /// The call's buffers, its operands' shapes and its collective's instance.
@@ -241,31 +383,44 @@ struct Call<'a> {
     c: &'static Clique,
     cfg: &'a CustomCallConfig,
     inst: &'a Instance,
-    ranks: &'a HashMap<usize, Arc<Rank>>,
+    done: &'a Complete,
+    /// The calling device's id and CUDA ordinal.
     device: usize,
+    ordinal: usize,
     stream: ForeignStream,
 }
 
 impl Call<'_> {
-    fn rank(&self, d: usize) -> Result<&Rank, HandlerError> {
-        self.ranks
-            .get(&d)
+    /// The calling device's own part.
+    fn own(&self) -> Result<&Rank, HandlerError> {
+        self.done
+            .ranks
+            .get(&self.device)
             .map(|r| &**r)
+            .ok_or_else(|| internal(format!("'{}': no state for device {}", self.cfg.name, self.device)))
+    }
+
+    /// Member `d`'s staging and signals, as this process addresses them.
+    fn addr(&self, d: usize) -> Result<Addr, HandlerError> {
+        self.done
+            .addrs
+            .get(&d)
+            .copied()
             .ok_or_else(|| internal(format!("'{}': no state for device {d}", self.cfg.name)))
     }
 
     fn flags(&self, d: usize) -> Result<u64, HandlerError> {
-        Ok(self.rank(d)?.signals.ptr + 4 * BLOCKS as u64)
+        Ok(self.addr(d)?.signals + 4 * BLOCKS as u64)
     }
 
     fn status(&self) -> Result<Status, HandlerError> {
         let timeout_ns = self.cfg.timeout_ms.saturating_mul(1_000_000);
-        let r = self.rank(self.device)?;
+        let r = self.own()?;
         Ok(Status { word: r.status.ptr, timeout_ns, tag: 1, report: r.report.device_ptr })
     }
 
     fn func(&self, name: &str) -> Result<ffi::cuda::Function, HandlerError> {
-        self.c.devices[self.device].module.function(name).map_err(|e| internal(format!("kernel {name}: {e}")))
+        self.c.devices[self.ordinal].module.function(name).map_err(|e| internal(format!("kernel {name}: {e}")))
     }
 
     fn launch<A>(
@@ -289,12 +444,10 @@ impl Call<'_> {
     /// counters: what every double-buffered reduction kernel takes.
     fn symmetric(&self, group: &[usize]) -> Result<Symmetric, HandlerError> {
         Ok(Symmetric {
-            stage: Ptrs::of(
-                &group.iter().map(|&m| self.rank(m).map(|r| r.staging.ptr)).collect::<Result<Vec<_>, _>>()?,
-            ),
+            stage: Ptrs::of(&group.iter().map(|&m| self.addr(m).map(|a| a.staging)).collect::<Result<Vec<_>, _>>()?),
             flags: Ptrs::of(&group.iter().map(|&m| self.flags(m)).collect::<Result<Vec<_>, _>>()?),
             stride: (self.inst.staging / 2) as u64,
-            counter: self.rank(self.device)?.signals.ptr,
+            counter: self.own()?.signals.ptr,
         })
     }
 
@@ -325,28 +478,49 @@ impl CollectiveRuntime for CudaRuntime {
         Ok(())
     }
 
+    fn device_id(&self, ordinal: usize) -> Result<usize, HandlerError> {
+        let ids = DEVICE_IDS.read().unwrap_or_else(PoisonError::into_inner);
+        if ids.is_empty() {
+            return Ok(ordinal);
+        }
+        ids.get(&ordinal).copied().ok_or_else(|| {
+            err(
+                ErrorCode::FailedPrecondition,
+                format!("GPU {ordinal} of this process has no device id in the job's topology ({ids:?})"),
+            )
+        })
+    }
+
     fn initialize(&self, f: &CallFrame<'_>, cfg: &CustomCallConfig, device: usize) -> Result<(), HandlerError> {
         let c = clique()?;
         let (_, _, _, inst) = frame_instance(f, cfg)?;
-        publish_own(c, cfg, &inst, device)
+        let ordinal = ordinal(f)?;
+        publish_own(c, cfg, &inst, device, ordinal)?;
+        if cfg.job.is_some() {
+            // Meet the other processes here, outside any stream capture: opening their IPC
+            // handles is not an operation a capturing stream allows.
+            all_ranks(c, cfg, &inst, device, ordinal)?;
+        }
+        Ok(())
     }
 
     fn execute(&self, f: &CallFrame<'_>, cfg: &CustomCallConfig, device: usize) -> Result<(), HandlerError> {
         let c = clique()?;
+        let ordinal = ordinal(f)?;
         let (args, rets, arg_shapes, inst) = frame_instance(f, cfg)?;
         if inst.complete.get().is_none() {
             // Normally done in INITIALIZE; a runtime that skipped it allocates here.
-            publish_own(c, cfg, &inst, device)?;
+            publish_own(c, cfg, &inst, device, ordinal)?;
         }
-        let ranks = all_ranks(cfg, &inst)?;
-        let dev = c.devices.get(device).ok_or_else(|| internal(format!("no GPU {device}")))?;
+        let done = all_ranks(c, cfg, &inst, device, ordinal)?;
+        let dev = c.devices.get(ordinal).ok_or_else(|| internal(format!("no GPU {ordinal}")))?;
         dev.ctx.bind().map_err(internal)?;
         // SAFETY: XLA hands an FFI handler the CUstream of the calling device, alive for the call
         // and for the work enqueued on it.
-        let stream = unsafe { ForeignStream::new(f.stream()?, device) };
-        let call = Call { c, cfg, inst: &inst, ranks, device, stream };
+        let stream = unsafe { ForeignStream::new(f.stream()?, ordinal) };
+        let call = Call { c, cfg, inst: &inst, done, device, ordinal, stream };
         // A previous call's kernel may have given up on a peer: report it now.
-        let own = call.rank(device)?;
+        let own = call.own()?;
         let missing = own.report.load(0);
         if missing != 0 {
             // Clear both words: the device one in stream order (later launches would otherwise
@@ -525,7 +699,7 @@ fn push(
 ) -> Result<(), HandlerError> {
     let cfg = call.cfg;
     let g = group.len();
-    let mine = call.rank(call.device)?;
+    let mine = call.own()?;
     if g > MAX_TASKS {
         return Err(err(ErrorCode::InvalidArgument, format!("group of {g} > {MAX_TASKS}")));
     }
@@ -547,7 +721,7 @@ fn push(
         wait: [wait, wait],
         ..Xchg::default()
     };
-    let peer_stage = |k: usize| call.rank(group[k]).map(|r| r.staging.ptr);
+    let peer_stage = |k: usize| call.addr(group[k]).map(|a| a.staging);
     // Copies from my staging into XLA's results once every push has landed.
     let mut outs: Vec<(u64, u64, usize)> = Vec::new();
     let moved: usize;
@@ -630,7 +804,7 @@ fn permute(call: &Call, args: &[BufferRef], rets: &[BufferRef], shapes: &[ArrayS
     let len = shapes[0].byte_size();
     let target = call.cfg.pairs.iter().find(|p| p.0 == d).map(|p| p.1);
     let source = call.cfg.pairs.iter().find(|p| p.1 == d).map(|p| p.0);
-    let mine = call.rank(d)?;
+    let mine = call.own()?;
     let mut x = Xchg { counter: mine.signals.ptr, flags: call.flags(d)?, ..Xchg::default() };
     if let Some(s) = source.filter(|&s| s != d) {
         x.sig[0].base[0] = call.flags(s)?;
@@ -650,7 +824,7 @@ fn permute(call: &Call, args: &[BufferRef], rets: &[BufferRef], shapes: &[ArrayS
             x.wait[0].n = 1;
             x.task[0] = Run {
                 src: a.data as u64,
-                dst: call.rank(t)?.staging.ptr,
+                dst: call.addr(t)?.staging,
                 rows: 1,
                 row: len as u64,
                 sstride: 0,

@@ -465,6 +465,56 @@ fn fingerprint(text: &str) -> u64 {
     h.max(1)
 }
 
+/// Why [`exchange`] failed.
+#[derive(Debug)]
+pub enum ExchangeError {
+    /// These devices' processes never posted within the timeout.
+    Missing(Vec<usize>),
+    /// The segment could not be opened, or belongs to something else.
+    Segment(String),
+}
+
+/// A one-time meeting of the processes of one host: each device of `devices` posts `slot`
+/// bytes (its owner process posts for it), and everyone gets every device's. The device
+/// layer exchanges its IPC handles this way (the CUDA handlers run inside XLA, without
+/// Python's key-value store; processes of a host share memory by the topology's
+/// definition). `name` names the segment like a collective's (job token + instance, with a
+/// suffix); `processes` = the number of distinct processes owning `devices`. The segment
+/// is unlinked as soon as every process has attached, or by the last to leave on timeout.
+pub fn exchange(
+    name: &str,
+    devices: &[usize],
+    processes: u64,
+    mine: &[(usize, Vec<u8>)],
+    slot: usize,
+    timeout: Duration,
+) -> Result<Vec<(usize, Vec<u8>)>, ExchangeError> {
+    let per = slot.checked_next_multiple_of(64).and_then(|s| s.checked_add(64));
+    let Some(size) = per.and_then(|p| p.checked_mul(devices.len())).and_then(|b| b.checked_add(HEADER)) else {
+        return Err(ExchangeError::Segment(format!("{} slots of {slot} bytes overflow", devices.len())));
+    };
+    let per = per.unwrap_or(64);
+    let print = fingerprint(&format!("exchange|{devices:?}|{slot}|{processes}"));
+    let seg = Segment::attach(name, size, print, processes, timeout).map_err(ExchangeError::Segment)?;
+    let at = |d: usize| devices.iter().position(|&x| x == d).map(|i| HEADER + i * per);
+    for (d, bytes) in mine {
+        let Some(off) = at(*d) else {
+            return Err(ExchangeError::Segment(format!("device {d} is not one of {devices:?}")));
+        };
+        if bytes.len() != slot {
+            return Err(ExchangeError::Segment(format!("{} bytes posted for a slot of {slot}", bytes.len())));
+        }
+        seg.write(off + 64, slot).copy_from_slice(bytes);
+        seg.word(off).store(1, Ordering::Release);
+    }
+    let deadline = Instant::now() + timeout;
+    let ready = |d: usize| at(d).is_some_and(|off| seg.word(off).load(Ordering::Acquire) == 1);
+    if !wait(deadline, || devices.iter().all(|&d| ready(d))) {
+        return Err(ExchangeError::Missing(devices.iter().copied().filter(|&d| !ready(d)).collect()));
+    }
+    Ok(devices.iter().enumerate().map(|(i, &d)| (d, seg.read(HEADER + i * per + 64, slot).to_vec())).collect())
+}
+
 /// One rewritten collective of an executable whose groups span processes of one host;
 /// each process builds its own, shared by its device threads.
 pub struct ShmCollective {
@@ -1314,5 +1364,41 @@ mod tests {
         assert_eq!(r, [0u8; 8]);
         drop((c, c1, c2));
         assert_eq!(leftovers(&job), Vec::<String>::new());
+    }
+
+    #[test]
+    fn exchange_gives_every_process_every_device_and_names_the_missing() {
+        let job = job();
+        let name = format!("/peerless-{job}-{:016x}-ipc", INSTANCE.fetch_add(1, Ordering::Relaxed));
+        // Three "processes" (threads with their own mappings) own devices {0, 1}, {5}, {7}.
+        let owned: Vec<Vec<usize>> = vec![vec![0, 1], vec![5], vec![7]];
+        let devices = [0, 1, 5, 7];
+        let slot = |d: usize| (0..100u8).map(|i| i ^ d as u8).collect::<Vec<u8>>();
+        let got: Vec<_> = thread::scope(|s| {
+            let hs: Vec<_> = owned
+                .iter()
+                .map(|mine| {
+                    let name = &name;
+                    s.spawn(move || {
+                        let posts: Vec<(usize, Vec<u8>)> = mine.iter().map(|&d| (d, slot(d))).collect();
+                        exchange(name, &devices, 3, &posts, 100, Duration::from_secs(20))
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for g in got {
+            let g = g.unwrap_or_else(|e| panic!("{e:?}"));
+            assert_eq!(g, devices.iter().map(|&d| (d, slot(d))).collect::<Vec<_>>());
+        }
+        assert!(leftovers(&job).is_empty(), "{:?}", leftovers(&job));
+        // A process that never comes: the others time out naming its devices, and the name goes.
+        let name = format!("/peerless-{job}-{:016x}-ipc", INSTANCE.fetch_add(1, Ordering::Relaxed));
+        let e = exchange(&name, &devices, 2, &[(0, slot(0)), (1, slot(1))], 100, Duration::from_millis(300));
+        match e {
+            Err(ExchangeError::Missing(m)) => assert_eq!(m, [5, 7]),
+            other => panic!("{other:?}"),
+        }
+        assert!(leftovers(&job).is_empty(), "{:?}", leftovers(&job));
     }
 }

@@ -182,6 +182,9 @@ def _topology(backend_name: str, platform: str) -> str:
     job, hosts = _job_hosts(gs.client, this, nproc)
     devices = ",".join(f"{d.id}:{d.process_index}" for d in backend.devices())
     topo = f"this={this};job={job};devices={devices};hosts=" + ",".join(f"{q}:{h}" for q, h in sorted(hosts.items()))
+    if platform == "cuda":
+        # XLA calls a GPU's handlers with its CUDA ordinal, which is not its id here.
+        topo += ";ordinals=" + ",".join(f"{d.id}:{d.local_hardware_id}" for d in backend.local_devices())
     log.info("peerless: process %d of %d, hosts %s, platform %s", this, nproc, hosts, platform)
     with _lock:
         _state["topology"].setdefault(backend_name, topo)

@@ -12,7 +12,9 @@ configuration's best round:
   nopass   : the same with PEERLESS_ENABLE=0 (the wrapper without the pass), to tell the
              pass's cost from the platform's.
 Per program: median µs per call over 5 × GPU_WRAP_CALLS (default 20) calls (`us`), and the host time to enqueue the
-20 calls (`enqueue_us`, per call); whether XLA's optimized HLO is the same text as stock's.
+20 calls (`enqueue_us`, per call); the best round's ratio and the median round's; whether every
+process compiled the same optimized HLO (XLA's autotuner picks per process:
+GPU_WRAP_XLA_FLAGS="--xla_gpu_per_fusion_autotune_cache_dir=DIR" makes them share its picks).
 Programs: matmul f32 / bf16, an MLP train step, a transformer block, softmax cross-entropy,
 an elementwise chain, a small conv net, and a one-device psum (which the pass leaves to XLA,
 since no device meets another: a custom call there cost a launch and split XLA's fusions). Results compared. `--noop`: also with a no-op pass registered instead.
@@ -139,6 +141,10 @@ def main():
         for cfg in names[rnd % len(names):] + names[:rnd % len(names)]:
             env = dict(os.environ, **SAFE_ENV)
             env.pop("PEERLESS_XLA_PLUGIN", None)
+            if os.environ.get("GPU_WRAP_XLA_FLAGS"):
+                # The same XLA flags for every configuration (e.g. an autotune cache that all
+                # share, so that every process runs the same autotuned programs).
+                env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " " + os.environ["GPU_WRAP_XLA_FLAGS"]).strip()
             if cfg == "stock":
                 env["JAX_PLATFORMS"] = "cuda"
             else:
@@ -168,7 +174,7 @@ def main():
     print(f"stock on {runs['stock'][0]['device']}; peerless on {pr['device']} (platform {pr['platform']}), "
           f"stats {pr.get('stats')}, handler calls {pr.get('handler_calls')}")
     print(f"{'program':20s} {'stock µs':>9s} {'peerless µs':>11s} {'ratio':>6s} {'nopass':>7s} "
-          f"{'enqueue stock/peerless µs':>25s} {'HLO':>5s} same")
+          f"{'median ratio':>12s} {'enqueue stock/peerless µs':>25s} {'HLO':>5s} same")
     rc = 0
     for name in runs["stock"][0]["us"]:
         s = min(r["us"][name] for r in runs["stock"])
@@ -176,11 +182,14 @@ def main():
         n = min(r["us"][name] for r in runs["nopass"])
         es = min(r["enqueue_us"][name] for r in runs["stock"])
         eq = min(r["enqueue_us"][name] for r in runs["peerless"])
-        same_hlo = runs["stock"][0]["hlo"][name] == runs["nopass"][0]["hlo"][name]
+        med = lambda c: sorted(r["us"][name] for r in runs[c])[len(runs[c]) // 2]  # noqa: E731
+        # Same: every process of every configuration compiled the same program.
+        same_hlo = len({r["hlo"][name] for c in runs for r in runs[c]}) == 1
         keys = [k for k in want.files if k.startswith(name + "/")]
         same = all(np.allclose(got[k], want[k], rtol=1e-5, atol=1e-6) for k in keys)
         exact = all(np.array_equal(got[k], want[k]) for k in keys)
-        print(f"{name:20s} {s:9.1f} {q:11.1f} {q / s:6.3f} {n / s:7.3f} {es:12.1f} / {eq:10.1f} "
+        print(f"{name:20s} {s:9.1f} {q:11.1f} {q / s:6.3f} {n / s:7.3f} {med('peerless') / med('stock'):12.3f} "
+              f"{es:12.1f} / {eq:10.1f} "
               f"{'same' if same_hlo else 'DIFF':>5s} {'bit-identical' if exact else same}")
         rc |= not same
     if "noop" in runs:

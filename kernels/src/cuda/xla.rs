@@ -80,12 +80,6 @@ pub fn set_device_ids(ids: BTreeMap<usize, usize>) {
     *DEVICE_IDS.write().unwrap_or_else(PoisonError::into_inner) = ids;
 }
 
-/// The CUDA ordinal of device id `id` in this process.
-pub fn ordinal_of(id: usize) -> Option<usize> {
-    let ids = DEVICE_IDS.read().unwrap_or_else(PoisonError::into_inner);
-    if ids.is_empty() { Some(id) } else { ids.iter().find(|(_, d)| **d == id).map(|(o, _)| *o) }
-}
-
 /// One device's part of a collective (a device of this process).
 #[derive(Debug)]
 struct Rank {

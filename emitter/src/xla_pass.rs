@@ -603,9 +603,9 @@ fn slim(module: &[u8]) -> Result<Vec<u8>, PassError> {
         let cf = fields(c.payload)?;
         let comp_id =
             cf.iter().find(|x| x.tag == field::COMPUTATION_ID).map(ints).transpose()?.and_then(|v| v.first().copied());
-        if let Some(id) = comp_id {
-            by_id.insert(id, c.raw);
-        }
+        // proto3 leaves a zero out: a computation without an id is id 0 (prost writes
+        // modules so, and XLA may).
+        by_id.insert(comp_id.unwrap_or(0), c.raw);
         let instrs: Vec<&Field<'_>> =
             cf.iter().filter(|i| i.tag == field::INSTRUCTIONS && i.wire == WireType::LengthDelimited).collect();
         // The collectives of this computation, with their fields.
@@ -619,9 +619,7 @@ fn slim(module: &[u8]) -> Result<Vec<u8>, PassError> {
                 colls.push(fs);
             } else {
                 let id = fs.iter().find(|x| x.tag == field::ID).map(ints).transpose()?.and_then(|v| v.first().copied());
-                if let Some(id) = id {
-                    all.insert(id, fs);
-                }
+                all.insert(id.unwrap_or(0), fs);
             }
         }
         if colls.is_empty() {

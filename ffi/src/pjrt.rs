@@ -19,6 +19,8 @@
 use std::ffi::{c_char, c_void};
 use std::path::{Path, PathBuf};
 
+pub mod client;
+
 /// `PJRT_Extension_Type_FFI`.
 pub const EXTENSION_FFI: u32 = 5;
 /// `PJRT_Extension_Type_XlaTransform`.
@@ -259,7 +261,7 @@ impl InnerPlugin {
     }
 
     /// Takes a `PJRT_Error*` from the plugin: its message, and the error freed.
-    fn take_error(&self, error: *mut c_void) -> String {
+    pub(crate) fn take_error(&self, error: *mut c_void) -> String {
         let mut message = String::from("(the plugin gave no message)");
         if let Some(f) = self.slot(1) {
             let mut a = ErrorMessageArgs {

@@ -1,0 +1,368 @@
+//! A small PJRT client over an [`InnerPlugin`]'s function table: create a client, list its
+//! devices, compile an HLO module, move arrays in and out and run an executable on several
+//! devices at once. `peerless run --backend xla` runs modules through it
+//! (`plugin::xla_run`).
+//!
+//! Written against `pjrt_sys` (PJRT 0.54's C header). The plugins are newer (0.115): the
+//! table only grows at its end and every args struct carries its size, so the 0.54 prefix
+//! is called as is. The `pjrt` crate (0.2.0) would have been the client, but its
+//! `LoadedExecutable::call_execute` hands every device the same output list
+//! (`vec![Some(output_inner.as_slice()); num_devices]`), so with N > 1 devices the plugin
+//! writes every device's outputs into one array and all but the last device's are lost;
+//! and it exposes no raw pointers to make that one call beside it.
+//!
+//! Args structs: a plugin refuses an args struct smaller than its own version's
+//! (`Unexpected PJRT_Client_Create_Args size: expected 88, got 72`), so every call passes
+//! its 0.54 struct followed by zeros ([`Padded`]) and a `struct_size` covering both: the
+//! fields appended since 0.54 read as zero, which is "not set" for each of them.
+
+use std::ffi::c_void;
+use std::ptr::null_mut;
+
+use pjrt_sys as sys;
+
+use super::InnerPlugin;
+
+/// An args struct followed by zeros, for a plugin whose version of it is larger.
+#[repr(C)]
+pub(crate) struct Padded<T> {
+    pub args: T,
+    zeros: [u64; 64],
+}
+
+impl<T: Copy> Padded<T> {
+    /// `args` (a PJRT struct, `size_t struct_size` first) with its size set to cover the zeros.
+    pub fn new(args: T) -> Self {
+        const { assert!(size_of::<T>() >= size_of::<usize>()) };
+        let mut p = Padded { args, zeros: [0; 64] };
+        // SAFETY: every PJRT args struct begins with `size_t struct_size` (PJRT's C header).
+        unsafe { (&raw mut p.args).cast::<usize>().write(size_of::<Self>()) };
+        p
+    }
+
+    /// The pointer the plugin gets: the struct, with the zeros readable after it.
+    pub fn as_mut_ptr(&mut self) -> *mut T {
+        (&raw mut *self).cast()
+    }
+}
+
+/// Calls the function in `slot` of the table with `args` (passed padded, copied back); a
+/// plugin error becomes its message.
+macro_rules! call {
+    ($client:expr, $slot:ident, $args:expr) => {{
+        let plugin: &InnerPlugin = $client;
+        // SAFETY: `api` is the plugin's PJRT_Api (live for the process); its 0.54 prefix,
+        // which `sys::PJRT_Api` describes, is the start of every newer table.
+        let f = unsafe { (*plugin.api().cast::<sys::PJRT_Api>()).$slot };
+        match f {
+            None => Err(format!("{}: the plugin has no {}", plugin.path().display(), stringify!($slot))),
+            Some(f) => {
+                let args = $args;
+                let mut padded = Padded::new(*args);
+                // SAFETY: the slot's own args struct, filled as its C header says and padded with
+                // zeros to the plugin's size; pointers in it are live for the call (each
+                // caller's SAFETY note says which).
+                let err = unsafe { f(padded.as_mut_ptr()) };
+                *args = padded.args;
+                if err.is_null() {
+                    Ok(())
+                } else {
+                    Err(format!("{}: {}", stringify!($slot), plugin.take_error(err.cast::<c_void>())))
+                }
+            }
+        }
+    }};
+}
+
+/// One `name=int64` create option (the CPU plugin's `cpu_device_count`).
+pub type IntOption<'a> = (&'a str, i64);
+
+/// A PJRT client of the plugin, destroyed on drop (after every buffer and executable of it).
+#[derive(Debug)]
+pub struct Client {
+    plugin: &'static InnerPlugin,
+    ptr: *mut sys::PJRT_Client,
+}
+
+/// A device of a client: its PJRT handle and global id.
+#[derive(Clone, Copy, Debug)]
+pub struct Device {
+    ptr: *mut sys::PJRT_Device,
+    pub id: i32,
+}
+
+/// A device buffer, destroyed on drop.
+#[derive(Debug)]
+pub struct Buffer<'c> {
+    client: &'c Client,
+    ptr: *mut sys::PJRT_Buffer,
+}
+
+/// A compiled, loaded executable, destroyed on drop.
+#[derive(Debug)]
+pub struct Executable<'c> {
+    client: &'c Client,
+    ptr: *mut sys::PJRT_LoadedExecutable,
+}
+
+/// `PJRT_Buffer_Type` values (PJRT's enum, stable since 0.1).
+pub mod buffer_type {
+    pub const PRED: u32 = 1;
+    pub const S8: u32 = 2;
+    pub const S16: u32 = 3;
+    pub const S32: u32 = 4;
+    pub const S64: u32 = 5;
+    pub const U8: u32 = 6;
+    pub const U16: u32 = 7;
+    pub const U32: u32 = 8;
+    pub const U64: u32 = 9;
+    pub const F16: u32 = 10;
+    pub const F32: u32 = 11;
+    pub const F64: u32 = 12;
+    pub const BF16: u32 = 13;
+}
+
+impl Client {
+    /// Initializes the plugin and creates a client with the given create options.
+    pub fn create(plugin: &'static InnerPlugin, options: &[IntOption<'_>]) -> Result<Client, String> {
+        let mut init = sys::PJRT_Plugin_Initialize_Args::new();
+        // Initializing twice is allowed (XLA's plugins do nothing the second time).
+        call!(plugin, PJRT_Plugin_Initialize, &mut init)?;
+        let named: Vec<sys::PJRT_NamedValue> = options
+            .iter()
+            .map(|(name, v)| {
+                let mut n = sys::PJRT_NamedValue::new();
+                n.name = name.as_ptr().cast();
+                n.name_size = name.len();
+                n.type_ = sys::PJRT_NamedValue_Type_PJRT_NamedValue_kInt64;
+                n.__bindgen_anon_1.int64_value = *v;
+                n.value_size = 1;
+                n
+            })
+            .collect();
+        let mut a = sys::PJRT_Client_Create_Args::new();
+        a.create_options = named.as_ptr();
+        a.num_options = named.len();
+        // SAFETY (the call): `named` and the option names outlive the call.
+        call!(plugin, PJRT_Client_Create, &mut a)?;
+        if a.client.is_null() {
+            return Err(format!("{}: PJRT_Client_Create returned no client", plugin.path().display()));
+        }
+        Ok(Client { plugin, ptr: a.client })
+    }
+
+    pub fn plugin(&self) -> &'static InnerPlugin {
+        self.plugin
+    }
+
+    /// The client's addressable devices, in its order.
+    pub fn devices(&self) -> Result<Vec<Device>, String> {
+        let mut a = sys::PJRT_Client_AddressableDevices_Args::new();
+        a.client = self.ptr;
+        call!(self.plugin, PJRT_Client_AddressableDevices, &mut a)?;
+        let ptrs: &[*mut sys::PJRT_Device] = if a.num_addressable_devices == 0 {
+            &[]
+        } else {
+            // SAFETY: the client owns an array of `num_addressable_devices` device pointers.
+            unsafe { std::slice::from_raw_parts(a.addressable_devices, a.num_addressable_devices) }
+        };
+        let mut out = Vec::new();
+        for &ptr in ptrs {
+            let mut d = sys::PJRT_Device_GetDescription_Args::new();
+            d.device = ptr;
+            call!(self.plugin, PJRT_Device_GetDescription, &mut d)?;
+            let mut i = sys::PJRT_DeviceDescription_Id_Args::new();
+            i.device_description = d.device_description;
+            call!(self.plugin, PJRT_DeviceDescription_Id, &mut i)?;
+            out.push(Device { ptr, id: i.id });
+        }
+        Ok(out)
+    }
+
+    /// Compiles a serialized HloModuleProto with serialized `CompileOptionsProto` bytes.
+    pub fn compile_hlo(&self, module: &[u8], options: &[u8]) -> Result<Executable<'_>, String> {
+        const FORMAT: &str = "hlo";
+        let mut program = Padded::new(sys::PJRT_Program::new());
+        let program_ptr = program.as_mut_ptr();
+        let program = &mut program.args;
+        // PJRT reads the code only (the header's `char*` is not const).
+        program.code = module.as_ptr().cast_mut().cast();
+        program.code_size = module.len();
+        program.format = FORMAT.as_ptr().cast();
+        program.format_size = FORMAT.len();
+        let mut a = sys::PJRT_Client_Compile_Args::new();
+        a.client = self.ptr;
+        a.program = program_ptr;
+        a.compile_options = options.as_ptr().cast();
+        a.compile_options_size = options.len();
+        // SAFETY (the call): `program`, `module` and `options` outlive the call.
+        call!(self.plugin, PJRT_Client_Compile, &mut a)?;
+        Ok(Executable { client: self, ptr: a.executable })
+    }
+
+    /// Copies a dense row-major host array of PJRT type `ty` to `device`.
+    pub fn buffer_from_host(&self, data: &[u8], ty: u32, dims: &[i64], device: Device) -> Result<Buffer<'_>, String> {
+        let mut a = sys::PJRT_Client_BufferFromHostBuffer_Args::new();
+        a.client = self.ptr;
+        a.data = data.as_ptr().cast();
+        a.type_ = ty as sys::PJRT_Buffer_Type;
+        a.dims = dims.as_ptr();
+        a.num_dims = dims.len();
+        // Copied before the call returns: `data` may go right after.
+        a.host_buffer_semantics = sys::PJRT_HostBufferSemantics_PJRT_HostBufferSemantics_kImmutableOnlyDuringCall;
+        a.device = device.ptr;
+        // SAFETY (the call): `data` and `dims` outlive the call, which copies them.
+        call!(self.plugin, PJRT_Client_BufferFromHostBuffer, &mut a)?;
+        let buffer = Buffer { client: self, ptr: a.buffer };
+        self.await_event(a.done_with_host_buffer)?;
+        Ok(buffer)
+    }
+
+    /// Waits for `event` (null: nothing to wait for), then destroys it.
+    fn await_event(&self, event: *mut sys::PJRT_Event) -> Result<(), String> {
+        if event.is_null() {
+            return Ok(());
+        }
+        let mut a = sys::PJRT_Event_Await_Args::new();
+        a.event = event;
+        let r = call!(self.plugin, PJRT_Event_Await, &mut a);
+        let mut d = sys::PJRT_Event_Destroy_Args::new();
+        d.event = event;
+        let _ = call!(self.plugin, PJRT_Event_Destroy, &mut d);
+        r
+    }
+}
+
+impl Drop for Client {
+    fn drop(&mut self) {
+        let mut a = sys::PJRT_Client_Destroy_Args::new();
+        a.client = self.ptr;
+        if let Err(e) = call!(self.plugin, PJRT_Client_Destroy, &mut a) {
+            eprintln!("warning: {e}");
+        }
+    }
+}
+
+impl Executable<'_> {
+    /// Outputs per device (a tuple result counts its elements).
+    pub fn num_outputs(&self) -> Result<usize, String> {
+        let mut g = sys::PJRT_LoadedExecutable_GetExecutable_Args::new();
+        g.loaded_executable = self.ptr;
+        call!(self.client.plugin, PJRT_LoadedExecutable_GetExecutable, &mut g)?;
+        let mut n = sys::PJRT_Executable_NumOutputs_Args::new();
+        n.executable = g.executable;
+        let r = call!(self.client.plugin, PJRT_Executable_NumOutputs, &mut n);
+        let mut d = sys::PJRT_Executable_Destroy_Args::new();
+        d.executable = g.executable;
+        let _ = call!(self.client.plugin, PJRT_Executable_Destroy, &mut d);
+        r.map(|()| n.num_outputs)
+    }
+
+    /// Runs on every device of the executable's device assignment at once: `args[d]` are
+    /// device d's arguments (buffers on that device). Returns every device's outputs, after
+    /// every device finished.
+    pub fn execute<'c>(&'c self, args: &[Vec<&Buffer<'c>>]) -> Result<Vec<Vec<Buffer<'c>>>, String> {
+        let num_outputs = self.num_outputs()?;
+        let n = args.len();
+        let num_args = args.first().map_or(0, Vec::len);
+        if args.iter().any(|a| a.len() != num_args) {
+            return Err("every device needs the same number of arguments".into());
+        }
+        let arg_ptrs: Vec<Vec<*mut sys::PJRT_Buffer>> =
+            args.iter().map(|a| a.iter().map(|b| b.ptr).collect()).collect();
+        let arg_lists: Vec<*const *mut sys::PJRT_Buffer> = arg_ptrs.iter().map(|v| v.as_ptr()).collect();
+        // One output list per device (the bug this module exists for: see the module docs).
+        let mut outputs: Vec<Vec<*mut sys::PJRT_Buffer>> = (0..n).map(|_| vec![null_mut(); num_outputs]).collect();
+        let output_lists: Vec<*mut *mut sys::PJRT_Buffer> = outputs.iter_mut().map(|v| v.as_mut_ptr()).collect();
+        let mut events: Vec<*mut sys::PJRT_Event> = vec![null_mut(); n];
+        let mut options = Padded::new(sys::PJRT_ExecuteOptions::new());
+        let mut a = sys::PJRT_LoadedExecutable_Execute_Args::new();
+        a.executable = self.ptr;
+        a.options = options.as_mut_ptr();
+        a.argument_lists = arg_lists.as_ptr();
+        a.num_devices = n;
+        a.num_args = num_args;
+        a.output_lists = output_lists.as_ptr();
+        a.device_complete_events = events.as_mut_ptr();
+        // SAFETY (the call): the argument lists (n × num_args live buffers), the n output
+        // lists of num_outputs slots and the n event slots outlive the call, which fills them.
+        call!(self.client.plugin, PJRT_LoadedExecutable_Execute, &mut a)?;
+        let outputs: Vec<Vec<Buffer<'c>>> = outputs
+            .into_iter()
+            .map(|v| v.into_iter().map(|ptr| Buffer { client: self.client, ptr }).collect())
+            .collect();
+        let mut first_error = None;
+        for e in events {
+            if let Err(e) = self.client.await_event(e) {
+                first_error.get_or_insert(e);
+            }
+        }
+        match first_error {
+            Some(e) => Err(e),
+            None => Ok(outputs),
+        }
+    }
+}
+
+impl Drop for Executable<'_> {
+    fn drop(&mut self) {
+        let mut a = sys::PJRT_LoadedExecutable_Destroy_Args::new();
+        a.executable = self.ptr;
+        if let Err(e) = call!(self.client.plugin, PJRT_LoadedExecutable_Destroy, &mut a) {
+            eprintln!("warning: {e}");
+        }
+    }
+}
+
+impl Buffer<'_> {
+    /// The buffer's `PJRT_Buffer_Type`.
+    pub fn element_type(&self) -> Result<u32, String> {
+        let mut a = sys::PJRT_Buffer_ElementType_Args::new();
+        a.buffer = self.ptr;
+        call!(self.client.plugin, PJRT_Buffer_ElementType, &mut a)?;
+        Ok(a.type_ as u32)
+    }
+
+    pub fn dims(&self) -> Result<Vec<i64>, String> {
+        let mut a = sys::PJRT_Buffer_Dimensions_Args::new();
+        a.buffer = self.ptr;
+        call!(self.client.plugin, PJRT_Buffer_Dimensions, &mut a)?;
+        if a.num_dims == 0 {
+            return Ok(Vec::new());
+        }
+        // SAFETY: the buffer owns `num_dims` dimensions at `dims`.
+        Ok(unsafe { std::slice::from_raw_parts(a.dims, a.num_dims) }.to_vec())
+    }
+
+    /// The buffer's contents in the plugin's host layout (dense, row-major for XLA's plugins
+    /// when no layout is asked for).
+    pub fn to_host(&self) -> Result<Vec<u8>, String> {
+        let mut a = sys::PJRT_Buffer_ToHostBuffer_Args::new();
+        a.src = self.ptr;
+        // Null `dst`: the call only says how many bytes it needs.
+        call!(self.client.plugin, PJRT_Buffer_ToHostBuffer, &mut a)?;
+        let mut out = vec![0u8; a.dst_size];
+        let mut a = sys::PJRT_Buffer_ToHostBuffer_Args::new();
+        a.src = self.ptr;
+        a.dst = out.as_mut_ptr().cast();
+        a.dst_size = out.len();
+        // SAFETY (the call): `out` has `dst_size` writable bytes and outlives the copy, awaited
+        // below before it is returned.
+        call!(self.client.plugin, PJRT_Buffer_ToHostBuffer, &mut a)?;
+        self.client.await_event(a.event)?;
+        Ok(out)
+    }
+}
+
+impl Drop for Buffer<'_> {
+    fn drop(&mut self) {
+        if self.ptr.is_null() {
+            return;
+        }
+        let mut a = sys::PJRT_Buffer_Destroy_Args::new();
+        a.buffer = self.ptr;
+        if let Err(e) = call!(self.client.plugin, PJRT_Buffer_Destroy, &mut a) {
+            eprintln!("warning: {e}");
+        }
+    }
+}

@@ -4,7 +4,8 @@
 //! peerless check FILE.hlo [--devices N] [--mode replica|partition] [--thunks] [--flag NAME=VALUE]...
 //! peerless flags
 //! peerless run FILE.hlo --devices N [--mode replica|partition] [--inputs IN.npz]
-//!              [--seed S] [--out OUT.npz] [--backend host|cuda|interp] [--flag NAME=VALUE]...
+//!              [--seed S] [--out OUT.npz] [--backend host|cuda|interp|xla] [--xla-plugin PATH]
+//!              [--flag NAME=VALUE]...
 //! ```
 //! Arrays in npz files are named `p{i}_d{d}` (entry parameter i on device d) and
 //! `o{j}_d{d}` (leaf j of the entry result, depth first); see `interp::io`.
@@ -89,6 +90,10 @@ struct RunArgs {
     /// Execution backend.
     #[arg(long, value_enum, default_value_t = BackendArg::Host)]
     backend: BackendArg,
+    /// XLA's PJRT plugin for `--backend xla` (default: PEERLESS_XLA_PLUGIN, else the CPU
+    /// plugin of lammps-jax-pjrt-cpu in $PEERLESS_VENV_DIR/jax or <repo>/.venv/jax).
+    #[arg(long, value_name = "PATH")]
+    xla_plugin: Option<PathBuf>,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -107,6 +112,10 @@ enum BackendArg {
     Cuda,
     /// The reference interpreter (XLA semantics, devices evaluated in lockstep).
     Interp,
+    /// XLA's own PJRT plugin compiles and runs the module (PEERLESS_XLA_PLUGIN or the
+    /// installed CPU/CUDA plugin); Peerless's pass rewrites the collectives it takes and its
+    /// handlers run them. Takes a binary HloModuleProto (.pb).
+    Xla,
 }
 
 fn main() -> ExitCode {
@@ -229,6 +238,7 @@ fn run(args: &RunArgs) -> CliResult<()> {
             exe.execute(&inputs)?
         }
         BackendArg::Interp => interp::run(&module, &cfg, &inputs)?,
+        BackendArg::Xla => run_xla(args, &module, &cfg, &inputs)?,
     };
     let run_secs = t.elapsed().as_secs_f64();
     print!("{}", report::outputs_table(&module, &cfg, &outputs));
@@ -246,6 +256,7 @@ fn run(args: &RunArgs) -> CliResult<()> {
         BackendArg::Host => "host",
         BackendArg::Cuda => "cuda",
         BackendArg::Interp => "interp",
+        BackendArg::Xla => "xla",
     };
     println!(
         "{}: {} {} on {backend}: parse+verify {}, run {}",
@@ -256,4 +267,44 @@ fn run(args: &RunArgs) -> CliResult<()> {
         report::duration(run_secs)
     );
     Ok(())
+}
+
+/// `--backend xla`: XLA's plugin runs the module, Peerless's pass and handlers inside it.
+fn run_xla(
+    args: &RunArgs,
+    module: &Module,
+    cfg: &RunConfig,
+    inputs: &[Vec<hlo::Literal>],
+) -> CliResult<Vec<hlo::Literal>> {
+    let bytes = std::fs::read(&args.file)?;
+    let is_pb = args.file.extension().is_some_and(|e| e == "pb");
+    if !is_pb && std::str::from_utf8(&bytes).is_ok() {
+        return Err(format!(
+            "XLA takes a binary HloModuleProto (.pb): {} is HLO text, and Peerless's hlo crate does not \
+             encode protos. Convert it with XLA (in .venv/jax: python -c \"import sys; from jax._src.lib import _jax; \
+             open(sys.argv[2], 'wb').write(_jax.hlo_module_from_text(open(sys.argv[1]).read())\
+             .as_serialized_hlo_module_proto())\" IN.hlo OUT.pb), or run a case's hlo-tests/goldens/<case>.pb",
+            args.file.display()
+        )
+        .into());
+    }
+    // Checked here, as the other backends check them; the pass reads them again (with
+    // PEERLESS_FLAGS) in the form XLA's plugin hands it.
+    flags(&args.devices)?;
+    let pass_flags: Vec<String> =
+        args.devices.flags.iter().map(|f| format!("--{}", f.trim_start_matches('-'))).collect();
+    let path = plugin::xla_run::find_plugin(args.xla_plugin.as_deref())?;
+    let run = plugin::xla_run::run(&path, module, &bytes, cfg, inputs, &pass_flags)?;
+    let on_peerless = run.decisions.iter().filter(|d| d.kernel).count();
+    println!(
+        "xla: {} ({}); Peerless's pass: {on_peerless} of {} collectives on Peerless{}",
+        run.plugin.display(),
+        run.platform,
+        run.decisions.len(),
+        if run.rewritten { "" } else { " (module unchanged)" }
+    );
+    for d in &run.decisions {
+        println!("  {d}");
+    }
+    Ok(run.outputs)
 }

@@ -15,6 +15,7 @@ pub mod runtime;
 pub mod wrap;
 pub mod xla_handlers;
 pub mod xla_inside;
+pub mod xla_run;
 
 use std::sync::OnceLock;
 

@@ -1,0 +1,304 @@
+//! `peerless run --backend xla`: a module run by XLA's own PJRT plugin, with Peerless's
+//! collective pass applied to it first and Peerless's typed-FFI handlers registered in
+//! that plugin, so the collectives the pass takes run on Peerless's protocols inside XLA.
+//!
+//! The module is prepared as `hlo-tests/gen_goldens.py` prepares XLA's goldens: replicas
+//! get `num_replicas = N` and an N×1 device assignment; partitions get `num_partitions = N`,
+//! SPMD partitioning and a 1×N assignment, with every instruction (the pass's custom calls
+//! included: the pass runs first) marked `sharding={manual}` so that the partitioner leaves
+//! the per-partition program as written. The device assignment is also written into the
+//! module, where the pass reads it (as it does inside XLA, after XLA set it).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use emitter::xla_pass::{PassDecision, PassOutcome};
+use ffi::pjrt::InnerPlugin;
+use ffi::pjrt::client::{Client, buffer_type as bt};
+use hlo::{Array, ArrayShape, Literal, PrimitiveType, Shape};
+use interp::{Mode, RunConfig};
+use pjrt_sys::protos::xla;
+use prost::Message;
+use thunks::custom_call::TARGETS;
+
+/// Where the XLA plugin comes from when `--xla-plugin` is not given.
+pub const ENV_VAR: &str = crate::wrap::ENV_VAR;
+
+/// What a run produced: every device's result and the pass's decisions.
+#[derive(Debug)]
+pub struct XlaRun {
+    pub outputs: Vec<Literal>,
+    pub decisions: Vec<PassDecision>,
+    /// Whether the pass rewrote the module (some collective runs on Peerless).
+    pub rewritten: bool,
+    pub plugin: PathBuf,
+    /// Peerless's platform of the plugin: "cpu" or "cuda".
+    pub platform: &'static str,
+}
+
+/// The CPU plugin of the `lammps-jax-pjrt-cpu` package inside a JAX venv.
+fn cpu_plugin_in(venv: &Path) -> PathBuf {
+    venv.join("lib/python3.12/site-packages/lammps_jax_pjrt_cpu/pjrt_c_api_cpu_plugin.so")
+}
+
+/// The plugin to run on: `explicit` (`--xla-plugin`), else `PEERLESS_XLA_PLUGIN`, else the
+/// CPU plugin in the JAX venv (`$PEERLESS_VENV_DIR/jax`, then `<repo>/.venv/jax`). One error
+/// naming every place looked in when none is there.
+pub fn find_plugin(explicit: Option<&Path>) -> Result<PathBuf, String> {
+    if let Some(p) = explicit {
+        return if p.is_file() {
+            Ok(p.to_path_buf())
+        } else {
+            Err(format!("--xla-plugin {}: no such file", p.display()))
+        };
+    }
+    if let Some(p) = std::env::var_os(ENV_VAR).filter(|p| !p.is_empty() && p != "standalone") {
+        let p = PathBuf::from(p);
+        return if p.is_file() { Ok(p) } else { Err(format!("{ENV_VAR}={}: no such file", p.display())) };
+    }
+    let mut looked = vec![format!("--xla-plugin (not given)"), format!("{ENV_VAR} (not set)")];
+    let mut venvs = Vec::new();
+    if let Some(d) = std::env::var_os("PEERLESS_VENV_DIR").filter(|d| !d.is_empty()) {
+        venvs.push(PathBuf::from(d).join("jax"));
+    } else {
+        looked.push("$PEERLESS_VENV_DIR/jax (PEERLESS_VENV_DIR not set)".into());
+    }
+    // <repo>/.venv/jax: this crate lives in <repo>/plugin.
+    venvs.push(Path::new(env!("CARGO_MANIFEST_DIR")).join("../.venv/jax"));
+    for v in venvs {
+        let p = cpu_plugin_in(&v);
+        if p.is_file() {
+            return Ok(p.canonicalize().unwrap_or(p));
+        }
+        looked.push(p.display().to_string());
+    }
+    Err(format!(
+        "no XLA PJRT plugin found; looked in: {}. Pass --xla-plugin PATH or set {ENV_VAR} (XLA's CPU plugin: \
+         scripts/setup.sh installs lammps-jax-pjrt-cpu into .venv/jax; CUDA: jax-cuda13-pjrt's xla_cuda_plugin.so)",
+        looked.join("; ")
+    ))
+}
+
+/// Loads a plugin once per process and registers Peerless's handlers in it (XLA's FFI
+/// registry is process-global inside the plugin, and a second registration is an error).
+fn plugin(path: &Path, platform: &'static str) -> Result<&'static InnerPlugin, String> {
+    static LOADED: Mutex<Option<HashMap<PathBuf, &'static InnerPlugin>>> = Mutex::new(None);
+    let mut loaded = LOADED.lock().unwrap_or_else(|e| e.into_inner());
+    let map = loaded.get_or_insert_with(HashMap::new);
+    if let Some(p) = map.get(path) {
+        return Ok(p);
+    }
+    // Never unloaded: XLA keeps pointers to the handlers and the client lives in it.
+    let inner: &'static InnerPlugin = Box::leak(Box::new(InnerPlugin::load(path)?));
+    let (xla_platform, traits) = if platform == "cuda" { ("CUDA", 1) } else { ("Host", 0) };
+    for &(_, target) in TARGETS.iter() {
+        let h = crate::xla_handlers::handler(platform, target)
+            .ok_or_else(|| format!("Peerless has no {platform} handler for {target}"))?;
+        // SAFETY: `h` is one of this library's typed FFI handlers, valid for the process.
+        unsafe { inner.register_ffi_handler(target, h as *const std::ffi::c_void, xla_platform, traits) }
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    log::info!(
+        "xla: {} (PJRT {}.{}): {} handlers registered for {xla_platform}",
+        path.display(),
+        inner.version().0,
+        inner.version().1,
+        TARGETS.len()
+    );
+    map.insert(path.to_path_buf(), inner);
+    Ok(inner)
+}
+
+/// The device assignment of `ids` (global device ids) for the mode.
+fn assignment(mode: Mode, ids: &[i64]) -> xla::DeviceAssignmentProto {
+    use xla::device_assignment_proto::ComputationDevice;
+    match mode {
+        Mode::Replica => xla::DeviceAssignmentProto {
+            replica_count: ids.len() as i32,
+            computation_count: 1,
+            computation_devices: vec![ComputationDevice { replica_device_ids: ids.to_vec() }],
+        },
+        Mode::Partition => xla::DeviceAssignmentProto {
+            replica_count: 1,
+            computation_count: ids.len() as i32,
+            computation_devices: ids.iter().map(|&d| ComputationDevice { replica_device_ids: vec![d] }).collect(),
+        },
+    }
+}
+
+/// The compile options of gen_goldens.py's `_run_xla`.
+pub fn compile_options(mode: Mode, ids: &[i64]) -> xla::CompileOptionsProto {
+    let n = ids.len() as i64;
+    let (replicas, partitions) = if mode == Mode::Replica { (n, 1) } else { (1, n) };
+    xla::CompileOptionsProto {
+        executable_build_options: Some(xla::ExecutableBuildOptionsProto {
+            device_ordinal: -1,
+            num_replicas: replicas,
+            num_partitions: partitions,
+            use_spmd_partitioning: mode == Mode::Partition,
+            device_assignment: Some(assignment(mode, ids)),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn decode(bytes: &[u8]) -> Result<xla::HloModuleProto, String> {
+    xla::HloModuleProto::decode(bytes).map_err(|e| format!("not a binary HloModuleProto: {e}"))
+}
+
+/// The module as XLA gets it: device assignment set, the pass applied, and (partitions)
+/// every instruction manual. `flags`: Peerless flags as `--name=value`.
+pub fn prepare(
+    bytes: &[u8],
+    mode: Mode,
+    ids: &[i64],
+    platform: &str,
+    flags: &[String],
+) -> Result<(Vec<u8>, PassOutcome), String> {
+    let mut proto = decode(bytes)?;
+    proto.device_assignment = Some(assignment(mode, ids));
+    let with_assignment = proto.encode_to_vec();
+    let cfg = crate::xla_inside::pass_config(platform, &flags.join(" "), "", true)?;
+    let outcome = emitter::xla_pass::run(&with_assignment, &cfg).map_err(|e| format!("peerless pass: {e}"))?;
+    let mut proto = match &outcome.module {
+        Some(m) => decode(m)?,
+        None => proto,
+    };
+    if mode == Mode::Partition {
+        let manual = xla::OpSharding { r#type: xla::op_sharding::Type::Manual as i32, ..Default::default() };
+        for c in &mut proto.computations {
+            for i in &mut c.instructions {
+                if i.sharding.is_none() {
+                    i.sharding = Some(manual.clone());
+                }
+            }
+        }
+    }
+    Ok((proto.encode_to_vec(), outcome))
+}
+
+/// PJRT's buffer type of an element type (the ones XLA's goldens use).
+pub fn buffer_type(ty: PrimitiveType) -> Result<u32, String> {
+    use PrimitiveType as T;
+    Ok(match ty {
+        T::Pred => bt::PRED,
+        T::S8 => bt::S8,
+        T::S16 => bt::S16,
+        T::S32 => bt::S32,
+        T::S64 => bt::S64,
+        T::U8 => bt::U8,
+        T::U16 => bt::U16,
+        T::U32 => bt::U32,
+        T::U64 => bt::U64,
+        T::F16 => bt::F16,
+        T::Bf16 => bt::BF16,
+        T::F32 => bt::F32,
+        T::F64 => bt::F64,
+        other => return Err(format!("the xla backend does not move {} arrays yet", other.name())),
+    })
+}
+
+/// The result's leaves (array shapes), as PJRT returns them: a tuple result as its elements.
+fn result_leaves(shape: &Shape) -> Result<Vec<&ArrayShape>, String> {
+    match shape {
+        Shape::Array(a) => Ok(vec![a]),
+        Shape::Tuple(elems) => elems
+            .iter()
+            .map(|e| {
+                e.as_array().ok_or_else(|| "the xla backend takes a result of arrays or a tuple of arrays".to_owned())
+            })
+            .collect(),
+        Shape::Token => Err("the xla backend cannot return a token".into()),
+    }
+}
+
+/// Runs `bytes` (a binary HloModuleProto of `module`) on XLA's plugin at `plugin_path`;
+/// `inputs[d]` are device d's entry arguments.
+pub fn run(
+    plugin_path: &Path,
+    module: &hlo::Module,
+    bytes: &[u8],
+    cfg: &RunConfig,
+    inputs: &[Vec<Literal>],
+    flags: &[String],
+) -> Result<XlaRun, String> {
+    let platform = crate::wrap::platform_of(plugin_path);
+    let inner = plugin(plugin_path, platform)?;
+    let n = cfg.num_devices;
+    let options: Vec<(&str, i64)> = if platform == "cpu" { vec![("cpu_device_count", n as i64)] } else { vec![] };
+    let client = Client::create(inner, &options)?;
+    let devices = client.devices()?;
+    if devices.len() < n {
+        let why = if platform == "cpu" {
+            format!(" (XLA:CPU's device count is its `cpu_device_count` create option, set to {n})")
+        } else {
+            String::new()
+        };
+        return Err(format!(
+            "{}: the client has {} devices, {n} are needed{why}",
+            plugin_path.display(),
+            devices.len()
+        ));
+    }
+    let devices = &devices[..n];
+    let ids: Vec<i64> = devices.iter().map(|d| i64::from(d.id)).collect();
+    let (program, outcome) = prepare(bytes, cfg.mode, &ids, platform, flags)?;
+    let options = compile_options(cfg.mode, &ids).encode_to_vec();
+    let exe = client.compile_hlo(&program, &options)?;
+    let mut args = Vec::with_capacity(n);
+    for (d, dev_inputs) in inputs.iter().enumerate() {
+        let mut bufs = Vec::new();
+        for (i, lit) in dev_inputs.iter().enumerate() {
+            let Literal::Array(a) = lit else {
+                return Err(format!("p{i}_d{d}: the xla backend takes array parameters only"));
+            };
+            bufs.push(client.buffer_from_host(&a.data, buffer_type(a.ty())?, a.dims(), devices[d])?);
+        }
+        args.push(bufs);
+    }
+    let arg_refs: Vec<Vec<_>> = args.iter().map(|v| v.iter().collect()).collect();
+    let results = exe.execute(&arg_refs)?;
+    let root = module.entry_result_shape();
+    let leaves = result_leaves(root)?;
+    let mut outputs = Vec::with_capacity(n);
+    for (d, bufs) in results.iter().enumerate() {
+        if bufs.len() != leaves.len() {
+            return Err(format!(
+                "device {d}: XLA returned {} outputs, the module's result has {}",
+                bufs.len(),
+                leaves.len()
+            ));
+        }
+        let mut arrays = Vec::new();
+        for (j, (buf, want)) in bufs.iter().zip(&leaves).enumerate() {
+            let ty = buffer_type(want.ty)?;
+            if buf.element_type()? != ty {
+                return Err(format!(
+                    "o{j}_d{d}: XLA returned PJRT type {}, expected {}",
+                    buf.element_type()?,
+                    want.ty.name()
+                ));
+            }
+            let dims = buf.dims()?;
+            let shape = ArrayShape::new(want.ty, dims);
+            let data = buf.to_host()?;
+            arrays.push(Array::new(shape, data).map_err(|e| format!("o{j}_d{d}: {e:?}"))?);
+        }
+        outputs.push(match root {
+            Shape::Tuple(_) => Literal::Tuple(arrays.into_iter().map(Literal::Array).collect()),
+            _ => Literal::Array(arrays.pop().expect("one leaf")),
+        });
+    }
+    drop(results);
+    drop(args);
+    drop(exe);
+    Ok(XlaRun {
+        rewritten: outcome.module.is_some(),
+        outputs,
+        decisions: outcome.decisions,
+        plugin: plugin_path.to_path_buf(),
+        platform,
+    })
+}

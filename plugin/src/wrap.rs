@@ -56,7 +56,7 @@ static INNER: OnceLock<Option<Result<Wrapped, String>>> = OnceLock::new();
 
 /// The Peerless platform whose handlers the inner plugin gets: "cuda" for XLA's CUDA plugin
 /// (`PEERLESS_XLA_PLATFORM`, else the file name), "cpu" otherwise.
-pub(crate) fn platform_of(path: &std::path::Path) -> &'static str {
+pub fn platform_of(path: &std::path::Path) -> &'static str {
     match std::env::var("PEERLESS_XLA_PLATFORM").as_deref() {
         Ok("cuda") => "cuda",
         Ok(_) => "cpu",

@@ -25,6 +25,8 @@ use thunks::custom_call::TARGETS;
 /// Where the XLA plugin comes from when `--xla-plugin` is not given.
 pub const ENV_VAR: &str = crate::wrap::ENV_VAR;
 
+pub use crate::wrap::platform_of;
+
 /// What a run produced: every device's result and the pass's decisions.
 #[derive(Debug)]
 pub struct XlaRun {
@@ -144,12 +146,138 @@ pub fn compile_options(mode: Mode, ids: &[i64]) -> xla::CompileOptionsProto {
     }
 }
 
-fn decode(bytes: &[u8]) -> Result<xla::HloModuleProto, String> {
-    xla::HloModuleProto::decode(bytes).map_err(|e| format!("not a binary HloModuleProto: {e}"))
+// Field numbers of XLA's protos (hlo.proto): the module's computations and device
+// assignment, a computation's instructions, an instruction's shape and sharding.
+const MODULE_COMPUTATIONS: u64 = 3;
+const MODULE_DEVICE_ASSIGNMENT: u64 = 15;
+const COMPUTATION_INSTRUCTIONS: u64 = 2;
+const INSTRUCTION_SHAPE: u64 = 3;
+const INSTRUCTION_SHARDING: u64 = 40;
+
+/// One field of a message on the wire: number, and its bytes (`raw`: the whole field;
+/// `payload`: a length-delimited field's contents).
+struct Field<'a> {
+    number: u64,
+    raw: &'a [u8],
+    payload: Option<&'a [u8]>,
+}
+
+fn varint(b: &[u8], at: &mut usize) -> Result<u64, String> {
+    let mut v = 0u64;
+    for shift in (0..64).step_by(7) {
+        let byte = *b.get(*at).ok_or("not a binary HloModuleProto: truncated varint")?;
+        *at += 1;
+        v |= u64::from(byte & 0x7f) << shift;
+        if byte & 0x80 == 0 {
+            return Ok(v);
+        }
+    }
+    Err("not a binary HloModuleProto: varint too long".into())
+}
+
+fn fields(b: &[u8]) -> Result<Vec<Field<'_>>, String> {
+    let mut out = Vec::new();
+    let mut at = 0;
+    while at < b.len() {
+        let start = at;
+        let key = varint(b, &mut at)?;
+        let mut payload = None;
+        match key & 7 {
+            0 => {
+                varint(b, &mut at)?;
+            }
+            1 => at += 8,
+            5 => at += 4,
+            2 => {
+                let len = usize::try_from(varint(b, &mut at)?).map_err(|_| "length overflows")?;
+                let end = at
+                    .checked_add(len)
+                    .filter(|&e| e <= b.len())
+                    .ok_or("not a binary HloModuleProto: field past the end")?;
+                payload = Some(&b[at..end]);
+                at = end;
+            }
+            w => return Err(format!("not a binary HloModuleProto: wire type {w}")),
+        }
+        if at > b.len() || key >> 3 == 0 {
+            return Err("not a binary HloModuleProto: bad field".into());
+        }
+        out.push(Field { number: key >> 3, raw: &b[start..at], payload });
+    }
+    Ok(out)
+}
+
+fn put_message(out: &mut Vec<u8>, number: u64, payload: &[u8]) {
+    let mut put = |mut v: u64| {
+        while v >= 0x80 {
+            out.push((v as u8) | 0x80);
+            v >>= 7;
+        }
+        out.push(v as u8);
+    };
+    put(number << 3 | 2);
+    put(payload.len() as u64);
+    out.extend_from_slice(payload);
+}
+
+/// Rewrites each length-delimited field `number` of `msg` with `f`, every other field
+/// verbatim (fields this build's protos do not know survive).
+fn map_field(msg: &[u8], number: u64, f: &mut dyn FnMut(&[u8]) -> Result<Vec<u8>, String>) -> Result<Vec<u8>, String> {
+    let mut out = Vec::with_capacity(msg.len() + msg.len() / 8);
+    for x in fields(msg)? {
+        match x.payload {
+            Some(p) if x.number == number => put_message(&mut out, number, &f(p)?),
+            _ => out.extend_from_slice(x.raw),
+        }
+    }
+    Ok(out)
+}
+
+/// The module with its device assignment replaced by `da`.
+fn with_assignment(module: &[u8], da: &xla::DeviceAssignmentProto) -> Result<Vec<u8>, String> {
+    let mut out = Vec::with_capacity(module.len() + 64);
+    for x in fields(module)? {
+        if x.number != MODULE_DEVICE_ASSIGNMENT {
+            out.extend_from_slice(x.raw);
+        }
+    }
+    put_message(&mut out, MODULE_DEVICE_ASSIGNMENT, &da.encode_to_vec());
+    Ok(out)
+}
+
+/// Every instruction without a sharding marked manual (a tuple: a tuple of manual leaves,
+/// what `sharding={manual}` on a tuple-shaped instruction parses to; XLA checks the form).
+fn manualize(module: &[u8]) -> Result<Vec<u8>, String> {
+    let manual = xla::OpSharding { r#type: xla::op_sharding::Type::Manual as i32, ..Default::default() };
+    map_field(module, MODULE_COMPUTATIONS, &mut |comp| {
+        map_field(comp, COMPUTATION_INSTRUCTIONS, &mut |instr| {
+            let fs = fields(instr)?;
+            if fs.iter().any(|x| x.number == INSTRUCTION_SHARDING) {
+                return Ok(instr.to_vec());
+            }
+            let shape = match fs.iter().find(|x| x.number == INSTRUCTION_SHAPE).and_then(|x| x.payload) {
+                Some(p) => Some(xla::ShapeProto::decode(p).map_err(|e| format!("instruction shape: {e}"))?),
+                None => None,
+            };
+            let sharding = match shape.as_ref().filter(|s| is_tuple(s)) {
+                Some(shape) => xla::OpSharding {
+                    r#type: xla::op_sharding::Type::Tuple as i32,
+                    tuple_shardings: vec![manual.clone(); leaf_count(shape)],
+                    ..Default::default()
+                },
+                None => manual.clone(),
+            };
+            let mut out = instr.to_vec();
+            put_message(&mut out, INSTRUCTION_SHARDING, &sharding.encode_to_vec());
+            Ok(out)
+        })
+    })
 }
 
 /// The module as XLA gets it: device assignment set, the pass applied, and (partitions)
-/// every instruction manual. `flags`: Peerless flags as `--name=value`.
+/// every instruction manual. `flags`: Peerless flags as `--name=value`. The module is
+/// edited on the wire: fields this build's copy of XLA's protos does not know (the
+/// replica groups' `collective_device_list`, ...) pass through.
 pub fn prepare(
     bytes: &[u8],
     mode: Mode,
@@ -157,26 +285,21 @@ pub fn prepare(
     platform: &str,
     flags: &[String],
 ) -> Result<(Vec<u8>, PassOutcome), String> {
-    let mut proto = decode(bytes)?;
-    proto.device_assignment = Some(assignment(mode, ids));
-    let with_assignment = proto.encode_to_vec();
+    let module = with_assignment(bytes, &assignment(mode, ids))?;
     let cfg = crate::xla_inside::pass_config(platform, &flags.join(" "), "", true)?;
-    let outcome = emitter::xla_pass::run(&with_assignment, &cfg).map_err(|e| format!("peerless pass: {e}"))?;
-    let mut proto = match &outcome.module {
-        Some(m) => decode(m)?,
-        None => proto,
-    };
-    if mode == Mode::Partition {
-        let manual = xla::OpSharding { r#type: xla::op_sharding::Type::Manual as i32, ..Default::default() };
-        for c in &mut proto.computations {
-            for i in &mut c.instructions {
-                if i.sharding.is_none() {
-                    i.sharding = Some(manual.clone());
-                }
-            }
-        }
-    }
-    Ok((proto.encode_to_vec(), outcome))
+    let outcome = emitter::xla_pass::run(&module, &cfg).map_err(|e| format!("peerless pass: {e}"))?;
+    let module = outcome.module.as_deref().unwrap_or(&module);
+    let module = if mode == Mode::Partition { manualize(module)? } else { module.to_vec() };
+    Ok((module, outcome))
+}
+
+fn is_tuple(shape: &xla::ShapeProto) -> bool {
+    shape.element_type == xla::PrimitiveType::Tuple as i32
+}
+
+/// Leaves of a shape, depth first (a tuple's sharding lists one per leaf).
+fn leaf_count(shape: &xla::ShapeProto) -> usize {
+    if is_tuple(shape) { shape.tuple_shapes.iter().map(leaf_count).sum() } else { 1 }
 }
 
 /// PJRT's buffer type of an element type (the ones XLA's goldens use).

@@ -205,7 +205,7 @@ impl Client {
         let mut a = sys::PJRT_Client_BufferFromHostBuffer_Args::new();
         a.client = self.ptr;
         a.data = data.as_ptr().cast();
-        a.type_ = ty as sys::PJRT_Buffer_Type;
+        a.type_ = ty;
         a.dims = dims.as_ptr();
         a.num_dims = dims.len();
         // Copied before the call returns: `data` may go right after.
@@ -320,7 +320,7 @@ impl Buffer<'_> {
         let mut a = sys::PJRT_Buffer_ElementType_Args::new();
         a.buffer = self.ptr;
         call!(self.client.plugin, PJRT_Buffer_ElementType, &mut a)?;
-        Ok(a.type_ as u32)
+        Ok(a.type_)
     }
 
     pub fn dims(&self) -> Result<Vec<i64>, String> {

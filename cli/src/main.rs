@@ -281,8 +281,8 @@ fn run_xla(
     if !is_pb && std::str::from_utf8(&bytes).is_ok() {
         return Err(format!(
             "XLA takes a binary HloModuleProto (.pb): {} is HLO text, and Peerless's hlo crate does not \
-             encode protos. Convert it with XLA (in .venv/jax: python -c \"import sys; from jax._src.lib import _jax; \
-             open(sys.argv[2], 'wb').write(_jax.hlo_module_from_text(open(sys.argv[1]).read())\
+             encode protos. Convert it with XLA (in .venv/jax: python -c \"import sys; from jaxlib import _hlo; \
+             open(sys.argv[2], 'wb').write(_hlo.hlo_module_from_text(open(sys.argv[1]).read())\
              .as_serialized_hlo_module_proto())\" IN.hlo OUT.pb), or run a case's hlo-tests/goldens/<case>.pb",
             args.file.display()
         )

@@ -289,8 +289,23 @@ pub fn prepare(
     let cfg = crate::xla_inside::pass_config(platform, &flags.join(" "), "", true)?;
     let outcome = emitter::xla_pass::run(&module, &cfg).map_err(|e| format!("peerless pass: {e}"))?;
     let module = outcome.module.as_deref().unwrap_or(&module);
-    let module = if mode == Mode::Partition { manualize(module)? } else { module.to_vec() };
+    // A module that already carries shardings (JAX's GSPMD form: tiled entry, a manual
+    // shard_map body) is left to XLA's sharding propagation: marking its unsharded
+    // instructions manual would mix manual and tiled leaves (XLA aborts on that).
+    let module = if mode == Mode::Partition && !has_sharding(bytes)? { manualize(module)? } else { module.to_vec() };
     Ok((module, outcome))
+}
+
+/// Whether any instruction of the module has a sharding.
+fn has_sharding(module: &[u8]) -> Result<bool, String> {
+    for comp in fields(module)?.iter().filter(|x| x.number == MODULE_COMPUTATIONS) {
+        for instr in fields(comp.payload.unwrap_or_default())?.iter().filter(|x| x.number == COMPUTATION_INSTRUCTIONS) {
+            if fields(instr.payload.unwrap_or_default())?.iter().any(|x| x.number == INSTRUCTION_SHARDING) {
+                return Ok(true);
+            }
+        }
+    }
+    Ok(false)
 }
 
 fn is_tuple(shape: &xla::ShapeProto) -> bool {

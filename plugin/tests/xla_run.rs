@@ -1,77 +1,232 @@
-//! `peerless run --backend xla` in-process: golden cases run by XLA's own CPU plugin with
-//! Peerless's pass applied and its handlers registered, compared with XLA's goldens
-//! (`hlo-tests/goldens/`). Every case must have had collectives rewritten by the pass.
+//! `peerless run --backend xla` in-process, over the whole HLO suite: every case of
+//! `hlo-tests/cases/` with a `goldens/<case>.pb`, on each of its golden device counts, is
+//! run by XLA's own CPU plugin with Peerless's collective pass applied and its handlers
+//! registered, and compared with XLA's goldens (floats within the suite's dtype
+//! tolerances, integers and pred exactly). One trial per (case, device count).
+//!
+//! Cases the xla backend cannot run are listed in [`UNSUPPORTED`] with the reason and a
+//! fragment of the error they must fail with; any other failure fails the test, and a
+//! listed case that passes fails with "now passes: remove from the list". Over all cases,
+//! the collectives the pass put on Peerless vs left to XLA are tallied and printed; the
+//! total on Peerless must be > 0.
 //!
 //! Needs XLA's CPU plugin (`lammps-jax-pjrt-cpu` in `.venv/jax`, which scripts/setup.sh
-//! installs, or PEERLESS_XLA_PLUGIN). Without it the test fails, unless
-//! PEERLESS_SKIP_XLA_PLUGIN=1 says to skip it.
+//! installs, or PEERLESS_XLA_PLUGIN), loaded once per process. Without it the test fails,
+//! unless PEERLESS_SKIP_XLA_PLUGIN=1 says to skip it.
+//!
+//! `cargo test -p peerless-plugin --test xla_run [-- FILTER]`. Trials run one at a time
+//! unless `--test-threads` says otherwise (each builds its own XLA client).
 
-use hlo_tests::{Mode, golden_path, load_cases, make_args, proto_path, read_golden};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
-/// Collective cases of both modes: (case, device count).
-const CASES: &[(&str, usize)] = &[
-    ("all_reduce_sum", 4),
-    ("all_reduce_sum", 8),
-    ("all_reduce_partition", 4),
-    ("all_gather", 4),
-    ("all_gather_partition_groups", 8),
-    ("all_to_all_array", 4),
-    ("reduce_scatter", 4),
-    ("reduce_scatter_partition", 8),
-    ("collective_permute", 4),
-    ("collective_permute_partition", 8),
+use hlo_tests::{Case, Directive, Mode, golden_path, load_cases, make_args, proto_path, read_golden};
+use libtest_mimic::{Arguments, Failed, Trial};
+
+/// Cases the xla backend cannot run: (case, device count or `None` for all, reason, a
+/// fragment of the error the run must fail with).
+const UNSUPPORTED: &[(&str, Option<usize>, &str, &str)] = &[
+    (
+        "all_to_all_groups",
+        None,
+        "nested tuple result (a tuple of the all-to-all's tuple): Nested tuples are not supported in XLA:CPU's PJRT client",
+        "Nested tuples are not supported",
+    ),
+    (
+        "call",
+        None,
+        "nested tuple result: Nested tuples are not supported in XLA:CPU's PJRT client",
+        "Nested tuples are not supported",
+    ),
+    (
+        "parameter_tuple_gte",
+        None,
+        "nested tuple result: Nested tuples are not supported in XLA:CPU's PJRT client",
+        "Nested tuples are not supported",
+    ),
+    (
+        "reduce_argmax",
+        None,
+        "nested tuple result: Nested tuples are not supported in XLA:CPU's PJRT client",
+        "Nested tuples are not supported",
+    ),
+    (
+        "reduce_window",
+        None,
+        "nested tuple result: Nested tuples are not supported in XLA:CPU's PJRT client",
+        "Nested tuples are not supported",
+    ),
+    (
+        "f8_s4_movement",
+        None,
+        "f8e4m3fn / s4 arrays: the xla backend has no PJRT buffer type mapping for them",
+        "does not move f8e4m3fn arrays",
+    ),
+    (
+        "select_clamp",
+        None,
+        "XLA:CPU of this plugin fails to compile clamp with scalar bounds (xtile.extract rank mismatch)",
+        "xtile.extract",
+    ),
+    ("jax_all_gather_tiled_x8", None, SDY, "xla.sdy"),
+    ("jax_all_gather_untiled_x4", None, SDY, "xla.sdy"),
+    ("jax_all_to_all_2x4_x", None, SDY, "xla.sdy"),
+    ("jax_all_to_all_x4", None, SDY, "xla.sdy"),
+    ("jax_axis_index_math_x8", None, SDY, "xla.sdy"),
+    ("jax_mlp_2x4", None, SDY, "xla.sdy"),
+    ("jax_pmax_pmin_x2", None, SDY, "xla.sdy"),
+    ("jax_ppermute_2x2_y_axis_index", None, SDY, "xla.sdy"),
+    ("jax_ppermute_x8", None, SDY, "xla.sdy"),
+    ("jax_psum_2x2_both", None, SDY, "xla.sdy"),
+    ("jax_psum_2x4_y_gather_x", None, SDY, "xla.sdy"),
+    ("jax_psum_bf16_int_x2", None, SDY, "xla.sdy"),
+    ("jax_psum_scatter_2x4_both", None, SDY, "xla.sdy"),
+    ("jax_psum_scatter_x4", None, SDY, "xla.sdy"),
+    ("jax_psum_x4", None, SDY, "xla.sdy"),
+    ("jax_gspmd_ppermute_all_to_all_x4", None, GSPMD, "shape mismatch"),
+    ("jax_gspmd_psum_x4", None, GSPMD, "shape mismatch"),
 ];
 
-fn run_case(plugin: &std::path::Path, name: &str, n: usize) -> Result<String, String> {
-    let cases = load_cases().map_err(|e| e.to_string())?;
-    let case = cases.iter().find(|c| c.name == name).ok_or_else(|| format!("no case {name}"))?;
-    let d = case.directive.as_ref().map_err(Clone::clone)?;
-    let bytes = std::fs::read(proto_path(name)).map_err(|e| e.to_string())?;
-    let module = hlo::decode_proto(name, &bytes).map_err(|e| e.to_string())?;
-    let golden = read_golden(&golden_path(name, n), n)?;
+const SDY: &str = "a JAX shard_map module in Shardy form (xla.sdy.* custom calls): the xla backend compiles without \
+                   Shardy's import, so XLA's SPMD partitioner rejects it";
+const GSPMD: &str = "a JAX GSPMD module with a tuple result that has no sharding: XLA's propagation makes the outputs \
+                     replicated full arrays, the goldens are per-device shards";
+
+fn unsupported(name: &str, n: usize) -> Option<(&'static str, &'static str)> {
+    UNSUPPORTED
+        .iter()
+        .find(|&&(c, d, _, _)| c == name && d.is_none_or(|d| d == n))
+        .map(|&(_, _, reason, fragment)| (reason, fragment))
+}
+
+/// Collectives over all trials run: on Peerless (a kernel) and left to XLA.
+#[derive(Default)]
+struct Tally {
+    peerless: usize,
+    xla: usize,
+    /// Trials that got as far as the pass.
+    runs: usize,
+}
+
+fn run_case(plugin: &Path, case: &Case, d: &Directive, n: usize, tally: &Mutex<Tally>) -> Result<(), String> {
+    let bytes = std::fs::read(proto_path(&case.name)).map_err(|e| e.to_string())?;
+    let module = hlo::decode_proto(&case.name, &bytes).map_err(|e| format!("decode_proto: {e}"))?;
+    let golden = read_golden(&golden_path(&case.name, n), n)?;
     let args = make_args(&module.entry_param_shapes(), &golden)?;
     let mode = if d.mode == Mode::Replica { interp::Mode::Replica } else { interp::Mode::Partition };
     let cfg = interp::RunConfig { num_devices: n, mode };
     let run = plugin::xla_run::run(plugin, &module, &bytes, &cfg, &args, &[])?;
-    hlo_tests::compare_results(&run.outputs, &golden, d.tolerance)?;
-    let taken = run.decisions.iter().filter(|d| d.kernel).count();
-    if taken == 0 || !run.rewritten {
-        return Err(format!("the pass took no collective: {:#?}", run.decisions));
+    let taken = run.decisions.iter().filter(|x| x.kernel).count();
+    if taken > 0 && !run.rewritten {
+        return Err(format!("the pass took {taken} collectives but did not rewrite the module"));
     }
-    Ok(format!("{taken} of {} collectives on Peerless", run.decisions.len()))
+    {
+        let mut t = tally.lock().unwrap_or_else(|e| e.into_inner());
+        t.peerless += taken;
+        t.xla += run.decisions.len() - taken;
+        t.runs += 1;
+    }
+    hlo_tests::compare_results(&run.outputs, &golden, d.tolerance)
 }
 
-#[test]
-fn golden_cases_on_xla_cpu_with_peerless_collectives() {
+fn case_trial(plugin: &Arc<PathBuf>, case: Case, n: usize, tally: &Arc<Mutex<Tally>>) -> Trial {
+    let (plugin, tally) = (plugin.clone(), tally.clone());
+    Trial::test(format!("{}::d{n}", case.name), move || {
+        let d = case.directive.as_ref().map_err(|e| Failed::from(format!("bad directive: {e}")))?;
+        let got = run_case(&plugin, &case, d, n, &tally);
+        match (got, unsupported(&case.name, n)) {
+            (Ok(()), None) => Ok(()),
+            (Err(e), None) => Err(e.into()),
+            (Ok(()), Some((reason, _))) => {
+                Err(format!("now passes: remove from the list ({}: {reason})", case.name).into())
+            }
+            (Err(e), Some((_, fragment))) if e.contains(fragment) => Ok(()),
+            (Err(e), Some((reason, fragment))) => {
+                Err(format!("listed as unsupported ({reason}) but failed without `{fragment}` in the error:\n{e}")
+                    .into())
+            }
+        }
+    })
+}
+
+fn clear_errors() -> Result<(), Failed> {
+    let e = plugin::xla_run::find_plugin(Some(Path::new("/nonexistent/xla_plugin.so"))).unwrap_err();
+    if !e.contains("/nonexistent/xla_plugin.so") {
+        return Err(e.into());
+    }
+    let e = plugin::xla_run::prepare(b"HloModule m\n", interp::Mode::Replica, &[0], "cpu", &[]).unwrap_err();
+    if !e.contains("HloModuleProto") {
+        return Err(e.into());
+    }
+    Ok(())
+}
+
+fn main() {
+    let mut args = Arguments::from_args();
+    // XLA's CPU clients are process-wide heavy objects: one trial at a time by default.
+    if args.test_threads.is_none() {
+        args.test_threads = Some(1);
+    }
+    let mut trials = vec![Trial::test("text_modules_and_missing_plugins_are_clear_errors", clear_errors)];
     let plugin = match plugin::xla_run::find_plugin(None) {
         Ok(p) => p,
         Err(e) if std::env::var("PEERLESS_SKIP_XLA_PLUGIN").as_deref() == Ok("1") => {
-            eprintln!("SKIPPED (PEERLESS_SKIP_XLA_PLUGIN=1): {e}");
-            return;
+            eprintln!("SKIPPED the golden cases (PEERLESS_SKIP_XLA_PLUGIN=1): {e}");
+            libtest_mimic::run(&args, trials).exit();
         }
-        Err(e) => panic!("{e}\n(set PEERLESS_SKIP_XLA_PLUGIN=1 to skip this test)"),
+        Err(e) => {
+            let msg = format!("{e}\n(set PEERLESS_SKIP_XLA_PLUGIN=1 to skip this test)");
+            trials.push(Trial::test("golden_cases", move || Err(msg.into())));
+            libtest_mimic::run(&args, trials).exit();
+        }
     };
     if plugin::xla_run::platform_of(&plugin) != "cpu" {
         // The goldens are XLA:CPU's; another plugin is checked by hand (ARCHITECTURE.md).
         eprintln!("note: {} is not XLA's CPU plugin; the goldens' tolerances may not fit", plugin.display());
     }
-    let mut failures = Vec::new();
-    for &(name, n) in CASES {
-        match run_case(&plugin, name, n) {
-            Ok(summary) => eprintln!("ok   {name} d{n}: {summary}"),
-            Err(e) => {
-                eprintln!("FAIL {name} d{n}: {e}");
-                failures.push(format!("{name} d{n}: {e}"));
-            }
+    let plugin = Arc::new(plugin);
+    let tally = Arc::new(Mutex::new(Tally::default()));
+    let cases = load_cases().expect("cannot read hlo-tests/cases");
+    let mut listed = 0;
+    let mut with_pb = 0;
+    for case in cases {
+        if !proto_path(&case.name).exists() {
+            continue;
+        }
+        with_pb += 1;
+        let devices = match &case.directive {
+            Ok(d) => d.devices.clone(),
+            Err(_) => vec![0],
+        };
+        for n in devices {
+            listed += usize::from(unsupported(&case.name, n).is_some());
+            trials.push(case_trial(&plugin, case.clone(), n, &tally));
         }
     }
-    assert!(failures.is_empty(), "{} of {} cases failed:\n{}", failures.len(), CASES.len(), failures.join("\n"));
-}
-
-#[test]
-fn text_modules_and_missing_plugins_are_clear_errors() {
-    let e = plugin::xla_run::find_plugin(Some(std::path::Path::new("/nonexistent/xla_plugin.so"))).unwrap_err();
-    assert!(e.contains("/nonexistent/xla_plugin.so"), "{e}");
-    let e = plugin::xla_run::prepare(b"HloModule m\n", interp::Mode::Replica, &[0], "cpu", &[]).unwrap_err();
-    assert!(e.contains("HloModuleProto"), "{e}");
+    // A listed entry must name an existing trial.
+    for &(c, n, _, _) in UNSUPPORTED {
+        let name = match n {
+            Some(n) => format!("{c}::d{n}"),
+            None => format!("{c}::"),
+        };
+        if !trials.iter().any(|t| t.name().starts_with(&name)) {
+            trials.push(Trial::test(format!("unsupported_list::{c}"), move || {
+                Err(format!("UNSUPPORTED names {name}, which is no trial: remove it").into())
+            }));
+        }
+    }
+    let total = trials.len() - 1;
+    let conclusion = libtest_mimic::run(&args, trials);
+    let t = tally.lock().unwrap_or_else(|e| e.into_inner());
+    println!(
+        "xla_run: {with_pb} cases with a .pb, {total} case runs ({listed} listed unsupported); collectives over {} runs: \
+         {} on Peerless, {} left to XLA",
+        t.runs, t.peerless, t.xla
+    );
+    // Over the whole suite (no filter), some collective must have run on Peerless.
+    if args.filter.is_none() && args.skip.is_empty() && t.runs > 0 && t.peerless == 0 {
+        eprintln!("error: the pass put no collective on Peerless over {} runs", t.runs);
+        std::process::exit(101);
+    }
+    conclusion.exit();
 }

@@ -35,7 +35,6 @@ use ffi::pjrt::{
     SLOT_ERROR_GET_CODE, SLOT_ERROR_MESSAGE,
 };
 use pjrt_sys::protos::xla;
-use thunks::custom_call::TARGETS;
 
 /// The environment variable naming the inner plugin.
 pub const ENV_VAR: &str = "PEERLESS_XLA_PLUGIN";
@@ -68,22 +67,16 @@ pub fn platform_of(path: &std::path::Path) -> &'static str {
 fn load(path: PathBuf) -> Result<Wrapped, String> {
     let inner = InnerPlugin::load(&path)?;
     let platform = platform_of(&path);
-    // XLA's FFI platform names, and the handlers' traits (CUDA: command-buffer compatible).
-    let (xla_platform, traits) = if platform == "cuda" { ("CUDA", 1) } else { ("Host", 0) };
     // The PJRT FFI extension registers an execute-only handler. Where JAX can reach the
     // plugin's GPU extension (JAX's own CUDA plugin package, the same library), the Python
     // package registers the whole bundle instead (instantiate / initialize / execute: state
     // freed with the executable, set up outside command-buffer capture) and says so here.
     let by_python = std::env::var("PEERLESS_XLA_HANDLERS").as_deref() == Ok("python");
-    for &(_, target) in TARGETS.iter().filter(|_| !by_python) {
-        let Some(h) = crate::xla_handlers::handler(platform, target) else {
-            return Err(format!("Peerless has no {platform} handler for {target}"));
-        };
-        // SAFETY: `h` is one of this library's typed FFI handlers (`xla_handlers`), a plain
-        // function valid for the process.
-        unsafe { inner.register_ffi_handler(target, h as *const std::ffi::c_void, xla_platform, traits) }
-            .map_err(|e| format!("{}: {e}", path.display()))?;
-    }
+    let xla_platform = if by_python {
+        if platform == "cuda" { "CUDA" } else { "Host" }
+    } else {
+        crate::xla_handlers::register_in(&inner, platform)?
+    };
     log::info!(
         "peerless: wrapping {} (PJRT {}.{}, {} extensions); handlers for {xla_platform} registered by {}",
         path.display(),

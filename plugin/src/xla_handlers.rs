@@ -110,6 +110,22 @@ pub fn handler(platform: &str, target: &str) -> Option<Handler> {
     Some(h)
 }
 
+/// Registers every Peerless handler of `platform` ("cpu" or "cuda") in an inner plugin's FFI
+/// registry, through its FFI extension (execute-only handlers; XLA's platform "Host" or
+/// "CUDA", the CUDA ones command-buffer compatible). Once per plugin and process: XLA's
+/// registry is process-global inside the plugin, and a second registration is an error.
+pub fn register_in(inner: &ffi::pjrt::InnerPlugin, platform: &str) -> Result<&'static str, String> {
+    let (xla_platform, traits) = if platform == "cuda" { ("CUDA", 1) } else { ("Host", 0) };
+    for &(_, target) in thunks::custom_call::TARGETS.iter() {
+        let h = handler(platform, target).ok_or_else(|| format!("Peerless has no {platform} handler for {target}"))?;
+        // SAFETY: `h` is one of this library's typed FFI handlers, a plain function valid for
+        // the process.
+        unsafe { inner.register_ffi_handler(target, h as *const std::ffi::c_void, xla_platform, traits) }
+            .map_err(|e| format!("{}: {e}", inner.path().display()))?;
+    }
+    Ok(xla_platform)
+}
+
 /// The peer-access table the pass decides with on `platform`: `None` on CPU (one address
 /// space: every device reaches every other); on CUDA the probed table of the process's GPUs,
 /// on device ids (`ordinals`: this process's device id → CUDA ordinal, where the process

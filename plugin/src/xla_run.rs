@@ -93,14 +93,7 @@ fn plugin(path: &Path, platform: &'static str) -> Result<&'static InnerPlugin, S
     }
     // Never unloaded: XLA keeps pointers to the handlers and the client lives in it.
     let inner: &'static InnerPlugin = Box::leak(Box::new(InnerPlugin::load(path)?));
-    let (xla_platform, traits) = if platform == "cuda" { ("CUDA", 1) } else { ("Host", 0) };
-    for &(_, target) in TARGETS.iter() {
-        let h = crate::xla_handlers::handler(platform, target)
-            .ok_or_else(|| format!("Peerless has no {platform} handler for {target}"))?;
-        // SAFETY: `h` is one of this library's typed FFI handlers, valid for the process.
-        unsafe { inner.register_ffi_handler(target, h as *const std::ffi::c_void, xla_platform, traits) }
-            .map_err(|e| format!("{}: {e}", path.display()))?;
-    }
+    let xla_platform = crate::xla_handlers::register_in(inner, platform)?;
     log::info!(
         "xla: {} (PJRT {}.{}): {} handlers registered for {xla_platform}",
         path.display(),

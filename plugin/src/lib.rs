@@ -13,6 +13,7 @@ pub mod error;
 pub mod mlir;
 pub mod runtime;
 pub mod wrap;
+pub mod xla_bench;
 pub mod xla_handlers;
 pub mod xla_inside;
 pub mod xla_run;

@@ -84,7 +84,8 @@ pub fn find_plugin(explicit: Option<&Path>) -> Result<PathBuf, String> {
 
 /// Loads a plugin once per process and registers Peerless's handlers in it (XLA's FFI
 /// registry is process-global inside the plugin, and a second registration is an error).
-fn plugin(path: &Path, platform: &'static str) -> Result<&'static InnerPlugin, String> {
+/// `platform`: [`platform_of`] the path.
+pub fn plugin(path: &Path, platform: &'static str) -> Result<&'static InnerPlugin, String> {
     static LOADED: Mutex<Option<HashMap<PathBuf, &'static InnerPlugin>>> = Mutex::new(None);
     let mut loaded = LOADED.lock().unwrap_or_else(|e| e.into_inner());
     let map = loaded.get_or_insert_with(HashMap::new);

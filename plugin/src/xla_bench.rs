@@ -1,0 +1,738 @@
+//! `peerless bench`: one collective module per (op, dtype, size), built here as a binary
+//! HloModuleProto and run through XLA's own PJRT plugin (the plugin [`crate::xla_run`]
+//! finds and loads, with Peerless's typed-FFI handlers registered in it) in up to three
+//! configurations, each a separate compile of the same module:
+//!
+//! - [`Impl::Peerless`]: Peerless's pass applied ([`crate::xla_run::prepare`]), so the
+//!   collectives it takes run on Peerless's handlers inside XLA; on one device every
+//!   collective is forced onto a kernel (`--<op>_backend=kernel`) so the handlers run;
+//! - [`Impl::Xla`]: the module as built (XLA's own collective: NCCL on GPU, XLA:CPU's own
+//!   on CPU);
+//! - [`Impl::XlaKernels`]: the same with XLA's own collective kernels asked for through
+//!   `CompileOptionsProto.env_option_overrides`
+//!   (`xla_gpu_experimental_use_collective_kernels`; XLA knows ALL_REDUCE and ALL_GATHER):
+//!   CUDA plugin only, a skipped row elsewhere.
+//!
+//! The module is in replica mode (`num_replicas = n`, an n×1 device assignment, as
+//! `xla_run` compiles replicas). With `chain = K` it holds K collectives of the op, each on
+//! its own parameter and ordered by control dependencies (one after another, never
+//! combined), and returns them as a tuple; times are per collective.
+//!
+//! Each executable runs once on integer-valued inputs (small enough that every sum is exact
+//! in bf16) and every device's result is compared exactly with a host-computed one; a wrong
+//! result or a failed compile is an error row, never timed. Then `samples` samples of
+//! `iters` executes each (inputs stay on the devices; every execute returns when all devices
+//! finished: `ffi::pjrt::client::Executable::execute` awaits each device's completion
+//! event), and the median time per collective.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use emitter::xla_pass::PassDecision;
+use ffi::pjrt::client::{Buffer, Client, Device, buffer_type as bt};
+use interp::Mode;
+use pjrt_sys::protos::xla;
+use prost::Message;
+
+/// The collectives the bench measures.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    AllReduce,
+    AllGather,
+    ReduceScatter,
+    AllToAll,
+    /// A ring: device i sends to device (i + 1) mod n.
+    CollectivePermute,
+}
+
+impl Op {
+    pub const ALL: [Op; 5] = [Op::AllReduce, Op::AllGather, Op::ReduceScatter, Op::AllToAll, Op::CollectivePermute];
+
+    pub fn parse(s: &str) -> Result<Op, String> {
+        Op::ALL.into_iter().find(|o| o.name() == s).ok_or_else(|| {
+            format!("bench op {s} ({})", Op::ALL.iter().map(|o| o.name()).collect::<Vec<_>>().join(", "))
+        })
+    }
+
+    /// The HLO opcode, which is also the name the bench prints.
+    pub fn name(self) -> &'static str {
+        match self {
+            Op::AllReduce => "all-reduce",
+            Op::AllGather => "all-gather",
+            Op::ReduceScatter => "reduce-scatter",
+            Op::AllToAll => "all-to-all",
+            Op::CollectivePermute => "collective-permute",
+        }
+    }
+
+    /// The Peerless flag choosing this op's backend.
+    fn backend_flag(self) -> &'static str {
+        match self {
+            Op::AllReduce => "all_reduce_backend",
+            Op::AllGather => "all_gather_backend",
+            Op::ReduceScatter => "reduce_scatter_backend",
+            Op::AllToAll => "all_to_all_backend",
+            Op::CollectivePermute => "collective_permute_backend",
+        }
+    }
+
+    /// XLA's `CollectiveKernelType` name (`xla_gpu_experimental_use_collective_kernels`
+    /// accepts ALL_REDUCE and ALL_GATHER in jaxlib 0.11.2's XLA), if XLA has kernels for it.
+    pub fn xla_kernel_name(self) -> Option<&'static str> {
+        match self {
+            Op::AllReduce => Some("ALL_REDUCE"),
+            Op::AllGather => Some("ALL_GATHER"),
+            _ => None,
+        }
+    }
+
+    /// Whether a chain of this op feeds each collective the previous one's result (pure
+    /// data movement of one shape: exact for any length); the others run on a parameter
+    /// each, ordered by control dependencies. (XLA:CPU of jaxlib 0.11.2 crashes, SIGSEGV, on
+    /// all-to-alls ordered by control dependencies.)
+    fn data_chain(self) -> bool {
+        matches!(self, Op::AllToAll | Op::CollectivePermute)
+    }
+
+    /// Parameters (= results) of a module of `chain` collectives.
+    fn arrays(self, chain: usize) -> usize {
+        if self.data_chain() { 1 } else { chain }
+    }
+
+    /// Elements of the result per device for an operand of `elems`.
+    fn result_elems(self, elems: usize, n: usize) -> usize {
+        match self {
+            Op::AllGather => elems * n,
+            Op::ReduceScatter => elems / n,
+            _ => elems,
+        }
+    }
+
+    /// (algbw factor on bytes, busbw factor on algbw), nccl-tests' conventions with
+    /// `bytes` the operand bytes per device: all-reduce busbw = bytes/t · 2(n−1)/n;
+    /// all-gather algbw = n·bytes/t; reduce-scatter, all-to-all and permute algbw = bytes/t;
+    /// their busbw = algbw · (n−1)/n (permute: busbw = algbw, as nccl-tests' sendrecv).
+    pub fn factors(self, n: f64) -> (f64, f64) {
+        match self {
+            Op::AllReduce => (1.0, 2.0 * (n - 1.0) / n),
+            Op::AllGather => (n, (n - 1.0) / n),
+            Op::ReduceScatter | Op::AllToAll => (1.0, (n - 1.0) / n),
+            Op::CollectivePermute => (1.0, 1.0),
+        }
+    }
+
+    /// What device `d` must hold, from every device's inputs (`inputs[d]`).
+    fn expected(self, inputs: &[Vec<i8>], d: usize) -> Vec<i32> {
+        let n = inputs.len();
+        let elems = inputs[0].len();
+        let sum = |range: std::ops::Range<usize>| -> Vec<i32> {
+            range.map(|i| inputs.iter().map(|v| i32::from(v[i])).sum()).collect()
+        };
+        match self {
+            Op::AllReduce => sum(0..elems),
+            Op::AllGather => inputs.iter().flatten().map(|&v| i32::from(v)).collect(),
+            Op::ReduceScatter => {
+                let b = elems / n;
+                sum(d * b..(d + 1) * b)
+            }
+            Op::AllToAll => {
+                let b = elems / n;
+                inputs.iter().flat_map(|v| v[d * b..(d + 1) * b].iter().map(|&x| i32::from(x))).collect()
+            }
+            Op::CollectivePermute => inputs[(d + n - 1) % n].iter().map(|&x| i32::from(x)).collect(),
+        }
+    }
+}
+
+/// Element types of the bench.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Dtype {
+    F32,
+    Bf16,
+}
+
+impl Dtype {
+    pub fn parse(s: &str) -> Result<Dtype, String> {
+        match s {
+            "f32" => Ok(Dtype::F32),
+            "bf16" => Ok(Dtype::Bf16),
+            other => Err(format!("bench dtype {other} (f32, bf16)")),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Dtype::F32 => "f32",
+            Dtype::Bf16 => "bf16",
+        }
+    }
+
+    pub fn bytes(self) -> usize {
+        match self {
+            Dtype::F32 => 4,
+            Dtype::Bf16 => 2,
+        }
+    }
+
+    fn xla(self) -> xla::PrimitiveType {
+        match self {
+            Dtype::F32 => xla::PrimitiveType::F32,
+            Dtype::Bf16 => xla::PrimitiveType::Bf16,
+        }
+    }
+
+    fn pjrt(self) -> u32 {
+        match self {
+            Dtype::F32 => bt::F32,
+            Dtype::Bf16 => bt::BF16,
+        }
+    }
+
+    /// Small integers, exact in both types (a bf16 is the top half of the f32).
+    fn encode(self, vals: &[i8]) -> Vec<u8> {
+        let mut out = Vec::with_capacity(vals.len() * self.bytes());
+        for &v in vals {
+            let bits = f32::from(v).to_bits();
+            match self {
+                Dtype::F32 => out.extend_from_slice(&bits.to_le_bytes()),
+                Dtype::Bf16 => out.extend_from_slice(&((bits >> 16) as u16).to_le_bytes()),
+            }
+        }
+        out
+    }
+
+    fn decode(self, b: &[u8], i: usize) -> f32 {
+        match self {
+            Dtype::F32 => f32::from_le_bytes([b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]]),
+            Dtype::Bf16 => f32::from_bits(u32::from(u16::from_le_bytes([b[2 * i], b[2 * i + 1]])) << 16),
+        }
+    }
+}
+
+/// How the collective runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Impl {
+    /// Peerless's pass applied: the collectives it takes run on Peerless's handlers.
+    Peerless,
+    /// XLA's own collective (NCCL on GPU).
+    Xla,
+    /// XLA's own collective kernels (`xla_gpu_experimental_use_collective_kernels`).
+    XlaKernels,
+}
+
+impl Impl {
+    pub const ALL: [Impl; 3] = [Impl::Peerless, Impl::Xla, Impl::XlaKernels];
+
+    pub fn parse(s: &str) -> Result<Impl, String> {
+        Impl::ALL.into_iter().find(|i| i.name() == s).ok_or_else(|| {
+            format!("bench implementation {s} ({})", Impl::ALL.iter().map(|i| i.name()).collect::<Vec<_>>().join(", "))
+        })
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Impl::Peerless => "peerless",
+            Impl::Xla => "xla",
+            Impl::XlaKernels => "xla-kernels",
+        }
+    }
+}
+
+/// What to measure.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// `--xla-plugin` (else `PEERLESS_XLA_PLUGIN`, else the CPU plugin in the JAX venv).
+    pub plugin: Option<PathBuf>,
+    /// Devices (default: CPU 8, the CPU plugin's `cpu_device_count`; GPU: all, at most 8).
+    pub devices: Option<usize>,
+    pub min_bytes: usize,
+    pub max_bytes: usize,
+    pub step: usize,
+    pub samples: usize,
+    pub iters: usize,
+    pub chain: usize,
+    pub ops: Vec<Op>,
+    pub dtypes: Vec<Dtype>,
+    pub impls: Vec<Impl>,
+    /// Peerless emitter flags for the `peerless` rows (`--name=value ...`).
+    pub flags: String,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            plugin: None,
+            devices: None,
+            min_bytes: 1024,
+            max_bytes: 256 << 20,
+            step: 4,
+            samples: 20,
+            iters: 20,
+            chain: 1,
+            ops: Op::ALL.to_vec(),
+            dtypes: vec![Dtype::F32, Dtype::Bf16],
+            impls: Impl::ALL.to_vec(),
+            flags: String::new(),
+        }
+    }
+}
+
+/// A row's result check.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Check {
+    /// Every device's result is the expected one.
+    Same,
+    /// Not run (the reason), e.g. XLA's kernels on CPU.
+    Skipped(String),
+    /// A failed compile or run, or a wrong result.
+    Error(String),
+}
+
+impl Check {
+    /// One word for the table and the CSV.
+    pub fn word(&self) -> &'static str {
+        match self {
+            Check::Same => "same",
+            Check::Skipped(_) => "skipped",
+            Check::Error(_) => "error",
+        }
+    }
+
+    /// The note of a skipped or failed row ("" for a checked one).
+    pub fn note(&self) -> &str {
+        match self {
+            Check::Same => "",
+            Check::Skipped(s) | Check::Error(s) => s,
+        }
+    }
+}
+
+/// One (op, dtype, size, impl).
+#[derive(Clone, Debug)]
+pub struct Row {
+    pub op: Op,
+    pub dtype: Dtype,
+    /// Operand bytes per device of one collective.
+    pub bytes: usize,
+    pub imp: Impl,
+    /// How the collectives ran: the pass's implementation (`kernel (one-shot all-reduce)`,
+    /// `fallback: reason`) for a Peerless row, XLA's for the others.
+    pub path: String,
+    /// The pass's decisions (Peerless rows).
+    pub decisions: Vec<PassDecision>,
+    /// Median µs per collective (checked rows only).
+    pub us: Option<f64>,
+    pub algbw_gbps: Option<f64>,
+    pub busbw_gbps: Option<f64>,
+    pub check: Check,
+}
+
+impl Row {
+    /// Collectives the pass put on Peerless (a custom call each).
+    pub fn peerless_calls(&self) -> usize {
+        self.decisions.iter().filter(|d| d.kernel).count()
+    }
+}
+
+/// The whole run.
+#[derive(Debug)]
+pub struct Report {
+    pub plugin: PathBuf,
+    /// "cpu" or "cuda".
+    pub platform: &'static str,
+    pub devices: usize,
+    pub chain: usize,
+    pub samples: usize,
+    pub iters: usize,
+    pub rows: Vec<Row>,
+}
+
+/// The CSV's header (and [`Report::csv`]'s first line).
+pub const CSV_HEADER: &str =
+    "op,dtype,devices,bytes,impl,chain,path,peerless_calls,us_per_collective,algbw_gbps,busbw_gbps,check,note";
+
+impl Report {
+    /// Every row as CSV (quoted where a field needs it).
+    pub fn csv(&self) -> String {
+        let q = |s: &str| {
+            if s.contains([',', '"', '\n']) {
+                format!("\"{}\"", s.replace('"', "\"\"").replace('\n', " "))
+            } else {
+                s.into()
+            }
+        };
+        let num = |v: Option<f64>, digits: usize| v.map(|v| format!("{v:.digits$}")).unwrap_or_default();
+        let mut out = format!("{CSV_HEADER}\n");
+        for r in &self.rows {
+            out.push_str(&format!(
+                "{},{},{},{},{},{},{},{},{},{},{},{},{}\n",
+                r.op.name(),
+                r.dtype.name(),
+                self.devices,
+                r.bytes,
+                r.imp.name(),
+                self.chain,
+                q(&r.path),
+                r.peerless_calls(),
+                num(r.us, 3),
+                num(r.algbw_gbps, 3),
+                num(r.busbw_gbps, 3),
+                r.check.word(),
+                q(r.check.note()),
+            ));
+        }
+        out
+    }
+}
+
+// ---- the module -------------------------------------------------------------------------
+
+fn layout(rank: usize) -> Option<Box<xla::LayoutProto>> {
+    Some(Box::new(xla::LayoutProto { minor_to_major: (0..rank as i64).rev().collect(), ..Default::default() }))
+}
+
+/// A row-major array shape.
+fn array_shape(ty: Dtype, dims: &[usize]) -> xla::ShapeProto {
+    xla::ShapeProto {
+        element_type: ty.xla() as i32,
+        dimensions: dims.iter().map(|&d| d as i64).collect(),
+        is_dynamic_dimension: vec![false; dims.len()],
+        layout: layout(dims.len()),
+        ..Default::default()
+    }
+}
+
+fn tuple_shape(elems: Vec<xla::ShapeProto>) -> xla::ShapeProto {
+    xla::ShapeProto { element_type: xla::PrimitiveType::Tuple as i32, tuple_shapes: elems, ..Default::default() }
+}
+
+fn instruction(name: String, opcode: &str, id: i64, shape: xla::ShapeProto) -> xla::HloInstructionProto {
+    xla::HloInstructionProto { name, opcode: opcode.into(), id, shape: Some(shape), ..Default::default() }
+}
+
+fn computation(name: &str, id: i64, instrs: Vec<xla::HloInstructionProto>) -> xla::HloComputationProto {
+    let root = instrs.last().expect("a computation has instructions");
+    let params: Vec<_> = instrs.iter().filter(|i| i.opcode == "parameter").collect();
+    let program_shape = xla::ProgramShapeProto {
+        parameters: params.iter().map(|i| i.shape.clone().unwrap_or_default()).collect(),
+        parameter_names: params.iter().map(|i| i.name.clone()).collect(),
+        result: root.shape.clone(),
+    };
+    xla::HloComputationProto {
+        name: name.into(),
+        id,
+        root_id: root.id,
+        program_shape: Some(program_shape),
+        instructions: instrs,
+        ..Default::default()
+    }
+}
+
+/// The bench module: `chain` collectives `op` over all `n` replicas of `elems`-element
+/// operands. All-to-all and permute feed each collective the previous one's result and
+/// return the last; the others run collective k on parameter k after collective k − 1 (a
+/// control dependency) and return the tuple of all of them (`chain` > 1).
+pub fn module(op: Op, ty: Dtype, elems: usize, n: usize, chain: usize) -> Vec<u8> {
+    let mut next_id = 0i64;
+    let mut id = || {
+        next_id += 1;
+        next_id
+    };
+    let scalar = array_shape(ty, &[]);
+    // The reduction of all-reduce and reduce-scatter.
+    let add = {
+        let mut a = instruction("a".into(), "parameter", id(), scalar.clone());
+        let mut b = instruction("b".into(), "parameter", id(), scalar.clone());
+        a.parameter_number = 0;
+        b.parameter_number = 1;
+        let mut s = instruction("s".into(), "add", id(), scalar.clone());
+        s.operand_ids = vec![a.id, b.id];
+        computation("add", id(), vec![a, b, s])
+    };
+    let group = xla::ReplicaGroup { replica_ids: (0..n as i64).collect() };
+    let out_shape = array_shape(ty, &[op.result_elems(elems, n)]);
+    let mut params = Vec::new();
+    let mut colls: Vec<xla::HloInstructionProto> = Vec::new();
+    for k in 0..chain {
+        let mut p = instruction(format!("p{k}"), "parameter", id(), array_shape(ty, &[elems]));
+        p.parameter_number = k as i64;
+        let mut c = instruction(format!("{}.{k}", op.name()), op.name(), id(), out_shape.clone());
+        c.operand_ids = vec![p.id];
+        match op {
+            Op::AllReduce | Op::ReduceScatter => c.called_computation_ids = vec![add.id],
+            _ => {}
+        }
+        match op {
+            Op::CollectivePermute => {
+                c.source_target_pairs =
+                    (0..n as i64).map(|i| xla::SourceTarget { source: i, target: (i + 1) % n as i64 }).collect();
+            }
+            // The field every XLA reads (newer ones also take `collective_device_list`).
+            #[allow(deprecated)]
+            _ => c.replica_groups = vec![group.clone()],
+        }
+        if matches!(op, Op::AllGather | Op::ReduceScatter | Op::AllToAll) {
+            c.dimensions = vec![0];
+        }
+        match (colls.last(), op.data_chain()) {
+            (Some(prev), true) => c.operand_ids = vec![prev.id],
+            (Some(prev), false) => c.control_predecessor_ids = vec![prev.id],
+            (None, _) => {}
+        }
+        if k == 0 || !op.data_chain() {
+            params.push(p);
+        }
+        colls.push(c);
+    }
+    let mut instrs = params;
+    let root = if chain == 1 || op.data_chain() {
+        None
+    } else {
+        let mut t = instruction("result".into(), "tuple", id(), tuple_shape(vec![out_shape; chain]));
+        t.operand_ids = colls.iter().map(|c| c.id).collect();
+        Some(t)
+    };
+    instrs.extend(colls);
+    instrs.extend(root);
+    let entry = computation("bench", id(), instrs);
+    let m = xla::HloModuleProto {
+        name: format!("bench_{}_{}_{elems}", op.name().replace('-', "_"), ty.name()),
+        entry_computation_name: entry.name.clone(),
+        entry_computation_id: entry.id,
+        host_program_shape: entry.program_shape.clone(),
+        id: 1,
+        computations: vec![add, entry],
+        ..Default::default()
+    };
+    m.encode_to_vec()
+}
+
+// ---- running ----------------------------------------------------------------------------
+
+/// Small integers in [-8, 8] for device `d`, collective `k` (a sum over up to 32 devices is
+/// at most 256: exact in bf16 in any order).
+fn inputs(elems: usize, d: usize, k: usize) -> Vec<i8> {
+    let mut s = ((d as u64) << 32 | k as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ elems as u64;
+    (0..elems)
+        .map(|_| {
+            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ((s >> 33) % 17) as i8 - 8
+        })
+        .collect()
+}
+
+/// Compares every device's outputs with the expectation: `host[d][k]` is device d's input
+/// of parameter k; a data chain applies the op `chain` times.
+fn check(op: Op, ty: Dtype, chain: usize, host: &[Vec<Vec<i8>>], outputs: &[Vec<Buffer<'_>>]) -> Result<(), String> {
+    let arrays = host[0].len();
+    let n = host.len();
+    for k in 0..arrays {
+        let mut cur: Vec<Vec<i8>> = host.iter().map(|dev| dev[k].clone()).collect();
+        let rounds = if op.data_chain() { chain } else { 1 };
+        for _ in 1..rounds {
+            // Pure data movement: the values stay in i8.
+            cur = (0..n).map(|d| op.expected(&cur, d).into_iter().map(|v| v as i8).collect()).collect();
+        }
+        for (d, bufs) in outputs.iter().enumerate() {
+            if bufs.len() != arrays {
+                return Err(format!("device {d}: {} outputs, expected {arrays}", bufs.len()));
+            }
+            let want = op.expected(&cur, d);
+            let got = bufs[k].to_host()?;
+            if got.len() != want.len() * ty.bytes() {
+                return Err(format!(
+                    "device {d} result {k}: {} bytes, expected {}",
+                    got.len(),
+                    want.len() * ty.bytes()
+                ));
+            }
+            if let Some(i) = (0..want.len()).find(|&i| ty.decode(&got, i) != want[i] as f32) {
+                return Err(format!(
+                    "device {d} result {k} element {i} is {}, expected {}",
+                    ty.decode(&got, i),
+                    want[i]
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The compile options: replicas on `ids`; XLA's collective kernels for `kernels`.
+fn options(ids: &[i64], kernels: Option<&str>) -> Vec<u8> {
+    let mut o = crate::xla_run::compile_options(Mode::Replica, ids);
+    if let Some(k) = kernels {
+        let value = Some(xla::option_override_proto::Value::StringField(k.into()));
+        o.env_option_overrides
+            .insert("xla_gpu_experimental_use_collective_kernels".into(), xla::OptionOverrideProto { value });
+    }
+    o.encode_to_vec()
+}
+
+/// Median µs per collective over `samples` samples of `iters` executes.
+fn time(
+    exe: &ffi::pjrt::client::Executable<'_>,
+    args: &[Vec<&Buffer<'_>>],
+    samples: usize,
+    iters: usize,
+    chain: usize,
+) -> Result<f64, String> {
+    drop(exe.execute(args)?); // warm-up
+    let mut ts = Vec::with_capacity(samples.max(1));
+    for _ in 0..samples.max(1) {
+        let t = Instant::now();
+        for _ in 0..iters.max(1) {
+            drop(exe.execute(args)?);
+        }
+        ts.push(t.elapsed().as_secs_f64() * 1e6 / (iters.max(1) * chain) as f64);
+    }
+    ts.sort_by(f64::total_cmp);
+    Ok(ts[ts.len() / 2])
+}
+
+/// Compiles, checks and times one implementation of one module.
+#[allow(clippy::too_many_arguments)]
+fn measure(
+    client: &Client,
+    platform: &str,
+    ids: &[i64],
+    module: &[u8],
+    op: Op,
+    ty: Dtype,
+    imp: Impl,
+    opts: &Options,
+    host: &[Vec<Vec<i8>>],
+    args: &[Vec<&Buffer<'_>>],
+) -> (String, Vec<PassDecision>, Result<f64, Check>) {
+    let n = ids.len();
+    let (program, path, decisions, kernels) = match imp {
+        Impl::Peerless => {
+            let mut flags: Vec<String> = opts.flags.split_whitespace().map(str::to_owned).collect();
+            if n == 1 {
+                flags.push(format!("--{}=kernel", op.backend_flag()));
+            }
+            match crate::xla_run::prepare(module, Mode::Replica, ids, platform, &flags) {
+                Ok((program, outcome)) => {
+                    let mut paths: Vec<String> = outcome
+                        .decisions
+                        .iter()
+                        .map(|d| if d.kernel { d.implementation.clone() } else { format!("xla: {}", d.reason) })
+                        .collect();
+                    paths.dedup();
+                    (program, paths.join("; "), outcome.decisions, None)
+                }
+                Err(e) => return (String::new(), Vec::new(), Err(Check::Error(e))),
+            }
+        }
+        Impl::Xla => {
+            let what = if platform == "cuda" { "xla (NCCL)" } else { "xla (XLA:CPU)" };
+            (module.to_vec(), what.into(), Vec::new(), None)
+        }
+        Impl::XlaKernels => {
+            if platform != "cuda" {
+                return (
+                    String::new(),
+                    Vec::new(),
+                    Err(Check::Skipped("XLA's collective kernels are GPU-only".into())),
+                );
+            }
+            let Some(k) = op.xla_kernel_name() else {
+                return (
+                    String::new(),
+                    Vec::new(),
+                    Err(Check::Skipped(format!("XLA has no collective kernel for {}", op.name()))),
+                );
+            };
+            (module.to_vec(), format!("xla_gpu_experimental_use_collective_kernels={k}"), Vec::new(), Some(k))
+        }
+    };
+    let result = (|| {
+        let exe = client.compile_hlo(&program, &options(ids, kernels)).map_err(|e| Check::Error(e.to_string()))?;
+        let outputs = exe.execute(args).map_err(Check::Error)?;
+        check(op, ty, opts.chain.max(1), host, &outputs).map_err(Check::Error)?;
+        drop(outputs);
+        time(&exe, args, opts.samples, opts.iters, opts.chain.max(1)).map_err(Check::Error)
+    })();
+    (path, decisions, result)
+}
+
+/// Runs the bench; `progress` gets a line per measured row (the CLI prints them to stderr).
+pub fn run(opts: &Options, progress: &mut dyn FnMut(&str)) -> Result<Report, String> {
+    let path = crate::xla_run::find_plugin(opts.plugin.as_deref())?;
+    let platform = crate::xla_run::platform_of(&path);
+    let inner = crate::xla_run::plugin(&path, platform)?;
+    let chain = opts.chain.max(1);
+    let want = match (opts.devices, platform) {
+        (Some(n), _) => n,
+        (None, "cpu") => 8,
+        (None, _) => 0, // all of them, at most 8
+    };
+    let create: Vec<(&str, i64)> = if platform == "cpu" { vec![("cpu_device_count", want as i64)] } else { vec![] };
+    let client = Client::create(inner, &create)?;
+    let all = client.devices()?;
+    let n = if want == 0 { all.len().min(8) } else { want };
+    if n == 0 || all.len() < n {
+        return Err(format!("{}: the client has {} devices, {n} are needed", path.display(), all.len()));
+    }
+    let devices: Vec<Device> = all[..n].to_vec();
+    let ids: Vec<i64> = devices.iter().map(|d| i64::from(d.id)).collect();
+    let mut rows = Vec::new();
+    for &op in &opts.ops {
+        for &ty in &opts.dtypes {
+            let mut bytes = opts.min_bytes.max(ty.bytes());
+            while bytes <= opts.max_bytes {
+                let elems = bytes / ty.bytes();
+                let this = bytes;
+                bytes = bytes.saturating_mul(opts.step.max(2));
+                if !elems.is_multiple_of(n) {
+                    continue;
+                }
+                let module = module(op, ty, elems, n, chain);
+                let host: Vec<Vec<Vec<i8>>> =
+                    (0..n).map(|d| (0..op.arrays(chain)).map(|k| inputs(elems, d, k)).collect()).collect();
+                let mut bufs = Vec::with_capacity(n);
+                for (d, dev) in devices.iter().enumerate() {
+                    let mut v = Vec::with_capacity(chain);
+                    for vals in &host[d] {
+                        v.push(client.buffer_from_host(&ty.encode(vals), ty.pjrt(), &[elems as i64], *dev)?);
+                    }
+                    bufs.push(v);
+                }
+                let args: Vec<Vec<&Buffer<'_>>> = bufs.iter().map(|v| v.iter().collect()).collect();
+                for &imp in &opts.impls {
+                    let (path, decisions, result) =
+                        measure(&client, platform, &ids, &module, op, ty, imp, opts, &host, &args);
+                    let (fa, fb) = op.factors(n as f64);
+                    let (us, check) = match result {
+                        Ok(us) => (Some(us), Check::Same),
+                        Err(c) => (None, c),
+                    };
+                    let algbw = us.map(|us| fa * this as f64 / us / 1e3);
+                    let row = Row {
+                        op,
+                        dtype: ty,
+                        bytes: this,
+                        imp,
+                        path,
+                        decisions,
+                        us,
+                        algbw_gbps: algbw,
+                        busbw_gbps: algbw.map(|a| a * fb),
+                        check,
+                    };
+                    progress(&format!(
+                        "{:>18} {:>4} {:>10} B {:>11}: {} {}",
+                        op.name(),
+                        ty.name(),
+                        this,
+                        imp.name(),
+                        row.us.map_or_else(|| row.check.word().to_owned(), |u| format!("{u:.2} µs")),
+                        row.check.note()
+                    ));
+                    rows.push(row);
+                }
+            }
+        }
+    }
+    Ok(Report { plugin: path, platform, devices: n, chain, samples: opts.samples, iters: opts.iters, rows })
+}

@@ -1,0 +1,72 @@
+//! `peerless bench`'s library (`plugin::xla_bench`) on XLA's CPU plugin: 4 devices, two
+//! small sizes, f32 and bf16, every op, Peerless's pass applied and XLA's own collectives,
+//! 2 samples × 2 executes. Every row must pass its check, every Peerless row must have run
+//! its collective on a Peerless custom call (the pass's decisions), and the CSV must have
+//! the documented columns.
+//!
+//! Needs XLA's CPU plugin (as tests/xla_run.rs): without it the test fails unless
+//! PEERLESS_SKIP_XLA_PLUGIN=1.
+
+use plugin::xla_bench::{CSV_HEADER, Check, Dtype, Impl, Op, Options, run};
+
+#[test]
+fn bench_on_the_cpu_plugin() {
+    let plugin = match plugin::xla_run::find_plugin(None) {
+        Ok(p) => p,
+        Err(e) if std::env::var("PEERLESS_SKIP_XLA_PLUGIN").as_deref() == Ok("1") => {
+            eprintln!("SKIPPED (PEERLESS_SKIP_XLA_PLUGIN=1): {e}");
+            return;
+        }
+        Err(e) => panic!("{e}\n(set PEERLESS_SKIP_XLA_PLUGIN=1 to skip this test)"),
+    };
+    let opts = Options {
+        plugin: Some(plugin),
+        devices: Some(4),
+        min_bytes: 256,
+        max_bytes: 4096,
+        step: 16,
+        samples: 2,
+        iters: 2,
+        chain: 2,
+        ops: Op::ALL.to_vec(),
+        dtypes: vec![Dtype::F32, Dtype::Bf16],
+        impls: vec![Impl::Peerless, Impl::Xla],
+        flags: String::new(),
+    };
+    let report = run(&opts, &mut |line| eprintln!("{line}")).expect("bench runs");
+    assert_eq!(report.devices, 4);
+    // 5 ops × 2 dtypes × 2 sizes × 2 impls.
+    assert_eq!(report.rows.len(), 40, "{:#?}", report.rows);
+    for r in &report.rows {
+        let what = format!("{} {} {} B {}", r.op.name(), r.dtype.name(), r.bytes, r.imp.name());
+        assert_eq!(r.check, Check::Same, "{what}");
+        assert!(r.us.is_some_and(|us| us > 0.0), "{what}: {:?}", r.us);
+        match r.imp {
+            Impl::Peerless => {
+                assert_eq!(r.decisions.len(), opts.chain, "{what}: {:?}", r.decisions);
+                assert_eq!(r.peerless_calls(), opts.chain, "{what}: {:?}", r.decisions);
+                assert!(r.path.starts_with("kernel"), "{what}: {}", r.path);
+            }
+            _ => assert_eq!(r.peerless_calls(), 0, "{what}"),
+        }
+    }
+    let csv = report.csv();
+    let mut lines = csv.lines();
+    let header = lines.next().expect("a header");
+    assert_eq!(header, CSV_HEADER);
+    let columns: Vec<&str> = header.split(',').collect();
+    for c in ["op", "dtype", "devices", "bytes", "impl", "chain", "path", "peerless_calls", "us_per_collective"] {
+        assert!(columns.contains(&c), "no column {c} in {header}");
+    }
+    for c in ["algbw_gbps", "busbw_gbps", "check"] {
+        assert!(columns.contains(&c), "no column {c} in {header}");
+    }
+    assert_eq!(lines.clone().count(), report.rows.len());
+    let check_col = columns.iter().position(|&c| c == "check").expect("check column");
+    for l in lines {
+        // No field of these rows is quoted (paths without commas): a plain split works.
+        let f: Vec<&str> = l.split(',').collect();
+        assert_eq!(f.len(), columns.len(), "{l}");
+        assert_eq!(f[check_col], "same", "{l}");
+    }
+}

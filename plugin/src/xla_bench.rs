@@ -76,12 +76,15 @@ impl Op {
         }
     }
 
-    /// XLA's `CollectiveKernelType` name (`xla_gpu_experimental_use_collective_kernels`
-    /// accepts ALL_REDUCE and ALL_GATHER in jaxlib 0.11.2's XLA), if XLA has kernels for it.
+    /// XLA's `DebugOptions.CollectiveKernelType` value for
+    /// `xla_gpu_experimental_use_collective_kernels`, if XLA has kernels for the op (jaxlib
+    /// 0.11.2's XLA: all-reduce and all-gather). The full enum name: the XLA_FLAGS parser
+    /// takes `ALL_REDUCE`, the compile options' override parser only the proto's name
+    /// ("'ALL_REDUCE' is not a valid enum value").
     pub fn xla_kernel_name(self) -> Option<&'static str> {
         match self {
-            Op::AllReduce => Some("ALL_REDUCE"),
-            Op::AllGather => Some("ALL_GATHER"),
+            Op::AllReduce => Some("COLLECTIVE_KERNEL_ALL_REDUCE"),
+            Op::AllGather => Some("COLLECTIVE_KERNEL_ALL_GATHER"),
             _ => None,
         }
     }

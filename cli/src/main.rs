@@ -4,7 +4,7 @@
 //! peerless check FILE.hlo [--devices N] [--mode replica|partition] [--thunks] [--flag NAME=VALUE]...
 //! peerless flags
 //! peerless run FILE.hlo --devices N [--mode replica|partition] [--inputs IN.npz]
-//!              [--seed S] [--out OUT.npz] [--backend host|cuda|interp|xla] [--xla-plugin PATH]
+//!              [--seed S] [--out OUT.npz] [--backend host|interp|xla] [--xla-plugin PATH]
 //!              [--flag NAME=VALUE]...
 //! ```
 //! Arrays in npz files are named `p{i}_d{d}` (entry parameter i on device d) and
@@ -39,7 +39,7 @@ enum Command {
     Run(RunArgs),
     /// List the Peerless flags (set in PEERLESS_FLAGS or with --flag NAME=VALUE).
     Flags,
-    /// Benchmark Peerless's CUDA collective kernels beside NCCL on the local GPUs.
+    /// Benchmark collectives through XLA: Peerless's kernels, XLA's own path and XLA's collective kernels.
     Bench(bench::BenchArgs),
     /// List the local GPUs, the peer-access table and the probe results.
     Devices,
@@ -107,8 +107,9 @@ enum BackendArg {
     /// N simulated devices, one worker thread each, running the thunk programs with the
     /// same collective protocols as the GPU kernels.
     Host,
-    /// Local NVIDIA GPUs 0..N: collectives on Peerless kernels or NCCL, other
-    /// instructions evaluated on the host between them.
+    /// Retired (Peerless's own CUDA executor): on GPUs use `--backend xla` with XLA's CUDA
+    /// plugin (`--xla-plugin .../xla_cuda_plugin.so`), where XLA runs the module and
+    /// Peerless's kernels its collectives.
     Cuda,
     /// The reference interpreter (XLA semantics, devices evaluated in lockstep).
     Interp,
@@ -222,20 +223,15 @@ fn run(args: &RunArgs) -> CliResult<()> {
     log::info!("running {} on {} devices ({:?} mode)", module.name, cfg.num_devices, cfg.mode);
     let t = Instant::now();
     let outputs = match args.backend {
-        BackendArg::Host | BackendArg::Cuda => {
+        BackendArg::Host => {
             let flags = flags(&args.devices)?;
-            let kind = if args.backend == BackendArg::Host { BackendKind::Host } else { BackendKind::Cuda };
-            let exe = Executable::new(kind, &module, cfg.num_devices, cfg.mode, &flags)?;
-            if let Executable::Cuda(c) = &exe {
-                let (on_device, on_host) = c.compute_placement();
-                println!(
-                    "cuda: {on_device} non-collective instructions on the device, {} on the host{}; CUDA graphs: {}",
-                    on_host.len(),
-                    on_host.iter().map(|(_, name, why)| format!("\n  host: '{name}': {why}")).collect::<String>(),
-                    if c.uses_graphs() { "yes" } else { "no" }
-                );
-            }
-            exe.execute(&inputs)?
+            Executable::new(BackendKind::Host, &module, cfg.num_devices, cfg.mode, &flags)?.execute(&inputs)?
+        }
+        BackendArg::Cuda => {
+            return Err("--backend cuda is retired: on GPUs, XLA runs the module with Peerless's collectives inside \
+                        (--backend xla --xla-plugin .../jax_plugins/xla_cuda13/xla_cuda_plugin.so, with the module \
+                        as a binary HloModuleProto)"
+                .into());
         }
         BackendArg::Interp => interp::run(&module, &cfg, &inputs)?,
         BackendArg::Xla => run_xla(args, &module, &cfg, &inputs)?,

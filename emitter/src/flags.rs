@@ -132,12 +132,6 @@ pub struct Flags {
     /// Use peer kernels even on GPU targets whose cross-device atomics are known not to be
     /// visible to peers ([`crate::peers::PEER_ATOMICS_NOT_VISIBLE`]).
     pub allow_unsafe_peer_targets: bool,
-    /// GPU backends: after the first run, capture each device's program into a graph and
-    /// replay it (programs with host-evaluated instructions always run stream by stream).
-    pub cuda_graphs: bool,
-    /// GPU backends: run non-collective instructions as generated device kernels (else the
-    /// host evaluates them between device steps: slower, and never graph-captured).
-    pub device_codegen: bool,
     /// GPU backends: the largest grid of a collective kernel, 1..=[`MAX_COLLECTIVE_BLOCKS`].
     pub collective_blocks: u32,
     /// Inside XLA: partitioner-made collectives larger than this stay XLA's, which runs them
@@ -164,8 +158,6 @@ impl Default for Flags {
             collective_timeout_ms: DEFAULT_COLLECTIVE_TIMEOUT_MS,
             host_topology: HostTopology::FullMesh,
             allow_unsafe_peer_targets: false,
-            cuda_graphs: true,
-            device_codegen: true,
             collective_blocks: DEFAULT_COLLECTIVE_BLOCKS,
             xla_async_above_bytes: Some(DEFAULT_XLA_ASYNC_ABOVE_BYTES),
         }
@@ -286,42 +278,6 @@ pub const FLAGS: &[FlagSpec] = &[
             }
             "false" => {
                 f.allow_unsafe_peer_targets = false;
-                Ok(())
-            }
-            _ => Err(format!("'{v}' is neither true nor false")),
-        },
-    },
-    FlagSpec {
-        name: "cuda_graphs",
-        ty: "true|false",
-        help: "GPU backends: capture each device's program into a CUDA graph after the first run and replay it \
-               (programs that evaluate instructions on the host always run stream by stream)",
-        get: |f| f.cuda_graphs.to_string(),
-        set: |f, v| match v {
-            "true" => {
-                f.cuda_graphs = true;
-                Ok(())
-            }
-            "false" => {
-                f.cuda_graphs = false;
-                Ok(())
-            }
-            _ => Err(format!("'{v}' is neither true nor false")),
-        },
-    },
-    FlagSpec {
-        name: "device_codegen",
-        ty: "true|false",
-        help: "GPU backends: run non-collective instructions as kernels generated per instruction and shape \
-               (false: evaluate them on the host between device steps)",
-        get: |f| f.device_codegen.to_string(),
-        set: |f, v| match v {
-            "true" => {
-                f.device_codegen = true;
-                Ok(())
-            }
-            "false" => {
-                f.device_codegen = false;
                 Ok(())
             }
             _ => Err(format!("'{v}' is neither true nor false")),
@@ -456,11 +412,9 @@ mod tests {
         let s = "--all_reduce_backend=kernel --all_gather_backend=fallback --all_to_all_backend=auto \
                  --reduce_scatter_backend=fallback --collective_permute_backend=kernel --one_shot_max_bytes=1024 \
                  --two_shot_max_bytes=65536 --collective_timeout_ms=500 --host_topology=pairs:0-1,2-3 \
-                 --allow_unsafe_peer_targets=true --cuda_graphs=false --device_codegen=false --collective_blocks=64 \
+                 --allow_unsafe_peer_targets=true --collective_blocks=64 \
                  --xla_async_above_bytes=none";
         let f = Flags::parse(s).unwrap();
-        assert!(!f.cuda_graphs && Flags::default().cuda_graphs);
-        assert!(!f.device_codegen && Flags::default().device_codegen);
         assert_eq!((f.collective_blocks, Flags::default().collective_blocks), (64, DEFAULT_COLLECTIVE_BLOCKS));
         assert!(Flags::parse("--collective_blocks=0").is_err() && Flags::parse("--collective_blocks=129").is_err());
         assert_eq!(f.all_reduce_backend, Backend::Kernel);

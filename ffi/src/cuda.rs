@@ -242,58 +242,9 @@ impl Stream {
         call("cuMemcpyDtoDAsync", Some(self.ordinal), || unsafe { r::memcpy_dtod_async(dst, src, len, self.s) })
     }
 
-    /// Async copy of `src[off..off + len]` into device memory at `dst`, in order with this
-    /// stream's kernels.
-    ///
-    /// # Safety
-    /// `dst` must be a device allocation with at least `len` bytes, and `src` must stay
-    /// allocated and those bytes unmodified until this stream has been synchronised.
-    pub unsafe fn copy_h2d_async(&self, dst: u64, src: &PinnedBuffer, off: usize, len: usize) -> Result<()> {
-        let bytes = src.range(off, len)?;
-        // SAFETY: `bytes` lies inside the pinned allocation (checked by `range`); the caller
-        // keeps it alive and unmodified, and `dst` valid, until the copy has completed.
-        call("cuMemcpyHtoDAsync", Some(self.ordinal), || unsafe {
-            r::memcpy_htod_async(dst, std::slice::from_raw_parts(bytes, len), self.s)
-        })
-    }
-
-    /// Async copy of `len` bytes at device address `src` into `dst[off..off + len]`, in order
-    /// with this stream's kernels.
-    ///
-    /// # Safety
-    /// `src` must be a device allocation with at least `len` bytes, and `dst` must stay
-    /// allocated, and those bytes unread and unmodified, until this stream has been synchronised.
-    pub unsafe fn copy_d2h_async(&self, dst: &PinnedBuffer, off: usize, src: u64, len: usize) -> Result<()> {
-        let bytes = dst.range(off, len)?;
-        // SAFETY: `bytes` lies inside the pinned allocation (checked by `range`); the caller
-        // leaves it alone until the copy has completed, and `src` is valid.
-        call("cuMemcpyDtoHAsync", Some(self.ordinal), || unsafe {
-            r::memcpy_dtoh_async(std::slice::from_raw_parts_mut(bytes, len), src, self.s)
-        })
-    }
-
     pub fn memset_u8(&self, dst: u64, v: u8, len: usize) -> Result<()> {
         // SAFETY: as in copy_d2d.
         call("cuMemsetD8Async", Some(self.ordinal), || unsafe { r::memset_d8_async(dst, v, len, self.s) })
-    }
-
-    /// Starts capturing this stream into a graph (relaxed mode: other threads may keep working).
-    pub fn begin_capture(&self) -> Result<()> {
-        // SAFETY: the stream is live.
-        call("cuStreamBeginCapture", Some(self.ordinal), || unsafe {
-            r::stream::begin_capture(self.s, sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED)
-        })
-    }
-
-    pub fn end_capture(&self) -> Result<Graph> {
-        // SAFETY: the stream is capturing (begin_capture succeeded).
-        let g = call("cuStreamEndCapture", Some(self.ordinal), || unsafe { r::stream::end_capture(self.s) })?;
-        let mut exec: sys::CUgraphExec = std::ptr::null_mut();
-        call("cuGraphInstantiateWithFlags", Some(self.ordinal), || {
-            // SAFETY: `g` is the captured graph; `exec` outlives the call.
-            st(unsafe { sys::cuGraphInstantiateWithFlags(&mut exec, g, 0) })
-        })?;
-        Ok(Graph { g, exec, ordinal: self.ordinal })
     }
 }
 
@@ -392,33 +343,6 @@ impl Drop for HostMapped {
     }
 }
 
-/// An instantiated CUDA graph.
-#[derive(Debug)]
-pub struct Graph {
-    g: sys::CUgraph,
-    exec: sys::CUgraphExec,
-    ordinal: usize,
-}
-// SAFETY: graph handles may be launched from any thread.
-unsafe impl Send for Graph {}
-
-impl Graph {
-    pub fn launch(&self, s: &Stream) -> Result<()> {
-        // SAFETY: `exec` is instantiated and `s` is live.
-        call("cuGraphLaunch", Some(self.ordinal), || unsafe { r::graph::launch(self.exec, s.s) })
-    }
-}
-
-impl Drop for Graph {
-    fn drop(&mut self) {
-        // SAFETY: destroys handles created in end_capture, once.
-        let _ = guarded("cuGraphExecDestroy", Some(self.ordinal), || unsafe {
-            let _ = r::graph::exec_destroy(self.exec);
-            r::graph::destroy(self.g)
-        });
-    }
-}
-
 /// A timing event.
 #[derive(Debug)]
 pub struct Event {
@@ -458,68 +382,6 @@ impl Drop for Event {
     fn drop(&mut self) {
         // SAFETY: destroys the event created in `new`, once.
         let _ = guarded("cuEventDestroy", Some(self.ordinal), || unsafe { r::event::destroy(self.e) });
-    }
-}
-
-/// Page-locked host memory (`cuMemHostAlloc`), freed on drop: the staging through which
-/// arguments and results move between host and device asynchronously, on the stream that
-/// runs the program (a pageable "synchronous" copy serialises the devices and runs on the
-/// legacy stream). While an async copy involving it is in flight (see
-/// [`Stream::copy_h2d_async`]), its bytes must be neither touched nor freed.
-#[derive(Debug)]
-pub struct PinnedBuffer {
-    ptr: *mut u8,
-    len: usize,
-    ordinal: usize,
-    ctx: sys::CUcontext,
-}
-// SAFETY: the allocation is plain host memory owned by this value; `&mut self` guards host
-// access, and async copies are the unsafe callers' responsibility.
-unsafe impl Send for PinnedBuffer {}
-// SAFETY: as above; `&self` gives no access to the bytes.
-unsafe impl Sync for PinnedBuffer {}
-
-impl PinnedBuffer {
-    /// Allocates `len` bytes (at least 1) of page-locked memory in `ctx`.
-    pub fn new(ctx: &Context, len: usize) -> Result<PinnedBuffer> {
-        ctx.bind()?;
-        // SAFETY: a fresh host allocation; freed once in `drop`.
-        let ptr = call("cuMemHostAlloc", Some(ctx.ordinal), || unsafe { r::malloc_host(len.max(1), 0) })?;
-        Ok(PinnedBuffer { ptr: ptr.cast(), len, ordinal: ctx.ordinal, ctx: ctx.ctx })
-    }
-
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// The bytes, for the host to fill or read while no async copy involves them.
-    pub fn host_mut(&mut self) -> &mut [u8] {
-        // SAFETY: `ptr` holds `len` bytes owned by this value; `&mut self` excludes other host
-        // access, and in-flight copies are excluded by the async copies' contracts.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
-    }
-
-    fn range(&self, off: usize, len: usize) -> Result<*mut u8> {
-        if off.checked_add(len).is_none_or(|end| end > self.len) {
-            return Err(Error::Invalid(format!("{len} bytes at {off} of a pinned buffer of {}", self.len)));
-        }
-        // SAFETY: `off <= len` of the allocation (checked above).
-        Ok(unsafe { self.ptr.add(off) })
-    }
-}
-
-impl Drop for PinnedBuffer {
-    fn drop(&mut self) {
-        // SAFETY: `self.ctx` is the owning primary context, retained while buffers exist.
-        if guarded("cuCtxSetCurrent", Some(self.ordinal), || unsafe { r::ctx::set_current(self.ctx) }).is_ok() {
-            // SAFETY: frees the allocation made in `new`, once; its owner has synchronised
-            // every stream that copied through it.
-            let _ = guarded("cuMemFreeHost", Some(self.ordinal), || unsafe { r::free_host(self.ptr.cast()) });
-        }
     }
 }
 

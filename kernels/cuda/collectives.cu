@@ -1,8 +1,7 @@
 // Peerless's peer-access collective kernels (CUDA C++, compiled at run time by NVRTC).
 // Kernels: one-shot / two-shot all-reduce and reduce-scatter per (type, reduction),
 // pl_exchange (direct all-gather, all-to-all, collective-permute over strided runs),
-// pl_all_gather (the benchmark's contiguous all-gather), and the fallback's local helpers
-// pl_copy_runs / pl_reduce_blocks_*.
+// pl_all_gather (the kernel tests' contiguous all-gather).
 //
 // The protocols are the host backend's (kernels/src/host/protocol.rs), per thread block:
 // - Signals of one communicator on one device: `u32 counter[PL_BLOCKS]` (the block's launch
@@ -481,9 +480,6 @@ PL_DEVICE void copy_runs(const Run& r) {
   }
 }
 
-// A device-local strided copy (the fallback's packing and unpacking around NCCL).
-PL_GLOBAL void __launch_bounds__(512) pl_copy_runs(Run r) { copy_runs(r); }
-
 // ---- the exchange kernel: direct all-gather, all-to-all and collective-permute ----
 // Two signal phases around a list of copies (which may target peers' memory). Phase s
 // stores the epoch into `sig[s].n` peers' flag slots (flags set s, this block) and waits
@@ -646,10 +642,6 @@ PL_DEVICE void reduce_scatter(const u8* in, T* out, u32 rank, u32 world, const P
                                                                 Ptrs stage, u64 stride, Ptrs flags,           \
                                                                 u32* counter, Blocks b, Status st) {          \
     reduce_scatter<T, R>(in, out, rank, world, stage, stride, flags, counter, b, st);                        \
-  }                                                                                                          \
-  PL_GLOBAL void __launch_bounds__(512) pl_reduce_blocks_##NAME(Ptrs srcs, u32 world, u32 k, T* out,         \
-                                                               Blocks b) {                                   \
-    reduce_block<T, R>(srcs, world, k, out, b);                                                              \
   }
 
 #define PL_AR_ARITH(NAME, T) PL_AR(NAME##_sum, T, Sum) PL_AR(NAME##_prod, T, Prod) PL_AR(NAME##_min, T, Min) PL_AR(NAME##_max, T, Max)

@@ -133,7 +133,7 @@ pub(crate) struct ThunkShapes {
     pub(crate) operand_leaves: Vec<ArrayShape>,
 }
 
-/// A module lowered for a device set, shared by every backend that runs thunk programs:
+/// A module lowered for a device set (what the host executor runs):
 /// the inlined module, the per-instruction evaluator, one program per device, and the
 /// shapes each thunk's regions hold.
 pub(crate) struct Lowered {
@@ -145,7 +145,6 @@ pub(crate) struct Lowered {
     pub(crate) param_shapes: Vec<Shape>,
     /// The root's value shape (before any result sharding).
     pub(crate) root_shape: Shape,
-    pub(crate) mode: DeviceMode,
 }
 
 /// Inlines calls, plans every collective with `flags` against `table`, assigns buffers with
@@ -193,7 +192,6 @@ pub(crate) fn lower(
         shapes,
         param_shapes,
         root_shape,
-        mode,
         evaluator,
         module: flat,
     })
@@ -640,31 +638,28 @@ pub fn host_programs(
     Ok(emitter::build_programs(&flat, num_devices, mode, flags, &table, &EvalInfo(&evaluator), &HostSizer)?)
 }
 
-/// The devices a program runs on.
+/// The devices a program runs on. Peerless runs whole modules itself only on the host
+/// backend (the oracle's companion and the standalone CPU plugin); on GPUs XLA runs them, with
+/// Peerless's collectives inside (`peerless run --backend xla`, `JAX_PLATFORMS=peerless`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BackendKind {
     /// N simulated devices: worker threads over shared-memory arenas.
     Host,
-    /// Local NVIDIA GPUs `0..N` (feature `cuda`).
-    Cuda,
 }
 
 impl BackendKind {
     pub fn name(self) -> &'static str {
         match self {
             BackendKind::Host => "host",
-            BackendKind::Cuda => "cuda",
         }
     }
 }
 
 /// A compiled module on one backend: a closed enum, so callers (the CLI, the plugin) never
-/// name a backend's types. Without the `cuda` feature the `Cuda` kind is an error that says so.
+/// name a backend's types.
 #[derive(Debug)]
 pub enum Executable {
     Host(HostExecutable),
-    #[cfg(feature = "cuda")]
-    Cuda(crate::cuda::CudaExecutable),
 }
 
 impl Executable {
@@ -678,14 +673,6 @@ impl Executable {
     ) -> Result<Self, ExecError> {
         match kind {
             BackendKind::Host => Ok(Executable::Host(HostExecutable::new(module, num_devices, mode, flags)?)),
-            #[cfg(feature = "cuda")]
-            BackendKind::Cuda => {
-                Ok(Executable::Cuda(crate::cuda::CudaExecutable::new(module, num_devices, mode, flags)?))
-            }
-            #[cfg(not(feature = "cuda"))]
-            BackendKind::Cuda => {
-                Err(ExecError::Backend("this build of Peerless has no cuda backend (feature `cuda` is off)".into()))
-            }
         }
     }
 
@@ -693,16 +680,12 @@ impl Executable {
     pub fn execute(&self, args: &[Vec<Literal>]) -> Result<Vec<Literal>, ExecError> {
         match self {
             Executable::Host(e) => e.execute(args),
-            #[cfg(feature = "cuda")]
-            Executable::Cuda(e) => e.execute(args),
         }
     }
 
     pub fn kind(&self) -> BackendKind {
         match self {
             Executable::Host(_) => BackendKind::Host,
-            #[cfg(feature = "cuda")]
-            Executable::Cuda(_) => BackendKind::Cuda,
         }
     }
 
@@ -710,8 +693,6 @@ impl Executable {
     pub fn programs(&self) -> &[ThunkProgram] {
         match self {
             Executable::Host(e) => e.programs(),
-            #[cfg(feature = "cuda")]
-            Executable::Cuda(e) => e.programs(),
         }
     }
 
@@ -719,8 +700,6 @@ impl Executable {
     pub fn planned(&self) -> &[PlannedCollective] {
         match self {
             Executable::Host(e) => e.planned(),
-            #[cfg(feature = "cuda")]
-            Executable::Cuda(e) => e.planned(),
         }
     }
 
@@ -728,8 +707,6 @@ impl Executable {
     pub fn param_shapes(&self) -> &[Shape] {
         match self {
             Executable::Host(e) => e.param_shapes(),
-            #[cfg(feature = "cuda")]
-            Executable::Cuda(e) => e.param_shapes(),
         }
     }
 
@@ -737,8 +714,6 @@ impl Executable {
     pub fn set_fault(&self, fault: Option<Fault>) {
         match self {
             Executable::Host(e) => e.set_fault(fault),
-            #[cfg(feature = "cuda")]
-            Executable::Cuda(e) => e.set_fault(fault),
         }
     }
 }

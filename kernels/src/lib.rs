@@ -1,8 +1,8 @@
 //! Collective kernels and device backends. [`host`] is the host backend's collective
-//! layer (N simulated devices in one process); [`codegen`] writes device code for
-//! non-collective instructions; `cuda` and `rocm` are the GPU device layers.
+//! layer (N simulated devices in one process; also the CPU handlers' protocols inside XLA);
+//! [`exec`] runs whole HLO modules on it; `cuda` and `rocm` are the GPU device layers
+//! (Peerless's collective kernels; inside XLA through `cuda::xla`).
 
-pub mod codegen;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod exec;

@@ -50,9 +50,7 @@ fn every_kernel_source_compiles_for_sm80_and_sm90() {
                 "pl_two_shot_u16_max",
                 "pl_reduce_scatter_f16_sum",
                 "pl_reduce_scatter_s8_or",
-                "pl_reduce_blocks_s16_and",
                 "pl_exchange",
-                "pl_copy_runs",
             ] {
                 assert!(text.contains(&format!(".entry {k}")), "{name} for sm_{cc} lacks {k}");
             }
@@ -62,39 +60,4 @@ fn every_kernel_source_compiles_for_sm80_and_sm90() {
             assert!(text.contains(".v4.u32"), "{name}: no 16-byte vector accesses");
         }
     }
-}
-
-/// Device code generated for every hlo-tests case (kernels/src/codegen.rs) compiles for
-/// sm_90, and the suite's non-collective instructions are covered: the cases' compute thunks
-/// left to the host are listed, and only the kinds of instruction codegen declines may be.
-#[test]
-fn every_generated_unit_compiles() {
-    let ci = std::env::var("CI").is_ok_and(|v| v == "true" || v == "1");
-    if let Err(e) = ffi::nvrtc::version() {
-        assert!(!ci, "CI=true but NVRTC is unavailable: {e}");
-        eprintln!("\n*** SKIPPED: NVRTC not found ({e}).\n");
-        return;
-    }
-    let mut units = std::collections::HashSet::new();
-    let (mut kernels, mut host) = (0, Vec::new());
-    for case in hlo_tests::load_cases().expect("hlo-tests cases") {
-        let Ok(d) = case.directive.as_ref() else { continue };
-        let module = hlo::parse_text(&case.name, &case.text).expect("parse");
-        let mode = d.mode.device_mode();
-        for &n in &d.devices {
-            let plan = kernels::codegen::generate(&module, n, mode, &emitter::Flags::default())
-                .unwrap_or_else(|e| panic!("{} on {n}: {e}", case.name));
-            kernels += plan.kernels();
-            host.extend(plan.host.iter().map(|(_, name, why)| format!("{} on {n}: '{name}': {why}", case.name)));
-            if !plan.source.is_empty() && units.insert(plan.source.clone()) {
-                kernels::cuda::compile_generated(&plan.source, 90, Output::Ptx)
-                    .unwrap_or_else(|e| panic!("{} on {n}: {e}\n--- source ---\n{}", case.name, plan.source));
-            }
-        }
-    }
-    eprintln!("{} generated units, {kernels} kernels; {} compute thunks left to the host:", units.len(), host.len());
-    for h in &host {
-        eprintln!("  {h}");
-    }
-    assert!(kernels > 0);
 }

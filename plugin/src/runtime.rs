@@ -23,55 +23,37 @@ pub const MEMORY_KIND: &str = "device";
 /// Device kind reported for host-backend devices.
 pub const DEVICE_KIND: &str = "peerless-host";
 
-/// Which backend a client runs programs on (`PEERLESS_BACKEND`).
+/// Which backend a client runs programs on (`PEERLESS_BACKEND`). The standalone plugin runs
+/// modules on the host backend only: on GPUs, `JAX_PLATFORMS=peerless` wraps XLA's own CUDA
+/// plugin instead (`wrap.rs`), and XLA runs everything but Peerless's collectives.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BackendKind {
     /// N simulated devices on N threads (the host backend of `kernels::exec::Executable`).
     Host,
-    /// One device per GPU; see [`cuda_backend`], the one place it is wired.
-    Cuda,
 }
 
 impl BackendKind {
-    /// `PEERLESS_BACKEND`: `host`, `cuda`, or unset / empty: cuda when usable GPUs are found
-    /// ([`cuda_backend`]), else host.
+    /// `PEERLESS_BACKEND`: `host` or unset / empty.
     pub fn from_env() -> Result<Self> {
         match std::env::var("PEERLESS_BACKEND").as_deref().map(str::trim) {
-            Err(_) | Ok("") if cuda_usable() => Ok(BackendKind::Cuda),
             Err(_) | Ok("") | Ok("host") => Ok(BackendKind::Host),
-            Ok("cuda") => Ok(BackendKind::Cuda),
-            Ok(other) => Err(Error::invalid(format!(
-                "peerless: PEERLESS_BACKEND={other} is not a backend (expected host or cuda)"
-            ))),
+            Ok("cuda") => Err(Error::invalid(
+                "peerless: PEERLESS_BACKEND=cuda needs XLA's CUDA plugin, which was not found (install \
+                 jax-cuda13-pjrt or jax-cuda12-pjrt, or set PEERLESS_XLA_PLUGIN=/path/to/xla_cuda_plugin.so): \
+                 JAX_PLATFORMS=peerless wraps it; the standalone platform runs on the host backend only",
+            )),
+            Ok(other) => {
+                Err(Error::invalid(format!("peerless: PEERLESS_BACKEND={other} is not a backend (expected host)")))
+            }
         }
     }
 
     pub fn name(self) -> &'static str {
         match self {
             BackendKind::Host => "host",
-            BackendKind::Cuda => "cuda",
         }
     }
 }
-
-// ==== CUDA backend hook =====================================================================
-/// **The one place the CUDA backend enters the plugin.** Called by [`ClientConfig::new`] when
-/// the backend is cuda; returns the number of GPUs the client exposes (all local GPUs, at
-/// most the kernels' clique size). [`compile`] builds a `kernels::exec::Executable` of the
-/// client's backend kind; executions run it the same way on either backend.
-pub fn cuda_backend() -> Result<usize> {
-    match kernels::cuda::device_count() {
-        Ok(n) if n > 0 => Ok(n.min(kernels::cuda::MAX_RANKS)),
-        Ok(_) => Err(Error::invalid("peerless: PEERLESS_BACKEND=cuda but no CUDA device is visible")),
-        Err(e) => Err(Error::invalid(format!("peerless: PEERLESS_BACKEND=cuda but CUDA is unusable: {e}"))),
-    }
-}
-
-/// Whether the default backend (PEERLESS_BACKEND unset) is cuda: usable GPUs are found.
-fn cuda_usable() -> bool {
-    cuda_backend().is_ok()
-}
-// ============================================================================================
 
 /// Client creation settings (create options, then environment, then defaults).
 #[derive(Clone, Debug)]
@@ -82,15 +64,13 @@ pub struct ClientConfig {
 }
 
 impl ClientConfig {
-    /// Backend from `PEERLESS_BACKEND` ([`BackendKind::from_env`]). Host backend: `num_devices`
-    /// from the create option, else `PEERLESS_HOST_DEVICES` (alias `PEERLESS_NUM_DEVICES`),
-    /// else 8. CUDA backend: one device per GPU ([`cuda_backend`]). Flags from
+    /// Backend from `PEERLESS_BACKEND` ([`BackendKind::from_env`]). `num_devices` from the
+    /// create option, else `PEERLESS_HOST_DEVICES` (alias `PEERLESS_NUM_DEVICES`), else 8. Flags from
     /// `PEERLESS_FLAGS` and then the create option `peerless_flags`.
     pub fn new(option_devices: Option<i64>, option_flags: Option<&str>) -> Result<Self> {
         let backend = BackendKind::from_env()?;
         let num_devices = match backend {
             BackendKind::Host => host_devices(option_devices)?,
-            BackendKind::Cuda => cuda_backend()? as i64,
         };
         if !(1..=4096).contains(&num_devices) {
             return Err(Error::invalid(format!("peerless: num_devices must be in 1..=4096, got {num_devices}")));
@@ -445,7 +425,6 @@ pub fn compile(client: &Client, format: &str, code: &[u8], options: &[u8]) -> Re
     let flags = compile_flags(&client.config.flags, &opts.env_option_overrides)?;
     let kind = match client.config.backend {
         BackendKind::Host => kernels::exec::BackendKind::Host,
-        BackendKind::Cuda => kernels::exec::BackendKind::Cuda,
     };
     let exe = DeviceProgram::new(kind, &module, n, mode, &flags)?;
     exe.set_fault(test_fault(&exe)?);

@@ -299,28 +299,10 @@ kernel_args! {
 }
 
 kernel_args! {
-    /// The arguments of `pl_reduce_blocks_*`, in order.
-    pub(crate) struct BlocksArgs {
-        srcs: Ptrs,
-        world: u32,
-        block: u32,
-        output: u64,
-        blocks: Blocks,
-    }
-}
-
-kernel_args! {
     /// The arguments of `pl_exchange`.
     pub(crate) struct ExchangeArgs {
         x: Xchg,
         status: Status,
-    }
-}
-
-kernel_args! {
-    /// The argument of `pl_copy_runs`.
-    pub(crate) struct RunArgs {
-        run: Run,
     }
 }
 

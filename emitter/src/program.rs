@@ -336,7 +336,8 @@ pub fn build_programs(
                 if ins.opcode == Opcode::AfterAll {
                     continue;
                 }
-                thunks.push(Thunk::Compute { instr: id, name, inputs: operand_leaves, outputs: own.clone() });
+                let operand_shapes = ins.operands.iter().map(|&o| info.local_shape(module, o)).collect();
+                thunks.push(Thunk::Compute { instr: id, name, inputs: operand_leaves, outputs: own.clone(), operand_shapes });
             }
             Role::Copy => {
                 for (src, dst) in operand_leaves.iter().zip(own.iter()) {
@@ -372,12 +373,18 @@ pub fn build_programs(
                 if config.op.is_async {
                     start_thunk.insert(id, thunks.len());
                 }
+                let operand_shapes = ins
+                    .operands
+                    .iter()
+                    .flat_map(|&o| info.local_shape(module, o).leaves().into_iter().cloned().collect::<Vec<_>>())
+                    .collect();
                 thunks.push(Thunk::Collective {
                     instr: id,
                     name,
                     config,
                     implementation,
                     inputs: operand_leaves,
+                    operand_shapes,
                     outputs,
                     scratch,
                     signals,

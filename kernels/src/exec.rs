@@ -29,7 +29,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use emitter::{DeviceMode, EmitError, Flags, PeerAccessTable, PlannedCollective, ValueInfo};
-use hlo::{Array, ArrayShape, InstrId, Literal, Module, Shape};
+use hlo::{Array, InstrId, Literal, Module, Shape};
 use interp::single::InstrEvaluator;
 use interp::{InterpError, RunConfig};
 use thunks::{Backend, CollectiveConfig, Implementation, Resources, ScratchSizer, Thunk, ThunkProgram};
@@ -124,24 +124,14 @@ impl ValueInfo for EvalInfo<'_> {
     }
 }
 
-/// Per thunk: the shapes its regions hold (operand leaves, result leaves), resolved once.
-#[derive(Clone, Debug, Default)]
-pub(crate) struct ThunkShapes {
-    /// Per operand, its local shape (Compute) — leaves line up with `inputs`.
-    pub(crate) operands: Vec<Shape>,
-    /// Operand leaves (Collective).
-    pub(crate) operand_leaves: Vec<ArrayShape>,
-}
-
 /// A module lowered for a device set (what the host executor runs):
-/// the inlined module, the per-instruction evaluator, one program per device, and the
-/// shapes each thunk's regions hold.
+/// the inlined module, the per-instruction evaluator and one program per device (each
+/// thunk carries the shapes its regions hold).
 pub(crate) struct Lowered {
     pub(crate) module: Module,
     pub(crate) evaluator: InstrEvaluator,
     pub(crate) programs: Vec<ThunkProgram>,
     pub(crate) planned: Vec<PlannedCollective>,
-    pub(crate) shapes: Vec<ThunkShapes>,
     pub(crate) param_shapes: Vec<Shape>,
     /// The root's value shape (before any result sharding).
     pub(crate) root_shape: Shape,
@@ -163,33 +153,11 @@ pub(crate) fn lower(
     let flat = emitter::inline_calls(module)?;
     let evaluator = InstrEvaluator::new(&flat, &RunConfig { num_devices, mode })?;
     let built = emitter::build_programs(&flat, num_devices, mode, flags, table, &EvalInfo(&evaluator), sizer)?;
-    let first = built.programs.first().ok_or_else(|| ExecError::BadArguments("no programs".into()))?;
-    let shapes = first
-        .thunks
-        .iter()
-        .map(|t| match t {
-            Thunk::Compute { instr, .. } => ThunkShapes {
-                operands: flat.instr(*instr).operands.iter().map(|&o| evaluator.local_shape(&flat, o)).collect(),
-                operand_leaves: Vec::new(),
-            },
-            Thunk::Collective { instr, .. } => ThunkShapes {
-                operands: Vec::new(),
-                operand_leaves: flat
-                    .instr(*instr)
-                    .operands
-                    .iter()
-                    .flat_map(|&o| evaluator.local_shape(&flat, o).leaves().into_iter().cloned().collect::<Vec<_>>())
-                    .collect(),
-            },
-            _ => ThunkShapes::default(),
-        })
-        .collect();
     let param_shapes = evaluator.param_shapes().to_vec();
     let root_shape = evaluator.local_shape(&flat, flat.entry().root);
     Ok(Lowered {
         programs: built.programs,
         planned: built.planned,
-        shapes,
         param_shapes,
         root_shape,
         evaluator,
@@ -281,7 +249,6 @@ pub struct HostBackend {
     num_devices: usize,
     peers: Arc<PeerMatrix>,
     timeout: Duration,
-    shapes: Vec<ThunkShapes>,
     param_shapes: Vec<Shape>,
     /// The root's value shape (before any result sharding).
     root_shape: Shape,
@@ -332,15 +299,14 @@ impl HostBackend {
         write_value(regions, value, |o, b| dev.write(o, b).map_err(|e| e.to_string()))
     }
 
-    fn run_thunk(&self, dev: &HostDevice, k: usize, thunk: &Thunk) -> Result<(), (String, bool)> {
+    fn run_thunk(&self, dev: &HostDevice, thunk: &Thunk) -> Result<(), (String, bool)> {
         let d = dev.rank();
         let plain = |m: String| (m, false);
         match thunk {
-            Thunk::Compute { instr, inputs, outputs, .. } => {
-                let shapes = self.shapes.get(k).map(|s| s.operands.as_slice()).unwrap_or(&[]);
-                let mut operands = Vec::with_capacity(shapes.len());
+            Thunk::Compute { instr, inputs, outputs, operand_shapes, .. } => {
+                let mut operands = Vec::with_capacity(operand_shapes.len());
                 let mut at = 0usize;
-                for s in shapes {
+                for s in operand_shapes {
                     let n = s.leaves().len();
                     let regions = inputs.get(at..at + n).ok_or_else(|| plain("operand regions".into()))?;
                     operands.push(self.read_leaves(dev, regions, s).map_err(plain)?);
@@ -351,7 +317,9 @@ impl HostBackend {
                 Self::write_leaves(dev, outputs, &value).map_err(plain)
             }
             Thunk::Copy { src, dst, len, .. } => dev.copy_within(*src, *dst, *len).map_err(|e| plain(e.to_string())),
-            Thunk::Collective { name, config, implementation, inputs, outputs, scratch, signals, .. } => {
+            Thunk::Collective {
+                name, config, implementation, inputs, outputs, operand_shapes, scratch, signals, ..
+            } => {
                 match &*self.fault.lock().unwrap_or_else(|e| e.into_inner()) {
                     Some(Fault::WithholdRank { device, collective }) if *device == d && collective == name => {
                         return Ok(());
@@ -367,7 +335,7 @@ impl HostBackend {
                     implementation: *implementation,
                     inputs: inputs.iter().map(region).collect(),
                     outputs: outputs.iter().map(region).collect(),
-                    operand_shapes: self.shapes.get(k).map(|s| s.operand_leaves.clone()).unwrap_or_default(),
+                    operand_shapes: operand_shapes.clone(),
                     scratch: region(scratch),
                     signals: region(signals),
                     timeout: self.timeout,
@@ -393,7 +361,7 @@ impl HostBackend {
         }
         let progress = self.progress.get(d);
         for (k, thunk) in program.thunks.iter().enumerate() {
-            self.run_thunk(dev, k, thunk).map_err(|(message, timeout)| DeviceFailure {
+            self.run_thunk(dev, thunk).map_err(|(message, timeout)| DeviceFailure {
                 thunk: k,
                 label: thunk.label(),
                 message,
@@ -533,7 +501,6 @@ impl HostExecutable {
             num_devices,
             peers: Arc::new(peer_matrix(&table, num_devices)),
             timeout: Duration::from_millis(flags.collective_timeout_ms),
-            shapes: low.shapes,
             param_shapes: low.param_shapes,
             root_shape: low.root_shape,
             progress: (0..num_devices).map(|_| AtomicUsize::new(0)).collect(),

@@ -8,7 +8,7 @@
 
 use std::fmt;
 
-use hlo::InstrId;
+use hlo::{ArrayShape, InstrId, Shape};
 
 use crate::{CollectiveConfig, Implementation};
 
@@ -53,7 +53,16 @@ pub enum Thunk {
     /// backend evaluates it with the reference interpreter's per-op code). `inputs` are
     /// the array leaves of its operands, depth-first over the operands in order;
     /// `outputs` the array leaves of its result.
-    Compute { instr: InstrId, name: String, inputs: Vec<Region>, outputs: Vec<Region> },
+    Compute {
+        instr: InstrId,
+        name: String,
+        inputs: Vec<Region>,
+        outputs: Vec<Region>,
+        /// Per operand, its per-device shape: how `inputs` group into operand values (a
+        /// shard's shape where shard_map made one). The thunk carries it so a backend needs
+        /// no side table indexed by thunk number.
+        operand_shapes: Vec<Shape>,
+    },
     /// A device-local copy of `len` bytes (`copy`, the first half of `copy-start`).
     Copy { name: String, src: usize, dst: usize, len: usize },
     /// A collective (synchronous, or the `-start` of an async pair: the start runs it).
@@ -64,6 +73,8 @@ pub enum Thunk {
         implementation: Implementation,
         /// Operand leaves.
         inputs: Vec<Region>,
+        /// The per-device shape of each operand leaf, in `inputs` order.
+        operand_shapes: Vec<ArrayShape>,
         /// Result leaves (for a `-start`, only the results, not the aliased operands).
         outputs: Vec<Region>,
         /// Staging space, this collective's own for the lifetime of the arena (a kernel

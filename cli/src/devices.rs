@@ -11,7 +11,7 @@ pub fn run() -> Result<(), String> {
     let ords: Vec<usize> = (0..n.min(kernels::cuda::MAX_RANKS)).collect();
     let clique = Clique::new(&ords).map_err(|e| e.to_string())?;
     for d in &clique.devices {
-        println!("  {}: {} (sm_{}{}, {} SMs)", d.ordinal, d.name, d.cc.0, d.cc.1, d.sms);
+        println!("  {}: {} ({}, {} SMs)", d.ordinal, d.name, d.arch, d.units);
     }
     println!("peer table ({}):", clique.peers.source());
     for (i, row) in clique.probes.iter().enumerate() {

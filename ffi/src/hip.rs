@@ -704,3 +704,75 @@ mod tests {
         assert_eq!(find_arch_name(&[0u8; 64]), None);
     }
 }
+
+/// The HIP runtime as a [`crate::gpu::Gpu`] device layer. Its allocations are fine-grained
+/// (see [`DeviceBuffer::fine_grained`]): peers poll signal flags and read staging while
+/// kernels run.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Hip;
+
+impl crate::gpu::Gpu for Hip {
+    const NAME: &'static str = "rocm";
+    const CCL: &'static str = "RCCL";
+    type Context = Context;
+    type Module = Module;
+    type Function = Function;
+    type Stream = Stream;
+    type Buffer = DeviceBuffer;
+
+    fn device_count() -> Result<usize> {
+        device_count()
+    }
+    fn open(ordinal: usize) -> Result<Context> {
+        Context::new(ordinal)
+    }
+    fn bind(ctx: &Context) -> Result<()> {
+        ctx.bind()
+    }
+    fn ordinal(ctx: &Context) -> usize {
+        ctx.ordinal
+    }
+    fn name(ctx: &Context) -> Result<String> {
+        ctx.name()
+    }
+    fn compute_units(ctx: &Context) -> Result<i32> {
+        ctx.cu_count()
+    }
+    fn can_access_peer(ctx: &Context, peer: &Context) -> Result<bool> {
+        ctx.can_access_peer(peer)
+    }
+    fn enable_peer_access(ctx: &Context, peer: &Context) -> Result<()> {
+        ctx.enable_peer_access(peer)
+    }
+    fn load_module(ctx: &Context, image: &[u8]) -> Result<Module> {
+        ctx.load_module(image)
+    }
+    fn function(module: &Module, name: &str) -> Result<Function> {
+        module.function(name)
+    }
+    fn stream(ctx: &Context) -> Result<Stream> {
+        Stream::new(ctx)
+    }
+    fn synchronize(stream: &Stream) -> Result<()> {
+        stream.synchronize()
+    }
+    unsafe fn launch(stream: &Stream, f: &Function, grid: u32, block: u32, params: &mut [*mut c_void]) -> Result<()> {
+        // SAFETY: the caller upholds `Stream::launch`'s contract (this method's own).
+        unsafe { stream.launch(f, grid, block, params) }
+    }
+    fn alloc(ctx: &Context, len: usize) -> Result<DeviceBuffer> {
+        DeviceBuffer::fine_grained(ctx, len)
+    }
+    fn ptr(buf: &DeviceBuffer) -> u64 {
+        buf.ptr
+    }
+    fn buffer_ordinal(buf: &DeviceBuffer) -> usize {
+        buf.ordinal
+    }
+    fn read(buf: &DeviceBuffer, out: &mut [u8]) -> Result<()> {
+        buf.read_at(0, out)
+    }
+    fn write(buf: &DeviceBuffer, data: &[u8]) -> Result<()> {
+        buf.write_at(0, data)
+    }
+}

@@ -13,6 +13,7 @@
 
 pub mod ccl;
 pub mod cuda;
+pub mod gpu;
 #[cfg(feature = "rocm")]
 pub mod hip;
 #[cfg(feature = "rocm")]

@@ -6,6 +6,7 @@
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod exec;
+pub mod gpu;
 pub mod host;
 #[cfg(feature = "rocm")]
 pub mod rocm;

@@ -34,11 +34,11 @@ use thunks::custom_call::CustomCallConfig;
 use thunks::ffi_handler::{CollectiveRuntime, array_shape};
 use thunks::{CollectiveKind as Kind, KernelAlgorithm as Algo};
 
-use super::collectives::{
+use super::{BLOCKS, Clique, DEFAULT_GRID, MAX_RANKS, SIGNAL_BYTES, THREADS};
+use crate::gpu::args::{
     Blocks, Dtype, ExchangeArgs, MAX_OPERANDS, MAX_TASKS, Many, ManyArgs, Ptrs, Red, ReduceArgs, Run, ScatterArgs, Sig,
     Status, Wait, Xchg,
 };
-use super::{BLOCKS, Clique, DEFAULT_GRID, MAX_RANKS, SIGNAL_BYTES, THREADS};
 
 fn round_up(x: usize, a: usize) -> usize {
     x.div_ceil(a).saturating_mul(a)
@@ -414,7 +414,7 @@ impl Call<'_> {
     }
 
     fn func(&self, name: &str) -> Result<ffi::cuda::Function, HandlerError> {
-        self.c.devices[self.ordinal].module.function(name).map_err(|e| internal(format!("kernel {name}: {e}")))
+        self.c.devices[self.ordinal].function(name).map_err(|e| internal(format!("kernel {name}: {e}")))
     }
 
     fn launch<A>(

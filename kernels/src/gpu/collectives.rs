@@ -1,16 +1,13 @@
-//! Launchers for the collective kernels on HIP, and the RCCL fallback clique. The argument
-//! structs are the CUDA launchers' ([`crate::cuda::collectives`]): one definition of each
-//! kernel's parameter list for both backends, since both compile the same sources.
+//! Typed launchers for the collective kernels on a [`Clique`], and the vendor collective
+//! library's clique (NCCL / RCCL) as the fallback. Generic over the backend: the same
+//! argument structs ([`super::args`]) and the same launch geometry on CUDA and HIP.
 
-use ffi::hip::{DeviceBuffer, Function};
-use ffi::rccl;
+use ffi::ccl;
 
-use super::{BLOCKS, Clique, Result, RocmError, SIGNAL_BYTES, THREADS};
-use crate::cuda::collectives::{GatherArgs, Ptrs, ReduceArgs, Status};
-use crate::cuda::{Algo, Dtype, Red};
+use super::args::{GatherArgs, Ptrs, ReduceArgs, Status};
+use super::{Algo, BLOCKS, Backend, Clique, Dtype, GpuError, Red, Result, SIGNAL_BYTES, THREADS};
 
-/// How long these launchers' kernels wait for a peer before reporting it missing (the CUDA
-/// launchers' value).
+/// How long these launchers' kernels wait for a peer before reporting it missing.
 const TIMEOUT_NS: u64 = 30_000_000_000;
 
 fn round_up(x: usize, a: usize) -> usize {
@@ -19,42 +16,47 @@ fn round_up(x: usize, a: usize) -> usize {
 
 /// Reads and clears the status words of `bufs` (one per device); `Err` names the members
 /// (clique ranks) that never arrived.
-fn take_status(bufs: &[DeviceBuffer], what: &str) -> Result<()> {
+fn take_status<B: Backend>(bufs: &[B::Buffer], what: &str) -> Result<()> {
     for (r, b) in bufs.iter().enumerate() {
-        let mut w = [0u32; 2];
-        b.read(&mut w)?;
-        if w[0] != 0 {
-            b.write(&[0u32; 2])?;
-            let missing: Vec<usize> = (0..32).filter(|i| w[0] & (1 << i) != 0).collect();
-            return Err(RocmError::Invalid(format!(
+        let mut w = [0u8; 8];
+        B::read(b, &mut w)?;
+        let mask = u32::from_ne_bytes([w[0], w[1], w[2], w[3]]);
+        if mask != 0 {
+            B::write(b, &[0u8; 8])?;
+            let missing: Vec<usize> = (0..32).filter(|i| mask & (1 << i) != 0).collect();
+            return Err(GpuError::Invalid(format!(
                 "{what}: rank {r} (device {}) timed out waiting for ranks {missing:?}",
-                b.ordinal
+                B::buffer_ordinal(b)
             )));
         }
     }
     Ok(())
 }
 
-fn functions(clique: &Clique, name: &str) -> Result<Vec<Function>> {
+fn functions<B: Backend>(clique: &Clique<B>, name: &str) -> Result<Vec<B::Function>> {
     clique.devices.iter().map(|d| d.function(name)).collect()
+}
+
+fn status<B: Backend>(buf: &B::Buffer) -> Status {
+    Status { word: B::ptr(buf), timeout_ns: TIMEOUT_NS, tag: 1, report: 0 }
 }
 
 /// One all-reduce communicator: its own signals and double-buffered staging on every device,
 /// for operands up to `max_bytes`.
 #[derive(Debug)]
-pub struct AllReduce {
+pub struct AllReduce<B: Backend> {
     pub algo: Algo,
     pub dtype: Dtype,
     pub red: Red,
     max_bytes: usize,
     stride: usize,
-    arena: Vec<DeviceBuffer>,
-    status: Vec<DeviceBuffer>,
-    funcs: Vec<Function>,
+    arena: Vec<B::Buffer>,
+    status: Vec<B::Buffer>,
+    funcs: Vec<B::Function>,
 }
 
-impl AllReduce {
-    pub fn new(clique: &Clique, algo: Algo, dtype: Dtype, red: Red, max_bytes: usize) -> Result<AllReduce> {
+impl<B: Backend> AllReduce<B> {
+    pub fn new(clique: &Clique<B>, algo: Algo, dtype: Dtype, red: Red, max_bytes: usize) -> Result<Self> {
         clique.require_full_peer_access()?;
         let kind = match algo {
             Algo::OneShot => "one_shot",
@@ -69,10 +71,10 @@ impl AllReduce {
 
     /// Enqueues one all-reduce of `n` elements: `ins[i]` / `outs[i]` on device `i` (device
     /// allocations, any alignment), on each device's stream.
-    pub fn launch(&self, clique: &Clique, ins: &[u64], outs: &[u64], n: usize) -> Result<()> {
+    pub fn launch(&self, clique: &Clique<B>, ins: &[u64], outs: &[u64], n: usize) -> Result<()> {
         let w = clique.len();
         if ins.len() != w || outs.len() != w || n.saturating_mul(self.dtype.size()) > self.max_bytes {
-            return Err(RocmError::Invalid(format!(
+            return Err(GpuError::Invalid(format!(
                 "all-reduce of {n} {} on {} inputs / {} outputs for {w} devices (max {} bytes)",
                 self.dtype.name(),
                 ins.len(),
@@ -81,8 +83,8 @@ impl AllReduce {
             )));
         }
         let sig = round_up(SIGNAL_BYTES, 256) as u64;
-        let flags: Vec<u64> = self.arena.iter().map(|b| b.ptr + 4 * BLOCKS as u64).collect();
-        let stage: Vec<u64> = self.arena.iter().map(|b| b.ptr + sig).collect();
+        let flags: Vec<u64> = self.arena.iter().map(|b| B::ptr(b) + 4 * BLOCKS as u64).collect();
+        let stage: Vec<u64> = self.arena.iter().map(|b| B::ptr(b) + sig).collect();
         for (r, d) in clique.devices.iter().enumerate() {
             let mut a = ReduceArgs {
                 input: ins[r],
@@ -93,15 +95,15 @@ impl AllReduce {
                 stage: Ptrs::of(&stage),
                 stride: self.stride as u64,
                 flags: Ptrs::of(&flags),
-                counter: self.arena[r].ptr,
-                status: Status { word: self.status[r].ptr, timeout_ns: TIMEOUT_NS, tag: 1, report: 0 },
+                counter: B::ptr(&self.arena[r]),
+                status: status::<B>(&self.status[r]),
             };
-            d.ctx.bind()?;
-            let grid = crate::cuda::grid((n * self.dtype.size()).div_ceil(16) as u64, crate::cuda::DEFAULT_GRID);
-            // SAFETY: ReduceArgs::params matches the kernel's parameter list (the same source
-            // as CUDA's); every pointer is a device allocation of the clique (peer access
+            B::bind(&d.ctx)?;
+            let grid = super::grid((n * self.dtype.size()).div_ceil(16) as u64, super::DEFAULT_GRID);
+            // SAFETY: ReduceArgs::params matches the kernel's parameter list (one source for
+            // both vendors); every pointer is a device allocation of the clique (peer access
             // probed) that outlives the launch.
-            unsafe { d.stream.launch(&self.funcs[r], grid, THREADS, &mut a.params())? };
+            unsafe { B::launch(&d.stream, &self.funcs[r], grid, THREADS, &mut a.params())? };
         }
         Ok(())
     }
@@ -109,20 +111,20 @@ impl AllReduce {
     /// Errors if a launch since the last check timed out waiting for a peer (call after
     /// synchronising).
     pub fn check(&self) -> Result<()> {
-        take_status(&self.status, "all-reduce")
+        take_status::<B>(&self.status, "all-reduce")
     }
 }
 
 /// One all-gather communicator (push to peers, rotated order).
 #[derive(Debug)]
-pub struct AllGather {
-    arena: Vec<DeviceBuffer>,
-    status: Vec<DeviceBuffer>,
-    funcs: Vec<Function>,
+pub struct AllGather<B: Backend> {
+    arena: Vec<B::Buffer>,
+    status: Vec<B::Buffer>,
+    funcs: Vec<B::Function>,
 }
 
-impl AllGather {
-    pub fn new(clique: &Clique) -> Result<AllGather> {
+impl<B: Backend> AllGather<B> {
+    pub fn new(clique: &Clique<B>) -> Result<Self> {
         clique.require_full_peer_access()?;
         Ok(AllGather {
             arena: clique.alloc(SIGNAL_BYTES)?,
@@ -132,16 +134,16 @@ impl AllGather {
     }
 
     /// Enqueues one all-gather of `bytes` per device: `outs[i]` holds `world * bytes`.
-    pub fn launch(&self, clique: &Clique, ins: &[u64], outs: &[u64], bytes: usize) -> Result<()> {
+    pub fn launch(&self, clique: &Clique<B>, ins: &[u64], outs: &[u64], bytes: usize) -> Result<()> {
         let w = clique.len();
         if ins.len() != w || outs.len() != w {
-            return Err(RocmError::Invalid(format!(
+            return Err(GpuError::Invalid(format!(
                 "all-gather with {} inputs, {} outputs, {w} devices",
                 ins.len(),
                 outs.len()
             )));
         }
-        let flags: Vec<u64> = self.arena.iter().map(|b| b.ptr + 4 * BLOCKS as u64).collect();
+        let flags: Vec<u64> = self.arena.iter().map(|b| B::ptr(b) + 4 * BLOCKS as u64).collect();
         for (r, d) in clique.devices.iter().enumerate() {
             let mut a = GatherArgs {
                 input: ins[r],
@@ -150,57 +152,58 @@ impl AllGather {
                 world: w as u32,
                 out: Ptrs::of(outs),
                 flags: Ptrs::of(&flags),
-                counter: self.arena[r].ptr,
-                status: Status { word: self.status[r].ptr, timeout_ns: TIMEOUT_NS, tag: 1, report: 0 },
+                counter: B::ptr(&self.arena[r]),
+                status: status::<B>(&self.status[r]),
             };
-            d.ctx.bind()?;
-            let grid = crate::cuda::grid(bytes.div_ceil(16) as u64, crate::cuda::DEFAULT_GRID);
+            B::bind(&d.ctx)?;
+            let grid = super::grid(bytes.div_ceil(16) as u64, super::DEFAULT_GRID);
             // SAFETY: GatherArgs::params matches pl_all_gather's parameters; buffers are clique
             // allocations with probed peer access that outlive the launch.
-            unsafe { d.stream.launch(&self.funcs[r], grid, THREADS, &mut a.params())? };
+            unsafe { B::launch(&d.stream, &self.funcs[r], grid, THREADS, &mut a.params())? };
         }
         Ok(())
     }
 
-    /// Errors if a launch since the last check timed out waiting for a peer.
+    /// As [`AllReduce::check`].
     pub fn check(&self) -> Result<()> {
-        take_status(&self.status, "all-gather")
+        take_status::<B>(&self.status, "all-gather")
     }
 }
 
-/// RCCL communicators for a clique (the fallback), created once. A missing librccl is an
-/// error naming the library, where it was looked for and `PEERLESS_RCCL_LIB`.
+/// The vendor collective library's communicators for a clique (NCCL on CUDA, RCCL on HIP:
+/// the fallback and the benchmark's reference), created once. A missing library is an error
+/// naming it and where it was looked for.
 #[derive(Debug)]
-pub struct RcclClique {
-    pub comms: rccl::Comms,
+pub struct CclClique<B: Backend> {
+    pub comms: ccl::Comms<B::Stream>,
 }
 
-impl RcclClique {
-    pub fn new(clique: &Clique) -> Result<RcclClique> {
+impl<B: Backend> CclClique<B> {
+    pub fn new(clique: &Clique<B>) -> Result<Self> {
         let ords: Vec<usize> = clique.devices.iter().map(|d| d.ordinal).collect();
-        Ok(RcclClique { comms: rccl::Comms::new(&ords)? })
+        Ok(CclClique { comms: ccl::Comms::new(&ords)? })
     }
 
     pub fn all_reduce(
         &self,
-        clique: &Clique,
+        clique: &Clique<B>,
         ins: &[u64],
         outs: &[u64],
         n: usize,
         dtype: Dtype,
         red: Red,
     ) -> Result<()> {
-        let (ty, op) = dtype
-            .nccl_reduction(red)
-            .ok_or_else(|| RocmError::Invalid(format!("RCCL has no {} reduction of {}", red.name(), dtype.name())))?;
+        let (ty, op) = dtype.nccl_reduction(red).ok_or_else(|| {
+            GpuError::Invalid(format!("{} has no {} reduction of {}", B::CCL, red.name(), dtype.name()))
+        })?;
         let bufs: Vec<(u64, u64)> = ins.iter().copied().zip(outs.iter().copied()).collect();
         let streams: Vec<_> = clique.devices.iter().map(|d| &d.stream).collect();
         Ok(self.comms.all_reduce(&bufs, n, ty, op, &streams)?)
     }
 
-    pub fn all_gather(&self, clique: &Clique, ins: &[u64], outs: &[u64], bytes: usize) -> Result<()> {
+    pub fn all_gather(&self, clique: &Clique<B>, ins: &[u64], outs: &[u64], bytes: usize) -> Result<()> {
         let bufs: Vec<(u64, u64)> = ins.iter().copied().zip(outs.iter().copied()).collect();
         let streams: Vec<_> = clique.devices.iter().map(|d| &d.stream).collect();
-        Ok(self.comms.all_gather(&bufs, bytes, rccl::DataType::Uint8, &streams)?)
+        Ok(self.comms.all_gather(&bufs, bytes, ccl::DataType::Uint8, &streams)?)
     }
 }

@@ -1,0 +1,342 @@
+//! The kernels' element types, reductions and argument structs: one definition of each
+//! kernel's parameter list for every backend, since CUDA and HIP compile the same sources.
+
+use std::ffi::c_void;
+
+use ffi::ccl;
+
+use super::MAX_RANKS;
+
+/// Element types the kernels take (every computable type: `emitter::kernel_accepts_dtype`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dtype {
+    F32,
+    F64,
+    Bf16,
+    F16,
+    S8,
+    S16,
+    S32,
+    S64,
+    U8,
+    U16,
+    U32,
+    U64,
+    Pred,
+}
+
+impl Dtype {
+    pub fn name(self) -> &'static str {
+        match self {
+            Dtype::F32 => "f32",
+            Dtype::F64 => "f64",
+            Dtype::Bf16 => "bf16",
+            Dtype::F16 => "f16",
+            Dtype::S8 => "s8",
+            Dtype::S16 => "s16",
+            Dtype::S32 => "s32",
+            Dtype::S64 => "s64",
+            Dtype::U8 => "u8",
+            Dtype::U16 => "u16",
+            Dtype::U32 => "u32",
+            Dtype::U64 => "u64",
+            Dtype::Pred => "pred",
+        }
+    }
+
+    /// The kernels' type for an HLO element type (`None`: not computable on the device).
+    pub fn of(ty: hlo::PrimitiveType) -> Option<Dtype> {
+        use hlo::PrimitiveType as T;
+        Some(match ty {
+            T::F32 => Dtype::F32,
+            T::F64 => Dtype::F64,
+            T::Bf16 => Dtype::Bf16,
+            T::F16 => Dtype::F16,
+            T::S8 => Dtype::S8,
+            T::S16 => Dtype::S16,
+            T::S32 => Dtype::S32,
+            T::S64 => Dtype::S64,
+            T::U8 => Dtype::U8,
+            T::U16 => Dtype::U16,
+            T::U32 => Dtype::U32,
+            T::U64 => Dtype::U64,
+            T::Pred => Dtype::Pred,
+            _ => return None,
+        })
+    }
+
+    pub fn size(self) -> usize {
+        match self {
+            Dtype::S8 | Dtype::U8 | Dtype::Pred => 1,
+            Dtype::Bf16 | Dtype::F16 | Dtype::S16 | Dtype::U16 => 2,
+            Dtype::F32 | Dtype::S32 | Dtype::U32 => 4,
+            Dtype::F64 | Dtype::S64 | Dtype::U64 => 8,
+        }
+    }
+
+    /// NCCL's type, where NCCL has one (it has no 16-bit integers).
+    pub fn nccl(self) -> Option<ccl::DataType> {
+        Some(match self {
+            Dtype::F32 => ccl::DataType::Float32,
+            Dtype::F64 => ccl::DataType::Float64,
+            Dtype::Bf16 => ccl::DataType::Bfloat16,
+            Dtype::F16 => ccl::DataType::Float16,
+            Dtype::S8 => ccl::DataType::Int8,
+            Dtype::S32 => ccl::DataType::Int32,
+            Dtype::U32 => ccl::DataType::Uint32,
+            Dtype::S64 => ccl::DataType::Int64,
+            Dtype::U64 => ccl::DataType::Uint64,
+            Dtype::U8 | Dtype::Pred => ccl::DataType::Uint8,
+            Dtype::S16 | Dtype::U16 => return None,
+        })
+    }
+
+    /// NCCL's reduction for `red` on this type, where NCCL computes XLA's semantics
+    /// (pred: and = min, or = max; pred add is xor, which NCCL lacks; no bitwise and/or on
+    /// integers).
+    pub fn nccl_reduction(self, red: Red) -> Option<(ccl::DataType, ccl::RedOp)> {
+        let ty = self.nccl()?;
+        let op = match (self, red) {
+            (Dtype::Pred, Red::Prod | Red::Min | Red::And) => ccl::RedOp::Min,
+            (Dtype::Pred, Red::Max | Red::Or) => ccl::RedOp::Max,
+            (Dtype::Pred, Red::Sum) | (_, Red::And | Red::Or) => return None,
+            (_, Red::Sum) => ccl::RedOp::Sum,
+            (_, Red::Prod) => ccl::RedOp::Prod,
+            (_, Red::Min) => ccl::RedOp::Min,
+            (_, Red::Max) => ccl::RedOp::Max,
+        };
+        Some((ty, op))
+    }
+}
+
+/// Reductions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Red {
+    Sum,
+    Prod,
+    Min,
+    Max,
+    And,
+    Or,
+}
+
+impl Red {
+    pub fn name(self) -> &'static str {
+        match self {
+            Red::Sum => "sum",
+            Red::Prod => "prod",
+            Red::Min => "min",
+            Red::Max => "max",
+            Red::And => "and",
+            Red::Or => "or",
+        }
+    }
+
+    pub fn of(kind: hlo::analysis::ReductionKind) -> Red {
+        use hlo::analysis::ReductionKind as K;
+        match kind {
+            K::Sum => Red::Sum,
+            K::Prod => Red::Prod,
+            K::Min => Red::Min,
+            K::Max => Red::Max,
+            K::And => Red::And,
+            K::Or => Red::Or,
+        }
+    }
+
+    /// Whether the kernels have this reduction for `ty` (floats: arithmetic only).
+    pub fn defined_for(self, ty: Dtype) -> bool {
+        let float = matches!(ty, Dtype::F32 | Dtype::F64 | Dtype::Bf16 | Dtype::F16);
+        !(float && matches!(self, Red::And | Red::Or))
+    }
+}
+
+/// All-reduce algorithm.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Algo {
+    OneShot,
+    TwoShot,
+}
+
+/// `struct Ptrs` of the kernels: one address per rank.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Ptrs(pub [u64; MAX_RANKS]);
+
+impl Ptrs {
+    pub(crate) fn of(v: &[u64]) -> Ptrs {
+        let mut p = Ptrs::default();
+        p.0[..v.len()].copy_from_slice(v);
+        p
+    }
+}
+
+/// Declares a kernel's argument struct and its `params()` (the pointer array a launch
+/// takes) from one field list, so each kernel's argument order is written exactly once.
+macro_rules! kernel_args {
+    ($(#[$meta:meta])* $vis:vis struct $name:ident { $($field:ident: $ty:ty),* $(,)? }) => {
+        $(#[$meta])*
+        #[repr(C)]
+        #[derive(Debug, Clone, Copy)]
+        $vis struct $name {
+            $(pub(crate) $field: $ty),*
+        }
+
+        impl $name {
+            pub(crate) fn params(&mut self) -> [*mut c_void; [$(stringify!($field)),*].len()] {
+                [$(&mut self.$field as *mut $ty as *mut c_void),*]
+            }
+        }
+    };
+}
+
+/// `struct Status` of the kernels: where a bounded wait reports a peer that never arrived.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Status {
+    /// Device address of this device's `u32[2]`: missing-member mask, tag of the first timeout.
+    pub word: u64,
+    pub timeout_ns: u64,
+    /// Non-zero tag naming the collective (the executor uses thunk index + 1).
+    pub tag: u64,
+    /// 0, or a host-mapped `u32[2]` a timeout also writes (XLA's handlers read it without
+    /// synchronising).
+    pub report: u64,
+}
+
+kernel_args! {
+    /// The arguments of `pl_one_shot_*` / `pl_two_shot_*`, in the kernels' order.
+    pub(crate) struct ReduceArgs {
+        input: u64,
+        output: u64,
+        n: u64,
+        rank: u32,
+        world: u32,
+        stage: Ptrs,
+        stride: u64,
+        flags: Ptrs,
+        counter: u64,
+        status: Status,
+    }
+}
+
+/// Operands a `pl_one_shot_many_*` launch takes at most (`PL_MAX_OPERANDS`).
+pub(crate) const MAX_OPERANDS: usize = 8;
+
+/// `struct Many` of the kernels: a variadic all-reduce's operands of one element type.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Many {
+    pub count: u64,
+    pub input: [u64; MAX_OPERANDS],
+    pub output: [u64; MAX_OPERANDS],
+    /// Elements of each operand.
+    pub n: [u64; MAX_OPERANDS],
+    /// Byte offset of each operand in a staging half (16-byte aligned).
+    pub off: [u64; MAX_OPERANDS],
+}
+
+kernel_args! {
+    /// The arguments of `pl_one_shot_many_*`, in the kernels' order.
+    pub(crate) struct ManyArgs {
+        many: Many,
+        rank: u32,
+        world: u32,
+        stage: Ptrs,
+        stride: u64,
+        flags: Ptrs,
+        counter: u64,
+        status: Status,
+    }
+}
+
+kernel_args! {
+    /// The arguments of `pl_all_gather`, in order.
+    pub(crate) struct GatherArgs {
+        input: u64,
+        bytes: u64,
+        rank: u32,
+        world: u32,
+        out: Ptrs,
+        flags: Ptrs,
+        counter: u64,
+        status: Status,
+    }
+}
+
+kernel_args! {
+    /// The arguments of `pl_reduce_scatter_*`, in order.
+    pub(crate) struct ScatterArgs {
+        input: u64,
+        output: u64,
+        rank: u32,
+        world: u32,
+        stage: Ptrs,
+        stride: u64,
+        flags: Ptrs,
+        counter: u64,
+        blocks: Blocks,
+        status: Status,
+    }
+}
+
+kernel_args! {
+    /// The arguments of `pl_exchange`.
+    pub(crate) struct ExchangeArgs {
+        x: Xchg,
+        status: Status,
+    }
+}
+
+/// `struct Run`: `rows` runs of `row` bytes, `sstride` / `dstride` apart.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Run {
+    pub src: u64,
+    pub dst: u64,
+    pub rows: u64,
+    pub row: u64,
+    pub sstride: u64,
+    pub dstride: u64,
+}
+
+/// `struct Blocks`: `outer` rows of `world` blocks of `brow` bytes (`full` bytes a row).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Blocks {
+    pub outer: u64,
+    pub brow: u64,
+    pub full: u64,
+}
+
+/// Copies an exchange kernel takes at most (`PL_MAX_TASKS`).
+pub(crate) const MAX_TASKS: usize = 8;
+
+/// `struct Sig`: flag slots to store the epoch into (peer flag-set bases).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Sig {
+    pub n: u64,
+    pub base: [u64; MAX_RANKS],
+    pub slot: [u64; MAX_RANKS],
+}
+
+/// `struct Wait`: own flag slots to wait on.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Wait {
+    pub n: u64,
+    pub slot: [u64; MAX_RANKS],
+}
+
+/// `struct Xchg`: two signal phases around up to [`MAX_TASKS`] copies.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Xchg {
+    pub counter: u64,
+    pub flags: u64,
+    pub sig: [Sig; 2],
+    pub wait: [Wait; 2],
+    pub ntasks: u64,
+    pub task: [Run; MAX_TASKS],
+}

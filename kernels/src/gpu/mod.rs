@@ -1,0 +1,315 @@
+//! The GPU backends' common layer, written once over the device-layer trait [`ffi::gpu::Gpu`]
+//! (CUDA: `ffi::cuda::Cuda`; ROCm: `ffi::hip::Hip`) plus [`Backend`], what each vendor adds:
+//! how its kernels are compiled and what its device target is called.
+//!
+//! Here: one [`Clique`] of local GPUs (a context, a stream and the kernel modules per device),
+//! peer access enabled once per pair and checked by a real cross-device write/read probe
+//! (`pl_probe`), the symmetric arena ([`SymmetricArena`]), the launch geometry and signal
+//! sizing, the kernel sources (one tree, compiled by NVRTC or hipRTC through
+//! `peerless_device.h`), the kernels' argument structs ([`args`]) and the collective
+//! launchers and vendor-library fallback ([`AllReduce`], [`AllGather`], [`CclClique`]).
+//! `crate::cuda` and `crate::rocm` hold only their compilers, their [`Backend`] impls and
+//! what only one vendor has (CUDA's runtime behind XLA's FFI handlers).
+//!
+//! Every device call goes through `ffi` and returns an error naming the call and the device;
+//! nothing here panics on a missing library or device.
+
+pub(crate) mod args;
+mod collectives;
+
+use std::sync::Arc;
+
+pub use args::{Algo, Dtype, Red};
+pub use collectives::{AllGather, AllReduce, CclClique};
+use emitter::{PeerAccessTable, PeerTableKey};
+pub use ffi::gpu::Gpu;
+
+/// The most blocks a collective kernel's grid may have: the size of the per-block counter
+/// and flag arrays (the kernels get it as `PL_BLOCKS`). One constant bounds launch geometry
+/// and sizes the signals; [`grid`] picks each launch's block count at or below it.
+pub const BLOCKS: u32 = emitter::flags::MAX_COLLECTIVE_BLOCKS;
+/// The largest grid [`grid`] picks by default (`--collective_blocks`).
+pub const DEFAULT_GRID: u32 = emitter::flags::DEFAULT_COLLECTIVE_BLOCKS;
+/// Threads per block (the kernels' `__launch_bounds__`).
+pub const THREADS: u32 = 512;
+/// Blocks for a collective launch that moves `units` 16-byte units per device and phase:
+/// one thread per unit up to `max_grid` blocks (at least one, at most [`BLOCKS`]). Small
+/// messages get one block, so one block's flags make the whole barrier, and large ones
+/// spread over `max_grid` blocks with several units per thread. Every rank of a collective
+/// computes the same grid from the same size, which the per-block barriers need.
+pub fn grid(units: u64, max_grid: u32) -> u32 {
+    let max = max_grid.clamp(1, BLOCKS);
+    units.div_ceil(u64::from(THREADS)).clamp(1, u64::from(max)) as u32
+}
+
+/// Largest clique the kernels take (`PL_MAX_RANKS`).
+pub const MAX_RANKS: usize = 8;
+/// Bytes of one communicator's signals on one device: the per-block counters and two flag sets.
+pub const SIGNAL_BYTES: usize = 4 * (BLOCKS as usize + 2 * BLOCKS as usize * MAX_RANKS);
+
+/// The element types and 16-bit float conversions every kernel source includes.
+pub const TYPES_HEADER: (&str, &str) = ("peerless_types.h", include_str!("../../cuda/peerless_types.h"));
+
+/// The kernel sources, as (file name, text); headers are included by name.
+pub const SOURCES: &[(&str, &str)] = &[
+    TYPES_HEADER,
+    ("peerless_device.h", include_str!("../../cuda/peerless_device.h")),
+    ("collectives.cu", include_str!("../../cuda/collectives.cu")),
+];
+
+/// The translation units of [`SOURCES`] with the launch constants prepended, and the headers
+/// they include: what either compiler takes.
+pub fn translation_units() -> (Vec<(&'static str, String)>, Vec<(&'static str, &'static str)>) {
+    let headers = SOURCES.iter().filter(|s| s.0.ends_with(".h")).copied().collect();
+    let units = SOURCES
+        .iter()
+        .filter(|s| s.0.ends_with(".cu"))
+        .map(|(name, text)| (*name, format!("#define PL_BLOCKS {BLOCKS}\n{text}")))
+        .collect();
+    (units, headers)
+}
+
+/// Errors of the GPU backends.
+#[derive(Debug, thiserror::Error)]
+pub enum GpuError {
+    #[error(transparent)]
+    Ffi(#[from] ffi::Error),
+    #[error("{0}")]
+    Invalid(String),
+    #[error("peer access {from}→{to} is missing: {why}")]
+    NoPeer { from: usize, to: usize, why: String },
+}
+
+pub type Result<T, E = GpuError> = std::result::Result<T, E>;
+
+/// What a vendor adds to its device layer: its kernels' code objects and its device targets.
+pub trait Backend: Gpu {
+    /// Threads of the one-block peer probe launch (a warp or a wavefront).
+    const PROBE_THREADS: u32;
+
+    /// The device's full architecture name (`sm_90`; `gfx90a:sramecc+:xnack-`), which the
+    /// kernels are compiled for.
+    fn arch(ctx: &Self::Context) -> Result<String>;
+
+    /// The GPU target alone (`sm_90`, `gfx90a`): what the emitter's peer-target policy reads.
+    fn target(arch: &str) -> String {
+        arch.to_string()
+    }
+
+    /// The kernels' code objects for `arch` (one per translation unit), compiled once per
+    /// process (and, where the vendor allows, cached on disk).
+    fn code_objects(arch: &str) -> Result<Vec<Arc<Vec<u8>>>>;
+}
+
+/// Result of the cross-device write/read probe for one ordered pair.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Probe {
+    /// Same device.
+    Local,
+    /// The runtime's can-access-peer query said no.
+    NotReported,
+    /// Enabling or the probe failed.
+    Failed(String),
+    /// A kernel on `from` wrote into `to`'s memory and the value came back on both sides.
+    Ok,
+}
+
+impl Probe {
+    /// Whether access works (the device itself, or a passed probe).
+    pub fn works(&self) -> bool {
+        matches!(self, Probe::Local | Probe::Ok)
+    }
+}
+
+/// One GPU of a clique.
+#[derive(Debug)]
+pub struct Device<B: Backend> {
+    pub ordinal: usize,
+    pub name: String,
+    /// What the kernels were compiled for (see [`Backend::arch`]).
+    pub arch: String,
+    /// The target alone (see [`Backend::target`]).
+    pub target: String,
+    /// Streaming multiprocessors or compute units.
+    pub units: i32,
+    /// One module per kernel translation unit.
+    pub modules: Vec<B::Module>,
+    pub stream: B::Stream,
+    /// Declared last so modules and the stream drop first.
+    pub ctx: B::Context,
+}
+
+impl<B: Backend> Device<B> {
+    /// Opens device `ordinal`, loads the kernels for its architecture and makes a stream.
+    pub fn open(ordinal: usize) -> Result<Self> {
+        let ctx = B::open(ordinal)?;
+        let arch = B::arch(&ctx)?;
+        let modules = B::code_objects(&arch)?
+            .iter()
+            .map(|code| B::load_module(&ctx, code.as_slice()))
+            .collect::<Result<Vec<_>, _>>()?;
+        let stream = B::stream(&ctx)?;
+        Ok(Device {
+            ordinal,
+            name: B::name(&ctx)?,
+            target: B::target(&arch),
+            arch,
+            units: B::compute_units(&ctx)?,
+            modules,
+            stream,
+            ctx,
+        })
+    }
+
+    /// The kernel `name`, from whichever module defines it.
+    pub fn function(&self, name: &str) -> Result<B::Function> {
+        let mut last = None;
+        for m in &self.modules {
+            match B::function(m, name) {
+                Ok(f) => return Ok(f),
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(match last {
+            Some(e) => e.into(),
+            None => GpuError::Invalid(format!("device {}: no kernel modules loaded", self.ordinal)),
+        })
+    }
+}
+
+/// Local GPUs used together, with peer access between every pair that passed the probe.
+#[derive(Debug)]
+pub struct Clique<B: Backend> {
+    pub devices: Vec<Device<B>>,
+    /// `probes[i][j]`: can device i's kernels access device j's memory.
+    pub probes: Vec<Vec<Probe>>,
+    /// What the probe found, cached per device set ([`PeerTableKey::Backend`] named
+    /// [`Gpu::NAME`]).
+    pub peers: Arc<PeerAccessTable>,
+}
+
+impl<B: Backend> Clique<B> {
+    /// Opens `ordinals`, loads the kernels, enables and probes peer access.
+    pub fn new(ordinals: &[usize]) -> Result<Self> {
+        if ordinals.is_empty() || ordinals.len() > MAX_RANKS {
+            return Err(GpuError::Invalid(format!("a clique has 1..={MAX_RANKS} devices, not {}", ordinals.len())));
+        }
+        let devices = ordinals.iter().map(|&o| Device::open(o)).collect::<Result<Vec<_>>>()?;
+        let n = devices.len();
+        let mut probes = vec![vec![Probe::Local; n]; n];
+        for i in 0..n {
+            for j in 0..n {
+                if i != j {
+                    probes[i][j] = probe_pair(&devices[i], &devices[j]);
+                }
+            }
+        }
+        let key = PeerTableKey::Backend { backend: B::NAME.into(), devices: ordinals.to_vec() };
+        let table = probes.clone();
+        let peers = PeerAccessTable::cached(key, move || {
+            PeerAccessTable::from_fn(n, format!("{} peer probe", B::NAME), |a, b| table[a][b].works())
+        });
+        Ok(Clique { devices, probes, peers })
+    }
+
+    pub fn len(&self) -> usize {
+        self.devices.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.devices.is_empty()
+    }
+
+    /// Every device's target, in clique order.
+    pub fn targets(&self) -> Vec<&str> {
+        self.devices.iter().map(|d| d.target.as_str()).collect()
+    }
+
+    /// The table the decision rules get: the probed table under the emitter's target policy
+    /// (`PeerAccessTable::with_target_policy`: gfx90a's links removed unless forced).
+    pub fn peer_table(&self, flags: &emitter::Flags) -> Arc<PeerAccessTable> {
+        self.peers.with_target_policy(&self.targets(), flags)
+    }
+
+    /// Errors unless every ordered pair passed the probe.
+    pub fn require_full_peer_access(&self) -> Result<()> {
+        for (i, row) in self.probes.iter().enumerate() {
+            for (j, p) in row.iter().enumerate() {
+                if !p.works() {
+                    return Err(GpuError::NoPeer { from: i, to: j, why: format!("{p:?}") });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits for every device's stream.
+    pub fn synchronize(&self) -> Result<()> {
+        for d in &self.devices {
+            B::bind(&d.ctx)?;
+            B::synchronize(&d.stream)?;
+        }
+        Ok(())
+    }
+
+    /// A zeroed allocation of `len` bytes on every device that peers may access while
+    /// kernels run ([`Gpu::alloc`]).
+    pub fn alloc(&self, len: usize) -> Result<Vec<B::Buffer>> {
+        self.devices.iter().map(|d| Ok(B::alloc(&d.ctx, len)?)).collect()
+    }
+}
+
+/// Enables `a` → `b` access and checks it: a kernel on `a` writes a value into `b`'s memory
+/// and into its own; both must read back.
+fn probe_pair<B: Backend>(a: &Device<B>, b: &Device<B>) -> Probe {
+    let run = || -> Result<Probe> {
+        if !B::can_access_peer(&a.ctx, &b.ctx)? {
+            return Ok(Probe::NotReported);
+        }
+        B::enable_peer_access(&a.ctx, &b.ctx)?;
+        let remote = B::alloc(&b.ctx, 4)?;
+        let back = B::alloc(&a.ctx, 4)?;
+        let v: u32 = 0x5eed_0000 | ((a.ordinal as u32) << 8) | b.ordinal as u32;
+        let f = a.function("pl_probe")?;
+        B::bind(&a.ctx)?;
+        let (mut p0, mut p1, mut p2) = (B::ptr(&remote), v, B::ptr(&back));
+        let mut params = [
+            &mut p0 as *mut u64 as *mut std::ffi::c_void,
+            &mut p1 as *mut u32 as *mut std::ffi::c_void,
+            &mut p2 as *mut u64 as *mut std::ffi::c_void,
+        ];
+        // SAFETY: pl_probe(u32*, u32, u32*): the parameter list matches, and both buffers live
+        // until the stream is synchronised below.
+        unsafe { B::launch(&a.stream, &f, 1, B::PROBE_THREADS, &mut params)? };
+        B::synchronize(&a.stream)?;
+        let (mut x, mut y) = ([0u8; 4], [0u8; 4]);
+        B::read(&remote, &mut x)?;
+        B::read(&back, &mut y)?;
+        let (x, y) = (u32::from_ne_bytes(x), u32::from_ne_bytes(y));
+        Ok(if x == v && y == v {
+            Probe::Ok
+        } else {
+            Probe::Failed(format!("wrote {v:#x}, peer holds {x:#x}, read back {y:#x}"))
+        })
+    };
+    run().unwrap_or_else(|e| Probe::Failed(e.to_string()))
+}
+
+/// The symmetric arena of one executable: the same size, hence the same offsets, on every
+/// device of a clique. Collectives' staging and signals live in it.
+#[derive(Debug)]
+pub struct SymmetricArena<B: Backend> {
+    pub bufs: Vec<B::Buffer>,
+    pub len: usize,
+}
+
+impl<B: Backend> SymmetricArena<B> {
+    pub fn new(clique: &Clique<B>, len: usize) -> Result<Self> {
+        Ok(SymmetricArena { bufs: clique.alloc(len)?, len })
+    }
+
+    /// Address of byte `offset` on every device.
+    pub fn at(&self, offset: usize) -> Vec<u64> {
+        self.bufs.iter().map(|b| B::ptr(b) + offset as u64).collect()
+    }
+}

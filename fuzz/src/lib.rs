@@ -25,7 +25,7 @@ pub const TARGETS: &[(&str, fn(&[u8]))] = &[
 ];
 
 /// What a verified module goes through after parsing: the host backend's programs
-/// (inlining, the interpreter's sharding analysis, collective decisions, buffer
+/// (inlining, `hlo`'s sharding analysis, collective decisions, buffer
 /// assignment) on 1 and 2 devices in both modes. Nothing is allocated for the arena.
 fn downstream(module: &hlo::Module) {
     let flags = Flags::default();

@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use crate::ir::Span;
+use crate::ir::{InstrId, Module, Span};
 
 /// What stage found the problem.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -16,6 +16,9 @@ pub enum ErrorKind {
     Proto,
     /// Input Peerless understands but does not support (op, dtype, attribute).
     Unsupported,
+    /// A sharding annotation that cannot be read, or that does not fit its value, the
+    /// shard_map around it or the device count (the sharding analysis, `sharding/`).
+    Sharding,
 }
 
 /// An error about an HLO module, with its location when one is known.
@@ -30,6 +33,9 @@ pub struct Error {
     /// The text of the offending line, for the caret display.
     pub source_line: Option<String>,
     pub caret_len: u32,
+    /// The instruction the error is about, when an analysis of a verified module raised it
+    /// ([`Error::about`]), so that a consumer can name it in its own words.
+    pub instr: Option<InstrId>,
 }
 
 impl Error {
@@ -44,6 +50,7 @@ impl Error {
             message: message.into(),
             source_line,
             caret_len: span.len.max(1),
+            instr: None,
         }
     }
 
@@ -58,7 +65,43 @@ impl Error {
 
     /// An error with no source location.
     pub fn new(kind: ErrorKind, file: &str, message: impl Into<String>) -> Self {
-        Error { kind, file: file.to_owned(), line: 0, col: 0, message: message.into(), source_line: None, caret_len: 1 }
+        Error {
+            kind,
+            file: file.to_owned(),
+            line: 0,
+            col: 0,
+            message: message.into(),
+            source_line: None,
+            caret_len: 1,
+            instr: None,
+        }
+    }
+
+    /// An error about instruction `id` of `m` (an analysis's finding, not a parse error):
+    /// located at the instruction's name when it was parsed from text, its message
+    /// `%name in computation: why`, and [`Error::instr`] set.
+    pub fn about(kind: ErrorKind, m: &Module, id: InstrId, why: impl fmt::Display) -> Self {
+        let span = m.instrs.get(id).and_then(|i| i.span).unwrap_or_default();
+        Error {
+            kind,
+            file: m.source_name.clone(),
+            line: span.line,
+            col: span.col,
+            message: format!("{}: {why}", m.describe(id)),
+            source_line: None,
+            caret_len: span.len.max(1),
+            instr: Some(id),
+        }
+    }
+
+    /// The message without the `%name in computation: ` that [`Error::about`] puts first
+    /// (the whole message for other errors): for consumers that name the instruction
+    /// themselves. `m` is the module the error is about.
+    pub fn reason(&self, m: &Module) -> &str {
+        self.instr
+            .and_then(|id| self.message.strip_prefix(&m.describe(id)))
+            .and_then(|rest| rest.strip_prefix(": "))
+            .unwrap_or(&self.message)
     }
 }
 
@@ -69,6 +112,7 @@ impl fmt::Display for Error {
             ErrorKind::Verify => "invalid module",
             ErrorKind::Proto => "invalid HloModuleProto",
             ErrorKind::Unsupported => "unsupported",
+            ErrorKind::Sharding => "invalid sharding",
         };
         if self.line > 0 {
             write!(f, "{}:{}:{}: {}: {}", self.file, self.line, self.col, what, self.message)?;

@@ -382,6 +382,18 @@ impl Module {
         &self.comps[id]
     }
 
+    /// `%name in computation`, how error messages name instruction `id` (`id` itself when
+    /// it is not in the module).
+    pub fn describe(&self, id: InstrId) -> String {
+        match self.instrs.get(id) {
+            Some(i) => match self.comps.get(i.parent) {
+                Some(c) => format!("%{} in {}", i.name, c.name),
+                None => format!("%{}", i.name),
+            },
+            None => format!("{id}"),
+        }
+    }
+
     /// Finds a computation by name.
     pub fn comp_by_name(&self, name: &str) -> Option<CompId> {
         self.comps.iter().find(|(_, c)| c.name == name).map(|(id, _)| id)

@@ -2,7 +2,9 @@
 //! text or from a binary `HloModuleProto`, and a verifier that checks every
 //! instruction's shape rule before anything downstream sees the module, and a
 //! printer back to HLO text ([`print::module_text`]) that the parser reads back
-//! to the same IR.
+//! to the same IR. Analyses of a verified module live here too: collectives' device
+//! groups ([`analysis`]) and which shard of each value every partition holds
+//! ([`sharding`]).
 //!
 //! Invariants for consumers: a [`Module`] returned by [`parse_text`] or
 //! [`decode_proto`] has passed [`verify::verify`]; every operand id refers to an
@@ -17,6 +19,7 @@ pub mod opcode;
 pub mod print;
 #[cfg(feature = "proto")]
 pub mod proto;
+pub mod sharding;
 pub mod text;
 pub mod types;
 pub mod verify;

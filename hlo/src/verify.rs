@@ -126,6 +126,7 @@ impl<'a> Verifier<'a> {
             message,
             source_line: None,
             caret_len: s.len.max(1),
+            instr: None,
         }
     }
 

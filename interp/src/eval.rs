@@ -3,12 +3,12 @@
 use std::borrow::Cow;
 use std::collections::HashMap;
 
+use hlo::sharding::{Plan, is_sharding_call};
 use hlo::{Array, ArrayShape, CompId, InstrId, Instruction, Literal, Module, Opcode, PrimitiveType, Shape};
 
 use crate::ops::{self, OpResult};
-use crate::plan::{self, Plan};
 use crate::scalar::{self, Sc};
-use crate::{InterpError, Mode, describe};
+use crate::{InterpError, Mode, describe, shard};
 
 type R<T> = Result<T, InterpError>;
 
@@ -92,7 +92,7 @@ impl<'a> Interp<'a> {
                         let mut cut = Vec::with_capacity(self.n);
                         for (d, l) in v.iter().enumerate() {
                             let a = l.as_array().ok_or_else(|| self.rt(&c, "cannot shard a tuple"))?;
-                            cut.push(Literal::Array(t.shard(a, d).map_err(|e| self.rt(&c, e))?));
+                            cut.push(Literal::Array(shard(t, a, d).map_err(|e| self.rt(&c, e))?));
                         }
                         ops.push(Cow::Owned(cut));
                     }
@@ -132,9 +132,8 @@ impl<'a> Interp<'a> {
                 let mut leaves = Vec::new();
                 for (leaf, t) in v.leaves().into_iter().zip(&p.root_slices) {
                     leaves.push(match t {
-                        Some(t) => {
-                            t.shard(leaf, d).map_err(|why| InterpError::Runtime { instr: self.desc(comp.root), why })?
-                        }
+                        Some(t) => shard(t, leaf, d)
+                            .map_err(|why| InterpError::Runtime { instr: self.desc(comp.root), why })?,
                         None => leaf.clone(),
                     });
                 }
@@ -486,7 +485,7 @@ impl<'a> Interp<'a> {
             }
             CustomCall => {
                 let target = ins.attrs.custom_call_target.as_deref().unwrap_or("");
-                if !plan::is_sharding_call(target) {
+                if !is_sharding_call(target) {
                     return Err(self.unsupported(c, format!("custom-call target \"{target}\" is not supported")));
                 }
                 if self.mode == Mode::Replica && target != "Sharding" && target != "xla.sdy.FuncResultSharding" {

@@ -1,33 +1,35 @@
 //! Peerless's reference interpreter: evaluates a verified HLO module on N logical
 //! devices with XLA's semantics. It is the oracle every backend is checked against,
-//! and it is itself checked against XLA's CPU backend (hlo-tests).
+//! and it is itself checked against XLA's CPU backend (hlo-tests). Beside the oracle it
+//! offers only its per-op code, one instruction on one device ([`single`]); analyses of
+//! the module (sharding, device groups) are `hlo`'s.
 //!
 //! Devices are evaluated in lockstep: every instruction holds one value per device,
 //! so a collective sees all its group members' operands at once and needs no
 //! threads. That keeps the oracle simple and deterministic.
 //!
-//! Partition mode also runs JAX's dumped `shard_map` modules: entry parameters carry
-//! per-device shards (see [`local_param_shapes`]), the shard_map custom calls
-//! (`Sharding`, `SPMDFullToShardShape`, `SPMDShardToFullShape`, `xla.sdy.GlobalToLocalShape`,
+//! Partition mode also runs JAX's dumped `shard_map` modules, as `hlo`'s sharding
+//! analysis ([`hlo::sharding`]) reads them: entry parameters carry per-device shards
+//! (see [`local_param_shapes`]), the shard_map custom calls (`Sharding`,
+//! `SPMDFullToShardShape`, `SPMDShardToFullShape`, `xla.sdy.GlobalToLocalShape`,
 //! `xla.sdy.LocalToGlobalShape`, `xla.sdy.FuncResultSharding`) pass local values through,
-//! and each device's entry result is its local shard ([`local_result_shapes`]).
-//! Outside shard_map, sharded values may only flow through elementwise ops, tuples,
-//! `get-tuple-element`, `copy` and `convert`; anything else needs XLA's SPMD partitioner
-//! and is reported as [`InterpError::UnsupportedOp`].
+//! full values are cut into shards where the analysis says so ([`shard`]), and each
+//! device's entry result is its local shard ([`local_result_shapes`]). Outside shard_map,
+//! sharded values may only flow through elementwise ops, tuples, `get-tuple-element`,
+//! `copy` and `convert`; anything else needs XLA's SPMD partitioner and is reported as
+//! [`InterpError::UnsupportedOp`].
 
 mod eval;
 pub mod io;
 mod ops;
-mod plan;
 mod scalar;
-mod sharding;
 pub mod single;
 
-use hlo::{InstrId, Literal, Module, Shape};
+use hlo::sharding::{Plan, Tiling};
+use hlo::{Array, ErrorKind, InstrId, Literal, Module, Shape};
 
 pub use eval::{single_op_reducer, unexecuted};
 pub use ops::{GatherPlan, ScatterPlan};
-pub use sharding::Tiling;
 
 /// How device ids map onto the module's replicas and partitions (shared with the
 /// emitter, so both resolve replica groups the same way).
@@ -53,15 +55,32 @@ pub enum InterpError {
     Runtime { instr: String, why: String },
 }
 
-/// `%name in computation` for error messages.
+/// `%name in computation` for error messages (`hlo`'s wording, which the sharding
+/// analysis's errors use too).
 pub(crate) fn describe(m: &Module, id: InstrId) -> String {
-    match m.instrs.get(id) {
-        Some(i) => match m.comps.get(i.parent) {
-            Some(c) => format!("%{} in {}", i.name, c.name),
-            None => format!("%{}", i.name),
-        },
-        None => format!("{id}"),
+    m.describe(id)
+}
+
+/// An error of `hlo`'s sharding analysis in the interpreter's words: an unsupported op
+/// names its opcode, anything else (a sharding that does not fit) is a runtime error of
+/// the instruction. The analysis names the instruction in every error it raises.
+pub(crate) fn analysis_error(m: &Module, e: &hlo::Error) -> InterpError {
+    let why = e.reason(m).to_string();
+    match e.instr.and_then(|id| Some((id, m.instrs.get(id)?))) {
+        Some((id, ins)) if e.kind == ErrorKind::Unsupported => {
+            InterpError::UnsupportedOp { op: ins.opcode.name().to_string(), instr: describe(m, id), why }
+        }
+        Some((id, _)) => InterpError::Runtime { instr: describe(m, id), why },
+        None => InterpError::Runtime { instr: format!("module {}", m.name), why },
     }
+}
+
+/// Device `d`'s shard of a full (global) array under `t`, as [`Tiling::shard_window`]
+/// places it; padding beyond the array is zero. Errors (a reason) when the device's tile
+/// is unknown or the ranks differ.
+pub fn shard(t: &Tiling, a: &Array, d: usize) -> Result<Array, String> {
+    let (starts, local) = t.shard_window(&a.shape, d)?;
+    Ok(ops::window(a, &starts, local))
 }
 
 fn check_config(module: &Module, cfg: &RunConfig) -> Result<(), InterpError> {
@@ -84,28 +103,31 @@ fn check_config(module: &Module, cfg: &RunConfig) -> Result<(), InterpError> {
     Ok(())
 }
 
-fn make_plan(module: &Module, cfg: &RunConfig) -> Result<Option<plan::Plan>, InterpError> {
+/// The sharding plan to run by: `hlo`'s analysis in partition mode, none in replica mode
+/// (every device holds every value whole).
+fn make_plan(module: &Module, cfg: &RunConfig) -> Result<Option<Plan>, InterpError> {
     check_config(module, cfg)?;
     match cfg.mode {
-        Mode::Partition => Ok(Some(plan::analyze(module, cfg.num_devices)?)),
+        Mode::Partition => {
+            hlo::sharding::analyze(module, cfg.num_devices).map(Some).map_err(|e| analysis_error(module, &e))
+        }
         Mode::Replica => Ok(None),
     }
 }
 
-fn param_shapes(module: &Module, plan: Option<&plan::Plan>) -> Vec<Shape> {
-    module
-        .entry()
-        .params
-        .iter()
-        .enumerate()
-        .map(|(i, &p)| {
-            let declared = &module.instr(p).shape;
-            match plan.and_then(|pl| pl.param_tags.get(i)) {
-                Some(t) => t.local_shape(declared),
-                None => declared.clone(),
-            }
-        })
-        .collect()
+/// The plan's first op that needs XLA's SPMD partitioner, as an error.
+fn deferred(module: &Module, plan: Option<&Plan>) -> Result<(), InterpError> {
+    match plan.and_then(|p| p.deferred.as_ref()) {
+        Some(e) => Err(analysis_error(module, e)),
+        None => Ok(()),
+    }
+}
+
+fn param_shapes(module: &Module, plan: Option<&Plan>) -> Vec<Shape> {
+    match plan {
+        Some(p) => p.param_shapes(module),
+        None => module.entry_param_shapes().into_iter().cloned().collect(),
+    }
 }
 
 /// Per device, per entry parameter: the shape of the value that device holds. In partition
@@ -121,46 +143,19 @@ pub fn local_param_shapes(module: &Module, cfg: &RunConfig) -> Result<Vec<Vec<Sh
 /// sharded result; the declared shape otherwise).
 pub fn local_result_shapes(module: &Module, cfg: &RunConfig) -> Result<Vec<Shape>, InterpError> {
     let plan = make_plan(module, cfg)?;
-    if let Some(e) = plan.as_ref().and_then(|p| p.deferred.clone()) {
-        return Err(e);
-    }
-    let declared = module.entry_result_shape();
-    let shape = match plan.as_ref().and_then(|p| p.root_tag.as_ref()) {
-        Some(t) => t.local_shape(declared),
-        None => declared.clone(),
+    deferred(module, plan.as_ref())?;
+    let shape = match &plan {
+        Some(p) => p.result_shape(module),
+        None => module.entry_result_shape().clone(),
     };
     Ok(vec![shape; cfg.num_devices])
-}
-
-/// Partition mode: the tilings of the entry parameters (one per parameter) and of the
-/// entry result's array leaves, as [`local_param_shapes`] and [`local_result_shapes`] use
-/// them (`None`: every device holds the full value). Replica mode: `None`.
-#[allow(clippy::type_complexity)]
-pub fn entry_tilings(
-    module: &Module,
-    cfg: &RunConfig,
-) -> Result<Option<(Vec<Option<Tiling>>, Vec<Option<Tiling>>)>, InterpError> {
-    let Some(plan) = make_plan(module, cfg)? else { return Ok(None) };
-    let tiling = |t: &plan::Tag| match t {
-        plan::Tag::Local(t) => Some(t.clone()),
-        _ => None,
-    };
-    let params = (0..module.entry().params.len()).map(|i| plan.param_tags.get(i).and_then(tiling)).collect();
-    let declared = module.entry_result_shape();
-    let results = match &plan.root_tag {
-        Some(t) => t.leaves(declared).iter().map(tiling).collect(),
-        None => declared.leaves().iter().map(|_| None).collect(),
-    };
-    Ok(Some((params, results)))
 }
 
 /// Runs the entry computation. `args[d]` are device `d`'s entry parameters (each of the
 /// shape [`local_param_shapes`] gives); returns each device's entry result.
 pub fn run(module: &Module, cfg: &RunConfig, args: &[Vec<Literal>]) -> Result<Vec<Literal>, InterpError> {
     let plan = make_plan(module, cfg)?;
-    if let Some(e) = plan.as_ref().and_then(|p| p.deferred.clone()) {
-        return Err(e);
-    }
+    deferred(module, plan.as_ref())?;
     let n = cfg.num_devices;
     if args.len() != n {
         return Err(InterpError::BadArguments(format!("{} devices' argument lists for {n} devices", args.len())));

@@ -10,11 +10,11 @@
 
 use std::collections::{HashMap, HashSet};
 
+use hlo::sharding::{Plan, is_sharding_call};
 use hlo::{CompId, InstrId, Literal, Module, Opcode, Shape};
 
 use crate::eval::{Ctx, Interp};
-use crate::plan::Plan;
-use crate::{InterpError, Mode, RunConfig, describe, make_plan, param_shapes};
+use crate::{InterpError, Mode, RunConfig, deferred, describe, make_plan, param_shapes, shard};
 
 type R<T> = Result<T, InterpError>;
 
@@ -45,7 +45,7 @@ fn check_executable(m: &Module) -> R<()> {
             let custom = format!("custom-call target \"{target}\" is not supported");
             let why = match crate::unexecuted(ins.opcode) {
                 Some(why) => Some(why.to_string()),
-                None if ins.opcode == Opcode::CustomCall && !crate::plan::is_sharding_call(target) => Some(custom),
+                None if ins.opcode == Opcode::CustomCall && !is_sharding_call(target) => Some(custom),
                 None => None,
             };
             if let Some(why) = why {
@@ -87,9 +87,7 @@ impl InstrEvaluator {
     pub fn new(module: &Module, cfg: &RunConfig) -> R<Self> {
         check_executable(module)?;
         let plan = make_plan(module, cfg)?;
-        if let Some(e) = plan.as_ref().and_then(|p| p.deferred.clone()) {
-            return Err(e);
-        }
+        deferred(module, plan.as_ref())?;
         let params = param_shapes(module, plan.as_ref());
         let cuts = plan.as_ref().map(|p| p.slices.keys().map(|&(u, _)| u).collect()).unwrap_or_default();
         let mut memo = HashMap::new();
@@ -171,7 +169,7 @@ impl InstrEvaluator {
             match self.plan.as_ref().and_then(|p| p.slices.get(&(id, k))) {
                 Some(t) => {
                     let a = v.as_array().ok_or_else(|| rt("cannot shard a tuple".into()))?;
-                    ops.push(vec![Literal::Array(t.shard(a, device).map_err(rt)?)]);
+                    ops.push(vec![Literal::Array(shard(t, a, device).map_err(rt)?)]);
                 }
                 None => ops.push(vec![v.clone()]),
             }
@@ -200,7 +198,7 @@ impl InstrEvaluator {
         let mut leaves = Vec::new();
         for (leaf, t) in root.leaves().into_iter().zip(&p.root_slices) {
             leaves.push(match t {
-                Some(t) => t.shard(leaf, device).map_err(rt)?,
+                Some(t) => shard(t, leaf, device).map_err(rt)?,
                 None => leaf.clone(),
             });
         }

@@ -9,8 +9,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use emitter::{DeviceMode, Flags};
+use hlo::sharding::Tiling;
 use hlo::{Array, ArrayShape, Literal, PrimitiveType, Shape};
-use interp::Tiling;
 use kernels::exec::Executable as DeviceProgram;
 use pjrt_sys::protos::xla;
 use pjrt_sys::{PJRT_Buffer_Type, PJRT_Device, PJRT_DeviceDescription, PJRT_Memory};
@@ -554,8 +554,8 @@ fn op_sharding(t: Option<&Tiling>, n: usize) -> Result<xla::OpSharding> {
 }
 
 /// The program as `PJRT_Executable_OptimizedProgram` returns it: the `HloModuleProto`
-/// (`proto`) with `spmd_parameters_shardings` / `spmd_output_sharding` set from the
-/// interpreter's sharding analysis, wrapped with a config whose entry layout is the
+/// (`proto`) with `spmd_parameters_shardings` / `spmd_output_sharding` set from `hlo`'s
+/// sharding analysis (partition mode), wrapped with a config whose entry layout is the
 /// module's program shape (jaxlib rebuilds an `HloModule` from it and reads the shardings).
 fn optimized_program(
     module: &hlo::Module,
@@ -565,8 +565,10 @@ fn optimized_program(
     num_partitions: usize,
 ) -> Result<Vec<u8>> {
     let mut m = xla::HloModuleProto::decode(proto)?;
-    if let Some((params, results)) = interp::entry_tilings(module, cfg)? {
+    if cfg.mode == DeviceMode::Partition {
         let n = cfg.num_devices;
+        let plan = hlo::sharding::analyze(module, n)?;
+        let (params, results) = (plan.param_tilings(module), plan.result_tilings(module));
         m.spmd_parameters_shardings = params.iter().map(|t| op_sharding(t.as_ref(), n)).collect::<Result<_>>()?;
         let leaves = results.iter().map(|t| op_sharding(t.as_ref(), n)).collect::<Result<Vec<_>>>()?;
         m.spmd_output_sharding = Some(match module.entry_result_shape() {

@@ -9,16 +9,17 @@
 
 use std::collections::HashMap;
 
-use hlo::{InstrId, Module, Opcode, Shape, Sharding};
-
-use crate::sharding::{self, Tiling};
-use crate::{InterpError, describe};
+use super::tiling::{self, Tiling};
+use crate::{Error, ErrorKind, InstrId, Module, Opcode, Shape, Sharding};
 
 /// Where a value lives, per device.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Tag {
+    /// Every device holds the whole declared value.
     Global,
+    /// Every device holds its shard of the declared (global) array.
     Local(Tiling),
+    /// A tuple with at least one element that is not `Global`, per element.
     Tuple(Vec<Tag>),
 }
 
@@ -67,11 +68,20 @@ impl Tag {
     fn is_global(&self) -> bool {
         *self == Tag::Global
     }
+
+    fn tiling(&self) -> Option<Tiling> {
+        match self {
+            Tag::Local(t) => Some(t.clone()),
+            _ => None,
+        }
+    }
 }
 
-/// The analysis result.
+/// The analysis result: where every entry value lives and where a backend must cut full
+/// values into shards. Plain data; the interpreter and the host backend act on it.
 #[derive(Debug, Default)]
 pub struct Plan {
+    /// Per entry instruction, where its value lives.
     pub tags: HashMap<InstrId, Tag>,
     /// Operand `(user, operand index)` values that must be cut into shards before use.
     pub slices: HashMap<(InstrId, usize), Tiling>,
@@ -79,17 +89,67 @@ pub struct Plan {
     pub root_slices: Vec<Option<Tiling>>,
     /// The entry result's final tag.
     pub root_tag: Option<Tag>,
+    /// Per entry parameter (by number), where its argument lives.
     pub param_tags: Vec<Tag>,
-    /// The first op on sharded values that needs XLA's SPMD partitioner: reported when
-    /// the module runs, so parameter shapes stay available.
-    pub deferred: Option<InterpError>,
+    /// The first op on sharded values that needs XLA's SPMD partitioner (an
+    /// [`ErrorKind::Unsupported`] error about it): reported when the module runs, so
+    /// parameter shapes stay available.
+    pub deferred: Option<Error>,
+}
+
+impl Plan {
+    /// Per entry parameter, the shape each device's argument has: its shard where the
+    /// parameter is sharded, the declared shape otherwise.
+    pub fn param_shapes(&self, m: &Module) -> Vec<Shape> {
+        let Some(entry) = m.comps.get(m.entry) else { return Vec::new() };
+        entry
+            .params
+            .iter()
+            .enumerate()
+            .filter_map(|(i, &p)| {
+                let declared = &m.instrs.get(p)?.shape;
+                Some(match self.param_tags.get(i) {
+                    Some(t) => t.local_shape(declared),
+                    None => declared.clone(),
+                })
+            })
+            .collect()
+    }
+
+    /// The shape of the entry result each device returns: its shard where the result is
+    /// sharded, the declared shape otherwise.
+    pub fn result_shape(&self, m: &Module) -> Shape {
+        let declared = m.entry_result_shape();
+        match &self.root_tag {
+            Some(t) => t.local_shape(declared),
+            None => declared.clone(),
+        }
+    }
+
+    /// The tilings of the entry parameters, one per parameter (`None`: every device holds
+    /// the full value), as [`Plan::param_shapes`] uses them.
+    pub fn param_tilings(&self, m: &Module) -> Vec<Option<Tiling>> {
+        let count = m.comps.get(m.entry).map_or(0, |c| c.params.len());
+        (0..count).map(|i| self.param_tags.get(i).and_then(Tag::tiling)).collect()
+    }
+
+    /// The tilings of the entry result's array leaves, depth-first (`None`: every device
+    /// holds the full leaf), as [`Plan::result_shape`] uses them.
+    pub fn result_tilings(&self, m: &Module) -> Vec<Option<Tiling>> {
+        let declared = m.entry_result_shape();
+        match &self.root_tag {
+            Some(t) => t.leaves(declared).iter().map(Tag::tiling).collect(),
+            None => declared.leaves().iter().map(|_| None).collect(),
+        }
+    }
 }
 
 const FULL_TO_SHARD: [&str; 2] = ["SPMDFullToShardShape", "xla.sdy.GlobalToLocalShape"];
 const SHARD_TO_FULL: [&str; 2] = ["SPMDShardToFullShape", "xla.sdy.LocalToGlobalShape"];
 const PASS_THROUGH: [&str; 2] = ["Sharding", "xla.sdy.FuncResultSharding"];
 
-/// Custom-call targets the interpreter understands (all pass values through).
+/// The shard_map and sharding custom-call targets this analysis understands (all pass
+/// values through; every other custom-call target is foreign code).
 pub fn is_sharding_call(target: &str) -> bool {
     FULL_TO_SHARD.contains(&target) || SHARD_TO_FULL.contains(&target) || PASS_THROUGH.contains(&target)
 }
@@ -99,7 +159,7 @@ fn tag_from_sharding(s: &Sharding, shape: &Shape, n: usize) -> Result<Tag, Strin
         (Sharding::Tuple(v), Shape::Tuple(ss)) if v.len() == ss.len() => {
             Tag::tuple(v.iter().zip(ss).map(|(s, sh)| tag_from_sharding(s, sh, n)).collect::<Result<_, _>>()?)
         }
-        (s, Shape::Array(a)) => Tag::local(sharding::from_hlo(s, a.rank(), n)?),
+        (s, Shape::Array(a)) => Tag::local(tiling::from_hlo(s, a.rank(), n)?),
         _ => Tag::Global,
     })
 }
@@ -117,7 +177,7 @@ fn ratio_tiling(global: &Shape, local: &Shape) -> Tag {
 
 fn sdy_tags(m: &Module, attr: Option<&String>, shapes: &[&Shape], n: usize) -> Result<Vec<Tag>, String> {
     let attr = attr.ok_or("missing Shardy sharding attribute")?;
-    let ts = sharding::from_sdy(m, attr, n)?;
+    let ts = tiling::from_sdy(m, attr, n)?;
     if ts.len() != shapes.len() {
         return Err(format!("Shardy attribute has {} shardings for {} values", ts.len(), shapes.len()));
     }
@@ -138,7 +198,7 @@ fn param_tag(m: &Module, id: InstrId, n: usize) -> Result<Tag, String> {
         return tag_from_sharding(s, &ins.shape, n);
     }
     if let Some(attr) = ins.attrs.frontend_attributes.get("xla.sdy.sharding") {
-        let ts = sharding::from_sdy(m, attr, n)?;
+        let ts = tiling::from_sdy(m, attr, n)?;
         if let ([t], Shape::Array(_)) = (ts.as_slice(), &ins.shape) {
             return Ok(Tag::local(t.clone()));
         }
@@ -176,21 +236,26 @@ fn is_elementwise(op: Opcode) -> bool {
         || matches!(op, Opcode::Select | Opcode::Clamp | Opcode::Convert | Opcode::Copy | Opcode::ReducePrecision)
 }
 
-/// Runs the analysis on the entry computation of `m` for `n` partitions.
-pub fn analyze(m: &Module, n: usize) -> Result<Plan, InterpError> {
+/// Runs the analysis on the entry computation of a verified module `m` for `n` partitions
+/// (partition mode; in replica mode every device holds every value whole and there is
+/// nothing to analyse). Errors are about one instruction ([`Error::about`]):
+/// [`ErrorKind::Sharding`] for a sharding that cannot be read or does not fit,
+/// [`ErrorKind::Unsupported`] for what only XLA's SPMD partitioner could run.
+pub fn analyze(m: &Module, n: usize) -> Result<Plan, Error> {
     let mut plan = Plan::default();
-    let entry = m.entry();
+    let Some(entry) = m.comps.get(m.entry) else {
+        return Err(Error::new(ErrorKind::Verify, &m.source_name, "module has no entry computation"));
+    };
     for &id in &entry.instrs {
         let ins = m.instr(id);
-        let err = |why: String| InterpError::Runtime { instr: describe(m, id), why };
-        let unsupported =
-            |why: String| InterpError::UnsupportedOp { op: ins.opcode.name().to_string(), instr: describe(m, id), why };
+        let err = |why: String| Error::about(ErrorKind::Sharding, m, id, why);
+        let unsupported = |why: String| Error::about(ErrorKind::Unsupported, m, id, why);
         let op_tags: Vec<Tag> = ins.operands.iter().map(|o| plan.tags.get(o).cloned().unwrap_or(Tag::Global)).collect();
         let target = ins.attrs.custom_call_target.as_deref().unwrap_or("");
         if ins.opcode == Opcode::CustomCall {
             for key in ["xla.sdy.sharding", "xla.sdy.in_shardings", "xla.sdy.out_shardings"] {
                 if let Some(attr) = ins.attrs.frontend_attributes.get(key) {
-                    sharding::check_unreduced(attr).map_err(unsupported)?;
+                    tiling::check_unreduced(attr).map_err(unsupported)?;
                 }
             }
         }
@@ -344,7 +409,7 @@ pub fn analyze(m: &Module, n: usize) -> Result<Plan, InterpError> {
                 {
                     plan.deferred = Some(unsupported(format!(
                         "operand {k} ({}) is sharded across partitions; running '{}' on it needs XLA's SPMD partitioner",
-                        describe(m, ins.operands[k]),
+                        m.describe(ins.operands[k]),
                         ins.opcode
                     )));
                 }
@@ -363,8 +428,9 @@ pub fn analyze(m: &Module, n: usize) -> Result<Plan, InterpError> {
     let root = m.instr(entry.root);
     let root_tag = plan.tags.get(&entry.root).cloned().unwrap_or(Tag::Global);
     let final_tag = match (&root_tag, &root.attrs.sharding) {
-        (Tag::Global, Some(s)) => tag_from_sharding(s, &root.shape, n)
-            .map_err(|why| InterpError::Runtime { instr: describe(m, entry.root), why })?,
+        (Tag::Global, Some(s)) => {
+            tag_from_sharding(s, &root.shape, n).map_err(|why| Error::about(ErrorKind::Sharding, m, entry.root, why))?
+        }
         _ => root_tag.clone(),
     };
     let before = root_tag.leaves(&root.shape);
@@ -378,8 +444,54 @@ pub fn analyze(m: &Module, n: usize) -> Result<Plan, InterpError> {
         })
         .collect();
     if plan.root_slices.iter().flatten().any(|t| t.coords.is_none()) {
-        return Err(InterpError::Runtime { instr: describe(m, entry.root), why: "cannot shard the result".into() });
+        return Err(Error::about(ErrorKind::Sharding, m, entry.root, "cannot shard the result"));
     }
     plan.root_tag = Some(final_tag);
     Ok(plan)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{ArrayShape, PrimitiveType, parse_text};
+
+    const TRANSPOSE: &str = "HloModule m, num_partitions=2\nENTRY e {\n  a = f32[5,2] parameter(0), sharding={devices=[2,1]<=[2]}\n  ROOT t = f32[2,5] transpose(a), dimensions={1,0}\n}\n";
+
+    #[test]
+    fn sharded_parameter_and_deferred_partitioner_op() {
+        let m = parse_text("t.hlo", TRANSPOSE).unwrap();
+        let plan = analyze(&m, 2).unwrap();
+        // Uneven: 5 rows over 2 tiles is 3 rows a shard, the last one padded.
+        assert_eq!(plan.param_shapes(&m)[0].to_string(), "f32[3,2]");
+        let t = plan.param_tilings(&m)[0].clone().unwrap();
+        assert_eq!(t.counts, vec![2, 1]);
+        let global = ArrayShape::new(PrimitiveType::F32, vec![5, 2]);
+        assert_eq!(t.shard_window(&global, 1).unwrap(), (vec![3, 0], ArrayShape::new(PrimitiveType::F32, vec![3, 2])));
+        assert!(t.shard_window(&global, 2).is_err());
+        // The transpose on a shard needs XLA's partitioner: deferred, so shapes stay known.
+        assert_eq!(plan.result_shape(&m).to_string(), "f32[2,5]");
+        assert_eq!(plan.result_tilings(&m), vec![None]);
+        let e = plan.deferred.as_ref().unwrap();
+        assert_eq!((e.kind, e.instr), (ErrorKind::Unsupported, Some(m.entry().root)));
+        assert!(e.message.starts_with("%t in e: operand 0 (%a in e) is sharded across partitions"), "{e}");
+        assert!(e.reason(&m).starts_with("operand 0 (%a in e)"), "{e}");
+        assert!(e.to_string().starts_with("t.hlo:4:"), "{e}");
+    }
+
+    #[test]
+    fn a_sharding_that_does_not_fit_names_its_instruction() {
+        let m = parse_text("t.hlo", TRANSPOSE).unwrap();
+        let e = analyze(&m, 4).unwrap_err();
+        assert_eq!((e.kind, e.instr), (ErrorKind::Sharding, Some(m.entry().params[0])));
+        assert_eq!(e.reason(&m), "sharding spans 2 devices, running on 4");
+        assert!(e.to_string().starts_with("t.hlo:3:3: invalid sharding: %a in e: sharding spans"), "{e}");
+    }
+
+    #[test]
+    fn shard_map_custom_calls_are_sharding_calls() {
+        for t in ["Sharding", "SPMDFullToShardShape", "xla.sdy.LocalToGlobalShape", "xla.sdy.FuncResultSharding"] {
+            assert!(is_sharding_call(t), "{t}");
+        }
+        assert!(!is_sharding_call("my_kernel"));
+    }
 }

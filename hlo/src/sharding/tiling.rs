@@ -1,9 +1,12 @@
-//! Shardings, reduced to what the interpreter needs: how many tiles each dimension has
-//! and which tile each device holds ([`Tiling`]). Built from HLO shardings
+//! [`Tiling`], a sharding reduced to what per-device shapes need: how many tiles each
+//! dimension has and which tile each device holds. Built from HLO shardings
 //! (`sharding={devices=[..]..}`) or from Shardy's string attributes
 //! (`#sdy.sharding<@mesh, [{"x"}, {}]>` with the module's `xla.sdy.meshes`).
+//!
+//! The parsers return a bare reason (`String`); [`super::analyze`] turns it into an
+//! [`crate::Error`] about the instruction that carries the attribute.
 
-use hlo::{Array, ArrayShape, Module, Sharding};
+use crate::{ArrayShape, Module, Sharding};
 
 /// A tiled layout of an array over devices. Uneven dimensions are padded: every shard
 /// has `ceil(dim / count)` elements along a dimension, as XLA's partitioner lays them out.
@@ -28,24 +31,27 @@ impl Tiling {
             .dims
             .iter()
             .zip(self.counts.iter().chain(std::iter::repeat(&1)))
-            .map(|(&g, &c)| if c <= 1 { g } else { (g + c - 1) / c })
+            // Saturating: a dimension near i64::MAX must not panic (this crate never does).
+            .map(|(&g, &c)| if c <= 1 { g } else { g.saturating_add(c - 1) / c })
             .collect();
         ArrayShape::new(global.ty, dims)
     }
 
-    /// Device `d`'s shard of a full (global) array; padding beyond the array is zero.
-    pub fn shard(&self, a: &Array, d: usize) -> Result<Array, String> {
+    /// Where device `d`'s shard of a `global` array starts, and its shape: what a backend
+    /// cuts out of the full value (padding beyond the array reads as zero). Errors when the
+    /// device's tile is unknown or the ranks differ.
+    pub fn shard_window(&self, global: &ArrayShape, d: usize) -> Result<(Vec<i64>, ArrayShape), String> {
         let coords = self
             .coords
             .as_ref()
             .and_then(|c| c.get(d))
             .ok_or_else(|| format!("the tile of device {d} is unknown, so a full value cannot be sharded"))?;
-        if coords.len() != a.shape.rank() {
-            return Err(format!("sharding of rank {} applied to {}", coords.len(), a.shape));
+        if coords.len() != global.rank() {
+            return Err(format!("sharding of rank {} applied to {}", coords.len(), global));
         }
-        let local = self.shard_shape(&a.shape);
-        let starts: Vec<i64> = coords.iter().zip(&local.dims).map(|(&c, &s)| c * s).collect();
-        Ok(crate::ops::window(a, &starts, local))
+        let local = self.shard_shape(global);
+        let starts = coords.iter().zip(&local.dims).map(|(&c, &s)| c.saturating_mul(s)).collect();
+        Ok((starts, local))
     }
 }
 
@@ -54,7 +60,7 @@ const UNREDUCED: &str = "a value with unreduced axes (partial sums to be reduced
 
 /// Errors if a Shardy sharding attribute (`#sdy.sharding..<..>`) has unreduced axes; see
 /// [`parse_values`].
-pub fn check_unreduced(attr: &str) -> Result<(), String> {
+pub(super) fn check_unreduced(attr: &str) -> Result<(), String> {
     if !attr.contains("unreduced") {
         return Ok(());
     }
@@ -63,7 +69,7 @@ pub fn check_unreduced(attr: &str) -> Result<(), String> {
 
 /// Converts an HLO sharding for an array of `rank` dimensions on `n` devices.
 /// `Ok(None)`: replicated, manual, maximal or unknown (the full value on every device).
-pub fn from_hlo(s: &Sharding, rank: usize, n: usize) -> Result<Option<Tiling>, String> {
+pub(super) fn from_hlo(s: &Sharding, rank: usize, n: usize) -> Result<Option<Tiling>, String> {
     let Sharding::Tiled { tile_dims, devices, last_tile_dim_replicate, last_tile_dims } = s else {
         return Ok(None);
     };
@@ -77,7 +83,7 @@ pub fn from_hlo(s: &Sharding, rank: usize, n: usize) -> Result<Option<Tiling>, S
     if tile_dims.iter().any(|&t| t < 1) {
         return Err("sharding has a tile dimension < 1".into());
     }
-    let total: i64 = tile_dims.iter().product();
+    let total = tile_dims.iter().try_fold(1i64, |p, &t| p.checked_mul(t)).ok_or("sharding has too many tiles")?;
     if total as usize != devices.len() {
         return Err(format!("sharding lists {} devices for {total} tiles", devices.len()));
     }
@@ -234,7 +240,9 @@ fn parse_values(s: &str) -> Result<Vec<(String, Vec<Vec<String>>)>, String> {
 }
 
 fn tiling_from_mesh(mesh: &Mesh, dims: &[Vec<String>], n: usize) -> Result<Tiling, String> {
-    let total: i64 = mesh.axes.iter().map(|a| a.1).product();
+    // Checked arithmetic: axis sizes come straight from the attribute text.
+    let overflow = || "mesh axis sizes overflow".to_string();
+    let total = mesh.axes.iter().try_fold(1i64, |p, a| p.checked_mul(a.1)).ok_or_else(overflow)?;
     if total as usize != n {
         return Err(format!("mesh has {total} devices, running on {n}"));
     }
@@ -243,7 +251,7 @@ fn tiling_from_mesh(mesh: &Mesh, dims: &[Vec<String>], n: usize) -> Result<Tilin
     for d in dims {
         let mut c = 1;
         for a in d {
-            c *= mesh.axes[axis(a)?].1;
+            c = mesh.axes[axis(a)?].1.checked_mul(c).ok_or_else(overflow)?;
         }
         counts.push(c);
     }
@@ -262,10 +270,10 @@ fn tiling_from_mesh(mesh: &Mesh, dims: &[Vec<String>], n: usize) -> Result<Tilin
         };
         let mut tile = Vec::new();
         for d in dims {
-            let mut c = 0;
+            let mut c = 0i64;
             for a in d {
                 let k = axis(a)?;
-                c = c * mesh.axes[k].1 + mc[k];
+                c = c.checked_mul(mesh.axes[k].1).and_then(|c| c.checked_add(mc[k])).ok_or_else(overflow)?;
             }
             tile.push(c);
         }
@@ -278,7 +286,7 @@ fn tiling_from_mesh(mesh: &Mesh, dims: &[Vec<String>], n: usize) -> Result<Tilin
 
 /// Tilings of every value of a Shardy sharding attribute, using the module's meshes.
 /// `None` for a replicated value.
-pub fn from_sdy(module: &Module, attr: &str, n: usize) -> Result<Vec<Option<Tiling>>, String> {
+pub(super) fn from_sdy(module: &Module, attr: &str, n: usize) -> Result<Vec<Option<Tiling>>, String> {
     parse_values(attr)?
         .into_iter()
         .map(|(mesh_name, dims)| {

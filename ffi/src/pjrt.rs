@@ -13,10 +13,22 @@
 //!   `target_name`, `target_name_size`, `handler` (an `XLA_FFI_Handler*`), `platform_name`,
 //!   `platform_name_size`, `traits` (a 32-bit bit set): 52 bytes.
 //!
-//! The FFI registry is process-global inside the inner plugin (its own copy of XLA), so a
-//! handler is registered once per process, before or after clients exist.
+//! - The XlaTransform extension (type 24): the base, then `register_xla_transform` and
+//!   `clear_xla_transform` (40 bytes in PJRT 0.114; 0.115's is 56 bytes, two newer entries
+//!   appended, which this module does not call). `PJRT_Register_Xla_Transform_Args`:
+//!   `struct_size`, `name`, `name_size`, `stage` (a C enum), `callbacks`: 40 bytes, checked
+//!   against XLA's CPU plugin 0.115 (its register entry requires `struct_size >= 40` and
+//!   `callbacks->version == 1`). The callbacks struct (`version`, `dtor`,
+//!   `transform_hlo_module`) must outlive the registration; XLA hands it back to the
+//!   transform with a `PJRT_XlaTransform_Args` (struct size, a version-and-error header whose
+//!   `data`/`cleanup_fn` free the output after XLA parsed it, the serialized module in, the
+//!   transformed module out, `changed`).
+//!
+//! The FFI and transform registries are process-global inside the inner plugin (its own copy
+//! of XLA), so each is registered once per process, before or after clients exist.
 
 use std::ffi::{c_char, c_void};
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::{Path, PathBuf};
 
 pub mod client;
@@ -34,6 +46,7 @@ const API_HEADER: usize = 40;
 pub const SLOT_ERROR_DESTROY: usize = 0;
 pub const SLOT_ERROR_MESSAGE: usize = 1;
 pub const SLOT_ERROR_GET_CODE: usize = 2;
+pub const SLOT_CLIENT_CREATE: usize = 10;
 pub const SLOT_CLIENT_COMPILE: usize = 20;
 /// `PJRT_Error_ForEachPayload` (PJRT 0.110-ish on; present in 0.115).
 pub const SLOT_ERROR_FOR_EACH_PAYLOAD: usize = 132;
@@ -67,6 +80,126 @@ struct RegisterHandlerArgs {
     traits: u32,
 }
 const REGISTER_HANDLER_ARGS_SIZE: usize = 52;
+
+/// `PJRT_Xla_Transform_Extension` as far as this module reads it.
+#[repr(C)]
+struct XlaTransformExtension {
+    base: ExtensionBase,
+    register: Option<unsafe extern "C" fn(*mut RegisterTransformArgs) -> *mut c_void>,
+    clear: *const c_void,
+}
+const XLA_TRANSFORM_EXTENSION_SIZE: usize = 40;
+
+/// `PJRT_Register_Xla_Transform_Args`.
+#[repr(C)]
+struct RegisterTransformArgs {
+    struct_size: usize,
+    name: *const c_char,
+    name_size: usize,
+    stage: i32,
+    callbacks: *mut TransformCallbacks,
+}
+
+/// `PJRT_XlaTransform_Callbacks` (version 1).
+#[repr(C)]
+struct TransformCallbacks {
+    version: i64,
+    dtor: Option<unsafe extern "C" fn(*mut TransformCallbacks)>,
+    transform: Option<unsafe extern "C" fn(*mut TransformCallbacks, *mut TransformArgs)>,
+}
+
+/// `PJRT_XlaTransform_string`.
+#[repr(C)]
+struct TransformString {
+    data: *const c_char,
+    size: usize,
+}
+
+/// `PJRT_XlaTransform_version_and_error`.
+#[repr(C)]
+struct TransformHeader {
+    api_version: i64,
+    data: *mut c_void,
+    cleanup_fn: Option<unsafe extern "C" fn(*mut c_void)>,
+    has_error: bool,
+    code: i32,
+    error_msg: TransformString,
+}
+
+/// `PJRT_XlaTransform_Args`.
+#[repr(C)]
+struct TransformArgs {
+    struct_size: usize,
+    header: TransformHeader,
+    hlo_module: TransformString,
+    transformed: TransformString,
+    changed: bool,
+}
+
+/// Where in XLA's pipeline a transform runs (`PJRT_XlaTransform_PipelineStage`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TransformStage {
+    /// After SPMD partitioning and simplification, before layout assignment, fusion and
+    /// async-collective conversion (on GPU); CPU's pipeline has fused by then.
+    PreScheduler = 0,
+    /// After scheduling (async start/done pairs).
+    PostScheduler = 1,
+}
+
+/// A module transformation: a serialized `HloModuleProto` in; `Some(bytes)` when it changed
+/// the module, `None` for "unchanged". It must not fail a compile, so it has no error path.
+pub type TransformFn = fn(&[u8]) -> Option<Vec<u8>>;
+
+/// The callbacks XLA holds, with the Rust function they call. `callbacks` is the first field
+/// of a `repr(C)` struct, so the pointer XLA hands back is the pointer to the whole.
+#[repr(C)]
+struct RegisteredTransform {
+    callbacks: TransformCallbacks,
+    f: TransformFn,
+}
+
+/// Frees a transform's output once XLA has parsed it (`cleanup_fn`).
+unsafe extern "C" fn free_output(data: *mut c_void) {
+    if !data.is_null() {
+        // SAFETY: `data` is the `Box<Vec<u8>>` leaked by `transform_trampoline`, freed once
+        // (XLA calls `cleanup_fn` once per call).
+        drop(unsafe { Box::from_raw(data.cast::<Vec<u8>>()) });
+    }
+}
+
+/// `transform_hlo_module`: runs the registered function; a panic or a malformed call leaves
+/// the module unchanged (a transform never breaks a compile).
+unsafe extern "C" fn transform_trampoline(callbacks: *mut TransformCallbacks, args: *mut TransformArgs) {
+    let run = || {
+        if callbacks.is_null() || args.is_null() {
+            return;
+        }
+        // SAFETY: XLA hands back the callbacks pointer registered by `register_xla_transform`,
+        // the first field of a leaked `RegisteredTransform` (repr(C)), alive for the process.
+        let f = unsafe { &*callbacks.cast::<RegisteredTransform>() }.f;
+        // SAFETY: XLA passes a live args struct for the duration of the call.
+        let a = unsafe { &mut *args };
+        if a.struct_size < std::mem::offset_of!(TransformArgs, changed) + 1 {
+            return;
+        }
+        let input: &[u8] = if a.hlo_module.data.is_null() || a.hlo_module.size == 0 {
+            &[]
+        } else {
+            // SAFETY: XLA points `hlo_module` at `size` bytes of the serialized module, alive
+            // for the call.
+            unsafe { std::slice::from_raw_parts(a.hlo_module.data.cast::<u8>(), a.hlo_module.size) }
+        };
+        if let Some(out) = f(input) {
+            let out = Box::new(out);
+            a.transformed = TransformString { data: out.as_ptr().cast(), size: out.len() };
+            a.changed = true;
+            a.header.data = Box::into_raw(out).cast();
+            a.header.cleanup_fn = Some(free_output);
+        }
+    };
+    // A panic is the transform's bug; the module stays as it was.
+    let _ = catch_unwind(AssertUnwindSafe(run));
+}
 
 /// `PJRT_Error_Message_Args`.
 #[repr(C)]
@@ -325,6 +458,39 @@ impl InnerPlugin {
         let err = unsafe { register(&mut a) };
         if err.is_null() { Ok(()) } else { Err(format!("registering {target}: {}", self.take_error(err))) }
     }
+
+    /// Whether the plugin has an XlaTransform extension this module can register with.
+    pub fn has_xla_transform(&self) -> bool {
+        self.find_extension(EXTENSION_XLA_TRANSFORM, XLA_TRANSFORM_EXTENSION_SIZE).is_some()
+    }
+
+    /// Registers `f` as the HLO module transformation `name` at `stage` of the plugin's XLA
+    /// pipeline (process-global, for every client and compile from now on). The callbacks
+    /// are leaked: XLA keeps them for the process.
+    pub fn register_xla_transform(&self, name: &str, stage: TransformStage, f: TransformFn) -> Result<(), String> {
+        let ext = self
+            .find_extension(EXTENSION_XLA_TRANSFORM, XLA_TRANSFORM_EXTENSION_SIZE)
+            .ok_or_else(|| format!("{} has no XlaTransform extension (PJRT extension type 24)", self.path.display()))?;
+        // SAFETY: an XlaTransform extension of at least the 40 bytes read (checked).
+        let Some(register) = (unsafe { &*ext.cast::<XlaTransformExtension>() }).register else {
+            return Err(format!("{}: the XlaTransform extension has no register entry", self.path.display()));
+        };
+        let registered = Box::leak(Box::new(RegisteredTransform {
+            callbacks: TransformCallbacks { version: 1, dtor: None, transform: Some(transform_trampoline) },
+            f,
+        }));
+        let mut a = RegisterTransformArgs {
+            struct_size: size_of::<RegisterTransformArgs>(),
+            name: name.as_ptr().cast(),
+            name_size: name.len(),
+            stage: stage as i32,
+            callbacks: &mut registered.callbacks,
+        };
+        // SAFETY: the extension's register entry with args of its layout; XLA copies the name
+        // and keeps the callbacks pointer, which is leaked (valid for the process).
+        let err = unsafe { register(&mut a) };
+        if err.is_null() { Ok(()) } else { Err(format!("registering transform {name}: {}", self.take_error(err))) }
+    }
 }
 
 #[cfg(test)]
@@ -343,6 +509,69 @@ mod tests {
         assert_eq!(size_of::<ErrorDestroyArgs>(), 24);
         assert_eq!(offset_of!(ErrorGetCodeArgs, code), 24);
         assert_eq!(size_of::<ClientCompileArgs>(), 56);
+        assert_eq!(size_of::<XlaTransformExtension>(), XLA_TRANSFORM_EXTENSION_SIZE);
+        assert_eq!(offset_of!(XlaTransformExtension, register), 24);
+        assert_eq!(size_of::<RegisterTransformArgs>(), 40);
+        assert_eq!(offset_of!(RegisterTransformArgs, callbacks), 32);
+        assert_eq!(size_of::<TransformCallbacks>(), 24);
+        assert_eq!(size_of::<TransformHeader>(), 48);
+        // `PJRT_XlaTransform_Args_STRUCT_SIZE`: up to and including `changed`.
+        assert_eq!(offset_of!(TransformArgs, changed) + 1, 89);
+        // Slot numbers against the header pjrt-sys binds (0.54; slots are only appended).
+        let slot = |off: usize| (off - API_HEADER) / 8;
+        assert_eq!(slot(offset_of!(pjrt_sys::PJRT_Api, PJRT_Client_Create)), SLOT_CLIENT_CREATE);
+        assert_eq!(slot(offset_of!(pjrt_sys::PJRT_Api, PJRT_Client_Compile)), SLOT_CLIENT_COMPILE);
+    }
+
+    fn reverse(m: &[u8]) -> Option<Vec<u8>> {
+        (!m.is_empty()).then(|| m.iter().rev().copied().collect())
+    }
+
+    fn boom(_: &[u8]) -> Option<Vec<u8>> {
+        panic!("transform bug")
+    }
+
+    /// Calls the trampoline as XLA does: args from a module, then `cleanup_fn`.
+    fn call_as_xla(f: TransformFn, module: &[u8]) -> Option<Vec<u8>> {
+        let mut reg = RegisteredTransform {
+            callbacks: TransformCallbacks { version: 1, dtor: None, transform: Some(transform_trampoline) },
+            f,
+        };
+        let mut a = TransformArgs {
+            struct_size: offset_of!(TransformArgs, changed) + 1,
+            header: TransformHeader {
+                api_version: 1,
+                data: std::ptr::null_mut(),
+                cleanup_fn: None,
+                has_error: false,
+                code: 0,
+                error_msg: TransformString { data: std::ptr::null(), size: 0 },
+            },
+            hlo_module: TransformString { data: module.as_ptr().cast(), size: module.len() },
+            transformed: TransformString { data: std::ptr::null(), size: 0 },
+            changed: false,
+        };
+        // SAFETY: a callbacks struct at the head of a RegisteredTransform and live args, as XLA
+        // passes them.
+        unsafe { transform_trampoline(&mut reg.callbacks, &mut a) };
+        assert!(!a.header.has_error);
+        let out = a.changed.then(|| {
+            // SAFETY: the trampoline pointed `transformed` at its output, alive until cleanup.
+            unsafe { std::slice::from_raw_parts(a.transformed.data.cast::<u8>(), a.transformed.size) }.to_vec()
+        });
+        if let Some(c) = a.header.cleanup_fn {
+            // SAFETY: the trampoline's own cleanup for its own data, called once.
+            unsafe { c(a.header.data) };
+        }
+        out
+    }
+
+    #[test]
+    fn the_trampoline_hands_xla_the_output_and_frees_it() {
+        assert_eq!(call_as_xla(reverse, b"abc"), Some(b"cba".to_vec()));
+        assert_eq!(call_as_xla(reverse, b""), None);
+        // A panicking transform leaves the module unchanged.
+        assert_eq!(call_as_xla(boom, b"abc"), None);
     }
 
     #[test]

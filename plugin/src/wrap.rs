@@ -14,14 +14,17 @@
 //! returned, and its `PJRT_Client_Create` fails with [`load_error`], naming the path and
 //! the reason.
 //!
-//! The table handed out is a copy of the plugin's with four slots replaced:
+//! The table handed out is a copy of the plugin's with five slots replaced:
+//! `PJRT_Client_Create` registers the collective pass through the plugin's XlaTransform
+//! extension (once per process) unless the Python package registered it first, and
 //! `PJRT_Client_Compile` takes Peerless's per-executable options out of the compile options
 //! (`compiler_options={"all_reduce_backend": "fallback"}`, or `peerless_flags`) and applies
 //! them to the pass for that compile; the three `PJRT_Error` slots answer for the errors
-//! those options raise and hand every other error to the plugin.
-//!
-//! Not yet here: registration from Rust at client creation (the pass for HLO files run
-//! through the CLI). The Python package finds the inner plugin when the variable is unset.
+//! those options raise and hand every other error to the plugin. So any PJRT client (JAX,
+//! a C++ or ctypes client) gets XLA plus Peerless; under JAX the Python package registers the
+//! pass instead, because only it knows the job's topology under jax.distributed and counts
+//! decisions for `stats()`. The Python package finds the inner plugin when the variable is
+//! unset.
 
 use std::collections::BTreeSet;
 use std::ffi::{c_char, c_void};
@@ -31,7 +34,7 @@ use std::sync::{Mutex, OnceLock};
 
 use ffi::pjrt::{
     ClientCompileArgs, Entry, ErrorDestroyArgs, ErrorForEachPayloadArgs, ErrorGetCodeArgs, ErrorMessageArgs,
-    InnerPlugin, KNOWN_MINOR, SLOT_CLIENT_COMPILE, SLOT_ERROR_DESTROY, SLOT_ERROR_FOR_EACH_PAYLOAD,
+    InnerPlugin, KNOWN_MINOR, SLOT_CLIENT_COMPILE, SLOT_CLIENT_CREATE, SLOT_ERROR_DESTROY, SLOT_ERROR_FOR_EACH_PAYLOAD,
     SLOT_ERROR_GET_CODE, SLOT_ERROR_MESSAGE,
 };
 use pjrt_sys::protos::xla;
@@ -44,6 +47,8 @@ struct Wrapped {
     plugin: InnerPlugin,
     table: *const c_void,
     own_errors: bool,
+    /// The Peerless platform of the inner plugin's devices ("cpu", "cuda").
+    platform: &'static str,
 }
 
 // SAFETY: the table is a leaked, never-written copy; `InnerPlugin` is Send + Sync.
@@ -89,6 +94,7 @@ fn load(path: PathBuf) -> Result<Wrapped, String> {
         (SLOT_ERROR_DESTROY, error_destroy as *const c_void),
         (SLOT_ERROR_MESSAGE, error_message as *const c_void),
         (SLOT_ERROR_GET_CODE, error_get_code as *const c_void),
+        (SLOT_CLIENT_CREATE, client_create as *const c_void),
         (SLOT_CLIENT_COMPILE, client_compile as *const c_void),
     ];
     if inner.has_slot(SLOT_ERROR_FOR_EACH_PAYLOAD) {
@@ -99,7 +105,7 @@ fn load(path: PathBuf) -> Result<Wrapped, String> {
     // object of ours.
     let own_errors = inner.version().0 == 0 && inner.version().1 <= KNOWN_MINOR;
     let table = inner.patched_table(&patches)?;
-    Ok(Wrapped { plugin: inner, table, own_errors })
+    Ok(Wrapped { plugin: inner, table, own_errors, platform })
 }
 
 fn inner() -> Option<&'static Result<Wrapped, String>> {
@@ -238,6 +244,25 @@ unsafe extern "C" fn error_for_each_payload(args: *mut ErrorForEachPayloadArgs) 
         }
     })
     .unwrap_or_else(|_| new_error(INTERNAL, "peerless: PJRT_Error_ForEachPayload panicked".into()))
+}
+
+// ---- client creation: the collective pass ---------------------------------------------
+
+unsafe extern "C" fn client_create(args: *mut c_void) -> *mut c_void {
+    catch_unwind(AssertUnwindSafe(|| {
+        // SAFETY: the slot is `PJRT_Client_Create` (set, since it was patched).
+        let Some(create) = (unsafe { plugin().slot_fn::<Entry<c_void>>(SLOT_CLIENT_CREATE) }) else {
+            return new_error(INTERNAL, "peerless: the inner plugin has no PJRT_Client_Create".into());
+        };
+        // Without the pass the platform would be XLA alone while claiming to be Peerless: a
+        // plugin that cannot take it is an error here, naming the plugin and the reason.
+        if let Err(e) = crate::xla_inside::register_pass_in(plugin(), wrapped().platform) {
+            return new_error(INTERNAL, format!("peerless: cannot register the collective pass: {e}"));
+        }
+        // SAFETY: the caller's args, unchanged, to the slot they were meant for.
+        unsafe { create(args) }
+    }))
+    .unwrap_or_else(|_| new_error(INTERNAL, "peerless: PJRT_Client_Create panicked".into()))
 }
 
 // ---- compile: Peerless's per-executable options ----------------------------------------

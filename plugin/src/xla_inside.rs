@@ -172,6 +172,60 @@ pub fn run_pass(platform: &str, module: &[u8], flags: &str, local_devices: &str)
     }
 }
 
+/// The name the pass is registered under in XLA's transform registry (the Python package's
+/// name too: at most one of the two registers it).
+pub const PASS_NAME: &str = "peerless_collectives";
+
+/// Set once the Python package registered the pass itself (it adds the job's topology under
+/// jax.distributed and counts decisions for `stats()`); the wrapper then does not.
+static PYTHON_OWNS_PASS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// `PeerlessXlaPassFromPython`: the Python package registers the pass for the wrapped
+/// platform; called before any client exists.
+pub fn python_owns_pass() {
+    PYTHON_OWNS_PASS.store(true, std::sync::atomic::Ordering::SeqCst);
+}
+
+/// The pass as XLA's own transform, for a process without the Python package (a C++ or
+/// ctypes PJRT client): one process, every device local, flags from `PEERLESS_FLAGS` and the
+/// compile options. Decisions go to the log (`info`); a module the pass cannot handle stays
+/// as it is (with a warning), as in `run_pass`.
+fn transform(platform: &str, module: &[u8]) -> Option<Vec<u8>> {
+    let (status, out, report) = run_pass(platform, module, "", "");
+    for line in report.lines().filter(|_| status >= 0) {
+        log::info!("peerless pass ({platform}): {line}");
+    }
+    if status == 1 { out } else { None }
+}
+
+fn transform_cpu(module: &[u8]) -> Option<Vec<u8>> {
+    transform("cpu", module)
+}
+
+fn transform_cuda(module: &[u8]) -> Option<Vec<u8>> {
+    transform("cuda", module)
+}
+
+/// Registers the pass in `inner`'s XlaTransform registry for `platform` ("cpu", "cuda") at
+/// PRE_SCHEDULER, once per process, unless the Python package owns it. Returns whether this
+/// call registered it.
+pub fn register_pass_in(inner: &ffi::pjrt::InnerPlugin, platform: &str) -> Result<bool, String> {
+    static DONE: std::sync::Mutex<bool> = std::sync::Mutex::new(false);
+    let mut done = DONE.lock().unwrap_or_else(|e| e.into_inner());
+    if *done || PYTHON_OWNS_PASS.load(std::sync::atomic::Ordering::SeqCst) {
+        return Ok(false);
+    }
+    let f: ffi::pjrt::TransformFn = match platform {
+        "cpu" => transform_cpu,
+        "cuda" => transform_cuda,
+        other => return Err(format!("Peerless has no pass for platform '{other}'")),
+    };
+    inner.register_xla_transform(PASS_NAME, ffi::pjrt::TransformStage::PreScheduler, f)?;
+    *done = true;
+    log::info!("peerless: collective pass registered in {} for {platform}", inner.path().display());
+    Ok(true)
+}
+
 /// Reads a C string argument; null is "".
 ///
 /// # Safety

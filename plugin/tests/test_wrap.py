@@ -107,3 +107,19 @@ def test_auto_partitioned_jit_agrees_and_runs_on_peerless():
         check(g, want, "float32")
     s = inside.stats()
     assert s.get("all-reduce", {}).get("kernel", 0) >= 2, s
+
+
+def test_the_pass_is_registered_once_by_the_package_not_also_by_the_wrapper():
+    """Under JAX the package owns the pass (topology, stats); the wrapper's client creation,
+    which registers it for clients without the package, must not add a second copy. With the
+    package's pass told to leave psum to XLA, a second (wrapper) pass would take it."""
+    mesh = meshes()["peerless"]
+    x = jax.device_put(jnp.arange(8 * 16, dtype=jnp.float32).reshape(8, 16), NamedSharding(mesh, P("x")))
+    peerless.enable(["peerless"], flags="--all_reduce_backend=fallback")
+    try:
+        calls = inside.handler_calls("cpu")
+        f = jax.jit(jax.shard_map(lambda v: jax.lax.psum(v * 3.0, "x"), mesh=mesh, in_specs=P("x"), out_specs=P("x")))
+        np.testing.assert_allclose(np.asarray(f(x)), np.tile(np.asarray(x).reshape(8, 16).sum(0) * 3.0, (8, 1)))
+        assert inside.handler_calls("cpu") == calls, "a second copy of the pass took the psum"
+    finally:
+        peerless.enable(["peerless"], flags="")

@@ -1,7 +1,7 @@
 //! The shared library JAX loads (`libpeerless_pjrt.so`). It only re-exports: all logic, and
 //! every safety argument, lives in the `plugin` crate. Public symbols: `GetPjrtApi`,
 //! `PeerlessRegisterMlirConverter`, and for Peerless inside XLA `PeerlessXlaPass`,
-//! `PeerlessXlaPassFree` and `PeerlessXlaHandler`.
+//! `PeerlessXlaPassFree`, `PeerlessXlaPassFromPython` and `PeerlessXlaHandler`.
 
 use plugin::pjrt_sys::PJRT_Api;
 
@@ -84,6 +84,13 @@ pub unsafe extern "C" fn PeerlessXlaHandlerCalls(platform: *const std::ffi::c_ch
     // SAFETY: the caller passes a NUL-terminated string.
     let p = unsafe { std::ffi::CStr::from_ptr(platform) }.to_string_lossy();
     plugin::xla_handlers::handler_calls(&p)
+}
+
+/// The Python package registers the collective pass on the wrapped platform itself (with
+/// the job's topology and `stats()`): the wrapper's client creation then does not.
+#[unsafe(no_mangle)]
+pub extern "C" fn PeerlessXlaPassFromPython() {
+    plugin::xla_inside::python_owns_pass();
 }
 
 /// Collective clusters of the CPU handlers alive in the process (freed with executables).

@@ -337,7 +337,13 @@ pub fn build_programs(
                     continue;
                 }
                 let operand_shapes = ins.operands.iter().map(|&o| info.local_shape(module, o)).collect();
-                thunks.push(Thunk::Compute { instr: id, name, inputs: operand_leaves, outputs: own.clone(), operand_shapes });
+                thunks.push(Thunk::Compute {
+                    instr: id,
+                    name,
+                    inputs: operand_leaves,
+                    outputs: own.clone(),
+                    operand_shapes,
+                });
             }
             Role::Copy => {
                 for (src, dst) in operand_leaves.iter().zip(own.iter()) {

@@ -28,13 +28,14 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use emitter::{DeviceMode, EmitError, Flags, PeerAccessTable, PlannedCollective, ValueInfo};
+use emitter::{DeviceMode, Flags, PeerAccessTable, PlannedCollective, ValueInfo};
 use hlo::{Array, InstrId, Literal, Module, Shape};
+use interp::RunConfig;
 use interp::single::InstrEvaluator;
-use interp::{InterpError, RunConfig};
 use thunks::{Backend, CollectiveConfig, Implementation, Resources, ScratchSizer, Thunk, ThunkProgram};
 
-use crate::host::{self, CollectiveCall, CollectiveError, HostCluster, HostDevice, HostError, PeerMatrix};
+use crate::host::{self, CollectiveCall, HostCluster, HostDevice, PeerMatrix};
+use crate::{Error, Result};
 
 /// The host backend's scratch and signal sizes, for the emitter's buffer assignment.
 #[derive(Clone, Copy, Debug, Default)]
@@ -46,69 +47,6 @@ impl ScratchSizer for HostSizer {
     }
     fn signal_bytes(&self, config: &CollectiveConfig, implementation: Implementation) -> usize {
         host::signal_bytes(config, implementation)
-    }
-}
-
-/// Executor errors. Device errors name the device, the thunk and where every device
-/// stopped.
-#[derive(Debug)]
-pub enum ExecError {
-    /// The emitter could not plan or lay out the module.
-    Emit(EmitError),
-    /// The interpreter cannot run the module on this device set (checked when building).
-    Interp(InterpError),
-    /// The cluster could not be created.
-    Host(HostError),
-    BadArguments(String),
-    /// A device backend could not load or run the program (names the backend and call).
-    Backend(String),
-    /// A thunk failed on a device.
-    Device {
-        device: usize,
-        /// Thunk index and label (`all-reduce 'ar'`).
-        thunk: usize,
-        label: String,
-        message: String,
-        /// Whether it is a collective timeout (peers' failures usually are).
-        timeout: bool,
-        /// `d0: #3 all-reduce 'ar', d1: none, ...`.
-        progress: String,
-    },
-}
-
-impl fmt::Display for ExecError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Emit(e) => write!(f, "emitter: {e}"),
-            Self::Interp(e) => write!(f, "{e}"),
-            Self::Host(e) => write!(f, "host backend: {e}"),
-            Self::BadArguments(m) => write!(f, "bad arguments: {m}"),
-            Self::Backend(m) => f.write_str(m),
-            Self::Device { device, thunk, label, message, progress, .. } => write!(
-                f,
-                "device {device}: thunk #{thunk} {label} failed: {message}\n  last completed thunk per device: {progress}"
-            ),
-        }
-    }
-}
-
-impl std::error::Error for ExecError {}
-
-impl From<EmitError> for ExecError {
-    fn from(e: EmitError) -> Self {
-        Self::Emit(e)
-    }
-}
-
-impl From<InterpError> for ExecError {
-    fn from(e: InterpError) -> Self {
-        Self::Interp(e)
-    }
-}
-
-impl From<HostError> for ExecError {
-    fn from(e: HostError) -> Self {
-        Self::Host(e)
     }
 }
 
@@ -146,23 +84,16 @@ pub(crate) fn lower(
     flags: &Flags,
     table: &PeerAccessTable,
     sizer: &impl ScratchSizer,
-) -> Result<Lowered, ExecError> {
+) -> Result<Lowered> {
     if num_devices == 0 {
-        return Err(ExecError::BadArguments("num_devices must be at least 1".into()));
+        return Err(Error::BadArguments("num_devices must be at least 1".into()));
     }
     let flat = emitter::inline_calls(module)?;
     let evaluator = InstrEvaluator::new(&flat, &RunConfig { num_devices, mode })?;
     let built = emitter::build_programs(&flat, num_devices, mode, flags, table, &EvalInfo(&evaluator), sizer)?;
     let param_shapes = evaluator.param_shapes().to_vec();
     let root_shape = evaluator.local_shape(&flat, flat.entry().root);
-    Ok(Lowered {
-        programs: built.programs,
-        planned: built.planned,
-        param_shapes,
-        root_shape,
-        evaluator,
-        module: flat,
-    })
+    Ok(Lowered { programs: built.programs, planned: built.planned, param_shapes, root_shape, evaluator, module: flat })
 }
 
 /// Reads a value of `shape` from its array leaves' regions with `read(offset, len)`.
@@ -203,16 +134,13 @@ pub(crate) fn write_value(
 }
 
 /// Checks `args` (per device, per parameter) against the entry's per-device shapes.
-pub(crate) fn check_args(args: &[Vec<Literal>], num_devices: usize, param_shapes: &[Shape]) -> Result<(), ExecError> {
+pub(crate) fn check_args(args: &[Vec<Literal>], num_devices: usize, param_shapes: &[Shape]) -> Result<()> {
     if args.len() != num_devices {
-        return Err(ExecError::BadArguments(format!(
-            "{} devices' argument lists for {num_devices} devices",
-            args.len()
-        )));
+        return Err(Error::BadArguments(format!("{} devices' argument lists for {num_devices} devices", args.len())));
     }
     for (d, a) in args.iter().enumerate() {
         if a.len() != param_shapes.len() {
-            return Err(ExecError::BadArguments(format!(
+            return Err(Error::BadArguments(format!(
                 "device {d}: {} arguments, the entry computation takes {}",
                 a.len(),
                 param_shapes.len()
@@ -221,9 +149,7 @@ pub(crate) fn check_args(args: &[Vec<Literal>], num_devices: usize, param_shapes
         for (i, (v, want)) in a.iter().zip(param_shapes).enumerate() {
             let got = v.shape();
             if !got.compatible(want) {
-                return Err(ExecError::BadArguments(format!(
-                    "parameter {i} on device {d}: expected {want}, got {got}"
-                )));
+                return Err(Error::BadArguments(format!("parameter {i} on device {d}: expected {want}, got {got}")));
             }
         }
     }
@@ -318,7 +244,15 @@ impl HostBackend {
             }
             Thunk::Copy { src, dst, len, .. } => dev.copy_within(*src, *dst, *len).map_err(|e| plain(e.to_string())),
             Thunk::Collective {
-                name, config, implementation, inputs, outputs, operand_shapes, scratch, signals, ..
+                name,
+                config,
+                implementation,
+                inputs,
+                outputs,
+                operand_shapes,
+                scratch,
+                signals,
+                ..
             } => {
                 match &*self.fault.lock().unwrap_or_else(|e| e.into_inner()) {
                     Some(Fault::WithholdRank { device, collective }) if *device == d && collective == name => {
@@ -342,7 +276,7 @@ impl HostBackend {
                     name,
                 };
                 dev.run_collective(&call).map_err(|e| {
-                    let timeout = matches!(e, CollectiveError::Timeout { .. });
+                    let timeout = e.is_timeout();
                     (e.to_string(), timeout)
                 })
             }
@@ -377,28 +311,25 @@ impl HostBackend {
         self.evaluator.finish_result(&self.module, root, d).map_err(|e| done(e.to_string()))
     }
 
-    fn check_args(&self, args: &[Vec<Literal>]) -> Result<(), ExecError> {
+    fn check_args(&self, args: &[Vec<Literal>]) -> Result<()> {
         check_args(args, self.num_devices, &self.param_shapes)
     }
 }
 
 impl Backend for HostBackend {
     type Initialized = Arc<HostCluster>;
-    type Error = ExecError;
+    type Error = crate::Error;
 
-    fn prepare(&self, programs: &[ThunkProgram]) -> Result<Resources, ExecError> {
+    fn prepare(&self, programs: &[ThunkProgram]) -> Result<Resources> {
         if programs.len() != self.num_devices {
-            return Err(ExecError::BadArguments(format!(
-                "{} programs for {} devices",
-                programs.len(),
-                self.num_devices
-            )));
+            return Err(Error::BadArguments(format!("{} programs for {} devices", programs.len(), self.num_devices)));
         }
         Ok(Resources::of(programs))
     }
 
-    fn initialize(&self, resources: &Resources) -> Result<Arc<HostCluster>, ExecError> {
-        Ok(HostCluster::new(resources.num_devices, resources.arena_bytes.max(1), Arc::clone(&self.peers))?)
+    fn initialize(&self, resources: &Resources) -> Result<Arc<HostCluster>> {
+        HostCluster::new(resources.num_devices, resources.arena_bytes.max(1), Arc::clone(&self.peers))
+            .map_err(|e| Error::Cluster(Box::new(e)))
     }
 
     fn execute(
@@ -406,10 +337,10 @@ impl Backend for HostBackend {
         cluster: &Arc<HostCluster>,
         programs: &[ThunkProgram],
         args: &[Vec<Literal>],
-    ) -> Result<Vec<Literal>, ExecError> {
+    ) -> Result<Vec<Literal>> {
         self.check_args(args)?;
         if programs.len() != self.num_devices || cluster.num_devices() != self.num_devices {
-            return Err(ExecError::BadArguments("programs, cluster and device count disagree".into()));
+            return Err(Error::BadArguments("programs, cluster and device count disagree".into()));
         }
         for p in &self.progress {
             p.store(0, Ordering::Release);
@@ -448,7 +379,7 @@ impl Backend for HostBackend {
         // A root cause (not a timeout) first; else the lowest device's timeout.
         let pick = failures.iter().position(|(_, f)| !f.timeout).unwrap_or(0);
         if let Some((device, f)) = failures.into_iter().nth(pick) {
-            return Err(ExecError::Device {
+            return Err(Error::Device {
                 device,
                 thunk: f.thunk,
                 label: f.label,
@@ -493,7 +424,7 @@ impl HostExecutable {
     /// Compiles `module` (verified) for `num_devices` host devices in `mode`: inlines calls,
     /// plans every collective with `flags`, assigns buffers, builds one program per device
     /// (prepare) and creates the cluster (initialize).
-    pub fn new(module: &Module, num_devices: usize, mode: DeviceMode, flags: &Flags) -> Result<Self, ExecError> {
+    pub fn new(module: &Module, num_devices: usize, mode: DeviceMode, flags: &Flags) -> Result<Self> {
         let table = PeerAccessTable::for_host_topology(num_devices, &flags.host_topology);
         let low = lower(module, num_devices, mode, flags, &table, &HostSizer)?;
         let backend = HostBackend {
@@ -521,7 +452,7 @@ impl HostExecutable {
     /// Runs every device's program once. `args[d]` are device `d`'s entry parameters
     /// (each of the shape [`HostExecutable::param_shapes`] gives); returns each device's
     /// entry result. Executions of one executable are serialised.
-    pub fn execute(&self, args: &[Vec<Literal>]) -> Result<Vec<Literal>, ExecError> {
+    pub fn execute(&self, args: &[Vec<Literal>]) -> Result<Vec<Literal>> {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         if state.poisoned {
             // Signal epochs are out of step after a failure: start from fresh arenas.
@@ -529,7 +460,7 @@ impl HostExecutable {
             state.poisoned = false;
         }
         let out = self.backend.execute(&state.cluster, &self.programs, args);
-        if matches!(out, Err(ExecError::Device { .. })) {
+        if matches!(out, Err(Error::Device { .. })) {
             state.poisoned = true;
         }
         out
@@ -584,7 +515,7 @@ pub fn run_host(
     mode: DeviceMode,
     flags: &Flags,
     args: &[Vec<Literal>],
-) -> Result<Vec<Literal>, ExecError> {
+) -> Result<Vec<Literal>> {
     HostExecutable::new(module, num_devices, mode, flags)?.execute(args)
 }
 
@@ -595,9 +526,9 @@ pub fn host_programs(
     num_devices: usize,
     mode: DeviceMode,
     flags: &Flags,
-) -> Result<emitter::Programs, ExecError> {
+) -> Result<emitter::Programs> {
     if num_devices == 0 {
-        return Err(ExecError::BadArguments("num_devices must be at least 1".into()));
+        return Err(Error::BadArguments("num_devices must be at least 1".into()));
     }
     let flat = emitter::inline_calls(module)?;
     let evaluator = InstrEvaluator::new(&flat, &RunConfig { num_devices, mode })?;
@@ -637,14 +568,14 @@ impl Executable {
         num_devices: usize,
         mode: DeviceMode,
         flags: &Flags,
-    ) -> Result<Self, ExecError> {
+    ) -> Result<Self> {
         match kind {
             BackendKind::Host => Ok(Executable::Host(HostExecutable::new(module, num_devices, mode, flags)?)),
         }
     }
 
     /// Runs every device's program once (`args[d]`: device `d`'s parameters).
-    pub fn execute(&self, args: &[Vec<Literal>]) -> Result<Vec<Literal>, ExecError> {
+    pub fn execute(&self, args: &[Vec<Literal>]) -> Result<Vec<Literal>> {
         match self {
             Executable::Host(e) => e.execute(args),
         }

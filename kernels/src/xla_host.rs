@@ -25,9 +25,9 @@ use thunks::custom_call::CustomCallConfig;
 use thunks::ffi_handler::{CollectiveRuntime, array_shape};
 use thunks::{CollectiveConfig, CollectiveOp};
 
-use crate::host::CollectiveError;
 use crate::host::direct::DirectCollective;
 use crate::host::shm::{ShmCollective, ShmKey};
+use crate::{Error, Result};
 
 /// One device's side of a call: its operands and result buffers, in XLA's order.
 #[derive(Debug)]
@@ -39,15 +39,6 @@ pub struct HostCall<'a> {
     pub inputs: Vec<(&'a [u8], ArrayShape)>,
     /// Result buffers with their logical shapes.
     pub outputs: Vec<(&'a mut [u8], ArrayShape)>,
-}
-
-/// Errors of a host custom call. Each names the collective.
-#[derive(Debug, thiserror::Error)]
-pub enum HostCallError {
-    #[error("{name}: {message}")]
-    Invalid { name: String, message: String },
-    #[error(transparent)]
-    Collective(#[from] CollectiveError),
 }
 
 /// Where a collective's members meet: one process's memory, or a segment shared by the
@@ -66,7 +57,7 @@ impl Protocol {
         }
     }
 
-    fn run(&self, device: usize, inputs: &[&[u8]], outputs: &mut [&mut [u8]]) -> Result<(), CollectiveError> {
+    fn run(&self, device: usize, inputs: &[&[u8]], outputs: &mut [&mut [u8]]) -> Result<()> {
         match self {
             Protocol::Direct(c) => c.run(device, inputs, outputs),
             Protocol::Shared(c) => c.run(device, inputs, outputs),
@@ -116,12 +107,13 @@ pub fn live_instances() -> usize {
     instances().lock().unwrap_or_else(PoisonError::into_inner).len()
 }
 
-fn invalid(cfg: &CustomCallConfig, message: impl Into<String>) -> HostCallError {
-    HostCallError::Invalid { name: cfg.name.clone(), message: message.into() }
+/// A call that does not fit its collective (names the collective).
+fn invalid(cfg: &CustomCallConfig, message: impl Into<String>) -> Error {
+    Error::BadCall { name: cfg.name.clone(), message: message.into() }
 }
 
 impl Instance {
-    fn build(call: &HostCall) -> Result<Instance, HostCallError> {
+    fn build(call: &HostCall) -> Result<Instance> {
         let cfg = call.config;
         let in_shapes: Vec<ArrayShape> = call.inputs.iter().map(|(_, s)| s.clone()).collect();
         let out_shapes: Vec<ArrayShape> = call.outputs.iter().map(|(_, s)| s.clone()).collect();
@@ -189,7 +181,7 @@ impl Instance {
 }
 
 /// Checks a call's buffers against its shapes.
-fn check_call(call: &HostCall) -> Result<(), HostCallError> {
+fn check_call(call: &HostCall) -> Result<()> {
     let cfg = call.config;
     for (bytes, shape) in &call.inputs {
         if bytes.len() != shape.byte_size() {
@@ -212,7 +204,7 @@ fn check_call(call: &HostCall) -> Result<(), HostCallError> {
 
 /// Runs one device's side of a Peerless custom call on the host backend, with the
 /// collective's cluster from the process-wide table (kept for the process).
-pub fn run(call: HostCall) -> Result<(), HostCallError> {
+pub fn run(call: HostCall) -> Result<()> {
     check_call(&call)?;
     let cfg = call.config;
     let instance = {
@@ -230,7 +222,7 @@ pub fn run(call: HostCall) -> Result<(), HostCallError> {
 }
 
 /// Runs `call` on `instance`: XLA's buffers in and out, no copies of results.
-fn run_on(instance: &Instance, call: HostCall) -> Result<(), HostCallError> {
+fn run_on(instance: &Instance, call: HostCall) -> Result<()> {
     let cfg = call.config;
     let shapes_in: Vec<&ArrayShape> = call.inputs.iter().map(|(_, s)| s).collect();
     let shapes_out: Vec<&ArrayShape> = call.outputs.iter().map(|(_, s)| s).collect();
@@ -241,7 +233,7 @@ fn run_on(instance: &Instance, call: HostCall) -> Result<(), HostCallError> {
     }
     let inputs: Vec<&[u8]> = call.inputs.iter().map(|(b, _)| *b).collect();
     let mut outputs: Vec<&mut [u8]> = call.outputs.into_iter().map(|(b, _)| b).collect();
-    Ok(instance.collective.run(call.device, &inputs, &mut outputs)?)
+    instance.collective.run(call.device, &inputs, &mut outputs)
 }
 
 /// The CPU platform's [`CollectiveRuntime`]: XLA:CPU buffers are host memory.
@@ -297,19 +289,18 @@ impl CollectiveRuntime for HostRuntime {
                     state.instance.get_or_init(|| Instance::build(&call).map(Arc::new).map_err(|e| e.to_string()));
                 match inst {
                     Ok(i) => run_on(i, call),
-                    Err(m) => Err(HostCallError::Invalid { name: call.config.name.clone(), message: m.clone() }),
+                    Err(m) => Err(invalid(call.config, m.clone())),
                 }
             }),
             None => run(call),
         };
         result.map_err(|e| {
-            let code = match &e {
-                HostCallError::Collective(CollectiveError::Timeout { .. }) => ErrorCode::DeadlineExceeded,
-                HostCallError::Invalid { .. }
-                | HostCallError::Collective(CollectiveError::Unsupported { .. } | CollectiveError::Invalid { .. }) => {
-                    ErrorCode::InvalidArgument
-                }
-                _ => ErrorCode::Internal,
+            let code = if e.is_timeout() {
+                ErrorCode::DeadlineExceeded
+            } else if e.is_invalid_argument() {
+                ErrorCode::InvalidArgument
+            } else {
+                ErrorCode::Internal
             };
             HandlerError::new(code, e.to_string())
         })

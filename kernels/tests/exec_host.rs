@@ -5,7 +5,8 @@ use std::time::{Duration, Instant};
 
 use emitter::{DeviceMode, Flags};
 use hlo::{Array, Literal};
-use kernels::exec::{ExecError, Fault, HostExecutable};
+use kernels::Error;
+use kernels::exec::{Fault, HostExecutable};
 
 const ALL_REDUCE: &str = r#"
 HloModule ar, replica_count=4
@@ -94,7 +95,7 @@ fn withheld_rank_times_out(flags: &str) {
     // Every waiting device gives up after its own timeout; nothing hangs.
     assert!(took < Duration::from_millis(timeout_ms * 4), "took {took:?}");
     assert!(took >= Duration::from_millis(timeout_ms), "took {took:?}");
-    let ExecError::Device { device, ref label, ref message, timeout, ref progress, .. } = err else { panic!("{err}") };
+    let Error::Device { device, ref label, ref message, timeout, ref progress, .. } = err else { panic!("{err}") };
     assert!(timeout, "{err}");
     assert_ne!(device, 2, "{err}");
     assert_eq!(label, "all-reduce 'ar'", "{err}");
@@ -228,9 +229,7 @@ fn failing_worker_is_the_root_cause(flags: &str) {
         let start = Instant::now();
         let err = exe.execute(&args_for(4, 1.0)).unwrap_err();
         assert!(start.elapsed() < Duration::from_millis(timeout_ms * 4), "took {:?}", start.elapsed());
-        let ExecError::Device { device: 1, timeout: false, ref label, .. } = err else {
-            panic!("round {round}: {err}")
-        };
+        let Error::Device { device: 1, timeout: false, ref label, .. } = err else { panic!("round {round}: {err}") };
         assert_eq!(label, "all-reduce 'ar'", "{err}");
         let text = err.to_string();
         assert!(text.contains("injected fault: device 1 failed before collective 'ar'"), "{text}");

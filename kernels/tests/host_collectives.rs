@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 use hlo::PrimitiveType as T;
 use hlo::analysis::ReductionKind as K;
 use host_support::*;
-use kernels::host::{CollectiveError, HostCluster, HostError, Region};
+use kernels::Error;
+use kernels::host::{HostCluster, Region};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use thunks::{CollectiveKind as C, Implementation, KernelAlgorithm};
@@ -211,7 +212,7 @@ fn every_dtype() {
             let layout = Layout::new(&case, 0, 0, 4096);
             let cl = cluster(2, 8192);
             let r = on_devices(&cl, |dev| dev.run_collective(&layout.call(&case, "x", Duration::from_secs(1))));
-            assert!(matches!(r[0], Err(CollectiveError::Unsupported { .. })), "{ty}: {r:?}");
+            assert!(matches!(r[0], Err(Error::Unsupported { .. })), "{ty}: {r:?}");
         }
     }
 }
@@ -360,7 +361,7 @@ fn withheld_rank_times_out_on_every_other_device() {
         assert!(took < Duration::from_secs(3), "{took:?}");
         for (d, r) in res.iter().enumerate().take(3) {
             match r {
-                Some(Err(e @ CollectiveError::Timeout { waiting_rank, missing, group, .. })) => {
+                Some(Err(e @ Error::Timeout { waiting_rank, missing, group, .. })) => {
                     assert_eq!((*waiting_rank, missing.as_slice(), group.as_slice()), (d, &[3][..], &[0, 1, 2, 3][..]));
                     let op = case.config.op.name();
                     assert_eq!(
@@ -387,11 +388,11 @@ fn withheld_rank_times_out_on_every_other_device() {
         });
         for d in [0, 2] {
             match &res[d] {
-                Some(Err(CollectiveError::Timeout { missing, .. })) => assert_eq!(missing, &[1], "{imp} device {d}"),
+                Some(Err(Error::Timeout { missing, .. })) => assert_eq!(missing, &[1], "{imp} device {d}"),
                 other => panic!("{imp}: device {d} got {other:?}"),
             }
         }
-        assert_eq!(res[3], Some(Ok(())), "{imp}");
+        assert!(matches!(res[3], Some(Ok(()))), "{imp}: {:?}", res[3]);
         check_case(&case, 4, 0, 1);
     }
 }
@@ -411,11 +412,8 @@ fn missing_peer_access_fails_kernels_not_the_fallback() {
         let res = on_devices(&cl, |dev| dev.run_collective(&layout.call(&case, "ar", Duration::from_secs(5))));
         for r in res {
             match imp {
-                Implementation::Fallback => assert_eq!(r, Ok(())),
-                _ => assert!(
-                    matches!(r, Err(CollectiveError::NoPeerAccess { from: 0 | 1, to: 2 | 3, .. })),
-                    "{imp}: {r:?}"
-                ),
+                Implementation::Fallback => assert!(matches!(r, Ok(())), "{imp}: {r:?}"),
+                _ => assert!(matches!(r, Err(Error::NoPeerAccess { from: 0 | 1, to: 2 | 3, .. })), "{imp}: {r:?}"),
             }
         }
     }
@@ -441,9 +439,9 @@ fn bad_calls_are_errors_not_panics() {
         dev.run_collective(&call).unwrap_err()
     };
     let e = try_call(&|c| c.inputs[0] = Region::new(8190, 16));
-    assert!(matches!(e, CollectiveError::Memory { source: HostError::OutOfBounds { .. }, .. }), "{e}");
+    assert!(matches!(&e, Error::Memory { source, .. } if matches!(**source, Error::OutOfBounds { .. })), "{e}");
     let e = try_call(&|c| c.inputs[0] = Region::new(usize::MAX, 16));
-    assert!(matches!(e, CollectiveError::Memory { .. }), "{e}");
+    assert!(matches!(e, Error::Memory { .. }), "{e}");
     let e = try_call(&|c| c.signals.offset += 4);
     assert!(e.to_string().contains("8-byte aligned"), "{e}");
     let e = try_call(&|c| c.scratch.len -= 1);
@@ -451,15 +449,15 @@ fn bad_calls_are_errors_not_panics() {
     let e = try_call(&|c| c.outputs[0] = c.scratch);
     assert!(e.to_string().contains("overlaps"), "{e}");
     let e = try_call(&|c| c.outputs[0].len += 4);
-    assert!(matches!(e, CollectiveError::Invalid { .. }), "{e}");
+    assert!(matches!(e, Error::Invalid { .. }), "{e}");
     let e = try_call(&|c| c.implementation = Implementation::Kernel(KernelAlgorithm::DirectAllGather));
     assert!(e.to_string().contains("does not compute"), "{e}");
     let e = try_call(&|c| c.operand_shapes[0].dims = vec![-1]);
-    assert!(matches!(e, CollectiveError::Invalid { .. }), "{e}");
+    assert!(matches!(e, Error::Invalid { .. }), "{e}");
     // A device the cluster does not have, and arenas out of range.
     let ghost = cl.device(9);
-    assert!(matches!(ghost.read(0, 1), Err(HostError::NoSuchDevice { rank: 9, .. })));
-    assert!(matches!(ghost.run_collective(&layout.call(&case, "g", t)), Err(CollectiveError::Memory { .. })));
+    assert!(matches!(ghost.read(0, 1), Err(Error::NoSuchDevice { rank: 9, .. })));
+    assert!(matches!(ghost.run_collective(&layout.call(&case, "g", t)), Err(Error::Memory { .. })));
     assert!(dev.read(8192, 1).is_err() && dev.write(8190, &[0; 3]).is_err() && dev.copy_within(0, 8000, 193).is_err());
     assert_eq!(dev.read(8192, 0).unwrap(), Vec::<u8>::new());
     assert!(HostCluster::new(0, 10, full_peers(0)).is_err());
@@ -467,7 +465,7 @@ fn bad_calls_are_errors_not_panics() {
     // Refused before allocating: more than the host has (or, failing /proc/meminfo, the allocator says no).
     assert!(matches!(
         HostCluster::new(2, usize::MAX, full_peers(2)),
-        Err(HostError::ExceedsHostMemory { .. } | HostError::Alloc { .. })
+        Err(Error::ExceedsHostMemory { .. } | Error::Alloc { .. })
     ));
 }
 

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use hlo::analysis::ReductionKind as R;
 use hlo::{ArrayShape, PrimitiveType as T};
-use kernels::host::CollectiveError;
+use kernels::Error;
 use kernels::host::direct::DirectCollective;
 use kernels::host::shm::{ShmCollective, ShmKey};
 use thunks::{CollectiveConfig, CollectiveKind as Kind, CollectiveOp, KernelAlgorithm as Algo};
@@ -82,7 +82,7 @@ fn operand(shape: &ArrayShape, c: usize, d: usize, j: usize) -> Vec<u8> {
         .collect()
 }
 
-type Run<'a> = dyn Fn(usize, &[&[u8]], &mut [&mut [u8]]) -> Result<(), CollectiveError> + Sync + 'a;
+type Run<'a> = dyn Fn(usize, &[&[u8]], &mut [&mut [u8]]) -> Result<(), Error> + Sync + 'a;
 
 /// Calls `calls` of `devices`, one thread each; results per device, per call, per operand.
 fn run_devices(
@@ -91,7 +91,7 @@ fn run_devices(
     lens: &[usize],
     calls: std::ops::Range<usize>,
     run: &Run,
-) -> Vec<Result<Vec<Vec<Vec<u8>>>, CollectiveError>> {
+) -> Vec<Result<Vec<Vec<Vec<u8>>>, Error>> {
     thread::scope(|s| {
         let hs: Vec<_> = (devices.iter())
             .map(|&d| {
@@ -268,7 +268,7 @@ fn a_process_that_exits_mid_run_makes_its_peers_time_out() {
     let start = Instant::now();
     for (d, r) in run(2..3).into_iter().enumerate() {
         match r {
-            Err(CollectiveError::Timeout { waiting_rank, missing, group, .. }) => {
+            Err(Error::Timeout { waiting_rank, missing, group, .. }) => {
                 assert_eq!((waiting_rank, group), (d, (0..8).collect::<Vec<_>>()));
                 assert!(missing.contains(&6) && missing.contains(&7), "{missing:?}");
                 assert!(missing.iter().all(|m| (4..8).contains(m)), "{missing:?}");

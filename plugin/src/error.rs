@@ -59,7 +59,7 @@ macro_rules! from_display {
 }
 from_display!(
     hlo::Error => INVALID_ARGUMENT,
-    kernels::exec::ExecError => INTERNAL,
+    kernels::Error => INTERNAL,
     interp::InterpError => INVALID_ARGUMENT,
     prost::DecodeError => INVALID_ARGUMENT,
 );

@@ -12,10 +12,11 @@ pub use ffi::Error as FfiError;
 pub use ffi::cuda::Cuda;
 use ffi::nvrtc::Output;
 
-use crate::gpu::{self, Backend, GpuError, Result};
+use crate::gpu::{self, Backend};
 pub use crate::gpu::{
     Algo, BLOCKS, DEFAULT_GRID, Dtype, MAX_RANKS, Probe, Red, SIGNAL_BYTES, SOURCES, THREADS, TYPES_HEADER, grid,
 };
+use crate::{Error, Result};
 
 /// The CUDA clique: local GPUs with primary contexts, streams and the kernel module.
 pub type Clique = gpu::Clique<Cuda>;
@@ -77,7 +78,7 @@ fn cached_cubin(
     static CACHE: OnceLock<Cache> = OnceLock::new();
     let cache = CACHE.get_or_init(Default::default);
     let id = (cc, stem.to_string(), key);
-    if let Some(c) = key.and(cache.lock().map_err(|_| GpuError::Invalid("kernel cache poisoned".into()))?.get(&id)) {
+    if let Some(c) = key.and(cache.lock().map_err(|_| Error::Gpu("kernel cache poisoned".into()))?.get(&id)) {
         return Ok(c.clone());
     }
     let file = key.and_then(|k| Some(cache_dir()?.join(format!("{stem}-sm{cc}-{k:016x}.cubin"))));
@@ -102,7 +103,7 @@ fn cached_cubin(
     };
     let bin = Arc::new(bin);
     if key.is_some() {
-        cache.lock().map_err(|_| GpuError::Invalid("kernel cache poisoned".into()))?.insert(id, bin.clone());
+        cache.lock().map_err(|_| Error::Gpu("kernel cache poisoned".into()))?.insert(id, bin.clone());
     }
     Ok(bin)
 }
@@ -126,7 +127,7 @@ impl Backend for Cuda {
         let cc: u32 = arch
             .strip_prefix("sm_")
             .and_then(|c| c.parse().ok())
-            .ok_or_else(|| GpuError::Invalid(format!("not a CUDA architecture: {arch}")))?;
+            .ok_or_else(|| Error::Gpu(format!("not a CUDA architecture: {arch}")))?;
         Ok(vec![cubin_for(cc)?])
     }
 }

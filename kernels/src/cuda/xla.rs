@@ -303,13 +303,9 @@ fn all_ranks<'a>(
     let left = deadline.saturating_duration_since(std::time::Instant::now());
     let all =
         crate::host::shm::exchange(&name, &inst.devices, processes.len() as u64, &posts, SLOT, left).map_err(|e| {
-            match e {
-                crate::host::shm::ExchangeError::Missing(m) => {
-                    timed_out(m, "posted their buffers (their processes never came)")
-                }
-                crate::host::shm::ExchangeError::Segment(why) => {
-                    err(ErrorCode::FailedPrecondition, format!("{} '{}': {why}", cfg.target(), cfg.name))
-                }
+            match e.missing() {
+                Some(m) => timed_out(m.to_vec(), "posted their buffers (their processes never came)"),
+                None => err(ErrorCode::FailedPrecondition, format!("{} '{}': {e}", cfg.target(), cfg.name)),
             }
         })?;
     let ctx = &c.devices.get(ordinal).ok_or_else(|| internal(format!("no GPU {ordinal}")))?.ctx;

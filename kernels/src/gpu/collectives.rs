@@ -5,7 +5,8 @@
 use ffi::ccl;
 
 use super::args::{GatherArgs, Ptrs, ReduceArgs, Status};
-use super::{Algo, BLOCKS, Backend, Clique, Dtype, GpuError, Red, Result, SIGNAL_BYTES, THREADS};
+use super::{Algo, BLOCKS, Backend, Clique, Dtype, Red, SIGNAL_BYTES, THREADS};
+use crate::{Error, Result};
 
 /// How long these launchers' kernels wait for a peer before reporting it missing.
 const TIMEOUT_NS: u64 = 30_000_000_000;
@@ -24,7 +25,7 @@ fn take_status<B: Backend>(bufs: &[B::Buffer], what: &str) -> Result<()> {
         if mask != 0 {
             B::write(b, &[0u8; 8])?;
             let missing: Vec<usize> = (0..32).filter(|i| mask & (1 << i) != 0).collect();
-            return Err(GpuError::Invalid(format!(
+            return Err(Error::Gpu(format!(
                 "{what}: rank {r} (device {}) timed out waiting for ranks {missing:?}",
                 B::buffer_ordinal(b)
             )));
@@ -74,7 +75,7 @@ impl<B: Backend> AllReduce<B> {
     pub fn launch(&self, clique: &Clique<B>, ins: &[u64], outs: &[u64], n: usize) -> Result<()> {
         let w = clique.len();
         if ins.len() != w || outs.len() != w || n.saturating_mul(self.dtype.size()) > self.max_bytes {
-            return Err(GpuError::Invalid(format!(
+            return Err(Error::Gpu(format!(
                 "all-reduce of {n} {} on {} inputs / {} outputs for {w} devices (max {} bytes)",
                 self.dtype.name(),
                 ins.len(),
@@ -137,7 +138,7 @@ impl<B: Backend> AllGather<B> {
     pub fn launch(&self, clique: &Clique<B>, ins: &[u64], outs: &[u64], bytes: usize) -> Result<()> {
         let w = clique.len();
         if ins.len() != w || outs.len() != w {
-            return Err(GpuError::Invalid(format!(
+            return Err(Error::Gpu(format!(
                 "all-gather with {} inputs, {} outputs, {w} devices",
                 ins.len(),
                 outs.len()
@@ -193,9 +194,9 @@ impl<B: Backend> CclClique<B> {
         dtype: Dtype,
         red: Red,
     ) -> Result<()> {
-        let (ty, op) = dtype.nccl_reduction(red).ok_or_else(|| {
-            GpuError::Invalid(format!("{} has no {} reduction of {}", B::CCL, red.name(), dtype.name()))
-        })?;
+        let (ty, op) = dtype
+            .nccl_reduction(red)
+            .ok_or_else(|| Error::Gpu(format!("{} has no {} reduction of {}", B::CCL, red.name(), dtype.name())))?;
         let bufs: Vec<(u64, u64)> = ins.iter().copied().zip(outs.iter().copied()).collect();
         let streams: Vec<_> = clique.devices.iter().map(|d| &d.stream).collect();
         Ok(self.comms.all_reduce(&bufs, n, ty, op, &streams)?)

@@ -6,7 +6,7 @@
 //! peer access enabled once per pair and checked by a real cross-device write/read probe
 //! (`pl_probe`), the symmetric arena ([`SymmetricArena`]), the launch geometry and signal
 //! sizing, the kernel sources (one tree, compiled by NVRTC or hipRTC through
-//! `peerless_device.h`), the kernels' argument structs ([`args`]) and the collective
+//! `peerless_device.h`), the kernels' argument structs (`args`) and the collective
 //! launchers and vendor-library fallback ([`AllReduce`], [`AllGather`], [`CclClique`]).
 //! `crate::cuda` and `crate::rocm` hold only their compilers, their [`Backend`] impls and
 //! what only one vendor has (CUDA's runtime behind XLA's FFI handlers).
@@ -23,6 +23,8 @@ pub use args::{Algo, Dtype, Red};
 pub use collectives::{AllGather, AllReduce, CclClique};
 use emitter::{PeerAccessTable, PeerTableKey};
 pub use ffi::gpu::Gpu;
+
+use crate::{Error, Result};
 
 /// The most blocks a collective kernel's grid may have: the size of the per-block counter
 /// and flag arrays (the kernels get it as `PL_BLOCKS`). One constant bounds launch geometry
@@ -68,19 +70,6 @@ pub fn translation_units() -> (Vec<(&'static str, String)>, Vec<(&'static str, &
         .collect();
     (units, headers)
 }
-
-/// Errors of the GPU backends.
-#[derive(Debug, thiserror::Error)]
-pub enum GpuError {
-    #[error(transparent)]
-    Ffi(#[from] ffi::Error),
-    #[error("{0}")]
-    Invalid(String),
-    #[error("peer access {from}→{to} is missing: {why}")]
-    NoPeer { from: usize, to: usize, why: String },
-}
-
-pub type Result<T, E = GpuError> = std::result::Result<T, E>;
 
 /// What a vendor adds to its device layer: its kernels' code objects and its device targets.
 pub trait Backend: Gpu {
@@ -172,7 +161,7 @@ impl<B: Backend> Device<B> {
         }
         Err(match last {
             Some(e) => e.into(),
-            None => GpuError::Invalid(format!("device {}: no kernel modules loaded", self.ordinal)),
+            None => Error::Gpu(format!("device {}: no kernel modules loaded", self.ordinal)),
         })
     }
 }
@@ -192,7 +181,7 @@ impl<B: Backend> Clique<B> {
     /// Opens `ordinals`, loads the kernels, enables and probes peer access.
     pub fn new(ordinals: &[usize]) -> Result<Self> {
         if ordinals.is_empty() || ordinals.len() > MAX_RANKS {
-            return Err(GpuError::Invalid(format!("a clique has 1..={MAX_RANKS} devices, not {}", ordinals.len())));
+            return Err(Error::Gpu(format!("a clique has 1..={MAX_RANKS} devices, not {}", ordinals.len())));
         }
         let devices = ordinals.iter().map(|&o| Device::open(o)).collect::<Result<Vec<_>>>()?;
         let n = devices.len();
@@ -236,7 +225,7 @@ impl<B: Backend> Clique<B> {
         for (i, row) in self.probes.iter().enumerate() {
             for (j, p) in row.iter().enumerate() {
                 if !p.works() {
-                    return Err(GpuError::NoPeer { from: i, to: j, why: format!("{p:?}") });
+                    return Err(Error::GpuPeerMissing { from: i, to: j, why: format!("{p:?}") });
                 }
             }
         }

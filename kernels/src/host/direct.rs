@@ -45,9 +45,10 @@ use std::time::{Duration, Instant};
 use hlo::ArrayShape;
 use thunks::{CollectiveConfig, CollectiveKind as Kind, CollectiveOp, KernelAlgorithm as Algo};
 
+use super::fmt_group;
 use super::layout::{Runs, Split, shape_bytes};
 use super::reduce::Reducer;
-use super::{CollectiveError, HostError, fmt_group};
+use crate::{Error, Result};
 
 /// A zeroed, 64-byte aligned buffer that members reach through raw pointers; the
 /// protocol, not the type system, says who may touch which bytes when.
@@ -64,15 +65,15 @@ unsafe impl Send for Staging {}
 unsafe impl Sync for Staging {}
 
 impl Staging {
-    fn new(len: usize) -> Result<Self, HostError> {
+    fn new(len: usize) -> Result<Self> {
         if len == 0 {
             return Ok(Staging { ptr: NonNull::dangling(), len });
         }
-        let alloc = HostError::Alloc { num_devices: 1, arena_bytes: len };
-        let layout = Layout::from_size_align(len, 64).map_err(|_| alloc.clone())?;
+        let alloc = || Error::Alloc { num_devices: 1, arena_bytes: len };
+        let layout = Layout::from_size_align(len, 64).map_err(|_| alloc())?;
         // SAFETY: `layout` has a non-zero size.
         let p = unsafe { alloc_zeroed(layout) };
-        Ok(Staging { ptr: NonNull::new(p).ok_or(alloc)?, len })
+        Ok(Staging { ptr: NonNull::new(p).ok_or_else(alloc)?, len })
     }
 
     /// `len` bytes at `at`, shared. Caller: nobody writes them until the borrow ends.
@@ -258,11 +259,10 @@ impl Plan {
         num_devices: usize,
         timeout: Duration,
         name: &str,
-    ) -> Result<Self, CollectiveError> {
+    ) -> Result<Self> {
         let op = config.op;
-        let invalid = |reason: String| CollectiveError::Invalid { collective: name.to_string(), op, rank: 0, reason };
-        let unsupported =
-            |reason: String| CollectiveError::Unsupported { collective: name.to_string(), op, rank: 0, reason };
+        let invalid = |reason: String| Error::Invalid { collective: name.to_string(), op, rank: 0, reason };
+        let unsupported = |reason: String| Error::Unsupported { collective: name.to_string(), op, rank: 0, reason };
         let computes = match algorithm {
             Algo::OneShotAllReduce | Algo::TwoShotAllReduce => Kind::AllReduce,
             Algo::DirectAllGather => Kind::AllGather,
@@ -381,12 +381,12 @@ impl Plan {
         self.ops.iter().map(|o| o.out_len).collect()
     }
 
-    pub(super) fn invalid(&self, rank: usize, reason: String) -> CollectiveError {
-        CollectiveError::Invalid { collective: self.name.clone(), op: self.op, rank, reason }
+    pub(super) fn invalid(&self, rank: usize, reason: String) -> Error {
+        Error::Invalid { collective: self.name.clone(), op: self.op, rank, reason }
     }
 
-    pub(super) fn timeout_error(&self, group: &[usize], rank: usize, missing: Vec<usize>) -> CollectiveError {
-        CollectiveError::Timeout {
+    pub(super) fn timeout_error(&self, group: &[usize], rank: usize, missing: Vec<usize>) -> Error {
+        Error::Timeout {
             collective: self.name.clone(),
             op: self.op,
             group: group.to_vec(),
@@ -398,12 +398,7 @@ impl Plan {
 
     /// Checks one call of device `device` against the plan; its (group index, member
     /// index).
-    pub(super) fn check_call(
-        &self,
-        device: usize,
-        inputs: &[&[u8]],
-        outputs: &[&mut [u8]],
-    ) -> Result<(usize, usize), CollectiveError> {
+    pub(super) fn check_call(&self, device: usize, inputs: &[&[u8]], outputs: &[&mut [u8]]) -> Result<(usize, usize)> {
         let Some(&Some((gi, idx))) = self.rank_of.get(device) else {
             return Err(self.invalid(device, format!("device {device} is in no group of this collective")));
         };
@@ -504,23 +499,23 @@ impl DirectCollective {
         num_devices: usize,
         timeout: Duration,
         name: &str,
-    ) -> Result<Self, CollectiveError> {
+    ) -> Result<Self> {
         let plan = Plan::new(config, algorithm, shapes, num_devices, timeout, name)?;
         // Staging holds each operand at `stage`; the two-shot stages nothing (it reads peers'
         // operands in place) and keeps its reduced slices there instead.
         let reduced = 0;
         let per_buffer = plan.per_buffer;
-        let memory = |source| CollectiveError::Memory { collective: plan.name.clone(), op: plan.op, source };
+        let memory = |source| Error::Memory { collective: plan.name.clone(), op: plan.op, source: Box::new(source) };
         let groups = (plan.group_members.iter())
             .map(|members| {
                 let staging = members
                     .iter()
                     .map(|_| Ok([Staging::new(per_buffer)?, Staging::new(per_buffer)?]))
-                    .collect::<Result<Vec<_>, HostError>>()
+                    .collect::<Result<Vec<_>>>()
                     .map_err(memory)?;
                 Ok(Group { sync: Rendezvous::new(members.len()), members: members.clone(), staging })
             })
-            .collect::<Result<Vec<_>, CollectiveError>>()?;
+            .collect::<Result<Vec<_>>>()?;
         Ok(DirectCollective { plan, reduced, groups })
     }
 
@@ -531,7 +526,7 @@ impl DirectCollective {
 
     /// Runs device `device`'s side of one call: `inputs` are its operands, `outputs` its
     /// result buffers (XLA's), in operand order.
-    pub fn run(&self, device: usize, inputs: &[&[u8]], outputs: &mut [&mut [u8]]) -> Result<(), CollectiveError> {
+    pub fn run(&self, device: usize, inputs: &[&[u8]], outputs: &mut [&mut [u8]]) -> Result<()> {
         let (gi, idx) = self.plan.check_call(device, inputs, outputs)?;
         let deadline = Instant::now() + self.plan.timeout;
         let group = &self.groups[gi];
@@ -594,7 +589,7 @@ impl DirectCollective {
     }
 
     /// Before writing staging buffer `e % 2`: every member finished epoch `e - 2`.
-    fn wait_finished(&self, group: &Group, idx: usize, e: u64, deadline: Instant) -> Result<(), CollectiveError> {
+    fn wait_finished(&self, group: &Group, idx: usize, e: u64, deadline: Instant) -> Result<()> {
         let behind = || -> Vec<usize> {
             (group.sync.finished.iter().enumerate())
                 .filter(|(_, f)| f.load(Ordering::Acquire).saturating_add(2) < e)
@@ -624,7 +619,7 @@ impl DirectCollective {
         e: u64,
         deadline: Option<Instant>,
         inputs: Option<&[&[u8]]>,
-    ) -> Result<(), CollectiveError> {
+    ) -> Result<()> {
         let sync = &group.sync;
         let mut f = sync.lock();
         if f.broken >= e {
@@ -656,7 +651,7 @@ impl DirectCollective {
     }
 
     /// The timeout error of a broken epoch: the ranks that had not arrived when it broke.
-    fn broken(&self, group: &Group, idx: usize, f: &Flags) -> CollectiveError {
+    fn broken(&self, group: &Group, idx: usize, f: &Flags) -> Error {
         self.plan.timeout_error(&group.members, group.members[idx], f.missing.clone())
     }
 
@@ -670,7 +665,7 @@ impl DirectCollective {
         deadline: Instant,
         inputs: &[&[u8]],
         outputs: &mut [&mut [u8]],
-    ) -> Result<(), CollectiveError> {
+    ) -> Result<()> {
         let (source, target) = self.plan.pairs[d];
         let sync = &group.sync;
         let par = (e % 2) as usize;

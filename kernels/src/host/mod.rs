@@ -15,7 +15,7 @@
 //!   devices, only flags in arena memory. A waiting device spins briefly, then parks on the
 //!   cluster's condition variable, which every flag store notifies: a wake-up hint for hosts
 //!   with fewer cores than devices (XLA:CPU), never a source of truth.
-//! - **A watchdog** on every wait: waiting (spinning, then parking) stops at the call's deadline with [`CollectiveError::Timeout`], which names the
+//! - **A watchdog** on every wait: waiting (spinning, then parking) stops at the call's deadline with [`Error::Timeout`], which names the
 //!   ranks that never arrived. Nothing hangs.
 //!
 //! The protocols themselves are described in `protocol.rs`.
@@ -41,8 +41,9 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use hlo::ArrayShape;
-use thunks::{CollectiveConfig, CollectiveKind, CollectiveOp, Implementation, KernelAlgorithm};
+use thunks::{CollectiveConfig, CollectiveKind, Implementation, KernelAlgorithm};
 
+use crate::{Error, Result};
 use arena::Arena;
 
 /// Peer access between devices: `peers[a][b]` says whether device `a` can address device
@@ -81,66 +82,9 @@ pub struct CollectiveCall<'a> {
     pub name: &'a str,
 }
 
-/// Errors of the host device layer.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum HostError {
-    #[error("a host cluster needs at least one device")]
-    NoDevices,
-    #[error("peer matrix for {num_devices} devices has a row of {len} entries (or {rows} rows)")]
-    PeerMatrix { num_devices: usize, rows: usize, len: usize },
-    #[error("cannot allocate {arena_bytes} bytes of device memory for each of {num_devices} devices")]
-    Alloc { num_devices: usize, arena_bytes: usize },
-    #[error(
-        "the program needs a {arena_bytes}-byte arena on each of {num_devices} devices, more than the \
-         {host_bytes} bytes of host memory the host backend's devices share (MemTotal in /proc/meminfo)"
-    )]
-    ExceedsHostMemory { num_devices: usize, arena_bytes: usize, host_bytes: u64 },
-    #[error("device {rank} does not exist (the cluster has {num_devices} devices)")]
-    NoSuchDevice { rank: usize, num_devices: usize },
-    #[error("{what} {offset}+{len} is outside device {rank}'s {arena_bytes}-byte arena")]
-    OutOfBounds { what: &'static str, rank: usize, offset: usize, len: usize, arena_bytes: usize },
-}
-
-/// `%name`, unless the name already carries the sigil.
-fn pct(name: &str) -> String {
-    if name.starts_with('%') { name.to_string() } else { format!("%{name}") }
-}
-
 /// Formats a group as `{0,1,2,3}`.
-fn fmt_group(group: &[usize]) -> String {
+pub(crate) fn fmt_group(group: &[usize]) -> String {
     format!("{{{}}}", group.iter().map(usize::to_string).collect::<Vec<_>>().join(","))
-}
-
-/// Errors of one collective call. Every variant names the collective.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum CollectiveError {
-    /// A wait passed the call's deadline. `missing` are the ranks whose signal never came;
-    /// `group` is the waiting rank's group (for collective-permute, its source/target pair).
-    #[error(
-        "{op} {} timed out after {} ms on rank {waiting_rank} waiting for ranks {missing:?} of group {}",
-        pct(collective),
-        timeout.as_millis(),
-        fmt_group(group)
-    )]
-    Timeout {
-        collective: String,
-        op: CollectiveOp,
-        group: Vec<usize>,
-        waiting_rank: usize,
-        missing: Vec<usize>,
-        timeout: Duration,
-    },
-    /// The call does not fit its config, its regions or the cluster.
-    #[error("{op} {} on rank {rank}: {reason}", pct(collective))]
-    Invalid { collective: String, op: CollectiveOp, rank: usize, reason: String },
-    /// The host backend has no implementation for this op, type or reduction.
-    #[error("{op} {} on rank {rank}: unsupported: {reason}", pct(collective))]
-    Unsupported { collective: String, op: CollectiveOp, rank: usize, reason: String },
-    /// A kernel needs peer access the cluster's peer matrix does not give.
-    #[error("{op} {} ({implementation}): no peer access {from}↔{to}", pct(collective))]
-    NoPeerAccess { collective: String, op: CollectiveOp, implementation: Implementation, from: usize, to: usize },
-    #[error("{op} {}: {source}", pct(collective))]
-    Memory { collective: String, op: CollectiveOp, source: HostError },
 }
 
 /// N simulated devices sharing one process. Create one per executable (or per run) and
@@ -185,26 +129,26 @@ fn host_memory_bytes() -> Option<u64> {
 impl HostCluster {
     /// `num_devices` devices of `arena_bytes` zeroed bytes each. `peers` must be
     /// `num_devices × num_devices`.
-    pub fn new(num_devices: usize, arena_bytes: usize, peers: Arc<PeerMatrix>) -> Result<Arc<Self>, HostError> {
+    pub fn new(num_devices: usize, arena_bytes: usize, peers: Arc<PeerMatrix>) -> Result<Arc<Self>> {
         if num_devices == 0 {
-            return Err(HostError::NoDevices);
+            return Err(Error::NoDevices);
         }
         if peers.len() != num_devices || peers.iter().any(|r| r.len() != num_devices) {
             let len = peers.iter().map(Vec::len).find(|&l| l != num_devices).unwrap_or(num_devices);
-            return Err(HostError::PeerMatrix { num_devices, rows: peers.len(), len });
+            return Err(Error::PeerMatrix { num_devices, rows: peers.len(), len });
         }
         if let Some(host_bytes) = host_memory_bytes()
             && (num_devices as u128) * (arena_bytes as u128) > u128::from(host_bytes)
         {
             // Refuse at load time: zeroing the arenas would otherwise run the process out of
             // memory (overcommit lets the reservation itself succeed).
-            return Err(HostError::ExceedsHostMemory { num_devices, arena_bytes, host_bytes });
+            return Err(Error::ExceedsHostMemory { num_devices, arena_bytes, host_bytes });
         }
-        let alloc = HostError::Alloc { num_devices, arena_bytes };
+        let alloc = || Error::Alloc { num_devices, arena_bytes };
         let mut arenas = Vec::new();
-        arenas.try_reserve_exact(num_devices).map_err(|_| alloc.clone())?;
+        arenas.try_reserve_exact(num_devices).map_err(|_| alloc())?;
         for _ in 0..num_devices {
-            arenas.push(Arena::new(arena_bytes).ok_or_else(|| alloc.clone())?);
+            arenas.push(Arena::new(arena_bytes).ok_or_else(alloc)?);
         }
         Ok(Arc::new(HostCluster {
             parking: (0..arenas.len()).map(|_| Parking::default()).collect(),
@@ -264,19 +208,19 @@ impl HostCluster {
     }
 
     /// The handle device `d`'s worker thread uses. A handle for a device that does not exist
-    /// fails every operation with [`HostError::NoSuchDevice`].
+    /// fails every operation with [`Error::NoSuchDevice`].
     pub fn device(self: &Arc<Self>, d: usize) -> HostDevice {
         HostDevice { cluster: Arc::clone(self), rank: d }
     }
 
-    fn arena(&self, rank: usize) -> Result<&Arena, HostError> {
-        self.arenas.get(rank).ok_or(HostError::NoSuchDevice { rank, num_devices: self.arenas.len() })
+    fn arena(&self, rank: usize) -> Result<&Arena> {
+        self.arenas.get(rank).ok_or(Error::NoSuchDevice { rank, num_devices: self.arenas.len() })
     }
 
-    fn check(&self, what: &'static str, rank: usize, region: Region) -> Result<(), HostError> {
+    fn check(&self, what: &'static str, rank: usize, region: Region) -> Result<()> {
         match region.offset.checked_add(region.len) {
             Some(end) if end <= self.arena_bytes => Ok(()),
-            _ => Err(HostError::OutOfBounds {
+            _ => Err(Error::OutOfBounds {
                 what,
                 rank,
                 offset: region.offset,
@@ -305,7 +249,7 @@ impl HostDevice {
     }
 
     /// Reads `out.len()` bytes of this device's arena at `offset` into `out`.
-    pub fn read_into(&self, offset: usize, out: &mut [u8]) -> Result<(), HostError> {
+    pub fn read_into(&self, offset: usize, out: &mut [u8]) -> Result<()> {
         let arena = self.cluster.arena(self.rank)?;
         self.cluster.check("read", self.rank, Region::new(offset, out.len()))?;
         arena.load(offset, out);
@@ -313,18 +257,18 @@ impl HostDevice {
     }
 
     /// Reads `len` bytes of this device's arena.
-    pub fn read(&self, offset: usize, len: usize) -> Result<Vec<u8>, HostError> {
+    pub fn read(&self, offset: usize, len: usize) -> Result<Vec<u8>> {
         let arena = self.cluster.arena(self.rank)?;
         self.cluster.check("read", self.rank, Region::new(offset, len))?;
         let mut out = Vec::new();
-        out.try_reserve_exact(len).map_err(|_| HostError::Alloc { num_devices: 1, arena_bytes: len })?;
+        out.try_reserve_exact(len).map_err(|_| Error::Alloc { num_devices: 1, arena_bytes: len })?;
         out.resize(len, 0);
         arena.load(offset, &mut out);
         Ok(out)
     }
 
     /// Writes `bytes` into this device's arena.
-    pub fn write(&self, offset: usize, bytes: &[u8]) -> Result<(), HostError> {
+    pub fn write(&self, offset: usize, bytes: &[u8]) -> Result<()> {
         let arena = self.cluster.arena(self.rank)?;
         self.cluster.check("write", self.rank, Region::new(offset, bytes.len()))?;
         arena.store(offset, bytes);
@@ -332,7 +276,7 @@ impl HostDevice {
     }
 
     /// Copies `len` bytes from `src` to `dst` within this device's arena (overlap allowed).
-    pub fn copy_within(&self, src: usize, dst: usize, len: usize) -> Result<(), HostError> {
+    pub fn copy_within(&self, src: usize, dst: usize, len: usize) -> Result<()> {
         let arena = self.cluster.arena(self.rank)?;
         self.cluster.check("copy source", self.rank, Region::new(src, len))?;
         self.cluster.check("copy destination", self.rank, Region::new(dst, len))?;
@@ -342,8 +286,8 @@ impl HostDevice {
 
     /// Runs one collective as this device. Every device of the call's groups (or, for
     /// collective-permute, every device) must make the same call; a device that never does
-    /// makes its peers fail with [`CollectiveError::Timeout`] after `call.timeout`.
-    pub fn run_collective(&self, call: &CollectiveCall) -> Result<(), CollectiveError> {
+    /// makes its peers fail with [`Error::Timeout`] after `call.timeout`.
+    pub fn run_collective(&self, call: &CollectiveCall) -> Result<()> {
         protocol::run(&self.cluster, self.rank, call)
     }
 }

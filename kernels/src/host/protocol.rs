@@ -58,9 +58,10 @@ use super::arena::{self, Arena, CHUNK};
 use super::layout::{Runs, Split, shape_bytes};
 use super::reduce::Reducer;
 use super::{
-    CollectiveCall, CollectiveError, HostCluster, Region, fmt_group, max_group, scratch_bytes, signal_bytes,
-    staging_buffers, staging_stride,
+    CollectiveCall, HostCluster, Region, fmt_group, max_group, scratch_bytes, signal_bytes, staging_buffers,
+    staging_stride,
 };
+use crate::{Error, Result};
 
 /// Wrapping-aware `v >= e` for 32-bit counters.
 fn reached(v: u32, e: u32) -> bool {
@@ -107,7 +108,7 @@ struct Ctx<'a> {
 }
 
 /// Validates `call` for device `rank` and runs it.
-pub(super) fn run(cluster: &HostCluster, rank: usize, call: &CollectiveCall) -> Result<(), CollectiveError> {
+pub(super) fn run(cluster: &HostCluster, rank: usize, call: &CollectiveCall) -> Result<()> {
     let start = Instant::now();
     let mut ctx = prepare(cluster, rank, call)?;
     ctx.deadline = start.checked_add(call.timeout);
@@ -130,17 +131,13 @@ pub(super) fn run(cluster: &HostCluster, rank: usize, call: &CollectiveCall) -> 
 
 /// Every check that does not depend on peers: a call that passes them runs to completion
 /// unless a peer fails to arrive.
-fn prepare<'a>(
-    cluster: &'a HostCluster,
-    rank: usize,
-    call: &'a CollectiveCall<'a>,
-) -> Result<Ctx<'a>, CollectiveError> {
+fn prepare<'a>(cluster: &'a HostCluster, rank: usize, call: &'a CollectiveCall<'a>) -> Result<Ctx<'a>> {
     let cfg = call.config;
     let op = cfg.op;
     let name = || call.name.to_string();
-    let invalid = |reason: String| CollectiveError::Invalid { collective: name(), op, rank, reason };
-    let unsupported = |reason: String| CollectiveError::Unsupported { collective: name(), op, rank, reason };
-    let memory = |source| CollectiveError::Memory { collective: name(), op, source };
+    let invalid = |reason: String| Error::Invalid { collective: name(), op, rank, reason };
+    let unsupported = |reason: String| Error::Unsupported { collective: name(), op, rank, reason };
+    let memory = |source| Error::Memory { collective: name(), op, source: Box::new(source) };
     let n = cluster.num_devices();
     cluster.arena(rank).map_err(memory)?;
 
@@ -247,13 +244,8 @@ fn prepare<'a>(
 
     // Groups or pairs, and peer access for kernels.
     let kernel = matches!(call.implementation, Implementation::Kernel(_));
-    let no_peer = |from, to| CollectiveError::NoPeerAccess {
-        collective: name(),
-        op,
-        implementation: call.implementation,
-        from,
-        to,
-    };
+    let no_peer =
+        |from, to| Error::NoPeerAccess { collective: name(), op, implementation: call.implementation, from, to };
     let mut pair = Pair { target: None, source: None };
     let (group, idx) = if op.kind == Kind::CollectivePermute {
         let mut is_src = vec![false; n];
@@ -442,20 +434,20 @@ impl Ctx<'_> {
     }
 
     /// Waits until every peer's barrier-`b` slot reached the epoch.
-    fn wait_all(&self, b: usize) -> Result<(), CollectiveError> {
+    fn wait_all(&self, b: usize) -> Result<()> {
         let slots =
             (0..self.group.len()).filter(|&j| j != self.idx).map(|j| (self.slot(b, j), self.group[j])).collect();
         self.wait(slots)
     }
 
-    fn barrier(&self, b: usize) -> Result<(), CollectiveError> {
+    fn barrier(&self, b: usize) -> Result<()> {
         self.signal_all(b);
         self.wait_all(b)
     }
 
     /// Spins until each `(word, rank)` slot of my own arena reached the epoch, or fails
     /// at the deadline naming the ranks still missing.
-    fn wait(&self, mut pending: Vec<(usize, usize)>) -> Result<(), CollectiveError> {
+    fn wait(&self, mut pending: Vec<(usize, usize)>) -> Result<()> {
         let own = self.own();
         let mut spins: u32 = 0;
         loop {
@@ -470,7 +462,7 @@ impl Ctx<'_> {
             }
             if self.deadline.is_some_and(|d| Instant::now() >= d) {
                 let call = self.call;
-                return Err(CollectiveError::Timeout {
+                return Err(Error::Timeout {
                     collective: call.name.to_string(),
                     op: call.config.op,
                     group: self.group.clone(),
@@ -503,7 +495,7 @@ impl Ctx<'_> {
         ((k * s).min(n) * eb, ((k + 1) * s).min(n) * eb)
     }
 
-    fn one_shot(&self) -> Result<(), CollectiveError> {
+    fn one_shot(&self) -> Result<()> {
         let st = self.staging(self.epoch as usize % 2);
         self.stage_in(st);
         self.barrier(0)?;
@@ -516,7 +508,7 @@ impl Ctx<'_> {
         Ok(())
     }
 
-    fn two_shot(&self) -> Result<(), CollectiveError> {
+    fn two_shot(&self) -> Result<()> {
         let st = self.staging(self.epoch as usize % 2);
         let g = self.group.len();
         self.stage_in(st);
@@ -553,7 +545,7 @@ impl Ctx<'_> {
         }
     }
 
-    fn direct_reduce_scatter(&self) -> Result<(), CollectiveError> {
+    fn direct_reduce_scatter(&self) -> Result<()> {
         let st = self.staging(self.epoch as usize % 2);
         self.stage_in(st);
         self.barrier(0)?;
@@ -562,7 +554,7 @@ impl Ctx<'_> {
     }
 
     /// Direct all-gather and all-to-all: ready barrier, pushes, done flags.
-    fn direct_push(&self) -> Result<(), CollectiveError> {
+    fn direct_push(&self) -> Result<()> {
         let g = self.group.len();
         self.barrier(0)?;
         let own = self.own();
@@ -615,7 +607,7 @@ impl Ctx<'_> {
     const READY: usize = 1;
     const DONE: usize = 2;
 
-    fn direct_permute(&self) -> Result<(), CollectiveError> {
+    fn direct_permute(&self) -> Result<()> {
         let Pair { target, source } = self.pair;
         if let Some(s) = source.filter(|&s| s != self.rank) {
             self.arena(s).flag_store(self.sig + Self::READY, self.epoch);
@@ -644,7 +636,7 @@ impl Ctx<'_> {
         }
     }
 
-    fn fallback_permute(&self) -> Result<(), CollectiveError> {
+    fn fallback_permute(&self) -> Result<()> {
         let Pair { target, source } = self.pair;
         let st = self.staging(0);
         let remote_target = target.filter(|&t| t != self.rank);
@@ -672,7 +664,7 @@ impl Ctx<'_> {
         }
     }
 
-    fn fallback(&self) -> Result<(), CollectiveError> {
+    fn fallback(&self) -> Result<()> {
         let st = self.staging(0);
         let g = self.group.len();
         self.stage_in(st);

@@ -59,7 +59,7 @@
 //! # Lifecycle, cleanup and isolation
 //!
 //! [`ShmCollective::new`] opens the segment (`O_CREAT`, sized by whoever finds it empty),
-//! checks its size (another size: [`CollectiveError::Invalid`], the segment belongs to
+//! checks its size (another size: [`Error::Invalid`], the segment belongs to
 //! another collective), reserves its pages (a full `/dev/shm` is an error now, not a
 //! `SIGBUS` later), maps it, checks the header (set by the first to come; a different
 //! magic, version, size or plan is `Invalid` too), and counts itself in `attached`. The
@@ -91,8 +91,8 @@ use rustix::io::Errno;
 use rustix::mm::{MapFlags, ProtFlags};
 use thunks::{CollectiveConfig, CollectiveKind as Kind, KernelAlgorithm as Algo};
 
-use super::CollectiveError;
 use super::direct::Plan;
+use crate::{Error, Result};
 
 /// Names a shared segment: unguessable job token (hex, from the job's distributed KV
 /// store) + a per-collective key every process derives identically.
@@ -465,15 +465,6 @@ fn fingerprint(text: &str) -> u64 {
     h.max(1)
 }
 
-/// Why [`exchange`] failed.
-#[derive(Debug)]
-pub enum ExchangeError {
-    /// These devices' processes never posted within the timeout.
-    Missing(Vec<usize>),
-    /// The segment could not be opened, or belongs to something else.
-    Segment(String),
-}
-
 /// A one-time meeting of the processes of one host: each device of `devices` posts `slot`
 /// bytes (its owner process posts for it), and everyone gets every device's. The device
 /// layer exchanges its IPC handles this way (the CUDA handlers run inside XLA, without
@@ -481,6 +472,8 @@ pub enum ExchangeError {
 /// definition). `name` names the segment like a collective's (job token + instance, with a
 /// suffix); `processes` = the number of distinct processes owning `devices`. The segment
 /// is unlinked as soon as every process has attached, or by the last to leave on timeout.
+/// Fails with [`Error::ExchangeMissing`] naming the devices whose processes never posted
+/// ([`Error::missing`]), or [`Error::Segment`] when the segment cannot be used.
 pub fn exchange(
     name: &str,
     devices: &[usize],
@@ -488,21 +481,21 @@ pub fn exchange(
     mine: &[(usize, Vec<u8>)],
     slot: usize,
     timeout: Duration,
-) -> Result<Vec<(usize, Vec<u8>)>, ExchangeError> {
+) -> Result<Vec<(usize, Vec<u8>)>> {
     let per = slot.checked_next_multiple_of(64).and_then(|s| s.checked_add(64));
     let Some(size) = per.and_then(|p| p.checked_mul(devices.len())).and_then(|b| b.checked_add(HEADER)) else {
-        return Err(ExchangeError::Segment(format!("{} slots of {slot} bytes overflow", devices.len())));
+        return Err(Error::Segment(format!("{} slots of {slot} bytes overflow", devices.len())));
     };
     let per = per.unwrap_or(64);
     let print = fingerprint(&format!("exchange|{devices:?}|{slot}|{processes}"));
-    let seg = Segment::attach(name, size, print, processes, timeout).map_err(ExchangeError::Segment)?;
+    let seg = Segment::attach(name, size, print, processes, timeout).map_err(Error::Segment)?;
     let at = |d: usize| devices.iter().position(|&x| x == d).map(|i| HEADER + i * per);
     for (d, bytes) in mine {
         let Some(off) = at(*d) else {
-            return Err(ExchangeError::Segment(format!("device {d} is not one of {devices:?}")));
+            return Err(Error::Segment(format!("device {d} is not one of {devices:?}")));
         };
         if bytes.len() != slot {
-            return Err(ExchangeError::Segment(format!("{} bytes posted for a slot of {slot}", bytes.len())));
+            return Err(Error::Segment(format!("{} bytes posted for a slot of {slot}", bytes.len())));
         }
         seg.write(off + 64, slot).copy_from_slice(bytes);
         seg.word(off).store(1, Ordering::Release);
@@ -510,7 +503,7 @@ pub fn exchange(
     let deadline = Instant::now() + timeout;
     let ready = |d: usize| at(d).is_some_and(|off| seg.word(off).load(Ordering::Acquire) == 1);
     if !wait(deadline, || devices.iter().all(|&d| ready(d))) {
-        return Err(ExchangeError::Missing(devices.iter().copied().filter(|&d| !ready(d)).collect()));
+        return Err(Error::ExchangeMissing { devices: devices.iter().copied().filter(|&d| !ready(d)).collect() });
     }
     Ok(devices.iter().enumerate().map(|(i, &d)| (d, seg.read(HEADER + i * per + 64, slot).to_vec())).collect())
 }
@@ -561,7 +554,7 @@ impl ShmCollective {
         key: &ShmKey,
         process_of: &[usize],
         this_process: usize,
-    ) -> Result<Self, CollectiveError> {
+    ) -> Result<Self> {
         let plan = Plan::new(config, algorithm, shapes, num_devices, timeout, name)?;
         let invalid = |reason: String| plan.invalid(0, reason);
         let job = &key.job;
@@ -610,7 +603,7 @@ impl ShmCollective {
     /// Runs device `device`'s side of one call (a global device id owned by this process):
     /// `inputs` are its operands, `outputs` its result buffers, in operand order; the
     /// contract of [`super::direct::DirectCollective::run`].
-    pub fn run(&self, device: usize, inputs: &[&[u8]], outputs: &mut [&mut [u8]]) -> Result<(), CollectiveError> {
+    pub fn run(&self, device: usize, inputs: &[&[u8]], outputs: &mut [&mut [u8]]) -> Result<()> {
         let plan = &self.plan;
         let (gi, idx) = plan.check_call(device, inputs, outputs)?;
         if self.process_of[device] != self.this_process {
@@ -664,20 +657,13 @@ impl ShmCollective {
 
     /// The timeout error, after unlinking the name (a peer that never attached must not
     /// find it later and leave it behind).
-    fn timed_out(&self, seg: &Segment, group: &[usize], rank: usize, missing: Vec<usize>) -> CollectiveError {
+    fn timed_out(&self, seg: &Segment, group: &[usize], rank: usize, missing: Vec<usize>) -> Error {
         seg.unlink();
         self.plan.timeout_error(group, rank, missing)
     }
 
     /// Before writing staging buffer `e % 2`: every member finished epoch `e - 2`.
-    fn wait_finished(
-        &self,
-        seg: &Segment,
-        gi: usize,
-        idx: usize,
-        e: u64,
-        deadline: Instant,
-    ) -> Result<(), CollectiveError> {
+    fn wait_finished(&self, seg: &Segment, gi: usize, idx: usize, e: u64, deadline: Instant) -> Result<()> {
         let members = &self.plan.group_members[gi];
         let base = self.layout.base[gi];
         let behind =
@@ -694,7 +680,7 @@ impl ShmCollective {
     }
 
     /// Arrives at epoch `e`'s barrier and waits for its decision (module docs, step 4).
-    fn barrier(&self, seg: &Segment, gi: usize, idx: usize, e: u64, deadline: Instant) -> Result<(), CollectiveError> {
+    fn barrier(&self, seg: &Segment, gi: usize, idx: usize, e: u64, deadline: Instant) -> Result<()> {
         let members = &self.plan.group_members[gi];
         let (g, base, words) = (members.len(), self.layout.base[gi], self.layout.mask_words[gi]);
         let par = (e % 2) as usize;
@@ -759,7 +745,7 @@ impl ShmCollective {
         deadline: Instant,
         inputs: &[&[u8]],
         outputs: &mut [&mut [u8]],
-    ) -> Result<(), CollectiveError> {
+    ) -> Result<()> {
         let (source, target) = self.plan.pairs[d];
         // The permute's one group is every device, in order: member index = device id.
         let flag = |k: usize, f: usize| seg.word(self.layout.flags[k] + f);
@@ -802,7 +788,7 @@ impl ShmCollective {
     }
 
     /// Collective-permute of a device without a peer: its own operand, or zeros.
-    fn permute_locally(&self, d: usize, inputs: &[&[u8]], outputs: &mut [&mut [u8]]) -> Result<(), CollectiveError> {
+    fn permute_locally(&self, d: usize, inputs: &[&[u8]], outputs: &mut [&mut [u8]]) -> Result<()> {
         match self.plan.pairs[d].0 {
             Some(_) => outputs.iter_mut().zip(inputs).for_each(|(out, x)| out.copy_from_slice(x)),
             None => outputs.iter_mut().for_each(|o| o.fill(0)),
@@ -918,7 +904,7 @@ mod tests {
         shapes: &[ArrayShape],
         out_lens: &[usize],
         calls: std::ops::Range<usize>,
-        run: impl Fn(usize, &[&[u8]], &mut [&mut [u8]]) -> Result<(), CollectiveError>,
+        run: impl Fn(usize, &[&[u8]], &mut [&mut [u8]]) -> Result<()>,
     ) -> Vec<Vec<Vec<u8>>> {
         calls
             .map(|c| {
@@ -1072,11 +1058,9 @@ mod tests {
         }
     }
 
-    fn timeout_of(e: &CollectiveError) -> (Vec<usize>, usize, Vec<usize>) {
+    fn timeout_of(e: &Error) -> (Vec<usize>, usize, Vec<usize>) {
         match e {
-            CollectiveError::Timeout { group, waiting_rank, missing, .. } => {
-                (group.clone(), *waiting_rank, missing.clone())
-            }
+            Error::Timeout { group, waiting_rank, missing, .. } => (group.clone(), *waiting_rank, missing.clone()),
             e => panic!("not a timeout: {e}"),
         }
     }
@@ -1092,7 +1076,7 @@ mod tests {
             .unwrap();
         assert_eq!(leftovers(&job), vec![c.segment_name()[1..].to_string()], "named until process 1 attaches");
         let start = Instant::now();
-        let errors: Vec<CollectiveError> = thread::scope(|s| {
+        let errors: Vec<Error> = thread::scope(|s| {
             let hs: Vec<_> = (0..2)
                 .map(|d| {
                     let (c, shapes) = (&c, &shapes);
@@ -1292,8 +1276,8 @@ mod tests {
         let new = |cfg: &CollectiveConfig, shapes: &[ArrayShape], key: &ShmKey, p: usize| {
             ShmCollective::new(cfg, Algo::OneShotAllReduce, shapes, 2, t, "ar", key, &[0, 1], p)
         };
-        let invalid = |r: Result<ShmCollective, CollectiveError>, what: &str| match r {
-            Err(e @ CollectiveError::Invalid { .. }) => assert!(e.to_string().contains(what), "{e}"),
+        let invalid = |r: Result<ShmCollective>, what: &str| match r {
+            Err(e @ Error::Invalid { .. }) => assert!(e.to_string().contains(what), "{e}"),
             Err(e) => panic!("not invalid: {e}"),
             Ok(c) => panic!("{c:?} was accepted"),
         };
@@ -1396,7 +1380,7 @@ mod tests {
         let name = format!("/peerless-{job}-{:016x}-ipc", INSTANCE.fetch_add(1, Ordering::Relaxed));
         let e = exchange(&name, &devices, 2, &[(0, slot(0)), (1, slot(1))], 100, Duration::from_millis(300));
         match e {
-            Err(ExchangeError::Missing(m)) => assert_eq!(m, [5, 7]),
+            Err(Error::ExchangeMissing { devices }) => assert_eq!(devices, [5, 7]),
             other => panic!("{other:?}"),
         }
         assert!(leftovers(&job).is_empty(), "{:?}", leftovers(&job));

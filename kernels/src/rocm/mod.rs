@@ -21,8 +21,9 @@ use std::sync::{Arc, Mutex, OnceLock};
 pub use ffi::Error as FfiError;
 pub use ffi::hip::Hip;
 
-use crate::gpu::{self, Backend, GpuError, Result};
+use crate::gpu::{self, Backend};
 pub use crate::gpu::{Algo, BLOCKS, Dtype, MAX_RANKS, Probe, Red, SIGNAL_BYTES, SOURCES, THREADS};
+use crate::{Error, Result};
 
 /// The ROCm clique: local AMD GPUs with streams and the kernel modules.
 pub type Clique = gpu::Clique<Hip>;
@@ -69,7 +70,7 @@ impl Backend for Hip {
         type Cache = Mutex<HashMap<String, Vec<Arc<Vec<u8>>>>>;
         static CACHE: OnceLock<Cache> = OnceLock::new();
         let cache = CACHE.get_or_init(Default::default);
-        let poisoned = || GpuError::Invalid("kernel cache poisoned".into());
+        let poisoned = || Error::Gpu("kernel cache poisoned".into());
         if let Some(c) = cache.lock().map_err(|_| poisoned())?.get(arch) {
             return Ok(c.clone());
         }

@@ -10,9 +10,8 @@ use std::time::Duration;
 use half::{bf16, f16};
 use hlo::analysis::ReductionKind as K;
 use hlo::{ArrayShape, PrimitiveType as T};
-use kernels::host::{
-    CollectiveCall, CollectiveError, HostCluster, HostDevice, PeerMatrix, Region, scratch_bytes, signal_bytes,
-};
+use kernels::Error;
+use kernels::host::{CollectiveCall, HostCluster, HostDevice, PeerMatrix, Region, scratch_bytes, signal_bytes};
 use rand::{Rng, RngCore};
 use thunks::{CollectiveConfig, CollectiveKind, CollectiveOp, Implementation, KernelAlgorithm as A};
 
@@ -175,7 +174,7 @@ impl Layout {
 }
 
 /// Writes `inputs[operand]`, runs the call, reads the outputs back.
-pub fn run_one(dev: &HostDevice, call: &CollectiveCall, inputs: &[Vec<u8>]) -> Result<Vec<Vec<u8>>, CollectiveError> {
+pub fn run_one(dev: &HostDevice, call: &CollectiveCall, inputs: &[Vec<u8>]) -> Result<Vec<Vec<u8>>, Error> {
     for (r, data) in call.inputs.iter().zip(inputs) {
         dev.write(r.offset, data).unwrap();
     }

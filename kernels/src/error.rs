@@ -1,0 +1,218 @@
+//! The crate's one error type, [`Error`]: host device memory, collective calls, cross-process
+//! meetings, XLA:CPU custom calls, the GPU layer and the host executor all fail with it, so
+//! a caller matches one enum and an error that wraps another keeps it as its `source`.
+//!
+//! Messages name what failed (the collective, the device, the call); callers, tests and
+//! Python tests match on their text, so it is part of the interface.
+
+use std::time::Duration;
+
+use emitter::EmitError;
+use interp::InterpError;
+use thunks::{CollectiveOp, Implementation};
+
+use crate::host::fmt_group;
+
+/// `%name`, unless the name already carries the sigil.
+fn pct(name: &str) -> String {
+    if name.starts_with('%') { name.to_string() } else { format!("%{name}") }
+}
+
+/// Every failure of the `kernels` crate.
+// Not `Clone` or `PartialEq`: `InterpError` is not comparable, and no caller copies errors
+// (tests compare `Ok` values with `matches!`, errors by structure or message).
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    // Host device memory (`host::HostCluster`, `host::HostDevice`, staging buffers).
+    /// A cluster of zero devices.
+    #[error("a host cluster needs at least one device")]
+    NoDevices,
+    /// The peer matrix is not `num_devices × num_devices`.
+    #[error("peer matrix for {num_devices} devices has a row of {len} entries (or {rows} rows)")]
+    PeerMatrix { num_devices: usize, rows: usize, len: usize },
+    /// The allocator refused device memory (or a host buffer of `arena_bytes`).
+    #[error("cannot allocate {arena_bytes} bytes of device memory for each of {num_devices} devices")]
+    Alloc { num_devices: usize, arena_bytes: usize },
+    /// The arenas would exceed the host's physical memory (refused before allocating).
+    #[error(
+        "the program needs a {arena_bytes}-byte arena on each of {num_devices} devices, more than the \
+         {host_bytes} bytes of host memory the host backend's devices share (MemTotal in /proc/meminfo)"
+    )]
+    ExceedsHostMemory { num_devices: usize, arena_bytes: usize, host_bytes: u64 },
+    /// A handle for a device the cluster does not have.
+    #[error("device {rank} does not exist (the cluster has {num_devices} devices)")]
+    NoSuchDevice { rank: usize, num_devices: usize },
+    /// An access outside a device's arena; `what` names the access (`read`, `copy source`).
+    #[error("{what} {offset}+{len} is outside device {rank}'s {arena_bytes}-byte arena")]
+    OutOfBounds { what: &'static str, rank: usize, offset: usize, len: usize, arena_bytes: usize },
+
+    // One collective call (host protocols, in one process or across processes). Every
+    // variant names the collective.
+    /// A wait passed the call's deadline. `missing` are the ranks whose signal never came;
+    /// `group` is the waiting rank's group (for collective-permute, its source/target pair).
+    #[error(
+        "{op} {} timed out after {} ms on rank {waiting_rank} waiting for ranks {missing:?} of group {}",
+        pct(collective),
+        timeout.as_millis(),
+        fmt_group(group)
+    )]
+    Timeout {
+        collective: String,
+        op: CollectiveOp,
+        group: Vec<usize>,
+        waiting_rank: usize,
+        missing: Vec<usize>,
+        timeout: Duration,
+    },
+    /// The call does not fit its config, its regions or the cluster.
+    #[error("{op} {} on rank {rank}: {reason}", pct(collective))]
+    Invalid { collective: String, op: CollectiveOp, rank: usize, reason: String },
+    /// The host backend has no implementation for this op, type or reduction.
+    #[error("{op} {} on rank {rank}: unsupported: {reason}", pct(collective))]
+    Unsupported { collective: String, op: CollectiveOp, rank: usize, reason: String },
+    /// A kernel needs peer access the cluster's peer matrix does not give.
+    #[error("{op} {} ({implementation}): no peer access {from}↔{to}", pct(collective))]
+    NoPeerAccess { collective: String, op: CollectiveOp, implementation: Implementation, from: usize, to: usize },
+    /// The collective's memory could not be reached or allocated; `source` is the device
+    /// memory error (boxed: the enum holds itself; in a `source()` chain it is the
+    /// `Box<Error>`).
+    #[error("{op} {}: {source}", pct(collective))]
+    Memory {
+        collective: String,
+        op: CollectiveOp,
+        #[source]
+        source: Box<Error>,
+    },
+
+    // Meetings of the processes of one host (`host::shm`).
+    /// These devices' processes never posted to `host::shm::exchange` within the timeout.
+    #[error("the processes of devices {devices:?} never posted within the timeout")]
+    ExchangeMissing { devices: Vec<usize> },
+    /// A shared-memory segment could not be opened, or belongs to something else.
+    #[error("{0}")]
+    Segment(String),
+
+    // XLA:CPU's custom calls (`xla_host`).
+    /// A custom call whose buffers, shapes or attributes do not fit its collective; `name`
+    /// is the collective's.
+    #[error("{name}: {message}")]
+    BadCall { name: String, message: String },
+
+    // The GPU layer (`gpu`, `cuda`, `rocm`).
+    /// A value or state the GPU layer refuses (clique size, a kernel's status, no module).
+    #[error("{0}")]
+    Gpu(String),
+    /// The peer probe found no access `from`→`to` where every pair needs it.
+    #[error("peer access {from}→{to} is missing: {why}")]
+    GpuPeerMissing { from: usize, to: usize, why: String },
+    /// A driver, runtime or compiler call failed.
+    #[error(transparent)]
+    Ffi(#[from] ffi::Error),
+
+    // The host executor (`exec`).
+    /// Arguments, programs or device counts that do not fit the executable.
+    #[error("bad arguments: {0}")]
+    BadArguments(String),
+    /// A thunk failed on a device.
+    #[error("device {device}: thunk #{thunk} {label} failed: {message}\n  last completed thunk per device: {progress}")]
+    Device {
+        device: usize,
+        /// Thunk index and label (`all-reduce 'ar'`).
+        thunk: usize,
+        label: String,
+        message: String,
+        /// Whether it is a collective timeout (peers' failures usually are).
+        timeout: bool,
+        /// `d0: #3 all-reduce 'ar', d1: none, ...`.
+        progress: String,
+    },
+    /// The host cluster could not be created; `0` is the device memory error.
+    #[error("host backend: {0}")]
+    Cluster(#[source] Box<Error>),
+    /// The emitter could not plan or lay out the module.
+    #[error("emitter: {0}")]
+    Emit(#[from] EmitError),
+    /// The interpreter cannot run the module on this device set (checked when building).
+    #[error(transparent)]
+    Interp(#[from] InterpError),
+}
+
+/// `Result` with the crate's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    /// Whether a peer never arrived: a collective's wait passed its deadline, an exchange's
+    /// processes never posted, or a device's thunk failed with a timeout. Callers report these
+    /// as deadline errors and prefer any other error as the root cause.
+    pub fn is_timeout(&self) -> bool {
+        matches!(self, Error::Timeout { .. } | Error::ExchangeMissing { .. } | Error::Device { timeout: true, .. })
+    }
+
+    /// The ranks (device ids) that never arrived, for [`Error::Timeout`] and
+    /// [`Error::ExchangeMissing`]; `None` for every other error.
+    pub fn missing(&self) -> Option<&[usize]> {
+        match self {
+            Error::Timeout { missing, .. } => Some(missing),
+            Error::ExchangeMissing { devices } => Some(devices),
+            _ => None,
+        }
+    }
+
+    /// Whether the caller's input is at fault (a call, collective or argument that does not
+    /// fit, or an unsupported op), not the runtime.
+    pub fn is_invalid_argument(&self) -> bool {
+        matches!(
+            self,
+            Error::Invalid { .. } | Error::Unsupported { .. } | Error::BadCall { .. } | Error::BadArguments(_)
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::error::Error as _;
+
+    use thunks::CollectiveKind;
+
+    use super::*;
+
+    #[test]
+    fn wrapping_variants_keep_their_source() {
+        let oob = Error::OutOfBounds { what: "read", rank: 1, offset: 8, len: 4, arena_bytes: 8 };
+        let op = CollectiveOp { kind: CollectiveKind::AllReduce, is_async: false };
+        let e = Error::Memory { collective: "ar".into(), op, source: Box::new(oob) };
+        assert_eq!(e.to_string(), "all-reduce %ar: read 8+4 is outside device 1's 8-byte arena");
+        // The chain's entry is the box itself (thiserror hands out the field as it is).
+        let source = e.source().expect("a source");
+        let inner = source.downcast_ref::<Box<Error>>().map(|b| &**b);
+        assert!(matches!(inner, Some(Error::OutOfBounds { rank: 1, .. })), "{source}");
+        let e = Error::Cluster(Box::new(Error::NoDevices));
+        assert_eq!(e.to_string(), "host backend: a host cluster needs at least one device");
+        assert!(e.source().is_some());
+    }
+
+    #[test]
+    fn timeouts_and_missing_ranks() {
+        let op = CollectiveOp { kind: CollectiveKind::AllGather, is_async: false };
+        let t = Error::Timeout {
+            collective: "%ag".into(),
+            op,
+            group: vec![0, 1],
+            waiting_rank: 0,
+            missing: vec![1],
+            timeout: Duration::from_millis(20),
+        };
+        assert_eq!(
+            t.to_string(),
+            "all-gather %ag timed out after 20 ms on rank 0 waiting for ranks [1] of group {0,1}"
+        );
+        assert!(t.is_timeout() && !t.is_invalid_argument());
+        assert_eq!(t.missing(), Some(&[1][..]));
+        let x = Error::ExchangeMissing { devices: vec![5, 7] };
+        assert!(x.is_timeout());
+        assert_eq!(x.missing(), Some(&[5, 7][..]));
+        let bad = Error::BadCall { name: "c".into(), message: "no operand".into() };
+        assert!(!bad.is_timeout() && bad.missing().is_none() && bad.is_invalid_argument());
+        assert!(!Error::Segment("taken".into()).is_timeout());
+    }
+}

@@ -1,0 +1,150 @@
+#!/usr/bin/env python3
+"""Where the host time of one program's calls goes: stock JAX on CUDA vs `JAX_PLATFORMS=peerless`
+(the wrapper of XLA's CUDA plugin), sampled with py-spy's native stacks. A diagnosis script
+for the device tool (gpu_wrap.py found the conv net +20–45 µs of enqueue per call on the
+wrapped platform with the same optimized HLO); not a benchmark.
+
+Each configuration runs in its own process, pinned to the same cores as gpu_wrap.py: the
+program is compiled and warmed up, then called back to back for GPU_PROFILE_SECONDS (default
+4) under `py-spy record --native --format raw`. Printed per configuration: calls, µs per call
+(enqueue and total), and the native functions with the most samples per call (self and
+inclusive), then the functions whose inclusive samples per call differ most between the two.
+    python3 plugin/tests/gpu_conv_profile.py --py-spy PATH --out DIR [--program conv_net]
+"""
+
+import collections
+import json
+import os
+import subprocess
+import sys
+import time
+
+SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+
+
+def programs():
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    rng = np.random.default_rng(1)
+    k1 = jnp.asarray(rng.standard_normal((3, 3, 16, 32)) * 0.1, jnp.float32)
+    k2 = jnp.asarray(rng.standard_normal((3, 3, 32, 32)) * 0.1, jnp.float32)
+    img = jnp.asarray(rng.standard_normal((32, 64, 64, 16)), jnp.float32)
+
+    def conv(x, k1, k2):
+        dn = ("NHWC", "HWIO", "NHWC")
+        y = jax.nn.relu(jax.lax.conv_general_dilated(x, k1, (1, 1), "SAME", dimension_numbers=dn))
+        y = jax.nn.relu(jax.lax.conv_general_dilated(y, k2, (2, 2), "SAME", dimension_numbers=dn))
+        return jnp.mean(y, axis=(1, 2))
+
+    x = jnp.asarray(rng.standard_normal((1024, 1024)), jnp.float32)
+    return {
+        "conv_net": (conv, (img, k1, k2)),
+        "elementwise": (lambda v: jnp.tanh(v * 1.5 + 0.5) * jnp.exp(-v * v), (x,)),
+    }
+
+
+def child(name, out):
+    cores = sorted(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, set(cores[2:6] if len(cores) >= 6 else cores))
+    import jax
+
+    if os.environ.get("JAX_PLATFORMS") == "peerless":
+        import jax_plugins.peerless as peerless
+
+        jax.devices()
+        assert peerless.wrapped() == "cuda", peerless.wrapped()
+    fn, args = programs()[name]
+    f = jax.jit(fn)
+    for _ in range(50):
+        r = f(*args)
+    jax.block_until_ready(r)
+    seconds = float(os.environ.get("GPU_PROFILE_SECONDS", "4"))
+    calls, enqueue = 0, 0.0
+    t_start = time.perf_counter()
+    while time.perf_counter() - t_start < seconds:
+        t0 = time.perf_counter()
+        for _ in range(20):
+            r = f(*args)
+        enqueue += time.perf_counter() - t0
+        jax.block_until_ready(r)
+        calls += 20
+    total = time.perf_counter() - t_start
+    with open(out, "w") as fh:
+        json.dump({"calls": calls, "enqueue_us": enqueue / calls * 1e6, "total_us": total / calls * 1e6,
+                   "device": str(jax.devices()[0])}, fh)
+
+
+def frame_name(frame):
+    """A frame's function, or its library where the library is stripped (XLA's plugin
+    exports only GetPjrtApi, so its frames are addresses, which differ between processes)."""
+    func, _, where = frame.strip().partition(" (")
+    where = where.rstrip(")").split(":")[0]
+    if func.startswith("0x") or func in ("", "???"):
+        return f"[{os.path.basename(where) or 'unknown'}]"
+    return func
+
+
+def aggregate(raw_path):
+    """py-spy raw (collapsed) stacks → (self, inclusive) sample counts per function."""
+    own, incl = collections.Counter(), collections.Counter()
+    with open(raw_path) as fh:
+        for line in fh:
+            stack, _, n = line.rstrip("\n").rpartition(" ")
+            if not stack or not n.isdigit():
+                continue
+            frames = [frame_name(f) for f in stack.split(";")]
+            own[frames[-1]] += int(n)
+            for f in set(frames):
+                incl[f] += int(n)
+    return own, incl
+
+
+def main():
+    if sys.argv[1:2] == ["_child"]:
+        child(sys.argv[2], sys.argv[3])
+        return 0
+    arg = lambda k, d=None: sys.argv[sys.argv.index(k) + 1] if k in sys.argv else d  # noqa: E731
+    out = arg("--out", "gpu_conv_profile_out")
+    spy = arg("--py-spy")
+    name = arg("--program", "conv_net")
+    os.makedirs(out, exist_ok=True)
+    results = {}
+    for cfg in ("stock", "peerless"):
+        env = dict(os.environ, **SAFE_ENV)
+        env.pop("PEERLESS_XLA_PLUGIN", None)
+        env["JAX_PLATFORMS"] = "cuda" if cfg == "stock" else "peerless"
+        stats = os.path.join(out, f"{name}_{cfg}.json")
+        raw = os.path.join(out, f"{name}_{cfg}.raw")
+        cmd = [sys.executable, os.path.abspath(__file__), "_child", name, stats]
+        if spy:
+            cmd = [spy, "record", "--native", "--format", "raw", "-r", "1000", "-o", raw, "--"] + cmd
+        p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+        if p.returncode or not os.path.exists(stats):
+            print(f"{cfg}: FAILED rc={p.returncode}\n{(p.stderr or p.stdout)[-3000:]}")
+            return 1
+        with open(stats) as fh:
+            results[cfg] = json.load(fh)
+        results[cfg]["profile"] = aggregate(raw) if spy and os.path.exists(raw) else None
+    for cfg, r in results.items():
+        print(f"== {cfg}: {name} on {r['device']}: {r['calls']} calls, enqueue {r['enqueue_us']:.1f} µs/call, "
+              f"total {r['total_us']:.1f} µs/call")
+        if r["profile"]:
+            own, incl = r["profile"]
+            per = lambda c: c / r["calls"] * 1000  # samples at 1 kHz → µs per call  # noqa: E731
+            print("   self µs/call:      " + "; ".join(f"{f} {per(c):.1f}" for f, c in own.most_common(15)))
+            print("   inclusive µs/call: " + "; ".join(f"{f} {per(c):.1f}" for f, c in incl.most_common(25)))
+    if all(r["profile"] for r in results.values()):
+        (so, si), (po, pi) = results["stock"]["profile"], results["peerless"]["profile"]
+        cs, cp = results["stock"]["calls"], results["peerless"]["calls"]
+        diff = {f: pi.get(f, 0) / cp * 1000 - si.get(f, 0) / cs * 1000 for f in set(si) | set(pi)}
+        top = sorted(diff.items(), key=lambda kv: -abs(kv[1]))[:30]
+        print("== inclusive µs/call, peerless − stock (largest first):")
+        for f, d in top:
+            print(f"   {d:+8.1f}  {f[:150]}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -38,7 +38,8 @@ step() { # step NAME SECONDS CMD...: runs CMD with a time limit, logs to NAME.tx
   [ $r -eq 0 ] || rc=1
 }
 { date -u; nvidia-smi; nvidia-smi topo -m; echo "XLA CUDA plugin: $PEERLESS_XLA_PLUGIN"; } >"$LOG/nvidia-smi.txt" 2>&1
-has devices && step devices 120 "$BIN/peerless" devices
+# On a cold kernel cache `devices` compiles the kernel set with NVRTC first (about 2 minutes).
+has devices && step devices 300 "$BIN/peerless" devices
 # The kernels against host references on raw buffers (needs 2 GPUs).
 has collectives && [ "$NGPU" -ge 2 ] && step cuda_collectives 300 "$BIN/cuda_collectives" --ignored --test-threads=1
 # Peerless inside XLA through JAX: every collective kind vs XLA alone, command buffers on and off.

@@ -9,6 +9,9 @@ pub fn run() -> Result<(), String> {
         return Ok(());
     }
     let ords: Vec<usize> = (0..n.min(kernels::cuda::MAX_RANKS)).collect();
+    // Opening compiles the kernel set with NVRTC when the on-disk cache is cold: say so, since
+    // that takes minutes and prints nothing else.
+    eprintln!("opening {} GPU(s): loads the kernels (a cold kernel cache compiles them first, ~2 min)", ords.len());
     let clique = Clique::new(&ords).map_err(|e| e.to_string())?;
     for d in &clique.devices {
         println!("  {}: {} ({}, {} SMs)", d.ordinal, d.name, d.arch, d.units);

@@ -5,9 +5,11 @@ for the device tool (gpu_wrap.py found the conv net +20–45 µs of enqueue per 
 wrapped platform with the same optimized HLO); not a benchmark.
 
 Each configuration runs in its own process, pinned to the same cores as gpu_wrap.py: the
-program is compiled and warmed up, then called back to back for GPU_PROFILE_SECONDS (default
-4) under `py-spy record --native --format raw`. Printed per configuration: calls, µs per call
-(enqueue and total), and the native functions with the most samples per call (self and
+program is compiled and warmed up, then called back to back while `py-spy record --native
+--format raw` attaches for GPU_PROFILE_SECONDS (default 4) at 250 Hz (run under py-spy from
+the start, JAX's import and XLA's compile, with every thread's native stack unwound at each
+sample, did not finish in 200 s on an H100 host). Printed per configuration: calls, µs per
+call (enqueue and total), and the native functions with the most samples per call (self and
 inclusive), then the functions whose inclusive samples per call differ most between the two.
     python3 plugin/tests/gpu_conv_profile.py --py-spy PATH --out DIR [--program conv_net]
 """
@@ -60,7 +62,10 @@ def child(name, out):
     for _ in range(50):
         r = f(*args)
     jax.block_until_ready(r)
-    seconds = float(os.environ.get("GPU_PROFILE_SECONDS", "4"))
+    with open(out + ".ready", "w") as fh:
+        fh.write(str(os.getpid()))
+    # The profiler attaches now and samples for GPU_PROFILE_SECONDS; run a little longer.
+    seconds = float(os.environ.get("GPU_PROFILE_SECONDS", "4")) + 3
     calls, enqueue = 0, 0.0
     t_start = time.perf_counter()
     while time.perf_counter() - t_start < seconds:
@@ -71,9 +76,13 @@ def child(name, out):
         jax.block_until_ready(r)
         calls += 20
     total = time.perf_counter() - t_start
+    # Threads and clients of the process: a second XLA client (or its threads) would cost
+    # host time on every call.
+    threads = len(os.listdir("/proc/self/task"))
+    backends = sorted(jax._src.xla_bridge.backends())
     with open(out, "w") as fh:
         json.dump({"calls": calls, "enqueue_us": enqueue / calls * 1e6, "total_us": total / calls * 1e6,
-                   "device": str(jax.devices()[0])}, fh)
+                   "device": str(jax.devices()[0]), "threads": threads, "backends": backends}, fh)
 
 
 def frame_name(frame):
@@ -101,6 +110,16 @@ def aggregate(raw_path):
     return own, incl
 
 
+RATE = 250
+SECONDS = int(os.environ.get("GPU_PROFILE_SECONDS", "4"))
+
+
+def per_call(samples, r):
+    """Samples (at RATE Hz over SECONDS) → µs per call, at the child's call rate."""
+    calls_per_s = 1e6 / r["total_us"]
+    return samples / RATE / (SECONDS * calls_per_s) * 1e6
+
+
 def main():
     if sys.argv[1:2] == ["_child"]:
         child(sys.argv[2], sys.argv[3])
@@ -118,27 +137,40 @@ def main():
         stats = os.path.join(out, f"{name}_{cfg}.json")
         raw = os.path.join(out, f"{name}_{cfg}.raw")
         cmd = [sys.executable, os.path.abspath(__file__), "_child", name, stats]
-        if spy:
-            cmd = [spy, "record", "--native", "--format", "raw", "-r", "1000", "-o", raw, "--"] + cmd
-        p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-        if p.returncode or not os.path.exists(stats):
-            print(f"{cfg}: FAILED rc={p.returncode}\n{(p.stderr or p.stdout)[-3000:]}")
+        child_p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        spied = None
+        t0 = time.time()
+        while spy and not os.path.exists(stats + ".ready") and child_p.poll() is None and time.time() - t0 < 150:
+            time.sleep(0.2)
+        if spy and os.path.exists(stats + ".ready"):
+            spied = subprocess.run([spy, "record", "--native", "--format", "raw", "-r", str(RATE), "-d",
+                                    str(SECONDS), "-o", raw, "--pid", str(child_p.pid)],
+                                   capture_output=True, text=True, timeout=120)
+        try:
+            output, _ = child_p.communicate(timeout=150)
+        except subprocess.TimeoutExpired:
+            child_p.kill()
+            output = "(killed after 150 s)"
+        if child_p.returncode or not os.path.exists(stats):
+            print(f"{cfg}: FAILED rc={child_p.returncode}\n{(output or '')[-3000:]}")
             return 1
         with open(stats) as fh:
             results[cfg] = json.load(fh)
-        results[cfg]["profile"] = aggregate(raw) if spy and os.path.exists(raw) else None
+        if spied is not None and spied.returncode:
+            print(f"{cfg}: py-spy rc={spied.returncode}: {(spied.stderr or spied.stdout)[-1500:]}")
+        results[cfg]["profile"] = aggregate(raw) if spied is not None and os.path.exists(raw) else None
     for cfg, r in results.items():
         print(f"== {cfg}: {name} on {r['device']}: {r['calls']} calls, enqueue {r['enqueue_us']:.1f} µs/call, "
-              f"total {r['total_us']:.1f} µs/call")
+              f"total {r['total_us']:.1f} µs/call; {r['threads']} threads, backends {r['backends']}")
         if r["profile"]:
             own, incl = r["profile"]
-            per = lambda c: c / r["calls"] * 1000  # samples at 1 kHz → µs per call  # noqa: E731
+            per = lambda c: per_call(c, r)  # noqa: E731
             print("   self µs/call:      " + "; ".join(f"{f} {per(c):.1f}" for f, c in own.most_common(15)))
             print("   inclusive µs/call: " + "; ".join(f"{f} {per(c):.1f}" for f, c in incl.most_common(25)))
     if all(r["profile"] for r in results.values()):
         (so, si), (po, pi) = results["stock"]["profile"], results["peerless"]["profile"]
-        cs, cp = results["stock"]["calls"], results["peerless"]["calls"]
-        diff = {f: pi.get(f, 0) / cp * 1000 - si.get(f, 0) / cs * 1000 for f in set(si) | set(pi)}
+        rs, rp = results["stock"], results["peerless"]
+        diff = {f: per_call(pi.get(f, 0), rp) - per_call(si.get(f, 0), rs) for f in set(si) | set(pi)}
         top = sorted(diff.items(), key=lambda kv: -abs(kv[1]))[:30]
         print("== inclusive µs/call, peerless − stock (largest first):")
         for f, d in top:

@@ -248,10 +248,57 @@ unsafe extern "C" fn error_for_each_payload(args: *mut ErrorForEachPayloadArgs) 
 
 // ---- client creation: the collective pass ---------------------------------------------
 
-unsafe extern "C" fn client_create(args: *mut c_void) -> *mut c_void {
+/// The client create option that sets Peerless's flags for the process (a string of
+/// `--name=value`; from JAX: `JAX_PJRT_CLIENT_CREATE_OPTIONS="peerless_flags:--one_shot_max_bytes=1024"`).
+/// It is taken out of the options before XLA sees them.
+pub const FLAGS_OPTION: &str = "peerless_flags";
+
+/// Splits `peerless_flags` out of a client's create options: its value (None when absent)
+/// and the other options, to hand XLA.
+///
+/// # Safety
+/// Every option's `name` points to `name_size` readable bytes, and a string option's
+/// `string_value` to `value_size` bytes (PJRT's contract for create options).
+unsafe fn split_create_options(options: &[NamedValue]) -> Result<(Option<String>, Vec<NamedValue>), String> {
+    let mut flags = None;
+    let mut rest = Vec::with_capacity(options.len());
+    for o in options {
+        // SAFETY: PJRT passes `name_size` readable bytes at `name` for each option.
+        let name = unsafe { raw_bytes(o.name, o.name_size) };
+        if name != FLAGS_OPTION.as_bytes() {
+            rest.push(*o);
+            continue;
+        }
+        if o.type_ != pjrt_sys::PJRT_NamedValue_Type_PJRT_NamedValue_kString {
+            return Err(format!("the client option {FLAGS_OPTION} takes a string of --name=value flags"));
+        }
+        // SAFETY: a string option's value is `value_size` readable bytes at `string_value`.
+        let value = unsafe { raw_bytes(o.__bindgen_anon_1.string_value, o.value_size) };
+        flags = Some(String::from_utf8_lossy(value).into_owned());
+    }
+    Ok((flags, rest))
+}
+
+/// `len` bytes at `p` (empty for null).
+///
+/// # Safety
+/// `p` is null or points to `len` readable bytes that outlive the returned slice's use.
+unsafe fn raw_bytes<'a>(p: *const c_char, len: usize) -> &'a [u8] {
+    if p.is_null() || len == 0 {
+        return &[];
+    }
+    // SAFETY: the caller's contract.
+    unsafe { std::slice::from_raw_parts(p.cast::<u8>(), len) }
+}
+
+type NamedValue = pjrt_sys::PJRT_NamedValue;
+
+unsafe extern "C" fn client_create(args: *mut pjrt_sys::PJRT_Client_Create_Args) -> *mut c_void {
     catch_unwind(AssertUnwindSafe(|| {
         // SAFETY: the slot is `PJRT_Client_Create` (set, since it was patched).
-        let Some(create) = (unsafe { plugin().slot_fn::<Entry<c_void>>(SLOT_CLIENT_CREATE) }) else {
+        let Some(create) =
+            (unsafe { plugin().slot_fn::<Entry<pjrt_sys::PJRT_Client_Create_Args>>(SLOT_CLIENT_CREATE) })
+        else {
             return new_error(INTERNAL, "peerless: the inner plugin has no PJRT_Client_Create".into());
         };
         // Without the pass the platform would be XLA alone while claiming to be Peerless: a
@@ -259,8 +306,39 @@ unsafe extern "C" fn client_create(args: *mut c_void) -> *mut c_void {
         if let Err(e) = crate::xla_inside::register_pass_in(plugin(), wrapped().platform) {
             return new_error(INTERNAL, format!("peerless: cannot register the collective pass: {e}"));
         }
-        // SAFETY: the caller's args, unchanged, to the slot they were meant for.
-        unsafe { create(args) }
+        if args.is_null() {
+            // SAFETY: the plugin reports its own bad arguments.
+            return unsafe { create(args) };
+        }
+        // SAFETY: PJRT passes a valid args struct; `create_options` holds `num_options` entries.
+        let a = unsafe { &mut *args };
+        let options: &[NamedValue] = if a.create_options.is_null() || a.num_options == 0 {
+            &[]
+        } else {
+            // SAFETY: as above.
+            unsafe { std::slice::from_raw_parts(a.create_options, a.num_options) }
+        };
+        // SAFETY: the options come from PJRT, which promises their names and values.
+        match unsafe { split_create_options(options) } {
+            Err(e) if wrapped().own_errors => new_error(INVALID_ARGUMENT, format!("peerless: {e}")),
+            // A newer plugin reads errors through slots this build does not know: XLA judges.
+            // SAFETY: the caller's args, unchanged.
+            Err(_) => unsafe { create(args) },
+            // SAFETY: the caller's args, unchanged.
+            Ok((None, _)) => unsafe { create(args) },
+            Ok((Some(flags), rest)) => {
+                if let Err(e) = crate::xla_inside::set_client_flags(&flags) {
+                    return new_error(INVALID_ARGUMENT, format!("peerless: client option {FLAGS_OPTION}: {e}"));
+                }
+                let saved = (a.create_options, a.num_options);
+                (a.create_options, a.num_options) = (rest.as_ptr(), rest.len());
+                // SAFETY: the caller's args with the options XLA knows, which outlive the call
+                // (`rest`); the originals are put back after.
+                let r = unsafe { create(args) };
+                (a.create_options, a.num_options) = saved;
+                r
+            }
+        }
     }))
     .unwrap_or_else(|_| new_error(INTERNAL, "peerless: PJRT_Client_Create panicked".into()))
 }
@@ -415,6 +493,40 @@ mod tests {
             .collect();
         xla::CompileOptionsProto { env_option_overrides, parameter_is_tupled_arguments: true, ..Default::default() }
             .encode_to_vec()
+    }
+
+    fn string_option(name: &'static str, value: &'static str) -> NamedValue {
+        // SAFETY: an all-zero PJRT_NamedValue is a valid value (null pointers, zero sizes).
+        let mut o: NamedValue = unsafe { std::mem::zeroed() };
+        o.struct_size = size_of::<NamedValue>();
+        o.name = name.as_ptr().cast();
+        o.name_size = name.len();
+        o.type_ = pjrt_sys::PJRT_NamedValue_Type_PJRT_NamedValue_kString;
+        o.__bindgen_anon_1.string_value = value.as_ptr().cast();
+        o.value_size = value.len();
+        o
+    }
+
+    #[test]
+    fn the_flags_create_option_comes_out_and_the_rest_stays() {
+        let mut count = string_option("cpu_device_count", "");
+        count.type_ = pjrt_sys::PJRT_NamedValue_Type_PJRT_NamedValue_kInt64;
+        count.__bindgen_anon_1.int64_value = 8;
+        let opts = [count, string_option(FLAGS_OPTION, "--one_shot_max_bytes=1024")];
+        // SAFETY: the options point into 'static strings of the given sizes.
+        let (flags, rest) = unsafe { split_create_options(&opts) }.unwrap();
+        assert_eq!(flags.as_deref(), Some("--one_shot_max_bytes=1024"));
+        assert_eq!(rest.len(), 1);
+        assert_eq!(rest[0].name_size, "cpu_device_count".len());
+        // SAFETY: as above.
+        let (none, all) = unsafe { split_create_options(&opts[..1]) }.unwrap();
+        assert!(none.is_none() && all.len() == 1);
+        let mut bad = string_option(FLAGS_OPTION, "");
+        bad.type_ = pjrt_sys::PJRT_NamedValue_Type_PJRT_NamedValue_kInt64;
+        // SAFETY: as above.
+        let Err(e) = (unsafe { split_create_options(&[bad]) }) else { panic!("a non-string flags option") };
+        assert!(e.contains("takes a string"), "{e}");
+        assert!(crate::xla_inside::set_client_flags("--bogus=1").unwrap_err().contains("bogus"));
     }
 
     #[test]

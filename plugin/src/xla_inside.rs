@@ -133,10 +133,31 @@ pub fn with_compile_flags<R>(flags: Vec<String>, f: impl FnOnce() -> R) -> R {
     f()
 }
 
+/// Flags from the client's create options (`peerless_flags`, set by the wrapper's
+/// `PJRT_Client_Create`): after `PEERLESS_FLAGS`, before the caller's and the compile's.
+static CLIENT_FLAGS: std::sync::Mutex<String> = std::sync::Mutex::new(String::new());
+
+/// Sets the flags a client was created with (see [`CLIENT_FLAGS`]); an unknown flag or a bad
+/// value is an error naming it, and nothing is set.
+pub fn set_client_flags(flags: &str) -> Result<(), String> {
+    let mut f = Flags::default();
+    for arg in flags.split_whitespace() {
+        f.apply(arg).map_err(|e| e.to_string())?;
+    }
+    *CLIENT_FLAGS.lock().unwrap_or_else(|e| e.into_inner()) = flags.to_owned();
+    Ok(())
+}
+
 /// Runs the pass; see the module docs. Safe wrapper of the C entry point's body.
 pub fn run_pass(platform: &str, module: &[u8], flags: &str, local_devices: &str) -> (i32, Option<Vec<u8>>, String) {
     let per_executable = COMPILE_FLAGS.with(|c| c.borrow().join(" "));
-    let flags = if per_executable.is_empty() { flags.to_owned() } else { format!("{flags} {per_executable}") };
+    let client = CLIENT_FLAGS.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let flags = [client.as_str(), flags, per_executable.as_str()]
+        .iter()
+        .filter(|f| !f.trim().is_empty())
+        .copied()
+        .collect::<Vec<_>>()
+        .join(" ");
     let flags = flags.as_str();
     let run = || -> Result<(i32, Option<Vec<u8>>, String), String> {
         // Flags are checked on every call (a bad one is an error even for an empty module);

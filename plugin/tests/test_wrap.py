@@ -123,3 +123,40 @@ def test_the_pass_is_registered_once_by_the_package_not_also_by_the_wrapper():
         assert inside.handler_calls("cpu") == calls, "a second copy of the pass took the psum"
     finally:
         peerless.enable(["peerless"], flags="")
+
+
+CREATE_OPTION_PROBE = """
+import os, jax, jax.numpy as jnp, numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax_plugins.peerless import inside
+try:
+    mesh = Mesh(np.array(jax.devices("peerless")), ("x",))
+except Exception as e:
+    print("ERROR", e)
+    raise SystemExit(0)
+x = jax.device_put(jnp.ones((8, 16), jnp.float32), NamedSharding(mesh, P("x")))
+f = jax.jit(jax.shard_map(lambda v: jax.lax.psum(v, "x"), mesh=mesh, in_specs=P("x"), out_specs=P("x")))
+assert float(f(x)[0, 0]) == 8.0
+print("CALLS", inside.handler_calls("cpu"))
+"""
+
+
+@pytest.mark.parametrize("flags, want", [("", "kernel"), ("--all_reduce_backend=fallback", "CALLS 0"),
+                                         ("--bogus_flag=1", "bogus_flag")])
+def test_peerless_flags_as_a_client_create_option(flags, want):
+    """`peerless_flags` among the client's create options (JAX: jax_pjrt_client_create_options)
+    sets Peerless's flags for the process and is taken out before XLA sees the options; a bad
+    flag fails client creation, naming it."""
+    import subprocess
+    import sys
+
+    env = dict(os.environ, JAX_PLATFORMS="peerless")
+    if flags:
+        env["JAX_PJRT_CLIENT_CREATE_OPTIONS"] = f"peerless_flags:{flags}"
+    p = subprocess.run([sys.executable, "-c", CREATE_OPTION_PROBE], env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    if want == "kernel":  # the default flags: the psum ran on Peerless's handlers
+        assert "CALLS" in p.stdout and p.stdout.split("CALLS")[1].split()[0] != "0", p.stdout + p.stderr[-3000:]
+    else:
+        assert want in p.stdout, p.stdout + p.stderr[-3000:]

@@ -11,8 +11,9 @@ configuration's best round:
              Peerless's pass on.
   nopass   : the same with PEERLESS_ENABLE=0 (the wrapper without the pass), to tell the
              pass's cost from the platform's.
-Per program: median µs per call over 5 × GPU_WRAP_CALLS (default 20) calls (`us`), and the host time to enqueue the
-20 calls (`enqueue_us`, per call); the best round's ratio and the median round's; whether every
+Per program: median µs per call over 5 × GPU_WRAP_CALLS (default 1000) calls (`us`), and the host time to enqueue
+them (`enqueue_us`, per call). Windows of 20 calls moved host-bound programs by tens of µs and showed
+a conv-net gap that 1000-call windows do not (docs/PERFORMANCE.md, 2026-11-25); the best round's ratio and the median round's; whether every
 process compiled the same optimized HLO (XLA's autotuner picks per process:
 GPU_WRAP_XLA_FLAGS="--xla_gpu_per_fusion_autotune_cache_dir=DIR" makes them share its picks).
 Programs: matmul f32 / bf16, an MLP train step, a transformer block, softmax cross-entropy,
@@ -27,7 +28,7 @@ import subprocess
 import sys
 import time
 
-CALLS = int(os.environ.get("GPU_WRAP_CALLS", "20"))
+CALLS = int(os.environ.get("GPU_WRAP_CALLS", "1000"))
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
 

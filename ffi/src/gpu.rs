@@ -87,3 +87,84 @@ pub trait Gpu: Debug + Send + Sync + 'static {
     /// Copies `data` to the buffer's first bytes (synchronous).
     fn write(buf: &Self::Buffer, data: &[u8]) -> Result<()>;
 }
+
+/// Implements [`Gpu`] for a vendor module's marker type by forwarding to that module's owners
+/// (`Context`, `Module`, `Function`, `Stream`, `DeviceBuffer` and `device_count`, which both
+/// vendor modules define with the same shapes). Only the names that differ are arguments:
+/// the compute-unit query and the allocation that peers may access while kernels run.
+macro_rules! forward_gpu {
+    ($marker:ty, name: $name:literal, ccl: $ccl:literal, units: $units:ident, alloc: $alloc:ident) => {
+        impl $crate::gpu::Gpu for $marker {
+            const NAME: &'static str = $name;
+            const CCL: &'static str = $ccl;
+            type Context = Context;
+            type Module = Module;
+            type Function = Function;
+            type Stream = Stream;
+            type Buffer = DeviceBuffer;
+
+            fn device_count() -> Result<usize> {
+                device_count()
+            }
+            fn open(ordinal: usize) -> Result<Context> {
+                Context::new(ordinal)
+            }
+            fn bind(ctx: &Context) -> Result<()> {
+                ctx.bind()
+            }
+            fn ordinal(ctx: &Context) -> usize {
+                ctx.ordinal
+            }
+            fn name(ctx: &Context) -> Result<String> {
+                ctx.name()
+            }
+            fn compute_units(ctx: &Context) -> Result<i32> {
+                ctx.$units()
+            }
+            fn can_access_peer(ctx: &Context, peer: &Context) -> Result<bool> {
+                ctx.can_access_peer(peer)
+            }
+            fn enable_peer_access(ctx: &Context, peer: &Context) -> Result<()> {
+                ctx.enable_peer_access(peer)
+            }
+            fn load_module(ctx: &Context, image: &[u8]) -> Result<Module> {
+                ctx.load_module(image)
+            }
+            fn function(module: &Module, name: &str) -> Result<Function> {
+                module.function(name)
+            }
+            fn stream(ctx: &Context) -> Result<Stream> {
+                Stream::new(ctx)
+            }
+            fn synchronize(stream: &Stream) -> Result<()> {
+                stream.synchronize()
+            }
+            unsafe fn launch(
+                stream: &Stream,
+                f: &Function,
+                grid: u32,
+                block: u32,
+                params: &mut [*mut std::ffi::c_void],
+            ) -> Result<()> {
+                // SAFETY: the caller upholds `Stream::launch`'s contract (this method's own).
+                unsafe { stream.launch(f, grid, block, params) }
+            }
+            fn alloc(ctx: &Context, len: usize) -> Result<DeviceBuffer> {
+                DeviceBuffer::$alloc(ctx, len)
+            }
+            fn ptr(buf: &DeviceBuffer) -> u64 {
+                buf.ptr
+            }
+            fn buffer_ordinal(buf: &DeviceBuffer) -> usize {
+                buf.ordinal
+            }
+            fn read(buf: &DeviceBuffer, out: &mut [u8]) -> Result<()> {
+                buf.read_at(0, out)
+            }
+            fn write(buf: &DeviceBuffer, data: &[u8]) -> Result<()> {
+                buf.write_at(0, data)
+            }
+        }
+    };
+}
+pub(crate) use forward_gpu;

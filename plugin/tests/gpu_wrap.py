@@ -45,6 +45,26 @@ def cuda_plugin_path():
     sys.exit("no jax-cuda13/12-pjrt plugin installed")
 
 
+def conv_net():
+    """A small conv net (two 3×3 convolutions, ReLU, mean) and its inputs: (fn, args)."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    rng = np.random.default_rng(1)
+    k1 = jnp.asarray(rng.standard_normal((3, 3, 16, 32)) * 0.1, jnp.float32)
+    k2 = jnp.asarray(rng.standard_normal((3, 3, 32, 32)) * 0.1, jnp.float32)
+    img = jnp.asarray(rng.standard_normal((32, 64, 64, 16)), jnp.float32)
+
+    def conv(x, k1, k2):
+        dn = ("NHWC", "HWIO", "NHWC")
+        y = jax.nn.relu(jax.lax.conv_general_dilated(x, k1, (1, 1), "SAME", dimension_numbers=dn))
+        y = jax.nn.relu(jax.lax.conv_general_dilated(y, k2, (2, 2), "SAME", dimension_numbers=dn))
+        return jnp.mean(y, axis=(1, 2))
+
+    return conv, (img, k1, k2)
+
+
 def child(out):
     cores = sorted(os.sched_getaffinity(0))
     os.sched_setaffinity(0, set(cores[2:6] if len(cores) >= 6 else cores))
@@ -72,17 +92,7 @@ def child(out):
 
     progs = compute_programs()
     rng = np.random.default_rng(1)
-    k1 = jnp.asarray(rng.standard_normal((3, 3, 16, 32)) * 0.1, jnp.float32)
-    k2 = jnp.asarray(rng.standard_normal((3, 3, 32, 32)) * 0.1, jnp.float32)
-    img = jnp.asarray(rng.standard_normal((32, 64, 64, 16)), jnp.float32)
-
-    def conv(x, k1, k2):
-        dn = ("NHWC", "HWIO", "NHWC")
-        y = jax.nn.relu(jax.lax.conv_general_dilated(x, k1, (1, 1), "SAME", dimension_numbers=dn))
-        y = jax.nn.relu(jax.lax.conv_general_dilated(y, k2, (2, 2), "SAME", dimension_numbers=dn))
-        return jnp.mean(y, axis=(1, 2))
-
-    progs["conv_net"] = (conv, (img, k1, k2))
+    progs["conv_net"] = conv_net()
     from jax.sharding import Mesh, PartitionSpec as P
 
     mesh = Mesh(np.array([dev]), ("x",))

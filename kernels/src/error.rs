@@ -113,19 +113,23 @@ pub enum Error {
     /// Arguments, programs or device counts that do not fit the executable.
     #[error("bad arguments: {0}")]
     BadArguments(String),
-    /// A thunk failed on a device.
-    #[error("device {device}: thunk #{thunk} {label} failed: {message}\n  last completed thunk per device: {progress}")]
+    /// A thunk failed on a device; `cause` is its error (a collective timeout when peers
+    /// failed first: [`Error::is_timeout`] says so).
+    #[error("device {device}: thunk #{thunk} {label} failed: {cause}\n  last completed thunk per device: {progress}")]
     Device {
         device: usize,
         /// Thunk index and label (`all-reduce 'ar'`).
         thunk: usize,
         label: String,
-        message: String,
-        /// Whether it is a collective timeout (peers' failures usually are).
-        timeout: bool,
+        #[source]
+        cause: Box<Error>,
         /// `d0: #3 all-reduce 'ar', d1: none, ...`.
         progress: String,
     },
+    /// A step of a device's program failed outside the cases above: arguments or results
+    /// that do not fit their regions, an injected fault, a worker that panicked.
+    #[error("{0}")]
+    Thunk(String),
     /// The host cluster could not be created; `0` is the device memory error.
     #[error("host backend: {0}")]
     Cluster(#[source] Box<Error>),
@@ -145,7 +149,11 @@ impl Error {
     /// processes never posted, or a device's thunk failed with a timeout. Callers report these
     /// as deadline errors and prefer any other error as the root cause.
     pub fn is_timeout(&self) -> bool {
-        matches!(self, Error::Timeout { .. } | Error::ExchangeMissing { .. } | Error::Device { timeout: true, .. })
+        match self {
+            Error::Timeout { .. } | Error::ExchangeMissing { .. } => true,
+            Error::Device { cause, .. } => cause.is_timeout(),
+            _ => false,
+        }
     }
 
     /// The ranks (device ids) that never arrived, for [`Error::Timeout`] and

@@ -192,12 +192,12 @@ impl fmt::Debug for HostBackend {
     }
 }
 
-/// How one device's run ended.
+/// How one device's run ended: where, and the error itself (kept as the `Device` error's
+/// source).
 struct DeviceFailure {
     thunk: usize,
     label: String,
-    message: String,
-    timeout: bool,
+    cause: Box<Error>,
 }
 
 impl HostBackend {
@@ -225,9 +225,9 @@ impl HostBackend {
         write_value(regions, value, |o, b| dev.write(o, b).map_err(|e| e.to_string()))
     }
 
-    fn run_thunk(&self, dev: &HostDevice, thunk: &Thunk) -> Result<(), (String, bool)> {
+    fn run_thunk(&self, dev: &HostDevice, thunk: &Thunk) -> Result<()> {
         let d = dev.rank();
-        let plain = |m: String| (m, false);
+        let plain = Error::Thunk;
         match thunk {
             Thunk::Compute { instr, inputs, outputs, operand_shapes, .. } => {
                 let mut operands = Vec::with_capacity(operand_shapes.len());
@@ -238,11 +238,10 @@ impl HostBackend {
                     operands.push(self.read_leaves(dev, regions, s).map_err(plain)?);
                     at += n;
                 }
-                let value =
-                    self.evaluator.eval(&self.module, *instr, &operands, d).map_err(|e| plain(e.to_string()))?;
+                let value = self.evaluator.eval(&self.module, *instr, &operands, d)?;
                 Self::write_leaves(dev, outputs, &value).map_err(plain)
             }
-            Thunk::Copy { src, dst, len, .. } => dev.copy_within(*src, *dst, *len).map_err(|e| plain(e.to_string())),
+            Thunk::Copy { src, dst, len, .. } => dev.copy_within(*src, *dst, *len),
             Thunk::Collective {
                 name,
                 config,
@@ -275,10 +274,7 @@ impl HostBackend {
                     timeout: self.timeout,
                     name,
                 };
-                dev.run_collective(&call).map_err(|e| {
-                    let timeout = e.is_timeout();
-                    (e.to_string(), timeout)
-                })
+                dev.run_collective(&call)
             }
             Thunk::CollectiveDone { .. } => Ok(()),
         }
@@ -286,7 +282,8 @@ impl HostBackend {
 
     fn run_device(&self, dev: &HostDevice, program: &ThunkProgram, args: &[Literal]) -> Result<Literal, DeviceFailure> {
         let d = dev.rank();
-        let setup = |message: String| DeviceFailure { thunk: 0, label: "(arguments)".into(), message, timeout: false };
+        let setup =
+            |m: String| DeviceFailure { thunk: 0, label: "(arguments)".into(), cause: Box::new(Error::Thunk(m)) };
         if args.len() != program.params.len() {
             return Err(setup(format!("{} arguments for {} parameters", args.len(), program.params.len())));
         }
@@ -295,20 +292,19 @@ impl HostBackend {
         }
         let progress = self.progress.get(d);
         for (k, thunk) in program.thunks.iter().enumerate() {
-            self.run_thunk(dev, thunk).map_err(|(message, timeout)| DeviceFailure {
+            self.run_thunk(dev, thunk).map_err(|e| DeviceFailure {
                 thunk: k,
                 label: thunk.label(),
-                message,
-                timeout,
+                cause: Box::new(e),
             })?;
             if let Some(p) = progress {
                 p.store(k + 1, Ordering::Release);
             }
         }
         let last = program.thunks.len();
-        let done = |message: String| DeviceFailure { thunk: last, label: "(results)".into(), message, timeout: false };
-        let root = self.read_leaves(dev, &program.results, &self.root_shape).map_err(done)?;
-        self.evaluator.finish_result(&self.module, root, d).map_err(|e| done(e.to_string()))
+        let done = |e: Error| DeviceFailure { thunk: last, label: "(results)".into(), cause: Box::new(e) };
+        let root = self.read_leaves(dev, &program.results, &self.root_shape).map_err(|m| done(Error::Thunk(m)))?;
+        self.evaluator.finish_result(&self.module, root, d).map_err(|e| done(e.into()))
     }
 
     fn check_args(&self, args: &[Vec<Literal>]) -> Result<()> {
@@ -361,8 +357,7 @@ impl Backend for HostBackend {
                         Err(DeviceFailure {
                             thunk: 0,
                             label: "(worker)".into(),
-                            message: "worker thread panicked".into(),
-                            timeout: false,
+                            cause: Box::new(Error::Thunk("worker thread panicked".into())),
                         })
                     })
                 })
@@ -377,14 +372,13 @@ impl Backend for HostBackend {
             }
         }
         // A root cause (not a timeout) first; else the lowest device's timeout.
-        let pick = failures.iter().position(|(_, f)| !f.timeout).unwrap_or(0);
+        let pick = failures.iter().position(|(_, f)| !f.cause.is_timeout()).unwrap_or(0);
         if let Some((device, f)) = failures.into_iter().nth(pick) {
             return Err(Error::Device {
                 device,
                 thunk: f.thunk,
                 label: f.label,
-                message: f.message,
-                timeout: f.timeout,
+                cause: f.cause,
                 progress: self.progress_report(programs),
             });
         }

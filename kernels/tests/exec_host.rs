@@ -95,8 +95,12 @@ fn withheld_rank_times_out(flags: &str) {
     // Every waiting device gives up after its own timeout; nothing hangs.
     assert!(took < Duration::from_millis(timeout_ms * 4), "took {took:?}");
     assert!(took >= Duration::from_millis(timeout_ms), "took {took:?}");
-    let Error::Device { device, ref label, ref message, timeout, ref progress, .. } = err else { panic!("{err}") };
-    assert!(timeout, "{err}");
+    let Error::Device { device, ref label, ref cause, ref progress, .. } = err else { panic!("{err}") };
+    assert!(err.is_timeout(), "{err}");
+    // The cause is the collective's own error, kept as the source.
+    assert!(matches!(**cause, Error::Timeout { ref missing, .. } if missing == &[2]), "{cause:?}");
+    assert!(std::error::Error::source(&err).is_some(), "{err}");
+    let message = cause.to_string();
     assert_ne!(device, 2, "{err}");
     assert_eq!(label, "all-reduce 'ar'", "{err}");
     assert!(message.contains("timed out after 300 ms") && message.contains("waiting for ranks [2]"), "{err}");
@@ -229,7 +233,8 @@ fn failing_worker_is_the_root_cause(flags: &str) {
         let start = Instant::now();
         let err = exe.execute(&args_for(4, 1.0)).unwrap_err();
         assert!(start.elapsed() < Duration::from_millis(timeout_ms * 4), "took {:?}", start.elapsed());
-        let Error::Device { device: 1, timeout: false, ref label, .. } = err else { panic!("round {round}: {err}") };
+        let Error::Device { device: 1, ref label, .. } = err else { panic!("round {round}: {err}") };
+        assert!(!err.is_timeout(), "round {round}: the root cause, not a peer's timeout: {err}");
         assert_eq!(label, "all-reduce 'ar'", "{err}");
         let text = err.to_string();
         assert!(text.contains("injected fault: device 1 failed before collective 'ar'"), "{text}");

@@ -38,14 +38,10 @@ pub trait Gpu: Debug + Send + Sync + 'static {
     /// A zeroed device allocation peers may read, write and poll while kernels run.
     type Buffer: Debug + Send + Sync;
 
-    /// Number of devices visible (an error if the runtime cannot be loaded).
-    fn device_count() -> Result<usize>;
     /// Opens device `ordinal` (its primary context on CUDA).
     fn open(ordinal: usize) -> Result<Self::Context>;
     /// Makes the device current on the calling thread.
     fn bind(ctx: &Self::Context) -> Result<()>;
-    /// The device's ordinal.
-    fn ordinal(ctx: &Self::Context) -> usize;
     /// The device's marketing name.
     fn name(ctx: &Self::Context) -> Result<String>;
     /// Streaming multiprocessors (CUDA) or compute units (HIP).
@@ -89,8 +85,8 @@ pub trait Gpu: Debug + Send + Sync + 'static {
 }
 
 /// Implements [`Gpu`] for a vendor module's marker type by forwarding to that module's owners
-/// (`Context`, `Module`, `Function`, `Stream`, `DeviceBuffer` and `device_count`, which both
-/// vendor modules define with the same shapes). Only the names that differ are arguments:
+/// (`Context`, `Module`, `Function`, `Stream` and `DeviceBuffer`, which both vendor modules
+/// define with the same shapes). Only the names that differ are arguments:
 /// the compute-unit query and the allocation that peers may access while kernels run.
 macro_rules! forward_gpu {
     ($marker:ty, name: $name:literal, ccl: $ccl:literal, units: $units:ident, alloc: $alloc:ident) => {
@@ -103,17 +99,11 @@ macro_rules! forward_gpu {
             type Stream = Stream;
             type Buffer = DeviceBuffer;
 
-            fn device_count() -> Result<usize> {
-                device_count()
-            }
             fn open(ordinal: usize) -> Result<Context> {
                 Context::new(ordinal)
             }
             fn bind(ctx: &Context) -> Result<()> {
                 ctx.bind()
-            }
-            fn ordinal(ctx: &Context) -> usize {
-                ctx.ordinal
             }
             fn name(ctx: &Context) -> Result<String> {
                 ctx.name()

@@ -13,9 +13,7 @@ pub use ffi::cuda::Cuda;
 use ffi::nvrtc::Output;
 
 use crate::gpu::{self, Backend};
-pub use crate::gpu::{
-    Algo, BLOCKS, DEFAULT_GRID, Dtype, MAX_RANKS, Probe, Red, SIGNAL_BYTES, SOURCES, THREADS, TYPES_HEADER, grid,
-};
+pub use crate::gpu::{Algo, BLOCKS, DEFAULT_GRID, Dtype, MAX_RANKS, Probe, Red, SIGNAL_BYTES, SOURCES, THREADS, grid};
 use crate::{Error, Result};
 
 /// The CUDA clique: local GPUs with primary contexts, streams and the kernel module.
@@ -28,8 +26,6 @@ pub type AllReduce = gpu::AllReduce<Cuda>;
 pub type AllGather = gpu::AllGather<Cuda>;
 /// NCCL's communicators for a clique.
 pub type NcclClique = gpu::CclClique<Cuda>;
-/// The symmetric arena on CUDA.
-pub type SymmetricArena = gpu::SymmetricArena<Cuda>;
 
 /// Compiles every kernel source that is a translation unit (not headers) for compute
 /// capability `cc`. Used by the device layer (CUBIN) and by CI (PTX for sm_80 / sm_90).

@@ -4,8 +4,7 @@
 //!
 //! Here: one [`Clique`] of local GPUs (a context, a stream and the kernel modules per device),
 //! peer access enabled once per pair and checked by a real cross-device write/read probe
-//! (`pl_probe`), the symmetric arena ([`SymmetricArena`]), the launch geometry and signal
-//! sizing, the kernel sources (one tree, compiled by NVRTC or hipRTC through
+//! (`pl_probe`), the launch geometry and signal sizing, the kernel sources (one tree, compiled by NVRTC or hipRTC through
 //! `peerless_device.h`), the kernels' argument structs (`args`) and the collective
 //! launchers and vendor-library fallback ([`AllReduce`], [`AllGather`], [`CclClique`]).
 //! `crate::cuda` and `crate::rocm` hold only their compilers, their [`Backend`] impls and
@@ -282,23 +281,4 @@ fn probe_pair<B: Backend>(a: &Device<B>, b: &Device<B>) -> Probe {
         })
     };
     run().unwrap_or_else(|e| Probe::Failed(e.to_string()))
-}
-
-/// The symmetric arena of one executable: the same size, hence the same offsets, on every
-/// device of a clique. Collectives' staging and signals live in it.
-#[derive(Debug)]
-pub struct SymmetricArena<B: Backend> {
-    pub bufs: Vec<B::Buffer>,
-    pub len: usize,
-}
-
-impl<B: Backend> SymmetricArena<B> {
-    pub fn new(clique: &Clique<B>, len: usize) -> Result<Self> {
-        Ok(SymmetricArena { bufs: clique.alloc(len)?, len })
-    }
-
-    /// Address of byte `offset` on every device.
-    pub fn at(&self, offset: usize) -> Vec<u64> {
-        self.bufs.iter().map(|b| B::ptr(b) + offset as u64).collect()
-    }
 }

@@ -16,7 +16,8 @@
 //!
 //! The table handed out is a copy of the plugin's with five slots replaced:
 //! `PJRT_Client_Create` registers the collective pass through the plugin's XlaTransform
-//! extension (once per process) unless the Python package registered it first, and
+//! extension (once per process) unless the Python package loaded the wrapper (the pass is then
+//! the package's) or `PEERLESS_ENABLE=0`, and
 //! `PJRT_Client_Compile` takes Peerless's per-executable options out of the compile options
 //! (`compiler_options={"all_reduce_backend": "fallback"}`, or `peerless_flags`) and applies
 //! them to the pass for that compile; the three `PJRT_Error` slots answer for the errors

@@ -197,12 +197,13 @@ pub fn run_pass(platform: &str, module: &[u8], flags: &str, local_devices: &str)
 /// name too: at most one of the two registers it).
 pub const PASS_NAME: &str = "peerless_collectives";
 
-/// Set once the Python package registered the pass itself (it adds the job's topology under
-/// jax.distributed and counts decisions for `stats()`); the wrapper then does not.
+/// Set once the Python package loaded the wrapper: the pass is then the package's to register
+/// or leave off (it adds the job's topology under jax.distributed and counts decisions for
+/// `stats()`); the wrapper's client creation does not register it.
 static PYTHON_OWNS_PASS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
-/// `PeerlessXlaPassFromPython`: the Python package registers the pass for the wrapped
-/// platform; called before any client exists.
+/// `PeerlessXlaPassFromPython`: the Python package owns the pass on the wrapped platform;
+/// called once it loaded the wrapper, before any client exists.
 pub fn python_owns_pass() {
     PYTHON_OWNS_PASS.store(true, std::sync::atomic::Ordering::SeqCst);
 }
@@ -228,12 +229,13 @@ fn transform_cuda(module: &[u8]) -> Option<Vec<u8>> {
 }
 
 /// Registers the pass in `inner`'s XlaTransform registry for `platform` ("cpu", "cuda") at
-/// PRE_SCHEDULER, once per process, unless the Python package owns it. Returns whether this
-/// call registered it.
+/// PRE_SCHEDULER, once per process, unless the Python package owns it or `PEERLESS_ENABLE=0`
+/// (the wrapper without the pass, as under JAX). Returns whether this call registered it.
 pub fn register_pass_in(inner: &ffi::pjrt::InnerPlugin, platform: &str) -> Result<bool, String> {
     static DONE: std::sync::Mutex<bool> = std::sync::Mutex::new(false);
     let mut done = DONE.lock().unwrap_or_else(|e| e.into_inner());
-    if *done || PYTHON_OWNS_PASS.load(std::sync::atomic::Ordering::SeqCst) {
+    let off = std::env::var("PEERLESS_ENABLE").as_deref() == Ok("0");
+    if *done || off || PYTHON_OWNS_PASS.load(std::sync::atomic::Ordering::SeqCst) {
         return Ok(false);
     }
     let f: ffi::pjrt::TransformFn = match platform {

@@ -160,3 +160,17 @@ def test_peerless_flags_as_a_client_create_option(flags, want):
         assert "CALLS" in p.stdout and p.stdout.split("CALLS")[1].split()[0] != "0", p.stdout + p.stderr[-3000:]
     else:
         assert want in p.stdout, p.stdout + p.stderr[-3000:]
+
+
+def test_peerless_enable_0_leaves_the_pass_off_on_the_wrapped_platform():
+    """PEERLESS_ENABLE=0 is the wrapper without the pass: the package then registers no
+    pass, and the wrapper's client creation must not register one in its stead (it does only
+    for clients without the package)."""
+    import subprocess
+    import sys
+
+    env = dict(os.environ, JAX_PLATFORMS="peerless", PEERLESS_ENABLE="0")
+    p = subprocess.run([sys.executable, "-c", CREATE_OPTION_PROBE], env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "CALLS 0" in p.stdout, p.stdout + p.stderr[-3000:]

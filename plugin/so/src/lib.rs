@@ -86,8 +86,9 @@ pub unsafe extern "C" fn PeerlessXlaHandlerCalls(platform: *const std::ffi::c_ch
     plugin::xla_handlers::handler_calls(&p)
 }
 
-/// The Python package registers the collective pass on the wrapped platform itself (with
-/// the job's topology and `stats()`): the wrapper's client creation then does not.
+/// The Python package loaded the wrapper and owns the collective pass on it (registers it
+/// with the job's topology and `stats()`, or leaves it off): the wrapper's client creation
+/// then does not register it.
 #[unsafe(no_mangle)]
 pub extern "C" fn PeerlessXlaPassFromPython() {
     plugin::xla_inside::python_owns_pass();

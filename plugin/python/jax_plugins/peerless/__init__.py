@@ -219,6 +219,11 @@ def _register_wrapper(xla_bridge, path: str, inner: str, platform: str) -> None:
     _wrapped_platform = platform
     from . import inside
 
+    # With this package loaded, the pass is its to register (`enable()` / `disable()`,
+    # PEERLESS_ENABLE=0, the job's topology): the wrapper's client creation, which registers it
+    # for clients without the package, must leave it alone, whether or not it goes on here.
+    if c_api is not None:
+        inside._dll().PeerlessXlaPassFromPython()
     if jax_cuda:
         inside._register_targets("cuda")  # JAX holds it until its CUDA plugin is initialised
     # The pass goes on where the platform will be used: JAX_PLATFORMS names it, or is unset

@@ -381,10 +381,6 @@ def enable_wrapped_at_start(c_api, platform: str) -> None:
 
     if not _state["flags"]:
         _state["flags"] = os.environ.get("PEERLESS_FLAGS", "")
-    # The wrapper registers the pass at client creation for clients without this package;
-    # here the package does (topology under jax.distributed, stats()), so it tells the
-    # wrapper first.
-    _dll().PeerlessXlaPassFromPython()
     _xla.register_xla_transform_c_api(c_api, PASS_NAME, 0, _make_pass(platform, backend=PLATFORM))
     _state["enabled"].add(PLATFORM)
 

@@ -269,8 +269,9 @@ fn iota_groups(l: &pb::IotaReplicaGroupListProto) -> ReplicaGroups {
 
 /// Replica groups named by mesh axes, as XLA expands them: the mesh's device array is
 /// reshaped so that every referenced (sub-)axis is a dimension of its own, the referenced
-/// dimensions are moved last (in mesh-axis order; sub-axes of one axis in the order they are
-/// listed), and the result is read as groups of the referenced dimensions' product.
+/// dimensions are moved last in the order the axes are listed (`{'z','y'}` makes `z` the
+/// major one: a member's position in its group follows the listed axes, as XLA:CPU and JAX's
+/// shard_map read it), and the result is read as groups of the referenced dimensions' product.
 fn mesh_axes_groups(l: &extra::MeshAxesList) -> Result<ReplicaGroups, String> {
     let mesh = l.mesh.as_ref().ok_or("no mesh")?;
     let sizes: Vec<i64> = mesh.axes.iter().map(|a| a.size).collect();
@@ -282,32 +283,32 @@ fn mesh_axes_groups(l: &extra::MeshAxesList) -> Result<ReplicaGroups, String> {
     // Per mesh axis: its factors after splitting off referenced sub-axes, and which of them
     // are referenced (indices into the factors, in listed order).
     let mut dims: Vec<i64> = Vec::new();
-    let mut grouped: Vec<i64> = Vec::new();
+    // The reshaped dimension of each listed axis reference, by its place in `l.axes`.
+    let mut dim_of_ref: Vec<Option<i64>> = vec![None; l.axes.len()];
     for (axis, &full) in sizes.iter().enumerate() {
-        let refs: Vec<&extra::AxisRef> = l.axes.iter().filter(|r| r.mesh_axis_index == axis as i64).collect();
+        let refs: Vec<(usize, &extra::AxisRef)> =
+            l.axes.iter().enumerate().filter(|(_, r)| r.mesh_axis_index == axis as i64).collect();
         let offset = dims.len() as i64;
         match refs.as_slice() {
             [] => dims.push(full),
-            [r] if r.sub_axis_info.is_none() => {
+            [(k, r)] if r.sub_axis_info.is_none() => {
                 dims.push(full);
-                grouped.push(offset);
+                dim_of_ref[*k] = Some(offset);
             }
             _ => {
                 let mut subs = refs
                     .iter()
-                    .enumerate()
-                    .map(|(i, r)| {
+                    .map(|&(k, r)| {
                         let s = r.sub_axis_info.as_ref().ok_or("an axis is referenced both whole and split")?;
                         if s.pre_size < 1 || s.size < 2 {
                             return Err(format!("bad sub-axis ({}){}", s.pre_size, s.size));
                         }
-                        Ok((s.pre_size, s.size, i))
+                        Ok((s.pre_size, s.size, k))
                     })
                     .collect::<Result<Vec<_>, String>>()?;
                 subs.sort_by_key(|&(pre, _, _)| pre);
-                let mut placed = vec![0i64; subs.len()];
                 let mut prefix = 1i64;
-                for &(pre, size, i) in &subs {
+                for &(pre, size, k) in &subs {
                     if pre % prefix != 0 {
                         return Err(format!("sub-axes of mesh axis {axis} overlap"));
                     }
@@ -315,7 +316,7 @@ fn mesh_axes_groups(l: &extra::MeshAxesList) -> Result<ReplicaGroups, String> {
                         dims.push(pre / prefix);
                         prefix = pre;
                     }
-                    placed[i] = dims.len() as i64;
+                    dim_of_ref[k] = Some(dims.len() as i64);
                     dims.push(size);
                     prefix = prefix.checked_mul(size).filter(|&p| p <= full).ok_or("sub-axes exceed their axis")?;
                 }
@@ -325,13 +326,14 @@ fn mesh_axes_groups(l: &extra::MeshAxesList) -> Result<ReplicaGroups, String> {
                 if prefix != full {
                     dims.push(full / prefix);
                 }
-                grouped.extend(placed);
             }
         }
     }
     if l.axes.iter().any(|r| r.mesh_axis_index < 0 || r.mesh_axis_index as usize >= sizes.len()) {
         return Err(format!("axis index out of range for a mesh of {} axes", sizes.len()));
     }
+    let grouped: Vec<i64> =
+        dim_of_ref.iter().map(|d| d.ok_or("an axis reference was not placed")).collect::<Result<_, _>>()?;
     let group_size: i64 = grouped.iter().map(|&g| dims[g as usize]).product();
     let mut perm: Vec<i64> = (0..dims.len() as i64).filter(|d| !grouped.contains(d)).collect();
     perm.extend(&grouped);
@@ -1022,6 +1024,20 @@ mod tests {
         assert_eq!(
             groups(mesh(&[8], vec![]), vec![sub(0, 2, 2)]),
             vec![vec![0, 2], vec![1, 3], vec![4, 6], vec![5, 7]]
+        );
+        // Axes listed out of mesh order keep the listed order: over ('z','y') of x=2,y=2,z=2,
+        // z is the major axis of the group (devices 0, 2, 1, 3), which JAX's shard_map and
+        // XLA:CPU both use (psum_scatter over ("z","y") hands shard 1 to device 2).
+        assert_eq!(groups(mesh(&[2, 2, 2], vec![]), vec![axis(2), axis(1)]), vec![vec![0, 2, 1, 3], vec![4, 6, 5, 7]]);
+        assert_eq!(groups(mesh(&[2, 4], vec![]), vec![axis(1), axis(0)]), vec![vec![0, 4, 1, 5, 2, 6, 3, 7]]);
+        assert_eq!(
+            groups(mesh(&[2, 2, 2], vec![]), vec![axis(2), axis(0), axis(1)]),
+            vec![vec![0, 2, 4, 6, 1, 3, 5, 7]]
+        );
+        // Sub-axes of one axis listed minor first.
+        assert_eq!(
+            groups(mesh(&[8], vec![]), vec![sub(0, 4, 2), sub(0, 1, 2)]),
+            vec![vec![0, 4, 1, 5], vec![2, 6, 3, 7]]
         );
         // Explicit device order: groups name devices, not mesh positions.
         assert_eq!(groups(mesh(&[2, 2], vec![3, 2, 1, 0]), vec![axis(1)]), vec![vec![3, 2], vec![1, 0]]);

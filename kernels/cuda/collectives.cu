@@ -130,11 +130,14 @@ PL_INT_TRAITS(s64)
 PL_INT_TRAITS(u64)
 PL_INT_TRAITS(s8)
 
-// ---- reductions (NaN-propagating min/max for floats: a + b is NaN when either is) ----
+// ---- reductions ----
+// Float min/max follow XLA: NaN-ignoring like NCCL's fmaxf/__hmax (a NaN is replaced by the
+// other operand; all-NaN stays NaN), and on ties (+0 vs -0) the earlier member in group
+// order wins, as XLA:CPU's collectives fold. Integers: the same expressions (never NaN).
 struct Sum { template <typename A> static PL_DEVICE A f(A a, A b) { return a + b; } };
 struct Prod { template <typename A> static PL_DEVICE A f(A a, A b) { return a * b; } };
-struct Min { template <typename A> static PL_DEVICE A f(A a, A b) { return (a != a || b != b) ? a + b : (b < a ? b : a); } };
-struct Max { template <typename A> static PL_DEVICE A f(A a, A b) { return (a != a || b != b) ? a + b : (b > a ? b : a); } };
+struct Min { template <typename A> static PL_DEVICE A f(A a, A b) { return (a != a || b < a) ? b : a; } };
+struct Max { template <typename A> static PL_DEVICE A f(A a, A b) { return (a != a || b > a) ? b : a; } };
 struct And { template <typename A> static PL_DEVICE A f(A a, A b) { return a & b; } };
 struct Or { template <typename A> static PL_DEVICE A f(A a, A b) { return a | b; } };
 struct Xor { template <typename A> static PL_DEVICE A f(A a, A b) { return a ^ b; } };  // pred "add"

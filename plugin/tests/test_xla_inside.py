@@ -611,6 +611,218 @@ def test_partial_permute_not_naming_the_last_devices():
         run_both(f, (x,), expect_ops={"collective-permute"})
 
 
+# ---- group order: axes named out of mesh order ------------------------------------------------
+#
+# A member's position in its group, not its device id, decides which block an all-gather puts
+# where, which chunk an all-to-all sends to whom, which shard a reduce-scatter keeps and who a
+# ppermute talks to. Over ("z", "y") of a 2x2x2 ("x", "y", "z") mesh the groups are
+# {{0,2,1,3},{4,6,5,7}}: z is the major axis of the group. XLA writes such groups in the
+# mesh-axes form (`replica_groups=mesh[...] {'z','y'}`); Peerless once sorted them.
+
+ORDER_MESHES = {
+    "2x2x2": ((2, 2, 2), ("x", "y", "z")),
+    "2x4": ((2, 4), ("x", "y")),
+    "4x2": ((4, 2), ("x", "y")),
+}
+ORDER_OPS = ["psum", "all_gather_tiled0", "all_gather_untiled0", "psum_scatter0", "all_to_all", "ppermute_ring"]
+ORDER_KINDS = {OPS[o][0] for o in ORDER_OPS}
+
+
+def ordered_axes(names):
+    """Every ordered choice of one or more distinct axes."""
+    from itertools import permutations
+
+    return [c for r in range(1, len(names) + 1) for c in permutations(names, r)]
+
+
+ORDER_CASES = [(m, axes) for m, (_, names) in ORDER_MESHES.items() for axes in ordered_axes(names)]
+
+
+def order_mesh(name):
+    shape, names = ORDER_MESHES[name]
+    need(math.prod(shape))
+    return Mesh(np.array(cpu_devices()[: math.prod(shape)]).reshape(shape), names)
+
+
+def expected_groups(mesh, axes):
+    """XLA's groups over `axes` (listed order = major to minor within a group), as device ids."""
+    ids = np.vectorize(lambda d: d.id)(mesh.devices)
+    names = list(mesh.axis_names)
+    grouped = [names.index(a) for a in axes]
+    rest = [i for i in range(len(names)) if i not in grouped]
+    k = math.prod(mesh.shape[a] for a in axes)
+    return np.transpose(ids, rest + grouped).reshape(-1, k).tolist()
+
+
+def fmt_groups(groups):
+    return "{" + ",".join("{" + ",".join(str(i) for i in g) + "}" for g in groups) + "}"
+
+
+@pytest.mark.parametrize("mesh_name,axes", ORDER_CASES, ids=[f"{m}-{'+'.join(a)}" for m, a in ORDER_CASES])
+def test_group_order_shard_map(mesh_name, axes):
+    """Every collective kind over an ordered choice of mesh axes, through shard_map: the same
+    answer as XLA alone, every collective on a kernel, decisions print groups in XLA's order."""
+    mesh = order_mesh(mesh_name)
+    k = axis_size(mesh, axes)
+    ndev = mesh.devices.size
+    spec = P(mesh.axis_names)  # dim 0 over every mesh axis: each device holds its own block
+    f = jax.shard_map(
+        lambda v: tuple(OPS[o][2](v, axes, k) for o in ORDER_OPS), mesh=mesh, in_specs=spec, out_specs=spec
+    )
+    x = sample((ndev * BLOCK[0], BLOCK[1]), np.float32, seed=zlib.crc32(f"{mesh_name}{axes}".encode()) % 1000)
+    # JAX refuses a ppermute over axes out of mesh order unless told to allow it.
+    with jax._src.config.raise_on_ppermute_sort_diff(False):
+        decisions = run_both(f, (x,), expect_ops=ORDER_KINDS)
+    want = fmt_groups(expected_groups(mesh, axes))
+    for d in decisions:
+        if d["op"] != "collective-permute":
+            assert d["groups"] == want, f"want groups={want}\n" + show(decisions)
+
+
+PARTITIONER_CASES = [a for a in ordered_axes(ORDER_MESHES["2x2x2"][1]) if len(a) > 1]
+
+
+@pytest.mark.parametrize("axes", PARTITIONER_CASES, ids=["+".join(a) for a in PARTITIONER_CASES])
+def test_group_order_partitioner(axes):
+    """The same orders through XLA's partitioner (jit on NamedSharding arrays, no shard_map): a
+    contraction sharded over `axes`, its result resharded over them, then moved between
+    dimensions and replicated."""
+    mesh = order_mesh("2x2x2")
+    wsc = jax.lax.with_sharding_constraint
+
+    def f(x, w):
+        y = wsc(x @ w, NamedSharding(mesh, P(axes, None)))  # partial sums, scattered over axes
+        t = wsc(y * 2.0, NamedSharding(mesh, P(None, axes)))  # rows to columns
+        g = wsc(t + 1.0, NamedSharding(mesh, P()))  # gathered
+        return y, t, g
+
+    x = put(mesh, sample((16, 32), np.float32, 60), None, axes)
+    w = put(mesh, sample((32, 16), np.float32, 61), axes, None)
+    oracle, rewritten, decisions = compile_both(f, (x, w))
+    assert decisions, "XLA handed the pass no collective"
+    assert all(is_kernel(d) for d in decisions), show(decisions)
+    want = fmt_groups(expected_groups(mesh, axes))
+    assert any(d["groups"] == want for d in decisions), f"no collective over {want}:\n" + show(decisions)
+    assert_tree_same(rewritten(x, w), oracle(x, w))
+
+
+def test_matmul_reduce_scatter_over_z_y():
+    """JAX's ShardMapTest.test_matmul_reduce_scatter, reduced: psum_scatter over ("z", "y")."""
+    mesh = order_mesh("2x2x2")
+    a = put(mesh, np.arange(64.0, dtype=np.float32).reshape(8, 8), "z", "y")
+    b = put(mesh, np.arange(64.0, dtype=np.float32).reshape(8, 8), "y", None)
+    f = jax.shard_map(
+        lambda a, b: jax.lax.psum_scatter(a @ b, ("z", "y"), scatter_dimension=0, tiled=True),
+        mesh=mesh, in_specs=(P("z", "y"), P("y", None)), out_specs=P(("z", "y"), None),
+    )
+    (d,) = run_both(f, (a, b), expect_ops={"reduce-scatter"})
+    assert d["groups"] == "{{0,2,1,3},{4,6,5,7}}", show([d])
+    e = np.arange(64.0).reshape(8, 8) @ np.arange(64.0).reshape(8, 8)
+    peerless.enable(CPU)
+    try:
+        jax.clear_caches()
+        got = np.asarray(jax.jit(f)(a, b))
+    finally:
+        peerless.disable(CPU)
+        jax.clear_caches()
+    np.testing.assert_array_equal(got, e[:4] + e[4:])
+
+
+# ---- edge values: NaN, ±inf, ±0, denormals, extremes, through every reduction ----------------
+#
+# XLA:CPU's collective max / min skip NaN (pmax([NaN, 1, ..., 7]) = 7; all-NaN gives -inf for
+# max, +inf for min), keep the earlier member on ties (-0 vs +0), and add f16 in f16: Peerless
+# must give the same bits.
+
+EDGE_FLOATS = [np.nan, -np.nan, np.inf, -np.inf, 0.0, -0.0, 1.0, -1.0, 2.5, -7.0]
+
+
+def edge_values(dtype, rows, seed):
+    dtype = np.dtype(dtype)
+    rng = np.random.default_rng(seed)
+    if dtype == np.bool_:
+        return rng.integers(0, 2, size=(N * rows, 16)).astype(np.bool_)
+    if jnp.issubdtype(dtype, jnp.integer):
+        info = np.iinfo(dtype)
+        pool = np.array([info.min, info.max, 0, 1, -1 if info.min < 0 else 2, info.min + 1, info.max - 1], dtype)
+    else:
+        finfo = jnp.finfo(dtype)
+        tiny = float(finfo.smallest_subnormal) if hasattr(finfo, "smallest_subnormal") else float(finfo.tiny) / 2
+        extra = [float(finfo.max), -float(finfo.max), float(finfo.tiny), tiny, -tiny]
+        pool = np.array(EDGE_FLOATS + extra, np.float64).astype(dtype)
+    x = pool[rng.integers(0, len(pool), size=(N * rows, 16))]
+    if not jnp.issubdtype(dtype, jnp.integer) and dtype != np.bool_:
+        # Fixed columns: the member order of a NaN and of signed zeros, all-NaN, all zeros.
+        col = lambda vals: np.repeat(np.array(vals, np.float64), rows).astype(dtype)  # noqa: E731
+        x[:, 0] = col([np.nan, 1, 2, 3, 4, 5, 6, 7])
+        x[:, 1] = col([1, 2, 3, 4, 5, 6, 7, np.nan])
+        x[:, 2] = col([np.inf, np.nan, -np.inf, 1, 2, 3, 4, 5])
+        x[:, 3] = col([-0.0, 0.0] * 4)
+        x[:, 4] = col([0.0, -0.0] * 4)
+        x[:, 5] = col([np.nan] * 8)
+        x[:, 6] = col([-1, -2, 0.0, -3, -4, -5, -6, -0.0])
+    return x
+
+
+def same_bits(got, want, what):
+    got, want = np.asarray(got), np.asarray(want)
+    assert got.dtype == want.dtype and got.shape == want.shape, what
+    if jnp.issubdtype(got.dtype, jnp.floating):
+        gn, wn = np.isnan(got.astype(np.float32)), np.isnan(want.astype(np.float32))
+        np.testing.assert_array_equal(gn, wn, err_msg=f"{what}: NaN positions")
+        bits = np.dtype(f"u{got.dtype.itemsize}")
+        np.testing.assert_array_equal(got.view(bits)[~gn], want.view(bits)[~wn], err_msg=f"{what}: bits")
+    else:
+        np.testing.assert_array_equal(got, want, err_msg=what)
+
+
+EDGE_DTYPES = ["float32", "bfloat16", "float16", "int32", "uint8", "int8", "uint32", "bool"]
+EDGE_REDUCTIONS = {
+    "psum": lambda v, a: jax.lax.psum(v, a),
+    "pmax": lambda v, a: jax.lax.pmax(v, a),
+    "pmin": lambda v, a: jax.lax.pmin(v, a),
+    "psum_scatter": lambda v, a: jax.lax.psum_scatter(v, a, scatter_dimension=0, tiled=True),
+}
+
+
+@pytest.mark.parametrize("dtype", EDGE_DTYPES)
+@pytest.mark.parametrize("mesh_axes", [("1d8", "x"), ("2x2x2", ("z", "x"))], ids=["1d8", "2x2x2-z+x"])
+def test_edge_values_every_reduction(dtype, mesh_axes):
+    """sum / max / min (all-reduce, and sums as reduce-scatter) of edge values: bit for bit
+    XLA's answer (NaN positions, the sign of zero), except float sums, which get the dtype
+    tolerance (NaN and inf where XLA has them)."""
+    mesh_name, axis = mesh_axes
+    mesh = make_mesh(mesh_name) if mesh_name in MESHES else order_mesh(mesh_name)
+    dt = jnp.dtype(dtype)
+    names = [n for n in EDGE_REDUCTIONS if not (dt == np.bool_ and n.startswith("psum"))]
+    spec = P(mesh.axis_names)
+    f = jax.shard_map(lambda v: tuple(EDGE_REDUCTIONS[n](v, axis) for n in names), mesh=mesh,
+                      in_specs=spec, out_specs=spec)
+    x = edge_values(dt, 8, zlib.crc32(f"{dtype}{mesh_name}".encode()))
+    oracle, rewritten, decisions = compile_both(f, (x,))
+    assert decisions and all(is_kernel(d) for d in decisions), show(decisions)
+    got, want = rewritten(x), oracle(x)
+    for n, g, w in zip(names, got, want):
+        if n.startswith("psum") and jnp.issubdtype(dt, jnp.floating):
+            assert_same(g, w, f"{n} {dtype}")
+        else:
+            same_bits(g, w, f"{n} {dtype}")
+
+
+def test_edge_values_f64():
+    """f64 (jax_enable_x64) max / min / sum of edge values."""
+    with jax.enable_x64(True):
+        mesh = make_mesh("1d8")
+        f = shard_map_program(mesh, "x", lambda v, a, k: (jax.lax.pmax(v, a), jax.lax.pmin(v, a), jax.lax.psum(v, a)))
+        x = edge_values(np.float64, 8, 99)
+        oracle, rewritten, decisions = compile_both(f, (x,))
+        assert decisions and all(is_kernel(d) for d in decisions), show(decisions)
+        got, want = rewritten(x), oracle(x)
+        same_bits(got[0], want[0], "pmax f64")
+        same_bits(got[1], want[1], "pmin f64")
+        assert_same(got[2], want[2], "psum f64")
+
+
 # ---- dtypes the kernels do not take: fallbacks that still agree -----------------------------
 
 F8_OPS = {

@@ -6,11 +6,14 @@
 //! - `pred`: sum is xor (XLA adds `i1`), prod / min / and are and, max / or are or;
 //!   any non-zero byte is true and results are 0 or 1.
 //! - integers: sum and prod wrap; min / max; and / or are bitwise.
-//! - `f16` / `bf16`: members are widened to `f32`, folded in `f32` and rounded once at the
-//!   end, as the GPU kernels do (XLA's interpreter rounds after every step instead, so
-//!   comparisons against it need a tolerance for 16-bit sums and products).
-//! - `f32` / `f64`: folded in their own type. min / max propagate NaN (the first NaN in
-//!   member order wins) and order -0 below +0, like `llvm.minimum` / `llvm.maximum`.
+//! - `bf16`: members are widened to `f32`, folded in `f32` and rounded once at the end, as
+//!   the GPU kernels do (XLA:CPU widens bf16 collectives to f32 before the pass).
+//! - `f16`: sums and products round to f16 after every step, as XLA:CPU's f16 collectives
+//!   do (overflow included); min / max need no rounding.
+//! - `f32` / `f64`: folded in their own type. min / max give what XLA:CPU's collectives
+//!   give (measured, jax 0.11.2, 8 host devices): NaN members are skipped, all-NaN gives
+//!   -inf for max and +inf for min, and of -0 and +0 the earlier member wins. (The CUDA
+//!   kernels follow NCCL's `fmaxf` / `__hmax` instead: all-NaN stays NaN there.)
 //!
 //! A single member is copied byte for byte (no widening round trip).
 
@@ -95,7 +98,16 @@ impl Reducer {
             T::U32 => int!(u32, 4),
             T::U64 => int!(u64, 8),
             T::F16 => {
-                float!(2, f32, |b: [u8; 2]| f16::from_le_bytes(b).to_f32(), |v: f32| f16::from_f32(v).to_le_bytes())
+                let ld = |b: [u8; 2]| f16::from_le_bytes(b).to_f32();
+                let st = |v: f32| f16::from_f32(v).to_le_bytes();
+                // XLA:CPU adds and multiplies f16 collectives in f16, rounding every partial
+                // result (so 65504 + 65504 - 65504 is inf, as there); min / max are exact.
+                let r = |v: f32| f16::from_f32(v).to_f32();
+                match self.kind {
+                    K::Sum => fold::<2, f32>(m, out, ld, |a, b| r(a + b), st),
+                    K::Prod => fold::<2, f32>(m, out, ld, |a, b| r(a * b), st),
+                    _ => float!(2, f32, ld, st),
+                }
             }
             T::Bf16 => {
                 float!(2, f32, |b: [u8; 2]| bf16::from_le_bytes(b).to_f32(), |v: f32| bf16::from_f32(v).to_le_bytes())
@@ -111,8 +123,8 @@ impl Reducer {
 /// A float that min / max can order the way XLA does.
 trait MinMax: Copy + PartialOrd {
     fn is_nan(self) -> bool;
-    fn is_zero(self) -> bool;
-    fn is_sign_negative(self) -> bool;
+    /// -inf for max, +inf for min.
+    fn identity(max: bool) -> Self;
 }
 
 macro_rules! min_max_impl {
@@ -121,11 +133,8 @@ macro_rules! min_max_impl {
             fn is_nan(self) -> bool {
                 <$t>::is_nan(self)
             }
-            fn is_zero(self) -> bool {
-                self == 0.0
-            }
-            fn is_sign_negative(self) -> bool {
-                <$t>::is_sign_negative(self)
+            fn identity(max: bool) -> Self {
+                if max { <$t>::NEG_INFINITY } else { <$t>::INFINITY }
             }
         }
     };
@@ -133,20 +142,13 @@ macro_rules! min_max_impl {
 min_max_impl!(f32);
 min_max_impl!(f64);
 
-/// `llvm.maximum` (`max = true`) / `llvm.minimum`: NaN-propagating (the left NaN first),
-/// -0 < +0.
-fn min_max<F: MinMax>(x: F, y: F, max: bool) -> F {
-    if x.is_nan() {
-        x
-    } else if y.is_nan() {
-        y
-    } else if x.is_zero() && y.is_zero() {
-        if x.is_sign_negative() != max { x } else { y }
-    } else if (x > y) == max {
-        x
-    } else {
-        y
-    }
+/// XLA:CPU's collective max (`max = true`) / min, one step of the fold over members in group
+/// order. XLA:CPU starts from the identity (-inf for max) and takes a member only when it is
+/// strictly greater: NaN members are skipped (all-NaN gives -inf), and of -0 and +0 the
+/// earlier member stays. Folding from member 0 instead, a NaN there is the identity.
+fn min_max<F: MinMax>(acc: F, x: F, max: bool) -> F {
+    let acc = if acc.is_nan() { F::identity(max) } else { acc };
+    if if max { x > acc } else { x < acc } { x } else { acc }
 }
 
 /// Element `i` of width `W` from `m` (zeros past the end, which callers never ask for).
@@ -193,15 +195,18 @@ mod tests {
 
     #[test]
     fn float_min_max_follow_xla() {
-        let a = f32s(&[f32::NAN, 1.0, -0.0, 0.0, 2.0]);
-        let b = f32s(&[3.0, f32::NAN, 0.0, -0.0, -5.0]);
-        let max = run(T::F32, K::Max, &[a.clone(), b.clone()]);
-        let got: Vec<f32> = max.chunks(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
-        assert!(got[0].is_nan() && got[1].is_nan());
-        assert_eq!((got[2].to_bits(), got[3].to_bits(), got[4]), (0.0f32.to_bits(), 0.0f32.to_bits(), 2.0));
-        let min = run(T::F32, K::Min, &[a, b]);
-        let got: Vec<f32> = min.chunks(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
-        assert_eq!((got[2].to_bits(), got[3].to_bits(), got[4]), ((-0.0f32).to_bits(), (-0.0f32).to_bits(), -5.0));
+        // XLA:CPU (jax 0.11.2, 8 host devices): pmax([NaN, 1, ..., 7]) = 7, a NaN is skipped
+        // wherever it stands, all-NaN gives -inf (max) / +inf (min), and of equal zeros the
+        // first member's wins.
+        let a = f32s(&[f32::NAN, 1.0, -0.0, 0.0, 2.0, f32::NAN]);
+        let b = f32s(&[3.0, f32::NAN, 0.0, -0.0, -5.0, f32::NAN]);
+        let c = f32s(&[f32::NAN, f32::NAN, 0.0, 0.0, 1.0, f32::NAN]);
+        let bits =
+            |v: Vec<u8>| -> Vec<u32> { v.chunks(4).map(|c| u32::from_le_bytes(c.try_into().unwrap())).collect() };
+        let max = bits(run(T::F32, K::Max, &[a.clone(), b.clone(), c.clone()]));
+        assert_eq!(max, [3.0f32, 1.0, -0.0, 0.0, 2.0, f32::NEG_INFINITY].map(f32::to_bits));
+        let min = bits(run(T::F32, K::Min, &[a, b, c]));
+        assert_eq!(min, [3.0f32, 1.0, -0.0, 0.0, -5.0, f32::INFINITY].map(f32::to_bits));
     }
 
     #[test]

@@ -9,7 +9,7 @@
 set -uo pipefail
 LOG=${1:?usage: gpu_check.sh LOGDIR [BINDIR]}
 BIN=${2:-.gpu}
-STEPS=${GPU_CHECK_STEPS:-devices collectives inside multiprocess run bench torch jax psum}
+STEPS=${GPU_CHECK_STEPS:-devices collectives inside multiprocess order run bench torch jax psum}
 mkdir -p "$LOG"
 # NVLink multicast stays off (shared hosts): never remove these.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -46,6 +46,9 @@ has collectives && [ "$NGPU" -ge 2 ] && step cuda_collectives 300 "$BIN/cuda_col
 has inside && step inside 500 python3 plugin/tests/gpu_xla_inside.py check --out "$LOG/inside"
 # Processes: two processes per GPU pair (on one GPU: both on GPU 0) through CUDA IPC.
 has multiprocess && step multiprocess 400 python3 plugin/tests/gpu_multiprocess.py --out "$LOG/multiprocess"
+# Group order and edge values: eight processes on GPU 0 as a 2x2x2 mesh, every collective kind
+# over every ordered axis choice vs XLA:CPU alone, max / min of NaN / ±0 / ±inf vs NCCL's fmaxf.
+has order && step group_order 560 python3 plugin/tests/gpu_group_order.py --out "$LOG/group_order"
 # An HLO file through the CLI: XLA compiles it, Peerless's pass and kernels take its all-reduces.
 if has run && [ "$NGPU" -ge 4 ]; then
   step run_example 300 "$BIN/peerless" run hlo-tests/goldens/all_reduce_sum.pb --devices 4 --backend xla \

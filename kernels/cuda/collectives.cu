@@ -131,13 +131,19 @@ PL_INT_TRAITS(u64)
 PL_INT_TRAITS(s8)
 
 // ---- reductions ----
-// Float min/max follow XLA: NaN-ignoring like NCCL's fmaxf/__hmax (a NaN is replaced by the
-// other operand; all-NaN stays NaN), and on ties (+0 vs -0) the earlier member in group
-// order wins, as XLA:CPU's collectives fold. Integers: the same expressions (never NaN).
+// Float min/max are NCCL's (what XLA's GPU collectives run): fminf/fmaxf (fmin/fmax for f64),
+// which skip a NaN operand (all-NaN stays NaN); 16-bit floats are widened to f32, where
+// fmaxf gives what NCCL's __hmax gives on the 16-bit values. Integers: plain comparisons.
+template <typename A> PL_DEVICE A pl_minv(A a, A b) { return b < a ? b : a; }
+template <typename A> PL_DEVICE A pl_maxv(A a, A b) { return b > a ? b : a; }
+template <> PL_DEVICE float pl_minv<float>(float a, float b) { return fminf(a, b); }
+template <> PL_DEVICE float pl_maxv<float>(float a, float b) { return fmaxf(a, b); }
+template <> PL_DEVICE double pl_minv<double>(double a, double b) { return fmin(a, b); }
+template <> PL_DEVICE double pl_maxv<double>(double a, double b) { return fmax(a, b); }
 struct Sum { template <typename A> static PL_DEVICE A f(A a, A b) { return a + b; } };
 struct Prod { template <typename A> static PL_DEVICE A f(A a, A b) { return a * b; } };
-struct Min { template <typename A> static PL_DEVICE A f(A a, A b) { return (a != a || b < a) ? b : a; } };
-struct Max { template <typename A> static PL_DEVICE A f(A a, A b) { return (a != a || b > a) ? b : a; } };
+struct Min { template <typename A> static PL_DEVICE A f(A a, A b) { return pl_minv(a, b); } };
+struct Max { template <typename A> static PL_DEVICE A f(A a, A b) { return pl_maxv(a, b); } };
 struct And { template <typename A> static PL_DEVICE A f(A a, A b) { return a & b; } };
 struct Or { template <typename A> static PL_DEVICE A f(A a, A b) { return a | b; } };
 struct Xor { template <typename A> static PL_DEVICE A f(A a, A b) { return a ^ b; } };  // pred "add"

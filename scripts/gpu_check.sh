@@ -9,7 +9,7 @@
 set -uo pipefail
 LOG=${1:?usage: gpu_check.sh LOGDIR [BINDIR]}
 BIN=${2:-.gpu}
-STEPS=${GPU_CHECK_STEPS:-devices collectives inside multiprocess order run bench torch jax psum}
+STEPS=${GPU_CHECK_STEPS:-devices collectives inside edge multiprocess order run bench torch jax psum}
 mkdir -p "$LOG"
 # NVLink multicast stays off (shared hosts): never remove these.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -44,6 +44,8 @@ has devices && step devices 300 "$BIN/peerless" devices
 has collectives && [ "$NGPU" -ge 2 ] && step cuda_collectives 300 "$BIN/cuda_collectives" --ignored --test-threads=1
 # Peerless inside XLA through JAX: every collective kind vs XLA alone, command buffers on and off.
 has inside && step inside 500 python3 plugin/tests/gpu_xla_inside.py check --out "$LOG/inside"
+# Edge values (NaN, ±0, ±inf, overflow) through max / min / sum: Peerless vs XLA alone (NCCL).
+has edge && [ "$NGPU" -ge 2 ] && step edge_values 300 python3 plugin/tests/gpu_edge_values.py --out "$LOG/edge"
 # Processes: two processes per GPU pair (on one GPU: both on GPU 0) through CUDA IPC.
 has multiprocess && step multiprocess 400 python3 plugin/tests/gpu_multiprocess.py --out "$LOG/multiprocess"
 # Group order and edge values: eight processes on GPU 0 as a 2x2x2 mesh, every collective kind

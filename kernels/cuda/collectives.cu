@@ -99,27 +99,34 @@ template <> struct Tr<float> {
   typedef float Acc;
   static PL_DEVICE Acc up(float v) { return v; }
   static PL_DEVICE float down(Acc a) { return a; }
+  static PL_DEVICE Acc step(Acc a) { return a; }
 };
 template <> struct Tr<double> {
   typedef double Acc;
   static PL_DEVICE Acc up(double v) { return v; }
   static PL_DEVICE double down(Acc a) { return a; }
+  static PL_DEVICE Acc step(Acc a) { return a; }
 };
 template <> struct Tr<bf16> {
   typedef float Acc;
   static PL_DEVICE Acc up(bf16 v) { return to_f32(v); }
   static PL_DEVICE bf16 down(Acc a) { return from_f32_bf16(a); }
+  static PL_DEVICE Acc step(Acc a) { return a; }
 };
 template <> struct Tr<f16> {
   typedef float Acc;
   static PL_DEVICE Acc up(f16 v) { return to_f32(v); }
   static PL_DEVICE f16 down(Acc a) { return from_f32_f16(a); }
+  // f16 rounds after every step, as NCCL's __hadd / __hmul and XLA:CPU do (so overflow
+  // happens where theirs does); bf16 folds in f32 and rounds once.
+  static PL_DEVICE Acc step(Acc a) { return to_f32(from_f32_f16(a)); }
 };
 #define PL_INT_TRAITS(T)                            \
   template <> struct Tr<T> {                        \
     typedef T Acc;                                  \
     static PL_DEVICE Acc up(T v) { return v; }      \
     static PL_DEVICE T down(Acc a) { return a; }    \
+    static PL_DEVICE Acc step(Acc a) { return a; }  \
   };
 PL_INT_TRAITS(u8)
 PL_INT_TRAITS(s16)
@@ -144,6 +151,9 @@ struct Sum { template <typename A> static PL_DEVICE A f(A a, A b) { return a + b
 struct Prod { template <typename A> static PL_DEVICE A f(A a, A b) { return a * b; } };
 struct Min { template <typename A> static PL_DEVICE A f(A a, A b) { return pl_minv(a, b); } };
 struct Max { template <typename A> static PL_DEVICE A f(A a, A b) { return pl_maxv(a, b); } };
+// One step of a fold: the next member `x` into the accumulator, in the element's rounding.
+template <typename T, typename R>
+PL_DEVICE typename Tr<T>::Acc fold_step(typename Tr<T>::Acc a, T x) { return Tr<T>::step(R::f(a, Tr<T>::up(x))); }
 struct And { template <typename A> static PL_DEVICE A f(A a, A b) { return a & b; } };
 struct Or { template <typename A> static PL_DEVICE A f(A a, A b) { return a | b; } };
 struct Xor { template <typename A> static PL_DEVICE A f(A a, A b) { return a ^ b; } };  // pred "add"
@@ -187,7 +197,7 @@ PL_DEVICE void reduce_unit(T* dst, const Ptrs& stage, u64 par, u32 world, u64 u,
       union { vec16 v; T e[VEC]; } x;
       x.v = load16(reinterpret_cast<const T*>(stage.p[p] + par) + b);
 #pragma unroll
-      for (u32 k = 0; k < VEC; ++k) acc[k] = R::f(acc[k], Tr<T>::up(x.e[k]));
+      for (u32 k = 0; k < VEC; ++k) acc[k] = fold_step<T, R>(acc[k], x.e[k]);
     }
     union { vec16 v; T e[VEC]; } y;
 #pragma unroll
@@ -200,7 +210,7 @@ PL_DEVICE void reduce_unit(T* dst, const Ptrs& stage, u64 par, u32 world, u64 u,
   } else {
     for (u64 i = b; i < n; ++i) {
       A acc = Tr<T>::up(reinterpret_cast<const T*>(stage.p[0] + par)[i]);
-      for (u32 p = 1; p < world; ++p) acc = R::f(acc, Tr<T>::up(reinterpret_cast<const T*>(stage.p[p] + par)[i]));
+      for (u32 p = 1; p < world; ++p) acc = fold_step<T, R>(acc, reinterpret_cast<const T*>(stage.p[p] + par)[i]);
       dst[i] = Tr<T>::down(acc);
     }
   }
@@ -242,7 +252,7 @@ PL_DEVICE void reduce_vecs(vec16 (&y)[UN], const Ptrs& src, u32 world, const u64
 #pragma unroll
     for (u32 k = 0; k < UN; ++k)
 #pragma unroll
-      for (u32 i = 0; i < VEC; ++i) acc[k][i] = R::f(acc[k][i], Tr<T>::up(x[k].e[i]));
+      for (u32 i = 0; i < VEC; ++i) acc[k][i] = fold_step<T, R>(acc[k][i], x[k].e[i]);
   }
 #pragma unroll
   for (u32 k = 0; k < UN; ++k) {
@@ -272,7 +282,7 @@ PL_DEVICE vec16 reduce_wide(const Ptrs& src, u32 world, u64 off) {
   for (u32 p = 1; p < PL_MAX_RANKS; ++p)
     if (p < world) {
 #pragma unroll
-      for (u32 i = 0; i < VEC; ++i) acc[i] = R::f(acc[i], Tr<T>::up(x[p].e[i]));
+      for (u32 i = 0; i < VEC; ++i) acc[i] = fold_step<T, R>(acc[i], x[p].e[i]);
     }
   V o;
 #pragma unroll
@@ -576,7 +586,7 @@ PL_DEVICE void reduce_block(const Ptrs& srcs, u32 world, u32 k, T* out, const Bl
 #pragma unroll 1
     for (u32 p = 1; p < world; ++p) {
       const T* s = reinterpret_cast<const T*>(srcs.p[p] + off);
-      for (u32 i = 0; i < len; ++i) acc[i] = R::f(acc[i], Tr<T>::up(s[i]));
+      for (u32 i = 0; i < len; ++i) acc[i] = fold_step<T, R>(acc[i], s[i]);
     }
     for (u32 i = 0; i < len; ++i) dst[i] = Tr<T>::down(acc[i]);
   }

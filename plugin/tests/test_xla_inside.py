@@ -805,6 +805,9 @@ def test_edge_values_every_reduction(dtype, mesh_axes):
     for n, g, w in zip(names, got, want):
         if n.startswith("psum") and jnp.issubdtype(dt, jnp.floating):
             assert_same(g, w, f"{n} {dtype}")
+            g64, w64 = np.asarray(g).astype(np.float64), np.asarray(w).astype(np.float64)
+            zero = (g64 == 0) & (w64 == 0)
+            np.testing.assert_array_equal(np.signbit(g64[zero]), np.signbit(w64[zero]), f"{n} {dtype}: sign of zero")
         else:
             same_bits(g, w, f"{n} {dtype}")
 

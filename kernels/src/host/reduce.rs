@@ -10,6 +10,7 @@
 //!   the GPU kernels do (XLA:CPU widens bf16 collectives to f32 before the pass).
 //! - `f16`: sums and products round to f16 after every step, as XLA:CPU's f16 collectives
 //!   do (overflow included); min / max need no rounding.
+//! - floats: sums start from the identity +0 as XLA:CPU's do (all -0 members sum to +0).
 //! - `f32` / `f64`: folded in their own type. min / max give what XLA:CPU's collectives
 //!   give (measured, jax 0.11.2, 8 host devices): NaN members are skipped, all-NaN gives
 //!   -inf for max and +inf for min, and of -0 and +0 the earlier member wins. (The CUDA
@@ -70,7 +71,8 @@ impl Reducer {
         macro_rules! float {
             ($w:literal, $acc:ty, $ld:expr, $st:expr) => {{
                 match self.kind {
-                    K::Sum => fold::<$w, $acc>(m, out, $ld, |a, b| a + b, $st),
+                    // `+ 0.0`: XLA:CPU sums from the identity +0, so all -0 members give +0.
+                    K::Sum => fold::<$w, $acc>(m, out, |b| $ld(b) + 0.0, |a, b| a + b, $st),
                     K::Prod => fold::<$w, $acc>(m, out, $ld, |a, b| a * b, $st),
                     K::Min => fold::<$w, $acc>(m, out, $ld, |a, b| min_max(a, b, false), $st),
                     K::Max => fold::<$w, $acc>(m, out, $ld, |a, b| min_max(a, b, true), $st),
@@ -104,7 +106,7 @@ impl Reducer {
                 // result (so 65504 + 65504 - 65504 is inf, as there); min / max are exact.
                 let r = |v: f32| f16::from_f32(v).to_f32();
                 match self.kind {
-                    K::Sum => fold::<2, f32>(m, out, ld, |a, b| r(a + b), st),
+                    K::Sum => fold::<2, f32>(m, out, |b| ld(b) + 0.0, |a, b| r(a + b), st),
                     K::Prod => fold::<2, f32>(m, out, ld, |a, b| r(a * b), st),
                     _ => float!(2, f32, ld, st),
                 }
@@ -207,6 +209,14 @@ mod tests {
         assert_eq!(max, [3.0f32, 1.0, -0.0, 0.0, 2.0, f32::NEG_INFINITY].map(f32::to_bits));
         let min = bits(run(T::F32, K::Min, &[a, b, c]));
         assert_eq!(min, [3.0f32, 1.0, -0.0, 0.0, -5.0, f32::INFINITY].map(f32::to_bits));
+    }
+
+    #[test]
+    fn float_sums_start_from_plus_zero() {
+        let neg = f32s(&[-0.0, -0.0, 1.0]);
+        let got = run(T::F32, K::Sum, &[neg.clone(), neg]);
+        let bits: Vec<u32> = got.chunks(4).map(|c| u32::from_le_bytes(c.try_into().unwrap())).collect();
+        assert_eq!(bits, [0.0f32, 0.0, 2.0].map(f32::to_bits));
     }
 
     #[test]

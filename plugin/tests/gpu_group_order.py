@@ -16,8 +16,9 @@ Programs:
 
 Oracle: XLA alone can't run here (NCCL refuses two ranks on one GPU), so the orders are held
 against XLA:CPU alone (8 host devices, computed first in a child process) and the edge values'
-max / min against NCCL's semantics (what XLA's GPU collectives run: fmaxf / fminf per element,
-a NaN operand skipped, all-NaN stays NaN, -0 below +0, so the fold order does not matter).
+max / min against what XLA alone gives on GPUs, measured on 2x H100 (plugin/tests/
+gpu_edge_values.py): f32 / bf16 propagate NaN (XLA's Triton one-shot kernel), f16 skips a NaN
+operand (NCCL's fmaxf); -0 below +0 in both, so the fold order does not matter.
 Every bit is judged, the sign of zero included. Sums compare to a dtype tolerance.
 
     PEERLESS_PJRT_LIBRARY=$PWD/.gpu/libpeerless_pjrt.so PYTHONPATH=$PWD/plugin/python \\
@@ -134,19 +135,23 @@ def oracle(out_dir: str) -> None:
     print(json.dumps({"oracle": len(arrays)}), flush=True)
 
 
-def nccl_model(np, x, axes_groups, op):
-    """NCCL's max / min of `x`'s device blocks over each group: CUDA's fmaxf / fminf per element
-    (a NaN operand skipped, all-NaN stays NaN, -0 < +0: measured on an H100 with torch.fmax)."""
+def xla_gpu_model(np, x, axes_groups, op):
+    """XLA alone's max / min on GPUs (measured on 2x H100, jax 0.11.2): f32 / bf16 on XLA's
+    Triton one-shot kernel propagate NaN, f16 on NCCL skips a NaN operand (all-NaN stays NaN);
+    both order -0 below +0, so the fold order does not matter."""
+    propagate = x.dtype != np.float16
     blocks = np.split(x.astype(np.float32), NPROC)
     out = [None] * NPROC
 
     def step(acc, v):
         both0 = (acc == 0) & (v == 0)
         if op == "max":
-            return np.where(both0, np.where(np.signbit(acc) & np.signbit(v), np.float32(-0.0), np.float32(0.0)),
-                            np.fmax(acc, v))
-        return np.where(both0, np.where(~np.signbit(acc) & ~np.signbit(v), np.float32(0.0), np.float32(-0.0)),
-                        np.fmin(acc, v))
+            r = np.where(both0, np.where(np.signbit(acc) & np.signbit(v), np.float32(-0.0), np.float32(0.0)),
+                         np.fmax(acc, v))
+        else:
+            r = np.where(both0, np.where(~np.signbit(acc) & ~np.signbit(v), np.float32(0.0), np.float32(-0.0)),
+                         np.fmin(acc, v))
+        return np.where(np.isnan(acc) | np.isnan(v), np.float32(np.nan), r) if propagate else r
 
     for g in axes_groups:
         acc = blocks[g[0]]
@@ -205,7 +210,7 @@ def worker(pid: int, port: int, oracle_dir: str, platform: str) -> None:
                     if want_full.dtype.kind == "V":  # npz keeps bfloat16 as raw 2-byte records
                         want_full = want_full.view(got.dtype)
                     if name.startswith("edge:") and i < 2 and platform == "cuda" and got.dtype != np.int32:
-                        want_full = nccl_model(np, np.asarray(host), groups_over(np, EDGE_AXES), ("max", "min")[i])
+                        want_full = xla_gpu_model(np, np.asarray(host), groups_over(np, EDGE_AXES), ("max", "min")[i])
                         want_full = want_full.astype(got.dtype)
                     want = want_full[shard.index]
                     if got.dtype.kind == "f" or got.dtype == jnp.bfloat16:

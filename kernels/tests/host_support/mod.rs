@@ -213,29 +213,10 @@ pub fn tame_bytes(rng: &mut impl Rng, ty: T, len: usize) -> Vec<u8> {
 // ---------------------------------------------------------------------------------------
 // The oracle.
 
-fn min_max<F: Copy + PartialOrd>(
-    x: F,
-    y: F,
-    max: bool,
-    nan: fn(F) -> bool,
-    zero: fn(F) -> bool,
-    neg: fn(F) -> bool,
-) -> F {
-    if nan(x) {
-        x
-    } else if nan(y) {
-        y
-    } else if zero(x) && zero(y) {
-        if neg(x) != max { x } else { y }
-    } else if (x > y) == max {
-        x
-    } else {
-        y
-    }
-}
-
-/// Element-wise fold of `vals` (members in order) with XLA's reduction semantics; 16-bit
-/// floats accumulate in f32 and round once.
+/// Element-wise fold of `vals` (members in order) with XLA:CPU's collective semantics: float
+/// sums, max and min fold from the identity (+0, -inf, +inf), max / min take a member only
+/// when it is strictly greater / smaller (so NaN members are skipped and the earlier of -0 / +0
+/// stays); f16 rounds after every step, bf16 accumulates in f32 and rounds once.
 pub fn reduce(ty: T, kind: K, vals: &[&[u8]]) -> Vec<u8> {
     let w = ty.byte_size();
     let len = vals[0].len();
@@ -264,16 +245,33 @@ pub fn reduce(ty: T, kind: K, vals: &[&[u8]]) -> Vec<u8> {
             }};
         }
         macro_rules! float {
-            ($acc:ty, $get:expr, $put:expr) => {{
+            ($acc:ty, $get:expr, $put:expr, $round:expr) => {{
                 let get = $get;
-                let mut a: $acc = get(el(0));
-                for m in 1..vals.len() {
+                let round = $round;
+                let (mut a, first): ($acc, usize) = match kind {
+                    K::Sum => (0.0, 0),
+                    K::Max => (<$acc>::NEG_INFINITY, 0),
+                    K::Min => (<$acc>::INFINITY, 0),
+                    _ => (get(el(0)), 1),
+                };
+                for m in first..vals.len() {
                     let b: $acc = get(el(m));
                     a = match kind {
-                        K::Sum => a + b,
-                        K::Prod => a * b,
-                        K::Min | K::Max => {
-                            min_max(a, b, kind == K::Max, <$acc>::is_nan, |v| v == 0.0, <$acc>::is_sign_negative)
+                        K::Sum => round(a + b),
+                        K::Prod => round(a * b),
+                        K::Max => {
+                            if b > a {
+                                b
+                            } else {
+                                a
+                            }
+                        }
+                        K::Min => {
+                            if b < a {
+                                b
+                            } else {
+                                a
+                            }
                         }
                         K::And | K::Or => panic!("float {kind}"),
                     };
@@ -302,16 +300,20 @@ pub fn reduce(ty: T, kind: K, vals: &[&[u8]]) -> Vec<u8> {
             T::U16 => int!(u16),
             T::U32 => int!(u32),
             T::U64 => int!(u64),
-            T::F16 => {
-                float!(f32, |b: &[u8]| f16::from_le_bytes(b.try_into().unwrap()).to_f32(), |v: f32| f16::from_f32(v)
-                    .to_le_bytes())
-            }
-            T::Bf16 => {
-                float!(f32, |b: &[u8]| bf16::from_le_bytes(b.try_into().unwrap()).to_f32(), |v: f32| bf16::from_f32(v)
-                    .to_le_bytes())
-            }
-            T::F32 => float!(f32, |b: &[u8]| f32::from_le_bytes(b.try_into().unwrap()), f32::to_le_bytes),
-            T::F64 => float!(f64, |b: &[u8]| f64::from_le_bytes(b.try_into().unwrap()), f64::to_le_bytes),
+            T::F16 => float!(
+                f32,
+                |b: &[u8]| f16::from_le_bytes(b.try_into().unwrap()).to_f32(),
+                |v: f32| f16::from_f32(v).to_le_bytes(),
+                |v: f32| f16::from_f32(v).to_f32()
+            ),
+            T::Bf16 => float!(
+                f32,
+                |b: &[u8]| bf16::from_le_bytes(b.try_into().unwrap()).to_f32(),
+                |v: f32| bf16::from_f32(v).to_le_bytes(),
+                |v: f32| v
+            ),
+            T::F32 => float!(f32, |b: &[u8]| f32::from_le_bytes(b.try_into().unwrap()), f32::to_le_bytes, |v: f32| v),
+            T::F64 => float!(f64, |b: &[u8]| f64::from_le_bytes(b.try_into().unwrap()), f64::to_le_bytes, |v: f64| v),
             _ => panic!("reduce {ty}"),
         }
     }
@@ -405,6 +407,45 @@ pub fn expected(case: &Case, inputs: &[Vec<Vec<u8>>]) -> Vec<Vec<Vec<u8>>> {
     out
 }
 
+/// `bufs` with every float NaN replaced by one canonical NaN: which NaN's payload a sum of
+/// several NaNs keeps is not part of the contract (the compiler may commute an addition).
+pub fn canonical_nans(ty: T, bufs: &[Vec<u8>]) -> Vec<Vec<u8>> {
+    let canon = |b: &[u8]| -> Vec<u8> {
+        match ty {
+            T::F32 => b
+                .chunks(4)
+                .flat_map(|c| {
+                    let v = f32::from_le_bytes(c.try_into().unwrap());
+                    if v.is_nan() { f32::NAN } else { v }.to_le_bytes()
+                })
+                .collect(),
+            T::F64 => b
+                .chunks(8)
+                .flat_map(|c| {
+                    let v = f64::from_le_bytes(c.try_into().unwrap());
+                    if v.is_nan() { f64::NAN } else { v }.to_le_bytes()
+                })
+                .collect(),
+            T::F16 => b
+                .chunks(2)
+                .flat_map(|c| {
+                    let v = f16::from_le_bytes(c.try_into().unwrap());
+                    if v.is_nan() { f16::NAN } else { v }.to_le_bytes()
+                })
+                .collect(),
+            T::Bf16 => b
+                .chunks(2)
+                .flat_map(|c| {
+                    let v = bf16::from_le_bytes(c.try_into().unwrap());
+                    if v.is_nan() { bf16::NAN } else { v }.to_le_bytes()
+                })
+                .collect(),
+            _ => b.to_vec(),
+        }
+    };
+    bufs.iter().map(|b| canon(b)).collect()
+}
+
 /// Runs `case` once on a fresh cluster with random inputs and checks every device's
 /// results against the oracle (and, for all-reduce, bitwise equality within groups).
 pub fn check_case(case: &Case, n: usize, skew: usize, seed: u64) {
@@ -422,6 +463,20 @@ pub fn check_case(case: &Case, n: usize, skew: usize, seed: u64) {
     let want = expected(case, &inputs);
     for (d, (g, w)) in got.iter().zip(&want).enumerate() {
         let g = g.as_ref().unwrap_or_else(|e| panic!("{} on device {d}: {e}", case.config));
-        assert_eq!(g, w, "{} ({}) on device {d} of {n}, skew {skew}", case.config, case.implementation);
+        if canonical_nans(case.ty(), g) != canonical_nans(case.ty(), w) {
+            // The first differing element, with every member's input there.
+            let es = case.ty().byte_size().max(1);
+            let at = |a: &[Vec<u8>]| a.first().cloned().unwrap_or_default();
+            let (gb, wb) = (at(g), at(w));
+            let i = gb.iter().zip(&wb).position(|(x, y)| x != y).unwrap_or(0) / es * es;
+            let ins: Vec<String> = inputs.iter().map(|m| format!("{:02x?}", m[0].get(i..i + es))).collect();
+            panic!(
+                "{} ({}) on device {d} of {n}, skew {skew}: byte {i}: got {:02x?}, want {:02x?}; inputs {ins:?}",
+                case.config,
+                case.implementation,
+                gb.get(i..i + es),
+                wb.get(i..i + es)
+            );
+        }
     }
 }

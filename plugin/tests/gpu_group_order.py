@@ -31,11 +31,12 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
 from itertools import permutations
+
+from jobs import free_port, run_workers
 
 HERE = os.path.abspath(__file__)
 NPROC = 8
@@ -244,12 +245,6 @@ def worker(pid: int, port: int, oracle_dir: str, platform: str) -> None:
     os._exit(0)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def main() -> int:
     out_dir = sys.argv[sys.argv.index("--out") + 1] if "--out" in sys.argv else "/tmp/peerless_group_order"
     os.makedirs(out_dir, exist_ok=True)
@@ -262,7 +257,7 @@ def main() -> int:
         return 1
     print(f"oracle: XLA:CPU alone, 8 host devices, {time.time() - t0:.0f} s")
     platform = "cpu" if "--cpu" in sys.argv else "cuda"
-    port = _free_port()
+    port = free_port()
     env = dict(os.environ)
     env.update(
         JAX_PLATFORMS=platform,
@@ -271,22 +266,8 @@ def main() -> int:
         XLA_PYTHON_CLIENT_PREALLOCATE="false",  # eight processes share one GPU's memory
         NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NVSHMEM_DISABLE_NVLS="1",
     )
-    procs = [subprocess.Popen([sys.executable, HERE, "_worker", str(i), str(port), out_dir, platform], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(NPROC)]
-    reps = []
-    deadline = time.time() + 480
-    for p in procs:
-        try:
-            so, se = p.communicate(timeout=max(1.0, deadline - time.time()))
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            so, se = p.communicate()
-            se = "HUNG\n" + se
-        lines = [ln for ln in so.splitlines() if ln.startswith("{")]
-        rep = json.loads(lines[-1]) if lines else {}
-        rep.update(rc=p.returncode, stderr=se[-3000:])
-        reps.append(rep)
+    reps = run_workers(lambda i: [sys.executable, HERE, "_worker", str(i), str(port), out_dir, platform],
+                       NPROC, env, timeout=480, stderr_tail=3000)
     with open(os.path.join(out_dir, "gpu_group_order.json"), "w") as fh:
         json.dump(reps, fh, indent=1)
     ok = True

@@ -23,24 +23,18 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import subprocess
 import sys
 import time
+
+from jobs import free_port, run_workers
 
 HERE = os.path.abspath(__file__)
 NPROC = 2
 TIMEOUT_MS = 5000
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_job(mode: str, timeout: float = 400) -> list[dict]:
-    port = _free_port()
+    port = free_port()
     env = dict(os.environ)
     env.update(
         JAX_PLATFORMS="cuda",
@@ -52,26 +46,7 @@ def run_job(mode: str, timeout: float = 400) -> list[dict]:
         TORCH_SYMM_MEM_DISABLE_MULTICAST="1",
         NVSHMEM_DISABLE_NVLS="1",
     )
-    procs = [
-        subprocess.Popen([sys.executable, HERE, "_worker", str(i), str(port), mode], env=env,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for i in range(NPROC)
-    ]
-    out = []
-    deadline = time.time() + timeout
-    for p in procs:
-        try:
-            so, se = p.communicate(timeout=max(1.0, deadline - time.time()))
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            so, se = p.communicate()
-            se = f"HUNG past {timeout} s\n" + se
-        lines = [line for line in so.splitlines() if line.startswith("{")]
-        rep = json.loads(lines[-1]) if lines else {}
-        rep.update(rc=p.returncode, stderr=se[-4000:])
-        out.append(rep)
-    return out
+    return run_workers(lambda i: [sys.executable, HERE, "_worker", str(i), str(port), mode], NPROC, env, timeout)
 
 
 def _programs(jax, jnp, np, mesh):

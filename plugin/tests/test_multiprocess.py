@@ -25,22 +25,16 @@ from __future__ import annotations
 import glob
 import json
 import os
-import socket
-import subprocess
 import sys
 import time
 
 import pytest
 
+from jobs import free_port, run_workers
+
 HERE = os.path.abspath(__file__)
 LOCAL = 4  # CPU devices per process
 TIMEOUT_MS = 4000  # Peerless's collective timeout in these jobs
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _litter() -> set[str]:
@@ -49,7 +43,7 @@ def _litter() -> set[str]:
 
 def run_job(mode: str, n: int = 2, extra_env: dict | None = None, timeout: float = 300) -> list[dict]:
     """Starts `n` workers in `mode`; returns each one's JSON report (rc and stderr added)."""
-    port = _free_port()
+    port = free_port()
     env = dict(os.environ)
     env.update(
         JAX_PLATFORMS="cpu",
@@ -59,26 +53,10 @@ def run_job(mode: str, n: int = 2, extra_env: dict | None = None, timeout: float
         PEERLESS_XLA_PLUGIN="standalone",  # the JAX_PLATFORMS=peerless wrapper is not under test
     )
     env.update(extra_env or {})
-    procs = [
-        subprocess.Popen([sys.executable, HERE, "_worker", str(i), str(n), str(port), mode], env=env,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for i in range(n)
-    ]
-    out = []
-    deadline = time.time() + timeout
-    for p in procs:
-        try:
-            so, se = p.communicate(timeout=max(1.0, deadline - time.time()))
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            so, se = p.communicate()
-            pytest.fail(f"job {mode} hung past {timeout} s:\n{se[-3000:]}")
-        lines = [line for line in so.splitlines() if line.startswith("{")]
-        rep = json.loads(lines[-1]) if lines else {}
-        rep.update(rc=p.returncode, stderr=se[-4000:])
-        out.append(rep)
-    return out
+    reps = run_workers(lambda i: [sys.executable, HERE, "_worker", str(i), str(n), str(port), mode], n, env, timeout)
+    if any(r["hung"] for r in reps):
+        pytest.fail(f"job {mode} hung past {timeout} s:\n" + "\n".join(r["stderr"][-3000:] for r in reps))
+    return reps
 
 
 # ----------------------------------------------------------------------------- worker side

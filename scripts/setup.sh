@@ -5,6 +5,7 @@
 # ${PEERLESS_VENV_DIR:-<repo>/.venv}:
 #   goldens/  Python 3.11, hlo-tests/requirements.txt (jax/jaxlib 0.10.2: XLA's goldens)
 #   jax/      Python 3.12, plugin/requirements.txt (jax/jaxlib 0.11.2: JAX on the plugin, NVRTC)
+#   jax012/   Python 3.12, plugin/requirements-jax012.txt (jax/jaxlib 0.12.0.1: the current JAX)
 # Idempotent: does nothing that is already in place (a venv is installed again only when its
 # requirements file changed). PEERLESS_SKIP_PYTHON=1 leaves Python alone.
 set -euo pipefail
@@ -103,3 +104,9 @@ make_venv goldens 3.11 hlo-tests/requirements.txt
 # JAX loading the plugin (plugin/tests), `pip install ./plugin/python`, and NVRTC for the
 # kernel compile check (scripts/test.sh points PEERLESS_NVRTC_LIB at it).
 make_venv jax 3.12 plugin/requirements.txt
+# The current JAX (0.12.x), for the suites scripts/test.sh runs on both versions. XLA's CPU
+# plugin (lammps-jax-pjrt-cpu 0.11.2) declares jax<=0.11.2 but loads under 0.12: --no-deps.
+make_venv jax012 3.12 plugin/requirements-jax012.txt
+if ! "$venv_root/jax012/bin/python" -c 'import lammps_jax_pjrt_cpu' 2>/dev/null; then
+  "$venv_root/jax012/bin/python" -m pip install -q --disable-pip-version-check --no-deps lammps-jax-pjrt-cpu==0.11.2
+fi

@@ -63,6 +63,12 @@ PEERLESS_PJRT_LIBRARY="$lib" PYTHONPATH=plugin/python "$PEERLESS_PYTHON" -m pyte
 step "JAX_PLATFORMS=peerless wrapping XLA's CPU plugin: programs vs JAX's CPU backend (plugin/tests/test_wrap.py)"
 PEERLESS_PJRT_LIBRARY="$lib" PYTHONPATH=plugin/python CI="${CI:-}" "$PEERLESS_PYTHON" -m pytest -q plugin/tests/test_wrap.py
 
+jax012_python="$venv_root/jax012/bin/python"
+step "JAX $("$jax012_python" -c 'import jax; print(jax.__version__)') (the current release): inside XLA, many processes, the wrapper (test_xla_inside.py, test_multiprocess.py, test_wrap.py)"
+PEERLESS_PJRT_LIBRARY="$lib" PYTHONPATH=plugin/python "$jax012_python" -m pytest -q plugin/tests/test_xla_inside.py \
+  plugin/tests/test_multiprocess.py
+PEERLESS_PJRT_LIBRARY="$lib" PYTHONPATH=plugin/python CI="${CI:-}" "$jax012_python" -m pytest -q plugin/tests/test_wrap.py
+
 step "PJRT conformance (pypjrt): the wrapper vs XLA's CPU plugin alone (scripts/conform_wrap.py)"
 "$PEERLESS_PYTHON" scripts/conform_wrap.py "$lib"
 
@@ -108,6 +114,29 @@ assert os.path.realpath(p.library_path()).startswith(os.path.realpath(p.__path__
 print(jax.devices())
 assert len(jax.devices("peerless")) == 8 and p.wrapped() == "cpu", (jax.devices(), p.wrapped())
 assert jax.devices()[0] == jax.devices("peerless")[0]')
+rm -rf "$venv_dir"
+
+step "pip install ./plugin/python beside JAX 0.12.0.1 keeps it, and enable() runs a psum on Peerless"
+venv_dir=$(mktemp -d)
+"$jax012_python" -m venv "$venv_dir/venv"
+purelib "$jax012_python" >"$(purelib "$venv_dir/venv/bin/python")/peerless_jax_venv.pth"
+PEERLESS_PJRT_LIBRARY="$lib" "$venv_dir/venv/bin/python" -m pip install -q --disable-pip-version-check \
+  --no-build-isolation ./plugin/python
+(cd "$venv_dir" && env -u PEERLESS_PJRT_LIBRARY -u PYTHONPATH JAX_PLATFORMS=cpu \
+  XLA_FLAGS=--xla_force_host_platform_device_count=8 "$venv_dir/venv/bin/python" -c '
+import numpy as np, jax, jax_plugins.peerless as p
+from jax.sharding import Mesh, PartitionSpec as P
+assert jax.__version__ == "0.12.0.1", jax.__version__
+mesh = Mesh(np.array(jax.devices()), ("i",))
+f = lambda: jax.jit(jax.shard_map(lambda v: jax.lax.psum(v, "i"), mesh=mesh, in_specs=P("i"), out_specs=P("i")))
+x = np.arange(64.0, dtype=np.float32)
+want = np.asarray(f()(x))
+assert p.enable("cpu") == ["cpu"]
+jax.clear_caches()
+got = np.asarray(f()(x))
+np.testing.assert_array_equal(got, want)
+assert p.stats()["all-reduce"]["kernel"] == 1, p.stats()
+print("jax", jax.__version__, "kept; psum on Peerless equals XLA alone:", p.stats())')
 rm -rf "$venv_dir"
 
 if [ "${PEERLESS_SKIP_GOLDEN_CHECK:-0}" != "1" ]; then

@@ -24,6 +24,7 @@ PEERLESS_BACKEND (host | cuda), PEERLESS_HOST_DEVICES and PEERLESS_FLAGS.
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 from pathlib import Path
 
@@ -145,6 +146,12 @@ def inner_plugin() -> tuple[str, str] | None:
 
         return str(lammps_jax_pjrt_cpu.PLUGIN_PATH), "cpu"
     except ImportError:
+        if PLATFORM in [p.strip() for p in os.environ.get("JAX_PLATFORMS", "").split(",")]:
+            logging.getLogger(__name__).warning(
+                "JAX_PLATFORMS=peerless wraps XLA's CPU plugin from lammps-jax-pjrt-cpu, which is not "
+                "installed; the older standalone platform answers instead. Install it with "
+                "`pip install --no-deps lammps-jax-pjrt-cpu==0.11.2` (built for jax 0.11.2; it loads under "
+                "jax 0.12 too, which its declared jax<=0.11.2 would refuse without --no-deps).")
         return None
 
 

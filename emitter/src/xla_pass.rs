@@ -260,13 +260,54 @@ fn common_layout(
     Ok(seen.flatten())
 }
 
+/// Where the pass learns peer access between device ids. Probing GPUs opens them (seconds;
+/// on a cold kernel cache, minutes of compiling), so a table that must be probed is asked for
+/// only when a collective has passed every rule that needs no GPU: a module whose collectives
+/// all fall back for other reasons (groups of one, the dtype guard, sizes, hosts) opens none.
+#[derive(Clone, Default)]
+pub enum Peers {
+    /// Every device reaches every other (the CPU platform: one address space).
+    #[default]
+    Shared,
+    /// A table known up front.
+    Table(std::sync::Arc<PeerAccessTable>),
+    /// A table made on first need, at most once per run of the pass.
+    Lazy(std::sync::Arc<dyn Fn() -> std::sync::Arc<PeerAccessTable> + Send + Sync>),
+}
+
+impl fmt::Debug for Peers {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Peers::Shared => f.write_str("Shared"),
+            Peers::Table(t) => write!(f, "Table({})", t.source()),
+            Peers::Lazy(_) => f.write_str("Lazy"),
+        }
+    }
+}
+
+/// One run's view of [`Peers`]: the table, made when first asked for.
+struct PeerLookup<'a> {
+    source: &'a Peers,
+    num_devices: usize,
+    table: std::cell::OnceCell<std::sync::Arc<PeerAccessTable>>,
+}
+
+impl PeerLookup<'_> {
+    fn get(&self) -> &PeerAccessTable {
+        self.table.get_or_init(|| match self.source {
+            Peers::Shared => std::sync::Arc::new(PeerAccessTable::full(self.num_devices, "one process, shared memory")),
+            Peers::Table(t) => t.clone(),
+            Peers::Lazy(make) => make(),
+        })
+    }
+}
+
 /// What the pass needs to know about the process it runs in.
 #[derive(Clone, Debug)]
 pub struct PassConfig {
     pub flags: Flags,
-    /// Peer access between device ids; `None`: every device reaches every other (the CPU
-    /// platform, whose devices share one address space).
-    pub peers: Option<std::sync::Arc<PeerAccessTable>>,
+    /// Peer access between device ids.
+    pub peers: Peers,
     /// Device ids this process owns; `None`: all of them. Without a `topology`, a group
     /// with another device falls back (its collective needs XLA's cross-process path).
     pub local_devices: Option<BTreeSet<usize>>,
@@ -283,7 +324,7 @@ impl Default for PassConfig {
     fn default() -> Self {
         PassConfig {
             flags: Flags::default(),
-            peers: None,
+            peers: Peers::Shared,
             local_devices: None,
             topology: None,
             caps: Capabilities { variadic: true, cross_process: false },
@@ -787,10 +828,7 @@ pub fn run(bytes: &[u8], cfg: &PassConfig) -> Result<PassOutcome, PassError> {
     let slim = slim(bytes)?;
     let module = hlo::proto::decode("module", &slim).map_err(|e| PassError::Decode(e.to_string()))?;
     let n = assignment.devices.iter().copied().max().map_or(1, |m| m + 1);
-    let peers = match &cfg.peers {
-        Some(p) => p.clone(),
-        None => std::sync::Arc::new(PeerAccessTable::full(n, "one process, shared memory")),
-    };
+    let peers = PeerLookup { source: &cfg.peers, num_devices: n, table: std::cell::OnceCell::new() };
     // The rules see logical ids; peer access is checked on device ids in `decide_one`.
     let logical = PeerAccessTable::full(assignment.devices.len(), "checked on device ids");
     let layouts = layout_map(&slim)?;
@@ -828,7 +866,7 @@ fn decide_one(
     a: &Assignment,
     cfg: &PassConfig,
     logical: &PeerAccessTable,
-    peers: &PeerAccessTable,
+    peers: &PeerLookup<'_>,
     layouts: &HashMap<String, Vec<Result<LeafLayout, String>>>,
     instance: Option<u64>,
     mut shared_id: impl FnMut(&str) -> Option<u64>,
@@ -915,9 +953,9 @@ fn decide_one(
 
     // The peer table is this process's; across processes shared memory reaches every device.
     if job.is_none()
-        && let Some((x, y)) = talking.iter().find_map(|g| peers.missing_link(g))
+        && let Some((x, y)) = talking.iter().find_map(|g| peers.get().missing_link(g))
     {
-        d.reason = format!("no peer access {x}↔{y} ({})", peers.source());
+        d.reason = format!("no peer access {x}↔{y} ({})", peers.get().source());
         return (d, None);
     }
     // Partitioner-made collectives XLA would run asynchronously, overlapped with compute:
@@ -1081,6 +1119,37 @@ mod tests {
         assert_ne!(a, shared_instance("abcd0123", fp, "all-reduce.1", 1));
         assert_ne!(a, shared_instance("abcd0124", fp, "all-reduce.1", 0));
         assert!(a <= i64::MAX as u64);
+    }
+
+    #[test]
+    fn the_peer_table_is_made_only_when_a_collective_needs_it() {
+        use std::sync::Arc;
+        use std::sync::atomic::AtomicUsize;
+        let made = Arc::new(AtomicUsize::new(0));
+        let m = made.clone();
+        let cfg = PassConfig {
+            peers: Peers::Lazy(Arc::new(move || {
+                m.fetch_add(1, Ordering::SeqCst);
+                Arc::new(PeerAccessTable::full(8, "test table"))
+            })),
+            instance_base: Some(1),
+            ..PassConfig::default()
+        };
+        // Groups of one and the dtype guard decide without peer access: no GPU is opened.
+        for pb in [
+            &include_bytes!("../tests/xla_pass/psum_one_device.pb")[..],
+            include_bytes!("../tests/xla_pass/psum_axis_of_one.pb"),
+            include_bytes!("../tests/xla_pass/all_gather_c64.pb"),
+            include_bytes!("../tests/xla_pass/no_collective.pb"),
+        ] {
+            let out = run(pb, &cfg).unwrap();
+            assert!(out.decisions.iter().all(|d| !d.kernel), "{:?}", out.decisions);
+        }
+        assert_eq!(made.load(Ordering::SeqCst), 0);
+        // Two collectives that take kernels: the table is made once per run.
+        let out = run(include_bytes!("../tests/xla_pass/ppermute_then_psum.pb"), &cfg).unwrap();
+        assert_eq!(out.decisions.iter().filter(|d| d.kernel).count(), 2);
+        assert_eq!(made.load(Ordering::SeqCst), 1);
     }
 
     #[test]

@@ -42,10 +42,11 @@ fn result(status: i32, module: Option<Vec<u8>>, report: String) -> *mut PassResu
     Box::into_raw(Box::new(PassResult { status, module, module_len, report, report_len }))
 }
 
-/// The pass configuration for a platform, flags string and local device list. `probe`:
-/// look up the platform's peer table (on CUDA this opens the GPUs once per process, which
-/// compiles the kernels on a cold cache: modules without collectives must not pay for it).
-pub fn pass_config(platform: &str, flags: &str, local_devices: &str, probe: bool) -> Result<PassConfig, String> {
+/// The pass configuration for a platform, flags string and local device list. On CUDA the
+/// peer table is looked up lazily ([`xla_pass::Peers::Lazy`]): it opens the GPUs once per
+/// process (compiling the kernels on a cold cache), which only a module with a collective
+/// that passed every other rule pays for.
+pub fn pass_config(platform: &str, flags: &str, local_devices: &str) -> Result<PassConfig, String> {
     let mut f = Flags::from_env().map_err(|e| e.to_string())?;
     for arg in flags.split_whitespace() {
         f.apply(arg).map_err(|e| e.to_string())?;
@@ -87,8 +88,17 @@ pub fn pass_config(platform: &str, flags: &str, local_devices: &str, probe: bool
     {
         kernels::cuda::xla::set_device_ids(o.iter().map(|(&id, &ord)| (ord, id)).collect());
     }
-    // Without the probe the table is unused: `xla_pass::run` returns before deciding.
-    let peers = if probe { crate::xla_handlers::peer_table(platform, ordinals.as_ref()) } else { None };
+    let peers = match platform {
+        "cuda" => {
+            let platform = platform.to_owned();
+            xla_pass::Peers::Lazy(std::sync::Arc::new(move || {
+                crate::xla_handlers::peer_table(&platform, ordinals.as_ref()).unwrap_or_else(|| {
+                    std::sync::Arc::new(emitter::PeerAccessTable::from_fn(0, "no table", |_, _| false))
+                })
+            }))
+        }
+        _ => xla_pass::Peers::Shared,
+    };
     Ok(PassConfig { flags: f, peers, local_devices: local, topology, caps, instance_base: None })
 }
 
@@ -161,9 +171,9 @@ pub fn run_pass(platform: &str, module: &[u8], flags: &str, local_devices: &str)
     let flags = flags.as_str();
     let run = || -> Result<(i32, Option<Vec<u8>>, String), String> {
         // Flags are checked on every call (a bad one is an error even for an empty module);
-        // the peer table only when there is a collective to decide.
+        // the peer table only when a collective needs it.
         let any = xla_pass::has_collectives(module);
-        let cfg = pass_config(platform, flags, local_devices, !matches!(any, Ok(false)))?;
+        let cfg = pass_config(platform, flags, local_devices)?;
         if let Ok(false) = any {
             // The common case (XLA hands the pass every module): one wire scan, done.
             return Ok((0, None, String::new()));

@@ -280,7 +280,7 @@ pub fn prepare(
     flags: &[String],
 ) -> Result<(Vec<u8>, PassOutcome), String> {
     let module = with_assignment(bytes, &assignment(mode, ids))?;
-    let cfg = crate::xla_inside::pass_config(platform, &flags.join(" "), "", true)?;
+    let cfg = crate::xla_inside::pass_config(platform, &flags.join(" "), "")?;
     let outcome = emitter::xla_pass::run(&module, &cfg).map_err(|e| format!("peerless pass: {e}"))?;
     let module = outcome.module.as_deref().unwrap_or(&module);
     // A module that already carries shardings (JAX's GSPMD form: tiled entry, a manual

@@ -14,7 +14,7 @@
 //! - `f32` / `f64`: folded in their own type. min / max give what XLA:CPU's collectives
 //!   give (measured, jax 0.11.2, 8 host devices): NaN members are skipped, all-NaN gives
 //!   -inf for max and +inf for min, and of -0 and +0 the earlier member wins. (The CUDA
-//!   kernels follow NCCL's `fmaxf` / `__hmax` instead: all-NaN stays NaN there.)
+//!   kernels give XLA's GPU answers instead; docs/PLUGIN.md has both.)
 //!
 //! A single member is copied byte for byte (no widening round trip).
 

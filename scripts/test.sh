@@ -57,6 +57,9 @@ PEERLESS_PJRT_LIBRARY="$lib" PYTHONPATH=plugin/python "$PEERLESS_PYTHON" -m pyte
 step "Peerless inside XLA: XLA:CPU, 8 host devices, every program vs XLA alone (plugin/tests/test_xla_inside.py)"
 PEERLESS_PJRT_LIBRARY="$lib" PYTHONPATH=plugin/python "$PEERLESS_PYTHON" -m pytest -q plugin/tests/test_xla_inside.py
 
+step "The README's main job on the debug library (examples/inside_xla.py: decisions, agreement with XLA alone)"
+PEERLESS_PJRT_LIBRARY="$lib" PYTHONPATH=plugin/python "$PEERLESS_PYTHON" examples/inside_xla.py --steps 3
+
 step "Many processes: jax.distributed, 2 processes × 4 CPU devices, groups across them on shared memory, faults (plugin/tests/test_multiprocess.py)"
 PEERLESS_PJRT_LIBRARY="$lib" PYTHONPATH=plugin/python "$PEERLESS_PYTHON" -m pytest -q plugin/tests/test_multiprocess.py
 

@@ -269,8 +269,6 @@ pub enum Peers {
     /// Every device reaches every other (the CPU platform: one address space).
     #[default]
     Shared,
-    /// A table known up front.
-    Table(std::sync::Arc<PeerAccessTable>),
     /// A table made on first need, at most once per run of the pass.
     Lazy(std::sync::Arc<dyn Fn() -> std::sync::Arc<PeerAccessTable> + Send + Sync>),
 }
@@ -279,7 +277,6 @@ impl fmt::Debug for Peers {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Peers::Shared => f.write_str("Shared"),
-            Peers::Table(t) => write!(f, "Table({})", t.source()),
             Peers::Lazy(_) => f.write_str("Lazy"),
         }
     }
@@ -296,7 +293,6 @@ impl PeerLookup<'_> {
     fn get(&self) -> &PeerAccessTable {
         self.table.get_or_init(|| match self.source {
             Peers::Shared => std::sync::Arc::new(PeerAccessTable::full(self.num_devices, "one process, shared memory")),
-            Peers::Table(t) => t.clone(),
             Peers::Lazy(make) => make(),
         })
     }

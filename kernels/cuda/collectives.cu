@@ -99,34 +99,27 @@ template <> struct Tr<float> {
   typedef float Acc;
   static PL_DEVICE Acc up(float v) { return v; }
   static PL_DEVICE float down(Acc a) { return a; }
-  static PL_DEVICE Acc step(Acc a) { return a; }
 };
 template <> struct Tr<double> {
   typedef double Acc;
   static PL_DEVICE Acc up(double v) { return v; }
   static PL_DEVICE double down(Acc a) { return a; }
-  static PL_DEVICE Acc step(Acc a) { return a; }
 };
 template <> struct Tr<bf16> {
   typedef float Acc;
   static PL_DEVICE Acc up(bf16 v) { return to_f32(v); }
   static PL_DEVICE bf16 down(Acc a) { return from_f32_bf16(a); }
-  static PL_DEVICE Acc step(Acc a) { return a; }
 };
 template <> struct Tr<f16> {
   typedef float Acc;
   static PL_DEVICE Acc up(f16 v) { return to_f32(v); }
   static PL_DEVICE f16 down(Acc a) { return from_f32_f16(a); }
-  // f16 rounds after every step, as NCCL's __hadd / __hmul and XLA:CPU do (so overflow
-  // happens where theirs does); bf16 folds in f32 and rounds once.
-  static PL_DEVICE Acc step(Acc a) { return to_f32(from_f32_f16(a)); }
 };
 #define PL_INT_TRAITS(T)                            \
   template <> struct Tr<T> {                        \
     typedef T Acc;                                  \
     static PL_DEVICE Acc up(T v) { return v; }      \
     static PL_DEVICE T down(Acc a) { return a; }    \
-    static PL_DEVICE Acc step(Acc a) { return a; }  \
   };
 PL_INT_TRAITS(u8)
 PL_INT_TRAITS(s16)
@@ -139,7 +132,7 @@ PL_INT_TRAITS(s8)
 
 // ---- reductions ----
 // Float min/max give what XLA alone gives on GPUs at the sizes Peerless takes (measured on 2x
-// H100, jax 0.11.2): f32 and bf16 run on XLA's Triton one-shot kernel up to 4 MiB and beyond,
+// H100, jax 0.11.2): f32 and bf16 run on XLA's Triton one-shot kernel up to 4 MiB (at least),
 // NaN-propagating (any NaN gives NaN); f16 (and f64) run on NCCL, whose fminf/fmaxf skip a NaN
 // operand (all-NaN stays NaN). Both order -0 below +0 (CUDA's fmaxf does), so the result does
 // not depend on the order members are folded in. 16-bit floats are widened to f32 first.
@@ -163,10 +156,15 @@ template <> struct OpOf<float, Min> { typedef MinNaN type; };
 template <> struct OpOf<float, Max> { typedef MaxNaN type; };
 template <> struct OpOf<bf16, Min> { typedef MinNaN type; };
 template <> struct OpOf<bf16, Max> { typedef MaxNaN type; };
+// The rounding after each step of a fold: none (the accumulator's own), except f16, which
+// rounds every partial result as NCCL's __hadd / __hmul and XLA:CPU do (so overflow happens
+// where theirs does); bf16 folds in f32 and rounds once.
+template <typename T> struct StepRound { static PL_DEVICE typename Tr<T>::Acc f(typename Tr<T>::Acc a) { return a; } };
+template <> struct StepRound<f16> { static PL_DEVICE float f(float a) { return to_f32(from_f32_f16(a)); } };
 // One step of a fold: the next member `x` into the accumulator, in the element's rounding.
 template <typename T, typename R>
 PL_DEVICE typename Tr<T>::Acc fold_step(typename Tr<T>::Acc a, T x) {
-  return Tr<T>::step(OpOf<T, R>::type::f(a, Tr<T>::up(x)));
+  return StepRound<T>::f(OpOf<T, R>::type::f(a, Tr<T>::up(x)));
 }
 struct And { template <typename A> static PL_DEVICE A f(A a, A b) { return a & b; } };
 struct Or { template <typename A> static PL_DEVICE A f(A a, A b) { return a | b; } };

@@ -126,30 +126,27 @@ pub fn register_in(inner: &ffi::pjrt::InnerPlugin, platform: &str) -> Result<&'s
     Ok(xla_platform)
 }
 
-/// The peer-access table the pass decides with on `platform`: `None` on CPU (one address
-/// space: every device reaches every other); on CUDA the probed table of the process's GPUs,
-/// on device ids (`ordinals`: this process's device id → CUDA ordinal, where the process
+/// The peer-access table the pass decides with on CUDA: the probed table of the process's
+/// GPUs, on device ids (`ordinals`: this process's device id → CUDA ordinal, where the process
 /// does not own every device; `None`: ids are ordinals), or a table with no links when the
-/// GPUs cannot be opened (every collective then stays XLA's, with that reason).
-pub fn peer_table(platform: &str, ordinals: Option<&BTreeMap<usize, usize>>) -> Option<Arc<PeerAccessTable>> {
-    match platform {
-        "cuda" => Some(match kernels::cuda::xla::peer_table() {
-            Ok(t) => match ordinals.filter(|o| !o.is_empty()) {
-                None => t,
-                Some(o) => {
-                    let n = o.keys().max().map_or(0, |m| m + 1);
-                    let source = format!("{} (device ids of this process {:?})", t.source(), o.keys());
-                    Arc::new(PeerAccessTable::from_fn(n, source, |a, b| match (o.get(&a), o.get(&b)) {
-                        (Some(&x), Some(&y)) => t.can_access(x, y),
-                        _ => false,
-                    }))
-                }
-            },
-            Err(e) => {
-                log::warn!("peerless: no peer table on cuda: {e}");
-                Arc::new(PeerAccessTable::from_fn(0, format!("GPUs not opened: {e}"), |_, _| false))
+/// GPUs cannot be opened (every collective then stays XLA's, with that reason). (On CPU every
+/// device reaches every other: `xla_pass::Peers::Shared`.)
+pub fn cuda_peer_table(ordinals: Option<&BTreeMap<usize, usize>>) -> Arc<PeerAccessTable> {
+    match kernels::cuda::xla::peer_table() {
+        Ok(t) => match ordinals.filter(|o| !o.is_empty()) {
+            None => t,
+            Some(o) => {
+                let n = o.keys().max().map_or(0, |m| m + 1);
+                let source = format!("{} (device ids of this process {:?})", t.source(), o.keys());
+                Arc::new(PeerAccessTable::from_fn(n, source, |a, b| match (o.get(&a), o.get(&b)) {
+                    (Some(&x), Some(&y)) => t.can_access(x, y),
+                    _ => false,
+                }))
             }
-        }),
-        _ => None,
+        },
+        Err(e) => {
+            log::warn!("peerless: no peer table on cuda: {e}");
+            Arc::new(PeerAccessTable::from_fn(0, format!("GPUs not opened: {e}"), |_, _| false))
+        }
     }
 }

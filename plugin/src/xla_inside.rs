@@ -90,12 +90,7 @@ pub fn pass_config(platform: &str, flags: &str, local_devices: &str) -> Result<P
     }
     let peers = match platform {
         "cuda" => {
-            let platform = platform.to_owned();
-            xla_pass::Peers::Lazy(std::sync::Arc::new(move || {
-                crate::xla_handlers::peer_table(&platform, ordinals.as_ref()).unwrap_or_else(|| {
-                    std::sync::Arc::new(emitter::PeerAccessTable::from_fn(0, "no table", |_, _| false))
-                })
-            }))
+            xla_pass::Peers::Lazy(std::sync::Arc::new(move || crate::xla_handlers::cuda_peer_table(ordinals.as_ref())))
         }
         _ => xla_pass::Peers::Shared,
     };

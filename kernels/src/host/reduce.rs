@@ -71,8 +71,8 @@ impl Reducer {
         macro_rules! float {
             ($w:literal, $acc:ty, $ld:expr, $st:expr) => {{
                 match self.kind {
-                    // `+ 0.0`: XLA:CPU sums from the identity +0, so all -0 members give +0.
-                    K::Sum => fold::<$w, $acc>(m, out, |b| $ld(b) + 0.0, |a, b| a + b, $st),
+                    // XLA:CPU sums from the identity +0, so all -0 members give +0.
+                    K::Sum => fold_from::<$w, $acc>(m, out, $ld, |a| a + 0.0, |a, b| a + b, $st),
                     K::Prod => fold::<$w, $acc>(m, out, $ld, |a, b| a * b, $st),
                     K::Min => fold::<$w, $acc>(m, out, $ld, |a, b| min_max(a, b, false), $st),
                     K::Max => fold::<$w, $acc>(m, out, $ld, |a, b| min_max(a, b, true), $st),
@@ -106,7 +106,7 @@ impl Reducer {
                 // result (so 65504 + 65504 - 65504 is inf, as there); min / max are exact.
                 let r = |v: f32| f16::from_f32(v).to_f32();
                 match self.kind {
-                    K::Sum => fold::<2, f32>(m, out, |b| ld(b) + 0.0, |a, b| r(a + b), st),
+                    K::Sum => fold_from::<2, f32>(m, out, ld, |a| a + 0.0, |a, b| r(a + b), st),
                     K::Prod => fold::<2, f32>(m, out, ld, |a, b| r(a * b), st),
                     _ => float!(2, f32, ld, st),
                 }
@@ -169,9 +169,21 @@ fn fold<const W: usize, A: Copy>(
     op: impl Fn(A, A) -> A,
     store: impl Fn(A) -> [u8; W],
 ) {
+    fold_from(members, out, load, |a| a, op, store);
+}
+
+/// [`fold`] with `start` applied to member 0's element (e.g. joining the identity).
+fn fold_from<const W: usize, A: Copy>(
+    members: &[&[u8]],
+    out: &mut [u8],
+    load: impl Fn([u8; W]) -> A,
+    start: impl Fn(A) -> A,
+    op: impl Fn(A, A) -> A,
+    store: impl Fn(A) -> [u8; W],
+) {
     let Some((first, rest)) = members.split_first() else { return };
     for (i, o) in out.chunks_exact_mut(W).enumerate() {
-        let mut acc = load(elem::<W>(first, i));
+        let mut acc = start(load(elem::<W>(first, i)));
         for m in rest {
             acc = op(acc, load(elem::<W>(m, i)));
         }

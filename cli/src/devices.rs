@@ -9,12 +9,21 @@ pub fn run() -> Result<(), String> {
         return Ok(());
     }
     let ords: Vec<usize> = (0..n.min(kernels::cuda::MAX_RANKS)).collect();
-    // Opening compiles the kernel set with NVRTC when the on-disk cache is cold: say so, since
-    // that takes minutes and prints nothing else.
-    eprintln!("opening {} GPU(s): loads the kernels (a cold kernel cache compiles them first, ~2 min)", ords.len());
     let clique = Clique::new(&ords).map_err(|e| e.to_string())?;
     for d in &clique.devices {
         println!("  {}: {} ({}, {} SMs)", d.ordinal, d.name, d.arch, d.units);
+    }
+    // Where each device's kernels come from: prebuilt into the library, the disk cache of an
+    // earlier compile, or NVRTC on first use (one kernel unit at a time, at XLA's initialize).
+    let mut archs: Vec<&str> = clique.devices.iter().map(|d| d.arch.as_str()).collect();
+    archs.dedup();
+    for arch in archs {
+        let cc = kernels::cuda::compute_capability(arch).map_err(|e| e.to_string())?;
+        println!("kernels for {arch}: {}", crate::kernels_cmd::summary(cc));
+    }
+    for d in &clique.devices {
+        let loaded: Vec<String> = d.loaded().iter().map(|(u, o)| format!("{} {o}", u.name())).collect();
+        println!("  {} loaded: {}", d.ordinal, loaded.join(", "));
     }
     println!("peer table ({}):", clique.peers.source());
     for (i, row) in clique.probes.iter().enumerate() {

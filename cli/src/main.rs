@@ -4,14 +4,18 @@
 //! peerless check FILE.hlo [--devices N] [--mode replica|partition] [--thunks] [--flag NAME=VALUE]...
 //! peerless flags
 //! peerless run FILE.hlo --devices N [--mode replica|partition] [--inputs IN.npz]
-//!              [--seed S] [--out OUT.npz] [--backend host|interp|xla] [--xla-plugin PATH]
+//!              [--seed S] [--out OUT.npz] [--backend xla|host|interp] [--xla-plugin PATH]
 //!              [--flag NAME=VALUE]...
 //! ```
+//! `run` runs the module through XLA's own PJRT plugin (XLA's CPU plugin by default) with
+//! Peerless's pass and handlers inside it; `--backend host|interp` run the older standalone
+//! runtime and the reference interpreter.
 //! Arrays in npz files are named `p{i}_d{d}` (entry parameter i on device d) and
 //! `o{j}_d{d}` (leaf j of the entry result, depth first); see `interp::io`.
 
 mod bench;
 mod devices;
+mod hlo_text;
 mod report;
 
 use std::path::PathBuf;
@@ -87,8 +91,9 @@ struct RunArgs {
     /// Write inputs and outputs (`p{i}_d{d}`, `o{j}_d{d}`) to this npz file.
     #[arg(long)]
     out: Option<PathBuf>,
-    /// Execution backend.
-    #[arg(long, value_enum, default_value_t = BackendArg::Host)]
+    /// Execution backend: XLA's plugin with Peerless inside (the default), or the standalone
+    /// runtime's host backend, or the reference interpreter.
+    #[arg(long, value_enum, default_value_t = BackendArg::Xla)]
     backend: BackendArg,
     /// XLA's PJRT plugin for `--backend xla` (default: PEERLESS_XLA_PLUGIN, else the CPU
     /// plugin of lammps-jax-pjrt-cpu in $PEERLESS_VENV_DIR/jax or <repo>/.venv/jax).
@@ -104,8 +109,12 @@ enum ModeArg {
 
 #[derive(Clone, Copy, ValueEnum, PartialEq, Eq)]
 enum BackendArg {
-    /// N simulated devices, one worker thread each, running the thunk programs with the
-    /// same collective protocols as the GPU kernels.
+    /// XLA's own PJRT plugin compiles and runs the module (--xla-plugin, PEERLESS_XLA_PLUGIN or
+    /// XLA's CPU plugin in the JAX venv); Peerless's pass rewrites the collectives it takes and
+    /// its handlers run them. HLO text goes through XLA's parser (jaxlib) first.
+    Xla,
+    /// The standalone runtime (being retired): N simulated devices, one worker thread each,
+    /// running the thunk programs with the same collective protocols as the GPU kernels.
     Host,
     /// Retired (Peerless's own CUDA executor): on GPUs use `--backend xla` with XLA's CUDA
     /// plugin (`--xla-plugin .../xla_cuda_plugin.so`), where XLA runs the module and
@@ -113,10 +122,6 @@ enum BackendArg {
     Cuda,
     /// The reference interpreter (XLA semantics, devices evaluated in lockstep).
     Interp,
-    /// XLA's own PJRT plugin compiles and runs the module (PEERLESS_XLA_PLUGIN or the
-    /// installed CPU/CUDA plugin); Peerless's pass rewrites the collectives it takes and its
-    /// handlers run them. Takes a binary HloModuleProto (.pb).
-    Xla,
 }
 
 fn main() -> ExitCode {
@@ -272,24 +277,23 @@ fn run_xla(
     cfg: &RunConfig,
     inputs: &[Vec<hlo::Literal>],
 ) -> CliResult<Vec<hlo::Literal>> {
-    let bytes = std::fs::read(&args.file)?;
-    let is_pb = args.file.extension().is_some_and(|e| e == "pb");
-    if !is_pb && std::str::from_utf8(&bytes).is_ok() {
-        return Err(format!(
-            "XLA takes a binary HloModuleProto (.pb): {} is HLO text, and Peerless's hlo crate does not \
-             encode protos. Convert it with XLA (in .venv/jax: python -c \"import sys; from jaxlib import _hlo; \
-             open(sys.argv[2], 'wb').write(_hlo.hlo_module_from_text(open(sys.argv[1]).read())\
-             .as_serialized_hlo_module_proto())\" IN.hlo OUT.pb), or run a case's hlo-tests/goldens/<case>.pb",
-            args.file.display()
-        )
-        .into());
-    }
     // Checked here, as the other backends check them; the pass reads them again (with
     // PEERLESS_FLAGS) in the form XLA's plugin hands it.
     flags(&args.devices)?;
     let pass_flags: Vec<String> =
         args.devices.flags.iter().map(|f| format!("--{}", f.trim_start_matches('-'))).collect();
-    let path = plugin::xla_run::find_plugin(args.xla_plugin.as_deref())?;
+    let path = plugin::xla_run::find_plugin(args.xla_plugin.as_deref()).map_err(|e| {
+        format!(
+            "{e}.\n`peerless run` runs the module inside XLA. Install XLA's CPU plugin (Python 3.12: \
+             `pip install lammps-jax-pjrt-cpu==0.11.2`; scripts/setup.sh installs it into .venv/jax) and set \
+             PEERLESS_XLA_PLUGIN=$(python -c 'import lammps_jax_pjrt_cpu as m; print(m.PLUGIN_PATH)'), \
+             or run the older standalone runtime with --backend host"
+        )
+    })?;
+    let bytes = std::fs::read(&args.file)?;
+    let is_pb = args.file.extension().is_some_and(|e| e == "pb");
+    let bytes =
+        if !is_pb && std::str::from_utf8(&bytes).is_ok() { hlo_text::to_proto(&args.file, &path)? } else { bytes };
     let run = plugin::xla_run::run(&path, module, &bytes, cfg, inputs, &pass_flags)?;
     let on_peerless = run.decisions.iter().filter(|d| d.kernel).count();
     println!(

@@ -8,10 +8,19 @@ fn repo() -> PathBuf {
 }
 
 fn peerless(args: &[&str]) -> Output {
+    peerless_with(args, &[])
+}
+
+/// `peerless` with extra environment variables. XLA's CPU plugin and the Python that parses
+/// HLO text come from the environment as a user's would: PEERLESS_XLA_PLUGIN, else the JAX
+/// venv (`$PEERLESS_VENV_DIR/jax` in CI, `<repo>/.venv/jax` here); PEERLESS_PYTHON, else that
+/// venv's Python.
+fn peerless_with(args: &[&str], env: &[(&str, &str)]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_peerless"))
         .args(args)
         .current_dir(repo())
         .env_remove("PEERLESS_FLAGS")
+        .envs(env.iter().copied())
         .output()
         .expect("run peerless")
 }
@@ -30,31 +39,59 @@ fn tmp(name: &str) -> PathBuf {
     dir.join(name)
 }
 
+/// `peerless run FILE.hlo` runs inside XLA (XLA's CPU plugin, Peerless's pass and handlers)
+/// unless told otherwise; the standalone host backend and the interpreter give the same bits.
 #[test]
-fn readme_example_runs_on_both_backends_and_agrees() {
+fn readme_example_runs_inside_xla_by_default_and_agrees_with_the_other_backends() {
     let mut outs = Vec::new();
-    for backend in ["host", "interp"] {
-        let path = tmp(&format!("ar-{backend}.npz"));
-        let o = peerless(&[
-            "run",
-            "examples/all_reduce.hlo",
-            "--devices",
-            "4",
-            "--backend",
-            backend,
-            "--out",
-            path.to_str().expect("utf-8 path"),
-        ]);
-        assert!(o.status.success(), "{backend}: {}", stderr(&o));
+    for backend in [None, Some("host"), Some("interp")] {
+        let name = backend.unwrap_or("default");
+        let path = tmp(&format!("ar-{name}.npz"));
+        let mut args =
+            vec!["run", "examples/all_reduce.hlo", "--devices", "4", "--out", path.to_str().expect("utf-8 path")];
+        if let Some(b) = backend {
+            args.extend(["--backend", b]);
+        }
+        let o = peerless(&args);
+        assert!(o.status.success(), "{name}: {}", stderr(&o));
         let out = stdout(&o);
         assert!(out.contains("output  device"), "{out}");
         assert!(out.contains("replica 3"), "{out}");
-        assert!(out.contains(&format!("4 replicas on {backend}")), "{out}");
+        assert!(out.contains(&format!("4 replicas on {}", backend.unwrap_or("xla"))), "{out}");
+        if backend.is_none() {
+            assert!(out.contains("(cpu); Peerless's pass: 1 of 1 collectives on Peerless"), "{out}");
+            assert!(
+                out.contains("all-reduce total f32 32 B groups={{0,1,2,3}} -> kernel (one-shot all-reduce)"),
+                "{out}"
+            );
+        }
         outs.push(interp::io::read_npz(&path).expect("read npz"));
     }
     // Same seed, same inputs; sums of 4 f32 values in fixed order agree bitwise.
     assert_eq!(outs[0], outs[1]);
+    assert_eq!(outs[1], outs[2]);
     assert!(outs[0].contains_key("p0_d3") && outs[0].contains_key("o1_d3"));
+}
+
+/// What is missing when XLA's plugin or XLA's HLO parser cannot be found, and what to do.
+#[test]
+fn run_without_xla_names_what_to_install() {
+    let o = peerless_with(&["run", "examples/all_reduce.hlo"], &[("PEERLESS_XLA_PLUGIN", "/no/such/xla_plugin.so")]);
+    let err = stderr(&o);
+    assert!(!o.status.success(), "{}", stdout(&o));
+    assert!(err.contains("PEERLESS_XLA_PLUGIN=/no/such/xla_plugin.so: no such file"), "{err}");
+    assert!(err.contains("pip install lammps-jax-pjrt-cpu") && err.contains("--backend host"), "{err}");
+    let o = peerless_with(&["run", "examples/all_reduce.hlo"], &[("PEERLESS_PYTHON", "/no/such/python")]);
+    let err = stderr(&o);
+    assert!(!o.status.success(), "{}", stdout(&o));
+    assert!(err.contains("/no/such/python (PEERLESS_PYTHON)") && err.contains("jaxlib"), "{err}");
+    assert!(err.contains(".pb") && err.contains("--backend host"), "{err}");
+    // The standalone runtime needs neither.
+    let o = peerless_with(
+        &["run", "examples/all_reduce.hlo", "--backend", "host"],
+        &[("PEERLESS_XLA_PLUGIN", "/no/such/xla_plugin.so"), ("PEERLESS_PYTHON", "/no/such/python")],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
 }
 
 #[test]
@@ -113,17 +150,34 @@ fn bad_flags_list_the_valid_ones() {
 }
 
 #[test]
-fn forced_kernel_on_unsupported_case_is_an_error() {
+fn forced_kernel_on_unsupported_case_is_an_error_on_host_and_a_stated_fallback_inside_xla() {
     let o = peerless(&[
         "run",
         "hlo-tests/cases/f8_s4_movement.hlo",
         "--devices",
         "2",
+        "--backend",
+        "host",
         "--flag",
         "all_gather_backend=kernel",
     ]);
     assert!(!o.status.success());
     assert!(stderr(&o).contains("dtype guard"), "{}", stderr(&o));
+    // Inside XLA the pass leaves such a collective to XLA and says why.
+    let o = peerless(&[
+        "run",
+        "examples/all_reduce.hlo",
+        "--flag",
+        "all_reduce_backend=kernel",
+        "--flag",
+        "one_shot_max_bytes=16",
+        "--flag",
+        "two_shot_max_bytes=16",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.contains("0 of 1 collectives on Peerless (module unchanged)"), "{out}");
+    assert!(out.contains("forces a Peerless kernel, but 32 bytes > two_shot_max_bytes=16"), "{out}");
 }
 
 /// Malformed inputs: each gets a non-zero exit and an error with a location.

@@ -17,6 +17,12 @@
 //
 // PL_BLOCKS (blocks per grid, also the flag-array size) is defined by the host before this
 // file: one constant for launch geometry and flag sizing.
+//
+// Compilation units: with nothing more defined, this file instantiates every kernel. The host
+// compiles one unit at a time instead (kernels/src/gpu/units.rs), so a process builds only what
+// it runs: PL_UNIT_BASE keeps the kernels of no element type (pl_all_gather, pl_exchange,
+// pl_probe); PL_UNIT_SPEC, defined as e.g. `PL_TWO_SHOT(f32_sum, float, Sum)`, keeps that one
+// kernel of one reduction specialization.
 #include "peerless_device.h"
 
 #ifndef PL_BLOCKS
@@ -441,6 +447,7 @@ PL_DEVICE void two_shot(const T* in, T* out, u64 n, u32 rank, u32 world, const P
 // "ready" barrier (every peer is inside this launch, so its output is free), push my `bytes`
 // into every peer's output at slot `rank` in rotated order, then "done" barrier (every
 // peer's pushes into my output are complete).
+#if !defined(PL_UNIT_SPEC)
 PL_GLOBAL void __launch_bounds__(512) pl_all_gather(const u8* in, u64 bytes, u32 rank, u32 world, Ptrs out,
                                                     Ptrs flags, u32* counter, Status st) {
   const u32 e = next_epoch(counter);
@@ -471,6 +478,7 @@ PL_GLOBAL void __launch_bounds__(512) pl_all_gather(const u8* in, u64 bytes, u32
   }
   block_barrier(flags, 1, rank, world, e, st);
 }
+#endif
 
 // ---- strided runs: `rows` runs of `row` bytes, `sstride` / `dstride` apart ----
 struct Run { u64 src; u64 dst; u64 rows; u64 row; u64 sstride; u64 dstride; };
@@ -538,6 +546,7 @@ PL_DEVICE void exchange_phase(const Xchg& x, u32 s, u32 e, const Status& st) {
   __syncthreads();
 }
 
+#if !defined(PL_UNIT_SPEC)
 PL_GLOBAL void __launch_bounds__(512) pl_exchange(Xchg x, Status st) {
   const u32 e = next_epoch(reinterpret_cast<u32*>(x.counter));
   exchange_phase(x, 0, e, st);
@@ -546,6 +555,7 @@ PL_GLOBAL void __launch_bounds__(512) pl_exchange(Xchg x, Status st) {
   }
   exchange_phase(x, 1, e, st);
 }
+#endif
 
 // ---- block reductions: reduce-scatter and the fallback's local reduce ----
 // An operand viewed along the scatter dimension: `outer` rows of `world` blocks of `brow`
@@ -653,31 +663,41 @@ PL_DEVICE void reduce_scatter(const u8* in, T* out, u32 rank, u32 world, const P
   if (!failed(st)) reduce_block<T, R>(srcs, world, rank, out, b);
 }
 
-#define PL_AR(NAME, T, R)                                                                                    \
+// One macro per kernel of a reduction specialization (the host compiles them one at a time),
+// and PL_AR for all four.
+#define PL_ONE_SHOT(NAME, T, R)                                                                              \
   PL_GLOBAL void __launch_bounds__(512) pl_one_shot_##NAME(const T* in, T* out, u64 n, u32 rank, u32 world, \
                                                           Ptrs stage, u64 stride, Ptrs flags, u32* counter,    \
                                                           Status st) {                                         \
     one_shot<T, R>(in, out, n, rank, world, stage, stride, flags, counter, st);                              \
-  }                                                                                                          \
+  }
+#define PL_ONE_SHOT_MANY(NAME, T, R)                                                                         \
   PL_GLOBAL void __launch_bounds__(512) pl_one_shot_many_##NAME(Many m, u32 rank, u32 world, Ptrs stage,      \
                                                                u64 stride, Ptrs flags, u32* counter,        \
                                                                Status st) {                                 \
     one_shot_many<T, R>(m, rank, world, stage, stride, flags, counter, st);                                  \
-  }                                                                                                          \
+  }
+#define PL_TWO_SHOT(NAME, T, R)                                                                              \
   PL_GLOBAL void __launch_bounds__(512) pl_two_shot_##NAME(const T* in, T* out, u64 n, u32 rank, u32 world, \
                                                           Ptrs stage, u64 stride, Ptrs flags, u32* counter,    \
                                                           Status st) {                                         \
     two_shot<T, R>(in, out, n, rank, world, stage, stride, flags, counter, st);                              \
-  }                                                                                                          \
+  }
+#define PL_REDUCE_SCATTER(NAME, T, R)                                                                        \
   PL_GLOBAL void __launch_bounds__(512) pl_reduce_scatter_##NAME(const u8* in, T* out, u32 rank, u32 world,  \
                                                                 Ptrs stage, u64 stride, Ptrs flags,           \
                                                                 u32* counter, Blocks b, Status st) {          \
     reduce_scatter<T, R>(in, out, rank, world, stage, stride, flags, counter, b, st);                        \
   }
+#define PL_AR(NAME, T, R) \
+  PL_ONE_SHOT(NAME, T, R) PL_ONE_SHOT_MANY(NAME, T, R) PL_TWO_SHOT(NAME, T, R) PL_REDUCE_SCATTER(NAME, T, R)
 
 #define PL_AR_ARITH(NAME, T) PL_AR(NAME##_sum, T, Sum) PL_AR(NAME##_prod, T, Prod) PL_AR(NAME##_min, T, Min) PL_AR(NAME##_max, T, Max)
 #define PL_AR_INT(NAME, T) PL_AR_ARITH(NAME, T) PL_AR(NAME##_and, T, And) PL_AR(NAME##_or, T, Or)
 
+#if defined(PL_UNIT_SPEC)
+PL_UNIT_SPEC
+#elif !defined(PL_UNIT_BASE)
 PL_AR_ARITH(f32, float)
 PL_AR_ARITH(f64, double)
 PL_AR_ARITH(bf16, bf16)
@@ -696,7 +716,9 @@ PL_AR(pred_max, u8, Or)
 PL_AR(pred_min, u8, And)
 PL_AR(pred_sum, u8, Xor)
 PL_AR(pred_prod, u8, And)
+#endif
 
+#if !defined(PL_UNIT_SPEC)
 // Peer-access probe: one thread stores `v` into a peer's memory and reads it back.
 PL_GLOBAL void pl_probe(u32* remote, u32 v, u32* readback) {
   if (threadIdx.x == 0 && blockIdx.x == 0) {
@@ -704,3 +726,4 @@ PL_GLOBAL void pl_probe(u32* remote, u32 v, u32* readback) {
     *readback = load_acquire_sys(remote);
   }
 }
+#endif

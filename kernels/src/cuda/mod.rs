@@ -1,18 +1,20 @@
-//! The CUDA backend: the vendor part of [`crate::gpu`] (kernels compiled by NVRTC for the
-//! device's compute capability, cached on disk) and the runtime behind XLA's FFI handlers
+//! The CUDA backend: the vendor part of [`crate::gpu`] (kernels prebuilt into the library
+//! ([`prebuilt`]) or compiled by NVRTC for the device's compute capability one unit at a time,
+//! cached on disk) and the runtime behind XLA's FFI handlers
 //! ([`xla`]). The clique, the peer probe, the launchers and the NCCL fallback are
 //! [`crate::gpu`]'s, instantiated for [`Cuda`] (the aliases below).
 
+pub mod prebuilt;
 pub mod xla;
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 pub use ffi::Error as FfiError;
 pub use ffi::cuda::Cuda;
 use ffi::nvrtc::Output;
 
-use crate::gpu::{self, Backend};
+use crate::gpu::{self, Backend, Origin, Unit};
 pub use crate::gpu::{Algo, BLOCKS, DEFAULT_GRID, Dtype, MAX_RANKS, Probe, Red, SIGNAL_BYTES, SOURCES, THREADS, grid};
 use crate::{Error, Result};
 
@@ -27,21 +29,9 @@ pub type AllGather = gpu::AllGather<Cuda>;
 /// NCCL's communicators for a clique.
 pub type NcclClique = gpu::CclClique<Cuda>;
 
-/// Compiles every kernel source that is a translation unit (not headers) for compute
-/// capability `cc`. Used by the device layer (CUBIN) and by CI (PTX for sm_80 / sm_90).
-pub fn compile_sources(cc: u32, out: Output) -> Result<Vec<(String, Vec<u8>)>> {
-    let (units, headers) = gpu::translation_units();
-    let mut v = Vec::new();
-    for (name, src) in units {
-        v.push((name.to_string(), ffi::nvrtc::compile(name, &src, &headers, cc, out)?));
-    }
-    Ok(v)
-}
-
 /// Where compiled kernels are kept between processes: `PEERLESS_CACHE_DIR`, else
-/// `$XDG_CACHE_HOME/peerless`, else `~/.cache/peerless` (NVRTC takes tens of seconds for
-/// the whole kernel set, which a JAX user would otherwise pay in every process).
-fn cache_dir() -> Option<std::path::PathBuf> {
+/// `$XDG_CACHE_HOME/peerless`, else `~/.cache/peerless`.
+pub fn cache_dir() -> Option<std::path::PathBuf> {
     if let Some(d) = std::env::var_os("PEERLESS_CACHE_DIR") {
         return Some(d.into());
     }
@@ -51,64 +41,74 @@ fn cache_dir() -> Option<std::path::PathBuf> {
     std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".cache").join("peerless"))
 }
 
-/// A hash of `parts`, the block count and the NVRTC version: names a cached CUBIN, so any
-/// change to the sources or the compiler compiles afresh.
-fn cache_key(parts: &[(&str, &str)]) -> Option<u64> {
-    use std::hash::{Hash, Hasher};
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    parts.hash(&mut h);
-    BLOCKS.hash(&mut h);
-    ffi::nvrtc::version().ok()?.hash(&mut h);
-    Some(h.finish())
+/// The disk cache's file for `unit` on compute capability `cc`, named by the unit's key and
+/// NVRTC's version, so other sources or another compiler compile afresh (`None`: no cache
+/// directory, or no NVRTC to compile with).
+fn cache_file(cc: u32, unit: Unit) -> Option<std::path::PathBuf> {
+    let (major, minor) = ffi::nvrtc::version().ok()?;
+    Some(cache_dir()?.join(format!("{}-sm{cc}-{}-nvrtc{major}.{minor}.cubin", unit.name(), unit.key())))
 }
 
-/// CUBIN for compute capability `cc` of the sources hashed as `key`: compiled with
-/// `compile` once per process, and kept on disk as `<stem>-sm<cc>-<key>.cubin`.
-fn cached_cubin(
-    cc: u32,
-    stem: &str,
-    key: Option<u64>,
-    compile: impl FnOnce() -> Result<Vec<u8>>,
-) -> Result<Arc<Vec<u8>>> {
-    type Cache = Mutex<HashMap<(u32, String, Option<u64>), Arc<Vec<u8>>>>;
+/// Where `unit`'s code for compute capability `cc` would come from now, without compiling:
+/// what `peerless devices` reports.
+pub fn availability(cc: u32, unit: Unit) -> Origin {
+    if let Some((t, _)) = prebuilt::embedded().and_then(|b| b.find(cc, unit)) {
+        return Origin::Prebuilt { target: t.name() };
+    }
+    if cache_file(cc, unit).is_some_and(|f| f.is_file()) {
+        return Origin::Cached;
+    }
+    Origin::Compiled { seconds: 0.0 }
+}
+
+/// `unit`'s code for compute capability `cc`: prebuilt (when `use_prebuilt`), else from the
+/// disk cache, else compiled by NVRTC and cached. Kept per process.
+fn code_for(cc: u32, unit: Unit, use_prebuilt: bool) -> Result<(Arc<[u8]>, Origin)> {
+    type Cache = Mutex<HashMap<(u32, Unit, bool), (Arc<[u8]>, Origin)>>;
     static CACHE: OnceLock<Cache> = OnceLock::new();
     let cache = CACHE.get_or_init(Default::default);
-    let id = (cc, stem.to_string(), key);
-    if let Some(c) = key.and(cache.lock().map_err(|_| Error::Gpu("kernel cache poisoned".into()))?.get(&id)) {
+    let id = (cc, unit, use_prebuilt);
+    if let Some(c) = cache.lock().unwrap_or_else(PoisonError::into_inner).get(&id) {
         return Ok(c.clone());
     }
-    let file = key.and_then(|k| Some(cache_dir()?.join(format!("{stem}-sm{cc}-{k:016x}.cubin"))));
-    let bin = match file.as_ref().and_then(|f| std::fs::read(f).ok()).filter(|b| !b.is_empty()) {
-        Some(b) => b,
-        None => {
-            let started = std::time::Instant::now();
-            let b = compile()?;
-            log::info!("compiled {stem} for sm_{cc} in {:.2} s", started.elapsed().as_secs_f64());
-            if let Some(f) = &file {
-                // A cache that cannot be written only costs the next process a compile.
-                let tmp = f.with_extension(format!("tmp{}", std::process::id()));
-                let saved = f.parent().map(std::fs::create_dir_all).transpose().is_ok()
-                    && std::fs::write(&tmp, &b).is_ok()
-                    && std::fs::rename(&tmp, f).is_ok();
-                if !saved {
-                    log::warn!("could not cache compiled kernels at {}", f.display());
+    let found = if let Some((t, code)) = prebuilt::embedded().filter(|_| use_prebuilt).and_then(|b| b.find(cc, unit)) {
+        log::debug!("kernels {} for sm_{cc}: prebuilt {}", unit.name(), t.name());
+        (Arc::from(&code[..]), Origin::Prebuilt { target: t.name() })
+    } else {
+        let file = cache_file(cc, unit);
+        match file.as_ref().and_then(|f| std::fs::read(f).ok()).filter(|b| !b.is_empty()) {
+            Some(b) => (Arc::from(b), Origin::Cached),
+            None => {
+                let started = std::time::Instant::now();
+                let b = prebuilt::compile(unit, prebuilt::Target { cc, out: Output::Cubin })?;
+                let seconds = started.elapsed().as_secs_f64();
+                log::info!(
+                    "compiled kernels {} for sm_{cc} with NVRTC in {seconds:.2} s (no prebuilt code for this GPU)",
+                    unit.name()
+                );
+                if let Some(f) = &file {
+                    // A cache that cannot be written only costs the next process a compile.
+                    let tmp = f.with_extension(format!("tmp{}", std::process::id()));
+                    let saved = f.parent().map(std::fs::create_dir_all).transpose().is_ok()
+                        && std::fs::write(&tmp, &b).is_ok()
+                        && std::fs::rename(&tmp, f).is_ok();
+                    if !saved {
+                        log::warn!("could not cache compiled kernels at {}", f.display());
+                    }
                 }
+                (Arc::from(b), Origin::Compiled { seconds })
             }
-            b
         }
     };
-    let bin = Arc::new(bin);
-    if key.is_some() {
-        cache.lock().map_err(|_| Error::Gpu("kernel cache poisoned".into()))?.insert(id, bin.clone());
-    }
-    Ok(bin)
+    cache.lock().unwrap_or_else(PoisonError::into_inner).insert(id, found.clone());
+    Ok(found)
 }
 
-/// The collective kernels' CUBIN for compute capability `cc`.
-fn cubin_for(cc: u32) -> Result<Arc<Vec<u8>>> {
-    cached_cubin(cc, "kernels", cache_key(SOURCES), || {
-        Ok(compile_sources(cc, Output::Cubin)?.pop().map(|b| b.1).unwrap_or_default())
-    })
+/// A compute capability from `sm_XY`.
+pub fn compute_capability(arch: &str) -> Result<u32> {
+    arch.strip_prefix("sm_")
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| Error::Gpu(format!("not a CUDA architecture: {arch}")))
 }
 
 impl Backend for Cuda {
@@ -119,12 +119,8 @@ impl Backend for Cuda {
         Ok(format!("sm_{major}{minor}"))
     }
 
-    fn code_objects(arch: &str) -> Result<Vec<Arc<Vec<u8>>>> {
-        let cc: u32 = arch
-            .strip_prefix("sm_")
-            .and_then(|c| c.parse().ok())
-            .ok_or_else(|| Error::Gpu(format!("not a CUDA architecture: {arch}")))?;
-        Ok(vec![cubin_for(cc)?])
+    fn code_object(arch: &str, unit: Unit, prebuilt: bool) -> Result<(Arc<[u8]>, Origin)> {
+        code_for(compute_capability(arch)?, unit, prebuilt)
     }
 }
 

@@ -39,6 +39,7 @@ use crate::gpu::args::{
     Blocks, Dtype, ExchangeArgs, MAX_OPERANDS, MAX_TASKS, Many, ManyArgs, Ptrs, Red, ReduceArgs, Run, ScatterArgs, Sig,
     Status, Wait, Xchg,
 };
+use crate::gpu::{Kernel, Unit};
 
 fn round_up(x: usize, a: usize) -> usize {
     x.div_ceil(a).saturating_mul(a)
@@ -483,8 +484,26 @@ impl CollectiveRuntime for CudaRuntime {
 
     fn initialize(&self, f: &CallFrame<'_>, cfg: &CustomCallConfig, device: usize) -> Result<(), HandlerError> {
         let c = clique()?;
-        let (_, _, _, inst) = frame_instance(f, cfg)?;
+        let (_, _, arg_shapes, inst) = frame_instance(f, cfg)?;
         let ordinal = ordinal(f)?;
+        // The kernels this call launches load now (prebuilt, cached, or compiled one unit at a
+        // time), not in a run or a stream capture.
+        let group = cfg.group_of(device).map_or(0, <[usize]>::len);
+        let kernel = match cfg.algorithm {
+            Algo::OneShotAllReduce if arg_shapes.len() > 1 => Some(Kernel::OneShotMany),
+            Algo::OneShotAllReduce => Some(Kernel::OneShot),
+            Algo::TwoShotAllReduce => Some(Kernel::TwoShot),
+            Algo::DirectReduceScatter => Some(Kernel::ReduceScatter),
+            _ => None,
+        };
+        if let (Some(k), Some(red), true) = (kernel, cfg.reduction, group > 1) {
+            let dev = c.devices.get(ordinal).ok_or_else(|| internal(format!("no GPU {ordinal}")))?;
+            for ty in arg_shapes.iter().map(|s| s.ty).collect::<BTreeSet<_>>() {
+                if let Some(t) = Dtype::of(ty).filter(|&t| Red::of(red).defined_for(t)) {
+                    dev.load(Unit::Spec(k, t, Red::of(red))).map_err(internal)?;
+                }
+            }
+        }
         publish_own(c, cfg, &inst, device, ordinal)?;
         if cfg.job.is_some() {
             // Meet the other processes here, outside any stream capture: opening their IPC

@@ -8,7 +8,7 @@ use ffi::ccl;
 use super::MAX_RANKS;
 
 /// Element types the kernels take (every computable type: `emitter::kernel_accepts_dtype`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Dtype {
     F32,
     F64,
@@ -110,7 +110,7 @@ impl Dtype {
 }
 
 /// Reductions.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Red {
     Sum,
     Prod,

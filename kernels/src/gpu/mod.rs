@@ -15,13 +15,16 @@
 
 pub(crate) mod args;
 mod collectives;
+mod units;
 
-use std::sync::Arc;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, PoisonError};
 
 pub use args::{Algo, Dtype, Red};
 pub use collectives::{AllGather, AllReduce, CclClique};
 use emitter::{PeerAccessTable, PeerTableKey};
 pub use ffi::gpu::Gpu;
+pub use units::{Kernel, Unit};
 
 use crate::{Error, Result};
 
@@ -84,9 +87,32 @@ pub trait Backend: Gpu {
         arch.to_string()
     }
 
-    /// The kernels' code objects for `arch` (one per translation unit), compiled once per
-    /// process (and, where the vendor allows, cached on disk).
-    fn code_objects(arch: &str) -> Result<Vec<Arc<Vec<u8>>>>;
+    /// `unit`'s code object for `arch` and where it came from: prebuilt (unless
+    /// `prebuilt` is false: a prebuilt one failed to load), the disk cache, or compiled now.
+    /// Compiled at most once per process and arch.
+    fn code_object(arch: &str, unit: Unit, prebuilt: bool) -> Result<(Arc<[u8]>, Origin)>;
+}
+
+/// Where a loaded unit's code came from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Origin {
+    /// Bundled with the library, for `target` (`sm_90`, or `compute_100`: PTX the driver
+    /// compiled).
+    Prebuilt { target: String },
+    /// The disk cache of an earlier compile.
+    Cached,
+    /// Compiled in this process, taking `seconds`.
+    Compiled { seconds: f64 },
+}
+
+impl std::fmt::Display for Origin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Origin::Prebuilt { target } => write!(f, "prebuilt ({target})"),
+            Origin::Cached => f.write_str("cached"),
+            Origin::Compiled { seconds } => write!(f, "compiled ({seconds:.2} s)"),
+        }
+    }
 }
 
 /// Result of the cross-device write/read probe for one ordered pair.
@@ -120,48 +146,69 @@ pub struct Device<B: Backend> {
     pub target: String,
     /// Streaming multiprocessors or compute units.
     pub units: i32,
-    /// One module per kernel translation unit.
-    pub modules: Vec<B::Module>,
+    /// The units loaded so far (the base unit at open, a specialization on first use).
+    modules: Mutex<BTreeMap<Unit, (Arc<B::Module>, Origin)>>,
     pub stream: B::Stream,
     /// Declared last so modules and the stream drop first.
     pub ctx: B::Context,
 }
 
 impl<B: Backend> Device<B> {
-    /// Opens device `ordinal`, loads the kernels for its architecture and makes a stream.
+    /// Opens device `ordinal`, loads the base kernels (the peer probe's) for its
+    /// architecture and makes a stream. Specializations load on first use ([`Self::load`]).
     pub fn open(ordinal: usize) -> Result<Self> {
         let ctx = B::open(ordinal)?;
         let arch = B::arch(&ctx)?;
-        let modules = B::code_objects(&arch)?
-            .iter()
-            .map(|code| B::load_module(&ctx, code.as_slice()))
-            .collect::<Result<Vec<_>, _>>()?;
         let stream = B::stream(&ctx)?;
-        Ok(Device {
+        let d = Device {
             ordinal,
             name: B::name(&ctx)?,
             target: B::target(&arch),
             arch,
             units: B::compute_units(&ctx)?,
-            modules,
+            modules: Mutex::default(),
             stream,
             ctx,
-        })
+        };
+        d.load(Unit::Base)?;
+        Ok(d)
     }
 
-    /// The kernel `name`, from whichever module defines it.
-    pub fn function(&self, name: &str) -> Result<B::Function> {
-        let mut last = None;
-        for m in &self.modules {
-            match B::function(m, name) {
-                Ok(f) => return Ok(f),
-                Err(e) => last = Some(e),
-            }
+    /// Loads `unit` if it is not loaded yet (compiling it on a machine with neither prebuilt
+    /// nor cached code); the collective handlers call it at XLA's initialize stage, so a
+    /// compile never happens inside a run or a stream capture.
+    pub fn load(&self, unit: Unit) -> Result<Arc<B::Module>> {
+        let mut modules = self.modules.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some((m, _)) = modules.get(&unit) {
+            return Ok(m.clone());
         }
-        Err(match last {
-            Some(e) => e.into(),
-            None => Error::Gpu(format!("device {}: no kernel modules loaded", self.ordinal)),
-        })
+        let (code, origin) = B::code_object(&self.arch, unit, true)?;
+        let (module, origin) = match B::load_module(&self.ctx, &code) {
+            Ok(m) => (m, origin),
+            Err(e) if matches!(origin, Origin::Prebuilt { .. }) => {
+                // E.g. PTX newer than the driver's JIT: compile for this device instead.
+                log::warn!("{}: prebuilt kernels {} ({origin}) did not load ({e}); compiling", self.arch, unit.name());
+                let (code, origin) = B::code_object(&self.arch, unit, false)?;
+                (B::load_module(&self.ctx, &code)?, origin)
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let m = Arc::new(module);
+        modules.insert(unit, (m.clone(), origin));
+        Ok(m)
+    }
+
+    /// The units loaded on this device and where each came from.
+    pub fn loaded(&self) -> Vec<(Unit, Origin)> {
+        let modules = self.modules.lock().unwrap_or_else(PoisonError::into_inner);
+        modules.iter().map(|(u, (_, o))| (*u, o.clone())).collect()
+    }
+
+    /// The kernel `name`, loading the unit that defines it.
+    pub fn function(&self, name: &str) -> Result<B::Function> {
+        let unit = Unit::of_kernel(name)
+            .ok_or_else(|| Error::Gpu(format!("device {}: no kernel named {name}", self.ordinal)))?;
+        Ok(B::function(&*self.load(unit)?, name)?)
     }
 }
 

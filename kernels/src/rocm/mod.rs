@@ -16,14 +16,14 @@
 //! hipcc) and type-checks and lints this module (README, "ROCm status").
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 pub use ffi::Error as FfiError;
 pub use ffi::hip::Hip;
 
-use crate::gpu::{self, Backend};
+use crate::Result;
+use crate::gpu::{self, Backend, Origin, Unit};
 pub use crate::gpu::{Algo, BLOCKS, Dtype, MAX_RANKS, Probe, Red, SIGNAL_BYTES, SOURCES, THREADS};
-use crate::{Error, Result};
 
 /// The ROCm clique: local AMD GPUs with streams and the kernel modules.
 pub type Clique = gpu::Clique<Hip>;
@@ -65,17 +65,23 @@ impl Backend for Hip {
         ffi::hip::gfx_target(arch).unwrap_or(arch).to_string()
     }
 
-    /// Code objects per arch, compiled once per process (hipRTC has no on-disk cache here).
-    fn code_objects(arch: &str) -> Result<Vec<Arc<Vec<u8>>>> {
-        type Cache = Mutex<HashMap<String, Vec<Arc<Vec<u8>>>>>;
+    /// One unit per arch compiled by hipRTC, once per process (no prebuilt code and no disk
+    /// cache for ROCm yet).
+    fn code_object(arch: &str, unit: Unit, _prebuilt: bool) -> Result<(Arc<[u8]>, Origin)> {
+        type Cache = Mutex<HashMap<(String, Unit), (Arc<[u8]>, Origin)>>;
         static CACHE: OnceLock<Cache> = OnceLock::new();
         let cache = CACHE.get_or_init(Default::default);
-        let poisoned = || Error::Gpu("kernel cache poisoned".into());
-        if let Some(c) = cache.lock().map_err(|_| poisoned())?.get(arch) {
+        let id = (arch.to_string(), unit);
+        if let Some(c) = cache.lock().unwrap_or_else(PoisonError::into_inner).get(&id) {
             return Ok(c.clone());
         }
-        let code: Vec<Arc<Vec<u8>>> = compile_sources(arch)?.into_iter().map(|(_, c)| Arc::new(c)).collect();
-        cache.lock().map_err(|_| poisoned())?.insert(arch.to_string(), code.clone());
-        Ok(code)
+        let started = std::time::Instant::now();
+        let (name, src, headers) = unit.source();
+        let code = ffi::hiprtc::compile(&format!("{name} [{}]", unit.name()), &src, &headers, arch)?;
+        let seconds = started.elapsed().as_secs_f64();
+        log::info!("compiled kernels {} for {arch} with hipRTC in {seconds:.2} s", unit.name());
+        let found = (Arc::from(code), Origin::Compiled { seconds });
+        cache.lock().unwrap_or_else(PoisonError::into_inner).insert(id, found.clone());
+        Ok(found)
     }
 }

@@ -1,0 +1,248 @@
+//! Compilation units of the kernel sources: what one NVRTC or hipRTC program builds.
+//!
+//! Compiling the whole kernel set (every element type × reduction × algorithm) took NVRTC
+//! about 150 s on an H100 host, which a process paid before its first collective. A unit is
+//! either the kernels of no element type ([`Unit::Base`]: the exchange, the contiguous
+//! all-gather and the peer probe) or one reduction specialization ([`Unit::Spec`]: its
+//! one-shot, one-shot-many, two-shot and reduce-scatter kernels), so a process compiles only
+//! the specializations it launches, each in a fraction of a second. `collectives.cu` selects
+//! a unit with `PL_UNIT_BASE` / `PL_UNIT_SPEC`; with neither it still instantiates everything
+//! (what `hipcc` checks in CI).
+//!
+//! Every unit has a [`key`]: a SHA-256 of the sources, the launch constants and the unit, so a
+//! stored code object (the prebuilt bundle, the disk cache) made from other sources is never
+//! loaded.
+
+use sha2::{Digest, Sha256};
+
+use super::{BLOCKS, Dtype, Red, SOURCES};
+
+/// One compilation unit (see the module doc).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Unit {
+    Base,
+    Spec(Kernel, Dtype, Red),
+}
+
+/// The kernels every reduction specialization has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Kernel {
+    OneShot,
+    OneShotMany,
+    TwoShot,
+    ReduceScatter,
+}
+
+impl Kernel {
+    pub const ALL: [Kernel; 4] = [Kernel::OneShot, Kernel::OneShotMany, Kernel::TwoShot, Kernel::ReduceScatter];
+
+    /// The kernel's name before the specialization (`pl_two_shot_` + `f32_sum`).
+    pub fn prefix(self) -> &'static str {
+        match self {
+            Kernel::OneShot => "pl_one_shot_",
+            Kernel::OneShotMany => "pl_one_shot_many_",
+            Kernel::TwoShot => "pl_two_shot_",
+            Kernel::ReduceScatter => "pl_reduce_scatter_",
+        }
+    }
+
+    /// The macro of `collectives.cu` that instantiates it.
+    fn macro_name(self) -> &'static str {
+        match self {
+            Kernel::OneShot => "PL_ONE_SHOT",
+            Kernel::OneShotMany => "PL_ONE_SHOT_MANY",
+            Kernel::TwoShot => "PL_TWO_SHOT",
+            Kernel::ReduceScatter => "PL_REDUCE_SCATTER",
+        }
+    }
+}
+
+/// The kernels of [`Unit::Base`].
+const BASE_KERNELS: [&str; 3] = ["pl_all_gather", "pl_exchange", "pl_probe"];
+
+impl Unit {
+    /// Every unit the sources define, base first.
+    pub fn all() -> Vec<Unit> {
+        let mut v = vec![Unit::Base];
+        for t in Dtype::ALL {
+            for r in Red::ALL {
+                if r.defined_for(t) {
+                    v.extend(Kernel::ALL.iter().map(|&k| Unit::Spec(k, t, r)));
+                }
+            }
+        }
+        v
+    }
+
+    /// `base`, or the kernel's name without `pl_` (`two_shot_f32_sum`): names cache files and
+    /// bundle entries.
+    pub fn name(self) -> String {
+        match self {
+            Unit::Base => "base".into(),
+            Unit::Spec(k, t, r) => format!("{}{}_{}", &k.prefix()[3..], t.name(), r.name()),
+        }
+    }
+
+    /// The unit that defines kernel `name`.
+    pub fn of_kernel(name: &str) -> Option<Unit> {
+        if BASE_KERNELS.contains(&name) {
+            return Some(Unit::Base);
+        }
+        Unit::all().into_iter().find(|u| u.kernels().iter().any(|k| k == name))
+    }
+
+    /// The kernels the unit defines.
+    pub fn kernels(self) -> Vec<String> {
+        match self {
+            Unit::Base => BASE_KERNELS.iter().map(|k| k.to_string()).collect(),
+            Unit::Spec(k, t, r) => vec![format!("{}{}_{}", k.prefix(), t.name(), r.name())],
+        }
+    }
+
+    /// The defines that select this unit, ahead of the launch constants and the source.
+    fn defines(self) -> String {
+        match self {
+            Unit::Base => "#define PL_UNIT_BASE 1\n".into(),
+            Unit::Spec(k, t, r) => format!(
+                "#define PL_UNIT_SPEC {}({}_{}, {}, {})\n",
+                k.macro_name(),
+                t.name(),
+                r.name(),
+                t.c_type(),
+                r.c_op(t)
+            ),
+        }
+    }
+
+    /// The unit's translation unit (`collectives.cu` with the defines prepended) and the
+    /// headers it includes: what either runtime compiler takes.
+    pub fn source(self) -> (&'static str, String, Vec<(&'static str, &'static str)>) {
+        let (units, headers) = super::translation_units();
+        let (name, text) = units.into_iter().next().unwrap_or(("collectives.cu", String::new()));
+        (name, format!("{}{text}", self.defines()), headers)
+    }
+
+    /// Names stored code of this unit: a hash of every source file, the launch constants and
+    /// the unit, hex (16 digits).
+    pub fn key(self) -> String {
+        let mut h = Sha256::new();
+        for (name, text) in SOURCES {
+            h.update(name.as_bytes());
+            h.update([0]);
+            h.update(text.as_bytes());
+            h.update([0]);
+        }
+        h.update(BLOCKS.to_le_bytes());
+        h.update(self.defines().as_bytes());
+        h.finalize()[..8].iter().map(|b| format!("{b:02x}")).collect()
+    }
+}
+
+impl Dtype {
+    /// Every element type the kernels take.
+    pub const ALL: [Dtype; 13] = [
+        Dtype::F32,
+        Dtype::F64,
+        Dtype::Bf16,
+        Dtype::F16,
+        Dtype::S8,
+        Dtype::S16,
+        Dtype::S32,
+        Dtype::S64,
+        Dtype::U8,
+        Dtype::U16,
+        Dtype::U32,
+        Dtype::U64,
+        Dtype::Pred,
+    ];
+
+    /// The element type in the kernel sources (`peerless_types.h`); pred is a byte.
+    fn c_type(self) -> &'static str {
+        match self {
+            Dtype::F32 => "float",
+            Dtype::F64 => "double",
+            Dtype::Pred => "u8",
+            t => t.name(),
+        }
+    }
+}
+
+impl Red {
+    /// Every reduction.
+    pub const ALL: [Red; 6] = [Red::Sum, Red::Prod, Red::Min, Red::Max, Red::And, Red::Or];
+
+    /// The reduction's functor in the kernel sources. On pred (0 or 1), XLA's max is or, min
+    /// and prod are and, and sum is xor (pred add).
+    fn c_op(self, t: Dtype) -> &'static str {
+        match (t, self) {
+            (Dtype::Pred, Red::Max | Red::Or) => "Or",
+            (Dtype::Pred, Red::Min | Red::Prod | Red::And) => "And",
+            (Dtype::Pred, Red::Sum) => "Xor",
+            (_, Red::Sum) => "Sum",
+            (_, Red::Prod) => "Prod",
+            (_, Red::Min) => "Min",
+            (_, Red::Max) => "Max",
+            (_, Red::And) => "And",
+            (_, Red::Or) => "Or",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_kernel_the_launchers_name_has_one_unit() {
+        let all = Unit::all();
+        assert_eq!(all.len(), 1 + 4 * (4 * 4 + 9 * 6));
+        for u in &all {
+            for k in u.kernels() {
+                assert_eq!(Unit::of_kernel(&k), Some(*u), "{k}");
+            }
+        }
+        assert_eq!(
+            Unit::of_kernel("pl_one_shot_many_bf16_max"),
+            Some(Unit::Spec(Kernel::OneShotMany, Dtype::Bf16, Red::Max))
+        );
+        assert_eq!(
+            Unit::of_kernel("pl_reduce_scatter_pred_sum"),
+            Some(Unit::Spec(Kernel::ReduceScatter, Dtype::Pred, Red::Sum))
+        );
+        assert_eq!(Unit::Spec(Kernel::OneShot, Dtype::U16, Red::Or).name(), "one_shot_u16_or");
+        assert_eq!(Unit::of_kernel("pl_probe"), Some(Unit::Base));
+        assert_eq!(Unit::of_kernel("pl_one_shot_f32_and"), None);
+        assert_eq!(Unit::of_kernel("pl_nothing"), None);
+    }
+
+    #[test]
+    fn the_sources_instantiate_what_the_units_select() {
+        // The full list in collectives.cu is the same set as `Unit::all()`.
+        let src = include_str!("../../cuda/collectives.cu");
+        let mut listed = 0;
+        for line in src.lines() {
+            let l = line.trim();
+            if let Some(rest) = l.strip_prefix("PL_AR_ARITH(").or_else(|| l.strip_prefix("PL_AR_INT(")) {
+                let t = rest.split(',').next().unwrap_or_default();
+                listed += if l.starts_with("PL_AR_INT") { 6 } else { 4 };
+                assert!(Dtype::ALL.iter().any(|d| d.name() == t), "{l}");
+            } else if l.starts_with("PL_AR(pred_") {
+                listed += 1;
+            }
+        }
+        assert_eq!(4 * listed, Unit::all().len() - 1);
+        let (_, text, _) = Unit::Spec(Kernel::TwoShot, Dtype::Pred, Red::Max).source();
+        assert!(text.starts_with("#define PL_UNIT_SPEC PL_TWO_SHOT(pred_max, u8, Or)\n#define PL_BLOCKS "));
+        for k in Kernel::ALL {
+            assert!(src.contains(&format!("#define {}(NAME, T, R)", k.macro_name())), "{k:?}");
+        }
+    }
+
+    #[test]
+    fn keys_differ_per_unit_and_are_stable_within_a_build() {
+        let keys: std::collections::HashSet<String> = Unit::all().iter().map(|u| u.key()).collect();
+        assert_eq!(keys.len(), Unit::all().len());
+        assert_eq!(Unit::Base.key(), Unit::Base.key());
+        assert_eq!(Unit::Base.key().len(), 16);
+    }
+}

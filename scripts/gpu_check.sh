@@ -9,7 +9,7 @@
 set -uo pipefail
 LOG=${1:?usage: gpu_check.sh LOGDIR [BINDIR]}
 BIN=${2:-.gpu}
-STEPS=${GPU_CHECK_STEPS:-devices collectives inside edge multiprocess order run bench torch jax psum}
+STEPS=${GPU_CHECK_STEPS:-first devices collectives inside edge multiprocess order run bench torch jax psum}
 mkdir -p "$LOG"
 # NVLink multicast stays off (shared hosts): never remove these.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -38,7 +38,10 @@ step() { # step NAME SECONDS CMD...: runs CMD with a time limit, logs to NAME.tx
   [ $r -eq 0 ] || rc=1
 }
 { date -u; nvidia-smi; nvidia-smi topo -m; echo "XLA CUDA plugin: $PEERLESS_XLA_PLUGIN"; } >"$LOG/nvidia-smi.txt" 2>&1
-# On a cold kernel cache `devices` compiles the kernel set with NVRTC first (about 2 minutes).
+# The first call of a program with a collective, each case in a fresh process with an empty
+# kernel cache: stock JAX beside Peerless (prebuilt kernels, and NVRTC without them).
+has first && step first_call 400 python3 plugin/tests/gpu_first_call.py --out "$LOG/first_call"
+# Where each GPU's kernels come from (prebuilt, cached, compiled on first use).
 has devices && step devices 300 "$BIN/peerless" devices
 # The kernels against host references on raw buffers (needs 2 GPUs).
 has collectives && [ "$NGPU" -ge 2 ] && step cuda_collectives 300 "$BIN/cuda_collectives" --ignored --test-threads=1

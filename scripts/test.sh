@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The test command: everything CI checks, runnable on a fresh machine.
-#   scripts/test.sh            # setup, fmt, clippy, cargo test, JAX on the plugin, fuzz, goldens
+#   scripts/test.sh            # setup, fmt, clippy, cargo test, JAX on the plugin, fuzz, the wheel, goldens
 # Python runs in scripts/setup.sh's venvs under ${PEERLESS_VENV_DIR:-<repo>/.venv}: jax/ (JAX
 # 0.11.2, Python 3.12) for everything that loads the plugin, goldens/ (JAX 0.10.2, Python
 # 3.11) for the golden check. Set PEERLESS_SKIP_GOLDEN_CHECK=1 to skip re-running XLA.
@@ -141,6 +141,14 @@ np.testing.assert_array_equal(got, want)
 assert p.stats()["all-reduce"]["kernel"] == 1, p.stats()
 print("jax", jax.__version__, "kept; psum on Peerless equals XLA alone:", p.stats())')
 rm -rf "$venv_dir"
+
+step "The wheel: scripts/build_wheel.sh (release library, manylinux tag from auditwheel); scripts/check_wheel.sh installs it in a fresh venv without cargo and runs plugin/tests/wheel_smoke.py"
+wheel_start=$(date +%s)
+wheel_dir=$(mktemp -d)
+scripts/build_wheel.sh "$wheel_dir"
+scripts/check_wheel.sh "$wheel_dir"/jax_peerless-*.whl
+rm -rf "$wheel_dir"
+echo "the wheel step took $(($(date +%s) - wheel_start)) s"
 
 if [ "${PEERLESS_SKIP_GOLDEN_CHECK:-0}" != "1" ]; then
   step "XLA goldens are reproducible (hlo-tests/gen_goldens.py --check, JAX $("$goldens_python" -c 'import jax; print(jax.__version__)'))"

@@ -5,7 +5,8 @@ repository root (two directories up) and copies the library into the package
 (`jax_plugins/peerless/libpeerless_pjrt.so`). Set PEERLESS_PJRT_LIBRARY=/path/libpeerless_pjrt.so
 to skip cargo and bundle that file instead: a machine without a Rust toolchain installs a
 library built elsewhere (at run time, the same variable overrides the bundled library,
-see __init__.py). The wheel is platform-specific because it carries a native library.
+see __init__.py). The wheel is platform-specific because it carries a native library; the
+manylinux-tagged wheel to hand to other machines comes from scripts/build_wheel.sh (docs/INSTALL.md).
 """
 
 import json

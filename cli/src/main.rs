@@ -16,6 +16,7 @@
 mod bench;
 mod devices;
 mod hlo_text;
+mod kernels_cmd;
 mod report;
 
 use std::path::PathBuf;
@@ -45,8 +46,11 @@ enum Command {
     Flags,
     /// Benchmark collectives through XLA: Peerless's kernels, XLA's own path and XLA's collective kernels.
     Bench(bench::BenchArgs),
-    /// List the local GPUs, the peer-access table and the probe results.
+    /// List the local GPUs, the peer-access table, the probe results and where each GPU's
+    /// kernels come from (prebuilt, cached, compiled).
     Devices,
+    /// The prebuilt kernels this build carries; `kernels build` makes a bundle to embed.
+    Kernels(kernels_cmd::KernelsArgs),
 }
 
 #[derive(clap::Args)]
@@ -125,7 +129,7 @@ enum BackendArg {
 }
 
 fn main() -> ExitCode {
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn,peerless::compile=info")).init();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Check(args) => check(&args),
@@ -136,6 +140,7 @@ fn main() -> ExitCode {
         }
         Command::Bench(args) => bench::run(&args).map_err(Into::into),
         Command::Devices => devices::run().map_err(Into::into),
+        Command::Kernels(a) => kernels_cmd::run(a).map_err(Into::into),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -31,6 +31,17 @@ pub const PLATFORM_VERSION: &str = concat!("peerless ", env!("CARGO_PKG_VERSION"
 
 static TABLE: OnceLock<api::Table> = OnceLock::new();
 
+/// Installs the library's logger once (stderr; `PEERLESS_LOG` takes env_logger's filter
+/// syntax, default `warn` plus the kernel-compile lines, which say why a first call waits).
+/// A host that installed a logger first (the CLI) keeps its own.
+pub fn init_logging() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let env = env_logger::Env::new().filter_or("PEERLESS_LOG", "warn,peerless::compile=info");
+        let _ = env_logger::Builder::from_env(env).try_init();
+    });
+}
+
 /// The function table (`GetPjrtApi`'s result). Never null; lives for the process.
 pub fn api() -> *const pjrt_sys::PJRT_Api {
     &TABLE.get_or_init(api::table).api

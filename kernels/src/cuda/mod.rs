@@ -83,6 +83,7 @@ fn code_for(cc: u32, unit: Unit, use_prebuilt: bool) -> Result<(Arc<[u8]>, Origi
                 let b = prebuilt::compile(unit, prebuilt::Target { cc, out: Output::Cubin })?;
                 let seconds = started.elapsed().as_secs_f64();
                 log::info!(
+                    target: "peerless::compile",
                     "compiled kernels {} for sm_{cc} with NVRTC in {seconds:.2} s (no prebuilt code for this GPU)",
                     unit.name()
                 );

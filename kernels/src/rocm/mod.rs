@@ -79,7 +79,7 @@ impl Backend for Hip {
         let (name, src, headers) = unit.source();
         let code = ffi::hiprtc::compile(&format!("{name} [{}]", unit.name()), &src, &headers, arch)?;
         let seconds = started.elapsed().as_secs_f64();
-        log::info!("compiled kernels {} for {arch} with hipRTC in {seconds:.2} s", unit.name());
+        log::info!(target: "peerless::compile", "compiled kernels {} for {arch} with hipRTC in {seconds:.2} s", unit.name());
         let found = (Arc::from(code), Origin::Compiled { seconds });
         cache.lock().unwrap_or_else(PoisonError::into_inner).insert(id, found.clone());
         Ok(found)

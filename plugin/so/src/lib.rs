@@ -8,6 +8,7 @@ use plugin::pjrt_sys::PJRT_Api;
 /// The PJRT entry point: XLA's loader `dlsym`s this name and reads the function table.
 #[unsafe(no_mangle)]
 pub extern "C" fn GetPjrtApi() -> *const PJRT_Api {
+    plugin::init_logging();
     // XLA's own plugin, wrapped, when `PEERLESS_XLA_PLUGIN` names one (`plugin::wrap`).
     match plugin::wrap::api() {
         Some(api) => api.cast(),
@@ -36,6 +37,7 @@ pub unsafe extern "C" fn PeerlessXlaPass(
     flags: *const std::ffi::c_char,
     local_devices: *const std::ffi::c_char,
 ) -> *mut plugin::xla_inside::PassResult {
+    plugin::init_logging();
     // SAFETY: this function's contract is `pass_entry`'s.
     unsafe { plugin::xla_inside::pass_entry(platform, module, len, flags, local_devices) }
 }
@@ -59,6 +61,7 @@ pub unsafe extern "C" fn PeerlessXlaHandler(
     platform: *const std::ffi::c_char,
     target: *const std::ffi::c_char,
 ) -> *const std::ffi::c_void {
+    plugin::init_logging();
     let read = |p: *const std::ffi::c_char| {
         if p.is_null() {
             return String::new();

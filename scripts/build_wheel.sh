@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
 # Builds the jax-peerless wheel: a release libpeerless_pjrt.so inside, tagged manylinux.
-#   scripts/build_wheel.sh [--kernels FILE] [OUTDIR]      # OUTDIR: <cargo target dir>/wheels
+#   scripts/build_wheel.sh [--kernels FILE | --no-kernels] [OUTDIR]   # OUTDIR: <cargo target dir>/wheels
+# 0. The prebuilt GPU kernels: --kernels FILE (or PEERLESS_PREBUILT_KERNELS in the environment)
+#    names a bundle; by default `peerless kernels build` makes one (CUBIN for sm_80, sm_90,
+#    sm_100 and PTX for compute_100; GPU_KERNEL_TARGETS overrides) with NVRTC from the
+#    nvidia-cuda-nvrtc wheel in scripts/setup.sh's jax venv (PEERLESS_NVRTC_LIB overrides).
+#    --no-kernels builds a wheel whose kernels compile with NVRTC on first use.
 # 1. `cargo build --release --locked -p peerless-pjrt` (cargo's own target dir, so an earlier
-#    release build, e.g. scripts/demo.sh's, is reused). --kernels FILE, or PEERLESS_PREBUILT_KERNELS
-#    in the environment, is exported to that build: the kernels crate's build script embeds the
-#    prebuilt GPU kernel bundle it names.
+#    release build, e.g. scripts/demo.sh's, is reused), with PEERLESS_PREBUILT_KERNELS exported:
+#    the kernels crate's build script embeds the bundle.
 # 2. A copy of the library without debug info (`strip --strip-debug`: symbols stay) is bundled
 #    through plugin/python/setup.py's PEERLESS_PJRT_LIBRARY (no cargo there), built from a copy of
 #    plugin/python so the checkout's build/ and egg-info stay untouched.
@@ -23,15 +27,35 @@ repo=$PWD
 usage() { sed -n '2,3p' "$0" | sed 's/^# //' >&2; exit 2; }
 abspath() { case $1 in /*) echo "$1" ;; *) echo "$caller/$1" ;; esac; }
 outdir=""
+kernels=auto
 while [ $# -gt 0 ]; do
   case $1 in
     --kernels) [ $# -ge 2 ] || usage; PEERLESS_PREBUILT_KERNELS=$(abspath "$2"); shift 2 ;;
     --kernels=*) PEERLESS_PREBUILT_KERNELS=$(abspath "${1#--kernels=}"); shift ;;
+    --no-kernels) kernels=none; shift ;;
     -h | --help) usage ;;
     -*) echo "build_wheel: unknown option $1" >&2; usage ;;
     *) [ -z "$outdir" ] || usage; outdir=$(abspath "$1"); shift ;;
   esac
 done
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+if [ "$kernels" = none ]; then
+  PEERLESS_PREBUILT_KERNELS=""
+  export PEERLESS_PREBUILT_KERNELS
+  echo "build_wheel: no prebuilt kernels (--no-kernels): they compile with NVRTC on first use"
+elif [ -z "${PEERLESS_PREBUILT_KERNELS:-}" ]; then
+  venv_jax=${PEERLESS_VENV_DIR:-.venv}/jax
+  nvrtc=${PEERLESS_NVRTC_LIB:-$(ls "$venv_jax"/lib/python3*/site-packages/nvidia/cuda_nvrtc/lib/libnvrtc.so.* 2>/dev/null | head -1)}
+  [ -n "$nvrtc" ] || { echo "build_wheel: no NVRTC to prebuild the kernels with: run scripts/setup.sh (its jax venv has the nvidia-cuda-nvrtc wheel), set PEERLESS_NVRTC_LIB, or pass --no-kernels" >&2; exit 1; }
+  echo "build_wheel: prebuilding the GPU kernels with $nvrtc"
+  # The debug CLI is enough (NVRTC does the work) and `cargo test` has usually built it.
+  PEERLESS_PREBUILT_KERNELS="" cargo build --locked -p peerless-cli
+  cli_dir=$(cargo metadata --format-version 1 --no-deps | python3 -c "import json,sys; print(json.load(sys.stdin)['target_directory'])")
+  PEERLESS_NVRTC_LIB=$(abspath "$nvrtc") "$cli_dir/debug/peerless" kernels build --out "$work/kernels.pb" \
+    ${GPU_KERNEL_TARGETS:+--targets "$GPU_KERNEL_TARGETS"}
+  PEERLESS_PREBUILT_KERNELS=$work/kernels.pb
+fi
 if [ -n "${PEERLESS_PREBUILT_KERNELS:-}" ]; then
   PEERLESS_PREBUILT_KERNELS=$(abspath "$PEERLESS_PREBUILT_KERNELS")
   [ -f "$PEERLESS_PREBUILT_KERNELS" ] || { echo "build_wheel: kernel bundle $PEERLESS_PREBUILT_KERNELS does not exist" >&2; exit 1; }
@@ -62,8 +86,6 @@ lib="$target_dir/release/libpeerless_pjrt.so"
 [ -n "$outdir" ] || outdir="$target_dir/wheels"
 mkdir -p "$outdir"
 
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
 strip --strip-debug -o "$work/libpeerless_pjrt.so" "$lib"
 mkdir "$work/src" "$work/raw"
 cp -r plugin/python/setup.py plugin/python/pyproject.toml plugin/python/jax_plugins "$work/src/"

@@ -2,13 +2,16 @@
 # Installs a jax-peerless wheel (scripts/build_wheel.sh) into a fresh venv with no Rust toolchain
 # on PATH and runs plugin/tests/wheel_smoke.py there: Peerless enabled vs XLA alone on 8 CPU
 # devices, and stats() showing Peerless took the collectives.
-#   scripts/check_wheel.sh WHEEL
+#   scripts/check_wheel.sh WHEEL [--kernels TARGETS]   # TARGETS: e.g. sm_80,sm_90,sm_100,compute_100
 # JAX comes from where scripts/setup.sh's venvs get it (pip: the index, or PIP_FIND_LINKS such
 # as /opt/wheels), pinned to plugin/requirements.txt's versions. The venv is made from
 # $PEERLESS_PYTHON (default: scripts/setup.sh's jax venv) and removed afterwards.
 set -euo pipefail
-[ $# -eq 1 ] || { sed -n '5p' "$0" | sed 's/^# //' >&2; exit 2; }
+[ $# -eq 1 ] || [ $# -eq 3 ] || { sed -n '5p' "$0" | sed 's/^# //' >&2; exit 2; }
 wheel=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
+shift
+# The smoke also counts the prebuilt kernel units per target in the bundled library.
+smoke_args=("$@")
 cd "$(dirname "$0")/.."
 repo=$PWD
 venv_root=${PEERLESS_VENV_DIR:-.venv}
@@ -40,4 +43,4 @@ cp plugin/tests/wheel_smoke.py "$work/"
 # Outside the checkout, isolated (-I: no PYTHONPATH, no user site), no Peerless variables.
 (cd "$work" && env -u PEERLESS_PJRT_LIBRARY -u PEERLESS_ENABLE -u PEERLESS_FLAGS -u PEERLESS_XLA_PLUGIN \
   JAX_PLATFORMS=cpu XLA_FLAGS=--xla_force_host_platform_device_count=8 \
-  "$work/venv/bin/python" -I wheel_smoke.py)
+  "$work/venv/bin/python" -I wheel_smoke.py "${smoke_args[@]}")

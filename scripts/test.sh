@@ -142,11 +142,11 @@ assert p.stats()["all-reduce"]["kernel"] == 1, p.stats()
 print("jax", jax.__version__, "kept; psum on Peerless equals XLA alone:", p.stats())')
 rm -rf "$venv_dir"
 
-step "The wheel: scripts/build_wheel.sh (release library, manylinux tag from auditwheel); scripts/check_wheel.sh installs it in a fresh venv without cargo and runs plugin/tests/wheel_smoke.py"
+step "The wheel: scripts/build_wheel.sh (release library with GPU kernels prebuilt for sm_80/90/100 + PTX, manylinux tag from auditwheel); scripts/check_wheel.sh installs it in a fresh venv without cargo and runs plugin/tests/wheel_smoke.py"
 wheel_start=$(date +%s)
 wheel_dir=$(mktemp -d)
 scripts/build_wheel.sh "$wheel_dir"
-scripts/check_wheel.sh "$wheel_dir"/jax_peerless-*.whl
+scripts/check_wheel.sh "$wheel_dir"/jax_peerless-*.whl --kernels sm_80,sm_90,sm_100,compute_100
 rm -rf "$wheel_dir"
 echo "the wheel step took $(($(date +%s) - wheel_start)) s"
 

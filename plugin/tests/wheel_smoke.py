@@ -43,6 +43,17 @@ def check_installed():
     print(f"jax-peerless {dist.version} ({', '.join(tags)}) from {pkg}; jax {jax.__version__}")
 
 
+def check_kernels(targets):
+    """The bundled library carries prebuilt GPU kernels for every target in `targets`, the same
+    number of units for each: counted by the bundle's entry headers (protobuf: field 1, the
+    target name, then field 2, the unit)."""
+    with open(peerless.library_path(), "rb") as fh:
+        image = fh.read()
+    counts = {t: image.count(b"\x0a" + bytes([len(t)]) + t.encode() + b"\x12") for t in targets}
+    assert len(set(counts.values())) == 1 and min(counts.values()) >= 200, f"prebuilt kernel units per target: {counts}"
+    print(f"prebuilt kernels: {counts}")
+
+
 def compile_run(f, args, shardings):
     """A fresh compile (JAX caches executables; the pass sees only new compiles) and its result."""
     jax.clear_caches()
@@ -53,6 +64,8 @@ def compile_run(f, args, shardings):
 
 def main():
     check_installed()
+    if "--kernels" in sys.argv:
+        check_kernels(sys.argv[sys.argv.index("--kernels") + 1].split(","))
     devices = jax.devices("cpu")
     assert len(devices) == 8, f"needs 8 CPU devices (XLA_FLAGS={_COUNT_FLAG}), got {len(devices)}"
     mesh = Mesh(np.array(devices), ("i",))

@@ -341,7 +341,9 @@ pub struct Topology {
     /// Process index → host index.
     pub host_of: BTreeMap<usize, usize>,
     /// The job's token (hex, from the job's key-value store): names the shared segments of
-    /// groups across processes, so another job cannot meet them. `None`: such groups fall back.
+    /// groups across processes, so another job cannot meet them. `None`: such groups fall
+    /// back. The handlers take it from the running process ([`thunks::runtime::set_job`]);
+    /// the pass only needs to know there is one, and writes it into no module.
     pub job: Option<String>,
     /// The process the pass runs in (its devices are the local ones); decisions never
     /// depend on it.
@@ -427,14 +429,16 @@ impl Topology {
     }
 }
 
-/// A collective id every process derives alike: the job, the module (its bytes but its
-/// per-process `id`), the instruction, and how often this process has rewritten this
-/// module before (SPMD processes compile the same modules in the same order).
-fn shared_instance(job: &str, fingerprint: u64, instr: &str, occurrence: u64) -> u64 {
+/// A collective id every process derives alike, in every run: the module (its bytes but its
+/// per-process `id`) and the instruction. Nothing of the run: a module kept in a persistent
+/// compilation cache serves later jobs, whose handlers tell them apart by their job's token
+/// and tell two executables of one module apart by the order they are instantiated in
+/// ([`thunks::runtime::shared_key`]).
+fn shared_instance(fingerprint: u64, instr: &str) -> u64 {
     use std::hash::{Hash, Hasher};
     // SipHash with fixed keys: the same value in every process of one build.
     let mut h = std::hash::DefaultHasher::new();
-    (job, fingerprint, instr, occurrence).hash(&mut h);
+    (fingerprint, instr).hash(&mut h);
     h.finish() & (i64::MAX as u64)
 }
 
@@ -446,15 +450,6 @@ fn fingerprint(module: &[u8]) -> Result<u64, PassError> {
         h.write(f.raw);
     }
     Ok(h.finish())
-}
-
-/// How many times this process rewrote a module of each fingerprint across processes.
-fn occurrence(fingerprint: u64) -> u64 {
-    static SEEN: std::sync::Mutex<BTreeMap<u64, u64>> = std::sync::Mutex::new(BTreeMap::new());
-    let mut seen = SEEN.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    let n = seen.entry(fingerprint).or_insert(0);
-    *n += 1;
-    *n - 1
 }
 
 /// One collective the pass looked at.
@@ -475,6 +470,27 @@ pub struct PassDecision {
     pub reason: String,
 }
 
+impl PassDecision {
+    /// The decision as one report line: op, instruction, dtypes, bytes, groups, kernel (1/0),
+    /// implementation, reason, tab-separated (tabs and newlines inside fields become spaces).
+    /// The Python package counts these (`stats()`); every Peerless custom call carries its
+    /// own ([`CustomCallConfig::decisions`]).
+    pub fn report_line(&self) -> String {
+        let clean = |s: &str| s.replace(['\t', '\n'], " ");
+        format!(
+            "{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\n",
+            clean(&self.op),
+            clean(&self.instr),
+            clean(&self.dtype),
+            self.bytes,
+            clean(&self.groups),
+            u8::from(self.kernel),
+            clean(&self.implementation),
+            clean(&self.reason)
+        )
+    }
+}
+
 impl fmt::Display for PassDecision {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
@@ -491,6 +507,8 @@ pub struct PassOutcome {
     /// The rewritten module, `None` when nothing changed.
     pub module: Option<Vec<u8>>,
     pub decisions: Vec<PassDecision>,
+    /// The `instance` of every custom call written.
+    pub instances: Vec<u64>,
 }
 
 /// Why the pass left a module alone. The module is then returned unchanged.
@@ -829,29 +847,44 @@ pub fn run(bytes: &[u8], cfg: &PassConfig) -> Result<PassOutcome, PassError> {
     let logical = PeerAccessTable::full(assignment.devices.len(), "checked on device ids");
     let layouts = layout_map(&slim)?;
     let mut decisions = Vec::new();
-    let mut rewrites = HashMap::new();
-    // Collectives across processes get ids every process derives alike (the fingerprint is
-    // counted once per module, and only if the module has such a collective).
-    // Fingerprinted (and counted) only when a collective crosses processes.
-    let job = cfg.topology.as_ref().and_then(|t| t.job.as_deref());
-    let mut module_key: Option<Option<(u64, u64)>> = None;
+    // Collectives across processes get ids every process derives alike (the module's
+    // fingerprint, computed once, and only if the module has such a collective).
+    let crossing = cfg.topology.as_ref().is_some_and(|t| t.job.is_some());
+    let mut module_key: Option<Option<u64>> = None;
+    // Kernel decisions in the module's order, with their calls.
+    let mut calls: Vec<(usize, &'static str, CustomCallConfig)> = Vec::new();
     for id in module.collectives() {
-        let instance = cfg.instance_base.map(|b| b.wrapping_add(rewrites.len() as u64) & (i64::MAX as u64));
+        let instance = cfg.instance_base.map(|b| b.wrapping_add(calls.len() as u64) & (i64::MAX as u64));
         let shared_id = |instr: &str| -> Option<u64> {
-            let job = job?;
-            let (fp, n) = (*module_key.get_or_insert_with(|| fingerprint(bytes).ok().map(|fp| (fp, occurrence(fp)))))?;
-            Some(shared_instance(job, fp, instr, n))
+            if !crossing {
+                return None;
+            }
+            let fp = (*module_key.get_or_insert_with(|| fingerprint(bytes).ok()))?;
+            Some(shared_instance(fp, instr))
         };
         let (decision, rewrite) =
             decide_one(&module, id, &assignment, cfg, &logical, &peers, &layouts, instance, shared_id);
-        if let Some(r) = rewrite {
-            rewrites.insert(decision.instr.clone(), r);
+        if let Some((target, call)) = rewrite {
+            calls.push((decisions.len(), target, call));
         }
         log::info!("peerless pass: {decision}");
         decisions.push(decision);
     }
+    // Every call carries its decision, and the module's first call the collectives left to
+    // XLA: an executable loaded from a cache reports them when XLA instantiates its calls.
+    let fallbacks: String = decisions.iter().filter(|d| !d.kernel).map(PassDecision::report_line).collect();
+    let mut rewrites = HashMap::new();
+    let mut instances = Vec::with_capacity(calls.len());
+    for (k, (at, target, mut call)) in calls.into_iter().enumerate() {
+        call.decisions = decisions[at].report_line();
+        if k == 0 {
+            call.decisions.push_str(&fallbacks);
+        }
+        instances.push(call.instance);
+        rewrites.insert(decisions[at].instr.clone(), (target, call.backend_config()));
+    }
     let module = if rewrites.is_empty() { None } else { Some(rewrite(bytes, &rewrites)?) };
-    Ok(PassOutcome { module, decisions })
+    Ok(PassOutcome { module, decisions, instances })
 }
 
 /// Decides one collective; returns its record and, for a kernel, its rewrite (with
@@ -866,7 +899,7 @@ fn decide_one(
     layouts: &HashMap<String, Vec<Result<LeafLayout, String>>>,
     instance: Option<u64>,
     mut shared_id: impl FnMut(&str) -> Option<u64>,
-) -> (PassDecision, Option<(&'static str, String)>) {
+) -> (PassDecision, Option<(&'static str, CustomCallConfig)>) {
     let ins = module.instr(id);
     let dtype = {
         let types: Vec<String> = ins
@@ -930,10 +963,10 @@ fn decide_one(
     }
     // Processes: a group inside one process runs as always; one across processes of a host
     // meets through shared memory (named by the job); one across hosts is XLA's.
-    let mut job = None;
+    let mut crosses = false;
     if let Some(t) = &cfg.topology {
         match t.check(&talking, cfg.caps.cross_process) {
-            Ok(true) => job = t.job.clone(),
+            Ok(true) => crosses = true,
             Ok(false) => {}
             Err(why) => {
                 d.reason = why;
@@ -948,9 +981,7 @@ fn decide_one(
     }
 
     // The peer table is this process's; across processes shared memory reaches every device.
-    if job.is_none()
-        && let Some((x, y)) = talking.iter().find_map(|g| peers.get().missing_link(g))
-    {
+    if !crosses && let Some((x, y)) = talking.iter().find_map(|g| peers.get().missing_link(g)) {
         d.reason = format!("no peer access {x}↔{y} ({})", peers.get().source());
         return (d, None);
     }
@@ -983,8 +1014,8 @@ fn decide_one(
         d.reason = format!("no Peerless kernel for {}", config.op);
         return (d, None);
     };
-    let processes: Vec<usize> = match (&job, &cfg.topology) {
-        (Some(_), Some(t)) => {
+    let processes: Vec<usize> = match (crosses, &cfg.topology) {
+        (true, Some(t)) => {
             let named: Vec<usize> = if config.op.kind == CollectiveKind::CollectivePermute {
                 pairs.iter().flat_map(|&(s, t)| [s, t]).collect()
             } else {
@@ -995,15 +1026,16 @@ fn decide_one(
         }
         _ => Vec::new(),
     };
-    let instance = match &job {
-        Some(_) => match shared_id(&ins.name) {
+    let instance = if crosses {
+        match shared_id(&ins.name) {
             Some(i) => i,
             None => {
                 d.reason = "across processes, and the module could not be fingerprinted".into();
                 return (d, None);
             }
-        },
-        None => instance.unwrap_or_else(next_instance),
+        }
+    } else {
+        instance.unwrap_or_else(next_instance)
     };
     let call = CustomCallConfig {
         kind: config.op.kind,
@@ -1021,16 +1053,16 @@ fn decide_one(
         instance,
         timeout_ms: cfg.flags.collective_timeout_ms,
         name: ins.name.clone(),
-        job,
         processes,
+        decisions: String::new(),
     };
     d.implementation = decision.implementation.to_string();
     d.kernel = true;
     d.reason = decision.reason;
-    if call.job.is_some() {
+    if call.spans_processes() {
         d.reason.push_str(" (across processes of one host: shared memory)");
     }
-    (d, Some((target, call.backend_config())))
+    (d, Some((target, call)))
 }
 
 #[cfg(test)]
@@ -1084,7 +1116,12 @@ mod tests {
         let (d, m) = decide(all, two_processes("0:0,1:0", "abcdef0123"), true);
         assert!(d.kernel, "{d}");
         let m = m.unwrap();
-        assert!(m.contains("job = \"abcdef0123\"") && m.contains("processes = array<i64: 0, 0, 0, 0, 1, 1, 1, 1>"));
+        assert!(m.contains("processes = array<i64: 0, 0, 0, 0, 1, 1, 1, 1>"), "{m}");
+        // Nothing of the run in the module: another job's token gives the same bytes, so a
+        // persistent compilation cache may hand the executable to any job of this layout.
+        assert!(!m.contains("abcdef0123") && !m.contains("job"), "{m}");
+        let (_, other) = decide(all, two_processes("0:0,1:0", "9999888877776666"), true);
+        assert_eq!(other.unwrap(), m);
         // Two hosts: XLA's collective.
         let (d, _) = decide(all, two_processes("0:0,1:1", "abcdef0123"), true);
         assert!(!d.kernel && d.reason.contains("spans hosts"), "{d}");
@@ -1093,10 +1130,10 @@ mod tests {
         assert!(!d.kernel && d.reason.contains("do not reach across processes"), "{d}");
         let (d, _) = decide(all, Topology { job: None, ..two_processes("0:0,1:0", "abcdef0123") }, true);
         assert!(!d.kernel && d.reason.contains("no job token"), "{d}");
-        // Groups inside each process: as in one process (no job attribute), on any host layout.
+        // Groups inside each process: as in one process (no processes attribute), on any host layout.
         let (d, m) = decide(halves, two_processes("0:0,1:1", "abcdef0123"), false);
         assert!(d.kernel, "{d}");
-        assert!(!m.unwrap().contains("job ="));
+        assert!(!m.unwrap().contains("processes ="));
     }
 
     #[test]
@@ -1110,11 +1147,33 @@ mod tests {
             other.extend_from_slice(f.raw);
         }
         assert_eq!(fingerprint(&other).unwrap(), fp);
-        let a = shared_instance("abcd0123", fp, "all-reduce.1", 0);
-        assert_eq!(a, shared_instance("abcd0123", fp, "all-reduce.1", 0));
-        assert_ne!(a, shared_instance("abcd0123", fp, "all-reduce.1", 1));
-        assert_ne!(a, shared_instance("abcd0124", fp, "all-reduce.1", 0));
+        let a = shared_instance(fp, "all-reduce.1");
+        assert_eq!(a, shared_instance(fp, "all-reduce.1"));
+        assert_ne!(a, shared_instance(fp, "all-reduce.2"));
+        assert_ne!(a, shared_instance(fp ^ 1, "all-reduce.1"));
         assert!(a <= i64::MAX as u64);
+    }
+
+    #[test]
+    fn calls_carry_their_decisions_and_the_first_the_fallbacks() {
+        // A permute ring and a psum; forcing the permute to XLA leaves the psum the only call.
+        let pb = include_bytes!("../tests/xla_pass/ppermute_then_psum.pb");
+        let mut cfg = PassConfig { instance_base: Some(1), ..PassConfig::default() };
+        cfg.flags.apply("--collective_permute_backend=fallback").unwrap();
+        let out = run(pb, &cfg).unwrap();
+        assert_eq!(out.instances, [1]);
+        let kernel = out.decisions.iter().find(|d| d.kernel).unwrap();
+        let fallback = out.decisions.iter().find(|d| !d.kernel).unwrap();
+        let m = String::from_utf8_lossy(out.module.as_ref().unwrap()).into_owned();
+        let escaped = |line: String| line.replace('\t', "\\09").replace('\n', "\\0A");
+        assert!(m.contains(&escaped(kernel.report_line() + &fallback.report_line())), "{m}");
+        // Both kernels: each call carries its own line, the first also (no) fallbacks.
+        let out = run(pb, &PassConfig { instance_base: Some(7), ..PassConfig::default() }).unwrap();
+        assert_eq!(out.instances, [7, 8]);
+        let m = String::from_utf8_lossy(out.module.as_ref().unwrap()).into_owned();
+        for d in &out.decisions {
+            assert!(m.contains(&format!("decisions = \"{}\"", escaped(d.report_line()))), "{m}");
+        }
     }
 
     #[test]

@@ -1201,8 +1201,14 @@ impl<T: Default + Send + Sync + 'static> ExecutableState<T> {
     /// At INSTANTIATE: hands XLA a fresh `T` for this executable. False where XLA keeps
     /// none (no type registry, or state already set); callers then keep their own.
     pub fn instantiate(&'static self, f: &CallFrame<'_>) -> bool {
+        self.instantiate_with(f, T::default())
+    }
+
+    /// As [`Self::instantiate`], handing XLA `value` (what the executable's calls must share,
+    /// known at INSTANTIATE).
+    pub fn instantiate_with(&'static self, f: &CallFrame<'_>, value: T) -> bool {
         let Some(id) = self.id(f) else { return false };
-        let state = Box::into_raw(Box::<T>::default());
+        let state = Box::into_raw(Box::new(value));
         // SAFETY: `state` is a fresh Box<T>, the type registered as `id` with `drop_boxed::<T>`;
         // XLA owns it on success.
         if unsafe { f.state_set(ExecutionStage::Instantiate, id, state.cast()) }.is_err() {

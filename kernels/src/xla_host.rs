@@ -92,6 +92,9 @@ pub fn live_clusters() -> usize {
 #[derive(Debug, Default)]
 struct ExecState {
     instance: OnceLock<Result<Arc<Instance>, String>>,
+    /// For a group across processes: how many executables of this process instantiated the
+    /// call's `instance` before this one ([`thunks::runtime::shared_key`]).
+    occurrence: u64,
 }
 
 /// Where XLA keeps each executable's [`ExecState`].
@@ -113,7 +116,9 @@ fn invalid(cfg: &CustomCallConfig, message: impl Into<String>) -> Error {
 }
 
 impl Instance {
-    fn build(call: &HostCall) -> Result<Instance> {
+    /// Builds the collective of `call`; a group across processes meets under the running
+    /// job's token and `occurrence` (see [`ExecState`]).
+    fn build(call: &HostCall, occurrence: u64) -> Result<Instance> {
         let cfg = call.config;
         let in_shapes: Vec<ArrayShape> = call.inputs.iter().map(|(_, s)| s.clone()).collect();
         let out_shapes: Vec<ArrayShape> = call.outputs.iter().map(|(_, s)| s.clone()).collect();
@@ -138,39 +143,38 @@ impl Instance {
             num_operands: in_shapes.len(),
         };
         let timeout = Duration::from_millis(cfg.timeout_ms);
-        let collective = match &cfg.job {
-            None => Protocol::Direct(DirectCollective::new(&config, cfg.algorithm, &physical, n, timeout, &cfg.name)?),
-            Some(job) => {
-                // Groups across processes: every process of the host that owns a member
-                // opens the segment the job and the (shared) instance id name.
-                let by_device = cfg.process_of();
-                let Some(&this) = by_device.get(&call.device) else {
-                    return Err(invalid(
-                        cfg,
-                        format!("device {} has no process in the call's attributes", call.device),
-                    ));
-                };
-                // Devices the call does not name: process 0 (every process fills them alike, since
-                // the segment's plan fingerprint covers the whole map).
-                let mut process_of = vec![0; n];
-                for (&d, &p) in &by_device {
-                    if let Some(slot) = process_of.get_mut(d) {
-                        *slot = p;
-                    }
+        let collective = if !cfg.spans_processes() {
+            Protocol::Direct(DirectCollective::new(&config, cfg.algorithm, &physical, n, timeout, &cfg.name)?)
+        } else {
+            // Groups across processes: every process of the host that owns a member
+            // opens the segment the running job's token and the (shared) instance id
+            // name; the module holds no token (it may come from a cache, compiled by
+            // another job).
+            let job = thunks::runtime::job_for(cfg).map_err(|m| invalid(cfg, m))?;
+            let by_device = cfg.process_of();
+            let Some(&this) = by_device.get(&call.device) else {
+                return Err(invalid(cfg, format!("device {} has no process in the call's attributes", call.device)));
+            };
+            // Devices the call does not name: process 0 (every process fills them alike, since
+            // the segment's plan fingerprint covers the whole map).
+            let mut process_of = vec![0; n];
+            for (&d, &p) in &by_device {
+                if let Some(slot) = process_of.get_mut(d) {
+                    *slot = p;
                 }
-                let key = ShmKey { job: job.clone(), instance: cfg.instance };
-                Protocol::Shared(Box::new(ShmCollective::new(
-                    &config,
-                    cfg.algorithm,
-                    &physical,
-                    n,
-                    timeout,
-                    &cfg.name,
-                    &key,
-                    &process_of,
-                    this,
-                )?))
             }
+            let key = ShmKey { job, instance: thunks::runtime::shared_key(cfg.instance, occurrence) };
+            Protocol::Shared(Box::new(ShmCollective::new(
+                &config,
+                cfg.algorithm,
+                &physical,
+                n,
+                timeout,
+                &cfg.name,
+                &key,
+                &process_of,
+                this,
+            )?))
         };
         if collective.output_lens() != out_shapes.iter().map(ArrayShape::byte_size).collect::<Vec<_>>() {
             return Err(invalid(cfg, format!("result shapes {out_shapes:?} do not fit operands {in_shapes:?}")));
@@ -212,7 +216,7 @@ pub fn run(call: HostCall) -> Result<()> {
         match map.get(&cfg.instance) {
             Some(i) => Arc::clone(i),
             None => {
-                let i = Arc::new(Instance::build(&call)?);
+                let i = Arc::new(Instance::build(&call, 0)?);
                 map.insert(cfg.instance, Arc::clone(&i));
                 i
             }
@@ -241,13 +245,19 @@ fn run_on(instance: &Instance, call: HostCall) -> Result<()> {
 pub struct HostRuntime;
 
 impl CollectiveRuntime for HostRuntime {
+    fn platform(&self) -> &'static str {
+        "cpu"
+    }
+
     fn traits(&self) -> Traits {
         0
     }
 
-    fn instantiate(&self, f: &CallFrame<'_>, _call: &CustomCallConfig) -> Result<(), HandlerError> {
+    fn instantiate(&self, f: &CallFrame<'_>, call: &CustomCallConfig) -> Result<(), HandlerError> {
+        // Counted here, once per executable, in the order every process loads them.
+        let occurrence = if call.spans_processes() { thunks::runtime::next_occurrence(call.instance) } else { 0 };
         // Without XLA-held state, calls fall back to the process-wide table.
-        STATE.instantiate(f);
+        STATE.instantiate_with(f, ExecState { occurrence, ..ExecState::default() });
         Ok(())
     }
 
@@ -285,8 +295,9 @@ impl CollectiveRuntime for HostRuntime {
         // else the process-wide table.
         let result = match STATE.get(f) {
             Some(state) => check_call(&call).and_then(|()| {
-                let inst =
-                    state.instance.get_or_init(|| Instance::build(&call).map(Arc::new).map_err(|e| e.to_string()));
+                let inst = state
+                    .instance
+                    .get_or_init(|| Instance::build(&call, state.occurrence).map(Arc::new).map_err(|e| e.to_string()));
                 match inst {
                     Ok(i) => run_on(i, call),
                     Err(m) => Err(invalid(call.config, m.clone())),
@@ -329,8 +340,8 @@ mod tests {
             instance,
             timeout_ms: 5_000,
             name: "c".into(),
-            job: None,
             processes: vec![],
+            decisions: String::new(),
         }
     }
 

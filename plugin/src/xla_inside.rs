@@ -79,15 +79,13 @@ pub fn pass_config(platform: &str, flags: &str, local_devices: &str) -> Result<P
         "cpu" | "cuda" => Capabilities { variadic: true, cross_process: true },
         other => return Err(format!("Peerless has no handlers for platform '{other}'")),
     };
-    // XLA calls a GPU's handlers with its CUDA ordinal; under jax.distributed the ordinal is
-    // not the device id, so the handlers learn the mapping here (before any executable of
-    // this topology runs: the pass runs at its compile).
-    let ordinals = topology.as_ref().map(|t| t.ordinals.clone()).filter(|o| !o.is_empty());
-    if platform == "cuda"
-        && let Some(o) = &ordinals
-    {
-        kernels::cuda::xla::set_device_ids(o.iter().map(|(&id, &ord)| (ord, id)).collect());
+    // The handlers learn the job (its token, the GPUs' device ids) from the Python package
+    // (`set_topology`), which also hands it to every compile: an executable loaded from a
+    // persistent cache runs without this pass.
+    if let Some(t) = &topology {
+        learn_topology(platform, t)?;
     }
+    let ordinals = topology.as_ref().map(|t| t.ordinals.clone()).filter(|o| !o.is_empty());
     let peers = match platform {
         "cuda" => {
             xla_pass::Peers::Lazy(std::sync::Arc::new(move || crate::xla_handlers::cuda_peer_table(ordinals.as_ref())))
@@ -97,25 +95,35 @@ pub fn pass_config(platform: &str, flags: &str, local_devices: &str) -> Result<P
     Ok(PassConfig { flags: f, peers, local_devices: local, topology, caps, instance_base: None })
 }
 
-/// One decision per line: op, instruction, dtypes, bytes, groups, kernel (1/0),
-/// implementation, reason. Tabs and newlines inside fields become spaces.
+/// One decision per line ([`xla_pass::PassDecision::report_line`]): op, instruction,
+/// dtypes, bytes, groups, kernel (1/0), implementation, reason.
 pub fn report(outcome: &PassOutcome) -> String {
-    let clean = |s: &str| s.replace(['\t', '\n'], " ");
-    let mut out = String::new();
-    for d in &outcome.decisions {
-        out.push_str(&format!(
-            "{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\n",
-            clean(&d.op),
-            clean(&d.instr),
-            clean(&d.dtype),
-            d.bytes,
-            clean(&d.groups),
-            u8::from(d.kernel),
-            clean(&d.implementation),
-            clean(&d.reason)
-        ));
+    outcome.decisions.iter().map(xla_pass::PassDecision::report_line).collect()
+}
+
+/// What the handlers take from the running process rather than from a compiled module
+/// (which a persistent compilation cache may have kept from another job): the job's token,
+/// and on CUDA which device id each GPU (CUDA ordinal, as XLA calls the handlers) has.
+fn learn_topology(platform: &str, t: &xla_pass::Topology) -> Result<(), String> {
+    thunks::runtime::set_job(t.job.as_deref())?;
+    if platform == "cuda" && !t.ordinals.is_empty() {
+        kernels::cuda::xla::set_device_ids(t.ordinals.iter().map(|(&id, &ord)| (ord, id)).collect());
     }
-    out
+    Ok(())
+}
+
+/// `PeerlessXlaSetTopology`: the job's topology as the Python package computed it (the
+/// pass's spelling, `this=..;job=..;devices=..;hosts=..[;ordinals=..]`), for the handlers of
+/// `platform`; an empty string says "one process". Called once per process and platform,
+/// before any executable of the job runs, whether compiled or loaded from a cache.
+pub fn set_topology(platform: &str, topology: &str) -> Result<(), String> {
+    if !matches!(platform, "cpu" | "cuda") {
+        return Err(format!("Peerless has no handlers for platform '{platform}'"));
+    }
+    if topology.trim().is_empty() {
+        return Ok(());
+    }
+    learn_topology(platform, &xla_pass::Topology::parse(topology)?)
 }
 
 thread_local! {
@@ -175,6 +183,10 @@ pub fn run_pass(platform: &str, module: &[u8], flags: &str, local_devices: &str)
         }
         let outcome = xla_pass::run(module, &cfg).map_err(|e| e.to_string())?;
         let text = report(&outcome);
+        // These decisions are reported now: instantiating the calls adds none of them again.
+        if outcome.module.is_some() {
+            thunks::runtime::reported(outcome.instances.iter().copied());
+        }
         Ok(match outcome.module {
             Some(m) => (1, Some(m), text),
             None => (0, None, text),
@@ -290,6 +302,29 @@ pub unsafe fn pass_entry(
     result(status, module, report)
 }
 
+/// `PeerlessXlaSetTopology(platform, topology)`: [`set_topology`]; status 0, or -1 with the
+/// reason in `report`. Never returns null.
+///
+/// # Safety
+/// The strings are null or NUL-terminated. The result must be freed with [`pass_free`].
+pub unsafe fn set_topology_entry(platform: *const c_char, topology: *const c_char) -> *mut PassResult {
+    // SAFETY: the caller promises null or NUL-terminated strings.
+    let (platform, topology) = unsafe { (c_str(platform), c_str(topology)) };
+    match catch_unwind(|| set_topology(platform, topology)) {
+        Ok(Ok(())) => result(0, None, String::new()),
+        Ok(Err(e)) => result(-1, None, e),
+        Err(_) => result(-1, None, "internal error while setting the topology".into()),
+    }
+}
+
+/// `PeerlessXlaTakeDecisions()`: the decision lines of executables this process loaded
+/// without running the pass (a persistent cache hit), registered since the last call, in
+/// `report` ([`report`]'s format led by the platform and a tab; status 0). Never returns null; free with [`pass_free`].
+pub fn take_decisions_entry() -> *mut PassResult {
+    let lines = catch_unwind(thunks::runtime::take_decisions).unwrap_or_default();
+    result(0, None, lines)
+}
+
 /// Frees a [`PassResult`]; null is ignored.
 ///
 /// # Safety
@@ -324,6 +359,42 @@ mod tests {
         let (status, _, report) = run_pass("cpu", &[], "--bogus=1", "");
         assert_eq!(status, -1);
         assert!(report.contains("bogus"), "{report}");
+    }
+
+    #[test]
+    fn the_handlers_learn_the_job_from_the_process() {
+        use thunks::ffi_handler::CollectiveRuntime;
+        // What a cache-loaded executable needs, without any pass: the token, and on CUDA
+        // which device id each GPU (CUDA ordinal) has.
+        let topo = "this=1;job=0123abcd;devices=0:0,1:0,2:1,3:1;hosts=0:0,1:0;ordinals=2:0,3:1";
+        set_topology("cuda", topo).unwrap();
+        assert_eq!(thunks::runtime::job().as_deref(), Some("0123abcd"));
+        let cuda = kernels::cuda::xla::CudaRuntime;
+        assert_eq!(cuda.device_id(0).unwrap(), 2);
+        assert_eq!(cuda.device_id(1).unwrap(), 3);
+        assert!(cuda.device_id(2).unwrap_err().to_string().contains("no device id"));
+        assert!(set_topology("tpu", topo).unwrap_err().contains("no handlers"));
+        assert!(set_topology("cpu", "job=xyz").unwrap_err().contains("hex"));
+        set_topology("cpu", "").unwrap(); // one process: nothing to learn
+        // A token set through the entry point reads back; errors come back as status -1.
+        // SAFETY: NUL-terminated literals; `r` is fresh from `set_topology_entry`, read while
+        // alive and freed once.
+        let status = unsafe {
+            let r = set_topology_entry(c"cpu".as_ptr(), c"this=0;job=89abcdef;devices=0:0;hosts=0:0".as_ptr());
+            let s = (*r).status;
+            pass_free(r);
+            s
+        };
+        assert_eq!(status, 0);
+        assert_eq!(thunks::runtime::job().as_deref(), Some("89abcdef"));
+        // SAFETY: as above.
+        let status = unsafe {
+            let r = set_topology_entry(c"cpu".as_ptr(), c"colour=red".as_ptr());
+            let s = (*r).status;
+            pass_free(r);
+            s
+        };
+        assert_eq!(status, -1);
     }
 
     #[test]

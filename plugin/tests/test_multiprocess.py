@@ -10,6 +10,11 @@ compares: integers exactly, floats to a tolerance. Programs: shard_map collectiv
 jit on NamedSharding arrays. The workers also report the decisions, so the test checks that
 Peerless really took the groups across processes.
 
+The second start: a job started twice on one fresh JAX persistent compilation cache loads every
+program from the cache the second time (no compile, no pass), runs Peerless's collectives
+right (against XLA alone), and reports the same decisions (`stats()`); two jobs at once on
+that cache (two job tokens) both work and never meet.
+
 Faults: a process that leaves before a collective makes the other fail with a timeout error
 naming the collective, the group and the missing ranks; two jobs at once on one host never
 meet each other's segments; no /dev/shm entry is left behind, a killed process included.
@@ -207,6 +212,10 @@ def worker(pid: int, nproc: int, port: int, mode: str) -> None:
             {k: d[k] for k in ("op", "groups", "implementation", "reason")} for d in inside.decisions()
         ]
         report["stats"] = inside.stats()
+    elif mode == "cached":
+        report.update(_cached(jax, jnp, np, mesh, inside))
+    elif mode == "shared_binary":
+        report.update(_shared_binary(jax, jnp, np, mesh, inside))
     elif mode == "leave":
         # Process 1 leaves (before the first call: it never arrives; or killed after one call,
         # once the segments were attached); process 0 must time out.
@@ -233,6 +242,97 @@ def worker(pid: int, nproc: int, port: int, mode: str) -> None:
         print(json.dumps(report), flush=True)
         os._exit(0)  # the coordinator would wait for process 1 at shutdown
     print(json.dumps(report), flush=True)
+
+
+# Programs of the persistent-cache jobs: groups inside a process, across processes, all 8
+# devices, a chain, a DP train step, and a module whose first collective stays XLA's (a group
+# of one device) beside one on Peerless.
+CACHED = ["psum_local", "psum_across", "psum_all", "all_gather_all", "ppermute_ring", "chain", "jit_dp_step"]
+
+
+def _cached(jax, jnp, np, mesh, inside) -> dict:
+    """Mode "cached": every program compiled (or loaded from the persistent cache) with
+    Peerless on and by XLA alone, run, compared; with what the
+    cache did for each Peerless compile."""
+    from jax._src import monitoring
+    from jax.sharding import Mesh, PartitionSpec as P
+
+    # The cache itself is configured through JAX's environment (JAX_COMPILATION_CACHE_DIR, ...:
+    # see the test), as a user's job would be, before anything compiles.
+    events: list[str] = []
+    monitoring.register_event_listener(lambda e, **_: events.append(e))
+    progs = {k: v for k, v in _programs(jax, jnp, np, mesh).items() if k in CACHED}
+    mesh1 = Mesh(np.array(mesh.devices).reshape(2, LOCAL, 1), ("p", "l", "o"))
+    spec1 = P(("p", "l"))
+    progs["mixed"] = (jax.shard_map(lambda v: jax.lax.psum(jax.lax.psum(v, "o") * 2.0, ("p", "l")), mesh=mesh1,
+                                    in_specs=spec1, out_specs=spec1, check_vma=False),
+                      np.arange(8 * 2 * LOCAL * 4, dtype=np.float32).reshape(8 * 2 * LOCAL, 4))
+    results, cache = {}, {}
+    inside.reset_stats()
+    for name, (fn, *args) in progs.items():
+        args = [_put(jax, np, mesh, a) for a in args]
+        got = []
+        for enabled in (True, False):
+            (inside.enable if enabled else inside.disable)("cpu")
+            jax.clear_caches()
+            before = len(events)
+            c = jax.jit(fn).lower(*args).compile()
+            seen = events[before:]
+            if enabled:
+                cache[name] = {"looked": seen.count("/jax/compilation_cache/compile_requests_use_cache"),
+                               "hit": seen.count("/jax/compilation_cache/cache_hits")}
+                hlo = c.as_text() or ""
+            vals = [c(*args) for _ in range(3)]
+            got.append(_local(np, vals[-1]))
+        a, b = got
+        same = bool(np.array_equal(a, b)) if np.issubdtype(a.dtype, np.integer) else bool(
+            np.allclose(a, b, rtol=1e-5, atol=1e-5))
+        results[name] = {"same": same, "peerless": 'custom_call_target="peerless.' in hlo,
+                         "token_in_hlo": any(t.split("job=")[1].split(";")[0] in hlo
+                                             for t in inside._state["topology"].values() if "job=" in t)}
+    inside.enable("cpu")
+    tokens = [t.split("job=")[1].split(";")[0] for t in inside._state["topology"].values() if "job=" in t]
+    return {"results": results, "cache": cache, "stats": inside.stats(), "job": tokens,
+            "decisions": [{k: d[k] for k in ("op", "groups", "implementation", "reason", "cached")}
+                          for d in inside.decisions()],
+            "handler_calls": inside.handler_calls("cpu")}
+
+
+def _shared_binary(jax, jnp, np, mesh, inside) -> dict:
+    """Mode "shared_binary": process 0 compiles each program with Peerless on and hands the
+    serialized executable to process 1 through the job's key-value store; process 1 loads it
+    without compiling (as every process but 0 does with a GPU job's persistent cache, which
+    only process 0 writes). Both run it and compare with XLA alone."""
+    from jax._src import distributed
+    from jax.experimental.serialize_executable import deserialize_and_load, serialize
+
+    client = distributed.global_state.client
+    pid = distributed.global_state.process_id
+    progs = {k: v for k, v in _programs(jax, jnp, np, mesh).items() if k in CACHED}
+    inside.enable("cpu")  # agrees on the job's topology now: process 1 compiles nothing
+    inside.reset_stats()
+    results = {}
+    for name, (fn, *args) in progs.items():
+        args = [_put(jax, np, mesh, a) for a in args]
+        jax.clear_caches()
+        inside.enable("cpu")
+        lowered = jax.jit(fn).lower(*args)
+        if pid == 0:
+            c = lowered.compile()
+            client.key_value_set_bytes(f"test/exe/{name}", serialize(c)[0])
+        else:
+            blob = client.blocking_key_value_get_bytes(f"test/exe/{name}", 120_000)
+            c = deserialize_and_load(blob, lowered.in_tree, lowered.out_tree, backend="cpu")
+        a = _local(np, [c(*args) for _ in range(3)][-1])
+        inside.disable("cpu")
+        jax.clear_caches()
+        b = _local(np, jax.jit(fn).lower(*args).compile()(*args))
+        results[name] = {"same": bool(np.allclose(a, b, rtol=1e-5, atol=1e-5)),
+                         "peerless": 'custom_call_target="peerless.' in (c.as_text() or "")}
+    inside.enable("cpu")
+    return {"results": results, "stats": inside.stats(),
+            "decisions": [{k: d[k] for k in ("op", "groups", "implementation", "reason", "cached")}
+                          for d in inside.decisions()]}
 
 
 # ----------------------------------------------------------------------------- tests
@@ -294,6 +394,76 @@ def test_two_jobs_at_once_stay_apart():
         for r in reps:
             assert r["rc"] == 0, r["stderr"]
             assert all(x["same"] and x["peerless"] for x in r["results"].values()), r["results"]
+    assert _litter() - before == set()
+
+
+def test_the_second_start_loads_from_the_persistent_cache(tmp_path):
+    """A job started twice on one fresh persistent compilation cache: the second start loads
+    every program (no compile, no pass), runs it right, and knows the same decisions; then
+    two jobs at once on that cache (two job tokens) both do, without meeting.
+
+    Only process 0 loads: JAX writes the cache from process 0 only, and on XLA:CPU its key
+    differs between processes (the "accelerator_config" part hashes each process's view of
+    the devices), so process 1 compiles every start. Process 0 then runs a module compiled
+    by an earlier job beside process 1's fresh compile: nothing of the first job may be in
+    it, and both must agree on every collective that spans them."""
+    before = _litter()
+    cache = tmp_path / "jax-cache"
+    env = {"JAX_COMPILATION_CACHE_DIR": str(cache), "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+           "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "-1"}
+    first = run_job("cached", extra_env=env)
+    for r in first:
+        assert r["rc"] == 0, r["stderr"]
+    # Process 0 compiled every program (and wrote the cache); process 1 may already have
+    # loaded some of them from there.
+    assert all(c == {"looked": 1, "hit": 0} for c in first[0]["cache"].values()), first[0]["cache"]
+    written = sorted(os.listdir(cache))
+    assert written
+    import concurrent.futures as cf
+
+    with cf.ThreadPoolExecutor(2) as ex:
+        later = list(ex.map(lambda _: run_job("cached", extra_env=env), range(2)))
+    assert sorted(os.listdir(cache)) == written, "a later start compiled and wrote again"
+    tokens = set()
+    for reps in [first] + later:
+        for r in reps:
+            assert r["rc"] == 0, r["stderr"]
+            for name, res in r["results"].items():
+                assert res["same"], f"process {r['pid']}: {name} differs from XLA alone"
+                assert res["peerless"], f"process {r['pid']}: {name} has no Peerless custom call"
+                assert not res["token_in_hlo"], f"process {r['pid']}: {name}: the job token is in the module"
+            # The same decisions as the first start's process 0, which ran the pass on every program.
+            assert r["stats"] == first[0]["stats"], (r["pid"], r["stats"], first[0]["stats"])
+            strip = [{k: v for k, v in d.items() if k != "cached"} for d in r["decisions"]]
+            assert sorted(map(str, strip)) == sorted(
+                str({k: v for k, v in d.items() if k != "cached"}) for d in first[0]["decisions"])
+            assert r["handler_calls"] > 0
+        job = {tuple(r["job"]) for r in reps}
+        assert len(job) == 1 and len(next(iter(job))) == 1, f"the processes of one job agree on its token: {job}"
+        tokens |= job
+    assert len(tokens) == 3, f"three jobs, three tokens: {tokens}"
+    for reps in later:
+        p0 = reps[0]
+        assert all(c == {"looked": 1, "hit": 1} for c in p0["cache"].values()), p0["cache"]
+        assert all(d["cached"] for d in p0["decisions"]), p0["decisions"]
+    st = first[0]["stats"]
+    assert st["all-reduce"]["kernel"] > 0 and st["all-reduce"]["fallback"] > 0, st  # "mixed"
+    assert st["all-reduce"].get("cross_process", 0) > 0, st
+    assert _litter() - before == set()
+
+
+def test_a_process_runs_what_another_compiled():
+    """Process 1 runs executables process 0 compiled (no pass in process 1): the job's token
+    and topology come from process 1 itself, the decisions from the executables' calls."""
+    before = _litter()
+    reps = run_job("shared_binary")
+    for r in reps:
+        assert r["rc"] == 0, r["stderr"]
+        for name, res in r["results"].items():
+            assert res["same"] and res["peerless"], (r["pid"], name, res)
+    p0, p1 = reps
+    assert not any(d["cached"] for d in p0["decisions"]) and all(d["cached"] for d in p1["decisions"])
+    assert p1["stats"] == p0["stats"] and p0["stats"]["all-reduce"].get("cross_process", 0) > 0, (p0, p1)
     assert _litter() - before == set()
 
 

@@ -1107,3 +1107,86 @@ def test_executables_free_their_collectives():
         jax.clear_caches()
         gc.collect()
     assert inside.live_collectives() <= before, (before, inside.live_collectives())
+
+
+_CACHED_JOB = textwrap.dedent(
+    """
+    import json, sys
+    import jax, numpy as np
+    from jax._src import monitoring
+    from jax.sharding import Mesh, PartitionSpec as P
+    import jax_plugins.peerless as peerless
+
+    events = []
+    monitoring.register_event_listener(lambda e, **_: events.append(e))
+    mesh = Mesh(np.array(jax.devices("cpu")), ("x",))
+    mesh2 = Mesh(np.array(jax.devices("cpu")).reshape(8, 1), ("x", "o"))
+    sm = lambda body, m=mesh: jax.shard_map(body, mesh=m, in_specs=P("x"), out_specs=P("x"), check_vma=False)
+    progs = {
+        "psum": sm(lambda v: jax.lax.psum(v, "x")),
+        "all_gather": sm(lambda v: jax.lax.all_gather(v, "x", axis=1, tiled=True)),
+        "ppermute": sm(lambda v: jax.lax.ppermute(v, "x", [(i, (i + 1) % 8) for i in range(8)])),
+        # A group of one (left to XLA) and a psum over all 8 in one module.
+        "mixed": sm(lambda v: jax.lax.psum(jax.lax.psum(v, "o") * 2.0, "x"), mesh2),
+    }
+    x = np.random.default_rng(3).standard_normal((64, 16)).astype(np.float32)
+    out = {}
+    peerless.reset_stats()
+    for name, f in progs.items():
+        got = {}
+        for on in (True, False):
+            (peerless.enable if on else peerless.disable)("cpu")
+            jax.clear_caches()
+            before = len(events)
+            c = jax.jit(f).lower(x).compile()
+            got[on] = ("/jax/compilation_cache/cache_hits" in events[before:], 'custom_call_target="peerless.'
+                       in c.as_text(), np.asarray(c(x)))
+        out[name] = {"hit": got[True][0], "oracle_hit": got[False][0], "peerless": got[True][1],
+                     "oracle_peerless": got[False][1],
+                     "max_diff": float(np.max(np.abs(got[True][2] - got[False][2])))}
+    peerless.enable("cpu")
+    print(json.dumps({"programs": out, "stats": peerless.stats(), "calls": peerless.handler_calls("cpu"),
+                      "decisions": peerless.decisions()}))
+    """
+)
+
+
+def _cached_job(cache_dir, flags=""):
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=_COUNT_FLAG, PEERLESS_FLAGS=flags,
+               JAX_COMPILATION_CACHE_DIR=str(cache_dir), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+               JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="-1")
+    env.pop("PEERLESS_ENABLE", None)
+    r = subprocess.run([sys.executable, "-c", _CACHED_JOB], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-4000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def test_second_start_loads_from_the_persistent_cache(tmp_path):
+    """The same job started twice on one fresh JAX persistent compilation cache: the second
+    start loads every program (the pass never runs), Peerless's handlers run them and agree
+    with XLA alone, and `stats()` / `decisions()` know the same decisions (each Peerless call
+    carries its module's). Programs compiled by XLA alone (Peerless off) have keys of their
+    own: the cache never hands them a Peerless executable, or the reverse. Other Peerless
+    flags are another key too."""
+    cache = tmp_path / "jax-cache"
+    first = _cached_job(cache)
+    files = sorted(os.listdir(cache))
+    second = _cached_job(cache)
+    assert sorted(os.listdir(cache)) == files, "the second start compiled and wrote again"
+    for run, got in (("first", first), ("second", second)):
+        for name, p in got["programs"].items():
+            assert p["hit"] == p["oracle_hit"] == (run == "second"), (run, name, p)
+            assert p["peerless"] and not p["oracle_peerless"], (run, name, p)
+            assert p["max_diff"] <= 1e-5, (run, name, p)
+        assert got["calls"] > 0
+    assert second["stats"] == first["stats"], (second["stats"], first["stats"])
+    assert first["stats"]["all-reduce"] == {"kernel": 2, "fallback": 1}, first["stats"]
+    keep = ("op", "instruction", "dtype", "bytes", "groups", "implementation", "reason")
+    strip = lambda ds: sorted(json.dumps({k: d[k] for k in keep}) for d in ds)  # noqa: E731
+    assert strip(second["decisions"]) == strip(first["decisions"])
+    assert not any(d["cached"] for d in first["decisions"]) and all(d["cached"] for d in second["decisions"])
+    # Other flags decide otherwise: a key of their own (compiled again), their own decisions.
+    forced = _cached_job(cache, flags="--all_reduce_backend=fallback")
+    assert not any(p["hit"] for p in forced["programs"].values()), forced["programs"]
+    assert all(p["oracle_hit"] for p in forced["programs"].values()), forced["programs"]
+    assert forced["stats"]["all-reduce"]["kernel"] == 0, forced["stats"]

@@ -67,6 +67,22 @@ fn reduction_from_name(s: &str) -> Option<ReductionKind> {
     [R::Sum, R::Prod, R::Min, R::Max, R::And, R::Or].into_iter().find(|r| r.name() == s)
 }
 
+/// `s` as an MLIR string literal: quotes, backslashes and control characters (the report's
+/// tabs and newlines) as `\XX` hex escapes, which XLA's attribute parser decodes.
+fn mlir_string(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        if c == '"' || c == '\\' || c.is_ascii_control() {
+            out.push_str(&format!("\\{:02X}", c as u32));
+        } else {
+            out.push(c);
+        }
+    }
+    out.push('"');
+    out
+}
+
 /// The name as it goes into an MLIR string: instruction names are identifiers, but
 /// anything outside `[A-Za-z0-9_.-]` becomes `_` so no escape rules are involved.
 fn plain_name(name: &str) -> String {
@@ -92,28 +108,36 @@ pub struct CustomCallConfig {
     /// Device ids the program spans (the module's device assignment: largest id + 1; 0 =
     /// unknown). Devices outside every pair still call a permute (they receive zeros).
     pub num_devices: usize,
-    /// Unique per rewritten instruction and compile: keys the handler's per-collective state
-    /// (staging, signal flags), which the protocols require to belong to one collective.
+    /// Keys the handler's per-collective state (staging, signal flags), which the protocols
+    /// require to belong to one collective: unique per rewritten instruction and compile for
+    /// a group inside one process; for a group across processes, the same in every process
+    /// and every run (the module and the instruction), told apart at run time by the job's
+    /// token and the executable ([`crate::runtime::shared_key`]).
     pub instance: u64,
     pub timeout_ms: u64,
     /// The original instruction's name, for errors.
     pub name: String,
-    /// Groups that span processes of one host: the job's token, which names the shared
-    /// segments (`None`: every group lies in one process).
-    pub job: Option<String>,
-    /// With `job`: the process of each device, in the order of the flattened `groups` (or
-    /// `pairs`).
+    /// Groups that span processes of one host: the process of each device, in the order of
+    /// the flattened `groups` (or `pairs`); empty: every group lies in one process. The job's
+    /// token, which names the shared segments, is the running process's
+    /// ([`crate::runtime::job`]), never the compiling one's: a compiled module holds nothing
+    /// of the run that compiled it, so a persistent compilation cache can hand it to another.
     pub processes: Vec<usize>,
+    /// The pass's decision for this call as report lines ([`crate::runtime`]'s format), and
+    /// on the module's first call those of the collectives it left to XLA: registered when
+    /// XLA instantiates the call, so an executable loaded from a cache tells `stats()` what
+    /// it runs. Empty: none carried.
+    pub decisions: String,
 }
 
 /// Every attribute a Peerless custom call may carry.
 pub const ATTRIBUTES: [&str; 13] = [
     "algorithm",
+    "decisions",
     "dimension",
     "group_size",
     "groups",
     "instance",
-    "job",
     "layout",
     "name",
     "num_devices",
@@ -164,6 +188,11 @@ impl CustomCallConfig {
         Implementation::Kernel(self.algorithm)
     }
 
+    /// Whether a group spans processes (members meet through memory the job's token names).
+    pub fn spans_processes(&self) -> bool {
+        !self.processes.is_empty()
+    }
+
     /// The MLIR dictionary XLA reads a typed-FFI custom call's attributes from
     /// (`backend_config={...}`), keys sorted as XLA sorts them.
     pub fn backend_config(&self) -> String {
@@ -194,9 +223,11 @@ impl CustomCallConfig {
         if let Some(l) = &self.layout {
             kv.push(("layout", arr(l.iter().copied())));
         }
-        if let Some(j) = &self.job {
-            kv.push(("job", format!("\"{}\"", plain_name(j))));
+        if self.spans_processes() {
             kv.push(("processes", arr(self.processes.iter().copied())));
+        }
+        if !self.decisions.is_empty() {
+            kv.push(("decisions", mlir_string(&self.decisions)));
         }
         kv.sort_by(|a, b| a.0.cmp(b.0));
         let body: Vec<String> = kv.into_iter().map(|(k, v)| format!("{k} = {v}")).collect();
@@ -258,15 +289,10 @@ impl CustomCallConfig {
                 groups.push(g.iter().map(|&d| nonneg("groups", d)).collect::<Result<Vec<_>, _>>()?);
             }
         }
-        let job = a.str("job").map_err(|message| AttrError::Invalid { name: "job", message })?;
-        let processes = match (&job, a.i64_array("processes")) {
-            (_, Err(message)) => return Err(AttrError::Invalid { name: "processes", message }),
-            (None, Ok(None)) => Vec::new(),
-            (None, Ok(Some(_))) => {
-                return Err(AttrError::Invalid { name: "processes", message: "given without 'job'".into() });
-            }
-            (Some(_), Ok(None)) => return Err(AttrError::Missing("processes")),
-            (Some(_), Ok(Some(p))) => {
+        let processes = match a.i64_array("processes") {
+            Err(message) => return Err(AttrError::Invalid { name: "processes", message }),
+            Ok(None) => Vec::new(),
+            Ok(Some(p)) => {
                 let n = if kind == CollectiveKind::CollectivePermute {
                     2 * pairs.len()
                 } else {
@@ -281,6 +307,10 @@ impl CustomCallConfig {
                 p.into_iter().map(|x| nonneg("processes", x)).collect::<Result<Vec<_>, _>>()?
             }
         };
+        let decisions = a
+            .str("decisions")
+            .map_err(|message| AttrError::Invalid { name: "decisions", message })?
+            .unwrap_or_default();
         let num_devices =
             match a.i64("num_devices").map_err(|message| AttrError::Invalid { name: "num_devices", message })? {
                 None => 0,
@@ -298,12 +328,12 @@ impl CustomCallConfig {
             instance,
             timeout_ms,
             name,
-            job,
             processes,
+            decisions,
         })
     }
 
-    /// With `job`: each named device's process (device id → process index).
+    /// With `processes`: each named device's process (device id → process index).
     pub fn process_of(&self) -> std::collections::BTreeMap<usize, usize> {
         let devices: Vec<usize> = if self.kind == CollectiveKind::CollectivePermute {
             self.pairs.iter().flat_map(|&(s, t)| [s, t]).collect()
@@ -364,10 +394,14 @@ mod tests {
             // Values never contain ", " followed by a key = ...; split on top-level commas.
             let mut depth = 0;
             let mut start = 0;
+            let mut quoted = false;
             let bytes = inner.as_bytes();
             for i in 0..=bytes.len() {
                 let c = bytes.get(i).copied();
                 match c {
+                    // Escapes never write a quote (`\22`), so quotes toggle strings.
+                    Some(b'"') => quoted = !quoted,
+                    _ if quoted => {}
                     Some(b'<') => depth += 1,
                     Some(b'>') => depth -= 1,
                     Some(b',') if depth > 0 => {}
@@ -397,7 +431,22 @@ mod tests {
                 .transpose()
         }
         fn str(&self, name: &str) -> Result<Option<String>, String> {
-            Ok(self.0.get(name).map(|v| v.trim_matches('"').to_owned()))
+            // MLIR's `\XX` escapes, as XLA decodes them.
+            Ok(self.0.get(name).map(|v| {
+                let b = v.trim_matches('"').as_bytes();
+                let mut out = Vec::new();
+                let mut i = 0;
+                while i < b.len() {
+                    if b[i] == b'\\' {
+                        out.push(u8::from_str_radix(std::str::from_utf8(&b[i + 1..i + 3]).unwrap(), 16).unwrap());
+                        i += 3;
+                    } else {
+                        out.push(b[i]);
+                        i += 1;
+                    }
+                }
+                String::from_utf8(out).unwrap()
+            }))
         }
         fn i64_array(&self, name: &str) -> Result<Option<Vec<i64>>, String> {
             Ok(self.0.get(name).map(|v| {
@@ -421,8 +470,8 @@ mod tests {
             instance: 77,
             timeout_ms: 10_000,
             name: "all-reduce.2".into(),
-            job: None,
             processes: vec![],
+            decisions: String::new(),
         };
         let s = c.backend_config();
         assert_eq!(
@@ -446,22 +495,35 @@ mod tests {
             instance: 5,
             timeout_ms: 1,
             name: "cp".into(),
-            job: None,
             processes: vec![],
+            decisions: String::new(),
         };
         let back = CustomCallConfig::from_attrs(CollectiveKind::CollectivePermute, &Parsed::new(&p.backend_config()));
         assert_eq!(back.unwrap(), p);
 
-        // Groups across processes: the job and each device's process travel along.
-        let x = CustomCallConfig { job: Some("0123abcd".into()), processes: vec![1, 1, 0, 0], ..c.clone() };
+        // Groups across processes: each device's process travels along, never a job's token.
+        let x = CustomCallConfig { processes: vec![1, 1, 0, 0], ..c.clone() };
         let s = x.backend_config();
-        assert!(s.contains("job = \"0123abcd\"") && s.contains("processes = array<i64: 1, 1, 0, 0>"), "{s}");
+        assert!(s.contains("processes = array<i64: 1, 1, 0, 0>") && !s.contains("job"), "{s}");
+        assert!(x.spans_processes() && !c.spans_processes());
         assert_eq!(CustomCallConfig::from_attrs(CollectiveKind::AllReduce, &Parsed::new(&s)).unwrap(), x);
         assert_eq!(x.process_of().get(&3), Some(&1));
         assert_eq!(x.process_of().get(&0), Some(&0));
         let short = s.replace("processes = array<i64: 1, 1, 0, 0>", "processes = array<i64: 1>");
         let e = CustomCallConfig::from_attrs(CollectiveKind::AllReduce, &Parsed::new(&short)).unwrap_err();
         assert!(e.to_string().contains("1 processes for 4 devices"), "{e}");
+
+        // Decisions (report lines: tabs, newlines, quotes, braces, commas, non-ASCII) survive
+        // as one escaped string.
+        let lines = "all-reduce\tall-reduce.2\tf32\t64\t{{3,2},{1,0}}\t1\tkernel (one-shot)\tsmall, \"fits\" \\ ok\n\
+                     all-gather\tag.1\tf32\t8\t{{0}}\t0\tfallback\tno peer access 0↔2\n";
+        let y = CustomCallConfig { decisions: lines.into(), ..c.clone() };
+        let s = y.backend_config();
+        assert!(!s.contains('\t') && !s.contains('\n') && s.contains("decisions = \"all-reduce\\09"), "{s}");
+        assert_eq!(CustomCallConfig::from_attrs(CollectiveKind::AllReduce, &Parsed::new(&s)).unwrap(), y);
+        let old = s.replace("{algorithm", "{job = \"0123abcd\", algorithm");
+        let e = CustomCallConfig::from_attrs(CollectiveKind::AllReduce, &Parsed::new(&old)).unwrap_err();
+        assert!(e.to_string().contains("unknown attribute 'job'"), "{e}");
     }
 
     #[test]

@@ -16,10 +16,13 @@ use crate::custom_call::{AttrSource, CustomCallConfig};
 
 /// A platform's implementation of the Peerless custom calls.
 pub trait CollectiveRuntime: Sync {
+    /// The platform as the Python package names it ("cpu", "cuda").
+    fn platform(&self) -> &'static str;
     /// Traits the handlers declare in the metadata probe (command-buffer compatibility).
     fn traits(&self) -> Traits;
-    /// The INSTANTIATE stage: once per executable and custom call on XLA:CPU (no device yet),
-    /// where a runtime may hand XLA per-executable state (`CallFrame::state_set`), which XLA
+    /// The INSTANTIATE stage: once per executable and custom call (no device yet; also for an
+    /// executable loaded from a persistent compilation cache, which the pass never saw), where
+    /// a runtime may hand XLA per-executable state (`CallFrame::state_set`), which XLA
     /// destroys with the executable.
     fn instantiate(&self, _frame: &CallFrame<'_>, _call: &CustomCallConfig) -> Result<(), HandlerError> {
         Ok(())
@@ -93,7 +96,11 @@ pub fn dispatch(kind: CollectiveKind, f: &CallFrame<'_>, rt: &dyn CollectiveRunt
         HandlerError::invalid_argument(format!("{}: {e}", crate::custom_call::target_name(kind).unwrap_or("?")))
     })?;
     if stage == ExecutionStage::Instantiate {
-        return rt.instantiate(f, &call);
+        rt.instantiate(f, &call)?;
+        // An executable this process did not compile (a persistent cache hit) tells
+        // `stats()` its decisions here.
+        crate::runtime::instantiated(rt.platform(), &call);
+        return Ok(());
     }
     let device = f.device_ordinal()?;
     let device = usize::try_from(device)

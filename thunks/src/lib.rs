@@ -10,6 +10,7 @@
 pub mod custom_call;
 pub mod ffi_handler;
 pub mod program;
+pub mod runtime;
 
 use std::fmt;
 

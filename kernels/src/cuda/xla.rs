@@ -13,12 +13,15 @@
 //!   and permute push into the peers' symmetric staging (a peer's XLA buffer address is not
 //!   known to us), then each device copies its staging into its result, in stream order:
 //!   the next call's "ready" barrier cannot pass before that copy has run.
-//! - Groups across processes of one host (`job` calls, `jax.distributed`): each process
-//!   allocates its own devices' parts, and in INITIALIZE posts their CUDA IPC handles in a
-//!   shared segment named by the job's token and the collective's shared id
+//! - Groups across processes of one host (calls with `processes`, `jax.distributed`): each
+//!   process allocates its own devices' parts, and in INITIALIZE posts their CUDA IPC
+//!   handles in a shared segment named by the running job's token
+//!   ([`thunks::runtime::job`]) and the collective's shared id
 //!   ([`crate::host::shm::exchange`]); it opens the other processes' handles (peer access
 //!   enabled lazily) and the kernels run as in one process. XLA calls the handlers with the
-//!   CUDA ordinal, which is not the device id there: [`set_device_ids`] maps it.
+//!   CUDA ordinal, which is not the device id there: [`set_device_ids`] maps it, from the
+//!   topology the Python package hands over before any executable of the job runs (compiled
+//!   or loaded from a persistent cache; the module holds nothing of the run).
 //! - A peer that never arrives ends the kernel's bounded wait: the kernel writes the missing
 //!   members into its status word and into a host-mapped report word, and the next call of the collective on that
 //!   device reports them as an error (no host synchronisation on the hot path).
@@ -75,8 +78,8 @@ pub fn peer_table() -> Result<Arc<emitter::PeerAccessTable>, String> {
 /// (`jax.distributed`); empty: ids are ordinals.
 static DEVICE_IDS: RwLock<BTreeMap<usize, usize>> = RwLock::new(BTreeMap::new());
 
-/// Records which device id each local GPU (CUDA ordinal) has in the job (the pass's
-/// configuration knows it from the topology).
+/// Records which device id each local GPU (CUDA ordinal) has in the job (from the job's
+/// topology, which the Python package hands the plugin at its first compile or cache lookup).
 pub fn set_device_ids(ids: BTreeMap<usize, usize>) {
     *DEVICE_IDS.write().unwrap_or_else(PoisonError::into_inner) = ids;
 }
@@ -126,6 +129,9 @@ struct Instance {
     /// Staging bytes per device (AR / RS: two halves).
     staging: usize,
     devices: Vec<usize>,
+    /// Across processes: the id the members meet under (the call's instance and this
+    /// executable's occurrence, [`thunks::runtime::shared_key`]).
+    key: u64,
 }
 
 /// Instances alive (tests watch executables free theirs).
@@ -147,6 +153,9 @@ pub fn live_instances() -> usize {
 #[derive(Debug, Default)]
 struct ExecState {
     instance: OnceLock<Arc<Instance>>,
+    /// For a group across processes: how many executables of this process instantiated the
+    /// call's `instance` before this one.
+    occurrence: u64,
 }
 
 static STATE: ExecutableState<ExecState> = ExecutableState::new("peerless.cuda_collective");
@@ -178,7 +187,7 @@ fn devices_of(cfg: &CustomCallConfig) -> Vec<usize> {
     v
 }
 
-fn new_instance(cfg: &CustomCallConfig, args: &[ArrayShape], rets: &[ArrayShape]) -> Arc<Instance> {
+fn new_instance(cfg: &CustomCallConfig, args: &[ArrayShape], rets: &[ArrayShape], occurrence: u64) -> Arc<Instance> {
     LIVE.fetch_add(1, Ordering::Relaxed);
     Arc::new(Instance {
         ranks: Mutex::new(HashMap::new()),
@@ -186,6 +195,7 @@ fn new_instance(cfg: &CustomCallConfig, args: &[ArrayShape], rets: &[ArrayShape]
         meeting: Mutex::new(()),
         staging: staging_bytes(cfg, args, rets),
         devices: devices_of(cfg),
+        key: thunks::runtime::shared_key(cfg.instance, occurrence),
     })
 }
 
@@ -193,10 +203,10 @@ fn new_instance(cfg: &CustomCallConfig, args: &[ArrayShape], rets: &[ArrayShape]
 /// executable's own where XLA keeps state, else the process-wide table's.
 fn instance(f: &CallFrame<'_>, cfg: &CustomCallConfig, args: &[ArrayShape], rets: &[ArrayShape]) -> Arc<Instance> {
     if let Some(state) = STATE.get(f) {
-        return state.instance.get_or_init(|| new_instance(cfg, args, rets)).clone();
+        return state.instance.get_or_init(|| new_instance(cfg, args, rets, state.occurrence)).clone();
     }
     let mut map = instances().lock().unwrap_or_else(PoisonError::into_inner);
-    map.entry(cfg.instance).or_insert_with(|| new_instance(cfg, args, rets)).clone()
+    map.entry(cfg.instance).or_insert_with(|| new_instance(cfg, args, rets, 0)).clone()
 }
 
 /// Allocates and publishes the part of `inst` of `device` (GPU `ordinal`) unless it exists.
@@ -228,7 +238,7 @@ fn publish_own(
 
 /// The devices of the call this process owns: all of them unless the call spans processes.
 fn local_members(cfg: &CustomCallConfig, inst: &Instance, device: usize) -> Vec<usize> {
-    if cfg.job.is_none() {
+    if !cfg.spans_processes() {
         return inst.devices.clone();
     }
     let by = cfg.process_of();
@@ -280,9 +290,10 @@ fn all_ranks<'a>(
     };
     let own = |r: &Rank| Addr { staging: r.staging.ptr, signals: r.signals.ptr };
     let mut addrs: HashMap<usize, Addr> = ranks.iter().map(|(&d, r)| (d, own(r))).collect();
-    let Some(job) = &cfg.job else {
+    if !cfg.spans_processes() {
         return Ok(inst.complete.get_or_init(|| Complete { ranks, addrs, _mapped: vec![] }));
-    };
+    }
+    let job = thunks::runtime::job_for(cfg).map_err(|m| err(ErrorCode::FailedPrecondition, m))?;
     // Across processes: one thread of this process meets the others.
     let _meeting = inst.meeting.lock().unwrap_or_else(PoisonError::into_inner);
     if let Some(done) = inst.complete.get() {
@@ -300,7 +311,7 @@ fn all_ranks<'a>(
         posts.push((d, b));
     }
     let processes = inst.devices.iter().filter_map(|d| cfg.process_of().get(d).copied()).collect::<BTreeSet<_>>();
-    let name = format!("/peerless-{job}-{:016x}-cuda", cfg.instance);
+    let name = format!("/peerless-{job}-{:016x}-cuda", inst.key);
     let left = deadline.saturating_duration_since(std::time::Instant::now());
     let all =
         crate::host::shm::exchange(&name, &inst.devices, processes.len() as u64, &posts, SLOT, left).map_err(|e| {
@@ -459,13 +470,19 @@ fn view(shape: &ArrayShape, dim: usize) -> Result<(usize, usize, usize), Handler
 }
 
 impl CollectiveRuntime for CudaRuntime {
+    fn platform(&self) -> &'static str {
+        "cuda"
+    }
+
     fn traits(&self) -> Traits {
         COMMAND_BUFFER_COMPATIBLE
     }
 
-    fn instantiate(&self, f: &CallFrame<'_>, _cfg: &CustomCallConfig) -> Result<(), HandlerError> {
+    fn instantiate(&self, f: &CallFrame<'_>, cfg: &CustomCallConfig) -> Result<(), HandlerError> {
+        // Counted once per executable, in the order every process loads them.
+        let occurrence = if cfg.spans_processes() { thunks::runtime::next_occurrence(cfg.instance) } else { 0 };
         // Without XLA-held state, instances live in the process-wide table.
-        STATE.instantiate(f);
+        STATE.instantiate_with(f, ExecState { occurrence, ..ExecState::default() });
         Ok(())
     }
 
@@ -505,7 +522,7 @@ impl CollectiveRuntime for CudaRuntime {
             }
         }
         publish_own(c, cfg, &inst, device, ordinal)?;
-        if cfg.job.is_some() {
+        if cfg.spans_processes() {
             // Meet the other processes here, outside any stream capture: opening their IPC
             // handles is not an operation a capturing stream allows.
             all_ranks(c, cfg, &inst, device, ordinal)?;

@@ -1,7 +1,8 @@
 //! The shared library JAX loads (`libpeerless_pjrt.so`). It only re-exports: all logic, and
 //! every safety argument, lives in the `plugin` crate. Public symbols: `GetPjrtApi`,
 //! `PeerlessRegisterMlirConverter`, and for Peerless inside XLA `PeerlessXlaPass`,
-//! `PeerlessXlaPassFree`, `PeerlessXlaPassFromPython` and `PeerlessXlaHandler`.
+//! `PeerlessXlaPassFree`, `PeerlessXlaPassFromPython`, `PeerlessXlaHandler`,
+//! `PeerlessXlaSetTopology` and `PeerlessXlaTakeDecisions`.
 
 use plugin::pjrt_sys::PJRT_Api;
 
@@ -50,6 +51,30 @@ pub unsafe extern "C" fn PeerlessXlaPass(
 pub unsafe extern "C" fn PeerlessXlaPassFree(result: *mut plugin::xla_inside::PassResult) {
     // SAFETY: this function's contract is `pass_free`'s.
     unsafe { plugin::xla_inside::pass_free(result) }
+}
+
+/// Hands the handlers of `platform` the job's topology (its token; on CUDA the GPUs' device
+/// ids); see `plugin::xla_inside::set_topology`. Never returns null; free the result (status
+/// 0, or -1 with the reason) with `PeerlessXlaPassFree`.
+///
+/// # Safety
+/// Both strings are null or NUL-terminated.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn PeerlessXlaSetTopology(
+    platform: *const std::ffi::c_char,
+    topology: *const std::ffi::c_char,
+) -> *mut plugin::xla_inside::PassResult {
+    plugin::init_logging();
+    // SAFETY: this function's contract is `set_topology_entry`'s.
+    unsafe { plugin::xla_inside::set_topology_entry(platform, topology) }
+}
+
+/// Decisions of executables loaded without the pass (a persistent compilation cache hit),
+/// registered when XLA instantiated their calls, since the last call: the `report` of the
+/// result, one line each. Never returns null; free it with `PeerlessXlaPassFree`.
+#[unsafe(no_mangle)]
+pub extern "C" fn PeerlessXlaTakeDecisions() -> *mut plugin::xla_inside::PassResult {
+    plugin::xla_inside::take_decisions_entry()
 }
 
 /// The typed-FFI handler for `target` on `platform` ("cpu"), or null.

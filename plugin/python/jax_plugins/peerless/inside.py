@@ -16,11 +16,20 @@ PRE_SCHEDULER (after SPMD partitioning); the pass (Rust, in libpeerless_pjrt.so)
 each collective it takes into a typed-FFI custom call `peerless.<op>`, whose handlers
 (registered with `jax.ffi.register_ffi_target`) run Peerless's protocols: the host backend
 on CPU, the peer-access kernels on XLA's stream on CUDA.
+
+JAX's persistent compilation cache (`jax_compilation_cache_dir`) works with Peerless on: a
+compiled module holds nothing of the run that compiled it (no job token, no process), so a
+later run, or another job of the same layout, may load it. Peerless adds what its decisions
+depend on to JAX's cache key (the library, the flags, the platforms it is on, the job's
+processes and hosts), hands the handlers the running job's token and device ids before any
+executable runs, and counts the decisions of a cached executable when XLA instantiates its
+Peerless calls (each carries its decision).
 """
 
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import logging
 import os
 import secrets
@@ -61,6 +70,8 @@ _state = {
     "decisions": [],
     "errors": 0,
     "topology": {},  # JAX backend name -> the pass's topology string (jax.distributed jobs)
+    "library_id": None,  # hash of libpeerless_pjrt.so, part of JAX's cache key
+    "cache_hook": False,  # our part of JAX's persistent-cache key is installed
 }
 
 
@@ -81,12 +92,28 @@ def _dll():
         dll.PeerlessXlaPassFromPython.restype = None
         dll.PeerlessXlaLiveCollectives.argtypes = []
         dll.PeerlessXlaLiveCollectives.restype = ctypes.c_uint64
+        dll.PeerlessXlaSetTopology.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
+        dll.PeerlessXlaSetTopology.restype = ctypes.POINTER(_PassResult)
+        dll.PeerlessXlaTakeDecisions.argtypes = []
+        dll.PeerlessXlaTakeDecisions.restype = ctypes.POINTER(_PassResult)
         _state["dll"] = dll
     return _state["dll"]
 
 
-def _record(platform: str, report: str) -> None:
-    """Counts the pass's decisions (one tab-separated line each) and logs them."""
+def _report_of(dll, res) -> tuple[int, str]:
+    """(status, report) of a `_PassResult`, which is freed."""
+    try:
+        r = res.contents
+        report = ctypes.string_at(r.report, r.report_len).decode("utf-8", "replace") if r.report_len else ""
+        return r.status, report
+    finally:
+        dll.PeerlessXlaPassFree(res)
+
+
+def _record(platform: str, report: str, cached: bool = False) -> None:
+    """Counts the pass's decisions (one tab-separated line each) and logs them. `cached`:
+    decisions of an executable this process loaded without running the pass (a persistent
+    compilation cache hit), as its Peerless calls carry them."""
     with _lock:
         for line in report.splitlines():
             f = line.split("\t")
@@ -108,9 +135,26 @@ def _record(platform: str, report: str) -> None:
                     "groups": groups,
                     "implementation": impl,
                     "reason": reason,
+                    "cached": cached,
                 }
             )
-            log.info("%s %s %s %s B groups=%s -> %s: %s", op, instr, dtype, nbytes, groups, impl, reason)
+            log.info("%s%s %s %s %s B groups=%s -> %s: %s", "(cached executable) " if cached else "", op, instr,
+                     dtype, nbytes, groups, impl, reason)
+
+
+def _collect() -> None:
+    """Counts the decisions of executables loaded without the pass since the last call (the
+    handlers registered them when XLA instantiated their calls)."""
+    dll = _state["dll"]
+    if dll is None:
+        return  # nothing loaded the library: no handler ran
+    _, text = _report_of(dll, dll.PeerlessXlaTakeDecisions())
+    by_platform: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        platform, _, rest = line.partition("\t")
+        by_platform.setdefault(platform, []).append(rest)
+    for platform, lines in by_platform.items():
+        _record(platform, "\n".join(lines), cached=True)
 
 
 def _kv_barrier_get(client, key: str, timeout_ms: int) -> str:
@@ -190,7 +234,75 @@ def _topology(backend_name: str, platform: str) -> str:
     log.info("peerless: process %d of %d, hosts %s, platform %s", this, nproc, hosts, platform)
     with _lock:
         _state["topology"].setdefault(backend_name, topo)
-        return _state["topology"][backend_name]
+        topo = _state["topology"][backend_name]
+    # The handlers take the job's token (and a GPU's device id) from here, not from the
+    # compiled module: an executable from a persistent cache was compiled by another job.
+    status, why = _report_of(_dll(), _dll().PeerlessXlaSetTopology(platform.encode(), topo.encode()))
+    if status < 0:
+        raise RuntimeError(f"Peerless cannot use the job's topology {topo!r}: {why}")
+    return topo
+
+
+def _layout(topo: str) -> str:
+    """What of a topology the pass's decisions depend on, the same in every process and job:
+    which process owns each device and which processes share a host (not this process, the
+    job's token or local ordinals)."""
+    return ";".join(p for p in topo.split(";") if p.split("=", 1)[0] in ("devices", "hosts"))
+
+
+def _library_id() -> str:
+    if _state["library_id"] is None:
+        from . import library_path
+
+        h = hashlib.sha256()
+        with open(library_path(), "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+        _state["library_id"] = h.hexdigest()[:32]
+    return _state["library_id"]
+
+
+def _cache_key_part() -> str:
+    """Peerless's part of JAX's persistent-cache key: empty while Peerless is off (programs
+    compiled then are XLA's alone), else what its rewrite depends on, so that an executable
+    compiled with other Peerless settings, another build, or for another layout of processes
+    and hosts is never handed back."""
+    with _lock:
+        enabled = sorted(_state["enabled"])
+        flags = _state["flags"]
+    if not enabled:
+        return ""
+    parts = [f"peerless={_library_id()}", f"flags={flags}", f"env_flags={os.environ.get('PEERLESS_FLAGS', '')}"]
+    for p in enabled:
+        try:
+            layout = _layout(_topology(p, _wrapped(p) or p))
+        except Exception as e:  # noqa: BLE001 - the pass then leaves every module to XLA
+            log.warning("peerless: process topology unknown (%s)", e)
+            layout = "unknown"
+        parts.append(f"{p}:{layout}")
+    return ";".join(parts)
+
+
+def _install_cache_hook() -> None:
+    """Adds `_cache_key_part` to JAX's persistent-cache key (`jax._src.cache_key.custom_hook`,
+    which JAX hashes into every key), after whatever hook was there."""
+    if _state["cache_hook"]:
+        return
+    try:
+        from jax._src import cache_key
+    except Exception as e:  # noqa: BLE001
+        log.warning("peerless: cannot extend JAX's compilation-cache key (%s): do not share a persistent "
+                    "cache between runs with and without Peerless", e)
+        return
+    previous = getattr(cache_key, "custom_hook", None)
+
+    def hook() -> str:
+        base = previous() if previous is not None else ""
+        mine = _cache_key_part()
+        return f"{base}|peerless:{mine}" if mine else base
+
+    cache_key.custom_hook = hook
+    _state["cache_hook"] = True
 
 
 def _make_pass(platform: str, local_devices: str | None = None, backend: str | None = None):
@@ -283,6 +395,7 @@ def enable(platforms: str | Iterable[str] | None = None, *, flags: str | None = 
     from jax._src import xla_bridge
 
     xla_bridge.backends()  # the plugins are loaded (and a wrapper known) from here on
+    _install_cache_hook()
     if flags is not None:
         _check_flags(flags)
         _state["flags"] = flags
@@ -311,7 +424,25 @@ def enable(platforms: str | Iterable[str] | None = None, *, flags: str | None = 
                 _register_pass(p)
                 _state["enabled"].add(p)
         done.append(p)
+    _learn_topology(done)
     return done
+
+
+def _learn_topology(platforms: list[str]) -> None:
+    """Under jax.distributed, agrees on the job's topology now (every process calls enable())
+    and hands it to the handlers, so that an executable this process never compiles or looks
+    up (one deserialized by hand) still finds the job's token and device ids. Without a job
+    yet (PEERLESS_ENABLE=1 at import), the first compile or cache lookup does it."""
+    from jax._src import distributed
+
+    gs = distributed.global_state
+    if gs.client is None or (gs.num_processes or 1) <= 1:
+        return
+    for p in platforms:
+        try:
+            _topology(p, _wrapped(p) or p)
+        except Exception as e:  # noqa: BLE001 - the first compile tries again
+            log.warning("peerless: the job's topology is not known yet (%s)", e)
 
 
 def _wrapped(platform: str) -> str | None:
@@ -338,16 +469,20 @@ def enabled() -> list[str]:
 
 
 def stats() -> dict:
-    """Decisions over the modules compiled since `enable` (HLO op names):
+    """Decisions over the modules compiled, or loaded from JAX's persistent compilation cache
+    (those with a Peerless call: each carries its module's decisions), since `enable` (HLO op names):
     {"all-reduce": {"kernel": n, "fallback": m, "cross_process": k}, ...}, where
     `cross_process` counts the kernels whose groups span processes of one host (shared
     memory; present once there is one)."""
+    _collect()
     with _lock:
         return {op: dict(v) for op, v in sorted(_state["stats"].items())}
 
 
 def decisions() -> list[dict]:
-    """Every decision since `enable` (or `reset_stats`), with its reason."""
+    """Every decision since `enable` (or `reset_stats`), with its reason; `cached` says it
+    came from an executable loaded from JAX's persistent cache rather than from the pass."""
+    _collect()
     with _lock:
         return [dict(d) for d in _state["decisions"]]
 
@@ -365,6 +500,7 @@ def live_collectives() -> int:
 
 
 def reset_stats() -> None:
+    _collect()
     with _lock:
         _state["stats"].clear()
         _state["decisions"].clear()
@@ -383,6 +519,7 @@ def enable_wrapped_at_start(c_api, platform: str) -> None:
         _state["flags"] = os.environ.get("PEERLESS_FLAGS", "")
     _xla.register_xla_transform_c_api(c_api, PASS_NAME, 0, _make_pass(platform, backend=PLATFORM))
     _state["enabled"].add(PLATFORM)
+    _install_cache_hook()
 
 
 def enable_at_start() -> None:
@@ -407,4 +544,5 @@ def enable_at_start() -> None:
     _register_targets("cpu")
     _xla.register_xla_transform(PASS_NAME, 0, _make_pass("cpu"))
     _state["enabled"].add("cpu")
+    _install_cache_hook()
     xla_bridge.register_plugin_callbacks(on_plugin)

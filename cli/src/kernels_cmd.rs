@@ -75,7 +75,7 @@ fn show(arch: Option<&str>) -> Result<(), String> {
             let size: usize = b.blobs.iter().map(|x| x.code.len()).sum();
             let targets: Vec<String> = b.targets().iter().map(|t| t.name()).collect();
             println!(
-                "prebuilt: {} code objects for {} ({:.1} MiB, {})",
+                "prebuilt: {} code objects for {} ({:.1} MiB deflated, {})",
                 b.blobs.len(),
                 targets.join(", "),
                 size as f64 / (1 << 20) as f64,

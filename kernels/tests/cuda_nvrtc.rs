@@ -52,7 +52,8 @@ fn every_kernel_unit_compiles_and_holds_its_kernels() {
             (blob.unit.as_str(), blob.key.as_str(), blob.target.as_str()),
             (&*u.name(), &*u.key(), "compute_80")
         );
-        let text = String::from_utf8_lossy(&blob.code);
+        let code = blob.code().unwrap();
+        let text = String::from_utf8_lossy(&code);
         let entries: Vec<&String> = every_kernel.iter().filter(|k| text.contains(&format!(".entry {k}("))).collect();
         assert_eq!(entries, u.kernels().iter().collect::<Vec<_>>(), "{}", u.name());
         // System-scope release/acquire flags in every unit (the probe's and the barriers').
@@ -62,7 +63,7 @@ fn every_kernel_unit_compiles_and_holds_its_kernels() {
     // 16-byte vector accesses in the one-shot.
     let one_shot = Unit::Spec(Kernel::OneShot, Dtype::F32, Red::Sum);
     let i = all.iter().position(|u| *u == one_shot).unwrap();
-    assert!(String::from_utf8_lossy(&bundle.blobs[i].code).contains(".v4.u32"));
+    assert!(String::from_utf8_lossy(&bundle.blobs[i].code().unwrap()).contains(".v4.u32"));
 }
 
 #[test]

@@ -71,9 +71,10 @@ fn code_for(cc: u32, unit: Unit, use_prebuilt: bool) -> Result<(Arc<[u8]>, Origi
     if let Some(c) = cache.lock().unwrap_or_else(PoisonError::into_inner).get(&id) {
         return Ok(c.clone());
     }
-    let found = if let Some((t, code)) = prebuilt::embedded().filter(|_| use_prebuilt).and_then(|b| b.find(cc, unit)) {
+    let prebuilt = prebuilt::embedded().filter(|_| use_prebuilt).and_then(|b| b.find(cc, unit));
+    let found = if let Some((t, blob)) = prebuilt {
         log::debug!("kernels {} for sm_{cc}: prebuilt {}", unit.name(), t.name());
-        (Arc::from(&code[..]), Origin::Prebuilt { target: t.name() })
+        (Arc::from(blob.code()?), Origin::Prebuilt { target: t.name() })
     } else {
         let file = cache_file(cc, unit);
         match file.as_ref().and_then(|f| std::fs::read(f).ok()).filter(|b| !b.is_empty()) {

@@ -48,8 +48,30 @@ pub struct Blob {
     /// [`Unit::key`] of the sources it was compiled from.
     #[prost(string, tag = "3")]
     pub key: String,
+    /// The code, deflated when `deflated` (every blob `build` makes).
     #[prost(bytes = "bytes", tag = "4")]
     pub code: Bytes,
+    #[prost(bool, tag = "5")]
+    pub deflated: bool,
+}
+
+impl Blob {
+    /// The code as the driver loads it.
+    pub fn code(&self) -> Result<Vec<u8>> {
+        if !self.deflated {
+            return Ok(self.code.to_vec());
+        }
+        let mut out = Vec::new();
+        std::io::Read::read_to_end(&mut flate2::read::DeflateDecoder::new(&self.code[..]), &mut out)
+            .map_err(|e| Error::Gpu(format!("prebuilt kernels {} for {}: {e}", self.unit, self.target)))?;
+        Ok(out)
+    }
+}
+
+fn deflate(code: &[u8]) -> Result<Vec<u8>> {
+    use std::io::Write;
+    let mut enc = flate2::write::DeflateEncoder::new(Vec::new(), flate2::Compression::best());
+    enc.write_all(code).and_then(|()| enc.finish()).map_err(|e| Error::Gpu(format!("deflate: {e}")))
 }
 
 /// A compile target: CUBIN for `sm_XY` or PTX for `compute_XY`.
@@ -123,16 +145,13 @@ impl Bundle {
         v
     }
 
-    /// `unit`'s code for a device of compute capability `cc`, from the best target that has
+    /// `unit`'s blob for a device of compute capability `cc`, from the best target that has
     /// it under the current key; with that target.
-    pub fn find(&self, cc: u32, unit: Unit) -> Option<(Target, Bytes)> {
+    pub fn find(&self, cc: u32, unit: Unit) -> Option<(Target, &Blob)> {
         let (name, key) = (unit.name(), unit.key());
         choose(&self.targets(), cc).into_iter().find_map(|t| {
             let target = t.name();
-            self.blobs
-                .iter()
-                .find(|b| b.target == target && b.unit == name && b.key == key)
-                .map(|b| (t, b.code.clone()))
+            self.blobs.iter().find(|b| b.target == target && b.unit == name && b.key == key).map(|b| (t, b))
         })
     }
 }
@@ -152,11 +171,14 @@ pub fn build(targets: &[Target], jobs: usize, progress: impl Fn(usize, usize) + 
                 loop {
                     let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     let Some(&(t, u)) = work.get(i) else { break };
-                    let r = compile(u, t).map(|code| Blob {
-                        target: t.name(),
-                        unit: u.name(),
-                        key: u.key(),
-                        code: code.into(),
+                    let r = compile(u, t).and_then(|code| {
+                        Ok(Blob {
+                            target: t.name(),
+                            unit: u.name(),
+                            key: u.key(),
+                            code: deflate(&code)?.into(),
+                            deflated: true,
+                        })
                     });
                     let failed = r.is_err();
                     results.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push((i, r));
@@ -215,12 +237,14 @@ mod tests {
             target: target.into(),
             unit: u.name(),
             key,
-            code: Bytes::from_static(b"code"),
+            code: deflate(b"code").unwrap().into(),
+            deflated: true,
         };
         let stale = Bundle { compiler: "x".into(), blobs: vec![blob("sm_90", "0123456789abcdef".into())] };
         assert!(stale.find(90, u).is_none());
         let good = Bundle { compiler: "x".into(), blobs: vec![blob("sm_90", u.key()), blob("compute_100", u.key())] };
         assert_eq!(good.find(90, u).map(|f| f.0.name()), Some("sm_90".into()));
+        assert_eq!(good.find(90, u).unwrap().1.code().unwrap(), b"code");
         assert_eq!(good.find(120, u).map(|f| f.0.name()), Some("compute_100".into()));
         assert!(good.find(80, u).is_none());
         assert!(good.find(90, Unit::Base).is_none());

@@ -16,6 +16,8 @@ collective; process 0 must fail with a timeout naming the missing device.
 
     PEERLESS_PJRT_LIBRARY=$PWD/.gpu/libpeerless_pjrt.so PYTHONPATH=$PWD/plugin/python \\
       python3 plugin/tests/gpu_multiprocess.py [--out DIR]
+Last, the job starts twice on one fresh JAX persistent compilation cache: the second start
+loads every program from the cache and must run it right with the same decisions.
 Exit status 0 only if every check passed.
 """
 
@@ -33,9 +35,10 @@ NPROC = 2
 TIMEOUT_MS = 5000
 
 
-def run_job(mode: str, timeout: float = 400) -> list[dict]:
+def run_job(mode: str, timeout: float = 400, extra_env: dict | None = None) -> list[dict]:
     port = free_port()
     env = dict(os.environ)
+    env.update(extra_env or {})
     env.update(
         JAX_PLATFORMS="cuda",
         PEERLESS_ENABLE="1",
@@ -198,6 +201,35 @@ def main() -> int:
     named = "timed out" in e or "never" in e
     print(f"fault (process 1 leaves): process 0 waited {leave[0].get('waited_s', -1):.1f} s: {e[:400]}")
     ok &= bool(e) and named and "[1]" in e
+    # The second start on JAX's persistent compilation cache: the same job twice on one fresh
+    # cache dir. The second start must load what the first wrote (no new entries), run every
+    # program right on Peerless's kernels (IPC with its own job token) and know the same
+    # decisions.
+    import tempfile
+
+    cache = tempfile.mkdtemp(prefix="peerless-jax-cache-")
+    cache_env = {"JAX_COMPILATION_CACHE_DIR": cache, "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+                 "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "-1"}
+    starts = []
+    for i in range(2):
+        reps = run_job("programs", extra_env=cache_env)
+        entries = sorted(os.listdir(cache))
+        good = all(r["rc"] == 0 and "results" in r and all(x.get("same") and x.get("peerless") and
+                                                            x.get("handler_calls", 0) > 0
+                                                            for x in r["results"].values()) for r in reps)
+        starts.append({"reps": reps, "entries": entries, "good": good})
+        bad = {r.get("pid"): {k: v for k, v in r.get("results", {}).items() if not v.get("same")} for r in reps}
+        print(f"start {i + 1} on one persistent cache: {'all programs right' if good else 'FAIL ' + str(bad)[:600]}; "
+              f"{len(entries)} cache entries; stats p0 {reps[0].get('stats')}")
+        for r in reps:
+            if r["rc"] != 0:
+                print(f"  process {r.get('pid', '?')}: rc {r['rc']}\n{r['stderr'][-1500:]}")
+    same_entries = starts[0]["entries"] == starts[1]["entries"] and bool(starts[0]["entries"])
+    same_stats = all(a.get("stats") == b.get("stats") for a, b in zip(starts[0]["reps"], starts[1]["reps"]))
+    print(f"second start: cache entries unchanged (loaded, not recompiled): {same_entries}; "
+          f"stats equal to the first start's: {same_stats}")
+    ok &= all(st["good"] for st in starts) and same_entries and same_stats
+    summary["persistent_cache"] = starts
     if out_dir:
         os.makedirs(out_dir, exist_ok=True)
         with open(os.path.join(out_dir, "gpu_multiprocess.json"), "w") as fh:

@@ -951,6 +951,7 @@ impl Deps {
 
 /// The [`Deps`] of the collectives named `wanted` in the serialized `module`.
 fn dependencies(module: &[u8], wanted: &[&str]) -> Result<Deps, PassError> {
+    let wanted_names = wanted;
     let mut deps =
         Deps { index: wanted.iter().enumerate().map(|(k, n)| (n.to_string(), k)).collect(), ..Deps::default() };
     let words = wanted.len().div_ceil(64);
@@ -963,8 +964,9 @@ fn dependencies(module: &[u8], wanted: &[&str]) -> Result<Deps, PassError> {
             .find(|x| x.tag == field::NAME)
             .map_or(String::new(), |x| String::from_utf8_lossy(x.payload).into_owned())
     };
-    // Computations: id → name, and each one's instructions: id → (name, operands, callees).
-    type Instr = (String, Vec<i64>, Vec<i64>);
+    // Computations: id → name, and each one's instructions: id → (the index of a wanted
+    // collective, operands, callees).
+    type Instr = (Option<usize>, Vec<i64>, Vec<i64>);
     let mut comps: Vec<(String, HashMap<i64, Instr>, Vec<i64>)> = Vec::new();
     let mut comp_name: HashMap<i64, String> = HashMap::new();
     for c in top.iter().filter(|c| c.tag == field::COMPUTATIONS && c.wire == WireType::LengthDelimited) {
@@ -986,7 +988,12 @@ fn dependencies(module: &[u8], wanted: &[&str]) -> Result<Deps, PassError> {
                 }
             }
             order.push(id);
-            instrs.insert(id, (name_of(&fs), operands, called));
+            let wanted = fs
+                .iter()
+                .find(|x| x.tag == field::NAME)
+                .and_then(|x| std::str::from_utf8(x.payload).ok())
+                .and_then(|n| deps.index.get(n).copied());
+            instrs.insert(id, (wanted, operands, called));
         }
         comps.push((name, instrs, order));
     }
@@ -1004,15 +1011,18 @@ fn dependencies(module: &[u8], wanted: &[&str]) -> Result<Deps, PassError> {
         }
     }
     for (comp, instrs, listed) in &comps {
-        if !instrs.values().any(|(n, _, _)| deps.index.contains_key(n)) {
+        if !instrs.values().any(|(k, _, _)| k.is_some()) {
             continue;
         }
-        // Operands before users (a proto promises no order), without recursion.
+        // Operands before users (a proto promises no order): depth first, without recursion
+        // (modules may be deep); an instruction is entered once (a DAG: whatever was entered
+        // before is finished by the time a user needs it).
         let mut bits: HashMap<i64, Vec<u64>> = HashMap::with_capacity(instrs.len());
+        let mut entered: std::collections::HashSet<i64> = std::collections::HashSet::with_capacity(instrs.len());
         for &root in listed {
             let mut stack = vec![(root, false)];
             while let Some((i, expanded)) = stack.pop() {
-                let Some((name, operands, _)) = instrs.get(&i) else { continue };
+                let Some((wanted, operands, _)) = instrs.get(&i) else { continue };
                 if expanded {
                     let mut b = vec![0u64; words];
                     for o in operands {
@@ -1020,18 +1030,18 @@ fn dependencies(module: &[u8], wanted: &[&str]) -> Result<Deps, PassError> {
                             b.iter_mut().zip(ob).for_each(|(x, y)| *x |= y);
                         }
                     }
-                    if let Some(&k) = deps.index.get(name) {
+                    if let Some(k) = *wanted {
                         b[k / 64] |= 1u64 << (k % 64);
-                        deps.ancestors.insert(name.clone(), (comp.clone(), b.clone()));
+                        deps.ancestors.insert(wanted_names[k].to_owned(), (comp.clone(), b.clone()));
                     }
                     bits.insert(i, b);
                     continue;
                 }
-                if bits.contains_key(&i) || stack.iter().any(|&(s, e)| s == i && e) {
+                if !entered.insert(i) {
                     continue;
                 }
                 stack.push((i, true));
-                stack.extend(operands.iter().filter(|o| !bits.contains_key(o)).map(|&o| (o, false)));
+                stack.extend(operands.iter().filter(|o| !entered.contains(o)).map(|&o| (o, false)));
             }
         }
     }

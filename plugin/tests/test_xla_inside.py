@@ -1124,6 +1124,8 @@ def test_executables_free_their_collectives():
     mesh = make_mesh("1d8")
     x = sample((N * 64, 1024), np.float32, 21)
     before = inside.live_collectives()
+    gc.collect()
+    staged = peerless.staging_bytes()
     for _ in range(5):
         jax.clear_caches()
         peerless.enable("cpu")
@@ -1131,10 +1133,13 @@ def test_executables_free_their_collectives():
         c = f.lower(x).compile()
         jax.block_until_ready(c(x))
         assert inside.live_collectives() >= before + 1
+        assert peerless.staging_bytes() >= 8 * 2 * 64 * 1024 * 4  # its slot: 8 members x 2 buffers
         del c, f
         jax.clear_caches()
         gc.collect()
     assert inside.live_collectives() <= before, (before, inside.live_collectives())
+    # The slots go with the executables (the process table holds them weakly).
+    assert peerless.staging_bytes() <= staged, (staged, peerless.staging_bytes())
 
 
 _RSS_JOB = textwrap.dedent(

@@ -880,7 +880,7 @@ pub fn run(bytes: &[u8], cfg: &PassConfig) -> Result<PassOutcome, PassError> {
             Ok(deps) => assign_slots(&module, &deps, &mut calls),
             Err(e) => log::warn!("peerless pass: collectives keep staging of their own ({e})"),
         }
-    } else if let Some(c) = calls.first_mut().filter(|c| !c.3.spans_processes()) {
+    } else if let Some(c) = calls.first_mut() {
         // One call: a slot of its own (so a later load of the module may still share nothing).
         c.3.slot = Some(c.3.instance);
         c.3.slot_bytes = staged_bytes(&module, c.1);
@@ -1061,9 +1061,10 @@ fn dependencies(module: &[u8], wanted: &[&str]) -> Result<Deps, PassError> {
 /// so every device runs a slot's calls in one order, one at a time: the sequence of launches
 /// the protocols handle for one collective. Calls XLA may run concurrently or in another
 /// order on another device (data-independent ones) get different slots. Slots are opened
-/// greedily in a topological order. A call across processes keeps its own staging (`slot`
-/// none: shared memory per instance), and so does every call where the module's
-/// dependencies cannot be read.
+/// greedily in a topological order. Calls across processes share alike (one shared-memory
+/// segment per slot); their slot id, the first call's `instance`, is then the same in every
+/// process, and every process assigns the same slots (the same module, a deterministic
+/// walk). Every call keeps staging of its own where the module's dependencies cannot be read.
 ///
 /// A slot's id is its first call's `instance` (unique per compile, like instances), and its
 /// `slot_bytes` the largest staging buffer among its calls.
@@ -1071,9 +1072,7 @@ fn assign_slots(module: &Module, deps: &Deps, calls: &mut [(usize, InstrId, &'st
     // Calls by computation.
     let mut by_comp: BTreeMap<String, Vec<usize>> = BTreeMap::new();
     for (k, (_, _, _, call)) in calls.iter().enumerate() {
-        if let Some((comp, _)) = deps.ancestors.get(&call.name)
-            && !call.spans_processes()
-        {
+        if let Some((comp, _)) = deps.ancestors.get(&call.name) {
             by_comp.entry(comp.clone()).or_default().push(k);
         }
     }

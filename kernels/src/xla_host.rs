@@ -22,8 +22,9 @@
 //! how-manyth instantiation of the call's instance in this process, as for groups across
 //! processes) tells apart two executables loaded from one compiled module, which must not
 //! share. The process table holds slots weakly: a slot lives as long as an executable
-//! whose calls use it. Groups across processes (shared memory) keep a segment per
-//! instance for now.
+//! whose calls use it. Groups across processes meet in one shared-memory segment per
+//! slot (`ShmCollective::on_slot`), named by the job, the slot and the occurrence, which
+//! every process derives alike, and mapped once per process.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -248,18 +249,34 @@ impl Instance {
                     *slot = p;
                 }
             }
-            let key = ShmKey { job, instance: thunks::runtime::shared_key(cfg.instance, occurrence) };
-            Protocol::Shared(Box::new(ShmCollective::new(
-                &config,
-                cfg.algorithm,
-                &physical,
-                n,
-                timeout,
-                &cfg.name,
-                &key,
-                &process_of,
-                this,
-            )?))
+            // A slot's segment is named by the slot (its first call's instance, the same in
+            // every process) and this executable's occurrence, and mapped once per process.
+            let shm = match cfg.slot {
+                Some(slot) => ShmCollective::on_slot(
+                    &config,
+                    cfg.algorithm,
+                    &physical,
+                    n,
+                    timeout,
+                    &cfg.name,
+                    &ShmKey { job, instance: thunks::runtime::shared_key(slot, occurrence) },
+                    usize::try_from(cfg.slot_bytes).unwrap_or(usize::MAX),
+                    &process_of,
+                    this,
+                )?,
+                None => ShmCollective::new(
+                    &config,
+                    cfg.algorithm,
+                    &physical,
+                    n,
+                    timeout,
+                    &cfg.name,
+                    &ShmKey { job, instance: thunks::runtime::shared_key(cfg.instance, occurrence) },
+                    &process_of,
+                    this,
+                )?,
+            };
+            Protocol::Shared(Box::new(shm))
         };
         if collective.output_lens() != out_shapes.iter().map(ArrayShape::byte_size).collect::<Vec<_>>() {
             return Err(invalid(cfg, format!("result shapes {out_shapes:?} do not fit operands {in_shapes:?}")));

@@ -1180,8 +1180,9 @@ def _rss_job(mode, n):
     # heap, so peak RSS depends on allocation history: ±10 MiB between identical runs, more
     # than the bound. A fixed threshold returns them, and peak RSS tracks live memory (both
     # modes alike; measured: Peerless's heap in use grows 1 → 50 collectives as XLA's does).
+    # One malloc arena, too: how many per-thread arenas a run touches depends on thread timing.
     env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=_COUNT_FLAG, MALLOC_MMAP_THRESHOLD_="131072",
-               MALLOC_TRIM_THRESHOLD_="131072")
+               MALLOC_TRIM_THRESHOLD_="131072", MALLOC_ARENA_MAX="1")
     env.pop("PEERLESS_ENABLE", None)
     r = subprocess.run([sys.executable, "-c", _RSS_JOB, mode, str(n)], env=env, capture_output=True, text=True,
                        timeout=600)
@@ -1194,13 +1195,19 @@ def test_staging_does_not_grow_with_the_number_of_collectives():
     XLA alone (8 host devices, N chained 1 MiB psums in one jit, each configuration in a
     fresh process) is the same at N = 50 as at N = 1, within 10%. It was 16 MiB per
     collective (+816 MiB at N = 50)."""
-    got = {(mode, n): _rss_job(mode, n) for n in (1, 50) for mode in ("xla", "peerless")}
+    # Five processes per configuration, interleaved, and their median: single runs of one
+    # configuration still spread by 1-3 MiB on a loaded machine, against a bound of about 2.
+    runs = {(mode, n): [] for n in (1, 50) for mode in ("xla", "peerless")}
+    for _ in range(5):
+        for key in runs:
+            runs[key].append(_rss_job(*key))
     for n in (1, 50):
-        on, off = got["peerless", n], got["xla", n]
-        assert on["crc"] == off["crc"], (n, on, off)
-        assert on["stats"]["all-reduce"]["kernel"] == n, on
-        # One slot: 8 members x 2 buffers x 1 MiB.
-        assert on["staging"] == 16 << 20, on
+        for on, off in zip(runs["peerless", n], runs["xla", n]):
+            assert on["crc"] == off["crc"], (n, on, off)
+            assert on["stats"]["all-reduce"]["kernel"] == n, on
+            # One slot: 8 members x 2 buffers x 1 MiB.
+            assert on["staging"] == 16 << 20, on
+    got = {key: {"rss_kib": sorted(r["rss_kib"] for r in v)[2]} for key, v in runs.items()}
     added = {n: got["peerless", n]["rss_kib"] - got["xla", n]["rss_kib"] for n in (1, 50)}
     print(f"peak RSS added by Peerless (KiB): {added}; "
           f"XLA alone {got['xla', 1]['rss_kib']} / {got['xla', 50]['rss_kib']} KiB at N = 1 / 50")

@@ -852,7 +852,7 @@ pub fn run(bytes: &[u8], cfg: &PassConfig) -> Result<PassOutcome, PassError> {
     let crossing = cfg.topology.as_ref().is_some_and(|t| t.job.is_some());
     let mut module_key: Option<Option<u64>> = None;
     // Kernel decisions in the module's order, with their calls.
-    let mut calls: Vec<(usize, &'static str, CustomCallConfig)> = Vec::new();
+    let mut calls: Vec<(usize, InstrId, &'static str, CustomCallConfig)> = Vec::new();
     for id in module.collectives() {
         let instance = cfg.instance_base.map(|b| b.wrapping_add(calls.len() as u64) & (i64::MAX as u64));
         let shared_id = |instr: &str| -> Option<u64> {
@@ -865,7 +865,7 @@ pub fn run(bytes: &[u8], cfg: &PassConfig) -> Result<PassOutcome, PassError> {
         let (decision, rewrite) =
             decide_one(&module, id, &assignment, cfg, &logical, &peers, &layouts, instance, shared_id);
         if let Some((target, call)) = rewrite {
-            calls.push((decisions.len(), target, call));
+            calls.push((decisions.len(), id, target, call));
         }
         log::info!("peerless pass: {decision}");
         decisions.push(decision);
@@ -873,9 +873,21 @@ pub fn run(bytes: &[u8], cfg: &PassConfig) -> Result<PassOutcome, PassError> {
     // Every call carries its decision, and the module's first call the collectives left to
     // XLA: an executable loaded from a cache reports them when XLA instantiates its calls.
     let fallbacks: String = decisions.iter().filter(|d| !d.kernel).map(PassDecision::report_line).collect();
+    // Shared staging: only worth reading the whole module's dependencies with two calls.
+    if calls.len() > 1 {
+        let names: Vec<&str> = calls.iter().map(|c| c.3.name.as_str()).collect();
+        match dependencies(bytes, &names) {
+            Ok(deps) => assign_slots(&module, &deps, &mut calls),
+            Err(e) => log::warn!("peerless pass: collectives keep staging of their own ({e})"),
+        }
+    } else if let Some(c) = calls.first_mut() {
+        // One call: a slot of its own (so a later load of the module may still share nothing).
+        c.3.slot = Some(c.3.instance);
+        c.3.slot_bytes = staged_bytes(&module, c.1);
+    }
     let mut rewrites = HashMap::new();
     let mut instances = Vec::with_capacity(calls.len());
-    for (k, (at, target, mut call)) in calls.into_iter().enumerate() {
+    for (k, (at, _, target, mut call)) in calls.into_iter().enumerate() {
         call.decisions = decisions[at].report_line();
         if k == 0 {
             call.decisions.push_str(&fallbacks);
@@ -885,6 +897,227 @@ pub fn run(bytes: &[u8], cfg: &PassConfig) -> Result<PassOutcome, PassError> {
     }
     let module = if rewrites.is_empty() { None } else { Some(rewrite(bytes, &rewrites)?) };
     Ok(PassOutcome { module, decisions, instances })
+}
+
+/// Bytes of one staging buffer a call of collective `id` stages: each operand, 64-byte
+/// aligned (`kernels::host::direct`'s plan; the two-shot keeps its reduced slices there).
+fn staged_bytes(module: &Module, id: InstrId) -> u64 {
+    (module.instr(id).operands.iter())
+        .filter_map(|&o| module.instrs.get(o))
+        .map(|o| (o.shape.byte_size() as u64).div_ceil(64).saturating_mul(64))
+        .fold(0u64, u64::saturating_add)
+}
+
+/// Data dependencies between a module's collectives, read from the whole module (the slim
+/// module the decisions read keeps only collectives and their direct operands).
+#[derive(Debug, Default)]
+struct Deps {
+    /// Collective name → its computation's name and its ancestors among the collectives
+    /// asked for (bit `index[name]`; a collective is its own ancestor).
+    ancestors: HashMap<String, (String, Vec<u64>)>,
+    index: HashMap<String, usize>,
+    /// Computation name → the computations of the instructions that call it, one per call.
+    callers: HashMap<String, Vec<String>>,
+    /// The entry computation's name (the module's entry id; else its entry name).
+    entry: Option<String>,
+}
+
+impl Deps {
+    /// Whether collective `a` is `b` or a data-dependency ancestor of it.
+    fn precedes(&self, a: &str, b: &str) -> bool {
+        match (self.index.get(a), self.ancestors.get(b)) {
+            (Some(&i), Some((_, bits))) => bits.get(i / 64).is_some_and(|w| w & (1u64 << (i % 64)) != 0),
+            _ => false,
+        }
+    }
+
+    /// Whether every computation from the entry down to `comp` has one caller: then each
+    /// run of `comp` is ordered after the last by its caller (a loop's iterations, one call
+    /// site), and its collectives never run twice at once on a device.
+    fn runs_alone(&self, comp: &str) -> bool {
+        let mut c = comp;
+        for _ in 0..=self.callers.len() {
+            if Some(c) == self.entry.as_deref() {
+                return true;
+            }
+            match self.callers.get(c).map(Vec::as_slice) {
+                Some([one]) => c = one,
+                _ => return false,
+            }
+        }
+        false
+    }
+}
+
+/// The [`Deps`] of the collectives named `wanted` in the serialized `module`.
+fn dependencies(module: &[u8], wanted: &[&str]) -> Result<Deps, PassError> {
+    let wanted_names = wanted;
+    let mut deps =
+        Deps { index: wanted.iter().enumerate().map(|(k, n)| (n.to_string(), k)).collect(), ..Deps::default() };
+    let words = wanted.len().div_ceil(64);
+    let top = fields(module)?;
+    let first_int = |fs: &[Field<'_>], tag: u32| -> Result<Option<i64>, PassError> {
+        Ok(fs.iter().find(|x| x.tag == tag).map(ints).transpose()?.and_then(|v| v.first().copied()))
+    };
+    let name_of = |fs: &[Field<'_>]| -> String {
+        fs.iter()
+            .find(|x| x.tag == field::NAME)
+            .map_or(String::new(), |x| String::from_utf8_lossy(x.payload).into_owned())
+    };
+    // Computations: id → name, and each one's instructions: id → (the index of a wanted
+    // collective, operands, callees).
+    type Instr = (Option<usize>, Vec<i64>, Vec<i64>);
+    let mut comps: Vec<(String, HashMap<i64, Instr>, Vec<i64>)> = Vec::new();
+    let mut comp_name: HashMap<i64, String> = HashMap::new();
+    for c in top.iter().filter(|c| c.tag == field::COMPUTATIONS && c.wire == WireType::LengthDelimited) {
+        let cf = fields(c.payload)?;
+        let name = name_of(&cf);
+        comp_name.insert(first_int(&cf, field::COMPUTATION_ID)?.unwrap_or(0), name.clone());
+        let mut instrs = HashMap::new();
+        let mut order = Vec::new();
+        for i in cf.iter().filter(|i| i.tag == field::INSTRUCTIONS && i.wire == WireType::LengthDelimited) {
+            let fs = fields(i.payload)?;
+            let id = first_int(&fs, field::ID)?.unwrap_or(0);
+            let mut operands = Vec::new();
+            let mut called = Vec::new();
+            for x in &fs {
+                match x.tag {
+                    field::OPERAND_IDS => operands.extend(ints(x)?),
+                    field::CALLED_COMPUTATION_IDS => called.extend(ints(x)?),
+                    _ => {}
+                }
+            }
+            order.push(id);
+            let wanted = fs
+                .iter()
+                .find(|x| x.tag == field::NAME)
+                .and_then(|x| std::str::from_utf8(x.payload).ok())
+                .and_then(|n| deps.index.get(n).copied());
+            instrs.insert(id, (wanted, operands, called));
+        }
+        comps.push((name, instrs, order));
+    }
+    deps.entry = match first_int(&top, field::ENTRY_ID)? {
+        Some(id) if comp_name.contains_key(&id) => comp_name.get(&id).cloned(),
+        _ => top.iter().find(|x| x.tag == field::ENTRY_NAME).map(|x| String::from_utf8_lossy(x.payload).into_owned()),
+    };
+    for (name, instrs, _) in &comps {
+        for (_, _, called) in instrs.values() {
+            for c in called {
+                if let Some(callee) = comp_name.get(c) {
+                    deps.callers.entry(callee.clone()).or_default().push(name.clone());
+                }
+            }
+        }
+    }
+    for (comp, instrs, listed) in &comps {
+        if !instrs.values().any(|(k, _, _)| k.is_some()) {
+            continue;
+        }
+        // Operands before users (a proto promises no order): depth first, without recursion
+        // (modules may be deep); an instruction is entered once (a DAG: whatever was entered
+        // before is finished by the time a user needs it).
+        let mut bits: HashMap<i64, Vec<u64>> = HashMap::with_capacity(instrs.len());
+        let mut entered: std::collections::HashSet<i64> = std::collections::HashSet::with_capacity(instrs.len());
+        for &root in listed {
+            let mut stack = vec![(root, false)];
+            while let Some((i, expanded)) = stack.pop() {
+                let Some((wanted, operands, _)) = instrs.get(&i) else { continue };
+                if expanded {
+                    let mut b = vec![0u64; words];
+                    for o in operands {
+                        if let Some(ob) = bits.get(o) {
+                            b.iter_mut().zip(ob).for_each(|(x, y)| *x |= y);
+                        }
+                    }
+                    if let Some(k) = *wanted {
+                        b[k / 64] |= 1u64 << (k % 64);
+                        deps.ancestors.insert(wanted_names[k].to_owned(), (comp.clone(), b.clone()));
+                    }
+                    bits.insert(i, b);
+                    continue;
+                }
+                if !entered.insert(i) {
+                    continue;
+                }
+                stack.push((i, true));
+                stack.extend(operands.iter().filter(|o| !entered.contains(o)).map(|&o| (o, false)));
+            }
+        }
+    }
+    Ok(deps)
+}
+
+/// Shared staging (issue 25): gives each rewritten collective in one process a staging
+/// `slot`, shared with the collectives every device is sure to run before or after it, never
+/// at the same time.
+///
+/// The rule: two calls share a slot only if they lie in the same computation, that
+/// computation runs alone (every computation from the entry down to it has one caller, so
+/// its collectives never run twice at once), they have the same groups (a permute: the same
+/// pairs; a permute never shares with a grouped collective), and the slot's last call is a
+/// data-dependency ancestor of the new one. All devices run the same SPMD program, and
+/// XLA:CPU's thunk executor (like a stream) never runs a thunk before its operands' producers,
+/// so every device runs a slot's calls in one order, one at a time: the sequence of launches
+/// the protocols handle for one collective. Calls XLA may run concurrently or in another
+/// order on another device (data-independent ones) get different slots. Slots are opened
+/// greedily in a topological order. Calls across processes share alike (one shared-memory
+/// segment per slot); their slot id, the first call's `instance`, is then the same in every
+/// process, and every process assigns the same slots (the same module, a deterministic
+/// walk). Every call keeps staging of its own where the module's dependencies cannot be read.
+///
+/// A slot's id is its first call's `instance` (unique per compile, like instances), and its
+/// `slot_bytes` the largest staging buffer among its calls.
+fn assign_slots(module: &Module, deps: &Deps, calls: &mut [(usize, InstrId, &'static str, CustomCallConfig)]) {
+    // Calls by computation.
+    let mut by_comp: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+    for (k, (_, _, _, call)) in calls.iter().enumerate() {
+        if let Some((comp, _)) = deps.ancestors.get(&call.name) {
+            by_comp.entry(comp.clone()).or_default().push(k);
+        }
+    }
+    for (comp, mut ks) in by_comp {
+        if !deps.runs_alone(&comp) {
+            // Each call keeps staging of its own (`slot` none).
+            continue;
+        }
+        // A topological order: an ancestor has fewer ancestors than its descendants.
+        let count = |k: usize| deps.ancestors[&calls[k].3.name].1.iter().map(|w| w.count_ones()).sum::<u32>();
+        ks.sort_by_key(|&k| count(k));
+        // Open slots by group set: (its last call, its first call).
+        type Key = (bool, Vec<Vec<usize>>, Vec<(usize, usize)>);
+        let mut open: HashMap<Key, Vec<(usize, usize)>> = HashMap::new();
+        let mut first_of: HashMap<usize, usize> = HashMap::new();
+        for &k in &ks {
+            let call = &calls[k].3;
+            let key: Key = (call.kind == CollectiveKind::CollectivePermute, call.groups.clone(), call.pairs.clone());
+            let slots = open.entry(key).or_default();
+            let reuse = slots.iter_mut().find(|(last, _)| deps.precedes(&calls[*last].3.name, &call.name));
+            let first = match reuse {
+                Some(s) => {
+                    s.0 = k;
+                    s.1
+                }
+                None => {
+                    slots.push((k, k));
+                    k
+                }
+            };
+            first_of.insert(k, first);
+        }
+        // Each slot's id and size (the largest buffer among its calls).
+        let mut size: HashMap<usize, u64> = HashMap::new();
+        for &k in &ks {
+            let e = size.entry(first_of[&k]).or_insert(0);
+            *e = (*e).max(staged_bytes(module, calls[k].1));
+        }
+        for &k in &ks {
+            let first = first_of[&k];
+            let id = calls[first].3.instance;
+            calls[k].3.slot = Some(id);
+            calls[k].3.slot_bytes = size[&first];
+        }
+    }
 }
 
 /// Decides one collective; returns its record and, for a kernel, its rewrite (with
@@ -1055,6 +1288,9 @@ fn decide_one(
         name: ins.name.clone(),
         processes,
         decisions: String::new(),
+        // Given by `assign_slots` once every collective is decided.
+        slot: None,
+        slot_bytes: 0,
     };
     d.implementation = decision.implementation.to_string();
     d.kernel = true;
@@ -1205,6 +1441,29 @@ mod tests {
         let out = run(include_bytes!("../tests/xla_pass/ppermute_then_psum.pb"), &cfg).unwrap();
         assert_eq!(out.decisions.iter().filter(|d| d.kernel).count(), 2);
         assert_eq!(made.load(Ordering::SeqCst), 1);
+    }
+
+    #[test]
+    fn dependencies_order_chains_and_keep_independent_collectives_apart() {
+        // Two independent chains (psum, pmax) in the entry, an all-gather after the psums,
+        // and a psum in a loop body (see psum_chains_independent.expected for the slots).
+        let pb = include_bytes!("../tests/xla_pass/psum_chains_independent.pb");
+        let names =
+            ["psum_invariant.21", "psum_invariant.22", "pmax.14", "pmax.15", "all_gather.3", "psum_invariant.18"];
+        let d = dependencies(pb, &names).unwrap();
+        assert!(
+            d.precedes("psum_invariant.21", "psum_invariant.22") && d.precedes("psum_invariant.22", "all_gather.3")
+        );
+        assert!(d.precedes("pmax.14", "pmax.15") && !d.precedes("pmax.15", "pmax.14"));
+        for (a, b) in [("psum_invariant.21", "pmax.15"), ("pmax.14", "psum_invariant.22"), ("pmax.15", "all_gather.3")]
+        {
+            assert!(!d.precedes(a, b) && !d.precedes(b, a), "{a} {b}");
+        }
+        let entry = d.entry.clone().unwrap();
+        assert_eq!(d.ancestors["pmax.14"].0, entry);
+        let body = &d.ancestors["psum_invariant.18"].0;
+        assert_ne!(body, &entry);
+        assert!(d.runs_alone(&entry) && d.runs_alone(body));
     }
 
     #[test]

@@ -13,10 +13,22 @@
 //! Invariant: every device of a group makes the same calls of an instance in the same
 //! order (XLA runs one SPMD program per device); a device that never arrives makes its
 //! peers fail with a timeout error naming the collective, the group and the missing ranks.
+//!
+//! Shared staging (issue 25): a call whose config names a `slot` runs on the
+//! [`DirectSlot`] of (slot, occurrence, groups, pairs) instead of staging of its own. The
+//! pass gives one slot only to collectives every device runs in one order (a chain of data
+//! dependencies in one computation, same groups), so a slot's calls are what the protocols
+//! already handle: repeated launches on one staging, epoch by epoch. `occurrence` (the
+//! how-manyth instantiation of the call's instance in this process, as for groups across
+//! processes) tells apart two executables loaded from one compiled module, which must not
+//! share. The process table holds slots weakly: a slot lives as long as an executable
+//! whose calls use it. Groups across processes meet in one shared-memory segment per
+//! slot (`ShmCollective::on_slot`), named by the job, the slot and the occurrence, which
+//! every process derives alike, and mapped once per process.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 use std::time::Duration;
 
 use ffi::xla_ffi::{CallFrame, ErrorCode, ExecutableState, HandlerError, Traits};
@@ -25,7 +37,7 @@ use thunks::custom_call::CustomCallConfig;
 use thunks::ffi_handler::{CollectiveRuntime, array_shape};
 use thunks::{CollectiveConfig, CollectiveOp};
 
-use crate::host::direct::DirectCollective;
+use crate::host::direct::{DirectCollective, DirectSlot};
 use crate::host::shm::{ShmCollective, ShmKey};
 use crate::{Error, Result};
 
@@ -110,6 +122,72 @@ pub fn live_instances() -> usize {
     instances().lock().unwrap_or_else(PoisonError::into_inner).len()
 }
 
+/// What a shared slot is keyed by: the pass's slot id, the executable's occurrence of the
+/// call's instance, and (defensively: the pass gives a slot one group set) groups and pairs.
+type SlotKey = (u64, u64, Vec<Vec<usize>>, Vec<(usize, usize)>);
+
+fn slots() -> &'static Mutex<HashMap<SlotKey, Weak<DirectSlot>>> {
+    static MAP: OnceLock<Mutex<HashMap<SlotKey, Weak<DirectSlot>>>> = OnceLock::new();
+    MAP.get_or_init(Default::default)
+}
+
+/// Shared slots alive in the process (tests and diagnostics).
+pub fn live_slots() -> usize {
+    slots().lock().unwrap_or_else(PoisonError::into_inner).values().filter(|w| w.strong_count() > 0).count()
+}
+
+/// Staging bytes the CPU handlers' in-process collectives hold now.
+pub fn staging_bytes() -> usize {
+    crate::host::direct::staging_bytes()
+}
+
+/// The slot `cfg` (with a `slot`) runs on: the live one of its key, or a new one of
+/// `max(slot_bytes, bytes)` per buffer. A live slot too small for this call (the pass sized
+/// it for every call, so only a config from elsewhere) or a slot that cannot be allocated
+/// gives the call staging of its own, with the reason logged.
+fn shared_slot(
+    cfg: &CustomCallConfig,
+    occurrence: u64,
+    groups: &[Vec<usize>],
+    bytes: usize,
+) -> Result<Arc<DirectSlot>> {
+    let Some(id) = cfg.slot else { return DirectSlot::new(groups, bytes).map(Arc::new) };
+    let key: SlotKey = (id, occurrence, groups.to_vec(), cfg.pairs.clone());
+    let mut map = slots().lock().unwrap_or_else(PoisonError::into_inner);
+    // Forget the slots of freed executables.
+    map.retain(|_, w| w.strong_count() > 0);
+    if let Some(slot) = map.get(&key).and_then(Weak::upgrade) {
+        if slot.per_buffer() >= bytes {
+            return Ok(slot);
+        }
+        log::warn!(
+            "peerless: {} '{}' stages {bytes} bytes, more than its slot's {}: staging of its own",
+            cfg.target(),
+            cfg.name,
+            slot.per_buffer()
+        );
+        return DirectSlot::new(groups, bytes).map(Arc::new);
+    }
+    let want = bytes.max(usize::try_from(cfg.slot_bytes).unwrap_or(usize::MAX));
+    match DirectSlot::new(groups, want) {
+        Ok(slot) => {
+            let slot = Arc::new(slot);
+            map.insert(key, Arc::downgrade(&slot));
+            Ok(slot)
+        }
+        Err(e) if want > bytes => {
+            log::warn!(
+                "peerless: {} '{}': its shared slot of {want} bytes per buffer cannot be allocated ({e}); \
+                 staging of its own ({bytes} bytes)",
+                cfg.target(),
+                cfg.name
+            );
+            DirectSlot::new(groups, bytes).map(Arc::new)
+        }
+        Err(e) => Err(e),
+    }
+}
+
 /// A call that does not fit its collective (names the collective).
 fn invalid(cfg: &CustomCallConfig, message: impl Into<String>) -> Error {
     Error::BadCall { name: cfg.name.clone(), message: message.into() }
@@ -144,7 +222,15 @@ impl Instance {
         };
         let timeout = Duration::from_millis(cfg.timeout_ms);
         let collective = if !cfg.spans_processes() {
-            Protocol::Direct(DirectCollective::new(&config, cfg.algorithm, &physical, n, timeout, &cfg.name)?)
+            Protocol::Direct(DirectCollective::on_slot(
+                &config,
+                cfg.algorithm,
+                &physical,
+                n,
+                timeout,
+                &cfg.name,
+                |groups, bytes| shared_slot(cfg, occurrence, groups, bytes),
+            )?)
         } else {
             // Groups across processes: every process of the host that owns a member
             // opens the segment the running job's token and the (shared) instance id
@@ -163,18 +249,34 @@ impl Instance {
                     *slot = p;
                 }
             }
-            let key = ShmKey { job, instance: thunks::runtime::shared_key(cfg.instance, occurrence) };
-            Protocol::Shared(Box::new(ShmCollective::new(
-                &config,
-                cfg.algorithm,
-                &physical,
-                n,
-                timeout,
-                &cfg.name,
-                &key,
-                &process_of,
-                this,
-            )?))
+            // A slot's segment is named by the slot (its first call's instance, the same in
+            // every process) and this executable's occurrence, and mapped once per process.
+            let shm = match cfg.slot {
+                Some(slot) => ShmCollective::on_slot(
+                    &config,
+                    cfg.algorithm,
+                    &physical,
+                    n,
+                    timeout,
+                    &cfg.name,
+                    &ShmKey { job, instance: thunks::runtime::shared_key(slot, occurrence) },
+                    usize::try_from(cfg.slot_bytes).unwrap_or(usize::MAX),
+                    &process_of,
+                    this,
+                )?,
+                None => ShmCollective::new(
+                    &config,
+                    cfg.algorithm,
+                    &physical,
+                    n,
+                    timeout,
+                    &cfg.name,
+                    &ShmKey { job, instance: thunks::runtime::shared_key(cfg.instance, occurrence) },
+                    &process_of,
+                    this,
+                )?,
+            };
+            Protocol::Shared(Box::new(shm))
         };
         if collective.output_lens() != out_shapes.iter().map(ArrayShape::byte_size).collect::<Vec<_>>() {
             return Err(invalid(cfg, format!("result shapes {out_shapes:?} do not fit operands {in_shapes:?}")));
@@ -254,8 +356,13 @@ impl CollectiveRuntime for HostRuntime {
     }
 
     fn instantiate(&self, f: &CallFrame<'_>, call: &CustomCallConfig) -> Result<(), HandlerError> {
-        // Counted here, once per executable, in the order every process loads them.
-        let occurrence = if call.spans_processes() { thunks::runtime::next_occurrence(call.instance) } else { 0 };
+        // Counted here, once per executable, in the order every process loads them; a shared
+        // slot is per executable too (two loads of one module must not share).
+        let occurrence = if call.spans_processes() || call.slot.is_some() {
+            thunks::runtime::next_occurrence(call.instance)
+        } else {
+            0
+        };
         // Without XLA-held state, calls fall back to the process-wide table.
         STATE.instantiate_with(f, ExecState { occurrence, ..ExecState::default() });
         Ok(())
@@ -342,6 +449,8 @@ mod tests {
             name: "c".into(),
             processes: vec![],
             decisions: String::new(),
+            slot: None,
+            slot_bytes: 0,
         }
     }
 
@@ -388,6 +497,55 @@ mod tests {
             assert_eq!(r, f32s(&[6.0, 4.0]));
             assert_eq!(g, f32s(&[0.0, 1.0, 1.0, 1.0, 2.0, 1.0, 3.0, 1.0]));
         }
+    }
+
+    #[test]
+    fn chained_calls_share_a_slot() {
+        // Two collectives of one slot (the pass's promise: every device calls them in one
+        // order), alternating; the slot is sized by `slot_bytes`, not by the first call.
+        let mut ar = cfg(CollectiveKind::AllReduce, KernelAlgorithm::TwoShotAllReduce, 0xA21);
+        let mut ag = cfg(CollectiveKind::AllGather, KernelAlgorithm::DirectAllGather, 0xA22);
+        (ar.slot, ar.slot_bytes) = (Some(0x5107), 4096);
+        (ag.slot, ag.slot_bytes) = (Some(0x5107), 4096);
+        let outs: Vec<(Vec<u8>, Vec<u8>)> = thread::scope(|s| {
+            let hs: Vec<_> = (0..4)
+                .map(|d| {
+                    let (ar, ag) = (&ar, &ag);
+                    s.spawn(move || {
+                        let mut r = vec![0u8; 8];
+                        let mut g = vec![0u8; 32];
+                        for k in 0..20 {
+                            let x = f32s(&[d as f32, k as f32]);
+                            let shape = ArrayShape::new(PrimitiveType::F32, vec![2]);
+                            run(HostCall {
+                                config: ar,
+                                device: d,
+                                inputs: vec![(&x, shape.clone())],
+                                outputs: vec![(&mut r, shape.clone())],
+                            })
+                            .unwrap();
+                            run(HostCall {
+                                config: ag,
+                                device: d,
+                                inputs: vec![(&r, shape)],
+                                outputs: vec![(&mut g, ArrayShape::new(PrimitiveType::F32, vec![8]))],
+                            })
+                            .unwrap();
+                        }
+                        (r, g)
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for (r, g) in outs {
+            assert_eq!(r, f32s(&[6.0, 76.0]));
+            assert_eq!(g, f32s(&[6.0, 76.0, 6.0, 76.0, 6.0, 76.0, 6.0, 76.0]));
+        }
+        let key: SlotKey = (0x5107, 0, ar.groups.clone(), vec![]);
+        let slot = slots().lock().unwrap().get(&key).and_then(Weak::upgrade).expect("one shared slot");
+        assert_eq!(slot.per_buffer(), 4096);
+        assert_eq!(slot.bytes(), 4 * 2 * 4096);
     }
 
     #[test]

@@ -27,6 +27,12 @@ pub fn live_collectives() -> usize {
     kernels::xla_host::live_clusters() + kernels::cuda::xla::live_instances()
 }
 
+/// Staging bytes the CPU handlers hold now (in-process groups: shared slots and
+/// collectives of their own).
+pub fn staging_bytes() -> usize {
+    kernels::xla_host::staging_bytes()
+}
+
 /// Execute-stage calls of the handlers of `platform` so far.
 pub fn handler_calls(platform: &str) -> u64 {
     match platform {

@@ -93,6 +93,11 @@ def _programs(jax, jnp, np, mesh):
         "psum_scatter_across": (sm(lambda v: jax.lax.psum_scatter(v, "p", scatter_dimension=1, tiled=True)), xf),
         "ppermute_ring": (sm(lambda v: jax.lax.ppermute(v, ("p", "l"), ring)), xf),
         "chain": (sm(lambda v: jax.lax.psum(jax.lax.psum(v * 2.0, "l") + 1.0, "p")), xf),
+        # Chained collectives of one group across processes share one segment (issue 25):
+        # an all-reduce, an all-gather of its result, another all-reduce, twice over.
+        "chain_across": (sm(lambda v: jax.lax.psum(jax.lax.all_gather(
+            jax.lax.psum(jax.lax.psum(v, ("p", "l")) * 0.5, ("p", "l")), ("p", "l"), axis=0, tiled=True)[:v.shape[0]]
+            + v, ("p", "l"))), xf),
     }
     # Group order: the 2 x 4 devices as a ("p", "a", "b") mesh of 2x2x2, collectives over axes
     # named out of mesh order (a member's place in its group decides where its block goes).
@@ -166,6 +171,8 @@ def _local(np, r):
 
 
 def worker(pid: int, nproc: int, port: int, mode: str) -> None:
+    import re
+
     import jax
 
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
@@ -195,13 +202,17 @@ def worker(pid: int, nproc: int, port: int, mode: str) -> None:
                 f = jax.jit(fn)
                 hlo = f.lower(*args).compile().as_text() or ""
                 vals = [f(*args) for _ in range(3)]  # several calls: epochs advance
-                got.append((_local(np, vals[-1]), 'custom_call_target="peerless.' in hlo))
-            (a, took), (b, oracle_took) = got
+                calls = [ln for ln in hlo.splitlines() if 'custom_call_target="peerless.' in ln]
+                slots = sorted({m.group(1) for ln in calls for m in [re.search(r"slot = (\d+) ", ln)] if m})
+                shared = sum("processes = " in ln for ln in calls)
+                got.append((_local(np, vals[-1]), bool(calls), (len(calls), len(slots), shared)))
+            (a, took, shape), (b, oracle_took, _) = got
             if np.issubdtype(a.dtype, np.integer) or EXACT(name):
                 same = bool(np.array_equal(a.view(np.uint8), b.view(np.uint8)))
             else:
                 same = bool(np.allclose(a, b, rtol=1e-5, atol=1e-5))
-            results[name] = {"same": same, "peerless": took, "oracle_peerless": oracle_took}
+            # (Peerless calls, distinct slots, calls across processes)
+            results[name] = {"same": same, "peerless": took, "oracle_peerless": oracle_took, "slots": shape}
             if not same:
                 ab, bb = a.view(np.uint8).reshape(a.size, -1), b.view(np.uint8).reshape(b.size, -1)
                 bad = np.flatnonzero((ab != bb).any(1))[:5]
@@ -348,7 +359,7 @@ def job():
 
 
 PROGRAMS = ["psum_local", "psum_across", "psum_all", "pmax_all_i32", "all_gather_all", "all_to_all_all",
-            "psum_scatter_across", "ppermute_ring", "chain", "jit_matmul_sharded_k", "jit_dp_step",
+            "psum_scatter_across", "ppermute_ring", "chain", "chain_across", "jit_matmul_sharded_k", "jit_dp_step",
             "edge_pmax_f32", "edge_pmin_f32"] + [
     f"order_{op}_{'+'.join(a)}" for a in ORDER_AXES for op in ("all_gather", "psum_scatter", "all_to_all", "ppermute")]
 
@@ -360,6 +371,14 @@ def test_program_matches_xla(job, name):
         assert res["same"], f"process {r['pid']}: {name} differs from XLA alone: {res.get('first_differences')}"
         assert res["peerless"], f"process {r['pid']}: {name} has no Peerless custom call"
         assert not res["oracle_peerless"]
+
+
+def test_chained_collectives_across_processes_share_one_segment(job):
+    """Issue 25: 4 chained collectives of one group spanning both processes get one slot,
+    so each process maps one shared-memory segment for them (and results equal XLA's,
+    test_program_matches_xla)."""
+    for r in job:
+        assert r["results"]["chain_across"]["slots"] == [4, 1, 4], r["results"]["chain_across"]
 
 
 def test_groups_across_processes_run_on_shared_memory(job):

@@ -108,8 +108,8 @@ pub struct CustomCallConfig {
     /// Device ids the program spans (the module's device assignment: largest id + 1; 0 =
     /// unknown). Devices outside every pair still call a permute (they receive zeros).
     pub num_devices: usize,
-    /// Keys the handler's per-collective state (staging, signal flags), which the protocols
-    /// require to belong to one collective: unique per rewritten instruction and compile for
+    /// Keys the handler's per-collective state (its plan; staging and signal flags too unless
+    /// the call names a `slot`, which then keys those): unique per rewritten instruction and compile for
     /// a group inside one process; for a group across processes, the same in every process
     /// and every run (the module and the instruction), told apart at run time by the job's
     /// token and the executable ([`crate::runtime::shared_key`]).
@@ -128,10 +128,21 @@ pub struct CustomCallConfig {
     /// XLA instantiates the call, so an executable loaded from a cache tells `stats()` what
     /// it runs. Empty: none carried.
     pub decisions: String,
+    /// The staging slot the call shares with other collectives of its executable (`None`:
+    /// staging of its own, as calls written before slots existed). The pass gives two calls
+    /// one slot only when every device runs them in one order: same computation, same
+    /// groups (permute: same pairs), one a data-dependency ancestor of the other
+    /// (`emitter::xla_pass`'s slot rule); the handler keys staging, flags and epochs by the
+    /// slot, so the protocols' argument for repeated launches of one collective covers the
+    /// slot's sequence of calls.
+    pub slot: Option<u64>,
+    /// Bytes of one staging buffer of the slot: the largest staged message among its calls
+    /// (0: the handler sizes it from the first call).
+    pub slot_bytes: u64,
 }
 
 /// Every attribute a Peerless custom call may carry.
-pub const ATTRIBUTES: [&str; 13] = [
+pub const ATTRIBUTES: [&str; 15] = [
     "algorithm",
     "decisions",
     "dimension",
@@ -144,6 +155,8 @@ pub const ATTRIBUTES: [&str; 13] = [
     "pairs",
     "processes",
     "reduction",
+    "slot",
+    "slot_bytes",
     "timeout_ms",
 ];
 
@@ -228,6 +241,10 @@ impl CustomCallConfig {
         }
         if !self.decisions.is_empty() {
             kv.push(("decisions", mlir_string(&self.decisions)));
+        }
+        if let Some(slot) = self.slot {
+            kv.push(("slot", format!("{} : i64", slot & (i64::MAX as u64))));
+            kv.push(("slot_bytes", format!("{} : i64", self.slot_bytes.min(i64::MAX as u64))));
         }
         kv.sort_by(|a, b| a.0.cmp(b.0));
         let body: Vec<String> = kv.into_iter().map(|(k, v)| format!("{k} = {v}")).collect();
@@ -316,6 +333,16 @@ impl CustomCallConfig {
                 None => 0,
                 Some(n) => nonneg("num_devices", n)?,
             };
+        // Absent in calls written before slots: staging of the call's own.
+        let slot = match a.i64("slot").map_err(|message| AttrError::Invalid { name: "slot", message })? {
+            None => None,
+            Some(s) => Some(nonneg("slot", s)? as u64),
+        };
+        let slot_bytes =
+            match a.i64("slot_bytes").map_err(|message| AttrError::Invalid { name: "slot_bytes", message })? {
+                None => 0,
+                Some(b) => nonneg("slot_bytes", b)? as u64,
+            };
         Ok(CustomCallConfig {
             kind,
             algorithm,
@@ -330,6 +357,8 @@ impl CustomCallConfig {
             name,
             processes,
             decisions,
+            slot,
+            slot_bytes,
         })
     }
 
@@ -472,6 +501,8 @@ mod tests {
             name: "all-reduce.2".into(),
             processes: vec![],
             decisions: String::new(),
+            slot: None,
+            slot_bytes: 0,
         };
         let s = c.backend_config();
         assert_eq!(
@@ -480,6 +511,11 @@ mod tests {
              name = \"all-reduce.2\", num_devices = 4 : i64, reduction = \"max\", timeout_ms = 10000 : i64}"
         );
         assert_eq!(CustomCallConfig::from_attrs(CollectiveKind::AllReduce, &Parsed::new(&s)).unwrap(), c);
+        // A slot travels with its staging size; a call without one reads back as before.
+        let slotted = CustomCallConfig { slot: Some(12), slot_bytes: 1 << 20, ..c.clone() };
+        let t = slotted.backend_config();
+        assert!(t.contains("slot = 12 : i64, slot_bytes = 1048576 : i64"), "{t}");
+        assert_eq!(CustomCallConfig::from_attrs(CollectiveKind::AllReduce, &Parsed::new(&t)).unwrap(), slotted);
         assert_eq!(c.group_of(1), Some(&[1usize, 0][..]));
         assert_eq!(c.device_span(), 4);
 
@@ -497,6 +533,8 @@ mod tests {
             name: "cp".into(),
             processes: vec![],
             decisions: String::new(),
+            slot: None,
+            slot_bytes: 0,
         };
         let back = CustomCallConfig::from_attrs(CollectiveKind::CollectivePermute, &Parsed::new(&p.backend_config()));
         assert_eq!(back.unwrap(), p);

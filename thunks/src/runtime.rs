@@ -165,6 +165,8 @@ mod tests {
             name: "ag".into(),
             processes: vec![0, 1],
             decisions: decisions.into(),
+            slot: None,
+            slot_bytes: 0,
         }
     }
 

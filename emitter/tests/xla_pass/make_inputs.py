@@ -156,6 +156,29 @@ case("psum_scatter", lambda v: jax.lax.psum_scatter(v, "x", scatter_dimension=1,
 case("ppermute_ring", lambda v: jax.lax.ppermute(v, "x", ring), x)
 # Two rewrites in one module: instance ids 1 and 2, in instruction order.
 case("ppermute_then_psum", lambda v: jax.lax.psum(jax.lax.ppermute(v, "x", ring) * 2.0, "x"), x, o=P())
+# Shared staging (issue 25): three chained 1 MiB psums share one slot.
+def psum_chain(v):
+    for _ in range(3):
+        v = (jax.lax.psum(v, "x") + v) % 65521
+    return v
+
+
+case("psum_chain", psum_chain, (jnp.arange(8 * 256 * 1024, dtype=jnp.int32) % 1000).reshape(8 * 256, 1024))
+
+
+# Two independent chains (psum, pmax) get different slots; an all-gather after the psums joins
+# theirs; a psum in a loop body gets a slot of its own (another computation).
+def psum_chains_independent(v):
+    a, b = v[:, :4], v[:, 4:]
+    for _ in range(2):
+        a = jax.lax.psum(a, "x") * 0.5
+        b = jax.lax.pmax(b, "x") + 1.0
+    c = jax.lax.all_gather(a, "x", axis=1, tiled=True)[:, :4]
+    d = jax.lax.fori_loop(0, 3, lambda i, y: jax.lax.psum(y, "x") * 0.25, b)
+    return jnp.concatenate([c + d, a], axis=1)
+
+
+case("psum_chains_independent", psum_chains_independent, jnp.ones((64, 8), jnp.float32))
 # The device assignment maps logical ids 0..7 to devices 7..0.
 case("psum_reversed_devices", lambda v: jax.lax.psum(v, "x"), x, m=rev, o=P())
 # XLA:CPU's float normalization turns f8 into f16 before the pass runs: the pass sees an f16

@@ -35,10 +35,20 @@
 //! What a collective computes (operands, groups, staging layout, results from staged
 //! operands) is its `Plan`, which `shm.rs` shares to run the same collectives between
 //! processes.
+//!
+//! Staging, flags and epochs live in a [`DirectSlot`], which several collectives may share
+//! ([`DirectCollective::on_slot`]): the argument above is about the sequence of calls on a
+//! slot, not about which collective a call is, so it holds for any collectives that every
+//! member calls in the same order, each with its own plan, as long as the slot's buffers hold
+//! the largest of their staged messages. Which collectives may share (the pass's rule in
+//! `emitter::xla_pass`): same groups (a permute: same pairs), one computation, and each a
+//! data-dependency ancestor of the next, so that no device can run two of them at once or in
+//! another order. Collectives XLA may run concurrently get different slots.
 
 use std::alloc::{Layout, alloc_zeroed, dealloc};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -64,6 +74,14 @@ unsafe impl Send for Staging {}
 // SAFETY: as above.
 unsafe impl Sync for Staging {}
 
+/// Staging bytes held by the process's direct collectives now (`peerless.staging_bytes()`).
+static HELD: AtomicUsize = AtomicUsize::new(0);
+
+/// Bytes of staging the direct collectives of this process hold now.
+pub fn staging_bytes() -> usize {
+    HELD.load(Ordering::Relaxed)
+}
+
 impl Staging {
     fn new(len: usize) -> Result<Self> {
         if len == 0 {
@@ -73,7 +91,9 @@ impl Staging {
         let layout = Layout::from_size_align(len, 64).map_err(|_| alloc())?;
         // SAFETY: `layout` has a non-zero size.
         let p = unsafe { alloc_zeroed(layout) };
-        Ok(Staging { ptr: NonNull::new(p).ok_or_else(alloc)?, len })
+        let ptr = NonNull::new(p).ok_or_else(alloc)?;
+        HELD.fetch_add(len, Ordering::Relaxed);
+        Ok(Staging { ptr, len })
     }
 
     /// `len` bytes at `at`, shared. Caller: nobody writes them until the borrow ends.
@@ -107,6 +127,7 @@ impl Drop for Staging {
         if self.len > 0 {
             // SAFETY: allocated in `new` with this size and alignment, freed once.
             unsafe { dealloc(self.ptr.as_ptr(), Layout::from_size_align_unchecked(self.len, 64)) };
+            HELD.fetch_sub(self.len, Ordering::Relaxed);
         }
     }
 }
@@ -219,13 +240,63 @@ pub(super) struct Plan {
     pub(super) pairs: Vec<(Option<usize>, Option<usize>)>,
 }
 
-/// One rewritten collective of an executable, shared by the device threads that run it.
+/// Staging (two buffers per member), flags and epochs of a set of groups: what one
+/// collective, or a chain of collectives that every member runs in one order, meets in.
+pub struct DirectSlot {
+    groups: Vec<Group>,
+    /// Bytes of each staging buffer.
+    per_buffer: usize,
+}
+
+impl std::fmt::Debug for DirectSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DirectSlot")
+            .field("groups", &self.groups.iter().map(|g| &g.members).collect::<Vec<_>>())
+            .field("per_buffer", &self.per_buffer)
+            .finish()
+    }
+}
+
+impl DirectSlot {
+    /// A slot for `groups` (device ids; a permute's: every device) with staging buffers of
+    /// `per_buffer` bytes, zeroed; epochs start at 0.
+    pub fn new(groups: &[Vec<usize>], per_buffer: usize) -> Result<Self> {
+        let groups = groups
+            .iter()
+            .map(|members| {
+                let staging = members
+                    .iter()
+                    .map(|_| Ok([Staging::new(per_buffer)?, Staging::new(per_buffer)?]))
+                    .collect::<Result<Vec<_>>>()?;
+                Ok(Group { sync: Rendezvous::new(members.len()), members: members.clone(), staging })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(DirectSlot { groups, per_buffer })
+    }
+
+    /// Bytes of each staging buffer.
+    pub fn per_buffer(&self) -> usize {
+        self.per_buffer
+    }
+
+    /// Staging bytes the slot holds (every member's two buffers).
+    pub fn bytes(&self) -> usize {
+        self.groups.iter().map(|g| g.members.len()).sum::<usize>().saturating_mul(2 * self.per_buffer)
+    }
+
+    fn same_groups(&self, groups: &[Vec<usize>]) -> bool {
+        self.groups.len() == groups.len() && self.groups.iter().zip(groups).all(|(g, m)| &g.members == m)
+    }
+}
+
+/// One rewritten collective of an executable, shared by the device threads that run it: its
+/// plan, on a slot of its own or shared with the collectives it is chained with.
 pub struct DirectCollective {
     plan: Plan,
     /// The two-shot's reduced slices start this far into a staging buffer (0: it stages no
     /// operands).
     reduced: usize,
-    groups: Vec<Group>,
+    slot: Arc<DirectSlot>,
 }
 
 impl std::fmt::Debug for DirectCollective {
@@ -500,23 +571,46 @@ impl DirectCollective {
         timeout: Duration,
         name: &str,
     ) -> Result<Self> {
+        Self::on_slot(config, algorithm, shapes, num_devices, timeout, name, |groups, bytes| {
+            DirectSlot::new(groups, bytes).map(Arc::new)
+        })
+    }
+
+    /// A collective like [`DirectCollective::new`], on the slot `slot(groups, bytes)` returns
+    /// for its groups (device ids) and staged bytes: a new one, or one shared with the
+    /// collectives every member runs in order with this one (the caller's promise, on
+    /// which the protocols' correctness rests). The slot must have exactly these groups and
+    /// buffers of at least `bytes`.
+    pub fn on_slot(
+        config: &CollectiveConfig,
+        algorithm: Algo,
+        shapes: &[ArrayShape],
+        num_devices: usize,
+        timeout: Duration,
+        name: &str,
+        slot: impl FnOnce(&[Vec<usize>], usize) -> Result<Arc<DirectSlot>>,
+    ) -> Result<Self> {
         let plan = Plan::new(config, algorithm, shapes, num_devices, timeout, name)?;
         // Staging holds each operand at `stage`; the two-shot stages nothing (it reads peers'
         // operands in place) and keeps its reduced slices there instead.
         let reduced = 0;
-        let per_buffer = plan.per_buffer;
         let memory = |source| Error::Memory { collective: plan.name.clone(), op: plan.op, source: Box::new(source) };
-        let groups = (plan.group_members.iter())
-            .map(|members| {
-                let staging = members
-                    .iter()
-                    .map(|_| Ok([Staging::new(per_buffer)?, Staging::new(per_buffer)?]))
-                    .collect::<Result<Vec<_>>>()
-                    .map_err(memory)?;
-                Ok(Group { sync: Rendezvous::new(members.len()), members: members.clone(), staging })
-            })
-            .collect::<Result<Vec<_>>>()?;
-        Ok(DirectCollective { plan, reduced, groups })
+        let slot = slot(&plan.group_members, plan.per_buffer).map_err(memory)?;
+        if !slot.same_groups(&plan.group_members) || slot.per_buffer < plan.per_buffer {
+            return Err(plan.invalid(
+                0,
+                format!(
+                    "its staging slot ({:?}) does not fit its groups {:?} and {} staged bytes",
+                    slot, plan.group_members, plan.per_buffer
+                ),
+            ));
+        }
+        Ok(DirectCollective { plan, reduced, slot })
+    }
+
+    /// Bytes of one staging buffer this collective needs.
+    pub fn staged_bytes(&self) -> usize {
+        self.plan.per_buffer
     }
 
     /// Bytes each result buffer must have (for the caller's checks).
@@ -529,7 +623,7 @@ impl DirectCollective {
     pub fn run(&self, device: usize, inputs: &[&[u8]], outputs: &mut [&mut [u8]]) -> Result<()> {
         let (gi, idx) = self.plan.check_call(device, inputs, outputs)?;
         let deadline = Instant::now() + self.plan.timeout;
-        let group = &self.groups[gi];
+        let group = &self.slot.groups[gi];
         let sync = &group.sync;
         let e = sync.epoch[idx].load(Ordering::Relaxed) + 1;
         sync.epoch[idx].store(e, Ordering::Relaxed);
@@ -863,6 +957,70 @@ mod tests {
         assert_eq!(
             outs.iter().map(|o| o[0].clone()).collect::<Vec<_>>(),
             vec![ints([3, 7]), ints([0, 7]), ints([1, 7]), ints([0, 0])]
+        );
+    }
+
+    #[test]
+    fn chained_collectives_share_one_slot() {
+        // An all-reduce (one- and two-shot), an all-gather and a reduce-scatter of other
+        // sizes, called in one order by every member, on one slot sized for the largest.
+        let n = 4;
+        let members = vec![vec![0, 1, 2, 3]];
+        let slot = Arc::new(DirectSlot::new(&members, 64 * 8).unwrap());
+        let on = |kind, algo, dim, shape: Vec<i64>| {
+            let cfg = config(kind, members.clone(), dim, 1);
+            let s = ArrayShape::new(T::S32, shape);
+            DirectCollective::on_slot(&cfg, algo, &[s], n, T10, "c", |_, _| Ok(Arc::clone(&slot))).unwrap()
+        };
+        let chain = [
+            on(Kind::AllReduce, Algo::OneShotAllReduce, None, vec![100]),
+            on(Kind::AllGather, Algo::DirectAllGather, Some(0), vec![3]),
+            on(Kind::AllReduce, Algo::TwoShotAllReduce, None, vec![128]),
+            on(Kind::ReduceScatter, Algo::DirectReduceScatter, Some(0), vec![8]),
+        ];
+        assert_eq!(slot.bytes(), n * 2 * 512);
+        let outs: Vec<Vec<Vec<u8>>> = thread::scope(|s| {
+            let hs: Vec<_> = (0..n)
+                .map(|d| {
+                    let chain = &chain;
+                    s.spawn(move || {
+                        let mut last = vec![];
+                        for round in 0..50i32 {
+                            last.clear();
+                            for c in chain {
+                                let len = c.plan.ops[0].len / 4;
+                                let x = ints((0..len as i32).map(|i| i + d as i32 * 1000 + round));
+                                let mut out = vec![0u8; c.output_lens()[0]];
+                                c.run(d, &[&x], &mut [&mut out]).unwrap();
+                                last.push(out);
+                            }
+                        }
+                        last
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let r = 49;
+        for (d, o) in outs.iter().enumerate() {
+            assert_eq!(o[0], ints((0..100).map(|i| 4 * (i + r) + 6000)));
+            assert_eq!(o[1], ints((0..4).flat_map(|k| (0..3).map(move |i| i + k * 1000 + r))));
+            assert_eq!(o[2], ints((0..128).map(|i| 4 * (i + r) + 6000)));
+            let lo = 2 * d as i32;
+            assert_eq!(o[3], ints((lo..lo + 2).map(|i| 4 * (i + r) + 6000)));
+        }
+        // A slot of other groups or too small is refused.
+        let cfg = config(Kind::AllReduce, vec![vec![0, 1], vec![2, 3]], None, 1);
+        let big = [ArrayShape::new(T::S32, vec![100])];
+        assert!(
+            DirectCollective::on_slot(&cfg, Algo::OneShotAllReduce, &big, n, T10, "x", |_, _| Ok(Arc::clone(&slot)))
+                .is_err()
+        );
+        let cfg = config(Kind::AllReduce, members.clone(), None, 1);
+        let huge = [ArrayShape::new(T::S32, vec![1000])];
+        assert!(
+            DirectCollective::on_slot(&cfg, Algo::OneShotAllReduce, &huge, n, T10, "x", |_, _| Ok(Arc::clone(&slot)))
+                .is_err()
         );
     }
 

@@ -14,7 +14,11 @@
 //!
 //! Named `/peerless-{job}-{instance:016x}`: the job's unguessable token (hex, from its
 //! distributed KV store) and a per-collective key every process derives identically
-//! ([`ShmKey`]). Created `0600`. Layout, every part 64-byte aligned:
+//! ([`ShmKey`]). Collectives of one pass-assigned slot (issue 25: same groups or pairs,
+//! chained by data dependencies, so every member runs them in one order) share one segment
+//! ([`ShmCollective::on_slot`]), keyed by the slot and mapped once per process, with staging
+//! buffers of the slot's size; the argument below is about the sequence of calls on a
+//! segment, whichever collective each is. Created `0600`. Layout, every part 64-byte aligned:
 //!
 //! - header: magic, layout version, total size, a fingerprint of the plan, and the
 //!   `attached` word (processes that attached, those still attached, closed);
@@ -168,9 +172,10 @@ fn take(at: &mut usize, n: usize) -> Option<usize> {
 }
 
 impl SegmentLayout {
-    /// `stages(d)`: whether device `d` needs staging buffers.
-    fn new(plan: &Plan, stages: impl Fn(usize) -> bool) -> Option<Self> {
-        let per_buffer = plan.per_buffer.checked_next_multiple_of(64)?;
+    /// `stages(d)`: whether device `d` needs staging buffers, each of `per_buffer` bytes (at
+    /// least the plan's).
+    fn new(plan: &Plan, stages: impl Fn(usize) -> bool, per_buffer: usize) -> Option<Self> {
+        let per_buffer = per_buffer.max(plan.per_buffer).checked_next_multiple_of(64)?;
         let mut at = HEADER;
         let mut l = SegmentLayout {
             base: vec![],
@@ -508,14 +513,29 @@ pub fn exchange(
     Ok(devices.iter().enumerate().map(|(i, &d)| (d, seg.read(HEADER + i * per + 64, slot).to_vec())).collect())
 }
 
-/// One rewritten collective of an executable whose groups span processes of one host;
-/// each process builds its own, shared by its device threads.
-pub struct ShmCollective {
-    plan: Plan,
+/// A segment, mapped once by this process, and its layout: what one collective, or a slot
+/// of collectives that every member runs in one order (issue 25, `direct.rs`'s argument),
+/// meets in across processes.
+struct ShmSlot {
     segment_name: String,
     layout: SegmentLayout,
     /// `None`: this process owns no device that meets a peer here.
     segment: Option<Segment>,
+}
+
+/// Shared slots this process has mapped, by segment name (held weakly: a slot goes with the
+/// last collective using it).
+fn shm_slots() -> &'static std::sync::Mutex<std::collections::HashMap<String, std::sync::Weak<ShmSlot>>> {
+    static MAP: std::sync::OnceLock<std::sync::Mutex<std::collections::HashMap<String, std::sync::Weak<ShmSlot>>>> =
+        std::sync::OnceLock::new();
+    MAP.get_or_init(Default::default)
+}
+
+/// One rewritten collective of an executable whose groups span processes of one host;
+/// each process builds its own, shared by its device threads.
+pub struct ShmCollective {
+    plan: Plan,
+    slot: std::sync::Arc<ShmSlot>,
     process_of: Vec<usize>,
     this_process: usize,
 }
@@ -526,7 +546,7 @@ impl std::fmt::Debug for ShmCollective {
             .field("op", &self.plan.op)
             .field("algorithm", &self.plan.algorithm)
             .field("name", &self.plan.name)
-            .field("segment", &self.segment_name)
+            .field("segment", &self.slot.segment_name)
             .field("this_process", &self.this_process)
             .finish_non_exhaustive()
     }
@@ -555,6 +575,55 @@ impl ShmCollective {
         process_of: &[usize],
         this_process: usize,
     ) -> Result<Self> {
+        Self::build(config, algorithm, shapes, num_devices, timeout, name, key, None, process_of, this_process)
+    }
+
+    /// A collective like [`ShmCollective::new`], on the slot `key` names, shared with the
+    /// collectives every member runs in order with this one (the caller's promise, as for
+    /// [`super::direct::DirectCollective::on_slot`]): this process maps the slot's segment
+    /// once, with staging buffers of `max(slot_bytes, this plan's)` bytes. Every process
+    /// derives the same segment (its fingerprint covers groups, pairs, processes and size,
+    /// not one collective's plan); a slot already mapped too small for this plan is an error.
+    #[allow(clippy::too_many_arguments)]
+    pub fn on_slot(
+        config: &CollectiveConfig,
+        algorithm: Algo,
+        shapes: &[ArrayShape],
+        num_devices: usize,
+        timeout: Duration,
+        name: &str,
+        key: &ShmKey,
+        slot_bytes: usize,
+        process_of: &[usize],
+        this_process: usize,
+    ) -> Result<Self> {
+        Self::build(
+            config,
+            algorithm,
+            shapes,
+            num_devices,
+            timeout,
+            name,
+            key,
+            Some(slot_bytes),
+            process_of,
+            this_process,
+        )
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn build(
+        config: &CollectiveConfig,
+        algorithm: Algo,
+        shapes: &[ArrayShape],
+        num_devices: usize,
+        timeout: Duration,
+        name: &str,
+        key: &ShmKey,
+        slot_bytes: Option<usize>,
+        process_of: &[usize],
+        this_process: usize,
+    ) -> Result<Self> {
         let plan = Plan::new(config, algorithm, shapes, num_devices, timeout, name)?;
         let invalid = |reason: String| plan.invalid(0, reason);
         let job = &key.job;
@@ -569,17 +638,53 @@ impl ShmCollective {
         if let Some(m) = plan.group_members.iter().find(|m| m.len() >= MAX_MEMBERS) {
             return Err(invalid(format!("a group of {} members (at most {})", m.len(), MAX_MEMBERS - 1)));
         }
-        let layout = SegmentLayout::new(&plan, |d| stages(&plan, d))
-            .ok_or_else(|| invalid("the shared segment's size overflows".into()))?;
         let participants: BTreeSet<usize> =
             plan.group_members.iter().flatten().filter(|&&d| meets(&plan, d)).map(|&d| process_of[d]).collect();
         if participants.len() as u64 > COUNT {
             return Err(invalid(format!("{} processes (at most {COUNT})", participants.len())));
         }
-        let shapes: Vec<String> = shapes.iter().map(ToString::to_string).collect();
+        let Some(slot_bytes) = slot_bytes else {
+            // A segment of its own: its fingerprint covers the whole plan.
+            let layout = SegmentLayout::new(&plan, |d| stages(&plan, d), plan.per_buffer)
+                .ok_or_else(|| invalid("the shared segment's size overflows".into()))?;
+            let shapes: Vec<String> = shapes.iter().map(ToString::to_string).collect();
+            let fingerprint = fingerprint(&format!(
+                "{:?}|{}|{:?}|{:?}|{:?}|{:?}|{:?}|{}",
+                plan.op.kind, plan.algorithm, shapes, plan.ops, plan.group_members, plan.pairs, process_of, layout.size
+            ));
+            let segment = if participants.contains(&this_process) {
+                let n = participants.len() as u64;
+                Some(Segment::attach(&segment_name, layout.size, fingerprint, n, timeout).map_err(invalid)?)
+            } else {
+                None
+            };
+            let slot = std::sync::Arc::new(ShmSlot { segment_name, layout, segment });
+            return Ok(ShmCollective { plan, slot, process_of, this_process });
+        };
+        // A slot: mapped once per process; what its calls share is their groups (permute:
+        // pairs), the processes and the size, so that is what the fingerprint covers.
+        let mut slots = shm_slots().lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        slots.retain(|_, w| w.strong_count() > 0);
+        if let Some(slot) = slots.get(&segment_name).and_then(std::sync::Weak::upgrade) {
+            if slot.layout.per_buffer < plan.per_buffer {
+                return Err(invalid(format!(
+                    "its shared slot {segment_name} stages {} bytes, it needs {}",
+                    slot.layout.per_buffer, plan.per_buffer
+                )));
+            }
+            return Ok(ShmCollective { plan, slot, process_of, this_process });
+        }
+        let layout = SegmentLayout::new(&plan, |d| stages(&plan, d), slot_bytes)
+            .ok_or_else(|| invalid("the shared segment's size overflows".into()))?;
+        let staging: Vec<bool> = (0..num_devices).map(|d| stages(&plan, d)).collect();
         let fingerprint = fingerprint(&format!(
-            "{:?}|{}|{:?}|{:?}|{:?}|{:?}|{:?}|{}",
-            plan.op.kind, plan.algorithm, shapes, plan.ops, plan.group_members, plan.pairs, process_of, layout.size
+            "slot|{:?}|{:?}|{:?}|{:?}|{}|{}",
+            plan.op.kind == Kind::CollectivePermute,
+            plan.group_members,
+            plan.pairs,
+            (process_of.as_slice(), staging),
+            layout.per_buffer,
+            layout.size
         ));
         let segment = if participants.contains(&this_process) {
             let n = participants.len() as u64;
@@ -587,7 +692,9 @@ impl ShmCollective {
         } else {
             None
         };
-        Ok(ShmCollective { plan, segment_name, layout, segment, process_of, this_process })
+        let slot = std::sync::Arc::new(ShmSlot { segment_name: segment_name.clone(), layout, segment });
+        slots.insert(segment_name, std::sync::Arc::downgrade(&slot));
+        Ok(ShmCollective { plan, slot, process_of, this_process })
     }
 
     /// Bytes each result buffer must have (for the caller's checks).
@@ -597,7 +704,7 @@ impl ShmCollective {
 
     /// The segment's name (for diagnostics/tests).
     pub fn segment_name(&self) -> &str {
-        &self.segment_name
+        &self.slot.segment_name
     }
 
     /// Runs device `device`'s side of one call (a global device id owned by this process):
@@ -620,11 +727,11 @@ impl ShmCollective {
         if permute && !meets(plan, device) {
             return self.permute_locally(device, inputs, outputs);
         }
-        let Some(seg) = &self.segment else {
+        let Some(seg) = &self.slot.segment else {
             return Err(plan.invalid(device, "this process has no shared segment for the device".into()));
         };
-        let m = self.layout.base[gi] + idx;
-        let flag = |f: usize| seg.word(self.layout.flags[m] + f);
+        let m = self.slot.layout.base[gi] + idx;
+        let flag = |f: usize| seg.word(self.slot.layout.flags[m] + f);
         let e = flag(F_EPOCH).load(Ordering::Relaxed) + 1;
         flag(F_EPOCH).store(e, Ordering::Relaxed);
         let _finish = Finish(flag(F_FINISHED), e);
@@ -643,7 +750,7 @@ impl ShmCollective {
             Algo::TwoShotAllReduce => Algo::OneShotAllReduce,
             a => a,
         };
-        let base = self.layout.base[gi];
+        let base = self.slot.layout.base[gi];
         let member = |k: usize, at: usize, len: usize| seg.read(self.buffer(base + k, par) + at, len);
         plan.compute(algorithm, idx, plan.group_members[gi].len(), member, outputs);
         Ok(())
@@ -651,8 +758,8 @@ impl ShmCollective {
 
     /// Member `m`'s staging buffer `par` (byte offset).
     fn buffer(&self, m: usize, par: usize) -> usize {
-        let at = self.layout.staging[m].expect("a member that stages has staging buffers");
-        at + par * self.layout.per_buffer
+        let at = self.slot.layout.staging[m].expect("a member that stages has staging buffers");
+        at + par * self.slot.layout.per_buffer
     }
 
     /// The timeout error, after unlinking the name (a peer that never attached must not
@@ -665,9 +772,10 @@ impl ShmCollective {
     /// Before writing staging buffer `e % 2`: every member finished epoch `e - 2`.
     fn wait_finished(&self, seg: &Segment, gi: usize, idx: usize, e: u64, deadline: Instant) -> Result<()> {
         let members = &self.plan.group_members[gi];
-        let base = self.layout.base[gi];
-        let behind =
-            |k: usize| seg.word(self.layout.flags[base + k] + F_FINISHED).load(Ordering::Acquire).saturating_add(2) < e;
+        let base = self.slot.layout.base[gi];
+        let behind = |k: usize| {
+            seg.word(self.slot.layout.flags[base + k] + F_FINISHED).load(Ordering::Acquire).saturating_add(2) < e
+        };
         if wait(deadline, || !(0..members.len()).any(behind)) {
             return Ok(());
         }
@@ -682,12 +790,12 @@ impl ShmCollective {
     /// Arrives at epoch `e`'s barrier and waits for its decision (module docs, step 4).
     fn barrier(&self, seg: &Segment, gi: usize, idx: usize, e: u64, deadline: Instant) -> Result<()> {
         let members = &self.plan.group_members[gi];
-        let (g, base, words) = (members.len(), self.layout.base[gi], self.layout.mask_words[gi]);
+        let (g, base, words) = (members.len(), self.slot.layout.base[gi], self.slot.layout.mask_words[gi]);
         let par = (e % 2) as usize;
-        let arrived = |k: usize| seg.word(self.layout.flags[base + k] + F_ARRIVED).load(Ordering::Acquire);
-        let mask = |k: usize, w: usize| seg.word(self.layout.masks[base + k] + (par * words + w) * 8);
-        seg.word(self.layout.flags[base + idx] + F_ARRIVED).store(e, Ordering::Release);
-        let word = seg.word(self.layout.decisions[gi] + par * 8);
+        let arrived = |k: usize| seg.word(self.slot.layout.flags[base + k] + F_ARRIVED).load(Ordering::Acquire);
+        let mask = |k: usize, w: usize| seg.word(self.slot.layout.masks[base + k] + (par * words + w) * 8);
+        seg.word(self.slot.layout.flags[base + idx] + F_ARRIVED).store(e, Ordering::Release);
+        let word = seg.word(self.slot.layout.decisions[gi] + par * 8);
         let mut backoff = Backoff::default();
         loop {
             let v = word.load(Ordering::Acquire);
@@ -748,7 +856,7 @@ impl ShmCollective {
     ) -> Result<()> {
         let (source, target) = self.plan.pairs[d];
         // The permute's one group is every device, in order: member index = device id.
-        let flag = |k: usize, f: usize| seg.word(self.layout.flags[k] + f);
+        let flag = |k: usize, f: usize| seg.word(self.slot.layout.flags[k] + f);
         let par = (e % 2) as usize;
         let pair_timeout = |peer: usize| self.timed_out(seg, &[d.min(peer), d.max(peer)], d, vec![peer]);
         if let Some(t) = target.filter(|&t| t != d) {
@@ -1219,6 +1327,55 @@ mod tests {
         assert_eq!(leftovers(&job), Vec::<String>::new());
     }
 
+    /// Collectives of one slot (issue 25) meet in one segment, mapped once per process, sized
+    /// by the slot: an all-reduce and an all-gather alternate on it, across 2 processes (here
+    /// simulated in one, which maps the slot once for both).
+    #[test]
+    fn chained_collectives_share_one_segment() {
+        let job = job();
+        let key = key(&job);
+        let procs = [0, 0, 1, 1];
+        let t = Duration::from_secs(20);
+        let ar_cfg = config(Kind::AllReduce, vec![vec![0, 1, 2, 3]], None, 1, R::Sum);
+        let ag_cfg = config(Kind::AllGather, vec![vec![0, 1, 2, 3]], Some(0), 1, R::Sum);
+        let (ar_shape, ag_shape) = ([sh(T::S32, &[6])], [sh(T::S32, &[2])]);
+        let build = |p: usize| {
+            let ar =
+                ShmCollective::on_slot(&ar_cfg, Algo::TwoShotAllReduce, &ar_shape, 4, t, "ar", &key, 256, &procs, p)
+                    .unwrap();
+            let ag =
+                ShmCollective::on_slot(&ag_cfg, Algo::DirectAllGather, &ag_shape, 4, t, "ag", &key, 256, &procs, p)
+                    .unwrap();
+            (ar, ag)
+        };
+        let per_process = [build(0), build(1)];
+        assert_eq!(per_process[0].0.segment_name(), per_process[1].1.segment_name());
+        assert!(std::sync::Arc::ptr_eq(&per_process[0].0.slot, &per_process[0].1.slot));
+        assert_eq!(per_process[0].0.slot.layout.per_buffer, 256);
+        let outs: Vec<(Vec<u8>, Vec<u8>)> = thread::scope(|s| {
+            let hs: Vec<_> = (0..4)
+                .map(|d| {
+                    let (ar, ag) = &per_process[procs[d]];
+                    s.spawn(move || {
+                        let (mut r, mut g) = (vec![0u8; 24], vec![0u8; 32]);
+                        for k in 0..30i32 {
+                            let x: Vec<u8> = (0..6).flat_map(|i| (i + 10 * d as i32 + k).to_le_bytes()).collect();
+                            ar.run(d, &[&x], &mut [&mut r]).unwrap();
+                            ag.run(d, &[&r[..8]], &mut [&mut g]).unwrap();
+                        }
+                        (r, g)
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let want_r: Vec<u8> = (0..6).flat_map(|i: i32| (4 * (i + 29) + 60).to_le_bytes()).collect();
+        let want_g: Vec<u8> = (0..4).flat_map(|_| want_r[..8].to_vec()).collect();
+        for (r, g) in outs {
+            assert_eq!((r, g), (want_r.clone(), want_g.clone()));
+        }
+    }
+
     /// A process that opens the name of a segment its last process just closed (and is
     /// about to unlink) waits for the name to go and starts a fresh segment.
     #[test]
@@ -1230,7 +1387,7 @@ mod tests {
         let t = Duration::from_millis(1000);
         let new = |p| ShmCollective::new(&cfg, Algo::OneShotAllReduce, &shapes, 2, t, "ar", &key, &[0, 1], p);
         let mut c0 = new(0).unwrap();
-        let seg = c0.segment.as_mut().unwrap();
+        let seg = std::sync::Arc::get_mut(&mut c0.slot).unwrap().segment.as_mut().unwrap();
         // As process 0's `leave` would: count it out and close, but keep the name a while.
         seg.word(H_ATTACHED).fetch_add(CLOSED - LIVE, Ordering::AcqRel);
         seg.attached = false;
@@ -1245,7 +1402,7 @@ mod tests {
         let c1 = new(1).unwrap();
         assert!(start.elapsed() >= Duration::from_millis(90), "{:?}", start.elapsed());
         unlinker.join().unwrap();
-        let fresh = c1.segment.as_ref().unwrap().word(H_ATTACHED).load(Ordering::Acquire);
+        let fresh = c1.slot.segment.as_ref().unwrap().word(H_ATTACHED).load(Ordering::Acquire);
         assert_eq!(fresh, ATTACHED + LIVE, "process 1 alone in a fresh segment");
         drop(c0);
         assert_eq!(leftovers(&job).len(), 1, "process 1 waits for process 0 to come again");
@@ -1326,7 +1483,7 @@ mod tests {
         assert!(e.to_string().contains("device 2 is in no group"), "{e}");
         // Process 2 owns no member: it maps nothing and leaves the count alone.
         let c2 = ShmCollective::new(&cfg, Algo::OneShotAllReduce, &shapes, 3, t, "ar", &key, &procs, 2).unwrap();
-        assert!(c2.segment.is_none());
+        assert!(c2.slot.segment.is_none());
         assert_eq!(leftovers(&job).len(), 1);
         let c1 = ShmCollective::new(&cfg, Algo::OneShotAllReduce, &shapes, 3, t, "ar", &key, &procs, 1).unwrap();
         assert_eq!(leftovers(&job), Vec::<String>::new());
@@ -1343,7 +1500,7 @@ mod tests {
             0,
         )
         .unwrap();
-        assert!(cp.segment.is_none());
+        assert!(cp.slot.segment.is_none());
         cp.run(0, &[&[7u8; 8]], &mut [&mut r]).unwrap();
         assert_eq!(r, [0u8; 8]);
         drop((c, c1, c2));

@@ -122,6 +122,13 @@ pub extern "C" fn PeerlessXlaPassFromPython() {
     plugin::xla_inside::python_owns_pass();
 }
 
+/// Staging bytes the CPU handlers' in-process collectives hold now (shared slots and
+/// collectives of their own; freed with executables).
+#[unsafe(no_mangle)]
+pub extern "C" fn PeerlessXlaStagingBytes() -> u64 {
+    plugin::xla_handlers::staging_bytes() as u64
+}
+
 /// Collective clusters of the CPU handlers alive in the process (freed with executables).
 #[unsafe(no_mangle)]
 pub extern "C" fn PeerlessXlaLiveCollectives() -> u64 {

@@ -28,7 +28,16 @@ import logging
 import os
 from pathlib import Path
 
-from .inside import decisions, disable, enable, enabled, handler_calls, reset_stats, stats  # noqa: F401  (public API)
+from .inside import (  # noqa: F401  (public API)
+    decisions,
+    disable,
+    enable,
+    enabled,
+    handler_calls,
+    reset_stats,
+    staging_bytes,
+    stats,
+)
 
 PLATFORM = "peerless"
 _LIB = "libpeerless_pjrt.so"

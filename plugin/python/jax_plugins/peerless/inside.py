@@ -91,6 +91,8 @@ def _dll():
         dll.PeerlessXlaPassFromPython.argtypes = []
         dll.PeerlessXlaPassFromPython.restype = None
         dll.PeerlessXlaLiveCollectives.argtypes = []
+        dll.PeerlessXlaStagingBytes.argtypes = []
+        dll.PeerlessXlaStagingBytes.restype = ctypes.c_uint64
         dll.PeerlessXlaLiveCollectives.restype = ctypes.c_uint64
         dll.PeerlessXlaSetTopology.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
         dll.PeerlessXlaSetTopology.restype = ctypes.POINTER(_PassResult)
@@ -497,6 +499,14 @@ def handler_calls(platform: str = "cpu") -> int:
 def live_collectives() -> int:
     """Collective clusters the CPU handlers hold now; each is freed with its executable."""
     return int(_dll().PeerlessXlaLiveCollectives())
+
+
+def staging_bytes() -> int:
+    """Staging bytes Peerless's CPU handlers hold now, all devices of the process together
+    (in-process groups). Collectives that every device runs in one order share one slot
+    (issue 25), so this grows with the collectives that may run at once, not with their
+    number; it is freed with the executables."""
+    return int(_dll().PeerlessXlaStagingBytes())
 
 
 def reset_stats() -> None:

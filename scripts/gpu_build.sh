@@ -14,8 +14,7 @@ if [ -n "$targets" ]; then
   export PEERLESS_NVRTC_LIB=${PEERLESS_NVRTC_LIB:-$(ls "${PEERLESS_VENV_DIR:-.venv}"/jax/lib/python3*/site-packages/nvidia/cuda_nvrtc/lib/libnvrtc.so.* | head -1)}
   PEERLESS_PREBUILT_KERNELS= cargo build --release --locked -p peerless-cli
   "$target/release/peerless" kernels build --out "$target/prebuilt-kernels.pb" --targets "$targets"
-  export PEERLESS_PREBUILT_KERNELS=$PWD/$target/prebuilt-kernels.pb
-  case $target in /*) PEERLESS_PREBUILT_KERNELS=$target/prebuilt-kernels.pb ;; esac
+  export PEERLESS_PREBUILT_KERNELS=$target/prebuilt-kernels.pb # cargo's target_directory is absolute
 fi
 cargo build --release --locked -p peerless-cli -p peerless-pjrt
 cp "$target/release/peerless" "$target/release/libpeerless_pjrt.so" "$BIN/"

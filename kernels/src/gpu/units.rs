@@ -13,6 +13,9 @@
 //! stored code object (the prebuilt bundle, the disk cache) made from other sources is never
 //! loaded.
 
+use std::collections::HashMap;
+use std::sync::OnceLock;
+
 use sha2::{Digest, Sha256};
 
 use super::{BLOCKS, Dtype, Red, SOURCES};
@@ -83,12 +86,16 @@ impl Unit {
         }
     }
 
-    /// The unit that defines kernel `name`.
+    /// The unit that defines kernel `name`. Looked up on every launch, so the name table is
+    /// built once per process.
     pub fn of_kernel(name: &str) -> Option<Unit> {
-        if BASE_KERNELS.contains(&name) {
-            return Some(Unit::Base);
-        }
-        Unit::all().into_iter().find(|u| u.kernels().iter().any(|k| k == name))
+        static BY_NAME: OnceLock<HashMap<String, Unit>> = OnceLock::new();
+        BY_NAME
+            .get_or_init(|| {
+                Unit::all().into_iter().flat_map(|u| u.kernels().into_iter().map(move |k| (k, u))).collect()
+            })
+            .get(name)
+            .copied()
     }
 
     /// The kernels the unit defines.

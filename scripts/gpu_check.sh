@@ -9,7 +9,7 @@
 set -uo pipefail
 LOG=${1:?usage: gpu_check.sh LOGDIR [BINDIR]}
 BIN=${2:-.gpu}
-STEPS=${GPU_CHECK_STEPS:-first devices collectives inside edge multiprocess order run bench torch jax psum}
+STEPS=${GPU_CHECK_STEPS:-first devices collectives inside edge multiprocess staging order run bench torch jax psum}
 mkdir -p "$LOG"
 # NVLink multicast stays off (shared hosts): never remove these.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -51,6 +51,10 @@ has inside && step inside 500 python3 plugin/tests/gpu_xla_inside.py check --out
 has edge && [ "$NGPU" -ge 2 ] && step edge_values 300 python3 plugin/tests/gpu_edge_values.py --out "$LOG/edge"
 # Processes: two processes per GPU pair (on one GPU: both on GPU 0) through CUDA IPC.
 has multiprocess && step multiprocess 400 python3 plugin/tests/gpu_multiprocess.py --out "$LOG/multiprocess"
+# Shared staging: device memory Peerless holds for N = 1 vs N = 200 chained collectives (one
+# process; two processes on GPU 0 through IPC; four kernel families on one slot), command
+# buffers on and off, every result checked.
+has staging && step staging 560 python3 plugin/tests/gpu_staging.py --out "$LOG/staging"
 # Group order and edge values: eight processes on GPU 0 as a 2x2x2 mesh, every collective kind
 # over every ordered axis choice vs XLA:CPU alone, max / min of NaN / ±0 / ±inf vs NCCL's fmaxf.
 has order && step group_order 560 python3 plugin/tests/gpu_group_order.py --out "$LOG/group_order"

@@ -884,6 +884,7 @@ pub fn run(bytes: &[u8], cfg: &PassConfig) -> Result<PassOutcome, PassError> {
         // One call: a slot of its own (so a later load of the module may still share nothing).
         c.3.slot = Some(c.3.instance);
         c.3.slot_bytes = staged_bytes(&module, c.1);
+        c.3.slot_gpu_bytes = gpu_staged_bytes(&module, c.1, &c.3);
     }
     let mut rewrites = HashMap::new();
     let mut instances = Vec::with_capacity(calls.len());
@@ -906,6 +907,16 @@ fn staged_bytes(module: &Module, id: InstrId) -> u64 {
         .filter_map(|&o| module.instrs.get(o))
         .map(|o| (o.shape.byte_size() as u64).div_ceil(64).saturating_mul(64))
         .fold(0u64, u64::saturating_add)
+}
+
+/// Staging `call` (the rewrite of `id`) needs on each GPU
+/// ([`CustomCallConfig::gpu_staging_bytes`]: results too, where the host stages operands).
+fn gpu_staged_bytes(module: &Module, id: InstrId, call: &CustomCallConfig) -> u64 {
+    let ins = module.instr(id);
+    let args: Vec<usize> =
+        ins.operands.iter().filter_map(|&o| module.instrs.get(o)).map(|o| o.shape.byte_size()).collect();
+    let rets: Vec<usize> = ins.shape.leaves().iter().map(|l| l.byte_size()).collect();
+    call.gpu_staging_bytes(&args, &rets) as u64
 }
 
 /// Data dependencies between a module's collectives, read from the whole module (the slim
@@ -1066,8 +1077,9 @@ fn dependencies(module: &[u8], wanted: &[&str]) -> Result<Deps, PassError> {
 /// process, and every process assigns the same slots (the same module, a deterministic
 /// walk). Every call keeps staging of its own where the module's dependencies cannot be read.
 ///
-/// A slot's id is its first call's `instance` (unique per compile, like instances), and its
-/// `slot_bytes` the largest staging buffer among its calls.
+/// A slot's id is its first call's `instance` (unique per compile, like instances), its
+/// `slot_bytes` the largest host staging buffer among its calls and its `slot_gpu_bytes` the
+/// largest GPU staging (both platforms' sizes travel: the pass does not know which runs it).
 fn assign_slots(module: &Module, deps: &Deps, calls: &mut [(usize, InstrId, &'static str, CustomCallConfig)]) {
     // Calls by computation.
     let mut by_comp: BTreeMap<String, Vec<usize>> = BTreeMap::new();
@@ -1106,16 +1118,17 @@ fn assign_slots(module: &Module, deps: &Deps, calls: &mut [(usize, InstrId, &'st
             first_of.insert(k, first);
         }
         // Each slot's id and size (the largest buffer among its calls).
-        let mut size: HashMap<usize, u64> = HashMap::new();
+        let mut size: HashMap<usize, (u64, u64)> = HashMap::new();
         for &k in &ks {
-            let e = size.entry(first_of[&k]).or_insert(0);
-            *e = (*e).max(staged_bytes(module, calls[k].1));
+            let e = size.entry(first_of[&k]).or_insert((0, 0));
+            e.0 = e.0.max(staged_bytes(module, calls[k].1));
+            e.1 = e.1.max(gpu_staged_bytes(module, calls[k].1, &calls[k].3));
         }
         for &k in &ks {
             let first = first_of[&k];
             let id = calls[first].3.instance;
             calls[k].3.slot = Some(id);
-            calls[k].3.slot_bytes = size[&first];
+            (calls[k].3.slot_bytes, calls[k].3.slot_gpu_bytes) = size[&first];
         }
     }
 }
@@ -1291,6 +1304,7 @@ fn decide_one(
         // Given by `assign_slots` once every collective is decided.
         slot: None,
         slot_bytes: 0,
+        slot_gpu_bytes: 0,
     };
     d.implementation = decision.implementation.to_string();
     d.kernel = true;

@@ -9,7 +9,10 @@
 //   where flags[s][b][j] is written only by rank j's block b. A block signals peer t by a
 //   system-scope release store into t's flags[s][b][rank] and waits with acquire loads on its
 //   own flags[s][b][t] until it is at least the expected value (wrapping-aware). Values only
-//   grow, so slots are never reset.
+//   grow, so slots are never reset. Every kernel's barriers of launch epoch e use the values
+//   2e - 1 and 2e (a kernel with one barrier per set: 2e), so the values stay monotonic when
+//   launches of different kernels share one device's signals (the handlers' shared staging
+//   slots run all-reduces, reduce-scatters and exchanges of one group on one set of flags).
 // - Work is split in 16-byte units (VEC elements); unit u (of a range) belongs to thread
 //   u mod (gridDim * blockDim), the same thread in every phase and on every rank, so a
 //   per-block barrier covers exactly the data that block exchanges.
@@ -382,7 +385,7 @@ PL_DEVICE void one_shot(const T* in, T* out, u64 n, u32 rank, u32 world, const P
   T* mine = reinterpret_cast<T*>(stage.p[rank] + par);
   const bool in_ok = aligned16(in), out_ok = aligned16(out);
   copy_range(mine, in, 0, units, n, in_ok);
-  block_barrier(flags, 0, rank, world, e, st);
+  block_barrier(flags, 0, rank, world, 2 * e, st);
   reduce_range<T, R>(out, out_ok, nullptr, stage, par, world, 0, units, n);
 }
 
@@ -404,7 +407,7 @@ PL_DEVICE void one_shot_many(const Many& m, u32 rank, u32 world, const Ptrs& sta
     const u64 units = (m.n[j] + Unit<T>::VEC - 1) / Unit<T>::VEC;
     copy_range(reinterpret_cast<T*>(stage.p[rank] + par + m.off[j]), in, 0, units, m.n[j], aligned16(in));
   }
-  block_barrier(flags, 0, rank, world, e, st);
+  block_barrier(flags, 0, rank, world, 2 * e, st);
   for (u64 j = 0; j < count; ++j) {
     T* out = reinterpret_cast<T*>(m.out[j]);
     const u64 units = (m.n[j] + Unit<T>::VEC - 1) / Unit<T>::VEC;
@@ -451,7 +454,7 @@ PL_DEVICE void two_shot(const T* in, T* out, u64 n, u32 rank, u32 world, const P
 PL_GLOBAL void __launch_bounds__(512) pl_all_gather(const u8* in, u64 bytes, u32 rank, u32 world, Ptrs out,
                                                     Ptrs flags, u32* counter, Status st) {
   const u32 e = next_epoch(counter);
-  block_barrier(flags, 0, rank, world, e, st);
+  block_barrier(flags, 0, rank, world, 2 * e, st);
   const u64 units = (bytes + 15) / 16;
   const u64 nt = (u64)gridDim.x * blockDim.x;
   u64 u = (u64)blockIdx.x * blockDim.x + threadIdx.x;
@@ -476,7 +479,7 @@ PL_GLOBAL void __launch_bounds__(512) pl_all_gather(const u8* in, u64 bytes, u32
       copy_unit(dst, in, u, bytes, ok);
     }
   }
-  block_barrier(flags, 1, rank, world, e, st);
+  block_barrier(flags, 1, rank, world, 2 * e, st);
 }
 #endif
 
@@ -549,11 +552,11 @@ PL_DEVICE void exchange_phase(const Xchg& x, u32 s, u32 e, const Status& st) {
 #if !defined(PL_UNIT_SPEC)
 PL_GLOBAL void __launch_bounds__(512) pl_exchange(Xchg x, Status st) {
   const u32 e = next_epoch(reinterpret_cast<u32*>(x.counter));
-  exchange_phase(x, 0, e, st);
+  exchange_phase(x, 0, 2 * e, st);
   if (!failed(st)) {
     for (u64 k = 0; k < x.ntasks && k < PL_MAX_TASKS; ++k) copy_runs(x.task[k]);
   }
-  exchange_phase(x, 1, e, st);
+  exchange_phase(x, 1, 2 * e, st);
 }
 #endif
 
@@ -657,7 +660,7 @@ PL_DEVICE void reduce_scatter(const u8* in, T* out, u32 rank, u32 world, const P
       }
     }
   }
-  block_barrier(flags, 0, rank, world, e, st);
+  block_barrier(flags, 0, rank, world, 2 * e, st);
   Ptrs srcs;
   for (u32 p = 0; p < PL_MAX_RANKS; ++p) srcs.p[p] = stage.p[p] + par;
   if (!failed(st)) reduce_block<T, R>(srcs, world, rank, out, b);

@@ -451,6 +451,7 @@ mod tests {
             decisions: String::new(),
             slot: None,
             slot_bytes: 0,
+            slot_gpu_bytes: 0,
         }
     }
 

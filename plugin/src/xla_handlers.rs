@@ -33,6 +33,11 @@ pub fn staging_bytes() -> usize {
     kernels::xla_host::staging_bytes()
 }
 
+/// Device memory the CUDA handlers hold now, per CUDA ordinal of the process.
+pub fn gpu_staging_bytes() -> Vec<usize> {
+    kernels::cuda::xla::staging_by_gpu()
+}
+
 /// Execute-stage calls of the handlers of `platform` so far.
 pub fn handler_calls(platform: &str) -> u64 {
     match platform {

@@ -1134,6 +1134,8 @@ def test_executables_free_their_collectives():
         jax.block_until_ready(c(x))
         assert inside.live_collectives() >= before + 1
         assert peerless.staging_bytes() >= 8 * 2 * 64 * 1024 * 4  # its slot: 8 members x 2 buffers
+        # Per device: the CPU handlers' share, and no GPU memory held on XLA:CPU.
+        assert peerless.staging_by_device() == {"cpu": peerless.staging_bytes()}
         del c, f
         jax.clear_caches()
         gc.collect()

@@ -139,10 +139,14 @@ pub struct CustomCallConfig {
     /// Bytes of one staging buffer of the slot: the largest staged message among its calls
     /// (0: the handler sizes it from the first call).
     pub slot_bytes: u64,
+    /// Bytes of the slot's staging on each GPU: the largest [`Self::gpu_staging_bytes`]
+    /// among its calls (the GPU layout stages results, not only operands; 0: the handler
+    /// sizes it from the first call).
+    pub slot_gpu_bytes: u64,
 }
 
 /// Every attribute a Peerless custom call may carry.
-pub const ATTRIBUTES: [&str; 15] = [
+pub const ATTRIBUTES: [&str; 16] = [
     "algorithm",
     "decisions",
     "dimension",
@@ -157,6 +161,7 @@ pub const ATTRIBUTES: [&str; 15] = [
     "reduction",
     "slot",
     "slot_bytes",
+    "slot_gpu_bytes",
     "timeout_ms",
 ];
 
@@ -245,6 +250,9 @@ impl CustomCallConfig {
         if let Some(slot) = self.slot {
             kv.push(("slot", format!("{} : i64", slot & (i64::MAX as u64))));
             kv.push(("slot_bytes", format!("{} : i64", self.slot_bytes.min(i64::MAX as u64))));
+            if self.slot_gpu_bytes > 0 {
+                kv.push(("slot_gpu_bytes", format!("{} : i64", self.slot_gpu_bytes.min(i64::MAX as u64))));
+            }
         }
         kv.sort_by(|a, b| a.0.cmp(b.0));
         let body: Vec<String> = kv.into_iter().map(|(k, v)| format!("{k} = {v}")).collect();
@@ -343,6 +351,11 @@ impl CustomCallConfig {
                 None => 0,
                 Some(b) => nonneg("slot_bytes", b)? as u64,
             };
+        let slot_gpu_bytes =
+            match a.i64("slot_gpu_bytes").map_err(|message| AttrError::Invalid { name: "slot_gpu_bytes", message })? {
+                None => 0,
+                Some(b) => nonneg("slot_gpu_bytes", b)? as u64,
+            };
         Ok(CustomCallConfig {
             kind,
             algorithm,
@@ -359,7 +372,28 @@ impl CustomCallConfig {
             decisions,
             slot,
             slot_bytes,
+            slot_gpu_bytes,
         })
+    }
+
+    /// Staging bytes this call needs on each GPU, in the CUDA handlers' layout
+    /// (kernels/src/cuda/xla.rs), given its operands' and results' byte sizes: the
+    /// reductions double-buffer by launch parity in two equal halves (a variadic one-shot
+    /// stages all its operands side by side, each rounded to 256 bytes; the others one
+    /// operand at a time); the exchanges (all-gather, all-to-all, permute) assemble the
+    /// whole result there (tuple all-to-all: one 256-byte-aligned chunk per member). Always
+    /// a multiple of 512, so the halves stay 256-byte aligned. The pass sizes a slot with it
+    /// and the handler checks a call against its slot with it: one rule for both.
+    pub fn gpu_staging_bytes(&self, args: &[usize], rets: &[usize]) -> usize {
+        let r = |x: usize| x.max(16).div_ceil(256).saturating_mul(256);
+        let max_in = args.iter().copied().max().unwrap_or(0);
+        let bytes = match self.algorithm {
+            KernelAlgorithm::OneShotAllReduce => 2 * args.iter().map(|&a| r(a)).sum::<usize>(),
+            KernelAlgorithm::TwoShotAllReduce | KernelAlgorithm::DirectReduceScatter => 2 * r(max_in),
+            _ if self.kind == CollectiveKind::AllToAll && args.len() > 1 => args.len().saturating_mul(r(max_in)),
+            _ => r(rets.iter().sum::<usize>()),
+        };
+        bytes.max(512).div_ceil(512).saturating_mul(512)
     }
 
     /// With `processes`: each named device's process (device id → process index).
@@ -503,6 +537,7 @@ mod tests {
             decisions: String::new(),
             slot: None,
             slot_bytes: 0,
+            slot_gpu_bytes: 0,
         };
         let s = c.backend_config();
         assert_eq!(
@@ -512,9 +547,9 @@ mod tests {
         );
         assert_eq!(CustomCallConfig::from_attrs(CollectiveKind::AllReduce, &Parsed::new(&s)).unwrap(), c);
         // A slot travels with its staging size; a call without one reads back as before.
-        let slotted = CustomCallConfig { slot: Some(12), slot_bytes: 1 << 20, ..c.clone() };
+        let slotted = CustomCallConfig { slot: Some(12), slot_bytes: 1 << 20, slot_gpu_bytes: 3 << 20, ..c.clone() };
         let t = slotted.backend_config();
-        assert!(t.contains("slot = 12 : i64, slot_bytes = 1048576 : i64"), "{t}");
+        assert!(t.contains("slot = 12 : i64, slot_bytes = 1048576 : i64, slot_gpu_bytes = 3145728 : i64"), "{t}");
         assert_eq!(CustomCallConfig::from_attrs(CollectiveKind::AllReduce, &Parsed::new(&t)).unwrap(), slotted);
         assert_eq!(c.group_of(1), Some(&[1usize, 0][..]));
         assert_eq!(c.device_span(), 4);
@@ -535,6 +570,7 @@ mod tests {
             decisions: String::new(),
             slot: None,
             slot_bytes: 0,
+            slot_gpu_bytes: 0,
         };
         let back = CustomCallConfig::from_attrs(CollectiveKind::CollectivePermute, &Parsed::new(&p.backend_config()));
         assert_eq!(back.unwrap(), p);
@@ -581,5 +617,46 @@ mod tests {
         );
         assert_eq!(target_kind("peerless.all_gather"), Some(CollectiveKind::AllGather));
         assert_eq!(target_name(CollectiveKind::RaggedAllToAll), None);
+    }
+
+    #[test]
+    fn gpu_staging_follows_the_handlers_layout() {
+        let base = CustomCallConfig {
+            kind: CollectiveKind::AllReduce,
+            algorithm: KernelAlgorithm::OneShotAllReduce,
+            groups: vec![vec![0, 1, 2, 3]],
+            pairs: vec![],
+            reduction: Some(ReductionKind::Sum),
+            dimension: Some(0),
+            layout: None,
+            num_devices: 4,
+            instance: 1,
+            timeout_ms: 1,
+            name: "x".into(),
+            processes: vec![],
+            decisions: String::new(),
+            slot: None,
+            slot_bytes: 0,
+            slot_gpu_bytes: 0,
+        };
+        let with = |kind, algorithm| CustomCallConfig { kind, algorithm, ..base.clone() };
+        use CollectiveKind as K;
+        use KernelAlgorithm as A;
+        // One-shot: both halves hold every operand side by side, each rounded to 256.
+        assert_eq!(base.gpu_staging_bytes(&[1000, 10], &[1000, 10]), 2 * (1024 + 256));
+        // Two-shot and reduce-scatter: the largest operand per half.
+        assert_eq!(with(K::AllReduce, A::TwoShotAllReduce).gpu_staging_bytes(&[1 << 20], &[1 << 20]), 2 << 20);
+        assert_eq!(with(K::ReduceScatter, A::DirectReduceScatter).gpu_staging_bytes(&[4096], &[1024]), 8192);
+        // Exchanges stage the whole result: an all-gather of 4 is 4x its operand.
+        assert_eq!(with(K::AllGather, A::DirectAllGather).gpu_staging_bytes(&[1 << 20], &[4 << 20]), 4 << 20);
+        // Tuple all-to-all: one 256-aligned chunk per member, however small its parts.
+        let a2a = with(K::AllToAll, A::DirectAllToAll);
+        assert_eq!(a2a.gpu_staging_bytes(&[100; 4], &[100; 4]), 4 * 256);
+        assert_eq!(a2a.gpu_staging_bytes(&[300; 4], &[300; 4]), 4 * 512);
+        // Always a whole number of 512-byte units (halves stay 256-aligned), never empty.
+        for (args, rets) in [(vec![], vec![]), (vec![1], vec![1]), (vec![257], vec![257])] {
+            let b = base.gpu_staging_bytes(&args, &rets);
+            assert!(b >= 512 && b.is_multiple_of(512), "{b}");
+        }
     }
 }

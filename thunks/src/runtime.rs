@@ -167,6 +167,7 @@ mod tests {
             decisions: decisions.into(),
             slot: None,
             slot_bytes: 0,
+            slot_gpu_bytes: 0,
         }
     }
 

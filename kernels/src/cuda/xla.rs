@@ -3,10 +3,18 @@
 //!
 //! - The process's GPUs are opened once ([`Clique`]: primary contexts, the kernel module,
 //!   peer access enabled and probed per pair): XLA uses the same primary contexts.
-//! - Each rewritten collective (its `instance` id) owns symmetric staging and signal flags
-//!   on every device it names, each device's part allocated in its INITIALIZE stage, and
-//!   kept with the executable (XLA FFI state set at INSTANTIATE; freed when XLA destroys the
-//!   executable; a process-wide table where XLA keeps no state). Launch counters (epochs) live on the device, so XLA may
+//! - Symmetric staging and signal flags on every device of a group ([`Instance`]) belong to
+//!   a staging *slot* (issue 25): the pass gives one slot to the collectives of an executable
+//!   that every device runs one after another on its stream (same computation, same groups,
+//!   a chain of data dependencies; `emitter::xla_pass`'s slot rule), so a program of N
+//!   collectives holds its slots' staging, not N collectives' (a call without a slot keeps
+//!   staging of its own). A slot is sized by the pass for its largest call
+//!   ([`CustomCallConfig::gpu_staging_bytes`]); every kernel's barrier values of launch epoch
+//!   e are 2e - 1 and 2e, so one-shot, two-shot, reduce-scatter and exchange launches may
+//!   follow each other on one slot's flags. Each device's part is allocated in its
+//!   INITIALIZE stage and kept with the executable (XLA FFI state set at INSTANTIATE, one
+//!   reference per call of the slot; freed when XLA destroys the executable; a process-wide
+//!   table where XLA keeps no state). Launch counters (epochs) live on the device, so XLA may
 //!   capture a call into a command buffer (CUDA graph) and replay it without the handler.
 //! - All-reduce and reduce-scatter read XLA's operand and write XLA's result directly (the
 //!   kernels stage the operand into the symmetric buffer themselves). All-gather, all-to-all
@@ -28,7 +36,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock, Weak};
 
 use ffi::cuda::{DeviceBuffer, ForeignStream, HostMapped, IPC_HANDLE_BYTES, IpcMapping};
 use ffi::xla_ffi::{BufferRef, COMMAND_BUFFER_COMPATIBLE, CallFrame, ErrorCode, ExecutableState, HandlerError, Traits};
@@ -93,6 +101,31 @@ struct Rank {
     status: DeviceBuffer,
     /// Where a timeout is also reported, for the host to read without synchronising.
     report: HostMapped,
+    /// The GPU it lives on, for [`staging_by_gpu`].
+    ordinal: usize,
+}
+
+/// Device memory held by ranks, per CUDA ordinal.
+static HELD: [AtomicUsize; MAX_RANKS] = [const { AtomicUsize::new(0) }; MAX_RANKS];
+
+impl Rank {
+    fn held(&self) -> usize {
+        self.staging.len + self.signals.len + self.status.len
+    }
+}
+
+impl Drop for Rank {
+    fn drop(&mut self) {
+        if let Some(h) = HELD.get(self.ordinal) {
+            h.fetch_sub(self.held(), Ordering::Relaxed);
+        }
+    }
+}
+
+/// Bytes of device memory Peerless's collectives hold now (staging, signals, status words),
+/// per CUDA ordinal of this process (`peerless.staging_bytes()`, `peerless devices`).
+pub fn staging_by_gpu() -> Vec<usize> {
+    HELD.iter().map(|h| h.load(Ordering::Relaxed)).collect()
 }
 
 /// Where a member's staging and signals lie, as this process addresses them.
@@ -160,23 +193,55 @@ struct ExecState {
 
 static STATE: ExecutableState<ExecState> = ExecutableState::new("peerless.cuda_collective");
 
-/// Instances of executables XLA keeps no state for (kept for the process).
+/// Calls of executables XLA keeps no state for, by `instance` (kept for the process).
 fn instances() -> &'static Mutex<HashMap<u64, Arc<Instance>>> {
     static MAP: OnceLock<Mutex<HashMap<u64, Arc<Instance>>>> = OnceLock::new();
     MAP.get_or_init(Default::default)
 }
 
+/// What a shared slot is keyed by: the pass's slot id, the executable's occurrence of the
+/// call's instance (two loads of one module never share), and (defensively: the pass gives
+/// a slot one group set) groups and pairs.
+type SlotKey = (u64, u64, Vec<Vec<usize>>, Vec<(usize, usize)>);
+
+/// Live slots, held weakly: a slot lives as long as a call of an executable holds it.
+fn slots() -> &'static Mutex<HashMap<SlotKey, Weak<Instance>>> {
+    static MAP: OnceLock<Mutex<HashMap<SlotKey, Weak<Instance>>>> = OnceLock::new();
+    MAP.get_or_init(Default::default)
+}
+
 /// Staging a call needs on every device.
 fn staging_bytes(cfg: &CustomCallConfig, args: &[ArrayShape], rets: &[ArrayShape]) -> usize {
-    let max_in = args.iter().map(ArrayShape::byte_size).max().unwrap_or(0);
-    match cfg.algorithm {
-        // Double-buffered: a variadic one-shot stages all its operands at once (one launch
-        // per element type), the others one operand at a time.
-        Algo::OneShotAllReduce => 2 * args.iter().map(|a| round_up(a.byte_size().max(16), 256)).sum::<usize>().max(256),
-        Algo::TwoShotAllReduce | Algo::DirectReduceScatter => 2 * round_up(max_in.max(16), 256),
-        // The result is assembled here, then copied out.
-        _ => round_up(rets.iter().map(ArrayShape::byte_size).sum::<usize>().max(16), 256),
+    let sizes = |v: &[ArrayShape]| v.iter().map(ArrayShape::byte_size).collect::<Vec<_>>();
+    cfg.gpu_staging_bytes(&sizes(args), &sizes(rets))
+}
+
+/// The instance `cfg` runs on: its slot's (a live one of the same key, or a new one of the
+/// slot's size), or one of its own without a slot or where the live slot is too small for it
+/// (only a config from elsewhere: the pass sized the slot for every call), with a warning.
+fn on_slot(cfg: &CustomCallConfig, need: usize, occurrence: u64) -> Arc<Instance> {
+    let own = || new_instance(cfg, need, thunks::runtime::shared_key(cfg.instance, occurrence));
+    let Some(slot) = cfg.slot else { return own() };
+    let key: SlotKey = (slot, occurrence, cfg.groups.clone(), cfg.pairs.clone());
+    let mut map = slots().lock().unwrap_or_else(PoisonError::into_inner);
+    // Forget the slots of freed executables.
+    map.retain(|_, w| w.strong_count() > 0);
+    if let Some(inst) = map.get(&key).and_then(Weak::upgrade) {
+        if inst.staging >= need {
+            return inst;
+        }
+        log::warn!(
+            "peerless: {} '{}' stages {need} bytes per GPU, more than its slot's {}: staging of its own",
+            cfg.target(),
+            cfg.name,
+            inst.staging
+        );
+        return own();
     }
+    let size = round_up(need.max(usize::try_from(cfg.slot_gpu_bytes).unwrap_or(usize::MAX)), 512);
+    let inst = new_instance(cfg, size, thunks::runtime::shared_key(slot, occurrence));
+    map.insert(key, Arc::downgrade(&inst));
+    inst
 }
 
 fn devices_of(cfg: &CustomCallConfig) -> Vec<usize> {
@@ -187,26 +252,30 @@ fn devices_of(cfg: &CustomCallConfig) -> Vec<usize> {
     v
 }
 
-fn new_instance(cfg: &CustomCallConfig, args: &[ArrayShape], rets: &[ArrayShape], occurrence: u64) -> Arc<Instance> {
+/// An instance (nothing allocated yet) of `staging` bytes per device, meeting other
+/// processes under `key`.
+fn new_instance(cfg: &CustomCallConfig, staging: usize, key: u64) -> Arc<Instance> {
     LIVE.fetch_add(1, Ordering::Relaxed);
     Arc::new(Instance {
         ranks: Mutex::new(HashMap::new()),
         complete: OnceLock::new(),
         meeting: Mutex::new(()),
-        staging: staging_bytes(cfg, args, rets),
+        staging,
         devices: devices_of(cfg),
-        key: thunks::runtime::shared_key(cfg.instance, occurrence),
+        key,
     })
 }
 
-/// The instance of `cfg` (created empty on first sight; allocates nothing): the
-/// executable's own where XLA keeps state, else the process-wide table's.
+/// The instance of `cfg` (its slot's, or its own; created empty on first sight, allocating
+/// nothing): held by the executable's state where XLA keeps state, else by the process-wide
+/// table.
 fn instance(f: &CallFrame<'_>, cfg: &CustomCallConfig, args: &[ArrayShape], rets: &[ArrayShape]) -> Arc<Instance> {
+    let need = staging_bytes(cfg, args, rets);
     if let Some(state) = STATE.get(f) {
-        return state.instance.get_or_init(|| new_instance(cfg, args, rets, state.occurrence)).clone();
+        return state.instance.get_or_init(|| on_slot(cfg, need, state.occurrence)).clone();
     }
     let mut map = instances().lock().unwrap_or_else(PoisonError::into_inner);
-    map.entry(cfg.instance).or_insert_with(|| new_instance(cfg, args, rets, 0)).clone()
+    map.entry(cfg.instance).or_insert_with(|| on_slot(cfg, need, 0)).clone()
 }
 
 /// Allocates and publishes the part of `inst` of `device` (GPU `ordinal`) unless it exists.
@@ -226,13 +295,40 @@ fn publish_own(
             format!("'{}' runs on device {device} (GPU {ordinal}); this process has {} GPUs", cfg.name, c.len()),
         )
     })?;
-    let rank = Rank {
-        staging: DeviceBuffer::zeroed(&dev.ctx, inst.staging).map_err(internal)?,
-        signals: DeviceBuffer::zeroed(&dev.ctx, SIGNAL_BYTES).map_err(internal)?,
-        status: DeviceBuffer::zeroed(&dev.ctx, 8).map_err(internal)?,
-        report: HostMapped::new(&dev.ctx, 2).map_err(internal)?,
+    let flag = match cfg.kind {
+        Kind::AllReduce => "all_reduce_backend",
+        Kind::AllGather => "all_gather_backend",
+        Kind::AllToAll => "all_to_all_backend",
+        Kind::ReduceScatter => "reduce_scatter_backend",
+        _ => "collective_permute_backend",
     };
-    inst.ranks.lock().unwrap_or_else(PoisonError::into_inner).entry(device).or_insert_with(|| Arc::new(rank));
+    let no_memory = |e: ffi::Error| {
+        err(
+            ErrorCode::ResourceExhausted,
+            format!(
+                "{} '{}': cannot allocate {} bytes of staging on GPU {ordinal} ({e}); lower the sizes Peerless \
+                 takes (e.g. PEERLESS_FLAGS=--two_shot_max_bytes=...) or leave this collective to XLA \
+                 (--{flag}=fallback)",
+                cfg.target(),
+                cfg.name,
+                inst.staging,
+            ),
+        )
+    };
+    let rank = Rank {
+        staging: DeviceBuffer::zeroed(&dev.ctx, inst.staging).map_err(no_memory)?,
+        signals: DeviceBuffer::zeroed(&dev.ctx, SIGNAL_BYTES).map_err(no_memory)?,
+        status: DeviceBuffer::zeroed(&dev.ctx, 8).map_err(no_memory)?,
+        report: HostMapped::new(&dev.ctx, 2).map_err(no_memory)?,
+        ordinal,
+    };
+    let mut ranks = inst.ranks.lock().unwrap_or_else(PoisonError::into_inner);
+    if let std::collections::hash_map::Entry::Vacant(v) = ranks.entry(device) {
+        if let Some(h) = HELD.get(ordinal) {
+            h.fetch_add(rank.held(), Ordering::Relaxed);
+        }
+        v.insert(Arc::new(rank));
+    }
     Ok(())
 }
 
@@ -479,8 +575,13 @@ impl CollectiveRuntime for CudaRuntime {
     }
 
     fn instantiate(&self, f: &CallFrame<'_>, cfg: &CustomCallConfig) -> Result<(), HandlerError> {
-        // Counted once per executable, in the order every process loads them.
-        let occurrence = if cfg.spans_processes() { thunks::runtime::next_occurrence(cfg.instance) } else { 0 };
+        // Counted once per executable, in the order every process loads them; a shared slot is
+        // per executable too (two loads of one module must not share).
+        let occurrence = if cfg.spans_processes() || cfg.slot.is_some() {
+            thunks::runtime::next_occurrence(cfg.instance)
+        } else {
+            0
+        };
         // Without XLA-held state, instances live in the process-wide table.
         STATE.instantiate_with(f, ExecState { occurrence, ..ExecState::default() });
         Ok(())
@@ -759,7 +860,8 @@ fn push(
                 format!("tuple all-to-all with {} operands in a group of {g}", args.len()),
             ));
         }
-        let chunk = round_up(shapes[0].byte_size(), 256);
+        // `CustomCallConfig::gpu_staging_bytes`'s layout: one chunk per member.
+        let chunk = round_up(shapes.iter().map(ArrayShape::byte_size).max().unwrap_or(0).max(16), 256);
         for i in 0..g {
             let k = (idx + i) % g;
             let len = shapes[k].byte_size() as u64;
@@ -872,5 +974,58 @@ fn permute(call: &Call, args: &[BufferRef], rets: &[BufferRef], shapes: &[ArrayS
         call.stream.copy_d2d(r.data as u64, mine.staging.ptr, len).map_err(internal)
     } else {
         call.stream.memset_u8(r.data as u64, 0, len).map_err(internal)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hlo::analysis::ReductionKind;
+
+    fn call(instance: u64, slot: Option<u64>, groups: Vec<Vec<usize>>) -> CustomCallConfig {
+        CustomCallConfig {
+            kind: Kind::AllReduce,
+            algorithm: Algo::OneShotAllReduce,
+            groups,
+            pairs: vec![],
+            reduction: Some(ReductionKind::Sum),
+            dimension: None,
+            layout: None,
+            num_devices: 2,
+            instance,
+            timeout_ms: 1,
+            name: format!("ar.{instance}"),
+            processes: vec![],
+            decisions: String::new(),
+            slot,
+            slot_bytes: 4096,
+            slot_gpu_bytes: 8192,
+        }
+    }
+
+    #[test]
+    fn calls_of_one_slot_share_one_instance_per_executable() {
+        // No GPU needed: an instance allocates nothing until a device initialises it.
+        let g = vec![vec![0, 1]];
+        let (a, b) = (call(0x51_0001, Some(0x51_0001), g.clone()), call(0x51_0002, Some(0x51_0001), g.clone()));
+        let first = on_slot(&a, 1024, 0);
+        assert_eq!(first.staging, 8192, "sized by the slot, not by its first call");
+        assert!(Arc::ptr_eq(&first, &on_slot(&b, 8192, 0)), "one slot, one instance");
+        assert_eq!(first.key, thunks::runtime::shared_key(0x51_0001, 0), "met under the slot's id");
+        // Another load of the executable (another occurrence) never shares.
+        assert!(!Arc::ptr_eq(&first, &on_slot(&b, 1024, 1)));
+        // A call needing more than its slot holds gets staging of its own.
+        let big = on_slot(&b, 16384, 0);
+        assert!(!Arc::ptr_eq(&first, &big) && big.staging == 16384);
+        // Without a slot: its own, as before slots.
+        assert!(!Arc::ptr_eq(&first, &on_slot(&call(0x51_0003, None, g.clone()), 1024, 0)));
+        // Defensively, other groups under the same slot id never share.
+        assert!(!Arc::ptr_eq(&first, &on_slot(&call(0x51_0004, Some(0x51_0001), vec![vec![1, 0]]), 1024, 0)));
+        // Once every call holding it is gone, the slot is forgotten and a later one is new.
+        let weak = Arc::downgrade(&first);
+        drop(first);
+        assert!(weak.upgrade().is_none());
+        let again = on_slot(&a, 1024, 0);
+        assert_eq!(again.staging, 8192);
     }
 }

@@ -129,6 +129,15 @@ pub extern "C" fn PeerlessXlaStagingBytes() -> u64 {
     plugin::xla_handlers::staging_bytes() as u64
 }
 
+/// Device memory the CUDA handlers hold now on this process's GPU `ordinal` (staging, signal
+/// flags and status words of their slots; freed with executables); 0 for an ordinal out of
+/// range.
+#[unsafe(no_mangle)]
+pub extern "C" fn PeerlessXlaGpuStagingBytes(ordinal: u64) -> u64 {
+    let held = plugin::xla_handlers::gpu_staging_bytes();
+    usize::try_from(ordinal).ok().and_then(|o| held.get(o).copied()).unwrap_or(0) as u64
+}
+
 /// Collective clusters of the CPU handlers alive in the process (freed with executables).
 #[unsafe(no_mangle)]
 pub extern "C" fn PeerlessXlaLiveCollectives() -> u64 {

@@ -36,6 +36,7 @@ from .inside import (  # noqa: F401  (public API)
     handler_calls,
     reset_stats,
     staging_bytes,
+    staging_by_device,
     stats,
 )
 

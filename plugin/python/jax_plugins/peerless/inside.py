@@ -93,6 +93,8 @@ def _dll():
         dll.PeerlessXlaLiveCollectives.argtypes = []
         dll.PeerlessXlaStagingBytes.argtypes = []
         dll.PeerlessXlaStagingBytes.restype = ctypes.c_uint64
+        dll.PeerlessXlaGpuStagingBytes.argtypes = [ctypes.c_uint64]
+        dll.PeerlessXlaGpuStagingBytes.restype = ctypes.c_uint64
         dll.PeerlessXlaLiveCollectives.restype = ctypes.c_uint64
         dll.PeerlessXlaSetTopology.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
         dll.PeerlessXlaSetTopology.restype = ctypes.POINTER(_PassResult)
@@ -507,6 +509,21 @@ def staging_bytes() -> int:
     (issue 25), so this grows with the collectives that may run at once, not with their
     number; it is freed with the executables."""
     return int(_dll().PeerlessXlaStagingBytes())
+
+
+def staging_by_device() -> dict:
+    """Memory Peerless's collectives hold now, per device of this process: {"cpu": bytes of
+    the CPU handlers' staging, "cuda:0": bytes of device memory on GPU 0 (staging, signal
+    flags, status words), ...}; a GPU appears once it holds any. On both platforms
+    collectives that every device runs in one order share one slot (issue 25), so this grows
+    with the collectives that may run at once, not with their number."""
+    dll = _dll()
+    out = {"cpu": int(dll.PeerlessXlaStagingBytes())}
+    for ordinal in range(8):  # MAX_RANKS: the CUDA handlers' GPUs per process
+        held = int(dll.PeerlessXlaGpuStagingBytes(ordinal))
+        if held:
+            out[f"cuda:{ordinal}"] = held
+    return out
 
 
 def reset_stats() -> None:

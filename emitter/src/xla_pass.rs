@@ -282,6 +282,22 @@ impl fmt::Debug for Peers {
     }
 }
 
+/// Free device memory the pass may budget staging against (the least among the process's
+/// GPUs, in bytes), asked once per run, after the decisions and only if a collective was
+/// rewritten. `None` (the CPU platform): no budget.
+#[derive(Clone, Default)]
+pub struct DeviceMemory(pub Option<std::sync::Arc<dyn Fn() -> Option<u64> + Send + Sync>>);
+
+impl fmt::Debug for DeviceMemory {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(if self.0.is_some() { "DeviceMemory(probe)" } else { "DeviceMemory(none)" })
+    }
+}
+
+/// The share of free device memory one module's staging may take (1/4): XLA's allocator
+/// and the model need the rest, and a compile may precede others that allocate.
+pub const STAGING_SHARE_OF_FREE: u64 = 4;
+
 /// One run's view of [`Peers`]: the table, made when first asked for.
 struct PeerLookup<'a> {
     source: &'a Peers,
@@ -314,6 +330,8 @@ pub struct PassConfig {
     /// The first `instance` id of this run, the next rewrite getting the next id (tests
     /// want stable output); `None`: ids from a per-process random base ([`next_instance`]).
     pub instance_base: Option<u64>,
+    /// Free device memory for the staging budget ([`fit_staging`]); `None`: unbounded.
+    pub device_memory: DeviceMemory,
 }
 
 impl Default for PassConfig {
@@ -325,6 +343,7 @@ impl Default for PassConfig {
             topology: None,
             caps: Capabilities { variadic: true, cross_process: false },
             instance_base: None,
+            device_memory: DeviceMemory::default(),
         }
     }
 }
@@ -870,9 +889,6 @@ pub fn run(bytes: &[u8], cfg: &PassConfig) -> Result<PassOutcome, PassError> {
         log::info!("peerless pass: {decision}");
         decisions.push(decision);
     }
-    // Every call carries its decision, and the module's first call the collectives left to
-    // XLA: an executable loaded from a cache reports them when XLA instantiates its calls.
-    let fallbacks: String = decisions.iter().filter(|d| !d.kernel).map(PassDecision::report_line).collect();
     // Shared staging: only worth reading the whole module's dependencies with two calls.
     if calls.len() > 1 {
         let names: Vec<&str> = calls.iter().map(|c| c.3.name.as_str()).collect();
@@ -886,6 +902,12 @@ pub fn run(bytes: &[u8], cfg: &PassConfig) -> Result<PassOutcome, PassError> {
         c.3.slot_bytes = staged_bytes(&module, c.1);
         c.3.slot_gpu_bytes = gpu_staged_bytes(&module, c.1, &c.3);
     }
+    if let Some(probe) = cfg.device_memory.0.as_ref().filter(|_| !calls.is_empty()) {
+        fit_staging(&module, probe(), &mut calls, &mut decisions);
+    }
+    // Every call carries its decision, and the module's first call the collectives left to
+    // XLA: an executable loaded from a cache reports them when XLA instantiates its calls.
+    let fallbacks: String = decisions.iter().filter(|d| !d.kernel).map(PassDecision::report_line).collect();
     let mut rewrites = HashMap::new();
     let mut instances = Vec::with_capacity(calls.len());
     for (k, (at, _, target, mut call)) in calls.into_iter().enumerate() {
@@ -917,6 +939,67 @@ fn gpu_staged_bytes(module: &Module, id: InstrId, call: &CustomCallConfig) -> u6
         ins.operands.iter().filter_map(|&o| module.instrs.get(o)).map(|o| o.shape.byte_size()).collect();
     let rets: Vec<usize> = ins.shape.leaves().iter().map(|l| l.byte_size()).collect();
     call.gpu_staging_bytes(&args, &rets) as u64
+}
+
+/// Keeps the module's GPU staging within [`STAGING_SHARE_OF_FREE`] of the least free device
+/// memory (`free`): while it exceeds that, the calls of the largest slot go back to XLA, each
+/// decision saying why, so a program that XLA alone could run never fails allocating
+/// Peerless's staging. Calls whose groups span processes stay: every process must rewrite
+/// the same collectives, and each would measure its own free memory.
+fn fit_staging(
+    module: &Module,
+    free: Option<u64>,
+    calls: &mut Vec<(usize, InstrId, &'static str, CustomCallConfig)>,
+    decisions: &mut [PassDecision],
+) {
+    let Some(free) = free else { return };
+    let budget = free / STAGING_SHARE_OF_FREE;
+    // Bytes per slot (a call without one: its own staging).
+    let mut slots: BTreeMap<u64, u64> = BTreeMap::new();
+    for (_, id, _, c) in calls.iter() {
+        let (key, bytes) = match c.slot {
+            Some(s) => (s, c.slot_gpu_bytes),
+            None => (c.instance, gpu_staged_bytes(module, *id, c)),
+        };
+        let e = slots.entry(key).or_insert(0);
+        *e = (*e).max(bytes);
+    }
+    let wanted: u64 = slots.values().sum();
+    if wanted <= budget {
+        return;
+    }
+    let mut total = wanted;
+    let crossing: BTreeSet<u64> =
+        calls.iter().filter(|c| c.3.spans_processes()).map(|c| c.3.slot.unwrap_or(c.3.instance)).collect();
+    let mut order: Vec<(u64, u64)> = slots.into_iter().filter(|(k, _)| !crossing.contains(k)).collect();
+    order.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    let mut dropped = BTreeSet::new();
+    for (k, b) in order {
+        if total <= budget {
+            break;
+        }
+        dropped.insert(k);
+        total -= b;
+    }
+    let mib = |b: u64| b as f64 / (1 << 20) as f64;
+    calls.retain(|(at, _, _, c)| {
+        let key = c.slot.unwrap_or(c.instance);
+        if !dropped.contains(&key) {
+            return true;
+        }
+        let d = &mut decisions[*at];
+        d.kernel = false;
+        d.implementation = "fallback".into();
+        d.reason = format!(
+            "staging budget: the module's GPU staging would be {:.1} MiB, more than 1/{STAGING_SHARE_OF_FREE} of the \
+             {:.1} MiB free on the fullest GPU; its largest slots stay XLA's (was: {})",
+            mib(wanted),
+            mib(free),
+            d.reason
+        );
+        log::warn!("peerless pass: {} left to XLA: {}", d.instr, d.reason);
+        false
+    });
 }
 
 /// Data dependencies between a module's collectives, read from the whole module (the slim
@@ -1455,6 +1538,37 @@ mod tests {
         let out = run(include_bytes!("../tests/xla_pass/ppermute_then_psum.pb"), &cfg).unwrap();
         assert_eq!(out.decisions.iter().filter(|d| d.kernel).count(), 2);
         assert_eq!(made.load(Ordering::SeqCst), 1);
+    }
+
+    #[test]
+    fn staging_beyond_a_quarter_of_free_device_memory_goes_back_to_xla() {
+        use std::sync::Arc;
+        // Slots of 512 (psum_invariant.18), 512 (the pmax chain) and 1024 bytes (two psums
+        // and an all-gather): 2048 bytes of GPU staging in all.
+        let pb = include_bytes!("../tests/xla_pass/psum_chains_independent.pb");
+        let with = |free: Option<u64>| {
+            let cfg = PassConfig {
+                instance_base: Some(1),
+                device_memory: DeviceMemory(Some(Arc::new(move || free))),
+                ..PassConfig::default()
+            };
+            run(pb, &cfg).unwrap()
+        };
+        let kernels = |out: &PassOutcome| out.decisions.iter().filter(|d| d.kernel).count();
+        assert_eq!(kernels(&with(None)), 6, "unknown free memory: no budget");
+        assert_eq!(kernels(&with(Some(4 * 2048))), 6, "exactly within a quarter");
+        // A quarter of 6144 is 1536: the largest slot (1024 bytes, three calls) goes back.
+        let out = with(Some(6144));
+        let back: Vec<&str> = out.decisions.iter().filter(|d| !d.kernel).map(|d| d.instr.as_str()).collect();
+        assert_eq!(back, ["psum_invariant.21", "psum_invariant.22", "all_gather.3"], "{:?}", out.decisions);
+        let d = out.decisions.iter().find(|d| d.instr == "all_gather.3").unwrap();
+        assert!(d.reason.starts_with("staging budget:") && d.reason.contains("0.0 MiB free"), "{}", d.reason);
+        let m = String::from_utf8_lossy(out.module.as_ref().unwrap()).into_owned();
+        assert!(!m.contains("name = \"all_gather.3\"") && m.contains("name = \"pmax.15\""), "{m}");
+        // Nothing free: every slot goes back, and the module is left as it was.
+        let out = with(Some(0));
+        assert_eq!(kernels(&out), 0);
+        assert!(out.module.is_none());
     }
 
     #[test]

@@ -87,6 +87,12 @@ impl Context {
         Some(self.ordinal)
     }
 
+    /// Free and total device memory of this context's GPU, in bytes (`cuMemGetInfo`).
+    pub fn memory_info(&self) -> Result<(usize, usize)> {
+        self.bind()?;
+        call("cuMemGetInfo", self.d(), r::mem_get_info)
+    }
+
     pub fn name(&self) -> Result<String> {
         call("cuDeviceGetName", self.d(), || r::device::get_name(self.dev))
     }

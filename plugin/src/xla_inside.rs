@@ -92,7 +92,17 @@ pub fn pass_config(platform: &str, flags: &str, local_devices: &str) -> Result<P
         }
         _ => xla_pass::Peers::Shared,
     };
-    Ok(PassConfig { flags: f, peers, local_devices: local, topology, caps, instance_base: None })
+    // On CUDA the staging of a module's slots is budgeted against the GPUs' free memory.
+    let device_memory = match platform {
+        "cuda" => xla_pass::DeviceMemory(Some(std::sync::Arc::new(|| {
+            kernels::cuda::xla::least_free_memory()
+                .map_err(|e| log::warn!("peerless: no staging budget on cuda: {e}"))
+                .ok()
+                .map(|b| b as u64)
+        }))),
+        _ => xla_pass::DeviceMemory::default(),
+    };
+    Ok(PassConfig { flags: f, peers, local_devices: local, topology, caps, instance_base: None, device_memory })
 }
 
 /// One decision per line ([`xla_pass::PassDecision::report_line`]): op, instruction,

@@ -82,6 +82,18 @@ pub fn peer_table() -> Result<Arc<emitter::PeerAccessTable>, String> {
     clique().map(|c| c.peers.clone()).map_err(|e| e.to_string())
 }
 
+/// The least free device memory among the process's GPUs, in bytes (the pass's staging
+/// budget), or why it is unknown.
+pub fn least_free_memory() -> Result<usize, String> {
+    let c = clique().map_err(|e| e.to_string())?;
+    let mut least: Option<usize> = None;
+    for d in &c.devices {
+        let (free, _) = d.ctx.memory_info().map_err(|e| e.to_string())?;
+        least = Some(least.map_or(free, |l| l.min(free)));
+    }
+    least.ok_or_else(|| "no GPUs".to_string())
+}
+
 /// Local ordinal → device id, where this process does not own every device of the job
 /// (`jax.distributed`); empty: ids are ordinals.
 static DEVICE_IDS: RwLock<BTreeMap<usize, usize>> = RwLock::new(BTreeMap::new());

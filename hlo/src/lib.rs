@@ -13,6 +13,8 @@
 
 pub mod analysis;
 pub mod diag;
+#[cfg(feature = "proto")]
+pub mod encode;
 pub mod ir;
 pub mod literal;
 pub mod opcode;
@@ -44,6 +46,12 @@ pub fn decode_proto(file: &str, bytes: &[u8]) -> Result<Module, Error> {
     let module = proto::decode(file, bytes)?;
     verify::verify(&module)?;
     Ok(module)
+}
+
+/// Encodes a module as a serialized `HloModuleProto` (what XLA's PJRT plugins compile).
+#[cfg(feature = "proto")]
+pub fn encode_proto(module: &Module) -> Result<Vec<u8>, Error> {
+    encode::encode(module)
 }
 
 /// Reads a module from a file: HLO text, or a binary `HloModuleProto` when the

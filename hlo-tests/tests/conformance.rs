@@ -38,9 +38,16 @@ fn load_module(case: &Case, front: Front) -> Result<hlo::Module, String> {
             // where the text gives none, the entry's layout as its parameters' and result's
             // (`host_program_shape`, which the decoder does not print), and convolution's
             // group counts (the proto always has them).
+            // Names unique in the module and iota groups written out, as XLA needs them.
             let mut want = text.clone();
             want.config.entry_computation_layout = None;
+            for (id, name) in hlo::encode::unique_names(&text) {
+                want.instrs[id].name = name;
+            }
             for ins in want.instrs.values_mut() {
+                if let Some(g @ hlo::ReplicaGroups::Iota(_)) = &ins.attrs.replica_groups {
+                    ins.attrs.replica_groups = g.groups().map(hlo::ReplicaGroups::Explicit);
+                }
                 with_layouts(&mut ins.shape);
                 if ins.opcode == hlo::Opcode::Convolution {
                     for key in ["feature_group_count", "batch_group_count"] {

@@ -17,7 +17,11 @@
 //! layout constraints and output aliasing, and constants of the f8 types newer than
 //! `pjrt-sys`'s copy of XLA's protos (f8e4m3, f8e3m4, f8e8m0fnu).
 //!
-//! Contract (tested over every hlo-tests case): `decode(encode(m))` prints as `m` does.
+//! Two things differ from the text by necessity: instruction names are made unique in the
+//! whole module ([`unique_names`]), and iota replica groups are written as the explicit
+//! groups they stand for (XLA 0.11 reads the iota form from a field this build's copy of its
+//! protos lacks). Contract (tested over every hlo-tests case): `decode(encode(m))` prints as
+//! `m` does with those two applied and XLA's default layouts filled in.
 
 use std::collections::BTreeMap;
 
@@ -38,9 +42,39 @@ pub fn encode(module: &Module) -> Result<Vec<u8>, Error> {
     Ok(to_proto(module)?.encode_to_vec())
 }
 
+/// Instruction names as the encoder writes them: unique in the whole module, as XLA requires
+/// (the text form only needs them unique per computation). The entry's keep theirs; a
+/// name another computation already took gets `.1`, `.2`, ... (XLA's parser does the same).
+pub fn unique_names(module: &Module) -> BTreeMap<InstrId, String> {
+    let mut taken: std::collections::HashSet<String> = std::collections::HashSet::new();
+    let mut out = BTreeMap::new();
+    let entry = module.comp(module.entry);
+    for &i in &entry.instrs {
+        taken.insert(module.instr(i).name.clone());
+        out.insert(i, module.instr(i).name.clone());
+    }
+    for (cid, c) in module.comps.iter() {
+        if cid == module.entry {
+            continue;
+        }
+        for &i in &c.instrs {
+            let name = &module.instr(i).name;
+            let mut unique = name.clone();
+            let mut k = 1;
+            while !taken.insert(unique.clone()) {
+                unique = format!("{name}.{k}");
+                k += 1;
+            }
+            out.insert(i, unique);
+        }
+    }
+    out
+}
+
 /// The module as an `HloModuleProto` message.
 pub fn to_proto(module: &Module) -> Result<pb::HloModuleProto, Error> {
     let order = callees_first(module);
+    let names = unique_names(module);
     // Computation ids: position in the written order + 1 (0 reads as "unset").
     let comp_id: BTreeMap<CompId, i64> = order.iter().enumerate().map(|(k, &c)| (c, k as i64 + 1)).collect();
     let mut computations = Vec::with_capacity(order.len());
@@ -54,12 +88,15 @@ pub fn to_proto(module: &Module) -> Result<pb::HloModuleProto, Error> {
         let mut instructions = Vec::with_capacity(c.instrs.len());
         for &iid in &c.instrs {
             let ins = module.instr(iid);
-            instructions.push(instruction(module, iid, ins, id_of(iid), &id_of, &comp_id)?);
+            let mut p = instruction(module, iid, ins, id_of(iid), &id_of, &comp_id)?;
+            if let Some(n) = names.get(&iid) {
+                p.name = n.clone();
+            }
+            instructions.push(p);
         }
-        let params: Vec<&Instruction> = c.params.iter().map(|&p| module.instr(p)).collect();
         let program_shape = pb::ProgramShapeProto {
-            parameters: params.iter().map(|p| shape(&p.shape)).collect(),
-            parameter_names: params.iter().map(|p| p.name.clone()).collect(),
+            parameters: c.params.iter().map(|&p| shape(&module.instr(p).shape)).collect(),
+            parameter_names: c.params.iter().map(|p| names.get(p).cloned().unwrap_or_default()).collect(),
             result: Some(shape(&module.instr(c.root).shape)),
         };
         computations.push(pb::HloComputationProto {
@@ -282,20 +319,14 @@ fn instruction(
                 ..Default::default()
             });
         }
+        // XLA reads the iota form from a field (92) this build's copy of its protos lacks;
+        // the groups it stands for are written out instead.
         Some(ReplicaGroups::Iota(i)) => {
-            let rank = i.reshape_dims.len();
-            let perm: Vec<i32> = if i.transpose_perm.is_empty() {
-                (0..rank as i32).collect()
-            } else {
-                i.transpose_perm.iter().map(|&x| x as i32).collect()
-            };
+            let g = i
+                .expand()
+                .ok_or_else(|| err(format!("inconsistent iota replica groups {}", ReplicaGroups::Iota(i.clone()))))?;
             p.collective_device_list = Some(pb::CollectiveDeviceListProto {
-                iota_replica_group_list: Some(pb::IotaReplicaGroupListProto {
-                    num_replica_groups: i.num_groups,
-                    num_devices_per_group: i.group_size,
-                    iota_reshape_dims: i.reshape_dims.clone(),
-                    iota_transpose_perm: perm,
-                }),
+                replica_groups: g.into_iter().map(|r| pb::ReplicaGroup { replica_ids: r }).collect(),
                 ..Default::default()
             });
         }

@@ -278,7 +278,7 @@ fn instruction(
     id_of: &dyn Fn(InstrId) -> i64,
     comp_id: &BTreeMap<CompId, i64>,
 ) -> R<pb::HloInstructionProto> {
-    let err = |why: String| Error::about(ErrorKind::Unsupported, module, iid, format!("%{}: {why}", ins.name));
+    let err = |why: String| Error::about(ErrorKind::Unsupported, module, iid, why);
     let a = &ins.attrs;
     let mut p = pb::HloInstructionProto {
         name: ins.name.clone(),

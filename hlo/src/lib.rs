@@ -1,8 +1,9 @@
 //! Peerless's HLO front end: one IR (typed indices into arenas) built from XLA's HLO
 //! text or from a binary `HloModuleProto`, and a verifier that checks every
-//! instruction's shape rule before anything downstream sees the module, and a
+//! instruction's shape rule before anything downstream sees the module, a
 //! printer back to HLO text ([`print::module_text`]) that the parser reads back
-//! to the same IR. Analyses of a verified module live here too: collectives' device
+//! to the same IR, and an encoder back to `HloModuleProto` ([`encode_proto`]) for
+//! XLA's PJRT plugins. Analyses of a verified module live here too: collectives' device
 //! groups ([`analysis`]) and which shard of each value every partition holds
 //! ([`sharding`]).
 //!

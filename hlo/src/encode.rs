@@ -111,10 +111,8 @@ pub fn to_proto(module: &Module) -> Result<pb::HloModuleProto, Error> {
     let entry = module.comp(module.entry);
     let host_program_shape =
         computations.iter().find(|c| c.id == comp_id[&module.entry]).and_then(|c| c.program_shape.clone());
-    let frontend_attributes = (!module.config.frontend_attributes.is_empty()).then(|| pb::FrontendAttributes {
-        map: module.config.frontend_attributes.clone().into_iter().collect(),
-        ..Default::default()
-    });
+    let frontend_attributes = (!module.config.frontend_attributes.is_empty())
+        .then(|| pb::FrontendAttributes { map: module.config.frontend_attributes.clone().into_iter().collect() });
     Ok(pb::HloModuleProto {
         name: module.name.clone(),
         entry_computation_name: entry.name.clone(),
@@ -361,10 +359,8 @@ fn instruction(
         p.sharding = Some(sharding(s, &ins.shape).map_err(err)?);
     }
     if !a.frontend_attributes.is_empty() {
-        p.frontend_attributes = Some(pb::FrontendAttributes {
-            map: a.frontend_attributes.clone().into_iter().collect(),
-            ..Default::default()
-        });
+        p.frontend_attributes =
+            Some(pb::FrontendAttributes { map: a.frontend_attributes.clone().into_iter().collect() });
     }
     if let Some(b) = &a.backend_config {
         p.backend_config = b.clone().into_bytes();

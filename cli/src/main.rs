@@ -15,7 +15,6 @@
 
 mod bench;
 mod devices;
-mod hlo_text;
 mod kernels_cmd;
 mod report;
 
@@ -297,8 +296,11 @@ fn run_xla(
     })?;
     let bytes = std::fs::read(&args.file)?;
     let is_pb = args.file.extension().is_some_and(|e| e == "pb");
-    let bytes =
-        if !is_pb && std::str::from_utf8(&bytes).is_ok() { hlo_text::to_proto(&args.file, &path)? } else { bytes };
+    // HLO text becomes an HloModuleProto in Rust: the module as parsed and verified, encoded.
+    let bytes = match std::str::from_utf8(&bytes) {
+        Ok(text) if !is_pb => hlo::encode_proto(module).map_err(|e| e.with_source(text))?,
+        _ => bytes,
+    };
     let run = plugin::xla_run::run(&path, module, &bytes, cfg, inputs, &pass_flags)?;
     let on_peerless = run.decisions.iter().filter(|d| d.kernel).count();
     println!(

@@ -11,10 +11,9 @@ fn peerless(args: &[&str]) -> Output {
     peerless_with(args, &[])
 }
 
-/// `peerless` with extra environment variables. XLA's CPU plugin and the Python that parses
-/// HLO text come from the environment as a user's would: PEERLESS_XLA_PLUGIN, else the JAX
-/// venv (`$PEERLESS_VENV_DIR/jax` in CI, `<repo>/.venv/jax` here); PEERLESS_PYTHON, else that
-/// venv's Python.
+/// `peerless` with extra environment variables. XLA's CPU plugin comes from the environment
+/// as a user's would: PEERLESS_XLA_PLUGIN, else the JAX venv (`$PEERLESS_VENV_DIR/jax` in CI,
+/// `<repo>/.venv/jax` here).
 fn peerless_with(args: &[&str], env: &[(&str, &str)]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_peerless"))
         .args(args)
@@ -73,7 +72,8 @@ fn readme_example_runs_inside_xla_by_default_and_agrees_with_the_other_backends(
     assert!(outs[0].contains_key("p0_d3") && outs[0].contains_key("o1_d3"));
 }
 
-/// What is missing when XLA's plugin or XLA's HLO parser cannot be found, and what to do.
+/// What is missing when XLA's plugin cannot be found, and what to do; HLO text needs no
+/// Python (Peerless encodes it as an HloModuleProto itself).
 #[test]
 fn run_without_xla_names_what_to_install() {
     let o = peerless_with(&["run", "examples/all_reduce.hlo"], &[("PEERLESS_XLA_PLUGIN", "/no/such/xla_plugin.so")]);
@@ -81,17 +81,34 @@ fn run_without_xla_names_what_to_install() {
     assert!(!o.status.success(), "{}", stdout(&o));
     assert!(err.contains("PEERLESS_XLA_PLUGIN=/no/such/xla_plugin.so: no such file"), "{err}");
     assert!(err.contains("pip install lammps-jax-pjrt-cpu") && err.contains("--backend host"), "{err}");
-    let o = peerless_with(&["run", "examples/all_reduce.hlo"], &[("PEERLESS_PYTHON", "/no/such/python")]);
-    let err = stderr(&o);
-    assert!(!o.status.success(), "{}", stdout(&o));
-    assert!(err.contains("/no/such/python (PEERLESS_PYTHON)") && err.contains("jaxlib"), "{err}");
-    assert!(err.contains(".pb") && err.contains("--backend host"), "{err}");
+    let o = peerless_with(
+        &["run", "examples/all_reduce.hlo", "--devices", "4"],
+        &[("PEERLESS_PYTHON", "/no/such/python"), ("PATH", "/nonexistent")],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("Peerless's pass: 1 of 1 collectives on Peerless"), "{}", stdout(&o));
     // The standalone runtime needs neither.
     let o = peerless_with(
         &["run", "examples/all_reduce.hlo", "--backend", "host"],
         &[("PEERLESS_XLA_PLUGIN", "/no/such/xla_plugin.so"), ("PEERLESS_PYTHON", "/no/such/python")],
     );
     assert!(o.status.success(), "{}", stderr(&o));
+}
+
+/// An attribute the text parser keeps but no HloModuleProto field holds is an error at its
+/// line and column, with a caret, before XLA sees anything.
+#[test]
+fn text_the_encoder_cannot_write_is_an_error_at_its_place() {
+    let path = tmp("unencodable.hlo");
+    std::fs::write(
+        &path,
+        "HloModule m\n\nENTRY main {\n  x = f32[4] parameter(0)\n  ROOT r = f32[4] add(x, x), frobnicate=1\n}\n",
+    )
+    .expect("write");
+    let o = peerless(&["run", path.to_str().expect("utf-8 path"), "--devices", "1"]);
+    let err = stderr(&o);
+    assert!(!o.status.success(), "{}", stdout(&o));
+    assert!(err.contains("unencodable.hlo:5:") && err.contains("frobnicate=1") && err.contains('^'), "{err}");
 }
 
 #[test]

@@ -223,11 +223,14 @@ fn common_layout(
     id: InstrId,
     layouts: &HashMap<String, Vec<Result<LeafLayout, String>>>,
     elementwise: bool,
+    async_tuple: bool,
 ) -> Result<LeafLayout, String> {
     let ins = module.instr(id);
     let show = |x: &LeafLayout| x.as_ref().map_or("row-major".to_owned(), |v| format!("{v:?}"));
     if elementwise {
-        let results = layouts.get(&ins.name).cloned().unwrap_or_default();
+        // A start's `(operand, result)`: the call computes the result only.
+        let results: Vec<_> =
+            layouts.get(&ins.name).cloned().unwrap_or_default().into_iter().skip(usize::from(async_tuple)).collect();
         let mut operands = Vec::new();
         for o in ins.operands.iter().filter_map(|&o| module.instrs.get(o)) {
             operands.extend(layouts.get(&o.name).cloned().unwrap_or_default());
@@ -258,6 +261,65 @@ fn common_layout(
         }
     }
     Ok(seen.flatten())
+}
+
+/// How a collective the pass takes becomes a custom call (the handlers see one synchronous
+/// collective in every form: operands in, result out).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Form {
+    /// A synchronous collective: the instruction becomes the call.
+    Sync,
+    /// `all-reduce-start` (result: the reduced array): the start becomes the call and its
+    /// `all-reduce-done` a `copy` of it (XLA's simplifier removes the copy where it compiles
+    /// the module from the start; users read the done as before).
+    AsyncInPlace,
+    /// `all-gather-start` / `collective-permute-start` (result: the tuple `(operand,
+    /// result)`): a new call, inserted just before the start, computes the result; the start
+    /// becomes `tuple(operand, call)`, so any user of the start (its `-done`, a
+    /// `get-tuple-element` of either element) reads what it read before, and the `-done`
+    /// becomes `get-tuple-element(start), index=1`.
+    AsyncTuple,
+}
+
+/// The [`Form`] of collective `id`, or why its async form stays XLA's.
+fn form_of(module: &Module, id: InstrId) -> Result<Form, String> {
+    let ins = module.instr(id);
+    let operand = |k: usize| ins.operands.get(k).and_then(|&o| module.instrs.get(o)).map(|o| &o.shape);
+    match ins.opcode {
+        Opcode::AllReduceStart => match (&ins.shape, ins.operands.len()) {
+            (hlo::Shape::Array(_), 1) => Ok(Form::AsyncInPlace),
+            _ => Err(format!(
+                "async start/done pair: a variadic all-reduce-start ({} operands) stays XLA's (its done would \
+                 need a tuple copy)",
+                ins.operands.len()
+            )),
+        },
+        Opcode::AllGatherStart | Opcode::CollectivePermuteStart => {
+            let ok = ins.operands.len() == 1
+                && matches!(&ins.shape, hlo::Shape::Tuple(e) if e.len() == 2
+                    && e.iter().all(|x| x.as_array().is_some())
+                    && Some(&e[0]) == operand(0));
+            if ok {
+                Ok(Form::AsyncTuple)
+            } else {
+                Err(format!(
+                    "async start/done pair: a {} of {} operand(s) with result {} is not the (operand, result) form \
+                     the pass rewrites",
+                    ins.opcode.name(),
+                    ins.operands.len(),
+                    ins.shape
+                ))
+            }
+        }
+        _ => Ok(Form::Sync),
+    }
+}
+
+/// One collective to rewrite: its target, attributes and form.
+struct Rewrite {
+    target: &'static str,
+    call: CustomCallConfig,
+    form: Form,
 }
 
 /// Where the pass learns peer access between device ids. Probing GPUs opens them (seconds;
@@ -767,37 +829,197 @@ fn slim(module: &[u8]) -> Result<Vec<u8>, PassError> {
     Ok(out)
 }
 
+/// Fields the instructions an async pair's rewrite writes anew keep from the originals:
+/// name, shape, metadata, id, operands, control predecessors, sharding, frontend attributes
+/// (each only where it still means the same; see [`rewrite`]).
+const METADATA: u32 = 7;
+const SHARDING: u32 = 40;
+const FRONTEND_ATTRIBUTES: u32 = 68;
+const TUPLE_INDEX: u32 = 13;
+/// ShapeProto.tuple_shapes.
+const TUPLE_SHAPES: u32 = 4;
+
+/// The instructions' ids and names of a whole module (fresh ones for inserted calls must be
+/// unused).
+fn ids_and_names(module: &[u8]) -> Result<(BTreeSet<i64>, BTreeSet<String>), PassError> {
+    let (mut ids, mut names) = (BTreeSet::new(), BTreeSet::new());
+    for c in fields(module)?.iter().filter(|c| c.tag == field::COMPUTATIONS && c.wire == WireType::LengthDelimited) {
+        for i in fields(c.payload)?.iter().filter(|i| i.tag == field::INSTRUCTIONS) {
+            for x in fields(i.payload)? {
+                match x.tag {
+                    field::ID => ids.extend(ints(&x)?),
+                    field::NAME => drop(names.insert(String::from_utf8_lossy(x.payload).into_owned())),
+                    _ => {}
+                }
+            }
+        }
+    }
+    Ok((ids, names))
+}
+
+fn put_ints(out: &mut Vec<u8>, tag: u32, v: &[i64]) {
+    let mut packed = Vec::with_capacity(v.len() * 2);
+    for &x in v {
+        encode_varint(x as u64, &mut packed);
+    }
+    put_bytes(out, tag, &packed);
+}
+
+/// The custom-call fields every rewritten collective gets.
+fn put_call(ins: &mut Vec<u8>, target: &str, config: &str) {
+    put_bytes(ins, field::OPCODE, b"custom-call");
+    put_bytes(ins, field::CUSTOM_CALL_TARGET, target.as_bytes());
+    put_bytes(ins, field::BACKEND_CONFIG, config.as_bytes());
+    encode_key(field::CUSTOM_CALL_API_VERSION, WireType::Varint, ins);
+    encode_varint(API_VERSION_TYPED_FFI, ins);
+}
+
 /// Re-encodes the module with the instructions named in `rewrites` turned into custom
-/// calls (target, backend_config).
-fn rewrite(module: &[u8], rewrites: &HashMap<String, (&'static str, String)>) -> Result<Vec<u8>, PassError> {
+/// calls (target, backend_config, [`Form`]). An async start's `-done` (the instruction of
+/// that opcode whose operand is the start) is rewritten with it: a `copy` of an
+/// all-reduce's call, element 1 of the `(operand, result)` tuple of the others. An
+/// inserted call gets an id one past the largest of its computation (ids carry their
+/// computation in the upper 32 bits in modules XLA writes) that no instruction of the
+/// module has, and the start's name with `.peerless` (made unique).
+fn rewrite(module: &[u8], rewrites: &HashMap<String, (&'static str, String, Form)>) -> Result<Vec<u8>, PassError> {
+    let any_tuple = rewrites.values().any(|r| r.2 == Form::AsyncTuple);
+    let (mut used_ids, mut used_names) =
+        if any_tuple { ids_and_names(module)? } else { (BTreeSet::new(), BTreeSet::new()) };
     let mut out = Vec::with_capacity(module.len() + rewrites.len() * 256);
     for c in fields(module)? {
         if c.tag != field::COMPUTATIONS || c.wire != WireType::LengthDelimited {
             out.extend_from_slice(c.raw);
             continue;
         }
-        let mut comp = Vec::with_capacity(c.payload.len());
-        for i in fields(c.payload)? {
-            if i.tag != field::INSTRUCTIONS || i.wire != WireType::LengthDelimited {
-                comp.extend_from_slice(i.raw);
-                continue;
+        let cf = fields(c.payload)?;
+        let mut instrs: Vec<Option<Vec<Field<'_>>>> = Vec::with_capacity(cf.len());
+        for i in &cf {
+            instrs.push(if i.tag == field::INSTRUCTIONS && i.wire == WireType::LengthDelimited {
+                Some(fields(i.payload)?)
+            } else {
+                None
+            });
+        }
+        let name_of = |fs: &[Field<'_>]| {
+            fs.iter().find(|x| x.tag == field::NAME).map(|x| String::from_utf8_lossy(x.payload).into_owned())
+        };
+        let first_int = |fs: &[Field<'_>], tag: u32| -> Result<Option<i64>, PassError> {
+            Ok(fs.iter().find(|x| x.tag == tag).map(ints).transpose()?.and_then(|v| v.first().copied()))
+        };
+        // Async starts rewritten here, by id, and the largest id of the computation.
+        let mut starts: HashMap<i64, Form> = HashMap::new();
+        let mut max_id = 0i64;
+        for fs in instrs.iter().flatten() {
+            let id = first_int(fs, field::ID)?.unwrap_or(0);
+            max_id = max_id.max(id);
+            if let Some((_, _, form)) = name_of(fs).and_then(|n| rewrites.get(&n))
+                && *form != Form::Sync
+            {
+                starts.insert(id, *form);
             }
-            let fs = fields(i.payload)?;
-            let name = fs.iter().find(|x| x.tag == field::NAME).map(|x| String::from_utf8_lossy(x.payload));
-            let Some((target, config)) = name.and_then(|n| rewrites.get(n.as_ref())) else {
+        }
+        let mut comp = Vec::with_capacity(c.payload.len());
+        for (i, fs) in cf.iter().zip(&instrs) {
+            let Some(fs) = fs else {
                 comp.extend_from_slice(i.raw);
                 continue;
             };
-            let mut ins = Vec::with_capacity(i.payload.len() + config.len() + 64);
-            for x in fs.iter().filter(|x| !DROPPED.contains(&x.tag)) {
-                ins.extend_from_slice(x.raw);
+            let opcode = fs.iter().find(|x| x.tag == field::OPCODE).map_or(&b""[..], |x| x.payload);
+            // A -done of a rewritten start.
+            if opcode.ends_with(b"-done") {
+                let operands: Vec<i64> = match fs.iter().find(|x| x.tag == field::OPERAND_IDS) {
+                    Some(x) => ints(x)?,
+                    None => Vec::new(),
+                };
+                if let Some(form) = operands.first().and_then(|o| starts.get(o)) {
+                    let mut ins = Vec::with_capacity(i.payload.len());
+                    for x in fs.iter().filter(|x| {
+                        matches!(
+                            x.tag,
+                            field::NAME
+                                | field::SHAPE
+                                | METADATA
+                                | field::ID
+                                | field::OPERAND_IDS
+                                | field::CONTROL_PREDECESSOR_IDS
+                                | SHARDING
+                                | FRONTEND_ATTRIBUTES
+                        )
+                    }) {
+                        ins.extend_from_slice(x.raw);
+                    }
+                    if *form == Form::AsyncTuple {
+                        put_bytes(&mut ins, field::OPCODE, b"get-tuple-element");
+                        put_varint(&mut ins, TUPLE_INDEX, 1);
+                    } else {
+                        put_bytes(&mut ins, field::OPCODE, b"copy");
+                    }
+                    put_bytes(&mut comp, field::INSTRUCTIONS, &ins);
+                    continue;
+                }
             }
-            put_bytes(&mut ins, field::OPCODE, b"custom-call");
-            put_bytes(&mut ins, field::CUSTOM_CALL_TARGET, target.as_bytes());
-            put_bytes(&mut ins, field::BACKEND_CONFIG, config.as_bytes());
-            encode_key(field::CUSTOM_CALL_API_VERSION, WireType::Varint, &mut ins);
-            encode_varint(API_VERSION_TYPED_FFI, &mut ins);
-            put_bytes(&mut comp, field::INSTRUCTIONS, &ins);
+            let name = name_of(fs);
+            let Some((target, config, form)) = name.as_ref().and_then(|n| rewrites.get(n)) else {
+                comp.extend_from_slice(i.raw);
+                continue;
+            };
+            if *form != Form::AsyncTuple {
+                let mut ins = Vec::with_capacity(i.payload.len() + config.len() + 64);
+                for x in fs.iter().filter(|x| !DROPPED.contains(&x.tag)) {
+                    ins.extend_from_slice(x.raw);
+                }
+                put_call(&mut ins, target, config);
+                put_bytes(&mut comp, field::INSTRUCTIONS, &ins);
+                continue;
+            }
+            // `(operand, result)`: the call computes the result, the start becomes the tuple.
+            let name = name.unwrap_or_default();
+            let shape = fs.iter().find(|x| x.tag == field::SHAPE).map_or(&b""[..], |x| x.payload);
+            let result_shape = fields(shape)?
+                .into_iter()
+                .filter(|x| x.tag == TUPLE_SHAPES && x.wire == WireType::LengthDelimited)
+                .nth(1)
+                .map(|x| x.payload)
+                .ok_or_else(|| PassError::Wire(format!("'{name}': the start's shape has no element 1")))?;
+            let operand = fs
+                .iter()
+                .find(|x| x.tag == field::OPERAND_IDS)
+                .map(ints)
+                .transpose()?
+                .and_then(|v| v.first().copied())
+                .ok_or_else(|| PassError::Wire(format!("'{name}': the start has no operand")))?;
+            let mut call_id = max_id + 1;
+            while used_ids.contains(&call_id) {
+                call_id += 1;
+            }
+            used_ids.insert(call_id);
+            max_id = max_id.max(call_id);
+            let mut call_name = format!("{name}.peerless");
+            let mut k = 1;
+            while used_names.contains(&call_name) {
+                call_name = format!("{name}.peerless.{k}");
+                k += 1;
+            }
+            used_names.insert(call_name.clone());
+            let mut call = Vec::with_capacity(i.payload.len() + config.len() + 64);
+            put_bytes(&mut call, field::NAME, call_name.as_bytes());
+            put_bytes(&mut call, field::SHAPE, result_shape);
+            put_varint(&mut call, field::ID, call_id);
+            for x in fs.iter().filter(|x| {
+                matches!(x.tag, METADATA | field::OPERAND_IDS | field::CONTROL_PREDECESSOR_IDS | FRONTEND_ATTRIBUTES)
+            }) {
+                call.extend_from_slice(x.raw);
+            }
+            put_call(&mut call, target, config);
+            put_bytes(&mut comp, field::INSTRUCTIONS, &call);
+            let mut tuple = Vec::with_capacity(i.payload.len());
+            for x in fs.iter().filter(|x| matches!(x.tag, field::NAME | field::SHAPE | METADATA | field::ID | SHARDING))
+            {
+                tuple.extend_from_slice(x.raw);
+            }
+            put_bytes(&mut tuple, field::OPCODE, b"tuple");
+            put_ints(&mut tuple, field::OPERAND_IDS, &[operand, call_id]);
+            put_bytes(&mut comp, field::INSTRUCTIONS, &tuple);
         }
         put_bytes(&mut out, field::COMPUTATIONS, &comp);
     }
@@ -872,6 +1094,7 @@ pub fn run(bytes: &[u8], cfg: &PassConfig) -> Result<PassOutcome, PassError> {
     let mut module_key: Option<Option<u64>> = None;
     // Kernel decisions in the module's order, with their calls.
     let mut calls: Vec<(usize, InstrId, &'static str, CustomCallConfig)> = Vec::new();
+    let mut forms: HashMap<String, Form> = HashMap::new();
     for id in module.collectives() {
         let instance = cfg.instance_base.map(|b| b.wrapping_add(calls.len() as u64) & (i64::MAX as u64));
         let shared_id = |instr: &str| -> Option<u64> {
@@ -883,7 +1106,8 @@ pub fn run(bytes: &[u8], cfg: &PassConfig) -> Result<PassOutcome, PassError> {
         };
         let (decision, rewrite) =
             decide_one(&module, id, &assignment, cfg, &logical, &peers, &layouts, instance, shared_id);
-        if let Some((target, call)) = rewrite {
+        if let Some(Rewrite { target, call, form }) = rewrite {
+            forms.insert(call.name.clone(), form);
             calls.push((decisions.len(), id, target, call));
         }
         log::info!("peerless pass: {decision}");
@@ -916,7 +1140,8 @@ pub fn run(bytes: &[u8], cfg: &PassConfig) -> Result<PassOutcome, PassError> {
             call.decisions.push_str(&fallbacks);
         }
         instances.push(call.instance);
-        rewrites.insert(decisions[at].instr.clone(), (target, call.backend_config()));
+        let form = forms.get(&call.name).copied().unwrap_or(Form::Sync);
+        rewrites.insert(decisions[at].instr.clone(), (target, call.backend_config(), form));
     }
     let module = if rewrites.is_empty() { None } else { Some(rewrite(bytes, &rewrites)?) };
     Ok(PassOutcome { module, decisions, instances })
@@ -1228,7 +1453,7 @@ fn decide_one(
     layouts: &HashMap<String, Vec<Result<LeafLayout, String>>>,
     instance: Option<u64>,
     mut shared_id: impl FnMut(&str) -> Option<u64>,
-) -> (PassDecision, Option<(&'static str, CustomCallConfig)>) {
+) -> (PassDecision, Option<Rewrite>) {
     let ins = module.instr(id);
     let dtype = {
         let types: Vec<String> = ins
@@ -1249,10 +1474,6 @@ fn decide_one(
         kernel: false,
         reason: String::new(),
     };
-    if matches!(ins.opcode, Opcode::AllReduceStart | Opcode::AllGatherStart | Opcode::CollectivePermuteStart) {
-        d.reason = "async start/done pair (the pass runs before XLA makes collectives async)".into();
-        return (d, None);
-    }
     // Decide on device ids: map the logical groups through the assignment first, so peer
     // access and process locality are checked on the devices that will really talk.
     let (config, decision) = match decide_with(module, id, a.replicas, a.partitions, &cfg.flags, logical, cfg.caps) {
@@ -1327,12 +1548,20 @@ fn decide_one(
         );
         return (d, None);
     }
+    // An async pair becomes one synchronous call; the forms it can take ([`Form`]).
+    let form = match form_of(module, id) {
+        Ok(f) => f,
+        Err(e) => {
+            d.reason = e;
+            return (d, None);
+        }
+    };
     let elementwise = match config.op.kind {
         CollectiveKind::AllReduce | CollectiveKind::CollectivePermute => true,
         CollectiveKind::AllToAll => config.num_operands > 1,
         _ => false,
     };
-    let layout = match common_layout(module, id, layouts, elementwise) {
+    let layout = match common_layout(module, id, layouts, elementwise, form == Form::AsyncTuple) {
         Ok(l) => l,
         Err(e) => {
             d.reason = e;
@@ -1395,7 +1624,7 @@ fn decide_one(
     if call.spans_processes() {
         d.reason.push_str(" (across processes of one host: shared memory)");
     }
-    (d, Some((target, call)))
+    (d, Some(Rewrite { target, call, form }))
 }
 
 #[cfg(test)]
@@ -1592,6 +1821,56 @@ mod tests {
         let body = &d.ancestors["psum_invariant.18"].0;
         assert_ne!(body, &entry);
         assert!(d.runs_alone(&entry) && d.runs_alone(body));
+    }
+
+    /// `text` encoded by the hlo crate, with an N×1 device assignment.
+    fn replicas(text: &str, n: i64) -> Vec<u8> {
+        let m = hlo::parse_text("t.hlo", text).unwrap();
+        let mut bytes = hlo::encode_proto(&m).unwrap();
+        let da = DeviceAssignment {
+            replica_count: n as i32,
+            computation_count: 1,
+            computation_devices: vec![ComputationDevices { replica_device_ids: (0..n).collect() }],
+        };
+        put_bytes(&mut bytes, 15, &da.encode_to_vec());
+        bytes
+    }
+
+    #[test]
+    fn an_async_tuple_start_becomes_a_call_and_a_tuple_with_fresh_id_and_name() {
+        // `st.peerless` is taken, and the start's other users read both tuple elements.
+        let text = "HloModule m\n\nENTRY main {\n  x = f32[4]{0} parameter(0)\n  st.peerless = f32[4]{0} negate(x)\n  \
+                    st = (f32[4]{0}, f32[4]{0}) collective-permute-start(st.peerless), source_target_pairs={{0,1},{1,0}}\n  \
+                    a = f32[4]{0} get-tuple-element(st), index=0\n  dn = f32[4]{0} collective-permute-done(st)\n  \
+                    ROOT t = (f32[4]{0}, f32[4]{0}) tuple(dn, a)\n}\n";
+        let bytes = replicas(text, 2);
+        let out = run(&bytes, &PassConfig { instance_base: Some(1), ..PassConfig::default() }).unwrap();
+        assert!(out.decisions[0].kernel, "{}", out.decisions[0]);
+        let rewritten = out.module.unwrap();
+        // Every id of the module is distinct (XLA's importer requires it).
+        let (ids, names) = ids_and_names(&rewritten).unwrap();
+        let count = fields(&rewritten)
+            .unwrap()
+            .iter()
+            .filter(|c| c.tag == field::COMPUTATIONS)
+            .map(|c| fields(c.payload).unwrap().iter().filter(|i| i.tag == field::INSTRUCTIONS).count())
+            .sum::<usize>();
+        assert_eq!((ids.len(), names.len()), (count, count));
+        let m = hlo::decode_proto("out", &rewritten).unwrap();
+        let by_name = |n: &str| m.instrs.values().find(|i| i.name == n).unwrap();
+        let call = by_name("st.peerless.1");
+        assert_eq!(call.opcode, Opcode::CustomCall);
+        assert_eq!(call.attrs.custom_call_target.as_deref(), Some("peerless.collective_permute"));
+        assert_eq!(m.instrs[call.operands[0]].name, "st.peerless");
+        let st = by_name("st");
+        assert_eq!(st.opcode, Opcode::Tuple);
+        let operands: Vec<&str> = st.operands.iter().map(|&o| m.instrs[o].name.as_str()).collect();
+        assert_eq!(operands, ["st.peerless", "st.peerless.1"]);
+        let dn = by_name("dn");
+        assert_eq!((dn.opcode, dn.attrs.tuple_index), (Opcode::GetTupleElement, Some(1)));
+        assert_eq!(by_name("a").attrs.tuple_index, Some(0));
+        // The pass's output has no collective left: a second run changes nothing.
+        assert!(run(&rewritten, &PassConfig::default()).unwrap().module.is_none());
     }
 
     #[test]

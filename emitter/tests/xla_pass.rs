@@ -1,7 +1,11 @@
 //! Golden filetests of the collective pass that runs inside XLA (`emitter::xla_pass`).
 //!
 //! Every `tests/xla_pass/NAME.pb` is a serialized HloModuleProto as XLA hands it to the
-//! pass (written by `tests/xla_pass/make_inputs.py`); an optional `NAME.flags` holds
+//! pass (written by `tests/xla_pass/make_inputs.py`); every `NAME.hlo` is HLO text that
+//! Peerless's encoder turns into one (`hlo::encode_proto`), with the device assignment of
+//! its header's `replica_count` / `num_partitions` (device d = logical id d), for modules
+//! JAX does not hand the pass (async start/done pairs, as XLA dumps optimized modules,
+//! and edge forms of them); an optional `NAME.flags` holds
 //! `--name=value` flags for the pass. One trial per input runs the pass (instance ids from
 //! a fixed base), decodes the rewritten module with the proto front end, runs the verifier
 //! on it, runs the pass again on its own output (it must change nothing and decide the
@@ -41,7 +45,11 @@ fn key(d: &PassDecision) -> (&str, &str, &str, bool, &str) {
 
 /// Runs the pass on one input and renders what the expected file holds.
 fn render(pb: &Path) -> Result<String, String> {
-    let bytes = std::fs::read(pb).map_err(|e| format!("{}: {e}", pb.display()))?;
+    let bytes = if pb.extension().is_some_and(|e| e == "hlo") {
+        from_text(pb)?
+    } else {
+        std::fs::read(pb).map_err(|e| format!("{}: {e}", pb.display()))?
+    };
     let flags_path = pb.with_extension("flags");
     let flags = match std::fs::read_to_string(&flags_path) {
         Ok(s) => s,
@@ -83,6 +91,39 @@ fn render(pb: &Path) -> Result<String, String> {
         ));
     }
     Ok(out)
+}
+
+/// `NAME.hlo` as the pass gets it: encoded, with the header's device assignment (HloModuleProto
+/// field 15: replicas × partitions, device `replica * partitions + partition`).
+fn from_text(path: &Path) -> Result<Vec<u8>, String> {
+    use prost::encoding::{WireType, encode_key, encode_varint};
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let m = hlo::parse_text(&path.display().to_string(), &text).map_err(|e| e.to_string())?;
+    let mut bytes = hlo::encode_proto(&m).map_err(|e| e.with_source(&text).to_string())?;
+    let (r, p) = (m.config.replica_count.max(1), m.config.num_partitions.max(1));
+    let varint = |out: &mut Vec<u8>, tag: u32, v: u64| {
+        encode_key(tag, WireType::Varint, out);
+        encode_varint(v, out);
+    };
+    let bytes_field = |out: &mut Vec<u8>, tag: u32, payload: &[u8]| {
+        encode_key(tag, WireType::LengthDelimited, out);
+        encode_varint(payload.len() as u64, out);
+        out.extend_from_slice(payload);
+    };
+    let mut da = Vec::new();
+    varint(&mut da, 1, r as u64);
+    varint(&mut da, 2, p as u64);
+    for c in 0..p {
+        let mut ids = Vec::new();
+        for rep in 0..r {
+            encode_varint((rep * p + c) as u64, &mut ids);
+        }
+        let mut comp = Vec::new();
+        bytes_field(&mut comp, 1, &ids);
+        bytes_field(&mut da, 3, &comp);
+    }
+    bytes_field(&mut bytes, 15, &da);
+    Ok(bytes)
 }
 
 fn lines<'a>(ds: impl IntoIterator<Item = &'a PassDecision>) -> String {
@@ -167,7 +208,7 @@ fn files_with(ext: &str) -> Vec<PathBuf> {
 fn no_orphans() -> Result<(), Failed> {
     let mut orphans = Vec::new();
     for f in files_with("expected").into_iter().chain(files_with("flags")) {
-        if !f.with_extension("pb").exists() {
+        if !f.with_extension("pb").exists() && !f.with_extension("hlo").exists() {
             if bless() && f.extension().is_some_and(|e| e == "expected") {
                 std::fs::remove_file(&f).map_err(|e| format!("{}: {e}", f.display()))?;
             } else {
@@ -175,7 +216,7 @@ fn no_orphans() -> Result<(), Failed> {
             }
         }
     }
-    if orphans.is_empty() { Ok(()) } else { Err(format!("no .pb input for {}", orphans.join(", ")).into()) }
+    if orphans.is_empty() { Ok(()) } else { Err(format!("no .pb or .hlo input for {}", orphans.join(", ")).into()) }
 }
 
 // ----------------------------------------------------------------------------- negative cases
@@ -279,6 +320,7 @@ fn main() {
     let args = Arguments::from_args();
     let mut trials: Vec<Trial> = files_with("pb")
         .into_iter()
+        .chain(files_with("hlo"))
         .map(|pb| {
             let name = pb.file_stem().expect("a file name").to_string_lossy().into_owned();
             Trial::test(name, move || check(&pb))

@@ -1,8 +1,10 @@
 //! HLO conformance: every case under `hlo-tests/cases/` is run by Peerless's
 //! interpreter on each declared device count and compared with XLA's goldens
-//! (`hlo-tests/goldens/`, written only by `gen_goldens.py`). Each case runs twice:
-//! once parsed from HLO text, once decoded from XLA's own serialized
-//! `HloModuleProto` (`goldens/<case>.pb`).
+//! (`hlo-tests/goldens/`, written only by `gen_goldens.py`). Each case runs three times:
+//! parsed from HLO text, decoded from XLA's own serialized `HloModuleProto`
+//! (`goldens/<case>.pb`), and parsed from text, encoded as an `HloModuleProto` by
+//! Peerless's encoder (`hlo::encode_proto`) and decoded again, which must also print as the
+//! text-parsed module does (the encoder's round trip).
 //!
 //! `cargo test -p peerless-hlo-tests --test conformance [-- FILTER]`
 
@@ -17,6 +19,7 @@ use libtest_mimic::{Arguments, Failed, Trial};
 enum Front {
     Text,
     Proto,
+    Encoded,
 }
 
 fn load_module(case: &Case, front: Front) -> Result<hlo::Module, String> {
@@ -27,6 +30,54 @@ fn load_module(case: &Case, front: Front) -> Result<hlo::Module, String> {
             let bytes = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
             hlo::decode_proto(&path.display().to_string(), &bytes).map_err(|e| format!("decode_proto: {e}"))
         }
+        Front::Encoded => {
+            let text = load_module(case, Front::Text)?;
+            let bytes = hlo::encode_proto(&text).map_err(|e| format!("encode_proto: {e}"))?;
+            let back = hlo::decode_proto(&case.name, &bytes).map_err(|e| format!("decode_proto(encode_proto): {e}"))?;
+            // What the encoder writes as XLA's text parser does: the default (row-major) layout
+            // where the text gives none, the entry's layout as its parameters' and result's
+            // (`host_program_shape`, which the decoder does not print), and convolution's
+            // group counts (the proto always has them).
+            // Names unique in the module and iota groups written out, as XLA needs them.
+            let mut want = text.clone();
+            want.config.entry_computation_layout = None;
+            for (id, name) in hlo::encode::unique_names(&text) {
+                want.instrs[id].name = name;
+            }
+            for ins in want.instrs.values_mut() {
+                if let Some(g @ hlo::ReplicaGroups::Iota(_)) = &ins.attrs.replica_groups {
+                    ins.attrs.replica_groups = g.groups().map(hlo::ReplicaGroups::Explicit);
+                }
+                with_layouts(&mut ins.shape);
+                if ins.opcode == hlo::Opcode::Convolution {
+                    for key in ["feature_group_count", "batch_group_count"] {
+                        ins.attrs.other.entry(key.into()).or_insert_with(|| "1".into());
+                    }
+                }
+            }
+            let (want, got) = (hlo::module_text(&want), hlo::module_text(&back));
+            if want != got {
+                let at = want.lines().zip(got.lines()).position(|(a, b)| a != b).unwrap_or(0);
+                return Err(format!(
+                    "the encoded module prints differently from line {}:\n  text:    {}\n  encoded: {}",
+                    at + 1,
+                    want.lines().nth(at).unwrap_or(""),
+                    got.lines().nth(at).unwrap_or("")
+                ));
+            }
+            Ok(back)
+        }
+    }
+}
+
+/// `shape` with the default layout on every array that has none.
+fn with_layouts(shape: &mut hlo::Shape) {
+    match shape {
+        hlo::Shape::Array(a) if a.layout.is_none() && !a.dims.is_empty() => {
+            a.layout = Some((0..a.dims.len() as i64).rev().collect())
+        }
+        hlo::Shape::Tuple(elems) => elems.iter_mut().for_each(with_layouts),
+        _ => {}
     }
 }
 
@@ -96,12 +147,13 @@ fn main() {
         };
         for &n in &d.devices {
             devices.insert(n);
-            for front in [Front::Text, Front::Proto] {
+            for front in [Front::Text, Front::Proto, Front::Encoded] {
                 let cases = cases.clone();
                 let matched = matched.clone();
                 let label = match front {
                     Front::Text => "text",
                     Front::Proto => "proto",
+                    Front::Encoded => "encoded",
                 };
                 trials.push(Trial::test(format!("{label}::{}::d{n}", case.name), move || {
                     let case = &cases[idx];

@@ -1,8 +1,9 @@
 //! Peerless's HLO front end: one IR (typed indices into arenas) built from XLA's HLO
 //! text or from a binary `HloModuleProto`, and a verifier that checks every
-//! instruction's shape rule before anything downstream sees the module, and a
+//! instruction's shape rule before anything downstream sees the module, a
 //! printer back to HLO text ([`print::module_text`]) that the parser reads back
-//! to the same IR. Analyses of a verified module live here too: collectives' device
+//! to the same IR, and an encoder back to `HloModuleProto` ([`encode_proto`]) for
+//! XLA's PJRT plugins. Analyses of a verified module live here too: collectives' device
 //! groups ([`analysis`]) and which shard of each value every partition holds
 //! ([`sharding`]).
 //!
@@ -13,6 +14,8 @@
 
 pub mod analysis;
 pub mod diag;
+#[cfg(feature = "proto")]
+pub mod encode;
 pub mod ir;
 pub mod literal;
 pub mod opcode;
@@ -44,6 +47,12 @@ pub fn decode_proto(file: &str, bytes: &[u8]) -> Result<Module, Error> {
     let module = proto::decode(file, bytes)?;
     verify::verify(&module)?;
     Ok(module)
+}
+
+/// Encodes a module as a serialized `HloModuleProto` (what XLA's PJRT plugins compile).
+#[cfg(feature = "proto")]
+pub fn encode_proto(module: &Module) -> Result<Vec<u8>, Error> {
+    encode::encode(module)
 }
 
 /// Reads a module from a file: HLO text, or a binary `HloModuleProto` when the

@@ -1,18 +1,27 @@
-//! `peerless run --backend xla` in-process, over the whole HLO suite: every case of
-//! `hlo-tests/cases/` with a `goldens/<case>.pb`, on each of its golden device counts, is
-//! run by XLA's own CPU plugin with Peerless's collective pass applied and its handlers
-//! registered, and compared with XLA's goldens (floats within the suite's dtype
-//! tolerances, integers and pred exactly). One trial per (case, device count).
+//! The HLO conformance suite through XLA: every case of `hlo-tests/cases/`, on each of its
+//! golden device counts, is run by XLA's own CPU plugin with Peerless's collective pass
+//! applied and its handlers registered (`peerless run --backend xla` in-process), and
+//! compared with XLA's goldens (floats within the suite's dtype tolerances, integers and
+//! pred exactly). Three trials per (case, device count):
 //!
-//! Cases the xla backend cannot run are listed in [`UNSUPPORTED`] with the reason and a
+//! - `kernel::<case>::d<N>`: the case's HLO text, parsed and encoded as an HloModuleProto by
+//!   Peerless (`hlo::encode_proto`: no Python), every collective forced onto Peerless
+//!   (`--<op>_backend=kernel`; what the rules still refuse stays XLA's with its reason). The
+//!   async start/done cases must have every collective on a Peerless kernel.
+//! - `fallback::<case>::d<N>`: the same module, every `--<op>_backend=fallback`: XLA's own
+//!   collectives, and no decision may say kernel.
+//! - `proto::<case>::d<N>`: XLA's own serialized proto of the case (`goldens/<case>.pb`,
+//!   jaxlib's parser), default flags.
+//!
+//! Cases XLA's PJRT client cannot run are listed in [`UNSUPPORTED`] with the reason and a
 //! fragment of the error they must fail with; any other failure fails the test, and a
-//! listed case that passes fails with "now passes: remove from the list". Over all cases,
+//! listed case that passes fails with "now passes: remove from the list". Over all trials,
 //! the collectives the pass put on Peerless vs left to XLA are tallied and printed; the
 //! total on Peerless must be > 0.
 //!
 //! Needs XLA's CPU plugin (`lammps-jax-pjrt-cpu` in `.venv/jax`, which scripts/setup.sh
 //! installs, or PEERLESS_XLA_PLUGIN), loaded once per process. Without it the test fails,
-//! unless PEERLESS_SKIP_XLA_PLUGIN=1 says to skip it.
+//! unless PEERLESS_SKIP_XLA_PLUGIN=1 says to skip it (CI never sets it).
 //!
 //! `cargo test -p peerless-plugin --test xla_run [-- FILTER]`. Trials run one at a time
 //! unless `--test-threads` says otherwise (each builds its own XLA client).
@@ -106,16 +115,72 @@ struct Tally {
     xla: usize,
     /// Trials that got as far as the pass.
     runs: usize,
+    /// Trials that matched the goldens, per source.
+    matched: [usize; 3],
 }
 
-fn run_case(plugin: &Path, case: &Case, d: &Directive, n: usize, tally: &Mutex<Tally>) -> Result<(), String> {
-    let bytes = std::fs::read(proto_path(&case.name)).map_err(|e| e.to_string())?;
-    let module = hlo::decode_proto(&case.name, &bytes).map_err(|e| format!("decode_proto: {e}"))?;
+/// Where a trial's module comes from and the flags its pass runs with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Source {
+    /// The case's text through Peerless's parser and proto encoder, collectives forced onto kernels.
+    Kernel,
+    /// The same, every collective forced to XLA's own.
+    Fallback,
+    /// XLA's serialized proto of the case (`goldens/<case>.pb`), default flags.
+    Proto,
+}
+
+impl Source {
+    const ALL: [Source; 3] = [Source::Kernel, Source::Fallback, Source::Proto];
+
+    fn label(self) -> &'static str {
+        match self {
+            Source::Kernel => "kernel",
+            Source::Fallback => "fallback",
+            Source::Proto => "proto",
+        }
+    }
+
+    fn flags(self) -> Vec<String> {
+        let backend = match self {
+            Source::Kernel => "kernel",
+            Source::Fallback => "fallback",
+            Source::Proto => return Vec::new(),
+        };
+        ["all_reduce", "all_gather", "all_to_all", "reduce_scatter", "collective_permute"]
+            .iter()
+            .map(|op| format!("--{op}_backend={backend}"))
+            .collect()
+    }
+}
+
+fn run_case(
+    plugin: &Path,
+    case: &Case,
+    d: &Directive,
+    n: usize,
+    source: Source,
+    tally: &Mutex<Tally>,
+) -> Result<(), String> {
+    let (module, bytes) = match source {
+        Source::Proto => {
+            let bytes = std::fs::read(proto_path(&case.name)).map_err(|e| e.to_string())?;
+            let module = hlo::decode_proto(&case.name, &bytes).map_err(|e| format!("decode_proto: {e}"))?;
+            (module, bytes)
+        }
+        Source::Kernel | Source::Fallback => {
+            let file = case.path.display().to_string();
+            let module = hlo::parse_text(&file, &case.text).map_err(|e| format!("parse: {e}"))?;
+            let bytes =
+                hlo::encode_proto(&module).map_err(|e| format!("encode_proto: {}", e.with_source(&case.text)))?;
+            (module, bytes)
+        }
+    };
     let golden = read_golden(&golden_path(&case.name, n), n)?;
     let args = make_args(&module.entry_param_shapes(), &golden)?;
     let mode = if d.mode == Mode::Replica { interp::Mode::Replica } else { interp::Mode::Partition };
     let cfg = interp::RunConfig { num_devices: n, mode };
-    let run = plugin::xla_run::run(plugin, &module, &bytes, &cfg, &args, &[])?;
+    let run = plugin::xla_run::run(plugin, &module, &bytes, &cfg, &args, &source.flags())?;
     let taken = run.decisions.iter().filter(|x| x.kernel).count();
     if taken > 0 && !run.rewritten {
         return Err(format!("the pass took {taken} collectives but did not rewrite the module"));
@@ -126,14 +191,29 @@ fn run_case(plugin: &Path, case: &Case, d: &Directive, n: usize, tally: &Mutex<T
         t.xla += run.decisions.len() - taken;
         t.runs += 1;
     }
-    hlo_tests::compare_results(&run.outputs, &golden, d.tolerance)
+    let show = || run.decisions.iter().map(|x| format!("\n  {x}")).collect::<String>();
+    if source == Source::Fallback && taken > 0 {
+        return Err(format!("the fallback configuration put {taken} collectives on Peerless:{}", show()));
+    }
+    // The async pairs (all-gather-start / all-reduce-start / collective-permute-start) run on
+    // Peerless's kernels when forced there.
+    if source == Source::Kernel
+        && case.name.contains("start_done")
+        && (run.decisions.is_empty() || taken < run.decisions.len())
+    {
+        return Err(format!("an async start/done pair stayed XLA's:{}", show()));
+    }
+    hlo_tests::compare_results(&run.outputs, &golden, d.tolerance)?;
+    let mut t = tally.lock().unwrap_or_else(|e| e.into_inner());
+    t.matched[Source::ALL.iter().position(|&s| s == source).unwrap_or(0)] += 1;
+    Ok(())
 }
 
-fn case_trial(plugin: &Arc<PathBuf>, case: Case, n: usize, tally: &Arc<Mutex<Tally>>) -> Trial {
+fn case_trial(plugin: &Arc<PathBuf>, case: Case, n: usize, source: Source, tally: &Arc<Mutex<Tally>>) -> Trial {
     let (plugin, tally) = (plugin.clone(), tally.clone());
-    Trial::test(format!("{}::d{n}", case.name), move || {
+    Trial::test(format!("{}::{}::d{n}", source.label(), case.name), move || {
         let d = case.directive.as_ref().map_err(|e| Failed::from(format!("bad directive: {e}")))?;
-        let got = run_case(&plugin, &case, d, n, &tally);
+        let got = run_case(&plugin, &case, d, n, source, &tally);
         match (got, unsupported(&case.name, n)) {
             (Ok(()), None) => Ok(()),
             (Err(e), None) => Err(e.into()),
@@ -187,27 +267,34 @@ fn main() {
     let plugin = Arc::new(plugin);
     let tally = Arc::new(Mutex::new(Tally::default()));
     let cases = load_cases().expect("cannot read hlo-tests/cases");
+    let n_cases = cases.len();
     let mut listed = 0;
-    let mut with_pb = 0;
+    let mut case_runs = 0;
     for case in cases {
-        if !proto_path(&case.name).exists() {
-            continue;
-        }
-        with_pb += 1;
         let devices = match &case.directive {
             Ok(d) => d.devices.clone(),
             Err(_) => vec![0],
         };
         for n in devices {
+            case_runs += 1;
             listed += usize::from(unsupported(&case.name, n).is_some());
-            trials.push(case_trial(&plugin, case.clone(), n, &tally));
+            for source in Source::ALL {
+                if source == Source::Proto && !proto_path(&case.name).exists() {
+                    let name = case.name.clone();
+                    trials.push(Trial::test(format!("proto::{name}::d{n}"), move || {
+                        Err(format!("{} is missing", proto_path(&name).display()).into())
+                    }));
+                    continue;
+                }
+                trials.push(case_trial(&plugin, case.clone(), n, source, &tally));
+            }
         }
     }
     // A listed entry must name an existing trial.
     for &(c, n, _, _) in UNSUPPORTED {
         let name = match n {
-            Some(n) => format!("{c}::d{n}"),
-            None => format!("{c}::"),
+            Some(n) => format!("kernel::{c}::d{n}"),
+            None => format!("kernel::{c}::"),
         };
         if !trials.iter().any(|t| t.name().starts_with(&name)) {
             trials.push(Trial::test(format!("unsupported_list::{c}"), move || {
@@ -215,13 +302,12 @@ fn main() {
             }));
         }
     }
-    let total = trials.len() - 1;
     let conclusion = libtest_mimic::run(&args, trials);
     let t = tally.lock().unwrap_or_else(|e| e.into_inner());
     println!(
-        "xla_run: {with_pb} cases with a .pb, {total} case runs ({listed} listed unsupported); collectives over {} runs: \
-         {} on Peerless, {} left to XLA",
-        t.runs, t.peerless, t.xla
+        "xla_run: {n_cases} cases, {case_runs} case runs ({listed} listed unsupported) x 3 sources; matched XLA's \
+         goldens: {} kernel, {} fallback, {} proto; collectives over {} runs: {} on Peerless, {} left to XLA",
+        t.matched[0], t.matched[1], t.matched[2], t.runs, t.peerless, t.xla
     );
     // Over the whole suite (no filter), some collective must have run on Peerless.
     if args.filter.is_none() && args.skip.is_empty() && t.runs > 0 && t.peerless == 0 {

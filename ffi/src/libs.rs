@@ -45,6 +45,23 @@ pub fn site_packages() -> Vec<PathBuf> {
     dirs
 }
 
+/// The file of the shared object (or executable) this code was loaded from: the mapping in
+/// `/proc/self/maps` that holds this function. (`libpeerless_pjrt.so` finds XLA's plugins
+/// beside itself with it.)
+pub fn own_path() -> Option<PathBuf> {
+    let here = own_path as *const () as usize;
+    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+    for line in maps.lines() {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let Some((lo, hi)) = fields.first().and_then(|r| r.split_once('-')) else { continue };
+        let (Ok(lo), Ok(hi)) = (usize::from_str_radix(lo, 16), usize::from_str_radix(hi, 16)) else { continue };
+        if (lo..hi).contains(&here) && fields.len() > 5 && fields[5].starts_with('/') {
+            return Some(PathBuf::from(fields[5..].join(" ")));
+        }
+    }
+    None
+}
+
 fn ld_library_path() -> Vec<PathBuf> {
     std::env::var_os("LD_LIBRARY_PATH").map(|p| std::env::split_paths(&p).collect()).unwrap_or_default()
 }

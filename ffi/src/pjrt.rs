@@ -52,6 +52,33 @@ pub const SLOT_CLIENT_COMPILE: usize = 20;
 pub const SLOT_ERROR_FOR_EACH_PAYLOAD: usize = 132;
 /// The newest PJRT minor version whose every error-reading slot the wrapper knows.
 pub const KNOWN_MINOR: i32 = 115;
+/// `PJRT_Plugin_Initialize` and `PJRT_Plugin_Attributes`.
+pub const SLOT_PLUGIN_INITIALIZE: usize = 3;
+pub const SLOT_PLUGIN_ATTRIBUTES: usize = 4;
+/// Function slots of a PJRT 0.[`KNOWN_MINOR`] table (through `PJRT_Error_ForEachPayload`
+/// and the slots after it that plugins of that version fill; unknown trailing slots of a
+/// table a client reads are only ever read up to its `struct_size`).
+pub const KNOWN_SLOTS: usize = 140;
+
+/// A function table of our own (`GetPjrtApi`'s answer where no XLA plugin can be wrapped):
+/// PJRT 0.[`KNOWN_MINOR`], `slots` function slots all set to `fill` (a function of the
+/// uniform `PJRT_Error* f(Args*)` shape, which every slot but `PJRT_Error_Destroy` and
+/// `PJRT_Error_Message` has) except those in `patches`, so no slot is null. Leaked: it lives
+/// for the process, as `GetPjrtApi`'s table must.
+pub fn uniform_table(slots: usize, fill: *const c_void, patches: &[(usize, *const c_void)]) -> *const c_void {
+    let words = (API_HEADER + 8 * slots) / 8;
+    let mut t = vec![0u64; words].into_boxed_slice();
+    t[0] = (API_HEADER + 8 * slots) as u64; // struct_size; extension_start stays null
+    t[2] = 24; // PJRT_Api_Version's struct_size; its extension_start stays null
+    t[4] = u64::from(KNOWN_MINOR as u32) << 32; // major 0 (low half), minor (high half)
+    for i in 0..slots {
+        t[API_HEADER / 8 + i] = fill as u64;
+    }
+    for &(i, f) in patches.iter().filter(|p| p.0 < slots) {
+        t[API_HEADER / 8 + i] = f as u64;
+    }
+    Box::leak(t).as_ptr().cast()
+}
 const FFI_EXTENSION_SIZE: usize = 48;
 
 #[repr(C)]

@@ -7,7 +7,7 @@
 //! |---|---|---|
 //! | [`hlo_text`] | `hlo::parse_text` | host thunk programs (emitter, buffers) on 1 and 2 devices |
 //! | [`hlo_proto`] | `hlo::decode_proto` | as `hlo_text` |
-//! | [`compile_options`] | `CompileOptionsProto` in `plugin::runtime::compile` | compile a fixed module |
+//! | [`compile_options`] | `CompileOptionsProto` in `plugin::wrap::split_compile_options` (the wrapper's `PJRT_Client_Compile`) | the flags it takes out, applied |
 //! | [`npz`] | `interp::io::read_npz_bytes` | |
 //! | [`flags`] | `emitter::Flags::parse` and `Flags::apply` | |
 //! | [`xla_pass`] | `emitter::xla_pass::run` (the pass inside XLA) | the pass again on its rewrite |
@@ -50,23 +50,17 @@ pub fn hlo_proto(data: &[u8]) {
     }
 }
 
-/// The module [`compile_options`] compiles: XLA's serialization of hlo-tests' `all_gather`
-/// case (4 replicas).
-const COMPILE_MODULE: &[u8] = include_bytes!("../../hlo-tests/goldens/all_gather.pb");
-
-/// `CompileOptionsProto` bytes, given to the plugin's compile with a fixed valid module on an
-/// 8-device client (num_replicas / num_partitions / device assignment come from them).
+/// `CompileOptionsProto` bytes as a PJRT client hands them to the wrapper's
+/// `PJRT_Client_Compile`: Peerless's options split out on the wire (the rest is XLA's), and
+/// the flags they name applied to the pass's flags, as the compile does.
 pub fn compile_options(data: &[u8]) {
-    thread_local! {
-        static CLIENT: Box<plugin::runtime::Client> = plugin::runtime::Client::new(plugin::runtime::ClientConfig {
-            backend: plugin::runtime::BackendKind::Host,
-            num_devices: 8,
-            flags: Flags::default(),
-        });
+    if let Ok(Some((flags, rest))) = plugin::wrap::split_compile_options(data) {
+        assert!(rest.len() <= data.len(), "the options grew");
+        let mut f = Flags::default();
+        for flag in &flags {
+            let _ = f.apply(flag);
+        }
     }
-    CLIENT.with(|client| {
-        let _ = plugin::runtime::compile(client, "hlo", COMPILE_MODULE, data);
-    });
 }
 
 /// npz archive bytes (`interp::io::read_npz_bytes`).

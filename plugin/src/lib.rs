@@ -1,24 +1,14 @@
-//! The PJRT C API (version 0.54, the header `pjrt-sys` ships) implemented in Rust over the
-//! Peerless host backend. The `peerless-pjrt` cdylib (plugin/so) exports [`api`] as
-//! `GetPjrtApi`; all logic lives here so it is unit-testable through the function table.
-//!
-//! Module map: [`boundary`] (the one shape of every entry point: struct_size check,
-//! catch_unwind, errors), [`error`], [`runtime`] (client, devices, buffers, events,
-//! compile/execute), [`mlir`] (the registered MLIR → HLO converter), [`api`] (entry points
-//! and the table).
+//! Peerless inside XLA, as a library: the wrapper of XLA's own PJRT plugin ([`wrap`], the
+//! `GetPjrtApi` of the `peerless-pjrt` cdylib in plugin/so), the collective pass's entry
+//! points ([`xla_inside`]), the FFI handlers' registration ([`xla_handlers`]), and running
+//! HLO files and benchmarks through XLA ([`xla_run`], [`xla_bench`]) for the CLI. All logic
+//! lives here; plugin/so only re-exports it as C symbols.
 
-pub mod api;
-pub mod boundary;
-pub mod error;
-pub mod mlir;
-pub mod runtime;
 pub mod wrap;
 pub mod xla_bench;
 pub mod xla_handlers;
 pub mod xla_inside;
 pub mod xla_run;
-
-use std::sync::OnceLock;
 
 /// Re-exported so the plugin and the CLI agree on the IR version.
 pub use hlo;
@@ -28,8 +18,6 @@ pub use pjrt_sys;
 pub const PLATFORM_NAME: &str = "peerless";
 /// The platform version reported by the topology.
 pub const PLATFORM_VERSION: &str = concat!("peerless ", env!("CARGO_PKG_VERSION"));
-
-static TABLE: OnceLock<api::Table> = OnceLock::new();
 
 /// Installs the library's logger once (stderr; `PEERLESS_LOG` takes env_logger's filter
 /// syntax, default `warn` plus the kernel-compile lines, which say why a first call waits).
@@ -42,7 +30,8 @@ pub fn init_logging() {
     });
 }
 
-/// The function table (`GetPjrtApi`'s result). Never null; lives for the process.
+/// The function table (`GetPjrtApi`'s result): XLA's plugin wrapped, or a table that reports
+/// why there is none. Never null; lives for the process.
 pub fn api() -> *const pjrt_sys::PJRT_Api {
-    &TABLE.get_or_init(api::table).api
+    wrap::api().cast()
 }

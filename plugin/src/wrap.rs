@@ -9,10 +9,13 @@
 //! table), so JAX lowers for the inner platform and XLA compiles, partitions and runs
 //! everything; Peerless takes the collectives it rewrote.
 //!
-//! Without the variable (or with it set to `standalone`), the standalone plugin answers as before. A plugin that cannot be
-//! loaded or registered with is not silently replaced by it: the standalone table is
-//! returned, and its `PJRT_Client_Create` fails with [`load_error`], naming the path and
-//! the reason.
+//! Without the variable the library looks for XLA's plugin where the Python package finds
+//! it: beside its own file in an installed `jax_plugins/peerless/` (the jax-cuda13/12-pjrt
+//! plugin where a GPU is usable, else the CPU plugin of `lammps-jax-pjrt-cpu` in the same
+//! site-packages). XLA is the only runtime (issue 26 retired the standalone platform): with no
+//! plugin to wrap, or one that cannot be loaded, `GetPjrtApi` still returns a complete table
+//! (no slot is null) whose every entry point, `PJRT_Client_Create` first, fails with
+//! [`load_error`]'s message, naming what to install.
 //!
 //! The table handed out is a copy of the plugin's with five slots replaced:
 //! `PJRT_Client_Create` registers the collective pass through the plugin's XlaTransform
@@ -57,7 +60,7 @@ unsafe impl Send for Wrapped {}
 // SAFETY: as above.
 unsafe impl Sync for Wrapped {}
 
-static INNER: OnceLock<Option<Result<Wrapped, String>>> = OnceLock::new();
+static INNER: OnceLock<Result<Wrapped, String>> = OnceLock::new();
 
 /// The Peerless platform whose handlers the inner plugin gets: "cuda" for XLA's CUDA plugin
 /// (`PEERLESS_XLA_PLATFORM`, else the file name), "cpu" otherwise.
@@ -109,46 +112,148 @@ fn load(path: PathBuf) -> Result<Wrapped, String> {
     Ok(Wrapped { plugin: inner, table, own_errors, platform })
 }
 
-fn inner() -> Option<&'static Result<Wrapped, String>> {
-    INNER
-        .get_or_init(|| {
-            // "standalone" (the Python package's spelling for the older platform) wraps nothing.
-            let path = std::env::var_os(ENV_VAR).filter(|p| !p.is_empty() && p != "standalone")?;
-            let path = PathBuf::from(path);
-            Some(
-                std::panic::catch_unwind(|| load(path.clone()))
-                    .unwrap_or_else(|_| Err(format!("{}: loading panicked", path.display()))),
-            )
-        })
-        .as_ref()
+/// Where XLA's plugin lies when nothing names it: beside this library's file, where pip
+/// installs the plugins (`site-packages/jax_plugins/peerless/libpeerless_pjrt.so` next to
+/// `jax_plugins/xla_cuda13/xla_cuda_plugin.so` and `lammps_jax_pjrt_cpu/`), in the order the
+/// Python package tries them; the CUDA plugins only where a GPU is usable.
+fn discover() -> Result<PathBuf, String> {
+    let own = ffi::libs::own_path().ok_or("cannot tell where libpeerless_pjrt.so lies")?;
+    let dir = own.parent().unwrap_or(std::path::Path::new("."));
+    let installed = dir.ends_with("jax_plugins/peerless");
+    let site = dir.parent().and_then(std::path::Path::parent).filter(|_| installed);
+    if let Some(site) = site {
+        let backend = std::env::var("PEERLESS_BACKEND").unwrap_or_default();
+        if backend != "host" && backend != "cpu" && (backend == "cuda" || ffi::cuda::device_count().unwrap_or(0) > 0) {
+            for pkg in ["xla_cuda13", "xla_cuda12"] {
+                let p = site.join("jax_plugins").join(pkg).join("xla_cuda_plugin.so");
+                if p.is_file() {
+                    return Ok(p);
+                }
+            }
+        }
+        let cpu = site.join("lammps_jax_pjrt_cpu").join("pjrt_c_api_cpu_plugin.so");
+        if cpu.is_file() {
+            return Ok(cpu);
+        }
+    }
+    Err(format!(
+        "no XLA PJRT plugin to wrap{}: Peerless runs inside XLA's own plugin. Install jax[cuda13] (GPUs) or \
+         `pip install --no-deps lammps-jax-pjrt-cpu==0.11.2` (XLA's CPU plugin), or name one with \
+         {ENV_VAR}=/path/to/plugin.so (the standalone platform was retired)",
+        if installed { format!(" beside {}", own.display()) } else { String::new() }
+    ))
 }
 
-/// The inner plugin's table when `PEERLESS_XLA_PLUGIN` names one that loaded.
-pub fn api() -> Option<*const std::ffi::c_void> {
-    match inner()? {
-        Ok(w) => Some(w.table),
-        Err(_) => None,
+/// Set by the Python package when it found no XLA plugin: the reason, which the table of
+/// errors reports (JAX loads the library only to register the platform).
+const UNAVAILABLE_VAR: &str = "PEERLESS_XLA_UNAVAILABLE";
+
+fn inner() -> &'static Result<Wrapped, String> {
+    INNER.get_or_init(|| {
+        if let Some(why) = std::env::var(UNAVAILABLE_VAR).ok().filter(|w| !w.is_empty()) {
+            return Err(why);
+        }
+        let named = std::env::var_os(ENV_VAR).filter(|p| !p.is_empty());
+        let path = match named {
+            Some(p) if p == "standalone" || p == "none" => {
+                return Err(format!(
+                    "{ENV_VAR}={} wraps no XLA plugin, and the standalone platform was retired: XLA's own plugin is \
+                     the only runtime",
+                    p.to_string_lossy()
+                ));
+            }
+            Some(p) => PathBuf::from(p),
+            None => discover()?,
+        };
+        std::panic::catch_unwind(|| load(path.clone()))
+            .unwrap_or_else(|_| Err(format!("{}: loading panicked", path.display())))
+            .map_err(|e| format!("peerless: cannot wrap XLA's plugin {}: {e}", path.display()))
+    })
+}
+
+/// `GetPjrtApi`'s table: the inner plugin's, patched; else one whose every entry point
+/// fails with [`load_error`] (never null, never a second runtime).
+pub fn api() -> *const c_void {
+    match inner() {
+        Ok(w) => w.table,
+        Err(_) => unavailable_table(),
     }
 }
 
-/// The loaded inner plugin (only reached through the table, so it loaded).
-fn wrapped() -> &'static Wrapped {
+/// The loaded inner plugin, if there is one.
+fn wrapped_opt() -> Option<&'static Wrapped> {
     match INNER.get() {
-        Some(Some(Ok(w))) => w,
-        _ => unreachable!("a wrapper entry point ran without the inner plugin"),
+        Some(Ok(w)) => Some(w),
+        _ => None,
     }
+}
+
+/// The loaded inner plugin (only reached through its patched table, so it loaded).
+fn wrapped() -> &'static Wrapped {
+    wrapped_opt().unwrap_or_else(|| unreachable!("a wrapper entry point ran without the inner plugin"))
 }
 
 fn plugin() -> &'static InnerPlugin {
     &wrapped().plugin
 }
 
-/// Why the inner plugin named by `PEERLESS_XLA_PLUGIN` could not be used, if it could not.
+/// Why no XLA plugin can be wrapped, if none can.
 pub fn load_error() -> Option<String> {
-    match inner()? {
-        Ok(_) => None,
-        Err(e) => Some(format!("peerless: {ENV_VAR} names an XLA plugin that cannot be wrapped: {e}")),
+    inner().as_ref().err().cloned()
+}
+
+// ---- no plugin to wrap: a table of errors ------------------------------------------------
+
+/// The table `GetPjrtApi` returns when no XLA plugin can be wrapped: plugin initialisation
+/// succeeds (so JAX registers the platform and reports the reason when it creates a client),
+/// every other entry point returns [`load_error`] as a FAILED_PRECONDITION error.
+fn unavailable_table() -> *const c_void {
+    static TABLE: OnceLock<usize> = OnceLock::new();
+    *TABLE.get_or_init(|| {
+        ffi::pjrt::uniform_table(
+            ffi::pjrt::KNOWN_SLOTS,
+            unavailable as *const c_void,
+            &[
+                (SLOT_ERROR_DESTROY, error_destroy as *const c_void),
+                (SLOT_ERROR_MESSAGE, error_message as *const c_void),
+                (SLOT_ERROR_GET_CODE, error_get_code as *const c_void),
+                (SLOT_ERROR_FOR_EACH_PAYLOAD, error_for_each_payload as *const c_void),
+                (ffi::pjrt::SLOT_PLUGIN_INITIALIZE, plugin_initialize as *const c_void),
+                (ffi::pjrt::SLOT_PLUGIN_ATTRIBUTES, plugin_attributes as *const c_void),
+            ],
+        ) as usize
+    }) as *const c_void
+}
+
+/// `PJRT_Error_Code_FAILED_PRECONDITION`.
+const FAILED_PRECONDITION: i32 = 9;
+
+unsafe extern "C" fn unavailable(_args: *mut c_void) -> *mut c_void {
+    let why = load_error().unwrap_or_else(|| "peerless: no XLA plugin".into());
+    new_error(FAILED_PRECONDITION, why)
+}
+
+unsafe extern "C" fn plugin_initialize(_args: *mut c_void) -> *mut c_void {
+    std::ptr::null_mut()
+}
+
+/// `PJRT_Plugin_Attributes_Args`: struct_size, extension_start, then the attributes and
+/// their count, which we set to none.
+#[repr(C)]
+struct PluginAttributesArgs {
+    struct_size: usize,
+    extension_start: *mut c_void,
+    attributes: *const c_void,
+    num_attributes: usize,
+}
+
+unsafe extern "C" fn plugin_attributes(args: *mut PluginAttributesArgs) -> *mut c_void {
+    if !args.is_null() {
+        // SAFETY: PJRT passes a valid args struct of at least these fields.
+        let a = unsafe { &mut *args };
+        (a.attributes, a.num_attributes) = (std::ptr::null(), 0);
     }
+    std::ptr::null_mut()
 }
 
 // ---- errors of our own ------------------------------------------------------------------
@@ -179,6 +284,9 @@ fn ours(error: *mut c_void) -> Option<&'static WrapError> {
 }
 
 unsafe extern "C" fn error_destroy(args: *mut ErrorDestroyArgs) {
+    if args.is_null() {
+        return;
+    }
     let _ = catch_unwind(|| {
         // SAFETY: PJRT passes a valid args struct.
         let error = unsafe { (*args).error };
@@ -187,8 +295,9 @@ unsafe extern "C" fn error_destroy(args: *mut ErrorDestroyArgs) {
             drop(unsafe { Box::from_raw(error.cast::<WrapError>()) });
             return;
         }
+        let Some(w) = wrapped_opt() else { return };
         // SAFETY: the slot is `PJRT_Error_Destroy`, of the signature named.
-        let f = unsafe { plugin().slot_fn::<unsafe extern "C" fn(*mut ErrorDestroyArgs)>(SLOT_ERROR_DESTROY) };
+        let f = unsafe { w.plugin.slot_fn::<unsafe extern "C" fn(*mut ErrorDestroyArgs)>(SLOT_ERROR_DESTROY) };
         if let Some(f) = f {
             // SAFETY: the plugin's own error, to its own destructor.
             unsafe { f(args) }
@@ -197,6 +306,9 @@ unsafe extern "C" fn error_destroy(args: *mut ErrorDestroyArgs) {
 }
 
 unsafe extern "C" fn error_message(args: *mut ErrorMessageArgs) {
+    if args.is_null() {
+        return;
+    }
     let _ = catch_unwind(|| {
         // SAFETY: PJRT passes a valid args struct.
         let a = unsafe { &mut *args };
@@ -204,8 +316,9 @@ unsafe extern "C" fn error_message(args: *mut ErrorMessageArgs) {
             (a.message, a.message_size) = (e.message.as_ptr().cast::<c_char>(), e.message.len());
             return;
         }
+        let Some(w) = wrapped_opt() else { return };
         // SAFETY: the slot is `PJRT_Error_Message`, of the signature named.
-        let f = unsafe { plugin().slot_fn::<unsafe extern "C" fn(*mut ErrorMessageArgs)>(SLOT_ERROR_MESSAGE) };
+        let f = unsafe { w.plugin.slot_fn::<unsafe extern "C" fn(*mut ErrorMessageArgs)>(SLOT_ERROR_MESSAGE) };
         if let Some(f) = f {
             // SAFETY: the plugin's own error, to its own accessor.
             unsafe { f(args) }
@@ -214,6 +327,9 @@ unsafe extern "C" fn error_message(args: *mut ErrorMessageArgs) {
 }
 
 unsafe extern "C" fn error_get_code(args: *mut ErrorGetCodeArgs) -> *mut c_void {
+    if args.is_null() {
+        return new_error(INVALID_ARGUMENT, "peerless: PJRT_Error_GetCode with null args".into());
+    }
     catch_unwind(|| {
         // SAFETY: PJRT passes a valid args struct.
         let a = unsafe { &mut *args };
@@ -221,8 +337,11 @@ unsafe extern "C" fn error_get_code(args: *mut ErrorGetCodeArgs) -> *mut c_void 
             a.code = e.code;
             return std::ptr::null_mut();
         }
+        let Some(w) = wrapped_opt() else {
+            return new_error(INTERNAL, "peerless: an error of no plugin".into());
+        };
         // SAFETY: the slot is `PJRT_Error_GetCode`; the plugin's own error.
-        match unsafe { plugin().slot_fn::<Entry<ErrorGetCodeArgs>>(SLOT_ERROR_GET_CODE) } {
+        match unsafe { w.plugin.slot_fn::<Entry<ErrorGetCodeArgs>>(SLOT_ERROR_GET_CODE) } {
             // SAFETY: the caller's args, to the plugin's own accessor.
             Some(f) => unsafe { f(args) },
             None => new_error(INTERNAL, "peerless: the inner plugin has no PJRT_Error_GetCode".into()),
@@ -232,13 +351,17 @@ unsafe extern "C" fn error_get_code(args: *mut ErrorGetCodeArgs) -> *mut c_void 
 }
 
 unsafe extern "C" fn error_for_each_payload(args: *mut ErrorForEachPayloadArgs) -> *mut c_void {
+    if args.is_null() {
+        return std::ptr::null_mut(); // nothing to iterate
+    }
     catch_unwind(|| {
         // SAFETY: PJRT passes a valid args struct.
         if ours(unsafe { (*args).error }).is_some() {
             return std::ptr::null_mut(); // ours carry no payloads
         }
+        let Some(w) = wrapped_opt() else { return std::ptr::null_mut() };
         // SAFETY: the slot is `PJRT_Error_ForEachPayload` (patched only where set).
-        match unsafe { plugin().slot_fn::<Entry<ErrorForEachPayloadArgs>>(SLOT_ERROR_FOR_EACH_PAYLOAD) } {
+        match unsafe { w.plugin.slot_fn::<Entry<ErrorForEachPayloadArgs>>(SLOT_ERROR_FOR_EACH_PAYLOAD) } {
             // SAFETY: the caller's args, to the plugin's own iterator.
             Some(f) => unsafe { f(args) },
             None => std::ptr::null_mut(),
@@ -414,7 +537,7 @@ const ENV_OPTION_OVERRIDES: u32 = 7;
 /// untouched), else the flags (`--name=value`, checked) and the options without them. Every
 /// other byte is kept as it is, fields this build does not know included (the message is
 /// edited on the wire, not decoded and re-encoded). Other names stay for XLA to judge.
-fn split_compile_options(bytes: &[u8]) -> Result<Option<(Vec<String>, Vec<u8>)>, String> {
+pub fn split_compile_options(bytes: &[u8]) -> Result<Option<(Vec<String>, Vec<u8>)>, String> {
     use prost::Message;
     use prost::encoding::{WireType, decode_key, decode_varint};
     use xla::option_override_proto::Value;

@@ -82,7 +82,7 @@ print(json.dumps({"platform": "cuda", "import_s": t_import, "first_call_s": t_fi
 """
 
 KERNEL_FLAGS = {"PEERLESS_ENABLE": "1", "PEERLESS_FLAGS": "--all_reduce_backend=kernel"}
-TWO_PROC = {**KERNEL_FLAGS, "PEERLESS_XLA_PLUGIN": "standalone", "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+TWO_PROC = {**KERNEL_FLAGS, "PEERLESS_XLA_PLUGIN": "none", "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
 
 CASES = {
     "stock": {},

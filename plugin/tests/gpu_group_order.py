@@ -262,7 +262,7 @@ def main() -> int:
     env.update(
         JAX_PLATFORMS=platform,
         PEERLESS_FLAGS="--collective_timeout_ms=30000",
-        PEERLESS_XLA_PLUGIN="standalone",  # JAX's own CUDA backend; the wrapper is not under test
+        PEERLESS_XLA_PLUGIN="none",  # JAX's own CUDA backend; no "peerless" platform
         XLA_PYTHON_CLIENT_PREALLOCATE="false",  # eight processes share one GPU's memory
         NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NVSHMEM_DISABLE_NVLS="1",
     )

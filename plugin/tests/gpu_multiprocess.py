@@ -43,7 +43,7 @@ def run_job(mode: str, timeout: float = 400, extra_env: dict | None = None) -> l
         JAX_PLATFORMS="cuda",
         PEERLESS_ENABLE="1",
         PEERLESS_FLAGS=f"--collective_timeout_ms={TIMEOUT_MS}",
-        PEERLESS_XLA_PLUGIN="standalone",  # JAX's own CUDA backend; the wrapper is not under test
+        PEERLESS_XLA_PLUGIN="none",  # JAX's own CUDA backend; no "peerless" platform
         XLA_PYTHON_CLIENT_PREALLOCATE="false",  # two processes share one GPU's memory
         NCCL_NVLS_ENABLE="0",
         TORCH_SYMM_MEM_DISABLE_MULTICAST="1",

@@ -53,7 +53,7 @@ def base_env(cb: bool, peerless: bool, flags: str) -> dict:
     env = dict(os.environ)
     env.update(
         JAX_PLATFORMS="cuda",
-        PEERLESS_XLA_PLUGIN="standalone",  # JAX's own CUDA backend; the wrapper is not under test
+        PEERLESS_XLA_PLUGIN="none",  # JAX's own CUDA backend; no "peerless" platform
         XLA_PYTHON_CLIENT_PREALLOCATE="false",  # memory as used, not XLA's 75% pool
         NCCL_NVLS_ENABLE="0",
         TORCH_SYMM_MEM_DISABLE_MULTICAST="1",

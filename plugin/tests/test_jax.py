@@ -6,9 +6,9 @@ for floats). Nothing here hard-codes an expected result.
 
 The "peerless" platform is XLA's own PJRT plugin wrapped by libpeerless_pjrt.so (in CI XLA's
 CPU plugin from `lammps-jax-pjrt-cpu`, 8 devices): XLA compiles and partitions, Peerless's
-pass and handlers take the collectives, and the handlers are checked to have run. With
-PEERLESS_XLA_PLUGIN=standalone the older standalone platform answers; the few cases where
-the two differ (what the standalone compiler refuses) say so.
+pass and handlers take the collectives, and the handlers are checked to have run. XLA is
+the only runtime: without an XLA plugin to wrap this module fails at import, naming what to
+install.
 
 Run (from the repository root):
     cargo build -p peerless-pjrt
@@ -39,13 +39,12 @@ import jax_plugins.peerless as peerless  # noqa: E402
 from jax_plugins.peerless import inside  # noqa: E402
 
 PEERLESS = "peerless"
-# XLA's plugin wrapped (the default): its devices are the inner platform's ("cpu").
-WRAPPED = peerless.inner_plugin() is not None
+# XLA's plugin wrapped: its devices are the inner platform's ("cpu").
+if peerless.inner_plugin() is None:
+    raise RuntimeError("no XLA plugin to wrap: install lammps-jax-pjrt-cpu (CPU) or jax[cuda13] (GPUs)")
 jax.devices()  # initialise the backends (the wrapper's state is set then)
-INNER = peerless.wrapped()  # "cpu" / "cuda" wrapped, None standalone
-assert (INNER is not None) == WRAPPED, INNER
-if os.environ.get("CI") and not WRAPPED and os.environ.get("PEERLESS_XLA_PLUGIN") != "standalone":
-    raise RuntimeError("CI installs XLA's CPU plugin (lammps-jax-pjrt-cpu): the wrapper must be in use")
+INNER = peerless.wrapped()  # "cpu" / "cuda"
+assert INNER is not None, "the peerless platform does not wrap XLA's plugin"
 CPU = "cpu"
 BACKEND = os.environ.get("PEERLESS_BACKEND", "host")
 
@@ -118,13 +117,13 @@ def test_devices():
     assert all(d.process_index == 0 for d in devs)
     assert jax.devices()[0] == devs[0]
     # JAX names a backend by its client's platform: wrapped, XLA's ("cpu"), lowering for it.
-    assert jax.default_backend() == {"cpu": "cpu", "cuda": "gpu", None: PEERLESS}[INNER]
+    assert jax.default_backend() == {"cpu": "cpu", "cuda": "gpu"}[INNER]
     assert jax.device_count() == len(devs)
     mem = devs[0].default_memory()
     assert mem.kind == "device"
     kinds = [m.kind for m in devs[-1].addressable_memories()]
-    # Wrapped, XLA's memory spaces (host memory too); the standalone platform has one.
-    assert kinds[0] == "device" and (WRAPPED or kinds == ["device"]), kinds
+    # XLA's memory spaces (host memory too).
+    assert kinds[0] == "device", kinds
 
 
 # ---- jit on one device -------------------------------------------------------------------
@@ -496,9 +495,9 @@ def test_compiler_options_set_peerless_flags():
     for backend in ["fallback", "kernel"]:
         compiled = g.lower(xs).compile(compiler_options={"all_reduce_backend": backend})
         assert_same(compiled(xs), want)
-        if WRAPPED:  # the pass saw the option for that compile only
-            last = [d for d in inside.decisions() if d["op"] == "all-reduce"][-1]
-            assert (last["implementation"] == "fallback") == (backend == "fallback"), last
+        # The pass saw the option for that compile only.
+        last = [d for d in inside.decisions() if d["op"] == "all-reduce"][-1]
+        assert (last["implementation"] == "fallback") == (backend == "fallback"), last
     with pytest.raises(Exception, match="all_reduce_backend=bogus"):
         g.lower(xs).compile(compiler_options={"all_reduce_backend": "bogus"})
     # XLA's wording for an unknown option (JAX's pmap_test matches it); xla_* options are ignored.
@@ -531,11 +530,7 @@ except Exception as e:
 def test_host_devices_from_environment():
     p = run_python(PROBE, PEERLESS_HOST_DEVICES="3", PEERLESS_BACKEND="host")
     assert p.returncode == 0, p.stderr
-    import importlib.util
-
-    cpu_inner = importlib.util.find_spec("lammps_jax_pjrt_cpu") is not None  # XLA's CPU plugin, wrapped
-    want = "DEVICES 3 CpuDevice(id=0)" if cpu_inner else "DEVICES 3 PeerlessDevice(id=0, backend=host)"
-    assert want in p.stdout, p.stdout + p.stderr
+    assert "DEVICES 3 CpuDevice(id=0)" in p.stdout, p.stdout + p.stderr  # XLA's CPU plugin, wrapped
 
 
 def test_backend_selection_errors_are_clear():
@@ -549,7 +544,11 @@ def test_backend_selection_errors_are_clear():
     if "ERROR" in p.stdout:
         assert "peerless" in p.stdout and "cuda" in p.stdout.lower(), p.stdout + p.stderr
     else:
-        assert "backend=cuda" in p.stdout, p.stdout
+        assert "cuda" in p.stdout.lower(), p.stdout  # XLA's CUDA plugin, wrapped
+    # No XLA plugin at all (none importable): client creation says what to install.
+    p = run_python("import sys; sys.modules['lammps_jax_pjrt_cpu'] = None\n" + PROBE, PEERLESS_BACKEND="host")
+    assert p.returncode == 0, p.stderr
+    assert "ERROR" in p.stdout and "lammps-jax-pjrt-cpu" in p.stdout, p.stdout + p.stderr
 
 
 # ---- errors -------------------------------------------------------------------------------
@@ -557,18 +556,11 @@ def test_backend_selection_errors_are_clear():
 
 def test_jit_on_sharded_arrays_without_shard_map():
     """A jit over an array sharded across devices with no shard_map needs XLA's SPMD
-    partitioner: wrapped, XLA partitions it (and Peerless runs the collectives it made); the
-    standalone compiler refuses it with a clear error naming the op."""
+    partitioner: XLA partitions it, and Peerless runs the collectives it made."""
     need(2)
     k = min(8, max_mesh())
     x = np.arange(4.0 * k, dtype=np.float32).reshape(k, 4)
     f = lambda a: a.sum(axis=0)  # noqa: E731
-    if not WRAPPED:
-        mesh = mesh_of(PEERLESS, (k,), ("x",))
-        with pytest.raises(Exception, match=r"(?s)peerless.*(partition|sharded)") as e:
-            jax.jit(f)(jax.device_put(x, NamedSharding(mesh, P("x")))).block_until_ready()
-        assert "peerless" in str(e.value)
-        return
     assert_same(*(jax.jit(f)(jax.device_put(x, NamedSharding(mesh_of(pl, (k,), ("x",)), P("x")))) for pl in (PEERLESS, CPU)))
 
 
@@ -603,10 +595,8 @@ NAMED = {
 
 @pytest.mark.parametrize("name", sorted(NAMED))
 def test_jit_on_named_sharding(name):
-    """Auto-partitioned jit on NamedSharding-sharded arrays (no shard_map): what the
-    standalone platform could not run. XLA partitions; the collectives it makes are Peerless's."""
-    if not WRAPPED:
-        pytest.skip("the standalone platform has no SPMD partitioner (test_jit_on_sharded_arrays_without_shard_map)")
+    """Auto-partitioned jit on NamedSharding-sharded arrays (no shard_map): XLA partitions;
+    the collectives it makes are Peerless's."""
     f, shapes, specs, mesh_shape, names = NAMED[name]
     need(math.prod(mesh_shape))
     args = [sample(s, jnp.float32, seed=i) for i, s in enumerate(shapes)]
@@ -615,8 +605,6 @@ def test_jit_on_named_sharding(name):
 
 def test_jit_reshards_rows_to_columns():
     """A sharding constraint that moves an array from rows to columns (an all-to-all XLA makes)."""
-    if not WRAPPED:
-        pytest.skip("the standalone platform has no SPMD partitioner")
     need(8)
     x = sample((8, 8), jnp.float32)
 
@@ -632,8 +620,7 @@ def test_jit_reshards_rows_to_columns():
 
 def test_unreduced_values():
     """The gradient of a `reduced` output is `unreduced` (partial sums that XLA's partitioner
-    reduces when resharding). Wrapped, XLA does that and the result equals JAX's CPU backend;
-    the standalone platform must refuse it, not return per-device partial sums."""
+    reduces when resharding): XLA does that, and the result equals JAX's CPU backend."""
     from jax.sharding import AxisType
 
     need(4)
@@ -654,54 +641,35 @@ def test_unreduced_values():
 
     want = grad_on(CPU)
     assert_same(want, on(CPU, jax.grad(jnp.sum), (x,)))  # the program is valid
-    if WRAPPED:
-        assert_same(grad_on(PEERLESS), want)
-        return
-    with pytest.raises(Exception, match=r"peerless.*unreduced axes"):
-        grad_on(PEERLESS).block_until_ready()
+    assert_same(grad_on(PEERLESS), want)
 
 
-UNSUPPORTED = {
-    # Ops the standalone executor does not run (the error names the op); XLA runs them.
-    "fft": (lambda a: jnp.fft.fft(a).real, r"peerless.*'fft'"),
+OTHER_OPS = {
+    # Ops Peerless has nothing to do with: XLA runs them.
+    "fft": lambda a: jnp.fft.fft(a).real,
 }
 
 
 def test_collective_inside_an_uncounted_loop():
-    """A loop body with a collective whose trip count is only known at run time. Wrapped, XLA
-    runs the loop and Peerless the psum inside it. The standalone platform would need the
-    per-device programs to loop together, and refuses it at compile time naming the while."""
+    """A loop body with a collective whose trip count is only known at run time: XLA runs the
+    loop and Peerless the psum inside it."""
     need(2)
     f = lambda a: jax.lax.while_loop(lambda v: v.sum() < 100, lambda v: v + jax.lax.psum(v, "x") + 1, a)  # noqa: E731
     x = sample((4, 3), jnp.float32)
-    if WRAPPED:
-        assert_same(shard_map_on(PEERLESS, f, (2,), ("x",), x, P("x"), P("x")),
-                    shard_map_on(CPU, f, (2,), ("x",), x, P("x"), P("x")))
-        return
-    with pytest.raises(Exception, match=r"(?s)peerless.*'while'.*collectives inside"):
-        shard_map_on(PEERLESS, f, (2,), ("x",), x, P("x"), P("x"))
-    x1 = sample((3,), jnp.float32)
-    assert_same(on(PEERLESS, lambda a: a * 2, (x1,)), on(CPU, lambda a: a * 2, (x1,)))
+    assert_same(shard_map_on(PEERLESS, f, (2,), ("x",), x, P("x"), P("x")),
+                shard_map_on(CPU, f, (2,), ("x",), x, P("x"), P("x")))
 
 
-@pytest.mark.parametrize("name", sorted(UNSUPPORTED))
-def test_ops_the_standalone_executor_lacks(name):
-    f, pattern = UNSUPPORTED[name]
+@pytest.mark.parametrize("name", sorted(OTHER_OPS))
+def test_ops_without_collectives(name):
+    f = OTHER_OPS[name]
     x = sample((5,), jnp.float32)
-    if WRAPPED:
-        assert_same(on(PEERLESS, f, (x,)), on(CPU, f, (x,)))
-        return
-    with pytest.raises(Exception, match=pattern):
-        jax.jit(f)(jax.device_put(x, jax.devices(PEERLESS)[0])).block_until_ready()
-    x1 = sample((3,), jnp.float32)
-    assert_same(on(PEERLESS, lambda a: a * 2, (x1,)), on(CPU, lambda a: a * 2, (x1,)))
+    assert_same(on(PEERLESS, f, (x,)), on(CPU, f, (x,)))
 
 
 def test_zz_peerless_handlers_ran():
-    """Wrapped, the collectives above ran on Peerless's handlers (runs last: pytest keeps file
+    """The collectives above ran on Peerless's handlers (runs last: pytest keeps file
     order)."""
-    if not WRAPPED:
-        pytest.skip("the standalone platform runs its own executor, not XLA's handlers")
     assert inside.handler_calls(INNER) > 0
     assert inside.stats().get("all-reduce", {}).get("kernel", 0) > 0, inside.stats()
 

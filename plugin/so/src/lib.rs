@@ -1,6 +1,5 @@
 //! The shared library JAX loads (`libpeerless_pjrt.so`). It only re-exports: all logic, and
-//! every safety argument, lives in the `plugin` crate. Public symbols: `GetPjrtApi`,
-//! `PeerlessRegisterMlirConverter`, and for Peerless inside XLA `PeerlessXlaPass`,
+//! every safety argument, lives in the `plugin` crate. Public symbols: `GetPjrtApi`, and for Peerless inside XLA `PeerlessXlaPass`,
 //! `PeerlessXlaPassFree`, `PeerlessXlaPassFromPython`, `PeerlessXlaHandler`,
 //! `PeerlessXlaSetTopology` and `PeerlessXlaTakeDecisions`.
 
@@ -10,19 +9,8 @@ use plugin::pjrt_sys::PJRT_Api;
 #[unsafe(no_mangle)]
 pub extern "C" fn GetPjrtApi() -> *const PJRT_Api {
     plugin::init_logging();
-    // XLA's own plugin, wrapped, when `PEERLESS_XLA_PLUGIN` names one (`plugin::wrap`).
-    match plugin::wrap::api() {
-        Some(api) => api.cast(),
-        None => plugin::api(),
-    }
-}
-
-/// Registers the MLIR → `HloModuleProto` converter (see `plugin::mlir::Converter`); the
-/// Python package calls this with a ctypes callback. Null unregisters. Returns 0.
-#[unsafe(no_mangle)]
-pub extern "C" fn PeerlessRegisterMlirConverter(converter: Option<plugin::mlir::Converter>, ctx: usize) -> i32 {
-    plugin::mlir::register(converter, ctx);
-    0
+    // XLA's own plugin, wrapped (`plugin::wrap`), or a table naming what to install.
+    plugin::api()
 }
 
 /// The collective pass for XLA (`jax_plugins.peerless.enable()`); see `plugin::xla_inside`.

@@ -1,24 +1,20 @@
-"""JAX plugin for Peerless.
+"""JAX plugin for Peerless: faster collectives from inside XLA.
 
-Two ways in: inside XLA (`enable()` / `PEERLESS_ENABLE=1`: XLA compiles and runs the
-program, Peerless runs the collectives it takes; see inside.py), and the standalone PJRT
-platform `JAX_PLATFORMS=peerless` described below.
+Two ways in, one runtime (XLA's): `enable()` / `PEERLESS_ENABLE=1` puts Peerless's pass and
+handlers into JAX's own backends (see inside.py), and `JAX_PLATFORMS=peerless` is a platform
+that is XLA's own PJRT plugin with the pass and handlers registered.
 
-JAX imports every `jax_plugins.*` module and calls `initialize()`. We register the PJRT
-plugin library and hand it an MLIR → HLO converter (jaxlib's own), since the plugin
-compiles HloModuleProtos and JAX sends StableHLO.
+JAX imports every `jax_plugins.*` module and calls `initialize()`. The library is, in order:
+$PEERLESS_PJRT_LIBRARY, or the libpeerless_pjrt.so bundled in this package.
 
-The library is, in order: $PEERLESS_PJRT_LIBRARY, or the libpeerless_pjrt.so bundled in
-this package.
-
-`JAX_PLATFORMS=peerless` is XLA's own PJRT plugin plus Peerless (`inner_plugin()` says which
-plugin: jax-cuda13/12-pjrt's where a GPU is usable, else XLA's CPU plugin from
-`lammps-jax-pjrt-cpu`): XLA compiles, partitions and runs everything and Peerless's pass and
-handlers take the collectives. PEERLESS_HOST_DEVICES (default 8) sets the CPU device count,
+`JAX_PLATFORMS=peerless` wraps the plugin `inner_plugin()` names: jax-cuda13/12-pjrt's where a
+GPU is usable, else XLA's CPU plugin from `lammps-jax-pjrt-cpu`, or the one
+PEERLESS_XLA_PLUGIN names (a path). XLA compiles, partitions and runs everything and Peerless
+takes the collectives. PEERLESS_HOST_DEVICES (default 8) sets the CPU device count,
 PEERLESS_FLAGS the collective flags (`peerless flags`), `compiler_options` per executable.
-With PEERLESS_XLA_PLUGIN=standalone (or no inner plugin installed) the older standalone
-platform answers instead: a separate compiler over the host backend, configured by
-PEERLESS_BACKEND (host | cuda), PEERLESS_HOST_DEVICES and PEERLESS_FLAGS.
+With no XLA plugin installed, `JAX_PLATFORMS=peerless` fails at client creation with an error
+naming what to install (the older standalone platform was retired). PEERLESS_XLA_PLUGIN=none
+registers no "peerless" platform at all (`enable()` still works on JAX's own backends).
 """
 
 from __future__ import annotations
@@ -46,13 +42,6 @@ _LIB = "libpeerless_pjrt.so"
 # The inner platform ("cpu", "cuda") when the "peerless" backend wraps XLA's plugin.
 _wrapped_platform: str | None = None
 
-# Keep ctypes callbacks alive for the life of the process.
-_converter = None
-_dll = None
-
-_SINK = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t)
-_CONVERTER = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, _SINK, ctypes.c_void_p, ctypes.c_size_t)
-
 
 def library_path() -> str:
     """Path of the plugin library; raises if there is none."""
@@ -68,34 +57,6 @@ def library_path() -> str:
         f"no {_LIB}: install with `pip install ./plugin/python` from a Peerless checkout "
         "or set PEERLESS_PJRT_LIBRARY"
     )
-
-
-def mlir_to_hlo(mlir: bytes) -> bytes:
-    """StableHLO (bytecode or text) → serialized HloModuleProto, with jaxlib's converter."""
-    from jax._src.lib import _jax
-
-    comp = _jax.mlir.mlir_module_to_xla_computation(mlir, use_tuple_args=False, return_tuple=False)
-    return comp.as_serialized_hlo_module_proto()
-
-
-def _convert(code, size, sink, sink_ctx, _ctx):
-    try:
-        out = mlir_to_hlo(ctypes.string_at(code, size))
-        sink(sink_ctx, out, len(out))
-        return 0
-    except BaseException as e:  # never let an exception unwind into Rust
-        msg = f"{type(e).__name__}: {e}".encode("utf-8", "replace")
-        sink(sink_ctx, msg, len(msg))
-        return 1
-
-
-def _register_converter(path: str) -> None:
-    global _converter, _dll
-    _dll = ctypes.CDLL(path)
-    _dll.PeerlessRegisterMlirConverter.argtypes = [_CONVERTER, ctypes.c_size_t]
-    _dll.PeerlessRegisterMlirConverter.restype = ctypes.c_int
-    _converter = _CONVERTER(_convert)
-    _dll.PeerlessRegisterMlirConverter(_converter, 0)
 
 
 def _gpus_usable() -> bool:
@@ -124,45 +85,58 @@ def _installed_plugin(module: str, filename: str) -> str | None:
 
 def wrapped() -> str | None:
     """The inner platform ("cpu", "cuda") when this process's "peerless" backend wraps XLA's
-    plugin, else None (the standalone platform, or none registered)."""
+    plugin, else None (none registered)."""
     return _wrapped_platform
 
 
+_INSTALL = ("install XLA's plugin: jax[cuda13] on GPUs, or `pip install --no-deps lammps-jax-pjrt-cpu==0.11.2` "
+            "(XLA's CPU plugin; built for jax 0.11.2, it loads under jax 0.12 too, which its declared "
+            "jax<=0.11.2 would refuse without --no-deps); or name one with PEERLESS_XLA_PLUGIN=/path/to/plugin.so")
+
+
 def inner_plugin() -> tuple[str, str] | None:
-    """(path, platform) of XLA's PJRT plugin that `JAX_PLATFORMS=peerless` wraps, or None for
-    the standalone platform. In order: PEERLESS_XLA_PLUGIN (a path; "standalone" for the older
-    standalone platform); on a machine with a usable GPU (unless PEERLESS_BACKEND=host) the
-    installed jax-cuda13-pjrt / jax-cuda12-pjrt plugin; else XLA's CPU plugin from
-    `lammps-jax-pjrt-cpu`. PEERLESS_BACKEND=cuda insists on the CUDA plugin, =host (or cpu)
-    on the CPU one."""
+    """(path, platform) of XLA's PJRT plugin that `JAX_PLATFORMS=peerless` wraps, or None when
+    there is none (or PEERLESS_XLA_PLUGIN=none). In order: PEERLESS_XLA_PLUGIN (a path); on a
+    machine with a usable GPU (unless PEERLESS_BACKEND=host) the installed jax-cuda13-pjrt /
+    jax-cuda12-pjrt plugin; else XLA's CPU plugin from `lammps-jax-pjrt-cpu`.
+    PEERLESS_BACKEND=cuda insists on the CUDA plugin, =host (or cpu) on the CPU one."""
     env = os.environ.get("PEERLESS_XLA_PLUGIN", "")
-    if env == "standalone":
+    if env in ("none", "standalone"):
         return None
     if env:
         platform = os.environ.get("PEERLESS_XLA_PLATFORM") or ("cuda" if "cuda" in os.path.basename(env) else "cpu")
         return env, platform
     backend = os.environ.get("PEERLESS_BACKEND", "")
     if backend not in ("", "host", "cpu", "cuda"):
-        return None  # the standalone platform's client creation names the bad value
+        return None
     if backend not in ("host", "cpu"):
         for module in ("jax_plugins.xla_cuda13", "jax_plugins.xla_cuda12"):
             path = _installed_plugin(module, "xla_cuda_plugin.so")
             if path and (backend == "cuda" or _gpus_usable()):
                 return path, "cuda"
         if backend == "cuda":
-            return None  # the standalone platform names what is missing at client creation
+            return None
     try:
         import lammps_jax_pjrt_cpu
 
         return str(lammps_jax_pjrt_cpu.PLUGIN_PATH), "cpu"
     except ImportError:
-        if PLATFORM in [p.strip() for p in os.environ.get("JAX_PLATFORMS", "").split(",")]:
-            logging.getLogger(__name__).warning(
-                "JAX_PLATFORMS=peerless wraps XLA's CPU plugin from lammps-jax-pjrt-cpu, which is not "
-                "installed; the older standalone platform answers instead. Install it with "
-                "`pip install --no-deps lammps-jax-pjrt-cpu==0.11.2` (built for jax 0.11.2; it loads under "
-                "jax 0.12 too, which its declared jax<=0.11.2 would refuse without --no-deps).")
         return None
+
+
+def _unavailable_reason() -> str:
+    """Why `inner_plugin()` found nothing, naming what to install."""
+    backend = os.environ.get("PEERLESS_BACKEND", "")
+    if backend not in ("", "host", "cpu", "cuda"):
+        return f"peerless: PEERLESS_BACKEND={backend} is not a backend (host, cpu or cuda)"
+    if backend == "cuda":
+        return ("peerless: PEERLESS_BACKEND=cuda wraps XLA's CUDA plugin, and jax-cuda13-pjrt / jax-cuda12-pjrt "
+                "is not installed: pip install 'jax[cuda13]'")
+    return f"peerless: JAX_PLATFORMS=peerless runs inside XLA's own PJRT plugin, and none is installed: {_INSTALL}"
+
+
+def _named_by_jax_platforms() -> bool:
+    return PLATFORM in [p.strip() for p in os.environ.get("JAX_PLATFORMS", "").split(",")]
 
 
 def initialize() -> None:
@@ -178,17 +152,24 @@ def initialize() -> None:
     if inner is not None:
         _register_wrapper(xla_bridge, path, *inner)
         return
-    # The standalone platform claims PJRT C API 0.54 (the header we build against); jaxlib
-    # accepts an older minor (>= its kMinPjRtMinor) only in compatibility mode.
-    os.environ.setdefault("ENABLE_PJRT_COMPATIBILITY", "1")
-    # The same library is dlopen'ed by ctypes and by XLA; dlopen returns one handle, so the
-    # converter registered here is the one the plugin's Compile sees.
-    _register_converter(path)
+    if os.environ.get("PEERLESS_XLA_PLUGIN", "") in ("none", "standalone") or not _named_by_jax_platforms():
+        return
+    # JAX_PLATFORMS=peerless with no XLA plugin: register the library anyway, telling it why,
+    # so that client creation fails with that reason (plugin/src/wrap.rs's table of errors).
+    why = _unavailable_reason()
+    logging.getLogger(__name__).error("%s", why)
+    saved = os.environ.get("PEERLESS_XLA_UNAVAILABLE")
+    os.environ["PEERLESS_XLA_UNAVAILABLE"] = why
     try:
         xla_bridge.register_plugin(PLATFORM, priority=400, library_path=path)
     except Exception as e:  # a second initialize() in one process
         if "ALREADY_EXISTS" not in str(e) and "already" not in str(e).lower():
             raise
+    finally:
+        if saved is None:
+            os.environ.pop("PEERLESS_XLA_UNAVAILABLE", None)
+        else:
+            os.environ["PEERLESS_XLA_UNAVAILABLE"] = saved
 
 
 def _register_wrapper(xla_bridge, path: str, inner: str, platform: str) -> None:

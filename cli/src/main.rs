@@ -1,7 +1,7 @@
 //! `peerless`: check and run XLA HLO modules on N devices.
 //!
 //! ```text
-//! peerless check FILE.hlo [--devices N] [--mode replica|partition] [--thunks] [--flag NAME=VALUE]...
+//! peerless check FILE.hlo [--devices N] [--mode replica|partition] [--platform cpu|cuda] [--flag NAME=VALUE]...
 //! peerless flags
 //! peerless run FILE.hlo --devices N [--mode replica|partition] [--inputs IN.npz]
 //!              [--seed S] [--out OUT.npz] [--backend xla|host|interp] [--xla-plugin PATH]
@@ -58,9 +58,17 @@ struct CheckArgs {
     file: PathBuf,
     #[command(flatten)]
     devices: DeviceArgs,
-    /// Also print every device's thunk program with arena offsets (host backend).
-    #[arg(long)]
-    thunks: bool,
+    /// The platform whose decisions to explain: XLA:CPU's (shared memory), or CUDA's (opens
+    /// this machine's GPUs for their peer-access table; without GPUs every collective stays
+    /// XLA's, saying why).
+    #[arg(long, value_enum, default_value_t = PlatformArg::Cpu)]
+    platform: PlatformArg,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum PlatformArg {
+    Cpu,
+    Cuda,
 }
 
 /// Device layout and Peerless flags, shared by `check` and `run`.
@@ -168,16 +176,37 @@ fn check(args: &CheckArgs) -> CliResult<()> {
         // explain decisions for a layout the user never asked about.
         println!("{collectives} collectives: pass --devices N to see how each would run on N devices");
     } else {
+        // The decisions of the pass inside XLA, on the module XLA would get: the same
+        // preparation as `run` (device assignment written in), no plugin needed.
         let cfg = run_config(&module, &args.devices)?;
-        let flags = flags(&args.devices)?;
-        let plan = emitter::plan(&module, cfg.num_devices, cfg.mode, &flags)?;
-        print!("{}", report::decisions(&plan, &cfg));
-        if args.thunks {
-            print!("{}", kernels::exec::host_programs(&module, cfg.num_devices, cfg.mode, &flags)?);
-        }
+        flags(&args.devices)?;
+        let bytes = module_bytes(&args.file, &module)?;
+        let ids: Vec<i64> = (0..cfg.num_devices as i64).collect();
+        let platform = match args.platform {
+            PlatformArg::Cpu => "cpu",
+            PlatformArg::Cuda => "cuda",
+        };
+        let (_, outcome) = plugin::xla_run::prepare(&bytes, cfg.mode, &ids, platform, &pass_flags(&args.devices))?;
+        print!("{}", report::decisions(&outcome.decisions, &cfg, platform));
     }
     println!("ok: parsed and verified in {}", report::duration(secs));
     Ok(())
+}
+
+/// The module as an HloModuleProto: a `.pb` file's bytes, or the parsed text encoded in
+/// Rust (the module as parsed and verified; no Python).
+fn module_bytes(file: &std::path::Path, module: &Module) -> CliResult<Vec<u8>> {
+    let bytes = std::fs::read(file)?;
+    let is_pb = file.extension().is_some_and(|e| e == "pb");
+    Ok(match std::str::from_utf8(&bytes) {
+        Ok(text) if !is_pb => hlo::encode_proto(module).map_err(|e| e.with_source(text))?,
+        _ => bytes,
+    })
+}
+
+/// `--flag NAME=VALUE` as the pass reads them (`--name=value`; PEERLESS_FLAGS is read too).
+fn pass_flags(args: &DeviceArgs) -> Vec<String> {
+    args.flags.iter().map(|f| format!("--{}", f.trim_start_matches('-'))).collect()
 }
 
 /// PEERLESS_FLAGS, then each `--flag NAME=VALUE`.
@@ -284,8 +313,7 @@ fn run_xla(
     // Checked here, as the other backends check them; the pass reads them again (with
     // PEERLESS_FLAGS) in the form XLA's plugin hands it.
     flags(&args.devices)?;
-    let pass_flags: Vec<String> =
-        args.devices.flags.iter().map(|f| format!("--{}", f.trim_start_matches('-'))).collect();
+    let pass_flags = pass_flags(&args.devices);
     let path = plugin::xla_run::find_plugin(args.xla_plugin.as_deref()).map_err(|e| {
         format!(
             "{e}.\n`peerless run` runs the module inside XLA. Install XLA's CPU plugin (Python 3.12: \
@@ -294,13 +322,7 @@ fn run_xla(
              or run the older standalone runtime with --backend host"
         )
     })?;
-    let bytes = std::fs::read(&args.file)?;
-    let is_pb = args.file.extension().is_some_and(|e| e == "pb");
-    // HLO text becomes an HloModuleProto in Rust: the module as parsed and verified, encoded.
-    let bytes = match std::str::from_utf8(&bytes) {
-        Ok(text) if !is_pb => hlo::encode_proto(module).map_err(|e| e.with_source(text))?,
-        _ => bytes,
-    };
+    let bytes = module_bytes(&args.file, module)?;
     let run = plugin::xla_run::run(&path, module, &bytes, cfg, inputs, &pass_flags)?;
     let on_peerless = run.decisions.iter().filter(|d| d.kernel).count();
     println!(

@@ -62,31 +62,32 @@ pub fn summary(module: &Module) -> String {
     s
 }
 
-/// `check`'s decision table: one line per collective with the chosen implementation and why.
-pub fn decisions(plan: &[emitter::PlannedCollective], cfg: &RunConfig) -> String {
+/// `check`'s decision table: one line per collective with the pass's decision on
+/// `platform` and why.
+pub fn decisions(decisions: &[emitter::xla_pass::PassDecision], cfg: &RunConfig, platform: &str) -> String {
     let mode = match cfg.mode {
         Mode::Replica => "replicas",
         Mode::Partition => "partitions",
     };
-    if plan.is_empty() {
-        return format!("collectives on {} {mode}: none\n", cfg.num_devices);
+    if decisions.is_empty() {
+        return format!("collectives on {} {mode} ({platform}): none\n", cfg.num_devices);
     }
-    let rows: Vec<Vec<String>> = plan
+    let rows: Vec<Vec<String>> = decisions
         .iter()
-        .map(|p| {
+        .map(|d| {
             vec![
-                p.instr.clone(),
-                p.op.to_string(),
-                p.dtype.to_string(),
-                p.bytes.to_string(),
-                thunks::fmt_groups(&p.groups),
-                p.decision.implementation.to_string(),
-                p.decision.reason.clone(),
+                d.instr.clone(),
+                d.op.clone(),
+                d.dtype.clone(),
+                d.bytes.to_string(),
+                d.groups.clone(),
+                d.implementation.clone(),
+                d.reason.clone(),
             ]
         })
         .collect();
     format!(
-        "collectives on {} {mode}:\n{}",
+        "collectives on {} {mode}, the pass inside XLA ({platform}):\n{}",
         cfg.num_devices,
         table(&["collective", "op", "dtype", "bytes/device", "groups", "implementation", "reason"], &rows)
     )

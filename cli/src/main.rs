@@ -4,12 +4,10 @@
 //! peerless check FILE.hlo [--devices N] [--mode replica|partition] [--platform cpu|cuda] [--flag NAME=VALUE]...
 //! peerless flags
 //! peerless run FILE.hlo --devices N [--mode replica|partition] [--inputs IN.npz]
-//!              [--seed S] [--out OUT.npz] [--backend xla|host|interp] [--xla-plugin PATH]
-//!              [--flag NAME=VALUE]...
+//!              [--seed S] [--out OUT.npz] [--xla-plugin PATH] [--flag NAME=VALUE]...
 //! ```
 //! `run` runs the module through XLA's own PJRT plugin (XLA's CPU plugin by default) with
-//! Peerless's pass and handlers inside it; `--backend host|interp` run the older standalone
-//! runtime and the reference interpreter.
+//! Peerless's pass and handlers inside it: XLA is the only runtime.
 //! Arrays in npz files are named `p{i}_d{d}` (entry parameter i on device d) and
 //! `o{j}_d{d}` (leaf j of the entry result, depth first); see `interp::io`.
 
@@ -25,7 +23,6 @@ use std::time::Instant;
 use clap::{Parser, Subcommand, ValueEnum};
 use hlo::Module;
 use interp::{Mode, RunConfig};
-use kernels::exec::{BackendKind, Executable};
 
 #[derive(Parser)]
 #[command(name = "peerless", version, about = "Peerless: XLA HLO programs with collectives on N devices")]
@@ -102,11 +99,7 @@ struct RunArgs {
     /// Write inputs and outputs (`p{i}_d{d}`, `o{j}_d{d}`) to this npz file.
     #[arg(long)]
     out: Option<PathBuf>,
-    /// Execution backend: XLA's plugin with Peerless inside (the default), or the standalone
-    /// runtime's host backend, or the reference interpreter.
-    #[arg(long, value_enum, default_value_t = BackendArg::Xla)]
-    backend: BackendArg,
-    /// XLA's PJRT plugin for `--backend xla` (default: PEERLESS_XLA_PLUGIN, else the CPU
+    /// XLA's PJRT plugin that runs the module (default: PEERLESS_XLA_PLUGIN, else the CPU
     /// plugin of lammps-jax-pjrt-cpu in $PEERLESS_VENV_DIR/jax or <repo>/.venv/jax).
     #[arg(long, value_name = "PATH")]
     xla_plugin: Option<PathBuf>,
@@ -116,23 +109,6 @@ struct RunArgs {
 enum ModeArg {
     Replica,
     Partition,
-}
-
-#[derive(Clone, Copy, ValueEnum, PartialEq, Eq)]
-enum BackendArg {
-    /// XLA's own PJRT plugin compiles and runs the module (--xla-plugin, PEERLESS_XLA_PLUGIN or
-    /// XLA's CPU plugin in the JAX venv); Peerless's pass rewrites the collectives it takes and
-    /// its handlers run them. HLO text goes through XLA's parser (jaxlib) first.
-    Xla,
-    /// The standalone runtime (being retired): N simulated devices, one worker thread each,
-    /// running the thunk programs with the same collective protocols as the GPU kernels.
-    Host,
-    /// Retired (Peerless's own CUDA executor): on GPUs use `--backend xla` with XLA's CUDA
-    /// plugin (`--xla-plugin .../xla_cuda_plugin.so`), where XLA runs the module and
-    /// Peerless's kernels its collectives.
-    Cuda,
-    /// The reference interpreter (XLA semantics, devices evaluated in lockstep).
-    Interp,
 }
 
 fn main() -> ExitCode {
@@ -260,20 +236,7 @@ fn run(args: &RunArgs) -> CliResult<()> {
     };
     log::info!("running {} on {} devices ({:?} mode)", module.name, cfg.num_devices, cfg.mode);
     let t = Instant::now();
-    let outputs = match args.backend {
-        BackendArg::Host => {
-            let flags = flags(&args.devices)?;
-            Executable::new(BackendKind::Host, &module, cfg.num_devices, cfg.mode, &flags)?.execute(&inputs)?
-        }
-        BackendArg::Cuda => {
-            return Err("--backend cuda is retired: on GPUs, XLA runs the module with Peerless's collectives inside \
-                        (--backend xla --xla-plugin .../jax_plugins/xla_cuda13/xla_cuda_plugin.so, with the module \
-                        as a binary HloModuleProto)"
-                .into());
-        }
-        BackendArg::Interp => interp::run(&module, &cfg, &inputs)?,
-        BackendArg::Xla => run_xla(args, &module, &cfg, &inputs)?,
-    };
+    let outputs = run_xla(args, &module, &cfg, &inputs)?;
     let run_secs = t.elapsed().as_secs_f64();
     print!("{}", report::outputs_table(&module, &cfg, &outputs));
     if let Some(out) = &args.out {
@@ -286,14 +249,8 @@ fn run(args: &RunArgs) -> CliResult<()> {
         Mode::Replica => "replicas",
         Mode::Partition => "partitions",
     };
-    let backend = match args.backend {
-        BackendArg::Host => "host",
-        BackendArg::Cuda => "cuda",
-        BackendArg::Interp => "interp",
-        BackendArg::Xla => "xla",
-    };
     println!(
-        "{}: {} {} on {backend}: parse+verify {}, run {}",
+        "{}: {} {} inside XLA: parse+verify {}, run {}",
         module.name,
         cfg.num_devices,
         mode,
@@ -303,7 +260,7 @@ fn run(args: &RunArgs) -> CliResult<()> {
     Ok(())
 }
 
-/// `--backend xla`: XLA's plugin runs the module, Peerless's pass and handlers inside it.
+/// XLA's plugin runs the module, Peerless's pass and handlers inside it.
 fn run_xla(
     args: &RunArgs,
     module: &Module,
@@ -318,8 +275,7 @@ fn run_xla(
         format!(
             "{e}.\n`peerless run` runs the module inside XLA. Install XLA's CPU plugin (Python 3.12: \
              `pip install lammps-jax-pjrt-cpu==0.11.2`; scripts/setup.sh installs it into .venv/jax) and set \
-             PEERLESS_XLA_PLUGIN=$(python -c 'import lammps_jax_pjrt_cpu as m; print(m.PLUGIN_PATH)'), \
-             or run the older standalone runtime with --backend host"
+             PEERLESS_XLA_PLUGIN=$(python -c 'import lammps_jax_pjrt_cpu as m; print(m.PLUGIN_PATH)')"
         )
     })?;
     let bytes = module_bytes(&args.file, module)?;

@@ -38,38 +38,32 @@ fn tmp(name: &str) -> PathBuf {
     dir.join(name)
 }
 
-/// `peerless run FILE.hlo` runs inside XLA (XLA's CPU plugin, Peerless's pass and handlers)
-/// unless told otherwise; the standalone host backend and the interpreter give the same bits.
+/// `peerless run FILE.hlo` runs inside XLA (XLA's CPU plugin, Peerless's pass and handlers),
+/// and its outputs are what the module says: the replicas' sum, then the sum times the
+/// replica id (checked here from the inputs it wrote, summed in group order as the kernel does).
 #[test]
-fn readme_example_runs_inside_xla_by_default_and_agrees_with_the_other_backends() {
-    let mut outs = Vec::new();
-    for backend in [None, Some("host"), Some("interp")] {
-        let name = backend.unwrap_or("default");
-        let path = tmp(&format!("ar-{name}.npz"));
-        let mut args =
-            vec!["run", "examples/all_reduce.hlo", "--devices", "4", "--out", path.to_str().expect("utf-8 path")];
-        if let Some(b) = backend {
-            args.extend(["--backend", b]);
-        }
-        let o = peerless(&args);
-        assert!(o.status.success(), "{name}: {}", stderr(&o));
-        let out = stdout(&o);
-        assert!(out.contains("output  device"), "{out}");
-        assert!(out.contains("replica 3"), "{out}");
-        assert!(out.contains(&format!("4 replicas on {}", backend.unwrap_or("xla"))), "{out}");
-        if backend.is_none() {
-            assert!(out.contains("(cpu); Peerless's pass: 1 of 1 collectives on Peerless"), "{out}");
-            assert!(
-                out.contains("all-reduce total f32 32 B groups={{0,1,2,3}} -> kernel (one-shot all-reduce)"),
-                "{out}"
-            );
-        }
-        outs.push(interp::io::read_npz(&path).expect("read npz"));
+fn readme_example_runs_inside_xla_and_computes_the_sum() {
+    let path = tmp("ar-default.npz");
+    let o =
+        peerless(&["run", "examples/all_reduce.hlo", "--devices", "4", "--out", path.to_str().expect("utf-8 path")]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.contains("output  device") && out.contains("replica 3"), "{out}");
+    assert!(out.contains("4 replicas inside XLA"), "{out}");
+    assert!(out.contains("(cpu); Peerless's pass: 1 of 1 collectives on Peerless"), "{out}");
+    assert!(out.contains("all-reduce total f32 32 B groups={{0,1,2,3}} -> kernel (one-shot all-reduce)"), "{out}");
+    let arrays = interp::io::read_npz(&path).expect("read npz");
+    let f32s = |name: &str| -> Vec<f32> {
+        let a = arrays.get(name).unwrap_or_else(|| panic!("no {name}"));
+        a.data.chunks(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
+    };
+    let ins: Vec<Vec<f32>> = (0..4).map(|d| f32s(&format!("p0_d{d}"))).collect();
+    let sum: Vec<f32> = (0..8).map(|i| ins.iter().map(|x| x[i]).fold(0.0f32, |a, b| a + b)).collect();
+    for d in 0..4 {
+        assert_eq!(f32s(&format!("o0_d{d}")), sum, "device {d}'s sum");
+        let scaled: Vec<f32> = sum.iter().map(|v| v * d as f32).collect();
+        assert_eq!(f32s(&format!("o1_d{d}")), scaled, "device {d}'s scaled sum");
     }
-    // Same seed, same inputs; sums of 4 f32 values in fixed order agree bitwise.
-    assert_eq!(outs[0], outs[1]);
-    assert_eq!(outs[1], outs[2]);
-    assert!(outs[0].contains_key("p0_d3") && outs[0].contains_key("o1_d3"));
 }
 
 /// What is missing when XLA's plugin cannot be found, and what to do; HLO text needs no
@@ -80,19 +74,13 @@ fn run_without_xla_names_what_to_install() {
     let err = stderr(&o);
     assert!(!o.status.success(), "{}", stdout(&o));
     assert!(err.contains("PEERLESS_XLA_PLUGIN=/no/such/xla_plugin.so: no such file"), "{err}");
-    assert!(err.contains("pip install lammps-jax-pjrt-cpu") && err.contains("--backend host"), "{err}");
+    assert!(err.contains("pip install lammps-jax-pjrt-cpu"), "{err}");
     let o = peerless_with(
         &["run", "examples/all_reduce.hlo", "--devices", "4"],
         &[("PEERLESS_PYTHON", "/no/such/python"), ("PATH", "/nonexistent")],
     );
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(stdout(&o).contains("Peerless's pass: 1 of 1 collectives on Peerless"), "{}", stdout(&o));
-    // The standalone runtime needs neither.
-    let o = peerless_with(
-        &["run", "examples/all_reduce.hlo", "--backend", "host"],
-        &[("PEERLESS_XLA_PLUGIN", "/no/such/xla_plugin.so"), ("PEERLESS_PYTHON", "/no/such/python")],
-    );
-    assert!(o.status.success(), "{}", stderr(&o));
 }
 
 /// An attribute the text parser keeps but no HloModuleProto field holds is an error at its
@@ -171,20 +159,8 @@ fn bad_flags_list_the_valid_ones() {
 }
 
 #[test]
-fn forced_kernel_on_unsupported_case_is_an_error_on_host_and_a_stated_fallback_inside_xla() {
-    let o = peerless(&[
-        "run",
-        "hlo-tests/cases/f8_s4_movement.hlo",
-        "--devices",
-        "2",
-        "--backend",
-        "host",
-        "--flag",
-        "all_gather_backend=kernel",
-    ]);
-    assert!(!o.status.success());
-    assert!(stderr(&o).contains("dtype guard"), "{}", stderr(&o));
-    // Inside XLA the pass leaves such a collective to XLA and says why.
+fn forced_kernel_on_unsupported_case_is_a_stated_fallback_inside_xla() {
+    // The pass leaves such a collective to XLA and says why (it never breaks a compile).
     let o = peerless(&[
         "run",
         "examples/all_reduce.hlo",

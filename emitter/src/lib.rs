@@ -1,29 +1,26 @@
-//! Collective emitter: turns a verified HLO module into one thunk program per device
-//! and decides, per collective, between Peerless's peer-access kernels and a fallback.
+//! The collective emitter: Peerless's HLO pass inside XLA ([`xla_pass`]), which decides,
+//! per collective, between Peerless's peer-access kernels and XLA's own collective, and
+//! rewrites the ones it takes into typed-FFI custom calls.
 //!
 //! The decision layer: [`Flags`] (XLA-style `--name=value`), the [`PeerAccessTable`]
-//! (computed once per device set), and [`decide`] / [`plan`], which apply the rules in
-//! a fixed order and give every decision a reason. The program layer: [`inline_calls`],
-//! [`assign_buffers`] (one symmetric per-device arena) and [`build_programs`] (one
-//! [`thunks::ThunkProgram`] per device).
+//! (computed once per device set), and [`decide`], which applies the rules in a fixed order
+//! and gives every decision a reason. (Issue 26 retired the program layer, buffer
+//! assignment into a symmetric arena and per-device thunk programs, with the standalone
+//! runtime: XLA assigns buffers and runs programs.)
 
-pub mod buffers;
 mod decide;
 pub mod flags;
 pub mod peers;
-pub mod program;
 pub mod xla_pass;
 
 use std::fmt;
 
 use hlo::PrimitiveType;
 
-pub use buffers::{BufferAssignment, DeclaredShapes, ValueInfo, assign_buffers};
 pub use decide::{Capabilities, MAX_GROUP_SIZE, PlannedCollective, decide, decide_with, plan, plan_with_peers};
 pub use flags::{Backend, FLAGS, FlagSpec, Flags, HostTopology, flags_help};
 pub use hlo::analysis::DeviceMode;
 pub use peers::{PeerAccessTable, PeerTableKey};
-pub use program::{Programs, build_programs, inline_calls, plan_entry, thunk_programs, trip_count};
 
 /// Element types Peerless's own collective kernels accept. F8 variants, s4/u4 and
 /// complex types always go to the fallback. Callers pass the *operand's* element type
@@ -42,9 +39,6 @@ pub enum EmitError {
     InvalidCollective { instr: String, message: String },
     /// `--<flag>=kernel` forces a kernel, but a rule rules it out.
     KernelForced { instr: String, op: String, flag: String, reason: String },
-    /// Buffer assignment or program building cannot lay out the module (an arena over
-    /// the size limit, calls nested too deep, a malformed async pair). Names the instruction.
-    Program { instr: String, message: String },
 }
 
 impl fmt::Display for EmitError {
@@ -52,7 +46,6 @@ impl fmt::Display for EmitError {
         match self {
             Self::InvalidFlag(m) => write!(f, "invalid flag: {m}"),
             Self::InvalidCollective { message, .. } => f.write_str(message),
-            Self::Program { instr, message } => write!(f, "'{instr}': {message}"),
             Self::KernelForced { instr, op, flag, reason } => {
                 write!(f, "{op} '{instr}': --{flag}=kernel forces a Peerless kernel, but {reason}")
             }

@@ -5,7 +5,7 @@
 //!
 //! | target | parser under test | then |
 //! |---|---|---|
-//! | [`hlo_text`] | `hlo::parse_text` | host thunk programs (emitter, buffers) on 1 and 2 devices |
+//! | [`hlo_text`] | `hlo::parse_text` | encoded (`hlo::encode_proto`) and prepared for XLA as `peerless run` does (device assignment, the pass, manual shardings) on 1 and 2 devices |
 //! | [`hlo_proto`] | `hlo::decode_proto` | as `hlo_text` |
 //! | [`compile_options`] | `CompileOptionsProto` in `plugin::wrap::split_compile_options` (the wrapper's `PJRT_Client_Compile`) | the flags it takes out, applied |
 //! | [`npz`] | `interp::io::read_npz_bytes` | |
@@ -24,13 +24,14 @@ pub const TARGETS: &[(&str, fn(&[u8]))] = &[
     ("xla_pass", xla_pass),
 ];
 
-/// What a verified module goes through after parsing: the host backend's programs
-/// (inlining, `hlo`'s sharding analysis, collective decisions, buffer
-/// assignment) on 1 and 2 devices in both modes. Nothing is allocated for the arena.
+/// What a verified module goes through after parsing on its way into XLA (`peerless run`):
+/// encoded as an HloModuleProto, then prepared on 1 and 2 devices in both modes (the device
+/// assignment written in, the pass, partitions marked manual). No XLA plugin is loaded.
 fn downstream(module: &hlo::Module) {
-    let flags = Flags::default();
+    let Ok(bytes) = hlo::encode_proto(module) else { return };
     for (n, mode) in [(1, DeviceMode::Replica), (2, DeviceMode::Replica), (2, DeviceMode::Partition)] {
-        let _ = kernels::exec::host_programs(module, n, mode, &flags);
+        let ids: Vec<i64> = (0..n).collect();
+        let _ = plugin::xla_run::prepare(&bytes, mode, &ids, "cpu", &[]);
     }
 }
 

@@ -1,8 +1,8 @@
 //! Peerless's reference interpreter: evaluates a verified HLO module on N logical
-//! devices with XLA's semantics. It is the oracle every backend is checked against,
-//! and it is itself checked against XLA's CPU backend (hlo-tests). Beside the oracle it
-//! offers only its per-op code, one instruction on one device ([`single`]); analyses of
-//! the module (sharding, device groups) are `hlo`'s.
+//! devices with XLA's semantics. It is the conformance suite's oracle (hlo-tests), itself
+//! checked against XLA's CPU backend; no runtime uses it (issue 26: XLA runs programs).
+//! Analyses of the module (sharding, device groups) are `hlo`'s. [`io`] reads and writes
+//! the npz files of `peerless run`.
 //!
 //! Devices are evaluated in lockstep: every instruction holds one value per device,
 //! so a collective sees all its group members' operands at once and needs no
@@ -23,7 +23,6 @@ mod eval;
 pub mod io;
 mod ops;
 mod scalar;
-pub mod single;
 
 use hlo::sharding::{Plan, Tiling};
 use hlo::{Array, ErrorKind, InstrId, Literal, Module, Shape};

@@ -7,9 +7,7 @@
 
 use std::time::Duration;
 
-use emitter::EmitError;
-use interp::InterpError;
-use thunks::{CollectiveOp, Implementation};
+use thunks::CollectiveOp;
 
 use crate::host::fmt_group;
 
@@ -19,32 +17,14 @@ fn pct(name: &str) -> String {
 }
 
 /// Every failure of the `kernels` crate.
-// Not `Clone` or `PartialEq`: `InterpError` is not comparable, and no caller copies errors
+// Not `Clone` or `PartialEq`: `ffi::Error` is not comparable, and no caller copies errors
 // (tests compare `Ok` values with `matches!`, errors by structure or message).
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    // Host device memory (`host::HostCluster`, `host::HostDevice`, staging buffers).
-    /// A cluster of zero devices.
-    #[error("a host cluster needs at least one device")]
-    NoDevices,
-    /// The peer matrix is not `num_devices × num_devices`.
-    #[error("peer matrix for {num_devices} devices has a row of {len} entries (or {rows} rows)")]
-    PeerMatrix { num_devices: usize, rows: usize, len: usize },
-    /// The allocator refused device memory (or a host buffer of `arena_bytes`).
+    // Host memory (staging buffers).
+    /// The allocator refused a host buffer of `arena_bytes` (per device, `num_devices` of them).
     #[error("cannot allocate {arena_bytes} bytes of device memory for each of {num_devices} devices")]
     Alloc { num_devices: usize, arena_bytes: usize },
-    /// The arenas would exceed the host's physical memory (refused before allocating).
-    #[error(
-        "the program needs a {arena_bytes}-byte arena on each of {num_devices} devices, more than the \
-         {host_bytes} bytes of host memory the host backend's devices share (MemTotal in /proc/meminfo)"
-    )]
-    ExceedsHostMemory { num_devices: usize, arena_bytes: usize, host_bytes: u64 },
-    /// A handle for a device the cluster does not have.
-    #[error("device {rank} does not exist (the cluster has {num_devices} devices)")]
-    NoSuchDevice { rank: usize, num_devices: usize },
-    /// An access outside a device's arena; `what` names the access (`read`, `copy source`).
-    #[error("{what} {offset}+{len} is outside device {rank}'s {arena_bytes}-byte arena")]
-    OutOfBounds { what: &'static str, rank: usize, offset: usize, len: usize, arena_bytes: usize },
 
     // One collective call (host protocols, in one process or across processes). Every
     // variant names the collective.
@@ -70,9 +50,6 @@ pub enum Error {
     /// The host backend has no implementation for this op, type or reduction.
     #[error("{op} {} on rank {rank}: unsupported: {reason}", pct(collective))]
     Unsupported { collective: String, op: CollectiveOp, rank: usize, reason: String },
-    /// A kernel needs peer access the cluster's peer matrix does not give.
-    #[error("{op} {} ({implementation}): no peer access {from}↔{to}", pct(collective))]
-    NoPeerAccess { collective: String, op: CollectiveOp, implementation: Implementation, from: usize, to: usize },
     /// The collective's memory could not be reached or allocated; `source` is the device
     /// memory error (boxed: the enum holds itself; in a `source()` chain it is the
     /// `Box<Error>`).
@@ -108,52 +85,17 @@ pub enum Error {
     /// A driver, runtime or compiler call failed.
     #[error(transparent)]
     Ffi(#[from] ffi::Error),
-
-    // The host executor (`exec`).
-    /// Arguments, programs or device counts that do not fit the executable.
-    #[error("bad arguments: {0}")]
-    BadArguments(String),
-    /// A thunk failed on a device; `cause` is its error (a collective timeout when peers
-    /// failed first: [`Error::is_timeout`] says so).
-    #[error("device {device}: thunk #{thunk} {label} failed: {cause}\n  last completed thunk per device: {progress}")]
-    Device {
-        device: usize,
-        /// Thunk index and label (`all-reduce 'ar'`).
-        thunk: usize,
-        label: String,
-        #[source]
-        cause: Box<Error>,
-        /// `d0: #3 all-reduce 'ar', d1: none, ...`.
-        progress: String,
-    },
-    /// A step of a device's program failed outside the cases above: arguments or results
-    /// that do not fit their regions, an injected fault, a worker that panicked.
-    #[error("{0}")]
-    Thunk(String),
-    /// The host cluster could not be created; `0` is the device memory error.
-    #[error("host backend: {0}")]
-    Cluster(#[source] Box<Error>),
-    /// The emitter could not plan or lay out the module.
-    #[error("emitter: {0}")]
-    Emit(#[from] EmitError),
-    /// The interpreter cannot run the module on this device set (checked when building).
-    #[error(transparent)]
-    Interp(#[from] InterpError),
 }
 
 /// `Result` with the crate's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
-    /// Whether a peer never arrived: a collective's wait passed its deadline, an exchange's
-    /// processes never posted, or a device's thunk failed with a timeout. Callers report these
+    /// Whether a peer never arrived: a collective's wait passed its deadline, or an exchange's
+    /// processes never posted. Callers report these
     /// as deadline errors and prefer any other error as the root cause.
     pub fn is_timeout(&self) -> bool {
-        match self {
-            Error::Timeout { .. } | Error::ExchangeMissing { .. } => true,
-            Error::Device { cause, .. } => cause.is_timeout(),
-            _ => false,
-        }
+        matches!(self, Error::Timeout { .. } | Error::ExchangeMissing { .. })
     }
 
     /// The ranks (device ids) that never arrived, for [`Error::Timeout`] and
@@ -169,10 +111,7 @@ impl Error {
     /// Whether the caller's input is at fault (a call, collective or argument that does not
     /// fit, or an unsupported op), not the runtime.
     pub fn is_invalid_argument(&self) -> bool {
-        matches!(
-            self,
-            Error::Invalid { .. } | Error::Unsupported { .. } | Error::BadCall { .. } | Error::BadArguments(_)
-        )
+        matches!(self, Error::Invalid { .. } | Error::Unsupported { .. } | Error::BadCall { .. })
     }
 }
 
@@ -186,17 +125,14 @@ mod tests {
 
     #[test]
     fn wrapping_variants_keep_their_source() {
-        let oob = Error::OutOfBounds { what: "read", rank: 1, offset: 8, len: 4, arena_bytes: 8 };
+        let alloc = Error::Alloc { num_devices: 1, arena_bytes: 8 };
         let op = CollectiveOp { kind: CollectiveKind::AllReduce, is_async: false };
-        let e = Error::Memory { collective: "ar".into(), op, source: Box::new(oob) };
-        assert_eq!(e.to_string(), "all-reduce %ar: read 8+4 is outside device 1's 8-byte arena");
+        let e = Error::Memory { collective: "ar".into(), op, source: Box::new(alloc) };
+        assert_eq!(e.to_string(), "all-reduce %ar: cannot allocate 8 bytes of device memory for each of 1 devices");
         // The chain's entry is the box itself (thiserror hands out the field as it is).
         let source = e.source().expect("a source");
         let inner = source.downcast_ref::<Box<Error>>().map(|b| &**b);
-        assert!(matches!(inner, Some(Error::OutOfBounds { rank: 1, .. })), "{source}");
-        let e = Error::Cluster(Box::new(Error::NoDevices));
-        assert_eq!(e.to_string(), "host backend: a host cluster needs at least one device");
-        assert!(e.source().is_some());
+        assert!(matches!(inner, Some(Error::Alloc { arena_bytes: 8, .. })), "{source}");
     }
 
     #[test]

@@ -1,13 +1,12 @@
-//! Collective kernels and device backends. [`host`] is the host backend's collective
-//! layer (N simulated devices in one process; also the CPU handlers' protocols inside XLA);
-//! [`exec`] runs whole HLO modules on it; `cuda` and `rocm` are the GPU device layers
-//! (Peerless's collective kernels; inside XLA through `cuda::xla`). Everything fails with
-//! the one [`Error`].
+//! Collective kernels and device layers, run by XLA's FFI handlers. [`host`] holds the
+//! protocols the CPU handlers ([`xla_host`]) run between XLA:CPU's devices (one process,
+//! or the processes of one host); `cuda` and `rocm` are the GPU device layers (Peerless's
+//! collective kernels; inside XLA through `cuda::xla`). Everything fails with the one
+//! [`Error`].
 
 #[cfg(feature = "cuda")]
 pub mod cuda;
 mod error;
-pub mod exec;
 pub mod gpu;
 pub mod host;
 #[cfg(feature = "rocm")]

@@ -1,20 +1,18 @@
-//! Thunks: plain-data collective configs and the prepare / initialize / execute
-//! interface that every backend runs.
+//! Thunks: plain-data collective configs, the custom-call contract between the pass and
+//! the handlers, and the handlers' phases.
 //!
-//! The emitter's decision layer produces what a collective is ([`CollectiveConfig`])
-//! and how it will run ([`Decision`]); buffer assignment and program building produce
-//! one [`ThunkProgram`] per device ([`program`]): plain data with arena offsets. A
-//! backend implements [`Backend`] (prepare / initialize / execute) to run them. Nothing
-//! here refers to a particular device or to PJRT.
+//! The emitter's decision layer produces what a collective is ([`CollectiveConfig`]) and
+//! how it will run ([`Decision`]); the pass writes it into a Peerless custom call
+//! ([`custom_call`]); XLA's FFI handlers read it back and drive a platform's runtime
+//! through XLA's phases ([`ffi_handler`]: instantiate, initialize, execute); [`runtime`]
+//! holds what the running process tells them (its job, its topology). Nothing here refers
+//! to a particular device.
 
 pub mod custom_call;
 pub mod ffi_handler;
-pub mod program;
 pub mod runtime;
 
 use std::fmt;
-
-pub use program::{Backend, NoScratch, Region, Resources, ScratchSizer, Thunk, ThunkProgram};
 
 use hlo::analysis::ReductionKind;
 use hlo::{Opcode, PrimitiveType};

@@ -9,7 +9,7 @@
 //! `run` runs the module through XLA's own PJRT plugin (XLA's CPU plugin by default) with
 //! Peerless's pass and handlers inside it: XLA is the only runtime.
 //! Arrays in npz files are named `p{i}_d{d}` (entry parameter i on device d) and
-//! `o{j}_d{d}` (leaf j of the entry result, depth first); see `interp::io`.
+//! `o{j}_d{d}` (leaf j of the entry result, depth first); see `runs::io`.
 
 mod bench;
 mod devices;
@@ -22,7 +22,7 @@ use std::time::Instant;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use hlo::Module;
-use interp::{Mode, RunConfig};
+use runs::{Mode, RunConfig};
 
 #[derive(Parser)]
 #[command(name = "peerless", version, about = "Peerless: XLA HLO programs with collectives on N devices")]
@@ -231,8 +231,8 @@ fn run(args: &RunArgs) -> CliResult<()> {
     let (module, parse_secs) = load(&args.file)?;
     let cfg = run_config(&module, &args.devices)?;
     let inputs = match &args.inputs {
-        Some(path) => interp::io::inputs_from_npz(&module, &cfg, &interp::io::read_npz(path)?)?,
-        None => interp::io::random_inputs(&module, &cfg, args.seed)?,
+        Some(path) => runs::io::inputs_from_npz(&module, &cfg, &runs::io::read_npz(path)?)?,
+        None => runs::io::random_inputs(&module, &cfg, args.seed)?,
     };
     log::info!("running {} on {} devices ({:?} mode)", module.name, cfg.num_devices, cfg.mode);
     let t = Instant::now();
@@ -240,9 +240,9 @@ fn run(args: &RunArgs) -> CliResult<()> {
     let run_secs = t.elapsed().as_secs_f64();
     print!("{}", report::outputs_table(&module, &cfg, &outputs));
     if let Some(out) = &args.out {
-        let mut arrays = interp::io::inputs_to_npz(&inputs)?;
-        arrays.extend(interp::io::outputs_to_npz(&outputs));
-        interp::io::write_npz(out, &arrays)?;
+        let mut arrays = runs::io::inputs_to_npz(&inputs)?;
+        arrays.extend(runs::io::outputs_to_npz(&outputs));
+        runs::io::write_npz(out, &arrays)?;
         println!("wrote {}", out.display());
     }
     let mode = match cfg.mode {

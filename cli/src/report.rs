@@ -3,7 +3,7 @@
 use std::fmt::Write;
 
 use hlo::{Array, Literal, Module, PrimitiveType};
-use interp::{Mode, RunConfig};
+use runs::{Mode, RunConfig};
 
 /// Formats seconds with a unit that keeps three significant digits.
 pub fn duration(secs: f64) -> String {

@@ -52,7 +52,7 @@ fn readme_example_runs_inside_xla_and_computes_the_sum() {
     assert!(out.contains("4 replicas inside XLA"), "{out}");
     assert!(out.contains("(cpu); Peerless's pass: 1 of 1 collectives on Peerless"), "{out}");
     assert!(out.contains("all-reduce total f32 32 B groups={{0,1,2,3}} -> kernel (one-shot all-reduce)"), "{out}");
-    let arrays = interp::io::read_npz(&path).expect("read npz");
+    let arrays = runs::io::read_npz(&path).expect("read npz");
     let f32s = |name: &str| -> Vec<f32> {
         let a = arrays.get(name).unwrap_or_else(|| panic!("no {name}"));
         a.data.chunks(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
@@ -114,7 +114,7 @@ fn inputs_round_trip_through_npz() {
         again.to_str().unwrap(),
     ]);
     assert!(o.status.success(), "{}", stderr(&o));
-    assert_eq!(interp::io::read_npz(&first).unwrap(), interp::io::read_npz(&again).unwrap());
+    assert_eq!(runs::io::read_npz(&first).unwrap(), runs::io::read_npz(&again).unwrap());
 }
 
 #[test]

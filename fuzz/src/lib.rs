@@ -8,7 +8,7 @@
 //! | [`hlo_text`] | `hlo::parse_text` | encoded (`hlo::encode_proto`) and prepared for XLA as `peerless run` does (device assignment, the pass, manual shardings) on 1 and 2 devices |
 //! | [`hlo_proto`] | `hlo::decode_proto` | as `hlo_text` |
 //! | [`compile_options`] | `CompileOptionsProto` in `plugin::wrap::split_compile_options` (the wrapper's `PJRT_Client_Compile`) | the flags it takes out, applied |
-//! | [`npz`] | `interp::io::read_npz_bytes` | |
+//! | [`npz`] | `runs::io::read_npz_bytes` | |
 //! | [`flags`] | `emitter::Flags::parse` and `Flags::apply` | |
 //! | [`xla_pass`] | `emitter::xla_pass::run` (the pass inside XLA) | the pass again on its rewrite |
 
@@ -64,9 +64,9 @@ pub fn compile_options(data: &[u8]) {
     }
 }
 
-/// npz archive bytes (`interp::io::read_npz_bytes`).
+/// npz archive bytes (`runs::io::read_npz_bytes`).
 pub fn npz(data: &[u8]) {
-    let _ = interp::io::read_npz_bytes("fuzz.npz", data);
+    let _ = runs::io::read_npz_bytes("fuzz.npz", data);
 }
 
 /// A flag string: `Flags::parse` of the whole, and `Flags::apply` of each word.

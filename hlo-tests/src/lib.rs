@@ -184,8 +184,8 @@ pub fn golden_inventory() -> std::io::Result<Vec<(String, usize)>> {
 /// convention: bf16 as uint16 bits, f8 and s4/u4 as uint8, everything else native). Its
 /// dims come from the npz: for `jax_*` cases they are per-device shard dims.
 pub fn to_array(stored: &Array, ty: PrimitiveType) -> Result<Array, String> {
-    interp::io::to_type(stored.clone(), ty).ok_or_else(|| {
-        let want = interp::io::storage_type(ty).map_or_else(|| "nothing".to_owned(), |t| t.name().to_owned());
+    runs::io::to_type(stored.clone(), ty).ok_or_else(|| {
+        let want = runs::io::storage_type(ty).map_or_else(|| "nothing".to_owned(), |t| t.name().to_owned());
         format!("stored as {} but element type {} is stored as {want}", stored.ty().name(), ty.name())
     })
 }
@@ -201,7 +201,7 @@ pub struct Golden {
 
 /// Reads `p{i}_d{d}` / `o{j}_d{d}` for `n` devices and checks that no other names exist.
 pub fn read_golden(path: &Path, n: usize) -> Result<Golden, String> {
-    let mut arrays = interp::io::read_npz(path).map_err(|e| e.to_string())?;
+    let mut arrays = runs::io::read_npz(path).map_err(|e| e.to_string())?;
     let mut take = |prefix: char, d: usize| {
         let mut v = Vec::new();
         while let Some(a) = arrays.remove(&format!("{prefix}{}_d{d}", v.len())) {

@@ -85,11 +85,11 @@ fn run_case(case: &Case, d: &Directive, n: usize, front: Front) -> Result<(), St
     let module = load_module(case, front)?;
     let golden = read_golden(&golden_path(&case.name, n), n)?;
     let args = hlo_tests::make_args(&module.entry_param_shapes(), &golden)?;
-    let cfg = interp::RunConfig {
+    let cfg = runs::RunConfig {
         num_devices: n,
         mode: match d.mode {
-            Mode::Replica => interp::Mode::Replica,
-            Mode::Partition => interp::Mode::Partition,
+            Mode::Replica => runs::Mode::Replica,
+            Mode::Partition => runs::Mode::Partition,
         },
     };
     let got = interp::run(&module, &cfg, &args).map_err(|e| format!("interp: {e}"))?;

@@ -30,9 +30,9 @@ use std::time::Instant;
 
 use emitter::xla_pass::PassDecision;
 use ffi::pjrt::client::{Buffer, Client, Device, buffer_type as bt};
-use interp::Mode;
 use pjrt_sys::protos::xla;
 use prost::Message;
+use runs::Mode;
 
 /// The collectives the bench measures.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

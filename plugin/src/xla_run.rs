@@ -17,9 +17,9 @@ use emitter::xla_pass::{PassDecision, PassOutcome};
 use ffi::pjrt::InnerPlugin;
 use ffi::pjrt::client::{Client, buffer_type as bt};
 use hlo::{Array, ArrayShape, Literal, PrimitiveType, Shape};
-use interp::{Mode, RunConfig};
 use pjrt_sys::protos::xla;
 use prost::Message;
+use runs::{Mode, RunConfig};
 use thunks::custom_call::TARGETS;
 
 /// Where the XLA plugin comes from when `--xla-plugin` is not given.

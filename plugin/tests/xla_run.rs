@@ -178,8 +178,8 @@ fn run_case(
     };
     let golden = read_golden(&golden_path(&case.name, n), n)?;
     let args = make_args(&module.entry_param_shapes(), &golden)?;
-    let mode = if d.mode == Mode::Replica { interp::Mode::Replica } else { interp::Mode::Partition };
-    let cfg = interp::RunConfig { num_devices: n, mode };
+    let mode = if d.mode == Mode::Replica { runs::Mode::Replica } else { runs::Mode::Partition };
+    let cfg = runs::RunConfig { num_devices: n, mode };
     let run = plugin::xla_run::run(plugin, &module, &bytes, &cfg, &args, &source.flags())?;
     let taken = run.decisions.iter().filter(|x| x.kernel).count();
     if taken > 0 && !run.rewritten {
@@ -234,7 +234,7 @@ fn clear_errors() -> Result<(), Failed> {
     if !e.contains("/nonexistent/xla_plugin.so") {
         return Err(e.into());
     }
-    let e = plugin::xla_run::prepare(b"HloModule m\n", interp::Mode::Replica, &[0], "cpu", &[]).unwrap_err();
+    let e = plugin::xla_run::prepare(b"HloModule m\n", runs::Mode::Replica, &[0], "cpu", &[]).unwrap_err();
     if !e.contains("HloModuleProto") {
         return Err(e.into());
     }

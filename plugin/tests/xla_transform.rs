@@ -36,7 +36,7 @@ fn xla_runs_the_registered_pass_and_peerless_takes_the_all_reduce() {
     let module = hlo::decode_proto(case, &bytes).expect("decode");
     let golden = read_golden(&golden_path(case, n), n).expect("golden");
     let args = make_args(&module.entry_param_shapes(), &golden).expect("args");
-    let cfg = interp::RunConfig { num_devices: n, mode: interp::Mode::Replica };
+    let cfg = runs::RunConfig { num_devices: n, mode: runs::Mode::Replica };
     let before = plugin::xla_handlers::handler_calls("cpu");
     // The CLI's own pass (applied before XLA sees the module) is told to leave the
     // all-reduce to XLA, so only the registered pass inside XLA's pipeline can take it.

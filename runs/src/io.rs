@@ -24,7 +24,7 @@ use hlo::{Array, ArrayShape, Element, Literal, Module, PrimitiveType, Shape};
 use npyz::WriterBuilder;
 use rand::{Rng, SeedableRng};
 
-use crate::{InterpError, RunConfig};
+use crate::RunConfig;
 
 /// npz I/O errors.
 #[derive(Debug, thiserror::Error)]
@@ -35,8 +35,6 @@ pub enum IoError {
     Array { path: String, name: String, why: String },
     #[error("{0}")]
     Mismatch(String),
-    #[error(transparent)]
-    Interp(#[from] InterpError),
 }
 
 /// `p{i}_d{d}`: device `d`'s entry parameter `i`.
@@ -103,6 +101,19 @@ pub fn read_npz_bytes(path: impl AsRef<Path>, bytes: &[u8]) -> Result<BTreeMap<S
 /// Largest element count accepted from one npy header (2^40, as `hlo` bounds shapes).
 const MAX_NPY_ELEMENTS: u64 = 1 << 40;
 
+/// The shape of an array read from a file: no negative dimension, at most
+/// [`MAX_NPY_ELEMENTS`] elements.
+fn array_shape(ty: PrimitiveType, dims: Vec<i64>) -> Result<ArrayShape, String> {
+    let mut count: u64 = 1;
+    for &d in &dims {
+        if d < 0 {
+            return Err(format!("negative dimension in {dims:?}"));
+        }
+        count = count.checked_mul(d as u64).filter(|&c| c <= MAX_NPY_ELEMENTS).ok_or("array too large")?;
+    }
+    Ok(ArrayShape::new(ty, dims))
+}
+
 fn read_npz_from<R: std::io::Read + std::io::Seek>(path: &Path, reader: R) -> Result<BTreeMap<String, Array>, IoError> {
     let mut npz = npyz::npz::NpzArchive::new(reader).map_err(io_err(path))?;
     let names: Vec<String> = npz.array_names().map(str::to_string).collect();
@@ -147,7 +158,7 @@ fn read_npz_from<R: std::io::Read + std::io::Seek>(path: &Path, reader: R) -> Re
             })
         };
         let (ty, data) = read().map_err(|e| bad(e.to_string()))?;
-        let shape = crate::ops::shape(ty, dims).map_err(bad)?;
+        let shape = array_shape(ty, dims).map_err(bad)?;
         let a = Array::new(shape, data).map_err(|e| bad(e.to_string()))?;
         out.insert(name, a);
     }
@@ -239,7 +250,7 @@ pub fn write_npz(path: impl AsRef<Path>, arrays: &BTreeMap<String, Array>) -> Re
     Ok(())
 }
 
-fn random_array(rng: &mut rand_chacha::ChaCha8Rng, shape: &ArrayShape) -> Result<Array, InterpError> {
+fn random_array(rng: &mut rand_chacha::ChaCha8Rng, shape: &ArrayShape) -> Result<Array, IoError> {
     use PrimitiveType::*;
     let n = shape.element_count();
     let es = shape.ty.byte_size();
@@ -268,7 +279,7 @@ fn random_array(rng: &mut rand_chacha::ChaCha8Rng, shape: &ArrayShape) -> Result
     Ok(Array { shape: ArrayShape::new(shape.ty, shape.dims.clone()), data })
 }
 
-fn random_literal(rng: &mut rand_chacha::ChaCha8Rng, shape: &Shape) -> Result<Literal, InterpError> {
+fn random_literal(rng: &mut rand_chacha::ChaCha8Rng, shape: &Shape) -> Result<Literal, IoError> {
     Ok(match shape {
         Shape::Array(a) => Literal::Array(random_array(rng, a)?),
         Shape::Tuple(t) => Literal::Tuple(t.iter().map(|s| random_literal(rng, s)).collect::<Result<_, _>>()?),
@@ -277,7 +288,7 @@ fn random_literal(rng: &mut rand_chacha::ChaCha8Rng, shape: &Shape) -> Result<Li
 }
 
 /// Seeded random entry arguments, `[device][parameter]`, of each device's local shapes.
-pub fn random_inputs(module: &Module, cfg: &RunConfig, seed: u64) -> Result<Vec<Vec<Literal>>, InterpError> {
+pub fn random_inputs(module: &Module, cfg: &RunConfig, seed: u64) -> Result<Vec<Vec<Literal>>, IoError> {
     let shapes = crate::local_param_shapes(module, cfg)?;
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
     shapes.iter().map(|dev| dev.iter().map(|s| random_literal(&mut rng, s)).collect()).collect()

@@ -20,7 +20,6 @@
 //! [`InterpError::UnsupportedOp`].
 
 mod eval;
-pub mod io;
 mod ops;
 mod scalar;
 
@@ -30,16 +29,8 @@ use hlo::{Array, ErrorKind, InstrId, Literal, Module, Shape};
 pub use eval::{single_op_reducer, unexecuted};
 pub use ops::{GatherPlan, ScatterPlan};
 
-/// How device ids map onto the module's replicas and partitions (shared with the
-/// emitter, so both resolve replica groups the same way).
-pub use hlo::analysis::DeviceMode as Mode;
-
-/// What to run on.
-#[derive(Clone, Debug)]
-pub struct RunConfig {
-    pub num_devices: usize,
-    pub mode: Mode,
-}
+/// The run's configuration and device modes (`runs`, shared with XLA's runs and the CLI).
+pub use runs::{Mode, RunConfig};
 
 /// Interpreter errors. Unsupported ops and dtypes name themselves.
 #[derive(Clone, Debug, thiserror::Error)]

@@ -211,8 +211,8 @@ fn call_tuple_and_passthrough() {
 #[test]
 fn replica_and_partition_ids() {
     let t = "HloModule m\nENTRY e {\n  r = u32[] replica-id()\n  p = u32[] partition-id()\n  ROOT t = (u32[], u32[]) tuple(r, p)\n}\n";
-    let out = run_same(t, 3, interp::Mode::Replica, vec![]);
+    let out = run_same(t, 3, runs::Mode::Replica, vec![]);
     assert_eq!((tuple_vals::<u32>(&out[2], 0), tuple_vals::<u32>(&out[2], 1)), (vec![2], vec![0]));
-    let out = run_same(t, 3, interp::Mode::Partition, vec![]);
+    let out = run_same(t, 3, runs::Mode::Partition, vec![]);
     assert_eq!((tuple_vals::<u32>(&out[2], 0), tuple_vals::<u32>(&out[2], 1)), (vec![0], vec![2]));
 }

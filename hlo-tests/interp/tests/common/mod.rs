@@ -2,7 +2,7 @@
 #![allow(dead_code)]
 
 use hlo::{Array, Element, Literal, Module};
-use interp::{Mode, RunConfig};
+use runs::{Mode, RunConfig};
 
 pub fn parse(text: &str) -> Module {
     match hlo::parse_text("test.hlo", text) {

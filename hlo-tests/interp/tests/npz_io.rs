@@ -3,8 +3,8 @@ mod common;
 use common::*;
 use half::{bf16, f16};
 use hlo::{Array, ArrayShape, PrimitiveType};
-use interp::Mode;
-use interp::io::{self, IoError};
+use runs::Mode;
+use runs::io::{self, IoError};
 use std::collections::BTreeMap;
 
 fn tmp(name: &str) -> std::path::PathBuf {

@@ -221,7 +221,6 @@ fn atan2_and_integer_atan2_rejected() {
     let v = vals::<f32>(&r);
     assert!((v[0] - std::f32::consts::FRAC_PI_4).abs() < 1e-6 && (v[1] - std::f32::consts::PI).abs() < 1e-6);
     let m = parse(&bin("atan2", "s32", 1));
-    let e =
-        interp::run(&m, &cfg(1, interp::Mode::Replica), &[vec![arr(&[1], &[1i32]), arr(&[1], &[1i32])]]).unwrap_err();
+    let e = interp::run(&m, &cfg(1, runs::Mode::Replica), &[vec![arr(&[1], &[1i32]), arr(&[1], &[1i32])]]).unwrap_err();
     assert!(matches!(e, interp::InterpError::UnsupportedDtype { .. }), "{e}");
 }

@@ -18,6 +18,7 @@ mod devices;
 mod hlo_text;
 mod kernels_cmd;
 mod report;
+mod tune;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -46,6 +47,8 @@ enum Command {
     Flags,
     /// Benchmark collectives through XLA: Peerless's kernels, XLA's own path and XLA's collective kernels.
     Bench(bench::BenchArgs),
+    /// Measure Peerless's algorithms against XLA's and write the tuning profile the pass reads.
+    Tune(tune::TuneArgs),
     /// List the local GPUs, the peer-access table, the probe results and where each GPU's
     /// kernels come from (prebuilt, cached, compiled).
     Devices,
@@ -139,6 +142,7 @@ fn main() -> ExitCode {
             Ok(())
         }
         Command::Bench(args) => bench::run(&args).map_err(Into::into),
+        Command::Tune(args) => tune::run(&args).map_err(Into::into),
         Command::Devices => devices::run().map_err(Into::into),
         Command::Kernels(a) => kernels_cmd::run(a).map_err(Into::into),
     };

@@ -12,6 +12,7 @@ mod decide;
 pub mod flags;
 pub mod peers;
 pub mod program;
+pub mod tuning;
 pub mod xla_pass;
 
 use std::fmt;
@@ -19,7 +20,10 @@ use std::fmt;
 use hlo::PrimitiveType;
 
 pub use buffers::{BufferAssignment, DeclaredShapes, ValueInfo, assign_buffers};
-pub use decide::{Capabilities, MAX_GROUP_SIZE, PlannedCollective, decide, decide_with, plan, plan_with_peers};
+pub use decide::{
+    Capabilities, MAX_GROUP_SIZE, PlannedCollective, decide, decide_tuned, decide_with, plan, plan_tuned,
+    plan_with_peers,
+};
 pub use flags::{Backend, FLAGS, FlagSpec, Flags, HostTopology, flags_help};
 pub use hlo::analysis::DeviceMode;
 pub use peers::{PeerAccessTable, PeerTableKey};

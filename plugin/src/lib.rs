@@ -17,6 +17,7 @@ pub mod xla_bench;
 pub mod xla_handlers;
 pub mod xla_inside;
 pub mod xla_run;
+pub mod xla_tune;
 
 use std::sync::OnceLock;
 

@@ -215,8 +215,16 @@ impl Dtype {
 /// How the collective runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Impl {
-    /// Peerless's pass applied: the collectives it takes run on Peerless's handlers.
+    /// Peerless's pass applied without a tuning profile (the flags' thresholds): the
+    /// collectives it takes run on Peerless's handlers.
     Peerless,
+    /// Peerless's pass with the active tuning profile (`PEERLESS_TUNING_PROFILE`, else the
+    /// cache's, else the shipped defaults): what a program gets by default.
+    Auto,
+    /// All-reduce forced onto the one-shot kernel at every size (other ops: skipped).
+    OneShot,
+    /// All-reduce forced onto the two-shot kernel at every size (other ops: skipped).
+    TwoShot,
     /// XLA's own collective (NCCL on GPU).
     Xla,
     /// XLA's own collective kernels (`xla_gpu_experimental_use_collective_kernels`).
@@ -224,7 +232,7 @@ pub enum Impl {
 }
 
 impl Impl {
-    pub const ALL: [Impl; 3] = [Impl::Peerless, Impl::Xla, Impl::XlaKernels];
+    pub const ALL: [Impl; 6] = [Impl::Peerless, Impl::Auto, Impl::OneShot, Impl::TwoShot, Impl::Xla, Impl::XlaKernels];
 
     pub fn parse(s: &str) -> Result<Impl, String> {
         Impl::ALL.into_iter().find(|i| i.name() == s).ok_or_else(|| {
@@ -235,6 +243,9 @@ impl Impl {
     pub fn name(self) -> &'static str {
         match self {
             Impl::Peerless => "peerless",
+            Impl::Auto => "auto",
+            Impl::OneShot => "one-shot",
+            Impl::TwoShot => "two-shot",
             Impl::Xla => "xla",
             Impl::XlaKernels => "xla-kernels",
         }
@@ -259,6 +270,9 @@ pub struct Options {
     pub impls: Vec<Impl>,
     /// Peerless emitter flags for the `peerless` rows (`--name=value ...`).
     pub flags: String,
+    /// If set, each sample runs as many executes as take about this long (at least one),
+    /// in place of `iters`: `peerless tune` bounds every row's time this way.
+    pub sample_ms: Option<f64>,
 }
 
 impl Default for Options {
@@ -274,8 +288,9 @@ impl Default for Options {
             chain: 1,
             ops: Op::ALL.to_vec(),
             dtypes: vec![Dtype::F32, Dtype::Bf16],
-            impls: Impl::ALL.to_vec(),
+            impls: vec![Impl::Peerless, Impl::Auto, Impl::Xla, Impl::XlaKernels],
             flags: String::new(),
+            sample_ms: None,
         }
     }
 }
@@ -579,8 +594,18 @@ fn time(
     samples: usize,
     iters: usize,
     chain: usize,
+    sample_ms: Option<f64>,
 ) -> Result<f64, String> {
     drop(exe.execute(args)?); // warm-up
+    let iters = match sample_ms {
+        Some(ms) => {
+            // A second warm-up, timed: the first pays for first-touch allocations.
+            let t = Instant::now();
+            drop(exe.execute(args)?);
+            ((ms * 1e-3 / t.elapsed().as_secs_f64().max(1e-9)) as usize).clamp(1, 10_000)
+        }
+        None => iters,
+    };
     let mut ts = Vec::with_capacity(samples.max(1));
     for _ in 0..samples.max(1) {
         let t = Instant::now();
@@ -609,12 +634,26 @@ fn measure(
 ) -> (String, Vec<PassDecision>, Result<f64, Check>) {
     let n = ids.len();
     let (program, path, decisions, kernels) = match imp {
-        Impl::Peerless => {
+        Impl::Peerless | Impl::Auto | Impl::OneShot | Impl::TwoShot => {
+            use emitter::tuning::ProfileSource;
             let mut flags: Vec<String> = opts.flags.split_whitespace().map(str::to_owned).collect();
             if n == 1 {
                 flags.push(format!("--{}=kernel", op.backend_flag()));
             }
-            match crate::xla_run::prepare(module, Mode::Replica, ids, platform, &flags) {
+            let forced = match imp {
+                Impl::OneShot => Some(format!("--one_shot_max_bytes={}", usize::MAX)),
+                Impl::TwoShot => Some(format!("--one_shot_max_bytes=0 --two_shot_max_bytes={}", usize::MAX)),
+                _ => None,
+            };
+            if let Some(f) = forced {
+                if op != Op::AllReduce {
+                    return (String::new(), Vec::new(), Err(Check::Skipped("all-reduce only".into())));
+                }
+                flags.push("--all_reduce_backend=kernel".into());
+                flags.extend(f.split_whitespace().map(str::to_owned));
+            }
+            let source = if imp == Impl::Auto { ProfileSource::from_env() } else { ProfileSource::Off };
+            match crate::xla_run::prepare_tuned(module, Mode::Replica, ids, platform, &flags, source) {
                 Ok((program, outcome)) => {
                     let mut paths: Vec<String> = outcome
                         .decisions
@@ -654,7 +693,7 @@ fn measure(
         let outputs = exe.execute(args).map_err(Check::Error)?;
         check(op, ty, opts.chain.max(1), host, &outputs).map_err(Check::Error)?;
         drop(outputs);
-        time(&exe, args, opts.samples, opts.iters, opts.chain.max(1)).map_err(Check::Error)
+        time(&exe, args, opts.samples, opts.iters, opts.chain.max(1), opts.sample_ms).map_err(Check::Error)
     })();
     (path, decisions, result)
 }

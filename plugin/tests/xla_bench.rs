@@ -32,6 +32,7 @@ fn bench_on_the_cpu_plugin() {
         dtypes: vec![Dtype::F32, Dtype::Bf16],
         impls: vec![Impl::Peerless, Impl::Xla],
         flags: String::new(),
+        sample_ms: None,
     };
     let report = run(&opts, &mut |line| eprintln!("{line}")).expect("bench runs");
     assert_eq!(report.devices, 4);

@@ -175,7 +175,25 @@ fn check(args: &CheckArgs) -> CliResult<()> {
     } else {
         let cfg = run_config(&module, &args.devices)?;
         let flags = flags(&args.devices)?;
-        let plan = emitter::plan(&module, cfg.num_devices, cfg.mode, &flags)?;
+        // What the pass inside XLA:CPU would decide: with the active tuning profile, which
+        // explicit all-reduce thresholds (PEERLESS_FLAGS or --flag) leave out of all-reduce.
+        let explicit = emitter::tuning::sets_thresholds(&std::env::var(emitter::flags::ENV_VAR).unwrap_or_default())
+            || args
+                .devices
+                .flags
+                .iter()
+                .any(|f| emitter::tuning::sets_thresholds(&format!("--{}", f.trim_start_matches('-'))));
+        let tuning = emitter::tuning::TuningConfig {
+            source: emitter::tuning::ProfileSource::from_env(),
+            platform: "cpu".into(),
+            explicit_thresholds: explicit,
+        }
+        .resolve(cfg.num_devices);
+        match &tuning.profile {
+            Some(p) => println!("tuning profile: {}", p.source),
+            None => println!("tuning profile: none (the flags' thresholds decide)"),
+        }
+        let plan = emitter::plan_tuned(&module, cfg.num_devices, cfg.mode, &flags, &tuning)?;
         print!("{}", report::decisions(&plan, &cfg));
         if args.thunks {
             print!("{}", kernels::exec::host_programs(&module, cfg.num_devices, cfg.mode, &flags)?);

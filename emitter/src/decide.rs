@@ -247,7 +247,7 @@ fn rules(
         }
         if let Some(c) = p.choose(op.kind, cfg.element_type, size, bytes, allowed) {
             return match c.algorithm {
-                Some(a) => Decision::kernel(a, format!("{}{red}, {shape}", c.reason)),
+                Some(a) => Decision::kernel(a, format!("{shape}{red}; {}", c.reason)),
                 None => Decision::fallback(c.reason),
             };
         }
@@ -527,6 +527,76 @@ mod tests {
     }
 
     const ALL4: &[&[i64]] = &[&[0, 1, 2, 3]];
+
+    /// A profile over groups of 4: all-reduce one-shot at 16 B, XLA at 1 KiB, two-shot at
+    /// 64 KiB; all-gather XLA everywhere.
+    fn tuned(explicit_thresholds: bool) -> crate::tuning::Tuning {
+        use crate::tuning::{Key, Measured, Profile, XLA};
+        let key = Key { platform: "cpu".into(), device_kind: "cpu".into(), devices: 4, links: "host".into() };
+        let mut p = Profile::new(key, Measured::default());
+        p.source = "test-profile".into();
+        let (one, two) = (KernelAlgorithm::OneShotAllReduce.name(), KernelAlgorithm::TwoShotAllReduce.name());
+        for (bytes, o, t, x) in [(16, 1.0, 2.0, 3.0), (1024, 5.0, 6.0, 4.0), (65536, 30.0, 10.0, 20.0)] {
+            p.record("all-reduce", "f32", 4, bytes, one, o);
+            p.record("all-reduce", "f32", 4, bytes, two, t);
+            p.record("all-reduce", "f32", 4, bytes, XLA, x);
+            p.record("all-gather", "f32", 4, bytes, KernelAlgorithm::DirectAllGather.name(), 2.0 * x);
+            p.record("all-gather", "f32", 4, bytes, XLA, x);
+        }
+        crate::tuning::Tuning { profile: Some(std::sync::Arc::new(p)), explicit_thresholds }
+    }
+
+    fn run_tuned(m: &Module, id: InstrId, flags: &str, t: &crate::tuning::Tuning) -> Result<Decision, EmitError> {
+        let flags = Flags::parse(flags).unwrap();
+        let peers = PeerAccessTable::for_host_topology(4, &flags.host_topology);
+        decide_tuned(m, id, 1, 4, &flags, t, &peers, Capabilities::default()).map(|(_, d)| d)
+    }
+
+    #[test]
+    fn a_profile_picks_among_what_the_guards_allow_and_flags_win() {
+        let t = tuned(false);
+        let ar = |elems: i64| all_reduce(PrimitiveType::F32, &[elems], Opcode::Add, ALL4);
+        let (m, id) = ar(4);
+        let d = run_tuned(&m, id, "", &t).unwrap();
+        assert_eq!(d.implementation, Implementation::Kernel(KernelAlgorithm::OneShotAllReduce));
+        assert!(
+            d.reason.starts_with("1 groups of 4 sum; profile test-profile: all-reduce f32 groups of 4 at 16 B"),
+            "{}",
+            d.reason
+        );
+        let (m, id) = ar(256);
+        let d = run_tuned(&m, id, "", &t).unwrap();
+        assert_eq!(d.implementation, Implementation::Fallback);
+        assert!(d.reason.contains("XLA 4 µs, one-shot 5 µs, two-shot 6 µs (measured at 1 KiB) -> XLA"), "{}", d.reason);
+        let (m, id) = ar(16384);
+        assert_eq!(
+            run_tuned(&m, id, "", &t).unwrap().implementation,
+            Implementation::Kernel(KernelAlgorithm::TwoShotAllReduce)
+        );
+        // Above two_shot_max_bytes all-reduce stays XLA's whatever the profile says.
+        assert_eq!(
+            run_tuned(&m, id, "--two_shot_max_bytes=1024", &tuned(false)).unwrap().implementation,
+            Implementation::Fallback
+        );
+        // Explicit thresholds or a forced backend: the profile is not asked.
+        let (m, id) = ar(256);
+        let d = run_tuned(&m, id, "", &tuned(true)).unwrap();
+        assert_eq!(d.reason, "1024 bytes <= one_shot_max_bytes=262144 sum, 1 groups of 4");
+        let d = run_tuned(&m, id, "--all_reduce_backend=kernel", &t).unwrap();
+        assert_eq!(d.implementation, Implementation::Kernel(KernelAlgorithm::OneShotAllReduce));
+        // The dtype guard comes first: a profile never sends f8 to a kernel.
+        let (m, id) = all_gather_start(PrimitiveType::F8E4M3FN);
+        assert!(run_tuned(&m, id, "", &t).unwrap().reason.starts_with("dtype guard"));
+        let (m, id) = all_gather_start(PrimitiveType::F32);
+        let d = run_tuned(&m, id, "", &t).unwrap();
+        assert_eq!(d.implementation, Implementation::Fallback);
+        assert!(d.reason.starts_with("profile test-profile: all-gather f32 groups of 4 at 8 B"), "{}", d.reason);
+        assert!(run_tuned(&m, id, "--all_gather_backend=kernel", &t).unwrap().is_kernel());
+        // Peer access comes first too.
+        let (m, id) = ar(4);
+        let d = run_tuned(&m, id, "--host_topology=pairs:0-1,2-3", &t).unwrap();
+        assert!(d.reason.starts_with("no peer access"), "{}", d.reason);
+    }
 
     #[test]
     fn all_reduce_size_thresholds_at_the_boundaries() {

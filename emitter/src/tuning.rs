@@ -219,7 +219,8 @@ impl Profile {
         if e.points.get(at).is_none_or(|p| p.bytes != bytes) {
             e.points.insert(at, Point { bytes, us: BTreeMap::new() });
         }
-        e.points[at].us.insert(imp.into(), us);
+        // Hundredths of a µs: readable, and the JSON reads back to the same value.
+        e.points[at].us.insert(imp.into(), (us * 100.0).round() / 100.0);
     }
 
     /// Pretty JSON (what [`Profile::save`] writes).
@@ -310,8 +311,15 @@ impl Profile {
         }
         let figures: Vec<String> = candidates.iter().map(|(n, t)| format!("{} {t:.0} µs", short_impl(n))).collect();
         let mut reason = format!("profile {}: {} {} groups of {}", self.source, kind_name(kind), e.dtype, e.group);
-        if e.dtype != class || e.group != group {
-            let _ = write!(reason, " (nearest measured to {class}, groups of {group})");
+        let mut nearest = Vec::new();
+        if e.dtype != class {
+            nearest.push(class.clone());
+        }
+        if e.group != group {
+            nearest.push(format!("groups of {group}"));
+        }
+        if !nearest.is_empty() {
+            let _ = write!(reason, " (nearest measured to {})", nearest.join(", "));
         }
         let _ = write!(reason, " at {}: {}", short_bytes(bytes), figures.join(", "));
         if p0.bytes == p1.bytes || frac == 0.0 {

@@ -17,9 +17,9 @@
 //!
 //! Every executable runs once and every device's result is compared exactly with a
 //! host-computed one (integer-valued inputs, exact in bf16): a wrong result is an error row,
-//! never timed. Then `--samples` samples of `--iters` executes (the inputs stay on the
-//! devices; each execute returns when every device finished) and the median µs per
-//! collective; `--chain K` puts K collectives in one module to amortize the launch.
+//! never timed. Then `--samples` samples of `--iters` executes (or of `--sample-ms`
+//! milliseconds; the inputs stay on the devices; each execute returns when every device
+//! finished), the implementations' samples taken in turn, and the median µs per collective; `--chain K` puts K collectives in one module to amortize the launch.
 //! Graph capture is XLA's business now (its command buffers), so there is no launch mode.
 //! The logic lives in `plugin::xla_bench`; this file parses the arguments and prints.
 //!
@@ -59,6 +59,10 @@ pub struct BenchArgs {
     /// Executes per sample.
     #[arg(long, default_value_t = 20)]
     iters: usize,
+    /// Milliseconds of executes per sample, in place of --iters (rows of any size then take
+    /// about the same time).
+    #[arg(long)]
+    sample_ms: Option<f64>,
     /// Collectives per module (µs are per collective).
     #[arg(long, default_value_t = 1)]
     chain: usize,
@@ -98,7 +102,7 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
         dtypes: args.dtypes.iter().map(|s| Dtype::parse(s)).collect::<Result<_, _>>()?,
         impls: args.impls.iter().map(|s| Impl::parse(s)).collect::<Result<_, _>>()?,
         flags: args.flags.clone(),
-        sample_ms: None,
+        sample_ms: args.sample_ms,
     };
     let report = plugin::xla_bench::run(&opts, &mut |line| eprintln!("{line}"))?;
     let mut t = String::new();

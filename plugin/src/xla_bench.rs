@@ -23,7 +23,10 @@
 //! result or a failed compile is an error row, never timed. Then `samples` samples of
 //! `iters` executes each (inputs stay on the devices; every execute returns when all devices
 //! finished: `ffi::pjrt::client::Executable::execute` awaits each device's completion
-//! event), and the median time per collective.
+//! event), and the median time per collective. The implementations of one module are all
+//! compiled and checked first and their samples then taken in turn (one of each, `samples`
+//! times), so a load that comes and goes on the machine weighs on each alike; with
+//! `sample_ms` a sample runs as many executes as take about that long instead of `iters`.
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -587,41 +590,50 @@ fn options(ids: &[i64], kernels: Option<&str>) -> Vec<u8> {
     o.encode_to_vec()
 }
 
-/// Median µs per collective over `samples` samples of `iters` executes.
-fn time(
+/// Warms `exe` up and returns the executes per sample: `iters`, or with `sample_ms` as many as
+/// take about that long (at least one).
+fn calibrate(
     exe: &ffi::pjrt::client::Executable<'_>,
     args: &[Vec<&Buffer<'_>>],
-    samples: usize,
     iters: usize,
-    chain: usize,
     sample_ms: Option<f64>,
-) -> Result<f64, String> {
+) -> Result<usize, String> {
     drop(exe.execute(args)?); // warm-up
-    let iters = match sample_ms {
+    Ok(match sample_ms {
         Some(ms) => {
             // A second warm-up, timed: the first pays for first-touch allocations.
             let t = Instant::now();
             drop(exe.execute(args)?);
             ((ms * 1e-3 / t.elapsed().as_secs_f64().max(1e-9)) as usize).clamp(1, 10_000)
         }
-        None => iters,
-    };
-    let mut ts = Vec::with_capacity(samples.max(1));
-    for _ in 0..samples.max(1) {
-        let t = Instant::now();
-        for _ in 0..iters.max(1) {
-            drop(exe.execute(args)?);
-        }
-        ts.push(t.elapsed().as_secs_f64() * 1e6 / (iters.max(1) * chain) as f64);
-    }
-    ts.sort_by(f64::total_cmp);
-    Ok(ts[ts.len() / 2])
+        None => iters.max(1),
+    })
 }
 
-/// Compiles, checks and times one implementation of one module.
+/// One sample: µs per collective over `iters` executes.
+fn sample(
+    exe: &ffi::pjrt::client::Executable<'_>,
+    args: &[Vec<&Buffer<'_>>],
+    iters: usize,
+    chain: usize,
+) -> Result<f64, String> {
+    let t = Instant::now();
+    for _ in 0..iters {
+        drop(exe.execute(args)?);
+    }
+    Ok(t.elapsed().as_secs_f64() * 1e6 / (iters * chain) as f64)
+}
+
+fn median(mut ts: Vec<f64>) -> Option<f64> {
+    ts.sort_by(f64::total_cmp);
+    ts.get(ts.len() / 2).copied()
+}
+
+/// Compiles, checks and warms up one implementation of one module: its executable and
+/// executes per sample, or why not.
 #[allow(clippy::too_many_arguments)]
-fn measure(
-    client: &Client,
+fn measure<'c>(
+    client: &'c Client,
     platform: &str,
     ids: &[i64],
     module: &[u8],
@@ -631,7 +643,7 @@ fn measure(
     opts: &Options,
     host: &[Vec<Vec<i8>>],
     args: &[Vec<&Buffer<'_>>],
-) -> (String, Vec<PassDecision>, Result<f64, Check>) {
+) -> (String, Vec<PassDecision>, Result<(ffi::pjrt::client::Executable<'c>, usize), Check>) {
     let n = ids.len();
     let (program, path, decisions, kernels) = match imp {
         Impl::Peerless | Impl::Auto | Impl::OneShot | Impl::TwoShot => {
@@ -693,7 +705,8 @@ fn measure(
         let outputs = exe.execute(args).map_err(Check::Error)?;
         check(op, ty, opts.chain.max(1), host, &outputs).map_err(Check::Error)?;
         drop(outputs);
-        time(&exe, args, opts.samples, opts.iters, opts.chain.max(1), opts.sample_ms).map_err(Check::Error)
+        let iters = calibrate(&exe, args, opts.iters, opts.sample_ms).map_err(Check::Error)?;
+        Ok((exe, iters))
     })();
     (path, decisions, result)
 }
@@ -741,12 +754,29 @@ pub fn run(opts: &Options, progress: &mut dyn FnMut(&str)) -> Result<Report, Str
                     bufs.push(v);
                 }
                 let args: Vec<Vec<&Buffer<'_>>> = bufs.iter().map(|v| v.iter().collect()).collect();
-                for &imp in &opts.impls {
-                    let (path, decisions, result) =
-                        measure(&client, platform, &ids, &module, op, ty, imp, opts, &host, &args);
+                // Every implementation compiled and checked first, then their samples
+                // interleaved (one of each in turn), so that a load that comes and goes on
+                // the machine weighs on all of them alike.
+                let mut prepared: Vec<_> = opts
+                    .impls
+                    .iter()
+                    .map(|&imp| (imp, measure(&client, platform, &ids, &module, op, ty, imp, opts, &host, &args)))
+                    .collect();
+                let mut times: Vec<Vec<f64>> = vec![Vec::new(); prepared.len()];
+                for _ in 0..opts.samples.max(1) {
+                    for (k, (_, (_, _, result))) in prepared.iter_mut().enumerate() {
+                        if let Ok((exe, iters)) = result {
+                            match sample(exe, &args, *iters, chain) {
+                                Ok(t) => times[k].push(t),
+                                Err(e) => *result = Err(Check::Error(e)),
+                            }
+                        }
+                    }
+                }
+                for ((imp, (path, decisions, result)), ts) in prepared.into_iter().zip(times) {
                     let (fa, fb) = op.factors(n as f64);
                     let (us, check) = match result {
-                        Ok(us) => (Some(us), Check::Same),
+                        Ok(_) => (median(ts), Check::Same),
                         Err(c) => (None, c),
                     };
                     let algbw = us.map(|us| fa * this as f64 / us / 1e3);

@@ -453,7 +453,7 @@ pub fn shipped(platform: &str) -> Option<Arc<Profile>> {
         "cpu" => CPU
             .get_or_init(|| match Profile::from_json(SHIPPED_CPU, "shipped xla-cpu") {
                 Ok(mut p) => {
-                    p.source = format!("shipped xla-cpu ({}, {})", p.measured.date, p.measured.machine);
+                    p.source = format!("shipped xla-cpu ({})", p.measured.date);
                     Some(Arc::new(p))
                 }
                 Err(e) => {

@@ -590,24 +590,33 @@ fn options(ids: &[i64], kernels: Option<&str>) -> Vec<u8> {
     o.encode_to_vec()
 }
 
-/// Warms `exe` up and returns the executes per sample: `iters`, or with `sample_ms` as many as
-/// take about that long (at least one).
+/// Warms `exe` up and returns the executes per sample (`iters`, or with `sample_ms` as many as
+/// take about that long, at least one) and the seconds one execute took.
 fn calibrate(
     exe: &ffi::pjrt::client::Executable<'_>,
     args: &[Vec<&Buffer<'_>>],
     iters: usize,
     sample_ms: Option<f64>,
-) -> Result<usize, String> {
+) -> Result<(usize, f64), String> {
     drop(exe.execute(args)?); // warm-up
+    // A second warm-up, timed: the first pays for first-touch allocations.
+    let t = Instant::now();
+    drop(exe.execute(args)?);
+    let secs = t.elapsed().as_secs_f64().max(1e-9);
     Ok(match sample_ms {
-        Some(ms) => {
-            // A second warm-up, timed: the first pays for first-touch allocations.
-            let t = Instant::now();
-            drop(exe.execute(args)?);
-            ((ms * 1e-3 / t.elapsed().as_secs_f64().max(1e-9)) as usize).clamp(1, 10_000)
-        }
-        None => iters.max(1),
+        Some(ms) => (((ms * 1e-3 / secs) as usize).clamp(1, 10_000), secs),
+        None => (iters.max(1), secs),
     })
+}
+
+/// With `sample_ms` (a time-bounded run), rows whose executes are slow take fewer samples:
+/// about 5 s of samples per implementation, and never fewer than 3.
+fn samples_for(opts: &Options, slowest_execute_s: f64) -> usize {
+    let want = opts.samples.max(1);
+    match opts.sample_ms {
+        Some(_) if slowest_execute_s * want as f64 > 5.0 => ((5.0 / slowest_execute_s) as usize).clamp(3, want),
+        _ => want,
+    }
 }
 
 /// One sample: µs per collective over `iters` executes.
@@ -643,7 +652,7 @@ fn measure<'c>(
     opts: &Options,
     host: &[Vec<Vec<i8>>],
     args: &[Vec<&Buffer<'_>>],
-) -> (String, Vec<PassDecision>, Result<(ffi::pjrt::client::Executable<'c>, usize), Check>) {
+) -> (String, Vec<PassDecision>, Result<(ffi::pjrt::client::Executable<'c>, usize, f64), Check>) {
     let n = ids.len();
     let (program, path, decisions, kernels) = match imp {
         Impl::Peerless | Impl::Auto | Impl::OneShot | Impl::TwoShot => {
@@ -705,8 +714,8 @@ fn measure<'c>(
         let outputs = exe.execute(args).map_err(Check::Error)?;
         check(op, ty, opts.chain.max(1), host, &outputs).map_err(Check::Error)?;
         drop(outputs);
-        let iters = calibrate(&exe, args, opts.iters, opts.sample_ms).map_err(Check::Error)?;
-        Ok((exe, iters))
+        let (iters, secs) = calibrate(&exe, args, opts.iters, opts.sample_ms).map_err(Check::Error)?;
+        Ok((exe, iters, secs))
     })();
     (path, decisions, result)
 }
@@ -763,9 +772,11 @@ pub fn run(opts: &Options, progress: &mut dyn FnMut(&str)) -> Result<Report, Str
                     .map(|&imp| (imp, measure(&client, platform, &ids, &module, op, ty, imp, opts, &host, &args)))
                     .collect();
                 let mut times: Vec<Vec<f64>> = vec![Vec::new(); prepared.len()];
-                for _ in 0..opts.samples.max(1) {
+                let slowest =
+                    prepared.iter().filter_map(|(_, (_, _, r))| r.as_ref().ok().map(|x| x.2)).fold(0.0, f64::max);
+                for _ in 0..samples_for(opts, slowest) {
                     for (k, (_, (_, _, result))) in prepared.iter_mut().enumerate() {
-                        if let Ok((exe, iters)) = result {
+                        if let Ok((exe, iters, _)) = result {
                             match sample(exe, &args, *iters, chain) {
                                 Ok(t) => times[k].push(t),
                                 Err(e) => *result = Err(Check::Error(e)),

@@ -44,6 +44,9 @@ pub const FORMAT: u32 = 1;
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 /// The name XLA's path has in a profile's figures.
 pub const XLA: &str = "xla";
+/// A kernel is chosen over XLA only if the profile measured it this much faster (a fraction
+/// of XLA's time): closer calls are within a tune's noise, and XLA's path is the safe side.
+pub const XLA_MARGIN: f64 = 0.05;
 
 /// What a profile was measured on.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -304,11 +307,16 @@ impl Profile {
                 candidates.push((a.name(), t));
             }
         }
-        let best = candidates.iter().min_by(|a, b| a.1.total_cmp(&b.1))?;
         // Without XLA's time, or without any allowed kernel's, there is nothing to compare.
-        if candidates.len() < 2 || !candidates.iter().any(|c| c.0 == XLA) {
+        let xla = candidates.iter().find(|c| c.0 == XLA)?.1;
+        if candidates.len() < 2 {
             return None;
         }
+        let fastest = candidates.iter().min_by(|a, b| a.1.total_cmp(&b.1))?;
+        // A kernel must beat XLA by more than the margin: closer than that the two were
+        // within the measurement's noise, and XLA's own path is the safe side.
+        let close = fastest.0 != XLA && fastest.1 >= xla * (1.0 - XLA_MARGIN);
+        let best = if close { (XLA, xla) } else { *fastest };
         let figures: Vec<String> = candidates.iter().map(|(n, t)| format!("{} {t:.0} µs", short_impl(n))).collect();
         let mut reason = format!("profile {}: {} {} groups of {}", self.source, kind_name(kind), e.dtype, e.group);
         let mut nearest = Vec::new();
@@ -328,6 +336,9 @@ impl Profile {
             let _ = write!(reason, " (between {} and {})", short_bytes(p0.bytes), short_bytes(p1.bytes));
         }
         let _ = write!(reason, " -> {}", short_impl(best.0));
+        if close {
+            let _ = write!(reason, " ({} within {:.0}% of XLA)", short_impl(fastest.0), XLA_MARGIN * 100.0);
+        }
         Some(Choice { algorithm: if best.0 == XLA { None } else { algorithm_named(best.0) }, reason })
     }
 }
@@ -572,6 +583,14 @@ mod tests {
         assert!(c.reason.contains("f32 groups of 8 (nearest measured to int32, groups of 4)"), "{}", c.reason);
         let c = p.choose(CollectiveKind::AllGather, PrimitiveType::Bf16, 4, 1024, &[KernelAlgorithm::DirectAllGather]);
         assert_eq!(c.unwrap().algorithm, Some(KernelAlgorithm::DirectAllGather));
+        // A kernel within the margin of XLA: XLA's, and said so.
+        let mut q = p.clone();
+        q.record("all-to-all", "f32", 8, 1024, KernelAlgorithm::DirectAllToAll.name(), 97.0);
+        q.record("all-to-all", "f32", 8, 1024, XLA, 100.0);
+        let c = q.choose(CollectiveKind::AllToAll, PrimitiveType::F32, 8, 1024, &[KernelAlgorithm::DirectAllToAll]);
+        let c = c.unwrap();
+        assert_eq!(c.algorithm, None);
+        assert!(c.reason.ends_with("-> XLA (kernel within 5% of XLA)"), "{}", c.reason);
         // Nothing measured for the op: no answer.
         assert!(p.choose(CollectiveKind::AllToAll, PrimitiveType::F32, 8, 1024, &[]).is_none());
     }

@@ -54,6 +54,13 @@ PEERLESS_PJRT_LIBRARY="$lib" PYTHONPATH=plugin/python CI="${CI:-}" "$PEERLESS_PY
 step "Peerless inside XLA: XLA:CPU, 8 host devices, every program vs XLA alone (plugin/tests/test_xla_inside.py)"
 PEERLESS_PJRT_LIBRARY="$lib" PYTHONPATH=plugin/python "$PEERLESS_PYTHON" -m pytest -q plugin/tests/test_xla_inside.py
 
+step "Tuning profiles (issue 27): a short peerless tune on XLA:CPU (8 host devices), then the pass reads the profile and its decisions cite it (plugin/tests/test_tuning.py)"
+tune_dir=$(mktemp -d)
+PEERLESS_VENV_DIR="$venv_root" cargo run -q -p peerless-cli --locked -- tune --quick --out-dir "$tune_dir" >"$tune_dir/crossovers.md"
+tuned=$(ls "$tune_dir"/*.json)
+PEERLESS_TUNED_PROFILE="$tuned" PEERLESS_PJRT_LIBRARY="$lib" PYTHONPATH=plugin/python "$PEERLESS_PYTHON" -m pytest -q plugin/tests/test_tuning.py
+rm -rf "$tune_dir"
+
 step "The README's main job on the debug library (examples/inside_xla.py: decisions, agreement with XLA alone)"
 PEERLESS_PJRT_LIBRARY="$lib" PYTHONPATH=plugin/python "$PEERLESS_PYTHON" examples/inside_xla.py --steps 3
 

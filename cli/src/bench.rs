@@ -4,9 +4,12 @@
 //! (`--xla-plugin`, else `PEERLESS_XLA_PLUGIN`, else the CPU plugin in the JAX venv) with
 //! Peerless's handlers registered in it, once per implementation:
 //!
-//! - `peerless`: Peerless's pass applied (as `run --backend xla`; `--flags` are its emitter
+//! - `peerless`: Peerless's pass applied without a tuning profile (as `run --backend xla`; `--flags` are its emitter
 //!   flags, on one device every collective is forced onto a kernel): the collective runs on
 //!   Peerless's handlers inside XLA;
+//! - `auto`: the pass with the active tuning profile (`PEERLESS_TUNING_PROFILE`, else the one
+//!   `peerless tune` wrote to the cache, else the shipped defaults): what programs get;
+//! - `one-shot`, `two-shot`: all-reduce forced onto that kernel at every size;
 //! - `xla`: the pass not applied: XLA's own collective (NCCL on GPU, XLA:CPU's on CPU);
 //! - `xla-kernels`: XLA's own collective kernels (`xla_gpu_experimental_use_collective_kernels`
 //!   through the compile options; XLA has them for all-reduce and all-gather): CUDA plugin
@@ -14,9 +17,9 @@
 //!
 //! Every executable runs once and every device's result is compared exactly with a
 //! host-computed one (integer-valued inputs, exact in bf16): a wrong result is an error row,
-//! never timed. Then `--samples` samples of `--iters` executes (the inputs stay on the
-//! devices; each execute returns when every device finished) and the median µs per
-//! collective; `--chain K` puts K collectives in one module to amortize the launch.
+//! never timed. Then `--samples` samples of `--iters` executes (or of `--sample-ms`
+//! milliseconds; the inputs stay on the devices; each execute returns when every device
+//! finished), the implementations' samples taken in turn, and the median µs per collective; `--chain K` puts K collectives in one module to amortize the launch.
 //! Graph capture is XLA's business now (its command buffers), so there is no launch mode.
 //! The logic lives in `plugin::xla_bench`; this file parses the arguments and prints.
 //!
@@ -56,6 +59,10 @@ pub struct BenchArgs {
     /// Executes per sample.
     #[arg(long, default_value_t = 20)]
     iters: usize,
+    /// Milliseconds of executes per sample, in place of --iters (rows of any size then take
+    /// about the same time).
+    #[arg(long)]
+    sample_ms: Option<f64>,
     /// Collectives per module (µs are per collective).
     #[arg(long, default_value_t = 1)]
     chain: usize,
@@ -69,8 +76,9 @@ pub struct BenchArgs {
         default_value = "all-reduce,all-gather,reduce-scatter,all-to-all,collective-permute"
     )]
     ops: Vec<String>,
-    /// Implementations (peerless, xla, xla-kernels).
-    #[arg(long, value_delimiter = ',', default_value = "peerless,xla,xla-kernels")]
+    /// Implementations: peerless (the pass without a tuning profile), auto (with the active
+    /// profile), one-shot / two-shot (all-reduce forced onto that kernel), xla, xla-kernels.
+    #[arg(long, value_delimiter = ',', default_value = "peerless,auto,xla,xla-kernels")]
     impls: Vec<String>,
     /// Emitter flags for the Peerless rows (e.g. `--one_shot_max_bytes=4194304`).
     #[arg(long, default_value = "", allow_hyphen_values = true)]
@@ -94,6 +102,7 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
         dtypes: args.dtypes.iter().map(|s| Dtype::parse(s)).collect::<Result<_, _>>()?,
         impls: args.impls.iter().map(|s| Impl::parse(s)).collect::<Result<_, _>>()?,
         flags: args.flags.clone(),
+        sample_ms: args.sample_ms,
     };
     let report = plugin::xla_bench::run(&opts, &mut |line| eprintln!("{line}"))?;
     let mut t = String::new();

@@ -15,6 +15,7 @@ mod bench;
 mod devices;
 mod kernels_cmd;
 mod report;
+mod tune;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -42,6 +43,8 @@ enum Command {
     Flags,
     /// Benchmark collectives through XLA: Peerless's kernels, XLA's own path and XLA's collective kernels.
     Bench(bench::BenchArgs),
+    /// Measure Peerless's algorithms against XLA's and write the tuning profile the pass reads.
+    Tune(tune::TuneArgs),
     /// List the local GPUs, the peer-access table, the probe results and where each GPU's
     /// kernels come from (prebuilt, cached, compiled).
     Devices,
@@ -122,6 +125,7 @@ fn main() -> ExitCode {
             Ok(())
         }
         Command::Bench(args) => bench::run(&args).map_err(Into::into),
+        Command::Tune(args) => tune::run(&args).map_err(Into::into),
         Command::Devices => devices::run().map_err(Into::into),
         Command::Kernels(a) => kernels_cmd::run(a).map_err(Into::into),
     };
@@ -156,12 +160,26 @@ fn check(args: &CheckArgs) -> CliResult<()> {
         // preparation as `run` (device assignment written in), no plugin needed.
         let cfg = run_config(&module, &args.devices)?;
         flags(&args.devices)?;
-        let bytes = module_bytes(&args.file, &module)?;
-        let ids: Vec<i64> = (0..cfg.num_devices as i64).collect();
+        // The active tuning profile (the pass inside XLA decides with it where the flags leave
+        // the choice to it; explicit all-reduce thresholds keep all-reduce on them).
+        let explicit = emitter::tuning::sets_thresholds(&std::env::var(emitter::flags::ENV_VAR).unwrap_or_default())
+            || pass_flags(&args.devices).iter().any(|f| emitter::tuning::sets_thresholds(f));
         let platform = match args.platform {
             PlatformArg::Cpu => "cpu",
             PlatformArg::Cuda => "cuda",
         };
+        let tuning = emitter::tuning::TuningConfig {
+            source: emitter::tuning::ProfileSource::from_env(),
+            platform: platform.into(),
+            explicit_thresholds: explicit,
+        }
+        .resolve(cfg.num_devices);
+        match &tuning.profile {
+            Some(p) => println!("tuning profile: {}", p.source),
+            None => println!("tuning profile: none (the flags' thresholds decide)"),
+        }
+        let bytes = module_bytes(&args.file, &module)?;
+        let ids: Vec<i64> = (0..cfg.num_devices as i64).collect();
         let (_, outcome) = plugin::xla_run::prepare(&bytes, cfg.mode, &ids, platform, &pass_flags(&args.devices))?;
         print!("{}", report::decisions(&outcome.decisions, &cfg, platform));
     }

@@ -19,6 +19,8 @@ fn peerless_with(args: &[&str], env: &[(&str, &str)]) -> Output {
         .args(args)
         .current_dir(repo())
         .env_remove("PEERLESS_FLAGS")
+        // The rules, not a tuning profile (issue 27), unless a test names one.
+        .env("PEERLESS_TUNING_PROFILE", "0")
         .envs(env.iter().copied())
         .output()
         .expect("run peerless")
@@ -228,4 +230,33 @@ fn malformed_inputs_fail_cleanly_with_locations() {
     // A missing file is a clear error too.
     let o = peerless(&["run", "no/such/file.hlo"]);
     assert!(!o.status.success() && stderr(&o).contains("cannot read"), "{}", stderr(&o));
+}
+
+#[test]
+fn check_decides_with_the_tuning_profile_and_names_it() {
+    let profile = tmp("tuning.json");
+    let json = r#"{"format": 1, "peerless_version": "0.1.0",
+      "key": {"platform": "cpu", "device_kind": "cpu", "devices": 4, "links": "host"},
+      "measured": {"date": "2026-11-26", "machine": "test", "command": "cli.rs"},
+      "entries": [{"op": "all-reduce", "dtype": "f32", "group": 4,
+        "points": [{"bytes": 1024, "us": {"xla": 10.0, "one-shot all-reduce": 20.0, "two-shot all-reduce": 30.0}}]}]}"#;
+    std::fs::write(&profile, json).unwrap();
+    let path = profile.to_str().unwrap();
+    let o =
+        peerless_with(&["check", "examples/all_reduce.hlo", "--devices", "4"], &[("PEERLESS_TUNING_PROFILE", path)]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.contains(&format!("tuning profile: {path}")), "{out}");
+    assert!(
+        out.contains(&format!("fallback        profile {path}: all-reduce f32 groups of 4 at 32 B: XLA 10 µs")),
+        "{out}"
+    );
+    // An explicit threshold gives all-reduce back to the thresholds.
+    let o = peerless_with(
+        &["check", "examples/all_reduce.hlo", "--devices", "4", "--flag", "one_shot_max_bytes=64"],
+        &[("PEERLESS_TUNING_PROFILE", path)],
+    );
+    assert!(stdout(&o).contains("kernel (one-shot all-reduce)"), "{}", stdout(&o));
+    let o = peerless(&["check", "examples/all_reduce.hlo", "--devices", "4"]);
+    assert!(stdout(&o).contains("tuning profile: none"), "{}", stdout(&o));
 }

@@ -10,8 +10,12 @@
 //!    more than [`MAX_GROUP_SIZE`] members → fallback. Collective-permute checks its
 //!    pairs instead (self-pairs only → local copy).
 //! 6. peer access in both directions for every pair of devices that exchange data.
-//! 7. all-reduce size: one-shot up to `one_shot_max_bytes`, two-shot up to
-//!    `two_shot_max_bytes`, fallback above. Other ops use direct kernels at any size.
+//! 7. size. With a tuning profile ([`crate::tuning`]) for the kind (its backend flag `auto`;
+//!    all-reduce: no explicit threshold), the fastest it measured of XLA and the kernels
+//!    (all-reduce: one-shot, two-shot up to `two_shot_max_bytes`) at this kind, dtype class,
+//!    group size and size; the reason cites the profile and its figures. Without one:
+//!    all-reduce one-shot up to `one_shot_max_bytes`, two-shot up to `two_shot_max_bytes`,
+//!    fallback above; other ops use direct kernels at any size.
 //!
 //! With a backend flag of `kernel`, a rule that says "fallback" is an error instead.
 
@@ -23,6 +27,7 @@ use thunks::{CollectiveConfig, CollectiveKind, CollectiveOp, Decision, KernelAlg
 
 use crate::flags::{Backend, Flags};
 use crate::peers::PeerAccessTable;
+use crate::tuning::Tuning;
 use crate::{EmitError, kernel_accepts_dtype};
 
 /// Most members a group may have for a kernel: the kernels keep one peer pointer per
@@ -154,10 +159,12 @@ fn rules(
     cfg: &CollectiveConfig,
     types: &[PrimitiveType],
     flags: &Flags,
+    tuning: &Tuning,
     peers: &PeerAccessTable,
     caps: Capabilities,
 ) -> Decision {
     let op = cfg.op;
+    let profile = tuning.for_kind(op.kind, flags);
     let Some(default) = default_kernel(op.kind) else {
         return Decision::fallback(format!("no Peerless kernel for {op}"));
     };
@@ -192,6 +199,18 @@ fn rules(
         if let Some(&(s, t)) = cross.iter().find(|&&(s, t)| !(peers.can_access(s, t) && peers.can_access(t, s))) {
             return Decision::fallback(peer_reason(peers, s, t));
         }
+        let members = cross.iter().flat_map(|&(s, t)| [s, t]).collect::<std::collections::BTreeSet<_>>().len();
+        if let Some(c) =
+            profile.and_then(|p| p.choose(op.kind, cfg.element_type, members, cfg.bytes_per_device, &[default]))
+        {
+            return match c.algorithm {
+                Some(a) => Decision::kernel(
+                    a,
+                    format!("{} cross-device pairs, all with peer access; {}", cross.len(), c.reason),
+                ),
+                None => Decision::fallback(c.reason),
+            };
+        }
         return Decision::kernel(default, format!("{} cross-device pairs, all with peer access", cross.len()));
     }
     // 5. group shape.
@@ -217,6 +236,22 @@ fn rules(
     // 7. size.
     let bytes = cfg.bytes_per_device;
     let shape = format!("{} groups of {size}", cfg.groups.len());
+    if let Some(p) = profile {
+        let allowed: &[KernelAlgorithm] = match op.kind {
+            CollectiveKind::AllReduce if bytes > flags.two_shot_max_bytes => &[],
+            CollectiveKind::AllReduce => &[KernelAlgorithm::OneShotAllReduce, KernelAlgorithm::TwoShotAllReduce],
+            _ => std::slice::from_ref(&default),
+        };
+        if allowed.is_empty() {
+            return Decision::fallback(format!("{bytes} bytes > two_shot_max_bytes={}", flags.two_shot_max_bytes));
+        }
+        if let Some(c) = p.choose(op.kind, cfg.element_type, size, bytes, allowed) {
+            return match c.algorithm {
+                Some(a) => Decision::kernel(a, format!("{shape}{red}; {}", c.reason)),
+                None => Decision::fallback(c.reason),
+            };
+        }
+    }
     if op.kind == CollectiveKind::AllReduce {
         let (one, two) = (flags.one_shot_max_bytes, flags.two_shot_max_bytes);
         return if bytes <= one {
@@ -263,6 +298,20 @@ pub fn decide_with(
     peers: &PeerAccessTable,
     caps: Capabilities,
 ) -> Result<(CollectiveConfig, Decision), EmitError> {
+    decide_tuned(module, instr_id, num_replicas, num_partitions, flags, &Tuning::none(), peers, caps)
+}
+
+/// [`decide_with`] with a tuning profile deciding rule 7 where the flags leave it to it.
+pub fn decide_tuned(
+    module: &Module,
+    instr_id: InstrId,
+    num_replicas: usize,
+    num_partitions: usize,
+    flags: &Flags,
+    tuning: &Tuning,
+    peers: &PeerAccessTable,
+    caps: Capabilities,
+) -> Result<(CollectiveConfig, Decision), EmitError> {
     let ins = module.instrs.get(instr_id).ok_or_else(|| EmitError::InvalidCollective {
         instr: instr_id.to_string(),
         message: format!("no instruction {instr_id} in module '{}'", module.name),
@@ -280,7 +329,7 @@ pub fn decide_with(
     let backend = flags.backend_for(op.kind);
     let decision = match backend {
         Some((Backend::Fallback, flag)) => Decision::fallback(format!("forced by --{flag}=fallback")),
-        _ => rules(&cfg, &types, flags, peers, caps),
+        _ => rules(&cfg, &types, flags, tuning, peers, caps),
     };
     if let Some((Backend::Kernel, flag)) = backend
         && !decision.is_kernel()
@@ -309,6 +358,19 @@ pub fn plan(
     plan_with_peers(module, num_replicas, num_partitions, flags, &peers)
 }
 
+/// [`plan`] with a tuning profile (`peerless check`: what the pass would decide).
+pub fn plan_tuned(
+    module: &Module,
+    num_devices: usize,
+    mode: DeviceMode,
+    flags: &Flags,
+    tuning: &Tuning,
+) -> Result<Vec<PlannedCollective>, EmitError> {
+    let (num_replicas, num_partitions) = mode.counts(num_devices);
+    let peers = PeerAccessTable::for_host_topology(num_devices, &flags.host_topology);
+    plan_inner(module, num_replicas, num_partitions, flags, tuning, &peers)
+}
+
 /// [`plan`] with an explicit device layout and peer table (a hardware backend's).
 pub fn plan_with_peers(
     module: &Module,
@@ -317,9 +379,21 @@ pub fn plan_with_peers(
     flags: &Flags,
     peers: &PeerAccessTable,
 ) -> Result<Vec<PlannedCollective>, EmitError> {
+    plan_inner(module, num_replicas, num_partitions, flags, &Tuning::none(), peers)
+}
+
+fn plan_inner(
+    module: &Module,
+    num_replicas: usize,
+    num_partitions: usize,
+    flags: &Flags,
+    tuning: &Tuning,
+    peers: &PeerAccessTable,
+) -> Result<Vec<PlannedCollective>, EmitError> {
     let mut out = Vec::new();
     for id in module.collectives() {
-        let (cfg, decision) = decide(module, id, num_replicas, num_partitions, flags, peers)?;
+        let (cfg, decision) =
+            decide_tuned(module, id, num_replicas, num_partitions, flags, tuning, peers, Capabilities::default())?;
         let planned = PlannedCollective {
             instr: module.instr(id).name.clone(),
             instr_id: id,
@@ -453,6 +527,76 @@ mod tests {
     }
 
     const ALL4: &[&[i64]] = &[&[0, 1, 2, 3]];
+
+    /// A profile over groups of 4: all-reduce one-shot at 16 B, XLA at 1 KiB, two-shot at
+    /// 64 KiB; all-gather XLA everywhere.
+    fn tuned(explicit_thresholds: bool) -> crate::tuning::Tuning {
+        use crate::tuning::{Key, Measured, Profile, XLA};
+        let key = Key { platform: "cpu".into(), device_kind: "cpu".into(), devices: 4, links: "host".into() };
+        let mut p = Profile::new(key, Measured::default());
+        p.source = "test-profile".into();
+        let (one, two) = (KernelAlgorithm::OneShotAllReduce.name(), KernelAlgorithm::TwoShotAllReduce.name());
+        for (bytes, o, t, x) in [(16, 1.0, 2.0, 3.0), (1024, 5.0, 6.0, 4.0), (65536, 30.0, 10.0, 20.0)] {
+            p.record("all-reduce", "f32", 4, bytes, one, o);
+            p.record("all-reduce", "f32", 4, bytes, two, t);
+            p.record("all-reduce", "f32", 4, bytes, XLA, x);
+            p.record("all-gather", "f32", 4, bytes, KernelAlgorithm::DirectAllGather.name(), 2.0 * x);
+            p.record("all-gather", "f32", 4, bytes, XLA, x);
+        }
+        crate::tuning::Tuning { profile: Some(std::sync::Arc::new(p)), explicit_thresholds }
+    }
+
+    fn run_tuned(m: &Module, id: InstrId, flags: &str, t: &crate::tuning::Tuning) -> Result<Decision, EmitError> {
+        let flags = Flags::parse(flags).unwrap();
+        let peers = PeerAccessTable::for_host_topology(4, &flags.host_topology);
+        decide_tuned(m, id, 1, 4, &flags, t, &peers, Capabilities::default()).map(|(_, d)| d)
+    }
+
+    #[test]
+    fn a_profile_picks_among_what_the_guards_allow_and_flags_win() {
+        let t = tuned(false);
+        let ar = |elems: i64| all_reduce(PrimitiveType::F32, &[elems], Opcode::Add, ALL4);
+        let (m, id) = ar(4);
+        let d = run_tuned(&m, id, "", &t).unwrap();
+        assert_eq!(d.implementation, Implementation::Kernel(KernelAlgorithm::OneShotAllReduce));
+        assert!(
+            d.reason.starts_with("1 groups of 4 sum; profile test-profile: all-reduce f32 groups of 4 at 16 B"),
+            "{}",
+            d.reason
+        );
+        let (m, id) = ar(256);
+        let d = run_tuned(&m, id, "", &t).unwrap();
+        assert_eq!(d.implementation, Implementation::Fallback);
+        assert!(d.reason.contains("XLA 4 µs, one-shot 5 µs, two-shot 6 µs (measured at 1 KiB) -> XLA"), "{}", d.reason);
+        let (m, id) = ar(16384);
+        assert_eq!(
+            run_tuned(&m, id, "", &t).unwrap().implementation,
+            Implementation::Kernel(KernelAlgorithm::TwoShotAllReduce)
+        );
+        // Above two_shot_max_bytes all-reduce stays XLA's whatever the profile says.
+        assert_eq!(
+            run_tuned(&m, id, "--two_shot_max_bytes=1024", &tuned(false)).unwrap().implementation,
+            Implementation::Fallback
+        );
+        // Explicit thresholds or a forced backend: the profile is not asked.
+        let (m, id) = ar(256);
+        let d = run_tuned(&m, id, "", &tuned(true)).unwrap();
+        assert_eq!(d.reason, "1024 bytes <= one_shot_max_bytes=262144 sum, 1 groups of 4");
+        let d = run_tuned(&m, id, "--all_reduce_backend=kernel", &t).unwrap();
+        assert_eq!(d.implementation, Implementation::Kernel(KernelAlgorithm::OneShotAllReduce));
+        // The dtype guard comes first: a profile never sends f8 to a kernel.
+        let (m, id) = all_gather_start(PrimitiveType::F8E4M3FN);
+        assert!(run_tuned(&m, id, "", &t).unwrap().reason.starts_with("dtype guard"));
+        let (m, id) = all_gather_start(PrimitiveType::F32);
+        let d = run_tuned(&m, id, "", &t).unwrap();
+        assert_eq!(d.implementation, Implementation::Fallback);
+        assert!(d.reason.starts_with("profile test-profile: all-gather f32 groups of 4 at 8 B"), "{}", d.reason);
+        assert!(run_tuned(&m, id, "--all_gather_backend=kernel", &t).unwrap().is_kernel());
+        // Peer access comes first too.
+        let (m, id) = ar(4);
+        let d = run_tuned(&m, id, "--host_topology=pairs:0-1,2-3", &t).unwrap();
+        assert!(d.reason.starts_with("no peer access"), "{}", d.reason);
+    }
 
     #[test]
     fn all_reduce_size_thresholds_at_the_boundaries() {

@@ -11,13 +11,17 @@
 mod decide;
 pub mod flags;
 pub mod peers;
+pub mod tuning;
 pub mod xla_pass;
 
 use std::fmt;
 
 use hlo::PrimitiveType;
 
-pub use decide::{Capabilities, MAX_GROUP_SIZE, PlannedCollective, decide, decide_with, plan, plan_with_peers};
+pub use decide::{
+    Capabilities, MAX_GROUP_SIZE, PlannedCollective, decide, decide_tuned, decide_with, plan, plan_tuned,
+    plan_with_peers,
+};
 pub use flags::{Backend, FLAGS, FlagSpec, Flags, HostTopology, flags_help};
 pub use hlo::analysis::DeviceMode;
 pub use peers::{PeerAccessTable, PeerTableKey};

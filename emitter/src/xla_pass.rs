@@ -29,9 +29,10 @@ use prost::encoding::{WireType, decode_key, decode_varint, encode_key, encode_va
 use thunks::custom_call::{CustomCallConfig, target_name};
 use thunks::{CollectiveKind, Implementation};
 
-use crate::decide::{Capabilities, decide_with};
+use crate::decide::{Capabilities, decide_tuned};
 use crate::flags::Flags;
 use crate::peers::PeerAccessTable;
+use crate::tuning::{Tuning, TuningConfig};
 
 /// `xla.CustomCallApiVersion.API_VERSION_TYPED_FFI`.
 const API_VERSION_TYPED_FFI: u64 = 4;
@@ -394,6 +395,8 @@ pub struct PassConfig {
     pub instance_base: Option<u64>,
     /// Free device memory for the staging budget ([`fit_staging`]); `None`: unbounded.
     pub device_memory: DeviceMemory,
+    /// Where the tuning profile comes from ([`crate::tuning`]); off by default.
+    pub tuning: TuningConfig,
 }
 
 impl Default for PassConfig {
@@ -406,6 +409,7 @@ impl Default for PassConfig {
             caps: Capabilities { variadic: true, cross_process: false },
             instance_base: None,
             device_memory: DeviceMemory::default(),
+            tuning: TuningConfig::default(),
         }
     }
 }
@@ -1087,6 +1091,7 @@ pub fn run(bytes: &[u8], cfg: &PassConfig) -> Result<PassOutcome, PassError> {
     // The rules see logical ids; peer access is checked on device ids in `decide_one`.
     let logical = PeerAccessTable::full(assignment.devices.len(), "checked on device ids");
     let layouts = layout_map(&slim)?;
+    let tuning = cfg.tuning.resolve(assignment.devices.len());
     let mut decisions = Vec::new();
     // Collectives across processes get ids every process derives alike (the module's
     // fingerprint, computed once, and only if the module has such a collective).
@@ -1105,7 +1110,7 @@ pub fn run(bytes: &[u8], cfg: &PassConfig) -> Result<PassOutcome, PassError> {
             Some(shared_instance(fp, instr))
         };
         let (decision, rewrite) =
-            decide_one(&module, id, &assignment, cfg, &logical, &peers, &layouts, instance, shared_id);
+            decide_one(&module, id, &assignment, cfg, &tuning, &logical, &peers, &layouts, instance, shared_id);
         if let Some(Rewrite { target, call, form }) = rewrite {
             forms.insert(call.name.clone(), form);
             calls.push((decisions.len(), id, target, call));
@@ -1448,6 +1453,7 @@ fn decide_one(
     id: InstrId,
     a: &Assignment,
     cfg: &PassConfig,
+    tuning: &Tuning,
     logical: &PeerAccessTable,
     peers: &PeerLookup<'_>,
     layouts: &HashMap<String, Vec<Result<LeafLayout, String>>>,
@@ -1476,13 +1482,14 @@ fn decide_one(
     };
     // Decide on device ids: map the logical groups through the assignment first, so peer
     // access and process locality are checked on the devices that will really talk.
-    let (config, decision) = match decide_with(module, id, a.replicas, a.partitions, &cfg.flags, logical, cfg.caps) {
-        Ok(x) => x,
-        Err(e) => {
-            d.reason = e.to_string();
-            return (d, None);
-        }
-    };
+    let (config, decision) =
+        match decide_tuned(module, id, a.replicas, a.partitions, &cfg.flags, tuning, logical, cfg.caps) {
+            Ok(x) => x,
+            Err(e) => {
+                d.reason = e.to_string();
+                return (d, None);
+            }
+        };
     let groups: Vec<Vec<usize>> = config.groups.iter().map(|g| g.iter().map(|&l| a.device(l)).collect()).collect();
     let pairs: Vec<(usize, usize)> =
         config.source_target_pairs.iter().map(|&(s, t)| (a.device(s), a.device(t))).collect();

@@ -9,6 +9,7 @@ pub mod xla_bench;
 pub mod xla_handlers;
 pub mod xla_inside;
 pub mod xla_run;
+pub mod xla_tune;
 
 /// Re-exported so the plugin and the CLI agree on the IR version.
 pub use hlo;

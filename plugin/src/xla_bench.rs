@@ -23,7 +23,10 @@
 //! result or a failed compile is an error row, never timed. Then `samples` samples of
 //! `iters` executes each (inputs stay on the devices; every execute returns when all devices
 //! finished: `ffi::pjrt::client::Executable::execute` awaits each device's completion
-//! event), and the median time per collective.
+//! event), and the median time per collective. The implementations of one module are all
+//! compiled and checked first and their samples then taken in turn (one of each, `samples`
+//! times), so a load that comes and goes on the machine weighs on each alike; with
+//! `sample_ms` a sample runs as many executes as take about that long instead of `iters`.
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -215,8 +218,16 @@ impl Dtype {
 /// How the collective runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Impl {
-    /// Peerless's pass applied: the collectives it takes run on Peerless's handlers.
+    /// Peerless's pass applied without a tuning profile (the flags' thresholds): the
+    /// collectives it takes run on Peerless's handlers.
     Peerless,
+    /// Peerless's pass with the active tuning profile (`PEERLESS_TUNING_PROFILE`, else the
+    /// cache's, else the shipped defaults): what a program gets by default.
+    Auto,
+    /// All-reduce forced onto the one-shot kernel at every size (other ops: skipped).
+    OneShot,
+    /// All-reduce forced onto the two-shot kernel at every size (other ops: skipped).
+    TwoShot,
     /// XLA's own collective (NCCL on GPU).
     Xla,
     /// XLA's own collective kernels (`xla_gpu_experimental_use_collective_kernels`).
@@ -224,7 +235,7 @@ pub enum Impl {
 }
 
 impl Impl {
-    pub const ALL: [Impl; 3] = [Impl::Peerless, Impl::Xla, Impl::XlaKernels];
+    pub const ALL: [Impl; 6] = [Impl::Peerless, Impl::Auto, Impl::OneShot, Impl::TwoShot, Impl::Xla, Impl::XlaKernels];
 
     pub fn parse(s: &str) -> Result<Impl, String> {
         Impl::ALL.into_iter().find(|i| i.name() == s).ok_or_else(|| {
@@ -235,6 +246,9 @@ impl Impl {
     pub fn name(self) -> &'static str {
         match self {
             Impl::Peerless => "peerless",
+            Impl::Auto => "auto",
+            Impl::OneShot => "one-shot",
+            Impl::TwoShot => "two-shot",
             Impl::Xla => "xla",
             Impl::XlaKernels => "xla-kernels",
         }
@@ -259,6 +273,9 @@ pub struct Options {
     pub impls: Vec<Impl>,
     /// Peerless emitter flags for the `peerless` rows (`--name=value ...`).
     pub flags: String,
+    /// If set, each sample runs as many executes as take about this long (at least one),
+    /// in place of `iters`: `peerless tune` bounds every row's time this way.
+    pub sample_ms: Option<f64>,
 }
 
 impl Default for Options {
@@ -274,8 +291,9 @@ impl Default for Options {
             chain: 1,
             ops: Op::ALL.to_vec(),
             dtypes: vec![Dtype::F32, Dtype::Bf16],
-            impls: Impl::ALL.to_vec(),
+            impls: vec![Impl::Peerless, Impl::Auto, Impl::Xla, Impl::XlaKernels],
             flags: String::new(),
+            sample_ms: None,
         }
     }
 }
@@ -572,31 +590,59 @@ fn options(ids: &[i64], kernels: Option<&str>) -> Vec<u8> {
     o.encode_to_vec()
 }
 
-/// Median µs per collective over `samples` samples of `iters` executes.
-fn time(
+/// Warms `exe` up and returns the executes per sample (`iters`, or with `sample_ms` as many as
+/// take about that long, at least one) and the seconds one execute took.
+fn calibrate(
     exe: &ffi::pjrt::client::Executable<'_>,
     args: &[Vec<&Buffer<'_>>],
-    samples: usize,
+    iters: usize,
+    sample_ms: Option<f64>,
+) -> Result<(usize, f64), String> {
+    drop(exe.execute(args)?); // warm-up
+    // A second warm-up, timed: the first pays for first-touch allocations.
+    let t = Instant::now();
+    drop(exe.execute(args)?);
+    let secs = t.elapsed().as_secs_f64().max(1e-9);
+    Ok(match sample_ms {
+        Some(ms) => (((ms * 1e-3 / secs) as usize).clamp(1, 10_000), secs),
+        None => (iters.max(1), secs),
+    })
+}
+
+/// With `sample_ms` (a time-bounded run), rows whose executes are slow take fewer samples:
+/// about 5 s of samples per implementation, and never fewer than 3.
+fn samples_for(opts: &Options, slowest_execute_s: f64) -> usize {
+    let want = opts.samples.max(1);
+    match opts.sample_ms {
+        Some(_) if slowest_execute_s * want as f64 > 5.0 => ((5.0 / slowest_execute_s) as usize).clamp(3, want),
+        _ => want,
+    }
+}
+
+/// One sample: µs per collective over `iters` executes.
+fn sample(
+    exe: &ffi::pjrt::client::Executable<'_>,
+    args: &[Vec<&Buffer<'_>>],
     iters: usize,
     chain: usize,
 ) -> Result<f64, String> {
-    drop(exe.execute(args)?); // warm-up
-    let mut ts = Vec::with_capacity(samples.max(1));
-    for _ in 0..samples.max(1) {
-        let t = Instant::now();
-        for _ in 0..iters.max(1) {
-            drop(exe.execute(args)?);
-        }
-        ts.push(t.elapsed().as_secs_f64() * 1e6 / (iters.max(1) * chain) as f64);
+    let t = Instant::now();
+    for _ in 0..iters {
+        drop(exe.execute(args)?);
     }
-    ts.sort_by(f64::total_cmp);
-    Ok(ts[ts.len() / 2])
+    Ok(t.elapsed().as_secs_f64() * 1e6 / (iters * chain) as f64)
 }
 
-/// Compiles, checks and times one implementation of one module.
+fn median(mut ts: Vec<f64>) -> Option<f64> {
+    ts.sort_by(f64::total_cmp);
+    ts.get(ts.len() / 2).copied()
+}
+
+/// Compiles, checks and warms up one implementation of one module: its executable and
+/// executes per sample, or why not.
 #[allow(clippy::too_many_arguments)]
-fn measure(
-    client: &Client,
+fn measure<'c>(
+    client: &'c Client,
     platform: &str,
     ids: &[i64],
     module: &[u8],
@@ -606,15 +652,29 @@ fn measure(
     opts: &Options,
     host: &[Vec<Vec<i8>>],
     args: &[Vec<&Buffer<'_>>],
-) -> (String, Vec<PassDecision>, Result<f64, Check>) {
+) -> (String, Vec<PassDecision>, Result<(ffi::pjrt::client::Executable<'c>, usize, f64), Check>) {
     let n = ids.len();
     let (program, path, decisions, kernels) = match imp {
-        Impl::Peerless => {
+        Impl::Peerless | Impl::Auto | Impl::OneShot | Impl::TwoShot => {
+            use emitter::tuning::ProfileSource;
             let mut flags: Vec<String> = opts.flags.split_whitespace().map(str::to_owned).collect();
             if n == 1 {
                 flags.push(format!("--{}=kernel", op.backend_flag()));
             }
-            match crate::xla_run::prepare(module, Mode::Replica, ids, platform, &flags) {
+            let forced = match imp {
+                Impl::OneShot => Some(format!("--one_shot_max_bytes={}", usize::MAX)),
+                Impl::TwoShot => Some(format!("--one_shot_max_bytes=0 --two_shot_max_bytes={}", usize::MAX)),
+                _ => None,
+            };
+            if let Some(f) = forced {
+                if op != Op::AllReduce {
+                    return (String::new(), Vec::new(), Err(Check::Skipped("all-reduce only".into())));
+                }
+                flags.push("--all_reduce_backend=kernel".into());
+                flags.extend(f.split_whitespace().map(str::to_owned));
+            }
+            let source = if imp == Impl::Auto { ProfileSource::from_env() } else { ProfileSource::Off };
+            match crate::xla_run::prepare_tuned(module, Mode::Replica, ids, platform, &flags, source) {
                 Ok((program, outcome)) => {
                     let mut paths: Vec<String> = outcome
                         .decisions
@@ -654,7 +714,8 @@ fn measure(
         let outputs = exe.execute(args).map_err(Check::Error)?;
         check(op, ty, opts.chain.max(1), host, &outputs).map_err(Check::Error)?;
         drop(outputs);
-        time(&exe, args, opts.samples, opts.iters, opts.chain.max(1)).map_err(Check::Error)
+        let (iters, secs) = calibrate(&exe, args, opts.iters, opts.sample_ms).map_err(Check::Error)?;
+        Ok((exe, iters, secs))
     })();
     (path, decisions, result)
 }
@@ -702,12 +763,31 @@ pub fn run(opts: &Options, progress: &mut dyn FnMut(&str)) -> Result<Report, Str
                     bufs.push(v);
                 }
                 let args: Vec<Vec<&Buffer<'_>>> = bufs.iter().map(|v| v.iter().collect()).collect();
-                for &imp in &opts.impls {
-                    let (path, decisions, result) =
-                        measure(&client, platform, &ids, &module, op, ty, imp, opts, &host, &args);
+                // Every implementation compiled and checked first, then their samples
+                // interleaved (one of each in turn), so that a load that comes and goes on
+                // the machine weighs on all of them alike.
+                let mut prepared: Vec<_> = opts
+                    .impls
+                    .iter()
+                    .map(|&imp| (imp, measure(&client, platform, &ids, &module, op, ty, imp, opts, &host, &args)))
+                    .collect();
+                let mut times: Vec<Vec<f64>> = vec![Vec::new(); prepared.len()];
+                let slowest =
+                    prepared.iter().filter_map(|(_, (_, _, r))| r.as_ref().ok().map(|x| x.2)).fold(0.0, f64::max);
+                for _ in 0..samples_for(opts, slowest) {
+                    for (k, (_, (_, _, result))) in prepared.iter_mut().enumerate() {
+                        if let Ok((exe, iters, _)) = result {
+                            match sample(exe, &args, *iters, chain) {
+                                Ok(t) => times[k].push(t),
+                                Err(e) => *result = Err(Check::Error(e)),
+                            }
+                        }
+                    }
+                }
+                for ((imp, (path, decisions, result)), ts) in prepared.into_iter().zip(times) {
                     let (fa, fb) = op.factors(n as f64);
                     let (us, check) = match result {
-                        Ok(us) => (Some(us), Check::Same),
+                        Ok(_) => (median(ts), Check::Same),
                         Err(c) => (None, c),
                     };
                     let algbw = us.map(|us| fa * this as f64 / us / 1e3);

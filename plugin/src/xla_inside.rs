@@ -47,6 +47,17 @@ fn result(status: i32, module: Option<Vec<u8>>, report: String) -> *mut PassResu
 /// process (compiling the kernels on a cold cache), which only a module with a collective
 /// that passed every other rule pays for.
 pub fn pass_config(platform: &str, flags: &str, local_devices: &str) -> Result<PassConfig, String> {
+    pass_config_tuned(platform, flags, local_devices, emitter::tuning::ProfileSource::from_env())
+}
+
+/// [`pass_config`] with the tuning profile from `source` rather than `PEERLESS_TUNING_PROFILE`
+/// (`peerless bench` measures the pass without a profile and with the active one).
+pub fn pass_config_tuned(
+    platform: &str,
+    flags: &str,
+    local_devices: &str,
+    source: emitter::tuning::ProfileSource,
+) -> Result<PassConfig, String> {
     let mut f = Flags::from_env().map_err(|e| e.to_string())?;
     for arg in flags.split_whitespace() {
         f.apply(arg).map_err(|e| e.to_string())?;
@@ -102,7 +113,15 @@ pub fn pass_config(platform: &str, flags: &str, local_devices: &str) -> Result<P
         }))),
         _ => xla_pass::DeviceMemory::default(),
     };
-    Ok(PassConfig { flags: f, peers, local_devices: local, topology, caps, instance_base: None, device_memory })
+    // The tuning profile decides kernel vs XLA where the flags leave it to it; explicit
+    // all-reduce thresholds (here or in PEERLESS_FLAGS) keep all-reduce on them.
+    let env_flags = std::env::var(emitter::flags::ENV_VAR).unwrap_or_default();
+    let tuning = emitter::tuning::TuningConfig {
+        source,
+        platform: platform.to_owned(),
+        explicit_thresholds: emitter::tuning::sets_thresholds(flags) || emitter::tuning::sets_thresholds(&env_flags),
+    };
+    Ok(PassConfig { flags: f, peers, local_devices: local, topology, caps, instance_base: None, tuning, device_memory })
 }
 
 /// One decision per line ([`xla_pass::PassDecision::report_line`]): op, instruction,

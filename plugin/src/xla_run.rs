@@ -279,8 +279,20 @@ pub fn prepare(
     platform: &str,
     flags: &[String],
 ) -> Result<(Vec<u8>, PassOutcome), String> {
+    prepare_tuned(bytes, mode, ids, platform, flags, emitter::tuning::ProfileSource::from_env())
+}
+
+/// [`prepare`] with the tuning profile from `source` (`peerless bench`, `peerless tune`).
+pub fn prepare_tuned(
+    bytes: &[u8],
+    mode: Mode,
+    ids: &[i64],
+    platform: &str,
+    flags: &[String],
+    source: emitter::tuning::ProfileSource,
+) -> Result<(Vec<u8>, PassOutcome), String> {
     let module = with_assignment(bytes, &assignment(mode, ids))?;
-    let cfg = crate::xla_inside::pass_config(platform, &flags.join(" "), "")?;
+    let cfg = crate::xla_inside::pass_config_tuned(platform, &flags.join(" "), "", source)?;
     let outcome = emitter::xla_pass::run(&module, &cfg).map_err(|e| format!("peerless pass: {e}"))?;
     let module = outcome.module.as_deref().unwrap_or(&module);
     // A module that already carries shardings (JAX's GSPMD form: tiled entry, a manual

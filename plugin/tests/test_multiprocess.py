@@ -56,6 +56,7 @@ def run_job(mode: str, n: int = 2, extra_env: dict | None = None, timeout: float
         PEERLESS_FLAGS=f"--collective_timeout_ms={TIMEOUT_MS}",
         XLA_FLAGS=f"--xla_force_host_platform_device_count={LOCAL}",
         PEERLESS_XLA_PLUGIN="none",  # the JAX_PLATFORMS=peerless wrapper is not under test
+        PEERLESS_TUNING_PROFILE="0",  # the kernels across processes are under test, not a profile
     )
     env.update(extra_env or {})
     reps = run_workers(lambda i: [sys.executable, HERE, "_worker", str(i), str(n), str(port), mode], n, env, timeout)

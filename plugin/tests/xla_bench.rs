@@ -32,6 +32,7 @@ fn bench_on_the_cpu_plugin() {
         dtypes: vec![Dtype::F32, Dtype::Bf16],
         impls: vec![Impl::Peerless, Impl::Xla],
         flags: String::new(),
+        sample_ms: None,
     };
     let report = run(&opts, &mut |line| eprintln!("{line}")).expect("bench runs");
     assert_eq!(report.devices, 4);
@@ -69,4 +70,63 @@ fn bench_on_the_cpu_plugin() {
         assert_eq!(f.len(), columns.len(), "{l}");
         assert_eq!(f[check_col], "same", "{l}");
     }
+}
+
+/// `peerless tune --quick`'s library on the CPU plugin (8 devices): every row checked, a
+/// profile written with XLA's and each kernel's figures, and the pass reading it back: a
+/// decision's reason names the profile file and its figures.
+#[test]
+fn a_short_tune_writes_a_profile_the_pass_reads() {
+    use emitter::tuning::{Profile, ProfileSource, XLA};
+    use plugin::xla_tune::{TuneOptions, run as tune};
+    let plugin = match plugin::xla_run::find_plugin(None) {
+        Ok(p) => p,
+        Err(e) if std::env::var("PEERLESS_SKIP_XLA_PLUGIN").as_deref() == Ok("1") => {
+            eprintln!("SKIPPED (PEERLESS_SKIP_XLA_PLUGIN=1): {e}");
+            return;
+        }
+        Err(e) => panic!("{e}\n(set PEERLESS_SKIP_XLA_PLUGIN=1 to skip this test)"),
+    };
+    let dir = std::env::temp_dir().join(format!("peerless-tune-test-{}", std::process::id()));
+    let opts = TuneOptions {
+        plugin: Some(plugin),
+        devices: Some(8),
+        out_dir: Some(dir.clone()),
+        command: "test".into(),
+        machine: "test".into(),
+        ..TuneOptions::default().quick()
+    };
+    let report = tune(&opts, &mut |line| eprintln!("{line}")).expect("tune runs");
+    assert!(report.rows.iter().all(|r| !matches!(r.check, Check::Error(_))), "{:#?}", report.rows);
+    assert_eq!(report.path, dir.join(report.profile.key.file_name()));
+    let back = Profile::from_json(&std::fs::read_to_string(&report.path).unwrap(), "x").unwrap();
+    assert_eq!(back.entries, report.profile.entries);
+    // 5 kinds, f32, groups of 8; each measured size has XLA's time and the kernels'.
+    assert_eq!(back.entries.len(), 5, "{:#?}", back.entries);
+    for e in &back.entries {
+        assert_eq!((e.dtype.as_str(), e.group), ("f32", 8), "{e:?}");
+        for p in &e.points {
+            let want = if e.op == "all-reduce" { 3 } else { 2 };
+            assert!(p.us.contains_key(XLA) && p.us.len() == want, "{e:?}");
+        }
+    }
+    // The pass reads it: every decision of a bench module cites the file and its figures.
+    let ids: Vec<i64> = (0..8).collect();
+    for op in Op::ALL {
+        let module = plugin::xla_bench::module(op, Dtype::F32, 2048, 8, 1);
+        let source = ProfileSource::File(report.path.clone());
+        let (_, outcome) =
+            plugin::xla_run::prepare_tuned(&module, runs::Mode::Replica, &ids, "cpu", &[], source).unwrap();
+        let cite = format!("profile {}: {}", report.path.display(), op.name());
+        for d in &outcome.decisions {
+            assert!(d.reason.contains(&cite) && d.reason.contains("µs"), "{op:?}: {}", d.reason);
+        }
+        // Flags win: a forced backend decides without it.
+        let forced = [format!("--{}_backend=fallback", op.name().replace('-', "_"))];
+        let source = ProfileSource::File(report.path.clone());
+        let (_, outcome) =
+            plugin::xla_run::prepare_tuned(&module, runs::Mode::Replica, &ids, "cpu", &forced, source).unwrap();
+        assert!(outcome.decisions.iter().all(|d| d.reason.starts_with("forced by")), "{:?}", outcome.decisions);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }

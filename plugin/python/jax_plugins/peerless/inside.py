@@ -266,6 +266,32 @@ def _library_id() -> str:
     return _state["library_id"]
 
 
+def _tuning_key() -> str:
+    """What the pass's tuning profile depends on (issue 27): PEERLESS_TUNING_PROFILE, and the
+    profiles in the cache's tuning/ directory (names, sizes, times), which `peerless tune`
+    rewrites."""
+    env = os.environ.get("PEERLESS_TUNING_PROFILE", "")
+    paths = []
+    if env and env not in ("0", "off", "none"):
+        paths = [env]
+    elif not env:
+        base = os.environ.get("PEERLESS_CACHE_DIR") or os.path.join(
+            os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "peerless")
+        d = os.path.join(base, "tuning")
+        try:
+            paths = sorted(os.path.join(d, f) for f in os.listdir(d) if f.endswith(".json"))
+        except OSError:
+            paths = []
+    stamps = []
+    for p in paths:
+        try:
+            st = os.stat(p)
+            stamps.append(f"{p}:{st.st_size}:{st.st_mtime_ns}")
+        except OSError:
+            stamps.append(f"{p}:missing")
+    return env + "|" + ",".join(stamps)
+
+
 def _cache_key_part() -> str:
     """Peerless's part of JAX's persistent-cache key: empty while Peerless is off (programs
     compiled then are XLA's alone), else what its rewrite depends on, so that an executable
@@ -276,7 +302,8 @@ def _cache_key_part() -> str:
         flags = _state["flags"]
     if not enabled:
         return ""
-    parts = [f"peerless={_library_id()}", f"flags={flags}", f"env_flags={os.environ.get('PEERLESS_FLAGS', '')}"]
+    parts = [f"peerless={_library_id()}", f"flags={flags}", f"env_flags={os.environ.get('PEERLESS_FLAGS', '')}",
+             f"tuning={_tuning_key()}"]
     for p in enabled:
         try:
             layout = _layout(_topology(p, _wrapped(p) or p))

@@ -1,0 +1,632 @@
+//! Tuning profiles: measured crossovers between Peerless's kernels and XLA's own collectives.
+//!
+//! `peerless tune` times, through XLA, every Peerless algorithm of each collective kind and
+//! XLA's own path, per dtype class, group size and size, and writes a [`Profile`]: readable
+//! JSON in the cache directory (`PEERLESS_CACHE_DIR`, else `$XDG_CACHE_HOME/peerless`, else
+//! `~/.cache/peerless`; file `tuning/<key>.json`), keyed by platform, device kind and count,
+//! links and Peerless version. The pass ([`crate::decide`], rule 7) reads the matching profile
+//! by default: where a collective has passed every guard (dtype, operands, reduction, groups,
+//! peer access) and its backend flag is `auto`, the profile picks the fastest measured of XLA
+//! and the kernels allowed, and the decision's reason names the profile and the figures.
+//!
+//! Invariants:
+//! - A profile only chooses among what the guards allow: a kernel vs XLA, and one-shot vs
+//!   two-shot for all-reduce. It never sends a collective to a kernel the dtype, operand,
+//!   reduction, group or peer rules forbid, and an all-reduce above `two_shot_max_bytes`
+//!   stays XLA's.
+//! - Flags win: `--<op>_backend=kernel|fallback` decides that kind without the profile, and
+//!   an explicit `one_shot_max_bytes` / `two_shot_max_bytes` gives all-reduce back to the
+//!   size thresholds.
+//! - A profile that cannot be read is a warning, never a failed compile: the next source
+//!   (shipped defaults, then the flags' thresholds) decides.
+//!
+//! Sources, in order ([`ProfileSource`]): `PEERLESS_TUNING_PROFILE=PATH` (that file) or `=0`
+//! (none); else the cache directory's profile for this key (or, failing that, one of the same
+//! platform and version for another device count); else the shipped defaults for the
+//! platform ([`shipped`]: XLA:CPU measured on the build machine); else none (the thresholds).
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use hlo::PrimitiveType;
+use serde::{Deserialize, Serialize};
+use thunks::{CollectiveKind, KernelAlgorithm};
+
+use crate::flags::{Backend, Flags};
+
+/// Environment variable naming the profile: a path, or `0` / `off` / `none` for none.
+pub const ENV_VAR: &str = "PEERLESS_TUNING_PROFILE";
+/// The profile format this build reads and writes.
+pub const FORMAT: u32 = 1;
+/// This build's version, part of every profile's key.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+/// The name XLA's path has in a profile's figures.
+pub const XLA: &str = "xla";
+/// A kernel is chosen over XLA only if the profile measured it this much faster (a fraction
+/// of XLA's time): closer calls are within a tune's noise, and XLA's path is the safe side.
+pub const XLA_MARGIN: f64 = 0.05;
+
+/// What a profile was measured on.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Key {
+    /// "cpu" or "cuda".
+    pub platform: String,
+    /// The device kind ("cpu"; a GPU's name).
+    pub device_kind: String,
+    /// Devices of the client the profile was measured on.
+    pub devices: usize,
+    /// "host" (one address space), or the GPUs' peer links ("nvlink", "pcie", ...).
+    pub links: String,
+}
+
+impl Key {
+    /// The file name in the cache's `tuning/` directory: every part, made path-safe.
+    pub fn file_name(&self) -> String {
+        let safe = |s: &str| -> String {
+            s.chars()
+                .map(|c| if c.is_ascii_alphanumeric() || c == '.' { c.to_ascii_lowercase() } else { '_' })
+                .collect()
+        };
+        format!(
+            "{}-{}-{}dev-{}-v{}.json",
+            safe(&self.platform),
+            safe(&self.device_kind),
+            self.devices,
+            safe(&self.links),
+            safe(VERSION)
+        )
+    }
+}
+
+/// Where and how a profile was measured.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Measured {
+    pub date: String,
+    pub machine: String,
+    pub command: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub note: String,
+}
+
+/// One measured size: XLA's time and each kernel algorithm's, µs per collective.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Point {
+    /// Operand bytes per device.
+    pub bytes: usize,
+    /// Implementation ([`XLA`] or a [`KernelAlgorithm::name`]) → µs per collective.
+    pub us: BTreeMap<String, f64>,
+}
+
+/// The measurements of one collective kind, dtype class and group size, by size.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Entry {
+    /// The collective's HLO name ("all-reduce", ...).
+    pub op: String,
+    /// [`dtype_class`] of the operands.
+    pub dtype: String,
+    /// Members per group (a permute: devices in its cross pairs).
+    pub group: usize,
+    /// Ascending sizes.
+    pub points: Vec<Point>,
+}
+
+/// A tuning profile. See the module docs.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Profile {
+    pub format: u32,
+    pub peerless_version: String,
+    pub key: Key,
+    pub measured: Measured,
+    pub entries: Vec<Entry>,
+    /// Where it was read from (a path, or "shipped ..."); not stored.
+    #[serde(skip)]
+    pub source: String,
+}
+
+/// The class a dtype is measured under: floats by width (f16 and bf16 share one), integers
+/// by width, pred.
+pub fn dtype_class(ty: PrimitiveType) -> String {
+    use PrimitiveType as T;
+    match ty {
+        T::F16 | T::Bf16 => "f16/bf16".into(),
+        T::Pred => "pred".into(),
+        t if t.is_float() => format!("f{}", 8 * t.byte_size()),
+        t => format!("int{}", 8 * t.byte_size()),
+    }
+}
+
+/// Bytes per element of a [`dtype_class`] (0 if unknown).
+fn class_width(class: &str) -> usize {
+    match class {
+        "f16/bf16" | "int16" => 2,
+        "pred" | "int8" => 1,
+        "f32" | "int32" => 4,
+        "f64" | "int64" => 8,
+        _ => 0,
+    }
+}
+
+fn short_bytes(b: usize) -> String {
+    if b >= 1 << 20 && b.is_multiple_of(1 << 20) {
+        format!("{} MiB", b >> 20)
+    } else if b >= 1 << 10 && b.is_multiple_of(1 << 10) {
+        format!("{} KiB", b >> 10)
+    } else {
+        format!("{b} B")
+    }
+}
+
+/// Short names of implementations in reasons.
+fn short_impl(name: &str) -> &str {
+    match name {
+        "one-shot all-reduce" => "one-shot",
+        "two-shot all-reduce" => "two-shot",
+        "direct all-gather" | "direct all-to-all" | "direct reduce-scatter" | "direct permute" => "kernel",
+        XLA => "XLA",
+        other => other,
+    }
+}
+
+/// The HLO name of a collective kind (its synchronous opcode).
+pub fn kind_name(kind: CollectiveKind) -> &'static str {
+    thunks::CollectiveOp { kind, is_async: false }.name()
+}
+
+fn algorithm_named(name: &str) -> Option<KernelAlgorithm> {
+    use KernelAlgorithm as A;
+    [
+        A::OneShotAllReduce,
+        A::TwoShotAllReduce,
+        A::DirectAllGather,
+        A::DirectAllToAll,
+        A::DirectReduceScatter,
+        A::DirectPermute,
+    ]
+    .into_iter()
+    .find(|a| a.name() == name)
+}
+
+/// A profile's answer for one collective: a kernel algorithm or XLA (`None`), and why.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Choice {
+    pub algorithm: Option<KernelAlgorithm>,
+    pub reason: String,
+}
+
+impl Profile {
+    /// An empty profile for `key`.
+    pub fn new(key: Key, measured: Measured) -> Profile {
+        Profile {
+            format: FORMAT,
+            peerless_version: VERSION.into(),
+            key,
+            measured,
+            entries: Vec::new(),
+            source: String::new(),
+        }
+    }
+
+    /// Records one measurement (`imp`: [`XLA`] or a kernel algorithm's name).
+    pub fn record(&mut self, op: &str, class: &str, group: usize, bytes: usize, imp: &str, us: f64) {
+        let i = match self.entries.iter().position(|e| e.op == op && e.dtype == class && e.group == group) {
+            Some(i) => i,
+            None => {
+                self.entries.push(Entry { op: op.into(), dtype: class.into(), group, points: Vec::new() });
+                self.entries.len() - 1
+            }
+        };
+        let e = &mut self.entries[i];
+        let at = e.points.partition_point(|p| p.bytes < bytes);
+        if e.points.get(at).is_none_or(|p| p.bytes != bytes) {
+            e.points.insert(at, Point { bytes, us: BTreeMap::new() });
+        }
+        // Hundredths of a µs: readable, and the JSON reads back to the same value.
+        e.points[at].us.insert(imp.into(), (us * 100.0).round() / 100.0);
+    }
+
+    /// Pretty JSON (what [`Profile::save`] writes).
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"))
+    }
+
+    /// Reads a profile from JSON; `source` names it in reasons.
+    pub fn from_json(text: &str, source: &str) -> Result<Profile, String> {
+        let mut p: Profile = serde_json::from_str(text).map_err(|e| format!("{source}: not a tuning profile: {e}"))?;
+        if p.format != FORMAT {
+            return Err(format!("{source}: profile format {} (this build reads {FORMAT})", p.format));
+        }
+        for e in &mut p.entries {
+            e.points.sort_by_key(|p| p.bytes);
+        }
+        p.source = source.into();
+        Ok(p)
+    }
+
+    /// Writes the profile to `dir/<key file name>`, creating `dir`; returns the path.
+    pub fn save(&self, dir: &Path) -> Result<PathBuf, String> {
+        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let path = dir.join(self.key.file_name());
+        let tmp = path.with_extension(format!("json.tmp{}", std::process::id()));
+        std::fs::write(&tmp, self.to_json() + "\n").map_err(|e| format!("{}: {e}", tmp.display()))?;
+        std::fs::rename(&tmp, &path).map_err(|e| format!("{}: {e}", path.display()))?;
+        Ok(path)
+    }
+
+    /// The entry for `op`, dtype class and group size: the class itself, else one of the
+    /// same element width, else the nearest width; the group size itself, else the nearest
+    /// (the larger on a tie).
+    fn entry(&self, op: &str, class: &str, group: usize) -> Option<&Entry> {
+        let width = class_width(class);
+        let rank = |e: &Entry| -> (usize, usize, usize) {
+            let cls = if e.dtype == class {
+                0
+            } else if class_width(&e.dtype) == width {
+                1
+            } else {
+                2 + class_width(&e.dtype).abs_diff(width)
+            };
+            (cls, e.group.abs_diff(group), usize::MAX - e.group)
+        };
+        self.entries.iter().filter(|e| e.op == op && !e.points.is_empty()).min_by_key(|e| rank(e))
+    }
+
+    /// What the profile says for `kind` on `ty`, groups of `group`, `bytes` per device,
+    /// choosing among XLA and `allowed` kernels; `None` where it measured nothing for the op.
+    pub fn choose(
+        &self,
+        kind: CollectiveKind,
+        ty: PrimitiveType,
+        group: usize,
+        bytes: usize,
+        allowed: &[KernelAlgorithm],
+    ) -> Option<Choice> {
+        let class = dtype_class(ty);
+        let e = self.entry(kind_name(kind), &class, group)?;
+        // The measured points around `bytes` (one point at or past either end).
+        let hi = e.points.partition_point(|p| p.bytes < bytes).min(e.points.len() - 1);
+        let lo = if e.points[hi].bytes > bytes && hi > 0 { hi - 1 } else { hi };
+        let (p0, p1) = (&e.points[lo], &e.points[hi]);
+        // Log-log interpolation between the two sizes.
+        let frac = if p0.bytes == p1.bytes || bytes <= p0.bytes {
+            0.0
+        } else {
+            ((bytes as f64).ln() - (p0.bytes as f64).ln()) / ((p1.bytes as f64).ln() - (p0.bytes as f64).ln())
+        };
+        let at = |imp: &str| -> Option<f64> {
+            let (a, b) = (*p0.us.get(imp)?, *p1.us.get(imp)?);
+            (a > 0.0 && b > 0.0).then(|| (a.ln() + frac * (b.ln() - a.ln())).exp())
+        };
+        let mut candidates: Vec<(&str, f64)> = Vec::new();
+        if let Some(t) = at(XLA) {
+            candidates.push((XLA, t));
+        }
+        for a in allowed {
+            if let Some(t) = at(a.name()) {
+                candidates.push((a.name(), t));
+            }
+        }
+        // Without XLA's time, or without any allowed kernel's, there is nothing to compare.
+        let xla = candidates.iter().find(|c| c.0 == XLA)?.1;
+        if candidates.len() < 2 {
+            return None;
+        }
+        let fastest = candidates.iter().min_by(|a, b| a.1.total_cmp(&b.1))?;
+        // A kernel must beat XLA by more than the margin: closer than that the two were
+        // within the measurement's noise, and XLA's own path is the safe side.
+        let close = fastest.0 != XLA && fastest.1 >= xla * (1.0 - XLA_MARGIN);
+        let best = if close { (XLA, xla) } else { *fastest };
+        let figures: Vec<String> = candidates.iter().map(|(n, t)| format!("{} {t:.0} µs", short_impl(n))).collect();
+        let mut reason = format!("profile {}: {} {} groups of {}", self.source, kind_name(kind), e.dtype, e.group);
+        let mut nearest = Vec::new();
+        if e.dtype != class {
+            nearest.push(class.clone());
+        }
+        if e.group != group {
+            nearest.push(format!("groups of {group}"));
+        }
+        if !nearest.is_empty() {
+            let _ = write!(reason, " (nearest measured to {})", nearest.join(", "));
+        }
+        let _ = write!(reason, " at {}: {}", short_bytes(bytes), figures.join(", "));
+        if p0.bytes == p1.bytes || frac == 0.0 {
+            let _ = write!(reason, " (measured at {})", short_bytes(p0.bytes));
+        } else {
+            let _ = write!(reason, " (between {} and {})", short_bytes(p0.bytes), short_bytes(p1.bytes));
+        }
+        let _ = write!(reason, " -> {}", short_impl(best.0));
+        if close {
+            let _ = write!(reason, " ({} within {:.0}% of XLA)", short_impl(fastest.0), XLA_MARGIN * 100.0);
+        }
+        Some(Choice { algorithm: if best.0 == XLA { None } else { algorithm_named(best.0) }, reason })
+    }
+}
+
+/// Where the pass takes its profile from.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum ProfileSource {
+    /// No profile: the flags' thresholds decide (the library's tests, `peerless tune`).
+    #[default]
+    Off,
+    /// The cache directory's profile for this machine, else the shipped defaults.
+    Default,
+    /// This file.
+    File(PathBuf),
+}
+
+impl ProfileSource {
+    /// [`ENV_VAR`]: unset or empty → [`ProfileSource::Default`]; `0`, `off`, `none` → off;
+    /// anything else is a path.
+    pub fn from_env() -> ProfileSource {
+        match std::env::var_os(ENV_VAR) {
+            None => ProfileSource::Default,
+            Some(v) if v.is_empty() => ProfileSource::Default,
+            Some(v) if matches!(v.to_str(), Some("0" | "off" | "none")) => ProfileSource::Off,
+            Some(v) => ProfileSource::File(v.into()),
+        }
+    }
+
+    /// The profile for a module on `devices` devices of `platform`, or `None` (thresholds).
+    pub fn select(&self, platform: &str, devices: usize) -> Option<Arc<Profile>> {
+        match self {
+            ProfileSource::Off => None,
+            ProfileSource::File(p) => match load(p) {
+                Ok(prof) if prof.key.platform == platform => Some(prof),
+                Ok(prof) => {
+                    log::warn!(
+                        "peerless: tuning profile {} is for platform {}, not {platform}: not used",
+                        p.display(),
+                        prof.key.platform
+                    );
+                    None
+                }
+                Err(e) => {
+                    log::warn!("peerless: tuning profile not used: {e}");
+                    None
+                }
+            },
+            ProfileSource::Default => cached(platform, devices).or_else(|| shipped(platform)),
+        }
+    }
+}
+
+/// Where profiles are kept: `<cache dir>/tuning` (the kernels' cache convention:
+/// `PEERLESS_CACHE_DIR`, else `$XDG_CACHE_HOME/peerless`, else `~/.cache/peerless`).
+pub fn profile_dir() -> Option<PathBuf> {
+    let base = if let Some(d) = std::env::var_os("PEERLESS_CACHE_DIR") {
+        PathBuf::from(d)
+    } else if let Some(d) = std::env::var_os("XDG_CACHE_HOME") {
+        PathBuf::from(d).join("peerless")
+    } else {
+        PathBuf::from(std::env::var_os("HOME")?).join(".cache").join("peerless")
+    };
+    Some(base.join("tuning"))
+}
+
+/// Profiles read so far, by path, with the file's length and modification time (a file
+/// rewritten by a later `peerless tune` is read again).
+static LOADED: Mutex<BTreeMap<PathBuf, (u64, Option<std::time::SystemTime>, Arc<Profile>)>> =
+    Mutex::new(BTreeMap::new());
+
+/// Reads the profile at `path` (once per version of the file).
+pub fn load(path: &Path) -> Result<Arc<Profile>, String> {
+    let meta = std::fs::metadata(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let stamp = (meta.len(), meta.modified().ok());
+    let mut loaded = LOADED.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((len, time, p)) = loaded.get(path)
+        && (*len, *time) == stamp
+    {
+        return Ok(p.clone());
+    }
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let p = Arc::new(Profile::from_json(&text, &path.display().to_string())?);
+    loaded.insert(path.to_owned(), (stamp.0, stamp.1, p.clone()));
+    Ok(p)
+}
+
+/// The cache directory's profile for `platform` on `devices` devices of this version: the
+/// one whose key names that count, else the one of the nearest count.
+fn cached(platform: &str, devices: usize) -> Option<Arc<Profile>> {
+    let dir = profile_dir()?;
+    let entries = std::fs::read_dir(&dir).ok()?;
+    let prefix = format!("{platform}-");
+    let suffix = format!("-v{VERSION}.json");
+    let mut best: Option<(usize, Arc<Profile>)> = None;
+    for f in entries.flatten() {
+        let name = f.file_name().to_string_lossy().into_owned();
+        if !(name.starts_with(&prefix) && name.ends_with(&suffix)) {
+            continue;
+        }
+        match load(&f.path()) {
+            Ok(p) if p.key.platform == platform && p.peerless_version == VERSION => {
+                let d = p.key.devices.abs_diff(devices);
+                if best.as_ref().is_none_or(|(bd, _)| d < *bd) {
+                    best = Some((d, p));
+                }
+            }
+            Ok(_) => {}
+            Err(e) => log::warn!("peerless: tuning profile not used: {e}"),
+        }
+    }
+    best.map(|(_, p)| p)
+}
+
+/// The shipped XLA:CPU profile (`emitter/profiles/xla-cpu.json`).
+const SHIPPED_CPU: &str = include_str!("../profiles/xla-cpu.json");
+
+/// The shipped defaults for `platform`: XLA:CPU's, measured on the build machine (the file
+/// says where and when). CUDA has none yet: the flags' thresholds, measured on H100 / H200
+/// NVLink machines (docs/PERFORMANCE.md), decide there.
+pub fn shipped(platform: &str) -> Option<Arc<Profile>> {
+    static CPU: std::sync::OnceLock<Option<Arc<Profile>>> = std::sync::OnceLock::new();
+    match platform {
+        "cpu" => CPU
+            .get_or_init(|| match Profile::from_json(SHIPPED_CPU, "shipped xla-cpu") {
+                Ok(mut p) => {
+                    p.source = format!("shipped xla-cpu ({})", p.measured.date);
+                    Some(Arc::new(p))
+                }
+                Err(e) => {
+                    log::warn!("peerless: {e}");
+                    None
+                }
+            })
+            .clone(),
+        _ => None,
+    }
+}
+
+/// What the rules need of tuning for one run: the profile (if any) and whether the flags
+/// set the all-reduce thresholds explicitly.
+#[derive(Clone, Debug, Default)]
+pub struct Tuning {
+    pub profile: Option<Arc<Profile>>,
+    /// `one_shot_max_bytes` or `two_shot_max_bytes` was given: all-reduce follows them.
+    pub explicit_thresholds: bool,
+}
+
+impl Tuning {
+    /// No profile: the thresholds decide.
+    pub fn none() -> Tuning {
+        Tuning::default()
+    }
+
+    /// The profile, where it may decide `kind` under `flags`: backend `auto`, and for
+    /// all-reduce no explicit threshold.
+    pub fn for_kind(&self, kind: CollectiveKind, flags: &Flags) -> Option<&Profile> {
+        let p = self.profile.as_deref()?;
+        if !matches!(flags.backend_for(kind), Some((Backend::Auto, _))) {
+            return None;
+        }
+        if kind == CollectiveKind::AllReduce && self.explicit_thresholds {
+            return None;
+        }
+        Some(p)
+    }
+}
+
+/// How a pass configuration finds its profile: the source, the platform the profile must be
+/// for, and whether the flags set the all-reduce thresholds (then all-reduce follows them).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TuningConfig {
+    pub source: ProfileSource,
+    pub platform: String,
+    pub explicit_thresholds: bool,
+}
+
+impl TuningConfig {
+    /// The tuning of a module on `devices` devices.
+    pub fn resolve(&self, devices: usize) -> Tuning {
+        Tuning { profile: self.source.select(&self.platform, devices), explicit_thresholds: self.explicit_thresholds }
+    }
+}
+
+/// Whether a flags string (`--name=value ...`) sets one of the all-reduce thresholds.
+pub fn sets_thresholds(flags: &str) -> bool {
+    flags.split_whitespace().any(|f| {
+        let name = f.trim_start_matches('-').split('=').next().unwrap_or("");
+        matches!(name, "one_shot_max_bytes" | "two_shot_max_bytes")
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn profile() -> Profile {
+        let key = Key { platform: "cpu".into(), device_kind: "cpu".into(), devices: 8, links: "host".into() };
+        let mut p = Profile::new(key, Measured { date: "d".into(), machine: "m".into(), ..Default::default() });
+        p.source = "test".into();
+        let one = KernelAlgorithm::OneShotAllReduce.name();
+        let two = KernelAlgorithm::TwoShotAllReduce.name();
+        for (bytes, o, t, x) in
+            [(1024, 67.0, 80.0, 152.0), (65536, 364.0, 280.0, 243.0), (1 << 20, 1903.0, 1000.0, 1241.0)]
+        {
+            p.record("all-reduce", "f32", 8, bytes, one, o);
+            p.record("all-reduce", "f32", 8, bytes, two, t);
+            p.record("all-reduce", "f32", 8, bytes, XLA, x);
+        }
+        p.record("all-gather", "f16/bf16", 4, 1024, KernelAlgorithm::DirectAllGather.name(), 10.0);
+        p.record("all-gather", "f16/bf16", 4, 1024, XLA, 20.0);
+        p
+    }
+
+    #[test]
+    fn chooses_the_fastest_measured_and_says_why() {
+        let p = profile();
+        let both = [KernelAlgorithm::OneShotAllReduce, KernelAlgorithm::TwoShotAllReduce];
+        let c = p.choose(CollectiveKind::AllReduce, PrimitiveType::F32, 8, 1024, &both).unwrap();
+        assert_eq!(c.algorithm, Some(KernelAlgorithm::OneShotAllReduce));
+        assert_eq!(
+            c.reason,
+            "profile test: all-reduce f32 groups of 8 at 1 KiB: XLA 152 µs, one-shot 67 µs, two-shot 80 µs \
+             (measured at 1 KiB) -> one-shot"
+        );
+        let c = p.choose(CollectiveKind::AllReduce, PrimitiveType::F32, 8, 65536, &both).unwrap();
+        assert_eq!(c.algorithm, None, "{}", c.reason);
+        assert!(c.reason.ends_with("-> XLA"), "{}", c.reason);
+        // Two-shot wins at 1 MiB; with only the one-shot allowed, XLA does.
+        let c = p.choose(CollectiveKind::AllReduce, PrimitiveType::F32, 8, 1 << 20, &both).unwrap();
+        assert_eq!(c.algorithm, Some(KernelAlgorithm::TwoShotAllReduce));
+        let c = p.choose(CollectiveKind::AllReduce, PrimitiveType::F32, 8, 1 << 20, &both[..1]).unwrap();
+        assert_eq!(c.algorithm, None);
+        // Between measured sizes: interpolated, and said so; past the ends: the end point.
+        let c = p.choose(CollectiveKind::AllReduce, PrimitiveType::F32, 8, 4096, &both).unwrap();
+        assert!(c.reason.contains("(between 1 KiB and 64 KiB)"), "{}", c.reason);
+        let c = p.choose(CollectiveKind::AllReduce, PrimitiveType::F32, 8, 64, &both).unwrap();
+        assert!(c.reason.contains("(measured at 1 KiB)"), "{}", c.reason);
+        let c = p.choose(CollectiveKind::AllReduce, PrimitiveType::F32, 8, 4 << 20, &both).unwrap();
+        assert_eq!(c.algorithm, Some(KernelAlgorithm::TwoShotAllReduce));
+        // Unmeasured class and group: the nearest, named.
+        let c = p.choose(CollectiveKind::AllReduce, PrimitiveType::S32, 4, 1024, &both).unwrap();
+        assert!(c.reason.contains("f32 groups of 8 (nearest measured to int32, groups of 4)"), "{}", c.reason);
+        let c = p.choose(CollectiveKind::AllGather, PrimitiveType::Bf16, 4, 1024, &[KernelAlgorithm::DirectAllGather]);
+        assert_eq!(c.unwrap().algorithm, Some(KernelAlgorithm::DirectAllGather));
+        // A kernel within the margin of XLA: XLA's, and said so.
+        let mut q = p.clone();
+        q.record("all-to-all", "f32", 8, 1024, KernelAlgorithm::DirectAllToAll.name(), 97.0);
+        q.record("all-to-all", "f32", 8, 1024, XLA, 100.0);
+        let c = q.choose(CollectiveKind::AllToAll, PrimitiveType::F32, 8, 1024, &[KernelAlgorithm::DirectAllToAll]);
+        let c = c.unwrap();
+        assert_eq!(c.algorithm, None);
+        assert!(c.reason.ends_with("-> XLA (kernel within 5% of XLA)"), "{}", c.reason);
+        // Nothing measured for the op: no answer.
+        assert!(p.choose(CollectiveKind::AllToAll, PrimitiveType::F32, 8, 1024, &[]).is_none());
+    }
+
+    #[test]
+    fn json_round_trips_and_bad_files_are_errors() {
+        let p = profile();
+        let back = Profile::from_json(&p.to_json(), "test").unwrap();
+        assert_eq!(back, p);
+        assert!(Profile::from_json("{}", "x").unwrap_err().contains("not a tuning profile"));
+        let mut q = p.clone();
+        q.format = 99;
+        assert!(Profile::from_json(&q.to_json(), "x").unwrap_err().contains("format 99"));
+        assert_eq!(p.key.file_name(), format!("cpu-cpu-8dev-host-v{VERSION}.json"));
+    }
+
+    #[test]
+    fn flags_win_over_the_profile() {
+        let t = Tuning { profile: Some(Arc::new(profile())), explicit_thresholds: false };
+        let f = Flags::default();
+        assert!(t.for_kind(CollectiveKind::AllReduce, &f).is_some());
+        let f = Flags::parse("--all_reduce_backend=kernel --all_gather_backend=fallback").unwrap();
+        assert!(t.for_kind(CollectiveKind::AllReduce, &f).is_none());
+        assert!(t.for_kind(CollectiveKind::AllGather, &f).is_none());
+        assert!(t.for_kind(CollectiveKind::AllToAll, &f).is_some());
+        let t = Tuning { explicit_thresholds: true, ..t };
+        assert!(t.for_kind(CollectiveKind::AllReduce, &Flags::default()).is_none());
+        assert!(sets_thresholds("--x=1 --one_shot_max_bytes=5") && !sets_thresholds("--all_reduce_backend=auto"));
+    }
+
+    #[test]
+    fn the_shipped_cpu_profile_reads() {
+        let p = shipped("cpu").expect("shipped xla-cpu profile");
+        assert_eq!(p.key.platform, "cpu");
+        assert!(!p.entries.is_empty());
+        assert!(p.source.starts_with("shipped xla-cpu"));
+        assert!(shipped("cuda").is_none());
+    }
+}

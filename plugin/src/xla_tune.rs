@@ -1,0 +1,230 @@
+//! `peerless tune`: measures, through XLA as `peerless bench` does ([`crate::xla_bench`]),
+//! every Peerless algorithm of each collective kind against XLA's own path, per dtype class,
+//! group size and size, and writes the tuning profile the pass reads
+//! ([`emitter::tuning`]). Every row's result is checked before it is timed; a wrong result
+//! fails the tune (no profile is written from it).
+//!
+//! Per group size g (a module over the first g devices, one group of g): all-reduce as XLA's,
+//! forced onto the one-shot kernel and forced onto the two-shot kernel at every size; the
+//! other kinds as XLA's and as the pass without a profile decides (their direct kernel).
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+
+use emitter::tuning::{Key, Measured, Profile, XLA, dtype_class};
+use hlo::PrimitiveType;
+
+use crate::xla_bench::{self, Check, Dtype, Impl, Op, Row};
+
+/// What to measure.
+#[derive(Clone, Debug)]
+pub struct TuneOptions {
+    /// XLA's plugin (as `peerless bench`).
+    pub plugin: Option<PathBuf>,
+    /// Devices of the profile's key (default: the CPU plugin 8; GPUs all, at most 8).
+    pub devices: Option<usize>,
+    /// Group sizes to measure (default: the device count).
+    pub groups: Vec<usize>,
+    pub min_bytes: usize,
+    pub max_bytes: usize,
+    pub step: usize,
+    pub samples: usize,
+    /// Each sample runs executes for about this long.
+    pub sample_ms: f64,
+    pub chain: usize,
+    pub ops: Vec<Op>,
+    pub dtypes: Vec<Dtype>,
+    /// Where to write the profile (default: the cache's `tuning/` directory).
+    pub out_dir: Option<PathBuf>,
+    /// Recorded in the profile: the command line and the machine.
+    pub command: String,
+    pub machine: String,
+}
+
+impl Default for TuneOptions {
+    fn default() -> Self {
+        TuneOptions {
+            plugin: None,
+            devices: None,
+            groups: Vec::new(),
+            min_bytes: 1024,
+            max_bytes: 4 << 20,
+            step: 4,
+            samples: 15,
+            sample_ms: 5.0,
+            chain: 8,
+            ops: Op::ALL.to_vec(),
+            dtypes: vec![Dtype::F32, Dtype::Bf16],
+            out_dir: None,
+            command: String::new(),
+            machine: String::new(),
+        }
+    }
+}
+
+impl TuneOptions {
+    /// A short tune (CI): groups of the device count, f32, three sizes, 2 samples of ~2 ms.
+    pub fn quick(mut self) -> Self {
+        self.min_bytes = 1024;
+        self.max_bytes = 64 << 10;
+        self.step = 8;
+        self.samples = 2;
+        self.sample_ms = 2.0;
+        self.chain = 4;
+        self.dtypes = vec![Dtype::F32];
+        self
+    }
+}
+
+/// What a tune found.
+#[derive(Debug)]
+pub struct TuneReport {
+    pub profile: Profile,
+    /// Where the profile was written.
+    pub path: PathBuf,
+    /// Every measured row.
+    pub rows: Vec<Row>,
+}
+
+fn primitive(d: Dtype) -> PrimitiveType {
+    match d {
+        Dtype::F32 => PrimitiveType::F32,
+        Dtype::Bf16 => PrimitiveType::Bf16,
+    }
+}
+
+/// The implementation name a checked row is recorded under, if it is one the profile keeps.
+fn recorded_name(r: &Row) -> Option<String> {
+    match r.imp {
+        Impl::Xla => Some(XLA.to_owned()),
+        Impl::OneShot => Some(thunks::KernelAlgorithm::OneShotAllReduce.name().to_owned()),
+        Impl::TwoShot => Some(thunks::KernelAlgorithm::TwoShotAllReduce.name().to_owned()),
+        Impl::Peerless if !r.decisions.is_empty() && r.decisions.iter().all(|d| d.kernel) => {
+            // "kernel (direct all-gather)" → "direct all-gather".
+            let i = &r.decisions[0].implementation;
+            Some(i.strip_prefix("kernel (").and_then(|s| s.strip_suffix(')')).unwrap_or(i).to_owned())
+        }
+        _ => None,
+    }
+}
+
+/// Runs the tune and writes the profile; `progress` gets a line per row.
+pub fn run(opts: &TuneOptions, progress: &mut dyn FnMut(&str)) -> Result<TuneReport, String> {
+    let path = crate::xla_run::find_plugin(opts.plugin.as_deref())?;
+    let platform = crate::xla_run::platform_of(&path);
+    let devices = opts.devices.unwrap_or(8);
+    let groups = if opts.groups.is_empty() { vec![devices] } else { opts.groups.clone() };
+    if let Some(g) = groups.iter().find(|&&g| g < 2 || g > devices) {
+        return Err(format!("group size {g}: groups of 2..={devices} devices can be measured"));
+    }
+    let key = Key {
+        platform: platform.to_owned(),
+        device_kind: if platform == "cpu" { "cpu".into() } else { "gpu".into() },
+        devices,
+        links: if platform == "cpu" { "host".into() } else { "peer".into() },
+    };
+    let date = crate::xla_tune::today();
+    let measured = Measured { date, machine: opts.machine.clone(), command: opts.command.clone(), note: String::new() };
+    let mut profile = Profile::new(key, measured);
+    let mut rows = Vec::new();
+    let reduce: Vec<Op> = opts.ops.iter().copied().filter(|&o| o == Op::AllReduce).collect();
+    let others: Vec<Op> = opts.ops.iter().copied().filter(|&o| o != Op::AllReduce).collect();
+    let plan = [(reduce, vec![Impl::Xla, Impl::OneShot, Impl::TwoShot]), (others, vec![Impl::Xla, Impl::Peerless])];
+    for &g in &groups {
+        for (ops, impls) in &plan {
+            if ops.is_empty() {
+                continue;
+            }
+            let bench = xla_bench::Options {
+                plugin: Some(path.clone()),
+                devices: Some(g),
+                min_bytes: opts.min_bytes,
+                max_bytes: opts.max_bytes,
+                step: opts.step,
+                samples: opts.samples,
+                iters: 1,
+                chain: opts.chain,
+                ops: ops.clone(),
+                dtypes: opts.dtypes.clone(),
+                impls: impls.clone(),
+                flags: String::new(),
+                sample_ms: Some(opts.sample_ms),
+            };
+            let report = xla_bench::run(&bench, &mut |line| progress(&format!("tune groups of {g}: {line}")))?;
+            for r in report.rows {
+                if let Check::Error(e) = &r.check {
+                    return Err(format!(
+                        "{} {} {} B {} on {g} devices failed its check: {e}",
+                        r.op.name(),
+                        r.dtype.name(),
+                        r.bytes,
+                        r.imp.name()
+                    ));
+                }
+                if let (Some(us), Some(name)) = (r.us, recorded_name(&r)) {
+                    profile.record(r.op.name(), &dtype_class(primitive(r.dtype)), g, r.bytes, &name, us);
+                }
+                rows.push(r);
+            }
+        }
+    }
+    let dir = match &opts.out_dir {
+        Some(d) => d.clone(),
+        None => emitter::tuning::profile_dir().ok_or("no cache directory (set PEERLESS_CACHE_DIR or HOME)")?,
+    };
+    let path = profile.save(&dir)?;
+    profile.source = path.display().to_string();
+    Ok(TuneReport { profile, path, rows })
+}
+
+/// The crossovers of a profile as a Markdown table: per entry and size, each measured
+/// implementation's µs and the fastest.
+pub fn crossovers(p: &Profile) -> String {
+    let mut t = String::new();
+    let _ = writeln!(t, "| op | dtype | group | bytes/device | µs per collective | fastest | vs XLA |");
+    let _ = writeln!(t, "|---|---|---:|---:|---|---|---:|");
+    for e in &p.entries {
+        for pt in &e.points {
+            let figs: Vec<String> = pt.us.iter().map(|(k, v)| format!("{k} {v:.1}")).collect();
+            let best = pt.us.iter().min_by(|a, b| a.1.total_cmp(b.1));
+            let (name, us) = best.map_or(("—", 0.0), |(k, v)| (k.as_str(), *v));
+            let ratio = pt.us.get(XLA).map_or_else(|| "—".into(), |x| format!("{:.2}", us / x));
+            let _ = writeln!(
+                t,
+                "| {} | {} | {} | {} | {} | {name} | {ratio} |",
+                e.op,
+                e.dtype,
+                e.group,
+                pt.bytes,
+                figs.join(", ")
+            );
+        }
+    }
+    t
+}
+
+/// Today's date (UTC), `YYYY-MM-DD`.
+pub fn today() -> String {
+    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    // Civil from days (Howard Hinnant's algorithm).
+    let z = (secs / 86_400) as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}-{m:02}-{d:02}")
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn today_is_a_date() {
+        let d = super::today();
+        assert_eq!(d.len(), 10, "{d}");
+        assert!(d.starts_with("20"), "{d}");
+    }
+}

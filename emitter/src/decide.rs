@@ -19,9 +19,7 @@
 //!
 //! With a backend flag of `kernel`, a rule that says "fallback" is an error instead.
 
-use std::fmt;
-
-use hlo::analysis::{self, DeviceMode, ReductionKind};
+use hlo::analysis::{self, ReductionKind};
 use hlo::{InstrId, Instruction, Module, PrimitiveType};
 use thunks::{CollectiveConfig, CollectiveKind, CollectiveOp, Decision, KernelAlgorithm, fmt_groups};
 
@@ -33,36 +31,6 @@ use crate::{EmitError, kernel_accepts_dtype};
 /// Most members a group may have for a kernel: the kernels keep one peer pointer per
 /// member (XLA's `kMaxNumAllReduceInputPtrs = 8`, collective_anchors.md §1 "Limits").
 pub const MAX_GROUP_SIZE: usize = 8;
-
-/// One collective of a module and what the emitter decided for it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PlannedCollective {
-    /// The instruction's name.
-    pub instr: String,
-    pub instr_id: InstrId,
-    pub op: CollectiveOp,
-    /// The operand's element type.
-    pub dtype: PrimitiveType,
-    /// Operand bytes per device.
-    pub bytes: usize,
-    pub groups: Vec<Vec<usize>>,
-    pub decision: Decision,
-}
-
-impl fmt::Display for PlannedCollective {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{}: {} {} {} B groups={} -> {}",
-            self.instr,
-            self.op,
-            self.dtype,
-            self.bytes,
-            fmt_groups(&self.groups),
-            self.decision
-        )
-    }
-}
 
 fn invalid(ins: &Instruction, message: String) -> EmitError {
     EmitError::InvalidCollective { instr: ins.name.clone(), message }
@@ -344,74 +312,10 @@ pub fn decide_tuned(
     Ok((cfg, decision))
 }
 
-/// Decides every collective of `module` (in computation, then program order) on
-/// `num_devices` devices in `mode`, with the host backend's peer table for
-/// `flags.host_topology`. Each decision is logged at `info`.
-pub fn plan(
-    module: &Module,
-    num_devices: usize,
-    mode: DeviceMode,
-    flags: &Flags,
-) -> Result<Vec<PlannedCollective>, EmitError> {
-    let (num_replicas, num_partitions) = mode.counts(num_devices);
-    let peers = PeerAccessTable::for_host_topology(num_devices, &flags.host_topology);
-    plan_with_peers(module, num_replicas, num_partitions, flags, &peers)
-}
-
-/// [`plan`] with a tuning profile (`peerless check`: what the pass would decide).
-pub fn plan_tuned(
-    module: &Module,
-    num_devices: usize,
-    mode: DeviceMode,
-    flags: &Flags,
-    tuning: &Tuning,
-) -> Result<Vec<PlannedCollective>, EmitError> {
-    let (num_replicas, num_partitions) = mode.counts(num_devices);
-    let peers = PeerAccessTable::for_host_topology(num_devices, &flags.host_topology);
-    plan_inner(module, num_replicas, num_partitions, flags, tuning, &peers)
-}
-
-/// [`plan`] with an explicit device layout and peer table (a hardware backend's).
-pub fn plan_with_peers(
-    module: &Module,
-    num_replicas: usize,
-    num_partitions: usize,
-    flags: &Flags,
-    peers: &PeerAccessTable,
-) -> Result<Vec<PlannedCollective>, EmitError> {
-    plan_inner(module, num_replicas, num_partitions, flags, &Tuning::none(), peers)
-}
-
-fn plan_inner(
-    module: &Module,
-    num_replicas: usize,
-    num_partitions: usize,
-    flags: &Flags,
-    tuning: &Tuning,
-    peers: &PeerAccessTable,
-) -> Result<Vec<PlannedCollective>, EmitError> {
-    let mut out = Vec::new();
-    for id in module.collectives() {
-        let (cfg, decision) =
-            decide_tuned(module, id, num_replicas, num_partitions, flags, tuning, peers, Capabilities::default())?;
-        let planned = PlannedCollective {
-            instr: module.instr(id).name.clone(),
-            instr_id: id,
-            op: cfg.op,
-            dtype: cfg.element_type,
-            bytes: cfg.bytes_per_device,
-            groups: cfg.groups,
-            decision,
-        };
-        log::info!("collective {planned}");
-        out.push(planned);
-    }
-    Ok(out)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use hlo::analysis::DeviceMode;
     use hlo::{Attrs, CompId, Computation, ModuleConfig, Opcode, ReplicaGroups, Shape};
     use thunks::Implementation;
 
@@ -527,6 +431,22 @@ mod tests {
     }
 
     const ALL4: &[&[i64]] = &[&[0, 1, 2, 3]];
+
+    /// Every collective of `m` decided (`-done` halves are decided with their start), with the
+    /// peer table of `flags.host_topology`: what a caller of [`decide`] does for a module.
+    pub(super) fn plan(
+        m: &Module,
+        n: usize,
+        mode: DeviceMode,
+        flags: &Flags,
+    ) -> Result<Vec<(String, CollectiveConfig, Decision)>, EmitError> {
+        let (replicas, partitions) = mode.counts(n);
+        let peers = PeerAccessTable::for_host_topology(n, &flags.host_topology);
+        m.collectives()
+            .into_iter()
+            .map(|id| decide(m, id, replicas, partitions, flags, &peers).map(|(c, d)| (m.instr(id).name.clone(), c, d)))
+            .collect()
+    }
 
     /// A profile over groups of 4: all-reduce one-shot at 16 B, XLA at 1 KiB, two-shot at
     /// 64 KiB; all-gather XLA everywhere.
@@ -798,7 +718,7 @@ mod tests {
     }
 
     #[test]
-    fn plan_covers_every_collective_but_not_done_halves() {
+    fn every_collective_is_decided_but_not_done_halves() {
         let mut b = B::new();
         let r = b.reducer(Opcode::Add, PrimitiveType::F32);
         let p = b.param("p", arr(PrimitiveType::F32, &[2]));
@@ -813,16 +733,15 @@ mod tests {
         b.op("bc", Opcode::CollectiveBroadcast, arr(PrimitiveType::F32, &[2]), &[p], bc);
         let m = b.finish();
         let planned = plan(&m, 4, DeviceMode::Partition, &Flags::default()).unwrap();
-        let names: Vec<&str> = planned.iter().map(|p| p.instr.as_str()).collect();
+        let names: Vec<&str> = planned.iter().map(|p| p.0.as_str()).collect();
         assert_eq!(names, ["ar", "ags", "bc"]);
-        assert_eq!(planned[0].decision.implementation, Implementation::Kernel(KernelAlgorithm::OneShotAllReduce));
-        assert_eq!((planned[1].dtype, planned[1].bytes), (PrimitiveType::F32, 8));
-        assert_eq!(planned[1].groups, vec![vec![0, 1, 2, 3]]);
-        assert_eq!(planned[2].decision, Decision::fallback("no Peerless kernel for collective-broadcast"));
+        assert_eq!(planned[0].2.implementation, Implementation::Kernel(KernelAlgorithm::OneShotAllReduce));
+        assert_eq!((planned[1].1.element_type, planned[1].1.bytes_per_device), (PrimitiveType::F32, 8));
+        assert_eq!(planned[1].1.groups, vec![vec![0, 1, 2, 3]]);
+        assert_eq!(planned[2].2, Decision::fallback("no Peerless kernel for collective-broadcast"));
         assert_eq!(
-            planned[0].to_string(),
-            "ar: all-reduce f32 8 B groups={{0,1,2,3}} -> kernel (one-shot all-reduce): \
-             8 bytes <= one_shot_max_bytes=262144 sum, 1 groups of 4"
+            planned[0].2.to_string(),
+            "kernel (one-shot all-reduce): 8 bytes <= one_shot_max_bytes=262144 sum, 1 groups of 4"
         );
         // Invalid groups for the device count are errors naming the instruction.
         let e = plan(&m, 8, DeviceMode::Partition, &Flags::default()).unwrap_err();
@@ -830,7 +749,7 @@ mod tests {
         assert!(e.to_string().contains("device 4 is in no group"), "{e}");
         // Replica mode with flattened ids on 4 replicas gives the same groups.
         let planned = plan(&m, 4, DeviceMode::Replica, &Flags::default()).unwrap();
-        assert_eq!(planned[0].groups, vec![vec![0, 1, 2, 3]]);
+        assert_eq!(planned[0].1.groups, vec![vec![0, 1, 2, 3]]);
         // A -done half is not decided on its own.
         let done = m.entry().instrs[3];
         let e = decide(&m, done, 1, 4, &Flags::default(), &PeerAccessTable::full(4, "t")).unwrap_err();
@@ -842,6 +761,7 @@ mod tests {
 #[cfg(test)]
 mod text_tests {
     use super::*;
+    use hlo::analysis::DeviceMode;
     use thunks::Implementation;
 
     const MODULE: &str = r#"
@@ -865,17 +785,17 @@ ENTRY e {
 "#;
 
     #[test]
-    fn plans_a_parsed_module() {
+    fn decides_a_parsed_module() {
         let m = hlo::parse_text("m.hlo", MODULE).unwrap();
         let flags = Flags::parse("--host_topology=pairs:0-1,2-3").unwrap();
-        let planned = plan(&m, 4, DeviceMode::Partition, &flags).unwrap();
-        let got: Vec<(&str, &Decision)> = planned.iter().map(|p| (p.instr.as_str(), &p.decision)).collect();
+        let planned = super::tests::plan(&m, 4, DeviceMode::Partition, &flags).unwrap();
+        let got: Vec<(&str, &Decision)> = planned.iter().map(|p| (p.0.as_str(), &p.2)).collect();
         assert_eq!(got.len(), 3, "{got:?}");
         assert_eq!(got[0].0, "ar");
-        assert_eq!(planned[0].groups, vec![vec![0, 1], vec![2, 3]]);
+        assert_eq!(planned[0].1.groups, vec![vec![0, 1], vec![2, 3]]);
         assert_eq!(got[0].1.implementation, Implementation::Kernel(KernelAlgorithm::OneShotAllReduce));
         assert_eq!(got[1].0, "ags");
-        assert_eq!(planned[1].dtype, PrimitiveType::F8E4M3FN);
+        assert_eq!(planned[1].1.element_type, PrimitiveType::F8E4M3FN);
         assert!(got[1].1.reason.starts_with("dtype guard: operand element type f8e4m3fn"), "{got:?}");
         assert_eq!(
             got[2],
@@ -883,8 +803,8 @@ ENTRY e {
         );
         // The other pairing cuts every link the collectives need.
         let flags = Flags::parse("--host_topology=pairs:0-2,1-3").unwrap();
-        let planned = plan(&m, 4, DeviceMode::Partition, &flags).unwrap();
-        assert_eq!(planned[0].decision, Decision::fallback("no peer access 0↔1 (host_topology pairs:0-2,1-3)"));
-        assert_eq!(planned[2].decision, Decision::fallback("no peer access 0↔1 (host_topology pairs:0-2,1-3)"));
+        let planned = super::tests::plan(&m, 4, DeviceMode::Partition, &flags).unwrap();
+        assert_eq!(planned[0].2, Decision::fallback("no peer access 0↔1 (host_topology pairs:0-2,1-3)"));
+        assert_eq!(planned[2].2, Decision::fallback("no peer access 0↔1 (host_topology pairs:0-2,1-3)"));
     }
 }

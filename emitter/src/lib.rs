@@ -18,10 +18,7 @@ use std::fmt;
 
 use hlo::PrimitiveType;
 
-pub use decide::{
-    Capabilities, MAX_GROUP_SIZE, PlannedCollective, decide, decide_tuned, decide_with, plan, plan_tuned,
-    plan_with_peers,
-};
+pub use decide::{Capabilities, MAX_GROUP_SIZE, decide, decide_tuned, decide_with};
 pub use flags::{Backend, FLAGS, FlagSpec, Flags, HostTopology, flags_help};
 pub use hlo::analysis::DeviceMode;
 pub use peers::{PeerAccessTable, PeerTableKey};

@@ -51,7 +51,7 @@ struct Wrapped {
     plugin: InnerPlugin,
     table: *const c_void,
     own_errors: bool,
-    /// The Peerless platform of the inner plugin's devices ("cpu", "cuda").
+    /// The Peerless platform of the inner plugin's devices ("cpu", "cuda", "rocm").
     platform: &'static str,
 }
 
@@ -62,13 +62,17 @@ unsafe impl Sync for Wrapped {}
 
 static INNER: OnceLock<Result<Wrapped, String>> = OnceLock::new();
 
-/// The Peerless platform whose handlers the inner plugin gets: "cuda" for XLA's CUDA plugin
-/// (`PEERLESS_XLA_PLATFORM`, else the file name), "cpu" otherwise.
+/// The Peerless platform whose handlers the inner plugin gets: "cuda" for XLA's CUDA plugin,
+/// "rocm" for XLA's ROCm plugin (`xla_rocm_plugin.so`; its handlers need a library built with
+/// the cargo feature `rocm`), by `PEERLESS_XLA_PLATFORM`, else the file name; "cpu" otherwise.
 pub fn platform_of(path: &std::path::Path) -> &'static str {
+    let named = |what: &str| path.file_name().is_some_and(|n| n.to_string_lossy().contains(what));
     match std::env::var("PEERLESS_XLA_PLATFORM").as_deref() {
         Ok("cuda") => "cuda",
+        Ok("rocm") => "rocm",
         Ok(_) => "cpu",
-        Err(_) if path.file_name().is_some_and(|n| n.to_string_lossy().contains("cuda")) => "cuda",
+        Err(_) if named("cuda") => "cuda",
+        Err(_) if named("rocm") => "rocm",
         Err(_) => "cpu",
     }
 }
@@ -82,7 +86,7 @@ fn load(path: PathBuf) -> Result<Wrapped, String> {
     // freed with the executable, set up outside command-buffer capture) and says so here.
     let by_python = std::env::var("PEERLESS_XLA_HANDLERS").as_deref() == Ok("python");
     let xla_platform = if by_python {
-        if platform == "cuda" { "CUDA" } else { "Host" }
+        crate::xla_handlers::xla_platform(platform)
     } else {
         crate::xla_handlers::register_in(&inner, platform)?
     };

@@ -41,7 +41,8 @@ export ROCM_PATH=${ROCM_PATH:-/usr}
 step "ROCm: clippy and tests of the rocm feature (ROCM_PATH=$ROCM_PATH)"
 cargo clippy -p peerless-ffi -p peerless-kernels -p peerless-emitter -p peerless-plugin -p peerless-pjrt \
   --features peerless-kernels/rocm,peerless-plugin/rocm --all-targets --locked -- -D warnings
-cargo test -p peerless-ffi -p peerless-kernels --features peerless-kernels/rocm --locked --lib --test rocm_hiprtc
+cargo test -p peerless-ffi -p peerless-kernels -p peerless-plugin --features peerless-kernels/rocm,peerless-plugin/rocm \
+  --locked --lib --test rocm_hiprtc
 
 step "ROCm: every kernel source compiles with hipcc (scripts/hip_check.sh)"
 scripts/hip_check.sh

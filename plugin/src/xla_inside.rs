@@ -379,6 +379,21 @@ mod tests {
     }
 
     #[test]
+    fn rocm_is_a_platform_exactly_when_built_with_it() {
+        // No AMD GPU needed: the pass's configuration opens no GPU (its peer table is lazy).
+        let handlers =
+            thunks::custom_call::TARGETS.iter().all(|&(_, t)| crate::xla_handlers::handler("rocm", t).is_some());
+        assert_eq!(handlers, cfg!(feature = "rocm"));
+        assert_eq!(crate::xla_handlers::xla_platform("rocm"), "ROCM");
+        match pass_config("rocm", "", "") {
+            Ok(_) => assert!(handlers, "the pass takes rocm only with its handlers"),
+            Err(e) => assert!(!handlers && e.contains("feature `rocm`"), "{e}"),
+        }
+        assert_eq!(set_topology("rocm", "").is_ok(), cfg!(feature = "rocm"));
+        assert_eq!(crate::wrap::platform_of(std::path::Path::new("/x/xla_rocm7/xla_rocm_plugin.so")), "rocm");
+    }
+
+    #[test]
     fn the_handlers_learn_the_job_from_the_process() {
         use thunks::ffi_handler::CollectiveRuntime;
         // What a cache-loaded executable needs, without any pass: the token, and on CUDA

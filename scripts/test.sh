@@ -34,13 +34,15 @@ step "cargo test"
 cargo test --workspace --locked
 
 # ROCm without AMD hardware: the rocm feature (off by default) is linted and its tests run
-# (hipRTC compiles every kernel source for gfx90a through Debian's libamdhip64), and hipcc
+# (hipRTC compiles every kernel source for gfx90a through Debian's libamdhip64; the generic
+# GPU runtime's unit tests for HIP), the plugin with the ROCm handlers is linted, and hipcc
 # compiles every kernel source. Debian installs ROCm under /usr.
 export ROCM_PATH=${ROCM_PATH:-/usr}
 step "ROCm: clippy and tests of the rocm feature (ROCM_PATH=$ROCM_PATH)"
-cargo clippy -p peerless-ffi -p peerless-kernels -p peerless-emitter --features peerless-kernels/rocm \
-  --all-targets --locked -- -D warnings
-cargo test -p peerless-ffi -p peerless-kernels --features peerless-kernels/rocm --locked --lib --test rocm_hiprtc
+cargo clippy -p peerless-ffi -p peerless-kernels -p peerless-emitter -p peerless-plugin -p peerless-pjrt \
+  --features peerless-kernels/rocm,peerless-plugin/rocm --all-targets --locked -- -D warnings
+cargo test -p peerless-ffi -p peerless-kernels -p peerless-plugin --features peerless-kernels/rocm,peerless-plugin/rocm \
+  --locked --lib --test rocm_hiprtc
 
 step "ROCm: every kernel source compiles with hipcc (scripts/hip_check.sh)"
 scripts/hip_check.sh

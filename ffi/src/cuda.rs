@@ -491,7 +491,7 @@ impl Drop for DeviceBuffer {
 }
 
 /// Bytes of a CUDA IPC memory handle (`CUipcMemHandle`).
-pub const IPC_HANDLE_BYTES: usize = 64;
+pub const IPC_HANDLE_BYTES: usize = crate::gpu::IPC_HANDLE_BYTES;
 
 impl DeviceBuffer {
     /// The allocation's IPC handle: another process of the host opens it with
@@ -557,3 +557,50 @@ impl Drop for IpcMapping {
 pub struct Cuda;
 
 crate::gpu::forward_gpu!(Cuda, name: "cuda", ccl: "NCCL", units: sm_count, alloc: zeroed);
+
+impl crate::gpu::Interop for Cuda {
+    type HostMapped = HostMapped;
+    type IpcMapping = IpcMapping;
+    type ForeignStream = ForeignStream;
+
+    fn device_count() -> Result<usize> {
+        device_count()
+    }
+    fn free_memory(ctx: &Context) -> Result<usize> {
+        Ok(ctx.memory_info()?.0)
+    }
+    fn buffer_len(buf: &DeviceBuffer) -> usize {
+        buf.len
+    }
+    fn ipc_handle(buf: &DeviceBuffer) -> Result<[u8; IPC_HANDLE_BYTES]> {
+        buf.ipc_handle()
+    }
+    fn ipc_open(ctx: &Context, handle: &[u8; IPC_HANDLE_BYTES]) -> Result<IpcMapping> {
+        IpcMapping::open(ctx, handle)
+    }
+    fn ipc_ptr(m: &IpcMapping) -> u64 {
+        m.ptr
+    }
+    fn host_mapped(ctx: &Context, words: usize) -> Result<HostMapped> {
+        HostMapped::new(ctx, words)
+    }
+    fn host_mapped_device_ptr(h: &HostMapped) -> u64 {
+        h.device_ptr
+    }
+    fn host_mapped_load(h: &HostMapped, i: usize) -> u32 {
+        h.load(i)
+    }
+    fn host_mapped_store(h: &HostMapped, i: usize, v: u32) {
+        h.store(i, v)
+    }
+    unsafe fn foreign_stream(raw: *mut c_void, ordinal: usize) -> ForeignStream {
+        // SAFETY: the caller's contract is `ForeignStream::new`'s.
+        unsafe { ForeignStream::new(raw, ordinal) }
+    }
+    unsafe fn copy_d2d_async(stream: &Stream, dst: u64, src: u64, len: usize) -> Result<()> {
+        stream.copy_d2d(dst, src, len)
+    }
+    unsafe fn memset_async(stream: &Stream, dst: u64, v: u8, len: usize) -> Result<()> {
+        stream.memset_u8(dst, v, len)
+    }
+}

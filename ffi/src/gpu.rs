@@ -7,9 +7,10 @@
 //! copied per vendor. Each method is a thin call into the vendor's result layer, so errors
 //! still name the vendor call and the device.
 //!
-//! What is not here, because only one vendor's runtime needs it so far: CUDA's IPC handles,
-//! host-mapped memory and foreign (XLA's) streams (`kernels::cuda::xla`), and HIP's
-//! `gcnArchName` (read in `kernels::rocm`).
+//! [`Interop`] adds what the runtime behind XLA's FFI handlers (`kernels::gpu::xla`) needs on
+//! top: IPC handles of allocations and their mappings in other processes, host-mapped memory,
+//! XLA's (foreign) streams with stream-ordered copies and fills, and the free-memory query.
+//! HIP's `gcnArchName` is not here (read in `kernels::rocm`).
 
 use std::ffi::c_void;
 use std::fmt::Debug;
@@ -82,6 +83,67 @@ pub trait Gpu: Debug + Send + Sync + 'static {
     fn read(buf: &Self::Buffer, out: &mut [u8]) -> Result<()>;
     /// Copies `data` to the buffer's first bytes (synchronous).
     fn write(buf: &Self::Buffer, data: &[u8]) -> Result<()>;
+}
+
+/// Bytes of an IPC memory handle: `CUipcMemHandle` and `hipIpcMemHandle_t` are both a
+/// 64-byte `reserved` array.
+pub const IPC_HANDLE_BYTES: usize = 64;
+
+/// What a runtime living inside another library's executor (XLA's FFI handlers) needs from a
+/// device layer beyond [`Gpu`]: buffers that other processes of the host can open (IPC),
+/// page-locked host words a kernel writes and the host reads without synchronising, the
+/// other library's streams (borrowed, never destroyed) with stream-ordered copies and fills,
+/// and each device's free memory. Implemented by [`crate::cuda::Cuda`] (the CUDA driver) and,
+/// with feature `rocm`, [`crate::hip::Hip`] (HIP's documented runtime API).
+pub trait Interop: Gpu {
+    /// Page-locked host memory mapped into a device's address space, freed on drop.
+    type HostMapped: Debug + Send + Sync;
+    /// Another process's allocation opened from its IPC handle, closed on drop.
+    type IpcMapping: Debug + Send + Sync;
+    /// A stream another library owns, borrowed for one call: it launches like a
+    /// [`Gpu::Stream`] and is never destroyed here.
+    type ForeignStream: Debug + std::ops::Deref<Target = Self::Stream>;
+
+    /// Number of visible devices (an error where the runtime library cannot be loaded).
+    fn device_count() -> Result<usize>;
+    /// Free device memory of `ctx`'s device, in bytes.
+    fn free_memory(ctx: &Self::Context) -> Result<usize>;
+    /// The buffer's length in bytes, as asked for.
+    fn buffer_len(buf: &Self::Buffer) -> usize;
+    /// The allocation's IPC handle, which another process of the host opens with
+    /// [`Interop::ipc_open`] while this buffer lives.
+    fn ipc_handle(buf: &Self::Buffer) -> Result<[u8; IPC_HANDLE_BYTES]>;
+    /// Opens another process's `handle` on `ctx`'s device (peer access to the allocation's
+    /// device enabled lazily). Fails in the process that exported it.
+    fn ipc_open(ctx: &Self::Context, handle: &[u8; IPC_HANDLE_BYTES]) -> Result<Self::IpcMapping>;
+    /// The mapping's device address in this process.
+    fn ipc_ptr(m: &Self::IpcMapping) -> u64;
+    /// `words` zeroed 32-bit words (at least one) of host memory mapped into `ctx`'s device.
+    fn host_mapped(ctx: &Self::Context, words: usize) -> Result<Self::HostMapped>;
+    /// The device address of the mapped words.
+    fn host_mapped_device_ptr(h: &Self::HostMapped) -> u64;
+    /// Reads word `i` (a device may be writing it). Panics if `i` is out of range.
+    fn host_mapped_load(h: &Self::HostMapped, i: usize) -> u32;
+    /// Writes word `i`. Panics if `i` is out of range.
+    fn host_mapped_store(h: &Self::HostMapped, i: usize, v: u32);
+    /// Borrows the raw stream `raw` of device `ordinal`.
+    ///
+    /// # Safety
+    /// `raw` is a live stream of device `ordinal` (or null, the default stream) that outlives
+    /// the value.
+    unsafe fn foreign_stream(raw: *mut c_void, ordinal: usize) -> Self::ForeignStream;
+    /// Enqueues a device-to-device copy of `len` bytes on `stream` (same or peer device,
+    /// unified addressing).
+    ///
+    /// # Safety
+    /// `dst` and `src` are device allocations of at least `len` bytes that stay valid until
+    /// the copy completes.
+    unsafe fn copy_d2d_async(stream: &Self::Stream, dst: u64, src: u64, len: usize) -> Result<()>;
+    /// Enqueues a fill of `len` bytes with `v` on `stream`.
+    ///
+    /// # Safety
+    /// `dst` is a device allocation of at least `len` bytes, valid until the fill completes.
+    unsafe fn memset_async(stream: &Self::Stream, dst: u64, v: u8, len: usize) -> Result<()>;
 }
 
 /// Implements [`Gpu`] for a vendor module's marker type by forwarding to that module's owners

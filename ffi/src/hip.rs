@@ -1,6 +1,11 @@
 //! The HIP runtime (feature `rocm`), bound directly and loaded at run time (sys → result →
 //! owners, like [`crate::cuda`]): devices, streams, events, plain and fine-grained device
-//! allocations, peer access, and code-object modules with kernel launches.
+//! allocations, peer access, and code-object modules with kernel launches; and for the
+//! runtime behind XLA's FFI handlers ([`crate::gpu::Interop`]): IPC handles of allocations
+//! and their mappings in other processes ([`DeviceBuffer::ipc_handle`], [`IpcMapping`]),
+//! host-mapped memory ([`HostMapped`]), XLA's streams ([`ForeignStream`]) and the free-memory
+//! query. Each signature is written from HIP's documented runtime API (`hip_runtime_api.h`);
+//! none of these has run on an AMD GPU (docs/ROCM.md).
 //!
 //! Why not `hip-rs`: its build script runs bindgen over `hipblas/hipblas.h` and links
 //! `libhipblas` and `libamdhip64` at build time, so it cannot even type-check against Debian's
@@ -30,6 +35,13 @@ const STREAM_NON_BLOCKING: c_uint = 1;
 /// `hipDeviceMallocFinegrained` (`hipExtMallocWithFlags`): coherent across devices while
 /// kernels run, which cross-device signal flags need.
 const MALLOC_FINE_GRAINED: c_uint = 1;
+/// `hipIpcMemLazyEnablePeerAccess` (`hipIpcOpenMemHandle`'s only flag).
+const IPC_MEM_LAZY_ENABLE_PEER_ACCESS: c_uint = 0x1;
+/// `hipHostMallocPortable | hipHostMallocMapped | hipHostMallocCoherent`: pinned host memory
+/// of every device, mapped into their address spaces, and coherent (a kernel's system-scope
+/// store is visible to the host without synchronising, which the timeout report word needs;
+/// without the flag the default depends on `HIP_HOST_COHERENT`).
+const HOST_MALLOC_MAPPED: c_uint = 0x1 | 0x2 | 0x4000_0000;
 /// `hipMemcpyKind`.
 const H2D: c_int = 1;
 const D2H: c_int = 2;
@@ -40,6 +52,14 @@ pub const ATTR_MULTIPROCESSOR_COUNT: c_int = 63;
 /// Bytes reserved for `hipDeviceProp_t`: larger than every layout (792 bytes in ROCm 5.2,
 /// about 1.5 KiB for ROCm 6's `R0600`).
 const PROPS_BYTES: usize = 16 * 1024;
+
+/// `hipIpcMemHandle_t`: `struct { char reserved[64]; }`, passed by value to
+/// `hipIpcOpenMemHandle` (the C ABI of a 64-byte aggregate, which `repr(C)` reproduces).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct IpcMemHandle {
+    reserved: [c_char; crate::gpu::IPC_HANDLE_BYTES],
+}
 
 /// The raw entry points (signatures as `hip_runtime_api.h` declares them; `hipError_t` is a
 /// C enum, i.e. `int`).
@@ -72,6 +92,13 @@ struct Sys {
     memset_async: unsafe extern "C" fn(*mut c_void, c_int, usize, RawStream) -> c_int,
     memcpy: unsafe extern "C" fn(*mut c_void, *const c_void, usize, c_int) -> c_int,
     memcpy_async: unsafe extern "C" fn(*mut c_void, *const c_void, usize, c_int, RawStream) -> c_int,
+    mem_get_info: unsafe extern "C" fn(*mut usize, *mut usize) -> c_int,
+    ipc_get_mem_handle: unsafe extern "C" fn(*mut IpcMemHandle, *mut c_void) -> c_int,
+    ipc_open_mem_handle: unsafe extern "C" fn(*mut *mut c_void, IpcMemHandle, c_uint) -> c_int,
+    ipc_close_mem_handle: unsafe extern "C" fn(*mut c_void) -> c_int,
+    host_malloc: unsafe extern "C" fn(*mut *mut c_void, usize, c_uint) -> c_int,
+    host_get_device_pointer: unsafe extern "C" fn(*mut *mut c_void, *mut c_void, c_uint) -> c_int,
+    host_free: unsafe extern "C" fn(*mut c_void) -> c_int,
     module_load_data: unsafe extern "C" fn(*mut RawModule, *const c_void) -> c_int,
     module_get_function: unsafe extern "C" fn(*mut RawFunction, RawModule, *const c_char) -> c_int,
     module_unload: unsafe extern "C" fn(RawModule) -> c_int,
@@ -144,6 +171,15 @@ fn sys() -> Result<&'static Sys> {
             memset_async: sym!("hipMemsetAsync"),
             memcpy: sym!("hipMemcpy"),
             memcpy_async: sym!("hipMemcpyAsync"),
+            mem_get_info: sym!("hipMemGetInfo"),
+            ipc_get_mem_handle: sym!("hipIpcGetMemHandle"),
+            ipc_open_mem_handle: sym!("hipIpcOpenMemHandle"),
+            ipc_close_mem_handle: sym!("hipIpcCloseMemHandle"),
+            // hipHostAlloc is the CUDA-named twin (same signature and flag values), for a ROCm
+            // that drops the older name.
+            host_malloc: sym!("hipHostMalloc", "hipHostAlloc"),
+            host_get_device_pointer: sym!("hipHostGetDevicePointer"),
+            host_free: sym!("hipHostFree", "hipFreeHost"),
             module_load_data: sym!("hipModuleLoadData"),
             module_get_function: sym!("hipModuleGetFunction"),
             module_unload: sym!("hipModuleUnload"),
@@ -339,6 +375,16 @@ impl Context {
         let s = sys()?;
         // SAFETY: no arguments; this device is current.
         ck(s, "hipDeviceSynchronize", self.d(), unsafe { (s.device_synchronize)() })
+    }
+
+    /// Free and total memory of this device, in bytes (`hipMemGetInfo`).
+    pub fn memory_info(&self) -> Result<(usize, usize)> {
+        self.bind()?;
+        let s = sys()?;
+        let (mut free, mut total) = (0usize, 0usize);
+        // SAFETY: both out-pointers outlive the call; this device is current.
+        ck(s, "hipMemGetInfo", self.d(), unsafe { (s.mem_get_info)(&mut free, &mut total) })?;
+        Ok((free, total))
     }
 
     /// Loads a code object (hipRTC's output for this device's arch).
@@ -674,9 +720,173 @@ impl Drop for DeviceBuffer {
     }
 }
 
+/// A stream another library owns (XLA's `hipStream_t`, handed to an FFI handler), borrowed
+/// for one call: it launches and copies like a [`Stream`] and is never destroyed here.
+#[derive(Debug)]
+pub struct ForeignStream(std::mem::ManuallyDrop<Stream>);
+
+impl ForeignStream {
+    /// Borrows the raw `hipStream_t` `s` of device `ordinal`.
+    ///
+    /// # Safety
+    /// `s` is a live stream of device `ordinal` (or null, the default stream), and outlives
+    /// the value.
+    pub unsafe fn new(s: *mut c_void, ordinal: usize) -> ForeignStream {
+        ForeignStream(std::mem::ManuallyDrop::new(Stream { s, ordinal }))
+    }
+}
+
+impl std::ops::Deref for ForeignStream {
+    type Target = Stream;
+    fn deref(&self) -> &Stream {
+        &self.0
+    }
+}
+
+/// Page-locked host memory mapped into the devices' address space (`hipHostMalloc`, mapped,
+/// portable and coherent): a kernel writes it, and the host reads it later without
+/// synchronising a stream (a collective's timeout status).
+#[derive(Debug)]
+pub struct HostMapped {
+    ptr: *mut u32,
+    len: usize,
+    /// The device address of the same bytes (`hipHostGetDevicePointer`).
+    pub device_ptr: u64,
+}
+// SAFETY: plain host memory owned by this value; the host touches it only through volatile
+// word accesses, which tolerate a concurrent device writer.
+unsafe impl Send for HostMapped {}
+// SAFETY: as above.
+unsafe impl Sync for HostMapped {}
+
+impl HostMapped {
+    /// `words` zeroed 32-bit words (at least one), mapped into `ctx`'s device.
+    pub fn new(ctx: &Context, words: usize) -> Result<HostMapped> {
+        ctx.bind()?;
+        let s = sys()?;
+        let len = words.max(1) * 4;
+        let mut p: *mut c_void = std::ptr::null_mut();
+        // SAFETY: `p` outlives the call; a fresh host allocation, freed once in `drop`.
+        ck(s, "hipHostMalloc", ctx.d(), unsafe { (s.host_malloc)(&mut p, len, HOST_MALLOC_MAPPED) })?;
+        let ptr = p.cast::<u32>();
+        // SAFETY: `ptr` holds `len` writable bytes just allocated (page-aligned).
+        unsafe { std::ptr::write_bytes(ptr, 0, words.max(1)) };
+        let mut d: *mut c_void = std::ptr::null_mut();
+        // SAFETY: `p` is a mapped host allocation; `d` outlives the call; flags must be 0.
+        let mapped = ck(s, "hipHostGetDevicePointer", ctx.d(), unsafe { (s.host_get_device_pointer)(&mut d, p, 0) });
+        // Owned from here, so a failed lookup still frees the allocation.
+        let m = HostMapped { ptr, len, device_ptr: d as u64 };
+        mapped?;
+        Ok(m)
+    }
+
+    /// Reads word `i` (a device may be writing it).
+    pub fn load(&self, i: usize) -> u32 {
+        assert!(i * 4 < self.len, "word {i} of a {}-byte mapping", self.len);
+        // SAFETY: in bounds (asserted); volatile because a device writes the word behind the
+        // compiler's back.
+        unsafe { std::ptr::read_volatile(self.ptr.add(i)) }
+    }
+
+    /// Writes word `i`.
+    pub fn store(&self, i: usize, v: u32) {
+        assert!(i * 4 < self.len, "word {i} of a {}-byte mapping", self.len);
+        // SAFETY: as in `load`.
+        unsafe { std::ptr::write_volatile(self.ptr.add(i), v) }
+    }
+}
+
+impl Drop for HostMapped {
+    fn drop(&mut self) {
+        if let Ok(s) = sys() {
+            // SAFETY: frees the allocation made in `new`, once.
+            let _ = unsafe { (s.host_free)(self.ptr.cast()) };
+        }
+    }
+}
+
+impl DeviceBuffer {
+    /// The allocation's IPC handle (`hipIpcGetMemHandle`): another process of the host opens
+    /// it with [`IpcMapping::open`] while this buffer lives.
+    pub fn ipc_handle(&self) -> Result<[u8; crate::gpu::IPC_HANDLE_BYTES]> {
+        self.bind()?;
+        let s = sys()?;
+        let mut h = IpcMemHandle { reserved: [0; crate::gpu::IPC_HANDLE_BYTES] };
+        // SAFETY: `self.ptr` is the base of a live allocation of this device (hipMalloc or
+        // hipExtMallocWithFlags), which is current; `h` outlives the call.
+        ck(s, "hipIpcGetMemHandle", Some(self.ordinal), unsafe {
+            (s.ipc_get_mem_handle)(&mut h, self.ptr as *mut c_void)
+        })?;
+        Ok(h.reserved.map(|c| c as u8))
+    }
+}
+
+/// Another process's device allocation, opened from its IPC handle into this process's
+/// address space (`hipIpcOpenMemHandle`, peer access to its device enabled lazily). Closed on
+/// drop.
+#[derive(Debug)]
+pub struct IpcMapping {
+    pub ptr: u64,
+    pub ordinal: usize,
+}
+
+impl IpcMapping {
+    /// Opens `handle` on `ctx`'s device. Fails in the process that exported the handle.
+    pub fn open(ctx: &Context, handle: &[u8; crate::gpu::IPC_HANDLE_BYTES]) -> Result<IpcMapping> {
+        ctx.bind()?;
+        let s = sys()?;
+        let h = IpcMemHandle { reserved: handle.map(|b| b as c_char) };
+        let mut p: *mut c_void = std::ptr::null_mut();
+        // SAFETY: `h` is a handle's 64 bytes passed by value as the C API declares (the
+        // runtime validates them and fails on garbage); `p` outlives the call; the device is
+        // current.
+        ck(s, "hipIpcOpenMemHandle", ctx.d(), unsafe {
+            (s.ipc_open_mem_handle)(&mut p, h, IPC_MEM_LAZY_ENABLE_PEER_ACCESS)
+        })?;
+        Ok(IpcMapping { ptr: p as u64, ordinal: ctx.ordinal })
+    }
+}
+
+impl Drop for IpcMapping {
+    fn drop(&mut self) {
+        if let Ok(s) = sys() {
+            // SAFETY: selects the device the mapping was opened on (a valid ordinal), then
+            // closes the address hipIpcOpenMemHandle returned, once.
+            unsafe {
+                let _ = (s.set_device)(self.ordinal as c_int);
+                let _ = (s.ipc_close_mem_handle)(self.ptr as *mut c_void);
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ipc_handle_is_the_c_layout() {
+        // `hipIpcMemHandle_t` is `struct { char reserved[64]; }`: passed by value, its size
+        // and alignment decide the call's ABI.
+        assert_eq!(std::mem::size_of::<IpcMemHandle>(), 64);
+        assert_eq!(std::mem::align_of::<IpcMemHandle>(), 1);
+    }
+
+    #[test]
+    fn every_entry_point_resolves_where_the_runtime_is_installed() {
+        // No GPU needed: resolving the symbols loads the library and runs nothing. Every entry
+        // point is looked up at once, so one a ROCm lacks fails every HIP call (named here).
+        let ci = std::env::var("CI").is_ok_and(|v| v == "true" || v == "1");
+        match crate::libs::hip() {
+            Ok(l) => {
+                if let Err(e) = sys() {
+                    panic!("{}: {e}", l.path.display());
+                }
+            }
+            Err(e) if !ci => eprintln!("*** SKIPPED: no HIP runtime ({e})"),
+            Err(e) => panic!("CI=true but the HIP runtime is unavailable: {e}"),
+        }
+    }
 
     #[test]
     fn gfx_targets() {
@@ -712,3 +922,52 @@ mod tests {
 pub struct Hip;
 
 crate::gpu::forward_gpu!(Hip, name: "rocm", ccl: "RCCL", units: cu_count, alloc: fine_grained);
+
+impl crate::gpu::Interop for Hip {
+    type HostMapped = HostMapped;
+    type IpcMapping = IpcMapping;
+    type ForeignStream = ForeignStream;
+
+    fn device_count() -> Result<usize> {
+        device_count()
+    }
+    fn free_memory(ctx: &Context) -> Result<usize> {
+        Ok(ctx.memory_info()?.0)
+    }
+    fn buffer_len(buf: &DeviceBuffer) -> usize {
+        buf.len
+    }
+    fn ipc_handle(buf: &DeviceBuffer) -> Result<[u8; crate::gpu::IPC_HANDLE_BYTES]> {
+        buf.ipc_handle()
+    }
+    fn ipc_open(ctx: &Context, handle: &[u8; crate::gpu::IPC_HANDLE_BYTES]) -> Result<IpcMapping> {
+        IpcMapping::open(ctx, handle)
+    }
+    fn ipc_ptr(m: &IpcMapping) -> u64 {
+        m.ptr
+    }
+    fn host_mapped(ctx: &Context, words: usize) -> Result<HostMapped> {
+        HostMapped::new(ctx, words)
+    }
+    fn host_mapped_device_ptr(h: &HostMapped) -> u64 {
+        h.device_ptr
+    }
+    fn host_mapped_load(h: &HostMapped, i: usize) -> u32 {
+        h.load(i)
+    }
+    fn host_mapped_store(h: &HostMapped, i: usize, v: u32) {
+        h.store(i, v)
+    }
+    unsafe fn foreign_stream(raw: *mut c_void, ordinal: usize) -> ForeignStream {
+        // SAFETY: the caller's contract is `ForeignStream::new`'s.
+        unsafe { ForeignStream::new(raw, ordinal) }
+    }
+    unsafe fn copy_d2d_async(stream: &Stream, dst: u64, src: u64, len: usize) -> Result<()> {
+        // SAFETY: the caller's contract is `Stream::copy_d2d`'s.
+        unsafe { stream.copy_d2d(dst, src, len) }
+    }
+    unsafe fn memset_async(stream: &Stream, dst: u64, v: u8, len: usize) -> Result<()> {
+        // SAFETY: the caller's contract is `Stream::memset_u8`'s.
+        unsafe { stream.memset_u8(dst, v, len) }
+    }
+}

@@ -1,8 +1,8 @@
 //! Collective kernels and device layers, run by XLA's FFI handlers. [`host`] holds the
 //! protocols the CPU handlers ([`xla_host`]) run between XLA:CPU's devices (one process,
 //! or the processes of one host); `cuda` and `rocm` are the GPU device layers (Peerless's
-//! collective kernels; inside XLA through `cuda::xla`). Everything fails with the one
-//! [`Error`].
+//! collective kernels; inside XLA through `gpu::xla`, named `cuda::xla` and `rocm::xla`).
+//! Everything fails with the one [`Error`].
 
 #[cfg(feature = "cuda")]
 pub mod cuda;

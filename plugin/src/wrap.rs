@@ -51,7 +51,7 @@ struct Wrapped {
     plugin: InnerPlugin,
     table: *const c_void,
     own_errors: bool,
-    /// The Peerless platform of the inner plugin's devices ("cpu", "cuda").
+    /// The Peerless platform of the inner plugin's devices ("cpu", "cuda", "rocm").
     platform: &'static str,
 }
 
@@ -62,13 +62,17 @@ unsafe impl Sync for Wrapped {}
 
 static INNER: OnceLock<Result<Wrapped, String>> = OnceLock::new();
 
-/// The Peerless platform whose handlers the inner plugin gets: "cuda" for XLA's CUDA plugin
-/// (`PEERLESS_XLA_PLATFORM`, else the file name), "cpu" otherwise.
+/// The Peerless platform whose handlers the inner plugin gets: "cuda" for XLA's CUDA plugin,
+/// "rocm" for XLA's ROCm plugin (`xla_rocm_plugin.so`; its handlers need a library built with
+/// the cargo feature `rocm`), by `PEERLESS_XLA_PLATFORM`, else the file name; "cpu" otherwise.
 pub fn platform_of(path: &std::path::Path) -> &'static str {
+    let named = |what: &str| path.file_name().is_some_and(|n| n.to_string_lossy().contains(what));
     match std::env::var("PEERLESS_XLA_PLATFORM").as_deref() {
         Ok("cuda") => "cuda",
+        Ok("rocm") => "rocm",
         Ok(_) => "cpu",
-        Err(_) if path.file_name().is_some_and(|n| n.to_string_lossy().contains("cuda")) => "cuda",
+        Err(_) if named("cuda") => "cuda",
+        Err(_) if named("rocm") => "rocm",
         Err(_) => "cpu",
     }
 }
@@ -82,7 +86,7 @@ fn load(path: PathBuf) -> Result<Wrapped, String> {
     // freed with the executable, set up outside command-buffer capture) and says so here.
     let by_python = std::env::var("PEERLESS_XLA_HANDLERS").as_deref() == Ok("python");
     let xla_platform = if by_python {
-        if platform == "cuda" { "CUDA" } else { "Host" }
+        crate::xla_handlers::xla_platform(platform)
     } else {
         crate::xla_handlers::register_in(&inner, platform)?
     };
@@ -114,8 +118,10 @@ fn load(path: PathBuf) -> Result<Wrapped, String> {
 
 /// Where XLA's plugin lies when nothing names it: beside this library's file, where pip
 /// installs the plugins (`site-packages/jax_plugins/peerless/libpeerless_pjrt.so` next to
-/// `jax_plugins/xla_cuda13/xla_cuda_plugin.so` and `lammps_jax_pjrt_cpu/`), in the order the
-/// Python package tries them; the CUDA plugins only where a GPU is usable.
+/// `jax_plugins/xla_cuda13/xla_cuda_plugin.so`, `jax_plugins/xla_rocm7/xla_rocm_plugin.so` and
+/// `lammps_jax_pjrt_cpu/`), in the order the Python package tries them; the CUDA plugins only
+/// where an NVIDIA GPU is usable, the ROCm one where an AMD GPU is (or `PEERLESS_BACKEND`
+/// names either).
 fn discover() -> Result<PathBuf, String> {
     let own = ffi::libs::own_path().ok_or("cannot tell where libpeerless_pjrt.so lies")?;
     let dir = own.parent().unwrap_or(std::path::Path::new("."));
@@ -123,12 +129,20 @@ fn discover() -> Result<PathBuf, String> {
     let site = dir.parent().and_then(std::path::Path::parent).filter(|_| installed);
     if let Some(site) = site {
         let backend = std::env::var("PEERLESS_BACKEND").unwrap_or_default();
-        if backend != "host" && backend != "cpu" && (backend == "cuda" || ffi::cuda::device_count().unwrap_or(0) > 0) {
+        if !matches!(backend.as_str(), "host" | "cpu" | "rocm")
+            && (backend == "cuda" || ffi::cuda::device_count().unwrap_or(0) > 0)
+        {
             for pkg in ["xla_cuda13", "xla_cuda12"] {
                 let p = site.join("jax_plugins").join(pkg).join("xla_cuda_plugin.so");
                 if p.is_file() {
                     return Ok(p);
                 }
+            }
+        }
+        if matches!(backend.as_str(), "" | "rocm") && (backend == "rocm" || amd_gpus_present()) {
+            let p = site.join("jax_plugins").join("xla_rocm7").join("xla_rocm_plugin.so");
+            if p.is_file() {
+                return Ok(p);
             }
         }
         let cpu = site.join("lammps_jax_pjrt_cpu").join("pjrt_c_api_cpu_plugin.so");
@@ -142,6 +156,15 @@ fn discover() -> Result<PathBuf, String> {
          {ENV_VAR}=/path/to/plugin.so (the standalone platform was retired)",
         if installed { format!(" beside {}", own.display()) } else { String::new() }
     ))
+}
+
+/// Whether the machine has an AMD GPU, as JAX's ROCm plugin tells (a KFD topology node with a
+/// non-zero `gpu_id`), without initialising HIP in this process (JAX avoids that too).
+fn amd_gpus_present() -> bool {
+    let Ok(nodes) = std::fs::read_dir("/sys/class/kfd/kfd/topology/nodes") else { return false };
+    nodes.flatten().any(|n| {
+        std::fs::read_to_string(n.path().join("gpu_id")).is_ok_and(|id| id.trim().parse::<u64>().is_ok_and(|v| v != 0))
+    })
 }
 
 /// Set by the Python package when it found no XLA plugin: the reason, which the table of

@@ -1,5 +1,9 @@
 //! The typed-FFI handlers XLA calls for Peerless custom calls, one per platform and target,
-//! and the per-platform facts the pass needs (peer access).
+//! and the per-platform facts the pass needs (peer access, free device memory).
+//!
+//! Platforms: "cpu" (XLA's "Host"), "cuda" ("CUDA") and, in a library built with the cargo
+//! feature `rocm`, "rocm" ("ROCM"): the same generic GPU runtime (`kernels::gpu::xla`) for
+//! CUDA and HIP, each with its own state.
 //!
 //! Each handler is a C function over [`thunks::ffi_handler::dispatch`] with the platform's
 //! runtime; `ffi::xla_ffi::guard_with_traits` answers the metadata probe and turns errors
@@ -18,13 +22,39 @@ use thunks::custom_call::target_kind;
 use thunks::ffi_handler::{CollectiveRuntime, dispatch};
 
 static HOST: HostRuntime = HostRuntime;
-/// Execute-stage handler calls per platform (cpu, cuda): a call captured into a command
+/// Execute-stage handler calls per platform (cpu, cuda, rocm): a call captured into a command
 /// buffer and replayed by XLA does not count, which is how tests see that it was replayed.
-static CALLS: [AtomicU64; 2] = [AtomicU64::new(0), AtomicU64::new(0)];
+static CALLS: [AtomicU64; 3] = [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)];
 
-/// Collectives of the CPU and CUDA handlers alive now (each freed with its executable).
+/// The GPU platforms this library has handlers for.
+#[cfg(feature = "rocm")]
+pub const GPU_PLATFORMS: &[&str] = &["cuda", "rocm"];
+/// The GPU platforms this library has handlers for ("rocm" needs the cargo feature `rocm`).
+#[cfg(not(feature = "rocm"))]
+pub const GPU_PLATFORMS: &[&str] = &["cuda"];
+
+/// Whether this library has handlers for `platform` ("cpu", a GPU platform).
+pub fn has_platform(platform: &str) -> bool {
+    platform == "cpu" || GPU_PLATFORMS.contains(&platform)
+}
+
+/// Why there are no handlers for `platform`.
+pub fn no_platform(platform: &str) -> String {
+    if platform == "rocm" {
+        "Peerless has no handlers for platform 'rocm': this library was built without the cargo feature \
+         `rocm` (cargo build -p peerless-pjrt --features rocm)"
+            .into()
+    } else {
+        format!("Peerless has no handlers for platform '{platform}'")
+    }
+}
+
+/// Collectives of the CPU and GPU handlers alive now (each freed with its executable).
 pub fn live_collectives() -> usize {
-    kernels::xla_host::live_clusters() + kernels::cuda::xla::live_instances()
+    let gpu = kernels::cuda::xla::live_instances();
+    #[cfg(feature = "rocm")]
+    let gpu = gpu + kernels::rocm::xla::live_instances();
+    kernels::xla_host::live_clusters() + gpu
 }
 
 /// Staging bytes the CPU handlers hold now (in-process groups: shared slots and
@@ -33,9 +63,13 @@ pub fn staging_bytes() -> usize {
     kernels::xla_host::staging_bytes()
 }
 
-/// Device memory the CUDA handlers hold now, per CUDA ordinal of the process.
+/// Device memory the GPU handlers hold now, per GPU ordinal of the process (CUDA's and, in a
+/// ROCm build, HIP's added: a process runs one vendor's GPUs).
 pub fn gpu_staging_bytes() -> Vec<usize> {
-    kernels::cuda::xla::staging_by_gpu()
+    let held = kernels::cuda::xla::staging_by_gpu();
+    #[cfg(feature = "rocm")]
+    let held = held.iter().zip(kernels::rocm::xla::staging_by_gpu()).map(|(a, b)| a + b).collect();
+    held
 }
 
 /// Execute-stage calls of the handlers of `platform` so far.
@@ -43,10 +77,13 @@ pub fn handler_calls(platform: &str) -> u64 {
     match platform {
         "cpu" => CALLS[0].load(Ordering::Relaxed),
         "cuda" => CALLS[1].load(Ordering::Relaxed),
+        "rocm" => CALLS[2].load(Ordering::Relaxed),
         _ => 0,
     }
 }
 static CUDA: CudaRuntime = CudaRuntime;
+#[cfg(feature = "rocm")]
+static ROCM: kernels::rocm::xla::RocmRuntime = kernels::rocm::xla::RocmRuntime;
 
 /// Runs `kind`'s handler with `rt`.
 ///
@@ -98,10 +135,20 @@ handlers! { &CUDA, &CALLS[1];
     cuda_collective_permute => CollectivePermute,
 }
 
+#[cfg(feature = "rocm")]
+handlers! { &ROCM, &CALLS[2];
+    rocm_all_reduce => AllReduce,
+    rocm_all_gather => AllGather,
+    rocm_all_to_all => AllToAll,
+    rocm_reduce_scatter => ReduceScatter,
+    rocm_collective_permute => CollectivePermute,
+}
+
 /// A typed-FFI handler as XLA registers it.
 pub type Handler = unsafe extern "C" fn(*mut XLA_FFI_CallFrame) -> *mut XLA_FFI_Error;
 
-/// The handler of `target` on `platform` (`"cpu"` or `"cuda"`), or `None`.
+/// The handler of `target` on `platform` (`"cpu"`, `"cuda"`, and `"rocm"` in a ROCm build),
+/// or `None`.
 pub fn handler(platform: &str, target: &str) -> Option<Handler> {
     use CollectiveKind as K;
     let kind = target_kind(target)?;
@@ -116,17 +163,41 @@ pub fn handler(platform: &str, target: &str) -> Option<Handler> {
         ("cuda", K::AllToAll) => cuda_all_to_all,
         ("cuda", K::ReduceScatter) => cuda_reduce_scatter,
         ("cuda", K::CollectivePermute) => cuda_collective_permute,
+        #[cfg(feature = "rocm")]
+        ("rocm", K::AllReduce) => rocm_all_reduce,
+        #[cfg(feature = "rocm")]
+        ("rocm", K::AllGather) => rocm_all_gather,
+        #[cfg(feature = "rocm")]
+        ("rocm", K::AllToAll) => rocm_all_to_all,
+        #[cfg(feature = "rocm")]
+        ("rocm", K::ReduceScatter) => rocm_reduce_scatter,
+        #[cfg(feature = "rocm")]
+        ("rocm", K::CollectivePermute) => rocm_collective_permute,
         _ => return None,
     };
     Some(h)
 }
 
-/// Registers every Peerless handler of `platform` ("cpu" or "cuda") in an inner plugin's FFI
-/// registry, through its FFI extension (execute-only handlers; XLA's platform "Host" or
-/// "CUDA", the CUDA ones command-buffer compatible). Once per plugin and process: XLA's
-/// registry is process-global inside the plugin, and a second registration is an error.
+/// XLA's name of a Peerless platform ("cpu" → "Host", "cuda" → "CUDA", "rocm" → "ROCM"), as
+/// XLA's FFI registry and JAX's `register_ffi_target` take it.
+pub fn xla_platform(platform: &str) -> &'static str {
+    match platform {
+        "cuda" => "CUDA",
+        "rocm" => "ROCM",
+        _ => "Host",
+    }
+}
+
+/// Registers every Peerless handler of `platform` ("cpu", "cuda", "rocm") in an inner plugin's
+/// FFI registry, through its FFI extension (execute-only handlers; XLA's platform "Host",
+/// "CUDA" or "ROCM", the GPU ones command-buffer compatible). Once per plugin and process:
+/// XLA's registry is process-global inside the plugin, and a second registration is an error.
 pub fn register_in(inner: &ffi::pjrt::InnerPlugin, platform: &str) -> Result<&'static str, String> {
-    let (xla_platform, traits) = if platform == "cuda" { ("CUDA", 1) } else { ("Host", 0) };
+    if !has_platform(platform) {
+        return Err(no_platform(platform));
+    }
+    let xla_platform = xla_platform(platform);
+    let traits = if platform == "cpu" { 0 } else { 1 };
     for &(_, target) in thunks::custom_call::TARGETS.iter() {
         let h = handler(platform, target).ok_or_else(|| format!("Peerless has no {platform} handler for {target}"))?;
         // SAFETY: `h` is one of this library's typed FFI handlers, a plain function valid for
@@ -143,7 +214,54 @@ pub fn register_in(inner: &ffi::pjrt::InnerPlugin, platform: &str) -> Result<&'s
 /// GPUs cannot be opened (every collective then stays XLA's, with that reason). (On CPU every
 /// device reaches every other: `xla_pass::Peers::Shared`.)
 pub fn cuda_peer_table(ordinals: Option<&BTreeMap<usize, usize>>) -> Arc<PeerAccessTable> {
-    match kernels::cuda::xla::peer_table() {
+    remapped(kernels::cuda::xla::peer_table(), ordinals, "cuda")
+}
+
+/// [`cuda_peer_table`] for the AMD GPUs of the process (HIP ordinals), in a ROCm build.
+#[cfg(feature = "rocm")]
+pub fn rocm_peer_table(ordinals: Option<&BTreeMap<usize, usize>>) -> Arc<PeerAccessTable> {
+    remapped(kernels::rocm::xla::peer_table(), ordinals, "rocm")
+}
+
+/// The peer table of GPU `platform` ("cuda", "rocm"); a table with no links where this
+/// library has no such platform.
+pub fn gpu_peer_table(platform: &str, ordinals: Option<&BTreeMap<usize, usize>>) -> Arc<PeerAccessTable> {
+    match platform {
+        "cuda" => cuda_peer_table(ordinals),
+        #[cfg(feature = "rocm")]
+        "rocm" => rocm_peer_table(ordinals),
+        other => remapped(Err(no_platform(other)), ordinals, other),
+    }
+}
+
+/// The least free device memory among the process's GPUs of `platform` (the pass's staging
+/// budget), or why it is unknown.
+pub fn gpu_least_free_memory(platform: &str) -> Result<usize, String> {
+    match platform {
+        "cuda" => kernels::cuda::xla::least_free_memory(),
+        #[cfg(feature = "rocm")]
+        "rocm" => kernels::rocm::xla::least_free_memory(),
+        other => Err(no_platform(other)),
+    }
+}
+
+/// Hands GPU `platform`'s handlers each local GPU's device id (ordinal → id).
+pub fn set_gpu_device_ids(platform: &str, ids: BTreeMap<usize, usize>) {
+    match platform {
+        "cuda" => kernels::cuda::xla::set_device_ids(ids),
+        #[cfg(feature = "rocm")]
+        "rocm" => kernels::rocm::xla::set_device_ids(ids),
+        _ => {}
+    }
+}
+
+/// A probed table (or why there is none) on device ids.
+fn remapped(
+    table: Result<Arc<PeerAccessTable>, String>,
+    ordinals: Option<&BTreeMap<usize, usize>>,
+    platform: &str,
+) -> Arc<PeerAccessTable> {
+    match table {
         Ok(t) => match ordinals.filter(|o| !o.is_empty()) {
             None => t,
             Some(o) => {
@@ -156,7 +274,7 @@ pub fn cuda_peer_table(ordinals: Option<&BTreeMap<usize, usize>>) -> Arc<PeerAcc
             }
         },
         Err(e) => {
-            log::warn!("peerless: no peer table on cuda: {e}");
+            log::warn!("peerless: no peer table on {platform}: {e}");
             Arc::new(PeerAccessTable::from_fn(0, format!("GPUs not opened: {e}"), |_, _| false))
         }
     }

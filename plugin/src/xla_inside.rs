@@ -84,11 +84,12 @@ pub fn pass_config_tuned(
             .collect::<Result<BTreeSet<_>, _>>()?;
         (Some(ids), None)
     };
-    // Both platforms reach the other processes of a host: CPU through the host protocols
-    // over shared memory, CUDA through staging shared with IPC handles.
+    // Every platform reaches the other processes of a host: CPU through the host protocols
+    // over shared memory, the GPUs (CUDA; ROCm in a build with it) through staging shared
+    // with IPC handles.
     let caps = match platform {
-        "cpu" | "cuda" => Capabilities { variadic: true, cross_process: true },
-        other => return Err(format!("Peerless has no handlers for platform '{other}'")),
+        p if crate::xla_handlers::has_platform(p) => Capabilities { variadic: true, cross_process: true },
+        other => return Err(crate::xla_handlers::no_platform(other)),
     };
     // The handlers learn the job (its token, the GPUs' device ids) from the Python package
     // (`set_topology`), which also hands it to every compile: an executable loaded from a
@@ -97,21 +98,22 @@ pub fn pass_config_tuned(
         learn_topology(platform, t)?;
     }
     let ordinals = topology.as_ref().map(|t| t.ordinals.clone()).filter(|o| !o.is_empty());
-    let peers = match platform {
-        "cuda" => {
-            xla_pass::Peers::Lazy(std::sync::Arc::new(move || crate::xla_handlers::cuda_peer_table(ordinals.as_ref())))
-        }
-        _ => xla_pass::Peers::Shared,
+    let gpu: Option<&'static str> = crate::xla_handlers::GPU_PLATFORMS.iter().copied().find(|&p| p == platform);
+    let peers = match gpu {
+        Some(gpu) => xla_pass::Peers::Lazy(std::sync::Arc::new(move || {
+            crate::xla_handlers::gpu_peer_table(gpu, ordinals.as_ref())
+        })),
+        None => xla_pass::Peers::Shared,
     };
-    // On CUDA the staging of a module's slots is budgeted against the GPUs' free memory.
-    let device_memory = match platform {
-        "cuda" => xla_pass::DeviceMemory(Some(std::sync::Arc::new(|| {
-            kernels::cuda::xla::least_free_memory()
-                .map_err(|e| log::warn!("peerless: no staging budget on cuda: {e}"))
+    // On a GPU the staging of a module's slots is budgeted against the GPUs' free memory.
+    let device_memory = match gpu {
+        Some(gpu) => xla_pass::DeviceMemory(Some(std::sync::Arc::new(move || {
+            crate::xla_handlers::gpu_least_free_memory(gpu)
+                .map_err(|e| log::warn!("peerless: no staging budget on {gpu}: {e}"))
                 .ok()
                 .map(|b| b as u64)
         }))),
-        _ => xla_pass::DeviceMemory::default(),
+        None => xla_pass::DeviceMemory::default(),
     };
     // The tuning profile decides kernel vs XLA where the flags leave it to it; explicit
     // all-reduce thresholds (here or in PEERLESS_FLAGS) keep all-reduce on them.
@@ -132,11 +134,11 @@ pub fn report(outcome: &PassOutcome) -> String {
 
 /// What the handlers take from the running process rather than from a compiled module
 /// (which a persistent compilation cache may have kept from another job): the job's token,
-/// and on CUDA which device id each GPU (CUDA ordinal, as XLA calls the handlers) has.
+/// and on a GPU which device id each GPU (its ordinal, as XLA calls the handlers) has.
 fn learn_topology(platform: &str, t: &xla_pass::Topology) -> Result<(), String> {
     thunks::runtime::set_job(t.job.as_deref())?;
-    if platform == "cuda" && !t.ordinals.is_empty() {
-        kernels::cuda::xla::set_device_ids(t.ordinals.iter().map(|(&id, &ord)| (ord, id)).collect());
+    if platform != "cpu" && !t.ordinals.is_empty() {
+        crate::xla_handlers::set_gpu_device_ids(platform, t.ordinals.iter().map(|(&id, &ord)| (ord, id)).collect());
     }
     Ok(())
 }
@@ -146,8 +148,8 @@ fn learn_topology(platform: &str, t: &xla_pass::Topology) -> Result<(), String> 
 /// `platform`; an empty string says "one process". Called once per process and platform,
 /// before any executable of the job runs, whether compiled or loaded from a cache.
 pub fn set_topology(platform: &str, topology: &str) -> Result<(), String> {
-    if !matches!(platform, "cpu" | "cuda") {
-        return Err(format!("Peerless has no handlers for platform '{platform}'"));
+    if !crate::xla_handlers::has_platform(platform) {
+        return Err(crate::xla_handlers::no_platform(platform));
     }
     if topology.trim().is_empty() {
         return Ok(());
@@ -274,7 +276,11 @@ fn transform_cuda(module: &[u8]) -> Option<Vec<u8>> {
     transform("cuda", module)
 }
 
-/// Registers the pass in `inner`'s XlaTransform registry for `platform` ("cpu", "cuda") at
+fn transform_rocm(module: &[u8]) -> Option<Vec<u8>> {
+    transform("rocm", module)
+}
+
+/// Registers the pass in `inner`'s XlaTransform registry for `platform` ("cpu", "cuda", "rocm") at
 /// PRE_SCHEDULER, once per process, unless the Python package owns it or `PEERLESS_ENABLE=0`
 /// (the wrapper without the pass, as under JAX). Returns whether this call registered it.
 pub fn register_pass_in(inner: &ffi::pjrt::InnerPlugin, platform: &str) -> Result<bool, String> {
@@ -287,6 +293,7 @@ pub fn register_pass_in(inner: &ffi::pjrt::InnerPlugin, platform: &str) -> Resul
     let f: ffi::pjrt::TransformFn = match platform {
         "cpu" => transform_cpu,
         "cuda" => transform_cuda,
+        "rocm" if crate::xla_handlers::has_platform("rocm") => transform_rocm,
         other => return Err(format!("Peerless has no pass for platform '{other}'")),
     };
     inner.register_xla_transform(PASS_NAME, ffi::pjrt::TransformStage::PreScheduler, f)?;
@@ -388,6 +395,21 @@ mod tests {
         let (status, _, report) = run_pass("cpu", &[], "--bogus=1", "");
         assert_eq!(status, -1);
         assert!(report.contains("bogus"), "{report}");
+    }
+
+    #[test]
+    fn rocm_is_a_platform_exactly_when_built_with_it() {
+        // No AMD GPU needed: the pass's configuration opens no GPU (its peer table is lazy).
+        let handlers =
+            thunks::custom_call::TARGETS.iter().all(|&(_, t)| crate::xla_handlers::handler("rocm", t).is_some());
+        assert_eq!(handlers, cfg!(feature = "rocm"));
+        assert_eq!(crate::xla_handlers::xla_platform("rocm"), "ROCM");
+        match pass_config("rocm", "", "") {
+            Ok(_) => assert!(handlers, "the pass takes rocm only with its handlers"),
+            Err(e) => assert!(!handlers && e.contains("feature `rocm`"), "{e}"),
+        }
+        assert_eq!(set_topology("rocm", "").is_ok(), cfg!(feature = "rocm"));
+        assert_eq!(crate::wrap::platform_of(std::path::Path::new("/x/xla_rocm7/xla_rocm_plugin.so")), "rocm");
     }
 
     #[test]

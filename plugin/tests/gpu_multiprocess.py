@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
 """Peerless inside XLA across processes on CUDA: the IPC path, end to end, on one GPU.
+(PEERLESS_PLATFORM=rocm runs the same on XLA's ROCm plugin with HIP IPC; never run so far.)
 
 Two processes (`jax.distributed`, coordinator on localhost) both take GPU 0
 (`local_device_ids=[0]`), so the job has two devices, one per process, on one physical GPU.
@@ -33,6 +34,9 @@ from jobs import free_port, run_workers
 HERE = os.path.abspath(__file__)
 NPROC = 2
 TIMEOUT_MS = 5000
+# The GPU platform under test: "cuda" (default), or "rocm" for XLA's ROCm plugin and
+# Peerless's HIP handlers (scripts/rocm_check.sh).
+PLATFORM = os.environ.get("PEERLESS_PLATFORM", "cuda")
 
 
 def run_job(mode: str, timeout: float = 400, extra_env: dict | None = None) -> list[dict]:
@@ -40,7 +44,7 @@ def run_job(mode: str, timeout: float = 400, extra_env: dict | None = None) -> l
     env = dict(os.environ)
     env.update(extra_env or {})
     env.update(
-        JAX_PLATFORMS="cuda",
+        JAX_PLATFORMS=PLATFORM,
         PEERLESS_ENABLE="1",
         PEERLESS_FLAGS=f"--collective_timeout_ms={TIMEOUT_MS}",
         PEERLESS_XLA_PLUGIN="none",  # JAX's own CUDA backend; no "peerless" platform
@@ -113,16 +117,16 @@ def worker(pid: int, port: int, mode: str) -> None:
             want_mine = np.split(want, NPROC)[pid]
             res: dict = {}
             try:
-                inside.enable("cuda")
+                inside.enable(PLATFORM)
                 jax.clear_caches()
                 f = jax.jit(fn)
                 x = put(host)
                 res["peerless"] = 'custom_call_target="peerless.' in (f.lower(x).compile().as_text() or "")
-                before = inside.handler_calls("cuda")
+                before = inside.handler_calls(PLATFORM)
                 got = mine(jax.block_until_ready(f(x)))
                 for _ in range(4):  # epochs advance
                     got = mine(jax.block_until_ready(f(x)))
-                res["handler_calls"] = inside.handler_calls("cuda") - before
+                res["handler_calls"] = inside.handler_calls(PLATFORM) - before
                 tol = 2e-2 if "bf16" in name else 1e-4
                 res["same"] = bool(np.allclose(got, want_mine, rtol=tol, atol=tol)
                                    if got.dtype.kind == "f" else np.array_equal(got, want_mine))
@@ -141,7 +145,7 @@ def worker(pid: int, port: int, mode: str) -> None:
                                for d in inside.decisions()][:12]
         # XLA alone (NCCL between two processes on one GPU): informational.
         try:
-            inside.disable("cuda")
+            inside.disable(PLATFORM)
             jax.clear_caches()
             fn, host, _ = _programs(jax, jnp, np, mesh)["psum_f32"]
             jax.block_until_ready(jax.jit(fn)(put(host)))
@@ -149,7 +153,7 @@ def worker(pid: int, port: int, mode: str) -> None:
         except Exception as e:  # noqa: BLE001
             report["xla_alone"] = str(e)[:300]
     elif mode == "leave":
-        inside.enable("cuda")
+        inside.enable(PLATFORM)
         f = jax.jit(jax.shard_map(lambda v: jax.lax.psum(v, "x"), mesh=mesh, in_specs=P("x"),
                                   out_specs=P("x"), check_vma=False))
         x = put(np.ones((8 * NPROC, 4), np.float32))

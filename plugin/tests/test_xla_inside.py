@@ -1050,6 +1050,25 @@ def test_enable_disable_round_trip():
         peerless.enable("tpu")
 
 
+def test_rocm_is_recognised_and_needs_a_library_built_with_it(monkeypatch):
+    """XLA's ROCm plugin (jax-rocm7-pjrt's xla_rocm_plugin.so) is recognised as the CUDA one is;
+    enable("rocm") needs a library built with the cargo feature `rocm`, and says so without it.
+    Nothing here runs on an AMD GPU."""
+    from jax_plugins.peerless import inside
+
+    monkeypatch.delenv("PEERLESS_XLA_PLATFORM", raising=False)
+    path = "/opt/venv/site-packages/jax_plugins/xla_rocm7/xla_rocm_plugin.so"
+    monkeypatch.setenv("PEERLESS_XLA_PLUGIN", path)
+    assert peerless.inner_plugin() == (path, "rocm")
+    monkeypatch.delenv("PEERLESS_XLA_PLUGIN")
+    has_rocm = bool(inside._dll().PeerlessXlaHandler(b"rocm", b"peerless.all_reduce"))
+    assert ("rocm" in inside._supported()) == has_rocm
+    assert inside.SUPPORTED["rocm"] == "ROCM"
+    if not has_rocm:
+        with pytest.raises(ValueError, match="without the cargo feature `rocm`"):
+            peerless.enable("rocm")
+
+
 def test_enable_with_flags_changes_decisions():
     """enable(flags=...) reaches the pass: forcing all-reduce to XLA gives a fallback."""
     f, x = psum_program()

@@ -1,8 +1,8 @@
 //! The CUDA backend: the vendor part of [`crate::gpu`] (kernels prebuilt into the library
 //! ([`prebuilt`]) or compiled by NVRTC for the device's compute capability one unit at a time,
-//! cached on disk) and the runtime behind XLA's FFI handlers
-//! ([`xla`]). The clique, the peer probe, the launchers and the NCCL fallback are
-//! [`crate::gpu`]'s, instantiated for [`Cuda`] (the aliases below).
+//! cached on disk) and its names for the runtime behind XLA's FFI handlers ([`xla`]:
+//! [`crate::gpu::xla`]'s, for [`Cuda`]). The clique, the peer probe, the launchers and the
+//! NCCL fallback are [`crate::gpu`]'s, instantiated for [`Cuda`] (the aliases below).
 
 pub mod prebuilt;
 pub mod xla;

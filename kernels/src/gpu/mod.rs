@@ -7,8 +7,9 @@
 //! (`pl_probe`), the launch geometry and signal sizing, the kernel sources (one tree, compiled by NVRTC or hipRTC through
 //! `peerless_device.h`), the kernels' argument structs (`args`) and the collective
 //! launchers and vendor-library fallback ([`AllReduce`], [`AllGather`], [`CclClique`]).
-//! `crate::cuda` and `crate::rocm` hold only their compilers, their [`Backend`] impls and
-//! what only one vendor has (CUDA's runtime behind XLA's FFI handlers).
+//! The runtime behind XLA's FFI handlers ([`xla`]: `GpuRuntime<B>`) is written once here too.
+//! `crate::cuda` and `crate::rocm` hold only their compilers, their [`Backend`] impls, the
+//! per-vendor state of that runtime and their names for it (`CudaRuntime`, `RocmRuntime`).
 //!
 //! Every device call goes through `ffi` and returns an error naming the call and the device;
 //! nothing here panics on a missing library or device.
@@ -16,6 +17,7 @@
 pub(crate) mod args;
 mod collectives;
 mod units;
+pub mod xla;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};

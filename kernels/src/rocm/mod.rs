@@ -12,8 +12,14 @@
 //! [`crate::gpu::Clique::peer_table`] applies the emitter's target policy (gfx90a excluded
 //! unless `--allow_unsafe_peer_targets=true`).
 //!
+//! [`xla`] is the runtime behind XLA's FFI handlers on ROCm ([`crate::gpu::xla`]'s generic
+//! one, for [`Hip`]), which the plugin registers for XLA's "ROCM" platform when built with
+//! `rocm`.
+//!
 //! Nothing here has run on an AMD GPU yet: CI compiles the kernels for gfx90a (hipRTC and
-//! hipcc) and type-checks and lints this module (README, "ROCm status").
+//! hipcc), type-checks and lints this module and runs its unit tests (docs/ROCM.md).
+
+pub mod xla;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};

@@ -7,9 +7,10 @@ that is XLA's own PJRT plugin with the pass and handlers registered.
 JAX imports every `jax_plugins.*` module and calls `initialize()`. The library is, in order:
 $PEERLESS_PJRT_LIBRARY, or the libpeerless_pjrt.so bundled in this package.
 
-`JAX_PLATFORMS=peerless` wraps the plugin `inner_plugin()` names: jax-cuda13/12-pjrt's where a
-GPU is usable, else XLA's CPU plugin from `lammps-jax-pjrt-cpu`, or the one
-PEERLESS_XLA_PLUGIN names (a path). XLA compiles, partitions and runs everything and Peerless
+`JAX_PLATFORMS=peerless` wraps the plugin `inner_plugin()` names: jax-cuda13/12-pjrt's where an
+NVIDIA GPU is usable, jax-rocm7-pjrt's where an AMD GPU is (its handlers need a library built
+with the cargo feature `rocm`; never run on an AMD GPU), else XLA's CPU plugin from
+`lammps-jax-pjrt-cpu`, or the one PEERLESS_XLA_PLUGIN names (a path). XLA compiles, partitions and runs everything and Peerless
 takes the collectives. PEERLESS_HOST_DEVICES (default 8) sets the CPU device count,
 PEERLESS_FLAGS the collective flags (`peerless flags`), `compiler_options` per executable.
 With no XLA plugin installed, `JAX_PLATFORMS=peerless` fails at client creation with an error
@@ -39,8 +40,16 @@ from .inside import (  # noqa: F401  (public API)
 PLATFORM = "peerless"
 _LIB = "libpeerless_pjrt.so"
 
-# The inner platform ("cpu", "cuda") when the "peerless" backend wraps XLA's plugin.
+# The inner platform ("cpu", "cuda", "rocm") when the "peerless" backend wraps XLA's plugin.
 _wrapped_platform: str | None = None
+
+# XLA's GPU plugins as JAX installs them: Peerless platform -> (packages, library file).
+# jax-rocm7-pjrt 0.12.0 installs `jax_plugins.xla_rocm7` with `xla_rocm_plugin.so` (read from
+# its wheel), registered by JAX as platform "rocm" with XLA platform name "ROCM".
+_XLA_GPU_PLUGINS = {
+    "cuda": (("jax_plugins.xla_cuda13", "jax_plugins.xla_cuda12"), "xla_cuda_plugin.so"),
+    "rocm": (("jax_plugins.xla_rocm7",), "xla_rocm_plugin.so"),
+}
 
 
 def library_path() -> str:
@@ -69,6 +78,17 @@ def _gpus_usable() -> bool:
         return False
 
 
+def _amd_gpus_usable() -> bool:
+    """At least one AMD GPU, as JAX's ROCm plugin counts them (the KFD driver's topology; HIP
+    is not initialised here)."""
+    try:
+        from jax._src import hardware_utils
+
+        return hardware_utils.num_available_amd_gpus(stop_at=1) > 0
+    except Exception:  # noqa: BLE001 - an older JAX, or no driver
+        return False
+
+
 def _installed_plugin(module: str, filename: str) -> str | None:
     import importlib.util
 
@@ -83,8 +103,18 @@ def _installed_plugin(module: str, filename: str) -> str | None:
     return None
 
 
+def _jax_gpu_plugin(platform: str) -> str | None:
+    """The library of JAX's own XLA plugin package for GPU `platform`, if installed."""
+    modules, filename = _XLA_GPU_PLUGINS[platform]
+    for module in modules:
+        path = _installed_plugin(module, filename)
+        if path:
+            return path
+    return None
+
+
 def wrapped() -> str | None:
-    """The inner platform ("cpu", "cuda") when this process's "peerless" backend wraps XLA's
+    """The inner platform ("cpu", "cuda", "rocm") when this process's "peerless" backend wraps XLA's
     plugin, else None (none registered)."""
     return _wrapped_platform
 
@@ -97,25 +127,30 @@ _INSTALL = ("install XLA's plugin: jax[cuda13] on GPUs, or `pip install --no-dep
 def inner_plugin() -> tuple[str, str] | None:
     """(path, platform) of XLA's PJRT plugin that `JAX_PLATFORMS=peerless` wraps, or None when
     there is none (or PEERLESS_XLA_PLUGIN=none). In order: PEERLESS_XLA_PLUGIN (a path); on a
-    machine with a usable GPU (unless PEERLESS_BACKEND=host) the installed jax-cuda13-pjrt /
-    jax-cuda12-pjrt plugin; else XLA's CPU plugin from `lammps-jax-pjrt-cpu`.
-    PEERLESS_BACKEND=cuda insists on the CUDA plugin, =host (or cpu) on the CPU one."""
+    machine with a usable NVIDIA GPU (unless PEERLESS_BACKEND=host) the installed
+    jax-cuda13-pjrt / jax-cuda12-pjrt plugin; on one with an AMD GPU the installed
+    jax-rocm7-pjrt plugin; else XLA's CPU plugin from `lammps-jax-pjrt-cpu`.
+    PEERLESS_BACKEND=cuda (rocm) insists on the CUDA (ROCm) plugin, =host (or cpu) on the CPU
+    one."""
     env = os.environ.get("PEERLESS_XLA_PLUGIN", "")
     if env in ("none", "standalone"):
         return None
     if env:
-        platform = os.environ.get("PEERLESS_XLA_PLATFORM") or ("cuda" if "cuda" in os.path.basename(env) else "cpu")
+        name = os.path.basename(env)
+        platform = os.environ.get("PEERLESS_XLA_PLATFORM") or (
+            "cuda" if "cuda" in name else "rocm" if "rocm" in name else "cpu")
         return env, platform
     backend = os.environ.get("PEERLESS_BACKEND", "")
-    if backend not in ("", "host", "cpu", "cuda"):
+    if backend not in ("", "host", "cpu", "cuda", "rocm"):
         return None
-    if backend not in ("host", "cpu"):
-        for module in ("jax_plugins.xla_cuda13", "jax_plugins.xla_cuda12"):
-            path = _installed_plugin(module, "xla_cuda_plugin.so")
-            if path and (backend == "cuda" or _gpus_usable()):
-                return path, "cuda"
-        if backend == "cuda":
-            return None
+    usable = {"cuda": _gpus_usable, "rocm": _amd_gpus_usable}
+    for platform in ("cuda", "rocm"):
+        if backend in ("", platform):
+            path = _jax_gpu_plugin(platform)
+            if path and (backend == platform or usable[platform]()):
+                return path, platform
+    if backend in ("cuda", "rocm"):
+        return None
     try:
         import lammps_jax_pjrt_cpu
 
@@ -127,11 +162,14 @@ def inner_plugin() -> tuple[str, str] | None:
 def _unavailable_reason() -> str:
     """Why `inner_plugin()` found nothing, naming what to install."""
     backend = os.environ.get("PEERLESS_BACKEND", "")
-    if backend not in ("", "host", "cpu", "cuda"):
-        return f"peerless: PEERLESS_BACKEND={backend} is not a backend (host, cpu or cuda)"
+    if backend not in ("", "host", "cpu", "cuda", "rocm"):
+        return f"peerless: PEERLESS_BACKEND={backend} is not a backend (host, cpu, cuda or rocm)"
     if backend == "cuda":
         return ("peerless: PEERLESS_BACKEND=cuda wraps XLA's CUDA plugin, and jax-cuda13-pjrt / jax-cuda12-pjrt "
                 "is not installed: pip install 'jax[cuda13]'")
+    if backend == "rocm":
+        return ("peerless: PEERLESS_BACKEND=rocm wraps XLA's ROCm plugin, and jax-rocm7-pjrt is not installed: "
+                "pip install 'jax[rocm7-local]' (and a libpeerless_pjrt.so built with --features rocm)")
     return f"peerless: JAX_PLATFORMS=peerless runs inside XLA's own PJRT plugin, and none is installed: {_INSTALL}"
 
 
@@ -176,16 +214,19 @@ def _register_wrapper(xla_bridge, path: str, inner: str, platform: str) -> None:
     """`JAX_PLATFORMS=peerless` as XLA's plugin `inner` plus Peerless (plugin/src/wrap.rs):
     the library reads PEERLESS_XLA_PLUGIN when JAX loads it, registers its handlers in that
     plugin and returns its table. The pass goes on at once (PEERLESS_ENABLE=0 leaves it off)."""
-    if platform == "cuda":
+    if platform in _XLA_GPU_PLUGINS:
         jax_platforms = os.environ.get("JAX_PLATFORMS", "")
         if PLATFORM not in [p.strip() for p in jax_platforms.split(",")]:
-            # A second XLA GPU client beside JAX's own "cuda" would claim the GPUs' memory too:
-            # on GPUs the wrapper is there only when asked for by name.
+            # A second XLA GPU client beside JAX's own "cuda" / "rocm" would claim the GPUs'
+            # memory too: on GPUs the wrapper is there only when asked for by name.
             return
         from jaxlib import xla_client
 
-        # What JAX's own CUDA plugin is created with (allocator, memory fraction, ...).
+        # What JAX's own GPU plugin is created with (allocator, memory fraction, ...); XLA's
+        # ROCm plugin also takes its platform's name, as jax_plugins.xla_rocm7 passes it.
         options = dict(xla_client.generate_pjrt_gpu_plugin_options())
+        if platform == "rocm":
+            options["platform_name"] = "ROCM"
     else:
         # XLA's CPU plugin takes its device count as a create option (the CUDA one rejects it).
         n = os.environ.get("PEERLESS_HOST_DEVICES") or os.environ.get("PEERLESS_NUM_DEVICES") or "8"
@@ -193,14 +234,14 @@ def _register_wrapper(xla_bridge, path: str, inner: str, platform: str) -> None:
     # The library reads these when JAX loads it (in register_plugin); they are put back after,
     # so child processes choose for themselves.
     # Handlers: the PJRT FFI extension registers execute-only ones (no per-executable state);
-    # where the inner plugin is JAX's own CUDA plugin package, JAX reaches its GPU extension,
-    # which takes the whole bundle (instantiate / initialize / execute), so we register here.
-    jax_cuda = platform == "cuda" and any(
-        _installed_plugin(m, "xla_cuda_plugin.so") == inner for m in ("jax_plugins.xla_cuda13", "jax_plugins.xla_cuda12"))
+    # where the inner plugin is JAX's own GPU plugin package (CUDA or ROCm), JAX reaches its
+    # GPU extension, which takes the whole bundle (instantiate / initialize / execute), so we
+    # register here.
+    jax_gpu = platform in _XLA_GPU_PLUGINS and _jax_gpu_plugin(platform) == inner
     keys = ("PEERLESS_XLA_PLUGIN", "PEERLESS_XLA_PLATFORM", "PEERLESS_XLA_HANDLERS")
     saved = {k: os.environ.get(k) for k in keys}
     os.environ.update(PEERLESS_XLA_PLUGIN=inner, PEERLESS_XLA_PLATFORM=platform,
-                      PEERLESS_XLA_HANDLERS="python" if jax_cuda else "rust")
+                      PEERLESS_XLA_HANDLERS="python" if jax_gpu else "rust")
     try:
         c_api = xla_bridge.register_plugin(PLATFORM, priority=400, library_path=path, options=options)
     except Exception as e:  # a second initialize() in one process
@@ -222,8 +263,8 @@ def _register_wrapper(xla_bridge, path: str, inner: str, platform: str) -> None:
     # for clients without the package, must leave it alone, whether or not it goes on here.
     if c_api is not None:
         inside._dll().PeerlessXlaPassFromPython()
-    if jax_cuda:
-        inside._register_targets("cuda")  # JAX holds it until its CUDA plugin is initialised
+    if jax_gpu:
+        inside._register_targets(platform)  # JAX holds it until its GPU plugin is initialised
     # The pass goes on where the platform will be used: JAX_PLATFORMS names it, or is unset
     # (the highest priority platform, this one, is the default).
     wanted = os.environ.get("JAX_PLATFORMS", "")

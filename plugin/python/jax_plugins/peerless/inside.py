@@ -1,7 +1,7 @@
 """Peerless inside XLA: the collective pass and the FFI handlers, on JAX's own backends.
 
     import jax_plugins.peerless as peerless
-    peerless.enable()          # every initialised platform Peerless supports ("cpu", "cuda")
+    peerless.enable()          # every initialised platform Peerless supports ("cpu", "cuda", "rocm")
     ...                        # jit / shard_map as usual; XLA compiles, Peerless runs collectives
     peerless.stats()           # {"all-reduce": {"kernel": 3, "fallback": 0}, ...}
     peerless.disable()
@@ -15,7 +15,8 @@ How it works: `jax.extend.xla.register_hlo_module_transformation` runs our pass 
 PRE_SCHEDULER (after SPMD partitioning); the pass (Rust, in libpeerless_pjrt.so) rewrites
 each collective it takes into a typed-FFI custom call `peerless.<op>`, whose handlers
 (registered with `jax.ffi.register_ffi_target`) run Peerless's protocols: the host backend
-on CPU, the peer-access kernels on XLA's stream on CUDA.
+on CPU, the peer-access kernels on XLA's stream on CUDA and, with a library built with the
+cargo feature `rocm`, on ROCm (`jax-rocm7-pjrt`; never run on an AMD GPU so far).
 
 JAX's persistent compilation cache (`jax_compilation_cache_dir`) works with Peerless on: a
 compiled module holds nothing of the run that compiled it (no job token, no process), so a
@@ -46,8 +47,15 @@ TARGETS = (
     "peerless.reduce_scatter",
     "peerless.collective_permute",
 )
-# Platforms with Peerless handlers, as JAX names them, and as XLA's FFI registry does.
-SUPPORTED = {"cpu": "cpu", "cuda": "CUDA"}
+# Platforms with Peerless handlers, as JAX names them, and as XLA's FFI registry does. "rocm"
+# needs a library built with the cargo feature `rocm` (`_supported()` asks the library).
+SUPPORTED = {"cpu": "cpu", "cuda": "CUDA", "rocm": "ROCM"}
+
+
+def _supported() -> list[str]:
+    """The platforms of SUPPORTED this library has handlers for."""
+    dll = _dll()
+    return [p for p in SUPPORTED if p == "cpu" or dll.PeerlessXlaHandler(p.encode(), TARGETS[0].encode())]
 
 
 class _PassResult(ctypes.Structure):
@@ -232,8 +240,8 @@ def _topology(backend_name: str, platform: str) -> str:
     job, hosts = _job_hosts(gs.client, this, nproc)
     devices = ",".join(f"{d.id}:{d.process_index}" for d in backend.devices())
     topo = f"this={this};job={job};devices={devices};hosts=" + ",".join(f"{q}:{h}" for q, h in sorted(hosts.items()))
-    if platform == "cuda":
-        # XLA calls a GPU's handlers with its CUDA ordinal, which is not its id here.
+    if platform in ("cuda", "rocm"):
+        # XLA calls a GPU's handlers with its CUDA / HIP ordinal, which is not its id here.
         topo += ";ordinals=" + ",".join(f"{d.id}:{d.local_hardware_id}" for d in backend.local_devices())
     log.info("peerless: process %d of %d, hosts %s, platform %s", this, nproc, hosts, platform)
     with _lock:
@@ -337,7 +345,7 @@ def _install_cache_hook() -> None:
 
 
 def _make_pass(platform: str, local_devices: str | None = None, backend: str | None = None):
-    """The pass for XLA's `platform` ("cpu", "cuda") on JAX backend `backend` (default the
+    """The pass for XLA's `platform` ("cpu", "cuda", "rocm") on JAX backend `backend` (default the
     same name). `local_devices` fixes the process view; None: found at each compile (it
     changes when jax.distributed starts)."""
     dll = _dll()
@@ -421,7 +429,7 @@ def _register_pass(platform: str, inner: str | None = None) -> None:
 
 def enable(platforms: str | Iterable[str] | None = None, *, flags: str | None = None) -> list[str]:
     """Runs Peerless's collective pass and handlers inside XLA for `platforms` ("cpu",
-    "cuda"; None: every initialised platform Peerless supports). Returns the platforms
+    "cuda", "rocm"; None: every initialised platform Peerless supports). Returns the platforms
     enabled. Calling it again for an enabled platform changes nothing but the flags."""
     from jax._src import xla_bridge
 
@@ -433,13 +441,15 @@ def enable(platforms: str | Iterable[str] | None = None, *, flags: str | None = 
     elif not _state["flags"]:
         _state["flags"] = os.environ.get("PEERLESS_FLAGS", "")
         _check_flags(_state["flags"])
+    supported = _supported()
     if platforms is None:
-        wanted = [p for p in xla_bridge.backends() if p in SUPPORTED or _wrapped(p)]
+        wanted = [p for p in xla_bridge.backends() if p in supported or _wrapped(p)]
     else:
         wanted = [platforms] if isinstance(platforms, str) else list(platforms)
     for p in wanted:
-        if p not in SUPPORTED and not _wrapped(p):
-            raise ValueError(f"Peerless has no handlers for platform {p!r} (supported: {sorted(SUPPORTED)})")
+        if p not in supported and not _wrapped(p):
+            why = " (this library was built without the cargo feature `rocm`)" if p in SUPPORTED else ""
+            raise ValueError(f"Peerless has no handlers for platform {p!r}{why} (supported: {sorted(supported)})")
     done = []
     for p in wanted:
         if _wrapped(p):
@@ -478,7 +488,7 @@ def _learn_topology(platforms: list[str]) -> None:
 
 def _wrapped(platform: str) -> str | None:
     """For the "peerless" backend wrapping XLA's plugin, the Peerless platform of its devices
-    ("cpu", "cuda"); else None."""
+    ("cpu", "cuda", "rocm"); else None."""
     from . import PLATFORM, wrapped
 
     return wrapped() if platform == PLATFORM else None
@@ -541,15 +551,19 @@ def staging_bytes() -> int:
 def staging_by_device() -> dict:
     """Memory Peerless's collectives hold now, per device of this process: {"cpu": bytes of
     the CPU handlers' staging, "cuda:0": bytes of device memory on GPU 0 (staging, signal
-    flags, status words), ...}; a GPU appears once it holds any. On both platforms
-    collectives that every device runs in one order share one slot (issue 25), so this grows
-    with the collectives that may run at once, not with their number."""
+    flags, status words; "rocm:0" where Peerless runs on ROCm), ...}; a GPU appears once it
+    holds any. On every platform collectives that every device runs in one order share one
+    slot (issue 25), so this grows with the collectives that may run at once, not with their
+    number."""
+    from . import wrapped
+
     dll = _dll()
     out = {"cpu": int(dll.PeerlessXlaStagingBytes())}
-    for ordinal in range(8):  # MAX_RANKS: the CUDA handlers' GPUs per process
+    gpu = "rocm" if "rocm" in _state["enabled"] or wrapped() == "rocm" else "cuda"
+    for ordinal in range(8):  # MAX_RANKS: the GPU handlers' GPUs per process
         held = int(dll.PeerlessXlaGpuStagingBytes(ordinal))
         if held:
-            out[f"cuda:{ordinal}"] = held
+            out[f"{gpu}:{ordinal}"] = held
     return out
 
 
@@ -564,7 +578,7 @@ def reset_stats() -> None:
 def enable_wrapped_at_start(c_api, platform: str) -> None:
     """`JAX_PLATFORMS=peerless` wrapping XLA's plugin: the pass goes on that plugin's
     XlaTransform extension as soon as JAX has loaded it (before any client exists), deciding
-    for the inner `platform`'s devices ("cpu", "cuda")."""
+    for the inner `platform`'s devices ("cpu", "cuda", "rocm")."""
     from jax._src.lib import _xla
 
     from . import PLATFORM
@@ -579,14 +593,14 @@ def enable_wrapped_at_start(c_api, platform: str) -> None:
 def enable_at_start() -> None:
     """`PEERLESS_ENABLE=1`: called while JAX discovers plugins, before any backend exists.
     CPU registers at once (XLA's CPU pass and FFI registries are process-global); PJRT
-    plugins (cuda) register from JAX's plugin callback, once their C API is loaded."""
+    plugins (cuda, rocm) register from JAX's plugin callback, once their C API is loaded."""
     from jax._src import xla_bridge
 
     _state["flags"] = os.environ.get("PEERLESS_FLAGS", "")
 
     def on_plugin(c_api=None):
         for name, factory in list(xla_bridge._backend_factories.items()):
-            if factory.c_api is c_api and name in SUPPORTED and name not in _state["enabled"]:
+            if factory.c_api is c_api and name in _supported() and name not in _state["enabled"]:
                 from jax._src.lib import _xla
 
                 _register_targets(name)

@@ -1,0 +1,1167 @@
+//! The GPU runtime behind XLA's FFI handlers, written once for both vendors over the device
+//! layer ([`XlaBackend`]: [`crate::gpu::Backend`] plus [`ffi::gpu::Interop`]): Peerless's
+//! peer-access kernels launched on XLA's stream, with XLA's buffers as operands and results.
+//! [`GpuRuntime<Cuda>`](GpuRuntime) serves XLA's CUDA platform (`crate::cuda::xla`), and with
+//! feature `rocm` [`GpuRuntime<Hip>`](GpuRuntime) XLA's ROCm platform (`crate::rocm::xla`).
+//! Each vendor keeps its own process-wide state ([`RuntimeState`], from
+//! [`XlaBackend::state`]): its clique, slot table, device ids and held-bytes counters are
+//! never shared with the other's.
+//!
+//! - The process's GPUs are opened once ([`Clique`]: primary contexts, the kernel module,
+//!   peer access enabled and probed per pair): XLA uses the same primary contexts.
+//! - Symmetric staging and signal flags on every device of a group ([`Instance`]) belong to
+//!   a staging *slot* (issue 25): the pass gives one slot to the collectives of an executable
+//!   that every device runs one after another on its stream (same computation, same groups,
+//!   a chain of data dependencies; `emitter::xla_pass`'s slot rule), so a program of N
+//!   collectives holds its slots' staging, not N collectives' (a call without a slot keeps
+//!   staging of its own). A slot is sized by the pass for its largest call
+//!   ([`CustomCallConfig::gpu_staging_bytes`]); every kernel's barrier values of launch epoch
+//!   e are 2e - 1 and 2e, so one-shot, two-shot, reduce-scatter and exchange launches may
+//!   follow each other on one slot's flags. Each device's part is allocated in its
+//!   INITIALIZE stage and kept with the executable (XLA FFI state set at INSTANTIATE, one
+//!   reference per call of the slot; freed when XLA destroys the executable; a process-wide
+//!   table where XLA keeps no state). Launch counters (epochs) live on the device, so XLA may
+//!   capture a call into a command buffer (CUDA or HIP graph) and replay it without the
+//!   handler.
+//! - All-reduce and reduce-scatter read XLA's operand and write XLA's result directly (the
+//!   kernels stage the operand into the symmetric buffer themselves). All-gather, all-to-all
+//!   and permute push into the peers' symmetric staging (a peer's XLA buffer address is not
+//!   known to us), then each device copies its staging into its result, in stream order:
+//!   the next call's "ready" barrier cannot pass before that copy has run.
+//! - Groups across processes of one host (calls with `processes`, `jax.distributed`): each
+//!   process allocates its own devices' parts, and in INITIALIZE posts their IPC handles
+//!   (CUDA or HIP IPC) in a shared segment named by the running job's token
+//!   ([`thunks::runtime::job`]), the collective's shared id and the vendor
+//!   ([`crate::host::shm::exchange`]); it opens the other processes' handles (peer access
+//!   enabled lazily) and the kernels run as in one process. XLA calls the handlers with the
+//!   GPU's ordinal, which is not the device id there: [`set_device_ids`] maps it, from the
+//!   topology the Python package hands over before any executable of the job runs (compiled
+//!   or loaded from a persistent cache; the module holds nothing of the run).
+//! - A peer that never arrives ends the kernel's bounded wait: the kernel writes the missing
+//!   members into its status word and into a host-mapped report word, and the next call of the collective on that
+//!   device reports them as an error (no host synchronisation on the hot path).
+//!
+//! On ROCm every line here is compile-checked and unit-tested without a GPU; none of it has
+//! run on an AMD GPU (docs/ROCM.md).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::marker::PhantomData;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock, Weak};
+
+use ffi::gpu::{IPC_HANDLE_BYTES, Interop};
+use ffi::xla_ffi::{BufferRef, COMMAND_BUFFER_COMPATIBLE, CallFrame, ErrorCode, ExecutableState, HandlerError, Traits};
+use hlo::ArrayShape;
+use thunks::custom_call::CustomCallConfig;
+use thunks::ffi_handler::{CollectiveRuntime, array_shape};
+use thunks::{CollectiveKind as Kind, KernelAlgorithm as Algo};
+
+use super::args::{
+    Blocks, Dtype, ExchangeArgs, MAX_OPERANDS, MAX_TASKS, Many, ManyArgs, Ptrs, Red, ReduceArgs, Run, ScatterArgs, Sig,
+    Status, Wait, Xchg,
+};
+use super::{BLOCKS, Backend, Clique, DEFAULT_GRID, Kernel, MAX_RANKS, SIGNAL_BYTES, THREADS, Unit};
+
+/// A vendor's device layer as the runtime behind XLA's handlers needs it: the kernels'
+/// backend ([`Backend`]), what living inside XLA takes ([`Interop`]: IPC, host-mapped memory,
+/// XLA's streams, free memory), and the vendor's own process-wide state.
+pub trait XlaBackend: Backend + Interop + Sized {
+    /// This vendor's runtime state, one `static` per vendor (never shared with another's).
+    fn state() -> &'static RuntimeState<Self>;
+}
+
+/// What the runtime of one vendor keeps for the process: the clique, the device ids, the
+/// bytes held per GPU, the live instances, the executable-state type and the slot tables.
+/// Declare one per vendor with [`RuntimeState::new`] in a `static`.
+pub struct RuntimeState<B: XlaBackend> {
+    /// Every GPU of the process, opened once.
+    clique: OnceLock<Result<Clique<B>, String>>,
+    /// Local ordinal → device id, where this process does not own every device of the job
+    /// (`jax.distributed`); empty: ids are ordinals.
+    device_ids: RwLock<BTreeMap<usize, usize>>,
+    /// Device memory held by ranks, per ordinal.
+    held: [AtomicUsize; MAX_RANKS],
+    /// Instances alive (tests watch executables free theirs).
+    live: AtomicUsize,
+    /// The executables' state for each custom call.
+    exec: ExecutableState<ExecState<B>>,
+    /// Calls of executables XLA keeps no state for, by `instance` (kept for the process).
+    instances: OnceLock<Mutex<HashMap<u64, Arc<Instance<B>>>>>,
+    /// Live slots, held weakly: a slot lives as long as a call of an executable holds it.
+    slots: OnceLock<Mutex<HashMap<SlotKey, Weak<Instance<B>>>>>,
+}
+
+impl<B: XlaBackend> RuntimeState<B> {
+    /// Empty state whose executable state XLA registers as `state_type` (unique per vendor,
+    /// e.g. `peerless.cuda_collective`).
+    pub const fn new(state_type: &'static str) -> Self {
+        RuntimeState {
+            clique: OnceLock::new(),
+            device_ids: RwLock::new(BTreeMap::new()),
+            held: [const { AtomicUsize::new(0) }; MAX_RANKS],
+            live: AtomicUsize::new(0),
+            exec: ExecutableState::new(state_type),
+            instances: OnceLock::new(),
+            slots: OnceLock::new(),
+        }
+    }
+}
+
+fn round_up(x: usize, a: usize) -> usize {
+    x.div_ceil(a).saturating_mul(a)
+}
+
+fn err(code: ErrorCode, m: impl Into<String>) -> HandlerError {
+    HandlerError::new(code, m)
+}
+
+fn internal(e: impl std::fmt::Display) -> HandlerError {
+    HandlerError::internal(e.to_string())
+}
+
+/// Every GPU of the process, opened once.
+fn clique<B: XlaBackend>() -> Result<&'static Clique<B>, HandlerError> {
+    B::state()
+        .clique
+        .get_or_init(|| {
+            let n = B::device_count().map_err(|e| e.to_string())?.min(MAX_RANKS);
+            let ordinals: Vec<usize> = (0..n).collect();
+            Clique::new(&ordinals).map_err(|e| e.to_string())
+        })
+        .as_ref()
+        .map_err(|e| err(ErrorCode::FailedPrecondition, format!("Peerless cannot open the GPUs: {e}")))
+}
+
+/// The peer-access table of the process's GPUs (for the pass), or why there is none.
+pub fn peer_table<B: XlaBackend>() -> Result<Arc<emitter::PeerAccessTable>, String> {
+    clique::<B>().map(|c| c.peers.clone()).map_err(|e| e.to_string())
+}
+
+/// The least free device memory among the process's GPUs, in bytes (the pass's staging
+/// budget), or why it is unknown.
+pub fn least_free_memory<B: XlaBackend>() -> Result<usize, String> {
+    let c = clique::<B>().map_err(|e| e.to_string())?;
+    let mut least: Option<usize> = None;
+    for d in &c.devices {
+        let free = B::free_memory(&d.ctx).map_err(|e| e.to_string())?;
+        least = Some(least.map_or(free, |l| l.min(free)));
+    }
+    least.ok_or_else(|| "no GPUs".to_string())
+}
+
+/// Records which device id each local GPU (ordinal) has in the job (from the job's topology,
+/// which the Python package hands the plugin at its first compile or cache lookup).
+pub fn set_device_ids<B: XlaBackend>(ids: BTreeMap<usize, usize>) {
+    *B::state().device_ids.write().unwrap_or_else(PoisonError::into_inner) = ids;
+}
+
+/// One device's part of a collective (a device of this process).
+#[derive(Debug)]
+struct Rank<B: XlaBackend> {
+    staging: B::Buffer,
+    signals: B::Buffer,
+    /// The kernels' status words (polled while waiting: device memory).
+    status: B::Buffer,
+    /// Where a timeout is also reported, for the host to read without synchronising.
+    report: B::HostMapped,
+    /// The GPU it lives on, for [`staging_by_gpu`].
+    ordinal: usize,
+}
+
+impl<B: XlaBackend> Rank<B> {
+    fn held(&self) -> usize {
+        B::buffer_len(&self.staging) + B::buffer_len(&self.signals) + B::buffer_len(&self.status)
+    }
+}
+
+impl<B: XlaBackend> Drop for Rank<B> {
+    fn drop(&mut self) {
+        if let Some(h) = B::state().held.get(self.ordinal) {
+            h.fetch_sub(self.held(), Ordering::Relaxed);
+        }
+    }
+}
+
+/// Bytes of device memory Peerless's collectives hold now (staging, signals, status words),
+/// per ordinal of this process (`peerless.staging_bytes()`, `peerless devices`).
+pub fn staging_by_gpu<B: XlaBackend>() -> Vec<usize> {
+    B::state().held.iter().map(|h| h.load(Ordering::Relaxed)).collect()
+}
+
+/// Where a member's staging and signals lie, as this process addresses them.
+#[derive(Clone, Copy, Debug)]
+struct Addr {
+    staging: u64,
+    signals: u64,
+}
+
+/// Every member's addresses, once known (the hot path reads this).
+#[derive(Debug)]
+struct Complete<B: XlaBackend> {
+    /// This process's devices' parts.
+    ranks: HashMap<usize, Arc<Rank<B>>>,
+    /// Every member's staging and signals: its own buffers, or another process's opened
+    /// from their IPC handles.
+    addrs: HashMap<usize, Addr>,
+    /// Other processes' buffers, closed when the instance goes.
+    _mapped: Vec<B::IpcMapping>,
+}
+
+/// A collective's per-device state. Each device allocates its own part, in its INITIALIZE
+/// stage (outside any stream capture: allocating or memsetting on another device while that
+/// device records a command buffer would break its capture), and publishes it here; a
+/// device's first execute waits (bounded) until every device it exchanges with has: in this
+/// process through `ranks`, in other processes of the host (`job` calls) through the IPC
+/// handles they post in a shared segment ([`crate::host::shm::exchange`]).
+#[derive(Debug)]
+struct Instance<B: XlaBackend> {
+    ranks: Mutex<HashMap<usize, Arc<Rank<B>>>>,
+    complete: OnceLock<Complete<B>>,
+    /// Held by the one thread of the process that meets the other processes.
+    meeting: Mutex<()>,
+    /// Staging bytes per device (AR / RS: two halves).
+    staging: usize,
+    devices: Vec<usize>,
+    /// Across processes: the id the members meet under (the call's instance and this
+    /// executable's occurrence, [`thunks::runtime::shared_key`]).
+    key: u64,
+}
+
+impl<B: XlaBackend> Drop for Instance<B> {
+    fn drop(&mut self) {
+        B::state().live.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Number of this vendor's collective instances alive in the process.
+pub fn live_instances<B: XlaBackend>() -> usize {
+    B::state().live.load(Ordering::Relaxed)
+}
+
+/// An executable's state for one custom call (set at INSTANTIATE, dropped with the
+/// executable, which frees every device's staging): the collective's instance.
+#[derive(Debug)]
+struct ExecState<B: XlaBackend> {
+    instance: OnceLock<Arc<Instance<B>>>,
+    /// For a group across processes: how many executables of this process instantiated the
+    /// call's `instance` before this one.
+    occurrence: u64,
+}
+
+impl<B: XlaBackend> Default for ExecState<B> {
+    fn default() -> Self {
+        ExecState { instance: OnceLock::new(), occurrence: 0 }
+    }
+}
+
+/// Calls of executables XLA keeps no state for, by `instance` (kept for the process).
+fn instances<B: XlaBackend>() -> &'static Mutex<HashMap<u64, Arc<Instance<B>>>> {
+    B::state().instances.get_or_init(Default::default)
+}
+
+/// What a shared slot is keyed by: the pass's slot id, the executable's occurrence of the
+/// call's instance (two loads of one module never share), and (defensively: the pass gives
+/// a slot one group set) groups and pairs.
+type SlotKey = (u64, u64, Vec<Vec<usize>>, Vec<(usize, usize)>);
+
+/// Live slots, held weakly: a slot lives as long as a call of an executable holds it.
+fn slots<B: XlaBackend>() -> &'static Mutex<HashMap<SlotKey, Weak<Instance<B>>>> {
+    B::state().slots.get_or_init(Default::default)
+}
+
+/// Staging a call needs on every device.
+fn staging_bytes(cfg: &CustomCallConfig, args: &[ArrayShape], rets: &[ArrayShape]) -> usize {
+    let sizes = |v: &[ArrayShape]| v.iter().map(ArrayShape::byte_size).collect::<Vec<_>>();
+    cfg.gpu_staging_bytes(&sizes(args), &sizes(rets))
+}
+
+/// The instance `cfg` runs on: its slot's (a live one of the same key, or a new one of the
+/// slot's size), or one of its own without a slot or where the live slot is too small for it
+/// (only a config from elsewhere: the pass sized the slot for every call), with a warning.
+fn on_slot<B: XlaBackend>(cfg: &CustomCallConfig, need: usize, occurrence: u64) -> Arc<Instance<B>> {
+    let own = || new_instance(cfg, need, thunks::runtime::shared_key(cfg.instance, occurrence));
+    let Some(slot) = cfg.slot else { return own() };
+    let key: SlotKey = (slot, occurrence, cfg.groups.clone(), cfg.pairs.clone());
+    let mut map = slots::<B>().lock().unwrap_or_else(PoisonError::into_inner);
+    // Forget the slots of freed executables.
+    map.retain(|_, w| w.strong_count() > 0);
+    if let Some(inst) = map.get(&key).and_then(Weak::upgrade) {
+        if inst.staging >= need {
+            return inst;
+        }
+        log::warn!(
+            "peerless: {} '{}' stages {need} bytes per GPU, more than its slot's {}: staging of its own",
+            cfg.target(),
+            cfg.name,
+            inst.staging
+        );
+        return own();
+    }
+    let size = round_up(need.max(usize::try_from(cfg.slot_gpu_bytes).unwrap_or(usize::MAX)), 512);
+    let inst = new_instance(cfg, size, thunks::runtime::shared_key(slot, occurrence));
+    map.insert(key, Arc::downgrade(&inst));
+    inst
+}
+
+fn devices_of(cfg: &CustomCallConfig) -> Vec<usize> {
+    let mut v: Vec<usize> =
+        cfg.groups.iter().flatten().copied().chain(cfg.pairs.iter().flat_map(|&(s, t)| [s, t])).collect();
+    v.sort_unstable();
+    v.dedup();
+    v
+}
+
+/// An instance (nothing allocated yet) of `staging` bytes per device, meeting other
+/// processes under `key`.
+fn new_instance<B: XlaBackend>(cfg: &CustomCallConfig, staging: usize, key: u64) -> Arc<Instance<B>> {
+    B::state().live.fetch_add(1, Ordering::Relaxed);
+    Arc::new(Instance {
+        ranks: Mutex::new(HashMap::new()),
+        complete: OnceLock::new(),
+        meeting: Mutex::new(()),
+        staging,
+        devices: devices_of(cfg),
+        key,
+    })
+}
+
+/// The instance of `cfg` (its slot's, or its own; created empty on first sight, allocating
+/// nothing): held by the executable's state where XLA keeps state, else by the process-wide
+/// table.
+fn instance<B: XlaBackend>(
+    f: &CallFrame<'_>,
+    cfg: &CustomCallConfig,
+    args: &[ArrayShape],
+    rets: &[ArrayShape],
+) -> Arc<Instance<B>> {
+    let need = staging_bytes(cfg, args, rets);
+    if let Some(state) = B::state().exec.get(f) {
+        return state.instance.get_or_init(|| on_slot(cfg, need, state.occurrence)).clone();
+    }
+    let mut map = instances::<B>().lock().unwrap_or_else(PoisonError::into_inner);
+    map.entry(cfg.instance).or_insert_with(|| on_slot(cfg, need, 0)).clone()
+}
+
+/// Allocates and publishes the part of `inst` of `device` (GPU `ordinal`) unless it exists.
+fn publish_own<B: XlaBackend>(
+    c: &Clique<B>,
+    cfg: &CustomCallConfig,
+    inst: &Instance<B>,
+    device: usize,
+    ordinal: usize,
+) -> Result<(), HandlerError> {
+    if inst.ranks.lock().unwrap_or_else(PoisonError::into_inner).contains_key(&device) {
+        return Ok(());
+    }
+    let dev = c.devices.get(ordinal).ok_or_else(|| {
+        err(
+            ErrorCode::FailedPrecondition,
+            format!("'{}' runs on device {device} (GPU {ordinal}); this process has {} GPUs", cfg.name, c.len()),
+        )
+    })?;
+    let flag = match cfg.kind {
+        Kind::AllReduce => "all_reduce_backend",
+        Kind::AllGather => "all_gather_backend",
+        Kind::AllToAll => "all_to_all_backend",
+        Kind::ReduceScatter => "reduce_scatter_backend",
+        _ => "collective_permute_backend",
+    };
+    let no_memory = |e: ffi::Error| {
+        err(
+            ErrorCode::ResourceExhausted,
+            format!(
+                "{} '{}': cannot allocate {} bytes of staging on GPU {ordinal} ({e}); lower the sizes Peerless \
+                 takes (e.g. PEERLESS_FLAGS=--two_shot_max_bytes=...) or leave this collective to XLA \
+                 (--{flag}=fallback)",
+                cfg.target(),
+                cfg.name,
+                inst.staging,
+            ),
+        )
+    };
+    // `Gpu::alloc`: zeroed memory peers may access while kernels run (plain `cuMemAlloc` on
+    // CUDA; fine-grained on HIP).
+    let rank = Rank::<B> {
+        staging: B::alloc(&dev.ctx, inst.staging).map_err(no_memory)?,
+        signals: B::alloc(&dev.ctx, SIGNAL_BYTES).map_err(no_memory)?,
+        status: B::alloc(&dev.ctx, 8).map_err(no_memory)?,
+        report: B::host_mapped(&dev.ctx, 2).map_err(no_memory)?,
+        ordinal,
+    };
+    let mut ranks = inst.ranks.lock().unwrap_or_else(PoisonError::into_inner);
+    if let std::collections::hash_map::Entry::Vacant(v) = ranks.entry(device) {
+        if let Some(h) = B::state().held.get(ordinal) {
+            h.fetch_add(rank.held(), Ordering::Relaxed);
+        }
+        v.insert(Arc::new(rank));
+    }
+    Ok(())
+}
+
+/// The devices of the call this process owns: all of them unless the call spans processes.
+fn local_members<B: XlaBackend>(cfg: &CustomCallConfig, inst: &Instance<B>, device: usize) -> Vec<usize> {
+    if !cfg.spans_processes() {
+        return inst.devices.clone();
+    }
+    let by = cfg.process_of();
+    let me = by.get(&device).copied();
+    inst.devices.iter().copied().filter(|d| by.get(d).copied() == me).collect()
+}
+
+/// Every member's addresses, waiting (up to the call's timeout) for devices that have not
+/// published yet; the error names them. `ordinal`: the calling GPU, in whose context other
+/// processes' buffers are opened.
+fn all_ranks<'a, B: XlaBackend>(
+    c: &Clique<B>,
+    cfg: &CustomCallConfig,
+    inst: &'a Instance<B>,
+    device: usize,
+    ordinal: usize,
+) -> Result<&'a Complete<B>, HandlerError> {
+    if let Some(done) = inst.complete.get() {
+        return Ok(done);
+    }
+    let timed_out = |missing: Vec<usize>, how: &str| {
+        err(
+            ErrorCode::DeadlineExceeded,
+            format!(
+                "{} '{}': devices {missing:?} never {how} within {} ms (groups {}, pairs {:?})",
+                cfg.target(),
+                cfg.name,
+                cfg.timeout_ms,
+                thunks::fmt_groups(&cfg.groups),
+                cfg.pairs
+            ),
+        )
+    };
+    let local = local_members(cfg, inst, device);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_millis(cfg.timeout_ms);
+    let ranks = loop {
+        let missing: Vec<usize> = {
+            let ranks = inst.ranks.lock().unwrap_or_else(PoisonError::into_inner);
+            let missing: Vec<usize> = local.iter().copied().filter(|d| !ranks.contains_key(d)).collect();
+            if missing.is_empty() {
+                break ranks.clone();
+            }
+            missing
+        };
+        if std::time::Instant::now() >= deadline {
+            return Err(timed_out(missing, "initialised it"));
+        }
+        std::thread::sleep(std::time::Duration::from_micros(50));
+    };
+    let own = |r: &Rank<B>| Addr { staging: B::ptr(&r.staging), signals: B::ptr(&r.signals) };
+    let mut addrs: HashMap<usize, Addr> = ranks.iter().map(|(&d, r)| (d, own(r))).collect();
+    if !cfg.spans_processes() {
+        return Ok(inst.complete.get_or_init(|| Complete { ranks, addrs, _mapped: vec![] }));
+    }
+    let job = thunks::runtime::job_for(cfg).map_err(|m| err(ErrorCode::FailedPrecondition, m))?;
+    // Across processes: one thread of this process meets the others.
+    let _meeting = inst.meeting.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some(done) = inst.complete.get() {
+        return Ok(done);
+    }
+    // Each device posts its staging's and signals' IPC handles and the staging size.
+    const SLOT: usize = 2 * IPC_HANDLE_BYTES + 8;
+    let mut posts = Vec::new();
+    for &d in &local {
+        let r = &ranks[&d];
+        let mut b = Vec::with_capacity(SLOT);
+        b.extend_from_slice(&B::ipc_handle(&r.staging).map_err(internal)?);
+        b.extend_from_slice(&B::ipc_handle(&r.signals).map_err(internal)?);
+        b.extend_from_slice(&(inst.staging as u64).to_le_bytes());
+        posts.push((d, b));
+    }
+    let processes = inst.devices.iter().filter_map(|d| cfg.process_of().get(d).copied()).collect::<BTreeSet<_>>();
+    let name = format!("/peerless-{job}-{:016x}-{}", inst.key, B::NAME);
+    let left = deadline.saturating_duration_since(std::time::Instant::now());
+    let all =
+        crate::host::shm::exchange(&name, &inst.devices, processes.len() as u64, &posts, SLOT, left).map_err(|e| {
+            match e.missing() {
+                Some(m) => timed_out(m.to_vec(), "posted their buffers (their processes never came)"),
+                None => err(ErrorCode::FailedPrecondition, format!("{} '{}': {e}", cfg.target(), cfg.name)),
+            }
+        })?;
+    let ctx = &c.devices.get(ordinal).ok_or_else(|| internal(format!("no GPU {ordinal}")))?.ctx;
+    let mut mapped = Vec::new();
+    for (d, b) in all.iter().filter(|(d, _)| !ranks.contains_key(d)) {
+        let handle = |at: usize| -> [u8; IPC_HANDLE_BYTES] {
+            let mut h = [0u8; IPC_HANDLE_BYTES];
+            h.copy_from_slice(&b[at..at + IPC_HANDLE_BYTES]);
+            h
+        };
+        let size = u64::from_le_bytes(b[2 * IPC_HANDLE_BYTES..].try_into().unwrap_or_default());
+        if size != inst.staging as u64 {
+            return Err(internal(format!(
+                "'{}': device {d} staged {size} bytes where this process stages {}",
+                cfg.name, inst.staging
+            )));
+        }
+        let open = |h: [u8; IPC_HANDLE_BYTES]| {
+            B::ipc_open(ctx, &h).map_err(|e| {
+                err(
+                    ErrorCode::FailedPrecondition,
+                    format!("'{}': cannot map device {d}'s buffers from another process: {e}", cfg.name),
+                )
+            })
+        };
+        let (staging, signals) = (open(handle(0))?, open(handle(IPC_HANDLE_BYTES))?);
+        addrs.insert(*d, Addr { staging: B::ipc_ptr(&staging), signals: B::ipc_ptr(&signals) });
+        mapped.push(staging);
+        mapped.push(signals);
+    }
+    Ok(inst.complete.get_or_init(|| Complete { ranks, addrs, _mapped: mapped }))
+}
+
+/// The GPU ordinal XLA calls the handler on.
+fn ordinal(f: &CallFrame<'_>) -> Result<usize, HandlerError> {
+    let o = f.device_ordinal()?;
+    usize::try_from(o).map_err(|_| internal(format!("XLA reported device ordinal {o}")))
+}
+
+/// The call's buffers, its operands' shapes and its collective's instance.
+fn frame_instance<'a, B: XlaBackend>(
+    f: &CallFrame<'a>,
+    cfg: &CustomCallConfig,
+) -> Result<(Vec<BufferRef<'a>>, Vec<BufferRef<'a>>, Vec<ArrayShape>, Arc<Instance<B>>), HandlerError> {
+    let (args, rets) = (f.args()?, f.rets()?);
+    let arg_shapes = args.iter().map(array_shape).collect::<Result<Vec<_>, _>>()?;
+    let ret_shapes = rets.iter().map(array_shape).collect::<Result<Vec<_>, _>>()?;
+    let inst = instance(f, cfg, &arg_shapes, &ret_shapes);
+    Ok((args, rets, arg_shapes, inst))
+}
+
+/// See [`Call::symmetric`].
+struct Symmetric {
+    stage: Ptrs,
+    flags: Ptrs,
+    stride: u64,
+    counter: u64,
+}
+
+/// The [`CollectiveRuntime`] of vendor `B`'s XLA platform (`B::NAME`: "cuda", "rocm").
+pub struct GpuRuntime<B: XlaBackend>(PhantomData<fn() -> B>);
+
+impl<B: XlaBackend> GpuRuntime<B> {
+    pub const fn new() -> Self {
+        GpuRuntime(PhantomData)
+    }
+}
+
+impl<B: XlaBackend> Default for GpuRuntime<B> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<B: XlaBackend> std::fmt::Debug for GpuRuntime<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "GpuRuntime<{}>", B::NAME)
+    }
+}
+
+struct Call<'a, B: XlaBackend> {
+    c: &'static Clique<B>,
+    cfg: &'a CustomCallConfig,
+    inst: &'a Instance<B>,
+    done: &'a Complete<B>,
+    /// The calling device's id and GPU ordinal.
+    device: usize,
+    ordinal: usize,
+    stream: B::ForeignStream,
+}
+
+impl<B: XlaBackend> Call<'_, B> {
+    /// The calling device's own part.
+    fn own(&self) -> Result<&Rank<B>, HandlerError> {
+        self.done
+            .ranks
+            .get(&self.device)
+            .map(|r| &**r)
+            .ok_or_else(|| internal(format!("'{}': no state for device {}", self.cfg.name, self.device)))
+    }
+
+    /// Member `d`'s staging and signals, as this process addresses them.
+    fn addr(&self, d: usize) -> Result<Addr, HandlerError> {
+        self.done
+            .addrs
+            .get(&d)
+            .copied()
+            .ok_or_else(|| internal(format!("'{}': no state for device {d}", self.cfg.name)))
+    }
+
+    fn flags(&self, d: usize) -> Result<u64, HandlerError> {
+        Ok(self.addr(d)?.signals + 4 * BLOCKS as u64)
+    }
+
+    fn status(&self) -> Result<Status, HandlerError> {
+        let timeout_ns = self.cfg.timeout_ms.saturating_mul(1_000_000);
+        let r = self.own()?;
+        Ok(Status { word: B::ptr(&r.status), timeout_ns, tag: 1, report: B::host_mapped_device_ptr(&r.report) })
+    }
+
+    fn func(&self, name: &str) -> Result<B::Function, HandlerError> {
+        self.c.devices[self.ordinal].function(name).map_err(|e| internal(format!("kernel {name}: {e}")))
+    }
+
+    fn launch<A>(
+        &self,
+        func: &str,
+        grid: u32,
+        params: &mut [*mut std::ffi::c_void],
+        _args: &A,
+    ) -> Result<(), HandlerError> {
+        let f = self.func(func)?;
+        // SAFETY: every caller builds `params` from one of collectives.rs's argument structs
+        // (`_args`, alive for this call) whose field list is the kernel family's parameter list;
+        // every address is an XLA buffer of this call (alive until the stream reaches it, XLA's
+        // contract) or this instance's symmetric staging, signals or mapped status, which live as
+        // long as the executable (which outlives the work it enqueued) on devices whose peer
+        // access was probed.
+        unsafe { B::launch(&self.stream, &f, grid, THREADS, params) }.map_err(internal)
+    }
+
+    /// Enqueues a copy of `len` bytes on XLA's stream.
+    fn copy(&self, dst: u64, src: u64, len: usize) -> Result<(), HandlerError> {
+        // SAFETY: every caller copies into an XLA buffer of this call from another one or from
+        // this instance's own staging: XLA's buffers live until the stream reaches the copy
+        // (XLA's contract), the staging as long as the executable; `len` is the result's byte
+        // size, which the operand and the staging the pass sized for the call both hold.
+        unsafe { B::copy_d2d_async(&self.stream, dst, src, len) }.map_err(internal)
+    }
+
+    /// Enqueues a fill of `len` bytes with `v` on XLA's stream.
+    fn fill(&self, dst: u64, v: u8, len: usize) -> Result<(), HandlerError> {
+        // SAFETY: `dst` is an XLA buffer of this call or this instance's status word, holding
+        // at least `len` bytes and alive until the stream reaches the fill (as in `copy`).
+        unsafe { B::memset_async(&self.stream, dst, v, len) }.map_err(internal)
+    }
+
+    /// The group's staging and flag bases, the staging half's size and this device's launch
+    /// counters: what every double-buffered reduction kernel takes.
+    fn symmetric(&self, group: &[usize]) -> Result<Symmetric, HandlerError> {
+        Ok(Symmetric {
+            stage: Ptrs::of(&group.iter().map(|&m| self.addr(m).map(|a| a.staging)).collect::<Result<Vec<_>, _>>()?),
+            flags: Ptrs::of(&group.iter().map(|&m| self.flags(m)).collect::<Result<Vec<_>, _>>()?),
+            stride: (self.inst.staging / 2) as u64,
+            counter: B::ptr(&self.own()?.signals),
+        })
+    }
+}
+
+/// A launch's blocks for `bytes` per device and phase.
+fn launch_grid(bytes: usize) -> u32 {
+    super::grid((bytes as u64).div_ceil(16), DEFAULT_GRID)
+}
+
+fn view(shape: &ArrayShape, dim: usize) -> Result<(usize, usize, usize), HandlerError> {
+    let dims: Vec<usize> = shape.dims.iter().map(|&d| usize::try_from(d).unwrap_or(0)).collect();
+    if dims.is_empty() {
+        return Ok((1, 1, shape.ty.byte_size()));
+    }
+    let n = *dims
+        .get(dim)
+        .ok_or_else(|| err(ErrorCode::InvalidArgument, format!("dimension {dim} out of range for {shape}")))?;
+    Ok((dims[..dim].iter().product(), n, dims[dim + 1..].iter().product::<usize>() * shape.ty.byte_size()))
+}
+
+impl<B: XlaBackend> CollectiveRuntime for GpuRuntime<B> {
+    fn platform(&self) -> &'static str {
+        B::NAME
+    }
+
+    fn traits(&self) -> Traits {
+        COMMAND_BUFFER_COMPATIBLE
+    }
+
+    fn instantiate(&self, f: &CallFrame<'_>, cfg: &CustomCallConfig) -> Result<(), HandlerError> {
+        // Counted once per executable, in the order every process loads them; a shared slot is
+        // per executable too (two loads of one module must not share).
+        let occurrence = if cfg.spans_processes() || cfg.slot.is_some() {
+            thunks::runtime::next_occurrence(cfg.instance)
+        } else {
+            0
+        };
+        // Without XLA-held state, instances live in the process-wide table.
+        B::state().exec.instantiate_with(f, ExecState { occurrence, ..ExecState::default() });
+        Ok(())
+    }
+
+    fn device_id(&self, ordinal: usize) -> Result<usize, HandlerError> {
+        let ids = B::state().device_ids.read().unwrap_or_else(PoisonError::into_inner);
+        if ids.is_empty() {
+            return Ok(ordinal);
+        }
+        ids.get(&ordinal).copied().ok_or_else(|| {
+            err(
+                ErrorCode::FailedPrecondition,
+                format!("GPU {ordinal} of this process has no device id in the job's topology ({ids:?})"),
+            )
+        })
+    }
+
+    fn initialize(&self, f: &CallFrame<'_>, cfg: &CustomCallConfig, device: usize) -> Result<(), HandlerError> {
+        let c = clique::<B>()?;
+        let (_, _, arg_shapes, inst) = frame_instance::<B>(f, cfg)?;
+        let ordinal = ordinal(f)?;
+        // The kernels this call launches load now (prebuilt, cached, or compiled one unit at a
+        // time), not in a run or a stream capture.
+        let group = cfg.group_of(device).map_or(0, <[usize]>::len);
+        let kernel = match cfg.algorithm {
+            Algo::OneShotAllReduce if arg_shapes.len() > 1 => Some(Kernel::OneShotMany),
+            Algo::OneShotAllReduce => Some(Kernel::OneShot),
+            Algo::TwoShotAllReduce => Some(Kernel::TwoShot),
+            Algo::DirectReduceScatter => Some(Kernel::ReduceScatter),
+            _ => None,
+        };
+        if let (Some(k), Some(red), true) = (kernel, cfg.reduction, group > 1) {
+            let dev = c.devices.get(ordinal).ok_or_else(|| internal(format!("no GPU {ordinal}")))?;
+            for ty in arg_shapes.iter().map(|s| s.ty).collect::<BTreeSet<_>>() {
+                if let Some(t) = Dtype::of(ty).filter(|&t| Red::of(red).defined_for(t)) {
+                    dev.load(Unit::Spec(k, t, Red::of(red))).map_err(internal)?;
+                }
+            }
+        }
+        publish_own(c, cfg, &inst, device, ordinal)?;
+        if cfg.spans_processes() {
+            // Meet the other processes here, outside any stream capture: opening their IPC
+            // handles is not an operation a capturing stream allows.
+            all_ranks(c, cfg, &inst, device, ordinal)?;
+        }
+        Ok(())
+    }
+
+    fn execute(&self, f: &CallFrame<'_>, cfg: &CustomCallConfig, device: usize) -> Result<(), HandlerError> {
+        let c = clique::<B>()?;
+        let ordinal = ordinal(f)?;
+        let (args, rets, arg_shapes, inst) = frame_instance::<B>(f, cfg)?;
+        if inst.complete.get().is_none() {
+            // Normally done in INITIALIZE; a runtime that skipped it allocates here.
+            publish_own(c, cfg, &inst, device, ordinal)?;
+        }
+        let done = all_ranks(c, cfg, &inst, device, ordinal)?;
+        let dev = c.devices.get(ordinal).ok_or_else(|| internal(format!("no GPU {ordinal}")))?;
+        B::bind(&dev.ctx).map_err(internal)?;
+        // SAFETY: XLA hands an FFI handler the stream (CUstream, hipStream_t) of the calling
+        // device, alive for the call and for the work enqueued on it.
+        let stream = unsafe { B::foreign_stream(f.stream()?, ordinal) };
+        let call = Call { c, cfg, inst: &inst, done, device, ordinal, stream };
+        // A previous call's kernel may have given up on a peer: report it now.
+        let own = call.own()?;
+        let missing = B::host_mapped_load(&own.report, 0);
+        if missing != 0 {
+            // Clear both words: the device one in stream order (later launches would otherwise
+            // see the failure and skip their work).
+            B::host_mapped_store(&own.report, 0, 0);
+            call.fill(B::ptr(&own.status), 0, 8)?;
+            // Status bits name group members (permute: bit 0 my target, bit 1 my source).
+            let bits = (0..32usize).filter(|i| missing & (1 << i) != 0);
+            let members: Vec<usize> = if cfg.kind == Kind::CollectivePermute {
+                let target = cfg.pairs.iter().find(|p| p.0 == device).map_or(device, |p| p.1);
+                let source = cfg.pairs.iter().find(|p| p.1 == device).map_or(device, |p| p.0);
+                bits.map(|b| if b == 0 { target } else { source }).collect()
+            } else {
+                let group = cfg.group_of(device).unwrap_or(&[]);
+                bits.filter_map(|b| group.get(b).copied()).collect()
+            };
+            return Err(err(
+                ErrorCode::DeadlineExceeded,
+                format!(
+                    "{} '{}' on device {device}: an earlier call timed out after {} ms waiting for devices {members:?} (groups {}, pairs {:?})",
+                    cfg.target(),
+                    cfg.name,
+                    cfg.timeout_ms,
+                    thunks::fmt_groups(&cfg.groups),
+                    cfg.pairs
+                ),
+            ));
+        }
+        match cfg.kind {
+            Kind::CollectivePermute => permute(&call, &args, &rets, &arg_shapes),
+            _ => {
+                let group = cfg.group_of(device).ok_or_else(|| internal("device in no group"))?.to_vec();
+                let idx = group.iter().position(|&m| m == device).unwrap_or(0);
+                match cfg.algorithm {
+                    Algo::OneShotAllReduce if args.len() > 1 && group.len() > 1 => {
+                        reduce_many(&call, &group, idx, &args, &rets, &arg_shapes)
+                    }
+                    Algo::OneShotAllReduce | Algo::TwoShotAllReduce | Algo::DirectReduceScatter => {
+                        for (i, (a, r)) in args.iter().zip(&rets).enumerate() {
+                            reduce(&call, &group, idx, a, r, &arg_shapes[i])?;
+                        }
+                        Ok(())
+                    }
+                    Algo::DirectAllGather | Algo::DirectAllToAll => push(&call, &group, idx, &args, &rets, &arg_shapes),
+                    Algo::DirectPermute => Err(internal("direct permute on a grouped collective")),
+                }
+            }
+        }
+    }
+}
+
+/// A variadic one-shot all-reduce: one launch per element type (up to
+/// [`MAX_OPERANDS`] operands each), all operands staged side by side.
+fn reduce_many<B: XlaBackend>(
+    call: &Call<B>,
+    group: &[usize],
+    idx: usize,
+    args: &[BufferRef],
+    rets: &[BufferRef],
+    shapes: &[ArrayShape],
+) -> Result<(), HandlerError> {
+    let red = Red::of(call.cfg.reduction.ok_or_else(|| err(ErrorCode::InvalidArgument, "no reduction"))?);
+    let Symmetric { stage, flags, stride, counter } = call.symmetric(group)?;
+    // Operand j's place in a staging half: the sum of the earlier operands' rounded sizes,
+    // the layout `staging_bytes` sized.
+    let mut offsets = Vec::with_capacity(shapes.len());
+    let mut at = 0usize;
+    for s in shapes {
+        offsets.push(at);
+        at += round_up(s.byte_size().max(16), 256);
+    }
+    let mut types: Vec<hlo::PrimitiveType> = shapes.iter().map(|s| s.ty).collect();
+    types.sort_unstable_by_key(|t| *t as i32);
+    types.dedup();
+    for ty in types {
+        let t = Dtype::of(ty).ok_or_else(|| err(ErrorCode::InvalidArgument, format!("no kernel for {ty}")))?;
+        if !red.defined_for(t) {
+            return Err(err(ErrorCode::InvalidArgument, format!("no {} reduction for {}", red.name(), t.name())));
+        }
+        let of_type: Vec<usize> = (0..shapes.len()).filter(|&j| shapes[j].ty == ty).collect();
+        for chunk in of_type.chunks(MAX_OPERANDS) {
+            let mut many = Many { count: chunk.len() as u64, ..Many::default() };
+            let mut bytes = 0;
+            for (k, &j) in chunk.iter().enumerate() {
+                many.input[k] = args[j].data as u64;
+                many.output[k] = rets[j].data as u64;
+                many.n[k] = (shapes[j].byte_size() / t.size()) as u64;
+                many.off[k] = offsets[j] as u64;
+                bytes = bytes.max(shapes[j].byte_size());
+            }
+            let mut x = ManyArgs {
+                many,
+                rank: idx as u32,
+                world: group.len() as u32,
+                stage,
+                stride,
+                flags,
+                counter,
+                status: call.status()?,
+            };
+            let name = format!("pl_one_shot_many_{}_{}", t.name(), red.name());
+            call.launch(&name, launch_grid(bytes), &mut x.params(), &x)?;
+        }
+    }
+    Ok(())
+}
+
+/// All-reduce (one-/two-shot) or reduce-scatter of one operand.
+fn reduce<B: XlaBackend>(
+    call: &Call<B>,
+    group: &[usize],
+    idx: usize,
+    a: &BufferRef,
+    r: &BufferRef,
+    shape: &ArrayShape,
+) -> Result<(), HandlerError> {
+    let cfg = call.cfg;
+    let bytes = shape.byte_size();
+    let g = group.len();
+    if g == 1 {
+        return call.copy(r.data as u64, a.data as u64, bytes);
+    }
+    let t =
+        Dtype::of(shape.ty).ok_or_else(|| err(ErrorCode::InvalidArgument, format!("no kernel for {}", shape.ty)))?;
+    let red = Red::of(cfg.reduction.ok_or_else(|| err(ErrorCode::InvalidArgument, "no reduction"))?);
+    if !red.defined_for(t) {
+        return Err(err(ErrorCode::InvalidArgument, format!("no {} reduction for {}", red.name(), t.name())));
+    }
+    let Symmetric { stage, flags, stride, counter } = call.symmetric(group)?;
+    if cfg.algorithm == Algo::DirectReduceScatter {
+        let (phys, dim) = cfg.physical(&shape.dims).map_err(|m| err(ErrorCode::InvalidArgument, m))?;
+        let (outer, n, inner) = view(&ArrayShape::new(shape.ty, phys), dim.unwrap_or(0))?;
+        if n % g != 0 {
+            return Err(err(ErrorCode::InvalidArgument, format!("dimension of {n} does not split into {g}")));
+        }
+        let blocks = Blocks { outer: outer as u64, brow: (n / g * inner) as u64, full: (n * inner) as u64 };
+        let mut x = ScatterArgs {
+            input: a.data as u64,
+            output: r.data as u64,
+            rank: idx as u32,
+            world: g as u32,
+            stage,
+            stride,
+            flags,
+            counter,
+            blocks,
+            status: call.status()?,
+        };
+        let name = format!("pl_reduce_scatter_{}_{}", t.name(), red.name());
+        return call.launch(&name, launch_grid(bytes / g), &mut x.params(), &x);
+    }
+    let kind = if cfg.algorithm == Algo::OneShotAllReduce { "one_shot" } else { "two_shot" };
+    let mut x = ReduceArgs {
+        input: a.data as u64,
+        output: r.data as u64,
+        n: (bytes / t.size()) as u64,
+        rank: idx as u32,
+        world: g as u32,
+        stage,
+        stride,
+        flags,
+        counter,
+        status: call.status()?,
+    };
+    call.launch(&format!("pl_{kind}_{}_{}", t.name(), red.name()), launch_grid(bytes), &mut x.params(), &x)
+}
+
+/// All-gather and all-to-all: push into the peers' staging, then copy my staging out.
+fn push<B: XlaBackend>(
+    call: &Call<B>,
+    group: &[usize],
+    idx: usize,
+    args: &[BufferRef],
+    rets: &[BufferRef],
+    shapes: &[ArrayShape],
+) -> Result<(), HandlerError> {
+    let cfg = call.cfg;
+    let g = group.len();
+    let mine = call.own()?;
+    if g > MAX_TASKS {
+        return Err(err(ErrorCode::InvalidArgument, format!("group of {g} > {MAX_TASKS}")));
+    }
+    let mut sig = Sig::default();
+    let mut wait = Wait::default();
+    for (j, &m) in group.iter().enumerate() {
+        if j != idx {
+            sig.base[sig.n as usize] = call.flags(m)?;
+            sig.slot[sig.n as usize] = idx as u64;
+            sig.n += 1;
+            wait.slot[wait.n as usize] = j as u64;
+            wait.n += 1;
+        }
+    }
+    let mut x = Xchg {
+        counter: B::ptr(&mine.signals),
+        flags: call.flags(call.device)?,
+        sig: [sig, sig],
+        wait: [wait, wait],
+        ..Xchg::default()
+    };
+    let peer_stage = |k: usize| call.addr(group[k]).map(|a| a.staging);
+    // Copies from my staging into XLA's results once every push has landed.
+    let mut outs: Vec<(u64, u64, usize)> = Vec::new();
+    let moved: usize;
+    if cfg.kind == Kind::AllToAll && args.len() > 1 {
+        // Tuple form: operand k goes to member k, result j comes from member j.
+        if args.len() != g || rets.len() != g {
+            return Err(err(
+                ErrorCode::InvalidArgument,
+                format!("tuple all-to-all with {} operands in a group of {g}", args.len()),
+            ));
+        }
+        // `CustomCallConfig::gpu_staging_bytes`'s layout: one chunk per member.
+        let chunk = round_up(shapes.iter().map(ArrayShape::byte_size).max().unwrap_or(0).max(16), 256);
+        for i in 0..g {
+            let k = (idx + i) % g;
+            let len = shapes[k].byte_size() as u64;
+            x.task[i] = Run {
+                src: args[k].data as u64,
+                dst: peer_stage(k)? + (idx * chunk) as u64,
+                rows: 1,
+                row: len,
+                sstride: 0,
+                dstride: 0,
+            };
+        }
+        for (j, r) in rets.iter().enumerate() {
+            outs.push((r.data as u64, B::ptr(&mine.staging) + (j * chunk) as u64, shapes[j].byte_size()));
+        }
+        moved = shapes[0].byte_size();
+    } else {
+        let (a, r, shape) = (&args[0], &rets[0], &shapes[0]);
+        let (phys, dim) = cfg.physical(&shape.dims).map_err(|m| err(ErrorCode::InvalidArgument, m))?;
+        let (outer, n, inner) = view(&ArrayShape::new(shape.ty, phys), dim.unwrap_or(0))?;
+        let row = (n * inner) as u64;
+        for i in 0..g {
+            let k = (idx + i) % g;
+            x.task[i] = if cfg.kind == Kind::AllGather {
+                Run {
+                    src: a.data as u64,
+                    dst: peer_stage(k)? + idx as u64 * row,
+                    rows: outer as u64,
+                    row,
+                    sstride: row,
+                    dstride: g as u64 * row,
+                }
+            } else {
+                if n % g != 0 {
+                    return Err(err(ErrorCode::InvalidArgument, format!("dimension of {n} does not split into {g}")));
+                }
+                let brow = (n / g * inner) as u64;
+                Run {
+                    src: a.data as u64 + k as u64 * brow,
+                    dst: peer_stage(k)? + idx as u64 * brow,
+                    rows: outer as u64,
+                    row: brow,
+                    sstride: row,
+                    dstride: row,
+                }
+            };
+        }
+        let out_bytes = r.byte_len()?;
+        outs.push((r.data as u64, B::ptr(&mine.staging), out_bytes));
+        moved = shape.byte_size();
+    }
+    x.ntasks = g as u64;
+    let mut e = ExchangeArgs { x, status: call.status()? };
+    call.launch("pl_exchange", launch_grid(moved), &mut e.params(), &e)?;
+    for (dst, src, len) in outs {
+        if len > 0 {
+            call.copy(dst, src, len)?;
+        }
+    }
+    Ok(())
+}
+
+/// Collective-permute: "ready" from my target, push into its staging, "done" to it; then my
+/// staging (what my source pushed) becomes my result, or zeros without a source.
+fn permute<B: XlaBackend>(
+    call: &Call<B>,
+    args: &[BufferRef],
+    rets: &[BufferRef],
+    shapes: &[ArrayShape],
+) -> Result<(), HandlerError> {
+    let d = call.device;
+    let (a, r) = (&args[0], &rets[0]);
+    let len = shapes[0].byte_size();
+    let target = call.cfg.pairs.iter().find(|p| p.0 == d).map(|p| p.1);
+    let source = call.cfg.pairs.iter().find(|p| p.1 == d).map(|p| p.0);
+    let mine = call.own()?;
+    let mut x = Xchg { counter: B::ptr(&mine.signals), flags: call.flags(d)?, ..Xchg::default() };
+    if let Some(s) = source.filter(|&s| s != d) {
+        x.sig[0].base[0] = call.flags(s)?;
+        x.sig[0].slot[0] = 0;
+        x.sig[0].n = 1;
+        x.wait[1].slot[0] = 1;
+        x.wait[1].n = 1;
+    }
+    match target {
+        Some(t) if t == d => {
+            x.task[0] = Run {
+                src: a.data as u64,
+                dst: B::ptr(&mine.staging),
+                rows: 1,
+                row: len as u64,
+                sstride: 0,
+                dstride: 0,
+            };
+            x.ntasks = 1;
+        }
+        Some(t) => {
+            x.wait[0].slot[0] = 0;
+            x.wait[0].n = 1;
+            x.task[0] = Run {
+                src: a.data as u64,
+                dst: call.addr(t)?.staging,
+                rows: 1,
+                row: len as u64,
+                sstride: 0,
+                dstride: 0,
+            };
+            x.ntasks = 1;
+            x.sig[1].base[0] = call.flags(t)?;
+            x.sig[1].slot[0] = 1;
+            x.sig[1].n = 1;
+        }
+        None => {}
+    }
+    let mut e = ExchangeArgs { x, status: call.status()? };
+    call.launch("pl_exchange", launch_grid(len), &mut e.params(), &e)?;
+    if len == 0 {
+        return Ok(());
+    }
+    if source.is_some() {
+        call.copy(r.data as u64, B::ptr(&mine.staging), len)
+    } else {
+        call.fill(r.data as u64, 0, len)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hlo::analysis::ReductionKind;
+
+    fn call(instance: u64, slot: Option<u64>, groups: Vec<Vec<usize>>) -> CustomCallConfig {
+        CustomCallConfig {
+            kind: Kind::AllReduce,
+            algorithm: Algo::OneShotAllReduce,
+            groups,
+            pairs: vec![],
+            reduction: Some(ReductionKind::Sum),
+            dimension: None,
+            layout: None,
+            num_devices: 2,
+            instance,
+            timeout_ms: 1,
+            name: format!("ar.{instance}"),
+            processes: vec![],
+            decisions: String::new(),
+            slot,
+            slot_bytes: 4096,
+            slot_gpu_bytes: 8192,
+        }
+    }
+
+    #[cfg(feature = "cuda")]
+    #[test]
+    fn calls_of_one_slot_share_one_instance_per_executable() {
+        slot_sharing::<crate::cuda::Cuda>();
+    }
+
+    #[cfg(feature = "rocm")]
+    #[test]
+    fn calls_of_one_slot_share_one_instance_per_executable_on_rocm() {
+        slot_sharing::<crate::rocm::Hip>();
+    }
+
+    #[cfg(feature = "rocm")]
+    #[test]
+    fn vendors_keep_their_own_state() {
+        use crate::cuda::Cuda;
+        use crate::rocm::Hip;
+        let c = call(0x52_0001, Some(0x52_0001), vec![vec![0, 1]]);
+        let _cuda = on_slot::<Cuda>(&c, 1024, 0);
+        let key: SlotKey = (0x52_0001, 0, c.groups.clone(), vec![]);
+        assert!(slots::<Cuda>().lock().unwrap().contains_key(&key));
+        assert!(!slots::<Hip>().lock().unwrap().contains_key(&key), "a CUDA slot is not HIP's");
+        assert_ne!(std::ptr::from_ref(Cuda::state()).addr(), std::ptr::from_ref(Hip::state()).addr());
+    }
+
+    /// No GPU needed: an instance allocates nothing until a device initialises it.
+    fn slot_sharing<B: XlaBackend>() {
+        let on_slot = on_slot::<B>;
+        let g = vec![vec![0, 1]];
+        let (a, b) = (call(0x51_0001, Some(0x51_0001), g.clone()), call(0x51_0002, Some(0x51_0001), g.clone()));
+        let first = on_slot(&a, 1024, 0);
+        assert_eq!(first.staging, 8192, "sized by the slot, not by its first call");
+        assert!(Arc::ptr_eq(&first, &on_slot(&b, 8192, 0)), "one slot, one instance");
+        assert_eq!(first.key, thunks::runtime::shared_key(0x51_0001, 0), "met under the slot's id");
+        // Another load of the executable (another occurrence) never shares.
+        assert!(!Arc::ptr_eq(&first, &on_slot(&b, 1024, 1)));
+        // A call needing more than its slot holds gets staging of its own.
+        let big = on_slot(&b, 16384, 0);
+        assert!(!Arc::ptr_eq(&first, &big) && big.staging == 16384);
+        // Without a slot: its own, as before slots.
+        assert!(!Arc::ptr_eq(&first, &on_slot(&call(0x51_0003, None, g.clone()), 1024, 0)));
+        // Defensively, other groups under the same slot id never share.
+        assert!(!Arc::ptr_eq(&first, &on_slot(&call(0x51_0004, Some(0x51_0001), vec![vec![1, 0]]), 1024, 0)));
+        // Once every call holding it is gone, the slot is forgotten and a later one is new.
+        let weak = Arc::downgrade(&first);
+        drop(first);
+        assert!(weak.upgrade().is_none());
+        let again = on_slot(&a, 1024, 0);
+        assert_eq!(again.staging, 8192);
+    }
+}

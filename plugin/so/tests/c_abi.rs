@@ -69,8 +69,11 @@ pub fn build_c(name: &str) -> PathBuf {
 /// Runs the C harness on the library with `env` set (`None`: removed); every error must
 /// contain `needle`.
 fn run_harness(env: &[(&str, Option<&str>)], needle: &str) {
-    let bin = build_c("no_plugin");
-    let mut cmd = Command::new(&bin);
+    // Built once: the tests run in parallel, and one rewriting the binary while another
+    // starts it fails with "text file busy".
+    static BIN: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    let bin = BIN.get_or_init(|| build_c("no_plugin"));
+    let mut cmd = Command::new(bin);
     cmd.arg(library()).arg(needle);
     for (k, v) in env {
         match v {

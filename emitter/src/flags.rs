@@ -18,12 +18,10 @@ pub const DEFAULT_ONE_SHOT_MAX_BYTES: usize = 256 * 1024;
 /// Largest all-reduce the two-shot kernel takes: 4 MiB, XLA's two-shot cut-off
 /// (2 MB in earlier versions); NCCL wins above it (collective_anchors.md §1, §3, lesson 6).
 pub const DEFAULT_TWO_SHOT_MAX_BYTES: usize = 4 * 1024 * 1024;
-/// GPU backends: the most thread blocks a collective kernel's grid may have. The kernels'
-/// per-block counter and flag arrays are sized for this many (`PL_BLOCKS`).
-pub const MAX_COLLECTIVE_BLOCKS: u32 = 128;
-/// GPU backends: the default largest grid of a collective kernel (smaller messages get
-/// fewer blocks: one thread per 16-byte unit).
-pub const DEFAULT_COLLECTIVE_BLOCKS: u32 = 64;
+/// The simulated peer topology (`--host_topology`), which `thunks::peers` holds with the table.
+pub use thunks::peers::{HostTopology, MAX_TOPOLOGY_DEVICE};
+/// The kernels' grid bounds (`--collective_blocks`), which `thunks` holds for the kernels.
+pub use thunks::{DEFAULT_COLLECTIVE_BLOCKS, MAX_COLLECTIVE_BLOCKS};
 /// How long a collective may wait for its peers before the runtime reports a hang.
 pub const DEFAULT_COLLECTIVE_TIMEOUT_MS: u64 = 10_000;
 
@@ -61,58 +59,6 @@ impl Backend {
 impl fmt::Display for Backend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
-    }
-}
-
-/// Which devices of a host can reach each other's memory directly. Stands in for the
-/// hardware probe on the host backend and in tests.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
-pub enum HostTopology {
-    /// Every device reaches every other (`full`).
-    #[default]
-    FullMesh,
-    /// Only the listed links, both directions (`pairs:0-1,2-3`).
-    Pairs(Vec<(usize, usize)>),
-}
-
-/// Largest device id a `pairs:` topology may name.
-pub const MAX_TOPOLOGY_DEVICE: usize = 4095;
-
-impl HostTopology {
-    /// Parses `full` or `pairs:A-B,C-D,...` (an empty list means no links).
-    pub fn parse(s: &str) -> Result<Self, String> {
-        if s == "full" {
-            return Ok(Self::FullMesh);
-        }
-        let Some(list) = s.strip_prefix("pairs:") else {
-            return Err(format!("'{s}' is neither 'full' nor 'pairs:A-B,C-D,...'"));
-        };
-        let mut pairs = Vec::new();
-        for item in list.split(',').filter(|i| !i.is_empty()) {
-            let parsed =
-                item.split_once('-').and_then(|(a, b)| Some((a.parse::<usize>().ok()?, b.parse::<usize>().ok()?)));
-            match parsed {
-                Some((a, b)) if a != b && a <= MAX_TOPOLOGY_DEVICE && b <= MAX_TOPOLOGY_DEVICE => pairs.push((a, b)),
-                _ => {
-                    return Err(format!(
-                        "'{item}' in '{s}' is not a link A-B between two different devices 0..={MAX_TOPOLOGY_DEVICE}"
-                    ));
-                }
-            }
-        }
-        Ok(Self::Pairs(pairs))
-    }
-}
-
-impl fmt::Display for HostTopology {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::FullMesh => f.write_str("full"),
-            Self::Pairs(p) => {
-                let items: Vec<String> = p.iter().map(|(a, b)| format!("{a}-{b}")).collect();
-                write!(f, "pairs:{}", items.join(","))
-            }
-        }
     }
 }
 

@@ -10,7 +10,8 @@
 
 mod decide;
 pub mod flags;
-pub mod peers;
+/// Peer access between devices (held by `thunks`, which the kernels use too).
+pub use thunks::peers;
 pub mod tuning;
 pub mod xla_pass;
 

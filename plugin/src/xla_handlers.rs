@@ -213,23 +213,28 @@ pub fn register_in(inner: &ffi::pjrt::InnerPlugin, platform: &str) -> Result<&'s
 /// does not own every device; `None`: ids are ordinals), or a table with no links when the
 /// GPUs cannot be opened (every collective then stays XLA's, with that reason). (On CPU every
 /// device reaches every other: `xla_pass::Peers::Shared`.)
-pub fn cuda_peer_table(ordinals: Option<&BTreeMap<usize, usize>>) -> Arc<PeerAccessTable> {
-    remapped(kernels::cuda::xla::peer_table(), ordinals, "cuda")
+pub fn cuda_peer_table(ordinals: Option<&BTreeMap<usize, usize>>, allow_unsafe: bool) -> Arc<PeerAccessTable> {
+    remapped(kernels::cuda::xla::peer_table(allow_unsafe), ordinals, "cuda")
 }
 
 /// [`cuda_peer_table`] for the AMD GPUs of the process (HIP ordinals), in a ROCm build.
 #[cfg(feature = "rocm")]
-pub fn rocm_peer_table(ordinals: Option<&BTreeMap<usize, usize>>) -> Arc<PeerAccessTable> {
-    remapped(kernels::rocm::xla::peer_table(), ordinals, "rocm")
+pub fn rocm_peer_table(ordinals: Option<&BTreeMap<usize, usize>>, allow_unsafe: bool) -> Arc<PeerAccessTable> {
+    remapped(kernels::rocm::xla::peer_table(allow_unsafe), ordinals, "rocm")
 }
 
-/// The peer table of GPU `platform` ("cuda", "rocm"); a table with no links where this
+/// The peer table of GPU `platform` ("cuda", "rocm") under the target policy
+/// (`allow_unsafe`: `--allow_unsafe_peer_targets`); a table with no links where this
 /// library has no such platform.
-pub fn gpu_peer_table(platform: &str, ordinals: Option<&BTreeMap<usize, usize>>) -> Arc<PeerAccessTable> {
+pub fn gpu_peer_table(
+    platform: &str,
+    ordinals: Option<&BTreeMap<usize, usize>>,
+    allow_unsafe: bool,
+) -> Arc<PeerAccessTable> {
     match platform {
-        "cuda" => cuda_peer_table(ordinals),
+        "cuda" => cuda_peer_table(ordinals, allow_unsafe),
         #[cfg(feature = "rocm")]
-        "rocm" => rocm_peer_table(ordinals),
+        "rocm" => rocm_peer_table(ordinals, allow_unsafe),
         other => remapped(Err(no_platform(other)), ordinals, other),
     }
 }

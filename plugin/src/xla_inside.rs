@@ -99,9 +99,10 @@ pub fn pass_config_tuned(
     }
     let ordinals = topology.as_ref().map(|t| t.ordinals.clone()).filter(|o| !o.is_empty());
     let gpu: Option<&'static str> = crate::xla_handlers::GPU_PLATFORMS.iter().copied().find(|&p| p == platform);
+    let allow_unsafe = f.allow_unsafe_peer_targets;
     let peers = match gpu {
         Some(gpu) => xla_pass::Peers::Lazy(std::sync::Arc::new(move || {
-            crate::xla_handlers::gpu_peer_table(gpu, ordinals.as_ref())
+            crate::xla_handlers::gpu_peer_table(gpu, ordinals.as_ref(), allow_unsafe)
         })),
         None => xla_pass::Peers::Shared,
     };

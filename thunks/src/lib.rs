@@ -10,9 +10,19 @@
 
 pub mod custom_call;
 pub mod ffi_handler;
+pub mod peers;
 pub mod runtime;
 
 use std::fmt;
+
+pub use peers::{PeerAccessTable, PeerTableKey};
+
+/// GPU backends: the most thread blocks a collective kernel's grid may have. The kernels'
+/// per-block counter and flag arrays are sized for this many (`PL_BLOCKS`).
+pub const MAX_COLLECTIVE_BLOCKS: u32 = 128;
+/// GPU backends: the default largest grid of a collective kernel (smaller messages get
+/// fewer blocks: one thread per 16-byte unit).
+pub const DEFAULT_COLLECTIVE_BLOCKS: u32 = 64;
 
 use hlo::analysis::ReductionKind;
 use hlo::{Opcode, PrimitiveType};

@@ -21,8 +21,8 @@ pub type CudaRuntime = GpuRuntime<Cuda>;
 pub const CudaRuntime: CudaRuntime = GpuRuntime::new();
 
 /// The peer-access table of the process's GPUs (for the pass), or why there is none.
-pub fn peer_table() -> Result<Arc<emitter::PeerAccessTable>, String> {
-    xla::peer_table::<Cuda>()
+pub fn peer_table(allow_unsafe: bool) -> Result<Arc<thunks::PeerAccessTable>, String> {
+    xla::peer_table::<Cuda>(allow_unsafe)
 }
 
 /// The least free device memory among the process's GPUs, in bytes (the pass's staging

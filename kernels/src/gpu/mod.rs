@@ -24,8 +24,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 pub use args::{Algo, Dtype, Red};
 pub use collectives::{AllGather, AllReduce, CclClique};
-use emitter::{PeerAccessTable, PeerTableKey};
 pub use ffi::gpu::Gpu;
+use thunks::{PeerAccessTable, PeerTableKey};
 pub use units::{Kernel, Unit};
 
 use crate::{Error, Result};
@@ -33,9 +33,9 @@ use crate::{Error, Result};
 /// The most blocks a collective kernel's grid may have: the size of the per-block counter
 /// and flag arrays (the kernels get it as `PL_BLOCKS`). One constant bounds launch geometry
 /// and sizes the signals; [`grid`] picks each launch's block count at or below it.
-pub const BLOCKS: u32 = emitter::flags::MAX_COLLECTIVE_BLOCKS;
+pub const BLOCKS: u32 = thunks::MAX_COLLECTIVE_BLOCKS;
 /// The largest grid [`grid`] picks by default (`--collective_blocks`).
-pub const DEFAULT_GRID: u32 = emitter::flags::DEFAULT_COLLECTIVE_BLOCKS;
+pub const DEFAULT_GRID: u32 = thunks::DEFAULT_COLLECTIVE_BLOCKS;
 /// Threads per block (the kernels' `__launch_bounds__`).
 pub const THREADS: u32 = 512;
 /// Blocks for a collective launch that moves `units` 16-byte units per device and phase:
@@ -262,10 +262,11 @@ impl<B: Backend> Clique<B> {
         self.devices.iter().map(|d| d.target.as_str()).collect()
     }
 
-    /// The table the decision rules get: the probed table under the emitter's target policy
-    /// (`PeerAccessTable::with_target_policy`: gfx90a's links removed unless forced).
-    pub fn peer_table(&self, flags: &emitter::Flags) -> Arc<PeerAccessTable> {
-        self.peers.with_target_policy(&self.targets(), flags)
+    /// The table the decision rules get: the probed table under the target policy
+    /// (`PeerAccessTable::with_target_policy`: gfx90a's links removed unless `allow_unsafe`,
+    /// the emitter's `--allow_unsafe_peer_targets`).
+    pub fn peer_table(&self, allow_unsafe: bool) -> Arc<PeerAccessTable> {
+        self.peers.with_target_policy(&self.targets(), allow_unsafe)
     }
 
     /// Errors unless every ordered pair passed the probe.

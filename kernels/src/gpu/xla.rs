@@ -132,9 +132,10 @@ fn clique<B: XlaBackend>() -> Result<&'static Clique<B>, HandlerError> {
         .map_err(|e| err(ErrorCode::FailedPrecondition, format!("Peerless cannot open the GPUs: {e}")))
 }
 
-/// The peer-access table of the process's GPUs (for the pass), or why there is none.
-pub fn peer_table<B: XlaBackend>() -> Result<Arc<emitter::PeerAccessTable>, String> {
-    clique::<B>().map(|c| c.peers.clone()).map_err(|e| e.to_string())
+/// The peer-access table of the process's GPUs (for the pass), or why there is none: the
+/// probed table under the target policy (gfx90a's links removed unless `allow_unsafe`).
+pub fn peer_table<B: XlaBackend>(allow_unsafe: bool) -> Result<Arc<thunks::PeerAccessTable>, String> {
+    clique::<B>().map(|c| c.peer_table(allow_unsafe)).map_err(|e| e.to_string())
 }
 
 /// The least free device memory among the process's GPUs, in bytes (the pass's staging

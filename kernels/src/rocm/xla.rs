@@ -22,9 +22,10 @@ pub type RocmRuntime = GpuRuntime<Hip>;
 #[allow(non_upper_case_globals)]
 pub const RocmRuntime: RocmRuntime = GpuRuntime::new();
 
-/// The peer-access table of the process's AMD GPUs (for the pass), or why there is none.
-pub fn peer_table() -> Result<Arc<emitter::PeerAccessTable>, String> {
-    xla::peer_table::<Hip>()
+/// The peer-access table of the process's AMD GPUs (for the pass), or why there is none:
+/// gfx90a's links removed unless `allow_unsafe` (`--allow_unsafe_peer_targets`).
+pub fn peer_table(allow_unsafe: bool) -> Result<Arc<thunks::PeerAccessTable>, String> {
+    xla::peer_table::<Hip>(allow_unsafe)
 }
 
 /// The least free device memory among the process's AMD GPUs, in bytes, or why it is unknown.

@@ -5,9 +5,60 @@
 //! does not work) through [`PeerAccessTable::from_fn`] and [`PeerAccessTable::cached`].
 
 use std::collections::{BTreeSet, HashMap};
+use std::fmt;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use crate::flags::{Flags, HostTopology};
+/// Which devices of a host can reach each other's memory directly. Stands in for the
+/// hardware probe on the host backend and in tests.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub enum HostTopology {
+    /// Every device reaches every other (`full`).
+    #[default]
+    FullMesh,
+    /// Only the listed links, both directions (`pairs:0-1,2-3`).
+    Pairs(Vec<(usize, usize)>),
+}
+
+/// Largest device id a `pairs:` topology may name.
+pub const MAX_TOPOLOGY_DEVICE: usize = 4095;
+
+impl HostTopology {
+    /// Parses `full` or `pairs:A-B,C-D,...` (an empty list means no links).
+    pub fn parse(s: &str) -> Result<Self, String> {
+        if s == "full" {
+            return Ok(Self::FullMesh);
+        }
+        let Some(list) = s.strip_prefix("pairs:") else {
+            return Err(format!("'{s}' is neither 'full' nor 'pairs:A-B,C-D,...'"));
+        };
+        let mut pairs = Vec::new();
+        for item in list.split(',').filter(|i| !i.is_empty()) {
+            let parsed =
+                item.split_once('-').and_then(|(a, b)| Some((a.parse::<usize>().ok()?, b.parse::<usize>().ok()?)));
+            match parsed {
+                Some((a, b)) if a != b && a <= MAX_TOPOLOGY_DEVICE && b <= MAX_TOPOLOGY_DEVICE => pairs.push((a, b)),
+                _ => {
+                    return Err(format!(
+                        "'{item}' in '{s}' is not a link A-B between two different devices 0..={MAX_TOPOLOGY_DEVICE}"
+                    ));
+                }
+            }
+        }
+        Ok(Self::Pairs(pairs))
+    }
+}
+
+impl fmt::Display for HostTopology {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::FullMesh => f.write_str("full"),
+            Self::Pairs(p) => {
+                let items: Vec<String> = p.iter().map(|(a, b)| format!("{a}-{b}")).collect();
+                write!(f, "pairs:{}", items.join(","))
+            }
+        }
+    }
+}
 
 /// GPU targets whose cross-device atomics are known not to be visible to peers while
 /// kernels run, with why: Peerless's kernels synchronise through system-scope flags in
@@ -103,11 +154,12 @@ impl PeerAccessTable {
 
     /// This table with every cross-device link of a device whose GPU target (`targets[i]`
     /// for table index `i`, e.g. `gfx90a`, or a full `gfx90a:sramecc+:xnack-`) is listed in
-    /// [`PEER_ATOMICS_NOT_VISIBLE`] removed, unless `flags.allow_unsafe_peer_targets`. The
+    /// [`PEER_ATOMICS_NOT_VISIBLE`] removed, unless `allow_unsafe` (the emitter's
+    /// `--allow_unsafe_peer_targets`). The
     /// source names the excluded target, why, and the flag, so decision reasons say what to
     /// change. Returns `self` when nothing is excluded.
-    pub fn with_target_policy(self: &Arc<Self>, targets: &[&str], flags: &Flags) -> Arc<Self> {
-        if flags.allow_unsafe_peer_targets {
+    pub fn with_target_policy(self: &Arc<Self>, targets: &[&str], allow_unsafe: bool) -> Arc<Self> {
+        if allow_unsafe {
             return Arc::clone(self);
         }
         let base = |t: &str| t.split(':').next().unwrap_or(t).to_string();
@@ -224,12 +276,11 @@ mod tests {
     #[test]
     fn gfx90a_is_excluded_unless_forced() {
         let probed = Arc::new(PeerAccessTable::full(3, "rocm peer probe"));
-        let flags = Flags::default();
         // MI300X (gfx942) keeps every link.
-        let t = probed.with_target_policy(&["gfx942:sramecc+:xnack-"; 3], &flags);
+        let t = probed.with_target_policy(&["gfx942:sramecc+:xnack-"; 3], false);
         assert!(Arc::ptr_eq(&t, &probed));
         // One MI200 device loses its cross-device links; the others keep theirs; self-access stays.
-        let t = probed.with_target_policy(&["gfx942", "gfx90a:sramecc+:xnack-", "gfx942"], &flags);
+        let t = probed.with_target_policy(&["gfx942", "gfx90a:sramecc+:xnack-", "gfx942"], false);
         assert!(!t.can_access(0, 1) && !t.can_access(1, 2) && !t.can_access(2, 1));
         assert!(t.can_access(0, 2) && t.can_access(2, 0) && t.can_access(1, 1));
         assert_eq!(t.missing_link(&[0, 1, 2]), Some((0, 1)));
@@ -239,10 +290,9 @@ mod tests {
              (openxla/xla#48069); --allow_unsafe_peer_targets=true forces kernels"
         );
         // The flag forces kernels: the probed table as it is.
-        let forced = Flags::parse("--allow_unsafe_peer_targets=true").unwrap();
-        assert!(Arc::ptr_eq(&probed.with_target_policy(&["gfx90a"; 3], &forced), &probed));
+        assert!(Arc::ptr_eq(&probed.with_target_policy(&["gfx90a"; 3], true), &probed));
         // A probe that already found no link stays without one.
         let none = Arc::new(PeerAccessTable::from_fn(2, "probe", |_, _| false));
-        assert!(!none.with_target_policy(&["gfx942"; 2], &forced).can_access(0, 1));
+        assert!(!none.with_target_policy(&["gfx942"; 2], true).can_access(0, 1));
     }
 }

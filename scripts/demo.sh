@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The README's main job: Peerless inside XLA on the embedded default (XLA:CPU, 8 host devices):
 # a data-parallel train step and a tensor-parallel block, each collective's decision, agreement
-# with XLA alone and the time per step of both (examples/inside_xla.py). Arguments pass through
+# with XLA alone and the time per step, as configured (tuning profile) and with the kernels forced
+# (examples/inside_xla.py). Arguments pass through
 # (e.g. --steps 200).
 set -euo pipefail
 cd "$(dirname "$0")/.."

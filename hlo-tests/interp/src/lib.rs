@@ -73,24 +73,9 @@ pub fn shard(t: &Tiling, a: &Array, d: usize) -> Result<Array, String> {
     Ok(ops::window(a, &starts, local))
 }
 
+/// The run's configuration against the module's header (`runs`' rule), as this crate's error.
 fn check_config(module: &Module, cfg: &RunConfig) -> Result<(), InterpError> {
-    if cfg.num_devices == 0 {
-        return Err(InterpError::BadArguments("num_devices must be at least 1".into()));
-    }
-    if module.comps.get(module.entry).is_none() {
-        return Err(InterpError::BadArguments("module has no entry computation".into()));
-    }
-    let (declared, what) = match cfg.mode {
-        Mode::Replica => (module.config.replica_count, "replica_count"),
-        Mode::Partition => (module.config.num_partitions, "num_partitions"),
-    };
-    if declared > 1 && declared as usize != cfg.num_devices {
-        return Err(InterpError::BadArguments(format!(
-            "module declares {what}={declared}, asked to run on {} devices",
-            cfg.num_devices
-        )));
-    }
-    Ok(())
+    runs::check_config(module, cfg).map_err(|e| InterpError::BadArguments(e.to_string()))
 }
 
 /// The sharding plan to run by: `hlo`'s analysis in partition mode, none in replica mode

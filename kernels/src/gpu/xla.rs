@@ -335,12 +335,14 @@ fn instance<B: XlaBackend>(
     args: &[ArrayShape],
     rets: &[ArrayShape],
 ) -> Arc<Instance<B>> {
-    let need = staging_bytes(cfg, args, rets);
+    // The staging need is worked out only when the instance is made: this runs on every
+    // execute, and the sizes allocate.
+    let need = || staging_bytes(cfg, args, rets);
     if let Some(state) = B::state().exec.get(f) {
-        return state.instance.get_or_init(|| on_slot(cfg, need, state.occurrence)).clone();
+        return state.instance.get_or_init(|| on_slot(cfg, need(), state.occurrence)).clone();
     }
     let mut map = instances::<B>().lock().unwrap_or_else(PoisonError::into_inner);
-    map.entry(cfg.instance).or_insert_with(|| on_slot(cfg, need, 0)).clone()
+    map.entry(cfg.instance).or_insert_with(|| on_slot(cfg, need(), 0)).clone()
 }
 
 /// Allocates and publishes the part of `inst` of `device` (GPU `ordinal`) unless it exists.

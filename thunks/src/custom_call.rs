@@ -377,7 +377,7 @@ impl CustomCallConfig {
     }
 
     /// Staging bytes this call needs on each GPU, in the CUDA handlers' layout
-    /// (kernels/src/cuda/xla.rs), given its operands' and results' byte sizes: the
+    /// (kernels/src/gpu/xla.rs), given its operands' and results' byte sizes: the
     /// reductions double-buffer by launch parity in two equal halves (a variadic one-shot
     /// stages all its operands side by side, each rounded to 256 bytes; the others one
     /// operand at a time); the exchanges (all-gather, all-to-all, permute) assemble the

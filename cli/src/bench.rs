@@ -88,6 +88,9 @@ pub struct BenchArgs {
     csv: Option<PathBuf>,
 }
 
+/// `auto` counts as keeping up where it is within this factor of the fastest (issue 27).
+const AUTO_BOUND: f64 = 1.1;
+
 pub fn run(args: &BenchArgs) -> Result<(), String> {
     let opts = Options {
         plugin: args.xla_plugin.clone(),
@@ -144,6 +147,30 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
     }
     for s in &skipped {
         let _ = writeln!(t, "skipped: {s}");
+    }
+    // How the active profile's choices fared in this run.
+    let verdicts = report.auto_verdicts();
+    if !verdicts.is_empty() {
+        let within = verdicts.iter().filter(|v| v.ratio() <= AUTO_BOUND).count();
+        let _ = writeln!(
+            t,
+            "auto within {AUTO_BOUND}x of the fastest of peerless/one-shot/two-shot/xla: {within} of {} rows",
+            verdicts.len()
+        );
+        for v in verdicts.iter().filter(|v| v.ratio() > AUTO_BOUND) {
+            let _ = writeln!(
+                t,
+                "  {} {} {} B: auto {:.2} µs ({}) vs {} {:.2} µs = {:.2}x",
+                v.op.name(),
+                v.dtype.name(),
+                v.bytes,
+                v.auto_us,
+                v.took.replace('|', "/"),
+                v.best.name(),
+                v.best_us,
+                v.ratio()
+            );
+        }
     }
     print!("{t}");
     if let Some(p) = &args.csv {

@@ -171,6 +171,7 @@ fn check(args: &CheckArgs) -> CliResult<()> {
         let tuning = emitter::tuning::TuningConfig {
             source: emitter::tuning::ProfileSource::from_env(),
             platform: platform.into(),
+            device_kind: plugin::xla_inside::kind_probe(platform),
             explicit_thresholds: explicit,
         }
         .resolve(cfg.num_devices);

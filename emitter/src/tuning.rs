@@ -367,8 +367,9 @@ impl ProfileSource {
         }
     }
 
-    /// The profile for a module on `devices` devices of `platform`, or `None` (thresholds).
-    pub fn select(&self, platform: &str, devices: usize) -> Option<Arc<Profile>> {
+    /// The profile for a module on `devices` devices of `platform` whose devices are of
+    /// `kind` (`None`: unknown), or `None` (thresholds).
+    pub fn select(&self, platform: &str, devices: usize, kind: Option<&str>) -> Option<Arc<Profile>> {
         match self {
             ProfileSource::Off => None,
             ProfileSource::File(p) => match load(p) {
@@ -386,7 +387,7 @@ impl ProfileSource {
                     None
                 }
             },
-            ProfileSource::Default => cached(platform, devices).or_else(|| shipped(platform)),
+            ProfileSource::Default => cached(platform, devices, kind).or_else(|| shipped(platform, kind)),
         }
     }
 }
@@ -425,22 +426,34 @@ pub fn load(path: &Path) -> Result<Arc<Profile>, String> {
     Ok(p)
 }
 
-/// The cache directory's profile for `platform` on `devices` devices of this version: the
-/// one whose key names that count, else the one of the nearest count.
-fn cached(platform: &str, devices: usize) -> Option<Arc<Profile>> {
+/// Whether a profile measured on devices of kind `measured` may decide for devices of kind
+/// `kind`: the same kind, or either unknown (`None`, or a profile written before the key
+/// named GPUs, which says "gpu").
+fn kind_fits(measured: &str, kind: Option<&str>) -> bool {
+    match kind {
+        Some(k) => measured == k || measured == "gpu" || measured.is_empty(),
+        None => true,
+    }
+}
+
+/// The cache directory's profile for `platform` on `devices` devices of `kind`, of this
+/// version: the one of that kind (else one of unknown kind) whose key names that count,
+/// else the one of the nearest count.
+fn cached(platform: &str, devices: usize, kind: Option<&str>) -> Option<Arc<Profile>> {
     let dir = profile_dir()?;
     let entries = std::fs::read_dir(&dir).ok()?;
     let prefix = format!("{platform}-");
     let suffix = format!("-v{VERSION}.json");
-    let mut best: Option<(usize, Arc<Profile>)> = None;
+    let mut best: Option<((usize, usize), Arc<Profile>)> = None;
     for f in entries.flatten() {
         let name = f.file_name().to_string_lossy().into_owned();
         if !(name.starts_with(&prefix) && name.ends_with(&suffix)) {
             continue;
         }
         match load(&f.path()) {
-            Ok(p) if p.key.platform == platform && p.peerless_version == VERSION => {
-                let d = p.key.devices.abs_diff(devices);
+            Ok(p) if p.key.platform == platform && p.peerless_version == VERSION && kind_fits(&p.key.device_kind, kind) => {
+                // The same kind before an unknown one, then the nearest count.
+                let d = (usize::from(Some(p.key.device_kind.as_str()) != kind), p.key.devices.abs_diff(devices));
                 if best.as_ref().is_none_or(|(bd, _)| d < *bd) {
                     best = Some((d, p));
                 }
@@ -452,19 +465,36 @@ fn cached(platform: &str, devices: usize) -> Option<Arc<Profile>> {
     best.map(|(_, p)| p)
 }
 
-/// The shipped XLA:CPU profile (`emitter/profiles/xla-cpu.json`).
-const SHIPPED_CPU: &str = include_str!("../profiles/xla-cpu.json");
+/// A profile shipped in the library: measured on a machine we ran, used where the cache
+/// holds none for the platform and device kind.
+struct Shipped {
+    platform: &'static str,
+    /// Its name in reasons ("shipped xla-cpu (date)").
+    name: &'static str,
+    /// The device kinds it decides for, as XLA names them (empty: any).
+    kinds: &'static [&'static str],
+    json: &'static str,
+}
 
-/// The shipped defaults for `platform`: XLA:CPU's, measured on the build machine (the file
-/// says where and when). CUDA has none yet: the flags' thresholds, measured on H100 / H200
-/// NVLink machines (docs/PERFORMANCE.md), decide there.
-pub fn shipped(platform: &str) -> Option<Arc<Profile>> {
-    static CPU: std::sync::OnceLock<Option<Arc<Profile>>> = std::sync::OnceLock::new();
-    match platform {
-        "cpu" => CPU
-            .get_or_init(|| match Profile::from_json(SHIPPED_CPU, "shipped xla-cpu") {
+/// The shipped profiles (`emitter/profiles/`; each file says where, when and how it was
+/// measured).
+const SHIPPED: &[Shipped] = &[Shipped {
+    platform: "cpu",
+    name: "xla-cpu",
+    kinds: &[],
+    json: include_str!("../profiles/xla-cpu.json"),
+}];
+
+/// The shipped defaults for `platform` and device `kind`: XLA:CPU's, measured on the build
+/// machine. Other GPUs have none: the flags' thresholds decide there.
+pub fn shipped(platform: &str, kind: Option<&str>) -> Option<Arc<Profile>> {
+    static PARSED: std::sync::OnceLock<Vec<Option<Arc<Profile>>>> = std::sync::OnceLock::new();
+    let parsed = PARSED.get_or_init(|| {
+        SHIPPED
+            .iter()
+            .map(|s| match Profile::from_json(s.json, &format!("shipped {}", s.name)) {
                 Ok(mut p) => {
-                    p.source = format!("shipped xla-cpu ({})", p.measured.date);
+                    p.source = format!("shipped {} ({})", s.name, p.measured.date);
                     Some(Arc::new(p))
                 }
                 Err(e) => {
@@ -472,9 +502,13 @@ pub fn shipped(platform: &str) -> Option<Arc<Profile>> {
                     None
                 }
             })
-            .clone(),
-        _ => None,
-    }
+            .collect()
+    });
+    SHIPPED
+        .iter()
+        .zip(parsed)
+        .find(|(s, _)| s.platform == platform && (s.kinds.is_empty() || kind.is_some_and(|k| s.kinds.contains(&k))))
+        .and_then(|(_, p)| p.clone())
 }
 
 /// What the rules need of tuning for one run: the profile (if any) and whether the flags
@@ -506,19 +540,51 @@ impl Tuning {
     }
 }
 
+/// Finds the device kind a profile is looked up by (a GPU's name, "cpu"); asked only when a
+/// module with collectives looks for its profile. `None` inside: unknown.
+#[derive(Clone, Default)]
+pub struct KindProbe(pub Option<Arc<dyn Fn() -> Option<String> + Send + Sync>>);
+
+impl KindProbe {
+    /// A kind known up front.
+    pub fn fixed(kind: &str) -> KindProbe {
+        let kind = kind.to_owned();
+        KindProbe(Some(Arc::new(move || Some(kind.clone()))))
+    }
+
+    pub fn kind(&self) -> Option<String> {
+        self.0.as_ref().and_then(|f| f())
+    }
+}
+
+impl std::fmt::Debug for KindProbe {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() { "KindProbe(probe)" } else { "KindProbe(unknown)" })
+    }
+}
+
 /// How a pass configuration finds its profile: the source, the platform the profile must be
-/// for, and whether the flags set the all-reduce thresholds (then all-reduce follows them).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// for, the devices' kind, and whether the flags set the all-reduce thresholds (then
+/// all-reduce follows them).
+#[derive(Clone, Debug, Default)]
 pub struct TuningConfig {
     pub source: ProfileSource,
     pub platform: String,
+    pub device_kind: KindProbe,
     pub explicit_thresholds: bool,
 }
 
 impl TuningConfig {
     /// The tuning of a module on `devices` devices.
     pub fn resolve(&self, devices: usize) -> Tuning {
-        Tuning { profile: self.source.select(&self.platform, devices), explicit_thresholds: self.explicit_thresholds }
+        let kind = match self.source {
+            ProfileSource::Default => self.device_kind.kind(),
+            _ => None,
+        };
+        Tuning {
+            profile: self.source.select(&self.platform, devices, kind.as_deref()),
+            explicit_thresholds: self.explicit_thresholds,
+        }
     }
 }
 
@@ -623,10 +689,11 @@ mod tests {
 
     #[test]
     fn the_shipped_cpu_profile_reads() {
-        let p = shipped("cpu").expect("shipped xla-cpu profile");
+        let p = shipped("cpu", Some("cpu")).expect("shipped xla-cpu profile");
         assert_eq!(p.key.platform, "cpu");
         assert!(!p.entries.is_empty());
         assert!(p.source.starts_with("shipped xla-cpu"));
-        assert!(shipped("cuda").is_none());
+        assert!(shipped("cuda", None).is_none());
+        assert!(shipped("cuda", Some("NVIDIA A100-SXM4-80GB")).is_none());
     }
 }

@@ -94,8 +94,7 @@ impl Op {
 
     /// Whether a chain of this op feeds each collective the previous one's result (pure
     /// data movement of one shape: exact for any length); the others run on a parameter
-    /// each, ordered by control dependencies. (XLA:CPU of jaxlib 0.11.2 crashes, SIGSEGV, on
-    /// all-to-alls ordered by control dependencies.)
+    /// each, ordered by data through an `opt-barrier` (see [`module`]).
     fn data_chain(self) -> bool {
         matches!(self, Op::AllToAll | Op::CollectivePermute)
     }
@@ -361,6 +360,8 @@ pub struct Report {
     pub plugin: PathBuf,
     /// "cpu" or "cuda".
     pub platform: &'static str,
+    /// The devices' kind, as the plugin names it ("cpu", "NVIDIA H200").
+    pub device_kind: String,
     pub devices: usize,
     pub chain: usize,
     pub samples: usize,
@@ -401,6 +402,59 @@ impl Report {
                 r.check.word(),
                 q(r.check.note()),
             ));
+        }
+        out
+    }
+}
+
+/// `auto` beside the fastest of what it chooses among, for one (op, dtype, size).
+#[derive(Clone, Debug)]
+pub struct AutoVerdict {
+    pub op: Op,
+    pub dtype: Dtype,
+    pub bytes: usize,
+    /// What `auto` ran ("kernel (two-shot all-reduce)", "xla: ...").
+    pub took: String,
+    pub auto_us: f64,
+    /// The fastest of the `peerless`, `one-shot`, `two-shot` and `xla` rows.
+    pub best: Impl,
+    pub best_us: f64,
+}
+
+impl AutoVerdict {
+    /// `auto`'s time over the fastest's.
+    pub fn ratio(&self) -> f64 {
+        self.auto_us / self.best_us
+    }
+}
+
+impl Report {
+    /// For every (op, dtype, size) with a timed `auto` row and another timed row it chooses
+    /// among (Peerless forced or by thresholds, or XLA's own; not XLA's collective kernels,
+    /// which the pass never picks): how `auto` compares with the fastest of them.
+    pub fn auto_verdicts(&self) -> Vec<AutoVerdict> {
+        let mut out = Vec::new();
+        for a in self.rows.iter().filter(|r| r.imp == Impl::Auto) {
+            let Some(auto_us) = a.us else { continue };
+            let same = |r: &&Row| r.op == a.op && r.dtype == a.dtype && r.bytes == a.bytes;
+            let best = self
+                .rows
+                .iter()
+                .filter(same)
+                .filter(|r| matches!(r.imp, Impl::Peerless | Impl::OneShot | Impl::TwoShot | Impl::Xla))
+                .filter_map(|r| r.us.map(|us| (r.imp, us)))
+                .min_by(|x, y| x.1.total_cmp(&y.1));
+            if let Some((best, best_us)) = best {
+                out.push(AutoVerdict {
+                    op: a.op,
+                    dtype: a.dtype,
+                    bytes: a.bytes,
+                    took: a.path.clone(),
+                    auto_us,
+                    best,
+                    best_us,
+                });
+            }
         }
         out
     }
@@ -451,8 +505,14 @@ fn computation(name: &str, id: i64, instrs: Vec<xla::HloInstructionProto>) -> xl
 
 /// The bench module: `chain` collectives `op` over all `n` replicas of `elems`-element
 /// operands. All-to-all and permute feed each collective the previous one's result and
-/// return the last; the others run collective k on parameter k after collective k − 1 (a
-/// control dependency) and return the tuple of all of them (`chain` > 1).
+/// return the last; the others run collective k on parameter k after collective k − 1 and
+/// return the tuple of all of them (`chain` > 1). The order is a data dependency, not a
+/// control one: collective k's operand is element 0 of `opt-barrier((p_k, c_{k-1}))`, which
+/// no XLA pass can see through or reorder and which costs nothing at run time. (Control
+/// dependencies crash XLA:CPU of jaxlib 0.11.2 on all-to-alls, SIGSEGV, and fail XLA:CUDA's
+/// compile of all-reduces: a RET_CHECK, "cannot remove instruction", when it makes them
+/// async.) Being data-ordered, the chain's collectives share one staging slot, as a real
+/// program's chained collectives do.
 pub fn module(op: Op, ty: Dtype, elems: usize, n: usize, chain: usize) -> Vec<u8> {
     let mut next_id = 0i64;
     let mut id = || {
@@ -474,11 +534,26 @@ pub fn module(op: Op, ty: Dtype, elems: usize, n: usize, chain: usize) -> Vec<u8
     let out_shape = array_shape(ty, &[op.result_elems(elems, n)]);
     let mut params = Vec::new();
     let mut colls: Vec<xla::HloInstructionProto> = Vec::new();
+    // The entry's non-parameter instructions in order (the ordering ones, the collectives).
+    let mut body: Vec<xla::HloInstructionProto> = Vec::new();
     for k in 0..chain {
         let mut p = instruction(format!("p{k}"), "parameter", id(), array_shape(ty, &[elems]));
         p.parameter_number = k as i64;
+        let in_shape = array_shape(ty, &[elems]);
         let mut c = instruction(format!("{}.{k}", op.name()), op.name(), id(), out_shape.clone());
         c.operand_ids = vec![p.id];
+        let mut order = Vec::new();
+        if let (Some(prev), false) = (colls.last(), op.data_chain()) {
+            let mut t = instruction(format!("after.{k}"), "tuple", id(), tuple_shape(vec![in_shape.clone(), out_shape.clone()]));
+            t.operand_ids = vec![p.id, prev.id];
+            let mut b = instruction(format!("barrier.{k}"), "opt-barrier", id(), t.shape.clone().unwrap_or_default());
+            b.operand_ids = vec![t.id];
+            let mut g = instruction(format!("operand.{k}"), "get-tuple-element", id(), in_shape.clone());
+            g.operand_ids = vec![b.id];
+            g.tuple_index = 0;
+            c.operand_ids = vec![g.id];
+            order = vec![t, b, g];
+        }
         match op {
             Op::AllReduce | Op::ReduceScatter => c.called_computation_ids = vec![add.id],
             _ => {}
@@ -495,15 +570,15 @@ pub fn module(op: Op, ty: Dtype, elems: usize, n: usize, chain: usize) -> Vec<u8
         if matches!(op, Op::AllGather | Op::ReduceScatter | Op::AllToAll) {
             c.dimensions = vec![0];
         }
-        match (colls.last(), op.data_chain()) {
-            (Some(prev), true) => c.operand_ids = vec![prev.id],
-            (Some(prev), false) => c.control_predecessor_ids = vec![prev.id],
-            (None, _) => {}
+        if let (Some(prev), true) = (colls.last(), op.data_chain()) {
+            c.operand_ids = vec![prev.id];
         }
         if k == 0 || !op.data_chain() {
             params.push(p);
         }
-        colls.push(c);
+        body.extend(order);
+        colls.push(c.clone());
+        body.push(c);
     }
     let mut instrs = params;
     let root = if chain == 1 || op.data_chain() {
@@ -513,7 +588,7 @@ pub fn module(op: Op, ty: Dtype, elems: usize, n: usize, chain: usize) -> Vec<u8
         t.operand_ids = colls.iter().map(|c| c.id).collect();
         Some(t)
     };
-    instrs.extend(colls);
+    instrs.extend(body);
     instrs.extend(root);
     let entry = computation("bench", id(), instrs);
     let m = xla::HloModuleProto {
@@ -619,13 +694,18 @@ fn samples_for(opts: &Options, slowest_execute_s: f64) -> usize {
     }
 }
 
-/// One sample: µs per collective over `iters` executes.
+/// One sample: µs per collective over `iters` executes, after one untimed execute. Samples of
+/// different implementations alternate, and the first execute after another program pays
+/// for what that program left in the caches (a bigger footprint, e.g. Peerless's staging,
+/// costs the next one more): measured on 8 host devices, XLA's program timed right after
+/// Peerless's took up to 1.3× its time after its own.
 fn sample(
     exe: &ffi::pjrt::client::Executable<'_>,
     args: &[Vec<&Buffer<'_>>],
     iters: usize,
     chain: usize,
 ) -> Result<f64, String> {
+    drop(exe.execute(args)?);
     let t = Instant::now();
     for _ in 0..iters {
         drop(exe.execute(args)?);
@@ -758,14 +838,15 @@ pub fn run(opts: &Options, progress: &mut dyn FnMut(&str)) -> Result<Report, Str
                 for (d, dev) in devices.iter().enumerate() {
                     let mut v = Vec::with_capacity(chain);
                     for vals in &host[d] {
-                        v.push(client.buffer_from_host(&ty.encode(vals), ty.pjrt(), &[elems as i64], *dev)?);
+                        v.push(client.buffer_from_host(&ty.encode(vals), ty.pjrt(), &[elems as i64], dev)?);
                     }
                     bufs.push(v);
                 }
                 let args: Vec<Vec<&Buffer<'_>>> = bufs.iter().map(|v| v.iter().collect()).collect();
                 // Every implementation compiled and checked first, then their samples
                 // interleaved (one of each in turn), so that a load that comes and goes on
-                // the machine weighs on all of them alike.
+                // the machine weighs on all of them alike (see `sample` on what one
+                // program leaves the next).
                 let mut prepared: Vec<_> = opts
                     .impls
                     .iter()
@@ -774,8 +855,14 @@ pub fn run(opts: &Options, progress: &mut dyn FnMut(&str)) -> Result<Report, Str
                 let mut times: Vec<Vec<f64>> = vec![Vec::new(); prepared.len()];
                 let slowest =
                     prepared.iter().filter_map(|(_, (_, _, r))| r.as_ref().ok().map(|x| x.2)).fold(0.0, f64::max);
-                for _ in 0..samples_for(opts, slowest) {
-                    for (k, (_, (_, _, result))) in prepared.iter_mut().enumerate() {
+                // Rounds alternate direction and start one implementation later every two
+                // rounds, so that no implementation always follows the same one.
+                let count = prepared.len();
+                for round in 0..samples_for(opts, slowest) {
+                    for j in 0..count {
+                        let j = if round % 2 == 1 { count - 1 - j } else { j };
+                        let k = (round / 2 + j) % count;
+                        let (_, (_, _, result)) = &mut prepared[k];
                         if let Ok((exe, iters, _)) = result {
                             match sample(exe, &args, *iters, chain) {
                                 Ok(t) => times[k].push(t),
@@ -817,5 +904,6 @@ pub fn run(opts: &Options, progress: &mut dyn FnMut(&str)) -> Result<Report, Str
             }
         }
     }
-    Ok(Report { plugin: path, platform, devices: n, chain, samples: opts.samples, iters: opts.iters, rows })
+    let device_kind = devices[0].kind.clone();
+    Ok(Report { plugin: path, platform, device_kind, devices: n, chain, samples: opts.samples, iters: opts.iters, rows })
 }

@@ -250,6 +250,16 @@ pub fn gpu_least_free_memory(platform: &str) -> Result<usize, String> {
     }
 }
 
+/// The name of GPU `platform`'s first device (a tuning profile's device kind).
+pub fn gpu_device_kind(platform: &str) -> Result<String, String> {
+    match platform {
+        "cuda" => kernels::cuda::xla::device_kind(),
+        #[cfg(feature = "rocm")]
+        "rocm" => kernels::rocm::xla::device_kind(),
+        other => Err(no_platform(other)),
+    }
+}
+
 /// Hands GPU `platform`'s handlers each local GPU's device id (ordinal → id).
 pub fn set_gpu_device_ids(platform: &str, ids: BTreeMap<usize, usize>) {
     match platform {

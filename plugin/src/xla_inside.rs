@@ -122,9 +122,23 @@ pub fn pass_config_tuned(
     let tuning = emitter::tuning::TuningConfig {
         source,
         platform: platform.to_owned(),
+        device_kind: kind_probe(platform),
         explicit_thresholds: emitter::tuning::sets_thresholds(flags) || emitter::tuning::sets_thresholds(&env_flags),
     };
     Ok(PassConfig { flags: f, peers, local_devices: local, topology, caps, instance_base: None, tuning, device_memory })
+}
+
+/// How the pass learns the devices' kind, which a tuning profile is looked up by: on a GPU
+/// its name, asked for only when a module with collectives looks for its profile.
+pub fn kind_probe(platform: &str) -> emitter::tuning::KindProbe {
+    match crate::xla_handlers::GPU_PLATFORMS.iter().copied().find(|&p| p == platform) {
+        Some(gpu) => emitter::tuning::KindProbe(Some(std::sync::Arc::new(move || {
+            crate::xla_handlers::gpu_device_kind(gpu)
+                .map_err(|e| log::warn!("peerless: the tuning profile is looked up without a device kind: {e}"))
+                .ok()
+        }))),
+        None => emitter::tuning::KindProbe::fixed(platform),
+    }
 }
 
 /// One decision per line ([`xla_pass::PassDecision::report_line`]): op, instruction,

@@ -398,7 +398,7 @@ pub fn run(
             let Literal::Array(a) = lit else {
                 return Err(format!("p{i}_d{d}: the xla backend takes array parameters only"));
             };
-            bufs.push(client.buffer_from_host(&a.data, buffer_type(a.ty())?, a.dims(), devices[d])?);
+            bufs.push(client.buffer_from_host(&a.data, buffer_type(a.ty())?, a.dims(), &devices[d])?);
         }
         args.push(bufs);
     }

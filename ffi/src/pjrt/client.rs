@@ -85,10 +85,12 @@ pub struct Client {
 }
 
 /// A device of a client: its PJRT handle and global id.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct Device {
     ptr: *mut sys::PJRT_Device,
     pub id: i32,
+    /// The device kind, as the plugin names it ("cpu", "NVIDIA H200").
+    pub kind: String,
 }
 
 /// A device buffer, destroyed on drop.
@@ -174,7 +176,18 @@ impl Client {
             let mut i = sys::PJRT_DeviceDescription_Id_Args::new();
             i.device_description = d.device_description;
             call!(self.plugin, PJRT_DeviceDescription_Id, &mut i)?;
-            out.push(Device { ptr, id: i.id });
+            let mut k = sys::PJRT_DeviceDescription_Kind_Args::new();
+            k.device_description = d.device_description;
+            call!(self.plugin, PJRT_DeviceDescription_Kind, &mut k)?;
+            let kind = if k.device_kind.is_null() {
+                String::new()
+            } else {
+                // SAFETY: the description owns `device_kind_size` bytes at `device_kind`,
+                // alive as long as the client; they are copied out here.
+                let b = unsafe { std::slice::from_raw_parts(k.device_kind.cast::<u8>(), k.device_kind_size) };
+                String::from_utf8_lossy(b).into_owned()
+            };
+            out.push(Device { ptr, id: i.id, kind });
         }
         Ok(out)
     }
@@ -201,7 +214,7 @@ impl Client {
     }
 
     /// Copies a dense row-major host array of PJRT type `ty` to `device`.
-    pub fn buffer_from_host(&self, data: &[u8], ty: u32, dims: &[i64], device: Device) -> Result<Buffer<'_>, String> {
+    pub fn buffer_from_host(&self, data: &[u8], ty: u32, dims: &[i64], device: &Device) -> Result<Buffer<'_>, String> {
         let mut a = sys::PJRT_Client_BufferFromHostBuffer_Args::new();
         a.client = self.ptr;
         a.data = data.as_ptr().cast();

@@ -31,6 +31,11 @@ pub fn least_free_memory() -> Result<usize, String> {
     xla::least_free_memory::<Cuda>()
 }
 
+/// The name of the process's first GPU (a tuning profile's device kind).
+pub fn device_kind() -> Result<String, String> {
+    xla::device_kind::<Cuda>()
+}
+
 /// Records which device id each local GPU (CUDA ordinal) has in the job.
 pub fn set_device_ids(ids: BTreeMap<usize, usize>) {
     xla::set_device_ids::<Cuda>(ids)

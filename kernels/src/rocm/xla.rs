@@ -33,6 +33,11 @@ pub fn least_free_memory() -> Result<usize, String> {
     xla::least_free_memory::<Hip>()
 }
 
+/// The name of the process's first GPU (a tuning profile's device kind).
+pub fn device_kind() -> Result<String, String> {
+    xla::device_kind::<Hip>()
+}
+
 /// Records which device id each local GPU (HIP ordinal) has in the job.
 pub fn set_device_ids(ids: BTreeMap<usize, usize>) {
     xla::set_device_ids::<Hip>(ids)

@@ -9,7 +9,7 @@
 set -uo pipefail
 LOG=${1:?usage: gpu_check.sh LOGDIR [BINDIR]}
 BIN=${2:-.gpu}
-STEPS=${GPU_CHECK_STEPS:-first devices collectives inside edge multiprocess staging order run bench torch jax psum}
+STEPS=${GPU_CHECK_STEPS:-first devices collectives inside edge multiprocess staging order run bench tune tunebench torch jax psum}
 mkdir -p "$LOG"
 # NVLink multicast stays off (shared hosts): never remove these.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -64,6 +64,27 @@ if has run && [ "$NGPU" -ge 4 ]; then
     --inputs hlo-tests/goldens/all_reduce_sum.d4.npz
 fi
 has bench && [ "$NGPU" -ge 2 ] && step bench 500 "$BIN/peerless" bench --csv "$LOG/bench.csv" ${BENCH_ARGS:-}
+# Tuning: `peerless tune` over every group size up to the GPU count (at most 4) into
+# LOGDIR/tune; `tunebench` (a separate step: each may take minutes) then runs the bench with
+# `auto` deciding by the profile found there.
+NT=$((NGPU < 4 ? NGPU : 4))
+if has tune && [ "$NGPU" -ge 2 ]; then
+  TGROUPS=2; [ "$NT" -ge 4 ] && TGROUPS=2,4
+  KIND=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+  step tune 560 "$BIN/peerless" tune --devices "$NT" --groups "$TGROUPS" --max-bytes 16777216 \
+    --out-dir "$LOG/tune" --machine "${NT}x $KIND (gpu_check.sh)"
+fi
+if has tunebench && [ "$NGPU" -ge 2 ]; then
+  PROFILE=$(ls "$LOG"/tune/*.json 2>/dev/null | head -1)
+  if [ -n "$PROFILE" ]; then
+    step tune_bench 560 env PEERLESS_TUNING_PROFILE="$PROFILE" "$BIN/peerless" bench \
+      --devices "$NT" --chain 8 --max-bytes 16777216 --samples 15 --sample-ms 5 \
+      --impls peerless,auto,one-shot,two-shot,xla,xla-kernels --csv "$LOG/tune_bench.csv"
+  else
+    echo "== tune_bench: no profile in $LOG/tune (run the tune step first)" | tee -a "$LOG/summary.txt"
+    rc=1
+  fi
+fi
 has torch && [ "$NGPU" -ge 2 ] && step torch_symm 300 python3 scripts/torch_symm_bench.py --out "$LOG/torch_symm.csv"
 # JAX_PLATFORMS=peerless wrapping XLA's CUDA plugin, against JAX's CPU backend.
 has jax && PEERLESS_BACKEND=cuda step jax_pytest 400 python3 -m pytest -q -x plugin/tests/test_jax.py

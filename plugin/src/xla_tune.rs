@@ -138,7 +138,16 @@ fn close_calls(rows: &[Row]) -> Vec<(Op, Dtype, usize)> {
 pub fn run(opts: &TuneOptions, progress: &mut dyn FnMut(&str)) -> Result<TuneReport, String> {
     let path = crate::xla_run::find_plugin(opts.plugin.as_deref())?;
     let platform = crate::xla_run::platform_of(&path);
-    let devices = opts.devices.unwrap_or(8);
+    let devices = match (opts.devices, platform) {
+        (Some(n), _) => n,
+        (None, "cpu") => 8,
+        // GPUs: all of the client's, at most 8 (as `peerless bench`).
+        (None, _) => {
+            let inner = crate::xla_run::plugin(&path, platform)?;
+            let client = ffi::pjrt::client::Client::create(inner, &[])?;
+            client.devices()?.len().min(8)
+        }
+    };
     let groups = if opts.groups.is_empty() { vec![devices] } else { opts.groups.clone() };
     if let Some(g) = groups.iter().find(|&&g| g < 2 || g > devices) {
         return Err(format!("group size {g}: groups of 2..={devices} devices can be measured"));

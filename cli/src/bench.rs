@@ -106,6 +106,7 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
         impls: args.impls.iter().map(|s| Impl::parse(s)).collect::<Result<_, _>>()?,
         flags: args.flags.clone(),
         sample_ms: args.sample_ms,
+        close_calls: None,
     };
     let report = plugin::xla_bench::run(&opts, &mut |line| eprintln!("{line}"))?;
     let mut t = String::new();

@@ -451,7 +451,11 @@ fn cached(platform: &str, devices: usize, kind: Option<&str>) -> Option<Arc<Prof
             continue;
         }
         match load(&f.path()) {
-            Ok(p) if p.key.platform == platform && p.peerless_version == VERSION && kind_fits(&p.key.device_kind, kind) => {
+            Ok(p)
+                if p.key.platform == platform
+                    && p.peerless_version == VERSION
+                    && kind_fits(&p.key.device_kind, kind) =>
+            {
                 // The same kind before an unknown one, then the nearest count.
                 let d = (usize::from(Some(p.key.device_kind.as_str()) != kind), p.key.devices.abs_diff(devices));
                 if best.as_ref().is_none_or(|(bd, _)| d < *bd) {
@@ -478,12 +482,8 @@ struct Shipped {
 
 /// The shipped profiles (`emitter/profiles/`; each file says where, when and how it was
 /// measured).
-const SHIPPED: &[Shipped] = &[Shipped {
-    platform: "cpu",
-    name: "xla-cpu",
-    kinds: &[],
-    json: include_str!("../profiles/xla-cpu.json"),
-}];
+const SHIPPED: &[Shipped] =
+    &[Shipped { platform: "cpu", name: "xla-cpu", kinds: &[], json: include_str!("../profiles/xla-cpu.json") }];
 
 /// The shipped defaults for `platform` and device `kind`: XLA:CPU's, measured on the build
 /// machine. Other GPUs have none: the flags' thresholds decide there.

@@ -275,6 +275,16 @@ pub struct Options {
     /// If set, each sample runs as many executes as take about this long (at least one),
     /// in place of `iters`: `peerless tune` bounds every row's time this way.
     pub sample_ms: Option<f64>,
+    /// Close calls get more samples: where the fastest Peerless row and the `xla` row are
+    /// within `close` of each other, `more` times the samples in all (`peerless tune`).
+    pub close_calls: Option<CloseCalls>,
+}
+
+/// See [`Options::close_calls`].
+#[derive(Clone, Copy, Debug)]
+pub struct CloseCalls {
+    pub close: f64,
+    pub more: usize,
 }
 
 impl Default for Options {
@@ -293,6 +303,7 @@ impl Default for Options {
             impls: vec![Impl::Peerless, Impl::Auto, Impl::Xla, Impl::XlaKernels],
             flags: String::new(),
             sample_ms: None,
+            close_calls: None,
         }
     }
 }
@@ -544,7 +555,12 @@ pub fn module(op: Op, ty: Dtype, elems: usize, n: usize, chain: usize) -> Vec<u8
         c.operand_ids = vec![p.id];
         let mut order = Vec::new();
         if let (Some(prev), false) = (colls.last(), op.data_chain()) {
-            let mut t = instruction(format!("after.{k}"), "tuple", id(), tuple_shape(vec![in_shape.clone(), out_shape.clone()]));
+            let mut t = instruction(
+                format!("after.{k}"),
+                "tuple",
+                id(),
+                tuple_shape(vec![in_shape.clone(), out_shape.clone()]),
+            );
             t.operand_ids = vec![p.id, prev.id];
             let mut b = instruction(format!("barrier.{k}"), "opt-barrier", id(), t.shape.clone().unwrap_or_default());
             b.operand_ids = vec![t.id];
@@ -713,6 +729,18 @@ fn sample(
     Ok(t.elapsed().as_secs_f64() * 1e6 / (iters * chain) as f64)
 }
 
+/// Whether the fastest Peerless implementation's median and XLA's own are within `close` of
+/// each other.
+fn is_close<T>(prepared: &[(Impl, T)], times: &[Vec<f64>], close: f64) -> bool {
+    let med = |k: usize| median(times[k].clone());
+    let xla = prepared.iter().position(|(i, _)| *i == Impl::Xla).and_then(med);
+    let peerless = (0..prepared.len())
+        .filter(|&k| matches!(prepared[k].0, Impl::Peerless | Impl::Auto | Impl::OneShot | Impl::TwoShot))
+        .filter_map(med)
+        .min_by(f64::total_cmp);
+    matches!((xla, peerless), (Some(x), Some(p)) if x.max(p) < close * x.min(p))
+}
+
 fn median(mut ts: Vec<f64>) -> Option<f64> {
     ts.sort_by(f64::total_cmp);
     ts.get(ts.len() / 2).copied()
@@ -858,7 +886,25 @@ pub fn run(opts: &Options, progress: &mut dyn FnMut(&str)) -> Result<Report, Str
                 // Rounds alternate direction and start one implementation later every two
                 // rounds, so that no implementation always follows the same one.
                 let count = prepared.len();
-                for round in 0..samples_for(opts, slowest) {
+                let base = samples_for(opts, slowest);
+                let mut rounds = base;
+                let mut round = 0;
+                loop {
+                    if round == rounds {
+                        // A close call between Peerless and XLA gets more samples.
+                        match opts.close_calls {
+                            Some(c) if c.more > 1 && rounds == base && is_close(&prepared, &times, c.close) => {
+                                rounds *= c.more;
+                                progress(&format!(
+                                    "{:>18} {:>4} {:>10} B: a close call, {rounds} samples each",
+                                    op.name(),
+                                    ty.name(),
+                                    this
+                                ));
+                            }
+                            _ => break,
+                        }
+                    }
                     for j in 0..count {
                         let j = if round % 2 == 1 { count - 1 - j } else { j };
                         let k = (round / 2 + j) % count;
@@ -870,6 +916,7 @@ pub fn run(opts: &Options, progress: &mut dyn FnMut(&str)) -> Result<Report, Str
                             }
                         }
                     }
+                    round += 1;
                 }
                 for ((imp, (path, decisions, result)), ts) in prepared.into_iter().zip(times) {
                     let (fa, fb) = op.factors(n as f64);
@@ -905,5 +952,14 @@ pub fn run(opts: &Options, progress: &mut dyn FnMut(&str)) -> Result<Report, Str
         }
     }
     let device_kind = devices[0].kind.clone();
-    Ok(Report { plugin: path, platform, device_kind, devices: n, chain, samples: opts.samples, iters: opts.iters, rows })
+    Ok(Report {
+        plugin: path,
+        platform,
+        device_kind,
+        devices: n,
+        chain,
+        samples: opts.samples,
+        iters: opts.iters,
+        rows,
+    })
 }

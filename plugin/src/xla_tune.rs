@@ -109,30 +109,9 @@ fn recorded_name(r: &Row) -> Option<String> {
 }
 
 /// A size whose fastest kernel and XLA's path are within this factor of each other is a
-/// close call, measured again with [`REFINE_SAMPLES`] times the samples.
+/// close call: it decides a crossover, so it gets [`REFINE_SAMPLES`] times the samples.
 const CLOSE: f64 = 1.25;
 const REFINE_SAMPLES: usize = 3;
-
-/// The (op, dtype, size) of `rows` where the fastest timed kernel row and the XLA row are
-/// within [`CLOSE`] of each other.
-fn close_calls(rows: &[Row]) -> Vec<(Op, Dtype, usize)> {
-    let mut out = Vec::new();
-    for x in rows.iter().filter(|r| r.imp == Impl::Xla) {
-        let Some(xla) = x.us else { continue };
-        let kernel = rows
-            .iter()
-            .filter(|r| r.op == x.op && r.dtype == x.dtype && r.bytes == x.bytes && r.imp != Impl::Xla)
-            .filter(|r| recorded_name(r).is_some())
-            .filter_map(|r| r.us)
-            .min_by(f64::total_cmp);
-        if let Some(k) = kernel
-            && k.max(xla) < CLOSE * k.min(xla)
-        {
-            out.push((x.op, x.dtype, x.bytes));
-        }
-    }
-    out
-}
 
 /// Runs the tune and writes the profile; `progress` gets a line per row.
 pub fn run(opts: &TuneOptions, progress: &mut dyn FnMut(&str)) -> Result<TuneReport, String> {
@@ -185,26 +164,11 @@ pub fn run(opts: &TuneOptions, progress: &mut dyn FnMut(&str)) -> Result<TuneRep
                 impls: impls.clone(),
                 flags: String::new(),
                 sample_ms: Some(opts.sample_ms),
+                close_calls: Some(xla_bench::CloseCalls { close: CLOSE, more: REFINE_SAMPLES }),
             };
-            let mut report = xla_bench::run(&bench, &mut |line| progress(&format!("tune groups of {g}: {line}")))?;
+            let report = xla_bench::run(&bench, &mut |line| progress(&format!("tune groups of {g}: {line}")))?;
             if profile.key.device_kind.is_empty() {
                 profile.key.device_kind = report.device_kind.clone();
-            }
-            // Close calls decide crossovers: measure those sizes again with more samples
-            // and keep the second, longer measurement.
-            for (op, ty, bytes) in close_calls(&report.rows) {
-                let again = xla_bench::Options {
-                    ops: vec![op],
-                    dtypes: vec![ty],
-                    min_bytes: bytes,
-                    max_bytes: bytes,
-                    samples: opts.samples * REFINE_SAMPLES,
-                    ..bench.clone()
-                };
-                let refined =
-                    xla_bench::run(&again, &mut |line| progress(&format!("tune groups of {g} (close, again): {line}")))?;
-                report.rows.retain(|r| !(r.op == op && r.dtype == ty && r.bytes == bytes));
-                report.rows.extend(refined.rows);
             }
             for r in report.rows {
                 if let Check::Error(e) = &r.check {

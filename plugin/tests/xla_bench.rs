@@ -33,6 +33,7 @@ fn bench_on_the_cpu_plugin() {
         impls: vec![Impl::Peerless, Impl::Xla],
         flags: String::new(),
         sample_ms: None,
+        close_calls: None,
     };
     let report = run(&opts, &mut |line| eprintln!("{line}")).expect("bench runs");
     assert_eq!(report.devices, 4);

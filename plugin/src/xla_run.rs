@@ -8,6 +8,13 @@
 //! included: the pass runs first) marked `sharding={manual}` so that the partitioner leaves
 //! the per-partition program as written. The device assignment is also written into the
 //! module, where the pass reads it (as it does inside XLA, after XLA set it).
+//!
+//! What XLA:CPU's PJRT client does not take is adapted: an entry with a nested tuple result
+//! or tuple parameters is flattened first (`flatten`), its arguments passed as leaves and
+//! its results nested back; 4-bit integers cross one per byte ([`buffer_type`] maps the f8
+//! and 4-bit types). JAX's own modules (they carry shardings) compile as `jax.jit` compiles
+//! them: output shardings propagated, and the Shardy form with XLA's Shardy partitioner
+//! ([`module_compile_options`]).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

@@ -13,11 +13,17 @@
 //! - `proto::<case>::d<N>`: XLA's own serialized proto of the case (`goldens/<case>.pb`,
 //!   jaxlib's parser), default flags.
 //!
-//! Cases XLA's PJRT client cannot run are listed in [`UNSUPPORTED`] with the reason and a
-//! fragment of the error they must fail with; any other failure fails the test, and a
-//! listed case that passes fails with "now passes: remove from the list". Over all trials,
-//! the collectives the pass put on Peerless vs left to XLA are tallied and printed; the
-//! total on Peerless must be > 0.
+//! Every case runs: entries with nested tuple results or tuple parameters are flattened for
+//! XLA:CPU's PJRT client (`xla_run`'s `flatten`; `flattened_tuple_parameter_and_nested_result`
+//! runs a tuple parameter, which no case has, end to end), f8 and s4 arrays cross as XLA:CPU
+//! holds them, JAX's Shardy-form dumps compile with `use_shardy_partitioner` and JAX's
+//! modules with output sharding propagation. A case this XLA:CPU miscompiles runs with the
+//! XLA option that avoids the bug ([`xla_workaround`]: `select_clamp`), and an `xla_bug::`
+//! trial checks that the bug is still there without it. Cases the backend cannot run would
+//! be listed in [`UNSUPPORTED`] (empty now) with the reason and a fragment of the error they
+//! must fail with; any other failure fails the test, and a listed case that passes fails with
+//! "now passes: remove from the list". Over all trials, the collectives the pass put on
+//! Peerless vs left to XLA are tallied and printed; the total on Peerless must be > 0.
 //!
 //! Needs XLA's CPU plugin (`lammps-jax-pjrt-cpu` in `.venv/jax`, which scripts/setup.sh
 //! installs, or PEERLESS_XLA_PLUGIN), loaded once per process. Without it the test fails,

@@ -242,7 +242,7 @@ struct Fresh {
 
 impl Fresh {
     fn id(&mut self) -> u64 {
-        self.next_id += 1;
+        self.next_id = self.next_id.saturating_add(1);
         self.next_id - 1
     }
 
@@ -279,7 +279,7 @@ pub fn entry(module: &[u8]) -> Result<Option<Vec<u8>>, String> {
         for i in cf.iter().filter(|f| f.number == COMP_INSTRUCTIONS) {
             let fs = fields(i.payload.unwrap_or_default())?;
             let id = find(&fs, INSTR_ID).map(value).transpose()?.unwrap_or(0);
-            fresh.next_id = fresh.next_id.max(id + 1);
+            fresh.next_id = fresh.next_id.max(id.saturating_add(1));
             fresh.names.insert(string(find(&fs, INSTR_NAME)));
         }
     }
@@ -300,6 +300,10 @@ pub fn entry(module: &[u8]) -> Result<Option<Vec<u8>>, String> {
     let flatten_params = params.iter().any(|p| p.shape.is_tuple());
     if !flatten_result && !flatten_params {
         return Ok(None);
+    }
+    // New ids count up from the largest: they must stay int64s (and unique).
+    if fresh.next_id > (i64::MAX as u64) / 2 {
+        return Err(format!("instruction id {} leaves no room for new ones", fresh.next_id - 1));
     }
     for (number, what) in [
         (MODULE_INPUT_OUTPUT_ALIAS, "input/output aliases"),

@@ -76,6 +76,12 @@ fn reference(dtype: Dtype, red: Red, vals: &[Vec<f32>], raw: &[Vec<u8>]) -> Vec<
                         Red::Max => a.max(v[i]),
                         _ => unreachable!(),
                     };
+                    // f16 rounds every partial result (as the kernels, NCCL's __hadd and
+                    // XLA:CPU do); f32 and bf16 fold in f32. Two members cannot tell them
+                    // apart, more can.
+                    if dtype == Dtype::F16 {
+                        a = half::f16::from_f32(a).to_f32();
+                    }
                 }
                 match dtype {
                     Dtype::F32 => out.extend_from_slice(&a.to_le_bytes()),

@@ -8,6 +8,13 @@
 //! included: the pass runs first) marked `sharding={manual}` so that the partitioner leaves
 //! the per-partition program as written. The device assignment is also written into the
 //! module, where the pass reads it (as it does inside XLA, after XLA set it).
+//!
+//! What XLA:CPU's PJRT client does not take is adapted: an entry with a nested tuple result
+//! or tuple parameters is flattened first (`flatten`), its arguments passed as leaves and
+//! its results nested back; 4-bit integers cross one per byte ([`buffer_type`] maps the f8
+//! and 4-bit types). JAX's own modules (they carry shardings) compile as `jax.jit` compiles
+//! them: output shardings propagated, and the Shardy form with XLA's Shardy partitioner
+//! ([`module_compile_options`]).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -21,6 +28,8 @@ use pjrt_sys::protos::xla;
 use prost::Message;
 use runs::{Mode, RunConfig};
 use thunks::custom_call::TARGETS;
+
+mod flatten;
 
 /// Where the XLA plugin comes from when `--xla-plugin` is not given.
 pub const ENV_VAR: &str = crate::wrap::ENV_VAR;
@@ -138,6 +147,41 @@ pub fn compile_options(mode: Mode, ids: &[i64]) -> xla::CompileOptionsProto {
         }),
         ..Default::default()
     }
+}
+
+/// Whether the module is in JAX's Shardy round-trip form: `xla.sdy.*` module frontend
+/// attributes (the meshes) or custom calls (`xla.sdy.GlobalToLocalShape`, ...).
+pub fn uses_shardy(module: &hlo::Module) -> bool {
+    module.config.frontend_attributes.keys().any(|k| k.starts_with("xla.sdy."))
+        || module
+            .instrs
+            .values()
+            .any(|i| i.attrs.custom_call_target.as_deref().is_some_and(|t| t.starts_with("xla.sdy.")))
+}
+
+/// [`compile_options`] for `module` (`bytes`, its binary proto) as JAX compiles its own
+/// modules: one that carries shardings (JAX's GSPMD or Shardy form, run in partition
+/// mode) may have its outputs' shardings propagated (`allow_spmd_sharding_propagation_to_output`,
+/// what `jax.jit` sets for unspecified `out_shardings`: the results come back as each
+/// device's shard, not gathered), and a Shardy-form one is compiled with
+/// `use_shardy_partitioner`, so XLA:CPU imports it (`xla.sdy.*` round trip) and partitions
+/// it with Shardy. XLA aborts the process when Shardy meets a GSPMD-form module, so only
+/// modules in Shardy form get it.
+pub fn module_compile_options(
+    module: &hlo::Module,
+    bytes: &[u8],
+    mode: Mode,
+    ids: &[i64],
+) -> Result<xla::CompileOptionsProto, String> {
+    let mut options = compile_options(mode, ids);
+    if mode == Mode::Partition
+        && has_sharding(bytes)?
+        && let Some(eb) = options.executable_build_options.as_mut()
+    {
+        eb.allow_spmd_sharding_propagation_to_output = vec![true];
+        eb.use_shardy_partitioner = uses_shardy(module);
+    }
+    Ok(options)
 }
 
 // Field numbers of XLA's protos (hlo.proto): the module's computations and device
@@ -340,22 +384,56 @@ pub fn buffer_type(ty: PrimitiveType) -> Result<u32, String> {
         T::Bf16 => bt::BF16,
         T::F32 => bt::F32,
         T::F64 => bt::F64,
+        T::F8E5M2 => bt::F8E5M2,
+        T::F8E4M3 => bt::F8E4M3,
+        T::F8E4M3FN => bt::F8E4M3FN,
+        T::F8E4M3B11FNUZ => bt::F8E4M3B11FNUZ,
+        T::F8E5M2FNUZ => bt::F8E5M2FNUZ,
+        T::F8E4M3FNUZ => bt::F8E4M3FNUZ,
+        T::F8E3M4 => bt::F8E3M4,
+        T::F8E8M0FNU => bt::F8E8M0FNU,
+        T::S4 => bt::S4,
+        T::U4 => bt::U4,
         other => return Err(format!("the xla backend does not move {} arrays yet", other.name())),
     })
 }
 
-/// The result's leaves (array shapes), as PJRT returns them: a tuple result as its elements.
+/// The result's leaves (array shapes, depth first), as PJRT returns them from the flat
+/// entry ([`flatten::entry`]): a tuple result as its leaves.
 fn result_leaves(shape: &Shape) -> Result<Vec<&ArrayShape>, String> {
-    match shape {
-        Shape::Array(a) => Ok(vec![a]),
-        Shape::Tuple(elems) => elems
-            .iter()
-            .map(|e| {
-                e.as_array().ok_or_else(|| "the xla backend takes a result of arrays or a tuple of arrays".to_owned())
-            })
-            .collect(),
-        Shape::Token => Err("the xla backend cannot return a token".into()),
+    fn has_token(s: &Shape) -> bool {
+        match s {
+            Shape::Token => true,
+            Shape::Tuple(t) => t.iter().any(has_token),
+            Shape::Array(_) => false,
+        }
     }
+    if has_token(shape) {
+        return Err("the xla backend cannot return a token".into());
+    }
+    Ok(shape.leaves())
+}
+
+/// An array's bytes as XLA:CPU's `BufferFromHostBuffer` takes them. 4-bit integers go one
+/// element per byte in the low nibble (measured: XLA:CPU reads them unpacked and
+/// `ToHostBuffer` returns them so, high nibble zero), where hlo's `Literal` (like numpy's
+/// int4 files) holds s4 sign-extended; every other type as it is.
+fn to_host_form(a: &Array) -> std::borrow::Cow<'_, [u8]> {
+    match a.ty() {
+        PrimitiveType::S4 | PrimitiveType::U4 => a.data.iter().map(|b| b & 0x0f).collect::<Vec<u8>>().into(),
+        _ => a.data.as_slice().into(),
+    }
+}
+
+/// The bytes `ToHostBuffer` returned for an array of `ty`, as hlo's `Literal` holds them:
+/// s4 sign-extended from its low nibble, u4 its low nibble.
+fn from_host_form(ty: PrimitiveType, mut data: Vec<u8>) -> Vec<u8> {
+    match ty {
+        PrimitiveType::S4 => data.iter_mut().for_each(|b| *b = (((*b << 4) as i8) >> 4) as u8),
+        PrimitiveType::U4 => data.iter_mut().for_each(|b| *b &= 0x0f),
+        _ => {}
+    }
+    data
 }
 
 /// Runs `bytes` (a binary HloModuleProto of `module`) on XLA's plugin at `plugin_path`;
@@ -367,6 +445,20 @@ pub fn run(
     cfg: &RunConfig,
     inputs: &[Vec<Literal>],
     flags: &[String],
+) -> Result<XlaRun, String> {
+    run_with_options(plugin_path, module, bytes, cfg, inputs, flags, &[])
+}
+
+/// [`run`], with XLA options of string value (`xla_disable_hlo_passes`, ...) set for this
+/// compile (`CompileOptionsProto.env_option_overrides`).
+pub fn run_with_options(
+    plugin_path: &Path,
+    module: &hlo::Module,
+    bytes: &[u8],
+    cfg: &RunConfig,
+    inputs: &[Vec<Literal>],
+    flags: &[String],
+    xla_options: &[(&str, &str)],
 ) -> Result<XlaRun, String> {
     let platform = crate::wrap::platform_of(plugin_path);
     let inner = plugin(plugin_path, platform)?;
@@ -388,17 +480,22 @@ pub fn run(
     }
     let devices = &devices[..n];
     let ids: Vec<i64> = devices.iter().map(|d| i64::from(d.id)).collect();
-    let (program, outcome) = prepare(bytes, cfg.mode, &ids, platform, flags)?;
-    let options = compile_options(cfg.mode, &ids).encode_to_vec();
+    // XLA:CPU's PJRT client takes no nested tuple result nor tuple parameter: such an
+    // entry is flattened, its arguments passed as their leaves and its results nested back.
+    let flat = flatten::entry(bytes)?;
+    let (program, outcome) = prepare(flat.as_deref().unwrap_or(bytes), cfg.mode, &ids, platform, flags)?;
+    let mut options = module_compile_options(module, bytes, cfg.mode, &ids)?;
+    for &(name, value) in xla_options {
+        let value = Some(xla::option_override_proto::Value::StringField(value.into()));
+        options.env_option_overrides.insert(name.into(), xla::OptionOverrideProto { value });
+    }
+    let options = options.encode_to_vec();
     let exe = client.compile_hlo(&program, &options)?;
     let mut args = Vec::with_capacity(n);
     for (d, dev_inputs) in inputs.iter().enumerate() {
         let mut bufs = Vec::new();
-        for (i, lit) in dev_inputs.iter().enumerate() {
-            let Literal::Array(a) = lit else {
-                return Err(format!("p{i}_d{d}: the xla backend takes array parameters only"));
-            };
-            bufs.push(client.buffer_from_host(&a.data, buffer_type(a.ty())?, a.dims(), &devices[d])?);
+        for a in flatten::flat_args(dev_inputs).map_err(|e| format!("device {d}: {e}"))? {
+            bufs.push(client.buffer_from_host(&to_host_form(a), buffer_type(a.ty())?, a.dims(), &devices[d])?);
         }
         args.push(bufs);
     }
@@ -427,13 +524,10 @@ pub fn run(
             }
             let dims = buf.dims()?;
             let shape = ArrayShape::new(want.ty, dims);
-            let data = buf.to_host()?;
+            let data = from_host_form(want.ty, buf.to_host()?);
             arrays.push(Array::new(shape, data).map_err(|e| format!("o{j}_d{d}: {e:?}"))?);
         }
-        outputs.push(match root {
-            Shape::Tuple(_) => Literal::Tuple(arrays.into_iter().map(Literal::Array).collect()),
-            _ => Literal::Array(arrays.pop().expect("one leaf")),
-        });
+        outputs.push(flatten::nest(root, &mut arrays.into_iter())?);
     }
     drop(results);
     drop(args);
@@ -445,4 +539,59 @@ pub fn run(
         plugin: plugin_path.to_path_buf(),
         platform,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn four_bit_integers_cross_as_xla_cpu_holds_them() {
+        let values: Vec<u8> = (-8i8..8).map(|v| v as u8).collect();
+        let s4 = Array::new(ArrayShape::new(PrimitiveType::S4, vec![16]), values.clone()).expect("s4");
+        let host = to_host_form(&s4).into_owned();
+        assert_eq!(host, (0u8..16).map(|v| (v + 8) & 0x0f).collect::<Vec<_>>(), "low nibbles");
+        assert_eq!(from_host_form(PrimitiveType::S4, host), values, "sign-extended back");
+        assert_eq!(from_host_form(PrimitiveType::U4, vec![0x1f, 0x07]), [0x0f, 0x07]);
+        let f8 = Array::new(ArrayShape::new(PrimitiveType::F8E4M3FN, vec![2]), vec![0xff, 0x81]).expect("f8");
+        assert_eq!(to_host_form(&f8).as_ref(), &[0xff, 0x81], "raw bits");
+        assert_eq!(from_host_form(PrimitiveType::F8E4M3FN, vec![0xff]), [0xff]);
+    }
+
+    #[test]
+    fn every_f8_and_4_bit_type_has_its_pjrt_buffer_type() {
+        use PrimitiveType as T;
+        let got: Vec<u32> = [T::F8E5M2, T::F8E4M3FN, T::F8E4M3B11FNUZ, T::F8E5M2FNUZ, T::F8E4M3FNUZ, T::S4, T::U4]
+            .into_iter()
+            .map(|t| buffer_type(t).expect("mapped"))
+            .collect();
+        assert_eq!(got, (16..=22).collect::<Vec<u32>>(), "PJRT_Buffer_Type's order after C128");
+        assert_eq!([T::F8E4M3, T::F8E3M4, T::F8E8M0FNU].map(|t| buffer_type(t).ok()), [Some(26), Some(27), Some(28)]);
+        assert!(buffer_type(T::Token).is_err());
+    }
+
+    fn case(name: &str) -> (hlo::Module, Vec<u8>) {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../hlo-tests/cases").join(format!("{name}.hlo"));
+        let text = std::fs::read_to_string(&path).expect("case");
+        let m = hlo::parse_text(name, &text).expect("parse");
+        let bytes = hlo::encode_proto(&m).expect("encode");
+        (m, bytes)
+    }
+
+    #[test]
+    fn jax_forms_compile_as_jax_compiles_them() {
+        let ids = [0, 1, 2, 3];
+        let build = |name: &str, mode: Mode| {
+            let (m, bytes) = case(name);
+            let o = module_compile_options(&m, &bytes, mode, &ids).expect("options");
+            let eb = o.executable_build_options.expect("build options");
+            (eb.use_shardy_partitioner, eb.allow_spmd_sharding_propagation_to_output)
+        };
+        assert_eq!(build("jax_psum_x4", Mode::Partition), (true, vec![true]), "Shardy form");
+        assert_eq!(build("jax_gspmd_psum_x4", Mode::Partition), (false, vec![true]), "GSPMD form: no Shardy");
+        assert_eq!(build("all_reduce_sum", Mode::Replica), (false, vec![]), "hand-written: as gen_goldens.py");
+        let (m, _) = case("jax_psum_x4");
+        assert!(uses_shardy(&m));
+        assert!(!uses_shardy(&case("jax_gspmd_psum_x4").0));
+    }
 }

@@ -107,7 +107,8 @@ pub struct Executable<'c> {
     ptr: *mut sys::PJRT_LoadedExecutable,
 }
 
-/// `PJRT_Buffer_Type` values (PJRT's enum, stable since 0.1).
+/// `PJRT_Buffer_Type` values (PJRT's enum in `xla/pjrt/c/pjrt_c_api.h`, append-only: stable
+/// since 0.1; F8E4M3 and F8E3M4 came after U2, F8E8M0FNU after them).
 pub mod buffer_type {
     pub const PRED: u32 = 1;
     pub const S8: u32 = 2;
@@ -122,6 +123,39 @@ pub mod buffer_type {
     pub const F32: u32 = 11;
     pub const F64: u32 = 12;
     pub const BF16: u32 = 13;
+    pub const C64: u32 = 14;
+    pub const C128: u32 = 15;
+    pub const F8E5M2: u32 = 16;
+    pub const F8E4M3FN: u32 = 17;
+    pub const F8E4M3B11FNUZ: u32 = 18;
+    pub const F8E5M2FNUZ: u32 = 19;
+    pub const F8E4M3FNUZ: u32 = 20;
+    pub const S4: u32 = 21;
+    pub const U4: u32 = 22;
+    pub const TOKEN: u32 = 23;
+    pub const S2: u32 = 24;
+    pub const U2: u32 = 25;
+    pub const F8E4M3: u32 = 26;
+    pub const F8E3M4: u32 = 27;
+    pub const F8E8M0FNU: u32 = 28;
+
+    // The values the bound header (pjrt-sys's, up to U2) has must be its enum's.
+    use pjrt_sys as sys;
+    const _: () = {
+        assert!(PRED == sys::PJRT_Buffer_Type_PJRT_Buffer_Type_PRED);
+        assert!(BF16 == sys::PJRT_Buffer_Type_PJRT_Buffer_Type_BF16);
+        assert!(C128 == sys::PJRT_Buffer_Type_PJRT_Buffer_Type_C128);
+        assert!(F8E5M2 == sys::PJRT_Buffer_Type_PJRT_Buffer_Type_F8E5M2);
+        assert!(F8E4M3FN == sys::PJRT_Buffer_Type_PJRT_Buffer_Type_F8E4M3FN);
+        assert!(F8E4M3B11FNUZ == sys::PJRT_Buffer_Type_PJRT_Buffer_Type_F8E4M3B11FNUZ);
+        assert!(F8E5M2FNUZ == sys::PJRT_Buffer_Type_PJRT_Buffer_Type_F8E5M2FNUZ);
+        assert!(F8E4M3FNUZ == sys::PJRT_Buffer_Type_PJRT_Buffer_Type_F8E4M3FNUZ);
+        assert!(S4 == sys::PJRT_Buffer_Type_PJRT_Buffer_Type_S4);
+        assert!(U4 == sys::PJRT_Buffer_Type_PJRT_Buffer_Type_U4);
+        assert!(TOKEN == sys::PJRT_Buffer_Type_PJRT_Buffer_Type_TOKEN);
+        assert!(S2 == sys::PJRT_Buffer_Type_PJRT_Buffer_Type_S2);
+        assert!(U2 == sys::PJRT_Buffer_Type_PJRT_Buffer_Type_U2);
+    };
 }
 
 impl Client {

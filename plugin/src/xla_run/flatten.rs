@@ -1,0 +1,675 @@
+//! The entry computation's interface as XLA:CPU's PJRT client takes it: no nested tuples
+//! ("Nested tuples are not supported") and no tuple parameters. [`entry`] rewrites a
+//! module that has either; [`flat_args`] and [`nest`] move values across the change.
+//!
+//! - A nested tuple result: the old root stays, and a new root `tuple` takes its leaves
+//!   (depth first) through `get-tuple-element` chains of it (one per tuple node).
+//! - A tuple parameter: one `parameter` per leaf, numbered in order with the others (all
+//!   parameters renumbered by their old number); the old parameter instruction keeps its
+//!   id and name and becomes the `tuple` of them (inner tuple nodes get their own `tuple`),
+//!   so its users read what they read.
+//!
+//! New instructions get ids past the largest of the module and names unused in it;
+//! parameters and tuples come right before the old parameter, the get-tuple-elements and
+//! the root at the end (XLA makes instructions in proto order: operands first). Where the
+//! old value had a sharding its leaves' shardings go with the new instructions. The
+//! entry's `program_shape` and the module's `host_program_shape` (the entry layout XLA
+//! compiles for) are flattened the same way. The edit is made on the wire, so fields this
+//! build's protos do not know pass through; a module that aliases or donates parameters,
+//! or carries a schedule, is refused (their indices would need remapping).
+
+use std::collections::HashSet;
+
+use hlo::{Array, Literal, Shape};
+
+use super::{Field, fields, put_message, varint};
+
+const MODULE_ENTRY_NAME: u64 = 2;
+const MODULE_COMPUTATIONS: u64 = 3;
+const MODULE_HOST_PROGRAM_SHAPE: u64 = 4;
+const MODULE_ENTRY_ID: u64 = 6;
+const MODULE_SCHEDULE: u64 = 7;
+const MODULE_INPUT_OUTPUT_ALIAS: u64 = 8;
+const MODULE_BUFFER_DONOR: u64 = 18;
+const COMP_NAME: u64 = 1;
+const COMP_INSTRUCTIONS: u64 = 2;
+const COMP_PROGRAM_SHAPE: u64 = 4;
+const COMP_ID: u64 = 5;
+const COMP_ROOT_ID: u64 = 6;
+const INSTR_NAME: u64 = 1;
+const INSTR_OPCODE: u64 = 2;
+const INSTR_SHAPE: u64 = 3;
+const INSTR_PARAMETER_NUMBER: u64 = 9;
+const INSTR_TUPLE_INDEX: u64 = 13;
+const INSTR_ID: u64 = 35;
+const INSTR_OPERAND_IDS: u64 = 36;
+const INSTR_SHARDING: u64 = 40;
+const INSTR_PARAMETER_REPLICATION: u64 = 61;
+const SHAPE_ELEMENT_TYPE: u64 = 2;
+const SHAPE_TUPLE_SHAPES: u64 = 4;
+const PROGRAM_PARAMETERS: u64 = 1;
+const PROGRAM_RESULT: u64 = 2;
+const PROGRAM_PARAMETER_NAMES: u64 = 3;
+const SHARDING_TYPE: u64 = 1;
+const SHARDING_TUPLE_SHARDINGS: u64 = 5;
+/// `PrimitiveType::TUPLE`, `OpSharding::TUPLE`.
+const TUPLE_TYPE: u64 = 13;
+const SHARDING_TUPLE: u64 = 2;
+
+/// The value of a varint field.
+fn value(f: &Field<'_>) -> Result<u64, String> {
+    let mut at = 0;
+    varint(f.raw, &mut at)?;
+    varint(f.raw, &mut at)
+}
+
+fn find<'a, 'b>(fs: &'b [Field<'a>], number: u64) -> Option<&'b Field<'a>> {
+    fs.iter().find(|f| f.number == number)
+}
+
+fn string(f: Option<&Field<'_>>) -> String {
+    f.and_then(|f| f.payload).map(|p| String::from_utf8_lossy(p).into_owned()).unwrap_or_default()
+}
+
+fn put_varint(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+fn put_varint_field(out: &mut Vec<u8>, number: u64, v: u64) {
+    put_varint(out, number << 3);
+    put_varint(out, v);
+}
+
+/// A ShapeProto on the wire: its bytes and, for a tuple, its elements.
+struct WireShape<'a> {
+    bytes: &'a [u8],
+    elems: Option<Vec<WireShape<'a>>>,
+}
+
+impl<'a> WireShape<'a> {
+    fn parse(bytes: &'a [u8]) -> Result<Self, String> {
+        let fs = fields(bytes)?;
+        let ty = find(&fs, SHAPE_ELEMENT_TYPE).map(value).transpose()?.unwrap_or(0);
+        let elems = if ty == TUPLE_TYPE {
+            let e = fs
+                .iter()
+                .filter(|f| f.number == SHAPE_TUPLE_SHAPES)
+                .map(|f| Self::parse(f.payload.unwrap_or_default()));
+            Some(e.collect::<Result<Vec<_>, _>>()?)
+        } else {
+            None
+        };
+        Ok(WireShape { bytes, elems })
+    }
+
+    fn is_tuple(&self) -> bool {
+        self.elems.is_some()
+    }
+
+    /// A tuple with a tuple element.
+    fn is_nested(&self) -> bool {
+        self.elems.as_ref().is_some_and(|e| e.iter().any(WireShape::is_tuple))
+    }
+
+    fn leaf_count(&self) -> usize {
+        self.elems.as_ref().map_or(1, |e| e.iter().map(WireShape::leaf_count).sum())
+    }
+
+    fn leaves(&self, out: &mut Vec<&'a [u8]>) {
+        match &self.elems {
+            Some(e) => e.iter().for_each(|x| x.leaves(out)),
+            None => out.push(self.bytes),
+        }
+    }
+
+    /// The tuple of this shape's leaves.
+    fn flat(&self) -> Vec<u8> {
+        let mut leaves = Vec::new();
+        self.leaves(&mut leaves);
+        tuple_shape(&leaves)
+    }
+}
+
+fn tuple_shape(elems: &[&[u8]]) -> Vec<u8> {
+    let mut out = Vec::new();
+    put_varint_field(&mut out, SHAPE_ELEMENT_TYPE, TUPLE_TYPE);
+    for e in elems {
+        put_message(&mut out, SHAPE_TUPLE_SHAPES, e);
+    }
+    out
+}
+
+/// The leaves' shardings of a value of `shape` with sharding `sharding` (an OpSharding's
+/// bytes): a tuple sharding lists them; any other applies to every leaf.
+fn leaf_shardings(sharding: Option<&[u8]>, shape: &WireShape<'_>) -> Result<Option<Vec<Vec<u8>>>, String> {
+    let Some(s) = sharding else { return Ok(None) };
+    let n = shape.leaf_count();
+    let fs = fields(s)?;
+    if find(&fs, SHARDING_TYPE).map(value).transpose()? == Some(SHARDING_TUPLE) {
+        let leaves: Vec<Vec<u8>> = fs
+            .iter()
+            .filter(|f| f.number == SHARDING_TUPLE_SHARDINGS)
+            .map(|f| f.payload.unwrap_or_default().to_vec())
+            .collect();
+        if leaves.len() != n {
+            return Err(format!("a tuple sharding of {} leaves on a shape of {n}", leaves.len()));
+        }
+        Ok(Some(leaves))
+    } else {
+        Ok(Some(vec![s.to_vec(); n]))
+    }
+}
+
+/// The sharding of the leaves `range` of a value: the leaf's own, or their tuple.
+fn sharding_of(leaves: &Option<Vec<Vec<u8>>>, range: std::ops::Range<usize>, tuple: bool) -> Option<Vec<u8>> {
+    let leaves = leaves.as_ref()?;
+    if !tuple {
+        return leaves.get(range.start).cloned();
+    }
+    let mut out = Vec::new();
+    put_varint_field(&mut out, SHARDING_TYPE, SHARDING_TUPLE);
+    for l in &leaves[range] {
+        put_message(&mut out, SHARDING_TUPLE_SHARDINGS, l);
+    }
+    Some(out)
+}
+
+/// A new instruction: name, opcode, shape, id, operands, then `extra` fields.
+fn instruction(id: u64, name: &str, opcode: &str, shape: &[u8], operands: &[u64], sharding: Option<&[u8]>) -> Vec<u8> {
+    let mut out = Vec::new();
+    put_message(&mut out, INSTR_NAME, name.as_bytes());
+    put_message(&mut out, INSTR_OPCODE, opcode.as_bytes());
+    put_message(&mut out, INSTR_SHAPE, shape);
+    put_varint_field(&mut out, INSTR_ID, id);
+    if !operands.is_empty() {
+        let mut packed = Vec::new();
+        operands.iter().for_each(|&o| put_varint(&mut packed, o));
+        put_message(&mut out, INSTR_OPERAND_IDS, &packed);
+    }
+    if let Some(s) = sharding {
+        put_message(&mut out, INSTR_SHARDING, s);
+    }
+    out
+}
+
+/// The message without the fields `drop`.
+fn without(msg: &[u8], drop: &[u64]) -> Result<Vec<u8>, String> {
+    let mut out = Vec::with_capacity(msg.len());
+    for f in fields(msg)? {
+        if !drop.contains(&f.number) {
+            out.extend_from_slice(f.raw);
+        }
+    }
+    Ok(out)
+}
+
+/// An entry instruction, read.
+struct Instr<'a> {
+    bytes: &'a [u8],
+    id: u64,
+    name: String,
+    opcode: String,
+    shape: WireShape<'a>,
+    parameter_number: u64,
+    sharding: Option<&'a [u8]>,
+}
+
+impl<'a> Instr<'a> {
+    fn parse(bytes: &'a [u8]) -> Result<Self, String> {
+        let fs = fields(bytes)?;
+        let shape = find(&fs, INSTR_SHAPE).and_then(|f| f.payload).unwrap_or_default();
+        Ok(Instr {
+            bytes,
+            id: find(&fs, INSTR_ID).map(value).transpose()?.unwrap_or(0),
+            name: string(find(&fs, INSTR_NAME)),
+            opcode: string(find(&fs, INSTR_OPCODE)),
+            shape: WireShape::parse(shape)?,
+            parameter_number: find(&fs, INSTR_PARAMETER_NUMBER).map(value).transpose()?.unwrap_or(0),
+            sharding: find(&fs, INSTR_SHARDING).and_then(|f| f.payload),
+        })
+    }
+}
+
+/// Fresh instruction ids and names for the module.
+struct Fresh {
+    next_id: u64,
+    names: HashSet<String>,
+}
+
+impl Fresh {
+    fn id(&mut self) -> u64 {
+        self.next_id = self.next_id.saturating_add(1);
+        self.next_id - 1
+    }
+
+    fn name(&mut self, base: &str) -> String {
+        let mut name = base.to_owned();
+        let mut k = 1;
+        while self.names.contains(&name) {
+            name = format!("{base}.{k}");
+            k += 1;
+        }
+        self.names.insert(name.clone());
+        name
+    }
+}
+
+/// The module with a flat entry interface, or `None` when it has one already (a root
+/// without nested tuples and no tuple parameter).
+pub fn entry(module: &[u8]) -> Result<Option<Vec<u8>>, String> {
+    let top = fields(module)?;
+    let entry_id = find(&top, MODULE_ENTRY_ID).map(value).transpose()?;
+    let entry_name = string(find(&top, MODULE_ENTRY_NAME));
+    let mut entry_at = None;
+    let mut fresh = Fresh { next_id: 0, names: HashSet::new() };
+    for (k, c) in top.iter().enumerate().filter(|(_, f)| f.number == MODULE_COMPUTATIONS) {
+        let cf = fields(c.payload.unwrap_or_default())?;
+        let id = find(&cf, COMP_ID).map(value).transpose()?.unwrap_or(0);
+        let is_entry = match entry_id {
+            Some(e) => id == e,
+            None => string(find(&cf, COMP_NAME)) == entry_name,
+        };
+        if is_entry {
+            entry_at = Some(k);
+        }
+        for i in cf.iter().filter(|f| f.number == COMP_INSTRUCTIONS) {
+            let fs = fields(i.payload.unwrap_or_default())?;
+            let id = find(&fs, INSTR_ID).map(value).transpose()?.unwrap_or(0);
+            fresh.next_id = fresh.next_id.max(id.saturating_add(1));
+            fresh.names.insert(string(find(&fs, INSTR_NAME)));
+        }
+    }
+    let entry_at = entry_at.ok_or("the module names no entry computation it has")?;
+    let comp = top[entry_at].payload.unwrap_or_default();
+    let cf = fields(comp)?;
+    let instrs = cf
+        .iter()
+        .filter(|f| f.number == COMP_INSTRUCTIONS)
+        .map(|f| Instr::parse(f.payload.unwrap_or_default()))
+        .collect::<Result<Vec<_>, _>>()?;
+    let root_id = find(&cf, COMP_ROOT_ID).map(value).transpose()?.ok_or("the entry computation has no root_id")?;
+    let root =
+        instrs.iter().find(|i| i.id == root_id).ok_or("the entry computation's root_id is none of its instructions")?;
+    let flatten_result = root.shape.is_nested();
+    let mut params: Vec<&Instr<'_>> = instrs.iter().filter(|i| i.opcode == "parameter").collect();
+    params.sort_by_key(|p| p.parameter_number);
+    let flatten_params = params.iter().any(|p| p.shape.is_tuple());
+    if !flatten_result && !flatten_params {
+        return Ok(None);
+    }
+    // New ids count up from the largest: they must stay int64s (and unique).
+    if fresh.next_id > (i64::MAX as u64) / 2 {
+        return Err(format!("instruction id {} leaves no room for new ones", fresh.next_id - 1));
+    }
+    for (number, what) in [
+        (MODULE_INPUT_OUTPUT_ALIAS, "input/output aliases"),
+        (MODULE_BUFFER_DONOR, "buffer donors"),
+        (MODULE_SCHEDULE, "a schedule"),
+    ] {
+        if top.iter().any(|f| f.number == number && f.payload.is_some_and(|p| !p.is_empty())) {
+            return Err(format!(
+                "the entry's interface has nested tuples, which XLA:CPU's PJRT client does not take, and the module \
+                 has {what}, which flattening it would have to remap"
+            ));
+        }
+    }
+
+    // Old parameter number → its first new number.
+    let mut first_number = std::collections::HashMap::new();
+    let mut next = 0u64;
+    for p in &params {
+        first_number.insert(p.parameter_number, next);
+        next += p.shape.leaf_count() as u64;
+    }
+    // Names of the new parameters, by new number.
+    let mut param_names: Vec<String> = Vec::new();
+    let mut out_instrs: Vec<Vec<u8>> = Vec::with_capacity(instrs.len() + 8);
+    for i in &instrs {
+        if i.opcode != "parameter" {
+            out_instrs.push(i.bytes.to_vec());
+            continue;
+        }
+        let number = first_number[&i.parameter_number];
+        if !i.shape.is_tuple() {
+            let mut b = without(i.bytes, &[INSTR_PARAMETER_NUMBER])?;
+            put_varint_field(&mut b, INSTR_PARAMETER_NUMBER, number);
+            out_instrs.push(b);
+            continue;
+        }
+        let shardings = leaf_shardings(i.sharding, &i.shape)?;
+        let mut leaves = Vec::new();
+        i.shape.leaves(&mut leaves);
+        let mut leaf_ids = Vec::with_capacity(leaves.len());
+        for (k, leaf) in leaves.iter().enumerate() {
+            let (id, name) = (fresh.id(), fresh.name(&format!("{}.{k}", i.name)));
+            let mut b =
+                instruction(id, &name, "parameter", leaf, &[], sharding_of(&shardings, k..k + 1, false).as_deref());
+            put_varint_field(&mut b, INSTR_PARAMETER_NUMBER, number + k as u64);
+            out_instrs.push(b);
+            leaf_ids.push(id);
+            param_names.push(name);
+        }
+        // The tuple nodes, innermost first; the old instruction becomes the outermost.
+        fn build(
+            node: &WireShape<'_>,
+            start: usize,
+            top: bool,
+            leaf_ids: &[u64],
+            shardings: &Option<Vec<Vec<u8>>>,
+            base: &str,
+            fresh: &mut Fresh,
+            out: &mut Vec<Vec<u8>>,
+        ) -> (u64, Vec<u64>) {
+            let Some(elems) = &node.elems else { return (leaf_ids[start], Vec::new()) };
+            let mut operands = Vec::with_capacity(elems.len());
+            let mut at = start;
+            for e in elems {
+                operands.push(build(e, at, false, leaf_ids, shardings, base, fresh, out).0);
+                at += e.leaf_count();
+            }
+            if top {
+                return (0, operands);
+            }
+            let (id, name) = (fresh.id(), fresh.name(&format!("{base}.tuple")));
+            let sharding = sharding_of(shardings, start..at, true);
+            out.push(instruction(id, &name, "tuple", node.bytes, &operands, sharding.as_deref()));
+            (id, operands)
+        }
+        let (_, operands) = build(&i.shape, 0, true, &leaf_ids, &shardings, &i.name, &mut fresh, &mut out_instrs);
+        let mut b =
+            without(i.bytes, &[INSTR_OPCODE, INSTR_PARAMETER_NUMBER, INSTR_PARAMETER_REPLICATION, INSTR_OPERAND_IDS])?;
+        put_message(&mut b, INSTR_OPCODE, b"tuple");
+        let mut packed = Vec::new();
+        operands.iter().for_each(|&o| put_varint(&mut packed, o));
+        put_message(&mut b, INSTR_OPERAND_IDS, &packed);
+        out_instrs.push(b);
+    }
+    let mut new_root = root_id;
+    if flatten_result {
+        let shardings = leaf_shardings(root.sharding, &root.shape)?;
+        let mut leaf_ids = Vec::new();
+        fn gtes(
+            node: &WireShape<'_>,
+            of: u64,
+            start: usize,
+            shardings: &Option<Vec<Vec<u8>>>,
+            base: &str,
+            fresh: &mut Fresh,
+            out: &mut Vec<Vec<u8>>,
+            leaf_ids: &mut Vec<u64>,
+        ) {
+            let mut at = start;
+            for (k, e) in node.elems.iter().flatten().enumerate() {
+                let n = e.leaf_count();
+                let (id, name) = (fresh.id(), fresh.name(&format!("{base}.{k}")));
+                let sharding = sharding_of(shardings, at..at + n, e.is_tuple());
+                let mut b = instruction(id, &name, "get-tuple-element", e.bytes, &[of], sharding.as_deref());
+                put_varint_field(&mut b, INSTR_TUPLE_INDEX, k as u64);
+                out.push(b);
+                if e.is_tuple() {
+                    gtes(e, id, at, shardings, &name, fresh, out, leaf_ids);
+                } else {
+                    leaf_ids.push(id);
+                }
+                at += n;
+            }
+        }
+        gtes(&root.shape, root_id, 0, &shardings, &root.name, &mut fresh, &mut out_instrs, &mut leaf_ids);
+        let (id, name) = (fresh.id(), fresh.name(&format!("{}.flat", root.name)));
+        let sharding = sharding_of(&shardings, 0..leaf_ids.len(), true);
+        out_instrs.push(instruction(id, &name, "tuple", &root.shape.flat(), &leaf_ids, sharding.as_deref()));
+        new_root = id;
+    }
+
+    let names = flatten_params.then_some(param_names.as_slice());
+    let mut new_comp = Vec::with_capacity(comp.len() + 256);
+    let mut emitted = false;
+    for f in &cf {
+        match f.number {
+            COMP_INSTRUCTIONS if !emitted => {
+                emitted = true;
+                out_instrs.iter().for_each(|b| put_message(&mut new_comp, COMP_INSTRUCTIONS, b));
+            }
+            COMP_INSTRUCTIONS => {}
+            COMP_ROOT_ID => put_varint_field(&mut new_comp, COMP_ROOT_ID, new_root),
+            COMP_PROGRAM_SHAPE => {
+                let ps = program_shape(f.payload.unwrap_or_default(), names, &params, flatten_result)?;
+                put_message(&mut new_comp, COMP_PROGRAM_SHAPE, &ps);
+            }
+            _ => new_comp.extend_from_slice(f.raw),
+        }
+    }
+    let mut out = Vec::with_capacity(module.len() + 256);
+    for (k, f) in top.iter().enumerate() {
+        if k == entry_at {
+            put_message(&mut out, MODULE_COMPUTATIONS, &new_comp);
+        } else if f.number == MODULE_HOST_PROGRAM_SHAPE {
+            let ps = program_shape(f.payload.unwrap_or_default(), names, &params, flatten_result)?;
+            put_message(&mut out, MODULE_HOST_PROGRAM_SHAPE, &ps);
+        } else {
+            out.extend_from_slice(f.raw);
+        }
+    }
+    Ok(Some(out))
+}
+
+/// A ProgramShapeProto flattened: tuple parameters as their leaves (named `names`, the new
+/// parameters' names, where given), a nested result as the tuple of its leaves.
+fn program_shape(
+    ps: &[u8],
+    names: Option<&[String]>,
+    params: &[&Instr<'_>],
+    flatten_result: bool,
+) -> Result<Vec<u8>, String> {
+    let fs = fields(ps)?;
+    let mut out = Vec::with_capacity(ps.len() + 64);
+    let shapes: Vec<&Field<'_>> = fs.iter().filter(|f| f.number == PROGRAM_PARAMETERS).collect();
+    if names.is_some() && shapes.len() != params.len() {
+        return Err(format!(
+            "the entry's program shape lists {} parameters, the computation has {}",
+            shapes.len(),
+            params.len()
+        ));
+    }
+    for s in &shapes {
+        let shape = WireShape::parse(s.payload.unwrap_or_default())?;
+        let mut leaves = Vec::new();
+        shape.leaves(&mut leaves);
+        leaves.iter().for_each(|l| put_message(&mut out, PROGRAM_PARAMETERS, l));
+    }
+    for f in &fs {
+        match f.number {
+            PROGRAM_PARAMETERS => {}
+            PROGRAM_RESULT if flatten_result => {
+                let shape = WireShape::parse(f.payload.unwrap_or_default())?;
+                put_message(&mut out, PROGRAM_RESULT, &shape.flat());
+            }
+            PROGRAM_PARAMETER_NAMES if names.is_some() => {}
+            _ => out.extend_from_slice(f.raw),
+        }
+    }
+    if let Some(names) = names {
+        let old: Vec<String> =
+            fs.iter().filter(|f| f.number == PROGRAM_PARAMETER_NAMES).map(|f| string(Some(f))).collect();
+        let mut new = names.iter();
+        for (k, p) in params.iter().enumerate() {
+            if p.shape.is_tuple() {
+                for n in new.by_ref().take(p.shape.leaf_count()) {
+                    put_message(&mut out, PROGRAM_PARAMETER_NAMES, n.as_bytes());
+                }
+            } else {
+                let name = old.get(k).cloned().unwrap_or_else(|| p.name.clone());
+                put_message(&mut out, PROGRAM_PARAMETER_NAMES, name.as_bytes());
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Entry arguments as the flat entry takes them: every tuple argument as its leaves.
+pub fn flat_args(args: &[Literal]) -> Result<Vec<&Array>, String> {
+    fn walk<'a>(l: &'a Literal, i: usize, out: &mut Vec<&'a Array>) -> Result<(), String> {
+        match l {
+            Literal::Array(a) => out.push(a),
+            Literal::Tuple(t) => t.iter().try_for_each(|e| walk(e, i, out))?,
+            Literal::Token => return Err(format!("parameter {i}: the xla backend cannot pass a token")),
+        }
+        Ok(())
+    }
+    let mut out = Vec::with_capacity(args.len());
+    for (i, a) in args.iter().enumerate() {
+        walk(a, i, &mut out)?;
+    }
+    Ok(out)
+}
+
+/// `leaves` (depth first) nested as `shape` is.
+pub fn nest(shape: &Shape, leaves: &mut impl Iterator<Item = Array>) -> Result<Literal, String> {
+    match shape {
+        Shape::Array(_) => leaves.next().map(Literal::Array).ok_or_else(|| "fewer results than leaves".to_owned()),
+        Shape::Tuple(t) => Ok(Literal::Tuple(t.iter().map(|e| nest(e, leaves)).collect::<Result<_, _>>()?)),
+        Shape::Token => Err("the xla backend cannot return a token".into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pjrt_sys::protos::xla;
+    use prost::Message;
+
+    const NESTED: &str = r#"HloModule tuple_io, entry_computation_layout={(f32[2]{0}, (s32[3]{0}, (pred[2]{0}, f32[])))->(f32[2]{0}, (s32[3]{0}, pred[2]{0}), (f32[]))}
+
+ENTRY main {
+  a = f32[2] parameter(0)
+  t = (s32[3], (pred[2], f32[])) parameter(1)
+  t0 = s32[3] get-tuple-element(t), index=0
+  t1 = (pred[2], f32[]) get-tuple-element(t), index=1
+  t10 = pred[2] get-tuple-element(t1), index=0
+  t11 = f32[] get-tuple-element(t1), index=1
+  b = f32[2] broadcast(t11), dimensions={}
+  s = f32[2] add(a, b)
+  inner = (s32[3], pred[2]) tuple(t0, t10)
+  one = (f32[]) tuple(t11)
+  ROOT r = (f32[2], (s32[3], pred[2]), (f32[])) tuple(s, inner, one)
+}
+"#;
+
+    fn encode(text: &str) -> Vec<u8> {
+        let m = hlo::parse_text("t.hlo", text).expect("parse");
+        hlo::encode_proto(&m).expect("encode")
+    }
+
+    #[test]
+    fn a_nested_interface_becomes_flat_and_keeps_its_meaning() {
+        let bytes = encode(NESTED);
+        let flat = entry(&bytes).expect("flatten").expect("needs flattening");
+        let m = hlo::decode_proto("flat", &flat).expect("XLA's form: decodes and verifies");
+        let params: Vec<(&str, Vec<i64>)> =
+            m.entry_param_shapes().iter().filter_map(|s| s.as_array()).map(|a| (a.ty.name(), a.dims.clone())).collect();
+        assert_eq!(params, [("f32", vec![2]), ("s32", vec![3]), ("pred", vec![2]), ("f32", vec![])]);
+        let root = m.entry_result_shape();
+        assert_eq!(root.tuple_elements().map(|e| e.len()), Some(4));
+        assert!(root.tuple_elements().unwrap_or_default().iter().all(|e| !e.is_tuple()), "{root}");
+        // The old root's leaves, in order, through get-tuple-element chains.
+        let leaf_path = |mut id: hlo::InstrId| {
+            let mut path = Vec::new();
+            while m.instr(id).opcode == hlo::Opcode::GetTupleElement {
+                path.push(m.instr(id).attrs.tuple_index.unwrap_or(-1));
+                id = m.instr(id).operands[0];
+            }
+            path.reverse();
+            (m.instr(id).name.clone(), path)
+        };
+        let r = m.instr(m.entry().root);
+        let paths: Vec<_> = r.operands.iter().map(|&o| leaf_path(o)).collect();
+        let want = |p: &[i64]| ("r".to_owned(), p.to_vec());
+        assert_eq!(paths, vec![want(&[0]), want(&[1, 0]), want(&[1, 1]), want(&[2, 0])]);
+        // The old tuple parameter is the tuple of the new ones, numbered after `a`.
+        let t = m.entry().instrs.iter().copied().find(|&i| m.instr(i).name == "t").expect("t");
+        assert_eq!(m.instr(t).opcode, hlo::Opcode::Tuple);
+        let numbers = |i: hlo::InstrId| -> Vec<Option<i64>> {
+            m.instr(i).operands.iter().map(|&o| m.instr(o).attrs.parameter_number).collect()
+        };
+        assert_eq!(numbers(t)[0], Some(1));
+        assert_eq!(m.instr(m.instr(t).operands[1]).opcode, hlo::Opcode::Tuple);
+        assert_eq!(numbers(m.instr(t).operands[1]), [Some(2), Some(3)]);
+        // The program shapes XLA compiles for say the same.
+        let p = xla::HloModuleProto::decode(flat.as_slice()).expect("prost");
+        let host = p.host_program_shape.expect("host_program_shape");
+        assert_eq!(host.parameters.len(), 4);
+        assert_eq!(host.parameter_names.len(), 4);
+        let result = host.result.expect("result");
+        assert_eq!(result.tuple_shapes.len(), 4);
+        assert!(result.tuple_shapes.iter().all(|s| s.tuple_shapes.is_empty()));
+        let comp = p.computations.iter().find(|c| c.id == p.entry_computation_id).expect("entry");
+        assert_eq!(comp.program_shape.as_ref().map(|s| s.parameters.len()), Some(4));
+        let root = comp.instructions.iter().find(|i| i.id == comp.root_id).expect("root");
+        assert_eq!((root.opcode.as_str(), root.operand_ids.len()), ("tuple", 4));
+        // Ids stay unique in the module.
+        let mut ids: Vec<i64> = p.computations.iter().flat_map(|c| c.instructions.iter().map(|i| i.id)).collect();
+        let n = ids.len();
+        ids.sort_unstable();
+        ids.dedup();
+        assert_eq!(ids.len(), n);
+    }
+
+    #[test]
+    fn fields_the_protos_do_not_know_pass_through() {
+        // Field 999 (varint 7) on the module and on every instruction.
+        let unknown = [0xb8, 0x3e, 7];
+        let mut bytes = super::super::map_field(&encode(NESTED), MODULE_COMPUTATIONS, &mut |c| {
+            super::super::map_field(c, COMP_INSTRUCTIONS, &mut |i| Ok([i, &unknown[..]].concat()))
+        })
+        .expect("edit");
+        bytes.extend_from_slice(&unknown);
+        let flat = entry(&bytes).expect("flatten").expect("needs flattening");
+        let top = fields(&flat).expect("fields");
+        assert!(top.iter().any(|f| f.number == 999));
+        let comp = top.iter().find(|f| f.number == MODULE_COMPUTATIONS).and_then(|f| f.payload).expect("comp");
+        let mut old = 0;
+        for i in fields(comp).expect("fields").iter().filter(|f| f.number == COMP_INSTRUCTIONS) {
+            old += usize::from(fields(i.payload.unwrap_or_default()).expect("fields").iter().any(|f| f.number == 999));
+        }
+        assert_eq!(old, 11, "every old instruction, the tuple parameter turned tuple included");
+    }
+
+    #[test]
+    fn a_flat_interface_is_left_alone() {
+        let text = "HloModule m\n\nENTRY e {\n  a = f32[2] parameter(0)\n  ROOT t = (f32[2], f32[2]) tuple(a, a)\n}\n";
+        assert_eq!(entry(&encode(text)), Ok(None));
+        assert!(entry(b"\x08").is_err(), "not a module");
+    }
+
+    #[test]
+    fn aliased_modules_are_refused() {
+        let mut p = xla::HloModuleProto::decode(encode(NESTED).as_slice()).expect("prost");
+        p.input_output_alias = Some(xla::HloInputOutputAliasProto {
+            entries: vec![xla::hlo_input_output_alias_proto::AliasEntryProto {
+                output_shape_index: vec![0],
+                parameter_number: 0,
+                ..Default::default()
+            }],
+        });
+        let e = entry(&p.encode_to_vec()).unwrap_err();
+        assert!(e.contains("input/output aliases"), "{e}");
+    }
+
+    #[test]
+    fn values_cross_the_flattening() {
+        let a = |v: f32| Array::from_slice(vec![1], &[v]);
+        let nested = Literal::Tuple(vec![
+            Literal::Array(a(1.0)),
+            Literal::Tuple(vec![Literal::Array(a(2.0)), Literal::Tuple(vec![Literal::Array(a(3.0))])]),
+        ]);
+        let flat: Vec<Array> = flat_args(std::slice::from_ref(&nested)).expect("flat").into_iter().cloned().collect();
+        assert_eq!(flat, vec![a(1.0), a(2.0), a(3.0)]);
+        assert_eq!(nest(&nested.shape(), &mut flat.into_iter()), Ok(nested));
+        assert!(flat_args(&[Literal::Token]).is_err());
+        assert!(nest(&Shape::Token, &mut std::iter::empty()).is_err());
+    }
+}

@@ -482,11 +482,21 @@ struct Shipped {
 
 /// The shipped profiles (`emitter/profiles/`; each file says where, when and how it was
 /// measured).
-const SHIPPED: &[Shipped] =
-    &[Shipped { platform: "cpu", name: "xla-cpu", kinds: &[], json: include_str!("../profiles/xla-cpu.json") }];
+const SHIPPED: &[Shipped] = &[
+    Shipped { platform: "cpu", name: "xla-cpu", kinds: &[], json: include_str!("../profiles/xla-cpu.json") },
+    // Hopper with NVLink: measured on 4x H200 (groups of 2 and 4); H100 SXM has the same
+    // kernels (sm_90) and links. PCIe and NVL parts are other kinds: not covered.
+    Shipped {
+        platform: "cuda",
+        name: "cuda-hopper-nvlink",
+        kinds: &["NVIDIA H200", "NVIDIA H100 80GB HBM3"],
+        json: include_str!("../profiles/cuda-hopper-nvlink.json"),
+    },
+];
 
 /// The shipped defaults for `platform` and device `kind`: XLA:CPU's, measured on the build
-/// machine. Other GPUs have none: the flags' thresholds decide there.
+/// machine, and Hopper NVLink GPUs', measured on 4x H200. Other GPUs have none: the flags'
+/// thresholds decide there.
 pub fn shipped(platform: &str, kind: Option<&str>) -> Option<Arc<Profile>> {
     static PARSED: std::sync::OnceLock<Vec<Option<Arc<Profile>>>> = std::sync::OnceLock::new();
     let parsed = PARSED.get_or_init(|| {
@@ -704,5 +714,22 @@ mod tests {
         assert!(p.source.starts_with("shipped xla-cpu"));
         assert!(shipped("cuda", None).is_none());
         assert!(shipped("cuda", Some("NVIDIA A100-SXM4-80GB")).is_none());
+        assert!(shipped("cuda", Some("NVIDIA H100 PCIe")).is_none());
+        for kind in ["NVIDIA H200", "NVIDIA H100 80GB HBM3"] {
+            let p = shipped("cuda", Some(kind)).expect("shipped Hopper profile");
+            assert!(p.source.starts_with("shipped cuda-hopper-nvlink"), "{}", p.source);
+            assert_eq!(p.key.platform, "cuda");
+            // It measured groups of 2 and 4, both dtype classes, every kind.
+            for op in ["all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute"] {
+                for g in [2, 4] {
+                    for class in ["f32", "f16/bf16"] {
+                        assert!(
+                            p.entries.iter().any(|e| e.op == op && e.group == g && e.dtype == class),
+                            "{op} {g} {class}"
+                        );
+                    }
+                }
+            }
+        }
     }
 }

@@ -22,7 +22,9 @@ print(*[p for d in m.__path__ for p in glob.glob(os.path.join(d, "lib", "libnvrt
   [ -n "$PEERLESS_NVRTC_LIB" ] && export PEERLESS_NVRTC_LIB
 fi
 
-step() { printf '\n== %s\n' "$*"; }
+# Each step's heading says when it started (seconds since the script began), so a slow step
+# shows in the log.
+step() { printf '\n== [%4d s] %s\n' "$SECONDS" "$*"; }
 
 step "cargo fmt --check"
 cargo fmt --all -- --check

@@ -7,6 +7,9 @@
 //! Per group size g (a module over the first g devices, one group of g): all-reduce as XLA's,
 //! forced onto the one-shot kernel and forced onto the two-shot kernel at every size; the
 //! other kinds as XLA's and as the pass without a profile decides (their direct kernel).
+//! Timing is the bench's (alternating samples, each after a warm-up execute); a close call,
+//! the fastest kernel and XLA within [`CLOSE`] of each other, gets [`REFINE_SAMPLES`] times
+//! the samples. The profile's key names the devices' kind as the client reports it.
 
 use std::fmt::Write as _;
 use std::path::PathBuf;

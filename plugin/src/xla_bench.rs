@@ -963,3 +963,68 @@ pub fn run(opts: &Options, progress: &mut dyn FnMut(&str)) -> Result<Report, Str
         rows,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(op: Op, bytes: usize, imp: Impl, us: Option<f64>) -> Row {
+        Row {
+            op,
+            dtype: Dtype::F32,
+            bytes,
+            imp,
+            path: format!("{} path", imp.name()),
+            decisions: Vec::new(),
+            us,
+            algbw_gbps: None,
+            busbw_gbps: None,
+            check: if us.is_some() { Check::Same } else { Check::Skipped("not timed".into()) },
+        }
+    }
+
+    #[test]
+    fn auto_is_judged_against_the_fastest_it_chooses_among() {
+        let rows = vec![
+            row(Op::AllReduce, 1024, Impl::Peerless, Some(10.0)),
+            row(Op::AllReduce, 1024, Impl::Auto, Some(10.5)),
+            row(Op::AllReduce, 1024, Impl::TwoShot, Some(9.0)),
+            row(Op::AllReduce, 1024, Impl::Xla, Some(12.0)),
+            // XLA's collective kernels are no choice of the pass's: never the yardstick.
+            row(Op::AllReduce, 1024, Impl::XlaKernels, Some(1.0)),
+            row(Op::AllGather, 1024, Impl::Auto, Some(30.0)),
+            row(Op::AllGather, 1024, Impl::Xla, Some(20.0)),
+            // No timed auto row: no verdict.
+            row(Op::AllGather, 4096, Impl::Auto, None),
+            row(Op::AllGather, 4096, Impl::Xla, Some(20.0)),
+        ];
+        let report = Report {
+            plugin: PathBuf::new(),
+            platform: "cpu",
+            device_kind: "cpu".into(),
+            devices: 8,
+            chain: 8,
+            samples: 1,
+            iters: 1,
+            rows,
+        };
+        let v = report.auto_verdicts();
+        assert_eq!(v.len(), 2, "{v:#?}");
+        assert_eq!((v[0].op, v[0].best), (Op::AllReduce, Impl::TwoShot));
+        assert!((v[0].ratio() - 10.5 / 9.0).abs() < 1e-12);
+        assert_eq!((v[1].op, v[1].best), (Op::AllGather, Impl::Xla));
+        assert!((v[1].ratio() - 1.5).abs() < 1e-12);
+    }
+
+    #[test]
+    fn a_close_call_is_peerless_and_xla_within_the_factor() {
+        let prepared = [(Impl::Xla, ()), (Impl::OneShot, ()), (Impl::TwoShot, ())];
+        let times = |x: f64, one: f64, two: f64| vec![vec![x, x, x], vec![one, one, one], vec![two, two, two]];
+        assert!(is_close(&prepared, &times(100.0, 200.0, 110.0), 1.25));
+        assert!(is_close(&prepared, &times(100.0, 81.0, 300.0), 1.25));
+        assert!(!is_close(&prepared, &times(100.0, 200.0, 130.0), 1.25));
+        assert!(!is_close(&prepared, &times(100.0, 70.0, 79.0), 1.25));
+        // Without an XLA row there is nothing to call close.
+        assert!(!is_close(&prepared[1..], &times(100.0, 100.0, 100.0)[1..], 1.25));
+    }
+}

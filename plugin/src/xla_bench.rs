@@ -544,7 +544,8 @@ pub fn module(op: Op, ty: Dtype, elems: usize, n: usize, chain: usize) -> Vec<u8
     let group = xla::ReplicaGroup { replica_ids: (0..n as i64).collect() };
     let out_shape = array_shape(ty, &[op.result_elems(elems, n)]);
     let mut params = Vec::new();
-    let mut colls: Vec<xla::HloInstructionProto> = Vec::new();
+    // The collectives' ids, in order.
+    let mut colls: Vec<i64> = Vec::new();
     // The entry's non-parameter instructions in order (the ordering ones, the collectives).
     let mut body: Vec<xla::HloInstructionProto> = Vec::new();
     for k in 0..chain {
@@ -554,14 +555,14 @@ pub fn module(op: Op, ty: Dtype, elems: usize, n: usize, chain: usize) -> Vec<u8
         let mut c = instruction(format!("{}.{k}", op.name()), op.name(), id(), out_shape.clone());
         c.operand_ids = vec![p.id];
         let mut order = Vec::new();
-        if let (Some(prev), false) = (colls.last(), op.data_chain()) {
+        if let (Some(&prev), false) = (colls.last(), op.data_chain()) {
             let mut t = instruction(
                 format!("after.{k}"),
                 "tuple",
                 id(),
                 tuple_shape(vec![in_shape.clone(), out_shape.clone()]),
             );
-            t.operand_ids = vec![p.id, prev.id];
+            t.operand_ids = vec![p.id, prev];
             let mut b = instruction(format!("barrier.{k}"), "opt-barrier", id(), t.shape.clone().unwrap_or_default());
             b.operand_ids = vec![t.id];
             let mut g = instruction(format!("operand.{k}"), "get-tuple-element", id(), in_shape.clone());
@@ -586,14 +587,14 @@ pub fn module(op: Op, ty: Dtype, elems: usize, n: usize, chain: usize) -> Vec<u8
         if matches!(op, Op::AllGather | Op::ReduceScatter | Op::AllToAll) {
             c.dimensions = vec![0];
         }
-        if let (Some(prev), true) = (colls.last(), op.data_chain()) {
-            c.operand_ids = vec![prev.id];
+        if let (Some(&prev), true) = (colls.last(), op.data_chain()) {
+            c.operand_ids = vec![prev];
         }
         if k == 0 || !op.data_chain() {
             params.push(p);
         }
         body.extend(order);
-        colls.push(c.clone());
+        colls.push(c.id);
         body.push(c);
     }
     let mut instrs = params;
@@ -601,7 +602,7 @@ pub fn module(op: Op, ty: Dtype, elems: usize, n: usize, chain: usize) -> Vec<u8
         None
     } else {
         let mut t = instruction("result".into(), "tuple", id(), tuple_shape(vec![out_shape; chain]));
-        t.operand_ids = colls.iter().map(|c| c.id).collect();
+        t.operand_ids = colls;
         Some(t)
     };
     instrs.extend(body);
@@ -729,6 +730,36 @@ fn sample(
     Ok(t.elapsed().as_secs_f64() * 1e6 / (iters * chain) as f64)
 }
 
+/// One implementation's compile: how it ran (path), the pass's decisions, and its executable
+/// with executes per sample and seconds per execute, or why not.
+type Prepared<'c> = (String, Vec<PassDecision>, Result<(ffi::pjrt::client::Executable<'c>, usize, f64), Check>);
+
+/// Takes sample rounds `rounds` of every implementation still runnable, one sample of each per
+/// round into `times`. Rounds alternate direction and start one implementation later every two
+/// rounds, so that no implementation always follows the same one.
+fn take_rounds(
+    prepared: &mut [(Impl, Prepared<'_>)],
+    times: &mut [Vec<f64>],
+    args: &[Vec<&Buffer<'_>>],
+    chain: usize,
+    rounds: std::ops::Range<usize>,
+) {
+    let count = prepared.len();
+    for round in rounds {
+        for j in 0..count {
+            let j = if round % 2 == 1 { count - 1 - j } else { j };
+            let k = (round / 2 + j) % count;
+            let (_, (_, _, result)) = &mut prepared[k];
+            if let Ok((exe, iters, _)) = result {
+                match sample(exe, args, *iters, chain) {
+                    Ok(t) => times[k].push(t),
+                    Err(e) => *result = Err(Check::Error(e)),
+                }
+            }
+        }
+    }
+}
+
 /// Whether the fastest Peerless implementation's median and XLA's own are within `close` of
 /// each other.
 fn is_close<T>(prepared: &[(Impl, T)], times: &[Vec<f64>], close: f64) -> bool {
@@ -760,7 +791,7 @@ fn measure<'c>(
     opts: &Options,
     host: &[Vec<Vec<i8>>],
     args: &[Vec<&Buffer<'_>>],
-) -> (String, Vec<PassDecision>, Result<(ffi::pjrt::client::Executable<'c>, usize, f64), Check>) {
+) -> Prepared<'c> {
     let n = ids.len();
     let (program, path, decisions, kernels) = match imp {
         Impl::Peerless | Impl::Auto | Impl::OneShot | Impl::TwoShot => {
@@ -883,40 +914,21 @@ pub fn run(opts: &Options, progress: &mut dyn FnMut(&str)) -> Result<Report, Str
                 let mut times: Vec<Vec<f64>> = vec![Vec::new(); prepared.len()];
                 let slowest =
                     prepared.iter().filter_map(|(_, (_, _, r))| r.as_ref().ok().map(|x| x.2)).fold(0.0, f64::max);
-                // Rounds alternate direction and start one implementation later every two
-                // rounds, so that no implementation always follows the same one.
-                let count = prepared.len();
                 let base = samples_for(opts, slowest);
-                let mut rounds = base;
-                let mut round = 0;
-                loop {
-                    if round == rounds {
-                        // A close call between Peerless and XLA gets more samples.
-                        match opts.close_calls {
-                            Some(c) if c.more > 1 && rounds == base && is_close(&prepared, &times, c.close) => {
-                                rounds *= c.more;
-                                progress(&format!(
-                                    "{:>18} {:>4} {:>10} B: a close call, {rounds} samples each",
-                                    op.name(),
-                                    ty.name(),
-                                    this
-                                ));
-                            }
-                            _ => break,
-                        }
-                    }
-                    for j in 0..count {
-                        let j = if round % 2 == 1 { count - 1 - j } else { j };
-                        let k = (round / 2 + j) % count;
-                        let (_, (_, _, result)) = &mut prepared[k];
-                        if let Ok((exe, iters, _)) = result {
-                            match sample(exe, &args, *iters, chain) {
-                                Ok(t) => times[k].push(t),
-                                Err(e) => *result = Err(Check::Error(e)),
-                            }
-                        }
-                    }
-                    round += 1;
+                take_rounds(&mut prepared, &mut times, &args, chain, 0..base);
+                // A close call between Peerless and XLA gets more samples.
+                if let Some(c) = opts.close_calls
+                    && c.more > 1
+                    && is_close(&prepared, &times, c.close)
+                {
+                    progress(&format!(
+                        "{:>18} {:>4} {:>10} B: a close call, {} samples each",
+                        op.name(),
+                        ty.name(),
+                        this,
+                        base * c.more
+                    ));
+                    take_rounds(&mut prepared, &mut times, &args, chain, base..base * c.more);
                 }
                 for ((imp, (path, decisions, result)), ts) in prepared.into_iter().zip(times) {
                     let (fa, fb) = op.factors(n as f64);

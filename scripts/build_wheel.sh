@@ -49,8 +49,10 @@ elif [ -z "${PEERLESS_PREBUILT_KERNELS:-}" ]; then
   nvrtc=${PEERLESS_NVRTC_LIB:-$(ls "$venv_jax"/lib/python3*/site-packages/nvidia/cuda_nvrtc/lib/libnvrtc.so.* 2>/dev/null | head -1)}
   [ -n "$nvrtc" ] || { echo "build_wheel: no NVRTC to prebuild the kernels with: run scripts/setup.sh (its jax venv has the nvidia-cuda-nvrtc wheel), set PEERLESS_NVRTC_LIB, or pass --no-kernels" >&2; exit 1; }
   echo "build_wheel: prebuilding the GPU kernels with $nvrtc"
-  # The debug CLI is enough (NVRTC does the work) and `cargo test` has usually built it.
-  PEERLESS_PREBUILT_KERNELS="" cargo build --locked -p peerless-cli
+  # The debug CLI is enough (NVRTC does the work) and `cargo test` has usually built it. (Unset,
+  # not empty: the kernels' build script reruns when the variable changes, and `cargo test` ran
+  # with it unset.)
+  env -u PEERLESS_PREBUILT_KERNELS cargo build --locked -p peerless-cli
   cli_dir=$(cargo metadata --format-version 1 --no-deps | python3 -c "import json,sys; print(json.load(sys.stdin)['target_directory'])")
   PEERLESS_NVRTC_LIB=$(abspath "$nvrtc") "$cli_dir/debug/peerless" kernels build --out "$work/kernels.pb" \
     ${GPU_KERNEL_TARGETS:+--targets "$GPU_KERNEL_TARGETS"}

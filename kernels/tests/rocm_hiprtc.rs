@@ -91,3 +91,19 @@ fn a_kernel_that_does_not_compile_is_an_error_with_the_log() {
         other => panic!("expected a compile error, got {other:?}"),
     }
 }
+
+/// The check above runs with warnings as errors (what `hipcc -Werror` in scripts/hip_check.sh
+/// adds); the run-time path does not.
+#[test]
+fn a_warning_fails_the_check_and_not_the_run_time_compile() {
+    if !hiprtc_or_skip() {
+        return;
+    }
+    let src = "#include \"peerless_device.h\"\n#warning \"peerless warns here\"\nPL_GLOBAL void pl_warn(u32* p) { *p = 1; }\n";
+    let headers: Vec<(&str, &str)> = SOURCES.iter().filter(|s| s.0.ends_with(".h")).copied().collect();
+    ffi::hiprtc::compile("warn.cu", src, &headers, "gfx90a").unwrap_or_else(|e| panic!("without -Werror: {e}"));
+    match ffi::hiprtc::compile_with("warn.cu", src, &headers, "gfx90a", &["-Werror"]) {
+        Err(e @ ffi::Error::HipCompile { .. }) => assert!(e.to_string().contains("peerless warns here"), "{e}"),
+        other => panic!("expected -Werror to fail the compile, got {other:?}"),
+    }
+}

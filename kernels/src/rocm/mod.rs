@@ -44,13 +44,14 @@ pub type AllGather = gpu::AllGather<Hip>;
 pub type RcclClique = gpu::CclClique<Hip>;
 
 /// Compiles every kernel source that is a translation unit (not headers) with hipRTC for
-/// `arch` (`gfx90a`, or a device's full `gcnArchName`). Used by the device layer and by CI
-/// (`kernels/tests/rocm_hiprtc.rs`, gfx90a, no GPU).
+/// `arch` (`gfx90a`, or a device's full `gcnArchName`) with warnings as errors: CI's compile
+/// check of the HIP kernels (`kernels/tests/rocm_hiprtc.rs`, gfx90a, no GPU). The device layer
+/// compiles one unit at a time, without `-Werror`.
 pub fn compile_sources(arch: &str) -> Result<Vec<(String, Vec<u8>)>> {
     let (units, headers) = gpu::translation_units();
     let mut v = Vec::new();
     for (name, src) in units {
-        v.push((name.to_string(), ffi::hiprtc::compile(name, &src, &headers, arch)?));
+        v.push((name.to_string(), ffi::hiprtc::compile_with(name, &src, &headers, arch, &["-Werror"])?));
     }
     Ok(v)
 }

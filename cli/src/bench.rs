@@ -107,6 +107,7 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
         flags: args.flags.clone(),
         sample_ms: args.sample_ms,
         close_calls: None,
+        sizes: None,
     };
     let report = plugin::xla_bench::run(&opts, &mut |line| eprintln!("{line}"))?;
     let mut t = String::new();

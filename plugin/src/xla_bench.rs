@@ -278,6 +278,9 @@ pub struct Options {
     /// Close calls get more samples: where the fastest Peerless row and the `xla` row are
     /// within `close` of each other, `more` times the samples in all (`peerless tune`).
     pub close_calls: Option<CloseCalls>,
+    /// Bytes per device to measure, in place of `min_bytes`..=`max_bytes` by `step` (`peerless
+    /// tune` measures the sizes between two neighbours whose winners differ).
+    pub sizes: Option<Vec<usize>>,
 }
 
 /// See [`Options::close_calls`].
@@ -304,6 +307,7 @@ impl Default for Options {
             flags: String::new(),
             sample_ms: None,
             close_calls: None,
+            sizes: None,
         }
     }
 }
@@ -859,6 +863,21 @@ fn measure<'c>(
     (path, decisions, result)
 }
 
+/// The bytes per device to measure for `ty`: `opts.sizes`, else `min_bytes` (at least one
+/// element) times `step` up to `max_bytes`.
+fn sizes(opts: &Options, ty: Dtype) -> Vec<usize> {
+    if let Some(s) = &opts.sizes {
+        return s.clone();
+    }
+    let mut v = Vec::new();
+    let mut bytes = opts.min_bytes.max(ty.bytes());
+    while bytes <= opts.max_bytes {
+        v.push(bytes);
+        bytes = bytes.saturating_mul(opts.step.max(2));
+    }
+    v
+}
+
 /// Runs the bench; `progress` gets a line per measured row (the CLI prints them to stderr).
 pub fn run(opts: &Options, progress: &mut dyn FnMut(&str)) -> Result<Report, String> {
     let path = crate::xla_run::find_plugin(opts.plugin.as_deref())?;
@@ -882,12 +901,9 @@ pub fn run(opts: &Options, progress: &mut dyn FnMut(&str)) -> Result<Report, Str
     let mut rows = Vec::new();
     for &op in &opts.ops {
         for &ty in &opts.dtypes {
-            let mut bytes = opts.min_bytes.max(ty.bytes());
-            while bytes <= opts.max_bytes {
-                let elems = bytes / ty.bytes();
-                let this = bytes;
-                bytes = bytes.saturating_mul(opts.step.max(2));
-                if !elems.is_multiple_of(n) {
+            for this in sizes(opts, ty) {
+                let elems = this / ty.bytes();
+                if !elems.is_multiple_of(n) || elems == 0 {
                     continue;
                 }
                 let module = module(op, ty, elems, n, chain);

@@ -9,12 +9,17 @@
 //! other kinds as XLA's and as the pass without a profile decides (their direct kernel).
 //! Timing is the bench's (alternating samples, each after a warm-up execute); a close call,
 //! the fastest kernel and XLA within [`CLOSE`] of each other, gets [`REFINE_SAMPLES`] times
-//! the samples. The profile's key names the devices' kind as the client reports it.
+//! the samples. Where two neighbouring sizes have different winners the crossover lies between
+//! them: their geometric midpoint is measured too (once; the pass takes a kernel between two
+//! sizes only where it won at both). The profile's key names the devices' kind as the client
+//! reports it.
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
 
-use emitter::tuning::{Key, Measured, Profile, XLA, dtype_class};
+use std::collections::BTreeMap;
+
+use emitter::tuning::{Key, Measured, Profile, XLA, XLA_MARGIN, dtype_class};
 use hlo::PrimitiveType;
 
 use crate::xla_bench::{self, Check, Dtype, Impl, Op, Row};
@@ -34,6 +39,8 @@ pub struct TuneOptions {
     pub samples: usize,
     /// Each sample runs executes for about this long.
     pub sample_ms: f64,
+    /// Measure the midpoint between neighbouring sizes whose winners differ.
+    pub refine: bool,
     pub chain: usize,
     pub ops: Vec<Op>,
     pub dtypes: Vec<Dtype>,
@@ -55,6 +62,7 @@ impl Default for TuneOptions {
             step: 4,
             samples: 15,
             sample_ms: 5.0,
+            refine: true,
             chain: 8,
             ops: Op::ALL.to_vec(),
             dtypes: vec![Dtype::F32, Dtype::Bf16],
@@ -66,8 +74,10 @@ impl Default for TuneOptions {
 }
 
 impl TuneOptions {
-    /// A short tune (CI): groups of the device count, f32, three sizes, 2 samples of ~2 ms.
+    /// A short tune (CI): groups of the device count, f32, three sizes, 2 samples of ~2 ms,
+    /// no midpoints.
     pub fn quick(mut self) -> Self {
+        self.refine = false;
         self.min_bytes = 1024;
         self.max_bytes = 64 << 10;
         self.step = 8;
@@ -115,6 +125,74 @@ fn recorded_name(r: &Row) -> Option<String> {
 /// close call: it decides a crossover, so it gets [`REFINE_SAMPLES`] times the samples.
 const CLOSE: f64 = 1.25;
 const REFINE_SAMPLES: usize = 3;
+
+/// The winner of each measured size among `rows` (one op and dtype): the fastest kernel where
+/// it beat XLA by the pass's margin, else XLA.
+fn winners(rows: &[&Row]) -> BTreeMap<usize, String> {
+    let mut at: BTreeMap<usize, BTreeMap<String, f64>> = BTreeMap::new();
+    for r in rows {
+        if let (Some(us), Some(name)) = (r.us, recorded_name(r)) {
+            at.entry(r.bytes).or_default().insert(name, us);
+        }
+    }
+    at.into_iter()
+        .filter_map(|(bytes, us)| {
+            let xla = *us.get(XLA)?;
+            let best = us.iter().filter(|(n, _)| *n != XLA).min_by(|a, b| a.1.total_cmp(b.1));
+            let w = match best {
+                Some((name, &t)) if t < xla * (1.0 - XLA_MARGIN) => name.clone(),
+                _ => XLA.to_owned(),
+            };
+            Some((bytes, w))
+        })
+        .collect()
+}
+
+/// The sizes between neighbours of `rows` (one op and dtype) whose winners differ: their
+/// geometric mean, rounded to whole elements for `group` devices (`unit` bytes); none where
+/// no such size lies strictly between them.
+fn midpoints(rows: &[&Row], unit: usize) -> Vec<usize> {
+    let w: Vec<(usize, String)> = winners(rows).into_iter().collect();
+    w.windows(2)
+        .filter(|p| p[0].1 != p[1].1)
+        .filter_map(|p| {
+            let mid = ((p[0].0 as f64) * (p[1].0 as f64)).sqrt();
+            let m = ((mid / unit as f64).round() as usize) * unit;
+            (m > p[0].0 && m < p[1].0).then_some(m)
+        })
+        .collect()
+}
+
+/// Runs `bench` on groups of `g`, recording every checked row in `profile` and `rows`; a row
+/// whose check failed fails the tune.
+fn measure(
+    bench: &xla_bench::Options,
+    g: usize,
+    profile: &mut Profile,
+    rows: &mut Vec<Row>,
+    progress: &mut dyn FnMut(&str),
+) -> Result<(), String> {
+    let report = xla_bench::run(bench, &mut |line| progress(&format!("tune groups of {g}: {line}")))?;
+    if profile.key.device_kind.is_empty() {
+        profile.key.device_kind = report.device_kind.clone();
+    }
+    for r in report.rows {
+        if let Check::Error(e) = &r.check {
+            return Err(format!(
+                "{} {} {} B {} on {g} devices failed its check: {e}",
+                r.op.name(),
+                r.dtype.name(),
+                r.bytes,
+                r.imp.name()
+            ));
+        }
+        if let (Some(us), Some(name)) = (r.us, recorded_name(&r)) {
+            profile.record(r.op.name(), &dtype_class(primitive(r.dtype)), g, r.bytes, &name, us);
+        }
+        rows.push(r);
+    }
+    Ok(())
+}
 
 /// Runs the tune and writes the profile; `progress` gets a line per row.
 pub fn run(opts: &TuneOptions, progress: &mut dyn FnMut(&str)) -> Result<TuneReport, String> {
@@ -168,25 +246,30 @@ pub fn run(opts: &TuneOptions, progress: &mut dyn FnMut(&str)) -> Result<TuneRep
                 flags: String::new(),
                 sample_ms: Some(opts.sample_ms),
                 close_calls: Some(xla_bench::CloseCalls { close: CLOSE, more: REFINE_SAMPLES }),
+                sizes: None,
             };
-            let report = xla_bench::run(&bench, &mut |line| progress(&format!("tune groups of {g}: {line}")))?;
-            if profile.key.device_kind.is_empty() {
-                profile.key.device_kind = report.device_kind.clone();
+            let first = rows.len();
+            measure(&bench, g, &mut profile, &mut rows, progress)?;
+            if !opts.refine {
+                continue;
             }
-            for r in report.rows {
-                if let Check::Error(e) = &r.check {
-                    return Err(format!(
-                        "{} {} {} B {} on {g} devices failed its check: {e}",
-                        r.op.name(),
-                        r.dtype.name(),
-                        r.bytes,
-                        r.imp.name()
+            for &op in ops {
+                for &dt in &opts.dtypes {
+                    let these: Vec<&Row> = rows[first..].iter().filter(|r| r.op == op && r.dtype == dt).collect();
+                    let mids = midpoints(&these, dt.bytes() * g);
+                    if mids.is_empty() {
+                        continue;
+                    }
+                    let sizes = mids.iter().map(|m| m.to_string()).collect::<Vec<_>>().join(", ");
+                    progress(&format!(
+                        "tune groups of {g}: {} {}: the winner changes; measuring between, at {sizes} B",
+                        op.name(),
+                        dt.name()
                     ));
+                    let between =
+                        xla_bench::Options { ops: vec![op], dtypes: vec![dt], sizes: Some(mids), ..bench.clone() };
+                    measure(&between, g, &mut profile, &mut rows, progress)?;
                 }
-                if let (Some(us), Some(name)) = (r.us, recorded_name(&r)) {
-                    profile.record(r.op.name(), &dtype_class(primitive(r.dtype)), g, r.bytes, &name, us);
-                }
-                rows.push(r);
             }
         }
     }
@@ -243,10 +326,60 @@ pub fn today() -> String {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
     #[test]
     fn today_is_a_date() {
         let d = super::today();
         assert_eq!(d.len(), 10, "{d}");
         assert!(d.starts_with("20"), "{d}");
+    }
+
+    fn row(bytes: usize, imp: Impl, us: f64) -> Row {
+        Row {
+            op: Op::AllReduce,
+            dtype: Dtype::F32,
+            bytes,
+            imp,
+            path: String::new(),
+            decisions: Vec::new(),
+            us: Some(us),
+            algbw_gbps: None,
+            busbw_gbps: None,
+            check: Check::Same,
+        }
+    }
+
+    #[test]
+    fn the_midpoint_between_neighbours_whose_winners_differ_is_measured() {
+        // 1 KiB: one-shot; 4 KiB: one-shot; 16 KiB: two-shot; 64 KiB: two-shot within the
+        // margin, so XLA; 256 KiB: XLA.
+        let rows = [
+            row(1024, Impl::Xla, 100.0),
+            row(1024, Impl::OneShot, 50.0),
+            row(1024, Impl::TwoShot, 70.0),
+            row(4096, Impl::Xla, 100.0),
+            row(4096, Impl::OneShot, 60.0),
+            row(4096, Impl::TwoShot, 70.0),
+            row(16384, Impl::Xla, 200.0),
+            row(16384, Impl::OneShot, 190.0),
+            row(16384, Impl::TwoShot, 150.0),
+            row(65536, Impl::Xla, 300.0),
+            row(65536, Impl::OneShot, 400.0),
+            row(65536, Impl::TwoShot, 290.0),
+            row(262144, Impl::Xla, 500.0),
+            row(262144, Impl::TwoShot, 700.0),
+        ];
+        let refs: Vec<&Row> = rows.iter().collect();
+        let w = winners(&refs);
+        assert_eq!(w[&1024], "one-shot all-reduce");
+        assert_eq!(w[&16384], "two-shot all-reduce");
+        assert_eq!(w[&65536], XLA);
+        // 4 KiB -> 16 KiB and 16 KiB -> 64 KiB change hands; 64 KiB -> 256 KiB does not.
+        assert_eq!(midpoints(&refs, 4 * 8), vec![8192, 32768]);
+        // A step of 2 leaves nothing strictly between, whole elements of 8 devices.
+        let close = [row(1024, Impl::Xla, 100.0), row(1024, Impl::OneShot, 50.0), row(1056, Impl::Xla, 100.0)];
+        let refs: Vec<&Row> = close.iter().collect();
+        assert!(midpoints(&refs, 32).is_empty());
     }
 }

@@ -34,6 +34,7 @@ fn bench_on_the_cpu_plugin() {
         flags: String::new(),
         sample_ms: None,
         close_calls: None,
+        sizes: None,
     };
     let report = run(&opts, &mut |line| eprintln!("{line}")).expect("bench runs");
     assert_eq!(report.devices, 4);

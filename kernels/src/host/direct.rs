@@ -142,8 +142,10 @@ struct Flags {
     /// The latest epoch a timeout broke (0: none), and the ranks missing then.
     broken: u64,
     missing: Vec<usize>,
-    /// Two-shot: each member's operands (address, length), published at barrier 0.
+    /// Two-shot: each member's operands and results (address, length), published at
+    /// barrier 0.
     inputs: Vec<Vec<(usize, usize)>>,
+    outputs: Vec<Vec<(usize, usize)>>,
 }
 
 struct Rendezvous {
@@ -163,6 +165,7 @@ impl Rendezvous {
                 broken: 0,
                 missing: vec![],
                 inputs: vec![vec![]; n],
+                outputs: vec![vec![]; n],
             }),
             wake: Condvar::new(),
             epoch: (0..n).map(|_| AtomicU64::new(0)).collect(),
@@ -211,7 +214,7 @@ pub(super) struct Operand {
     pub(super) shape: ArrayShape,
     pub(super) len: usize,
     pub(super) out_len: usize,
-    /// Offset in a staging buffer; the two-shot's reduced copy lies `reduced` further.
+    /// Offset in a staging buffer.
     pub(super) stage: usize,
     pub(super) reducer: Option<Reducer>,
     pub(super) split: Option<Split>,
@@ -293,9 +296,6 @@ impl DirectSlot {
 /// plan, on a slot of its own or shared with the collectives it is chained with.
 pub struct DirectCollective {
     plan: Plan,
-    /// The two-shot's reduced slices start this far into a staging buffer (0: it stages no
-    /// operands).
-    reduced: usize,
     slot: Arc<DirectSlot>,
 }
 
@@ -591,9 +591,8 @@ impl DirectCollective {
         slot: impl FnOnce(&[Vec<usize>], usize) -> Result<Arc<DirectSlot>>,
     ) -> Result<Self> {
         let plan = Plan::new(config, algorithm, shapes, num_devices, timeout, name)?;
-        // Staging holds each operand at `stage`; the two-shot stages nothing (it reads peers'
-        // operands in place) and keeps its reduced slices there instead.
-        let reduced = 0;
+        // Staging holds each operand at `stage` (the two-shot, which works in XLA's buffers,
+        // leaves its share of a slot it may have with other collectives unused).
         let memory = |source| Error::Memory { collective: plan.name.clone(), op: plan.op, source: Box::new(source) };
         let slot = slot(&plan.group_members, plan.per_buffer).map_err(memory)?;
         if !slot.same_groups(&plan.group_members) || slot.per_buffer < plan.per_buffer {
@@ -605,7 +604,7 @@ impl DirectCollective {
                 ),
             ));
         }
-        Ok(DirectCollective { plan, reduced, slot })
+        Ok(DirectCollective { plan, slot })
     }
 
     /// Bytes of one staging buffer this collective needs.
@@ -640,41 +639,52 @@ impl DirectCollective {
         }
         self.wait_finished(group, idx, e, deadline)?;
         let own = &group.staging[idx][(e % 2) as usize];
-        // The two-shot reads peers' operands in place: its barrier 1, which no member passes
-        // before every member finished those reads, keeps them alive. The others stage theirs.
+        // The two-shot works in peers' XLA buffers: each member reduces its slice of every
+        // operand straight from peers' operands and writes the sum into every member's result
+        // (one read and one write of each byte, where staging the slices and gathering them
+        // again costs a second read and write). Its barrier 1, which no member passes before
+        // every member finished, keeps those buffers alive. The others stage their operands.
         let in_place = self.plan.algorithm == Algo::TwoShotAllReduce;
+        let published = in_place.then(|| {
+            let ins: Vec<(usize, usize)> = inputs.iter().map(|b| (b.as_ptr() as usize, b.len())).collect();
+            // Addresses taken from the results' own `&mut`: from here to barrier 1 this member
+            // touches its results only through them (see `peer_output`).
+            let outs: Vec<(usize, usize)> = outputs.iter_mut().map(|b| (b.as_mut_ptr() as usize, b.len())).collect();
+            (ins, outs)
+        });
         if !in_place {
             for (o, x) in self.plan.ops.iter().zip(inputs) {
                 own.write(o.stage, o.len).copy_from_slice(x);
             }
         }
-        self.barrier(group, 0, idx, e, Some(deadline), in_place.then_some(inputs))?;
+        self.barrier(group, 0, idx, e, Some(deadline), published)?;
         let par = (e % 2) as usize;
         let g = group.members.len();
         let member = |k: usize, at: usize, len: usize| group.staging[k][par].read(at, len);
         match self.plan.algorithm {
             Algo::TwoShotAllReduce => {
-                let table = group.sync.lock().inputs.clone();
+                let (ins, outs) = {
+                    let f = group.sync.lock();
+                    (f.inputs.clone(), f.outputs.clone())
+                };
                 let reduce = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                     for (j, o) in self.plan.ops.iter().enumerate() {
                         let Some(red) = o.reducer else { continue };
                         let (lo, hi) = slice(o, g, idx);
-                        let m: Vec<&[u8]> = table.iter().map(|t| peer_input(&t[j], lo, hi)).collect();
-                        red.reduce(&m, own.write(self.reduced + o.stage + lo, hi - lo));
+                        let m: Vec<&[u8]> = ins.iter().map(|t| peer_input(&t[j], lo, hi)).collect();
+                        let mine = peer_output(&outs[idx][j], lo, hi);
+                        red.reduce(&m, mine);
+                        for i in 1..g {
+                            peer_output(&outs[(idx + i) % g][j], lo, hi).copy_from_slice(mine);
+                        }
                     }
                 }));
                 // Not bounded: every member passed barrier 0, so each arrives after its reads
-                // (a panic included), and none may leave while a peer still reads its operand.
+                // and writes (a panic included), and none may leave while a peer still reads
+                // its operand or writes its result.
                 self.barrier(group, 1, idx, e, None, None)?;
                 if let Err(p) = reduce {
                     std::panic::resume_unwind(p);
-                }
-                for i in 0..g {
-                    let k = (idx + i) % g;
-                    for (o, out) in self.plan.ops.iter().zip(outputs.iter_mut()) {
-                        let (lo, hi) = slice(o, g, k);
-                        out[lo..hi].copy_from_slice(member(k, self.reduced + o.stage + lo, hi - lo));
-                    }
                 }
             }
             algo => self.plan.compute(algo, idx, g, member, outputs),
@@ -703,8 +713,9 @@ impl DirectCollective {
         }
     }
 
-    /// Arrives at barrier `p` of epoch `e` (publishing `inputs` for a two-shot) and waits
-    /// for the whole group, until `deadline` (none: every member is known to be coming).
+    /// Arrives at barrier `p` of epoch `e` (publishing a two-shot's operands and results as
+    /// (address, length)) and waits for the whole group, until `deadline` (none: every
+    /// member is known to be coming).
     fn barrier(
         &self,
         group: &Group,
@@ -712,15 +723,16 @@ impl DirectCollective {
         idx: usize,
         e: u64,
         deadline: Option<Instant>,
-        inputs: Option<&[&[u8]]>,
+        published: Option<(Vec<(usize, usize)>, Vec<(usize, usize)>)>,
     ) -> Result<()> {
         let sync = &group.sync;
         let mut f = sync.lock();
         if f.broken >= e {
             return Err(self.broken(group, idx, &f));
         }
-        if let Some(x) = inputs {
-            f.inputs[idx] = x.iter().map(|b| (b.as_ptr() as usize, b.len())).collect();
+        if let Some((ins, outs)) = published {
+            f.inputs[idx] = ins;
+            f.outputs[idx] = outs;
         }
         f.arrived[p][idx] = e;
         let ready = |f: &Flags| f.broken >= e || f.arrived[p].iter().all(|&a| a >= e);
@@ -824,6 +836,25 @@ fn peer_input(entry: &(usize, usize), lo: usize, hi: usize) -> &[u8] {
     // cannot see the barrier, so callers keep these slices inside that phase); the range is
     // in bounds (checked).
     unsafe { std::slice::from_raw_parts((addr as *const u8).add(lo), hi - lo) }
+}
+
+/// Bytes `lo..hi` of a member's result published at barrier 0 as (address, length), for
+/// the member that owns two-shot slice `lo..hi` to write.
+#[allow(clippy::mut_from_ref)]
+fn peer_output(entry: &(usize, usize), lo: usize, hi: usize) -> &mut [u8] {
+    let (addr, len) = *entry;
+    assert!(lo <= hi && hi <= len, "peer result range {lo}..{hi} of {len}");
+    if lo == hi {
+        return &mut [];
+    }
+    // SAFETY: the owner published its XLA result buffer (valid for its call, and disjoint
+    // from every operand: the custom call declares no aliasing) at barrier 0 of this epoch,
+    // took the address from its own `&mut` and does not touch the buffer again before
+    // barrier 1, which it cannot pass before this member's last write (the reduce phase; the
+    // slice never leaves it). Slices of different members are disjoint, so no two members
+    // write one byte, and nobody reads the range before barrier 1 orders the write before
+    // it. The range is in bounds (checked).
+    unsafe { std::slice::from_raw_parts_mut((addr as *mut u8).add(lo), hi - lo) }
 }
 
 /// Byte range of two-shot slice `k` of `g` of operand `o`: `ceil(n / g)` elements each,

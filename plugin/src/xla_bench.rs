@@ -736,7 +736,9 @@ fn sample(
 
 /// One implementation's compile: how it ran (path), the pass's decisions, and its executable
 /// with executes per sample and seconds per execute, or why not.
-type Prepared<'c> = (String, Vec<PassDecision>, Result<(ffi::pjrt::client::Executable<'c>, usize, f64), Check>);
+/// (path, the pass's decisions, the executable with its executes per sample, seconds per
+/// execute and the identity of what was compiled — or why not).
+type Prepared<'c> = (String, Vec<PassDecision>, Result<(ffi::pjrt::client::Executable<'c>, usize, f64, u64), Check>);
 
 /// Takes sample rounds `rounds` of every implementation still runnable, one sample of each per
 /// round into `times`. Rounds alternate direction and start one implementation later every two
@@ -747,6 +749,7 @@ fn take_rounds(
     args: &[Vec<&Buffer<'_>>],
     chain: usize,
     rounds: std::ops::Range<usize>,
+    skip: &[usize],
 ) {
     let count = prepared.len();
     for round in rounds {
@@ -754,7 +757,9 @@ fn take_rounds(
             let j = if round % 2 == 1 { count - 1 - j } else { j };
             let k = (round / 2 + j) % count;
             let (_, (_, _, result)) = &mut prepared[k];
-            if let Ok((exe, iters, _)) = result {
+            if let Ok((exe, iters, _, _)) = result
+                && !skip.contains(&k)
+            {
                 match sample(exe, args, *iters, chain) {
                     Ok(t) => times[k].push(t),
                     Err(e) => *result = Err(Check::Error(e)),
@@ -858,7 +863,19 @@ fn measure<'c>(
         check(op, ty, opts.chain.max(1), host, &outputs).map_err(Check::Error)?;
         drop(outputs);
         let (iters, secs) = calibrate(&exe, args, opts.iters, opts.sample_ms).map_err(Check::Error)?;
-        Ok((exe, iters, secs))
+        // What was compiled: the pass is deterministic, so two implementations whose pass made
+        // the same decisions on this module compiled the same program (up to the instance ids
+        // every compile draws afresh), e.g. `auto` choosing what `peerless` forces; one whose
+        // pass left every collective to XLA compiled XLA's own.
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        if decisions.iter().any(|d| d.kernel) {
+            let taken: Vec<(&str, bool)> = decisions.iter().map(|d| (d.implementation.as_str(), d.kernel)).collect();
+            std::hash::Hash::hash(&("peerless", taken), &mut h);
+        } else {
+            std::hash::Hash::hash("xla", &mut h);
+        }
+        std::hash::Hash::hash(&kernels, &mut h);
+        Ok((exe, iters, secs, std::hash::Hasher::finish(&h)))
     })();
     (path, decisions, result)
 }
@@ -927,11 +944,22 @@ pub fn run(opts: &Options, progress: &mut dyn FnMut(&str)) -> Result<Report, Str
                     .iter()
                     .map(|&imp| (imp, measure(&client, platform, &ids, &module, op, ty, imp, opts, &host, &args)))
                     .collect();
+                // An implementation that compiled the same program as an earlier one is timed
+                // once, as that one: two timings of one program differ only by the machine's
+                // spread (up to 1.14x between `auto` and `peerless` on one CPU kernel), which
+                // is not a difference between the implementations.
+                let same_as: Vec<Option<usize>> = (0..prepared.len())
+                    .map(|k| {
+                        let id = |i: usize| prepared[i].1.2.as_ref().ok().map(|x| x.3);
+                        id(k).and_then(|me| (0..k).find(|&j| id(j) == Some(me)))
+                    })
+                    .collect();
+                let skip: Vec<usize> = (0..prepared.len()).filter(|&k| same_as[k].is_some()).collect();
                 let mut times: Vec<Vec<f64>> = vec![Vec::new(); prepared.len()];
                 let slowest =
                     prepared.iter().filter_map(|(_, (_, _, r))| r.as_ref().ok().map(|x| x.2)).fold(0.0, f64::max);
                 let base = samples_for(opts, slowest);
-                take_rounds(&mut prepared, &mut times, &args, chain, 0..base);
+                take_rounds(&mut prepared, &mut times, &args, chain, 0..base, &skip);
                 // A close call between Peerless and XLA gets more samples.
                 if let Some(c) = opts.close_calls
                     && c.more > 1
@@ -944,7 +972,14 @@ pub fn run(opts: &Options, progress: &mut dyn FnMut(&str)) -> Result<Report, Str
                         this,
                         base * c.more
                     ));
-                    take_rounds(&mut prepared, &mut times, &args, chain, base..base * c.more);
+                    take_rounds(&mut prepared, &mut times, &args, chain, base..base * c.more, &skip);
+                }
+                for (k, j) in same_as.iter().enumerate() {
+                    if let Some(j) = *j {
+                        times[k] = times[j].clone();
+                        let with = format!(" [the program of the {} row, timed once]", prepared[j].0.name());
+                        prepared[k].1.0.push_str(&with);
+                    }
                 }
                 for ((imp, (path, decisions, result)), ts) in prepared.into_iter().zip(times) {
                     let (fa, fb) = op.factors(n as f64);

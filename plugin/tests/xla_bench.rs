@@ -74,6 +74,41 @@ fn bench_on_the_cpu_plugin() {
     }
 }
 
+/// Two rows that compile the same program are timed once, as the first: `peerless` twice (as
+/// `auto` is when it chooses what `peerless` forces) gives one time and says so; XLA's row is
+/// another program.
+#[test]
+fn a_program_compiled_twice_is_timed_once() {
+    let Ok(plugin) = plugin::xla_run::find_plugin(None) else {
+        assert_eq!(std::env::var("PEERLESS_SKIP_XLA_PLUGIN").as_deref(), Ok("1"), "no XLA CPU plugin");
+        return;
+    };
+    let opts = Options {
+        plugin: Some(plugin),
+        devices: Some(4),
+        min_bytes: 1024,
+        max_bytes: 1024,
+        step: 4,
+        samples: 3,
+        iters: 2,
+        chain: 2,
+        ops: vec![Op::AllReduce],
+        dtypes: vec![Dtype::F32],
+        impls: vec![Impl::Peerless, Impl::Xla, Impl::Peerless],
+        flags: String::new(),
+        sample_ms: None,
+        close_calls: None,
+        sizes: None,
+    };
+    let report = run(&opts, &mut |line| eprintln!("{line}")).expect("bench runs");
+    let r = &report.rows;
+    assert_eq!(r.len(), 3, "{r:#?}");
+    assert!(r.iter().all(|x| x.check == Check::Same && x.us.is_some()), "{r:#?}");
+    assert_eq!(r[2].us, r[0].us);
+    assert!(r[2].path.ends_with("[the program of the peerless row, timed once]"), "{}", r[2].path);
+    assert!(!r[0].path.contains("timed once") && !r[1].path.contains("timed once"), "{r:#?}");
+}
+
 /// `peerless tune --quick`'s library on the CPU plugin (8 devices): every row checked, a
 /// profile written with XLA's and each kernel's figures, and the pass reading it back: a
 /// decision's reason names the profile file and its figures.

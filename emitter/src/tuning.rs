@@ -99,6 +99,26 @@ pub struct Point {
     pub us: BTreeMap<String, f64>,
 }
 
+impl Point {
+    /// Whether kernel `imp` beat XLA here by more than [`XLA_MARGIN`] (false where either
+    /// was not measured).
+    pub fn beats_xla(&self, imp: &str) -> bool {
+        matches!((self.us.get(imp), self.us.get(XLA)), (Some(&k), Some(&x)) if k < x * (1.0 - XLA_MARGIN))
+    }
+
+    /// What the pass takes at exactly this size among everything measured: the fastest
+    /// kernel where it beat XLA by more than the margin, else [`XLA`]; `None` without XLA's
+    /// figure.
+    pub fn winner(&self) -> Option<&str> {
+        self.us.get(XLA)?;
+        let fastest = self.us.iter().filter(|(n, _)| *n != XLA).min_by(|a, b| a.1.total_cmp(b.1));
+        Some(match fastest {
+            Some((name, _)) if self.beats_xla(name) => name,
+            _ => XLA,
+        })
+    }
+}
+
 /// The measurements of one collective kind, dtype class and group size, by size.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Entry {
@@ -254,6 +274,14 @@ impl Profile {
         Ok(path)
     }
 
+    /// The points measured for exactly `op`, dtype class and group size (none if unmeasured).
+    pub fn points(&self, op: &str, class: &str, group: usize) -> &[Point] {
+        self.entries
+            .iter()
+            .find(|e| e.op == op && e.dtype == class && e.group == group)
+            .map_or(&[], |e| e.points.as_slice())
+    }
+
     /// The entry for `op`, dtype class and group size: the class itself, else one of the
     /// same element width, else the nearest width; the group size itself, else the nearest
     /// (the larger on a tie).
@@ -318,14 +346,7 @@ impl Profile {
         // within the measurement's noise; where the neighbours disagree the crossover lies
         // between them, unmeasured. XLA's own path is the safe side.
         let ends: &[&Point] = if frac == 0.0 { &[p0] } else { &[p0, p1] };
-        let falls_short = |imp: &str| -> Option<usize> {
-            ends.iter()
-                .find(|p| match (p.us.get(imp), p.us.get(XLA)) {
-                    (Some(&k), Some(&x)) => k >= x * (1.0 - XLA_MARGIN),
-                    _ => true,
-                })
-                .map(|p| p.bytes)
-        };
+        let falls_short = |imp: &str| ends.iter().find(|p| !p.beats_xla(imp)).map(|p| p.bytes);
         let best = candidates
             .iter()
             .filter(|c| c.0 == XLA || falls_short(c.0).is_none())

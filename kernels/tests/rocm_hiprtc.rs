@@ -82,7 +82,7 @@ fn a_kernel_that_does_not_compile_is_an_error_with_the_log() {
         return;
     }
     let src = "#include \"peerless_device.h\"\nPL_GLOBAL void pl_bad(u32* p) { *p = undefined_name; }\n";
-    let headers: Vec<(&str, &str)> = SOURCES.iter().filter(|s| s.0.ends_with(".h")).copied().collect();
+    let (_, headers) = kernels::gpu::translation_units();
     match ffi::hiprtc::compile("bad.cu", src, &headers, "gfx90a") {
         Err(e @ ffi::Error::HipCompile { .. }) => {
             let text = e.to_string();
@@ -100,7 +100,7 @@ fn a_warning_fails_the_check_and_not_the_run_time_compile() {
         return;
     }
     let src = "#include \"peerless_device.h\"\n#warning \"peerless warns here\"\nPL_GLOBAL void pl_warn(u32* p) { *p = 1; }\n";
-    let headers: Vec<(&str, &str)> = SOURCES.iter().filter(|s| s.0.ends_with(".h")).copied().collect();
+    let (_, headers) = kernels::gpu::translation_units();
     ffi::hiprtc::compile("warn.cu", src, &headers, "gfx90a").unwrap_or_else(|e| panic!("without -Werror: {e}"));
     match ffi::hiprtc::compile_with("warn.cu", src, &headers, "gfx90a", &["-Werror"]) {
         Err(e @ ffi::Error::HipCompile { .. }) => assert!(e.to_string().contains("peerless warns here"), "{e}"),

@@ -734,22 +734,34 @@ fn sample(
     Ok(t.elapsed().as_secs_f64() * 1e6 / (iters * chain) as f64)
 }
 
-/// One implementation's compile: how it ran (path), the pass's decisions, and its executable
-/// with executes per sample and seconds per execute, or why not.
-/// (path, the pass's decisions, the executable with its executes per sample, seconds per
-/// execute and the identity of what was compiled — or why not).
-type Prepared<'c> = (String, Vec<PassDecision>, Result<(ffi::pjrt::client::Executable<'c>, usize, f64, u64), Check>);
+/// What an implementation compiled. The pass is deterministic, so two implementations whose
+/// pass made the same decisions on one module compiled the same program (up to the instance
+/// ids every compile draws afresh), e.g. `auto` choosing what `peerless` forces; one whose pass
+/// left every collective to XLA compiled XLA's own, as the `xla` row does.
+#[derive(Debug, PartialEq, Eq)]
+struct Program {
+    /// The implementations the pass chose, if it took any collective (else XLA's own).
+    taken: Option<Vec<String>>,
+    /// XLA's collective kernels asked for.
+    xla_kernels: Option<&'static str>,
+}
 
-/// Takes sample rounds `rounds` of every implementation still runnable, one sample of each per
-/// round into `times`. Rounds alternate direction and start one implementation later every two
-/// rounds, so that no implementation always follows the same one.
+/// One implementation's compile: how it ran (path), the pass's decisions, and its executable
+/// with executes per sample, seconds per execute and what it compiled — or why not.
+type Prepared<'c> =
+    (String, Vec<PassDecision>, Result<(ffi::pjrt::client::Executable<'c>, usize, f64, Program), Check>);
+
+/// Takes sample rounds `rounds` of every implementation still runnable and not `same_as` an
+/// earlier one, one sample of each per round into `times`. Rounds alternate direction and
+/// start one implementation later every two rounds, so that no implementation always follows
+/// the same one.
 fn take_rounds(
     prepared: &mut [(Impl, Prepared<'_>)],
     times: &mut [Vec<f64>],
     args: &[Vec<&Buffer<'_>>],
     chain: usize,
     rounds: std::ops::Range<usize>,
-    skip: &[usize],
+    same_as: &[Option<usize>],
 ) {
     let count = prepared.len();
     for round in rounds {
@@ -758,7 +770,7 @@ fn take_rounds(
             let k = (round / 2 + j) % count;
             let (_, (_, _, result)) = &mut prepared[k];
             if let Ok((exe, iters, _, _)) = result
-                && !skip.contains(&k)
+                && same_as[k].is_none()
             {
                 match sample(exe, args, *iters, chain) {
                     Ok(t) => times[k].push(t),
@@ -863,19 +875,9 @@ fn measure<'c>(
         check(op, ty, opts.chain.max(1), host, &outputs).map_err(Check::Error)?;
         drop(outputs);
         let (iters, secs) = calibrate(&exe, args, opts.iters, opts.sample_ms).map_err(Check::Error)?;
-        // What was compiled: the pass is deterministic, so two implementations whose pass made
-        // the same decisions on this module compiled the same program (up to the instance ids
-        // every compile draws afresh), e.g. `auto` choosing what `peerless` forces; one whose
-        // pass left every collective to XLA compiled XLA's own.
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        if decisions.iter().any(|d| d.kernel) {
-            let taken: Vec<(&str, bool)> = decisions.iter().map(|d| (d.implementation.as_str(), d.kernel)).collect();
-            std::hash::Hash::hash(&("peerless", taken), &mut h);
-        } else {
-            std::hash::Hash::hash("xla", &mut h);
-        }
-        std::hash::Hash::hash(&kernels, &mut h);
-        Ok((exe, iters, secs, std::hash::Hasher::finish(&h)))
+        let taken =
+            decisions.iter().any(|d| d.kernel).then(|| decisions.iter().map(|d| d.implementation.clone()).collect());
+        Ok((exe, iters, secs, Program { taken, xla_kernels: kernels }))
     })();
     (path, decisions, result)
 }
@@ -950,16 +952,15 @@ pub fn run(opts: &Options, progress: &mut dyn FnMut(&str)) -> Result<Report, Str
                 // is not a difference between the implementations.
                 let same_as: Vec<Option<usize>> = (0..prepared.len())
                     .map(|k| {
-                        let id = |i: usize| prepared[i].1.2.as_ref().ok().map(|x| x.3);
-                        id(k).and_then(|me| (0..k).find(|&j| id(j) == Some(me)))
+                        let program = |i: usize| prepared[i].1.2.as_ref().ok().map(|x| &x.3);
+                        program(k).and_then(|me| (0..k).find(|&j| program(j) == Some(me)))
                     })
                     .collect();
-                let skip: Vec<usize> = (0..prepared.len()).filter(|&k| same_as[k].is_some()).collect();
                 let mut times: Vec<Vec<f64>> = vec![Vec::new(); prepared.len()];
                 let slowest =
                     prepared.iter().filter_map(|(_, (_, _, r))| r.as_ref().ok().map(|x| x.2)).fold(0.0, f64::max);
                 let base = samples_for(opts, slowest);
-                take_rounds(&mut prepared, &mut times, &args, chain, 0..base, &skip);
+                take_rounds(&mut prepared, &mut times, &args, chain, 0..base, &same_as);
                 // A close call between Peerless and XLA gets more samples.
                 if let Some(c) = opts.close_calls
                     && c.more > 1
@@ -972,7 +973,7 @@ pub fn run(opts: &Options, progress: &mut dyn FnMut(&str)) -> Result<Report, Str
                         this,
                         base * c.more
                     ));
-                    take_rounds(&mut prepared, &mut times, &args, chain, base..base * c.more, &skip);
+                    take_rounds(&mut prepared, &mut times, &args, chain, base..base * c.more, &same_as);
                 }
                 for (k, j) in same_as.iter().enumerate() {
                     if let Some(j) = *j {

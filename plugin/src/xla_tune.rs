@@ -17,9 +17,7 @@
 use std::fmt::Write as _;
 use std::path::PathBuf;
 
-use std::collections::BTreeMap;
-
-use emitter::tuning::{Key, Measured, Profile, XLA, XLA_MARGIN, dtype_class};
+use emitter::tuning::{Key, Measured, Point, Profile, XLA, dtype_class};
 use hlo::PrimitiveType;
 
 use crate::xla_bench::{self, Check, Dtype, Impl, Op, Row};
@@ -126,33 +124,11 @@ fn recorded_name(r: &Row) -> Option<String> {
 const CLOSE: f64 = 1.25;
 const REFINE_SAMPLES: usize = 3;
 
-/// The winner of each measured size among `rows` (one op and dtype): the fastest kernel where
-/// it beat XLA by the pass's margin, else XLA.
-fn winners(rows: &[&Row]) -> BTreeMap<usize, String> {
-    let mut at: BTreeMap<usize, BTreeMap<String, f64>> = BTreeMap::new();
-    for r in rows {
-        if let (Some(us), Some(name)) = (r.us, recorded_name(r)) {
-            at.entry(r.bytes).or_default().insert(name, us);
-        }
-    }
-    at.into_iter()
-        .filter_map(|(bytes, us)| {
-            let xla = *us.get(XLA)?;
-            let best = us.iter().filter(|(n, _)| *n != XLA).min_by(|a, b| a.1.total_cmp(b.1));
-            let w = match best {
-                Some((name, &t)) if t < xla * (1.0 - XLA_MARGIN) => name.clone(),
-                _ => XLA.to_owned(),
-            };
-            Some((bytes, w))
-        })
-        .collect()
-}
-
-/// The sizes between neighbours of `rows` (one op and dtype) whose winners differ: their
-/// geometric mean, rounded to whole elements for `group` devices (`unit` bytes); none where
-/// no such size lies strictly between them.
-fn midpoints(rows: &[&Row], unit: usize) -> Vec<usize> {
-    let w: Vec<(usize, String)> = winners(rows).into_iter().collect();
+/// The sizes between neighbouring `points` (one op, dtype class and group) whose winners
+/// differ: their geometric mean, rounded to whole elements for the group (`unit` bytes); none
+/// where no such size lies strictly between them.
+fn midpoints(points: &[Point], unit: usize) -> Vec<usize> {
+    let w: Vec<(usize, &str)> = points.iter().filter_map(|p| Some((p.bytes, p.winner()?))).collect();
     w.windows(2)
         .filter(|p| p[0].1 != p[1].1)
         .filter_map(|p| {
@@ -248,15 +224,14 @@ pub fn run(opts: &TuneOptions, progress: &mut dyn FnMut(&str)) -> Result<TuneRep
                 close_calls: Some(xla_bench::CloseCalls { close: CLOSE, more: REFINE_SAMPLES }),
                 sizes: None,
             };
-            let first = rows.len();
             measure(&bench, g, &mut profile, &mut rows, progress)?;
             if !opts.refine {
                 continue;
             }
             for &op in ops {
                 for &dt in &opts.dtypes {
-                    let these: Vec<&Row> = rows[first..].iter().filter(|r| r.op == op && r.dtype == dt).collect();
-                    let mids = midpoints(&these, dt.bytes() * g);
+                    let points = profile.points(op.name(), &dtype_class(primitive(dt)), g);
+                    let mids = midpoints(points, dt.bytes() * g);
                     if mids.is_empty() {
                         continue;
                     }
@@ -335,51 +310,45 @@ mod tests {
         assert!(d.starts_with("20"), "{d}");
     }
 
-    fn row(bytes: usize, imp: Impl, us: f64) -> Row {
-        Row {
-            op: Op::AllReduce,
-            dtype: Dtype::F32,
-            bytes,
-            imp,
-            path: String::new(),
-            decisions: Vec::new(),
-            us: Some(us),
-            algbw_gbps: None,
-            busbw_gbps: None,
-            check: Check::Same,
+    fn points(measured: &[(usize, &str, f64)]) -> Profile {
+        let key = Key { platform: "cpu".into(), device_kind: "cpu".into(), devices: 8, links: "host".into() };
+        let mut p = Profile::new(key, Measured::default());
+        for &(bytes, imp, us) in measured {
+            p.record("all-reduce", "f32", 8, bytes, imp, us);
         }
+        p
     }
 
     #[test]
     fn the_midpoint_between_neighbours_whose_winners_differ_is_measured() {
         // 1 KiB: one-shot; 4 KiB: one-shot; 16 KiB: two-shot; 64 KiB: two-shot within the
         // margin, so XLA; 256 KiB: XLA.
-        let rows = [
-            row(1024, Impl::Xla, 100.0),
-            row(1024, Impl::OneShot, 50.0),
-            row(1024, Impl::TwoShot, 70.0),
-            row(4096, Impl::Xla, 100.0),
-            row(4096, Impl::OneShot, 60.0),
-            row(4096, Impl::TwoShot, 70.0),
-            row(16384, Impl::Xla, 200.0),
-            row(16384, Impl::OneShot, 190.0),
-            row(16384, Impl::TwoShot, 150.0),
-            row(65536, Impl::Xla, 300.0),
-            row(65536, Impl::OneShot, 400.0),
-            row(65536, Impl::TwoShot, 290.0),
-            row(262144, Impl::Xla, 500.0),
-            row(262144, Impl::TwoShot, 700.0),
-        ];
-        let refs: Vec<&Row> = rows.iter().collect();
-        let w = winners(&refs);
-        assert_eq!(w[&1024], "one-shot all-reduce");
-        assert_eq!(w[&16384], "two-shot all-reduce");
-        assert_eq!(w[&65536], XLA);
+        let (one, two) = ("one-shot all-reduce", "two-shot all-reduce");
+        let p = points(&[
+            (1024, XLA, 100.0),
+            (1024, one, 50.0),
+            (1024, two, 70.0),
+            (4096, XLA, 100.0),
+            (4096, one, 60.0),
+            (4096, two, 70.0),
+            (16384, XLA, 200.0),
+            (16384, one, 190.0),
+            (16384, two, 150.0),
+            (65536, XLA, 300.0),
+            (65536, one, 400.0),
+            (65536, two, 290.0),
+            (262144, XLA, 500.0),
+            (262144, two, 700.0),
+        ]);
+        let pts = p.points("all-reduce", "f32", 8);
+        let w = |b: usize| pts.iter().find(|x| x.bytes == b).and_then(|x| x.winner());
+        assert_eq!(w(1024), Some("one-shot all-reduce"));
+        assert_eq!(w(16384), Some("two-shot all-reduce"));
+        assert_eq!(w(65536), Some(XLA));
         // 4 KiB -> 16 KiB and 16 KiB -> 64 KiB change hands; 64 KiB -> 256 KiB does not.
-        assert_eq!(midpoints(&refs, 4 * 8), vec![8192, 32768]);
+        assert_eq!(midpoints(pts, 4 * 8), vec![8192, 32768]);
         // A step of 2 leaves nothing strictly between, whole elements of 8 devices.
-        let close = [row(1024, Impl::Xla, 100.0), row(1024, Impl::OneShot, 50.0), row(1056, Impl::Xla, 100.0)];
-        let refs: Vec<&Row> = close.iter().collect();
-        assert!(midpoints(&refs, 32).is_empty());
+        let close = points(&[(1024, XLA, 100.0), (1024, one, 50.0), (1056, XLA, 100.0)]);
+        assert!(midpoints(close.points("all-reduce", "f32", 8), 32).is_empty());
     }
 }

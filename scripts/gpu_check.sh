@@ -9,7 +9,7 @@
 set -uo pipefail
 LOG=${1:?usage: gpu_check.sh LOGDIR [BINDIR]}
 BIN=${2:-.gpu}
-STEPS=${GPU_CHECK_STEPS:-first devices collectives inside edge multiprocess staging order run bench tune tunebench torch jax psum}
+STEPS=${GPU_CHECK_STEPS:-first devices collectives inside sweep suites edge multiprocess staging order run bench tune tunebench torch jax psum}
 mkdir -p "$LOG"
 # NVLink multicast stays off (shared hosts): never remove these.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -47,6 +47,23 @@ has devices && step devices 300 "$BIN/peerless" devices
 has collectives && [ "$NGPU" -ge 2 ] && step cuda_collectives 300 "$BIN/cuda_collectives" --ignored --test-threads=1
 # Peerless inside XLA through JAX: every collective kind vs XLA alone, command buffers on and off.
 has inside && step inside 500 python3 plugin/tests/gpu_xla_inside.py check --out "$LOG/inside"
+# Every collective form JAX users write vs XLA alone, every kind forced onto the kernels:
+# kind x axis arguments x tiled x rank 1-4 x int32/float32 x pmap / shard_map (1-D and 2-D
+# meshes) / jit reshards and reductions; on every GPU, and on 2 of them (--quick).
+has sweep && [ "$NGPU" -ge 2 ] && step sweep 560 python3 plugin/tests/collective_sweep.py --out "$LOG/sweep.json"
+has sweep && [ "$NGPU" -gt 2 ] && step sweep_2gpu 400 env CUDA_VISIBLE_DEVICES=0,1 python3 plugin/tests/collective_sweep.py \
+  --quick --out "$LOG/sweep_2gpu.json"
+# JAX's own suites with PEERLESS_ENABLE=1 beside the same run without: JAX_TESTS_DIR holds
+# jax-ml/jax's tests/{pmap,shard_map,pjit}_test.py at the installed JAX's version (never
+# committed; the device tool carries them); pytest, pytest-xdist and absl-py come from
+# PEERLESS_WHEELS (wheels carried likewise) where the image lacks them.
+if has suites; then
+  if ! python3 -c 'import pytest, xdist, absl' 2>/dev/null; then
+    python3 -m pip install -q --no-index --find-links "${PEERLESS_WHEELS:-.wheels}" pytest pytest-xdist absl-py
+  fi
+  step jax_suites "${JAX_SUITES_LIMIT:-1800}" python3 plugin/tests/jax_suites.py "${JAX_TESTS_DIR:-.jaxtests}" \
+    --suites "${JAX_SUITES:-pmap_test,shard_map_test,pjit_test}" --workers "${JAX_SUITE_WORKERS:-4}" --out "$LOG/jax_suites"
+fi
 # Edge values (NaN, ±0, ±inf, overflow) through max / min / sum: Peerless vs XLA alone (NCCL).
 has edge && [ "$NGPU" -ge 2 ] && step edge_values 300 python3 plugin/tests/gpu_edge_values.py --out "$LOG/edge"
 # Processes: two processes per GPU pair (on one GPU: both on GPU 0) through CUDA IPC.

@@ -49,6 +49,8 @@ mod field {
     pub const REPLICA_GROUPS: u32 = 49;
     pub const SOURCE_TARGET_PAIRS: u32 = 52;
     pub const CONSTRAIN_LAYOUT: u32 = 56;
+    /// With `CONSTRAIN_LAYOUT` on a custom call: each operand's shape with its layout.
+    pub const OPERAND_SHAPES_WITH_LAYOUT: u32 = 57;
     pub const USE_GLOBAL_DEVICE_IDS: u32 = 71;
     pub const CUSTOM_CALL_API_VERSION: u32 = 77;
     pub const COLLECTIVE_DEVICE_LIST: u32 = 87;
@@ -869,6 +871,69 @@ fn put_ints(out: &mut Vec<u8>, tag: u32, v: &[i64]) {
     put_bytes(out, tag, &packed);
 }
 
+/// ShapeProto fields and the element types that have no layout.
+mod shape_field {
+    pub const ELEMENT_TYPE: u32 = 2;
+    pub const DIMENSIONS: u32 = 3;
+    pub const LAYOUT: u32 = 5;
+    /// LayoutProto.minor_to_major.
+    pub const MINOR_TO_MAJOR: u32 = 1;
+    /// PrimitiveType TUPLE, OPAQUE_TYPE, TOKEN.
+    pub const TUPLE: i64 = 13;
+    pub const OPAQUE: i64 = 14;
+    pub const TOKEN: i64 = 17;
+}
+
+/// `shape` (a ShapeProto) with a layout on every array: the one it has, else the default
+/// (row-major). A pinned custom call must say every layout (XLA rejects one without).
+fn with_layout(shape: &[u8]) -> Result<Vec<u8>, PassError> {
+    use shape_field::*;
+    let fs = fields(shape)?;
+    let ty = fs.iter().find(|x| x.tag == ELEMENT_TYPE).map(ints).transpose()?.and_then(|v| v.first().copied());
+    let mut out = Vec::with_capacity(shape.len() + 16);
+    match ty {
+        Some(TUPLE) => {
+            for x in &fs {
+                if x.tag == TUPLE_SHAPES && x.wire == WireType::LengthDelimited {
+                    put_bytes(&mut out, TUPLE_SHAPES, &with_layout(x.payload)?);
+                } else {
+                    out.extend_from_slice(x.raw);
+                }
+            }
+        }
+        Some(OPAQUE | TOKEN) => out.extend_from_slice(shape),
+        _ if fs.iter().any(|x| x.tag == LAYOUT) => out.extend_from_slice(shape),
+        _ => {
+            let mut rank = 0i64;
+            for x in fs.iter().filter(|x| x.tag == DIMENSIONS) {
+                rank += ints(x)?.len() as i64;
+            }
+            out.extend_from_slice(shape);
+            let mut layout = Vec::new();
+            put_ints(&mut layout, MINOR_TO_MAJOR, &(0..rank).rev().collect::<Vec<_>>());
+            put_bytes(&mut out, LAYOUT, &layout);
+        }
+    }
+    Ok(out)
+}
+
+/// Pins a call's operand layouts (and, with its shape written by [`with_layout`], its
+/// result's): XLA's layout assignment keeps a layout-constrained custom call's layouts, where
+/// it may give an unconstrained one any (XLA:GPU assigns layouts after the pass and gave an
+/// all-to-all's call `{3,2,0,1}`, which a handler told nothing reads as row-major). The
+/// handlers are told exactly these layouts (`layout` attribute, or none where operand and
+/// result agree): the same shapes the pass decided on.
+fn pin_operands(ins: &mut Vec<u8>, operands: &[i64], shapes: &HashMap<i64, &[u8]>, name: &str) -> Result<(), PassError> {
+    put_varint(ins, field::CONSTRAIN_LAYOUT, 1);
+    for o in operands {
+        let shape = shapes
+            .get(o)
+            .ok_or_else(|| PassError::Wire(format!("'{name}': operand {o} is not in its computation")))?;
+        put_bytes(ins, field::OPERAND_SHAPES_WITH_LAYOUT, &with_layout(shape)?);
+    }
+    Ok(())
+}
+
 /// The custom-call fields every rewritten collective gets.
 fn put_call(ins: &mut Vec<u8>, target: &str, config: &str) {
     put_bytes(ins, field::OPCODE, b"custom-call");
@@ -910,12 +975,17 @@ fn rewrite(module: &[u8], rewrites: &HashMap<String, (&'static str, String, Form
         let first_int = |fs: &[Field<'_>], tag: u32| -> Result<Option<i64>, PassError> {
             Ok(fs.iter().find(|x| x.tag == tag).map(ints).transpose()?.and_then(|v| v.first().copied()))
         };
-        // Async starts rewritten here, by id, and the largest id of the computation.
+        // Async starts rewritten here, by id, the largest id of the computation and every
+        // instruction's shape by id (a call's operands are in its computation).
         let mut starts: HashMap<i64, Form> = HashMap::new();
+        let mut shapes: HashMap<i64, &[u8]> = HashMap::new();
         let mut max_id = 0i64;
         for fs in instrs.iter().flatten() {
             let id = first_int(fs, field::ID)?.unwrap_or(0);
             max_id = max_id.max(id);
+            if let Some(x) = fs.iter().find(|x| x.tag == field::SHAPE) {
+                shapes.insert(id, x.payload);
+            }
             if let Some((_, _, form)) = name_of(fs).and_then(|n| rewrites.get(&n))
                 && *form != Form::Sync
             {
@@ -969,9 +1039,16 @@ fn rewrite(module: &[u8], rewrites: &HashMap<String, (&'static str, String, Form
             };
             if *form != Form::AsyncTuple {
                 let mut ins = Vec::with_capacity(i.payload.len() + config.len() + 64);
-                for x in fs.iter().filter(|x| !DROPPED.contains(&x.tag)) {
+                for x in fs.iter().filter(|x| !DROPPED.contains(&x.tag) && x.tag != field::SHAPE) {
                     ins.extend_from_slice(x.raw);
                 }
+                let shape = fs.iter().find(|x| x.tag == field::SHAPE).map_or(&b""[..], |x| x.payload);
+                put_bytes(&mut ins, field::SHAPE, &with_layout(shape)?);
+                let operands = match fs.iter().find(|x| x.tag == field::OPERAND_IDS) {
+                    Some(x) => ints(x)?,
+                    None => Vec::new(),
+                };
+                pin_operands(&mut ins, &operands, &shapes, name.as_deref().unwrap_or(""))?;
                 put_call(&mut ins, target, config);
                 put_bytes(&mut comp, field::INSTRUCTIONS, &ins);
                 continue;
@@ -1007,13 +1084,14 @@ fn rewrite(module: &[u8], rewrites: &HashMap<String, (&'static str, String, Form
             used_names.insert(call_name.clone());
             let mut call = Vec::with_capacity(i.payload.len() + config.len() + 64);
             put_bytes(&mut call, field::NAME, call_name.as_bytes());
-            put_bytes(&mut call, field::SHAPE, result_shape);
+            put_bytes(&mut call, field::SHAPE, &with_layout(result_shape)?);
             put_varint(&mut call, field::ID, call_id);
             for x in fs.iter().filter(|x| {
                 matches!(x.tag, METADATA | field::OPERAND_IDS | field::CONTROL_PREDECESSOR_IDS | FRONTEND_ATTRIBUTES)
             }) {
                 call.extend_from_slice(x.raw);
             }
+            pin_operands(&mut call, &[operand], &shapes, &name)?;
             put_call(&mut call, target, config);
             put_bytes(&mut comp, field::INSTRUCTIONS, &call);
             let mut tuple = Vec::with_capacity(i.payload.len());

@@ -60,6 +60,10 @@ PEERLESS_PJRT_LIBRARY="$lib" PYTHONPATH=plugin/python CI="${CI:-}" "$PEERLESS_PY
 step "Peerless inside XLA: XLA:CPU, 8 host devices, every program vs XLA alone (plugin/tests/test_xla_inside.py)"
 PEERLESS_PJRT_LIBRARY="$lib" PYTHONPATH=plugin/python "$PEERLESS_PYTHON" -m pytest -q plugin/tests/test_xla_inside.py
 
+step "Every collective form vs XLA alone, the kernels forced: XLA:CPU, 8 host devices (plugin/tests/collective_sweep.py --quick)"
+PEERLESS_PJRT_LIBRARY="$lib" PYTHONPATH=plugin/python "$PEERLESS_PYTHON" plugin/tests/collective_sweep.py --platform cpu \
+  --devices 8 --quick
+
 step "Tuning profiles (issue 27): a short peerless tune on XLA:CPU (8 host devices), then the pass reads the profile and its decisions cite it (plugin/tests/test_tuning.py)"
 tune_dir=$(mktemp -d)
 PEERLESS_VENV_DIR="$venv_root" cargo run -q -p peerless-cli --locked -- tune --quick --out-dir "$tune_dir" >"$tune_dir/crossovers.md"

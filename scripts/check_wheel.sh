@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs a jax-peerless wheel (scripts/build_wheel.sh) into a fresh venv with no Rust toolchain
 # on PATH and runs plugin/tests/wheel_smoke.py there: Peerless enabled vs XLA alone on 8 CPU
-# devices, and stats() showing Peerless took the collectives.
+# devices, and stats() showing Peerless took the collectives; then the `peerless` command
+# (`--version`, `devices`, `flags`) and the version, LICENSE and default backend of the package.
 #   scripts/check_wheel.sh WHEEL [--kernels TARGETS]   # TARGETS: e.g. sm_80,sm_90,sm_100,compute_100
 # JAX comes from where scripts/setup.sh's venvs get it (pip: the index, or PIP_FIND_LINKS such
 # as /opt/wheels), pinned to plugin/requirements.txt's versions. The venv is made from
@@ -44,3 +45,20 @@ cp plugin/tests/wheel_smoke.py "$work/"
 (cd "$work" && env -u PEERLESS_PJRT_LIBRARY -u PEERLESS_ENABLE -u PEERLESS_FLAGS -u PEERLESS_XLA_PLUGIN \
   JAX_PLATFORMS=cpu XLA_FLAGS=--xla_force_host_platform_device_count=8 \
   "$work/venv/bin/python" -I wheel_smoke.py "${smoke_args[@]}")
+# The command and the package's metadata, as installed (no cargo on PATH).
+(cd "$work" && env -u PEERLESS_PJRT_LIBRARY -u PYTHONPATH -u JAX_PLATFORMS -u XLA_FLAGS sh -c '
+set -e
+bin=$(dirname "$1")
+"$bin/peerless" --version
+"$bin/peerless" flags | head -3
+"$bin/peerless" devices | head -5
+"$1" -I -c "
+import importlib.metadata as md, os, jax, jax_plugins.peerless as p
+assert p.__version__ == md.version(\"jax-peerless\"), (p.__version__, md.version(\"jax-peerless\"))
+assert os.path.isfile(os.path.join(p.__path__[0], \"LICENSE\"))
+meta = md.metadata(\"jax-peerless\")
+assert meta[\"Summary\"] and \"Peerless\" in (meta.get_payload() or meta[\"Description\"] or \"\"), \"no description\"
+# Installing the wheel changes neither the default platform nor its devices.
+assert jax.default_backend() == \"cpu\", jax.default_backend()
+print(\"check_wheel: jax-peerless\", p.__version__, \"default backend\", jax.default_backend())
+"' sh "$work/venv/bin/python")

@@ -60,6 +60,10 @@ PEERLESS_PJRT_LIBRARY="$lib" PYTHONPATH=plugin/python CI="${CI:-}" "$PEERLESS_PY
 step "Peerless inside XLA: XLA:CPU, 8 host devices, every program vs XLA alone (plugin/tests/test_xla_inside.py)"
 PEERLESS_PJRT_LIBRARY="$lib" PYTHONPATH=plugin/python "$PEERLESS_PYTHON" -m pytest -q plugin/tests/test_xla_inside.py
 
+step "The README's first Python block as pasted, and the bench plot (plugin/tests/test_readme.py, test_plot.py)"
+PEERLESS_PJRT_LIBRARY="$lib" PYTHONPATH=plugin/python "$PEERLESS_PYTHON" -m pytest -q plugin/tests/test_readme.py \
+  plugin/tests/test_plot.py
+
 step "Every collective form vs XLA alone, the kernels forced: XLA:CPU, 8 host devices (plugin/tests/collective_sweep.py --quick)"
 PEERLESS_PJRT_LIBRARY="$lib" PYTHONPATH=plugin/python "$PEERLESS_PYTHON" plugin/tests/collective_sweep.py --platform cpu \
   --devices 8 --quick
@@ -131,6 +135,12 @@ assert os.path.realpath(p.library_path()).startswith(os.path.realpath(p.__path__
 print(jax.devices())
 assert len(jax.devices("peerless")) == 8 and p.wrapped() == "cpu", (jax.devices(), p.wrapped())
 assert jax.devices()[0] == jax.devices("peerless")[0]')
+# Without JAX_PLATFORMS the package changes nothing (JAX's own CPU backend stays the default),
+# and the bundled command runs through its console script.
+(cd "$venv_dir" && env -u PEERLESS_PJRT_LIBRARY -u PYTHONPATH -u JAX_PLATFORMS "$venv_dir/venv/bin/python" -c '
+import jax, jax_plugins.peerless as p
+assert jax.default_backend() == "cpu" and "peerless" not in str(jax.devices()), jax.devices()
+print("jax-peerless", p.__version__)' && "$venv_dir/venv/bin/peerless" --version)
 rm -rf "$venv_dir"
 
 step "pip install ./plugin/python beside JAX 0.12.0.1 keeps it, and enable() runs a psum on Peerless"

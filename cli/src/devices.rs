@@ -3,7 +3,15 @@
 use kernels::cuda::{Clique, Probe, device_count};
 
 pub fn run() -> Result<(), String> {
-    let n = device_count().map_err(|e| e.to_string())?;
+    // A machine without NVIDIA's driver has no CUDA devices: an answer, not an error (Peerless
+    // then runs on XLA:CPU's devices only).
+    let n = match device_count() {
+        Ok(n) => n,
+        Err(e) => {
+            println!("0 CUDA devices ({e})");
+            return Ok(());
+        }
+    };
     println!("{n} CUDA device(s)");
     if n == 0 {
         return Ok(());

@@ -241,7 +241,11 @@ pub fn run_pass(platform: &str, module: &[u8], flags: &str, local_devices: &str)
     match catch_unwind(AssertUnwindSafe(run)) {
         Ok(Ok(r)) => r,
         Ok(Err(e)) => {
-            log::warn!("peerless pass: module left unchanged: {e}");
+            // An empty module is a flag check (the Python package's `_check_flags`), whose
+            // caller reports the error once; a real module's error is logged here.
+            if !module.is_empty() {
+                log::warn!("peerless pass: module left unchanged: {e}");
+            }
             (-1, None, e)
         }
         Err(p) => {

@@ -1109,6 +1109,41 @@ def test_peerless_enable_env_in_subprocess():
     np.testing.assert_array_equal(np.asarray(got["out"]), want)
 
 
+def test_peerless_enable_fails_once_and_loudly():
+    """PEERLESS_ENABLE=1 with a bad PEERLESS_FLAGS or without the library: one error at start
+    naming the cause and the fix (JAX logs it as a plugin configuration error), Peerless off,
+    the program still right; no warning per compile. Without JAX_PLATFORMS naming it, the
+    "peerless" platform never appears (JAX's default platform stays its own)."""
+    code = textwrap.dedent(
+        """
+        import json
+        import jax, numpy as np
+        import jax_plugins.peerless as peerless
+        f = jax.pmap(lambda v: jax.lax.psum(v, "i"), axis_name="i")
+        for _ in range(3):
+            out = np.asarray(jax.jit(lambda v: f(v) + 1)(np.ones((8, 4), np.float32)))
+        print(json.dumps({"enabled": peerless.enabled(), "out": out.tolist(), "backend": jax.default_backend(),
+                          "platforms": sorted({d.platform for d in jax.devices()})}))
+        """
+    )
+    base = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+    cases = {
+        "flags": dict(base, PEERLESS_ENABLE="1", PEERLESS_FLAGS="--one_shot_max_bytes=12 --bogus_flag=3"),
+        "library": dict(base, PEERLESS_ENABLE="1", PEERLESS_PJRT_LIBRARY="/nonexistent/libpeerless_pjrt.so"),
+    }
+    for name, env in cases.items():
+        env["XLA_FLAGS"] = _COUNT_FLAG
+        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, (name, r.stderr[-4000:])
+        got = json.loads(r.stdout.strip().splitlines()[-1])
+        assert got["enabled"] == [] and got["out"] == [[9.0] * 4] * 8, (name, got)
+        assert got["backend"] == "cpu" and got["platforms"] == ["cpu"], (name, got)
+        want = "unknown flag '--bogus_flag'" if name == "flags" else "/nonexistent/libpeerless_pjrt.so does not exist"
+        assert r.stderr.count(want) == 1, (name, r.stderr[-4000:])
+        assert "Peerless is off in this process" in r.stderr, (name, r.stderr[-4000:])
+        assert "left a module unchanged" not in r.stderr, (name, r.stderr[-4000:])
+
+
 def test_one_info_log_line_per_decision(caplog):
     f, x = psum_program()
     g = shard_map_program(make_mesh("1d8"), "x", OPS["all_gather_tiled1"][2])

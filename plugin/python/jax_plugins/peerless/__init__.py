@@ -40,6 +40,27 @@ from .inside import (  # noqa: F401  (public API)
 PLATFORM = "peerless"
 _LIB = "libpeerless_pjrt.so"
 
+
+def _version() -> str:
+    """The installed distribution's version (the Cargo workspace's, which setup.py copies), or
+    for a checkout on PYTHONPATH the workspace's own."""
+    import importlib.metadata
+    import re
+
+    try:
+        return importlib.metadata.version("jax-peerless")
+    except importlib.metadata.PackageNotFoundError:
+        cargo = Path(__file__).resolve().parents[4] / "Cargo.toml"
+        try:
+            text = cargo.read_text()
+            m = re.search(r'^version\s*=\s*"([^"]+)"', text[text.index("[workspace.package]"):], re.M)
+            return m.group(1) if m else "unknown"
+        except (OSError, ValueError):
+            return "unknown"
+
+
+__version__ = _version()
+
 # The inner platform ("cpu", "cuda", "rocm") when the "peerless" backend wraps XLA's plugin.
 _wrapped_platform: str | None = None
 
@@ -174,23 +195,44 @@ def _unavailable_reason() -> str:
 
 
 def _named_by_jax_platforms() -> bool:
-    return PLATFORM in [p.strip() for p in os.environ.get("JAX_PLATFORMS", "").split(",")]
+    """JAX_PLATFORMS (or `jax.config.update("jax_platforms", ...)`) names "peerless"."""
+    try:
+        import jax
+
+        value = jax.config.jax_platforms or ""
+    except Exception:
+        value = os.environ.get("JAX_PLATFORMS", "")
+    return PLATFORM in [p.strip() for p in value.split(",")]
 
 
 def initialize() -> None:
+    """JAX calls this while it discovers plugins. Nothing asked of Peerless, nothing happens:
+    the "peerless" platform exists only when JAX_PLATFORMS names it (on CPU as on GPUs, so
+    installing the package never changes JAX's default platform). An exception here is what
+    JAX logs once, with its message, as a plugin configuration error."""
     from jax._src import xla_bridge
 
-    path = library_path()
-    if os.environ.get("PEERLESS_ENABLE", "") not in ("", "0"):
-        # Peerless inside XLA for users who change no code (see inside.py).
+    enable = os.environ.get("PEERLESS_ENABLE", "") not in ("", "0")
+    named = _named_by_jax_platforms()
+    if not enable and not named:
+        return
+    try:
+        path = library_path()
+    except FileNotFoundError as e:
+        asked = "PEERLESS_ENABLE=1" if enable else "JAX_PLATFORMS=peerless"
+        raise FileNotFoundError(f"peerless: {asked} is set, but {e}; Peerless is off in this process") from None
+    if enable:
+        # Peerless inside XLA for users who change no code (see inside.py); bad flags raise.
         from . import inside
 
         inside.enable_at_start()
+    if not named:
+        return
     inner = inner_plugin()
     if inner is not None:
         _register_wrapper(xla_bridge, path, *inner)
         return
-    if os.environ.get("PEERLESS_XLA_PLUGIN", "") in ("none", "standalone") or not _named_by_jax_platforms():
+    if os.environ.get("PEERLESS_XLA_PLUGIN", "") in ("none", "standalone"):
         return
     # JAX_PLATFORMS=peerless with no XLA plugin: register the library anyway, telling it why,
     # so that client creation fails with that reason (plugin/src/wrap.rs's table of errors).
@@ -215,11 +257,6 @@ def _register_wrapper(xla_bridge, path: str, inner: str, platform: str) -> None:
     the library reads PEERLESS_XLA_PLUGIN when JAX loads it, registers its handlers in that
     plugin and returns its table. The pass goes on at once (PEERLESS_ENABLE=0 leaves it off)."""
     if platform in _XLA_GPU_PLUGINS:
-        jax_platforms = os.environ.get("JAX_PLATFORMS", "")
-        if PLATFORM not in [p.strip() for p in jax_platforms.split(",")]:
-            # A second XLA GPU client beside JAX's own "cuda" / "rocm" would claim the GPUs'
-            # memory too: on GPUs the wrapper is there only when asked for by name.
-            return
         from jaxlib import xla_client
 
         # What JAX's own GPU plugin is created with (allocator, memory fraction, ...); XLA's

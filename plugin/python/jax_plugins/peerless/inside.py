@@ -596,7 +596,16 @@ def enable_at_start() -> None:
     plugins (cuda, rocm) register from JAX's plugin callback, once their C API is loaded."""
     from jax._src import xla_bridge
 
-    _state["flags"] = os.environ.get("PEERLESS_FLAGS", "")
+    flags = os.environ.get("PEERLESS_FLAGS", "")
+    if flags:
+        # Once, here, rather than a warning from every compile: JAX logs this as its plugin
+        # configuration error and starts without Peerless.
+        try:
+            _check_flags(flags)
+        except ValueError as e:
+            raise ValueError(f"PEERLESS_ENABLE=1: {e}\n(`peerless flags` lists them; Peerless is off in this "
+                             "process: fix or unset PEERLESS_FLAGS)") from None
+    _state["flags"] = flags
 
     def on_plugin(c_api=None):
         for name, factory in list(xla_bridge._backend_factories.items()):

@@ -30,11 +30,13 @@ if ! ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1 && ! ldconfig -p 2>/de
 fi
 # HIP compile check without AMD hardware (scripts/hip_check.sh, the rocm feature's hipRTC
 # test): Debian bookworm's hipcc and HIP runtime (ROCm 5.2.3; hipRTC is inside libamdhip64).
-if ! command -v hipcc >/dev/null 2>&1 && ! [ -x "${ROCM_PATH:-/opt/rocm}/bin/hipcc" ]; then
+# PEERLESS_SKIP_HIP=1 (scripts/demo.sh) leaves them out: running Peerless needs neither.
+if [ "${PEERLESS_SKIP_HIP:-0}" != "1" ] && ! command -v hipcc >/dev/null 2>&1 \
+  && ! [ -x "${ROCM_PATH:-/opt/rocm}/bin/hipcc" ]; then
   need_apt+=(hipcc)
 fi
 # (One `ls` per place: `ls A B` fails when either is missing.)
-if ! ls /usr/lib/x86_64-linux-gnu/libamdhip64.so* >/dev/null 2>&1 \
+if [ "${PEERLESS_SKIP_HIP:-0}" != "1" ] && ! ls /usr/lib/x86_64-linux-gnu/libamdhip64.so* >/dev/null 2>&1 \
   && ! ls "${ROCM_PATH:-/opt/rocm}"/lib/libamdhip64.so* >/dev/null 2>&1; then
   need_apt+=(libamdhip64-dev)
 fi

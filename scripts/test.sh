@@ -75,7 +75,7 @@ tuned=$(ls "$tune_dir"/*.json)
 PEERLESS_TUNED_PROFILE="$tuned" PEERLESS_PJRT_LIBRARY="$lib" PYTHONPATH=plugin/python "$PEERLESS_PYTHON" -m pytest -q plugin/tests/test_tuning.py
 rm -rf "$tune_dir"
 
-step "The README's main job on the debug library (examples/inside_xla.py: decisions as configured and with the kernels forced, agreement with XLA alone)"
+step "The demo on the debug library (examples/inside_xla.py: decisions as configured and with the kernels forced, agreement with XLA alone)"
 PEERLESS_PJRT_LIBRARY="$lib" PYTHONPATH=plugin/python "$PEERLESS_PYTHON" examples/inside_xla.py --steps 3
 
 step "Many processes: jax.distributed, 2 processes × 4 CPU devices, groups across them on shared memory, faults (plugin/tests/test_multiprocess.py)"

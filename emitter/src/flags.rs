@@ -150,7 +150,7 @@ macro_rules! backend_flag {
             help: concat!(
                 "how ",
                 $what,
-                " runs: auto = kernel where the rules allow, else fallback; kernel = kernel or error; fallback = always"
+                " runs: auto = kernel where the rules and the tuning profile choose it, else fallback; kernel = kernel at any size wherever its guards (dtype, peer access, group size, processes) allow, else fallback saying why; fallback = always XLA's"
             ),
             get: |f| f.$field.name().to_owned(),
             set: |f, v| {

@@ -20,8 +20,6 @@ pub const DEFAULT_ONE_SHOT_MAX_BYTES: usize = 256 * 1024;
 pub const DEFAULT_TWO_SHOT_MAX_BYTES: usize = 4 * 1024 * 1024;
 /// The simulated peer topology (`--host_topology`), which `thunks::peers` holds with the table.
 pub use thunks::peers::{HostTopology, MAX_TOPOLOGY_DEVICE};
-/// The kernels' grid bounds (`--collective_blocks`), which `thunks` holds for the kernels.
-pub use thunks::{DEFAULT_COLLECTIVE_BLOCKS, MAX_COLLECTIVE_BLOCKS};
 /// How long a collective may wait for its peers before the runtime reports a hang.
 pub const DEFAULT_COLLECTIVE_TIMEOUT_MS: u64 = 10_000;
 
@@ -78,8 +76,6 @@ pub struct Flags {
     /// Use peer kernels even on GPU targets whose cross-device atomics are known not to be
     /// visible to peers ([`crate::peers::PEER_ATOMICS_NOT_VISIBLE`]).
     pub allow_unsafe_peer_targets: bool,
-    /// GPU backends: the largest grid of a collective kernel, 1..=[`MAX_COLLECTIVE_BLOCKS`].
-    pub collective_blocks: u32,
     /// Inside XLA: partitioner-made collectives larger than this stay XLA's, which runs them
     /// asynchronously, overlapped with compute (a custom call runs in order on the compute
     /// stream). `None`: no such rule.
@@ -104,7 +100,6 @@ impl Default for Flags {
             collective_timeout_ms: DEFAULT_COLLECTIVE_TIMEOUT_MS,
             host_topology: HostTopology::FullMesh,
             allow_unsafe_peer_targets: false,
-            collective_blocks: DEFAULT_COLLECTIVE_BLOCKS,
             xla_async_above_bytes: Some(DEFAULT_XLA_ASYNC_ABOVE_BYTES),
         }
     }
@@ -230,20 +225,6 @@ pub const FLAGS: &[FlagSpec] = &[
         },
     },
     FlagSpec {
-        name: "collective_blocks",
-        ty: "blocks",
-        help: "GPU backends: the most thread blocks of a collective kernel's grid (1..=128); smaller messages \
-               get fewer, one thread per 16-byte unit",
-        get: |f| f.collective_blocks.to_string(),
-        set: |f, v| match v.parse::<u32>() {
-            Ok(b) if (1..=MAX_COLLECTIVE_BLOCKS).contains(&b) => {
-                f.collective_blocks = b;
-                Ok(())
-            }
-            _ => Err(format!("'{v}' is not a block count in 1..={MAX_COLLECTIVE_BLOCKS}")),
-        },
-    },
-    FlagSpec {
         name: "xla_async_above_bytes",
         ty: "bytes|none",
         help: "inside XLA: partitioner-made collectives (is_spmd_generated) above this stay XLA's, which overlaps them with compute",
@@ -358,11 +339,10 @@ mod tests {
         let s = "--all_reduce_backend=kernel --all_gather_backend=fallback --all_to_all_backend=auto \
                  --reduce_scatter_backend=fallback --collective_permute_backend=kernel --one_shot_max_bytes=1024 \
                  --two_shot_max_bytes=65536 --collective_timeout_ms=500 --host_topology=pairs:0-1,2-3 \
-                 --allow_unsafe_peer_targets=true --collective_blocks=64 \
-                 --xla_async_above_bytes=none";
+                 --allow_unsafe_peer_targets=true --xla_async_above_bytes=none";
         let f = Flags::parse(s).unwrap();
-        assert_eq!((f.collective_blocks, Flags::default().collective_blocks), (64, DEFAULT_COLLECTIVE_BLOCKS));
-        assert!(Flags::parse("--collective_blocks=0").is_err() && Flags::parse("--collective_blocks=129").is_err());
+        // The kernels' grid is not a flag (it never reached a launch): a clear error, not ignored.
+        assert!(Flags::parse("--collective_blocks=64").unwrap_err().to_string().contains("unknown flag"));
         assert_eq!(f.all_reduce_backend, Backend::Kernel);
         assert_eq!(f.all_gather_backend, Backend::Fallback);
         assert_eq!(f.collective_permute_backend, Backend::Kernel);

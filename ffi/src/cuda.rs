@@ -556,7 +556,7 @@ impl Drop for IpcMapping {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Cuda;
 
-crate::gpu::forward_gpu!(Cuda, name: "cuda", ccl: "NCCL", units: sm_count, alloc: zeroed);
+crate::gpu::forward_gpu!(Cuda, name: "cuda", units: sm_count, alloc: zeroed);
 
 impl crate::gpu::Interop for Cuda {
     type HostMapped = HostMapped;

@@ -16,7 +16,6 @@ use std::ffi::c_void;
 use std::fmt::Debug;
 
 use crate::Result;
-use crate::ccl::CclStream;
 
 /// A GPU runtime's device layer: the handle types and the calls the collective launchers,
 /// the clique and the peer probe make. Implemented by marker types; every method is an
@@ -24,8 +23,6 @@ use crate::ccl::CclStream;
 pub trait Gpu: Debug + Send + Sync + 'static {
     /// `"cuda"` or `"rocm"`: names the backend in errors and peer-table keys.
     const NAME: &'static str;
-    /// The vendor's collective library (`"NCCL"`, `"RCCL"`), for errors.
-    const CCL: &'static str;
 
     /// One device, made current with [`Gpu::bind`]. Declared last in owners, so modules,
     /// streams and buffers drop first.
@@ -34,8 +31,8 @@ pub trait Gpu: Debug + Send + Sync + 'static {
     type Module: Debug + Send + Sync;
     /// A kernel entry point of a module.
     type Function: Debug + Send + Sync;
-    /// A non-blocking stream; the collective library takes it too.
-    type Stream: Debug + Send + Sync + CclStream;
+    /// A non-blocking stream.
+    type Stream: Debug + Send + Sync;
     /// A zeroed device allocation peers may read, write and poll while kernels run.
     type Buffer: Debug + Send + Sync;
 
@@ -151,10 +148,9 @@ pub trait Interop: Gpu {
 /// define with the same shapes). Only the names that differ are arguments:
 /// the compute-unit query and the allocation that peers may access while kernels run.
 macro_rules! forward_gpu {
-    ($marker:ty, name: $name:literal, ccl: $ccl:literal, units: $units:ident, alloc: $alloc:ident) => {
+    ($marker:ty, name: $name:literal, units: $units:ident, alloc: $alloc:ident) => {
         impl $crate::gpu::Gpu for $marker {
             const NAME: &'static str = $name;
-            const CCL: &'static str = $ccl;
             type Context = Context;
             type Module = Module;
             type Function = Function;

@@ -921,7 +921,7 @@ mod tests {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Hip;
 
-crate::gpu::forward_gpu!(Hip, name: "rocm", ccl: "RCCL", units: cu_count, alloc: fine_grained);
+crate::gpu::forward_gpu!(Hip, name: "rocm", units: cu_count, alloc: fine_grained);
 
 impl crate::gpu::Interop for Hip {
     type HostMapped = HostMapped;

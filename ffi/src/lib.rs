@@ -1,17 +1,16 @@
 //! The only home of `unsafe` foreign calls besides the device layers: dynamic loading of the
-//! CUDA driver, NVRTC and NCCL, and (feature `rocm`) the HIP runtime, hipRTC and RCCL
-//! ([`hip`], [`hiprtc`], [`rccl`], bound directly through `libloading`).
+//! CUDA driver and NVRTC, and (feature `rocm`) the HIP runtime and hipRTC ([`hip`],
+//! [`hiprtc`], bound directly through `libloading`); XLA's FFI and PJRT C APIs.
 //!
-//! Layers, as in cudarc: `sys` (raw entry points: cudarc's `driver::sys` / `nvrtc::sys`, and
-//! [`ccl`]'s own table, shared by NCCL and RCCL) → a result layer that turns every status into an [`Error`] naming the
-//! call and the device → small safe owners ([`cuda::Context`], [`cuda::Stream`],
-//! [`cuda::Event`], [`cuda::DeviceBuffer`], [`nccl::Comms`]).
+//! Layers, as in cudarc: `sys` (raw entry points: cudarc's `driver::sys` / `nvrtc::sys`) → a
+//! result layer that turns every status into an [`Error`] naming the call and the device →
+//! small safe owners ([`cuda::Context`], [`cuda::Stream`], [`cuda::Event`],
+//! [`cuda::DeviceBuffer`]).
 //!
 //! No panic reaches a caller: cudarc panics when a library or a symbol is missing, so every
 //! library is probed first ([`libs`]) and every cudarc call runs under `catch_unwind`, which
 //! turns a missing symbol into an error.
 
-pub mod ccl;
 pub mod cuda;
 pub mod gpu;
 #[cfg(feature = "rocm")]
@@ -19,11 +18,8 @@ pub mod hip;
 #[cfg(feature = "rocm")]
 pub mod hiprtc;
 pub mod libs;
-pub mod nccl;
 pub mod nvrtc;
 pub mod pjrt;
-#[cfg(feature = "rocm")]
-pub mod rccl;
 pub mod xla_ffi;
 
 pub use cudarc::driver::sys as cu_sys;

@@ -5,8 +5,6 @@
 //!   site-packages (`nvidia/cuda_nvrtc/lib/libnvrtc.so.12`, `nvidia/cu13/lib/libnvrtc.so.13`, ...),
 //!   `LD_LIBRARY_PATH`, `CUDA_HOME`/`/usr/local/cuda`. The file is loaded by absolute path and kept
 //!   loaded; cudarc's later load by name then resolves to it through its SONAME.
-//! - libnccl: `PEERLESS_NCCL_LIB`, else `nvidia/nccl/lib/libnccl.so.2` (the `nvidia-nccl-cu12` /
-//!   `-cu13` wheels) under every site-packages, `LD_LIBRARY_PATH`, then the loader's search path.
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -112,7 +110,7 @@ fn load_first(lib: &'static str, env: &str, paths: Vec<PathBuf>) -> Result<Loade
     let mut tried = Vec::new();
     for p in paths {
         // SAFETY: loading a vendor library runs its initialisers; NVIDIA's and AMD's (HIP,
-        // hipRTC, RCCL) libraries have no initialisers with preconditions on the caller.
+        // hipRTC) libraries have no initialisers with preconditions on the caller.
         match unsafe { libloading::Library::new(&p) } {
             Ok(l) => return Ok(Loaded { path: p, lib: l }),
             Err(e) => tried.push(format!("{}: {e}", p.display())),
@@ -123,7 +121,6 @@ fn load_first(lib: &'static str, env: &str, paths: Vec<PathBuf>) -> Result<Loade
 }
 
 static NVRTC: OnceLock<Result<Loaded>> = OnceLock::new();
-static NCCL: OnceLock<Result<Loaded>> = OnceLock::new();
 
 /// Loads libnvrtc (see the module docs) once and makes sure cudarc resolves to it.
 pub fn nvrtc() -> Result<&'static Loaded> {
@@ -146,17 +143,6 @@ pub fn nvrtc() -> Result<&'static Loaded> {
         })
         .as_ref()
         .map_err(Clone::clone)
-}
-
-/// Loads libnccl once (see the module docs).
-pub fn nccl() -> Result<&'static Loaded> {
-    NCCL.get_or_init(|| {
-        let mut paths = candidates("PEERLESS_NCCL_LIB", &["nvidia/nccl/lib", "nvidia/cu13/lib"], "libnccl.so");
-        paths.push("libnccl.so.2".into());
-        load_first("libnccl", "PEERLESS_NCCL_LIB", paths)
-    })
-    .as_ref()
-    .map_err(Clone::clone)
 }
 
 /// Whether the CUDA driver library can be loaded.
@@ -201,8 +187,6 @@ fn rocm_candidates(env: &str, prefix: &str, sonames: &[&str]) -> Vec<PathBuf> {
 static HIP: OnceLock<Result<Loaded>> = OnceLock::new();
 #[cfg(feature = "rocm")]
 static HIPRTC: OnceLock<Result<Loaded>> = OnceLock::new();
-#[cfg(feature = "rocm")]
-static RCCL: OnceLock<Result<Loaded>> = OnceLock::new();
 
 /// Loads the HIP runtime (`libamdhip64`) once: `PEERLESS_HIP_LIB`, then the ROCm directories
 /// (see [`rocm_lib_dirs`]), then `libamdhip64.so.6` / `.so.5` / `.so` by name.
@@ -246,16 +230,4 @@ pub fn hiprtc() -> Result<&'static Loaded> {
         })
         .as_ref()
         .map_err(Clone::clone)
-}
-
-/// Loads RCCL once: `PEERLESS_RCCL_LIB`, then `librccl.so*` in the ROCm directories, then
-/// `librccl.so.1` by name.
-#[cfg(feature = "rocm")]
-pub fn rccl() -> Result<&'static Loaded> {
-    RCCL.get_or_init(|| {
-        let paths = rocm_candidates("PEERLESS_RCCL_LIB", "librccl.so", &["librccl.so.1", "librccl.so"]);
-        load_first("librccl", "PEERLESS_RCCL_LIB", paths)
-    })
-    .as_ref()
-    .map_err(Clone::clone)
 }

@@ -180,7 +180,7 @@ pub fn golden_inventory() -> std::io::Result<Vec<(String, usize)>> {
 
 // ------------------------------------------------------------------------------- npz
 
-/// Reinterprets a stored golden array as element type `ty` (`interp::io`'s npz
+/// Reinterprets a stored golden array as element type `ty` (`runs::io`'s npz
 /// convention: bf16 as uint16 bits, f8 and s4/u4 as uint8, everything else native). Its
 /// dims come from the npz: for `jax_*` cases they are per-device shard dims.
 pub fn to_array(stored: &Array, ty: PrimitiveType) -> Result<Array, String> {
@@ -229,7 +229,7 @@ pub fn read_golden(path: &Path, n: usize) -> Result<Golden, String> {
     Ok(Golden { inputs, outputs })
 }
 
-/// Entry arguments for the interpreter: element types from the module's entry
+/// Entry arguments for a run (XLA through `peerless run`, the tests): element types from the module's entry
 /// parameters, dims from the golden (shards for `jax_*` cases).
 pub fn make_args(param_shapes: &[&Shape], golden: &Golden) -> Result<Vec<Vec<Literal>>, String> {
     let mut args = Vec::new();
@@ -372,7 +372,7 @@ pub fn compare_leaf(name: &str, got: &Array, want: &Array, class: Tolerance) -> 
 /// Compares every device's result with the golden outputs; collects all diffs.
 pub fn compare_results(got: &[Literal], golden: &Golden, class: Tolerance) -> Result<(), String> {
     if got.len() != golden.outputs.len() {
-        return Err(format!("interpreter returned {} device results, expected {}", got.len(), golden.outputs.len()));
+        return Err(format!("the run returned {} device results, expected {}", got.len(), golden.outputs.len()));
     }
     let mut errors = Vec::new();
     for (d, (lit, want)) in got.iter().zip(&golden.outputs).enumerate() {

@@ -14,4 +14,3 @@ pub mod rocm;
 pub mod xla_host;
 
 pub use error::{Error, Result};
-pub use thunks::Phase;

@@ -27,17 +27,6 @@ pub const DEFAULT_COLLECTIVE_BLOCKS: u32 = 64;
 use hlo::analysis::ReductionKind;
 use hlo::{Opcode, PrimitiveType};
 
-/// XLA's three thunk phases, in the order a runtime drives them.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Phase {
-    /// Declare resources (scratch, signal flags, communicators).
-    Prepare,
-    /// Allocate and load, once per executable and device.
-    Initialize,
-    /// Launch only.
-    Execute,
-}
-
 /// The kind of a collective, independent of whether it is issued asynchronously.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum CollectiveKind {

@@ -1,8 +1,8 @@
 //! The CUDA backend: the vendor part of [`crate::gpu`] (kernels prebuilt into the library
 //! ([`prebuilt`]) or compiled by NVRTC for the device's compute capability one unit at a time,
 //! cached on disk) and its names for the runtime behind XLA's FFI handlers ([`xla`]:
-//! [`crate::gpu::xla`]'s, for [`Cuda`]). The clique, the peer probe, the launchers and the
-//! NCCL fallback are [`crate::gpu`]'s, instantiated for [`Cuda`] (the aliases below).
+//! [`crate::gpu::xla`]'s, for [`Cuda`]). The clique, the peer probe and the launchers are
+//! [`crate::gpu`]'s, instantiated for [`Cuda`] (the aliases below).
 
 pub mod prebuilt;
 pub mod xla;
@@ -26,8 +26,6 @@ pub type Device = gpu::Device<Cuda>;
 pub type AllReduce = gpu::AllReduce<Cuda>;
 /// The all-gather launcher on CUDA.
 pub type AllGather = gpu::AllGather<Cuda>;
-/// NCCL's communicators for a clique.
-pub type NcclClique = gpu::CclClique<Cuda>;
 
 /// Where compiled kernels are kept between processes: `PEERLESS_CACHE_DIR`, else
 /// `$XDG_CACHE_HOME/peerless`, else `~/.cache/peerless`.

@@ -3,8 +3,6 @@
 
 use std::ffi::c_void;
 
-use ffi::ccl;
-
 use super::MAX_RANKS;
 
 /// Element types the kernels take (every computable type: `emitter::kernel_accepts_dtype`).
@@ -72,40 +70,6 @@ impl Dtype {
             Dtype::F32 | Dtype::S32 | Dtype::U32 => 4,
             Dtype::F64 | Dtype::S64 | Dtype::U64 => 8,
         }
-    }
-
-    /// NCCL's type, where NCCL has one (it has no 16-bit integers).
-    pub fn nccl(self) -> Option<ccl::DataType> {
-        Some(match self {
-            Dtype::F32 => ccl::DataType::Float32,
-            Dtype::F64 => ccl::DataType::Float64,
-            Dtype::Bf16 => ccl::DataType::Bfloat16,
-            Dtype::F16 => ccl::DataType::Float16,
-            Dtype::S8 => ccl::DataType::Int8,
-            Dtype::S32 => ccl::DataType::Int32,
-            Dtype::U32 => ccl::DataType::Uint32,
-            Dtype::S64 => ccl::DataType::Int64,
-            Dtype::U64 => ccl::DataType::Uint64,
-            Dtype::U8 | Dtype::Pred => ccl::DataType::Uint8,
-            Dtype::S16 | Dtype::U16 => return None,
-        })
-    }
-
-    /// NCCL's reduction for `red` on this type, where NCCL computes XLA's semantics
-    /// (pred: and = min, or = max; pred add is xor, which NCCL lacks; no bitwise and/or on
-    /// integers).
-    pub fn nccl_reduction(self, red: Red) -> Option<(ccl::DataType, ccl::RedOp)> {
-        let ty = self.nccl()?;
-        let op = match (self, red) {
-            (Dtype::Pred, Red::Prod | Red::Min | Red::And) => ccl::RedOp::Min,
-            (Dtype::Pred, Red::Max | Red::Or) => ccl::RedOp::Max,
-            (Dtype::Pred, Red::Sum) | (_, Red::And | Red::Or) => return None,
-            (_, Red::Sum) => ccl::RedOp::Sum,
-            (_, Red::Prod) => ccl::RedOp::Prod,
-            (_, Red::Min) => ccl::RedOp::Min,
-            (_, Red::Max) => ccl::RedOp::Max,
-        };
-        Some((ty, op))
     }
 }
 

@@ -1,8 +1,6 @@
-//! Typed launchers for the collective kernels on a [`Clique`], and the vendor collective
-//! library's clique (NCCL / RCCL) as the fallback. Generic over the backend: the same
-//! argument structs ([`super::args`]) and the same launch geometry on CUDA and HIP.
-
-use ffi::ccl;
+//! Typed launchers for the collective kernels on a [`Clique`] (the kernels' own tests and
+//! benchmarks on raw buffers). Generic over the backend: the same argument structs
+//! ([`super::args`]) and the same launch geometry on CUDA and HIP.
 
 use super::args::{GatherArgs, Ptrs, ReduceArgs, Status};
 use super::{Algo, BLOCKS, Backend, Clique, Dtype, Red, SIGNAL_BYTES, THREADS};
@@ -168,43 +166,5 @@ impl<B: Backend> AllGather<B> {
     /// As [`AllReduce::check`].
     pub fn check(&self) -> Result<()> {
         take_status::<B>(&self.status, "all-gather")
-    }
-}
-
-/// The vendor collective library's communicators for a clique (NCCL on CUDA, RCCL on HIP:
-/// the fallback and the benchmark's reference), created once. A missing library is an error
-/// naming it and where it was looked for.
-#[derive(Debug)]
-pub struct CclClique<B: Backend> {
-    pub comms: ccl::Comms<B::Stream>,
-}
-
-impl<B: Backend> CclClique<B> {
-    pub fn new(clique: &Clique<B>) -> Result<Self> {
-        let ords: Vec<usize> = clique.devices.iter().map(|d| d.ordinal).collect();
-        Ok(CclClique { comms: ccl::Comms::new(&ords)? })
-    }
-
-    pub fn all_reduce(
-        &self,
-        clique: &Clique<B>,
-        ins: &[u64],
-        outs: &[u64],
-        n: usize,
-        dtype: Dtype,
-        red: Red,
-    ) -> Result<()> {
-        let (ty, op) = dtype
-            .nccl_reduction(red)
-            .ok_or_else(|| Error::Gpu(format!("{} has no {} reduction of {}", B::CCL, red.name(), dtype.name())))?;
-        let bufs: Vec<(u64, u64)> = ins.iter().copied().zip(outs.iter().copied()).collect();
-        let streams: Vec<_> = clique.devices.iter().map(|d| &d.stream).collect();
-        Ok(self.comms.all_reduce(&bufs, n, ty, op, &streams)?)
-    }
-
-    pub fn all_gather(&self, clique: &Clique<B>, ins: &[u64], outs: &[u64], bytes: usize) -> Result<()> {
-        let bufs: Vec<(u64, u64)> = ins.iter().copied().zip(outs.iter().copied()).collect();
-        let streams: Vec<_> = clique.devices.iter().map(|d| &d.stream).collect();
-        Ok(self.comms.all_gather(&bufs, bytes, ccl::DataType::Uint8, &streams)?)
     }
 }

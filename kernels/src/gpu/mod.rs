@@ -6,7 +6,7 @@
 //! peer access enabled once per pair and checked by a real cross-device write/read probe
 //! (`pl_probe`), the launch geometry and signal sizing, the kernel sources (one tree, compiled by NVRTC or hipRTC through
 //! `peerless_device.h`), the kernels' argument structs (`args`) and the collective
-//! launchers and vendor-library fallback ([`AllReduce`], [`AllGather`], [`CclClique`]).
+//! launchers ([`AllReduce`], [`AllGather`]).
 //! The runtime behind XLA's FFI handlers ([`xla`]: `GpuRuntime<B>`) is written once here too.
 //! `crate::cuda` and `crate::rocm` hold only their compilers, their [`Backend`] impls, the
 //! per-vendor state of that runtime and their names for it (`CudaRuntime`, `RocmRuntime`).
@@ -23,7 +23,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
 pub use args::{Algo, Dtype, Red};
-pub use collectives::{AllGather, AllReduce, CclClique};
+pub use collectives::{AllGather, AllReduce};
 pub use ffi::gpu::Gpu;
 use thunks::{PeerAccessTable, PeerTableKey};
 pub use units::{Kernel, Unit};
@@ -34,7 +34,7 @@ use crate::{Error, Result};
 /// and flag arrays (the kernels get it as `PL_BLOCKS`). One constant bounds launch geometry
 /// and sizes the signals; [`grid`] picks each launch's block count at or below it.
 pub const BLOCKS: u32 = thunks::MAX_COLLECTIVE_BLOCKS;
-/// The largest grid [`grid`] picks by default (`--collective_blocks`).
+/// The largest grid [`grid`] picks: one thread per 16-byte unit up to this many blocks.
 pub const DEFAULT_GRID: u32 = thunks::DEFAULT_COLLECTIVE_BLOCKS;
 /// Threads per block (the kernels' `__launch_bounds__`).
 pub const THREADS: u32 = 512;

@@ -1,5 +1,5 @@
 //! The ROCm backend (feature `rocm`): the vendor part of [`crate::gpu`] on AMD GPUs through
-//! HIP. The clique, the peer probe, the launchers and the RCCL fallback are [`crate::gpu`]'s,
+//! HIP. The clique, the peer probe and the launchers are [`crate::gpu`]'s,
 //! instantiated for [`Hip`]; the kernel sources are the same tree CUDA compiles (through
 //! `peerless_device.h`). Two AMD-specific choices live in the device layer and here:
 //! - kernels are compiled by hipRTC for the device's full `gcnArchName` (e.g.
@@ -39,9 +39,6 @@ pub type Device = gpu::Device<Hip>;
 pub type AllReduce = gpu::AllReduce<Hip>;
 /// The all-gather launcher on HIP.
 pub type AllGather = gpu::AllGather<Hip>;
-/// RCCL's communicators for a clique (a missing librccl is an error naming the library,
-/// where it was looked for and `PEERLESS_RCCL_LIB`).
-pub type RcclClique = gpu::CclClique<Hip>;
 
 /// Compiles every kernel source that is a translation unit (not headers) with hipRTC for
 /// `arch` (`gfx90a`, or a device's full `gcnArchName`) with warnings as errors: CI's compile

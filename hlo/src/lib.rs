@@ -26,6 +26,8 @@ pub mod sharding;
 pub mod text;
 pub mod types;
 pub mod verify;
+#[cfg(feature = "proto")]
+pub mod wire;
 
 pub use diag::{Error, ErrorKind};
 pub use ir::*;

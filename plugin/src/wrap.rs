@@ -41,6 +41,7 @@ use ffi::pjrt::{
     InnerPlugin, KNOWN_MINOR, SLOT_CLIENT_COMPILE, SLOT_CLIENT_CREATE, SLOT_ERROR_DESTROY, SLOT_ERROR_FOR_EACH_PAYLOAD,
     SLOT_ERROR_GET_CODE, SLOT_ERROR_MESSAGE,
 };
+use hlo::wire::compile_options::ENV_OPTION_OVERRIDES;
 use pjrt_sys::protos::xla;
 
 /// The environment variable naming the inner plugin.
@@ -543,7 +544,7 @@ unsafe extern "C" fn client_compile(args: *mut ClientCompileArgs) -> *mut c_void
     .unwrap_or_else(|_| new_error(INTERNAL, "peerless: PJRT_Client_Compile panicked".into()))
 }
 
-/// `CompileOptionsProto.env_option_overrides` (field 7): one map entry.
+/// `CompileOptionsProto.env_option_overrides`: one map entry.
 #[derive(Clone, PartialEq, prost::Message)]
 struct OverrideEntry {
     #[prost(string, tag = "1")]
@@ -552,8 +553,6 @@ struct OverrideEntry {
     value: Option<xla::OptionOverrideProto>,
 }
 
-const ENV_OPTION_OVERRIDES: u32 = 7;
-
 /// Takes Peerless's options out of a serialized `CompileOptionsProto`: entries of
 /// `env_option_overrides` named like a Peerless flag (`all_reduce_backend`, ...) or
 /// `peerless_flags` (a flag string). Returns None when there are none (the bytes go to XLA
@@ -561,38 +560,17 @@ const ENV_OPTION_OVERRIDES: u32 = 7;
 /// other byte is kept as it is, fields this build does not know included (the message is
 /// edited on the wire, not decoded and re-encoded). Other names stay for XLA to judge.
 pub fn split_compile_options(bytes: &[u8]) -> Result<Option<(Vec<String>, Vec<u8>)>, String> {
+    use hlo::wire::{WireType, fields};
     use prost::Message;
-    use prost::encoding::{WireType, decode_key, decode_varint};
     use xla::option_override_proto::Value;
 
+    // Anything odd is left to XLA.
+    let Ok(fs) = fields(bytes) else { return Ok(None) };
     let mut flags = Vec::new();
     let mut rest = Vec::with_capacity(bytes.len());
-    let mut buf = bytes;
-    while !buf.is_empty() {
-        let start = bytes.len() - buf.len();
-        let Ok((tag, wire)) = decode_key(&mut buf) else { return Ok(None) };
-        let len = match wire {
-            WireType::Varint => match decode_varint(&mut buf) {
-                Ok(_) => 0,
-                Err(_) => return Ok(None),
-            },
-            WireType::SixtyFourBit => 8,
-            WireType::ThirtyTwoBit => 4,
-            WireType::LengthDelimited => match decode_varint(&mut buf) {
-                Ok(n) => n as usize,
-                Err(_) => return Ok(None),
-            },
-            // Groups are not used by this message; leave anything odd to XLA.
-            WireType::StartGroup | WireType::EndGroup => return Ok(None),
-        };
-        if len > buf.len() {
-            return Ok(None);
-        }
-        let payload = &buf[..len];
-        buf = &buf[len..];
-        let end = bytes.len() - buf.len();
-        if tag == ENV_OPTION_OVERRIDES && wire == WireType::LengthDelimited {
-            let entry = OverrideEntry::decode(payload).map_err(|e| format!("peerless: compile options: {e}"))?;
+    for f in fs {
+        if f.number == ENV_OPTION_OVERRIDES && f.wire == WireType::LengthDelimited {
+            let entry = OverrideEntry::decode(f.payload).map_err(|e| format!("peerless: compile options: {e}"))?;
             let value = match entry.value.and_then(|v| v.value) {
                 Some(Value::StringField(s)) => s,
                 Some(Value::BoolField(b)) => b.to_string(),
@@ -617,7 +595,7 @@ pub fn split_compile_options(bytes: &[u8]) -> Result<Option<(Vec<String>, Vec<u8
                 continue;
             }
         }
-        rest.extend_from_slice(&bytes[start..end]);
+        rest.extend_from_slice(f.raw);
     }
     Ok(if flags.is_empty() && rest.len() == bytes.len() { None } else { Some((flags, rest)) })
 }

@@ -23,6 +23,7 @@ use std::sync::Mutex;
 use emitter::xla_pass::{PassDecision, PassOutcome};
 use ffi::pjrt::InnerPlugin;
 use ffi::pjrt::client::{Client, buffer_type as bt};
+use hlo::wire::{fields, hlo_computation, hlo_instruction, hlo_module, map_field, put_bytes};
 use hlo::{Array, ArrayShape, Literal, PrimitiveType, Shape};
 use pjrt_sys::protos::xla;
 use prost::Message;
@@ -184,102 +185,15 @@ pub fn module_compile_options(
     Ok(options)
 }
 
-// Field numbers of XLA's protos (hlo.proto): the module's computations and device
-// assignment, a computation's instructions, an instruction's shape and sharding.
-const MODULE_COMPUTATIONS: u64 = 3;
-const MODULE_DEVICE_ASSIGNMENT: u64 = 15;
-const COMPUTATION_INSTRUCTIONS: u64 = 2;
-const INSTRUCTION_SHAPE: u64 = 3;
-const INSTRUCTION_SHARDING: u64 = 40;
-
-/// One field of a message on the wire: number, and its bytes (`raw`: the whole field;
-/// `payload`: a length-delimited field's contents).
-struct Field<'a> {
-    number: u64,
-    raw: &'a [u8],
-    payload: Option<&'a [u8]>,
-}
-
-fn varint(b: &[u8], at: &mut usize) -> Result<u64, String> {
-    let mut v = 0u64;
-    for shift in (0..64).step_by(7) {
-        let byte = *b.get(*at).ok_or("not a binary HloModuleProto: truncated varint")?;
-        *at += 1;
-        v |= u64::from(byte & 0x7f) << shift;
-        if byte & 0x80 == 0 {
-            return Ok(v);
-        }
-    }
-    Err("not a binary HloModuleProto: varint too long".into())
-}
-
-fn fields(b: &[u8]) -> Result<Vec<Field<'_>>, String> {
-    let mut out = Vec::new();
-    let mut at = 0;
-    while at < b.len() {
-        let start = at;
-        let key = varint(b, &mut at)?;
-        let mut payload = None;
-        match key & 7 {
-            0 => {
-                varint(b, &mut at)?;
-            }
-            1 => at += 8,
-            5 => at += 4,
-            2 => {
-                let len = usize::try_from(varint(b, &mut at)?).map_err(|_| "length overflows")?;
-                let end = at
-                    .checked_add(len)
-                    .filter(|&e| e <= b.len())
-                    .ok_or("not a binary HloModuleProto: field past the end")?;
-                payload = Some(&b[at..end]);
-                at = end;
-            }
-            w => return Err(format!("not a binary HloModuleProto: wire type {w}")),
-        }
-        if at > b.len() || key >> 3 == 0 {
-            return Err("not a binary HloModuleProto: bad field".into());
-        }
-        out.push(Field { number: key >> 3, raw: &b[start..at], payload });
-    }
-    Ok(out)
-}
-
-fn put_message(out: &mut Vec<u8>, number: u64, payload: &[u8]) {
-    let mut put = |mut v: u64| {
-        while v >= 0x80 {
-            out.push((v as u8) | 0x80);
-            v >>= 7;
-        }
-        out.push(v as u8);
-    };
-    put(number << 3 | 2);
-    put(payload.len() as u64);
-    out.extend_from_slice(payload);
-}
-
-/// Rewrites each length-delimited field `number` of `msg` with `f`, every other field
-/// verbatim (fields this build's protos do not know survive).
-fn map_field(msg: &[u8], number: u64, f: &mut dyn FnMut(&[u8]) -> Result<Vec<u8>, String>) -> Result<Vec<u8>, String> {
-    let mut out = Vec::with_capacity(msg.len() + msg.len() / 8);
-    for x in fields(msg)? {
-        match x.payload {
-            Some(p) if x.number == number => put_message(&mut out, number, &f(p)?),
-            _ => out.extend_from_slice(x.raw),
-        }
-    }
-    Ok(out)
-}
-
 /// The module with its device assignment replaced by `da`.
 fn with_assignment(module: &[u8], da: &xla::DeviceAssignmentProto) -> Result<Vec<u8>, String> {
     let mut out = Vec::with_capacity(module.len() + 64);
     for x in fields(module)? {
-        if x.number != MODULE_DEVICE_ASSIGNMENT {
+        if x.number != hlo_module::DEVICE_ASSIGNMENT {
             out.extend_from_slice(x.raw);
         }
     }
-    put_message(&mut out, MODULE_DEVICE_ASSIGNMENT, &da.encode_to_vec());
+    put_bytes(&mut out, hlo_module::DEVICE_ASSIGNMENT, &da.encode_to_vec());
     Ok(out)
 }
 
@@ -287,13 +201,13 @@ fn with_assignment(module: &[u8], da: &xla::DeviceAssignmentProto) -> Result<Vec
 /// what `sharding={manual}` on a tuple-shaped instruction parses to; XLA checks the form).
 fn manualize(module: &[u8]) -> Result<Vec<u8>, String> {
     let manual = xla::OpSharding { r#type: xla::op_sharding::Type::Manual as i32, ..Default::default() };
-    map_field(module, MODULE_COMPUTATIONS, &mut |comp| {
-        map_field(comp, COMPUTATION_INSTRUCTIONS, &mut |instr| {
+    map_field(module, hlo_module::COMPUTATIONS, &mut |comp| {
+        map_field(comp, hlo_computation::INSTRUCTIONS, &mut |instr| {
             let fs = fields(instr)?;
-            if fs.iter().any(|x| x.number == INSTRUCTION_SHARDING) {
+            if fs.iter().any(|x| x.number == hlo_instruction::SHARDING) {
                 return Ok(instr.to_vec());
             }
-            let shape = match fs.iter().find(|x| x.number == INSTRUCTION_SHAPE).and_then(|x| x.payload) {
+            let shape = match fs.iter().find(|x| x.number == hlo_instruction::SHAPE).and_then(|x| x.message()) {
                 Some(p) => Some(xla::ShapeProto::decode(p).map_err(|e| format!("instruction shape: {e}"))?),
                 None => None,
             };
@@ -306,7 +220,7 @@ fn manualize(module: &[u8]) -> Result<Vec<u8>, String> {
                 None => manual.clone(),
             };
             let mut out = instr.to_vec();
-            put_message(&mut out, INSTRUCTION_SHARDING, &sharding.encode_to_vec());
+            put_bytes(&mut out, hlo_instruction::SHARDING, &sharding.encode_to_vec());
             Ok(out)
         })
     })
@@ -348,9 +262,11 @@ pub fn prepare_tuned(
 
 /// Whether any instruction of the module has a sharding.
 fn has_sharding(module: &[u8]) -> Result<bool, String> {
-    for comp in fields(module)?.iter().filter(|x| x.number == MODULE_COMPUTATIONS) {
-        for instr in fields(comp.payload.unwrap_or_default())?.iter().filter(|x| x.number == COMPUTATION_INSTRUCTIONS) {
-            if fields(instr.payload.unwrap_or_default())?.iter().any(|x| x.number == INSTRUCTION_SHARDING) {
+    for comp in fields(module)?.iter().filter(|x| x.number == hlo_module::COMPUTATIONS) {
+        for instr in
+            fields(comp.message().unwrap_or_default())?.iter().filter(|x| x.number == hlo_computation::INSTRUCTIONS)
+        {
+            if fields(instr.message().unwrap_or_default())?.iter().any(|x| x.number == hlo_instruction::SHARDING) {
                 return Ok(true);
             }
         }

@@ -22,66 +22,22 @@ use std::collections::HashSet;
 
 use hlo::{Array, Literal, Shape};
 
-use super::{Field, fields, put_message, varint};
-
-const MODULE_ENTRY_NAME: u64 = 2;
-const MODULE_COMPUTATIONS: u64 = 3;
-const MODULE_HOST_PROGRAM_SHAPE: u64 = 4;
-const MODULE_ENTRY_ID: u64 = 6;
-const MODULE_SCHEDULE: u64 = 7;
-const MODULE_INPUT_OUTPUT_ALIAS: u64 = 8;
-const MODULE_BUFFER_DONOR: u64 = 18;
-const COMP_NAME: u64 = 1;
-const COMP_INSTRUCTIONS: u64 = 2;
-const COMP_PROGRAM_SHAPE: u64 = 4;
-const COMP_ID: u64 = 5;
-const COMP_ROOT_ID: u64 = 6;
-const INSTR_NAME: u64 = 1;
-const INSTR_OPCODE: u64 = 2;
-const INSTR_SHAPE: u64 = 3;
-const INSTR_PARAMETER_NUMBER: u64 = 9;
-const INSTR_TUPLE_INDEX: u64 = 13;
-const INSTR_ID: u64 = 35;
-const INSTR_OPERAND_IDS: u64 = 36;
-const INSTR_SHARDING: u64 = 40;
-const INSTR_PARAMETER_REPLICATION: u64 = 61;
-const SHAPE_ELEMENT_TYPE: u64 = 2;
-const SHAPE_TUPLE_SHAPES: u64 = 4;
-const PROGRAM_PARAMETERS: u64 = 1;
-const PROGRAM_RESULT: u64 = 2;
-const PROGRAM_PARAMETER_NAMES: u64 = 3;
-const SHARDING_TYPE: u64 = 1;
-const SHARDING_TUPLE_SHARDINGS: u64 = 5;
-/// `PrimitiveType::TUPLE`, `OpSharding::TUPLE`.
-const TUPLE_TYPE: u64 = 13;
-const SHARDING_TUPLE: u64 = 2;
+use hlo::wire::{
+    self, Field, enums, fields, hlo_computation, hlo_instruction, hlo_module, ints, op_sharding, put_bytes, put_ints,
+    put_varint,
+};
 
 /// The value of a varint field.
 fn value(f: &Field<'_>) -> Result<u64, String> {
-    let mut at = 0;
-    varint(f.raw, &mut at)?;
-    varint(f.raw, &mut at)
+    Ok(ints(f)?.first().map_or(0, |&v| v as u64))
 }
 
-fn find<'a, 'b>(fs: &'b [Field<'a>], number: u64) -> Option<&'b Field<'a>> {
+fn find<'a, 'b>(fs: &'b [Field<'a>], number: u32) -> Option<&'b Field<'a>> {
     fs.iter().find(|f| f.number == number)
 }
 
 fn string(f: Option<&Field<'_>>) -> String {
-    f.and_then(|f| f.payload).map(|p| String::from_utf8_lossy(p).into_owned()).unwrap_or_default()
-}
-
-fn put_varint(out: &mut Vec<u8>, mut v: u64) {
-    while v >= 0x80 {
-        out.push((v as u8) | 0x80);
-        v >>= 7;
-    }
-    out.push(v as u8);
-}
-
-fn put_varint_field(out: &mut Vec<u8>, number: u64, v: u64) {
-    put_varint(out, number << 3);
-    put_varint(out, v);
+    f.and_then(|f| f.message()).map(|p| String::from_utf8_lossy(p).into_owned()).unwrap_or_default()
 }
 
 /// A ShapeProto on the wire: its bytes and, for a tuple, its elements.
@@ -93,12 +49,12 @@ struct WireShape<'a> {
 impl<'a> WireShape<'a> {
     fn parse(bytes: &'a [u8]) -> Result<Self, String> {
         let fs = fields(bytes)?;
-        let ty = find(&fs, SHAPE_ELEMENT_TYPE).map(value).transpose()?.unwrap_or(0);
-        let elems = if ty == TUPLE_TYPE {
+        let ty = find(&fs, wire::shape::ELEMENT_TYPE).map(value).transpose()?.unwrap_or(0);
+        let elems = if ty == enums::TUPLE_TYPE as u64 {
             let e = fs
                 .iter()
-                .filter(|f| f.number == SHAPE_TUPLE_SHAPES)
-                .map(|f| Self::parse(f.payload.unwrap_or_default()));
+                .filter(|f| f.number == wire::shape::TUPLE_SHAPES)
+                .map(|f| Self::parse(f.message().unwrap_or_default()));
             Some(e.collect::<Result<Vec<_>, _>>()?)
         } else {
             None
@@ -136,9 +92,9 @@ impl<'a> WireShape<'a> {
 
 fn tuple_shape(elems: &[&[u8]]) -> Vec<u8> {
     let mut out = Vec::new();
-    put_varint_field(&mut out, SHAPE_ELEMENT_TYPE, TUPLE_TYPE);
+    put_varint(&mut out, wire::shape::ELEMENT_TYPE, enums::TUPLE_TYPE);
     for e in elems {
-        put_message(&mut out, SHAPE_TUPLE_SHAPES, e);
+        put_bytes(&mut out, wire::shape::TUPLE_SHAPES, e);
     }
     out
 }
@@ -149,11 +105,11 @@ fn leaf_shardings(sharding: Option<&[u8]>, shape: &WireShape<'_>) -> Result<Opti
     let Some(s) = sharding else { return Ok(None) };
     let n = shape.leaf_count();
     let fs = fields(s)?;
-    if find(&fs, SHARDING_TYPE).map(value).transpose()? == Some(SHARDING_TUPLE) {
+    if find(&fs, op_sharding::TYPE).map(value).transpose()? == Some(enums::SHARDING_TUPLE as u64) {
         let leaves: Vec<Vec<u8>> = fs
             .iter()
-            .filter(|f| f.number == SHARDING_TUPLE_SHARDINGS)
-            .map(|f| f.payload.unwrap_or_default().to_vec())
+            .filter(|f| f.number == op_sharding::TUPLE_SHARDINGS)
+            .map(|f| f.message().unwrap_or_default().to_vec())
             .collect();
         if leaves.len() != n {
             return Err(format!("a tuple sharding of {} leaves on a shape of {n}", leaves.len()));
@@ -171,9 +127,9 @@ fn sharding_of(leaves: &Option<Vec<Vec<u8>>>, range: std::ops::Range<usize>, tup
         return leaves.get(range.start).cloned();
     }
     let mut out = Vec::new();
-    put_varint_field(&mut out, SHARDING_TYPE, SHARDING_TUPLE);
+    put_varint(&mut out, op_sharding::TYPE, enums::SHARDING_TUPLE);
     for l in &leaves[range] {
-        put_message(&mut out, SHARDING_TUPLE_SHARDINGS, l);
+        put_bytes(&mut out, op_sharding::TUPLE_SHARDINGS, l);
     }
     Some(out)
 }
@@ -181,23 +137,21 @@ fn sharding_of(leaves: &Option<Vec<Vec<u8>>>, range: std::ops::Range<usize>, tup
 /// A new instruction: name, opcode, shape, id, operands, then `extra` fields.
 fn instruction(id: u64, name: &str, opcode: &str, shape: &[u8], operands: &[u64], sharding: Option<&[u8]>) -> Vec<u8> {
     let mut out = Vec::new();
-    put_message(&mut out, INSTR_NAME, name.as_bytes());
-    put_message(&mut out, INSTR_OPCODE, opcode.as_bytes());
-    put_message(&mut out, INSTR_SHAPE, shape);
-    put_varint_field(&mut out, INSTR_ID, id);
+    put_bytes(&mut out, hlo_instruction::NAME, name.as_bytes());
+    put_bytes(&mut out, hlo_instruction::OPCODE, opcode.as_bytes());
+    put_bytes(&mut out, hlo_instruction::SHAPE, shape);
+    put_varint(&mut out, hlo_instruction::ID, id as i64);
     if !operands.is_empty() {
-        let mut packed = Vec::new();
-        operands.iter().for_each(|&o| put_varint(&mut packed, o));
-        put_message(&mut out, INSTR_OPERAND_IDS, &packed);
+        put_ints(&mut out, hlo_instruction::OPERAND_IDS, operands.iter().map(|&o| o as i64));
     }
     if let Some(s) = sharding {
-        put_message(&mut out, INSTR_SHARDING, s);
+        put_bytes(&mut out, hlo_instruction::SHARDING, s);
     }
     out
 }
 
 /// The message without the fields `drop`.
-fn without(msg: &[u8], drop: &[u64]) -> Result<Vec<u8>, String> {
+fn without(msg: &[u8], drop: &[u32]) -> Result<Vec<u8>, String> {
     let mut out = Vec::with_capacity(msg.len());
     for f in fields(msg)? {
         if !drop.contains(&f.number) {
@@ -221,15 +175,15 @@ struct Instr<'a> {
 impl<'a> Instr<'a> {
     fn parse(bytes: &'a [u8]) -> Result<Self, String> {
         let fs = fields(bytes)?;
-        let shape = find(&fs, INSTR_SHAPE).and_then(|f| f.payload).unwrap_or_default();
+        let shape = find(&fs, hlo_instruction::SHAPE).and_then(|f| f.message()).unwrap_or_default();
         Ok(Instr {
             bytes,
-            id: find(&fs, INSTR_ID).map(value).transpose()?.unwrap_or(0),
-            name: string(find(&fs, INSTR_NAME)),
-            opcode: string(find(&fs, INSTR_OPCODE)),
+            id: find(&fs, hlo_instruction::ID).map(value).transpose()?.unwrap_or(0),
+            name: string(find(&fs, hlo_instruction::NAME)),
+            opcode: string(find(&fs, hlo_instruction::OPCODE)),
             shape: WireShape::parse(shape)?,
-            parameter_number: find(&fs, INSTR_PARAMETER_NUMBER).map(value).transpose()?.unwrap_or(0),
-            sharding: find(&fs, INSTR_SHARDING).and_then(|f| f.payload),
+            parameter_number: find(&fs, hlo_instruction::PARAMETER_NUMBER).map(value).transpose()?.unwrap_or(0),
+            sharding: find(&fs, hlo_instruction::SHARDING).and_then(|f| f.message()),
         })
     }
 }
@@ -262,36 +216,37 @@ impl Fresh {
 /// without nested tuples and no tuple parameter).
 pub fn entry(module: &[u8]) -> Result<Option<Vec<u8>>, String> {
     let top = fields(module)?;
-    let entry_id = find(&top, MODULE_ENTRY_ID).map(value).transpose()?;
-    let entry_name = string(find(&top, MODULE_ENTRY_NAME));
+    let entry_id = find(&top, hlo_module::ENTRY_COMPUTATION_ID).map(value).transpose()?;
+    let entry_name = string(find(&top, hlo_module::ENTRY_COMPUTATION_NAME));
     let mut entry_at = None;
     let mut fresh = Fresh { next_id: 0, names: HashSet::new() };
-    for (k, c) in top.iter().enumerate().filter(|(_, f)| f.number == MODULE_COMPUTATIONS) {
-        let cf = fields(c.payload.unwrap_or_default())?;
-        let id = find(&cf, COMP_ID).map(value).transpose()?.unwrap_or(0);
+    for (k, c) in top.iter().enumerate().filter(|(_, f)| f.number == hlo_module::COMPUTATIONS) {
+        let cf = fields(c.message().unwrap_or_default())?;
+        let id = find(&cf, hlo_computation::ID).map(value).transpose()?.unwrap_or(0);
         let is_entry = match entry_id {
             Some(e) => id == e,
-            None => string(find(&cf, COMP_NAME)) == entry_name,
+            None => string(find(&cf, hlo_computation::NAME)) == entry_name,
         };
         if is_entry {
             entry_at = Some(k);
         }
-        for i in cf.iter().filter(|f| f.number == COMP_INSTRUCTIONS) {
-            let fs = fields(i.payload.unwrap_or_default())?;
-            let id = find(&fs, INSTR_ID).map(value).transpose()?.unwrap_or(0);
+        for i in cf.iter().filter(|f| f.number == hlo_computation::INSTRUCTIONS) {
+            let fs = fields(i.message().unwrap_or_default())?;
+            let id = find(&fs, hlo_instruction::ID).map(value).transpose()?.unwrap_or(0);
             fresh.next_id = fresh.next_id.max(id.saturating_add(1));
-            fresh.names.insert(string(find(&fs, INSTR_NAME)));
+            fresh.names.insert(string(find(&fs, hlo_instruction::NAME)));
         }
     }
     let entry_at = entry_at.ok_or("the module names no entry computation it has")?;
-    let comp = top[entry_at].payload.unwrap_or_default();
+    let comp = top[entry_at].message().unwrap_or_default();
     let cf = fields(comp)?;
     let instrs = cf
         .iter()
-        .filter(|f| f.number == COMP_INSTRUCTIONS)
-        .map(|f| Instr::parse(f.payload.unwrap_or_default()))
+        .filter(|f| f.number == hlo_computation::INSTRUCTIONS)
+        .map(|f| Instr::parse(f.message().unwrap_or_default()))
         .collect::<Result<Vec<_>, _>>()?;
-    let root_id = find(&cf, COMP_ROOT_ID).map(value).transpose()?.ok_or("the entry computation has no root_id")?;
+    let root_id =
+        find(&cf, hlo_computation::ROOT_ID).map(value).transpose()?.ok_or("the entry computation has no root_id")?;
     let root =
         instrs.iter().find(|i| i.id == root_id).ok_or("the entry computation's root_id is none of its instructions")?;
     let flatten_result = root.shape.is_nested();
@@ -306,11 +261,11 @@ pub fn entry(module: &[u8]) -> Result<Option<Vec<u8>>, String> {
         return Err(format!("instruction id {} leaves no room for new ones", fresh.next_id - 1));
     }
     for (number, what) in [
-        (MODULE_INPUT_OUTPUT_ALIAS, "input/output aliases"),
-        (MODULE_BUFFER_DONOR, "buffer donors"),
-        (MODULE_SCHEDULE, "a schedule"),
+        (hlo_module::INPUT_OUTPUT_ALIAS, "input/output aliases"),
+        (hlo_module::BUFFER_DONOR, "buffer donors"),
+        (hlo_module::SCHEDULE, "a schedule"),
     ] {
-        if top.iter().any(|f| f.number == number && f.payload.is_some_and(|p| !p.is_empty())) {
+        if top.iter().any(|f| f.number == number && f.message().is_some_and(|p| !p.is_empty())) {
             return Err(format!(
                 "the entry's interface has nested tuples, which XLA:CPU's PJRT client does not take, and the module \
                  has {what}, which flattening it would have to remap"
@@ -335,8 +290,8 @@ pub fn entry(module: &[u8]) -> Result<Option<Vec<u8>>, String> {
         }
         let number = first_number[&i.parameter_number];
         if !i.shape.is_tuple() {
-            let mut b = without(i.bytes, &[INSTR_PARAMETER_NUMBER])?;
-            put_varint_field(&mut b, INSTR_PARAMETER_NUMBER, number);
+            let mut b = without(i.bytes, &[hlo_instruction::PARAMETER_NUMBER])?;
+            put_varint(&mut b, hlo_instruction::PARAMETER_NUMBER, number as i64);
             out_instrs.push(b);
             continue;
         }
@@ -348,7 +303,7 @@ pub fn entry(module: &[u8]) -> Result<Option<Vec<u8>>, String> {
             let (id, name) = (fresh.id(), fresh.name(&format!("{}.{k}", i.name)));
             let mut b =
                 instruction(id, &name, "parameter", leaf, &[], sharding_of(&shardings, k..k + 1, false).as_deref());
-            put_varint_field(&mut b, INSTR_PARAMETER_NUMBER, number + k as u64);
+            put_varint(&mut b, hlo_instruction::PARAMETER_NUMBER, (number + k as u64) as i64);
             out_instrs.push(b);
             leaf_ids.push(id);
             param_names.push(name);
@@ -380,12 +335,17 @@ pub fn entry(module: &[u8]) -> Result<Option<Vec<u8>>, String> {
             (id, operands)
         }
         let (_, operands) = build(&i.shape, 0, true, &leaf_ids, &shardings, &i.name, &mut fresh, &mut out_instrs);
-        let mut b =
-            without(i.bytes, &[INSTR_OPCODE, INSTR_PARAMETER_NUMBER, INSTR_PARAMETER_REPLICATION, INSTR_OPERAND_IDS])?;
-        put_message(&mut b, INSTR_OPCODE, b"tuple");
-        let mut packed = Vec::new();
-        operands.iter().for_each(|&o| put_varint(&mut packed, o));
-        put_message(&mut b, INSTR_OPERAND_IDS, &packed);
+        let mut b = without(
+            i.bytes,
+            &[
+                hlo_instruction::OPCODE,
+                hlo_instruction::PARAMETER_NUMBER,
+                hlo_instruction::PARAMETER_REPLICATION,
+                hlo_instruction::OPERAND_IDS,
+            ],
+        )?;
+        put_bytes(&mut b, hlo_instruction::OPCODE, b"tuple");
+        put_ints(&mut b, hlo_instruction::OPERAND_IDS, operands.iter().map(|&o| o as i64));
         out_instrs.push(b);
     }
     let mut new_root = root_id;
@@ -408,7 +368,7 @@ pub fn entry(module: &[u8]) -> Result<Option<Vec<u8>>, String> {
                 let (id, name) = (fresh.id(), fresh.name(&format!("{base}.{k}")));
                 let sharding = sharding_of(shardings, at..at + n, e.is_tuple());
                 let mut b = instruction(id, &name, "get-tuple-element", e.bytes, &[of], sharding.as_deref());
-                put_varint_field(&mut b, INSTR_TUPLE_INDEX, k as u64);
+                put_varint(&mut b, hlo_instruction::TUPLE_INDEX, k as i64);
                 out.push(b);
                 if e.is_tuple() {
                     gtes(e, id, at, shardings, &name, fresh, out, leaf_ids);
@@ -430,15 +390,15 @@ pub fn entry(module: &[u8]) -> Result<Option<Vec<u8>>, String> {
     let mut emitted = false;
     for f in &cf {
         match f.number {
-            COMP_INSTRUCTIONS if !emitted => {
+            hlo_computation::INSTRUCTIONS if !emitted => {
                 emitted = true;
-                out_instrs.iter().for_each(|b| put_message(&mut new_comp, COMP_INSTRUCTIONS, b));
+                out_instrs.iter().for_each(|b| put_bytes(&mut new_comp, hlo_computation::INSTRUCTIONS, b));
             }
-            COMP_INSTRUCTIONS => {}
-            COMP_ROOT_ID => put_varint_field(&mut new_comp, COMP_ROOT_ID, new_root),
-            COMP_PROGRAM_SHAPE => {
-                let ps = program_shape(f.payload.unwrap_or_default(), names, &params, flatten_result)?;
-                put_message(&mut new_comp, COMP_PROGRAM_SHAPE, &ps);
+            hlo_computation::INSTRUCTIONS => {}
+            hlo_computation::ROOT_ID => put_varint(&mut new_comp, hlo_computation::ROOT_ID, new_root as i64),
+            hlo_computation::PROGRAM_SHAPE => {
+                let ps = program_shape(f.message().unwrap_or_default(), names, &params, flatten_result)?;
+                put_bytes(&mut new_comp, hlo_computation::PROGRAM_SHAPE, &ps);
             }
             _ => new_comp.extend_from_slice(f.raw),
         }
@@ -446,10 +406,10 @@ pub fn entry(module: &[u8]) -> Result<Option<Vec<u8>>, String> {
     let mut out = Vec::with_capacity(module.len() + 256);
     for (k, f) in top.iter().enumerate() {
         if k == entry_at {
-            put_message(&mut out, MODULE_COMPUTATIONS, &new_comp);
-        } else if f.number == MODULE_HOST_PROGRAM_SHAPE {
-            let ps = program_shape(f.payload.unwrap_or_default(), names, &params, flatten_result)?;
-            put_message(&mut out, MODULE_HOST_PROGRAM_SHAPE, &ps);
+            put_bytes(&mut out, hlo_module::COMPUTATIONS, &new_comp);
+        } else if f.number == hlo_module::HOST_PROGRAM_SHAPE {
+            let ps = program_shape(f.message().unwrap_or_default(), names, &params, flatten_result)?;
+            put_bytes(&mut out, hlo_module::HOST_PROGRAM_SHAPE, &ps);
         } else {
             out.extend_from_slice(f.raw);
         }
@@ -467,7 +427,7 @@ fn program_shape(
 ) -> Result<Vec<u8>, String> {
     let fs = fields(ps)?;
     let mut out = Vec::with_capacity(ps.len() + 64);
-    let shapes: Vec<&Field<'_>> = fs.iter().filter(|f| f.number == PROGRAM_PARAMETERS).collect();
+    let shapes: Vec<&Field<'_>> = fs.iter().filter(|f| f.number == wire::program_shape::PARAMETERS).collect();
     if names.is_some() && shapes.len() != params.len() {
         return Err(format!(
             "the entry's program shape lists {} parameters, the computation has {}",
@@ -476,34 +436,34 @@ fn program_shape(
         ));
     }
     for s in &shapes {
-        let shape = WireShape::parse(s.payload.unwrap_or_default())?;
+        let shape = WireShape::parse(s.message().unwrap_or_default())?;
         let mut leaves = Vec::new();
         shape.leaves(&mut leaves);
-        leaves.iter().for_each(|l| put_message(&mut out, PROGRAM_PARAMETERS, l));
+        leaves.iter().for_each(|l| put_bytes(&mut out, wire::program_shape::PARAMETERS, l));
     }
     for f in &fs {
         match f.number {
-            PROGRAM_PARAMETERS => {}
-            PROGRAM_RESULT if flatten_result => {
-                let shape = WireShape::parse(f.payload.unwrap_or_default())?;
-                put_message(&mut out, PROGRAM_RESULT, &shape.flat());
+            wire::program_shape::PARAMETERS => {}
+            wire::program_shape::RESULT if flatten_result => {
+                let shape = WireShape::parse(f.message().unwrap_or_default())?;
+                put_bytes(&mut out, wire::program_shape::RESULT, &shape.flat());
             }
-            PROGRAM_PARAMETER_NAMES if names.is_some() => {}
+            wire::program_shape::PARAMETER_NAMES if names.is_some() => {}
             _ => out.extend_from_slice(f.raw),
         }
     }
     if let Some(names) = names {
         let old: Vec<String> =
-            fs.iter().filter(|f| f.number == PROGRAM_PARAMETER_NAMES).map(|f| string(Some(f))).collect();
+            fs.iter().filter(|f| f.number == wire::program_shape::PARAMETER_NAMES).map(|f| string(Some(f))).collect();
         let mut new = names.iter();
         for (k, p) in params.iter().enumerate() {
             if p.shape.is_tuple() {
                 for n in new.by_ref().take(p.shape.leaf_count()) {
-                    put_message(&mut out, PROGRAM_PARAMETER_NAMES, n.as_bytes());
+                    put_bytes(&mut out, wire::program_shape::PARAMETER_NAMES, n.as_bytes());
                 }
             } else {
                 let name = old.get(k).cloned().unwrap_or_else(|| p.name.clone());
-                put_message(&mut out, PROGRAM_PARAMETER_NAMES, name.as_bytes());
+                put_bytes(&mut out, wire::program_shape::PARAMETER_NAMES, name.as_bytes());
             }
         }
     }
@@ -622,18 +582,19 @@ ENTRY main {
     fn fields_the_protos_do_not_know_pass_through() {
         // Field 999 (varint 7) on the module and on every instruction.
         let unknown = [0xb8, 0x3e, 7];
-        let mut bytes = super::super::map_field(&encode(NESTED), MODULE_COMPUTATIONS, &mut |c| {
-            super::super::map_field(c, COMP_INSTRUCTIONS, &mut |i| Ok([i, &unknown[..]].concat()))
+        let mut bytes = hlo::wire::map_field::<String>(&encode(NESTED), hlo_module::COMPUTATIONS, &mut |c| {
+            hlo::wire::map_field(c, hlo_computation::INSTRUCTIONS, &mut |i| Ok([i, &unknown[..]].concat()))
         })
         .expect("edit");
         bytes.extend_from_slice(&unknown);
         let flat = entry(&bytes).expect("flatten").expect("needs flattening");
         let top = fields(&flat).expect("fields");
         assert!(top.iter().any(|f| f.number == 999));
-        let comp = top.iter().find(|f| f.number == MODULE_COMPUTATIONS).and_then(|f| f.payload).expect("comp");
+        let comp = top.iter().find(|f| f.number == hlo_module::COMPUTATIONS).and_then(|f| f.message()).expect("comp");
         let mut old = 0;
-        for i in fields(comp).expect("fields").iter().filter(|f| f.number == COMP_INSTRUCTIONS) {
-            old += usize::from(fields(i.payload.unwrap_or_default()).expect("fields").iter().any(|f| f.number == 999));
+        for i in fields(comp).expect("fields").iter().filter(|f| f.number == hlo_computation::INSTRUCTIONS) {
+            old +=
+                usize::from(fields(i.message().unwrap_or_default()).expect("fields").iter().any(|f| f.number == 999));
         }
         assert_eq!(old, 11, "every old instruction, the tuple parameter turned tuple included");
     }

@@ -2,11 +2,13 @@
 //! protocols the CPU handlers ([`xla_host`]) run between XLA:CPU's devices (one process,
 //! or the processes of one host); `cuda` and `rocm` are the GPU device layers (Peerless's
 //! collective kernels; inside XLA through `gpu::xla`, named `cuda::xla` and `rocm::xla`).
-//! Everything fails with the one [`Error`].
+//! [`ffi_handler`] drives them through XLA's FFI phases. Everything fails with the one
+//! [`Error`].
 
 #[cfg(feature = "cuda")]
 pub mod cuda;
 mod error;
+pub mod ffi_handler;
 pub mod gpu;
 pub mod host;
 #[cfg(feature = "rocm")]

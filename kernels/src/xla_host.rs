@@ -34,9 +34,9 @@ use std::time::Duration;
 use ffi::xla_ffi::{CallFrame, ErrorCode, ExecutableState, HandlerError, Traits};
 use hlo::{ArrayShape, PrimitiveType};
 use thunks::custom_call::CustomCallConfig;
-use thunks::ffi_handler::{CollectiveRuntime, array_shape};
 use thunks::{CollectiveConfig, CollectiveOp};
 
+use crate::ffi_handler::{CollectiveRuntime, array_shape};
 use crate::host::direct::{DirectCollective, DirectSlot};
 use crate::host::shm::{ShmCollective, ShmKey};
 use crate::{Error, Result};

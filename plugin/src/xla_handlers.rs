@@ -5,7 +5,7 @@
 //! feature `rocm`, "rocm" ("ROCM"): the same generic GPU runtime (`kernels::gpu::xla`) for
 //! CUDA and HIP, each with its own state.
 //!
-//! Each handler is a C function over [`thunks::ffi_handler::dispatch`] with the platform's
+//! Each handler is a C function over [`kernels::ffi_handler::dispatch`] with the platform's
 //! runtime; `ffi::xla_ffi::guard_with_traits` answers the metadata probe and turns errors
 //! and panics into XLA errors.
 
@@ -16,10 +16,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use emitter::PeerAccessTable;
 use ffi::xla_ffi::{XLA_FFI_CallFrame, XLA_FFI_Error};
 use kernels::cuda::xla::CudaRuntime;
+use kernels::ffi_handler::{CollectiveRuntime, dispatch};
 use kernels::xla_host::HostRuntime;
 use thunks::CollectiveKind;
 use thunks::custom_call::target_kind;
-use thunks::ffi_handler::{CollectiveRuntime, dispatch};
 
 static HOST: HostRuntime = HostRuntime;
 /// Execute-stage handler calls per platform (cpu, cuda, rocm): a call captured into a command

@@ -433,7 +433,7 @@ mod tests {
 
     #[test]
     fn the_handlers_learn_the_job_from_the_process() {
-        use thunks::ffi_handler::CollectiveRuntime;
+        use kernels::ffi_handler::CollectiveRuntime;
         // What a cache-loaded executable needs, without any pass: the token, and on CUDA
         // which device id each GPU (CUDA ordinal) has.
         let topo = "this=1;job=0123abcd;devices=0:0,1:0,2:1,3:1;hosts=0:0,1:0;ordinals=2:0,3:1";

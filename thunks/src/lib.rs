@@ -3,13 +3,12 @@
 //!
 //! The emitter's decision layer produces what a collective is ([`CollectiveConfig`]) and
 //! how it will run ([`Decision`]); the pass writes it into a Peerless custom call
-//! ([`custom_call`]); XLA's FFI handlers read it back and drive a platform's runtime
-//! through XLA's phases ([`ffi_handler`]: instantiate, initialize, execute); [`runtime`]
-//! holds what the running process tells them (its job, its topology). Nothing here refers
-//! to a particular device.
+//! ([`custom_call`]); XLA's FFI handlers (`kernels::ffi_handler`, beside the runtimes) read
+//! it back and drive a platform's runtime through XLA's phases; [`runtime`] holds what the
+//! running process tells them (its job, its topology). Nothing here refers to a particular
+//! device, and nothing here depends on the device or FFI layers.
 
 pub mod custom_call;
-pub mod ffi_handler;
 pub mod peers;
 pub mod runtime;
 

@@ -14,7 +14,7 @@ impl XlaBackend for Cuda {
     }
 }
 
-/// The CUDA platform's [`thunks::ffi_handler::CollectiveRuntime`].
+/// The CUDA platform's [`crate::ffi_handler::CollectiveRuntime`].
 pub type CudaRuntime = GpuRuntime<Cuda>;
 /// The runtime as a value, spelled as a unit struct's (`static CUDA: CudaRuntime = CudaRuntime;`).
 #[allow(non_upper_case_globals)]

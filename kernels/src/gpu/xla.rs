@@ -53,7 +53,6 @@ use ffi::gpu::{IPC_HANDLE_BYTES, Interop};
 use ffi::xla_ffi::{BufferRef, COMMAND_BUFFER_COMPATIBLE, CallFrame, ErrorCode, ExecutableState, HandlerError, Traits};
 use hlo::ArrayShape;
 use thunks::custom_call::CustomCallConfig;
-use thunks::ffi_handler::{CollectiveRuntime, array_shape};
 use thunks::{CollectiveKind as Kind, KernelAlgorithm as Algo};
 
 use super::args::{
@@ -61,6 +60,7 @@ use super::args::{
     Status, Wait, Xchg,
 };
 use super::{BLOCKS, Backend, Clique, DEFAULT_GRID, Kernel, MAX_RANKS, SIGNAL_BYTES, THREADS, Unit};
+use crate::ffi_handler::{CollectiveRuntime, array_shape};
 
 /// A vendor's device layer as the runtime behind XLA's handlers needs it: the kernels'
 /// backend ([`Backend`]), what living inside XLA takes ([`Interop`]: IPC, host-mapped memory,

@@ -16,7 +16,7 @@ impl XlaBackend for Hip {
     }
 }
 
-/// XLA's ROCm platform's [`thunks::ffi_handler::CollectiveRuntime`].
+/// XLA's ROCm platform's [`crate::ffi_handler::CollectiveRuntime`].
 pub type RocmRuntime = GpuRuntime<Hip>;
 /// The runtime as a value, spelled as a unit struct's (`static ROCM: RocmRuntime = RocmRuntime;`).
 #[allow(non_upper_case_globals)]

@@ -11,8 +11,8 @@
 use ffi::xla_ffi::{BufferRef, CallFrame, ErrorCode, ExecutionStage, HandlerError, Traits};
 use hlo::{ArrayShape, PrimitiveType};
 
-use crate::CollectiveKind;
-use crate::custom_call::{AttrSource, CustomCallConfig};
+use thunks::CollectiveKind;
+use thunks::custom_call::{AttrSource, CustomCallConfig};
 
 /// A platform's implementation of the Peerless custom calls.
 pub trait CollectiveRuntime: Sync {
@@ -93,13 +93,13 @@ pub fn dispatch(kind: CollectiveKind, f: &CallFrame<'_>, rt: &dyn CollectiveRunt
         return Ok(());
     }
     let call = CustomCallConfig::from_attrs(kind, &FrameAttrs(f)).map_err(|e| {
-        HandlerError::invalid_argument(format!("{}: {e}", crate::custom_call::target_name(kind).unwrap_or("?")))
+        HandlerError::invalid_argument(format!("{}: {e}", thunks::custom_call::target_name(kind).unwrap_or("?")))
     })?;
     if stage == ExecutionStage::Instantiate {
         rt.instantiate(f, &call)?;
         // An executable this process did not compile (a persistent cache hit) tells
         // `stats()` its decisions here.
-        crate::runtime::instantiated(rt.platform(), &call);
+        thunks::runtime::instantiated(rt.platform(), &call);
         return Ok(());
     }
     let device = f.device_ordinal()?;
@@ -112,7 +112,7 @@ pub fn dispatch(kind: CollectiveKind, f: &CallFrame<'_>, rt: &dyn CollectiveRunt
             "{} '{}': device {device} is in none of its groups {}",
             call.target(),
             call.name,
-            crate::fmt_groups(&call.groups)
+            thunks::fmt_groups(&call.groups)
         )));
     }
     if stage == ExecutionStage::Initialize {

@@ -1,0 +1,305 @@
+//! Shared staging: which calls may share one slot (the module's data and control order), and
+//! how much each slot stages on the host and on a GPU.
+
+use super::*;
+
+/// Bytes of one staging buffer a call of collective `id` stages: each operand, 64-byte
+/// aligned (`kernels::host::direct`'s plan; the two-shot keeps its reduced slices there).
+pub(super) fn staged_bytes(module: &Module, id: InstrId) -> u64 {
+    (module.instr(id).operands.iter())
+        .filter_map(|&o| module.instrs.get(o))
+        .map(|o| (o.shape.byte_size() as u64).div_ceil(64).saturating_mul(64))
+        .fold(0u64, u64::saturating_add)
+}
+
+/// Staging `call` (the rewrite of `id`) needs on each GPU
+/// ([`CustomCallConfig::gpu_staging_bytes`]: results too, where the host stages operands).
+pub(super) fn gpu_staged_bytes(module: &Module, id: InstrId, call: &CustomCallConfig) -> u64 {
+    let ins = module.instr(id);
+    let args: Vec<usize> =
+        ins.operands.iter().filter_map(|&o| module.instrs.get(o)).map(|o| o.shape.byte_size()).collect();
+    let rets: Vec<usize> = ins.shape.leaves().iter().map(|l| l.byte_size()).collect();
+    call.gpu_staging_bytes(&args, &rets) as u64
+}
+
+/// Keeps the module's GPU staging within [`STAGING_SHARE_OF_FREE`] of the least free device
+/// memory (`free`): while it exceeds that, the calls of the largest slot go back to XLA, each
+/// decision saying why, so a program that XLA alone could run never fails allocating
+/// Peerless's staging. Calls whose groups span processes stay: every process must rewrite
+/// the same collectives, and each would measure its own free memory.
+pub(super) fn fit_staging(
+    module: &Module,
+    free: Option<u64>,
+    calls: &mut Vec<(usize, InstrId, &'static str, CustomCallConfig)>,
+    decisions: &mut [PassDecision],
+) {
+    let Some(free) = free else { return };
+    let budget = free / STAGING_SHARE_OF_FREE;
+    // Bytes per slot (a call without one: its own staging).
+    let mut slots: BTreeMap<u64, u64> = BTreeMap::new();
+    for (_, id, _, c) in calls.iter() {
+        let (key, bytes) = match c.slot {
+            Some(s) => (s, c.slot_gpu_bytes),
+            None => (c.instance, gpu_staged_bytes(module, *id, c)),
+        };
+        let e = slots.entry(key).or_insert(0);
+        *e = (*e).max(bytes);
+    }
+    let wanted: u64 = slots.values().sum();
+    if wanted <= budget {
+        return;
+    }
+    let mut total = wanted;
+    let crossing: BTreeSet<u64> =
+        calls.iter().filter(|c| c.3.spans_processes()).map(|c| c.3.slot.unwrap_or(c.3.instance)).collect();
+    let mut order: Vec<(u64, u64)> = slots.into_iter().filter(|(k, _)| !crossing.contains(k)).collect();
+    order.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    let mut dropped = BTreeSet::new();
+    for (k, b) in order {
+        if total <= budget {
+            break;
+        }
+        dropped.insert(k);
+        total -= b;
+    }
+    let mib = |b: u64| b as f64 / (1 << 20) as f64;
+    calls.retain(|(at, _, _, c)| {
+        let key = c.slot.unwrap_or(c.instance);
+        if !dropped.contains(&key) {
+            return true;
+        }
+        let d = &mut decisions[*at];
+        d.kernel = false;
+        d.implementation = "fallback".into();
+        d.reason = format!(
+            "staging budget: the module's GPU staging would be {:.1} MiB, more than 1/{STAGING_SHARE_OF_FREE} of the \
+             {:.1} MiB free on the fullest GPU; its largest slots stay XLA's (was: {})",
+            mib(wanted),
+            mib(free),
+            d.reason
+        );
+        log::warn!("peerless pass: {} left to XLA: {}", d.instr, d.reason);
+        false
+    });
+}
+
+/// Data dependencies between a module's collectives, read from the whole module (the slim
+/// module the decisions read keeps only collectives and their direct operands).
+#[derive(Debug, Default)]
+pub(super) struct Deps {
+    /// Collective name → its computation's name and its ancestors among the collectives
+    /// asked for (bit `index[name]`; a collective is its own ancestor).
+    pub(super) ancestors: HashMap<String, (String, Vec<u64>)>,
+    index: HashMap<String, usize>,
+    /// Computation name → the computations of the instructions that call it, one per call.
+    callers: HashMap<String, Vec<String>>,
+    /// The entry computation's name (the module's entry id; else its entry name).
+    pub(super) entry: Option<String>,
+}
+
+impl Deps {
+    /// Whether collective `a` is `b` or a data-dependency ancestor of it.
+    pub(super) fn precedes(&self, a: &str, b: &str) -> bool {
+        match (self.index.get(a), self.ancestors.get(b)) {
+            (Some(&i), Some((_, bits))) => bits.get(i / 64).is_some_and(|w| w & (1u64 << (i % 64)) != 0),
+            _ => false,
+        }
+    }
+
+    /// Whether every computation from the entry down to `comp` has one caller: then each
+    /// run of `comp` is ordered after the last by its caller (a loop's iterations, one call
+    /// site), and its collectives never run twice at once on a device.
+    pub(super) fn runs_alone(&self, comp: &str) -> bool {
+        let mut c = comp;
+        for _ in 0..=self.callers.len() {
+            if Some(c) == self.entry.as_deref() {
+                return true;
+            }
+            match self.callers.get(c).map(Vec::as_slice) {
+                Some([one]) => c = one,
+                _ => return false,
+            }
+        }
+        false
+    }
+}
+
+/// The [`Deps`] of the collectives named `wanted` in the serialized `module`.
+pub(super) fn dependencies(module: &[u8], wanted: &[&str]) -> Result<Deps, PassError> {
+    let wanted_names = wanted;
+    let mut deps =
+        Deps { index: wanted.iter().enumerate().map(|(k, n)| (n.to_string(), k)).collect(), ..Deps::default() };
+    let words = wanted.len().div_ceil(64);
+    let top = fields(module)?;
+    let first_int = |fs: &[Field<'_>], number: u32| -> Result<Option<i64>, PassError> {
+        Ok(fs.iter().find(|x| x.number == number).map(ints).transpose()?.and_then(|v| v.first().copied()))
+    };
+    let name_of = |fs: &[Field<'_>]| -> String {
+        fs.iter()
+            .find(|x| x.number == computation::NAME)
+            .map_or(String::new(), |x| String::from_utf8_lossy(x.payload).into_owned())
+    };
+    // Computations: id → name, and each one's instructions: id → (the index of a wanted
+    // collective, operands, callees).
+    type Instr = (Option<usize>, Vec<i64>, Vec<i64>);
+    let mut comps: Vec<(String, HashMap<i64, Instr>, Vec<i64>)> = Vec::new();
+    let mut comp_name: HashMap<i64, String> = HashMap::new();
+    for c in top.iter().filter(|c| c.number == hlo_module::COMPUTATIONS && c.wire == WireType::LengthDelimited) {
+        let cf = fields(c.payload)?;
+        let name = name_of(&cf);
+        comp_name.insert(first_int(&cf, computation::ID)?.unwrap_or(0), name.clone());
+        let mut instrs = HashMap::new();
+        let mut order = Vec::new();
+        for i in cf.iter().filter(|i| i.number == computation::INSTRUCTIONS && i.wire == WireType::LengthDelimited) {
+            let fs = fields(i.payload)?;
+            let id = first_int(&fs, instruction::ID)?.unwrap_or(0);
+            let mut operands = Vec::new();
+            let mut called = Vec::new();
+            for x in &fs {
+                match x.number {
+                    instruction::OPERAND_IDS => operands.extend(ints(x)?),
+                    instruction::CALLED_COMPUTATION_IDS => called.extend(ints(x)?),
+                    _ => {}
+                }
+            }
+            order.push(id);
+            let wanted = fs
+                .iter()
+                .find(|x| x.number == instruction::NAME)
+                .and_then(|x| std::str::from_utf8(x.payload).ok())
+                .and_then(|n| deps.index.get(n).copied());
+            instrs.insert(id, (wanted, operands, called));
+        }
+        comps.push((name, instrs, order));
+    }
+    deps.entry = match first_int(&top, hlo_module::ENTRY_COMPUTATION_ID)? {
+        Some(id) if comp_name.contains_key(&id) => comp_name.get(&id).cloned(),
+        _ => top
+            .iter()
+            .find(|x| x.number == hlo_module::ENTRY_COMPUTATION_NAME)
+            .map(|x| String::from_utf8_lossy(x.payload).into_owned()),
+    };
+    for (name, instrs, _) in &comps {
+        for (_, _, called) in instrs.values() {
+            for c in called {
+                if let Some(callee) = comp_name.get(c) {
+                    deps.callers.entry(callee.clone()).or_default().push(name.clone());
+                }
+            }
+        }
+    }
+    for (comp, instrs, listed) in &comps {
+        if !instrs.values().any(|(k, _, _)| k.is_some()) {
+            continue;
+        }
+        // Operands before users (a proto promises no order): depth first, without recursion
+        // (modules may be deep); an instruction is entered once (a DAG: whatever was entered
+        // before is finished by the time a user needs it).
+        let mut bits: HashMap<i64, Vec<u64>> = HashMap::with_capacity(instrs.len());
+        let mut entered: std::collections::HashSet<i64> = std::collections::HashSet::with_capacity(instrs.len());
+        for &root in listed {
+            let mut stack = vec![(root, false)];
+            while let Some((i, expanded)) = stack.pop() {
+                let Some((wanted, operands, _)) = instrs.get(&i) else { continue };
+                if expanded {
+                    let mut b = vec![0u64; words];
+                    for o in operands {
+                        if let Some(ob) = bits.get(o) {
+                            b.iter_mut().zip(ob).for_each(|(x, y)| *x |= y);
+                        }
+                    }
+                    if let Some(k) = *wanted {
+                        b[k / 64] |= 1u64 << (k % 64);
+                        deps.ancestors.insert(wanted_names[k].to_owned(), (comp.clone(), b.clone()));
+                    }
+                    bits.insert(i, b);
+                    continue;
+                }
+                if !entered.insert(i) {
+                    continue;
+                }
+                stack.push((i, true));
+                stack.extend(operands.iter().filter(|o| !entered.contains(o)).map(|&o| (o, false)));
+            }
+        }
+    }
+    Ok(deps)
+}
+
+/// Shared staging (issue 25): gives each rewritten collective in one process a staging
+/// `slot`, shared with the collectives every device is sure to run before or after it, never
+/// at the same time.
+///
+/// The rule: two calls share a slot only if they lie in the same computation, that
+/// computation runs alone (every computation from the entry down to it has one caller, so
+/// its collectives never run twice at once), they have the same groups (a permute: the same
+/// pairs; a permute never shares with a grouped collective), and the slot's last call is a
+/// data-dependency ancestor of the new one. All devices run the same SPMD program, and
+/// XLA:CPU's thunk executor (like a stream) never runs a thunk before its operands' producers,
+/// so every device runs a slot's calls in one order, one at a time: the sequence of launches
+/// the protocols handle for one collective. Calls XLA may run concurrently or in another
+/// order on another device (data-independent ones) get different slots. Slots are opened
+/// greedily in a topological order. Calls across processes share alike (one shared-memory
+/// segment per slot); their slot id, the first call's `instance`, is then the same in every
+/// process, and every process assigns the same slots (the same module, a deterministic
+/// walk). Every call keeps staging of its own where the module's dependencies cannot be read.
+///
+/// A slot's id is its first call's `instance` (unique per compile, like instances), its
+/// `slot_bytes` the largest host staging buffer among its calls and its `slot_gpu_bytes` the
+/// largest GPU staging (both platforms' sizes travel: the pass does not know which runs it).
+pub(super) fn assign_slots(
+    module: &Module,
+    deps: &Deps,
+    calls: &mut [(usize, InstrId, &'static str, CustomCallConfig)],
+) {
+    // Calls by computation.
+    let mut by_comp: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+    for (k, (_, _, _, call)) in calls.iter().enumerate() {
+        if let Some((comp, _)) = deps.ancestors.get(&call.name) {
+            by_comp.entry(comp.clone()).or_default().push(k);
+        }
+    }
+    for (comp, mut ks) in by_comp {
+        if !deps.runs_alone(&comp) {
+            // Each call keeps staging of its own (`slot` none).
+            continue;
+        }
+        // A topological order: an ancestor has fewer ancestors than its descendants.
+        let count = |k: usize| deps.ancestors[&calls[k].3.name].1.iter().map(|w| w.count_ones()).sum::<u32>();
+        ks.sort_by_key(|&k| count(k));
+        // Open slots by group set: (its last call, its first call).
+        type Key = (bool, Vec<Vec<usize>>, Vec<(usize, usize)>);
+        let mut open: HashMap<Key, Vec<(usize, usize)>> = HashMap::new();
+        let mut first_of: HashMap<usize, usize> = HashMap::new();
+        for &k in &ks {
+            let call = &calls[k].3;
+            let key: Key = (call.kind == CollectiveKind::CollectivePermute, call.groups.clone(), call.pairs.clone());
+            let slots = open.entry(key).or_default();
+            let reuse = slots.iter_mut().find(|(last, _)| deps.precedes(&calls[*last].3.name, &call.name));
+            let first = match reuse {
+                Some(s) => {
+                    s.0 = k;
+                    s.1
+                }
+                None => {
+                    slots.push((k, k));
+                    k
+                }
+            };
+            first_of.insert(k, first);
+        }
+        // Each slot's id and size (the largest buffer among its calls).
+        let mut size: HashMap<usize, (u64, u64)> = HashMap::new();
+        for &k in &ks {
+            let e = size.entry(first_of[&k]).or_insert((0, 0));
+            e.0 = e.0.max(staged_bytes(module, calls[k].1));
+            e.1 = e.1.max(gpu_staged_bytes(module, calls[k].1, &calls[k].3));
+        }
+        for &k in &ks {
+            let first = first_of[&k];
+            let id = calls[first].3.instance;
+            calls[k].3.slot = Some(id);
+            (calls[k].3.slot_bytes, calls[k].3.slot_gpu_bytes) = size[&first];
+        }
+    }
+}

@@ -396,6 +396,13 @@ impl CustomCallConfig {
         bytes.max(512).div_ceil(512).saturating_mul(512)
     }
 
+    /// Bytes of one host staging buffer (XLA:CPU's protocols, `kernels::host::direct`): each
+    /// operand at a 64-byte-aligned offset, in order ([`host_stage_len`]). The pass sizes a slot
+    /// with it and the handler lays out its operands by it: one rule for both, as on GPUs.
+    pub fn host_staging_bytes(operands: &[usize]) -> usize {
+        operands.iter().fold(0usize, |at, &len| at.saturating_add(host_stage_len(len)))
+    }
+
     /// With `processes`: each named device's process (device id → process index).
     pub fn process_of(&self) -> std::collections::BTreeMap<usize, usize> {
         let devices: Vec<usize> = if self.kind == CollectiveKind::CollectivePermute {
@@ -439,6 +446,12 @@ impl fmt::Display for CustomCallConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}({}) {}", self.target(), self.name, self.backend_config())
     }
+}
+
+/// The bytes an operand of `len` bytes takes in host staging: `len` rounded up to 64 (each
+/// operand starts on its own cache line).
+pub fn host_stage_len(len: usize) -> usize {
+    len.div_ceil(64).saturating_mul(64)
 }
 
 #[cfg(test)]
@@ -617,6 +630,13 @@ mod tests {
         );
         assert_eq!(target_kind("peerless.all_gather"), Some(CollectiveKind::AllGather));
         assert_eq!(target_name(CollectiveKind::RaggedAllToAll), None);
+    }
+
+    #[test]
+    fn host_staging_puts_each_operand_on_its_own_cache_line() {
+        assert_eq!(CustomCallConfig::host_staging_bytes(&[]), 0);
+        assert_eq!(CustomCallConfig::host_staging_bytes(&[1, 64, 65]), 64 + 64 + 128);
+        assert_eq!(host_stage_len(usize::MAX), usize::MAX, "saturates, never wraps");
     }
 
     #[test]

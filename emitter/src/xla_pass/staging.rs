@@ -3,13 +3,12 @@
 
 use super::*;
 
-/// Bytes of one staging buffer a call of collective `id` stages: each operand, 64-byte
-/// aligned (`kernels::host::direct`'s plan; the two-shot keeps its reduced slices there).
+/// Bytes of one host staging buffer a call of collective `id` stages
+/// ([`CustomCallConfig::host_staging_bytes`], the rule `kernels::host::direct` lays out by).
 pub(super) fn staged_bytes(module: &Module, id: InstrId) -> u64 {
-    (module.instr(id).operands.iter())
-        .filter_map(|&o| module.instrs.get(o))
-        .map(|o| (o.shape.byte_size() as u64).div_ceil(64).saturating_mul(64))
-        .fold(0u64, u64::saturating_add)
+    let operands: Vec<usize> =
+        module.instr(id).operands.iter().filter_map(|&o| module.instrs.get(o)).map(|o| o.shape.byte_size()).collect();
+    CustomCallConfig::host_staging_bytes(&operands) as u64
 }
 
 /// Staging `call` (the rewrite of `id`) needs on each GPU

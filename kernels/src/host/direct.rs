@@ -53,6 +53,7 @@ use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use hlo::ArrayShape;
+use thunks::custom_call::host_stage_len;
 use thunks::{CollectiveConfig, CollectiveKind as Kind, CollectiveOp, KernelAlgorithm as Algo};
 
 use super::fmt_group;
@@ -309,10 +310,6 @@ impl std::fmt::Debug for DirectCollective {
     }
 }
 
-fn align64(n: usize) -> usize {
-    n.div_ceil(64).saturating_mul(64)
-}
-
 /// Copies run by run from `src` into `dst` (same row count and length).
 fn copy_runs(src: &[u8], s: Runs, dst: &mut [u8], d: Runs) {
     for (a, b) in s.starts(0).zip(d.starts(0)) {
@@ -429,7 +426,8 @@ impl Plan {
                 }
             };
             ops.push(Operand { shape: shape.clone(), len, out_len, stage, reducer, split });
-            stage = stage.saturating_add(align64(len));
+            // `CustomCallConfig::host_staging_bytes`'s rule (the pass sizes slots by it).
+            stage = stage.saturating_add(host_stage_len(len));
         }
         if ops.is_empty() {
             return Err(invalid("a collective needs an operand".into()));

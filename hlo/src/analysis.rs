@@ -1,4 +1,4 @@
-//! Analyses over the IR shared by the interpreter and the emitter: which reduction a
+//! Analyses over the IR shared by the emitter and the tools: which reduction a
 //! collective's `to_apply` computes, and which devices each collective groups together
 //! (XLA's `CollectiveOpGroupMode` rules).
 //!

@@ -1,7 +1,7 @@
 //! Host values: dense arrays of raw little-endian bytes, and tuples of them.
 //!
-//! One representation serves constants in the IR, interpreter values, npz I/O and
-//! (later) host-backend buffers, so values move between them without conversion.
+//! One representation serves constants in the IR, npz I/O and the values the CLI hands XLA and
+//! reads back, so values move between them without conversion.
 
 use crate::types::{ArrayShape, PrimitiveType, Shape};
 

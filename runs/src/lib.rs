@@ -2,8 +2,8 @@
 //! the benchmarks describe one: how device ids map onto the module's replicas or partitions
 //! ([`RunConfig`], [`Mode`]), the value each device holds of every entry parameter and of the
 //! result ([`local_param_shapes`], [`local_result_shapes`]: a shard where `hlo`'s sharding
-//! analysis says so), and the inputs and outputs as npz files ([`io`]). The interpreter, XLA
-//! (through `plugin::xla_run`) and the CLI share it; it runs nothing itself.
+//! analysis says so), and the inputs and outputs as npz files ([`io`]). XLA's runs (through
+//! `plugin::xla_run`), the CLI and the conformance goldens share it; it runs nothing itself.
 
 pub mod io;
 

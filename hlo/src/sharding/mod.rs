@@ -13,9 +13,8 @@
 //! error ([`Plan::deferred`]).
 //!
 //! It lives here rather than in a backend because it is a compile-time analysis of the IR
-//! that every consumer needs alike: the interpreter (the oracle) runs by it, the host
-//! backend sizes its per-device buffers by it, and the PJRT plugin reports the entry's
-//! shardings from it. Cutting a value into its shard is the consumer's (it needs array
+//! that every consumer needs alike: `runs` gives each device its shard of the entry's values by
+//! it (the CLI's runs through XLA, the conformance goldens). Cutting a value into its shard is the consumer's (it needs array
 //! code): [`Tiling::shard_window`] says which window.
 
 mod plan;

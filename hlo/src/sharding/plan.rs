@@ -78,7 +78,7 @@ impl Tag {
 }
 
 /// The analysis result: where every entry value lives and where a backend must cut full
-/// values into shards. Plain data; the interpreter and the host backend act on it.
+/// values into shards. Plain data; `runs` acts on it.
 #[derive(Debug, Default)]
 pub struct Plan {
     /// Per entry instruction, where its value lives.

@@ -21,7 +21,7 @@
 //! milliseconds; the inputs stay on the devices; each execute returns when every device
 //! finished), the implementations' samples taken in turn, and the median µs per collective; `--chain K` puts K collectives in one module to amortize the launch.
 //! Graph capture is XLA's business now (its command buffers), so there is no launch mode.
-//! The logic lives in `plugin::xla_bench`; this file parses the arguments and prints.
+//! The logic lives in `tools::xla_bench`; this file parses the arguments and prints.
 //!
 //! Bandwidths follow nccl-tests with `bytes` = operand bytes per device:
 //! all-reduce busbw = bytes/t · 2(n−1)/n; all-gather algbw = n·bytes/t; reduce-scatter and
@@ -33,7 +33,7 @@
 use std::fmt::Write as _;
 use std::path::PathBuf;
 
-use plugin::xla_bench::{Check, Dtype, Impl, Op, Options};
+use tools::xla_bench::{Check, Dtype, Impl, Op, Options};
 
 #[derive(clap::Args)]
 pub struct BenchArgs {
@@ -109,7 +109,7 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
         close_calls: None,
         sizes: None,
     };
-    let report = plugin::xla_bench::run(&opts, &mut |line| eprintln!("{line}"))?;
+    let report = tools::xla_bench::run(&opts, &mut |line| eprintln!("{line}"))?;
     let mut t = String::new();
     let _ = writeln!(
         t,

@@ -181,7 +181,7 @@ fn check(args: &CheckArgs) -> CliResult<()> {
         }
         let bytes = module_bytes(&args.file, &module)?;
         let ids: Vec<i64> = (0..cfg.num_devices as i64).collect();
-        let (_, outcome) = plugin::xla_run::prepare(&bytes, cfg.mode, &ids, platform, &pass_flags(&args.devices))?;
+        let (_, outcome) = tools::xla_run::prepare(&bytes, cfg.mode, &ids, platform, &pass_flags(&args.devices))?;
         print!("{}", report::decisions(&outcome.decisions, &cfg, platform));
     }
     println!("ok: parsed and verified in {}", report::duration(secs));
@@ -290,7 +290,7 @@ fn run_xla(
     // PEERLESS_FLAGS) in the form XLA's plugin hands it.
     flags(&args.devices)?;
     let pass_flags = pass_flags(&args.devices);
-    let path = plugin::xla_run::find_plugin(args.xla_plugin.as_deref()).map_err(|e| {
+    let path = tools::xla_run::find_plugin(args.xla_plugin.as_deref()).map_err(|e| {
         format!(
             "{e}.\n`peerless run` runs the module inside XLA. Install XLA's CPU plugin (Python 3.12: \
              `pip install lammps-jax-pjrt-cpu==0.11.2`; scripts/setup.sh installs it into .venv/jax) and set \
@@ -298,7 +298,7 @@ fn run_xla(
         )
     })?;
     let bytes = module_bytes(&args.file, module)?;
-    let run = plugin::xla_run::run(&path, module, &bytes, cfg, inputs, &pass_flags)?;
+    let run = tools::xla_run::run(&path, module, &bytes, cfg, inputs, &pass_flags)?;
     let on_peerless = run.decisions.iter().filter(|d| d.kernel).count();
     println!(
         "xla: {} ({}); Peerless's pass: {on_peerless} of {} collectives on Peerless{}",

@@ -1,12 +1,12 @@
 //! `peerless tune`: measures Peerless's algorithms against XLA's own collectives through
 //! XLA (as `peerless bench`) and writes the tuning profile the pass reads by default
-//! (`plugin::xla_tune`, `emitter::tuning`). Prints the crossovers as a Markdown table and
+//! (`tools::xla_tune`, `emitter::tuning`). Prints the crossovers as a Markdown table and
 //! where the profile went; a progress line per measured row goes to stderr.
 
 use std::path::PathBuf;
 
-use plugin::xla_bench::{Dtype, Op};
-use plugin::xla_tune::{TuneOptions, crossovers};
+use tools::xla_bench::{Dtype, Op};
+use tools::xla_tune::{TuneOptions, crossovers};
 
 #[derive(clap::Args)]
 pub struct TuneArgs {
@@ -91,7 +91,7 @@ pub fn run(args: &TuneArgs) -> Result<(), String> {
     o.command =
         std::env::args().map(|a| if a.contains(' ') { format!("'{a}'") } else { a }).collect::<Vec<_>>().join(" ");
     let start = std::time::Instant::now();
-    let report = plugin::xla_tune::run(&o, &mut |line| eprintln!("{line}"))?;
+    let report = tools::xla_tune::run(&o, &mut |line| eprintln!("{line}"))?;
     print!("{}", crossovers(&report.profile));
     println!(
         "wrote {} ({} rows measured in {:.0} s); the pass reads it by default (PEERLESS_TUNING_PROFILE=0 turns it off)",

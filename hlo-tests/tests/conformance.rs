@@ -5,7 +5,7 @@
 //! print as the text-parsed module does (the encoder's round trip). Each module's entry
 //! parameters must fit the inputs of every golden of the case (`goldens/<case>.d<N>.npz`,
 //! written only by `gen_goldens.py` with XLA's CPU backend). The goldens' outputs are XLA's
-//! answers: `plugin/tests/xla_run.rs` runs every case through XLA:CPU, with Peerless's pass and
+//! answers: `tools/tests/xla_run.rs` runs every case through XLA:CPU, with Peerless's pass and
 //! handlers, and compares with them.
 //!
 //! `cargo test -p peerless-hlo-tests --test conformance [-- FILTER]`

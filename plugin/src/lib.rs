@@ -1,15 +1,12 @@
 //! Peerless inside XLA, as a library: the wrapper of XLA's own PJRT plugin ([`wrap`], the
 //! `GetPjrtApi` of the `peerless-pjrt` cdylib in plugin/so), the collective pass's entry
-//! points ([`xla_inside`]), the FFI handlers' registration ([`xla_handlers`]), and running
-//! HLO files and benchmarks through XLA ([`xla_run`], [`xla_bench`]) for the CLI. All logic
-//! lives here; plugin/so only re-exports it as C symbols.
+//! points ([`xla_inside`]) and the FFI handlers' registration ([`xla_handlers`]): what JAX and
+//! XLA load. All logic lives here; plugin/so only re-exports it as C symbols. Running HLO
+//! files, benchmarks and the tune through XLA is the CLI's (`peerless-tools`).
 
 pub mod wrap;
-pub mod xla_bench;
 pub mod xla_handlers;
 pub mod xla_inside;
-pub mod xla_run;
-pub mod xla_tune;
 
 /// Re-exported so the plugin and the CLI agree on the IR version.
 pub use hlo;

@@ -3,7 +3,7 @@
 //! ([`RunConfig`], [`Mode`]), the value each device holds of every entry parameter and of the
 //! result ([`local_param_shapes`], [`local_result_shapes`]: a shard where `hlo`'s sharding
 //! analysis says so), and the inputs and outputs as npz files ([`io`]). XLA's runs (through
-//! `plugin::xla_run`), the CLI and the conformance goldens share it; it runs nothing itself.
+//! `tools::xla_run`), the CLI and the conformance goldens share it; it runs nothing itself.
 
 pub mod io;
 

@@ -1,7 +1,7 @@
 //! A small PJRT client over an [`InnerPlugin`]'s function table: create a client, list its
 //! devices, compile an HLO module, move arrays in and out and run an executable on several
 //! devices at once. `peerless run --backend xla` runs modules through it
-//! (`plugin::xla_run`).
+//! (`tools::xla_run`).
 //!
 //! Written against `pjrt_sys` (PJRT 0.54's C header). The plugins are newer (0.115): the
 //! table only grows at its end and every args struct carries its size, so the 0.54 prefix

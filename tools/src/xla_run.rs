@@ -33,9 +33,9 @@ use thunks::custom_call::TARGETS;
 mod flatten;
 
 /// Where the XLA plugin comes from when `--xla-plugin` is not given.
-pub const ENV_VAR: &str = crate::wrap::ENV_VAR;
+pub const ENV_VAR: &str = plugin::wrap::ENV_VAR;
 
-pub use crate::wrap::platform_of;
+pub use plugin::wrap::platform_of;
 
 /// What a run produced: every device's result and the pass's decisions.
 #[derive(Debug)]
@@ -104,7 +104,7 @@ pub fn plugin(path: &Path, platform: &'static str) -> Result<&'static InnerPlugi
     }
     // Never unloaded: XLA keeps pointers to the handlers and the client lives in it.
     let inner: &'static InnerPlugin = Box::leak(Box::new(InnerPlugin::load(path)?));
-    let xla_platform = crate::xla_handlers::register_in(inner, platform)?;
+    let xla_platform = plugin::xla_handlers::register_in(inner, platform)?;
     log::info!(
         "xla: {} (PJRT {}.{}): {} handlers registered for {xla_platform}",
         path.display(),
@@ -250,7 +250,7 @@ pub fn prepare_tuned(
     source: emitter::tuning::ProfileSource,
 ) -> Result<(Vec<u8>, PassOutcome), String> {
     let module = with_assignment(bytes, &assignment(mode, ids))?;
-    let cfg = crate::xla_inside::pass_config_tuned(platform, &flags.join(" "), "", source)?;
+    let cfg = plugin::xla_inside::pass_config_tuned(platform, &flags.join(" "), "", source)?;
     let outcome = emitter::xla_pass::run(&module, &cfg).map_err(|e| format!("peerless pass: {e}"))?;
     let module = outcome.module.as_deref().unwrap_or(&module);
     // A module that already carries shardings (JAX's GSPMD form: tiled entry, a manual
@@ -376,7 +376,7 @@ pub fn run_with_options(
     flags: &[String],
     xla_options: &[(&str, &str)],
 ) -> Result<XlaRun, String> {
-    let platform = crate::wrap::platform_of(plugin_path);
+    let platform = plugin::wrap::platform_of(plugin_path);
     let inner = plugin(plugin_path, platform)?;
     let n = cfg.num_devices;
     let options: Vec<(&str, i64)> = if platform == "cpu" { vec![("cpu_device_count", n as i64)] } else { vec![] };

@@ -29,7 +29,7 @@
 //! installs, or PEERLESS_XLA_PLUGIN), loaded once per process. Without it the test fails,
 //! unless PEERLESS_SKIP_XLA_PLUGIN=1 says to skip it (CI never sets it).
 //!
-//! `cargo test -p peerless-plugin --test xla_run [-- FILTER]`. Trials run one at a time
+//! `cargo test -p peerless-tools --test xla_run [-- FILTER]`. Trials run one at a time
 //! unless `--test-threads` says otherwise (each builds its own XLA client).
 
 use std::path::{Path, PathBuf};
@@ -138,7 +138,7 @@ fn run_case(
     let mode = if d.mode == Mode::Replica { runs::Mode::Replica } else { runs::Mode::Partition };
     let cfg = runs::RunConfig { num_devices: n, mode };
     let options = xla_workaround(&case.name).map_or(&[][..], |(o, _)| o);
-    let run = plugin::xla_run::run_with_options(plugin, &module, &bytes, &cfg, &args, &source.flags(), options)?;
+    let run = tools::xla_run::run_with_options(plugin, &module, &bytes, &cfg, &args, &source.flags(), options)?;
     let taken = run.decisions.iter().filter(|x| x.kernel).count();
     if taken > 0 && !run.rewritten {
         return Err(format!("the pass took {taken} collectives but did not rewrite the module"));
@@ -198,7 +198,7 @@ fn xla_bug_still_there(plugin: &Path, case: &Case, n: usize) -> Result<(), Faile
     let args = make_args(&module.entry_param_shapes(), &golden)?;
     let mode = if d.mode == Mode::Replica { runs::Mode::Replica } else { runs::Mode::Partition };
     let cfg = runs::RunConfig { num_devices: n, mode };
-    match plugin::xla_run::run(plugin, &module, &bytes, &cfg, &args, &[]) {
+    match tools::xla_run::run(plugin, &module, &bytes, &cfg, &args, &[]) {
         Err(e) if e.contains(fragment) => Ok(()),
         Err(e) => Err(format!("{}: expected XLA's `{fragment}` bug, got: {e}", case.name).into()),
         Ok(_) => Err(format!("{} runs without its XLA workaround now: remove it", case.name).into()),
@@ -250,7 +250,7 @@ ENTRY main {
         .collect();
     let cfg = runs::RunConfig { num_devices: 2, mode: runs::Mode::Replica };
     let flags = Source::Kernel.flags();
-    let run = plugin::xla_run::run(plugin, &module, &bytes, &cfg, &args, &flags)?;
+    let run = tools::xla_run::run(plugin, &module, &bytes, &cfg, &args, &flags)?;
     if !(run.rewritten && run.decisions.len() == 1 && run.decisions[0].kernel) {
         return Err(format!("the all-reduce is not on Peerless: {:?}", run.decisions).into());
     }
@@ -269,11 +269,11 @@ ENTRY main {
 }
 
 fn clear_errors() -> Result<(), Failed> {
-    let e = plugin::xla_run::find_plugin(Some(Path::new("/nonexistent/xla_plugin.so"))).unwrap_err();
+    let e = tools::xla_run::find_plugin(Some(Path::new("/nonexistent/xla_plugin.so"))).unwrap_err();
     if !e.contains("/nonexistent/xla_plugin.so") {
         return Err(e.into());
     }
-    let e = plugin::xla_run::prepare(b"HloModule m\n", runs::Mode::Replica, &[0], "cpu", &[]).unwrap_err();
+    let e = tools::xla_run::prepare(b"HloModule m\n", runs::Mode::Replica, &[0], "cpu", &[]).unwrap_err();
     if !e.contains("HloModuleProto") {
         return Err(e.into());
     }
@@ -287,7 +287,7 @@ fn main() {
         args.test_threads = Some(1);
     }
     let mut trials = vec![Trial::test("text_modules_and_missing_plugins_are_clear_errors", clear_errors)];
-    let plugin = match plugin::xla_run::find_plugin(None) {
+    let plugin = match tools::xla_run::find_plugin(None) {
         Ok(p) => p,
         Err(e) if std::env::var("PEERLESS_SKIP_XLA_PLUGIN").as_deref() == Ok("1") => {
             eprintln!("SKIPPED the golden cases (PEERLESS_SKIP_XLA_PLUGIN=1): {e}");
@@ -299,7 +299,7 @@ fn main() {
             libtest_mimic::run(&args, trials).exit();
         }
     };
-    if plugin::xla_run::platform_of(&plugin) != "cpu" {
+    if tools::xla_run::platform_of(&plugin) != "cpu" {
         // The goldens are XLA:CPU's; another plugin is checked by hand (ARCHITECTURE.md).
         eprintln!("note: {} is not XLA's CPU plugin; the goldens' tolerances may not fit", plugin.display());
     }

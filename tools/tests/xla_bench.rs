@@ -1,4 +1,4 @@
-//! `peerless bench`'s library (`plugin::xla_bench`) on XLA's CPU plugin: 4 devices, two
+//! `peerless bench`'s library (`tools::xla_bench`) on XLA's CPU plugin: 4 devices, two
 //! small sizes, f32 and bf16, every op, Peerless's pass applied and XLA's own collectives,
 //! 2 samples × 2 executes. Every row must pass its check, every Peerless row must have run
 //! its collective on a Peerless custom call (the pass's decisions), and the CSV must have
@@ -7,11 +7,11 @@
 //! Needs XLA's CPU plugin (as tests/xla_run.rs): without it the test fails unless
 //! PEERLESS_SKIP_XLA_PLUGIN=1.
 
-use plugin::xla_bench::{CSV_HEADER, Check, Dtype, Impl, Op, Options, run};
+use tools::xla_bench::{CSV_HEADER, Check, Dtype, Impl, Op, Options, run};
 
 #[test]
 fn bench_on_the_cpu_plugin() {
-    let plugin = match plugin::xla_run::find_plugin(None) {
+    let plugin = match tools::xla_run::find_plugin(None) {
         Ok(p) => p,
         Err(e) if std::env::var("PEERLESS_SKIP_XLA_PLUGIN").as_deref() == Ok("1") => {
             eprintln!("SKIPPED (PEERLESS_SKIP_XLA_PLUGIN=1): {e}");
@@ -79,7 +79,7 @@ fn bench_on_the_cpu_plugin() {
 /// another program.
 #[test]
 fn a_program_compiled_twice_is_timed_once() {
-    let Ok(plugin) = plugin::xla_run::find_plugin(None) else {
+    let Ok(plugin) = tools::xla_run::find_plugin(None) else {
         assert_eq!(std::env::var("PEERLESS_SKIP_XLA_PLUGIN").as_deref(), Ok("1"), "no XLA CPU plugin");
         return;
     };
@@ -115,8 +115,8 @@ fn a_program_compiled_twice_is_timed_once() {
 #[test]
 fn a_short_tune_writes_a_profile_the_pass_reads() {
     use emitter::tuning::{Profile, ProfileSource, XLA};
-    use plugin::xla_tune::{TuneOptions, run as tune};
-    let plugin = match plugin::xla_run::find_plugin(None) {
+    use tools::xla_tune::{TuneOptions, run as tune};
+    let plugin = match tools::xla_run::find_plugin(None) {
         Ok(p) => p,
         Err(e) if std::env::var("PEERLESS_SKIP_XLA_PLUGIN").as_deref() == Ok("1") => {
             eprintln!("SKIPPED (PEERLESS_SKIP_XLA_PLUGIN=1): {e}");
@@ -150,10 +150,10 @@ fn a_short_tune_writes_a_profile_the_pass_reads() {
     // The pass reads it: every decision of a bench module cites the file and its figures.
     let ids: Vec<i64> = (0..8).collect();
     for op in Op::ALL {
-        let module = plugin::xla_bench::module(op, Dtype::F32, 2048, 8, 1);
+        let module = tools::xla_bench::module(op, Dtype::F32, 2048, 8, 1);
         let source = ProfileSource::File(report.path.clone());
         let (_, outcome) =
-            plugin::xla_run::prepare_tuned(&module, runs::Mode::Replica, &ids, "cpu", &[], source).unwrap();
+            tools::xla_run::prepare_tuned(&module, runs::Mode::Replica, &ids, "cpu", &[], source).unwrap();
         let cite = format!("profile {}: {}", report.path.display(), op.name());
         for d in &outcome.decisions {
             assert!(d.reason.contains(&cite) && d.reason.contains("µs"), "{op:?}: {}", d.reason);
@@ -162,7 +162,7 @@ fn a_short_tune_writes_a_profile_the_pass_reads() {
         let forced = [format!("--{}_backend=fallback", op.name().replace('-', "_"))];
         let source = ProfileSource::File(report.path.clone());
         let (_, outcome) =
-            plugin::xla_run::prepare_tuned(&module, runs::Mode::Replica, &ids, "cpu", &forced, source).unwrap();
+            tools::xla_run::prepare_tuned(&module, runs::Mode::Replica, &ids, "cpu", &forced, source).unwrap();
         assert!(outcome.decisions.iter().all(|d| d.reason.starts_with("forced by")), "{:?}", outcome.decisions);
     }
     let _ = std::fs::remove_dir_all(&dir);

@@ -14,7 +14,7 @@ use hlo_tests::{golden_path, make_args, proto_path, read_golden};
 
 #[test]
 fn xla_runs_the_registered_pass_and_peerless_takes_the_all_reduce() {
-    let path = match plugin::xla_run::find_plugin(None) {
+    let path = match tools::xla_run::find_plugin(None) {
         Ok(p) => p,
         Err(e) if std::env::var("PEERLESS_SKIP_XLA_PLUGIN").as_deref() == Ok("1") => {
             eprintln!("SKIPPED (PEERLESS_SKIP_XLA_PLUGIN=1): {e}");
@@ -22,8 +22,8 @@ fn xla_runs_the_registered_pass_and_peerless_takes_the_all_reduce() {
         }
         Err(e) => panic!("{e}\n(set PEERLESS_SKIP_XLA_PLUGIN=1 to skip this test)"),
     };
-    assert_eq!(plugin::xla_run::platform_of(&path), "cpu", "{}: the goldens are XLA:CPU's", path.display());
-    let inner = plugin::xla_run::plugin(&path, "cpu").expect("load XLA's CPU plugin");
+    assert_eq!(tools::xla_run::platform_of(&path), "cpu", "{}: the goldens are XLA:CPU's", path.display());
+    let inner = tools::xla_run::plugin(&path, "cpu").expect("load XLA's CPU plugin");
     assert!(inner.has_xla_transform(), "{} has no XlaTransform extension", path.display());
     assert_eq!(plugin::xla_inside::register_pass_in(inner, "cpu"), Ok(true));
     // Once per process: a second registration is a no-op.
@@ -41,7 +41,7 @@ fn xla_runs_the_registered_pass_and_peerless_takes_the_all_reduce() {
     // The CLI's own pass (applied before XLA sees the module) is told to leave the
     // all-reduce to XLA, so only the registered pass inside XLA's pipeline can take it.
     let flags = vec!["--all_reduce_backend=fallback".to_string()];
-    let run = plugin::xla_run::run(Path::new(&path), &module, &bytes, &cfg, &args, &flags).expect("run");
+    let run = tools::xla_run::run(Path::new(&path), &module, &bytes, &cfg, &args, &flags).expect("run");
     assert!(!run.rewritten, "the CLI's pass was told to leave the module alone");
     let collectives = run.decisions.len();
     assert!(collectives > 0 && run.decisions.iter().all(|d| !d.kernel), "{:?}", run.decisions);

@@ -100,9 +100,12 @@ pub fn live_clusters() -> usize {
 }
 
 /// The per-executable state XLA holds for one custom call (set at INSTANTIATE, deleted
-/// with the executable): the collective, built by the first device to execute.
+/// with the executable): the call's config, parsed once, and the collective, built by the
+/// first device to execute.
 #[derive(Debug, Default)]
 struct ExecState {
+    /// The call's attributes as INSTANTIATE parsed them (the hot path reads no attribute).
+    config: Option<CustomCallConfig>,
     instance: OnceLock<Result<Arc<Instance>, String>>,
     /// For a group across processes: how many executables of this process instantiated the
     /// call's `instance` before this one ([`thunks::runtime::shared_key`]).
@@ -364,8 +367,12 @@ impl CollectiveRuntime for HostRuntime {
             0
         };
         // Without XLA-held state, calls fall back to the process-wide table.
-        STATE.instantiate_with(f, ExecState { occurrence, ..ExecState::default() });
+        STATE.instantiate_with(f, ExecState { occurrence, config: Some(call.clone()), ..ExecState::default() });
         Ok(())
+    }
+
+    fn config<'f>(&self, f: &'f CallFrame<'_>) -> Option<&'f CustomCallConfig> {
+        STATE.get(f)?.config.as_ref()
     }
 
     fn execute(&self, f: &CallFrame<'_>, call: &CustomCallConfig, device: usize) -> Result<(), HandlerError> {

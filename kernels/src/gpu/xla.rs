@@ -46,7 +46,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::marker::PhantomData;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock, Weak};
 
 use ffi::gpu::{IPC_HANDLE_BYTES, Interop};
@@ -248,10 +248,16 @@ pub fn live_instances<B: XlaBackend>() -> usize {
 }
 
 /// An executable's state for one custom call (set at INSTANTIATE, dropped with the
-/// executable, which frees every device's staging): the collective's instance.
+/// executable, which frees every device's staging): the call's config, parsed once, and the
+/// collective's instance.
 #[derive(Debug)]
 struct ExecState<B: XlaBackend> {
+    /// The call's attributes as INSTANTIATE parsed them (the hot path reads no attribute).
+    config: Option<CustomCallConfig>,
     instance: OnceLock<Arc<Instance<B>>>,
+    /// Bit o: INITIALIZE finished on GPU ordinal o (XLA repeats the stage on every
+    /// execution; with command buffers it is the only stage that reaches the handler).
+    initialized: AtomicU64,
     /// For a group across processes: how many executables of this process instantiated the
     /// call's `instance` before this one.
     occurrence: u64,
@@ -259,7 +265,7 @@ struct ExecState<B: XlaBackend> {
 
 impl<B: XlaBackend> Default for ExecState<B> {
     fn default() -> Self {
-        ExecState { instance: OnceLock::new(), occurrence: 0 }
+        ExecState { config: None, instance: OnceLock::new(), initialized: AtomicU64::new(0), occurrence: 0 }
     }
 }
 
@@ -694,8 +700,19 @@ impl<B: XlaBackend> CollectiveRuntime for GpuRuntime<B> {
             0
         };
         // Without XLA-held state, instances live in the process-wide table.
-        B::state().exec.instantiate_with(f, ExecState { occurrence, ..ExecState::default() });
+        B::state()
+            .exec
+            .instantiate_with(f, ExecState { occurrence, config: Some(cfg.clone()), ..ExecState::default() });
         Ok(())
+    }
+
+    fn config<'f>(&self, f: &'f CallFrame<'_>) -> Option<&'f CustomCallConfig> {
+        B::state().exec.get(f)?.config.as_ref()
+    }
+
+    fn initialized(&self, f: &CallFrame<'_>, _device: usize) -> bool {
+        let (Some(state), Ok(o)) = (B::state().exec.get(f), ordinal(f)) else { return false };
+        o < 64 && state.initialized.load(Ordering::Acquire) & (1 << o) != 0
     }
 
     fn device_id(&self, ordinal: usize) -> Result<usize, HandlerError> {
@@ -738,6 +755,9 @@ impl<B: XlaBackend> CollectiveRuntime for GpuRuntime<B> {
             // Meet the other processes here, outside any stream capture: opening their IPC
             // handles is not an operation a capturing stream allows.
             all_ranks(c, cfg, &inst, device, ordinal)?;
+        }
+        if let Some(state) = B::state().exec.get(f).filter(|_| ordinal < 64) {
+            state.initialized.fetch_or(1 << ordinal, Ordering::AcqRel);
         }
         Ok(())
     }

@@ -120,6 +120,12 @@ pub struct Capabilities {
     /// Groups whose devices belong to several processes of one host (the handlers meet
     /// through shared memory named by the job).
     pub cross_process: bool,
+    /// The platform runs each device's calls one at a time in program order (a GPU
+    /// stream). XLA:CPU does not: its thunk executor runs a device's data-independent
+    /// thunks at once on a thread pool as small as the machine's cores, so a call that
+    /// waits for its peers must be ordered with every other collective beside it
+    /// (`xla_pass::keep_ordered`).
+    pub in_order: bool,
 }
 
 /// Rules 2–7 for a collective whose backend flag allows a kernel.

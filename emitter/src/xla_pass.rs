@@ -392,7 +392,7 @@ impl Default for PassConfig {
             peers: Peers::Shared,
             local_devices: None,
             topology: None,
-            caps: Capabilities { variadic: true, cross_process: false },
+            caps: Capabilities { variadic: true, cross_process: false, in_order: false },
             instance_base: None,
             device_memory: DeviceMemory::default(),
             tuning: TuningConfig::default(),
@@ -705,6 +705,10 @@ pub fn run(bytes: &[u8], cfg: &PassConfig) -> Result<PassOutcome, PassError> {
         log::info!("peerless pass: {decision}");
         decisions.push(decision);
     }
+    // XLA:CPU: calls ordered with what else blocks, and chained (below) where their data
+    // dependencies do not already order them.
+    let chain_deps =
+        if !cfg.caps.in_order && decisions.len() > 1 { keep_ordered(bytes, &mut calls, &mut decisions) } else { None };
     // Shared staging: only worth reading the whole module's dependencies with two calls.
     if calls.len() > 1 {
         let names: Vec<&str> = calls.iter().map(|c| c.3.name.as_str()).collect();
@@ -733,9 +737,13 @@ pub fn run(bytes: &[u8], cfg: &PassConfig) -> Result<PassOutcome, PassError> {
         }
         instances.push(call.instance);
         let form = forms.get(&call.name).copied().unwrap_or(Form::Sync);
-        rewrites.insert(decisions[at].instr.clone(), (target, call.backend_config(), form));
+        rewrites.insert(decisions[at].instr.clone(), (target, call, form));
     }
-    let module = if rewrites.is_empty() { None } else { Some(rewrite(bytes, &rewrites)?) };
+    // A call needs an ordering operand unless the previous call of its computation is already
+    // one of its data-dependency ancestors (no extra operand keeps a result alive longer).
+    let unordered = |prev: &str, next: &str| chain_deps.as_ref().is_none_or(|d| !d.precedes(prev, next));
+    let chain: Option<&dyn Fn(&str, &str) -> bool> = (!cfg.caps.in_order).then_some(&unordered);
+    let module = if rewrites.is_empty() { None } else { Some(rewrite(bytes, &rewrites, chain)?) };
     Ok(PassOutcome { module, decisions, instances })
 }
 
@@ -917,6 +925,7 @@ fn decide_one(
         slot: None,
         slot_bytes: 0,
         slot_gpu_bytes: 0,
+        order_operands: 0,
     };
     d.implementation = decision.implementation.to_string();
     d.kernel = true;

@@ -6,7 +6,9 @@
 //! its header's `replica_count` / `num_partitions` (device d = logical id d), for modules
 //! JAX does not hand the pass (async start/done pairs, as XLA dumps optimized modules,
 //! and edge forms of them); an optional `NAME.flags` holds
-//! `--name=value` flags for the pass. One trial per input runs the pass (instance ids from
+//! `--name=value` flags for the pass. Inputs are decided as for XLA:CPU (whose thunk executor
+//! may run a device's independent calls at once), those named `*_gpu` as for a GPU (calls in
+//! stream order). One trial per input runs the pass (instance ids from
 //! a fixed base), decodes the rewritten module with the proto front end, runs the verifier
 //! on it, runs the pass again on its own output (it must change nothing and decide the
 //! fallbacks the same way), and compares with `NAME.expected`: one line per decision, a
@@ -38,6 +40,13 @@ fn config(flags: &str) -> Result<PassConfig, String> {
     Ok(PassConfig { flags, instance_base: Some(INSTANCE_BASE), ..PassConfig::default() })
 }
 
+/// `config`, for the platform the input's name says (`*_gpu`: calls run in stream order).
+fn config_for(pb: &Path, flags: &str) -> Result<PassConfig, String> {
+    let mut cfg = config(flags)?;
+    cfg.caps.in_order = pb.file_stem().is_some_and(|s| s.to_string_lossy().ends_with("_gpu"));
+    Ok(cfg)
+}
+
 /// The part of a decision that must not change when the pass sees its own output.
 fn key(d: &PassDecision) -> (&str, &str, &str, bool, &str) {
     (&d.instr, &d.op, &d.implementation, d.kernel, &d.reason)
@@ -56,7 +65,7 @@ fn render(pb: &Path) -> Result<String, String> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
         Err(e) => return Err(format!("{}: {e}", flags_path.display())),
     };
-    let cfg = config(&flags)?;
+    let cfg = config_for(pb, &flags)?;
     let outcome = xla_pass::run(&bytes, &cfg).map_err(|e| format!("the pass failed: {e}"))?;
     let mut out = String::new();
     for d in &outcome.decisions {

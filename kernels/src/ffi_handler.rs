@@ -89,6 +89,22 @@ pub fn element_type(b: &BufferRef<'_>) -> Result<PrimitiveType, HandlerError> {
     }
 }
 
+/// The call's operand buffers, without the trailing ones that only order it after another
+/// call ([`CustomCallConfig::order_operands`]).
+pub fn operands<'a>(f: &CallFrame<'a>, call: &CustomCallConfig) -> Result<Vec<BufferRef<'a>>, HandlerError> {
+    let mut args = f.args()?;
+    if call.order_operands > args.len() {
+        return Err(HandlerError::invalid_argument(format!(
+            "'{}': {} ordering operands, but the call has {} operand buffers",
+            call.name,
+            call.order_operands,
+            args.len()
+        )));
+    }
+    args.truncate(args.len() - call.order_operands);
+    Ok(args)
+}
+
 /// A buffer's logical shape.
 pub fn array_shape(b: &BufferRef<'_>) -> Result<ArrayShape, HandlerError> {
     Ok(ArrayShape::new(element_type(b)?, b.dims.to_vec()))

@@ -376,7 +376,7 @@ impl CollectiveRuntime for HostRuntime {
     }
 
     fn execute(&self, f: &CallFrame<'_>, call: &CustomCallConfig, device: usize) -> Result<(), HandlerError> {
-        let (args, rets) = (f.args()?, f.rets()?);
+        let (args, rets) = (crate::ffi_handler::operands(f, call)?, f.rets()?);
         let mut inputs = Vec::with_capacity(args.len());
         for a in &args {
             let shape = array_shape(a)?;
@@ -459,6 +459,7 @@ mod tests {
             slot: None,
             slot_bytes: 0,
             slot_gpu_bytes: 0,
+            order_operands: 0,
         }
     }
 

@@ -88,7 +88,10 @@ pub fn pass_config_tuned(
     // over shared memory, the GPUs (CUDA; ROCm in a build with it) through staging shared
     // with IPC handles.
     let caps = match platform {
-        p if crate::xla_handlers::has_platform(p) => Capabilities { variadic: true, cross_process: true },
+        // A GPU runs a device's calls in stream order; XLA:CPU may run independent ones at once.
+        p if crate::xla_handlers::has_platform(p) => {
+            Capabilities { variadic: true, cross_process: true, in_order: platform != "cpu" }
+        }
         other => return Err(crate::xla_handlers::no_platform(other)),
     };
     // The handlers learn the job (its token, the GPUs' device ids) from the Python package

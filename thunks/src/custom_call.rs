@@ -143,10 +143,14 @@ pub struct CustomCallConfig {
     /// among its calls (the GPU layout stages results, not only operands; 0: the handler
     /// sizes it from the first call).
     pub slot_gpu_bytes: u64,
+    /// Trailing operand buffers that only order the call after another (XLA:CPU, where the
+    /// pass chains a computation's calls through data dependencies: its thunk executor runs
+    /// independent thunks at once): the handler ignores them.
+    pub order_operands: usize,
 }
 
 /// Every attribute a Peerless custom call may carry.
-pub const ATTRIBUTES: [&str; 16] = [
+pub const ATTRIBUTES: [&str; 17] = [
     "algorithm",
     "decisions",
     "dimension",
@@ -156,6 +160,7 @@ pub const ATTRIBUTES: [&str; 16] = [
     "layout",
     "name",
     "num_devices",
+    "order_operands",
     "pairs",
     "processes",
     "reduction",
@@ -246,6 +251,9 @@ impl CustomCallConfig {
         }
         if !self.decisions.is_empty() {
             kv.push(("decisions", mlir_string(&self.decisions)));
+        }
+        if self.order_operands > 0 {
+            kv.push(("order_operands", format!("{} : i64", self.order_operands)));
         }
         if let Some(slot) = self.slot {
             kv.push(("slot", format!("{} : i64", slot & (i64::MAX as u64))));
@@ -351,6 +359,11 @@ impl CustomCallConfig {
                 None => 0,
                 Some(b) => nonneg("slot_bytes", b)? as u64,
             };
+        let order_operands =
+            match a.i64("order_operands").map_err(|message| AttrError::Invalid { name: "order_operands", message })? {
+                None => 0,
+                Some(n) => nonneg("order_operands", n)?,
+            };
         let slot_gpu_bytes =
             match a.i64("slot_gpu_bytes").map_err(|message| AttrError::Invalid { name: "slot_gpu_bytes", message })? {
                 None => 0,
@@ -373,6 +386,7 @@ impl CustomCallConfig {
             slot,
             slot_bytes,
             slot_gpu_bytes,
+            order_operands,
         })
     }
 
@@ -551,6 +565,7 @@ mod tests {
             slot: None,
             slot_bytes: 0,
             slot_gpu_bytes: 0,
+            order_operands: 0,
         };
         let s = c.backend_config();
         assert_eq!(
@@ -564,6 +579,11 @@ mod tests {
         let t = slotted.backend_config();
         assert!(t.contains("slot = 12 : i64, slot_bytes = 1048576 : i64, slot_gpu_bytes = 3145728 : i64"), "{t}");
         assert_eq!(CustomCallConfig::from_attrs(CollectiveKind::AllReduce, &Parsed::new(&t)).unwrap(), slotted);
+        // Ordering operands (XLA:CPU chains) travel; none: no attribute.
+        let chained = CustomCallConfig { order_operands: 2, ..c.clone() };
+        let t = chained.backend_config();
+        assert!(t.contains("order_operands = 2 : i64") && !s.contains("order_operands"), "{t}");
+        assert_eq!(CustomCallConfig::from_attrs(CollectiveKind::AllReduce, &Parsed::new(&t)).unwrap(), chained);
         assert_eq!(c.group_of(1), Some(&[1usize, 0][..]));
         assert_eq!(c.device_span(), 4);
 
@@ -584,6 +604,7 @@ mod tests {
             slot: None,
             slot_bytes: 0,
             slot_gpu_bytes: 0,
+            order_operands: 0,
         };
         let back = CustomCallConfig::from_attrs(CollectiveKind::CollectivePermute, &Parsed::new(&p.backend_config()));
         assert_eq!(back.unwrap(), p);
@@ -658,6 +679,7 @@ mod tests {
             slot: None,
             slot_bytes: 0,
             slot_gpu_bytes: 0,
+            order_operands: 0,
         };
         let with = |kind, algorithm| CustomCallConfig { kind, algorithm, ..base.clone() };
         use CollectiveKind as K;

@@ -168,6 +168,7 @@ mod tests {
             slot: None,
             slot_bytes: 0,
             slot_gpu_bytes: 0,
+            order_operands: 0,
         }
     }
 

@@ -82,6 +82,103 @@ pub(super) fn fit_staging(
     });
 }
 
+/// On a platform that may run a device's data-independent calls at once (XLA:CPU), a call
+/// that waits for its peers on a pool thread beside an unordered collective can deadlock:
+/// device A waits in one while device B, its threads all waiting in the other, never reaches
+/// the first. XLA orders its own collectives (one communicator resource) and the rewrite
+/// chains Peerless's calls of a computation (`rewrite`'s `chain`); nothing orders a call with
+/// anything else that blocks. So a call stays a kernel only if, by data dependencies, it is
+/// ordered with every collective of its computation that stays XLA's and every loop, call or
+/// conditional there that runs a collective, and, where it lies in such a computation, that
+/// instruction is ordered likewise with everything in its caller that blocks (collectives,
+/// Peerless's included, and other such instructions), up to the entry. Calls sent back are
+/// XLA's from then on, so the check repeats until nothing changes; each decision names what
+/// the call could run beside. Every process of a job decides alike (the same module).
+pub(super) fn keep_ordered(
+    module: &[u8],
+    calls: &mut Vec<(usize, InstrId, &'static str, CustomCallConfig)>,
+    decisions: &mut [PassDecision],
+) -> Option<Deps> {
+    let names: Vec<&str> = decisions.iter().map(|d| d.instr.as_str()).collect();
+    let deps = match dependencies(module, &names) {
+        Ok(d) => d,
+        Err(e) => {
+            log::warn!("peerless pass: cannot read the module's dependencies ({e}): every call goes back to XLA");
+            for (at, ..) in calls.iter() {
+                let d = &mut decisions[*at];
+                (d.kernel, d.implementation) = (false, "fallback".into());
+                d.reason = format!("the module's dependencies could not be read ({e}) (was: {})", d.reason);
+            }
+            calls.clear();
+            return None;
+        }
+    };
+    let ordered = |a: &str, b: &str| deps.precedes(a, b) || deps.precedes(b, a);
+    // What blocks in computation `comp`, by name: its units and its collectives that stay
+    // XLA's (`peerless`: those still Peerless's too).
+    let blockers = |comp: &str, kernels: &BTreeSet<String>, peerless: bool| -> Vec<String> {
+        let mut v: Vec<String> = deps
+            .ancestors
+            .iter()
+            .filter(|(n, (c, _))| c == comp && (peerless || deps.units.contains_key(*n) || !kernels.contains(*n)))
+            .map(|(n, _)| n.clone())
+            .collect();
+        v.sort();
+        v
+    };
+    // The unit running computation `comp` (its one caller's instruction), if there is one.
+    let unit_running = |comp: &str| -> Option<&String> {
+        let mut found = deps.units.iter().filter(|(_, runs)| runs.iter().any(|r| r == comp)).map(|(u, _)| u);
+        let one = found.next();
+        if found.next().is_some() { None } else { one }
+    };
+    loop {
+        let kernels: BTreeSet<String> = calls.iter().map(|c| c.3.name.clone()).collect();
+        let beside = |name: &str| -> Option<String> {
+            let (comp, _) = deps.ancestors.get(name)?;
+            if let Some(o) = blockers(comp, &kernels, false).into_iter().find(|o| o != name && !ordered(o, name)) {
+                return Some(o);
+            }
+            // Up through the loops and branches that run it.
+            let mut c = comp.clone();
+            for _ in 0..=deps.units.len() {
+                if Some(&c) == deps.entry.as_ref() {
+                    return None;
+                }
+                let Some(unit) = unit_running(&c) else {
+                    return Some(format!("another instruction that runs computation {c}"));
+                };
+                let Some((parent, _)) = deps.ancestors.get(unit) else {
+                    return Some(format!("the caller of computation {c}"));
+                };
+                if let Some(o) = blockers(parent, &kernels, true).into_iter().find(|o| o != unit && !ordered(o, unit)) {
+                    return Some(format!("{o} (beside {unit}, which runs it)"));
+                }
+                c = parent.clone();
+            }
+            None
+        };
+        let back: Vec<(usize, String)> =
+            calls.iter().filter_map(|(at, _, _, c)| beside(&c.name).map(|o| (*at, o))).collect();
+        if back.is_empty() {
+            break;
+        }
+        for (at, other) in &back {
+            let d = &mut decisions[*at];
+            d.kernel = false;
+            d.implementation = "fallback".into();
+            d.reason = format!(
+                "XLA:CPU may run it at the same time as {other} (nothing orders them), and a device's threads could \
+                 then wait in both: left to XLA, which orders its collectives (was: {})",
+                d.reason
+            );
+            log::warn!("peerless pass: {} left to XLA: {}", d.instr, d.reason);
+        }
+        calls.retain(|(at, ..)| !back.iter().any(|(u, _)| u == at));
+    }
+    Some(deps)
+}
+
 /// Data dependencies between a module's collectives, read from the whole module (the slim
 /// module the decisions read keeps only collectives and their direct operands).
 #[derive(Debug, Default)]
@@ -94,6 +191,10 @@ pub(super) struct Deps {
     callers: HashMap<String, Vec<String>>,
     /// The entry computation's name (the module's entry id; else its entry name).
     pub(super) entry: Option<String>,
+    /// Control-flow units: an instruction that runs a computation holding a wanted
+    /// collective (a loop, a call, a conditional), under the name `"{computation}/{id}"`
+    /// in `ancestors` (its computation, its ancestors, itself), by the computations it runs.
+    pub(super) units: HashMap<String, Vec<String>>,
 }
 
 impl Deps {
@@ -128,7 +229,6 @@ pub(super) fn dependencies(module: &[u8], wanted: &[&str]) -> Result<Deps, PassE
     let wanted_names = wanted;
     let mut deps =
         Deps { index: wanted.iter().enumerate().map(|(k, n)| (n.to_string(), k)).collect(), ..Deps::default() };
-    let words = wanted.len().div_ceil(64);
     let top = fields(module)?;
     let first_int = |fs: &[Field<'_>], number: u32| -> Result<Option<i64>, PassError> {
         Ok(fs.iter().find(|x| x.number == number).map(ints).transpose()?.and_then(|v| v.first().copied()))
@@ -187,8 +287,48 @@ pub(super) fn dependencies(module: &[u8], wanted: &[&str]) -> Result<Deps, PassE
             }
         }
     }
+    // Computations holding a wanted collective, themselves or in a computation they run.
+    let mut holds: std::collections::HashSet<String> = comps
+        .iter()
+        .filter(|(_, instrs, _)| instrs.values().any(|(k, _, _)| k.is_some()))
+        .map(|(n, _, _)| n.clone())
+        .collect();
+    loop {
+        let before = holds.len();
+        for (name, instrs, _) in &comps {
+            let runs_one = instrs
+                .values()
+                .any(|(_, _, called)| called.iter().any(|c| comp_name.get(c).is_some_and(|n| holds.contains(n))));
+            if runs_one {
+                holds.insert(name.clone());
+            }
+        }
+        if holds.len() == before {
+            break;
+        }
+    }
+    // Units get indices after the wanted collectives.
+    let mut unit_names: Vec<String> = Vec::new();
+    let mut unit_of: HashMap<(String, i64), usize> = HashMap::new();
+    for (name, instrs, listed) in &comps {
+        for id in listed {
+            let (_, _, called) = &instrs[id];
+            let runs: Vec<String> =
+                called.iter().filter_map(|c| comp_name.get(c)).filter(|n| holds.contains(*n)).cloned().collect();
+            if !runs.is_empty() {
+                let unit = format!("{name}/{id}");
+                unit_of.insert((name.clone(), *id), wanted.len() + unit_names.len());
+                deps.index.insert(unit.clone(), wanted.len() + unit_names.len());
+                deps.units.insert(unit.clone(), runs);
+                unit_names.push(unit);
+            }
+        }
+    }
+    let words = (wanted.len() + unit_names.len()).div_ceil(64);
     for (comp, instrs, listed) in &comps {
-        if !instrs.values().any(|(k, _, _)| k.is_some()) {
+        if !instrs.values().any(|(k, _, _)| k.is_some())
+            && !listed.iter().any(|i| unit_of.contains_key(&(comp.clone(), *i)))
+        {
             continue;
         }
         // Operands before users (a proto promises no order): depth first, without recursion
@@ -210,6 +350,10 @@ pub(super) fn dependencies(module: &[u8], wanted: &[&str]) -> Result<Deps, PassE
                     if let Some(k) = *wanted {
                         b[k / 64] |= 1u64 << (k % 64);
                         deps.ancestors.insert(wanted_names[k].to_owned(), (comp.clone(), b.clone()));
+                    }
+                    if let Some(&k) = unit_of.get(&(comp.clone(), i)) {
+                        b[k / 64] |= 1u64 << (k % 64);
+                        deps.ancestors.insert(unit_names[k - wanted_names.len()].clone(), (comp.clone(), b.clone()));
                     }
                     bits.insert(i, b);
                     continue;

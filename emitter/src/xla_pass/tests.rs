@@ -17,7 +17,7 @@ fn two_processes(hosts: &str, job: &str) -> Topology {
 fn decide(pb: &[u8], topology: Topology, cross_process: bool) -> (PassDecision, Option<String>) {
     let cfg = PassConfig {
         topology: Some(topology),
-        caps: Capabilities { variadic: true, cross_process },
+        caps: Capabilities { variadic: true, cross_process, in_order: false },
         instance_base: Some(1),
         ..PassConfig::default()
     };
@@ -150,6 +150,8 @@ fn staging_beyond_a_quarter_of_free_device_memory_goes_back_to_xla() {
         let cfg = PassConfig {
             instance_base: Some(1),
             device_memory: DeviceMemory(Some(Arc::new(move || free))),
+            // A GPU: calls run in stream order, so independent chains keep their kernels.
+            caps: Capabilities { variadic: true, cross_process: false, in_order: true },
             ..PassConfig::default()
         };
         run(pb, &cfg).unwrap()
@@ -169,6 +171,33 @@ fn staging_beyond_a_quarter_of_free_device_memory_goes_back_to_xla() {
     let out = with(Some(0));
     assert_eq!(kernels(&out), 0);
     assert!(out.module.is_none());
+}
+
+#[test]
+fn on_xla_cpu_unordered_calls_go_back() {
+    // XLA:CPU may run a device's independent thunks at once, on a pool as small as the
+    // machine's cores (a deadlock when devices wait in different calls). The rewrite chains
+    // every call after the first of its computation behind the previous one.
+    let cpu = PassConfig { instance_base: Some(1), ..PassConfig::default() };
+    let gpu = PassConfig { caps: Capabilities { variadic: true, cross_process: false, in_order: true }, ..cpu.clone() };
+    // (tests/xla_pass/independent_all_reduces{,_gpu}.expected show a chain.) A chain of
+    // data dependencies needs no ordering operand (none keeps a result alive longer).
+    let pb = include_bytes!("../../tests/xla_pass/psum_chain.pb");
+    let out = run(pb, &cpu).unwrap();
+    assert!(out.decisions.iter().all(|d| d.kernel), "{:?}", out.decisions);
+    let m = String::from_utf8_lossy(out.module.as_ref().unwrap()).into_owned();
+    assert!(!m.contains("order_operands"), "{m}");
+    // A loop holding a psum beside two independent chains: nothing orders the loop with the
+    // chains, so its call goes back, and with it, one after the other, the calls unordered
+    // with what went back (the chains stay whole on a GPU).
+    let pb = include_bytes!("../../tests/xla_pass/psum_chains_independent.pb");
+    let out = run(pb, &cpu).unwrap();
+    let loop_call = out.decisions.iter().find(|d| d.instr == "psum_invariant.18").unwrap();
+    assert!(!loop_call.kernel && loop_call.reason.contains("which runs it)"), "{}", loop_call.reason);
+    for d in out.decisions.iter().filter(|d| !d.kernel) {
+        assert!(d.reason.contains("at the same time as") && d.reason.contains("(was: "), "{}", d.reason);
+    }
+    assert!(run(pb, &gpu).unwrap().decisions.iter().all(|d| d.kernel));
 }
 
 #[test]

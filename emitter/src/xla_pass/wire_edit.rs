@@ -206,6 +206,25 @@ pub(super) fn with_layout(shape: &[u8]) -> Result<Vec<u8>, PassError> {
     Ok(out)
 }
 
+/// `PrimitiveType` numbers of the shapes [`leaves`] tells apart.
+const TUPLE: i64 = 13;
+const TOKEN: i64 = 17;
+
+/// Array leaves of a serialized shape (a tuple's, recursively; an array is one; a token none).
+pub(super) fn leaves(shape: &[u8]) -> Result<usize, PassError> {
+    let fs = fields(shape)?;
+    let tuple: Vec<_> = fs
+        .iter()
+        .filter(|x| x.number == hlo::wire::shape::TUPLE_SHAPES && x.wire == WireType::LengthDelimited)
+        .collect();
+    let ty = fs.iter().find(|x| x.number == hlo::wire::shape::ELEMENT_TYPE).map(ints).transpose()?;
+    match ty.and_then(|v| v.first().copied()) {
+        Some(TUPLE) => tuple.iter().map(|x| leaves(x.payload)).sum(),
+        Some(TOKEN) => Ok(0),
+        _ => Ok(1),
+    }
+}
+
 /// Pins a call's operand layouts (and, with its shape written by [`with_layout`], its
 /// result's): XLA's layout assignment keeps a layout-constrained custom call's layouts, where
 /// it may give an unconstrained one any (XLA:GPU assigns layouts after the pass and gave an
@@ -242,9 +261,18 @@ pub(super) fn put_call(ins: &mut Vec<u8>, target: &str, config: &str) {
 /// inserted call gets an id one past the largest of its computation (ids carry their
 /// computation in the upper 32 bits in modules XLA writes) that no instruction of the
 /// module has, and the start's name with `.peerless` (made unique).
+///
+/// With `chain` (XLA:CPU, whose thunk executor runs a device's independent thunks at once),
+/// each call after the first of a computation that `chain(previous, call)` says nothing
+/// orders yet also takes, as its last operand, the previous call of that computation in
+/// instruction order (the instruction the earlier rewrite left under that id: the call, or an
+/// async form's tuple), and says how many buffers that adds (`order_operands`): every device
+/// then runs a computation's calls one at a time, in one order. Instruction order is a
+/// topological order, so the added edges make no cycle.
 pub(super) fn rewrite(
     module: &[u8],
-    rewrites: &HashMap<String, (&'static str, String, Form)>,
+    rewrites: &HashMap<String, (&'static str, CustomCallConfig, Form)>,
+    chain: Option<&dyn Fn(&str, &str) -> bool>,
 ) -> Result<Vec<u8>, PassError> {
     let any_tuple = rewrites.values().any(|r| r.2 == Form::AsyncTuple);
     let (mut used_ids, mut used_names) =
@@ -288,6 +316,24 @@ pub(super) fn rewrite(
             }
         }
         let mut comp = Vec::with_capacity(c.payload.len());
+        // The previous call of this computation (`chain`): its instruction id and name.
+        let mut prev: Option<(i64, String)> = None;
+        // A call's config, with `order_operands` where it is chained after `prev`, and the
+        // operand to add.
+        let ordered =
+            |config: &CustomCallConfig, prev: &Option<(i64, String)>| -> Result<(String, Option<i64>), PassError> {
+                let after = chain.and_then(|unordered| {
+                    prev.as_ref().filter(|(_, name)| unordered(name, &config.name)).map(|(id, _)| *id)
+                });
+                match after {
+                    Some(p) => {
+                        let shape = shapes.get(&p).ok_or_else(|| PassError::Wire(format!("call {p} has no shape")))?;
+                        let call = CustomCallConfig { order_operands: leaves(shape)?, ..config.clone() };
+                        Ok((call.backend_config(), Some(p)))
+                    }
+                    None => Ok((config.backend_config(), None)),
+                }
+            };
         for (i, fs) in cf.iter().zip(&instrs) {
             let Some(fs) = fs else {
                 comp.extend_from_slice(i.raw);
@@ -332,19 +378,29 @@ pub(super) fn rewrite(
                 comp.extend_from_slice(i.raw);
                 continue;
             };
+            let (config_text, after) = ordered(config, &prev)?;
+            let id = first_int(fs, instruction::ID)?.unwrap_or(0);
+            prev = Some((id, config.name.clone()));
+            let config = config_text;
             if *form != Form::AsyncTuple {
                 let mut ins = Vec::with_capacity(i.payload.len() + config.len() + 64);
-                for x in fs.iter().filter(|x| !DROPPED.contains(&x.number) && x.number != instruction::SHAPE) {
+                for x in fs.iter().filter(|x| {
+                    !DROPPED.contains(&x.number)
+                        && x.number != instruction::SHAPE
+                        && x.number != instruction::OPERAND_IDS
+                }) {
                     ins.extend_from_slice(x.raw);
                 }
                 let shape = fs.iter().find(|x| x.number == instruction::SHAPE).map_or(&b""[..], |x| x.payload);
                 put_bytes(&mut ins, instruction::SHAPE, &with_layout(shape)?);
-                let operands = match fs.iter().find(|x| x.number == instruction::OPERAND_IDS) {
+                let mut operands = match fs.iter().find(|x| x.number == instruction::OPERAND_IDS) {
                     Some(x) => ints(x)?,
                     None => Vec::new(),
                 };
+                operands.extend(after);
+                put_ints(&mut ins, instruction::OPERAND_IDS, operands.iter().copied());
                 pin_operands(&mut ins, &operands, &shapes, name.as_deref().unwrap_or(""))?;
-                put_call(&mut ins, target, config);
+                put_call(&mut ins, target, &config);
                 put_bytes(&mut comp, computation::INSTRUCTIONS, &ins);
                 continue;
             }
@@ -384,16 +440,15 @@ pub(super) fn rewrite(
             for x in fs.iter().filter(|x| {
                 matches!(
                     x.number,
-                    instruction::METADATA
-                        | instruction::OPERAND_IDS
-                        | instruction::CONTROL_PREDECESSOR_IDS
-                        | instruction::FRONTEND_ATTRIBUTES
+                    instruction::METADATA | instruction::CONTROL_PREDECESSOR_IDS | instruction::FRONTEND_ATTRIBUTES
                 )
             }) {
                 call.extend_from_slice(x.raw);
             }
-            pin_operands(&mut call, &[operand], &shapes, &name)?;
-            put_call(&mut call, target, config);
+            let operands: Vec<i64> = std::iter::once(operand).chain(after).collect();
+            put_ints(&mut call, instruction::OPERAND_IDS, operands.iter().copied());
+            pin_operands(&mut call, &operands, &shapes, &name)?;
+            put_call(&mut call, target, &config);
             put_bytes(&mut comp, computation::INSTRUCTIONS, &call);
             let mut tuple = Vec::with_capacity(i.payload.len());
             for x in fs.iter().filter(|x| {

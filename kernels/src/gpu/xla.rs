@@ -541,7 +541,7 @@ fn frame_instance<'a, B: XlaBackend>(
     f: &CallFrame<'a>,
     cfg: &CustomCallConfig,
 ) -> Result<(Vec<BufferRef<'a>>, Vec<BufferRef<'a>>, Vec<ArrayShape>, Arc<Instance<B>>), HandlerError> {
-    let (args, rets) = (f.args()?, f.rets()?);
+    let (args, rets) = (crate::ffi_handler::operands(f, cfg)?, f.rets()?);
     let arg_shapes = args.iter().map(array_shape).collect::<Result<Vec<_>, _>>()?;
     let ret_shapes = rets.iter().map(array_shape).collect::<Result<Vec<_>, _>>()?;
     let inst = instance(f, cfg, &arg_shapes, &ret_shapes);
@@ -1142,6 +1142,7 @@ mod tests {
             slot,
             slot_bytes: 4096,
             slot_gpu_bytes: 8192,
+            order_operands: 0,
         }
     }
 

@@ -280,6 +280,32 @@ def test_fsdp_train_step():
     assert_tree_same(rewritten(p, x, y), oracle(p, x, y))
 
 
+def test_independent_collectives_run_ordered_on_xla_cpu():
+    """A 4-layer FSDP step on 4 devices (d 2048): its tuple all-to-alls come in independent
+    pairs, which XLA:CPU's thunk executor may run at once; before the pass chained them, the
+    third call waited 10 s for ranks that were stuck in the other one (DEADLINE_EXCEEDED).
+    Five calls, each equal to XLA alone's. Here the 16 MiB gradient all-reduce stays XLA's
+    (above two_shot_max_bytes) and nothing orders it with the all-to-alls, so they, and then
+    what is unordered with them, stay XLA's too, each decision saying beside what."""
+    mesh = mesh1d(4)
+    d = 2048
+    ws = [put(mesh, sample((d, d), np.float32, 30 + k) * d**-0.5, "x") for k in range(4)]
+    xb = put(mesh, sample((128, d), np.float32, 40), "x")
+
+    def loss(ws, x):
+        for w in ws:
+            x = jax.nn.gelu(x @ w)
+        return jnp.mean(x * x)
+
+    step = lambda ws, x: [w - 1e-3 * g for w, g in zip(ws, jax.grad(loss)(ws, x))]
+    oracle, rewritten, decisions = compile_both(step, (ws, xb))
+    beside = [d for d in decisions if "at the same time as" in d["reason"]]
+    assert {d["op"] for d in beside} >= {"all-to-all", "all-gather"}, show(decisions)
+    want = oracle(ws, xb)
+    for _ in range(5):
+        assert_tree_same(rewritten(ws, xb), want)
+
+
 def test_2d_mesh_data_and_tensor_parallel_train_step():
     """Megatron-style MLP on a 2×4 (data × model) mesh: activations all-reduced over the
     model axis, gradients over the data axis: groups that are rows and columns of the mesh."""

@@ -22,6 +22,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use hlo::proto::xla;
 use hlo::wire::{
     Field, WireError, WireType, fields, hlo_computation as computation, hlo_instruction as instruction, hlo_module,
     ints, put_bytes, put_ints, put_varint,
@@ -96,78 +97,11 @@ const COLLECTIVE_OPCODES: [&str; 10] = [
     "collective-broadcast",
 ];
 
-/// `xla.DeviceAssignmentProto` (HloModuleProto field 15): logical (replica, computation)
-/// to device id. Decoded on its own so the pass needs no other proto types.
-#[derive(Clone, PartialEq, prost::Message)]
-struct ModuleHeader {
-    #[prost(message, optional, tag = "15")]
-    device_assignment: Option<DeviceAssignment>,
-}
-
-#[derive(Clone, PartialEq, prost::Message)]
-struct DeviceAssignment {
-    #[prost(int32, tag = "1")]
-    replica_count: i32,
-    #[prost(int32, tag = "2")]
-    computation_count: i32,
-    #[prost(message, repeated, tag = "3")]
-    computation_devices: Vec<ComputationDevices>,
-}
-
-#[derive(Clone, PartialEq, prost::Message)]
-struct ComputationDevices {
-    #[prost(int64, repeated, tag = "1")]
-    replica_device_ids: Vec<i64>,
-}
-
-/// Just the layouts of every instruction's shape (the IR keeps no layouts): on CPU the
-/// pass runs after layout assignment, so a collective's buffers may be column-major.
-mod layouts {
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct Module {
-        #[prost(message, repeated, tag = "3")]
-        pub computations: Vec<Computation>,
-    }
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct Computation {
-        #[prost(message, repeated, tag = "2")]
-        pub instructions: Vec<Instruction>,
-    }
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct Instruction {
-        #[prost(string, tag = "1")]
-        pub name: String,
-        #[prost(message, optional, tag = "3")]
-        pub shape: Option<Shape>,
-    }
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct Shape {
-        #[prost(int64, repeated, tag = "3")]
-        pub dimensions: Vec<i64>,
-        #[prost(message, repeated, tag = "4")]
-        pub tuple_shapes: Vec<Shape>,
-        #[prost(message, optional, tag = "5")]
-        pub layout: Option<Layout>,
-    }
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct Layout {
-        #[prost(int64, repeated, tag = "1")]
-        pub minor_to_major: Vec<i64>,
-        #[prost(message, repeated, tag = "6")]
-        pub tiles: Vec<Tile>,
-    }
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct Tile {
-        #[prost(int64, repeated, tag = "1")]
-        pub dimensions: Vec<i64>,
-    }
-}
-
 /// One array's layout as the pass compares them: `minor_to_major`, or `None` for the
 /// default (row-major) layout. Tiled layouts are an error.
 type LeafLayout = Option<Vec<i64>>;
 
-fn leaf_layouts(shape: &layouts::Shape, out: &mut Vec<Result<LeafLayout, String>>) {
+fn leaf_layouts(shape: &xla::ShapeProto, out: &mut Vec<Result<LeafLayout, String>>) {
     if !shape.tuple_shapes.is_empty() {
         for s in &shape.tuple_shapes {
             leaf_layouts(s, out);
@@ -186,7 +120,8 @@ fn leaf_layouts(shape: &layouts::Shape, out: &mut Vec<Result<LeafLayout, String>
 
 /// Every instruction's leaf layouts, by name.
 fn layout_map(bytes: &[u8]) -> Result<HashMap<String, Vec<Result<LeafLayout, String>>>, PassError> {
-    let m = layouts::Module::decode(bytes).map_err(|e| PassError::Wire(e.to_string()))?;
+    // The slim module (collectives and their operands): small enough to decode whole.
+    let m = xla::HloModuleProto::decode(bytes).map_err(|e| PassError::Wire(e.to_string()))?;
     let mut out = HashMap::new();
     for c in m.computations {
         for i in c.instructions {
@@ -628,10 +563,12 @@ struct Assignment {
 
 impl Assignment {
     fn of(bytes: &[u8]) -> Result<Self, PassError> {
-        let header = ModuleHeader::decode(bytes).map_err(|e| PassError::Wire(e.to_string()))?;
-        let Some(da) = header.device_assignment else {
+        // The one field, not the whole (possibly large) module.
+        let field = fields(bytes)?.into_iter().find(|f| f.number == hlo_module::DEVICE_ASSIGNMENT);
+        let Some(field) = field else {
             return Err(PassError::Assignment("the module carries no device assignment".into()));
         };
+        let da = xla::DeviceAssignmentProto::decode(field.payload).map_err(|e| PassError::Wire(e.to_string()))?;
         let (r, c) = (da.replica_count, da.computation_count);
         if r < 1 || c < 1 || da.computation_devices.len() != c as usize {
             return Err(PassError::Assignment(format!(

@@ -14,6 +14,10 @@ use std::collections::{BTreeMap, HashMap};
 
 use cranelift_entity::{EntityRef, PrimaryMap};
 use pjrt_sys::protos::xla as pb;
+
+/// XLA's own messages (prost, from `pjrt-sys`), for crates that read parts of a module
+/// without the IR (the pass: the device assignment, layouts).
+pub use pjrt_sys::protos::xla;
 use prost::Message;
 
 use crate::ir::{

@@ -223,10 +223,12 @@ fn dependencies_order_chains_and_keep_independent_collectives_apart() {
 fn replicas(text: &str, n: i64) -> Vec<u8> {
     let m = hlo::parse_text("t.hlo", text).unwrap();
     let mut bytes = hlo::encode_proto(&m).unwrap();
-    let da = DeviceAssignment {
+    let da = xla::DeviceAssignmentProto {
         replica_count: n as i32,
         computation_count: 1,
-        computation_devices: vec![ComputationDevices { replica_device_ids: (0..n).collect() }],
+        computation_devices: vec![xla::device_assignment_proto::ComputationDevice {
+            replica_device_ids: (0..n).collect(),
+        }],
     };
     put_bytes(&mut bytes, 15, &da.encode_to_vec());
     bytes
@@ -271,7 +273,7 @@ fn an_async_tuple_start_becomes_a_call_and_a_tuple_with_fresh_id_and_name() {
 
 #[test]
 fn pinned_shapes_carry_a_layout_on_every_array() {
-    let decode = |b: &[u8]| layouts::Shape::decode(b).unwrap();
+    let decode = |b: &[u8]| xla::ShapeProto::decode(b).unwrap();
     // s32[4,2,3] without a layout gets the row-major one; one with a layout keeps it.
     let mut bare = Vec::new();
     put_varint(&mut bare, hlo::wire::shape::ELEMENT_TYPE, 4);

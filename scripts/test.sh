@@ -68,6 +68,13 @@ step "Every collective form vs XLA alone, the kernels forced: XLA:CPU, 8 host de
 PEERLESS_PJRT_LIBRARY="$lib" PYTHONPATH=plugin/python "$PEERLESS_PYTHON" plugin/tests/collective_sweep.py --platform cpu \
   --devices 8 --quick
 
+step "The GPU benchmark and accuracy scripts run on XLA:CPU (4 host devices; results vs XLA alone, not timings)"
+XLA_FLAGS=--xla_force_host_platform_device_count=4 JAX_PLATFORMS=cpu PEERLESS_PJRT_LIBRARY="$lib" PYTHONPATH=plugin/python \
+  "$PEERLESS_PYTHON" plugin/tests/bench_programs.py --out "${TMPDIR:-/tmp}/peerless-bench-programs" --modes stock,peerless \
+  --programs psum_chain,moe,ring_attention,dp_step --rounds 1 --iters 2 --repeats 1
+XLA_FLAGS=--xla_force_host_platform_device_count=4 JAX_PLATFORMS=cpu PEERLESS_PJRT_LIBRARY="$lib" PYTHONPATH=plugin/python \
+  "$PEERLESS_PYTHON" plugin/tests/gpu_accuracy.py --no-decode
+
 step "Tuning profiles (issue 27): a short peerless tune on XLA:CPU (8 host devices), then the pass reads the profile and its decisions cite it (plugin/tests/test_tuning.py)"
 tune_dir=$(mktemp -d)
 PEERLESS_VENV_DIR="$venv_root" cargo run -q -p peerless-cli --locked -- tune --quick --out-dir "$tune_dir" >"$tune_dir/crossovers.md"

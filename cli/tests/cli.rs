@@ -121,6 +121,8 @@ fn inputs_round_trip_through_npz() {
 
 #[test]
 fn check_explains_the_decisions_of_the_pass_inside_xla() {
+    // `ar` reads the all-gather's result: on XLA:CPU a call must be ordered with a collective
+    // that stays XLA's (it is), or it stays XLA's too.
     let hlo = tmp("guards.hlo");
     std::fs::write(
         &hlo,
@@ -128,7 +130,9 @@ fn check_explains_the_decisions_of_the_pass_inside_xla() {
          ENTRY main {\n  x = f8e4m3fn[4] parameter(0)\n  y = f32[16] parameter(1)\n  \
          ags = (f8e4m3fn[4], f8e4m3fn[16]) all-gather-start(x), replica_groups={{0,1,2,3}}, dimensions={0}\n  \
          ag = f8e4m3fn[16] all-gather-done(ags)\n  \
-         ar = f32[16] all-reduce(y), replica_groups={{0,2},{1,3}}, to_apply=sum\n  \
+         c = f32[16] convert(ag)\n  \
+         z = f32[16] add(y, c)\n  \
+         ar = f32[16] all-reduce(z), replica_groups={{0,2},{1,3}}, to_apply=sum\n  \
          ROOT t = (f8e4m3fn[16], f32[16]) tuple(ag, ar)\n}\n",
     )
     .unwrap();

@@ -8,6 +8,9 @@
 //! and hands the execute stage to the runtime. Every error, and any panic, becomes an XLA
 //! FFI error (JAX raises it as an exception); nothing unwinds into XLA.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
+
 use ffi::xla_ffi::{BufferRef, CallFrame, ErrorCode, ExecutionStage, HandlerError, Traits};
 use hlo::{ArrayShape, PrimitiveType};
 
@@ -50,6 +53,75 @@ pub trait CollectiveRuntime: Sync {
     /// executable (XLA repeats the stage on every execution; the work is once per device).
     fn initialized(&self, _frame: &CallFrame<'_>, _device: usize) -> bool {
         false
+    }
+}
+
+/// What a shared staging slot is keyed by: the pass's slot id, the executable's occurrence of
+/// the call's instance (two loads of one module never share), and (defensively: the pass gives
+/// a slot one group set) groups and pairs.
+pub type SlotKey = (u64, u64, Vec<Vec<usize>>, Vec<(usize, usize)>);
+
+/// The shared staging slots of a runtime (the CPU's, each GPU vendor's), held weakly: a slot
+/// lives as long as a call of an executable holds it.
+#[derive(Debug)]
+pub struct Slots<T>(OnceLock<Mutex<HashMap<SlotKey, Weak<T>>>>);
+
+/// What [`Slots::get_or_make`] found.
+pub enum Slot<T, E> {
+    /// The live slot of the key, large enough.
+    Live(Arc<T>),
+    /// The live slot of the key holds this many bytes, fewer than the call needs (only a
+    /// config from elsewhere: the pass sizes a slot for every call of it).
+    TooSmall(usize),
+    /// None was live: what `make` gave (kept under the key when made).
+    Made(Result<Arc<T>, E>),
+}
+
+impl<T> Slots<T> {
+    pub const fn new() -> Self {
+        Slots(OnceLock::new())
+    }
+
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<SlotKey, Weak<T>>> {
+        self.0.get_or_init(Default::default).lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The live slot of `key` if `size(slot) >= need`; else, where none is live, a new one
+    /// from `make`, kept under `key`. Forgets the slots of freed executables.
+    pub fn get_or_make<E>(
+        &self,
+        key: SlotKey,
+        need: usize,
+        size: impl Fn(&T) -> usize,
+        make: impl FnOnce() -> Result<Arc<T>, E>,
+    ) -> Slot<T, E> {
+        let mut map = self.map();
+        map.retain(|_, w| w.strong_count() > 0);
+        if let Some(slot) = map.get(&key).and_then(Weak::upgrade) {
+            let have = size(&slot);
+            return if have >= need { Slot::Live(slot) } else { Slot::TooSmall(have) };
+        }
+        let made = make();
+        if let Ok(slot) = &made {
+            map.insert(key, Arc::downgrade(slot));
+        }
+        Slot::Made(made)
+    }
+
+    /// The live slot of `key` (tests).
+    pub fn get(&self, key: &SlotKey) -> Option<Arc<T>> {
+        self.map().get(key).and_then(Weak::upgrade)
+    }
+
+    /// Slots alive (tests and diagnostics).
+    pub fn live(&self) -> usize {
+        self.map().values().filter(|w| w.strong_count() > 0).count()
+    }
+}
+
+impl<T> Default for Slots<T> {
+    fn default() -> Self {
+        Self::new()
     }
 }
 

@@ -28,7 +28,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 use ffi::xla_ffi::{CallFrame, ErrorCode, ExecutableState, HandlerError, Traits};
@@ -36,7 +36,7 @@ use hlo::{ArrayShape, PrimitiveType};
 use thunks::custom_call::CustomCallConfig;
 use thunks::{CollectiveConfig, CollectiveOp};
 
-use crate::ffi_handler::{CollectiveRuntime, array_shape};
+use crate::ffi_handler::{CollectiveRuntime, Slot, SlotKey, Slots, array_shape};
 use crate::host::direct::{DirectCollective, DirectSlot};
 use crate::host::shm::{ShmCollective, ShmKey};
 use crate::{Error, Result};
@@ -125,18 +125,12 @@ pub fn live_instances() -> usize {
     instances().lock().unwrap_or_else(PoisonError::into_inner).len()
 }
 
-/// What a shared slot is keyed by: the pass's slot id, the executable's occurrence of the
-/// call's instance, and (defensively: the pass gives a slot one group set) groups and pairs.
-type SlotKey = (u64, u64, Vec<Vec<usize>>, Vec<(usize, usize)>);
-
-fn slots() -> &'static Mutex<HashMap<SlotKey, Weak<DirectSlot>>> {
-    static MAP: OnceLock<Mutex<HashMap<SlotKey, Weak<DirectSlot>>>> = OnceLock::new();
-    MAP.get_or_init(Default::default)
-}
+/// The in-process collectives' shared slots.
+static SLOTS: Slots<DirectSlot> = Slots::new();
 
 /// Shared slots alive in the process (tests and diagnostics).
 pub fn live_slots() -> usize {
-    slots().lock().unwrap_or_else(PoisonError::into_inner).values().filter(|w| w.strong_count() > 0).count()
+    SLOTS.live()
 }
 
 /// Staging bytes the CPU handlers' in-process collectives hold now.
@@ -156,29 +150,19 @@ fn shared_slot(
 ) -> Result<Arc<DirectSlot>> {
     let Some(id) = cfg.slot else { return DirectSlot::new(groups, bytes).map(Arc::new) };
     let key: SlotKey = (id, occurrence, groups.to_vec(), cfg.pairs.clone());
-    let mut map = slots().lock().unwrap_or_else(PoisonError::into_inner);
-    // Forget the slots of freed executables.
-    map.retain(|_, w| w.strong_count() > 0);
-    if let Some(slot) = map.get(&key).and_then(Weak::upgrade) {
-        if slot.per_buffer() >= bytes {
-            return Ok(slot);
-        }
-        log::warn!(
-            "peerless: {} '{}' stages {bytes} bytes, more than its slot's {}: staging of its own",
-            cfg.target(),
-            cfg.name,
-            slot.per_buffer()
-        );
-        return DirectSlot::new(groups, bytes).map(Arc::new);
-    }
     let want = bytes.max(usize::try_from(cfg.slot_bytes).unwrap_or(usize::MAX));
-    match DirectSlot::new(groups, want) {
-        Ok(slot) => {
-            let slot = Arc::new(slot);
-            map.insert(key, Arc::downgrade(&slot));
-            Ok(slot)
+    match SLOTS.get_or_make(key, bytes, DirectSlot::per_buffer, || DirectSlot::new(groups, want).map(Arc::new)) {
+        Slot::Live(slot) => Ok(slot),
+        Slot::TooSmall(have) => {
+            log::warn!(
+                "peerless: {} '{}' stages {bytes} bytes, more than its slot's {have}: staging of its own",
+                cfg.target(),
+                cfg.name
+            );
+            DirectSlot::new(groups, bytes).map(Arc::new)
         }
-        Err(e) if want > bytes => {
+        Slot::Made(Ok(slot)) => Ok(slot),
+        Slot::Made(Err(e)) if want > bytes => {
             log::warn!(
                 "peerless: {} '{}': its shared slot of {want} bytes per buffer cannot be allocated ({e}); \
                  staging of its own ({bytes} bytes)",
@@ -187,7 +171,7 @@ fn shared_slot(
             );
             DirectSlot::new(groups, bytes).map(Arc::new)
         }
-        Err(e) => Err(e),
+        Slot::Made(Err(e)) => Err(e),
     }
 }
 
@@ -552,7 +536,7 @@ mod tests {
             assert_eq!(g, f32s(&[6.0, 76.0, 6.0, 76.0, 6.0, 76.0, 6.0, 76.0]));
         }
         let key: SlotKey = (0x5107, 0, ar.groups.clone(), vec![]);
-        let slot = slots().lock().unwrap().get(&key).and_then(Weak::upgrade).expect("one shared slot");
+        let slot = SLOTS.get(&key).expect("one shared slot");
         assert_eq!(slot.per_buffer(), 4096);
         assert_eq!(slot.bytes(), 4 * 2 * 4096);
     }

@@ -47,7 +47,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock, Weak};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock};
 
 use ffi::gpu::{IPC_HANDLE_BYTES, Interop};
 use ffi::xla_ffi::{BufferRef, COMMAND_BUFFER_COMPATIBLE, CallFrame, ErrorCode, ExecutableState, HandlerError, Traits};
@@ -60,7 +60,7 @@ use super::args::{
     Status, Wait, Xchg,
 };
 use super::{BLOCKS, Backend, Clique, DEFAULT_GRID, Kernel, MAX_RANKS, SIGNAL_BYTES, THREADS, Unit};
-use crate::ffi_handler::{CollectiveRuntime, array_shape};
+use crate::ffi_handler::{CollectiveRuntime, Slot, SlotKey, Slots, array_shape};
 
 /// A vendor's device layer as the runtime behind XLA's handlers needs it: the kernels'
 /// backend ([`Backend`]), what living inside XLA takes ([`Interop`]: IPC, host-mapped memory,
@@ -88,7 +88,7 @@ pub struct RuntimeState<B: XlaBackend> {
     /// Calls of executables XLA keeps no state for, by `instance` (kept for the process).
     instances: OnceLock<Mutex<HashMap<u64, Arc<Instance<B>>>>>,
     /// Live slots, held weakly: a slot lives as long as a call of an executable holds it.
-    slots: OnceLock<Mutex<HashMap<SlotKey, Weak<Instance<B>>>>>,
+    slots: Slots<Instance<B>>,
 }
 
 impl<B: XlaBackend> RuntimeState<B> {
@@ -102,7 +102,7 @@ impl<B: XlaBackend> RuntimeState<B> {
             live: AtomicUsize::new(0),
             exec: ExecutableState::new(state_type),
             instances: OnceLock::new(),
-            slots: OnceLock::new(),
+            slots: Slots::new(),
         }
     }
 }
@@ -274,16 +274,6 @@ fn instances<B: XlaBackend>() -> &'static Mutex<HashMap<u64, Arc<Instance<B>>>> 
     B::state().instances.get_or_init(Default::default)
 }
 
-/// What a shared slot is keyed by: the pass's slot id, the executable's occurrence of the
-/// call's instance (two loads of one module never share), and (defensively: the pass gives
-/// a slot one group set) groups and pairs.
-type SlotKey = (u64, u64, Vec<Vec<usize>>, Vec<(usize, usize)>);
-
-/// Live slots, held weakly: a slot lives as long as a call of an executable holds it.
-fn slots<B: XlaBackend>() -> &'static Mutex<HashMap<SlotKey, Weak<Instance<B>>>> {
-    B::state().slots.get_or_init(Default::default)
-}
-
 /// Staging a call needs on every device.
 fn staging_bytes(cfg: &CustomCallConfig, args: &[ArrayShape], rets: &[ArrayShape]) -> usize {
     let sizes = |v: &[ArrayShape]| v.iter().map(ArrayShape::byte_size).collect::<Vec<_>>();
@@ -297,25 +287,21 @@ fn on_slot<B: XlaBackend>(cfg: &CustomCallConfig, need: usize, occurrence: u64) 
     let own = || new_instance(cfg, need, thunks::runtime::shared_key(cfg.instance, occurrence));
     let Some(slot) = cfg.slot else { return own() };
     let key: SlotKey = (slot, occurrence, cfg.groups.clone(), cfg.pairs.clone());
-    let mut map = slots::<B>().lock().unwrap_or_else(PoisonError::into_inner);
-    // Forget the slots of freed executables.
-    map.retain(|_, w| w.strong_count() > 0);
-    if let Some(inst) = map.get(&key).and_then(Weak::upgrade) {
-        if inst.staging >= need {
-            return inst;
-        }
-        log::warn!(
-            "peerless: {} '{}' stages {need} bytes per GPU, more than its slot's {}: staging of its own",
-            cfg.target(),
-            cfg.name,
-            inst.staging
-        );
-        return own();
-    }
     let size = round_up(need.max(usize::try_from(cfg.slot_gpu_bytes).unwrap_or(usize::MAX)), 512);
-    let inst = new_instance(cfg, size, thunks::runtime::shared_key(slot, occurrence));
-    map.insert(key, Arc::downgrade(&inst));
-    inst
+    let make =
+        || Ok::<_, std::convert::Infallible>(new_instance(cfg, size, thunks::runtime::shared_key(slot, occurrence)));
+    match B::state().slots.get_or_make(key, need, |inst| inst.staging, make) {
+        Slot::Live(inst) | Slot::Made(Ok(inst)) => inst,
+        Slot::TooSmall(have) => {
+            log::warn!(
+                "peerless: {} '{}' stages {need} bytes per GPU, more than its slot's {have}: staging of its own",
+                cfg.target(),
+                cfg.name
+            );
+            own()
+        }
+        Slot::Made(Err(never)) => match never {},
+    }
 }
 
 fn devices_of(cfg: &CustomCallConfig) -> Vec<usize> {
@@ -1166,8 +1152,8 @@ mod tests {
         let c = call(0x52_0001, Some(0x52_0001), vec![vec![0, 1]]);
         let _cuda = on_slot::<Cuda>(&c, 1024, 0);
         let key: SlotKey = (0x52_0001, 0, c.groups.clone(), vec![]);
-        assert!(slots::<Cuda>().lock().unwrap().contains_key(&key));
-        assert!(!slots::<Hip>().lock().unwrap().contains_key(&key), "a CUDA slot is not HIP's");
+        assert!(Cuda::state().slots.get(&key).is_some());
+        assert!(Hip::state().slots.get(&key).is_none(), "a CUDA slot is not HIP's");
         assert_ne!(std::ptr::from_ref(Cuda::state()).addr(), std::ptr::from_ref(Hip::state()).addr());
     }
 

@@ -56,6 +56,55 @@ pub trait CollectiveRuntime: Sync {
     }
 }
 
+/// What XLA keeps for one call of an executable (FFI state set at INSTANTIATE, dropped with
+/// the executable), in every runtime: the call's config, parsed once, its instance
+/// (the runtime's type, made by the first device to need it), the GPUs whose INITIALIZE ran,
+/// and the executable's occurrence of the call (see [`CallState::for_call`]).
+#[derive(Debug)]
+pub struct CallState<I> {
+    /// The call's attributes as INSTANTIATE parsed them (the hot path reads no attribute).
+    pub config: Option<CustomCallConfig>,
+    pub instance: OnceLock<I>,
+    /// Bit o: INITIALIZE finished on GPU ordinal o (XLA repeats the stage on every execution;
+    /// with command buffers it is the only stage that reaches a handler).
+    initialized: std::sync::atomic::AtomicU64,
+    /// For a group across processes or a shared slot: how many executables of this process
+    /// instantiated the call's `instance` before this one (two loads of one module never
+    /// share; every process counts alike, [`thunks::runtime::shared_key`]).
+    pub occurrence: u64,
+}
+
+impl<I> CallState<I> {
+    /// The state INSTANTIATE hands XLA for `cfg` (the occurrence counted here, once per
+    /// executable, in the order every process loads them).
+    pub fn for_call(cfg: &CustomCallConfig) -> Self {
+        let occurrence = if cfg.spans_processes() || cfg.slot.is_some() {
+            thunks::runtime::next_occurrence(cfg.instance)
+        } else {
+            0
+        };
+        CallState { config: Some(cfg.clone()), instance: OnceLock::new(), initialized: 0.into(), occurrence }
+    }
+
+    /// Whether INITIALIZE finished on GPU `ordinal`.
+    pub fn initialized_on(&self, ordinal: usize) -> bool {
+        ordinal < 64 && self.initialized.load(std::sync::atomic::Ordering::Acquire) & (1 << ordinal) != 0
+    }
+
+    /// Records that INITIALIZE finished on GPU `ordinal`.
+    pub fn mark_initialized(&self, ordinal: usize) {
+        if ordinal < 64 {
+            self.initialized.fetch_or(1 << ordinal, std::sync::atomic::Ordering::AcqRel);
+        }
+    }
+}
+
+impl<I> Default for CallState<I> {
+    fn default() -> Self {
+        CallState { config: None, instance: OnceLock::new(), initialized: 0.into(), occurrence: 0 }
+    }
+}
+
 /// What a shared staging slot is keyed by: the pass's slot id, the executable's occurrence of
 /// the call's instance (two loads of one module never share), and (defensively: the pass gives
 /// a slot one group set) groups and pairs.

@@ -28,7 +28,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use ffi::xla_ffi::{CallFrame, ErrorCode, ExecutableState, HandlerError, Traits};
@@ -36,7 +36,7 @@ use hlo::{ArrayShape, PrimitiveType};
 use thunks::custom_call::CustomCallConfig;
 use thunks::{CollectiveConfig, CollectiveOp};
 
-use crate::ffi_handler::{CollectiveRuntime, Slot, SlotKey, Slots, array_shape};
+use crate::ffi_handler::{CallState, CollectiveRuntime, Slot, SlotKey, Slots, array_shape};
 use crate::host::direct::{DirectCollective, DirectSlot};
 use crate::host::shm::{ShmCollective, ShmKey};
 use crate::{Error, Result};
@@ -99,18 +99,9 @@ pub fn live_clusters() -> usize {
     LIVE.load(Ordering::Relaxed)
 }
 
-/// The per-executable state XLA holds for one custom call (set at INSTANTIATE, deleted
-/// with the executable): the call's config, parsed once, and the collective, built by the
-/// first device to execute.
-#[derive(Debug, Default)]
-struct ExecState {
-    /// The call's attributes as INSTANTIATE parsed them (the hot path reads no attribute).
-    config: Option<CustomCallConfig>,
-    instance: OnceLock<Result<Arc<Instance>, String>>,
-    /// For a group across processes: how many executables of this process instantiated the
-    /// call's `instance` before this one ([`thunks::runtime::shared_key`]).
-    occurrence: u64,
-}
+/// The per-executable state XLA holds for one custom call: its config and the collective,
+/// built by the first device to execute.
+type ExecState = CallState<Result<Arc<Instance>, String>>;
 
 /// Where XLA keeps each executable's [`ExecState`].
 static STATE: ExecutableState<ExecState> = ExecutableState::new("peerless.host_collective");
@@ -343,15 +334,8 @@ impl CollectiveRuntime for HostRuntime {
     }
 
     fn instantiate(&self, f: &CallFrame<'_>, call: &CustomCallConfig) -> Result<(), HandlerError> {
-        // Counted here, once per executable, in the order every process loads them; a shared
-        // slot is per executable too (two loads of one module must not share).
-        let occurrence = if call.spans_processes() || call.slot.is_some() {
-            thunks::runtime::next_occurrence(call.instance)
-        } else {
-            0
-        };
         // Without XLA-held state, calls fall back to the process-wide table.
-        STATE.instantiate_with(f, ExecState { occurrence, config: Some(call.clone()), ..ExecState::default() });
+        STATE.instantiate_with(f, ExecState::for_call(call));
         Ok(())
     }
 

@@ -46,7 +46,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::marker::PhantomData;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock};
 
 use ffi::gpu::{IPC_HANDLE_BYTES, Interop};
@@ -60,7 +60,7 @@ use super::args::{
     Status, Wait, Xchg,
 };
 use super::{BLOCKS, Backend, Clique, DEFAULT_GRID, Kernel, MAX_RANKS, SIGNAL_BYTES, THREADS, Unit};
-use crate::ffi_handler::{CollectiveRuntime, Slot, SlotKey, Slots, array_shape};
+use crate::ffi_handler::{CallState, CollectiveRuntime, Slot, SlotKey, Slots, array_shape};
 
 /// A vendor's device layer as the runtime behind XLA's handlers needs it: the kernels'
 /// backend ([`Backend`]), what living inside XLA takes ([`Interop`]: IPC, host-mapped memory,
@@ -247,27 +247,8 @@ pub fn live_instances<B: XlaBackend>() -> usize {
     B::state().live.load(Ordering::Relaxed)
 }
 
-/// An executable's state for one custom call (set at INSTANTIATE, dropped with the
-/// executable, which frees every device's staging): the call's config, parsed once, and the
-/// collective's instance.
-#[derive(Debug)]
-struct ExecState<B: XlaBackend> {
-    /// The call's attributes as INSTANTIATE parsed them (the hot path reads no attribute).
-    config: Option<CustomCallConfig>,
-    instance: OnceLock<Arc<Instance<B>>>,
-    /// Bit o: INITIALIZE finished on GPU ordinal o (XLA repeats the stage on every
-    /// execution; with command buffers it is the only stage that reaches the handler).
-    initialized: AtomicU64,
-    /// For a group across processes: how many executables of this process instantiated the
-    /// call's `instance` before this one.
-    occurrence: u64,
-}
-
-impl<B: XlaBackend> Default for ExecState<B> {
-    fn default() -> Self {
-        ExecState { config: None, instance: OnceLock::new(), initialized: AtomicU64::new(0), occurrence: 0 }
-    }
-}
+/// An executable's state for one custom call (dropping it frees every device's staging).
+type ExecState<B> = CallState<Arc<Instance<B>>>;
 
 /// Calls of executables XLA keeps no state for, by `instance` (kept for the process).
 fn instances<B: XlaBackend>() -> &'static Mutex<HashMap<u64, Arc<Instance<B>>>> {
@@ -678,17 +659,8 @@ impl<B: XlaBackend> CollectiveRuntime for GpuRuntime<B> {
     }
 
     fn instantiate(&self, f: &CallFrame<'_>, cfg: &CustomCallConfig) -> Result<(), HandlerError> {
-        // Counted once per executable, in the order every process loads them; a shared slot is
-        // per executable too (two loads of one module must not share).
-        let occurrence = if cfg.spans_processes() || cfg.slot.is_some() {
-            thunks::runtime::next_occurrence(cfg.instance)
-        } else {
-            0
-        };
         // Without XLA-held state, instances live in the process-wide table.
-        B::state()
-            .exec
-            .instantiate_with(f, ExecState { occurrence, config: Some(cfg.clone()), ..ExecState::default() });
+        B::state().exec.instantiate_with(f, ExecState::for_call(cfg));
         Ok(())
     }
 
@@ -698,7 +670,7 @@ impl<B: XlaBackend> CollectiveRuntime for GpuRuntime<B> {
 
     fn initialized(&self, f: &CallFrame<'_>, _device: usize) -> bool {
         let (Some(state), Ok(o)) = (B::state().exec.get(f), ordinal(f)) else { return false };
-        o < 64 && state.initialized.load(Ordering::Acquire) & (1 << o) != 0
+        state.initialized_on(o)
     }
 
     fn device_id(&self, ordinal: usize) -> Result<usize, HandlerError> {
@@ -742,8 +714,8 @@ impl<B: XlaBackend> CollectiveRuntime for GpuRuntime<B> {
             // handles is not an operation a capturing stream allows.
             all_ranks(c, cfg, &inst, device, ordinal)?;
         }
-        if let Some(state) = B::state().exec.get(f).filter(|_| ordinal < 64) {
-            state.initialized.fetch_or(1 << ordinal, Ordering::AcqRel);
+        if let Some(state) = B::state().exec.get(f) {
+            state.mark_initialized(ordinal);
         }
         Ok(())
     }

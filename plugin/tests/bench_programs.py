@@ -23,7 +23,8 @@ loop does; µs per call is the median over samples of `--iters` back-to-back cal
                           RMSNorm, column-parallel qkv, attention over a KV cache of 512, row-
                           parallel out projection + all-reduce + residual, RMSNorm, MLP (4d,
                           column / row parallel) + all-reduce + residual
-  prefill_d4096           the same layers over 1 x 1024 tokens (4 MiB... 8 MiB all-reduces)
+  prefill_d4096           4 of the same layers' projections and MLP over 1024 tokens (8 MiB
+                          all-reduces: XLA's, above two_shot_max_bytes)
   moe                     top-1 MoE layer: all_to_all dispatch (2 MiB per GPU), expert MLP,
                           all_to_all combine
   ring_attention          8 ppermute steps of a 1 MiB KV block around the ring, each beside a
@@ -152,7 +153,7 @@ def programs(names, n):
 
             return (jax.jit(prefill), (ps, put(rnd((tokens, d)))), None)
         elif name == "moe":
-            tokens, d, f = 1024, 1024, 2048  # per GPU: 1024 tokens x 1 KiB... 2 MiB dispatched
+            tokens, d, f = 1024, 1024, 2048  # per GPU: 1024 tokens of 2 KiB (bf16): 2 MiB dispatched
             w1 = put(rnd((n, d, f), d ** -0.5), "x")
             w2 = put(rnd((n, f, d), f ** -0.5), "x")
 
@@ -183,7 +184,7 @@ def programs(names, n):
             qkv = [put(rnd((n * blk, hd)), "x") for _ in range(3)]
             return (g, tuple(qkv), None)
         elif name == "dp_step":
-            sizes = [(1024, 2048), (2048, 1024), (1024, 1024)]  # 16 MiB... of f32 gradients
+            sizes = [(1024, 2048), (2048, 1024), (1024, 1024)]  # 20 MiB of f32 gradients
             ws = [put(rnd(s, s[0] ** -0.5, jnp.float32)) for s in sizes]
             xb = put(rnd((64 * n, 1024), 1.0, jnp.float32), "x")
 

@@ -29,7 +29,7 @@ loop does; µs per call is the median over samples of `--iters` back-to-back cal
                           all_to_all combine
   ring_attention          8 ppermute steps of a 1 MiB KV block around the ring, each beside a
                           block of attention
-  dp_step                 data-parallel MLP train step, 16 MiB of f32 gradients
+  dp_step                 data-parallel MLP train step, 20 MiB of f32 gradients
   fsdp_step               FSDP: per layer all-gather of the weights, reduce-scatter of the grads
 
 Every mode's results are compared with stock's: the largest difference relative to the largest

@@ -56,7 +56,10 @@ def program():
     mesh = Mesh(np.array(jax.devices(CPU)[:N]), ("x",))
 
     def body(v):
-        return jax.lax.psum(v, "x"), jax.lax.all_gather(v, "x", tiled=True)
+        # The psum reads the all-gather's result: on XLA:CPU a Peerless call must be ordered
+        # with a collective the profile leaves to XLA, or it stays XLA's too.
+        g = jax.lax.all_gather(v, "x", tiled=True)
+        return jax.lax.psum(v + g[: v.shape[0]], "x"), g
 
     f = jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=(P("x"), P("x")))
     x = jnp.arange(N * 64, dtype=jnp.float32)

@@ -642,16 +642,28 @@ pub fn run(bytes: &[u8], cfg: &PassConfig) -> Result<PassOutcome, PassError> {
         log::info!("peerless pass: {decision}");
         decisions.push(decision);
     }
-    // XLA:CPU: calls ordered with what else blocks, and chained (below) where their data
-    // dependencies do not already order them.
-    let chain_deps =
-        if !cfg.caps.in_order && decisions.len() > 1 { keep_ordered(bytes, &mut calls, &mut decisions) } else { None };
-    // Shared staging: only worth reading the whole module's dependencies with two calls.
+    // The module's dependencies, read once where needed: on XLA:CPU (`in_order` false) those
+    // of every collective (calls are ordered with what else blocks, and chained below where
+    // their data do not already order them); else only the calls', for shared staging (only
+    // worth it with two calls).
+    let ordering = !cfg.caps.in_order && decisions.len() > 1;
+    let deps = if ordering || calls.len() > 1 {
+        let names: Vec<&str> = if ordering {
+            decisions.iter().map(|d| d.instr.as_str()).collect()
+        } else {
+            calls.iter().map(|c| c.3.name.as_str()).collect()
+        };
+        dependencies(bytes, &names).map_err(|e| log::warn!("peerless pass: the module's dependencies: {e}")).ok()
+    } else {
+        None
+    };
+    if ordering {
+        keep_ordered(deps.as_ref(), &mut calls, &mut decisions);
+    }
     if calls.len() > 1 {
-        let names: Vec<&str> = calls.iter().map(|c| c.3.name.as_str()).collect();
-        match dependencies(bytes, &names) {
-            Ok(deps) => assign_slots(&module, &deps, &mut calls),
-            Err(e) => log::warn!("peerless pass: collectives keep staging of their own ({e})"),
+        match &deps {
+            Some(deps) => assign_slots(&module, deps, &mut calls),
+            None => log::warn!("peerless pass: collectives keep staging of their own"),
         }
     } else if let Some(c) = calls.first_mut() {
         // One call: a slot of its own (so a later load of the module may still share nothing).
@@ -678,7 +690,7 @@ pub fn run(bytes: &[u8], cfg: &PassConfig) -> Result<PassOutcome, PassError> {
     }
     // A call needs an ordering operand unless the previous call of its computation is already
     // one of its data-dependency ancestors (no extra operand keeps a result alive longer).
-    let unordered = |prev: &str, next: &str| chain_deps.as_ref().is_none_or(|d| !d.precedes(prev, next));
+    let unordered = |prev: &str, next: &str| deps.as_ref().is_none_or(|d| !d.precedes(prev, next));
     let chain: Option<&dyn Fn(&str, &str) -> bool> = (!cfg.caps.in_order).then_some(&unordered);
     let module = if rewrites.is_empty() { None } else { Some(rewrite(bytes, &rewrites, chain)?) };
     Ok(PassOutcome { module, decisions, instances })

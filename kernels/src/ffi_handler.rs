@@ -49,9 +49,9 @@ pub trait CollectiveRuntime: Sync {
     fn config<'f>(&self, _frame: &'f CallFrame<'_>) -> Option<&'f CustomCallConfig> {
         None
     }
-    /// Whether INITIALIZE already ran to completion on `device` for this call of this
-    /// executable (XLA repeats the stage on every execution; the work is once per device).
-    fn initialized(&self, _frame: &CallFrame<'_>, _device: usize) -> bool {
+    /// Whether INITIALIZE already ran to completion on the calling device for this call of
+    /// this executable (XLA repeats the stage on every execution; the work is once per device).
+    fn initialized(&self, _frame: &CallFrame<'_>) -> bool {
         false
     }
 }
@@ -253,6 +253,10 @@ pub fn dispatch(kind: CollectiveKind, f: &CallFrame<'_>, rt: &dyn CollectiveRunt
         thunks::runtime::instantiated(rt.platform(), &call);
         return Ok(());
     }
+    // The replay path (command buffers reach only this stage): done before any lookup.
+    if stage == ExecutionStage::Initialize && rt.initialized(f) {
+        return Ok(());
+    }
     // The hot path: the config INSTANTIATE parsed, else (a runtime without executable
     // state) the attributes read now.
     let parsed;
@@ -277,9 +281,6 @@ pub fn dispatch(kind: CollectiveKind, f: &CallFrame<'_>, rt: &dyn CollectiveRunt
         )));
     }
     if stage == ExecutionStage::Initialize {
-        if rt.initialized(f, device) {
-            return Ok(());
-        }
         return rt.initialize(f, call, device);
     }
     rt.execute(f, call, device)

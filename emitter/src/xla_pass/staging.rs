@@ -95,36 +95,37 @@ pub(super) fn fit_staging(
 /// XLA's from then on, so the check repeats until nothing changes; each decision names what
 /// the call could run beside. Every process of a job decides alike (the same module).
 pub(super) fn keep_ordered(
-    module: &[u8],
+    deps: Option<&Deps>,
     calls: &mut Vec<(usize, InstrId, &'static str, CustomCallConfig)>,
     decisions: &mut [PassDecision],
-) -> Option<Deps> {
-    let names: Vec<&str> = decisions.iter().map(|d| d.instr.as_str()).collect();
-    let deps = match dependencies(module, &names) {
-        Ok(d) => d,
-        Err(e) => {
-            log::warn!("peerless pass: cannot read the module's dependencies ({e}): every call goes back to XLA");
-            for (at, ..) in calls.iter() {
-                let d = &mut decisions[*at];
-                (d.kernel, d.implementation) = (false, "fallback".into());
-                d.reason = format!("the module's dependencies could not be read ({e}) (was: {})", d.reason);
-            }
-            calls.clear();
-            return None;
+) {
+    let Some(deps) = deps else {
+        log::warn!("peerless pass: the module's dependencies could not be read: every call goes back to XLA");
+        for (at, ..) in calls.iter() {
+            let d = &mut decisions[*at];
+            (d.kernel, d.implementation) = (false, "fallback".into());
+            d.reason = format!("the module's dependencies could not be read (was: {})", d.reason);
         }
+        calls.clear();
+        return;
     };
     let ordered = |a: &str, b: &str| deps.precedes(a, b) || deps.precedes(b, a);
-    // What blocks in computation `comp`, by name: its units and its collectives that stay
-    // XLA's (`peerless`: those still Peerless's too).
+    // Each computation's collectives and units, by name (sorted: decisions name the first).
+    let mut in_comp: HashMap<&str, Vec<&str>> = HashMap::new();
+    for (n, (c, _)) in &deps.ancestors {
+        in_comp.entry(c.as_str()).or_default().push(n.as_str());
+    }
+    in_comp.values_mut().for_each(|v| v.sort_unstable());
+    // What blocks in computation `comp`: its units and its collectives that stay XLA's
+    // (`peerless`: those still Peerless's too).
     let blockers = |comp: &str, kernels: &BTreeSet<String>, peerless: bool| -> Vec<String> {
-        let mut v: Vec<String> = deps
-            .ancestors
-            .iter()
-            .filter(|(n, (c, _))| c == comp && (peerless || deps.units.contains_key(*n) || !kernels.contains(*n)))
-            .map(|(n, _)| n.clone())
-            .collect();
-        v.sort();
-        v
+        in_comp
+            .get(comp)
+            .into_iter()
+            .flatten()
+            .filter(|n| peerless || deps.units.contains_key(**n) || !kernels.contains(**n))
+            .map(|n| n.to_string())
+            .collect()
     };
     // The unit running computation `comp` (its one caller's instruction), if there is one.
     let unit_running = |comp: &str| -> Option<&String> {
@@ -161,7 +162,7 @@ pub(super) fn keep_ordered(
         let back: Vec<(usize, String)> =
             calls.iter().filter_map(|(at, _, _, c)| beside(&c.name).map(|o| (*at, o))).collect();
         if back.is_empty() {
-            break;
+            return;
         }
         for (at, other) in &back {
             let d = &mut decisions[*at];
@@ -176,7 +177,6 @@ pub(super) fn keep_ordered(
         }
         calls.retain(|(at, ..)| !back.iter().any(|(u, _)| u == at));
     }
-    Some(deps)
 }
 
 /// Data dependencies between a module's collectives, read from the whole module (the slim

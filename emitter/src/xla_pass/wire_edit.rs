@@ -246,6 +246,13 @@ pub(super) fn pin_operands(
     Ok(())
 }
 
+/// Copies the fields of `fs` numbered in `keep` to `out`, as they were encoded.
+fn copy_fields(fs: &[Field<'_>], keep: &[u32], out: &mut Vec<u8>) {
+    for x in fs.iter().filter(|x| keep.contains(&x.number)) {
+        out.extend_from_slice(x.raw);
+    }
+}
+
 /// The custom-call fields every rewritten collective gets.
 pub(super) fn put_call(ins: &mut Vec<u8>, target: &str, config: &str) {
     put_bytes(ins, instruction::OPCODE, b"custom-call");
@@ -348,21 +355,20 @@ pub(super) fn rewrite(
                 };
                 if let Some(form) = operands.first().and_then(|o| starts.get(o)) {
                     let mut ins = Vec::with_capacity(i.payload.len());
-                    for x in fs.iter().filter(|x| {
-                        matches!(
-                            x.number,
-                            instruction::NAME
-                                | instruction::SHAPE
-                                | instruction::METADATA
-                                | instruction::ID
-                                | instruction::OPERAND_IDS
-                                | instruction::CONTROL_PREDECESSOR_IDS
-                                | instruction::SHARDING
-                                | instruction::FRONTEND_ATTRIBUTES
-                        )
-                    }) {
-                        ins.extend_from_slice(x.raw);
-                    }
+                    copy_fields(
+                        fs,
+                        &[
+                            instruction::NAME,
+                            instruction::SHAPE,
+                            instruction::METADATA,
+                            instruction::ID,
+                            instruction::OPERAND_IDS,
+                            instruction::CONTROL_PREDECESSOR_IDS,
+                            instruction::SHARDING,
+                            instruction::FRONTEND_ATTRIBUTES,
+                        ],
+                        &mut ins,
+                    );
                     if *form == Form::AsyncTuple {
                         put_bytes(&mut ins, instruction::OPCODE, b"get-tuple-element");
                         put_varint(&mut ins, instruction::TUPLE_INDEX, 1);
@@ -437,32 +443,22 @@ pub(super) fn rewrite(
             put_bytes(&mut call, instruction::NAME, call_name.as_bytes());
             put_bytes(&mut call, instruction::SHAPE, &with_layout(result_shape)?);
             put_varint(&mut call, instruction::ID, call_id);
-            for x in fs.iter().filter(|x| {
-                matches!(
-                    x.number,
-                    instruction::METADATA | instruction::CONTROL_PREDECESSOR_IDS | instruction::FRONTEND_ATTRIBUTES
-                )
-            }) {
-                call.extend_from_slice(x.raw);
-            }
+            copy_fields(
+                fs,
+                &[instruction::METADATA, instruction::CONTROL_PREDECESSOR_IDS, instruction::FRONTEND_ATTRIBUTES],
+                &mut call,
+            );
             let operands: Vec<i64> = std::iter::once(operand).chain(after).collect();
             put_ints(&mut call, instruction::OPERAND_IDS, operands.iter().copied());
             pin_operands(&mut call, &operands, &shapes, &name)?;
             put_call(&mut call, target, &config);
             put_bytes(&mut comp, computation::INSTRUCTIONS, &call);
             let mut tuple = Vec::with_capacity(i.payload.len());
-            for x in fs.iter().filter(|x| {
-                matches!(
-                    x.number,
-                    instruction::NAME
-                        | instruction::SHAPE
-                        | instruction::METADATA
-                        | instruction::ID
-                        | instruction::SHARDING
-                )
-            }) {
-                tuple.extend_from_slice(x.raw);
-            }
+            copy_fields(
+                fs,
+                &[instruction::NAME, instruction::SHAPE, instruction::METADATA, instruction::ID, instruction::SHARDING],
+                &mut tuple,
+            );
             put_bytes(&mut tuple, instruction::OPCODE, b"tuple");
             put_ints(&mut tuple, instruction::OPERAND_IDS, [operand, call_id]);
             put_bytes(&mut comp, computation::INSTRUCTIONS, &tuple);

@@ -668,7 +668,7 @@ impl<B: XlaBackend> CollectiveRuntime for GpuRuntime<B> {
         B::state().exec.get(f)?.config.as_ref()
     }
 
-    fn initialized(&self, f: &CallFrame<'_>, _device: usize) -> bool {
+    fn initialized(&self, f: &CallFrame<'_>) -> bool {
         let (Some(state), Ok(o)) = (B::state().exec.get(f), ordinal(f)) else { return false };
         state.initialized_on(o)
     }

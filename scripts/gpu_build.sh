@@ -27,4 +27,4 @@ for l in sys.stdin:
         print(m['executable'])")
   cp "$exe" "$BIN/$t"
 done
-strip "$BIN"/* && ls -la "$BIN"
+find "$BIN" -maxdepth 1 -type f -exec strip {} + && ls -la "$BIN"

@@ -336,7 +336,8 @@ def run_mode(mode, a):
     env = dict(os.environ, **SAFE_ENV)
     flags = [MODES[base], *(SUFFIXES[x] for x in suffixes), env.get("XLA_FLAGS", "")]
     if a.dump:
-        flags.append(f"--xla_dump_to={os.path.join(a.out, 'dump', mode.replace(':', '_'))} --xla_dump_hlo_as_text")
+        flags.append(f"--xla_dump_to={os.path.join(a.out, 'dump', mode.replace(':', '_'))} --xla_dump_hlo_as_text"
+                     " --xla_dump_hlo_pass_re=apply-xla-transforms.*")  # the modules Peerless's pass sees
     env["XLA_FLAGS"] = " ".join(x for x in flags if x)
     cmd = [sys.executable, os.path.abspath(__file__), "--child", "--mode", mode, "--programs", a.programs,
            "--iters", str(a.iters), "--repeats", str(a.repeats), "--arrays", a.arrays, "--traces", a.traces]

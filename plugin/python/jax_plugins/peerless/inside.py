@@ -429,7 +429,8 @@ def _register_pass(platform: str, inner: str | None = None) -> None:
 
 def enable(platforms: str | Iterable[str] | None = None, *, flags: str | None = None) -> list[str]:
     """Runs Peerless's collective pass and handlers inside XLA for `platforms` ("cpu",
-    "cuda", "rocm"; None: every initialised platform Peerless supports). Returns the platforms
+    "cuda", "rocm"; "gpu", as `jax.Device.platform` says, is whichever of the last two is
+    initialised; None: every initialised platform Peerless supports). Returns the platforms
     enabled. Calling it again for an enabled platform changes nothing but the flags."""
     from jax._src import xla_bridge
 
@@ -446,6 +447,10 @@ def enable(platforms: str | Iterable[str] | None = None, *, flags: str | None = 
         wanted = [p for p in xla_bridge.backends() if p in supported or _wrapped(p)]
     else:
         wanted = [platforms] if isinstance(platforms, str) else list(platforms)
+        # `jax.Device.platform` says "gpu" for CUDA and ROCm devices: take it to mean
+        # whichever of them is initialised.
+        gpus = [p for p in xla_bridge.backends() if p in ("cuda", "rocm")]
+        wanted = list(dict.fromkeys(q for p in wanted for q in ((gpus or [p]) if p == "gpu" else [p])))
     for p in wanted:
         if p not in supported and not _wrapped(p):
             why = " (this library was built without the cargo feature `rocm`)" if p in SUPPORTED else ""

@@ -349,12 +349,10 @@ pub fn analyze(m: &Module, n: usize) -> Result<Plan, Error> {
                         for (k, &o) in ins.operands.iter().enumerate() {
                             let oshape = &m.instr(o).shape;
                             let full = oshape.as_array().is_some_and(|a| a.rank() > 0);
-                            if op_tags[k].is_global() && full {
-                                if t.coords.is_none() {
-                                    return Err(unsupported(format!(
-                                        "operand {k} is a full value mixed with shards of unknown placement"
-                                    )));
-                                }
+                            if op_tags[k].is_global() && full && t.coords.is_none() {
+                                return Err(unsupported(format!(
+                                    "operand {k} is a full value mixed with shards of unknown placement"
+                                )));
                             }
                         }
                         Tag::Local(t)

@@ -235,13 +235,6 @@ impl Stream {
         })
     }
 
-    pub fn wait(&self, e: &Event) -> Result<()> {
-        // SAFETY: both handles are live.
-        call("cuStreamWaitEvent", Some(self.ordinal), || unsafe {
-            r::stream::wait_event(self.s, e.e, sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT)
-        })
-    }
-
     /// Async device-to-device copy of `len` bytes (same or peer device, unified addressing).
     pub fn copy_d2d(&self, dst: u64, src: u64, len: usize) -> Result<()> {
         // SAFETY: the caller's buffers are device allocations of at least `len` bytes.
@@ -346,48 +339,6 @@ impl Drop for HostMapped {
             // SAFETY: frees the allocation made in `new`, once.
             let _ = guarded("cuMemFreeHost", Some(self.ordinal), || unsafe { r::free_host(self.ptr.cast()) });
         }
-    }
-}
-
-/// A timing event.
-#[derive(Debug)]
-pub struct Event {
-    e: sys::CUevent,
-    ordinal: usize,
-}
-// SAFETY: event handles may be used from any thread.
-unsafe impl Send for Event {}
-// SAFETY: as above.
-unsafe impl Sync for Event {}
-
-impl Event {
-    pub fn new(ctx: &Context) -> Result<Event> {
-        ctx.bind()?;
-        let e = call("cuEventCreate", Some(ctx.ordinal), || r::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT))?;
-        Ok(Event { e, ordinal: ctx.ordinal })
-    }
-
-    pub fn record(&self, s: &Stream) -> Result<()> {
-        // SAFETY: both handles are live.
-        call("cuEventRecord", Some(self.ordinal), || unsafe { r::event::record(self.e, s.s) })
-    }
-
-    pub fn synchronize(&self) -> Result<()> {
-        // SAFETY: the event is live.
-        call("cuEventSynchronize", Some(self.ordinal), || unsafe { r::event::synchronize(self.e) })
-    }
-
-    /// Milliseconds from `start` to `self` (both recorded and complete).
-    pub fn since(&self, start: &Event) -> Result<f32> {
-        // SAFETY: both events are live.
-        call("cuEventElapsedTime", Some(self.ordinal), || unsafe { r::event::elapsed(start.e, self.e) })
-    }
-}
-
-impl Drop for Event {
-    fn drop(&mut self) {
-        // SAFETY: destroys the event created in `new`, once.
-        let _ = guarded("cuEventDestroy", Some(self.ordinal), || unsafe { r::event::destroy(self.e) });
     }
 }
 

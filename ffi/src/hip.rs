@@ -22,9 +22,8 @@ use std::sync::OnceLock;
 
 use crate::{Error, Result};
 
-/// `hipStream_t`, `hipEvent_t`, `hipModule_t`, `hipFunction_t`: opaque handles.
+/// `hipStream_t`, `hipModule_t`, `hipFunction_t`: opaque handles.
 pub type RawStream = *mut c_void;
-type RawEvent = *mut c_void;
 type RawModule = *mut c_void;
 type RawFunction = *mut c_void;
 
@@ -67,7 +66,6 @@ struct Sys {
     get_error_name: unsafe extern "C" fn(c_int) -> *const c_char,
     get_error_string: unsafe extern "C" fn(c_int) -> *const c_char,
     init: unsafe extern "C" fn(c_uint) -> c_int,
-    runtime_get_version: unsafe extern "C" fn(*mut c_int) -> c_int,
     get_device_count: unsafe extern "C" fn(*mut c_int) -> c_int,
     set_device: unsafe extern "C" fn(c_int) -> c_int,
     device_get_name: unsafe extern "C" fn(*mut c_char, c_int, c_int) -> c_int,
@@ -79,12 +77,6 @@ struct Sys {
     stream_create_with_flags: unsafe extern "C" fn(*mut RawStream, c_uint) -> c_int,
     stream_synchronize: unsafe extern "C" fn(RawStream) -> c_int,
     stream_destroy: unsafe extern "C" fn(RawStream) -> c_int,
-    stream_wait_event: unsafe extern "C" fn(RawStream, RawEvent, c_uint) -> c_int,
-    event_create: unsafe extern "C" fn(*mut RawEvent) -> c_int,
-    event_record: unsafe extern "C" fn(RawEvent, RawStream) -> c_int,
-    event_synchronize: unsafe extern "C" fn(RawEvent) -> c_int,
-    event_elapsed_time: unsafe extern "C" fn(*mut f32, RawEvent, RawEvent) -> c_int,
-    event_destroy: unsafe extern "C" fn(RawEvent) -> c_int,
     malloc: unsafe extern "C" fn(*mut *mut c_void, usize) -> c_int,
     ext_malloc_with_flags: unsafe extern "C" fn(*mut *mut c_void, usize, c_uint) -> c_int,
     free: unsafe extern "C" fn(*mut c_void) -> c_int,
@@ -144,7 +136,6 @@ fn sys() -> Result<&'static Sys> {
             get_error_name: sym!("hipGetErrorName"),
             get_error_string: sym!("hipGetErrorString"),
             init: sym!("hipInit"),
-            runtime_get_version: sym!("hipRuntimeGetVersion"),
             get_device_count: sym!("hipGetDeviceCount"),
             set_device: sym!("hipSetDevice"),
             device_get_name: sym!("hipDeviceGetName"),
@@ -158,12 +149,6 @@ fn sys() -> Result<&'static Sys> {
             stream_create_with_flags: sym!("hipStreamCreateWithFlags"),
             stream_synchronize: sym!("hipStreamSynchronize"),
             stream_destroy: sym!("hipStreamDestroy"),
-            stream_wait_event: sym!("hipStreamWaitEvent"),
-            event_create: sym!("hipEventCreate"),
-            event_record: sym!("hipEventRecord"),
-            event_synchronize: sym!("hipEventSynchronize"),
-            event_elapsed_time: sym!("hipEventElapsedTime"),
-            event_destroy: sym!("hipEventDestroy"),
             malloc: sym!("hipMalloc"),
             ext_malloc_with_flags: sym!("hipExtMallocWithFlags"),
             free: sym!("hipFree"),
@@ -223,15 +208,6 @@ pub fn init() -> Result<()> {
 /// Whether the HIP runtime library can be loaded (no device needed).
 pub fn present() -> bool {
     sys().is_ok()
-}
-
-/// The HIP runtime's version code (`hipRuntimeGetVersion`, e.g. 50221153 for 5.2).
-pub fn runtime_version() -> Result<i32> {
-    let s = sys()?;
-    let mut v = 0;
-    // SAFETY: `v` outlives the call.
-    ck(s, "hipRuntimeGetVersion", None, unsafe { (s.runtime_get_version)(&mut v) })?;
-    Ok(v)
 }
 
 /// Number of visible HIP devices.
@@ -503,12 +479,6 @@ impl Stream {
         })
     }
 
-    pub fn wait(&self, e: &Event) -> Result<()> {
-        let s = sys()?;
-        // SAFETY: both handles are live; flags must be 0.
-        ck(s, "hipStreamWaitEvent", self.d(), unsafe { (s.stream_wait_event)(self.s, e.e, 0) })
-    }
-
     /// Async device-to-device copy of `len` bytes (same or peer device, unified addressing).
     ///
     /// # Safety
@@ -538,58 +508,6 @@ impl Drop for Stream {
         if let Ok(s) = sys() {
             // SAFETY: destroys the stream created in `new`, once; pending work completes first.
             let _ = unsafe { (s.stream_destroy)(self.s) };
-        }
-    }
-}
-
-/// A timing event.
-#[derive(Debug)]
-pub struct Event {
-    e: RawEvent,
-    ordinal: usize,
-}
-// SAFETY: event handles may be used from any thread.
-unsafe impl Send for Event {}
-// SAFETY: as above.
-unsafe impl Sync for Event {}
-
-impl Event {
-    pub fn new(ctx: &Context) -> Result<Event> {
-        ctx.bind()?;
-        let s = sys()?;
-        let mut e: RawEvent = std::ptr::null_mut();
-        // SAFETY: `e` outlives the call; the device is current.
-        ck(s, "hipEventCreate", ctx.d(), unsafe { (s.event_create)(&mut e) })?;
-        Ok(Event { e, ordinal: ctx.ordinal })
-    }
-
-    pub fn record(&self, st: &Stream) -> Result<()> {
-        let s = sys()?;
-        // SAFETY: both handles are live.
-        ck(s, "hipEventRecord", Some(self.ordinal), unsafe { (s.event_record)(self.e, st.s) })
-    }
-
-    pub fn synchronize(&self) -> Result<()> {
-        let s = sys()?;
-        // SAFETY: the event is live.
-        ck(s, "hipEventSynchronize", Some(self.ordinal), unsafe { (s.event_synchronize)(self.e) })
-    }
-
-    /// Milliseconds from `start` to `self` (both recorded and complete).
-    pub fn since(&self, start: &Event) -> Result<f32> {
-        let s = sys()?;
-        let mut ms = 0f32;
-        // SAFETY: both events are live; `ms` outlives the call.
-        ck(s, "hipEventElapsedTime", Some(self.ordinal), unsafe { (s.event_elapsed_time)(&mut ms, start.e, self.e) })?;
-        Ok(ms)
-    }
-}
-
-impl Drop for Event {
-    fn drop(&mut self) {
-        if let Ok(s) = sys() {
-            // SAFETY: destroys the event created in `new`, once.
-            let _ = unsafe { (s.event_destroy)(self.e) };
         }
     }
 }

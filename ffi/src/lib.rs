@@ -4,7 +4,7 @@
 //!
 //! Layers, as in cudarc: `sys` (raw entry points: cudarc's `driver::sys` / `nvrtc::sys`) → a
 //! result layer that turns every status into an [`Error`] naming the call and the device →
-//! small safe owners ([`cuda::Context`], [`cuda::Stream`], [`cuda::Event`],
+//! small safe owners ([`cuda::Context`], [`cuda::Stream`],
 //! [`cuda::DeviceBuffer`]).
 //!
 //! No panic reaches a caller: cudarc panics when a library or a symbol is missing, so every

@@ -16,7 +16,7 @@
 //!
 //! fn scale(f: &CallFrame<'_>) -> Result<(), HandlerError> {
 //!     let (x, y) = (f.arg(0)?, f.ret(0)?);
-//!     let factor = f.attr_f64("factor")?;
+//!     let factor = f.attr_i64("factor")?;
 //!     # let _ = (x.byte_len()?, y.data, factor);
 //!     // ... launch work on f.stream()? reading x.data, writing y.data ...
 //!     Ok(())
@@ -275,23 +275,6 @@ pub enum Scalar {
 }
 
 impl Scalar {
-    pub fn dtype(&self) -> DataType {
-        match self {
-            Scalar::Pred(_) => DataType::Pred,
-            Scalar::S8(_) => DataType::S8,
-            Scalar::S16(_) => DataType::S16,
-            Scalar::S32(_) => DataType::S32,
-            Scalar::S64(_) => DataType::S64,
-            Scalar::U8(_) => DataType::U8,
-            Scalar::U16(_) => DataType::U16,
-            Scalar::U32(_) => DataType::U32,
-            Scalar::U64(_) => DataType::U64,
-            Scalar::F32(_) => DataType::F32,
-            Scalar::F64(_) => DataType::F64,
-            Scalar::Other(t) => *t,
-        }
-    }
-
     /// An integer scalar whose value fits `i64`.
     pub fn as_i64(&self) -> Option<i64> {
         match *self {
@@ -303,15 +286,6 @@ impl Scalar {
             Scalar::U16(v) => Some(v.into()),
             Scalar::U32(v) => Some(v.into()),
             Scalar::U64(v) => i64::try_from(v).ok(),
-            _ => None,
-        }
-    }
-
-    /// A floating-point scalar (f32 widened).
-    pub fn as_f64(&self) -> Option<f64> {
-        match *self {
-            Scalar::F32(v) => Some(v.into()),
-            Scalar::F64(v) => Some(v),
             _ => None,
         }
     }
@@ -346,11 +320,6 @@ pub struct ArrayRef<'a> {
 }
 
 impl ArrayRef<'_> {
-    /// The elements' address (null possible when `len` is 0).
-    pub fn data(&self) -> *const c_void {
-        self.data
-    }
-
     /// Reads element `i` as `T` (the caller matched `T` to `dtype`).
     fn read<T: Copy>(&self, i: usize) -> T {
         debug_assert!(i < self.len && size_of::<T>() * 8 == self.dtype.bit_width().unwrap_or(0));
@@ -373,16 +342,6 @@ impl ArrayRef<'_> {
             DataType::U16 => (0..n).map(|i| self.read::<u16>(i).into()).collect(),
             DataType::U32 => (0..n).map(|i| self.read::<u32>(i).into()).collect(),
             DataType::U64 => (0..n).map(|i| i64::try_from(self.read::<u64>(i)).ok()).collect::<Option<_>>()?,
-            _ => return None,
-        })
-    }
-
-    /// The elements as `f64`, for f32 and f64 arrays.
-    pub fn to_f64_vec(&self) -> Option<Vec<f64>> {
-        let n = self.len;
-        Some(match self.dtype {
-            DataType::F32 => (0..n).map(|i| self.read::<f32>(i).into()).collect(),
-            DataType::F64 => (0..n).map(|i| self.read::<f64>(i)).collect(),
             _ => return None,
         })
     }
@@ -775,22 +734,6 @@ impl<'a> CallFrame<'a> {
         }
     }
 
-    /// A floating-point scalar attribute (f64, or f32 widened).
-    pub fn attr_f64(&self, name: &str) -> Result<f64> {
-        match self.attr(name)? {
-            Attr::Scalar(s) if s.as_f64().is_some() => Ok(s.as_f64().unwrap_or_default()),
-            a => Err(Self::mistyped(name, "an f32 or f64 scalar", &a)),
-        }
-    }
-
-    /// A pred scalar attribute.
-    pub fn attr_bool(&self, name: &str) -> Result<bool> {
-        match self.attr(name)? {
-            Attr::Scalar(Scalar::Pred(b)) => Ok(b),
-            a => Err(Self::mistyped(name, "a pred scalar", &a)),
-        }
-    }
-
     /// A string attribute; not UTF-8 is a type error.
     pub fn attr_str(&self, name: &str) -> Result<&'a str> {
         match self.attr(name)? {
@@ -809,14 +752,6 @@ impl<'a> CallFrame<'a> {
         match self.attr(name)? {
             Attr::Array(a) if a.to_i64_vec().is_some() => Ok(a.to_i64_vec().unwrap_or_default()),
             a => Err(Self::mistyped(name, "an integer array fitting i64", &a)),
-        }
-    }
-
-    /// A floating-point array attribute as `f64`s.
-    pub fn attr_f64_array(&self, name: &str) -> Result<Vec<f64>> {
-        match self.attr(name)? {
-            Attr::Array(a) if a.to_f64_vec().is_some() => Ok(a.to_f64_vec().unwrap_or_default()),
-            a => Err(Self::mistyped(name, "an f32 or f64 array", &a)),
         }
     }
 

@@ -417,23 +417,6 @@ impl Module {
             .filter(|&i| self.instrs[i].opcode.is_collective())
             .collect()
     }
-
-    /// Whether computation `comp` contains a collective (or a `-done`), directly or in a
-    /// computation it calls. Past 64 levels of nesting it answers yes (the safe side).
-    pub fn calls_collective(&self, comp: CompId) -> bool {
-        fn walk(m: &Module, comp: CompId, depth: usize) -> bool {
-            let Some(c) = m.comps.get(comp) else { return false };
-            depth > 64
-                || c.instrs.iter().any(|&i| {
-                    m.instrs.get(i).is_some_and(|ins| {
-                        ins.opcode.is_collective()
-                            || ins.opcode.is_collective_done()
-                            || ins.called.iter().any(|&cc| walk(m, cc, depth + 1))
-                    })
-                })
-        }
-        walk(self, comp, 0)
-    }
 }
 
 /// `gather`'s dimension numbers, read from its attributes (text form, which the proto

@@ -163,17 +163,6 @@ impl Literal {
         out
     }
 
-    /// Builds a literal of `shape` from depth-first array leaves (the inverse of [`Literal::leaves`]).
-    pub fn from_leaves(shape: &Shape, leaves: &mut impl Iterator<Item = Array>) -> Option<Literal> {
-        Some(match shape {
-            Shape::Array(_) => Literal::Array(leaves.next()?),
-            Shape::Token => Literal::Token,
-            Shape::Tuple(t) => {
-                Literal::Tuple(t.iter().map(|s| Literal::from_leaves(s, leaves)).collect::<Option<Vec<_>>>()?)
-            }
-        })
-    }
-
     /// A zero-filled value of `shape`.
     pub fn zeros(shape: &Shape) -> Literal {
         match shape {
@@ -203,14 +192,5 @@ mod tests {
         let b = Array::from_slice(vec![3], &[true, false, true]);
         assert_eq!(b.data, vec![1, 0, 1]);
         assert!(Array::new(ArrayShape::new(PrimitiveType::F32, vec![2]), vec![0; 7]).is_err());
-    }
-
-    #[test]
-    fn leaves_round_trip() {
-        let l = Literal::Tuple(vec![Array::scalar(1i32).into(), Literal::Tuple(vec![Array::scalar(2.0f64).into()])]);
-        let shape = l.shape();
-        let leaves: Vec<Array> = l.leaves().into_iter().cloned().collect();
-        let back = Literal::from_leaves(&shape, &mut leaves.into_iter()).unwrap();
-        assert_eq!(back, l);
     }
 }

@@ -179,12 +179,6 @@ impl Opcode {
         )
     }
 
-    /// The `-done` half of an async collective pair.
-    pub fn is_collective_done(self) -> bool {
-        use Opcode::*;
-        matches!(self, AllReduceDone | AllGatherDone | CollectivePermuteDone)
-    }
-
     /// Elementwise ops of one operand.
     pub fn is_elementwise_unary(self) -> bool {
         use Opcode::*;

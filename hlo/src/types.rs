@@ -225,15 +225,6 @@ impl ArrayShape {
     pub fn compatible(&self, other: &ArrayShape) -> bool {
         self.ty == other.ty && self.dims == other.dims
     }
-
-    /// Row-major strides in elements.
-    pub fn strides(&self) -> Vec<usize> {
-        let mut strides = vec![1usize; self.dims.len()];
-        for i in (0..self.dims.len().saturating_sub(1)).rev() {
-            strides[i] = strides[i + 1].saturating_mul(self.dims[i + 1].max(0) as usize);
-        }
-        strides
-    }
 }
 
 impl fmt::Display for ArrayShape {
@@ -353,9 +344,8 @@ mod tests {
     }
 
     #[test]
-    fn shape_display_and_strides() {
+    fn shape_display_and_sizes() {
         let mut a = ArrayShape::new(PrimitiveType::F32, vec![2, 3, 4]);
-        assert_eq!(a.strides(), vec![12, 4, 1]);
         assert_eq!(a.byte_size(), 96);
         a.layout = Some(vec![2, 1, 0]);
         assert_eq!(a.to_string(), "f32[2,3,4]{2,1,0}");

@@ -14,7 +14,7 @@
 //!
 //! CLI glue: [`random_inputs`] (seeded with ChaCha8: floats uniform in [-1, 1), signed ints
 //! in [-8, 8), unsigned in [0, 16), pred fair coin), [`inputs_from_npz`],
-//! [`inputs_to_npz`], [`outputs_to_npz`], [`outputs_from_npz`].
+//! [`inputs_to_npz`], [`outputs_to_npz`].
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -349,29 +349,6 @@ pub fn outputs_to_npz(results: &[Literal]) -> BTreeMap<String, Array> {
         }
     }
     out
-}
-
-/// Reads expected results `[device][leaf]` (`o{j}_d{d}`) typed as `leaf_types`.
-pub fn outputs_from_npz(
-    arrays: &BTreeMap<String, Array>,
-    num_devices: usize,
-    leaf_types: &[PrimitiveType],
-) -> Result<Vec<Vec<Array>>, IoError> {
-    (0..num_devices)
-        .map(|d| {
-            leaf_types
-                .iter()
-                .enumerate()
-                .map(|(j, &ty)| {
-                    let name = output_name(j, d);
-                    let a = arrays.get(&name).ok_or_else(|| IoError::Mismatch(format!("missing array '{name}'")))?;
-                    let stored = a.shape.ty;
-                    to_type(a.clone(), ty)
-                        .ok_or_else(|| IoError::Mismatch(format!("'{name}': stored as {stored}, expected {ty}")))
-                })
-                .collect()
-        })
-        .collect()
 }
 
 #[cfg(test)]

@@ -1,9 +1,9 @@
 //! A run of an HLO module on N devices, as `peerless run`, the conformance suite and
 //! the benchmarks describe one: how device ids map onto the module's replicas or partitions
-//! ([`RunConfig`], [`Mode`]), the value each device holds of every entry parameter and of the
-//! result ([`local_param_shapes`], [`local_result_shapes`]: a shard where `hlo`'s sharding
-//! analysis says so), and the inputs and outputs as npz files ([`io`]). XLA's runs (through
-//! `tools::xla_run`), the CLI and the conformance goldens share it; it runs nothing itself.
+//! ([`RunConfig`], [`Mode`]), the value each device holds of every entry parameter
+//! ([`local_param_shapes`]: a shard where `hlo`'s sharding analysis says so), and the inputs
+//! and outputs as npz files ([`io`]). XLA's runs (through `tools::xla_run`), the CLI and the
+//! conformance goldens share it; it runs nothing itself.
 
 pub mod io;
 
@@ -65,14 +65,4 @@ pub fn local_param_shapes(module: &Module, cfg: &RunConfig) -> Result<Vec<Vec<Sh
         None => module.entry_param_shapes().into_iter().cloned().collect(),
     };
     Ok(vec![shapes; cfg.num_devices])
-}
-
-/// Per device: the shape of the entry result that device returns (its local shard of a
-/// sharded result; the declared shape otherwise).
-pub fn local_result_shapes(module: &Module, cfg: &RunConfig) -> Result<Vec<Shape>, Error> {
-    let shape = match plan(module, cfg)? {
-        Some(p) => p.result_shape(module),
-        None => module.entry_result_shape().clone(),
-    };
-    Ok(vec![shape; cfg.num_devices])
 }

@@ -3,9 +3,7 @@
 //! Entry parameters may carry per-device shards; the shard_map custom calls mark where
 //! values switch between global and local (per-device) shapes. This pass gives every
 //! entry instruction a [`Tag`]: `Global` (each device holds the declared shape) or
-//! `Local(tiling)` (each device holds its shard of the declared global shape), decides
-//! where full values must be cut into shards, and rejects ops on sharded values that
-//! only XLA's SPMD partitioner could run.
+//! `Local(tiling)` (each device holds its shard of the declared global shape).
 
 use std::collections::HashMap;
 
@@ -68,13 +66,6 @@ impl Tag {
     fn is_global(&self) -> bool {
         *self == Tag::Global
     }
-
-    fn tiling(&self) -> Option<Tiling> {
-        match self {
-            Tag::Local(t) => Some(t.clone()),
-            _ => None,
-        }
-    }
 }
 
 /// The analysis result: where every entry value lives and where a backend must cut full
@@ -83,18 +74,10 @@ impl Tag {
 pub struct Plan {
     /// Per entry instruction, where its value lives.
     pub tags: HashMap<InstrId, Tag>,
-    /// Operand `(user, operand index)` values that must be cut into shards before use.
-    pub slices: HashMap<(InstrId, usize), Tiling>,
-    /// Per entry-result leaf: cut the (full) value into this tiling's shard at the end.
-    pub root_slices: Vec<Option<Tiling>>,
     /// The entry result's final tag.
     pub root_tag: Option<Tag>,
     /// Per entry parameter (by number), where its argument lives.
     pub param_tags: Vec<Tag>,
-    /// The first op on sharded values that needs XLA's SPMD partitioner (an
-    /// [`ErrorKind::Unsupported`] error about it): reported when the module runs, so
-    /// parameter shapes stay available.
-    pub deferred: Option<Error>,
 }
 
 impl Plan {
@@ -125,34 +108,11 @@ impl Plan {
             None => declared.clone(),
         }
     }
-
-    /// The tilings of the entry parameters, one per parameter (`None`: every device holds
-    /// the full value), as [`Plan::param_shapes`] uses them.
-    pub fn param_tilings(&self, m: &Module) -> Vec<Option<Tiling>> {
-        let count = m.comps.get(m.entry).map_or(0, |c| c.params.len());
-        (0..count).map(|i| self.param_tags.get(i).and_then(Tag::tiling)).collect()
-    }
-
-    /// The tilings of the entry result's array leaves, depth-first (`None`: every device
-    /// holds the full leaf), as [`Plan::result_shape`] uses them.
-    pub fn result_tilings(&self, m: &Module) -> Vec<Option<Tiling>> {
-        let declared = m.entry_result_shape();
-        match &self.root_tag {
-            Some(t) => t.leaves(declared).iter().map(Tag::tiling).collect(),
-            None => declared.leaves().iter().map(|_| None).collect(),
-        }
-    }
 }
 
 const FULL_TO_SHARD: [&str; 2] = ["SPMDFullToShardShape", "xla.sdy.GlobalToLocalShape"];
 const SHARD_TO_FULL: [&str; 2] = ["SPMDShardToFullShape", "xla.sdy.LocalToGlobalShape"];
 const PASS_THROUGH: [&str; 2] = ["Sharding", "xla.sdy.FuncResultSharding"];
-
-/// The shard_map and sharding custom-call targets this analysis understands (all pass
-/// values through; every other custom-call target is foreign code).
-pub fn is_sharding_call(target: &str) -> bool {
-    FULL_TO_SHARD.contains(&target) || SHARD_TO_FULL.contains(&target) || PASS_THROUGH.contains(&target)
-}
 
 fn tag_from_sharding(s: &Sharding, shape: &Shape, n: usize) -> Result<Tag, String> {
     Ok(match (s, shape) {
@@ -333,7 +293,6 @@ pub fn analyze(m: &Module, n: usize) -> Result<Plan, Error> {
                             locals[k]
                         )));
                     }
-                    plan.slices.insert((id, k), tiling);
                 }
                 Tag::Global
             }
@@ -390,31 +349,18 @@ pub fn analyze(m: &Module, n: usize) -> Result<Plan, Error> {
                         for (k, &o) in ins.operands.iter().enumerate() {
                             let oshape = &m.instr(o).shape;
                             let full = oshape.as_array().is_some_and(|a| a.rank() > 0);
-                            if op_tags[k].is_global() && full {
-                                if t.coords.is_none() {
-                                    return Err(unsupported(format!(
-                                        "operand {k} is a full value mixed with shards of unknown placement"
-                                    )));
-                                }
-                                plan.slices.insert((id, k), t.clone());
+                            if op_tags[k].is_global() && full && t.coords.is_none() {
+                                return Err(unsupported(format!(
+                                    "operand {k} is a full value mixed with shards of unknown placement"
+                                )));
                             }
                         }
                         Tag::Local(t)
                     }
                 }
             }
-            _ => {
-                if let Some(k) = op_tags.iter().position(|t| !t.is_global())
-                    && plan.deferred.is_none()
-                {
-                    plan.deferred = Some(unsupported(format!(
-                        "operand {k} ({}) is sharded across partitions; running '{}' on it needs XLA's SPMD partitioner",
-                        m.describe(ins.operands[k]),
-                        ins.opcode
-                    )));
-                }
-                Tag::Global
-            }
+            // What else runs on shards is XLA's SPMD partitioner's.
+            _ => Tag::Global,
         };
         if ins.opcode == Opcode::Parameter {
             let num = ins.attrs.parameter_number.unwrap_or(0).max(0) as usize;
@@ -433,17 +379,9 @@ pub fn analyze(m: &Module, n: usize) -> Result<Plan, Error> {
         }
         _ => root_tag.clone(),
     };
-    let before = root_tag.leaves(&root.shape);
-    plan.root_slices = final_tag
-        .leaves(&root.shape)
-        .into_iter()
-        .zip(before)
-        .map(|(f, b)| match (f, b) {
-            (Tag::Local(t), Tag::Global) => Some(t),
-            _ => None,
-        })
-        .collect();
-    if plan.root_slices.iter().flatten().any(|t| t.coords.is_none()) {
+    // A full result leaf that must become shards needs to know which tile each device holds.
+    let cut = final_tag.leaves(&root.shape).into_iter().zip(root_tag.leaves(&root.shape));
+    if cut.into_iter().any(|(f, b)| matches!((f, b), (Tag::Local(t), Tag::Global) if t.coords.is_none())) {
         return Err(Error::about(ErrorKind::Sharding, m, entry.root, "cannot shard the result"));
     }
     plan.root_tag = Some(final_tag);
@@ -453,29 +391,18 @@ pub fn analyze(m: &Module, n: usize) -> Result<Plan, Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{ArrayShape, PrimitiveType, parse_text};
+    use crate::parse_text;
 
     const TRANSPOSE: &str = "HloModule m, num_partitions=2\nENTRY e {\n  a = f32[5,2] parameter(0), sharding={devices=[2,1]<=[2]}\n  ROOT t = f32[2,5] transpose(a), dimensions={1,0}\n}\n";
 
     #[test]
-    fn sharded_parameter_and_deferred_partitioner_op() {
+    fn sharded_parameter_and_partitioner_op() {
         let m = parse_text("t.hlo", TRANSPOSE).unwrap();
         let plan = analyze(&m, 2).unwrap();
         // Uneven: 5 rows over 2 tiles is 3 rows a shard, the last one padded.
         assert_eq!(plan.param_shapes(&m)[0].to_string(), "f32[3,2]");
-        let t = plan.param_tilings(&m)[0].clone().unwrap();
-        assert_eq!(t.counts, vec![2, 1]);
-        let global = ArrayShape::new(PrimitiveType::F32, vec![5, 2]);
-        assert_eq!(t.shard_window(&global, 1).unwrap(), (vec![3, 0], ArrayShape::new(PrimitiveType::F32, vec![3, 2])));
-        assert!(t.shard_window(&global, 2).is_err());
-        // The transpose on a shard needs XLA's partitioner: deferred, so shapes stay known.
+        // The transpose on a shard is XLA's SPMD partitioner's: the result is declared whole.
         assert_eq!(plan.result_shape(&m).to_string(), "f32[2,5]");
-        assert_eq!(plan.result_tilings(&m), vec![None]);
-        let e = plan.deferred.as_ref().unwrap();
-        assert_eq!((e.kind, e.instr), (ErrorKind::Unsupported, Some(m.entry().root)));
-        assert!(e.message.starts_with("%t in e: operand 0 (%a in e) is sharded across partitions"), "{e}");
-        assert!(e.reason(&m).starts_with("operand 0 (%a in e)"), "{e}");
-        assert!(e.to_string().starts_with("t.hlo:4:"), "{e}");
     }
 
     #[test]
@@ -485,13 +412,5 @@ mod tests {
         assert_eq!((e.kind, e.instr), (ErrorKind::Sharding, Some(m.entry().params[0])));
         assert_eq!(e.reason(&m), "sharding spans 2 devices, running on 4");
         assert!(e.to_string().starts_with("t.hlo:3:3: invalid sharding: %a in e: sharding spans"), "{e}");
-    }
-
-    #[test]
-    fn shard_map_custom_calls_are_sharding_calls() {
-        for t in ["Sharding", "SPMDFullToShardShape", "xla.sdy.LocalToGlobalShape", "xla.sdy.FuncResultSharding"] {
-            assert!(is_sharding_call(t), "{t}");
-        }
-        assert!(!is_sharding_call("my_kernel"));
     }
 }

@@ -36,23 +36,6 @@ impl Tiling {
             .collect();
         ArrayShape::new(global.ty, dims)
     }
-
-    /// Where device `d`'s shard of a `global` array starts, and its shape: what a backend
-    /// cuts out of the full value (padding beyond the array reads as zero). Errors when the
-    /// device's tile is unknown or the ranks differ.
-    pub fn shard_window(&self, global: &ArrayShape, d: usize) -> Result<(Vec<i64>, ArrayShape), String> {
-        let coords = self
-            .coords
-            .as_ref()
-            .and_then(|c| c.get(d))
-            .ok_or_else(|| format!("the tile of device {d} is unknown, so a full value cannot be sharded"))?;
-        if coords.len() != global.rank() {
-            return Err(format!("sharding of rank {} applied to {}", coords.len(), global));
-        }
-        let local = self.shard_shape(global);
-        let starts = coords.iter().zip(&local.dims).map(|(&c, &s)| c.saturating_mul(s)).collect();
-        Ok((starts, local))
-    }
 }
 
 const UNREDUCED: &str = "a value with unreduced axes (partial sums to be reduced by XLA's SPMD partitioner) \

@@ -1,49 +1,18 @@
-//! The host protocols on plain process memory: what XLA:CPU's FFI handlers run on XLA's
-//! own buffers (no arena, no copies of results).
+//! The host protocol within one process: what XLA:CPU's FFI handlers run on XLA's own
+//! buffers when every member of a group is a device of this process.
 //!
 //! XLA:CPU runs each device's program on its own thread, in one address space, so "peer
-//! access" is a pointer. The arena-backed [`super::HostCluster`] simulates GPU memory for
-//! the standalone host backend; here each rewritten collective ([`DirectCollective`], one
-//! per custom call of an executable) owns, per group member, two staging buffers (double
-//! buffered by epoch parity, as in `protocol.rs`) and the members' flags. A call:
+//! access" is a pointer. Each rewritten collective ([`DirectCollective`], one per custom call
+//! of an executable) runs the protocol of [`super::protocol`] on a [`DirectSlot`]: per group
+//! member two staging buffers (by epoch parity) and its flag words, and per group a mutex and
+//! a condition variable, on which waiting members sleep (8 device threads may share 2 cores);
+//! whoever changes what they wait for wakes them. A barrier is decided under the mutex: the
+//! last to arrive completes it, a member whose deadline passes first breaks the epoch for
+//! every member in it, now or later. The two-shot runs in place: members publish their
+//! operands' and results' addresses at barrier 0 and meet again at barrier 1.
 //!
-//! 1. takes the next epoch `e` of its member (counted per member, never reset);
-//! 2. copies its operands into its own staging buffer `e % 2` (peers never write XLA's
-//!    buffers, and read them only in the two-shot, which publishes its operands' addresses
-//!    at barrier 0 instead and keeps them alive until barrier 1; so a rank that returns
-//!    early, with a timeout at barrier 0, cannot leave a peer using memory XLA has reused);
-//! 3. arrives at barrier 0 and waits for every member of its group (bounded by the call's
-//!    timeout; the error names the ranks that never came);
-//! 4. computes its own results from the members' staging buffers, in the algorithm the
-//!    pass chose: one-shot (reduce every member in fixed order), two-shot (reduce slice
-//!    `rank` of every member's operand into its staging, barrier 1, gather the slices in
-//!    rotated order), direct
-//!    reduce-scatter (reduce block `rank`), direct all-gather / all-to-all (pull, rotated
-//!    order), direct permute (the target pulls from its source's staging).
-//!
-//! Why one barrier suffices (the double-buffering argument of `protocol.rs`): a member
-//! writes staging buffer `e % 2` again only at epoch `e + 2`, after passing barrier 0 of
-//! `e + 1`, which every peer reaches only after finishing epoch `e`'s reads. A call also
-//! checks, before its copy-in, that every member finished epoch `e - 2` (always true after
-//! a normal barrier, and what keeps the argument sound after a timeout).
-//!
-//! A timeout breaks the epoch it happened in: every member waiting in it, and any that
-//! arrives for it later, fails with the timeout error; the next epoch starts clean.
-//! Waiting members sleep on the group's condition variable (8 device threads may share
-//! 2 cores); the last to arrive wakes them.
-//!
-//! What a collective computes (operands, groups, staging layout, results from staged
-//! operands) is its `Plan`, which `shm.rs` shares to run the same collectives between
-//! processes.
-//!
-//! Staging, flags and epochs live in a [`DirectSlot`], which several collectives may share
-//! ([`DirectCollective::on_slot`]): the argument above is about the sequence of calls on a
-//! slot, not about which collective a call is, so it holds for any collectives that every
-//! member calls in the same order, each with its own plan, as long as the slot's buffers hold
-//! the largest of their staged messages. Which collectives may share (the pass's rule in
-//! `emitter::xla_pass`): same groups (a permute: same pairs), one computation, and each a
-//! data-dependency ancestor of the next, so that no device can run two of them at once or in
-//! another order. Collectives XLA may run concurrently get different slots.
+//! Several collectives may share a slot ([`DirectCollective::on_slot`]; the protocol's module
+//! docs say when). Collectives XLA may run concurrently get different slots.
 
 use std::alloc::{Layout, alloc_zeroed, dealloc};
 use std::ptr::NonNull;
@@ -53,27 +22,13 @@ use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use hlo::ArrayShape;
-use thunks::custom_call::host_stage_len;
-use thunks::{CollectiveConfig, CollectiveKind as Kind, CollectiveOp, KernelAlgorithm as Algo};
+use thunks::{CollectiveConfig, KernelAlgorithm as Algo};
 
-use super::fmt_group;
-use super::layout::{Runs, Split, shape_bytes};
-use super::reduce::Reducer;
+use super::protocol::{self, Place, Plan, Region, Word};
 use crate::{Error, Result};
 
-/// A zeroed, 64-byte aligned buffer that members reach through raw pointers; the
-/// protocol, not the type system, says who may touch which bytes when.
-struct Staging {
-    ptr: NonNull<u8>,
-    len: usize,
-}
-
-// SAFETY: `Staging` owns its allocation; all access goes through `ptr` under the protocol's
-// rules (one writer per byte range per phase, readers only after a barrier that orders them
-// after the write), so sharing it between device threads is sound.
-unsafe impl Send for Staging {}
-// SAFETY: as above.
-unsafe impl Sync for Staging {}
+/// A zeroed, 64-byte aligned allocation.
+struct Staging(Region);
 
 /// Staging bytes held by the process's direct collectives now (`peerless.staging_bytes()`).
 static HELD: AtomicUsize = AtomicUsize::new(0);
@@ -85,95 +40,59 @@ pub fn staging_bytes() -> usize {
 
 impl Staging {
     fn new(len: usize) -> Result<Self> {
-        if len == 0 {
-            return Ok(Staging { ptr: NonNull::dangling(), len });
-        }
         let alloc = || Error::Alloc { num_devices: 1, arena_bytes: len };
-        let layout = Layout::from_size_align(len, 64).map_err(|_| alloc())?;
-        // SAFETY: `layout` has a non-zero size.
-        let p = unsafe { alloc_zeroed(layout) };
-        let ptr = NonNull::new(p).ok_or_else(alloc)?;
-        HELD.fetch_add(len, Ordering::Relaxed);
-        Ok(Staging { ptr, len })
-    }
-
-    /// `len` bytes at `at`, shared. Caller: nobody writes them until the borrow ends.
-    fn read(&self, at: usize, len: usize) -> &[u8] {
-        assert!(at.checked_add(len).is_some_and(|end| end <= self.len), "staging read {at}+{len} of {}", self.len);
-        if len == 0 {
-            return &[];
-        }
-        // SAFETY: in bounds (checked above); the protocol guarantees no concurrent writer
-        // (module docs: a buffer is written only by its owner, before the barrier its
-        // readers wait for, and not again until they have all finished).
-        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr().add(at), len) }
-    }
-
-    /// `len` bytes at `at`, exclusive. Caller: the owning member, in its write phase.
-    #[allow(clippy::mut_from_ref)]
-    fn write(&self, at: usize, len: usize) -> &mut [u8] {
-        assert!(at.checked_add(len).is_some_and(|end| end <= self.len), "staging write {at}+{len} of {}", self.len);
-        if len == 0 {
-            return &mut [];
-        }
-        // SAFETY: in bounds (checked above); only the owning member writes its buffer, and
-        // only while no peer reads it (before barrier 0 of the epoch, or a region peers
-        // read only after barrier 1), so this is the only reference to these bytes.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr().add(at), len) }
+        let ptr = if len == 0 {
+            NonNull::<u64>::dangling().cast()
+        } else {
+            let layout = Layout::from_size_align(len, 64).map_err(|_| alloc())?;
+            // SAFETY: `layout` has a non-zero size.
+            let ptr = NonNull::new(unsafe { alloc_zeroed(layout) }).ok_or_else(alloc)?;
+            HELD.fetch_add(len, Ordering::Relaxed);
+            ptr
+        };
+        // SAFETY: a fresh allocation of `len` bytes aligned to 64 (or nothing to reach, for
+        // 0 bytes), freed only in Drop, reached only through the region.
+        Ok(Staging(unsafe { Region::new(ptr, len) }))
     }
 }
 
 impl Drop for Staging {
     fn drop(&mut self) {
-        if self.len > 0 {
+        let len = self.0.len();
+        if len > 0 {
             // SAFETY: allocated in `new` with this size and alignment, freed once.
-            unsafe { dealloc(self.ptr.as_ptr(), Layout::from_size_align_unchecked(self.len, 64)) };
-            HELD.fetch_sub(self.len, Ordering::Relaxed);
+            unsafe { dealloc(self.0.ptr().as_ptr(), Layout::from_size_align_unchecked(len, 64)) };
+            HELD.fetch_sub(len, Ordering::Relaxed);
         }
     }
 }
 
-/// Arrivals of a set of members (a group, or every device of a permute), under one lock.
+/// A group's barrier state, under its mutex.
 #[derive(Debug)]
 struct Flags {
     /// `arrived[p][i]`: the latest epoch member `i` arrived at barrier `p` in.
-    /// Collective-permute: `arrived[0][d]` = "posted" (device `d` staged epoch e),
-    /// `arrived[1][d]` = "consumed" (`d`'s target read it).
     arrived: [Vec<u64>; 2],
     /// The latest epoch a timeout broke (0: none), and the ranks missing then.
     broken: u64,
     missing: Vec<usize>,
-    /// Two-shot: each member's operands and results (address, length), published at
+    /// Two-shot: each member's operands and results (address, length), published before
     /// barrier 0.
     inputs: Vec<Vec<(usize, usize)>>,
     outputs: Vec<Vec<(usize, usize)>>,
 }
 
-struct Rendezvous {
+/// One group: its members (device ids, in group order), their staging and flag words, and
+/// where they meet.
+struct Group {
+    members: Vec<usize>,
+    staging: Vec<[Staging; 2]>,
+    /// Per member, its words ([`Word`] order).
+    words: Vec<[AtomicU64; 4]>,
     flags: Mutex<Flags>,
     wake: Condvar,
-    /// Per member: its epoch counter (only that member writes it).
-    epoch: Vec<AtomicU64>,
-    /// Per member: the latest epoch whose reads of peers' staging it has finished.
-    finished: Vec<AtomicU64>,
 }
 
-impl Rendezvous {
-    fn new(n: usize) -> Self {
-        Rendezvous {
-            flags: Mutex::new(Flags {
-                arrived: [vec![0; n], vec![0; n]],
-                broken: 0,
-                missing: vec![],
-                inputs: vec![vec![]; n],
-                outputs: vec![vec![]; n],
-            }),
-            wake: Condvar::new(),
-            epoch: (0..n).map(|_| AtomicU64::new(0)).collect(),
-            finished: (0..n).map(|_| AtomicU64::new(0)).collect(),
-        }
-    }
-
+impl Group {
     fn lock(&self) -> MutexGuard<'_, Flags> {
         self.flags.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -183,7 +102,7 @@ impl Rendezvous {
         &'a self,
         mut g: MutexGuard<'a, Flags>,
         deadline: Option<Instant>,
-        ready: impl Fn(&Flags) -> bool,
+        mut ready: impl FnMut(&Flags) -> bool,
     ) -> Result<MutexGuard<'a, Flags>, MutexGuard<'a, Flags>> {
         while !ready(&g) {
             g = match deadline {
@@ -199,49 +118,6 @@ impl Rendezvous {
         }
         Ok(g)
     }
-}
-
-/// One group: its members (device ids, in group order), their staging and flags.
-struct Group {
-    members: Vec<usize>,
-    staging: Vec<[Staging; 2]>,
-    sync: Rendezvous,
-}
-
-/// One operand of the collective, as every member stages it.
-#[derive(Clone, Debug)]
-pub(super) struct Operand {
-    /// Physical (row-major) shape of the operand.
-    pub(super) shape: ArrayShape,
-    pub(super) len: usize,
-    pub(super) out_len: usize,
-    /// Offset in a staging buffer.
-    pub(super) stage: usize,
-    pub(super) reducer: Option<Reducer>,
-    pub(super) split: Option<Split>,
-}
-
-/// What a rewritten collective computes, whatever memory its members meet in: the
-/// operands and where each lies in a staging buffer, the groups, the permute pairs, and
-/// the results computed from members' staged operands. [`DirectCollective`] (device
-/// threads of one process) and `shm::ShmCollective` (processes of one host) share it, so
-/// the two agree bit for bit.
-#[derive(Debug)]
-pub(super) struct Plan {
-    pub(super) op: CollectiveOp,
-    pub(super) algorithm: Algo,
-    pub(super) name: String,
-    pub(super) timeout: Duration,
-    pub(super) ops: Vec<Operand>,
-    /// Bytes of one staging buffer: every operand at its `stage` offset.
-    pub(super) per_buffer: usize,
-    /// Each group's members (device ids, in group order); collective-permute: one group
-    /// of every device.
-    pub(super) group_members: Vec<Vec<usize>>,
-    /// Device id → (group index, member index).
-    pub(super) rank_of: Vec<Option<(usize, usize)>>,
-    /// Collective-permute: device id → its source and its target.
-    pub(super) pairs: Vec<(Option<usize>, Option<usize>)>,
 }
 
 /// Staging (two buffers per member), flags and epochs of a set of groups: what one
@@ -268,11 +144,24 @@ impl DirectSlot {
         let groups = groups
             .iter()
             .map(|members| {
+                let n = members.len();
                 let staging = members
                     .iter()
                     .map(|_| Ok([Staging::new(per_buffer)?, Staging::new(per_buffer)?]))
                     .collect::<Result<Vec<_>>>()?;
-                Ok(Group { sync: Rendezvous::new(members.len()), members: members.clone(), staging })
+                Ok(Group {
+                    members: members.clone(),
+                    staging,
+                    words: (0..n).map(|_| Default::default()).collect(),
+                    flags: Mutex::new(Flags {
+                        arrived: [vec![0; n], vec![0; n]],
+                        broken: 0,
+                        missing: vec![],
+                        inputs: vec![vec![]; n],
+                        outputs: vec![vec![]; n],
+                    }),
+                    wake: Condvar::new(),
+                })
             })
             .collect::<Result<Vec<_>>>()?;
         Ok(DirectSlot { groups, per_buffer })
@@ -293,6 +182,74 @@ impl DirectSlot {
     }
 }
 
+impl Place for DirectSlot {
+    const IN_PLACE: bool = true;
+
+    fn word(&self, gi: usize, k: usize, w: Word) -> &AtomicU64 {
+        &self.groups[gi].words[k][w as usize]
+    }
+
+    fn staged(&self, gi: usize, k: usize, par: usize, at: usize, len: usize) -> &[u8] {
+        self.groups[gi].staging[k][par].0.read(at, len)
+    }
+
+    fn stage(&self, gi: usize, k: usize, par: usize, at: usize, len: usize) -> &mut [u8] {
+        self.groups[gi].staging[k][par].0.write(at, len)
+    }
+
+    fn barrier(&self, plan: &Plan, gi: usize, idx: usize, p: usize, e: u64, deadline: Option<Instant>) -> Result<()> {
+        let group = &self.groups[gi];
+        let broken = |f: &Flags| plan.timeout_error(&group.members, group.members[idx], f.missing.clone());
+        let mut f = group.lock();
+        if f.broken >= e {
+            return Err(broken(&f));
+        }
+        f.arrived[p][idx] = e;
+        let ready = |f: &Flags| f.broken >= e || f.arrived[p].iter().all(|&a| a >= e);
+        if ready(&f) {
+            drop(f);
+            group.wake.notify_all();
+            return Ok(());
+        }
+        match group.wait_until(f, deadline, ready) {
+            Ok(f) if f.broken < e => Ok(()),
+            Ok(f) => Err(broken(&f)),
+            Err(mut f) => {
+                f.broken = f.broken.max(e);
+                f.missing =
+                    (f.arrived[p].iter().enumerate()).filter(|(_, a)| **a < e).map(|(k, _)| group.members[k]).collect();
+                let err = broken(&f);
+                drop(f);
+                group.wake.notify_all();
+                Err(err)
+            }
+        }
+    }
+
+    fn wait(&self, gi: usize, deadline: Instant, mut ready: impl FnMut() -> bool) -> bool {
+        let group = &self.groups[gi];
+        group.wait_until(group.lock(), Some(deadline), |_| ready()).is_ok()
+    }
+
+    fn wake(&self, gi: usize) {
+        // Taking the lock orders the change before any waiter's next look (it looks holding
+        // the lock), so no wake-up is lost.
+        drop(self.groups[gi].lock());
+        self.groups[gi].wake.notify_all();
+    }
+
+    fn publish(&self, gi: usize, idx: usize, ins: Vec<(usize, usize)>, outs: Vec<(usize, usize)>) {
+        let mut f = self.groups[gi].lock();
+        f.inputs[idx] = ins;
+        f.outputs[idx] = outs;
+    }
+
+    fn published(&self, gi: usize) -> (Vec<Vec<(usize, usize)>>, Vec<Vec<(usize, usize)>>) {
+        let f = self.groups[gi].lock();
+        (f.inputs.clone(), f.outputs.clone())
+    }
+}
+
 /// One rewritten collective of an executable, shared by the device threads that run it: its
 /// plan, on a slot of its own or shared with the collectives it is chained with.
 pub struct DirectCollective {
@@ -307,254 +264,6 @@ impl std::fmt::Debug for DirectCollective {
             .field("algorithm", &self.plan.algorithm)
             .field("name", &self.plan.name)
             .finish_non_exhaustive()
-    }
-}
-
-/// Copies run by run from `src` into `dst` (same row count and length).
-fn copy_runs(src: &[u8], s: Runs, dst: &mut [u8], d: Runs) {
-    for (a, b) in s.starts(0).zip(d.starts(0)) {
-        dst[b..b + d.row].copy_from_slice(&src[a..a + s.row]);
-    }
-}
-
-impl Plan {
-    /// The plan of `config` (groups and pairs are device ids below `num_devices`), run
-    /// with `algorithm` on operands of the given physical shapes.
-    pub(super) fn new(
-        config: &CollectiveConfig,
-        algorithm: Algo,
-        shapes: &[ArrayShape],
-        num_devices: usize,
-        timeout: Duration,
-        name: &str,
-    ) -> Result<Self> {
-        let op = config.op;
-        let invalid = |reason: String| Error::Invalid { collective: name.to_string(), op, rank: 0, reason };
-        let unsupported = |reason: String| Error::Unsupported { collective: name.to_string(), op, rank: 0, reason };
-        let computes = match algorithm {
-            Algo::OneShotAllReduce | Algo::TwoShotAllReduce => Kind::AllReduce,
-            Algo::DirectAllGather => Kind::AllGather,
-            Algo::DirectAllToAll => Kind::AllToAll,
-            Algo::DirectReduceScatter => Kind::ReduceScatter,
-            Algo::DirectPermute => Kind::CollectivePermute,
-        };
-        if computes != op.kind {
-            return Err(invalid(format!("{} does not compute {op}", algorithm.name())));
-        }
-
-        // Groups (device ids) and each device's place in them.
-        let mut rank_of = vec![None; num_devices];
-        let mut pairs = vec![(None, None); num_devices];
-        let groups: Vec<Vec<usize>> = if op.kind == Kind::CollectivePermute {
-            for &(s, t) in &config.source_target_pairs {
-                if s >= num_devices || t >= num_devices {
-                    return Err(invalid(format!("source-target pair {s}->{t} names a device >= {num_devices}")));
-                }
-                if pairs[s].1.replace(t).is_some() || pairs[t].0.replace(s).is_some() {
-                    return Err(invalid(format!("source-target pairs repeat source {s} or target {t}")));
-                }
-            }
-            for (d, r) in rank_of.iter_mut().enumerate() {
-                *r = Some((0, d));
-            }
-            vec![(0..num_devices).collect()]
-        } else {
-            for (gi, g) in config.groups.iter().enumerate() {
-                for (i, &d) in g.iter().enumerate() {
-                    match rank_of.get_mut(d) {
-                        Some(r @ None) => *r = Some((gi, i)),
-                        _ => {
-                            return Err(invalid(format!(
-                                "replica group {} names device {d} twice or out of range",
-                                fmt_group(g)
-                            )));
-                        }
-                    }
-                }
-            }
-            config.groups.clone()
-        };
-
-        // Operands, and how results relate to them.
-        let mut ops = Vec::with_capacity(shapes.len());
-        let mut stage = 0usize;
-        let dim = config.dimension.unwrap_or(0);
-        let g_of = |j: usize| groups.get(j).map_or(1, Vec::len);
-        let g = g_of(0);
-        if groups.iter().any(|m| m.len() != g) {
-            return Err(invalid("replica groups differ in size".into()));
-        }
-        for (j, shape) in shapes.iter().enumerate() {
-            let len = shape_bytes(shape).ok_or_else(|| invalid(format!("operand {j}'s shape {shape} has no size")))?;
-            if shape.ty.byte_size() == 0 {
-                return Err(invalid(format!("operand {j} has element type {}, which has no bytes", shape.ty)));
-            }
-            let reducer = match op.kind {
-                Kind::AllReduce | Kind::ReduceScatter => {
-                    let kind = config.reduction.ok_or_else(|| unsupported("reduction not recognised".into()))?;
-                    Some(Reducer::new(shape.ty, kind).map_err(unsupported)?)
-                }
-                _ => None,
-            };
-            let (split, out_len) = match op.kind {
-                Kind::AllReduce | Kind::CollectivePermute => (None, len),
-                Kind::AllGather => (Some(Split::new(shape, dim, len).map_err(invalid)?), len.saturating_mul(g)),
-                Kind::ReduceScatter => {
-                    let s = Split::new(shape, dim, len).map_err(invalid)?;
-                    s.check_blocks(g, shape, dim).map_err(invalid)?;
-                    (Some(s), len / g.max(1))
-                }
-                Kind::AllToAll if config.dimension.is_some() => {
-                    if shapes.len() != 1 {
-                        return Err(invalid(format!("array all-to-all with {} operands", shapes.len())));
-                    }
-                    let s = Split::new(shape, dim, len).map_err(invalid)?;
-                    s.check_blocks(g, shape, dim).map_err(invalid)?;
-                    (Some(s), len)
-                }
-                Kind::AllToAll => {
-                    if shapes.len() != g || shapes.iter().any(|s| shape_bytes(s) != Some(len)) {
-                        return Err(invalid(format!(
-                            "tuple all-to-all needs {g} operands of one size, not {} operands",
-                            shapes.len()
-                        )));
-                    }
-                    (None, len)
-                }
-                Kind::RaggedAllToAll | Kind::CollectiveBroadcast => {
-                    return Err(unsupported(format!("the host backend has no {op}")));
-                }
-            };
-            ops.push(Operand { shape: shape.clone(), len, out_len, stage, reducer, split });
-            // `CustomCallConfig::host_staging_bytes`'s rule (the pass sizes slots by it).
-            stage = stage.saturating_add(host_stage_len(len));
-        }
-        if ops.is_empty() {
-            return Err(invalid("a collective needs an operand".into()));
-        }
-        Ok(Plan {
-            op,
-            algorithm,
-            name: name.to_string(),
-            timeout,
-            ops,
-            per_buffer: stage,
-            group_members: groups,
-            rank_of,
-            pairs,
-        })
-    }
-
-    /// Bytes each result buffer must have (for the caller's checks).
-    pub(super) fn output_lens(&self) -> Vec<usize> {
-        self.ops.iter().map(|o| o.out_len).collect()
-    }
-
-    pub(super) fn invalid(&self, rank: usize, reason: String) -> Error {
-        Error::Invalid { collective: self.name.clone(), op: self.op, rank, reason }
-    }
-
-    pub(super) fn timeout_error(&self, group: &[usize], rank: usize, missing: Vec<usize>) -> Error {
-        Error::Timeout {
-            collective: self.name.clone(),
-            op: self.op,
-            group: group.to_vec(),
-            waiting_rank: rank,
-            missing,
-            timeout: self.timeout,
-        }
-    }
-
-    /// Checks one call of device `device` against the plan; its (group index, member
-    /// index).
-    pub(super) fn check_call(&self, device: usize, inputs: &[&[u8]], outputs: &[&mut [u8]]) -> Result<(usize, usize)> {
-        let Some(&Some((gi, idx))) = self.rank_of.get(device) else {
-            return Err(self.invalid(device, format!("device {device} is in no group of this collective")));
-        };
-        if inputs.len() != self.ops.len() || outputs.len() != self.ops.len() {
-            return Err(self.invalid(
-                device,
-                format!("{} operands and {} results for {} operands", inputs.len(), outputs.len(), self.ops.len()),
-            ));
-        }
-        for (j, o) in self.ops.iter().enumerate() {
-            if inputs[j].len() != o.len || outputs[j].len() != o.out_len {
-                return Err(self.invalid(
-                    device,
-                    format!(
-                        "operand {j}: {} bytes in, {} out; the collective needs {} and {}",
-                        inputs[j].len(),
-                        outputs[j].len(),
-                        o.len,
-                        o.out_len
-                    ),
-                ));
-            }
-        }
-        Ok((gi, idx))
-    }
-
-    /// Member `idx`'s results, for a group of `g`, from the members' staged operands:
-    /// `member(k, at, len)` is `len` bytes at `at` of member `k`'s staging buffer of this
-    /// epoch. For the algorithms that read staging only (one-shot all-reduce, direct
-    /// reduce-scatter, all-gather and all-to-all); the two-shot and the permute are their
-    /// callers' own.
-    pub(super) fn compute<'a>(
-        &self,
-        algorithm: Algo,
-        idx: usize,
-        g: usize,
-        member: impl Fn(usize, usize, usize) -> &'a [u8],
-        outputs: &mut [&mut [u8]],
-    ) {
-        match algorithm {
-            Algo::OneShotAllReduce => {
-                for (o, out) in self.ops.iter().zip(outputs.iter_mut()) {
-                    let Some(red) = o.reducer else { continue };
-                    let m: Vec<&[u8]> = (0..g).map(|k| member(k, o.stage, o.len)).collect();
-                    red.reduce(&m, out);
-                }
-            }
-            Algo::DirectReduceScatter => {
-                for (o, out) in self.ops.iter().zip(outputs.iter_mut()) {
-                    let (Some(red), Some(s)) = (o.reducer, o.split) else { continue };
-                    let (src, dst) = (s.block(g, idx), s.block_dense(g));
-                    for (a, b) in src.starts(o.stage).zip(dst.starts(0)) {
-                        let m: Vec<&[u8]> = (0..g).map(|k| member(k, a, src.row)).collect();
-                        red.reduce(&m, &mut out[b..b + dst.row]);
-                    }
-                }
-            }
-            Algo::DirectAllGather => {
-                for i in 0..g {
-                    let k = (idx + i) % g;
-                    for (o, out) in self.ops.iter().zip(outputs.iter_mut()) {
-                        let Some(s) = o.split else { continue };
-                        copy_runs(member(k, o.stage, o.len), s.whole(), out, s.gathered(g, k));
-                    }
-                }
-            }
-            Algo::DirectAllToAll => {
-                for i in 0..g {
-                    let k = (idx + i) % g;
-                    match self.ops.first().and_then(|o| o.split) {
-                        // Array form: my block k is member k's block `idx`.
-                        Some(s) => {
-                            let o = &self.ops[0];
-                            copy_runs(member(k, o.stage, o.len), s.block(g, idx), outputs[0], s.block(g, k));
-                        }
-                        // Tuple form: my result k is member k's operand `idx`.
-                        None => {
-                            let src = &self.ops[idx];
-                            outputs[k].copy_from_slice(member(k, src.stage, src.len));
-                        }
-                    }
-                }
-            }
-            Algo::TwoShotAllReduce | Algo::DirectPermute => {
-                unreachable!("{algorithm} computes outside Plan::compute")
-            }
-        }
     }
 }
 
@@ -577,7 +286,7 @@ impl DirectCollective {
     /// A collective like [`DirectCollective::new`], on the slot `slot(groups, bytes)` returns
     /// for its groups (device ids) and staged bytes: a new one, or one shared with the
     /// collectives every member runs in order with this one (the caller's promise, on
-    /// which the protocols' correctness rests). The slot must have exactly these groups and
+    /// which the protocol's correctness rests). The slot must have exactly these groups and
     /// buffers of at least `bytes`.
     pub fn on_slot(
         config: &CollectiveConfig,
@@ -618,250 +327,8 @@ impl DirectCollective {
     /// Runs device `device`'s side of one call: `inputs` are its operands, `outputs` its
     /// result buffers (XLA's), in operand order.
     pub fn run(&self, device: usize, inputs: &[&[u8]], outputs: &mut [&mut [u8]]) -> Result<()> {
-        let (gi, idx) = self.plan.check_call(device, inputs, outputs)?;
-        let deadline = Instant::now() + self.plan.timeout;
-        let group = &self.slot.groups[gi];
-        let sync = &group.sync;
-        let e = sync.epoch[idx].load(Ordering::Relaxed) + 1;
-        sync.epoch[idx].store(e, Ordering::Relaxed);
-        // However the call ends, this member is done reading peers' buffers of epoch `e`.
-        struct Finish<'a>(&'a AtomicU64, u64);
-        impl Drop for Finish<'_> {
-            fn drop(&mut self) {
-                self.0.store(self.1, Ordering::Release);
-            }
-        }
-        let _finish = Finish(&sync.finished[idx], e);
-        if self.plan.op.kind == Kind::CollectivePermute {
-            return self.permute(group, device, e, deadline, inputs, outputs);
-        }
-        self.wait_finished(group, idx, e, deadline)?;
-        let own = &group.staging[idx][(e % 2) as usize];
-        // The two-shot works in peers' XLA buffers: each member reduces its slice of every
-        // operand straight from peers' operands and writes the sum into every member's result
-        // (one read and one write of each byte, where staging the slices and gathering them
-        // again costs a second read and write). Its barrier 1, which no member passes before
-        // every member finished, keeps those buffers alive. The others stage their operands.
-        let in_place = self.plan.algorithm == Algo::TwoShotAllReduce;
-        let published = in_place.then(|| {
-            let ins: Vec<(usize, usize)> = inputs.iter().map(|b| (b.as_ptr() as usize, b.len())).collect();
-            // Addresses taken from the results' own `&mut`: from here to barrier 1 this member
-            // touches its results only through them (see `peer_output`).
-            let outs: Vec<(usize, usize)> = outputs.iter_mut().map(|b| (b.as_mut_ptr() as usize, b.len())).collect();
-            (ins, outs)
-        });
-        if !in_place {
-            for (o, x) in self.plan.ops.iter().zip(inputs) {
-                own.write(o.stage, o.len).copy_from_slice(x);
-            }
-        }
-        self.barrier(group, 0, idx, e, Some(deadline), published)?;
-        let par = (e % 2) as usize;
-        let g = group.members.len();
-        let member = |k: usize, at: usize, len: usize| group.staging[k][par].read(at, len);
-        match self.plan.algorithm {
-            Algo::TwoShotAllReduce => {
-                let (ins, outs) = {
-                    let f = group.sync.lock();
-                    (f.inputs.clone(), f.outputs.clone())
-                };
-                let reduce = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    for (j, o) in self.plan.ops.iter().enumerate() {
-                        let Some(red) = o.reducer else { continue };
-                        let (lo, hi) = slice(o, g, idx);
-                        let m: Vec<&[u8]> = ins.iter().map(|t| peer_input(&t[j], lo, hi)).collect();
-                        let mine = peer_output(&outs[idx][j], lo, hi);
-                        red.reduce(&m, mine);
-                        for i in 1..g {
-                            peer_output(&outs[(idx + i) % g][j], lo, hi).copy_from_slice(mine);
-                        }
-                    }
-                }));
-                // Not bounded: every member passed barrier 0, so each arrives after its reads
-                // and writes (a panic included), and none may leave while a peer still reads
-                // its operand or writes its result.
-                self.barrier(group, 1, idx, e, None, None)?;
-                if let Err(p) = reduce {
-                    std::panic::resume_unwind(p);
-                }
-            }
-            algo => self.plan.compute(algo, idx, g, member, outputs),
-        }
-        Ok(())
+        protocol::run(&self.plan, &*self.slot, device, inputs, outputs)
     }
-
-    /// Before writing staging buffer `e % 2`: every member finished epoch `e - 2`.
-    fn wait_finished(&self, group: &Group, idx: usize, e: u64, deadline: Instant) -> Result<()> {
-        let behind = || -> Vec<usize> {
-            (group.sync.finished.iter().enumerate())
-                .filter(|(_, f)| f.load(Ordering::Acquire).saturating_add(2) < e)
-                .map(|(k, _)| group.members[k])
-                .collect()
-        };
-        loop {
-            let missing = behind();
-            if missing.is_empty() {
-                return Ok(());
-            }
-            // Only after a timeout can a member still be in epoch e - 2.
-            if Instant::now() >= deadline {
-                return Err(self.plan.timeout_error(&group.members, group.members[idx], missing));
-            }
-            std::thread::sleep(Duration::from_micros(50));
-        }
-    }
-
-    /// Arrives at barrier `p` of epoch `e` (publishing a two-shot's operands and results as
-    /// (address, length)) and waits for the whole group, until `deadline` (none: every
-    /// member is known to be coming).
-    fn barrier(
-        &self,
-        group: &Group,
-        p: usize,
-        idx: usize,
-        e: u64,
-        deadline: Option<Instant>,
-        published: Option<(Vec<(usize, usize)>, Vec<(usize, usize)>)>,
-    ) -> Result<()> {
-        let sync = &group.sync;
-        let mut f = sync.lock();
-        if f.broken >= e {
-            return Err(self.broken(group, idx, &f));
-        }
-        if let Some((ins, outs)) = published {
-            f.inputs[idx] = ins;
-            f.outputs[idx] = outs;
-        }
-        f.arrived[p][idx] = e;
-        let ready = |f: &Flags| f.broken >= e || f.arrived[p].iter().all(|&a| a >= e);
-        if ready(&f) {
-            drop(f);
-            sync.wake.notify_all();
-            return Ok(());
-        }
-        match sync.wait_until(f, deadline, ready) {
-            Ok(f) if f.broken < e => Ok(()),
-            Ok(f) => Err(self.broken(group, idx, &f)),
-            Err(mut f) => {
-                f.broken = f.broken.max(e);
-                f.missing =
-                    (f.arrived[p].iter().enumerate()).filter(|(_, a)| **a < e).map(|(k, _)| group.members[k]).collect();
-                let err = self.broken(group, idx, &f);
-                drop(f);
-                sync.wake.notify_all();
-                Err(err)
-            }
-        }
-    }
-
-    /// The timeout error of a broken epoch: the ranks that had not arrived when it broke.
-    fn broken(&self, group: &Group, idx: usize, f: &Flags) -> Error {
-        self.plan.timeout_error(&group.members, group.members[idx], f.missing.clone())
-    }
-
-    /// Collective-permute: a source stages its operand and posts it; its target waits for
-    /// the post, pulls, and marks it consumed; devices nothing targets write zeros.
-    fn permute(
-        &self,
-        group: &Group,
-        d: usize,
-        e: u64,
-        deadline: Instant,
-        inputs: &[&[u8]],
-        outputs: &mut [&mut [u8]],
-    ) -> Result<()> {
-        let (source, target) = self.plan.pairs[d];
-        let sync = &group.sync;
-        let par = (e % 2) as usize;
-        let pair_timeout = |peer: usize| self.plan.timeout_error(&[d.min(peer), d.max(peer)], d, vec![peer]);
-        if let Some(t) = target.filter(|&t| t != d) {
-            // My staging buffer `e % 2` is free once my target consumed epoch e - 2.
-            let f = sync.lock();
-            let f = sync
-                .wait_until(f, Some(deadline), |f| f.arrived[1][d].saturating_add(2) >= e)
-                .map_err(|_| pair_timeout(t))?;
-            drop(f);
-            for (o, x) in self.plan.ops.iter().zip(inputs) {
-                group.staging[d][par].write(o.stage, o.len).copy_from_slice(x);
-            }
-            sync.lock().arrived[0][d] = e;
-            sync.wake.notify_all();
-        }
-        match source {
-            Some(s) if s == d => {
-                for (x, out) in inputs.iter().zip(outputs.iter_mut()) {
-                    out.copy_from_slice(x);
-                }
-            }
-            Some(s) => {
-                let f = sync.lock();
-                let waited = sync.wait_until(f, Some(deadline), |f| f.arrived[0][s] >= e);
-                let mut f = match waited {
-                    Ok(f) => {
-                        drop(f);
-                        for (o, out) in self.plan.ops.iter().zip(outputs.iter_mut()) {
-                            out.copy_from_slice(group.staging[s][par].read(o.stage, o.len));
-                        }
-                        sync.lock()
-                    }
-                    Err(f) => f,
-                };
-                // Consumed (or given up on): my source may reuse the buffer at e + 2.
-                let timed_out = f.arrived[0][s] < e;
-                f.arrived[1][s] = f.arrived[1][s].max(e);
-                drop(f);
-                sync.wake.notify_all();
-                if timed_out {
-                    return Err(pair_timeout(s));
-                }
-            }
-            None => outputs.iter_mut().for_each(|o| o.fill(0)),
-        }
-        Ok(())
-    }
-}
-
-/// Bytes `lo..hi` of a peer's operand published at barrier 0 as (address, length).
-fn peer_input(entry: &(usize, usize), lo: usize, hi: usize) -> &[u8] {
-    let (addr, len) = *entry;
-    assert!(lo <= hi && hi <= len, "peer operand range {lo}..{hi} of {len}");
-    if lo == hi {
-        return &[];
-    }
-    // SAFETY: the owner published its XLA operand (valid for its call, never written during
-    // it) at barrier 0 of this epoch and cannot return before barrier 1, which this member
-    // reaches only after its last use of the slice (the reduce phase; the borrow checker
-    // cannot see the barrier, so callers keep these slices inside that phase); the range is
-    // in bounds (checked).
-    unsafe { std::slice::from_raw_parts((addr as *const u8).add(lo), hi - lo) }
-}
-
-/// Bytes `lo..hi` of a member's result published at barrier 0 as (address, length), for
-/// the member that owns two-shot slice `lo..hi` to write.
-#[allow(clippy::mut_from_ref)]
-fn peer_output(entry: &(usize, usize), lo: usize, hi: usize) -> &mut [u8] {
-    let (addr, len) = *entry;
-    assert!(lo <= hi && hi <= len, "peer result range {lo}..{hi} of {len}");
-    if lo == hi {
-        return &mut [];
-    }
-    // SAFETY: the owner published its XLA result buffer (valid for its call, and disjoint
-    // from every operand: the custom call declares no aliasing) at barrier 0 of this epoch,
-    // took the address from its own `&mut` and does not touch the buffer again before
-    // barrier 1, which it cannot pass before this member's last write (the reduce phase; the
-    // slice never leaves it). Slices of different members are disjoint, so no two members
-    // write one byte, and nobody reads the range before barrier 1 orders the write before
-    // it. The range is in bounds (checked).
-    unsafe { std::slice::from_raw_parts_mut((addr as *mut u8).add(lo), hi - lo) }
-}
-
-/// Byte range of two-shot slice `k` of `g` of operand `o`: `ceil(n / g)` elements each,
-/// the last ones shorter or empty.
-fn slice(o: &Operand, g: usize, k: usize) -> (usize, usize) {
-    let eb = o.shape.ty.byte_size().max(1);
-    let n = o.len / eb;
-    let s = n.div_ceil(g.max(1));
-    ((k * s).min(n) * eb, ((k + 1) * s).min(n) * eb)
 }
 
 #[cfg(test)]
@@ -870,6 +337,7 @@ mod tests {
 
     use hlo::PrimitiveType as T;
     use hlo::analysis::ReductionKind;
+    use thunks::{CollectiveKind as Kind, CollectiveOp};
 
     use super::*;
 

@@ -1,20 +1,17 @@
-//! The host protocols: Peerless's collectives between XLA:CPU's devices, on XLA's own buffers.
+//! The host protocol: Peerless's collectives between XLA:CPU's devices, on XLA's own buffers.
 //!
-//! [`direct`] runs them between the devices of one process (each device's program is a
-//! thread of XLA:CPU; peer access is a pointer), [`shm`] between processes of one host
-//! (POSIX shared memory). They follow the GPU kernels' synchronisation rules
-//! (`shared/research/collective_anchors.md` §1–§4): signal flags with one writer each,
-//! written with `Release`, read with `Acquire` and compared "at least" (wrapping-aware), never
-//! reset; per-member epochs counted on the device side; no host-side coordination inside a
-//! collective beyond a wake-up hint; and a deadline on every wait, whose error names the ranks
-//! that never arrived. [`reduce`] is the one place reductions live, [`layout`] the strided
-//! runs of split dimensions.
-//!
-//! (Issue 26 retired the arena-backed simulation of GPU memory, `HostCluster` and its
-//! protocols, with the standalone host executor.)
+//! [`protocol`] is written once ([`protocol::Plan`]: what a collective computes;
+//! [`protocol::run`]: how members meet) over two meeting places: [`direct`], the devices of
+//! one process (each device's program is a thread of XLA:CPU; peer access is a pointer), and
+//! [`shm`], processes of one host (POSIX shared memory). It follows the GPU kernels'
+//! synchronisation rules: signal flags with one writer each, written with `Release`, read with
+//! `Acquire` and compared "at least" (wrapping-aware), never reset; per-member epochs; and a
+//! deadline on every wait, whose error names the ranks that never arrived. [`reduce`] is the
+//! one place reductions live, [`layout`] the strided runs of split dimensions.
 
 pub mod direct;
 mod layout;
+mod protocol;
 mod reduce;
 #[cfg(target_os = "linux")]
 pub mod shm;

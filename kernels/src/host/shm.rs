@@ -3,10 +3,9 @@
 //! (`jax.distributed`, e.g. 2 processes × 4 CPU devices).
 //!
 //! [`ShmCollective`] is the cross-process analogue of [`super::direct::DirectCollective`]:
-//! the same plan (operands, groups, staging layout and the computation of results, shared
-//! code), the same per-member epochs, double buffering and timeout semantics. Only where
-//! members meet differs: each collective instance has one shared segment, which every
-//! process owning a member device maps; members meet through atomics in it, and peers'
+//! the same plan and protocol ([`super::protocol`]). Only where members meet differs: each
+//! collective instance has one shared segment, which every process owning a member device
+//! maps; members meet through atomics in it, and peers'
 //! operands are read from their staging buffers in it (another process's XLA buffers are
 //! out of reach).
 //!
@@ -27,38 +26,25 @@
 //!   and two "missing members" masks, by epoch parity;
 //! - per member: two staging buffers of the plan's staging size, by epoch parity.
 //!
-//! # Protocol (member `i` of a group, epoch `e`)
+//! # Protocol
 //!
-//! 1. `e` = its epoch counter + 1 (a word of the segment only its owner writes, never reset);
-//! 2. wait until every member finished epoch `e - 2` (then nobody reads buffer `e % 2`);
-//! 3. copy the operands into its staging buffer `e % 2`; store `arrived[i] = e` (Release);
-//! 4. wait for epoch `e`'s decision, in the group's decision word `e % 2`: a member that
-//!    sees every `arrived[k] >= e` (Acquire) swaps in "e complete"; a member whose deadline
-//!    passes first writes the members it misses into its mask and swaps in "e broken by i".
-//!    One compare-and-swap decides, so every member of the epoch, including one that comes
-//!    later, gets the same outcome (`direct.rs` decides under its mutex);
-//! 5. complete: compute its results from the members' staging buffers `e % 2`, folding
-//!    members in group order (`Plan::compute`, the code `direct.rs` runs); broken: fail
-//!    with the timeout error naming the breaker's missing members;
-//! 6. store `finished[i] = e` (Release), however the call ended.
+//! [`super::protocol`]'s, with flag words in the segment. A barrier is decided in the
+//! group's decision word of parity `e % 2`: a member that sees every `arrived[k] >= e`
+//! (Acquire) swaps in "e complete"; a member whose deadline passes first writes the members
+//! it misses into its mask and swaps in "e broken by i". One compare-and-swap decides, so
+//! every member of the epoch, including one that comes later, gets the same outcome. The
+//! double-buffering argument covers the decision words and masks of parity `e % 2` too: a
+//! member decides epoch `e + 2` only after every member finished `e`, so nobody still
+//! deciding `e` can see them change. Acquire/Release pairs order staging writes before the
+//! reads they enable.
 //!
 //! The two-shot all-reduce runs as the one-shot here: its second shot reads peers'
 //! operands in place, which lie in other processes' memory. The one-shot folds the same
 //! members in the same order for every element, so its results are the same bits.
-//! A collective-permute follows `direct.rs`: a source waits until its target consumed
-//! epoch `e - 2`, stages and posts `e`; its target waits for the post, copies, and marks
-//! it consumed (also when it gives up); devices without a peer never touch the segment.
-//!
-//! Why one barrier suffices is `direct.rs`'s double-buffering argument: a member writes
-//! buffer `e % 2` again only at epoch `e + 2`, after step 2 saw every member finish `e`.
-//! The same argument covers the decision words and masks of parity `e % 2`: a member
-//! decides epoch `e + 2` only after that step too, so nobody still deciding `e` can see
-//! them change. Acquire/Release pairs order staging writes before the reads they enable.
+//! A collective-permute device without a peer never touches the segment.
 //!
 //! Waits spin briefly, then yield, then sleep with a growing backoff (at most 1 ms), and
-//! end at the call's deadline: the error names the collective, the waiting device, its
-//! group and the devices that never came, and breaks that epoch for everyone in it, as in
-//! `direct.rs`; the next epoch starts clean.
+//! end at the call's deadline; a timeout unlinks the name too (below).
 //!
 //! # Lifecycle, cleanup and isolation
 //!
@@ -95,7 +81,7 @@ use rustix::io::Errno;
 use rustix::mm::{MapFlags, ProtFlags};
 use thunks::{CollectiveConfig, CollectiveKind as Kind, KernelAlgorithm as Algo};
 
-use super::direct::Plan;
+use super::protocol::{self, Backoff, Place, Plan, Region, Word, poll};
 use crate::{Error, Result};
 
 /// Names a shared segment: unguessable job token (hex, from the job's distributed KV
@@ -143,9 +129,6 @@ const MAX_MEMBERS: usize = 1 << 14;
 fn decision(e: u64, outcome: u64, breaker: usize) -> u64 {
     (e << 16) | ((breaker as u64) << 2) | outcome
 }
-
-/// The longest sleep of a wait.
-const MAX_SLEEP: Duration = Duration::from_millis(1);
 
 /// Where everything lies in the segment; every process computes the same from the plan.
 #[derive(Debug)]
@@ -206,8 +189,7 @@ impl SegmentLayout {
 /// A mapped segment. The protocol, not the type system, says who may touch which bytes
 /// when.
 struct Segment {
-    ptr: NonNull<u8>,
-    len: usize,
+    region: Region,
     name: String,
     /// Processes that attach in all.
     participants: u64,
@@ -222,14 +204,6 @@ enum Join {
     /// Its last process left and closed it: its name is about to go.
     Closed,
 }
-
-// SAFETY: `Segment` owns its mapping; its bytes are reached only through atomics (flag
-// words) or under the protocol's rules (one writer per staging buffer per epoch, readers
-// only after the decision that orders them after the write), so sharing it between device
-// threads is sound.
-unsafe impl Send for Segment {}
-// SAFETY: as above.
-unsafe impl Sync for Segment {}
 
 impl Segment {
     /// Opens, checks, maps and attaches to segment `name` of `size` bytes;
@@ -305,7 +279,10 @@ impl Segment {
         let ptr = NonNull::new(ptr.cast::<u8>()).ok_or_else(|| format!("mmap of {name} returned null"))?;
         // The descriptor closes here; the mapping keeps the object.
         drop(fd);
-        let seg = Segment { ptr, len: size, name: name.to_string(), participants, attached: false };
+        // SAFETY: the mapping is `size` bytes, page aligned, lives until Drop unmaps it and is
+        // reached only through the region.
+        let region = unsafe { Region::new(ptr, size) };
+        let seg = Segment { region, name: name.to_string(), participants, attached: false };
         // Each header word is set by whoever comes first and must match for everyone else.
         for (at, value, what) in [
             (H_MAGIC, MAGIC, "magic"),
@@ -367,34 +344,12 @@ impl Segment {
         }
     }
 
-    /// The atomic word at byte `at`.
     fn word(&self, at: usize) -> &AtomicU64 {
-        assert!(at.is_multiple_of(8) && at.checked_add(8).is_some_and(|end| end <= self.len), "segment word {at}");
-        // SAFETY: in bounds and 8-byte aligned (the mapping is page aligned; checked above),
-        // so valid for an `AtomicU64` (same layout as `u64`) while `self` lives; these bytes
-        // are only ever accessed as this atomic, by every process (the layout keeps flag
-        // words apart from staging).
-        unsafe { &*self.ptr.as_ptr().add(at).cast::<AtomicU64>() }
+        self.region.word(at)
     }
 
-    /// `len` bytes at `at`, shared. Caller: nobody writes them until the borrow ends.
     fn read(&self, at: usize, len: usize) -> &[u8] {
-        assert!(at.checked_add(len).is_some_and(|end| end <= self.len), "segment read {at}+{len} of {}", self.len);
-        // SAFETY: in bounds (checked above) of a live mapping; the protocol guarantees no
-        // concurrent writer in any process (module docs: a staging buffer is written only
-        // by its owner, before the decision its readers wait for, and not again until they
-        // have all finished).
-        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr().add(at), len) }
-    }
-
-    /// `len` bytes at `at`, exclusive. Caller: the owning member, in its write phase.
-    #[allow(clippy::mut_from_ref)]
-    fn write(&self, at: usize, len: usize) -> &mut [u8] {
-        assert!(at.checked_add(len).is_some_and(|end| end <= self.len), "segment write {at}+{len} of {}", self.len);
-        // SAFETY: in bounds (checked above) of a live mapping; only the owning member writes
-        // its staging buffer, and only while no peer reads it (before it arrives, once every
-        // member finished the epoch that last read it), so this is the only reference.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr().add(at), len) }
+        self.region.read(at, len)
     }
 
     fn unlink(&self) {
@@ -421,45 +376,9 @@ impl Drop for Segment {
         }
         // SAFETY: the mapping made in `attach`, unmapped once; no borrow of it outlives
         // `self` (every accessor borrows `self`).
-        if let Err(e) = unsafe { rustix::mm::munmap(self.ptr.as_ptr().cast(), self.len) } {
+        if let Err(e) = unsafe { rustix::mm::munmap(self.region.ptr().as_ptr().cast(), self.region.len()) } {
             log::warn!("munmap of shared segment {}: {e}", self.name);
         }
-    }
-}
-
-/// A wait without a condition variable (processes share only memory): spin briefly, then
-/// yield, then sleep longer and longer, never past the deadline.
-#[derive(Default)]
-struct Backoff(u32);
-
-impl Backoff {
-    fn snooze(&mut self, deadline: Instant) {
-        let step = self.0;
-        self.0 = step.saturating_add(1);
-        if step < 6 {
-            for _ in 0..(8u32 << step) {
-                std::hint::spin_loop();
-            }
-        } else if step < 16 {
-            std::thread::yield_now();
-        } else {
-            let sleep = Duration::from_micros(10u64 << (step - 16).min(7)).min(MAX_SLEEP);
-            std::thread::sleep(sleep.min(deadline.saturating_duration_since(Instant::now())));
-        }
-    }
-}
-
-/// Polls `ready` until it holds (`true`) or the deadline passes (`false`).
-fn wait(deadline: Instant, mut ready: impl FnMut() -> bool) -> bool {
-    let mut backoff = Backoff::default();
-    loop {
-        if ready() {
-            return true;
-        }
-        if Instant::now() >= deadline {
-            return ready();
-        }
-        backoff.snooze(deadline);
     }
 }
 
@@ -502,12 +421,12 @@ pub fn exchange(
         if bytes.len() != slot {
             return Err(Error::Segment(format!("{} bytes posted for a slot of {slot}", bytes.len())));
         }
-        seg.write(off + 64, slot).copy_from_slice(bytes);
+        seg.region.write(off + 64, slot).copy_from_slice(bytes);
         seg.word(off).store(1, Ordering::Release);
     }
     let deadline = Instant::now() + timeout;
     let ready = |d: usize| at(d).is_some_and(|off| seg.word(off).load(Ordering::Acquire) == 1);
-    if !wait(deadline, || devices.iter().all(|&d| ready(d))) {
+    if !poll(deadline, || devices.iter().all(|&d| ready(d))) {
         return Err(Error::ExchangeMissing { devices: devices.iter().copied().filter(|&d| !ready(d)).collect() });
     }
     Ok(devices.iter().enumerate().map(|(i, &d)| (d, seg.read(HEADER + i * per + 64, slot).to_vec())).collect())
@@ -549,15 +468,6 @@ impl std::fmt::Debug for ShmCollective {
             .field("segment", &self.slot.segment_name)
             .field("this_process", &self.this_process)
             .finish_non_exhaustive()
-    }
-}
-
-/// However a call ends, its member is done reading peers' buffers of its epoch.
-struct Finish<'a>(&'a AtomicU64, u64);
-
-impl Drop for Finish<'_> {
-    fn drop(&mut self) {
-        self.0.store(self.1, Ordering::Release);
     }
 }
 
@@ -712,7 +622,7 @@ impl ShmCollective {
     /// contract of [`super::direct::DirectCollective::run`].
     pub fn run(&self, device: usize, inputs: &[&[u8]], outputs: &mut [&mut [u8]]) -> Result<()> {
         let plan = &self.plan;
-        let (gi, idx) = plan.check_call(device, inputs, outputs)?;
+        plan.check_call(device, inputs, outputs)?;
         if self.process_of[device] != self.this_process {
             return Err(plan.invalid(
                 device,
@@ -722,80 +632,80 @@ impl ShmCollective {
                 ),
             ));
         }
-        let deadline = Instant::now() + plan.timeout;
-        let permute = plan.op.kind == Kind::CollectivePermute;
-        if permute && !meets(plan, device) {
+        if plan.op.kind == Kind::CollectivePermute && !meets(plan, device) {
             return self.permute_locally(device, inputs, outputs);
         }
         let Some(seg) = &self.slot.segment else {
             return Err(plan.invalid(device, "this process has no shared segment for the device".into()));
         };
-        let m = self.slot.layout.base[gi] + idx;
-        let flag = |f: usize| seg.word(self.slot.layout.flags[m] + f);
-        let e = flag(F_EPOCH).load(Ordering::Relaxed) + 1;
-        flag(F_EPOCH).store(e, Ordering::Relaxed);
-        let _finish = Finish(flag(F_FINISHED), e);
-        let par = (e % 2) as usize;
-        if permute {
-            return self.permute(seg, device, e, deadline, inputs, outputs);
+        protocol::run(plan, &ShmPlace { seg, layout: &self.slot.layout }, device, inputs, outputs)
+    }
+
+    /// Collective-permute of a device without a peer: its own operand, or zeros.
+    fn permute_locally(&self, d: usize, inputs: &[&[u8]], outputs: &mut [&mut [u8]]) -> Result<()> {
+        match self.plan.pairs[d].0 {
+            Some(_) => outputs.iter_mut().zip(inputs).for_each(|(out, x)| out.copy_from_slice(x)),
+            None => outputs.iter_mut().for_each(|o| o.fill(0)),
         }
-        self.wait_finished(seg, gi, idx, e, deadline)?;
-        let own = self.buffer(m, par);
-        for (o, x) in plan.ops.iter().zip(inputs) {
-            seg.write(own + o.stage, o.len).copy_from_slice(x);
-        }
-        self.barrier(seg, gi, idx, e, deadline)?;
-        // Peers' XLA operands live in other processes: the two-shot folds staged copies.
-        let algorithm = match plan.algorithm {
-            Algo::TwoShotAllReduce => Algo::OneShotAllReduce,
-            a => a,
-        };
-        let base = self.slot.layout.base[gi];
-        let member = |k: usize, at: usize, len: usize| seg.read(self.buffer(base + k, par) + at, len);
-        plan.compute(algorithm, idx, plan.group_members[gi].len(), member, outputs);
         Ok(())
+    }
+}
+
+/// A segment as the protocol's meeting place.
+struct ShmPlace<'a> {
+    seg: &'a Segment,
+    layout: &'a SegmentLayout,
+}
+
+impl ShmPlace<'_> {
+    /// Member `k` of group `gi`: its index in the per-member tables.
+    fn member(&self, gi: usize, k: usize) -> usize {
+        self.layout.base[gi] + k
     }
 
     /// Member `m`'s staging buffer `par` (byte offset).
     fn buffer(&self, m: usize, par: usize) -> usize {
-        let at = self.slot.layout.staging[m].expect("a member that stages has staging buffers");
-        at + par * self.slot.layout.per_buffer
+        let at = self.layout.staging[m].expect("a member that stages has staging buffers");
+        at + par * self.layout.per_buffer
     }
+}
 
-    /// The timeout error, after unlinking the name (a peer that never attached must not
-    /// find it later and leave it behind).
-    fn timed_out(&self, seg: &Segment, group: &[usize], rank: usize, missing: Vec<usize>) -> Error {
-        seg.unlink();
-        self.plan.timeout_error(group, rank, missing)
-    }
+impl Place for ShmPlace<'_> {
+    const IN_PLACE: bool = false;
 
-    /// Before writing staging buffer `e % 2`: every member finished epoch `e - 2`.
-    fn wait_finished(&self, seg: &Segment, gi: usize, idx: usize, e: u64, deadline: Instant) -> Result<()> {
-        let members = &self.plan.group_members[gi];
-        let base = self.slot.layout.base[gi];
-        let behind = |k: usize| {
-            seg.word(self.slot.layout.flags[base + k] + F_FINISHED).load(Ordering::Acquire).saturating_add(2) < e
+    fn word(&self, gi: usize, k: usize, w: Word) -> &AtomicU64 {
+        let at = match w {
+            Word::Epoch => F_EPOCH,
+            Word::Finished => F_FINISHED,
+            Word::Posted => F_POSTED,
+            Word::Consumed => F_CONSUMED,
         };
-        if wait(deadline, || !(0..members.len()).any(behind)) {
-            return Ok(());
-        }
-        // Only after a timeout can a member still be in epoch e - 2.
-        let missing: Vec<usize> = (0..members.len()).filter(|&k| behind(k)).map(|k| members[k]).collect();
-        if missing.is_empty() {
-            return Ok(());
-        }
-        Err(self.timed_out(seg, members, members[idx], missing))
+        self.seg.word(self.layout.flags[self.member(gi, k)] + at)
     }
 
-    /// Arrives at epoch `e`'s barrier and waits for its decision (module docs, step 4).
-    fn barrier(&self, seg: &Segment, gi: usize, idx: usize, e: u64, deadline: Instant) -> Result<()> {
-        let members = &self.plan.group_members[gi];
-        let (g, base, words) = (members.len(), self.slot.layout.base[gi], self.slot.layout.mask_words[gi]);
+    fn staged(&self, gi: usize, k: usize, par: usize, at: usize, len: usize) -> &[u8] {
+        self.seg.read(self.buffer(self.member(gi, k), par) + at, len)
+    }
+
+    fn stage(&self, gi: usize, k: usize, par: usize, at: usize, len: usize) -> &mut [u8] {
+        self.seg.region.write(self.buffer(self.member(gi, k), par) + at, len)
+    }
+
+    /// Module docs: one compare-and-swap of the group's decision word decides the epoch.
+    fn barrier(&self, plan: &Plan, gi: usize, idx: usize, _p: usize, e: u64, deadline: Option<Instant>) -> Result<()> {
+        let deadline = deadline.expect("only the in-place two-shot waits unbounded");
+        let (seg, layout) = (self.seg, self.layout);
+        let members = &plan.group_members[gi];
+        let (g, base, words) = (members.len(), layout.base[gi], layout.mask_words[gi]);
         let par = (e % 2) as usize;
-        let arrived = |k: usize| seg.word(self.slot.layout.flags[base + k] + F_ARRIVED).load(Ordering::Acquire);
-        let mask = |k: usize, w: usize| seg.word(self.slot.layout.masks[base + k] + (par * words + w) * 8);
-        seg.word(self.slot.layout.flags[base + idx] + F_ARRIVED).store(e, Ordering::Release);
-        let word = seg.word(self.slot.layout.decisions[gi] + par * 8);
+        let arrived = |k: usize| seg.word(layout.flags[base + k] + F_ARRIVED).load(Ordering::Acquire);
+        let mask = |k: usize, w: usize| seg.word(layout.masks[base + k] + (par * words + w) * 8);
+        let timed_out = |missing: Vec<usize>| {
+            self.timing_out();
+            plan.timeout_error(members, members[idx], missing)
+        };
+        seg.word(layout.flags[base + idx] + F_ARRIVED).store(e, Ordering::Release);
+        let word = seg.word(layout.decisions[gi] + par * 8);
         let mut backoff = Backoff::default();
         loop {
             let v = word.load(Ordering::Acquire);
@@ -809,13 +719,12 @@ impl ShmCollective {
                         .filter(|&k| mask(breaker, k / 64).load(Ordering::Relaxed) >> (k % 64) & 1 == 1)
                         .map(|k| members[k])
                         .collect();
-                    return Err(self.timed_out(seg, members, members[idx], missing));
+                    return Err(timed_out(missing));
                 }
                 // A later epoch decided: impossible while this member has not finished `e`
                 // (module docs); fail rather than read buffers of another epoch.
                 de if de > e => {
-                    let missing = (0..g).filter(|&k| arrived(k) < e).map(|k| members[k]).collect();
-                    return Err(self.timed_out(seg, members, members[idx], missing));
+                    return Err(timed_out((0..g).filter(|&k| arrived(k) < e).map(|k| members[k]).collect()));
                 }
                 _ => {}
             }
@@ -844,64 +753,14 @@ impl ShmCollective {
         }
     }
 
-    /// Collective-permute of a device that meets a peer: as `direct.rs`.
-    fn permute(
-        &self,
-        seg: &Segment,
-        d: usize,
-        e: u64,
-        deadline: Instant,
-        inputs: &[&[u8]],
-        outputs: &mut [&mut [u8]],
-    ) -> Result<()> {
-        let (source, target) = self.plan.pairs[d];
-        // The permute's one group is every device, in order: member index = device id.
-        let flag = |k: usize, f: usize| seg.word(self.slot.layout.flags[k] + f);
-        let par = (e % 2) as usize;
-        let pair_timeout = |peer: usize| self.timed_out(seg, &[d.min(peer), d.max(peer)], d, vec![peer]);
-        if let Some(t) = target.filter(|&t| t != d) {
-            // My staging buffer `e % 2` is free once my target consumed epoch e - 2.
-            if !wait(deadline, || flag(d, F_CONSUMED).load(Ordering::Acquire).saturating_add(2) >= e) {
-                return Err(pair_timeout(t));
-            }
-            let own = self.buffer(d, par);
-            for (o, x) in self.plan.ops.iter().zip(inputs) {
-                seg.write(own + o.stage, o.len).copy_from_slice(x);
-            }
-            flag(d, F_POSTED).store(e, Ordering::Release);
-        }
-        match source {
-            Some(s) if s == d => {
-                for (x, out) in inputs.iter().zip(outputs.iter_mut()) {
-                    out.copy_from_slice(x);
-                }
-            }
-            Some(s) => {
-                let posted = wait(deadline, || flag(s, F_POSTED).load(Ordering::Acquire) >= e);
-                if posted {
-                    let theirs = self.buffer(s, par);
-                    for (o, out) in self.plan.ops.iter().zip(outputs.iter_mut()) {
-                        out.copy_from_slice(seg.read(theirs + o.stage, o.len));
-                    }
-                }
-                // Consumed (or given up on): my source may reuse the buffer at e + 2.
-                flag(s, F_CONSUMED).fetch_max(e, Ordering::AcqRel);
-                if !posted {
-                    return Err(pair_timeout(s));
-                }
-            }
-            None => outputs.iter_mut().for_each(|o| o.fill(0)),
-        }
-        Ok(())
+    fn wait(&self, _gi: usize, deadline: Instant, ready: impl FnMut() -> bool) -> bool {
+        poll(deadline, ready)
     }
 
-    /// Collective-permute of a device without a peer: its own operand, or zeros.
-    fn permute_locally(&self, d: usize, inputs: &[&[u8]], outputs: &mut [&mut [u8]]) -> Result<()> {
-        match self.plan.pairs[d].0 {
-            Some(_) => outputs.iter_mut().zip(inputs).for_each(|(out, x)| out.copy_from_slice(x)),
-            None => outputs.iter_mut().for_each(|o| o.fill(0)),
-        }
-        Ok(())
+    /// Unlinks the name: a peer that never attached must not find it later and leave it
+    /// behind.
+    fn timing_out(&self) {
+        self.seg.unlink();
     }
 }
 

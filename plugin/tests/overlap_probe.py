@@ -61,7 +61,7 @@ FLAGSETS = {
     "annot-off": "--xla_gpu_experimental_stream_annotation=false",
 }
 VARIANTS = ["xla", "pl-sync", "pl-coll", "pl-stream1", "pl-coll-grp", "pl-compute_on", "tf-sync", "tf-stream1"]
-PEERLESS_FLAGS = "--all_reduce_backend=kernel --xla_async_above_bytes=none"
+PEERLESS_FLAGS = os.environ.get("PROBE_PEERLESS_FLAGS", "--all_reduce_backend=kernel --xla_async_above_bytes=none")
 
 
 # ----------------------------------------------------------------------------- parent side
@@ -92,7 +92,11 @@ def run_child(name: str, xla_flags: str, args) -> dict:
         return {"flagset": name, "error": f"timeout after {args.timeout}s: {str(e.stderr)[-800:]}"}
     lines = [l for l in p.stdout.splitlines() if l.startswith("{")]
     if not lines:
-        return {"flagset": name, "error": f"rc={p.returncode}: {(p.stderr or p.stdout)[-2500:]}"}
+        err = p.stderr or p.stdout
+        # XLA's fatal message (a CHECK) comes before its stack trace: keep it and the last
+        # variant started, not just the trace's tail.
+        why = [x for x in err.splitlines() if re.search(r"Check failed|RET_CHECK|^F\d{4}|INTERNAL|variant ", x)]
+        return {"flagset": name, "error": f"rc={p.returncode}: " + "\n".join(why[-6:]) + "\n" + err[-800:]}
     out = json.loads(lines[-1])
     out.update(flagset=name, xla_flags=env["XLA_FLAGS"], wall_s=round(time.time() - t0, 1))
     if dump:
@@ -124,7 +128,7 @@ def summarize_dump(d: str) -> dict:
 def print_report(r: dict) -> None:
     print(f"\n=== flag set {r['flagset']}: XLA_FLAGS={r.get('xla_flags', '')!r}")
     if "error" in r:
-        print("  child failed:", r["error"][-1500:])
+        print("  child failed:", r["error"][:1500])
         return
     print(f"  {r['devices']} x {r['device_kind']}, jax {r['jax']} / jaxlib {r['jaxlib']}, peerless: "
           f"{r.get('peerless', 'off')}, child {r['wall_s']} s; matmul alone {fmt(r.get('mm_ms'))} ms"
@@ -353,6 +357,7 @@ def child(args) -> None:
         out["mm_ms"] = None
 
     for kind in args.variants:
+        print(f"variant {kind}", file=sys.stderr, flush=True)
         v = {"name": kind}
         out["variants"].append(v)
         try:

@@ -80,6 +80,9 @@ pub struct Flags {
     /// asynchronously, overlapped with compute (a custom call runs in order on the compute
     /// stream). `None`: no such rule.
     pub xla_async_above_bytes: Option<usize>,
+    /// Inside XLA: fuse a sum all-reduce the pass gives a kernel with the residual add and
+    /// RMSNorm after it, where the platform's handlers run it (`xla_pass::fuse`).
+    pub fuse_norm: bool,
 }
 
 /// Default of `--xla_async_above_bytes`: 2× H200, 2026-11-23 — a data-parallel train step
@@ -101,6 +104,7 @@ impl Default for Flags {
             host_topology: HostTopology::FullMesh,
             allow_unsafe_peer_targets: false,
             xla_async_above_bytes: Some(DEFAULT_XLA_ASYNC_ABOVE_BYTES),
+            fuse_norm: true,
         }
     }
 }
@@ -232,6 +236,24 @@ pub const FLAGS: &[FlagSpec] = &[
         set: |f, v| {
             f.xla_async_above_bytes = if v == "none" { None } else { Some(parse_bytes(v)?) };
             Ok(())
+        },
+    },
+    FlagSpec {
+        name: "fuse_norm",
+        ty: "true|false",
+        help: "inside XLA: fuse a sum all-reduce run on a kernel with the residual add + RMSNorm (+ convert) after \
+               it into one call, where the platform runs it (CPU); false: never",
+        get: |f| f.fuse_norm.to_string(),
+        set: |f, v| match v {
+            "true" => {
+                f.fuse_norm = true;
+                Ok(())
+            }
+            "false" => {
+                f.fuse_norm = false;
+                Ok(())
+            }
+            _ => Err(format!("'{v}' is neither true nor false")),
         },
     },
 ];

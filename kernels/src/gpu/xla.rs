@@ -1101,6 +1101,7 @@ mod tests {
             slot_bytes: 4096,
             slot_gpu_bytes: 8192,
             order_operands: 0,
+            epilogue: None,
         }
     }
 

@@ -361,8 +361,9 @@ mod tests {
         let s = "--all_reduce_backend=kernel --all_gather_backend=fallback --all_to_all_backend=auto \
                  --reduce_scatter_backend=fallback --collective_permute_backend=kernel --one_shot_max_bytes=1024 \
                  --two_shot_max_bytes=65536 --collective_timeout_ms=500 --host_topology=pairs:0-1,2-3 \
-                 --allow_unsafe_peer_targets=true --xla_async_above_bytes=none";
+                 --allow_unsafe_peer_targets=true --xla_async_above_bytes=none --fuse_norm=false";
         let f = Flags::parse(s).unwrap();
+        assert!(!f.fuse_norm && Flags::default().fuse_norm);
         // The kernels' grid is not a flag (it never reached a launch): a clear error, not ignored.
         assert!(Flags::parse("--collective_blocks=64").unwrap_err().to_string().contains("unknown flag"));
         assert_eq!(f.all_reduce_backend, Backend::Kernel);

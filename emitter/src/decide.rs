@@ -127,7 +127,7 @@ pub struct Capabilities {
     /// (`xla_pass::keep_ordered`).
     pub in_order: bool,
     /// The handlers run an all-reduce fused with the residual add and RMSNorm after it
-    /// (`thunks::custom_call::Epilogue`): the host runtime does; the GPU runtimes not yet.
+    /// (`thunks::custom_call::Epilogue`): the host runtime and the CUDA runtime do (ROCm not yet).
     pub fused_norm: bool,
 }
 

@@ -56,6 +56,51 @@ pub fn apply(
     y: &mut [u8],
     y_ty: PrimitiveType,
 ) {
+    apply_with(e, d, s, x, g, h, h_ty, y, y_ty, &sum_of_squares)
+}
+
+/// The row's sum of squares left to right in f32 (XLA:CPU's order within a chunk; what
+/// [`apply`] uses).
+pub fn sum_of_squares(hf: &[f32]) -> f32 {
+    let mut sum = 0f32;
+    for v in hf {
+        sum += v * v;
+    }
+    sum
+}
+
+/// The row's sum of squares in the order of the GPU kernel (`pl_one_shot_norm_*` in
+/// kernels/cuda/collectives.cu) launched with `threads` threads a block (a power of two):
+/// thread t sums the squares of elements t, t + threads, t + 2 threads, ... left to right,
+/// then the threads' sums are added as a tree (t += t + s for s = threads / 2, ..., 1).
+pub fn block_sum_of_squares(hf: &[f32], threads: usize) -> f32 {
+    let mut part: Vec<f32> =
+        (0..threads).map(|t| hf.iter().skip(t).step_by(threads).fold(0f32, |acc, v| acc + v * v)).collect();
+    let mut s = threads / 2;
+    while s > 0 {
+        for t in 0..s {
+            part[t] += part[t + s];
+        }
+        s /= 2;
+    }
+    part.first().copied().unwrap_or(0.0)
+}
+
+/// [`apply`] with the row's sum of squares taken by `row_sum` (of the row's hf values): the
+/// GPU kernel tests pass [`block_sum_of_squares`] to reproduce the kernel bit for bit.
+#[allow(clippy::too_many_arguments)]
+pub fn apply_with(
+    e: &Epilogue,
+    d: usize,
+    s: Typed<'_>,
+    x: Typed<'_>,
+    g: Option<Typed<'_>>,
+    h: &mut [u8],
+    h_ty: PrimitiveType,
+    y: &mut [u8],
+    y_ty: PrimitiveType,
+    row_sum: &dyn Fn(&[f32]) -> f32,
+) {
     let n = s.0.len() / s.1.byte_size().max(1);
     if d == 0 {
         return;
@@ -72,10 +117,7 @@ pub fn apply(
             put(h, h_ty, base + j, hc);
             *slot = if e.norm_of_rounded { get(h, h_ty, base + j) } else { hc };
         }
-        let mut sum = 0f32;
-        for v in &hf {
-            sum += v * v;
-        }
+        let sum = row_sum(&hf);
         let ms = match e.mean {
             Mean::Multiply(c) => sum * f32::from_bits(c),
             Mean::Divide(c) => sum / f32::from_bits(c),
@@ -94,6 +136,20 @@ pub fn apply(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn block_order_sums_every_square_once() {
+        let hf: Vec<f32> = (0..1000).map(|i| (i % 7) as f32 - 3.0).collect();
+        // Small integers: every order is exact.
+        assert_eq!(block_sum_of_squares(&hf, 512), sum_of_squares(&hf));
+        assert_eq!(block_sum_of_squares(&hf, 1), sum_of_squares(&hf));
+        assert_eq!(block_sum_of_squares(&[3.0], 512), 9.0);
+        // An order the result shows: sequentially 2^24 + 1 rounds back to 2^24 (ties to
+        // even), twice; with 2 threads, thread 1's 1 + 1 = 2 is added to 2^24 whole.
+        let v = [4096.0f32, 1.0, 0.0, 1.0];
+        assert_eq!(sum_of_squares(&v), 16_777_216.0);
+        assert_eq!(block_sum_of_squares(&v, 2), 16_777_218.0);
+    }
 
     #[test]
     fn rmsnorm_of_a_bf16_row() {

@@ -679,13 +679,14 @@ PL_DEVICE void reduce_scatter(const u8* in, T* out, u32 rank, u32 world, const P
 //   r  = 1 / sqrt(ms + eps);  y = hf * r [* f32(gamma)] as y's type.
 // Every rank computes every row in the same order, so h and y are bitwise the same on every
 // rank. The row's sum of squares is a tree over the block (the reference sums left to right:
-// within an ulp of y). A thread keeps PL_NORM_PER_THREAD of a row's hf in registers (rows up to
-// 32 x 512 = 16384 elements in one pass); longer rows recompute the rest from the staging.
+// within an ulp of y). The block keeps a row's first PL_NORM_KEPT hf values in shared memory
+// (32 KiB); positions beyond are computed again from the staging for y (same operations, same
+// bits), so any d runs.
 // Element types of the residual, gamma, h and y are chosen at run time (f32, bf16, f16).
 #define PL_F32 0u
 #define PL_BF16 1u
 #define PL_F16 2u
-#define PL_NORM_PER_THREAD 32
+#define PL_NORM_KEPT 8192
 #define PL_NORM_THREADS 512
 struct Norm {
   u64 residual;  // x: rows x d
@@ -771,6 +772,7 @@ template <typename T>
 PL_DEVICE void one_shot_norm(const T* in, const Norm& nm, u32 rank, u32 world, const Ptrs& stage, u64 stride,
                              const Ptrs& flags, u32* counter, const Status& st) {
   __shared__ float part[PL_NORM_THREADS];
+  __shared__ float kept[PL_NORM_KEPT];
   const u32 e = next_epoch(counter);
   const u64 par = (e & 1) * stride;
   const u64 d = nm.d;
@@ -789,35 +791,23 @@ PL_DEVICE void one_shot_norm(const T* in, const Norm& nm, u32 rank, u32 world, c
   }
   block_barrier(flags, 0, rank, world, 2 * e, st);
   const float mean = __uint_as_float(nm.mean), eps = __uint_as_float(nm.eps);
-  const u64 kept = (u64)PL_NORM_PER_THREAD * blockDim.x;  // row positions held in registers
   for (u64 row = blockIdx.x; row < nm.rows; row += gridDim.x) {
     const u64 base = row * d;
-    float hf[PL_NORM_PER_THREAD];
+    // Thread t: positions t, t + blockDim, ... (the order block_sum_of_squares reproduces).
     float sq = 0.f;
-#pragma unroll
-    for (u32 k = 0; k < PL_NORM_PER_THREAD; ++k) {
-      const u64 j = threadIdx.x + (u64)k * blockDim.x;
-      hf[k] = 0.f;
-      if (j < d) {
-        hf[k] = norm_hf<T>(stage, par, world, base + j, nm, true);
-        sq = pl_add_rn(sq, pl_mul_rn(hf[k], hf[k]));
-      }
-    }
-    for (u64 j = kept + threadIdx.x; j < d; j += blockDim.x) {
+    for (u64 j = threadIdx.x; j < d; j += blockDim.x) {
       const float v = norm_hf<T>(stage, par, world, base + j, nm, true);
+      if (j < PL_NORM_KEPT) kept[j] = v;
       sq = pl_add_rn(sq, pl_mul_rn(v, v));
     }
-    const float sum = block_sum(sq, part);
+    const float sum = block_sum(sq, part);  // its barriers also order `kept` (same thread anyway)
     const float ms = nm.mean_div ? pl_div_rn(sum, mean) : pl_mul_rn(sum, mean);
     const float r = pl_div_rn(1.0f, pl_sqrt_rn(pl_add_rn(ms, eps)));
-#pragma unroll
-    for (u32 k = 0; k < PL_NORM_PER_THREAD; ++k) {
-      const u64 j = threadIdx.x + (u64)k * blockDim.x;
-      if (j < d) norm_y(nm, base + j, j, hf[k], r);
+    for (u64 j = threadIdx.x; j < d; j += blockDim.x) {
+      const float v = j < PL_NORM_KEPT ? kept[j] : norm_hf<T>(stage, par, world, base + j, nm, false);
+      norm_y(nm, base + j, j, v, r);
     }
-    for (u64 j = kept + threadIdx.x; j < d; j += blockDim.x) {
-      norm_y(nm, base + j, j, norm_hf<T>(stage, par, world, base + j, nm, false), r);
-    }
+    __syncthreads();  // `kept` is rewritten for the next row
   }
 }
 

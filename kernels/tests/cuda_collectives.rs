@@ -436,9 +436,10 @@ fn fused_all_reduce_rmsnorm_edges() {
             for &(rows, d, zero) in &[
                 (8usize, 4096usize, true),
                 (5, 1001, false),   // rows not 16-byte multiples: element copies
-                (3, 16_384, false), // every element in registers
-                (2, 20_000, false), // beyond the registers: recomputed from the staging
-                (130, 256, false),  // more rows than blocks
+                (3, 8192, false),   // every hf kept in shared memory
+                (3, 16_384, false), // half of them recomputed from the staging
+                (2, 20_000, false),
+                (130, 256, false), // more rows than blocks
                 (1, 1, false),
             ] {
                 let mut f = f.clone();

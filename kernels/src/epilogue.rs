@@ -161,7 +161,7 @@ mod tests {
             gamma: true,
         };
         // The all-reduce's f32 result 1.00390625 rounds to 1.0 in bf16 (ties to even).
-        let s: Vec<u8> = [1.00390625f32, 2.0, 3.0, 4.0].iter().flat_map(|v| v.to_le_bytes()).collect();
+        let s: Vec<u8> = [1.0f32 + 1.0 / 256.0, 2.0, 3.0, 4.0].iter().flat_map(|v| v.to_le_bytes()).collect();
         let x: Vec<u8> =
             [1.0f32, 0.0, -1.0, 0.0].iter().flat_map(|v| bf16::from_f32(*v).to_bits().to_le_bytes()).collect();
         let g: Vec<u8> = [1.0f32, 2.0, 1.0, 0.5].iter().flat_map(|v| v.to_le_bytes()).collect();

@@ -702,10 +702,9 @@ impl<B: XlaBackend> CollectiveRuntime for GpuRuntime<B> {
             check_epilogue::<B>(cfg)?;
             // The fused kernel runs whatever the algorithm (one-shot), for any group size.
             let dev = c.devices.get(ordinal).ok_or_else(|| internal(format!("no GPU {ordinal}")))?;
-            if let Some(t) = arg_shapes.first().and_then(|s| Dtype::of(s.ty)) {
-                if Kernel::OneShotNorm.defined_for(t, Red::Sum) {
-                    dev.load(Unit::Spec(Kernel::OneShotNorm, t, Red::Sum)).map_err(internal)?;
-                }
+            let ty = arg_shapes.first().and_then(|s| Dtype::of(s.ty));
+            if let Some(t) = ty.filter(|&t| Kernel::OneShotNorm.defined_for(t, Red::Sum)) {
+                dev.load(Unit::Spec(Kernel::OneShotNorm, t, Red::Sum)).map_err(internal)?;
             }
         }
         let kernel = match cfg.algorithm {

@@ -266,14 +266,16 @@ fn residual_add(mx: &Matcher<'_>, hc: &V, ar: InstrId, t: PrimitiveType) -> Opti
 }
 
 /// Matches the chain after all-reduce `ar` (a sum, in computation `comp`), starting from
-/// every instruction of `comp` that could be its `y`. Returns the match, or `None`.
+/// every instruction of `comp` that could be its `y`, last first. Returns the match, or `None`.
 pub(super) fn match_rmsnorm(m: &Module, comp: CompId, ar: InstrId) -> Option<Fused> {
     let dims = m.instr(ar).shape.as_array()?.dims.clone();
     if dims.is_empty() || dims.iter().any(|&d| d < 1) {
         return None;
     }
+    // Latest first: where the chain goes on (n * gamma, then the cast), the longest match wins
+    // over its prefix (n alone in f32), which would leave the rest to XLA.
     let instrs = &m.comp(comp).instrs;
-    for &y in instrs {
+    for &y in instrs.iter().rev() {
         let mx = Matcher { m, comp, touched: Default::default() };
         if let Some(f) = try_y(&mx, y, ar, &dims) {
             return Some(f);

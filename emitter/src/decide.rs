@@ -126,6 +126,9 @@ pub struct Capabilities {
     /// waits for its peers must be ordered with every other collective beside it
     /// (`xla_pass::keep_ordered`).
     pub in_order: bool,
+    /// The handlers run an all-reduce fused with the residual add and RMSNorm after it
+    /// (`thunks::custom_call::Epilogue`): the host runtime and the CUDA runtime do (ROCm not yet).
+    pub fused_norm: bool,
 }
 
 /// Rules 2–7 for a collective whose backend flag allows a kernel.

@@ -80,6 +80,9 @@ pub struct Flags {
     /// asynchronously, overlapped with compute (a custom call runs in order on the compute
     /// stream). `None`: no such rule.
     pub xla_async_above_bytes: Option<usize>,
+    /// Inside XLA: fuse a sum all-reduce the pass gives a kernel with the residual add and
+    /// RMSNorm after it, where the platform's handlers run it (`xla_pass::fuse`).
+    pub fuse_norm: bool,
 }
 
 /// Default of `--xla_async_above_bytes`: 2× H200, 2026-11-23 — a data-parallel train step
@@ -101,6 +104,7 @@ impl Default for Flags {
             host_topology: HostTopology::FullMesh,
             allow_unsafe_peer_targets: false,
             xla_async_above_bytes: Some(DEFAULT_XLA_ASYNC_ABOVE_BYTES),
+            fuse_norm: true,
         }
     }
 }
@@ -234,6 +238,24 @@ pub const FLAGS: &[FlagSpec] = &[
             Ok(())
         },
     },
+    FlagSpec {
+        name: "fuse_norm",
+        ty: "true|false",
+        help: "inside XLA: fuse a sum all-reduce run on a kernel with the residual add + RMSNorm (+ convert) after \
+               it into one call, where the platform runs it (CPU); false: never",
+        get: |f| f.fuse_norm.to_string(),
+        set: |f, v| match v {
+            "true" => {
+                f.fuse_norm = true;
+                Ok(())
+            }
+            "false" => {
+                f.fuse_norm = false;
+                Ok(())
+            }
+            _ => Err(format!("'{v}' is neither true nor false")),
+        },
+    },
 ];
 
 /// The flag table as text: one line per flag with its type, default and help.
@@ -339,8 +361,9 @@ mod tests {
         let s = "--all_reduce_backend=kernel --all_gather_backend=fallback --all_to_all_backend=auto \
                  --reduce_scatter_backend=fallback --collective_permute_backend=kernel --one_shot_max_bytes=1024 \
                  --two_shot_max_bytes=65536 --collective_timeout_ms=500 --host_topology=pairs:0-1,2-3 \
-                 --allow_unsafe_peer_targets=true --xla_async_above_bytes=none";
+                 --allow_unsafe_peer_targets=true --xla_async_above_bytes=none --fuse_norm=false";
         let f = Flags::parse(s).unwrap();
+        assert!(!f.fuse_norm && Flags::default().fuse_norm);
         // The kernels' grid is not a flag (it never reached a launch): a clear error, not ignored.
         assert!(Flags::parse("--collective_blocks=64").unwrap_err().to_string().contains("unknown flag"));
         assert_eq!(f.all_reduce_backend, Backend::Kernel);

@@ -37,6 +37,7 @@ use crate::flags::Flags;
 use crate::peers::PeerAccessTable;
 use crate::tuning::{Tuning, TuningConfig};
 
+mod fuse;
 mod staging;
 #[cfg(test)]
 mod tests;
@@ -327,7 +328,7 @@ impl Default for PassConfig {
             peers: Peers::Shared,
             local_devices: None,
             topology: None,
-            caps: Capabilities { variadic: true, cross_process: false, in_order: false },
+            caps: Capabilities { variadic: true, cross_process: false, in_order: false, fused_norm: true },
             instance_base: None,
             device_memory: DeviceMemory::default(),
             tuning: TuningConfig::default(),
@@ -674,6 +675,7 @@ pub fn run(bytes: &[u8], cfg: &PassConfig) -> Result<PassOutcome, PassError> {
     if let Some(probe) = cfg.device_memory.0.as_ref().filter(|_| !calls.is_empty()) {
         fit_staging(&module, probe(), &mut calls, &mut decisions);
     }
+    let fused = fuse_epilogues(bytes, cfg, &module, &forms, &mut calls, &mut decisions);
     // Every call carries its decision, and the module's first call the collectives left to
     // XLA: an executable loaded from a cache reports them when XLA instantiates its calls.
     let fallbacks: String = decisions.iter().filter(|d| !d.kernel).map(PassDecision::report_line).collect();
@@ -692,8 +694,65 @@ pub fn run(bytes: &[u8], cfg: &PassConfig) -> Result<PassOutcome, PassError> {
     // one of its data-dependency ancestors (no extra operand keeps a result alive longer).
     let unordered = |prev: &str, next: &str| deps.as_ref().is_none_or(|d| !d.precedes(prev, next));
     let chain: Option<&dyn Fn(&str, &str) -> bool> = (!cfg.caps.in_order).then_some(&unordered);
-    let module = if rewrites.is_empty() { None } else { Some(rewrite(bytes, &rewrites, chain)?) };
+    let module = if rewrites.is_empty() { None } else { Some(rewrite(bytes, &rewrites, chain, &fused)?) };
     Ok(PassOutcome { module, decisions, instances })
+}
+
+/// Fuses the residual add and RMSNorm after each sum all-reduce call that has them
+/// ([`fuse::match_rmsnorm`]), where the platform runs them and `--fuse_norm` allows: the call
+/// gets the epilogue, its decision says so. Returns the matches by all-reduce name. The whole
+/// module is decoded only if some call could fuse.
+fn fuse_epilogues(
+    bytes: &[u8],
+    cfg: &PassConfig,
+    slim: &Module,
+    forms: &HashMap<String, Form>,
+    calls: &mut [(usize, InstrId, &'static str, CustomCallConfig)],
+    decisions: &mut [PassDecision],
+) -> HashMap<String, fuse::Fused> {
+    let mut out = HashMap::new();
+    if !cfg.flags.fuse_norm || !cfg.caps.fused_norm {
+        return out;
+    }
+    let candidate = |id: InstrId, c: &CustomCallConfig| {
+        let ins = slim.instr(id);
+        c.kind == CollectiveKind::AllReduce
+            && c.reduction == Some(hlo::analysis::ReductionKind::Sum)
+            && ins.operands.len() == 1
+            && forms.get(&c.name).copied().unwrap_or(Form::Sync) == Form::Sync
+            && c.layout.is_none()
+            && ins.shape.as_array().is_some_and(|s| {
+                matches!(s.ty, hlo::PrimitiveType::Bf16 | hlo::PrimitiveType::F16 | hlo::PrimitiveType::F32)
+                    && !s.dims.is_empty()
+            })
+    };
+    if !calls.iter().any(|(_, id, _, c)| candidate(*id, c)) {
+        return out;
+    }
+    let full = match hlo::proto::decode("module", bytes) {
+        Ok(m) => m,
+        Err(e) => {
+            log::warn!("peerless pass: no fusion (the whole module does not decode: {e})");
+            return out;
+        }
+    };
+    let by_name: HashMap<&str, InstrId> = full.instrs.iter().map(|(id, i)| (i.name.as_str(), id)).collect();
+    for (at, id, _, call) in calls.iter_mut() {
+        if !candidate(*id, call) {
+            continue;
+        }
+        let Some(&ar) = by_name.get(call.name.as_str()) else { continue };
+        if full.instr(ar).opcode != Opcode::AllReduce {
+            continue;
+        }
+        let Some(f) = fuse::match_rmsnorm(&full, full.instr(ar).parent, ar) else { continue };
+        let d = &mut decisions[*at];
+        d.reason = format!("{}; {}", d.reason, f.describe());
+        d.implementation = format!("{} + rmsnorm", d.implementation);
+        call.epilogue = Some(f.epilogue.clone());
+        out.insert(call.name.clone(), f);
+    }
+    out
 }
 
 /// Decides one collective; returns its record and, for a kernel, its rewrite (with
@@ -875,6 +934,7 @@ fn decide_one(
         slot_bytes: 0,
         slot_gpu_bytes: 0,
         order_operands: 0,
+        epilogue: None,
     };
     d.implementation = decision.implementation.to_string();
     d.kernel = true;

@@ -1,5 +1,6 @@
 // Peerless's peer-access collective kernels (CUDA C++, compiled at run time by NVRTC).
-// Kernels: one-shot / two-shot all-reduce and reduce-scatter per (type, reduction),
+// Kernels: one-shot / two-shot all-reduce and reduce-scatter per (type, reduction), the
+// one-shot all-reduce fused with the residual add + RMSNorm after it (f32 / bf16 / f16 sums),
 // pl_exchange (direct all-gather, all-to-all, collective-permute over strided runs),
 // pl_all_gather (the kernel tests' contiguous all-gather).
 //
@@ -666,6 +667,150 @@ PL_DEVICE void reduce_scatter(const u8* in, T* out, u32 rank, u32 world, const P
   if (!failed(st)) reduce_block<T, R>(srcs, world, rank, out, b);
 }
 
+// ---- one-shot all-reduce fused with the residual add and RMSNorm after it ----
+// (issue 35 item 3: the call's `epilogue`, thunks::custom_call::Epilogue; the host reference
+// is kernels/src/epilogue.rs, which this follows operation for operation in f32.) Rows of `d`
+// elements along the last dimension; block b owns rows b, b + gridDim, ... on every rank: it
+// stages those rows of its operand, meets the peers' block b (per-block barrier, as one_shot),
+// then for each of its rows sums the element over every rank's staging in the fixed rank order
+// (exactly as one_shot: rounded once to T, f16 per step), and writes
+//   a  = the sum as T, rounded to `round_ar` when set;  hc = a + f32(x);  h = hc as h's type
+//   hf = f32(h) if `of_rounded` else hc;  ms = sum(hf * hf) * mean (or / mean)
+//   r  = 1 / sqrt(ms + eps);  y = hf * r [* f32(gamma)] as y's type.
+// Every rank computes every row in the same order, so h and y are bitwise the same on every
+// rank. The row's sum of squares is a tree over the block (the reference sums left to right:
+// within an ulp of y). The block keeps a row's first PL_NORM_KEPT hf values in shared memory
+// (32 KiB); positions beyond are computed again from the staging for y (same operations, same
+// bits), so any d runs.
+// Element types of the residual, gamma, h and y are chosen at run time (f32, bf16, f16).
+#define PL_F32 0u
+#define PL_BF16 1u
+#define PL_F16 2u
+#define PL_NORM_KEPT 8192
+#define PL_NORM_THREADS 512
+struct Norm {
+  u64 residual;  // x: rows x d
+  u64 gamma;     // 0: none, else d values
+  u64 h;         // rows x d
+  u64 y;         // rows x d
+  u64 rows;
+  u64 d;
+  u32 x_ty, g_ty, h_ty, y_ty;  // PL_F32 / PL_BF16 / PL_F16
+  u32 round_ar;                // 0: none, else PL_BF16 / PL_F16
+  u32 of_rounded;              // the norm reads f32(h) (1) or the unrounded hc (0)
+  u32 mean_div;                // ms = sum / mean (1) or sum * mean (0)
+  u32 mean;                    // f32 bits
+  u32 eps;                     // f32 bits
+  u32 pad;
+};
+
+PL_DEVICE float load_as_f32(u64 base, u32 ty, u64 i) {
+  if (ty == PL_F32) return reinterpret_cast<const float*>(base)[i];
+  if (ty == PL_BF16) return to_f32(reinterpret_cast<const bf16*>(base)[i]);
+  return to_f32(reinterpret_cast<const f16*>(base)[i]);
+}
+
+PL_DEVICE void store_from_f32(u64 base, u32 ty, u64 i, float v) {
+  if (ty == PL_F32) {
+    reinterpret_cast<float*>(base)[i] = v;
+  } else if (ty == PL_BF16) {
+    reinterpret_cast<bf16*>(base)[i] = from_f32_bf16(v);
+  } else {
+    reinterpret_cast<f16*>(base)[i] = from_f32_f16(v);
+  }
+}
+
+// `v` rounded to `ty` (round to nearest even) and back; f32 (or 0): unchanged.
+PL_DEVICE float round_as(float v, u32 ty) {
+  if (ty == PL_BF16) return to_f32(from_f32_bf16(v));
+  if (ty == PL_F16) return to_f32(from_f32_f16(v));
+  return v;
+}
+
+// Element `i` of the all-reduce (every rank's staging, fixed order 0..world-1, as
+// reduce_wide), through the residual add: writes h[i] when `write_h`, returns hf.
+template <typename T>
+PL_DEVICE float norm_hf(const Ptrs& stage, u64 par, u32 world, u64 i, const Norm& nm, bool write_h) {
+  typedef typename Tr<T>::Acc A;
+  T v[PL_MAX_RANKS];
+#pragma unroll
+  for (u32 p = 0; p < PL_MAX_RANKS; ++p)
+    if (p < world) v[p] = reinterpret_cast<const T*>(stage.p[p] + par)[i];
+  A acc = Tr<T>::up(v[0]);
+#pragma unroll
+  for (u32 p = 1; p < PL_MAX_RANKS; ++p)
+    if (p < world) acc = fold_step<T, Sum>(acc, v[p]);
+  float a = (float)Tr<T>::up(Tr<T>::down(acc));  // the all-reduce's result, in T
+  if (nm.round_ar) a = round_as(a, nm.round_ar);
+  const float hc = pl_add_rn(a, load_as_f32(nm.residual, nm.x_ty, i));
+  if (write_h) store_from_f32(nm.h, nm.h_ty, i, hc);
+  return nm.of_rounded ? round_as(hc, nm.h_ty) : hc;
+}
+
+// The sum of every thread's `v` (blockDim.x a power of two, at most PL_NORM_THREADS): a tree
+// in shared memory, the same order on every rank. Every thread of the block must call it.
+PL_DEVICE float block_sum(float v, float* part) {
+  part[threadIdx.x] = v;
+  __syncthreads();
+  for (u32 s = blockDim.x / 2; s > 0; s >>= 1) {
+    if (threadIdx.x < s) part[threadIdx.x] = pl_add_rn(part[threadIdx.x], part[threadIdx.x + s]);
+    __syncthreads();
+  }
+  const float total = part[0];
+  __syncthreads();  // `part` is reused for the next row
+  return total;
+}
+
+// y for element `i` (row position `j`) from its hf and the row's r.
+PL_DEVICE void norm_y(const Norm& nm, u64 i, u64 j, float hf, float r) {
+  float out = pl_mul_rn(hf, r);
+  if (nm.gamma) out = pl_mul_rn(out, load_as_f32(nm.gamma, nm.g_ty, j));
+  store_from_f32(nm.y, nm.y_ty, i, out);
+}
+
+template <typename T>
+PL_DEVICE void one_shot_norm(const T* in, const Norm& nm, u32 rank, u32 world, const Ptrs& stage, u64 stride,
+                             const Ptrs& flags, u32* counter, const Status& st) {
+  __shared__ float part[PL_NORM_THREADS];
+  __shared__ float kept[PL_NORM_KEPT];
+  const u32 e = next_epoch(counter);
+  const u64 par = (e & 1) * stride;
+  const u64 d = nm.d;
+  constexpr u32 VEC = Unit<T>::VEC;
+  // Stage this block's rows of my operand (staging halves are 256-byte aligned).
+  T* mine = reinterpret_cast<T*>(stage.p[rank] + par);
+  const bool vec = aligned16(in) && (d * sizeof(T)) % 16 == 0;
+  for (u64 row = blockIdx.x; row < nm.rows; row += gridDim.x) {
+    const T* src = in + row * d;
+    T* dst = mine + row * d;
+    if (vec) {
+      for (u64 u = threadIdx.x; u < d / VEC; u += blockDim.x) store16(dst + u * VEC, load16(src + u * VEC));
+    } else {
+      for (u64 j = threadIdx.x; j < d; j += blockDim.x) dst[j] = src[j];
+    }
+  }
+  block_barrier(flags, 0, rank, world, 2 * e, st);
+  const float mean = __uint_as_float(nm.mean), eps = __uint_as_float(nm.eps);
+  for (u64 row = blockIdx.x; row < nm.rows; row += gridDim.x) {
+    const u64 base = row * d;
+    // Thread t: positions t, t + blockDim, ... (the order block_sum_of_squares reproduces).
+    float sq = 0.f;
+    for (u64 j = threadIdx.x; j < d; j += blockDim.x) {
+      const float v = norm_hf<T>(stage, par, world, base + j, nm, true);
+      if (j < PL_NORM_KEPT) kept[j] = v;
+      sq = pl_add_rn(sq, pl_mul_rn(v, v));
+    }
+    const float sum = block_sum(sq, part);  // its barriers also order `kept` (same thread anyway)
+    const float ms = nm.mean_div ? pl_div_rn(sum, mean) : pl_mul_rn(sum, mean);
+    const float r = pl_div_rn(1.0f, pl_sqrt_rn(pl_add_rn(ms, eps)));
+    for (u64 j = threadIdx.x; j < d; j += blockDim.x) {
+      const float v = j < PL_NORM_KEPT ? kept[j] : norm_hf<T>(stage, par, world, base + j, nm, false);
+      norm_y(nm, base + j, j, v, r);
+    }
+    __syncthreads();  // `kept` is rewritten for the next row
+  }
+}
+
 // One macro per kernel of a reduction specialization (the host compiles them one at a time),
 // and PL_AR for all four.
 #define PL_ONE_SHOT(NAME, T, R)                                                                              \
@@ -691,6 +836,13 @@ PL_DEVICE void reduce_scatter(const u8* in, T* out, u32 rank, u32 world, const P
                                                                 Ptrs stage, u64 stride, Ptrs flags,           \
                                                                 u32* counter, Blocks b, Status st) {          \
     reduce_scatter<T, R>(in, out, rank, world, stage, stride, flags, counter, b, st);                        \
+  }
+// The fused one-shot all-reduce + RMSNorm: float types, sum only (R is Sum).
+#define PL_ONE_SHOT_NORM(NAME, T, R)                                                                         \
+  PL_GLOBAL void __launch_bounds__(512) pl_one_shot_norm_##NAME(const T* in, Norm nm, u32 rank, u32 world,  \
+                                                               Ptrs stage, u64 stride, Ptrs flags,          \
+                                                               u32* counter, Status st) {                   \
+    one_shot_norm<T>(in, nm, rank, world, stage, stride, flags, counter, st);                                \
   }
 #define PL_AR(NAME, T, R) \
   PL_ONE_SHOT(NAME, T, R) PL_ONE_SHOT_MANY(NAME, T, R) PL_TWO_SHOT(NAME, T, R) PL_REDUCE_SCATTER(NAME, T, R)
@@ -719,6 +871,9 @@ PL_AR(pred_max, u8, Or)
 PL_AR(pred_min, u8, And)
 PL_AR(pred_sum, u8, Xor)
 PL_AR(pred_prod, u8, And)
+PL_ONE_SHOT_NORM(f32_sum, float, Sum)
+PL_ONE_SHOT_NORM(bf16_sum, bf16, Sum)
+PL_ONE_SHOT_NORM(f16_sum, f16, Sum)
 #endif
 
 #if !defined(PL_UNIT_SPEC)

@@ -85,6 +85,29 @@ PL_DEVICE void store16(void* p, vec16 v) { *reinterpret_cast<vec16*>(p) = v; }
 
 PL_DEVICE u64 pl_min(u64 a, u64 b) { return a < b ? a : b; }
 
+// f32 arithmetic rounded exactly as written: one IEEE operation each, round to nearest even,
+// never contracted into an FMA with a neighbour (the fused epilogue matches XLA's own order of
+// f32 operations: kernels/src/epilogue.rs). CUDA: the _rn intrinsics; HIP (clang): plain
+// operations with contraction off (HIP's f32 division and square root are correctly rounded
+// by default).
+#if defined(__HIPCC__)
+PL_DEVICE float pl_add_rn(float a, float b) {
+#pragma clang fp contract(off)
+  return a + b;
+}
+PL_DEVICE float pl_mul_rn(float a, float b) {
+#pragma clang fp contract(off)
+  return a * b;
+}
+PL_DEVICE float pl_div_rn(float a, float b) { return a / b; }
+PL_DEVICE float pl_sqrt_rn(float a) { return __builtin_sqrtf(a); }
+#else
+PL_DEVICE float pl_add_rn(float a, float b) { return __fadd_rn(a, b); }
+PL_DEVICE float pl_mul_rn(float a, float b) { return __fmul_rn(a, b); }
+PL_DEVICE float pl_div_rn(float a, float b) { return __fdiv_rn(a, b); }
+PL_DEVICE float pl_sqrt_rn(float a) { return __fsqrt_rn(a); }
+#endif
+
 // Nanoseconds from a device-wide clock, for bounded spin waits (a peer that never arrives
 // ends in a reported timeout, never a hung stream).
 #if defined(__HIPCC__)

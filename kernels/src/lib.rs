@@ -7,6 +7,7 @@
 
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod epilogue;
 mod error;
 pub mod ffi_handler;
 pub mod gpu;

@@ -31,7 +31,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use ffi::xla_ffi::{CallFrame, ErrorCode, ExecutableState, HandlerError, Traits};
+use ffi::xla_ffi::{BufferRef, CallFrame, ErrorCode, ExecutableState, HandlerError, Traits};
 use hlo::{ArrayShape, PrimitiveType};
 use thunks::custom_call::CustomCallConfig;
 use thunks::{CollectiveConfig, CollectiveOp};
@@ -320,6 +320,30 @@ fn run_on(instance: &Instance, call: HostCall) -> Result<()> {
     instance.collective.run(call.device, &inputs, &mut outputs)
 }
 
+/// An XLA:CPU operand buffer's bytes.
+fn host_bytes<'b>(b: &BufferRef<'b>) -> Result<&'b [u8], HandlerError> {
+    let len = b.byte_len()?;
+    if len == 0 {
+        return Ok(&[]);
+    }
+    // SAFETY: on XLA:CPU a buffer's `data` is host memory holding `len` bytes (its dtype and
+    // dims), valid for the duration of the call; operands are only read.
+    Ok(unsafe { std::slice::from_raw_parts(b.data as *const u8, len) })
+}
+
+/// An XLA:CPU result buffer's bytes, writable.
+///
+/// # Safety
+/// No other reference to the buffer's bytes may be alive while the slice is used.
+unsafe fn host_bytes_mut<'b>(b: &BufferRef<'b>) -> Result<&'b mut [u8], HandlerError> {
+    let len = b.byte_len()?;
+    if len == 0 {
+        return Ok(&mut []);
+    }
+    // SAFETY: host memory of `len` bytes valid for the call; the caller holds the only reference.
+    Ok(unsafe { std::slice::from_raw_parts_mut(b.data as *mut u8, len) })
+}
+
 /// The CPU platform's [`CollectiveRuntime`]: XLA:CPU buffers are host memory.
 #[derive(Debug, Default)]
 pub struct HostRuntime;
@@ -345,7 +369,7 @@ impl CollectiveRuntime for HostRuntime {
 
     fn execute(&self, f: &CallFrame<'_>, call: &CustomCallConfig, device: usize) -> Result<(), HandlerError> {
         let (args, rets) = (crate::ffi_handler::operands(f, call)?, f.rets()?);
-        let mut inputs = Vec::with_capacity(args.len());
+        let mut inputs: Vec<(&[u8], ArrayShape)> = Vec::with_capacity(args.len());
         for a in &args {
             let shape = array_shape(a)?;
             let len = a.byte_len()?;
@@ -372,6 +396,40 @@ impl CollectiveRuntime for HostRuntime {
             };
             outputs.push((bytes, shape));
         }
+        // A fused epilogue: the all-reduce runs on the first operand into a buffer of its own,
+        // then the epilogue reads it and writes `h` and `y`.
+        let mut fused = None;
+        if let Some(e) = &call.epilogue {
+            let extra = e.extra_operands();
+            if inputs.len() != 1 + extra || outputs.len() != 2 {
+                return Err(HandlerError::invalid_argument(format!(
+                    "'{}': a fused call takes {} operands and returns 2 results, not {} and {}",
+                    call.name,
+                    1 + extra,
+                    inputs.len(),
+                    outputs.len()
+                )));
+            }
+            let a = inputs[0].1.clone();
+            let dims_fit = outputs.iter().all(|r| r.1.dims == a.dims)
+                && inputs[1].1.dims == a.dims
+                && inputs.get(2).is_none_or(|g| g.1.dims == [*a.dims.last().unwrap_or(&0)]);
+            let types_fit =
+                inputs.iter().map(|r| r.1.ty).chain(outputs.iter().map(|r| r.1.ty)).all(crate::epilogue::supports);
+            if !dims_fit || !types_fit {
+                return Err(HandlerError::invalid_argument(format!(
+                    "'{}': the fused call's shapes or types do not fit its epilogue",
+                    call.name
+                )));
+            }
+            inputs.truncate(1);
+            outputs.clear();
+            fused = Some((e, a));
+        }
+        let mut sum = vec![0u8; fused.as_ref().map_or(0, |f| f.1.byte_size())];
+        if let Some((_, shape)) = &fused {
+            outputs.push((&mut sum[..], shape.clone()));
+        }
         let call = HostCall { config: call, device, inputs, outputs };
         // The executable's own state when XLA instantiated one (freed with the executable),
         // else the process-wide table.
@@ -387,6 +445,19 @@ impl CollectiveRuntime for HostRuntime {
             }),
             None => run(call),
         };
+        if let (Ok(()), Some((e, shape))) = (&result, fused) {
+            let d = shape.dims.last().copied().unwrap_or(0) as usize;
+            let x = (host_bytes(&args[1])?, array_shape(&args[1])?.ty);
+            let g = match args.get(2) {
+                Some(b) => Some((host_bytes(b)?, array_shape(b)?.ty)),
+                None => None,
+            };
+            let (h_ty, y_ty) = (array_shape(&rets[0])?.ty, array_shape(&rets[1])?.ty);
+            // SAFETY: as above: the two result buffers are distinct host memory of their
+            // shapes, and nothing else refers to them now (the protocol wrote `sum`).
+            let (h, y) = unsafe { (host_bytes_mut(&rets[0])?, host_bytes_mut(&rets[1])?) };
+            crate::epilogue::apply(e, d, (&sum, shape.ty), x, g, h, h_ty, y, y_ty);
+        }
         result.map_err(|e| {
             let code = if e.is_timeout() {
                 ErrorCode::DeadlineExceeded
@@ -428,6 +499,7 @@ mod tests {
             slot_bytes: 0,
             slot_gpu_bytes: 0,
             order_operands: 0,
+            epilogue: None,
         }
     }
 

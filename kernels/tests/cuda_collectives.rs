@@ -217,3 +217,239 @@ fn all_gather_matches_concatenation() {
         }
     }
 }
+
+// ---- the one-shot all-reduce fused with the residual add and RMSNorm (issue 35 item 3) ----
+
+use hlo::PrimitiveType;
+use kernels::cuda::{AllReduceNorm, NormBuffers, THREADS};
+use thunks::custom_call::{Epilogue, Mean, RoundTo};
+
+fn prim(t: Dtype) -> PrimitiveType {
+    match t {
+        Dtype::F32 => PrimitiveType::F32,
+        Dtype::Bf16 => PrimitiveType::Bf16,
+        Dtype::F16 => PrimitiveType::F16,
+        _ => unreachable!(),
+    }
+}
+
+/// Element `i` of `b` (of type `t`) as an integer that orders like the value: the distance
+/// between two is their distance in ulps of `t`.
+fn ordered(b: &[u8], t: Dtype, i: usize) -> i64 {
+    let (bits, sign) = match t {
+        Dtype::F32 => (u32::from_le_bytes(b[4 * i..4 * i + 4].try_into().unwrap()) as i64, 1i64 << 31),
+        _ => (u16::from_le_bytes([b[2 * i], b[2 * i + 1]]) as i64, 1i64 << 15),
+    };
+    if bits & sign != 0 { -(bits & (sign - 1)) } else { bits }
+}
+
+/// One fused call's element types and epilogue.
+#[derive(Debug, Clone)]
+struct Form {
+    /// The all-reduce operand's type.
+    a: Dtype,
+    x: Dtype,
+    g: Option<Dtype>,
+    h: Dtype,
+    y: Dtype,
+    e: Epilogue,
+}
+
+/// The forms XLA produces for a layer in element type `t` (see `Epilogue`): the all-reduce in
+/// `t`, or (16-bit `t`) in f32 rounded to `t` before the add; the norm of rounded or unrounded
+/// h; with gamma in f32 or `t`, or none; y in `t` (and once in f32); mean as a multiply or a
+/// divide.
+fn forms(t: Dtype, d: usize) -> Vec<Form> {
+    let round = match t {
+        Dtype::Bf16 => Some(RoundTo::Bf16),
+        Dtype::F16 => Some(RoundTo::F16),
+        _ => None,
+    };
+    let mut v = Vec::new();
+    let mut n = 0;
+    for promoted in [false, true] {
+        if promoted && round.is_none() {
+            continue;
+        }
+        for of_rounded in [true, false] {
+            for g in [None, Some(Dtype::F32), Some(t)] {
+                n += 1;
+                let mean = if n % 2 == 0 {
+                    Mean::Multiply((1.0f32 / d as f32).to_bits())
+                } else {
+                    Mean::Divide((d as f32).to_bits())
+                };
+                let e = Epilogue {
+                    round_ar: if promoted { round } else { None },
+                    norm_of_rounded: of_rounded,
+                    mean,
+                    eps: if n % 3 == 0 { 1e-5f32 } else { 1e-6f32 }.to_bits(),
+                    gamma: g.is_some(),
+                };
+                let y = if n == 3 { Dtype::F32 } else { t };
+                v.push(Form { a: if promoted { Dtype::F32 } else { t }, x: t, g, h: t, y, e });
+            }
+        }
+    }
+    v
+}
+
+/// Random values of `t` in `lo..hi`, as bytes.
+fn random_in(t: Dtype, n: usize, lo: f32, hi: f32, rng: &mut impl Rng) -> Vec<u8> {
+    let mut b = Vec::with_capacity(n * t.size());
+    for _ in 0..n {
+        let v: f32 = rng.random_range(lo..hi);
+        match t {
+            Dtype::F32 => b.extend_from_slice(&v.to_le_bytes()),
+            Dtype::Bf16 => b.extend_from_slice(&half::bf16::from_f32(v).to_le_bytes()),
+            _ => b.extend_from_slice(&half::f16::from_f32(v).to_le_bytes()),
+        }
+    }
+    b
+}
+
+/// Runs one fused call of `rows` x `d` on every device of `c` and checks it against
+/// kernels::epilogue: h bitwise; y bitwise against the kernel's order of the row's sum of
+/// squares, and within 1 ulp (16-bit y) or 64 ulps (f32 y, a sum of up to 20000 squares in
+/// another order) of the left-to-right reference; every device the same bits. With
+/// `zero_residual`, h is also the plain all-reduce's result (the one-shot reference).
+fn check_fused(c: &Clique, ar: &AllReduceNorm, f: &Form, rows: usize, d: usize, zero_residual: bool, seed: u64) {
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    let w = c.len();
+    let n = rows * d;
+    let ins = c.alloc(n * f.a.size()).unwrap();
+    let mut raw = Vec::new();
+    let mut vals = Vec::new();
+    for b in &ins {
+        let (r, v) = random(f.a, n, &mut rng);
+        b.write(&r).unwrap();
+        raw.push(r);
+        vals.push(v);
+    }
+    let x = if zero_residual { vec![0u8; n * f.x.size()] } else { random_in(f.x, n, -4.0, 4.0, &mut rng) };
+    let g = f.g.map(|t| random_in(t, d, 0.5, 1.5, &mut rng));
+    let xs = c.alloc(n * f.x.size()).unwrap();
+    let gs = c.alloc(d * f.g.map_or(1, Dtype::size)).unwrap();
+    let hs = c.alloc(n * f.h.size()).unwrap();
+    let ys = c.alloc(n * f.y.size()).unwrap();
+    for r in 0..w {
+        xs[r].write(&x).unwrap();
+        if let Some(g) = &g {
+            gs[r].write(g).unwrap();
+        }
+        hs[r].write(&vec![0xA5u8; n * f.h.size()]).unwrap(); // poison
+        ys[r].write(&vec![0xA5u8; n * f.y.size()]).unwrap();
+    }
+    let bufs: Vec<NormBuffers> = (0..w)
+        .map(|r| NormBuffers {
+            input: ins[r].ptr,
+            residual: (xs[r].ptr, f.x),
+            gamma: f.g.map(|t| (gs[r].ptr, t)),
+            h: (hs[r].ptr, f.h),
+            y: (ys[r].ptr, f.y),
+        })
+        .collect();
+    ar.launch(c, &f.e, &bufs, rows, d).unwrap();
+    c.synchronize().unwrap();
+    ar.check().unwrap();
+    // The all-reduce's result as the plain one-shot kernel gives it, then the epilogue.
+    let s = reference(f.a, Red::Sum, &vals, &raw);
+    let gref = g.as_deref().zip(f.g).map(|(b, t)| (b, prim(t)));
+    let (mut h_want, mut y_seq) = (vec![0u8; n * f.h.size()], vec![0u8; n * f.y.size()]);
+    let (s_ref, x_ref) = ((&s[..], prim(f.a)), (&x[..], prim(f.x)));
+    kernels::epilogue::apply(&f.e, d, s_ref, x_ref, gref, &mut h_want, prim(f.h), &mut y_seq, prim(f.y));
+    let (mut h2, mut y_want) = (vec![0u8; n * f.h.size()], vec![0u8; n * f.y.size()]);
+    let threads = THREADS as usize;
+    let tree = move |hf: &[f32]| kernels::epilogue::block_sum_of_squares(hf, threads);
+    kernels::epilogue::apply_with(&f.e, d, s_ref, x_ref, gref, &mut h2, prim(f.h), &mut y_want, prim(f.y), &tree);
+    assert_eq!(h2, h_want);
+    if zero_residual && f.e.round_ar.is_none() && f.a == f.h {
+        assert!(h_want == s, "{f:?}: with a zero residual h is the all-reduce");
+    }
+    let what = |r: usize| format!("{w} GPUs, {rows} x {d}, {f:?}: device {r}");
+    let tol = if f.y == Dtype::F32 { 64 } else { 1 };
+    for r in 0..w {
+        let (mut h, mut y) = (vec![0u8; n * f.h.size()], vec![0u8; n * f.y.size()]);
+        hs[r].read(&mut h).unwrap();
+        ys[r].read(&mut y).unwrap();
+        if let Some(i) = (0..n).find(|&i| ordered(&h, f.h, i) != ordered(&h_want, f.h, i)) {
+            panic!("{}: h[{i}] is {} ulps from the reference", what(r), ordered(&h, f.h, i) - ordered(&h_want, f.h, i));
+        }
+        if let Some(i) = (0..n).find(|&i| ordered(&y, f.y, i) != ordered(&y_want, f.y, i)) {
+            panic!(
+                "{}: y[{i}] is {} ulps from the reference in the kernel's order",
+                what(r),
+                ordered(&y, f.y, i) - ordered(&y_want, f.y, i)
+            );
+        }
+        let far = (0..n).map(|i| (ordered(&y, f.y, i) - ordered(&y_seq, f.y, i)).abs()).max().unwrap_or(0);
+        assert!(far <= tol, "{}: y is {far} ulps from the left-to-right reference", what(r));
+    }
+}
+
+/// Cliques of the first 2 and (when present) 4 GPUs; fails without 2 (as `clique`).
+fn fused_cliques() -> Vec<Clique> {
+    let n = match device_count() {
+        Ok(n) if n >= 2 => n,
+        r => panic!("these tests need 2 GPUs, found {r:?}"),
+    };
+    [2usize, 4]
+        .iter()
+        .filter(|&&w| w <= n)
+        .map(|&w| Clique::new(&(0..w).collect::<Vec<_>>()).expect("clique"))
+        .collect()
+}
+
+#[test]
+#[ignore = "needs 2 GPUs: run with --ignored on a GPU machine (scripts/gpu_check.sh)"]
+fn fused_all_reduce_rmsnorm_matches_epilogue_reference() {
+    let shapes = [(1usize, 4096usize), (8, 4096), (1, 1000), (8, 1000)];
+    for c in fused_cliques() {
+        for t in [Dtype::Bf16, Dtype::F16, Dtype::F32] {
+            let mut seed = 100;
+            for f in forms(t, 4096) {
+                // One communicator per operand type, sized for the largest shape.
+                let ar = AllReduceNorm::new(&c, f.a, 8 * 4096 * f.a.size()).unwrap();
+                for &(rows, d) in &shapes {
+                    let mut f = f.clone();
+                    // The mean constant belongs to the row length.
+                    f.e.mean = match f.e.mean {
+                        Mean::Multiply(_) => Mean::Multiply((1.0f32 / d as f32).to_bits()),
+                        Mean::Divide(_) => Mean::Divide((d as f32).to_bits()),
+                    };
+                    seed += 1;
+                    check_fused(&c, &ar, &f, rows, d, false, seed);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs 2 GPUs: run with --ignored on a GPU machine (scripts/gpu_check.sh)"]
+fn fused_all_reduce_rmsnorm_edges() {
+    for c in fused_cliques() {
+        for t in [Dtype::Bf16, Dtype::F16, Dtype::F32] {
+            let f = forms(t, 1).into_iter().find(|f| f.g.is_some()).unwrap();
+            let ar = AllReduceNorm::new(&c, f.a, 130 * 20_000 * f.a.size()).unwrap();
+            // A zero residual: h is the plain all-reduce's result, bitwise.
+            for &(rows, d, zero) in &[
+                (8usize, 4096usize, true),
+                (5, 1001, false),   // rows not 16-byte multiples: element copies
+                (3, 8192, false),   // every hf kept in shared memory
+                (3, 16_384, false), // half of them recomputed from the staging
+                (2, 20_000, false),
+                (130, 256, false), // more rows than blocks
+                (1, 1, false),
+            ] {
+                let mut f = f.clone();
+                f.e.mean = Mean::Multiply((1.0f32 / d as f32).to_bits());
+                check_fused(&c, &ar, &f, rows, d, zero, 7 + rows as u64 * 31 + d as u64);
+            }
+            // Repeated launches: the epochs advance and the staging parity flips.
+            for it in 0..64u64 {
+                check_fused(&c, &ar, &f, 8, 1000, false, 1000 + it);
+            }
+        }
+    }
+}

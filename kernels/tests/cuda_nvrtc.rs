@@ -82,3 +82,25 @@ fn a_unit_compiles_to_cubin_alone() {
         assert!(cubin.starts_with(b"\x7fELF"), "not an ELF cubin");
     }
 }
+
+#[test]
+fn the_fused_norm_units_round_as_written() {
+    if !nvrtc() {
+        return;
+    }
+    let ptx = Target::parse("compute_90").unwrap();
+    for t in [Dtype::F32, Dtype::Bf16, Dtype::F16] {
+        let unit = Unit::Spec(Kernel::OneShotNorm, t, Red::Sum);
+        let code = prebuilt::compile(unit, ptx).unwrap_or_else(|e| panic!("{e}"));
+        let text = String::from_utf8_lossy(&code);
+        assert!(text.contains(&format!(".entry pl_one_shot_norm_{}_sum(", t.name())), "{}", unit.name());
+        // The epilogue's f32 operations are single IEEE operations (kernels::epilogue's order):
+        // correctly rounded square root and division, and no multiply contracted into an add.
+        for op in ["sqrt.rn.f32", "div.rn.f32", "mul.rn.f32", "add.rn.f32"] {
+            assert!(text.contains(op), "{}: no {op}", unit.name());
+        }
+        assert!(!text.contains("fma.rn.f32"), "{}: an f32 FMA", unit.name());
+        assert!(!text.contains(".ftz.f32"), "{}: flushes subnormals", unit.name());
+        assert!(text.contains("st.release.sys") && text.contains("ld.acquire.sys"), "{}", unit.name());
+    }
+}

@@ -90,7 +90,15 @@ pub fn pass_config_tuned(
     let caps = match platform {
         // A GPU runs a device's calls in stream order; XLA:CPU may run independent ones at once.
         p if crate::xla_handlers::has_platform(p) => {
-            Capabilities { variadic: true, cross_process: true, in_order: platform != "cpu" }
+            // The fused all-reduce + RMSNorm runs on the host runtime and on CUDA
+            // (`pl_one_shot_norm_*`); ROCm's runtime refuses an epilogue. The decision of a fused
+            // call already says what was fused ("<implementation> + rmsnorm", "fused: ...").
+            Capabilities {
+                variadic: true,
+                cross_process: true,
+                in_order: platform != "cpu",
+                fused_norm: matches!(platform, "cpu" | "cuda"),
+            }
         }
         other => return Err(crate::xla_handlers::no_platform(other)),
     };

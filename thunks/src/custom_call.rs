@@ -147,13 +147,126 @@ pub struct CustomCallConfig {
     /// pass chains a computation's calls through data dependencies: its thunk executor runs
     /// independent thunks at once): the handler ignores them.
     pub order_operands: usize,
+    /// What the pass fused after an all-reduce ([`Epilogue`]); `None`: the plain collective.
+    /// With one, the call takes (operand, residual, [gamma]) and returns (h, y).
+    pub epilogue: Option<Epilogue>,
+}
+
+/// Element types an [`Epilogue`] rounds through (the pass matches only these).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RoundTo {
+    Bf16,
+    F16,
+}
+
+impl RoundTo {
+    fn name(self) -> &'static str {
+        match self {
+            RoundTo::Bf16 => "bf16",
+            RoundTo::F16 => "f16",
+        }
+    }
+
+    fn from_name(s: &str) -> Option<Self> {
+        match s {
+            "bf16" => Some(RoundTo::Bf16),
+            "f16" => Some(RoundTo::F16),
+            _ => None,
+        }
+    }
+}
+
+/// How the fused row mean is taken: the row's sum times a constant, or divided by one (XLA
+/// keeps whichever the program's simplified form has; the constant is the f32 XLA holds, by
+/// its bits).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mean {
+    Multiply(u32),
+    Divide(u32),
+}
+
+/// A residual add and RMSNorm fused after a sum all-reduce (issue 35 item 3), exactly as
+/// the pass matched them after partitioning. The call's operands are the all-reduce's
+/// operand `a`, the residual `x` and, with `gamma`, the scale `g` (f32 or a type converted
+/// to f32); its results `h` and `y`, rows along the minor-most dimension. In f32:
+///
+/// ```text
+/// s  = allreduce(a), rounded to `round_ar` (XLA:CPU sums bf16 in f32 and rounds once)
+/// hc = f32(s) + f32(x);  h = hc rounded to h's type
+/// hf = f32(h) if `norm_of_rounded` else hc (XLA drops the round trip with excess precision)
+/// ms = mean(hf * hf) over the row ([`Mean`]);  r = rsqrt(ms + eps)
+/// y  = (hf * r) [* f32(g)], rounded to y's type
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Epilogue {
+    pub round_ar: Option<RoundTo>,
+    pub norm_of_rounded: bool,
+    pub mean: Mean,
+    /// The f32 `eps`, by its bits.
+    pub eps: u32,
+    pub gamma: bool,
+}
+
+impl Epilogue {
+    /// The attribute's text: `rmsnorm;round=bf16|none;of=rounded|exact;mul=HEX|div=HEX;eps=HEX;gamma=0|1`
+    /// (f32 constants by their bits, so they travel exactly).
+    pub fn text(&self) -> String {
+        let mean = match self.mean {
+            Mean::Multiply(m) => format!("mul={m:08x}"),
+            Mean::Divide(d) => format!("div={d:08x}"),
+        };
+        format!(
+            "rmsnorm;round={};of={};{mean};eps={:08x};gamma={}",
+            self.round_ar.map_or("none", RoundTo::name),
+            if self.norm_of_rounded { "rounded" } else { "exact" },
+            self.eps,
+            u8::from(self.gamma)
+        )
+    }
+
+    /// Reads [`Self::text`] back.
+    pub fn parse(s: &str) -> Result<Epilogue, String> {
+        let mut parts = s.split(';');
+        if parts.next() != Some("rmsnorm") {
+            return Err(format!("'{s}' is not an rmsnorm epilogue"));
+        }
+        let (mut round_ar, mut of, mut mean, mut eps, mut gamma) = (None, None, None, None, None);
+        let bits = |v: &str| u32::from_str_radix(v, 16).map_err(|_| format!("'{v}' is not hex"));
+        for p in parts {
+            let (k, v) = p.split_once('=').ok_or_else(|| format!("'{p}' is not key=value"))?;
+            match k {
+                "round" if v == "none" => round_ar = Some(None),
+                "round" => round_ar = Some(Some(RoundTo::from_name(v).ok_or_else(|| format!("round '{v}'"))?)),
+                "of" => of = Some(v == "rounded"),
+                "mul" => mean = Some(Mean::Multiply(bits(v)?)),
+                "div" => mean = Some(Mean::Divide(bits(v)?)),
+                "eps" => eps = Some(bits(v)?),
+                "gamma" => gamma = Some(v == "1"),
+                _ => return Err(format!("unknown key '{k}'")),
+            }
+        }
+        let missing = |k: &str| format!("'{s}' lacks {k}");
+        Ok(Epilogue {
+            round_ar: round_ar.ok_or_else(|| missing("round"))?,
+            norm_of_rounded: of.ok_or_else(|| missing("of"))?,
+            mean: mean.ok_or_else(|| missing("mul or div"))?,
+            eps: eps.ok_or_else(|| missing("eps"))?,
+            gamma: gamma.ok_or_else(|| missing("gamma"))?,
+        })
+    }
+
+    /// Operands the epilogue adds after the all-reduce's own (residual, gamma).
+    pub fn extra_operands(&self) -> usize {
+        1 + usize::from(self.gamma)
+    }
 }
 
 /// Every attribute a Peerless custom call may carry.
-pub const ATTRIBUTES: [&str; 17] = [
+pub const ATTRIBUTES: [&str; 18] = [
     "algorithm",
     "decisions",
     "dimension",
+    "epilogue",
     "group_size",
     "groups",
     "instance",
@@ -254,6 +367,9 @@ impl CustomCallConfig {
         }
         if self.order_operands > 0 {
             kv.push(("order_operands", format!("{} : i64", self.order_operands)));
+        }
+        if let Some(e) = &self.epilogue {
+            kv.push(("epilogue", mlir_string(&e.text())));
         }
         if let Some(slot) = self.slot {
             kv.push(("slot", format!("{} : i64", slot & (i64::MAX as u64))));
@@ -369,6 +485,13 @@ impl CustomCallConfig {
                 None => 0,
                 Some(b) => nonneg("slot_gpu_bytes", b)? as u64,
             };
+        let epilogue = match a.str("epilogue").map_err(|message| AttrError::Invalid { name: "epilogue", message })? {
+            None => None,
+            Some(e) => Some(Epilogue::parse(&e).map_err(|message| AttrError::Invalid { name: "epilogue", message })?),
+        };
+        if epilogue.is_some() && (kind != CollectiveKind::AllReduce || reduction != Some(ReductionKind::Sum)) {
+            return Err(AttrError::Invalid { name: "epilogue", message: "only a sum all-reduce takes one".into() });
+        }
         Ok(CustomCallConfig {
             kind,
             algorithm,
@@ -387,6 +510,7 @@ impl CustomCallConfig {
             slot_bytes,
             slot_gpu_bytes,
             order_operands,
+            epilogue,
         })
     }
 
@@ -566,6 +690,7 @@ mod tests {
             slot_bytes: 0,
             slot_gpu_bytes: 0,
             order_operands: 0,
+            epilogue: None,
         };
         let s = c.backend_config();
         assert_eq!(
@@ -580,6 +705,27 @@ mod tests {
         assert!(t.contains("slot = 12 : i64, slot_bytes = 1048576 : i64, slot_gpu_bytes = 3145728 : i64"), "{t}");
         assert_eq!(CustomCallConfig::from_attrs(CollectiveKind::AllReduce, &Parsed::new(&t)).unwrap(), slotted);
         // Ordering operands (XLA:CPU chains) travel; none: no attribute.
+        // A fused epilogue travels exactly (its constants by their bits), only on a sum.
+        let e = Epilogue {
+            round_ar: Some(RoundTo::Bf16),
+            norm_of_rounded: false,
+            mean: Mean::Multiply((1.0f32 / 4096.0).to_bits()),
+            eps: 1e-6f32.to_bits(),
+            gamma: true,
+        };
+        assert_eq!(Epilogue::parse(&e.text()).unwrap(), e);
+        let fused = CustomCallConfig { reduction: Some(ReductionKind::Sum), epilogue: Some(e), ..c.clone() };
+        let text = fused.backend_config();
+        assert!(
+            text.contains("epilogue = \"rmsnorm;round=bf16;of=exact;mul=39800000;eps=358637bd;gamma=1\""),
+            "{text}"
+        );
+        assert_eq!(CustomCallConfig::from_attrs(CollectiveKind::AllReduce, &Parsed::new(&text)).unwrap(), fused);
+        let on_max = c.backend_config().replace(
+            "timeout_ms",
+            "epilogue = \"rmsnorm;round=none;of=rounded;div=45800000;eps=0;gamma=0\", timeout_ms",
+        );
+        assert!(CustomCallConfig::from_attrs(CollectiveKind::AllReduce, &Parsed::new(&on_max)).is_err());
         let chained = CustomCallConfig { order_operands: 2, ..c.clone() };
         let t = chained.backend_config();
         assert!(t.contains("order_operands = 2 : i64") && !s.contains("order_operands"), "{t}");
@@ -605,6 +751,7 @@ mod tests {
             slot_bytes: 0,
             slot_gpu_bytes: 0,
             order_operands: 0,
+            epilogue: None,
         };
         let back = CustomCallConfig::from_attrs(CollectiveKind::CollectivePermute, &Parsed::new(&p.backend_config()));
         assert_eq!(back.unwrap(), p);
@@ -680,6 +827,7 @@ mod tests {
             slot_bytes: 0,
             slot_gpu_bytes: 0,
             order_operands: 0,
+            epilogue: None,
         };
         let with = |kind, algorithm| CustomCallConfig { kind, algorithm, ..base.clone() };
         use CollectiveKind as K;

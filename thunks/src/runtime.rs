@@ -169,6 +169,7 @@ mod tests {
             slot_bytes: 0,
             slot_gpu_bytes: 0,
             order_operands: 0,
+            epilogue: None,
         }
     }
 

@@ -17,7 +17,7 @@ fn two_processes(hosts: &str, job: &str) -> Topology {
 fn decide(pb: &[u8], topology: Topology, cross_process: bool) -> (PassDecision, Option<String>) {
     let cfg = PassConfig {
         topology: Some(topology),
-        caps: Capabilities { variadic: true, cross_process, in_order: false },
+        caps: Capabilities { variadic: true, cross_process, in_order: false, fused_norm: true },
         instance_base: Some(1),
         ..PassConfig::default()
     };
@@ -151,7 +151,7 @@ fn staging_beyond_a_quarter_of_free_device_memory_goes_back_to_xla() {
             instance_base: Some(1),
             device_memory: DeviceMemory(Some(Arc::new(move || free))),
             // A GPU: calls run in stream order, so independent chains keep their kernels.
-            caps: Capabilities { variadic: true, cross_process: false, in_order: true },
+            caps: Capabilities { variadic: true, cross_process: false, in_order: true, fused_norm: false },
             ..PassConfig::default()
         };
         run(pb, &cfg).unwrap()
@@ -179,7 +179,10 @@ fn on_xla_cpu_unordered_calls_go_back() {
     // machine's cores (a deadlock when devices wait in different calls). The rewrite chains
     // every call after the first of its computation behind the previous one.
     let cpu = PassConfig { instance_base: Some(1), ..PassConfig::default() };
-    let gpu = PassConfig { caps: Capabilities { variadic: true, cross_process: false, in_order: true }, ..cpu.clone() };
+    let gpu = PassConfig {
+        caps: Capabilities { variadic: true, cross_process: false, in_order: true, fused_norm: false },
+        ..cpu.clone()
+    };
     // (tests/xla_pass/independent_all_reduces{,_gpu}.expected show a chain.) A chain of
     // data dependencies needs no ordering operand (none keeps a result alive longer).
     let pb = include_bytes!("../../tests/xla_pass/psum_chain.pb");

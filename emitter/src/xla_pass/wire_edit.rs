@@ -276,11 +276,25 @@ pub(super) fn put_call(ins: &mut Vec<u8>, target: &str, config: &str) {
 /// async form's tuple), and says how many buffers that adds (`order_operands`): every device
 /// then runs a computation's calls one at a time, in one order. Instruction order is a
 /// topological order, so the added edges make no cycle.
+///
+/// A call in `fused` ([`super::fuse::Fused`]) also takes the residual (and gamma) and returns
+/// the tuple `(h, y)`: the instructions that computed `h` and `y` become its elements, those
+/// only the chain read are dropped, and the computation's instructions are put back in a
+/// topological order (the call needs operands the all-reduce did not).
 pub(super) fn rewrite(
     module: &[u8],
     rewrites: &HashMap<String, (&'static str, CustomCallConfig, Form)>,
     chain: Option<&dyn Fn(&str, &str) -> bool>,
+    fused: &HashMap<String, super::fuse::Fused>,
 ) -> Result<Vec<u8>, PassError> {
+    // Instruction name → (the fused call's all-reduce, element) for h and y; names dropped.
+    let mut elements: HashMap<&str, (&str, i64)> = HashMap::new();
+    let mut dropped: BTreeSet<&str> = BTreeSet::new();
+    for (ar, f) in fused {
+        elements.insert(f.h.as_str(), (ar.as_str(), 0));
+        elements.insert(f.y.as_str(), (ar.as_str(), 1));
+        dropped.extend(f.dead.iter().map(String::as_str));
+    }
     let any_tuple = rewrites.values().any(|r| r.2 == Form::AsyncTuple);
     let (mut used_ids, mut used_names) =
         if any_tuple { ids_and_names(module)? } else { (BTreeSet::new(), BTreeSet::new()) };
@@ -310,9 +324,13 @@ pub(super) fn rewrite(
         let mut starts: HashMap<i64, Form> = HashMap::new();
         let mut shapes: HashMap<i64, &[u8]> = HashMap::new();
         let mut max_id = 0i64;
+        let mut ids_by_name: HashMap<String, i64> = HashMap::new();
         for fs in instrs.iter().flatten() {
             let id = first_int(fs, instruction::ID)?.unwrap_or(0);
             max_id = max_id.max(id);
+            if let Some(n) = name_of(fs) {
+                ids_by_name.insert(n, id);
+            }
             if let Some(x) = fs.iter().find(|x| x.number == instruction::SHAPE) {
                 shapes.insert(id, x.payload);
             }
@@ -323,6 +341,7 @@ pub(super) fn rewrite(
             }
         }
         let mut comp = Vec::with_capacity(c.payload.len());
+        let mut any_fused = false;
         // The previous call of this computation (`chain`): its instruction id and name.
         let mut prev: Option<(i64, String)> = None;
         // A call's config, with `order_operands` where it is chained after `prev`, and the
@@ -335,7 +354,10 @@ pub(super) fn rewrite(
                 match after {
                     Some(p) => {
                         let shape = shapes.get(&p).ok_or_else(|| PassError::Wire(format!("call {p} has no shape")))?;
-                        let call = CustomCallConfig { order_operands: leaves(shape)?, ..config.clone() };
+                        // A fused call returns (h, y): two buffers.
+                        let fused_prev = prev.as_ref().is_some_and(|(_, n)| fused.contains_key(n));
+                        let n = if fused_prev { 2 } else { leaves(shape)? };
+                        let call = CustomCallConfig { order_operands: n, ..config.clone() };
                         Ok((call.backend_config(), Some(p)))
                     }
                     None => Ok((config.backend_config(), None)),
@@ -380,6 +402,35 @@ pub(super) fn rewrite(
                 }
             }
             let name = name_of(fs);
+            // The chain a fused call computes: its outputs become the call's elements, the rest goes.
+            if let Some(n) = name.as_deref() {
+                if dropped.contains(n) {
+                    continue;
+                }
+                if let Some(&(ar, index)) = elements.get(n) {
+                    let call_id = *ids_by_name
+                        .get(ar)
+                        .ok_or_else(|| PassError::Wire(format!("'{n}': the fused '{ar}' is not in its computation")))?;
+                    let mut ins = Vec::with_capacity(i.payload.len());
+                    copy_fields(
+                        fs,
+                        &[
+                            instruction::NAME,
+                            instruction::SHAPE,
+                            instruction::METADATA,
+                            instruction::ID,
+                            instruction::SHARDING,
+                            instruction::FRONTEND_ATTRIBUTES,
+                        ],
+                        &mut ins,
+                    );
+                    put_bytes(&mut ins, instruction::OPCODE, b"get-tuple-element");
+                    put_varint(&mut ins, instruction::TUPLE_INDEX, index);
+                    put_ints(&mut ins, instruction::OPERAND_IDS, [call_id]);
+                    put_bytes(&mut comp, computation::INSTRUCTIONS, &ins);
+                    continue;
+                }
+            }
             let Some((target, config, form)) = name.as_ref().and_then(|n| rewrites.get(n)) else {
                 comp.extend_from_slice(i.raw);
                 continue;
@@ -398,11 +449,35 @@ pub(super) fn rewrite(
                     ins.extend_from_slice(x.raw);
                 }
                 let shape = fs.iter().find(|x| x.number == instruction::SHAPE).map_or(&b""[..], |x| x.payload);
-                put_bytes(&mut ins, instruction::SHAPE, &with_layout(shape)?);
                 let mut operands = match fs.iter().find(|x| x.number == instruction::OPERAND_IDS) {
                     Some(x) => ints(x)?,
                     None => Vec::new(),
                 };
+                match name.as_deref().and_then(|n| fused.get(n)) {
+                    None => put_bytes(&mut ins, instruction::SHAPE, &with_layout(shape)?),
+                    Some(f) => {
+                        any_fused = true;
+                        let id_of = |n: &str| {
+                            ids_by_name
+                                .get(n)
+                                .copied()
+                                .ok_or_else(|| PassError::Wire(format!("fused '{n}' is not in its computation")))
+                        };
+                        operands.push(id_of(&f.residual)?);
+                        if let Some(g) = &f.gamma {
+                            operands.push(id_of(g)?);
+                        }
+                        let mut tuple = Vec::new();
+                        put_varint(&mut tuple, hlo::wire::shape::ELEMENT_TYPE, TUPLE);
+                        for out in [&f.h, &f.y] {
+                            let s = shapes
+                                .get(&id_of(out)?)
+                                .ok_or_else(|| PassError::Wire(format!("fused '{out}' has no shape")))?;
+                            put_bytes(&mut tuple, hlo::wire::shape::TUPLE_SHAPES, &with_layout(s)?);
+                        }
+                        put_bytes(&mut ins, instruction::SHAPE, &tuple);
+                    }
+                }
                 operands.extend(after);
                 put_ints(&mut ins, instruction::OPERAND_IDS, operands.iter().copied());
                 pin_operands(&mut ins, &operands, &shapes, name.as_deref().unwrap_or(""))?;
@@ -463,7 +538,51 @@ pub(super) fn rewrite(
             put_ints(&mut tuple, instruction::OPERAND_IDS, [operand, call_id]);
             put_bytes(&mut comp, computation::INSTRUCTIONS, &tuple);
         }
+        if any_fused {
+            comp = topological(&comp)?;
+        }
         put_bytes(&mut out, hlo_module::COMPUTATIONS, &comp);
+    }
+    Ok(out)
+}
+
+/// A computation's instructions in a topological order (operands and control predecessors
+/// first), otherwise in the order they had; its other fields as they were.
+fn topological(comp: &[u8]) -> Result<Vec<u8>, PassError> {
+    let cf = fields(comp)?;
+    let mut out = Vec::with_capacity(comp.len());
+    let mut nodes: Vec<(i64, Vec<i64>, &[u8])> = Vec::new();
+    for x in &cf {
+        if x.number == computation::INSTRUCTIONS && x.wire == WireType::LengthDelimited {
+            let (mut id, mut deps) = (0, Vec::new());
+            for f in fields(x.payload)? {
+                match f.number {
+                    instruction::ID => id = ints(&f)?.first().copied().unwrap_or(0),
+                    instruction::OPERAND_IDS | instruction::CONTROL_PREDECESSOR_IDS => deps.extend(ints(&f)?),
+                    _ => {}
+                }
+            }
+            nodes.push((id, deps, x.raw));
+        } else {
+            out.extend_from_slice(x.raw);
+        }
+    }
+    let present: BTreeSet<i64> = nodes.iter().map(|n| n.0).collect();
+    let mut done: BTreeSet<i64> = BTreeSet::new();
+    let mut emitted = vec![false; nodes.len()];
+    // Each sweep emits, in order, every instruction whose dependencies are out (n sweeps at most).
+    while done.len() < nodes.len() {
+        let before = done.len();
+        for (k, (id, deps, raw)) in nodes.iter().enumerate() {
+            if !emitted[k] && deps.iter().all(|d| done.contains(d) || !present.contains(d)) {
+                out.extend_from_slice(raw);
+                emitted[k] = true;
+                done.insert(*id);
+            }
+        }
+        if done.len() == before {
+            return Err(PassError::Wire("a cycle among a computation's instructions".into()));
+        }
     }
     Ok(out)
 }

@@ -98,9 +98,14 @@ def callback(b):
 jx.register_hlo_module_transformation(callback, name="peerless_make_inputs", platforms="cpu")
 
 
+ONLY = set(sys.argv[1:])  # names to (re)write; none: every input
+
+
 def record(name, f, *args, keep=None):
     """Runs `f(*args)` and saves the modules its compile passed through that hold a
     collective (or, with `keep`, those whose name contains it)."""
+    if ONLY and name not in ONLY:
+        return [b""]
     seen.clear()
     jax.block_until_ready(f(*args))
     if keep is None:
@@ -141,7 +146,8 @@ x = jnp.arange(64.0, dtype=jnp.float32).reshape(8, 8)
 ring = [(k, (k + 1) % 8) for k in range(8)]
 
 psum = case("psum_f32", lambda v: jax.lax.psum(v, "x"), x, o=P())
-(OUT / "psum_fallback.pb").write_bytes(psum[0])
+if not ONLY:
+    (OUT / "psum_fallback.pb").write_bytes(psum[0])
 print("psum_fallback.pb: psum_f32.pb again (psum_fallback.flags forces the fallback)")
 case("pmax_i32", lambda v: jax.lax.pmax(v, "x"), jnp.arange(64, dtype=jnp.int32).reshape(8, 8), o=P())
 case("psum_mesh2x4_axis_b", lambda v: jax.lax.psum(v, "b"), x, m=mesh24, i=P(("a", "b")), o=P("a"))
@@ -191,7 +197,8 @@ case("all_gather_c64", lambda v: jax.lax.all_gather(v, "x", axis=0, tiled=True),
 # (`psum_one_device_forced.flags`), which is how single-GPU checks run the handlers.
 one = Mesh(np.array(jax.devices()[:1]), ("x",))
 psum1 = case("psum_one_device", lambda v: jax.lax.psum(v, "x"), x, m=one)
-(OUT / "psum_one_device_forced.pb").write_bytes(psum1[0])
+if not ONLY:
+    (OUT / "psum_one_device_forced.pb").write_bytes(psum1[0])
 print("psum_one_device_forced.pb: psum_one_device.pb again (its .flags forces the kernel)")
 mesh81 = Mesh(np.array(jax.devices()).reshape(8, 1), ("a", "b"))
 case("psum_axis_of_one", lambda v: jax.lax.psum(v, "b"), x, m=mesh81, i=P(("a", "b")), o=P(("a", "b")))
@@ -214,3 +221,44 @@ w = [jax.device_put(jnp.ones((16, 32)) * 0.01, rep), jax.device_put(jnp.ones((32
 record("mlp_train_step", train_step, w, jax.device_put(jnp.ones((64, 16)), dat), jax.device_put(jnp.ones((64, 4)), dat))
 
 record("no_collective", jitted("no_collective", lambda v: jnp.tanh(v) * 2.0 + 1.0), x, keep="no_collective")
+
+
+# The all-reduce fused with the residual add + RMSNorm (issue 35 item 3): a layer that fuses,
+# and near misses that must not (`python make_inputs.py rmsnorm_layer ...` writes only these).
+mesh4 = Mesh(np.array(devs[:4]), ("tp",))
+
+
+def rms(h, eps=1e-6, axis=-1, dtype=jnp.bfloat16, gamma=None, d=None, cast=True):
+    hf = h.astype(jnp.float32) if cast else h
+    ms = jnp.mean(hf * hf, axis, keepdims=True) if d is None else jnp.sum(hf * hf, axis, keepdims=True) / d
+    n = hf * jax.lax.rsqrt(ms + eps)
+    if gamma is not None:
+        n = n * gamma
+    return n.astype(dtype)
+
+
+def tp(name, f, nargs=3, dtype=jnp.bfloat16):
+    args = [jnp.ones((8, 256), dtype), jnp.ones((8, 256), dtype), jnp.ones((256,), jnp.float32)][:nargs]
+    g = jax.shard_map(f, mesh=mesh4, in_specs=(P(),) * nargs, out_specs=P(), check_vma=False)
+    record(name, jitted(name, g), *args)
+
+
+def layer_of(norm):
+    def f(x, a, g):
+        h = x + jax.lax.psum(a, "tp")
+        return h, norm(h, g)
+    return f
+
+
+tp("rmsnorm_layer", layer_of(lambda h, g: rms(h, gamma=g)))
+tp("rmsnorm_layer_f32_no_gamma", lambda x, a: (lambda h: (h, rms(h, dtype=jnp.float32)))(x + jax.lax.psum(a, "tp")),
+   nargs=2, dtype=jnp.float32)
+# Near misses: eps inside the rsqrt's argument another way, the mean over the other dimension,
+# an intermediate another output reads, no f32 cast, a mean over another size.
+tp("rmsnorm_eps_elsewhere", layer_of(lambda h, g: (h.astype(jnp.float32) * (jax.lax.rsqrt(
+    jnp.mean(h.astype(jnp.float32) ** 2, -1, keepdims=True)) + 1e-6) * g).astype(jnp.bfloat16)))
+tp("rmsnorm_other_dim", layer_of(lambda h, g: rms(h, axis=0, gamma=g)))
+tp("rmsnorm_extra_user", lambda x, a, g: (lambda h: (h, rms(h, gamma=g), jnp.mean(
+    h.astype(jnp.float32) * h.astype(jnp.float32), -1)))(x + jax.lax.psum(a, "tp")))
+tp("rmsnorm_no_cast", layer_of(lambda h, g: rms(h, cast=False, gamma=g.astype(jnp.bfloat16))))
+tp("rmsnorm_other_size", layer_of(lambda h, g: rms(h, gamma=g, d=200.0)))

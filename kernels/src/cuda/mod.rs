@@ -15,7 +15,9 @@ pub use ffi::cuda::Cuda;
 use ffi::nvrtc::Output;
 
 use crate::gpu::{self, Backend, Origin, Unit};
-pub use crate::gpu::{Algo, BLOCKS, DEFAULT_GRID, Dtype, MAX_RANKS, Probe, Red, SIGNAL_BYTES, SOURCES, THREADS, grid};
+pub use crate::gpu::{
+    Algo, BLOCKS, DEFAULT_GRID, Dtype, MAX_RANKS, NormBuffers, Probe, Red, SIGNAL_BYTES, SOURCES, THREADS, grid,
+};
 use crate::{Error, Result};
 
 /// The CUDA clique: local GPUs with primary contexts, streams and the kernel module.
@@ -26,6 +28,8 @@ pub type Device = gpu::Device<Cuda>;
 pub type AllReduce = gpu::AllReduce<Cuda>;
 /// The all-gather launcher on CUDA.
 pub type AllGather = gpu::AllGather<Cuda>;
+/// The one-shot all-reduce fused with the residual add and RMSNorm on this clique.
+pub type AllReduceNorm = gpu::AllReduceNorm<Cuda>;
 
 /// Where compiled kernels are kept between processes: `PEERLESS_CACHE_DIR`, else
 /// `$XDG_CACHE_HOME/peerless`, else `~/.cache/peerless`.

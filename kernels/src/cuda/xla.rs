@@ -8,6 +8,8 @@ use super::Cuda;
 use crate::gpu::xla::{self, GpuRuntime, RuntimeState, XlaBackend};
 
 impl XlaBackend for Cuda {
+    const FUSED_NORM: bool = true;
+
     fn state() -> &'static RuntimeState<Cuda> {
         static STATE: RuntimeState<Cuda> = RuntimeState::new("peerless.cuda_collective");
         &STATE

@@ -3,6 +3,8 @@
 
 use std::ffi::c_void;
 
+use thunks::custom_call::{Epilogue, Mean, RoundTo};
+
 use super::MAX_RANKS;
 
 /// Element types the kernels take (every computable type: `emitter::kernel_accepts_dtype`).
@@ -184,6 +186,109 @@ kernel_args! {
     }
 }
 
+/// `struct Norm` of the kernels: the fused residual add + RMSNorm of a `pl_one_shot_norm_*`
+/// launch ([`thunks::custom_call::Epilogue`], with the call's buffers and element types).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Norm {
+    pub residual: u64,
+    /// 0: no gamma.
+    pub gamma: u64,
+    pub h: u64,
+    pub y: u64,
+    pub rows: u64,
+    pub d: u64,
+    pub x_ty: u32,
+    pub g_ty: u32,
+    pub h_ty: u32,
+    pub y_ty: u32,
+    /// 0: none, else the type code ([`norm_type`]) the sum is rounded to.
+    pub round_ar: u32,
+    pub of_rounded: u32,
+    pub mean_div: u32,
+    /// f32 bits.
+    pub mean: u32,
+    /// f32 bits.
+    pub eps: u32,
+    pub pad: u32,
+}
+
+/// One array of a fused call: its device address and element type.
+pub type NormArray = (u64, Dtype);
+
+/// The kernels' run-time type code of an epilogue array (`PL_F32`, `PL_BF16`, `PL_F16`).
+pub(crate) fn norm_type(t: Dtype) -> Result<u32, String> {
+    match t {
+        Dtype::F32 => Ok(0),
+        Dtype::Bf16 => Ok(1),
+        Dtype::F16 => Ok(2),
+        t => Err(format!("the fused all-reduce + RMSNorm takes f32, bf16 or f16 arrays, not {}", t.name())),
+    }
+}
+
+impl Norm {
+    /// The kernel's description of epilogue `e` over `rows` rows of `d` elements, with
+    /// residual `x`, gamma `g` (when `e.gamma`) and results `h`, `y`.
+    pub(crate) fn new(
+        e: &Epilogue,
+        rows: u64,
+        d: u64,
+        x: NormArray,
+        g: Option<NormArray>,
+        h: NormArray,
+        y: NormArray,
+    ) -> Result<Norm, String> {
+        if g.is_some() != e.gamma {
+            return Err(format!(
+                "the epilogue {} gamma, the call {}",
+                if e.gamma { "has" } else { "has no" },
+                if g.is_some() { "passes one" } else { "passes none" }
+            ));
+        }
+        let (mean_div, mean) = match e.mean {
+            Mean::Multiply(c) => (0, c),
+            Mean::Divide(c) => (1, c),
+        };
+        Ok(Norm {
+            residual: x.0,
+            gamma: g.map_or(0, |g| g.0),
+            h: h.0,
+            y: y.0,
+            rows,
+            d,
+            x_ty: norm_type(x.1)?,
+            g_ty: g.map_or(Ok(0), |g| norm_type(g.1))?,
+            h_ty: norm_type(h.1)?,
+            y_ty: norm_type(y.1)?,
+            round_ar: match e.round_ar {
+                None => 0,
+                Some(RoundTo::Bf16) => 1,
+                Some(RoundTo::F16) => 2,
+            },
+            of_rounded: u32::from(e.norm_of_rounded),
+            mean_div,
+            mean,
+            eps: e.eps,
+            pad: 0,
+        })
+    }
+}
+
+kernel_args! {
+    /// The arguments of `pl_one_shot_norm_*`, in the kernels' order.
+    pub(crate) struct NormArgs {
+        input: u64,
+        norm: Norm,
+        rank: u32,
+        world: u32,
+        stage: Ptrs,
+        stride: u64,
+        flags: Ptrs,
+        counter: u64,
+        status: Status,
+    }
+}
+
 /// Operands a `pl_one_shot_many_*` launch takes at most (`PL_MAX_OPERANDS`).
 pub(crate) const MAX_OPERANDS: usize = 8;
 
@@ -303,4 +408,31 @@ pub(crate) struct Xchg {
     pub wait: [Wait; 2],
     pub ntasks: u64,
     pub task: [Run; MAX_TASKS],
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn norm_describes_the_epilogue_as_the_kernel_reads_it() {
+        // `struct Norm` of collectives.cu: six u64, ten u32.
+        assert_eq!(std::mem::size_of::<Norm>(), 88);
+        let e = Epilogue {
+            round_ar: Some(RoundTo::Bf16),
+            norm_of_rounded: false,
+            mean: Mean::Divide(4096f32.to_bits()),
+            eps: 1e-6f32.to_bits(),
+            gamma: true,
+        };
+        let n =
+            Norm::new(&e, 8, 4096, (1, Dtype::Bf16), Some((2, Dtype::F32)), (3, Dtype::Bf16), (4, Dtype::F16)).unwrap();
+        assert_eq!((n.residual, n.gamma, n.h, n.y, n.rows, n.d), (1, 2, 3, 4, 8, 4096));
+        assert_eq!((n.x_ty, n.g_ty, n.h_ty, n.y_ty, n.round_ar, n.of_rounded), (1, 0, 1, 2, 1, 0));
+        assert_eq!((n.mean_div, n.mean, n.eps), (1, 4096f32.to_bits(), 1e-6f32.to_bits()));
+        // Gamma must match the epilogue; only float arrays.
+        assert!(Norm::new(&e, 8, 4096, (1, Dtype::Bf16), None, (3, Dtype::Bf16), (4, Dtype::F16)).is_err());
+        let s32 = Norm::new(&e, 8, 4096, (1, Dtype::S32), Some((2, Dtype::F32)), (3, Dtype::Bf16), (4, Dtype::F16));
+        assert!(s32.is_err());
+    }
 }

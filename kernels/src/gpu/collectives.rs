@@ -2,7 +2,9 @@
 //! benchmarks on raw buffers). Generic over the backend: the same argument structs
 //! ([`super::args`]) and the same launch geometry on CUDA and HIP.
 
-use super::args::{GatherArgs, Ptrs, ReduceArgs, Status};
+use thunks::custom_call::Epilogue;
+
+use super::args::{GatherArgs, Norm, NormArgs, NormArray, Ptrs, ReduceArgs, Status};
 use super::{Algo, BLOCKS, Backend, Clique, Dtype, Red, SIGNAL_BYTES, THREADS};
 use crate::{Error, Result};
 
@@ -111,6 +113,88 @@ impl<B: Backend> AllReduce<B> {
     /// synchronising).
     pub fn check(&self) -> Result<()> {
         take_status::<B>(&self.status, "all-reduce")
+    }
+}
+
+/// The buffers of one device's part of a fused all-reduce + RMSNorm launch (device addresses
+/// with their element types; the operand's type is the communicator's).
+#[derive(Debug, Clone, Copy)]
+pub struct NormBuffers {
+    pub input: u64,
+    pub residual: NormArray,
+    pub gamma: Option<NormArray>,
+    pub h: NormArray,
+    pub y: NormArray,
+}
+
+/// One communicator of the one-shot all-reduce fused with the residual add and RMSNorm
+/// (`pl_one_shot_norm_*`): its own signals and double-buffered staging on every device, for
+/// operands up to `max_bytes`.
+#[derive(Debug)]
+pub struct AllReduceNorm<B: Backend> {
+    pub dtype: Dtype,
+    max_bytes: usize,
+    stride: usize,
+    arena: Vec<B::Buffer>,
+    status: Vec<B::Buffer>,
+    funcs: Vec<B::Function>,
+}
+
+impl<B: Backend> AllReduceNorm<B> {
+    pub fn new(clique: &Clique<B>, dtype: Dtype, max_bytes: usize) -> Result<Self> {
+        clique.require_full_peer_access()?;
+        if !super::Kernel::OneShotNorm.defined_for(dtype, Red::Sum) {
+            return Err(Error::Gpu(format!("no fused all-reduce + RMSNorm for {}", dtype.name())));
+        }
+        let funcs = functions(clique, &format!("pl_one_shot_norm_{}_sum", dtype.name()))?;
+        let stride = round_up(max_bytes.max(16), 256);
+        let arena = clique.alloc(round_up(SIGNAL_BYTES, 256) + 2 * stride)?;
+        let status = clique.alloc(8)?;
+        Ok(AllReduceNorm { dtype, max_bytes, stride, arena, status, funcs })
+    }
+
+    /// Enqueues one fused all-reduce of `rows` rows of `d` elements with epilogue `e`:
+    /// `bufs[i]` on device `i`, on each device's stream.
+    pub fn launch(&self, clique: &Clique<B>, e: &Epilogue, bufs: &[NormBuffers], rows: usize, d: usize) -> Result<()> {
+        let w = clique.len();
+        let n = rows.saturating_mul(d);
+        if bufs.len() != w || n.saturating_mul(self.dtype.size()) > self.max_bytes {
+            return Err(Error::Gpu(format!(
+                "fused all-reduce of {rows} x {d} {} on {} buffer sets for {w} devices (max {} bytes)",
+                self.dtype.name(),
+                bufs.len(),
+                self.max_bytes
+            )));
+        }
+        let sig = round_up(SIGNAL_BYTES, 256) as u64;
+        let flags: Vec<u64> = self.arena.iter().map(|b| B::ptr(b) + 4 * BLOCKS as u64).collect();
+        let stage: Vec<u64> = self.arena.iter().map(|b| B::ptr(b) + sig).collect();
+        for (r, d_) in clique.devices.iter().enumerate() {
+            let b = &bufs[r];
+            let norm = Norm::new(e, rows as u64, d as u64, b.residual, b.gamma, b.h, b.y).map_err(Error::Gpu)?;
+            let mut a = NormArgs {
+                input: b.input,
+                norm,
+                rank: r as u32,
+                world: w as u32,
+                stage: Ptrs::of(&stage),
+                stride: self.stride as u64,
+                flags: Ptrs::of(&flags),
+                counter: B::ptr(&self.arena[r]),
+                status: status::<B>(&self.status[r]),
+            };
+            B::bind(&d_.ctx)?;
+            // SAFETY: NormArgs::params matches pl_one_shot_norm_*'s parameter list (one source
+            // for both vendors); every pointer is a device allocation of the clique (peer
+            // access probed) that outlives the launch.
+            unsafe { B::launch(&d_.stream, &self.funcs[r], super::norm_grid(rows), THREADS, &mut a.params())? };
+        }
+        Ok(())
+    }
+
+    /// As [`AllReduce::check`].
+    pub fn check(&self) -> Result<()> {
+        take_status::<B>(&self.status, "fused all-reduce")
     }
 }
 

@@ -22,8 +22,9 @@ pub mod xla;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
+pub use args::NormArray;
 pub use args::{Algo, Dtype, Red};
-pub use collectives::{AllGather, AllReduce};
+pub use collectives::{AllGather, AllReduce, AllReduceNorm, NormBuffers};
 pub use ffi::gpu::Gpu;
 use thunks::{PeerAccessTable, PeerTableKey};
 pub use units::{Kernel, Unit};
@@ -46,6 +47,13 @@ pub const THREADS: u32 = 512;
 pub fn grid(units: u64, max_grid: u32) -> u32 {
     let max = max_grid.clamp(1, BLOCKS);
     units.div_ceil(u64::from(THREADS)).clamp(1, u64::from(max)) as u32
+}
+
+/// Blocks for a fused all-reduce + RMSNorm launch of `rows` rows: one block per row up to
+/// [`DEFAULT_GRID`] (blocks then take rows `b`, `b + grid`, ...). Every rank computes the same
+/// grid from the same shape, which the per-block barriers need.
+pub fn norm_grid(rows: usize) -> u32 {
+    (rows as u64).clamp(1, u64::from(DEFAULT_GRID.clamp(1, BLOCKS))) as u32
 }
 
 /// Largest clique the kernels take (`PL_MAX_RANKS`).

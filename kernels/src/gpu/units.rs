@@ -6,7 +6,8 @@
 //! all-gather and the peer probe) or one reduction specialization ([`Unit::Spec`]: its
 //! one-shot, one-shot-many, two-shot and reduce-scatter kernels), so a process compiles only
 //! the specializations it launches, each in a fraction of a second. `collectives.cu` selects
-//! a unit with `PL_UNIT_BASE` / `PL_UNIT_SPEC`; with neither it still instantiates everything
+//! a unit with `PL_UNIT_BASE` / `PL_UNIT_SPEC`; the fused one-shot all-reduce + RMSNorm
+//! ([`Kernel::OneShotNorm`]) is a unit of its own per float type, for sums only; with neither it still instantiates everything
 //! (what `hipcc` checks in CI).
 //!
 //! Every unit has a [`key`]: a SHA-256 of the sources, the launch constants and the unit, so a
@@ -34,10 +35,22 @@ pub enum Kernel {
     OneShotMany,
     TwoShot,
     ReduceScatter,
+    /// The one-shot all-reduce fused with the residual add and RMSNorm after it (f32, bf16,
+    /// f16; sum).
+    OneShotNorm,
 }
 
 impl Kernel {
-    pub const ALL: [Kernel; 4] = [Kernel::OneShot, Kernel::OneShotMany, Kernel::TwoShot, Kernel::ReduceScatter];
+    pub const ALL: [Kernel; 5] =
+        [Kernel::OneShot, Kernel::OneShotMany, Kernel::TwoShot, Kernel::ReduceScatter, Kernel::OneShotNorm];
+
+    /// Whether the sources define this kernel for `t` and `r`.
+    pub fn defined_for(self, t: Dtype, r: Red) -> bool {
+        match self {
+            Kernel::OneShotNorm => r == Red::Sum && matches!(t, Dtype::F32 | Dtype::Bf16 | Dtype::F16),
+            _ => r.defined_for(t),
+        }
+    }
 
     /// The kernel's name before the specialization (`pl_two_shot_` + `f32_sum`).
     pub fn prefix(self) -> &'static str {
@@ -46,6 +59,7 @@ impl Kernel {
             Kernel::OneShotMany => "pl_one_shot_many_",
             Kernel::TwoShot => "pl_two_shot_",
             Kernel::ReduceScatter => "pl_reduce_scatter_",
+            Kernel::OneShotNorm => "pl_one_shot_norm_",
         }
     }
 
@@ -56,6 +70,7 @@ impl Kernel {
             Kernel::OneShotMany => "PL_ONE_SHOT_MANY",
             Kernel::TwoShot => "PL_TWO_SHOT",
             Kernel::ReduceScatter => "PL_REDUCE_SCATTER",
+            Kernel::OneShotNorm => "PL_ONE_SHOT_NORM",
         }
     }
 }
@@ -69,9 +84,7 @@ impl Unit {
         let mut v = vec![Unit::Base];
         for t in Dtype::ALL {
             for r in Red::ALL {
-                if r.defined_for(t) {
-                    v.extend(Kernel::ALL.iter().map(|&k| Unit::Spec(k, t, r)));
-                }
+                v.extend(Kernel::ALL.iter().filter(|k| k.defined_for(t, r)).map(|&k| Unit::Spec(k, t, r)));
             }
         }
         v
@@ -202,7 +215,7 @@ mod tests {
     #[test]
     fn every_kernel_the_launchers_name_has_one_unit() {
         let all = Unit::all();
-        assert_eq!(all.len(), 1 + 4 * (4 * 4 + 9 * 6));
+        assert_eq!(all.len(), 1 + 4 * (4 * 4 + 9 * 6) + 3);
         for u in &all {
             for k in u.kernels() {
                 assert_eq!(Unit::of_kernel(&k), Some(*u), "{k}");
@@ -219,6 +232,12 @@ mod tests {
         assert_eq!(Unit::Spec(Kernel::OneShot, Dtype::U16, Red::Or).name(), "one_shot_u16_or");
         assert_eq!(Unit::of_kernel("pl_probe"), Some(Unit::Base));
         assert_eq!(Unit::of_kernel("pl_one_shot_f32_and"), None);
+        assert_eq!(
+            Unit::of_kernel("pl_one_shot_norm_bf16_sum"),
+            Some(Unit::Spec(Kernel::OneShotNorm, Dtype::Bf16, Red::Sum))
+        );
+        assert_eq!(Unit::of_kernel("pl_one_shot_norm_f32_max"), None);
+        assert_eq!(Unit::of_kernel("pl_one_shot_norm_s32_sum"), None);
         assert_eq!(Unit::of_kernel("pl_nothing"), None);
     }
 
@@ -227,6 +246,7 @@ mod tests {
         // The full list in collectives.cu is the same set as `Unit::all()`.
         let src = include_str!("../../cuda/collectives.cu");
         let mut listed = 0;
+        let mut norms = Vec::new();
         for line in src.lines() {
             let l = line.trim();
             if let Some(rest) = l.strip_prefix("PL_AR_ARITH(").or_else(|| l.strip_prefix("PL_AR_INT(")) {
@@ -235,9 +255,19 @@ mod tests {
                 assert!(Dtype::ALL.iter().any(|d| d.name() == t), "{l}");
             } else if l.starts_with("PL_AR(pred_") {
                 listed += 1;
+            } else if let Some(rest) = l.strip_prefix("PL_ONE_SHOT_NORM(") {
+                let (name, t) =
+                    (rest.split(',').next().unwrap_or_default(), rest.split(", ").nth(1).unwrap_or_default());
+                norms.push((name.to_string(), t.to_string()));
             }
         }
-        assert_eq!(4 * listed, Unit::all().len() - 1);
+        assert_eq!(4 * listed + norms.len(), Unit::all().len() - 1);
+        for (name, _) in &norms {
+            let k = format!("pl_one_shot_norm_{name}");
+            assert!(matches!(Unit::of_kernel(&k), Some(Unit::Spec(Kernel::OneShotNorm, ..))), "{k}");
+        }
+        let (_, text, _) = Unit::Spec(Kernel::OneShotNorm, Dtype::Bf16, Red::Sum).source();
+        assert!(text.starts_with("#define PL_UNIT_SPEC PL_ONE_SHOT_NORM(bf16_sum, bf16, Sum)\n"));
         let (_, text, _) = Unit::Spec(Kernel::TwoShot, Dtype::Pred, Red::Max).source();
         assert!(text.starts_with("#define PL_UNIT_SPEC PL_TWO_SHOT(pred_max, u8, Or)\n#define PL_BLOCKS "));
         for k in Kernel::ALL {

@@ -56,8 +56,8 @@ use thunks::custom_call::CustomCallConfig;
 use thunks::{CollectiveKind as Kind, KernelAlgorithm as Algo};
 
 use super::args::{
-    Blocks, Dtype, ExchangeArgs, MAX_OPERANDS, MAX_TASKS, Many, ManyArgs, Ptrs, Red, ReduceArgs, Run, ScatterArgs, Sig,
-    Status, Wait, Xchg,
+    Blocks, Dtype, ExchangeArgs, MAX_OPERANDS, MAX_TASKS, Many, ManyArgs, Norm, NormArgs, Ptrs, Red, ReduceArgs, Run,
+    ScatterArgs, Sig, Status, Wait, Xchg,
 };
 use super::{BLOCKS, Backend, Clique, DEFAULT_GRID, Kernel, MAX_RANKS, SIGNAL_BYTES, THREADS, Unit};
 use crate::ffi_handler::{CallState, CollectiveRuntime, Slot, SlotKey, Slots, array_shape};
@@ -66,6 +66,11 @@ use crate::ffi_handler::{CallState, CollectiveRuntime, Slot, SlotKey, Slots, arr
 /// backend ([`Backend`]), what living inside XLA takes ([`Interop`]: IPC, host-mapped memory,
 /// XLA's streams, free memory), and the vendor's own process-wide state.
 pub trait XlaBackend: Backend + Interop + Sized {
+    /// Whether this vendor's handlers run a call with an epilogue (the fused all-reduce +
+    /// RMSNorm kernel, `pl_one_shot_norm_*`): CUDA does; ROCm refuses one (its kernel has
+    /// not run on an AMD GPU, and the pass never fuses there: capability `fused_norm`).
+    const FUSED_NORM: bool = false;
+
     /// This vendor's runtime state, one `static` per vendor (never shared with another's).
     fn state() -> &'static RuntimeState<Self>;
 }
@@ -693,7 +698,17 @@ impl<B: XlaBackend> CollectiveRuntime for GpuRuntime<B> {
         // The kernels this call launches load now (prebuilt, cached, or compiled one unit at a
         // time), not in a run or a stream capture.
         let group = cfg.group_of(device).map_or(0, <[usize]>::len);
+        if cfg.epilogue.is_some() {
+            check_epilogue::<B>(cfg)?;
+            // The fused kernel runs whatever the algorithm (one-shot), for any group size.
+            let dev = c.devices.get(ordinal).ok_or_else(|| internal(format!("no GPU {ordinal}")))?;
+            let ty = arg_shapes.first().and_then(|s| Dtype::of(s.ty));
+            if let Some(t) = ty.filter(|&t| Kernel::OneShotNorm.defined_for(t, Red::Sum)) {
+                dev.load(Unit::Spec(Kernel::OneShotNorm, t, Red::Sum)).map_err(internal)?;
+            }
+        }
         let kernel = match cfg.algorithm {
+            _ if cfg.epilogue.is_some() => None,
             Algo::OneShotAllReduce if arg_shapes.len() > 1 => Some(Kernel::OneShotMany),
             Algo::OneShotAllReduce => Some(Kernel::OneShot),
             Algo::TwoShotAllReduce => Some(Kernel::TwoShot),
@@ -770,6 +785,9 @@ impl<B: XlaBackend> CollectiveRuntime for GpuRuntime<B> {
             _ => {
                 let group = cfg.group_of(device).ok_or_else(|| internal("device in no group"))?.to_vec();
                 let idx = group.iter().position(|&m| m == device).unwrap_or(0);
+                if cfg.epilogue.is_some() {
+                    return reduce_norm(&call, &group, idx, &args, &rets, &arg_shapes);
+                }
                 match cfg.algorithm {
                     Algo::OneShotAllReduce if args.len() > 1 && group.len() > 1 => {
                         reduce_many(&call, &group, idx, &args, &rets, &arg_shapes)
@@ -842,6 +860,93 @@ fn reduce_many<B: XlaBackend>(
         }
     }
     Ok(())
+}
+
+/// Errors unless vendor `B` runs calls with `cfg`'s epilogue.
+fn check_epilogue<B: XlaBackend>(cfg: &CustomCallConfig) -> Result<(), HandlerError> {
+    if B::FUSED_NORM {
+        return Ok(());
+    }
+    Err(err(
+        ErrorCode::Unimplemented,
+        format!(
+            "{} '{}' carries a fused epilogue (all-reduce + RMSNorm), which Peerless's {} runtime does not run; \
+             compile with PEERLESS_FLAGS=--fuse_norm=false",
+            cfg.target(),
+            cfg.name,
+            B::NAME
+        ),
+    ))
+}
+
+/// A sum all-reduce fused with the residual add and RMSNorm after it (`cfg.epilogue`): the
+/// operands (a, x, [gamma]), the results (h, y), one `pl_one_shot_norm_*` launch whatever the
+/// call's algorithm (the staging of any all-reduce algorithm holds two halves of the operand).
+fn reduce_norm<B: XlaBackend>(
+    call: &Call<B>,
+    group: &[usize],
+    idx: usize,
+    args: &[BufferRef],
+    rets: &[BufferRef],
+    shapes: &[ArrayShape],
+) -> Result<(), HandlerError> {
+    let cfg = call.cfg;
+    let e = cfg.epilogue.as_ref().ok_or_else(|| internal("no epilogue"))?;
+    check_epilogue::<B>(cfg)?;
+    let invalid = |m: String| err(ErrorCode::InvalidArgument, format!("{} '{}': {m}", cfg.target(), cfg.name));
+    if args.len() != 1 + e.extra_operands() || rets.len() != 2 {
+        return Err(invalid(format!(
+            "a fused call takes {} operands and returns 2 results, not {} and {}",
+            1 + e.extra_operands(),
+            args.len(),
+            rets.len()
+        )));
+    }
+    let ret_shapes = rets.iter().map(array_shape).collect::<Result<Vec<_>, _>>()?;
+    let a = &shapes[0];
+    let d = a.dims.last().copied().unwrap_or(0);
+    let dims_fit = ret_shapes.iter().all(|r| r.dims == a.dims)
+        && shapes[1].dims == a.dims
+        && shapes.get(2).is_none_or(|g| g.dims == [d]);
+    let ty = |t: hlo::PrimitiveType| {
+        Dtype::of(t)
+            .filter(|&t| Kernel::OneShotNorm.defined_for(t, Red::Sum))
+            .ok_or_else(|| invalid(format!("the fused all-reduce + RMSNorm takes f32, bf16 or f16 arrays, not {t}")))
+    };
+    if !dims_fit || d <= 0 {
+        return Err(invalid(format!("the fused call's shapes do not fit its epilogue (operand {a})")));
+    }
+    let t = ty(a.ty)?;
+    let (d, elems) = (d as usize, a.byte_size() / t.size());
+    let rows = elems / d;
+    let x = (args[1].data as u64, ty(shapes[1].ty)?);
+    let g = match (args.get(2), shapes.get(2)) {
+        (Some(b), Some(s)) => Some((b.data as u64, ty(s.ty)?)),
+        _ => None,
+    };
+    let h = (rets[0].data as u64, ty(ret_shapes[0].ty)?);
+    let y = (rets[1].data as u64, ty(ret_shapes[1].ty)?);
+    let norm = Norm::new(e, rows as u64, d as u64, x, g, h, y).map_err(invalid)?;
+    if rows == 0 {
+        return Ok(());
+    }
+    let Symmetric { stage, flags, stride, counter } = call.symmetric(group)?;
+    if (a.byte_size() as u64) > stride {
+        return Err(internal(format!("'{}': {} bytes do not fit a staging half of {stride}", cfg.name, a.byte_size())));
+    }
+    let mut x = NormArgs {
+        input: args[0].data as u64,
+        norm,
+        rank: idx as u32,
+        world: group.len() as u32,
+        stage,
+        stride,
+        flags,
+        counter,
+        status: call.status()?,
+    };
+    let name = format!("pl_one_shot_norm_{}_sum", t.name());
+    call.launch(&name, super::norm_grid(rows), &mut x.params(), &x)
 }
 
 /// All-reduce (one-/two-shot) or reduce-scatter of one operand.
@@ -1101,6 +1206,7 @@ mod tests {
             slot_bytes: 4096,
             slot_gpu_bytes: 8192,
             order_operands: 0,
+            epilogue: None,
         }
     }
 

@@ -29,7 +29,7 @@ pub use ffi::hip::Hip;
 
 use crate::Result;
 use crate::gpu::{self, Backend, Origin, Unit};
-pub use crate::gpu::{Algo, BLOCKS, Dtype, MAX_RANKS, Probe, Red, SIGNAL_BYTES, SOURCES, THREADS};
+pub use crate::gpu::{Algo, BLOCKS, Dtype, MAX_RANKS, NormBuffers, Probe, Red, SIGNAL_BYTES, SOURCES, THREADS};
 
 /// The ROCm clique: local AMD GPUs with streams and the kernel modules.
 pub type Clique = gpu::Clique<Hip>;
@@ -39,6 +39,8 @@ pub type Device = gpu::Device<Hip>;
 pub type AllReduce = gpu::AllReduce<Hip>;
 /// The all-gather launcher on HIP.
 pub type AllGather = gpu::AllGather<Hip>;
+/// The one-shot all-reduce fused with the residual add and RMSNorm on this clique.
+pub type AllReduceNorm = gpu::AllReduceNorm<Hip>;
 
 /// Compiles every kernel source that is a translation unit (not headers) with hipRTC for
 /// `arch` (`gfx90a`, or a device's full `gcnArchName`) with warnings as errors: CI's compile

@@ -323,6 +323,18 @@ fn try_y(mx: &Matcher<'_>, y: InstrId, ar: InstrId, dims: &[i64]) -> Option<Fuse
     None
 }
 
+/// A constant, or a broadcast / reshape / convert of one: a value of the program's text.
+fn constant_like(m: &Module, i: InstrId) -> bool {
+    let ins = m.instr(i);
+    match ins.opcode {
+        Opcode::Constant => true,
+        Opcode::Broadcast | Opcode::Reshape | Opcode::Convert => {
+            ins.operands.len() == 1 && constant_like(m, ins.operands[0])
+        }
+        _ => false,
+    }
+}
+
 /// gamma: broadcast of a `[d]` f32 value along the last dimension (converted from its type).
 fn gamma_of(mx: &Matcher<'_>, v: &V, dims: &[i64]) -> Option<V> {
     if !mx.is(v, Opcode::Broadcast) || mx.array(v)?.dims != dims {
@@ -447,10 +459,9 @@ fn try_norm(
         }
         let users: Vec<InstrId> = comp.instrs.iter().copied().filter(|u| m.instr(*u).operands.contains(&i)).collect();
         let external = users.iter().any(|u| !chain.contains(u)) || comp.root == i;
-        if ins.opcode == Opcode::Constant {
-            if !external {
-                dead.push(ins.name.clone());
-            }
+        if constant_like(m, i) {
+            // XLA shares a constant's broadcast among every layer's norm (CSE), so others may
+            // read it: it stays, and XLA's dead-code pass removes it if nothing does.
             continue;
         }
         if external {

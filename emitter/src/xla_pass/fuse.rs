@@ -258,8 +258,10 @@ fn residual_add(mx: &Matcher<'_>, hc: &V, ar: InstrId, t: PrimitiveType) -> Opti
         } else {
             continue;
         };
-        if x.path.is_empty() && mx.array(&x)?.dims == mx.array(hc)?.dims {
-            return Some((x.id, round));
+        // The residual is a top-level value: an instruction, or the root of a fusion (the
+        // previous layer's sum, which XLA:CPU wraps), which the matcher reads through.
+        if let Some(top) = mx.top(&x).filter(|_| mx.array(&x).map(|a| &a.dims) == mx.array(hc).map(|a| &a.dims)) {
+            return Some((top, round));
         }
     }
     None

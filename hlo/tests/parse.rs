@@ -672,3 +672,15 @@ ENTRY e {
     assert_eq!(wide.output_dims(&[4]), Ok(vec![0]));
     assert!(wide.output_dims(&[4, 4]).unwrap_err().contains("1 dimensions for an input of rank 2"));
 }
+
+#[test]
+fn mesh_shardings_of_newer_xla() {
+    // XLA's dumps of mid-2026 print parameters' shardings with a mesh first.
+    let text = "HloModule m, num_partitions=4\n\nENTRY e {\n  \
+        p = f32[8,4]{1,0} parameter(0), sharding={mesh[], replicated}\n  \
+        q = f32[8,4]{1,0} parameter(1), sharding={mesh[a=2,b=2], [{a}, {}]}\n  \
+        ROOT t = (f32[8,4]{1,0}, f32[8,4]{1,0}) tuple(p, q)\n}\n";
+    let m = hlo::parse_text("m.hlo", text).expect("parses");
+    assert_eq!(find(&m, "p").attrs.sharding, Some(Sharding::Replicated));
+    assert_eq!(find(&m, "q").attrs.sharding, Some(Sharding::Other("{mesh[a=2,b=2], [{a}, {}]}".into())));
+}

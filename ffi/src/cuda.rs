@@ -212,17 +212,6 @@ impl Stream {
         call("cuStreamSynchronize", Some(self.ordinal), || unsafe { r::stream::synchronize(self.s) })
     }
 
-    /// Whether all work enqueued so far has finished (`cuStreamQuery`), without blocking.
-    pub fn query(&self) -> Result<bool> {
-        // SAFETY: `self.s` is a live stream.
-        let status = guarded("cuStreamQuery", Some(self.ordinal), || unsafe { sys::cuStreamQuery(self.s) })?;
-        match status {
-            sys::CUresult::CUDA_SUCCESS => Ok(true),
-            sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
-            other => ck("cuStreamQuery", Some(self.ordinal), st(other)).map(|_| true),
-        }
-    }
-
     /// Launches `f` with `params` (pointers to each argument, in the kernel's order).
     ///
     /// # Safety

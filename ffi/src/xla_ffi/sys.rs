@@ -97,9 +97,6 @@ opaque! {
     XLA_FFI_Future;
 }
 
-/// The older name of [`XLA_FFI_InvokeContext`].
-pub type XLA_FFI_ExecutionContext = XLA_FFI_InvokeContext;
-
 // ---------------------------------------------------------------------------------------------
 // Extensions
 

@@ -285,11 +285,8 @@ impl HostMapped {
         // SAFETY: a fresh host allocation; freed once in `drop`.
         let ptr = call("cuMemHostAlloc", ctx.d(), || unsafe { r::malloc_host(words * 4, PORTABLE_DEVICEMAP) })?;
         // SAFETY: `ptr` holds `words` writable, page-aligned words just allocated, owned by `m`.
-        let mut m = HostMapped {
-            words: unsafe { crate::gpu::HostWords::zeroed(ptr, words) },
-            ordinal: ctx.ordinal,
-            ctx: ctx.ctx,
-        };
+        let words = unsafe { crate::gpu::HostWords::zeroed(ptr, words) };
+        let mut m = HostMapped { words, ordinal: ctx.ordinal, ctx: ctx.ctx };
         call("cuMemHostGetDevicePointer", ctx.d(), || {
             // SAFETY: `ptr` is a mapped host allocation of this context; the out-pointer is valid.
             st(unsafe { sys::cuMemHostGetDevicePointer_v2(&mut m.words.device_ptr, ptr, 0) })

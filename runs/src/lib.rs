@@ -1,7 +1,7 @@
 //! A run of an HLO module on N devices, as `peerless run`, the conformance suite and
 //! the benchmarks describe one: how device ids map onto the module's replicas or partitions
 //! ([`RunConfig`], [`Mode`]), the value each device holds of every entry parameter
-//! ([`local_param_shapes`]: a shard where `hlo`'s sharding analysis says so), and the inputs
+//! ([`local_param_shapes`]: a shard where the parameter's sharding says so), and the inputs
 //! and outputs as npz files ([`io`]). XLA's runs (through `tools::xla_run`), the CLI and the
 //! conformance goldens share it; it runs nothing itself.
 

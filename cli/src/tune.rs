@@ -71,21 +71,22 @@ pub fn run(args: &TuneArgs) -> Result<(), String> {
     if args.quick {
         o = o.quick();
     }
-    o.plugin = args.xla_plugin.clone();
-    o.devices = args.devices;
-    o.groups = args.groups.clone();
-    o.min_bytes = args.min_bytes.unwrap_or(o.min_bytes);
-    o.max_bytes = args.max_bytes.unwrap_or(o.max_bytes);
-    o.step = args.step.unwrap_or(o.step);
-    o.samples = args.samples.unwrap_or(o.samples);
-    o.sample_ms = args.sample_ms.unwrap_or(o.sample_ms);
-    o.chain = args.chain.unwrap_or(o.chain);
+    let b = &mut o.bench;
+    b.plugin = args.xla_plugin.clone();
+    b.devices = args.devices;
+    b.min_bytes = args.min_bytes.unwrap_or(b.min_bytes);
+    b.max_bytes = args.max_bytes.unwrap_or(b.max_bytes);
+    b.step = args.step.unwrap_or(b.step);
+    b.samples = args.samples.unwrap_or(b.samples);
+    b.sample_ms = args.sample_ms.or(b.sample_ms);
+    b.chain = args.chain.unwrap_or(b.chain);
     if !args.dtypes.is_empty() {
-        o.dtypes = args.dtypes.iter().map(|s| Dtype::parse(s)).collect::<Result<_, _>>()?;
+        b.dtypes = args.dtypes.iter().map(|s| Dtype::parse(s)).collect::<Result<_, _>>()?;
     }
     if !args.ops.is_empty() {
-        o.ops = args.ops.iter().map(|s| Op::parse(s)).collect::<Result<_, _>>()?;
+        b.ops = args.ops.iter().map(|s| Op::parse(s)).collect::<Result<_, _>>()?;
     }
+    o.groups = args.groups.clone();
     o.out_dir = args.out_dir.clone();
     o.machine = args.machine.clone().unwrap_or_else(machine);
     o.command =

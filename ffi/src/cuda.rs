@@ -212,17 +212,6 @@ impl Stream {
         call("cuStreamSynchronize", Some(self.ordinal), || unsafe { r::stream::synchronize(self.s) })
     }
 
-    /// Whether all work enqueued so far has finished (`cuStreamQuery`), without blocking.
-    pub fn query(&self) -> Result<bool> {
-        // SAFETY: `self.s` is a live stream.
-        let status = guarded("cuStreamQuery", Some(self.ordinal), || unsafe { sys::cuStreamQuery(self.s) })?;
-        match status {
-            sys::CUresult::CUDA_SUCCESS => Ok(true),
-            sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
-            other => ck("cuStreamQuery", Some(self.ordinal), st(other)).map(|_| true),
-        }
-    }
-
     /// Launches `f` with `params` (pointers to each argument, in the kernel's order).
     ///
     /// # Safety
@@ -236,13 +225,20 @@ impl Stream {
     }
 
     /// Async device-to-device copy of `len` bytes (same or peer device, unified addressing).
-    pub fn copy_d2d(&self, dst: u64, src: u64, len: usize) -> Result<()> {
-        // SAFETY: the caller's buffers are device allocations of at least `len` bytes.
+    ///
+    /// # Safety
+    /// `dst` and `src` are device allocations of at least `len` bytes, valid until the copy ends.
+    pub unsafe fn copy_d2d(&self, dst: u64, src: u64, len: usize) -> Result<()> {
+        // SAFETY: the caller guarantees both ranges.
         call("cuMemcpyDtoDAsync", Some(self.ordinal), || unsafe { r::memcpy_dtod_async(dst, src, len, self.s) })
     }
 
-    pub fn memset_u8(&self, dst: u64, v: u8, len: usize) -> Result<()> {
-        // SAFETY: as in copy_d2d.
+    /// Async byte fill.
+    ///
+    /// # Safety
+    /// `dst` is a device allocation of at least `len` bytes, valid until the fill ends.
+    pub unsafe fn memset_u8(&self, dst: u64, v: u8, len: usize) -> Result<()> {
+        // SAFETY: the caller guarantees the range.
         call("cuMemsetD8Async", Some(self.ordinal), || unsafe { r::memset_d8_async(dst, v, len, self.s) })
     }
 }
@@ -254,10 +250,8 @@ impl Drop for Stream {
     }
 }
 
-/// A stream another library owns (XLA's, handed to an FFI handler), borrowed for one call:
-/// it launches and copies like a [`Stream`] and is never destroyed here.
-#[derive(Debug)]
-pub struct ForeignStream(std::mem::ManuallyDrop<Stream>);
+/// A stream another library owns (XLA's, handed to an FFI handler), borrowed for one call.
+pub type ForeignStream = crate::gpu::Borrowed<Stream>;
 
 impl ForeignStream {
     /// Borrows the raw `CUstream` `s` of device `ordinal`.
@@ -266,30 +260,18 @@ impl ForeignStream {
     /// `s` is a live stream of device `ordinal`'s primary context (or null, the legacy
     /// stream), and outlives the value.
     pub unsafe fn new(s: *mut c_void, ordinal: usize) -> ForeignStream {
-        ForeignStream(std::mem::ManuallyDrop::new(Stream { s: s as sys::CUstream, ordinal }))
+        crate::gpu::Borrowed::wrap(Stream { s: s as sys::CUstream, ordinal })
     }
 }
 
-impl std::ops::Deref for ForeignStream {
-    type Target = Stream;
-    fn deref(&self) -> &Stream {
-        &self.0
-    }
-}
-
-/// Page-locked host memory mapped into the device's address space: a kernel writes it, and
-/// the host reads it later without synchronising a stream (a collective's timeout status).
+/// Page-locked host memory mapped into the device's address space ([`crate::gpu::HostWords`]).
 #[derive(Debug)]
 pub struct HostMapped {
-    ptr: *mut u32,
-    len: usize,
-    /// The device address of the same bytes.
-    pub device_ptr: u64,
+    pub words: crate::gpu::HostWords,
     ordinal: usize,
     ctx: sys::CUcontext,
 }
-// SAFETY: plain host memory owned by this value; the host touches it only through volatile
-// word accesses, which tolerate a concurrent device writer.
+// SAFETY: the words are `Send`; the context handle is only bound to free them.
 unsafe impl Send for HostMapped {}
 // SAFETY: as above.
 unsafe impl Sync for HostMapped {}
@@ -298,37 +280,18 @@ impl HostMapped {
     /// `words` zeroed 32-bit words (at least one).
     pub fn new(ctx: &Context, words: usize) -> Result<HostMapped> {
         ctx.bind()?;
-        let len = words.max(1) * 4;
+        let words = words.max(1);
         const PORTABLE_DEVICEMAP: u32 = 0x01 | 0x02; // CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP
         // SAFETY: a fresh host allocation; freed once in `drop`.
-        let ptr = call("cuMemHostAlloc", Some(ctx.ordinal), || unsafe { r::malloc_host(len, PORTABLE_DEVICEMAP) })?;
-        let ptr = ptr.cast::<u32>();
-        // SAFETY: `ptr` holds `len` writable bytes just allocated.
-        unsafe { std::ptr::write_bytes(ptr, 0, words.max(1)) };
-        let mut dptr: sys::CUdeviceptr = 0;
-        let mapped = call("cuMemHostGetDevicePointer", Some(ctx.ordinal), || {
-            // SAFETY: `ptr` is a mapped host allocation of this context; `dptr` is a valid
-            // out-pointer.
-            st(unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dptr, ptr.cast(), 0) })
-        });
-        let m = HostMapped { ptr, len, device_ptr: dptr, ordinal: ctx.ordinal, ctx: ctx.ctx };
-        mapped?;
+        let ptr = call("cuMemHostAlloc", ctx.d(), || unsafe { r::malloc_host(words * 4, PORTABLE_DEVICEMAP) })?;
+        // SAFETY: `ptr` holds `words` writable, page-aligned words just allocated, owned by `m`.
+        let words = unsafe { crate::gpu::HostWords::zeroed(ptr, words) };
+        let mut m = HostMapped { words, ordinal: ctx.ordinal, ctx: ctx.ctx };
+        call("cuMemHostGetDevicePointer", ctx.d(), || {
+            // SAFETY: `ptr` is a mapped host allocation of this context; the out-pointer is valid.
+            st(unsafe { sys::cuMemHostGetDevicePointer_v2(&mut m.words.device_ptr, ptr, 0) })
+        })?;
         Ok(m)
-    }
-
-    /// Reads word `i` (a device may be writing it).
-    pub fn load(&self, i: usize) -> u32 {
-        assert!(i * 4 < self.len, "word {i} of a {}-byte mapping", self.len);
-        // SAFETY: in bounds (asserted); volatile because a device writes the word behind the
-        // compiler's back.
-        unsafe { std::ptr::read_volatile(self.ptr.add(i)) }
-    }
-
-    /// Writes word `i`.
-    pub fn store(&self, i: usize, v: u32) {
-        assert!(i * 4 < self.len, "word {i} of a {}-byte mapping", self.len);
-        // SAFETY: as in `load`.
-        unsafe { std::ptr::write_volatile(self.ptr.add(i), v) }
     }
 }
 
@@ -337,7 +300,7 @@ impl Drop for HostMapped {
         // SAFETY: `self.ctx` is the owning primary context, retained while buffers exist.
         if guarded("cuCtxSetCurrent", Some(self.ordinal), || unsafe { r::ctx::set_current(self.ctx) }).is_ok() {
             // SAFETY: frees the allocation made in `new`, once.
-            let _ = guarded("cuMemFreeHost", Some(self.ordinal), || unsafe { r::free_host(self.ptr.cast()) });
+            let _ = guarded("cuMemFreeHost", Some(self.ordinal), || unsafe { r::free_host(self.words.ptr()) });
         }
     }
 }
@@ -393,9 +356,7 @@ impl DeviceBuffer {
     /// Copies `data` into bytes `[offset, offset + data.len())`; returns once the bytes are in
     /// device memory, so work enqueued afterwards on any stream sees them.
     pub fn write_at(&self, offset: usize, data: &[u8]) -> Result<()> {
-        if offset.checked_add(data.len()).is_none_or(|end| end > self.len) {
-            return Err(Error::Invalid(format!("write of {} bytes at {offset} into {}", data.len(), self.len)));
-        }
+        crate::gpu::check_range("write of", data.len(), offset, "into", self.len)?;
         if data.is_empty() {
             return Ok(());
         }
@@ -407,9 +368,7 @@ impl DeviceBuffer {
 
     /// Copies bytes `[offset, offset + out.len())` into `out` (synchronous).
     pub fn read_at(&self, offset: usize, out: &mut [u8]) -> Result<()> {
-        if offset.checked_add(out.len()).is_none_or(|end| end > self.len) {
-            return Err(Error::Invalid(format!("read of {} bytes at {offset} from {}", out.len(), self.len)));
-        }
+        crate::gpu::check_range("read of", out.len(), offset, "from", self.len)?;
         if out.is_empty() {
             return Ok(());
         }
@@ -508,50 +467,3 @@ impl Drop for IpcMapping {
 pub struct Cuda;
 
 crate::gpu::forward_gpu!(Cuda, name: "cuda", units: sm_count, alloc: zeroed);
-
-impl crate::gpu::Interop for Cuda {
-    type HostMapped = HostMapped;
-    type IpcMapping = IpcMapping;
-    type ForeignStream = ForeignStream;
-
-    fn device_count() -> Result<usize> {
-        device_count()
-    }
-    fn free_memory(ctx: &Context) -> Result<usize> {
-        Ok(ctx.memory_info()?.0)
-    }
-    fn buffer_len(buf: &DeviceBuffer) -> usize {
-        buf.len
-    }
-    fn ipc_handle(buf: &DeviceBuffer) -> Result<[u8; IPC_HANDLE_BYTES]> {
-        buf.ipc_handle()
-    }
-    fn ipc_open(ctx: &Context, handle: &[u8; IPC_HANDLE_BYTES]) -> Result<IpcMapping> {
-        IpcMapping::open(ctx, handle)
-    }
-    fn ipc_ptr(m: &IpcMapping) -> u64 {
-        m.ptr
-    }
-    fn host_mapped(ctx: &Context, words: usize) -> Result<HostMapped> {
-        HostMapped::new(ctx, words)
-    }
-    fn host_mapped_device_ptr(h: &HostMapped) -> u64 {
-        h.device_ptr
-    }
-    fn host_mapped_load(h: &HostMapped, i: usize) -> u32 {
-        h.load(i)
-    }
-    fn host_mapped_store(h: &HostMapped, i: usize, v: u32) {
-        h.store(i, v)
-    }
-    unsafe fn foreign_stream(raw: *mut c_void, ordinal: usize) -> ForeignStream {
-        // SAFETY: the caller's contract is `ForeignStream::new`'s.
-        unsafe { ForeignStream::new(raw, ordinal) }
-    }
-    unsafe fn copy_d2d_async(stream: &Stream, dst: u64, src: u64, len: usize) -> Result<()> {
-        stream.copy_d2d(dst, src, len)
-    }
-    unsafe fn memset_async(stream: &Stream, dst: u64, v: u8, len: usize) -> Result<()> {
-        stream.memset_u8(dst, v, len)
-    }
-}

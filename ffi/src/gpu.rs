@@ -143,10 +143,90 @@ pub trait Interop: Gpu {
     unsafe fn memset_async(stream: &Self::Stream, dst: u64, v: u8, len: usize) -> Result<()>;
 }
 
-/// Implements [`Gpu`] for a vendor module's marker type by forwarding to that module's owners
-/// (`Context`, `Module`, `Function`, `Stream` and `DeviceBuffer`, which both vendor modules
-/// define with the same shapes). Only the names that differ are arguments:
-/// the compute-unit query and the allocation that peers may access while kernels run.
+/// Checks that `n` bytes at `offset` lie inside a buffer of `len` bytes: an [`crate::Error::Invalid`]
+/// such as "write of 8 bytes at 4 into 10" where not (`access`: "write of" / "read of", `prep`:
+/// "into" / "from").
+pub(crate) fn check_range(access: &str, n: usize, offset: usize, prep: &str, len: usize) -> Result<()> {
+    if offset.checked_add(n).is_none_or(|end| end > len) {
+        return Err(crate::Error::Invalid(format!("{access} {n} bytes at {offset} {prep} {len}")));
+    }
+    Ok(())
+}
+
+/// A stream another library owns (XLA's, handed to an FFI handler), borrowed for one call: it
+/// launches and copies like the vendor's stream `S` and is never destroyed here. Each vendor
+/// module names it `ForeignStream` and makes it with its own `unsafe fn new`.
+#[derive(Debug)]
+pub struct Borrowed<S>(std::mem::ManuallyDrop<S>);
+
+impl<S> Borrowed<S> {
+    /// Wraps a stream value that must never be dropped.
+    pub(crate) fn wrap(s: S) -> Borrowed<S> {
+        Borrowed(std::mem::ManuallyDrop::new(s))
+    }
+}
+
+impl<S> std::ops::Deref for Borrowed<S> {
+    type Target = S;
+    fn deref(&self) -> &S {
+        &self.0
+    }
+}
+
+/// Zeroed 32-bit words of page-locked host memory mapped into a device's address space: a
+/// kernel writes them, and the host reads them later without synchronising a stream (a
+/// collective's timeout status). The vendor's `HostMapped` allocates and frees them.
+#[derive(Debug)]
+pub struct HostWords {
+    ptr: *mut u32,
+    words: usize,
+    /// The device address of the same words.
+    pub device_ptr: u64,
+}
+// SAFETY: plain host memory owned by the vendor's `HostMapped`; the host touches it only
+// through volatile word accesses, which tolerate a concurrent device writer.
+unsafe impl Send for HostWords {}
+// SAFETY: as above.
+unsafe impl Sync for HostWords {}
+
+impl HostWords {
+    /// Takes the `words` words at `ptr` and zeroes them; the device address is set once known.
+    ///
+    /// # Safety
+    /// `ptr` holds `words` writable, aligned 32-bit words that outlive the value.
+    pub(crate) unsafe fn zeroed(ptr: *mut c_void, words: usize) -> HostWords {
+        let ptr = ptr.cast::<u32>();
+        // SAFETY: the caller guarantees `words` writable words at `ptr`.
+        unsafe { std::ptr::write_bytes(ptr, 0, words) };
+        HostWords { ptr, words, device_ptr: 0 }
+    }
+
+    /// The host address, for the vendor's free.
+    pub(crate) fn ptr(&self) -> *mut c_void {
+        self.ptr.cast()
+    }
+
+    /// Reads word `i` (a device may be writing it).
+    pub fn load(&self, i: usize) -> u32 {
+        assert!(i < self.words, "word {i} of a {}-byte mapping", self.words * 4);
+        // SAFETY: in bounds (asserted); volatile because a device writes the word behind the
+        // compiler's back.
+        unsafe { std::ptr::read_volatile(self.ptr.add(i)) }
+    }
+
+    /// Writes word `i`.
+    pub fn store(&self, i: usize, v: u32) {
+        assert!(i < self.words, "word {i} of a {}-byte mapping", self.words * 4);
+        // SAFETY: as in `load`.
+        unsafe { std::ptr::write_volatile(self.ptr.add(i), v) }
+    }
+}
+
+/// Implements [`Gpu`] and [`Interop`] for a vendor module's marker type by forwarding to that
+/// module's owners (`Context`, `Module`, `Function`, `Stream`, `DeviceBuffer`, `HostMapped`,
+/// `IpcMapping` and `ForeignStream`, which both vendor modules define with the same shapes).
+/// Only the names that differ are arguments: the compute-unit query and the allocation that
+/// peers may access while kernels run.
 macro_rules! forward_gpu {
     ($marker:ty, name: $name:literal, units: $units:ident, alloc: $alloc:ident) => {
         impl $crate::gpu::Gpu for $marker {
@@ -211,6 +291,55 @@ macro_rules! forward_gpu {
             }
             fn write(buf: &DeviceBuffer, data: &[u8]) -> Result<()> {
                 buf.write_at(0, data)
+            }
+        }
+
+        impl $crate::gpu::Interop for $marker {
+            type HostMapped = HostMapped;
+            type IpcMapping = IpcMapping;
+            type ForeignStream = ForeignStream;
+
+            fn device_count() -> Result<usize> {
+                device_count()
+            }
+            fn free_memory(ctx: &Context) -> Result<usize> {
+                Ok(ctx.memory_info()?.0)
+            }
+            fn buffer_len(buf: &DeviceBuffer) -> usize {
+                buf.len
+            }
+            fn ipc_handle(buf: &DeviceBuffer) -> Result<[u8; $crate::gpu::IPC_HANDLE_BYTES]> {
+                buf.ipc_handle()
+            }
+            fn ipc_open(ctx: &Context, handle: &[u8; $crate::gpu::IPC_HANDLE_BYTES]) -> Result<IpcMapping> {
+                IpcMapping::open(ctx, handle)
+            }
+            fn ipc_ptr(m: &IpcMapping) -> u64 {
+                m.ptr
+            }
+            fn host_mapped(ctx: &Context, words: usize) -> Result<HostMapped> {
+                HostMapped::new(ctx, words)
+            }
+            fn host_mapped_device_ptr(h: &HostMapped) -> u64 {
+                h.words.device_ptr
+            }
+            fn host_mapped_load(h: &HostMapped, i: usize) -> u32 {
+                h.words.load(i)
+            }
+            fn host_mapped_store(h: &HostMapped, i: usize, v: u32) {
+                h.words.store(i, v)
+            }
+            unsafe fn foreign_stream(raw: *mut std::ffi::c_void, ordinal: usize) -> ForeignStream {
+                // SAFETY: the caller's contract is `ForeignStream::new`'s.
+                unsafe { ForeignStream::new(raw, ordinal) }
+            }
+            unsafe fn copy_d2d_async(stream: &Stream, dst: u64, src: u64, len: usize) -> Result<()> {
+                // SAFETY: the caller's contract is `Stream::copy_d2d`'s.
+                unsafe { stream.copy_d2d(dst, src, len) }
+            }
+            unsafe fn memset_async(stream: &Stream, dst: u64, v: u8, len: usize) -> Result<()> {
+                // SAFETY: the caller's contract is `Stream::memset_u8`'s.
+                unsafe { stream.memset_u8(dst, v, len) }
             }
         }
     };

@@ -595,9 +595,7 @@ impl DeviceBuffer {
     /// Copies `data` into bytes `[offset, offset + data.len())`; returns once the bytes are in
     /// device memory.
     pub fn write_at(&self, offset: usize, data: &[u8]) -> Result<()> {
-        if offset.checked_add(data.len()).is_none_or(|end| end > self.len) {
-            return Err(Error::Invalid(format!("write of {} bytes at {offset} into {}", data.len(), self.len)));
-        }
+        crate::gpu::check_range("write of", data.len(), offset, "into", self.len)?;
         if data.is_empty() {
             return Ok(());
         }
@@ -612,9 +610,7 @@ impl DeviceBuffer {
 
     /// Copies bytes `[offset, offset + out.len())` into `out` (synchronous).
     pub fn read_at(&self, offset: usize, out: &mut [u8]) -> Result<()> {
-        if offset.checked_add(out.len()).is_none_or(|end| end > self.len) {
-            return Err(Error::Invalid(format!("read of {} bytes at {offset} from {}", out.len(), self.len)));
-        }
+        crate::gpu::check_range("read of", out.len(), offset, "from", self.len)?;
         if out.is_empty() {
             return Ok(());
         }
@@ -639,9 +635,8 @@ impl Drop for DeviceBuffer {
 }
 
 /// A stream another library owns (XLA's `hipStream_t`, handed to an FFI handler), borrowed
-/// for one call: it launches and copies like a [`Stream`] and is never destroyed here.
-#[derive(Debug)]
-pub struct ForeignStream(std::mem::ManuallyDrop<Stream>);
+/// for one call.
+pub type ForeignStream = crate::gpu::Borrowed<Stream>;
 
 impl ForeignStream {
     /// Borrows the raw `hipStream_t` `s` of device `ordinal`.
@@ -650,67 +645,33 @@ impl ForeignStream {
     /// `s` is a live stream of device `ordinal` (or null, the default stream), and outlives
     /// the value.
     pub unsafe fn new(s: *mut c_void, ordinal: usize) -> ForeignStream {
-        ForeignStream(std::mem::ManuallyDrop::new(Stream { s, ordinal }))
+        crate::gpu::Borrowed::wrap(Stream { s, ordinal })
     }
 }
 
-impl std::ops::Deref for ForeignStream {
-    type Target = Stream;
-    fn deref(&self) -> &Stream {
-        &self.0
-    }
-}
-
-/// Page-locked host memory mapped into the devices' address space (`hipHostMalloc`, mapped,
-/// portable and coherent): a kernel writes it, and the host reads it later without
-/// synchronising a stream (a collective's timeout status).
+/// Page-locked host memory mapped into the devices' address space ([`crate::gpu::HostWords`];
+/// `hipHostMalloc`, mapped, portable and coherent).
 #[derive(Debug)]
 pub struct HostMapped {
-    ptr: *mut u32,
-    len: usize,
-    /// The device address of the same bytes (`hipHostGetDevicePointer`).
-    pub device_ptr: u64,
+    pub words: crate::gpu::HostWords,
 }
-// SAFETY: plain host memory owned by this value; the host touches it only through volatile
-// word accesses, which tolerate a concurrent device writer.
-unsafe impl Send for HostMapped {}
-// SAFETY: as above.
-unsafe impl Sync for HostMapped {}
 
 impl HostMapped {
     /// `words` zeroed 32-bit words (at least one), mapped into `ctx`'s device.
     pub fn new(ctx: &Context, words: usize) -> Result<HostMapped> {
         ctx.bind()?;
         let s = sys()?;
-        let len = words.max(1) * 4;
+        let words = words.max(1);
         let mut p: *mut c_void = std::ptr::null_mut();
         // SAFETY: `p` outlives the call; a fresh host allocation, freed once in `drop`.
-        ck(s, "hipHostMalloc", ctx.d(), unsafe { (s.host_malloc)(&mut p, len, HOST_MALLOC_MAPPED) })?;
-        let ptr = p.cast::<u32>();
-        // SAFETY: `ptr` holds `len` writable bytes just allocated (page-aligned).
-        unsafe { std::ptr::write_bytes(ptr, 0, words.max(1)) };
+        ck(s, "hipHostMalloc", ctx.d(), unsafe { (s.host_malloc)(&mut p, words * 4, HOST_MALLOC_MAPPED) })?;
+        // SAFETY: `p` holds `words` writable, page-aligned words just allocated, owned by `m`.
+        let mut m = HostMapped { words: unsafe { crate::gpu::HostWords::zeroed(p, words) } };
         let mut d: *mut c_void = std::ptr::null_mut();
         // SAFETY: `p` is a mapped host allocation; `d` outlives the call; flags must be 0.
-        let mapped = ck(s, "hipHostGetDevicePointer", ctx.d(), unsafe { (s.host_get_device_pointer)(&mut d, p, 0) });
-        // Owned from here, so a failed lookup still frees the allocation.
-        let m = HostMapped { ptr, len, device_ptr: d as u64 };
-        mapped?;
+        ck(s, "hipHostGetDevicePointer", ctx.d(), unsafe { (s.host_get_device_pointer)(&mut d, p, 0) })?;
+        m.words.device_ptr = d as u64;
         Ok(m)
-    }
-
-    /// Reads word `i` (a device may be writing it).
-    pub fn load(&self, i: usize) -> u32 {
-        assert!(i * 4 < self.len, "word {i} of a {}-byte mapping", self.len);
-        // SAFETY: in bounds (asserted); volatile because a device writes the word behind the
-        // compiler's back.
-        unsafe { std::ptr::read_volatile(self.ptr.add(i)) }
-    }
-
-    /// Writes word `i`.
-    pub fn store(&self, i: usize, v: u32) {
-        assert!(i * 4 < self.len, "word {i} of a {}-byte mapping", self.len);
-        // SAFETY: as in `load`.
-        unsafe { std::ptr::write_volatile(self.ptr.add(i), v) }
     }
 }
 
@@ -718,7 +679,7 @@ impl Drop for HostMapped {
     fn drop(&mut self) {
         if let Ok(s) = sys() {
             // SAFETY: frees the allocation made in `new`, once.
-            let _ = unsafe { (s.host_free)(self.ptr.cast()) };
+            let _ = unsafe { (s.host_free)(self.words.ptr()) };
         }
     }
 }
@@ -840,52 +801,3 @@ mod tests {
 pub struct Hip;
 
 crate::gpu::forward_gpu!(Hip, name: "rocm", units: cu_count, alloc: fine_grained);
-
-impl crate::gpu::Interop for Hip {
-    type HostMapped = HostMapped;
-    type IpcMapping = IpcMapping;
-    type ForeignStream = ForeignStream;
-
-    fn device_count() -> Result<usize> {
-        device_count()
-    }
-    fn free_memory(ctx: &Context) -> Result<usize> {
-        Ok(ctx.memory_info()?.0)
-    }
-    fn buffer_len(buf: &DeviceBuffer) -> usize {
-        buf.len
-    }
-    fn ipc_handle(buf: &DeviceBuffer) -> Result<[u8; crate::gpu::IPC_HANDLE_BYTES]> {
-        buf.ipc_handle()
-    }
-    fn ipc_open(ctx: &Context, handle: &[u8; crate::gpu::IPC_HANDLE_BYTES]) -> Result<IpcMapping> {
-        IpcMapping::open(ctx, handle)
-    }
-    fn ipc_ptr(m: &IpcMapping) -> u64 {
-        m.ptr
-    }
-    fn host_mapped(ctx: &Context, words: usize) -> Result<HostMapped> {
-        HostMapped::new(ctx, words)
-    }
-    fn host_mapped_device_ptr(h: &HostMapped) -> u64 {
-        h.device_ptr
-    }
-    fn host_mapped_load(h: &HostMapped, i: usize) -> u32 {
-        h.load(i)
-    }
-    fn host_mapped_store(h: &HostMapped, i: usize, v: u32) {
-        h.store(i, v)
-    }
-    unsafe fn foreign_stream(raw: *mut c_void, ordinal: usize) -> ForeignStream {
-        // SAFETY: the caller's contract is `ForeignStream::new`'s.
-        unsafe { ForeignStream::new(raw, ordinal) }
-    }
-    unsafe fn copy_d2d_async(stream: &Stream, dst: u64, src: u64, len: usize) -> Result<()> {
-        // SAFETY: the caller's contract is `Stream::copy_d2d`'s.
-        unsafe { stream.copy_d2d(dst, src, len) }
-    }
-    unsafe fn memset_async(stream: &Stream, dst: u64, v: u8, len: usize) -> Result<()> {
-        // SAFETY: the caller's contract is `Stream::memset_u8`'s.
-        unsafe { stream.memset_u8(dst, v, len) }
-    }
-}

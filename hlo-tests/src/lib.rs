@@ -33,16 +33,6 @@ pub enum Mode {
     Partition,
 }
 
-impl Mode {
-    /// How a backend maps the case's devices: replicas or partitions.
-    pub fn device_mode(self) -> hlo::analysis::DeviceMode {
-        match self {
-            Mode::Replica => hlo::analysis::DeviceMode::Replica,
-            Mode::Partition => hlo::analysis::DeviceMode::Partition,
-        }
-    }
-}
-
 /// Tolerance class of a case (`tolerance=loose` multiplies float tolerances by 10).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Tolerance {

@@ -16,8 +16,8 @@ pub enum ErrorKind {
     Proto,
     /// Input Peerless understands but does not support (op, dtype, attribute).
     Unsupported,
-    /// A sharding annotation that cannot be read, or that does not fit its value, the
-    /// shard_map around it or the device count (the sharding analysis, `sharding/`).
+    /// A parameter's sharding annotation that cannot be read, or that does not fit its value
+    /// or the device count (`sharding/`).
     Sharding,
 }
 

@@ -4,7 +4,7 @@
 //! printer back to HLO text ([`print::module_text`]) that the parser reads back
 //! to the same IR, and an encoder back to `HloModuleProto` ([`encode_proto`]) for
 //! XLA's PJRT plugins. Analyses of a verified module live here too: collectives' device
-//! groups ([`analysis`]) and which shard of each value every partition holds
+//! groups ([`analysis`]) and the shape of each partition's entry arguments
 //! ([`sharding`]).
 //!
 //! Invariants for consumers: a [`Module`] returned by [`parse_text`] or

@@ -119,11 +119,6 @@ pub fn live_instances() -> usize {
 /// The in-process collectives' shared slots.
 static SLOTS: Slots<DirectSlot> = Slots::new();
 
-/// Shared slots alive in the process (tests and diagnostics).
-pub fn live_slots() -> usize {
-    SLOTS.live()
-}
-
 /// Staging bytes the CPU handlers' in-process collectives hold now.
 pub fn staging_bytes() -> usize {
     crate::host::direct::staging_bytes()

@@ -12,11 +12,6 @@ pub mod xla_inside;
 pub use hlo;
 pub use pjrt_sys;
 
-/// The platform name JAX sees (`JAX_PLATFORMS=peerless`).
-pub const PLATFORM_NAME: &str = "peerless";
-/// The platform version reported by the topology.
-pub const PLATFORM_VERSION: &str = concat!("peerless ", env!("CARGO_PKG_VERSION"));
-
 /// Installs the library's logger once (stderr; `PEERLESS_LOG` takes env_logger's filter
 /// syntax, default `warn` plus the kernel-compile lines, which say why a first call waits).
 /// A host that installed a logger first (the CLI) keeps its own.

@@ -15,8 +15,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use emitter::PeerAccessTable;
 use ffi::xla_ffi::{XLA_FFI_CallFrame, XLA_FFI_Error};
+use kernels::cuda::Cuda;
 use kernels::cuda::xla::CudaRuntime;
 use kernels::ffi_handler::{CollectiveRuntime, dispatch};
+use kernels::gpu::xla as gpu_xla;
 use kernels::xla_host::HostRuntime;
 use thunks::CollectiveKind;
 use thunks::custom_call::target_kind;
@@ -51,9 +53,9 @@ pub fn no_platform(platform: &str) -> String {
 
 /// Collectives of the CPU and GPU handlers alive now (each freed with its executable).
 pub fn live_collectives() -> usize {
-    let gpu = kernels::cuda::xla::live_instances();
+    let gpu = gpu_xla::live_instances::<Cuda>();
     #[cfg(feature = "rocm")]
-    let gpu = gpu + kernels::rocm::xla::live_instances();
+    let gpu = gpu + gpu_xla::live_instances::<kernels::rocm::Hip>();
     kernels::xla_host::live_clusters() + gpu
 }
 
@@ -66,9 +68,9 @@ pub fn staging_bytes() -> usize {
 /// Device memory the GPU handlers hold now, per GPU ordinal of the process (CUDA's and, in a
 /// ROCm build, HIP's added: a process runs one vendor's GPUs).
 pub fn gpu_staging_bytes() -> Vec<usize> {
-    let held = kernels::cuda::xla::staging_by_gpu();
+    let held = gpu_xla::staging_by_gpu::<Cuda>();
     #[cfg(feature = "rocm")]
-    let held = held.iter().zip(kernels::rocm::xla::staging_by_gpu()).map(|(a, b)| a + b).collect();
+    let held = held.iter().zip(gpu_xla::staging_by_gpu::<kernels::rocm::Hip>()).map(|(a, b)| a + b).collect();
     held
 }
 
@@ -214,13 +216,13 @@ pub fn register_in(inner: &ffi::pjrt::InnerPlugin, platform: &str) -> Result<&'s
 /// GPUs cannot be opened (every collective then stays XLA's, with that reason). (On CPU every
 /// device reaches every other: `xla_pass::Peers::Shared`.)
 pub fn cuda_peer_table(ordinals: Option<&BTreeMap<usize, usize>>, allow_unsafe: bool) -> Arc<PeerAccessTable> {
-    remapped(kernels::cuda::xla::peer_table(allow_unsafe), ordinals, "cuda")
+    remapped(gpu_xla::peer_table::<Cuda>(allow_unsafe), ordinals, "cuda")
 }
 
 /// [`cuda_peer_table`] for the AMD GPUs of the process (HIP ordinals), in a ROCm build.
 #[cfg(feature = "rocm")]
 pub fn rocm_peer_table(ordinals: Option<&BTreeMap<usize, usize>>, allow_unsafe: bool) -> Arc<PeerAccessTable> {
-    remapped(kernels::rocm::xla::peer_table(allow_unsafe), ordinals, "rocm")
+    remapped(gpu_xla::peer_table::<kernels::rocm::Hip>(allow_unsafe), ordinals, "rocm")
 }
 
 /// The peer table of GPU `platform` ("cuda", "rocm") under the target policy
@@ -243,9 +245,9 @@ pub fn gpu_peer_table(
 /// budget), or why it is unknown.
 pub fn gpu_least_free_memory(platform: &str) -> Result<usize, String> {
     match platform {
-        "cuda" => kernels::cuda::xla::least_free_memory(),
+        "cuda" => gpu_xla::least_free_memory::<Cuda>(),
         #[cfg(feature = "rocm")]
-        "rocm" => kernels::rocm::xla::least_free_memory(),
+        "rocm" => gpu_xla::least_free_memory::<kernels::rocm::Hip>(),
         other => Err(no_platform(other)),
     }
 }
@@ -253,9 +255,9 @@ pub fn gpu_least_free_memory(platform: &str) -> Result<usize, String> {
 /// The name of GPU `platform`'s first device (a tuning profile's device kind).
 pub fn gpu_device_kind(platform: &str) -> Result<String, String> {
     match platform {
-        "cuda" => kernels::cuda::xla::device_kind(),
+        "cuda" => gpu_xla::device_kind::<Cuda>(),
         #[cfg(feature = "rocm")]
-        "rocm" => kernels::rocm::xla::device_kind(),
+        "rocm" => gpu_xla::device_kind::<kernels::rocm::Hip>(),
         other => Err(no_platform(other)),
     }
 }
@@ -263,9 +265,9 @@ pub fn gpu_device_kind(platform: &str) -> Result<String, String> {
 /// Hands GPU `platform`'s handlers each local GPU's device id (ordinal → id).
 pub fn set_gpu_device_ids(platform: &str, ids: BTreeMap<usize, usize>) {
     match platform {
-        "cuda" => kernels::cuda::xla::set_device_ids(ids),
+        "cuda" => gpu_xla::set_device_ids::<Cuda>(ids),
         #[cfg(feature = "rocm")]
-        "rocm" => kernels::rocm::xla::set_device_ids(ids),
+        "rocm" => gpu_xla::set_device_ids::<kernels::rocm::Hip>(ids),
         _ => {}
     }
 }

@@ -1,13 +1,12 @@
 //! A run of an HLO module on N devices, as `peerless run`, the conformance suite and
 //! the benchmarks describe one: how device ids map onto the module's replicas or partitions
 //! ([`RunConfig`], [`Mode`]), the value each device holds of every entry parameter
-//! ([`local_param_shapes`]: a shard where `hlo`'s sharding analysis says so), and the inputs
+//! ([`local_param_shapes`]: a shard where the parameter's sharding says so), and the inputs
 //! and outputs as npz files ([`io`]). XLA's runs (through `tools::xla_run`), the CLI and the
 //! conformance goldens share it; it runs nothing itself.
 
 pub mod io;
 
-use hlo::sharding::Plan;
 use hlo::{Module, Shape};
 
 /// How device ids map onto the module's replicas and partitions (the emitter resolves
@@ -43,26 +42,16 @@ pub fn check_config(module: &Module, cfg: &RunConfig) -> Result<(), Error> {
     Ok(())
 }
 
-/// The sharding plan of a partition-mode run (`hlo`'s analysis); none in replica mode, where
-/// every device holds every value whole.
-pub fn plan(module: &Module, cfg: &RunConfig) -> Result<Option<Plan>, Error> {
-    check_config(module, cfg)?;
-    match cfg.mode {
-        Mode::Partition => hlo::sharding::analyze(module, cfg.num_devices)
-            .map(Some)
-            .map_err(|e| Error::Mismatch(format!("{}: {}", module.name, e.reason(module)))),
-        Mode::Replica => Ok(None),
-    }
-}
-
 /// Per device, per entry parameter: the shape of the value that device holds. In partition
 /// mode a parameter sharded by `sharding={devices=..}`, by Shardy's `xla.sdy.sharding`, or
 /// by the shard_map custom call that consumes it holds its shard (each dimension divided
 /// by its tile count, rounded up); otherwise (and in replica mode) the full declared shape.
 pub fn local_param_shapes(module: &Module, cfg: &RunConfig) -> Result<Vec<Vec<Shape>>, Error> {
-    let shapes = match plan(module, cfg)? {
-        Some(p) => p.param_shapes(module),
-        None => module.entry_param_shapes().into_iter().cloned().collect(),
+    check_config(module, cfg)?;
+    let shapes = match cfg.mode {
+        Mode::Partition => hlo::sharding::param_shapes(module, cfg.num_devices)
+            .map_err(|e| Error::Mismatch(format!("{}: {}", module.name, e.reason(module))))?,
+        Mode::Replica => module.entry_param_shapes().into_iter().cloned().collect(),
     };
     Ok(vec![shapes; cfg.num_devices])
 }

@@ -14,9 +14,6 @@ use hlo::analysis::ReductionKind;
 
 use crate::{CollectiveKind, Implementation, KernelAlgorithm};
 
-/// Every custom-call target starts with this.
-pub const TARGET_PREFIX: &str = "peerless.";
-
 /// Target names, one per collective kind that has a Peerless kernel.
 pub const TARGETS: [(CollectiveKind, &str); 5] = [
     (CollectiveKind::AllReduce, "peerless.all_reduce"),

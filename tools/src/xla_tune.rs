@@ -25,23 +25,15 @@ use crate::xla_bench::{self, Check, Dtype, Impl, Op, Row};
 /// What to measure.
 #[derive(Clone, Debug)]
 pub struct TuneOptions {
-    /// XLA's plugin (as `peerless bench`).
-    pub plugin: Option<PathBuf>,
-    /// Devices of the profile's key (default: the CPU plugin 8; GPUs all, at most 8).
-    pub devices: Option<usize>,
+    /// XLA's plugin, devices of the profile's key (default: the CPU plugin 8; GPUs all, at
+    /// most 8), sizes, samples (each running executes for about `sample_ms`), chain, ops and
+    /// dtypes, as `peerless bench` takes them; its implementations, iterations, flags, close
+    /// calls and sizes are the tune's own.
+    pub bench: xla_bench::Options,
     /// Group sizes to measure (default: the device count).
     pub groups: Vec<usize>,
-    pub min_bytes: usize,
-    pub max_bytes: usize,
-    pub step: usize,
-    pub samples: usize,
-    /// Each sample runs executes for about this long.
-    pub sample_ms: f64,
     /// Measure the midpoint between neighbouring sizes whose winners differ.
     pub refine: bool,
-    pub chain: usize,
-    pub ops: Vec<Op>,
-    pub dtypes: Vec<Dtype>,
     /// Where to write the profile (default: the cache's `tuning/` directory).
     pub out_dir: Option<PathBuf>,
     /// Recorded in the profile: the command line and the machine.
@@ -52,18 +44,15 @@ pub struct TuneOptions {
 impl Default for TuneOptions {
     fn default() -> Self {
         TuneOptions {
-            plugin: None,
-            devices: None,
+            bench: xla_bench::Options {
+                max_bytes: 4 << 20,
+                samples: 15,
+                sample_ms: Some(5.0),
+                chain: 8,
+                ..xla_bench::Options::default()
+            },
             groups: Vec::new(),
-            min_bytes: 1024,
-            max_bytes: 4 << 20,
-            step: 4,
-            samples: 15,
-            sample_ms: 5.0,
             refine: true,
-            chain: 8,
-            ops: Op::ALL.to_vec(),
-            dtypes: vec![Dtype::F32, Dtype::Bf16],
             out_dir: None,
             command: String::new(),
             machine: String::new(),
@@ -76,13 +65,10 @@ impl TuneOptions {
     /// no midpoints.
     pub fn quick(mut self) -> Self {
         self.refine = false;
-        self.min_bytes = 1024;
-        self.max_bytes = 64 << 10;
-        self.step = 8;
-        self.samples = 2;
-        self.sample_ms = 2.0;
-        self.chain = 4;
-        self.dtypes = vec![Dtype::F32];
+        let b = &mut self.bench;
+        (b.min_bytes, b.max_bytes, b.step) = (1024, 64 << 10, 8);
+        (b.samples, b.sample_ms, b.chain) = (2, Some(2.0), 4);
+        b.dtypes = vec![Dtype::F32];
         self
     }
 }
@@ -172,9 +158,9 @@ fn measure(
 
 /// Runs the tune and writes the profile; `progress` gets a line per row.
 pub fn run(opts: &TuneOptions, progress: &mut dyn FnMut(&str)) -> Result<TuneReport, String> {
-    let path = crate::xla_run::find_plugin(opts.plugin.as_deref())?;
+    let path = crate::xla_run::find_plugin(opts.bench.plugin.as_deref())?;
     let platform = crate::xla_run::platform_of(&path);
-    let devices = match (opts.devices, platform) {
+    let devices = match (opts.bench.devices, platform) {
         (Some(n), _) => n,
         (None, "cpu") => 8,
         // GPUs: all of the client's, at most 8 (as `peerless bench`).
@@ -199,8 +185,8 @@ pub fn run(opts: &TuneOptions, progress: &mut dyn FnMut(&str)) -> Result<TuneRep
     let measured = Measured { date, machine: opts.machine.clone(), command: opts.command.clone(), note: String::new() };
     let mut profile = Profile::new(key, measured);
     let mut rows = Vec::new();
-    let reduce: Vec<Op> = opts.ops.iter().copied().filter(|&o| o == Op::AllReduce).collect();
-    let others: Vec<Op> = opts.ops.iter().copied().filter(|&o| o != Op::AllReduce).collect();
+    let reduce: Vec<Op> = opts.bench.ops.iter().copied().filter(|&o| o == Op::AllReduce).collect();
+    let others: Vec<Op> = opts.bench.ops.iter().copied().filter(|&o| o != Op::AllReduce).collect();
     let plan = [(reduce, vec![Impl::Xla, Impl::OneShot, Impl::TwoShot]), (others, vec![Impl::Xla, Impl::Peerless])];
     for &g in &groups {
         for (ops, impls) in &plan {
@@ -210,26 +196,20 @@ pub fn run(opts: &TuneOptions, progress: &mut dyn FnMut(&str)) -> Result<TuneRep
             let bench = xla_bench::Options {
                 plugin: Some(path.clone()),
                 devices: Some(g),
-                min_bytes: opts.min_bytes,
-                max_bytes: opts.max_bytes,
-                step: opts.step,
-                samples: opts.samples,
                 iters: 1,
-                chain: opts.chain,
                 ops: ops.clone(),
-                dtypes: opts.dtypes.clone(),
                 impls: impls.clone(),
                 flags: String::new(),
-                sample_ms: Some(opts.sample_ms),
                 close_calls: Some(xla_bench::CloseCalls { close: CLOSE, more: REFINE_SAMPLES }),
                 sizes: None,
+                ..opts.bench.clone()
             };
             measure(&bench, g, &mut profile, &mut rows, progress)?;
             if !opts.refine {
                 continue;
             }
             for &op in ops {
-                for &dt in &opts.dtypes {
+                for &dt in &opts.bench.dtypes {
                     let points = profile.points(op.name(), &dtype_class(primitive(dt)), g);
                     let mids = midpoints(points, dt.bytes() * g);
                     if mids.is_empty() {

@@ -125,14 +125,13 @@ fn a_short_tune_writes_a_profile_the_pass_reads() {
         Err(e) => panic!("{e}\n(set PEERLESS_SKIP_XLA_PLUGIN=1 to skip this test)"),
     };
     let dir = std::env::temp_dir().join(format!("peerless-tune-test-{}", std::process::id()));
-    let opts = TuneOptions {
-        plugin: Some(plugin),
-        devices: Some(8),
+    let mut opts = TuneOptions {
         out_dir: Some(dir.clone()),
         command: "test".into(),
         machine: "test".into(),
         ..TuneOptions::default().quick()
     };
+    (opts.bench.plugin, opts.bench.devices) = (Some(plugin), Some(8));
     let report = tune(&opts, &mut |line| eprintln!("{line}")).expect("tune runs");
     assert!(report.rows.iter().all(|r| !matches!(r.check, Check::Error(_))), "{:#?}", report.rows);
     assert_eq!(report.path, dir.join(report.profile.key.file_name()));

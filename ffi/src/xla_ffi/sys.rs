@@ -63,6 +63,28 @@ macro_rules! c_enum {
     };
 }
 
+/// API calls, each with its argument struct (`struct_size` and `extension_start` first, then the
+/// fields given), the struct's `*_STRUCT_SIZE` (through field `last`) and the call's
+/// function type.
+macro_rules! api_call {
+    ($(
+        $(#[$m:meta])* fn $f:ident(args: $args:ident) $(-> $ret:ty)? { $($(#[$fm:meta])* $field:ident: $ty:ty,)* }
+        $(#[$sm:meta])* $size:ident = through $last:ident;
+    )*) => {$(
+        $(#[$m])*
+        #[repr(C)]
+        #[derive(Debug)]
+        pub struct $args {
+            pub struct_size: usize,
+            pub extension_start: *mut XLA_FFI_InternalExtension,
+            $($(#[$fm])* pub $field: $ty,)*
+        }
+        $(#[$sm])*
+        pub const $size: usize = struct_size!($args, $last);
+        pub type $f = unsafe extern "C" fn(args: *mut $args) $(-> $ret)?;
+    )*};
+}
+
 opaque! {
     /// XLA's private half of the API table (for handlers linked into XLA itself; unused here).
     XLA_FFI_InternalApi;
@@ -74,9 +96,6 @@ opaque! {
     /// An asynchronous completion a handler may hand back in `XLA_FFI_CallFrame::future`.
     XLA_FFI_Future;
 }
-
-/// The older name of [`XLA_FFI_InvokeContext`].
-pub type XLA_FFI_ExecutionContext = XLA_FFI_InvokeContext;
 
 // ---------------------------------------------------------------------------------------------
 // Extensions
@@ -159,41 +178,28 @@ c_enum! {
     }
 }
 
-#[repr(C)]
-#[derive(Debug)]
-pub struct XLA_FFI_Error_Create_Args {
-    pub struct_size: usize,
-    pub extension_start: *mut XLA_FFI_InternalExtension,
-    /// NUL-terminated; XLA copies it into the error.
-    pub message: *const c_char,
-    pub errc: XLA_FFI_Error_Code,
-}
-pub const XLA_FFI_Error_Create_Args_STRUCT_SIZE: usize = struct_size!(XLA_FFI_Error_Create_Args, errc);
-pub type XLA_FFI_Error_Create = unsafe extern "C" fn(args: *mut XLA_FFI_Error_Create_Args) -> *mut XLA_FFI_Error;
+api_call! {
+    fn XLA_FFI_Error_Create(args: XLA_FFI_Error_Create_Args) -> *mut XLA_FFI_Error {
+        /// NUL-terminated; XLA copies it into the error.
+        message: *const c_char,
+        errc: XLA_FFI_Error_Code,
+    }
+    XLA_FFI_Error_Create_Args_STRUCT_SIZE = through errc;
 
-#[repr(C)]
-#[derive(Debug)]
-pub struct XLA_FFI_Error_GetDetails_Args {
-    pub struct_size: usize,
-    pub extension_start: *mut XLA_FFI_InternalExtension,
-    pub error: *mut XLA_FFI_Error,
-    /// Out: valid while `error` lives.
-    pub message: *const c_char,
-    /// Out.
-    pub errc: XLA_FFI_Error_Code,
-}
-pub const XLA_FFI_Error_GetDetails_Args_STRUCT_SIZE: usize = struct_size!(XLA_FFI_Error_GetDetails_Args, errc);
-pub type XLA_FFI_Error_GetDetails = unsafe extern "C" fn(args: *mut XLA_FFI_Error_GetDetails_Args);
+    fn XLA_FFI_Error_GetDetails(args: XLA_FFI_Error_GetDetails_Args) {
+        error: *mut XLA_FFI_Error,
+        /// Out: valid while `error` lives.
+        message: *const c_char,
+        /// Out.
+        errc: XLA_FFI_Error_Code,
+    }
+    XLA_FFI_Error_GetDetails_Args_STRUCT_SIZE = through errc;
 
-#[repr(C)]
-#[derive(Debug)]
-pub struct XLA_FFI_Error_Destroy_Args {
-    pub struct_size: usize,
-    pub extension_start: *mut XLA_FFI_InternalExtension,
-    pub error: *mut XLA_FFI_Error,
+    fn XLA_FFI_Error_Destroy(args: XLA_FFI_Error_Destroy_Args) {
+        error: *mut XLA_FFI_Error,
+    }
+    XLA_FFI_Error_Destroy_Args_STRUCT_SIZE = through error;
 }
-pub const XLA_FFI_Error_Destroy_Args_STRUCT_SIZE: usize = struct_size!(XLA_FFI_Error_Destroy_Args, error);
-pub type XLA_FFI_Error_Destroy = unsafe extern "C" fn(args: *mut XLA_FFI_Error_Destroy_Args);
 
 // ---------------------------------------------------------------------------------------------
 // Data types, buffers, attributes
@@ -331,40 +337,26 @@ pub const XLA_FFI_TypeInfo_STRUCT_SIZE: usize = struct_size!(XLA_FFI_TypeInfo, d
 // ---------------------------------------------------------------------------------------------
 // Futures
 
-#[repr(C)]
-#[derive(Debug)]
-pub struct XLA_FFI_Future_Create_Args {
-    pub struct_size: usize,
-    pub extension_start: *mut XLA_FFI_InternalExtension,
-    /// Out.
-    pub future: *mut XLA_FFI_Future,
-}
-/// Ends at `extension_start`, not at `future` (as the header defines it).
-pub const XLA_FFI_Future_Create_Args_STRUCT_SIZE: usize = struct_size!(XLA_FFI_Future_Create_Args, extension_start);
-pub type XLA_FFI_Future_Create = unsafe extern "C" fn(args: *mut XLA_FFI_Future_Create_Args) -> *mut XLA_FFI_Error;
+api_call! {
+    fn XLA_FFI_Future_Create(args: XLA_FFI_Future_Create_Args) -> *mut XLA_FFI_Error {
+        /// Out.
+        future: *mut XLA_FFI_Future,
+    }
+    /// Ends at `extension_start`, not at `future` (as the header defines it).
+    XLA_FFI_Future_Create_Args_STRUCT_SIZE = through extension_start;
 
-#[repr(C)]
-#[derive(Debug)]
-pub struct XLA_FFI_Future_SetAvailable_Args {
-    pub struct_size: usize,
-    pub extension_start: *mut XLA_FFI_InternalExtension,
-    pub future: *mut XLA_FFI_Future,
-}
-pub const XLA_FFI_Future_SetAvailable_Args_STRUCT_SIZE: usize = struct_size!(XLA_FFI_Future_SetAvailable_Args, future);
-pub type XLA_FFI_Future_SetAvailable =
-    unsafe extern "C" fn(args: *mut XLA_FFI_Future_SetAvailable_Args) -> *mut XLA_FFI_Error;
+    fn XLA_FFI_Future_SetAvailable(args: XLA_FFI_Future_SetAvailable_Args) -> *mut XLA_FFI_Error {
+        future: *mut XLA_FFI_Future,
+    }
+    XLA_FFI_Future_SetAvailable_Args_STRUCT_SIZE = through future;
 
-#[repr(C)]
-#[derive(Debug)]
-pub struct XLA_FFI_Future_SetError_Args {
-    pub struct_size: usize,
-    pub extension_start: *mut XLA_FFI_InternalExtension,
-    pub future: *mut XLA_FFI_Future,
-    /// Ownership passes to XLA.
-    pub error: *mut XLA_FFI_Error,
+    fn XLA_FFI_Future_SetError(args: XLA_FFI_Future_SetError_Args) -> *mut XLA_FFI_Error {
+        future: *mut XLA_FFI_Future,
+        /// Ownership passes to XLA.
+        error: *mut XLA_FFI_Error,
+    }
+    XLA_FFI_Future_SetError_Args_STRUCT_SIZE = through error;
 }
-pub const XLA_FFI_Future_SetError_Args_STRUCT_SIZE: usize = struct_size!(XLA_FFI_Future_SetError_Args, error);
-pub type XLA_FFI_Future_SetError = unsafe extern "C" fn(args: *mut XLA_FFI_Future_SetError_Args) -> *mut XLA_FFI_Error;
 
 // ---------------------------------------------------------------------------------------------
 // Call frame
@@ -465,195 +457,128 @@ pub type XLA_FFI_Handler_Traits = u32;
 /// command buffer (a CUDA graph).
 pub const XLA_FFI_HANDLER_TRAITS_COMMAND_BUFFER_COMPATIBLE: XLA_FFI_Handler_Traits = 1 << 0;
 
-#[repr(C)]
-#[derive(Debug)]
-pub struct XLA_FFI_Handler_Register_Args {
-    pub struct_size: usize,
-    pub extension_start: *mut XLA_FFI_InternalExtension,
-    pub name: XLA_FFI_ByteSpan,
-    pub platform: XLA_FFI_ByteSpan,
-    pub bundle: XLA_FFI_Handler_Bundle,
-    pub traits: XLA_FFI_Handler_Traits,
+api_call! {
+    fn XLA_FFI_Handler_Register(args: XLA_FFI_Handler_Register_Args) -> *mut XLA_FFI_Error {
+        name: XLA_FFI_ByteSpan,
+        platform: XLA_FFI_ByteSpan,
+        bundle: XLA_FFI_Handler_Bundle,
+        traits: XLA_FFI_Handler_Traits,
+    }
+    XLA_FFI_Handler_Register_Args_STRUCT_SIZE = through traits;
 }
-pub const XLA_FFI_Handler_Register_Args_STRUCT_SIZE: usize = struct_size!(XLA_FFI_Handler_Register_Args, traits);
-pub type XLA_FFI_Handler_Register =
-    unsafe extern "C" fn(args: *mut XLA_FFI_Handler_Register_Args) -> *mut XLA_FFI_Error;
 
 // ---------------------------------------------------------------------------------------------
 // Type registration, invoke context
 
-#[repr(C)]
-#[derive(Debug)]
-pub struct XLA_FFI_Type_Register_Args {
-    pub struct_size: usize,
-    pub extension_start: *mut XLA_FFI_InternalExtension,
-    pub name: XLA_FFI_ByteSpan,
-    /// In and out.
-    pub type_id: *mut XLA_FFI_TypeId,
-    pub type_info: *const XLA_FFI_TypeInfo,
-}
-/// Ends at `type_id`, not at `type_info`.
-pub const XLA_FFI_Type_Register_Args_STRUCT_SIZE: usize = struct_size!(XLA_FFI_Type_Register_Args, type_id);
-pub type XLA_FFI_Type_Register = unsafe extern "C" fn(args: *mut XLA_FFI_Type_Register_Args) -> *mut XLA_FFI_Error;
+api_call! {
+    fn XLA_FFI_Type_Register(args: XLA_FFI_Type_Register_Args) -> *mut XLA_FFI_Error {
+        name: XLA_FFI_ByteSpan,
+        /// In and out.
+        type_id: *mut XLA_FFI_TypeId,
+        type_info: *const XLA_FFI_TypeInfo,
+    }
+    /// Ends at `type_id`, not at `type_info`.
+    XLA_FFI_Type_Register_Args_STRUCT_SIZE = through type_id;
 
-#[repr(C)]
-#[derive(Debug)]
-pub struct XLA_FFI_InvokeContext_FindExtension_Args {
-    pub struct_size: usize,
-    pub extension_start: *mut XLA_FFI_InternalExtension,
-    pub ctx: *mut XLA_FFI_InvokeContext,
-    pub extension_type: i64,
-    /// Out.
-    pub extension: *const XLA_FFI_Extension,
-}
-pub const XLA_FFI_InvokeContext_FindExtension_Args_STRUCT_SIZE: usize =
-    struct_size!(XLA_FFI_InvokeContext_FindExtension_Args, extension);
-pub type XLA_FFI_InvokeContext_FindExtension =
-    unsafe extern "C" fn(args: *mut XLA_FFI_InvokeContext_FindExtension_Args) -> *mut XLA_FFI_Error;
+    fn XLA_FFI_InvokeContext_FindExtension(args: XLA_FFI_InvokeContext_FindExtension_Args) -> *mut XLA_FFI_Error {
+        ctx: *mut XLA_FFI_InvokeContext,
+        extension_type: i64,
+        /// Out.
+        extension: *const XLA_FFI_Extension,
+    }
+    XLA_FFI_InvokeContext_FindExtension_Args_STRUCT_SIZE = through extension;
 
-#[repr(C)]
-#[derive(Debug)]
-pub struct XLA_FFI_InvokeContext_Get_Args {
-    pub struct_size: usize,
-    pub extension_start: *mut XLA_FFI_InternalExtension,
-    pub ctx: *mut XLA_FFI_InvokeContext,
-    pub type_id: *mut XLA_FFI_TypeId,
-    /// Out.
-    pub data: *mut c_void,
+    fn XLA_FFI_InvokeContext_Get(args: XLA_FFI_InvokeContext_Get_Args) -> *mut XLA_FFI_Error {
+        ctx: *mut XLA_FFI_InvokeContext,
+        type_id: *mut XLA_FFI_TypeId,
+        /// Out.
+        data: *mut c_void,
+    }
+    XLA_FFI_InvokeContext_Get_Args_STRUCT_SIZE = through data;
 }
-pub const XLA_FFI_InvokeContext_Get_Args_STRUCT_SIZE: usize = struct_size!(XLA_FFI_InvokeContext_Get_Args, data);
-pub type XLA_FFI_InvokeContext_Get =
-    unsafe extern "C" fn(args: *mut XLA_FFI_InvokeContext_Get_Args) -> *mut XLA_FFI_Error;
 
 // ---------------------------------------------------------------------------------------------
 // State
 
-#[repr(C)]
-#[derive(Debug)]
-pub struct XLA_FFI_State_Set_Args {
-    pub struct_size: usize,
-    pub extension_start: *mut XLA_FFI_InternalExtension,
-    pub ctx: *mut XLA_FFI_InvokeContext,
-    pub stage: XLA_FFI_ExecutionStage,
-    pub type_id: *mut XLA_FFI_TypeId,
-    pub state: *mut c_void,
-}
-pub const XLA_FFI_State_Set_Args_STRUCT_SIZE: usize = struct_size!(XLA_FFI_State_Set_Args, state);
-pub type XLA_FFI_State_Set = unsafe extern "C" fn(args: *mut XLA_FFI_State_Set_Args) -> *mut XLA_FFI_Error;
+api_call! {
+    fn XLA_FFI_State_Set(args: XLA_FFI_State_Set_Args) -> *mut XLA_FFI_Error {
+        ctx: *mut XLA_FFI_InvokeContext,
+        stage: XLA_FFI_ExecutionStage,
+        type_id: *mut XLA_FFI_TypeId,
+        state: *mut c_void,
+    }
+    XLA_FFI_State_Set_Args_STRUCT_SIZE = through state;
 
-#[repr(C)]
-#[derive(Debug)]
-pub struct XLA_FFI_State_Get_Args {
-    pub struct_size: usize,
-    pub extension_start: *mut XLA_FFI_InternalExtension,
-    pub ctx: *mut XLA_FFI_InvokeContext,
-    pub stage: XLA_FFI_ExecutionStage,
-    pub type_id: *mut XLA_FFI_TypeId,
-    /// Out.
-    pub state: *mut c_void,
+    fn XLA_FFI_State_Get(args: XLA_FFI_State_Get_Args) -> *mut XLA_FFI_Error {
+        ctx: *mut XLA_FFI_InvokeContext,
+        stage: XLA_FFI_ExecutionStage,
+        type_id: *mut XLA_FFI_TypeId,
+        /// Out.
+        state: *mut c_void,
+    }
+    XLA_FFI_State_Get_Args_STRUCT_SIZE = through state;
 }
-pub const XLA_FFI_State_Get_Args_STRUCT_SIZE: usize = struct_size!(XLA_FFI_State_Get_Args, state);
-pub type XLA_FFI_State_Get = unsafe extern "C" fn(args: *mut XLA_FFI_State_Get_Args) -> *mut XLA_FFI_Error;
 
 // ---------------------------------------------------------------------------------------------
 // Stream, device memory, thread pool, run id, device ordinal
 
-#[repr(C)]
-#[derive(Debug)]
-pub struct XLA_FFI_Stream_Get_Args {
-    pub struct_size: usize,
-    pub extension_start: *mut XLA_FFI_InternalExtension,
-    pub ctx: *mut XLA_FFI_InvokeContext,
-    /// Out: the platform's stream (a `CUstream` on CUDA).
-    pub stream: *mut c_void,
-}
-pub const XLA_FFI_Stream_Get_Args_STRUCT_SIZE: usize = struct_size!(XLA_FFI_Stream_Get_Args, stream);
-pub type XLA_FFI_Stream_Get = unsafe extern "C" fn(args: *mut XLA_FFI_Stream_Get_Args) -> *mut XLA_FFI_Error;
+api_call! {
+    fn XLA_FFI_Stream_Get(args: XLA_FFI_Stream_Get_Args) -> *mut XLA_FFI_Error {
+        ctx: *mut XLA_FFI_InvokeContext,
+        /// Out: the platform's stream (a `CUstream` on CUDA).
+        stream: *mut c_void,
+    }
+    XLA_FFI_Stream_Get_Args_STRUCT_SIZE = through stream;
 
-#[repr(C)]
-#[derive(Debug)]
-pub struct XLA_FFI_DeviceMemory_Allocate_Args {
-    pub struct_size: usize,
-    pub extension_start: *mut XLA_FFI_InternalExtension,
-    pub ctx: *mut XLA_FFI_InvokeContext,
-    pub size: usize,
-    pub alignment: usize,
-    /// Out.
-    pub data: *mut c_void,
-}
-pub const XLA_FFI_DeviceMemory_Allocate_Args_STRUCT_SIZE: usize =
-    struct_size!(XLA_FFI_DeviceMemory_Allocate_Args, data);
-pub type XLA_FFI_DeviceMemory_Allocate =
-    unsafe extern "C" fn(args: *mut XLA_FFI_DeviceMemory_Allocate_Args) -> *mut XLA_FFI_Error;
+    fn XLA_FFI_DeviceMemory_Allocate(args: XLA_FFI_DeviceMemory_Allocate_Args) -> *mut XLA_FFI_Error {
+        ctx: *mut XLA_FFI_InvokeContext,
+        size: usize,
+        alignment: usize,
+        /// Out.
+        data: *mut c_void,
+    }
+    XLA_FFI_DeviceMemory_Allocate_Args_STRUCT_SIZE = through data;
 
-#[repr(C)]
-#[derive(Debug)]
-pub struct XLA_FFI_DeviceMemory_Free_Args {
-    pub struct_size: usize,
-    pub extension_start: *mut XLA_FFI_InternalExtension,
-    pub ctx: *mut XLA_FFI_InvokeContext,
-    pub size: usize,
-    pub data: *mut c_void,
+    fn XLA_FFI_DeviceMemory_Free(args: XLA_FFI_DeviceMemory_Free_Args) -> *mut XLA_FFI_Error {
+        ctx: *mut XLA_FFI_InvokeContext,
+        size: usize,
+        data: *mut c_void,
+    }
+    XLA_FFI_DeviceMemory_Free_Args_STRUCT_SIZE = through data;
 }
-pub const XLA_FFI_DeviceMemory_Free_Args_STRUCT_SIZE: usize = struct_size!(XLA_FFI_DeviceMemory_Free_Args, data);
-pub type XLA_FFI_DeviceMemory_Free =
-    unsafe extern "C" fn(args: *mut XLA_FFI_DeviceMemory_Free_Args) -> *mut XLA_FFI_Error;
 
 /// A task for [`XLA_FFI_ThreadPool_Schedule`].
 pub type XLA_FFI_Task = unsafe extern "C" fn(data: *mut c_void);
 
-#[repr(C)]
-#[derive(Debug)]
-pub struct XLA_FFI_ThreadPool_Schedule_Args {
-    pub struct_size: usize,
-    pub extension_start: *mut XLA_FFI_InternalExtension,
-    pub ctx: *mut XLA_FFI_InvokeContext,
-    pub task: Option<XLA_FFI_Task>,
-    pub data: *mut c_void,
-}
-pub const XLA_FFI_ThreadPool_Schedule_Args_STRUCT_SIZE: usize = struct_size!(XLA_FFI_ThreadPool_Schedule_Args, data);
-pub type XLA_FFI_ThreadPool_Schedule =
-    unsafe extern "C" fn(args: *mut XLA_FFI_ThreadPool_Schedule_Args) -> *mut XLA_FFI_Error;
+api_call! {
+    fn XLA_FFI_ThreadPool_Schedule(args: XLA_FFI_ThreadPool_Schedule_Args) -> *mut XLA_FFI_Error {
+        ctx: *mut XLA_FFI_InvokeContext,
+        task: Option<XLA_FFI_Task>,
+        data: *mut c_void,
+    }
+    XLA_FFI_ThreadPool_Schedule_Args_STRUCT_SIZE = through data;
 
-#[repr(C)]
-#[derive(Debug)]
-pub struct XLA_FFI_ThreadPool_NumThreads_Args {
-    pub struct_size: usize,
-    pub extension_start: *mut XLA_FFI_InternalExtension,
-    pub ctx: *mut XLA_FFI_InvokeContext,
-    /// Out (points to caller storage).
-    pub num_threads: *mut i64,
-}
-pub const XLA_FFI_ThreadPool_NumThreads_Args_STRUCT_SIZE: usize =
-    struct_size!(XLA_FFI_ThreadPool_NumThreads_Args, num_threads);
-pub type XLA_FFI_ThreadPool_NumThreads =
-    unsafe extern "C" fn(args: *mut XLA_FFI_ThreadPool_NumThreads_Args) -> *mut XLA_FFI_Error;
+    fn XLA_FFI_ThreadPool_NumThreads(args: XLA_FFI_ThreadPool_NumThreads_Args) -> *mut XLA_FFI_Error {
+        ctx: *mut XLA_FFI_InvokeContext,
+        /// Out (points to caller storage).
+        num_threads: *mut i64,
+    }
+    XLA_FFI_ThreadPool_NumThreads_Args_STRUCT_SIZE = through num_threads;
 
-#[repr(C)]
-#[derive(Debug)]
-pub struct XLA_FFI_RunId_Get_Args {
-    pub struct_size: usize,
-    pub extension_start: *mut XLA_FFI_InternalExtension,
-    pub ctx: *mut XLA_FFI_InvokeContext,
-    /// Out.
-    pub run_id: i64,
-}
-pub const XLA_FFI_RunId_Get_Args_STRUCT_SIZE: usize = struct_size!(XLA_FFI_RunId_Get_Args, run_id);
-pub type XLA_FFI_RunId_Get = unsafe extern "C" fn(args: *mut XLA_FFI_RunId_Get_Args) -> *mut XLA_FFI_Error;
+    fn XLA_FFI_RunId_Get(args: XLA_FFI_RunId_Get_Args) -> *mut XLA_FFI_Error {
+        ctx: *mut XLA_FFI_InvokeContext,
+        /// Out.
+        run_id: i64,
+    }
+    XLA_FFI_RunId_Get_Args_STRUCT_SIZE = through run_id;
 
-#[repr(C)]
-#[derive(Debug)]
-pub struct XLA_FFI_DeviceOrdinal_Get_Args {
-    pub struct_size: usize,
-    pub extension_start: *mut XLA_FFI_InternalExtension,
-    pub ctx: *mut XLA_FFI_InvokeContext,
-    /// Out.
-    pub device_ordinal: i32,
+    fn XLA_FFI_DeviceOrdinal_Get(args: XLA_FFI_DeviceOrdinal_Get_Args) -> *mut XLA_FFI_Error {
+        ctx: *mut XLA_FFI_InvokeContext,
+        /// Out.
+        device_ordinal: i32,
+    }
+    XLA_FFI_DeviceOrdinal_Get_Args_STRUCT_SIZE = through device_ordinal;
 }
-pub const XLA_FFI_DeviceOrdinal_Get_Args_STRUCT_SIZE: usize =
-    struct_size!(XLA_FFI_DeviceOrdinal_Get_Args, device_ordinal);
-pub type XLA_FFI_DeviceOrdinal_Get =
-    unsafe extern "C" fn(args: *mut XLA_FFI_DeviceOrdinal_Get_Args) -> *mut XLA_FFI_Error;
 
 // ---------------------------------------------------------------------------------------------
 // Metadata (the registration-time probe)

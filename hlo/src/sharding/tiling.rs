@@ -1,9 +1,9 @@
 //! [`Tiling`], a sharding reduced to what per-device shapes need: how many tiles each
-//! dimension has and which tile each device holds. Built from HLO shardings
+//! dimension has. Built from HLO shardings
 //! (`sharding={devices=[..]..}`) or from Shardy's string attributes
 //! (`#sdy.sharding<@mesh, [{"x"}, {}]>` with the module's `xla.sdy.meshes`).
 //!
-//! The parsers return a bare reason (`String`); [`super::analyze`] turns it into an
+//! The parsers return a bare reason (`String`); [`super::param_shapes`] turns it into an
 //! [`crate::Error`] about the instruction that carries the attribute.
 
 use crate::{ArrayShape, Module, Sharding};
@@ -14,9 +14,6 @@ use crate::{ArrayShape, Module, Sharding};
 pub struct Tiling {
     /// Tiles per array dimension.
     pub counts: Vec<i64>,
-    /// `coords[d]`: the tile device `d` holds (one index per dimension); `None` when only
-    /// the local shape is known (so a full value cannot be cut into shards).
-    pub coords: Option<Vec<Vec<i64>>>,
 }
 
 impl Tiling {
@@ -38,18 +35,6 @@ impl Tiling {
     }
 }
 
-const UNREDUCED: &str = "a value with unreduced axes (partial sums to be reduced by XLA's SPMD partitioner) \
-                         is not supported";
-
-/// Errors if a Shardy sharding attribute (`#sdy.sharding..<..>`) has unreduced axes; see
-/// [`parse_values`].
-pub(super) fn check_unreduced(attr: &str) -> Result<(), String> {
-    if !attr.contains("unreduced") {
-        return Ok(());
-    }
-    parse_values(attr).map(|_| ())
-}
-
 /// Converts an HLO sharding for an array of `rank` dimensions on `n` devices.
 /// `Ok(None)`: replicated, manual, maximal or unknown (the full value on every device).
 pub(super) fn from_hlo(s: &Sharding, rank: usize, n: usize) -> Result<Option<Tiling>, String> {
@@ -57,7 +42,9 @@ pub(super) fn from_hlo(s: &Sharding, rank: usize, n: usize) -> Result<Option<Til
         return Ok(None);
     };
     if last_tile_dims.iter().any(|k| k.trim() == "unreduced") {
-        return Err(UNREDUCED.into());
+        return Err("a value with unreduced axes (partial sums to be reduced by XLA's SPMD partitioner) \
+                    is not supported"
+            .into());
     }
     let extra = *last_tile_dim_replicate as usize + last_tile_dims.len();
     if tile_dims.len() != rank + extra {
@@ -73,31 +60,14 @@ pub(super) fn from_hlo(s: &Sharding, rank: usize, n: usize) -> Result<Option<Til
     if devices.len() != n {
         return Err(format!("sharding spans {} devices, running on {n}", devices.len()));
     }
-    let mut coords: Vec<Option<Vec<i64>>> = vec![None; n];
-    let mut idx = vec![0i64; tile_dims.len()];
-    for &dev in devices {
-        let slot = usize::try_from(dev).ok().and_then(|d| coords.get_mut(d)).ok_or(format!("device {dev} ≥ {n}"))?;
-        if slot.is_some() {
-            return Err(format!("device {dev} appears twice in the sharding"));
-        }
-        *slot = Some(idx[..rank].to_vec());
-        for k in (0..idx.len()).rev() {
-            idx[k] += 1;
-            if idx[k] < tile_dims[k] {
-                break;
-            }
-            idx[k] = 0;
-        }
-    }
-    let coords = coords.into_iter().collect::<Option<Vec<_>>>().ok_or("not every device holds a tile")?;
-    Ok(Some(Tiling { counts: tile_dims[..rank].to_vec(), coords: Some(coords) }))
+    Ok(Some(Tiling { counts: tile_dims[..rank].to_vec() }))
 }
 
-/// A Shardy mesh: named axes with sizes, and the device at each mesh position.
+/// A Shardy mesh: named axes with sizes (which device sits where does not change a shard's
+/// shape).
 #[derive(Clone, Debug)]
 struct Mesh {
     axes: Vec<(String, i64)>,
-    device_ids: Option<Vec<i64>>,
 }
 
 fn strip(s: &str) -> String {
@@ -135,7 +105,7 @@ fn quoted(s: &str) -> Vec<String> {
 fn parse_mesh(body: &str) -> Result<Mesh, String> {
     // body: `["a"=2, "b"=4], device_ids=[...]` (the inside of `#sdy.mesh<...>`).
     let start = body.find('[').ok_or("mesh without axes")?;
-    let (axes_s, after) = bracketed(body, start).ok_or("unbalanced mesh")?;
+    let (axes_s, _) = bracketed(body, start).ok_or("unbalanced mesh")?;
     let mut axes = Vec::new();
     for part in axes_s.split(',').filter(|p| !p.trim().is_empty()) {
         let (name, size) = part.split_once('=').ok_or(format!("bad mesh axis '{part}'"))?;
@@ -143,20 +113,7 @@ fn parse_mesh(body: &str) -> Result<Mesh, String> {
         let size: i64 = size.trim().parse().map_err(|_| format!("bad mesh axis size '{part}'"))?;
         axes.push((name, size));
     }
-    let rest = &body[after..];
-    let device_ids = match rest.find("device_ids") {
-        Some(p) => {
-            let open = rest[p..].find('[').ok_or("bad device_ids")? + p;
-            let (ids, _) = bracketed(rest, open).ok_or("bad device_ids")?;
-            Some(
-                ids.split(',')
-                    .map(|x| x.trim().parse::<i64>().map_err(|_| format!("bad device id '{x}'")))
-                    .collect::<Result<Vec<_>, _>>()?,
-            )
-        }
-        None => None,
-    };
-    Ok(Mesh { axes, device_ids })
+    Ok(Mesh { axes })
 }
 
 fn find_mesh(module: &Module, name: &str) -> Result<Mesh, String> {
@@ -238,33 +195,7 @@ fn tiling_from_mesh(mesh: &Mesh, dims: &[Vec<String>], n: usize) -> Result<Tilin
         }
         counts.push(c);
     }
-    let mut coords: Vec<Option<Vec<i64>>> = vec![None; n];
-    for p in 0..total {
-        // Mesh coordinates of flat position p (row-major over the axes).
-        let mut rem = p;
-        let mut mc = vec![0i64; mesh.axes.len()];
-        for k in (0..mesh.axes.len()).rev() {
-            mc[k] = rem % mesh.axes[k].1;
-            rem /= mesh.axes[k].1;
-        }
-        let dev = match &mesh.device_ids {
-            Some(ids) => *ids.get(p as usize).ok_or("device_ids shorter than the mesh")?,
-            None => p,
-        };
-        let mut tile = Vec::new();
-        for d in dims {
-            let mut c = 0i64;
-            for a in d {
-                let k = axis(a)?;
-                c = c.checked_mul(mesh.axes[k].1).and_then(|c| c.checked_add(mc[k])).ok_or_else(overflow)?;
-            }
-            tile.push(c);
-        }
-        let slot = usize::try_from(dev).ok().and_then(|d| coords.get_mut(d)).ok_or(format!("device {dev} ≥ {n}"))?;
-        *slot = Some(tile);
-    }
-    let coords = coords.into_iter().collect::<Option<Vec<_>>>().ok_or("not every device is in the mesh")?;
-    Ok(Tiling { counts, coords: Some(coords) })
+    Ok(Tiling { counts })
 }
 
 /// Tilings of every value of a Shardy sharding attribute, using the module's meshes.
@@ -295,9 +226,6 @@ mod tests {
         assert_eq!(m.axes, vec![("a".to_string(), 2), ("b".to_string(), 4)]);
         let t = tiling_from_mesh(&m, &v[1].1, 8).unwrap();
         assert_eq!(t.counts, vec![1, 8]);
-        // Device 7 sits at mesh position 0: a=0, b=0 → tile 0; device 0 at position 7: a=1,b=3 → 3*2+1.
-        assert_eq!(t.coords.as_ref().unwrap()[7], vec![0, 0]);
-        assert_eq!(t.coords.as_ref().unwrap()[0], vec![0, 7]);
     }
 
     #[test]

@@ -26,6 +26,8 @@ pub(super) struct Fused {
     pub h: String,
     /// The instruction whose value is `y` (becomes element 1).
     pub y: String,
+    /// Whether y is cast from f32 (to bf16 / f16) at the end.
+    pub cast: bool,
     /// Instructions only the chain reads, removed.
     pub dead: Vec<String>,
     pub epilogue: Epilogue,
@@ -35,8 +37,9 @@ impl Fused {
     /// What the decision says was fused.
     pub fn describe(&self) -> String {
         format!(
-            "fused: residual add + rmsnorm{} + convert (h = {}, y = {})",
+            "fused: residual add + rmsnorm{}{} (h = {}, y = {})",
             if self.epilogue.gamma { " * gamma" } else { "" },
+            if self.cast { " + convert" } else { "" },
             self.h,
             self.y
         )
@@ -317,7 +320,7 @@ fn try_y(mx: &Matcher<'_>, y: InstrId, ar: InstrId, dims: &[i64]) -> Option<Fuse
         for (hf, rb) in pairs {
             let Some(r) = mx.row_broadcast(&rb, dims) else { continue };
             if let Some(f) = try_norm(mx, y, &hf, &r, gamma.as_ref(), ar, dims) {
-                return Some(f);
+                return Some(Fused { cast: y_ty != PrimitiveType::F32, ..f });
             }
         }
     }
@@ -495,6 +498,7 @@ fn try_norm(
         gamma: gamma_id.map(|g| m.instr(g).name.clone()),
         h: m.instr(h_instr).name.clone(),
         y: m.instr(y).name.clone(),
+        cast: false,
         dead,
         epilogue: Epilogue { round_ar, norm_of_rounded: of_rounded, mean, eps: eps.to_bits(), gamma: gamma.is_some() },
     })

@@ -9,7 +9,7 @@
 set -uo pipefail
 LOG=${1:?usage: gpu_check.sh LOGDIR [BINDIR]}
 BIN=${2:-.gpu}
-STEPS=${GPU_CHECK_STEPS:-first devices collectives inside sweep suites edge multiprocess staging order run bench tune tunebench torch jax psum}
+STEPS=${GPU_CHECK_STEPS:-first devices collectives fused overlap inside sweep suites edge multiprocess staging order run bench tune tunebench torch jax psum}
 mkdir -p "$LOG"
 # NVLink multicast stays off (shared hosts): never remove these.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -45,6 +45,19 @@ has first && step first_call 400 python3 plugin/tests/gpu_first_call.py --out "$
 has devices && step devices 300 "$BIN/peerless" devices
 # The kernels against host references on raw buffers (needs 2 GPUs).
 has collectives && [ "$NGPU" -ge 2 ] && step cuda_collectives 300 "$BIN/cuda_collectives" --ignored --test-threads=1
+# The all-reduce fused with the residual add + RMSNorm inside XLA, against XLA alone.
+has fused && [ "$NGPU" -ge 2 ] && step fused_norm 300 python3 plugin/tests/gpu_fused_norm.py --platform cuda
+# Issue 38: can XLA overlap a Peerless call with compute? One variant per process (JAX's
+# in-memory executable cache does not key on Peerless's flags): the call on XLA's operation
+# queue 1 (32 MiB f32, two-shot; command buffers on and off; 2 MiB), and today's synchronous call.
+if has overlap && [ "$NGPU" -ge 2 ]; then
+  export PROBE_PEERLESS_FLAGS="--all_reduce_backend=kernel --xla_async_above_bytes=none --two_shot_max_bytes=67108864"
+  step overlap_queue_32mib 300 python3 plugin/tests/overlap_probe.py --mb 32 --flagsets default,annot-on+nocmdbuf \
+    --variants xla,pl-queue --dump "$LOG/overlap_dump"
+  step overlap_queue_2mib 200 python3 plugin/tests/overlap_probe.py --mb 2 --flagsets default --variants pl-queue
+  step overlap_sync_32mib 200 python3 plugin/tests/overlap_probe.py --mb 32 --flagsets default --variants pl-sync
+  unset PROBE_PEERLESS_FLAGS
+fi
 # Peerless inside XLA through JAX: every collective kind vs XLA alone, command buffers on and off.
 has inside && step inside 500 python3 plugin/tests/gpu_xla_inside.py check --out "$LOG/inside"
 # Every collective form JAX users write vs XLA alone, every kind forced onto the kernels:

@@ -129,6 +129,11 @@ pub struct Capabilities {
     /// The handlers run an all-reduce fused with the residual add and RMSNorm after it
     /// (`thunks::custom_call::Epilogue`): the host runtime and the CUDA runtime do (ROCm not yet).
     pub fused_norm: bool,
+    /// XLA runs a call whose backend config is a `GpuBackendConfig` naming an
+    /// `operation_queue_id` other than 0 as an async start on another stream, which its
+    /// scheduler may overlap with compute (XLA:GPU's `StreamAttributeAsyncWrapper`); the
+    /// handlers launch on whatever stream XLA hands them.
+    pub async_queue: bool,
 }
 
 /// Rules 2–7 for a collective whose backend flag allows a kernel.

@@ -80,6 +80,11 @@ pub struct Flags {
     /// asynchronously, overlapped with compute (a custom call runs in order on the compute
     /// stream). `None`: no such rule.
     pub xla_async_above_bytes: Option<usize>,
+    /// Inside XLA:GPU: collectives of more bytes per device than this run on a Peerless kernel
+    /// on XLA's asynchronous compute stream (`operation_queue_id`, `xla_pass`'s async rule),
+    /// where XLA's scheduler may overlap them with compute; they no longer stay XLA's under
+    /// `xla_async_above_bytes`. `None` (the default): every call runs on the compute stream.
+    pub overlap_above_bytes: Option<usize>,
     /// Inside XLA: fuse a sum all-reduce the pass gives a kernel with the residual add and
     /// RMSNorm after it, where the platform's handlers run it (`xla_pass::fuse`).
     pub fuse_norm: bool,
@@ -104,6 +109,7 @@ impl Default for Flags {
             host_topology: HostTopology::FullMesh,
             allow_unsafe_peer_targets: false,
             xla_async_above_bytes: Some(DEFAULT_XLA_ASYNC_ABOVE_BYTES),
+            overlap_above_bytes: None,
             fuse_norm: true,
         }
     }
@@ -239,6 +245,18 @@ pub const FLAGS: &[FlagSpec] = &[
         },
     },
     FlagSpec {
+        name: "overlap_above_bytes",
+        ty: "bytes|none",
+        help: "inside XLA:GPU: collectives above this run on a Peerless kernel on XLA's async compute stream, \
+               overlapped with compute where XLA's scheduler can (and no longer stay XLA's under \
+               xla_async_above_bytes); none: every call on the compute stream",
+        get: |f| f.overlap_above_bytes.map_or_else(|| "none".to_owned(), |b| b.to_string()),
+        set: |f, v| {
+            f.overlap_above_bytes = if v == "none" { None } else { Some(parse_bytes(v)?) };
+            Ok(())
+        },
+    },
+    FlagSpec {
         name: "fuse_norm",
         ty: "true|false",
         help: "inside XLA: fuse a sum all-reduce run on a kernel with the residual add + RMSNorm (+ convert) after \
@@ -361,7 +379,8 @@ mod tests {
         let s = "--all_reduce_backend=kernel --all_gather_backend=fallback --all_to_all_backend=auto \
                  --reduce_scatter_backend=fallback --collective_permute_backend=kernel --one_shot_max_bytes=1024 \
                  --two_shot_max_bytes=65536 --collective_timeout_ms=500 --host_topology=pairs:0-1,2-3 \
-                 --allow_unsafe_peer_targets=true --xla_async_above_bytes=none --fuse_norm=false";
+                 --allow_unsafe_peer_targets=true --xla_async_above_bytes=none --overlap_above_bytes=1048576 \
+                 --fuse_norm=false";
         let f = Flags::parse(s).unwrap();
         assert!(!f.fuse_norm && Flags::default().fuse_norm);
         // The kernels' grid is not a flag (it never reached a launch): a clear error, not ignored.
@@ -375,6 +394,7 @@ mod tests {
         assert_eq!(f.host_topology, HostTopology::Pairs(vec![(0, 1), (2, 3)]));
         assert!(f.allow_unsafe_peer_targets && !Flags::default().allow_unsafe_peer_targets);
         assert_eq!((f.xla_async_above_bytes, Flags::default().xla_async_above_bytes), (None, Some(262_144)));
+        assert_eq!((f.overlap_above_bytes, Flags::default().overlap_above_bytes), (Some(1 << 20), None));
         assert_eq!(f.to_string(), s.split_whitespace().collect::<Vec<_>>().join(" "));
         assert_eq!(Flags::parse(&f.to_string()).unwrap(), f);
         let mut g = Flags::default();

@@ -243,7 +243,17 @@ struct Rewrite {
     target: &'static str,
     call: CustomCallConfig,
     form: Form,
+    /// XLA:GPU's operation queue the call runs on ([`ASYNC_QUEUE`]), 0: the compute stream.
+    queue: u64,
 }
+
+/// The `operation_queue_id` of calls the pass runs asynchronously (`--overlap_above_bytes`).
+/// XLA:GPU's `StreamAttributeAsyncWrapper` wraps an instruction whose `GpuBackendConfig`
+/// names a queue other than 0 in `async-start` / `async-done` on execution thread
+/// "parallel", which the latency-hiding scheduler takes as async compute and may overlap
+/// with other work; the thunk emitter runs the wrapped custom call on that queue's stream
+/// (`XLA_FFI_Stream_Get` hands the handler that stream).
+pub const ASYNC_QUEUE: u64 = 1;
 
 /// Where the pass learns peer access between device ids. Probing GPUs opens them (seconds;
 /// on a cold kernel cache, minutes of compiling), so a table that must be probed is asked for
@@ -328,7 +338,13 @@ impl Default for PassConfig {
             peers: Peers::Shared,
             local_devices: None,
             topology: None,
-            caps: Capabilities { variadic: true, cross_process: false, in_order: false, fused_norm: true },
+            caps: Capabilities {
+                variadic: true,
+                cross_process: false,
+                in_order: false,
+                fused_norm: true,
+                async_queue: false,
+            },
             instance_base: None,
             device_memory: DeviceMemory::default(),
             tuning: TuningConfig::default(),
@@ -625,6 +641,8 @@ pub fn run(bytes: &[u8], cfg: &PassConfig) -> Result<PassOutcome, PassError> {
     // Kernel decisions in the module's order, with their calls.
     let mut calls: Vec<(usize, InstrId, &'static str, CustomCallConfig)> = Vec::new();
     let mut forms: HashMap<String, Form> = HashMap::new();
+    // Calls on an async queue, by instruction name (absent: the compute stream).
+    let mut queues: HashMap<String, u64> = HashMap::new();
     for id in module.collectives() {
         let instance = cfg.instance_base.map(|b| b.wrapping_add(calls.len() as u64) & (i64::MAX as u64));
         let shared_id = |instr: &str| -> Option<u64> {
@@ -636,8 +654,11 @@ pub fn run(bytes: &[u8], cfg: &PassConfig) -> Result<PassOutcome, PassError> {
         };
         let (decision, rewrite) =
             decide_one(&module, id, &assignment, cfg, &tuning, &logical, &peers, &layouts, instance, shared_id);
-        if let Some(Rewrite { target, call, form }) = rewrite {
+        if let Some(Rewrite { target, call, form, queue }) = rewrite {
             forms.insert(call.name.clone(), form);
+            if queue != 0 {
+                queues.insert(call.name.clone(), queue);
+            }
             calls.push((decisions.len(), id, target, call));
         }
         log::info!("peerless pass: {decision}");
@@ -663,7 +684,7 @@ pub fn run(bytes: &[u8], cfg: &PassConfig) -> Result<PassOutcome, PassError> {
     }
     if calls.len() > 1 {
         match &deps {
-            Some(deps) => assign_slots(&module, deps, &mut calls),
+            Some(deps) => assign_slots(&module, deps, &queues, &mut calls),
             None => log::warn!("peerless pass: collectives keep staging of their own"),
         }
     } else if let Some(c) = calls.first_mut() {
@@ -675,7 +696,7 @@ pub fn run(bytes: &[u8], cfg: &PassConfig) -> Result<PassOutcome, PassError> {
     if let Some(probe) = cfg.device_memory.0.as_ref().filter(|_| !calls.is_empty()) {
         fit_staging(&module, probe(), &mut calls, &mut decisions);
     }
-    let fused = fuse_epilogues(bytes, cfg, &module, &forms, &mut calls, &mut decisions);
+    let fused = fuse_epilogues(bytes, cfg, &module, &forms, &queues, &mut calls, &mut decisions);
     // Every call carries its decision, and the module's first call the collectives left to
     // XLA: an executable loaded from a cache reports them when XLA instantiates its calls.
     let fallbacks: String = decisions.iter().filter(|d| !d.kernel).map(PassDecision::report_line).collect();
@@ -688,7 +709,8 @@ pub fn run(bytes: &[u8], cfg: &PassConfig) -> Result<PassOutcome, PassError> {
         }
         instances.push(call.instance);
         let form = forms.get(&call.name).copied().unwrap_or(Form::Sync);
-        rewrites.insert(decisions[at].instr.clone(), (target, call, form));
+        let queue = queues.get(&call.name).copied().unwrap_or(0);
+        rewrites.insert(decisions[at].instr.clone(), (target, call, form, queue));
     }
     // A call needs an ordering operand unless the previous call of its computation is already
     // one of its data-dependency ancestors (no extra operand keeps a result alive longer).
@@ -707,6 +729,7 @@ fn fuse_epilogues(
     cfg: &PassConfig,
     slim: &Module,
     forms: &HashMap<String, Form>,
+    queues: &HashMap<String, u64>,
     calls: &mut [(usize, InstrId, &'static str, CustomCallConfig)],
     decisions: &mut [PassDecision],
 ) -> HashMap<String, fuse::Fused> {
@@ -720,6 +743,8 @@ fn fuse_epilogues(
             && c.reduction == Some(hlo::analysis::ReductionKind::Sum)
             && ins.operands.len() == 1
             && forms.get(&c.name).copied().unwrap_or(Form::Sync) == Form::Sync
+            // The fused kernel is latency-bound: it stays on the compute stream.
+            && !queues.contains_key(&c.name)
             && c.layout.is_none()
             && ins.shape.as_array().is_some_and(|s| {
                 matches!(s.ty, hlo::PrimitiveType::Bf16 | hlo::PrimitiveType::F16 | hlo::PrimitiveType::F32)
@@ -851,10 +876,15 @@ fn decide_one(
         d.reason = format!("no peer access {x}↔{y} ({})", peers.get().source());
         return (d, None);
     }
-    // Partitioner-made collectives XLA would run asynchronously, overlapped with compute:
-    // above the flag's size, overlap wins over a faster kernel in order on the compute stream.
+    // Above `overlap_above_bytes` (XLA:GPU) the call runs on an async queue, which XLA's
+    // scheduler may overlap with compute (the async rule).
+    let overlap = cfg.flags.overlap_above_bytes.filter(|&l| cfg.caps.async_queue && config.bytes_per_device > l);
+    // Otherwise partitioner-made collectives XLA would run asynchronously, overlapped with
+    // compute: above the flag's size, overlap wins over a faster kernel in order on the
+    // compute stream.
     let spmd = ins.attrs.frontend_attributes.get("is_spmd_generated").is_some_and(|v| v == "true");
     if let Some(limit) = cfg.flags.xla_async_above_bytes
+        && overlap.is_none()
         && spmd
         && config.bytes_per_device > limit
     {
@@ -939,8 +969,14 @@ fn decide_one(
     d.implementation = decision.implementation.to_string();
     d.kernel = true;
     d.reason = decision.reason;
+    if let Some(limit) = overlap {
+        d.reason.push_str(&format!(
+            "; async: {} bytes > overlap_above_bytes={limit}, on XLA's operation queue {ASYNC_QUEUE} beside compute",
+            config.bytes_per_device
+        ));
+    }
     if call.spans_processes() {
         d.reason.push_str(" (across processes of one host: shared memory)");
     }
-    (d, Some(Rewrite { target, call, form }))
+    (d, Some(Rewrite { target, call, form, queue: if overlap.is_some() { ASYNC_QUEUE } else { 0 } }))
 }

@@ -40,10 +40,13 @@ fn config(flags: &str) -> Result<PassConfig, String> {
     Ok(PassConfig { flags, instance_base: Some(INSTANCE_BASE), ..PassConfig::default() })
 }
 
-/// `config`, for the platform the input's name says (`*_gpu`: calls run in stream order).
+/// `config`, for the platform the input's name says (`*_gpu`: XLA:GPU on CUDA, calls in
+/// stream order, operation queues).
 fn config_for(pb: &Path, flags: &str) -> Result<PassConfig, String> {
     let mut cfg = config(flags)?;
-    cfg.caps.in_order = pb.file_stem().is_some_and(|s| s.to_string_lossy().ends_with("_gpu"));
+    let gpu = pb.file_stem().is_some_and(|s| s.to_string_lossy().ends_with("_gpu"));
+    cfg.caps.in_order = gpu;
+    cfg.caps.async_queue = gpu;
     Ok(cfg)
 }
 

@@ -98,6 +98,8 @@ pub fn pass_config_tuned(
                 cross_process: true,
                 in_order: platform != "cpu",
                 fused_norm: matches!(platform, "cpu" | "cuda"),
+                // XLA:GPU's operation queues (`--overlap_above_bytes`): verified on CUDA only.
+                async_queue: platform == "cuda",
             }
         }
         other => return Err(crate::xla_handlers::no_platform(other)),

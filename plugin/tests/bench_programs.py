@@ -12,6 +12,9 @@ alternate the order, so drift spreads over all modes):
   xla-kernels     XLA's own one-/two-shot collective kernels
   nccl-symmetric  NCCL with symmetric buffer registration
   peerless        `jax_plugins.peerless.enable()`
+  peerless-overlap  collectives above 256 KiB on a Peerless kernel on XLA's async compute
+                  stream (issue 38; flags in PEERLESS_MODES)
+  peerless-nofuse `--fuse_norm=false`: no all-reduce + RMSNorm fusion
   any mode + ":nographs"  XLA's command buffers off (`--xla_gpu_enable_command_buffer=`)
   any mode + ":va"        command buffers replay without updates when buffers move
                           (`--xla_gpu_command_buffer_update_mode=SKIP_PROFILED`)
@@ -57,6 +60,17 @@ MODES = {
     "xla-kernels": "--xla_gpu_experimental_use_collective_kernels=ALL_REDUCE,ALL_GATHER",
     "nccl-symmetric": "--xla_gpu_experimental_enable_nccl_symmetric_buffers=true",
     "peerless": "",
+    "peerless-overlap": "",
+    "peerless-nofuse": "",
+}
+# Peerless's flags per mode (`enable(flags=...)`). The overlap mode also lets kernels take the
+# large gradient all-reduces (two-shot up to 64 MiB, kernels where the profile would pick XLA
+# for a collective run alone).
+PEERLESS_MODES = {
+    "peerless": None,
+    "peerless-overlap": "--overlap_above_bytes=262144 --two_shot_max_bytes=67108864 --all_reduce_backend=kernel "
+                        "--all_gather_backend=kernel --reduce_scatter_backend=kernel",
+    "peerless-nofuse": "--fuse_norm=false",
 }
 # Mode suffixes: XLA options a user may add to any mode.
 SUFFIXES = {
@@ -66,6 +80,8 @@ SUFFIXES = {
     "va": "--xla_gpu_command_buffer_update_mode=SKIP_PROFILED",
 }
 AGREE = 5e-2
+# Kernel names of collectives (Peerless's, NCCL's, XLA's collective kernels) in a profile.
+COLLECTIVE_KERNEL = __import__("re").compile(r"^pl_|nccl|[Aa]ll[_-]?[Rr]educe|[Aa]ll[_-]?[Gg]ather|[Aa]ll[_-]?[Tt]o[_-]?[Aa]ll|collective")
 DEFAULT_PROGRAMS = [
     "psum_chain", "decode_d4096_b1", "decode_d4096_b8", "decode_d4096_b64", "decode_d8192_b16",
     "prefill_d4096", "moe", "ring_attention", "dp_step", "fsdp_step",
@@ -272,8 +288,12 @@ def _profile(f, args, feed, calls, trace_dir):
                     first = ev.start_ns if first is None else min(first, ev.start_ns)
                     last = max(last or 0, ev.start_ns + ev.duration_ns)
             top = sorted(kernels.items(), key=lambda kv: -kv[1][1])[:12]
+            # The step's compute: every kernel but the collectives' (Peerless's pl_*, NCCL's,
+            # XLA's collective kernels), the floor a faster collective cannot go below.
+            coll = sum(c[1] for k, c in kernels.items() if COLLECTIVE_KERNEL.search(k))
             gpus[plane.name] = {
                 "busy_us_per_call": busy / 1e3 / calls,
+                "compute_us_per_call": (busy / 1e3 - coll) / calls,
                 "span_us_per_call": ((last - first) / 1e3 / calls) if first is not None else 0.0,
                 "events_per_call": sum(c[0] for c in kernels.values()) / calls,
                 "top": [(k, c[0] / calls, c[1] / calls) for k, c in top],
@@ -294,10 +314,10 @@ def child(a):
     import numpy as np
 
     peerless = None
-    if a.mode.split(":")[0] == "peerless":
+    if a.mode.split(":")[0] in PEERLESS_MODES:
         import jax_plugins.peerless as peerless
 
-        peerless.enable()
+        peerless.enable(flags=PEERLESS_MODES[a.mode.split(":")[0]])
     n = len(jax.devices()) if not a.devices else a.devices
     res = {"n": n, "device": jax.devices()[0].device_kind, "us": {}, "enqueue_us": {}, "checksum": {}, "profile": {}}
     progs = programs(a.programs.split(","), n)
@@ -458,7 +478,8 @@ def main():
                     continue
                 g0 = p["gpus"].get("/device:GPU:0", {})
                 print(f"\n{m} / {name}: wall {r['us'].get(name) or 0:.1f} µs, enqueue {r['enqueue_us'].get(name) or 0:.1f} µs; "
-                      f"GPU0 busy {g0.get('busy_us_per_call', 0):.1f} µs, span {g0.get('span_us_per_call', 0):.1f} µs, "
+                      f"GPU0 busy {g0.get('busy_us_per_call', 0):.1f} µs (compute {g0.get('compute_us_per_call', 0):.1f}), "
+                      f"span {g0.get('span_us_per_call', 0):.1f} µs, "
                       f"{g0.get('events_per_call', 0):.0f} kernels")
                 for k, cnt, us in g0.get("top", [])[:8]:
                     print(f"    gpu  {us:8.1f} µs {cnt:5.1f}x {k}")

@@ -17,6 +17,9 @@ the collective alone, a matmul chain alone, and both (independent) in one jit; t
 Variants (mechanisms under test; every one may fail: the error is printed and the run goes on):
   xla          Peerless told `--all_reduce_backend=fallback`: XLA's own all-reduce (reference)
   pl-sync      Peerless kernel, nothing set (today's behaviour)
+  pl-queue     Peerless kernel with --overlap_above_bytes=0: the pass writes a GpuBackendConfig with
+               operation_queue_id 1 (attributes in custom_call_backend_config), XLA's
+               StreamAttributeAsyncWrapper wraps the call in async-start on thread "parallel"
   pl-coll      psum under set_xla_metadata(_xla_stream_annotation="collective"): the pass copies
                the all-reduce's frontend attributes onto its custom call, XLA's
                ExplicitStreamAnnotationAsyncWrapper wraps it, "collective" = communication stream
@@ -60,7 +63,7 @@ FLAGSETS = {
     "annot-on+nocmdbuf": "--xla_gpu_experimental_stream_annotation=true --xla_gpu_enable_command_buffer=",
     "annot-off": "--xla_gpu_experimental_stream_annotation=false",
 }
-VARIANTS = ["xla", "pl-sync", "pl-coll", "pl-stream1", "pl-coll-grp", "pl-compute_on", "tf-sync", "tf-stream1"]
+VARIANTS = ["xla", "pl-sync", "pl-queue", "pl-coll", "pl-stream1", "pl-coll-grp", "pl-compute_on", "tf-sync", "tf-stream1"]
 PEERLESS_FLAGS = os.environ.get("PROBE_PEERLESS_FLAGS", "--all_reduce_backend=kernel --xla_async_above_bytes=none")
 
 
@@ -77,7 +80,7 @@ def run_child(name: str, xla_flags: str, args) -> dict:
         dump = os.path.join(args.dump, name)
         os.makedirs(dump, exist_ok=True)
         flags.append(f"--xla_dump_to={dump} --xla_dump_hlo_as_text "
-                     "--xla_dump_hlo_pass_re=apply-xla-transforms.*|explicit-stream-annotation-async-wrapper")
+                     "--xla_dump_hlo_pass_re=apply-xla-transforms.*|.*async.*wrapper.*")
     env["XLA_FLAGS"] = " ".join(f for f in flags if f)
     cmd = [sys.executable, os.path.abspath(__file__), "--_child", "--variants", ",".join(args.variants),
            "--mb", str(args.mb), "--mm", str(args.mm), "--chain", str(args.chain), "--iters", str(args.iters)]
@@ -200,8 +203,30 @@ def analyze(text: str, needle: str) -> dict:
     if home is None:
         return {"placement": "not found", "window": "-", "notes": []}
     notes = []
+
+    def started(c: str, l: str, opname: str) -> dict:
+        # An async start `l` in computation `c`: is a GEMM scheduled before its done?
+        attrs = ",".join(re.findall(r"(_xla_stream_annotation=\"[^\"]*\"|_scheduling_group_id=\"[^\"]*\"|"
+                                    r"\\?\"operation_queue_id\\?\":\\?\"?\d+)", l))
+        thread = re.search(r"async_execution_thread=\"([^\"]+)\"", l)
+        start_name = l.split("=")[0].strip().lstrip("%")
+        lines = comps.get(c, [])
+        i0 = next((i for i, x in enumerate(lines) if x.split("=")[0].strip().lstrip("%") == start_name), None)
+        i1 = next((i for i, x in enumerate(lines) if re.search(r"-done\(%?" + re.escape(start_name) + r"\)", x)), None)
+        window = "-"
+        if i0 is not None and i1 is not None:
+            window = "yes" if any(is_gemm(x) for x in lines[i0 + 1:i1]) else "no"
+            notes.append(f"{c}: start at {i0}, done at {i1}, {i1 - i0 - 1} instructions between")
+        return {"placement": f"async {opname}({attrs or 'no attr'})"
+                             + (f" thread={thread.group(1)}" if thread else ""),
+                "window": window, "notes": notes}
+
     if home == entry:
         line = next(l for l in comps[entry] if needle in l)
+        # XLA prints a one-instruction async computation inline: `custom-call-start(...)`.
+        op = re.search(r"[\]\}\)]\s+([a-z][a-z\-]*)\(", line)
+        if op and op.group(1).endswith("-start"):
+            return started(entry, line, op.group(1))
         attrs = ",".join(a.split("=")[1].strip('"') for a in re.findall(r"_xla_stream_annotation=\"[^\"]*\"", line))
         return {"placement": "ENTRY sync" + (f" (attr {attrs} unused)" if attrs else ""), "window": "-",
                 "notes": notes}
@@ -216,20 +241,7 @@ def analyze(text: str, needle: str) -> dict:
         op = re.search(r"[\]\}\)]\s+([a-z][a-z\-]*)\(", l)  # the opcode follows the shape
         opname = op.group(1) if op else "?"
         if opname.endswith("-start"):
-            attrs = ",".join(re.findall(r"(_xla_stream_annotation=\"[^\"]*\"|_scheduling_group_id=\"[^\"]*\"|"
-                                        r"\"operation_queue_id\":\"?\d+\"?)", l))
-            thread = re.search(r"async_execution_thread=\"([^\"]+)\"", l)
-            start_name = l.split("=")[0].strip().lstrip("%")
-            lines = comps.get(c, [])
-            i0 = next((i for i, x in enumerate(lines) if x.split("=")[0].strip().lstrip("%") == start_name), None)
-            i1 = next((i for i, x in enumerate(lines) if re.search(r"-done\(%?" + re.escape(start_name) + r"\)", x)), None)
-            window = "-"
-            if i0 is not None and i1 is not None:
-                window = "yes" if any(is_gemm(x) for x in lines[i0 + 1:i1]) else "no"
-                notes.append(f"{c}: start at {i0}, done at {i1}, {i1 - i0 - 1} instructions between")
-            return {"placement": f"async {opname}({attrs or 'no attr'})"
-                                 + (f" thread={thread.group(1)}" if thread else ""),
-                    "window": window, "notes": notes}
+            return started(c, l, opname)
         target = c
         notes.append(f"inside {opname} in {c}")
     return {"placement": f"in {home} (not under a start)", "window": "-", "notes": notes}
@@ -300,7 +312,7 @@ def child(args) -> None:
         def plain(v):
             return jax.lax.psum(v, "x")
 
-        if kind in ("xla", "pl-sync"):
+        if kind in ("xla", "pl-sync", "pl-queue"):
             return plain
         if kind in ("pl-coll", "pl-stream1", "pl-coll-grp"):
             attrs = {"_xla_stream_annotation": "1" if kind == "pl-stream1" else "collective"}
@@ -369,8 +381,12 @@ def child(args) -> None:
                 v["error"] = "skipped: Peerless unavailable"
                 continue
             if pl is not None:
-                pl.enable(platforms=[platform], flags=PEERLESS_FLAGS.replace(
-                    "--all_reduce_backend=kernel", "--all_reduce_backend=fallback") if kind == "xla" else PEERLESS_FLAGS)
+                flags = PEERLESS_FLAGS
+                if kind == "xla":
+                    flags = flags.replace("--all_reduce_backend=kernel", "--all_reduce_backend=fallback")
+                elif kind == "pl-queue":
+                    flags += " --overlap_above_bytes=0"
+                pl.enable(platforms=[platform], flags=flags)
                 pl.reset_stats()
             coll = collective(kind)
             grp = "1" if kind == "pl-coll-grp" else None

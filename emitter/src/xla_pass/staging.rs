@@ -393,6 +393,7 @@ pub(super) fn dependencies(module: &[u8], wanted: &[&str]) -> Result<Deps, PassE
 pub(super) fn assign_slots(
     module: &Module,
     deps: &Deps,
+    queues: &HashMap<String, u64>,
     calls: &mut [(usize, InstrId, &'static str, CustomCallConfig)],
 ) {
     // Calls by computation.
@@ -411,12 +412,16 @@ pub(super) fn assign_slots(
         let count = |k: usize| deps.ancestors[&calls[k].3.name].1.iter().map(|w| w.count_ones()).sum::<u32>();
         ks.sort_by_key(|&k| count(k));
         // Open slots by group set: (its last call, its first call).
-        type Key = (bool, Vec<Vec<usize>>, Vec<(usize, usize)>);
+        // A call on an async queue may run beside one on the compute stream: the queue is
+        // part of the key, so only calls of one stream share.
+        type Key = (u64, bool, Vec<Vec<usize>>, Vec<(usize, usize)>);
         let mut open: HashMap<Key, Vec<(usize, usize)>> = HashMap::new();
         let mut first_of: HashMap<usize, usize> = HashMap::new();
         for &k in &ks {
             let call = &calls[k].3;
-            let key: Key = (call.kind == CollectiveKind::CollectivePermute, call.groups.clone(), call.pairs.clone());
+            let queue = queues.get(&call.name).copied().unwrap_or(0);
+            let key: Key =
+                (queue, call.kind == CollectiveKind::CollectivePermute, call.groups.clone(), call.pairs.clone());
             let slots = open.entry(key).or_default();
             let reuse = slots.iter_mut().find(|(last, _)| deps.precedes(&calls[*last].3.name, &call.name));
             let first = match reuse {

@@ -17,7 +17,7 @@ fn two_processes(hosts: &str, job: &str) -> Topology {
 fn decide(pb: &[u8], topology: Topology, cross_process: bool) -> (PassDecision, Option<String>) {
     let cfg = PassConfig {
         topology: Some(topology),
-        caps: Capabilities { variadic: true, cross_process, in_order: false, fused_norm: true },
+        caps: Capabilities { variadic: true, cross_process, in_order: false, fused_norm: true, async_queue: false },
         instance_base: Some(1),
         ..PassConfig::default()
     };
@@ -151,7 +151,13 @@ fn staging_beyond_a_quarter_of_free_device_memory_goes_back_to_xla() {
             instance_base: Some(1),
             device_memory: DeviceMemory(Some(Arc::new(move || free))),
             // A GPU: calls run in stream order, so independent chains keep their kernels.
-            caps: Capabilities { variadic: true, cross_process: false, in_order: true, fused_norm: false },
+            caps: Capabilities {
+                variadic: true,
+                cross_process: false,
+                in_order: true,
+                fused_norm: false,
+                async_queue: false,
+            },
             ..PassConfig::default()
         };
         run(pb, &cfg).unwrap()
@@ -180,7 +186,13 @@ fn on_xla_cpu_unordered_calls_go_back() {
     // every call after the first of its computation behind the previous one.
     let cpu = PassConfig { instance_base: Some(1), ..PassConfig::default() };
     let gpu = PassConfig {
-        caps: Capabilities { variadic: true, cross_process: false, in_order: true, fused_norm: false },
+        caps: Capabilities {
+            variadic: true,
+            cross_process: false,
+            in_order: true,
+            fused_norm: false,
+            async_queue: false,
+        },
         ..cpu.clone()
     };
     // (tests/xla_pass/independent_all_reduces{,_gpu}.expected show a chain.) A chain of

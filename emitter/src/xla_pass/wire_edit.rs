@@ -253,6 +253,21 @@ fn copy_fields(fs: &[Field<'_>], keep: &[u32], out: &mut Vec<u8>) {
     }
 }
 
+/// The backend config of a call on XLA:GPU's operation queue `queue` ([`super::ASYNC_QUEUE`];
+/// 0: the MLIR dictionary itself): a `GpuBackendConfig` in proto JSON whose
+/// `custom_call_backend_config.attributes` carries the dictionary, where XLA:GPU reads a
+/// typed-FFI call's attributes from when its backend config parses as one.
+fn on_queue(dict: String, queue: u64) -> String {
+    if queue == 0 {
+        return dict;
+    }
+    serde_json::json!({
+        "operation_queue_id": queue.to_string(),
+        "custom_call_backend_config": { "attributes": dict },
+    })
+    .to_string()
+}
+
 /// The custom-call fields every rewritten collective gets.
 pub(super) fn put_call(ins: &mut Vec<u8>, target: &str, config: &str) {
     put_bytes(ins, instruction::OPCODE, b"custom-call");
@@ -283,7 +298,7 @@ pub(super) fn put_call(ins: &mut Vec<u8>, target: &str, config: &str) {
 /// topological order (the call needs operands the all-reduce did not).
 pub(super) fn rewrite(
     module: &[u8],
-    rewrites: &HashMap<String, (&'static str, CustomCallConfig, Form)>,
+    rewrites: &HashMap<String, (&'static str, CustomCallConfig, Form, u64)>,
     chain: Option<&dyn Fn(&str, &str) -> bool>,
     fused: &HashMap<String, super::fuse::Fused>,
 ) -> Result<Vec<u8>, PassError> {
@@ -334,7 +349,7 @@ pub(super) fn rewrite(
             if let Some(x) = fs.iter().find(|x| x.number == instruction::SHAPE) {
                 shapes.insert(id, x.payload);
             }
-            if let Some((_, _, form)) = name_of(fs).and_then(|n| rewrites.get(&n))
+            if let Some((_, _, form, _)) = name_of(fs).and_then(|n| rewrites.get(&n))
                 && *form != Form::Sync
             {
                 starts.insert(id, *form);
@@ -431,14 +446,14 @@ pub(super) fn rewrite(
                     continue;
                 }
             }
-            let Some((target, config, form)) = name.as_ref().and_then(|n| rewrites.get(n)) else {
+            let Some((target, config, form, queue)) = name.as_ref().and_then(|n| rewrites.get(n)) else {
                 comp.extend_from_slice(i.raw);
                 continue;
             };
             let (config_text, after) = ordered(config, &prev)?;
             let id = first_int(fs, instruction::ID)?.unwrap_or(0);
             prev = Some((id, config.name.clone()));
-            let config = config_text;
+            let config = on_queue(config_text, *queue);
             if *form != Form::AsyncTuple {
                 let mut ins = Vec::with_capacity(i.payload.len() + config.len() + 64);
                 for x in fs.iter().filter(|x| {

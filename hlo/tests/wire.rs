@@ -1,5 +1,6 @@
-use hlo::wire::*;
 use prost::encoding::WireType;
+
+use hlo::wire::*;
 
 #[test]
 fn truncated_and_odd_input_is_rejected() {

@@ -1,3 +1,5 @@
+//! `hlo::analysis`: which reduction a collective computes and which devices it groups.
+
 use hlo::analysis::*;
 use hlo::ir::{Attrs, Computation, IotaReplicaGroups, ModuleConfig, ReplicaGroups};
 use hlo::ir::{CompId, InstrId, Instruction, Module};

@@ -1,3 +1,5 @@
+//! `hlo::wire`: protos as their fields on the wire.
+
 use prost::encoding::WireType;
 
 use hlo::wire::*;

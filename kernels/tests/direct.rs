@@ -1,3 +1,5 @@
+//! `kernels::host::direct`: the host protocol within one process.
+
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};

@@ -1,3 +1,6 @@
+//! `kernels::host::shm`: the host protocols between the processes of one host, over shared
+//! memory. The tests that look inside a segment are in src/host/shm/tests.rs.
+
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread;
@@ -6,12 +9,12 @@ use std::time::{Duration, Instant};
 use hlo::ArrayShape;
 use hlo::PrimitiveType as T;
 use hlo::analysis::ReductionKind as R;
+use rustix::fs::Mode;
 use thunks::{CollectiveConfig, CollectiveKind as Kind, CollectiveOp, KernelAlgorithm as Algo};
 
 use kernels::host::direct::DirectCollective;
 use kernels::host::shm::*;
 use kernels::{Error, Result};
-use rustix::fs::Mode;
 
 /// Instances of this test binary never share a key (each test has its own job token).
 static INSTANCE: AtomicU64 = AtomicU64::new(1);

@@ -13,8 +13,7 @@ fn profile() -> Profile {
     p.source = "test".into();
     let one = KernelAlgorithm::OneShotAllReduce.name();
     let two = KernelAlgorithm::TwoShotAllReduce.name();
-    for (bytes, o, t, x) in
-        [(1024, 67.0, 80.0, 152.0), (65536, 364.0, 280.0, 243.0), (1 << 20, 1903.0, 1000.0, 1241.0)]
+    for (bytes, o, t, x) in [(1024, 67.0, 80.0, 152.0), (65536, 364.0, 280.0, 243.0), (1 << 20, 1903.0, 1000.0, 1241.0)]
     {
         p.record("all-reduce", "f32", 8, bytes, one, o);
         p.record("all-reduce", "f32", 8, bytes, two, t);

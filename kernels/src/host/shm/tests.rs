@@ -62,10 +62,12 @@ fn chained_collectives_share_one_segment() {
     let ag_cfg = config(Kind::AllGather, vec![vec![0, 1, 2, 3]], Some(0), 1, R::Sum);
     let (ar_shape, ag_shape) = ([sh(T::S32, &[6])], [sh(T::S32, &[2])]);
     let build = |p: usize| {
-        let ar = ShmCollective::on_slot(&ar_cfg, Algo::TwoShotAllReduce, &ar_shape, 4, t, "ar", &key, 256, &procs, p)
-            .unwrap();
-        let ag = ShmCollective::on_slot(&ag_cfg, Algo::DirectAllGather, &ag_shape, 4, t, "ag", &key, 256, &procs, p)
-            .unwrap();
+        let ar =
+            ShmCollective::on_slot(&ar_cfg, Algo::TwoShotAllReduce, &ar_shape, 4, t, "ar", &key, Some(256), &procs, p)
+                .unwrap();
+        let ag =
+            ShmCollective::on_slot(&ag_cfg, Algo::DirectAllGather, &ag_shape, 4, t, "ag", &key, Some(256), &procs, p)
+                .unwrap();
         (ar, ag)
     };
     let per_process = [build(0), build(1)];

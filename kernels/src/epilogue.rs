@@ -40,27 +40,7 @@ pub fn supports(ty: PrimitiveType) -> bool {
 /// One array: its bytes and element type.
 pub type Typed<'a> = (&'a [u8], PrimitiveType);
 
-/// Applies `e` to the all-reduce result `s` with residual `x` (and gamma `g`, `d` values),
-/// rows of `d` elements, writing `h` and `y` (each of `s`'s element count, in their types).
-/// Every operation is an f32 operation in XLA's order ([`Epilogue`]); the row's sum of squares
-/// is accumulated left to right.
-#[allow(clippy::too_many_arguments)]
-pub fn apply(
-    e: &Epilogue,
-    d: usize,
-    s: Typed<'_>,
-    x: Typed<'_>,
-    g: Option<Typed<'_>>,
-    h: &mut [u8],
-    h_ty: PrimitiveType,
-    y: &mut [u8],
-    y_ty: PrimitiveType,
-) {
-    apply_with(e, d, s, x, g, h, h_ty, y, y_ty, &sum_of_squares)
-}
-
-/// The row's sum of squares left to right in f32 (XLA:CPU's order within a chunk; what
-/// [`apply`] uses).
+/// The row's sum of squares left to right in f32 (XLA:CPU's order within a chunk).
 pub fn sum_of_squares(hf: &[f32]) -> f32 {
     let mut sum = 0f32;
     for v in hf {
@@ -86,10 +66,12 @@ pub fn block_sum_of_squares(hf: &[f32], threads: usize) -> f32 {
     part.first().copied().unwrap_or(0.0)
 }
 
-/// [`apply`] with the row's sum of squares taken by `row_sum` (of the row's hf values): the
-/// GPU kernel tests pass [`block_sum_of_squares`] to reproduce the kernel bit for bit.
-#[allow(clippy::too_many_arguments)]
-pub fn apply_with(
+/// Applies `e` to the all-reduce result `s` with residual `x` (and gamma `g`, `d` values),
+/// rows of `d` elements, writing `h` and `y` (each of `s`'s element count, in their types).
+/// Every operation is an f32 operation in XLA's order ([`Epilogue`]); the row's sum of squares
+/// is `row_sum` of the row's hf values: [`sum_of_squares`] on the host, [`block_sum_of_squares`]
+/// where the GPU kernel tests reproduce the kernel bit for bit.
+pub fn apply(
     e: &Epilogue,
     d: usize,
     s: Typed<'_>,
@@ -176,6 +158,7 @@ mod tests {
             PrimitiveType::Bf16,
             &mut y,
             PrimitiveType::F32,
+            &sum_of_squares,
         );
         let hv: Vec<f32> = (0..4).map(|i| get(&h, PrimitiveType::Bf16, i)).collect();
         assert_eq!(hv, [2.0, 2.0, 2.0, 4.0]);

@@ -443,7 +443,7 @@ impl CollectiveRuntime for HostRuntime {
             // SAFETY: as above: the two result buffers are distinct host memory of their
             // shapes, and nothing else refers to them now (the protocol wrote `sum`).
             let (h, y) = unsafe { (host_bytes_mut(&rets[0])?, host_bytes_mut(&rets[1])?) };
-            crate::epilogue::apply(e, d, (&sum, shape.ty), x, g, h, h_ty, y, y_ty);
+            crate::epilogue::apply(e, d, (&sum, shape.ty), x, g, h, h_ty, y, y_ty, &crate::epilogue::sum_of_squares);
         }
         result.map_err(|e| {
             let code = if e.is_timeout() {

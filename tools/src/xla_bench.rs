@@ -792,7 +792,6 @@ fn median(mut ts: Vec<f64>) -> Option<f64> {
 
 /// Compiles, checks and warms up one implementation of one module: its executable and
 /// executes per sample, or why not.
-#[allow(clippy::too_many_arguments)]
 fn measure<'c>(
     client: &'c Client,
     platform: &str,

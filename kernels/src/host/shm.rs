@@ -495,7 +495,6 @@ impl ShmCollective {
     /// Every process derives the same segment (its fingerprint covers groups, pairs, processes
     /// and size, not one collective's plan); a slot already mapped too small for this plan is
     /// an error. Without, the segment is this collective's own.
-    #[allow(clippy::too_many_arguments)]
     pub fn on_slot(
         config: &CollectiveConfig,
         algorithm: Algo,

@@ -1,34 +1,8 @@
-//! `peerless bench`: Peerless's collectives beside XLA's own, through XLA. For each op
-//! (all-reduce, all-gather, reduce-scatter, all-to-all, collective-permute ring), dtype and
-//! size, one HLO module (replica mode over `--devices`) is compiled by XLA's PJRT plugin
-//! (`--xla-plugin`, else `PEERLESS_XLA_PLUGIN`, else the CPU plugin in the JAX venv) with
-//! Peerless's handlers registered in it, once per implementation:
-//!
-//! - `peerless`: Peerless's pass applied without a tuning profile (as `run --backend xla`; `--flags` are its emitter
-//!   flags, on one device every collective is forced onto a kernel): the collective runs on
-//!   Peerless's handlers inside XLA;
-//! - `auto`: the pass with the active tuning profile (`PEERLESS_TUNING_PROFILE`, else the one
-//!   `peerless tune` wrote to the cache, else the shipped defaults): what programs get;
-//! - `one-shot`, `two-shot`: all-reduce forced onto that kernel at every size;
-//! - `xla`: the pass not applied: XLA's own collective (NCCL on GPU, XLA:CPU's on CPU);
-//! - `xla-kernels`: XLA's own collective kernels (`xla_gpu_experimental_use_collective_kernels`
-//!   through the compile options; XLA has them for all-reduce and all-gather): CUDA plugin
-//!   only, a skipped row elsewhere.
-//!
-//! Every executable runs once and every device's result is compared exactly with a
-//! host-computed one (integer-valued inputs, exact in bf16): a wrong result is an error row,
-//! never timed. Then `--samples` samples of `--iters` executes (or of `--sample-ms`
-//! milliseconds; the inputs stay on the devices; each execute returns when every device
-//! finished), the implementations' samples taken in turn, and the median µs per collective; `--chain K` puts K collectives in one module to amortize the launch.
-//! Graph capture is XLA's business now (its command buffers), so there is no launch mode.
-//! The logic lives in `tools::xla_bench`; this file parses the arguments and prints.
-//!
-//! Bandwidths follow nccl-tests with `bytes` = operand bytes per device:
-//! all-reduce busbw = bytes/t · 2(n−1)/n; all-gather algbw = n·bytes/t; reduce-scatter and
-//! all-to-all algbw = bytes/t; their busbw = algbw · (n−1)/n; permute busbw = algbw = bytes/t.
-//!
-//! PyTorch's symmetric-memory collectives are measured by a separate script,
-//! `scripts/torch_symm_bench.py`.
+//! `peerless bench`: Peerless's collectives beside XLA's own, through XLA's PJRT plugin
+//! (`--xla-plugin`, else `PEERLESS_XLA_PLUGIN`, else the CPU plugin in the JAX venv). The logic,
+//! what each implementation and row means, and the bandwidth conventions (nccl-tests') live in
+//! [`tools::xla_bench`]; this file parses the arguments and prints. PyTorch's symmetric-memory
+//! collectives are measured by a separate script, `scripts/torch_symm_bench.py`.
 
 use std::fmt::Write as _;
 use std::path::PathBuf;

@@ -45,8 +45,6 @@
 //!   0.4; a handler reporting 0.5 is refused); [`guard`] answers the probe with 0.4.
 
 pub mod sys;
-#[cfg(test)]
-mod tests;
 mod types;
 
 use std::ffi::{CStr, CString, c_void};

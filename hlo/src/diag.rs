@@ -134,17 +134,3 @@ impl fmt::Display for Error {
 }
 
 impl std::error::Error for Error {}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn caret_under_column() {
-        let src = "HloModule m\n\nENTRY e {\n  x = f32[2] bogus()\n}\n";
-        let e = Error::at(ErrorKind::Parse, "t.hlo", src, Span { line: 4, col: 14, len: 5 }, "unknown opcode 'bogus'");
-        let s = e.to_string();
-        assert!(s.starts_with("t.hlo:4:14: parse error: unknown opcode 'bogus'"), "{s}");
-        assert!(s.ends_with("\n  |   x = f32[2] bogus()\n  |              ^^^^^"), "{s}");
-    }
-}

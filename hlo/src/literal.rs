@@ -178,19 +178,3 @@ impl From<Array> for Literal {
         Literal::Array(a)
     }
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn round_trip_typed() {
-        let a = Array::from_slice(vec![2, 2], &[1.0f32, 2.0, 3.0, 4.0]);
-        assert_eq!(a.data.len(), 16);
-        assert_eq!(a.to_vec::<f32>().unwrap(), vec![1.0, 2.0, 3.0, 4.0]);
-        assert!(a.to_vec::<i32>().is_none());
-        let b = Array::from_slice(vec![3], &[true, false, true]);
-        assert_eq!(b.data, vec![1, 0, 1]);
-        assert!(Array::new(ArrayShape::new(PrimitiveType::F32, vec![2]), vec![0; 7]).is_err());
-    }
-}

@@ -243,17 +243,3 @@ impl fmt::Display for Opcode {
         f.write_str(self.name())
     }
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn names_are_unique_and_round_trip() {
-        let mut seen = std::collections::HashSet::new();
-        for &op in Opcode::ALL {
-            assert!(seen.insert(op.name()), "duplicate {}", op.name());
-            assert_eq!(Opcode::from_name(op.name()), Some(op));
-        }
-    }
-}

@@ -330,27 +330,3 @@ impl fmt::Display for Shape {
         }
     }
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn names_round_trip() {
-        for t in PrimitiveType::ALL {
-            assert_eq!(PrimitiveType::from_name(t.name()), Some(t));
-        }
-        assert_eq!(PrimitiveType::from_name("f7"), None);
-    }
-
-    #[test]
-    fn shape_display_and_sizes() {
-        let mut a = ArrayShape::new(PrimitiveType::F32, vec![2, 3, 4]);
-        assert_eq!(a.byte_size(), 96);
-        a.layout = Some(vec![2, 1, 0]);
-        assert_eq!(a.to_string(), "f32[2,3,4]{2,1,0}");
-        let t = Shape::Tuple(vec![Shape::Array(a), Shape::array(PrimitiveType::Pred, vec![])]);
-        assert_eq!(t.to_string(), "(f32[2,3,4]{2,1,0}, pred[])");
-        assert_eq!(t.leaves().len(), 2);
-    }
-}

@@ -40,27 +40,7 @@ pub fn supports(ty: PrimitiveType) -> bool {
 /// One array: its bytes and element type.
 pub type Typed<'a> = (&'a [u8], PrimitiveType);
 
-/// Applies `e` to the all-reduce result `s` with residual `x` (and gamma `g`, `d` values),
-/// rows of `d` elements, writing `h` and `y` (each of `s`'s element count, in their types).
-/// Every operation is an f32 operation in XLA's order ([`Epilogue`]); the row's sum of squares
-/// is accumulated left to right.
-#[allow(clippy::too_many_arguments)]
-pub fn apply(
-    e: &Epilogue,
-    d: usize,
-    s: Typed<'_>,
-    x: Typed<'_>,
-    g: Option<Typed<'_>>,
-    h: &mut [u8],
-    h_ty: PrimitiveType,
-    y: &mut [u8],
-    y_ty: PrimitiveType,
-) {
-    apply_with(e, d, s, x, g, h, h_ty, y, y_ty, &sum_of_squares)
-}
-
-/// The row's sum of squares left to right in f32 (XLA:CPU's order within a chunk; what
-/// [`apply`] uses).
+/// The row's sum of squares left to right in f32 (XLA:CPU's order within a chunk).
 pub fn sum_of_squares(hf: &[f32]) -> f32 {
     let mut sum = 0f32;
     for v in hf {
@@ -86,10 +66,12 @@ pub fn block_sum_of_squares(hf: &[f32], threads: usize) -> f32 {
     part.first().copied().unwrap_or(0.0)
 }
 
-/// [`apply`] with the row's sum of squares taken by `row_sum` (of the row's hf values): the
-/// GPU kernel tests pass [`block_sum_of_squares`] to reproduce the kernel bit for bit.
-#[allow(clippy::too_many_arguments)]
-pub fn apply_with(
+/// Applies `e` to the all-reduce result `s` with residual `x` (and gamma `g`, `d` values),
+/// rows of `d` elements, writing `h` and `y` (each of `s`'s element count, in their types).
+/// Every operation is an f32 operation in XLA's order ([`Epilogue`]); the row's sum of squares
+/// is `row_sum` of the row's hf values: [`sum_of_squares`] on the host, [`block_sum_of_squares`]
+/// where the GPU kernel tests reproduce the kernel bit for bit.
+pub fn apply(
     e: &Epilogue,
     d: usize,
     s: Typed<'_>,
@@ -130,58 +112,5 @@ pub fn apply_with(
             }
             put(y, y_ty, base + j, out);
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn block_order_sums_every_square_once() {
-        let hf: Vec<f32> = (0..1000).map(|i| (i % 7) as f32 - 3.0).collect();
-        // Small integers: every order is exact.
-        assert_eq!(block_sum_of_squares(&hf, 512), sum_of_squares(&hf));
-        assert_eq!(block_sum_of_squares(&hf, 1), sum_of_squares(&hf));
-        assert_eq!(block_sum_of_squares(&[3.0], 512), 9.0);
-        // An order the result shows: sequentially 2^24 + 1 rounds back to 2^24 (ties to
-        // even), twice; with 2 threads, thread 1's 1 + 1 = 2 is added to 2^24 whole.
-        let v = [4096.0f32, 1.0, 0.0, 1.0];
-        assert_eq!(sum_of_squares(&v), 16_777_216.0);
-        assert_eq!(block_sum_of_squares(&v, 2), 16_777_218.0);
-    }
-
-    #[test]
-    fn rmsnorm_of_a_bf16_row() {
-        let e = Epilogue {
-            round_ar: Some(RoundTo::Bf16),
-            norm_of_rounded: true,
-            mean: Mean::Multiply(0.25f32.to_bits()),
-            eps: 0f32.to_bits(),
-            gamma: true,
-        };
-        // The all-reduce's f32 result 1.00390625 rounds to 1.0 in bf16 (ties to even).
-        let s: Vec<u8> = [1.0f32 + 1.0 / 256.0, 2.0, 3.0, 4.0].iter().flat_map(|v| v.to_le_bytes()).collect();
-        let x: Vec<u8> =
-            [1.0f32, 0.0, -1.0, 0.0].iter().flat_map(|v| bf16::from_f32(*v).to_bits().to_le_bytes()).collect();
-        let g: Vec<u8> = [1.0f32, 2.0, 1.0, 0.5].iter().flat_map(|v| v.to_le_bytes()).collect();
-        let (mut h, mut y) = (vec![0u8; 8], vec![0u8; 16]);
-        apply(
-            &e,
-            4,
-            (&s, PrimitiveType::F32),
-            (&x, PrimitiveType::Bf16),
-            Some((&g, PrimitiveType::F32)),
-            &mut h,
-            PrimitiveType::Bf16,
-            &mut y,
-            PrimitiveType::F32,
-        );
-        let hv: Vec<f32> = (0..4).map(|i| get(&h, PrimitiveType::Bf16, i)).collect();
-        assert_eq!(hv, [2.0, 2.0, 2.0, 4.0]);
-        // mean of squares (4 + 4 + 4 + 16) / 4 = 7.
-        let r = 1.0 / 7f32.sqrt();
-        let yv: Vec<f32> = (0..4).map(|i| get(&y, PrimitiveType::F32, i)).collect();
-        assert_eq!(yv, [2.0 * r, 2.0 * r * 2.0, 2.0 * r, 4.0 * r * 0.5]);
     }
 }

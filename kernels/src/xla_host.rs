@@ -224,31 +224,23 @@ impl Instance {
             }
             // A slot's segment is named by the slot (its first call's instance, the same in
             // every process) and this executable's occurrence, and mapped once per process.
-            let shm = match cfg.slot {
-                Some(slot) => ShmCollective::on_slot(
-                    &config,
-                    cfg.algorithm,
-                    &physical,
-                    n,
-                    timeout,
-                    &cfg.name,
-                    &ShmKey { job, instance: thunks::runtime::shared_key(slot, occurrence) },
-                    usize::try_from(cfg.slot_bytes).unwrap_or(usize::MAX),
-                    &process_of,
-                    this,
-                )?,
-                None => ShmCollective::new(
-                    &config,
-                    cfg.algorithm,
-                    &physical,
-                    n,
-                    timeout,
-                    &cfg.name,
-                    &ShmKey { job, instance: thunks::runtime::shared_key(cfg.instance, occurrence) },
-                    &process_of,
-                    this,
-                )?,
+            let (instance, slot_bytes) = match cfg.slot {
+                Some(slot) => (slot, Some(usize::try_from(cfg.slot_bytes).unwrap_or(usize::MAX))),
+                None => (cfg.instance, None),
             };
+            let key = ShmKey { job, instance: thunks::runtime::shared_key(instance, occurrence) };
+            let shm = ShmCollective::on_slot(
+                &config,
+                cfg.algorithm,
+                &physical,
+                n,
+                timeout,
+                &cfg.name,
+                &key,
+                slot_bytes,
+                &process_of,
+                this,
+            )?;
             Protocol::Shared(Box::new(shm))
         };
         if collective.output_lens() != out_shapes.iter().map(ArrayShape::byte_size).collect::<Vec<_>>() {
@@ -451,7 +443,7 @@ impl CollectiveRuntime for HostRuntime {
             // SAFETY: as above: the two result buffers are distinct host memory of their
             // shapes, and nothing else refers to them now (the protocol wrote `sum`).
             let (h, y) = unsafe { (host_bytes_mut(&rets[0])?, host_bytes_mut(&rets[1])?) };
-            crate::epilogue::apply(e, d, (&sum, shape.ty), x, g, h, h_ty, y, y_ty);
+            crate::epilogue::apply(e, d, (&sum, shape.ty), x, g, h, h_ty, y, y_ty, &crate::epilogue::sum_of_squares);
         }
         result.map_err(|e| {
             let code = if e.is_timeout() {
@@ -502,42 +494,46 @@ mod tests {
         v.iter().flat_map(|x| x.to_le_bytes()).collect()
     }
 
-    #[test]
-    fn all_reduce_and_all_gather_across_threads() {
-        let ar = cfg(CollectiveKind::AllReduce, KernelAlgorithm::OneShotAllReduce, 0xA11);
-        let ag = cfg(CollectiveKind::AllGather, KernelAlgorithm::DirectAllGather, 0xA12);
-        let outs: Vec<(Vec<u8>, Vec<u8>)> = thread::scope(|s| {
+    /// Runs `ar` then `ag` on every device, `rounds` times: the all-reduce of `x(d, k)`, then
+    /// the all-gather of its result (`gather_result`) or of `x`. Each device's last results.
+    fn ar_then_ag(
+        ar: &CustomCallConfig,
+        ag: &CustomCallConfig,
+        rounds: usize,
+        gather_result: bool,
+        x: impl Fn(usize, usize) -> Vec<u8> + Sync,
+    ) -> Vec<(Vec<u8>, Vec<u8>)> {
+        let shape = ArrayShape::new(PrimitiveType::F32, vec![2]);
+        let gathered = ArrayShape::new(PrimitiveType::F32, vec![8]);
+        thread::scope(|s| {
             let hs: Vec<_> = (0..4)
                 .map(|d| {
-                    let (ar, ag) = (&ar, &ag);
+                    let (x, shape, gathered) = (&x, &shape, &gathered);
                     s.spawn(move || {
-                        let x = f32s(&[d as f32, 1.0]);
-                        let mut r = vec![0u8; 8];
-                        let mut g = vec![0u8; 32];
-                        for _ in 0..3 {
-                            let shape = ArrayShape::new(PrimitiveType::F32, vec![2]);
-                            run(HostCall {
-                                config: ar,
-                                device: d,
-                                inputs: vec![(&x, shape.clone())],
-                                outputs: vec![(&mut r, shape.clone())],
-                            })
-                            .unwrap();
-                            run(HostCall {
-                                config: ag,
-                                device: d,
-                                inputs: vec![(&x, shape)],
-                                outputs: vec![(&mut g, ArrayShape::new(PrimitiveType::F32, vec![8]))],
-                            })
-                            .unwrap();
+                        let (mut r, mut g) = (vec![0u8; 8], vec![0u8; 32]);
+                        for k in 0..rounds {
+                            let x = x(d, k);
+                            let inputs = vec![(x.as_slice(), shape.clone())];
+                            run(HostCall { config: ar, device: d, inputs, outputs: vec![(&mut r, shape.clone())] })
+                                .unwrap();
+                            let input = if gather_result { &r } else { &x };
+                            let (inputs, outputs) =
+                                (vec![(input.as_slice(), shape.clone())], vec![(g.as_mut_slice(), gathered.clone())]);
+                            run(HostCall { config: ag, device: d, inputs, outputs }).unwrap();
                         }
                         (r, g)
                     })
                 })
                 .collect();
             hs.into_iter().map(|h| h.join().unwrap()).collect()
-        });
-        for (r, g) in outs {
+        })
+    }
+
+    #[test]
+    fn all_reduce_and_all_gather_across_threads() {
+        let ar = cfg(CollectiveKind::AllReduce, KernelAlgorithm::OneShotAllReduce, 0xA11);
+        let ag = cfg(CollectiveKind::AllGather, KernelAlgorithm::DirectAllGather, 0xA12);
+        for (r, g) in ar_then_ag(&ar, &ag, 3, false, |d, _| f32s(&[d as f32, 1.0])) {
             assert_eq!(r, f32s(&[6.0, 4.0]));
             assert_eq!(g, f32s(&[0.0, 1.0, 1.0, 1.0, 2.0, 1.0, 3.0, 1.0]));
         }
@@ -551,38 +547,7 @@ mod tests {
         let mut ag = cfg(CollectiveKind::AllGather, KernelAlgorithm::DirectAllGather, 0xA22);
         (ar.slot, ar.slot_bytes) = (Some(0x5107), 4096);
         (ag.slot, ag.slot_bytes) = (Some(0x5107), 4096);
-        let outs: Vec<(Vec<u8>, Vec<u8>)> = thread::scope(|s| {
-            let hs: Vec<_> = (0..4)
-                .map(|d| {
-                    let (ar, ag) = (&ar, &ag);
-                    s.spawn(move || {
-                        let mut r = vec![0u8; 8];
-                        let mut g = vec![0u8; 32];
-                        for k in 0..20 {
-                            let x = f32s(&[d as f32, k as f32]);
-                            let shape = ArrayShape::new(PrimitiveType::F32, vec![2]);
-                            run(HostCall {
-                                config: ar,
-                                device: d,
-                                inputs: vec![(&x, shape.clone())],
-                                outputs: vec![(&mut r, shape.clone())],
-                            })
-                            .unwrap();
-                            run(HostCall {
-                                config: ag,
-                                device: d,
-                                inputs: vec![(&r, shape)],
-                                outputs: vec![(&mut g, ArrayShape::new(PrimitiveType::F32, vec![8]))],
-                            })
-                            .unwrap();
-                        }
-                        (r, g)
-                    })
-                })
-                .collect();
-            hs.into_iter().map(|h| h.join().unwrap()).collect()
-        });
-        for (r, g) in outs {
+        for (r, g) in ar_then_ag(&ar, &ag, 20, true, |d, k| f32s(&[d as f32, k as f32])) {
             assert_eq!(r, f32s(&[6.0, 76.0]));
             assert_eq!(g, f32s(&[6.0, 76.0, 6.0, 76.0, 6.0, 76.0, 6.0, 76.0]));
         }

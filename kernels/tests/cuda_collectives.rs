@@ -357,11 +357,22 @@ fn check_fused(c: &Clique, ar: &AllReduceNorm, f: &Form, rows: usize, d: usize, 
     let gref = g.as_deref().zip(f.g).map(|(b, t)| (b, prim(t)));
     let (mut h_want, mut y_seq) = (vec![0u8; n * f.h.size()], vec![0u8; n * f.y.size()]);
     let (s_ref, x_ref) = ((&s[..], prim(f.a)), (&x[..], prim(f.x)));
-    kernels::epilogue::apply(&f.e, d, s_ref, x_ref, gref, &mut h_want, prim(f.h), &mut y_seq, prim(f.y));
+    kernels::epilogue::apply(
+        &f.e,
+        d,
+        s_ref,
+        x_ref,
+        gref,
+        &mut h_want,
+        prim(f.h),
+        &mut y_seq,
+        prim(f.y),
+        &kernels::epilogue::sum_of_squares,
+    );
     let (mut h2, mut y_want) = (vec![0u8; n * f.h.size()], vec![0u8; n * f.y.size()]);
     let threads = THREADS as usize;
     let tree = move |hf: &[f32]| kernels::epilogue::block_sum_of_squares(hf, threads);
-    kernels::epilogue::apply_with(&f.e, d, s_ref, x_ref, gref, &mut h2, prim(f.h), &mut y_want, prim(f.y), &tree);
+    kernels::epilogue::apply(&f.e, d, s_ref, x_ref, gref, &mut h2, prim(f.h), &mut y_want, prim(f.y), &tree);
     assert_eq!(h2, h_want);
     if zero_residual && f.e.round_ar.is_none() && f.a == f.h {
         assert!(h_want == s, "{f:?}: with a zero residual h is the all-reduce");

@@ -1,22 +1,14 @@
 //! `peerless bench`: one collective module per (op, dtype, size), built here as a binary
 //! HloModuleProto and run through XLA's own PJRT plugin (the plugin [`crate::xla_run`]
-//! finds and loads, with Peerless's typed-FFI handlers registered in it) in up to three
-//! configurations, each a separate compile of the same module:
-//!
-//! - [`Impl::Peerless`]: Peerless's pass applied ([`crate::xla_run::prepare`]), so the
-//!   collectives it takes run on Peerless's handlers inside XLA; on one device every
-//!   collective is forced onto a kernel (`--<op>_backend=kernel`) so the handlers run;
-//! - [`Impl::Xla`]: the module as built (XLA's own collective: NCCL on GPU, XLA:CPU's own
-//!   on CPU);
-//! - [`Impl::XlaKernels`]: the same with XLA's own collective kernels asked for through
-//!   `CompileOptionsProto.env_option_overrides`
-//!   (`xla_gpu_experimental_use_collective_kernels`; XLA knows ALL_REDUCE and ALL_GATHER):
-//!   CUDA plugin only, a skipped row elsewhere.
+//! finds and loads, with Peerless's typed-FFI handlers registered in it) once per [`Impl`]
+//! asked for, each a separate compile of the same module. On one device every collective
+//! of the pass's implementations is forced onto a kernel (`--<op>_backend=kernel`) so the
+//! handlers run; [`Impl::XlaKernels`] goes through `CompileOptionsProto.env_option_overrides`
+//! (XLA knows ALL_REDUCE and ALL_GATHER): CUDA plugin only, a skipped row elsewhere.
 //!
 //! The module is in replica mode (`num_replicas = n`, an n×1 device assignment, as
-//! `xla_run` compiles replicas). With `chain = K` it holds K collectives of the op, each on
-//! its own parameter and ordered by control dependencies (one after another, never
-//! combined), and returns them as a tuple; times are per collective.
+//! `xla_run` compiles replicas). With `chain = K` it holds K collectives of the op, one after
+//! another, never combined ([`module`]); times are per collective.
 //!
 //! Each executable runs once on integer-valued inputs (small enough that every sum is exact
 //! in bf16) and every device's result is compared exactly with a host-computed one; a wrong
@@ -800,7 +792,6 @@ fn median(mut ts: Vec<f64>) -> Option<f64> {
 
 /// Compiles, checks and warms up one implementation of one module: its executable and
 /// executes per sample, or why not.
-#[allow(clippy::too_many_arguments)]
 fn measure<'c>(
     client: &'c Client,
     platform: &str,
@@ -1031,54 +1022,6 @@ pub fn run(opts: &Options, progress: &mut dyn FnMut(&str)) -> Result<Report, Str
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn row(op: Op, bytes: usize, imp: Impl, us: Option<f64>) -> Row {
-        Row {
-            op,
-            dtype: Dtype::F32,
-            bytes,
-            imp,
-            path: format!("{} path", imp.name()),
-            decisions: Vec::new(),
-            us,
-            algbw_gbps: None,
-            busbw_gbps: None,
-            check: if us.is_some() { Check::Same } else { Check::Skipped("not timed".into()) },
-        }
-    }
-
-    #[test]
-    fn auto_is_judged_against_the_fastest_it_chooses_among() {
-        let rows = vec![
-            row(Op::AllReduce, 1024, Impl::Peerless, Some(10.0)),
-            row(Op::AllReduce, 1024, Impl::Auto, Some(10.5)),
-            row(Op::AllReduce, 1024, Impl::TwoShot, Some(9.0)),
-            row(Op::AllReduce, 1024, Impl::Xla, Some(12.0)),
-            // XLA's collective kernels are no choice of the pass's: never the yardstick.
-            row(Op::AllReduce, 1024, Impl::XlaKernels, Some(1.0)),
-            row(Op::AllGather, 1024, Impl::Auto, Some(30.0)),
-            row(Op::AllGather, 1024, Impl::Xla, Some(20.0)),
-            // No timed auto row: no verdict.
-            row(Op::AllGather, 4096, Impl::Auto, None),
-            row(Op::AllGather, 4096, Impl::Xla, Some(20.0)),
-        ];
-        let report = Report {
-            plugin: PathBuf::new(),
-            platform: "cpu",
-            device_kind: "cpu".into(),
-            devices: 8,
-            chain: 8,
-            samples: 1,
-            iters: 1,
-            rows,
-        };
-        let v = report.auto_verdicts();
-        assert_eq!(v.len(), 2, "{v:#?}");
-        assert_eq!((v[0].op, v[0].best), (Op::AllReduce, Impl::TwoShot));
-        assert!((v[0].ratio() - 10.5 / 9.0).abs() < 1e-12);
-        assert_eq!((v[1].op, v[1].best), (Op::AllGather, Impl::Xla));
-        assert!((v[1].ratio() - 1.5).abs() < 1e-12);
-    }
 
     #[test]
     fn a_close_call_is_peerless_and_xla_within_the_factor() {

@@ -30,7 +30,7 @@ use prost::Message;
 use runs::{Mode, RunConfig};
 use thunks::custom_call::TARGETS;
 
-mod flatten;
+pub mod flatten;
 
 /// Where the XLA plugin comes from when `--xla-plugin` is not given.
 pub const ENV_VAR: &str = plugin::wrap::ENV_VAR;

@@ -5,9 +5,11 @@
 //! the documented columns.
 //!
 //! Needs XLA's CPU plugin (as tests/xla_run.rs): without it the test fails unless
-//! PEERLESS_SKIP_XLA_PLUGIN=1.
+//! PEERLESS_SKIP_XLA_PLUGIN=1. `auto`'s verdicts are checked on made-up rows, without it.
 
-use tools::xla_bench::{CSV_HEADER, Check, Dtype, Impl, Op, Options, run};
+use std::path::PathBuf;
+
+use tools::xla_bench::{CSV_HEADER, Check, Dtype, Impl, Op, Options, Report, Row, run};
 
 #[test]
 fn bench_on_the_cpu_plugin() {
@@ -165,4 +167,52 @@ fn a_short_tune_writes_a_profile_the_pass_reads() {
         assert!(outcome.decisions.iter().all(|d| d.reason.starts_with("forced by")), "{:?}", outcome.decisions);
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn row(op: Op, bytes: usize, imp: Impl, us: Option<f64>) -> Row {
+    Row {
+        op,
+        dtype: Dtype::F32,
+        bytes,
+        imp,
+        path: format!("{} path", imp.name()),
+        decisions: Vec::new(),
+        us,
+        algbw_gbps: None,
+        busbw_gbps: None,
+        check: if us.is_some() { Check::Same } else { Check::Skipped("not timed".into()) },
+    }
+}
+
+#[test]
+fn auto_is_judged_against_the_fastest_it_chooses_among() {
+    let rows = vec![
+        row(Op::AllReduce, 1024, Impl::Peerless, Some(10.0)),
+        row(Op::AllReduce, 1024, Impl::Auto, Some(10.5)),
+        row(Op::AllReduce, 1024, Impl::TwoShot, Some(9.0)),
+        row(Op::AllReduce, 1024, Impl::Xla, Some(12.0)),
+        // XLA's collective kernels are no choice of the pass's: never the yardstick.
+        row(Op::AllReduce, 1024, Impl::XlaKernels, Some(1.0)),
+        row(Op::AllGather, 1024, Impl::Auto, Some(30.0)),
+        row(Op::AllGather, 1024, Impl::Xla, Some(20.0)),
+        // No timed auto row: no verdict.
+        row(Op::AllGather, 4096, Impl::Auto, None),
+        row(Op::AllGather, 4096, Impl::Xla, Some(20.0)),
+    ];
+    let report = Report {
+        plugin: PathBuf::new(),
+        platform: "cpu",
+        device_kind: "cpu".into(),
+        devices: 8,
+        chain: 8,
+        samples: 1,
+        iters: 1,
+        rows,
+    };
+    let v = report.auto_verdicts();
+    assert_eq!(v.len(), 2, "{v:#?}");
+    assert_eq!((v[0].op, v[0].best), (Op::AllReduce, Impl::TwoShot));
+    assert!((v[0].ratio() - 10.5 / 9.0).abs() < 1e-12);
+    assert_eq!((v[1].op, v[1].best), (Op::AllGather, Impl::Xla));
+    assert!((v[1].ratio() - 1.5).abs() < 1e-12);
 }

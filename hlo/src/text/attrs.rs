@@ -146,38 +146,18 @@ pub(crate) fn instr_attr<'a>(
 /// `{1,2,3}` or `{}`.
 pub(crate) fn int_list(c: &mut Cursor<'_>, what: &str) -> PResult<Vec<i64>> {
     c.expect(b'{', &format!("to open the list of {what}"))?;
-    let mut v = Vec::new();
-    if c.eat(b'}') {
-        return Ok(v);
-    }
-    loop {
-        v.push(c.int(what)?);
-        if c.eat(b',') {
-            continue;
-        }
-        c.expect(b'}', &format!("or ',' in the list of {what}"))?;
-        return Ok(v);
-    }
+    c.list(b'}', &format!("or ',' in the list of {what}"), |c, _| c.int(what))
 }
 
 /// `[1,2,3]` or `[]`.
 fn bracket_list(c: &mut Cursor<'_>, what: &str) -> PResult<Vec<i64>> {
     c.expect(b'[', &format!("to open the {what}"))?;
-    let mut v = Vec::new();
-    if c.eat(b']') {
-        return Ok(v);
-    }
-    loop {
-        if v.len() >= super::parser::MAX_RANK {
+    c.list(b']', &format!("or ',' in the {what}"), |c, i| {
+        if i >= super::parser::MAX_RANK {
             return Err(c.err_found(&format!("too many entries in the {what} (at most {})", super::parser::MAX_RANK)));
         }
-        v.push(c.int(what)?);
-        if c.eat(b',') {
-            continue;
-        }
-        c.expect(b']', &format!("or ',' in the {what}"))?;
-        return Ok(v);
-    }
+        c.int(what)
+    })
 }
 
 /// `%comp`, or `{%a, %b}` for branch computations.
@@ -196,42 +176,24 @@ fn called<'a>(c: &mut Cursor<'a>, slot: CallSlot, pending: &mut Pending<'a>) -> 
 /// `{%a, %b}` or `{}`.
 fn name_list<'a>(c: &mut Cursor<'a>, what: &str) -> PResult<Vec<(&'a str, usize, usize)>> {
     c.expect(b'{', &format!("to open the list of {what}"))?;
-    let mut v = Vec::new();
-    if c.eat(b'}') {
-        return Ok(v);
-    }
-    loop {
-        let Some((s, n)) = c.name() else { return Err(c.err_found(&format!("expected a name in the list of {what}"))) };
-        v.push((n, s, c.pos));
-        if c.eat(b',') {
-            continue;
-        }
-        c.expect(b'}', &format!("or ',' in the list of {what}"))?;
-        return Ok(v);
-    }
+    c.list(b'}', &format!("or ',' in the list of {what}"), |c, _| match c.name() {
+        Some((s, n)) => Ok((n, s, c.pos)),
+        None => Err(c.err_found(&format!("expected a name in the list of {what}"))),
+    })
 }
 
 /// `{[0:4], [1:3:2]}`.
 fn slice(c: &mut Cursor<'_>) -> PResult<Vec<SliceDim>> {
     c.expect(b'{', "to open the slice ranges")?;
-    let mut v = Vec::new();
-    if c.eat(b'}') {
-        return Ok(v);
-    }
-    loop {
+    c.list(b'}', "or ',' in the slice ranges", |c, _| {
         c.expect(b'[', "to open a slice range [start:limit:stride]")?;
         let start = c.int("the slice start")?;
         c.expect(b':', "between slice start and limit")?;
         let limit = c.int("the slice limit")?;
         let stride = if c.eat(b':') { c.int("the slice stride")? } else { 1 };
         c.expect(b']', "to close the slice range")?;
-        v.push(SliceDim { start, limit, stride });
-        if c.eat(b',') {
-            continue;
-        }
-        c.expect(b'}', "or ',' in the slice ranges")?;
-        return Ok(v);
-    }
+        Ok(SliceDim { start, limit, stride })
+    })
 }
 
 /// `0_0x1_2_1`: `lo_hi[_interior]` per dimension, separated by `x`.
@@ -272,11 +234,7 @@ fn padding(c: &mut Cursor<'_>) -> PResult<Vec<PadDim>> {
 /// `{{0,1},{1,0}}`.
 fn source_target_pairs(c: &mut Cursor<'_>) -> PResult<Vec<(i64, i64)>> {
     c.expect(b'{', "to open source_target_pairs")?;
-    let mut v = Vec::new();
-    if c.eat(b'}') {
-        return Ok(v);
-    }
-    loop {
+    c.list(b'}', "or ',' in source_target_pairs", |c, _| {
         c.ws();
         let ps = c.pos;
         let pair = int_list(c, "a source-target pair")?;
@@ -287,23 +245,14 @@ fn source_target_pairs(c: &mut Cursor<'_>) -> PResult<Vec<(i64, i64)>> {
                 &format!("source-target pair has {} entries; expected {{source,target}}", pair.len()),
             ));
         };
-        v.push((s, t));
-        if c.eat(b',') {
-            continue;
-        }
-        c.expect(b'}', "or ',' in source_target_pairs")?;
-        return Ok(v);
-    }
+        Ok((s, t))
+    })
 }
 
 /// `{k="v", k2={raw}, ...}`: string values are unescaped, braced values kept verbatim.
 pub(crate) fn frontend_attributes(c: &mut Cursor<'_>) -> PResult<BTreeMap<String, String>> {
     c.expect(b'{', "to open frontend_attributes")?;
-    let mut m = BTreeMap::new();
-    if c.eat(b'}') {
-        return Ok(m);
-    }
-    loop {
+    let pairs = c.list(b'}', "or ',' in frontend_attributes", |c, _| {
         let key = match c.peek() {
             Some(b'"') => c.string()?,
             _ => match c.ident() {
@@ -317,13 +266,9 @@ pub(crate) fn frontend_attributes(c: &mut Cursor<'_>) -> PResult<BTreeMap<String
             Some(b'{' | b'[' | b'(') => c.balanced()?.to_owned(),
             _ => c.raw_value()?.to_owned(),
         };
-        m.insert(key, value);
-        if c.eat(b',') {
-            continue;
-        }
-        c.expect(b'}', "or ',' in frontend_attributes")?;
-        return Ok(m);
-    }
+        Ok((key, value))
+    })?;
+    Ok(pairs.into_iter().collect())
 }
 
 /// `{{0,1},{2,3}}`, `{}`, `[G,S]<=[dims]T(perm)`, or `mesh[a=2,b=4] {b}`.
@@ -386,19 +331,12 @@ fn iota_tail(c: &mut Cursor<'_>) -> PResult<(Vec<i64>, Vec<i64>)> {
     if c.raw_peek() == Some(b'T') {
         c.pos += 1;
         c.expect(b'(', "after 'T' to open the transpose permutation")?;
-        if !c.eat(b')') {
-            loop {
-                if perm.len() >= super::parser::MAX_RANK {
-                    return Err(c.err_found("transpose permutation too long"));
-                }
-                perm.push(c.int("a permutation entry")?);
-                if c.eat(b',') {
-                    continue;
-                }
-                c.expect(b')', "or ',' in the transpose permutation")?;
-                break;
+        perm = c.list(b')', "or ',' in the transpose permutation", |c, i| {
+            if i >= super::parser::MAX_RANK {
+                return Err(c.err_found("transpose permutation too long"));
             }
-        }
+            c.int("a permutation entry")
+        })?;
     }
     Ok((dims, perm))
 }
@@ -483,24 +421,16 @@ fn mesh_groups(c: &mut Cursor<'_>, start: usize) -> PResult<ReplicaGroups> {
         }
         "mesh" => {
             c.expect(b'[', "after 'mesh' to open its axes")?;
-            let mut names: Vec<String> = Vec::new();
-            let mut sizes: Vec<i64> = Vec::new();
-            if !c.eat(b']') {
-                loop {
-                    names.push(axis_name(c)?);
-                    c.expect(b'=', "after a mesh axis name")?;
-                    let s = c.uint("a mesh axis size")?;
-                    if s == 0 || sizes.len() >= super::parser::MAX_RANK {
-                        return Err(c.err_found("mesh axis sizes must be positive and at most 32 axes"));
-                    }
-                    sizes.push(s);
-                    if c.eat(b',') {
-                        continue;
-                    }
-                    c.expect(b']', "or ',' in the mesh axes")?;
-                    break;
+            let axes = c.list(b']', "or ',' in the mesh axes", |c, i| {
+                let name = axis_name(c)?;
+                c.expect(b'=', "after a mesh axis name")?;
+                let s = c.uint("a mesh axis size")?;
+                if s == 0 || i >= super::parser::MAX_RANK {
+                    return Err(c.err_found("mesh axis sizes must be positive and at most 32 axes"));
                 }
-            }
+                Ok((name, s))
+            })?;
+            let (names, sizes): (Vec<String>, Vec<i64>) = axes.into_iter().unzip();
             let total = sizes.iter().try_fold(1i64, |a, &d| a.checked_mul(d)).filter(|&t| t <= MAX_DEVICES);
             let Some(total) = total else {
                 return Err(c.err_range(
@@ -522,44 +452,37 @@ fn mesh_groups(c: &mut Cursor<'_>, start: usize) -> PResult<ReplicaGroups> {
                 }
             }
             c.expect(b'{', "to open the replica group axes of the mesh")?;
-            let mut refs: Vec<(usize, i64, i64)> = Vec::new(); // (axis, pre_size, size)
-            if !c.eat(b'}') {
-                loop {
-                    let as_ = c.pos;
-                    let n = axis_name(c)?;
-                    let Some(axis) = names.iter().position(|x| *x == n) else {
-                        return Err(c.err_range(
-                            as_,
-                            c.pos,
-                            &format!("unknown mesh axis '{n}'; expected one of {names:?}"),
-                        ));
-                    };
-                    let full = sizes.get(axis).copied().unwrap_or(1);
-                    let (pre, size) = if c.eat(b':') {
-                        c.expect(b'(', "to open the sub-axis pre-size")?;
-                        let pre = c.uint("a sub-axis pre-size")?;
-                        c.expect(b')', "to close the sub-axis pre-size")?;
-                        let size = c.uint("a sub-axis size")?;
-                        (pre, size)
-                    } else {
-                        (1, full)
-                    };
-                    let fits = pre >= 1 && size >= 1 && pre.checked_mul(size).is_some_and(|ps| full % ps == 0);
-                    if !fits {
-                        return Err(c.err_range(
-                            as_,
-                            c.pos,
-                            &format!("sub-axis {n}:({pre}){size} does not divide axis size {full}"),
-                        ));
-                    }
-                    refs.push((axis, pre, size));
-                    if c.eat(b',') {
-                        continue;
-                    }
-                    c.expect(b'}', "or ',' in the replica group axes")?;
-                    break;
+            // (axis, pre_size, size)
+            let refs: Vec<(usize, i64, i64)> = c.list(b'}', "or ',' in the replica group axes", |c, _| {
+                let as_ = c.pos;
+                let n = axis_name(c)?;
+                let Some(axis) = names.iter().position(|x| *x == n) else {
+                    return Err(c.err_range(
+                        as_,
+                        c.pos,
+                        &format!("unknown mesh axis '{n}'; expected one of {names:?}"),
+                    ));
+                };
+                let full = sizes.get(axis).copied().unwrap_or(1);
+                let (pre, size) = if c.eat(b':') {
+                    c.expect(b'(', "to open the sub-axis pre-size")?;
+                    let pre = c.uint("a sub-axis pre-size")?;
+                    c.expect(b')', "to close the sub-axis pre-size")?;
+                    let size = c.uint("a sub-axis size")?;
+                    (pre, size)
+                } else {
+                    (1, full)
+                };
+                let fits = pre >= 1 && size >= 1 && pre.checked_mul(size).is_some_and(|ps| full % ps == 0);
+                if !fits {
+                    return Err(c.err_range(
+                        as_,
+                        c.pos,
+                        &format!("sub-axis {n}:({pre}){size} does not divide axis size {full}"),
+                    ));
                 }
-            }
+                Ok((axis, pre, size))
+            })?;
             mesh_to_groups(c, start, &sizes, &refs, device_ids)
         }
         other => Err(c.err_range(
@@ -771,19 +694,10 @@ pub(crate) fn sharding(c: &mut Cursor<'_>, depth: u32) -> PResult<Sharding> {
             "last_tile_dims" => {
                 c.expect(b'=', "after 'last_tile_dims'")?;
                 c.expect(b'{', "to open last_tile_dims")?;
-                if !c.eat(b'}') {
-                    loop {
-                        match c.ident() {
-                            Some((_, t)) => last_tile_dims.push(t.to_owned()),
-                            None => return Err(c.err_found("expected a subgroup type (manual, replicated, ...)")),
-                        }
-                        if c.eat(b',') {
-                            continue;
-                        }
-                        c.expect(b'}', "or ',' in last_tile_dims")?;
-                        break;
-                    }
-                }
+                last_tile_dims = c.list(b'}', "or ',' in last_tile_dims", |c, _| match c.ident() {
+                    Some((_, t)) => Ok(t.to_owned()),
+                    None => Err(c.err_found("expected a subgroup type (manual, replicated, ...)")),
+                })?;
             }
             "metadata" => {
                 c.expect(b'=', "after 'metadata'")?;

@@ -129,6 +129,28 @@ impl<'a> Cursor<'a> {
         if self.eat(c) { Ok(()) } else { Err(self.err_found(&format!("expected '{}' {what}", c as char))) }
     }
 
+    /// The rest of a list whose opener was just read: items separated by ',' up to `close`
+    /// (none when `close` comes at once), `item` reading item number `i`; a missing `close`
+    /// is "expected '<close>' `closing`".
+    pub fn list<T>(
+        &mut self,
+        close: u8,
+        closing: &str,
+        mut item: impl FnMut(&mut Self, usize) -> PResult<T>,
+    ) -> PResult<Vec<T>> {
+        let mut v = Vec::new();
+        if self.eat(close) {
+            return Ok(v);
+        }
+        loop {
+            v.push(item(self, v.len())?);
+            if !self.eat(b',') {
+                self.expect(close, closing)?;
+                return Ok(v);
+            }
+        }
+    }
+
     /// An identifier `[A-Za-z_][A-Za-z0-9_.-]*`.
     pub fn ident(&mut self) -> Option<(usize, &'a str)> {
         self.ws();

@@ -241,18 +241,7 @@ impl<'a> CompBuilder<'a> {
                 attrs_v.literal = Some(literal::parse_constant(c, &shape)?);
                 c.expect(b')', "to close the constant literal")?;
             }
-            _ => {
-                if !c.eat(b')') {
-                    loop {
-                        operands.push(self.operand(c, instrs, depth)?);
-                        if c.eat(b',') {
-                            continue;
-                        }
-                        c.expect(b')', "or ',' in the operand list")?;
-                        break;
-                    }
-                }
-            }
+            _ => operands = c.list(b')', "or ',' in the operand list", |c, _| self.operand(c, instrs, depth))?,
         }
         let mut pending = Pending::default();
         let mut seen: Vec<&'a str> = Vec::new();
@@ -514,18 +503,7 @@ pub(crate) fn parse_shape(c: &mut Cursor<'_>, depth: u32) -> PResult<Shape> {
         return Err(c.err_found(&format!("shape nested too deeply (more than {MAX_DEPTH} levels)")));
     }
     if c.eat(b'(') {
-        let mut elems = Vec::new();
-        if c.eat(b')') {
-            return Ok(Shape::Tuple(elems));
-        }
-        loop {
-            elems.push(parse_shape(c, depth + 1)?);
-            if c.eat(b',') {
-                continue;
-            }
-            c.expect(b')', "or ',' in the tuple shape")?;
-            return Ok(Shape::Tuple(elems));
-        }
+        return Ok(Shape::Tuple(c.list(b')', "or ',' in the tuple shape", |c, _| parse_shape(c, depth + 1))?));
     }
     let Some((tstart, tname)) = c.ident() else {
         return Err(c.err_found("expected a shape (e.g. f32[2,3] or a tuple)"));
@@ -542,27 +520,19 @@ pub(crate) fn parse_shape(c: &mut Cursor<'_>, depth: u32) -> PResult<Shape> {
         return Err(c.err_found(&format!("expected '[' and the dimensions after element type '{tname}'")));
     }
     c.pos += 1;
-    let mut dims: Vec<i64> = Vec::new();
-    if !c.eat(b']') {
-        loop {
-            c.ws();
-            let dstart = c.pos;
-            if c.raw_peek() == Some(b'?') || (c.raw_peek() == Some(b'<') && c.byte_at(c.pos + 1) == Some(b'=')) {
-                let end = if c.raw_peek() == Some(b'?') { dstart + 1 } else { dstart + 2 };
-                return Err(c.err_range(dstart, end, "dynamic dimensions are not supported; expected a static size"));
-            }
-            let d = c.uint("a dimension size")?;
-            if dims.len() >= MAX_RANK {
-                return Err(c.err_range(dstart, c.pos, &format!("shape has more than {MAX_RANK} dimensions")));
-            }
-            dims.push(d);
-            if c.eat(b',') {
-                continue;
-            }
-            c.expect(b']', "or ',' in the dimension list")?;
-            break;
+    let dims = c.list(b']', "or ',' in the dimension list", |c, i| {
+        c.ws();
+        let dstart = c.pos;
+        if c.raw_peek() == Some(b'?') || (c.raw_peek() == Some(b'<') && c.byte_at(c.pos + 1) == Some(b'=')) {
+            let end = if c.raw_peek() == Some(b'?') { dstart + 1 } else { dstart + 2 };
+            return Err(c.err_range(dstart, end, "dynamic dimensions are not supported; expected a static size"));
         }
-    }
+        let d = c.uint("a dimension size")?;
+        if i >= MAX_RANK {
+            return Err(c.err_range(dstart, c.pos, &format!("shape has more than {MAX_RANK} dimensions")));
+        }
+        Ok(d)
+    })?;
     // Total bytes must be representable (so size arithmetic downstream cannot overflow).
     let elems = dims.iter().try_fold(1i64, |acc, &d| acc.checked_mul(d));
     let bytes = elems.and_then(|n| n.checked_mul(ty.byte_size().max(1) as i64));

@@ -10,20 +10,15 @@ pub mod xla;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
-pub use ffi::Error as FfiError;
 pub use ffi::cuda::Cuda;
 use ffi::nvrtc::Output;
 
 use crate::gpu::{self, Backend, Origin, Unit};
-pub use crate::gpu::{
-    Algo, BLOCKS, DEFAULT_GRID, Dtype, MAX_RANKS, NormBuffers, Probe, Red, SIGNAL_BYTES, SOURCES, THREADS, grid,
-};
+pub use crate::gpu::{Algo, Dtype, MAX_RANKS, NormBuffers, Probe, Red, SOURCES, THREADS, grid};
 use crate::{Error, Result};
 
 /// The CUDA clique: local GPUs with primary contexts, streams and the kernel module.
 pub type Clique = gpu::Clique<Cuda>;
-/// One GPU of a [`Clique`].
-pub type Device = gpu::Device<Cuda>;
 /// The all-reduce launcher on CUDA.
 pub type AllReduce = gpu::AllReduce<Cuda>;
 /// The all-gather launcher on CUDA.

@@ -485,44 +485,17 @@ impl ShmCollective {
         process_of: &[usize],
         this_process: usize,
     ) -> Result<Self> {
-        Self::build(config, algorithm, shapes, num_devices, timeout, name, key, None, process_of, this_process)
+        Self::on_slot(config, algorithm, shapes, num_devices, timeout, name, key, None, process_of, this_process)
     }
 
-    /// A collective like [`ShmCollective::new`], on the slot `key` names, shared with the
-    /// collectives every member runs in order with this one (the caller's promise, as for
-    /// [`super::direct::DirectCollective::on_slot`]): this process maps the slot's segment
-    /// once, with staging buffers of `max(slot_bytes, this plan's)` bytes. Every process
-    /// derives the same segment (its fingerprint covers groups, pairs, processes and size,
-    /// not one collective's plan); a slot already mapped too small for this plan is an error.
-    #[allow(clippy::too_many_arguments)]
+    /// With `slot_bytes`, a collective like [`ShmCollective::new`] on the slot `key` names,
+    /// shared with the collectives every member runs in order with this one (the caller's
+    /// promise, as for [`super::direct::DirectCollective::on_slot`]): this process maps the
+    /// slot's segment once, with staging buffers of `max(slot_bytes, this plan's)` bytes.
+    /// Every process derives the same segment (its fingerprint covers groups, pairs, processes
+    /// and size, not one collective's plan); a slot already mapped too small for this plan is
+    /// an error. Without, the segment is this collective's own.
     pub fn on_slot(
-        config: &CollectiveConfig,
-        algorithm: Algo,
-        shapes: &[ArrayShape],
-        num_devices: usize,
-        timeout: Duration,
-        name: &str,
-        key: &ShmKey,
-        slot_bytes: usize,
-        process_of: &[usize],
-        this_process: usize,
-    ) -> Result<Self> {
-        Self::build(
-            config,
-            algorithm,
-            shapes,
-            num_devices,
-            timeout,
-            name,
-            key,
-            Some(slot_bytes),
-            process_of,
-            this_process,
-        )
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn build(
         config: &CollectiveConfig,
         algorithm: Algo,
         shapes: &[ArrayShape],

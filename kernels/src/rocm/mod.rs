@@ -24,17 +24,14 @@ pub mod xla;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
-pub use ffi::Error as FfiError;
 pub use ffi::hip::Hip;
 
 use crate::Result;
 use crate::gpu::{self, Backend, Origin, Unit};
-pub use crate::gpu::{Algo, BLOCKS, Dtype, MAX_RANKS, NormBuffers, Probe, Red, SIGNAL_BYTES, SOURCES, THREADS};
+pub use crate::gpu::{Algo, Dtype, MAX_RANKS, NormBuffers, Probe, Red, SOURCES, THREADS};
 
 /// The ROCm clique: local AMD GPUs with streams and the kernel modules.
 pub type Clique = gpu::Clique<Hip>;
-/// One GPU of a [`Clique`].
-pub type Device = gpu::Device<Hip>;
 /// The all-reduce launcher on HIP.
 pub type AllReduce = gpu::AllReduce<Hip>;
 /// The all-gather launcher on HIP.

@@ -8,8 +8,8 @@ use std::ffi::{CStr, CString, c_void};
 use std::ptr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use super::sys::{self, XLA_FFI_DataType as DT};
-use super::*;
+use ffi::xla_ffi::sys::{self, XLA_FFI_DataType as DT};
+use ffi::xla_ffi::*;
 
 // ---------------------------------------------------------------------------------------------
 // The fake XLA
@@ -692,7 +692,7 @@ fn guard_reports_errors_and_panics() {
     let (code, msg) = take(unsafe { guard(f, |_| Err(HandlerError::new(ErrorCode::Ok, "a\0b"))) });
     assert_eq!((code, msg.as_str()), (sys::XLA_FFI_Error_Code::UNKNOWN, "a\\0b"));
 
-    let e: HandlerError = crate::Error::Invalid("bad".into()).into();
+    let e: HandlerError = ffi::Error::Invalid("bad".into()).into();
     assert_eq!((e.code(), e.to_string()), (ErrorCode::Internal, "bad".into()));
 }
 
@@ -716,7 +716,7 @@ fn frames_too_short_or_null() {
     assert!(msg.contains("call frame size 40"), "{msg}");
 }
 
-crate::xla_ffi_handler! {
+ffi::xla_ffi_handler! {
     /// A handler defined with the macro: fails unless its first argument is f32.
     fn macro_handler(f) {
         let x = f.arg(0)?;

@@ -1,0 +1,287 @@
+//! `emitter::xla_pass::run` on hand-set configs: process topologies, lazy peer tables, the
+//! staging budget, call ordering on XLA:CPU, the decisions each call carries, and the rewrite
+//! of an async tuple start (the golden filetests are in `xla_pass.rs`).
+
+use std::collections::BTreeSet;
+use std::sync::atomic::Ordering;
+
+use emitter::xla_pass::{
+    DeviceMemory, PassConfig, PassDecision, PassError, PassOutcome, Peers, Topology, has_collectives, run,
+};
+use emitter::{Capabilities, PeerAccessTable};
+use hlo::Opcode;
+use hlo::proto::xla;
+use hlo::wire::{
+    WireType, fields, hlo_computation as computation, hlo_instruction as instruction, hlo_module, ints, put_bytes,
+};
+use prost::Message;
+
+/// The instructions' ids and names of a whole module.
+fn ids_and_names(module: &[u8]) -> (BTreeSet<i64>, BTreeSet<String>) {
+    let (mut ids, mut names) = (BTreeSet::new(), BTreeSet::new());
+    for c in fields(module)
+        .unwrap()
+        .iter()
+        .filter(|c| c.number == hlo_module::COMPUTATIONS && c.wire == WireType::LengthDelimited)
+    {
+        for i in fields(c.payload).unwrap().iter().filter(|i| i.number == computation::INSTRUCTIONS) {
+            for x in fields(i.payload).unwrap() {
+                match x.number {
+                    instruction::ID => ids.extend(ints(&x).unwrap()),
+                    instruction::NAME => drop(names.insert(String::from_utf8_lossy(x.payload).into_owned())),
+                    _ => {}
+                }
+            }
+        }
+    }
+    (ids, names)
+}
+
+#[test]
+fn wire_walker_rejects_truncated_input() {
+    // hlo::wire's tests cover the walker; here its errors reach the pass's.
+    let e = has_collectives(&[0x0a, 0x05, 1, 2]).unwrap_err();
+    assert!(matches!(&e, PassError::Wire(m) if m.contains("runs past the end")), "{e}");
+    assert!(matches!(has_collectives(&[0x0b]), Err(PassError::Wire(_))));
+    assert!(has_collectives(&[]).is_ok_and(|x| !x));
+}
+
+fn two_processes(hosts: &str, job: &str) -> Topology {
+    let devices: Vec<String> = (0..8).map(|d| format!("{d}:{}", d / 4)).collect();
+    Topology::parse(&format!("this=1;job={job};devices={};hosts={hosts}", devices.join(","))).unwrap()
+}
+
+fn decide(pb: &[u8], topology: Topology, cross_process: bool) -> (PassDecision, Option<String>) {
+    let cfg = PassConfig {
+        topology: Some(topology),
+        caps: Capabilities { variadic: true, cross_process, in_order: false, fused_norm: true, async_queue: false },
+        instance_base: Some(1),
+        ..PassConfig::default()
+    };
+    let out = run(pb, &cfg).unwrap();
+    let text = out.module.map(|m| String::from_utf8_lossy(&m).into_owned());
+    (out.decisions.into_iter().next().unwrap(), text)
+}
+
+#[test]
+fn topology_parses_and_rejects() {
+    let t = two_processes("0:0,1:0", "00ff00ff");
+    assert_eq!(t.process_of.get(&5), Some(&1));
+    assert_eq!(t.local_devices().unwrap().into_iter().collect::<Vec<_>>(), [4, 5, 6, 7]);
+    assert_eq!(t.job.as_deref(), Some("00ff00ff"));
+    assert!(Topology::parse("job=xyz").unwrap_err().contains("hex"));
+    assert!(Topology::parse("devices=0:0").unwrap_err().contains("no host"));
+    assert!(Topology::parse("devices=0-0;hosts=0:0").unwrap_err().contains("not A:B"));
+    assert!(Topology::parse("colour=red").unwrap_err().contains("unknown topology key"));
+    assert_eq!(Topology::parse("job=").unwrap().job, None);
+    let o = Topology::parse("this=1;devices=0:0,1:1;hosts=0:0,1:0;ordinals=1:0").unwrap();
+    assert_eq!(o.ordinals.into_iter().collect::<Vec<_>>(), [(1, 0)]);
+}
+
+#[test]
+fn groups_across_processes_are_decided_by_host() {
+    let all = include_bytes!("xla_pass/psum_mesh2x4_both.pb");
+    let halves = include_bytes!("xla_pass/psum_mesh2x4_axis_b.pb");
+    // One host: the 8-device group meets through shared memory, named by the job.
+    let (d, m) = decide(all, two_processes("0:0,1:0", "abcdef0123"), true);
+    assert!(d.kernel, "{d}");
+    let m = m.unwrap();
+    assert!(m.contains("processes = array<i64: 0, 0, 0, 0, 1, 1, 1, 1>"), "{m}");
+    // Nothing of the run in the module: another job's token gives the same bytes, so a
+    // persistent compilation cache may hand the executable to any job of this layout.
+    assert!(!m.contains("abcdef0123") && !m.contains("job"), "{m}");
+    let (_, other) = decide(all, two_processes("0:0,1:0", "9999888877776666"), true);
+    assert_eq!(other.unwrap(), m);
+    // Two hosts: XLA's collective.
+    let (d, _) = decide(all, two_processes("0:0,1:1", "abcdef0123"), true);
+    assert!(!d.kernel && d.reason.contains("spans hosts"), "{d}");
+    // A platform whose handlers stay in one process, or no job token: XLA's.
+    let (d, _) = decide(all, two_processes("0:0,1:0", "abcdef0123"), false);
+    assert!(!d.kernel && d.reason.contains("do not reach across processes"), "{d}");
+    let (d, _) = decide(all, Topology { job: None, ..two_processes("0:0,1:0", "abcdef0123") }, true);
+    assert!(!d.kernel && d.reason.contains("no job token"), "{d}");
+    // Groups inside each process: as in one process (no processes attribute), on any host layout.
+    let (d, m) = decide(halves, two_processes("0:0,1:1", "abcdef0123"), false);
+    assert!(d.kernel, "{d}");
+    assert!(!m.unwrap().contains("processes ="));
+}
+
+#[test]
+fn calls_carry_their_decisions_and_the_first_the_fallbacks() {
+    // A permute ring and a psum; forcing the permute to XLA leaves the psum the only call.
+    let pb = include_bytes!("xla_pass/ppermute_then_psum.pb");
+    let mut cfg = PassConfig { instance_base: Some(1), ..PassConfig::default() };
+    cfg.flags.apply("--collective_permute_backend=fallback").unwrap();
+    let out = run(pb, &cfg).unwrap();
+    assert_eq!(out.instances, [1]);
+    let kernel = out.decisions.iter().find(|d| d.kernel).unwrap();
+    let fallback = out.decisions.iter().find(|d| !d.kernel).unwrap();
+    let m = String::from_utf8_lossy(out.module.as_ref().unwrap()).into_owned();
+    let escaped = |line: String| line.replace('\t', "\\09").replace('\n', "\\0A");
+    assert!(m.contains(&escaped(kernel.report_line() + &fallback.report_line())), "{m}");
+    // Both kernels: each call carries its own line, the first also (no) fallbacks.
+    let out = run(pb, &PassConfig { instance_base: Some(7), ..PassConfig::default() }).unwrap();
+    assert_eq!(out.instances, [7, 8]);
+    let m = String::from_utf8_lossy(out.module.as_ref().unwrap()).into_owned();
+    for d in &out.decisions {
+        assert!(m.contains(&format!("decisions = \"{}\"", escaped(d.report_line()))), "{m}");
+    }
+}
+
+#[test]
+fn the_peer_table_is_made_only_when_a_collective_needs_it() {
+    use std::sync::Arc;
+    use std::sync::atomic::AtomicUsize;
+    let made = Arc::new(AtomicUsize::new(0));
+    let m = made.clone();
+    let cfg = PassConfig {
+        peers: Peers::Lazy(Arc::new(move || {
+            m.fetch_add(1, Ordering::SeqCst);
+            Arc::new(PeerAccessTable::full(8, "test table"))
+        })),
+        instance_base: Some(1),
+        ..PassConfig::default()
+    };
+    // Groups of one and the dtype guard decide without peer access: no GPU is opened.
+    for pb in [
+        &include_bytes!("xla_pass/psum_one_device.pb")[..],
+        include_bytes!("xla_pass/psum_axis_of_one.pb"),
+        include_bytes!("xla_pass/all_gather_c64.pb"),
+        include_bytes!("xla_pass/no_collective.pb"),
+    ] {
+        let out = run(pb, &cfg).unwrap();
+        assert!(out.decisions.iter().all(|d| !d.kernel), "{:?}", out.decisions);
+    }
+    assert_eq!(made.load(Ordering::SeqCst), 0);
+    // Two collectives that take kernels: the table is made once per run.
+    let out = run(include_bytes!("xla_pass/ppermute_then_psum.pb"), &cfg).unwrap();
+    assert_eq!(out.decisions.iter().filter(|d| d.kernel).count(), 2);
+    assert_eq!(made.load(Ordering::SeqCst), 1);
+}
+
+#[test]
+fn staging_beyond_a_quarter_of_free_device_memory_goes_back_to_xla() {
+    use std::sync::Arc;
+    // Slots of 512 (psum_invariant.18), 512 (the pmax chain) and 1024 bytes (two psums
+    // and an all-gather): 2048 bytes of GPU staging in all.
+    let pb = include_bytes!("xla_pass/psum_chains_independent.pb");
+    let with = |free: Option<u64>| {
+        let cfg = PassConfig {
+            instance_base: Some(1),
+            device_memory: DeviceMemory(Some(Arc::new(move || free))),
+            // A GPU: calls run in stream order, so independent chains keep their kernels.
+            caps: Capabilities {
+                variadic: true,
+                cross_process: false,
+                in_order: true,
+                fused_norm: false,
+                async_queue: false,
+            },
+            ..PassConfig::default()
+        };
+        run(pb, &cfg).unwrap()
+    };
+    let kernels = |out: &PassOutcome| out.decisions.iter().filter(|d| d.kernel).count();
+    assert_eq!(kernels(&with(None)), 6, "unknown free memory: no budget");
+    assert_eq!(kernels(&with(Some(4 * 2048))), 6, "exactly within a quarter");
+    // A quarter of 6144 is 1536: the largest slot (1024 bytes, three calls) goes back.
+    let out = with(Some(6144));
+    let back: Vec<&str> = out.decisions.iter().filter(|d| !d.kernel).map(|d| d.instr.as_str()).collect();
+    assert_eq!(back, ["psum_invariant.21", "psum_invariant.22", "all_gather.3"], "{:?}", out.decisions);
+    let d = out.decisions.iter().find(|d| d.instr == "all_gather.3").unwrap();
+    assert!(d.reason.starts_with("staging budget:") && d.reason.contains("0.0 MiB free"), "{}", d.reason);
+    let m = String::from_utf8_lossy(out.module.as_ref().unwrap()).into_owned();
+    assert!(!m.contains("name = \"all_gather.3\"") && m.contains("name = \"pmax.15\""), "{m}");
+    // Nothing free: every slot goes back, and the module is left as it was.
+    let out = with(Some(0));
+    assert_eq!(kernels(&out), 0);
+    assert!(out.module.is_none());
+}
+
+#[test]
+fn on_xla_cpu_unordered_calls_go_back() {
+    // XLA:CPU may run a device's independent thunks at once, on a pool as small as the
+    // machine's cores (a deadlock when devices wait in different calls). The rewrite chains
+    // every call after the first of its computation behind the previous one.
+    let cpu = PassConfig { instance_base: Some(1), ..PassConfig::default() };
+    let gpu = PassConfig {
+        caps: Capabilities {
+            variadic: true,
+            cross_process: false,
+            in_order: true,
+            fused_norm: false,
+            async_queue: false,
+        },
+        ..cpu.clone()
+    };
+    // (tests/xla_pass/independent_all_reduces{,_gpu}.expected show a chain.) A chain of
+    // data dependencies needs no ordering operand (none keeps a result alive longer).
+    let pb = include_bytes!("xla_pass/psum_chain.pb");
+    let out = run(pb, &cpu).unwrap();
+    assert!(out.decisions.iter().all(|d| d.kernel), "{:?}", out.decisions);
+    let m = String::from_utf8_lossy(out.module.as_ref().unwrap()).into_owned();
+    assert!(!m.contains("order_operands"), "{m}");
+    // A loop holding a psum beside two independent chains: nothing orders the loop with the
+    // chains, so its call goes back, and with it, one after the other, the calls unordered
+    // with what went back (the chains stay whole on a GPU).
+    let pb = include_bytes!("xla_pass/psum_chains_independent.pb");
+    let out = run(pb, &cpu).unwrap();
+    let loop_call = out.decisions.iter().find(|d| d.instr == "psum_invariant.18").unwrap();
+    assert!(!loop_call.kernel && loop_call.reason.contains("which runs it)"), "{}", loop_call.reason);
+    for d in out.decisions.iter().filter(|d| !d.kernel) {
+        assert!(d.reason.contains("at the same time as") && d.reason.contains("(was: "), "{}", d.reason);
+    }
+    assert!(run(pb, &gpu).unwrap().decisions.iter().all(|d| d.kernel));
+}
+
+/// `text` encoded by the hlo crate, with an N×1 device assignment.
+fn replicas(text: &str, n: i64) -> Vec<u8> {
+    let m = hlo::parse_text("t.hlo", text).unwrap();
+    let mut bytes = hlo::encode_proto(&m).unwrap();
+    let da = xla::DeviceAssignmentProto {
+        replica_count: n as i32,
+        computation_count: 1,
+        computation_devices: vec![xla::device_assignment_proto::ComputationDevice {
+            replica_device_ids: (0..n).collect(),
+        }],
+    };
+    put_bytes(&mut bytes, 15, &da.encode_to_vec());
+    bytes
+}
+
+#[test]
+fn an_async_tuple_start_becomes_a_call_and_a_tuple_with_fresh_id_and_name() {
+    // `st.peerless` is taken, and the start's other users read both tuple elements.
+    let text = "HloModule m\n\nENTRY main {\n  x = f32[4]{0} parameter(0)\n  st.peerless = f32[4]{0} negate(x)\n  \
+                st = (f32[4]{0}, f32[4]{0}) collective-permute-start(st.peerless), source_target_pairs={{0,1},{1,0}}\n  \
+                a = f32[4]{0} get-tuple-element(st), index=0\n  dn = f32[4]{0} collective-permute-done(st)\n  \
+                ROOT t = (f32[4]{0}, f32[4]{0}) tuple(dn, a)\n}\n";
+    let bytes = replicas(text, 2);
+    let out = run(&bytes, &PassConfig { instance_base: Some(1), ..PassConfig::default() }).unwrap();
+    assert!(out.decisions[0].kernel, "{}", out.decisions[0]);
+    let rewritten = out.module.unwrap();
+    // Every id of the module is distinct (XLA's importer requires it).
+    let (ids, names) = ids_and_names(&rewritten);
+    let count = fields(&rewritten)
+        .unwrap()
+        .iter()
+        .filter(|c| c.number == hlo_module::COMPUTATIONS)
+        .map(|c| fields(c.payload).unwrap().iter().filter(|i| i.number == computation::INSTRUCTIONS).count())
+        .sum::<usize>();
+    assert_eq!((ids.len(), names.len()), (count, count));
+    let m = hlo::decode_proto("out", &rewritten).unwrap();
+    let by_name = |n: &str| m.instrs.values().find(|i| i.name == n).unwrap();
+    let call = by_name("st.peerless.1");
+    assert_eq!(call.opcode, Opcode::CustomCall);
+    assert_eq!(call.attrs.custom_call_target.as_deref(), Some("peerless.collective_permute"));
+    assert_eq!(m.instrs[call.operands[0]].name, "st.peerless");
+    let st = by_name("st");
+    assert_eq!(st.opcode, Opcode::Tuple);
+    let operands: Vec<&str> = st.operands.iter().map(|&o| m.instrs[o].name.as_str()).collect();
+    assert_eq!(operands, ["st.peerless", "st.peerless.1"]);
+    let dn = by_name("dn");
+    assert_eq!((dn.opcode, dn.attrs.tuple_index), (Opcode::GetTupleElement, Some(1)));
+    assert_eq!(by_name("a").attrs.tuple_index, Some(0));
+    // The pass's output has no collective left: a second run changes nothing.
+    assert!(run(&rewritten, &PassConfig::default()).unwrap().module.is_none());
+}

@@ -1,7 +1,8 @@
-//! `plugin::xla_inside::run_pass`: malformed modules, unknown platforms and bad flags are
-//! errors (status -1 and a report), never a crash.
+//! `plugin::xla_inside`'s entry points: malformed modules, unknown platforms and bad flags
+//! are errors (status -1 and a report), never a crash; the handlers learn the job from the
+//! process's topology.
 
-use plugin::xla_inside::run_pass;
+use plugin::xla_inside::{pass_free, run_pass, set_topology, set_topology_entry};
 
 #[test]
 fn garbage_is_an_error_not_a_crash() {
@@ -15,4 +16,40 @@ fn garbage_is_an_error_not_a_crash() {
     let (status, _, report) = run_pass("cpu", &[], "--bogus=1", "");
     assert_eq!(status, -1);
     assert!(report.contains("bogus"), "{report}");
+}
+
+#[test]
+fn the_handlers_learn_the_job_from_the_process() {
+    use kernels::ffi_handler::CollectiveRuntime;
+    // What a cache-loaded executable needs, without any pass: the token, and on CUDA
+    // which device id each GPU (CUDA ordinal) has.
+    let topo = "this=1;job=0123abcd;devices=0:0,1:0,2:1,3:1;hosts=0:0,1:0;ordinals=2:0,3:1";
+    set_topology("cuda", topo).unwrap();
+    assert_eq!(thunks::runtime::job().as_deref(), Some("0123abcd"));
+    let cuda = kernels::cuda::xla::CudaRuntime;
+    assert_eq!(cuda.device_id(0).unwrap(), 2);
+    assert_eq!(cuda.device_id(1).unwrap(), 3);
+    assert!(cuda.device_id(2).unwrap_err().to_string().contains("no device id"));
+    assert!(set_topology("tpu", topo).unwrap_err().contains("no handlers"));
+    assert!(set_topology("cpu", "job=xyz").unwrap_err().contains("hex"));
+    set_topology("cpu", "").unwrap(); // one process: nothing to learn
+    // A token set through the entry point reads back; errors come back as status -1.
+    // SAFETY: NUL-terminated literals; `r` is fresh from `set_topology_entry`, read while
+    // alive and freed once.
+    let status = unsafe {
+        let r = set_topology_entry(c"cpu".as_ptr(), c"this=0;job=89abcdef;devices=0:0;hosts=0:0".as_ptr());
+        let s = (*r).status;
+        pass_free(r);
+        s
+    };
+    assert_eq!(status, 0);
+    assert_eq!(thunks::runtime::job().as_deref(), Some("89abcdef"));
+    // SAFETY: as above.
+    let status = unsafe {
+        let r = set_topology_entry(c"cpu".as_ptr(), c"colour=red".as_ptr());
+        let s = (*r).status;
+        pass_free(r);
+        s
+    };
+    assert_eq!(status, -1);
 }

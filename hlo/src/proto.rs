@@ -204,20 +204,10 @@ fn has_dimensions_attr(op: Opcode) -> bool {
     )
 }
 
-/// Collectives that XLA always prints with `replica_groups=` (`{}` when empty).
+/// Collectives that XLA always prints with `replica_groups=` (`{}` when empty): all but
+/// collective-permute (`source_target_pairs=`).
 fn has_replica_groups(op: Opcode) -> bool {
-    use Opcode::*;
-    matches!(
-        op,
-        AllReduce
-            | AllReduceStart
-            | AllGather
-            | AllGatherStart
-            | AllToAll
-            | RaggedAllToAll
-            | ReduceScatter
-            | CollectiveBroadcast
-    )
+    op.is_collective() && !matches!(op, Opcode::CollectivePermute | Opcode::CollectivePermuteStart)
 }
 
 fn sharding_type_name(t: i32) -> String {

@@ -298,7 +298,7 @@ fn run_xla(
         )
     })?;
     let bytes = module_bytes(&args.file, module)?;
-    let run = tools::xla_run::run(&path, module, &bytes, cfg, inputs, &pass_flags)?;
+    let run = tools::xla_run::run(&path, module, &bytes, cfg, inputs, &pass_flags, &[])?;
     let on_peerless = run.decisions.iter().filter(|d| d.kernel).count();
     println!(
         "xla: {} ({}); Peerless's pass: {on_peerless} of {} collectives on Peerless{}",

@@ -353,21 +353,9 @@ fn from_host_form(ty: PrimitiveType, mut data: Vec<u8>) -> Vec<u8> {
 }
 
 /// Runs `bytes` (a binary HloModuleProto of `module`) on XLA's plugin at `plugin_path`;
-/// `inputs[d]` are device d's entry arguments.
+/// `inputs[d]` are device d's entry arguments; `xla_options` are XLA options of string value
+/// (`xla_disable_hlo_passes`, ...) set for this compile (`CompileOptionsProto.env_option_overrides`).
 pub fn run(
-    plugin_path: &Path,
-    module: &hlo::Module,
-    bytes: &[u8],
-    cfg: &RunConfig,
-    inputs: &[Vec<Literal>],
-    flags: &[String],
-) -> Result<XlaRun, String> {
-    run_with_options(plugin_path, module, bytes, cfg, inputs, flags, &[])
-}
-
-/// [`run`], with XLA options of string value (`xla_disable_hlo_passes`, ...) set for this
-/// compile (`CompileOptionsProto.env_option_overrides`).
-pub fn run_with_options(
     plugin_path: &Path,
     module: &hlo::Module,
     bytes: &[u8],

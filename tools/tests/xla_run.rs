@@ -138,7 +138,7 @@ fn run_case(
     let mode = if d.mode == Mode::Replica { runs::Mode::Replica } else { runs::Mode::Partition };
     let cfg = runs::RunConfig { num_devices: n, mode };
     let options = xla_workaround(&case.name).map_or(&[][..], |(o, _)| o);
-    let run = tools::xla_run::run_with_options(plugin, &module, &bytes, &cfg, &args, &source.flags(), options)?;
+    let run = tools::xla_run::run(plugin, &module, &bytes, &cfg, &args, &source.flags(), options)?;
     let taken = run.decisions.iter().filter(|x| x.kernel).count();
     if taken > 0 && !run.rewritten {
         return Err(format!("the pass took {taken} collectives but did not rewrite the module"));
@@ -198,7 +198,7 @@ fn xla_bug_still_there(plugin: &Path, case: &Case, n: usize) -> Result<(), Faile
     let args = make_args(&module.entry_param_shapes(), &golden)?;
     let mode = if d.mode == Mode::Replica { runs::Mode::Replica } else { runs::Mode::Partition };
     let cfg = runs::RunConfig { num_devices: n, mode };
-    match tools::xla_run::run(plugin, &module, &bytes, &cfg, &args, &[]) {
+    match tools::xla_run::run(plugin, &module, &bytes, &cfg, &args, &[], &[]) {
         Err(e) if e.contains(fragment) => Ok(()),
         Err(e) => Err(format!("{}: expected XLA's `{fragment}` bug, got: {e}", case.name).into()),
         Ok(_) => Err(format!("{} runs without its XLA workaround now: remove it", case.name).into()),
@@ -250,7 +250,7 @@ ENTRY main {
         .collect();
     let cfg = runs::RunConfig { num_devices: 2, mode: runs::Mode::Replica };
     let flags = Source::Kernel.flags();
-    let run = tools::xla_run::run(plugin, &module, &bytes, &cfg, &args, &flags)?;
+    let run = tools::xla_run::run(plugin, &module, &bytes, &cfg, &args, &flags, &[])?;
     if !(run.rewritten && run.decisions.len() == 1 && run.decisions[0].kernel) {
         return Err(format!("the all-reduce is not on Peerless: {:?}", run.decisions).into());
     }

@@ -41,7 +41,7 @@ fn xla_runs_the_registered_pass_and_peerless_takes_the_all_reduce() {
     // The CLI's own pass (applied before XLA sees the module) is told to leave the
     // all-reduce to XLA, so only the registered pass inside XLA's pipeline can take it.
     let flags = vec!["--all_reduce_backend=fallback".to_string()];
-    let run = tools::xla_run::run(Path::new(&path), &module, &bytes, &cfg, &args, &flags).expect("run");
+    let run = tools::xla_run::run(Path::new(&path), &module, &bytes, &cfg, &args, &flags, &[]).expect("run");
     assert!(!run.rewritten, "the CLI's pass was told to leave the module alone");
     let collectives = run.decisions.len();
     assert!(collectives > 0 && run.decisions.iter().all(|d| !d.kernel), "{:?}", run.decisions);

@@ -457,7 +457,7 @@ impl Topology {
 /// compilation cache serves later jobs, whose handlers tell them apart by their job's token
 /// and tell two executables of one module apart by the order they are instantiated in
 /// ([`thunks::runtime::shared_key`]).
-fn shared_instance(fingerprint: u64, instr: &str) -> u64 {
+pub fn shared_instance(fingerprint: u64, instr: &str) -> u64 {
     use std::hash::{Hash, Hasher};
     // SipHash with fixed keys: the same value in every process of one build.
     let mut h = std::hash::DefaultHasher::new();
@@ -466,7 +466,7 @@ fn shared_instance(fingerprint: u64, instr: &str) -> u64 {
 }
 
 /// The module's fingerprint for [`shared_instance`]: every top-level field but `id`.
-fn fingerprint(module: &[u8]) -> Result<u64, PassError> {
+pub fn fingerprint(module: &[u8]) -> Result<u64, PassError> {
     use std::hash::Hasher;
     let mut h = std::hash::DefaultHasher::new();
     for f in fields(module)?.iter().filter(|f| f.number != hlo_module::ID) {
@@ -554,7 +554,7 @@ impl From<WireError> for PassError {
 /// Instance ids: a per-process random base plus a counter, so two compiles (or two
 /// processes sharing a persistent compilation cache) never give two collectives the same
 /// handler state.
-fn next_instance() -> u64 {
+pub fn next_instance() -> u64 {
     static BASE: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
     static NEXT: AtomicU64 = AtomicU64::new(0);
     let base = *BASE.get_or_init(|| {

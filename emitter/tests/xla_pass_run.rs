@@ -8,11 +8,12 @@ use std::sync::atomic::Ordering;
 use emitter::xla_pass::{
     DeviceMemory, PassConfig, PassDecision, PassError, PassOutcome, Peers, Topology, has_collectives, run,
 };
-use emitter::{Capabilities, PeerAccessTable};
+use emitter::{Capabilities, PeerAccessTable, xla_pass};
 use hlo::Opcode;
 use hlo::proto::xla;
 use hlo::wire::{
     WireType, fields, hlo_computation as computation, hlo_instruction as instruction, hlo_module, ints, put_bytes,
+    put_varint,
 };
 use prost::Message;
 
@@ -284,4 +285,30 @@ fn an_async_tuple_start_becomes_a_call_and_a_tuple_with_fresh_id_and_name() {
     assert_eq!(by_name("a").attrs.tuple_index, Some(0));
     // The pass's output has no collective left: a second run changes nothing.
     assert!(run(&rewritten, &PassConfig::default()).unwrap().module.is_none());
+}
+
+#[test]
+fn shared_instances_agree_between_processes() {
+    let pb = include_bytes!("xla_pass/psum_f32.pb");
+    let fp = xla_pass::fingerprint(pb).unwrap();
+    // The same module with another per-process id has the same fingerprint.
+    let mut other = Vec::new();
+    put_varint(&mut other, hlo_module::ID, 12345);
+    for f in fields(pb).unwrap().iter().filter(|f| f.number != hlo_module::ID) {
+        other.extend_from_slice(f.raw);
+    }
+    assert_eq!(xla_pass::fingerprint(&other).unwrap(), fp);
+    let a = xla_pass::shared_instance(fp, "all-reduce.1");
+    assert_eq!(a, xla_pass::shared_instance(fp, "all-reduce.1"));
+    assert_ne!(a, xla_pass::shared_instance(fp, "all-reduce.2"));
+    assert_ne!(a, xla_pass::shared_instance(fp ^ 1, "all-reduce.1"));
+    assert!(a <= i64::MAX as u64);
+}
+
+#[test]
+fn instance_ids_are_distinct_and_positive() {
+    let a = xla_pass::next_instance();
+    let b = xla_pass::next_instance();
+    assert_ne!(a, b);
+    assert!(a <= i64::MAX as u64 && b <= i64::MAX as u64);
 }

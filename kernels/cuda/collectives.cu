@@ -679,14 +679,15 @@ PL_DEVICE void reduce_scatter(const u8* in, T* out, u32 rank, u32 world, const P
 //   r  = 1 / sqrt(ms + eps);  y = hf * r [* f32(gamma)] as y's type.
 // Every rank computes every row in the same order, so h and y are bitwise the same on every
 // rank. The row's sum of squares is a tree over the block (the reference sums left to right:
-// within an ulp of y). The block keeps a row's first PL_NORM_KEPT hf values in shared memory
-// (32 KiB); positions beyond are computed again from the staging for y (same operations, same
-// bits), so any d runs.
+// within an ulp of y). A thread reads a row in 16-byte units of the all-reduce's type (every
+// rank's load issued at once) and keeps its first PL_NORM_UNITS units' hf in registers; units
+// beyond are computed again from the staging for y (same operations, same bits), so any d runs.
 // Element types of the residual, gamma, h and y are chosen at run time (f32, bf16, f16).
 #define PL_F32 0u
 #define PL_BF16 1u
 #define PL_F16 2u
-#define PL_NORM_KEPT 8192
+// Units (16 bytes of the all-reduce's type) of a row each thread keeps in registers.
+#define PL_NORM_UNITS 4
 #define PL_NORM_THREADS 512
 struct Norm {
   u64 residual;  // x: rows x d
@@ -704,12 +705,6 @@ struct Norm {
   u32 pad;
 };
 
-PL_DEVICE float load_as_f32(u64 base, u32 ty, u64 i) {
-  if (ty == PL_F32) return reinterpret_cast<const float*>(base)[i];
-  if (ty == PL_BF16) return to_f32(reinterpret_cast<const bf16*>(base)[i]);
-  return to_f32(reinterpret_cast<const f16*>(base)[i]);
-}
-
 PL_DEVICE void store_from_f32(u64 base, u32 ty, u64 i, float v) {
   if (ty == PL_F32) {
     reinterpret_cast<float*>(base)[i] = v;
@@ -720,6 +715,29 @@ PL_DEVICE void store_from_f32(u64 base, u32 ty, u64 i, float v) {
   }
 }
 
+// Elements i .. i + len of `base` (of type `ty`) as f32, every load issued before any use (the
+// fused kernel's residual and gamma: loaded one by one between stores to h and y, which may
+// alias them for all the compiler knows, each paid a memory latency).
+template <u32 N>
+PL_DEVICE void load_f32s(u64 base, u32 ty, u64 i, u32 len, float (&out)[N]) {
+  if (ty == PL_F32) {
+    const float* p = reinterpret_cast<const float*>(base) + i;
+#pragma unroll
+    for (u32 k = 0; k < N; ++k)
+      if (k < len) out[k] = p[k];
+  } else if (ty == PL_BF16) {
+    const bf16* p = reinterpret_cast<const bf16*>(base) + i;
+#pragma unroll
+    for (u32 k = 0; k < N; ++k)
+      if (k < len) out[k] = to_f32(p[k]);
+  } else {
+    const f16* p = reinterpret_cast<const f16*>(base) + i;
+#pragma unroll
+    for (u32 k = 0; k < N; ++k)
+      if (k < len) out[k] = to_f32(p[k]);
+  }
+}
+
 // `v` rounded to `ty` (round to nearest even) and back; f32 (or 0): unchanged.
 PL_DEVICE float round_as(float v, u32 ty) {
   if (ty == PL_BF16) return to_f32(from_f32_bf16(v));
@@ -727,24 +745,55 @@ PL_DEVICE float round_as(float v, u32 ty) {
   return v;
 }
 
-// Element `i` of the all-reduce (every rank's staging, fixed order 0..world-1, as
-// reduce_wide), through the residual add: writes h[i] when `write_h`, returns hf.
+// Element `i` of the all-reduce from its sum over the ranks `acc`, through the residual add
+// (`x`: f32 of the residual's element): writes h[i] when `write_h`, returns hf.
 template <typename T>
-PL_DEVICE float norm_hf(const Ptrs& stage, u64 par, u32 world, u64 i, const Norm& nm, bool write_h) {
-  typedef typename Tr<T>::Acc A;
-  T v[PL_MAX_RANKS];
-#pragma unroll
-  for (u32 p = 0; p < PL_MAX_RANKS; ++p)
-    if (p < world) v[p] = reinterpret_cast<const T*>(stage.p[p] + par)[i];
-  A acc = Tr<T>::up(v[0]);
-#pragma unroll
-  for (u32 p = 1; p < PL_MAX_RANKS; ++p)
-    if (p < world) acc = fold_step<T, Sum>(acc, v[p]);
+PL_DEVICE float norm_finish(typename Tr<T>::Acc acc, float x, u64 i, const Norm& nm, bool write_h) {
   float a = (float)Tr<T>::up(Tr<T>::down(acc));  // the all-reduce's result, in T
   if (nm.round_ar) a = round_as(a, nm.round_ar);
-  const float hc = pl_add_rn(a, load_as_f32(nm.residual, nm.x_ty, i));
+  const float hc = pl_add_rn(a, x);
   if (write_h) store_from_f32(nm.h, nm.h_ty, i, hc);
   return nm.of_rounded ? round_as(hc, nm.h_ty) : hc;
+}
+
+// Unit `u` of the row at element `base` (its elements u VEC .. min(d, u VEC + VEC)): each
+// element summed over every rank's staging in the fixed order 0..world-1 (as reduce_wide),
+// through the residual add, into hf[0..len); returns len. `vec` (whole 16-byte units): one
+// 16-byte load per rank, all issued before any is used, so the NVLink latency is paid once
+// per unit, not once per element and rank.
+template <typename T>
+PL_DEVICE u32 norm_unit(const Ptrs& stage, u64 par, u32 world, u64 base, u64 u, u64 d, const Norm& nm, bool write_h,
+                        bool vec, float (&hf)[Unit<T>::VEC]) {
+  typedef typename Tr<T>::Acc A;
+  constexpr u32 VEC = Unit<T>::VEC;
+  union V { vec16 v; T e[VEC]; };
+  const u64 j0 = u * VEC;
+  const u32 len = (u32)pl_min((u64)VEC, d - j0);
+  float xr[VEC];
+  load_f32s(nm.residual, nm.x_ty, base + j0, len, xr);
+  V x[PL_MAX_RANKS];
+#pragma unroll
+  for (u32 p = 0; p < PL_MAX_RANKS; ++p) {
+    if (p >= world) continue;
+    const T* src = reinterpret_cast<const T*>(stage.p[p] + par) + base + j0;
+    if (vec) {
+      x[p].v = load16(src);
+    } else {
+#pragma unroll
+      for (u32 k = 0; k < VEC; ++k)
+        if (k < len) x[p].e[k] = src[k];
+    }
+  }
+#pragma unroll
+  for (u32 k = 0; k < VEC; ++k) {
+    if (k >= len) continue;
+    A acc = Tr<T>::up(x[0].e[k]);
+#pragma unroll
+    for (u32 p = 1; p < PL_MAX_RANKS; ++p)
+      if (p < world) acc = fold_step<T, Sum>(acc, x[p].e[k]);
+    hf[k] = norm_finish<T>(acc, xr[k], base + j0 + k, nm, write_h);
+  }
+  return len;
 }
 
 // The sum of every thread's `v` (blockDim.x a power of two, at most PL_NORM_THREADS): a tree
@@ -761,25 +810,34 @@ PL_DEVICE float block_sum(float v, float* part) {
   return total;
 }
 
-// y for element `i` (row position `j`) from its hf and the row's r.
-PL_DEVICE void norm_y(const Norm& nm, u64 i, u64 j, float hf, float r) {
-  float out = pl_mul_rn(hf, r);
-  if (nm.gamma) out = pl_mul_rn(out, load_as_f32(nm.gamma, nm.g_ty, j));
-  store_from_f32(nm.y, nm.y_ty, i, out);
+// y for the `len` elements of a row from element `i` (row position `j`) from their hf and the
+// row's r (gamma's elements loaded before any store).
+template <u32 N>
+PL_DEVICE void norm_y(const Norm& nm, u64 i, u64 j, u32 len, const float (&hf)[N], float r) {
+  float g[N];
+  if (nm.gamma) load_f32s(nm.gamma, nm.g_ty, j, len, g);
+#pragma unroll
+  for (u32 k = 0; k < N; ++k) {
+    if (k >= len) continue;
+    float out = pl_mul_rn(hf[k], r);
+    if (nm.gamma) out = pl_mul_rn(out, g[k]);
+    store_from_f32(nm.y, nm.y_ty, i + k, out);
+  }
 }
 
 template <typename T>
 PL_DEVICE void one_shot_norm(const T* in, const Norm& nm, u32 rank, u32 world, const Ptrs& stage, u64 stride,
                              const Ptrs& flags, u32* counter, const Status& st) {
   __shared__ float part[PL_NORM_THREADS];
-  __shared__ float kept[PL_NORM_KEPT];
   const u32 e = next_epoch(counter);
   const u64 par = (e & 1) * stride;
   const u64 d = nm.d;
   constexpr u32 VEC = Unit<T>::VEC;
   // Stage this block's rows of my operand (staging halves are 256-byte aligned).
   T* mine = reinterpret_cast<T*>(stage.p[rank] + par);
-  const bool vec = aligned16(in) && (d * sizeof(T)) % 16 == 0;
+  // Rows of whole 16-byte units (every row then starts 16-byte aligned in the staging).
+  const bool vec_rows = (d * sizeof(T)) % 16 == 0;
+  const bool vec = aligned16(in) && vec_rows;
   for (u64 row = blockIdx.x; row < nm.rows; row += gridDim.x) {
     const T* src = in + row * d;
     T* dst = mine + row * d;
@@ -791,23 +849,44 @@ PL_DEVICE void one_shot_norm(const T* in, const Norm& nm, u32 rank, u32 world, c
   }
   block_barrier(flags, 0, rank, world, 2 * e, st);
   const float mean = __uint_as_float(nm.mean), eps = __uint_as_float(nm.eps);
+  const u64 units = (d + VEC - 1) / VEC;
   for (u64 row = blockIdx.x; row < nm.rows; row += gridDim.x) {
     const u64 base = row * d;
-    // Thread t: positions t, t + blockDim, ... (the order block_sum_of_squares reproduces).
+    // Thread t: units t, t + blockDim, ..., each unit's elements in order (the order
+    // kernels::epilogue::block_sum_of_squares reproduces). Its first PL_NORM_UNITS units stay
+    // in registers for y; units beyond are summed again from the staging (same bits).
+    float kept[PL_NORM_UNITS][VEC];
     float sq = 0.f;
-    for (u64 j = threadIdx.x; j < d; j += blockDim.x) {
-      const float v = norm_hf<T>(stage, par, world, base + j, nm, true);
-      if (j < PL_NORM_KEPT) kept[j] = v;
-      sq = pl_add_rn(sq, pl_mul_rn(v, v));
+#pragma unroll
+    for (u32 q = 0; q < PL_NORM_UNITS; ++q) {
+      const u64 u = threadIdx.x + (u64)q * blockDim.x;
+      if (u < units) {
+        const u32 len = norm_unit<T>(stage, par, world, base, u, d, nm, true, vec_rows, kept[q]);
+#pragma unroll
+        for (u32 k = 0; k < VEC; ++k)
+          if (k < len) sq = pl_add_rn(sq, pl_mul_rn(kept[q][k], kept[q][k]));
+      }
     }
-    const float sum = block_sum(sq, part);  // its barriers also order `kept` (same thread anyway)
+    for (u64 u = threadIdx.x + (u64)PL_NORM_UNITS * blockDim.x; u < units; u += blockDim.x) {
+      float hf[VEC];
+      const u32 len = norm_unit<T>(stage, par, world, base, u, d, nm, true, vec_rows, hf);
+#pragma unroll
+      for (u32 k = 0; k < VEC; ++k)
+        if (k < len) sq = pl_add_rn(sq, pl_mul_rn(hf[k], hf[k]));
+    }
+    const float sum = block_sum(sq, part);
     const float ms = nm.mean_div ? pl_div_rn(sum, mean) : pl_mul_rn(sum, mean);
     const float r = pl_div_rn(1.0f, pl_sqrt_rn(pl_add_rn(ms, eps)));
-    for (u64 j = threadIdx.x; j < d; j += blockDim.x) {
-      const float v = j < PL_NORM_KEPT ? kept[j] : norm_hf<T>(stage, par, world, base + j, nm, false);
-      norm_y(nm, base + j, j, v, r);
+#pragma unroll
+    for (u32 q = 0; q < PL_NORM_UNITS; ++q) {
+      const u64 u = threadIdx.x + (u64)q * blockDim.x;
+      if (u < units) norm_y(nm, base + u * VEC, u * VEC, (u32)pl_min((u64)VEC, d - u * VEC), kept[q], r);
     }
-    __syncthreads();  // `kept` is rewritten for the next row
+    for (u64 u = threadIdx.x + (u64)PL_NORM_UNITS * blockDim.x; u < units; u += blockDim.x) {
+      float hf[VEC];
+      const u32 len = norm_unit<T>(stage, par, world, base, u, d, nm, false, vec_rows, hf);
+      norm_y(nm, base + u * VEC, u * VEC, len, hf, r);
+    }
   }
 }
 

@@ -371,7 +371,9 @@ fn check_fused(c: &Clique, ar: &AllReduceNorm, f: &Form, rows: usize, d: usize, 
     );
     let (mut h2, mut y_want) = (vec![0u8; n * f.h.size()], vec![0u8; n * f.y.size()]);
     let threads = THREADS as usize;
-    let tree = move |hf: &[f32]| kernels::epilogue::block_sum_of_squares(hf, threads);
+    // The kernel reads a row in 16-byte units of the all-reduce's type.
+    let unit = 16 / f.a.size();
+    let tree = move |hf: &[f32]| kernels::epilogue::block_sum_of_squares(hf, threads, unit);
     kernels::epilogue::apply(&f.e, d, s_ref, x_ref, gref, &mut h2, prim(f.h), &mut y_want, prim(f.y), &tree);
     assert_eq!(h2, h_want);
     if zero_residual && f.e.round_ar.is_none() && f.a == f.h {

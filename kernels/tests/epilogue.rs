@@ -18,14 +18,21 @@ fn get(bytes: &[u8], ty: PrimitiveType, i: usize) -> f32 {
 fn block_order_sums_every_square_once() {
     let hf: Vec<f32> = (0..1000).map(|i| (i % 7) as f32 - 3.0).collect();
     // Small integers: every order is exact.
-    assert_eq!(block_sum_of_squares(&hf, 512), sum_of_squares(&hf));
-    assert_eq!(block_sum_of_squares(&hf, 1), sum_of_squares(&hf));
-    assert_eq!(block_sum_of_squares(&[3.0], 512), 9.0);
+    for unit in [1, 4, 8] {
+        assert_eq!(block_sum_of_squares(&hf, 512, unit), sum_of_squares(&hf));
+        assert_eq!(block_sum_of_squares(&hf, 1, unit), sum_of_squares(&hf));
+        assert_eq!(block_sum_of_squares(&[3.0], 512, unit), 9.0);
+    }
     // An order the result shows: sequentially 2^24 + 1 rounds back to 2^24 (ties to
-    // even), twice; with 2 threads, thread 1's 1 + 1 = 2 is added to 2^24 whole.
+    // even), twice; with 2 threads of units of 1, thread 1's 1 + 1 = 2 is added to 2^24
+    // whole; with units of 2, thread 0 holds 4096 and 1 (2^24 + 1 -> 2^24), thread 1 0 and 1.
     let v = [4096.0f32, 1.0, 0.0, 1.0];
     assert_eq!(sum_of_squares(&v), 16_777_216.0);
-    assert_eq!(block_sum_of_squares(&v, 2), 16_777_218.0);
+    assert_eq!(block_sum_of_squares(&v, 2, 1), 16_777_218.0);
+    assert_eq!(block_sum_of_squares(&v, 2, 2), 16_777_216.0);
+    // Units of 2 over 2 threads: thread 0 sums units 0 and 2 (elements 0, 1, 4), thread 1 unit 1.
+    let w = [4096.0f32, 0.0, 1.0, 1.0, 1.0];
+    assert_eq!(block_sum_of_squares(&w, 2, 2), 16_777_218.0);
 }
 
 #[test]

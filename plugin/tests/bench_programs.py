@@ -69,7 +69,7 @@ MODES = {
 PEERLESS_MODES = {
     "peerless": None,
     "peerless-overlap": "--overlap_above_bytes=262144 --two_shot_max_bytes=67108864 --all_reduce_backend=kernel "
-                        "--all_gather_backend=kernel --reduce_scatter_backend=kernel",
+                        "--all_gather_backend=kernel --reduce_scatter_backend=kernel --all_to_all_backend=kernel",
     "peerless-nofuse": "--fuse_norm=false",
 }
 # Mode suffixes: XLA options a user may add to any mode.

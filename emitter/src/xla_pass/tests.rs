@@ -1,24 +1,6 @@
 use super::*;
 
 #[test]
-fn shared_instances_agree_between_processes() {
-    let pb = include_bytes!("../../tests/xla_pass/psum_f32.pb");
-    let fp = fingerprint(pb).unwrap();
-    // The same module with another per-process id has the same fingerprint.
-    let mut other = Vec::new();
-    put_varint(&mut other, hlo_module::ID, 12345);
-    for f in fields(pb).unwrap().iter().filter(|f| f.number != hlo_module::ID) {
-        other.extend_from_slice(f.raw);
-    }
-    assert_eq!(fingerprint(&other).unwrap(), fp);
-    let a = shared_instance(fp, "all-reduce.1");
-    assert_eq!(a, shared_instance(fp, "all-reduce.1"));
-    assert_ne!(a, shared_instance(fp, "all-reduce.2"));
-    assert_ne!(a, shared_instance(fp ^ 1, "all-reduce.1"));
-    assert!(a <= i64::MAX as u64);
-}
-
-#[test]
 fn dependencies_order_chains_and_keep_independent_collectives_apart() {
     // Two independent chains (psum, pmax) in the entry, an all-gather after the psums,
     // and a psum in a loop body (see psum_chains_independent.expected for the slots).
@@ -70,12 +52,4 @@ fn pinned_shapes_carry_a_layout_on_every_array() {
     let mut ins = Vec::new();
     let err = pin_operands(&mut ins, &[7], &HashMap::new(), "all-to-all.3").unwrap_err();
     assert!(err.to_string().contains("'all-to-all.3': operand 7"), "{err}");
-}
-
-#[test]
-fn instance_ids_are_distinct_and_positive() {
-    let a = next_instance();
-    let b = next_instance();
-    assert_ne!(a, b);
-    assert!(a <= i64::MAX as u64 && b <= i64::MAX as u64);
 }

@@ -246,6 +246,17 @@ pub(super) fn pin_operands(
     Ok(())
 }
 
+/// The fields an instruction the pass turns into another opcode keeps: what names it and
+/// what users and tools see of it.
+const IDENTITY: [u32; 6] = [
+    instruction::NAME,
+    instruction::SHAPE,
+    instruction::METADATA,
+    instruction::ID,
+    instruction::SHARDING,
+    instruction::FRONTEND_ATTRIBUTES,
+];
+
 /// Copies the fields of `fs` numbered in `keep` to `out`, as they were encoded.
 fn copy_fields(fs: &[Field<'_>], keep: &[u32], out: &mut Vec<u8>) {
     for x in fs.iter().filter(|x| keep.contains(&x.number)) {
@@ -392,20 +403,8 @@ pub(super) fn rewrite(
                 };
                 if let Some(form) = operands.first().and_then(|o| starts.get(o)) {
                     let mut ins = Vec::with_capacity(i.payload.len());
-                    copy_fields(
-                        fs,
-                        &[
-                            instruction::NAME,
-                            instruction::SHAPE,
-                            instruction::METADATA,
-                            instruction::ID,
-                            instruction::OPERAND_IDS,
-                            instruction::CONTROL_PREDECESSOR_IDS,
-                            instruction::SHARDING,
-                            instruction::FRONTEND_ATTRIBUTES,
-                        ],
-                        &mut ins,
-                    );
+                    copy_fields(fs, &IDENTITY, &mut ins);
+                    copy_fields(fs, &[instruction::OPERAND_IDS, instruction::CONTROL_PREDECESSOR_IDS], &mut ins);
                     if *form == Form::AsyncTuple {
                         put_bytes(&mut ins, instruction::OPCODE, b"get-tuple-element");
                         put_varint(&mut ins, instruction::TUPLE_INDEX, 1);
@@ -427,18 +426,7 @@ pub(super) fn rewrite(
                         .get(ar)
                         .ok_or_else(|| PassError::Wire(format!("'{n}': the fused '{ar}' is not in its computation")))?;
                     let mut ins = Vec::with_capacity(i.payload.len());
-                    copy_fields(
-                        fs,
-                        &[
-                            instruction::NAME,
-                            instruction::SHAPE,
-                            instruction::METADATA,
-                            instruction::ID,
-                            instruction::SHARDING,
-                            instruction::FRONTEND_ATTRIBUTES,
-                        ],
-                        &mut ins,
-                    );
+                    copy_fields(fs, &IDENTITY, &mut ins);
                     put_bytes(&mut ins, instruction::OPCODE, b"get-tuple-element");
                     put_varint(&mut ins, instruction::TUPLE_INDEX, index);
                     put_ints(&mut ins, instruction::OPERAND_IDS, [call_id]);

@@ -80,14 +80,14 @@ pub struct Flags {
     /// asynchronously, overlapped with compute (a custom call runs in order on the compute
     /// stream). `None`: no such rule.
     pub xla_async_above_bytes: Option<usize>,
-    /// Inside XLA:GPU: collectives of more bytes per device than this run on a Peerless kernel
-    /// on XLA's asynchronous compute stream (`operation_queue_id`, `xla_pass`'s async rule),
-    /// where XLA's scheduler may overlap them with compute; they no longer stay XLA's under
-    /// `xla_async_above_bytes`. `None` (the default): every call runs on the compute stream.
+    /// Inside XLA:GPU: collectives above this run on XLA's async compute stream (not left to XLA
+    /// under `xla_async_above_bytes`); `None` (the default): every call on the compute stream.
     pub overlap_above_bytes: Option<usize>,
     /// Inside XLA: fuse a sum all-reduce the pass gives a kernel with the residual add and
-    /// RMSNorm after it, where the platform's handlers run it (`xla_pass::fuse`).
-    pub fuse_norm: bool,
+    /// RMSNorm after it (`xla_pass::fuse`) where the platform's handlers run it: always
+    /// (`Some(true)`), never, or (`None`) where the fused kernel is the faster
+    /// ([`crate::Capabilities::fused_norm_auto`]).
+    pub fuse_norm: Option<bool>,
 }
 
 /// Default of `--xla_async_above_bytes`: 2× H200, 2026-11-23 — a data-parallel train step
@@ -110,7 +110,7 @@ impl Default for Flags {
             allow_unsafe_peer_targets: false,
             xla_async_above_bytes: Some(DEFAULT_XLA_ASYNC_ABOVE_BYTES),
             overlap_above_bytes: None,
-            fuse_norm: true,
+            fuse_norm: None,
         }
     }
 }
@@ -258,20 +258,19 @@ pub const FLAGS: &[FlagSpec] = &[
     },
     FlagSpec {
         name: "fuse_norm",
-        ty: "true|false",
+        ty: "auto|true|false",
         help: "inside XLA: fuse a sum all-reduce run on a kernel with the residual add + RMSNorm (+ convert) after \
-               it into one call, where the platform runs it (CPU); false: never",
-        get: |f| f.fuse_norm.to_string(),
-        set: |f, v| match v {
-            "true" => {
-                f.fuse_norm = true;
-                Ok(())
-            }
-            "false" => {
-                f.fuse_norm = false;
-                Ok(())
-            }
-            _ => Err(format!("'{v}' is neither true nor false")),
+               it into one call; auto: where the fused kernel measured faster (XLA:CPU), true: wherever the \
+               platform runs it (CPU, CUDA), false: never",
+        get: |f| f.fuse_norm.map_or_else(|| "auto".to_owned(), |b| b.to_string()),
+        set: |f, v| {
+            f.fuse_norm = match v {
+                "auto" => None,
+                "true" => Some(true),
+                "false" => Some(false),
+                _ => return Err(format!("'{v}' is not auto, true or false")),
+            };
+            Ok(())
         },
     },
 ];

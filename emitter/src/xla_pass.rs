@@ -247,12 +247,9 @@ struct Rewrite {
     queue: u64,
 }
 
-/// The `operation_queue_id` of calls the pass runs asynchronously (`--overlap_above_bytes`).
-/// XLA:GPU's `StreamAttributeAsyncWrapper` wraps an instruction whose `GpuBackendConfig`
-/// names a queue other than 0 in `async-start` / `async-done` on execution thread
-/// "parallel", which the latency-hiding scheduler takes as async compute and may overlap
-/// with other work; the thunk emitter runs the wrapped custom call on that queue's stream
-/// (`XLA_FFI_Stream_Get` hands the handler that stream).
+/// The `operation_queue_id` of calls run asynchronously (`--overlap_above_bytes`): XLA:GPU
+/// wraps them in `async-start` on thread "parallel", which its scheduler overlaps with compute,
+/// and runs them on that queue's stream (docs/OVERLAP.md).
 pub const ASYNC_QUEUE: u64 = 1;
 
 /// Where the pass learns peer access between device ids. Probing GPUs opens them (seconds;
@@ -343,6 +340,7 @@ impl Default for PassConfig {
                 cross_process: false,
                 in_order: false,
                 fused_norm: true,
+                fused_norm_auto: true,
                 async_queue: false,
             },
             instance_base: None,
@@ -734,7 +732,7 @@ fn fuse_epilogues(
     decisions: &mut [PassDecision],
 ) -> HashMap<String, fuse::Fused> {
     let mut out = HashMap::new();
-    if !cfg.flags.fuse_norm || !cfg.caps.fused_norm {
+    if !cfg.caps.fused_norm || !cfg.flags.fuse_norm.unwrap_or(cfg.caps.fused_norm_auto) {
         return out;
     }
     let candidate = |id: InstrId, c: &CustomCallConfig| {

@@ -47,6 +47,9 @@ fn config_for(pb: &Path, flags: &str) -> Result<PassConfig, String> {
     let gpu = pb.file_stem().is_some_and(|s| s.to_string_lossy().ends_with("_gpu"));
     cfg.caps.in_order = gpu;
     cfg.caps.async_queue = gpu;
+    // CUDA's fused kernel is not the faster (`Capabilities::fused_norm_auto`): `*_gpu` inputs
+    // fuse only with `--fuse_norm=true`.
+    cfg.caps.fused_norm_auto = !gpu;
     Ok(cfg)
 }
 

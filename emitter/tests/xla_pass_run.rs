@@ -55,7 +55,14 @@ fn two_processes(hosts: &str, job: &str) -> Topology {
 fn decide(pb: &[u8], topology: Topology, cross_process: bool) -> (PassDecision, Option<String>) {
     let cfg = PassConfig {
         topology: Some(topology),
-        caps: Capabilities { variadic: true, cross_process, in_order: false, fused_norm: true, async_queue: false },
+        caps: Capabilities {
+            variadic: true,
+            cross_process,
+            in_order: false,
+            fused_norm: true,
+            fused_norm_auto: true,
+            async_queue: false,
+        },
         instance_base: Some(1),
         ..PassConfig::default()
     };
@@ -176,6 +183,7 @@ fn staging_beyond_a_quarter_of_free_device_memory_goes_back_to_xla() {
                 cross_process: false,
                 in_order: true,
                 fused_norm: false,
+                fused_norm_auto: false,
                 async_queue: false,
             },
             ..PassConfig::default()
@@ -211,6 +219,7 @@ fn on_xla_cpu_unordered_calls_go_back() {
             cross_process: false,
             in_order: true,
             fused_norm: false,
+            fused_norm_auto: false,
             async_queue: false,
         },
         ..cpu.clone()

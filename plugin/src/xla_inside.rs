@@ -98,6 +98,7 @@ pub fn pass_config_tuned(
                 cross_process: true,
                 in_order: platform != "cpu",
                 fused_norm: matches!(platform, "cpu" | "cuda"),
+                fused_norm_auto: platform == "cpu",
                 // XLA:GPU's operation queues (`--overlap_above_bytes`): verified on CUDA only.
                 async_queue: platform == "cuda",
             }

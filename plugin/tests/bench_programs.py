@@ -14,7 +14,7 @@ alternate the order, so drift spreads over all modes):
   peerless        `jax_plugins.peerless.enable()`
   peerless-overlap  collectives above 256 KiB on a Peerless kernel on XLA's async compute
                   stream (issue 38; flags in PEERLESS_MODES)
-  peerless-nofuse `--fuse_norm=false`: no all-reduce + RMSNorm fusion
+  peerless-fuse   `--fuse_norm=true`: the all-reduce fused with the RMSNorm after it on CUDA too
   any mode + ":nographs"  XLA's command buffers off (`--xla_gpu_enable_command_buffer=`)
   any mode + ":va"        command buffers replay without updates when buffers move
                           (`--xla_gpu_command_buffer_update_mode=SKIP_PROFILED`)
@@ -61,7 +61,7 @@ MODES = {
     "nccl-symmetric": "--xla_gpu_experimental_enable_nccl_symmetric_buffers=true",
     "peerless": "",
     "peerless-overlap": "",
-    "peerless-nofuse": "",
+    "peerless-fuse": "",
 }
 # Peerless's flags per mode (`enable(flags=...)`). The overlap mode also lets kernels take the
 # large gradient all-reduces (two-shot up to 64 MiB, kernels where the profile would pick XLA
@@ -70,7 +70,7 @@ PEERLESS_MODES = {
     "peerless": None,
     "peerless-overlap": "--overlap_above_bytes=262144 --two_shot_max_bytes=67108864 --all_reduce_backend=kernel "
                         "--all_gather_backend=kernel --reduce_scatter_backend=kernel --all_to_all_backend=kernel",
-    "peerless-nofuse": "--fuse_norm=false",
+    "peerless-fuse": "--fuse_norm=true",
 }
 # Mode suffixes: XLA options a user may add to any mode.
 SUFFIXES = {

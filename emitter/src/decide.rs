@@ -244,6 +244,8 @@ fn rules(
                 format!("{bytes} bytes <= one_shot_max_bytes={one}{red}, {shape}"),
             )
         } else if bytes <= two {
+            // usize::MAX: no limit (a call beside compute, `xla_pass`'s async rule).
+            let two = if two == usize::MAX { "none".to_owned() } else { two.to_string() };
             Decision::kernel(
                 KernelAlgorithm::TwoShotAllReduce,
                 format!("{bytes} bytes > one_shot_max_bytes={one} and <= two_shot_max_bytes={two}{red}, {shape}"),

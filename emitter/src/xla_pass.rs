@@ -814,14 +814,23 @@ fn decide_one(
     };
     // Decide on device ids: map the logical groups through the assignment first, so peer
     // access and process locality are checked on the devices that will really talk.
-    let (config, decision) =
-        match decide_tuned(module, id, a.replicas, a.partitions, &cfg.flags, tuning, logical, cfg.caps) {
-            Ok(x) => x,
-            Err(e) => {
-                d.reason = e.to_string();
-                return (d, None);
-            }
-        };
+    let decide =
+        |flags: &Flags, t: &Tuning| decide_tuned(module, id, a.replicas, a.partitions, flags, t, logical, cfg.caps);
+    // A call XLA will overlap with compute (the async rule below) is decided without the
+    // profile and two-shot's limit, which measure a collective run alone (docs/OVERLAP.md).
+    let decided = match decide(&cfg.flags, tuning) {
+        Ok((c, _)) if cfg.caps.async_queue && cfg.flags.overlap_above_bytes.is_some_and(|l| c.bytes_per_device > l) => {
+            decide(&Flags { two_shot_max_bytes: usize::MAX, ..cfg.flags.clone() }, &Tuning::none())
+        }
+        x => x,
+    };
+    let (config, decision) = match decided {
+        Ok(x) => x,
+        Err(e) => {
+            d.reason = e.to_string();
+            return (d, None);
+        }
+    };
     let groups: Vec<Vec<usize>> = config.groups.iter().map(|g| g.iter().map(|&l| a.device(l)).collect()).collect();
     let pairs: Vec<(usize, usize)> =
         config.source_target_pairs.iter().map(|&(s, t)| (a.device(s), a.device(t))).collect();

@@ -2,7 +2,7 @@
 //! memory. The tests that look inside a segment are in src/host/shm/tests.rs.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -10,47 +10,18 @@ use hlo::ArrayShape;
 use hlo::PrimitiveType as T;
 use hlo::analysis::ReductionKind as R;
 use rustix::fs::Mode;
-use thunks::{CollectiveConfig, CollectiveKind as Kind, CollectiveOp, KernelAlgorithm as Algo};
+use thunks::{CollectiveConfig, CollectiveKind as Kind, KernelAlgorithm as Algo};
 
 use kernels::host::direct::DirectCollective;
 use kernels::host::shm::*;
 use kernels::{Error, Result};
 
-/// Instances of this test binary never share a key (each test has its own job token).
-static INSTANCE: AtomicU64 = AtomicU64::new(1);
-
-fn job() -> String {
-    format!("{:016x}", rand::random::<u64>())
-}
+#[path = "common/shm.rs"]
+mod common;
+use common::*;
 
 fn key(job: &str) -> ShmKey {
-    ShmKey { job: job.to_string(), instance: INSTANCE.fetch_add(1, Ordering::Relaxed) }
-}
-
-/// The job's names left in /dev/shm.
-fn leftovers(job: &str) -> Vec<String> {
-    let prefix = format!("peerless-{job}-");
-    let entries = std::fs::read_dir("/dev/shm").expect("/dev/shm");
-    entries.filter_map(|e| e.ok()?.file_name().into_string().ok()).filter(|n| n.starts_with(&prefix)).collect()
-}
-
-fn config(kind: Kind, groups: Vec<Vec<usize>>, dimension: Option<usize>, n_ops: usize, r: R) -> CollectiveConfig {
-    CollectiveConfig {
-        op: CollectiveOp { kind, is_async: false },
-        groups,
-        element_type: T::F32,
-        reduction: Some(r),
-        bytes_per_device: 0,
-        dimension,
-        source_target_pairs: vec![],
-        num_operands: n_ops,
-    }
-}
-
-fn permute_config(pairs: Vec<(usize, usize)>, n_ops: usize) -> CollectiveConfig {
-    let mut cfg = config(Kind::CollectivePermute, vec![], None, n_ops, R::Sum);
-    cfg.source_target_pairs = pairs;
-    cfg
+    ShmKey { job: job.to_string(), instance: next_instance() }
 }
 
 fn splitmix(mut x: u64) -> u64 {

@@ -63,13 +63,12 @@ MODES = {
     "peerless-overlap": "",
     "peerless-fuse": "",
 }
-# Peerless's flags per mode (`enable(flags=...)`). The overlap mode also lets kernels take the
-# large gradient all-reduces (two-shot up to 64 MiB, kernels where the profile would pick XLA
-# for a collective run alone).
+# Peerless's flags per mode (`enable(flags=...)`). (The 2026-11-27 runs of peerless-overlap also
+# set every backend `kernel` and --two_shot_max_bytes=67108864; the pass now decides calls beside
+# compute without the profile and two-shot's limit by itself.)
 PEERLESS_MODES = {
     "peerless": None,
-    "peerless-overlap": "--overlap_above_bytes=262144 --two_shot_max_bytes=67108864 --all_reduce_backend=kernel "
-                        "--all_gather_backend=kernel --reduce_scatter_backend=kernel --all_to_all_backend=kernel",
+    "peerless-overlap": "--overlap_above_bytes=262144",
     "peerless-fuse": "--fuse_norm=true",
 }
 # Mode suffixes: XLA options a user may add to any mode.

@@ -69,7 +69,8 @@ has sweep && [ "$NGPU" -gt 2 ] && step sweep_2gpu 400 env CUDA_VISIBLE_DEVICES=0
 # JAX's own suites with PEERLESS_ENABLE=1 beside the same run without: JAX_TESTS_DIR holds
 # jax-ml/jax's tests/{pmap,shard_map,pjit}_test.py at the installed JAX's version (never
 # committed; the device tool carries them); pytest, pytest-xdist and absl-py come from
-# PEERLESS_WHEELS (wheels carried likewise) where the image lacks them.
+# PEERLESS_WHEELS (wheels carried likewise) where the image lacks them. With
+# PEERLESS_FLAGS=--overlap_above_bytes=0 every Peerless call runs on XLA's async queue (issue 38).
 if has suites; then
   if ! python3 -c 'import pytest, xdist, absl' 2>/dev/null; then
     python3 -m pip install -q --no-index --find-links "${PEERLESS_WHEELS:-.wheels}" pytest pytest-xdist absl-py

@@ -812,18 +812,17 @@ fn decide_one(
         kernel: false,
         reason: String::new(),
     };
+    // Above `overlap_above_bytes` (XLA:GPU) the call runs on an async queue, which XLA's
+    // scheduler overlaps with compute (the async rule), and is decided without the profile and
+    // two-shot's limit: both measure a collective run alone (docs/OVERLAP.md). `d.bytes` is
+    // the config's `bytes_per_device` (its operands' bytes).
+    let overlap = cfg.flags.overlap_above_bytes.filter(|&l| cfg.caps.async_queue && d.bytes > l);
+    let async_flags = overlap.map(|_| Flags { two_shot_max_bytes: usize::MAX, ..cfg.flags.clone() });
+    let no_profile = Tuning::none();
+    let (flags, tuning) = async_flags.as_ref().map_or((&cfg.flags, tuning), |f| (f, &no_profile));
     // Decide on device ids: map the logical groups through the assignment first, so peer
     // access and process locality are checked on the devices that will really talk.
-    let decide =
-        |flags: &Flags, t: &Tuning| decide_tuned(module, id, a.replicas, a.partitions, flags, t, logical, cfg.caps);
-    // A call XLA will overlap with compute (the async rule below) is decided without the
-    // profile and two-shot's limit, which measure a collective run alone (docs/OVERLAP.md).
-    let decided = match decide(&cfg.flags, tuning) {
-        Ok((c, _)) if cfg.caps.async_queue && cfg.flags.overlap_above_bytes.is_some_and(|l| c.bytes_per_device > l) => {
-            decide(&Flags { two_shot_max_bytes: usize::MAX, ..cfg.flags.clone() }, &Tuning::none())
-        }
-        x => x,
-    };
+    let decided = decide_tuned(module, id, a.replicas, a.partitions, flags, tuning, logical, cfg.caps);
     let (config, decision) = match decided {
         Ok(x) => x,
         Err(e) => {
@@ -883,12 +882,9 @@ fn decide_one(
         d.reason = format!("no peer access {x}↔{y} ({})", peers.get().source());
         return (d, None);
     }
-    // Above `overlap_above_bytes` (XLA:GPU) the call runs on an async queue, which XLA's
-    // scheduler may overlap with compute (the async rule).
-    let overlap = cfg.flags.overlap_above_bytes.filter(|&l| cfg.caps.async_queue && config.bytes_per_device > l);
-    // Otherwise partitioner-made collectives XLA would run asynchronously, overlapped with
-    // compute: above the flag's size, overlap wins over a faster kernel in order on the
-    // compute stream.
+    // Unless on an async queue, partitioner-made collectives XLA would run asynchronously,
+    // overlapped with compute: above the flag's size, overlap wins over a faster kernel in order
+    // on the compute stream.
     let spmd = ins.attrs.frontend_attributes.get("is_spmd_generated").is_some_and(|v| v == "true");
     if let Some(limit) = cfg.flags.xla_async_above_bytes
         && overlap.is_none()

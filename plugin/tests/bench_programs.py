@@ -49,6 +49,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -80,7 +81,7 @@ SUFFIXES = {
 }
 AGREE = 5e-2
 # Kernel names of collectives (Peerless's, NCCL's, XLA's collective kernels) in a profile.
-COLLECTIVE_KERNEL = __import__("re").compile(r"^pl_|nccl|[Aa]ll[_-]?[Rr]educe|[Aa]ll[_-]?[Gg]ather|[Aa]ll[_-]?[Tt]o[_-]?[Aa]ll|collective")
+COLLECTIVE_KERNEL = re.compile(r"^pl_|nccl|[Aa]ll[_-]?[Rr]educe|[Aa]ll[_-]?[Gg]ather|[Aa]ll[_-]?[Tt]o[_-]?[Aa]ll|collective")
 DEFAULT_PROGRAMS = [
     "psum_chain", "decode_d4096_b1", "decode_d4096_b8", "decode_d4096_b64", "decode_d8192_b16",
     "prefill_d4096", "moe", "ring_attention", "dp_step", "fsdp_step",

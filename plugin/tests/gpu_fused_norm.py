@@ -25,8 +25,6 @@ os.environ.setdefault("PEERLESS_TUNING_PROFILE", "0")
 for k, v in {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}.items():
     os.environ.setdefault(k, v)
 
-EPS = 1e-6
-
 
 def main() -> int:
     ap = argparse.ArgumentParser()
@@ -37,29 +35,16 @@ def main() -> int:
     import jax
     import jax.numpy as jnp
     import jax_plugins.peerless as peerless
+    import norm_layer
     import numpy as np
-    from jax.sharding import Mesh, PartitionSpec as P
 
     gpus = jax.devices()
     if len(gpus) < 2 or gpus[0].platform == "cpu":
         print(f"FAIL: needs 2 GPUs, JAX has {gpus}")
         return 1
 
-    def layer(gamma):
-        def f(x, a, *g):
-            h = x + jax.lax.psum(a, "tp")
-            hf = h.astype(jnp.float32)
-            n = hf * jax.lax.rsqrt(jnp.mean(hf * hf, -1, keepdims=True) + EPS)
-            if gamma:
-                n = n * g[0].astype(jnp.float32)
-            return h, n.astype(x.dtype)
-
-        return f
-
     def program(k, gamma):
-        mesh = Mesh(np.array(gpus[:k]), ("tp",))
-        specs = (P(), P(), P()) if gamma else (P(), P())
-        return jax.shard_map(layer(gamma), mesh=mesh, in_specs=specs, out_specs=(P(), P()), check_vma=False)
+        return norm_layer.program(gpus[:k], gamma)
 
     def compile_both(f, args):
         peerless.disable(a.platform)

@@ -11,30 +11,17 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh, PartitionSpec as P
 
+import norm_layer
+from norm_layer import EPS
 from test_xla_inside import compile_both, cpu_devices, need, sample, show, assert_same  # noqa: F401
 
-EPS = 1e-6
 # y is normalised from h: bf16 outputs one ulp apart where XLA's f32 row sum (split in chunks)
 # and Peerless's (left to right) round differently before the cast.
 Y_TOL = {np.dtype(jnp.bfloat16): (2e-2, 2e-2), np.dtype(jnp.float32): (1e-5, 1e-5)}
 
 
-def layer(gamma):
-    def f(x, a, *g):
-        h = x + jax.lax.psum(a, "tp")
-        hf = h.astype(jnp.float32)
-        n = hf * jax.lax.rsqrt(jnp.mean(hf * hf, -1, keepdims=True) + EPS)
-        if gamma:
-            n = n * g[0].astype(jnp.float32)
-        return h, n.astype(x.dtype)
-
-    return f
-
-
 def program(k, gamma):
-    mesh = Mesh(np.array(cpu_devices()[:k]), ("tp",))
-    specs = (P(), P(), P()) if gamma else (P(), P())
-    return jax.shard_map(layer(gamma), mesh=mesh, in_specs=specs, out_specs=(P(), P()), check_vma=False)
+    return norm_layer.program(cpu_devices()[:k], gamma)
 
 
 def fused(decisions):

@@ -15,7 +15,7 @@ pub(super) fn reduce_many<B: XlaBackend>(
     rets: &[BufferRef],
     shapes: &[ArrayShape],
 ) -> Result<(), HandlerError> {
-    let red = Red::of(call.cfg.reduction.ok_or_else(|| err(ErrorCode::InvalidArgument, "no reduction"))?);
+    let red = reduction(call.cfg)?;
     let Symmetric { stage, flags, stride, counter } = call.symmetric(group)?;
     // Operand j's place in a staging half: the sum of the earlier operands' rounded sizes,
     // the layout `staging_bytes` sized.
@@ -29,10 +29,7 @@ pub(super) fn reduce_many<B: XlaBackend>(
     types.sort_unstable_by_key(|t| *t as i32);
     types.dedup();
     for ty in types {
-        let t = Dtype::of(ty).ok_or_else(|| err(ErrorCode::InvalidArgument, format!("no kernel for {ty}")))?;
-        if !red.defined_for(t) {
-            return Err(err(ErrorCode::InvalidArgument, format!("no {} reduction for {}", red.name(), t.name())));
-        }
+        let t = reduced_type(ty, red)?;
         let of_type: Vec<usize> = (0..shapes.len()).filter(|&j| shapes[j].ty == ty).collect();
         for chunk in of_type.chunks(MAX_OPERANDS) {
             let mut many = Many { count: chunk.len() as u64, ..Many::default() };
@@ -59,6 +56,20 @@ pub(super) fn reduce_many<B: XlaBackend>(
         }
     }
     Ok(())
+}
+
+/// The call's reduction.
+fn reduction(cfg: &CustomCallConfig) -> Result<Red, HandlerError> {
+    cfg.reduction.map(Red::of).ok_or_else(|| err(ErrorCode::InvalidArgument, "no reduction"))
+}
+
+/// The kernels' element type for `ty` under `red`, or why no reduction kernel takes it.
+fn reduced_type(ty: hlo::PrimitiveType, red: Red) -> Result<Dtype, HandlerError> {
+    let t = Dtype::of(ty).ok_or_else(|| err(ErrorCode::InvalidArgument, format!("no kernel for {ty}")))?;
+    if !red.defined_for(t) {
+        return Err(err(ErrorCode::InvalidArgument, format!("no {} reduction for {}", red.name(), t.name())));
+    }
+    Ok(t)
 }
 
 /// Errors unless vendor `B` runs calls with `cfg`'s epilogue.
@@ -163,12 +174,8 @@ pub(super) fn reduce<B: XlaBackend>(
     if g == 1 {
         return call.copy(r.data as u64, a.data as u64, bytes);
     }
-    let t =
-        Dtype::of(shape.ty).ok_or_else(|| err(ErrorCode::InvalidArgument, format!("no kernel for {}", shape.ty)))?;
-    let red = Red::of(cfg.reduction.ok_or_else(|| err(ErrorCode::InvalidArgument, "no reduction"))?);
-    if !red.defined_for(t) {
-        return Err(err(ErrorCode::InvalidArgument, format!("no {} reduction for {}", red.name(), t.name())));
-    }
+    let red = reduction(cfg)?;
+    let t = reduced_type(shape.ty, red)?;
     let Symmetric { stage, flags, stride, counter } = call.symmetric(group)?;
     if cfg.algorithm == Algo::DirectReduceScatter {
         let (phys, dim) = cfg.physical(&shape.dims).map_err(|m| err(ErrorCode::InvalidArgument, m))?;

@@ -80,9 +80,13 @@ pub struct Flags {
     /// asynchronously, overlapped with compute (a custom call runs in order on the compute
     /// stream). `None`: no such rule.
     pub xla_async_above_bytes: Option<usize>,
-    /// Inside XLA:GPU: collectives above this run on XLA's async compute stream (not left to XLA
-    /// under `xla_async_above_bytes`); `None` (the default): every call on the compute stream.
+    /// Inside XLA:GPU (platforms with [`crate::Capabilities::async_queue`]): collectives above
+    /// this run on XLA's async compute stream, overlapped with compute, instead of staying XLA's
+    /// under `xla_async_above_bytes`; `None`: every call on the compute stream.
     pub overlap_above_bytes: Option<usize>,
+    /// The most thread blocks a call beside compute launches with (`overlap_above_bytes`): few
+    /// SMs for the collective, the rest for the GEMMs it overlaps.
+    pub async_blocks: u32,
     /// Inside XLA: fuse a sum all-reduce the pass gives a kernel with the residual add and
     /// RMSNorm after it (`xla_pass::fuse`) where the platform's handlers run it: always
     /// (`Some(true)`), never, or (`None`) where the fused kernel is the faster
@@ -90,10 +94,16 @@ pub struct Flags {
     pub fuse_norm: Option<bool>,
 }
 
-/// Default of `--xla_async_above_bytes`: 2× H200, 2026-11-23 — a data-parallel train step
-/// whose 2 MiB gradient all-reduce ran on a Peerless kernel took 403 µs against XLA's 252 µs,
-/// while latency-bound all-reduces of ≤ 256 KiB (a tensor-parallel decode layer) gain 1.5×.
+/// Default of `--xla_async_above_bytes` (where no async queue is: XLA:CPU, ROCm) and of
+/// `--overlap_above_bytes` (XLA:GPU on CUDA): 2× H200, 2026-11-23 — a data-parallel train step
+/// whose 2 MiB gradient all-reduce ran on a Peerless kernel in order took 403 µs against XLA's
+/// 252 µs, while latency-bound all-reduces of ≤ 256 KiB (a tensor-parallel decode layer) gain
+/// 1.5× in order; 2026-11-27 — the same step with its gradients beside compute 1.23–1.75× stock.
 pub const DEFAULT_XLA_ASYNC_ABOVE_BYTES: usize = 256 * 1024;
+
+/// Default of `--async_blocks`: a quarter of an H100's 132 SMs (a launch's blocks land one per
+/// SM while SMs are free); NCCL's ring all-reduce on NVLink uses 16–32 blocks.
+pub const DEFAULT_ASYNC_BLOCKS: u32 = 32;
 
 impl Default for Flags {
     fn default() -> Self {
@@ -109,7 +119,8 @@ impl Default for Flags {
             host_topology: HostTopology::FullMesh,
             allow_unsafe_peer_targets: false,
             xla_async_above_bytes: Some(DEFAULT_XLA_ASYNC_ABOVE_BYTES),
-            overlap_above_bytes: None,
+            overlap_above_bytes: Some(DEFAULT_XLA_ASYNC_ABOVE_BYTES),
+            async_blocks: DEFAULT_ASYNC_BLOCKS,
             fuse_norm: None,
         }
     }
@@ -249,10 +260,26 @@ pub const FLAGS: &[FlagSpec] = &[
         ty: "bytes|none",
         help: "inside XLA:GPU: collectives above this run on a Peerless kernel on XLA's async compute stream, \
                overlapped with compute where XLA's scheduler can (and no longer stay XLA's under \
-               xla_async_above_bytes); none: every call on the compute stream",
+               xla_async_above_bytes, which then applies only where no async queue is); none: every call on the \
+               compute stream",
         get: |f| f.overlap_above_bytes.map_or_else(|| "none".to_owned(), |b| b.to_string()),
         set: |f, v| {
             f.overlap_above_bytes = if v == "none" { None } else { Some(parse_bytes(v)?) };
+            Ok(())
+        },
+    },
+    FlagSpec {
+        name: "async_blocks",
+        ty: "blocks",
+        help: "inside XLA:GPU: the most thread blocks a call beside compute (overlap_above_bytes) launches with, \
+               so the GEMMs it overlaps keep the other SMs",
+        get: |f| f.async_blocks.to_string(),
+        set: |f, v| {
+            let b: u32 = v.parse().map_err(|_| format!("'{v}' is not a block count"))?;
+            if !(1..=thunks::MAX_COLLECTIVE_BLOCKS).contains(&b) {
+                return Err(format!("{b} blocks: the kernels take 1 to {}", thunks::MAX_COLLECTIVE_BLOCKS));
+            }
+            f.async_blocks = b;
             Ok(())
         },
     },

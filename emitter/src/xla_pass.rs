@@ -968,14 +968,16 @@ fn decide_one(
         slot_gpu_bytes: 0,
         order_operands: 0,
         epilogue: None,
+        blocks: if overlap.is_some() { cfg.flags.async_blocks } else { 0 },
     };
     d.implementation = decision.implementation.to_string();
     d.kernel = true;
     d.reason = decision.reason;
     if let Some(limit) = overlap {
         d.reason.push_str(&format!(
-            "; async: {} bytes > overlap_above_bytes={limit}, on XLA's operation queue {ASYNC_QUEUE} beside compute",
-            config.bytes_per_device
+            "; async: {} bytes > overlap_above_bytes={limit}, on XLA's operation queue {ASYNC_QUEUE} beside compute, \
+             at most {} blocks",
+            config.bytes_per_device, call.blocks
         ));
     }
     if call.spans_processes() {

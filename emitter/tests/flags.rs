@@ -24,7 +24,7 @@ fn parses_every_flag_and_round_trips() {
              --reduce_scatter_backend=fallback --collective_permute_backend=kernel --one_shot_max_bytes=1024 \
              --two_shot_max_bytes=65536 --collective_timeout_ms=500 --host_topology=pairs:0-1,2-3 \
              --allow_unsafe_peer_targets=true --xla_async_above_bytes=none --overlap_above_bytes=1048576 \
-             --fuse_norm=false";
+             --async_blocks=8 --fuse_norm=false";
     let f = Flags::parse(s).unwrap();
     assert_eq!((f.fuse_norm, Flags::default().fuse_norm), (Some(false), None));
     // The kernels' grid is not a flag (it never reached a launch): a clear error, not ignored.
@@ -38,7 +38,12 @@ fn parses_every_flag_and_round_trips() {
     assert_eq!(f.host_topology, HostTopology::Pairs(vec![(0, 1), (2, 3)]));
     assert!(f.allow_unsafe_peer_targets && !Flags::default().allow_unsafe_peer_targets);
     assert_eq!((f.xla_async_above_bytes, Flags::default().xla_async_above_bytes), (None, Some(262_144)));
-    assert_eq!((f.overlap_above_bytes, Flags::default().overlap_above_bytes), (Some(1 << 20), None));
+    assert_eq!((f.overlap_above_bytes, Flags::default().overlap_above_bytes), (Some(1 << 20), Some(262_144)));
+    assert_eq!((f.async_blocks, Flags::default().async_blocks), (8, 32));
+    // A block count the kernels' signal arrays cannot take is refused, not clamped.
+    for bad in ["0", "129", "x"] {
+        assert!(Flags::parse(&format!("--async_blocks={bad}")).is_err(), "{bad}");
+    }
     assert_eq!(f.to_string(), s.split_whitespace().collect::<Vec<_>>().join(" "));
     assert_eq!(Flags::parse(&f.to_string()).unwrap(), f);
     let mut g = Flags::default();

@@ -487,6 +487,7 @@ mod tests {
             slot_gpu_bytes: 0,
             order_operands: 0,
             epilogue: None,
+            blocks: 0,
         }
     }
 

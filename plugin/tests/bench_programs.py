@@ -11,9 +11,11 @@ alternate the order, so drift spreads over all modes):
   stock           JAX as installed (NCCL through XLA, command buffers as XLA defaults them)
   xla-kernels     XLA's own one-/two-shot collective kernels
   nccl-symmetric  NCCL with symmetric buffer registration
-  peerless        `jax_plugins.peerless.enable()`
-  peerless-overlap  collectives above 256 KiB on a Peerless kernel on XLA's async compute
-                  stream (issue 38; flags in PEERLESS_MODES)
+  peerless        `jax_plugins.peerless.enable()` (on CUDA collectives above 256 KiB run on a
+                  Peerless kernel on XLA's async queue, beside compute, on at most 32 blocks)
+  peerless-sync   `--overlap_above_bytes=none`: every call in order on the compute stream, and
+                  partitioner-made ones above 256 KiB left to XLA (the default before issue 38)
+  peerless-blocks64  `--async_blocks=64`: calls beside compute on the synchronous grid
   peerless-fuse   `--fuse_norm=true`: the all-reduce fused with the RMSNorm after it on CUDA too
   any mode + ":nographs"  XLA's command buffers off (`--xla_gpu_enable_command_buffer=`)
   any mode + ":va"        command buffers replay without updates when buffers move
@@ -61,15 +63,17 @@ MODES = {
     "xla-kernels": "--xla_gpu_experimental_use_collective_kernels=ALL_REDUCE,ALL_GATHER",
     "nccl-symmetric": "--xla_gpu_experimental_enable_nccl_symmetric_buffers=true",
     "peerless": "",
-    "peerless-overlap": "",
+    "peerless-sync": "",
+    "peerless-blocks64": "",
     "peerless-fuse": "",
 }
-# Peerless's flags per mode (`enable(flags=...)`). (The 2026-11-27 runs of peerless-overlap also
-# set every backend `kernel` and --two_shot_max_bytes=67108864; the pass now decides calls beside
-# compute without the profile and two-shot's limit by itself.)
+# Peerless's flags per mode (`enable(flags=...)`). (Before issue 38's default, mode
+# peerless-overlap was `--overlap_above_bytes=262144`, today's `peerless`; its 2026-11-27 runs C
+# and D also set every backend `kernel` and --two_shot_max_bytes=67108864.)
 PEERLESS_MODES = {
     "peerless": None,
-    "peerless-overlap": "--overlap_above_bytes=262144",
+    "peerless-sync": "--overlap_above_bytes=none",
+    "peerless-blocks64": "--async_blocks=64",
     "peerless-fuse": "--fuse_norm=true",
 }
 # Mode suffixes: XLA options a user may add to any mode.

@@ -13,7 +13,8 @@ Oracle: numpy on the host (XLA's own path would need NCCL between two processes 
 which NCCL refuses); the script also tries XLA alone and reports what happened. Checks per
 program: results equal (floats to a tolerance, integers exactly), Peerless's custom call in
 the optimized HLO, handler calls counted. Then a fault: process 1 leaves before a
-collective; process 0 must fail with a timeout naming the missing device.
+collective; process 0 must fail with a timeout naming the missing device, with the call in
+order on the compute stream and on XLA's async queue (`--faults-only`: only these).
 
     PEERLESS_PJRT_LIBRARY=$PWD/.gpu/libpeerless_pjrt.so PYTHONPATH=$PWD/plugin/python \\
       python3 plugin/tests/gpu_multiprocess.py [--out DIR]
@@ -27,6 +28,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import tempfile
 import time
 
 from jobs import free_port, run_workers
@@ -39,14 +41,14 @@ TIMEOUT_MS = 5000
 PLATFORM = os.environ.get("PEERLESS_PLATFORM", "cuda")
 
 
-def run_job(mode: str, timeout: float = 400, extra_env: dict | None = None) -> list[dict]:
+def run_job(mode: str, timeout: float = 400, extra_env: dict | None = None, flags: str = "") -> list[dict]:
     port = free_port()
     env = dict(os.environ)
     env.update(extra_env or {})
     env.update(
         JAX_PLATFORMS=PLATFORM,
         PEERLESS_ENABLE="1",
-        PEERLESS_FLAGS=f"--collective_timeout_ms={TIMEOUT_MS}",
+        PEERLESS_FLAGS=f"--collective_timeout_ms={TIMEOUT_MS} {flags}".strip(),
         PEERLESS_XLA_PLUGIN="none",  # JAX's own CUDA backend; no "peerless" platform
         XLA_PYTHON_CLIENT_PREALLOCATE="false",  # two processes share one GPU's memory
         NCCL_NVLS_ENABLE="0",
@@ -158,6 +160,8 @@ def worker(pid: int, port: int, mode: str) -> None:
                                   out_specs=P("x"), check_vma=False))
         x = put(np.ones((8 * NPROC, 4), np.float32))
         f.lower(x).compile()
+        # Where the call runs: on XLA's async queue when PEERLESS_FLAGS puts it there.
+        report["async"] = any("async:" in d["reason"] for d in inside.decisions())
         if pid == 1:
             print(json.dumps(report), flush=True)
             os._exit(0)
@@ -174,43 +178,11 @@ def worker(pid: int, port: int, mode: str) -> None:
     os._exit(0)
 
 
-def main() -> int:
-    out_dir = sys.argv[sys.argv.index("--out") + 1] if "--out" in sys.argv else None
-    ok = True
-    summary: dict = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
-    reps = run_job("programs")
-    summary["programs"] = reps
-    for r in reps:
-        if r["rc"] != 0 or "results" not in r:
-            ok = False
-            print(f"process {r.get('pid', '?')}: rc {r['rc']}\n{r['stderr']}")
-    if all("results" in r for r in reps):
-        r0 = reps[0]
-        print(f"devices: {[r['devices'] for r in reps]} ({r0.get('device_kind')}); XLA alone: {r0.get('xla_alone')}")
-        print(f"{'program':16s} {'same':>5s} {'peerless':>8s} {'handler calls':>13s} {'µs/call p0':>10s} {'p1':>8s}")
-        for name in r0["results"]:
-            rows = [r["results"][name] for r in reps]
-            good = all(x.get("same") and x.get("peerless") and x.get("handler_calls", 0) > 0 for x in rows)
-            ok &= good
-            err = next((x["error"] for x in rows if "error" in x), "")
-            print(f"{name:16s} {str(all(x.get('same') for x in rows)):>5s} {str(all(x.get('peerless') for x in rows)):>8s} "
-                  f"{rows[0].get('handler_calls', 0):>13d} {rows[0].get('us_per_call', 0):>10.1f} "
-                  f"{rows[1].get('us_per_call', 0):>8.1f} {err[:300]}")
-        print("stats:", r0.get("stats"))
-        for d in r0.get("decisions", [])[:4]:
-            print("  ", d)
-    leave = run_job("leave", timeout=120)
-    summary["leave"] = leave
-    e = leave[0].get("error") or ""
-    named = "timed out" in e or "never" in e
-    print(f"fault (process 1 leaves): process 0 waited {leave[0].get('waited_s', -1):.1f} s: {e[:400]}")
-    ok &= bool(e) and named and "[1]" in e
+def persistent_cache(summary: dict) -> bool:
     # The second start on JAX's persistent compilation cache: the same job twice on one fresh
     # cache dir. The second start must load what the first wrote (no new entries), run every
     # program right on Peerless's kernels (IPC with its own job token) and know the same
     # decisions.
-    import tempfile
-
     cache = tempfile.mkdtemp(prefix="peerless-jax-cache-")
     cache_env = {"JAX_COMPILATION_CACHE_DIR": cache, "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
                  "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "-1"}
@@ -232,8 +204,50 @@ def main() -> int:
     same_stats = all(a.get("stats") == b.get("stats") for a, b in zip(starts[0]["reps"], starts[1]["reps"]))
     print(f"second start: cache entries unchanged (loaded, not recompiled): {same_entries}; "
           f"stats equal to the first start's: {same_stats}")
-    ok &= all(st["good"] for st in starts) and same_entries and same_stats
     summary["persistent_cache"] = starts
+    return all(st["good"] for st in starts) and same_entries and same_stats
+
+
+def main() -> int:
+    out_dir = sys.argv[sys.argv.index("--out") + 1] if "--out" in sys.argv else None
+    faults_only = "--faults-only" in sys.argv  # only the rank-that-never-arrives checks
+    ok = True
+    summary: dict = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    reps = [] if faults_only else run_job("programs")
+    summary["programs"] = reps
+    for r in reps:
+        if r["rc"] != 0 or "results" not in r:
+            ok = False
+            print(f"process {r.get('pid', '?')}: rc {r['rc']}\n{r['stderr']}")
+    if reps and all("results" in r for r in reps):
+        r0 = reps[0]
+        print(f"devices: {[r['devices'] for r in reps]} ({r0.get('device_kind')}); XLA alone: {r0.get('xla_alone')}")
+        print(f"{'program':16s} {'same':>5s} {'peerless':>8s} {'handler calls':>13s} {'µs/call p0':>10s} {'p1':>8s}")
+        for name in r0["results"]:
+            rows = [r["results"][name] for r in reps]
+            good = all(x.get("same") and x.get("peerless") and x.get("handler_calls", 0) > 0 for x in rows)
+            ok &= good
+            err = next((x["error"] for x in rows if "error" in x), "")
+            print(f"{name:16s} {str(all(x.get('same') for x in rows)):>5s} {str(all(x.get('peerless') for x in rows)):>8s} "
+                  f"{rows[0].get('handler_calls', 0):>13d} {rows[0].get('us_per_call', 0):>10.1f} "
+                  f"{rows[1].get('us_per_call', 0):>8.1f} {err[:300]}")
+        print("stats:", r0.get("stats"))
+        for d in r0.get("decisions", [])[:4]:
+            print("  ", d)
+    # The fault, with the call in order on the compute stream and on XLA's async queue
+    # (`--overlap_above_bytes=0`: issue 38), where XLA waits on the queue's stream for it.
+    for label, flags, want_async in (("in order", "--overlap_above_bytes=none", False),
+                                     ("async queue", "--overlap_above_bytes=0", True)):
+        leave = run_job("leave", timeout=120, flags=flags)
+        summary[f"leave ({label})"] = leave
+        e = leave[0].get("error") or ""
+        named = "timed out" in e or "never" in e
+        where = leave[0].get("async")
+        print(f"fault (process 1 leaves; call {label}, async decision: {where}): "
+              f"process 0 waited {leave[0].get('waited_s', -1):.1f} s: {e[:400]}")
+        ok &= bool(e) and named and "[1]" in e and where == want_async
+    if not faults_only:
+        ok &= persistent_cache(summary)
     if out_dir:
         os.makedirs(out_dir, exist_ok=True)
         with open(os.path.join(out_dir, "gpu_multiprocess.json"), "w") as fh:

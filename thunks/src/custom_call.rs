@@ -147,6 +147,10 @@ pub struct CustomCallConfig {
     /// What the pass fused after an all-reduce ([`Epilogue`]); `None`: the plain collective.
     /// With one, the call takes (operand, residual, [gamma]) and returns (h, y).
     pub epilogue: Option<Epilogue>,
+    /// The most thread blocks the call's kernels launch with (0: the kernels' own grid). A
+    /// call beside compute takes few SMs, so the GEMMs it overlaps keep the device; every
+    /// rank reads the same value, which the per-block barriers need.
+    pub blocks: u32,
 }
 
 /// Element types an [`Epilogue`] rounds through (the pass matches only these).
@@ -259,8 +263,9 @@ impl Epilogue {
 }
 
 /// Every attribute a Peerless custom call may carry.
-pub const ATTRIBUTES: [&str; 18] = [
+pub const ATTRIBUTES: [&str; 19] = [
     "algorithm",
+    "blocks",
     "decisions",
     "dimension",
     "epilogue",
@@ -367,6 +372,9 @@ impl CustomCallConfig {
         }
         if let Some(e) = &self.epilogue {
             kv.push(("epilogue", mlir_string(&e.text())));
+        }
+        if self.blocks > 0 {
+            kv.push(("blocks", format!("{} : i64", self.blocks)));
         }
         if let Some(slot) = self.slot {
             kv.push(("slot", format!("{} : i64", slot & (i64::MAX as u64))));
@@ -482,6 +490,11 @@ impl CustomCallConfig {
                 None => 0,
                 Some(b) => nonneg("slot_gpu_bytes", b)? as u64,
             };
+        let blocks = match a.i64("blocks").map_err(|message| AttrError::Invalid { name: "blocks", message })? {
+            None => 0,
+            Some(b) => u32::try_from(b)
+                .map_err(|_| AttrError::Invalid { name: "blocks", message: format!("{b} is not a block count") })?,
+        };
         let epilogue = match a.str("epilogue").map_err(|message| AttrError::Invalid { name: "epilogue", message })? {
             None => None,
             Some(e) => Some(Epilogue::parse(&e).map_err(|message| AttrError::Invalid { name: "epilogue", message })?),
@@ -508,6 +521,7 @@ impl CustomCallConfig {
             slot_gpu_bytes,
             order_operands,
             epilogue,
+            blocks,
         })
     }
 

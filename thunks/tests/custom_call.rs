@@ -98,6 +98,7 @@ fn round_trips_through_backend_config() {
         slot_gpu_bytes: 0,
         order_operands: 0,
         epilogue: None,
+        blocks: 0,
     };
     let s = c.backend_config();
     assert_eq!(
@@ -111,6 +112,11 @@ fn round_trips_through_backend_config() {
     let t = slotted.backend_config();
     assert!(t.contains("slot = 12 : i64, slot_bytes = 1048576 : i64, slot_gpu_bytes = 3145728 : i64"), "{t}");
     assert_eq!(CustomCallConfig::from_attrs(CollectiveKind::AllReduce, &Parsed::new(&t)).unwrap(), slotted);
+    // A call's block limit (beside compute) travels; 0: no attribute.
+    let few = CustomCallConfig { blocks: 16, ..c.clone() };
+    let b = few.backend_config();
+    assert!(b.starts_with("{algorithm = \"one_shot\", blocks = 16 : i64, group_size"), "{b}");
+    assert_eq!(CustomCallConfig::from_attrs(CollectiveKind::AllReduce, &Parsed::new(&b)).unwrap(), few);
     // Ordering operands (XLA:CPU chains) travel; none: no attribute.
     // A fused epilogue travels exactly (its constants by their bits), only on a sum.
     let e = Epilogue {
@@ -155,6 +161,7 @@ fn round_trips_through_backend_config() {
         slot_gpu_bytes: 0,
         order_operands: 0,
         epilogue: None,
+        blocks: 0,
     };
     let back = CustomCallConfig::from_attrs(CollectiveKind::CollectivePermute, &Parsed::new(&p.backend_config()));
     assert_eq!(back.unwrap(), p);
@@ -228,6 +235,7 @@ fn gpu_staging_follows_the_handlers_layout() {
         slot_gpu_bytes: 0,
         order_operands: 0,
         epilogue: None,
+        blocks: 0,
     };
     let with = |kind, algorithm| CustomCallConfig { kind, algorithm, ..base.clone() };
     use CollectiveKind as K;

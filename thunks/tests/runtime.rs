@@ -24,6 +24,7 @@ fn call(instance: u64, decisions: &str) -> CustomCallConfig {
         slot_gpu_bytes: 0,
         order_operands: 0,
         epilogue: None,
+        blocks: 0,
     }
 }
 

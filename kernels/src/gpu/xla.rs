@@ -604,6 +604,9 @@ impl<B: XlaBackend> Call<'_, B> {
         _args: &A,
     ) -> Result<(), HandlerError> {
         let f = self.func(func)?;
+        // A call beside compute takes at most its `blocks` (the kernels stride over any grid;
+        // every rank reads the same limit, so the per-block barriers still pair up).
+        let grid = if self.cfg.blocks > 0 { grid.min(self.cfg.blocks) } else { grid };
         // SAFETY: every caller builds `params` from one of collectives.rs's argument structs
         // (`_args`, alive for this call) whose field list is the kernel family's parameter list;
         // every address is an XLA buffer of this call (alive until the stream reaches it, XLA's
@@ -834,6 +837,7 @@ mod tests {
             slot_gpu_bytes: 8192,
             order_operands: 0,
             epilogue: None,
+            blocks: 0,
         }
     }
 

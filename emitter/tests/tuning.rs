@@ -77,6 +77,21 @@ fn chooses_the_fastest_measured_and_says_why() {
     let c = c.unwrap();
     assert_eq!(c.algorithm, None);
     assert!(c.reason.ends_with("-> XLA (kernel not 5% faster than XLA at 1 KiB)"), "{}", c.reason);
+    // A size measured slower than a larger one was noise: each figure is the least at that size
+    // or above (the shipped Hopper profile's f32 all-to-all in groups of 4, 2026-11-26).
+    let mut q = p.clone();
+    let direct = KernelAlgorithm::DirectAllToAll.name();
+    for (bytes, k, x) in [(65536, 49.32, 57.91), (262144, 75.2, 68.25), (1 << 20, 48.99, 70.6)] {
+        q.record("all-to-all", "f32", 4, bytes, direct, k);
+        q.record("all-to-all", "f32", 4, bytes, XLA, x);
+    }
+    let c = q.choose(CollectiveKind::AllToAll, PrimitiveType::F32, 4, 262144, &[KernelAlgorithm::DirectAllToAll]);
+    let c = c.unwrap();
+    assert_eq!(c.algorithm, Some(KernelAlgorithm::DirectAllToAll), "{}", c.reason);
+    assert!(c.reason.contains("at 256 KiB: XLA 68 µs, kernel 49 µs (measured at 256 KiB)"), "{}", c.reason);
+    // A larger size measured slower stays as measured (time may grow with size).
+    let c = q.choose(CollectiveKind::AllToAll, PrimitiveType::F32, 4, 65536, &[KernelAlgorithm::DirectAllToAll]);
+    assert!(c.unwrap().reason.contains("XLA 58 µs, kernel 49 µs"));
     // Nothing measured for the op: no answer.
     assert!(p.choose(CollectiveKind::AllToAll, PrimitiveType::F32, 8, 1024, &[]).is_none());
 }

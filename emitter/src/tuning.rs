@@ -401,15 +401,14 @@ fn monotone(points: &[Point]) -> Vec<Point> {
         .iter()
         .rev()
         .map(|p| {
-            let us = p
-                .us
-                .iter()
-                .map(|(name, &t)| {
-                    let m = least.entry(name.as_str()).or_insert(f64::INFINITY);
-                    *m = m.min(t);
-                    (name.clone(), *m)
-                })
-                .collect();
+            let us =
+                p.us.iter()
+                    .map(|(name, &t)| {
+                        let m = least.entry(name.as_str()).or_insert(f64::INFINITY);
+                        *m = m.min(t);
+                        (name.clone(), *m)
+                    })
+                    .collect();
             Point { bytes: p.bytes, us }
         })
         .collect();

@@ -101,8 +101,7 @@ pub struct Flags {
 /// 1.5× in order; 2026-11-27 — the same step with its gradients beside compute 1.23–1.75× stock.
 pub const DEFAULT_XLA_ASYNC_ABOVE_BYTES: usize = 256 * 1024;
 
-/// Default of `--async_blocks`: a quarter of an H100's 132 SMs (a launch's blocks land one per
-/// SM while SMs are free); NCCL's ring all-reduce on NVLink uses 16–32 blocks.
+/// Default of `--async_blocks`: a quarter of an H100's 132 SMs (NCCL's rings use 16–32 blocks).
 pub const DEFAULT_ASYNC_BLOCKS: u32 = 32;
 
 impl Default for Flags {
@@ -233,16 +232,9 @@ pub const FLAGS: &[FlagSpec] = &[
         help: "use peer kernels even on GPU targets whose cross-device atomics are known not to be visible to \
                peers (gfx90a, MI200-class); false: those devices use the fallback",
         get: |f| f.allow_unsafe_peer_targets.to_string(),
-        set: |f, v| match v {
-            "true" => {
-                f.allow_unsafe_peer_targets = true;
-                Ok(())
-            }
-            "false" => {
-                f.allow_unsafe_peer_targets = false;
-                Ok(())
-            }
-            _ => Err(format!("'{v}' is neither true nor false")),
+        set: |f, v| {
+            f.allow_unsafe_peer_targets = v.parse().map_err(|_| format!("'{v}' is neither true nor false"))?;
+            Ok(())
         },
     },
     FlagSpec {

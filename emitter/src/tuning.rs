@@ -388,30 +388,21 @@ impl Profile {
     }
 }
 
-/// `points` with each implementation's time at a size taken as the least it measured there or
-/// at any larger size: the same algorithm moving fewer bytes does not take longer, so a small
-/// size measured slower than a larger one was the machine's noise (shared hosts spread ±15%).
-/// The shipped Hopper profile measured the all-to-all of f32 in groups of 4 at 75 µs for
-/// 256 KiB and 49 µs for 1 MiB; taken as measured, it left an FSDP step's fifteen 256 KiB
-/// all-to-alls to XLA, whose send/recv kept the step host-bound (1.0× stock on 4× H200
-/// against 1.5–1.7× with the kernel, 2026-11-27).
+/// `points` with each implementation's time at a size the least it measured there or above: the
+/// same algorithm moving fewer bytes does not take longer, so a smaller size measured slower was
+/// noise (the shipped Hopper profile's f32 all-to-all ×4 at 256 KiB, which left FSDP's to XLA).
 fn monotone(points: &[Point]) -> Vec<Point> {
-    let mut least: BTreeMap<&str, f64> = BTreeMap::new();
-    let mut out: Vec<Point> = points
-        .iter()
-        .rev()
-        .map(|p| {
-            let us =
-                p.us.iter()
-                    .map(|(name, &t)| {
-                        let m = least.entry(name.as_str()).or_insert(f64::INFINITY);
-                        *m = m.min(t);
-                        (name.clone(), *m)
-                    })
-                    .collect();
-            Point { bytes: p.bytes, us }
-        })
-        .collect();
+    let mut least: BTreeMap<String, f64> = BTreeMap::new();
+    let mut out = Vec::with_capacity(points.len());
+    for p in points.iter().rev() {
+        let mut us = p.us.clone();
+        for (name, t) in &mut us {
+            let m = least.entry(name.clone()).or_insert(f64::INFINITY);
+            *m = m.min(*t);
+            *t = *m;
+        }
+        out.push(Point { bytes: p.bytes, us });
+    }
     out.reverse();
     out
 }

@@ -315,6 +315,16 @@ fn nonneg(name: &'static str, v: i64) -> Result<usize, AttrError> {
     usize::try_from(v).map_err(|_| AttrError::Invalid { name, message: format!("{v} is negative") })
 }
 
+/// An optional attribute as read (`None`: absent).
+fn opt<T>(name: &'static str, v: Result<Option<T>, String>) -> Result<Option<T>, AttrError> {
+    v.map_err(|message| AttrError::Invalid { name, message })
+}
+
+/// An optional non-negative integer attribute (`None`: absent).
+fn opt_count(a: &dyn AttrSource, name: &'static str) -> Result<Option<usize>, AttrError> {
+    opt(name, a.i64(name))?.map(|v| nonneg(name, v)).transpose()
+}
+
 impl CustomCallConfig {
     /// The custom-call target.
     pub fn target(&self) -> &'static str {
@@ -402,8 +412,8 @@ impl CustomCallConfig {
         })?;
         let instance = need("instance", a.i64("instance"))? as u64;
         let timeout_ms = nonneg("timeout_ms", need("timeout_ms", a.i64("timeout_ms"))?)? as u64;
-        let name = a.str("name").map_err(|message| AttrError::Invalid { name: "name", message })?.unwrap_or_default();
-        let reduction = match a.str("reduction").map_err(|message| AttrError::Invalid { name: "reduction", message })? {
+        let name = opt("name", a.str("name"))?.unwrap_or_default();
+        let reduction = match opt("reduction", a.str("reduction"))? {
             None => None,
             Some(r) => Some(reduction_from_name(&r).ok_or_else(|| AttrError::Invalid {
                 name: "reduction",
@@ -413,11 +423,8 @@ impl CustomCallConfig {
         if matches!(kind, CollectiveKind::AllReduce | CollectiveKind::ReduceScatter) && reduction.is_none() {
             return Err(AttrError::Missing("reduction"));
         }
-        let dimension = match a.i64("dimension").map_err(|message| AttrError::Invalid { name: "dimension", message })? {
-            None => None,
-            Some(d) => Some(nonneg("dimension", d)?),
-        };
-        let layout = match a.i64_array("layout").map_err(|message| AttrError::Invalid { name: "layout", message })? {
+        let dimension = opt_count(a, "dimension")?;
+        let layout = match opt("layout", a.i64_array("layout"))? {
             None => None,
             Some(l) => Some(l.into_iter().map(|d| nonneg("layout", d)).collect::<Result<Vec<_>, _>>()?),
         };
@@ -443,10 +450,9 @@ impl CustomCallConfig {
                 groups.push(g.iter().map(|&d| nonneg("groups", d)).collect::<Result<Vec<_>, _>>()?);
             }
         }
-        let processes = match a.i64_array("processes") {
-            Err(message) => return Err(AttrError::Invalid { name: "processes", message }),
-            Ok(None) => Vec::new(),
-            Ok(Some(p)) => {
+        let processes = match opt("processes", a.i64_array("processes"))? {
+            None => Vec::new(),
+            Some(p) => {
                 let n = if kind == CollectiveKind::CollectivePermute {
                     2 * pairs.len()
                 } else {
@@ -461,41 +467,17 @@ impl CustomCallConfig {
                 p.into_iter().map(|x| nonneg("processes", x)).collect::<Result<Vec<_>, _>>()?
             }
         };
-        let decisions = a
-            .str("decisions")
-            .map_err(|message| AttrError::Invalid { name: "decisions", message })?
-            .unwrap_or_default();
-        let num_devices =
-            match a.i64("num_devices").map_err(|message| AttrError::Invalid { name: "num_devices", message })? {
-                None => 0,
-                Some(n) => nonneg("num_devices", n)?,
-            };
+        let decisions = opt("decisions", a.str("decisions"))?.unwrap_or_default();
+        let num_devices = opt_count(a, "num_devices")?.unwrap_or(0);
         // Absent in calls written before slots: staging of the call's own.
-        let slot = match a.i64("slot").map_err(|message| AttrError::Invalid { name: "slot", message })? {
-            None => None,
-            Some(s) => Some(nonneg("slot", s)? as u64),
-        };
-        let slot_bytes =
-            match a.i64("slot_bytes").map_err(|message| AttrError::Invalid { name: "slot_bytes", message })? {
-                None => 0,
-                Some(b) => nonneg("slot_bytes", b)? as u64,
-            };
-        let order_operands =
-            match a.i64("order_operands").map_err(|message| AttrError::Invalid { name: "order_operands", message })? {
-                None => 0,
-                Some(n) => nonneg("order_operands", n)?,
-            };
-        let slot_gpu_bytes =
-            match a.i64("slot_gpu_bytes").map_err(|message| AttrError::Invalid { name: "slot_gpu_bytes", message })? {
-                None => 0,
-                Some(b) => nonneg("slot_gpu_bytes", b)? as u64,
-            };
-        let blocks = match a.i64("blocks").map_err(|message| AttrError::Invalid { name: "blocks", message })? {
-            None => 0,
-            Some(b) => u32::try_from(b)
-                .map_err(|_| AttrError::Invalid { name: "blocks", message: format!("{b} is not a block count") })?,
-        };
-        let epilogue = match a.str("epilogue").map_err(|message| AttrError::Invalid { name: "epilogue", message })? {
+        let slot = opt_count(a, "slot")?.map(|s| s as u64);
+        let slot_bytes = opt_count(a, "slot_bytes")?.unwrap_or(0) as u64;
+        let order_operands = opt_count(a, "order_operands")?.unwrap_or(0);
+        let slot_gpu_bytes = opt_count(a, "slot_gpu_bytes")?.unwrap_or(0) as u64;
+        let blocks = opt_count(a, "blocks")?.unwrap_or(0);
+        let blocks = u32::try_from(blocks)
+            .map_err(|_| AttrError::Invalid { name: "blocks", message: format!("{blocks} is not a block count") })?;
+        let epilogue = match opt("epilogue", a.str("epilogue"))? {
             None => None,
             Some(e) => Some(Epilogue::parse(&e).map_err(|message| AttrError::Invalid { name: "epilogue", message })?),
         };

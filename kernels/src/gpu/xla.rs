@@ -604,8 +604,7 @@ impl<B: XlaBackend> Call<'_, B> {
         _args: &A,
     ) -> Result<(), HandlerError> {
         let f = self.func(func)?;
-        // A call beside compute takes at most its `blocks` (the kernels stride over any grid;
-        // every rank reads the same limit, so the per-block barriers still pair up).
+        // At most the call's `blocks` (kernels stride over any grid; every rank has the same limit).
         let grid = if self.cfg.blocks > 0 { grid.min(self.cfg.blocks) } else { grid };
         // SAFETY: every caller builds `params` from one of collectives.rs's argument structs
         // (`_args`, alive for this call) whose field list is the kernel family's parameter list;

@@ -27,7 +27,7 @@ fn parses_every_flag_and_round_trips() {
              --async_blocks=8 --fuse_norm=false";
     let f = Flags::parse(s).unwrap();
     assert_eq!((f.fuse_norm, Flags::default().fuse_norm), (Some(false), None));
-    // The kernels' grid is not a flag (it never reached a launch): a clear error, not ignored.
+    // The old grid flag (it never reached a launch; `async_blocks` does) is a clear error, not ignored.
     assert!(Flags::parse("--collective_blocks=64").unwrap_err().to_string().contains("unknown flag"));
     assert_eq!(f.all_reduce_backend, Backend::Kernel);
     assert_eq!(f.all_gather_backend, Backend::Fallback);

@@ -243,14 +243,18 @@ struct Rewrite {
     target: &'static str,
     call: CustomCallConfig,
     form: Form,
-    /// XLA:GPU's operation queue the call runs on ([`ASYNC_QUEUE`]), 0: the compute stream.
-    queue: u64,
 }
 
 /// The `operation_queue_id` of calls run asynchronously (`--overlap_above_bytes`): XLA:GPU
 /// wraps them in `async-start` on thread "parallel", which its scheduler overlaps with compute,
 /// and runs them on that queue's stream (docs/OVERLAP.md).
 pub const ASYNC_QUEUE: u64 = 1;
+
+/// The operation queue `call` runs on: [`ASYNC_QUEUE`] for a call beside compute (the only
+/// calls the pass limits to `async_blocks`), else 0, the compute stream.
+fn queue_of(call: &CustomCallConfig) -> u64 {
+    if call.blocks > 0 { ASYNC_QUEUE } else { 0 }
+}
 
 /// Where the pass learns peer access between device ids. Probing GPUs opens them (seconds;
 /// on a cold kernel cache, minutes of compiling), so a table that must be probed is asked for
@@ -639,8 +643,6 @@ pub fn run(bytes: &[u8], cfg: &PassConfig) -> Result<PassOutcome, PassError> {
     // Kernel decisions in the module's order, with their calls.
     let mut calls: Vec<(usize, InstrId, &'static str, CustomCallConfig)> = Vec::new();
     let mut forms: HashMap<String, Form> = HashMap::new();
-    // Calls on an async queue, by instruction name (absent: the compute stream).
-    let mut queues: HashMap<String, u64> = HashMap::new();
     for id in module.collectives() {
         let instance = cfg.instance_base.map(|b| b.wrapping_add(calls.len() as u64) & (i64::MAX as u64));
         let shared_id = |instr: &str| -> Option<u64> {
@@ -652,11 +654,8 @@ pub fn run(bytes: &[u8], cfg: &PassConfig) -> Result<PassOutcome, PassError> {
         };
         let (decision, rewrite) =
             decide_one(&module, id, &assignment, cfg, &tuning, &logical, &peers, &layouts, instance, shared_id);
-        if let Some(Rewrite { target, call, form, queue }) = rewrite {
+        if let Some(Rewrite { target, call, form }) = rewrite {
             forms.insert(call.name.clone(), form);
-            if queue != 0 {
-                queues.insert(call.name.clone(), queue);
-            }
             calls.push((decisions.len(), id, target, call));
         }
         log::info!("peerless pass: {decision}");
@@ -682,7 +681,7 @@ pub fn run(bytes: &[u8], cfg: &PassConfig) -> Result<PassOutcome, PassError> {
     }
     if calls.len() > 1 {
         match &deps {
-            Some(deps) => assign_slots(&module, deps, &queues, &mut calls),
+            Some(deps) => assign_slots(&module, deps, &mut calls),
             None => log::warn!("peerless pass: collectives keep staging of their own"),
         }
     } else if let Some(c) = calls.first_mut() {
@@ -694,7 +693,7 @@ pub fn run(bytes: &[u8], cfg: &PassConfig) -> Result<PassOutcome, PassError> {
     if let Some(probe) = cfg.device_memory.0.as_ref().filter(|_| !calls.is_empty()) {
         fit_staging(&module, probe(), &mut calls, &mut decisions);
     }
-    let fused = fuse_epilogues(bytes, cfg, &module, &forms, &queues, &mut calls, &mut decisions);
+    let fused = fuse_epilogues(bytes, cfg, &module, &forms, &mut calls, &mut decisions);
     // Every call carries its decision, and the module's first call the collectives left to
     // XLA: an executable loaded from a cache reports them when XLA instantiates its calls.
     let fallbacks: String = decisions.iter().filter(|d| !d.kernel).map(PassDecision::report_line).collect();
@@ -707,8 +706,7 @@ pub fn run(bytes: &[u8], cfg: &PassConfig) -> Result<PassOutcome, PassError> {
         }
         instances.push(call.instance);
         let form = forms.get(&call.name).copied().unwrap_or(Form::Sync);
-        let queue = queues.get(&call.name).copied().unwrap_or(0);
-        rewrites.insert(decisions[at].instr.clone(), (target, call, form, queue));
+        rewrites.insert(decisions[at].instr.clone(), (target, call, form));
     }
     // A call needs an ordering operand unless the previous call of its computation is already
     // one of its data-dependency ancestors (no extra operand keeps a result alive longer).
@@ -727,7 +725,6 @@ fn fuse_epilogues(
     cfg: &PassConfig,
     slim: &Module,
     forms: &HashMap<String, Form>,
-    queues: &HashMap<String, u64>,
     calls: &mut [(usize, InstrId, &'static str, CustomCallConfig)],
     decisions: &mut [PassDecision],
 ) -> HashMap<String, fuse::Fused> {
@@ -742,7 +739,7 @@ fn fuse_epilogues(
             && ins.operands.len() == 1
             && forms.get(&c.name).copied().unwrap_or(Form::Sync) == Form::Sync
             // The fused kernel is latency-bound: it stays on the compute stream.
-            && !queues.contains_key(&c.name)
+            && queue_of(c) == 0
             && c.layout.is_none()
             && ins.shape.as_array().is_some_and(|s| {
                 matches!(s.ty, hlo::PrimitiveType::Bf16 | hlo::PrimitiveType::F16 | hlo::PrimitiveType::F32)
@@ -983,5 +980,5 @@ fn decide_one(
     if call.spans_processes() {
         d.reason.push_str(" (across processes of one host: shared memory)");
     }
-    (d, Some(Rewrite { target, call, form, queue: if overlap.is_some() { ASYNC_QUEUE } else { 0 } }))
+    (d, Some(Rewrite { target, call, form }))
 }

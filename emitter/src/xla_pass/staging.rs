@@ -393,7 +393,6 @@ pub(super) fn dependencies(module: &[u8], wanted: &[&str]) -> Result<Deps, PassE
 pub(super) fn assign_slots(
     module: &Module,
     deps: &Deps,
-    queues: &HashMap<String, u64>,
     calls: &mut [(usize, InstrId, &'static str, CustomCallConfig)],
 ) {
     // Calls by computation.
@@ -419,9 +418,12 @@ pub(super) fn assign_slots(
         let mut first_of: HashMap<usize, usize> = HashMap::new();
         for &k in &ks {
             let call = &calls[k].3;
-            let queue = queues.get(&call.name).copied().unwrap_or(0);
-            let key: Key =
-                (queue, call.kind == CollectiveKind::CollectivePermute, call.groups.clone(), call.pairs.clone());
+            let key: Key = (
+                super::queue_of(call),
+                call.kind == CollectiveKind::CollectivePermute,
+                call.groups.clone(),
+                call.pairs.clone(),
+            );
             let slots = open.entry(key).or_default();
             let reuse = slots.iter_mut().find(|(last, _)| deps.precedes(&calls[*last].3.name, &call.name));
             let first = match reuse {

@@ -309,7 +309,7 @@ pub(super) fn put_call(ins: &mut Vec<u8>, target: &str, config: &str) {
 /// topological order (the call needs operands the all-reduce did not).
 pub(super) fn rewrite(
     module: &[u8],
-    rewrites: &HashMap<String, (&'static str, CustomCallConfig, Form, u64)>,
+    rewrites: &HashMap<String, (&'static str, CustomCallConfig, Form)>,
     chain: Option<&dyn Fn(&str, &str) -> bool>,
     fused: &HashMap<String, super::fuse::Fused>,
 ) -> Result<Vec<u8>, PassError> {
@@ -360,7 +360,7 @@ pub(super) fn rewrite(
             if let Some(x) = fs.iter().find(|x| x.number == instruction::SHAPE) {
                 shapes.insert(id, x.payload);
             }
-            if let Some((_, _, form, _)) = name_of(fs).and_then(|n| rewrites.get(&n))
+            if let Some((_, _, form)) = name_of(fs).and_then(|n| rewrites.get(&n))
                 && *form != Form::Sync
             {
                 starts.insert(id, *form);
@@ -434,14 +434,14 @@ pub(super) fn rewrite(
                     continue;
                 }
             }
-            let Some((target, config, form, queue)) = name.as_ref().and_then(|n| rewrites.get(n)) else {
+            let Some((target, config, form)) = name.as_ref().and_then(|n| rewrites.get(n)) else {
                 comp.extend_from_slice(i.raw);
                 continue;
             };
             let (config_text, after) = ordered(config, &prev)?;
             let id = first_int(fs, instruction::ID)?.unwrap_or(0);
             prev = Some((id, config.name.clone()));
-            let config = on_queue(config_text, *queue);
+            let config = on_queue(config_text, super::queue_of(config));
             if *form != Form::AsyncTuple {
                 let mut ins = Vec::with_capacity(i.payload.len() + config.len() + 64);
                 for x in fs.iter().filter(|x| {

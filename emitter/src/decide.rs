@@ -130,8 +130,8 @@ pub struct Capabilities {
     /// (`thunks::custom_call::Epilogue`): the host runtime and the CUDA runtime do (ROCm not yet).
     pub fused_norm: bool,
     /// `--fuse_norm=auto` fuses: the fused kernel measured faster than the plain call and
-    /// XLA's norm kernels (XLA:CPU). Not CUDA: on 2× H200 `pl_one_shot_norm_bf16_sum` took
-    /// 13 µs a call in a decode step, the plain one-shot 6 µs, and the step was 9% slower.
+    /// XLA's norm kernels (XLA:CPU). Not CUDA: on 4× H200 its v3 made the decode step level
+    /// (604 against 592 µs unfused; v1 and v2 were slower, docs/PERFORMANCE.md).
     pub fused_norm_auto: bool,
     /// XLA runs a call whose `GpuBackendConfig` names an `operation_queue_id` other than 0
     /// asynchronously on another stream (XLA:GPU's `StreamAttributeAsyncWrapper`).

@@ -941,9 +941,9 @@ fn decide_one(
     } else {
         instance.unwrap_or_else(next_instance)
     };
+    // Slots (`assign_slots`), decisions, ordering operands and epilogues come once every
+    // collective is decided.
     let call = CustomCallConfig {
-        kind: config.op.kind,
-        algorithm,
         groups: if config.op.kind == CollectiveKind::CollectivePermute { Vec::new() } else { groups },
         pairs,
         reduction: config.reduction,
@@ -956,16 +956,9 @@ fn decide_one(
         num_devices: a.devices.iter().copied().max().map_or(0, |m| m + 1),
         instance,
         timeout_ms: cfg.flags.collective_timeout_ms,
-        name: ins.name.clone(),
         processes,
-        decisions: String::new(),
-        // Given by `assign_slots` once every collective is decided.
-        slot: None,
-        slot_bytes: 0,
-        slot_gpu_bytes: 0,
-        order_operands: 0,
-        epilogue: None,
         blocks: if overlap.is_some() { cfg.flags.async_blocks } else { 0 },
+        ..CustomCallConfig::new(config.op.kind, algorithm, ins.name.clone())
     };
     d.implementation = decision.implementation.to_string();
     d.kernel = true;

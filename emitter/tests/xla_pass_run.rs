@@ -178,14 +178,7 @@ fn staging_beyond_a_quarter_of_free_device_memory_goes_back_to_xla() {
             instance_base: Some(1),
             device_memory: DeviceMemory(Some(Arc::new(move || free))),
             // A GPU: calls run in stream order, so independent chains keep their kernels.
-            caps: Capabilities {
-                variadic: true,
-                cross_process: false,
-                in_order: true,
-                fused_norm: false,
-                fused_norm_auto: false,
-                async_queue: false,
-            },
+            caps: Capabilities { variadic: true, in_order: true, ..Capabilities::default() },
             ..PassConfig::default()
         };
         run(pb, &cfg).unwrap()
@@ -213,17 +206,8 @@ fn on_xla_cpu_unordered_calls_go_back() {
     // machine's cores (a deadlock when devices wait in different calls). The rewrite chains
     // every call after the first of its computation behind the previous one.
     let cpu = PassConfig { instance_base: Some(1), ..PassConfig::default() };
-    let gpu = PassConfig {
-        caps: Capabilities {
-            variadic: true,
-            cross_process: false,
-            in_order: true,
-            fused_norm: false,
-            fused_norm_auto: false,
-            async_queue: false,
-        },
-        ..cpu.clone()
-    };
+    let gpu =
+        PassConfig { caps: Capabilities { variadic: true, in_order: true, ..Capabilities::default() }, ..cpu.clone() };
     // (tests/xla_pass/independent_all_reduces{,_gpu}.expected show a chain.) A chain of
     // data dependencies needs no ordering operand (none keeps a result alive longer).
     let pb = include_bytes!("xla_pass/psum_chain.pb");

@@ -469,25 +469,13 @@ mod tests {
 
     fn cfg(kind: CollectiveKind, algorithm: KernelAlgorithm, instance: u64) -> CustomCallConfig {
         CustomCallConfig {
-            kind,
-            algorithm,
             groups: vec![vec![0, 1, 2, 3]],
-            pairs: vec![],
             reduction: Some(ReductionKind::Sum),
             dimension: Some(0),
-            layout: None,
             num_devices: 4,
             instance,
             timeout_ms: 5_000,
-            name: "c".into(),
-            processes: vec![],
-            decisions: String::new(),
-            slot: None,
-            slot_bytes: 0,
-            slot_gpu_bytes: 0,
-            order_operands: 0,
-            epilogue: None,
-            blocks: 0,
+            ..CustomCallConfig::new(kind, algorithm, "c")
         }
     }
 

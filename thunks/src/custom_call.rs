@@ -326,6 +326,33 @@ fn opt_count(a: &dyn AttrSource, name: &'static str) -> Result<Option<usize>, At
 }
 
 impl CustomCallConfig {
+    /// A call of `kind` running `algorithm`, named `name`, with nothing else set (no groups,
+    /// pairs, reduction, dimension, layout, processes, slot, epilogue or block limit; device
+    /// count, instance and timeout 0): the base the pass and tests fill in with `..`.
+    pub fn new(kind: CollectiveKind, algorithm: KernelAlgorithm, name: impl Into<String>) -> Self {
+        CustomCallConfig {
+            kind,
+            algorithm,
+            groups: Vec::new(),
+            pairs: Vec::new(),
+            reduction: None,
+            dimension: None,
+            layout: None,
+            num_devices: 0,
+            instance: 0,
+            timeout_ms: 0,
+            name: name.into(),
+            processes: Vec::new(),
+            decisions: String::new(),
+            slot: None,
+            slot_bytes: 0,
+            slot_gpu_bytes: 0,
+            order_operands: 0,
+            epilogue: None,
+            blocks: 0,
+        }
+    }
+
     /// The custom-call target.
     pub fn target(&self) -> &'static str {
         target_name(self.kind).unwrap_or("peerless.unknown")

@@ -80,25 +80,12 @@ impl AttrSource for Parsed {
 #[test]
 fn round_trips_through_backend_config() {
     let c = CustomCallConfig {
-        kind: CollectiveKind::AllReduce,
-        algorithm: KernelAlgorithm::OneShotAllReduce,
         groups: vec![vec![3, 2], vec![1, 0]],
-        pairs: vec![],
         reduction: Some(ReductionKind::Max),
-        dimension: None,
-        layout: None,
         num_devices: 4,
         instance: 77,
         timeout_ms: 10_000,
-        name: "all-reduce.2".into(),
-        processes: vec![],
-        decisions: String::new(),
-        slot: None,
-        slot_bytes: 0,
-        slot_gpu_bytes: 0,
-        order_operands: 0,
-        epilogue: None,
-        blocks: 0,
+        ..CustomCallConfig::new(CollectiveKind::AllReduce, KernelAlgorithm::OneShotAllReduce, "all-reduce.2")
     };
     let s = c.backend_config();
     assert_eq!(
@@ -143,25 +130,13 @@ fn round_trips_through_backend_config() {
     assert_eq!(c.device_span(), 4);
 
     let p = CustomCallConfig {
-        kind: CollectiveKind::CollectivePermute,
-        algorithm: KernelAlgorithm::DirectPermute,
-        groups: vec![],
         pairs: vec![(0, 1), (1, 0)],
-        reduction: None,
         dimension: Some(0),
         layout: Some(vec![0, 1]),
         num_devices: 8,
         instance: 5,
         timeout_ms: 1,
-        name: "cp".into(),
-        processes: vec![],
-        decisions: String::new(),
-        slot: None,
-        slot_bytes: 0,
-        slot_gpu_bytes: 0,
-        order_operands: 0,
-        epilogue: None,
-        blocks: 0,
+        ..CustomCallConfig::new(CollectiveKind::CollectivePermute, KernelAlgorithm::DirectPermute, "cp")
     };
     let back = CustomCallConfig::from_attrs(CollectiveKind::CollectivePermute, &Parsed::new(&p.backend_config()));
     assert_eq!(back.unwrap(), p);
@@ -217,25 +192,13 @@ fn host_staging_puts_each_operand_on_its_own_cache_line() {
 #[test]
 fn gpu_staging_follows_the_handlers_layout() {
     let base = CustomCallConfig {
-        kind: CollectiveKind::AllReduce,
-        algorithm: KernelAlgorithm::OneShotAllReduce,
         groups: vec![vec![0, 1, 2, 3]],
-        pairs: vec![],
         reduction: Some(ReductionKind::Sum),
         dimension: Some(0),
-        layout: None,
         num_devices: 4,
         instance: 1,
         timeout_ms: 1,
-        name: "x".into(),
-        processes: vec![],
-        decisions: String::new(),
-        slot: None,
-        slot_bytes: 0,
-        slot_gpu_bytes: 0,
-        order_operands: 0,
-        epilogue: None,
-        blocks: 0,
+        ..CustomCallConfig::new(CollectiveKind::AllReduce, KernelAlgorithm::OneShotAllReduce, "x")
     };
     let with = |kind, algorithm| CustomCallConfig { kind, algorithm, ..base.clone() };
     use CollectiveKind as K;

@@ -6,25 +6,14 @@ use thunks::{CollectiveKind, KernelAlgorithm};
 
 fn call(instance: u64, decisions: &str) -> CustomCallConfig {
     CustomCallConfig {
-        kind: CollectiveKind::AllGather,
-        algorithm: KernelAlgorithm::DirectAllGather,
         groups: vec![vec![0, 1]],
-        pairs: vec![],
-        reduction: None,
         dimension: Some(0),
-        layout: None,
         num_devices: 2,
         instance,
         timeout_ms: 1,
-        name: "ag".into(),
         processes: vec![0, 1],
         decisions: decisions.into(),
-        slot: None,
-        slot_bytes: 0,
-        slot_gpu_bytes: 0,
-        order_operands: 0,
-        epilogue: None,
-        blocks: 0,
+        ..CustomCallConfig::new(CollectiveKind::AllGather, KernelAlgorithm::DirectAllGather, "ag")
     }
 }
 

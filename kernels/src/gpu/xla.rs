@@ -818,25 +818,15 @@ mod tests {
 
     fn call(instance: u64, slot: Option<u64>, groups: Vec<Vec<usize>>) -> CustomCallConfig {
         CustomCallConfig {
-            kind: Kind::AllReduce,
-            algorithm: Algo::OneShotAllReduce,
             groups,
-            pairs: vec![],
             reduction: Some(ReductionKind::Sum),
-            dimension: None,
-            layout: None,
             num_devices: 2,
             instance,
             timeout_ms: 1,
-            name: format!("ar.{instance}"),
-            processes: vec![],
-            decisions: String::new(),
             slot,
             slot_bytes: 4096,
             slot_gpu_bytes: 8192,
-            order_operands: 0,
-            epilogue: None,
-            blocks: 0,
+            ..CustomCallConfig::new(Kind::AllReduce, Algo::OneShotAllReduce, format!("ar.{instance}"))
         }
     }
 

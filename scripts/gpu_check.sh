@@ -51,7 +51,7 @@ has fused && [ "$NGPU" -ge 2 ] && step fused_norm 300 python3 plugin/tests/gpu_f
 # in-memory executable cache does not key on Peerless's flags): the call on XLA's operation
 # queue 1 (32 MiB f32, two-shot; command buffers on and off; 2 MiB), and today's synchronous call.
 if has overlap && [ "$NGPU" -ge 2 ]; then
-  export PROBE_PEERLESS_FLAGS="--all_reduce_backend=kernel --xla_async_above_bytes=none --two_shot_max_bytes=67108864"
+  export PROBE_PEERLESS_FLAGS="--all_reduce_backend=kernel --xla_async_above_bytes=none --overlap_above_bytes=none --two_shot_max_bytes=67108864"
   step overlap_queue_32mib 300 python3 plugin/tests/overlap_probe.py --mb 32 --flagsets default,annot-on+nocmdbuf \
     --variants xla,pl-queue --dump "$LOG/overlap_dump"
   step overlap_queue_2mib 200 python3 plugin/tests/overlap_probe.py --mb 2 --flagsets default --variants pl-queue

@@ -16,7 +16,8 @@ the collective alone, a matmul chain alone, and both (independent) in one jit; t
 
 Variants (mechanisms under test; every one may fail: the error is printed and the run goes on):
   xla          Peerless told `--all_reduce_backend=fallback`: XLA's own all-reduce (reference)
-  pl-sync      Peerless kernel, nothing set (today's behaviour)
+  pl-sync      Peerless kernel in order on the compute stream (--overlap_above_bytes=none, in every
+               variant's flags but pl-queue's, since CUDA puts calls above 256 KiB on the queue)
   pl-queue     Peerless kernel with --overlap_above_bytes=0: the pass writes a GpuBackendConfig with
                operation_queue_id 1 (attributes in custom_call_backend_config), XLA's
                StreamAttributeAsyncWrapper wraps the call in async-start on thread "parallel"
@@ -64,7 +65,9 @@ FLAGSETS = {
     "annot-off": "--xla_gpu_experimental_stream_annotation=false",
 }
 VARIANTS = ["xla", "pl-sync", "pl-queue", "pl-coll", "pl-stream1", "pl-coll-grp", "pl-compute_on", "tf-sync", "tf-stream1"]
-PEERLESS_FLAGS = os.environ.get("PROBE_PEERLESS_FLAGS", "--all_reduce_backend=kernel --xla_async_above_bytes=none")
+PEERLESS_FLAGS = os.environ.get(
+    "PROBE_PEERLESS_FLAGS", "--all_reduce_backend=kernel --xla_async_above_bytes=none --overlap_above_bytes=none"
+)
 
 
 # ----------------------------------------------------------------------------- parent side

@@ -25,9 +25,9 @@ command -v protoc >/dev/null 2>&1 || need_apt+=(protobuf-compiler)
 # check builds them with the C++ compiler (kernels/src/codegen_tests.rs).
 command -v "${CC:-cc}" >/dev/null 2>&1 || need_apt+=(gcc)
 command -v "${CXX:-g++}" >/dev/null 2>&1 || need_apt+=(g++)
-if ! ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1 && ! ldconfig -p 2>/dev/null | grep -q libclang; then
-  need_apt+=(libclang-dev)
-fi
+# What bindgen loads (scripts/find_libclang.sh), not any file named libclang*: Debian's clang
+# tooling installs libclang-cpp.so.N, which is not libclang.
+scripts/find_libclang.sh >/dev/null || need_apt+=(libclang-dev)
 # HIP compile check without AMD hardware (scripts/hip_check.sh, the rocm feature's hipRTC
 # test): Debian bookworm's hipcc and HIP runtime (ROCm 5.2.3; hipRTC is inside libamdhip64).
 # PEERLESS_SKIP_HIP=1 (scripts/demo.sh) leaves them out: running Peerless needs neither.
@@ -43,6 +43,12 @@ fi
 if [ ${#need_apt[@]} -gt 0 ]; then
   apt_install "${need_apt[@]}"
 fi
+if ! libclang=$(scripts/find_libclang.sh); then
+  echo "setup: no libclang that bindgen can load (libclang.so or libclang-N.so) after installing" \
+    "libclang-dev: install it, or set LIBCLANG_PATH to the directory that holds it" >&2
+  exit 1
+fi
+echo "setup: libclang $libclang"
 
 [ "${PEERLESS_SKIP_PYTHON:-0}" = "1" ] && exit 0
 

@@ -26,6 +26,9 @@ fi
 # shows in the log.
 step() { printf '\n== [%4d s] %s\n' "$SECONDS" "$*"; }
 
+step "setup's libclang check against fake trees (scripts/tests/find_libclang.sh)"
+scripts/tests/find_libclang.sh
+
 step "cargo fmt --check"
 cargo fmt --all -- --check
 

@@ -635,6 +635,7 @@ pub fn run(bytes: &[u8], cfg: &PassConfig) -> Result<PassOutcome, PassError> {
     let logical = PeerAccessTable::full(assignment.devices.len(), "checked on device ids");
     let layouts = layout_map(&slim)?;
     let tuning = cfg.tuning.resolve(assignment.devices.len());
+    let wrapped = async_computations(bytes)?;
     let mut decisions = Vec::new();
     // Collectives across processes get ids every process derives alike (the module's
     // fingerprint, computed once, and only if the module has such a collective).
@@ -652,8 +653,11 @@ pub fn run(bytes: &[u8], cfg: &PassConfig) -> Result<PassOutcome, PassError> {
             let fp = (*module_key.get_or_insert_with(|| fingerprint(bytes).ok()))?;
             Some(shared_instance(fp, instr))
         };
-        let (decision, rewrite) =
-            decide_one(&module, id, &assignment, cfg, &tuning, &logical, &peers, &layouts, instance, shared_id);
+        let (decision, rewrite) = if wrapped.contains(&module.comps[module.instr(id).parent].name) {
+            (async_wrapped(&module, id), None)
+        } else {
+            decide_one(&module, id, &assignment, cfg, &tuning, &logical, &peers, &layouts, instance, shared_id)
+        };
         if let Some(Rewrite { target, call, form }) = rewrite {
             forms.insert(call.name.clone(), form);
             calls.push((decisions.len(), id, target, call));
@@ -712,7 +716,15 @@ pub fn run(bytes: &[u8], cfg: &PassConfig) -> Result<PassOutcome, PassError> {
     // one of its data-dependency ancestors (no extra operand keeps a result alive longer).
     let unordered = |prev: &str, next: &str| deps.as_ref().is_none_or(|d| !d.precedes(prev, next));
     let chain: Option<&dyn Fn(&str, &str) -> bool> = (!cfg.caps.in_order).then_some(&unordered);
-    let module = if rewrites.is_empty() { None } else { Some(rewrite(bytes, &rewrites, chain, &fused)?) };
+    let module = match rewrites.is_empty() {
+        true => None,
+        // A changed module's entry layout comes from its entry's shapes: they get the
+        // module's (the user's) entry layout, never the pass's (`pin_entry_layouts`).
+        false => {
+            let m = rewrite(bytes, &rewrites, chain, &fused)?;
+            Some(pin_entry_layouts(&m)?.unwrap_or(m))
+        }
+    };
     Ok(PassOutcome { module, decisions, instances })
 }
 
@@ -775,6 +787,41 @@ fn fuse_epilogues(
     out
 }
 
+/// The decision for a collective inside an async computation (JAX's explicit async API:
+/// `psum_scatter_start`, `all_to_all_start`, ...): XLA's. XLA runs it beside compute already,
+/// and the computation may hold nothing but its root and parameters, where a Peerless call on
+/// an operation queue would be wrapped again (XLA's verifier refuses the module).
+fn async_wrapped(module: &Module, id: InstrId) -> PassDecision {
+    let ins = module.instr(id);
+    PassDecision {
+        reason: format!(
+            "inside the async computation '{}' (JAX's explicit async collectives, e.g. all_to_all_start): XLA runs it \
+             beside compute, and that computation holds nothing but the collective",
+            module.comps[ins.parent].name
+        ),
+        ..fallback_record(module, id)
+    }
+}
+
+/// Collective `id`'s record as a fallback with no reason yet: op, operand types and bytes.
+fn fallback_record(module: &Module, id: InstrId) -> PassDecision {
+    let ins = module.instr(id);
+    let operands = || ins.operands.iter().filter_map(|&o| module.instrs.get(o));
+    PassDecision {
+        instr: ins.name.clone(),
+        op: ins.opcode.name().to_owned(),
+        dtype: operands()
+            .flat_map(|o| o.shape.leaves().into_iter().map(|l| l.ty.to_string()))
+            .collect::<Vec<_>>()
+            .join(","),
+        bytes: operands().map(|o| o.shape.byte_size()).sum(),
+        groups: String::new(),
+        implementation: "fallback".into(),
+        kernel: false,
+        reason: String::new(),
+    }
+}
+
 /// Decides one collective; returns its record and, for a kernel, its rewrite (with
 /// `instance` as its id, or a fresh one).
 fn decide_one(
@@ -790,25 +837,7 @@ fn decide_one(
     mut shared_id: impl FnMut(&str) -> Option<u64>,
 ) -> (PassDecision, Option<Rewrite>) {
     let ins = module.instr(id);
-    let dtype = {
-        let types: Vec<String> = ins
-            .operands
-            .iter()
-            .filter_map(|&o| module.instrs.get(o))
-            .flat_map(|o| o.shape.leaves().into_iter().map(|l| l.ty.to_string()))
-            .collect();
-        types.join(",")
-    };
-    let mut d = PassDecision {
-        instr: ins.name.clone(),
-        op: ins.opcode.name().to_owned(),
-        dtype,
-        bytes: ins.operands.iter().filter_map(|&o| module.instrs.get(o)).map(|o| o.shape.byte_size()).sum(),
-        groups: String::new(),
-        implementation: "fallback".into(),
-        kernel: false,
-        reason: String::new(),
-    };
+    let mut d = fallback_record(module, id);
     // Above `overlap_above_bytes` (XLA:GPU) the call runs on an async queue, which XLA's
     // scheduler overlaps with compute (the async rule), and is decided without the profile and
     // two-shot's limit: both measure a collective run alone (docs/OVERLAP.md). `d.bytes` is

@@ -305,3 +305,86 @@ fn instance_ids_are_distinct_and_positive() {
     assert_ne!(a, b);
     assert!(a <= i64::MAX as u64 && b <= i64::MAX as u64);
 }
+
+/// `text` (2 replicas) with its host program shape saying the user's layout `{0,1}` for the
+/// parameter and the result, as XLA:GPU hands a module over before layout assignment (the
+/// instructions still row-major).
+fn user_layout_module(text: &str) -> Vec<u8> {
+    let mut m = xla::HloModuleProto::decode(&replicas(text, 2)[..]).unwrap();
+    let host = m.host_program_shape.as_mut().unwrap();
+    for s in host.parameters.iter_mut().chain(host.result.as_mut()) {
+        s.layout = Some(Box::new(xla::LayoutProto { minor_to_major: vec![0, 1], ..Default::default() }));
+    }
+    m.encode_to_vec()
+}
+
+fn instr<'a>(m: &'a xla::HloModuleProto, name: &str) -> &'a xla::HloInstructionProto {
+    m.computations.iter().flat_map(|c| &c.instructions).find(|i| i.name == name).unwrap()
+}
+
+fn minor_to_major(s: &Option<xla::ShapeProto>) -> Vec<i64> {
+    s.as_ref().and_then(|s| s.layout.as_ref()).map(|l| l.minor_to_major.clone()).unwrap_or_default()
+}
+
+const ADD: &str = "add {\n  a = f32[] parameter(0)\n  b = f32[] parameter(1)\n  ROOT r = f32[] add(a, b)\n}\n\n";
+
+#[test]
+fn a_rewritten_module_keeps_the_users_entry_layouts() {
+    // Issue 45: XLA takes a changed module's entry layout from its entry's shapes.
+    let text = format!(
+        "HloModule m\n\n{ADD}ENTRY main {{\n  x = f32[4,2]{{1,0}} parameter(0)\n  \
+         ar = f32[4,2]{{1,0}} all-reduce(x), replica_groups={{{{0,1}}}}, to_apply=add\n  \
+         ROOT n = f32[4,2]{{1,0}} negate(ar)\n}}\n"
+    );
+    let out = run(&user_layout_module(&text), &PassConfig { instance_base: Some(1), ..PassConfig::default() }).unwrap();
+    assert!(out.decisions[0].kernel, "{}", out.decisions[0]);
+    let m = xla::HloModuleProto::decode(&out.module.unwrap()[..]).unwrap();
+    assert_eq!(minor_to_major(&instr(&m, "x").shape), [0, 1]);
+    assert_eq!(minor_to_major(&instr(&m, "n").shape), [0, 1]);
+    // The call stays row-major (what its handler is told); XLA copies the parameter for it.
+    let call = instr(&m, "ar");
+    assert_eq!(call.opcode, "custom-call");
+    assert_eq!(minor_to_major(&call.shape), [1, 0]);
+    assert_eq!(minor_to_major(&Some(call.operand_shapes_with_layout[0].clone())), [1, 0]);
+}
+
+#[test]
+fn a_peerless_call_at_the_root_keeps_its_layout_behind_a_copy_in_the_users() {
+    let text = format!(
+        "HloModule m\n\n{ADD}ENTRY main {{\n  x = f32[4,2]{{1,0}} parameter(0)\n  \
+         ROOT ar = f32[4,2]{{1,0}} all-reduce(x), replica_groups={{{{0,1}}}}, to_apply=add\n}}\n"
+    );
+    let out = run(&user_layout_module(&text), &PassConfig { instance_base: Some(1), ..PassConfig::default() }).unwrap();
+    let bytes = out.module.unwrap();
+    let m = xla::HloModuleProto::decode(&bytes[..]).unwrap();
+    let entry = m.computations.iter().find(|c| c.name == m.entry_computation_name).unwrap();
+    let root = entry.instructions.iter().find(|i| i.id == entry.root_id).unwrap();
+    assert_eq!((root.opcode.as_str(), root.name.as_str()), ("copy", "ar.entry_layout"));
+    assert_eq!(minor_to_major(&root.shape), [0, 1]);
+    let call = instr(&m, "ar");
+    assert_eq!((call.opcode.as_str(), minor_to_major(&call.shape)), ("custom-call", vec![1, 0]));
+    assert_eq!(root.operand_ids, [call.id]);
+    // Ids and names stay distinct, and the module decodes and verifies.
+    let (ids, names) = ids_and_names(&bytes);
+    let count: usize = m.computations.iter().map(|c| c.instructions.len()).sum();
+    assert_eq!((ids.len(), names.len()), (count, count));
+    hlo::decode_proto("out", &bytes).unwrap();
+}
+
+#[test]
+fn entry_layouts_the_module_already_has_change_nothing() {
+    // Default layouts (JAX's default) and a layout left to XLA (`AUTO`: none in the host
+    // program shape) leave the entry's shapes as they are.
+    let text = format!(
+        "HloModule m\n\n{ADD}ENTRY main {{\n  x = f32[4,2]{{1,0}} parameter(0)\n  \
+         ROOT ar = f32[4,2]{{1,0}} all-reduce(x), replica_groups={{{{0,1}}}}, to_apply=add\n}}\n"
+    );
+    let mut auto = xla::HloModuleProto::decode(&replicas(&text, 2)[..]).unwrap();
+    auto.host_program_shape.as_mut().unwrap().parameters[0].layout = None;
+    for bytes in [replicas(&text, 2), auto.encode_to_vec()] {
+        let out = run(&bytes, &PassConfig { instance_base: Some(1), ..PassConfig::default() }).unwrap();
+        let m = xla::HloModuleProto::decode(&out.module.unwrap()[..]).unwrap();
+        assert_eq!(m.computations.iter().map(|c| c.instructions.len()).sum::<usize>(), 2 + 3);
+        assert_eq!(minor_to_major(&instr(&m, "x").shape), [1, 0]);
+    }
+}

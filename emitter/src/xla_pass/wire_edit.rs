@@ -3,6 +3,11 @@
 
 use super::*;
 
+/// The first value of integer field `number` of a message's `fs`.
+fn first_int(fs: &[Field<'_>], number: u32) -> Result<Option<i64>, PassError> {
+    Ok(fs.iter().find(|x| x.number == number).map(ints).transpose()?.and_then(|v| v.first().copied()))
+}
+
 /// Calls `f(name, opcode)` for every instruction of every computation.
 pub(super) fn for_each_instruction(module: &[u8], mut f: impl FnMut(&str, &str)) -> Result<(), PassError> {
     for c in
@@ -342,9 +347,6 @@ pub(super) fn rewrite(
         let name_of = |fs: &[Field<'_>]| {
             fs.iter().find(|x| x.number == instruction::NAME).map(|x| String::from_utf8_lossy(x.payload).into_owned())
         };
-        let first_int = |fs: &[Field<'_>], number: u32| -> Result<Option<i64>, PassError> {
-            Ok(fs.iter().find(|x| x.number == number).map(ints).transpose()?.and_then(|v| v.first().copied()))
-        };
         // Async starts rewritten here, by id, the largest id of the computation and every
         // instruction's shape by id (a call's operands are in its computation).
         let mut starts: HashMap<i64, Form> = HashMap::new();
@@ -588,4 +590,189 @@ fn topological(comp: &[u8]) -> Result<Vec<u8>, PassError> {
         }
     }
     Ok(out)
+}
+
+/// `shape` without its layouts (a tuple's, recursively): what two shapes must share for one to
+/// stand for the other.
+fn unlaid(shape: &[u8]) -> Result<Vec<u8>, PassError> {
+    use hlo::wire::shape::{LAYOUT, TUPLE_SHAPES};
+    let mut out = Vec::with_capacity(shape.len());
+    for x in fields(shape)? {
+        match x.number {
+            LAYOUT => {}
+            TUPLE_SHAPES if x.wire == WireType::LengthDelimited => {
+                put_bytes(&mut out, TUPLE_SHAPES, &unlaid(x.payload)?)
+            }
+            _ => out.extend_from_slice(x.raw),
+        }
+    }
+    Ok(out)
+}
+
+/// Whether every array of `shape` says its layout (a layout left out means "XLA chooses").
+fn fully_laid(shape: &[u8]) -> Result<bool, PassError> {
+    use hlo::wire::enums::{OPAQUE_TYPE, TOKEN_TYPE, TUPLE_TYPE};
+    use hlo::wire::shape::{ELEMENT_TYPE, LAYOUT, TUPLE_SHAPES};
+    let fs = fields(shape)?;
+    let ty = fs.iter().find(|x| x.number == ELEMENT_TYPE).map(ints).transpose()?.and_then(|v| v.first().copied());
+    match ty {
+        Some(TUPLE_TYPE) => {
+            for x in fs.iter().filter(|x| x.number == TUPLE_SHAPES && x.wire == WireType::LengthDelimited) {
+                if !fully_laid(x.payload)? {
+                    return Ok(false);
+                }
+            }
+            Ok(true)
+        }
+        Some(OPAQUE_TYPE | TOKEN_TYPE) => Ok(true),
+        _ => Ok(fs.iter().any(|x| x.number == LAYOUT)),
+    }
+}
+
+/// The rewritten module with the entry computation's parameters and root carrying the layouts
+/// of its `host_program_shape` (the entry computation layout: what the user asked for, or
+/// XLA's defaults), or `None` where they already do.
+///
+/// Why: before layout assignment (XLA:GPU's PRE_SCHEDULER) the entry layout lives only in the
+/// module's configuration, and XLA takes a changed module's entry layout from its entry's
+/// parameter and root shapes (the PJRT transform hook replaces the entry computation). Left
+/// as they come (row-major), a user's layout would silently become the default, and JAX
+/// refuses the executable ("Unexpected XLA layout override"). A parameter's shape constrains
+/// nothing: XLA adds a copy where a pinned call reads it in another layout. A root whose own
+/// layout is pinned (a Peerless call) keeps it and gets a `copy` in the entry layout as the
+/// new root. Shapes that leave a layout out (JAX's `AUTO`) stay as they are: XLA chooses.
+pub(super) fn pin_entry_layouts(module: &[u8]) -> Result<Option<Vec<u8>>, PassError> {
+    use hlo::wire::program_shape::{PARAMETERS, RESULT};
+    let top = fields(module)?;
+    let Some(host) = top.iter().find(|f| f.number == hlo_module::HOST_PROGRAM_SHAPE).and_then(|f| f.message()) else {
+        return Ok(None);
+    };
+    let hf = fields(host)?;
+    let params: Vec<&[u8]> = hf
+        .iter()
+        .filter(|x| x.number == PARAMETERS && x.wire == WireType::LengthDelimited)
+        .map(|x| x.payload)
+        .collect();
+    let result = hf.iter().find(|x| x.number == RESULT && x.wire == WireType::LengthDelimited).map(|x| x.payload);
+    let entry_id = first_int(&top, hlo_module::ENTRY_COMPUTATION_ID)?.unwrap_or(0);
+    let entry_name = top
+        .iter()
+        .find(|f| f.number == hlo_module::ENTRY_COMPUTATION_NAME)
+        .map(|f| String::from_utf8_lossy(f.payload).into_owned());
+    // The shape an entry instruction should have, if it differs from `shape`.
+    let wanted = |want: Option<&[u8]>, shape: &[u8]| -> Result<Option<Vec<u8>>, PassError> {
+        let Some(want) = want else { return Ok(None) };
+        if want == shape || !fully_laid(want)? || unlaid(want)? != unlaid(shape)? {
+            return Ok(None);
+        }
+        Ok(Some(want.to_vec()))
+    };
+    // A fresh id and name for a root copy: every id and name of the module is distinct.
+    let (ids, names) = ids_and_names(module)?;
+    let mut changed = false;
+    let mut out = Vec::with_capacity(module.len() + 64);
+    for f in &top {
+        let Some(comp) = f.message().filter(|_| f.number == hlo_module::COMPUTATIONS) else {
+            out.extend_from_slice(f.raw);
+            continue;
+        };
+        let cf = fields(comp)?;
+        let id = first_int(&cf, computation::ID)?.unwrap_or(0);
+        let name = cf.iter().find(|x| x.number == computation::NAME).map(|x| String::from_utf8_lossy(x.payload));
+        let is_entry = match &entry_name {
+            Some(n) => name.as_deref() == Some(n.as_str()),
+            None => id == entry_id,
+        };
+        if !is_entry {
+            out.extend_from_slice(f.raw);
+            continue;
+        }
+        let root = first_int(&cf, computation::ROOT_ID)?.unwrap_or(0);
+        let mut new_root: Option<i64> = None;
+        let mut comp_out = Vec::with_capacity(comp.len() + 64);
+        for x in &cf {
+            if x.number == computation::ROOT_ID {
+                continue; // written last: it may change
+            }
+            let Some(ins) = x.message().filter(|_| x.number == computation::INSTRUCTIONS) else {
+                comp_out.extend_from_slice(x.raw);
+                continue;
+            };
+            let fs = fields(ins)?;
+            let opcode = fs.iter().find(|y| y.number == instruction::OPCODE).map_or(&b""[..], |y| y.payload);
+            let shape = fs.iter().find(|y| y.number == instruction::SHAPE).map_or(&b""[..], |y| y.payload);
+            let is_root = first_int(&fs, instruction::ID)?.unwrap_or(0) == root;
+            let want = if opcode == b"parameter" {
+                let k = first_int(&fs, instruction::PARAMETER_NUMBER)?.unwrap_or(0);
+                usize::try_from(k).ok().and_then(|k| params.get(k).copied())
+            } else if is_root {
+                result
+            } else {
+                None
+            };
+            let Some(new_shape) = wanted(want, shape)? else {
+                comp_out.extend_from_slice(x.raw);
+                continue;
+            };
+            changed = true;
+            let pinned = first_int(&fs, instruction::CONSTRAIN_LAYOUT)?.unwrap_or(0) != 0;
+            if is_root && pinned {
+                // The call keeps its layout; a copy in the entry layout becomes the root.
+                comp_out.extend_from_slice(x.raw);
+                let copy_id = (root + 1..).find(|i| !ids.contains(i)).unwrap_or(root + 1);
+                let base =
+                    fs.iter().find(|y| y.number == instruction::NAME).map(|y| String::from_utf8_lossy(y.payload));
+                let base = format!("{}.entry_layout", base.as_deref().unwrap_or("root"));
+                let name = (0..).map(|k| if k == 0 { base.clone() } else { format!("{base}.{k}") });
+                let name = name.into_iter().find(|n| !names.contains(n)).unwrap_or(base);
+                let mut copy = Vec::new();
+                put_bytes(&mut copy, instruction::NAME, name.as_bytes());
+                put_bytes(&mut copy, instruction::OPCODE, b"copy");
+                put_bytes(&mut copy, instruction::SHAPE, &new_shape);
+                put_varint(&mut copy, instruction::ID, copy_id);
+                put_ints(&mut copy, instruction::OPERAND_IDS, [root]);
+                put_bytes(&mut comp_out, computation::INSTRUCTIONS, &copy);
+                new_root = Some(copy_id);
+                continue;
+            }
+            let mut new = Vec::with_capacity(ins.len() + 16);
+            for y in &fs {
+                if y.number == instruction::SHAPE {
+                    put_bytes(&mut new, instruction::SHAPE, &new_shape);
+                } else {
+                    new.extend_from_slice(y.raw);
+                }
+            }
+            put_bytes(&mut comp_out, computation::INSTRUCTIONS, &new);
+        }
+        put_varint(&mut comp_out, computation::ROOT_ID, new_root.unwrap_or(root));
+        put_bytes(&mut out, hlo_module::COMPUTATIONS, &comp_out);
+    }
+    Ok(changed.then_some(out))
+}
+
+/// Names of the computations an `async-start` wraps (JAX's explicit async collectives,
+/// `all_to_all_start` and the like, reach XLA:GPU so). Such a computation must hold only its
+/// root and parameters, so the pass leaves a collective inside it to XLA.
+pub(super) fn async_computations(module: &[u8]) -> Result<BTreeSet<String>, PassError> {
+    let mut names: HashMap<i64, String> = HashMap::new();
+    let mut wrapped: BTreeSet<i64> = BTreeSet::new();
+    for c in fields(module)?.iter().filter(|c| c.number == hlo_module::COMPUTATIONS) {
+        let Some(comp) = c.message() else { continue };
+        let cf = fields(comp)?;
+        if let Some(n) = cf.iter().find(|x| x.number == computation::NAME) {
+            names
+                .insert(first_int(&cf, computation::ID)?.unwrap_or(0), String::from_utf8_lossy(n.payload).into_owned());
+        }
+        for i in cf.iter().filter(|x| x.number == computation::INSTRUCTIONS).filter_map(|x| x.message()) {
+            let fs = fields(i)?;
+            let op = fs.iter().find(|x| x.number == instruction::OPCODE).map_or(&b""[..], |x| x.payload);
+            if matches!(op, b"async-start" | b"async-update" | b"async-done") {
+                for x in fs.iter().filter(|x| x.number == instruction::CALLED_COMPUTATION_IDS) {
+                    wrapped.extend(ints(x)?);
+                }
+            }
+        }
+    }
+    Ok(wrapped.iter().filter_map(|id| names.get(id).cloned()).collect())
 }

@@ -69,6 +69,10 @@ class _PassResult(ctypes.Structure):
 
 
 _lock = threading.Lock()
+# Held while the job's token and hosts are agreed (seconds: it waits on the other processes),
+# so that two compiles, or two platforms, never agree twice: the key-value store takes each
+# key once per job.
+_job_lock = threading.Lock()
 _state = {
     "dll": None,
     "enabled": set(),  # platforms with the pass registered
@@ -76,8 +80,9 @@ _state = {
     "flags": "",
     "stats": {},
     "decisions": [],
-    "errors": 0,
     "topology": {},  # JAX backend name -> the pass's topology string (jax.distributed jobs)
+    "job": None,  # (distributed client, job token, hosts): agreed once per job, for every platform
+    "left_to_xla": [],  # internal failures that left a module to XLA, with their reasons
     "library_id": None,  # hash of libpeerless_pjrt.so, part of JAX's cache key
     "cache_hook": False,  # our part of JAX's persistent-cache key is installed
 }
@@ -220,6 +225,31 @@ def _job_hosts(client, this: int, nproc: int) -> tuple[str, dict[int, int]]:
     return job, hosts
 
 
+def _job_of(client, this: int, nproc: int) -> tuple[str, dict[int, int]]:
+    """The job's token and hosts (`_job_hosts`), agreed once per job and shared by every
+    platform: each of `PEERLESS_ENABLE=1`'s platforms (cpu and cuda in a GPU job) asks, and a
+    second agreement would publish the job's keys again (ALREADY_EXISTS), leaving every module
+    of that platform to XLA. A new `jax.distributed` client is a new job."""
+    with _job_lock:
+        known = _state["job"]
+        if known is not None and known[0] is client:
+            return known[1], known[2]
+        job, hosts = _job_hosts(client, this, nproc)
+        _state["job"] = (client, job, hosts)
+        return job, hosts
+
+
+def _left_to_xla(platform: str, why: str) -> None:
+    """Records an internal failure that left a whole module to XLA, where users look:
+    `stats()["left_to_xla"]` counts them and `decisions()` holds each with its reason."""
+    with _lock:
+        _state["left_to_xla"].append(
+            {"platform": platform, "op": "module", "instruction": "", "dtype": "", "bytes": 0, "groups": "",
+             "implementation": "fallback (Peerless error: the whole module left to XLA)", "reason": why,
+             "cached": False})
+    log.warning("peerless: %s: the pass leaves this module to XLA", why)
+
+
 def _topology(backend_name: str, platform: str) -> str:
     """What the pass knows of the processes: this process's device ids in one process, or
     under jax.distributed the job's topology (`this=P;job=HEX;devices=ID:P,..;hosts=P:H,..`),
@@ -237,7 +267,7 @@ def _topology(backend_name: str, platform: str) -> str:
 
     backend = xla_bridge.get_backend(backend_name)
     this, nproc = backend.process_index(), gs.num_processes
-    job, hosts = _job_hosts(gs.client, this, nproc)
+    job, hosts = _job_of(gs.client, this, nproc)
     devices = ",".join(f"{d.id}:{d.process_index}" for d in backend.devices())
     topo = f"this={this};job={job};devices={devices};hosts=" + ",".join(f"{q}:{h}" for q, h in sorted(hosts.items()))
     if platform in ("cuda", "rocm"):
@@ -358,7 +388,7 @@ def _make_pass(platform: str, local_devices: str | None = None, backend: str | N
         try:
             local = (local_devices if local_devices is not None else _topology(backend or platform, platform)).encode()
         except Exception as e:  # noqa: BLE001 - the pass never breaks a compile
-            log.warning("peerless: process topology unknown (%s): the pass leaves this module to XLA", e)
+            _left_to_xla(platform, f"process topology unknown ({e})")
             return None
         res = dll.PeerlessXlaPass(plat, module, len(module), flags, local)
         if not res:
@@ -367,9 +397,7 @@ def _make_pass(platform: str, local_devices: str | None = None, backend: str | N
             r = res.contents
             report = ctypes.string_at(r.report, r.report_len).decode("utf-8", "replace") if r.report_len else ""
             if r.status < 0:
-                with _lock:
-                    _state["errors"] += 1
-                log.warning("peerless pass left a module unchanged: %s", report)
+                _left_to_xla(platform, f"the pass failed ({report})")
                 return None
             _record(platform, report)
             if r.status == 1:
@@ -519,18 +547,24 @@ def stats() -> dict:
     (those with a Peerless call: each carries its module's decisions), since `enable` (HLO op names):
     {"all-reduce": {"kernel": n, "fallback": m, "cross_process": k}, ...}, where
     `cross_process` counts the kernels whose groups span processes of one host (shared
-    memory; present once there is one)."""
+    memory; present once there is one). `"left_to_xla": {"modules": n}` (present once there
+    is one) counts modules an internal failure left wholly to XLA; `decisions()` says why."""
     _collect()
     with _lock:
-        return {op: dict(v) for op, v in sorted(_state["stats"].items())}
+        out = {op: dict(v) for op, v in sorted(_state["stats"].items())}
+        if _state["left_to_xla"]:
+            out["left_to_xla"] = {"modules": len(_state["left_to_xla"])}
+        return out
 
 
 def decisions() -> list[dict]:
     """Every decision since `enable` (or `reset_stats`), with its reason; `cached` says it
-    came from an executable loaded from JAX's persistent cache rather than from the pass."""
+    came from an executable loaded from JAX's persistent cache rather than from the pass.
+    A module an internal failure left wholly to XLA appears as one entry with op "module"
+    and the failure as its reason (after the collectives' decisions)."""
     _collect()
     with _lock:
-        return [dict(d) for d in _state["decisions"]]
+        return [dict(d) for d in _state["decisions"]] + [dict(d) for d in _state["left_to_xla"]]
 
 
 def handler_calls(platform: str = "cpu") -> int:
@@ -577,7 +611,7 @@ def reset_stats() -> None:
     with _lock:
         _state["stats"].clear()
         _state["decisions"].clear()
-        _state["errors"] = 0
+        _state["left_to_xla"].clear()
 
 
 def enable_wrapped_at_start(c_api, platform: str) -> None:

@@ -9,7 +9,7 @@
 set -uo pipefail
 LOG=${1:?usage: gpu_check.sh LOGDIR [BINDIR]}
 BIN=${2:-.gpu}
-STEPS=${GPU_CHECK_STEPS:-first devices collectives fused overlap inside sweep suites edge multiprocess staging order run bench tune tunebench torch jax psum}
+STEPS=${GPU_CHECK_STEPS:-userforms first devices collectives fused overlap inside sweep suites edge multiprocess staging order run bench tune tunebench torch jax psum}
 mkdir -p "$LOG"
 # NVLink multicast stays off (shared hosts): never remove these.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -81,6 +81,10 @@ fi
 # Edge values (NaN, ±0, ±inf, overflow) through max / min / sum: Peerless vs XLA alone (NCCL).
 has edge && [ "$NGPU" -ge 2 ] && step edge_values 300 python3 plugin/tests/gpu_edge_values.py --out "$LOG/edge"
 # Processes: two processes per GPU pair (on one GPU: both on GPU 0) through CUDA IPC.
+# Programs as users write them (issue 45), each against XLA alone: one process per GPU with
+# PEERLESS_ENABLE=1 (2 and 4 processes; local_device_ids and CUDA_VISIBLE_DEVICES) and its
+# fault case, JAX's async collective API, user-chosen layouts.
+has userforms && step user_forms 590 python3 plugin/tests/gpu_user_forms.py --platform cuda --out "$LOG/user_forms"
 has multiprocess && step multiprocess 400 python3 plugin/tests/gpu_multiprocess.py --out "$LOG/multiprocess"
 # Shared staging: device memory Peerless holds for N = 1 vs N = 200 chained collectives (one
 # process; two processes on GPU 0 through IPC; four kernel families on one slot), command

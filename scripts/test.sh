@@ -72,6 +72,9 @@ step "Every collective form vs XLA alone, the kernels forced: XLA:CPU, 8 host de
 PEERLESS_PJRT_LIBRARY="$lib" PYTHONPATH=plugin/python "$PEERLESS_PYTHON" plugin/tests/collective_sweep.py --platform cpu \
   --devices 8 --quick
 
+step "Programs as users write them vs XLA alone on XLA:CPU: a process per device with PEERLESS_ENABLE=1, JAX's async collectives, user layouts (plugin/tests/gpu_user_forms.py)"
+PEERLESS_PJRT_LIBRARY="$lib" PYTHONPATH=plugin/python "$PEERLESS_PYTHON" plugin/tests/gpu_user_forms.py --platform cpu
+
 step "The GPU benchmark and accuracy scripts run on XLA:CPU (4 host devices; results vs XLA alone, not timings)"
 XLA_FLAGS=--xla_force_host_platform_device_count=4 JAX_PLATFORMS=cpu PEERLESS_PJRT_LIBRARY="$lib" PYTHONPATH=plugin/python \
   "$PEERLESS_PYTHON" plugin/tests/bench_programs.py --out "${TMPDIR:-/tmp}/peerless-bench-programs" --modes stock,peerless \

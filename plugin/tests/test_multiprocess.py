@@ -224,6 +224,22 @@ def worker(pid: int, nproc: int, port: int, mode: str) -> None:
             {k: d[k] for k in ("op", "groups", "implementation", "reason")} for d in inside.decisions()
         ]
         report["stats"] = inside.stats()
+    elif mode == "platforms":
+        # PEERLESS_ENABLE=1 in a GPU job enables cpu and cuda, and each platform asks for the
+        # job's topology; the second once found the job's keys taken (ALREADY_EXISTS) and
+        # left every module of its platform to XLA (issue 45).
+        first = inside._topology("cpu", "cpu")
+        inside._state["topology"].clear()  # as a second platform, which has none of its own yet
+        second = inside._topology("cpu", "cpu")
+        report["same_job"] = first == second and "job=" in first
+        f = jax.jit(jax.shard_map(lambda v: jax.lax.psum(v, ("p", "l")), mesh=mesh,
+                                  in_specs=jax.sharding.PartitionSpec(("p", "l")),
+                                  out_specs=jax.sharding.PartitionSpec(("p", "l"))))
+        x = _put(jax, np, mesh, np.ones((8 * nproc, 4), np.float32))
+        inside._state["topology"].clear()
+        report["peerless"] = 'custom_call_target="peerless.' in (f.lower(x).compile().as_text() or "")
+        report["sum"] = float(_local(np, f(x)).sum())
+        report["stats"] = inside.stats()
     elif mode == "cached":
         report.update(_cached(jax, jnp, np, mesh, inside))
     elif mode == "shared_binary":
@@ -390,6 +406,21 @@ def test_groups_across_processes_run_on_shared_memory(job):
         assert r["stats"]["all-reduce"].get("cross_process", 0) > 0, r["stats"]
     # Both processes decided alike.
     assert [d["implementation"] for d in job[0]["decisions"]] == [d["implementation"] for d in job[1]["decisions"]]
+
+
+def test_every_platform_shares_the_jobs_topology():
+    """Issue 45: the job's token and hosts are agreed once per job, however many platforms
+    (PEERLESS_ENABLE=1: cpu and cuda) ask; a compile after a second ask still takes its
+    collectives across processes, and nothing is left to XLA."""
+    reps = run_job("platforms")
+    for r in reps:
+        assert r["rc"] == 0, r["stderr"]
+        assert r["same_job"], r
+        assert r["peerless"], r
+        assert "left_to_xla" not in r["stats"], r["stats"]
+        # This process's 4 devices × 2 rows × 4 columns of ones, each summed over 8 devices.
+        assert r["sum"] == LOCAL * 2 * 4 * 8, r
+    assert all("process topology unknown" not in r["stderr"] for r in reps)
 
 
 def test_groups_across_hosts_fall_back():

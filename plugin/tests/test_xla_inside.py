@@ -1381,3 +1381,31 @@ def test_second_start_loads_from_the_persistent_cache(tmp_path):
     assert not any(p["hit"] for p in forced["programs"].values()), forced["programs"]
     assert all(p["oracle_hit"] for p in forced["programs"].values()), forced["programs"]
     assert forced["stats"]["all-reduce"]["kernel"] == 0, forced["stats"]
+
+
+def test_a_module_left_to_xla_by_an_internal_failure_shows_in_stats_and_decisions(monkeypatch):
+    """Issue 45: a failure that leaves a whole module to XLA (here the job's topology cannot be
+    read) is where users look, with its reason, not only in a log line."""
+    from jax_plugins.peerless import inside
+
+    def broken(*_):
+        raise RuntimeError("ALREADY_EXISTS: key peerless/job already exists")
+
+    mesh = mesh1d()
+    x = put(mesh, sample((8 * N, 16), jnp.float32), "x")
+    f = jax.shard_map(lambda v: jax.lax.psum(v, "x"), mesh=mesh, in_specs=P("x"), out_specs=P("x"))
+    monkeypatch.setattr(inside, "_topology", broken)
+    peerless.reset_stats()
+    jax.clear_caches()
+    peerless.enable(CPU)
+    try:
+        compiled = jax.jit(f).lower(x).compile()
+    finally:
+        peerless.disable(CPU)
+        jax.clear_caches()
+    assert PEERLESS_TARGET not in compiled.as_text()  # XLA ran the module as it came
+    assert peerless.stats()["left_to_xla"] == {"modules": 1}, peerless.stats()
+    (d,) = [d for d in peerless.decisions() if d["op"] == "module"]
+    assert d["implementation"].startswith("fallback") and "ALREADY_EXISTS" in d["reason"], d
+    peerless.reset_stats()
+    assert "left_to_xla" not in peerless.stats() and peerless.decisions() == []

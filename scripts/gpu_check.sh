@@ -14,7 +14,11 @@ mkdir -p "$LOG"
 # NVLink multicast stays off (shared hosts): never remove these.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PEERLESS_HLO_TESTS_DIR="$PWD/hlo-tests" PEERLESS_CACHE_DIR=/tmp/peerless-kernel-cache
-export PEERLESS_PJRT_LIBRARY="$PWD/$BIN/libpeerless_pjrt.so" PYTHONPATH="$PWD/plugin/python"
+# The library of BINDIR, with the checkout's package; without one, the pip-installed wheel's
+# (the product as users get it).
+if [ -f "$BIN/libpeerless_pjrt.so" ]; then
+  export PEERLESS_PJRT_LIBRARY="$PWD/$BIN/libpeerless_pjrt.so" PYTHONPATH="$PWD/plugin/python"
+fi
 # XLA's CUDA plugin, for `peerless run/bench --backend xla`.
 XLA_CUDA=$(python3 -c 'import importlib.util as u, os
 for m in ("jax_plugins.xla_cuda13", "jax_plugins.xla_cuda12"):

@@ -202,6 +202,11 @@ enum Form {
     /// `get-tuple-element` of either element) reads what it read before, and the `-done`
     /// becomes `get-tuple-element(start), index=1`.
     AsyncTuple,
+    /// A synchronous collective inside an `async-start`'s computation (JAX's explicit async
+    /// API): the instruction becomes the call, never on an operation queue (XLA's async
+    /// wrapper already runs it beside compute; a queue would wrap it again), limited to
+    /// `async_blocks` as a call beside compute is.
+    InAsync,
 }
 
 /// The [`Form`] of collective `id`, or why its async form stays XLA's.
@@ -653,10 +658,23 @@ pub fn run(bytes: &[u8], cfg: &PassConfig) -> Result<PassOutcome, PassError> {
             let fp = (*module_key.get_or_insert_with(|| fingerprint(bytes).ok()))?;
             Some(shared_instance(fp, instr))
         };
-        let (decision, rewrite) = if wrapped.contains(&module.comps[module.instr(id).parent].name) {
+        let in_async = wrapped.contains(&module.comps[module.instr(id).parent].name);
+        let (decision, rewrite) = if in_async && !cfg.caps.async_queue {
             (async_wrapped(&module, id), None)
         } else {
-            decide_one(&module, id, &assignment, cfg, &tuning, &logical, &peers, &layouts, instance, shared_id)
+            decide_one(
+                &module,
+                id,
+                &assignment,
+                cfg,
+                &tuning,
+                &logical,
+                &peers,
+                &layouts,
+                instance,
+                shared_id,
+                in_async,
+            )
         };
         if let Some(Rewrite { target, call, form }) = rewrite {
             forms.insert(call.name.clone(), form);
@@ -788,15 +806,15 @@ fn fuse_epilogues(
 }
 
 /// The decision for a collective inside an async computation (JAX's explicit async API:
-/// `psum_scatter_start`, `all_to_all_start`, ...): XLA's. XLA runs it beside compute already,
-/// and the computation may hold nothing but its root and parameters, where a Peerless call on
-/// an operation queue would be wrapped again (XLA's verifier refuses the module).
+/// `psum_scatter_start`, `all_to_all_start`, ...) on a platform without operation queues
+/// (ROCm; XLA:CPU makes such pairs synchronous before the pass): XLA's, which runs it beside
+/// compute. (With queues the call takes its place, [`Form::InAsync`].)
 fn async_wrapped(module: &Module, id: InstrId) -> PassDecision {
     let ins = module.instr(id);
     PassDecision {
         reason: format!(
             "inside the async computation '{}' (JAX's explicit async collectives, e.g. all_to_all_start): XLA runs it \
-             beside compute, and that computation holds nothing but the collective",
+             beside compute, and this platform's calls do not run beside compute",
             module.comps[ins.parent].name
         ),
         ..fallback_record(module, id)
@@ -835,6 +853,7 @@ fn decide_one(
     layouts: &HashMap<String, Vec<Result<LeafLayout, String>>>,
     instance: Option<u64>,
     mut shared_id: impl FnMut(&str) -> Option<u64>,
+    in_async: bool,
 ) -> (PassDecision, Option<Rewrite>) {
     let ins = module.instr(id);
     let mut d = fallback_record(module, id);
@@ -842,8 +861,10 @@ fn decide_one(
     // scheduler overlaps with compute (the async rule), and is decided without the profile and
     // two-shot's limit: both measure a collective run alone (docs/OVERLAP.md). `d.bytes` is
     // the config's `bytes_per_device` (its operands' bytes).
+    // A collective inside JAX's own async pair runs beside compute whatever its size.
     let overlap = cfg.flags.overlap_above_bytes.filter(|&l| cfg.caps.async_queue && d.bytes > l);
-    let async_flags = overlap.map(|_| Flags { two_shot_max_bytes: usize::MAX, ..cfg.flags.clone() });
+    let beside = overlap.is_some() || in_async;
+    let async_flags = beside.then(|| Flags { two_shot_max_bytes: usize::MAX, ..cfg.flags.clone() });
     let no_profile = Tuning::none();
     let (flags, tuning) = async_flags.as_ref().map_or((&cfg.flags, tuning), |f| (f, &no_profile));
     // Decide on device ids: map the logical groups through the assignment first, so peer
@@ -913,7 +934,7 @@ fn decide_one(
     // on the compute stream.
     let spmd = ins.attrs.frontend_attributes.get("is_spmd_generated").is_some_and(|v| v == "true");
     if let Some(limit) = cfg.flags.xla_async_above_bytes
-        && overlap.is_none()
+        && !beside
         && spmd
         && config.bytes_per_device > limit
     {
@@ -925,6 +946,7 @@ fn decide_one(
     }
     // An async pair becomes one synchronous call; the forms it can take ([`Form`]).
     let form = match form_of(module, id) {
+        Ok(Form::Sync) if in_async => Form::InAsync,
         Ok(f) => f,
         Err(e) => {
             d.reason = e;
@@ -986,13 +1008,18 @@ fn decide_one(
         instance,
         timeout_ms: cfg.flags.collective_timeout_ms,
         processes,
-        blocks: if overlap.is_some() { cfg.flags.async_blocks } else { 0 },
+        blocks: if beside { cfg.flags.async_blocks } else { 0 },
         ..CustomCallConfig::new(config.op.kind, algorithm, ins.name.clone())
     };
     d.implementation = decision.implementation.to_string();
     d.kernel = true;
     d.reason = decision.reason;
-    if let Some(limit) = overlap {
+    if in_async {
+        d.reason.push_str(&format!(
+            "; inside JAX's async pair ('{}'): beside compute on the stream XLA gives it, at most {} blocks",
+            module.comps[ins.parent].name, call.blocks
+        ));
+    } else if let Some(limit) = overlap {
         d.reason.push_str(&format!(
             "; async: {} bytes > overlap_above_bytes={limit}, on XLA's operation queue {ASYNC_QUEUE} beside compute, \
              at most {} blocks",

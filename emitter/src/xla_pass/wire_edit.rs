@@ -363,7 +363,7 @@ pub(super) fn rewrite(
                 shapes.insert(id, x.payload);
             }
             if let Some((_, _, form)) = name_of(fs).and_then(|n| rewrites.get(&n))
-                && *form != Form::Sync
+                && !matches!(form, Form::Sync | Form::InAsync)
             {
                 starts.insert(id, *form);
             }
@@ -443,7 +443,9 @@ pub(super) fn rewrite(
             let (config_text, after) = ordered(config, &prev)?;
             let id = first_int(fs, instruction::ID)?.unwrap_or(0);
             prev = Some((id, config.name.clone()));
-            let config = on_queue(config_text, super::queue_of(config));
+            // Inside XLA's async wrapper a call needs no queue (one would wrap it again).
+            let queue = if *form == Form::InAsync { 0 } else { super::queue_of(config) };
+            let config = on_queue(config_text, queue);
             if *form != Form::AsyncTuple {
                 let mut ins = Vec::with_capacity(i.payload.len() + config.len() + 64);
                 for x in fs.iter().filter(|x| {
@@ -753,7 +755,7 @@ pub(super) fn pin_entry_layouts(module: &[u8]) -> Result<Option<Vec<u8>>, PassEr
 
 /// Names of the computations an `async-start` wraps (JAX's explicit async collectives,
 /// `all_to_all_start` and the like, reach XLA:GPU so). Such a computation must hold only its
-/// root and parameters, so the pass leaves a collective inside it to XLA.
+/// root and parameters: a collective there becomes a call in place ([`Form::InAsync`]).
 pub(super) fn async_computations(module: &[u8]) -> Result<BTreeSet<String>, PassError> {
     let mut names: HashMap<i64, String> = HashMap::new();
     let mut wrapped: BTreeSet<i64> = BTreeSet::new();

@@ -278,13 +278,18 @@ def part_async(summary: dict) -> bool:
     import jax_plugins.peerless as peerless
 
     def kinds(n):
+        """Each async start beside its synchronous twin (the oracle where XLA alone cannot
+        compile the async form: seen on XLA:GPU for psum_start at 512 KiB)."""
         ring = [(k, (k + 1) % n) for k in range(n)]
         return {
-            "psum_start": lambda v: par.psum_start(v, "i"),
-            "all_gather_start": lambda v: par.all_gather_start(v, "i", axis=0, tiled=True),
-            "psum_scatter_start": lambda v: par.psum_scatter_start(v, "i", scatter_dimension=0, tiled=True),
-            "all_to_all_start": lambda v: par.all_to_all_start(v, "i", 0, 0, tiled=True),
-            "ppermute_start": lambda v: par.ppermute_start(v, "i", ring),
+            "psum_start": (lambda v: par.psum_start(v, "i"), lambda v: jax.lax.psum(v, "i")),
+            "all_gather_start": (lambda v: par.all_gather_start(v, "i", axis=0, tiled=True),
+                                 lambda v: jax.lax.all_gather(v, "i", axis=0, tiled=True)),
+            "psum_scatter_start": (lambda v: par.psum_scatter_start(v, "i", scatter_dimension=0, tiled=True),
+                                   lambda v: jax.lax.psum_scatter(v, "i", scatter_dimension=0, tiled=True)),
+            "all_to_all_start": (lambda v: par.all_to_all_start(v, "i", 0, 0, tiled=True),
+                                 lambda v: jax.lax.all_to_all(v, "i", 0, 0, tiled=True)),
+            "ppermute_start": (lambda v: par.ppermute_start(v, "i", ring), lambda v: jax.lax.ppermute(v, "i", ring)),
         }
 
     # Bytes per device: under, just over, and well over overlap_above_bytes (256 KiB).
@@ -297,7 +302,7 @@ def part_async(summary: dict) -> bool:
     print(f"{'kind':20s} {'n':>2s} {'bytes':>9s} {'wrapper':9s} {'flags':28s} {'same':>5s} {'Peerless took':>13s}  note")
     cases = [(n, k, s_, w, fl) for n in counts for k in kinds(n).items() for s_ in sizes
              for w in ("shard_map", "pmap") for fl in flagsets if n == counts[-1] or w == "shard_map"]
-    for n, (kind, start), nbytes, wrapper, flags in cases:
+    for n, (kind, (start, sync)), nbytes, wrapper, flags in cases:
         devs = jax.devices()[:n]
         mesh = Mesh(np.array(devs), ("i",))
         rows_per = nbytes // 4 // 256
@@ -312,12 +317,13 @@ def part_async(summary: dict) -> bool:
             done = getattr(h, "done", None)
             return (done() if done else h), y
 
-        if wrapper == "shard_map":
-            f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P("i"), P()), out_specs=(P("i"), P("i"))))
-            args = (x, w)
-        else:
-            f = jax.pmap(body, axis_name="i", devices=devs)
-            args = (x.reshape(n, rows_per, 256), np.broadcast_to(w, (n, 256, 256)))
+        def wrap(fn):
+            if wrapper == "shard_map":
+                return jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=(P("i"), P()), out_specs=(P("i"), P("i"))))
+            return jax.pmap(fn, axis_name="i", devices=devs)
+
+        f = wrap(body)
+        args = (x, w) if wrapper == "shard_map" else (x.reshape(n, rows_per, 256), np.broadcast_to(w, (n, 256, 256)))
         got, note, took = {}, "", ""
         for on in (False, True):
             if on:
@@ -331,6 +337,13 @@ def part_async(summary: dict) -> bool:
             except Exception as e:  # noqa: BLE001
                 got[on] = None
                 note = ("Peerless: " if on else "XLA alone: ") + str(e).splitlines()[0][:200]
+            if not on and got[on] is None:
+                # XLA alone cannot compile the async form: its synchronous twin is the oracle.
+                try:
+                    got[on] = np.asarray(jax.block_until_ready(wrap(lambda v, ww: (sync(v), ww @ ww))(*args))[0])
+                    note += " (oracle: XLA alone's synchronous form)"
+                except Exception as e:  # noqa: BLE001
+                    note += f"; its synchronous form too: {str(e).splitlines()[0][:120]}"
             if on:
                 st = peerless.stats()
                 took = ",".join(f"{op}:{v['kernel']}/{v['kernel'] + v['fallback']}" for op, v in st.items()

@@ -387,6 +387,21 @@ def part_layouts(summary: dict) -> bool:
     def programs(rank):
         s_in = P("x", "y") if rank == 2 else P("x", "y", None)
         rep = P()
+        tail = (None,) * (rank - 2)
+
+        def sm(body, out):
+            # A collective the user writes (shard_map), on an argument in the user's layout.
+            return (jax.shard_map(body, mesh=mesh, in_specs=s_in, out_specs=out, check_vma=False), s_in, out)
+
+        user = {
+            "sm_psum": sm(lambda v: jax.lax.psum(v, "x"), P(None, "y", *tail)),
+            "sm_all_gather": sm(lambda v: jax.lax.all_gather(v, "x", axis=0, tiled=True), P(None, "y", *tail)),
+            "sm_psum_scatter": sm(lambda v: jax.lax.psum_scatter(v, "x", scatter_dimension=1, tiled=True),
+                                  P(None, ("y", "x"), *tail)),
+            "sm_all_to_all": sm(lambda v: jax.lax.all_to_all(v, "y", 0, 1, tiled=True), P(("x", "y"), None, *tail)),
+            "sm_ppermute": sm(lambda v: jax.lax.ppermute(v, "x", [(k, (k + 1) % mesh.shape["x"])
+                                                                  for k in range(mesh.shape["x"])]), s_in),
+        }
         if rank == 2:
             progs = {
                 "matmul_xxT": (lambda a: a @ a.T, s_in, P("x", "y")),  # the program
@@ -395,14 +410,14 @@ def part_layouts(summary: dict) -> bool:
                 "all_to_all": (lambda a: a + 1, P("x", None), P(None, "x")),
                 "reduce_scatter": (lambda a: (a.T @ a), P(None, "x"), P("x", None)),
                 "permute_roll": (lambda a: jnp.roll(a, 3, axis=0), s_in, s_in),
-            }
+            } | user
         else:
             progs = {
                 "batched_matmul": (lambda a: jnp.einsum("xyk,xzk->xyz", a, a), s_in, P("x", "y")),
                 "all_gather": (lambda a: a * 2, s_in, rep),
                 "all_to_all": (lambda a: a + 1, P("x", None, None), P(None, "x", None)),
                 "permute_roll": (lambda a: jnp.roll(a, 3, axis=0), s_in, s_in),
-            }
+            } | user
         return progs
 
     for rank in (2, 3):

@@ -16,8 +16,9 @@ alone in the same run. Three parts (`--parts`, default all):
   layouts       user-chosen layouts: every major_to_minor of rank-2 and rank-3 arguments
                 and results (device_put with a Format, jit out_shardings=Format, jit
                 in_shardings=Format) × programs the partitioner turns into all-reduce,
-                all-gather, all-to-all, reduce-scatter and collective-permute: each runs
-                and equals XLA alone with the same layouts.
+                all-gather, all-to-all, reduce-scatter and collective-permute, and the
+                same five kinds written in shard_map: each runs and equals XLA alone with
+                the same layouts.
 
     PEERLESS_PJRT_LIBRARY=... PYTHONPATH=plugin/python python3 plugin/tests/gpu_user_forms.py \\
         [--platform cuda|cpu] [--parts multiprocess,async,layouts] [--out DIR]

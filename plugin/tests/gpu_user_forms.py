@@ -175,6 +175,17 @@ def mp_worker(pid: int, nproc: int, port: int, how: str, mode: str) -> None:
     os._exit(0)  # the coordinator would wait at shutdown
 
 
+def job_env() -> dict:
+    """A job's environment: Peerless on as users turn it on, a short collective timeout (the
+    fault case), and one device per process."""
+    env = base_env()
+    env.update(PEERLESS_ENABLE="1", PEERLESS_FLAGS=f"--collective_timeout_ms={TIMEOUT_MS}",
+               XLA_PYTHON_CLIENT_PREALLOCATE="false")
+    if PLATFORM == "cpu":
+        env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=1"
+    return env
+
+
 def part_multiprocess(summary: dict) -> bool:
     from jobs import free_port, run_workers
 
@@ -187,36 +198,15 @@ def part_multiprocess(summary: dict) -> bool:
     print(f"{'procs':>5s} {'devices by':22s} {'program':14s} {'same':>5s} {'peerless':>8s} "
           f"{'XLA µs':>13s} {'Peerless µs':>13s} {'x':>5s}")
     for nproc, how in itertools.product(sizes, hows):
-        env = base_env()
-        env.update(PEERLESS_ENABLE="1", PEERLESS_FLAGS=f"--collective_timeout_ms={TIMEOUT_MS}",
-                   XLA_PYTHON_CLIENT_PREALLOCATE="false")
-        if PLATFORM == "cpu":
-            env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=1"
         port = free_port()
 
         def argv(i, nproc=nproc, how=how, port=port):
             return [sys.executable, HERE, "_mp", str(i), str(nproc), str(port), how, "programs", "--platform",
                     PLATFORM]
 
-        if how == "CUDA_VISIBLE_DEVICES":
-            reps = []
-            procs = []
-            for i in range(nproc):
-                e = dict(env, CUDA_VISIBLE_DEVICES=str(i))
-                procs.append(subprocess.Popen(argv(i), env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                              text=True))
-            for p in procs:
-                try:
-                    so, se = p.communicate(timeout=600)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-                    so, se = p.communicate()
-                lines = [ln for ln in so.splitlines() if ln.startswith("{")]
-                rep = json.loads(lines[-1]) if lines else {}
-                rep.update(rc=p.returncode, stderr=se[-3000:])
-                reps.append(rep)
-        else:
-            reps = run_workers(argv, nproc, env, 600)
+        # CUDA_VISIBLE_DEVICES: each process sees its one GPU (as launchers set it).
+        env_of = (lambda i: {"CUDA_VISIBLE_DEVICES": str(i)}) if how == "CUDA_VISIBLE_DEVICES" else None
+        reps = run_workers(argv, nproc, job_env(), 600, env_of=env_of)
         summary[f"multiprocess {nproc} {how}"] = reps
         for r in reps:
             if r.get("rc") != 0 or "results" not in r:
@@ -248,14 +238,9 @@ def part_multiprocess(summary: dict) -> bool:
             print(f"  left to XLA: {d['op']} {d['instruction']}: {d['reason'][:200]}")
     # The fault: the last process never arrives; the others time out naming it.
     nproc = sizes[-1] if sizes else 2
-    env = base_env()
-    env.update(PEERLESS_ENABLE="1", PEERLESS_FLAGS=f"--collective_timeout_ms={TIMEOUT_MS}",
-               XLA_PYTHON_CLIENT_PREALLOCATE="false")
-    if PLATFORM == "cpu":
-        env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=1"
     port = free_port()
     reps = run_workers(lambda i: [sys.executable, HERE, "_mp", str(i), str(nproc), str(port), "local_device_ids",
-                                  "leave", "--platform", PLATFORM], nproc, env, 300)
+                                  "leave", "--platform", PLATFORM], nproc, job_env(), 300)
     summary["multiprocess fault"] = reps
     # The error names the missing device ids (the last process's).
     missing = str(reps[-1].get("devices", ["?"])[0]) if reps else "?"

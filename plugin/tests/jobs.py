@@ -21,10 +21,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_workers(argv_of, n: int, env: dict, timeout: float, stderr_tail: int = 4000) -> list[dict]:
-    """Starts `n` processes (`argv_of(i)` is process i's command line) with `env`, waits at
-    most `timeout` seconds for all of them, and returns their reports in process order."""
-    procs = [subprocess.Popen(argv_of(i), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def run_workers(argv_of, n: int, env: dict, timeout: float, stderr_tail: int = 4000, env_of=None) -> list[dict]:
+    """Starts `n` processes (`argv_of(i)` is process i's command line) with `env` (and
+    `env_of(i)`'s variables, e.g. a CUDA_VISIBLE_DEVICES each), waits at most `timeout` seconds
+    for all of them, and returns their reports in process order."""
+    procs = [subprocess.Popen(argv_of(i), env=dict(env, **(env_of(i) if env_of else {})), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
              for i in range(n)]
     out = []
     hung = False

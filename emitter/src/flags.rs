@@ -82,7 +82,8 @@ pub struct Flags {
     pub xla_async_above_bytes: Option<usize>,
     /// Inside XLA:GPU (platforms with [`crate::Capabilities::async_queue`]): collectives above
     /// this run on XLA's async compute stream, overlapped with compute, instead of staying XLA's
-    /// under `xla_async_above_bytes`; `None`: every call on the compute stream.
+    /// under `xla_async_above_bytes`; `None` (the default): every call on the compute stream,
+    /// and collectives inside JAX's own async pairs stay XLA's.
     pub overlap_above_bytes: Option<usize>,
     /// The most thread blocks a call beside compute launches with (`overlap_above_bytes`): few
     /// SMs for the collective, the rest for the GEMMs it overlaps.
@@ -94,11 +95,13 @@ pub struct Flags {
     pub fuse_norm: Option<bool>,
 }
 
-/// Default of `--xla_async_above_bytes` (where no async queue is: XLA:CPU, ROCm) and of
-/// `--overlap_above_bytes` (XLA:GPU on CUDA): 2× H200, 2026-11-23 — a data-parallel train step
+/// Default of `--xla_async_above_bytes`: 2× H200, 2026-11-23 — a data-parallel train step
 /// whose 2 MiB gradient all-reduce ran on a Peerless kernel in order took 403 µs against XLA's
 /// 252 µs, while latency-bound all-reduces of ≤ 256 KiB (a tensor-parallel decode layer) gain
-/// 1.5× in order; 2026-11-27 — the same step with its gradients beside compute 1.23–1.75× stock.
+/// 1.5× in order. `--overlap_above_bytes` is off by default (issue 46): on 4× H200, 2026-11-28,
+/// realistic training steps (403M parameters, DP and FSDP) ran 0.83× and 0.72× stock with calls
+/// above 256 KiB beside compute (the kernels compete with the GEMMs and trail NCCL from 16 MiB
+/// up), 1.00× and 1.01× without; the project's small DP step gained 1.15–1.70× with them.
 pub const DEFAULT_XLA_ASYNC_ABOVE_BYTES: usize = 256 * 1024;
 
 /// Default of `--async_blocks`: a quarter of an H100's 132 SMs (NCCL's rings use 16–32 blocks).
@@ -118,7 +121,7 @@ impl Default for Flags {
             host_topology: HostTopology::FullMesh,
             allow_unsafe_peer_targets: false,
             xla_async_above_bytes: Some(DEFAULT_XLA_ASYNC_ABOVE_BYTES),
-            overlap_above_bytes: Some(DEFAULT_XLA_ASYNC_ABOVE_BYTES),
+            overlap_above_bytes: None,
             async_blocks: DEFAULT_ASYNC_BLOCKS,
             fuse_norm: None,
         }
@@ -252,8 +255,9 @@ pub const FLAGS: &[FlagSpec] = &[
         ty: "bytes|none",
         help: "inside XLA:GPU: collectives above this run on a Peerless kernel on XLA's async compute stream, \
                overlapped with compute where XLA's scheduler can (and no longer stay XLA's under \
-               xla_async_above_bytes, which then applies only where no async queue is); none: every call on the \
-               compute stream",
+               xla_async_above_bytes, which then applies only where no async queue is), and so do those inside \
+               JAX's own async pairs (any size); none (the default: realistic training steps measured slower with \
+               calls beside compute): every call on the compute stream",
         get: |f| f.overlap_above_bytes.map_or_else(|| "none".to_owned(), |b| b.to_string()),
         set: |f, v| {
             f.overlap_above_bytes = if v == "none" { None } else { Some(parse_bytes(v)?) };

@@ -659,8 +659,9 @@ pub fn run(bytes: &[u8], cfg: &PassConfig) -> Result<PassOutcome, PassError> {
             Some(shared_instance(fp, instr))
         };
         let in_async = wrapped.contains(&module.comps[module.instr(id).parent].name);
-        let (decision, rewrite) = if in_async && !cfg.caps.async_queue {
-            (async_wrapped(&module, id), None)
+        let beside_compute = cfg.caps.async_queue && cfg.flags.overlap_above_bytes.is_some();
+        let (decision, rewrite) = if in_async && !beside_compute {
+            (async_wrapped(&module, id, cfg.caps.async_queue), None)
         } else {
             decide_one(
                 &module,
@@ -806,15 +807,21 @@ fn fuse_epilogues(
 }
 
 /// The decision for a collective inside an async computation (JAX's explicit async API:
-/// `psum_scatter_start`, `all_to_all_start`, ...) on a platform without operation queues
-/// (ROCm; XLA:CPU makes such pairs synchronous before the pass): XLA's, which runs it beside
-/// compute. (With queues the call takes its place, [`Form::InAsync`].)
-fn async_wrapped(module: &Module, id: InstrId) -> PassDecision {
+/// `psum_scatter_start`, `all_to_all_start`, ...) where Peerless's calls do not run beside
+/// compute: on a platform without operation queues (ROCm; XLA:CPU makes such pairs synchronous
+/// before the pass), or with `--overlap_above_bytes=none` (the default). XLA's, which runs it
+/// beside compute. (Otherwise the call takes its place, [`Form::InAsync`].)
+fn async_wrapped(module: &Module, id: InstrId, queues: bool) -> PassDecision {
     let ins = module.instr(id);
+    let why = if queues {
+        "Peerless's calls beside compute are off (--overlap_above_bytes=none, the default)"
+    } else {
+        "this platform's calls do not run beside compute"
+    };
     PassDecision {
         reason: format!(
             "inside the async computation '{}' (JAX's explicit async collectives, e.g. all_to_all_start): XLA runs it \
-             beside compute, and this platform's calls do not run beside compute",
+             beside compute, and {why}",
             module.comps[ins.parent].name
         ),
         ..fallback_record(module, id)

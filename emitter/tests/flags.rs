@@ -38,7 +38,7 @@ fn parses_every_flag_and_round_trips() {
     assert_eq!(f.host_topology, HostTopology::Pairs(vec![(0, 1), (2, 3)]));
     assert!(f.allow_unsafe_peer_targets && !Flags::default().allow_unsafe_peer_targets);
     assert_eq!((f.xla_async_above_bytes, Flags::default().xla_async_above_bytes), (None, Some(262_144)));
-    assert_eq!((f.overlap_above_bytes, Flags::default().overlap_above_bytes), (Some(1 << 20), Some(262_144)));
+    assert_eq!((f.overlap_above_bytes, Flags::default().overlap_above_bytes), (Some(1 << 20), None));
     assert_eq!((f.async_blocks, Flags::default().async_blocks), (8, 32));
     // A block count the kernels' signal arrays cannot take is refused, not clamped.
     for bad in ["0", "129", "x"] {

@@ -11,11 +11,14 @@ alternate the order, so drift spreads over all modes):
   stock           JAX as installed (NCCL through XLA, command buffers as XLA defaults them)
   xla-kernels     XLA's own one-/two-shot collective kernels
   nccl-symmetric  NCCL with symmetric buffer registration
-  peerless        `jax_plugins.peerless.enable()` (on CUDA collectives above 256 KiB run on a
-                  Peerless kernel on XLA's async queue, beside compute, on at most 32 blocks)
-  peerless-sync   `--overlap_above_bytes=none`: every call in order on the compute stream, and
-                  partitioner-made ones above 256 KiB left to XLA (the default before issue 38)
-  peerless-blocks64  `--async_blocks=64`: calls beside compute on the synchronous grid
+  peerless        `jax_plugins.peerless.enable()`: every call in order on the compute stream, and
+                  partitioner-made ones above 256 KiB left to XLA (the default since issue 46)
+  peerless-overlap   `--overlap_above_bytes=262144`: on CUDA collectives above 256 KiB run on a
+                  Peerless kernel on XLA's async queue, beside compute, on at most 32 blocks (the
+                  default from issue 38 to issue 46)
+  peerless-sync   `--overlap_above_bytes=none`: today's default, spelled out
+  peerless-blocks64  `--overlap_above_bytes=262144 --async_blocks=64`: calls beside compute on
+                  the synchronous grid
   peerless-fuse   `--fuse_norm=true`: the all-reduce fused with the RMSNorm after it on CUDA too
   any mode + ":nographs"  XLA's command buffers off (`--xla_gpu_enable_command_buffer=`)
   any mode + ":va"        command buffers replay without updates when buffers move
@@ -36,6 +39,12 @@ loop does; µs per call is the median over samples of `--iters` back-to-back cal
                           block of attention
   dp_step                 data-parallel MLP train step, 20 MiB of f32 gradients
   fsdp_step               FSDP: per layer all-gather of the weights, reduce-scatter of the grads
+  dp_train_400m           a realistic data-parallel training step: a residual MLP stack of 403M
+                          parameters (f32 master weights, bf16 compute, d 2048, 12 layers), 4096
+                          tokens per GPU, jit(grad) with out_shardings; 64 MiB
+                          f32 gradient all-reduces (dp_train_tiny: the same, small, for CPUs)
+  fsdp_train_400m         the same step with the weights sharded by rows through jit shardings
+                          (fsdp_train_tiny: small)
 
 Every mode's results are compared with stock's: the largest difference relative to the largest
 magnitude must stay within AGREE (5e-2: three fed-back bf16 decode steps of 8 layers differ by
@@ -63,17 +72,19 @@ MODES = {
     "xla-kernels": "--xla_gpu_experimental_use_collective_kernels=ALL_REDUCE,ALL_GATHER",
     "nccl-symmetric": "--xla_gpu_experimental_enable_nccl_symmetric_buffers=true",
     "peerless": "",
+    "peerless-overlap": "",
     "peerless-sync": "",
     "peerless-blocks64": "",
     "peerless-fuse": "",
 }
-# Peerless's flags per mode (`enable(flags=...)`). (Before issue 38's default, mode
-# peerless-overlap was `--overlap_above_bytes=262144`, today's `peerless`; its 2026-11-27 runs C
-# and D also set every backend `kernel` and --two_shot_max_bytes=67108864.)
+# Peerless's flags per mode (`enable(flags=...)`). (In the 2026-11-27 runs, `peerless` was
+# today's `peerless-overlap`, the default then; runs C and D of that day also set every backend
+# `kernel` and --two_shot_max_bytes=67108864.)
 PEERLESS_MODES = {
     "peerless": None,
+    "peerless-overlap": "--overlap_above_bytes=262144",
     "peerless-sync": "--overlap_above_bytes=none",
-    "peerless-blocks64": "--async_blocks=64",
+    "peerless-blocks64": "--overlap_above_bytes=262144 --async_blocks=64",
     "peerless-fuse": "--fuse_norm=true",
 }
 # Mode suffixes: XLA options a user may add to any mode.
@@ -146,6 +157,35 @@ def programs(names, n):
         x = put(rnd((batch, d)))
         return jax.jit(step), (ps, kc, vc, x), lambda a, o: (a[0], a[1], a[2], o)
 
+    def train_stack(name):
+        """A realistic training step (issue 46): a residual MLP stack, f32 master weights,
+        bf16 compute, `jax.jit(grad)` with out_shardings (weights not donated: the bench calls
+        a step again with the same weights). `*_400m`: d
+        2048, MLP 4d, 12 layers (403M parameters; 64 MiB of f32 gradient per matrix), 4096
+        tokens per GPU; `*_tiny` (d 128, 2 layers, 64 tokens) checks the program on a CPU.
+        `dp_`: weights replicated (XLA all-reduces the gradients); `fsdp_`: weights sharded by
+        rows through jit shardings (the partitioner all-gathers them and reduce-scatters the
+        gradients)."""
+        big = name.endswith("_400m")
+        d, layers, tokens = (2048, 12, 4096) if big else (128, 2, 64)
+        fsdp = name.startswith("fsdp_")
+        wspec = NamedSharding(mesh, P("x", None) if fsdp else P())
+        ws = [jax.device_put(rnd(shape, shape[0] ** -0.5, jnp.float32), wspec)
+              for _ in range(layers) for shape in ((d, 4 * d), (4 * d, d))]
+        xb = put(rnd((tokens * n, d), 1.0, jnp.bfloat16), "x")
+
+        def loss(ws, x):
+            for w1, w2 in zip(ws[::2], ws[1::2]):
+                x = x + jax.nn.gelu(x @ w1.astype(jnp.bfloat16)) @ w2.astype(jnp.bfloat16)
+            return jnp.mean(jnp.square(x.astype(jnp.float32)))
+
+        def step(ws, x):
+            g = jax.grad(loss)(ws, x)
+            return [w - 1e-4 * gi for w, gi in zip(ws, g)]
+
+        f = jax.jit(step, out_shardings=[wspec] * len(ws))
+        return (f, (ws, xb), lambda a, o: (o, a[1]))
+
     def build(name):
         # One scope per program: its closures see its own sizes.
         if name == "psum_chain":
@@ -214,6 +254,8 @@ def programs(names, n):
 
             dp = jax.jit(lambda w, x: [wi - 1e-3 * gi for wi, gi in zip(w, jax.grad(loss)(w, x))])
             return (dp, (ws, xb), lambda a, o: (o, a[1]))
+        elif name.startswith(("dp_train_", "fsdp_train_")):
+            return train_stack(name)
         elif name == "fsdp_step":
             d, layers = 2048, 4
             ws = [put(rnd((d, d), d ** -0.5, jnp.float32), "x") for _ in range(layers)]

@@ -10,8 +10,8 @@ alone in the same run. Three parts (`--parts`, default all):
                 never arrives makes the others fail with a timeout naming it.
   async         JAX's explicit async collectives (psum_start, all_gather_start,
                 psum_scatter_start, all_to_all_start, ppermute_start and their done()),
-                beside a matmul, sizes around overlap_above_bytes, in shard_map and pmap,
-                with the default flags and --overlap_above_bytes=none: each compiles and
+                beside a matmul, sizes around 256 KiB, in shard_map and pmap, with the
+                default flags and --overlap_above_bytes=262144: each compiles and
                 equals XLA alone.
   layouts       user-chosen layouts: every major_to_minor of rank-2 and rank-3 arguments
                 and results (device_put with a Format, jit out_shardings=Format, jit
@@ -278,9 +278,9 @@ def part_async(summary: dict) -> bool:
             "ppermute_start": (lambda v: par.ppermute_start(v, "i", ring), lambda v: jax.lax.ppermute(v, "i", ring)),
         }
 
-    # Bytes per device: under, just over, and well over overlap_above_bytes (256 KiB).
+    # Bytes per device: under, just over, and well over --overlap_above_bytes=262144.
     sizes = [64 << 10, 512 << 10, 8 << 20]
-    flagsets = ["", "--overlap_above_bytes=none"]
+    flagsets = ["", "--overlap_above_bytes=262144"]  # the default (none), and calls beside compute on
     ok = True
     rows = []
     counts = sorted({2, min(4, len(jax.devices()))})

@@ -41,8 +41,8 @@ loop does; µs per call is the median over samples of `--iters` back-to-back cal
   fsdp_step               FSDP: per layer all-gather of the weights, reduce-scatter of the grads
   dp_train_400m           a realistic data-parallel training step: a residual MLP stack of 403M
                           parameters (f32 master weights, bf16 compute, d 2048, 12 layers), 4096
-                          tokens per GPU, jit(grad) with out_shardings; 64 MiB
-                          f32 gradient all-reduces (dp_train_tiny: the same, small, for CPUs)
+                          tokens per GPU, jit(grad) with out_shardings; 32 MiB
+                          bf16 gradient all-reduces (dp_train_tiny: the same, small, for CPUs)
   fsdp_train_400m         the same step with the weights sharded by rows through jit shardings
                           (fsdp_train_tiny: small)
 
@@ -161,7 +161,7 @@ def programs(names, n):
         """A realistic training step (issue 46): a residual MLP stack, f32 master weights,
         bf16 compute, `jax.jit(grad)` with out_shardings (weights not donated: the bench calls
         a step again with the same weights). `*_400m`: d
-        2048, MLP 4d, 12 layers (403M parameters; 64 MiB of f32 gradient per matrix), 4096
+        2048, MLP 4d, 12 layers (403M parameters; a 32 MiB bf16 gradient per matrix), 4096
         tokens per GPU; `*_tiny` (d 128, 2 layers, 64 tokens) checks the program on a CPU.
         `dp_`: weights replicated (XLA all-reduces the gradients); `fsdp_`: weights sharded by
         rows through jit shardings (the partitioner all-gathers them and reduce-scatters the

@@ -2,10 +2,11 @@
 //!
 //! XLA hands the pass a serialized `HloModuleProto` after SPMD partitioning
 //! (`jax.extend.xla`, stage PRE_SCHEDULER); the pass decides every collective with the
-//! same rules as the standalone emitter ([`crate::decide_with`]) and rewrites each one
-//! assigned to a kernel into a typed-FFI `custom-call` to a Peerless target whose
-//! attributes are the plain-data [`CustomCallConfig`]. Fallbacks stay XLA's own
-//! collectives, untouched.
+//! emitter's rules ([`crate::decide_tuned`]) and the pass's own on device ids (peer access,
+//! processes and hosts, layouts, async forms: `decide_one`), and rewrites each one assigned
+//! to a kernel into a typed-FFI `custom-call` to a Peerless target whose attributes are the
+//! plain-data [`CustomCallConfig`]. Fallbacks stay XLA's own collectives, untouched. A
+//! rewritten module keeps its entry layout (`wire_edit::pin_entry_layouts`).
 //!
 //! The rewrite edits the protobuf wire format in place rather than re-encoding decoded
 //! messages: our prost copy of XLA's protos predates fields newer XLA writes (mesh-axes
@@ -13,7 +14,8 @@
 //! the module except the rewritten instructions passes through verbatim.
 //!
 //! Invariants: the pass is a pure function of (bytes, config) apart from the
-//! per-rewrite `instance` ids, holds no locks, and a module it already rewrote comes back
+//! per-rewrite `instance` ids (its only shared state besides them is the tuning profiles'
+//! cache, behind a mutex in `tuning.rs`), and a module it already rewrote comes back
 //! unchanged (its Peerless custom calls are not collectives, and its fallbacks are decided
 //! the same way again). It never fails a compile: the C entry point turns every error into
 //! "unchanged" with the reason logged.
@@ -303,13 +305,15 @@ pub const STAGING_SHARE_OF_FREE: u64 = 4;
 struct PeerLookup<'a> {
     source: &'a Peers,
     num_devices: usize,
+    /// `--host_topology`: the links of [`Peers::Shared`] (every pair by default).
+    host_topology: &'a crate::flags::HostTopology,
     table: std::cell::OnceCell<std::sync::Arc<PeerAccessTable>>,
 }
 
 impl PeerLookup<'_> {
     fn get(&self) -> &PeerAccessTable {
         self.table.get_or_init(|| match self.source {
-            Peers::Shared => std::sync::Arc::new(PeerAccessTable::full(self.num_devices, "one process, shared memory")),
+            Peers::Shared => PeerAccessTable::for_host_topology(self.num_devices, self.host_topology),
             Peers::Lazy(make) => make(),
         })
     }
@@ -635,7 +639,12 @@ pub fn run(bytes: &[u8], cfg: &PassConfig) -> Result<PassOutcome, PassError> {
     let slim = slim(bytes)?;
     let module = hlo::proto::decode("module", &slim).map_err(|e| PassError::Decode(e.to_string()))?;
     let n = assignment.devices.iter().copied().max().map_or(1, |m| m + 1);
-    let peers = PeerLookup { source: &cfg.peers, num_devices: n, table: std::cell::OnceCell::new() };
+    let peers = PeerLookup {
+        source: &cfg.peers,
+        num_devices: n,
+        host_topology: &cfg.flags.host_topology,
+        table: std::cell::OnceCell::new(),
+    };
     // The rules see logical ids; peer access is checked on device ids in `decide_one`.
     let logical = PeerAccessTable::full(assignment.devices.len(), "checked on device ids");
     let layouts = layout_map(&slim)?;

@@ -77,6 +77,21 @@ def same(np, got, want) -> bool:
     return bool(np.array_equal(got, want))
 
 
+def took(stats: dict) -> str:
+    """`op:kernels/decisions,...` of `stats()`: what Peerless took of a compile."""
+    return ",".join(f"{op}:{v['kernel']}/{v['kernel'] + v['fallback']}" for op, v in stats.items()
+                    if isinstance(v, dict) and "kernel" in v)
+
+
+def verdict(np, got: dict) -> tuple[bool | None, str]:
+    """(same, shown) for `got` {False: XLA alone's result, True: Peerless's} (None: it failed);
+    None where XLA alone could not run it either (reported, not counted)."""
+    if got[False] is None:
+        return None, "n/a"
+    good = got[True] is not None and same(np, got[True], got[False])
+    return good, str(good)
+
+
 # ----------------------------------------------------------------------------- multiprocess
 
 def mp_worker(pid: int, nproc: int, port: int, how: str, mode: str) -> None:
@@ -145,12 +160,12 @@ def mp_worker(pid: int, nproc: int, port: int, how: str, mode: str) -> None:
     for name, fn in progs.items():
         res: dict = {}
         try:
-            exe, got, took = {}, {}, {}
+            exe, got, has_call = {}, {}, {}
             for on in (False, True):  # XLA alone first: its programs compile before Peerless's
                 (peerless.enable if on else peerless.disable)()
                 jax.clear_caches()
                 exe[on] = jax.jit(fn).lower(xv).compile()
-                took[on] = 'custom_call_target="peerless.' in (exe[on].as_text() or "")
+                has_call[on] = 'custom_call_target="peerless.' in (exe[on].as_text() or "")
                 got[on] = mine(jax.block_until_ready(exe[on](xv)))
             # Interleaved rounds (shared machines are noisy): the least of 5 rounds of 20 calls.
             times: dict = {False: [], True: []}
@@ -161,7 +176,7 @@ def mp_worker(pid: int, nproc: int, port: int, how: str, mode: str) -> None:
                         y = exe[on](xv)
                     jax.block_until_ready(y)
                     times[on].append((time.perf_counter() - t0) / 20 * 1e6)
-            res.update(same=same(np, got[True], got[False]), peerless=took[True], oracle_peerless=took[False],
+            res.update(same=same(np, got[True], got[False]), peerless=has_call[True], oracle_peerless=has_call[False],
                        us_xla=min(times[False]), us_peerless=min(times[True]),
                        us_xla_max=max(times[False]), us_peerless_max=max(times[True]))
         except Exception as e:  # noqa: BLE001 - reported, and the check fails
@@ -310,7 +325,7 @@ def part_async(summary: dict) -> bool:
 
         f = wrap(body)
         args = (x, w) if wrapper == "shard_map" else (x.reshape(n, rows_per, 256), np.broadcast_to(w, (n, 256, 256)))
-        got, note, took = {}, "", ""
+        got, note, taken = {}, "", ""
         for on in (False, True):
             if on:
                 peerless.enable(flags=flags)
@@ -331,19 +346,13 @@ def part_async(summary: dict) -> bool:
                 except Exception as e:  # noqa: BLE001
                     note += f"; its synchronous form too: {str(e).splitlines()[0][:120]}"
             if on:
-                st = peerless.stats()
-                took = ",".join(f"{op}:{v['kernel']}/{v['kernel'] + v['fallback']}" for op, v in st.items()
-                                if isinstance(v, dict) and "kernel" in v)
+                taken = took(peerless.stats())
         peerless.disable()
-        if got[False] is None:
-            good, shown = None, "n/a"  # XLA alone cannot run it either: reported, not counted
-        else:
-            good = got[True] is not None and same(np, got[True], got[False])
-            shown = str(good)
-            ok &= good
+        good, shown = verdict(np, got)
+        ok &= good is not False
         rows.append({"kind": kind, "devices": n, "bytes": nbytes, "wrapper": wrapper, "flags": flags, "same": good,
-                     "took": took, "note": note})
-        print(f"{kind:20s} {n:>2d} {nbytes:>9d} {wrapper:9s} {flags or '(default)':28s} {shown:>5s} {took or '-':>13s}  "
+                     "took": taken, "note": note})
+        print(f"{kind:20s} {n:>2d} {nbytes:>9d} {wrapper:9s} {flags or '(default)':28s} {shown:>5s} {taken or '-':>13s}  "
               f"{note}")
     summary["async"] = rows
     return ok
@@ -419,7 +428,7 @@ def part_layouts(summary: dict) -> bool:
             for m2m in perms:
                 cases.append(("out_shardings", None, m2m))
             for how, m_in, m_out in cases:
-                got, note, took = {}, "", ""
+                got, note, taken = {}, "", ""
                 for on in (False, True):
                     if on:
                         peerless.enable()
@@ -447,21 +456,15 @@ def part_layouts(summary: dict) -> bool:
                         got[on] = None
                         note = ("Peerless: " if on else "XLA alone: ") + str(e).splitlines()[0][:220]
                     if on:
-                        st = peerless.stats()
-                        took = ",".join(f"{op}:{v['kernel']}/{v['kernel'] + v['fallback']}" for op, v in st.items()
-                                        if isinstance(v, dict) and "kernel" in v)
+                        taken = took(peerless.stats())
                 peerless.disable()
-                if got[False] is None:
-                    good, shown = None, "n/a"
-                else:
-                    good = got[True] is not None and same(np, got[True], got[False])
-                    shown = str(good)
-                    ok &= good
+                good, shown = verdict(np, got)
+                ok &= good is not False
                 rows.append({"program": name, "rank": rank, "how": how, "in": m_in, "out": m_out, "same": good,
-                             "took": took, "note": note})
+                             "took": taken, "note": note})
                 if not good or m_in in (None, perms[0], perms[-1]):  # every failure; a sample of passes
                     print(f"{name:22s} {rank:>4d} {str(m_in or '-'):9s} {str(m_out or '-'):9s} {how:14s} {shown:>5s} "
-                          f"{took or '-':>16s}  {note}")
+                          f"{taken or '-':>16s}  {note}")
     counted = [r for r in rows if r["same"] is not None]
     print(f"layouts: {sum(bool(r['same']) for r in counted)} of {len(counted)} equal XLA alone "
           f"({len(rows) - len(counted)} that XLA alone cannot run either); Peerless took collectives in "

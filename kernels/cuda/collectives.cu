@@ -51,6 +51,19 @@ PL_DEVICE bool failed(const Status& st) {
   return *reinterpret_cast<volatile const u32*>(st.word) != 0;
 }
 
+// Records that member `member` never arrived (status words, and the host-mapped report).
+PL_DEVICE void report_missing(const Status& st, u32 member) {
+  u32* w = reinterpret_cast<u32*>(st.word);
+  atomicCAS(w + 1, 0u, (u32)st.tag);
+  const u32 mask = atomicOr(w, 1u << member) | (1u << member);
+  if (st.report) {
+    volatile u32* r = reinterpret_cast<volatile u32*>(st.report);
+    r[1] = (u32)st.tag;
+    r[0] = mask;
+    __threadfence_system();
+  }
+}
+
 // Spins until the counter at `p` is at least `e`, or `st.timeout_ns` passed (reported as
 // member `member` missing), or an earlier wait of this execution already failed.
 PL_DEVICE void wait_bounded(const u32* p, u32 e, const Status& st, u32 member) {
@@ -60,15 +73,7 @@ PL_DEVICE void wait_bounded(const u32* p, u32 e, const Status& st, u32 member) {
     pl_spin_pause();
     if (failed(st)) return;
     if (pl_nanotime() - t0 > st.timeout_ns) {
-      u32* w = reinterpret_cast<u32*>(st.word);
-      atomicCAS(w + 1, 0u, (u32)st.tag);
-      const u32 mask = atomicOr(w, 1u << member) | (1u << member);
-      if (st.report) {
-        volatile u32* r = reinterpret_cast<volatile u32*>(st.report);
-        r[1] = (u32)st.tag;
-        r[0] = mask;
-        __threadfence_system();
-      }
+      report_missing(st, member);
       return;
     }
   }
@@ -418,32 +423,191 @@ PL_DEVICE void one_shot_many(const Many& m, u32 rank, u32 world, const Ptrs& sta
   }
 }
 
-// Two-shot all-reduce: copy-in, barrier, reduce my slice into my staging and output,
-// barrier, gather the other slices from their owners' staging.
+// Two-shot all-reduce, reduce-scatter by pushing: each rank stores block k of its operand
+// straight into member k's staging (no copy-in: the wire carries XLA's buffer), barrier; the
+// owner reduces its block from its own operand and the pushed pieces (local reads only) into
+// the output and into its staging, barrier; every rank reads the other blocks from their
+// owners' staging. Member k's staging half holds one piece per other rank: rank r's at slot
+// r (r < k) or r - 1 (r > k); the reduced block overwrites slot 0 (the thread that writes a
+// unit is the one that just read it). The rank order of the reduction is fixed (0..world-1),
+// so a row's result is the same bits as in the one-shot.
 template <typename T, typename R>
 PL_DEVICE void two_shot(const T* in, T* out, u64 n, u32 rank, u32 world, const Ptrs& stage, u64 stride,
                         const Ptrs& flags, u32* counter, const Status& st) {
+  constexpr u32 VEC = Unit<T>::VEC;
+  const u64 units = (n + VEC - 1) / VEC;
+  const u64 per = (units + world - 1) / world;
+  if ((u64)(world - 1) * per * 16 > stride) {
+    // Tiny operands (under world^2 units) may not fit the pieces: one-shot (same bits).
+    one_shot<T, R>(in, out, n, rank, world, stage, stride, flags, counter, st);
+    return;
+  }
   const u32 e = next_epoch(counter);
   const u64 par = (e & 1) * stride;
-  const u64 units = (n + Unit<T>::VEC - 1) / Unit<T>::VEC;
-  const u64 per = (units + world - 1) / world;
-  T* mine = reinterpret_cast<T*>(stage.p[rank] + par);
   const bool in_ok = aligned16(in), out_ok = aligned16(out);
-  for (u32 k = 0; k < world; ++k) {
-    const u64 lo = k * per, hi = pl_min(units, lo + per);
-    copy_range(mine, in, pl_min(units, lo), hi, n, in_ok);
+  // Address of slot `s` of member `k`'s half, shifted so that unit u of block [lo, ..) is at + u * 16.
+  auto slot = [&](u32 k, u32 s, u64 lo) { return stage.p[k] + par + s * per * 16 - lo * 16; };
+  for (u32 i = 1; i < world; ++i) {
+    const u32 k = (rank + i) % world;
+    const u64 lo = pl_min(units, k * per), hi = pl_min(units, lo + per);
+    copy_range(reinterpret_cast<T*>(slot(k, rank - (rank > k ? 1 : 0), lo)), in, lo, hi, n, in_ok);
   }
   block_barrier(flags, 0, rank, world, 2 * e - 1, st);
-  {
-    // My slice, reduced into the output and into my staging (which peers gather from).
-    const u64 lo = pl_min(units, rank * per), hi = pl_min(units, lo + per);
-    reduce_range<T, R>(out, out_ok, mine, stage, par, world, lo, hi, n);
+  const u64 lo = pl_min(units, rank * per), hi = pl_min(units, lo + per);
+  T* result = reinterpret_cast<T*>(slot(rank, 0, lo));
+  if (in_ok) {
+    Ptrs src;
+    for (u32 p = 0; p < world; ++p) src.p[p] = p == rank ? reinterpret_cast<u64>(in) : slot(rank, p - (p > rank ? 1 : 0), lo);
+    reduce_range<T, R>(out, out_ok, result, src, 0, world, lo, hi, n);
+  } else {
+    // An operand off 16-byte alignment: element by element (never XLA's buffers).
+    typedef typename Tr<T>::Acc A;
+    const u64 nt = (u64)gridDim.x * blockDim.x;
+    for (u64 u = lo + (u64)blockIdx.x * blockDim.x + threadIdx.x; u < hi; u += nt) {
+      for (u64 i = u * VEC; i < n && i < u * VEC + VEC; ++i) {
+        A acc = Tr<T>::up(rank == 0 ? in[i] : reinterpret_cast<const T*>(slot(rank, 0, lo))[i]);
+        for (u32 p = 1; p < world; ++p)
+          acc = fold_step<T, R>(acc, p == rank ? in[i] : reinterpret_cast<const T*>(slot(rank, p - (p > rank ? 1 : 0), lo))[i]);
+        out[i] = Tr<T>::down(acc);
+        result[i] = out[i];
+      }
+    }
   }
   block_barrier(flags, 0, rank, world, 2 * e, st);
   for (u32 i = 1; i < world; ++i) {
     const u32 k = (rank + i) % world;
-    const u64 lo = pl_min(units, k * per), hi = pl_min(units, lo + per);
-    copy_range(out, reinterpret_cast<const T*>(stage.p[k] + par), lo, hi, n, out_ok);
+    const u64 klo = pl_min(units, k * per), khi = pl_min(units, klo + per);
+    copy_range(out, reinterpret_cast<const T*>(slot(k, 0, klo)), klo, khi, n, out_ok);
+  }
+}
+
+// ---- the one-shot all-reduce through Lamport regions (float types) ----
+// One crossing of the wire and no flags: each rank stores its operand into every peer's
+// receive region (slot `rank`), and a receiver knows a 16-byte unit has arrived when none of
+// its elements holds the sentinel (every bit set: a NaN of every float type; an operand's own
+// such NaNs are sent as another NaN, so the sum is NaN either way). Regions start as sentinel,
+// and rotate over three launches: launch i receives into region i % 3 and sets region
+// (i + 2) % 3 back to sentinel, which launch i - 1 used (all of it arrived: this rank read it)
+// and launch i + 2 reuses (its writers get there only after this rank's launch i + 1 pushed,
+// after this launch ended). Per device, at `lam.p[rank]`: u32 counter[PL_BLOCKS] (Lamport
+// launches), u64 used[3] (bytes per slot each region's last launch received), then at
+// PL_LAMPORT_HDR the three regions of `world` slots of `slot` bytes.
+#define PL_LAMPORT_HDR 1024
+
+template <u32 S> PL_DEVICE bool has_sentinel(vec16 v);
+template <> PL_DEVICE bool has_sentinel<4>(vec16 v) {
+  return (v.w[0] == ~0u) | (v.w[1] == ~0u) | (v.w[2] == ~0u) | (v.w[3] == ~0u);
+}
+template <> PL_DEVICE bool has_sentinel<2>(vec16 v) {
+  bool s = false;
+#pragma unroll
+  for (u32 k = 0; k < 4; ++k) s |= ((v.w[k] & 0xffffu) == 0xffffu) | ((v.w[k] >> 16) == 0xffffu);
+  return s;
+}
+template <> PL_DEVICE bool has_sentinel<8>(vec16 v) {
+  return ((v.w[0] & v.w[1]) == ~0u) | ((v.w[2] & v.w[3]) == ~0u);
+}
+// The unit with each sentinel element replaced by the NaN with every bit but the sign set.
+template <u32 S> PL_DEVICE vec16 unsentinel(vec16 v);
+template <> PL_DEVICE vec16 unsentinel<4>(vec16 v) {
+#pragma unroll
+  for (u32 k = 0; k < 4; ++k) v.w[k] = v.w[k] == ~0u ? 0x7fffffffu : v.w[k];
+  return v;
+}
+template <> PL_DEVICE vec16 unsentinel<2>(vec16 v) {
+#pragma unroll
+  for (u32 k = 0; k < 4; ++k) {
+    if ((v.w[k] & 0xffffu) == 0xffffu) v.w[k] &= 0xffff7fffu;
+    if ((v.w[k] >> 16) == 0xffffu) v.w[k] &= 0x7fffffffu;
+  }
+  return v;
+}
+template <> PL_DEVICE vec16 unsentinel<8>(vec16 v) {
+  if ((v.w[0] & v.w[1]) == ~0u) v.w[1] = 0x7fffffffu;
+  if ((v.w[2] & v.w[3]) == ~0u) v.w[3] = 0x7fffffffu;
+  return v;
+}
+
+// Unit u of an n-element array, zero past its end.
+template <typename T>
+PL_DEVICE vec16 load_unit(const T* src, u64 u, u64 n, bool vec_ok) {
+  constexpr u32 VEC = Unit<T>::VEC;
+  const u64 b = u * VEC;
+  if (vec_ok && b + VEC <= n) return load16(src + b);
+  union { vec16 v; T e[VEC]; } x;
+  x.v = vec16{{0u, 0u, 0u, 0u}};
+  for (u32 k = 0; k < VEC && b + k < n; ++k) x.e[k] = src[b + k];
+  return x.v;
+}
+
+// Spins until the unit at `p` holds no sentinel (into `v`), or the timeout (member missing).
+template <u32 S>
+PL_DEVICE void wait_unit(vec16& v, const u8* p, const Status& st, u32 member) {
+  if (!has_sentinel<S>(v)) return;
+  const u64 t0 = pl_nanotime();
+  while (has_sentinel<S>(v = load16_volatile(p))) {
+    if (failed(st)) return;
+    if (pl_nanotime() - t0 > st.timeout_ns) {
+      report_missing(st, member);
+      return;
+    }
+  }
+}
+
+template <typename T, typename R>
+PL_DEVICE void lamport(const T* in, T* out, u64 n, u32 rank, u32 world, const Ptrs& lam, u64 slot, u32* counter,
+                       const Status& st) {
+  typedef typename Tr<T>::Acc A;
+  constexpr u32 VEC = Unit<T>::VEC;
+  constexpr u32 S = sizeof(T);
+  union V { vec16 v; T e[VEC]; };
+  const u32 e = next_epoch(counter);
+  const u32 i = e % 3;
+  const u64 units = (n + VEC - 1) / VEC;
+  const u64 nt = (u64)gridDim.x * blockDim.x;
+  const u64 tid = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+  const u64 region = PL_LAMPORT_HDR + (u64)i * world * slot;
+  const bool in_ok = aligned16(in), out_ok = aligned16(out);
+  for (u64 u = tid; u < units; u += nt) {
+    const vec16 v = unsentinel<S>(load_unit(in, u, n, in_ok));
+    for (u32 k = 1; k < world; ++k) store16(reinterpret_cast<u8*>(lam.p[(rank + k) % world] + region + rank * slot) + u * 16, v);
+  }
+  const u8* mine = reinterpret_cast<const u8*>(lam.p[rank] + region);
+  for (u64 u = tid; u < units; u += nt) {
+    V x[PL_MAX_RANKS];
+#pragma unroll
+    for (u32 p = 0; p < PL_MAX_RANKS; ++p)
+      if (p < world) x[p].v = p == rank ? unsentinel<S>(load_unit(in, u, n, in_ok)) : load16_volatile(mine + p * slot + u * 16);
+#pragma unroll
+    for (u32 p = 0; p < PL_MAX_RANKS; ++p)
+      if (p < world && p != rank) wait_unit<S>(x[p].v, mine + p * slot + u * 16, st, p);
+    A acc[VEC];
+#pragma unroll
+    for (u32 k = 0; k < VEC; ++k) acc[k] = Tr<T>::up(x[0].e[k]);
+#pragma unroll
+    for (u32 p = 1; p < PL_MAX_RANKS; ++p)
+      if (p < world) {
+#pragma unroll
+        for (u32 k = 0; k < VEC; ++k) acc[k] = fold_step<T, R>(acc[k], x[p].e[k]);
+      }
+    V y;
+#pragma unroll
+    for (u32 k = 0; k < VEC; ++k) y.e[k] = Tr<T>::down(acc[k]);
+    if (out_ok && u * VEC + VEC <= n) {
+      store16(out + u * VEC, y.v);
+    } else {
+      for (u32 k = 0; k < VEC && u * VEC + k < n; ++k) out[u * VEC + k] = y.e[k];
+    }
+  }
+  // Region (i + 2) % 3 back to sentinel, as far as its last launch filled it.
+  u64* used = reinterpret_cast<u64*>(lam.p[rank] + 4 * PL_BLOCKS);
+  const u32 old = (i + 2) % 3;
+  const u64 prev = used[old] / 16;
+  if (tid == 0) used[i] = units * 16;
+  u8* clear = reinterpret_cast<u8*>(lam.p[rank] + PL_LAMPORT_HDR + (u64)old * world * slot);
+  for (u64 k = tid; k < world * prev; k += nt) {
+    const u64 p = k / prev;
+    if (p != rank) store16(clear + p * slot + (k - p * prev) * 16, vec16{{~0u, ~0u, ~0u, ~0u}});
   }
 }
 
@@ -923,19 +1087,28 @@ PL_DEVICE void one_shot_norm(const T* in, const Norm& nm, u32 rank, u32 world, c
                                                                u32* counter, Status st) {                   \
     one_shot_norm<T>(in, nm, rank, world, stage, stride, flags, counter, st);                                \
   }
+// The Lamport one-shot: float types (their all-ones sentinel is a NaN).
+#define PL_LAMPORT(NAME, T, R)                                                                               \
+  PL_GLOBAL void __launch_bounds__(512) pl_lamport_##NAME(const T* in, T* out, u64 n, u32 rank, u32 world,  \
+                                                         Ptrs lam, u64 slot, Ptrs flags, u32* counter,       \
+                                                         Status st) {                                        \
+    lamport<T, R>(in, out, n, rank, world, lam, slot, counter, st);                                           \
+  }
 #define PL_AR(NAME, T, R) \
   PL_ONE_SHOT(NAME, T, R) PL_ONE_SHOT_MANY(NAME, T, R) PL_TWO_SHOT(NAME, T, R) PL_REDUCE_SCATTER(NAME, T, R)
 
 #define PL_AR_ARITH(NAME, T) PL_AR(NAME##_sum, T, Sum) PL_AR(NAME##_prod, T, Prod) PL_AR(NAME##_min, T, Min) PL_AR(NAME##_max, T, Max)
+#define PL_AR_FLOAT(NAME, T) PL_AR_ARITH(NAME, T) \
+  PL_LAMPORT(NAME##_sum, T, Sum) PL_LAMPORT(NAME##_prod, T, Prod) PL_LAMPORT(NAME##_min, T, Min) PL_LAMPORT(NAME##_max, T, Max)
 #define PL_AR_INT(NAME, T) PL_AR_ARITH(NAME, T) PL_AR(NAME##_and, T, And) PL_AR(NAME##_or, T, Or)
 
 #if defined(PL_UNIT_SPEC)
 PL_UNIT_SPEC
 #elif !defined(PL_UNIT_BASE)
-PL_AR_ARITH(f32, float)
-PL_AR_ARITH(f64, double)
-PL_AR_ARITH(bf16, bf16)
-PL_AR_ARITH(f16, f16)
+PL_AR_FLOAT(f32, float)
+PL_AR_FLOAT(f64, double)
+PL_AR_FLOAT(bf16, bf16)
+PL_AR_FLOAT(f16, f16)
 PL_AR_INT(s8, s8)
 PL_AR_INT(s16, s16)
 PL_AR_INT(s32, s32)

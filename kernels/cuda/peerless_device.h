@@ -82,6 +82,25 @@ PL_DEVICE void wait_at_least(const u32* p, u32 e) {
 struct alignas(16) vec16 { u32 w[4]; };
 PL_DEVICE vec16 load16(const void* p) { return *reinterpret_cast<const vec16*>(p); }
 PL_DEVICE void store16(void* p, vec16 v) { *reinterpret_cast<vec16*>(p) = v; }
+// A 16-byte load that is not served from a cache a peer's store would not update: polls of
+// memory that peers write (the Lamport one-shot's receive regions).
+#if defined(__HIPCC__)
+PL_DEVICE vec16 load16_volatile(const void* p) {
+  const volatile u32* q = reinterpret_cast<const volatile u32*>(p);
+  vec16 v;
+  v.w[0] = q[0]; v.w[1] = q[1]; v.w[2] = q[2]; v.w[3] = q[3];
+  return v;
+}
+#else
+PL_DEVICE vec16 load16_volatile(const void* p) {
+  vec16 v;
+  asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.w[0]), "=r"(v.w[1]), "=r"(v.w[2]), "=r"(v.w[3])
+               : "l"(p)
+               : "memory");
+  return v;
+}
+#endif
 
 PL_DEVICE u64 pl_min(u64 a, u64 b) { return a < b ? a : b; }
 

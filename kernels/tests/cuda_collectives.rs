@@ -1,5 +1,6 @@
 //! On GPUs: every kernel against a host reference (random odd sizes, f32/bf16/f16/s32,
-//! one-shot and two-shot all-reduce, all-gather), and ≥ 1000 repeated launches so the
+//! one-shot, two-shot and Lamport all-reduce, all-gather), the float all-reduces against each
+//! other on edge values, and ≥ 1000 repeated launches so the
 //! on-device epochs advance and the staging parity flips. Ignored unless run with
 //! `--ignored` on a machine with ≥ 2 GPUs (scripts/gpu_check.sh), where missing GPUs fail.
 #![cfg(feature = "cuda")]
@@ -12,6 +13,10 @@ use rand::{Rng, SeedableRng};
 /// for (`--ignored`, as scripts/gpu_check.sh does), and then a machine without 2 GPUs is a
 /// failure, never a silent pass.
 fn clique() -> Option<Clique> {
+    // Ranks that share one GPU (each its own stream): the protocols on a single-GPU machine.
+    if let Some(n) = std::env::var("PEERLESS_TEST_RANKS_ON_ONE_GPU").ok().and_then(|v| v.parse().ok()) {
+        return Some(Clique::on_one_device(0, n).expect("clique on one GPU"));
+    }
     match device_count() {
         Ok(n) if n >= 2 => Some(Clique::new(&(0..n.min(8)).collect::<Vec<_>>()).expect("clique")),
         r => panic!("these tests need 2 GPUs, found {r:?}"),
@@ -103,7 +108,10 @@ fn all_reduce_matches_host_reference_bitwise() {
     let sizes = [1usize, 3, 7, 8, 17, 1000, 4097, 65_537, 262_147, 1_048_579];
     for dtype in [Dtype::F32, Dtype::Bf16, Dtype::F16, Dtype::S32] {
         for red in [Red::Sum, Red::Max] {
-            for algo in [Algo::OneShot, Algo::TwoShot] {
+            for algo in [Algo::OneShot, Algo::TwoShot, Algo::Lamport] {
+                if algo == Algo::Lamport && !dtype.is_float() {
+                    continue;
+                }
                 let max = sizes.iter().max().unwrap() * dtype.size();
                 let ar = AllReduce::new(&c, algo, dtype, red, max).unwrap();
                 for &n in &sizes {
@@ -146,12 +154,99 @@ fn all_reduce_matches_host_reference_bitwise() {
     }
 }
 
+/// One float element's bits from an f32 value (bf16 and f16 rounded to nearest).
+fn float_bits(dtype: Dtype, x: f32) -> Vec<u8> {
+    match dtype {
+        Dtype::F32 => x.to_le_bytes().to_vec(),
+        Dtype::Bf16 => half::bf16::from_f32(x).to_le_bytes().to_vec(),
+        Dtype::F16 => half::f16::from_f32(x).to_le_bytes().to_vec(),
+        _ => unreachable!(),
+    }
+}
+
+fn is_nan(dtype: Dtype, b: &[u8]) -> bool {
+    match dtype {
+        Dtype::F32 => f32::from_le_bytes(b.try_into().unwrap()).is_nan(),
+        Dtype::Bf16 => half::bf16::from_le_bytes(b.try_into().unwrap()).is_nan(),
+        Dtype::F16 => half::f16::from_le_bytes(b.try_into().unwrap()).is_nan(),
+        _ => unreachable!(),
+    }
+}
+
+/// The three float all-reduces give the same bits (NaN for NaN) on edge values: the Lamport
+/// one-shot's sentinel (every bit set) inside an operand, -0 on every rank, infinities
+/// that cancel; sizes that change between launches, so each region is cleared as far as its
+/// last launch filled it.
+#[test]
+#[ignore = "needs 2 GPUs: run with --ignored on a GPU machine (scripts/gpu_check.sh)"]
+fn float_algorithms_agree_bitwise_on_edge_values() {
+    let Some(c) = clique() else { return };
+    let w = c.len();
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(13);
+    let sizes = [4099usize, 17, 65_537, 3, 4099, 65_536, 1, 8192];
+    for dtype in [Dtype::F32, Dtype::Bf16, Dtype::F16] {
+        let es = dtype.size();
+        let max = sizes.iter().max().unwrap() * es;
+        let algos = [Algo::OneShot, Algo::TwoShot, Algo::Lamport];
+        let ars: Vec<AllReduce> = algos.iter().map(|&a| AllReduce::new(&c, a, dtype, Red::Sum, max).unwrap()).collect();
+        for round in 0..2 {
+            for &n in &sizes {
+                let ins: Vec<DeviceBuffer> = c.alloc(n * es).unwrap();
+                for (r, b) in ins.iter().enumerate() {
+                    let (mut raw, _) = random(dtype, n, &mut rng);
+                    for i in 0..n {
+                        let e = &mut raw[i * es..(i + 1) * es];
+                        if i % 7 == 0 {
+                            e.copy_from_slice(&float_bits(dtype, -0.0));
+                        } else if i % 11 == 0 && r == 0 {
+                            e.fill(0xFF);
+                        } else if i % 13 == 0 && r < 2 {
+                            e.copy_from_slice(&float_bits(
+                                dtype,
+                                if r == 0 { f32::INFINITY } else { f32::NEG_INFINITY },
+                            ));
+                        }
+                    }
+                    b.write(&raw).unwrap();
+                }
+                let ip: Vec<u64> = ins.iter().map(|b| b.ptr).collect();
+                let mut results = Vec::new();
+                for (a, ar) in algos.iter().zip(&ars) {
+                    let outs: Vec<DeviceBuffer> = c.alloc(n * es).unwrap();
+                    let op: Vec<u64> = outs.iter().map(|b| b.ptr).collect();
+                    ar.launch(&c, &ip, &op, n).unwrap();
+                    c.synchronize().unwrap();
+                    ar.check().unwrap();
+                    let mut got = vec![0u8; n * es];
+                    outs[(round + n) % w].read(&mut got).unwrap();
+                    results.push((*a, got));
+                }
+                let (_, first) = &results[0];
+                for i in 0..n {
+                    let e0 = &first[i * es..(i + 1) * es];
+                    if i % 7 == 0 {
+                        assert_eq!(e0, &float_bits(dtype, -0.0)[..], "{} n={n}: -0 on every rank", dtype.name());
+                    }
+                    if i % 7 != 0 && (i % 11 == 0 || (i % 13 == 0 && w > 1)) {
+                        assert!(is_nan(dtype, e0), "{} n={n} element {i}: want NaN", dtype.name());
+                    }
+                    for (a, got) in &results[1..] {
+                        let e = &got[i * es..(i + 1) * es];
+                        let same = e == e0 || (is_nan(dtype, e) && is_nan(dtype, e0));
+                        assert!(same, "{a:?} {} n={n} element {i}: {e:?} where one-shot gives {e0:?}", dtype.name());
+                    }
+                }
+            }
+        }
+    }
+}
+
 #[test]
 #[ignore = "needs 2 GPUs: run with --ignored on a GPU machine (scripts/gpu_check.sh)"]
 fn repeated_launches_advance_epochs() {
     let Some(c) = clique() else { return };
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(11);
-    for algo in [Algo::OneShot, Algo::TwoShot] {
+    for algo in [Algo::OneShot, Algo::TwoShot, Algo::Lamport] {
         let n = 40_003usize;
         let ar = AllReduce::new(&c, algo, Dtype::F32, Red::Sum, n * 4).unwrap();
         // Two input sets alternate, so a stale staging buffer would show.
@@ -404,6 +499,9 @@ fn check_fused(c: &Clique, ar: &AllReduceNorm, f: &Form, rows: usize, d: usize, 
 
 /// Cliques of the first 2 and (when present) 4 GPUs; fails without 2 (as `clique`).
 fn fused_cliques() -> Vec<Clique> {
+    if std::env::var_os("PEERLESS_TEST_RANKS_ON_ONE_GPU").is_some() {
+        return clique().into_iter().collect();
+    }
     let n = match device_count() {
         Ok(n) if n >= 2 => n,
         r => panic!("these tests need 2 GPUs, found {r:?}"),

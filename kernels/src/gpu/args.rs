@@ -112,8 +112,7 @@ impl Red {
 
     /// Whether the kernels have this reduction for `ty` (floats: arithmetic only).
     pub fn defined_for(self, ty: Dtype) -> bool {
-        let float = matches!(ty, Dtype::F32 | Dtype::F64 | Dtype::Bf16 | Dtype::F16);
-        !(float && matches!(self, Red::And | Red::Or))
+        !(ty.is_float() && matches!(self, Red::And | Red::Or))
     }
 }
 
@@ -122,6 +121,8 @@ impl Red {
 pub enum Algo {
     OneShot,
     TwoShot,
+    /// The one-shot through Lamport regions (float types).
+    Lamport,
 }
 
 /// `struct Ptrs` of the kernels: one address per rank.

@@ -62,10 +62,21 @@ impl<B: Backend> AllReduce<B> {
         let kind = match algo {
             Algo::OneShot => "one_shot",
             Algo::TwoShot => "two_shot",
+            Algo::Lamport => "lamport",
         };
         let funcs = functions(clique, &format!("pl_{kind}_{}_{}", dtype.name(), red.name()))?;
         let stride = round_up(max_bytes.max(16), 256);
-        let arena = clique.alloc(round_up(SIGNAL_BYTES, 256) + 2 * stride)?;
+        let arena = if algo == Algo::Lamport {
+            // The regions start as sentinel (super::lamport_init), the header at zero.
+            let len = super::lamport_bytes(stride, clique.len());
+            let arena = clique.alloc(len)?;
+            for b in &arena {
+                B::write(b, &super::lamport_init(len))?;
+            }
+            arena
+        } else {
+            clique.alloc(round_up(SIGNAL_BYTES, 256) + 2 * stride)?
+        };
         let status = clique.alloc(8)?;
         Ok(AllReduce { algo, dtype, red, max_bytes, stride, arena, status, funcs })
     }
@@ -83,7 +94,9 @@ impl<B: Backend> AllReduce<B> {
                 self.max_bytes
             )));
         }
-        let sig = round_up(SIGNAL_BYTES, 256) as u64;
+        // The Lamport kernel takes its regions' bases as `stage` and the slot as `stride` (its
+        // header at the base holds the counters; it has no flags).
+        let sig = if self.algo == Algo::Lamport { 0 } else { round_up(SIGNAL_BYTES, 256) as u64 };
         let flags: Vec<u64> = self.arena.iter().map(|b| B::ptr(b) + 4 * BLOCKS as u64).collect();
         let stage: Vec<u64> = self.arena.iter().map(|b| B::ptr(b) + sig).collect();
         for (r, d) in clique.devices.iter().enumerate() {

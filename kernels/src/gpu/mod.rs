@@ -61,6 +61,28 @@ pub const MAX_RANKS: usize = 8;
 /// Bytes of one communicator's signals on one device: the per-block counters and two flag sets.
 pub const SIGNAL_BYTES: usize = 4 * (BLOCKS as usize + 2 * BLOCKS as usize * MAX_RANKS);
 
+/// Bytes before the Lamport one-shot's regions on each device (`PL_LAMPORT_HDR`: its launch
+/// counters and the bytes each region last received).
+pub const LAMPORT_HDR: usize = 1024;
+/// The largest operand the Lamport one-shot takes: its regions hold three copies of every
+/// member's operand on each device, so this bounds their memory (3 x 4 x 512 KiB = 6 MiB per
+/// communicator and GPU on 4 GPUs).
+pub const LAMPORT_MAX_BYTES: usize = 512 << 10;
+
+/// Bytes of the Lamport regions on each device for operands up to `slot` bytes in groups of
+/// `world`: the header, then three regions of `world` slots.
+pub fn lamport_bytes(slot: usize, world: usize) -> usize {
+    LAMPORT_HDR + 3 * world * slot
+}
+
+/// The initial contents of Lamport regions of `len` bytes: a zero header, sentinel (all bits
+/// set) everywhere else.
+pub fn lamport_init(len: usize) -> Vec<u8> {
+    let mut v = vec![0xFFu8; len];
+    v[..LAMPORT_HDR.min(len)].fill(0);
+    v
+}
+
 /// The element types and 16-bit float conversions every kernel source includes.
 pub const TYPES_HEADER: (&str, &str) = ("peerless_types.h", include_str!("../../cuda/peerless_types.h"));
 
@@ -255,6 +277,22 @@ impl<B: Backend> Clique<B> {
             PeerAccessTable::from_fn(n, format!("{} peer probe", B::NAME), |a, b| table[a][b].works())
         });
         Ok(Clique { devices, probes, peers })
+    }
+
+    /// `ranks` members on one GPU, each with a stream of its own: the kernels' protocols
+    /// exercised on a machine with a single GPU (the kernel tests, with
+    /// `PEERLESS_TEST_RANKS_ON_ONE_GPU`). Every member's kernels must be resident at once, so
+    /// keep grids small; it says nothing of links between GPUs.
+    pub fn on_one_device(ordinal: usize, ranks: usize) -> Result<Self> {
+        if ranks == 0 || ranks > MAX_RANKS {
+            return Err(Error::Gpu(format!("a clique has 1..={MAX_RANKS} devices, not {ranks}")));
+        }
+        let devices = (0..ranks).map(|_| Device::open(ordinal)).collect::<Result<Vec<_>>>()?;
+        let key = PeerTableKey::Backend { backend: B::NAME.into(), devices: vec![ordinal; ranks] };
+        let peers = PeerAccessTable::cached(key, move || {
+            PeerAccessTable::from_fn(ranks, format!("{} one device", B::NAME), |_, _| true)
+        });
+        Ok(Clique { devices, probes: vec![vec![Probe::Local; ranks]; ranks], peers })
     }
 
     pub fn len(&self) -> usize {

@@ -38,16 +38,25 @@ pub enum Kernel {
     /// The one-shot all-reduce fused with the residual add and RMSNorm after it (f32, bf16,
     /// f16; sum).
     OneShotNorm,
+    /// The one-shot all-reduce through Lamport regions (float types: their sentinel is a NaN).
+    Lamport,
 }
 
 impl Kernel {
-    pub const ALL: [Kernel; 5] =
-        [Kernel::OneShot, Kernel::OneShotMany, Kernel::TwoShot, Kernel::ReduceScatter, Kernel::OneShotNorm];
+    pub const ALL: [Kernel; 6] = [
+        Kernel::OneShot,
+        Kernel::OneShotMany,
+        Kernel::TwoShot,
+        Kernel::ReduceScatter,
+        Kernel::OneShotNorm,
+        Kernel::Lamport,
+    ];
 
     /// Whether the sources define this kernel for `t` and `r`.
     pub fn defined_for(self, t: Dtype, r: Red) -> bool {
         match self {
             Kernel::OneShotNorm => r == Red::Sum && matches!(t, Dtype::F32 | Dtype::Bf16 | Dtype::F16),
+            Kernel::Lamport => r.defined_for(t) && t.is_float(),
             _ => r.defined_for(t),
         }
     }
@@ -60,6 +69,7 @@ impl Kernel {
             Kernel::TwoShot => "pl_two_shot_",
             Kernel::ReduceScatter => "pl_reduce_scatter_",
             Kernel::OneShotNorm => "pl_one_shot_norm_",
+            Kernel::Lamport => "pl_lamport_",
         }
     }
 
@@ -71,6 +81,7 @@ impl Kernel {
             Kernel::TwoShot => "PL_TWO_SHOT",
             Kernel::ReduceScatter => "PL_REDUCE_SCATTER",
             Kernel::OneShotNorm => "PL_ONE_SHOT_NORM",
+            Kernel::Lamport => "PL_LAMPORT",
         }
     }
 }
@@ -159,6 +170,11 @@ impl Unit {
 }
 
 impl Dtype {
+    /// Whether the type is a float (f32, f64, bf16, f16): what the Lamport one-shot takes.
+    pub fn is_float(self) -> bool {
+        matches!(self, Dtype::F32 | Dtype::F64 | Dtype::Bf16 | Dtype::F16)
+    }
+
     /// Every element type the kernels take.
     pub const ALL: [Dtype; 13] = [
         Dtype::F32,

@@ -238,10 +238,31 @@ struct Instance<B: XlaBackend> {
     meeting: Mutex<()>,
     /// Staging bytes per device (AR / RS: two halves).
     staging: usize,
+    /// The largest operand of the Lamport one-shot's regions, which follow the signals (0: none;
+    /// all-reduces only, up to [`super::LAMPORT_MAX_BYTES`]): the same on every member, since
+    /// it follows from the staging size and the group size.
+    lamport_slot: usize,
+    /// Members per group (the Lamport regions hold one slot per member).
+    world: usize,
     devices: Vec<usize>,
     /// Across processes: the id the members meet under (the call's instance and this
     /// executable's occurrence, [`thunks::runtime::shared_key`]).
     key: u64,
+}
+
+/// Where a member's Lamport regions start in its signals allocation.
+fn lamport_at() -> usize {
+    round_up(SIGNAL_BYTES, 256)
+}
+
+impl<B: XlaBackend> Instance<B> {
+    /// Bytes of each member's signals allocation: the flags, then the Lamport regions if any.
+    fn signal_bytes(&self) -> usize {
+        if self.lamport_slot == 0 {
+            return SIGNAL_BYTES;
+        }
+        lamport_at() + super::lamport_bytes(self.lamport_slot, self.world)
+    }
 }
 
 impl<B: XlaBackend> Drop for Instance<B> {
@@ -305,11 +326,19 @@ fn devices_of(cfg: &CustomCallConfig) -> Vec<usize> {
 /// processes under `key`.
 fn new_instance<B: XlaBackend>(cfg: &CustomCallConfig, staging: usize, key: u64) -> Arc<Instance<B>> {
     B::state().live.fetch_add(1, Ordering::Relaxed);
+    let world = cfg.groups.iter().map(Vec::len).max().unwrap_or(0);
+    let lamport_slot = if cfg.kind == Kind::AllReduce && world > 1 {
+        round_up((staging / 2).min(super::LAMPORT_MAX_BYTES), 256)
+    } else {
+        0
+    };
     Arc::new(Instance {
         ranks: Mutex::new(HashMap::new()),
         complete: OnceLock::new(),
         meeting: Mutex::new(()),
         staging,
+        lamport_slot,
+        world,
         devices: devices_of(cfg),
         key,
     })
@@ -372,10 +401,16 @@ fn publish_own<B: XlaBackend>(
         )
     };
     // `Gpu::alloc`: zeroed memory peers may access while kernels run (plain `cuMemAlloc` on
-    // CUDA; fine-grained on HIP).
+    // CUDA; fine-grained on HIP). The Lamport regions follow the signals and start as sentinel.
+    let signals = B::alloc(&dev.ctx, inst.signal_bytes()).map_err(no_memory)?;
+    if inst.lamport_slot > 0 {
+        let mut init = vec![0u8; lamport_at()];
+        init.extend_from_slice(&super::lamport_init(super::lamport_bytes(inst.lamport_slot, inst.world)));
+        B::write(&signals, &init).map_err(internal)?;
+    }
     let rank = Rank::<B> {
         staging: B::alloc(&dev.ctx, inst.staging).map_err(no_memory)?,
-        signals: B::alloc(&dev.ctx, SIGNAL_BYTES).map_err(no_memory)?,
+        signals,
         status: B::alloc(&dev.ctx, 8).map_err(no_memory)?,
         report: B::host_mapped(&dev.ctx, 2).map_err(no_memory)?,
         ordinal,
@@ -643,6 +678,21 @@ impl<B: XlaBackend> Call<'_, B> {
     }
 }
 
+impl<B: XlaBackend> Call<'_, B> {
+    /// The group's Lamport regions (as `stage`, the slot as `stride`) and this device's Lamport
+    /// counters: what `pl_lamport_*` takes.
+    fn lamport(&self, group: &[usize]) -> Result<Symmetric, HandlerError> {
+        let at = lamport_at() as u64;
+        let stage = group.iter().map(|&m| self.addr(m).map(|a| a.signals + at)).collect::<Result<Vec<_>, _>>()?;
+        Ok(Symmetric {
+            stage: Ptrs::of(&stage),
+            flags: Ptrs::default(),
+            stride: self.inst.lamport_slot as u64,
+            counter: B::ptr(&self.own()?.signals) + at,
+        })
+    }
+}
+
 /// A launch's blocks for `bytes` per device and phase.
 fn launch_grid(bytes: usize) -> u32 {
     super::grid((bytes as u64).div_ceil(16), DEFAULT_GRID)
@@ -725,6 +775,10 @@ impl<B: XlaBackend> CollectiveRuntime for GpuRuntime<B> {
             for ty in arg_shapes.iter().map(|s| s.ty).collect::<BTreeSet<_>>() {
                 if let Some(t) = Dtype::of(ty).filter(|&t| Red::of(red).defined_for(t)) {
                     dev.load(Unit::Spec(k, t, Red::of(red))).map_err(internal)?;
+                    // Float one-shots within the Lamport regions run that kernel (launch.rs).
+                    if k == Kernel::OneShot && Kernel::Lamport.defined_for(t, Red::of(red)) && inst.lamport_slot > 0 {
+                        dev.load(Unit::Spec(Kernel::Lamport, t, Red::of(red))).map_err(internal)?;
+                    }
                 }
             }
         }

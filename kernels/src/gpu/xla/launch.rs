@@ -199,6 +199,29 @@ pub(super) fn reduce<B: XlaBackend>(
         let name = format!("pl_reduce_scatter_{}_{}", t.name(), red.name());
         return call.launch(&name, launch_grid(bytes / g), &mut x.params(), &x);
     }
+    // Float one-shots within the instance's Lamport regions cross the wire once, with no flags.
+    if cfg.algorithm == Algo::OneShotAllReduce && Kernel::Lamport.defined_for(t, red) && bytes <= call.inst.lamport_slot
+    {
+        let lam = call.lamport(group)?;
+        let mut x = ReduceArgs {
+            input: a.data as u64,
+            output: r.data as u64,
+            n: (bytes / t.size()) as u64,
+            rank: idx as u32,
+            world: g as u32,
+            stage: lam.stage,
+            stride: lam.stride,
+            flags: lam.flags,
+            counter: lam.counter,
+            status: call.status()?,
+        };
+        return call.launch(
+            &format!("pl_lamport_{}_{}", t.name(), red.name()),
+            launch_grid(bytes),
+            &mut x.params(),
+            &x,
+        );
+    }
     let kind = if cfg.algorithm == Algo::OneShotAllReduce { "one_shot" } else { "two_shot" };
     let mut x = ReduceArgs {
         input: a.data as u64,

@@ -6,7 +6,8 @@ use kernels::gpu::{Dtype, Kernel, Red, Unit};
 #[test]
 fn every_kernel_the_launchers_name_has_one_unit() {
     let all = Unit::all();
-    assert_eq!(all.len(), 1 + 4 * (4 * 4 + 9 * 6) + 3);
+    // Base; four kernels per (type, reduction); the fused norms; Lamport for the 4 float types x 4 reductions.
+    assert_eq!(all.len(), 1 + 4 * (4 * 4 + 9 * 6) + 3 + 4 * 4);
     for u in &all {
         for k in u.kernels() {
             assert_eq!(Unit::of_kernel(&k), Some(*u), "{k}");
@@ -29,6 +30,8 @@ fn every_kernel_the_launchers_name_has_one_unit() {
     );
     assert_eq!(Unit::of_kernel("pl_one_shot_norm_f32_max"), None);
     assert_eq!(Unit::of_kernel("pl_one_shot_norm_s32_sum"), None);
+    assert_eq!(Unit::of_kernel("pl_lamport_f16_min"), Some(Unit::Spec(Kernel::Lamport, Dtype::F16, Red::Min)));
+    assert_eq!(Unit::of_kernel("pl_lamport_s32_sum"), None);
     assert_eq!(Unit::of_kernel("pl_nothing"), None);
 }
 
@@ -37,12 +40,16 @@ fn the_sources_instantiate_what_the_units_select() {
     // The full list in collectives.cu is the same set as `Unit::all()`.
     let src = include_str!("../cuda/collectives.cu");
     let mut listed = 0;
+    let mut lamports = 0;
     let mut norms = Vec::new();
     for line in src.lines() {
         let l = line.trim();
-        if let Some(rest) = l.strip_prefix("PL_AR_ARITH(").or_else(|| l.strip_prefix("PL_AR_INT(")) {
+        let list = l.strip_prefix("PL_AR_FLOAT(").or_else(|| l.strip_prefix("PL_AR_INT("));
+        if let Some(rest) = list {
             let t = rest.split(',').next().unwrap_or_default();
+            // Floats: 4 reductions, and a Lamport kernel each (counted below).
             listed += if l.starts_with("PL_AR_INT") { 6 } else { 4 };
+            lamports += if l.starts_with("PL_AR_FLOAT") { 4 } else { 0 };
             assert!(Dtype::ALL.iter().any(|d| d.name() == t), "{l}");
         } else if l.starts_with("PL_AR(pred_") {
             listed += 1;
@@ -51,7 +58,7 @@ fn the_sources_instantiate_what_the_units_select() {
             norms.push((name.to_string(), t.to_string()));
         }
     }
-    assert_eq!(4 * listed + norms.len(), Unit::all().len() - 1);
+    assert_eq!(4 * listed + norms.len() + lamports, Unit::all().len() - 1);
     for (name, _) in &norms {
         let k = format!("pl_one_shot_norm_{name}");
         assert!(matches!(Unit::of_kernel(&k), Some(Unit::Spec(Kernel::OneShotNorm, ..))), "{k}");

@@ -22,7 +22,7 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 1024)]
     min_bytes: usize,
     /// Largest operand per device, bytes.
-    #[arg(long, default_value_t = 256 << 20)]
+    #[arg(long, default_value_t = 1 << 30)]
     max_bytes: usize,
     /// Size step factor.
     #[arg(long, default_value_t = 4)]
@@ -60,6 +60,11 @@ pub struct BenchArgs {
     /// Write every row as CSV here.
     #[arg(long)]
     csv: Option<PathBuf>,
+    /// Also draw the rows (µs and bus bandwidth against size, one line per implementation)
+    /// into this PNG, with `python3 -m jax_plugins.peerless.plot` (matplotlib: `pip install
+    /// "jax-peerless[plot]"`; PEERLESS_PYTHON names another Python).
+    #[arg(long, value_name = "PNG")]
+    plot: Option<PathBuf>,
 }
 
 /// `auto` counts as keeping up where it is within this factor of the fastest (issue 27).
@@ -95,8 +100,9 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
         report.samples,
         report.iters
     );
-    let _ = writeln!(t, "| op | dtype | bytes/device | impl | µs/collective | busbw GB/s | check | path |");
-    let _ = writeln!(t, "|---|---|---:|---|---:|---:|---|---|");
+    let _ =
+        writeln!(t, "| op | dtype | bytes/device | impl | µs/collective | algbw GB/s | busbw GB/s | check | path |");
+    let _ = writeln!(t, "|---|---|---:|---|---:|---:|---:|---|---|");
     let mut skipped: Vec<String> = Vec::new();
     for r in &report.rows {
         if let Check::Skipped(why) = &r.check {
@@ -110,12 +116,13 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
         let path = if r.check.note().is_empty() { r.path.clone() } else { r.check.note().to_owned() };
         let _ = writeln!(
             t,
-            "| {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             r.op.name(),
             r.dtype.name(),
             r.bytes,
             r.imp.name(),
             num(r.us, 2),
+            num(r.algbw_gbps, 2),
             num(r.busbw_gbps, 2),
             r.check.word(),
             path.replace('|', "/")
@@ -152,9 +159,39 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
     if let Some(p) = &args.csv {
         std::fs::write(p, report.csv()).map_err(|e| format!("{}: {e}", p.display()))?;
     }
+    if let Some(png) = &args.plot {
+        plot(&report.csv(), png)?;
+    }
     let failed = report.rows.iter().filter(|r| matches!(r.check, Check::Error(_))).count();
     if failed > 0 {
         return Err(format!("{failed} of {} rows failed (see the table)", report.rows.len()));
     }
+    Ok(())
+}
+
+/// Draws `csv` (a report's rows) into `png` with the wheel's plot module.
+fn plot(csv: &str, png: &std::path::Path) -> Result<(), String> {
+    let dir = std::env::temp_dir().join(format!("peerless-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let file = dir.join("bench.csv");
+    std::fs::write(&file, csv).map_err(|e| format!("{}: {e}", file.display()))?;
+    let python = std::env::var("PEERLESS_PYTHON").unwrap_or_else(|_| "python3".into());
+    let out = std::process::Command::new(&python)
+        .args(["-m", "jax_plugins.peerless.plot"])
+        .arg(&file)
+        .arg("--out")
+        .arg(png)
+        .output()
+        .map_err(|e| format!("--plot: cannot run {python}: {e}"));
+    let _ = std::fs::remove_dir_all(&dir);
+    let out = out?;
+    if !out.status.success() {
+        return Err(format!(
+            "--plot: {python} -m jax_plugins.peerless.plot failed (the plot needs the jax-peerless package and \
+             matplotlib: pip install \"jax-peerless[plot]\"): {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    eprintln!("plot: {}", png.display());
     Ok(())
 }

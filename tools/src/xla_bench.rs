@@ -909,9 +909,20 @@ pub fn run(opts: &Options, progress: &mut dyn FnMut(&str)) -> Result<Report, Str
     let devices: Vec<Device> = all[..n].to_vec();
     let ids: Vec<i64> = devices.iter().map(|d| i64::from(d.id)).collect();
     let mut rows = Vec::new();
+    // Progress: sizes done of all, and the time left at the pace so far (each size costs
+    // about the same: a compile per implementation and samples of about --sample_ms).
+    let total: usize = opts.ops.len() * opts.dtypes.iter().map(|&ty| sizes(opts, ty).len()).sum::<usize>();
+    let started = std::time::Instant::now();
+    let mut done = 0usize;
     for &op in &opts.ops {
         for &ty in &opts.dtypes {
             for this in sizes(opts, ty) {
+                if done > 0 {
+                    let spent = started.elapsed().as_secs_f64();
+                    let left = spent / done as f64 * (total - done) as f64;
+                    progress(&format!("[{done}/{total} sizes, {spent:.0} s so far, about {left:.0} s left]"));
+                }
+                done += 1;
                 let elems = this / ty.bytes();
                 if !elems.is_multiple_of(n) || elems == 0 {
                     continue;

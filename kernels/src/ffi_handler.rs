@@ -161,11 +161,6 @@ impl<T> Slots<T> {
     pub fn get(&self, key: &SlotKey) -> Option<Arc<T>> {
         self.map().get(key).and_then(Weak::upgrade)
     }
-
-    /// Slots alive (tests and diagnostics).
-    pub fn live(&self) -> usize {
-        self.map().values().filter(|w| w.strong_count() > 0).count()
-    }
 }
 
 impl<T> Default for Slots<T> {

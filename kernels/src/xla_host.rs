@@ -111,11 +111,6 @@ fn instances() -> &'static Mutex<HashMap<u64, Arc<Instance>>> {
     MAP.get_or_init(Default::default)
 }
 
-/// Number of collective instances alive (tests and diagnostics).
-pub fn live_instances() -> usize {
-    instances().lock().unwrap_or_else(PoisonError::into_inner).len()
-}
-
 /// The in-process collectives' shared slots.
 static SLOTS: Slots<DirectSlot> = Slots::new();
 

@@ -605,9 +605,10 @@ PL_DEVICE void lamport(const T* in, T* out, u64 n, u32 rank, u32 world, const Pt
   const u64 prev = used[old] / 16;
   if (tid == 0) used[i] = units * 16;
   u8* clear = reinterpret_cast<u8*>(lam.p[rank] + PL_LAMPORT_HDR + (u64)old * world * slot);
+  // Every slot, this rank's own too: the fused kernel (lamport_norm) fills it on the same regions.
   for (u64 k = tid; k < world * prev; k += nt) {
     const u64 p = k / prev;
-    if (p != rank) store16(clear + p * slot + (k - p * prev) * 16, vec16{{~0u, ~0u, ~0u, ~0u}});
+    store16(clear + p * slot + (k - p * prev) * 16, vec16{{~0u, ~0u, ~0u, ~0u}});
   }
 }
 
@@ -989,29 +990,12 @@ PL_DEVICE void norm_y(const Norm& nm, u64 i, u64 j, u32 len, const float (&hf)[N
   }
 }
 
+// The per-row work of the fused kernels once every member's rows are readable at
+// `stage.p[p] + par` (row r at element r * d): sum, residual add, RMSNorm, h and y.
 template <typename T>
-PL_DEVICE void one_shot_norm(const T* in, const Norm& nm, u32 rank, u32 world, const Ptrs& stage, u64 stride,
-                             const Ptrs& flags, u32* counter, const Status& st) {
-  __shared__ float part[PL_NORM_THREADS];
-  const u32 e = next_epoch(counter);
-  const u64 par = (e & 1) * stride;
-  const u64 d = nm.d;
+PL_DEVICE void norm_rows(const Norm& nm, const Ptrs& stage, u64 par, u32 world, bool vec_rows, float* part) {
   constexpr u32 VEC = Unit<T>::VEC;
-  // Stage this block's rows of my operand (staging halves are 256-byte aligned).
-  T* mine = reinterpret_cast<T*>(stage.p[rank] + par);
-  // Rows of whole 16-byte units (every row then starts 16-byte aligned in the staging).
-  const bool vec_rows = (d * sizeof(T)) % 16 == 0;
-  const bool vec = aligned16(in) && vec_rows;
-  for (u64 row = blockIdx.x; row < nm.rows; row += gridDim.x) {
-    const T* src = in + row * d;
-    T* dst = mine + row * d;
-    if (vec) {
-      for (u64 u = threadIdx.x; u < d / VEC; u += blockDim.x) store16(dst + u * VEC, load16(src + u * VEC));
-    } else {
-      for (u64 j = threadIdx.x; j < d; j += blockDim.x) dst[j] = src[j];
-    }
-  }
-  block_barrier(flags, 0, rank, world, 2 * e, st);
+  const u64 d = nm.d;
   const float mean = __uint_as_float(nm.mean), eps = __uint_as_float(nm.eps);
   const u64 units = (d + VEC - 1) / VEC;
   for (u64 row = blockIdx.x; row < nm.rows; row += gridDim.x) {
@@ -1051,6 +1035,80 @@ PL_DEVICE void one_shot_norm(const T* in, const Norm& nm, u32 rank, u32 world, c
       const u32 len = norm_unit<T>(stage, par, world, base, u, d, nm, false, vec_rows, hf);
       norm_y(nm, base + u * VEC, u * VEC, len, hf, r);
     }
+  }
+}
+
+template <typename T>
+PL_DEVICE void one_shot_norm(const T* in, const Norm& nm, u32 rank, u32 world, const Ptrs& stage, u64 stride,
+                             const Ptrs& flags, u32* counter, const Status& st) {
+  __shared__ float part[PL_NORM_THREADS];
+  const u32 e = next_epoch(counter);
+  const u64 par = (e & 1) * stride;
+  const u64 d = nm.d;
+  constexpr u32 VEC = Unit<T>::VEC;
+  // Stage this block's rows of my operand (staging halves are 256-byte aligned).
+  T* mine = reinterpret_cast<T*>(stage.p[rank] + par);
+  // Rows of whole 16-byte units (every row then starts 16-byte aligned in the staging).
+  const bool vec_rows = (d * sizeof(T)) % 16 == 0;
+  const bool vec = aligned16(in) && vec_rows;
+  for (u64 row = blockIdx.x; row < nm.rows; row += gridDim.x) {
+    const T* src = in + row * d;
+    T* dst = mine + row * d;
+    if (vec) {
+      for (u64 u = threadIdx.x; u < d / VEC; u += blockDim.x) store16(dst + u * VEC, load16(src + u * VEC));
+    } else {
+      for (u64 j = threadIdx.x; j < d; j += blockDim.x) dst[j] = src[j];
+    }
+  }
+  block_barrier(flags, 0, rank, world, 2 * e, st);
+  norm_rows<T>(nm, stage, par, world, vec_rows, part);
+}
+
+// The fused all-reduce + RMSNorm through the Lamport regions (as `lamport`; rows of the
+// operand as one flat array of 16-byte units, this rank's own copy pushed too, so the norm
+// reads every member's rows from one place): push, wait for every unit of this block's rows
+// from every member, then the same per-row work as one_shot_norm.
+template <typename T>
+PL_DEVICE void lamport_norm(const T* in, const Norm& nm, u32 rank, u32 world, const Ptrs& lam, u64 slot, u32* counter,
+                            const Status& st) {
+  __shared__ float part[PL_NORM_THREADS];
+  constexpr u32 VEC = Unit<T>::VEC;
+  constexpr u32 S = sizeof(T);
+  const u32 e = next_epoch(counter);
+  const u32 i = e % 3;
+  const u64 d = nm.d;
+  const u64 n = nm.rows * d;
+  const u64 units = (n + VEC - 1) / VEC;
+  const u64 nt = (u64)gridDim.x * blockDim.x;
+  const u64 tid = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+  const u64 region = PL_LAMPORT_HDR + (u64)i * world * slot;
+  const bool in_ok = aligned16(in);
+  for (u64 u = tid; u < units; u += nt) {
+    const vec16 v = unsentinel<S>(load_unit(in, u, n, in_ok));
+    for (u32 k = 0; k < world; ++k) store16(reinterpret_cast<u8*>(lam.p[(rank + k) % world] + region + rank * slot) + u * 16, v);
+  }
+  const u8* mine = reinterpret_cast<const u8*>(lam.p[rank] + region);
+  for (u64 row = blockIdx.x; row < nm.rows; row += gridDim.x) {
+    const u64 hi = ((row + 1) * d + VEC - 1) / VEC;
+    for (u64 u = row * d / VEC + threadIdx.x; u < hi; u += blockDim.x)
+      for (u32 p = 0; p < world; ++p) {
+        vec16 v = load16_volatile(mine + p * slot + u * 16);
+        wait_unit<S>(v, mine + p * slot + u * 16, st, p);
+      }
+  }
+  __syncthreads();
+  Ptrs src;
+  for (u32 p = 0; p < PL_MAX_RANKS; ++p) src.p[p] = lam.p[rank] + region + p * slot;
+  norm_rows<T>(nm, src, 0, world, (d * sizeof(T)) % 16 == 0, part);
+  // Region (i + 2) % 3 back to sentinel, every slot (this rank's own included).
+  u64* used = reinterpret_cast<u64*>(lam.p[rank] + 4 * PL_BLOCKS);
+  const u32 old = (i + 2) % 3;
+  const u64 prev = used[old] / 16;
+  if (tid == 0) used[i] = units * 16;
+  u8* clear = reinterpret_cast<u8*>(lam.p[rank] + PL_LAMPORT_HDR + (u64)old * world * slot);
+  for (u64 k = tid; k < world * prev; k += nt) {
+    const u64 p = k / prev;
+    store16(clear + p * slot + (k - p * prev) * 16, vec16{{~0u, ~0u, ~0u, ~0u}});
   }
 }
 
@@ -1094,6 +1152,13 @@ PL_DEVICE void one_shot_norm(const T* in, const Norm& nm, u32 rank, u32 world, c
                                                          Status st) {                                        \
     lamport<T, R>(in, out, n, rank, world, lam, slot, counter, st);                                           \
   }
+// The fused all-reduce + RMSNorm through the Lamport regions: float types, sum only.
+#define PL_LAMPORT_NORM(NAME, T, R)                                                                         \
+  PL_GLOBAL void __launch_bounds__(512) pl_lamport_norm_##NAME(const T* in, Norm nm, u32 rank, u32 world,   \
+                                                              Ptrs lam, u64 slot, Ptrs flags, u32* counter,  \
+                                                              Status st) {                                    \
+    lamport_norm<T>(in, nm, rank, world, lam, slot, counter, st);                                              \
+  }
 #define PL_AR(NAME, T, R) \
   PL_ONE_SHOT(NAME, T, R) PL_ONE_SHOT_MANY(NAME, T, R) PL_TWO_SHOT(NAME, T, R) PL_REDUCE_SCATTER(NAME, T, R)
 
@@ -1126,6 +1191,9 @@ PL_AR(pred_prod, u8, And)
 PL_ONE_SHOT_NORM(f32_sum, float, Sum)
 PL_ONE_SHOT_NORM(bf16_sum, bf16, Sum)
 PL_ONE_SHOT_NORM(f16_sum, f16, Sum)
+PL_LAMPORT_NORM(f32_sum, float, Sum)
+PL_LAMPORT_NORM(bf16_sum, bf16, Sum)
+PL_LAMPORT_NORM(f16_sum, f16, Sum)
 #endif
 
 #if !defined(PL_UNIT_SPEC)

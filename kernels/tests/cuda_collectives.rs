@@ -520,9 +520,11 @@ fn fused_all_reduce_rmsnorm_matches_epilogue_reference() {
     for c in fused_cliques() {
         for t in [Dtype::Bf16, Dtype::F16, Dtype::F32] {
             let mut seed = 100;
-            for f in forms(t, 4096) {
-                // One communicator per operand type, sized for the largest shape.
-                let ar = AllReduceNorm::new(&c, f.a, 8 * 4096 * f.a.size()).unwrap();
+            for (f, lamport) in forms(t, 4096).into_iter().flat_map(|f| [(f.clone(), false), (f, true)]) {
+                // One communicator per operand type, sized for the largest shape; both protocols.
+                let max = 8 * 4096 * f.a.size();
+                let ar = if lamport { AllReduceNorm::lamport(&c, f.a, max) } else { AllReduceNorm::new(&c, f.a, max) };
+                let ar = ar.unwrap();
                 for &(rows, d) in &shapes {
                     let mut f = f.clone();
                     // The mean constant belongs to the row length.
@@ -544,24 +546,28 @@ fn fused_all_reduce_rmsnorm_edges() {
     for c in fused_cliques() {
         for t in [Dtype::Bf16, Dtype::F16, Dtype::F32] {
             let f = forms(t, 1).into_iter().find(|f| f.g.is_some()).unwrap();
-            let ar = AllReduceNorm::new(&c, f.a, 130 * 20_000 * f.a.size()).unwrap();
-            // A zero residual: h is the plain all-reduce's result, bitwise.
-            for &(rows, d, zero) in &[
-                (8usize, 4096usize, true),
-                (5, 1001, false),   // rows not 16-byte multiples: element copies
-                (3, 8192, false),   // every hf kept in shared memory
-                (3, 16_384, false), // half of them recomputed from the staging
-                (2, 20_000, false),
-                (130, 256, false), // more rows than blocks
-                (1, 1, false),
+            for ar in [
+                AllReduceNorm::new(&c, f.a, 130 * 20_000 * f.a.size()).unwrap(),
+                AllReduceNorm::lamport(&c, f.a, 130 * 20_000 * f.a.size()).unwrap(),
             ] {
-                let mut f = f.clone();
-                f.e.mean = Mean::Multiply((1.0f32 / d as f32).to_bits());
-                check_fused(&c, &ar, &f, rows, d, zero, 7 + rows as u64 * 31 + d as u64);
-            }
-            // Repeated launches: the epochs advance and the staging parity flips.
-            for it in 0..64u64 {
-                check_fused(&c, &ar, &f, 8, 1000, false, 1000 + it);
+                // A zero residual: h is the plain all-reduce's result, bitwise.
+                for &(rows, d, zero) in &[
+                    (8usize, 4096usize, true),
+                    (5, 1001, false),   // rows not 16-byte multiples: element copies
+                    (3, 8192, false),   // every hf kept in shared memory
+                    (3, 16_384, false), // half of them recomputed from the staging
+                    (2, 20_000, false),
+                    (130, 256, false), // more rows than blocks
+                    (1, 1, false),
+                ] {
+                    let mut f = f.clone();
+                    f.e.mean = Mean::Multiply((1.0f32 / d as f32).to_bits());
+                    check_fused(&c, &ar, &f, rows, d, zero, 7 + rows as u64 * 31 + d as u64);
+                }
+                // Repeated launches: the epochs advance and the staging parity flips.
+                for it in 0..64u64 {
+                    check_fused(&c, &ar, &f, 8, 1000, false, 1000 + it);
+                }
             }
         }
     }

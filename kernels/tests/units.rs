@@ -6,8 +6,9 @@ use kernels::gpu::{Dtype, Kernel, Red, Unit};
 #[test]
 fn every_kernel_the_launchers_name_has_one_unit() {
     let all = Unit::all();
-    // Base; four kernels per (type, reduction); the fused norms; Lamport for the 4 float types x 4 reductions.
-    assert_eq!(all.len(), 1 + 4 * (4 * 4 + 9 * 6) + 3 + 4 * 4);
+    // Base; four kernels per (type, reduction); the fused norms; Lamport for the 4 float types x
+    // 4 reductions; the Lamport fused norms.
+    assert_eq!(all.len(), 1 + 4 * (4 * 4 + 9 * 6) + 3 + 4 * 4 + 3);
     for u in &all {
         for k in u.kernels() {
             assert_eq!(Unit::of_kernel(&k), Some(*u), "{k}");
@@ -53,6 +54,8 @@ fn the_sources_instantiate_what_the_units_select() {
             assert!(Dtype::ALL.iter().any(|d| d.name() == t), "{l}");
         } else if l.starts_with("PL_AR(pred_") {
             listed += 1;
+        } else if l.starts_with("PL_LAMPORT_NORM(") {
+            lamports += 1;
         } else if let Some(rest) = l.strip_prefix("PL_ONE_SHOT_NORM(") {
             let (name, t) = (rest.split(',').next().unwrap_or_default(), rest.split(", ").nth(1).unwrap_or_default());
             norms.push((name.to_string(), t.to_string()));

@@ -146,6 +146,8 @@ pub struct NormBuffers {
 #[derive(Debug)]
 pub struct AllReduceNorm<B: Backend> {
     pub dtype: Dtype,
+    /// Through Lamport regions (else the flag protocol).
+    pub lamport: bool,
     max_bytes: usize,
     stride: usize,
     arena: Vec<B::Buffer>,
@@ -154,16 +156,36 @@ pub struct AllReduceNorm<B: Backend> {
 }
 
 impl<B: Backend> AllReduceNorm<B> {
+    /// The flag protocol's kernel (`pl_one_shot_norm_*`).
     pub fn new(clique: &Clique<B>, dtype: Dtype, max_bytes: usize) -> Result<Self> {
+        Self::make(clique, dtype, max_bytes, false)
+    }
+
+    /// The kernel through Lamport regions (`pl_lamport_norm_*`).
+    pub fn lamport(clique: &Clique<B>, dtype: Dtype, max_bytes: usize) -> Result<Self> {
+        Self::make(clique, dtype, max_bytes, true)
+    }
+
+    fn make(clique: &Clique<B>, dtype: Dtype, max_bytes: usize, lamport: bool) -> Result<Self> {
         clique.require_full_peer_access()?;
         if !super::Kernel::OneShotNorm.defined_for(dtype, Red::Sum) {
             return Err(Error::Gpu(format!("no fused all-reduce + RMSNorm for {}", dtype.name())));
         }
-        let funcs = functions(clique, &format!("pl_one_shot_norm_{}_sum", dtype.name()))?;
+        let kind = if lamport { "lamport" } else { "one_shot" };
+        let funcs = functions(clique, &format!("pl_{kind}_norm_{}_sum", dtype.name()))?;
         let stride = round_up(max_bytes.max(16), 256);
-        let arena = clique.alloc(round_up(SIGNAL_BYTES, 256) + 2 * stride)?;
+        let arena = if lamport {
+            let len = super::lamport_bytes(stride, clique.len());
+            let arena = clique.alloc(len)?;
+            for b in &arena {
+                B::write(b, &super::lamport_init(len))?;
+            }
+            arena
+        } else {
+            clique.alloc(round_up(SIGNAL_BYTES, 256) + 2 * stride)?
+        };
         let status = clique.alloc(8)?;
-        Ok(AllReduceNorm { dtype, max_bytes, stride, arena, status, funcs })
+        Ok(AllReduceNorm { dtype, lamport, max_bytes, stride, arena, status, funcs })
     }
 
     /// Enqueues one fused all-reduce of `rows` rows of `d` elements with epilogue `e`:
@@ -179,7 +201,7 @@ impl<B: Backend> AllReduceNorm<B> {
                 self.max_bytes
             )));
         }
-        let sig = round_up(SIGNAL_BYTES, 256) as u64;
+        let sig = if self.lamport { 0 } else { round_up(SIGNAL_BYTES, 256) as u64 };
         let flags: Vec<u64> = self.arena.iter().map(|b| B::ptr(b) + 4 * BLOCKS as u64).collect();
         let stage: Vec<u64> = self.arena.iter().map(|b| B::ptr(b) + sig).collect();
         for (r, d_) in clique.devices.iter().enumerate() {

@@ -40,22 +40,27 @@ pub enum Kernel {
     OneShotNorm,
     /// The one-shot all-reduce through Lamport regions (float types: their sentinel is a NaN).
     Lamport,
+    /// [`Kernel::OneShotNorm`] through the Lamport regions.
+    LamportNorm,
 }
 
 impl Kernel {
-    pub const ALL: [Kernel; 6] = [
+    pub const ALL: [Kernel; 7] = [
         Kernel::OneShot,
         Kernel::OneShotMany,
         Kernel::TwoShot,
         Kernel::ReduceScatter,
         Kernel::OneShotNorm,
         Kernel::Lamport,
+        Kernel::LamportNorm,
     ];
 
     /// Whether the sources define this kernel for `t` and `r`.
     pub fn defined_for(self, t: Dtype, r: Red) -> bool {
         match self {
-            Kernel::OneShotNorm => r == Red::Sum && matches!(t, Dtype::F32 | Dtype::Bf16 | Dtype::F16),
+            Kernel::OneShotNorm | Kernel::LamportNorm => {
+                r == Red::Sum && matches!(t, Dtype::F32 | Dtype::Bf16 | Dtype::F16)
+            }
             Kernel::Lamport => r.defined_for(t) && t.is_float(),
             _ => r.defined_for(t),
         }
@@ -70,6 +75,7 @@ impl Kernel {
             Kernel::ReduceScatter => "pl_reduce_scatter_",
             Kernel::OneShotNorm => "pl_one_shot_norm_",
             Kernel::Lamport => "pl_lamport_",
+            Kernel::LamportNorm => "pl_lamport_norm_",
         }
     }
 
@@ -82,6 +88,7 @@ impl Kernel {
             Kernel::ReduceScatter => "PL_REDUCE_SCATTER",
             Kernel::OneShotNorm => "PL_ONE_SHOT_NORM",
             Kernel::Lamport => "PL_LAMPORT",
+            Kernel::LamportNorm => "PL_LAMPORT_NORM",
         }
     }
 }

@@ -760,6 +760,9 @@ impl<B: XlaBackend> CollectiveRuntime for GpuRuntime<B> {
             let ty = arg_shapes.first().and_then(|s| Dtype::of(s.ty));
             if let Some(t) = ty.filter(|&t| Kernel::OneShotNorm.defined_for(t, Red::Sum)) {
                 dev.load(Unit::Spec(Kernel::OneShotNorm, t, Red::Sum)).map_err(internal)?;
+                if inst.lamport_slot > 0 {
+                    dev.load(Unit::Spec(Kernel::LamportNorm, t, Red::Sum)).map_err(internal)?;
+                }
             }
         }
         let kernel = match cfg.algorithm {

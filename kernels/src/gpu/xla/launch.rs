@@ -140,7 +140,10 @@ pub(super) fn reduce_norm<B: XlaBackend>(
     if rows == 0 {
         return Ok(());
     }
-    let Symmetric { stage, flags, stride, counter } = call.symmetric(group)?;
+    // Within the instance's Lamport regions: the fused kernel through them (no flags).
+    let lamport = a.byte_size() <= call.inst.lamport_slot;
+    let Symmetric { stage, flags, stride, counter } =
+        if lamport { call.lamport(group)? } else { call.symmetric(group)? };
     if (a.byte_size() as u64) > stride {
         return Err(internal(format!("'{}': {} bytes do not fit a staging half of {stride}", cfg.name, a.byte_size())));
     }
@@ -155,7 +158,7 @@ pub(super) fn reduce_norm<B: XlaBackend>(
         counter,
         status: call.status()?,
     };
-    let name = format!("pl_one_shot_norm_{}_sum", t.name());
+    let name = format!("pl_{}_norm_{}_sum", if lamport { "lamport" } else { "one_shot" }, t.name());
     call.launch(&name, crate::gpu::norm_grid(rows), &mut x.params(), &x)
 }
 

@@ -162,7 +162,7 @@ def main() -> int:
             us = [run["rows"][i]["us"] for run in runs[v]]
             best = min(us)
             bw = 2 * (n - 1) / n * size / (best * 1e-6) / 1e9
-            cells.append(f"{best:.1f} ({min(us):.1f}-{max(us):.1f}) | {bw:.0f}")
+            cells.append(f"{best:.1f} ({min(us):.1f}-{max(us):.1f}) | {bw:.1f}")
             if v != "stock":
                 impls.append(runs[v][0]["rows"][i]["impl"] or "xla")
             if not all(run["rows"][i]["ok"] for run in runs[v]):

@@ -42,6 +42,20 @@ fn status<B: Backend>(buf: &B::Buffer) -> Status {
     Status { word: B::ptr(buf), timeout_ns: TIMEOUT_NS, tag: 1, report: 0 }
 }
 
+/// A communicator's memory on every device for operands up to `stride` bytes: signals and two
+/// staging halves, or Lamport regions (sentinel, [`super::lamport_init`]) behind their header.
+fn arena<B: Backend>(clique: &Clique<B>, stride: usize, lamport: bool) -> Result<Vec<B::Buffer>> {
+    if !lamport {
+        return clique.alloc(round_up(SIGNAL_BYTES, 256) + 2 * stride);
+    }
+    let len = super::lamport_bytes(stride, clique.len());
+    let arena = clique.alloc(len)?;
+    for b in &arena {
+        B::write(b, &super::lamport_init(len))?;
+    }
+    Ok(arena)
+}
+
 /// One all-reduce communicator: its own signals and double-buffered staging on every device,
 /// for operands up to `max_bytes`.
 #[derive(Debug)]
@@ -66,17 +80,7 @@ impl<B: Backend> AllReduce<B> {
         };
         let funcs = functions(clique, &format!("pl_{kind}_{}_{}", dtype.name(), red.name()))?;
         let stride = round_up(max_bytes.max(16), 256);
-        let arena = if algo == Algo::Lamport {
-            // The regions start as sentinel (super::lamport_init), the header at zero.
-            let len = super::lamport_bytes(stride, clique.len());
-            let arena = clique.alloc(len)?;
-            for b in &arena {
-                B::write(b, &super::lamport_init(len))?;
-            }
-            arena
-        } else {
-            clique.alloc(round_up(SIGNAL_BYTES, 256) + 2 * stride)?
-        };
+        let arena = arena(clique, stride, algo == Algo::Lamport)?;
         let status = clique.alloc(8)?;
         Ok(AllReduce { algo, dtype, red, max_bytes, stride, arena, status, funcs })
     }
@@ -174,16 +178,7 @@ impl<B: Backend> AllReduceNorm<B> {
         let kind = if lamport { "lamport" } else { "one_shot" };
         let funcs = functions(clique, &format!("pl_{kind}_norm_{}_sum", dtype.name()))?;
         let stride = round_up(max_bytes.max(16), 256);
-        let arena = if lamport {
-            let len = super::lamport_bytes(stride, clique.len());
-            let arena = clique.alloc(len)?;
-            for b in &arena {
-                B::write(b, &super::lamport_init(len))?;
-            }
-            arena
-        } else {
-            clique.alloc(round_up(SIGNAL_BYTES, 256) + 2 * stride)?
-        };
+        let arena = arena(clique, stride, lamport)?;
         let status = clique.alloc(8)?;
         Ok(AllReduceNorm { dtype, lamport, max_bytes, stride, arena, status, funcs })
     }

@@ -179,8 +179,9 @@ pub(super) fn reduce<B: XlaBackend>(
     }
     let red = reduction(cfg)?;
     let t = reduced_type(shape.ty, red)?;
-    let Symmetric { stage, flags, stride, counter } = call.symmetric(group)?;
+    let sym = call.symmetric(group)?;
     if cfg.algorithm == Algo::DirectReduceScatter {
+        let Symmetric { stage, flags, stride, counter } = sym;
         let (phys, dim) = cfg.physical(&shape.dims).map_err(|m| err(ErrorCode::InvalidArgument, m))?;
         let (outer, n, inner) = view(&ArrayShape::new(shape.ty, phys), dim.unwrap_or(0))?;
         if n % g != 0 {
@@ -203,29 +204,14 @@ pub(super) fn reduce<B: XlaBackend>(
         return call.launch(&name, launch_grid(bytes / g), &mut x.params(), &x);
     }
     // Float one-shots within the instance's Lamport regions cross the wire once, with no flags.
-    if cfg.algorithm == Algo::OneShotAllReduce && Kernel::Lamport.defined_for(t, red) && bytes <= call.inst.lamport_slot
-    {
-        let lam = call.lamport(group)?;
-        let mut x = ReduceArgs {
-            input: a.data as u64,
-            output: r.data as u64,
-            n: (bytes / t.size()) as u64,
-            rank: idx as u32,
-            world: g as u32,
-            stage: lam.stage,
-            stride: lam.stride,
-            flags: lam.flags,
-            counter: lam.counter,
-            status: call.status()?,
-        };
-        return call.launch(
-            &format!("pl_lamport_{}_{}", t.name(), red.name()),
-            launch_grid(bytes),
-            &mut x.params(),
-            &x,
-        );
-    }
-    let kind = if cfg.algorithm == Algo::OneShotAllReduce { "one_shot" } else { "two_shot" };
+    let lamport = cfg.algorithm == Algo::OneShotAllReduce
+        && Kernel::Lamport.defined_for(t, red)
+        && bytes <= call.inst.lamport_slot;
+    let (kind, Symmetric { stage, flags, stride, counter }) = match cfg.algorithm {
+        _ if lamport => ("lamport", call.lamport(group)?),
+        Algo::OneShotAllReduce => ("one_shot", sym),
+        _ => ("two_shot", sym),
+    };
     let mut x = ReduceArgs {
         input: a.data as u64,
         output: r.data as u64,

@@ -290,18 +290,31 @@ PL_DEVICE void reduce_vecs(vec16 (&y)[UN], const Ptrs& src, u32 world, const u64
   }
 }
 
+template <typename T, typename R>
+PL_DEVICE vec16 fold_units(const vec16 (&xv)[PL_MAX_RANKS], u32 world);
+
 // Reduces one whole 16-byte unit at byte offset `off` of every rank's buffer, with every
 // rank's load issued before any is used (the small-message path: one unit per thread, so the
 // NVLink latency is paid once, not once per rank). Same fixed rank order as reduce_vecs.
 template <typename T, typename R>
 PL_DEVICE vec16 reduce_wide(const Ptrs& src, u32 world, u64 off) {
+  vec16 x[PL_MAX_RANKS];
+#pragma unroll
+  for (u32 p = 0; p < PL_MAX_RANKS; ++p)
+    if (p < world) x[p] = load16(reinterpret_cast<const void*>(src.p[p] + off));
+  return fold_units<T, R>(x, world);
+}
+
+// Reduces every member's unit x[0..world) in the fixed rank order into one unit.
+template <typename T, typename R>
+PL_DEVICE vec16 fold_units(const vec16 (&xv)[PL_MAX_RANKS], u32 world) {
   typedef typename Tr<T>::Acc A;
   constexpr u32 VEC = Unit<T>::VEC;
   union V { vec16 v; T e[VEC]; };
   V x[PL_MAX_RANKS];
 #pragma unroll
   for (u32 p = 0; p < PL_MAX_RANKS; ++p)
-    if (p < world) x[p].v = load16(reinterpret_cast<const void*>(src.p[p] + off));
+    if (p < world) x[p].v = xv[p];
   A acc[VEC];
 #pragma unroll
   for (u32 i = 0; i < VEC; ++i) acc[i] = Tr<T>::up(x[0].e[i]);
@@ -557,7 +570,6 @@ PL_DEVICE void wait_unit(vec16& v, const u8* p, const Status& st, u32 member) {
 template <typename T, typename R>
 PL_DEVICE void lamport(const T* in, T* out, u64 n, u32 rank, u32 world, const Ptrs& lam, u64 slot, u32* counter,
                        const Status& st) {
-  typedef typename Tr<T>::Acc A;
   constexpr u32 VEC = Unit<T>::VEC;
   constexpr u32 S = sizeof(T);
   union V { vec16 v; T e[VEC]; };
@@ -574,25 +586,15 @@ PL_DEVICE void lamport(const T* in, T* out, u64 n, u32 rank, u32 world, const Pt
   }
   const u8* mine = reinterpret_cast<const u8*>(lam.p[rank] + region);
   for (u64 u = tid; u < units; u += nt) {
-    V x[PL_MAX_RANKS];
+    vec16 x[PL_MAX_RANKS];
 #pragma unroll
     for (u32 p = 0; p < PL_MAX_RANKS; ++p)
-      if (p < world) x[p].v = p == rank ? unsentinel<S>(load_unit(in, u, n, in_ok)) : load16_volatile(mine + p * slot + u * 16);
+      if (p < world) x[p] = p == rank ? unsentinel<S>(load_unit(in, u, n, in_ok)) : load16_volatile(mine + p * slot + u * 16);
 #pragma unroll
     for (u32 p = 0; p < PL_MAX_RANKS; ++p)
-      if (p < world && p != rank) wait_unit<S>(x[p].v, mine + p * slot + u * 16, st, p);
-    A acc[VEC];
-#pragma unroll
-    for (u32 k = 0; k < VEC; ++k) acc[k] = Tr<T>::up(x[0].e[k]);
-#pragma unroll
-    for (u32 p = 1; p < PL_MAX_RANKS; ++p)
-      if (p < world) {
-#pragma unroll
-        for (u32 k = 0; k < VEC; ++k) acc[k] = fold_step<T, R>(acc[k], x[p].e[k]);
-      }
+      if (p < world && p != rank) wait_unit<S>(x[p], mine + p * slot + u * 16, st, p);
     V y;
-#pragma unroll
-    for (u32 k = 0; k < VEC; ++k) y.e[k] = Tr<T>::down(acc[k]);
+    y.v = fold_units<T, R>(x, world);
     if (out_ok && u * VEC + VEC <= n) {
       store16(out + u * VEC, y.v);
     } else {

@@ -117,7 +117,7 @@ impl<B: Backend> AllReduce<B> {
                 status: status::<B>(&self.status[r]),
             };
             B::bind(&d.ctx)?;
-            let grid = super::grid((n * self.dtype.size()).div_ceil(16) as u64, super::DEFAULT_GRID);
+            let grid = super::grid((n * self.dtype.size()).div_ceil(16) as u64, clique.max_grid);
             // SAFETY: ReduceArgs::params matches the kernel's parameter list (one source for
             // both vendors); every pointer is a device allocation of the clique (peer access
             // probed) that outlives the launch.
@@ -217,7 +217,7 @@ impl<B: Backend> AllReduceNorm<B> {
             // SAFETY: NormArgs::params matches pl_one_shot_norm_*'s parameter list (one source
             // for both vendors); every pointer is a device allocation of the clique (peer
             // access probed) that outlives the launch.
-            unsafe { B::launch(&d_.stream, &self.funcs[r], super::norm_grid(rows), THREADS, &mut a.params())? };
+            unsafe { B::launch(&d_.stream, &self.funcs[r], super::norm_grid(rows).min(clique.max_grid), THREADS, &mut a.params())? };
         }
         Ok(())
     }
@@ -269,7 +269,7 @@ impl<B: Backend> AllGather<B> {
                 status: status::<B>(&self.status[r]),
             };
             B::bind(&d.ctx)?;
-            let grid = super::grid(bytes.div_ceil(16) as u64, super::DEFAULT_GRID);
+            let grid = super::grid(bytes.div_ceil(16) as u64, clique.max_grid);
             // SAFETY: GatherArgs::params matches pl_all_gather's parameters; buffers are clique
             // allocations with probed peer access that outlive the launch.
             unsafe { B::launch(&d.stream, &self.funcs[r], grid, THREADS, &mut a.params())? };

@@ -253,6 +253,10 @@ pub struct Clique<B: Backend> {
     /// What the probe found, cached per device set ([`PeerTableKey::Backend`] named
     /// [`Gpu::NAME`]).
     pub peers: Arc<PeerAccessTable>,
+    /// The largest grid the launchers give a kernel: [`DEFAULT_GRID`], or on one device shared
+    /// by several members its compute units over the members, so every member's blocks are
+    /// resident at once (a spinning block must never wait for a block that cannot start).
+    pub max_grid: u32,
 }
 
 impl<B: Backend> Clique<B> {
@@ -276,7 +280,7 @@ impl<B: Backend> Clique<B> {
         let peers = PeerAccessTable::cached(key, move || {
             PeerAccessTable::from_fn(n, format!("{} peer probe", B::NAME), |a, b| table[a][b].works())
         });
-        Ok(Clique { devices, probes, peers })
+        Ok(Clique { devices, probes, peers, max_grid: DEFAULT_GRID })
     }
 
     /// `ranks` members on one GPU, each with a stream of its own: the kernels' protocols
@@ -292,7 +296,9 @@ impl<B: Backend> Clique<B> {
         let peers = PeerAccessTable::cached(key, move || {
             PeerAccessTable::from_fn(ranks, format!("{} one device", B::NAME), |_, _| true)
         });
-        Ok(Clique { devices, probes: vec![vec![Probe::Local; ranks]; ranks], peers })
+        let units = devices[0].units.max(1) as u32;
+        let max_grid = (units / ranks as u32).clamp(1, DEFAULT_GRID);
+        Ok(Clique { devices, probes: vec![vec![Probe::Local; ranks]; ranks], peers, max_grid })
     }
 
     pub fn len(&self) -> usize {

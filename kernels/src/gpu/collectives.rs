@@ -214,10 +214,11 @@ impl<B: Backend> AllReduceNorm<B> {
                 status: status::<B>(&self.status[r]),
             };
             B::bind(&d_.ctx)?;
-            // SAFETY: NormArgs::params matches pl_one_shot_norm_*'s parameter list (one source
-            // for both vendors); every pointer is a device allocation of the clique (peer
-            // access probed) that outlives the launch.
-            unsafe { B::launch(&d_.stream, &self.funcs[r], super::norm_grid(rows).min(clique.max_grid), THREADS, &mut a.params())? };
+            let grid = super::norm_grid(rows).min(clique.max_grid);
+            // SAFETY: NormArgs::params matches pl_one_shot_norm_*'s and pl_lamport_norm_*'s
+            // parameter list (one source for both vendors); every pointer is a device
+            // allocation of the clique (peer access probed) that outlives the launch.
+            unsafe { B::launch(&d_.stream, &self.funcs[r], grid, THREADS, &mut a.params())? };
         }
         Ok(())
     }

@@ -567,6 +567,23 @@ PL_DEVICE void wait_unit(vec16& v, const u8* p, const Status& st, u32 member) {
   }
 }
 
+// Ends Lamport launch `i` of `units` units per slot on this rank (its regions at `base`):
+// records the units, and sets region (i + 2) % 3 back to sentinel as far as its last launch
+// filled it, every slot (this rank's own too: the fused kernel fills it on the same regions).
+PL_DEVICE void lamport_reset(u64 base, u32 world, u64 slot, u32 i, u64 units) {
+  const u64 nt = (u64)gridDim.x * blockDim.x;
+  const u64 tid = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+  u64* used = reinterpret_cast<u64*>(base + 4 * PL_BLOCKS);
+  const u32 old = (i + 2) % 3;
+  const u64 prev = used[old] / 16;
+  if (tid == 0) used[i] = units * 16;
+  u8* clear = reinterpret_cast<u8*>(base + PL_LAMPORT_HDR + (u64)old * world * slot);
+  for (u64 k = tid; k < world * prev; k += nt) {
+    const u64 p = k / prev;
+    store16(clear + p * slot + (k - p * prev) * 16, vec16{{~0u, ~0u, ~0u, ~0u}});
+  }
+}
+
 template <typename T, typename R>
 PL_DEVICE void lamport(const T* in, T* out, u64 n, u32 rank, u32 world, const Ptrs& lam, u64 slot, u32* counter,
                        const Status& st) {
@@ -601,17 +618,7 @@ PL_DEVICE void lamport(const T* in, T* out, u64 n, u32 rank, u32 world, const Pt
       for (u32 k = 0; k < VEC && u * VEC + k < n; ++k) out[u * VEC + k] = y.e[k];
     }
   }
-  // Region (i + 2) % 3 back to sentinel, as far as its last launch filled it.
-  u64* used = reinterpret_cast<u64*>(lam.p[rank] + 4 * PL_BLOCKS);
-  const u32 old = (i + 2) % 3;
-  const u64 prev = used[old] / 16;
-  if (tid == 0) used[i] = units * 16;
-  u8* clear = reinterpret_cast<u8*>(lam.p[rank] + PL_LAMPORT_HDR + (u64)old * world * slot);
-  // Every slot, this rank's own too: the fused kernel (lamport_norm) fills it on the same regions.
-  for (u64 k = tid; k < world * prev; k += nt) {
-    const u64 p = k / prev;
-    store16(clear + p * slot + (k - p * prev) * 16, vec16{{~0u, ~0u, ~0u, ~0u}});
-  }
+  lamport_reset(lam.p[rank], world, slot, i, units);
 }
 
 // All-gather by pushing (the benchmark's contiguous form; the executor uses pl_exchange):
@@ -1102,16 +1109,7 @@ PL_DEVICE void lamport_norm(const T* in, const Norm& nm, u32 rank, u32 world, co
   Ptrs src;
   for (u32 p = 0; p < PL_MAX_RANKS; ++p) src.p[p] = lam.p[rank] + region + p * slot;
   norm_rows<T>(nm, src, 0, world, (d * sizeof(T)) % 16 == 0, part);
-  // Region (i + 2) % 3 back to sentinel, every slot (this rank's own included).
-  u64* used = reinterpret_cast<u64*>(lam.p[rank] + 4 * PL_BLOCKS);
-  const u32 old = (i + 2) % 3;
-  const u64 prev = used[old] / 16;
-  if (tid == 0) used[i] = units * 16;
-  u8* clear = reinterpret_cast<u8*>(lam.p[rank] + PL_LAMPORT_HDR + (u64)old * world * slot);
-  for (u64 k = tid; k < world * prev; k += nt) {
-    const u64 p = k / prev;
-    store16(clear + p * slot + (k - p * prev) * 16, vec16{{~0u, ~0u, ~0u, ~0u}});
-  }
+  lamport_reset(lam.p[rank], world, slot, i, units);
 }
 
 // One macro per kernel of a reduction specialization (the host compiles them one at a time),

@@ -31,11 +31,7 @@ import subprocess
 import sys
 import time
 
-
-def parse_size(s: str) -> int:
-    s = s.strip().upper().removesuffix("B").removesuffix("I")
-    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(s[-1:], 1)
-    return int(s[:-1] if mult > 1 else s) * mult
+from time_psum import parse_size  # same directory: one size syntax for both scripts
 
 
 def human(b: int) -> str:
@@ -129,7 +125,7 @@ def main() -> int:
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--variant-name", dest="variant_name", help=argparse.SUPPRESS)
     a = ap.parse_args()
-    a.sizes = [parse_size(s) if not s.isdigit() else int(s) for s in a.sizes.split(",")]
+    a.sizes = [parse_size(s) for s in a.sizes.split(",")]
     if a.child:
         a.variant = a.variant_name
         child(a)

@@ -36,7 +36,7 @@ CHAIN = 20
 
 def parse_size(s):
     s = s.strip().upper().removesuffix("B").removesuffix("I")
-    mult = {"K": 1 << 10, "M": 1 << 20}.get(s[-1:], 1)
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(s[-1:], 1)
     return int(s[:-1] if mult > 1 else s) * mult
 
 

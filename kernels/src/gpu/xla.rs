@@ -256,6 +256,12 @@ fn lamport_at() -> usize {
 }
 
 impl<B: XlaBackend> Instance<B> {
+    /// Whether an operand of `bytes` runs through this instance's Lamport regions (it has
+    /// some, and the operand fits a slot).
+    fn fits_lamport(&self, bytes: usize) -> bool {
+        self.lamport_slot > 0 && bytes <= self.lamport_slot
+    }
+
     /// Bytes of each member's signals allocation: the flags, then the Lamport regions if any.
     fn signal_bytes(&self) -> usize {
         if self.lamport_slot == 0 {
@@ -676,9 +682,7 @@ impl<B: XlaBackend> Call<'_, B> {
             counter: B::ptr(&self.own()?.signals),
         })
     }
-}
 
-impl<B: XlaBackend> Call<'_, B> {
     /// The group's Lamport regions (as `stage`, the slot as `stride`) and this device's Lamport
     /// counters: what `pl_lamport_*` takes.
     fn lamport(&self, group: &[usize]) -> Result<Symmetric, HandlerError> {
@@ -760,7 +764,7 @@ impl<B: XlaBackend> CollectiveRuntime for GpuRuntime<B> {
             let ty = arg_shapes.first().and_then(|s| Dtype::of(s.ty));
             if let Some(t) = ty.filter(|&t| Kernel::OneShotNorm.defined_for(t, Red::Sum)) {
                 dev.load(Unit::Spec(Kernel::OneShotNorm, t, Red::Sum)).map_err(internal)?;
-                if inst.lamport_slot > 0 {
+                if inst.fits_lamport(arg_shapes[0].byte_size()) {
                     dev.load(Unit::Spec(Kernel::LamportNorm, t, Red::Sum)).map_err(internal)?;
                 }
             }
@@ -779,7 +783,8 @@ impl<B: XlaBackend> CollectiveRuntime for GpuRuntime<B> {
                 if let Some(t) = Dtype::of(ty).filter(|&t| Red::of(red).defined_for(t)) {
                     dev.load(Unit::Spec(k, t, Red::of(red))).map_err(internal)?;
                     // Float one-shots within the Lamport regions run that kernel (launch.rs).
-                    if k == Kernel::OneShot && Kernel::Lamport.defined_for(t, Red::of(red)) && inst.lamport_slot > 0 {
+                    let fits = arg_shapes.iter().any(|s| s.ty == ty && inst.fits_lamport(s.byte_size()));
+                    if k == Kernel::OneShot && Kernel::Lamport.defined_for(t, Red::of(red)) && fits {
                         dev.load(Unit::Spec(Kernel::Lamport, t, Red::of(red))).map_err(internal)?;
                     }
                 }

@@ -141,7 +141,7 @@ pub(super) fn reduce_norm<B: XlaBackend>(
         return Ok(());
     }
     // Within the instance's Lamport regions: the fused kernel through them (no flags).
-    let lamport = a.byte_size() <= call.inst.lamport_slot;
+    let lamport = call.inst.fits_lamport(a.byte_size());
     let Symmetric { stage, flags, stride, counter } =
         if lamport { call.lamport(group)? } else { call.symmetric(group)? };
     if (a.byte_size() as u64) > stride {
@@ -179,9 +179,8 @@ pub(super) fn reduce<B: XlaBackend>(
     }
     let red = reduction(cfg)?;
     let t = reduced_type(shape.ty, red)?;
-    let sym = call.symmetric(group)?;
     if cfg.algorithm == Algo::DirectReduceScatter {
-        let Symmetric { stage, flags, stride, counter } = sym;
+        let Symmetric { stage, flags, stride, counter } = call.symmetric(group)?;
         let (phys, dim) = cfg.physical(&shape.dims).map_err(|m| err(ErrorCode::InvalidArgument, m))?;
         let (outer, n, inner) = view(&ArrayShape::new(shape.ty, phys), dim.unwrap_or(0))?;
         if n % g != 0 {
@@ -204,13 +203,12 @@ pub(super) fn reduce<B: XlaBackend>(
         return call.launch(&name, launch_grid(bytes / g), &mut x.params(), &x);
     }
     // Float one-shots within the instance's Lamport regions cross the wire once, with no flags.
-    let lamport = cfg.algorithm == Algo::OneShotAllReduce
-        && Kernel::Lamport.defined_for(t, red)
-        && bytes <= call.inst.lamport_slot;
+    let lamport =
+        cfg.algorithm == Algo::OneShotAllReduce && Kernel::Lamport.defined_for(t, red) && call.inst.fits_lamport(bytes);
     let (kind, Symmetric { stage, flags, stride, counter }) = match cfg.algorithm {
         _ if lamport => ("lamport", call.lamport(group)?),
-        Algo::OneShotAllReduce => ("one_shot", sym),
-        _ => ("two_shot", sym),
+        Algo::OneShotAllReduce => ("one_shot", call.symmetric(group)?),
+        _ => ("two_shot", call.symmetric(group)?),
     };
     let mut x = ReduceArgs {
         input: a.data as u64,

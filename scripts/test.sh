@@ -36,7 +36,10 @@ step "cargo clippy (warnings are errors)"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
 step "cargo test"
-cargo test --workspace --locked
+# The compute_80 bundle cuda_nvrtc's all-units test builds is kept for the wheel step below.
+test_bundle=$(mktemp "${TMPDIR:-/tmp}/peerless-kernels.XXXXXX.pb")
+trap 'rm -f "$test_bundle"' EXIT
+PEERLESS_TEST_BUNDLE_OUT="$test_bundle" cargo test --workspace --locked
 
 # ROCm without AMD hardware: the rocm feature (off by default) is linted and its tests run
 # (hipRTC, the compiler the ROCm device layer uses, compiles every kernel source for gfx90a
@@ -180,15 +183,17 @@ assert p.stats()["all-reduce"]["kernel"] == 1, p.stats()
 print("jax", jax.__version__, "kept; psum on Peerless equals XLA alone:", p.stats())')
 rm -rf "$venv_dir"
 
-# CI prebuilds the kernels for sm_90 alone: the bundle code is the same for any target list, the
-# four-target default (sm_80, sm_90, sm_100, compute_100) takes three more minutes of NVRTC on
-# 2 cores, and `cargo test` above already compiles every kernel unit for the oldest target
-# (PTX for compute_80, kernels/tests/cuda_nvrtc.rs).
-step "The wheel: scripts/build_wheel.sh (release library with GPU kernels prebuilt, here for sm_90; manylinux tag from auditwheel); scripts/check_wheel.sh installs it in a fresh venv without cargo and runs plugin/tests/wheel_smoke.py"
+# The wheel step bundles the compute_80 PTX that `cargo test` compiled above (every unit,
+# cuda_nvrtc.rs) instead of compiling every unit again for sm_90 (the bundle code is the same
+# for any target list), and builds the library on the dev profile, whose dependencies `cargo
+# test` built: a release build of the whole graph takes over 15 minutes on 2 cores. What it
+# checks is the packaging: the manylinux tag, the embedded kernels, an install without cargo.
+step "The wheel: scripts/build_wheel.sh (library with the GPU kernels of cargo test embedded, PTX for compute_80; manylinux tag from auditwheel); scripts/check_wheel.sh installs it in a fresh venv without cargo and runs plugin/tests/wheel_smoke.py"
 wheel_start=$(date +%s)
 wheel_dir=$(mktemp -d)
-GPU_KERNEL_TARGETS=sm_90 scripts/build_wheel.sh "$wheel_dir"
-scripts/check_wheel.sh "$wheel_dir"/jax_peerless-*.whl --kernels sm_90
+[ -s "$test_bundle" ] || { echo "cargo test left no kernel bundle in $test_bundle (NVRTC missing?)" >&2; exit 1; }
+PEERLESS_WHEEL_PROFILE=dev scripts/build_wheel.sh --kernels "$test_bundle" "$wheel_dir"
+scripts/check_wheel.sh "$wheel_dir"/jax_peerless-*.whl --kernels compute_80
 rm -rf "$wheel_dir"
 echo "the wheel step took $(($(date +%s) - wheel_start)) s"
 

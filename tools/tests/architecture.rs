@@ -1,6 +1,8 @@
-//! ARCHITECTURE.md's crate graph against the Cargo.toml files, and every workspace crate a
-//! crate declares in `[dependencies]` named in its sources: the document cannot drift from
-//! the build, and no edge is declared and unused.
+//! ARCHITECTURE.md's crate graph against the Cargo.toml files, and every crate a workspace
+//! crate declares (workspace or registry; `[dependencies]`, `[dev-dependencies]`,
+//! `[build-dependencies]`) named in the sources that can use it: the document cannot drift
+//! from the build, and no dependency is declared and unused (what `cargo machete` checks,
+//! without installing it in CI).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -27,22 +29,25 @@ fn root() -> PathBuf {
 
 /// The workspace crates in `[dependencies]` of `dir`'s Cargo.toml.
 fn declared(dir: &str) -> BTreeSet<String> {
+    table(dir, "[dependencies]").into_iter().filter(|k| CRATES.iter().any(|(n, _)| n == k)).collect()
+}
+
+/// Every key of table `section` (`[dependencies]`, ...) of `dir`'s Cargo.toml, targets'
+/// tables (`[target.'cfg(..)'.dependencies]`) included.
+fn table(dir: &str, section: &str) -> BTreeSet<String> {
     let text = std::fs::read_to_string(root().join(dir).join("Cargo.toml")).unwrap();
     let mut in_deps = false;
     let mut out = BTreeSet::new();
     for line in text.lines() {
         let l = line.trim();
         if l.starts_with('[') {
-            in_deps = l == "[dependencies]";
+            in_deps = l == section || (l.starts_with("[target.") && l.ends_with(&format!(".{}", &section[1..])));
             continue;
         }
         if !in_deps || l.is_empty() || l.starts_with('#') {
             continue;
         }
-        let key = l.split(['.', '=', ' ']).next().unwrap_or_default();
-        if CRATES.iter().any(|(n, _)| *n == key) {
-            out.insert(key.to_string());
-        }
+        out.insert(l.split(['.', '=', ' ']).next().unwrap_or_default().to_string());
     }
     out
 }
@@ -95,16 +100,45 @@ fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
-#[test]
-fn every_declared_workspace_dependency_is_used() {
-    for (name, dir) in CRATES {
-        let mut files = Vec::new();
-        sources(&root().join(dir).join("src"), &mut files);
-        let text: String = files.iter().map(|f| std::fs::read_to_string(f).unwrap()).collect();
-        for dep in declared(dir) {
-            let ident = dep.replace('-', "_");
-            let used = text.contains(&format!("{ident}::")) || text.contains(&format!("use {ident}"));
-            assert!(used, "{name} declares {dep} in [dependencies] and its sources never name it");
+/// The text of every `.rs` file of `dir` under `subdirs` (files or directories).
+fn text_of(dir: &str, subdirs: &[&str]) -> String {
+    let mut files = Vec::new();
+    for sub in subdirs {
+        let p = root().join(dir).join(sub);
+        if p.is_dir() {
+            sources(&p, &mut files);
+        } else if p.is_file() {
+            files.push(p);
         }
     }
+    files.iter().map(|f| std::fs::read_to_string(f).unwrap()).collect()
+}
+
+fn names(text: &str, dep: &str) -> bool {
+    let ident = dep.replace('-', "_");
+    text.contains(&format!("{ident}::")) || text.contains(&format!("use {ident}")) || text.contains(&format!("{ident}!"))
+}
+
+#[test]
+fn every_declared_dependency_is_used() {
+    // The reading itself: tables found, and a name counts only as a path, an import or a macro.
+    assert!(table("kernels", "[dependencies]").is_superset(&["prost", "sha2", "ffi"].map(String::from).into()));
+    assert!(table("kernels", "[dev-dependencies]").len() + table("kernels", "[build-dependencies]").len() > 0);
+    assert!(names("use prost::Message;", "prost") && names("log::warn!(..)", "log") && !names("prosthesis", "prost"));
+    let mut unused = Vec::new();
+    for (name, dir) in CRATES {
+        // Library and binary code; tests, examples and benches for dev-dependencies; the
+        // build script for build-dependencies.
+        let main = text_of(dir, &["src", "build.rs"]);
+        let dev = main.clone() + &text_of(dir, &["tests", "examples", "benches"]);
+        let build = text_of(dir, &["build.rs"]);
+        for (section, text) in [("[dependencies]", &main), ("[dev-dependencies]", &dev), ("[build-dependencies]", &build)] {
+            for dep in table(dir, section) {
+                if !names(text, &dep) {
+                    unused.push(format!("{name}: {section} {dep}"));
+                }
+            }
+        }
+    }
+    assert!(unused.is_empty(), "declared and never named in the sources that could use them: {unused:#?}");
 }

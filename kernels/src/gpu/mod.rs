@@ -240,6 +240,11 @@ impl<B: Backend> Device<B> {
     pub fn function(&self, name: &str) -> Result<B::Function> {
         let unit = Unit::of_kernel(name)
             .ok_or_else(|| Error::Gpu(format!("device {}: no kernel named {name}", self.ordinal)))?;
+        self.function_of(unit, name)
+    }
+
+    /// Kernel `name` of `unit`, loading the unit.
+    pub fn function_of(&self, unit: Unit, name: &str) -> Result<B::Function> {
         Ok(B::function(&*self.load(unit)?, name)?)
     }
 }

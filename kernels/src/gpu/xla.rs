@@ -46,11 +46,11 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::marker::PhantomData;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use ffi::gpu::{IPC_HANDLE_BYTES, Interop};
-use ffi::xla_ffi::{BufferRef, COMMAND_BUFFER_COMPATIBLE, CallFrame, ErrorCode, ExecutableState, HandlerError, Traits};
+use ffi::xla_ffi::{COMMAND_BUFFER_COMPATIBLE, CallFrame, ErrorCode, ExecutableState, HandlerError, Traits};
 use hlo::ArrayShape;
 use thunks::custom_call::CustomCallConfig;
 use thunks::{CollectiveKind as Kind, KernelAlgorithm as Algo};
@@ -63,7 +63,7 @@ use super::{BLOCKS, Backend, Clique, DEFAULT_GRID, Kernel, MAX_RANKS, SIGNAL_BYT
 use crate::ffi_handler::{CallState, CollectiveRuntime, Slot, SlotKey, Slots, array_shape};
 
 mod launch;
-use launch::{check_epilogue, permute, push, reduce, reduce_many, reduce_norm};
+use launch::{Frame, Plan, check_epilogue};
 
 /// A vendor's device layer as the runtime behind XLA's handlers needs it: the kernels'
 /// backend ([`Backend`]), what living inside XLA takes ([`Interop`]: IPC, host-mapped memory,
@@ -85,8 +85,10 @@ pub struct RuntimeState<B: XlaBackend> {
     /// Every GPU of the process, opened once.
     clique: OnceLock<Result<Clique<B>, String>>,
     /// Local ordinal → device id, where this process does not own every device of the job
-    /// (`jax.distributed`); empty: ids are ordinals.
-    device_ids: RwLock<BTreeMap<usize, usize>>,
+    /// (`jax.distributed`; [`NO_ID`]: none); `mapped` false: ids are ordinals. Atomics, not a
+    /// locked map: every call reads it (set once per process, before any executable runs).
+    device_ids: [AtomicUsize; MAX_RANKS],
+    mapped: AtomicBool,
     /// Device memory held by ranks, per ordinal.
     held: [AtomicUsize; MAX_RANKS],
     /// Instances alive (tests watch executables free theirs).
@@ -105,7 +107,8 @@ impl<B: XlaBackend> RuntimeState<B> {
     pub const fn new(state_type: &'static str) -> Self {
         RuntimeState {
             clique: OnceLock::new(),
-            device_ids: RwLock::new(BTreeMap::new()),
+            device_ids: [const { AtomicUsize::new(NO_ID) }; MAX_RANKS],
+            mapped: AtomicBool::new(false),
             held: [const { AtomicUsize::new(0) }; MAX_RANKS],
             live: AtomicUsize::new(0),
             exec: ExecutableState::new(state_type),
@@ -169,8 +172,15 @@ pub fn device_kind<B: XlaBackend>() -> Result<String, String> {
 /// Records which device id each local GPU (ordinal) has in the job (from the job's topology,
 /// which the Python package hands the plugin at its first compile or cache lookup).
 pub fn set_device_ids<B: XlaBackend>(ids: BTreeMap<usize, usize>) {
-    *B::state().device_ids.write().unwrap_or_else(PoisonError::into_inner) = ids;
+    let state = B::state();
+    for (ordinal, slot) in state.device_ids.iter().enumerate() {
+        slot.store(ids.get(&ordinal).copied().unwrap_or(NO_ID), Ordering::Release);
+    }
+    state.mapped.store(!ids.is_empty(), Ordering::Release);
 }
+
+/// An ordinal without a device id in the job.
+const NO_ID: usize = usize::MAX;
 
 /// One device's part of a collective (a device of this process).
 #[derive(Debug)]
@@ -283,7 +293,20 @@ pub fn live_instances<B: XlaBackend>() -> usize {
 }
 
 /// An executable's state for one custom call (dropping it frees every device's staging).
-type ExecState<B> = CallState<Arc<Instance<B>>>;
+type ExecState<B> = CallState<GpuCall<B>>;
+
+/// What an executable keeps for one call: its instance, and per GPU ordinal the plan its
+/// INITIALIZE made (what EXECUTE replays).
+struct GpuCall<B: XlaBackend> {
+    inst: Arc<Instance<B>>,
+    plans: [OnceLock<Plan<B>>; MAX_RANKS],
+}
+
+impl<B: XlaBackend> std::fmt::Debug for GpuCall<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GpuCall").field("inst", &self.inst).finish_non_exhaustive()
+    }
+}
 
 /// Calls of executables XLA keeps no state for, by `instance` (kept for the process).
 fn instances<B: XlaBackend>() -> &'static Mutex<HashMap<u64, Arc<Instance<B>>>> {
@@ -363,10 +386,14 @@ fn instance<B: XlaBackend>(
     // execute, and the sizes allocate.
     let need = || staging_bytes(cfg, args, rets);
     if let Some(state) = B::state().exec.get(f) {
-        return state.instance.get_or_init(|| on_slot(cfg, need(), state.occurrence)).clone();
+        return state.instance.get_or_init(|| gpu_call(on_slot(cfg, need(), state.occurrence))).inst.clone();
     }
     let mut map = instances::<B>().lock().unwrap_or_else(PoisonError::into_inner);
     map.entry(cfg.instance).or_insert_with(|| on_slot(cfg, need(), 0)).clone()
+}
+
+fn gpu_call<B: XlaBackend>(inst: Arc<Instance<B>>) -> GpuCall<B> {
+    GpuCall { inst, plans: [const { OnceLock::new() }; MAX_RANKS] }
 }
 
 /// Allocates and publishes the part of `inst` of `device` (GPU `ordinal`) unless it exists.
@@ -552,19 +579,8 @@ fn ordinal(f: &CallFrame<'_>) -> Result<usize, HandlerError> {
     usize::try_from(o).map_err(|_| internal(format!("XLA reported device ordinal {o}")))
 }
 
-/// The call's buffers, its operands' shapes and its collective's instance.
-fn frame_instance<'a, B: XlaBackend>(
-    f: &CallFrame<'a>,
-    cfg: &CustomCallConfig,
-) -> Result<(Vec<BufferRef<'a>>, Vec<BufferRef<'a>>, Vec<ArrayShape>, Arc<Instance<B>>), HandlerError> {
-    let (args, rets) = (crate::ffi_handler::operands(f, cfg)?, f.rets()?);
-    let arg_shapes = args.iter().map(array_shape).collect::<Result<Vec<_>, _>>()?;
-    let ret_shapes = rets.iter().map(array_shape).collect::<Result<Vec<_>, _>>()?;
-    let inst = instance(f, cfg, &arg_shapes, &ret_shapes);
-    Ok((args, rets, arg_shapes, inst))
-}
-
-/// See [`Call::symmetric`].
+/// What a double-buffered reduction kernel takes besides its buffers: the group's staging (or
+/// Lamport regions) and flag bases, the half's (or slot's) size and this device's counters.
 struct Symmetric {
     stage: Ptrs,
     flags: Ptrs,
@@ -590,110 +606,6 @@ impl<B: XlaBackend> Default for GpuRuntime<B> {
 impl<B: XlaBackend> std::fmt::Debug for GpuRuntime<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "GpuRuntime<{}>", B::NAME)
-    }
-}
-
-struct Call<'a, B: XlaBackend> {
-    c: &'static Clique<B>,
-    cfg: &'a CustomCallConfig,
-    inst: &'a Instance<B>,
-    done: &'a Complete<B>,
-    /// The calling device's id and GPU ordinal.
-    device: usize,
-    ordinal: usize,
-    stream: B::ForeignStream,
-}
-
-impl<B: XlaBackend> Call<'_, B> {
-    /// The calling device's own part.
-    fn own(&self) -> Result<&Rank<B>, HandlerError> {
-        self.done
-            .ranks
-            .get(&self.device)
-            .map(|r| &**r)
-            .ok_or_else(|| internal(format!("'{}': no state for device {}", self.cfg.name, self.device)))
-    }
-
-    /// Member `d`'s staging and signals, as this process addresses them.
-    fn addr(&self, d: usize) -> Result<Addr, HandlerError> {
-        self.done
-            .addrs
-            .get(&d)
-            .copied()
-            .ok_or_else(|| internal(format!("'{}': no state for device {d}", self.cfg.name)))
-    }
-
-    fn flags(&self, d: usize) -> Result<u64, HandlerError> {
-        Ok(self.addr(d)?.signals + 4 * BLOCKS as u64)
-    }
-
-    fn status(&self) -> Result<Status, HandlerError> {
-        let timeout_ns = self.cfg.timeout_ms.saturating_mul(1_000_000);
-        let r = self.own()?;
-        Ok(Status { word: B::ptr(&r.status), timeout_ns, tag: 1, report: B::host_mapped_device_ptr(&r.report) })
-    }
-
-    fn func(&self, name: &str) -> Result<B::Function, HandlerError> {
-        self.c.devices[self.ordinal].function(name).map_err(|e| internal(format!("kernel {name}: {e}")))
-    }
-
-    fn launch<A>(
-        &self,
-        func: &str,
-        grid: u32,
-        params: &mut [*mut std::ffi::c_void],
-        _args: &A,
-    ) -> Result<(), HandlerError> {
-        let f = self.func(func)?;
-        // At most the call's `blocks` (kernels stride over any grid; every rank has the same limit).
-        let grid = if self.cfg.blocks > 0 { grid.min(self.cfg.blocks) } else { grid };
-        // SAFETY: every caller builds `params` from one of collectives.rs's argument structs
-        // (`_args`, alive for this call) whose field list is the kernel family's parameter list;
-        // every address is an XLA buffer of this call (alive until the stream reaches it, XLA's
-        // contract) or this instance's symmetric staging, signals or mapped status, which live as
-        // long as the executable (which outlives the work it enqueued) on devices whose peer
-        // access was probed.
-        unsafe { B::launch(&self.stream, &f, grid, THREADS, params) }.map_err(internal)
-    }
-
-    /// Enqueues a copy of `len` bytes on XLA's stream.
-    fn copy(&self, dst: u64, src: u64, len: usize) -> Result<(), HandlerError> {
-        // SAFETY: every caller copies into an XLA buffer of this call from another one or from
-        // this instance's own staging: XLA's buffers live until the stream reaches the copy
-        // (XLA's contract), the staging as long as the executable; `len` is the result's byte
-        // size, which the operand and the staging the pass sized for the call both hold.
-        unsafe { B::copy_d2d_async(&self.stream, dst, src, len) }.map_err(internal)
-    }
-
-    /// Enqueues a fill of `len` bytes with `v` on XLA's stream.
-    fn fill(&self, dst: u64, v: u8, len: usize) -> Result<(), HandlerError> {
-        // SAFETY: `dst` is an XLA buffer of this call or this instance's status word, holding
-        // at least `len` bytes and alive until the stream reaches the fill (as in `copy`).
-        unsafe { B::memset_async(&self.stream, dst, v, len) }.map_err(internal)
-    }
-
-    /// The group's staging and flag bases, the staging half's size and this device's launch
-    /// counters: what every double-buffered reduction kernel takes.
-    fn symmetric(&self, group: &[usize]) -> Result<Symmetric, HandlerError> {
-        Ok(Symmetric {
-            stage: Ptrs::of(&group.iter().map(|&m| self.addr(m).map(|a| a.staging)).collect::<Result<Vec<_>, _>>()?),
-            flags: Ptrs::of(&group.iter().map(|&m| self.flags(m)).collect::<Result<Vec<_>, _>>()?),
-            stride: (self.inst.staging / 2) as u64,
-            counter: B::ptr(&self.own()?.signals),
-        })
-    }
-
-    /// The group's Lamport regions (as `stage`, the slot as `stride`) and this device's Lamport
-    /// counters: what `pl_lamport_*` takes.
-    fn lamport(&self, group: &[usize]) -> Result<Symmetric, HandlerError> {
-        let at = lamport_at() as u64;
-        let stage = group.iter().map(|&m| self.addr(m).map(|a| a.signals + at)).collect::<Result<Vec<_>, _>>()?;
-        Ok(Symmetric {
-            stage: Ptrs::of(&stage),
-            flags: Ptrs::default(),
-            stride: self.inst.lamport_slot as u64,
-            counter: B::ptr(&self.own()?.signals) + at,
-        })
     }
 }
 
@@ -738,139 +650,120 @@ impl<B: XlaBackend> CollectiveRuntime for GpuRuntime<B> {
     }
 
     fn device_id(&self, ordinal: usize) -> Result<usize, HandlerError> {
-        let ids = B::state().device_ids.read().unwrap_or_else(PoisonError::into_inner);
-        if ids.is_empty() {
+        let state = B::state();
+        if !state.mapped.load(Ordering::Acquire) {
             return Ok(ordinal);
         }
-        ids.get(&ordinal).copied().ok_or_else(|| {
-            err(
-                ErrorCode::FailedPrecondition,
-                format!("GPU {ordinal} of this process has no device id in the job's topology ({ids:?})"),
-            )
-        })
+        match state.device_ids.get(ordinal).map(|id| id.load(Ordering::Acquire)) {
+            Some(id) if id != NO_ID => Ok(id),
+            _ => {
+                let ids: BTreeMap<usize, usize> = (0..MAX_RANKS)
+                    .filter_map(|o| Some((o, state.device_ids[o].load(Ordering::Acquire))).filter(|x| x.1 != NO_ID))
+                    .collect();
+                Err(err(
+                    ErrorCode::FailedPrecondition,
+                    format!("GPU {ordinal} of this process has no device id in the job's topology ({ids:?})"),
+                ))
+            }
+        }
     }
 
     fn initialize(&self, f: &CallFrame<'_>, cfg: &CustomCallConfig, device: usize) -> Result<(), HandlerError> {
-        let c = clique::<B>()?;
-        let (_, _, arg_shapes, inst) = frame_instance::<B>(f, cfg)?;
         let ordinal = ordinal(f)?;
-        // The kernels this call launches load now (prebuilt, cached, or compiled one unit at a
-        // time), not in a run or a stream capture.
-        let group = cfg.group_of(device).map_or(0, <[usize]>::len);
         if cfg.epilogue.is_some() {
             check_epilogue::<B>(cfg)?;
-            // The fused kernel runs whatever the algorithm (one-shot), for any group size.
-            let dev = c.devices.get(ordinal).ok_or_else(|| internal(format!("no GPU {ordinal}")))?;
-            let ty = arg_shapes.first().and_then(|s| Dtype::of(s.ty));
-            if let Some(t) = ty.filter(|&t| Kernel::OneShotNorm.defined_for(t, Red::Sum)) {
-                dev.load(Unit::Spec(Kernel::OneShotNorm, t, Red::Sum)).map_err(internal)?;
-                if inst.fits_lamport(arg_shapes[0].byte_size()) {
-                    dev.load(Unit::Spec(Kernel::LamportNorm, t, Red::Sum)).map_err(internal)?;
-                }
-            }
         }
-        let kernel = match cfg.algorithm {
-            _ if cfg.epilogue.is_some() => None,
-            Algo::OneShotAllReduce if arg_shapes.len() > 1 => Some(Kernel::OneShotMany),
-            Algo::OneShotAllReduce => Some(Kernel::OneShot),
-            Algo::TwoShotAllReduce => Some(Kernel::TwoShot),
-            Algo::DirectReduceScatter => Some(Kernel::ReduceScatter),
-            _ => None,
-        };
-        if let (Some(k), Some(red), true) = (kernel, cfg.reduction, group > 1) {
-            let dev = c.devices.get(ordinal).ok_or_else(|| internal(format!("no GPU {ordinal}")))?;
-            for ty in arg_shapes.iter().map(|s| s.ty).collect::<BTreeSet<_>>() {
-                if let Some(t) = Dtype::of(ty).filter(|&t| Red::of(red).defined_for(t)) {
-                    dev.load(Unit::Spec(k, t, Red::of(red))).map_err(internal)?;
-                    // Float one-shots within the Lamport regions run that kernel (launch.rs).
-                    let fits = arg_shapes.iter().any(|s| s.ty == ty && inst.fits_lamport(s.byte_size()));
-                    if k == Kernel::OneShot && Kernel::Lamport.defined_for(t, Red::of(red)) && fits {
-                        dev.load(Unit::Spec(Kernel::Lamport, t, Red::of(red))).map_err(internal)?;
-                    }
-                }
-            }
-        }
-        publish_own(c, cfg, &inst, device, ordinal)?;
-        if cfg.spans_processes() {
-            // Meet the other processes here, outside any stream capture: opening their IPC
-            // handles is not an operation a capturing stream allows.
-            all_ranks(c, cfg, &inst, device, ordinal)?;
-        }
+        // Every member's part is known and the plan made here, outside any stream capture:
+        // the kernels load (prebuilt, cached, or compiled one unit at a time), and other
+        // processes' IPC handles open, neither of which a capturing stream allows.
+        let plan = plan::<B>(f, cfg, device, ordinal)?;
         if let Some(state) = B::state().exec.get(f) {
+            if let Some(call) = state.instance.get() {
+                // A second device thread of the same ordinal cannot exist: keep the first plan.
+                let _ = call.plans.get(ordinal).map(|p| p.set(plan));
+            }
             state.mark_initialized(ordinal);
         }
         Ok(())
     }
 
     fn execute(&self, f: &CallFrame<'_>, cfg: &CustomCallConfig, device: usize) -> Result<(), HandlerError> {
-        let c = clique::<B>()?;
         let ordinal = ordinal(f)?;
-        let (args, rets, arg_shapes, inst) = frame_instance::<B>(f, cfg)?;
-        if inst.complete.get().is_none() {
-            // Normally done in INITIALIZE; a runtime that skipped it allocates here.
-            publish_own(c, cfg, &inst, device, ordinal)?;
-        }
-        let done = all_ranks(c, cfg, &inst, device, ordinal)?;
-        let dev = c.devices.get(ordinal).ok_or_else(|| internal(format!("no GPU {ordinal}")))?;
-        B::bind(&dev.ctx).map_err(internal)?;
+        // The plan INITIALIZE made; made now where XLA skipped that stage or keeps no state
+        // (then on every call: the process-wide table's path).
+        let state = B::state().exec.get(f).and_then(|s| s.instance.get()).and_then(|c| c.plans.get(ordinal));
+        let made;
+        let plan = match state.and_then(OnceLock::get) {
+            Some(p) => p,
+            None => {
+                made = plan::<B>(f, cfg, device, ordinal)?;
+                match state {
+                    Some(slot) => slot.get_or_init(|| made),
+                    None => &made,
+                }
+            }
+        };
+        let c = clique::<B>()?;
+        B::bind(&c.devices[ordinal].ctx).map_err(internal)?;
         // SAFETY: XLA hands an FFI handler the stream (CUstream, hipStream_t) of the calling
         // device, alive for the call and for the work enqueued on it.
         let stream = unsafe { B::foreign_stream(f.stream()?, ordinal) };
-        let call = Call { c, cfg, inst: &inst, done, device, ordinal, stream };
         // A previous call's kernel may have given up on a peer: report it now.
-        let own = call.own()?;
+        let own = &plan.own;
         let missing = B::host_mapped_load(&own.report, 0);
         if missing != 0 {
             // Clear both words: the device one in stream order (later launches would otherwise
             // see the failure and skip their work).
             B::host_mapped_store(&own.report, 0, 0);
-            call.fill(B::ptr(&own.status), 0, 8)?;
-            // Status bits name group members (permute: bit 0 my target, bit 1 my source).
-            let bits = (0..32usize).filter(|i| missing & (1 << i) != 0);
-            let members: Vec<usize> = if cfg.kind == Kind::CollectivePermute {
-                let target = cfg.pairs.iter().find(|p| p.0 == device).map_or(device, |p| p.1);
-                let source = cfg.pairs.iter().find(|p| p.1 == device).map_or(device, |p| p.0);
-                bits.map(|b| if b == 0 { target } else { source }).collect()
-            } else {
-                let group = cfg.group_of(device).unwrap_or(&[]);
-                bits.filter_map(|b| group.get(b).copied()).collect()
-            };
-            return Err(err(
-                ErrorCode::DeadlineExceeded,
-                format!(
-                    "{} '{}' on device {device}: an earlier call timed out after {} ms waiting for devices {members:?} (groups {}, pairs {:?})",
-                    cfg.target(),
-                    cfg.name,
-                    cfg.timeout_ms,
-                    thunks::fmt_groups(&cfg.groups),
-                    cfg.pairs
-                ),
-            ));
+            // SAFETY: the status word is this rank's 8-byte device allocation, alive with the plan.
+            unsafe { B::memset_async(&stream, B::ptr(&own.status), 0, 8) }.map_err(internal)?;
+            return Err(timed_out_earlier(cfg, device, missing));
         }
-        match cfg.kind {
-            Kind::CollectivePermute => permute(&call, &args, &rets, &arg_shapes),
-            _ => {
-                let group = cfg.group_of(device).ok_or_else(|| internal("device in no group"))?.to_vec();
-                let idx = group.iter().position(|&m| m == device).unwrap_or(0);
-                if cfg.epilogue.is_some() {
-                    return reduce_norm(&call, &group, idx, &args, &rets, &arg_shapes);
-                }
-                match cfg.algorithm {
-                    Algo::OneShotAllReduce if args.len() > 1 && group.len() > 1 => {
-                        reduce_many(&call, &group, idx, &args, &rets, &arg_shapes)
-                    }
-                    Algo::OneShotAllReduce | Algo::TwoShotAllReduce | Algo::DirectReduceScatter => {
-                        for (i, (a, r)) in args.iter().zip(&rets).enumerate() {
-                            reduce(&call, &group, idx, a, r, &arg_shapes[i])?;
-                        }
-                        Ok(())
-                    }
-                    Algo::DirectAllGather | Algo::DirectAllToAll => push(&call, &group, idx, &args, &rets, &arg_shapes),
-                    Algo::DirectPermute => Err(internal("direct permute on a grouped collective")),
-                }
-            }
-        }
+        plan.run(f, &stream)
     }
+}
+
+/// The error for a call whose previous kernel gave up waiting for the members in `missing`
+/// (status bits name group members; permute: bit 0 my target, bit 1 my source).
+fn timed_out_earlier(cfg: &CustomCallConfig, device: usize, missing: u32) -> HandlerError {
+    let bits = (0..32usize).filter(|i| missing & (1 << i) != 0);
+    let members: Vec<usize> = if cfg.kind == Kind::CollectivePermute {
+        let target = cfg.pairs.iter().find(|p| p.0 == device).map_or(device, |p| p.1);
+        let source = cfg.pairs.iter().find(|p| p.1 == device).map_or(device, |p| p.0);
+        bits.map(|b| if b == 0 { target } else { source }).collect()
+    } else {
+        let group = cfg.group_of(device).unwrap_or(&[]);
+        bits.filter_map(|b| group.get(b).copied()).collect()
+    };
+    err(
+        ErrorCode::DeadlineExceeded,
+        format!(
+            "{} '{}' on device {device}: an earlier call timed out after {} ms waiting for devices {members:?} (groups {}, pairs {:?})",
+            cfg.target(),
+            cfg.name,
+            cfg.timeout_ms,
+            thunks::fmt_groups(&cfg.groups),
+            cfg.pairs
+        ),
+    )
+}
+
+/// The call's plan on `device` (GPU `ordinal`): its part allocated and published, every
+/// member's part known (waiting, bounded, for the others), its kernels resolved.
+fn plan<B: XlaBackend>(
+    f: &CallFrame<'_>,
+    cfg: &CustomCallConfig,
+    device: usize,
+    ordinal: usize,
+) -> Result<Plan<B>, HandlerError> {
+    let c = clique::<B>()?;
+    let (args, rets) = (crate::ffi_handler::operands(f, cfg)?, f.rets()?);
+    let args = args.iter().map(array_shape).collect::<Result<Vec<_>, _>>()?;
+    let rets = rets.iter().map(array_shape).collect::<Result<Vec<_>, _>>()?;
+    let inst = instance(f, cfg, &args, &rets);
+    publish_own(c, cfg, &inst, device, ordinal)?;
+    let done = all_ranks(c, cfg, &inst, device, ordinal)?;
+    Plan::new(&Frame { c, cfg, inst: &inst, done, device, ordinal, args: &args, rets: &rets })
 }
 
 #[cfg(test)]

@@ -1,61 +1,596 @@
-//! Each collective's launches on XLA's stream, for [`GpuRuntime`](super::GpuRuntime)'s EXECUTE:
-//! all-reduce (one operand, variadic, or fused with the residual add + RMSNorm after it),
-//! reduce-scatter, the pushes of all-gather and all-to-all, and permute. The runtime's
-//! state (instances, slots, ranks) is the parent module's.
+//! A call's work on one device, worked out once at INITIALIZE ([`Plan::new`]): which kernels
+//! it launches (loaded and resolved to functions), their grids, and their argument structs
+//! with every address filled in but XLA's buffers, which change between executions. EXECUTE
+//! ([`Plan::run`]) copies each argument struct, writes this execution's buffer addresses into
+//! it and enqueues the launch on XLA's stream: no formatting, name or map lookup, allocation
+//! or lock. Covered: all-reduce (one operand, variadic, or fused with the residual add +
+//! RMSNorm after it), reduce-scatter, the pushes of all-gather and all-to-all, and permute.
 
 use super::*;
 
-/// A variadic one-shot all-reduce: one launch per element type (up to
-/// [`MAX_OPERANDS`] operands each), all operands staged side by side.
-pub(super) fn reduce_many<B: XlaBackend>(
-    call: &Call<B>,
-    group: &[usize],
-    idx: usize,
-    args: &[BufferRef],
-    rets: &[BufferRef],
-    shapes: &[ArrayShape],
-) -> Result<(), HandlerError> {
-    let red = reduction(call.cfg)?;
-    let Symmetric { stage, flags, stride, counter } = call.symmetric(group)?;
-    // Operand j's place in a staging half: the sum of the earlier operands' rounded sizes,
-    // the layout `staging_bytes` sized.
-    let mut offsets = Vec::with_capacity(shapes.len());
-    let mut at = 0usize;
-    for s in shapes {
-        offsets.push(at);
-        at += round_up(s.byte_size().max(16), 256);
+/// Where a copy's source lies: an operand of the call, or this instance's staging.
+#[derive(Clone, Copy, Debug)]
+enum Src {
+    Arg(usize),
+    Addr(u64),
+}
+
+/// A launch's arguments with every address but XLA's buffers in place, and where this
+/// execution's buffers go.
+#[derive(Clone, Copy, Debug)]
+#[expect(clippy::large_enum_variant, reason = "built once per plan; boxing would add an indirection to each launch")]
+enum Args {
+    /// `input` ← operand `i`, `output` ← result `i`.
+    Reduce(ReduceArgs, usize),
+    Scatter(ScatterArgs, usize),
+    /// `many.input[k]` / `many.output[k]` ← operand / result `ops[k]`, for `k < many.count`.
+    Many(ManyArgs, [usize; MAX_OPERANDS]),
+    /// `input` ← operand 0, the residual ← operand 1, gamma ← operand 2 (when `true`), `h` and
+    /// `y` ← results 0 and 1.
+    Norm(NormArgs, bool),
+    /// Task `i`'s `src` ← operand `src[i].0` plus `src[i].1` bytes.
+    Exchange(ExchangeArgs, [(usize, u64); MAX_TASKS]),
+}
+
+#[derive(Debug)]
+#[expect(clippy::large_enum_variant, reason = "built once per plan; boxing would add an indirection to each launch")]
+enum Step {
+    /// `func`: an index into [`Plan::funcs`].
+    Launch { func: usize, grid: u32, args: Args },
+    /// Into result `dst`.
+    Copy { dst: usize, src: Src, len: usize },
+    /// Result `dst` ← zeros.
+    Fill { dst: usize, len: usize },
+}
+
+/// A call on one device, resolved at INITIALIZE.
+pub(super) struct Plan<B: XlaBackend> {
+    /// Keeps the staging, signals and other processes' mapped buffers alive.
+    _inst: Arc<Instance<B>>,
+    /// This device's part (its status words, read before each execution).
+    pub(super) own: Arc<Rank<B>>,
+    funcs: Vec<B::Function>,
+    steps: Vec<Step>,
+}
+
+impl<B: XlaBackend> std::fmt::Debug for Plan<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Plan").field("funcs", &self.funcs.len()).field("steps", &self.steps).finish()
     }
-    let mut types: Vec<hlo::PrimitiveType> = shapes.iter().map(|s| s.ty).collect();
-    types.sort_unstable_by_key(|t| *t as i32);
-    types.dedup();
-    for ty in types {
-        let t = reduced_type(ty, red)?;
-        let of_type: Vec<usize> = (0..shapes.len()).filter(|&j| shapes[j].ty == ty).collect();
-        for chunk in of_type.chunks(MAX_OPERANDS) {
-            let mut many = Many { count: chunk.len() as u64, ..Many::default() };
-            let mut bytes = 0;
-            for (k, &j) in chunk.iter().enumerate() {
-                many.input[k] = args[j].data as u64;
-                many.output[k] = rets[j].data as u64;
-                many.n[k] = (shapes[j].byte_size() / t.size()) as u64;
-                many.off[k] = offsets[j] as u64;
-                bytes = bytes.max(shapes[j].byte_size());
+}
+
+/// What building a plan reads: the call, its instance with every member's addresses, the
+/// calling device and its GPU, and the buffers' shapes (fixed for an executable).
+pub(super) struct Frame<'a, B: XlaBackend> {
+    pub c: &'static Clique<B>,
+    pub cfg: &'a CustomCallConfig,
+    pub inst: &'a Arc<Instance<B>>,
+    pub done: &'a Complete<B>,
+    pub device: usize,
+    pub ordinal: usize,
+    pub args: &'a [ArrayShape],
+    pub rets: &'a [ArrayShape],
+}
+
+/// A plan under construction: the kernels resolved so far (by name, at INITIALIZE only).
+struct Builder<'a, B: XlaBackend> {
+    x: &'a Frame<'a, B>,
+    own: Arc<Rank<B>>,
+    names: Vec<String>,
+    funcs: Vec<B::Function>,
+    steps: Vec<Step>,
+}
+
+impl<B: XlaBackend> Plan<B> {
+    /// Works out `x`'s call on its device: loads (prebuilt, cached or compiled) and resolves
+    /// every kernel it launches, and checks its operands.
+    pub(super) fn new(x: &Frame<'_, B>) -> Result<Plan<B>, HandlerError> {
+        let own = x
+            .done
+            .ranks
+            .get(&x.device)
+            .cloned()
+            .ok_or_else(|| internal(format!("'{}': no state for device {}", x.cfg.name, x.device)))?;
+        let mut b = Builder { x, own, names: Vec::new(), funcs: Vec::new(), steps: Vec::new() };
+        let cfg = x.cfg;
+        match cfg.kind {
+            Kind::CollectivePermute => b.permute()?,
+            _ => {
+                let group = cfg.group_of(x.device).ok_or_else(|| internal("device in no group"))?;
+                let idx = group.iter().position(|&m| m == x.device).unwrap_or(0);
+                if cfg.epilogue.is_some() {
+                    b.reduce_norm(group, idx)?;
+                } else {
+                    match cfg.algorithm {
+                        Algo::OneShotAllReduce if x.args.len() > 1 && group.len() > 1 => b.reduce_many(group, idx)?,
+                        Algo::OneShotAllReduce | Algo::TwoShotAllReduce | Algo::DirectReduceScatter => {
+                            for i in 0..x.args.len().min(x.rets.len()) {
+                                b.reduce(group, idx, i)?;
+                            }
+                        }
+                        Algo::DirectAllGather | Algo::DirectAllToAll => b.push(group, idx)?,
+                        Algo::DirectPermute => return Err(internal("direct permute on a grouped collective")),
+                    }
+                }
             }
-            let mut x = ManyArgs {
-                many,
+        }
+        Ok(Plan { _inst: x.inst.clone(), own: b.own, funcs: b.funcs, steps: b.steps })
+    }
+
+    /// Enqueues the call on `stream` with this execution's buffers.
+    pub(super) fn run(&self, f: &CallFrame<'_>, stream: &B::ForeignStream) -> Result<(), HandlerError> {
+        let arg = |i: usize| f.arg(i).map(|b| b.data as u64);
+        let ret = |i: usize| f.ret(i).map(|b| b.data as u64);
+        for step in &self.steps {
+            match *step {
+                Step::Launch { func, grid, args } => {
+                    let func = &self.funcs[func];
+                    match args {
+                        Args::Reduce(mut a, i) => {
+                            (a.input, a.output) = (arg(i)?, ret(i)?);
+                            self.launch(stream, func, grid, &mut a.params())?;
+                        }
+                        Args::Scatter(mut a, i) => {
+                            (a.input, a.output) = (arg(i)?, ret(i)?);
+                            self.launch(stream, func, grid, &mut a.params())?;
+                        }
+                        Args::Many(mut a, ops) => {
+                            for (k, &j) in ops.iter().enumerate().take(a.many.count as usize) {
+                                (a.many.input[k], a.many.output[k]) = (arg(j)?, ret(j)?);
+                            }
+                            self.launch(stream, func, grid, &mut a.params())?;
+                        }
+                        Args::Norm(mut a, gamma) => {
+                            a.input = arg(0)?;
+                            a.norm.residual = arg(1)?;
+                            a.norm.gamma = if gamma { arg(2)? } else { 0 };
+                            (a.norm.h, a.norm.y) = (ret(0)?, ret(1)?);
+                            self.launch(stream, func, grid, &mut a.params())?;
+                        }
+                        Args::Exchange(mut a, src) => {
+                            for (t, &(i, off)) in a.x.task.iter_mut().zip(&src).take(a.x.ntasks as usize) {
+                                t.src = arg(i)? + off;
+                            }
+                            self.launch(stream, func, grid, &mut a.params())?;
+                        }
+                    }
+                }
+                Step::Copy { dst, src, len } => {
+                    let src = match src {
+                        Src::Arg(i) => arg(i)?,
+                        Src::Addr(a) => a,
+                    };
+                    // SAFETY: `dst` is a result of this call and `src` an operand of it or this
+                    // instance's staging (alive with `_inst`); XLA's buffers live until the
+                    // stream reaches the copy (XLA's contract), and `len` is the result's byte
+                    // size, which the source holds (checked when the plan was made).
+                    unsafe { B::copy_d2d_async(stream, ret(dst)?, src, len) }.map_err(internal)?;
+                }
+                Step::Fill { dst, len } => {
+                    // SAFETY: `dst` is a result of this call, holding `len` bytes and alive
+                    // until the stream reaches the fill (as in `Copy`).
+                    unsafe { B::memset_async(stream, ret(dst)?, 0, len) }.map_err(internal)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn launch(
+        &self,
+        stream: &B::ForeignStream,
+        func: &B::Function,
+        grid: u32,
+        params: &mut [*mut std::ffi::c_void],
+    ) -> Result<(), HandlerError> {
+        // SAFETY: `params` points into a copy of one of args.rs's argument structs, alive for
+        // this call, whose field list is `func`'s kernel family's parameter list (the plan
+        // pairs them); every address in it is an XLA buffer of this execution (alive until
+        // the stream reaches it, XLA's contract) or this instance's staging, signals or mapped
+        // status, which `_inst` keeps as long as the executable (which outlives the work it
+        // enqueued) on devices whose peer access was probed.
+        unsafe { B::launch(stream, func, grid, THREADS, params) }.map_err(internal)
+    }
+}
+
+impl<B: XlaBackend> Builder<'_, B> {
+    /// The kernel of `unit` named `name`, loaded and resolved once per plan.
+    fn func(&mut self, unit: Unit, name: String) -> Result<usize, HandlerError> {
+        if let Some(i) = self.names.iter().position(|n| *n == name) {
+            return Ok(i);
+        }
+        let dev = &self.x.c.devices[self.x.ordinal];
+        let f = dev.function_of(unit, &name).map_err(|e| internal(format!("kernel {name}: {e}")))?;
+        self.names.push(name);
+        self.funcs.push(f);
+        Ok(self.funcs.len() - 1)
+    }
+
+    /// The specialised kernel `k` for `t` under `red`.
+    fn spec(&mut self, k: Kernel, t: Dtype, red: Red) -> Result<usize, HandlerError> {
+        self.func(Unit::Spec(k, t, red), format!("{}{}_{}", k.prefix(), t.name(), red.name()))
+    }
+
+    fn launch(&mut self, func: usize, grid: u32, args: Args) {
+        // At most the call's `blocks` (kernels stride over any grid; every rank has the same limit).
+        let blocks = self.x.cfg.blocks;
+        let grid = if blocks > 0 { grid.min(blocks) } else { grid };
+        self.steps.push(Step::Launch { func, grid, args });
+    }
+
+    /// Member `d`'s staging and signals, as this process addresses them.
+    fn addr(&self, d: usize) -> Result<Addr, HandlerError> {
+        self.x
+            .done
+            .addrs
+            .get(&d)
+            .copied()
+            .ok_or_else(|| internal(format!("'{}': no state for device {d}", self.x.cfg.name)))
+    }
+
+    fn flags(&self, d: usize) -> Result<u64, HandlerError> {
+        Ok(self.addr(d)?.signals + 4 * BLOCKS as u64)
+    }
+
+    fn status(&self) -> Status {
+        let timeout_ns = self.x.cfg.timeout_ms.saturating_mul(1_000_000);
+        Status {
+            word: B::ptr(&self.own.status),
+            timeout_ns,
+            tag: 1,
+            report: B::host_mapped_device_ptr(&self.own.report),
+        }
+    }
+
+    /// The group's staging and flag bases, the staging half's size and this device's launch
+    /// counters: what every double-buffered reduction kernel takes.
+    fn symmetric(&self, group: &[usize]) -> Result<Symmetric, HandlerError> {
+        Ok(Symmetric {
+            stage: Ptrs::of(&group.iter().map(|&m| self.addr(m).map(|a| a.staging)).collect::<Result<Vec<_>, _>>()?),
+            flags: Ptrs::of(&group.iter().map(|&m| self.flags(m)).collect::<Result<Vec<_>, _>>()?),
+            stride: (self.x.inst.staging / 2) as u64,
+            counter: B::ptr(&self.own.signals),
+        })
+    }
+
+    /// The group's Lamport regions (as `stage`, the slot as `stride`) and this device's Lamport
+    /// counters: what `pl_lamport_*` takes.
+    fn lamport(&self, group: &[usize]) -> Result<Symmetric, HandlerError> {
+        let at = lamport_at() as u64;
+        let stage = group.iter().map(|&m| self.addr(m).map(|a| a.signals + at)).collect::<Result<Vec<_>, _>>()?;
+        Ok(Symmetric {
+            stage: Ptrs::of(&stage),
+            flags: Ptrs::default(),
+            stride: self.x.inst.lamport_slot as u64,
+            counter: B::ptr(&self.own.signals) + at,
+        })
+    }
+
+    /// A variadic one-shot all-reduce: one launch per element type (up to
+    /// [`MAX_OPERANDS`] operands each), all operands staged side by side.
+    fn reduce_many(&mut self, group: &[usize], idx: usize) -> Result<(), HandlerError> {
+        let shapes = self.x.args;
+        let red = reduction(self.x.cfg)?;
+        let Symmetric { stage, flags, stride, counter } = self.symmetric(group)?;
+        // Operand j's place in a staging half: the sum of the earlier operands' rounded sizes,
+        // the layout `staging_bytes` sized.
+        let mut offsets = Vec::with_capacity(shapes.len());
+        let mut at = 0usize;
+        for s in shapes {
+            offsets.push(at);
+            at += round_up(s.byte_size().max(16), 256);
+        }
+        let mut types: Vec<hlo::PrimitiveType> = shapes.iter().map(|s| s.ty).collect();
+        types.sort_unstable_by_key(|t| *t as i32);
+        types.dedup();
+        for ty in types {
+            let t = reduced_type(ty, red)?;
+            let func = self.spec(Kernel::OneShotMany, t, red)?;
+            let of_type: Vec<usize> = (0..shapes.len()).filter(|&j| shapes[j].ty == ty).collect();
+            for chunk in of_type.chunks(MAX_OPERANDS) {
+                let mut many = Many { count: chunk.len() as u64, ..Many::default() };
+                let mut ops = [0usize; MAX_OPERANDS];
+                let mut bytes = 0;
+                for (k, &j) in chunk.iter().enumerate() {
+                    ops[k] = j;
+                    many.n[k] = (shapes[j].byte_size() / t.size()) as u64;
+                    many.off[k] = offsets[j] as u64;
+                    bytes = bytes.max(shapes[j].byte_size());
+                }
+                let x = ManyArgs {
+                    many,
+                    rank: idx as u32,
+                    world: group.len() as u32,
+                    stage,
+                    stride,
+                    flags,
+                    counter,
+                    status: self.status(),
+                };
+                self.launch(func, launch_grid(bytes), Args::Many(x, ops));
+            }
+        }
+        Ok(())
+    }
+
+    /// A sum all-reduce fused with the residual add and RMSNorm after it (`cfg.epilogue`): the
+    /// operands (a, x, [gamma]), the results (h, y), one `pl_one_shot_norm_*` (or, within the
+    /// Lamport regions, `pl_lamport_norm_*`) launch whatever the call's algorithm (the staging
+    /// of any all-reduce algorithm holds two halves of the operand).
+    fn reduce_norm(&mut self, group: &[usize], idx: usize) -> Result<(), HandlerError> {
+        let (cfg, shapes, rets) = (self.x.cfg, self.x.args, self.x.rets);
+        let e = cfg.epilogue.as_ref().ok_or_else(|| internal("no epilogue"))?;
+        check_epilogue::<B>(cfg)?;
+        let invalid = |m: String| err(ErrorCode::InvalidArgument, format!("{} '{}': {m}", cfg.target(), cfg.name));
+        if shapes.len() != 1 + e.extra_operands() || rets.len() != 2 {
+            return Err(invalid(format!(
+                "a fused call takes {} operands and returns 2 results, not {} and {}",
+                1 + e.extra_operands(),
+                shapes.len(),
+                rets.len()
+            )));
+        }
+        let a = &shapes[0];
+        let d = a.dims.last().copied().unwrap_or(0);
+        let dims_fit = rets.iter().all(|r| r.dims == a.dims)
+            && shapes[1].dims == a.dims
+            && shapes.get(2).is_none_or(|g| g.dims == [d]);
+        let ty = |t: hlo::PrimitiveType| {
+            Dtype::of(t).filter(|&t| Kernel::OneShotNorm.defined_for(t, Red::Sum)).ok_or_else(|| {
+                invalid(format!("the fused all-reduce + RMSNorm takes f32, bf16 or f16 arrays, not {t}"))
+            })
+        };
+        if !dims_fit || d <= 0 {
+            return Err(invalid(format!("the fused call's shapes do not fit its epilogue (operand {a})")));
+        }
+        let t = ty(a.ty)?;
+        let (d, elems) = (d as usize, a.byte_size() / t.size());
+        let rows = elems / d;
+        // Addresses come with each execution (`Plan::run`); the element types are fixed.
+        let g = shapes.get(2).map(|s| ty(s.ty).map(|t| (0, t))).transpose()?;
+        let norm =
+            Norm::new(e, rows as u64, d as u64, (0, ty(shapes[1].ty)?), g, (0, ty(rets[0].ty)?), (0, ty(rets[1].ty)?))
+                .map_err(invalid)?;
+        if rows == 0 {
+            return Ok(());
+        }
+        // Within the instance's Lamport regions: the fused kernel through them (no flags).
+        let lamport = self.x.inst.fits_lamport(a.byte_size());
+        let Symmetric { stage, flags, stride, counter } =
+            if lamport { self.lamport(group)? } else { self.symmetric(group)? };
+        if (a.byte_size() as u64) > stride {
+            return Err(internal(format!(
+                "'{}': {} bytes do not fit a staging half of {stride}",
+                cfg.name,
+                a.byte_size()
+            )));
+        }
+        let x = NormArgs {
+            input: 0,
+            norm,
+            rank: idx as u32,
+            world: group.len() as u32,
+            stage,
+            stride,
+            flags,
+            counter,
+            status: self.status(),
+        };
+        let func = self.spec(if lamport { Kernel::LamportNorm } else { Kernel::OneShotNorm }, t, Red::Sum)?;
+        self.launch(func, crate::gpu::norm_grid(rows), Args::Norm(x, g.is_some()));
+        Ok(())
+    }
+
+    /// All-reduce (one-/two-shot) or reduce-scatter of operand `i` into result `i`.
+    fn reduce(&mut self, group: &[usize], idx: usize, i: usize) -> Result<(), HandlerError> {
+        let (cfg, shape) = (self.x.cfg, &self.x.args[i]);
+        let bytes = shape.byte_size();
+        let g = group.len();
+        if g == 1 {
+            self.steps.push(Step::Copy { dst: i, src: Src::Arg(i), len: bytes });
+            return Ok(());
+        }
+        let red = reduction(cfg)?;
+        let t = reduced_type(shape.ty, red)?;
+        if cfg.algorithm == Algo::DirectReduceScatter {
+            let Symmetric { stage, flags, stride, counter } = self.symmetric(group)?;
+            let (phys, dim) = cfg.physical(&shape.dims).map_err(|m| err(ErrorCode::InvalidArgument, m))?;
+            let (outer, n, inner) = view(&ArrayShape::new(shape.ty, phys), dim.unwrap_or(0))?;
+            if n % g != 0 {
+                return Err(err(ErrorCode::InvalidArgument, format!("dimension of {n} does not split into {g}")));
+            }
+            let blocks = Blocks { outer: outer as u64, brow: (n / g * inner) as u64, full: (n * inner) as u64 };
+            let x = ScatterArgs {
+                input: 0,
+                output: 0,
                 rank: idx as u32,
-                world: group.len() as u32,
+                world: g as u32,
                 stage,
                 stride,
                 flags,
                 counter,
-                status: call.status()?,
+                blocks,
+                status: self.status(),
             };
-            let name = format!("pl_one_shot_many_{}_{}", t.name(), red.name());
-            call.launch(&name, launch_grid(bytes), &mut x.params(), &x)?;
+            let func = self.spec(Kernel::ReduceScatter, t, red)?;
+            self.launch(func, launch_grid(bytes / g), Args::Scatter(x, i));
+            return Ok(());
         }
+        // Float one-shots within the instance's Lamport regions cross the wire once, with no flags.
+        let lamport = cfg.algorithm == Algo::OneShotAllReduce
+            && Kernel::Lamport.defined_for(t, red)
+            && self.x.inst.fits_lamport(bytes);
+        let (kernel, Symmetric { stage, flags, stride, counter }) = match cfg.algorithm {
+            _ if lamport => (Kernel::Lamport, self.lamport(group)?),
+            Algo::OneShotAllReduce => (Kernel::OneShot, self.symmetric(group)?),
+            _ => (Kernel::TwoShot, self.symmetric(group)?),
+        };
+        let x = ReduceArgs {
+            input: 0,
+            output: 0,
+            n: (bytes / t.size()) as u64,
+            rank: idx as u32,
+            world: g as u32,
+            stage,
+            stride,
+            flags,
+            counter,
+            status: self.status(),
+        };
+        let func = self.spec(kernel, t, red)?;
+        self.launch(func, launch_grid(bytes), Args::Reduce(x, i));
+        Ok(())
     }
-    Ok(())
+
+    /// All-gather and all-to-all: push into the peers' staging, then copy my staging out.
+    fn push(&mut self, group: &[usize], idx: usize) -> Result<(), HandlerError> {
+        let (cfg, shapes, rets) = (self.x.cfg, self.x.args, self.x.rets);
+        let g = group.len();
+        if g > MAX_TASKS {
+            return Err(err(ErrorCode::InvalidArgument, format!("group of {g} > {MAX_TASKS}")));
+        }
+        let mut sig = Sig::default();
+        let mut wait = Wait::default();
+        for (j, &m) in group.iter().enumerate() {
+            if j != idx {
+                sig.base[sig.n as usize] = self.flags(m)?;
+                sig.slot[sig.n as usize] = idx as u64;
+                sig.n += 1;
+                wait.slot[wait.n as usize] = j as u64;
+                wait.n += 1;
+            }
+        }
+        let mut x = Xchg {
+            counter: B::ptr(&self.own.signals),
+            flags: self.flags(self.x.device)?,
+            sig: [sig, sig],
+            wait: [wait, wait],
+            ..Xchg::default()
+        };
+        let mut src = [(0usize, 0u64); MAX_TASKS];
+        let mine = B::ptr(&self.own.staging);
+        // Copies from my staging into results j, once every push has landed.
+        let mut outs: Vec<(usize, u64, usize)> = Vec::new();
+        let moved: usize;
+        if cfg.kind == Kind::AllToAll && shapes.len() > 1 {
+            // Tuple form: operand k goes to member k, result j comes from member j.
+            if shapes.len() != g || rets.len() != g {
+                return Err(err(
+                    ErrorCode::InvalidArgument,
+                    format!("tuple all-to-all with {} operands in a group of {g}", shapes.len()),
+                ));
+            }
+            // `CustomCallConfig::gpu_staging_bytes`'s layout: one chunk per member.
+            let chunk = round_up(shapes.iter().map(ArrayShape::byte_size).max().unwrap_or(0).max(16), 256);
+            for (i, (task, src)) in x.task.iter_mut().zip(&mut src).enumerate().take(g) {
+                let k = (idx + i) % g;
+                let len = shapes[k].byte_size() as u64;
+                *src = (k, 0);
+                *task = Run {
+                    src: 0,
+                    dst: self.addr(group[k])?.staging + (idx * chunk) as u64,
+                    rows: 1,
+                    row: len,
+                    ..Run::default()
+                };
+            }
+            for (j, r) in rets.iter().enumerate() {
+                outs.push((j, mine + (j * chunk) as u64, r.byte_size()));
+            }
+            moved = shapes[0].byte_size();
+        } else {
+            let shape = &shapes[0];
+            let (phys, dim) = cfg.physical(&shape.dims).map_err(|m| err(ErrorCode::InvalidArgument, m))?;
+            let (outer, n, inner) = view(&ArrayShape::new(shape.ty, phys), dim.unwrap_or(0))?;
+            let row = (n * inner) as u64;
+            for (i, (task, src)) in x.task.iter_mut().zip(&mut src).enumerate().take(g) {
+                let k = (idx + i) % g;
+                let peer = self.addr(group[k])?.staging;
+                *task = if cfg.kind == Kind::AllGather {
+                    Run {
+                        src: 0,
+                        dst: peer + idx as u64 * row,
+                        rows: outer as u64,
+                        row,
+                        sstride: row,
+                        dstride: g as u64 * row,
+                    }
+                } else {
+                    if n % g != 0 {
+                        return Err(err(
+                            ErrorCode::InvalidArgument,
+                            format!("dimension of {n} does not split into {g}"),
+                        ));
+                    }
+                    let brow = (n / g * inner) as u64;
+                    *src = (0, k as u64 * brow);
+                    Run {
+                        src: 0,
+                        dst: peer + idx as u64 * brow,
+                        rows: outer as u64,
+                        row: brow,
+                        sstride: row,
+                        dstride: row,
+                    }
+                };
+            }
+            outs.push((0, mine, rets.first().map_or(0, ArrayShape::byte_size)));
+            moved = shape.byte_size();
+        }
+        x.ntasks = g as u64;
+        let e = ExchangeArgs { x, status: self.status() };
+        let func = self.func(Unit::Base, "pl_exchange".into())?;
+        self.launch(func, launch_grid(moved), Args::Exchange(e, src));
+        let copies = outs.into_iter().filter(|o| o.2 > 0);
+        self.steps.extend(copies.map(|(dst, src, len)| Step::Copy { dst, src: Src::Addr(src), len }));
+        Ok(())
+    }
+
+    /// Collective-permute: "ready" from my target, push into its staging, "done" to it; then my
+    /// staging (what my source pushed) becomes my result, or zeros without a source.
+    fn permute(&mut self) -> Result<(), HandlerError> {
+        let (cfg, d) = (self.x.cfg, self.x.device);
+        let len = self.x.args.first().map_or(0, ArrayShape::byte_size);
+        let target = cfg.pairs.iter().find(|p| p.0 == d).map(|p| p.1);
+        let source = cfg.pairs.iter().find(|p| p.1 == d).map(|p| p.0);
+        let mine = B::ptr(&self.own.staging);
+        let mut x = Xchg { counter: B::ptr(&self.own.signals), flags: self.flags(d)?, ..Xchg::default() };
+        if let Some(s) = source.filter(|&s| s != d) {
+            x.sig[0].base[0] = self.flags(s)?;
+            x.sig[0].slot[0] = 0;
+            x.sig[0].n = 1;
+            x.wait[1].slot[0] = 1;
+            x.wait[1].n = 1;
+        }
+        let one = |dst: u64| Run { src: 0, dst, rows: 1, row: len as u64, ..Run::default() };
+        match target {
+            Some(t) if t == d => {
+                x.task[0] = one(mine);
+                x.ntasks = 1;
+            }
+            Some(t) => {
+                x.wait[0].slot[0] = 0;
+                x.wait[0].n = 1;
+                x.task[0] = one(self.addr(t)?.staging);
+                x.ntasks = 1;
+                x.sig[1].base[0] = self.flags(t)?;
+                x.sig[1].slot[0] = 1;
+                x.sig[1].n = 1;
+            }
+            None => {}
+        }
+        let e = ExchangeArgs { x, status: self.status() };
+        let func = self.func(Unit::Base, "pl_exchange".into())?;
+        self.launch(func, launch_grid(len), Args::Exchange(e, [(0, 0); MAX_TASKS]));
+        if len == 0 {
+            return Ok(());
+        }
+        self.steps.push(match source {
+            Some(_) => Step::Copy { dst: 0, src: Src::Addr(mine), len },
+            None => Step::Fill { dst: 0, len },
+        });
+        Ok(())
+    }
 }
 
 /// The call's reduction.
@@ -87,313 +622,4 @@ pub(super) fn check_epilogue<B: XlaBackend>(cfg: &CustomCallConfig) -> Result<()
             B::NAME
         ),
     ))
-}
-
-/// A sum all-reduce fused with the residual add and RMSNorm after it (`cfg.epilogue`): the
-/// operands (a, x, [gamma]), the results (h, y), one `pl_one_shot_norm_*` launch whatever the
-/// call's algorithm (the staging of any all-reduce algorithm holds two halves of the operand).
-pub(super) fn reduce_norm<B: XlaBackend>(
-    call: &Call<B>,
-    group: &[usize],
-    idx: usize,
-    args: &[BufferRef],
-    rets: &[BufferRef],
-    shapes: &[ArrayShape],
-) -> Result<(), HandlerError> {
-    let cfg = call.cfg;
-    let e = cfg.epilogue.as_ref().ok_or_else(|| internal("no epilogue"))?;
-    check_epilogue::<B>(cfg)?;
-    let invalid = |m: String| err(ErrorCode::InvalidArgument, format!("{} '{}': {m}", cfg.target(), cfg.name));
-    if args.len() != 1 + e.extra_operands() || rets.len() != 2 {
-        return Err(invalid(format!(
-            "a fused call takes {} operands and returns 2 results, not {} and {}",
-            1 + e.extra_operands(),
-            args.len(),
-            rets.len()
-        )));
-    }
-    let ret_shapes = rets.iter().map(array_shape).collect::<Result<Vec<_>, _>>()?;
-    let a = &shapes[0];
-    let d = a.dims.last().copied().unwrap_or(0);
-    let dims_fit = ret_shapes.iter().all(|r| r.dims == a.dims)
-        && shapes[1].dims == a.dims
-        && shapes.get(2).is_none_or(|g| g.dims == [d]);
-    let ty = |t: hlo::PrimitiveType| {
-        Dtype::of(t)
-            .filter(|&t| Kernel::OneShotNorm.defined_for(t, Red::Sum))
-            .ok_or_else(|| invalid(format!("the fused all-reduce + RMSNorm takes f32, bf16 or f16 arrays, not {t}")))
-    };
-    if !dims_fit || d <= 0 {
-        return Err(invalid(format!("the fused call's shapes do not fit its epilogue (operand {a})")));
-    }
-    let t = ty(a.ty)?;
-    let (d, elems) = (d as usize, a.byte_size() / t.size());
-    let rows = elems / d;
-    let x = (args[1].data as u64, ty(shapes[1].ty)?);
-    let g = match (args.get(2), shapes.get(2)) {
-        (Some(b), Some(s)) => Some((b.data as u64, ty(s.ty)?)),
-        _ => None,
-    };
-    let h = (rets[0].data as u64, ty(ret_shapes[0].ty)?);
-    let y = (rets[1].data as u64, ty(ret_shapes[1].ty)?);
-    let norm = Norm::new(e, rows as u64, d as u64, x, g, h, y).map_err(invalid)?;
-    if rows == 0 {
-        return Ok(());
-    }
-    // Within the instance's Lamport regions: the fused kernel through them (no flags).
-    let lamport = call.inst.fits_lamport(a.byte_size());
-    let Symmetric { stage, flags, stride, counter } =
-        if lamport { call.lamport(group)? } else { call.symmetric(group)? };
-    if (a.byte_size() as u64) > stride {
-        return Err(internal(format!("'{}': {} bytes do not fit a staging half of {stride}", cfg.name, a.byte_size())));
-    }
-    let mut x = NormArgs {
-        input: args[0].data as u64,
-        norm,
-        rank: idx as u32,
-        world: group.len() as u32,
-        stage,
-        stride,
-        flags,
-        counter,
-        status: call.status()?,
-    };
-    let name = format!("pl_{}_norm_{}_sum", if lamport { "lamport" } else { "one_shot" }, t.name());
-    call.launch(&name, crate::gpu::norm_grid(rows), &mut x.params(), &x)
-}
-
-/// All-reduce (one-/two-shot) or reduce-scatter of one operand.
-pub(super) fn reduce<B: XlaBackend>(
-    call: &Call<B>,
-    group: &[usize],
-    idx: usize,
-    a: &BufferRef,
-    r: &BufferRef,
-    shape: &ArrayShape,
-) -> Result<(), HandlerError> {
-    let cfg = call.cfg;
-    let bytes = shape.byte_size();
-    let g = group.len();
-    if g == 1 {
-        return call.copy(r.data as u64, a.data as u64, bytes);
-    }
-    let red = reduction(cfg)?;
-    let t = reduced_type(shape.ty, red)?;
-    if cfg.algorithm == Algo::DirectReduceScatter {
-        let Symmetric { stage, flags, stride, counter } = call.symmetric(group)?;
-        let (phys, dim) = cfg.physical(&shape.dims).map_err(|m| err(ErrorCode::InvalidArgument, m))?;
-        let (outer, n, inner) = view(&ArrayShape::new(shape.ty, phys), dim.unwrap_or(0))?;
-        if n % g != 0 {
-            return Err(err(ErrorCode::InvalidArgument, format!("dimension of {n} does not split into {g}")));
-        }
-        let blocks = Blocks { outer: outer as u64, brow: (n / g * inner) as u64, full: (n * inner) as u64 };
-        let mut x = ScatterArgs {
-            input: a.data as u64,
-            output: r.data as u64,
-            rank: idx as u32,
-            world: g as u32,
-            stage,
-            stride,
-            flags,
-            counter,
-            blocks,
-            status: call.status()?,
-        };
-        let name = format!("pl_reduce_scatter_{}_{}", t.name(), red.name());
-        return call.launch(&name, launch_grid(bytes / g), &mut x.params(), &x);
-    }
-    // Float one-shots within the instance's Lamport regions cross the wire once, with no flags.
-    let lamport =
-        cfg.algorithm == Algo::OneShotAllReduce && Kernel::Lamport.defined_for(t, red) && call.inst.fits_lamport(bytes);
-    let (kind, Symmetric { stage, flags, stride, counter }) = match cfg.algorithm {
-        _ if lamport => ("lamport", call.lamport(group)?),
-        Algo::OneShotAllReduce => ("one_shot", call.symmetric(group)?),
-        _ => ("two_shot", call.symmetric(group)?),
-    };
-    let mut x = ReduceArgs {
-        input: a.data as u64,
-        output: r.data as u64,
-        n: (bytes / t.size()) as u64,
-        rank: idx as u32,
-        world: g as u32,
-        stage,
-        stride,
-        flags,
-        counter,
-        status: call.status()?,
-    };
-    call.launch(&format!("pl_{kind}_{}_{}", t.name(), red.name()), launch_grid(bytes), &mut x.params(), &x)
-}
-
-/// All-gather and all-to-all: push into the peers' staging, then copy my staging out.
-pub(super) fn push<B: XlaBackend>(
-    call: &Call<B>,
-    group: &[usize],
-    idx: usize,
-    args: &[BufferRef],
-    rets: &[BufferRef],
-    shapes: &[ArrayShape],
-) -> Result<(), HandlerError> {
-    let cfg = call.cfg;
-    let g = group.len();
-    let mine = call.own()?;
-    if g > MAX_TASKS {
-        return Err(err(ErrorCode::InvalidArgument, format!("group of {g} > {MAX_TASKS}")));
-    }
-    let mut sig = Sig::default();
-    let mut wait = Wait::default();
-    for (j, &m) in group.iter().enumerate() {
-        if j != idx {
-            sig.base[sig.n as usize] = call.flags(m)?;
-            sig.slot[sig.n as usize] = idx as u64;
-            sig.n += 1;
-            wait.slot[wait.n as usize] = j as u64;
-            wait.n += 1;
-        }
-    }
-    let mut x = Xchg {
-        counter: B::ptr(&mine.signals),
-        flags: call.flags(call.device)?,
-        sig: [sig, sig],
-        wait: [wait, wait],
-        ..Xchg::default()
-    };
-    let peer_stage = |k: usize| call.addr(group[k]).map(|a| a.staging);
-    // Copies from my staging into XLA's results once every push has landed.
-    let mut outs: Vec<(u64, u64, usize)> = Vec::new();
-    let moved: usize;
-    if cfg.kind == Kind::AllToAll && args.len() > 1 {
-        // Tuple form: operand k goes to member k, result j comes from member j.
-        if args.len() != g || rets.len() != g {
-            return Err(err(
-                ErrorCode::InvalidArgument,
-                format!("tuple all-to-all with {} operands in a group of {g}", args.len()),
-            ));
-        }
-        // `CustomCallConfig::gpu_staging_bytes`'s layout: one chunk per member.
-        let chunk = round_up(shapes.iter().map(ArrayShape::byte_size).max().unwrap_or(0).max(16), 256);
-        for i in 0..g {
-            let k = (idx + i) % g;
-            let len = shapes[k].byte_size() as u64;
-            x.task[i] = Run {
-                src: args[k].data as u64,
-                dst: peer_stage(k)? + (idx * chunk) as u64,
-                rows: 1,
-                row: len,
-                sstride: 0,
-                dstride: 0,
-            };
-        }
-        for (j, r) in rets.iter().enumerate() {
-            outs.push((r.data as u64, B::ptr(&mine.staging) + (j * chunk) as u64, shapes[j].byte_size()));
-        }
-        moved = shapes[0].byte_size();
-    } else {
-        let (a, r, shape) = (&args[0], &rets[0], &shapes[0]);
-        let (phys, dim) = cfg.physical(&shape.dims).map_err(|m| err(ErrorCode::InvalidArgument, m))?;
-        let (outer, n, inner) = view(&ArrayShape::new(shape.ty, phys), dim.unwrap_or(0))?;
-        let row = (n * inner) as u64;
-        for i in 0..g {
-            let k = (idx + i) % g;
-            x.task[i] = if cfg.kind == Kind::AllGather {
-                Run {
-                    src: a.data as u64,
-                    dst: peer_stage(k)? + idx as u64 * row,
-                    rows: outer as u64,
-                    row,
-                    sstride: row,
-                    dstride: g as u64 * row,
-                }
-            } else {
-                if n % g != 0 {
-                    return Err(err(ErrorCode::InvalidArgument, format!("dimension of {n} does not split into {g}")));
-                }
-                let brow = (n / g * inner) as u64;
-                Run {
-                    src: a.data as u64 + k as u64 * brow,
-                    dst: peer_stage(k)? + idx as u64 * brow,
-                    rows: outer as u64,
-                    row: brow,
-                    sstride: row,
-                    dstride: row,
-                }
-            };
-        }
-        let out_bytes = r.byte_len()?;
-        outs.push((r.data as u64, B::ptr(&mine.staging), out_bytes));
-        moved = shape.byte_size();
-    }
-    x.ntasks = g as u64;
-    let mut e = ExchangeArgs { x, status: call.status()? };
-    call.launch("pl_exchange", launch_grid(moved), &mut e.params(), &e)?;
-    for (dst, src, len) in outs {
-        if len > 0 {
-            call.copy(dst, src, len)?;
-        }
-    }
-    Ok(())
-}
-
-/// Collective-permute: "ready" from my target, push into its staging, "done" to it; then my
-/// staging (what my source pushed) becomes my result, or zeros without a source.
-pub(super) fn permute<B: XlaBackend>(
-    call: &Call<B>,
-    args: &[BufferRef],
-    rets: &[BufferRef],
-    shapes: &[ArrayShape],
-) -> Result<(), HandlerError> {
-    let d = call.device;
-    let (a, r) = (&args[0], &rets[0]);
-    let len = shapes[0].byte_size();
-    let target = call.cfg.pairs.iter().find(|p| p.0 == d).map(|p| p.1);
-    let source = call.cfg.pairs.iter().find(|p| p.1 == d).map(|p| p.0);
-    let mine = call.own()?;
-    let mut x = Xchg { counter: B::ptr(&mine.signals), flags: call.flags(d)?, ..Xchg::default() };
-    if let Some(s) = source.filter(|&s| s != d) {
-        x.sig[0].base[0] = call.flags(s)?;
-        x.sig[0].slot[0] = 0;
-        x.sig[0].n = 1;
-        x.wait[1].slot[0] = 1;
-        x.wait[1].n = 1;
-    }
-    match target {
-        Some(t) if t == d => {
-            x.task[0] = Run {
-                src: a.data as u64,
-                dst: B::ptr(&mine.staging),
-                rows: 1,
-                row: len as u64,
-                sstride: 0,
-                dstride: 0,
-            };
-            x.ntasks = 1;
-        }
-        Some(t) => {
-            x.wait[0].slot[0] = 0;
-            x.wait[0].n = 1;
-            x.task[0] = Run {
-                src: a.data as u64,
-                dst: call.addr(t)?.staging,
-                rows: 1,
-                row: len as u64,
-                sstride: 0,
-                dstride: 0,
-            };
-            x.ntasks = 1;
-            x.sig[1].base[0] = call.flags(t)?;
-            x.sig[1].slot[0] = 1;
-            x.sig[1].n = 1;
-        }
-        None => {}
-    }
-    let mut e = ExchangeArgs { x, status: call.status()? };
-    call.launch("pl_exchange", launch_grid(len), &mut e.params(), &e)?;
-    if len == 0 {
-        return Ok(());
-    }
-    if source.is_some() {
-        call.copy(r.data as u64, B::ptr(&mine.staging), len)
-    } else {
-        call.fill(r.data as u64, 0, len)
-    }
 }

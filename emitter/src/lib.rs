@@ -4,9 +4,7 @@
 //!
 //! The decision layer: [`Flags`] (XLA-style `--name=value`), the [`PeerAccessTable`]
 //! (computed once per device set), and [`decide`], which applies the rules in a fixed order
-//! and gives every decision a reason. (Issue 26 retired the program layer, buffer
-//! assignment into a symmetric arena and per-device thunk programs, with the standalone
-//! runtime: XLA assigns buffers and runs programs.)
+//! and gives every decision a reason. XLA assigns buffers and runs the programs.
 
 mod decide;
 pub mod flags;

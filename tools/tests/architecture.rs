@@ -142,3 +142,46 @@ fn every_declared_dependency_is_used() {
     }
     assert!(unused.is_empty(), "declared and never named in the sources that could use them: {unused:#?}");
 }
+
+/// The C exports of `plugin/so` and the ones ARCHITECTURE.md names are the same.
+#[test]
+fn the_documented_c_exports_are_the_library_s() {
+    let lib = std::fs::read_to_string(root().join("plugin/so/src/lib.rs")).unwrap();
+    let exports: BTreeSet<String> = lib
+        .split("extern \"C\" fn ")
+        .skip(1)
+        .map(|rest| rest.split('(').next().unwrap_or_default().trim().to_string())
+        .collect();
+    assert!(exports.contains("GetPjrtApi") && exports.len() > 5, "{exports:?}");
+    let doc = std::fs::read_to_string(root().join("ARCHITECTURE.md")).unwrap();
+    let named: BTreeSet<String> = doc
+        .split('`')
+        .filter(|w| w.starts_with("PeerlessXla") || *w == "GetPjrtApi")
+        .filter(|w| w.chars().all(|c| c.is_ascii_alphanumeric()))
+        .map(String::from)
+        .collect();
+    assert_eq!(named, exports, "ARCHITECTURE.md names {named:?}; plugin/so exports {exports:?}");
+}
+
+/// ARCHITECTURE.md's table of registry dependencies names every one a workspace crate's
+/// `[dependencies]` declares, with exactly the crates that declare it.
+#[test]
+fn the_documented_dependencies_are_the_declared_ones() {
+    let doc = std::fs::read_to_string(root().join("ARCHITECTURE.md")).unwrap();
+    let section = doc.split("## Dependencies and why").nth(1).expect("the section");
+    let ticked = |cell: &str| -> BTreeSet<String> { cell.split('`').skip(1).step_by(2).map(String::from).collect() };
+    let mut documented: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for row in section.lines().take_while(|l| !l.starts_with("## ")).filter(|l| l.starts_with("| `")) {
+        let cells: Vec<&str> = row.split('|').collect();
+        for dep in ticked(cells[1]) {
+            assert!(documented.insert(dep.clone(), ticked(cells[2])).is_none(), "{dep} has two rows");
+        }
+    }
+    let mut declared: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (name, dir) in CRATES {
+        for dep in table(dir, "[dependencies]").into_iter().filter(|d| !CRATES.iter().any(|(n, _)| n == d)) {
+            declared.entry(dep).or_default().insert(name.to_string());
+        }
+    }
+    assert_eq!(documented, declared, "ARCHITECTURE.md's dependency table vs the Cargo.toml files");
+}

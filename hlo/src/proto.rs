@@ -133,13 +133,32 @@ mod extra {
 
 type R<T> = Result<T, Error>;
 
+thread_local! {
+    static DECODES: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Modules this thread has decoded so far ([`decode`], [`decode_with_proto`]): what a test
+/// counts to show a caller decodes once.
+pub fn decodes_on_this_thread() -> usize {
+    DECODES.with(std::cell::Cell::get)
+}
+
 /// Decodes a serialized `HloModuleProto` into an unverified module.
 pub fn decode(file: &str, bytes: &[u8]) -> Result<Module, Error> {
+    decode_with_proto(file, bytes).map(|(m, _)| m)
+}
+
+/// [`decode`], also handing back the decoded proto, for what the IR does not keep (layouts,
+/// the device assignment): one decode serves both.
+pub fn decode_with_proto(file: &str, bytes: &[u8]) -> Result<(Module, pb::HloModuleProto), Error> {
+    DECODES.with(|n| n.set(n.get() + 1));
     let proto = pb::HloModuleProto::decode(bytes)
         .map_err(|e| Error::new(ErrorKind::Proto, file, format!("cannot decode HloModuleProto: {e}")))?;
+    // The fields our copy of XLA's protos lacks (literals' newer types, mesh-axes groups).
     let extra = extra::Module::decode(bytes)
         .map_err(|e| Error::new(ErrorKind::Proto, file, format!("cannot decode HloModuleProto: {e}")))?;
-    Decoder { file }.module(&proto, &extra)
+    let module = Decoder { file }.module(&proto, &extra)?;
+    Ok((module, proto))
 }
 
 struct Decoder<'a> {

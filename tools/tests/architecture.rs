@@ -116,7 +116,9 @@ fn text_of(dir: &str, subdirs: &[&str]) -> String {
 
 fn names(text: &str, dep: &str) -> bool {
     let ident = dep.replace('-', "_");
-    text.contains(&format!("{ident}::")) || text.contains(&format!("use {ident}")) || text.contains(&format!("{ident}!"))
+    text.contains(&format!("{ident}::"))
+        || text.contains(&format!("use {ident}"))
+        || text.contains(&format!("{ident}!"))
 }
 
 #[test]
@@ -132,7 +134,9 @@ fn every_declared_dependency_is_used() {
         let main = text_of(dir, &["src", "build.rs"]);
         let dev = main.clone() + &text_of(dir, &["tests", "examples", "benches"]);
         let build = text_of(dir, &["build.rs"]);
-        for (section, text) in [("[dependencies]", &main), ("[dev-dependencies]", &dev), ("[build-dependencies]", &build)] {
+        for (section, text) in
+            [("[dependencies]", &main), ("[dev-dependencies]", &dev), ("[build-dependencies]", &build)]
+        {
             for dep in table(dir, section) {
                 if !names(text, &dep) {
                     unused.push(format!("{name}: {section} {dep}"));

@@ -26,17 +26,12 @@ pub(super) fn gpu_staged_bytes(module: &Module, id: InstrId, call: &CustomCallCo
 /// decision saying why, so a program that XLA alone could run never fails allocating
 /// Peerless's staging. Calls whose groups span processes stay: every process must rewrite
 /// the same collectives, and each would measure its own free memory.
-pub(super) fn fit_staging(
-    module: &Module,
-    free: Option<u64>,
-    calls: &mut Vec<(usize, InstrId, &'static str, CustomCallConfig)>,
-    decisions: &mut [PassDecision],
-) {
+pub(super) fn fit_staging(module: &Module, free: Option<u64>, calls: &mut Vec<Call>, decisions: &mut [PassDecision]) {
     let Some(free) = free else { return };
     let budget = free / STAGING_SHARE_OF_FREE;
     // Bytes per slot (a call without one: its own staging).
     let mut slots: BTreeMap<u64, u64> = BTreeMap::new();
-    for (_, id, _, c) in calls.iter() {
+    for Call { id, config: c, .. } in calls.iter() {
         let (key, bytes) = match c.slot {
             Some(s) => (s, c.slot_gpu_bytes),
             None => (c.instance, gpu_staged_bytes(module, *id, c)),
@@ -50,7 +45,7 @@ pub(super) fn fit_staging(
     }
     let mut total = wanted;
     let crossing: BTreeSet<u64> =
-        calls.iter().filter(|c| c.3.spans_processes()).map(|c| c.3.slot.unwrap_or(c.3.instance)).collect();
+        calls.iter().map(|c| &c.config).filter(|c| c.spans_processes()).map(|c| c.slot.unwrap_or(c.instance)).collect();
     let mut order: Vec<(u64, u64)> = slots.into_iter().filter(|(k, _)| !crossing.contains(k)).collect();
     order.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
     let mut dropped = BTreeSet::new();
@@ -62,7 +57,7 @@ pub(super) fn fit_staging(
         total -= b;
     }
     let mib = |b: u64| b as f64 / (1 << 20) as f64;
-    calls.retain(|(at, _, _, c)| {
+    calls.retain(|Call { at, config: c, .. }| {
         let key = c.slot.unwrap_or(c.instance);
         if !dropped.contains(&key) {
             return true;
@@ -94,14 +89,10 @@ pub(super) fn fit_staging(
 /// Peerless's included, and other such instructions), up to the entry. Calls sent back are
 /// XLA's from then on, so the check repeats until nothing changes; each decision names what
 /// the call could run beside. Every process of a job decides alike (the same module).
-pub(super) fn keep_ordered(
-    deps: Option<&Deps>,
-    calls: &mut Vec<(usize, InstrId, &'static str, CustomCallConfig)>,
-    decisions: &mut [PassDecision],
-) {
+pub(super) fn keep_ordered(deps: Option<&Deps>, calls: &mut Vec<Call>, decisions: &mut [PassDecision]) {
     let Some(deps) = deps else {
         log::warn!("peerless pass: the module's dependencies could not be read: every call goes back to XLA");
-        for (at, ..) in calls.iter() {
+        for Call { at, .. } in calls.iter() {
             let d = &mut decisions[*at];
             (d.kernel, d.implementation) = (false, "fallback".into());
             d.reason = format!("the module's dependencies could not be read (was: {})", d.reason);
@@ -134,7 +125,7 @@ pub(super) fn keep_ordered(
         if found.next().is_some() { None } else { one }
     };
     loop {
-        let kernels: BTreeSet<String> = calls.iter().map(|c| c.3.name.clone()).collect();
+        let kernels: BTreeSet<String> = calls.iter().map(|c| c.config.name.clone()).collect();
         let beside = |name: &str| -> Option<String> {
             let (comp, _) = deps.ancestors.get(name)?;
             if let Some(o) = blockers(comp, &kernels, false).into_iter().find(|o| o != name && !ordered(o, name)) {
@@ -160,7 +151,7 @@ pub(super) fn keep_ordered(
             None
         };
         let back: Vec<(usize, String)> =
-            calls.iter().filter_map(|(at, _, _, c)| beside(&c.name).map(|o| (*at, o))).collect();
+            calls.iter().filter_map(|c| beside(&c.config.name).map(|o| (c.at, o))).collect();
         if back.is_empty() {
             return;
         }
@@ -175,7 +166,7 @@ pub(super) fn keep_ordered(
             );
             log::info!("peerless pass: {} left to XLA: {}", d.instr, d.reason);
         }
-        calls.retain(|(at, ..)| !back.iter().any(|(u, _)| u == at));
+        calls.retain(|c| !back.iter().any(|(u, _)| *u == c.at));
     }
 }
 
@@ -390,14 +381,10 @@ pub(super) fn dependencies(module: &[u8], wanted: &[&str]) -> Result<Deps, PassE
 /// A slot's id is its first call's `instance` (unique per compile, like instances), its
 /// `slot_bytes` the largest host staging buffer among its calls and its `slot_gpu_bytes` the
 /// largest GPU staging (both platforms' sizes travel: the pass does not know which runs it).
-pub(super) fn assign_slots(
-    module: &Module,
-    deps: &Deps,
-    calls: &mut [(usize, InstrId, &'static str, CustomCallConfig)],
-) {
+pub(super) fn assign_slots(module: &Module, deps: &Deps, calls: &mut [Call]) {
     // Calls by computation.
     let mut by_comp: BTreeMap<String, Vec<usize>> = BTreeMap::new();
-    for (k, (_, _, _, call)) in calls.iter().enumerate() {
+    for (k, Call { config: call, .. }) in calls.iter().enumerate() {
         if let Some((comp, _)) = deps.ancestors.get(&call.name) {
             by_comp.entry(comp.clone()).or_default().push(k);
         }
@@ -408,7 +395,7 @@ pub(super) fn assign_slots(
             continue;
         }
         // A topological order: an ancestor has fewer ancestors than its descendants.
-        let count = |k: usize| deps.ancestors[&calls[k].3.name].1.iter().map(|w| w.count_ones()).sum::<u32>();
+        let count = |k: usize| deps.ancestors[&calls[k].config.name].1.iter().map(|w| w.count_ones()).sum::<u32>();
         ks.sort_by_key(|&k| count(k));
         // Open slots by group set: (its last call, its first call).
         // A call on an async queue may run beside one on the compute stream: the queue is
@@ -417,7 +404,7 @@ pub(super) fn assign_slots(
         let mut open: HashMap<Key, Vec<(usize, usize)>> = HashMap::new();
         let mut first_of: HashMap<usize, usize> = HashMap::new();
         for &k in &ks {
-            let call = &calls[k].3;
+            let call = &calls[k].config;
             let key: Key = (
                 super::queue_of(call),
                 call.kind == CollectiveKind::CollectivePermute,
@@ -425,7 +412,7 @@ pub(super) fn assign_slots(
                 call.pairs.clone(),
             );
             let slots = open.entry(key).or_default();
-            let reuse = slots.iter_mut().find(|(last, _)| deps.precedes(&calls[*last].3.name, &call.name));
+            let reuse = slots.iter_mut().find(|(last, _)| deps.precedes(&calls[*last].config.name, &call.name));
             let first = match reuse {
                 Some(s) => {
                     s.0 = k;
@@ -442,14 +429,14 @@ pub(super) fn assign_slots(
         let mut size: HashMap<usize, (u64, u64)> = HashMap::new();
         for &k in &ks {
             let e = size.entry(first_of[&k]).or_insert((0, 0));
-            e.0 = e.0.max(staged_bytes(module, calls[k].1));
-            e.1 = e.1.max(gpu_staged_bytes(module, calls[k].1, &calls[k].3));
+            e.0 = e.0.max(staged_bytes(module, calls[k].id));
+            e.1 = e.1.max(gpu_staged_bytes(module, calls[k].id, &calls[k].config));
         }
         for &k in &ks {
             let first = first_of[&k];
-            let id = calls[first].3.instance;
-            calls[k].3.slot = Some(id);
-            (calls[k].3.slot_bytes, calls[k].3.slot_gpu_bytes) = size[&first];
+            let id = calls[first].config.instance;
+            calls[k].config.slot = Some(id);
+            (calls[k].config.slot_bytes, calls[k].config.slot_gpu_bytes) = size[&first];
         }
     }
 }

@@ -29,12 +29,10 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
 
 use ffi::xla_ffi::{BufferRef, CallFrame, ErrorCode, ExecutableState, HandlerError, Traits};
 use hlo::{ArrayShape, PrimitiveType};
 use thunks::custom_call::CustomCallConfig;
-use thunks::{CollectiveConfig, CollectiveOp};
 
 use crate::ffi_handler::{CallState, CollectiveRuntime, Slot, SlotKey, Slots, array_shape};
 use crate::host::direct::{DirectCollective, DirectSlot};
@@ -168,37 +166,14 @@ impl Instance {
         let cfg = call.config;
         let in_shapes: Vec<ArrayShape> = call.inputs.iter().map(|(_, s)| s.clone()).collect();
         let out_shapes: Vec<ArrayShape> = call.outputs.iter().map(|(_, s)| s.clone()).collect();
-        let Some(first) = in_shapes.first() else { return Err(invalid(cfg, "a collective needs an operand")) };
-        // The protocols see row-major arrays in the buffers' physical order.
-        let mut physical = Vec::with_capacity(in_shapes.len());
-        let mut dimension = cfg.dimension;
-        for s in &in_shapes {
-            let (dims, d) = cfg.physical(&s.dims).map_err(|m| invalid(cfg, m))?;
-            dimension = d;
-            physical.push(ArrayShape::new(s.ty, dims));
+        if in_shapes.is_empty() {
+            return Err(invalid(cfg, "a collective needs an operand"));
         }
         let n = cfg.device_span().max(call.device + 1);
-        let config = CollectiveConfig {
-            op: CollectiveOp { kind: cfg.kind, is_async: false },
-            groups: cfg.groups.clone(),
-            element_type: first.ty,
-            reduction: cfg.reduction,
-            bytes_per_device: in_shapes.iter().map(ArrayShape::byte_size).sum(),
-            dimension,
-            source_target_pairs: cfg.pairs.clone(),
-            num_operands: in_shapes.len(),
-        };
-        let timeout = Duration::from_millis(cfg.timeout_ms);
         let collective = if !cfg.spans_processes() {
-            Protocol::Direct(DirectCollective::on_slot(
-                &config,
-                cfg.algorithm,
-                &physical,
-                n,
-                timeout,
-                &cfg.name,
-                |groups, bytes| shared_slot(cfg, occurrence, groups, bytes),
-            )?)
+            Protocol::Direct(DirectCollective::on_slot(cfg, &in_shapes, n, |groups, bytes| {
+                shared_slot(cfg, occurrence, groups, bytes)
+            })?)
         } else {
             // Groups across processes: every process of the host that owns a member
             // opens the segment the running job's token and the (shared) instance id
@@ -224,18 +199,7 @@ impl Instance {
                 None => (cfg.instance, None),
             };
             let key = ShmKey { job, instance: thunks::runtime::shared_key(instance, occurrence) };
-            let shm = ShmCollective::on_slot(
-                &config,
-                cfg.algorithm,
-                &physical,
-                n,
-                timeout,
-                &cfg.name,
-                &key,
-                slot_bytes,
-                &process_of,
-                this,
-            )?;
+            let shm = ShmCollective::on_slot(cfg, &in_shapes, n, &key, slot_bytes, &process_of, this)?;
             Protocol::Shared(Box::new(shm))
         };
         if collective.output_lens() != out_shapes.iter().map(ArrayShape::byte_size).collect::<Vec<_>>() {

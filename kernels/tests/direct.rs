@@ -57,6 +57,10 @@ fn run_all(
     })
 }
 
+#[path = "common/shm.rs"]
+mod common;
+use common::call_of;
+
 const T10: Duration = Duration::from_secs(10);
 
 #[test]
@@ -64,7 +68,7 @@ fn all_reduce_one_and_two_shot_in_groups() {
     for algo in [Algo::OneShotAllReduce, Algo::TwoShotAllReduce] {
         let cfg = config(Kind::AllReduce, vec![vec![0, 2], vec![3, 1]], None, 2);
         let shapes = [ArrayShape::new(T::S32, vec![5]), ArrayShape::new(T::S32, vec![3])];
-        let c = DirectCollective::new(&cfg, algo, &shapes, 4, T10, "ar").unwrap();
+        let c = DirectCollective::new(&call_of(&cfg, algo, T10, "ar"), &shapes, 4).unwrap();
         let outs = run_all(&c, 4, 5, |d, j| ints((0..[5, 3][j]).map(|i| (d as i32 + 1) * 10 + i)));
         for (d, o) in outs.iter().enumerate() {
             let peer = [2, 3, 0, 1][d];
@@ -79,15 +83,23 @@ fn gather_scatter_all_to_all_and_permute() {
     let n = 4;
     // All-gather along dimension 1 of a [2, 2] operand.
     let cfg = config(Kind::AllGather, vec![vec![0, 1, 2, 3]], Some(1), 1);
-    let c = DirectCollective::new(&cfg, Algo::DirectAllGather, &[ArrayShape::new(T::S32, vec![2, 2])], n, T10, "ag")
-        .unwrap();
+    let c = DirectCollective::new(
+        &call_of(&cfg, Algo::DirectAllGather, T10, "ag"),
+        &[ArrayShape::new(T::S32, vec![2, 2])],
+        n,
+    )
+    .unwrap();
     let outs = run_all(&c, n, 3, |d, _| ints((0..4).map(|i| d as i32 * 100 + i)));
     let want = ints((0..2).flat_map(|r| (0..4).flat_map(move |d| [d * 100 + 2 * r, d * 100 + 2 * r + 1])));
     assert!(outs.iter().all(|o| o[0] == want));
     // Reduce-scatter of 8 elements.
     let cfg = config(Kind::ReduceScatter, vec![vec![0, 1, 2, 3]], Some(0), 1);
-    let c = DirectCollective::new(&cfg, Algo::DirectReduceScatter, &[ArrayShape::new(T::S32, vec![8])], n, T10, "rs")
-        .unwrap();
+    let c = DirectCollective::new(
+        &call_of(&cfg, Algo::DirectReduceScatter, T10, "rs"),
+        &[ArrayShape::new(T::S32, vec![8])],
+        n,
+    )
+    .unwrap();
     let outs = run_all(&c, n, 3, |d, _| ints((0..8).map(|i| i * (d as i32 + 1))));
     for (d, o) in outs.iter().enumerate() {
         assert_eq!(o[0], ints((2 * d as i32..2 * d as i32 + 2).map(|i| i * 10)));
@@ -95,19 +107,17 @@ fn gather_scatter_all_to_all_and_permute() {
     // Array all-to-all.
     let cfg = config(Kind::AllToAll, vec![vec![0, 1, 2, 3]], Some(0), 1);
     let c =
-        DirectCollective::new(&cfg, Algo::DirectAllToAll, &[ArrayShape::new(T::S32, vec![4])], n, T10, "a2a").unwrap();
+        DirectCollective::new(&call_of(&cfg, Algo::DirectAllToAll, T10, "a2a"), &[ArrayShape::new(T::S32, vec![4])], n)
+            .unwrap();
     let outs = run_all(&c, n, 3, |d, _| ints((0..4).map(|i| d as i32 * 10 + i)));
     for (d, o) in outs.iter().enumerate() {
         assert_eq!(o[0], ints((0..4).map(|k| k * 10 + d as i32)));
     }
     // Tuple all-to-all.
     let c = DirectCollective::new(
-        &config(Kind::AllToAll, vec![vec![0, 1, 2, 3]], None, 4),
-        Algo::DirectAllToAll,
+        &call_of(&config(Kind::AllToAll, vec![vec![0, 1, 2, 3]], None, 4), Algo::DirectAllToAll, T10, "a2a_tuple"),
         &vec![ArrayShape::new(T::S32, vec![1]); 4],
         n,
-        T10,
-        "a2a_tuple",
     )
     .unwrap();
     let outs = run_all(&c, n, 3, |d, j| ints([d as i32 * 10 + j as i32]));
@@ -118,7 +128,8 @@ fn gather_scatter_all_to_all_and_permute() {
     let mut cfg = config(Kind::CollectivePermute, vec![], None, 1);
     cfg.source_target_pairs = vec![(0, 1), (1, 2), (3, 0)];
     let c =
-        DirectCollective::new(&cfg, Algo::DirectPermute, &[ArrayShape::new(T::S32, vec![2])], n, T10, "cp").unwrap();
+        DirectCollective::new(&call_of(&cfg, Algo::DirectPermute, T10, "cp"), &[ArrayShape::new(T::S32, vec![2])], n)
+            .unwrap();
     let outs = run_all(&c, n, 5, |d, _| ints([d as i32, 7]));
     assert_eq!(
         outs.iter().map(|o| o[0].clone()).collect::<Vec<_>>(),
@@ -137,7 +148,7 @@ fn chained_collectives_share_one_slot() {
         let cfg = config(kind, members.clone(), dim, 1);
         let len = shape[0] as i32;
         let s = ArrayShape::new(T::S32, shape);
-        (DirectCollective::on_slot(&cfg, algo, &[s], n, T10, "c", |_, _| Ok(Arc::clone(&slot))).unwrap(), len)
+        (DirectCollective::on_slot(&call_of(&cfg, algo, T10, "c"), &[s], n, |_, _| Ok(Arc::clone(&slot))).unwrap(), len)
     };
     let chain = [
         on(Kind::AllReduce, Algo::OneShotAllReduce, None, vec![100]),
@@ -179,14 +190,18 @@ fn chained_collectives_share_one_slot() {
     let cfg = config(Kind::AllReduce, vec![vec![0, 1], vec![2, 3]], None, 1);
     let big = [ArrayShape::new(T::S32, vec![100])];
     assert!(
-        DirectCollective::on_slot(&cfg, Algo::OneShotAllReduce, &big, n, T10, "x", |_, _| Ok(Arc::clone(&slot)))
-            .is_err()
+        DirectCollective::on_slot(&call_of(&cfg, Algo::OneShotAllReduce, T10, "x"), &big, n, |_, _| Ok(Arc::clone(
+            &slot
+        )))
+        .is_err()
     );
     let cfg = config(Kind::AllReduce, members.clone(), None, 1);
     let huge = [ArrayShape::new(T::S32, vec![1000])];
     assert!(
-        DirectCollective::on_slot(&cfg, Algo::OneShotAllReduce, &huge, n, T10, "x", |_, _| Ok(Arc::clone(&slot)))
-            .is_err()
+        DirectCollective::on_slot(&call_of(&cfg, Algo::OneShotAllReduce, T10, "x"), &huge, n, |_, _| Ok(Arc::clone(
+            &slot
+        )))
+        .is_err()
     );
 }
 
@@ -195,7 +210,7 @@ fn a_missing_rank_times_out_and_the_next_epoch_is_clean() {
     for algo in [Algo::OneShotAllReduce, Algo::TwoShotAllReduce] {
         let cfg = config(Kind::AllReduce, vec![vec![0, 1]], None, 1);
         let shape = [ArrayShape::new(T::S32, vec![3])];
-        let c = DirectCollective::new(&cfg, algo, &shape, 2, Duration::from_millis(50), "ar").unwrap();
+        let c = DirectCollective::new(&call_of(&cfg, algo, Duration::from_millis(50), "ar"), &shape, 2).unwrap();
         let x = ints([1, 2, 3]);
         let mut r = vec![0u8; 12];
         let e = c.run(0, &[&x], &mut [&mut r]).unwrap_err().to_string();

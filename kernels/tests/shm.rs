@@ -90,7 +90,7 @@ fn run_direct(
     n: usize,
     k: std::ops::Range<usize>,
 ) -> Results {
-    let c = DirectCollective::new(cfg, algo, shapes, n, Duration::from_secs(20), "direct").unwrap();
+    let c = DirectCollective::new(&call_of(cfg, algo, Duration::from_secs(20), "direct"), shapes, n).unwrap();
     let lens = c.output_lens();
     thread::scope(|s| {
         let hs: Vec<_> = (callers(cfg, n).into_iter())
@@ -121,9 +121,15 @@ fn run_shm(
             .map(|p| {
                 let (devices, k) = (&devices, &k);
                 s.spawn(move || {
-                    let c =
-                        ShmCollective::new(cfg, algo, shapes, n, Duration::from_secs(20), "shm", key, process_of, p)
-                            .unwrap();
+                    let c = ShmCollective::new(
+                        &call_of(cfg, algo, Duration::from_secs(20), "shm"),
+                        shapes,
+                        n,
+                        key,
+                        process_of,
+                        p,
+                    )
+                    .unwrap();
                     let lens = c.output_lens();
                     thread::scope(|s| {
                         let hs: Vec<_> = (devices.iter().filter(|&&d| process_of[d] == p))
@@ -229,7 +235,8 @@ fn a_process_that_never_attaches_times_out_naming_its_devices() {
     let shapes = [sh(T::S32, &[4])];
     let timeout = Duration::from_millis(300);
     let c =
-        ShmCollective::new(&cfg, Algo::OneShotAllReduce, &shapes, 4, timeout, "ar", &key, &[0, 0, 1, 1], 0).unwrap();
+        ShmCollective::new(&call_of(&cfg, Algo::OneShotAllReduce, timeout, "ar"), &shapes, 4, &key, &[0, 0, 1, 1], 0)
+            .unwrap();
     assert_eq!(leftovers(&job), vec![c.segment_name()[1..].to_string()], "named until process 1 attaches");
     let start = Instant::now();
     let errors: Vec<Error> = thread::scope(|s| {
@@ -263,8 +270,8 @@ fn a_late_member_fails_the_broken_epoch_and_the_next_is_clean() {
         let shapes = [sh(T::S32, &[3])];
         let t = Duration::from_millis(300);
         let procs = [0, 1];
-        let c0 = ShmCollective::new(&cfg, algo, &shapes, 2, t, "ar", &key, &procs, 0).unwrap();
-        let c1 = ShmCollective::new(&cfg, algo, &shapes, 2, t, "ar", &key, &procs, 1).unwrap();
+        let c0 = ShmCollective::new(&call_of(&cfg, algo, t, "ar"), &shapes, 2, &key, &procs, 0).unwrap();
+        let c1 = ShmCollective::new(&call_of(&cfg, algo, t, "ar"), &shapes, 2, &key, &procs, 1).unwrap();
         assert_eq!(leftovers(&job), Vec::<String>::new(), "unlinked once both attached");
         let x = operand(&shapes[0], 0, 0, 0);
         let mut r = vec![0u8; 12];
@@ -307,7 +314,9 @@ fn a_stalled_member_breaks_the_epoch_for_its_whole_group() {
     let procs = [0, 0, 0, 0, 1, 1, 1, 1];
     let t = Duration::from_millis(400);
     let cs: Vec<ShmCollective> = (0..2)
-        .map(|p| ShmCollective::new(&cfg, Algo::OneShotAllReduce, &shapes, 8, t, "ar", &key, &procs, p).unwrap())
+        .map(|p| {
+            ShmCollective::new(&call_of(&cfg, Algo::OneShotAllReduce, t, "ar"), &shapes, 8, &key, &procs, p).unwrap()
+        })
         .collect();
     let lens = cs[0].output_lens();
     let call = |d: usize, c: usize| {
@@ -347,7 +356,14 @@ fn a_process_that_is_done_leaves_the_name_to_a_slow_one() {
     let shapes = [sh(T::F32, &[7])];
     let procs = [0, 1, 1, 2];
     let new = |p| {
-        ShmCollective::new(&cfg, Algo::OneShotAllReduce, &shapes, 4, Duration::from_secs(20), "ar", &key, &procs, p)
+        ShmCollective::new(
+            &call_of(&cfg, Algo::OneShotAllReduce, Duration::from_secs(20), "ar"),
+            &shapes,
+            4,
+            &key,
+            &procs,
+            p,
+        )
     };
     let c1 = new(1).unwrap();
     let lens = c1.output_lens();
@@ -381,7 +397,7 @@ fn a_permute_source_that_never_posts_times_out_its_target() {
     let cfg = permute_config(vec![(0, 1)], 1);
     let shapes = [sh(T::S32, &[2])];
     let t = Duration::from_millis(300);
-    let c1 = ShmCollective::new(&cfg, Algo::DirectPermute, &shapes, 2, t, "cp", &key, &[0, 1], 1).unwrap();
+    let c1 = ShmCollective::new(&call_of(&cfg, Algo::DirectPermute, t, "cp"), &shapes, 2, &key, &[0, 1], 1).unwrap();
     let mut r = vec![0u8; 8];
     let e = c1.run(1, &[&[0u8; 8]], &mut [&mut r]).unwrap_err();
     assert_eq!(timeout_of(&e), (vec![0, 1], 1, vec![0]), "{e}");
@@ -395,7 +411,7 @@ fn segments_of_another_collective_are_invalid() {
     let shapes = [sh(T::S32, &[4])];
     let t = Duration::from_millis(300);
     let new = |cfg: &CollectiveConfig, shapes: &[ArrayShape], key: &ShmKey, p: usize| {
-        ShmCollective::new(cfg, Algo::OneShotAllReduce, shapes, 2, t, "ar", key, &[0, 1], p)
+        ShmCollective::new(&call_of(cfg, Algo::OneShotAllReduce, t, "ar"), shapes, 2, key, &[0, 1], p)
     };
     let invalid = |r: Result<ShmCollective>, what: &str| match r {
         Err(e @ Error::Invalid { .. }) => assert!(e.to_string().contains(what), "{e}"),

@@ -19,10 +19,10 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use hlo::ArrayShape;
-use thunks::{CollectiveConfig, KernelAlgorithm as Algo};
+use thunks::custom_call::CustomCallConfig;
 
 use super::protocol::{self, Place, Plan, Region, Word};
 use crate::{Error, Result};
@@ -268,19 +268,10 @@ impl std::fmt::Debug for DirectCollective {
 }
 
 impl DirectCollective {
-    /// A collective for `config` (groups and pairs are device ids below `num_devices`),
-    /// run with `algorithm` on operands of the given physical shapes.
-    pub fn new(
-        config: &CollectiveConfig,
-        algorithm: Algo,
-        shapes: &[ArrayShape],
-        num_devices: usize,
-        timeout: Duration,
-        name: &str,
-    ) -> Result<Self> {
-        Self::on_slot(config, algorithm, shapes, num_devices, timeout, name, |groups, bytes| {
-            DirectSlot::new(groups, bytes).map(Arc::new)
-        })
+    /// The collective of `call` (groups and pairs are device ids below `num_devices`) on
+    /// operands of the given (logical) shapes.
+    pub fn new(call: &CustomCallConfig, shapes: &[ArrayShape], num_devices: usize) -> Result<Self> {
+        Self::on_slot(call, shapes, num_devices, |groups, bytes| DirectSlot::new(groups, bytes).map(Arc::new))
     }
 
     /// A collective like [`DirectCollective::new`], on the slot `slot(groups, bytes)` returns
@@ -289,15 +280,12 @@ impl DirectCollective {
     /// which the protocol's correctness rests). The slot must have exactly these groups and
     /// buffers of at least `bytes`.
     pub fn on_slot(
-        config: &CollectiveConfig,
-        algorithm: Algo,
+        call: &CustomCallConfig,
         shapes: &[ArrayShape],
         num_devices: usize,
-        timeout: Duration,
-        name: &str,
         slot: impl FnOnce(&[Vec<usize>], usize) -> Result<Arc<DirectSlot>>,
     ) -> Result<Self> {
-        let plan = Plan::new(config, algorithm, shapes, num_devices, timeout, name)?;
+        let plan = Plan::new(call, shapes, num_devices)?;
         // Staging holds each operand at `stage` (the two-shot, which works in XLA's buffers,
         // leaves its share of a slot it may have with other collectives unused).
         let memory = |source| Error::Memory { collective: plan.name.clone(), op: plan.op, source: Box::new(source) };

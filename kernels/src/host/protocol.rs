@@ -40,8 +40,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use hlo::ArrayShape;
+use thunks::custom_call::CustomCallConfig;
 use thunks::custom_call::host_stage_len;
-use thunks::{CollectiveConfig, CollectiveKind as Kind, CollectiveOp, KernelAlgorithm as Algo};
+use thunks::{CollectiveKind as Kind, CollectiveOp, KernelAlgorithm as Algo};
 
 use super::fmt_group;
 use super::layout::{Runs, Split, shape_bytes};
@@ -255,19 +256,22 @@ fn copy_runs(src: &[u8], s: Runs, dst: &mut [u8], d: Runs) {
 }
 
 impl Plan {
-    /// The plan of `config` (groups and pairs are device ids below `num_devices`), run
-    /// with `algorithm` on operands of the given physical shapes.
-    pub(super) fn new(
-        config: &CollectiveConfig,
-        algorithm: Algo,
-        shapes: &[ArrayShape],
-        num_devices: usize,
-        timeout: Duration,
-        name: &str,
-    ) -> Result<Self> {
-        let op = config.op;
+    /// The plan of `call` (groups and pairs are device ids below `num_devices`) on operands
+    /// of the given logical shapes (the protocol moves them in their physical order, the
+    /// call's `layout`).
+    pub(super) fn new(call: &CustomCallConfig, logical: &[ArrayShape], num_devices: usize) -> Result<Self> {
+        let (algorithm, name, timeout) = (call.algorithm, call.name.as_str(), Duration::from_millis(call.timeout_ms));
+        let op = CollectiveOp { kind: call.kind, is_async: false };
         let invalid = |reason: String| Error::Invalid { collective: name.to_string(), op, rank: 0, reason };
         let unsupported = |reason: String| Error::Unsupported { collective: name.to_string(), op, rank: 0, reason };
+        // Row-major arrays in the buffers' physical order, and the dimension among them.
+        let mut shapes = Vec::with_capacity(logical.len());
+        let mut dimension = call.dimension;
+        for s in logical {
+            let (dims, d) = call.physical(&s.dims).map_err(&invalid)?;
+            dimension = d;
+            shapes.push(ArrayShape::new(s.ty, dims));
+        }
         let computes = match algorithm {
             Algo::OneShotAllReduce | Algo::TwoShotAllReduce => Kind::AllReduce,
             Algo::DirectAllGather => Kind::AllGather,
@@ -283,7 +287,7 @@ impl Plan {
         let mut rank_of = vec![None; num_devices];
         let mut pairs = vec![(None, None); num_devices];
         let groups: Vec<Vec<usize>> = if op.kind == Kind::CollectivePermute {
-            for &(s, t) in &config.source_target_pairs {
+            for &(s, t) in &call.pairs {
                 if s >= num_devices || t >= num_devices {
                     return Err(invalid(format!("source-target pair {s}->{t} names a device >= {num_devices}")));
                 }
@@ -296,7 +300,7 @@ impl Plan {
             }
             vec![(0..num_devices).collect()]
         } else {
-            for (gi, g) in config.groups.iter().enumerate() {
+            for (gi, g) in call.groups.iter().enumerate() {
                 for (i, &d) in g.iter().enumerate() {
                     match rank_of.get_mut(d) {
                         Some(r @ None) => *r = Some((gi, i)),
@@ -309,13 +313,13 @@ impl Plan {
                     }
                 }
             }
-            config.groups.clone()
+            call.groups.clone()
         };
 
         // Operands, and how results relate to them.
         let mut ops = Vec::with_capacity(shapes.len());
         let mut stage = 0usize;
-        let dim = config.dimension.unwrap_or(0);
+        let dim = dimension.unwrap_or(0);
         let g_of = |j: usize| groups.get(j).map_or(1, Vec::len);
         let g = g_of(0);
         if groups.iter().any(|m| m.len() != g) {
@@ -328,7 +332,7 @@ impl Plan {
             }
             let reducer = match op.kind {
                 Kind::AllReduce | Kind::ReduceScatter => {
-                    let kind = config.reduction.ok_or_else(|| unsupported("reduction not recognised".into()))?;
+                    let kind = call.reduction.ok_or_else(|| unsupported("reduction not recognised".into()))?;
                     Some(Reducer::new(shape.ty, kind).map_err(unsupported)?)
                 }
                 _ => None,
@@ -341,7 +345,7 @@ impl Plan {
                     s.check_blocks(g, shape, dim).map_err(invalid)?;
                     (Some(s), len / g.max(1))
                 }
-                Kind::AllToAll if config.dimension.is_some() => {
+                Kind::AllToAll if dimension.is_some() => {
                     if shapes.len() != 1 {
                         return Err(invalid(format!("array all-to-all with {} operands", shapes.len())));
                     }

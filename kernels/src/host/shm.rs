@@ -79,7 +79,8 @@ use hlo::ArrayShape;
 use rustix::fs::{FallocateFlags, Mode};
 use rustix::io::Errno;
 use rustix::mm::{MapFlags, ProtFlags};
-use thunks::{CollectiveConfig, CollectiveKind as Kind, KernelAlgorithm as Algo};
+use thunks::CollectiveKind as Kind;
+use thunks::custom_call::CustomCallConfig;
 
 use super::protocol::{self, Backoff, Place, Plan, Region, Word, poll};
 use crate::{Error, Result};
@@ -472,20 +473,18 @@ impl std::fmt::Debug for ShmCollective {
 }
 
 impl ShmCollective {
-    /// `process_of[d]` = the process index that owns device id d (for every device id below
-    /// num_devices); `this_process` = ours. Groups/pairs in `config` are global device ids.
+    /// The collective of `call` on operands of the given (logical) shapes; `process_of[d]` =
+    /// the process index that owns device id d (for every device id below num_devices);
+    /// `this_process` = ours. Groups/pairs in `call` are global device ids.
     pub fn new(
-        config: &CollectiveConfig,
-        algorithm: Algo,
+        call: &CustomCallConfig,
         shapes: &[ArrayShape],
         num_devices: usize,
-        timeout: Duration,
-        name: &str,
         key: &ShmKey,
         process_of: &[usize],
         this_process: usize,
     ) -> Result<Self> {
-        Self::on_slot(config, algorithm, shapes, num_devices, timeout, name, key, None, process_of, this_process)
+        Self::on_slot(call, shapes, num_devices, key, None, process_of, this_process)
     }
 
     /// With `slot_bytes`, a collective like [`ShmCollective::new`] on the slot `key` names,
@@ -496,18 +495,15 @@ impl ShmCollective {
     /// and size, not one collective's plan); a slot already mapped too small for this plan is
     /// an error. Without, the segment is this collective's own.
     pub fn on_slot(
-        config: &CollectiveConfig,
-        algorithm: Algo,
+        call: &CustomCallConfig,
         shapes: &[ArrayShape],
         num_devices: usize,
-        timeout: Duration,
-        name: &str,
         key: &ShmKey,
         slot_bytes: Option<usize>,
         process_of: &[usize],
         this_process: usize,
     ) -> Result<Self> {
-        let plan = Plan::new(config, algorithm, shapes, num_devices, timeout, name)?;
+        let plan = Plan::new(call, shapes, num_devices)?;
         let invalid = |reason: String| plan.invalid(0, reason);
         let job = &key.job;
         if !(8..=64).contains(&job.len()) || !job.bytes().all(|b| b.is_ascii_hexdigit()) {
@@ -537,7 +533,7 @@ impl ShmCollective {
             ));
             let segment = if participants.contains(&this_process) {
                 let n = participants.len() as u64;
-                Some(Segment::attach(&segment_name, layout.size, fingerprint, n, timeout).map_err(invalid)?)
+                Some(Segment::attach(&segment_name, layout.size, fingerprint, n, plan.timeout).map_err(invalid)?)
             } else {
                 None
             };
@@ -571,7 +567,7 @@ impl ShmCollective {
         ));
         let segment = if participants.contains(&this_process) {
             let n = participants.len() as u64;
-            Some(Segment::attach(&segment_name, layout.size, fingerprint, n, timeout).map_err(invalid)?)
+            Some(Segment::attach(&segment_name, layout.size, fingerprint, n, plan.timeout).map_err(invalid)?)
         } else {
             None
         };

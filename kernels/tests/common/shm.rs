@@ -48,3 +48,21 @@ pub fn permute_config(pairs: Vec<(usize, usize)>, n_ops: usize) -> CollectiveCon
 pub fn sh(ty: T, dims: &[i64]) -> ArrayShape {
     ArrayShape::new(ty, dims.to_vec())
 }
+
+/// The call the handlers would pass for `cfg` run with `algo`: the protocols take a call's
+/// config, as XLA's handlers hand it over.
+pub fn call_of(
+    cfg: &CollectiveConfig,
+    algo: thunks::KernelAlgorithm,
+    timeout: std::time::Duration,
+    name: &str,
+) -> thunks::custom_call::CustomCallConfig {
+    thunks::custom_call::CustomCallConfig {
+        groups: cfg.groups.clone(),
+        pairs: cfg.source_target_pairs.clone(),
+        reduction: cfg.reduction,
+        dimension: cfg.dimension,
+        timeout_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
+        ..thunks::custom_call::CustomCallConfig::new(cfg.op.kind, algo, name.to_string())
+    }
+}

@@ -6,6 +6,7 @@ use hlo::PrimitiveType as T;
 use hlo::analysis::ReductionKind as R;
 
 use super::*;
+use thunks::KernelAlgorithm as Algo;
 
 #[path = "../../../tests/common/shm.rs"]
 mod common;
@@ -28,12 +29,26 @@ fn chained_collectives_share_one_segment() {
     let ag_cfg = config(Kind::AllGather, vec![vec![0, 1, 2, 3]], Some(0), 1, R::Sum);
     let (ar_shape, ag_shape) = ([sh(T::S32, &[6])], [sh(T::S32, &[2])]);
     let build = |p: usize| {
-        let ar =
-            ShmCollective::on_slot(&ar_cfg, Algo::TwoShotAllReduce, &ar_shape, 4, t, "ar", &key, Some(256), &procs, p)
-                .unwrap();
-        let ag =
-            ShmCollective::on_slot(&ag_cfg, Algo::DirectAllGather, &ag_shape, 4, t, "ag", &key, Some(256), &procs, p)
-                .unwrap();
+        let ar = ShmCollective::on_slot(
+            &call_of(&ar_cfg, Algo::TwoShotAllReduce, t, "ar"),
+            &ar_shape,
+            4,
+            &key,
+            Some(256),
+            &procs,
+            p,
+        )
+        .unwrap();
+        let ag = ShmCollective::on_slot(
+            &call_of(&ag_cfg, Algo::DirectAllGather, t, "ag"),
+            &ag_shape,
+            4,
+            &key,
+            Some(256),
+            &procs,
+            p,
+        )
+        .unwrap();
         (ar, ag)
     };
     let per_process = [build(0), build(1)];
@@ -73,7 +88,7 @@ fn a_closed_segment_is_not_joined() {
     let cfg = config(Kind::AllReduce, vec![vec![0, 1]], None, 1, R::Sum);
     let shapes = [sh(T::S32, &[2])];
     let t = Duration::from_millis(1000);
-    let new = |p| ShmCollective::new(&cfg, Algo::OneShotAllReduce, &shapes, 2, t, "ar", &key, &[0, 1], p);
+    let new = |p| ShmCollective::new(&call_of(&cfg, Algo::OneShotAllReduce, t, "ar"), &shapes, 2, &key, &[0, 1], p);
     let mut c0 = new(0).unwrap();
     let seg = std::sync::Arc::get_mut(&mut c0.slot).unwrap().segment.as_mut().unwrap();
     // As process 0's `leave` would: count it out and close, but keep the name a while.
@@ -106,7 +121,7 @@ fn calls_are_checked_and_processes_without_members_map_nothing() {
     let shapes = [sh(T::S32, &[2])];
     let t = Duration::from_millis(300);
     let procs = [0, 1, 2];
-    let c = ShmCollective::new(&cfg, Algo::OneShotAllReduce, &shapes, 3, t, "ar", &key, &procs, 0).unwrap();
+    let c = ShmCollective::new(&call_of(&cfg, Algo::OneShotAllReduce, t, "ar"), &shapes, 3, &key, &procs, 0).unwrap();
     assert_eq!(c.segment_name(), format!("/peerless-{job}-{:016x}", key.instance));
     let x = [0u8; 8];
     let mut r = [0u8; 8];
@@ -115,15 +130,21 @@ fn calls_are_checked_and_processes_without_members_map_nothing() {
     let e = c.run(2, &[&x], &mut [&mut r]).unwrap_err();
     assert!(e.to_string().contains("device 2 is in no group"), "{e}");
     // Process 2 owns no member: it maps nothing and leaves the count alone.
-    let c2 = ShmCollective::new(&cfg, Algo::OneShotAllReduce, &shapes, 3, t, "ar", &key, &procs, 2).unwrap();
+    let c2 = ShmCollective::new(&call_of(&cfg, Algo::OneShotAllReduce, t, "ar"), &shapes, 3, &key, &procs, 2).unwrap();
     assert!(c2.slot.segment.is_none());
     assert_eq!(leftovers(&job).len(), 1);
-    let c1 = ShmCollective::new(&cfg, Algo::OneShotAllReduce, &shapes, 3, t, "ar", &key, &procs, 1).unwrap();
+    let c1 = ShmCollective::new(&call_of(&cfg, Algo::OneShotAllReduce, t, "ar"), &shapes, 3, &key, &procs, 1).unwrap();
     assert_eq!(leftovers(&job), Vec::<String>::new());
     // A permute device without peers never needs the segment.
-    let cp =
-        ShmCollective::new(&permute_config(vec![(1, 1)], 1), Algo::DirectPermute, &shapes, 3, t, "cp", &key, &procs, 0)
-            .unwrap();
+    let cp = ShmCollective::new(
+        &call_of(&permute_config(vec![(1, 1)], 1), Algo::DirectPermute, t, "cp"),
+        &shapes,
+        3,
+        &key,
+        &procs,
+        0,
+    )
+    .unwrap();
     assert!(cp.slot.segment.is_none());
     cp.run(0, &[&[7u8; 8]], &mut [&mut r]).unwrap();
     assert_eq!(r, [0u8; 8]);

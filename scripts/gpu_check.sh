@@ -51,7 +51,7 @@ has devices && step devices 300 "$BIN/peerless" devices
 has collectives && [ "$NGPU" -ge 2 ] && step cuda_collectives 300 "$BIN/cuda_collectives" --ignored --test-threads=1
 # The all-reduce fused with the residual add + RMSNorm inside XLA, against XLA alone.
 has fused && [ "$NGPU" -ge 2 ] && step fused_norm 300 python3 plugin/tests/gpu_fused_norm.py --platform cuda
-# Issue 38: can XLA overlap a Peerless call with compute? One variant per process (JAX's
+# Can XLA overlap a Peerless call with compute? One variant per process (JAX's
 # in-memory executable cache does not key on Peerless's flags): the call on XLA's operation
 # queue 1 (32 MiB f32, two-shot; command buffers on and off; 2 MiB), and today's synchronous call.
 if has overlap && [ "$NGPU" -ge 2 ]; then
@@ -74,7 +74,7 @@ has sweep && [ "$NGPU" -gt 2 ] && step sweep_2gpu 400 env CUDA_VISIBLE_DEVICES=0
 # jax-ml/jax's tests/{pmap,shard_map,pjit}_test.py at the installed JAX's version (never
 # committed; the device tool carries them); pytest, pytest-xdist and absl-py come from
 # PEERLESS_WHEELS (wheels carried likewise) where the image lacks them. With
-# PEERLESS_FLAGS=--overlap_above_bytes=0 every Peerless call runs on XLA's async queue (issue 38).
+# PEERLESS_FLAGS=--overlap_above_bytes=0 every Peerless call runs on XLA's async queue.
 if has suites; then
   if ! python3 -c 'import pytest, xdist, absl' 2>/dev/null; then
     python3 -m pip install -q --no-index --find-links "${PEERLESS_WHEELS:-.wheels}" pytest pytest-xdist absl-py
@@ -85,7 +85,7 @@ fi
 # Edge values (NaN, ±0, ±inf, overflow) through max / min / sum: Peerless vs XLA alone (NCCL).
 has edge && [ "$NGPU" -ge 2 ] && step edge_values 300 python3 plugin/tests/gpu_edge_values.py --out "$LOG/edge"
 # Processes: two processes per GPU pair (on one GPU: both on GPU 0) through CUDA IPC.
-# Programs as users write them (issue 45), each against XLA alone: one process per GPU with
+# Programs as users write them, each against XLA alone: one process per GPU with
 # PEERLESS_ENABLE=1 (2 and 4 processes; local_device_ids and CUDA_VISIBLE_DEVICES) and its
 # fault case, JAX's async collective API, user-chosen layouts.
 has userforms && step user_forms 590 python3 plugin/tests/gpu_user_forms.py --platform cuda --out "$LOG/user_forms"

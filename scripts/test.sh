@@ -85,7 +85,7 @@ XLA_FLAGS=--xla_force_host_platform_device_count=4 JAX_PLATFORMS=cpu PEERLESS_PJ
 XLA_FLAGS=--xla_force_host_platform_device_count=4 JAX_PLATFORMS=cpu PEERLESS_PJRT_LIBRARY="$lib" PYTHONPATH=plugin/python \
   "$PEERLESS_PYTHON" plugin/tests/gpu_accuracy.py --no-decode
 
-step "Tuning profiles (issue 27): a short peerless tune on XLA:CPU (8 host devices), then the pass reads the profile and its decisions cite it (plugin/tests/test_tuning.py)"
+step "Tuning profiles: a short peerless tune on XLA:CPU (8 host devices), then the pass reads the profile and its decisions cite it (plugin/tests/test_tuning.py)"
 tune_dir=$(mktemp -d)
 PEERLESS_VENV_DIR="$venv_root" cargo run -q -p peerless-cli --locked -- tune --quick --out-dir "$tune_dir" >"$tune_dir/crossovers.md"
 tuned=$(ls "$tune_dir"/*.json)

@@ -12,10 +12,10 @@ alternate the order, so drift spreads over all modes):
   xla-kernels     XLA's own one-/two-shot collective kernels
   nccl-symmetric  NCCL with symmetric buffer registration
   peerless        `jax_plugins.peerless.enable()`: every call in order on the compute stream, and
-                  partitioner-made ones above 256 KiB left to XLA (the default since issue 46)
+                  partitioner-made ones above 256 KiB left to XLA
   peerless-overlap   `--overlap_above_bytes=262144`: on CUDA collectives above 256 KiB run on a
                   Peerless kernel on XLA's async queue, beside compute, on at most 32 blocks (the
-                  default from issue 38 to issue 46)
+                  default until 2026-11-28)
   peerless-sync   `--overlap_above_bytes=none`: today's default, spelled out
   peerless-blocks64  `--overlap_above_bytes=262144 --async_blocks=64`: calls beside compute on
                   the synchronous grid
@@ -158,7 +158,7 @@ def programs(names, n):
         return jax.jit(step), (ps, kc, vc, x), lambda a, o: (a[0], a[1], a[2], o)
 
     def train_stack(name):
-        """A realistic training step (issue 46): a residual MLP stack, f32 master weights,
+        """A realistic training step: a residual MLP stack, f32 master weights,
         bf16 compute, `jax.jit(grad)` with out_shardings (weights not donated: the bench calls
         a step again with the same weights). `*_400m`: d
         2048, MLP 4d, 12 layers (403M parameters; a 32 MiB bf16 gradient per matrix), 4096

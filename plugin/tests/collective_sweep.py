@@ -132,7 +132,7 @@ def collective_forms(rank, g):
 
 def pmap_cases():
     cases = []
-    # The reduced program of issue 34 (XLA:GPU gave its call the layout {3,2,0,1}).
+    # A reduced program from a user report (XLA:GPU gave its call the layout {3,2,0,1}).
     def build():
         x = np.arange(N ** 4).reshape(N, N, N, N).astype(np.int32)
         return jax.pmap(lambda v: lax.all_to_all(v, "i", 0, 1), axis_name="i", devices=DEVICES), (x,)
@@ -195,7 +195,7 @@ def placements(rank, names):
 def jit_cases():
     cases = []
     m1 = Mesh(np.array(DEVICES), ("i",))
-    # The reduced reshard of issue 34: P("i", None) -> P(None, "i") makes XLA emit an all-to-all.
+    # A reduced reshard from a user report: P("i", None) -> P(None, "i") makes XLA emit an all-to-all.
     def build():
         x = jax.device_put(np.arange(4 * N * 8 * N, dtype=np.float32).reshape(4 * N, 8 * N),
                            NamedSharding(m1, P("i", None)))

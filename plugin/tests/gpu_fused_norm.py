@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The all-reduce fused with the residual add + RMSNorm (issue 35 item 3) on GPUs, against XLA
+"""The all-reduce fused with the residual add + RMSNorm on GPUs, against XLA
 alone: test_fused_norm.py's tensor-parallel layer (`h = x + psum(a); y = rmsnorm(h) [* gamma]`
 under shard_map) on the first 2 and (when present) 4 GPUs, bf16 / f16 / f32, rows 1 and 8 of
 d = 4096 and 1000, with and without gamma. test_fused_norm.py runs on XLA's CPU backend only

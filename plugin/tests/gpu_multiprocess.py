@@ -235,7 +235,7 @@ def main() -> int:
         for d in r0.get("decisions", [])[:4]:
             print("  ", d)
     # The fault, with the call in order on the compute stream and on XLA's async queue
-    # (`--overlap_above_bytes=0`: issue 38), where XLA waits on the queue's stream for it.
+    # (`--overlap_above_bytes=0`), where XLA waits on the queue's stream for it.
     for label, flags, want_async in (("in order", "--overlap_above_bytes=none", False),
                                      ("async queue", "--overlap_above_bytes=0", True)):
         leave = run_job("leave", timeout=120, flags=flags)

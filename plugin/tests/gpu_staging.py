@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Device memory Peerless holds on GPUs as a program's collective count grows (issue 25).
+"""Device memory Peerless holds on GPUs as a program's collective count grows.
 
 One jit of N chained 1 MiB int32 psums (each psum's input depends on the last one's result,
 so every device runs them in one order: the pass gives them one staging slot). Each case runs

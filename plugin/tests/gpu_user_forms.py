@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Programs as users write them that once broke with Peerless on (issue 45), each against XLA
+"""Programs as users write them that once broke with Peerless on, each against XLA
 alone in the same run. Three parts (`--parts`, default all):
 
   multiprocess  one process per device with PEERLESS_ENABLE=1 exactly as a user sets it

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Issue 38 probe: can XLA run a Peerless collective (a typed-FFI custom call) asynchronously,
+"""The overlap probe: can XLA run a Peerless collective (a typed-FFI custom call) asynchronously,
 beside compute? Research script, not a test suite.
 
 For each XLA flag set (its own process: XLA reads XLA_FLAGS once) and each variant of how the

@@ -1,4 +1,4 @@
-"""The all-reduce fused with the residual add + RMSNorm after it (issue 35 item 3) on XLA's CPU
+"""The all-reduce fused with the residual add + RMSNorm after it on XLA's CPU
 backend: a tensor-parallel layer's `h = x + psum(a); y = rmsnorm(h) [* gamma]` under shard_map
 over 2, 4 and 8 host devices, bf16 and f32, compiled by XLA alone (the oracle) and with the
 pass; `h` and `y` must agree to a dtype tolerance and the decision must say it fused (so the

@@ -94,7 +94,7 @@ def _programs(jax, jnp, np, mesh):
         "psum_scatter_across": (sm(lambda v: jax.lax.psum_scatter(v, "p", scatter_dimension=1, tiled=True)), xf),
         "ppermute_ring": (sm(lambda v: jax.lax.ppermute(v, ("p", "l"), ring)), xf),
         "chain": (sm(lambda v: jax.lax.psum(jax.lax.psum(v * 2.0, "l") + 1.0, "p")), xf),
-        # Chained collectives of one group across processes share one segment (issue 25):
+        # Chained collectives of one group across processes share one segment:
         # an all-reduce, an all-gather of its result, another all-reduce, twice over.
         "chain_across": (sm(lambda v: jax.lax.psum(jax.lax.all_gather(
             jax.lax.psum(jax.lax.psum(v, ("p", "l")) * 0.5, ("p", "l")), ("p", "l"), axis=0, tiled=True)[:v.shape[0]]
@@ -227,7 +227,7 @@ def worker(pid: int, nproc: int, port: int, mode: str) -> None:
     elif mode == "platforms":
         # PEERLESS_ENABLE=1 in a GPU job enables cpu and cuda, and each platform asks for the
         # job's topology; the second once found the job's keys taken (ALREADY_EXISTS) and
-        # left every module of its platform to XLA (issue 45).
+        # left every module of its platform to XLA.
         first = inside._topology("cpu", "cpu")
         inside._state["topology"].clear()  # as a second platform, which has none of its own yet
         second = inside._topology("cpu", "cpu")
@@ -391,7 +391,7 @@ def test_program_matches_xla(job, name):
 
 
 def test_chained_collectives_across_processes_share_one_segment(job):
-    """Issue 25: 4 chained collectives of one group spanning both processes get one slot,
+    """4 chained collectives of one group spanning both processes get one slot,
     so each process maps one shared-memory segment for them (and results equal XLA's,
     test_program_matches_xla)."""
     for r in job:
@@ -409,7 +409,7 @@ def test_groups_across_processes_run_on_shared_memory(job):
 
 
 def test_every_platform_shares_the_jobs_topology():
-    """Issue 45: the job's token and hosts are agreed once per job, however many platforms
+    """the job's token and hosts are agreed once per job, however many platforms
     (PEERLESS_ENABLE=1: cpu and cuda) ask; a compile after a second ask still takes its
     collectives across processes, and nothing is left to XLA."""
     reps = run_job("platforms")

@@ -1,4 +1,4 @@
-"""Tuning profiles inside XLA (issue 27): the pass reads the profile PEERLESS_TUNING_PROFILE
+"""Tuning profiles inside XLA: the pass reads the profile PEERLESS_TUNING_PROFILE
 names, decides kernel vs XLA by its measured figures, and every such decision's reason names
 the profile and the figures (`decisions()`, `stats()`); flags still win, and `0` turns the
 profile off. With PEERLESS_TUNED_PROFILE set (scripts/test.sh: a profile `peerless tune

@@ -1,4 +1,4 @@
-"""`JAX_PLATFORMS=peerless` as a wrapper of XLA's own PJRT plugin (issue 14, first slice).
+"""`JAX_PLATFORMS=peerless` as a wrapper of XLA's own PJRT plugin.
 
 libpeerless_pjrt.so with PEERLESS_XLA_PLUGIN naming XLA's CPU plugin (the PyPI build
 `lammps-jax-pjrt-cpu`, PJRT 0.115 like jax 0.11.2): XLA compiles, partitions and runs every
@@ -23,7 +23,7 @@ except ImportError:  # CI installs it (plugin/requirements.txt): never skip ther
 
 os.environ["PEERLESS_XLA_PLUGIN"] = str(_inner.PLUGIN_PATH)
 os.environ["PEERLESS_HOST_DEVICES"] = "8"
-# Peerless's handlers are under test: the shipped XLA:CPU tuning profile (issue 27) would leave
+# Peerless's handlers are under test: the shipped XLA:CPU tuning profile would leave
 # some of these collectives to XLA.
 os.environ.setdefault("PEERLESS_TUNING_PROFILE", "0")
 os.environ["JAX_PLATFORMS"] = "peerless,cpu"

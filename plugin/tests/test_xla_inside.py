@@ -30,7 +30,7 @@ _COUNT_FLAG = "--xla_force_host_platform_device_count=8"
 if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _COUNT_FLAG).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-# These programs check Peerless's kernels against XLA alone; a tuning profile (issue 27) would
+# These programs check Peerless's kernels against XLA alone; a tuning profile would
 # leave some of them to XLA. test_tuning.py covers the profile.
 os.environ.setdefault("PEERLESS_TUNING_PROFILE", "0")
 
@@ -633,8 +633,7 @@ def test_concurrent_executions_from_threads():
 
 
 def test_independent_collectives_never_share_staging():
-    """Collectives XLA may run at once (data-independent) must get slots of their own (issue
-    25): 4 independent chains of psums of different sizes and values, interleaved in program
+    """Collectives XLA may run at once (data-independent) must get slots of their own : 4 independent chains of psums of different sizes and values, interleaved in program
     order, plus independent all-gathers; a slot shared across chains would mix their data
     (or their epochs) when XLA:CPU's thunk executor runs them concurrently. Compared with XLA
     alone on fresh inputs, repeatedly."""
@@ -1276,7 +1275,7 @@ def _rss_job(mode, n):
 
 
 def test_staging_does_not_grow_with_the_number_of_collectives():
-    """Issue 25: chained collectives share one staging slot, so the peak RSS Peerless adds to
+    """chained collectives share one staging slot, so the peak RSS Peerless adds to
     XLA alone (8 host devices, N chained 1 MiB psums in one jit, each configuration in a
     fresh process) is the same at N = 50 as at N = 1, within 10%. It was 16 MiB per
     collective (+816 MiB at N = 50)."""
@@ -1384,7 +1383,7 @@ def test_second_start_loads_from_the_persistent_cache(tmp_path):
 
 
 def test_a_module_left_to_xla_by_an_internal_failure_shows_in_stats_and_decisions(monkeypatch):
-    """Issue 45: a failure that leaves a whole module to XLA (here the job's topology cannot be
+    """a failure that leaves a whole module to XLA (here the job's topology cannot be
     read) is where users look, with its reason, not only in a log line."""
     from jax_plugins.peerless import inside
 

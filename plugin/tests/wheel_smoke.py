@@ -19,7 +19,7 @@ _COUNT_FLAG = "--xla_force_host_platform_device_count=8"
 if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _COUNT_FLAG).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-# The wheel's kernels are under test: the shipped XLA:CPU tuning profile (issue 27) would leave
+# The wheel's kernels are under test: the shipped XLA:CPU tuning profile would leave
 # this 256-byte f32 all-gather to XLA.
 os.environ.setdefault("PEERLESS_TUNING_PROFILE", "0")
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# scripts/find_libclang.sh against fake trees (issue 45): a Debian 12 with only libclang-cpp
+# scripts/find_libclang.sh against fake trees: a Debian 12 with only libclang-cpp
 # (what clang tooling installs) has no libclang; libclang1's and libclang-dev's files count.
 set -euo pipefail
 cd "$(dirname "$0")/../.."

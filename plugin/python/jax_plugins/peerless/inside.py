@@ -305,7 +305,7 @@ def _library_id() -> str:
 
 
 def _tuning_key() -> str:
-    """What the pass's tuning profile depends on (issue 27): PEERLESS_TUNING_PROFILE, and the
+    """What the pass's tuning profile depends on: PEERLESS_TUNING_PROFILE, and the
     profiles in the cache's tuning/ directory (names, sizes, times), which `peerless tune`
     rewrites."""
     env = os.environ.get("PEERLESS_TUNING_PROFILE", "")
@@ -581,8 +581,8 @@ def live_collectives() -> int:
 
 def staging_bytes() -> int:
     """Staging bytes Peerless's CPU handlers hold now, all devices of the process together
-    (in-process groups). Collectives that every device runs in one order share one slot
-    (issue 25), so this grows with the collectives that may run at once, not with their
+    (in-process groups). Collectives that every device runs in one order share one slot,
+    so this grows with the collectives that may run at once, not with their
     number; it is freed with the executables."""
     return int(_dll().PeerlessXlaStagingBytes())
 
@@ -592,7 +592,7 @@ def staging_by_device() -> dict:
     the CPU handlers' staging, "cuda:0": bytes of device memory on GPU 0 (staging, signal
     flags, status words; "rocm:0" where Peerless runs on ROCm), ...}; a GPU appears once it
     holds any. On every platform collectives that every device runs in one order share one
-    slot (issue 25), so this grows with the collectives that may run at once, not with their
+    slot, so this grows with the collectives that may run at once, not with their
     number."""
     from . import wrapped
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The issue-45 GPU run on the device machine: installs the wheel (dist-gpu/, carried) into the
+# Programs as users write them, on the device machine: installs the wheel (dist-gpu/, carried) into the
 # image's Python as a user does, then runs parts of plugin/tests/gpu_user_forms.py, each in
-# a time limit, with output in $OUT.  scripts/gpu_issue45.sh PART[,PART...] [SECONDS]
+# a time limit, with output in $OUT.  scripts/gpu_user_forms.sh PART[,PART...] [SECONDS]
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 unset PEERLESS_PJRT_LIBRARY

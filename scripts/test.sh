@@ -81,7 +81,7 @@ PEERLESS_PJRT_LIBRARY="$lib" PYTHONPATH=plugin/python "$PEERLESS_PYTHON" plugin/
 step "The GPU benchmark and accuracy scripts run on XLA:CPU (4 host devices; results vs XLA alone, not timings)"
 XLA_FLAGS=--xla_force_host_platform_device_count=4 JAX_PLATFORMS=cpu PEERLESS_PJRT_LIBRARY="$lib" PYTHONPATH=plugin/python \
   "$PEERLESS_PYTHON" plugin/tests/bench_programs.py --out "${TMPDIR:-/tmp}/peerless-bench-programs" --modes stock,peerless \
-  --programs psum_chain,moe,ring_attention,dp_step --rounds 1 --iters 2 --repeats 1
+  --programs psum_chain,moe,ring_attention,dp_step,tpdp_train_tiny --rounds 1 --iters 2 --repeats 1
 XLA_FLAGS=--xla_force_host_platform_device_count=4 JAX_PLATFORMS=cpu PEERLESS_PJRT_LIBRARY="$lib" PYTHONPATH=plugin/python \
   "$PEERLESS_PYTHON" plugin/tests/gpu_accuracy.py --no-decode
 

@@ -45,6 +45,9 @@ loop does; µs per call is the median over samples of `--iters` back-to-back cal
                           bf16 gradient all-reduces (dp_train_tiny: the same, small, for CPUs)
   fsdp_train_400m         the same step with the weights sharded by rows through jit shardings
                           (fsdp_train_tiny: small)
+  tpdp_train_400m         the same step on a (dp, tp) mesh, tp 2: Megatron MLP weights (w1 by
+                          columns, w2 by rows) all-reduce activations over tp, gradients over
+                          dp (tpdp_train_tiny: small)
 
 Every mode's results are compared with stock's: the largest difference relative to the largest
 magnitude must stay within AGREE (5e-2: three fed-back bf16 decode steps of 8 layers differ by
@@ -165,14 +168,22 @@ def programs(names, n):
         tokens per GPU; `*_tiny` (d 128, 2 layers, 64 tokens) checks the program on a CPU.
         `dp_`: weights replicated (XLA all-reduces the gradients); `fsdp_`: weights sharded by
         rows through jit shardings (the partitioner all-gathers them and reduce-scatters the
-        gradients)."""
+        gradients); `tpdp_`: a (dp, tp) mesh with tp 2 (1 on an odd device count), w1 sharded
+        by columns and w2 by rows over tp (activations all-reduced over tp in both passes),
+        tokens over dp (gradients all-reduced over dp)."""
         big = name.endswith("_400m")
         d, layers, tokens = (2048, 12, 4096) if big else (128, 2, 64)
-        fsdp = name.startswith("fsdp_")
-        wspec = NamedSharding(mesh, P("x", None) if fsdp else P())
-        ws = [jax.device_put(rnd(shape, shape[0] ** -0.5, jnp.float32), wspec)
-              for _ in range(layers) for shape in ((d, 4 * d), (4 * d, d))]
-        xb = put(rnd((tokens * n, d), 1.0, jnp.bfloat16), "x")
+        if name.startswith("tpdp_"):
+            tp = 2 if n % 2 == 0 else 1
+            m2 = Mesh(np.array(jax.devices()[:n]).reshape(n // tp, tp), ("dp", "tp"))
+            specs = [NamedSharding(m2, P(None, "tp")), NamedSharding(m2, P("tp", None))]
+            xspec = NamedSharding(m2, P("dp", None))
+        else:
+            wspec = NamedSharding(mesh, P("x", None) if name.startswith("fsdp_") else P())
+            specs, xspec = [wspec, wspec], NamedSharding(mesh, P("x", None))
+        ws = [jax.device_put(rnd(shape, shape[0] ** -0.5, jnp.float32), specs[k])
+              for _ in range(layers) for k, shape in enumerate(((d, 4 * d), (4 * d, d)))]
+        xb = jax.device_put(rnd((tokens * n, d), 1.0, jnp.bfloat16), xspec)
 
         def loss(ws, x):
             for w1, w2 in zip(ws[::2], ws[1::2]):
@@ -183,7 +194,7 @@ def programs(names, n):
             g = jax.grad(loss)(ws, x)
             return [w - 1e-4 * gi for w, gi in zip(ws, g)]
 
-        f = jax.jit(step, out_shardings=[wspec] * len(ws))
+        f = jax.jit(step, out_shardings=[specs[k % 2] for k in range(len(ws))])
         return (f, (ws, xb), lambda a, o: (o, a[1]))
 
     def build(name):
@@ -254,7 +265,7 @@ def programs(names, n):
 
             dp = jax.jit(lambda w, x: [wi - 1e-3 * gi for wi, gi in zip(w, jax.grad(loss)(w, x))])
             return (dp, (ws, xb), lambda a, o: (o, a[1]))
-        elif name.startswith(("dp_train_", "fsdp_train_")):
+        elif name.startswith(("dp_train_", "fsdp_train_", "tpdp_train_")):
             return train_stack(name)
         elif name == "fsdp_step":
             d, layers = 2048, 4

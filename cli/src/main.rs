@@ -63,6 +63,11 @@ struct CheckArgs {
     /// XLA's, saying why).
     #[arg(long, value_enum, default_value_t = PlatformArg::Cpu)]
     platform: PlatformArg,
+    /// The devices' kind as XLA names it (`jax.devices()[0].device_kind`, e.g. "NVIDIA H200"),
+    /// which the tuning profile is looked up by. XLA:CPU's is "cpu"; on CUDA without it the
+    /// profile is looked up without a kind (a GPU is never opened for it).
+    #[arg(long)]
+    device_kind: Option<String>,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -160,21 +165,17 @@ fn check(args: &CheckArgs) -> CliResult<()> {
         // preparation as `run` (device assignment written in), no plugin needed.
         let cfg = run_config(&module, &args.devices)?;
         flags(&args.devices)?;
+        let platform = match args.platform {
+            PlatformArg::Cpu => plugin::Platform::Cpu,
+            PlatformArg::Cuda => plugin::Platform::Cuda,
+        };
+        if let Some(kind) = &args.device_kind {
+            plugin::xla_inside::record_device_kind(platform, kind);
+        }
         // The active tuning profile (the pass inside XLA decides with it where the flags leave
         // the choice to it; explicit all-reduce thresholds keep all-reduce on them).
-        let explicit = emitter::tuning::sets_thresholds(&std::env::var(emitter::flags::ENV_VAR).unwrap_or_default())
-            || pass_flags(&args.devices).iter().any(|f| emitter::tuning::sets_thresholds(f));
-        let platform = match args.platform {
-            PlatformArg::Cpu => "cpu",
-            PlatformArg::Cuda => "cuda",
-        };
-        let tuning = emitter::tuning::TuningConfig {
-            source: emitter::tuning::ProfileSource::from_env(),
-            platform: platform.into(),
-            device_kind: plugin::xla_inside::kind_probe(platform),
-            explicit_thresholds: explicit,
-        }
-        .resolve(cfg.num_devices);
+        let pass = plugin::xla_inside::pass_config(platform, &pass_flags(&args.devices).join(" "), "")?;
+        let tuning = pass.tuning.resolve(cfg.num_devices);
         match &tuning.profile {
             Some(p) => println!("tuning profile: {}", p.source),
             None => println!("tuning profile: none (the flags' thresholds decide)"),
@@ -182,7 +183,7 @@ fn check(args: &CheckArgs) -> CliResult<()> {
         let bytes = module_bytes(&args.file, &module)?;
         let ids: Vec<i64> = (0..cfg.num_devices as i64).collect();
         let (_, outcome) = tools::xla_run::prepare(&bytes, cfg.mode, &ids, platform, &pass_flags(&args.devices))?;
-        print!("{}", report::decisions(&outcome.decisions, &cfg, platform));
+        print!("{}", report::decisions(&outcome.decisions, &cfg, platform.name()));
     }
     println!("ok: parsed and verified in {}", report::duration(secs));
     Ok(())

@@ -21,6 +21,7 @@
 
 use hlo::analysis::{self, ReductionKind};
 use hlo::{InstrId, Instruction, Module, PrimitiveType};
+use thunks::flag::{ONE_SHOT_MAX_BYTES, TWO_SHOT_MAX_BYTES};
 use thunks::{CollectiveConfig, CollectiveKind, CollectiveOp, Decision, KernelAlgorithm, fmt_groups};
 
 use crate::flags::{Backend, Flags};
@@ -227,7 +228,7 @@ fn rules(
             _ => std::slice::from_ref(&default),
         };
         if allowed.is_empty() {
-            return Decision::fallback(format!("{bytes} bytes > two_shot_max_bytes={}", flags.two_shot_max_bytes));
+            return Decision::fallback(format!("{bytes} bytes > {TWO_SHOT_MAX_BYTES}={}", flags.two_shot_max_bytes));
         }
         if let Some(c) = p.choose(op.kind, cfg.element_type, size, bytes, allowed) {
             return match c.algorithm {
@@ -241,17 +242,17 @@ fn rules(
         return if bytes <= one {
             Decision::kernel(
                 KernelAlgorithm::OneShotAllReduce,
-                format!("{bytes} bytes <= one_shot_max_bytes={one}{red}, {shape}"),
+                format!("{bytes} bytes <= {ONE_SHOT_MAX_BYTES}={one}{red}, {shape}"),
             )
         } else if bytes <= two {
             // usize::MAX: no limit (a call beside compute, `xla_pass`'s async rule).
             let two = if two == usize::MAX { "none".to_owned() } else { two.to_string() };
             Decision::kernel(
                 KernelAlgorithm::TwoShotAllReduce,
-                format!("{bytes} bytes > one_shot_max_bytes={one} and <= two_shot_max_bytes={two}{red}, {shape}"),
+                format!("{bytes} bytes > {ONE_SHOT_MAX_BYTES}={one} and <= {TWO_SHOT_MAX_BYTES}={two}{red}, {shape}"),
             )
         } else {
-            Decision::fallback(format!("{bytes} bytes > two_shot_max_bytes={two}"))
+            Decision::fallback(format!("{bytes} bytes > {TWO_SHOT_MAX_BYTES}={two}"))
         };
     }
     Decision::kernel(default, format!("{shape}, all with peer access{red}"))

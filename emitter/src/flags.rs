@@ -5,6 +5,7 @@
 use std::fmt;
 
 use thunks::CollectiveKind;
+use thunks::flag;
 
 use crate::EmitError;
 
@@ -161,9 +162,12 @@ fn parse_bytes(s: &str) -> Result<usize, String> {
 }
 
 macro_rules! backend_flag {
-    ($name:literal, $field:ident, $what:literal) => {
+    ($kind:ident, $field:ident, $what:literal) => {
         FlagSpec {
-            name: $name,
+            name: match CollectiveKind::$kind.backend_flag() {
+                Some(name) => name,
+                None => panic!("a kind with a backend flag"),
+            },
             ty: "auto|kernel|fallback",
             help: concat!(
                 "how ",
@@ -181,13 +185,13 @@ macro_rules! backend_flag {
 
 /// Every emitter flag. `peerless flags` prints this table.
 pub const FLAGS: &[FlagSpec] = &[
-    backend_flag!("all_reduce_backend", all_reduce_backend, "all-reduce (and all-reduce-start)"),
-    backend_flag!("all_gather_backend", all_gather_backend, "all-gather (and all-gather-start)"),
-    backend_flag!("all_to_all_backend", all_to_all_backend, "all-to-all"),
-    backend_flag!("reduce_scatter_backend", reduce_scatter_backend, "reduce-scatter"),
-    backend_flag!("collective_permute_backend", collective_permute_backend, "collective-permute (and its start)"),
+    backend_flag!(AllReduce, all_reduce_backend, "all-reduce (and all-reduce-start)"),
+    backend_flag!(AllGather, all_gather_backend, "all-gather (and all-gather-start)"),
+    backend_flag!(AllToAll, all_to_all_backend, "all-to-all"),
+    backend_flag!(ReduceScatter, reduce_scatter_backend, "reduce-scatter"),
+    backend_flag!(CollectivePermute, collective_permute_backend, "collective-permute (and its start)"),
     FlagSpec {
-        name: "one_shot_max_bytes",
+        name: flag::ONE_SHOT_MAX_BYTES,
         ty: "bytes",
         help: "largest all-reduce (operand bytes per device) for the one-shot kernel (XLA's cut-off)",
         get: |f| f.one_shot_max_bytes.to_string(),
@@ -197,7 +201,7 @@ pub const FLAGS: &[FlagSpec] = &[
         },
     },
     FlagSpec {
-        name: "two_shot_max_bytes",
+        name: flag::TWO_SHOT_MAX_BYTES,
         ty: "bytes",
         help: "largest all-reduce for the two-shot kernel; larger ones use the fallback (XLA's cut-off)",
         get: |f| f.two_shot_max_bytes.to_string(),
@@ -207,7 +211,7 @@ pub const FLAGS: &[FlagSpec] = &[
         },
     },
     FlagSpec {
-        name: "collective_timeout_ms",
+        name: flag::COLLECTIVE_TIMEOUT_MS,
         ty: "milliseconds > 0",
         help: "how long a collective waits for its peers before reporting a hang",
         get: |f| f.collective_timeout_ms.to_string(),
@@ -220,7 +224,7 @@ pub const FLAGS: &[FlagSpec] = &[
         },
     },
     FlagSpec {
-        name: "host_topology",
+        name: flag::HOST_TOPOLOGY,
         ty: "full|pairs:A-B,C-D,...",
         help: "peer links of the host backend: every pair (full) or only the listed links, both directions",
         get: |f| f.host_topology.to_string(),
@@ -230,7 +234,7 @@ pub const FLAGS: &[FlagSpec] = &[
         },
     },
     FlagSpec {
-        name: "allow_unsafe_peer_targets",
+        name: flag::ALLOW_UNSAFE_PEER_TARGETS,
         ty: "true|false",
         help: "use peer kernels even on GPU targets whose cross-device atomics are known not to be visible to \
                peers (gfx90a, MI200-class); false: those devices use the fallback",
@@ -241,7 +245,7 @@ pub const FLAGS: &[FlagSpec] = &[
         },
     },
     FlagSpec {
-        name: "xla_async_above_bytes",
+        name: flag::XLA_ASYNC_ABOVE_BYTES,
         ty: "bytes|none",
         help: "inside XLA: partitioner-made collectives (is_spmd_generated) above this stay XLA's, which overlaps them with compute",
         get: |f| f.xla_async_above_bytes.map_or_else(|| "none".to_owned(), |b| b.to_string()),
@@ -251,7 +255,7 @@ pub const FLAGS: &[FlagSpec] = &[
         },
     },
     FlagSpec {
-        name: "overlap_above_bytes",
+        name: flag::OVERLAP_ABOVE_BYTES,
         ty: "bytes|none",
         help: "inside XLA:GPU: collectives above this run on a Peerless kernel on XLA's async compute stream, \
                overlapped with compute where XLA's scheduler can (and no longer stay XLA's under \
@@ -265,7 +269,7 @@ pub const FLAGS: &[FlagSpec] = &[
         },
     },
     FlagSpec {
-        name: "async_blocks",
+        name: flag::ASYNC_BLOCKS,
         ty: "blocks",
         help: "inside XLA:GPU: the most thread blocks a call beside compute (overlap_above_bytes) launches with, \
                so the GEMMs it overlaps keep the other SMs",
@@ -280,7 +284,7 @@ pub const FLAGS: &[FlagSpec] = &[
         },
     },
     FlagSpec {
-        name: "fuse_norm",
+        name: flag::FUSE_NORM,
         ty: "auto|true|false",
         help: "inside XLA: fuse a sum all-reduce run on a kernel with the residual add + RMSNorm (+ convert) after \
                it into one call; auto: where the fused kernel measured faster (XLA:CPU), true: wherever the \
@@ -341,31 +345,46 @@ impl Flags {
 
     /// Sets one flag from `--name=value`.
     pub fn apply(&mut self, arg: &str) -> Result<(), EmitError> {
-        let Some(body) = arg.strip_prefix("--") else {
-            return Err(flag_error(format!("'{arg}' is not a flag of the form --name=value")));
-        };
-        let Some((name, value)) = body.split_once('=') else {
-            return Err(flag_error(format!("'{arg}' has no value (write --{body}=VALUE)")));
-        };
-        let Some(spec) = FLAGS.iter().find(|s| s.name == name) else {
-            return Err(flag_error(format!("unknown flag '--{name}'")));
-        };
-        (spec.set)(self, value).map_err(|why| flag_error(format!("bad value for --{name} ({}): {why}", spec.ty)))
+        let (spec, value) = split(arg)?;
+        (spec.set)(self, value).map_err(|why| flag_error(format!("bad value for --{} ({}): {why}", spec.name, spec.ty)))
     }
 
     /// The backend flag governing `kind` and its name, or `None` for kinds Peerless has
     /// no kernel for.
     pub fn backend_for(&self, kind: CollectiveKind) -> Option<(Backend, &'static str)> {
         use CollectiveKind as K;
-        Some(match kind {
-            K::AllReduce => (self.all_reduce_backend, "all_reduce_backend"),
-            K::AllGather => (self.all_gather_backend, "all_gather_backend"),
-            K::AllToAll => (self.all_to_all_backend, "all_to_all_backend"),
-            K::ReduceScatter => (self.reduce_scatter_backend, "reduce_scatter_backend"),
-            K::CollectivePermute => (self.collective_permute_backend, "collective_permute_backend"),
+        let backend = match kind {
+            K::AllReduce => self.all_reduce_backend,
+            K::AllGather => self.all_gather_backend,
+            K::AllToAll => self.all_to_all_backend,
+            K::ReduceScatter => self.reduce_scatter_backend,
+            K::CollectivePermute => self.collective_permute_backend,
             K::RaggedAllToAll | K::CollectiveBroadcast => return None,
-        })
+        };
+        Some((backend, kind.backend_flag()?))
     }
+}
+
+/// One `--name=value` argument: the flag it names and its value (not yet checked), or why
+/// it is not a flag.
+fn split(arg: &str) -> Result<(&'static FlagSpec, &str), EmitError> {
+    let Some(body) = arg.strip_prefix("--") else {
+        return Err(flag_error(format!("'{arg}' is not a flag of the form --name=value")));
+    };
+    let Some((name, value)) = body.split_once('=') else {
+        return Err(flag_error(format!("'{arg}' has no value (write --{body}=VALUE)")));
+    };
+    let Some(spec) = FLAGS.iter().find(|s| s.name == name) else {
+        return Err(flag_error(format!("unknown flag '--{name}'")));
+    };
+    Ok((spec, value))
+}
+
+/// Whether a flags string (whitespace-separated `--name=value`, as [`Flags::parse`] reads it)
+/// sets the flag `name` (one of [`thunks::flag`]'s). An argument that is no flag sets
+/// nothing here; [`Flags::apply`] reports it.
+pub fn sets(flags: &str, name: &str) -> bool {
+    flags.split_whitespace().filter_map(|arg| split(arg).ok()).any(|(spec, _)| spec.name == name)
 }
 
 /// Every flag as `--name=value`, so `Flags::parse(&flags.to_string())` round-trips.

@@ -614,29 +614,6 @@ impl Tuning {
     }
 }
 
-/// Finds the device kind a profile is looked up by (a GPU's name, "cpu"); asked only when a
-/// module with collectives looks for its profile. `None` inside: unknown.
-#[derive(Clone, Default)]
-pub struct KindProbe(pub Option<Arc<dyn Fn() -> Option<String> + Send + Sync>>);
-
-impl KindProbe {
-    /// A kind known up front.
-    pub fn fixed(kind: &str) -> KindProbe {
-        let kind = kind.to_owned();
-        KindProbe(Some(Arc::new(move || Some(kind.clone()))))
-    }
-
-    pub fn kind(&self) -> Option<String> {
-        self.0.as_ref().and_then(|f| f())
-    }
-}
-
-impl std::fmt::Debug for KindProbe {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(if self.0.is_some() { "KindProbe(probe)" } else { "KindProbe(unknown)" })
-    }
-}
-
 /// How a pass configuration finds its profile: the source, the platform the profile must be
 /// for, the devices' kind, and whether the flags set the all-reduce thresholds (then
 /// all-reduce follows them).
@@ -644,7 +621,12 @@ impl std::fmt::Debug for KindProbe {
 pub struct TuningConfig {
     pub source: ProfileSource,
     pub platform: String,
-    pub device_kind: KindProbe,
+    /// The devices' kind as XLA names it ("cpu", "NVIDIA H200"), a plain value handed over by
+    /// whoever holds XLA's devices (the Python package from JAX's, the CLI from its PJRT
+    /// client's): resolving the tuning asks no device. `None`: unknown; the profile is then
+    /// looked up without a kind (a profile of a named kind, like the shipped GPU ones, is not
+    /// taken).
+    pub device_kind: Option<String>,
     pub explicit_thresholds: bool,
 }
 
@@ -652,11 +634,19 @@ impl TuningConfig {
     /// The tuning of a module on `devices` devices.
     pub fn resolve(&self, devices: usize) -> Tuning {
         let kind = match self.source {
-            ProfileSource::Default => self.device_kind.kind(),
+            ProfileSource::Default => {
+                if self.device_kind.is_none() {
+                    log::debug!(
+                        "peerless: no device kind known on {}: the tuning profile is looked up without one",
+                        self.platform
+                    );
+                }
+                self.device_kind.as_deref()
+            }
             _ => None,
         };
         Tuning {
-            profile: self.source.select(&self.platform, devices, kind.as_deref()),
+            profile: self.source.select(&self.platform, devices, kind),
             explicit_thresholds: self.explicit_thresholds,
         }
     }
@@ -664,10 +654,8 @@ impl TuningConfig {
 
 /// Whether a flags string (`--name=value ...`) sets one of the all-reduce thresholds.
 pub fn sets_thresholds(flags: &str) -> bool {
-    flags.split_whitespace().any(|f| {
-        let name = f.trim_start_matches('-').split('=').next().unwrap_or("");
-        matches!(name, "one_shot_max_bytes" | "two_shot_max_bytes")
-    })
+    use thunks::flag::{ONE_SHOT_MAX_BYTES, TWO_SHOT_MAX_BYTES};
+    crate::flags::sets(flags, ONE_SHOT_MAX_BYTES) || crate::flags::sets(flags, TWO_SHOT_MAX_BYTES)
 }
 
 #[cfg(test)]

@@ -31,6 +31,7 @@ use hlo::wire::{
 };
 use hlo::{InstrId, Module, Opcode};
 use thunks::custom_call::{CustomCallConfig, target_name};
+use thunks::flag::{OVERLAP_ABOVE_BYTES, XLA_ASYNC_ABOVE_BYTES};
 use thunks::{CollectiveKind, Implementation};
 
 use crate::decide::{Capabilities, decide_tuned};
@@ -815,9 +816,9 @@ fn fuse_epilogues(module: &Module, calls: &mut [Call], decisions: &mut [PassDeci
 fn async_wrapped(module: &Module, id: InstrId, queues: bool) -> PassDecision {
     let ins = module.instr(id);
     let why = if queues {
-        "Peerless's calls beside compute are off (--overlap_above_bytes=none, the default)"
+        format!("Peerless's calls beside compute are off (--{OVERLAP_ABOVE_BYTES}=none, the default)")
     } else {
-        "this platform's calls do not run beside compute"
+        "this platform's calls do not run beside compute".to_owned()
     };
     PassDecision {
         reason: format!(
@@ -947,7 +948,7 @@ fn decide_one(
         && config.bytes_per_device > limit
     {
         d.reason = format!(
-            "partitioner-made, {} bytes > xla_async_above_bytes={limit}: XLA runs it asynchronously, overlapped with compute",
+            "partitioner-made, {} bytes > {XLA_ASYNC_ABOVE_BYTES}={limit}: XLA runs it asynchronously, overlapped with compute",
             config.bytes_per_device
         );
         return (d, None);
@@ -1029,7 +1030,7 @@ fn decide_one(
         ));
     } else if let Some(limit) = overlap {
         d.reason.push_str(&format!(
-            "; async: {} bytes > overlap_above_bytes={limit}, on XLA's operation queue {ASYNC_QUEUE} beside compute, \
+            "; async: {} bytes > {OVERLAP_ABOVE_BYTES}={limit}, on XLA's operation queue {ASYNC_QUEUE} beside compute, \
              at most {} blocks",
             config.bytes_per_device, call.blocks
         ));

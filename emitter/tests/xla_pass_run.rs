@@ -410,3 +410,42 @@ fn the_pass_decodes_a_module_once() {
     run(include_bytes!("xla_pass/no_collective.pb"), &PassConfig::default()).unwrap();
     assert_eq!(hlo::proto::decodes_on_this_thread(), before);
 }
+
+#[test]
+fn the_tuning_profile_is_the_handed_over_device_kinds() {
+    use std::sync::Arc;
+
+    use emitter::tuning::{ProfileSource, TuningConfig};
+    // A 1 KiB f32 all-reduce over 4 GPUs (a fake peer table: every pair linked).
+    let text = format!(
+        "HloModule m\n\n{ADD}ENTRY main {{\n  x = f32[256]{{0}} parameter(0)\n  \
+         ROOT ar = f32[256]{{0}} all-reduce(x), replica_groups={{{{0,1,2,3}}}}, to_apply=add\n}}\n"
+    );
+    let pb = replicas(&text, 4);
+    // The kind is a plain value in the configuration, handed over by whoever holds XLA's
+    // devices: resolving the tuning asks no device for it.
+    let reason = |kind: &str| {
+        let cfg = PassConfig {
+            peers: Peers::Lazy(Arc::new(|| Arc::new(PeerAccessTable::full(4, "test GPUs")))),
+            caps: Capabilities { variadic: true, in_order: true, ..Capabilities::default() },
+            instance_base: Some(1),
+            tuning: TuningConfig {
+                source: ProfileSource::Default,
+                platform: "cuda".into(),
+                device_kind: Some(kind.into()),
+                explicit_thresholds: false,
+            },
+            ..PassConfig::default()
+        };
+        let out = run(&pb, &cfg).unwrap();
+        assert!(out.decisions.len() == 1 && out.decisions[0].kernel, "{:?}", out.decisions);
+        out.decisions[0].reason.clone()
+    };
+    // Hopper's profile (the shipped one, unless this machine's cache holds one of that kind).
+    let h200 = reason("NVIDIA H200");
+    assert!(h200.contains("; profile ") && h200.ends_with("-> one-shot"), "{h200}");
+    // Another kind: never a Hopper profile; the thresholds (no profile of that kind here).
+    let a100 = reason("NVIDIA A100-SXM4-80GB");
+    assert!(!a100.contains("cuda-hopper-nvlink"), "{a100}");
+    assert!(a100.starts_with("1024 bytes <= one_shot_max_bytes="), "{a100}");
+}

@@ -31,7 +31,7 @@ fn downstream(module: &hlo::Module) {
     let Ok(bytes) = hlo::encode_proto(module) else { return };
     for (n, mode) in [(1, DeviceMode::Replica), (2, DeviceMode::Replica), (2, DeviceMode::Partition)] {
         let ids: Vec<i64> = (0..n).collect();
-        let _ = tools::xla_run::prepare(&bytes, mode, &ids, "cpu", &[]);
+        let _ = tools::xla_run::prepare(&bytes, mode, &ids, plugin::Platform::Cpu, &[]);
     }
 }
 

@@ -4,9 +4,12 @@
 //! XLA load. All logic lives here; plugin/so only re-exports it as C symbols. Running HLO
 //! files, benchmarks and the tune through XLA is the CLI's (`peerless-tools`).
 
+pub mod platform;
 pub mod wrap;
 pub mod xla_handlers;
 pub mod xla_inside;
+
+pub use platform::Platform;
 
 /// Re-exported so the plugin and the CLI agree on the IR version.
 pub use hlo;

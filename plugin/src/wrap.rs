@@ -44,6 +44,8 @@ use ffi::pjrt::{
 use hlo::wire::compile_options::ENV_OPTION_OVERRIDES;
 use pjrt_sys::protos::xla;
 
+use crate::Platform;
+
 /// The environment variable naming the inner plugin.
 pub const ENV_VAR: &str = "PEERLESS_XLA_PLUGIN";
 
@@ -52,8 +54,8 @@ struct Wrapped {
     plugin: InnerPlugin,
     table: *const c_void,
     own_errors: bool,
-    /// The Peerless platform of the inner plugin's devices ("cpu", "cuda", "rocm").
-    platform: &'static str,
+    /// The Peerless platform of the inner plugin's devices.
+    platform: Platform,
 }
 
 // SAFETY: the table is a leaked, never-written copy; `InnerPlugin` is Send + Sync.
@@ -63,18 +65,19 @@ unsafe impl Sync for Wrapped {}
 
 static INNER: OnceLock<Result<Wrapped, String>> = OnceLock::new();
 
-/// The Peerless platform whose handlers the inner plugin gets: "cuda" for XLA's CUDA plugin,
-/// "rocm" for XLA's ROCm plugin (`xla_rocm_plugin.so`; its handlers need a library built with
-/// the cargo feature `rocm`), by `PEERLESS_XLA_PLATFORM`, else the file name; "cpu" otherwise.
-pub fn platform_of(path: &std::path::Path) -> &'static str {
+/// The Peerless platform whose handlers the inner plugin gets: CUDA for XLA's CUDA plugin,
+/// ROCm for XLA's ROCm plugin (`xla_rocm_plugin.so`; its handlers need a library built with
+/// the cargo feature `rocm`), by `PEERLESS_XLA_PLATFORM` ("cuda", "rocm"), else the file name;
+/// XLA:CPU otherwise.
+pub fn platform_of(path: &std::path::Path) -> Platform {
     let named = |what: &str| path.file_name().is_some_and(|n| n.to_string_lossy().contains(what));
     match std::env::var("PEERLESS_XLA_PLATFORM").as_deref() {
-        Ok("cuda") => "cuda",
-        Ok("rocm") => "rocm",
-        Ok(_) => "cpu",
-        Err(_) if named("cuda") => "cuda",
-        Err(_) if named("rocm") => "rocm",
-        Err(_) => "cpu",
+        Ok("cuda") => Platform::Cuda,
+        Ok("rocm") => Platform::Rocm,
+        Ok(_) => Platform::Cpu,
+        Err(_) if named("cuda") => Platform::Cuda,
+        Err(_) if named("rocm") => Platform::Rocm,
+        Err(_) => Platform::Cpu,
     }
 }
 
@@ -86,11 +89,8 @@ fn load(path: PathBuf) -> Result<Wrapped, String> {
     // package registers the whole bundle instead (instantiate / initialize / execute: state
     // freed with the executable, set up outside command-buffer capture) and says so here.
     let by_python = std::env::var("PEERLESS_XLA_HANDLERS").as_deref() == Ok("python");
-    let xla_platform = if by_python {
-        crate::xla_handlers::xla_platform(platform)
-    } else {
-        crate::xla_handlers::register_in(&inner, platform)?
-    };
+    let xla_platform =
+        if by_python { platform.xla_name() } else { crate::xla_handlers::register_in(&inner, platform)? };
     log::info!(
         "peerless: wrapping {} (PJRT {}.{}, {} extensions); handlers for {xla_platform} registered by {}",
         path.display(),
@@ -467,7 +467,7 @@ unsafe extern "C" fn client_create(args: *mut pjrt_sys::PJRT_Client_Create_Args)
             unsafe { std::slice::from_raw_parts(a.create_options, a.num_options) }
         };
         // SAFETY: the options come from PJRT, which promises their names and values.
-        match unsafe { split_create_options(options) } {
+        let r = match unsafe { split_create_options(options) } {
             Err(e) if wrapped().own_errors => new_error(INVALID_ARGUMENT, format!("peerless: {e}")),
             // A newer plugin reads errors through slots this build does not know: XLA judges.
             // SAFETY: the caller's args, unchanged.
@@ -486,9 +486,29 @@ unsafe extern "C" fn client_create(args: *mut pjrt_sys::PJRT_Client_Create_Args)
                 (a.create_options, a.num_options) = saved;
                 r
             }
+        };
+        if r.is_null() && !a.client.is_null() {
+            // SAFETY: the plugin just created this client; it is alive during this call.
+            learn_device_kind(unsafe { ffi::pjrt::client::addressable_devices(plugin(), a.client) });
         }
+        r
     }))
     .unwrap_or_else(|_| new_error(INTERNAL, "peerless: PJRT_Client_Create panicked".into()))
+}
+
+/// Records the kind of a new client's devices (XLA's name for them, "NVIDIA H200"), which the
+/// pass looks its tuning profile up by: what XLA knows, so no GPU is opened for it. A client
+/// whose devices cannot be listed leaves the kind unknown (the profile is then looked up
+/// without one), which is no reason to fail its creation.
+fn learn_device_kind(devices: Result<Vec<ffi::pjrt::client::Device>, String>) {
+    let platform = wrapped().platform;
+    match devices {
+        Ok(d) => match d.first() {
+            Some(first) => crate::xla_inside::record_device_kind(platform, &first.kind),
+            None => log::debug!("peerless: the {platform} client has no devices: no device kind"),
+        },
+        Err(e) => log::info!("peerless: the {platform} client's device kind is unknown ({e})"),
+    }
 }
 
 // ---- compile: Peerless's per-executable options ----------------------------------------

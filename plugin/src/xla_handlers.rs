@@ -1,9 +1,9 @@
 //! The typed-FFI handlers XLA calls for Peerless custom calls, one per platform and target,
 //! and the per-platform facts the pass needs (peer access, free device memory).
 //!
-//! Platforms: "cpu" (XLA's "Host"), "cuda" ("CUDA") and, in a library built with the cargo
-//! feature `rocm`, "rocm" ("ROCM"): the same generic GPU runtime (`kernels::gpu::xla`) for
-//! CUDA and HIP, each with its own state.
+//! Platforms ([`Platform`]): XLA:CPU (XLA's "Host"), CUDA ("CUDA") and, in a library built
+//! with the cargo feature `rocm`, ROCm ("ROCM"): the same generic GPU runtime
+//! (`kernels::gpu::xla`) for CUDA and HIP, each with its own state.
 //!
 //! Each handler is a C function over [`kernels::ffi_handler::dispatch`] with the platform's
 //! runtime; `ffi::xla_ffi::guard_with_traits` answers the metadata probe and turns errors
@@ -23,32 +23,33 @@ use kernels::xla_host::HostRuntime;
 use thunks::CollectiveKind;
 use thunks::custom_call::target_kind;
 
+use crate::Platform;
+
 static HOST: HostRuntime = HostRuntime;
-/// Execute-stage handler calls per platform (cpu, cuda, rocm): a call captured into a command
-/// buffer and replayed by XLA does not count, which is how tests see that it was replayed.
-static CALLS: [AtomicU64; 3] = [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)];
+/// Execute-stage handler calls per platform (by [`Platform::index`]): a call captured into a
+/// command buffer and replayed by XLA does not count, which is how tests see that it was
+/// replayed.
+static CALLS: [AtomicU64; Platform::ALL.len()] = [const { AtomicU64::new(0) }; Platform::ALL.len()];
 
-/// The GPU platforms this library has handlers for.
-#[cfg(feature = "rocm")]
-pub const GPU_PLATFORMS: &[&str] = &["cuda", "rocm"];
-/// The GPU platforms this library has handlers for ("rocm" needs the cargo feature `rocm`).
-#[cfg(not(feature = "rocm"))]
-pub const GPU_PLATFORMS: &[&str] = &["cuda"];
-
-/// Whether this library has handlers for `platform` ("cpu", a GPU platform).
-pub fn has_platform(platform: &str) -> bool {
-    platform == "cpu" || GPU_PLATFORMS.contains(&platform)
+/// Why GPU `platform` has no runtime here: it is no GPU platform, or its handlers were not built.
+fn no_gpu_runtime(platform: Platform) -> String {
+    match platform.with_handlers() {
+        Err(e) => e,
+        Ok(_) => format!("'{platform}' is no GPU platform"),
+    }
 }
 
-/// Why there are no handlers for `platform`.
-pub fn no_platform(platform: &str) -> String {
-    if platform == "rocm" {
-        "Peerless has no handlers for platform 'rocm': this library was built without the cargo feature \
-         `rocm` (cargo build -p peerless-pjrt --features rocm)"
-            .into()
-    } else {
-        format!("Peerless has no handlers for platform '{platform}'")
-    }
+#[cfg(test)]
+thread_local! {
+    /// Calls on this thread into what opens the GPU runtime (its clique: every GPU opened,
+    /// contexts made, pairs probed): tests see which paths never reach it.
+    pub(crate) static GPU_RUNTIME_CALLS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Counts a call into the GPU runtime (tests only).
+fn opens_gpus() {
+    #[cfg(test)]
+    GPU_RUNTIME_CALLS.with(|c| c.set(c.get() + 1));
 }
 
 /// Collectives of the CPU and GPU handlers alive now (each freed with its executable).
@@ -75,13 +76,8 @@ pub fn gpu_staging_bytes() -> Vec<usize> {
 }
 
 /// Execute-stage calls of the handlers of `platform` so far.
-pub fn handler_calls(platform: &str) -> u64 {
-    match platform {
-        "cpu" => CALLS[0].load(Ordering::Relaxed),
-        "cuda" => CALLS[1].load(Ordering::Relaxed),
-        "rocm" => CALLS[2].load(Ordering::Relaxed),
-        _ => 0,
-    }
+pub fn handler_calls(platform: Platform) -> u64 {
+    CALLS[platform.index()].load(Ordering::Relaxed)
 }
 static CUDA: CudaRuntime = CudaRuntime;
 #[cfg(feature = "rocm")]
@@ -121,7 +117,7 @@ macro_rules! handlers {
     };
 }
 
-handlers! { &HOST, &CALLS[0];
+handlers! { &HOST, &CALLS[Platform::Cpu as usize];
     cpu_all_reduce => AllReduce,
     cpu_all_gather => AllGather,
     cpu_all_to_all => AllToAll,
@@ -129,7 +125,7 @@ handlers! { &HOST, &CALLS[0];
     cpu_collective_permute => CollectivePermute,
 }
 
-handlers! { &CUDA, &CALLS[1];
+handlers! { &CUDA, &CALLS[Platform::Cuda as usize];
     cuda_all_reduce => AllReduce,
     cuda_all_gather => AllGather,
     cuda_all_to_all => AllToAll,
@@ -138,7 +134,7 @@ handlers! { &CUDA, &CALLS[1];
 }
 
 #[cfg(feature = "rocm")]
-handlers! { &ROCM, &CALLS[2];
+handlers! { &ROCM, &CALLS[Platform::Rocm as usize];
     rocm_all_reduce => AllReduce,
     rocm_all_gather => AllGather,
     rocm_all_to_all => AllToAll,
@@ -149,57 +145,44 @@ handlers! { &ROCM, &CALLS[2];
 /// A typed-FFI handler as XLA registers it.
 pub type Handler = unsafe extern "C" fn(*mut XLA_FFI_CallFrame) -> *mut XLA_FFI_Error;
 
-/// The handler of `target` on `platform` (`"cpu"`, `"cuda"`, and `"rocm"` in a ROCm build),
-/// or `None`.
-pub fn handler(platform: &str, target: &str) -> Option<Handler> {
+/// The handler of `target` on `platform` (ROCm's in a ROCm build), or `None`.
+pub fn handler(platform: Platform, target: &str) -> Option<Handler> {
     use CollectiveKind as K;
+    use Platform as P;
     let kind = target_kind(target)?;
     let h: Handler = match (platform, kind) {
-        ("cpu", K::AllReduce) => cpu_all_reduce,
-        ("cpu", K::AllGather) => cpu_all_gather,
-        ("cpu", K::AllToAll) => cpu_all_to_all,
-        ("cpu", K::ReduceScatter) => cpu_reduce_scatter,
-        ("cpu", K::CollectivePermute) => cpu_collective_permute,
-        ("cuda", K::AllReduce) => cuda_all_reduce,
-        ("cuda", K::AllGather) => cuda_all_gather,
-        ("cuda", K::AllToAll) => cuda_all_to_all,
-        ("cuda", K::ReduceScatter) => cuda_reduce_scatter,
-        ("cuda", K::CollectivePermute) => cuda_collective_permute,
+        (P::Cpu, K::AllReduce) => cpu_all_reduce,
+        (P::Cpu, K::AllGather) => cpu_all_gather,
+        (P::Cpu, K::AllToAll) => cpu_all_to_all,
+        (P::Cpu, K::ReduceScatter) => cpu_reduce_scatter,
+        (P::Cpu, K::CollectivePermute) => cpu_collective_permute,
+        (P::Cuda, K::AllReduce) => cuda_all_reduce,
+        (P::Cuda, K::AllGather) => cuda_all_gather,
+        (P::Cuda, K::AllToAll) => cuda_all_to_all,
+        (P::Cuda, K::ReduceScatter) => cuda_reduce_scatter,
+        (P::Cuda, K::CollectivePermute) => cuda_collective_permute,
         #[cfg(feature = "rocm")]
-        ("rocm", K::AllReduce) => rocm_all_reduce,
+        (P::Rocm, K::AllReduce) => rocm_all_reduce,
         #[cfg(feature = "rocm")]
-        ("rocm", K::AllGather) => rocm_all_gather,
+        (P::Rocm, K::AllGather) => rocm_all_gather,
         #[cfg(feature = "rocm")]
-        ("rocm", K::AllToAll) => rocm_all_to_all,
+        (P::Rocm, K::AllToAll) => rocm_all_to_all,
         #[cfg(feature = "rocm")]
-        ("rocm", K::ReduceScatter) => rocm_reduce_scatter,
+        (P::Rocm, K::ReduceScatter) => rocm_reduce_scatter,
         #[cfg(feature = "rocm")]
-        ("rocm", K::CollectivePermute) => rocm_collective_permute,
+        (P::Rocm, K::CollectivePermute) => rocm_collective_permute,
         _ => return None,
     };
     Some(h)
 }
 
-/// XLA's name of a Peerless platform ("cpu" → "Host", "cuda" → "CUDA", "rocm" → "ROCM"), as
-/// XLA's FFI registry and JAX's `register_ffi_target` take it.
-pub fn xla_platform(platform: &str) -> &'static str {
-    match platform {
-        "cuda" => "CUDA",
-        "rocm" => "ROCM",
-        _ => "Host",
-    }
-}
-
-/// Registers every Peerless handler of `platform` ("cpu", "cuda", "rocm") in an inner plugin's
-/// FFI registry, through its FFI extension (execute-only handlers; XLA's platform "Host",
-/// "CUDA" or "ROCM", the GPU ones command-buffer compatible). Once per plugin and process:
-/// XLA's registry is process-global inside the plugin, and a second registration is an error.
-pub fn register_in(inner: &ffi::pjrt::InnerPlugin, platform: &str) -> Result<&'static str, String> {
-    if !has_platform(platform) {
-        return Err(no_platform(platform));
-    }
-    let xla_platform = xla_platform(platform);
-    let traits = if platform == "cpu" { 0 } else { 1 };
+/// Registers every Peerless handler of `platform` in an inner plugin's FFI registry, through
+/// its FFI extension (execute-only handlers; XLA's platform "Host", "CUDA" or "ROCM", the GPU
+/// ones command-buffer compatible). Once per plugin and process: XLA's registry is
+/// process-global inside the plugin, and a second registration is an error.
+pub fn register_in(inner: &ffi::pjrt::InnerPlugin, platform: Platform) -> Result<&'static str, String> {
+    let xla_platform = platform.with_handlers()?.xla_name();
+    let traits = if platform.is_gpu() { 1 } else { 0 };
     for &(_, target) in thunks::custom_call::TARGETS.iter() {
         let h = handler(platform, target).ok_or_else(|| format!("Peerless has no {platform} handler for {target}"))?;
         // SAFETY: `h` is one of this library's typed FFI handlers, a plain function valid for
@@ -216,58 +199,51 @@ pub fn register_in(inner: &ffi::pjrt::InnerPlugin, platform: &str) -> Result<&'s
 /// GPUs cannot be opened (every collective then stays XLA's, with that reason). (On CPU every
 /// device reaches every other: `xla_pass::Peers::Shared`.)
 pub fn cuda_peer_table(ordinals: Option<&BTreeMap<usize, usize>>, allow_unsafe: bool) -> Arc<PeerAccessTable> {
-    remapped(gpu_xla::peer_table::<Cuda>(allow_unsafe), ordinals, "cuda")
+    opens_gpus();
+    remapped(gpu_xla::peer_table::<Cuda>(allow_unsafe), ordinals, Platform::Cuda)
 }
 
 /// [`cuda_peer_table`] for the AMD GPUs of the process (HIP ordinals), in a ROCm build.
 #[cfg(feature = "rocm")]
 pub fn rocm_peer_table(ordinals: Option<&BTreeMap<usize, usize>>, allow_unsafe: bool) -> Arc<PeerAccessTable> {
-    remapped(gpu_xla::peer_table::<kernels::rocm::Hip>(allow_unsafe), ordinals, "rocm")
+    opens_gpus();
+    remapped(gpu_xla::peer_table::<kernels::rocm::Hip>(allow_unsafe), ordinals, Platform::Rocm)
 }
 
-/// The peer table of GPU `platform` ("cuda", "rocm") under the target policy
+/// The peer table of GPU `platform` (CUDA, ROCm) under the target policy
 /// (`allow_unsafe`: `--allow_unsafe_peer_targets`); a table with no links where this
-/// library has no such platform.
+/// library has no such GPU runtime.
 pub fn gpu_peer_table(
-    platform: &str,
+    platform: Platform,
     ordinals: Option<&BTreeMap<usize, usize>>,
     allow_unsafe: bool,
 ) -> Arc<PeerAccessTable> {
     match platform {
-        "cuda" => cuda_peer_table(ordinals, allow_unsafe),
+        Platform::Cuda => cuda_peer_table(ordinals, allow_unsafe),
         #[cfg(feature = "rocm")]
-        "rocm" => rocm_peer_table(ordinals, allow_unsafe),
-        other => remapped(Err(no_platform(other)), ordinals, other),
+        Platform::Rocm => rocm_peer_table(ordinals, allow_unsafe),
+        other => remapped(Err(no_gpu_runtime(other)), ordinals, other),
     }
 }
 
 /// The least free device memory among the process's GPUs of `platform` (the pass's staging
 /// budget), or why it is unknown.
-pub fn gpu_least_free_memory(platform: &str) -> Result<usize, String> {
+pub fn gpu_least_free_memory(platform: Platform) -> Result<usize, String> {
+    opens_gpus();
     match platform {
-        "cuda" => gpu_xla::least_free_memory::<Cuda>(),
+        Platform::Cuda => gpu_xla::least_free_memory::<Cuda>(),
         #[cfg(feature = "rocm")]
-        "rocm" => gpu_xla::least_free_memory::<kernels::rocm::Hip>(),
-        other => Err(no_platform(other)),
-    }
-}
-
-/// The name of GPU `platform`'s first device (a tuning profile's device kind).
-pub fn gpu_device_kind(platform: &str) -> Result<String, String> {
-    match platform {
-        "cuda" => gpu_xla::device_kind::<Cuda>(),
-        #[cfg(feature = "rocm")]
-        "rocm" => gpu_xla::device_kind::<kernels::rocm::Hip>(),
-        other => Err(no_platform(other)),
+        Platform::Rocm => gpu_xla::least_free_memory::<kernels::rocm::Hip>(),
+        other => Err(no_gpu_runtime(other)),
     }
 }
 
 /// Hands GPU `platform`'s handlers each local GPU's device id (ordinal → id).
-pub fn set_gpu_device_ids(platform: &str, ids: BTreeMap<usize, usize>) {
+pub fn set_gpu_device_ids(platform: Platform, ids: BTreeMap<usize, usize>) {
     match platform {
-        "cuda" => gpu_xla::set_device_ids::<Cuda>(ids),
+        Platform::Cuda => gpu_xla::set_device_ids::<Cuda>(ids),
         #[cfg(feature = "rocm")]
-        "rocm" => gpu_xla::set_device_ids::<kernels::rocm::Hip>(ids),
+        Platform::Rocm => gpu_xla::set_device_ids::<kernels::rocm::Hip>(ids),
         _ => {}
     }
 }
@@ -276,7 +252,7 @@ pub fn set_gpu_device_ids(platform: &str, ids: BTreeMap<usize, usize>) {
 fn remapped(
     table: Result<Arc<PeerAccessTable>, String>,
     ordinals: Option<&BTreeMap<usize, usize>>,
-    platform: &str,
+    platform: Platform,
 ) -> Arc<PeerAccessTable> {
     match table {
         Ok(t) => match ordinals.filter(|o| !o.is_empty()) {

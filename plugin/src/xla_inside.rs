@@ -6,16 +6,24 @@
 //!   or a panic comes back as status -1 with the reason, and the caller keeps the module.
 //! - [`handler`] (`PeerlessXlaHandler`): the typed-FFI handler of a platform and target.
 //!
+//! - [`set_topology`] (`PeerlessXlaSetTopology`): what the running process tells the handlers
+//!   and the pass: the job's topology, and the devices' kind as XLA names it, which the
+//!   tuning profile is looked up by ([`device_kind`]).
+//!
 //! Thread safety: XLA runs the pass from several compile threads at once; the pass keeps no
-//! state but an atomic instance counter, and the per-platform configuration is read-only
-//! after its first build.
+//! state but an atomic instance counter and the devices' kind per platform (set once the
+//! process knows it), and the per-platform configuration is read-only after its first build.
 
 use std::collections::BTreeSet;
 use std::ffi::{CStr, c_char};
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Mutex;
 
 use emitter::xla_pass::{self, PassConfig, PassOutcome};
 use emitter::{Capabilities, Flags};
+use thunks::flag;
+
+use crate::Platform;
 
 /// What `PeerlessXlaPass` returns; free it with `PeerlessXlaPassFree`.
 #[repr(C)]
@@ -45,19 +53,21 @@ fn result(status: i32, module: Option<Vec<u8>>, report: String) -> *mut PassResu
 /// The pass configuration for a platform, flags string and local device list. On CUDA the
 /// peer table is looked up lazily ([`xla_pass::Peers::Lazy`]): it opens the GPUs once per
 /// process (compiling the kernels on a cold cache), which only a module with a collective
-/// that passed every other rule pays for.
-pub fn pass_config(platform: &str, flags: &str, local_devices: &str) -> Result<PassConfig, String> {
+/// that passed every other rule pays for. The tuning profile is looked up by the devices'
+/// kind this process was handed ([`device_kind`]), never by opening a GPU.
+pub fn pass_config(platform: Platform, flags: &str, local_devices: &str) -> Result<PassConfig, String> {
     pass_config_tuned(platform, flags, local_devices, emitter::tuning::ProfileSource::from_env())
 }
 
 /// [`pass_config`] with the tuning profile from `source` rather than `PEERLESS_TUNING_PROFILE`
 /// (`peerless bench` measures the pass without a profile and with the active one).
 pub fn pass_config_tuned(
-    platform: &str,
+    platform: Platform,
     flags: &str,
     local_devices: &str,
     source: emitter::tuning::ProfileSource,
 ) -> Result<PassConfig, String> {
+    let platform = platform.with_handlers()?;
     let mut f = Flags::from_env().map_err(|e| e.to_string())?;
     for arg in flags.split_whitespace() {
         f.apply(arg).map_err(|e| e.to_string())?;
@@ -66,12 +76,21 @@ pub fn pass_config_tuned(
     // partitioner-made collectives to XLA (measured on GPUs) only costs there: a DP train
     // step on 8 host devices took 0.88× XLA's time on Peerless's kernels and 1.01× with the
     // rule (docs/PERFORMANCE.md). An explicit setting wins.
-    let explicit = |s: &str| s.contains("xla_async_above_bytes");
-    if platform == "cpu" && !explicit(flags) && !explicit(&std::env::var(emitter::flags::ENV_VAR).unwrap_or_default()) {
+    let explicit = |s: &str| emitter::flags::sets(s, flag::XLA_ASYNC_ABOVE_BYTES);
+    if platform == Platform::Cpu
+        && !explicit(flags)
+        && !explicit(&std::env::var(emitter::flags::ENV_VAR).unwrap_or_default())
+    {
         f.xla_async_above_bytes = None;
     }
     // `local_devices`: this process's device ids ("0,1,2"), or the job's topology
-    // ("this=0;job=...;devices=0:0,...;hosts=0:0,...") under jax.distributed.
+    // ("this=0;job=...;devices=0:0,...;hosts=0:0,...") under jax.distributed, either with the
+    // devices' kind (";kind=NAME") where the Python package knows it.
+    let (kind, local_devices) = split_kind(local_devices);
+    if let Some(kind) = kind {
+        record_device_kind(platform, kind);
+    }
+    let local_devices = local_devices.as_str();
     let (local, topology) = if local_devices.contains('=') {
         let t = xla_pass::Topology::parse(local_devices)?;
         (t.local_devices(), Some(t))
@@ -87,23 +106,18 @@ pub fn pass_config_tuned(
     // Every platform reaches the other processes of a host: CPU through the host protocols
     // over shared memory, the GPUs (CUDA; ROCm in a build with it) through staging shared
     // with IPC handles.
-    let caps = match platform {
+    let caps = Capabilities {
+        variadic: true,
+        cross_process: true,
         // A GPU runs a device's calls in stream order; XLA:CPU may run independent ones at once.
-        p if crate::xla_handlers::has_platform(p) => {
-            // The fused all-reduce + RMSNorm runs on the host runtime and on CUDA
-            // (`pl_one_shot_norm_*`); ROCm's runtime refuses an epilogue. The decision of a fused
-            // call already says what was fused ("<implementation> + rmsnorm", "fused: ...").
-            Capabilities {
-                variadic: true,
-                cross_process: true,
-                in_order: platform != "cpu",
-                fused_norm: matches!(platform, "cpu" | "cuda"),
-                fused_norm_auto: platform == "cpu",
-                // XLA:GPU's operation queues (`--overlap_above_bytes`): verified on CUDA only.
-                async_queue: platform == "cuda",
-            }
-        }
-        other => return Err(crate::xla_handlers::no_platform(other)),
+        in_order: platform.is_gpu(),
+        // The fused all-reduce + RMSNorm runs on the host runtime and on CUDA
+        // (`pl_one_shot_norm_*`); ROCm's runtime refuses an epilogue. The decision of a fused
+        // call already says what was fused ("<implementation> + rmsnorm", "fused: ...").
+        fused_norm: matches!(platform, Platform::Cpu | Platform::Cuda),
+        fused_norm_auto: platform == Platform::Cpu,
+        // XLA:GPU's operation queues (`--overlap_above_bytes`): verified on CUDA only.
+        async_queue: platform == Platform::Cuda,
     };
     // The handlers learn the job (its token, the GPUs' device ids) from the Python package
     // (`set_topology`), which also hands it to every compile: an executable loaded from a
@@ -112,7 +126,7 @@ pub fn pass_config_tuned(
         learn_topology(platform, t)?;
     }
     let ordinals = topology.as_ref().map(|t| t.ordinals.clone()).filter(|o| !o.is_empty());
-    let gpu: Option<&'static str> = crate::xla_handlers::GPU_PLATFORMS.iter().copied().find(|&p| p == platform);
+    let gpu = Some(platform).filter(|p| p.is_gpu());
     let allow_unsafe = f.allow_unsafe_peer_targets;
     let peers = match gpu {
         Some(gpu) => xla_pass::Peers::Lazy(std::sync::Arc::new(move || {
@@ -135,24 +149,59 @@ pub fn pass_config_tuned(
     let env_flags = std::env::var(emitter::flags::ENV_VAR).unwrap_or_default();
     let tuning = emitter::tuning::TuningConfig {
         source,
-        platform: platform.to_owned(),
-        device_kind: kind_probe(platform),
+        platform: platform.name().to_owned(),
+        device_kind: device_kind(platform),
         explicit_thresholds: emitter::tuning::sets_thresholds(flags) || emitter::tuning::sets_thresholds(&env_flags),
     };
     Ok(PassConfig { flags: f, peers, local_devices: local, topology, caps, instance_base: None, tuning, device_memory })
 }
 
-/// How the pass learns the devices' kind, which a tuning profile is looked up by: on a GPU
-/// its name, asked for only when a module with collectives looks for its profile.
-pub fn kind_probe(platform: &str) -> emitter::tuning::KindProbe {
-    match crate::xla_handlers::GPU_PLATFORMS.iter().copied().find(|&p| p == platform) {
-        Some(gpu) => emitter::tuning::KindProbe(Some(std::sync::Arc::new(move || {
-            crate::xla_handlers::gpu_device_kind(gpu)
-                .map_err(|e| log::warn!("peerless: the tuning profile is looked up without a device kind: {e}"))
-                .ok()
-        }))),
-        None => emitter::tuning::KindProbe::fixed(platform),
+/// The devices' kind per platform ([`Platform::index`]), as XLA names it ("NVIDIA H200"):
+/// handed over by whoever holds XLA's devices ([`record_device_kind`]).
+static DEVICE_KINDS: Mutex<[Option<String>; Platform::ALL.len()]> = Mutex::new([const { None }; Platform::ALL.len()]);
+
+/// Records the kind of `platform`'s devices as XLA names it (a PJRT device description's
+/// kind, JAX's `Device.device_kind`: "cpu", "NVIDIA H200"): the Python package hands it over
+/// with the topology ([`set_topology`]), the wrapper reads it from the client XLA created, the
+/// CLI from its PJRT client. The tuning profile is looked up by it. An empty kind is ignored.
+pub fn record_device_kind(platform: Platform, kind: &str) {
+    let kind = kind.trim();
+    if kind.is_empty() {
+        return;
     }
+    let mut kinds = DEVICE_KINDS.lock().unwrap_or_else(|e| e.into_inner());
+    let slot = &mut kinds[platform.index()];
+    if slot.as_deref() != Some(kind) {
+        log::debug!("peerless: {platform} devices are of kind '{kind}'");
+        *slot = Some(kind.to_owned());
+    }
+}
+
+/// The kind of `platform`'s devices the tuning profile is looked up by: the one recorded
+/// ([`record_device_kind`]), else the platform's fixed one (XLA:CPU's "cpu"), else unknown
+/// (`None`: the profile is looked up without a kind). Never asks a device.
+pub fn device_kind(platform: Platform) -> Option<String> {
+    let recorded = DEVICE_KINDS.lock().unwrap_or_else(|e| e.into_inner())[platform.index()].clone();
+    recorded.or_else(|| platform.fixed_device_kind().map(str::to_owned))
+}
+
+/// Takes the devices' kind (`kind=NAME`, the field the Python package adds to the topology
+/// string) out of a topology string: the kind, if one is given, and the other fields as they
+/// were (what [`xla_pass::Topology::parse`] reads). A kind is the rest of its field: it holds
+/// no `;`.
+fn split_kind(s: &str) -> (Option<&str>, String) {
+    let mut kind = None;
+    let rest: Vec<&str> = s
+        .split(';')
+        .filter(|part| match part.trim_start().strip_prefix("kind=") {
+            Some(k) => {
+                kind = Some(k.trim()).filter(|k| !k.is_empty());
+                false
+            }
+            None => true,
+        })
+        .collect();
+    (kind, rest.join(";"))
 }
 
 /// One decision per line ([`xla_pass::PassDecision::report_line`]): op, instruction,
@@ -164,26 +213,35 @@ pub fn report(outcome: &PassOutcome) -> String {
 /// What the handlers take from the running process rather than from a compiled module
 /// (which a persistent compilation cache may have kept from another job): the job's token,
 /// and on a GPU which device id each GPU (its ordinal, as XLA calls the handlers) has.
-fn learn_topology(platform: &str, t: &xla_pass::Topology) -> Result<(), String> {
+fn learn_topology(platform: Platform, t: &xla_pass::Topology) -> Result<(), String> {
     thunks::runtime::set_job(t.job.as_deref())?;
-    if platform != "cpu" && !t.ordinals.is_empty() {
+    if platform.is_gpu() && !t.ordinals.is_empty() {
         crate::xla_handlers::set_gpu_device_ids(platform, t.ordinals.iter().map(|(&id, &ord)| (ord, id)).collect());
     }
     Ok(())
 }
 
 /// `PeerlessXlaSetTopology`: the job's topology as the Python package computed it (the
-/// pass's spelling, `this=..;job=..;devices=..;hosts=..[;ordinals=..]`), for the handlers of
-/// `platform`; an empty string says "one process". Called once per process and platform,
-/// before any executable of the job runs, whether compiled or loaded from a cache.
-pub fn set_topology(platform: &str, topology: &str) -> Result<(), String> {
-    if !crate::xla_handlers::has_platform(platform) {
-        return Err(crate::xla_handlers::no_platform(platform));
-    }
+/// pass's spelling, `this=..;job=..;devices=..;hosts=..[;ordinals=..][;kind=..]`), for the
+/// handlers of `platform`; without `this=`, `job=`, `devices=` and `hosts=` (empty, or only
+/// `kind=NAME`) it says "one process". `kind`: the devices' kind as XLA names it
+/// ([`record_device_kind`]). Called once per process and platform, before any executable of
+/// the job runs, whether compiled or loaded from a cache.
+pub fn set_topology(platform: Platform, topology: &str) -> Result<(), String> {
+    let platform = platform.with_handlers()?;
+    let (kind, topology) = split_kind(topology);
     if topology.trim().is_empty() {
+        if let Some(kind) = kind {
+            record_device_kind(platform, kind);
+        }
         return Ok(());
     }
-    learn_topology(platform, &xla_pass::Topology::parse(topology)?)
+    let t = xla_pass::Topology::parse(&topology)?;
+    learn_topology(platform, &t)?;
+    if let Some(kind) = kind {
+        record_device_kind(platform, kind);
+    }
+    Ok(())
 }
 
 thread_local! {
@@ -222,7 +280,7 @@ pub fn set_client_flags(flags: &str) -> Result<(), String> {
 }
 
 /// Runs the pass; see the module docs. Safe wrapper of the C entry point's body.
-pub fn run_pass(platform: &str, module: &[u8], flags: &str, local_devices: &str) -> (i32, Option<Vec<u8>>, String) {
+pub fn run_pass(platform: Platform, module: &[u8], flags: &str, local_devices: &str) -> (i32, Option<Vec<u8>>, String) {
     let per_executable = COMPILE_FLAGS.with(|c| c.borrow().join(" "));
     let client = CLIENT_FLAGS.lock().unwrap_or_else(|e| e.into_inner()).clone();
     let flags = [client.as_str(), flags, per_executable.as_str()]
@@ -254,14 +312,7 @@ pub fn run_pass(platform: &str, module: &[u8], flags: &str, local_devices: &str)
     };
     match catch_unwind(AssertUnwindSafe(run)) {
         Ok(Ok(r)) => r,
-        Ok(Err(e)) => {
-            // An empty module is a flag check (the Python package's `_check_flags`), whose
-            // caller reports the error once; a real module's error is logged here.
-            if !module.is_empty() {
-                log::warn!("peerless pass: module left unchanged: {e}");
-            }
-            (-1, None, e)
-        }
+        Ok(Err(e)) => failed(module, e),
         Err(p) => {
             let msg = p
                 .downcast_ref::<&str>()
@@ -272,6 +323,16 @@ pub fn run_pass(platform: &str, module: &[u8], flags: &str, local_devices: &str)
             (-1, None, format!("internal error (module left unchanged): {msg}"))
         }
     }
+}
+
+/// The pass's answer to an error: the module unchanged, status -1 and the reason.
+fn failed(module: &[u8], e: String) -> (i32, Option<Vec<u8>>, String) {
+    // An empty module is a flag check (the Python package's `_check_flags`), whose caller
+    // reports the error once; a real module's error is logged here.
+    if !module.is_empty() {
+        log::warn!("peerless pass: module left unchanged: {e}");
+    }
+    (-1, None, e)
 }
 
 /// The name the pass is registered under in XLA's transform registry (the Python package's
@@ -293,7 +354,7 @@ pub fn python_owns_pass() {
 /// ctypes PJRT client): one process, every device local, flags from `PEERLESS_FLAGS` and the
 /// compile options. Decisions go to the log (`info`); a module the pass cannot handle stays
 /// as it is (with a warning), as in `run_pass`.
-fn transform(platform: &str, module: &[u8]) -> Option<Vec<u8>> {
+fn transform(platform: Platform, module: &[u8]) -> Option<Vec<u8>> {
     let (status, out, report) = run_pass(platform, module, "", "");
     for line in report.lines().filter(|_| status >= 0) {
         log::info!("peerless pass ({platform}): {line}");
@@ -302,32 +363,34 @@ fn transform(platform: &str, module: &[u8]) -> Option<Vec<u8>> {
 }
 
 fn transform_cpu(module: &[u8]) -> Option<Vec<u8>> {
-    transform("cpu", module)
+    transform(Platform::Cpu, module)
 }
 
 fn transform_cuda(module: &[u8]) -> Option<Vec<u8>> {
-    transform("cuda", module)
+    transform(Platform::Cuda, module)
 }
 
 fn transform_rocm(module: &[u8]) -> Option<Vec<u8>> {
-    transform("rocm", module)
+    transform(Platform::Rocm, module)
 }
 
-/// Registers the pass in `inner`'s XlaTransform registry for `platform` ("cpu", "cuda", "rocm") at
-/// PRE_SCHEDULER, once per process, unless the Python package owns it or `PEERLESS_ENABLE=0`
-/// (the wrapper without the pass, as under JAX). Returns whether this call registered it.
-pub fn register_pass_in(inner: &ffi::pjrt::InnerPlugin, platform: &str) -> Result<bool, String> {
+/// Registers the pass in `inner`'s XlaTransform registry for `platform` at PRE_SCHEDULER, once
+/// per process, unless the Python package owns it or `PEERLESS_ENABLE=0` (the wrapper without
+/// the pass, as under JAX). Returns whether this call registered it.
+pub fn register_pass_in(inner: &ffi::pjrt::InnerPlugin, platform: Platform) -> Result<bool, String> {
     static DONE: std::sync::Mutex<bool> = std::sync::Mutex::new(false);
     let mut done = DONE.lock().unwrap_or_else(|e| e.into_inner());
     let off = std::env::var("PEERLESS_ENABLE").as_deref() == Ok("0");
     if *done || off || PYTHON_OWNS_PASS.load(std::sync::atomic::Ordering::SeqCst) {
         return Ok(false);
     }
+    if !platform.has_handlers() {
+        return Err(format!("Peerless has no pass for platform '{platform}'"));
+    }
     let f: ffi::pjrt::TransformFn = match platform {
-        "cpu" => transform_cpu,
-        "cuda" => transform_cuda,
-        "rocm" if crate::xla_handlers::has_platform("rocm") => transform_rocm,
-        other => return Err(format!("Peerless has no pass for platform '{other}'")),
+        Platform::Cpu => transform_cpu,
+        Platform::Cuda => transform_cuda,
+        Platform::Rocm => transform_rocm,
     };
     inner.register_xla_transform(PASS_NAME, ffi::pjrt::TransformStage::PreScheduler, f)?;
     *done = true;
@@ -367,7 +430,10 @@ pub unsafe fn pass_entry(
     };
     // SAFETY: the caller promises null or NUL-terminated strings.
     let (platform, flags, local) = unsafe { (c_str(platform), c_str(flags), c_str(local_devices)) };
-    let (status, module, report) = run_pass(platform, bytes, flags, local);
+    let (status, module, report) = match Platform::parse(platform) {
+        Ok(p) => run_pass(p, bytes, flags, local),
+        Err(e) => failed(bytes, e),
+    };
     result(status, module, report)
 }
 
@@ -379,7 +445,7 @@ pub unsafe fn pass_entry(
 pub unsafe fn set_topology_entry(platform: *const c_char, topology: *const c_char) -> *mut PassResult {
     // SAFETY: the caller promises null or NUL-terminated strings.
     let (platform, topology) = unsafe { (c_str(platform), c_str(topology)) };
-    match catch_unwind(|| set_topology(platform, topology)) {
+    match catch_unwind(|| set_topology(Platform::parse(platform)?, topology)) {
         Ok(Ok(())) => result(0, None, String::new()),
         Ok(Err(e)) => result(-1, None, e),
         Err(_) => result(-1, None, "internal error while setting the topology".into()),
@@ -419,16 +485,62 @@ mod tests {
     #[test]
     fn rocm_is_a_platform_exactly_when_built_with_it() {
         // No AMD GPU needed: the pass's configuration opens no GPU (its peer table is lazy).
+        let rocm = Platform::parse("rocm").unwrap();
         let handlers =
-            thunks::custom_call::TARGETS.iter().all(|&(_, t)| crate::xla_handlers::handler("rocm", t).is_some());
+            thunks::custom_call::TARGETS.iter().all(|&(_, t)| crate::xla_handlers::handler(rocm, t).is_some());
         assert_eq!(handlers, cfg!(feature = "rocm"));
-        assert_eq!(crate::xla_handlers::xla_platform("rocm"), "ROCM");
-        match pass_config("rocm", "", "") {
+        assert_eq!(rocm.xla_name(), "ROCM");
+        match pass_config(rocm, "", "") {
             Ok(_) => assert!(handlers, "the pass takes rocm only with its handlers"),
             Err(e) => assert!(!handlers && e.contains("feature `rocm`"), "{e}"),
         }
-        assert_eq!(set_topology("rocm", "").is_ok(), cfg!(feature = "rocm"));
-        assert_eq!(crate::wrap::platform_of(std::path::Path::new("/x/xla_rocm7/xla_rocm_plugin.so")), "rocm");
+        assert_eq!(set_topology(rocm, "").is_ok(), cfg!(feature = "rocm"));
+        assert_eq!(crate::wrap::platform_of(std::path::Path::new("/x/xla_rocm7/xla_rocm_plugin.so")), Platform::Rocm);
+    }
+
+    #[test]
+    fn the_kind_travels_beside_the_topology() {
+        assert_eq!(split_kind(""), (None, String::new()));
+        assert_eq!(split_kind("kind=NVIDIA H200"), (Some("NVIDIA H200"), String::new()));
+        let topo = "this=0;job=;devices=0:0;hosts=0:0";
+        assert_eq!(split_kind(topo), (None, topo.to_owned()), "a string without a kind is as it was");
+        assert_eq!(split_kind(&format!("{topo};kind=NVIDIA H200")), (Some("NVIDIA H200"), topo.to_owned()));
+        assert_eq!(split_kind("kind=;this=1"), (None, "this=1".to_owned()), "an empty kind is none");
+    }
+
+    /// The tuning profile is looked up by the kind the process was handed (here as the Python
+    /// package hands it, through `set_topology` and the pass's topology string), a plain value
+    /// in the pass's configuration: configuring the pass, resolving its tuning and running it on
+    /// a module whose collectives need no peer access never reach the GPU runtime.
+    #[test]
+    fn the_tuning_profile_follows_the_handed_over_kind_and_opens_no_gpu() {
+        use emitter::tuning::ProfileSource;
+        let opened = || crate::xla_handlers::GPU_RUNTIME_CALLS.with(std::cell::Cell::get);
+        let before = opened();
+        let cuda = |local: &str| pass_config_tuned(Platform::Cuda, "", local, ProfileSource::Default).unwrap();
+        let profile_kind = |cfg: &PassConfig| cfg.tuning.resolve(4).profile.map(|p| p.key.device_kind.clone());
+        // XLA:CPU's kind is fixed; a GPU's is unknown until handed over (no other test of this
+        // binary hands one over for CUDA).
+        assert_eq!(device_kind(Platform::Cpu).as_deref(), Some("cpu"));
+        let cfg = cuda("");
+        assert_eq!(cfg.tuning.device_kind, None);
+        let _ = cfg.tuning.resolve(4);
+        // Handed over alone (one process), as `set_topology` gets it.
+        set_topology(Platform::Cuda, "kind=NVIDIA H200").unwrap();
+        let cfg = cuda("");
+        assert_eq!(cfg.tuning.device_kind.as_deref(), Some("NVIDIA H200"));
+        assert_eq!(profile_kind(&cfg).as_deref(), Some("NVIDIA H200"), "the Hopper profile (shipped or cached)");
+        // Beside the job's topology, in the string each compile gets.
+        let cfg = cuda("this=0;job=;devices=0:0,1:0,2:0,3:0;hosts=0:0;kind=NVIDIA A100-SXM4-80GB");
+        assert_eq!(cfg.local_devices, Some((0..4).collect()));
+        assert_eq!(cfg.tuning.device_kind.as_deref(), Some("NVIDIA A100-SXM4-80GB"));
+        assert_ne!(profile_kind(&cfg).as_deref(), Some("NVIDIA H200"), "a profile of another kind is never used");
+        // The whole pass on CUDA: its tuning resolved, its one collective (a group of one)
+        // decided without peer access.
+        let module = include_bytes!("../../emitter/tests/xla_pass/psum_one_device.pb");
+        let (status, _, report) = run_pass(Platform::Cuda, module, "", "");
+        assert!(status >= 0 && report.lines().count() == 1, "{status}: {report}");
+        assert_eq!(opened(), before, "nothing here opens a GPU");
     }
 
     #[test]

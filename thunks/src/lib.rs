@@ -12,6 +12,27 @@ pub mod custom_call;
 pub mod peers;
 pub mod runtime;
 
+/// The names of Peerless's flags (`--name=value`, without the dashes). The table that reads
+/// them, with their types, defaults and help, is `emitter::flags::FLAGS`, which takes its names
+/// from here; so does any code that names a flag (a message that says what to set, a flags
+/// string built or read), in this crate or above it (the GPU runtime's messages, the bench).
+pub mod flag {
+    pub const ALL_REDUCE_BACKEND: &str = "all_reduce_backend";
+    pub const ALL_GATHER_BACKEND: &str = "all_gather_backend";
+    pub const ALL_TO_ALL_BACKEND: &str = "all_to_all_backend";
+    pub const REDUCE_SCATTER_BACKEND: &str = "reduce_scatter_backend";
+    pub const COLLECTIVE_PERMUTE_BACKEND: &str = "collective_permute_backend";
+    pub const ONE_SHOT_MAX_BYTES: &str = "one_shot_max_bytes";
+    pub const TWO_SHOT_MAX_BYTES: &str = "two_shot_max_bytes";
+    pub const COLLECTIVE_TIMEOUT_MS: &str = "collective_timeout_ms";
+    pub const HOST_TOPOLOGY: &str = "host_topology";
+    pub const ALLOW_UNSAFE_PEER_TARGETS: &str = "allow_unsafe_peer_targets";
+    pub const XLA_ASYNC_ABOVE_BYTES: &str = "xla_async_above_bytes";
+    pub const OVERLAP_ABOVE_BYTES: &str = "overlap_above_bytes";
+    pub const ASYNC_BLOCKS: &str = "async_blocks";
+    pub const FUSE_NORM: &str = "fuse_norm";
+}
+
 use std::fmt;
 
 pub use peers::{PeerAccessTable, PeerTableKey};
@@ -38,6 +59,21 @@ pub enum CollectiveKind {
     RaggedAllToAll,
     /// No Peerless kernel; always the fallback.
     CollectiveBroadcast,
+}
+
+impl CollectiveKind {
+    /// The flag choosing this kind's backend (`--all_reduce_backend=auto|kernel|fallback`, ...),
+    /// or `None` for the kinds Peerless has no kernel for.
+    pub const fn backend_flag(self) -> Option<&'static str> {
+        match self {
+            Self::AllReduce => Some(flag::ALL_REDUCE_BACKEND),
+            Self::AllGather => Some(flag::ALL_GATHER_BACKEND),
+            Self::AllToAll => Some(flag::ALL_TO_ALL_BACKEND),
+            Self::ReduceScatter => Some(flag::REDUCE_SCATTER_BACKEND),
+            Self::CollectivePermute => Some(flag::COLLECTIVE_PERMUTE_BACKEND),
+            Self::RaggedAllToAll | Self::CollectiveBroadcast => None,
+        }
+    }
 }
 
 /// A collective operation: its kind, and whether it is the `-start` half of an async

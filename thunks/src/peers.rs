@@ -131,7 +131,7 @@ impl PeerAccessTable {
     pub fn for_host_topology(n: usize, topology: &HostTopology) -> Arc<Self> {
         let key = PeerTableKey::HostTopology { num_devices: n, topology: topology.clone() };
         Self::cached(key, || {
-            let source = format!("host_topology {topology}");
+            let source = format!("{} {topology}", crate::flag::HOST_TOPOLOGY);
             match topology {
                 HostTopology::FullMesh => Self::full(n, source),
                 HostTopology::Pairs(pairs) => {
@@ -181,7 +181,12 @@ impl PeerAccessTable {
         if notes.is_empty() {
             return Arc::clone(self);
         }
-        let source = format!("{}; {}; --allow_unsafe_peer_targets=true forces kernels", self.source, notes.join("; "));
+        let source = format!(
+            "{}; {}; --{}=true forces kernels",
+            self.source,
+            notes.join("; "),
+            crate::flag::ALLOW_UNSAFE_PEER_TARGETS
+        );
         Arc::new(PeerAccessTable::from_fn(self.n, source, |a, b| {
             excluded[a].is_none() && excluded[b].is_none() && self.can_access(a, b)
         }))

@@ -26,8 +26,11 @@ use std::time::Instant;
 use emitter::xla_pass::PassDecision;
 use ffi::pjrt::client::{Buffer, Client, Device, buffer_type as bt};
 use pjrt_sys::protos::xla;
+use plugin::Platform;
 use prost::Message;
 use runs::Mode;
+use thunks::CollectiveKind;
+use thunks::flag::{ALL_REDUCE_BACKEND, ONE_SHOT_MAX_BYTES, TWO_SHOT_MAX_BYTES};
 
 /// The collectives the bench measures.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -60,15 +63,20 @@ impl Op {
         }
     }
 
+    /// The collective kind the op is.
+    pub fn kind(self) -> CollectiveKind {
+        match self {
+            Op::AllReduce => CollectiveKind::AllReduce,
+            Op::AllGather => CollectiveKind::AllGather,
+            Op::ReduceScatter => CollectiveKind::ReduceScatter,
+            Op::AllToAll => CollectiveKind::AllToAll,
+            Op::CollectivePermute => CollectiveKind::CollectivePermute,
+        }
+    }
+
     /// The Peerless flag choosing this op's backend.
     fn backend_flag(self) -> &'static str {
-        match self {
-            Op::AllReduce => "all_reduce_backend",
-            Op::AllGather => "all_gather_backend",
-            Op::ReduceScatter => "reduce_scatter_backend",
-            Op::AllToAll => "all_to_all_backend",
-            Op::CollectivePermute => "collective_permute_backend",
-        }
+        self.kind().backend_flag().unwrap_or_else(|| unreachable!("every bench op has a kernel"))
     }
 
     /// XLA's `DebugOptions.CollectiveKernelType` value for
@@ -365,8 +373,7 @@ impl Row {
 #[derive(Debug)]
 pub struct Report {
     pub plugin: PathBuf,
-    /// "cpu" or "cuda".
-    pub platform: &'static str,
+    pub platform: Platform,
     /// The devices' kind, as the plugin names it ("cpu", "NVIDIA H200").
     pub device_kind: String,
     pub devices: usize,
@@ -794,7 +801,7 @@ fn median(mut ts: Vec<f64>) -> Option<f64> {
 /// executes per sample, or why not.
 fn measure<'c>(
     client: &'c Client,
-    platform: &str,
+    platform: Platform,
     ids: &[i64],
     module: &[u8],
     op: Op,
@@ -813,15 +820,15 @@ fn measure<'c>(
                 flags.push(format!("--{}=kernel", op.backend_flag()));
             }
             let forced = match imp {
-                Impl::OneShot => Some(format!("--one_shot_max_bytes={}", usize::MAX)),
-                Impl::TwoShot => Some(format!("--one_shot_max_bytes=0 --two_shot_max_bytes={}", usize::MAX)),
+                Impl::OneShot => Some(format!("--{ONE_SHOT_MAX_BYTES}={}", usize::MAX)),
+                Impl::TwoShot => Some(format!("--{ONE_SHOT_MAX_BYTES}=0 --{TWO_SHOT_MAX_BYTES}={}", usize::MAX)),
                 _ => None,
             };
             if let Some(f) = forced {
                 if op != Op::AllReduce {
                     return (String::new(), Vec::new(), Err(Check::Skipped("all-reduce only".into())));
                 }
-                flags.push("--all_reduce_backend=kernel".into());
+                flags.push(format!("--{ALL_REDUCE_BACKEND}=kernel"));
                 flags.extend(f.split_whitespace().map(str::to_owned));
             }
             let source = if imp == Impl::Auto { ProfileSource::from_env() } else { ProfileSource::Off };
@@ -839,11 +846,11 @@ fn measure<'c>(
             }
         }
         Impl::Xla => {
-            let what = if platform == "cuda" { "xla (NCCL)" } else { "xla (XLA:CPU)" };
+            let what = if platform == Platform::Cuda { "xla (NCCL)" } else { "xla (XLA:CPU)" };
             (module.to_vec(), what.into(), Vec::new(), None)
         }
         Impl::XlaKernels => {
-            if platform != "cuda" {
+            if platform != Platform::Cuda {
                 return (
                     String::new(),
                     Vec::new(),
@@ -896,12 +903,14 @@ pub fn run(opts: &Options, progress: &mut dyn FnMut(&str)) -> Result<Report, Str
     let chain = opts.chain.max(1);
     let want = match (opts.devices, platform) {
         (Some(n), _) => n,
-        (None, "cpu") => 8,
+        (None, Platform::Cpu) => 8,
         (None, _) => 0, // all of them, at most 8
     };
-    let create: Vec<(&str, i64)> = if platform == "cpu" { vec![("cpu_device_count", want as i64)] } else { vec![] };
+    let create: Vec<(&str, i64)> =
+        if platform == Platform::Cpu { vec![("cpu_device_count", want as i64)] } else { vec![] };
     let client = Client::create(inner, &create)?;
     let all = client.devices()?;
+    crate::xla_run::learn_device_kind(platform, &all);
     let n = if want == 0 { all.len().min(8) } else { want };
     if n == 0 || all.len() < n {
         return Err(format!("{}: the client has {} devices, {n} are needed", path.display(), all.len()));

@@ -26,6 +26,7 @@ use ffi::pjrt::client::{Client, buffer_type as bt};
 use hlo::wire::{fields, hlo_computation, hlo_instruction, hlo_module, map_field, put_bytes};
 use hlo::{Array, ArrayShape, Literal, PrimitiveType, Shape};
 use pjrt_sys::protos::xla;
+use plugin::Platform;
 use prost::Message;
 use runs::{Mode, RunConfig};
 use thunks::custom_call::TARGETS;
@@ -45,8 +46,8 @@ pub struct XlaRun {
     /// Whether the pass rewrote the module (some collective runs on Peerless).
     pub rewritten: bool,
     pub plugin: PathBuf,
-    /// Peerless's platform of the plugin: "cpu" or "cuda".
-    pub platform: &'static str,
+    /// Peerless's platform of the plugin.
+    pub platform: Platform,
 }
 
 /// The CPU plugin of the `lammps-jax-pjrt-cpu` package inside a JAX venv.
@@ -95,7 +96,7 @@ pub fn find_plugin(explicit: Option<&Path>) -> Result<PathBuf, String> {
 /// Loads a plugin once per process and registers Peerless's handlers in it (XLA's FFI
 /// registry is process-global inside the plugin, and a second registration is an error).
 /// `platform`: [`platform_of`] the path.
-pub fn plugin(path: &Path, platform: &'static str) -> Result<&'static InnerPlugin, String> {
+pub fn plugin(path: &Path, platform: Platform) -> Result<&'static InnerPlugin, String> {
     static LOADED: Mutex<Option<HashMap<PathBuf, &'static InnerPlugin>>> = Mutex::new(None);
     let mut loaded = LOADED.lock().unwrap_or_else(|e| e.into_inner());
     let map = loaded.get_or_insert_with(HashMap::new);
@@ -114,6 +115,14 @@ pub fn plugin(path: &Path, platform: &'static str) -> Result<&'static InnerPlugi
     );
     map.insert(path.to_path_buf(), inner);
     Ok(inner)
+}
+
+/// Records the kind of a client's devices (XLA's name, "NVIDIA H200"), as the wrapper does for
+/// the clients XLA makes: the pass looks its tuning profile up by it ([`prepare`]).
+pub fn learn_device_kind(platform: Platform, devices: &[ffi::pjrt::client::Device]) {
+    if let Some(d) = devices.first() {
+        plugin::xla_inside::record_device_kind(platform, &d.kind);
+    }
 }
 
 /// The device assignment of `ids` (global device ids) for the mode.
@@ -229,12 +238,14 @@ fn manualize(module: &[u8]) -> Result<Vec<u8>, String> {
 /// The module as XLA gets it: device assignment set, the pass applied, and (partitions)
 /// every instruction manual. `flags`: Peerless flags as `--name=value`. The module is
 /// edited on the wire: fields this build's copy of XLA's protos does not know (the
-/// replica groups' `collective_device_list`, ...) pass through.
+/// replica groups' `collective_device_list`, ...) pass through. The pass looks its tuning
+/// profile up by the devices' kind recorded for `platform`
+/// ([`plugin::xla_inside::record_device_kind`]: [`run`] records its client's).
 pub fn prepare(
     bytes: &[u8],
     mode: Mode,
     ids: &[i64],
-    platform: &str,
+    platform: Platform,
     flags: &[String],
 ) -> Result<(Vec<u8>, PassOutcome), String> {
     prepare_tuned(bytes, mode, ids, platform, flags, emitter::tuning::ProfileSource::from_env())
@@ -245,7 +256,7 @@ pub fn prepare_tuned(
     bytes: &[u8],
     mode: Mode,
     ids: &[i64],
-    platform: &str,
+    platform: Platform,
     flags: &[String],
     source: emitter::tuning::ProfileSource,
 ) -> Result<(Vec<u8>, PassOutcome), String> {
@@ -367,11 +378,13 @@ pub fn run(
     let platform = plugin::wrap::platform_of(plugin_path);
     let inner = plugin(plugin_path, platform)?;
     let n = cfg.num_devices;
-    let options: Vec<(&str, i64)> = if platform == "cpu" { vec![("cpu_device_count", n as i64)] } else { vec![] };
+    let options: Vec<(&str, i64)> =
+        if platform == Platform::Cpu { vec![("cpu_device_count", n as i64)] } else { vec![] };
     let client = Client::create(inner, &options)?;
     let devices = client.devices()?;
+    learn_device_kind(platform, &devices);
     if devices.len() < n {
-        let why = if platform == "cpu" {
+        let why = if platform == Platform::Cpu {
             format!(" (XLA:CPU's device count is its `cpu_device_count` create option, set to {n})")
         } else {
             String::new()

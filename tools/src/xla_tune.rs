@@ -162,7 +162,7 @@ pub fn run(opts: &TuneOptions, progress: &mut dyn FnMut(&str)) -> Result<TuneRep
     let platform = crate::xla_run::platform_of(&path);
     let devices = match (opts.bench.devices, platform) {
         (Some(n), _) => n,
-        (None, "cpu") => 8,
+        (None, plugin::Platform::Cpu) => 8,
         // GPUs: all of the client's, at most 8 (as `peerless bench`).
         (None, _) => {
             let inner = crate::xla_run::plugin(&path, platform)?;
@@ -176,10 +176,10 @@ pub fn run(opts: &TuneOptions, progress: &mut dyn FnMut(&str)) -> Result<TuneRep
     }
     // The device kind is filled in from the first measurement (the client names it).
     let key = Key {
-        platform: platform.to_owned(),
+        platform: platform.name().to_owned(),
         device_kind: String::new(),
         devices,
-        links: if platform == "cpu" { "host".into() } else { "peer".into() },
+        links: if platform == plugin::Platform::Cpu { "host".into() } else { "peer".into() },
     };
     let date = crate::xla_tune::today();
     let measured = Measured { date, machine: opts.machine.clone(), command: opts.command.clone(), note: String::new() };

@@ -154,7 +154,8 @@ fn a_short_tune_writes_a_profile_the_pass_reads() {
         let module = tools::xla_bench::module(op, Dtype::F32, 2048, 8, 1);
         let source = ProfileSource::File(report.path.clone());
         let (_, outcome) =
-            tools::xla_run::prepare_tuned(&module, runs::Mode::Replica, &ids, "cpu", &[], source).unwrap();
+            tools::xla_run::prepare_tuned(&module, runs::Mode::Replica, &ids, plugin::Platform::Cpu, &[], source)
+                .unwrap();
         let cite = format!("profile {}: {}", report.path.display(), op.name());
         for d in &outcome.decisions {
             assert!(d.reason.contains(&cite) && d.reason.contains("µs"), "{op:?}: {}", d.reason);
@@ -163,7 +164,8 @@ fn a_short_tune_writes_a_profile_the_pass_reads() {
         let forced = [format!("--{}_backend=fallback", op.name().replace('-', "_"))];
         let source = ProfileSource::File(report.path.clone());
         let (_, outcome) =
-            tools::xla_run::prepare_tuned(&module, runs::Mode::Replica, &ids, "cpu", &forced, source).unwrap();
+            tools::xla_run::prepare_tuned(&module, runs::Mode::Replica, &ids, plugin::Platform::Cpu, &forced, source)
+                .unwrap();
         assert!(outcome.decisions.iter().all(|d| d.reason.starts_with("forced by")), "{:?}", outcome.decisions);
     }
     let _ = std::fs::remove_dir_all(&dir);
@@ -201,7 +203,7 @@ fn auto_is_judged_against_the_fastest_it_chooses_among() {
     ];
     let report = Report {
         plugin: PathBuf::new(),
-        platform: "cpu",
+        platform: plugin::Platform::Cpu,
         device_kind: "cpu".into(),
         devices: 8,
         chain: 8,

@@ -273,7 +273,8 @@ fn clear_errors() -> Result<(), Failed> {
     if !e.contains("/nonexistent/xla_plugin.so") {
         return Err(e.into());
     }
-    let e = tools::xla_run::prepare(b"HloModule m\n", runs::Mode::Replica, &[0], "cpu", &[]).unwrap_err();
+    let e =
+        tools::xla_run::prepare(b"HloModule m\n", runs::Mode::Replica, &[0], plugin::Platform::Cpu, &[]).unwrap_err();
     if !e.contains("HloModuleProto") {
         return Err(e.into());
     }
@@ -299,7 +300,7 @@ fn main() {
             libtest_mimic::run(&args, trials).exit();
         }
     };
-    if tools::xla_run::platform_of(&plugin) != "cpu" {
+    if tools::xla_run::platform_of(&plugin) != plugin::Platform::Cpu {
         // The goldens are XLA:CPU's; another plugin is checked by hand (ARCHITECTURE.md).
         eprintln!("note: {} is not XLA's CPU plugin; the goldens' tolerances may not fit", plugin.display());
     }

@@ -11,6 +11,7 @@
 use std::path::Path;
 
 use hlo_tests::{golden_path, make_args, proto_path, read_golden};
+use plugin::Platform;
 
 #[test]
 fn xla_runs_the_registered_pass_and_peerless_takes_the_all_reduce() {
@@ -22,13 +23,13 @@ fn xla_runs_the_registered_pass_and_peerless_takes_the_all_reduce() {
         }
         Err(e) => panic!("{e}\n(set PEERLESS_SKIP_XLA_PLUGIN=1 to skip this test)"),
     };
-    assert_eq!(tools::xla_run::platform_of(&path), "cpu", "{}: the goldens are XLA:CPU's", path.display());
-    let inner = tools::xla_run::plugin(&path, "cpu").expect("load XLA's CPU plugin");
+    assert_eq!(tools::xla_run::platform_of(&path), Platform::Cpu, "{}: the goldens are XLA:CPU's", path.display());
+    let inner = tools::xla_run::plugin(&path, Platform::Cpu).expect("load XLA's CPU plugin");
     assert!(inner.has_xla_transform(), "{} has no XlaTransform extension", path.display());
-    assert_eq!(plugin::xla_inside::register_pass_in(inner, "cpu"), Ok(true));
+    assert_eq!(plugin::xla_inside::register_pass_in(inner, Platform::Cpu), Ok(true));
     // Once per process: a second registration is a no-op.
-    assert_eq!(plugin::xla_inside::register_pass_in(inner, "cpu"), Ok(false));
-    assert!(plugin::xla_inside::register_pass_in(inner, "tpu").is_ok(), "already registered: no-op");
+    assert_eq!(plugin::xla_inside::register_pass_in(inner, Platform::Cpu), Ok(false));
+    assert!(plugin::xla_inside::register_pass_in(inner, Platform::Rocm).is_ok(), "already registered: no-op");
 
     let case = "all_reduce_sum";
     let n = 4;
@@ -37,7 +38,7 @@ fn xla_runs_the_registered_pass_and_peerless_takes_the_all_reduce() {
     let golden = read_golden(&golden_path(case, n), n).expect("golden");
     let args = make_args(&module.entry_param_shapes(), &golden).expect("args");
     let cfg = runs::RunConfig { num_devices: n, mode: runs::Mode::Replica };
-    let before = plugin::xla_handlers::handler_calls("cpu");
+    let before = plugin::xla_handlers::handler_calls(Platform::Cpu);
     // The CLI's own pass (applied before XLA sees the module) is told to leave the
     // all-reduce to XLA, so only the registered pass inside XLA's pipeline can take it.
     let flags = vec!["--all_reduce_backend=fallback".to_string()];
@@ -45,7 +46,7 @@ fn xla_runs_the_registered_pass_and_peerless_takes_the_all_reduce() {
     assert!(!run.rewritten, "the CLI's pass was told to leave the module alone");
     let collectives = run.decisions.len();
     assert!(collectives > 0 && run.decisions.iter().all(|d| !d.kernel), "{:?}", run.decisions);
-    let calls = plugin::xla_handlers::handler_calls("cpu") - before;
+    let calls = plugin::xla_handlers::handler_calls(Platform::Cpu) - before;
     assert_eq!(
         calls,
         (collectives * n) as u64,

@@ -93,6 +93,46 @@ pub struct Device {
     pub kind: String,
 }
 
+/// The addressable devices of `client`, in its order, with their ids and kinds: what
+/// [`Client::devices`] lists, for a client made through the plugin's table by someone else
+/// (the wrapper's `PJRT_Client_Create` reads the kind of the client XLA just made).
+///
+/// # Safety
+/// `client` is a live client of `plugin` for the call.
+pub unsafe fn addressable_devices(plugin: &InnerPlugin, client: *mut sys::PJRT_Client) -> Result<Vec<Device>, String> {
+    let mut a = sys::PJRT_Client_AddressableDevices_Args::new();
+    a.client = client;
+    call!(plugin, PJRT_Client_AddressableDevices, &mut a)?;
+    let ptrs: &[*mut sys::PJRT_Device] = if a.num_addressable_devices == 0 {
+        &[]
+    } else {
+        // SAFETY: the client owns an array of `num_addressable_devices` device pointers.
+        unsafe { std::slice::from_raw_parts(a.addressable_devices, a.num_addressable_devices) }
+    };
+    let mut out = Vec::new();
+    for &ptr in ptrs {
+        let mut d = sys::PJRT_Device_GetDescription_Args::new();
+        d.device = ptr;
+        call!(plugin, PJRT_Device_GetDescription, &mut d)?;
+        let mut i = sys::PJRT_DeviceDescription_Id_Args::new();
+        i.device_description = d.device_description;
+        call!(plugin, PJRT_DeviceDescription_Id, &mut i)?;
+        let mut k = sys::PJRT_DeviceDescription_Kind_Args::new();
+        k.device_description = d.device_description;
+        call!(plugin, PJRT_DeviceDescription_Kind, &mut k)?;
+        let kind = if k.device_kind.is_null() {
+            String::new()
+        } else {
+            // SAFETY: the description owns `device_kind_size` bytes at `device_kind`,
+            // alive as long as the client; they are copied out here.
+            let b = unsafe { std::slice::from_raw_parts(k.device_kind.cast::<u8>(), k.device_kind_size) };
+            String::from_utf8_lossy(b).into_owned()
+        };
+        out.push(Device { ptr, id: i.id, kind });
+    }
+    Ok(out)
+}
+
 /// A device buffer, destroyed on drop.
 #[derive(Debug)]
 pub struct Buffer<'c> {
@@ -193,37 +233,8 @@ impl Client {
 
     /// The client's addressable devices, in its order.
     pub fn devices(&self) -> Result<Vec<Device>, String> {
-        let mut a = sys::PJRT_Client_AddressableDevices_Args::new();
-        a.client = self.ptr;
-        call!(self.plugin, PJRT_Client_AddressableDevices, &mut a)?;
-        let ptrs: &[*mut sys::PJRT_Device] = if a.num_addressable_devices == 0 {
-            &[]
-        } else {
-            // SAFETY: the client owns an array of `num_addressable_devices` device pointers.
-            unsafe { std::slice::from_raw_parts(a.addressable_devices, a.num_addressable_devices) }
-        };
-        let mut out = Vec::new();
-        for &ptr in ptrs {
-            let mut d = sys::PJRT_Device_GetDescription_Args::new();
-            d.device = ptr;
-            call!(self.plugin, PJRT_Device_GetDescription, &mut d)?;
-            let mut i = sys::PJRT_DeviceDescription_Id_Args::new();
-            i.device_description = d.device_description;
-            call!(self.plugin, PJRT_DeviceDescription_Id, &mut i)?;
-            let mut k = sys::PJRT_DeviceDescription_Kind_Args::new();
-            k.device_description = d.device_description;
-            call!(self.plugin, PJRT_DeviceDescription_Kind, &mut k)?;
-            let kind = if k.device_kind.is_null() {
-                String::new()
-            } else {
-                // SAFETY: the description owns `device_kind_size` bytes at `device_kind`,
-                // alive as long as the client; they are copied out here.
-                let b = unsafe { std::slice::from_raw_parts(k.device_kind.cast::<u8>(), k.device_kind_size) };
-                String::from_utf8_lossy(b).into_owned()
-            };
-            out.push(Device { ptr, id: i.id, kind });
-        }
-        Ok(out)
+        // SAFETY: `ptr` is this client, alive until drop.
+        unsafe { addressable_devices(self.plugin, self.ptr) }
     }
 
     /// Compiles a serialized HloModuleProto with serialized `CompileOptionsProto` bytes.

@@ -161,14 +161,6 @@ pub fn least_free_memory<B: XlaBackend>() -> Result<usize, String> {
     least.ok_or_else(|| "no GPUs".to_string())
 }
 
-/// The name of the process's first GPU: the device kind a tuning profile is keyed by (XLA's
-/// PJRT plugins name a GPU's kind the same way, e.g. "NVIDIA H200").
-pub fn device_kind<B: XlaBackend>() -> Result<String, String> {
-    let c = clique::<B>().map_err(|e| e.to_string())?;
-    let d = c.devices.first().ok_or_else(|| "no GPUs".to_string())?;
-    B::name(&d.ctx).map_err(|e| e.to_string())
-}
-
 /// Records which device id each local GPU (ordinal) has in the job (from the job's topology,
 /// which the Python package hands the plugin at its first compile or cache lookup).
 pub fn set_device_ids<B: XlaBackend>(ids: BTreeMap<usize, usize>) {
@@ -413,13 +405,7 @@ fn publish_own<B: XlaBackend>(
             format!("'{}' runs on device {device} (GPU {ordinal}); this process has {} GPUs", cfg.name, c.len()),
         )
     })?;
-    let flag = match cfg.kind {
-        Kind::AllReduce => "all_reduce_backend",
-        Kind::AllGather => "all_gather_backend",
-        Kind::AllToAll => "all_to_all_backend",
-        Kind::ReduceScatter => "reduce_scatter_backend",
-        _ => "collective_permute_backend",
-    };
+    let flag = cfg.kind.backend_flag().unwrap_or(thunks::flag::COLLECTIVE_PERMUTE_BACKEND);
     let no_memory = |e: ffi::Error| {
         err(
             ErrorCode::ResourceExhausted,

@@ -65,7 +65,8 @@ pub extern "C" fn PeerlessXlaTakeDecisions() -> *mut plugin::xla_inside::PassRes
     plugin::xla_inside::take_decisions_entry()
 }
 
-/// The typed-FFI handler for `target` on `platform` ("cpu"), or null.
+/// The typed-FFI handler for `target` on `platform` ("cpu", "cuda", "rocm"), or null (an
+/// unknown platform or target, or ROCm in a library built without it).
 ///
 /// # Safety
 /// Both strings are null or NUL-terminated.
@@ -82,13 +83,15 @@ pub unsafe extern "C" fn PeerlessXlaHandler(
         // SAFETY: the caller passes a NUL-terminated string.
         unsafe { std::ffi::CStr::from_ptr(p) }.to_string_lossy().into_owned()
     };
-    match plugin::xla_handlers::handler(&read(platform), &read(target)) {
+    let platform = plugin::Platform::parse(&read(platform));
+    match platform.ok().and_then(|p| plugin::xla_handlers::handler(p, &read(target))) {
         Some(h) => h as *const std::ffi::c_void,
         None => std::ptr::null(),
     }
 }
 
-/// Execute-stage calls of Peerless's FFI handlers on `platform` ("cpu", "cuda") so far.
+/// Execute-stage calls of Peerless's FFI handlers on `platform` ("cpu", "cuda", "rocm") so far;
+/// 0 for an unknown platform.
 ///
 /// # Safety
 /// `platform` is null or NUL-terminated.
@@ -99,7 +102,7 @@ pub unsafe extern "C" fn PeerlessXlaHandlerCalls(platform: *const std::ffi::c_ch
     }
     // SAFETY: the caller passes a NUL-terminated string.
     let p = unsafe { std::ffi::CStr::from_ptr(platform) }.to_string_lossy();
-    plugin::xla_handlers::handler_calls(&p)
+    plugin::Platform::parse(&p).map_or(0, plugin::xla_handlers::handler_calls)
 }
 
 /// The Python package loaded the wrapper and owns the collective pass on it (registers it

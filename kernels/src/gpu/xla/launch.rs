@@ -616,10 +616,11 @@ pub(super) fn check_epilogue<B: XlaBackend>(cfg: &CustomCallConfig) -> Result<()
         ErrorCode::Unimplemented,
         format!(
             "{} '{}' carries a fused epilogue (all-reduce + RMSNorm), which Peerless's {} runtime does not run; \
-             compile with PEERLESS_FLAGS=--fuse_norm=false",
+             compile with PEERLESS_FLAGS=--{}=false",
             cfg.target(),
             cfg.name,
-            B::NAME
+            B::NAME,
+            thunks::flag::FUSE_NORM
         ),
     ))
 }

@@ -81,6 +81,7 @@ _state = {
     "stats": {},
     "decisions": [],
     "topology": {},  # JAX backend name -> the pass's topology string (jax.distributed jobs)
+    "kinds": {},  # JAX backend name -> its devices' kind, handed to the library (one-process jobs)
     "job": None,  # (distributed client, job token, hosts): agreed once per job, for every platform
     "left_to_xla": [],  # internal failures that left a module to XLA, with their reasons
     "library_id": None,  # hash of libpeerless_pjrt.so, part of JAX's cache key
@@ -250,14 +251,56 @@ def _left_to_xla(platform: str, why: str) -> None:
     log.warning("peerless: %s: the pass leaves this module to XLA", why)
 
 
+def _device_kind(backend) -> str:
+    """The kind of the backend's local devices as XLA names it ("cpu", "NVIDIA H200"), which the
+    pass looks its tuning profile up by; "" when unknown (the profile is then looked up without
+    one). A kind is a field of the topology string: it holds no ";"."""
+    try:
+        devices = backend.local_devices()
+        kind = str(devices[0].device_kind) if devices else ""
+    except Exception as e:  # noqa: BLE001 - the profile is then looked up without a kind
+        log.debug("peerless: the devices' kind is unknown (%s)", e)
+        return ""
+    return "" if ";" in kind else kind.strip()
+
+
+def _hand_kind(backend_name: str, platform: str) -> None:
+    """One process: hands the library the kind of the backend's devices, once (the pass looks
+    its tuning profile up by it; the library never opens a GPU to learn it)."""
+    with _lock:
+        if backend_name in _state["kinds"]:
+            return
+    from jax._src import xla_bridge
+
+    try:
+        backend = xla_bridge.get_backend(backend_name)
+    except Exception as e:  # noqa: BLE001 - never a reason to leave a module to XLA; asked again
+        log.debug("peerless: no %s backend to ask the devices' kind (%s)", backend_name, e)
+        return
+    kind = _device_kind(backend)
+    with _lock:
+        if backend_name in _state["kinds"]:
+            return
+        _state["kinds"][backend_name] = kind
+    if not kind:
+        log.info("peerless: the %s devices' kind is unknown: the tuning profile is looked up without one", platform)
+        return
+    status, why = _report_of(_dll(), _dll().PeerlessXlaSetTopology(platform.encode(), f"kind={kind}".encode()))
+    if status < 0:
+        log.warning("peerless: cannot hand over the %s devices' kind %r: %s", platform, kind, why)
+
+
 def _topology(backend_name: str, platform: str) -> str:
     """What the pass knows of the processes: this process's device ids in one process, or
-    under jax.distributed the job's topology (`this=P;job=HEX;devices=ID:P,..;hosts=P:H,..`),
-    computed once (collectively: every process compiles the same programs)."""
+    under jax.distributed the job's topology (`this=P;job=HEX;devices=ID:P,..;hosts=P:H,..`,
+    then `;ordinals=..` on GPUs and `;kind=NAME`, the devices' kind), computed once
+    (collectively: every process compiles the same programs). In one process the devices'
+    kind goes to the library on its own (`_hand_kind`)."""
     from jax._src import distributed
 
     gs = distributed.global_state
     if gs.client is None or (gs.num_processes or 1) <= 1:
+        _hand_kind(backend_name, platform)
         return ""  # one process: every device is local
     with _lock:
         cached = _state["topology"].get(backend_name)
@@ -273,6 +316,10 @@ def _topology(backend_name: str, platform: str) -> str:
     if platform in ("cuda", "rocm"):
         # XLA calls a GPU's handlers with its CUDA / HIP ordinal, which is not its id here.
         topo += ";ordinals=" + ",".join(f"{d.id}:{d.local_hardware_id}" for d in backend.local_devices())
+    kind = _device_kind(backend)
+    if kind:
+        # The tuning profile is looked up by it; the library never opens a GPU to learn it.
+        topo += f";kind={kind}"
     log.info("peerless: process %d of %d, hosts %s, platform %s", this, nproc, hosts, platform)
     with _lock:
         _state["topology"].setdefault(backend_name, topo)

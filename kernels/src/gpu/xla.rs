@@ -567,6 +567,7 @@ fn ordinal(f: &CallFrame<'_>) -> Result<usize, HandlerError> {
 
 /// What a double-buffered reduction kernel takes besides its buffers: the group's staging (or
 /// Lamport regions) and flag bases, the half's (or slot's) size and this device's counters.
+#[derive(Clone, Copy)]
 struct Symmetric {
     stage: Ptrs,
     flags: Ptrs,

@@ -72,6 +72,23 @@ pub(super) struct Frame<'a, B: XlaBackend> {
     pub rets: &'a [ArrayShape],
 }
 
+/// A reduction kernel's argument struct: its own fields, then what every one of them takes
+/// (the member's rank, the group's size, the [`Symmetric`] addresses and the status).
+macro_rules! group_args {
+    ($ty:ident { $($f:ident $(: $v:expr)?),* $(,)? }, $rank:expr, $world:expr, $sym:expr, $status:expr) => {
+        $ty {
+            $($f $(: $v)?,)*
+            rank: $rank as u32,
+            world: $world as u32,
+            stage: $sym.stage,
+            stride: $sym.stride,
+            flags: $sym.flags,
+            counter: $sym.counter,
+            status: $status,
+        }
+    };
+}
+
 /// A plan under construction: the kernels resolved so far (by name, at INITIALIZE only).
 struct Builder<'a, B: XlaBackend> {
     x: &'a Frame<'a, B>,
@@ -271,7 +288,7 @@ impl<B: XlaBackend> Builder<'_, B> {
     fn reduce_many(&mut self, group: &[usize], idx: usize) -> Result<(), HandlerError> {
         let shapes = self.x.args;
         let red = reduction(self.x.cfg)?;
-        let Symmetric { stage, flags, stride, counter } = self.symmetric(group)?;
+        let sym = self.symmetric(group)?;
         // Operand j's place in a staging half: the sum of the earlier operands' rounded sizes,
         // the layout `staging_bytes` sized.
         let mut offsets = Vec::with_capacity(shapes.len());
@@ -297,16 +314,7 @@ impl<B: XlaBackend> Builder<'_, B> {
                     many.off[k] = offsets[j] as u64;
                     bytes = bytes.max(shapes[j].byte_size());
                 }
-                let x = ManyArgs {
-                    many,
-                    rank: idx as u32,
-                    world: group.len() as u32,
-                    stage,
-                    stride,
-                    flags,
-                    counter,
-                    status: self.status(),
-                };
+                let x = group_args!(ManyArgs { many }, idx, group.len(), sym, self.status());
                 self.launch(func, launch_grid(bytes), Args::Many(x, ops));
             }
         }
@@ -356,26 +364,16 @@ impl<B: XlaBackend> Builder<'_, B> {
         }
         // Within the instance's Lamport regions: the fused kernel through them (no flags).
         let lamport = self.x.inst.fits_lamport(a.byte_size());
-        let Symmetric { stage, flags, stride, counter } =
-            if lamport { self.lamport(group)? } else { self.symmetric(group)? };
-        if (a.byte_size() as u64) > stride {
+        let sym = if lamport { self.lamport(group)? } else { self.symmetric(group)? };
+        if (a.byte_size() as u64) > sym.stride {
             return Err(internal(format!(
-                "'{}': {} bytes do not fit a staging half of {stride}",
+                "'{}': {} bytes do not fit a staging half of {}",
                 cfg.name,
-                a.byte_size()
+                a.byte_size(),
+                sym.stride
             )));
         }
-        let x = NormArgs {
-            input: 0,
-            norm,
-            rank: idx as u32,
-            world: group.len() as u32,
-            stage,
-            stride,
-            flags,
-            counter,
-            status: self.status(),
-        };
+        let x = group_args!(NormArgs { input: 0, norm }, idx, group.len(), sym, self.status());
         let func = self.spec(if lamport { Kernel::LamportNorm } else { Kernel::OneShotNorm }, t, Red::Sum)?;
         self.launch(func, crate::gpu::norm_grid(rows), Args::Norm(x, g.is_some()));
         Ok(())
@@ -393,25 +391,14 @@ impl<B: XlaBackend> Builder<'_, B> {
         let red = reduction(cfg)?;
         let t = reduced_type(shape.ty, red)?;
         if cfg.algorithm == Algo::DirectReduceScatter {
-            let Symmetric { stage, flags, stride, counter } = self.symmetric(group)?;
+            let sym = self.symmetric(group)?;
             let (phys, dim) = cfg.physical(&shape.dims).map_err(|m| err(ErrorCode::InvalidArgument, m))?;
             let (outer, n, inner) = view(&ArrayShape::new(shape.ty, phys), dim.unwrap_or(0))?;
             if n % g != 0 {
                 return Err(err(ErrorCode::InvalidArgument, format!("dimension of {n} does not split into {g}")));
             }
             let blocks = Blocks { outer: outer as u64, brow: (n / g * inner) as u64, full: (n * inner) as u64 };
-            let x = ScatterArgs {
-                input: 0,
-                output: 0,
-                rank: idx as u32,
-                world: g as u32,
-                stage,
-                stride,
-                flags,
-                counter,
-                blocks,
-                status: self.status(),
-            };
+            let x = group_args!(ScatterArgs { input: 0, output: 0, blocks }, idx, g, sym, self.status());
             let func = self.spec(Kernel::ReduceScatter, t, red)?;
             self.launch(func, launch_grid(bytes / g), Args::Scatter(x, i));
             return Ok(());
@@ -420,23 +407,13 @@ impl<B: XlaBackend> Builder<'_, B> {
         let lamport = cfg.algorithm == Algo::OneShotAllReduce
             && Kernel::Lamport.defined_for(t, red)
             && self.x.inst.fits_lamport(bytes);
-        let (kernel, Symmetric { stage, flags, stride, counter }) = match cfg.algorithm {
+        let (kernel, sym) = match cfg.algorithm {
             _ if lamport => (Kernel::Lamport, self.lamport(group)?),
             Algo::OneShotAllReduce => (Kernel::OneShot, self.symmetric(group)?),
             _ => (Kernel::TwoShot, self.symmetric(group)?),
         };
-        let x = ReduceArgs {
-            input: 0,
-            output: 0,
-            n: (bytes / t.size()) as u64,
-            rank: idx as u32,
-            world: g as u32,
-            stage,
-            stride,
-            flags,
-            counter,
-            status: self.status(),
-        };
+        let n = (bytes / t.size()) as u64;
+        let x = group_args!(ReduceArgs { input: 0, output: 0, n }, idx, g, sym, self.status());
         let func = self.spec(kernel, t, red)?;
         self.launch(func, launch_grid(bytes), Args::Reduce(x, i));
         Ok(())

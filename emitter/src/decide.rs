@@ -1,15 +1,24 @@
-//! The decision rules: for each collective, a Peerless kernel or the fallback, and why.
+//! The decision rules on the HLO collective alone: for each collective, a Peerless kernel or
+//! the fallback, and why. Rules 1-7 here see logical ids and the module; the pass
+//! (`xla_pass::decide_one`) then applies the rules that need its run's context, in order, to a
+//! kernel decision from here: (8) a group in which no device meets another stays XLA's
+//! (unless forced); (9) processes and hosts of the job's topology; (10) peer access on the
+//! device ids that really talk; (11) `xla_async_above_bytes` for partitioner-made collectives
+//! in order; (12) the async form; (13) agreeing layouts. Every decision names the rule that
+//! made it.
 //!
 //! Rules, first match wins:
 //! 1. no Peerless kernel for the op (ragged-all-to-all, collective-broadcast) → fallback;
 //!    backend flag `fallback` → fallback.
 //! 2. dtype guard on the *operands'* element types.
-//! 3. more than one operand → fallback (variadic kernels come later).
+//! 3. more than one operand → fallback, unless the platform's [`crate::Capabilities`] take
+//!    variadic all-reduce and tuple all-to-all.
 //! 4. all-reduce / reduce-scatter: `to_apply` must be a recognised reduction.
 //! 5. group shape: uniform groups; single-member groups are a local copy (kernel);
 //!    more than [`MAX_GROUP_SIZE`] members → fallback. Collective-permute checks its
 //!    pairs instead (self-pairs only → local copy).
-//! 6. peer access in both directions for every pair of devices that exchange data.
+//! 6. peer access in both directions for every pair of devices that exchange data (the pass
+//!    passes a full table of logical ids and checks the real devices in rule 10).
 //! 7. size. With a tuning profile ([`crate::tuning`]) for the kind (its backend flag `auto`;
 //!    all-reduce: no explicit threshold), the fastest it measured of XLA and the kernels
 //!    (all-reduce: one-shot, two-shot up to `two_shot_max_bytes`) at this kind, dtype class,

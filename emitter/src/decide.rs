@@ -4,8 +4,7 @@
 //! kernel decision from here: (8) a group in which no device meets another stays XLA's
 //! (unless forced); (9) processes and hosts of the job's topology; (10) peer access on the
 //! device ids that really talk; (11) `xla_async_above_bytes` for partitioner-made collectives
-//! in order; (12) the async form; (13) agreeing layouts. Every decision names the rule that
-//! made it.
+//! in order; (12) the async form; (13) agreeing layouts. Every decision says why, in words.
 //!
 //! Rules, first match wins:
 //! 1. no Peerless kernel for the op (ragged-all-to-all, collective-broadcast) → fallback;

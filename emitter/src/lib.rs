@@ -19,7 +19,6 @@ use hlo::PrimitiveType;
 
 pub use decide::{Capabilities, MAX_GROUP_SIZE, decide, decide_tuned, decide_with};
 pub use flags::{Backend, FLAGS, FlagSpec, Flags, HostTopology, flags_help};
-pub use hlo::analysis::DeviceMode;
 pub use peers::{PeerAccessTable, PeerTableKey};
 
 /// Element types Peerless's own collective kernels accept. F8 variants, s4/u4 and

@@ -12,7 +12,8 @@
 //! | [`flags`] | `emitter::Flags::parse` and `Flags::apply` | |
 //! | [`xla_pass`] | `emitter::xla_pass::run` (the pass inside XLA) | the pass again on its rewrite |
 
-use emitter::{DeviceMode, Flags};
+use emitter::Flags;
+use hlo::analysis::DeviceMode;
 
 /// Every target by name, for the replay test and the fuzz binaries.
 pub const TARGETS: &[(&str, fn(&[u8]))] = &[

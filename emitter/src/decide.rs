@@ -1,12 +1,12 @@
-//! The decision rules on the HLO collective alone: for each collective, a Peerless kernel or
-//! the fallback, and why. Rules 1-7 here see logical ids and the module; the pass
-//! (`xla_pass::decide_one`) then applies the rules that need its run's context, in order, to a
-//! kernel decision from here: (8) a group in which no device meets another stays XLA's
-//! (unless forced); (9) processes and hosts of the job's topology; (10) peer access on the
-//! device ids that really talk; (11) `xla_async_above_bytes` for partitioner-made collectives
-//! in order; (12) the async form; (13) agreeing layouts. Every decision says why, in words.
+//! Every decision rule, in one place: for each collective, a Peerless kernel or XLA's own
+//! collective, and why, in words. [`decide_tuned`] applies rules 1–7, which read the HLO
+//! collective alone on logical ids (the CLI's `decide` and the tests call it directly);
+//! [`decide_in_run`] applies rule 0, then those, then rules 8–13, which need the pass's run
+//! (its device assignment, the job's processes, peer access, layouts, async forms).
 //!
-//! Rules, first match wins:
+//! Rules, in order, first match wins:
+//! 0. inside an async computation (JAX's explicit async API) where Peerless's calls do not
+//!    run beside compute (`--overlap_above_bytes=none`, or no operation queues) → fallback.
 //! 1. no Peerless kernel for the op (ragged-all-to-all, collective-broadcast) → fallback;
 //!    backend flag `fallback` → fallback.
 //! 2. dtype guard on the *operands'* element types.
@@ -23,18 +23,33 @@
 //!    (all-reduce: one-shot, two-shot up to `two_shot_max_bytes`) at this kind, dtype class,
 //!    group size and size; the reason cites the profile and its figures. Without one:
 //!    all-reduce one-shot up to `one_shot_max_bytes`, two-shot up to `two_shot_max_bytes`,
-//!    fallback above; other ops use direct kernels at any size.
+//!    fallback above; other ops use direct kernels at any size. A call beside compute
+//!    (above `overlap_above_bytes`, or inside JAX's async pair) is decided without the
+//!    profile and two-shot's limit: both measure a collective run alone.
+//! 8. groups in which no device meets another (on device ids) → fallback: XLA makes them a
+//!    copy or nothing (unless forced).
+//! 9. processes and hosts of the job's topology: a group across hosts → fallback; across
+//!    processes of one host → shared memory where the platform can, with a job token.
+//! 10. peer access on the device ids that really talk (this process's peer table).
+//! 11. `xla_async_above_bytes`: a partitioner-made collective above it, not beside compute →
+//!     fallback (XLA overlaps it with compute).
+//! 12. the async form: a start/done pair must have a form the pass rewrites.
+//! 13. layouts: operands and results must agree on one the handler can work in.
 //!
-//! With a backend flag of `kernel`, a rule that says "fallback" is an error instead.
+//! With a backend flag of `kernel`, a rule 1–7 that says "fallback" is an error instead.
 
 use hlo::analysis::{self, ReductionKind};
-use hlo::{InstrId, Instruction, Module, PrimitiveType};
-use thunks::flag::{ONE_SHOT_MAX_BYTES, TWO_SHOT_MAX_BYTES};
-use thunks::{CollectiveConfig, CollectiveKind, CollectiveOp, Decision, KernelAlgorithm, fmt_groups};
+use hlo::{InstrId, Instruction, Module, Opcode, PrimitiveType};
+use thunks::custom_call::{CustomCallConfig, target_name};
+use thunks::flag::{ONE_SHOT_MAX_BYTES, OVERLAP_ABOVE_BYTES, TWO_SHOT_MAX_BYTES, XLA_ASYNC_ABOVE_BYTES};
+use thunks::{CollectiveConfig, CollectiveKind, CollectiveOp, Decision, Implementation, KernelAlgorithm, fmt_groups};
 
 use crate::flags::{Backend, Flags};
 use crate::peers::PeerAccessTable;
 use crate::tuning::Tuning;
+use crate::xla_pass::{
+    ASYNC_QUEUE, Assignment, Form, Layouts, LeafLayout, PassConfig, PassDecision, PeerLookup, Rewrite, next_instance,
+};
 use crate::{EmitError, kernel_accepts_dtype};
 
 /// Most members a group may have for a kernel: the kernels keep one peer pointer per
@@ -337,4 +352,338 @@ pub fn decide_tuned(
         });
     }
     Ok((cfg, decision))
+}
+
+// ------------------------------------------------------------------------ the pass's run
+
+/// What rules 0 and 8–13 read besides the collective: the pass's run over one module.
+#[derive(Clone, Copy)]
+pub(crate) struct Run<'a> {
+    pub module: &'a Module,
+    pub assignment: &'a Assignment,
+    pub cfg: &'a PassConfig,
+    pub tuning: &'a Tuning,
+    /// A full table of logical ids for rule 6 (rule 10 checks the device ids).
+    pub logical: &'a PeerAccessTable,
+    pub peers: &'a PeerLookup<'a>,
+    pub layouts: &'a Layouts,
+}
+
+/// Decides one collective of the pass's run: rule 0, rules 1–7 ([`decide_tuned`] on logical
+/// ids), then rules 8–13 on device ids. Returns its record and, for a kernel, its rewrite
+/// (with `instance` as its id, or a fresh one); `in_async`: it sits inside an async
+/// computation (JAX's explicit async API).
+pub(crate) fn decide_in_run(
+    run: &Run<'_>,
+    id: InstrId,
+    instance: Option<u64>,
+    mut shared_id: impl FnMut(&str) -> Option<u64>,
+    in_async: bool,
+) -> (PassDecision, Option<Rewrite>) {
+    let Run { module, assignment: a, cfg, tuning, logical, peers, layouts } = *run;
+    // 0. Inside JAX's async pair where Peerless's calls do not run beside compute: XLA's.
+    if in_async && !(cfg.caps.async_queue && cfg.flags.overlap_above_bytes.is_some()) {
+        return (async_wrapped(module, id, cfg.caps.async_queue), None);
+    }
+    let ins = module.instr(id);
+    let mut d = fallback_record(module, id);
+    // Above `overlap_above_bytes` (XLA:GPU) the call runs on an async queue, which XLA's
+    // scheduler overlaps with compute (the async rule), and is decided without the profile and
+    // two-shot's limit: both measure a collective run alone (docs/OVERLAP.md). `d.bytes` is
+    // the config's `bytes_per_device` (its operands' bytes).
+    // A collective inside JAX's own async pair runs beside compute whatever its size.
+    let overlap = cfg.flags.overlap_above_bytes.filter(|&l| cfg.caps.async_queue && d.bytes > l);
+    let beside = overlap.is_some() || in_async;
+    let async_flags = beside.then(|| Flags { two_shot_max_bytes: usize::MAX, ..cfg.flags.clone() });
+    let no_profile = Tuning::none();
+    let (flags, tuning) = async_flags.as_ref().map_or((&cfg.flags, tuning), |f| (f, &no_profile));
+    // Decide on device ids: map the logical groups through the assignment first, so peer
+    // access and process locality are checked on the devices that will really talk.
+    let decided = decide_tuned(module, id, a.replicas, a.partitions, flags, tuning, logical, cfg.caps);
+    let (config, decision) = match decided {
+        Ok(x) => x,
+        Err(e) => {
+            d.reason = e.to_string();
+            return (d, None);
+        }
+    };
+    let groups: Vec<Vec<usize>> = config.groups.iter().map(|g| g.iter().map(|&l| a.device(l)).collect()).collect();
+    let pairs: Vec<(usize, usize)> =
+        config.source_target_pairs.iter().map(|&(s, t)| (a.device(s), a.device(t))).collect();
+    d.groups = if config.op.kind == CollectiveKind::CollectivePermute {
+        let p: Vec<String> = pairs.iter().map(|(s, t)| format!("{s}->{t}")).collect();
+        format!("[{}]", p.join(","))
+    } else {
+        fmt_groups(&groups)
+    };
+    let Implementation::Kernel(algorithm) = decision.implementation else {
+        d.reason = decision.reason;
+        return (d, None);
+    };
+    // The devices that exchange data (the rules saw logical ids).
+    let talking: Vec<Vec<usize>> = if config.op.kind == CollectiveKind::CollectivePermute {
+        pairs.iter().filter(|(s, t)| s != t).map(|&(s, t)| vec![s, t]).collect()
+    } else {
+        groups.clone()
+    };
+    // 8. A collective in which no device meets another moves no data: XLA makes it a copy or
+    // nothing (folded into a fusion), where a custom call would cost a launch and split the
+    // fusions around it (+20 µs per call for a one-device psum on an H100). Forced kernels
+    // still run (single-GPU checks of the handlers).
+    let forced = matches!(cfg.flags.backend_for(config.op.kind), Some((Backend::Kernel, _)));
+    if !forced && talking.iter().all(|g| g.len() < 2) {
+        d.reason = "no device meets another (groups of one): XLA turns it into a copy or nothing".into();
+        return (d, None);
+    }
+    // 9. Processes: a group inside one process runs as always; one across processes of a host
+    // meets through shared memory (named by the job); one across hosts is XLA's.
+    let mut crosses = false;
+    if let Some(t) = &cfg.topology {
+        match t.check(&talking, cfg.caps.cross_process) {
+            Ok(true) => crosses = true,
+            Ok(false) => {}
+            Err(why) => {
+                d.reason = why;
+                return (d, None);
+            }
+        }
+    } else if let Some(local) = &cfg.local_devices
+        && let Some(&dev) = talking.iter().flatten().find(|d| !local.contains(d))
+    {
+        d.reason = format!("device {dev} belongs to another process (this process has {local:?})");
+        return (d, None);
+    }
+
+    // 10. Peer access on device ids. The peer table is this process's; across processes shared memory reaches every device.
+    if !crosses && let Some((x, y)) = talking.iter().find_map(|g| peers.get().missing_link(g)) {
+        d.reason = format!("no peer access {x}↔{y} ({})", peers.get().source());
+        return (d, None);
+    }
+    // 11. Unless on an async queue, partitioner-made collectives XLA would run asynchronously,
+    // overlapped with compute: above the flag's size, overlap wins over a faster kernel in order
+    // on the compute stream.
+    let spmd = ins.attrs.frontend_attributes.get("is_spmd_generated").is_some_and(|v| v == "true");
+    if let Some(limit) = cfg.flags.xla_async_above_bytes
+        && !beside
+        && spmd
+        && config.bytes_per_device > limit
+    {
+        d.reason = format!(
+            "partitioner-made, {} bytes > {XLA_ASYNC_ABOVE_BYTES}={limit}: XLA runs it asynchronously, overlapped with compute",
+            config.bytes_per_device
+        );
+        return (d, None);
+    }
+    // 12. An async pair becomes one synchronous call; the forms it can take ([`Form`]).
+    let form = match form_of(module, id) {
+        Ok(Form::Sync) if in_async => Form::InAsync,
+        Ok(f) => f,
+        Err(e) => {
+            d.reason = e;
+            return (d, None);
+        }
+    };
+    let elementwise = match config.op.kind {
+        CollectiveKind::AllReduce | CollectiveKind::CollectivePermute => true,
+        CollectiveKind::AllToAll => config.num_operands > 1,
+        _ => false,
+    };
+    // 13. Operands and results agree on a layout the handler can work in.
+    let layout = match common_layout(module, id, layouts, elementwise, form == Form::AsyncTuple) {
+        Ok(l) => l,
+        Err(e) => {
+            d.reason = e;
+            return (d, None);
+        }
+    };
+    let Some(target) = target_name(config.op.kind) else {
+        d.reason = format!("no Peerless kernel for {}", config.op);
+        return (d, None);
+    };
+    let processes: Vec<usize> = match (crosses, &cfg.topology) {
+        (true, Some(t)) => {
+            let named: Vec<usize> = if config.op.kind == CollectiveKind::CollectivePermute {
+                pairs.iter().flat_map(|&(s, t)| [s, t]).collect()
+            } else {
+                groups.iter().flatten().copied().collect()
+            };
+            // `check` found every talking device; a permute's idle self-pairs may be unknown.
+            named.iter().map(|d| t.process_of.get(d).copied().unwrap_or(0)).collect()
+        }
+        _ => Vec::new(),
+    };
+    let instance = if crosses {
+        match shared_id(&ins.name) {
+            Some(i) => i,
+            None => {
+                d.reason = "across processes, and the module could not be fingerprinted".into();
+                return (d, None);
+            }
+        }
+    } else {
+        instance.unwrap_or_else(next_instance)
+    };
+    // Slots (`assign_slots`), decisions, ordering operands and epilogues come once every
+    // collective is decided.
+    let call = CustomCallConfig {
+        groups: if config.op.kind == CollectiveKind::CollectivePermute { Vec::new() } else { groups },
+        pairs,
+        reduction: config.reduction,
+        dimension: if config.op.kind == CollectiveKind::AllToAll && config.num_operands > 1 {
+            None
+        } else {
+            config.dimension
+        },
+        layout: layout.map(|l| l.into_iter().map(|x| x as usize).collect()),
+        num_devices: a.devices.iter().copied().max().map_or(0, |m| m + 1),
+        instance,
+        timeout_ms: cfg.flags.collective_timeout_ms,
+        processes,
+        blocks: if beside { cfg.flags.async_blocks } else { 0 },
+        ..CustomCallConfig::new(config.op.kind, algorithm, ins.name.clone())
+    };
+    d.implementation = decision.implementation.to_string();
+    d.kernel = true;
+    d.reason = decision.reason;
+    if in_async {
+        d.reason.push_str(&format!(
+            "; inside JAX's async pair ('{}'): beside compute on the stream XLA gives it, at most {} blocks",
+            module.comps[ins.parent].name, call.blocks
+        ));
+    } else if let Some(limit) = overlap {
+        d.reason.push_str(&format!(
+            "; async: {} bytes > {OVERLAP_ABOVE_BYTES}={limit}, on XLA's operation queue {ASYNC_QUEUE} beside compute, \
+             at most {} blocks",
+            config.bytes_per_device, call.blocks
+        ));
+    }
+    if call.spans_processes() {
+        d.reason.push_str(" (across processes of one host: shared memory)");
+    }
+    (d, Some(Rewrite { target, call, form }))
+}
+
+/// The decision for a collective inside an async computation (JAX's explicit async API:
+/// `psum_scatter_start`, `all_to_all_start`, ...) where Peerless's calls do not run beside
+/// compute: on a platform without operation queues (ROCm; XLA:CPU makes such pairs synchronous
+/// before the pass), or with `--overlap_above_bytes=none` (the default). XLA's, which runs it
+/// beside compute. (Otherwise the call takes its place, [`Form::InAsync`].)
+fn async_wrapped(module: &Module, id: InstrId, queues: bool) -> PassDecision {
+    let ins = module.instr(id);
+    let why = if queues {
+        format!("Peerless's calls beside compute are off (--{OVERLAP_ABOVE_BYTES}=none, the default)")
+    } else {
+        "this platform's calls do not run beside compute".to_owned()
+    };
+    PassDecision {
+        reason: format!(
+            "inside the async computation '{}' (JAX's explicit async collectives, e.g. all_to_all_start): XLA runs it \
+             beside compute, and {why}",
+            module.comps[ins.parent].name
+        ),
+        ..fallback_record(module, id)
+    }
+}
+
+/// Collective `id`'s record as a fallback with no reason yet: op, operand types and bytes.
+fn fallback_record(module: &Module, id: InstrId) -> PassDecision {
+    let ins = module.instr(id);
+    let operands = || ins.operands.iter().filter_map(|&o| module.instrs.get(o));
+    PassDecision {
+        instr: ins.name.clone(),
+        op: ins.opcode.name().to_owned(),
+        dtype: operands()
+            .flat_map(|o| o.shape.leaves().into_iter().map(|l| l.ty.to_string()))
+            .collect::<Vec<_>>()
+            .join(","),
+        bytes: operands().map(|o| o.shape.byte_size()).sum(),
+        groups: String::new(),
+        implementation: "fallback".into(),
+        kernel: false,
+        reason: String::new(),
+    }
+}
+
+/// The layout a collective's handler works in, or why it cannot run. Collectives move bytes
+/// in the buffers' physical order. Elementwise ones (all-reduce, tuple all-to-all, permute)
+/// need each operand to share its result's layout, and then need no attribute; the others
+/// need one layout for operand and result, passed to the handler (`layout` attribute) when it
+/// is not the default.
+fn common_layout(
+    module: &Module,
+    id: InstrId,
+    layouts: &Layouts,
+    elementwise: bool,
+    async_tuple: bool,
+) -> Result<LeafLayout, String> {
+    let ins = module.instr(id);
+    let show = |x: &LeafLayout| x.as_ref().map_or("row-major".to_owned(), |v| format!("{v:?}"));
+    if elementwise {
+        // A start's `(operand, result)`: the call computes the result only.
+        let results: Vec<_> =
+            layouts.get(&ins.name).cloned().unwrap_or_default().into_iter().skip(usize::from(async_tuple)).collect();
+        let mut operands = Vec::new();
+        for o in ins.operands.iter().filter_map(|&o| module.instrs.get(o)) {
+            operands.extend(layouts.get(&o.name).cloned().unwrap_or_default());
+        }
+        for (i, (a, r)) in operands.iter().zip(&results).enumerate() {
+            let a = a.clone().map_err(|e| format!("operand {i} has {e}"))?;
+            let r = r.clone().map_err(|e| format!("result {i} has {e}"))?;
+            if a != r {
+                return Err(format!("operand {i} and result {i} layouts differ ({} vs {})", show(&a), show(&r)));
+            }
+        }
+        return Ok(None);
+    }
+    let mut names: Vec<&str> =
+        ins.operands.iter().filter_map(|&o| module.instrs.get(o)).map(|o| o.name.as_str()).collect();
+    names.push(&ins.name);
+    let mut seen: Option<LeafLayout> = None;
+    for name in names {
+        for l in layouts.get(name).into_iter().flatten() {
+            let l = l.clone().map_err(|e| format!("'{name}' has {e}"))?;
+            match &seen {
+                None => seen = Some(l),
+                Some(s) if *s == l => {}
+                Some(s) => {
+                    return Err(format!("operand and result layouts differ ({} vs {})", show(s), show(&l)));
+                }
+            }
+        }
+    }
+    Ok(seen.flatten())
+}
+
+/// The [`Form`] of collective `id`, or why its async form stays XLA's.
+fn form_of(module: &Module, id: InstrId) -> Result<Form, String> {
+    let ins = module.instr(id);
+    let operand = |k: usize| ins.operands.get(k).and_then(|&o| module.instrs.get(o)).map(|o| &o.shape);
+    match ins.opcode {
+        Opcode::AllReduceStart => match (&ins.shape, ins.operands.len()) {
+            (hlo::Shape::Array(_), 1) => Ok(Form::AsyncInPlace),
+            _ => Err(format!(
+                "async start/done pair: a variadic all-reduce-start ({} operands) stays XLA's (its done would \
+                 need a tuple copy)",
+                ins.operands.len()
+            )),
+        },
+        Opcode::AllGatherStart | Opcode::CollectivePermuteStart => {
+            let ok = ins.operands.len() == 1
+                && matches!(&ins.shape, hlo::Shape::Tuple(e) if e.len() == 2
+                    && e.iter().all(|x| x.as_array().is_some())
+                    && Some(&e[0]) == operand(0));
+            if ok {
+                Ok(Form::AsyncTuple)
+            } else {
+                Err(format!(
+                    "async start/done pair: a {} of {} operand(s) with result {} is not the (operand, result) form \
+                     the pass rewrites",
+                    ins.opcode.name(),
+                    ins.operands.len(),
+                    ins.shape
+                ))
+            }
+        }
+        _ => Ok(Form::Sync),
+    }
 }

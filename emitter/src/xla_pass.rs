@@ -3,7 +3,7 @@
 //! XLA hands the pass a serialized `HloModuleProto` after SPMD partitioning
 //! (`jax.extend.xla`, stage PRE_SCHEDULER); the pass decides every collective with the
 //! emitter's rules ([`crate::decide_tuned`]) and the pass's own on device ids (peer access,
-//! processes and hosts, layouts, async forms: `decide_one`), and rewrites each one assigned
+//! processes and hosts, layouts, async forms: all in `decide.rs`), and rewrites each one assigned
 //! to a kernel into a typed-FFI `custom-call` to a Peerless target whose attributes are the
 //! plain-data [`CustomCallConfig`]. Fallbacks stay XLA's own collectives, untouched. A
 //! rewritten module keeps its entry layout (`wire_edit::pin_entry_layouts`).
@@ -30,18 +30,18 @@ use hlo::wire::{
     ints, put_bytes, put_ints, put_varint,
 };
 use hlo::{InstrId, Module, Opcode};
-use thunks::custom_call::{CustomCallConfig, target_name};
-use thunks::flag::{OVERLAP_ABOVE_BYTES, XLA_ASYNC_ABOVE_BYTES};
-use thunks::{CollectiveKind, Implementation};
+use thunks::CollectiveKind;
+use thunks::custom_call::CustomCallConfig;
 
-use crate::decide::{Capabilities, decide_tuned};
+use crate::decide::{Capabilities, Run, decide_in_run};
 use crate::flags::Flags;
 use crate::peers::PeerAccessTable;
-use crate::tuning::{Tuning, TuningConfig};
+use crate::tuning::TuningConfig;
 
 mod fuse;
 mod staging;
 #[cfg(test)]
+#[path = "../tests/unit/xla_pass.rs"]
 mod tests;
 mod wire_edit;
 
@@ -102,7 +102,9 @@ const COLLECTIVE_OPCODES: [&str; 10] = [
 
 /// One array's layout as the pass compares them: `minor_to_major`, or `None` for the
 /// default (row-major) layout. Tiled layouts are an error.
-type LeafLayout = Option<Vec<i64>>;
+pub(crate) type LeafLayout = Option<Vec<i64>>;
+/// Every instruction's leaf layouts, by name.
+pub(crate) type Layouts = HashMap<String, Vec<Result<LeafLayout, String>>>;
 
 fn leaf_layouts(shape: &xla::ShapeProto, out: &mut Vec<Result<LeafLayout, String>>) {
     if !shape.tuple_shapes.is_empty() {
@@ -122,7 +124,7 @@ fn leaf_layouts(shape: &xla::ShapeProto, out: &mut Vec<Result<LeafLayout, String
 }
 
 /// Every instruction's leaf layouts, by name (the IR keeps no layouts).
-fn layout_map(m: &xla::HloModuleProto) -> HashMap<String, Vec<Result<LeafLayout, String>>> {
+fn layout_map(m: &xla::HloModuleProto) -> Layouts {
     let mut out = HashMap::new();
     for c in &m.computations {
         for i in &c.instructions {
@@ -136,60 +138,10 @@ fn layout_map(m: &xla::HloModuleProto) -> HashMap<String, Vec<Result<LeafLayout,
     out
 }
 
-/// The layout a collective's handler works in, or why it cannot run. Collectives move bytes
-/// in the buffers' physical order. Elementwise ones (all-reduce, tuple all-to-all, permute)
-/// need each operand to share its result's layout, and then need no attribute; the others
-/// need one layout for operand and result, passed to the handler (`layout` attribute) when it
-/// is not the default.
-fn common_layout(
-    module: &Module,
-    id: InstrId,
-    layouts: &HashMap<String, Vec<Result<LeafLayout, String>>>,
-    elementwise: bool,
-    async_tuple: bool,
-) -> Result<LeafLayout, String> {
-    let ins = module.instr(id);
-    let show = |x: &LeafLayout| x.as_ref().map_or("row-major".to_owned(), |v| format!("{v:?}"));
-    if elementwise {
-        // A start's `(operand, result)`: the call computes the result only.
-        let results: Vec<_> =
-            layouts.get(&ins.name).cloned().unwrap_or_default().into_iter().skip(usize::from(async_tuple)).collect();
-        let mut operands = Vec::new();
-        for o in ins.operands.iter().filter_map(|&o| module.instrs.get(o)) {
-            operands.extend(layouts.get(&o.name).cloned().unwrap_or_default());
-        }
-        for (i, (a, r)) in operands.iter().zip(&results).enumerate() {
-            let a = a.clone().map_err(|e| format!("operand {i} has {e}"))?;
-            let r = r.clone().map_err(|e| format!("result {i} has {e}"))?;
-            if a != r {
-                return Err(format!("operand {i} and result {i} layouts differ ({} vs {})", show(&a), show(&r)));
-            }
-        }
-        return Ok(None);
-    }
-    let mut names: Vec<&str> =
-        ins.operands.iter().filter_map(|&o| module.instrs.get(o)).map(|o| o.name.as_str()).collect();
-    names.push(&ins.name);
-    let mut seen: Option<LeafLayout> = None;
-    for name in names {
-        for l in layouts.get(name).into_iter().flatten() {
-            let l = l.clone().map_err(|e| format!("'{name}' has {e}"))?;
-            match &seen {
-                None => seen = Some(l),
-                Some(s) if *s == l => {}
-                Some(s) => {
-                    return Err(format!("operand and result layouts differ ({} vs {})", show(s), show(&l)));
-                }
-            }
-        }
-    }
-    Ok(seen.flatten())
-}
-
 /// How a collective the pass takes becomes a custom call (the handlers see one synchronous
 /// collective in every form: operands in, result out).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Form {
+pub(crate) enum Form {
     /// A synchronous collective: the instruction becomes the call.
     Sync,
     /// `all-reduce-start` (result: the reduced array): the start becomes the call and its
@@ -209,40 +161,6 @@ enum Form {
     InAsync,
 }
 
-/// The [`Form`] of collective `id`, or why its async form stays XLA's.
-fn form_of(module: &Module, id: InstrId) -> Result<Form, String> {
-    let ins = module.instr(id);
-    let operand = |k: usize| ins.operands.get(k).and_then(|&o| module.instrs.get(o)).map(|o| &o.shape);
-    match ins.opcode {
-        Opcode::AllReduceStart => match (&ins.shape, ins.operands.len()) {
-            (hlo::Shape::Array(_), 1) => Ok(Form::AsyncInPlace),
-            _ => Err(format!(
-                "async start/done pair: a variadic all-reduce-start ({} operands) stays XLA's (its done would \
-                 need a tuple copy)",
-                ins.operands.len()
-            )),
-        },
-        Opcode::AllGatherStart | Opcode::CollectivePermuteStart => {
-            let ok = ins.operands.len() == 1
-                && matches!(&ins.shape, hlo::Shape::Tuple(e) if e.len() == 2
-                    && e.iter().all(|x| x.as_array().is_some())
-                    && Some(&e[0]) == operand(0));
-            if ok {
-                Ok(Form::AsyncTuple)
-            } else {
-                Err(format!(
-                    "async start/done pair: a {} of {} operand(s) with result {} is not the (operand, result) form \
-                     the pass rewrites",
-                    ins.opcode.name(),
-                    ins.operands.len(),
-                    ins.shape
-                ))
-            }
-        }
-        _ => Ok(Form::Sync),
-    }
-}
-
 /// A collective the pass takes: its decision (an index into the run's decisions), its
 /// instruction, and the custom call it becomes (target, attributes, form).
 struct Call {
@@ -253,11 +171,11 @@ struct Call {
     form: Form,
 }
 
-/// What [`decide_one`] makes of a collective it takes (its place comes from the run).
-struct Rewrite {
-    target: &'static str,
-    call: CustomCallConfig,
-    form: Form,
+/// What [`decide_in_run`] makes of a collective it takes (its place comes from the run).
+pub(crate) struct Rewrite {
+    pub target: &'static str,
+    pub call: CustomCallConfig,
+    pub form: Form,
 }
 
 /// The `operation_queue_id` of calls run asynchronously (`--overlap_above_bytes`): XLA:GPU
@@ -310,7 +228,7 @@ impl fmt::Debug for DeviceMemory {
 pub const STAGING_SHARE_OF_FREE: u64 = 4;
 
 /// One run's view of [`Peers`]: the table, made when first asked for.
-struct PeerLookup<'a> {
+pub(crate) struct PeerLookup<'a> {
     source: &'a Peers,
     num_devices: usize,
     /// `--host_topology`: the links of [`Peers::Shared`] (every pair by default).
@@ -319,7 +237,7 @@ struct PeerLookup<'a> {
 }
 
 impl PeerLookup<'_> {
-    fn get(&self) -> &PeerAccessTable {
+    pub(crate) fn get(&self) -> &PeerAccessTable {
         self.table.get_or_init(|| match self.source {
             Peers::Shared => PeerAccessTable::for_host_topology(self.num_devices, self.host_topology),
             Peers::Lazy(make) => make(),
@@ -439,7 +357,7 @@ impl Topology {
 
     /// Why `talking` (groups of device ids that exchange data) cannot run on Peerless's
     /// kernels, or whether it crosses processes (`Ok(true)`).
-    fn check(&self, talking: &[Vec<usize>], cross_process: bool) -> Result<bool, String> {
+    pub(crate) fn check(&self, talking: &[Vec<usize>], cross_process: bool) -> Result<bool, String> {
         let mut crosses = false;
         for g in talking {
             let mut procs = BTreeSet::new();
@@ -591,10 +509,10 @@ pub fn next_instance() -> u64 {
 // ----------------------------------------------------------------------------- the pass
 
 /// Logical id (`replica * partitions + partition`) → device id.
-struct Assignment {
-    replicas: usize,
-    partitions: usize,
-    devices: Vec<usize>,
+pub(crate) struct Assignment {
+    pub replicas: usize,
+    pub partitions: usize,
+    pub devices: Vec<usize>,
 }
 
 impl Assignment {
@@ -626,13 +544,9 @@ impl Assignment {
         Ok(Assignment { replicas, partitions, devices })
     }
 
-    fn device(&self, logical: usize) -> usize {
+    pub(crate) fn device(&self, logical: usize) -> usize {
         self.devices.get(logical).copied().unwrap_or(logical)
     }
-}
-
-fn fmt_ids(groups: &[Vec<usize>]) -> String {
-    thunks::fmt_groups(groups)
 }
 
 /// Runs the pass over a serialized module.
@@ -668,9 +582,18 @@ pub fn run(bytes: &[u8], cfg: &PassConfig) -> Result<PassOutcome, PassError> {
         host_topology: &cfg.flags.host_topology,
         table: std::cell::OnceCell::new(),
     };
-    // The rules see logical ids; peer access is checked on device ids in `decide_one`.
+    // The rules see logical ids; peer access is checked on device ids (rule 10).
     let logical = PeerAccessTable::full(assignment.devices.len(), "checked on device ids");
     let tuning = cfg.tuning.resolve(assignment.devices.len());
+    let run = Run {
+        module: &module,
+        assignment: &assignment,
+        cfg,
+        tuning: &tuning,
+        logical: &logical,
+        peers: &peers,
+        layouts: &layouts,
+    };
     let wrapped = async_computations(bytes)?;
     let mut decisions = Vec::new();
     // Collectives across processes get ids every process derives alike (the module's
@@ -689,24 +612,7 @@ pub fn run(bytes: &[u8], cfg: &PassConfig) -> Result<PassOutcome, PassError> {
             Some(shared_instance(fp, instr))
         };
         let in_async = wrapped.contains(&module.comps[module.instr(id).parent].name);
-        let beside_compute = cfg.caps.async_queue && cfg.flags.overlap_above_bytes.is_some();
-        let (decision, rewrite) = if in_async && !beside_compute {
-            (async_wrapped(&module, id, cfg.caps.async_queue), None)
-        } else {
-            decide_one(
-                &module,
-                id,
-                &assignment,
-                cfg,
-                &tuning,
-                &logical,
-                &peers,
-                &layouts,
-                instance,
-                shared_id,
-                in_async,
-            )
-        };
+        let (decision, rewrite) = decide_in_run(&run, id, instance, shared_id, in_async);
         if let Some(Rewrite { target, call, form }) = rewrite {
             calls.push(Call { at: decisions.len(), id, target, config: call, form });
         }
@@ -806,237 +712,4 @@ fn fuse_epilogues(module: &Module, calls: &mut [Call], decisions: &mut [PassDeci
         out.insert(call.config.name.clone(), f);
     }
     out
-}
-
-/// The decision for a collective inside an async computation (JAX's explicit async API:
-/// `psum_scatter_start`, `all_to_all_start`, ...) where Peerless's calls do not run beside
-/// compute: on a platform without operation queues (ROCm; XLA:CPU makes such pairs synchronous
-/// before the pass), or with `--overlap_above_bytes=none` (the default). XLA's, which runs it
-/// beside compute. (Otherwise the call takes its place, [`Form::InAsync`].)
-fn async_wrapped(module: &Module, id: InstrId, queues: bool) -> PassDecision {
-    let ins = module.instr(id);
-    let why = if queues {
-        format!("Peerless's calls beside compute are off (--{OVERLAP_ABOVE_BYTES}=none, the default)")
-    } else {
-        "this platform's calls do not run beside compute".to_owned()
-    };
-    PassDecision {
-        reason: format!(
-            "inside the async computation '{}' (JAX's explicit async collectives, e.g. all_to_all_start): XLA runs it \
-             beside compute, and {why}",
-            module.comps[ins.parent].name
-        ),
-        ..fallback_record(module, id)
-    }
-}
-
-/// Collective `id`'s record as a fallback with no reason yet: op, operand types and bytes.
-fn fallback_record(module: &Module, id: InstrId) -> PassDecision {
-    let ins = module.instr(id);
-    let operands = || ins.operands.iter().filter_map(|&o| module.instrs.get(o));
-    PassDecision {
-        instr: ins.name.clone(),
-        op: ins.opcode.name().to_owned(),
-        dtype: operands()
-            .flat_map(|o| o.shape.leaves().into_iter().map(|l| l.ty.to_string()))
-            .collect::<Vec<_>>()
-            .join(","),
-        bytes: operands().map(|o| o.shape.byte_size()).sum(),
-        groups: String::new(),
-        implementation: "fallback".into(),
-        kernel: false,
-        reason: String::new(),
-    }
-}
-
-/// Decides one collective; returns its record and, for a kernel, its rewrite (with
-/// `instance` as its id, or a fresh one).
-fn decide_one(
-    module: &Module,
-    id: InstrId,
-    a: &Assignment,
-    cfg: &PassConfig,
-    tuning: &Tuning,
-    logical: &PeerAccessTable,
-    peers: &PeerLookup<'_>,
-    layouts: &HashMap<String, Vec<Result<LeafLayout, String>>>,
-    instance: Option<u64>,
-    mut shared_id: impl FnMut(&str) -> Option<u64>,
-    in_async: bool,
-) -> (PassDecision, Option<Rewrite>) {
-    let ins = module.instr(id);
-    let mut d = fallback_record(module, id);
-    // Above `overlap_above_bytes` (XLA:GPU) the call runs on an async queue, which XLA's
-    // scheduler overlaps with compute (the async rule), and is decided without the profile and
-    // two-shot's limit: both measure a collective run alone (docs/OVERLAP.md). `d.bytes` is
-    // the config's `bytes_per_device` (its operands' bytes).
-    // A collective inside JAX's own async pair runs beside compute whatever its size.
-    let overlap = cfg.flags.overlap_above_bytes.filter(|&l| cfg.caps.async_queue && d.bytes > l);
-    let beside = overlap.is_some() || in_async;
-    let async_flags = beside.then(|| Flags { two_shot_max_bytes: usize::MAX, ..cfg.flags.clone() });
-    let no_profile = Tuning::none();
-    let (flags, tuning) = async_flags.as_ref().map_or((&cfg.flags, tuning), |f| (f, &no_profile));
-    // Decide on device ids: map the logical groups through the assignment first, so peer
-    // access and process locality are checked on the devices that will really talk.
-    let decided = decide_tuned(module, id, a.replicas, a.partitions, flags, tuning, logical, cfg.caps);
-    let (config, decision) = match decided {
-        Ok(x) => x,
-        Err(e) => {
-            d.reason = e.to_string();
-            return (d, None);
-        }
-    };
-    let groups: Vec<Vec<usize>> = config.groups.iter().map(|g| g.iter().map(|&l| a.device(l)).collect()).collect();
-    let pairs: Vec<(usize, usize)> =
-        config.source_target_pairs.iter().map(|&(s, t)| (a.device(s), a.device(t))).collect();
-    d.groups = if config.op.kind == CollectiveKind::CollectivePermute {
-        let p: Vec<String> = pairs.iter().map(|(s, t)| format!("{s}->{t}")).collect();
-        format!("[{}]", p.join(","))
-    } else {
-        fmt_ids(&groups)
-    };
-    let Implementation::Kernel(algorithm) = decision.implementation else {
-        d.reason = decision.reason;
-        return (d, None);
-    };
-    // Peer access on the real devices (the rules saw logical ids).
-    let talking: Vec<Vec<usize>> = if config.op.kind == CollectiveKind::CollectivePermute {
-        pairs.iter().filter(|(s, t)| s != t).map(|&(s, t)| vec![s, t]).collect()
-    } else {
-        groups.clone()
-    };
-    // A collective in which no device meets another moves no data: XLA makes it a copy or
-    // nothing (folded into a fusion), where a custom call would cost a launch and split the
-    // fusions around it (+20 µs per call for a one-device psum on an H100). Forced kernels
-    // still run (single-GPU checks of the handlers).
-    let forced = matches!(cfg.flags.backend_for(config.op.kind), Some((crate::flags::Backend::Kernel, _)));
-    if !forced && talking.iter().all(|g| g.len() < 2) {
-        d.reason = "no device meets another (groups of one): XLA turns it into a copy or nothing".into();
-        return (d, None);
-    }
-    // Processes: a group inside one process runs as always; one across processes of a host
-    // meets through shared memory (named by the job); one across hosts is XLA's.
-    let mut crosses = false;
-    if let Some(t) = &cfg.topology {
-        match t.check(&talking, cfg.caps.cross_process) {
-            Ok(true) => crosses = true,
-            Ok(false) => {}
-            Err(why) => {
-                d.reason = why;
-                return (d, None);
-            }
-        }
-    } else if let Some(local) = &cfg.local_devices
-        && let Some(&dev) = talking.iter().flatten().find(|d| !local.contains(d))
-    {
-        d.reason = format!("device {dev} belongs to another process (this process has {local:?})");
-        return (d, None);
-    }
-
-    // The peer table is this process's; across processes shared memory reaches every device.
-    if !crosses && let Some((x, y)) = talking.iter().find_map(|g| peers.get().missing_link(g)) {
-        d.reason = format!("no peer access {x}↔{y} ({})", peers.get().source());
-        return (d, None);
-    }
-    // Unless on an async queue, partitioner-made collectives XLA would run asynchronously,
-    // overlapped with compute: above the flag's size, overlap wins over a faster kernel in order
-    // on the compute stream.
-    let spmd = ins.attrs.frontend_attributes.get("is_spmd_generated").is_some_and(|v| v == "true");
-    if let Some(limit) = cfg.flags.xla_async_above_bytes
-        && !beside
-        && spmd
-        && config.bytes_per_device > limit
-    {
-        d.reason = format!(
-            "partitioner-made, {} bytes > {XLA_ASYNC_ABOVE_BYTES}={limit}: XLA runs it asynchronously, overlapped with compute",
-            config.bytes_per_device
-        );
-        return (d, None);
-    }
-    // An async pair becomes one synchronous call; the forms it can take ([`Form`]).
-    let form = match form_of(module, id) {
-        Ok(Form::Sync) if in_async => Form::InAsync,
-        Ok(f) => f,
-        Err(e) => {
-            d.reason = e;
-            return (d, None);
-        }
-    };
-    let elementwise = match config.op.kind {
-        CollectiveKind::AllReduce | CollectiveKind::CollectivePermute => true,
-        CollectiveKind::AllToAll => config.num_operands > 1,
-        _ => false,
-    };
-    let layout = match common_layout(module, id, layouts, elementwise, form == Form::AsyncTuple) {
-        Ok(l) => l,
-        Err(e) => {
-            d.reason = e;
-            return (d, None);
-        }
-    };
-    let Some(target) = target_name(config.op.kind) else {
-        d.reason = format!("no Peerless kernel for {}", config.op);
-        return (d, None);
-    };
-    let processes: Vec<usize> = match (crosses, &cfg.topology) {
-        (true, Some(t)) => {
-            let named: Vec<usize> = if config.op.kind == CollectiveKind::CollectivePermute {
-                pairs.iter().flat_map(|&(s, t)| [s, t]).collect()
-            } else {
-                groups.iter().flatten().copied().collect()
-            };
-            // `check` found every talking device; a permute's idle self-pairs may be unknown.
-            named.iter().map(|d| t.process_of.get(d).copied().unwrap_or(0)).collect()
-        }
-        _ => Vec::new(),
-    };
-    let instance = if crosses {
-        match shared_id(&ins.name) {
-            Some(i) => i,
-            None => {
-                d.reason = "across processes, and the module could not be fingerprinted".into();
-                return (d, None);
-            }
-        }
-    } else {
-        instance.unwrap_or_else(next_instance)
-    };
-    // Slots (`assign_slots`), decisions, ordering operands and epilogues come once every
-    // collective is decided.
-    let call = CustomCallConfig {
-        groups: if config.op.kind == CollectiveKind::CollectivePermute { Vec::new() } else { groups },
-        pairs,
-        reduction: config.reduction,
-        dimension: if config.op.kind == CollectiveKind::AllToAll && config.num_operands > 1 {
-            None
-        } else {
-            config.dimension
-        },
-        layout: layout.map(|l| l.into_iter().map(|x| x as usize).collect()),
-        num_devices: a.devices.iter().copied().max().map_or(0, |m| m + 1),
-        instance,
-        timeout_ms: cfg.flags.collective_timeout_ms,
-        processes,
-        blocks: if beside { cfg.flags.async_blocks } else { 0 },
-        ..CustomCallConfig::new(config.op.kind, algorithm, ins.name.clone())
-    };
-    d.implementation = decision.implementation.to_string();
-    d.kernel = true;
-    d.reason = decision.reason;
-    if in_async {
-        d.reason.push_str(&format!(
-            "; inside JAX's async pair ('{}'): beside compute on the stream XLA gives it, at most {} blocks",
-            module.comps[ins.parent].name, call.blocks
-        ));
-    } else if let Some(limit) = overlap {
-        d.reason.push_str(&format!(
-            "; async: {} bytes > {OVERLAP_ABOVE_BYTES}={limit}, on XLA's operation queue {ASYNC_QUEUE} beside compute, \
-             at most {} blocks",
-            config.bytes_per_device, call.blocks
-        ));
-    }
-    if call.spans_processes() {
-        d.reason.push_str(" (across processes of one host: shared memory)");
-    }
-    (d, Some(Rewrite { target, call, form }))
 }

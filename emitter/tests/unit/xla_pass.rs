@@ -6,7 +6,7 @@ use super::*;
 fn dependencies_order_chains_and_keep_independent_collectives_apart() {
     // Two independent chains (psum, pmax) in the entry, an all-gather after the psums,
     // and a psum in a loop body (see psum_chains_independent.expected for the slots).
-    let pb = include_bytes!("../../tests/xla_pass/psum_chains_independent.pb");
+    let pb = include_bytes!("../xla_pass/psum_chains_independent.pb");
     let names = ["psum_invariant.21", "psum_invariant.22", "pmax.14", "pmax.15", "all_gather.3", "psum_invariant.18"];
     let d = dependencies(pb, &names).unwrap();
     assert!(d.precedes("psum_invariant.21", "psum_invariant.22") && d.precedes("psum_invariant.22", "all_gather.3"));

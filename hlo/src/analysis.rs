@@ -14,7 +14,7 @@ use crate::types::Shape;
 
 /// A reduction a collective kernel can compute, recognised from a `to_apply`
 /// computation by [`recognize_reduction`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum ReductionKind {
     Sum,
     Prod,

@@ -75,45 +75,12 @@ impl Dtype {
     }
 }
 
-/// Reductions.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Red {
-    Sum,
-    Prod,
-    Min,
-    Max,
-    And,
-    Or,
-}
+/// Reductions: the IR's (the kernels have all six).
+pub use hlo::analysis::ReductionKind as Red;
 
-impl Red {
-    pub fn name(self) -> &'static str {
-        match self {
-            Red::Sum => "sum",
-            Red::Prod => "prod",
-            Red::Min => "min",
-            Red::Max => "max",
-            Red::And => "and",
-            Red::Or => "or",
-        }
-    }
-
-    pub fn of(kind: hlo::analysis::ReductionKind) -> Red {
-        use hlo::analysis::ReductionKind as K;
-        match kind {
-            K::Sum => Red::Sum,
-            K::Prod => Red::Prod,
-            K::Min => Red::Min,
-            K::Max => Red::Max,
-            K::And => Red::And,
-            K::Or => Red::Or,
-        }
-    }
-
-    /// Whether the kernels have this reduction for `ty` (floats: arithmetic only).
-    pub fn defined_for(self, ty: Dtype) -> bool {
-        !(ty.is_float() && matches!(self, Red::And | Red::Or))
-    }
+/// Whether the kernels have reduction `red` for `ty` (floats: arithmetic only).
+pub fn red_defined_for(red: Red, ty: Dtype) -> bool {
+    !(ty.is_float() && matches!(red, Red::And | Red::Or))
 }
 
 /// All-reduce algorithm.

@@ -42,18 +42,51 @@ fn status<B: Backend>(buf: &B::Buffer) -> Status {
     Status { word: B::ptr(buf), timeout_ns: TIMEOUT_NS, tag: 1, report: 0 }
 }
 
-/// A communicator's memory on every device for operands up to `stride` bytes: signals and two
-/// staging halves, or Lamport regions (sentinel, [`super::lamport_init`]) behind their header.
-fn arena<B: Backend>(clique: &Clique<B>, stride: usize, lamport: bool) -> Result<Vec<B::Buffer>> {
-    if !lamport {
-        return clique.alloc(round_up(SIGNAL_BYTES, 256) + 2 * stride);
+/// A reduction communicator's memory on every device, for operands up to `max_bytes`: signals
+/// and two staging halves, or Lamport regions (sentinel, [`super::lamport_init`]) behind their
+/// header; a status word; and the kernel `name` on every device.
+struct Comm<B: Backend> {
+    max_bytes: usize,
+    stride: usize,
+    lamport: bool,
+    arena: Vec<B::Buffer>,
+    status: Vec<B::Buffer>,
+    funcs: Vec<B::Function>,
+}
+
+impl<B: Backend> Comm<B> {
+    fn new(clique: &Clique<B>, name: &str, max_bytes: usize, lamport: bool) -> Result<Self> {
+        clique.require_full_peer_access()?;
+        let funcs = functions(clique, name)?;
+        let stride = round_up(max_bytes.max(16), 256);
+        let arena = if lamport {
+            let len = super::lamport_bytes(stride, clique.len());
+            let arena = clique.alloc(len)?;
+            for b in &arena {
+                B::write(b, &super::lamport_init(len))?;
+            }
+            arena
+        } else {
+            clique.alloc(round_up(SIGNAL_BYTES, 256) + 2 * stride)?
+        };
+        Ok(Comm { max_bytes, stride, lamport, arena, status: clique.alloc(8)?, funcs })
     }
-    let len = super::lamport_bytes(stride, clique.len());
-    let arena = clique.alloc(len)?;
-    for b in &arena {
-        B::write(b, &super::lamport_init(len))?;
+
+    /// Every device's staging base and flags. The Lamport kernels take their regions' bases
+    /// as `stage` and the slot as `stride` (the header at the base holds the counters; they
+    /// have no flags).
+    fn stage_and_flags(&self) -> (Ptrs, Ptrs) {
+        let sig = if self.lamport { 0 } else { round_up(SIGNAL_BYTES, 256) as u64 };
+        let flags: Vec<u64> = self.arena.iter().map(|b| B::ptr(b) + 4 * BLOCKS as u64).collect();
+        let stage: Vec<u64> = self.arena.iter().map(|b| B::ptr(b) + sig).collect();
+        (Ptrs::of(&stage), Ptrs::of(&flags))
     }
-    Ok(arena)
+}
+
+impl<B: Backend> std::fmt::Debug for Comm<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Comm").field("max_bytes", &self.max_bytes).field("lamport", &self.lamport).finish()
+    }
 }
 
 /// One all-reduce communicator: its own signals and double-buffered staging on every device,
@@ -63,46 +96,35 @@ pub struct AllReduce<B: Backend> {
     pub algo: Algo,
     pub dtype: Dtype,
     pub red: Red,
-    max_bytes: usize,
-    stride: usize,
-    arena: Vec<B::Buffer>,
-    status: Vec<B::Buffer>,
-    funcs: Vec<B::Function>,
+    comm: Comm<B>,
 }
 
 impl<B: Backend> AllReduce<B> {
     pub fn new(clique: &Clique<B>, algo: Algo, dtype: Dtype, red: Red, max_bytes: usize) -> Result<Self> {
-        clique.require_full_peer_access()?;
         let kind = match algo {
             Algo::OneShot => "one_shot",
             Algo::TwoShot => "two_shot",
             Algo::Lamport => "lamport",
         };
-        let funcs = functions(clique, &format!("pl_{kind}_{}_{}", dtype.name(), red.name()))?;
-        let stride = round_up(max_bytes.max(16), 256);
-        let arena = arena(clique, stride, algo == Algo::Lamport)?;
-        let status = clique.alloc(8)?;
-        Ok(AllReduce { algo, dtype, red, max_bytes, stride, arena, status, funcs })
+        let name = format!("pl_{kind}_{}_{}", dtype.name(), red.name());
+        Ok(AllReduce { algo, dtype, red, comm: Comm::new(clique, &name, max_bytes, algo == Algo::Lamport)? })
     }
 
     /// Enqueues one all-reduce of `n` elements: `ins[i]` / `outs[i]` on device `i` (device
     /// allocations, any alignment), on each device's stream.
     pub fn launch(&self, clique: &Clique<B>, ins: &[u64], outs: &[u64], n: usize) -> Result<()> {
         let w = clique.len();
-        if ins.len() != w || outs.len() != w || n.saturating_mul(self.dtype.size()) > self.max_bytes {
+        let c = &self.comm;
+        if ins.len() != w || outs.len() != w || n.saturating_mul(self.dtype.size()) > c.max_bytes {
             return Err(Error::Gpu(format!(
                 "all-reduce of {n} {} on {} inputs / {} outputs for {w} devices (max {} bytes)",
                 self.dtype.name(),
                 ins.len(),
                 outs.len(),
-                self.max_bytes
+                c.max_bytes
             )));
         }
-        // The Lamport kernel takes its regions' bases as `stage` and the slot as `stride` (its
-        // header at the base holds the counters; it has no flags).
-        let sig = if self.algo == Algo::Lamport { 0 } else { round_up(SIGNAL_BYTES, 256) as u64 };
-        let flags: Vec<u64> = self.arena.iter().map(|b| B::ptr(b) + 4 * BLOCKS as u64).collect();
-        let stage: Vec<u64> = self.arena.iter().map(|b| B::ptr(b) + sig).collect();
+        let (stage, flags) = c.stage_and_flags();
         for (r, d) in clique.devices.iter().enumerate() {
             let mut a = ReduceArgs {
                 input: ins[r],
@@ -110,18 +132,18 @@ impl<B: Backend> AllReduce<B> {
                 n: n as u64,
                 rank: r as u32,
                 world: w as u32,
-                stage: Ptrs::of(&stage),
-                stride: self.stride as u64,
-                flags: Ptrs::of(&flags),
-                counter: B::ptr(&self.arena[r]),
-                status: status::<B>(&self.status[r]),
+                stage,
+                stride: c.stride as u64,
+                flags,
+                counter: B::ptr(&c.arena[r]),
+                status: status::<B>(&c.status[r]),
             };
             B::bind(&d.ctx)?;
             let grid = super::grid((n * self.dtype.size()).div_ceil(16) as u64, clique.max_grid);
             // SAFETY: ReduceArgs::params matches the kernel's parameter list (one source for
             // both vendors); every pointer is a device allocation of the clique (peer access
             // probed) that outlives the launch.
-            unsafe { B::launch(&d.stream, &self.funcs[r], grid, THREADS, &mut a.params())? };
+            unsafe { B::launch(&d.stream, &c.funcs[r], grid, THREADS, &mut a.params())? };
         }
         Ok(())
     }
@@ -129,7 +151,7 @@ impl<B: Backend> AllReduce<B> {
     /// Errors if a launch since the last check timed out waiting for a peer (call after
     /// synchronising).
     pub fn check(&self) -> Result<()> {
-        take_status::<B>(&self.status, "all-reduce")
+        take_status::<B>(&self.comm.status, "all-reduce")
     }
 }
 
@@ -152,11 +174,7 @@ pub struct AllReduceNorm<B: Backend> {
     pub dtype: Dtype,
     /// Through Lamport regions (else the flag protocol).
     pub lamport: bool,
-    max_bytes: usize,
-    stride: usize,
-    arena: Vec<B::Buffer>,
-    status: Vec<B::Buffer>,
-    funcs: Vec<B::Function>,
+    comm: Comm<B>,
 }
 
 impl<B: Backend> AllReduceNorm<B> {
@@ -171,16 +189,12 @@ impl<B: Backend> AllReduceNorm<B> {
     }
 
     fn make(clique: &Clique<B>, dtype: Dtype, max_bytes: usize, lamport: bool) -> Result<Self> {
-        clique.require_full_peer_access()?;
         if !super::Kernel::OneShotNorm.defined_for(dtype, Red::Sum) {
             return Err(Error::Gpu(format!("no fused all-reduce + RMSNorm for {}", dtype.name())));
         }
         let kind = if lamport { "lamport" } else { "one_shot" };
-        let funcs = functions(clique, &format!("pl_{kind}_norm_{}_sum", dtype.name()))?;
-        let stride = round_up(max_bytes.max(16), 256);
-        let arena = arena(clique, stride, lamport)?;
-        let status = clique.alloc(8)?;
-        Ok(AllReduceNorm { dtype, lamport, max_bytes, stride, arena, status, funcs })
+        let name = format!("pl_{kind}_norm_{}_sum", dtype.name());
+        Ok(AllReduceNorm { dtype, lamport, comm: Comm::new(clique, &name, max_bytes, lamport)? })
     }
 
     /// Enqueues one fused all-reduce of `rows` rows of `d` elements with epilogue `e`:
@@ -188,17 +202,16 @@ impl<B: Backend> AllReduceNorm<B> {
     pub fn launch(&self, clique: &Clique<B>, e: &Epilogue, bufs: &[NormBuffers], rows: usize, d: usize) -> Result<()> {
         let w = clique.len();
         let n = rows.saturating_mul(d);
-        if bufs.len() != w || n.saturating_mul(self.dtype.size()) > self.max_bytes {
+        let c = &self.comm;
+        if bufs.len() != w || n.saturating_mul(self.dtype.size()) > c.max_bytes {
             return Err(Error::Gpu(format!(
                 "fused all-reduce of {rows} x {d} {} on {} buffer sets for {w} devices (max {} bytes)",
                 self.dtype.name(),
                 bufs.len(),
-                self.max_bytes
+                c.max_bytes
             )));
         }
-        let sig = if self.lamport { 0 } else { round_up(SIGNAL_BYTES, 256) as u64 };
-        let flags: Vec<u64> = self.arena.iter().map(|b| B::ptr(b) + 4 * BLOCKS as u64).collect();
-        let stage: Vec<u64> = self.arena.iter().map(|b| B::ptr(b) + sig).collect();
+        let (stage, flags) = c.stage_and_flags();
         for (r, d_) in clique.devices.iter().enumerate() {
             let b = &bufs[r];
             let norm = Norm::new(e, rows as u64, d as u64, b.residual, b.gamma, b.h, b.y).map_err(Error::Gpu)?;
@@ -207,25 +220,25 @@ impl<B: Backend> AllReduceNorm<B> {
                 norm,
                 rank: r as u32,
                 world: w as u32,
-                stage: Ptrs::of(&stage),
-                stride: self.stride as u64,
-                flags: Ptrs::of(&flags),
-                counter: B::ptr(&self.arena[r]),
-                status: status::<B>(&self.status[r]),
+                stage,
+                stride: c.stride as u64,
+                flags,
+                counter: B::ptr(&c.arena[r]),
+                status: status::<B>(&c.status[r]),
             };
             B::bind(&d_.ctx)?;
             let grid = super::norm_grid(rows).min(clique.max_grid);
             // SAFETY: NormArgs::params matches pl_one_shot_norm_*'s and pl_lamport_norm_*'s
             // parameter list (one source for both vendors); every pointer is a device
             // allocation of the clique (peer access probed) that outlives the launch.
-            unsafe { B::launch(&d_.stream, &self.funcs[r], grid, THREADS, &mut a.params())? };
+            unsafe { B::launch(&d_.stream, &c.funcs[r], grid, THREADS, &mut a.params())? };
         }
         Ok(())
     }
 
     /// As [`AllReduce::check`].
     pub fn check(&self) -> Result<()> {
-        take_status::<B>(&self.status, "fused all-reduce")
+        take_status::<B>(&self.comm.status, "fused all-reduce")
     }
 }
 

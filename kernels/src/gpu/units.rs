@@ -61,8 +61,8 @@ impl Kernel {
             Kernel::OneShotNorm | Kernel::LamportNorm => {
                 r == Red::Sum && matches!(t, Dtype::F32 | Dtype::Bf16 | Dtype::F16)
             }
-            Kernel::Lamport => r.defined_for(t) && t.is_float(),
-            _ => r.defined_for(t),
+            Kernel::Lamport => super::args::red_defined_for(r, t) && t.is_float(),
+            _ => super::args::red_defined_for(r, t),
         }
     }
 
@@ -101,7 +101,7 @@ impl Unit {
     pub fn all() -> Vec<Unit> {
         let mut v = vec![Unit::Base];
         for t in Dtype::ALL {
-            for r in Red::ALL {
+            for r in ALL_REDS {
                 v.extend(Kernel::ALL.iter().filter(|k| k.defined_for(t, r)).map(|&k| Unit::Spec(k, t, r)));
             }
         }
@@ -147,7 +147,7 @@ impl Unit {
                 t.name(),
                 r.name(),
                 t.c_type(),
-                r.c_op(t)
+                c_op(r, t)
             ),
         }
     }
@@ -210,23 +210,21 @@ impl Dtype {
     }
 }
 
-impl Red {
-    /// Every reduction.
-    pub const ALL: [Red; 6] = [Red::Sum, Red::Prod, Red::Min, Red::Max, Red::And, Red::Or];
+/// Every reduction.
+const ALL_REDS: [Red; 6] = [Red::Sum, Red::Prod, Red::Min, Red::Max, Red::And, Red::Or];
 
-    /// The reduction's functor in the kernel sources. On pred (0 or 1), XLA's max is or, min
-    /// and prod are and, and sum is xor (pred add).
-    fn c_op(self, t: Dtype) -> &'static str {
-        match (t, self) {
-            (Dtype::Pred, Red::Max | Red::Or) => "Or",
-            (Dtype::Pred, Red::Min | Red::Prod | Red::And) => "And",
-            (Dtype::Pred, Red::Sum) => "Xor",
-            (_, Red::Sum) => "Sum",
-            (_, Red::Prod) => "Prod",
-            (_, Red::Min) => "Min",
-            (_, Red::Max) => "Max",
-            (_, Red::And) => "And",
-            (_, Red::Or) => "Or",
-        }
+/// Reduction `red`'s functor in the kernel sources. On pred (0 or 1), XLA's max is or, min
+/// and prod are and, and sum is xor (pred add).
+fn c_op(red: Red, t: Dtype) -> &'static str {
+    match (t, red) {
+        (Dtype::Pred, Red::Max | Red::Or) => "Or",
+        (Dtype::Pred, Red::Min | Red::Prod | Red::And) => "And",
+        (Dtype::Pred, Red::Sum) => "Xor",
+        (_, Red::Sum) => "Sum",
+        (_, Red::Prod) => "Prod",
+        (_, Red::Min) => "Min",
+        (_, Red::Max) => "Max",
+        (_, Red::And) => "And",
+        (_, Red::Or) => "Or",
     }
 }

@@ -572,13 +572,13 @@ impl<B: XlaBackend> Builder<'_, B> {
 
 /// The call's reduction.
 fn reduction(cfg: &CustomCallConfig) -> Result<Red, HandlerError> {
-    cfg.reduction.map(Red::of).ok_or_else(|| err(ErrorCode::InvalidArgument, "no reduction"))
+    cfg.reduction.ok_or_else(|| err(ErrorCode::InvalidArgument, "no reduction"))
 }
 
 /// The kernels' element type for `ty` under `red`, or why no reduction kernel takes it.
 fn reduced_type(ty: hlo::PrimitiveType, red: Red) -> Result<Dtype, HandlerError> {
     let t = Dtype::of(ty).ok_or_else(|| err(ErrorCode::InvalidArgument, format!("no kernel for {ty}")))?;
-    if !red.defined_for(t) {
+    if !crate::gpu::args::red_defined_for(red, t) {
         return Err(err(ErrorCode::InvalidArgument, format!("no {} reduction for {}", red.name(), t.name())));
     }
     Ok(t)

@@ -281,12 +281,8 @@ fn rules(
     Decision::kernel(default, format!("{shape}, all with peer access{red}"))
 }
 
-/// Decides how collective `instr_id` runs on `num_replicas × num_partitions` devices.
-///
-/// Returns the collective's plain-data config with the decision and its reason. Errors
-/// if the instruction is not a collective `-start` or synchronous collective (a `-done`
-/// half is decided with its start), if its groups or pairs are invalid for this device
-/// count, or if a `kernel` backend flag forces a kernel some rule rules out.
+/// Decides how collective `instr_id` runs on `num_replicas × num_partitions` devices with
+/// no tuning profile, on a backend with the baseline capabilities: [`decide_tuned`].
 pub fn decide(
     module: &Module,
     instr_id: InstrId,
@@ -295,23 +291,17 @@ pub fn decide(
     flags: &Flags,
     peers: &PeerAccessTable,
 ) -> Result<(CollectiveConfig, Decision), EmitError> {
-    decide_with(module, instr_id, num_replicas, num_partitions, flags, peers, Capabilities::default())
-}
-
-/// [`decide`] for a backend with `caps`.
-pub fn decide_with(
-    module: &Module,
-    instr_id: InstrId,
-    num_replicas: usize,
-    num_partitions: usize,
-    flags: &Flags,
-    peers: &PeerAccessTable,
-    caps: Capabilities,
-) -> Result<(CollectiveConfig, Decision), EmitError> {
+    let caps = Capabilities::default();
     decide_tuned(module, instr_id, num_replicas, num_partitions, flags, &Tuning::none(), peers, caps)
 }
 
-/// [`decide_with`] with a tuning profile deciding rule 7 where the flags leave it to it.
+/// Rules 1–7 for collective `instr_id` on `num_replicas × num_partitions` devices, on a backend
+/// with `caps`, a tuning profile deciding rule 7 where the flags leave it to it.
+///
+/// Returns the collective's plain-data config with the decision and its reason. Errors
+/// if the instruction is not a collective `-start` or synchronous collective (a `-done`
+/// half is decided with its start), if its groups or pairs are invalid for this device
+/// count, or if a `kernel` backend flag forces a kernel some rule rules out.
 pub fn decide_tuned(
     module: &Module,
     instr_id: InstrId,

@@ -17,7 +17,7 @@ use std::fmt;
 
 use hlo::PrimitiveType;
 
-pub use decide::{Capabilities, MAX_GROUP_SIZE, decide, decide_tuned, decide_with};
+pub use decide::{Capabilities, MAX_GROUP_SIZE, decide, decide_tuned};
 pub use flags::{Backend, FLAGS, FlagSpec, Flags, HostTopology, flags_help};
 pub use peers::{PeerAccessTable, PeerTableKey};
 

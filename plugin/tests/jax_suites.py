@@ -123,8 +123,10 @@ def main() -> int:
                 else:
                     regressions.append(f"{t}: fails with Peerless, passes without (alone too)")
             else:
-                print(f"jax_suites: {t} failed only with Peerless in the suite run, not alone "
-                      f"(stock rc {alone[False]['rc']}, peerless rc {alone[True]['rc']})", flush=True)
+                both = "fails alone both ways" if alone[False]["failed"] else "passes alone both ways"
+                print(f"jax_suites: {t} failed with Peerless in the suite run (without Peerless: not run, or "
+                      f"passed there); it {both} (stock rc {alone[False]['rc']}, peerless rc {alone[True]['rc']})",
+                      flush=True)
     print("\n| suite | run | passed | failed | skipped | s |\n|---|---|---:|---:|---:|---:|")
     print("\n".join(rows))
     for t in text_checks:

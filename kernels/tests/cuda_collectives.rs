@@ -5,8 +5,15 @@
 //! `--ignored` on a machine with ≥ 2 GPUs (scripts/gpu_check.sh), where missing GPUs fail.
 #![cfg(feature = "cuda")]
 
-use ffi::cuda::DeviceBuffer;
-use kernels::cuda::{Algo, AllGather, AllReduce, Clique, Dtype, Red, device_count};
+#[path = "common/launchers.rs"]
+mod launchers;
+
+use ffi::cuda::{Cuda, DeviceBuffer};
+use kernels::cuda::{Algo, Clique, Dtype, Red, device_count};
+
+type AllReduce = launchers::AllReduce<Cuda>;
+type AllGather = launchers::AllGather<Cuda>;
+type AllReduceNorm = launchers::AllReduceNorm<Cuda>;
 use rand::{Rng, SeedableRng};
 
 /// The GPUs of this machine. These tests are `#[ignore]`d, so they only run when asked
@@ -316,7 +323,8 @@ fn all_gather_matches_concatenation() {
 // ---- the one-shot all-reduce fused with the residual add and RMSNorm (issue 35 item 3) ----
 
 use hlo::PrimitiveType;
-use kernels::cuda::{AllReduceNorm, NormBuffers, THREADS};
+use kernels::cuda::THREADS;
+use launchers::NormBuffers;
 use thunks::custom_call::{Epilogue, Mean, RoundTo};
 
 fn prim(t: Dtype) -> PrimitiveType {

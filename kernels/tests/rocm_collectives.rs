@@ -6,8 +6,14 @@
 //! `cargo test -p peerless-kernels --features rocm --test rocm_collectives -- --ignored`.
 #![cfg(feature = "rocm")]
 
-use ffi::hip::DeviceBuffer;
-use kernels::rocm::{Algo, AllGather, AllReduce, Clique, Dtype, Red, device_count};
+#[path = "common/launchers.rs"]
+mod launchers;
+
+use ffi::hip::{DeviceBuffer, Hip};
+use kernels::rocm::{Algo, Clique, Dtype, Red, device_count};
+
+type AllReduce = launchers::AllReduce<Hip>;
+type AllGather = launchers::AllGather<Hip>;
 
 fn clique() -> Clique {
     match device_count() {

@@ -1,8 +1,8 @@
 //! The CUDA backend: the vendor part of [`crate::gpu`] (kernels prebuilt into the library
 //! ([`prebuilt`]) or compiled by NVRTC for the device's compute capability one unit at a time,
 //! cached on disk) and its names for the runtime behind XLA's FFI handlers ([`xla`]:
-//! [`crate::gpu::xla`]'s, for [`Cuda`]). The clique, the peer probe and the launchers are
-//! [`crate::gpu`]'s, instantiated for [`Cuda`] (the aliases below).
+//! [`crate::gpu::xla`]'s, for [`Cuda`]). The clique and the peer probe are
+//! [`crate::gpu`]'s, instantiated for [`Cuda`] (the alias below).
 
 pub mod prebuilt;
 pub mod xla;
@@ -14,17 +14,11 @@ pub use ffi::cuda::Cuda;
 use ffi::nvrtc::Output;
 
 use crate::gpu::{self, Backend, Origin, Unit};
-pub use crate::gpu::{Algo, Dtype, MAX_RANKS, NormBuffers, Probe, Red, SOURCES, THREADS, grid};
+pub use crate::gpu::{Algo, Dtype, MAX_RANKS, Probe, Red, SOURCES, THREADS, grid};
 use crate::{Error, Result};
 
 /// The CUDA clique: local GPUs with primary contexts, streams and the kernel module.
 pub type Clique = gpu::Clique<Cuda>;
-/// The all-reduce launcher on CUDA.
-pub type AllReduce = gpu::AllReduce<Cuda>;
-/// The all-gather launcher on CUDA.
-pub type AllGather = gpu::AllGather<Cuda>;
-/// The one-shot all-reduce fused with the residual add and RMSNorm on this clique.
-pub type AllReduceNorm = gpu::AllReduceNorm<Cuda>;
 
 /// Where compiled kernels are kept between processes: `PEERLESS_CACHE_DIR`, else
 /// `$XDG_CACHE_HOME/peerless`, else `~/.cache/peerless`.

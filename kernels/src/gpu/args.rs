@@ -95,10 +95,10 @@ pub enum Algo {
 /// `struct Ptrs` of the kernels: one address per rank.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct Ptrs(pub [u64; MAX_RANKS]);
+pub struct Ptrs(pub [u64; MAX_RANKS]);
 
 impl Ptrs {
-    pub(crate) fn of(v: &[u64]) -> Ptrs {
+    pub fn of(v: &[u64]) -> Ptrs {
         let mut p = Ptrs::default();
         p.0[..v.len()].copy_from_slice(v);
         p
@@ -113,11 +113,11 @@ macro_rules! kernel_args {
         #[repr(C)]
         #[derive(Debug, Clone, Copy)]
         $vis struct $name {
-            $(pub(crate) $field: $ty),*
+            $(pub $field: $ty),*
         }
 
         impl $name {
-            pub(crate) fn params(&mut self) -> [*mut c_void; [$(stringify!($field)),*].len()] {
+            pub fn params(&mut self) -> [*mut c_void; [$(stringify!($field)),*].len()] {
                 [$(&mut self.$field as *mut $ty as *mut c_void),*]
             }
         }
@@ -127,7 +127,7 @@ macro_rules! kernel_args {
 /// `struct Status` of the kernels: where a bounded wait reports a peer that never arrived.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct Status {
+pub struct Status {
     /// Device address of this device's `u32[2]`: missing-member mask, tag of the first timeout.
     pub word: u64,
     pub timeout_ns: u64,
@@ -140,7 +140,7 @@ pub(crate) struct Status {
 
 kernel_args! {
     /// The arguments of `pl_one_shot_*` / `pl_two_shot_*`, in the kernels' order.
-    pub(crate) struct ReduceArgs {
+    pub struct ReduceArgs {
         input: u64,
         output: u64,
         n: u64,
@@ -158,7 +158,7 @@ kernel_args! {
 /// launch ([`thunks::custom_call::Epilogue`], with the call's buffers and element types).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) struct Norm {
+pub struct Norm {
     pub residual: u64,
     /// 0: no gamma.
     pub gamma: u64,
@@ -185,7 +185,7 @@ pub(crate) struct Norm {
 pub type NormArray = (u64, Dtype);
 
 /// The kernels' run-time type code of an epilogue array (`PL_F32`, `PL_BF16`, `PL_F16`).
-pub(crate) fn norm_type(t: Dtype) -> Result<u32, String> {
+pub fn norm_type(t: Dtype) -> Result<u32, String> {
     match t {
         Dtype::F32 => Ok(0),
         Dtype::Bf16 => Ok(1),
@@ -197,7 +197,7 @@ pub(crate) fn norm_type(t: Dtype) -> Result<u32, String> {
 impl Norm {
     /// The kernel's description of epilogue `e` over `rows` rows of `d` elements, with
     /// residual `x`, gamma `g` (when `e.gamma`) and results `h`, `y`.
-    pub(crate) fn new(
+    pub fn new(
         e: &Epilogue,
         rows: u64,
         d: u64,
@@ -244,7 +244,7 @@ impl Norm {
 
 kernel_args! {
     /// The arguments of `pl_one_shot_norm_*`, in the kernels' order.
-    pub(crate) struct NormArgs {
+    pub struct NormArgs {
         input: u64,
         norm: Norm,
         rank: u32,
@@ -258,12 +258,12 @@ kernel_args! {
 }
 
 /// Operands a `pl_one_shot_many_*` launch takes at most (`PL_MAX_OPERANDS`).
-pub(crate) const MAX_OPERANDS: usize = 8;
+pub const MAX_OPERANDS: usize = 8;
 
 /// `struct Many` of the kernels: a variadic all-reduce's operands of one element type.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct Many {
+pub struct Many {
     pub count: u64,
     pub input: [u64; MAX_OPERANDS],
     pub output: [u64; MAX_OPERANDS],
@@ -275,7 +275,7 @@ pub(crate) struct Many {
 
 kernel_args! {
     /// The arguments of `pl_one_shot_many_*`, in the kernels' order.
-    pub(crate) struct ManyArgs {
+    pub struct ManyArgs {
         many: Many,
         rank: u32,
         world: u32,
@@ -289,7 +289,7 @@ kernel_args! {
 
 kernel_args! {
     /// The arguments of `pl_all_gather`, in order.
-    pub(crate) struct GatherArgs {
+    pub struct GatherArgs {
         input: u64,
         bytes: u64,
         rank: u32,
@@ -303,7 +303,7 @@ kernel_args! {
 
 kernel_args! {
     /// The arguments of `pl_reduce_scatter_*`, in order.
-    pub(crate) struct ScatterArgs {
+    pub struct ScatterArgs {
         input: u64,
         output: u64,
         rank: u32,
@@ -319,7 +319,7 @@ kernel_args! {
 
 kernel_args! {
     /// The arguments of `pl_exchange`.
-    pub(crate) struct ExchangeArgs {
+    pub struct ExchangeArgs {
         x: Xchg,
         status: Status,
     }
@@ -328,7 +328,7 @@ kernel_args! {
 /// `struct Run`: `rows` runs of `row` bytes, `sstride` / `dstride` apart.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) struct Run {
+pub struct Run {
     pub src: u64,
     pub dst: u64,
     pub rows: u64,
@@ -340,19 +340,19 @@ pub(crate) struct Run {
 /// `struct Blocks`: `outer` rows of `world` blocks of `brow` bytes (`full` bytes a row).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) struct Blocks {
+pub struct Blocks {
     pub outer: u64,
     pub brow: u64,
     pub full: u64,
 }
 
 /// Copies an exchange kernel takes at most (`PL_MAX_TASKS`).
-pub(crate) const MAX_TASKS: usize = 8;
+pub const MAX_TASKS: usize = 8;
 
 /// `struct Sig`: flag slots to store the epoch into (peer flag-set bases).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct Sig {
+pub struct Sig {
     pub n: u64,
     pub base: [u64; MAX_RANKS],
     pub slot: [u64; MAX_RANKS],
@@ -361,7 +361,7 @@ pub(crate) struct Sig {
 /// `struct Wait`: own flag slots to wait on.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct Wait {
+pub struct Wait {
     pub n: u64,
     pub slot: [u64; MAX_RANKS],
 }
@@ -369,7 +369,7 @@ pub(crate) struct Wait {
 /// `struct Xchg`: two signal phases around up to [`MAX_TASKS`] copies.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct Xchg {
+pub struct Xchg {
     pub counter: u64,
     pub flags: u64,
     pub sig: [Sig; 2],

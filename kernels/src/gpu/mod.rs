@@ -5,8 +5,8 @@
 //! Here: one [`Clique`] of local GPUs (a context, a stream and the kernel modules per device),
 //! peer access enabled once per pair and checked by a real cross-device write/read probe
 //! (`pl_probe`), the launch geometry and signal sizing, the kernel sources (one tree, compiled by NVRTC or hipRTC through
-//! `peerless_device.h`), the kernels' argument structs (`args`) and the collective
-//! launchers ([`AllReduce`], [`AllGather`]).
+//! `peerless_device.h`) and the kernels' argument structs ([`args`], the kernels' C ABI; the
+//! tests' raw-buffer launchers build them too).
 //! The runtime behind XLA's FFI handlers ([`xla`]: `GpuRuntime<B>`) is written once here too.
 //! `crate::cuda` and `crate::rocm` hold only their compilers, their [`Backend`] impls, the
 //! per-vendor state of that runtime and their names for it (`CudaRuntime`, `RocmRuntime`).
@@ -14,8 +14,7 @@
 //! Every device call goes through `ffi` and returns an error naming the call and the device;
 //! nothing here panics on a missing library or device.
 
-pub(crate) mod args;
-mod collectives;
+pub mod args;
 mod units;
 pub mod xla;
 
@@ -24,7 +23,6 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 pub use args::NormArray;
 pub use args::{Algo, Dtype, Red};
-pub use collectives::{AllGather, AllReduce, AllReduceNorm, NormBuffers};
 pub use ffi::gpu::Gpu;
 use thunks::{PeerAccessTable, PeerTableKey};
 pub use units::{Kernel, Unit};

@@ -1,5 +1,5 @@
 //! The ROCm backend (feature `rocm`): the vendor part of [`crate::gpu`] on AMD GPUs through
-//! HIP. The clique, the peer probe and the launchers are [`crate::gpu`]'s,
+//! HIP. The clique and the peer probe are [`crate::gpu`]'s,
 //! instantiated for [`Hip`]; the kernel sources are the same tree CUDA compiles (through
 //! `peerless_device.h`). Two AMD-specific choices live in the device layer and here:
 //! - kernels are compiled by hipRTC for the device's full `gcnArchName` (e.g.
@@ -28,16 +28,10 @@ pub use ffi::hip::Hip;
 
 use crate::Result;
 use crate::gpu::{self, Backend, Origin, Unit};
-pub use crate::gpu::{Algo, Dtype, MAX_RANKS, NormBuffers, Probe, Red, SOURCES, THREADS};
+pub use crate::gpu::{Algo, Dtype, MAX_RANKS, Probe, Red, SOURCES, THREADS};
 
 /// The ROCm clique: local AMD GPUs with streams and the kernel modules.
 pub type Clique = gpu::Clique<Hip>;
-/// The all-reduce launcher on HIP.
-pub type AllReduce = gpu::AllReduce<Hip>;
-/// The all-gather launcher on HIP.
-pub type AllGather = gpu::AllGather<Hip>;
-/// The one-shot all-reduce fused with the residual add and RMSNorm on this clique.
-pub type AllReduceNorm = gpu::AllReduceNorm<Hip>;
 
 /// Compiles every kernel source that is a translation unit (not headers) with hipRTC for
 /// `arch` (`gfx90a`, or a device's full `gcnArchName`) with warnings as errors: CI's compile

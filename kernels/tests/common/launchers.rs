@@ -1,12 +1,13 @@
-//! Typed launchers for the collective kernels on a [`Clique`] (the kernels' own tests and
-//! benchmarks on raw buffers). Generic over the backend: the same argument structs
-//! ([`super::args`]) and the same launch geometry on CUDA and HIP.
+//! Typed launchers for the collective kernels on a clique (the kernels' tests on raw
+//! buffers). Generic over the backend: the same argument structs (`kernels::gpu::args`) and
+//! the same launch geometry on CUDA and HIP.
+#![allow(dead_code)] // each test binary uses some of them
 
+use kernels::gpu::args::{GatherArgs, Norm, NormArgs, NormArray, Ptrs, ReduceArgs, Status};
+use kernels::gpu::{Algo, BLOCKS, Backend, Clique, Dtype, Kernel, Red, SIGNAL_BYTES, THREADS};
+use kernels::gpu::{grid, lamport_bytes, lamport_init, norm_grid};
+use kernels::{Error, Result};
 use thunks::custom_call::Epilogue;
-
-use super::args::{GatherArgs, Norm, NormArgs, NormArray, Ptrs, ReduceArgs, Status};
-use super::{Algo, BLOCKS, Backend, Clique, Dtype, Red, SIGNAL_BYTES, THREADS};
-use crate::{Error, Result};
 
 /// How long these launchers' kernels wait for a peer before reporting it missing.
 const TIMEOUT_NS: u64 = 30_000_000_000;
@@ -43,7 +44,7 @@ fn status<B: Backend>(buf: &B::Buffer) -> Status {
 }
 
 /// A reduction communicator's memory on every device, for operands up to `max_bytes`: signals
-/// and two staging halves, or Lamport regions (sentinel, [`super::lamport_init`]) behind their
+/// and two staging halves, or Lamport regions (sentinel, [`lamport_init`]) behind their
 /// header; a status word; and the kernel `name` on every device.
 struct Comm<B: Backend> {
     max_bytes: usize,
@@ -60,10 +61,10 @@ impl<B: Backend> Comm<B> {
         let funcs = functions(clique, name)?;
         let stride = round_up(max_bytes.max(16), 256);
         let arena = if lamport {
-            let len = super::lamport_bytes(stride, clique.len());
+            let len = lamport_bytes(stride, clique.len());
             let arena = clique.alloc(len)?;
             for b in &arena {
-                B::write(b, &super::lamport_init(len))?;
+                B::write(b, &lamport_init(len))?;
             }
             arena
         } else {
@@ -139,7 +140,7 @@ impl<B: Backend> AllReduce<B> {
                 status: status::<B>(&c.status[r]),
             };
             B::bind(&d.ctx)?;
-            let grid = super::grid((n * self.dtype.size()).div_ceil(16) as u64, clique.max_grid);
+            let grid = grid((n * self.dtype.size()).div_ceil(16) as u64, clique.max_grid);
             // SAFETY: ReduceArgs::params matches the kernel's parameter list (one source for
             // both vendors); every pointer is a device allocation of the clique (peer access
             // probed) that outlives the launch.
@@ -189,7 +190,7 @@ impl<B: Backend> AllReduceNorm<B> {
     }
 
     fn make(clique: &Clique<B>, dtype: Dtype, max_bytes: usize, lamport: bool) -> Result<Self> {
-        if !super::Kernel::OneShotNorm.defined_for(dtype, Red::Sum) {
+        if !Kernel::OneShotNorm.defined_for(dtype, Red::Sum) {
             return Err(Error::Gpu(format!("no fused all-reduce + RMSNorm for {}", dtype.name())));
         }
         let kind = if lamport { "lamport" } else { "one_shot" };
@@ -227,7 +228,7 @@ impl<B: Backend> AllReduceNorm<B> {
                 status: status::<B>(&c.status[r]),
             };
             B::bind(&d_.ctx)?;
-            let grid = super::norm_grid(rows).min(clique.max_grid);
+            let grid = norm_grid(rows).min(clique.max_grid);
             // SAFETY: NormArgs::params matches pl_one_shot_norm_*'s and pl_lamport_norm_*'s
             // parameter list (one source for both vendors); every pointer is a device
             // allocation of the clique (peer access probed) that outlives the launch.
@@ -283,7 +284,7 @@ impl<B: Backend> AllGather<B> {
                 status: status::<B>(&self.status[r]),
             };
             B::bind(&d.ctx)?;
-            let grid = super::grid(bytes.div_ceil(16) as u64, clique.max_grid);
+            let grid = grid(bytes.div_ceil(16) as u64, clique.max_grid);
             // SAFETY: GatherArgs::params matches pl_all_gather's parameters; buffers are clique
             // allocations with probed peer access that outlive the launch.
             unsafe { B::launch(&d.stream, &self.funcs[r], grid, THREADS, &mut a.params())? };

@@ -219,6 +219,22 @@ fn check(api: &sys::XLA_FFI_Api, call: &'static str, err: *mut XLA_FFI_Error) ->
     if err.is_null() { Ok(()) } else { Err(take_error(api, call, err)) }
 }
 
+/// Calls entry `$slot` of a [`CallFrame`]'s API table with argument struct `$args` (its
+/// `struct_size` and a null `extension_start` filled in, then the fields given) and returns
+/// the struct with XLA's out fields written; an error XLA returns is a [`HandlerError::Api`].
+macro_rules! call_api {
+    ($frame:expr, $slot:ident, $args:ident { $($field:ident $(: $value:expr)?),* $(,)? }) => {{
+        let api = $frame.api()?;
+        let f = slot!(api, $slot)?;
+        let mut args =
+            sys::$args { struct_size: sys::$args::STRUCT_SIZE, extension_start: ptr::null_mut(), $($field $(: $value)?),* };
+        // SAFETY: `f` is the table's entry for this argument struct, fully initialised; what
+        // its pointers point to (the call's context, the callers' locals or 'static data)
+        // outlives the call.
+        check(api, stringify!($slot), unsafe { f(&mut args) }).map(|()| args)
+    }};
+}
+
 // ---------------------------------------------------------------------------------------------
 // Buffers and attributes
 
@@ -758,65 +774,39 @@ impl<'a> CallFrame<'a> {
     /// The platform stream of the call (a `CUstream` on CUDA). XLA:CPU has none and answers
     /// UNIMPLEMENTED, which comes back as [`HandlerError::Api`].
     pub fn stream(&self) -> Result<*mut c_void> {
-        let api = self.api()?;
-        let f = slot!(api, XLA_FFI_Stream_Get)?;
-        let mut args = sys::XLA_FFI_Stream_Get_Args {
-            struct_size: sys::XLA_FFI_Stream_Get_Args_STRUCT_SIZE,
-            extension_start: ptr::null_mut(),
-            ctx: self.raw.ctx,
-            stream: ptr::null_mut(),
-        };
-        // SAFETY: `f` is the table's entry; `args` is initialised with this call's context.
-        check(api, "XLA_FFI_Stream_Get", unsafe { f(&mut args) })?;
-        Ok(args.stream)
+        call_api!(self, XLA_FFI_Stream_Get, XLA_FFI_Stream_Get_Args { ctx: self.raw.ctx, stream: ptr::null_mut() })
+            .map(|a| a.stream)
     }
 
     /// The ordinal of the device the call runs on (XLA:CPU: the device id).
     pub fn device_ordinal(&self) -> Result<i32> {
-        let api = self.api()?;
-        let f = slot!(api, XLA_FFI_DeviceOrdinal_Get)?;
-        let mut args = sys::XLA_FFI_DeviceOrdinal_Get_Args {
-            struct_size: sys::XLA_FFI_DeviceOrdinal_Get_Args_STRUCT_SIZE,
-            extension_start: ptr::null_mut(),
-            ctx: self.raw.ctx,
-            device_ordinal: -1,
-        };
-        // SAFETY: as in `stream`.
-        check(api, "XLA_FFI_DeviceOrdinal_Get", unsafe { f(&mut args) })?;
-        Ok(args.device_ordinal)
+        call_api!(
+            self,
+            XLA_FFI_DeviceOrdinal_Get,
+            XLA_FFI_DeviceOrdinal_Get_Args { ctx: self.raw.ctx, device_ordinal: -1 }
+        )
+        .map(|a| a.device_ordinal)
     }
 
     /// The id of the current run (the same on every device of one execution).
     pub fn run_id(&self) -> Result<i64> {
-        let api = self.api()?;
-        let f = slot!(api, XLA_FFI_RunId_Get)?;
-        let mut args = sys::XLA_FFI_RunId_Get_Args {
-            struct_size: sys::XLA_FFI_RunId_Get_Args_STRUCT_SIZE,
-            extension_start: ptr::null_mut(),
-            ctx: self.raw.ctx,
-            run_id: 0,
-        };
-        // SAFETY: as in `stream`.
-        check(api, "XLA_FFI_RunId_Get", unsafe { f(&mut args) })?;
-        Ok(args.run_id)
+        call_api!(self, XLA_FFI_RunId_Get, XLA_FFI_RunId_Get_Args { ctx: self.raw.ctx, run_id: 0 }).map(|a| a.run_id)
     }
 
     /// The state of type `type_id` set at `stage` (an error if none or of another type).
     pub fn state_get(&self, stage: ExecutionStage, type_id: TypeId) -> Result<*mut c_void> {
-        let api = self.api()?;
-        let f = slot!(api, XLA_FFI_State_Get)?;
         let mut id = type_id;
-        let mut args = sys::XLA_FFI_State_Get_Args {
-            struct_size: sys::XLA_FFI_State_Get_Args_STRUCT_SIZE,
-            extension_start: ptr::null_mut(),
-            ctx: self.raw.ctx,
-            stage: stage.to_raw(),
-            type_id: &mut id,
-            state: ptr::null_mut(),
-        };
-        // SAFETY: as in `stream`; `id` outlives the call.
-        check(api, "XLA_FFI_State_Get", unsafe { f(&mut args) })?;
-        Ok(args.state)
+        call_api!(
+            self,
+            XLA_FFI_State_Get,
+            XLA_FFI_State_Get_Args {
+                ctx: self.raw.ctx,
+                stage: stage.to_raw(),
+                type_id: &mut id,
+                state: ptr::null_mut(),
+            }
+        )
+        .map(|a| a.state)
     }
 
     /// Hands `state` to XLA as the state of type `type_id` for `stage` (an error if already
@@ -827,38 +817,30 @@ impl<'a> CallFrame<'a> {
     /// `state` is an object of the type registered as `type_id`, owned by the caller, which
     /// gives ownership to XLA on success.
     pub unsafe fn state_set(&self, stage: ExecutionStage, type_id: TypeId, state: *mut c_void) -> Result<()> {
-        let api = self.api()?;
-        let f = slot!(api, XLA_FFI_State_Set)?;
         let mut id = type_id;
-        let mut args = sys::XLA_FFI_State_Set_Args {
-            struct_size: sys::XLA_FFI_State_Set_Args_STRUCT_SIZE,
-            extension_start: ptr::null_mut(),
-            ctx: self.raw.ctx,
-            stage: stage.to_raw(),
-            type_id: &mut id,
-            state,
-        };
-        // SAFETY: as in `stream`; `id` outlives the call; `state`'s type and ownership are the
-        // caller's contract.
-        check(api, "XLA_FFI_State_Set", unsafe { f(&mut args) })
+        // `state`'s type and ownership are this function's contract.
+        call_api!(
+            self,
+            XLA_FFI_State_Set,
+            XLA_FFI_State_Set_Args { ctx: self.raw.ctx, stage: stage.to_raw(), type_id: &mut id, state }
+        )
+        .map(drop)
     }
 
     /// Registers a state type named `name` whose objects XLA destroys with `deleter`, and
     /// returns its id (XLA assigns it; registering the same name again returns the first id).
     /// `info` must live for the process (XLA keeps the pointer).
     pub fn register_type(&self, name: &'static str, info: &'static StateType) -> Result<TypeId> {
-        let api = self.api()?;
-        let f = slot!(api, XLA_FFI_Type_Register)?;
         let mut id = sys::XLA_FFI_UNKNOWN_TYPE_ID;
-        let mut args = sys::XLA_FFI_Type_Register_Args {
-            struct_size: sys::XLA_FFI_Type_Register_Args_STRUCT_SIZE,
-            extension_start: ptr::null_mut(),
-            name: sys::XLA_FFI_ByteSpan { ptr: name.as_ptr().cast(), len: name.len() },
-            type_id: &mut id,
-            type_info: &info.0,
-        };
-        // SAFETY: as in `stream`; `name` and `info` are 'static, `id` outlives the call.
-        check(api, "XLA_FFI_Type_Register", unsafe { f(&mut args) })?;
+        call_api!(
+            self,
+            XLA_FFI_Type_Register,
+            XLA_FFI_Type_Register_Args {
+                name: sys::XLA_FFI_ByteSpan { ptr: name.as_ptr().cast(), len: name.len() },
+                type_id: &mut id,
+                type_info: &info.0,
+            }
+        )?;
         Ok(id)
     }
 

@@ -29,8 +29,8 @@ use pjrt_sys::protos::xla;
 use plugin::Platform;
 use prost::Message;
 use runs::Mode;
-use thunks::CollectiveKind;
 use thunks::flag::{ALL_REDUCE_BACKEND, ONE_SHOT_MAX_BYTES, TWO_SHOT_MAX_BYTES};
+use thunks::{CollectiveKind, CollectiveOp};
 
 /// The collectives the bench measures.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -54,13 +54,7 @@ impl Op {
 
     /// The HLO opcode, which is also the name the bench prints.
     pub fn name(self) -> &'static str {
-        match self {
-            Op::AllReduce => "all-reduce",
-            Op::AllGather => "all-gather",
-            Op::ReduceScatter => "reduce-scatter",
-            Op::AllToAll => "all-to-all",
-            Op::CollectivePermute => "collective-permute",
-        }
+        CollectiveOp { kind: self.kind(), is_async: false }.name()
     }
 
     /// The collective kind the op is.
@@ -158,11 +152,10 @@ pub enum Dtype {
 
 impl Dtype {
     pub fn parse(s: &str) -> Result<Dtype, String> {
-        match s {
-            "f32" => Ok(Dtype::F32),
-            "bf16" => Ok(Dtype::Bf16),
-            other => Err(format!("bench dtype {other} (f32, bf16)")),
-        }
+        [Dtype::F32, Dtype::Bf16]
+            .into_iter()
+            .find(|d| d.name() == s)
+            .ok_or_else(|| format!("bench dtype {s} (f32, bf16)"))
     }
 
     pub fn name(self) -> &'static str {
@@ -574,9 +567,8 @@ pub fn module(op: Op, ty: Dtype, elems: usize, n: usize, chain: usize) -> Vec<u8
             c.operand_ids = vec![g.id];
             order = vec![t, b, g];
         }
-        match op {
-            Op::AllReduce | Op::ReduceScatter => c.called_computation_ids = vec![add.id],
-            _ => {}
+        if matches!(op, Op::AllReduce | Op::ReduceScatter) {
+            c.called_computation_ids = vec![add.id];
         }
         match op {
             Op::CollectivePermute => {
@@ -812,6 +804,7 @@ fn measure<'c>(
     args: &[Vec<&Buffer<'_>>],
 ) -> Prepared<'c> {
     let n = ids.len();
+    let skipped = |why: String| (String::new(), Vec::new(), Err(Check::Skipped(why)));
     let (program, path, decisions, kernels) = match imp {
         Impl::Peerless | Impl::Auto | Impl::OneShot | Impl::TwoShot => {
             use emitter::tuning::ProfileSource;
@@ -826,7 +819,7 @@ fn measure<'c>(
             };
             if let Some(f) = forced {
                 if op != Op::AllReduce {
-                    return (String::new(), Vec::new(), Err(Check::Skipped("all-reduce only".into())));
+                    return skipped("all-reduce only".into());
                 }
                 flags.push(format!("--{ALL_REDUCE_BACKEND}=kernel"));
                 flags.extend(f.split_whitespace().map(str::to_owned));
@@ -851,18 +844,10 @@ fn measure<'c>(
         }
         Impl::XlaKernels => {
             if platform != Platform::Cuda {
-                return (
-                    String::new(),
-                    Vec::new(),
-                    Err(Check::Skipped("XLA's collective kernels are GPU-only".into())),
-                );
+                return skipped("XLA's collective kernels are GPU-only".into());
             }
             let Some(k) = op.xla_kernel_name() else {
-                return (
-                    String::new(),
-                    Vec::new(),
-                    Err(Check::Skipped(format!("XLA has no collective kernel for {}", op.name()))),
-                );
+                return skipped(format!("XLA has no collective kernel for {}", op.name()));
             };
             (module.to_vec(), format!("xla_gpu_experimental_use_collective_kernels={k}"), Vec::new(), Some(k))
         }
@@ -906,11 +891,7 @@ pub fn run(opts: &Options, progress: &mut dyn FnMut(&str)) -> Result<Report, Str
         (None, Platform::Cpu) => 8,
         (None, _) => 0, // all of them, at most 8
     };
-    let create: Vec<(&str, i64)> =
-        if platform == Platform::Cpu { vec![("cpu_device_count", want as i64)] } else { vec![] };
-    let client = Client::create(inner, &create)?;
-    let all = client.devices()?;
-    crate::xla_run::learn_device_kind(platform, &all);
+    let (client, all) = crate::xla_run::client(inner, platform, want)?;
     let n = if want == 0 { all.len().min(8) } else { want };
     if n == 0 || all.len() < n {
         return Err(format!("{}: the client has {} devices, {n} are needed", path.display(), all.len()));
@@ -1040,18 +1021,5 @@ pub fn run(opts: &Options, progress: &mut dyn FnMut(&str)) -> Result<Report, Str
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_close_call_is_peerless_and_xla_within_the_factor() {
-        let prepared = [(Impl::Xla, ()), (Impl::OneShot, ()), (Impl::TwoShot, ())];
-        let times = |x: f64, one: f64, two: f64| vec![vec![x, x, x], vec![one, one, one], vec![two, two, two]];
-        assert!(is_close(&prepared, &times(100.0, 200.0, 110.0), 1.25));
-        assert!(is_close(&prepared, &times(100.0, 81.0, 300.0), 1.25));
-        assert!(!is_close(&prepared, &times(100.0, 200.0, 130.0), 1.25));
-        assert!(!is_close(&prepared, &times(100.0, 70.0, 79.0), 1.25));
-        // Without an XLA row there is nothing to call close.
-        assert!(!is_close(&prepared[1..], &times(100.0, 100.0, 100.0)[1..], 1.25));
-    }
-}
+#[path = "../tests/unit/xla_bench.rs"]
+mod tests;

@@ -22,7 +22,7 @@ use std::sync::Mutex;
 
 use emitter::xla_pass::{PassDecision, PassOutcome};
 use ffi::pjrt::InnerPlugin;
-use ffi::pjrt::client::{Client, buffer_type as bt};
+use ffi::pjrt::client::{Client, Device, buffer_type as bt};
 use hlo::wire::{fields, hlo_computation, hlo_instruction, hlo_module, map_field, put_bytes};
 use hlo::{Array, ArrayShape, Literal, PrimitiveType, Shape};
 use pjrt_sys::protos::xla;
@@ -117,12 +117,23 @@ pub fn plugin(path: &Path, platform: Platform) -> Result<&'static InnerPlugin, S
     Ok(inner)
 }
 
-/// Records the kind of a client's devices (XLA's name, "NVIDIA H200"), as the wrapper does for
-/// the clients XLA makes: the pass looks its tuning profile up by it ([`prepare`]).
-pub fn learn_device_kind(platform: Platform, devices: &[ffi::pjrt::client::Device]) {
+/// A client of `inner` and its devices (XLA:CPU's count is its `cpu_device_count` create
+/// option, set to `cpu_devices`). Records the devices' kind (XLA's name, "NVIDIA H200"), as
+/// the wrapper does for the clients XLA makes: the pass looks its tuning profile up by it
+/// ([`prepare`]).
+pub fn client(
+    inner: &'static InnerPlugin,
+    platform: Platform,
+    cpu_devices: usize,
+) -> Result<(Client, Vec<Device>), String> {
+    let options: Vec<(&str, i64)> =
+        if platform == Platform::Cpu { vec![("cpu_device_count", cpu_devices as i64)] } else { vec![] };
+    let client = Client::create(inner, &options)?;
+    let devices = client.devices()?;
     if let Some(d) = devices.first() {
         plugin::xla_inside::record_device_kind(platform, &d.kind);
     }
+    Ok((client, devices))
 }
 
 /// The device assignment of `ids` (global device ids) for the mode.
@@ -378,11 +389,7 @@ pub fn run(
     let platform = plugin::wrap::platform_of(plugin_path);
     let inner = plugin(plugin_path, platform)?;
     let n = cfg.num_devices;
-    let options: Vec<(&str, i64)> =
-        if platform == Platform::Cpu { vec![("cpu_device_count", n as i64)] } else { vec![] };
-    let client = Client::create(inner, &options)?;
-    let devices = client.devices()?;
-    learn_device_kind(platform, &devices);
+    let (client, devices) = client(inner, platform, n)?;
     if devices.len() < n {
         let why = if platform == Platform::Cpu {
             format!(" (XLA:CPU's device count is its `cpu_device_count` create option, set to {n})")
@@ -459,56 +466,5 @@ pub fn run(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn four_bit_integers_cross_as_xla_cpu_holds_them() {
-        let values: Vec<u8> = (-8i8..8).map(|v| v as u8).collect();
-        let s4 = Array::new(ArrayShape::new(PrimitiveType::S4, vec![16]), values.clone()).expect("s4");
-        let host = to_host_form(&s4).into_owned();
-        assert_eq!(host, (0u8..16).map(|v| (v + 8) & 0x0f).collect::<Vec<_>>(), "low nibbles");
-        assert_eq!(from_host_form(PrimitiveType::S4, host), values, "sign-extended back");
-        assert_eq!(from_host_form(PrimitiveType::U4, vec![0x1f, 0x07]), [0x0f, 0x07]);
-        let f8 = Array::new(ArrayShape::new(PrimitiveType::F8E4M3FN, vec![2]), vec![0xff, 0x81]).expect("f8");
-        assert_eq!(to_host_form(&f8).as_ref(), &[0xff, 0x81], "raw bits");
-        assert_eq!(from_host_form(PrimitiveType::F8E4M3FN, vec![0xff]), [0xff]);
-    }
-
-    #[test]
-    fn every_f8_and_4_bit_type_has_its_pjrt_buffer_type() {
-        use PrimitiveType as T;
-        let got: Vec<u32> = [T::F8E5M2, T::F8E4M3FN, T::F8E4M3B11FNUZ, T::F8E5M2FNUZ, T::F8E4M3FNUZ, T::S4, T::U4]
-            .into_iter()
-            .map(|t| buffer_type(t).expect("mapped"))
-            .collect();
-        assert_eq!(got, (16..=22).collect::<Vec<u32>>(), "PJRT_Buffer_Type's order after C128");
-        assert_eq!([T::F8E4M3, T::F8E3M4, T::F8E8M0FNU].map(|t| buffer_type(t).ok()), [Some(26), Some(27), Some(28)]);
-        assert!(buffer_type(T::Token).is_err());
-    }
-
-    fn case(name: &str) -> (hlo::Module, Vec<u8>) {
-        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../hlo-tests/cases").join(format!("{name}.hlo"));
-        let text = std::fs::read_to_string(&path).expect("case");
-        let m = hlo::parse_text(name, &text).expect("parse");
-        let bytes = hlo::encode_proto(&m).expect("encode");
-        (m, bytes)
-    }
-
-    #[test]
-    fn jax_forms_compile_as_jax_compiles_them() {
-        let ids = [0, 1, 2, 3];
-        let build = |name: &str, mode: Mode| {
-            let (m, bytes) = case(name);
-            let o = module_compile_options(&m, &bytes, mode, &ids).expect("options");
-            let eb = o.executable_build_options.expect("build options");
-            (eb.use_shardy_partitioner, eb.allow_spmd_sharding_propagation_to_output)
-        };
-        assert_eq!(build("jax_psum_x4", Mode::Partition), (true, vec![true]), "Shardy form");
-        assert_eq!(build("jax_gspmd_psum_x4", Mode::Partition), (false, vec![true]), "GSPMD form: no Shardy");
-        assert_eq!(build("all_reduce_sum", Mode::Replica), (false, vec![]), "hand-written: as gen_goldens.py");
-        let (m, _) = case("jax_psum_x4");
-        assert!(uses_shardy(&m));
-        assert!(!uses_shardy(&case("jax_gspmd_psum_x4").0));
-    }
-}
+#[path = "../tests/unit/xla_run.rs"]
+mod tests;

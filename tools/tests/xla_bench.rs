@@ -171,6 +171,14 @@ fn a_short_tune_writes_a_profile_the_pass_reads() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// The date a profile is stamped with (`tools::xla_tune::today`).
+#[test]
+fn today_is_a_date() {
+    let d = tools::xla_tune::today();
+    assert_eq!(d.len(), 10, "{d}");
+    assert!(d.starts_with("20"), "{d}");
+}
+
 fn row(op: Op, bytes: usize, imp: Impl, us: Option<f64>) -> Row {
     Row {
         op,

@@ -281,13 +281,57 @@ fn clear_errors() -> Result<(), Failed> {
     Ok(())
 }
 
+fn buffer_types() -> Result<(), Failed> {
+    use hlo::PrimitiveType as T;
+    use tools::xla_run::buffer_type;
+    let got: Vec<u32> = [T::F8E5M2, T::F8E4M3FN, T::F8E4M3B11FNUZ, T::F8E5M2FNUZ, T::F8E4M3FNUZ, T::S4, T::U4]
+        .into_iter()
+        .map(|t| buffer_type(t).expect("mapped"))
+        .collect();
+    assert_eq!(got, (16..=22).collect::<Vec<u32>>(), "PJRT_Buffer_Type's order after C128");
+    assert_eq!([T::F8E4M3, T::F8E3M4, T::F8E8M0FNU].map(|t| buffer_type(t).ok()), [Some(26), Some(27), Some(28)]);
+    assert!(buffer_type(T::Token).is_err());
+    Ok(())
+}
+
+/// A case's module, parsed and encoded.
+fn case_module(name: &str) -> (hlo::Module, Vec<u8>) {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../hlo-tests/cases").join(format!("{name}.hlo"));
+    let text = std::fs::read_to_string(&path).expect("case");
+    let m = hlo::parse_text(name, &text).expect("parse");
+    let bytes = hlo::encode_proto(&m).expect("encode");
+    (m, bytes)
+}
+
+fn jax_forms() -> Result<(), Failed> {
+    use tools::xla_run::{module_compile_options, uses_shardy};
+    let ids = [0, 1, 2, 3];
+    let build = |name: &str, mode: runs::Mode| {
+        let (m, bytes) = case_module(name);
+        let o = module_compile_options(&m, &bytes, mode, &ids).expect("options");
+        let eb = o.executable_build_options.expect("build options");
+        (eb.use_shardy_partitioner, eb.allow_spmd_sharding_propagation_to_output)
+    };
+    assert_eq!(build("jax_psum_x4", runs::Mode::Partition), (true, vec![true]), "Shardy form");
+    assert_eq!(build("jax_gspmd_psum_x4", runs::Mode::Partition), (false, vec![true]), "GSPMD form: no Shardy");
+    assert_eq!(build("all_reduce_sum", runs::Mode::Replica), (false, vec![]), "hand-written: as gen_goldens.py");
+    let (m, _) = case_module("jax_psum_x4");
+    assert!(uses_shardy(&m));
+    assert!(!uses_shardy(&case_module("jax_gspmd_psum_x4").0));
+    Ok(())
+}
+
 fn main() {
     let mut args = Arguments::from_args();
     // XLA's CPU clients are process-wide heavy objects: one trial at a time by default.
     if args.test_threads.is_none() {
         args.test_threads = Some(1);
     }
-    let mut trials = vec![Trial::test("text_modules_and_missing_plugins_are_clear_errors", clear_errors)];
+    let mut trials = vec![
+        Trial::test("text_modules_and_missing_plugins_are_clear_errors", clear_errors),
+        Trial::test("every_f8_and_4_bit_type_has_its_pjrt_buffer_type", buffer_types),
+        Trial::test("jax_forms_compile_as_jax_compiles_them", jax_forms),
+    ];
     let plugin = match tools::xla_run::find_plugin(None) {
         Ok(p) => p,
         Err(e) if std::env::var("PEERLESS_SKIP_XLA_PLUGIN").as_deref() == Ok("1") => {

@@ -81,6 +81,10 @@ macro_rules! api_call {
         }
         $(#[$sm])*
         pub const $size: usize = struct_size!($args, $last);
+        impl $args {
+            /// What `struct_size` is set to (the `*_STRUCT_SIZE` above).
+            pub const STRUCT_SIZE: usize = $size;
+        }
         pub type $f = unsafe extern "C" fn(args: *mut $args) $(-> $ret)?;
     )*};
 }

@@ -208,9 +208,8 @@ fn pass_flags(args: &DeviceArgs) -> Vec<String> {
 /// PEERLESS_FLAGS, then each `--flag NAME=VALUE`.
 fn flags(args: &DeviceArgs) -> CliResult<emitter::Flags> {
     let mut flags = emitter::Flags::from_env()?;
-    for f in &args.flags {
-        let f = f.trim_start_matches('-');
-        flags.apply(&format!("--{f}"))?;
+    for f in pass_flags(args) {
+        flags.apply(&f)?;
     }
     Ok(flags)
 }

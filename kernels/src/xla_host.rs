@@ -26,7 +26,7 @@
 //! slot (`ShmCollective::on_slot`), named by the job, the slot and the occurrence, which
 //! every process derives alike, and mapped once per process.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -104,10 +104,8 @@ type ExecState = CallState<Result<Arc<Instance>, String>>;
 /// Where XLA keeps each executable's [`ExecState`].
 static STATE: ExecutableState<ExecState> = ExecutableState::new("peerless.host_collective");
 
-fn instances() -> &'static Mutex<HashMap<u64, Arc<Instance>>> {
-    static MAP: std::sync::OnceLock<Mutex<HashMap<u64, Arc<Instance>>>> = std::sync::OnceLock::new();
-    MAP.get_or_init(Default::default)
-}
+/// Collectives of calls without XLA-held state, by instance id, kept for the process.
+static INSTANCES: Mutex<BTreeMap<u64, Arc<Instance>>> = Mutex::new(BTreeMap::new());
 
 /// The in-process collectives' shared slots.
 static SLOTS: Slots<DirectSlot> = Slots::new();
@@ -213,14 +211,10 @@ impl Instance {
 /// Checks a call's buffers against its shapes.
 fn check_call(call: &HostCall) -> Result<()> {
     let cfg = call.config;
-    for (bytes, shape) in &call.inputs {
-        if bytes.len() != shape.byte_size() {
-            return Err(invalid(cfg, format!("operand of {} bytes for shape {shape}", bytes.len())));
-        }
-    }
-    for (bytes, shape) in &call.outputs {
-        if bytes.len() != shape.byte_size() {
-            return Err(invalid(cfg, format!("result of {} bytes for shape {shape}", bytes.len())));
+    let operands = call.inputs.iter().map(|(b, s)| ("operand", b.len(), s));
+    for (what, len, shape) in operands.chain(call.outputs.iter().map(|(b, s)| ("result", b.len(), s))) {
+        if len != shape.byte_size() {
+            return Err(invalid(cfg, format!("{what} of {len} bytes for shape {shape}")));
         }
     }
     if call.inputs.len() != call.outputs.len() {
@@ -238,7 +232,7 @@ pub fn run(call: HostCall) -> Result<()> {
     check_call(&call)?;
     let cfg = call.config;
     let instance = {
-        let mut map = instances().lock().unwrap_or_else(PoisonError::into_inner);
+        let mut map = INSTANCES.lock().unwrap_or_else(PoisonError::into_inner);
         match map.get(&cfg.instance) {
             Some(i) => Arc::clone(i),
             None => {
@@ -318,29 +312,15 @@ impl CollectiveRuntime for HostRuntime {
         let mut inputs: Vec<(&[u8], ArrayShape)> = Vec::with_capacity(args.len());
         for a in &args {
             let shape = array_shape(a)?;
-            let len = a.byte_len()?;
-            let bytes: &[u8] = if len == 0 {
-                &[]
-            } else {
-                // SAFETY: on XLA:CPU a buffer's `data` is host memory holding `len` bytes (its
-                // dtype and dims), valid for the duration of the call; operands are only read.
-                unsafe { std::slice::from_raw_parts(a.data as *const u8, len) }
-            };
-            inputs.push((bytes, shape));
+            inputs.push((host_bytes(a)?, shape));
         }
         let mut outputs = Vec::with_capacity(rets.len());
         for r in &rets {
             let shape = array_shape(r)?;
-            let len = r.byte_len()?;
-            let bytes: &mut [u8] = if len == 0 {
-                &mut []
-            } else {
-                // SAFETY: as above, and result buffers are distinct from each other and from the
-                // operands (the pass's custom calls declare no output-operand aliasing), so this
-                // is the only reference to these bytes during the call.
-                unsafe { std::slice::from_raw_parts_mut(r.data as *mut u8, len) }
-            };
-            outputs.push((bytes, shape));
+            // SAFETY: result buffers are distinct from each other and from the operands (the
+            // pass's custom calls declare no output-operand aliasing), so this is the only
+            // reference to these bytes during the call.
+            outputs.push((unsafe { host_bytes_mut(r)? }, shape));
         }
         // A fused epilogue: the all-reduce runs on the first operand into a buffer of its own,
         // then the epilogue reads it and writes `h` and `y`.
@@ -393,11 +373,9 @@ impl CollectiveRuntime for HostRuntime {
         };
         if let (Ok(()), Some((e, shape))) = (&result, fused) {
             let d = shape.dims.last().copied().unwrap_or(0) as usize;
-            let x = (host_bytes(&args[1])?, array_shape(&args[1])?.ty);
-            let g = match args.get(2) {
-                Some(b) => Some((host_bytes(b)?, array_shape(b)?.ty)),
-                None => None,
-            };
+            let bytes_and_type = |b| -> Result<_, HandlerError> { Ok((host_bytes(b)?, array_shape(b)?.ty)) };
+            let x = bytes_and_type(&args[1])?;
+            let g = args.get(2).map(bytes_and_type).transpose()?;
             let (h_ty, y_ty) = (array_shape(&rets[0])?.ty, array_shape(&rets[1])?.ty);
             // SAFETY: as above: the two result buffers are distinct host memory of their
             // shapes, and nothing else refers to them now (the protocol wrote `sum`).
@@ -418,105 +396,5 @@ impl CollectiveRuntime for HostRuntime {
 }
 
 #[cfg(test)]
-mod tests {
-    use std::thread;
-
-    use hlo::analysis::ReductionKind;
-    use thunks::{CollectiveKind, KernelAlgorithm};
-
-    use super::*;
-
-    fn cfg(kind: CollectiveKind, algorithm: KernelAlgorithm, instance: u64) -> CustomCallConfig {
-        CustomCallConfig {
-            groups: vec![vec![0, 1, 2, 3]],
-            reduction: Some(ReductionKind::Sum),
-            dimension: Some(0),
-            num_devices: 4,
-            instance,
-            timeout_ms: 5_000,
-            ..CustomCallConfig::new(kind, algorithm, "c")
-        }
-    }
-
-    fn f32s(v: &[f32]) -> Vec<u8> {
-        v.iter().flat_map(|x| x.to_le_bytes()).collect()
-    }
-
-    /// Runs `ar` then `ag` on every device, `rounds` times: the all-reduce of `x(d, k)`, then
-    /// the all-gather of its result (`gather_result`) or of `x`. Each device's last results.
-    fn ar_then_ag(
-        ar: &CustomCallConfig,
-        ag: &CustomCallConfig,
-        rounds: usize,
-        gather_result: bool,
-        x: impl Fn(usize, usize) -> Vec<u8> + Sync,
-    ) -> Vec<(Vec<u8>, Vec<u8>)> {
-        let shape = ArrayShape::new(PrimitiveType::F32, vec![2]);
-        let gathered = ArrayShape::new(PrimitiveType::F32, vec![8]);
-        thread::scope(|s| {
-            let hs: Vec<_> = (0..4)
-                .map(|d| {
-                    let (x, shape, gathered) = (&x, &shape, &gathered);
-                    s.spawn(move || {
-                        let (mut r, mut g) = (vec![0u8; 8], vec![0u8; 32]);
-                        for k in 0..rounds {
-                            let x = x(d, k);
-                            let inputs = vec![(x.as_slice(), shape.clone())];
-                            run(HostCall { config: ar, device: d, inputs, outputs: vec![(&mut r, shape.clone())] })
-                                .unwrap();
-                            let input = if gather_result { &r } else { &x };
-                            let (inputs, outputs) =
-                                (vec![(input.as_slice(), shape.clone())], vec![(g.as_mut_slice(), gathered.clone())]);
-                            run(HostCall { config: ag, device: d, inputs, outputs }).unwrap();
-                        }
-                        (r, g)
-                    })
-                })
-                .collect();
-            hs.into_iter().map(|h| h.join().unwrap()).collect()
-        })
-    }
-
-    #[test]
-    fn all_reduce_and_all_gather_across_threads() {
-        let ar = cfg(CollectiveKind::AllReduce, KernelAlgorithm::OneShotAllReduce, 0xA11);
-        let ag = cfg(CollectiveKind::AllGather, KernelAlgorithm::DirectAllGather, 0xA12);
-        for (r, g) in ar_then_ag(&ar, &ag, 3, false, |d, _| f32s(&[d as f32, 1.0])) {
-            assert_eq!(r, f32s(&[6.0, 4.0]));
-            assert_eq!(g, f32s(&[0.0, 1.0, 1.0, 1.0, 2.0, 1.0, 3.0, 1.0]));
-        }
-    }
-
-    #[test]
-    fn chained_calls_share_a_slot() {
-        // Two collectives of one slot (the pass's promise: every device calls them in one
-        // order), alternating; the slot is sized by `slot_bytes`, not by the first call.
-        let mut ar = cfg(CollectiveKind::AllReduce, KernelAlgorithm::TwoShotAllReduce, 0xA21);
-        let mut ag = cfg(CollectiveKind::AllGather, KernelAlgorithm::DirectAllGather, 0xA22);
-        (ar.slot, ar.slot_bytes) = (Some(0x5107), 4096);
-        (ag.slot, ag.slot_bytes) = (Some(0x5107), 4096);
-        for (r, g) in ar_then_ag(&ar, &ag, 20, true, |d, k| f32s(&[d as f32, k as f32])) {
-            assert_eq!(r, f32s(&[6.0, 76.0]));
-            assert_eq!(g, f32s(&[6.0, 76.0, 6.0, 76.0, 6.0, 76.0, 6.0, 76.0]));
-        }
-        let key: SlotKey = (0x5107, 0, ar.groups.clone(), vec![]);
-        let slot = SLOTS.get(&key).expect("one shared slot");
-        assert_eq!(slot.per_buffer(), 4096);
-        assert_eq!(slot.bytes(), 4 * 2 * 4096);
-    }
-
-    #[test]
-    fn a_missing_rank_is_a_timeout_naming_it() {
-        let mut c = cfg(CollectiveKind::AllReduce, KernelAlgorithm::OneShotAllReduce, 0xA13);
-        c.groups = vec![vec![0, 1]];
-        c.timeout_ms = 50;
-        let x = f32s(&[1.0]);
-        let mut r = vec![0u8; 4];
-        let shape = ArrayShape::new(PrimitiveType::F32, vec![1]);
-        let e =
-            run(HostCall { config: &c, device: 0, inputs: vec![(&x, shape.clone())], outputs: vec![(&mut r, shape)] })
-                .unwrap_err();
-        let msg = e.to_string();
-        assert!(msg.contains("timed out") && msg.contains("[1]") && msg.contains("{0,1}"), "{msg}");
-    }
-}
+#[path = "../tests/unit/xla_host.rs"]
+mod tests;

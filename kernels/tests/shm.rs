@@ -1,5 +1,5 @@
 //! `kernels::host::shm`: the host protocols between the processes of one host, over shared
-//! memory. The tests that look inside a segment are in src/host/shm/tests.rs.
+//! memory. The tests that look inside a segment are in tests/unit/shm.rs.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;

@@ -104,8 +104,12 @@ unsafe fn call(
     }
 }
 
+/// A typed-FFI handler as XLA registers it.
+pub type Handler = unsafe extern "C" fn(*mut XLA_FFI_CallFrame) -> *mut XLA_FFI_Error;
+
+/// One platform's handlers, one per collective kind, and `$lookup(kind)`: the one of `kind`.
 macro_rules! handlers {
-    ($rt:expr, $counter:expr; $($name:ident => $kind:ident),* $(,)?) => {
+    ($lookup:ident, $rt:expr, $counter:expr; $($name:ident => $kind:ident),* $(,)?) => {
         $(
             /// # Safety
             /// Called by XLA with a live call frame.
@@ -114,10 +118,17 @@ macro_rules! handlers {
                 unsafe { call(CollectiveKind::$kind, frame, $rt, $counter) }
             }
         )*
+
+        fn $lookup(kind: CollectiveKind) -> Option<Handler> {
+            match kind {
+                $(CollectiveKind::$kind => Some($name),)*
+                _ => None,
+            }
+        }
     };
 }
 
-handlers! { &HOST, &CALLS[Platform::Cpu as usize];
+handlers! { cpu_handler, &HOST, &CALLS[Platform::Cpu as usize];
     cpu_all_reduce => AllReduce,
     cpu_all_gather => AllGather,
     cpu_all_to_all => AllToAll,
@@ -125,7 +136,7 @@ handlers! { &HOST, &CALLS[Platform::Cpu as usize];
     cpu_collective_permute => CollectivePermute,
 }
 
-handlers! { &CUDA, &CALLS[Platform::Cuda as usize];
+handlers! { cuda_handler, &CUDA, &CALLS[Platform::Cuda as usize];
     cuda_all_reduce => AllReduce,
     cuda_all_gather => AllGather,
     cuda_all_to_all => AllToAll,
@@ -134,7 +145,7 @@ handlers! { &CUDA, &CALLS[Platform::Cuda as usize];
 }
 
 #[cfg(feature = "rocm")]
-handlers! { &ROCM, &CALLS[Platform::Rocm as usize];
+handlers! { rocm_handler, &ROCM, &CALLS[Platform::Rocm as usize];
     rocm_all_reduce => AllReduce,
     rocm_all_gather => AllGather,
     rocm_all_to_all => AllToAll,
@@ -142,38 +153,17 @@ handlers! { &ROCM, &CALLS[Platform::Rocm as usize];
     rocm_collective_permute => CollectivePermute,
 }
 
-/// A typed-FFI handler as XLA registers it.
-pub type Handler = unsafe extern "C" fn(*mut XLA_FFI_CallFrame) -> *mut XLA_FFI_Error;
-
 /// The handler of `target` on `platform` (ROCm's in a ROCm build), or `None`.
 pub fn handler(platform: Platform, target: &str) -> Option<Handler> {
-    use CollectiveKind as K;
-    use Platform as P;
     let kind = target_kind(target)?;
-    let h: Handler = match (platform, kind) {
-        (P::Cpu, K::AllReduce) => cpu_all_reduce,
-        (P::Cpu, K::AllGather) => cpu_all_gather,
-        (P::Cpu, K::AllToAll) => cpu_all_to_all,
-        (P::Cpu, K::ReduceScatter) => cpu_reduce_scatter,
-        (P::Cpu, K::CollectivePermute) => cpu_collective_permute,
-        (P::Cuda, K::AllReduce) => cuda_all_reduce,
-        (P::Cuda, K::AllGather) => cuda_all_gather,
-        (P::Cuda, K::AllToAll) => cuda_all_to_all,
-        (P::Cuda, K::ReduceScatter) => cuda_reduce_scatter,
-        (P::Cuda, K::CollectivePermute) => cuda_collective_permute,
+    match platform {
+        Platform::Cpu => cpu_handler(kind),
+        Platform::Cuda => cuda_handler(kind),
         #[cfg(feature = "rocm")]
-        (P::Rocm, K::AllReduce) => rocm_all_reduce,
-        #[cfg(feature = "rocm")]
-        (P::Rocm, K::AllGather) => rocm_all_gather,
-        #[cfg(feature = "rocm")]
-        (P::Rocm, K::AllToAll) => rocm_all_to_all,
-        #[cfg(feature = "rocm")]
-        (P::Rocm, K::ReduceScatter) => rocm_reduce_scatter,
-        #[cfg(feature = "rocm")]
-        (P::Rocm, K::CollectivePermute) => rocm_collective_permute,
-        _ => return None,
-    };
-    Some(h)
+        Platform::Rocm => rocm_handler(kind),
+        #[cfg(not(feature = "rocm"))]
+        Platform::Rocm => None,
+    }
 }
 
 /// Registers every Peerless handler of `platform` in an inner plugin's FFI registry, through
@@ -193,37 +183,26 @@ pub fn register_in(inner: &ffi::pjrt::InnerPlugin, platform: Platform) -> Result
     Ok(xla_platform)
 }
 
-/// The peer-access table the pass decides with on CUDA: the probed table of the process's
-/// GPUs, on device ids (`ordinals`: this process's device id → CUDA ordinal, where the process
-/// does not own every device; `None`: ids are ordinals), or a table with no links when the
-/// GPUs cannot be opened (every collective then stays XLA's, with that reason). (On CPU every
-/// device reaches every other: `xla_pass::Peers::Shared`.)
-pub fn cuda_peer_table(ordinals: Option<&BTreeMap<usize, usize>>, allow_unsafe: bool) -> Arc<PeerAccessTable> {
-    opens_gpus();
-    remapped(gpu_xla::peer_table::<Cuda>(allow_unsafe), ordinals, Platform::Cuda)
-}
-
-/// [`cuda_peer_table`] for the AMD GPUs of the process (HIP ordinals), in a ROCm build.
-#[cfg(feature = "rocm")]
-pub fn rocm_peer_table(ordinals: Option<&BTreeMap<usize, usize>>, allow_unsafe: bool) -> Arc<PeerAccessTable> {
-    opens_gpus();
-    remapped(gpu_xla::peer_table::<kernels::rocm::Hip>(allow_unsafe), ordinals, Platform::Rocm)
-}
-
-/// The peer table of GPU `platform` (CUDA, ROCm) under the target policy
-/// (`allow_unsafe`: `--allow_unsafe_peer_targets`); a table with no links where this
-/// library has no such GPU runtime.
+/// The peer-access table the pass decides with on GPU `platform` (CUDA; ROCm, on HIP ordinals,
+/// in a ROCm build) under the target policy (`allow_unsafe`: `--allow_unsafe_peer_targets`):
+/// the probed table of the process's GPUs, on device ids (`ordinals`: this process's device
+/// id → ordinal, where the process does not own every device; `None`: ids are ordinals), or a
+/// table with no links when the GPUs cannot be opened or this library has no such GPU runtime
+/// (every collective then stays XLA's, with that reason). (On CPU every device reaches every
+/// other: `xla_pass::Peers::Shared`.)
 pub fn gpu_peer_table(
     platform: Platform,
     ordinals: Option<&BTreeMap<usize, usize>>,
     allow_unsafe: bool,
 ) -> Arc<PeerAccessTable> {
-    match platform {
-        Platform::Cuda => cuda_peer_table(ordinals, allow_unsafe),
+    opens_gpus();
+    let table = match platform {
+        Platform::Cuda => gpu_xla::peer_table::<Cuda>(allow_unsafe),
         #[cfg(feature = "rocm")]
-        Platform::Rocm => rocm_peer_table(ordinals, allow_unsafe),
-        other => remapped(Err(no_gpu_runtime(other)), ordinals, other),
-    }
+        Platform::Rocm => gpu_xla::peer_table::<kernels::rocm::Hip>(allow_unsafe),
+        other => Err(no_gpu_runtime(other)),
+    };
+    remapped(table, ordinals, platform)
 }
 
 /// The least free device memory among the process's GPUs of `platform` (the pass's staging

@@ -76,11 +76,9 @@ pub fn pass_config_tuned(
     // partitioner-made collectives to XLA (measured on GPUs) only costs there: a DP train
     // step on 8 host devices took 0.88× XLA's time on Peerless's kernels and 1.01× with the
     // rule (docs/PERFORMANCE.md). An explicit setting wins.
+    let env_flags = std::env::var(emitter::flags::ENV_VAR).unwrap_or_default();
     let explicit = |s: &str| emitter::flags::sets(s, flag::XLA_ASYNC_ABOVE_BYTES);
-    if platform == Platform::Cpu
-        && !explicit(flags)
-        && !explicit(&std::env::var(emitter::flags::ENV_VAR).unwrap_or_default())
-    {
+    if platform == Platform::Cpu && !explicit(flags) && !explicit(&env_flags) {
         f.xla_async_above_bytes = None;
     }
     // `local_devices`: this process's device ids ("0,1,2"), or the job's topology
@@ -146,7 +144,6 @@ pub fn pass_config_tuned(
     };
     // The tuning profile decides kernel vs XLA where the flags leave it to it; explicit
     // all-reduce thresholds (here or in PEERLESS_FLAGS) keep all-reduce on them.
-    let env_flags = std::env::var(emitter::flags::ENV_VAR).unwrap_or_default();
     let tuning = emitter::tuning::TuningConfig {
         source,
         platform: platform.name().to_owned(),
@@ -271,10 +268,7 @@ static CLIENT_FLAGS: std::sync::Mutex<String> = std::sync::Mutex::new(String::ne
 /// Sets the flags a client was created with (see [`CLIENT_FLAGS`]); an unknown flag or a bad
 /// value is an error naming it, and nothing is set.
 pub fn set_client_flags(flags: &str) -> Result<(), String> {
-    let mut f = Flags::default();
-    for arg in flags.split_whitespace() {
-        f.apply(arg).map_err(|e| e.to_string())?;
-    }
+    Flags::parse(flags).map_err(|e| e.to_string())?;
     *CLIENT_FLAGS.lock().unwrap_or_else(|e| e.into_inner()) = flags.to_owned();
     Ok(())
 }
@@ -479,76 +473,5 @@ pub unsafe fn pass_free(r: *mut PassResult) {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn rocm_is_a_platform_exactly_when_built_with_it() {
-        // No AMD GPU needed: the pass's configuration opens no GPU (its peer table is lazy).
-        let rocm = Platform::parse("rocm").unwrap();
-        let handlers =
-            thunks::custom_call::TARGETS.iter().all(|&(_, t)| crate::xla_handlers::handler(rocm, t).is_some());
-        assert_eq!(handlers, cfg!(feature = "rocm"));
-        assert_eq!(rocm.xla_name(), "ROCM");
-        match pass_config(rocm, "", "") {
-            Ok(_) => assert!(handlers, "the pass takes rocm only with its handlers"),
-            Err(e) => assert!(!handlers && e.contains("feature `rocm`"), "{e}"),
-        }
-        assert_eq!(set_topology(rocm, "").is_ok(), cfg!(feature = "rocm"));
-        assert_eq!(crate::wrap::platform_of(std::path::Path::new("/x/xla_rocm7/xla_rocm_plugin.so")), Platform::Rocm);
-    }
-
-    #[test]
-    fn the_kind_travels_beside_the_topology() {
-        assert_eq!(split_kind(""), (None, String::new()));
-        assert_eq!(split_kind("kind=NVIDIA H200"), (Some("NVIDIA H200"), String::new()));
-        let topo = "this=0;job=;devices=0:0;hosts=0:0";
-        assert_eq!(split_kind(topo), (None, topo.to_owned()), "a string without a kind is as it was");
-        assert_eq!(split_kind(&format!("{topo};kind=NVIDIA H200")), (Some("NVIDIA H200"), topo.to_owned()));
-        assert_eq!(split_kind("kind=;this=1"), (None, "this=1".to_owned()), "an empty kind is none");
-    }
-
-    /// The tuning profile is looked up by the kind the process was handed (here as the Python
-    /// package hands it, through `set_topology` and the pass's topology string), a plain value
-    /// in the pass's configuration: configuring the pass, resolving its tuning and running it on
-    /// a module whose collectives need no peer access never reach the GPU runtime.
-    #[test]
-    fn the_tuning_profile_follows_the_handed_over_kind_and_opens_no_gpu() {
-        use emitter::tuning::ProfileSource;
-        let opened = || crate::xla_handlers::GPU_RUNTIME_CALLS.with(std::cell::Cell::get);
-        let before = opened();
-        let cuda = |local: &str| pass_config_tuned(Platform::Cuda, "", local, ProfileSource::Default).unwrap();
-        let profile_kind = |cfg: &PassConfig| cfg.tuning.resolve(4).profile.map(|p| p.key.device_kind.clone());
-        // XLA:CPU's kind is fixed; a GPU's is unknown until handed over (no other test of this
-        // binary hands one over for CUDA).
-        assert_eq!(device_kind(Platform::Cpu).as_deref(), Some("cpu"));
-        let cfg = cuda("");
-        assert_eq!(cfg.tuning.device_kind, None);
-        let _ = cfg.tuning.resolve(4);
-        // Handed over alone (one process), as `set_topology` gets it.
-        set_topology(Platform::Cuda, "kind=NVIDIA H200").unwrap();
-        let cfg = cuda("");
-        assert_eq!(cfg.tuning.device_kind.as_deref(), Some("NVIDIA H200"));
-        assert_eq!(profile_kind(&cfg).as_deref(), Some("NVIDIA H200"), "the Hopper profile (shipped or cached)");
-        // Beside the job's topology, in the string each compile gets.
-        let cfg = cuda("this=0;job=;devices=0:0,1:0,2:0,3:0;hosts=0:0;kind=NVIDIA A100-SXM4-80GB");
-        assert_eq!(cfg.local_devices, Some((0..4).collect()));
-        assert_eq!(cfg.tuning.device_kind.as_deref(), Some("NVIDIA A100-SXM4-80GB"));
-        assert_ne!(profile_kind(&cfg).as_deref(), Some("NVIDIA H200"), "a profile of another kind is never used");
-        // The whole pass on CUDA: its tuning resolved, its one collective (a group of one)
-        // decided without peer access.
-        let module = include_bytes!("../../emitter/tests/xla_pass/psum_one_device.pb");
-        let (status, _, report) = run_pass(Platform::Cuda, module, "", "");
-        assert!(status >= 0 && report.lines().count() == 1, "{status}: {report}");
-        assert_eq!(opened(), before, "nothing here opens a GPU");
-    }
-
-    #[test]
-    fn results_free_cleanly() {
-        let r = result(1, Some(vec![1, 2, 3]), "x\n".into());
-        // SAFETY: `r` is fresh from `result` and freed once.
-        unsafe { pass_free(r) };
-        // SAFETY: null is allowed.
-        unsafe { pass_free(std::ptr::null_mut()) };
-    }
-}
+#[path = "../tests/unit/xla_inside.rs"]
+mod tests;

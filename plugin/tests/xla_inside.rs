@@ -1,9 +1,10 @@
 //! `plugin::xla_inside`'s entry points: malformed modules, unknown platforms and bad flags
 //! are errors (status -1 and a report), never a crash; the handlers learn the job from the
-//! process's topology.
+//! process's topology. `plugin::Platform`: names round-trip, and ROCm has handlers exactly in
+//! a library built with them.
 
 use plugin::Platform;
-use plugin::xla_inside::{pass_entry, pass_free, run_pass, set_topology, set_topology_entry};
+use plugin::xla_inside::{pass_config, pass_entry, pass_free, run_pass, set_topology, set_topology_entry};
 
 /// The status and report of `pass_entry` (the C entry) on an empty module.
 fn pass_entry_status(platform: &std::ffi::CStr) -> (i32, String) {
@@ -80,4 +81,31 @@ fn the_handlers_learn_the_job_from_the_process() {
     };
     assert_eq!(status, -1);
     assert!(report.contains("no handlers for platform 'tpu'"), "{report}");
+}
+
+#[test]
+fn names_round_trip_and_an_unknown_one_is_named() {
+    for p in Platform::ALL {
+        assert_eq!(Platform::parse(p.name()), Ok(p));
+        assert_eq!(Platform::ALL[p.index()], p);
+    }
+    assert_eq!(Platform::parse("tpu").unwrap_err(), "Peerless has no handlers for platform 'tpu'");
+    assert!(Platform::parse("CUDA").is_err(), "JAX's names, not XLA's");
+    assert_eq!(Platform::Rocm.with_handlers().is_ok(), cfg!(feature = "rocm"));
+    assert!(Platform::Cpu.with_handlers().is_ok() && Platform::Cuda.with_handlers().is_ok());
+}
+
+#[test]
+fn rocm_is_a_platform_exactly_when_built_with_it() {
+    // No AMD GPU needed: the pass's configuration opens no GPU (its peer table is lazy).
+    let rocm = Platform::parse("rocm").unwrap();
+    let handlers = thunks::custom_call::TARGETS.iter().all(|&(_, t)| plugin::xla_handlers::handler(rocm, t).is_some());
+    assert_eq!(handlers, cfg!(feature = "rocm"));
+    assert_eq!(rocm.xla_name(), "ROCM");
+    match pass_config(rocm, "", "") {
+        Ok(_) => assert!(handlers, "the pass takes rocm only with its handlers"),
+        Err(e) => assert!(!handlers && e.contains("feature `rocm`"), "{e}"),
+    }
+    assert_eq!(set_topology(rocm, "").is_ok(), cfg!(feature = "rocm"));
+    assert_eq!(plugin::wrap::platform_of(std::path::Path::new("/x/xla_rocm7/xla_rocm_plugin.so")), Platform::Rocm);
 }

@@ -70,9 +70,10 @@
 //! protocol trusts the processes of its job: one that writes the segment outside the
 //! protocol can corrupt its peers' results, as a device thread could in `direct.rs`.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
 use hlo::ArrayShape;
@@ -445,17 +446,13 @@ struct ShmSlot {
 
 /// Shared slots this process has mapped, by segment name (held weakly: a slot goes with the
 /// last collective using it).
-fn shm_slots() -> &'static std::sync::Mutex<std::collections::HashMap<String, std::sync::Weak<ShmSlot>>> {
-    static MAP: std::sync::OnceLock<std::sync::Mutex<std::collections::HashMap<String, std::sync::Weak<ShmSlot>>>> =
-        std::sync::OnceLock::new();
-    MAP.get_or_init(Default::default)
-}
+static SHM_SLOTS: Mutex<BTreeMap<String, Weak<ShmSlot>>> = Mutex::new(BTreeMap::new());
 
 /// One rewritten collective of an executable whose groups span processes of one host;
 /// each process builds its own, shared by its device threads.
 pub struct ShmCollective {
     plan: Plan,
-    slot: std::sync::Arc<ShmSlot>,
+    slot: Arc<ShmSlot>,
     process_of: Vec<usize>,
     this_process: usize,
 }
@@ -522,57 +519,56 @@ impl ShmCollective {
         if participants.len() as u64 > COUNT {
             return Err(invalid(format!("{} processes (at most {COUNT})", participants.len())));
         }
-        let Some(slot_bytes) = slot_bytes else {
+        // A slot is mapped once per process: the live one, else a new one, made and recorded
+        // under the lock.
+        let mut slots = None;
+        if slot_bytes.is_some() {
+            let map = slots.insert(SHM_SLOTS.lock().unwrap_or_else(PoisonError::into_inner));
+            map.retain(|_, w| w.strong_count() > 0);
+            if let Some(slot) = map.get(&segment_name).and_then(Weak::upgrade) {
+                if slot.layout.per_buffer < plan.per_buffer {
+                    return Err(invalid(format!(
+                        "its shared slot {segment_name} stages {} bytes, it needs {}",
+                        slot.layout.per_buffer, plan.per_buffer
+                    )));
+                }
+                return Ok(ShmCollective { plan, slot, process_of, this_process });
+            }
+        }
+        let layout = SegmentLayout::new(&plan, |d| stages(&plan, d), slot_bytes.unwrap_or(plan.per_buffer))
+            .ok_or_else(|| invalid("the shared segment's size overflows".into()))?;
+        let identity = if slot_bytes.is_none() {
             // A segment of its own: its fingerprint covers the whole plan.
-            let layout = SegmentLayout::new(&plan, |d| stages(&plan, d), plan.per_buffer)
-                .ok_or_else(|| invalid("the shared segment's size overflows".into()))?;
             let shapes: Vec<String> = shapes.iter().map(ToString::to_string).collect();
-            let fingerprint = fingerprint(&format!(
+            format!(
                 "{:?}|{}|{:?}|{:?}|{:?}|{:?}|{:?}|{}",
                 plan.op.kind, plan.algorithm, shapes, plan.ops, plan.group_members, plan.pairs, process_of, layout.size
-            ));
-            let segment = if participants.contains(&this_process) {
-                let n = participants.len() as u64;
-                Some(Segment::attach(&segment_name, layout.size, fingerprint, n, plan.timeout).map_err(invalid)?)
-            } else {
-                None
-            };
-            let slot = std::sync::Arc::new(ShmSlot { segment_name, layout, segment });
-            return Ok(ShmCollective { plan, slot, process_of, this_process });
+            )
+        } else {
+            // What a slot's calls share is their groups (permute: pairs), the processes and
+            // the size, so that is what its fingerprint covers.
+            let staging: Vec<bool> = (0..num_devices).map(|d| stages(&plan, d)).collect();
+            format!(
+                "slot|{:?}|{:?}|{:?}|{:?}|{}|{}",
+                plan.op.kind == Kind::CollectivePermute,
+                plan.group_members,
+                plan.pairs,
+                (process_of.as_slice(), staging),
+                layout.per_buffer,
+                layout.size
+            )
         };
-        // A slot: mapped once per process; what its calls share is their groups (permute:
-        // pairs), the processes and the size, so that is what the fingerprint covers.
-        let mut slots = shm_slots().lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        slots.retain(|_, w| w.strong_count() > 0);
-        if let Some(slot) = slots.get(&segment_name).and_then(std::sync::Weak::upgrade) {
-            if slot.layout.per_buffer < plan.per_buffer {
-                return Err(invalid(format!(
-                    "its shared slot {segment_name} stages {} bytes, it needs {}",
-                    slot.layout.per_buffer, plan.per_buffer
-                )));
-            }
-            return Ok(ShmCollective { plan, slot, process_of, this_process });
-        }
-        let layout = SegmentLayout::new(&plan, |d| stages(&plan, d), slot_bytes)
-            .ok_or_else(|| invalid("the shared segment's size overflows".into()))?;
-        let staging: Vec<bool> = (0..num_devices).map(|d| stages(&plan, d)).collect();
-        let fingerprint = fingerprint(&format!(
-            "slot|{:?}|{:?}|{:?}|{:?}|{}|{}",
-            plan.op.kind == Kind::CollectivePermute,
-            plan.group_members,
-            plan.pairs,
-            (process_of.as_slice(), staging),
-            layout.per_buffer,
-            layout.size
-        ));
+        let fingerprint = fingerprint(&identity);
         let segment = if participants.contains(&this_process) {
             let n = participants.len() as u64;
             Some(Segment::attach(&segment_name, layout.size, fingerprint, n, plan.timeout).map_err(invalid)?)
         } else {
             None
         };
-        let slot = std::sync::Arc::new(ShmSlot { segment_name: segment_name.clone(), layout, segment });
-        slots.insert(segment_name, std::sync::Arc::downgrade(&slot));
+        let slot = Arc::new(ShmSlot { segment_name: segment_name.clone(), layout, segment });
+        if let Some(mut map) = slots {
+            map.insert(segment_name, Arc::downgrade(&slot));
+        }
         Ok(ShmCollective { plan, slot, process_of, this_process })
     }
 
@@ -747,4 +743,5 @@ fn stages(plan: &Plan, d: usize) -> bool {
 }
 
 #[cfg(test)]
+#[path = "../../tests/unit/shm.rs"]
 mod tests;

@@ -1,5 +1,5 @@
 //! Helpers shared by the shared-memory tests: kernels/tests/shm.rs and the in-crate ones
-//! (kernels/src/host/shm/tests.rs, which include this file by path).
+//! (kernels/tests/unit/shm.rs, which include this file by path).
 #![allow(dead_code)] // each includer uses a part
 
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -1,4 +1,5 @@
-//! The tests that look inside a segment; the rest are in kernels/tests/shm.rs.
+//! Unit tests of `kernels::host::shm` that look inside a segment (included by path from
+//! src/host/shm.rs); the rest are in kernels/tests/shm.rs.
 
 use std::thread;
 
@@ -8,7 +9,7 @@ use hlo::analysis::ReductionKind as R;
 use super::*;
 use thunks::KernelAlgorithm as Algo;
 
-#[path = "../../../tests/common/shm.rs"]
+#[path = "../common/shm.rs"]
 mod common;
 use common::*;
 

@@ -29,7 +29,9 @@ use cranelift_entity::EntityRef;
 use pjrt_sys::protos::xla as pb;
 use prost::Message;
 
-use crate::ir::{CompId, ConvDims, GatherDims, InstrId, Instruction, ReplicaGroups, ScatterDims, Sharding, Window};
+use crate::ir::{
+    CompId, ConvDims, GatherDims, InstrId, Instruction, ReplicaGroups, ScatterDims, Sharding, Window, list_attr,
+};
 use crate::literal::{Array, Literal};
 use crate::opcode::Opcode;
 use crate::types::{ArrayShape, PrimitiveType, Shape};
@@ -165,39 +167,6 @@ fn callees_first(module: &Module) -> Vec<CompId> {
     order
 }
 
-/// XLA's `PrimitiveType` number.
-pub fn primitive_type_number(t: PrimitiveType) -> i32 {
-    use PrimitiveType as P;
-    match t {
-        P::Pred => 1,
-        P::S8 => 2,
-        P::S16 => 3,
-        P::S32 => 4,
-        P::S64 => 5,
-        P::U8 => 6,
-        P::U16 => 7,
-        P::U32 => 8,
-        P::U64 => 9,
-        P::F16 => 10,
-        P::F32 => 11,
-        P::F64 => 12,
-        P::C64 => 15,
-        P::Bf16 => 16,
-        P::Token => 17,
-        P::C128 => 18,
-        P::F8E5M2 => 19,
-        P::F8E4M3FN => 20,
-        P::S4 => 21,
-        P::U4 => 22,
-        P::F8E4M3B11FNUZ => 23,
-        P::F8E5M2FNUZ => 24,
-        P::F8E4M3FNUZ => 25,
-        P::F8E4M3 => 28,
-        P::F8E3M4 => 29,
-        P::F8E8M0FNU => 33,
-    }
-}
-
 fn array_shape(a: &ArrayShape, row_major: bool) -> pb::ShapeProto {
     let rank = a.dims.len();
     let minor_to_major = match &a.layout {
@@ -207,7 +176,7 @@ fn array_shape(a: &ArrayShape, row_major: bool) -> pb::ShapeProto {
     // XLA stores s4 / u4 arrays two to a byte; its text parser writes that into the layout.
     let element_size_in_bits = if matches!(a.ty, PrimitiveType::S4 | PrimitiveType::U4) { 4 } else { 0 };
     pb::ShapeProto {
-        element_type: primitive_type_number(a.ty),
+        element_type: a.ty.proto_number(),
         dimensions: a.dims.clone(),
         is_dynamic_dimension: vec![false; rank],
         layout: Some(Box::new(pb::LayoutProto { minor_to_major, element_size_in_bits, ..Default::default() })),
@@ -402,14 +371,6 @@ fn text_attrs(ins: &Instruction, p: &mut pb::HloInstructionProto) -> Result<(), 
         other.get(key).map(|v| v.trim().parse::<i64>().map_err(|_| format!("bad {key}={v}"))).transpose()
     };
     let flag = |key: &str| other.get(key).is_some_and(|v| v.trim() == "true");
-    let ints = |key: &str| -> Result<Vec<i64>, String> {
-        let Some(v) = other.get(key) else { return Ok(Vec::new()) };
-        let inner = v.trim().trim_start_matches('{').trim_end_matches('}').trim();
-        if inner.is_empty() {
-            return Ok(Vec::new());
-        }
-        inner.split(',').map(|x| x.trim().parse::<i64>().map_err(|_| format!("bad {key}={v}"))).collect()
-    };
     match ins.opcode {
         Opcode::Gather => {
             let g = GatherDims::of(&ins.attrs)?;
@@ -526,8 +487,8 @@ fn text_attrs(ins: &Instruction, p: &mut pb::HloInstructionProto) -> Result<(), 
     if let Some(v) = enum_value("fft_type", false, |s| pb::FftType::from_str_name(s).map(|e| e as i32))? {
         p.fft_type = v;
     }
-    if other.contains_key("fft_length") {
-        p.fft_length = ints("fft_length")?;
+    if let Some(v) = list_attr(&ins.attrs, ins.opcode.name(), "fft_length")? {
+        p.fft_length = v;
     }
     Ok(())
 }

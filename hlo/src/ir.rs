@@ -10,6 +10,7 @@ use cranelift_entity::{PrimaryMap, entity_impl};
 
 use crate::literal::Literal;
 use crate::opcode::Opcode;
+use crate::print::{int_list, join};
 use crate::types::{ArrayShape, Shape};
 
 /// Index of an instruction in [`Module::instrs`].
@@ -155,16 +156,15 @@ impl ReplicaGroups {
 
 impl fmt::Display for ReplicaGroups {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let join = |v: &[i64]| v.iter().map(i64::to_string).collect::<Vec<_>>().join(",");
         match self {
             ReplicaGroups::Explicit(g) => {
-                let inner: Vec<String> = g.iter().map(|x| format!("{{{}}}", join(x))).collect();
+                let inner: Vec<String> = g.iter().map(|x| int_list(x)).collect();
                 write!(f, "{{{}}}", inner.join(","))
             }
             ReplicaGroups::Iota(i) => {
-                write!(f, "[{},{}]<=[{}]", i.num_groups, i.group_size, join(&i.reshape_dims))?;
+                write!(f, "[{},{}]<=[{}]", i.num_groups, i.group_size, join(&i.reshape_dims, ","))?;
                 if !i.transpose_perm.is_empty() {
-                    write!(f, "T({})", join(&i.transpose_perm))?;
+                    write!(f, "T({})", join(&i.transpose_perm, ","))?;
                 }
                 Ok(())
             }
@@ -434,7 +434,7 @@ pub struct GatherDims {
 }
 
 /// A `{a,b,..}` list attribute of `op` (`None` when absent), as the text form writes it.
-fn list_attr(attrs: &Attrs, op: &str, key: &str) -> Result<Option<Vec<i64>>, String> {
+pub(crate) fn list_attr(attrs: &Attrs, op: &str, key: &str) -> Result<Option<Vec<i64>>, String> {
     let Some(v) = attrs.other.get(key) else { return Ok(None) };
     let inner = v.trim().trim_start_matches('{').trim_end_matches('}').trim();
     if inner.is_empty() {

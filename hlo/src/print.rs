@@ -18,7 +18,7 @@ use crate::ir::{CompId, InstrId, Instruction, IotaReplicaGroups, Module, Shardin
 use crate::literal::{Array, Literal};
 use crate::opcode::Opcode;
 use crate::text::{F8Format, is_braced_group};
-use crate::types::{PrimitiveType, Shape};
+use crate::types::{ArrayShape, PrimitiveType, Shape};
 
 /// What to print beyond the IR's structure.
 #[derive(Clone, Debug)]
@@ -138,16 +138,16 @@ struct Printer<'a> {
 }
 
 /// `name` with one leading `%` (names are stored without it).
-fn pct(name: &str) -> String {
+pub(crate) fn pct(name: &str) -> String {
     format!("%{}", name.strip_prefix('%').unwrap_or(name))
 }
 
-fn join<T: ToString>(v: &[T], sep: &str) -> String {
+pub(crate) fn join<T: ToString>(v: &[T], sep: &str) -> String {
     v.iter().map(T::to_string).collect::<Vec<_>>().join(sep)
 }
 
 /// `{1,2,3}`.
-fn int_list(v: &[i64]) -> String {
+pub(crate) fn int_list(v: &[i64]) -> String {
     format!("{{{}}}", join(v, ","))
 }
 
@@ -195,12 +195,17 @@ fn frontend_attributes(map: &std::collections::BTreeMap<String, String>) -> Stri
 }
 
 /// A shape without layouts, as XLA writes computation signatures.
-fn shape_without_layout(s: &Shape) -> String {
+pub(crate) fn shape_without_layout(s: &Shape) -> String {
     match s {
-        Shape::Array(a) => format!("{}[{}]", a.ty, join(&a.dims, ",")),
+        Shape::Array(a) => array_without_layout(a),
         Shape::Token => "token[]".into(),
         Shape::Tuple(t) => format!("({})", t.iter().map(shape_without_layout).collect::<Vec<_>>().join(", ")),
     }
+}
+
+/// `f32[2,3]`: an array shape without its layout.
+pub(crate) fn array_without_layout(a: &ArrayShape) -> String {
+    format!("{}[{}]", a.ty, join(&a.dims, ","))
 }
 
 /// Order of instruction attributes: XLA's (opcode-specific ones, called computations,
@@ -818,78 +823,5 @@ fn shortest(v: f64, same: impl Fn(f64) -> bool) -> String {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn floats_print_shortest() {
-        assert_eq!(f32_text(1.0f32.to_bits()), "1");
-        assert_eq!(f32_text((-0.0f32).to_bits()), "-0");
-        assert_eq!(f32_text(0.1f32.to_bits()), "0.1");
-        assert_eq!(f32_text(1e-7f32.to_bits()), "1e-7");
-        assert_eq!(f32_text(f32::INFINITY.to_bits()), "inf");
-        assert_eq!(f32_text(f32::NAN.to_bits()), "nan");
-        assert_eq!(f32_text(0xffc0_0000), "-nan");
-        assert_eq!(f32_text(0x7f80_0001), "nan(0x1)");
-        assert_eq!(f64_text(1e300f64.to_bits()), "1e300");
-        assert_eq!(element_text(PrimitiveType::F16, &half::f16::from_f64(0.1).to_bits().to_le_bytes()), "0.1");
-        assert_eq!(element_text(PrimitiveType::Bf16, &half::bf16::from_f64(3.0).to_bits().to_le_bytes()), "3");
-        assert_eq!(element_text(PrimitiveType::F8E4M3FN, &[0x38]), "1");
-        assert_eq!(element_text(PrimitiveType::F8E4M3FN, &[0xff]), "-nan");
-        assert_eq!(element_text(PrimitiveType::F8E5M2, &[0x7d]), "nan(0x1)");
-        assert_eq!(element_text(PrimitiveType::F8E4M3FNUZ, &[0x80]), "nan");
-        assert_eq!(element_text(PrimitiveType::S4, &[0xf9]), "-7");
-    }
-
-    #[test]
-    fn iota_tile_assignments() {
-        assert_eq!(iota_form(&[2, 4], &(0..8).collect::<Vec<_>>()), Some((vec![8], vec![])));
-        // [[0, 2], [1, 3]] is iota [2,2] transposed.
-        assert_eq!(iota_form(&[2, 2], &[0, 2, 1, 3]), Some((vec![2, 2], vec![1, 0])));
-        // With a trailing replication dimension and a size-1 dimension.
-        assert_eq!(iota_form(&[1, 2, 2], &[0, 2, 1, 3]), Some((vec![2, 2], vec![1, 0])));
-        // [4,2] tile of iota [2,4] transposed: device (i, j) = j * 4 + i.
-        let devices: Vec<i64> = (0..4).flat_map(|i| (0..2).map(move |j| j * 4 + i)).collect();
-        assert_eq!(iota_form(&[4, 2], &devices), Some((vec![2, 4], vec![1, 0])));
-        assert_eq!(iota_form(&[2, 2], &[3, 2, 1, 0]), None);
-        assert_eq!(canonical_iota(vec![2, 2, 2], vec![2, 0, 1]), (vec![4, 2], vec![1, 0]));
-    }
-
-    #[test]
-    fn malformed_modules_print_without_panicking() {
-        use cranelift_entity::EntityRef;
-        let mut m = crate::parse_text(
-            "m",
-            "HloModule m\nr {\n  ROOT a = f32[] parameter(0)\n}\nENTRY e {\n  p = f32[2] parameter(0)\n  \
-             c = f32[2] constant({1, 2})\n  ROOT s = f32[2] add(p, c), sharding={devices=[2]0,1}\n}\n",
-        )
-        .unwrap();
-        let root = m.entry().root;
-        let c = m.entry().instrs[1];
-        m.instrs[root].operands.push(InstrId::new(999));
-        m.instrs[root].called = vec![CompId::new(99), CompId::new(0)];
-        m.instrs[root].attrs.control_predecessors.push(InstrId::new(998));
-        m.instrs[root].attrs.sharding = Some(Sharding::Tiled {
-            tile_dims: vec![i64::MAX, 4, -1],
-            devices: vec![0, 1],
-            last_tile_dim_replicate: false,
-            last_tile_dims: vec![],
-        });
-        if let Some(Literal::Array(a)) = &mut m.instrs[c].attrs.literal {
-            a.shape.dims = vec![1 << 40];
-        }
-        m.comps[CompId::new(0)].root = InstrId::new(12345);
-        let text = module_text(&m);
-        assert!(text.contains("constant({...})") && text.contains("%<invalid %999>"), "{text}");
-        m.entry = CompId::new(77);
-        module_text(&m);
-    }
-
-    #[test]
-    fn strings_quote_and_escape() {
-        assert_eq!(quote("a\"b\\c\nd\u{1}\u{7f}é"), "\"a\\\"b\\\\c\\nd\\001\\177é\"");
-        assert_eq!(braced_or_quoted("{\"a\": \"}\"}"), "{\"a\": \"}\"}");
-        assert_eq!(braced_or_quoted("{a} {b}"), "\"{a} {b}\"");
-        assert_eq!(braced_or_quoted("x"), "\"x\"");
-    }
-}
+#[path = "../tests/unit/print.rs"]
+mod tests;

@@ -26,6 +26,7 @@ use crate::ir::{
 };
 use crate::literal::{Array, Literal};
 use crate::opcode::Opcode;
+use crate::print::int_list;
 use crate::types::{ArrayShape, PrimitiveType, Shape};
 use crate::{Error, ErrorKind, Module};
 
@@ -166,40 +167,16 @@ struct Decoder<'a> {
 }
 
 fn primitive_type(v: i32) -> Result<PrimitiveType, String> {
-    use PrimitiveType as P;
-    Ok(match v {
-        1 => P::Pred,
-        2 => P::S8,
-        3 => P::S16,
-        4 => P::S32,
-        5 => P::S64,
-        6 => P::U8,
-        7 => P::U16,
-        8 => P::U32,
-        9 => P::U64,
-        10 => P::F16,
-        11 => P::F32,
-        12 => P::F64,
-        15 => P::C64,
-        16 => P::Bf16,
-        17 => P::Token,
-        18 => P::C128,
-        19 => P::F8E5M2,
-        20 => P::F8E4M3FN,
-        21 => P::S4,
-        22 => P::U4,
-        23 => P::F8E4M3B11FNUZ,
-        24 => P::F8E5M2FNUZ,
-        25 => P::F8E4M3FNUZ,
-        28 => P::F8E4M3,
-        29 => P::F8E3M4,
-        33 => P::F8E8M0FNU,
-        14 => return Err("element type OPAQUE_TYPE is not supported".into()),
-        26 | 27 => return Err("2-bit element types (s2/u2) are not supported".into()),
-        30 | 31 => return Err("1-bit element types are not supported".into()),
-        32 => return Err("element type f4e2m1fn is not supported".into()),
-        0 => return Err("element type PRIMITIVE_TYPE_INVALID".into()),
-        v => return Err(format!("unknown element type {v}")),
+    if let Some(t) = PrimitiveType::ALL.into_iter().find(|t| t.proto_number() == v) {
+        return Ok(t);
+    }
+    Err(match v {
+        14 => "element type OPAQUE_TYPE is not supported".into(),
+        26 | 27 => "2-bit element types (s2/u2) are not supported".into(),
+        30 | 31 => "1-bit element types are not supported".into(),
+        32 => "element type f4e2m1fn is not supported".into(),
+        0 => "element type PRIMITIVE_TYPE_INVALID".into(),
+        v => format!("unknown element type {v}"),
     })
 }
 
@@ -594,26 +571,25 @@ impl Decoder<'_> {
         }
         // Gather's and scatter's dimension numbers become the text form's attributes, which
         // `GatherDims::of` / `ScatterDims::of` read for both front ends.
-        let list = |v: &[i64]| format!("{{{}}}", v.iter().map(i64::to_string).collect::<Vec<_>>().join(","));
         if let Some(g) = &p.gather_dimension_numbers {
-            a.other.insert("offset_dims".into(), list(&g.offset_dims));
-            a.other.insert("collapsed_slice_dims".into(), list(&g.collapsed_slice_dims));
-            a.other.insert("start_index_map".into(), list(&g.start_index_map));
+            a.other.insert("offset_dims".into(), int_list(&g.offset_dims));
+            a.other.insert("collapsed_slice_dims".into(), int_list(&g.collapsed_slice_dims));
+            a.other.insert("start_index_map".into(), int_list(&g.start_index_map));
             a.other.insert("index_vector_dim".into(), g.index_vector_dim.to_string());
             if !g.operand_batching_dims.is_empty() {
-                a.other.insert("operand_batching_dims".into(), list(&g.operand_batching_dims));
-                a.other.insert("start_indices_batching_dims".into(), list(&g.start_indices_batching_dims));
+                a.other.insert("operand_batching_dims".into(), int_list(&g.operand_batching_dims));
+                a.other.insert("start_indices_batching_dims".into(), int_list(&g.start_indices_batching_dims));
             }
-            a.other.insert("slice_sizes".into(), list(&p.gather_slice_sizes));
+            a.other.insert("slice_sizes".into(), int_list(&p.gather_slice_sizes));
         }
         if let Some(g) = &p.scatter_dimension_numbers {
-            a.other.insert("update_window_dims".into(), list(&g.update_window_dims));
-            a.other.insert("inserted_window_dims".into(), list(&g.inserted_window_dims));
-            a.other.insert("scatter_dims_to_operand_dims".into(), list(&g.scatter_dims_to_operand_dims));
+            a.other.insert("update_window_dims".into(), int_list(&g.update_window_dims));
+            a.other.insert("inserted_window_dims".into(), int_list(&g.inserted_window_dims));
+            a.other.insert("scatter_dims_to_operand_dims".into(), int_list(&g.scatter_dims_to_operand_dims));
             a.other.insert("index_vector_dim".into(), g.index_vector_dim.to_string());
             if !g.input_batching_dims.is_empty() {
-                a.other.insert("input_batching_dims".into(), list(&g.input_batching_dims));
-                a.other.insert("scatter_indices_batching_dims".into(), list(&g.scatter_indices_batching_dims));
+                a.other.insert("input_batching_dims".into(), int_list(&g.input_batching_dims));
+                a.other.insert("scatter_indices_batching_dims".into(), int_list(&g.scatter_indices_batching_dims));
             }
         }
         if let Some(c) = &p.convolution_dimension_numbers {
@@ -691,7 +667,6 @@ impl Decoder<'_> {
                 put(key, "true".into());
             }
         }
-        let list = |v: &[i64]| format!("{{{}}}", v.iter().map(i64::to_string).collect::<Vec<_>>().join(","));
         let enum_name = |what: &str, name: Option<&'static str>, v: i32| {
             name.ok_or_else(|| self.err(format!("unknown {what} {v}")))
         };
@@ -737,9 +712,9 @@ impl Decoder<'_> {
                         .map(|o| {
                             format!(
                                 "{}: ({}, {})",
-                                list(&o.output_shape_index),
+                                int_list(&o.output_shape_index),
                                 o.operand_index,
-                                list(&o.operand_shape_index)
+                                int_list(&o.operand_shape_index)
                             )
                         })
                         .collect();
@@ -768,7 +743,7 @@ impl Decoder<'_> {
                 let v = p.fft_type;
                 let name = pb::FftType::try_from(v).ok().map(|e| e.as_str_name());
                 put("fft_type", enum_name("fft type", name, v)?.to_owned());
-                put("fft_length", list(&p.fft_length));
+                put("fft_length", int_list(&p.fft_length));
             }
             _ => {}
         }
@@ -998,99 +973,5 @@ fn metadata(m: &pb::OpMetadata) -> Option<String> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::extra::{AxisRef, Mesh, MeshAxesList, MeshAxis, SubAxis};
-    use super::mesh_axes_groups;
-
-    fn mesh(sizes: &[i64], device_ids: Vec<i64>) -> Mesh {
-        let axes = sizes.iter().enumerate().map(|(i, &size)| MeshAxis { name: format!("a{i}"), size }).collect();
-        Mesh { axes, device_ids, iota_transform: None }
-    }
-
-    fn axis(i: i64) -> AxisRef {
-        AxisRef { mesh_axis_index: i, sub_axis_info: None }
-    }
-
-    fn sub(i: i64, pre_size: i64, size: i64) -> AxisRef {
-        AxisRef { mesh_axis_index: i, sub_axis_info: Some(SubAxis { pre_size, size }) }
-    }
-
-    fn groups(m: Mesh, axes: Vec<AxisRef>) -> Vec<Vec<i64>> {
-        mesh_axes_groups(&MeshAxesList { mesh: Some(m), axes }).unwrap().groups().unwrap()
-    }
-
-    #[test]
-    fn mesh_axes_replica_groups() {
-        // mesh x=2, y=4 (device d at x = d / 4, y = d % 4).
-        assert_eq!(groups(mesh(&[2, 4], vec![]), vec![axis(1)]), vec![vec![0, 1, 2, 3], vec![4, 5, 6, 7]]);
-        assert_eq!(groups(mesh(&[2, 4], vec![]), vec![axis(0)]), vec![vec![0, 4], vec![1, 5], vec![2, 6], vec![3, 7]]);
-        assert_eq!(groups(mesh(&[2, 4], vec![]), vec![axis(0), axis(1)]), vec![(0..8).collect::<Vec<_>>()]);
-        // Sub-axes of an 8-device axis: (1)2 is the major factor of 2, (4)2 the minor one.
-        assert_eq!(
-            groups(mesh(&[8], vec![]), vec![sub(0, 1, 2)]),
-            vec![vec![0, 4], vec![1, 5], vec![2, 6], vec![3, 7]]
-        );
-        assert_eq!(
-            groups(mesh(&[8], vec![]), vec![sub(0, 1, 2), sub(0, 4, 2)]),
-            vec![vec![0, 1, 4, 5], vec![2, 3, 6, 7]]
-        );
-        assert_eq!(
-            groups(mesh(&[8], vec![]), vec![sub(0, 2, 2)]),
-            vec![vec![0, 2], vec![1, 3], vec![4, 6], vec![5, 7]]
-        );
-        // Axes listed out of mesh order keep the listed order: over ('z','y') of x=2,y=2,z=2,
-        // z is the major axis of the group (devices 0, 2, 1, 3), which JAX's shard_map and
-        // XLA:CPU both use (psum_scatter over ("z","y") hands shard 1 to device 2).
-        assert_eq!(groups(mesh(&[2, 2, 2], vec![]), vec![axis(2), axis(1)]), vec![vec![0, 2, 1, 3], vec![4, 6, 5, 7]]);
-        assert_eq!(groups(mesh(&[2, 4], vec![]), vec![axis(1), axis(0)]), vec![vec![0, 4, 1, 5, 2, 6, 3, 7]]);
-        assert_eq!(
-            groups(mesh(&[2, 2, 2], vec![]), vec![axis(2), axis(0), axis(1)]),
-            vec![vec![0, 2, 4, 6, 1, 3, 5, 7]]
-        );
-        // Sub-axes of one axis listed minor first.
-        assert_eq!(
-            groups(mesh(&[8], vec![]), vec![sub(0, 4, 2), sub(0, 1, 2)]),
-            vec![vec![0, 4, 1, 5], vec![2, 6, 3, 7]]
-        );
-        // Explicit device order: groups name devices, not mesh positions.
-        assert_eq!(groups(mesh(&[2, 2], vec![3, 2, 1, 0]), vec![axis(1)]), vec![vec![3, 2], vec![1, 0]]);
-        // An iota transform: devices [[0, 2], [1, 3]].
-        let mut m = mesh(&[2, 2], vec![]);
-        m.iota_transform = Some(super::extra::IotaTransform { reshape_dims: vec![2, 2], transpose_perm: vec![1, 0] });
-        assert_eq!(groups(m, vec![axis(1)]), vec![vec![0, 2], vec![1, 3]]);
-    }
-
-    #[test]
-    fn windows_print_as_xla_does() {
-        use pjrt_sys::protos::xla::WindowDimension;
-        let dim = |size, stride, padding_low, padding_high, base_dilation| WindowDimension {
-            size,
-            stride,
-            padding_low,
-            padding_high,
-            window_dilation: 1,
-            base_dilation,
-            window_reversal: false,
-        };
-        // Fields whose entries are all the default are left out.
-        assert_eq!(super::window_text(&[dim(8, 1, 7, 0, 1)]), "{size=8 pad=7_0}");
-        assert_eq!(
-            super::window_text(&[dim(1, 1, 0, 0, 1), dim(3, 2, 1, 1, 2)]),
-            "{size=1x3 stride=1x2 pad=0_0x1_1 lhs_dilate=1x2}"
-        );
-        assert_eq!(super::window_text(&[]), "{}");
-    }
-
-    #[test]
-    fn bad_mesh_axes_are_errors() {
-        let bad = |m: Mesh, axes: Vec<AxisRef>| mesh_axes_groups(&MeshAxesList { mesh: Some(m), axes }).unwrap_err();
-        assert!(bad(mesh(&[2, 4], vec![]), vec![axis(2)]).contains("out of range"));
-        assert!(bad(mesh(&[0, 4], vec![]), vec![axis(1)]).contains("positive"));
-        assert!(bad(mesh(&[2, 4], vec![0, 1]), vec![axis(1)]).contains("device ids"));
-        assert!(bad(mesh(&[8], vec![]), vec![sub(0, 1, 16)]).contains("exceed"));
-        assert!(bad(mesh(&[8], vec![]), vec![sub(0, 3, 2)]).contains("divide"));
-        assert!(bad(mesh(&[8], vec![]), vec![axis(0), sub(0, 1, 2)]).contains("whole and split"));
-        assert!(bad(mesh(&[1 << 20, 1 << 20], vec![]), vec![axis(0)]).contains("more than"));
-        assert!(mesh_axes_groups(&MeshAxesList { mesh: None, axes: vec![] }).is_err());
-    }
-}
+#[path = "../tests/unit/proto.rs"]
+mod tests;

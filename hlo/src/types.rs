@@ -2,125 +2,73 @@
 
 use std::fmt;
 
-/// An XLA element type. Names follow `xla_data.proto`'s `PrimitiveType`
-/// (the text form is the lower-case spelling: `f32`, `bf16`, `f8e4m3fn`, ...).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum PrimitiveType {
-    Pred,
-    S4,
-    S8,
-    S16,
-    S32,
-    S64,
-    U4,
-    U8,
-    U16,
-    U32,
-    U64,
-    F16,
-    Bf16,
-    F32,
-    F64,
-    F8E5M2,
-    F8E4M3,
-    F8E4M3FN,
-    F8E4M3B11FNUZ,
-    F8E5M2FNUZ,
-    F8E4M3FNUZ,
-    F8E3M4,
-    F8E8M0FNU,
-    C64,
-    C128,
-    Token,
+use crate::print::{array_without_layout, int_list};
+
+/// Declares [`PrimitiveType`] from one table: variant, HLO text spelling, bytes per element,
+/// number in `xla_data.proto`'s `PrimitiveType` enum.
+macro_rules! primitive_types {
+    ($(($variant:ident, $name:literal, $bytes:literal, $number:literal),)*) => {
+        /// An XLA element type. Names follow `xla_data.proto`'s `PrimitiveType`
+        /// (the text form is the lower-case spelling: `f32`, `bf16`, `f8e4m3fn`, ...).
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub enum PrimitiveType { $($variant,)* }
+
+        impl PrimitiveType {
+            /// Every type, for tables and round-trip tests.
+            pub const ALL: [PrimitiveType; [$($name,)*].len()] = [$(Self::$variant,)*];
+
+            /// The spelling XLA uses in HLO text.
+            pub fn name(self) -> &'static str {
+                match self { $(Self::$variant => $name,)* }
+            }
+
+            /// Bytes one element occupies in a Peerless buffer. Sub-byte types (s4/u4)
+            /// are stored unpacked, one element per byte, so every type is addressable.
+            pub fn byte_size(self) -> usize {
+                match self { $(Self::$variant => $bytes,)* }
+            }
+
+            /// The number of the type in `xla_data.proto` (`HloModuleProto`'s `element_type`).
+            pub fn proto_number(self) -> i32 {
+                match self { $(Self::$variant => $number,)* }
+            }
+        }
+    };
+}
+
+primitive_types! {
+    (Pred, "pred", 1, 1),
+    (S4, "s4", 1, 21),
+    (S8, "s8", 1, 2),
+    (S16, "s16", 2, 3),
+    (S32, "s32", 4, 4),
+    (S64, "s64", 8, 5),
+    (U4, "u4", 1, 22),
+    (U8, "u8", 1, 6),
+    (U16, "u16", 2, 7),
+    (U32, "u32", 4, 8),
+    (U64, "u64", 8, 9),
+    (F16, "f16", 2, 10),
+    (Bf16, "bf16", 2, 16),
+    (F32, "f32", 4, 11),
+    (F64, "f64", 8, 12),
+    (F8E5M2, "f8e5m2", 1, 19),
+    (F8E4M3, "f8e4m3", 1, 28),
+    (F8E4M3FN, "f8e4m3fn", 1, 20),
+    (F8E4M3B11FNUZ, "f8e4m3b11fnuz", 1, 23),
+    (F8E5M2FNUZ, "f8e5m2fnuz", 1, 24),
+    (F8E4M3FNUZ, "f8e4m3fnuz", 1, 25),
+    (F8E3M4, "f8e3m4", 1, 29),
+    (F8E8M0FNU, "f8e8m0fnu", 1, 33),
+    (C64, "c64", 8, 15),
+    (C128, "c128", 16, 18),
+    (Token, "token", 0, 17),
 }
 
 impl PrimitiveType {
-    /// Every type, for tables and round-trip tests.
-    pub const ALL: [PrimitiveType; 26] = [
-        Self::Pred,
-        Self::S4,
-        Self::S8,
-        Self::S16,
-        Self::S32,
-        Self::S64,
-        Self::U4,
-        Self::U8,
-        Self::U16,
-        Self::U32,
-        Self::U64,
-        Self::F16,
-        Self::Bf16,
-        Self::F32,
-        Self::F64,
-        Self::F8E5M2,
-        Self::F8E4M3,
-        Self::F8E4M3FN,
-        Self::F8E4M3B11FNUZ,
-        Self::F8E5M2FNUZ,
-        Self::F8E4M3FNUZ,
-        Self::F8E3M4,
-        Self::F8E8M0FNU,
-        Self::C64,
-        Self::C128,
-        Self::Token,
-    ];
-
-    /// The spelling XLA uses in HLO text.
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Pred => "pred",
-            Self::S4 => "s4",
-            Self::S8 => "s8",
-            Self::S16 => "s16",
-            Self::S32 => "s32",
-            Self::S64 => "s64",
-            Self::U4 => "u4",
-            Self::U8 => "u8",
-            Self::U16 => "u16",
-            Self::U32 => "u32",
-            Self::U64 => "u64",
-            Self::F16 => "f16",
-            Self::Bf16 => "bf16",
-            Self::F32 => "f32",
-            Self::F64 => "f64",
-            Self::F8E5M2 => "f8e5m2",
-            Self::F8E4M3 => "f8e4m3",
-            Self::F8E4M3FN => "f8e4m3fn",
-            Self::F8E4M3B11FNUZ => "f8e4m3b11fnuz",
-            Self::F8E5M2FNUZ => "f8e5m2fnuz",
-            Self::F8E4M3FNUZ => "f8e4m3fnuz",
-            Self::F8E3M4 => "f8e3m4",
-            Self::F8E8M0FNU => "f8e8m0fnu",
-            Self::C64 => "c64",
-            Self::C128 => "c128",
-            Self::Token => "token",
-        }
-    }
-
     /// Parses the HLO text spelling.
     pub fn from_name(s: &str) -> Option<Self> {
         Self::ALL.iter().copied().find(|t| t.name() == s)
-    }
-
-    /// Bytes one element occupies in a Peerless buffer. Sub-byte types (s4/u4)
-    /// are stored unpacked, one element per byte, so every type is addressable.
-    pub fn byte_size(self) -> usize {
-        match self {
-            Self::Pred | Self::S4 | Self::U4 | Self::S8 | Self::U8 => 1,
-            Self::F8E5M2
-            | Self::F8E4M3
-            | Self::F8E4M3FN
-            | Self::F8E4M3B11FNUZ
-            | Self::F8E5M2FNUZ
-            | Self::F8E4M3FNUZ
-            | Self::F8E3M4
-            | Self::F8E8M0FNU => 1,
-            Self::S16 | Self::U16 | Self::F16 | Self::Bf16 => 2,
-            Self::S32 | Self::U32 | Self::F32 => 4,
-            Self::S64 | Self::U64 | Self::F64 | Self::C64 => 8,
-            Self::C128 => 16,
-            Self::Token => 0,
-        }
     }
 
     pub fn is_float(self) -> bool {
@@ -229,25 +177,8 @@ impl ArrayShape {
 
 impl fmt::Display for ArrayShape {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}[", self.ty)?;
-        for (i, d) in self.dims.iter().enumerate() {
-            if i > 0 {
-                f.write_str(",")?;
-            }
-            write!(f, "{d}")?;
-        }
-        f.write_str("]")?;
-        if let Some(layout) = &self.layout {
-            f.write_str("{")?;
-            for (i, d) in layout.iter().enumerate() {
-                if i > 0 {
-                    f.write_str(",")?;
-                }
-                write!(f, "{d}")?;
-            }
-            f.write_str("}")?;
-        }
-        Ok(())
+        f.write_str(&array_without_layout(self))?;
+        self.layout.as_ref().map_or(Ok(()), |layout| f.write_str(&int_list(layout)))
     }
 }
 

@@ -15,6 +15,8 @@ use std::fmt::Display;
 
 use crate::ir::{CompId, InstrId, IotaReplicaGroups, ReplicaGroups, Span, Window};
 use crate::opcode::Opcode;
+// The printer's spellings, under the short names the messages here use.
+use crate::print::{array_without_layout as arr_str, int_list as list, pct as pname, shape_without_layout as sh};
 use crate::types::{ArrayShape, PrimitiveType, Shape};
 use crate::{Error, ErrorKind, Module};
 
@@ -55,28 +57,6 @@ pub fn verify(module: &Module) -> Result<(), Error> {
         }
     }
     Ok(())
-}
-
-/// `%name`, whether or not the stored name carries the sigil.
-fn pname(name: &str) -> String {
-    if name.starts_with('%') { name.to_owned() } else { format!("%{name}") }
-}
-
-/// A shape as XLA prints it, without layouts.
-fn sh(s: &Shape) -> String {
-    match s {
-        Shape::Array(a) => arr_str(a),
-        Shape::Token => "token[]".into(),
-        Shape::Tuple(t) => format!("({})", t.iter().map(sh).collect::<Vec<_>>().join(", ")),
-    }
-}
-
-fn arr_str(a: &ArrayShape) -> String {
-    format!("{}[{}]", a.ty, a.dims.iter().map(i64::to_string).collect::<Vec<_>>().join(","))
-}
-
-fn list(v: &[i64]) -> String {
-    format!("{{{}}}", v.iter().map(i64::to_string).collect::<Vec<_>>().join(","))
 }
 
 /// Element count, `None` on a negative dimension or overflow.

@@ -6,8 +6,9 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use cranelift_entity::EntityRef;
 use hlo::print::{PrintOptions, computation_text, instruction_text, module_text, module_text_with};
-use hlo::{Attrs, Module, ModuleConfig, Opcode, Shape};
+use hlo::{Attrs, CompId, InstrId, Literal, Module, ModuleConfig, Opcode, Shape, Sharding};
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -462,4 +463,33 @@ fn custom_call_api_version_is_checked() {
                 ROOT c = f32[2] custom-call(a), custom_call_target=\"t\", api_version=API_VERSION_NEW\n}\n";
     let e = hlo::parse_text("m", text).unwrap_err();
     assert!(e.message.contains("unknown api_version=API_VERSION_NEW"), "{e}");
+}
+
+#[test]
+fn malformed_modules_print_without_panicking() {
+    let mut m = hlo::parse_text(
+        "m",
+        "HloModule m\nr {\n  ROOT a = f32[] parameter(0)\n}\nENTRY e {\n  p = f32[2] parameter(0)\n  \
+         c = f32[2] constant({1, 2})\n  ROOT s = f32[2] add(p, c), sharding={devices=[2]0,1}\n}\n",
+    )
+    .unwrap();
+    let root = m.entry().root;
+    let c = m.entry().instrs[1];
+    m.instrs[root].operands.push(InstrId::new(999));
+    m.instrs[root].called = vec![CompId::new(99), CompId::new(0)];
+    m.instrs[root].attrs.control_predecessors.push(InstrId::new(998));
+    m.instrs[root].attrs.sharding = Some(Sharding::Tiled {
+        tile_dims: vec![i64::MAX, 4, -1],
+        devices: vec![0, 1],
+        last_tile_dim_replicate: false,
+        last_tile_dims: vec![],
+    });
+    if let Some(Literal::Array(a)) = &mut m.instrs[c].attrs.literal {
+        a.shape.dims = vec![1 << 40];
+    }
+    m.comps[CompId::new(0)].root = InstrId::new(12345);
+    let text = module_text(&m);
+    assert!(text.contains("constant({...})") && text.contains("%<invalid %999>"), "{text}");
+    m.entry = CompId::new(77);
+    module_text(&m);
 }

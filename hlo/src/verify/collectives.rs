@@ -103,6 +103,20 @@ impl<'a> Verifier<'a> {
         self.operands_or_tuple(id, self.operand_shapes(id), "the operand shapes")
     }
 
+    /// Checks that the result `r` has the operand `a`'s element type and dimensions except in
+    /// dimension `d`, the one the collective `how` (gathered, scattered).
+    fn same_but_dim(&self, id: InstrId, a: &ArrayShape, r: &ArrayShape, d: usize, how: &str) -> R {
+        let rest_equal =
+            r.rank() == a.rank() && r.dims.iter().zip(&a.dims).enumerate().all(|(k, (x, y))| k == d || x == y);
+        if r.ty != a.ty || !rest_equal {
+            let (op, r, a) = (self.op(id), arr_str(r), arr_str(a));
+            return Err(
+                self.err(id, format!("{op} result {r} must match operand {a} except in the {how} dimension {d}"))
+            );
+        }
+        Ok(())
+    }
+
     /// Checks that `out` is `a` gathered along `d` by `group` (unknown: any positive multiple).
     pub(super) fn gathered(&self, id: InstrId, a: &ArrayShape, out: &Shape, d: usize, group: Option<i64>) -> R {
         let op = self.op(id);
@@ -111,18 +125,7 @@ impl<'a> Verifier<'a> {
                 self.err(id, format!("{op} result for operand {} must be an array, got {}", arr_str(a), sh(out)))
             );
         };
-        let rest_equal =
-            r.rank() == a.rank() && r.dims.iter().zip(&a.dims).enumerate().all(|(k, (x, y))| k == d || x == y);
-        if r.ty != a.ty || !rest_equal {
-            return Err(self.err(
-                id,
-                format!(
-                    "{op} result {} must match operand {} except in the gathered dimension {d}",
-                    arr_str(r),
-                    arr_str(a)
-                ),
-            ));
-        }
+        self.same_but_dim(id, a, r, d, "gathered")?;
         let (n, m) = (a.dims[d], r.dims[d]);
         match group {
             Some(g) if n.checked_mul(g) != Some(m) => Err(self.err(
@@ -284,18 +287,7 @@ impl<'a> Verifier<'a> {
             let Some(r) = out.as_array() else {
                 return Err(self.err(id, format!("reduce-scatter result {i} must be an array, got {}", sh(out))));
             };
-            let rest_equal =
-                r.rank() == a.rank() && r.dims.iter().zip(&a.dims).enumerate().all(|(k, (x, y))| k == d || x == y);
-            if r.ty != a.ty || !rest_equal {
-                return Err(self.err(
-                    id,
-                    format!(
-                        "reduce-scatter result {} must match operand {} except in the scattered dimension {d}",
-                        arr_str(r),
-                        arr_str(a)
-                    ),
-                ));
-            }
+            self.same_but_dim(id, a, r, d, "scattered")?;
             let (n, m) = (a.dims[d], r.dims[d]);
             match group {
                 Some(g) => {

@@ -19,6 +19,9 @@ use thunks::custom_call::{AttrSource, CustomCallConfig};
 
 /// A platform's implementation of the Peerless custom calls.
 pub trait CollectiveRuntime: Sync {
+    /// What the runtime keeps for one call of an executable beside its config (a
+    /// [`CallState`]'s instance).
+    type Instance: Send + Sync + 'static;
     /// The platform as the Python package names it ("cpu", "cuda").
     fn platform(&self) -> &'static str;
     /// Traits the handlers declare in the metadata probe (command-buffer compatibility).
@@ -30,9 +33,16 @@ pub trait CollectiveRuntime: Sync {
     fn instantiate(&self, _frame: &CallFrame<'_>, _call: &CustomCallConfig) -> Result<(), HandlerError> {
         Ok(())
     }
-    /// The INITIALIZE stage on `device` (outside any stream capture): set up per-collective
-    /// state that must not be created while XLA records a command buffer.
-    fn initialize(&self, _frame: &CallFrame<'_>, _call: &CustomCallConfig, _device: usize) -> Result<(), HandlerError> {
+    /// The state INSTANTIATE handed XLA for this call, where XLA keeps one: read once per
+    /// stage by [`dispatch`] and handed to the stage (XLA runs INITIALIZE and, without command
+    /// buffers, EXECUTE on every execution; re-reading the attributes would cost microseconds).
+    fn state<'f>(&self, _frame: &'f CallFrame<'_>) -> Option<&'f CallState<Self::Instance>> {
+        None
+    }
+    /// The INITIALIZE stage on `device` (its device id; `ordinal`: the platform's local
+    /// ordinal), outside any stream capture: set up per-collective state that must not be
+    /// created while XLA records a command buffer.
+    fn initialize(&self, _frame: &CallFrame<'_>, _at: &At<'_, Self::Instance>) -> Result<(), HandlerError> {
         Ok(())
     }
     /// The device id of the device XLA calls the handler on, from the ordinal XLA reports
@@ -41,19 +51,18 @@ pub trait CollectiveRuntime: Sync {
     fn device_id(&self, ordinal: usize) -> Result<usize, HandlerError> {
         Ok(ordinal)
     }
-    /// Runs the call on `device` (its device id).
-    fn execute(&self, frame: &CallFrame<'_>, call: &CustomCallConfig, device: usize) -> Result<(), HandlerError>;
-    /// The call's config as INSTANTIATE parsed it, where the runtime keeps it with the
-    /// executable: XLA runs INITIALIZE (and, without command buffers, EXECUTE) on every
-    /// execution, and re-reading the attributes each time costs microseconds per call.
-    fn config<'f>(&self, _frame: &'f CallFrame<'_>) -> Option<&'f CustomCallConfig> {
-        None
-    }
-    /// Whether INITIALIZE already ran to completion on the calling device for this call of
-    /// this executable (XLA repeats the stage on every execution; the work is once per device).
-    fn initialized(&self, _frame: &CallFrame<'_>) -> bool {
-        false
-    }
+    /// Runs the call.
+    fn execute(&self, frame: &CallFrame<'_>, at: &At<'_, Self::Instance>) -> Result<(), HandlerError>;
+}
+
+/// Where a stage of a call runs: the call's config, the state XLA keeps for it (if any), and
+/// the calling device (its id in the job and the platform's local ordinal).
+#[derive(Debug)]
+pub struct At<'a, I> {
+    pub call: &'a CustomCallConfig,
+    pub state: Option<&'a CallState<I>>,
+    pub device: usize,
+    pub ordinal: usize,
 }
 
 /// What XLA keeps for one call of an executable (FFI state set at INSTANTIATE, dropped with
@@ -226,8 +235,9 @@ pub fn array_shape(b: &BufferRef<'_>) -> Result<ArrayShape, HandlerError> {
     Ok(ArrayShape::new(element_type(b)?, b.dims.to_vec()))
 }
 
-/// The handler body for a custom call of `kind`.
-pub fn dispatch(kind: CollectiveKind, f: &CallFrame<'_>, rt: &dyn CollectiveRuntime) -> Result<(), HandlerError> {
+/// The handler body for a custom call of `kind`. One read of XLA's state and of the device
+/// ordinal per stage; the stages get them ([`At`]).
+pub fn dispatch<R: CollectiveRuntime>(kind: CollectiveKind, f: &CallFrame<'_>, rt: &R) -> Result<(), HandlerError> {
     // Instantiate: per-executable state (before any device runs), the config parsed once.
     // Prepare: nothing to declare. Initialize: the runtime sets up this device's part of the
     // collective's state (peers' parts are joined on execute), once per device.
@@ -248,24 +258,25 @@ pub fn dispatch(kind: CollectiveKind, f: &CallFrame<'_>, rt: &dyn CollectiveRunt
         thunks::runtime::instantiated(rt.platform(), &call);
         return Ok(());
     }
+    let state = rt.state(f);
+    let ordinal = f.device_ordinal()?;
+    let ordinal = usize::try_from(ordinal)
+        .map_err(|_| HandlerError::new(ErrorCode::Internal, format!("XLA reported device ordinal {ordinal}")))?;
     // The replay path (command buffers reach only this stage): done before any lookup.
-    if stage == ExecutionStage::Initialize && rt.initialized(f) {
+    if stage == ExecutionStage::Initialize && state.is_some_and(|s| s.initialized_on(ordinal)) {
         return Ok(());
     }
     // The hot path: the config INSTANTIATE parsed, else (a runtime without executable
     // state) the attributes read now.
     let parsed;
-    let call = match rt.config(f) {
+    let call = match state.and_then(|s| s.config.as_ref()) {
         Some(c) => c,
         None => {
             parsed = parse()?;
             &parsed
         }
     };
-    let device = f.device_ordinal()?;
-    let device = usize::try_from(device)
-        .map_err(|_| HandlerError::new(ErrorCode::Internal, format!("XLA reported device ordinal {device}")))?;
-    let device = rt.device_id(device)?;
+    let device = rt.device_id(ordinal)?;
     let in_call = if kind == CollectiveKind::CollectivePermute { true } else { call.group_of(device).is_some() };
     if !in_call {
         return Err(HandlerError::invalid_argument(format!(
@@ -275,8 +286,9 @@ pub fn dispatch(kind: CollectiveKind, f: &CallFrame<'_>, rt: &dyn CollectiveRunt
             thunks::fmt_groups(&call.groups)
         )));
     }
+    let at = At { call, state, device, ordinal };
     if stage == ExecutionStage::Initialize {
-        return rt.initialize(f, call, device);
+        return rt.initialize(f, &at);
     }
-    rt.execute(f, call, device)
+    rt.execute(f, &at)
 }

@@ -34,7 +34,7 @@ use ffi::xla_ffi::{BufferRef, CallFrame, ErrorCode, ExecutableState, HandlerErro
 use hlo::{ArrayShape, PrimitiveType};
 use thunks::custom_call::CustomCallConfig;
 
-use crate::ffi_handler::{CallState, CollectiveRuntime, Slot, SlotKey, Slots, array_shape};
+use crate::ffi_handler::{At, CallState, CollectiveRuntime, Slot, SlotKey, Slots, array_shape};
 use crate::host::direct::{DirectCollective, DirectSlot};
 use crate::host::shm::{ShmCollective, ShmKey};
 use crate::{Error, Result};
@@ -75,9 +75,10 @@ impl Protocol {
     }
 }
 
-/// A rewritten collective: the shapes it was built for and its protocol state.
+/// A rewritten collective: the shapes it was built for and its protocol state. Opaque outside
+/// this module.
 #[derive(Debug)]
-struct Instance {
+pub struct Instance {
     /// Shapes the instance was built for: every later call must match.
     shapes: (Vec<ArrayShape>, Vec<ArrayShape>),
     collective: Protocol,
@@ -289,6 +290,8 @@ unsafe fn host_bytes_mut<'b>(b: &BufferRef<'b>) -> Result<&'b mut [u8], HandlerE
 pub struct HostRuntime;
 
 impl CollectiveRuntime for HostRuntime {
+    type Instance = Result<Arc<Instance>, String>;
+
     fn platform(&self) -> &'static str {
         "cpu"
     }
@@ -303,11 +306,12 @@ impl CollectiveRuntime for HostRuntime {
         Ok(())
     }
 
-    fn config<'f>(&self, f: &'f CallFrame<'_>) -> Option<&'f CustomCallConfig> {
-        STATE.get(f)?.config.as_ref()
+    fn state<'f>(&self, f: &'f CallFrame<'_>) -> Option<&'f ExecState> {
+        STATE.get(f)
     }
 
-    fn execute(&self, f: &CallFrame<'_>, call: &CustomCallConfig, device: usize) -> Result<(), HandlerError> {
+    fn execute(&self, f: &CallFrame<'_>, at: &At<'_, Self::Instance>) -> Result<(), HandlerError> {
+        let At { call, state, device, .. } = *at;
         let (args, rets) = (crate::ffi_handler::operands(f, call)?, f.rets()?);
         let mut inputs: Vec<(&[u8], ArrayShape)> = Vec::with_capacity(args.len());
         for a in &args {
@@ -359,7 +363,7 @@ impl CollectiveRuntime for HostRuntime {
         let call = HostCall { config: call, device, inputs, outputs };
         // The executable's own state when XLA instantiated one (freed with the executable),
         // else the process-wide table.
-        let result = match STATE.get(f) {
+        let result = match state {
             Some(state) => check_call(&call).and_then(|()| {
                 let inst = state
                     .instance

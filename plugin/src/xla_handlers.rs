@@ -87,10 +87,10 @@ static ROCM: kernels::rocm::xla::RocmRuntime = kernels::rocm::xla::RocmRuntime;
 ///
 /// # Safety
 /// `frame` is the call frame XLA passed to a handler, valid for the call.
-unsafe fn call(
+unsafe fn call<R: CollectiveRuntime>(
     kind: CollectiveKind,
     frame: *mut XLA_FFI_CallFrame,
-    rt: &dyn CollectiveRuntime,
+    rt: &R,
     counter: &AtomicU64,
 ) -> *mut XLA_FFI_Error {
     // SAFETY: the caller's contract (a live call frame from XLA).

@@ -60,7 +60,7 @@ use super::args::{
     ScatterArgs, Sig, Status, Wait, Xchg,
 };
 use super::{BLOCKS, Backend, Clique, DEFAULT_GRID, Kernel, MAX_RANKS, SIGNAL_BYTES, THREADS, Unit};
-use crate::ffi_handler::{CallState, CollectiveRuntime, Slot, SlotKey, Slots, array_shape};
+use crate::ffi_handler::{At, CallState, CollectiveRuntime, Slot, SlotKey, Slots, array_shape};
 
 mod launch;
 use launch::{Frame, Plan, check_epilogue};
@@ -288,8 +288,8 @@ pub fn live_instances<B: XlaBackend>() -> usize {
 type ExecState<B> = CallState<GpuCall<B>>;
 
 /// What an executable keeps for one call: its instance, and per GPU ordinal the plan its
-/// INITIALIZE made (what EXECUTE replays).
-struct GpuCall<B: XlaBackend> {
+/// INITIALIZE made (what EXECUTE replays). Opaque outside this module.
+pub struct GpuCall<B: XlaBackend> {
     inst: Arc<Instance<B>>,
     plans: [OnceLock<Plan<B>>; MAX_RANKS],
 }
@@ -369,15 +369,14 @@ fn new_instance<B: XlaBackend>(cfg: &CustomCallConfig, staging: usize, key: u64)
 /// nothing): held by the executable's state where XLA keeps state, else by the process-wide
 /// table.
 fn instance<B: XlaBackend>(
-    f: &CallFrame<'_>,
+    state: Option<&ExecState<B>>,
     cfg: &CustomCallConfig,
     args: &[ArrayShape],
     rets: &[ArrayShape],
 ) -> Arc<Instance<B>> {
-    // The staging need is worked out only when the instance is made: this runs on every
-    // execute, and the sizes allocate.
+    // The staging need is worked out only when the instance is made (the sizes allocate).
     let need = || staging_bytes(cfg, args, rets);
-    if let Some(state) = B::state().exec.get(f) {
+    if let Some(state) = state {
         return state.instance.get_or_init(|| gpu_call(on_slot(cfg, need(), state.occurrence))).inst.clone();
     }
     let mut map = instances::<B>().lock().unwrap_or_else(PoisonError::into_inner);
@@ -560,11 +559,6 @@ fn all_ranks<'a, B: XlaBackend>(
 }
 
 /// The GPU ordinal XLA calls the handler on.
-fn ordinal(f: &CallFrame<'_>) -> Result<usize, HandlerError> {
-    let o = f.device_ordinal()?;
-    usize::try_from(o).map_err(|_| internal(format!("XLA reported device ordinal {o}")))
-}
-
 /// What a double-buffered reduction kernel takes besides its buffers: the group's staging (or
 /// Lamport regions) and flag bases, the half's (or slot's) size and this device's counters.
 #[derive(Clone, Copy)]
@@ -613,6 +607,8 @@ fn view(shape: &ArrayShape, dim: usize) -> Result<(usize, usize, usize), Handler
 }
 
 impl<B: XlaBackend> CollectiveRuntime for GpuRuntime<B> {
+    type Instance = GpuCall<B>;
+
     fn platform(&self) -> &'static str {
         B::NAME
     }
@@ -627,13 +623,8 @@ impl<B: XlaBackend> CollectiveRuntime for GpuRuntime<B> {
         Ok(())
     }
 
-    fn config<'f>(&self, f: &'f CallFrame<'_>) -> Option<&'f CustomCallConfig> {
-        B::state().exec.get(f)?.config.as_ref()
-    }
-
-    fn initialized(&self, f: &CallFrame<'_>) -> bool {
-        let (Some(state), Ok(o)) = (B::state().exec.get(f), ordinal(f)) else { return false };
-        state.initialized_on(o)
+    fn state<'f>(&self, f: &'f CallFrame<'_>) -> Option<&'f ExecState<B>> {
+        B::state().exec.get(f)
     }
 
     fn device_id(&self, ordinal: usize) -> Result<usize, HandlerError> {
@@ -655,16 +646,16 @@ impl<B: XlaBackend> CollectiveRuntime for GpuRuntime<B> {
         }
     }
 
-    fn initialize(&self, f: &CallFrame<'_>, cfg: &CustomCallConfig, device: usize) -> Result<(), HandlerError> {
-        let ordinal = ordinal(f)?;
+    fn initialize(&self, f: &CallFrame<'_>, at: &At<'_, GpuCall<B>>) -> Result<(), HandlerError> {
+        let At { call: cfg, state, device, ordinal } = *at;
         if cfg.epilogue.is_some() {
             check_epilogue::<B>(cfg)?;
         }
         // Every member's part is known and the plan made here, outside any stream capture:
         // the kernels load (prebuilt, cached, or compiled one unit at a time), and other
         // processes' IPC handles open, neither of which a capturing stream allows.
-        let plan = plan::<B>(f, cfg, device, ordinal)?;
-        if let Some(state) = B::state().exec.get(f) {
+        let plan = plan::<B>(f, cfg, state, device, ordinal)?;
+        if let Some(state) = state {
             if let Some(call) = state.instance.get() {
                 // A second device thread of the same ordinal cannot exist: keep the first plan.
                 let _ = call.plans.get(ordinal).map(|p| p.set(plan));
@@ -674,17 +665,17 @@ impl<B: XlaBackend> CollectiveRuntime for GpuRuntime<B> {
         Ok(())
     }
 
-    fn execute(&self, f: &CallFrame<'_>, cfg: &CustomCallConfig, device: usize) -> Result<(), HandlerError> {
-        let ordinal = ordinal(f)?;
+    fn execute(&self, f: &CallFrame<'_>, at: &At<'_, GpuCall<B>>) -> Result<(), HandlerError> {
+        let At { call: cfg, state, device, ordinal } = *at;
         // The plan INITIALIZE made; made now where XLA skipped that stage or keeps no state
         // (then on every call: the process-wide table's path).
-        let state = B::state().exec.get(f).and_then(|s| s.instance.get()).and_then(|c| c.plans.get(ordinal));
+        let slot = state.and_then(|s| s.instance.get()).and_then(|c| c.plans.get(ordinal));
         let made;
-        let plan = match state.and_then(OnceLock::get) {
+        let plan = match slot.and_then(OnceLock::get) {
             Some(p) => p,
             None => {
-                made = plan::<B>(f, cfg, device, ordinal)?;
-                match state {
+                made = plan::<B>(f, cfg, state, device, ordinal)?;
+                match slot {
                     Some(slot) => slot.get_or_init(|| made),
                     None => &made,
                 }
@@ -740,6 +731,7 @@ fn timed_out_earlier(cfg: &CustomCallConfig, device: usize, missing: u32) -> Han
 fn plan<B: XlaBackend>(
     f: &CallFrame<'_>,
     cfg: &CustomCallConfig,
+    state: Option<&ExecState<B>>,
     device: usize,
     ordinal: usize,
 ) -> Result<Plan<B>, HandlerError> {
@@ -747,7 +739,7 @@ fn plan<B: XlaBackend>(
     let (args, rets) = (crate::ffi_handler::operands(f, cfg)?, f.rets()?);
     let args = args.iter().map(array_shape).collect::<Result<Vec<_>, _>>()?;
     let rets = rets.iter().map(array_shape).collect::<Result<Vec<_>, _>>()?;
-    let inst = instance(f, cfg, &args, &rets);
+    let inst = instance(state, cfg, &args, &rets);
     publish_own(c, cfg, &inst, device, ordinal)?;
     let done = all_ranks(c, cfg, &inst, device, ordinal)?;
     Plan::new(&Frame { c, cfg, inst: &inst, done, device, ordinal, args: &args, rets: &rets })

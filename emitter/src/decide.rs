@@ -42,7 +42,9 @@ use hlo::analysis::{self, ReductionKind};
 use hlo::{InstrId, Instruction, Module, Opcode, PrimitiveType};
 use thunks::custom_call::{CustomCallConfig, target_name};
 use thunks::flag::{ONE_SHOT_MAX_BYTES, OVERLAP_ABOVE_BYTES, TWO_SHOT_MAX_BYTES, XLA_ASYNC_ABOVE_BYTES};
-use thunks::{CollectiveConfig, CollectiveKind, CollectiveOp, Decision, Implementation, KernelAlgorithm, fmt_groups};
+use thunks::{
+    CollectiveConfig, CollectiveKind, CollectiveOp, Decision, Implementation, KernelAlgorithm, fmt_groups, fmt_pairs,
+};
 
 use crate::flags::{Backend, Flags};
 use crate::peers::PeerAccessTable;
@@ -367,16 +369,36 @@ pub(crate) fn decide_in_run(
     run: &Run<'_>,
     id: InstrId,
     instance: Option<u64>,
-    mut shared_id: impl FnMut(&str) -> Option<u64>,
+    shared_id: impl FnMut(&str) -> Option<u64>,
     in_async: bool,
 ) -> (PassDecision, Option<Rewrite>) {
-    let Run { module, assignment: a, cfg, tuning, logical, peers, layouts } = *run;
+    let cfg = run.cfg;
     // 0. Inside JAX's async pair where Peerless's calls do not run beside compute: XLA's.
     if in_async && !(cfg.caps.async_queue && cfg.flags.overlap_above_bytes.is_some()) {
-        return (async_wrapped(module, id, cfg.caps.async_queue), None);
+        return (async_wrapped(run.module, id, cfg.caps.async_queue), None);
     }
+    let mut d = fallback_record(run.module, id);
+    match kernel_call(run, id, instance, shared_id, in_async, &mut d) {
+        Ok(rewrite) => (d, Some(rewrite)),
+        Err(why) => {
+            d.reason = why;
+            (d, None)
+        }
+    }
+}
+
+/// Rules 1–13 for a collective outside rule 0, filling in `d` (its groups; for a kernel, its
+/// implementation and reason): the rewrite, or why the collective stays XLA's.
+fn kernel_call(
+    run: &Run<'_>,
+    id: InstrId,
+    instance: Option<u64>,
+    mut shared_id: impl FnMut(&str) -> Option<u64>,
+    in_async: bool,
+    d: &mut PassDecision,
+) -> Result<Rewrite, String> {
+    let Run { module, assignment: a, cfg, tuning, logical, peers, layouts } = *run;
     let ins = module.instr(id);
-    let mut d = fallback_record(module, id);
     // Above `overlap_above_bytes` (XLA:GPU) the call runs on an async queue, which XLA's
     // scheduler overlaps with compute (the async rule), and is decided without the profile and
     // two-shot's limit: both measure a collective run alone (docs/OVERLAP.md). `d.bytes` is
@@ -389,65 +411,43 @@ pub(crate) fn decide_in_run(
     let (flags, tuning) = async_flags.as_ref().map_or((&cfg.flags, tuning), |f| (f, &no_profile));
     // Decide on device ids: map the logical groups through the assignment first, so peer
     // access and process locality are checked on the devices that will really talk.
-    let decided = decide_tuned(module, id, a.replicas, a.partitions, flags, tuning, logical, cfg.caps);
-    let (config, decision) = match decided {
-        Ok(x) => x,
-        Err(e) => {
-            d.reason = e.to_string();
-            return (d, None);
-        }
-    };
+    let (config, decision) = decide_tuned(module, id, a.replicas, a.partitions, flags, tuning, logical, cfg.caps)
+        .map_err(|e| e.to_string())?;
     let groups: Vec<Vec<usize>> = config.groups.iter().map(|g| g.iter().map(|&l| a.device(l)).collect()).collect();
     let pairs: Vec<(usize, usize)> =
         config.source_target_pairs.iter().map(|&(s, t)| (a.device(s), a.device(t))).collect();
-    d.groups = if config.op.kind == CollectiveKind::CollectivePermute {
-        let p: Vec<String> = pairs.iter().map(|(s, t)| format!("{s}->{t}")).collect();
-        format!("[{}]", p.join(","))
-    } else {
-        fmt_groups(&groups)
-    };
+    let permute = config.op.kind == CollectiveKind::CollectivePermute;
+    d.groups = if permute { fmt_pairs(&pairs) } else { fmt_groups(&groups) };
     let Implementation::Kernel(algorithm) = decision.implementation else {
-        d.reason = decision.reason;
-        return (d, None);
+        return Err(decision.reason);
     };
     // The devices that exchange data (the rules saw logical ids).
-    let talking: Vec<Vec<usize>> = if config.op.kind == CollectiveKind::CollectivePermute {
-        pairs.iter().filter(|(s, t)| s != t).map(|&(s, t)| vec![s, t]).collect()
-    } else {
-        groups.clone()
-    };
+    let talking: Vec<Vec<usize>> =
+        if permute { pairs.iter().filter(|(s, t)| s != t).map(|&(s, t)| vec![s, t]).collect() } else { groups.clone() };
     // 8. A collective in which no device meets another moves no data: XLA makes it a copy or
     // nothing (folded into a fusion), where a custom call would cost a launch and split the
     // fusions around it (+20 µs per call for a one-device psum on an H100). Forced kernels
     // still run (single-GPU checks of the handlers).
     let forced = matches!(cfg.flags.backend_for(config.op.kind), Some((Backend::Kernel, _)));
     if !forced && talking.iter().all(|g| g.len() < 2) {
-        d.reason = "no device meets another (groups of one): XLA turns it into a copy or nothing".into();
-        return (d, None);
+        return Err("no device meets another (groups of one): XLA turns it into a copy or nothing".into());
     }
     // 9. Processes: a group inside one process runs as always; one across processes of a host
     // meets through shared memory (named by the job); one across hosts is XLA's.
-    let mut crosses = false;
-    if let Some(t) = &cfg.topology {
-        match t.check(&talking, cfg.caps.cross_process) {
-            Ok(true) => crosses = true,
-            Ok(false) => {}
-            Err(why) => {
-                d.reason = why;
-                return (d, None);
+    let crosses = match &cfg.topology {
+        Some(t) => t.check(&talking, cfg.caps.cross_process)?,
+        None => {
+            if let Some(local) = &cfg.local_devices
+                && let Some(&dev) = talking.iter().flatten().find(|d| !local.contains(d))
+            {
+                return Err(format!("device {dev} belongs to another process (this process has {local:?})"));
             }
+            false
         }
-    } else if let Some(local) = &cfg.local_devices
-        && let Some(&dev) = talking.iter().flatten().find(|d| !local.contains(d))
-    {
-        d.reason = format!("device {dev} belongs to another process (this process has {local:?})");
-        return (d, None);
-    }
-
+    };
     // 10. Peer access on device ids. The peer table is this process's; across processes shared memory reaches every device.
     if !crosses && let Some((x, y)) = talking.iter().find_map(|g| peers.get().missing_link(g)) {
-        d.reason = format!("no peer access {x}↔{y} ({})", peers.get().source());
-        return (d, None);
+        return Err(format!("no peer access {x}↔{y} ({})", peers.get().source()));
     }
     // 11. Unless on an async queue, partitioner-made collectives XLA would run asynchronously,
     // overlapped with compute: above the flag's size, overlap wins over a faster kernel in order
@@ -458,20 +458,15 @@ pub(crate) fn decide_in_run(
         && spmd
         && config.bytes_per_device > limit
     {
-        d.reason = format!(
+        return Err(format!(
             "partitioner-made, {} bytes > {XLA_ASYNC_ABOVE_BYTES}={limit}: XLA runs it asynchronously, overlapped with compute",
             config.bytes_per_device
-        );
-        return (d, None);
+        ));
     }
     // 12. An async pair becomes one synchronous call; the forms it can take ([`Form`]).
-    let form = match form_of(module, id) {
-        Ok(Form::Sync) if in_async => Form::InAsync,
-        Ok(f) => f,
-        Err(e) => {
-            d.reason = e;
-            return (d, None);
-        }
+    let form = match form_of(module, id)? {
+        Form::Sync if in_async => Form::InAsync,
+        f => f,
     };
     let elementwise = match config.op.kind {
         CollectiveKind::AllReduce | CollectiveKind::CollectivePermute => true,
@@ -479,20 +474,11 @@ pub(crate) fn decide_in_run(
         _ => false,
     };
     // 13. Operands and results agree on a layout the handler can work in.
-    let layout = match common_layout(module, id, layouts, elementwise, form == Form::AsyncTuple) {
-        Ok(l) => l,
-        Err(e) => {
-            d.reason = e;
-            return (d, None);
-        }
-    };
-    let Some(target) = target_name(config.op.kind) else {
-        d.reason = format!("no Peerless kernel for {}", config.op);
-        return (d, None);
-    };
+    let layout = common_layout(module, id, layouts, elementwise, form == Form::AsyncTuple)?;
+    let target = target_name(config.op.kind).ok_or_else(|| format!("no Peerless kernel for {}", config.op))?;
     let processes: Vec<usize> = match (crosses, &cfg.topology) {
         (true, Some(t)) => {
-            let named: Vec<usize> = if config.op.kind == CollectiveKind::CollectivePermute {
+            let named: Vec<usize> = if permute {
                 pairs.iter().flat_map(|&(s, t)| [s, t]).collect()
             } else {
                 groups.iter().flatten().copied().collect()
@@ -503,20 +489,14 @@ pub(crate) fn decide_in_run(
         _ => Vec::new(),
     };
     let instance = if crosses {
-        match shared_id(&ins.name) {
-            Some(i) => i,
-            None => {
-                d.reason = "across processes, and the module could not be fingerprinted".into();
-                return (d, None);
-            }
-        }
+        shared_id(&ins.name).ok_or("across processes, and the module could not be fingerprinted")?
     } else {
         instance.unwrap_or_else(next_instance)
     };
     // Slots (`assign_slots`), decisions, ordering operands and epilogues come once every
     // collective is decided.
     let call = CustomCallConfig {
-        groups: if config.op.kind == CollectiveKind::CollectivePermute { Vec::new() } else { groups },
+        groups: if permute { Vec::new() } else { groups },
         pairs,
         reduction: config.reduction,
         dimension: if config.op.kind == CollectiveKind::AllToAll && config.num_operands > 1 {
@@ -550,7 +530,7 @@ pub(crate) fn decide_in_run(
     if call.spans_processes() {
         d.reason.push_str(" (across processes of one host: shared memory)");
     }
-    (d, Some(Rewrite { target, call, form }))
+    Ok(Rewrite { target, call, form })
 }
 
 /// The decision for a collective inside an async computation (JAX's explicit async API:

@@ -46,12 +46,10 @@ impl Backend {
     }
 
     fn parse(s: &str) -> Result<Self, String> {
-        match s {
-            "auto" => Ok(Self::Auto),
-            "kernel" => Ok(Self::Kernel),
-            "fallback" => Ok(Self::Fallback),
-            _ => Err(format!("'{s}' is not one of auto, kernel, fallback")),
-        }
+        [Self::Auto, Self::Kernel, Self::Fallback]
+            .into_iter()
+            .find(|b| b.name() == s)
+            .ok_or_else(|| format!("'{s}' is not one of auto, kernel, fallback"))
     }
 }
 
@@ -161,6 +159,21 @@ fn parse_bytes(s: &str) -> Result<usize, String> {
     s.parse::<usize>().map_err(|_| format!("'{s}' is not a byte count (a non-negative integer)"))
 }
 
+/// A `bytes|none` value: `none` is no limit.
+fn parse_bytes_or_none(s: &str) -> Result<Option<usize>, String> {
+    if s == "none" { Ok(None) } else { parse_bytes(s).map(Some) }
+}
+
+fn show_bytes_or_none(b: Option<usize>) -> String {
+    b.map_or_else(|| "none".to_owned(), |b| b.to_string())
+}
+
+/// Stores a parsed value in its field (a flag's `set`).
+fn put<T>(field: &mut T, parsed: Result<T, String>) -> Result<(), String> {
+    *field = parsed?;
+    Ok(())
+}
+
 macro_rules! backend_flag {
     ($kind:ident, $field:ident, $what:literal) => {
         FlagSpec {
@@ -175,10 +188,7 @@ macro_rules! backend_flag {
                 " runs: auto = kernel where the rules and the tuning profile choose it, else fallback; kernel = kernel at any size wherever its guards (dtype, peer access, group size, processes) allow, else fallback saying why; fallback = always XLA's"
             ),
             get: |f| f.$field.name().to_owned(),
-            set: |f, v| {
-                f.$field = Backend::parse(v)?;
-                Ok(())
-            },
+            set: |f, v| put(&mut f.$field, Backend::parse(v)),
         }
     };
 }
@@ -195,32 +205,26 @@ pub const FLAGS: &[FlagSpec] = &[
         ty: "bytes",
         help: "largest all-reduce (operand bytes per device) for the one-shot kernel (XLA's cut-off)",
         get: |f| f.one_shot_max_bytes.to_string(),
-        set: |f, v| {
-            f.one_shot_max_bytes = parse_bytes(v)?;
-            Ok(())
-        },
+        set: |f, v| put(&mut f.one_shot_max_bytes, parse_bytes(v)),
     },
     FlagSpec {
         name: flag::TWO_SHOT_MAX_BYTES,
         ty: "bytes",
         help: "largest all-reduce for the two-shot kernel; larger ones use the fallback (XLA's cut-off)",
         get: |f| f.two_shot_max_bytes.to_string(),
-        set: |f, v| {
-            f.two_shot_max_bytes = parse_bytes(v)?;
-            Ok(())
-        },
+        set: |f, v| put(&mut f.two_shot_max_bytes, parse_bytes(v)),
     },
     FlagSpec {
         name: flag::COLLECTIVE_TIMEOUT_MS,
         ty: "milliseconds > 0",
         help: "how long a collective waits for its peers before reporting a hang",
         get: |f| f.collective_timeout_ms.to_string(),
-        set: |f, v| match v.parse::<u64>() {
-            Ok(ms) if ms > 0 => {
-                f.collective_timeout_ms = ms;
-                Ok(())
-            }
-            _ => Err(format!("'{v}' is not a positive number of milliseconds")),
+        set: |f, v| {
+            let ms = v.parse::<u64>().ok().filter(|&ms| ms > 0);
+            put(
+                &mut f.collective_timeout_ms,
+                ms.ok_or_else(|| format!("'{v}' is not a positive number of milliseconds")),
+            )
         },
     },
     FlagSpec {
@@ -228,10 +232,7 @@ pub const FLAGS: &[FlagSpec] = &[
         ty: "full|pairs:A-B,C-D,...",
         help: "peer links of the host backend: every pair (full) or only the listed links, both directions",
         get: |f| f.host_topology.to_string(),
-        set: |f, v| {
-            f.host_topology = HostTopology::parse(v)?;
-            Ok(())
-        },
+        set: |f, v| put(&mut f.host_topology, HostTopology::parse(v)),
     },
     FlagSpec {
         name: flag::ALLOW_UNSAFE_PEER_TARGETS,
@@ -240,19 +241,15 @@ pub const FLAGS: &[FlagSpec] = &[
                peers (gfx90a, MI200-class); false: those devices use the fallback",
         get: |f| f.allow_unsafe_peer_targets.to_string(),
         set: |f, v| {
-            f.allow_unsafe_peer_targets = v.parse().map_err(|_| format!("'{v}' is neither true nor false"))?;
-            Ok(())
+            put(&mut f.allow_unsafe_peer_targets, v.parse().map_err(|_| format!("'{v}' is neither true nor false")))
         },
     },
     FlagSpec {
         name: flag::XLA_ASYNC_ABOVE_BYTES,
         ty: "bytes|none",
         help: "inside XLA: partitioner-made collectives (is_spmd_generated) above this stay XLA's, which overlaps them with compute",
-        get: |f| f.xla_async_above_bytes.map_or_else(|| "none".to_owned(), |b| b.to_string()),
-        set: |f, v| {
-            f.xla_async_above_bytes = if v == "none" { None } else { Some(parse_bytes(v)?) };
-            Ok(())
-        },
+        get: |f| show_bytes_or_none(f.xla_async_above_bytes),
+        set: |f, v| put(&mut f.xla_async_above_bytes, parse_bytes_or_none(v)),
     },
     FlagSpec {
         name: flag::OVERLAP_ABOVE_BYTES,
@@ -262,11 +259,8 @@ pub const FLAGS: &[FlagSpec] = &[
                xla_async_above_bytes, which then applies only where no async queue is), and so do those inside \
                JAX's own async pairs (any size); none (the default: realistic training steps measured slower with \
                calls beside compute): every call on the compute stream",
-        get: |f| f.overlap_above_bytes.map_or_else(|| "none".to_owned(), |b| b.to_string()),
-        set: |f, v| {
-            f.overlap_above_bytes = if v == "none" { None } else { Some(parse_bytes(v)?) };
-            Ok(())
-        },
+        get: |f| show_bytes_or_none(f.overlap_above_bytes),
+        set: |f, v| put(&mut f.overlap_above_bytes, parse_bytes_or_none(v)),
     },
     FlagSpec {
         name: flag::ASYNC_BLOCKS,

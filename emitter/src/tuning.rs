@@ -194,20 +194,6 @@ pub fn kind_name(kind: CollectiveKind) -> &'static str {
     thunks::CollectiveOp { kind, is_async: false }.name()
 }
 
-fn algorithm_named(name: &str) -> Option<KernelAlgorithm> {
-    use KernelAlgorithm as A;
-    [
-        A::OneShotAllReduce,
-        A::TwoShotAllReduce,
-        A::DirectAllGather,
-        A::DirectAllToAll,
-        A::DirectReduceScatter,
-        A::DirectPermute,
-    ]
-    .into_iter()
-    .find(|a| a.name() == name)
-}
-
 /// A profile's answer for one collective: a kernel algorithm or XLA (`None`), and why.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Choice {
@@ -384,7 +370,8 @@ impl Profile {
                 short_bytes(at)
             );
         }
-        Some(Choice { algorithm: if best.0 == XLA { None } else { algorithm_named(best.0) }, reason })
+        let algorithm = KernelAlgorithm::ALL.into_iter().find(|a| a.name() == best.0);
+        Some(Choice { algorithm, reason })
     }
 }
 

@@ -332,9 +332,7 @@ impl Topology {
             let (k, v) = part.split_once('=').ok_or_else(|| format!("topology part '{part}' is not KEY=VALUE"))?;
             match k.trim() {
                 "job" if v.is_empty() => t.job = None,
-                "job" if (8..=64).contains(&v.len()) && v.bytes().all(|b| b.is_ascii_hexdigit()) => {
-                    t.job = Some(v.to_owned())
-                }
+                "job" if thunks::runtime::valid_job(v) => t.job = Some(v.to_owned()),
                 "job" => return Err(format!("job token '{v}' is not 8 to 64 hex digits")),
                 "this" => t.this_process = Some(v.trim().parse().map_err(|_| format!("process index '{v}'"))?),
                 "devices" => t.process_of = pairs(v, "devices")?.into_iter().collect(),
@@ -431,6 +429,12 @@ pub struct PassDecision {
 }
 
 impl PassDecision {
+    /// Sends a kernel decision back to XLA: `why`, then the reason it had.
+    fn back_to_xla(&mut self, why: &str) {
+        (self.kernel, self.implementation) = (false, "fallback".into());
+        self.reason = format!("{why} (was: {})", self.reason);
+    }
+
     /// The decision as one report line: op, instruction, dtypes, bytes, groups, kernel (1/0),
     /// implementation, reason, tab-separated (tabs and newlines inside fields become spaces).
     /// The Python package counts these (`stats()`); every Peerless custom call carries its

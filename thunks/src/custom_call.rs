@@ -46,17 +46,7 @@ pub fn algorithm_name(algo: KernelAlgorithm) -> &'static str {
 }
 
 fn algorithm_from_name(s: &str) -> Option<KernelAlgorithm> {
-    use KernelAlgorithm as K;
-    [
-        K::OneShotAllReduce,
-        K::TwoShotAllReduce,
-        K::DirectAllGather,
-        K::DirectAllToAll,
-        K::DirectReduceScatter,
-        K::DirectPermute,
-    ]
-    .into_iter()
-    .find(|&a| algorithm_name(a) == s)
+    KernelAlgorithm::ALL.into_iter().find(|&a| algorithm_name(a) == s)
 }
 
 fn reduction_from_name(s: &str) -> Option<ReductionKind> {
@@ -169,11 +159,7 @@ impl RoundTo {
     }
 
     fn from_name(s: &str) -> Option<Self> {
-        match s {
-            "bf16" => Some(RoundTo::Bf16),
-            "f16" => Some(RoundTo::F16),
-            _ => None,
-        }
+        [RoundTo::Bf16, RoundTo::F16].into_iter().find(|r| r.name() == s)
     }
 }
 
@@ -315,6 +301,10 @@ fn nonneg(name: &'static str, v: i64) -> Result<usize, AttrError> {
     usize::try_from(v).map_err(|_| AttrError::Invalid { name, message: format!("{v} is negative") })
 }
 
+fn nonneg_all(name: &'static str, v: &[i64]) -> Result<Vec<usize>, AttrError> {
+    v.iter().map(|&x| nonneg(name, x)).collect()
+}
+
 /// An optional attribute as read (`None`: absent).
 fn opt<T>(name: &'static str, v: Result<Option<T>, String>) -> Result<Option<T>, AttrError> {
     v.map_err(|message| AttrError::Invalid { name, message })
@@ -375,25 +365,28 @@ impl CustomCallConfig {
             let items: Vec<String> = v.into_iter().map(|x| x.to_string()).collect();
             if items.is_empty() { "array<i64>".to_owned() } else { format!("array<i64: {}>", items.join(", ")) }
         }
+        fn int(v: impl fmt::Display) -> String {
+            format!("{v} : i64")
+        }
         let mut kv: Vec<(&str, String)> = vec![
             ("algorithm", format!("\"{}\"", algorithm_name(self.algorithm))),
-            ("num_devices", format!("{} : i64", self.num_devices)),
-            ("instance", format!("{} : i64", self.instance & (i64::MAX as u64))),
+            ("num_devices", int(self.num_devices)),
+            ("instance", int(self.instance & (i64::MAX as u64))),
             ("name", format!("\"{}\"", plain_name(&self.name))),
-            ("timeout_ms", format!("{} : i64", self.timeout_ms.min(i64::MAX as u64))),
+            ("timeout_ms", int(self.timeout_ms.min(i64::MAX as u64))),
         ];
         if self.kind == CollectiveKind::CollectivePermute {
             kv.push(("pairs", arr(self.pairs.iter().flat_map(|&(s, t)| [s, t]))));
         } else {
             let size = self.groups.first().map_or(0, Vec::len);
-            kv.push(("group_size", format!("{size} : i64")));
+            kv.push(("group_size", int(size)));
             kv.push(("groups", arr(self.groups.iter().flatten().copied())));
         }
         if let Some(r) = self.reduction {
             kv.push(("reduction", format!("\"{}\"", r.name())));
         }
         if let Some(d) = self.dimension {
-            kv.push(("dimension", format!("{d} : i64")));
+            kv.push(("dimension", int(d)));
         }
         if let Some(l) = &self.layout {
             kv.push(("layout", arr(l.iter().copied())));
@@ -405,19 +398,19 @@ impl CustomCallConfig {
             kv.push(("decisions", mlir_string(&self.decisions)));
         }
         if self.order_operands > 0 {
-            kv.push(("order_operands", format!("{} : i64", self.order_operands)));
+            kv.push(("order_operands", int(self.order_operands)));
         }
         if let Some(e) = &self.epilogue {
             kv.push(("epilogue", mlir_string(&e.text())));
         }
         if self.blocks > 0 {
-            kv.push(("blocks", format!("{} : i64", self.blocks)));
+            kv.push(("blocks", int(self.blocks)));
         }
         if let Some(slot) = self.slot {
-            kv.push(("slot", format!("{} : i64", slot & (i64::MAX as u64))));
-            kv.push(("slot_bytes", format!("{} : i64", self.slot_bytes.min(i64::MAX as u64))));
+            kv.push(("slot", int(slot & (i64::MAX as u64))));
+            kv.push(("slot_bytes", int(self.slot_bytes.min(i64::MAX as u64))));
             if self.slot_gpu_bytes > 0 {
-                kv.push(("slot_gpu_bytes", format!("{} : i64", self.slot_gpu_bytes.min(i64::MAX as u64))));
+                kv.push(("slot_gpu_bytes", int(self.slot_gpu_bytes.min(i64::MAX as u64))));
             }
         }
         kv.sort_by(|a, b| a.0.cmp(b.0));
@@ -440,21 +433,19 @@ impl CustomCallConfig {
         let instance = need("instance", a.i64("instance"))? as u64;
         let timeout_ms = nonneg("timeout_ms", need("timeout_ms", a.i64("timeout_ms"))?)? as u64;
         let name = opt("name", a.str("name"))?.unwrap_or_default();
-        let reduction = match opt("reduction", a.str("reduction"))? {
-            None => None,
-            Some(r) => Some(reduction_from_name(&r).ok_or_else(|| AttrError::Invalid {
-                name: "reduction",
-                message: format!("unknown reduction '{r}'"),
-            })?),
-        };
+        let reduction = opt("reduction", a.str("reduction"))?
+            .map(|r| {
+                reduction_from_name(&r).ok_or_else(|| AttrError::Invalid {
+                    name: "reduction",
+                    message: format!("unknown reduction '{r}'"),
+                })
+            })
+            .transpose()?;
         if matches!(kind, CollectiveKind::AllReduce | CollectiveKind::ReduceScatter) && reduction.is_none() {
             return Err(AttrError::Missing("reduction"));
         }
         let dimension = opt_count(a, "dimension")?;
-        let layout = match opt("layout", a.i64_array("layout"))? {
-            None => None,
-            Some(l) => Some(l.into_iter().map(|d| nonneg("layout", d)).collect::<Result<Vec<_>, _>>()?),
-        };
+        let layout = opt("layout", a.i64_array("layout"))?.map(|l| nonneg_all("layout", &l)).transpose()?;
         let (mut groups, mut pairs) = (Vec::new(), Vec::new());
         if kind == CollectiveKind::CollectivePermute {
             let flat = need("pairs", a.i64_array("pairs"))?;
@@ -474,7 +465,7 @@ impl CustomCallConfig {
                 });
             }
             for g in flat.chunks(size) {
-                groups.push(g.iter().map(|&d| nonneg("groups", d)).collect::<Result<Vec<_>, _>>()?);
+                groups.push(nonneg_all("groups", g)?);
             }
         }
         let processes = match opt("processes", a.i64_array("processes"))? {
@@ -491,7 +482,7 @@ impl CustomCallConfig {
                         message: format!("{} processes for {n} devices", p.len()),
                     });
                 }
-                p.into_iter().map(|x| nonneg("processes", x)).collect::<Result<Vec<_>, _>>()?
+                nonneg_all("processes", &p)?
             }
         };
         let decisions = opt("decisions", a.str("decisions"))?.unwrap_or_default();
@@ -504,10 +495,9 @@ impl CustomCallConfig {
         let blocks = opt_count(a, "blocks")?.unwrap_or(0);
         let blocks = u32::try_from(blocks)
             .map_err(|_| AttrError::Invalid { name: "blocks", message: format!("{blocks} is not a block count") })?;
-        let epilogue = match opt("epilogue", a.str("epilogue"))? {
-            None => None,
-            Some(e) => Some(Epilogue::parse(&e).map_err(|message| AttrError::Invalid { name: "epilogue", message })?),
-        };
+        let epilogue = opt("epilogue", a.str("epilogue"))?
+            .map(|e| Epilogue::parse(&e).map_err(|message| AttrError::Invalid { name: "epilogue", message }))
+            .transpose()?;
         if epilogue.is_some() && (kind != CollectiveKind::AllReduce || reduction != Some(ReductionKind::Sum)) {
             return Err(AttrError::Invalid { name: "epilogue", message: "only a sum all-reduce takes one".into() });
         }

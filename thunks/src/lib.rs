@@ -159,6 +159,12 @@ pub fn fmt_groups(groups: &[Vec<usize>]) -> String {
     format!("{{{}}}", inner.join(","))
 }
 
+/// Formats collective-permute pairs as `[0->1,1->0]`.
+pub fn fmt_pairs(pairs: &[(usize, usize)]) -> String {
+    let items: Vec<String> = pairs.iter().map(|(s, t)| format!("{s}->{t}")).collect();
+    format!("[{}]", items.join(","))
+}
+
 impl fmt::Display for CollectiveConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{} {} {} B", self.op, self.element_type, self.bytes_per_device)?;
@@ -172,8 +178,7 @@ impl fmt::Display for CollectiveConfig {
             write!(f, " dim={d}")?;
         }
         if self.op.kind == CollectiveKind::CollectivePermute {
-            let pairs: Vec<String> = self.source_target_pairs.iter().map(|(s, t)| format!("{s}->{t}")).collect();
-            write!(f, " pairs=[{}]", pairs.join(","))
+            write!(f, " pairs={}", fmt_pairs(&self.source_target_pairs))
         } else {
             write!(f, " groups={}", fmt_groups(&self.groups))
         }
@@ -194,6 +199,16 @@ pub enum KernelAlgorithm {
 }
 
 impl KernelAlgorithm {
+    /// Every algorithm, for reading one back from a spelling.
+    pub const ALL: [KernelAlgorithm; 6] = [
+        Self::OneShotAllReduce,
+        Self::TwoShotAllReduce,
+        Self::DirectAllGather,
+        Self::DirectAllToAll,
+        Self::DirectReduceScatter,
+        Self::DirectPermute,
+    ];
+
     pub fn name(self) -> &'static str {
         match self {
             Self::OneShotAllReduce => "one-shot all-reduce",

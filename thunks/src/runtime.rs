@@ -137,10 +137,5 @@ pub fn instantiated(platform: &str, call: &CustomCallConfig) -> bool {
 /// platform and a tab.
 pub fn take_decisions() -> String {
     let mut b = book().lock().unwrap_or_else(PoisonError::into_inner);
-    let mut out = String::new();
-    for l in b.lines.drain(..) {
-        out.push_str(&l);
-        out.push('\n');
-    }
-    out
+    b.lines.drain(..).map(|l| l + "\n").collect()
 }

@@ -65,16 +65,21 @@ impl<'m> Matcher<'m> {
         self.m.instr(v.id)
     }
 
+    /// Records that the match read instruction `id` of `comp`.
+    fn touch(&self, id: InstrId) {
+        let mut t = self.touched.borrow_mut();
+        if !t.contains(&id) {
+            t.push(id);
+        }
+    }
+
     /// `v` resolved: a fusion becomes its root (inside it), a fusion's parameter the fusion's
     /// operand (outside it).
     fn enter(&self, mut v: V) -> Option<V> {
         for _ in 0..64 {
             let ins = self.m.instr(v.id);
             if v.path.is_empty() {
-                let mut t = self.touched.borrow_mut();
-                if !t.contains(&v.id) {
-                    t.push(v.id);
-                }
+                self.touch(v.id);
             }
             match ins.opcode {
                 Opcode::Fusion => {
@@ -290,7 +295,6 @@ pub(super) fn match_rmsnorm(m: &Module, comp: CompId, ar: InstrId) -> Option<Fus
 }
 
 fn try_y(mx: &Matcher<'_>, y: InstrId, ar: InstrId, dims: &[i64]) -> Option<Fused> {
-    let m = mx.m;
     let yv = mx.enter(V { path: vec![], id: y })?;
     let y_ty = mx.ty(&yv)?;
     if !matches!(y_ty, PrimitiveType::Bf16 | PrimitiveType::F16 | PrimitiveType::F32) || mx.array(&yv)?.dims != dims {
@@ -324,7 +328,6 @@ fn try_y(mx: &Matcher<'_>, y: InstrId, ar: InstrId, dims: &[i64]) -> Option<Fuse
             }
         }
     }
-    let _ = m;
     None
 }
 
@@ -423,13 +426,7 @@ fn try_norm(
                 (probe.operand(&v, 0)? == *hf).then_some((i, t, probe.touched.into_inner()))
             });
             let (h_instr, t, seen) = found?;
-            let mut touched = mx.touched.borrow_mut();
-            for i in seen {
-                if !touched.contains(&i) {
-                    touched.push(i);
-                }
-            }
-            drop(touched);
+            seen.into_iter().for_each(|i| mx.touch(i));
             (h_instr, hf.clone(), t, false)
         }
     } else {

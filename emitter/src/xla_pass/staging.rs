@@ -6,19 +6,19 @@ use super::*;
 /// Bytes of one host staging buffer a call of collective `id` stages
 /// ([`CustomCallConfig::host_staging_bytes`], the rule `kernels::host::direct` lays out by).
 pub(super) fn staged_bytes(module: &Module, id: InstrId) -> u64 {
-    let operands: Vec<usize> =
-        module.instr(id).operands.iter().filter_map(|&o| module.instrs.get(o)).map(|o| o.shape.byte_size()).collect();
-    CustomCallConfig::host_staging_bytes(&operands) as u64
+    CustomCallConfig::host_staging_bytes(&operand_bytes(module, id)) as u64
+}
+
+/// The byte sizes of collective `id`'s operands.
+fn operand_bytes(module: &Module, id: InstrId) -> Vec<usize> {
+    module.instr(id).operands.iter().filter_map(|&o| module.instrs.get(o)).map(|o| o.shape.byte_size()).collect()
 }
 
 /// Staging `call` (the rewrite of `id`) needs on each GPU
 /// ([`CustomCallConfig::gpu_staging_bytes`]: results too, where the host stages operands).
 pub(super) fn gpu_staged_bytes(module: &Module, id: InstrId, call: &CustomCallConfig) -> u64 {
-    let ins = module.instr(id);
-    let args: Vec<usize> =
-        ins.operands.iter().filter_map(|&o| module.instrs.get(o)).map(|o| o.shape.byte_size()).collect();
-    let rets: Vec<usize> = ins.shape.leaves().iter().map(|l| l.byte_size()).collect();
-    call.gpu_staging_bytes(&args, &rets) as u64
+    let rets: Vec<usize> = module.instr(id).shape.leaves().iter().map(|l| l.byte_size()).collect();
+    call.gpu_staging_bytes(&operand_bytes(module, id), &rets) as u64
 }
 
 /// Keeps the module's GPU staging within [`STAGING_SHARE_OF_FREE`] of the least free device
@@ -63,15 +63,12 @@ pub(super) fn fit_staging(module: &Module, free: Option<u64>, calls: &mut Vec<Ca
             return true;
         }
         let d = &mut decisions[*at];
-        d.kernel = false;
-        d.implementation = "fallback".into();
-        d.reason = format!(
+        d.back_to_xla(&format!(
             "staging budget: the module's GPU staging would be {:.1} MiB, more than 1/{STAGING_SHARE_OF_FREE} of the \
-             {:.1} MiB free on the fullest GPU; its largest slots stay XLA's (was: {})",
+             {:.1} MiB free on the fullest GPU; its largest slots stay XLA's",
             mib(wanted),
-            mib(free),
-            d.reason
-        );
+            mib(free)
+        ));
         log::warn!("peerless pass: {} left to XLA: {}", d.instr, d.reason);
         false
     });
@@ -93,9 +90,7 @@ pub(super) fn keep_ordered(deps: Option<&Deps>, calls: &mut Vec<Call>, decisions
     let Some(deps) = deps else {
         log::warn!("peerless pass: the module's dependencies could not be read: every call goes back to XLA");
         for Call { at, .. } in calls.iter() {
-            let d = &mut decisions[*at];
-            (d.kernel, d.implementation) = (false, "fallback".into());
-            d.reason = format!("the module's dependencies could not be read (was: {})", d.reason);
+            decisions[*at].back_to_xla("the module's dependencies could not be read");
         }
         calls.clear();
         return;
@@ -157,13 +152,10 @@ pub(super) fn keep_ordered(deps: Option<&Deps>, calls: &mut Vec<Call>, decisions
         }
         for (at, other) in &back {
             let d = &mut decisions[*at];
-            d.kernel = false;
-            d.implementation = "fallback".into();
-            d.reason = format!(
+            d.back_to_xla(&format!(
                 "XLA:CPU may run it at the same time as {other} (nothing orders them), and a device's threads could \
-                 then wait in both: left to XLA, which orders its collectives (was: {})",
-                d.reason
-            );
+                 then wait in both: left to XLA, which orders its collectives"
+            ));
             log::info!("peerless pass: {} left to XLA: {}", d.instr, d.reason);
         }
         calls.retain(|c| !back.iter().any(|(u, _)| *u == c.at));
@@ -221,9 +213,6 @@ pub(super) fn dependencies(module: &[u8], wanted: &[&str]) -> Result<Deps, PassE
     let mut deps =
         Deps { index: wanted.iter().enumerate().map(|(k, n)| (n.to_string(), k)).collect(), ..Deps::default() };
     let top = fields(module)?;
-    let first_int = |fs: &[Field<'_>], number: u32| -> Result<Option<i64>, PassError> {
-        Ok(fs.iter().find(|x| x.number == number).map(ints).transpose()?.and_then(|v| v.first().copied()))
-    };
     let name_of = |fs: &[Field<'_>]| -> String {
         fs.iter()
             .find(|x| x.number == computation::NAME)

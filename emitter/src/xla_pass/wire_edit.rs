@@ -4,38 +4,25 @@
 use super::*;
 
 /// The first value of integer field `number` of a message's `fs`.
-fn first_int(fs: &[Field<'_>], number: u32) -> Result<Option<i64>, PassError> {
+pub(super) fn first_int(fs: &[Field<'_>], number: u32) -> Result<Option<i64>, PassError> {
     Ok(fs.iter().find(|x| x.number == number).map(ints).transpose()?.and_then(|v| v.first().copied()))
 }
 
-/// Calls `f(name, opcode)` for every instruction of every computation.
-pub(super) fn for_each_instruction(module: &[u8], mut f: impl FnMut(&str, &str)) -> Result<(), PassError> {
-    for c in
-        fields(module)?.iter().filter(|c| c.number == hlo_module::COMPUTATIONS && c.wire == WireType::LengthDelimited)
-    {
-        for i in fields(c.payload)?
-            .iter()
-            .filter(|i| i.number == computation::INSTRUCTIONS && i.wire == WireType::LengthDelimited)
-        {
-            let (mut name, mut opcode) = ("", "");
-            for x in fields(i.payload)? {
-                match x.number {
-                    instruction::NAME => name = std::str::from_utf8(x.payload).unwrap_or(""),
-                    instruction::OPCODE => opcode = std::str::from_utf8(x.payload).unwrap_or(""),
-                    _ => {}
-                }
-            }
-            f(name, opcode);
-        }
-    }
-    Ok(())
+/// The payload of field `number` of a message's `fs` (empty where it has none).
+fn payload<'a>(fs: &[Field<'a>], number: u32) -> &'a [u8] {
+    fs.iter().find(|x| x.number == number).map_or(&[], |x| x.payload)
 }
 
 /// Whether the module has any collective: the cheap check that lets the pass return at
 /// once for the many modules without one.
 pub fn has_collectives(module: &[u8]) -> Result<bool, PassError> {
     let mut any = false;
-    for_each_instruction(module, |_, op| any |= COLLECTIVE_OPCODES.contains(&op))?;
+    for c in fields(module)?.iter().filter(|c| c.number == hlo_module::COMPUTATIONS).filter_map(Field::message) {
+        for i in fields(c)?.iter().filter(|i| i.number == computation::INSTRUCTIONS).filter_map(Field::message) {
+            let opcode = std::str::from_utf8(payload(&fields(i)?, instruction::OPCODE)).unwrap_or("");
+            any |= COLLECTIVE_OPCODES.contains(&opcode);
+        }
+    }
     Ok(any)
 }
 
@@ -54,8 +41,7 @@ pub(super) fn slim(module: &[u8]) -> Result<Option<Vec<u8>>, PassError> {
     let mut by_id: HashMap<i64, &[u8]> = HashMap::new();
     for c in top.iter().filter(|c| c.number == hlo_module::COMPUTATIONS && c.wire == WireType::LengthDelimited) {
         let cf = fields(c.payload)?;
-        let comp_id =
-            cf.iter().find(|x| x.number == computation::ID).map(ints).transpose()?.and_then(|v| v.first().copied());
+        let comp_id = first_int(&cf, computation::ID)?;
         // proto3 leaves a zero out: a computation without an id is id 0 (prost writes
         // modules so, and XLA may).
         by_id.insert(comp_id.unwrap_or(0), c.raw);
@@ -68,20 +54,11 @@ pub(super) fn slim(module: &[u8]) -> Result<Option<Vec<u8>>, PassError> {
         let mut all: HashMap<i64, Vec<Field<'_>>> = HashMap::new();
         for i in &instrs {
             let fs = fields(i.payload)?;
-            let op = fs
-                .iter()
-                .find(|x| x.number == instruction::OPCODE)
-                .map_or("", |x| std::str::from_utf8(x.payload).unwrap_or(""));
+            let op = std::str::from_utf8(payload(&fs, instruction::OPCODE)).unwrap_or("");
             if COLLECTIVE_OPCODES.contains(&op) {
                 colls.push(fs);
             } else {
-                let id = fs
-                    .iter()
-                    .find(|x| x.number == instruction::ID)
-                    .map(ints)
-                    .transpose()?
-                    .and_then(|v| v.first().copied());
-                all.insert(id.unwrap_or(0), fs);
+                all.insert(first_int(&fs, instruction::ID)?.unwrap_or(0), fs);
             }
         }
         if colls.is_empty() {
@@ -187,9 +164,8 @@ pub(super) fn with_layout(shape: &[u8]) -> Result<Vec<u8>, PassError> {
     use hlo::wire::layout::MINOR_TO_MAJOR;
     use hlo::wire::shape::{DIMENSIONS, ELEMENT_TYPE, LAYOUT, TUPLE_SHAPES};
     let fs = fields(shape)?;
-    let ty = fs.iter().find(|x| x.number == ELEMENT_TYPE).map(ints).transpose()?.and_then(|v| v.first().copied());
     let mut out = Vec::with_capacity(shape.len() + 16);
-    match ty {
+    match first_int(&fs, ELEMENT_TYPE)? {
         Some(TUPLE_TYPE) => {
             for x in &fs {
                 if x.number == TUPLE_SHAPES && x.wire == WireType::LengthDelimited {
@@ -226,8 +202,7 @@ pub(super) fn leaves(shape: &[u8]) -> Result<usize, PassError> {
         .iter()
         .filter(|x| x.number == hlo::wire::shape::TUPLE_SHAPES && x.wire == WireType::LengthDelimited)
         .collect();
-    let ty = fs.iter().find(|x| x.number == hlo::wire::shape::ELEMENT_TYPE).map(ints).transpose()?;
-    match ty.and_then(|v| v.first().copied()) {
+    match first_int(&fs, hlo::wire::shape::ELEMENT_TYPE)? {
         Some(TUPLE) => tuple.iter().map(|x| leaves(x.payload)).sum(),
         Some(TOKEN) => Ok(0),
         _ => Ok(1),
@@ -400,26 +375,21 @@ pub(super) fn rewrite(
                 comp.extend_from_slice(i.raw);
                 continue;
             };
-            let opcode = fs.iter().find(|x| x.number == instruction::OPCODE).map_or(&b""[..], |x| x.payload);
             // A -done of a rewritten start.
-            if opcode.ends_with(b"-done") {
-                let operands: Vec<i64> = match fs.iter().find(|x| x.number == instruction::OPERAND_IDS) {
-                    Some(x) => ints(x)?,
-                    None => Vec::new(),
-                };
-                if let Some(form) = operands.first().and_then(|o| starts.get(o)) {
-                    let mut ins = Vec::with_capacity(i.payload.len());
-                    copy_fields(fs, &IDENTITY, &mut ins);
-                    copy_fields(fs, &[instruction::OPERAND_IDS, instruction::CONTROL_PREDECESSOR_IDS], &mut ins);
-                    if *form == Form::AsyncTuple {
-                        put_bytes(&mut ins, instruction::OPCODE, b"get-tuple-element");
-                        put_varint(&mut ins, instruction::TUPLE_INDEX, 1);
-                    } else {
-                        put_bytes(&mut ins, instruction::OPCODE, b"copy");
-                    }
-                    put_bytes(&mut comp, computation::INSTRUCTIONS, &ins);
-                    continue;
+            if payload(fs, instruction::OPCODE).ends_with(b"-done")
+                && let Some(form) = first_int(fs, instruction::OPERAND_IDS)?.and_then(|o| starts.get(&o))
+            {
+                let mut ins = Vec::with_capacity(i.payload.len());
+                copy_fields(fs, &IDENTITY, &mut ins);
+                copy_fields(fs, &[instruction::OPERAND_IDS, instruction::CONTROL_PREDECESSOR_IDS], &mut ins);
+                if *form == Form::AsyncTuple {
+                    put_bytes(&mut ins, instruction::OPCODE, b"get-tuple-element");
+                    put_varint(&mut ins, instruction::TUPLE_INDEX, 1);
+                } else {
+                    put_bytes(&mut ins, instruction::OPCODE, b"copy");
                 }
+                put_bytes(&mut comp, computation::INSTRUCTIONS, &ins);
+                continue;
             }
             let name = name_of(fs);
             // The chain a fused call computes: its outputs become the call's elements, the rest goes.
@@ -459,11 +429,9 @@ pub(super) fn rewrite(
                 }) {
                     ins.extend_from_slice(x.raw);
                 }
-                let shape = fs.iter().find(|x| x.number == instruction::SHAPE).map_or(&b""[..], |x| x.payload);
-                let mut operands = match fs.iter().find(|x| x.number == instruction::OPERAND_IDS) {
-                    Some(x) => ints(x)?,
-                    None => Vec::new(),
-                };
+                let shape = payload(fs, instruction::SHAPE);
+                let mut operands =
+                    fs.iter().find(|x| x.number == instruction::OPERAND_IDS).map(ints).transpose()?.unwrap_or_default();
                 match name.as_deref().and_then(|n| fused.get(n)) {
                     None => put_bytes(&mut ins, instruction::SHAPE, &with_layout(shape)?),
                     Some(f) => {
@@ -498,19 +466,13 @@ pub(super) fn rewrite(
             }
             // `(operand, result)`: the call computes the result, the start becomes the tuple.
             let name = name.unwrap_or_default();
-            let shape = fs.iter().find(|x| x.number == instruction::SHAPE).map_or(&b""[..], |x| x.payload);
-            let result_shape = fields(shape)?
+            let result_shape = fields(payload(fs, instruction::SHAPE))?
                 .into_iter()
                 .filter(|x| x.number == hlo::wire::shape::TUPLE_SHAPES && x.wire == WireType::LengthDelimited)
                 .nth(1)
                 .map(|x| x.payload)
                 .ok_or_else(|| PassError::Wire(format!("'{name}': the start's shape has no element 1")))?;
-            let operand = fs
-                .iter()
-                .find(|x| x.number == instruction::OPERAND_IDS)
-                .map(ints)
-                .transpose()?
-                .and_then(|v| v.first().copied())
+            let operand = first_int(fs, instruction::OPERAND_IDS)?
                 .ok_or_else(|| PassError::Wire(format!("'{name}': the start has no operand")))?;
             let mut call_id = max_id + 1;
             while used_ids.contains(&call_id) {
@@ -620,8 +582,7 @@ fn fully_laid(shape: &[u8]) -> Result<bool, PassError> {
     use hlo::wire::enums::{OPAQUE_TYPE, TOKEN_TYPE, TUPLE_TYPE};
     use hlo::wire::shape::{ELEMENT_TYPE, LAYOUT, TUPLE_SHAPES};
     let fs = fields(shape)?;
-    let ty = fs.iter().find(|x| x.number == ELEMENT_TYPE).map(ints).transpose()?.and_then(|v| v.first().copied());
-    match ty {
+    match first_int(&fs, ELEMENT_TYPE)? {
         Some(TUPLE_TYPE) => {
             for x in fs.iter().filter(|x| x.number == TUPLE_SHAPES && x.wire == WireType::LengthDelimited) {
                 if !fully_laid(x.payload)? {
@@ -705,8 +666,7 @@ pub(super) fn pin_entry_layouts(module: &[u8]) -> Result<Option<Vec<u8>>, PassEr
                 continue;
             };
             let fs = fields(ins)?;
-            let opcode = fs.iter().find(|y| y.number == instruction::OPCODE).map_or(&b""[..], |y| y.payload);
-            let shape = fs.iter().find(|y| y.number == instruction::SHAPE).map_or(&b""[..], |y| y.payload);
+            let (opcode, shape) = (payload(&fs, instruction::OPCODE), payload(&fs, instruction::SHAPE));
             let is_root = first_int(&fs, instruction::ID)?.unwrap_or(0) == root;
             let want = if opcode == b"parameter" {
                 let k = first_int(&fs, instruction::PARAMETER_NUMBER)?.unwrap_or(0);
@@ -772,8 +732,7 @@ pub(super) fn async_computations(module: &[u8]) -> Result<BTreeSet<String>, Pass
         }
         for i in cf.iter().filter(|x| x.number == computation::INSTRUCTIONS).filter_map(|x| x.message()) {
             let fs = fields(i)?;
-            let op = fs.iter().find(|x| x.number == instruction::OPCODE).map_or(&b""[..], |x| x.payload);
-            if matches!(op, b"async-start" | b"async-update" | b"async-done") {
+            if matches!(payload(&fs, instruction::OPCODE), b"async-start" | b"async-update" | b"async-done") {
                 for x in fs.iter().filter(|x| x.number == instruction::CALLED_COMPUTATION_IDS) {
                     wrapped.extend(ints(x)?);
                 }

@@ -75,15 +75,10 @@ pub fn to_type(a: Array, ty: PrimitiveType) -> Option<Array> {
     Some(Array { shape: ArrayShape::new(ty, a.shape.dims), data: a.data })
 }
 
-macro_rules! read_as {
-    ($file:expr, $t:ty) => {{
-        let v: Vec<$t> = $file.into_vec::<$t>()?;
-        let mut data = vec![0u8; v.len() * std::mem::size_of::<$t>()];
-        for (i, x) in v.into_iter().enumerate() {
-            x.write_le(&mut data[i * std::mem::size_of::<$t>()..]);
-        }
-        (<$t as Element>::TYPE, data)
-    }};
+/// An npy file's values as `T`'s element type and little-endian bytes.
+fn read_as<T: npyz::Deserialize + Element>(file: npyz::NpyFile<&[u8]>) -> std::io::Result<(PrimitiveType, Vec<u8>)> {
+    let v = file.into_vec::<T>()?;
+    Ok((T::TYPE, Array::from_slice(vec![v.len() as i64], &v).data))
 }
 
 /// Reads every array of an npz file (types as numpy stored them).
@@ -139,25 +134,23 @@ fn read_npz_from<R: std::io::Read + std::io::Seek>(path: &Path, reader: R) -> Re
         }
         let dtype = file.dtype();
         let npyz::DType::Plain(ts) = &dtype else { return Err(bad(format!("unsupported dtype {}", dtype.descr()))) };
-        let read = || -> std::io::Result<(PrimitiveType, Vec<u8>)> {
-            use npyz::TypeChar::*;
-            Ok(match (ts.type_char(), ts.size_field()) {
-                (Bool, 1) => read_as!(file, bool),
-                (Int, 1) => read_as!(file, i8),
-                (Int, 2) => read_as!(file, i16),
-                (Int, 4) => read_as!(file, i32),
-                (Int, 8) => read_as!(file, i64),
-                (Uint, 1) => read_as!(file, u8),
-                (Uint, 2) => read_as!(file, u16),
-                (Uint, 4) => read_as!(file, u32),
-                (Uint, 8) => read_as!(file, u64),
-                (Float, 2) => read_as!(file, f16),
-                (Float, 4) => read_as!(file, f32),
-                (Float, 8) => read_as!(file, f64),
-                _ => return Err(std::io::Error::other(format!("unsupported dtype {ts}"))),
-            })
+        use npyz::TypeChar::*;
+        let read = match (ts.type_char(), ts.size_field()) {
+            (Bool, 1) => read_as::<bool>(file),
+            (Int, 1) => read_as::<i8>(file),
+            (Int, 2) => read_as::<i16>(file),
+            (Int, 4) => read_as::<i32>(file),
+            (Int, 8) => read_as::<i64>(file),
+            (Uint, 1) => read_as::<u8>(file),
+            (Uint, 2) => read_as::<u16>(file),
+            (Uint, 4) => read_as::<u32>(file),
+            (Uint, 8) => read_as::<u64>(file),
+            (Float, 2) => read_as::<f16>(file),
+            (Float, 4) => read_as::<f32>(file),
+            (Float, 8) => read_as::<f64>(file),
+            _ => Err(std::io::Error::other(format!("unsupported dtype {ts}"))),
         };
-        let (ty, data) = read().map_err(|e| bad(e.to_string()))?;
+        let (ty, data) = read.map_err(|e| bad(e.to_string()))?;
         let shape = array_shape(ty, dims).map_err(bad)?;
         let a = Array::new(shape, data).map_err(|e| bad(e.to_string()))?;
         out.insert(name, a);
@@ -210,11 +203,8 @@ fn write_one<T: npyz::AutoSerialize + Element>(
     a: &Array,
 ) -> std::io::Result<()> {
     let dims: Vec<u64> = a.shape.dims.iter().map(|&d| d.max(0) as u64).collect();
-    let size = std::mem::size_of::<T>();
     let mut w = npz.array::<T>(name, Default::default())?.default_dtype().shape(&dims).begin_nd()?;
-    for chunk in a.data.chunks_exact(size) {
-        w.push(&T::from_le(chunk))?;
-    }
+    w.extend(a.data.chunks_exact(std::mem::size_of::<T>()).map(T::from_le))?;
     w.finish()
 }
 

@@ -26,52 +26,60 @@ pub enum Dtype {
 }
 
 impl Dtype {
-    pub fn name(self) -> &'static str {
+    /// Every element type the kernels take.
+    pub const ALL: [Dtype; 13] = [
+        Dtype::F32,
+        Dtype::F64,
+        Dtype::Bf16,
+        Dtype::F16,
+        Dtype::S8,
+        Dtype::S16,
+        Dtype::S32,
+        Dtype::S64,
+        Dtype::U8,
+        Dtype::U16,
+        Dtype::U32,
+        Dtype::U64,
+        Dtype::Pred,
+    ];
+
+    /// The HLO element type: its name, size and kind are the kernels' too.
+    pub fn hlo(self) -> hlo::PrimitiveType {
+        use hlo::PrimitiveType as T;
         match self {
-            Dtype::F32 => "f32",
-            Dtype::F64 => "f64",
-            Dtype::Bf16 => "bf16",
-            Dtype::F16 => "f16",
-            Dtype::S8 => "s8",
-            Dtype::S16 => "s16",
-            Dtype::S32 => "s32",
-            Dtype::S64 => "s64",
-            Dtype::U8 => "u8",
-            Dtype::U16 => "u16",
-            Dtype::U32 => "u32",
-            Dtype::U64 => "u64",
-            Dtype::Pred => "pred",
+            Dtype::F32 => T::F32,
+            Dtype::F64 => T::F64,
+            Dtype::Bf16 => T::Bf16,
+            Dtype::F16 => T::F16,
+            Dtype::S8 => T::S8,
+            Dtype::S16 => T::S16,
+            Dtype::S32 => T::S32,
+            Dtype::S64 => T::S64,
+            Dtype::U8 => T::U8,
+            Dtype::U16 => T::U16,
+            Dtype::U32 => T::U32,
+            Dtype::U64 => T::U64,
+            Dtype::Pred => T::Pred,
         }
     }
 
     /// The kernels' type for an HLO element type (`None`: not computable on the device).
     pub fn of(ty: hlo::PrimitiveType) -> Option<Dtype> {
-        use hlo::PrimitiveType as T;
-        Some(match ty {
-            T::F32 => Dtype::F32,
-            T::F64 => Dtype::F64,
-            T::Bf16 => Dtype::Bf16,
-            T::F16 => Dtype::F16,
-            T::S8 => Dtype::S8,
-            T::S16 => Dtype::S16,
-            T::S32 => Dtype::S32,
-            T::S64 => Dtype::S64,
-            T::U8 => Dtype::U8,
-            T::U16 => Dtype::U16,
-            T::U32 => Dtype::U32,
-            T::U64 => Dtype::U64,
-            T::Pred => Dtype::Pred,
-            _ => return None,
-        })
+        Dtype::ALL.into_iter().find(|t| t.hlo() == ty)
+    }
+
+    /// HLO's spelling (`f32`, `bf16`, `pred`): what the kernels' names carry.
+    pub fn name(self) -> &'static str {
+        self.hlo().name()
     }
 
     pub fn size(self) -> usize {
-        match self {
-            Dtype::S8 | Dtype::U8 | Dtype::Pred => 1,
-            Dtype::Bf16 | Dtype::F16 | Dtype::S16 | Dtype::U16 => 2,
-            Dtype::F32 | Dtype::S32 | Dtype::U32 => 4,
-            Dtype::F64 | Dtype::S64 | Dtype::U64 => 8,
-        }
+        self.hlo().byte_size()
+    }
+
+    /// Whether the type is a float (f32, f64, bf16, f16): what the Lamport one-shot takes.
+    pub fn is_float(self) -> bool {
+        self.hlo().is_float()
     }
 }
 

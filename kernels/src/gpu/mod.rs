@@ -81,12 +81,10 @@ pub fn lamport_init(len: usize) -> Vec<u8> {
     v
 }
 
-/// The element types and 16-bit float conversions every kernel source includes.
-pub const TYPES_HEADER: (&str, &str) = ("peerless_types.h", include_str!("../../cuda/peerless_types.h"));
-
-/// The kernel sources, as (file name, text); headers are included by name.
+/// The kernel sources, as (file name, text); headers are included by name
+/// (`peerless_types.h`: the element types and 16-bit float conversions every source includes).
 pub const SOURCES: &[(&str, &str)] = &[
-    TYPES_HEADER,
+    ("peerless_types.h", include_str!("../../cuda/peerless_types.h")),
     ("peerless_device.h", include_str!("../../cuda/peerless_device.h")),
     ("collectives.cu", include_str!("../../cuda/collectives.cu")),
 ];
@@ -265,9 +263,7 @@ pub struct Clique<B: Backend> {
 impl<B: Backend> Clique<B> {
     /// Opens `ordinals`, loads the kernels, enables and probes peer access.
     pub fn new(ordinals: &[usize]) -> Result<Self> {
-        if ordinals.is_empty() || ordinals.len() > MAX_RANKS {
-            return Err(Error::Gpu(format!("a clique has 1..={MAX_RANKS} devices, not {}", ordinals.len())));
-        }
+        check_size(ordinals.len())?;
         let devices = ordinals.iter().map(|&o| Device::open(o)).collect::<Result<Vec<_>>>()?;
         let n = devices.len();
         let mut probes = vec![vec![Probe::Local; n]; n];
@@ -291,9 +287,7 @@ impl<B: Backend> Clique<B> {
     /// `PEERLESS_TEST_RANKS_ON_ONE_GPU`). Every member's kernels must be resident at once, so
     /// keep grids small; it says nothing of links between GPUs.
     pub fn on_one_device(ordinal: usize, ranks: usize) -> Result<Self> {
-        if ranks == 0 || ranks > MAX_RANKS {
-            return Err(Error::Gpu(format!("a clique has 1..={MAX_RANKS} devices, not {ranks}")));
-        }
+        check_size(ranks)?;
         let devices = (0..ranks).map(|_| Device::open(ordinal)).collect::<Result<Vec<_>>>()?;
         let key = PeerTableKey::Backend { backend: B::NAME.into(), devices: vec![ordinal; ranks] };
         let peers = PeerAccessTable::cached(key, move || {
@@ -350,6 +344,14 @@ impl<B: Backend> Clique<B> {
     pub fn alloc(&self, len: usize) -> Result<Vec<B::Buffer>> {
         self.devices.iter().map(|d| Ok(B::alloc(&d.ctx, len)?)).collect()
     }
+}
+
+/// Errors unless a clique of `n` devices is one the kernels take.
+fn check_size(n: usize) -> Result<()> {
+    if n == 0 || n > MAX_RANKS {
+        return Err(Error::Gpu(format!("a clique has 1..={MAX_RANKS} devices, not {n}")));
+    }
+    Ok(())
 }
 
 /// Enables `a` → `b` access and checks it: a kernel on `a` writes a value into `b`'s memory

@@ -67,7 +67,7 @@ impl Kernel {
     }
 
     /// The kernel's name before the specialization (`pl_two_shot_` + `f32_sum`).
-    pub fn prefix(self) -> &'static str {
+    fn prefix(self) -> &'static str {
         match self {
             Kernel::OneShot => "pl_one_shot_",
             Kernel::OneShotMany => "pl_one_shot_many_",
@@ -79,17 +79,15 @@ impl Kernel {
         }
     }
 
-    /// The macro of `collectives.cu` that instantiates it.
-    pub fn macro_name(self) -> &'static str {
-        match self {
-            Kernel::OneShot => "PL_ONE_SHOT",
-            Kernel::OneShotMany => "PL_ONE_SHOT_MANY",
-            Kernel::TwoShot => "PL_TWO_SHOT",
-            Kernel::ReduceScatter => "PL_REDUCE_SCATTER",
-            Kernel::OneShotNorm => "PL_ONE_SHOT_NORM",
-            Kernel::Lamport => "PL_LAMPORT",
-            Kernel::LamportNorm => "PL_LAMPORT_NORM",
-        }
+    /// Its kernel for `t` under `r` (`pl_two_shot_f32_sum`).
+    pub fn name(self, t: Dtype, r: Red) -> String {
+        format!("{}{}_{}", self.prefix(), t.name(), r.name())
+    }
+
+    /// The macro of `collectives.cu` that instantiates it: the prefix in capitals
+    /// (`PL_TWO_SHOT`).
+    pub fn macro_name(self) -> String {
+        self.prefix().trim_end_matches('_').to_uppercase()
     }
 }
 
@@ -113,7 +111,7 @@ impl Unit {
     pub fn name(self) -> String {
         match self {
             Unit::Base => "base".into(),
-            Unit::Spec(k, t, r) => format!("{}{}_{}", &k.prefix()[3..], t.name(), r.name()),
+            Unit::Spec(k, t, r) => k.name(t, r)["pl_".len()..].into(),
         }
     }
 
@@ -133,7 +131,7 @@ impl Unit {
     pub fn kernels(self) -> Vec<String> {
         match self {
             Unit::Base => BASE_KERNELS.iter().map(|k| k.to_string()).collect(),
-            Unit::Spec(k, t, r) => vec![format!("{}{}_{}", k.prefix(), t.name(), r.name())],
+            Unit::Spec(k, t, r) => vec![k.name(t, r)],
         }
     }
 
@@ -177,28 +175,6 @@ impl Unit {
 }
 
 impl Dtype {
-    /// Whether the type is a float (f32, f64, bf16, f16): what the Lamport one-shot takes.
-    pub fn is_float(self) -> bool {
-        matches!(self, Dtype::F32 | Dtype::F64 | Dtype::Bf16 | Dtype::F16)
-    }
-
-    /// Every element type the kernels take.
-    pub const ALL: [Dtype; 13] = [
-        Dtype::F32,
-        Dtype::F64,
-        Dtype::Bf16,
-        Dtype::F16,
-        Dtype::S8,
-        Dtype::S16,
-        Dtype::S32,
-        Dtype::S64,
-        Dtype::U8,
-        Dtype::U16,
-        Dtype::U32,
-        Dtype::U64,
-        Dtype::Pred,
-    ];
-
     /// The element type in the kernel sources (`peerless_types.h`); pred is a byte.
     fn c_type(self) -> &'static str {
         match self {

@@ -153,12 +153,8 @@ pub fn peer_table<B: XlaBackend>(allow_unsafe: bool) -> Result<Arc<thunks::PeerA
 /// budget), or why it is unknown.
 pub fn least_free_memory<B: XlaBackend>() -> Result<usize, String> {
     let c = clique::<B>().map_err(|e| e.to_string())?;
-    let mut least: Option<usize> = None;
-    for d in &c.devices {
-        let free = B::free_memory(&d.ctx).map_err(|e| e.to_string())?;
-        least = Some(least.map_or(free, |l| l.min(free)));
-    }
-    least.ok_or_else(|| "no GPUs".to_string())
+    let free = c.devices.iter().map(|d| B::free_memory(&d.ctx).map_err(|e| e.to_string()));
+    free.collect::<Result<Vec<_>, _>>()?.into_iter().min().ok_or_else(|| "no GPUs".to_string())
 }
 
 /// Records which device id each local GPU (ordinal) has in the job (from the job's topology,
@@ -305,12 +301,6 @@ fn instances<B: XlaBackend>() -> &'static Mutex<HashMap<u64, Arc<Instance<B>>>> 
     B::state().instances.get_or_init(Default::default)
 }
 
-/// Staging a call needs on every device.
-fn staging_bytes(cfg: &CustomCallConfig, args: &[ArrayShape], rets: &[ArrayShape]) -> usize {
-    let sizes = |v: &[ArrayShape]| v.iter().map(ArrayShape::byte_size).collect::<Vec<_>>();
-    cfg.gpu_staging_bytes(&sizes(args), &sizes(rets))
-}
-
 /// The instance `cfg` runs on: its slot's (a live one of the same key, or a new one of the
 /// slot's size), or one of its own without a slot or where the live slot is too small for it
 /// (only a config from elsewhere: the pass sized the slot for every call), with a warning.
@@ -374,17 +364,19 @@ fn instance<B: XlaBackend>(
     args: &[ArrayShape],
     rets: &[ArrayShape],
 ) -> Arc<Instance<B>> {
-    // The staging need is worked out only when the instance is made (the sizes allocate).
-    let need = || staging_bytes(cfg, args, rets);
+    // The staging a call needs on every device, worked out only when the instance is made
+    // (the sizes allocate).
+    let need = || {
+        let sizes = |v: &[ArrayShape]| v.iter().map(ArrayShape::byte_size).collect::<Vec<_>>();
+        cfg.gpu_staging_bytes(&sizes(args), &sizes(rets))
+    };
     if let Some(state) = state {
-        return state.instance.get_or_init(|| gpu_call(on_slot(cfg, need(), state.occurrence))).inst.clone();
+        let call =
+            || GpuCall { inst: on_slot(cfg, need(), state.occurrence), plans: [const { OnceLock::new() }; MAX_RANKS] };
+        return state.instance.get_or_init(call).inst.clone();
     }
     let mut map = instances::<B>().lock().unwrap_or_else(PoisonError::into_inner);
     map.entry(cfg.instance).or_insert_with(|| on_slot(cfg, need(), 0)).clone()
-}
-
-fn gpu_call<B: XlaBackend>(inst: Arc<Instance<B>>) -> GpuCall<B> {
-    GpuCall { inst, plans: [const { OnceLock::new() }; MAX_RANKS] }
 }
 
 /// Allocates and publishes the part of `inst` of `device` (GPU `ordinal`) unless it exists.
@@ -558,7 +550,6 @@ fn all_ranks<'a, B: XlaBackend>(
     Ok(inst.complete.get_or_init(|| Complete { ranks, addrs, _mapped: mapped }))
 }
 
-/// The GPU ordinal XLA calls the handler on.
 /// What a double-buffered reduction kernel takes besides its buffers: the group's staging (or
 /// Lamport regions) and flag bases, the half's (or slot's) size and this device's counters.
 #[derive(Clone, Copy)]
@@ -595,7 +586,11 @@ fn launch_grid(bytes: usize) -> u32 {
     super::grid((bytes as u64).div_ceil(16), DEFAULT_GRID)
 }
 
-fn view(shape: &ArrayShape, dim: usize) -> Result<(usize, usize, usize), HandlerError> {
+/// Operand `shape` in `cfg`'s physical order, viewed along the call's dimension: (rows before
+/// it, its size, bytes after it).
+fn view(cfg: &CustomCallConfig, shape: &ArrayShape) -> Result<(usize, usize, usize), HandlerError> {
+    let (phys, dim) = cfg.physical(&shape.dims).map_err(|m| err(ErrorCode::InvalidArgument, m))?;
+    let (shape, dim) = (ArrayShape::new(shape.ty, phys), dim.unwrap_or(0));
     let dims: Vec<usize> = shape.dims.iter().map(|&d| usize::try_from(d).unwrap_or(0)).collect();
     if dims.is_empty() {
         return Ok((1, 1, shape.ty.byte_size()));

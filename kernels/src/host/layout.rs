@@ -59,8 +59,7 @@ impl Split {
 
     /// The whole operand, as `outer` runs of one row each.
     pub(crate) fn whole(self) -> Runs {
-        let row = self.n * self.inner;
-        Runs { offset: 0, rows: self.outer, row, stride: row }
+        self.gathered(1, 0)
     }
 
     /// Where member `i`'s operand lands in an all-gather result of `g` operands
@@ -70,12 +69,12 @@ impl Split {
         Runs { offset: i * row, rows: self.outer, row, stride: g * row }
     }
 
-    /// Checks that the dimension splits into `g` equal blocks.
-    pub(crate) fn check_blocks(self, g: usize, shape: &ArrayShape, dim: usize) -> Result<(), String> {
+    /// The view again if the dimension splits into `g` equal blocks, else why not.
+    pub(crate) fn check_blocks(self, g: usize, shape: &ArrayShape, dim: usize) -> Result<Self, String> {
         if g == 0 || !self.n.is_multiple_of(g) {
             return Err(format!("dimension {dim} of operand shape {shape} does not split into {g} blocks"));
         }
-        Ok(())
+        Ok(self)
     }
 
     /// Block `k` of `g` along the dimension (after [`Split::check_blocks`]).

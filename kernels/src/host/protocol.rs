@@ -320,8 +320,7 @@ impl Plan {
         let mut ops = Vec::with_capacity(shapes.len());
         let mut stage = 0usize;
         let dim = dimension.unwrap_or(0);
-        let g_of = |j: usize| groups.get(j).map_or(1, Vec::len);
-        let g = g_of(0);
+        let g = groups.first().map_or(1, Vec::len);
         if groups.iter().any(|m| m.len() != g) {
             return Err(invalid("replica groups differ in size".into()));
         }
@@ -337,21 +336,18 @@ impl Plan {
                 }
                 _ => None,
             };
+            // The operand viewed along the dimension, and the same split into `g` blocks.
+            let view = || Split::new(shape, dim, len).map_err(invalid);
+            let blocks = || view().and_then(|s| s.check_blocks(g, shape, dim).map_err(invalid));
             let (split, out_len) = match op.kind {
                 Kind::AllReduce | Kind::CollectivePermute => (None, len),
-                Kind::AllGather => (Some(Split::new(shape, dim, len).map_err(invalid)?), len.saturating_mul(g)),
-                Kind::ReduceScatter => {
-                    let s = Split::new(shape, dim, len).map_err(invalid)?;
-                    s.check_blocks(g, shape, dim).map_err(invalid)?;
-                    (Some(s), len / g.max(1))
-                }
+                Kind::AllGather => (Some(view()?), len.saturating_mul(g)),
+                Kind::ReduceScatter => (Some(blocks()?), len / g.max(1)),
                 Kind::AllToAll if dimension.is_some() => {
                     if shapes.len() != 1 {
                         return Err(invalid(format!("array all-to-all with {} operands", shapes.len())));
                     }
-                    let s = Split::new(shape, dim, len).map_err(invalid)?;
-                    s.check_blocks(g, shape, dim).map_err(invalid)?;
-                    (Some(s), len)
+                    (Some(blocks()?), len)
                 }
                 Kind::AllToAll => {
                     if shapes.len() != g || shapes.iter().any(|s| shape_bytes(s) != Some(len)) {

@@ -110,25 +110,21 @@ impl<B: XlaBackend> Plan<B> {
             .ok_or_else(|| internal(format!("'{}': no state for device {}", x.cfg.name, x.device)))?;
         let mut b = Builder { x, own, names: Vec::new(), funcs: Vec::new(), steps: Vec::new() };
         let cfg = x.cfg;
-        match cfg.kind {
-            Kind::CollectivePermute => b.permute()?,
-            _ => {
-                let group = cfg.group_of(x.device).ok_or_else(|| internal("device in no group"))?;
-                let idx = group.iter().position(|&m| m == x.device).unwrap_or(0);
-                if cfg.epilogue.is_some() {
-                    b.reduce_norm(group, idx)?;
-                } else {
-                    match cfg.algorithm {
-                        Algo::OneShotAllReduce if x.args.len() > 1 && group.len() > 1 => b.reduce_many(group, idx)?,
-                        Algo::OneShotAllReduce | Algo::TwoShotAllReduce | Algo::DirectReduceScatter => {
-                            for i in 0..x.args.len().min(x.rets.len()) {
-                                b.reduce(group, idx, i)?;
-                            }
-                        }
-                        Algo::DirectAllGather | Algo::DirectAllToAll => b.push(group, idx)?,
-                        Algo::DirectPermute => return Err(internal("direct permute on a grouped collective")),
+        if cfg.kind == Kind::CollectivePermute {
+            b.permute()?;
+        } else {
+            let group = cfg.group_of(x.device).ok_or_else(|| internal("device in no group"))?;
+            let idx = group.iter().position(|&m| m == x.device).unwrap_or(0);
+            match cfg.algorithm {
+                _ if cfg.epilogue.is_some() => b.reduce_norm(group, idx)?,
+                Algo::OneShotAllReduce if x.args.len() > 1 && group.len() > 1 => b.reduce_many(group, idx)?,
+                Algo::OneShotAllReduce | Algo::TwoShotAllReduce | Algo::DirectReduceScatter => {
+                    for i in 0..x.args.len().min(x.rets.len()) {
+                        b.reduce(group, idx, i)?;
                     }
                 }
+                Algo::DirectAllGather | Algo::DirectAllToAll => b.push(group, idx)?,
+                Algo::DirectPermute => return Err(internal("direct permute on a grouped collective")),
             }
         }
         Ok(Plan { _inst: x.inst.clone(), own: b.own, funcs: b.funcs, steps: b.steps })
@@ -225,7 +221,7 @@ impl<B: XlaBackend> Builder<'_, B> {
 
     /// The specialised kernel `k` for `t` under `red`.
     fn spec(&mut self, k: Kernel, t: Dtype, red: Red) -> Result<usize, HandlerError> {
-        self.func(Unit::Spec(k, t, red), format!("{}{}_{}", k.prefix(), t.name(), red.name()))
+        self.func(Unit::Spec(k, t, red), k.name(t, red))
     }
 
     fn launch(&mut self, func: usize, grid: u32, args: Args) {
@@ -290,7 +286,7 @@ impl<B: XlaBackend> Builder<'_, B> {
         let red = reduction(self.x.cfg)?;
         let sym = self.symmetric(group)?;
         // Operand j's place in a staging half: the sum of the earlier operands' rounded sizes,
-        // the layout `staging_bytes` sized.
+        // the layout `CustomCallConfig::gpu_staging_bytes` sized.
         let mut offsets = Vec::with_capacity(shapes.len());
         let mut at = 0usize;
         for s in shapes {
@@ -392,12 +388,8 @@ impl<B: XlaBackend> Builder<'_, B> {
         let t = reduced_type(shape.ty, red)?;
         if cfg.algorithm == Algo::DirectReduceScatter {
             let sym = self.symmetric(group)?;
-            let (phys, dim) = cfg.physical(&shape.dims).map_err(|m| err(ErrorCode::InvalidArgument, m))?;
-            let (outer, n, inner) = view(&ArrayShape::new(shape.ty, phys), dim.unwrap_or(0))?;
-            if n % g != 0 {
-                return Err(err(ErrorCode::InvalidArgument, format!("dimension of {n} does not split into {g}")));
-            }
-            let blocks = Blocks { outer: outer as u64, brow: (n / g * inner) as u64, full: (n * inner) as u64 };
+            let (outer, n, inner) = view(cfg, shape)?;
+            let blocks = Blocks { outer: outer as u64, brow: block_row(n, inner, g)?, full: (n * inner) as u64 };
             let x = group_args!(ScatterArgs { input: 0, output: 0, blocks }, idx, g, sym, self.status());
             let func = self.spec(Kernel::ReduceScatter, t, red)?;
             self.launch(func, launch_grid(bytes / g), Args::Scatter(x, i));
@@ -477,8 +469,7 @@ impl<B: XlaBackend> Builder<'_, B> {
             moved = shapes[0].byte_size();
         } else {
             let shape = &shapes[0];
-            let (phys, dim) = cfg.physical(&shape.dims).map_err(|m| err(ErrorCode::InvalidArgument, m))?;
-            let (outer, n, inner) = view(&ArrayShape::new(shape.ty, phys), dim.unwrap_or(0))?;
+            let (outer, n, inner) = view(cfg, shape)?;
             let row = (n * inner) as u64;
             for (i, (task, src)) in x.task.iter_mut().zip(&mut src).enumerate().take(g) {
                 let k = (idx + i) % g;
@@ -493,13 +484,7 @@ impl<B: XlaBackend> Builder<'_, B> {
                         dstride: g as u64 * row,
                     }
                 } else {
-                    if n % g != 0 {
-                        return Err(err(
-                            ErrorCode::InvalidArgument,
-                            format!("dimension of {n} does not split into {g}"),
-                        ));
-                    }
-                    let brow = (n / g * inner) as u64;
+                    let brow = block_row(n, inner, g)?;
                     *src = (0, k as u64 * brow);
                     Run {
                         src: 0,
@@ -568,6 +553,15 @@ impl<B: XlaBackend> Builder<'_, B> {
         });
         Ok(())
     }
+}
+
+/// Bytes of one of `g` blocks of a row of `n` slices of `inner` bytes, or why the row does
+/// not split into `g`.
+fn block_row(n: usize, inner: usize, g: usize) -> Result<u64, HandlerError> {
+    if !n.is_multiple_of(g) {
+        return Err(err(ErrorCode::InvalidArgument, format!("dimension of {n} does not split into {g}")));
+    }
+    Ok((n / g * inner) as u64)
 }
 
 /// The call's reduction.

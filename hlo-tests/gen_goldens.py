@@ -270,7 +270,7 @@ def _same_array(a, b):
 
 
 # (rtol, atol) per float element type, x10 for `tolerance=loose`: the Rust harnesses'
-# tolerances (hlo-tests/src/lib.rs `tolerance`, README "Comparison"). Every other element type
+# tolerances (hlo-tests/tests/support/lib.rs `tolerance`, README "Comparison"). Every other element type
 # (ints, pred, f8, 4-bit) compares exactly.
 TOLERANCES = {
     np.dtype(np.float64): (1e-12, 1e-14),

@@ -172,13 +172,6 @@ impl Dtype {
         }
     }
 
-    fn xla(self) -> xla::PrimitiveType {
-        match self {
-            Dtype::F32 => xla::PrimitiveType::F32,
-            Dtype::Bf16 => xla::PrimitiveType::Bf16,
-        }
-    }
-
     fn pjrt(self) -> u32 {
         match self {
             Dtype::F32 => bt::F32,
@@ -469,150 +462,62 @@ impl Report {
 
 // ---- the module -------------------------------------------------------------------------
 
-fn layout(rank: usize) -> Option<Box<xla::LayoutProto>> {
-    Some(Box::new(xla::LayoutProto { minor_to_major: (0..rank as i64).rev().collect(), ..Default::default() }))
-}
-
-/// A row-major array shape.
-fn array_shape(ty: Dtype, dims: &[usize]) -> xla::ShapeProto {
-    xla::ShapeProto {
-        element_type: ty.xla() as i32,
-        dimensions: dims.iter().map(|&d| d as i64).collect(),
-        is_dynamic_dimension: vec![false; dims.len()],
-        layout: layout(dims.len()),
-        ..Default::default()
-    }
-}
-
-fn tuple_shape(elems: Vec<xla::ShapeProto>) -> xla::ShapeProto {
-    xla::ShapeProto { element_type: xla::PrimitiveType::Tuple as i32, tuple_shapes: elems, ..Default::default() }
-}
-
-fn instruction(name: String, opcode: &str, id: i64, shape: xla::ShapeProto) -> xla::HloInstructionProto {
-    xla::HloInstructionProto { name, opcode: opcode.into(), id, shape: Some(shape), ..Default::default() }
-}
-
-fn computation(name: &str, id: i64, instrs: Vec<xla::HloInstructionProto>) -> xla::HloComputationProto {
-    let root = instrs.last().expect("a computation has instructions");
-    let params: Vec<_> = instrs.iter().filter(|i| i.opcode == "parameter").collect();
-    let program_shape = xla::ProgramShapeProto {
-        parameters: params.iter().map(|i| i.shape.clone().unwrap_or_default()).collect(),
-        parameter_names: params.iter().map(|i| i.name.clone()).collect(),
-        result: root.shape.clone(),
-    };
-    xla::HloComputationProto {
-        name: name.into(),
-        id,
-        root_id: root.id,
-        program_shape: Some(program_shape),
-        instructions: instrs,
-        ..Default::default()
-    }
-}
-
 /// The bench module: `chain` collectives `op` over all `n` replicas of `elems`-element
-/// operands. All-to-all and permute feed each collective the previous one's result and
-/// return the last; the others run collective k on parameter k after collective k − 1 and
-/// return the tuple of all of them (`chain` > 1). The order is a data dependency, not a
-/// control one: collective k's operand is element 0 of `opt-barrier((p_k, c_{k-1}))`, which
-/// no XLA pass can see through or reorder and which costs nothing at run time. (Control
-/// dependencies crash XLA:CPU of jaxlib 0.11.2 on all-to-alls, SIGSEGV, and fail XLA:CUDA's
-/// compile of all-reduces: a RET_CHECK, "cannot remove instruction", when it makes them
-/// async.) Being data-ordered, the chain's collectives share one staging slot, as a real
-/// program's chained collectives do.
+/// operands, written as HLO text and encoded by the `hlo` crate. All-to-all and permute feed
+/// each collective the previous one's result and return the last; the others run collective
+/// k on parameter k after collective k − 1 and return the tuple of all of them (`chain` > 1).
+/// The order is a data dependency, not a control one: collective k's operand is element 0 of
+/// `opt-barrier((p_k, c_{k-1}))`, which no XLA pass can see through or reorder and which costs
+/// nothing at run time. (Control dependencies crash XLA:CPU of jaxlib 0.11.2 on all-to-alls,
+/// SIGSEGV, and fail XLA:CUDA's compile of all-reduces: a RET_CHECK, "cannot remove
+/// instruction", when it makes them async.) Being data-ordered, the chain's collectives share
+/// one staging slot, as a real program's chained collectives do.
 pub fn module(op: Op, ty: Dtype, elems: usize, n: usize, chain: usize) -> Vec<u8> {
-    let mut next_id = 0i64;
-    let mut id = || {
-        next_id += 1;
-        next_id
-    };
-    let scalar = array_shape(ty, &[]);
-    // The reduction of all-reduce and reduce-scatter.
-    let add = {
-        let mut a = instruction("a".into(), "parameter", id(), scalar.clone());
-        let mut b = instruction("b".into(), "parameter", id(), scalar.clone());
-        a.parameter_number = 0;
-        b.parameter_number = 1;
-        let mut s = instruction("s".into(), "add", id(), scalar.clone());
-        s.operand_ids = vec![a.id, b.id];
-        computation("add", id(), vec![a, b, s])
-    };
-    let group = xla::ReplicaGroup { replica_ids: (0..n as i64).collect() };
-    let out_shape = array_shape(ty, &[op.result_elems(elems, n)]);
-    let mut params = Vec::new();
-    // The collectives' ids, in order.
-    let mut colls: Vec<i64> = Vec::new();
-    // The entry's non-parameter instructions in order (the ordering ones, the collectives).
-    let mut body: Vec<xla::HloInstructionProto> = Vec::new();
-    for k in 0..chain {
-        let mut p = instruction(format!("p{k}"), "parameter", id(), array_shape(ty, &[elems]));
-        p.parameter_number = k as i64;
-        let in_shape = array_shape(ty, &[elems]);
-        let mut c = instruction(format!("{}.{k}", op.name()), op.name(), id(), out_shape.clone());
-        c.operand_ids = vec![p.id];
-        let mut order = Vec::new();
-        if let (Some(&prev), false) = (colls.last(), op.data_chain()) {
-            let mut t = instruction(
-                format!("after.{k}"),
-                "tuple",
-                id(),
-                tuple_shape(vec![in_shape.clone(), out_shape.clone()]),
-            );
-            t.operand_ids = vec![p.id, prev];
-            let mut b = instruction(format!("barrier.{k}"), "opt-barrier", id(), t.shape.clone().unwrap_or_default());
-            b.operand_ids = vec![t.id];
-            let mut g = instruction(format!("operand.{k}"), "get-tuple-element", id(), in_shape.clone());
-            g.operand_ids = vec![b.id];
-            g.tuple_index = 0;
-            c.operand_ids = vec![g.id];
-            order = vec![t, b, g];
+    let (t, name) = (ty.name(), op.name());
+    let (arg, out) = (format!("{t}[{elems}]"), format!("{t}[{}]", op.result_elems(elems, n)));
+    let list = |v: Vec<String>| v.join(",");
+    let attrs = match op {
+        Op::CollectivePermute => {
+            format!("source_target_pairs={{{}}}", list((0..n).map(|i| format!("{{{i},{}}}", (i + 1) % n)).collect()))
         }
-        if matches!(op, Op::AllReduce | Op::ReduceScatter) {
-            c.called_computation_ids = vec![add.id];
-        }
-        match op {
-            Op::CollectivePermute => {
-                c.source_target_pairs =
-                    (0..n as i64).map(|i| xla::SourceTarget { source: i, target: (i + 1) % n as i64 }).collect();
+        _ => {
+            let groups = format!("replica_groups={{{{{}}}}}", list((0..n).map(|i| i.to_string()).collect()));
+            match op {
+                Op::AllReduce => format!("{groups}, to_apply=add"),
+                Op::ReduceScatter => format!("{groups}, dimensions={{0}}, to_apply=add"),
+                _ => format!("{groups}, dimensions={{0}}"),
             }
-            // The field every XLA reads (newer ones also take `collective_device_list`).
-            #[allow(deprecated)]
-            _ => c.replica_groups = vec![group.clone()],
         }
-        if matches!(op, Op::AllGather | Op::ReduceScatter | Op::AllToAll) {
-            c.dimensions = vec![0];
-        }
-        if let (Some(&prev), true) = (colls.last(), op.data_chain()) {
-            c.operand_ids = vec![prev];
-        }
-        if k == 0 || !op.data_chain() {
-            params.push(p);
-        }
-        body.extend(order);
-        colls.push(c.id);
-        body.push(c);
+    };
+    let mut lines = vec![format!("p0 = {arg} parameter(0)"), format!("c0 = {out} {name}(p0), {attrs}")];
+    for k in 1..chain {
+        let operand = if op.data_chain() {
+            format!("c{}", k - 1)
+        } else {
+            let pair = format!("({arg}, {out})");
+            lines.push(format!("p{k} = {arg} parameter({k})"));
+            lines.push(format!("after{k} = {pair} tuple(p{k}, c{})", k - 1));
+            lines.push(format!("barrier{k} = {pair} opt-barrier(after{k})"));
+            lines.push(format!("operand{k} = {arg} get-tuple-element(barrier{k}), index=0"));
+            format!("operand{k}")
+        };
+        lines.push(format!("c{k} = {out} {name}({operand}), {attrs}"));
     }
-    let mut instrs = params;
-    let root = if chain == 1 || op.data_chain() {
-        None
+    if chain == 1 || op.data_chain() {
+        let last = lines.pop().expect("a collective");
+        lines.push(format!("ROOT {last}"));
     } else {
-        let mut t = instruction("result".into(), "tuple", id(), tuple_shape(vec![out_shape; chain]));
-        t.operand_ids = colls;
-        Some(t)
-    };
-    instrs.extend(body);
-    instrs.extend(root);
-    let entry = computation("bench", id(), instrs);
-    let m = xla::HloModuleProto {
-        name: format!("bench_{}_{}_{elems}", op.name().replace('-', "_"), ty.name()),
-        entry_computation_name: entry.name.clone(),
-        entry_computation_id: entry.id,
-        host_program_shape: entry.program_shape.clone(),
-        id: 1,
-        computations: vec![add, entry],
-        ..Default::default()
-    };
-    m.encode_to_vec()
+        let outs = list((0..chain).map(|_| out.clone()).collect());
+        lines.push(format!("ROOT result = ({outs}) tuple({})", list((0..chain).map(|k| format!("c{k}")).collect())));
+    }
+    let entry: String = lines.iter().map(|l| format!("  {l}\n")).collect();
+    let text = format!(
+        "HloModule bench_{}_{t}_{elems}\n\nadd {{\n  a = {t}[] parameter(0)\n  b = {t}[] parameter(1)\n  \
+         ROOT s = {t}[] add(a, b)\n}}\n\nENTRY bench {{\n{entry}}}\n",
+        name.replace('-', "_")
+    );
+    let module = hlo::parse_text("bench", &text).unwrap_or_else(|e| panic!("the bench module parses: {e}\n{text}"));
+    hlo::encode_proto(&module).unwrap_or_else(|e| panic!("the bench module encodes: {e}"))
 }
 
 // ---- running ----------------------------------------------------------------------------

@@ -10,6 +10,7 @@ use std::fmt;
 
 use crate::ir::{CompId, InstrId, Instruction, Module};
 use crate::opcode::Opcode;
+use crate::print::group_list;
 use crate::types::Shape;
 
 /// A reduction a collective kernel can compute, recognised from a `to_apply`
@@ -25,6 +26,8 @@ pub enum ReductionKind {
 }
 
 impl ReductionKind {
+    const ALL: [Self; 6] = [Self::Sum, Self::Prod, Self::Min, Self::Max, Self::And, Self::Or];
+
     /// The binary opcode the reduction applies.
     pub fn opcode(self) -> Opcode {
         match self {
@@ -39,15 +42,7 @@ impl ReductionKind {
 
     /// The reduction applied by `op`, if `op` is one of the six.
     pub fn from_opcode(op: Opcode) -> Option<Self> {
-        Some(match op {
-            Opcode::Add => Self::Sum,
-            Opcode::Multiply => Self::Prod,
-            Opcode::Minimum => Self::Min,
-            Opcode::Maximum => Self::Max,
-            Opcode::And => Self::And,
-            Opcode::Or => Self::Or,
-            _ => return None,
-        })
+        Self::ALL.into_iter().find(|k| k.opcode() == op)
     }
 
     pub fn name(self) -> &'static str {
@@ -176,14 +171,6 @@ impl DeviceMode {
     }
 }
 
-fn fmt_groups(groups: &[Vec<usize>]) -> String {
-    let inner: Vec<String> = groups
-        .iter()
-        .map(|g| format!("{{{}}}", g.iter().map(usize::to_string).collect::<Vec<_>>().join(",")))
-        .collect();
-    format!("{{{}}}", inner.join(","))
-}
-
 /// Checks `num_replicas × num_partitions` and returns the device count.
 fn device_count(what: &str, num_replicas: usize, num_partitions: usize) -> Result<usize, String> {
     match num_replicas.checked_mul(num_partitions) {
@@ -295,7 +282,7 @@ pub fn device_groups(
                 return Err(format!(
                     "{what}: device {d} appears in more than one group (replica_groups={}, {mode} mode, device groups {})",
                     shown(),
-                    fmt_groups(&groups)
+                    group_list(&groups)
                 ));
             }
         }
@@ -305,7 +292,7 @@ pub fn device_groups(
             "{what}: device {missing} is in no group (replica_groups={}, {mode} mode, {nr} replicas × {np} partitions, \
              device groups {})",
             shown(),
-            fmt_groups(&groups)
+            group_list(&groups)
         ));
     }
     Ok(groups)

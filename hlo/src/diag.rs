@@ -41,14 +41,18 @@ pub struct Error {
 impl Error {
     /// An error at `span` of `src` (the whole source text of `file`).
     pub fn at(kind: ErrorKind, file: &str, src: &str, span: Span, message: impl Into<String>) -> Self {
-        let source_line = if span.line > 0 { src.lines().nth(span.line as usize - 1).map(str::to_owned) } else { None };
+        Error::located(kind, file, span, message).with_source(src)
+    }
+
+    /// An error at `span`, without the line's text (see [`Error::with_source`]).
+    pub(crate) fn located(kind: ErrorKind, file: &str, span: Span, message: impl Into<String>) -> Self {
         Error {
             kind,
             file: file.to_owned(),
             line: span.line,
             col: span.col,
             message: message.into(),
-            source_line,
+            source_line: None,
             caret_len: span.len.max(1),
             instr: None,
         }
@@ -65,16 +69,7 @@ impl Error {
 
     /// An error with no source location.
     pub fn new(kind: ErrorKind, file: &str, message: impl Into<String>) -> Self {
-        Error {
-            kind,
-            file: file.to_owned(),
-            line: 0,
-            col: 0,
-            message: message.into(),
-            source_line: None,
-            caret_len: 1,
-            instr: None,
-        }
+        Error::located(kind, file, Span::default(), message)
     }
 
     /// An error about instruction `id` of `m` (an analysis's finding, not a parse error):
@@ -82,16 +77,7 @@ impl Error {
     /// `%name in computation: why`, and [`Error::instr`] set.
     pub fn about(kind: ErrorKind, m: &Module, id: InstrId, why: impl fmt::Display) -> Self {
         let span = m.instrs.get(id).and_then(|i| i.span).unwrap_or_default();
-        Error {
-            kind,
-            file: m.source_name.clone(),
-            line: span.line,
-            col: span.col,
-            message: format!("{}: {why}", m.describe(id)),
-            source_line: None,
-            caret_len: span.len.max(1),
-            instr: Some(id),
-        }
+        Error { instr: Some(id), ..Error::located(kind, &m.source_name, span, format!("{}: {why}", m.describe(id))) }
     }
 
     /// The message without the `%name in computation: ` that [`Error::about`] puts first

@@ -34,15 +34,11 @@ use crate::ir::{
 };
 use crate::literal::{Array, Literal};
 use crate::opcode::Opcode;
+use crate::proto::SHARDING_TYPES;
 use crate::types::{ArrayShape, PrimitiveType, Shape};
 use crate::{Error, ErrorKind, Module};
 
 type R<T> = Result<T, Error>;
-
-/// The module as a serialized `HloModuleProto`.
-pub fn encode(module: &Module) -> Result<Vec<u8>, Error> {
-    Ok(to_proto(module)?.encode_to_vec())
-}
 
 /// Instruction names as the encoder writes them: unique in the whole module, as XLA requires
 /// (the text form only needs them unique per computation). The entry's keep theirs; a
@@ -73,8 +69,8 @@ pub fn unique_names(module: &Module) -> BTreeMap<InstrId, String> {
     out
 }
 
-/// The module as an `HloModuleProto` message.
-pub fn to_proto(module: &Module) -> Result<pb::HloModuleProto, Error> {
+/// The module as a serialized `HloModuleProto`.
+pub fn encode(module: &Module) -> Result<Vec<u8>, Error> {
     let order = callees_first(module);
     let names = unique_names(module);
     // Computation ids: position in the written order + 1 (0 reads as "unset").
@@ -113,18 +109,21 @@ pub fn to_proto(module: &Module) -> Result<pb::HloModuleProto, Error> {
     let entry = module.comp(module.entry);
     let host_program_shape =
         computations.iter().find(|c| c.id == comp_id[&module.entry]).and_then(|c| c.program_shape.clone());
-    let frontend_attributes = (!module.config.frontend_attributes.is_empty())
-        .then(|| pb::FrontendAttributes { map: module.config.frontend_attributes.clone().into_iter().collect() });
-    Ok(pb::HloModuleProto {
+    let proto = pb::HloModuleProto {
         name: module.name.clone(),
         entry_computation_name: entry.name.clone(),
         entry_computation_id: comp_id[&module.entry],
         computations,
         host_program_shape,
         id: 1,
-        frontend_attributes,
+        frontend_attributes: frontend_attributes(&module.config.frontend_attributes),
         ..Default::default()
-    })
+    };
+    Ok(proto.encode_to_vec())
+}
+
+fn frontend_attributes(map: &BTreeMap<String, String>) -> Option<pb::FrontendAttributes> {
+    (!map.is_empty()).then(|| pb::FrontendAttributes { map: map.clone().into_iter().collect() })
 }
 
 /// Every computation, each after the computations it calls, the entry last.
@@ -247,6 +246,11 @@ fn instruction(
 ) -> R<pb::HloInstructionProto> {
     let err = |why: String| Error::about(ErrorKind::Unsupported, module, iid, why);
     let a = &ins.attrs;
+    let mut called: Vec<i64> = ins.called.iter().map(|c| comp_id.get(c).copied().unwrap_or(0)).collect();
+    if ins.opcode == Opcode::While && called.len() == 2 {
+        // The IR's order is the text form's (condition, body); XLA serializes (body, condition).
+        called.swap(0, 1);
+    }
     let mut p = pb::HloInstructionProto {
         name: ins.name.clone(),
         opcode: ins.opcode.name().to_owned(),
@@ -254,63 +258,17 @@ fn instruction(
         id,
         operand_ids: ins.operands.iter().map(|&o| id_of(o)).collect(),
         control_predecessor_ids: a.control_predecessors.iter().map(|&o| id_of(o)).collect(),
-        ..Default::default()
-    };
-    let mut called: Vec<i64> = ins.called.iter().map(|c| comp_id.get(c).copied().unwrap_or(0)).collect();
-    if ins.opcode == Opcode::While && called.len() == 2 {
-        // The IR's order is the text form's (condition, body); XLA serializes (body, condition).
-        called.swap(0, 1);
-    }
-    p.called_computation_ids = called;
-    if let Some(n) = a.parameter_number {
-        p.parameter_number = n;
-    }
-    if let Some(i) = a.tuple_index {
-        p.tuple_index = i;
-    }
-    if let Some(d) = a.iota_dimension {
-        p.dimensions = vec![d];
-    }
-    if let Some(d) = &a.dimensions {
-        p.dimensions = d.clone();
-    }
-    if let Some(l) = &a.literal {
-        p.literal = Some(literal(l).map_err(err)?);
-    }
-    match &a.replica_groups {
-        None => {}
-        Some(ReplicaGroups::Explicit(g)) if g.is_empty() => {}
-        Some(ReplicaGroups::Explicit(g)) => {
-            p.collective_device_list = Some(pb::CollectiveDeviceListProto {
-                replica_groups: g.iter().map(|r| pb::ReplicaGroup { replica_ids: r.clone() }).collect(),
-                ..Default::default()
-            });
-        }
-        // XLA reads the iota form from a field (92) this build's copy of its protos lacks;
-        // the groups it stands for are written out instead.
-        Some(ReplicaGroups::Iota(i)) => {
-            let g = i
-                .expand()
-                .ok_or_else(|| err(format!("inconsistent iota replica groups {}", ReplicaGroups::Iota(i.clone()))))?;
-            p.collective_device_list = Some(pb::CollectiveDeviceListProto {
-                replica_groups: g.into_iter().map(|r| pb::ReplicaGroup { replica_ids: r }).collect(),
-                ..Default::default()
-            });
-        }
-    }
-    p.channel_id = a.channel_id.unwrap_or(0);
-    p.use_global_device_ids = a.use_global_device_ids;
-    if let Some(s) = &a.slice {
-        p.slice_dimensions = s
-            .iter()
+        called_computation_ids: called,
+        parameter_number: a.parameter_number.unwrap_or(0),
+        tuple_index: a.tuple_index.unwrap_or(0),
+        dimensions: a.dimensions.clone().or(a.iota_dimension.map(|d| vec![d])).unwrap_or_default(),
+        channel_id: a.channel_id.unwrap_or(0),
+        use_global_device_ids: a.use_global_device_ids,
+        slice_dimensions: (a.slice.iter().flatten())
             .map(|d| pb::hlo_instruction_proto::SliceDimensions { start: d.start, limit: d.limit, stride: d.stride })
-            .collect();
-    }
-    if let Some(s) = &a.dynamic_slice_sizes {
-        p.dynamic_slice_sizes = s.clone();
-    }
-    if let Some(pad) = &a.padding {
-        p.padding_config = Some(pb::PaddingConfig {
+            .collect(),
+        dynamic_slice_sizes: a.dynamic_slice_sizes.clone().unwrap_or_default(),
+        padding_config: a.padding.as_ref().map(|pad| pb::PaddingConfig {
             dimensions: pad
                 .iter()
                 .map(|d| pb::padding_config::PaddingConfigDimension {
@@ -319,40 +277,42 @@ fn instruction(
                     interior_padding: d.interior,
                 })
                 .collect(),
-        });
-    }
-    if let Some(pairs) = &a.source_target_pairs {
-        p.source_target_pairs = pairs.iter().map(|&(source, target)| pb::SourceTarget { source, target }).collect();
-    }
-    if let Some(s) = &a.sharding {
-        p.sharding = Some(sharding(s, &ins.shape).map_err(err)?);
-    }
-    if !a.frontend_attributes.is_empty() {
-        p.frontend_attributes =
-            Some(pb::FrontendAttributes { map: a.frontend_attributes.clone().into_iter().collect() });
-    }
-    if let Some(b) = &a.backend_config {
-        p.backend_config = b.clone().into_bytes();
-    }
-    if let Some(m) = &a.metadata {
-        p.metadata = Some(metadata(m));
-    }
-    if let Some(t) = &a.custom_call_target {
-        p.custom_call_target = t.clone();
-    }
-    if let Some(d) = a.comparison_direction {
-        p.comparison_direction = d.name().to_owned();
-    }
-    if let Some(t) = &a.comparison_type {
-        p.comparison_type = t.clone();
-    }
-    if let Some(d) = &a.dot {
-        p.dot_dimension_numbers = Some(pb::DotDimensionNumbers {
+        }),
+        source_target_pairs: (a.source_target_pairs.iter().flatten())
+            .map(|&(source, target)| pb::SourceTarget { source, target })
+            .collect(),
+        frontend_attributes: frontend_attributes(&a.frontend_attributes),
+        backend_config: a.backend_config.clone().unwrap_or_default().into_bytes(),
+        metadata: a.metadata.as_deref().map(metadata),
+        custom_call_target: a.custom_call_target.clone().unwrap_or_default(),
+        comparison_direction: a.comparison_direction.map_or(String::new(), |d| d.name().to_owned()),
+        comparison_type: a.comparison_type.clone().unwrap_or_default(),
+        dot_dimension_numbers: a.dot.as_ref().map(|d| pb::DotDimensionNumbers {
             lhs_batch_dimensions: d.lhs_batch.clone(),
             rhs_batch_dimensions: d.rhs_batch.clone(),
             lhs_contracting_dimensions: d.lhs_contracting.clone(),
             rhs_contracting_dimensions: d.rhs_contracting.clone(),
-        });
+        }),
+        ..Default::default()
+    };
+    if let Some(l) = &a.literal {
+        p.literal = Some(literal(l).map_err(err)?);
+    }
+    let groups = match &a.replica_groups {
+        Some(ReplicaGroups::Explicit(g)) if !g.is_empty() => Some(g.clone()),
+        // XLA reads the iota form from a field (92) this build's copy of its protos lacks;
+        // the groups it stands for are written out instead.
+        Some(rg @ ReplicaGroups::Iota(i)) => {
+            Some(i.expand().ok_or_else(|| err(format!("inconsistent iota replica groups {rg}")))?)
+        }
+        _ => None,
+    };
+    p.collective_device_list = groups.map(|g| pb::CollectiveDeviceListProto {
+        replica_groups: g.into_iter().map(|r| pb::ReplicaGroup { replica_ids: r }).collect(),
+        ..Default::default()
+    });
+    if let Some(s) = &a.sharding {
+        p.sharding = Some(sharding(s, &ins.shape).map_err(err)?);
     }
     text_attrs(ins, &mut p).map_err(err)?;
     Ok(p)
@@ -367,8 +327,9 @@ fn text_attrs(ins: &Instruction, p: &mut pb::HloInstructionProto) -> Result<(), 
             other.get(k).map_or("", String::as_str)
         ));
     }
-    let int = |key: &str| -> Result<Option<i64>, String> {
-        other.get(key).map(|v| v.trim().parse::<i64>().map_err(|_| format!("bad {key}={v}"))).transpose()
+    // Absent values are the proto's defaults.
+    let int = |key: &str| -> Result<i64, String> {
+        other.get(key).map_or(Ok(0), |v| v.trim().parse::<i64>().map_err(|_| format!("bad {key}={v}")))
     };
     let flag = |key: &str| other.get(key).is_some_and(|v| v.trim() == "true");
     match ins.opcode {
@@ -441,18 +402,15 @@ fn text_attrs(ins: &Instruction, p: &mut pb::HloInstructionProto) -> Result<(), 
     p.indices_are_sorted = flag("indices_are_sorted");
     p.unique_indices = flag("unique_indices");
     p.custom_call_has_side_effect = flag("custom_call_has_side_effect");
-    let enum_value = |key: &str, upper: bool, from: fn(&str) -> Option<i32>| -> Result<Option<i32>, String> {
-        let Some(v) = other.get(key) else { return Ok(None) };
+    let enum_value = |key: &str, upper: bool, from: fn(&str) -> Option<i32>| -> Result<i32, String> {
+        let Some(v) = other.get(key) else { return Ok(0) };
         let name = if upper { v.trim().to_ascii_uppercase() } else { v.trim().to_owned() };
-        from(&name).map(Some).ok_or_else(|| format!("unknown {key}={v}"))
+        from(&name).ok_or_else(|| format!("unknown {key}={v}"))
     };
-    if let Some(v) = enum_value("api_version", false, |s| pb::CustomCallApiVersion::from_str_name(s).map(|e| e as i32))?
-    {
-        p.custom_call_api_version = v;
-    }
-    if let Some(v) = enum_value("schedule", false, |s| pb::CustomCallSchedule::from_str_name(s).map(|e| e as i32))? {
-        p.custom_call_schedule = v;
-    }
+    p.custom_call_api_version =
+        enum_value("api_version", false, |s| pb::CustomCallApiVersion::from_str_name(s).map(|e| e as i32))?;
+    p.custom_call_schedule =
+        enum_value("schedule", false, |s| pb::CustomCallSchedule::from_str_name(s).map(|e| e as i32))?;
     if let Some(v) = other.get("operand_precision") {
         let inner = v.trim().trim_start_matches('{').trim_end_matches('}');
         let precision = inner
@@ -466,30 +424,16 @@ fn text_attrs(ins: &Instruction, p: &mut pb::HloInstructionProto) -> Result<(), 
             .collect::<Result<Vec<_>, String>>()?;
         p.precision_config = Some(pb::PrecisionConfig { operand_precision: precision, ..Default::default() });
     }
-    if let Some(v) = int("exponent_bits")? {
-        p.exponent_bits = v as i32;
-    }
-    if let Some(v) = int("mantissa_bits")? {
-        p.mantissa_bits = v as i32;
-    }
-    if let Some(v) = int("k")? {
-        p.k = v;
-    }
+    p.exponent_bits = int("exponent_bits")? as i32;
+    p.mantissa_bits = int("mantissa_bits")? as i32;
+    p.k = int("k")?;
     p.largest = flag("largest");
-    if let Some(v) = enum_value("distribution", true, |s| pb::RandomDistribution::from_str_name(s).map(|e| e as i32))? {
-        p.distribution = v;
+    p.distribution = enum_value("distribution", true, |s| pb::RandomDistribution::from_str_name(s).map(|e| e as i32))?;
+    if ins.opcode == Opcode::RngBitGenerator {
+        p.rng_algorithm = enum_value("algorithm", true, |s| pb::RandomAlgorithm::from_str_name(s).map(|e| e as i32))?;
     }
-    if ins.opcode == Opcode::RngBitGenerator
-        && let Some(v) = enum_value("algorithm", true, |s| pb::RandomAlgorithm::from_str_name(s).map(|e| e as i32))?
-    {
-        p.rng_algorithm = v;
-    }
-    if let Some(v) = enum_value("fft_type", false, |s| pb::FftType::from_str_name(s).map(|e| e as i32))? {
-        p.fft_type = v;
-    }
-    if let Some(v) = list_attr(&ins.attrs, ins.opcode.name(), "fft_length")? {
-        p.fft_length = v;
-    }
+    p.fft_type = enum_value("fft_type", false, |s| pb::FftType::from_str_name(s).map(|e| e as i32))?;
+    p.fft_length = list_attr(&ins.attrs, ins.opcode.name(), "fft_length")?.unwrap_or_default();
     Ok(())
 }
 
@@ -538,18 +482,6 @@ fn metadata(text: &str) -> pb::OpMetadata {
     m
 }
 
-fn sharding_type_number(name: &str) -> Option<i32> {
-    Some(match name {
-        "replicated" => 0,
-        "maximal" => 1,
-        "tuple" => 2,
-        "other" => 3,
-        "manual" => 4,
-        "unknown" => 5,
-        _ => return None,
-    })
-}
-
 fn sharding(s: &Sharding, shape_of: &Shape) -> Result<pb::OpSharding, String> {
     use pb::op_sharding::Type;
     Ok(match s {
@@ -580,7 +512,10 @@ fn sharding(s: &Sharding, shape_of: &Shape) -> Result<pb::OpSharding, String> {
             replicate_on_last_tile_dim: *last_tile_dim_replicate,
             last_tile_dims: last_tile_dims
                 .iter()
-                .map(|t| sharding_type_number(t.trim()).ok_or_else(|| format!("unknown last_tile_dims entry {t}")))
+                .map(|t| {
+                    let number = SHARDING_TYPES.iter().position(|&n| n == t.trim());
+                    number.map(|n| n as i32).ok_or_else(|| format!("unknown last_tile_dims entry {t}"))
+                })
                 .collect::<Result<_, _>>()?,
             ..Default::default()
         },

@@ -10,7 +10,7 @@ use cranelift_entity::{PrimaryMap, entity_impl};
 
 use crate::literal::Literal;
 use crate::opcode::Opcode;
-use crate::print::{int_list, join};
+use crate::print::{group_list, join};
 use crate::types::{ArrayShape, Shape};
 
 /// Index of an instruction in [`Module::instrs`].
@@ -44,16 +44,10 @@ pub enum ComparisonDirection {
 }
 
 impl ComparisonDirection {
+    const ALL: [Self; 6] = [Self::Eq, Self::Ne, Self::Lt, Self::Le, Self::Gt, Self::Ge];
+
     pub fn from_name(s: &str) -> Option<Self> {
-        Some(match s {
-            "EQ" => Self::Eq,
-            "NE" => Self::Ne,
-            "LT" => Self::Lt,
-            "LE" => Self::Le,
-            "GT" => Self::Gt,
-            "GE" => Self::Ge,
-            _ => return None,
-        })
+        Self::ALL.into_iter().find(|d| d.name() == s)
     }
 
     pub fn name(self) -> &'static str {
@@ -88,6 +82,15 @@ pub struct IotaReplicaGroups {
 }
 
 impl IotaReplicaGroups {
+    /// `iota(total)` reshaped to `reshape_dims` and transposed, as one list: the devices of a
+    /// tile assignment or mesh in iota form. `None` if inconsistent.
+    pub(crate) fn devices(total: i64, reshape_dims: Vec<i64>, transpose_perm: Vec<i64>) -> Option<Vec<i64>> {
+        IotaReplicaGroups { num_groups: 1, group_size: total, reshape_dims, transpose_perm }
+            .expand()?
+            .into_iter()
+            .next()
+    }
+
     /// Expands to explicit groups. `None` if the form is inconsistent
     /// (product of dims ≠ groups × size, or a bad permutation).
     pub fn expand(&self) -> Option<Vec<Vec<i64>>> {
@@ -152,15 +155,82 @@ impl ReplicaGroups {
             ReplicaGroups::Iota(i) => i.expand(),
         }
     }
+
+    /// XLA's mesh-axes form (both front ends read it): a mesh of axes `sizes` (devices
+    /// `device_ids` in mesh order, or iota), grouped by the listed axis references `refs`
+    /// (axis, pre-size, size; a whole axis is (1, its size)). Every axis is split into factors
+    /// at each referenced sub-axis boundary (pre-size counts the major side); the referenced
+    /// factors, in the listed order, make a group (so `{b,a}` makes `b` the major one, as
+    /// XLA:CPU and JAX's shard_map read it). The iota form, or explicit groups of `device_ids`.
+    /// With `unit_axes`, a size-1 axis stays a reshape dimension of its own (the proto
+    /// decoder's form; the text parser's leaves it out).
+    pub(crate) fn from_mesh(
+        sizes: &[i64],
+        refs: &[(usize, i64, i64)],
+        device_ids: Option<Vec<i64>>,
+        unit_axes: bool,
+    ) -> Result<ReplicaGroups, String> {
+        let mut factors: Vec<i64> = Vec::new();
+        let mut bounds_of: Vec<Vec<i64>> = Vec::new();
+        let mut first_factor: Vec<usize> = Vec::new();
+        for (axis, &n) in sizes.iter().enumerate() {
+            let mut b = vec![1, n];
+            for &(a, pre, size) in refs {
+                if a == axis {
+                    b.push(pre);
+                    b.push(pre * size);
+                }
+            }
+            b.sort_unstable();
+            b.dedup();
+            if unit_axes && n == 1 {
+                b.push(1);
+            }
+            if b.windows(2).any(|w| w[1] % w[0] != 0) {
+                return Err(format!("sub-axes of mesh axis {axis} do not nest; expected sizes that divide each other"));
+            }
+            first_factor.push(factors.len());
+            factors.extend(b.windows(2).map(|w| w[1] / w[0]));
+            bounds_of.push(b);
+        }
+        let mut used = vec![false; factors.len()];
+        let mut grouped: Vec<usize> = Vec::new();
+        for &(axis, pre, size) in refs {
+            let (Some(b), Some(&f0)) = (bounds_of.get(axis), first_factor.get(axis)) else {
+                return Err("bad mesh axis reference".into());
+            };
+            let lo = b.iter().position(|&x| x == pre).unwrap_or(0);
+            let hi = b.iter().rposition(|&x| x == pre * size).unwrap_or(lo);
+            for f in f0 + lo..f0 + hi {
+                match used.get_mut(f) {
+                    Some(u) if !*u => *u = true,
+                    _ => return Err("mesh axes of the replica groups overlap; expected each axis once".into()),
+                }
+                grouped.push(f);
+            }
+        }
+        let rest: Vec<usize> = (0..factors.len()).filter(|f| !used.get(*f).copied().unwrap_or(true)).collect();
+        let num_groups: i64 = rest.iter().filter_map(|&f| factors.get(f)).product();
+        let group_size: i64 = grouped.iter().filter_map(|&f| factors.get(f)).product();
+        let perm: Vec<i64> = rest.iter().chain(grouped.iter()).map(|&f| f as i64).collect();
+        let identity = perm.iter().enumerate().all(|(i, &p)| i as i64 == p);
+        let iota = IotaReplicaGroups {
+            num_groups,
+            group_size,
+            reshape_dims: factors,
+            transpose_perm: if identity { Vec::new() } else { perm },
+        };
+        let Some(ids) = device_ids else { return Ok(ReplicaGroups::Iota(iota)) };
+        let groups = iota.expand().ok_or("inconsistent mesh replica groups")?;
+        let device = |i: i64| usize::try_from(i).ok().and_then(|i| ids.get(i).copied()).unwrap_or(-1);
+        Ok(ReplicaGroups::Explicit(groups.into_iter().map(|g| g.into_iter().map(device).collect()).collect()))
+    }
 }
 
 impl fmt::Display for ReplicaGroups {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            ReplicaGroups::Explicit(g) => {
-                let inner: Vec<String> = g.iter().map(|x| int_list(x)).collect();
-                write!(f, "{{{}}}", inner.join(","))
-            }
+            ReplicaGroups::Explicit(g) => f.write_str(&group_list(g)),
             ReplicaGroups::Iota(i) => {
                 write!(f, "[{},{}]<=[{}]", i.num_groups, i.group_size, join(&i.reshape_dims, ","))?;
                 if !i.transpose_perm.is_empty() {
@@ -267,14 +337,10 @@ pub enum CustomCallApiVersion {
 }
 
 impl CustomCallApiVersion {
+    const ALL: [Self; 4] = [Self::Original, Self::StatusReturning, Self::StatusReturningUnified, Self::TypedFfi];
+
     pub fn from_name(s: &str) -> Option<Self> {
-        Some(match s {
-            "API_VERSION_ORIGINAL" => Self::Original,
-            "API_VERSION_STATUS_RETURNING" => Self::StatusReturning,
-            "API_VERSION_STATUS_RETURNING_UNIFIED" => Self::StatusReturningUnified,
-            "API_VERSION_TYPED_FFI" => Self::TypedFfi,
-            _ => return None,
-        })
+        Self::ALL.into_iter().find(|v| v.name() == s)
     }
 
     pub fn name(self) -> &'static str {

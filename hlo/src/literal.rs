@@ -151,16 +151,11 @@ impl Literal {
 
     /// Array leaves in depth-first order.
     pub fn leaves(&self) -> Vec<&Array> {
-        let mut out = Vec::new();
-        fn walk<'a>(l: &'a Literal, out: &mut Vec<&'a Array>) {
-            match l {
-                Literal::Array(a) => out.push(a),
-                Literal::Tuple(t) => t.iter().for_each(|e| walk(e, out)),
-                Literal::Token => {}
-            }
+        match self {
+            Literal::Array(a) => vec![a],
+            Literal::Tuple(t) => t.iter().flat_map(Literal::leaves).collect(),
+            Literal::Token => Vec::new(),
         }
-        walk(self, &mut out);
-        out
     }
 
     /// A zero-filled value of `shape`.

@@ -17,7 +17,7 @@ use cranelift_entity::EntityRef as _;
 use crate::ir::{CompId, InstrId, Instruction, IotaReplicaGroups, Module, Sharding};
 use crate::literal::{Array, Literal};
 use crate::opcode::Opcode;
-use crate::text::{F8Format, is_braced_group};
+use crate::text::{F8Format, is_braced_group, is_ident_char, is_ident_start};
 use crate::types::{ArrayShape, PrimitiveType, Shape};
 
 /// What to print beyond the IR's structure.
@@ -147,8 +147,13 @@ pub(crate) fn join<T: ToString>(v: &[T], sep: &str) -> String {
 }
 
 /// `{1,2,3}`.
-pub(crate) fn int_list(v: &[i64]) -> String {
+pub(crate) fn int_list<T: ToString>(v: &[T]) -> String {
     format!("{{{}}}", join(v, ","))
+}
+
+/// `{{0,1},{2,3}}`.
+pub(crate) fn group_list<T: ToString>(groups: &[Vec<T>]) -> String {
+    format!("{{{}}}", groups.iter().map(|g| int_list(g)).collect::<Vec<_>>().join(","))
 }
 
 /// A double-quoted string with the escapes the parser reads back, as XLA's `CEscape` writes
@@ -180,10 +185,7 @@ fn braced_or_quoted(s: &str) -> String {
 
 /// `{key="value",key2={...}}`, sorted by key, as XLA prints frontend attributes.
 fn frontend_attributes(map: &std::collections::BTreeMap<String, String>) -> String {
-    let is_ident = |k: &str| {
-        k.bytes().next().is_some_and(|b| b.is_ascii_alphabetic() || b == b'_')
-            && k.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
-    };
+    let is_ident = |k: &str| k.bytes().next().is_some_and(is_ident_start) && k.bytes().all(is_ident_char);
     let entries: Vec<String> = map
         .iter()
         .map(|(k, v)| {
@@ -419,16 +421,9 @@ impl Printer<'_> {
         if let Some(s) = &a.slice {
             // XLA writes every stride when any is not 1.
             let unit = s.iter().all(|d| d.stride == 1);
-            let dims: Vec<String> = s
-                .iter()
-                .map(|d| {
-                    if unit {
-                        format!("[{}:{}]", d.start, d.limit)
-                    } else {
-                        format!("[{}:{}:{}]", d.start, d.limit, d.stride)
-                    }
-                })
-                .collect();
+            let stride = |d: i64| if unit { String::new() } else { format!(":{d}") };
+            let dims: Vec<String> =
+                s.iter().map(|d| format!("[{}:{}{}]", d.start, d.limit, stride(d.stride))).collect();
             push("slice", format!("{{{}}}", dims.join(", ")));
         }
         if let Some(s) = &a.dynamic_slice_sizes {
@@ -437,16 +432,8 @@ impl Printer<'_> {
         if let Some(p) = &a.padding {
             // XLA writes the interior padding of every dimension when any has one.
             let interior = p.iter().any(|d| d.interior != 0);
-            let dims: Vec<String> =
-                p.iter()
-                    .map(|d| {
-                        if interior {
-                            format!("{}_{}_{}", d.lo, d.hi, d.interior)
-                        } else {
-                            format!("{}_{}", d.lo, d.hi)
-                        }
-                    })
-                    .collect();
+            let interior = |i: i64| if interior { format!("_{i}") } else { String::new() };
+            let dims: Vec<String> = p.iter().map(|d| format!("{}_{}{}", d.lo, d.hi, interior(d.interior))).collect();
             push("padding", dims.join("x"));
         }
         if let Some(p) = &a.source_target_pairs {
@@ -598,13 +585,8 @@ fn iota_form(tile_dims: &[i64], devices: &[i64]) -> Option<(Vec<i64>, Vec<i64>)>
         for (i, &p) in perm.iter().enumerate() {
             reshape[p] = dims[i];
         }
-        let iota = IotaReplicaGroups {
-            num_groups: 1,
-            group_size: n,
-            reshape_dims: reshape.clone(),
-            transpose_perm: perm.iter().map(|&p| p as i64).collect(),
-        };
-        if iota.expand().is_some_and(|g| g.first().map(Vec::as_slice) == Some(devices)) {
+        let iota = IotaReplicaGroups::devices(n, reshape.clone(), perm.iter().map(|&p| p as i64).collect());
+        if iota.as_deref() == Some(devices) {
             return Some(canonical_iota(reshape, perm));
         }
         if !next_permutation(&mut perm) {
@@ -729,21 +711,19 @@ fn element_text(ty: PrimitiveType, b: &[u8]) -> String {
         T::U64 => u64::from_le_bytes(le(b)).to_string(),
         T::F32 => f32_text(u32::from_le_bytes(le(b))),
         T::F64 => f64_text(u64::from_le_bytes(le(b))),
-        T::F16 => {
+        T::F16 | T::Bf16 => {
             let bits = u16::from_le_bytes(le(b));
-            let v = half::f16::from_bits(bits);
+            let (mant_bits, to, from): (u32, fn(u16) -> f64, fn(f64) -> u16) = if ty == T::F16 {
+                (10, |b| half::f16::from_bits(b).to_f64(), |x| half::f16::from_f64(x).to_bits())
+            } else {
+                (7, |b| half::bf16::from_bits(b).to_f64(), |x| half::bf16::from_f64(x).to_bits())
+            };
+            let v = to(bits);
             if v.is_nan() {
-                return nan_text(bits & 0x8000 != 0, u64::from(bits & 0x3ff), 1 << 9);
+                let payload = u64::from(bits & ((1 << mant_bits) - 1));
+                return nan_text(bits & 0x8000 != 0, payload, 1 << (mant_bits - 1));
             }
-            shortest(v.to_f64(), |x| half::f16::from_f64(x).to_bits() == bits)
-        }
-        T::Bf16 => {
-            let bits = u16::from_le_bytes(le(b));
-            let v = half::bf16::from_bits(bits);
-            if v.is_nan() {
-                return nan_text(bits & 0x8000 != 0, u64::from(bits & 0x7f), 1 << 6);
-            }
-            shortest(v.to_f64(), |x| half::bf16::from_f64(x).to_bits() == bits)
+            shortest(v, |x| from(x) == bits)
         }
         T::C64 => format!("({}, {})", element_text(T::F32, b), element_text(T::F32, b.get(4..).unwrap_or(&[]))),
         T::C128 => format!("({}, {})", element_text(T::F64, b), element_text(T::F64, b.get(8..).unwrap_or(&[]))),
@@ -784,10 +764,7 @@ fn f32_text(bits: u32) -> String {
     if v.is_nan() {
         return nan_text(bits >> 31 != 0, u64::from(bits & 0x7f_ffff), 0x40_0000);
     }
-    // Debug is the shortest decimal that parses back to `v` (exponent form when very
-    // large or small); XLA writes integral values without `.0`.
-    let s = format!("{v:?}");
-    s.strip_suffix(".0").map_or(s.clone(), str::to_owned)
+    plain(v)
 }
 
 fn f64_text(bits: u64) -> String {
@@ -798,8 +775,9 @@ fn f64_text(bits: u64) -> String {
     plain(v)
 }
 
-/// The shortest f64 decimal, without a trailing `.0`.
-fn plain(v: f64) -> String {
+/// The shortest decimal that parses back to `v` (Debug; exponent form when very large or
+/// small), without the trailing `.0` XLA leaves off integral values.
+fn plain(v: impl fmt::Debug) -> String {
     let s = format!("{v:?}");
     s.strip_suffix(".0").map_or(s.clone(), str::to_owned)
 }

@@ -153,11 +153,10 @@ pub fn decode(file: &str, bytes: &[u8]) -> Result<Module, Error> {
 /// the device assignment): one decode serves both.
 pub fn decode_with_proto(file: &str, bytes: &[u8]) -> Result<(Module, pb::HloModuleProto), Error> {
     DECODES.with(|n| n.set(n.get() + 1));
-    let proto = pb::HloModuleProto::decode(bytes)
-        .map_err(|e| Error::new(ErrorKind::Proto, file, format!("cannot decode HloModuleProto: {e}")))?;
+    let bad = |e: prost::DecodeError| Error::new(ErrorKind::Proto, file, format!("cannot decode HloModuleProto: {e}"));
+    let proto = pb::HloModuleProto::decode(bytes).map_err(bad)?;
     // The fields our copy of XLA's protos lacks (literals' newer types, mesh-axes groups).
-    let extra = extra::Module::decode(bytes)
-        .map_err(|e| Error::new(ErrorKind::Proto, file, format!("cannot decode HloModuleProto: {e}")))?;
+    let extra = extra::Module::decode(bytes).map_err(bad)?;
     let module = Decoder { file }.module(&proto, &extra)?;
     Ok((module, proto))
 }
@@ -206,17 +205,8 @@ fn has_replica_groups(op: Opcode) -> bool {
     op.is_collective() && !matches!(op, Opcode::CollectivePermute | Opcode::CollectivePermuteStart)
 }
 
-fn sharding_type_name(t: i32) -> String {
-    match t {
-        0 => "replicated".into(),
-        1 => "maximal".into(),
-        2 => "tuple".into(),
-        3 => "other".into(),
-        4 => "manual".into(),
-        5 => "unknown".into(),
-        v => format!("type{v}"),
-    }
-}
+/// `OpSharding.Type`'s values by number, as `last_tile_dims={..}` spells them.
+pub(crate) const SHARDING_TYPES: [&str; 6] = ["replicated", "maximal", "tuple", "other", "manual", "unknown"];
 
 /// Reorders `data` (elements of `esize` bytes laid out per `minor_to_major`) into row-major order.
 fn to_row_major(data: &[u8], dims: &[usize], minor_to_major: &[usize], esize: usize) -> Vec<u8> {
@@ -257,11 +247,8 @@ fn iota_groups(l: &pb::IotaReplicaGroupListProto) -> ReplicaGroups {
     })
 }
 
-/// Replica groups named by mesh axes, as XLA expands them: the mesh's device array is
-/// reshaped so that every referenced (sub-)axis is a dimension of its own, the referenced
-/// dimensions are moved last in the order the axes are listed (`{'z','y'}` makes `z` the
-/// major one: a member's position in its group follows the listed axes, as XLA:CPU and JAX's
-/// shard_map read it), and the result is read as groups of the referenced dimensions' product.
+/// Replica groups named by mesh axes ([`ReplicaGroups::from_mesh`]), after the checks the
+/// text form's syntax makes.
 fn mesh_axes_groups(l: &extra::MeshAxesList) -> Result<ReplicaGroups, String> {
     let mesh = l.mesh.as_ref().ok_or("no mesh")?;
     let sizes: Vec<i64> = mesh.axes.iter().map(|a| a.size).collect();
@@ -270,93 +257,40 @@ fn mesh_axes_groups(l: &extra::MeshAxesList) -> Result<ReplicaGroups, String> {
     }
     let total = sizes.iter().try_fold(1i64, |acc, &s| acc.checked_mul(s)).filter(|&t| t <= MAX_DEVICES);
     let total = total.ok_or_else(|| format!("mesh {sizes:?} has more than {MAX_DEVICES} devices"))?;
-    // Per mesh axis: its factors after splitting off referenced sub-axes, and which of them
-    // are referenced (indices into the factors, in listed order).
-    let mut dims: Vec<i64> = Vec::new();
-    // The reshaped dimension of each listed axis reference, by its place in `l.axes`.
-    let mut dim_of_ref: Vec<Option<i64>> = vec![None; l.axes.len()];
-    for (axis, &full) in sizes.iter().enumerate() {
-        let refs: Vec<(usize, &extra::AxisRef)> =
-            l.axes.iter().enumerate().filter(|(_, r)| r.mesh_axis_index == axis as i64).collect();
-        let offset = dims.len() as i64;
-        match refs.as_slice() {
-            [] => dims.push(full),
-            [(k, r)] if r.sub_axis_info.is_none() => {
-                dims.push(full);
-                dim_of_ref[*k] = Some(offset);
+    let refs = l
+        .axes
+        .iter()
+        .map(|r| {
+            let axis = usize::try_from(r.mesh_axis_index).ok().filter(|&a| a < sizes.len());
+            let axis = axis.ok_or_else(|| format!("axis index out of range for a mesh of {} axes", sizes.len()))?;
+            let full = sizes[axis];
+            let Some(s) = &r.sub_axis_info else { return Ok((axis, 1, full)) };
+            if l.axes.iter().any(|o| o.mesh_axis_index == r.mesh_axis_index && o.sub_axis_info.is_none()) {
+                return Err("an axis is referenced both whole and split".into());
             }
-            _ => {
-                let mut subs = refs
-                    .iter()
-                    .map(|&(k, r)| {
-                        let s = r.sub_axis_info.as_ref().ok_or("an axis is referenced both whole and split")?;
-                        if s.pre_size < 1 || s.size < 2 {
-                            return Err(format!("bad sub-axis ({}){}", s.pre_size, s.size));
-                        }
-                        Ok((s.pre_size, s.size, k))
-                    })
-                    .collect::<Result<Vec<_>, String>>()?;
-                subs.sort_by_key(|&(pre, _, _)| pre);
-                let mut prefix = 1i64;
-                for &(pre, size, k) in &subs {
-                    if pre % prefix != 0 {
-                        return Err(format!("sub-axes of mesh axis {axis} overlap"));
-                    }
-                    if pre != prefix {
-                        dims.push(pre / prefix);
-                        prefix = pre;
-                    }
-                    dim_of_ref[k] = Some(dims.len() as i64);
-                    dims.push(size);
-                    prefix = prefix.checked_mul(size).filter(|&p| p <= full).ok_or("sub-axes exceed their axis")?;
-                }
-                if full % prefix != 0 {
-                    return Err(format!("sub-axes do not divide mesh axis {axis} of size {full}"));
-                }
-                if prefix != full {
-                    dims.push(full / prefix);
-                }
+            if s.pre_size < 1 || s.size < 2 {
+                return Err(format!("bad sub-axis ({}){}", s.pre_size, s.size));
             }
-        }
-    }
-    if l.axes.iter().any(|r| r.mesh_axis_index < 0 || r.mesh_axis_index as usize >= sizes.len()) {
-        return Err(format!("axis index out of range for a mesh of {} axes", sizes.len()));
-    }
-    let grouped: Vec<i64> =
-        dim_of_ref.iter().map(|d| d.ok_or("an axis reference was not placed")).collect::<Result<_, _>>()?;
-    let group_size: i64 = grouped.iter().map(|&g| dims[g as usize]).product();
-    let mut perm: Vec<i64> = (0..dims.len() as i64).filter(|d| !grouped.contains(d)).collect();
-    perm.extend(&grouped);
-    let positions = IotaReplicaGroups {
-        num_groups: total / group_size.max(1),
-        group_size,
-        reshape_dims: dims,
-        transpose_perm: if perm.iter().enumerate().all(|(i, &p)| p == i as i64) { Vec::new() } else { perm },
-    };
+            match s.pre_size.checked_mul(s.size).filter(|&end| end <= full) {
+                None => Err("sub-axes exceed their axis".into()),
+                Some(end) if full % end != 0 => Err(format!("sub-axes do not divide mesh axis {axis} of size {full}")),
+                Some(_) => Ok((axis, s.pre_size, s.size)),
+            }
+        })
+        .collect::<Result<Vec<_>, String>>()?;
     // Device at each mesh position (row-major).
-    let devices: Option<Vec<i64>> = if !mesh.device_ids.is_empty() {
+    let devices = if !mesh.device_ids.is_empty() {
         if mesh.device_ids.len() as i64 != total {
             return Err(format!("{} device ids for a mesh of {total} devices", mesh.device_ids.len()));
         }
         Some(mesh.device_ids.clone())
     } else if let Some(t) = &mesh.iota_transform {
-        let all = IotaReplicaGroups {
-            num_groups: 1,
-            group_size: total,
-            reshape_dims: t.reshape_dims.clone(),
-            transpose_perm: t.transpose_perm.clone(),
-        };
-        Some(all.expand().and_then(|g| g.into_iter().next()).ok_or("inconsistent mesh iota transform")?)
+        let all = IotaReplicaGroups::devices(total, t.reshape_dims.clone(), t.transpose_perm.clone());
+        Some(all.ok_or("inconsistent mesh iota transform")?)
     } else {
         None
     };
-    match devices {
-        None => Ok(ReplicaGroups::Iota(positions)),
-        Some(ids) => {
-            let groups = positions.expand().ok_or("inconsistent mesh")?;
-            Ok(ReplicaGroups::Explicit(groups.iter().map(|g| g.iter().map(|&p| ids[p as usize]).collect()).collect()))
-        }
-    }
+    ReplicaGroups::from_mesh(&sizes, &refs, devices, true)
 }
 
 impl Decoder<'_> {
@@ -437,13 +371,7 @@ impl Decoder<'_> {
             p.frontend_attributes.as_ref().map(|f| f.map.clone().into_iter().collect()).unwrap_or_default();
         Ok(Module {
             name: p.name.clone(),
-            config: ModuleConfig {
-                replica_count: 1,
-                num_partitions: 1,
-                entry_computation_layout: None,
-                frontend_attributes,
-                other: BTreeMap::new(),
-            },
+            config: ModuleConfig { replica_count: 1, num_partitions: 1, frontend_attributes, ..Default::default() },
             comps,
             instrs,
             entry,
@@ -539,36 +467,26 @@ impl Decoder<'_> {
         {
             a.source_target_pairs = Some(p.source_target_pairs.iter().map(|s| (s.source, s.target)).collect());
         }
-        if let Some(s) = &p.sharding {
-            a.sharding = Some(self.sharding(s, 0)?);
-        }
+        a.sharding = p.sharding.as_ref().map(|s| self.sharding(s, 0)).transpose()?;
         if let Some(f) = &p.frontend_attributes {
             a.frontend_attributes = f.map.clone().into_iter().collect();
         }
-        if !p.backend_config.is_empty() {
-            a.backend_config = Some(String::from_utf8_lossy(&p.backend_config).into_owned());
-        }
+        a.backend_config = (!p.backend_config.is_empty()).then(|| String::from_utf8_lossy(&p.backend_config).into());
         a.metadata = p.metadata.as_ref().and_then(metadata);
-        if !p.custom_call_target.is_empty() {
-            a.custom_call_target = Some(p.custom_call_target.clone());
-        }
+        a.custom_call_target = (!p.custom_call_target.is_empty()).then(|| p.custom_call_target.clone());
         if !p.comparison_direction.is_empty() {
             a.comparison_direction = Some(
                 ComparisonDirection::from_name(&p.comparison_direction)
                     .ok_or_else(|| self.err(format!("unknown comparison direction '{}'", p.comparison_direction)))?,
             );
         }
-        if !p.comparison_type.is_empty() {
-            a.comparison_type = Some(p.comparison_type.clone());
-        }
-        if let Some(d) = &p.dot_dimension_numbers {
-            a.dot = Some(DotDims {
-                lhs_batch: d.lhs_batch_dimensions.clone(),
-                rhs_batch: d.rhs_batch_dimensions.clone(),
-                lhs_contracting: d.lhs_contracting_dimensions.clone(),
-                rhs_contracting: d.rhs_contracting_dimensions.clone(),
-            });
-        }
+        a.comparison_type = (!p.comparison_type.is_empty()).then(|| p.comparison_type.clone());
+        a.dot = p.dot_dimension_numbers.as_ref().map(|d| DotDims {
+            lhs_batch: d.lhs_batch_dimensions.clone(),
+            rhs_batch: d.rhs_batch_dimensions.clone(),
+            lhs_contracting: d.lhs_contracting_dimensions.clone(),
+            rhs_contracting: d.rhs_contracting_dimensions.clone(),
+        });
         // Gather's and scatter's dimension numbers become the text form's attributes, which
         // `GatherDims::of` / `ScatterDims::of` read for both front ends.
         if let Some(g) = &p.gather_dimension_numbers {
@@ -667,9 +585,6 @@ impl Decoder<'_> {
                 put(key, "true".into());
             }
         }
-        let enum_name = |what: &str, name: Option<&'static str>, v: i32| {
-            name.ok_or_else(|| self.err(format!("unknown {what} {v}")))
-        };
         if let Some(pc) = &p.precision_config
             && pc.operand_precision.iter().any(|&x| x != 0)
         {
@@ -677,8 +592,8 @@ impl Decoder<'_> {
                 .operand_precision
                 .iter()
                 .map(|&x| {
-                    let name = pb::precision_config::Precision::try_from(x).ok().map(|e| e.as_str_name());
-                    enum_name("operand precision", name, x).map(str::to_ascii_lowercase)
+                    self.enum_name("operand precision", x, pb::precision_config::Precision::as_str_name)
+                        .map(str::to_ascii_lowercase)
                 })
                 .collect::<R<Vec<_>>>()?;
             put("operand_precision", format!("{{{}}}", names.join(",")));
@@ -689,13 +604,17 @@ impl Decoder<'_> {
                 // does not print.
                 let v = p.custom_call_api_version;
                 if v > 1 {
-                    let name = pb::CustomCallApiVersion::try_from(v).ok().map(|e| e.as_str_name());
-                    put("api_version", enum_name("custom_call_api_version", name, v)?.to_owned());
+                    put(
+                        "api_version",
+                        self.enum_name("custom_call_api_version", v, pb::CustomCallApiVersion::as_str_name)?.into(),
+                    );
                 }
                 let v = p.custom_call_schedule;
                 if v != 0 {
-                    let name = pb::CustomCallSchedule::try_from(v).ok().map(|e| e.as_str_name());
-                    put("schedule", enum_name("custom_call_schedule", name, v)?.to_owned());
+                    put(
+                        "schedule",
+                        self.enum_name("custom_call_schedule", v, pb::CustomCallSchedule::as_str_name)?.into(),
+                    );
                 }
                 if !p.operand_shapes_with_layout.is_empty() {
                     let shapes = p
@@ -730,24 +649,25 @@ impl Decoder<'_> {
                 put("largest", p.largest.to_string());
             }
             Opcode::Rng => {
-                let v = p.distribution;
-                let name = pb::RandomDistribution::try_from(v).ok().map(|e| e.as_str_name());
-                put("distribution", enum_name("rng distribution", name, v)?.to_ascii_lowercase());
+                let name = self.enum_name("rng distribution", p.distribution, pb::RandomDistribution::as_str_name)?;
+                put("distribution", name.to_ascii_lowercase());
             }
             Opcode::RngBitGenerator => {
-                let v = p.rng_algorithm;
-                let name = pb::RandomAlgorithm::try_from(v).ok().map(|e| e.as_str_name());
-                put("algorithm", enum_name("rng algorithm", name, v)?.to_ascii_lowercase());
+                let name = self.enum_name("rng algorithm", p.rng_algorithm, pb::RandomAlgorithm::as_str_name)?;
+                put("algorithm", name.to_ascii_lowercase());
             }
             Opcode::Fft => {
-                let v = p.fft_type;
-                let name = pb::FftType::try_from(v).ok().map(|e| e.as_str_name());
-                put("fft_type", enum_name("fft type", name, v)?.to_owned());
+                put("fft_type", self.enum_name("fft type", p.fft_type, pb::FftType::as_str_name)?.into());
                 put("fft_length", int_list(&p.fft_length));
             }
             _ => {}
         }
         Ok(())
+    }
+
+    /// The name of value `v` of XLA's enum `E`.
+    fn enum_name<E: TryFrom<i32>>(&self, what: &str, v: i32, name: fn(&E) -> &'static str) -> R<&'static str> {
+        E::try_from(v).ok().as_ref().map(name).ok_or_else(|| self.err(format!("unknown {what} {v}")))
     }
 
     fn shape(&self, s: &pb::ShapeProto, depth: usize) -> R<Shape> {
@@ -824,42 +744,42 @@ impl Decoder<'_> {
 
     fn array(&self, p: &pb::LiteralProto, x: Option<&extra::Literal>, a: &ArrayShape) -> R<Array> {
         use PrimitiveType as P;
-        let n = a.element_count();
-        let le = |v: Vec<u8>, count: usize| (v, count);
-        let empty: &[u8] = &[];
-        let xb = |f: fn(&extra::Literal) -> &Vec<u8>| x.map_or(empty, |x| f(x).as_slice());
-        let (data, count) = match a.ty {
-            P::Pred => le(p.preds.iter().map(|&b| b as u8).collect(), p.preds.len()),
-            P::S8 => le(p.s8s.clone(), p.s8s.len()),
-            P::U8 => le(p.u8s.clone(), p.u8s.len()),
-            P::S4 => le(p.s4s.iter().map(|&b| (((b & 0xf) << 4) as i8 >> 4) as u8).collect(), p.s4s.len()),
-            P::U4 => le(p.u4s.iter().map(|&b| b & 0xf).collect(), p.u4s.len()),
-            P::S16 => le(p.s16s.clone(), p.s16s.len() / 2),
-            P::U16 => le(p.u16s.clone(), p.u16s.len() / 2),
-            P::F16 => le(p.f16s.clone(), p.f16s.len() / 2),
-            P::Bf16 => le(p.bf16s.clone(), p.bf16s.len() / 2),
-            P::S32 => le(p.s32s.iter().flat_map(|v| v.to_le_bytes()).collect(), p.s32s.len()),
-            P::S64 => le(p.s64s.iter().flat_map(|v| v.to_le_bytes()).collect(), p.s64s.len()),
-            P::U32 => le(p.u32s.iter().flat_map(|v| v.to_le_bytes()).collect(), p.u32s.len()),
-            P::U64 => le(p.u64s.iter().flat_map(|v| v.to_le_bytes()).collect(), p.u64s.len()),
-            P::F32 => le(p.f32s.iter().flat_map(|v| v.to_le_bytes()).collect(), p.f32s.len()),
-            P::F64 => le(p.f64s.iter().flat_map(|v| v.to_le_bytes()).collect(), p.f64s.len()),
-            P::C64 => le(p.c64s.iter().flat_map(|v| v.to_le_bytes()).collect(), p.c64s.len() / 2),
-            P::C128 => le(p.c128s.iter().flat_map(|v| v.to_le_bytes()).collect(), p.c128s.len() / 2),
-            P::F8E5M2 => le(p.f8e5m2s.clone(), p.f8e5m2s.len()),
-            P::F8E4M3FN => le(p.f8e4m3fns.clone(), p.f8e4m3fns.len()),
-            P::F8E4M3B11FNUZ => le(p.f8e4m3b11fnuzs.clone(), p.f8e4m3b11fnuzs.len()),
-            P::F8E5M2FNUZ => le(p.f8e5m2fnuzs.clone(), p.f8e5m2fnuzs.len()),
-            P::F8E4M3FNUZ => le(p.f8e4m3fnuzs.clone(), p.f8e4m3fnuzs.len()),
-            P::F8E4M3 => le(xb(|x| &x.f8e4m3s).to_vec(), xb(|x| &x.f8e4m3s).len()),
-            P::F8E3M4 => le(xb(|x| &x.f8e3m4s).to_vec(), xb(|x| &x.f8e3m4s).len()),
-            P::F8E8M0FNU => le(xb(|x| &x.f8e8m0fnus).to_vec(), xb(|x| &x.f8e8m0fnus).len()),
+        let ext = |f: fn(&extra::Literal) -> &Vec<u8>| x.map_or_else(Vec::new, |x| f(x).clone());
+        let data = match a.ty {
+            P::Pred => p.preds.iter().map(|&b| b as u8).collect(),
+            P::S8 => p.s8s.clone(),
+            P::U8 => p.u8s.clone(),
+            P::S4 => p.s4s.iter().map(|&b| (((b & 0xf) << 4) as i8 >> 4) as u8).collect(),
+            P::U4 => p.u4s.iter().map(|&b| b & 0xf).collect(),
+            P::S16 => p.s16s.clone(),
+            P::U16 => p.u16s.clone(),
+            P::F16 => p.f16s.clone(),
+            P::Bf16 => p.bf16s.clone(),
+            P::S32 => p.s32s.iter().flat_map(|v| v.to_le_bytes()).collect(),
+            P::S64 => p.s64s.iter().flat_map(|v| v.to_le_bytes()).collect(),
+            P::U32 => p.u32s.iter().flat_map(|v| v.to_le_bytes()).collect(),
+            P::U64 => p.u64s.iter().flat_map(|v| v.to_le_bytes()).collect(),
+            P::F32 => p.f32s.iter().flat_map(|v| v.to_le_bytes()).collect(),
+            P::F64 => p.f64s.iter().flat_map(|v| v.to_le_bytes()).collect(),
+            P::C64 => p.c64s.iter().flat_map(|v| v.to_le_bytes()).collect(),
+            P::C128 => p.c128s.iter().flat_map(|v| v.to_le_bytes()).collect(),
+            P::F8E5M2 => p.f8e5m2s.clone(),
+            P::F8E4M3FN => p.f8e4m3fns.clone(),
+            P::F8E4M3B11FNUZ => p.f8e4m3b11fnuzs.clone(),
+            P::F8E5M2FNUZ => p.f8e5m2fnuzs.clone(),
+            P::F8E4M3FNUZ => p.f8e4m3fnuzs.clone(),
+            P::F8E4M3 => ext(|x| &x.f8e4m3s),
+            P::F8E3M4 => ext(|x| &x.f8e3m4s),
+            P::F8E8M0FNU => ext(|x| &x.f8e8m0fnus),
             P::Token => return Err(self.err("token-typed array literal")),
         };
-        if count != n || data.len() != a.byte_size() {
+        // (Token, the one type of no byte size, was rejected above.)
+        if data.len() != a.byte_size() {
             return Err(self.err(format!(
-                "literal of shape {} needs {n} elements, got {count} ({} bytes)",
+                "literal of shape {} needs {} elements, got {} ({} bytes)",
                 ArrayShape::new(a.ty, a.dims.clone()),
+                a.element_count(),
+                data.len() / a.ty.byte_size(),
                 data.len()
             )));
         }
@@ -907,13 +827,8 @@ impl Decoder<'_> {
                     let n = bounded(&s.iota_reshape_dims).ok_or_else(|| {
                         self.err(format!("sharding iota dims {:?} are too large or negative", s.iota_reshape_dims))
                     })?;
-                    let iota = IotaReplicaGroups {
-                        num_groups: 1,
-                        group_size: n,
-                        reshape_dims: s.iota_reshape_dims.clone(),
-                        transpose_perm: s.iota_transpose_perm.iter().map(|&p| p as i64).collect(),
-                    };
-                    iota.expand().and_then(|g| g.into_iter().next()).unwrap_or_default()
+                    let perm = s.iota_transpose_perm.iter().map(|&p| p as i64).collect();
+                    IotaReplicaGroups::devices(n, s.iota_reshape_dims.clone(), perm).unwrap_or_default()
                 };
                 if devices.len() as i64 != total {
                     return Err(self.err(format!(
@@ -925,7 +840,16 @@ impl Decoder<'_> {
                     tile_dims,
                     devices,
                     last_tile_dim_replicate: s.replicate_on_last_tile_dim,
-                    last_tile_dims: s.last_tile_dims.iter().map(|&t| sharding_type_name(t)).collect(),
+                    last_tile_dims: s
+                        .last_tile_dims
+                        .iter()
+                        .map(|&t| {
+                            usize::try_from(t)
+                                .ok()
+                                .and_then(|t| SHARDING_TYPES.get(t))
+                                .map_or(format!("type{t}"), |n| n.to_string())
+                        })
+                        .collect(),
                 }
             }
             t => Sharding::Other(format!("{{type{t}}}")),
@@ -955,17 +879,12 @@ fn window_text(dims: &[pb::WindowDimension]) -> String {
 
 /// `{op_type="..." op_name="..." source_file="..." source_line=N}`, as XLA prints it.
 fn metadata(m: &pb::OpMetadata) -> Option<String> {
-    let mut parts = Vec::new();
     let quote = |s: &str| s.replace('\\', "\\\\").replace('"', "\\\"");
-    if !m.op_type.is_empty() {
-        parts.push(format!("op_type=\"{}\"", quote(&m.op_type)));
-    }
-    if !m.op_name.is_empty() {
-        parts.push(format!("op_name=\"{}\"", quote(&m.op_name)));
-    }
-    if !m.source_file.is_empty() {
-        parts.push(format!("source_file=\"{}\"", quote(&m.source_file)));
-    }
+    let mut parts: Vec<String> = [("op_type", &m.op_type), ("op_name", &m.op_name), ("source_file", &m.source_file)]
+        .into_iter()
+        .filter(|(_, v)| !v.is_empty())
+        .map(|(k, v)| format!("{k}=\"{}\"", quote(v)))
+        .collect();
     if m.source_line != 0 {
         parts.push(format!("source_line={}", m.source_line));
     }

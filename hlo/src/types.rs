@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use crate::print::{array_without_layout, int_list};
+use crate::print::{array_without_layout, int_list, join};
 
 /// Declares [`PrimitiveType`] from one table: variant, HLO text spelling, bytes per element,
 /// number in `xla_data.proto`'s `PrimitiveType` enum.
@@ -89,16 +89,9 @@ impl PrimitiveType {
         )
     }
 
-    pub fn is_signed_int(self) -> bool {
-        matches!(self, Self::S4 | Self::S8 | Self::S16 | Self::S32 | Self::S64)
-    }
-
-    pub fn is_unsigned_int(self) -> bool {
-        matches!(self, Self::U4 | Self::U8 | Self::U16 | Self::U32 | Self::U64)
-    }
-
     pub fn is_integral(self) -> bool {
-        self.is_signed_int() || self.is_unsigned_int()
+        use PrimitiveType::*;
+        matches!(self, S4 | S8 | S16 | S32 | S64 | U4 | U8 | U16 | U32 | U64)
     }
 
     pub fn is_complex(self) -> bool {
@@ -108,22 +101,7 @@ impl PrimitiveType {
     /// Types Peerless computes with (arithmetic, reductions, collective kernels).
     /// F8 variants, s4/u4 and complex types can be stored and moved, never computed on.
     pub fn is_computable(self) -> bool {
-        matches!(
-            self,
-            Self::Pred
-                | Self::S8
-                | Self::S16
-                | Self::S32
-                | Self::S64
-                | Self::U8
-                | Self::U16
-                | Self::U32
-                | Self::U64
-                | Self::F16
-                | Self::Bf16
-                | Self::F32
-                | Self::F64
-        )
+        !(self.is_f8() || self.is_complex() || matches!(self, Self::S4 | Self::U4 | Self::Token))
     }
 }
 
@@ -225,16 +203,11 @@ impl Shape {
 
     /// Array leaves in depth-first order (the order of flattened entry results).
     pub fn leaves(&self) -> Vec<&ArrayShape> {
-        let mut out = Vec::new();
-        fn walk<'a>(s: &'a Shape, out: &mut Vec<&'a ArrayShape>) {
-            match s {
-                Shape::Array(a) => out.push(a),
-                Shape::Tuple(t) => t.iter().for_each(|e| walk(e, out)),
-                Shape::Token => {}
-            }
+        match self {
+            Shape::Array(a) => vec![a],
+            Shape::Tuple(t) => t.iter().flat_map(Shape::leaves).collect(),
+            Shape::Token => Vec::new(),
         }
-        walk(self, &mut out);
-        out
     }
 
     /// Total bytes of all array leaves.
@@ -248,16 +221,7 @@ impl fmt::Display for Shape {
         match self {
             Shape::Array(a) => a.fmt(f),
             Shape::Token => f.write_str("token[]"),
-            Shape::Tuple(t) => {
-                f.write_str("(")?;
-                for (i, s) in t.iter().enumerate() {
-                    if i > 0 {
-                        f.write_str(", ")?;
-                    }
-                    s.fmt(f)?;
-                }
-                f.write_str(")")
-            }
+            Shape::Tuple(t) => write!(f, "({})", join(t, ", ")),
         }
     }
 }

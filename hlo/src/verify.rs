@@ -64,6 +64,11 @@ fn elements(a: &ArrayShape) -> Option<u128> {
     a.dims.iter().try_fold(1u128, |acc, &d| if d < 0 { None } else { acc.checked_mul(d as u128) })
 }
 
+/// Byte size, `None` on a negative dimension or overflow.
+fn bytes(a: &ArrayShape) -> Option<u128> {
+    elements(a).map(|n| n * a.ty.byte_size() as u128)
+}
+
 /// Bit width of one element (s4/u4: 4), `None` for tokens.
 fn bit_width(t: PrimitiveType) -> Option<u64> {
     match t {
@@ -71,6 +76,16 @@ fn bit_width(t: PrimitiveType) -> Option<u64> {
         PrimitiveType::S4 | PrimitiveType::U4 => Some(4),
         t => Some(t.byte_size() as u64 * 8),
     }
+}
+
+/// Whether `got` is the tuple of `shapes` or, for one shape, that shape; else what it must be.
+fn one_or_tuple(got: &Shape, shapes: Vec<Shape>) -> Result<(), String> {
+    let one = (shapes.len() == 1).then(|| shapes[0].clone());
+    let tuple = Shape::Tuple(shapes);
+    if got.compatible(&tuple) || one.as_ref().is_some_and(|s| got.compatible(s)) {
+        return Ok(());
+    }
+    Err(sh(one.as_ref().unwrap_or(&tuple)))
 }
 
 /// `dims` must be distinct and each in `0..rank`.
@@ -100,17 +115,7 @@ struct Verifier<'a> {
 
 impl<'a> Verifier<'a> {
     fn at(&self, span: Option<Span>, message: String) -> Error {
-        let s = span.unwrap_or_default();
-        Error {
-            kind: ErrorKind::Verify,
-            file: self.m.source_name.clone(),
-            line: s.line,
-            col: s.col,
-            message,
-            source_line: None,
-            caret_len: s.len.max(1),
-            instr: None,
-        }
+        Error::located(ErrorKind::Verify, &self.m.source_name, span.unwrap_or_default(), message)
     }
 
     /// An error about instruction `id` (which must exist).
@@ -125,8 +130,6 @@ impl<'a> Verifier<'a> {
         let comp = &self.m.comps[c];
         self.at(comp.span, format!("computation {}: {msg}", pname(&comp.name)))
     }
-
-    // ---------------------------------------------------------------- structure
 
     fn structure(&self) -> R {
         let m = self.m;
@@ -299,8 +302,6 @@ impl<'a> Verifier<'a> {
         }
     }
 
-    // ---------------------------------------------------------------- helpers
-
     fn op(&self, id: InstrId) -> &'a str {
         self.m.instrs[id].opcode.name()
     }
@@ -358,6 +359,17 @@ impl<'a> Verifier<'a> {
             .ok_or_else(|| self.err(id, format!("{} needs a dimensions={{...}} attribute", self.op(id))))
     }
 
+    /// The one dimension, of `rank`, that `dims` names; errors show `a` and say what it is.
+    fn one_dim(&self, id: InstrId, dims: &[i64], rank: usize, a: &ArrayShape, what: &str) -> R<usize> {
+        match dims {
+            [d] if *d >= 0 && (*d as usize) < rank => Ok(*d as usize),
+            _ => Err(self.err(
+                id,
+                format!("{} dimensions={} must name one {what}dimension of {}", self.op(id), list(dims), arr_str(a)),
+            )),
+        }
+    }
+
     fn called(&self, id: InstrId, what: &str) -> R<CompId> {
         let ins = &self.m.instrs[id];
         match ins.called.as_slice() {
@@ -365,8 +377,6 @@ impl<'a> Verifier<'a> {
             v => Err(self.err(id, format!("{} needs exactly one {what} computation, got {}", self.op(id), v.len()))),
         }
     }
-
-    // ---------------------------------------------------------------- per op
 
     fn instruction(&self, id: InstrId) -> R {
         use Opcode::*;
@@ -379,44 +389,13 @@ impl<'a> Verifier<'a> {
             _ if op.is_elementwise_binary() => self.binary(id),
             Select => self.select(id),
             Clamp => self.clamp(id),
-            Convert => {
-                self.n_operands(id, 1)?;
-                let (a, r) = (self.arr(id, 0)?, self.res(id)?);
-                if a.dims != r.dims {
-                    return Err(
-                        self.err(id, format!("convert must keep the dimensions, got {} -> {}", arr_str(a), arr_str(r)))
-                    );
-                }
-                Ok(())
-            }
+            Convert => self.keeps(id, "the dimensions", |a, r| a.dims == r.dims),
             BitcastConvert => self.bitcast_convert(id),
             Broadcast => self.broadcast(id),
             Reshape => {
-                self.n_operands(id, 1)?;
-                let (a, r) = (self.arr(id, 0)?, self.res(id)?);
-                if a.ty != r.ty || elements(a) != elements(r) {
-                    return Err(self.err(
-                        id,
-                        format!(
-                            "reshape must keep the element type and element count, got {} -> {}",
-                            arr_str(a),
-                            arr_str(r)
-                        ),
-                    ));
-                }
-                Ok(())
+                self.keeps(id, "the element type and element count", |a, r| a.ty == r.ty && elements(a) == elements(r))
             }
-            Bitcast => {
-                self.n_operands(id, 1)?;
-                let (a, r) = (self.arr(id, 0)?, self.res(id)?);
-                let bytes = |x: &ArrayShape| elements(x).map(|n| n * x.ty.byte_size() as u128);
-                if bytes(a) != bytes(r) {
-                    return Err(
-                        self.err(id, format!("bitcast must keep the byte size, got {} -> {}", arr_str(a), arr_str(r)))
-                    );
-                }
-                Ok(())
-            }
+            Bitcast => self.keeps(id, "the byte size", |a, r| bytes(a) == bytes(r)),
             Transpose => self.transpose(id),
             Slice => self.slice(id),
             DynamicSlice => self.dynamic_slice(id),
@@ -493,38 +472,12 @@ impl<'a> Verifier<'a> {
             }
             AllGather => self.all_gather(id),
             AllGatherStart => self.all_gather_start(id),
-            AllGatherDone => {
-                self.n_operands(id, 1)?;
-                let s = self.operand_shape(id, 0);
-                match s.tuple_elements() {
-                    Some([_, gathered]) => self.result_is(id, gathered, "element 1 of the all-gather-start tuple"),
-                    _ => Err(self.err(
-                        id,
-                        format!(
-                            "all-gather-done operand must be the (operand, result) tuple of an all-gather-start, got {}",
-                            sh(s)
-                        ),
-                    )),
-                }
-            }
+            AllGatherDone => self.done(id, "the (operand, result) tuple of an", "all-gather-start", |n| n == 2),
             AllToAll => self.all_to_all(id),
             ReduceScatter => self.reduce_scatter(id),
             CollectivePermute => self.collective_permute(id),
             CollectivePermuteStart => self.collective_permute_start(id),
-            CollectivePermuteDone => {
-                self.n_operands(id, 1)?;
-                let s = self.operand_shape(id, 0);
-                match s.tuple_elements() {
-                    Some([_, out, ..]) => self.result_is(id, out, "element 1 of the collective-permute-start tuple"),
-                    _ => Err(self.err(
-                        id,
-                        format!(
-                            "collective-permute-done operand must be the tuple of a collective-permute-start, got {}",
-                            sh(s)
-                        ),
-                    )),
-                }
-            }
+            CollectivePermuteDone => self.done(id, "the tuple of a", "collective-permute-start", |n| n >= 2),
             CollectiveBroadcast => {
                 self.groups(id, false)?;
                 Ok(())
@@ -533,6 +486,26 @@ impl<'a> Verifier<'a> {
             Conditional => self.conditional(id),
             // Parsed but not executed by Peerless: structure only.
             _ => Ok(()),
+        }
+    }
+
+    /// One array operand, and a result that keeps `what` of it.
+    fn keeps(&self, id: InstrId, what: &str, same: fn(&ArrayShape, &ArrayShape) -> bool) -> R {
+        self.n_operands(id, 1)?;
+        let (a, r) = (self.arr(id, 0)?, self.res(id)?);
+        if same(a, r) {
+            return Ok(());
+        }
+        Err(self.err(id, format!("{} must keep {what}, got {} -> {}", self.op(id), arr_str(a), arr_str(r))))
+    }
+
+    /// An async done, whose result is element 1 of its start's tuple (of `len` elements).
+    fn done(&self, id: InstrId, tuple: &str, start: &str, len: fn(usize) -> bool) -> R {
+        self.n_operands(id, 1)?;
+        let s = self.operand_shape(id, 0);
+        match s.tuple_elements() {
+            Some(e) if len(e.len()) => self.result_is(id, &e[1], &format!("element 1 of the {start} tuple")),
+            _ => Err(self.err(id, format!("{} operand must be {tuple} {start}, got {}", self.op(id), sh(s)))),
         }
     }
 
@@ -550,8 +523,7 @@ impl<'a> Verifier<'a> {
             ));
         }
         for a in lit.leaves() {
-            let need = elements(&a.shape).map(|n| n * a.shape.ty.byte_size() as u128);
-            if need != Some(a.data.len() as u128) {
+            if bytes(&a.shape) != Some(a.data.len() as u128) {
                 return Err(self
                     .err(id, format!("constant literal of shape {} holds {} bytes", arr_str(&a.shape), a.data.len())));
             }
@@ -865,15 +837,7 @@ impl<'a> Verifier<'a> {
         self.min_operands(id, 1)?;
         let dims = self.dims_attr(id)?;
         let first = self.arr(id, 0)?;
-        let d = match dims {
-            [d] if *d >= 0 && (*d as usize) < first.rank() => *d as usize,
-            _ => {
-                return Err(self.err(
-                    id,
-                    format!("concatenate dimensions={} must name one dimension of {}", list(dims), arr_str(first)),
-                ));
-            }
-        };
+        let d = self.one_dim(id, dims, first.rank(), first, "")?;
         let mut total = 0i64;
         for i in 0..self.m.instrs[id].operands.len() {
             let a = self.arr(id, i)?;
@@ -961,13 +925,18 @@ impl<'a> Verifier<'a> {
             }
         }
         let root = &self.m.instrs[comp.root].shape;
-        let scalars: Vec<Shape> = types.iter().map(|&t| Shape::array(t, vec![])).collect();
-        let tuple = Shape::Tuple(scalars.clone());
-        if !(root.compatible(&tuple) || (n == 1 && root.compatible(&scalars[0]))) {
-            let want = if n == 1 { sh(&scalars[0]) } else { sh(&tuple) };
-            return Err(self.err(id, format!("{op} to_apply computation {cname} must return {want}, got {}", sh(root))));
-        }
-        Ok(())
+        one_or_tuple(root, types.iter().map(|&t| Shape::array(t, vec![])).collect()).map_err(|want| {
+            self.err(id, format!("{op} to_apply computation {cname} must return {want}, got {}", sh(root)))
+        })
+    }
+
+    /// reduce's and reduce-window's reducer and result: per input, an array of `dims`.
+    fn reduced(&self, id: InstrId, types: &[PrimitiveType], dims: Vec<i64>, why: &str) -> R {
+        let c = self.called(id, "to_apply")?;
+        self.check_reducer(id, c, types)?;
+        let mut outs: Vec<Shape> = types.iter().map(|&t| Shape::array(t, dims.clone())).collect();
+        let expected = if outs.len() == 1 { outs.remove(0) } else { Shape::Tuple(outs) };
+        self.result_is(id, &expected, why)
     }
 
     /// The operands of reduce and reduce-window: N inputs of one shape, then N scalar init
@@ -1010,7 +979,6 @@ impl<'a> Verifier<'a> {
 
     fn reduce(&self, id: InstrId) -> R {
         let (first, types) = self.inputs_and_inits(id)?;
-        let n = types.len();
         let dims = self.dims_attr(id)?;
         if !valid_dim_set(dims, first.rank()) {
             return Err(self.err(
@@ -1018,13 +986,8 @@ impl<'a> Verifier<'a> {
                 format!("reduce dimensions={} must be distinct dimensions of {}", list(dims), arr_str(first)),
             ));
         }
-        let c = self.called(id, "to_apply")?;
-        self.check_reducer(id, c, &types)?;
-        let kept: Vec<i64> =
-            first.dims.iter().enumerate().filter(|(i, _)| !dims.contains(&(*i as i64))).map(|(_, &d)| d).collect();
-        let outs: Vec<Shape> = types.iter().map(|&t| Shape::array(t, kept.clone())).collect();
-        let expected = if n == 1 { outs[0].clone() } else { Shape::Tuple(outs) };
-        self.result_is(id, &expected, "input dimensions minus the reduced ones")
+        let kept = first.dims.iter().enumerate().filter(|(i, _)| !dims.contains(&(*i as i64))).map(|(_, &d)| d);
+        self.reduced(id, &types, kept.collect(), "input dimensions minus the reduced ones")
     }
 
     /// reduce-window: N inputs and N init values as reduce, a window of the inputs' rank, and
@@ -1035,11 +998,7 @@ impl<'a> Verifier<'a> {
         let dims = window
             .output_dims(&first.dims)
             .map_err(|e| self.err(id, format!("reduce-window {e} ({})", arr_str(first))))?;
-        let c = self.called(id, "to_apply")?;
-        self.check_reducer(id, c, &types)?;
-        let outs: Vec<Shape> = types.iter().map(|&t| Shape::array(t, dims.clone())).collect();
-        let expected = if outs.len() == 1 { outs[0].clone() } else { Shape::Tuple(outs) };
-        self.result_is(id, &expected, "(padded dilated input - dilated window) / stride + 1 per dimension")
+        self.reduced(id, &types, dims, "(padded dilated input - dilated window) / stride + 1 per dimension")
     }
 
     fn dot(&self, id: InstrId) -> R {

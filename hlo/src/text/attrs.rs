@@ -102,11 +102,7 @@ pub(crate) fn instr_attr<'a>(
         }
         "metadata" => a.metadata = Some(c.raw_value()?.to_owned()),
         "custom_call_target" => a.custom_call_target = Some(c.string()?),
-        "control-predecessors" => {
-            for (n, s, e) in name_list(c, "control-predecessors")? {
-                pending.control.push((n, s, e));
-            }
-        }
+        "control-predecessors" => pending.control.extend(name_list(c, "control-predecessors")?),
         "direction" => {
             let Some((s, d)) = c.ident() else { return Err(c.err_found("expected a comparison direction")) };
             let Some(dir) = ComparisonDirection::from_name(d) else {
@@ -163,9 +159,7 @@ fn bracket_list(c: &mut Cursor<'_>, what: &str) -> PResult<Vec<i64>> {
 /// `%comp`, or `{%a, %b}` for branch computations.
 fn called<'a>(c: &mut Cursor<'a>, slot: CallSlot, pending: &mut Pending<'a>) -> PResult<()> {
     if c.peek() == Some(b'{') {
-        for (n, s, e) in name_list(c, "computation names")? {
-            pending.calls.push((slot, n, s, e));
-        }
+        pending.calls.extend(name_list(c, "computation names")?.into_iter().map(|(n, s, e)| (slot, n, s, e)));
     } else {
         let Some((s, n)) = c.name() else { return Err(c.err_found("expected a computation name")) };
         pending.calls.push((slot, n, s, c.pos));
@@ -483,7 +477,7 @@ fn mesh_groups(c: &mut Cursor<'_>, start: usize) -> PResult<ReplicaGroups> {
                 }
                 Ok((axis, pre, size))
             })?;
-            mesh_to_groups(c, start, &sizes, &refs, device_ids)
+            ReplicaGroups::from_mesh(&sizes, &refs, device_ids, false).map_err(|m| c.err_range(start, c.pos, &m))
         }
         other => Err(c.err_range(
             start,
@@ -525,82 +519,6 @@ fn mesh_device_ids(c: &mut Cursor<'_>, total: i64, start: usize) -> PResult<Vec<
         return Err(c.err_range(start, c.pos, &format!("mesh has {total} devices but device_ids lists {}", ids.len())));
     }
     Ok(ids)
-}
-
-fn mesh_to_groups(
-    c: &Cursor<'_>,
-    start: usize,
-    sizes: &[i64],
-    refs: &[(usize, i64, i64)],
-    device_ids: Option<Vec<i64>>,
-) -> PResult<ReplicaGroups> {
-    let err = |msg: String| c.err_range(start, c.pos, &msg);
-    // Split every mesh axis into factors at each referenced sub-axis boundary
-    // (pre-size counts the major side), then group by the referenced factors.
-    let mut factors: Vec<i64> = Vec::new();
-    let mut bounds_of: Vec<Vec<i64>> = Vec::new();
-    let mut first_factor: Vec<usize> = Vec::new();
-    for (axis, &n) in sizes.iter().enumerate() {
-        let mut b = vec![1, n];
-        for &(a, pre, size) in refs {
-            if a == axis {
-                b.push(pre);
-                b.push(pre * size);
-            }
-        }
-        b.sort_unstable();
-        b.dedup();
-        if b.windows(2).any(|w| w[1] % w[0] != 0) {
-            return Err(err(format!(
-                "sub-axes of mesh axis {axis} do not nest; expected sizes that divide each other"
-            )));
-        }
-        first_factor.push(factors.len());
-        factors.extend(b.windows(2).map(|w| w[1] / w[0]));
-        bounds_of.push(b);
-    }
-    let mut used = vec![false; factors.len()];
-    let mut grouped: Vec<usize> = Vec::new();
-    for &(axis, pre, size) in refs {
-        let (Some(b), Some(&f0)) = (bounds_of.get(axis), first_factor.get(axis)) else {
-            return Err(err("bad mesh axis reference".into()));
-        };
-        let lo = b.iter().position(|&x| x == pre).unwrap_or(0);
-        let hi = b.iter().position(|&x| x == pre * size).unwrap_or(lo);
-        for f in f0 + lo..f0 + hi {
-            match used.get_mut(f) {
-                Some(u) if !*u => *u = true,
-                _ => return Err(err("mesh axes of the replica groups overlap; expected each axis once".into())),
-            }
-            grouped.push(f);
-        }
-    }
-    let rest: Vec<usize> = (0..factors.len()).filter(|f| !used.get(*f).copied().unwrap_or(true)).collect();
-    let num_groups: i64 = rest.iter().filter_map(|&f| factors.get(f)).product();
-    let group_size: i64 = grouped.iter().filter_map(|&f| factors.get(f)).product();
-    let perm: Vec<i64> = rest.iter().chain(grouped.iter()).map(|&f| f as i64).collect();
-    let identity = perm.iter().enumerate().all(|(i, &p)| i as i64 == p);
-    let iota = IotaReplicaGroups {
-        num_groups,
-        group_size,
-        reshape_dims: factors,
-        transpose_perm: if identity { Vec::new() } else { perm },
-    };
-    match device_ids {
-        None => Ok(ReplicaGroups::Iota(iota)),
-        Some(ids) => {
-            let Some(groups) = iota.expand() else { return Err(err("inconsistent mesh replica groups".into())) };
-            let mapped = groups
-                .into_iter()
-                .map(|g| {
-                    g.into_iter()
-                        .map(|i| usize::try_from(i).ok().and_then(|i| ids.get(i).copied()).unwrap_or(-1))
-                        .collect()
-                })
-                .collect();
-            Ok(ReplicaGroups::Explicit(mapped))
-        }
-    }
 }
 
 /// `{replicated}`, `{maximal device=N}`, `{manual}`, `{devices=[..]...}`, tuples `{{..}, {..}}`.

@@ -27,6 +27,7 @@ mod cursor;
 mod literal;
 mod parser;
 
+pub(crate) use cursor::{is_ident_char, is_ident_start};
 pub(crate) use literal::F8Format;
 
 use crate::{Error, Module};

@@ -98,12 +98,12 @@ pub(crate) fn parse_module(c: &mut Cursor<'_>) -> PResult<Module> {
     // Second pass: called computations.
     for (id, refs) in calls {
         let mut slots: Vec<(CallSlot, CompId)> = Vec::with_capacity(refs.len());
-        for (slot, r) in refs {
-            let Some(&target) = comp_names.get(r.name.as_str()) else {
+        for (slot, name, start, end) in refs {
+            let Some(&target) = comp_names.get(name) else {
                 return Err(c.err_range(
-                    r.start,
-                    r.end,
-                    &format!("unknown computation '{}'; expected the name of a computation in this module", r.name),
+                    start,
+                    end,
+                    &format!("unknown computation '{name}'; expected the name of a computation in this module"),
                 ));
             };
             slots.push((slot, target));
@@ -116,13 +116,6 @@ pub(crate) fn parse_module(c: &mut Cursor<'_>) -> PResult<Module> {
     }
 
     Ok(Module { name: name.to_owned(), config, comps, instrs, entry, source_name: c.file.to_owned() })
-}
-
-/// A computation name reference (owned: the computation map is built before resolution).
-pub(crate) struct NameRefOwned {
-    pub name: String,
-    pub start: usize,
-    pub end: usize,
 }
 
 /// Skips a stack-frame index section; returns false if the next token is not one.
@@ -308,13 +301,13 @@ impl<'a> CompBuilder<'a> {
     }
 }
 
-type Calls = Vec<(InstrId, Vec<(CallSlot, NameRefOwned)>)>;
+type Calls<'a> = Vec<(InstrId, Vec<(CallSlot, &'a str, usize, usize)>)>;
 
 fn parse_computation<'a>(
     c: &mut Cursor<'a>,
     comp_id: CompId,
     instrs: &mut PrimaryMap<InstrId, Instruction>,
-) -> PResult<(Computation, Calls, (usize, usize))> {
+) -> PResult<(Computation, Calls<'a>, (usize, usize))> {
     let Some((name_start, name)) = c.name() else {
         return Err(c.err_found("expected a computation name (or 'ENTRY')"));
     };
@@ -473,13 +466,7 @@ fn parse_computation<'a>(
             instr.attrs.control_predecessors = preds;
         }
         if !p.pending.calls.is_empty() {
-            let refs = p
-                .pending
-                .calls
-                .into_iter()
-                .map(|(slot, n, s, e)| (slot, NameRefOwned { name: n.to_owned(), start: s, end: e }))
-                .collect();
-            calls.push((p.id, refs));
+            calls.push((p.id, p.pending.calls));
         }
     }
 

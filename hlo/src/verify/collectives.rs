@@ -4,8 +4,6 @@
 use super::*;
 
 impl<'a> Verifier<'a> {
-    // ---------------------------------------------------------------- collectives
-
     /// Validates replica groups; returns the explicit groups, `None` when absent or
     /// empty (`{}`: every device, count unknown at verify time).
     pub(super) fn groups(&self, id: InstrId, uniform: bool) -> R<Option<Vec<Vec<i64>>>> {
@@ -84,12 +82,8 @@ impl<'a> Verifier<'a> {
     /// Result is the operand shape (one operand) or the tuple of operand shapes.
     pub(super) fn operands_or_tuple(&self, id: InstrId, shapes: Vec<Shape>, what: &str) -> R {
         let got = &self.m.instrs[id].shape;
-        let tuple = Shape::Tuple(shapes.clone());
-        if got.compatible(&tuple) || (shapes.len() == 1 && got.compatible(&shapes[0])) {
-            return Ok(());
-        }
-        let want = if shapes.len() == 1 { sh(&shapes[0]) } else { sh(&tuple) };
-        Err(self.err(id, format!("{} result must be {want} ({what}), got {}", self.op(id), sh(got))))
+        one_or_tuple(got, shapes)
+            .map_err(|want| self.err(id, format!("{} result must be {want} ({what}), got {}", self.op(id), sh(got))))
     }
 
     pub(super) fn operand_shapes(&self, id: InstrId) -> Vec<Shape> {
@@ -150,21 +144,12 @@ impl<'a> Verifier<'a> {
 
     pub(super) fn gather_dim(&self, id: InstrId) -> R<usize> {
         let dims = self.dims_attr(id)?;
-        let mut rank_ok = true;
+        // A dimension of every operand.
+        let mut rank = usize::MAX;
         for i in 0..self.m.instrs[id].operands.len() {
-            let a = self.arr(id, i)?;
-            rank_ok &= matches!(dims, [d] if *d >= 0 && (*d as usize) < a.rank());
+            rank = rank.min(self.arr(id, i)?.rank());
         }
-        match dims {
-            [d] if rank_ok => Ok(*d as usize),
-            _ => {
-                let a = self.arr(id, 0)?;
-                Err(self.err(
-                    id,
-                    format!("{} dimensions={} must name one dimension of {}", self.op(id), list(dims), arr_str(a)),
-                ))
-            }
-        }
+        self.one_dim(id, dims, rank, self.arr(id, 0)?, "")
     }
 
     /// The result shapes of a variadic collective: one array for one operand, else a tuple
@@ -240,19 +225,7 @@ impl<'a> Verifier<'a> {
             Some(dims) => {
                 self.n_operands(id, 1)?;
                 let a = self.arr(id, 0)?;
-                let d = match dims {
-                    [d] if *d >= 0 && (*d as usize) < a.rank() => *d as usize,
-                    _ => {
-                        return Err(self.err(
-                            id,
-                            format!(
-                                "all-to-all dimensions={} must name one split dimension of {}",
-                                list(dims),
-                                arr_str(a)
-                            ),
-                        ));
-                    }
-                };
+                let d = self.one_dim(id, dims, a.rank(), a, "split ")?;
                 if let Some(g) = group
                     && a.dims[d] % g != 0
                 {

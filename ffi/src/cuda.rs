@@ -8,6 +8,7 @@ use std::sync::OnceLock;
 use cudarc::driver::result as r;
 use cudarc::driver::sys;
 
+use crate::gpu::IPC_HANDLE_BYTES;
 use crate::{Error, Result, guarded};
 
 /// Maps a driver status to an [`Error`] naming the call and the device.
@@ -29,10 +30,9 @@ fn st(s: sys::CUresult) -> Result<(), r::DriverError> {
     s.result()
 }
 
-static INIT: OnceLock<Result<()>> = OnceLock::new();
-
 /// Probes libcuda and runs `cuInit` once.
 pub fn init() -> Result<()> {
+    static INIT: OnceLock<Result<()>> = OnceLock::new();
     INIT.get_or_init(|| {
         if !crate::libs::cuda_present() {
             return Err(Error::Library {
@@ -59,11 +59,9 @@ pub struct Context {
     pub ctx: sys::CUcontext,
 }
 
-// SAFETY: a CUcontext handle may be used from any thread once made current there; every method
-// makes it current first.
-unsafe impl Send for Context {}
-// SAFETY: as above; the driver serialises use of one context internally.
-unsafe impl Sync for Context {}
+// SAFETY: a CUcontext handle may be used from any thread once made current there, and every
+// method makes it current first; the driver serialises use of one context internally.
+crate::send_sync!(Context);
 
 impl Context {
     pub fn new(ordinal: usize) -> Result<Context> {
@@ -135,11 +133,6 @@ impl Context {
         ck("cuCtxEnablePeerAccess", self.d(), st(s))
     }
 
-    pub fn synchronize(&self) -> Result<()> {
-        self.bind()?;
-        call("cuCtxSynchronize", self.d(), r::ctx::synchronize)
-    }
-
     /// Loads a CUBIN or PTX image (NUL-terminated for PTX).
     pub fn load_module(&self, image: &[u8]) -> Result<Module> {
         self.bind()?;
@@ -164,10 +157,6 @@ pub struct Module {
     m: sys::CUmodule,
     ordinal: usize,
 }
-// SAFETY: module and function handles are context-wide and usable from any thread.
-unsafe impl Send for Module {}
-// SAFETY: as above; they are immutable.
-unsafe impl Sync for Module {}
 
 /// A kernel entry point.
 #[derive(Debug, Clone, Copy)]
@@ -175,10 +164,10 @@ pub struct Function {
     pub f: sys::CUfunction,
     pub ordinal: usize,
 }
-// SAFETY: function handles are immutable and context-wide.
-unsafe impl Send for Function {}
-// SAFETY: as above.
-unsafe impl Sync for Function {}
+
+// SAFETY: module, function and stream handles are context-wide and usable from any thread
+// (streams with their context current); modules and functions are immutable.
+crate::send_sync!(Module, Function, Stream);
 
 impl Module {
     pub fn function(&self, name: &str) -> Result<Function> {
@@ -195,10 +184,6 @@ pub struct Stream {
     pub s: sys::CUstream,
     pub ordinal: usize,
 }
-// SAFETY: stream handles may be used from any thread with their context current.
-unsafe impl Send for Stream {}
-// SAFETY: as above.
-unsafe impl Sync for Stream {}
 
 impl Stream {
     pub fn new(ctx: &Context) -> Result<Stream> {
@@ -250,20 +235,6 @@ impl Drop for Stream {
     }
 }
 
-/// A stream another library owns (XLA's, handed to an FFI handler), borrowed for one call.
-pub type ForeignStream = crate::gpu::Borrowed<Stream>;
-
-impl ForeignStream {
-    /// Borrows the raw `CUstream` `s` of device `ordinal`.
-    ///
-    /// # Safety
-    /// `s` is a live stream of device `ordinal`'s primary context (or null, the legacy
-    /// stream), and outlives the value.
-    pub unsafe fn new(s: *mut c_void, ordinal: usize) -> ForeignStream {
-        crate::gpu::Borrowed::wrap(Stream { s: s as sys::CUstream, ordinal })
-    }
-}
-
 /// Page-locked host memory mapped into the device's address space ([`crate::gpu::HostWords`]).
 #[derive(Debug)]
 pub struct HostMapped {
@@ -271,10 +242,10 @@ pub struct HostMapped {
     ordinal: usize,
     ctx: sys::CUcontext,
 }
-// SAFETY: the words are `Send`; the context handle is only bound to free them.
-unsafe impl Send for HostMapped {}
-// SAFETY: as above.
-unsafe impl Sync for HostMapped {}
+
+// SAFETY: host words (`Send`) and device addresses, immutable; the owning context handle is
+// only bound to free or close them.
+crate::send_sync!(HostMapped, DeviceBuffer, IpcMapping);
 
 impl HostMapped {
     /// `words` zeroed 32-bit words (at least one).
@@ -313,10 +284,6 @@ pub struct DeviceBuffer {
     pub ordinal: usize,
     ctx: sys::CUcontext,
 }
-// SAFETY: a device pointer is a plain address; frees bind the owning context first.
-unsafe impl Send for DeviceBuffer {}
-// SAFETY: as above; the value itself is immutable.
-unsafe impl Sync for DeviceBuffer {}
 
 impl DeviceBuffer {
     /// Allocates `len` bytes (at least 1) and zeroes them.
@@ -356,8 +323,7 @@ impl DeviceBuffer {
     /// Copies `data` into bytes `[offset, offset + data.len())`; returns once the bytes are in
     /// device memory, so work enqueued afterwards on any stream sees them.
     pub fn write_at(&self, offset: usize, data: &[u8]) -> Result<()> {
-        crate::gpu::check_range("write of", data.len(), offset, "into", self.len)?;
-        if data.is_empty() {
+        if !crate::gpu::check_range("write of", data.len(), offset, "into", self.len)? {
             return Ok(());
         }
         self.bind()?;
@@ -368,8 +334,7 @@ impl DeviceBuffer {
 
     /// Copies bytes `[offset, offset + out.len())` into `out` (synchronous).
     pub fn read_at(&self, offset: usize, out: &mut [u8]) -> Result<()> {
-        crate::gpu::check_range("read of", out.len(), offset, "from", self.len)?;
-        if out.is_empty() {
+        if !crate::gpu::check_range("read of", out.len(), offset, "from", self.len)? {
             return Ok(());
         }
         self.bind()?;
@@ -389,21 +354,7 @@ impl DeviceBuffer {
         // SAFETY: `self.ctx` is the owning primary context, retained while buffers exist.
         call("cuCtxSetCurrent", Some(self.ordinal), || unsafe { r::ctx::set_current(self.ctx) })
     }
-}
 
-impl Drop for DeviceBuffer {
-    fn drop(&mut self) {
-        if self.bind().is_ok() {
-            // SAFETY: frees the allocation made in `zeroed`, once.
-            let _ = guarded("cuMemFree", Some(self.ordinal), || unsafe { r::free_sync(self.ptr) });
-        }
-    }
-}
-
-/// Bytes of a CUDA IPC memory handle (`CUipcMemHandle`).
-pub const IPC_HANDLE_BYTES: usize = crate::gpu::IPC_HANDLE_BYTES;
-
-impl DeviceBuffer {
     /// The allocation's IPC handle: another process of the host opens it with
     /// [`IpcMapping::open`] (a `cuMemAlloc` allocation; valid while this buffer lives).
     pub fn ipc_handle(&self) -> Result<[u8; IPC_HANDLE_BYTES]> {
@@ -418,6 +369,15 @@ impl DeviceBuffer {
     }
 }
 
+impl Drop for DeviceBuffer {
+    fn drop(&mut self) {
+        if self.bind().is_ok() {
+            // SAFETY: frees the allocation made in `zeroed`, once.
+            let _ = guarded("cuMemFree", Some(self.ordinal), || unsafe { r::free_sync(self.ptr) });
+        }
+    }
+}
+
 /// Another process's device allocation, opened from its IPC handle into this process's
 /// address space (unified addressing: the address is valid in every context of the process
 /// that has peer access to the allocation's device). Closed on drop.
@@ -427,10 +387,6 @@ pub struct IpcMapping {
     pub ordinal: usize,
     ctx: sys::CUcontext,
 }
-// SAFETY: a device address; closing binds the context it was opened in.
-unsafe impl Send for IpcMapping {}
-// SAFETY: as above; the value is immutable.
-unsafe impl Sync for IpcMapping {}
 
 impl IpcMapping {
     /// Opens `handle` in `ctx`, enabling peer access to its device lazily where it lies on

@@ -145,17 +145,17 @@ pub trait Interop: Gpu {
 
 /// Checks that `n` bytes at `offset` lie inside a buffer of `len` bytes: an [`crate::Error::Invalid`]
 /// such as "write of 8 bytes at 4 into 10" where not (`access`: "write of" / "read of", `prep`:
-/// "into" / "from").
-pub(crate) fn check_range(access: &str, n: usize, offset: usize, prep: &str, len: usize) -> Result<()> {
+/// "into" / "from"). `Ok(false)` when `n` is 0: there is nothing to copy.
+pub(crate) fn check_range(access: &str, n: usize, offset: usize, prep: &str, len: usize) -> Result<bool> {
     if offset.checked_add(n).is_none_or(|end| end > len) {
         return Err(crate::Error::Invalid(format!("{access} {n} bytes at {offset} {prep} {len}")));
     }
-    Ok(())
+    Ok(n > 0)
 }
 
 /// A stream another library owns (XLA's, handed to an FFI handler), borrowed for one call: it
 /// launches and copies like the vendor's stream `S` and is never destroyed here. Each vendor
-/// module names it `ForeignStream` and makes it with its own `unsafe fn new`.
+/// module names it `ForeignStream` (`forward_gpu` declares it).
 #[derive(Debug)]
 pub struct Borrowed<S>(std::mem::ManuallyDrop<S>);
 
@@ -185,9 +185,7 @@ pub struct HostWords {
 }
 // SAFETY: plain host memory owned by the vendor's `HostMapped`; the host touches it only
 // through volatile word accesses, which tolerate a concurrent device writer.
-unsafe impl Send for HostWords {}
-// SAFETY: as above.
-unsafe impl Sync for HostWords {}
+crate::send_sync!(HostWords);
 
 impl HostWords {
     /// Takes the `words` words at `ptr` and zeroes them; the device address is set once known.
@@ -223,12 +221,17 @@ impl HostWords {
 }
 
 /// Implements [`Gpu`] and [`Interop`] for a vendor module's marker type by forwarding to that
-/// module's owners (`Context`, `Module`, `Function`, `Stream`, `DeviceBuffer`, `HostMapped`,
-/// `IpcMapping` and `ForeignStream`, which both vendor modules define with the same shapes).
+/// module's owners (`Context`, `Module`, `Function`, `Stream`, `DeviceBuffer`, `HostMapped` and
+/// `IpcMapping`, which both vendor modules define with the same shapes), and declares the
+/// module's `ForeignStream`.
 /// Only the names that differ are arguments: the compute-unit query and the allocation that
 /// peers may access while kernels run.
 macro_rules! forward_gpu {
     ($marker:ty, name: $name:literal, units: $units:ident, alloc: $alloc:ident) => {
+        /// A stream another library owns (XLA's, handed to an FFI handler), borrowed for one
+        /// call ([`Interop::foreign_stream`](crate::gpu::Interop::foreign_stream)).
+        pub type ForeignStream = $crate::gpu::Borrowed<Stream>;
+
         impl $crate::gpu::Gpu for $marker {
             const NAME: &'static str = $name;
             type Context = Context;
@@ -330,8 +333,8 @@ macro_rules! forward_gpu {
                 h.words.store(i, v)
             }
             unsafe fn foreign_stream(raw: *mut std::ffi::c_void, ordinal: usize) -> ForeignStream {
-                // SAFETY: the caller's contract is `ForeignStream::new`'s.
-                unsafe { ForeignStream::new(raw, ordinal) }
+                // `raw` being a live stream of `ordinal` is this method's contract.
+                $crate::gpu::Borrowed::wrap(Stream { s: raw.cast(), ordinal })
             }
             unsafe fn copy_d2d_async(stream: &Stream, dst: u64, src: u64, len: usize) -> Result<()> {
                 // SAFETY: the caller's contract is `Stream::copy_d2d`'s.

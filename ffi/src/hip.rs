@@ -1,6 +1,6 @@
 //! The HIP runtime (feature `rocm`), bound directly and loaded at run time (sys → result →
-//! owners, like [`crate::cuda`]): devices, streams, events, plain and fine-grained device
-//! allocations, peer access, and code-object modules with kernel launches; and for the
+//! owners, like [`crate::cuda`]): devices, streams, fine-grained device allocations, peer
+//! access, and code-object modules with kernel launches; and for the
 //! runtime behind XLA's FFI handlers ([`crate::gpu::Interop`]): IPC handles of allocations
 //! and their mappings in other processes ([`DeviceBuffer::ipc_handle`], [`IpcMapping`]),
 //! host-mapped memory ([`HostMapped`]), XLA's streams ([`ForeignStream`]) and the free-memory
@@ -60,119 +60,59 @@ struct IpcMemHandle {
     reserved: [c_char; crate::gpu::IPC_HANDLE_BYTES],
 }
 
-/// The raw entry points (signatures as `hip_runtime_api.h` declares them; `hipError_t` is a
-/// C enum, i.e. `int`).
-struct Sys {
-    get_error_name: unsafe extern "C" fn(c_int) -> *const c_char,
-    get_error_string: unsafe extern "C" fn(c_int) -> *const c_char,
-    init: unsafe extern "C" fn(c_uint) -> c_int,
-    get_device_count: unsafe extern "C" fn(*mut c_int) -> c_int,
-    set_device: unsafe extern "C" fn(c_int) -> c_int,
-    device_get_name: unsafe extern "C" fn(*mut c_char, c_int, c_int) -> c_int,
-    get_device_properties: unsafe extern "C" fn(*mut c_void, c_int) -> c_int,
-    device_get_attribute: unsafe extern "C" fn(*mut c_int, c_int, c_int) -> c_int,
-    device_can_access_peer: unsafe extern "C" fn(*mut c_int, c_int, c_int) -> c_int,
-    device_enable_peer_access: unsafe extern "C" fn(c_int, c_uint) -> c_int,
-    device_synchronize: unsafe extern "C" fn() -> c_int,
-    stream_create_with_flags: unsafe extern "C" fn(*mut RawStream, c_uint) -> c_int,
-    stream_synchronize: unsafe extern "C" fn(RawStream) -> c_int,
-    stream_destroy: unsafe extern "C" fn(RawStream) -> c_int,
-    malloc: unsafe extern "C" fn(*mut *mut c_void, usize) -> c_int,
-    ext_malloc_with_flags: unsafe extern "C" fn(*mut *mut c_void, usize, c_uint) -> c_int,
-    free: unsafe extern "C" fn(*mut c_void) -> c_int,
-    memset: unsafe extern "C" fn(*mut c_void, c_int, usize) -> c_int,
-    memset_async: unsafe extern "C" fn(*mut c_void, c_int, usize, RawStream) -> c_int,
-    memcpy: unsafe extern "C" fn(*mut c_void, *const c_void, usize, c_int) -> c_int,
-    memcpy_async: unsafe extern "C" fn(*mut c_void, *const c_void, usize, c_int, RawStream) -> c_int,
-    mem_get_info: unsafe extern "C" fn(*mut usize, *mut usize) -> c_int,
-    ipc_get_mem_handle: unsafe extern "C" fn(*mut IpcMemHandle, *mut c_void) -> c_int,
-    ipc_open_mem_handle: unsafe extern "C" fn(*mut *mut c_void, IpcMemHandle, c_uint) -> c_int,
-    ipc_close_mem_handle: unsafe extern "C" fn(*mut c_void) -> c_int,
-    host_malloc: unsafe extern "C" fn(*mut *mut c_void, usize, c_uint) -> c_int,
-    host_get_device_pointer: unsafe extern "C" fn(*mut *mut c_void, *mut c_void, c_uint) -> c_int,
-    host_free: unsafe extern "C" fn(*mut c_void) -> c_int,
-    module_load_data: unsafe extern "C" fn(*mut RawModule, *const c_void) -> c_int,
-    module_get_function: unsafe extern "C" fn(*mut RawFunction, RawModule, *const c_char) -> c_int,
-    module_unload: unsafe extern "C" fn(RawModule) -> c_int,
-    module_launch_kernel: unsafe extern "C" fn(
-        RawFunction,
-        c_uint,
-        c_uint,
-        c_uint,
-        c_uint,
-        c_uint,
-        c_uint,
-        c_uint,
-        RawStream,
-        *mut *mut c_void,
-        *mut *mut c_void,
-    ) -> c_int,
+crate::libs::entry_points! {
+    /// The raw entry points, with `hip_runtime_api.h`'s signatures (`hipError_t` is a C enum,
+    /// i.e. `int`; stable across ROCm 5 and 6 for every entry point used here). ROCm 6 exports
+    /// the new `hipDeviceProp_t` layout as ...R0600 and keeps the old name for the old layout;
+    /// either holds `gcnArchName`, all we read (see `Context::arch`). hipHostAlloc and
+    /// hipFreeHost are the CUDA-named twins (same signatures and flags), for a ROCm that drops
+    /// the older names.
+    struct Sys {
+        get_error_name: fn(c_int) -> *const c_char = "hipGetErrorName",
+        get_error_string: fn(c_int) -> *const c_char = "hipGetErrorString",
+        init: fn(c_uint) -> c_int = "hipInit",
+        get_device_count: fn(*mut c_int) -> c_int = "hipGetDeviceCount",
+        set_device: fn(c_int) -> c_int = "hipSetDevice",
+        device_get_name: fn(*mut c_char, c_int, c_int) -> c_int = "hipDeviceGetName",
+        get_device_properties: fn(*mut c_void, c_int) -> c_int =
+            "hipGetDevicePropertiesR0600" | "hipGetDeviceProperties",
+        device_get_attribute: fn(*mut c_int, c_int, c_int) -> c_int = "hipDeviceGetAttribute",
+        device_can_access_peer: fn(*mut c_int, c_int, c_int) -> c_int = "hipDeviceCanAccessPeer",
+        device_enable_peer_access: fn(c_int, c_uint) -> c_int = "hipDeviceEnablePeerAccess",
+        device_synchronize: fn() -> c_int = "hipDeviceSynchronize",
+        stream_create_with_flags: fn(*mut RawStream, c_uint) -> c_int = "hipStreamCreateWithFlags",
+        stream_synchronize: fn(RawStream) -> c_int = "hipStreamSynchronize",
+        stream_destroy: fn(RawStream) -> c_int = "hipStreamDestroy",
+        ext_malloc_with_flags: fn(*mut *mut c_void, usize, c_uint) -> c_int = "hipExtMallocWithFlags",
+        free: fn(*mut c_void) -> c_int = "hipFree",
+        memset: fn(*mut c_void, c_int, usize) -> c_int = "hipMemset",
+        memset_async: fn(*mut c_void, c_int, usize, RawStream) -> c_int = "hipMemsetAsync",
+        memcpy: fn(*mut c_void, *const c_void, usize, c_int) -> c_int = "hipMemcpy",
+        memcpy_async: fn(*mut c_void, *const c_void, usize, c_int, RawStream) -> c_int = "hipMemcpyAsync",
+        mem_get_info: fn(*mut usize, *mut usize) -> c_int = "hipMemGetInfo",
+        ipc_get_mem_handle: fn(*mut IpcMemHandle, *mut c_void) -> c_int = "hipIpcGetMemHandle",
+        ipc_open_mem_handle: fn(*mut *mut c_void, IpcMemHandle, c_uint) -> c_int = "hipIpcOpenMemHandle",
+        ipc_close_mem_handle: fn(*mut c_void) -> c_int = "hipIpcCloseMemHandle",
+        host_malloc: fn(*mut *mut c_void, usize, c_uint) -> c_int = "hipHostMalloc" | "hipHostAlloc",
+        host_get_device_pointer: fn(*mut *mut c_void, *mut c_void, c_uint) -> c_int = "hipHostGetDevicePointer",
+        host_free: fn(*mut c_void) -> c_int = "hipHostFree" | "hipFreeHost",
+        module_load_data: fn(*mut RawModule, *const c_void) -> c_int = "hipModuleLoadData",
+        module_get_function: fn(*mut RawFunction, RawModule, *const c_char) -> c_int = "hipModuleGetFunction",
+        module_unload: fn(RawModule) -> c_int = "hipModuleUnload",
+        module_launch_kernel: fn(
+            RawFunction, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, RawStream, *mut *mut c_void,
+            *mut *mut c_void,
+        ) -> c_int = "hipModuleLaunchKernel",
+    }
 }
 
-static SYS: OnceLock<Result<Sys>> = OnceLock::new();
-
 fn sys() -> Result<&'static Sys> {
-    SYS.get_or_init(|| {
-        let l = &crate::libs::hip()?.lib;
-        macro_rules! sym {
-            ($($n:literal),+) => {{
-                let mut found = None;
-                $(
-                    if found.is_none() {
-                        // SAFETY: the symbol's C signature is the one hip_runtime_api.h declares
-                        // for this name (stable across ROCm 5 and 6 for every entry point used
-                        // here), matching the field it is stored in; the library stays loaded
-                        // for the life of the process.
-                        found = unsafe { l.get(concat!($n, "\0").as_bytes()) }.ok().map(|s| *s);
-                    }
-                )+
-                found.ok_or_else(|| Error::Library {
-                    lib: "libamdhip64",
-                    reason: format!("symbol {} missing", [$($n),+].join(" / ")),
-                })?
-            }};
-        }
-        Ok(Sys {
-            get_error_name: sym!("hipGetErrorName"),
-            get_error_string: sym!("hipGetErrorString"),
-            init: sym!("hipInit"),
-            get_device_count: sym!("hipGetDeviceCount"),
-            set_device: sym!("hipSetDevice"),
-            device_get_name: sym!("hipDeviceGetName"),
-            // ROCm 6 exports the new layout as ...R0600 and keeps the old name for the old
-            // layout; either holds `gcnArchName`, which is all we read (see `Context::arch`).
-            get_device_properties: sym!("hipGetDevicePropertiesR0600", "hipGetDeviceProperties"),
-            device_get_attribute: sym!("hipDeviceGetAttribute"),
-            device_can_access_peer: sym!("hipDeviceCanAccessPeer"),
-            device_enable_peer_access: sym!("hipDeviceEnablePeerAccess"),
-            device_synchronize: sym!("hipDeviceSynchronize"),
-            stream_create_with_flags: sym!("hipStreamCreateWithFlags"),
-            stream_synchronize: sym!("hipStreamSynchronize"),
-            stream_destroy: sym!("hipStreamDestroy"),
-            malloc: sym!("hipMalloc"),
-            ext_malloc_with_flags: sym!("hipExtMallocWithFlags"),
-            free: sym!("hipFree"),
-            memset: sym!("hipMemset"),
-            memset_async: sym!("hipMemsetAsync"),
-            memcpy: sym!("hipMemcpy"),
-            memcpy_async: sym!("hipMemcpyAsync"),
-            mem_get_info: sym!("hipMemGetInfo"),
-            ipc_get_mem_handle: sym!("hipIpcGetMemHandle"),
-            ipc_open_mem_handle: sym!("hipIpcOpenMemHandle"),
-            ipc_close_mem_handle: sym!("hipIpcCloseMemHandle"),
-            // hipHostAlloc is the CUDA-named twin (same signature and flag values), for a ROCm
-            // that drops the older name.
-            host_malloc: sym!("hipHostMalloc", "hipHostAlloc"),
-            host_get_device_pointer: sym!("hipHostGetDevicePointer"),
-            host_free: sym!("hipHostFree", "hipFreeHost"),
-            module_load_data: sym!("hipModuleLoadData"),
-            module_get_function: sym!("hipModuleGetFunction"),
-            module_unload: sym!("hipModuleUnload"),
-            module_launch_kernel: sym!("hipModuleLaunchKernel"),
-        })
+    static SYS: OnceLock<Result<Sys>> = OnceLock::new();
+    crate::once(&SYS, || {
+        let missing =
+            |names: String, _| Error::Library { lib: "libamdhip64", reason: format!("symbol {names} missing") };
+        Sys::load(&crate::libs::hip()?.lib, missing)
     })
-    .as_ref()
-    .map_err(Clone::clone)
 }
 
 /// Result layer: a `hipError_t` → an error naming the call, the device and the status.
@@ -180,43 +120,39 @@ fn ck(s: &Sys, call: &'static str, device: Option<usize>, status: c_int) -> Resu
     if status == 0 {
         return Ok(());
     }
-    let text = |p: *const c_char| {
-        if p.is_null() {
-            String::new()
-        } else {
-            // SAFETY: HIP's error name/string functions return static NUL-terminated strings.
-            unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
-        }
-    };
-    // SAFETY: both functions accept any status value and return static strings (or null).
-    let (name, desc) = unsafe { ((s.get_error_name)(status), (s.get_error_string)(status)) };
-    Err(Error::Call { call, device, status: format!("{} ({status}): {}", text(name), text(desc)) })
+    // SAFETY: both functions accept any status value and return static NUL-terminated
+    // strings (or null).
+    let (name, desc) =
+        unsafe { (crate::c_text((s.get_error_name)(status)), crate::c_text((s.get_error_string)(status))) };
+    Err(Error::Call { call, device, status: format!("{name} ({status}): {desc}") })
 }
 
-static INIT: OnceLock<Result<()>> = OnceLock::new();
+/// Makes entry-point call `f` (named `name`, on `device`) and checks the status it returns.
+fn call(name: &'static str, device: Option<usize>, f: impl FnOnce(&Sys) -> c_int) -> Result<()> {
+    let s = sys()?;
+    ck(s, name, device, f(s))
+}
+
+/// `hipSetDevice(ordinal)`: selects the device's primary context on the calling thread.
+fn set_device(ordinal: usize) -> Result<()> {
+    // SAFETY: an out-of-range ordinal is an error status, not UB (owners hold ordinals that
+    // `Context::new` checked against hipGetDeviceCount).
+    call("hipSetDevice", Some(ordinal), |s| unsafe { (s.set_device)(ordinal as c_int) })
+}
 
 /// Loads libamdhip64 and runs `hipInit` once.
 pub fn init() -> Result<()> {
-    INIT.get_or_init(|| {
-        let s = sys()?;
-        // SAFETY: hipInit takes a flags word that must be 0.
-        ck(s, "hipInit", None, unsafe { (s.init)(0) })
-    })
-    .clone()
-}
-
-/// Whether the HIP runtime library can be loaded (no device needed).
-pub fn present() -> bool {
-    sys().is_ok()
+    static INIT: OnceLock<Result<()>> = OnceLock::new();
+    // SAFETY: hipInit takes a flags word that must be 0.
+    INIT.get_or_init(|| call("hipInit", None, |s| unsafe { (s.init)(0) })).clone()
 }
 
 /// Number of visible HIP devices.
 pub fn device_count() -> Result<usize> {
     init()?;
-    let s = sys()?;
     let mut n = 0;
     // SAFETY: `n` outlives the call.
-    ck(s, "hipGetDeviceCount", None, unsafe { (s.get_device_count)(&mut n) })?;
+    call("hipGetDeviceCount", None, |s| unsafe { (s.get_device_count)(&mut n) })?;
     Ok(n.max(0) as usize)
 }
 
@@ -278,16 +214,13 @@ impl Context {
 
     /// Makes this device current on the calling thread.
     pub fn bind(&self) -> Result<()> {
-        let s = sys()?;
-        // SAFETY: the ordinal was checked against hipGetDeviceCount in `new`.
-        ck(s, "hipSetDevice", self.d(), unsafe { (s.set_device)(self.id()) })
+        set_device(self.ordinal)
     }
 
     pub fn name(&self) -> Result<String> {
-        let s = sys()?;
         let mut buf = [0 as c_char; 256];
         // SAFETY: `buf` holds the 256 bytes passed as its length.
-        ck(s, "hipDeviceGetName", self.d(), unsafe {
+        call("hipDeviceGetName", self.d(), |s| unsafe {
             (s.device_get_name)(buf.as_mut_ptr(), buf.len() as c_int, self.id())
         })?;
         buf[255] = 0;
@@ -298,10 +231,9 @@ impl Context {
     /// The device's `gcnArchName`, e.g. `gfx90a:sramecc+:xnack-` (what hipRTC's
     /// `--offload-arch` takes, so the code object matches the device's xnack/sramecc mode).
     pub fn arch(&self) -> Result<String> {
-        let s = sys()?;
         let mut props = vec![0u64; PROPS_BYTES / 8];
         // SAFETY: `props` is zeroed, 8-byte aligned and larger than any hipDeviceProp_t layout.
-        ck(s, "hipGetDeviceProperties", self.d(), unsafe {
+        call("hipGetDeviceProperties", self.d(), |s| unsafe {
             (s.get_device_properties)(props.as_mut_ptr() as *mut c_void, self.id())
         })?;
         let bytes: Vec<u8> = props.iter().flat_map(|w| w.to_ne_bytes()).collect();
@@ -313,10 +245,9 @@ impl Context {
     }
 
     pub fn attribute(&self, attr: c_int) -> Result<i32> {
-        let s = sys()?;
         let mut v = 0;
         // SAFETY: `v` outlives the call; an unknown attribute is an error status, not UB.
-        ck(s, "hipDeviceGetAttribute", self.d(), unsafe { (s.device_get_attribute)(&mut v, attr, self.id()) })?;
+        call("hipDeviceGetAttribute", self.d(), |s| unsafe { (s.device_get_attribute)(&mut v, attr, self.id()) })?;
         Ok(v)
     }
 
@@ -327,10 +258,11 @@ impl Context {
 
     /// `hipDeviceCanAccessPeer(self → peer)`.
     pub fn can_access_peer(&self, peer: &Context) -> Result<bool> {
-        let s = sys()?;
         let mut v = 0;
         // SAFETY: both ordinals are valid devices; `v` outlives the call.
-        ck(s, "hipDeviceCanAccessPeer", self.d(), unsafe { (s.device_can_access_peer)(&mut v, self.id(), peer.id()) })?;
+        call("hipDeviceCanAccessPeer", self.d(), |s| unsafe {
+            (s.device_can_access_peer)(&mut v, self.id(), peer.id())
+        })?;
         Ok(v != 0)
     }
 
@@ -346,30 +278,23 @@ impl Context {
         ck(s, "hipDeviceEnablePeerAccess", self.d(), st)
     }
 
-    pub fn synchronize(&self) -> Result<()> {
-        self.bind()?;
-        let s = sys()?;
-        // SAFETY: no arguments; this device is current.
-        ck(s, "hipDeviceSynchronize", self.d(), unsafe { (s.device_synchronize)() })
-    }
-
     /// Free and total memory of this device, in bytes (`hipMemGetInfo`).
     pub fn memory_info(&self) -> Result<(usize, usize)> {
         self.bind()?;
-        let s = sys()?;
         let (mut free, mut total) = (0usize, 0usize);
         // SAFETY: both out-pointers outlive the call; this device is current.
-        ck(s, "hipMemGetInfo", self.d(), unsafe { (s.mem_get_info)(&mut free, &mut total) })?;
+        call("hipMemGetInfo", self.d(), |s| unsafe { (s.mem_get_info)(&mut free, &mut total) })?;
         Ok((free, total))
     }
 
     /// Loads a code object (hipRTC's output for this device's arch).
     pub fn load_module(&self, image: &[u8]) -> Result<Module> {
         self.bind()?;
-        let s = sys()?;
         let mut m: RawModule = std::ptr::null_mut();
         // SAFETY: `image` is a complete code object that outlives the call (HIP copies it).
-        ck(s, "hipModuleLoadData", self.d(), unsafe { (s.module_load_data)(&mut m, image.as_ptr() as *const c_void) })?;
+        call("hipModuleLoadData", self.d(), |s| unsafe {
+            (s.module_load_data)(&mut m, image.as_ptr() as *const c_void)
+        })?;
         Ok(Module { m, ordinal: self.ordinal })
     }
 }
@@ -380,10 +305,6 @@ pub struct Module {
     m: RawModule,
     ordinal: usize,
 }
-// SAFETY: module and function handles are process-wide and usable from any thread.
-unsafe impl Send for Module {}
-// SAFETY: as above; they are immutable.
-unsafe impl Sync for Module {}
 
 /// A kernel entry point. Valid while its [`Module`] lives.
 #[derive(Debug, Clone, Copy)]
@@ -391,18 +312,17 @@ pub struct Function {
     f: RawFunction,
     pub ordinal: usize,
 }
-// SAFETY: function handles are immutable and usable from any thread.
-unsafe impl Send for Function {}
-// SAFETY: as above.
-unsafe impl Sync for Function {}
+
+// SAFETY: module, function and stream handles are process-wide, usable from any thread (HIP
+// serialises work on one stream internally); modules and functions are immutable.
+crate::send_sync!(Module, Function, Stream);
 
 impl Module {
     pub fn function(&self, name: &str) -> Result<Function> {
         let n = CString::new(name).map_err(|_| Error::Invalid(format!("kernel name {name:?}")))?;
-        let s = sys()?;
         let mut f: RawFunction = std::ptr::null_mut();
         // SAFETY: `self.m` is a loaded module; `n` outlives the call.
-        ck(s, "hipModuleGetFunction", Some(self.ordinal), unsafe {
+        call("hipModuleGetFunction", Some(self.ordinal), |s| unsafe {
             (s.module_get_function)(&mut f, self.m, n.as_ptr())
         })
         .map_err(|e| match e {
@@ -432,18 +352,13 @@ pub struct Stream {
     pub s: RawStream,
     pub ordinal: usize,
 }
-// SAFETY: stream handles may be used from any thread.
-unsafe impl Send for Stream {}
-// SAFETY: as above; HIP serialises work on one stream internally.
-unsafe impl Sync for Stream {}
 
 impl Stream {
     pub fn new(ctx: &Context) -> Result<Stream> {
         ctx.bind()?;
-        let s = sys()?;
         let mut st: RawStream = std::ptr::null_mut();
         // SAFETY: `st` outlives the call; the device is current.
-        ck(s, "hipStreamCreateWithFlags", ctx.d(), unsafe {
+        call("hipStreamCreateWithFlags", ctx.d(), |s| unsafe {
             (s.stream_create_with_flags)(&mut st, STREAM_NON_BLOCKING)
         })?;
         Ok(Stream { s: st, ordinal: ctx.ordinal })
@@ -454,9 +369,8 @@ impl Stream {
     }
 
     pub fn synchronize(&self) -> Result<()> {
-        let s = sys()?;
         // SAFETY: `self.s` is a live stream.
-        ck(s, "hipStreamSynchronize", self.d(), unsafe { (s.stream_synchronize)(self.s) })
+        call("hipStreamSynchronize", self.d(), |s| unsafe { (s.stream_synchronize)(self.s) })
     }
 
     /// Launches `f` with `params` (pointers to each argument, in the kernel's order).
@@ -471,10 +385,9 @@ impl Stream {
                 f.ordinal, self.ordinal
             )));
         }
-        let s = sys()?;
         // SAFETY: the caller guarantees the parameter list; `f` belongs to this stream's
         // device (checked above); no dynamic shared memory and no `extra` block.
-        ck(s, "hipModuleLaunchKernel", self.d(), unsafe {
+        call("hipModuleLaunchKernel", self.d(), |s| unsafe {
             (s.module_launch_kernel)(f.f, grid, 1, 1, block, 1, 1, 0, self.s, params.as_mut_ptr(), std::ptr::null_mut())
         })
     }
@@ -485,9 +398,8 @@ impl Stream {
     /// `dst` and `src` must be device allocations of at least `len` bytes that stay valid
     /// until the copy completes.
     pub unsafe fn copy_d2d(&self, dst: u64, src: u64, len: usize) -> Result<()> {
-        let s = sys()?;
         // SAFETY: the caller guarantees both ranges.
-        ck(s, "hipMemcpyAsync", self.d(), unsafe {
+        call("hipMemcpyAsync", self.d(), |s| unsafe {
             (s.memcpy_async)(dst as *mut c_void, src as *const c_void, len, D2D, self.s)
         })
     }
@@ -497,9 +409,8 @@ impl Stream {
     /// # Safety
     /// `dst` must be a device allocation of at least `len` bytes, valid until the fill ends.
     pub unsafe fn memset_u8(&self, dst: u64, v: u8, len: usize) -> Result<()> {
-        let s = sys()?;
         // SAFETY: the caller guarantees the range.
-        ck(s, "hipMemsetAsync", self.d(), unsafe { (s.memset_async)(dst as *mut c_void, v as c_int, len, self.s) })
+        call("hipMemsetAsync", self.d(), |s| unsafe { (s.memset_async)(dst as *mut c_void, v as c_int, len, self.s) })
     }
 }
 
@@ -512,46 +423,31 @@ impl Drop for Stream {
     }
 }
 
-/// A device allocation, freed on drop.
+/// A fine-grained device allocation (`hipExtMallocWithFlags(hipDeviceMallocFinegrained)`),
+/// freed on drop.
 #[derive(Debug)]
 pub struct DeviceBuffer {
     pub ptr: u64,
     pub len: usize,
     pub ordinal: usize,
-    /// `hipExtMallocWithFlags(hipDeviceMallocFinegrained)` rather than `hipMalloc`.
-    pub fine_grained: bool,
 }
 
 impl DeviceBuffer {
-    /// `len` bytes (at least 1) of plain device memory (`hipMalloc`, coarse-grained), zeroed.
-    pub fn zeroed(ctx: &Context, len: usize) -> Result<DeviceBuffer> {
-        Self::alloc(ctx, len, false)
-    }
-
-    /// `len` bytes of fine-grained device memory, zeroed: stores and atomics at system scope
-    /// are visible to peers while kernels run, which signal flags and staging that peers
-    /// poll or read need (coarse-grained memory is only coherent at kernel boundaries).
+    /// `len` bytes (at least 1) of fine-grained device memory, zeroed: stores and atomics at
+    /// system scope are visible to peers while kernels run, which signal flags and staging
+    /// that peers poll or read need (coarse-grained `hipMalloc` memory is only coherent at
+    /// kernel boundaries).
     pub fn fine_grained(ctx: &Context, len: usize) -> Result<DeviceBuffer> {
-        Self::alloc(ctx, len, true)
-    }
-
-    fn alloc(ctx: &Context, len: usize, fine: bool) -> Result<DeviceBuffer> {
         ctx.bind()?;
-        let s = sys()?;
         let n = len.max(1);
         let mut p: *mut c_void = std::ptr::null_mut();
-        if fine {
-            // SAFETY: `p` outlives the call; the device is current.
-            ck(s, "hipExtMallocWithFlags", ctx.d(), unsafe {
-                (s.ext_malloc_with_flags)(&mut p, n, MALLOC_FINE_GRAINED)
-            })?;
-        } else {
-            // SAFETY: as above.
-            ck(s, "hipMalloc", ctx.d(), unsafe { (s.malloc)(&mut p, n) })?;
-        }
-        let b = DeviceBuffer { ptr: p as u64, len, ordinal: ctx.ordinal, fine_grained: fine };
+        // SAFETY: `p` outlives the call; the device is current.
+        call("hipExtMallocWithFlags", ctx.d(), |s| unsafe {
+            (s.ext_malloc_with_flags)(&mut p, n, MALLOC_FINE_GRAINED)
+        })?;
+        let b = DeviceBuffer { ptr: p as u64, len, ordinal: ctx.ordinal };
         // SAFETY: `p` is a fresh allocation of `n` bytes.
-        ck(s, "hipMemset", ctx.d(), unsafe { (s.memset)(p, 0, n) })?;
+        call("hipMemset", ctx.d(), |s| unsafe { (s.memset)(p, 0, n) })?;
         b.settle()?;
         Ok(b)
     }
@@ -560,15 +456,8 @@ impl DeviceBuffer {
     /// the bytes land, on the null stream, which non-blocking streams do not wait for (the
     /// CUDA layer's `settle`, for the same reason).
     fn settle(&self) -> Result<()> {
-        let s = sys()?;
         // SAFETY: no arguments; the buffer's device is current (callers bind first).
-        ck(s, "hipDeviceSynchronize", Some(self.ordinal), unsafe { (s.device_synchronize)() })
-    }
-
-    fn bind(&self) -> Result<()> {
-        let s = sys()?;
-        // SAFETY: the ordinal was valid when the buffer was allocated on it.
-        ck(s, "hipSetDevice", Some(self.ordinal), unsafe { (s.set_device)(self.ordinal as c_int) })
+        call("hipDeviceSynchronize", Some(self.ordinal), |s| unsafe { (s.device_synchronize)() })
     }
 
     pub fn write<T: Copy>(&self, data: &[T]) -> Result<()> {
@@ -578,31 +467,15 @@ impl DeviceBuffer {
         self.write_at(0, raw)
     }
 
-    pub fn read<T: Copy>(&self, out: &mut [T]) -> Result<()> {
-        let bytes = std::mem::size_of_val(out);
-        if bytes > self.len {
-            return Err(Error::Invalid(format!("read of {bytes} bytes from {}", self.len)));
-        }
-        self.bind()?;
-        let s = sys()?;
-        // SAFETY: the source holds at least `bytes` bytes (checked above) and `out` is a
-        // writable host range of `bytes` bytes of plain `Copy` values.
-        ck(s, "hipMemcpy", Some(self.ordinal), unsafe {
-            (s.memcpy)(out.as_mut_ptr() as *mut c_void, self.ptr as *const c_void, bytes, D2H)
-        })
-    }
-
     /// Copies `data` into bytes `[offset, offset + data.len())`; returns once the bytes are in
     /// device memory.
     pub fn write_at(&self, offset: usize, data: &[u8]) -> Result<()> {
-        crate::gpu::check_range("write of", data.len(), offset, "into", self.len)?;
-        if data.is_empty() {
+        if !crate::gpu::check_range("write of", data.len(), offset, "into", self.len)? {
             return Ok(());
         }
-        self.bind()?;
-        let s = sys()?;
+        set_device(self.ordinal)?;
         // SAFETY: the destination range lies inside the allocation (checked above).
-        ck(s, "hipMemcpy", Some(self.ordinal), unsafe {
+        call("hipMemcpy", Some(self.ordinal), |s| unsafe {
             (s.memcpy)((self.ptr + offset as u64) as *mut c_void, data.as_ptr() as *const c_void, data.len(), H2D)
         })?;
         self.settle()
@@ -610,42 +483,38 @@ impl DeviceBuffer {
 
     /// Copies bytes `[offset, offset + out.len())` into `out` (synchronous).
     pub fn read_at(&self, offset: usize, out: &mut [u8]) -> Result<()> {
-        crate::gpu::check_range("read of", out.len(), offset, "from", self.len)?;
-        if out.is_empty() {
+        if !crate::gpu::check_range("read of", out.len(), offset, "from", self.len)? {
             return Ok(());
         }
-        self.bind()?;
-        let s = sys()?;
+        set_device(self.ordinal)?;
         // SAFETY: the source range lies inside the allocation (checked above).
-        ck(s, "hipMemcpy", Some(self.ordinal), unsafe {
+        call("hipMemcpy", Some(self.ordinal), |s| unsafe {
             (s.memcpy)(out.as_mut_ptr() as *mut c_void, (self.ptr + offset as u64) as *const c_void, out.len(), D2H)
         })
+    }
+
+    /// The allocation's IPC handle (`hipIpcGetMemHandle`): another process of the host opens
+    /// it with [`IpcMapping::open`] while this buffer lives.
+    pub fn ipc_handle(&self) -> Result<[u8; crate::gpu::IPC_HANDLE_BYTES]> {
+        set_device(self.ordinal)?;
+        let mut h = IpcMemHandle { reserved: [0; crate::gpu::IPC_HANDLE_BYTES] };
+        // SAFETY: `self.ptr` is the base of a live hipExtMallocWithFlags allocation of this
+        // device, which is current; `h` outlives the call.
+        call("hipIpcGetMemHandle", Some(self.ordinal), |s| unsafe {
+            (s.ipc_get_mem_handle)(&mut h, self.ptr as *mut c_void)
+        })?;
+        Ok(h.reserved.map(|c| c as u8))
     }
 }
 
 impl Drop for DeviceBuffer {
     fn drop(&mut self) {
-        if self.bind().is_ok()
+        if set_device(self.ordinal).is_ok()
             && let Ok(s) = sys()
         {
-            // SAFETY: frees the allocation made in `alloc`, once (hipFree frees both kinds).
+            // SAFETY: frees the allocation made in `fine_grained`, once.
             let _ = unsafe { (s.free)(self.ptr as *mut c_void) };
         }
-    }
-}
-
-/// A stream another library owns (XLA's `hipStream_t`, handed to an FFI handler), borrowed
-/// for one call.
-pub type ForeignStream = crate::gpu::Borrowed<Stream>;
-
-impl ForeignStream {
-    /// Borrows the raw `hipStream_t` `s` of device `ordinal`.
-    ///
-    /// # Safety
-    /// `s` is a live stream of device `ordinal` (or null, the default stream), and outlives
-    /// the value.
-    pub unsafe fn new(s: *mut c_void, ordinal: usize) -> ForeignStream {
-        crate::gpu::Borrowed::wrap(Stream { s, ordinal })
     }
 }
 
@@ -660,16 +529,15 @@ impl HostMapped {
     /// `words` zeroed 32-bit words (at least one), mapped into `ctx`'s device.
     pub fn new(ctx: &Context, words: usize) -> Result<HostMapped> {
         ctx.bind()?;
-        let s = sys()?;
         let words = words.max(1);
         let mut p: *mut c_void = std::ptr::null_mut();
         // SAFETY: `p` outlives the call; a fresh host allocation, freed once in `drop`.
-        ck(s, "hipHostMalloc", ctx.d(), unsafe { (s.host_malloc)(&mut p, words * 4, HOST_MALLOC_MAPPED) })?;
+        call("hipHostMalloc", ctx.d(), |s| unsafe { (s.host_malloc)(&mut p, words * 4, HOST_MALLOC_MAPPED) })?;
         // SAFETY: `p` holds `words` writable, page-aligned words just allocated, owned by `m`.
         let mut m = HostMapped { words: unsafe { crate::gpu::HostWords::zeroed(p, words) } };
         let mut d: *mut c_void = std::ptr::null_mut();
         // SAFETY: `p` is a mapped host allocation; `d` outlives the call; flags must be 0.
-        ck(s, "hipHostGetDevicePointer", ctx.d(), unsafe { (s.host_get_device_pointer)(&mut d, p, 0) })?;
+        call("hipHostGetDevicePointer", ctx.d(), |s| unsafe { (s.host_get_device_pointer)(&mut d, p, 0) })?;
         m.words.device_ptr = d as u64;
         Ok(m)
     }
@@ -681,22 +549,6 @@ impl Drop for HostMapped {
             // SAFETY: frees the allocation made in `new`, once.
             let _ = unsafe { (s.host_free)(self.words.ptr()) };
         }
-    }
-}
-
-impl DeviceBuffer {
-    /// The allocation's IPC handle (`hipIpcGetMemHandle`): another process of the host opens
-    /// it with [`IpcMapping::open`] while this buffer lives.
-    pub fn ipc_handle(&self) -> Result<[u8; crate::gpu::IPC_HANDLE_BYTES]> {
-        self.bind()?;
-        let s = sys()?;
-        let mut h = IpcMemHandle { reserved: [0; crate::gpu::IPC_HANDLE_BYTES] };
-        // SAFETY: `self.ptr` is the base of a live allocation of this device (hipMalloc or
-        // hipExtMallocWithFlags), which is current; `h` outlives the call.
-        ck(s, "hipIpcGetMemHandle", Some(self.ordinal), unsafe {
-            (s.ipc_get_mem_handle)(&mut h, self.ptr as *mut c_void)
-        })?;
-        Ok(h.reserved.map(|c| c as u8))
     }
 }
 
@@ -713,13 +565,12 @@ impl IpcMapping {
     /// Opens `handle` on `ctx`'s device. Fails in the process that exported the handle.
     pub fn open(ctx: &Context, handle: &[u8; crate::gpu::IPC_HANDLE_BYTES]) -> Result<IpcMapping> {
         ctx.bind()?;
-        let s = sys()?;
         let h = IpcMemHandle { reserved: handle.map(|b| b as c_char) };
         let mut p: *mut c_void = std::ptr::null_mut();
         // SAFETY: `h` is a handle's 64 bytes passed by value as the C API declares (the
         // runtime validates them and fails on garbage); `p` outlives the call; the device is
         // current.
-        ck(s, "hipIpcOpenMemHandle", ctx.d(), unsafe {
+        call("hipIpcOpenMemHandle", ctx.d(), |s| unsafe {
             (s.ipc_open_mem_handle)(&mut p, h, IPC_MEM_LAZY_ENABLE_PEER_ACCESS)
         })?;
         Ok(IpcMapping { ptr: p as u64, ordinal: ctx.ordinal })

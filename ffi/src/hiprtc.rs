@@ -7,62 +7,39 @@
 //! when two programs compile at once in one process (measured: the two tests of
 //! `kernels/tests/rocm_hiprtc.rs` on two test threads), and compiles are once per arch anyway.
 
-use std::ffi::{CStr, CString, c_char, c_int};
+use std::ffi::{c_char, c_int};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use crate::{Error, Result};
 
 type Program = *mut std::ffi::c_void;
 
-struct Sys {
-    version: unsafe extern "C" fn(*mut c_int, *mut c_int) -> c_int,
-    get_error_string: unsafe extern "C" fn(c_int) -> *const c_char,
-    create_program: unsafe extern "C" fn(
-        *mut Program,
-        *const c_char,
-        *const c_char,
-        c_int,
-        *const *const c_char,
-        *const *const c_char,
-    ) -> c_int,
-    compile_program: unsafe extern "C" fn(Program, c_int, *const *const c_char) -> c_int,
-    get_program_log_size: unsafe extern "C" fn(Program, *mut usize) -> c_int,
-    get_program_log: unsafe extern "C" fn(Program, *mut c_char) -> c_int,
-    get_code_size: unsafe extern "C" fn(Program, *mut usize) -> c_int,
-    get_code: unsafe extern "C" fn(Program, *mut c_char) -> c_int,
-    destroy_program: unsafe extern "C" fn(*mut Program) -> c_int,
+crate::libs::entry_points! {
+    /// The entry points, with `hiprtc.h`'s signatures (unchanged from ROCm 4.2 to 6.x).
+    struct Sys {
+        version: fn(*mut c_int, *mut c_int) -> c_int = "hiprtcVersion",
+        get_error_string: fn(c_int) -> *const c_char = "hiprtcGetErrorString",
+        create_program: fn(
+            *mut Program, *const c_char, *const c_char, c_int, *const *const c_char, *const *const c_char,
+        ) -> c_int = "hiprtcCreateProgram",
+        compile_program: fn(Program, c_int, *const *const c_char) -> c_int = "hiprtcCompileProgram",
+        get_program_log_size: fn(Program, *mut usize) -> c_int = "hiprtcGetProgramLogSize",
+        get_program_log: fn(Program, *mut c_char) -> c_int = "hiprtcGetProgramLog",
+        get_code_size: fn(Program, *mut usize) -> c_int = "hiprtcGetCodeSize",
+        get_code: fn(Program, *mut c_char) -> c_int = "hiprtcGetCode",
+        destroy_program: fn(*mut Program) -> c_int = "hiprtcDestroyProgram",
+    }
 }
 
-static SYS: OnceLock<Result<Sys>> = OnceLock::new();
-
 fn sys() -> Result<&'static Sys> {
-    SYS.get_or_init(|| {
+    static SYS: OnceLock<Result<Sys>> = OnceLock::new();
+    crate::once(&SYS, || {
         let loaded = crate::libs::hiprtc()?;
-        let l = &loaded.lib;
-        macro_rules! sym {
-            ($n:literal) => {
-                // SAFETY: the symbol's C signature is the one hiprtc.h declares (unchanged from
-                // ROCm 4.2 to 6.x), matching the field it is stored in; the library stays loaded.
-                *unsafe { l.get(concat!($n, "\0").as_bytes()) }.map_err(|e| Error::Library {
-                    lib: "libhiprtc",
-                    reason: format!("{}: symbol {} missing: {e}", loaded.path.display(), $n),
-                })?
-            };
-        }
-        Ok(Sys {
-            version: sym!("hiprtcVersion"),
-            get_error_string: sym!("hiprtcGetErrorString"),
-            create_program: sym!("hiprtcCreateProgram"),
-            compile_program: sym!("hiprtcCompileProgram"),
-            get_program_log_size: sym!("hiprtcGetProgramLogSize"),
-            get_program_log: sym!("hiprtcGetProgramLog"),
-            get_code_size: sym!("hiprtcGetCodeSize"),
-            get_code: sym!("hiprtcGetCode"),
-            destroy_program: sym!("hiprtcDestroyProgram"),
+        Sys::load(&loaded.lib, |names, e| Error::Library {
+            lib: "libhiprtc",
+            reason: format!("{}: symbol {names} missing: {e}", loaded.path.display()),
         })
     })
-    .as_ref()
-    .map_err(Clone::clone)
 }
 
 /// The lock every hipRTC call holds (see the module docs). A poisoned lock only means a
@@ -74,14 +51,7 @@ fn serialised() -> MutexGuard<'static, ()> {
 
 fn status_text(s: &Sys, status: c_int) -> String {
     // SAFETY: hiprtcGetErrorString returns a static NUL-terminated string (or null).
-    let p = unsafe { (s.get_error_string)(status) };
-    let text = if p.is_null() {
-        String::new()
-    } else {
-        // SAFETY: non-null, static and NUL-terminated (see above).
-        unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
-    };
-    format!("hiprtcResult {status}: {text}")
+    format!("hiprtcResult {status}: {}", unsafe { crate::c_text((s.get_error_string)(status)) })
 }
 
 fn ck(s: &Sys, call: &'static str, status: c_int) -> Result<()> {
@@ -110,40 +80,32 @@ pub fn compile(name: &str, src: &str, headers: &[(&str, &str)], arch: &str) -> R
 /// user's program.
 pub fn compile_with(name: &str, src: &str, headers: &[(&str, &str)], arch: &str, extra: &[&str]) -> Result<Vec<u8>> {
     let s = sys()?;
-    let cstr = |t: &str| CString::new(t).map_err(|_| Error::Invalid(format!("NUL byte in {name}")));
-    let csrc = cstr(src)?;
-    let cname = cstr(name)?;
-    let hnames: Vec<CString> = headers.iter().map(|h| cstr(h.0)).collect::<Result<_>>()?;
-    let hsrcs: Vec<CString> = headers.iter().map(|h| cstr(h.1)).collect::<Result<_>>()?;
-    let hn: Vec<*const c_char> = hnames.iter().map(|c| c.as_ptr()).collect();
-    let hs: Vec<*const c_char> = hsrcs.iter().map(|c| c.as_ptr()).collect();
+    let (_c, c) = crate::c_strings(name, [src, name])?;
+    let (_hn, hn) = crate::c_strings(name, headers.iter().map(|h| h.0))?;
+    let (_hs, hs) = crate::c_strings(name, headers.iter().map(|h| h.1))?;
     let _lock = serialised();
     let mut prog: Program = std::ptr::null_mut();
     // SAFETY: every pointer is a NUL-terminated string alive for the call; counts match.
     ck(s, "hiprtcCreateProgram", unsafe {
-        (s.create_program)(&mut prog, csrc.as_ptr(), cname.as_ptr(), hn.len() as c_int, hs.as_ptr(), hn.as_ptr())
+        (s.create_program)(&mut prog, c[0], c[1], hn.len() as c_int, hs.as_ptr(), hn.as_ptr())
     })?;
     let result = (|| {
         let fixed = [format!("--offload-arch={arch}"), "-std=c++17".into(), "-O3".into()];
-        let opts: Vec<CString> =
-            fixed.iter().map(String::as_str).chain(extra.iter().copied()).map(cstr).collect::<Result<_>>()?;
-        let optp: Vec<*const c_char> = opts.iter().map(|c| c.as_ptr()).collect();
+        let (_opts, optp) = crate::c_strings(name, fixed.iter().map(String::as_str).chain(extra.iter().copied()))?;
         // SAFETY: `prog` is live; the options are NUL-terminated strings alive for the call.
         let st = unsafe { (s.compile_program)(prog, optp.len() as c_int, optp.as_ptr()) };
         if st != 0 {
-            let mut n = 0usize;
+            let (mut n, mut buf) = (0usize, Vec::new());
             // SAFETY: `prog` is live; `n` outlives the call.
-            let log = if unsafe { (s.get_program_log_size)(prog, &mut n) } == 0 && n > 0 {
-                let mut buf = vec![0u8; n + 1];
+            if unsafe { (s.get_program_log_size)(prog, &mut n) } == 0 && n > 0 {
+                buf = vec![0u8; n + 1];
                 // SAFETY: `buf` holds the `n` bytes hipRTC reported, plus a NUL.
-                if unsafe { (s.get_program_log)(prog, buf.as_mut_ptr() as *mut c_char) } == 0 {
-                    String::from_utf8_lossy(&buf[..buf.iter().position(|&b| b == 0).unwrap_or(n)]).into_owned()
-                } else {
-                    String::new()
+                if unsafe { (s.get_program_log)(prog, buf.as_mut_ptr() as *mut c_char) } != 0 {
+                    buf.clear();
                 }
-            } else {
-                String::new()
-            };
+            }
+            let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+            let log = String::from_utf8_lossy(&buf[..end]).into_owned();
             return Err(Error::HipCompile { name: name.into(), arch: arch.into(), status: status_text(s, st), log });
         }
         let mut n = 0usize;

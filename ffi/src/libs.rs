@@ -80,25 +80,6 @@ fn matching(dir: &Path, prefix: &str) -> Vec<PathBuf> {
     v
 }
 
-/// Candidate files for a library whose wheel lives under `nvidia/<pkg>/lib`.
-fn candidates(env: &str, wheel_dirs: &[&str], prefix: &str) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    if let Some(p) = std::env::var_os(env) {
-        out.push(PathBuf::from(p));
-    }
-    for sp in site_packages() {
-        for w in wheel_dirs {
-            out.extend(matching(&sp.join(w), prefix));
-        }
-    }
-    for d in ld_library_path() {
-        out.extend(matching(&d, prefix));
-    }
-    let cuda_home = std::env::var_os("CUDA_HOME").map(PathBuf::from).unwrap_or_else(|| "/usr/local/cuda".into());
-    out.extend(matching(&cuda_home.join("lib64"), prefix));
-    out
-}
-
 /// A library kept loaded for the life of the process.
 #[derive(Debug)]
 pub struct Loaded {
@@ -106,7 +87,18 @@ pub struct Loaded {
     pub lib: libloading::Library,
 }
 
-fn load_first(lib: &'static str, env: &str, paths: Vec<PathBuf>) -> Result<Loaded> {
+/// Loads the first that loads of: the file `env` names, `prefix*` in each of `dirs` (highest
+/// version first), then the bare `sonames` for the loader's search path.
+fn load_first(
+    lib: &'static str,
+    env: &str,
+    dirs: impl IntoIterator<Item = PathBuf>,
+    prefix: &str,
+    sonames: &[&str],
+) -> Result<Loaded> {
+    let mut paths: Vec<PathBuf> = std::env::var_os(env).map(PathBuf::from).into_iter().collect();
+    paths.extend(dirs.into_iter().flat_map(|d| matching(&d, prefix)));
+    paths.extend(sonames.iter().map(PathBuf::from));
     let mut tried = Vec::new();
     for p in paths {
         // SAFETY: loading a vendor library runs its initialisers; NVIDIA's and AMD's (HIP,
@@ -120,29 +112,24 @@ fn load_first(lib: &'static str, env: &str, paths: Vec<PathBuf>) -> Result<Loade
     Err(Error::Library { lib, reason: format!("{hint} (set {env} to the library file, or install the library)") })
 }
 
-static NVRTC: OnceLock<Result<Loaded>> = OnceLock::new();
-
 /// Loads libnvrtc (see the module docs) once and makes sure cudarc resolves to it.
 pub fn nvrtc() -> Result<&'static Loaded> {
-    NVRTC
-        .get_or_init(|| {
-            let paths = candidates(
-                "PEERLESS_NVRTC_LIB",
-                &["nvidia/cuda_nvrtc/lib", "nvidia/cu13/lib", "nvidia/cu12/lib"],
-                "libnvrtc.so.",
-            );
-            let loaded = load_first("libnvrtc", "PEERLESS_NVRTC_LIB", paths)?;
-            // SAFETY: probing only dlopens by name; no cudarc symbol is called.
-            if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
-                return Err(Error::Library {
-                    lib: "libnvrtc",
-                    reason: format!("{} loaded, but its SONAME is not one cudarc loads", loaded.path.display()),
-                });
-            }
-            Ok(loaded)
-        })
-        .as_ref()
-        .map_err(Clone::clone)
+    static NVRTC: OnceLock<Result<Loaded>> = OnceLock::new();
+    crate::once(&NVRTC, || {
+        let wheels = ["nvidia/cuda_nvrtc/lib", "nvidia/cu13/lib", "nvidia/cu12/lib"];
+        let cuda_home = std::env::var_os("CUDA_HOME").map(PathBuf::from).unwrap_or_else(|| "/usr/local/cuda".into());
+        let dirs = site_packages().into_iter().flat_map(|sp| wheels.map(|w| sp.join(w)));
+        let dirs = dirs.chain(ld_library_path()).chain([cuda_home.join("lib64")]);
+        let loaded = load_first("libnvrtc", "PEERLESS_NVRTC_LIB", dirs, "libnvrtc.so.", &[])?;
+        // SAFETY: probing only dlopens by name; no cudarc symbol is called.
+        if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+            return Err(Error::Library {
+                lib: "libnvrtc",
+                reason: format!("{} loaded, but its SONAME is not one cudarc loads", loaded.path.display()),
+            });
+        }
+        Ok(loaded)
+    })
 }
 
 /// Whether the CUDA driver library can be loaded.
@@ -168,40 +155,13 @@ fn rocm_lib_dirs() -> Vec<PathBuf> {
     dirs
 }
 
-/// Candidate files for a ROCm library: `env` (a file), then `prefix*` in every ROCm library
-/// directory (highest version first), then the bare `sonames` for the loader's search path.
-#[cfg(feature = "rocm")]
-fn rocm_candidates(env: &str, prefix: &str, sonames: &[&str]) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    if let Some(p) = std::env::var_os(env) {
-        out.push(PathBuf::from(p));
-    }
-    for d in rocm_lib_dirs() {
-        out.extend(matching(&d, prefix));
-    }
-    out.extend(sonames.iter().map(PathBuf::from));
-    out
-}
-
-#[cfg(feature = "rocm")]
-static HIP: OnceLock<Result<Loaded>> = OnceLock::new();
-#[cfg(feature = "rocm")]
-static HIPRTC: OnceLock<Result<Loaded>> = OnceLock::new();
-
 /// Loads the HIP runtime (`libamdhip64`) once: `PEERLESS_HIP_LIB`, then the ROCm directories
 /// (see [`rocm_lib_dirs`]), then `libamdhip64.so.6` / `.so.5` / `.so` by name.
 #[cfg(feature = "rocm")]
 pub fn hip() -> Result<&'static Loaded> {
-    HIP.get_or_init(|| {
-        let paths = rocm_candidates(
-            "PEERLESS_HIP_LIB",
-            "libamdhip64.so",
-            &["libamdhip64.so.6", "libamdhip64.so.5", "libamdhip64.so"],
-        );
-        load_first("libamdhip64", "PEERLESS_HIP_LIB", paths)
-    })
-    .as_ref()
-    .map_err(Clone::clone)
+    static HIP: OnceLock<Result<Loaded>> = OnceLock::new();
+    let sonames = ["libamdhip64.so.6", "libamdhip64.so.5", "libamdhip64.so"];
+    crate::once(&HIP, || load_first("libamdhip64", "PEERLESS_HIP_LIB", rocm_lib_dirs(), "libamdhip64.so", &sonames))
 }
 
 /// Loads hipRTC once: `PEERLESS_HIPRTC_LIB`, then `libhiprtc.so*` (ROCm 5.3 and later ship it
@@ -209,25 +169,56 @@ pub fn hip() -> Result<&'static Loaded> {
 /// ROCm up to 5.2 (Debian bookworm's 5.2.3).
 #[cfg(feature = "rocm")]
 pub fn hiprtc() -> Result<&'static Loaded> {
-    HIPRTC
-        .get_or_init(|| {
-            let paths = rocm_candidates("PEERLESS_HIPRTC_LIB", "libhiprtc.so", &["libhiprtc.so.6", "libhiprtc.so.5"]);
-            let mut tried = Vec::new();
-            match load_first("libhiprtc", "PEERLESS_HIPRTC_LIB", paths) {
-                Ok(l) => return Ok(l),
-                Err(e) => tried.push(e.to_string()),
-            }
-            let hip = hip().map_err(|e| Error::Library {
-                lib: "libhiprtc",
-                reason: format!("{}; and the HIP runtime is unavailable too: {e}", tried.join("; ")),
-            })?;
-            // SAFETY: the HIP runtime is already loaded (no initialisers run again); this only
-            // takes a second reference to it, kept for the life of the process.
-            match unsafe { libloading::Library::new(&hip.path) } {
-                Ok(lib) => Ok(Loaded { path: hip.path.clone(), lib }),
-                Err(e) => Err(Error::Library { lib: "libhiprtc", reason: format!("{}: {e}", hip.path.display()) }),
-            }
-        })
-        .as_ref()
-        .map_err(Clone::clone)
+    static HIPRTC: OnceLock<Result<Loaded>> = OnceLock::new();
+    crate::once(&HIPRTC, || {
+        let sonames = ["libhiprtc.so.6", "libhiprtc.so.5"];
+        let e = match load_first("libhiprtc", "PEERLESS_HIPRTC_LIB", rocm_lib_dirs(), "libhiprtc.so", &sonames) {
+            Ok(l) => return Ok(l),
+            Err(e) => e,
+        };
+        let hip = hip().map_err(|h| Error::Library {
+            lib: "libhiprtc",
+            reason: format!("{e}; and the HIP runtime is unavailable too: {h}"),
+        })?;
+        // SAFETY: the HIP runtime is already loaded (no initialisers run again); this only
+        // takes a second reference to it, kept for the life of the process.
+        match unsafe { libloading::Library::new(&hip.path) } {
+            Ok(lib) => Ok(Loaded { path: hip.path.clone(), lib }),
+            Err(e) => Err(Error::Library { lib: "libhiprtc", reason: format!("{}: {e}", hip.path.display()) }),
+        }
+    })
 }
+
+/// Declares `struct $name`, a table of C entry points, and `$name::load`, which fills each
+/// field with the first of its symbol names (`"a" | "b"`) that `lib` exports. `missing(names,
+/// error)` is the error for a field none of whose names resolve (`names` joined by " / ").
+/// The invocation vouches that each field's type is the C signature of its symbols.
+#[cfg(feature = "rocm")]
+macro_rules! entry_points {
+    ($(#[$m:meta])* struct $name:ident {
+        $($field:ident: fn($($arg:ty),* $(,)?) -> $ret:ty = $($sym:literal)|+,)*
+    }) => {
+        $(#[$m])*
+        struct $name {
+            $($field: unsafe extern "C" fn($($arg),*) -> $ret,)*
+        }
+
+        impl $name {
+            fn load(
+                lib: &libloading::Library,
+                missing: impl Fn(String, libloading::Error) -> $crate::Error,
+            ) -> $crate::Result<$name> {
+                Ok($name {$($field: {
+                    let names = [$(concat!($sym, "\0")),+];
+                    // SAFETY: the field's type is the C signature of each of its symbols (the
+                    // invocation's contract); the library stays loaded for the process.
+                    let get = |n: &str| unsafe { lib.get(n.as_bytes()) }.map(|s| *s);
+                    names[1..].iter().fold(get(names[0]), |r, n| r.or_else(|_| get(n)))
+                        .map_err(|e| missing([$($sym),+].join(" / "), e))?
+                },)*})
+            }
+        }
+    };
+}
+#[cfg(feature = "rocm")]
+pub(crate) use entry_points;

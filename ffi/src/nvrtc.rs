@@ -1,6 +1,6 @@
 //! NVRTC: CUDA C++ source → PTX or CUBIN for one architecture.
 
-use std::ffi::{CStr, CString, c_char};
+use std::ffi::c_char;
 
 use cudarc::nvrtc::{result as r, sys};
 
@@ -33,22 +33,19 @@ pub fn compile(name: &str, src: &str, headers: &[(&str, &str)], cc: u32, out: Ou
         Output::Ptx => format!("compute_{cc}"),
         Output::Cubin => format!("sm_{cc}"),
     };
-    let cstr = |s: &str| CString::new(s).map_err(|_| Error::Invalid(format!("NUL byte in {name}")));
-    let csrc = cstr(src)?;
-    let cname = cstr(name)?;
-    let hnames: Vec<CString> = headers.iter().map(|h| cstr(h.0)).collect::<Result<_>>()?;
-    let hsrcs: Vec<CString> = headers.iter().map(|h| cstr(h.1)).collect::<Result<_>>()?;
-    let hn: Vec<*const c_char> = hnames.iter().map(|c| c.as_ptr()).collect();
-    let hs: Vec<*const c_char> = hsrcs.iter().map(|c| c.as_ptr()).collect();
+    let (_c, c) = crate::c_strings(name, [src, name])?;
+    let (_hn, hn) = crate::c_strings(name, headers.iter().map(|h| h.0))?;
+    let (_hs, hs) = crate::c_strings(name, headers.iter().map(|h| h.1))?;
+    let ok = |call: &'static str, s: sys::nvrtcResult| match s {
+        sys::nvrtcResult::NVRTC_SUCCESS => Ok(()),
+        s => Err(Error::Call { call, device: None, status: format!("{s:?}") }),
+    };
     let mut prog: sys::nvrtcProgram = std::ptr::null_mut();
-    let fail = |call: &'static str, s: sys::nvrtcResult| Error::Call { call, device: None, status: format!("{s:?}") };
     // SAFETY: every pointer is a NUL-terminated string alive for the call; counts match.
     let s = guarded("nvrtcCreateProgram", None, || unsafe {
-        sys::nvrtcCreateProgram(&mut prog, csrc.as_ptr(), cname.as_ptr(), hn.len() as i32, hs.as_ptr(), hn.as_ptr())
+        sys::nvrtcCreateProgram(&mut prog, c[0], c[1], hn.len() as i32, hs.as_ptr(), hn.as_ptr())
     })?;
-    if s != sys::nvrtcResult::NVRTC_SUCCESS {
-        return Err(fail("nvrtcCreateProgram", s));
-    }
+    ok("nvrtcCreateProgram", s)?;
     let result = (|| {
         let opts = [format!("--gpu-architecture={arch}"), "--std=c++17".into(), "-default-device".into()];
         // SAFETY: `prog` is a live program; options are plain strings.
@@ -56,10 +53,8 @@ pub fn compile(name: &str, src: &str, headers: &[(&str, &str)], cc: u32, out: Ou
         if let Err(e) = c {
             // SAFETY: `prog` is live; the log is read after compilation.
             let log = guarded("nvrtcGetProgramLog", None, || unsafe { r::get_program_log(prog) })?
-                .map(|l| {
-                    // SAFETY: NVRTC's log is NUL-terminated.
-                    unsafe { CStr::from_ptr(l.as_ptr()) }.to_string_lossy().into_owned()
-                })
+                // SAFETY: NVRTC's log is NUL-terminated.
+                .map(|l| unsafe { crate::c_text(l.as_ptr()) })
                 .unwrap_or_default();
             return Err(Error::Compile { name: name.into(), arch: arch.clone(), status: format!("{e:?}"), log });
         }
@@ -77,17 +72,13 @@ pub fn compile(name: &str, src: &str, headers: &[(&str, &str)], cc: u32, out: Ou
                 let mut n = 0usize;
                 // SAFETY: `prog` compiled for a real architecture; `n` outlives the call.
                 let s = guarded("nvrtcGetCUBINSize", None, || unsafe { sys::nvrtcGetCUBINSize(prog, &mut n) })?;
-                if s != sys::nvrtcResult::NVRTC_SUCCESS {
-                    return Err(fail("nvrtcGetCUBINSize", s));
-                }
+                ok("nvrtcGetCUBINSize", s)?;
                 let mut buf = vec![0u8; n];
                 // SAFETY: `buf` holds the `n` bytes NVRTC reported.
                 let s = guarded("nvrtcGetCUBIN", None, || unsafe {
                     sys::nvrtcGetCUBIN(prog, buf.as_mut_ptr() as *mut c_char)
                 })?;
-                if s != sys::nvrtcResult::NVRTC_SUCCESS {
-                    return Err(fail("nvrtcGetCUBIN", s));
-                }
+                ok("nvrtcGetCUBIN", s)?;
                 Ok(buf)
             }
         }

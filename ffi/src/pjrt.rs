@@ -294,9 +294,7 @@ pub struct InnerPlugin {
 
 // SAFETY: the table is immutable after `GetPjrtApi` returns and the library stays loaded for
 // the process, so the pointer may be shared between threads.
-unsafe impl Send for InnerPlugin {}
-// SAFETY: as above.
-unsafe impl Sync for InnerPlugin {}
+crate::send_sync!(InnerPlugin);
 
 impl InnerPlugin {
     /// Loads the PJRT plugin at `path` and reads its function table's header.
@@ -334,11 +332,6 @@ impl InnerPlugin {
     /// PJRT API (major, minor) version.
     pub fn version(&self) -> (i32, i32) {
         self.version
-    }
-
-    /// Bytes of the function table (40-byte header, 8 per slot).
-    pub fn struct_size(&self) -> usize {
-        self.struct_size
     }
 
     /// The extension chain: (type, struct size) of each.

@@ -47,7 +47,7 @@
 pub mod sys;
 mod types;
 
-use std::ffi::{CStr, CString, c_void};
+use std::ffi::{CString, c_void};
 use std::fmt;
 use std::marker::PhantomData;
 use std::mem::{offset_of, size_of};
@@ -116,10 +116,10 @@ impl HandlerError {
     /// The code XLA sees.
     pub fn code(&self) -> ErrorCode {
         match self {
-            HandlerError::MissingAttr { .. } | HandlerError::AttrType { .. } | HandlerError::OutOfRange { .. } => {
-                ErrorCode::InvalidArgument
-            }
-            HandlerError::Frame(_) => ErrorCode::InvalidArgument,
+            HandlerError::MissingAttr { .. }
+            | HandlerError::AttrType { .. }
+            | HandlerError::OutOfRange { .. }
+            | HandlerError::Frame(_) => ErrorCode::InvalidArgument,
             HandlerError::Api { code, .. } | HandlerError::Handler { code, .. } => *code,
             HandlerError::Panic(_) => ErrorCode::Internal,
         }
@@ -195,13 +195,9 @@ fn take_error(api: &sys::XLA_FFI_Api, call: &'static str, err: *mut XLA_FFI_Erro
         // SAFETY: `err` is a live error the API just returned; `args` is initialised.
         unsafe { details(&mut args) };
         code = ErrorCode::from_raw(args.errc);
-        message = if args.message.is_null() {
-            String::new()
-        } else {
-            // SAFETY: GetDetails returns a NUL-terminated message valid while `err` lives;
-            // it is copied here, before `err` is destroyed below.
-            unsafe { CStr::from_ptr(args.message) }.to_string_lossy().into_owned()
-        };
+        // SAFETY: GetDetails returns a NUL-terminated message (or null) valid while `err`
+        // lives; it is copied here, before `err` is destroyed below.
+        message = unsafe { crate::c_text(args.message) };
     }
     if let Ok(destroy) = slot!(api, XLA_FFI_Error_Destroy) {
         let mut args = sys::XLA_FFI_Error_Destroy_Args {
@@ -271,58 +267,72 @@ impl BufferRef<'_> {
     }
 }
 
-/// A scalar attribute's value. `Other`: a type this layer does not decode (f16, c64, ...).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Scalar {
-    Pred(bool),
-    S8(i8),
-    S16(i16),
-    S32(i32),
-    S64(i64),
-    U8(u8),
-    U16(u16),
-    U32(u32),
-    U64(u64),
-    F32(f32),
-    F64(f64),
-    Other(DataType),
+/// Declares [`Scalar`], a variant per element type this layer decodes (pred, then the integer
+/// and float types listed), with its `Display` ("s32 7"), `Scalar::read` (one element of a
+/// given type), and the integer conversions [`Scalar::as_i64`] and [`ArrayRef::to_i64_vec`].
+macro_rules! scalars {
+    (ints: $($i:ident($it:ty)),*; floats: $($f:ident($ft:ty)),*) => {
+        /// A scalar attribute's value. `Other`: a type this layer does not decode (f16, c64, ...).
+        #[derive(Debug, Clone, Copy, PartialEq)]
+        pub enum Scalar {
+            Pred(bool),
+            $($i($it),)*
+            $($f($ft),)*
+            Other(DataType),
+        }
+
+        impl Scalar {
+            /// An integer scalar whose value fits `i64`.
+            pub fn as_i64(&self) -> Option<i64> {
+                match *self {
+                    $(Scalar::$i(v) => i64::try_from(v).ok(),)*
+                    _ => None,
+                }
+            }
+
+            /// The element of type `t` at `v` (pred: a byte, true unless 0).
+            ///
+            /// # Safety
+            /// `v` points to one readable element of `t`.
+            unsafe fn read(t: DataType, v: *const c_void) -> Scalar {
+                // SAFETY: (each arm) `v` holds one element of `t` (the caller's contract), read
+                // as the Rust type of that width; unaligned reads tolerate any producer.
+                unsafe {
+                    match t {
+                        DataType::Pred => Scalar::Pred(ptr::read_unaligned(v as *const u8) != 0),
+                        $(DataType::$i => Scalar::$i(ptr::read_unaligned(v as *const $it)),)*
+                        $(DataType::$f => Scalar::$f(ptr::read_unaligned(v as *const $ft)),)*
+                        other => Scalar::Other(other),
+                    }
+                }
+            }
+        }
+
+        impl fmt::Display for Scalar {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                match self {
+                    Scalar::Pred(v) => write!(f, "pred {v}"),
+                    $(Scalar::$i(v) => write!(f, "{} {v}", DataType::$i),)*
+                    $(Scalar::$f(v) => write!(f, "{} {v}", DataType::$f),)*
+                    Scalar::Other(t) => write!(f, "{t}"),
+                }
+            }
+        }
+
+        impl ArrayRef<'_> {
+            /// The elements as `i64`, for any integer element type whose values fit (u64 values
+            /// past `i64::MAX` do not); `None` otherwise.
+            pub fn to_i64_vec(&self) -> Option<Vec<i64>> {
+                match self.dtype {
+                    $(DataType::$i => (0..self.len).map(|i| i64::try_from(self.read::<$it>(i)).ok()).collect(),)*
+                    _ => None,
+                }
+            }
+        }
+    };
 }
 
-impl Scalar {
-    /// An integer scalar whose value fits `i64`.
-    pub fn as_i64(&self) -> Option<i64> {
-        match *self {
-            Scalar::S8(v) => Some(v.into()),
-            Scalar::S16(v) => Some(v.into()),
-            Scalar::S32(v) => Some(v.into()),
-            Scalar::S64(v) => Some(v),
-            Scalar::U8(v) => Some(v.into()),
-            Scalar::U16(v) => Some(v.into()),
-            Scalar::U32(v) => Some(v.into()),
-            Scalar::U64(v) => i64::try_from(v).ok(),
-            _ => None,
-        }
-    }
-}
-
-impl fmt::Display for Scalar {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Scalar::Pred(v) => write!(f, "pred {v}"),
-            Scalar::S8(v) => write!(f, "s8 {v}"),
-            Scalar::S16(v) => write!(f, "s16 {v}"),
-            Scalar::S32(v) => write!(f, "s32 {v}"),
-            Scalar::S64(v) => write!(f, "s64 {v}"),
-            Scalar::U8(v) => write!(f, "u8 {v}"),
-            Scalar::U16(v) => write!(f, "u16 {v}"),
-            Scalar::U32(v) => write!(f, "u32 {v}"),
-            Scalar::U64(v) => write!(f, "u64 {v}"),
-            Scalar::F32(v) => write!(f, "f32 {v}"),
-            Scalar::F64(v) => write!(f, "f64 {v}"),
-            Scalar::Other(t) => write!(f, "{t}"),
-        }
-    }
-}
+scalars!(ints: S8(i8), S16(i16), S32(i32), S64(i64), U8(u8), U16(u16), U32(u32), U64(u64); floats: F32(f32), F64(f64));
 
 /// An array attribute: `len` elements of `dtype`.
 #[derive(Debug, Clone, Copy)]
@@ -341,23 +351,6 @@ impl ArrayRef<'_> {
         // non-null when `len > 0` at construction); callers pass `i < len` and a `T` of the
         // element's width. Unaligned reads cost nothing and tolerate any producer.
         unsafe { ptr::read_unaligned((self.data as *const T).add(i)) }
-    }
-
-    /// The elements as `i64`, for any integer element type whose values fit (u64 values past
-    /// `i64::MAX` do not); `None` otherwise.
-    pub fn to_i64_vec(&self) -> Option<Vec<i64>> {
-        let n = self.len;
-        Some(match self.dtype {
-            DataType::S8 => (0..n).map(|i| self.read::<i8>(i).into()).collect(),
-            DataType::S16 => (0..n).map(|i| self.read::<i16>(i).into()).collect(),
-            DataType::S32 => (0..n).map(|i| self.read::<i32>(i).into()).collect(),
-            DataType::S64 => (0..n).map(|i| self.read::<i64>(i)).collect(),
-            DataType::U8 => (0..n).map(|i| self.read::<u8>(i).into()).collect(),
-            DataType::U16 => (0..n).map(|i| self.read::<u16>(i).into()).collect(),
-            DataType::U32 => (0..n).map(|i| self.read::<u32>(i).into()).collect(),
-            DataType::U64 => (0..n).map(|i| i64::try_from(self.read::<u64>(i)).ok()).collect::<Option<_>>()?,
-            _ => return None,
-        })
     }
 }
 
@@ -401,15 +394,6 @@ unsafe fn span_bytes<'a>(span: &sys::XLA_FFI_ByteSpan) -> Result<&'a [u8]> {
     }
     // SAFETY: the caller's contract; `ptr` is non-null and `len > 0`.
     Ok(unsafe { std::slice::from_raw_parts(span.ptr as *const u8, span.len) })
-}
-
-/// Reads a scalar of type `T` at `p`.
-///
-/// # Safety
-/// `p` points to a readable `T`.
-unsafe fn read_scalar<T: Copy>(p: *const c_void) -> T {
-    // SAFETY: the caller's contract.
-    unsafe { ptr::read_unaligned(p as *const T) }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -461,11 +445,6 @@ impl<'a> CallFrame<'a> {
         }
         // SAFETY: as above; the size check shows every field up to `attrs` exists.
         Ok(CallFrame { raw: unsafe { &*ptr } })
-    }
-
-    /// The frame itself, for what this layer does not cover.
-    pub fn raw(&self) -> &'a XLA_FFI_CallFrame {
-        self.raw
     }
 
     /// XLA's API table.
@@ -663,26 +642,8 @@ impl<'a> CallFrame<'a> {
                 if s.value.is_null() {
                     return frame_err(format!("scalar attribute {i} ({t}) has a null value"));
                 }
-                let v = s.value as *const c_void;
-                // SAFETY: (each arm) `value` points to one element of the scalar's dtype
-                // (ABI), and each arm reads the type of that width.
-                unsafe {
-                    match t {
-                        DataType::Pred => Scalar::Pred(read_scalar::<u8>(v) != 0),
-                        DataType::S8 => Scalar::S8(read_scalar(v)),
-                        DataType::S16 => Scalar::S16(read_scalar(v)),
-                        DataType::S32 => Scalar::S32(read_scalar(v)),
-                        DataType::S64 => Scalar::S64(read_scalar(v)),
-                        DataType::U8 => Scalar::U8(read_scalar(v)),
-                        DataType::U16 => Scalar::U16(read_scalar(v)),
-                        DataType::U32 => Scalar::U32(read_scalar(v)),
-                        DataType::U64 => Scalar::U64(read_scalar(v)),
-                        DataType::F32 => Scalar::F32(read_scalar(v)),
-                        DataType::F64 => Scalar::F64(read_scalar(v)),
-                        other => Scalar::Other(other),
-                    }
-                }
-                .into()
+                // SAFETY: `value` points to one element of the scalar's dtype (ABI).
+                Attr::Scalar(unsafe { Scalar::read(t, s.value) })
             }
             sys::XLA_FFI_AttrType::ARRAY => {
                 // SAFETY: an array-typed attribute points to an XLA_FFI_Array (ABI).
@@ -932,10 +893,7 @@ impl<T: Default + Send + Sync + 'static> ExecutableState<T> {
 
     /// The executable's `T`, if XLA holds one (set at INSTANTIATE).
     pub fn get<'f>(&'static self, f: &'f CallFrame<'_>) -> Option<&'f T> {
-        let id = *self.id.get()?;
-        if id.type_id == 0 {
-            return None;
-        }
+        let id = *self.id.get().filter(|id| id.type_id != 0)?;
         let p = f.state_get(ExecutionStage::Instantiate, id).ok()?;
         // SAFETY: XLA keeps the state set at INSTANTIATE (a Box<T>, by the type id) alive until
         // the executable is destroyed, which cannot happen during one of its calls; it is
@@ -944,21 +902,8 @@ impl<T: Default + Send + Sync + 'static> ExecutableState<T> {
     }
 }
 
-impl From<Scalar> for Attr<'_> {
-    fn from(s: Scalar) -> Self {
-        Attr::Scalar(s)
-    }
-}
-
 // ---------------------------------------------------------------------------------------------
 // The guard
-
-fn panic_message(p: Box<dyn std::any::Any + Send>) -> String {
-    p.downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| p.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "a non-string panic payload".into())
-}
 
 /// Runs handler body `f` on the frame XLA passed: answers the metadata probe (traits 0),
 /// turns `Err` into an XLA error with [`HandlerError::code`] and a panic into `INTERNAL`
@@ -993,15 +938,15 @@ pub unsafe fn guard_with_traits(
     };
     let probe = cf.is_metadata_probe();
     let result = catch_unwind(AssertUnwindSafe(|| if probe { cf.answer_metadata_probe(traits) } else { f(&cf) }))
-        .unwrap_or_else(|p| Err(HandlerError::Panic(panic_message(p))));
+        .unwrap_or_else(|p| Err(HandlerError::Panic(crate::panic_text(&*p, "a non-string panic payload"))));
     match result {
         Ok(()) => ptr::null_mut(),
         Err(e) => {
             let err = cf.error(e.code(), &e.to_string());
-            if err.is_null() && !probe {
-                unreportable(&e);
-            }
             if err.is_null() {
+                if !probe {
+                    unreportable(&e);
+                }
                 eprintln!("peerless: XLA FFI metadata probe failed, and XLA gave no API to report it: {e}");
             }
             err

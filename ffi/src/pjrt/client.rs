@@ -46,10 +46,11 @@ impl<T: Copy> Padded<T> {
     }
 }
 
-/// Calls the function in `slot` of the table with `args` (passed padded, copied back); a
-/// plugin error becomes its message.
+/// Calls the function in `$slot` of the table with args struct `$args` (the fields given, the
+/// rest as its `new()` sets them; passed padded) and returns the struct as the plugin left it;
+/// a plugin error becomes its message.
 macro_rules! call {
-    ($client:expr, $slot:ident, $args:expr) => {{
+    ($client:expr, $slot:ident, $args:ident { $($field:ident $(: $value:expr)?),* $(,)? }) => {{
         let plugin: &InnerPlugin = $client;
         // SAFETY: `api` is the plugin's PJRT_Api (live for the process); its 0.54 prefix,
         // which `sys::PJRT_Api` describes, is the start of every newer table.
@@ -57,15 +58,13 @@ macro_rules! call {
         match f {
             None => Err(format!("{}: the plugin has no {}", plugin.path().display(), stringify!($slot))),
             Some(f) => {
-                let args = $args;
-                let mut padded = Padded::new(*args);
+                let mut padded = Padded::new(sys::$args { $($field $(: $value)?,)* ..sys::$args::new() });
                 // SAFETY: the slot's own args struct, filled as its C header says and padded with
                 // zeros to the plugin's size; pointers in it are live for the call (each
                 // caller's SAFETY note says which).
                 let err = unsafe { f(padded.as_mut_ptr()) };
-                *args = padded.args;
                 if err.is_null() {
-                    Ok(())
+                    Ok(padded.args)
                 } else {
                     Err(format!("{}: {}", stringify!($slot), plugin.take_error(err.cast::<c_void>())))
                 }
@@ -100,9 +99,7 @@ pub struct Device {
 /// # Safety
 /// `client` is a live client of `plugin` for the call.
 pub unsafe fn addressable_devices(plugin: &InnerPlugin, client: *mut sys::PJRT_Client) -> Result<Vec<Device>, String> {
-    let mut a = sys::PJRT_Client_AddressableDevices_Args::new();
-    a.client = client;
-    call!(plugin, PJRT_Client_AddressableDevices, &mut a)?;
+    let a = call!(plugin, PJRT_Client_AddressableDevices, PJRT_Client_AddressableDevices_Args { client })?;
     let ptrs: &[*mut sys::PJRT_Device] = if a.num_addressable_devices == 0 {
         &[]
     } else {
@@ -111,15 +108,10 @@ pub unsafe fn addressable_devices(plugin: &InnerPlugin, client: *mut sys::PJRT_C
     };
     let mut out = Vec::new();
     for &ptr in ptrs {
-        let mut d = sys::PJRT_Device_GetDescription_Args::new();
-        d.device = ptr;
-        call!(plugin, PJRT_Device_GetDescription, &mut d)?;
-        let mut i = sys::PJRT_DeviceDescription_Id_Args::new();
-        i.device_description = d.device_description;
-        call!(plugin, PJRT_DeviceDescription_Id, &mut i)?;
-        let mut k = sys::PJRT_DeviceDescription_Kind_Args::new();
-        k.device_description = d.device_description;
-        call!(plugin, PJRT_DeviceDescription_Kind, &mut k)?;
+        let d = call!(plugin, PJRT_Device_GetDescription, PJRT_Device_GetDescription_Args { device: ptr })?;
+        let device_description = d.device_description;
+        let i = call!(plugin, PJRT_DeviceDescription_Id, PJRT_DeviceDescription_Id_Args { device_description })?;
+        let k = call!(plugin, PJRT_DeviceDescription_Kind, PJRT_DeviceDescription_Kind_Args { device_description })?;
         let kind = if k.device_kind.is_null() {
             String::new()
         } else {
@@ -201,9 +193,8 @@ pub mod buffer_type {
 impl Client {
     /// Initializes the plugin and creates a client with the given create options.
     pub fn create(plugin: &'static InnerPlugin, options: &[IntOption<'_>]) -> Result<Client, String> {
-        let mut init = sys::PJRT_Plugin_Initialize_Args::new();
         // Initializing twice is allowed (XLA's plugins do nothing the second time).
-        call!(plugin, PJRT_Plugin_Initialize, &mut init)?;
+        call!(plugin, PJRT_Plugin_Initialize, PJRT_Plugin_Initialize_Args {})?;
         let named: Vec<sys::PJRT_NamedValue> = options
             .iter()
             .map(|(name, v)| {
@@ -216,11 +207,12 @@ impl Client {
                 n
             })
             .collect();
-        let mut a = sys::PJRT_Client_Create_Args::new();
-        a.create_options = named.as_ptr();
-        a.num_options = named.len();
         // SAFETY (the call): `named` and the option names outlive the call.
-        call!(plugin, PJRT_Client_Create, &mut a)?;
+        let a = call!(
+            plugin,
+            PJRT_Client_Create,
+            PJRT_Client_Create_Args { create_options: named.as_ptr(), num_options: named.len() }
+        )?;
         if a.client.is_null() {
             return Err(format!("{}: PJRT_Client_Create returned no client", plugin.path().display()));
         }
@@ -248,29 +240,37 @@ impl Client {
         program.code_size = module.len();
         program.format = FORMAT.as_ptr().cast();
         program.format_size = FORMAT.len();
-        let mut a = sys::PJRT_Client_Compile_Args::new();
-        a.client = self.ptr;
-        a.program = program_ptr;
-        a.compile_options = options.as_ptr().cast();
-        a.compile_options_size = options.len();
         // SAFETY (the call): `program`, `module` and `options` outlive the call.
-        call!(self.plugin, PJRT_Client_Compile, &mut a)?;
+        let a = call!(
+            self.plugin,
+            PJRT_Client_Compile,
+            PJRT_Client_Compile_Args {
+                client: self.ptr,
+                program: program_ptr,
+                compile_options: options.as_ptr().cast(),
+                compile_options_size: options.len(),
+            }
+        )?;
         Ok(Executable { client: self, ptr: a.executable })
     }
 
     /// Copies a dense row-major host array of PJRT type `ty` to `device`.
     pub fn buffer_from_host(&self, data: &[u8], ty: u32, dims: &[i64], device: &Device) -> Result<Buffer<'_>, String> {
-        let mut a = sys::PJRT_Client_BufferFromHostBuffer_Args::new();
-        a.client = self.ptr;
-        a.data = data.as_ptr().cast();
-        a.type_ = ty;
-        a.dims = dims.as_ptr();
-        a.num_dims = dims.len();
-        // Copied before the call returns: `data` may go right after.
-        a.host_buffer_semantics = sys::PJRT_HostBufferSemantics_PJRT_HostBufferSemantics_kImmutableOnlyDuringCall;
-        a.device = device.ptr;
-        // SAFETY (the call): `data` and `dims` outlive the call, which copies them.
-        call!(self.plugin, PJRT_Client_BufferFromHostBuffer, &mut a)?;
+        // SAFETY (the call): `data` and `dims` outlive the call, which copies them (before it
+        // returns, so `data` may go right after).
+        let a = call!(
+            self.plugin,
+            PJRT_Client_BufferFromHostBuffer,
+            PJRT_Client_BufferFromHostBuffer_Args {
+                client: self.ptr,
+                data: data.as_ptr().cast(),
+                type_: ty,
+                dims: dims.as_ptr(),
+                num_dims: dims.len(),
+                host_buffer_semantics: sys::PJRT_HostBufferSemantics_PJRT_HostBufferSemantics_kImmutableOnlyDuringCall,
+                device: device.ptr,
+            }
+        )?;
         let buffer = Buffer { client: self, ptr: a.buffer };
         self.await_event(a.done_with_host_buffer)?;
         Ok(buffer)
@@ -281,21 +281,15 @@ impl Client {
         if event.is_null() {
             return Ok(());
         }
-        let mut a = sys::PJRT_Event_Await_Args::new();
-        a.event = event;
-        let r = call!(self.plugin, PJRT_Event_Await, &mut a);
-        let mut d = sys::PJRT_Event_Destroy_Args::new();
-        d.event = event;
-        let _ = call!(self.plugin, PJRT_Event_Destroy, &mut d);
-        r
+        let r = call!(self.plugin, PJRT_Event_Await, PJRT_Event_Await_Args { event });
+        let _ = call!(self.plugin, PJRT_Event_Destroy, PJRT_Event_Destroy_Args { event });
+        r.map(drop)
     }
 }
 
 impl Drop for Client {
     fn drop(&mut self) {
-        let mut a = sys::PJRT_Client_Destroy_Args::new();
-        a.client = self.ptr;
-        if let Err(e) = call!(self.plugin, PJRT_Client_Destroy, &mut a) {
+        if let Err(e) = call!(self.plugin, PJRT_Client_Destroy, PJRT_Client_Destroy_Args { client: self.ptr }) {
             eprintln!("warning: {e}");
         }
     }
@@ -304,16 +298,16 @@ impl Drop for Client {
 impl Executable<'_> {
     /// Outputs per device (a tuple result counts its elements).
     pub fn num_outputs(&self) -> Result<usize, String> {
-        let mut g = sys::PJRT_LoadedExecutable_GetExecutable_Args::new();
-        g.loaded_executable = self.ptr;
-        call!(self.client.plugin, PJRT_LoadedExecutable_GetExecutable, &mut g)?;
-        let mut n = sys::PJRT_Executable_NumOutputs_Args::new();
-        n.executable = g.executable;
-        let r = call!(self.client.plugin, PJRT_Executable_NumOutputs, &mut n);
-        let mut d = sys::PJRT_Executable_Destroy_Args::new();
-        d.executable = g.executable;
-        let _ = call!(self.client.plugin, PJRT_Executable_Destroy, &mut d);
-        r.map(|()| n.num_outputs)
+        let plugin = self.client.plugin;
+        let g = call!(
+            plugin,
+            PJRT_LoadedExecutable_GetExecutable,
+            PJRT_LoadedExecutable_GetExecutable_Args { loaded_executable: self.ptr }
+        )?;
+        let executable = g.executable;
+        let r = call!(plugin, PJRT_Executable_NumOutputs, PJRT_Executable_NumOutputs_Args { executable });
+        let _ = call!(plugin, PJRT_Executable_Destroy, PJRT_Executable_Destroy_Args { executable });
+        r.map(|n| n.num_outputs)
     }
 
     /// Runs on every device of the executable's device assignment at once: `args[d]` are
@@ -334,17 +328,21 @@ impl Executable<'_> {
         let output_lists: Vec<*mut *mut sys::PJRT_Buffer> = outputs.iter_mut().map(|v| v.as_mut_ptr()).collect();
         let mut events: Vec<*mut sys::PJRT_Event> = vec![null_mut(); n];
         let mut options = Padded::new(sys::PJRT_ExecuteOptions::new());
-        let mut a = sys::PJRT_LoadedExecutable_Execute_Args::new();
-        a.executable = self.ptr;
-        a.options = options.as_mut_ptr();
-        a.argument_lists = arg_lists.as_ptr();
-        a.num_devices = n;
-        a.num_args = num_args;
-        a.output_lists = output_lists.as_ptr();
-        a.device_complete_events = events.as_mut_ptr();
         // SAFETY (the call): the argument lists (n × num_args live buffers), the n output
         // lists of num_outputs slots and the n event slots outlive the call, which fills them.
-        call!(self.client.plugin, PJRT_LoadedExecutable_Execute, &mut a)?;
+        call!(
+            self.client.plugin,
+            PJRT_LoadedExecutable_Execute,
+            PJRT_LoadedExecutable_Execute_Args {
+                executable: self.ptr,
+                options: options.as_mut_ptr(),
+                argument_lists: arg_lists.as_ptr(),
+                num_devices: n,
+                num_args,
+                output_lists: output_lists.as_ptr(),
+                device_complete_events: events.as_mut_ptr(),
+            }
+        )?;
         let outputs: Vec<Vec<Buffer<'c>>> = outputs
             .into_iter()
             .map(|v| v.into_iter().map(|ptr| Buffer { client: self.client, ptr }).collect())
@@ -364,9 +362,10 @@ impl Executable<'_> {
 
 impl Drop for Executable<'_> {
     fn drop(&mut self) {
-        let mut a = sys::PJRT_LoadedExecutable_Destroy_Args::new();
-        a.executable = self.ptr;
-        if let Err(e) = call!(self.client.plugin, PJRT_LoadedExecutable_Destroy, &mut a) {
+        let plugin = self.client.plugin;
+        if let Err(e) =
+            call!(plugin, PJRT_LoadedExecutable_Destroy, PJRT_LoadedExecutable_Destroy_Args { executable: self.ptr })
+        {
             eprintln!("warning: {e}");
         }
     }
@@ -375,16 +374,11 @@ impl Drop for Executable<'_> {
 impl Buffer<'_> {
     /// The buffer's `PJRT_Buffer_Type`.
     pub fn element_type(&self) -> Result<u32, String> {
-        let mut a = sys::PJRT_Buffer_ElementType_Args::new();
-        a.buffer = self.ptr;
-        call!(self.client.plugin, PJRT_Buffer_ElementType, &mut a)?;
-        Ok(a.type_)
+        Ok(call!(self.client.plugin, PJRT_Buffer_ElementType, PJRT_Buffer_ElementType_Args { buffer: self.ptr })?.type_)
     }
 
     pub fn dims(&self) -> Result<Vec<i64>, String> {
-        let mut a = sys::PJRT_Buffer_Dimensions_Args::new();
-        a.buffer = self.ptr;
-        call!(self.client.plugin, PJRT_Buffer_Dimensions, &mut a)?;
+        let a = call!(self.client.plugin, PJRT_Buffer_Dimensions, PJRT_Buffer_Dimensions_Args { buffer: self.ptr })?;
         if a.num_dims == 0 {
             return Ok(Vec::new());
         }
@@ -395,18 +389,17 @@ impl Buffer<'_> {
     /// The buffer's contents in the plugin's host layout (dense, row-major for XLA's plugins
     /// when no layout is asked for).
     pub fn to_host(&self) -> Result<Vec<u8>, String> {
-        let mut a = sys::PJRT_Buffer_ToHostBuffer_Args::new();
-        a.src = self.ptr;
+        let plugin = self.client.plugin;
         // Null `dst`: the call only says how many bytes it needs.
-        call!(self.client.plugin, PJRT_Buffer_ToHostBuffer, &mut a)?;
+        let a = call!(plugin, PJRT_Buffer_ToHostBuffer, PJRT_Buffer_ToHostBuffer_Args { src: self.ptr })?;
         let mut out = vec![0u8; a.dst_size];
-        let mut a = sys::PJRT_Buffer_ToHostBuffer_Args::new();
-        a.src = self.ptr;
-        a.dst = out.as_mut_ptr().cast();
-        a.dst_size = out.len();
         // SAFETY (the call): `out` has `dst_size` writable bytes and outlives the copy, awaited
         // below before it is returned.
-        call!(self.client.plugin, PJRT_Buffer_ToHostBuffer, &mut a)?;
+        let a = call!(
+            plugin,
+            PJRT_Buffer_ToHostBuffer,
+            PJRT_Buffer_ToHostBuffer_Args { src: self.ptr, dst: out.as_mut_ptr().cast(), dst_size: out.len() }
+        )?;
         self.client.await_event(a.event)?;
         Ok(out)
     }
@@ -417,9 +410,7 @@ impl Drop for Buffer<'_> {
         if self.ptr.is_null() {
             return;
         }
-        let mut a = sys::PJRT_Buffer_Destroy_Args::new();
-        a.buffer = self.ptr;
-        if let Err(e) = call!(self.client.plugin, PJRT_Buffer_Destroy, &mut a) {
+        if let Err(e) = call!(self.client.plugin, PJRT_Buffer_Destroy, PJRT_Buffer_Destroy_Args { buffer: self.ptr }) {
             eprintln!("warning: {e}");
         }
     }

@@ -79,9 +79,6 @@ pub enum Error {
     /// A value or state the GPU layer refuses (clique size, a kernel's status, no module).
     #[error("{0}")]
     Gpu(String),
-    /// The peer probe found no access `from`→`to` where every pair needs it.
-    #[error("peer access {from}→{to} is missing: {why}")]
-    GpuPeerMissing { from: usize, to: usize, why: String },
     /// A driver, runtime or compiler call failed.
     #[error(transparent)]
     Ffi(#[from] ffi::Error),

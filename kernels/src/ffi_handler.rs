@@ -277,8 +277,7 @@ pub fn dispatch<R: CollectiveRuntime>(kind: CollectiveKind, f: &CallFrame<'_>, r
         }
     };
     let device = rt.device_id(ordinal)?;
-    let in_call = if kind == CollectiveKind::CollectivePermute { true } else { call.group_of(device).is_some() };
-    if !in_call {
+    if kind != CollectiveKind::CollectivePermute && call.group_of(device).is_none() {
         return Err(HandlerError::invalid_argument(format!(
             "{} '{}': device {device} is in none of its groups {}",
             call.target(),

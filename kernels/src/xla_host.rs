@@ -27,6 +27,7 @@
 //! every process derives alike, and mapped once per process.
 
 use std::collections::BTreeMap;
+use std::collections::btree_map::Entry;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -126,7 +127,8 @@ fn shared_slot(
     groups: &[Vec<usize>],
     bytes: usize,
 ) -> Result<Arc<DirectSlot>> {
-    let Some(id) = cfg.slot else { return DirectSlot::new(groups, bytes).map(Arc::new) };
+    let own = || DirectSlot::new(groups, bytes).map(Arc::new);
+    let Some(id) = cfg.slot else { return own() };
     let key: SlotKey = (id, occurrence, groups.to_vec(), cfg.pairs.clone());
     let want = bytes.max(usize::try_from(cfg.slot_bytes).unwrap_or(usize::MAX));
     match SLOTS.get_or_make(key, bytes, DirectSlot::per_buffer, || DirectSlot::new(groups, want).map(Arc::new)) {
@@ -137,7 +139,7 @@ fn shared_slot(
                 cfg.target(),
                 cfg.name
             );
-            DirectSlot::new(groups, bytes).map(Arc::new)
+            own()
         }
         Slot::Made(Ok(slot)) => Ok(slot),
         Slot::Made(Err(e)) if want > bytes => {
@@ -147,7 +149,7 @@ fn shared_slot(
                 cfg.target(),
                 cfg.name
             );
-            DirectSlot::new(groups, bytes).map(Arc::new)
+            own()
         }
         Slot::Made(Err(e)) => Err(e),
     }
@@ -232,16 +234,9 @@ fn check_call(call: &HostCall) -> Result<()> {
 pub fn run(call: HostCall) -> Result<()> {
     check_call(&call)?;
     let cfg = call.config;
-    let instance = {
-        let mut map = INSTANCES.lock().unwrap_or_else(PoisonError::into_inner);
-        match map.get(&cfg.instance) {
-            Some(i) => Arc::clone(i),
-            None => {
-                let i = Arc::new(Instance::build(&call, 0)?);
-                map.insert(cfg.instance, Arc::clone(&i));
-                i
-            }
-        }
+    let instance = match INSTANCES.lock().unwrap_or_else(PoisonError::into_inner).entry(cfg.instance) {
+        Entry::Occupied(i) => Arc::clone(i.get()),
+        Entry::Vacant(v) => Arc::clone(v.insert(Arc::new(Instance::build(&call, 0)?))),
     };
     run_on(&instance, call)
 }
@@ -313,19 +308,19 @@ impl CollectiveRuntime for HostRuntime {
     fn execute(&self, f: &CallFrame<'_>, at: &At<'_, Self::Instance>) -> Result<(), HandlerError> {
         let At { call, state, device, .. } = *at;
         let (args, rets) = (crate::ffi_handler::operands(f, call)?, f.rets()?);
-        let mut inputs: Vec<(&[u8], ArrayShape)> = Vec::with_capacity(args.len());
-        for a in &args {
+        let input = |a| -> Result<_, HandlerError> {
             let shape = array_shape(a)?;
-            inputs.push((host_bytes(a)?, shape));
-        }
-        let mut outputs = Vec::with_capacity(rets.len());
-        for r in &rets {
+            Ok((host_bytes(a)?, shape))
+        };
+        let mut inputs: Vec<(&[u8], ArrayShape)> = args.iter().map(input).collect::<Result<_, _>>()?;
+        let output = |r| -> Result<_, HandlerError> {
             let shape = array_shape(r)?;
             // SAFETY: result buffers are distinct from each other and from the operands (the
             // pass's custom calls declare no output-operand aliasing), so this is the only
             // reference to these bytes during the call.
-            outputs.push((unsafe { host_bytes_mut(r)? }, shape));
-        }
+            Ok((unsafe { host_bytes_mut(r)? }, shape))
+        };
+        let mut outputs: Vec<(&mut [u8], ArrayShape)> = rets.iter().map(output).collect::<Result<_, _>>()?;
         // A fused epilogue: the all-reduce runs on the first operand into a buffer of its own,
         // then the epilogue reads it and writes `h` and `y`.
         let mut fused = None;

@@ -8,6 +8,8 @@
 #[path = "common/launchers.rs"]
 mod launchers;
 
+use launchers::CliqueExt;
+
 use ffi::cuda::{Cuda, DeviceBuffer};
 use kernels::cuda::{Algo, Clique, Dtype, Red, device_count};
 
@@ -22,7 +24,7 @@ use rand::{Rng, SeedableRng};
 fn clique() -> Option<Clique> {
     // Ranks that share one GPU (each its own stream): the protocols on a single-GPU machine.
     if let Some(n) = std::env::var("PEERLESS_TEST_RANKS_ON_ONE_GPU").ok().and_then(|v| v.parse().ok()) {
-        return Some(Clique::on_one_device(0, n).expect("clique on one GPU"));
+        return Some(launchers::on_one_device(0, n).expect("clique on one GPU"));
     }
     match device_count() {
         Ok(n) if n >= 2 => Some(Clique::new(&(0..n.min(8)).collect::<Vec<_>>()).expect("clique")),

@@ -9,6 +9,8 @@
 #[path = "common/launchers.rs"]
 mod launchers;
 
+use launchers::CliqueExt;
+
 use ffi::hip::{DeviceBuffer, Hip};
 use kernels::rocm::{Algo, Clique, Dtype, Red, device_count};
 

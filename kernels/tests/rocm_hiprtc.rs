@@ -7,7 +7,17 @@
 //! they are skipped with a loud message.
 #![cfg(feature = "rocm")]
 
-use kernels::rocm::{SOURCES, compile_sources};
+use kernels::rocm::SOURCES;
+
+/// Every kernel source that is a translation unit (not headers), compiled by hipRTC for `arch`
+/// with warnings as errors. The device layer compiles one unit at a time, without `-Werror`.
+fn compile_sources(arch: &str) -> Result<Vec<(String, Vec<u8>)>, ffi::Error> {
+    let (units, headers) = kernels::gpu::translation_units();
+    let compile = |(name, src): (&str, String)| {
+        Ok((name.to_string(), ffi::hiprtc::compile_with(name, &src, &headers, arch, &["-Werror"])?))
+    };
+    units.into_iter().map(compile).collect()
+}
 
 fn hiprtc_or_skip() -> bool {
     let ci = std::env::var("CI").is_ok_and(|v| v == "true" || v == "1");

@@ -8,6 +8,7 @@ pub mod prebuilt;
 pub mod xla;
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 pub use ffi::cuda::Cuda;
@@ -22,20 +23,18 @@ pub type Clique = gpu::Clique<Cuda>;
 
 /// Where compiled kernels are kept between processes: `PEERLESS_CACHE_DIR`, else
 /// `$XDG_CACHE_HOME/peerless`, else `~/.cache/peerless`.
-pub fn cache_dir() -> Option<std::path::PathBuf> {
-    if let Some(d) = std::env::var_os("PEERLESS_CACHE_DIR") {
-        return Some(d.into());
-    }
-    if let Some(d) = std::env::var_os("XDG_CACHE_HOME") {
-        return Some(std::path::PathBuf::from(d).join("peerless"));
-    }
-    std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".cache").join("peerless"))
+pub fn cache_dir() -> Option<PathBuf> {
+    let env = std::env::var_os;
+    env("PEERLESS_CACHE_DIR")
+        .map(PathBuf::from)
+        .or_else(|| env("XDG_CACHE_HOME").map(|d| PathBuf::from(d).join("peerless")))
+        .or_else(|| env("HOME").map(|h| PathBuf::from(h).join(".cache").join("peerless")))
 }
 
 /// The disk cache's file for `unit` on compute capability `cc`, named by the unit's key and
 /// NVRTC's version, so other sources or another compiler compile afresh (`None`: no cache
 /// directory, or no NVRTC to compile with).
-fn cache_file(cc: u32, unit: Unit) -> Option<std::path::PathBuf> {
+fn cache_file(cc: u32, unit: Unit) -> Option<PathBuf> {
     let (major, minor) = ffi::nvrtc::version().ok()?;
     Some(cache_dir()?.join(format!("{}-sm{cc}-{}-nvrtc{major}.{minor}.cubin", unit.name(), unit.key())))
 }

@@ -14,7 +14,9 @@
 //! for the device on load (sm_103, sm_110, sm_120, ...) and keeps in its own cache. A device
 //! older than every target (sm_75) compiles with NVRTC on first use, one unit at a time.
 
-use std::sync::OnceLock;
+use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{OnceLock, PoisonError};
 
 use bytes::Bytes;
 use ffi::nvrtc::Output;
@@ -162,36 +164,30 @@ pub fn build(targets: &[Target], jobs: usize, progress: impl Fn(usize, usize) + 
     let (major, minor) = ffi::nvrtc::version()?;
     let work: Vec<(Target, Unit)> =
         targets.iter().flat_map(|&t| Unit::all().into_iter().map(move |u| (t, u))).collect();
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    let done = std::sync::atomic::AtomicUsize::new(0);
+    let (next, done) = (AtomicUsize::new(0), AtomicUsize::new(0));
     let results = std::sync::Mutex::new(Vec::new());
     std::thread::scope(|s| {
         for _ in 0..jobs.max(1) {
             s.spawn(|| {
                 loop {
-                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let i = next.fetch_add(1, Relaxed);
                     let Some(&(t, u)) = work.get(i) else { break };
                     let r = compile(u, t).and_then(|code| {
-                        Ok(Blob {
-                            target: t.name(),
-                            unit: u.name(),
-                            key: u.key(),
-                            code: deflate(&code)?.into(),
-                            deflated: true,
-                        })
+                        let (target, unit, key, code) = (t.name(), u.name(), u.key(), deflate(&code)?.into());
+                        Ok(Blob { target, unit, key, code, deflated: true })
                     });
                     let failed = r.is_err();
-                    results.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push((i, r));
-                    progress(done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1, work.len());
+                    results.lock().unwrap_or_else(PoisonError::into_inner).push((i, r));
+                    progress(done.fetch_add(1, Relaxed) + 1, work.len());
                     if failed {
                         // Stop handing out work: the first error is the answer.
-                        next.store(work.len(), std::sync::atomic::Ordering::Relaxed);
+                        next.store(work.len(), Relaxed);
                     }
                 }
             });
         }
     });
-    let mut results = results.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mut results = results.into_inner().unwrap_or_else(PoisonError::into_inner);
     results.sort_by_key(|r| r.0);
     let blobs = results.into_iter().map(|(_, r)| r).collect::<Result<Vec<_>>>()?;
     Ok(Bundle { compiler: format!("NVRTC {major}.{minor}"), blobs })

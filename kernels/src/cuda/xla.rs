@@ -17,4 +17,4 @@ impl XlaBackend for Cuda {
 pub type CudaRuntime = GpuRuntime<Cuda>;
 /// The runtime as a value, spelled as a unit struct's (`static CUDA: CudaRuntime = CudaRuntime;`).
 #[allow(non_upper_case_globals)]
-pub const CudaRuntime: CudaRuntime = GpuRuntime::new();
+pub const CudaRuntime: CudaRuntime = GpuRuntime(std::marker::PhantomData);

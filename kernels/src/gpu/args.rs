@@ -7,62 +7,27 @@ use thunks::custom_call::{Epilogue, Mean, RoundTo};
 
 use super::MAX_RANKS;
 
-/// Element types the kernels take (every computable type: `emitter::kernel_accepts_dtype`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Dtype {
-    F32,
-    F64,
-    Bf16,
-    F16,
-    S8,
-    S16,
-    S32,
-    S64,
-    U8,
-    U16,
-    U32,
-    U64,
-    Pred,
+/// Declares [`Dtype`], [`Dtype::ALL`] and [`Dtype::hlo`] from one list (HLO's variant names).
+macro_rules! dtypes {
+    ($($t:ident),*) => {
+        /// Element types the kernels take (every computable type: `emitter::kernel_accepts_dtype`).
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub enum Dtype { $($t),* }
+
+        impl Dtype {
+            /// Every element type the kernels take.
+            pub const ALL: [Dtype; [$(Dtype::$t),*].len()] = [$(Dtype::$t),*];
+
+            /// The HLO element type: its name, size and kind are the kernels' too.
+            pub fn hlo(self) -> hlo::PrimitiveType {
+                match self { $(Dtype::$t => hlo::PrimitiveType::$t),* }
+            }
+        }
+    };
 }
+dtypes!(F32, F64, Bf16, F16, S8, S16, S32, S64, U8, U16, U32, U64, Pred);
 
 impl Dtype {
-    /// Every element type the kernels take.
-    pub const ALL: [Dtype; 13] = [
-        Dtype::F32,
-        Dtype::F64,
-        Dtype::Bf16,
-        Dtype::F16,
-        Dtype::S8,
-        Dtype::S16,
-        Dtype::S32,
-        Dtype::S64,
-        Dtype::U8,
-        Dtype::U16,
-        Dtype::U32,
-        Dtype::U64,
-        Dtype::Pred,
-    ];
-
-    /// The HLO element type: its name, size and kind are the kernels' too.
-    pub fn hlo(self) -> hlo::PrimitiveType {
-        use hlo::PrimitiveType as T;
-        match self {
-            Dtype::F32 => T::F32,
-            Dtype::F64 => T::F64,
-            Dtype::Bf16 => T::Bf16,
-            Dtype::F16 => T::F16,
-            Dtype::S8 => T::S8,
-            Dtype::S16 => T::S16,
-            Dtype::S32 => T::S32,
-            Dtype::S64 => T::S64,
-            Dtype::U8 => T::U8,
-            Dtype::U16 => T::U16,
-            Dtype::U32 => T::U32,
-            Dtype::U64 => T::U64,
-            Dtype::Pred => T::Pred,
-        }
-    }
-
     /// The kernels' type for an HLO element type (`None`: not computable on the device).
     pub fn of(ty: hlo::PrimitiveType) -> Option<Dtype> {
         Dtype::ALL.into_iter().find(|t| t.hlo() == ty)
@@ -113,25 +78,6 @@ impl Ptrs {
     }
 }
 
-/// Declares a kernel's argument struct and its `params()` (the pointer array a launch
-/// takes) from one field list, so each kernel's argument order is written exactly once.
-macro_rules! kernel_args {
-    ($(#[$meta:meta])* $vis:vis struct $name:ident { $($field:ident: $ty:ty),* $(,)? }) => {
-        $(#[$meta])*
-        #[repr(C)]
-        #[derive(Debug, Clone, Copy)]
-        $vis struct $name {
-            $(pub $field: $ty),*
-        }
-
-        impl $name {
-            pub fn params(&mut self) -> [*mut c_void; [$(stringify!($field)),*].len()] {
-                [$(&mut self.$field as *mut $ty as *mut c_void),*]
-            }
-        }
-    };
-}
-
 /// `struct Status` of the kernels: where a bounded wait reports a peer that never arrived.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
@@ -144,22 +90,6 @@ pub struct Status {
     /// 0, or a host-mapped `u32[2]` a timeout also writes (XLA's handlers read it without
     /// synchronising).
     pub report: u64,
-}
-
-kernel_args! {
-    /// The arguments of `pl_one_shot_*` / `pl_two_shot_*`, in the kernels' order.
-    pub struct ReduceArgs {
-        input: u64,
-        output: u64,
-        n: u64,
-        rank: u32,
-        world: u32,
-        stage: Ptrs,
-        stride: u64,
-        flags: Ptrs,
-        counter: u64,
-        status: Status,
-    }
 }
 
 /// `struct Norm` of the kernels: the fused residual add + RMSNorm of a `pl_one_shot_norm_*`
@@ -250,21 +180,6 @@ impl Norm {
     }
 }
 
-kernel_args! {
-    /// The arguments of `pl_one_shot_norm_*`, in the kernels' order.
-    pub struct NormArgs {
-        input: u64,
-        norm: Norm,
-        rank: u32,
-        world: u32,
-        stage: Ptrs,
-        stride: u64,
-        flags: Ptrs,
-        counter: u64,
-        status: Status,
-    }
-}
-
 /// Operands a `pl_one_shot_many_*` launch takes at most (`PL_MAX_OPERANDS`).
 pub const MAX_OPERANDS: usize = 8;
 
@@ -279,58 +194,6 @@ pub struct Many {
     pub n: [u64; MAX_OPERANDS],
     /// Byte offset of each operand in a staging half (16-byte aligned).
     pub off: [u64; MAX_OPERANDS],
-}
-
-kernel_args! {
-    /// The arguments of `pl_one_shot_many_*`, in the kernels' order.
-    pub struct ManyArgs {
-        many: Many,
-        rank: u32,
-        world: u32,
-        stage: Ptrs,
-        stride: u64,
-        flags: Ptrs,
-        counter: u64,
-        status: Status,
-    }
-}
-
-kernel_args! {
-    /// The arguments of `pl_all_gather`, in order.
-    pub struct GatherArgs {
-        input: u64,
-        bytes: u64,
-        rank: u32,
-        world: u32,
-        out: Ptrs,
-        flags: Ptrs,
-        counter: u64,
-        status: Status,
-    }
-}
-
-kernel_args! {
-    /// The arguments of `pl_reduce_scatter_*`, in order.
-    pub struct ScatterArgs {
-        input: u64,
-        output: u64,
-        rank: u32,
-        world: u32,
-        stage: Ptrs,
-        stride: u64,
-        flags: Ptrs,
-        counter: u64,
-        blocks: Blocks,
-        status: Status,
-    }
-}
-
-kernel_args! {
-    /// The arguments of `pl_exchange`.
-    pub struct ExchangeArgs {
-        x: Xchg,
-        status: Status,
-    }
 }
 
 /// `struct Run`: `rows` runs of `row` bytes, `sstride` / `dstride` apart.
@@ -384,6 +247,59 @@ pub struct Xchg {
     pub wait: [Wait; 2],
     pub ntasks: u64,
     pub task: [Run; MAX_TASKS],
+}
+
+/// Declares each kernel's argument struct and its `params()` (the pointer array a launch
+/// takes) from one field list, so each kernel's argument order is written exactly once.
+macro_rules! kernel_args {
+    // The reduction kernels': their own fields, then the member's rank, the group's size, the
+    // symmetric staging and flags, the launch counters and the status.
+    (group: $($(#[$meta:meta])* struct $name:ident { $($field:ident: $ty:ty),* })*) => {
+        kernel_args! {$(
+            $(#[$meta])* struct $name {
+                $($field: $ty,)* rank: u32, world: u32, stage: Ptrs, stride: u64, flags: Ptrs, counter: u64, status: Status
+            }
+        )*}
+    };
+    ($($(#[$meta:meta])* struct $name:ident { $($field:ident: $ty:ty),* $(,)? })*) => {$(
+        $(#[$meta])*
+        #[repr(C)]
+        #[derive(Debug, Clone, Copy)]
+        pub struct $name {
+            $(pub $field: $ty),*
+        }
+
+        impl $name {
+            pub fn params(&mut self) -> [*mut c_void; [$(stringify!($field)),*].len()] {
+                [$(&mut self.$field as *mut $ty as *mut c_void),*]
+            }
+        }
+    )*};
+}
+
+kernel_args! { group:
+    /// The arguments of `pl_one_shot_*` / `pl_two_shot_*`, in the kernels' order.
+    struct ReduceArgs { input: u64, output: u64, n: u64 }
+    /// The arguments of `pl_one_shot_norm_*`, in the kernels' order.
+    struct NormArgs { input: u64, norm: Norm }
+    /// The arguments of `pl_one_shot_many_*`, in the kernels' order.
+    struct ManyArgs { many: Many }
+}
+
+kernel_args! {
+    /// The arguments of `pl_probe(u32*, u32, u32*)`.
+    struct ProbeArgs { remote: u64, value: u32, back: u64 }
+    /// The arguments of `pl_all_gather`, in order.
+    struct GatherArgs {
+        input: u64, bytes: u64, rank: u32, world: u32, out: Ptrs, flags: Ptrs, counter: u64, status: Status,
+    }
+    /// The arguments of `pl_reduce_scatter_*`, in order.
+    struct ScatterArgs {
+        input: u64, output: u64, rank: u32, world: u32, stage: Ptrs, stride: u64, flags: Ptrs, counter: u64,
+        blocks: Blocks, status: Status,
+    }
+    /// The arguments of `pl_exchange`.
+    struct ExchangeArgs { x: Xchg, status: Status }
 }
 
 #[cfg(test)]

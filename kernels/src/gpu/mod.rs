@@ -263,7 +263,9 @@ pub struct Clique<B: Backend> {
 impl<B: Backend> Clique<B> {
     /// Opens `ordinals`, loads the kernels, enables and probes peer access.
     pub fn new(ordinals: &[usize]) -> Result<Self> {
-        check_size(ordinals.len())?;
+        if ordinals.is_empty() || ordinals.len() > MAX_RANKS {
+            return Err(Error::Gpu(format!("a clique has 1..={MAX_RANKS} devices, not {}", ordinals.len())));
+        }
         let devices = ordinals.iter().map(|&o| Device::open(o)).collect::<Result<Vec<_>>>()?;
         let n = devices.len();
         let mut probes = vec![vec![Probe::Local; n]; n];
@@ -280,22 +282,6 @@ impl<B: Backend> Clique<B> {
             PeerAccessTable::from_fn(n, format!("{} peer probe", B::NAME), |a, b| table[a][b].works())
         });
         Ok(Clique { devices, probes, peers, max_grid: DEFAULT_GRID })
-    }
-
-    /// `ranks` members on one GPU, each with a stream of its own: the kernels' protocols
-    /// exercised on a machine with a single GPU (the kernel tests, with
-    /// `PEERLESS_TEST_RANKS_ON_ONE_GPU`). Every member's kernels must be resident at once, so
-    /// keep grids small; it says nothing of links between GPUs.
-    pub fn on_one_device(ordinal: usize, ranks: usize) -> Result<Self> {
-        check_size(ranks)?;
-        let devices = (0..ranks).map(|_| Device::open(ordinal)).collect::<Result<Vec<_>>>()?;
-        let key = PeerTableKey::Backend { backend: B::NAME.into(), devices: vec![ordinal; ranks] };
-        let peers = PeerAccessTable::cached(key, move || {
-            PeerAccessTable::from_fn(ranks, format!("{} one device", B::NAME), |_, _| true)
-        });
-        let units = devices[0].units.max(1) as u32;
-        let max_grid = (units / ranks as u32).clamp(1, DEFAULT_GRID);
-        Ok(Clique { devices, probes: vec![vec![Probe::Local; ranks]; ranks], peers, max_grid })
     }
 
     pub fn len(&self) -> usize {
@@ -317,41 +303,6 @@ impl<B: Backend> Clique<B> {
     pub fn peer_table(&self, allow_unsafe: bool) -> Arc<PeerAccessTable> {
         self.peers.with_target_policy(&self.targets(), allow_unsafe)
     }
-
-    /// Errors unless every ordered pair passed the probe.
-    pub fn require_full_peer_access(&self) -> Result<()> {
-        for (i, row) in self.probes.iter().enumerate() {
-            for (j, p) in row.iter().enumerate() {
-                if !p.works() {
-                    return Err(Error::GpuPeerMissing { from: i, to: j, why: format!("{p:?}") });
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// Waits for every device's stream.
-    pub fn synchronize(&self) -> Result<()> {
-        for d in &self.devices {
-            B::bind(&d.ctx)?;
-            B::synchronize(&d.stream)?;
-        }
-        Ok(())
-    }
-
-    /// A zeroed allocation of `len` bytes on every device that peers may access while
-    /// kernels run ([`Gpu::alloc`]).
-    pub fn alloc(&self, len: usize) -> Result<Vec<B::Buffer>> {
-        self.devices.iter().map(|d| Ok(B::alloc(&d.ctx, len)?)).collect()
-    }
-}
-
-/// Errors unless a clique of `n` devices is one the kernels take.
-fn check_size(n: usize) -> Result<()> {
-    if n == 0 || n > MAX_RANKS {
-        return Err(Error::Gpu(format!("a clique has 1..={MAX_RANKS} devices, not {n}")));
-    }
-    Ok(())
 }
 
 /// Enables `a` → `b` access and checks it: a kernel on `a` writes a value into `b`'s memory
@@ -367,15 +318,10 @@ fn probe_pair<B: Backend>(a: &Device<B>, b: &Device<B>) -> Probe {
         let v: u32 = 0x5eed_0000 | ((a.ordinal as u32) << 8) | b.ordinal as u32;
         let f = a.function("pl_probe")?;
         B::bind(&a.ctx)?;
-        let (mut p0, mut p1, mut p2) = (B::ptr(&remote), v, B::ptr(&back));
-        let mut params = [
-            &mut p0 as *mut u64 as *mut std::ffi::c_void,
-            &mut p1 as *mut u32 as *mut std::ffi::c_void,
-            &mut p2 as *mut u64 as *mut std::ffi::c_void,
-        ];
+        let mut args = args::ProbeArgs { remote: B::ptr(&remote), value: v, back: B::ptr(&back) };
         // SAFETY: pl_probe(u32*, u32, u32*): the parameter list matches, and both buffers live
         // until the stream is synchronised below.
-        unsafe { B::launch(&a.stream, &f, 1, B::PROBE_THREADS, &mut params)? };
+        unsafe { B::launch(&a.stream, &f, 1, B::PROBE_THREADS, &mut args.params())? };
         B::synchronize(&a.stream)?;
         let (mut x, mut y) = ([0u8; 4], [0u8; 4]);
         B::read(&remote, &mut x)?;

@@ -28,33 +28,38 @@ pub enum Unit {
     Spec(Kernel, Dtype, Red),
 }
 
-/// The kernels every reduction specialization has.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Kernel {
-    OneShot,
-    OneShotMany,
-    TwoShot,
-    ReduceScatter,
+/// Declares [`Kernel`], [`Kernel::ALL`] and each kernel's name prefix from one list.
+macro_rules! kernels {
+    ($($(#[$doc:meta])* $k:ident => $prefix:literal,)*) => {
+        /// The kernels every reduction specialization has.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub enum Kernel { $($(#[$doc])* $k),* }
+
+        impl Kernel {
+            pub const ALL: [Kernel; [$(Kernel::$k),*].len()] = [$(Kernel::$k),*];
+
+            /// The kernel's name before the specialization (`pl_two_shot_` + `f32_sum`).
+            fn prefix(self) -> &'static str {
+                match self { $(Kernel::$k => $prefix),* }
+            }
+        }
+    };
+}
+kernels! {
+    OneShot => "pl_one_shot_",
+    OneShotMany => "pl_one_shot_many_",
+    TwoShot => "pl_two_shot_",
+    ReduceScatter => "pl_reduce_scatter_",
     /// The one-shot all-reduce fused with the residual add and RMSNorm after it (f32, bf16,
     /// f16; sum).
-    OneShotNorm,
+    OneShotNorm => "pl_one_shot_norm_",
     /// The one-shot all-reduce through Lamport regions (float types: their sentinel is a NaN).
-    Lamport,
+    Lamport => "pl_lamport_",
     /// [`Kernel::OneShotNorm`] through the Lamport regions.
-    LamportNorm,
+    LamportNorm => "pl_lamport_norm_",
 }
 
 impl Kernel {
-    pub const ALL: [Kernel; 7] = [
-        Kernel::OneShot,
-        Kernel::OneShotMany,
-        Kernel::TwoShot,
-        Kernel::ReduceScatter,
-        Kernel::OneShotNorm,
-        Kernel::Lamport,
-        Kernel::LamportNorm,
-    ];
-
     /// Whether the sources define this kernel for `t` and `r`.
     pub fn defined_for(self, t: Dtype, r: Red) -> bool {
         match self {
@@ -63,19 +68,6 @@ impl Kernel {
             }
             Kernel::Lamport => super::args::red_defined_for(r, t) && t.is_float(),
             _ => super::args::red_defined_for(r, t),
-        }
-    }
-
-    /// The kernel's name before the specialization (`pl_two_shot_` + `f32_sum`).
-    fn prefix(self) -> &'static str {
-        match self {
-            Kernel::OneShot => "pl_one_shot_",
-            Kernel::OneShotMany => "pl_one_shot_many_",
-            Kernel::TwoShot => "pl_two_shot_",
-            Kernel::ReduceScatter => "pl_reduce_scatter_",
-            Kernel::OneShotNorm => "pl_one_shot_norm_",
-            Kernel::Lamport => "pl_lamport_",
-            Kernel::LamportNorm => "pl_lamport_norm_",
         }
     }
 

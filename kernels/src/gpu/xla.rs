@@ -296,11 +296,6 @@ impl<B: XlaBackend> std::fmt::Debug for GpuCall<B> {
     }
 }
 
-/// Calls of executables XLA keeps no state for, by `instance` (kept for the process).
-fn instances<B: XlaBackend>() -> &'static Mutex<HashMap<u64, Arc<Instance<B>>>> {
-    B::state().instances.get_or_init(Default::default)
-}
-
 /// The instance `cfg` runs on: its slot's (a live one of the same key, or a new one of the
 /// slot's size), or one of its own without a slot or where the live slot is too small for it
 /// (only a config from elsewhere: the pass sized the slot for every call), with a warning.
@@ -375,7 +370,7 @@ fn instance<B: XlaBackend>(
             || GpuCall { inst: on_slot(cfg, need(), state.occurrence), plans: [const { OnceLock::new() }; MAX_RANKS] };
         return state.instance.get_or_init(call).inst.clone();
     }
-    let mut map = instances::<B>().lock().unwrap_or_else(PoisonError::into_inner);
+    let mut map = B::state().instances.get_or_init(Default::default).lock().unwrap_or_else(PoisonError::into_inner);
     map.entry(cfg.instance).or_insert_with(|| on_slot(cfg, need(), 0)).clone()
 }
 
@@ -459,17 +454,7 @@ fn all_ranks<'a, B: XlaBackend>(
         return Ok(done);
     }
     let timed_out = |missing: Vec<usize>, how: &str| {
-        err(
-            ErrorCode::DeadlineExceeded,
-            format!(
-                "{} '{}': devices {missing:?} never {how} within {} ms (groups {}, pairs {:?})",
-                cfg.target(),
-                cfg.name,
-                cfg.timeout_ms,
-                thunks::fmt_groups(&cfg.groups),
-                cfg.pairs
-            ),
-        )
+        deadline_error(cfg, format!(": devices {missing:?} never {how} within {} ms", cfg.timeout_ms))
     };
     let local = local_members(cfg, inst, device);
     let deadline = std::time::Instant::now() + std::time::Duration::from_millis(cfg.timeout_ms);
@@ -522,11 +507,6 @@ fn all_ranks<'a, B: XlaBackend>(
     let ctx = &c.devices.get(ordinal).ok_or_else(|| internal(format!("no GPU {ordinal}")))?.ctx;
     let mut mapped = Vec::new();
     for (d, b) in all.iter().filter(|(d, _)| !ranks.contains_key(d)) {
-        let handle = |at: usize| -> [u8; IPC_HANDLE_BYTES] {
-            let mut h = [0u8; IPC_HANDLE_BYTES];
-            h.copy_from_slice(&b[at..at + IPC_HANDLE_BYTES]);
-            h
-        };
         let size = u64::from_le_bytes(b[2 * IPC_HANDLE_BYTES..].try_into().unwrap_or_default());
         if size != inst.staging as u64 {
             return Err(internal(format!(
@@ -534,15 +514,16 @@ fn all_ranks<'a, B: XlaBackend>(
                 cfg.name, inst.staging
             )));
         }
-        let open = |h: [u8; IPC_HANDLE_BYTES]| {
-            B::ipc_open(ctx, &h).map_err(|e| {
+        let open = |at: usize| {
+            let h = b[at..at + IPC_HANDLE_BYTES].try_into().expect("a posted slot holds two handles");
+            B::ipc_open(ctx, h).map_err(|e| {
                 err(
                     ErrorCode::FailedPrecondition,
                     format!("'{}': cannot map device {d}'s buffers from another process: {e}", cfg.name),
                 )
             })
         };
-        let (staging, signals) = (open(handle(0))?, open(handle(IPC_HANDLE_BYTES))?);
+        let (staging, signals) = (open(0)?, open(IPC_HANDLE_BYTES)?);
         addrs.insert(*d, Addr { staging: B::ipc_ptr(&staging), signals: B::ipc_ptr(&signals) });
         mapped.push(staging);
         mapped.push(signals);
@@ -561,19 +542,7 @@ struct Symmetric {
 }
 
 /// The [`CollectiveRuntime`] of vendor `B`'s XLA platform (`B::NAME`: "cuda", "rocm").
-pub struct GpuRuntime<B: XlaBackend>(PhantomData<fn() -> B>);
-
-impl<B: XlaBackend> GpuRuntime<B> {
-    pub const fn new() -> Self {
-        GpuRuntime(PhantomData)
-    }
-}
-
-impl<B: XlaBackend> Default for GpuRuntime<B> {
-    fn default() -> Self {
-        Self::new()
-    }
-}
+pub struct GpuRuntime<B: XlaBackend>(pub(crate) PhantomData<fn() -> B>);
 
 impl<B: XlaBackend> std::fmt::Debug for GpuRuntime<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -708,17 +677,15 @@ fn timed_out_earlier(cfg: &CustomCallConfig, device: usize, missing: u32) -> Han
         let group = cfg.group_of(device).unwrap_or(&[]);
         bits.filter_map(|b| group.get(b).copied()).collect()
     };
-    err(
-        ErrorCode::DeadlineExceeded,
-        format!(
-            "{} '{}' on device {device}: an earlier call timed out after {} ms waiting for devices {members:?} (groups {}, pairs {:?})",
-            cfg.target(),
-            cfg.name,
-            cfg.timeout_ms,
-            thunks::fmt_groups(&cfg.groups),
-            cfg.pairs
-        ),
-    )
+    let ms = cfg.timeout_ms;
+    let what = format!(" on device {device}: an earlier call timed out after {ms} ms waiting for devices {members:?}");
+    deadline_error(cfg, what)
+}
+
+/// A deadline error of call `cfg`: `what` between its name and its groups.
+fn deadline_error(cfg: &CustomCallConfig, what: String) -> HandlerError {
+    let (name, groups, pairs) = (cfg.name.as_str(), thunks::fmt_groups(&cfg.groups), &cfg.pairs);
+    err(ErrorCode::DeadlineExceeded, format!("{} '{name}'{what} (groups {groups}, pairs {pairs:?})", cfg.target()))
 }
 
 /// The call's plan on `device` (GPU `ordinal`): its part allocated and published, every

@@ -74,8 +74,8 @@ impl Reducer {
                     // XLA:CPU sums from the identity +0, so all -0 members give +0.
                     K::Sum => fold_from::<$w, $acc>(m, out, $ld, |a| a + 0.0, |a, b| a + b, $st),
                     K::Prod => fold::<$w, $acc>(m, out, $ld, |a, b| a * b, $st),
-                    K::Min => fold::<$w, $acc>(m, out, $ld, |a, b| min_max(a, b, false), $st),
-                    K::Max => fold::<$w, $acc>(m, out, $ld, |a, b| min_max(a, b, true), $st),
+                    K::Min => fold::<$w, $acc>(m, out, $ld, |a, b| min_max(a, b, false, <$acc>::INFINITY), $st),
+                    K::Max => fold::<$w, $acc>(m, out, $ld, |a, b| min_max(a, b, true, <$acc>::NEG_INFINITY), $st),
                     // Rejected by `Reducer::new`; keep member 0 rather than panic.
                     K::And | K::Or => fold::<$w, $acc>(m, out, $ld, |a, _| a, $st),
                 }
@@ -122,34 +122,13 @@ impl Reducer {
     }
 }
 
-/// A float that min / max can order the way XLA does.
-trait MinMax: Copy + PartialOrd {
-    fn is_nan(self) -> bool;
-    /// -inf for max, +inf for min.
-    fn identity(max: bool) -> Self;
-}
-
-macro_rules! min_max_impl {
-    ($t:ty) => {
-        impl MinMax for $t {
-            fn is_nan(self) -> bool {
-                <$t>::is_nan(self)
-            }
-            fn identity(max: bool) -> Self {
-                if max { <$t>::NEG_INFINITY } else { <$t>::INFINITY }
-            }
-        }
-    };
-}
-min_max_impl!(f32);
-min_max_impl!(f64);
-
 /// XLA:CPU's collective max (`max = true`) / min, one step of the fold over members in group
-/// order. XLA:CPU starts from the identity (-inf for max) and takes a member only when it is
-/// strictly greater: NaN members are skipped (all-NaN gives -inf), and of -0 and +0 the
-/// earlier member stays. Folding from member 0 instead, a NaN there is the identity.
-fn min_max<F: MinMax>(acc: F, x: F, max: bool) -> F {
-    let acc = if acc.is_nan() { F::identity(max) } else { acc };
+/// order. XLA:CPU starts from the identity (-inf for max, +inf for min) and takes a member only
+/// when it is strictly greater: NaN members are skipped (all-NaN gives -inf), and of -0 and +0
+/// the earlier member stays. Folding from member 0 instead, a NaN there is the identity.
+fn min_max<F: PartialOrd + Copy>(acc: F, x: F, max: bool, identity: F) -> F {
+    // NaN, the one float unordered with itself.
+    let acc = if acc.partial_cmp(&acc).is_none() { identity } else { acc };
     if if max { x > acc } else { x < acc } { x } else { acc }
 }
 

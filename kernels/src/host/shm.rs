@@ -133,7 +133,7 @@ fn decision(e: u64, outcome: u64, breaker: usize) -> u64 {
 }
 
 /// Where everything lies in the segment; every process computes the same from the plan.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 struct SegmentLayout {
     /// Per group: the index of its first member in the per-member tables, its two decision
     /// words, and the words of one mask.
@@ -162,16 +162,7 @@ impl SegmentLayout {
     fn new(plan: &Plan, stages: impl Fn(usize) -> bool, per_buffer: usize) -> Option<Self> {
         let per_buffer = per_buffer.max(plan.per_buffer).checked_next_multiple_of(64)?;
         let mut at = HEADER;
-        let mut l = SegmentLayout {
-            base: vec![],
-            decisions: vec![],
-            mask_words: vec![],
-            flags: vec![],
-            masks: vec![],
-            staging: vec![],
-            per_buffer,
-            size: 0,
-        };
+        let mut l = SegmentLayout { per_buffer, ..SegmentLayout::default() };
         for members in &plan.group_members {
             l.base.push(l.flags.len());
             l.decisions.push(take(&mut at, 16)?);
@@ -228,7 +219,7 @@ impl Segment {
                     seg.attached = true;
                     if last {
                         // Everyone has it mapped: the name has served its purpose.
-                        seg.unlink();
+                        unlink(&seg.name);
                     }
                     return Ok(seg);
                 }
@@ -292,7 +283,7 @@ impl Segment {
             (H_SIZE, want, "size"),
             (H_FINGERPRINT, fingerprint, "plan fingerprint"),
         ] {
-            match seg.word(at).compare_exchange(0, value, Ordering::AcqRel, Ordering::Acquire) {
+            match seg.region.word(at).compare_exchange(0, value, Ordering::AcqRel, Ordering::Acquire) {
                 Ok(_) => {}
                 Err(v) if v == value => {}
                 Err(v) => {
@@ -307,17 +298,10 @@ impl Segment {
 
     /// Counts this process in, unless the segment is closed.
     fn join(&self) -> Join {
-        let word = self.word(H_ATTACHED);
-        let mut v = word.load(Ordering::Acquire);
-        loop {
-            if v & CLOSED != 0 {
-                return Join::Closed;
-            }
-            match word.compare_exchange(v, v + ATTACHED + LIVE, Ordering::AcqRel, Ordering::Acquire) {
-                Ok(_) => break,
-                Err(now) => v = now,
-            }
-        }
+        let join = |v: u64| (v & CLOSED == 0).then(|| v + ATTACHED + LIVE);
+        let Ok(v) = self.region.word(H_ATTACHED).fetch_update(Ordering::AcqRel, Ordering::Acquire, join) else {
+            return Join::Closed;
+        };
         let attached = (v & COUNT) + 1;
         if attached > self.participants {
             log::warn!("shared segment {}: {attached} attachments for {} processes", self.name, self.participants);
@@ -328,34 +312,13 @@ impl Segment {
     /// Counts this process out; `true`: it was the last, some participant never came, and
     /// it closed the segment (then it unlinks the name).
     fn leave(&self) -> bool {
-        let word = self.word(H_ATTACHED);
-        let mut v = word.load(Ordering::Acquire);
-        loop {
-            if (v / LIVE) & COUNT == 0 {
-                return false;
-            }
-            let mut next = v - LIVE;
-            let close = (next / LIVE) & COUNT == 0 && next & COUNT < self.participants;
-            if close {
-                next |= CLOSED;
-            }
-            match word.compare_exchange(v, next, Ordering::AcqRel, Ordering::Acquire) {
-                Ok(_) => return close,
-                Err(now) => v = now,
-            }
-        }
-    }
-
-    fn word(&self, at: usize) -> &AtomicU64 {
-        self.region.word(at)
-    }
-
-    fn read(&self, at: usize, len: usize) -> &[u8] {
-        self.region.read(at, len)
-    }
-
-    fn unlink(&self) {
-        unlink(&self.name);
+        let mut close = false;
+        let leave = |v: u64| {
+            let next = ((v / LIVE) & COUNT != 0).then(|| v - LIVE)?;
+            close = (next / LIVE) & COUNT == 0 && next & COUNT < self.participants;
+            Some(if close { next | CLOSED } else { next })
+        };
+        self.region.word(H_ATTACHED).fetch_update(Ordering::AcqRel, Ordering::Acquire, leave).is_ok() && close
     }
 }
 
@@ -374,7 +337,7 @@ impl Drop for Segment {
         // missing) must not take the name from a slow one that still has peers to meet.
         // Closing first makes a process that opened the name meanwhile look for a fresh one.
         if self.attached && self.leave() {
-            self.unlink();
+            unlink(&self.name);
         }
         // SAFETY: the mapping made in `attach`, unmapped once; no borrow of it outlives
         // `self` (every accessor borrows `self`).
@@ -424,14 +387,14 @@ pub fn exchange(
             return Err(Error::Segment(format!("{} bytes posted for a slot of {slot}", bytes.len())));
         }
         seg.region.write(off + 64, slot).copy_from_slice(bytes);
-        seg.word(off).store(1, Ordering::Release);
+        seg.region.word(off).store(1, Ordering::Release);
     }
     let deadline = Instant::now() + timeout;
-    let ready = |d: usize| at(d).is_some_and(|off| seg.word(off).load(Ordering::Acquire) == 1);
+    let ready = |d: usize| at(d).is_some_and(|off| seg.region.word(off).load(Ordering::Acquire) == 1);
     if !poll(deadline, || devices.iter().all(|&d| ready(d))) {
         return Err(Error::ExchangeMissing { devices: devices.iter().copied().filter(|&d| !ready(d)).collect() });
     }
-    Ok(devices.iter().enumerate().map(|(i, &d)| (d, seg.read(HEADER + i * per + 64, slot).to_vec())).collect())
+    Ok(devices.iter().enumerate().map(|(i, &d)| (d, seg.region.read(HEADER + i * per + 64, slot).to_vec())).collect())
 }
 
 /// A segment, mapped once by this process, and its layout: what one collective, or a slot
@@ -645,11 +608,11 @@ impl Place for ShmPlace<'_> {
             Word::Posted => F_POSTED,
             Word::Consumed => F_CONSUMED,
         };
-        self.seg.word(self.layout.flags[self.member(gi, k)] + at)
+        self.seg.region.word(self.layout.flags[self.member(gi, k)] + at)
     }
 
     fn staged(&self, gi: usize, k: usize, par: usize, at: usize, len: usize) -> &[u8] {
-        self.seg.read(self.buffer(self.member(gi, k), par) + at, len)
+        self.seg.region.read(self.buffer(self.member(gi, k), par) + at, len)
     }
 
     fn stage(&self, gi: usize, k: usize, par: usize, at: usize, len: usize) -> &mut [u8] {
@@ -659,7 +622,7 @@ impl Place for ShmPlace<'_> {
     /// Module docs: one compare-and-swap of the group's decision word decides the epoch.
     fn barrier(&self, plan: &Plan, gi: usize, idx: usize, _p: usize, e: u64, deadline: Option<Instant>) -> Result<()> {
         let deadline = deadline.expect("only the in-place two-shot waits unbounded");
-        let (seg, layout) = (self.seg, self.layout);
+        let (seg, layout) = (&self.seg.region, self.layout);
         let members = &plan.group_members[gi];
         let (g, base, words) = (members.len(), layout.base[gi], layout.mask_words[gi]);
         let par = (e % 2) as usize;
@@ -725,7 +688,7 @@ impl Place for ShmPlace<'_> {
     /// Unlinks the name: a peer that never attached must not find it later and leave it
     /// behind.
     fn timing_out(&self) {
-        self.seg.unlink();
+        unlink(&self.seg.name);
     }
 }
 

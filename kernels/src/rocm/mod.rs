@@ -33,19 +33,6 @@ pub use crate::gpu::{Algo, Dtype, MAX_RANKS, Probe, Red, SOURCES, THREADS};
 /// The ROCm clique: local AMD GPUs with streams and the kernel modules.
 pub type Clique = gpu::Clique<Hip>;
 
-/// Compiles every kernel source that is a translation unit (not headers) with hipRTC for
-/// `arch` (`gfx90a`, or a device's full `gcnArchName`) with warnings as errors: CI's compile
-/// check of the HIP kernels (`kernels/tests/rocm_hiprtc.rs`, gfx90a, no GPU). The device layer
-/// compiles one unit at a time, without `-Werror`.
-pub fn compile_sources(arch: &str) -> Result<Vec<(String, Vec<u8>)>> {
-    let (units, headers) = gpu::translation_units();
-    let mut v = Vec::new();
-    for (name, src) in units {
-        v.push((name.to_string(), ffi::hiprtc::compile_with(name, &src, &headers, arch, &["-Werror"])?));
-    }
-    Ok(v)
-}
-
 /// Number of HIP devices visible (error if the HIP runtime cannot be loaded).
 pub fn device_count() -> Result<usize> {
     Ok(ffi::hip::device_count()?)

@@ -17,4 +17,4 @@ impl XlaBackend for Hip {
 pub type RocmRuntime = GpuRuntime<Hip>;
 /// The runtime as a value, spelled as a unit struct's (`static ROCM: RocmRuntime = RocmRuntime;`).
 #[allow(non_upper_case_globals)]
-pub const RocmRuntime: RocmRuntime = GpuRuntime::new();
+pub const RocmRuntime: RocmRuntime = GpuRuntime(std::marker::PhantomData);

@@ -4,10 +4,66 @@
 #![allow(dead_code)] // each test binary uses some of them
 
 use kernels::gpu::args::{GatherArgs, Norm, NormArgs, NormArray, Ptrs, ReduceArgs, Status};
-use kernels::gpu::{Algo, BLOCKS, Backend, Clique, Dtype, Kernel, Red, SIGNAL_BYTES, THREADS};
+use kernels::gpu::{
+    Algo, BLOCKS, Backend, Clique, DEFAULT_GRID, Device, Dtype, Kernel, Probe, Red, SIGNAL_BYTES, THREADS,
+};
 use kernels::gpu::{grid, lamport_bytes, lamport_init, norm_grid};
 use kernels::{Error, Result};
 use thunks::custom_call::Epilogue;
+
+/// What the raw-buffer tests do with a clique beside the runtime's own use of it.
+pub trait CliqueExt<B: Backend> {
+    /// Errors unless every ordered pair passed the probe.
+    fn require_full_peer_access(&self) -> Result<()>;
+    /// Waits for every device's stream.
+    fn synchronize(&self) -> Result<()>;
+    /// A zeroed allocation of `len` bytes on every device that peers may access while
+    /// kernels run (`Gpu::alloc`).
+    fn alloc(&self, len: usize) -> Result<Vec<B::Buffer>>;
+}
+
+impl<B: Backend> CliqueExt<B> for Clique<B> {
+    fn require_full_peer_access(&self) -> Result<()> {
+        for (i, row) in self.probes.iter().enumerate() {
+            for (j, p) in row.iter().enumerate() {
+                if !p.works() {
+                    return Err(Error::Gpu(format!("peer access {i}→{j} is missing: {p:?}")));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        for d in &self.devices {
+            B::bind(&d.ctx)?;
+            B::synchronize(&d.stream)?;
+        }
+        Ok(())
+    }
+
+    fn alloc(&self, len: usize) -> Result<Vec<B::Buffer>> {
+        self.devices.iter().map(|d| Ok(B::alloc(&d.ctx, len)?)).collect()
+    }
+}
+
+/// `ranks` members on one GPU, each with a stream of its own: the kernels' protocols
+/// exercised on a machine with a single GPU (`PEERLESS_TEST_RANKS_ON_ONE_GPU`). Every
+/// member's kernels must be resident at once, so keep grids small; it says nothing of links
+/// between GPUs.
+pub fn on_one_device<B: Backend>(ordinal: usize, ranks: usize) -> Result<Clique<B>> {
+    if ranks == 0 || ranks > kernels::gpu::MAX_RANKS {
+        return Err(Error::Gpu(format!("a clique has 1..={} devices, not {ranks}", kernels::gpu::MAX_RANKS)));
+    }
+    let devices = (0..ranks).map(|_| Device::open(ordinal)).collect::<Result<Vec<_>>>()?;
+    let key = thunks::PeerTableKey::Backend { backend: B::NAME.into(), devices: vec![ordinal; ranks] };
+    let peers = thunks::PeerAccessTable::cached(key, move || {
+        thunks::PeerAccessTable::from_fn(ranks, format!("{} one device", B::NAME), |_, _| true)
+    });
+    let units = devices[0].units.max(1) as u32;
+    let max_grid = (units / ranks as u32).clamp(1, DEFAULT_GRID);
+    Ok(Clique { devices, probes: vec![vec![Probe::Local; ranks]; ranks], peers, max_grid })
+}
 
 /// How long these launchers' kernels wait for a peer before reporting it missing.
 const TIMEOUT_NS: u64 = 30_000_000_000;

@@ -93,7 +93,7 @@ fn a_closed_segment_is_not_joined() {
     let mut c0 = new(0).unwrap();
     let seg = std::sync::Arc::get_mut(&mut c0.slot).unwrap().segment.as_mut().unwrap();
     // As process 0's `leave` would: count it out and close, but keep the name a while.
-    seg.word(H_ATTACHED).fetch_add(CLOSED - LIVE, Ordering::AcqRel);
+    seg.region.word(H_ATTACHED).fetch_add(CLOSED - LIVE, Ordering::AcqRel);
     seg.attached = false;
     let unlinker = thread::spawn({
         let name = seg.name.clone();
@@ -106,7 +106,7 @@ fn a_closed_segment_is_not_joined() {
     let c1 = new(1).unwrap();
     assert!(start.elapsed() >= Duration::from_millis(90), "{:?}", start.elapsed());
     unlinker.join().unwrap();
-    let fresh = c1.slot.segment.as_ref().unwrap().word(H_ATTACHED).load(Ordering::Acquire);
+    let fresh = c1.slot.segment.as_ref().unwrap().region.word(H_ATTACHED).load(Ordering::Acquire);
     assert_eq!(fresh, ATTACHED + LIVE, "process 1 alone in a fresh segment");
     drop(c0);
     assert_eq!(leftovers(&job).len(), 1, "process 1 waits for process 0 to come again");

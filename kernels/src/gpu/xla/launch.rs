@@ -102,12 +102,7 @@ impl<B: XlaBackend> Plan<B> {
     /// Works out `x`'s call on its device: loads (prebuilt, cached or compiled) and resolves
     /// every kernel it launches, and checks its operands.
     pub(super) fn new(x: &Frame<'_, B>) -> Result<Plan<B>, HandlerError> {
-        let own = x
-            .done
-            .ranks
-            .get(&x.device)
-            .cloned()
-            .ok_or_else(|| internal(format!("'{}': no state for device {}", x.cfg.name, x.device)))?;
+        let own = x.done.ranks.get(&x.device).cloned().ok_or_else(|| no_state(x.cfg, x.device))?;
         let mut b = Builder { x, own, names: Vec::new(), funcs: Vec::new(), steps: Vec::new() };
         let cfg = x.cfg;
         if cfg.kind == Kind::CollectivePermute {
@@ -233,12 +228,7 @@ impl<B: XlaBackend> Builder<'_, B> {
 
     /// Member `d`'s staging and signals, as this process addresses them.
     fn addr(&self, d: usize) -> Result<Addr, HandlerError> {
-        self.x
-            .done
-            .addrs
-            .get(&d)
-            .copied()
-            .ok_or_else(|| internal(format!("'{}': no state for device {d}", self.x.cfg.name)))
+        self.x.done.addrs.get(&d).copied().ok_or_else(|| no_state(self.x.cfg, d))
     }
 
     fn flags(&self, d: usize) -> Result<u64, HandlerError> {
@@ -420,14 +410,12 @@ impl<B: XlaBackend> Builder<'_, B> {
         }
         let mut sig = Sig::default();
         let mut wait = Wait::default();
-        for (j, &m) in group.iter().enumerate() {
-            if j != idx {
-                sig.base[sig.n as usize] = self.flags(m)?;
-                sig.slot[sig.n as usize] = idx as u64;
-                sig.n += 1;
-                wait.slot[wait.n as usize] = j as u64;
-                wait.n += 1;
-            }
+        for (j, &m) in group.iter().enumerate().filter(|&(j, _)| j != idx) {
+            sig.base[sig.n as usize] = self.flags(m)?;
+            sig.slot[sig.n as usize] = idx as u64;
+            sig.n += 1;
+            wait.slot[wait.n as usize] = j as u64;
+            wait.n += 1;
         }
         let mut x = Xchg {
             counter: B::ptr(&self.own.signals),
@@ -562,6 +550,11 @@ fn block_row(n: usize, inner: usize, g: usize) -> Result<u64, HandlerError> {
         return Err(err(ErrorCode::InvalidArgument, format!("dimension of {n} does not split into {g}")));
     }
     Ok((n / g * inner) as u64)
+}
+
+/// The error for member `d` of call `cfg` whose part is unknown.
+fn no_state(cfg: &CustomCallConfig, d: usize) -> HandlerError {
+    internal(format!("'{}': no state for device {d}", cfg.name))
 }
 
 /// The call's reduction.

@@ -67,7 +67,7 @@ pub struct BenchArgs {
     plot: Option<PathBuf>,
 }
 
-/// `auto` counts as keeping up where it is within this factor of the fastest (issue 27).
+/// `auto` counts as keeping up where it is within this factor of the fastest.
 const AUTO_BOUND: f64 = 1.1;
 
 pub fn run(args: &BenchArgs) -> Result<(), String> {

@@ -97,7 +97,7 @@ pub struct Flags {
 /// Default of `--xla_async_above_bytes`: 2× H200, 2026-11-23 — a data-parallel train step
 /// whose 2 MiB gradient all-reduce ran on a Peerless kernel in order took 403 µs against XLA's
 /// 252 µs, while latency-bound all-reduces of ≤ 256 KiB (a tensor-parallel decode layer) gain
-/// 1.5× in order. `--overlap_above_bytes` is off by default (issue 46): on 4× H200, 2026-11-28,
+/// 1.5× in order. `--overlap_above_bytes` is off by default: on 4× H200, 2026-11-28,
 /// realistic training steps (403M parameters, DP and FSDP) ran 0.83× and 0.72× stock with calls
 /// above 256 KiB beside compute (the kernels compete with the GEMMs and trail NCCL from 16 MiB
 /// up), 1.00× and 1.01× without; the project's small DP step gained 1.15–1.70× with them.

@@ -1,4 +1,4 @@
-//! The fused all-reduce epilogue on the host (issue 35 item 3): the residual add and RMSNorm
+//! The fused all-reduce epilogue on the host: the residual add and RMSNorm
 //! a call's [`Epilogue`] describes, applied to the all-reduce's result row by row. The CPU
 //! handlers run it after the host protocol; the GPU kernel tests use it as their reference.
 

@@ -14,7 +14,7 @@
 //! order (XLA runs one SPMD program per device); a device that never arrives makes its
 //! peers fail with a timeout error naming the collective, the group and the missing ranks.
 //!
-//! Shared staging (issue 25): a call whose config names a `slot` runs on the
+//! Shared staging: a call whose config names a `slot` runs on the
 //! [`DirectSlot`] of (slot, occurrence, groups, pairs) instead of staging of its own. The
 //! pass gives one slot only to collectives every device runs in one order (a chain of data
 //! dependencies in one computation, same groups), so a slot's calls are what the protocols

@@ -1,4 +1,4 @@
-//! `libpeerless_pjrt.so` as a wrapper of XLA's own PJRT plugin (issue 14, first slice).
+//! `libpeerless_pjrt.so` as a wrapper of XLA's own PJRT plugin.
 //!
 //! With `PEERLESS_XLA_PLUGIN=/path/to/xla_plugin.so` set, `GetPjrtApi` loads that plugin,
 //! registers Peerless's typed-FFI handlers in its FFI registry (process-global inside the
@@ -12,7 +12,7 @@
 //! Without the variable the library looks for XLA's plugin where the Python package finds
 //! it: beside its own file in an installed `jax_plugins/peerless/` (the jax-cuda13/12-pjrt
 //! plugin where a GPU is usable, else the CPU plugin of `lammps-jax-pjrt-cpu` in the same
-//! site-packages). XLA is the only runtime (issue 26 retired the standalone platform): with no
+//! site-packages). XLA is the only runtime (the standalone platform is retired): with no
 //! plugin to wrap, or one that cannot be loaded, `GetPjrtApi` still returns a complete table
 //! (no slot is null) whose every entry point, `PJRT_Client_Create` first, fails with
 //! [`load_error`]'s message, naming what to install.

@@ -172,7 +172,7 @@ pub enum Mean {
     Divide(u32),
 }
 
-/// A residual add and RMSNorm fused after a sum all-reduce (issue 35 item 3), exactly as
+/// A residual add and RMSNorm fused after a sum all-reduce, exactly as
 /// the pass matched them after partitioning. The call's operands are the all-reduce's
 /// operand `a`, the residual `x` and, with `gamma`, the scale `g` (f32 or a type converted
 /// to f32); its results `h` and `y`, rows along the minor-most dimension. In f32:

@@ -1,4 +1,4 @@
-//! The all-reduce epilogue the pass fuses (issue 35 item 3): a sum all-reduce followed by the
+//! The all-reduce epilogue the pass fuses: a sum all-reduce followed by the
 //! residual add and RMSNorm of a tensor-parallel transformer layer,
 //!
 //! ```text

@@ -349,7 +349,7 @@ pub(super) fn dependencies(module: &[u8], wanted: &[&str]) -> Result<Deps, PassE
     Ok(deps)
 }
 
-/// Shared staging (issue 25): gives each rewritten collective in one process a staging
+/// Shared staging: gives each rewritten collective in one process a staging
 /// `slot`, shared with the collectives every device is sure to run before or after it, never
 /// at the same time.
 ///

@@ -10,7 +10,7 @@
 //! - The process's GPUs are opened once ([`Clique`]: primary contexts, the kernel module,
 //!   peer access enabled and probed per pair): XLA uses the same primary contexts.
 //! - Symmetric staging and signal flags on every device of a group ([`Instance`]) belong to
-//!   a staging *slot* (issue 25): the pass gives one slot to the collectives of an executable
+//!   a staging *slot*: the pass gives one slot to the collectives of an executable
 //!   that every device runs one after another on its stream (same computation, same groups,
 //!   a chain of data dependencies; `emitter::xla_pass`'s slot rule), so a program of N
 //!   collectives holds its slots' staging, not N collectives' (a call without a slot keeps

@@ -175,7 +175,7 @@ fn fold_from<const W: usize, A: Copy>(
     // Blocks of BLOCK elements, member by member within a block: each element still folds
     // member 0, 1, ... in order (the same results bit for bit), but the inner loop walks one
     // member's bytes contiguously, which the compiler vectorizes, where element-major order
-    // strode across every member per element (issue 27: the host all-reduces spent most of
+    // strode across every member per element (the host all-reduces spent most of
     // their time here at 64 KiB and up).
     const BLOCK: usize = 512;
     let word = |c: &[u8]| -> [u8; W] {

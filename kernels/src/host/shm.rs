@@ -13,7 +13,7 @@
 //!
 //! Named `/peerless-{job}-{instance:016x}`: the job's unguessable token (hex, from its
 //! distributed KV store) and a per-collective key every process derives identically
-//! ([`ShmKey`]). Collectives of one pass-assigned slot (issue 25: same groups or pairs,
+//! ([`ShmKey`]). Collectives of one pass-assigned slot (same groups or pairs,
 //! chained by data dependencies, so every member runs them in one order) share one segment
 //! ([`ShmCollective::on_slot`]), keyed by the slot and mapped once per process, with staging
 //! buffers of the slot's size; the argument below is about the sequence of calls on a
@@ -398,7 +398,7 @@ pub fn exchange(
 }
 
 /// A segment, mapped once by this process, and its layout: what one collective, or a slot
-/// of collectives that every member runs in one order (issue 25, `direct.rs`'s argument),
+/// of collectives that every member runs in one order (`direct.rs`'s argument),
 /// meets in across processes.
 struct ShmSlot {
     segment_name: String,

@@ -213,6 +213,7 @@ def part_multiprocess(summary: dict) -> bool:
         print(f"NOT RUN: one process per device needs at least 2 devices; this machine has {ndev}")
         summary["multiprocess"] = f"not run: {ndev} devices"
         return False
+    ok = True
     print("µs per call in process 0: least-most of 5 interleaved rounds of 20; x: XLA's least / Peerless's least")
     print(f"{'procs':>5s} {'devices by':22s} {'program':14s} {'same':>5s} {'peerless':>8s} "
           f"{'XLA µs':>13s} {'Peerless µs':>13s} {'x':>5s}")
@@ -255,7 +256,6 @@ def part_multiprocess(summary: dict) -> bool:
         print(f"  stats of process 0: {reps[0].get('stats')}; enabled: {reps[0].get('enabled')}")
         for d in reps[0].get("fallbacks", []):
             print(f"  left to XLA: {d['op']} {d['instruction']}: {d['reason'][:200]}")
-    ok = True
     # The fault: the last process never arrives; the others time out naming it.
     nproc = sizes[-1]
     port = free_port()

@@ -60,14 +60,9 @@ fn every_workspace_crate_has_a_bazel_target() {
     let build = std::fs::read_to_string(root.join("BUILD.bazel")).expect("read BUILD.bazel");
     let roots = quoted_values(&build, "crate_root");
     for member in workspace_members(&root) {
-        // The library's root: `[lib] path` where the crate names one (hlo-tests' harness).
         let manifest =
             std::fs::read_to_string(root.join(&member).join("Cargo.toml")).expect("read a member's Cargo.toml");
-        let lib_path = manifest.split("[lib]").nth(1).and_then(|lib| {
-            let section = lib.split("\n[").next().unwrap_or(lib);
-            quoted_values(section, "path").into_iter().next()
-        });
-        let lib = format!("{member}/{}", lib_path.as_deref().unwrap_or("src/lib.rs"));
+        let lib = format!("{member}/{}", hlo_tests::lib_root(&manifest));
         let main = format!("{member}/src/main.rs");
         let named = roots.iter().any(|r| *r == lib || *r == main);
         assert!(named, "workspace crate {member} has no BUILD.bazel target (crate_root {lib} or {main})");

@@ -133,12 +133,7 @@ fn every_declared_dependency_is_used() {
         // build script for build-dependencies.
         // A library whose `[lib] path` is outside src/ (hlo-tests' harness, under tests/) counts as main.
         let manifest = std::fs::read_to_string(root().join(dir).join("Cargo.toml")).unwrap();
-        let lib = manifest.split("[lib]").nth(1).and_then(|t| {
-            let t = t.split("\n[").next()?;
-            let path = t.lines().find_map(|l| l.trim().strip_prefix("path = "))?;
-            Some(path.trim_matches('"').to_owned())
-        });
-        let main = text_of(dir, &["src", "build.rs", lib.as_deref().unwrap_or("src")]);
+        let main = text_of(dir, &["src", "build.rs", &hlo_tests::lib_root(&manifest)]);
         let dev = main.clone() + &text_of(dir, &["tests", "examples", "benches"]);
         let build = text_of(dir, &["build.rs"]);
         for (section, text) in

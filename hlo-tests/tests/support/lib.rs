@@ -18,6 +18,14 @@ pub fn suite_dir() -> PathBuf {
     }
 }
 
+/// The library root a crate's Cargo.toml names (`[lib] path`), or `src/lib.rs` where it names
+/// none; relative to the crate (the workspace's tidy and architecture tests read it).
+pub fn lib_root(manifest: &str) -> String {
+    let section = manifest.split("[lib]").nth(1).map(|t| t.split("\n[").next().unwrap_or(t));
+    let path = section.and_then(|t| t.lines().find_map(|l| l.trim().strip_prefix("path = ")));
+    path.map_or_else(|| "src/lib.rs".to_owned(), |p| p.trim_matches('"').to_owned())
+}
+
 pub fn cases_dir() -> PathBuf {
     suite_dir().join("cases")
 }

@@ -18,7 +18,7 @@ if [ -n "$targets" ]; then
 fi
 cargo build --release --locked -p peerless-cli -p peerless-pjrt
 cp "$target/release/peerless" "$target/release/libpeerless_pjrt.so" "$BIN/"
-for t in cuda_collectives; do
+for t in cuda_collectives cuda_copy_engines; do
   exe=$(cargo test --release --locked -p peerless-kernels --test "$t" --no-run --message-format=json 2>/dev/null |
     python3 -c "import json,sys
 for l in sys.stdin:

@@ -21,9 +21,9 @@ pub struct BenchArgs {
     /// Smallest operand per device, bytes.
     #[arg(long, default_value_t = 1024)]
     min_bytes: usize,
-    /// Largest operand per device, bytes.
-    #[arg(long, default_value_t = 1 << 30)]
-    max_bytes: usize,
+    /// Largest operand per device, bytes (default 1 GiB; 64 MiB with --members-on-one-gpu).
+    #[arg(long)]
+    max_bytes: Option<usize>,
     /// Size step factor.
     #[arg(long, default_value_t = 4)]
     step: usize,
@@ -51,7 +51,8 @@ pub struct BenchArgs {
     )]
     ops: Vec<String>,
     /// Implementations: peerless (the pass without a tuning profile), auto (with the active
-    /// profile), one-shot / two-shot (all-reduce forced onto that kernel), xla, xla-kernels.
+    /// profile), one-shot / two-shot (all-reduce forced onto that kernel), xla, xla-kernels,
+    /// copy-engines (all-gather, all-to-all and permute on the copy engines; CUDA).
     #[arg(long, value_delimiter = ',', default_value = "peerless,auto,xla,xla-kernels")]
     impls: Vec<String>,
     /// Emitter flags for the Peerless rows (e.g. `--one_shot_max_bytes=4194304`).
@@ -65,17 +66,34 @@ pub struct BenchArgs {
     /// "jax-peerless[plot]"`; PEERLESS_PYTHON names another Python).
     #[arg(long, value_name = "PNG")]
     plot: Option<PathBuf>,
+    /// Without XLA, on GPU 0 alone: N members sharing it, each with a stream of its own,
+    /// through the handlers' own plans. Checks every all-gather, all-to-all and permute form
+    /// (both algorithms: the copy engines and today's kernels, every element type, eagerly
+    /// and replayed from CUDA graphs) against a host reference, then times them.
+    #[arg(long, value_name = "N")]
+    members_on_one_gpu: Option<usize>,
+    /// With --members-on-one-gpu: also time a bf16 GEMM (8192³, cuBLAS) beside each form's
+    /// largest size and print the share of its speed alone it keeps. The kernels then get
+    /// --async_blocks blocks (32) split among the members, as a call beside compute would.
+    #[arg(long)]
+    beside_gemm: bool,
+    /// With --members-on-one-gpu: graph replays per form and algorithm in the check.
+    #[arg(long, default_value_t = 20)]
+    graph_replays: usize,
 }
 
 /// `auto` counts as keeping up where it is within this factor of the fastest.
 const AUTO_BOUND: f64 = 1.1;
 
 pub fn run(args: &BenchArgs) -> Result<(), String> {
+    if let Some(n) = args.members_on_one_gpu {
+        return one_gpu(args, n);
+    }
     let opts = Options {
         plugin: args.xla_plugin.clone(),
         devices: args.devices,
         min_bytes: args.min_bytes,
-        max_bytes: args.max_bytes,
+        max_bytes: args.max_bytes.unwrap_or(1 << 30),
         step: args.step,
         samples: args.samples,
         iters: args.iters,
@@ -166,6 +184,57 @@ pub fn run(args: &BenchArgs) -> Result<(), String> {
     if failed > 0 {
         return Err(format!("{failed} of {} rows failed (see the table)", report.rows.len()));
     }
+    Ok(())
+}
+
+/// `--members-on-one-gpu N`: the check, then the timings, as tables.
+fn one_gpu(args: &BenchArgs, n: usize) -> Result<(), String> {
+    use kernels::cuda::one_gpu::{self, Form, TimeOptions};
+    let mut say = |line: &str| eprintln!("{line}");
+    // `--impls copy-engines`: those alone (a profiler then must see no kernel at all).
+    let ce_only = args.impls.iter().all(|i| i == "copy-engines");
+    let checked = one_gpu::check(n, args.graph_replays, ce_only, &mut say).map_err(|e| format!("check: {e}"))?;
+    if checked.ce_launches != 0 {
+        return Err(format!("check: the copy-engine forms launched {} kernels", checked.ce_launches));
+    }
+    for e in one_gpu::check_missing_member(n).map_err(|e| format!("check: {e}"))? {
+        say(&format!("missing member: {e}"));
+    }
+    let mut sizes = Vec::new();
+    let mut b = args.min_bytes.max(4 * n * n);
+    while b <= args.max_bytes.unwrap_or(64 << 20) {
+        sizes.push(b);
+        b = b.saturating_mul(args.step.max(2));
+    }
+    let async_blocks = emitter::flags::DEFAULT_ASYNC_BLOCKS;
+    let opts = TimeOptions {
+        members: n,
+        sizes,
+        forms: vec![Form::AllGather(0), Form::AllToAll(0), Form::Ring],
+        rounds: args.samples.clamp(1, 20),
+        beside_gemm: args.beside_gemm,
+        blocks: if args.beside_gemm { (async_blocks / n as u32).max(1) } else { 0 },
+        ce_only,
+    };
+    let rows = one_gpu::time(&opts, &mut say).map_err(|e| format!("bench: {e}"))?;
+    let mut t = String::new();
+    let _ = writeln!(
+        t,
+        "# {n} members on GPU 0 (one stream each): {} combinations and {} graph replays equal to the host reference",
+        checked.eager, checked.replays
+    );
+    let _ = writeln!(t, "# µs: every member's call on the one GPU, min / median / max of {} rounds", opts.rounds);
+    let _ = writeln!(t, "| form | algorithm | bytes/member | kernels/call | µs/call | GEMM keeps |");
+    let _ = writeln!(t, "|---|---|---:|---:|---|---|");
+    for r in &rows {
+        let kept = r.gemm_kept.map_or_else(|| "—".into(), |k| format!("{:.3} ({:.3}–{:.3})", k[1], k[0], k[2]));
+        let _ = writeln!(
+            t,
+            "| {} | {} | {} | {} | {:.1} ({:.1}–{:.1}) | {kept} |",
+            r.form, r.algorithm, r.bytes, r.launches, r.us[1], r.us[0], r.us[2]
+        );
+    }
+    print!("{t}");
     Ok(())
 }
 

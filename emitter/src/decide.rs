@@ -23,7 +23,11 @@
 //!    (all-reduce: one-shot, two-shot up to `two_shot_max_bytes`) at this kind, dtype class,
 //!    group size and size; the reason cites the profile and its figures. Without one:
 //!    all-reduce one-shot up to `one_shot_max_bytes`, two-shot up to `two_shot_max_bytes`,
-//!    fallback above; other ops use direct kernels at any size. A call beside compute
+//!    fallback above; other ops use direct kernels at any size. All-gather, all-to-all and
+//!    permute run on the copy engines (platforms with [`Capabilities::copy_engines`]) from
+//!    `--copy_engines=N` bytes, before the profile; with `--copy_engines=auto` the profile
+//!    chooses among XLA, the direct kernel and the copy engines. A copy-engine call across
+//!    processes (rule 9) runs the direct kernel instead. A call beside compute
 //!    (above `overlap_above_bytes`, or inside JAX's async pair) is decided without the
 //!    profile and two-shot's limit: both measure a collective run alone.
 //! 8. groups in which no device meets another (on device ids) → fallback: XLA makes them a
@@ -41,12 +45,12 @@
 use hlo::analysis::{self, ReductionKind};
 use hlo::{InstrId, Instruction, Module, Opcode, PrimitiveType};
 use thunks::custom_call::{CustomCallConfig, target_name};
-use thunks::flag::{ONE_SHOT_MAX_BYTES, OVERLAP_ABOVE_BYTES, TWO_SHOT_MAX_BYTES, XLA_ASYNC_ABOVE_BYTES};
+use thunks::flag::{COPY_ENGINES, ONE_SHOT_MAX_BYTES, OVERLAP_ABOVE_BYTES, TWO_SHOT_MAX_BYTES, XLA_ASYNC_ABOVE_BYTES};
 use thunks::{
     CollectiveConfig, CollectiveKind, CollectiveOp, Decision, Implementation, KernelAlgorithm, fmt_groups, fmt_pairs,
 };
 
-use crate::flags::{Backend, Flags};
+use crate::flags::{Backend, CopyEngines, Flags};
 use crate::peers::PeerAccessTable;
 use crate::tuning::Tuning;
 use crate::xla_pass::{
@@ -162,6 +166,9 @@ pub struct Capabilities {
     /// XLA runs a call whose `GpuBackendConfig` names an `operation_queue_id` other than 0
     /// asynchronously on another stream (XLA:GPU's `StreamAttributeAsyncWrapper`).
     pub async_queue: bool,
+    /// The handlers move all-gather, all-to-all and collective-permute on the copy engines
+    /// (`--copy_engines`; CUDA).
+    pub copy_engines: bool,
 }
 
 /// Rules 2–7 for a collective whose backend flag allows a kernel.
@@ -200,6 +207,18 @@ fn rules(
         );
     }
     let red = cfg.reduction.map(|r: ReductionKind| format!(" {r}")).unwrap_or_default();
+    // 7's copy-engine forms: the flag's size, or (auto) rows of the profile.
+    let bytes = cfg.bytes_per_device;
+    let copy_engine = KernelAlgorithm::copy_engine_for(op.kind).filter(|_| caps.copy_engines);
+    let ce_forced = copy_engine.filter(|_| matches!(flags.copy_engines, CopyEngines::From(n) if bytes >= n));
+    let ce_why = |a: KernelAlgorithm| match flags.copy_engines {
+        CopyEngines::From(n) => format!("{bytes} bytes >= {COPY_ENGINES}={n}: {a} (no SMs)"),
+        _ => String::new(),
+    };
+    let candidates: Vec<KernelAlgorithm> = match copy_engine {
+        Some(c) if flags.copy_engines == CopyEngines::Auto => vec![default, c],
+        _ => vec![default],
+    };
     // 5–6 for collective-permute: its pairs are what moves.
     if op.kind == CollectiveKind::CollectivePermute {
         let cross: Vec<(usize, usize)> = cfg.source_target_pairs.iter().copied().filter(|(s, t)| s != t).collect();
@@ -210,8 +229,14 @@ fn rules(
             return Decision::fallback(peer_reason(peers, s, t));
         }
         let members = cross.iter().flat_map(|&(s, t)| [s, t]).collect::<std::collections::BTreeSet<_>>().len();
+        if let Some(ce) = ce_forced {
+            return Decision::kernel(
+                ce,
+                format!("{} cross-device pairs, all with peer access; {}", cross.len(), ce_why(ce)),
+            );
+        }
         if let Some(c) =
-            profile.and_then(|p| p.choose(op.kind, cfg.element_type, members, cfg.bytes_per_device, &[default]))
+            profile.and_then(|p| p.choose(op.kind, cfg.element_type, members, cfg.bytes_per_device, &candidates))
         {
             return match c.algorithm {
                 Some(a) => Decision::kernel(
@@ -244,13 +269,15 @@ fn rules(
         }
     }
     // 7. size.
-    let bytes = cfg.bytes_per_device;
     let shape = format!("{} groups of {size}", cfg.groups.len());
+    if let Some(ce) = ce_forced {
+        return Decision::kernel(ce, format!("{shape}, all with peer access; {}", ce_why(ce)));
+    }
     if let Some(p) = profile {
         let allowed: &[KernelAlgorithm] = match op.kind {
             CollectiveKind::AllReduce if bytes > flags.two_shot_max_bytes => &[],
             CollectiveKind::AllReduce => &[KernelAlgorithm::OneShotAllReduce, KernelAlgorithm::TwoShotAllReduce],
-            _ => std::slice::from_ref(&default),
+            _ => &candidates,
         };
         if allowed.is_empty() {
             return Decision::fallback(format!("{bytes} bytes > {TWO_SHOT_MAX_BYTES}={}", flags.two_shot_max_bytes));
@@ -418,9 +445,10 @@ fn kernel_call(
         config.source_target_pairs.iter().map(|&(s, t)| (a.device(s), a.device(t))).collect();
     let permute = config.op.kind == CollectiveKind::CollectivePermute;
     d.groups = if permute { fmt_pairs(&pairs) } else { fmt_groups(&groups) };
-    let Implementation::Kernel(algorithm) = decision.implementation else {
+    let Implementation::Kernel(mut algorithm) = decision.implementation else {
         return Err(decision.reason);
     };
+    let mut decision = decision;
     // The devices that exchange data (the rules saw logical ids).
     let talking: Vec<Vec<usize>> =
         if permute { pairs.iter().filter(|(s, t)| s != t).map(|&(s, t)| vec![s, t]).collect() } else { groups.clone() };
@@ -445,6 +473,15 @@ fn kernel_call(
             false
         }
     };
+    // The copy-engine forms' flag words are one process's host memory: across processes the
+    // direct kernel moves the same bytes.
+    if crosses && algorithm.is_copy_engine() {
+        algorithm = default_kernel(config.op.kind).unwrap_or(algorithm);
+        decision.implementation = Implementation::Kernel(algorithm);
+        decision
+            .reason
+            .push_str("; across processes: the direct kernel (the copy-engine forms run within one process)");
+    }
     // 10. Peer access on device ids. The peer table is this process's; across processes shared memory reaches every device.
     if !crosses && let Some((x, y)) = talking.iter().find_map(|g| peers.get().missing_link(g)) {
         return Err(format!("no peer access {x}↔{y} ({})", peers.get().source()));

@@ -92,6 +92,22 @@ pub struct Flags {
     /// (`Some(true)`), never, or (`None`) where the fused kernel is the faster
     /// ([`crate::Capabilities::fused_norm_auto`]).
     pub fuse_norm: Option<bool>,
+    /// Where all-gather, all-to-all and collective-permute move on the GPUs' copy engines (no
+    /// kernel, no SM) on platforms that have them ([`crate::Capabilities::copy_engines`]).
+    pub copy_engines: CopyEngines,
+}
+
+/// `--copy_engines`: when the copy-engine forms run. Off by default until the NVLink run
+/// measures them against NCCL and the SM kernels (docs/PERFORMANCE.md).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum CopyEngines {
+    /// Never (the default).
+    #[default]
+    Off,
+    /// Where the tuning profile measured them fastest (rows `copy-engine ...`).
+    Auto,
+    /// At and above this many bytes per device, whatever the profile says.
+    From(usize),
 }
 
 /// Default of `--xla_async_above_bytes`: 2× H200, 2026-11-23 — a data-parallel train step
@@ -123,6 +139,7 @@ impl Default for Flags {
             overlap_above_bytes: None,
             async_blocks: DEFAULT_ASYNC_BLOCKS,
             fuse_norm: None,
+            copy_engines: CopyEngines::Off,
         }
     }
 }
@@ -290,6 +307,27 @@ pub const FLAGS: &[FlagSpec] = &[
                 "true" => Some(true),
                 "false" => Some(false),
                 _ => return Err(format!("'{v}' is not auto, true or false")),
+            };
+            Ok(())
+        },
+    },
+    FlagSpec {
+        name: flag::COPY_ENGINES,
+        ty: "none|auto|bytes",
+        help: "inside XLA:GPU (CUDA): all-gather, all-to-all and collective-permute calls of at least this many \
+               bytes per device move on the copy engines (device-to-device copies and stream memory operations: \
+               no kernel, no SM, so the GEMMs beside them keep the SMs); auto: where the tuning profile measured \
+               them fastest; none (the default until they are measured across NVLink)",
+        get: |f| match f.copy_engines {
+            CopyEngines::Off => "none".to_owned(),
+            CopyEngines::Auto => "auto".to_owned(),
+            CopyEngines::From(b) => b.to_string(),
+        },
+        set: |f, v| {
+            f.copy_engines = match v {
+                "none" => CopyEngines::Off,
+                "auto" => CopyEngines::Auto,
+                _ => CopyEngines::From(parse_bytes(v)?),
             };
             Ok(())
         },

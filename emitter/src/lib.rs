@@ -18,7 +18,7 @@ use std::fmt;
 use hlo::PrimitiveType;
 
 pub use decide::{Capabilities, MAX_GROUP_SIZE, decide, decide_tuned};
-pub use flags::{Backend, FLAGS, FlagSpec, Flags, HostTopology, flags_help};
+pub use flags::{Backend, CopyEngines, FLAGS, FlagSpec, Flags, HostTopology, flags_help};
 pub use peers::{PeerAccessTable, PeerTableKey};
 
 /// Element types Peerless's own collective kernels accept. F8 variants, s4/u4 and

@@ -281,6 +281,7 @@ impl Default for PassConfig {
                 fused_norm: true,
                 fused_norm_auto: true,
                 async_queue: false,
+                copy_engines: false,
             },
             instance_base: None,
             device_memory: DeviceMemory::default(),

@@ -62,6 +62,7 @@ fn decide(pb: &[u8], topology: Topology, cross_process: bool) -> (PassDecision, 
             fused_norm: true,
             fused_norm_auto: true,
             async_queue: false,
+            copy_engines: false,
         },
         instance_base: Some(1),
         ..PassConfig::default()

@@ -108,6 +108,19 @@ impl Context {
         ))
     }
 
+    /// Whether the device takes stream memory operations (`cuStreamWriteValue32_v2` /
+    /// `cuStreamWaitValue32_v2`): always from CUDA 12 on, whose drivers report the deprecated
+    /// v1 attribute as 0 (seen on an H200, driver 580); before, that attribute says.
+    pub fn stream_mem_ops(&self) -> Result<bool> {
+        let mut v = 0;
+        // SAFETY: `v` is a valid out-pointer.
+        call("cuDriverGetVersion", Some(self.ordinal), || st(unsafe { sys::cuDriverGetVersion(&mut v) }))?;
+        if v >= 12000 {
+            return Ok(true);
+        }
+        Ok(self.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_MEM_OPS_V1)? != 0)
+    }
+
     pub fn sm_count(&self) -> Result<i32> {
         self.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
     }
@@ -225,6 +238,124 @@ impl Stream {
     pub unsafe fn memset_u8(&self, dst: u64, v: u8, len: usize) -> Result<()> {
         // SAFETY: the caller guarantees the range.
         call("cuMemsetD8Async", Some(self.ordinal), || unsafe { r::memset_d8_async(dst, v, len, self.s) })
+    }
+
+    /// Enqueues a write of `v` to the 32-bit word at `addr` (this device's memory, a peer's,
+    /// or host-mapped memory), after a memory fence: every write enqueued before it on this
+    /// stream is visible first. A stream memory operation: no kernel, no SM.
+    ///
+    /// # Safety
+    /// `addr` is a 4-byte aligned word of a live allocation this device can access, valid
+    /// until the write completes.
+    pub unsafe fn write_u32(&self, addr: u64, v: u32) -> Result<()> {
+        let flags = sys::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as std::ffi::c_uint;
+        call("cuStreamWriteValue32", Some(self.ordinal), || {
+            // SAFETY: the caller guarantees the word; `self.s` is a live stream.
+            st(unsafe { sys::cuStreamWriteValue32_v2(self.s, addr, v, flags) })
+        })
+    }
+
+    /// Enqueues a wait until the 32-bit word at `addr` is at least `v` (unsigned, wrapping
+    /// compare as the driver does): later work on this stream starts only after it. A stream
+    /// memory operation: no kernel, no SM; it waits without bound (callers keep a watchdog).
+    ///
+    /// # Safety
+    /// As [`Stream::write_u32`].
+    pub unsafe fn wait_u32(&self, addr: u64, v: u32) -> Result<()> {
+        let flags = sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as std::ffi::c_uint;
+        call("cuStreamWaitValue32", Some(self.ordinal), || {
+            // SAFETY: the caller guarantees the word; `self.s` is a live stream.
+            st(unsafe { sys::cuStreamWaitValue32_v2(self.s, addr, v, flags) })
+        })
+    }
+
+    /// Async device-to-device copy of `rows` rows of `width` bytes, the rows `spitch` bytes
+    /// apart at `src` and `dpitch` apart at `dst` (same or peer device): one copy-engine
+    /// operation for a strided block.
+    ///
+    /// # Safety
+    /// Every row of both ranges lies inside device allocations valid until the copy ends.
+    pub unsafe fn copy_2d(
+        &self,
+        dst: u64,
+        dpitch: usize,
+        src: u64,
+        spitch: usize,
+        width: usize,
+        rows: usize,
+    ) -> Result<()> {
+        // Every field written out: the memory-type enum has no zero value.
+        let p = sys::CUDA_MEMCPY2D {
+            srcXInBytes: 0,
+            srcY: 0,
+            srcMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+            srcHost: std::ptr::null(),
+            srcDevice: src,
+            srcArray: std::ptr::null_mut(),
+            srcPitch: spitch,
+            dstXInBytes: 0,
+            dstY: 0,
+            dstMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+            dstHost: std::ptr::null_mut(),
+            dstDevice: dst,
+            dstArray: std::ptr::null_mut(),
+            dstPitch: dpitch,
+            WidthInBytes: width,
+            Height: rows,
+        };
+        // SAFETY: the caller guarantees both ranges; `p` outlives the call (the driver copies it).
+        call("cuMemcpy2DAsync", Some(self.ordinal), || st(unsafe { sys::cuMemcpy2DAsync_v2(&p, self.s) }))
+    }
+
+    /// Starts capturing this stream's work into a graph ([`Stream::end_capture`]); nothing
+    /// runs until the graph is launched. Thread-local mode: other threads' CUDA calls are
+    /// unaffected.
+    pub fn begin_capture(&self) -> Result<()> {
+        let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
+        // SAFETY: `self.s` is a live stream.
+        call("cuStreamBeginCapture", Some(self.ordinal), || unsafe { r::stream::begin_capture(self.s, mode) })
+    }
+
+    /// Ends the capture [`Stream::begin_capture`] started and instantiates what it recorded.
+    pub fn end_capture(&self) -> Result<Graph> {
+        // SAFETY: `self.s` is a live stream being captured by this thread.
+        let graph = call("cuStreamEndCapture", Some(self.ordinal), || unsafe { r::stream::end_capture(self.s) })?;
+        // SAFETY: `graph` was just captured; it is destroyed once, below or by `Graph`'s drop.
+        let exec = call("cuGraphInstantiate", Some(self.ordinal), || unsafe {
+            r::graph::instantiate(graph, sys::CUgraphInstantiate_flags(0))
+        });
+        let g = Graph { graph, exec: std::ptr::null_mut(), ordinal: self.ordinal };
+        Ok(Graph { exec: exec?, ..g })
+    }
+}
+
+/// A captured and instantiated CUDA graph ([`Stream::end_capture`]), destroyed on drop.
+#[derive(Debug)]
+pub struct Graph {
+    graph: sys::CUgraph,
+    exec: sys::CUgraphExec,
+    ordinal: usize,
+}
+
+// SAFETY: graph handles are plain driver handles; launching one from any thread is allowed.
+crate::send_sync!(Graph);
+
+impl Graph {
+    /// Replays the graph on `stream`.
+    pub fn launch(&self, stream: &Stream) -> Result<()> {
+        // SAFETY: `self.exec` is a live executable graph and `stream` a live stream.
+        call("cuGraphLaunch", Some(self.ordinal), || unsafe { r::graph::launch(self.exec, stream.s) })
+    }
+}
+
+impl Drop for Graph {
+    fn drop(&mut self) {
+        if !self.exec.is_null() {
+            // SAFETY: destroys the executable graph made in `end_capture`, once.
+            let _ = guarded("cuGraphExecDestroy", Some(self.ordinal), || unsafe { r::graph::exec_destroy(self.exec) });
+        }
+        // SAFETY: destroys the captured graph, once.
+        let _ = guarded("cuGraphDestroy", Some(self.ordinal), || unsafe { r::graph::destroy(self.graph) });
     }
 }
 

@@ -141,6 +141,36 @@ pub trait Interop: Gpu {
     /// # Safety
     /// `dst` is a device allocation of at least `len` bytes, valid until the fill completes.
     unsafe fn memset_async(stream: &Self::Stream, dst: u64, v: u8, len: usize) -> Result<()>;
+    /// Whether `ctx`'s device takes stream memory operations ([`Interop::write_value32_async`],
+    /// [`Interop::wait_value32_async`]): what the copy-engine collectives synchronise with.
+    fn stream_mem_ops(ctx: &Self::Context) -> Result<bool>;
+    /// Enqueues a write of `v` to the word at `addr` on `stream`, after a fence (earlier
+    /// writes of the stream land first): no kernel.
+    ///
+    /// # Safety
+    /// `addr` is an aligned word of an allocation the stream's device can access (its own,
+    /// a peer's or host-mapped memory), valid until the write completes.
+    unsafe fn write_value32_async(stream: &Self::Stream, addr: u64, v: u32) -> Result<()>;
+    /// Enqueues a wait until the word at `addr` is at least `v`: no kernel, no bound (callers
+    /// keep a watchdog).
+    ///
+    /// # Safety
+    /// As [`Interop::write_value32_async`].
+    unsafe fn wait_value32_async(stream: &Self::Stream, addr: u64, v: u32) -> Result<()>;
+    /// Enqueues a copy of `rows` rows of `width` bytes, `spitch` apart at `src` and `dpitch`
+    /// apart at `dst` (same or peer device): one copy-engine operation.
+    ///
+    /// # Safety
+    /// Every row of both ranges lies in device allocations valid until the copy completes.
+    unsafe fn copy_2d_async(
+        stream: &Self::Stream,
+        dst: u64,
+        dpitch: usize,
+        src: u64,
+        spitch: usize,
+        width: usize,
+        rows: usize,
+    ) -> Result<()>;
 }
 
 /// Checks that `n` bytes at `offset` lie inside a buffer of `len` bytes: an [`crate::Error::Invalid`]
@@ -343,6 +373,29 @@ macro_rules! forward_gpu {
             unsafe fn memset_async(stream: &Stream, dst: u64, v: u8, len: usize) -> Result<()> {
                 // SAFETY: the caller's contract is `Stream::memset_u8`'s.
                 unsafe { stream.memset_u8(dst, v, len) }
+            }
+            fn stream_mem_ops(ctx: &Context) -> Result<bool> {
+                ctx.stream_mem_ops()
+            }
+            unsafe fn write_value32_async(stream: &Stream, addr: u64, v: u32) -> Result<()> {
+                // SAFETY: the caller's contract is `Stream::write_u32`'s.
+                unsafe { stream.write_u32(addr, v) }
+            }
+            unsafe fn wait_value32_async(stream: &Stream, addr: u64, v: u32) -> Result<()> {
+                // SAFETY: the caller's contract is `Stream::wait_u32`'s.
+                unsafe { stream.wait_u32(addr, v) }
+            }
+            unsafe fn copy_2d_async(
+                stream: &Stream,
+                dst: u64,
+                dpitch: usize,
+                src: u64,
+                spitch: usize,
+                width: usize,
+                rows: usize,
+            ) -> Result<()> {
+                // SAFETY: the caller's contract is `Stream::copy_2d`'s.
+                unsafe { stream.copy_2d(dst, dpitch, src, spitch, width, rows) }
             }
         }
     };

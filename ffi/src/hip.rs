@@ -252,6 +252,11 @@ impl Context {
     }
 
     /// Compute units.
+    /// The copy-engine collectives' stream memory operations are not bound on HIP.
+    pub fn stream_mem_ops(&self) -> Result<bool> {
+        Ok(false)
+    }
+
     pub fn cu_count(&self) -> Result<i32> {
         self.attribute(ATTR_MULTIPROCESSOR_COUNT)
     }
@@ -411,6 +416,31 @@ impl Stream {
     pub unsafe fn memset_u8(&self, dst: u64, v: u8, len: usize) -> Result<()> {
         // SAFETY: the caller guarantees the range.
         call("hipMemsetAsync", self.d(), |s| unsafe { (s.memset_async)(dst as *mut c_void, v as c_int, len, self.s) })
+    }
+
+    /// Stream memory operations are not bound on HIP: the copy-engine collectives run on
+    /// CUDA only ([`Context::stream_mem_ops`] says no, so nothing calls this).
+    ///
+    /// # Safety
+    /// None needed: it enqueues nothing.
+    pub unsafe fn write_u32(&self, _addr: u64, _v: u32) -> Result<()> {
+        Err(not_on_hip("hipStreamWriteValue32"))
+    }
+
+    /// As [`Stream::write_u32`].
+    ///
+    /// # Safety
+    /// None needed: it enqueues nothing.
+    pub unsafe fn wait_u32(&self, _addr: u64, _v: u32) -> Result<()> {
+        Err(not_on_hip("hipStreamWaitValue32"))
+    }
+
+    /// As [`Stream::write_u32`].
+    ///
+    /// # Safety
+    /// None needed: it enqueues nothing.
+    pub unsafe fn copy_2d(&self, _d: u64, _dp: usize, _s: u64, _sp: usize, _w: usize, _r: usize) -> Result<()> {
+        Err(not_on_hip("hipMemcpy2DAsync"))
     }
 }
 
@@ -601,3 +631,8 @@ mod tests;
 pub struct Hip;
 
 crate::gpu::forward_gpu!(Hip, name: "rocm", units: cu_count, alloc: fine_grained);
+
+/// The error of a CUDA-only device-layer call made on HIP.
+fn not_on_hip(call: &'static str) -> Error {
+    Error::Invalid(format!("{call}: Peerless's copy-engine collectives run on CUDA only"))
+}

@@ -11,6 +11,7 @@
 //! library is probed first ([`libs`]) and every cudarc call runs under `catch_unwind`, which
 //! turns a missing symbol into an error.
 
+pub mod cublas;
 pub mod cuda;
 pub mod gpu;
 #[cfg(feature = "rocm")]

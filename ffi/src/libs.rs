@@ -132,6 +132,20 @@ pub fn nvrtc() -> Result<&'static Loaded> {
     })
 }
 
+/// Loads libcublas once (`PEERLESS_CUBLAS_LIB`, else the `nvidia-cublas` wheels that
+/// `jax[cuda13]` installs, `LD_LIBRARY_PATH`, `CUDA_HOME`/`/usr/local/cuda`): only `peerless
+/// bench --beside-gemm` uses it, for the GEMM it runs beside a collective.
+pub fn cublas() -> Result<&'static Loaded> {
+    static CUBLAS: OnceLock<Result<Loaded>> = OnceLock::new();
+    crate::once(&CUBLAS, || {
+        let wheels = ["nvidia/cublas/lib", "nvidia/cu13/lib", "nvidia/cu12/lib"];
+        let cuda_home = std::env::var_os("CUDA_HOME").map(PathBuf::from).unwrap_or_else(|| "/usr/local/cuda".into());
+        let dirs = site_packages().into_iter().flat_map(|sp| wheels.map(|w| sp.join(w)));
+        let dirs = dirs.chain(ld_library_path()).chain([cuda_home.join("lib64")]);
+        load_first("libcublas", "PEERLESS_CUBLAS_LIB", dirs, "libcublas.so.", &["libcublas.so.13", "libcublas.so.12"])
+    })
+}
+
 /// Whether the CUDA driver library can be loaded.
 pub fn cuda_present() -> bool {
     // SAFETY: probing only dlopens by name; no symbol is called.
@@ -193,7 +207,6 @@ pub fn hiprtc() -> Result<&'static Loaded> {
 /// field with the first of its symbol names (`"a" | "b"`) that `lib` exports. `missing(names,
 /// error)` is the error for a field none of whose names resolve (`names` joined by " / ").
 /// The invocation vouches that each field's type is the C signature of its symbols.
-#[cfg(feature = "rocm")]
 macro_rules! entry_points {
     ($(#[$m:meta])* struct $name:ident {
         $($field:ident: fn($($arg:ty),* $(,)?) -> $ret:ty = $($sym:literal)|+,)*
@@ -220,5 +233,4 @@ macro_rules! entry_points {
         }
     };
 }
-#[cfg(feature = "rocm")]
 pub(crate) use entry_points;

@@ -116,6 +116,8 @@ pub fn pass_config_tuned(
         fused_norm_auto: platform == Platform::Cpu,
         // XLA:GPU's operation queues (`--overlap_above_bytes`): verified on CUDA only.
         async_queue: platform == Platform::Cuda,
+        // Stream memory operations and copy-engine copies (`--copy_engines`): CUDA's runtime.
+        copy_engines: platform == Platform::Cuda,
     };
     // The handlers learn the job (its token, the GPUs' device ids) from the Python package
     // (`set_topology`), which also hands it to every compile: an executable loaded from a

@@ -42,6 +42,9 @@ pub fn algorithm_name(algo: KernelAlgorithm) -> &'static str {
         KernelAlgorithm::DirectAllToAll => "direct_all_to_all",
         KernelAlgorithm::DirectReduceScatter => "direct_reduce_scatter",
         KernelAlgorithm::DirectPermute => "direct_permute",
+        KernelAlgorithm::CopyEngineAllGather => "copy_engine_all_gather",
+        KernelAlgorithm::CopyEngineAllToAll => "copy_engine_all_to_all",
+        KernelAlgorithm::CopyEnginePermute => "copy_engine_permute",
     }
 }
 

@@ -31,6 +31,7 @@ pub mod flag {
     pub const OVERLAP_ABOVE_BYTES: &str = "overlap_above_bytes";
     pub const ASYNC_BLOCKS: &str = "async_blocks";
     pub const FUSE_NORM: &str = "fuse_norm";
+    pub const COPY_ENGINES: &str = "copy_engines";
 }
 
 use std::fmt;
@@ -196,18 +197,44 @@ pub enum KernelAlgorithm {
     DirectAllToAll,
     DirectReduceScatter,
     DirectPermute,
+    /// All-gather moved by the GPUs' copy engines (device-to-device copies, readiness by
+    /// stream memory operations): no kernel, no SM.
+    CopyEngineAllGather,
+    /// All-to-all on the copy engines, as [`Self::CopyEngineAllGather`].
+    CopyEngineAllToAll,
+    /// Collective-permute on the copy engines, as [`Self::CopyEngineAllGather`].
+    CopyEnginePermute,
 }
 
 impl KernelAlgorithm {
     /// Every algorithm, for reading one back from a spelling.
-    pub const ALL: [KernelAlgorithm; 6] = [
+    pub const ALL: [KernelAlgorithm; 9] = [
         Self::OneShotAllReduce,
         Self::TwoShotAllReduce,
         Self::DirectAllGather,
         Self::DirectAllToAll,
         Self::DirectReduceScatter,
         Self::DirectPermute,
+        Self::CopyEngineAllGather,
+        Self::CopyEngineAllToAll,
+        Self::CopyEnginePermute,
     ];
+
+    /// The copy-engine form of `kind`'s collective, where one exists (pure data movement:
+    /// all-gather, all-to-all, collective-permute).
+    pub fn copy_engine_for(kind: CollectiveKind) -> Option<KernelAlgorithm> {
+        match kind {
+            CollectiveKind::AllGather => Some(Self::CopyEngineAllGather),
+            CollectiveKind::AllToAll => Some(Self::CopyEngineAllToAll),
+            CollectiveKind::CollectivePermute => Some(Self::CopyEnginePermute),
+            _ => None,
+        }
+    }
+
+    /// Whether the algorithm moves its bytes on the copy engines (launches no kernel).
+    pub fn is_copy_engine(self) -> bool {
+        matches!(self, Self::CopyEngineAllGather | Self::CopyEngineAllToAll | Self::CopyEnginePermute)
+    }
 
     pub fn name(self) -> &'static str {
         match self {
@@ -217,6 +244,9 @@ impl KernelAlgorithm {
             Self::DirectAllToAll => "direct all-to-all",
             Self::DirectReduceScatter => "direct reduce-scatter",
             Self::DirectPermute => "direct permute",
+            Self::CopyEngineAllGather => "copy-engine all-gather",
+            Self::CopyEngineAllToAll => "copy-engine all-to-all",
+            Self::CopyEnginePermute => "copy-engine permute",
         }
     }
 }

@@ -217,10 +217,14 @@ pub enum Impl {
     Xla,
     /// XLA's own collective kernels (`xla_gpu_experimental_use_collective_kernels`).
     XlaKernels,
+    /// All-gather, all-to-all and collective-permute on the copy engines at every size
+    /// (`--copy_engines=0`; CUDA; other ops: skipped).
+    CopyEngines,
 }
 
 impl Impl {
-    pub const ALL: [Impl; 6] = [Impl::Peerless, Impl::Auto, Impl::OneShot, Impl::TwoShot, Impl::Xla, Impl::XlaKernels];
+    pub const ALL: [Impl; 7] =
+        [Impl::Peerless, Impl::Auto, Impl::OneShot, Impl::TwoShot, Impl::Xla, Impl::XlaKernels, Impl::CopyEngines];
 
     pub fn parse(s: &str) -> Result<Impl, String> {
         Impl::ALL.into_iter().find(|i| i.name() == s).ok_or_else(|| {
@@ -236,6 +240,7 @@ impl Impl {
             Impl::TwoShot => "two-shot",
             Impl::Xla => "xla",
             Impl::XlaKernels => "xla-kernels",
+            Impl::CopyEngines => "copy-engines",
         }
     }
 }
@@ -441,7 +446,9 @@ impl Report {
                 .rows
                 .iter()
                 .filter(same)
-                .filter(|r| matches!(r.imp, Impl::Peerless | Impl::OneShot | Impl::TwoShot | Impl::Xla))
+                .filter(|r| {
+                    matches!(r.imp, Impl::Peerless | Impl::OneShot | Impl::TwoShot | Impl::Xla | Impl::CopyEngines)
+                })
                 .filter_map(|r| r.us.map(|us| (r.imp, us)))
                 .min_by(|x, y| x.1.total_cmp(&y.1));
             if let Some((best, best_us)) = best {
@@ -683,7 +690,9 @@ fn is_close<T>(prepared: &[(Impl, T)], times: &[Vec<f64>], close: f64) -> bool {
     let med = |k: usize| median(times[k].clone());
     let xla = prepared.iter().position(|(i, _)| *i == Impl::Xla).and_then(med);
     let peerless = (0..prepared.len())
-        .filter(|&k| matches!(prepared[k].0, Impl::Peerless | Impl::Auto | Impl::OneShot | Impl::TwoShot))
+        .filter(|&k| {
+            matches!(prepared[k].0, Impl::Peerless | Impl::Auto | Impl::OneShot | Impl::TwoShot | Impl::CopyEngines)
+        })
         .filter_map(med)
         .min_by(f64::total_cmp);
     matches!((xla, peerless), (Some(x), Some(p)) if x.max(p) < close * x.min(p))
@@ -711,11 +720,21 @@ fn measure<'c>(
     let n = ids.len();
     let skipped = |why: String| (String::new(), Vec::new(), Err(Check::Skipped(why)));
     let (program, path, decisions, kernels) = match imp {
-        Impl::Peerless | Impl::Auto | Impl::OneShot | Impl::TwoShot => {
+        Impl::Peerless | Impl::Auto | Impl::OneShot | Impl::TwoShot | Impl::CopyEngines => {
             use emitter::tuning::ProfileSource;
             let mut flags: Vec<String> = opts.flags.split_whitespace().map(str::to_owned).collect();
             if n == 1 {
                 flags.push(format!("--{}=kernel", op.backend_flag()));
+            }
+            if imp == Impl::CopyEngines {
+                if platform != Platform::Cuda {
+                    return skipped("the copy-engine forms run on CUDA".into());
+                }
+                if !matches!(op, Op::AllGather | Op::AllToAll | Op::CollectivePermute) {
+                    return skipped("copy engines move all-gather, all-to-all and collective-permute".into());
+                }
+                flags.push(format!("--{}=kernel", op.backend_flag()));
+                flags.push(format!("--{}=0", thunks::flag::COPY_ENGINES));
             }
             let forced = match imp {
                 Impl::OneShot => Some(format!("--{ONE_SHOT_MAX_BYTES}={}", usize::MAX)),

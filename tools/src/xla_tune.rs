@@ -96,7 +96,7 @@ fn recorded_name(r: &Row) -> Option<String> {
         Impl::Xla => Some(XLA.to_owned()),
         Impl::OneShot => Some(thunks::KernelAlgorithm::OneShotAllReduce.name().to_owned()),
         Impl::TwoShot => Some(thunks::KernelAlgorithm::TwoShotAllReduce.name().to_owned()),
-        Impl::Peerless if !r.decisions.is_empty() && r.decisions.iter().all(|d| d.kernel) => {
+        Impl::Peerless | Impl::CopyEngines if !r.decisions.is_empty() && r.decisions.iter().all(|d| d.kernel) => {
             // "kernel (direct all-gather)" → "direct all-gather".
             let i = &r.decisions[0].implementation;
             Some(i.strip_prefix("kernel (").and_then(|s| s.strip_suffix(')')).unwrap_or(i).to_owned())
@@ -187,7 +187,12 @@ pub fn run(opts: &TuneOptions, progress: &mut dyn FnMut(&str)) -> Result<TuneRep
     let mut rows = Vec::new();
     let reduce: Vec<Op> = opts.bench.ops.iter().copied().filter(|&o| o == Op::AllReduce).collect();
     let others: Vec<Op> = opts.bench.ops.iter().copied().filter(|&o| o != Op::AllReduce).collect();
-    let plan = [(reduce, vec![Impl::Xla, Impl::OneShot, Impl::TwoShot]), (others, vec![Impl::Xla, Impl::Peerless])];
+    // On CUDA the copy-engine forms are rows too (`--copy_engines=auto` chooses by them).
+    let mut moves = vec![Impl::Xla, Impl::Peerless];
+    if platform == plugin::Platform::Cuda {
+        moves.push(Impl::CopyEngines);
+    }
+    let plan = [(reduce, vec![Impl::Xla, Impl::OneShot, Impl::TwoShot]), (others, moves)];
     for &g in &groups {
         for (ops, impls) in &plan {
             if ops.is_empty() {

@@ -4,6 +4,7 @@
 //! [`crate::gpu::xla`]'s, for [`Cuda`]). The clique and the peer probe are
 //! [`crate::gpu`]'s, instantiated for [`Cuda`] (the alias below).
 
+pub mod one_gpu;
 pub mod prebuilt;
 pub mod xla;
 

@@ -284,6 +284,25 @@ impl<B: Backend> Clique<B> {
         Ok(Clique { devices, probes, peers, max_grid: DEFAULT_GRID })
     }
 
+    /// `members` members on GPU `ordinal`, each with a stream of its own: the collectives'
+    /// protocols exercised and timed on a machine with one GPU (`peerless bench
+    /// --members-on-one-gpu`, the GPU tests). Every member's kernels must be resident at once,
+    /// so grids are capped at the compute units over the members (`max_grid`); it says
+    /// nothing of links between GPUs.
+    pub fn on_one_device(ordinal: usize, members: usize) -> Result<Self> {
+        if members == 0 || members > MAX_RANKS {
+            return Err(Error::Gpu(format!("a clique has 1..={MAX_RANKS} devices, not {members}")));
+        }
+        let devices = (0..members).map(|_| Device::open(ordinal)).collect::<Result<Vec<_>>>()?;
+        let key = PeerTableKey::Backend { backend: B::NAME.into(), devices: vec![ordinal; members] };
+        let peers = PeerAccessTable::cached(key, move || {
+            PeerAccessTable::from_fn(members, format!("{} one device", B::NAME), |_, _| true)
+        });
+        let units = devices[0].units.max(1) as u32;
+        let max_grid = (units / members as u32).clamp(1, DEFAULT_GRID);
+        Ok(Clique { devices, probes: vec![vec![Probe::Local; members]; members], peers, max_grid })
+    }
+
     pub fn len(&self) -> usize {
         self.devices.len()
     }

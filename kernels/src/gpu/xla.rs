@@ -46,7 +46,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::marker::PhantomData;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use ffi::gpu::{IPC_HANDLE_BYTES, Interop};
@@ -62,6 +62,7 @@ use super::args::{
 use super::{BLOCKS, Backend, Clique, DEFAULT_GRID, Kernel, MAX_RANKS, SIGNAL_BYTES, THREADS, Unit};
 use crate::ffi_handler::{At, CallState, CollectiveRuntime, Slot, SlotKey, Slots, array_shape};
 
+mod copy_engine;
 mod launch;
 use launch::{Frame, Plan, check_epilogue};
 
@@ -99,6 +100,10 @@ pub struct RuntimeState<B: XlaBackend> {
     instances: OnceLock<Mutex<HashMap<u64, Arc<Instance<B>>>>>,
     /// Live slots, held weakly: a slot lives as long as a call of an executable holds it.
     slots: Slots<Instance<B>>,
+    /// Instances with copy-engine calls, which the watchdog ([`watchdog`]) watches.
+    watched: Mutex<Vec<std::sync::Weak<Instance<B>>>>,
+    /// Set once the watchdog thread runs.
+    watchdog: OnceLock<()>,
 }
 
 impl<B: XlaBackend> RuntimeState<B> {
@@ -114,6 +119,8 @@ impl<B: XlaBackend> RuntimeState<B> {
             exec: ExecutableState::new(state_type),
             instances: OnceLock::new(),
             slots: Slots::new(),
+            watched: Mutex::new(Vec::new()),
+            watchdog: OnceLock::new(),
         }
     }
 }
@@ -246,6 +253,13 @@ struct Instance<B: XlaBackend> {
     /// Across processes: the id the members meet under (the call's instance and this
     /// executable's occurrence, [`thunks::runtime::shared_key`]).
     key: u64,
+    /// The copy-engine forms' flag words (`copy_engine::STRIDE` per device of `devices`),
+    /// page-locked host memory mapped into every GPU, made by the first copy-engine plan.
+    ce: OnceLock<B::HostMapped>,
+    /// The longest timeout of the instance's copy-engine calls, for the watchdog.
+    ce_timeout_ms: AtomicU64,
+    /// Whether the watchdog watches this instance.
+    ce_watched: AtomicBool,
 }
 
 /// Where a member's Lamport regions start in its signals allocation.
@@ -258,6 +272,23 @@ impl<B: XlaBackend> Instance<B> {
     /// some, and the operand fits a slot).
     fn fits_lamport(&self, bytes: usize) -> bool {
         self.lamport_slot > 0 && bytes <= self.lamport_slot
+    }
+
+    /// The copy-engine flag words as every GPU of the process addresses them, made on first
+    /// use (on `ctx`'s device), and the instance put under the watchdog with `timeout_ms`.
+    fn ce_words(self: &Arc<Self>, ctx: &B::Context, timeout_ms: u64) -> ffi::Result<copy_engine::Words> {
+        self.ce_timeout_ms.fetch_max(timeout_ms.max(1), Ordering::Relaxed);
+        let h = match self.ce.get() {
+            Some(h) => h,
+            None => {
+                let made = B::host_mapped(ctx, self.devices.len() * copy_engine::STRIDE)?;
+                self.ce.get_or_init(|| made)
+            }
+        };
+        if !self.ce_watched.swap(true, Ordering::AcqRel) {
+            watch(Arc::downgrade(self));
+        }
+        Ok(copy_engine::Words { base: B::host_mapped_device_ptr(h) })
     }
 
     /// Bytes of each member's signals allocation: the flags, then the Lamport regions if any.
@@ -347,6 +378,9 @@ fn new_instance<B: XlaBackend>(cfg: &CustomCallConfig, staging: usize, key: u64)
         world,
         devices: devices_of(cfg),
         key,
+        ce: OnceLock::new(),
+        ce_timeout_ms: AtomicU64::new(0),
+        ce_watched: AtomicBool::new(false),
     })
 }
 
@@ -541,6 +575,81 @@ struct Symmetric {
     counter: u64,
 }
 
+/// Puts `inst` under the watchdog, starting its thread on first use.
+fn watch<B: XlaBackend>(inst: std::sync::Weak<Instance<B>>) {
+    let state = B::state();
+    state.watched.lock().unwrap_or_else(PoisonError::into_inner).push(inst);
+    state.watchdog.get_or_init(|| {
+        let spawned = std::thread::Builder::new().name(format!("peerless-{}-watchdog", B::NAME)).spawn(watchdog::<B>);
+        if let Err(e) = spawned {
+            log::error!("peerless: no watchdog for copy-engine collectives ({e}): a missing member will hang them");
+        }
+    });
+}
+
+/// How often the watchdog looks at the copy-engine waits.
+const WATCH_EVERY: std::time::Duration = std::time::Duration::from_millis(2);
+
+/// Ends the copy-engine waits that outlast their call's timeout. A stream memory wait has no
+/// bound of its own, so each wait first writes its code into its member's watch word; a word
+/// that keeps one code for the whole timeout while the awaited flag stays 0 is a member that
+/// never came. The watchdog records the missing member in the waiting device's report word
+/// (the next call on that device returns DEADLINE_EXCEEDED naming it, as a kernel's timeout
+/// does) and sets the flag itself: a host store, which ends the wait whichever GPU queue is
+/// blocked. That call's data is wrong, and the instance's later calls are not trusted.
+fn watchdog<B: XlaBackend>() {
+    let state = B::state();
+    let mut seen: HashMap<(usize, usize), (u32, std::time::Instant)> = HashMap::new();
+    loop {
+        let live: Vec<Arc<Instance<B>>> = {
+            let mut w = state.watched.lock().unwrap_or_else(PoisonError::into_inner);
+            w.retain(|i| i.strong_count() > 0);
+            w.iter().filter_map(std::sync::Weak::upgrade).collect()
+        };
+        let now = std::time::Instant::now();
+        let mut next = HashMap::new();
+        for inst in &live {
+            let Some(words) = inst.ce.get() else { continue };
+            let timeout = std::time::Duration::from_millis(inst.ce_timeout_ms.load(Ordering::Relaxed));
+            let ranks = inst.ranks.lock().unwrap_or_else(PoisonError::into_inner).clone();
+            for (&d, rank) in &ranks {
+                let Some(p) = inst.devices.iter().position(|&x| x == d) else { continue };
+                let at = p * copy_engine::STRIDE;
+                let mark = B::host_mapped_load(words, at + copy_engine::MARK);
+                if mark == 0 {
+                    continue;
+                }
+                let key = (Arc::as_ptr(inst) as usize, p);
+                let since = match seen.get(&key) {
+                    Some(&(m, t)) if m == mark => t,
+                    _ => now,
+                };
+                if now.duration_since(since) < timeout {
+                    next.insert(key, (mark, since));
+                    continue;
+                }
+                let word = (mark - 1) as usize;
+                if word < copy_engine::MARK && B::host_mapped_load(words, at + word) == 0 {
+                    let member = copy_engine::member_of_word(word);
+                    let bits = B::host_mapped_load(&rank.report, 0) | (1 << member);
+                    B::host_mapped_store(&rank.report, 0, bits);
+                    log::error!(
+                        "peerless: device {d} waited {} ms on the copy engines for member {member} of its call; \
+                         ending the wait (the next call reports it)",
+                        timeout.as_millis()
+                    );
+                    B::host_mapped_store(words, at + word, 1);
+                }
+                next.insert(key, (mark, now));
+            }
+        }
+        seen = next;
+        let idle = live.is_empty();
+        drop(live);
+        std::thread::sleep(if idle { 25 * WATCH_EVERY } else { WATCH_EVERY });
+    }
+}
+
 /// The [`CollectiveRuntime`] of vendor `B`'s XLA platform (`B::NAME`: "cuda", "rocm").
 pub struct GpuRuntime<B: XlaBackend>(pub(crate) PhantomData<fn() -> B>);
 
@@ -661,7 +770,7 @@ impl<B: XlaBackend> CollectiveRuntime for GpuRuntime<B> {
             unsafe { B::memset_async(&stream, B::ptr(&own.status), 0, 8) }.map_err(internal)?;
             return Err(timed_out_earlier(cfg, device, missing));
         }
-        plan.run(f, &stream)
+        plan.run(|i| f.arg(i).map(|b| b.data as u64), |i| f.ret(i).map(|b| b.data as u64), &stream)
     }
 }
 
@@ -705,6 +814,70 @@ fn plan<B: XlaBackend>(
     publish_own(c, cfg, &inst, device, ordinal)?;
     let done = all_ranks(c, cfg, &inst, device, ordinal)?;
     Plan::new(&Frame { c, cfg, inst: &inst, done, device, ordinal, args: &args, rets: &rets })
+}
+
+/// A call run without XLA by members that share this process's GPUs, each member a stream of
+/// its own, through the runtime's own instance, plans and steps (the copy-engine operations and
+/// kernel launches EXECUTE enqueues): what `peerless bench --members-on-one-gpu` times and the
+/// GPU tests prove the forms with. Member `m` is device id `m` and runs on `clique.devices[m]`
+/// (several may be the same GPU, [`Clique::on_one_device`]).
+pub struct LocalCall<B: XlaBackend> {
+    cfg: CustomCallConfig,
+    /// The members taking part (device ids, ascending), and their plans in that order.
+    devices: Vec<usize>,
+    plans: Vec<Plan<B>>,
+}
+
+impl<B: XlaBackend> LocalCall<B> {
+    /// Makes every member's part and plan for `cfg` (groups or pairs over members
+    /// `0..clique.len()`), whose every member has operands `args` and results `rets`.
+    pub fn new(
+        clique: &'static Clique<B>,
+        cfg: CustomCallConfig,
+        args: &[ArrayShape],
+        rets: &[ArrayShape],
+    ) -> Result<Self, HandlerError> {
+        let sizes = |v: &[ArrayShape]| v.iter().map(ArrayShape::byte_size).collect::<Vec<_>>();
+        let need = round_up(cfg.gpu_staging_bytes(&sizes(args), &sizes(rets)), 512);
+        let inst = new_instance::<B>(&cfg, need, cfg.instance);
+        let devices = inst.devices.clone();
+        if devices.iter().any(|&d| d >= clique.len()) {
+            return Err(internal(format!("'{}' names members beyond the clique's {}", cfg.name, clique.len())));
+        }
+        for &d in &devices {
+            publish_own(clique, &cfg, &inst, d, d)?;
+        }
+        let done = all_ranks(clique, &cfg, &inst, devices[0], devices[0])?;
+        let plans = devices
+            .iter()
+            .map(|&d| Plan::new(&Frame { c: clique, cfg: &cfg, inst: &inst, done, device: d, ordinal: d, args, rets }))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(LocalCall { cfg, devices, plans })
+    }
+
+    /// The members taking part (a permute's may be fewer than the clique's).
+    pub fn members(&self) -> &[usize] {
+        &self.devices
+    }
+
+    /// Kernel launches per call of a member (0: the copy engines move everything).
+    pub fn launches(&self) -> usize {
+        self.plans.first().map_or(0, Plan::launches)
+    }
+
+    /// Enqueues member `m`'s part on `stream` with its buffers' device addresses; an earlier
+    /// call's timeout on this member is returned as XLA's handler would (DEADLINE_EXCEEDED).
+    pub fn run(&self, m: usize, stream: &B::Stream, args: &[u64], rets: &[u64]) -> Result<(), HandlerError> {
+        let at = self.devices.iter().position(|&d| d == m);
+        let plan = at.and_then(|i| self.plans.get(i)).ok_or_else(|| internal(format!("{m} is no member")))?;
+        let missing = B::host_mapped_load(&plan.own.report, 0);
+        if missing != 0 {
+            B::host_mapped_store(&plan.own.report, 0, 0);
+            return Err(timed_out_earlier(&self.cfg, m, missing));
+        }
+        let at = |v: &[u64], i: usize| v.get(i).copied().ok_or_else(|| internal(format!("no buffer {i}")));
+        plan.run(|i| at(args, i), |i| at(rets, i), stream)
+    }
 }
 
 #[cfg(test)]

@@ -260,7 +260,14 @@ impl Plan {
     /// of the given logical shapes (the protocol moves them in their physical order, the
     /// call's `layout`).
     pub(super) fn new(call: &CustomCallConfig, logical: &[ArrayShape], num_devices: usize) -> Result<Self> {
-        let (algorithm, name, timeout) = (call.algorithm, call.name.as_str(), Duration::from_millis(call.timeout_ms));
+        let (name, timeout) = (call.name.as_str(), Duration::from_millis(call.timeout_ms));
+        // Host memory has no copy engines: a copy-engine form moves its bytes as the direct one.
+        let algorithm = match call.algorithm {
+            Algo::CopyEngineAllGather => Algo::DirectAllGather,
+            Algo::CopyEngineAllToAll => Algo::DirectAllToAll,
+            Algo::CopyEnginePermute => Algo::DirectPermute,
+            a => a,
+        };
         let op = CollectiveOp { kind: call.kind, is_async: false };
         let invalid = |reason: String| Error::Invalid { collective: name.to_string(), op, rank: 0, reason };
         let unsupported = |reason: String| Error::Unsupported { collective: name.to_string(), op, rank: 0, reason };
@@ -274,10 +281,10 @@ impl Plan {
         }
         let computes = match algorithm {
             Algo::OneShotAllReduce | Algo::TwoShotAllReduce => Kind::AllReduce,
-            Algo::DirectAllGather => Kind::AllGather,
-            Algo::DirectAllToAll => Kind::AllToAll,
+            Algo::DirectAllGather | Algo::CopyEngineAllGather => Kind::AllGather,
+            Algo::DirectAllToAll | Algo::CopyEngineAllToAll => Kind::AllToAll,
             Algo::DirectReduceScatter => Kind::ReduceScatter,
-            Algo::DirectPermute => Kind::CollectivePermute,
+            Algo::DirectPermute | Algo::CopyEnginePermute => Kind::CollectivePermute,
         };
         if computes != op.kind {
             return Err(invalid(format!("{} does not compute {op}", algorithm.name())));
@@ -488,7 +495,11 @@ impl Plan {
                     }
                 }
             }
-            Algo::TwoShotAllReduce | Algo::DirectPermute => {
+            Algo::TwoShotAllReduce
+            | Algo::DirectPermute
+            | Algo::CopyEngineAllGather
+            | Algo::CopyEngineAllToAll
+            | Algo::CopyEnginePermute => {
                 unreachable!("{algorithm} computes outside Plan::compute")
             }
         }

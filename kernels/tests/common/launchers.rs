@@ -4,9 +4,7 @@
 #![allow(dead_code)] // each test binary uses some of them
 
 use kernels::gpu::args::{GatherArgs, Norm, NormArgs, NormArray, Ptrs, ReduceArgs, Status};
-use kernels::gpu::{
-    Algo, BLOCKS, Backend, Clique, DEFAULT_GRID, Device, Dtype, Kernel, Probe, Red, SIGNAL_BYTES, THREADS,
-};
+use kernels::gpu::{Algo, BLOCKS, Backend, Clique, Dtype, Kernel, Red, SIGNAL_BYTES, THREADS};
 use kernels::gpu::{grid, lamport_bytes, lamport_init, norm_grid};
 use kernels::{Error, Result};
 use thunks::custom_call::Epilogue;
@@ -47,22 +45,9 @@ impl<B: Backend> CliqueExt<B> for Clique<B> {
     }
 }
 
-/// `ranks` members on one GPU, each with a stream of its own: the kernels' protocols
-/// exercised on a machine with a single GPU (`PEERLESS_TEST_RANKS_ON_ONE_GPU`). Every
-/// member's kernels must be resident at once, so keep grids small; it says nothing of links
-/// between GPUs.
+/// `ranks` members on one GPU ([`Clique::on_one_device`]).
 pub fn on_one_device<B: Backend>(ordinal: usize, ranks: usize) -> Result<Clique<B>> {
-    if ranks == 0 || ranks > kernels::gpu::MAX_RANKS {
-        return Err(Error::Gpu(format!("a clique has 1..={} devices, not {ranks}", kernels::gpu::MAX_RANKS)));
-    }
-    let devices = (0..ranks).map(|_| Device::open(ordinal)).collect::<Result<Vec<_>>>()?;
-    let key = thunks::PeerTableKey::Backend { backend: B::NAME.into(), devices: vec![ordinal; ranks] };
-    let peers = thunks::PeerAccessTable::cached(key, move || {
-        thunks::PeerAccessTable::from_fn(ranks, format!("{} one device", B::NAME), |_, _| true)
-    });
-    let units = devices[0].units.max(1) as u32;
-    let max_grid = (units / ranks as u32).clamp(1, DEFAULT_GRID);
-    Ok(Clique { devices, probes: vec![vec![Probe::Local; ranks]; ranks], peers, max_grid })
+    Clique::on_one_device(ordinal, ranks)
 }
 
 /// How long these launchers' kernels wait for a peer before reporting it missing.

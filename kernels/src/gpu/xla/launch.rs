@@ -6,6 +6,7 @@
 //! or lock. Covered: all-reduce (one operand, variadic, or fused with the residual add +
 //! RMSNorm after it), reduce-scatter, the pushes of all-gather and all-to-all, and permute.
 
+use super::copy_engine::{self, Loc, Op, Peer, Send, Words};
 use super::*;
 
 /// Where a copy's source lies: an operand of the call, or this instance's staging.
@@ -41,6 +42,8 @@ enum Step {
     Copy { dst: usize, src: Src, len: usize },
     /// Result `dst` ← zeros.
     Fill { dst: usize, len: usize },
+    /// A copy-engine operation (copy_engine.rs): a copy or a stream memory operation.
+    Ce(Op),
 }
 
 /// A call on one device, resolved at INITIALIZE.
@@ -93,6 +96,8 @@ macro_rules! group_args {
 struct Builder<'a, B: XlaBackend> {
     x: &'a Frame<'a, B>,
     own: Arc<Rank<B>>,
+    /// The instance's copy-engine flag words, once a copy-engine form was chosen.
+    words: Option<Words>,
     names: Vec<String>,
     funcs: Vec<B::Function>,
     steps: Vec<Step>,
@@ -103,9 +108,15 @@ impl<B: XlaBackend> Plan<B> {
     /// every kernel it launches, and checks its operands.
     pub(super) fn new(x: &Frame<'_, B>) -> Result<Plan<B>, HandlerError> {
         let own = x.done.ranks.get(&x.device).cloned().ok_or_else(|| no_state(x.cfg, x.device))?;
-        let mut b = Builder { x, own, names: Vec::new(), funcs: Vec::new(), steps: Vec::new() };
+        let mut b = Builder { x, own, words: None, names: Vec::new(), funcs: Vec::new(), steps: Vec::new() };
         let cfg = x.cfg;
-        if cfg.kind == Kind::CollectivePermute {
+        if cfg.algorithm.is_copy_engine() && b.copy_engines()? {
+            if cfg.kind == Kind::CollectivePermute {
+                b.ce_permute()?;
+            } else {
+                b.push(true)?;
+            }
+        } else if cfg.kind == Kind::CollectivePermute {
             b.permute()?;
         } else {
             let group = cfg.group_of(x.device).ok_or_else(|| internal("device in no group"))?;
@@ -118,17 +129,30 @@ impl<B: XlaBackend> Plan<B> {
                         b.reduce(group, idx, i)?;
                     }
                 }
-                Algo::DirectAllGather | Algo::DirectAllToAll => b.push(group, idx)?,
-                Algo::DirectPermute => return Err(internal("direct permute on a grouped collective")),
+                Algo::DirectAllGather | Algo::DirectAllToAll | Algo::CopyEngineAllGather | Algo::CopyEngineAllToAll => {
+                    b.push(false)?
+                }
+                Algo::DirectPermute | Algo::CopyEnginePermute => {
+                    return Err(internal("a permute algorithm on a grouped collective"));
+                }
             }
         }
         Ok(Plan { _inst: x.inst.clone(), own: b.own, funcs: b.funcs, steps: b.steps })
     }
 
-    /// Enqueues the call on `stream` with this execution's buffers.
-    pub(super) fn run(&self, f: &CallFrame<'_>, stream: &B::ForeignStream) -> Result<(), HandlerError> {
-        let arg = |i: usize| f.arg(i).map(|b| b.data as u64);
-        let ret = |i: usize| f.ret(i).map(|b| b.data as u64);
+    /// Kernel launches per call (0 for the copy-engine forms).
+    pub(super) fn launches(&self) -> usize {
+        self.steps.iter().filter(|s| matches!(s, Step::Launch { .. })).count()
+    }
+
+    /// Enqueues the call on `stream` with this execution's buffers: `arg(i)` / `ret(i)`, the
+    /// device addresses of operand and result `i` (XLA's, or a harness's).
+    pub(super) fn run(
+        &self,
+        arg: impl Fn(usize) -> Result<u64, HandlerError>,
+        ret: impl Fn(usize) -> Result<u64, HandlerError>,
+        stream: &B::Stream,
+    ) -> Result<(), HandlerError> {
         for step in &self.steps {
             match *step {
                 Step::Launch { func, grid, args } => {
@@ -179,14 +203,63 @@ impl<B: XlaBackend> Plan<B> {
                     // until the stream reaches the fill (as in `Copy`).
                     unsafe { B::memset_async(stream, ret(dst)?, 0, len) }.map_err(internal)?;
                 }
+                Step::Ce(op) => self.ce(op, &arg, &ret, stream)?,
             }
         }
         Ok(())
     }
 
+    /// Enqueues one copy-engine operation.
+    fn ce(
+        &self,
+        op: Op,
+        arg: &impl Fn(usize) -> Result<u64, HandlerError>,
+        ret: &impl Fn(usize) -> Result<u64, HandlerError>,
+        stream: &B::Stream,
+    ) -> Result<(), HandlerError> {
+        let at = |l: Loc| match l {
+            Loc::Arg(i, o) => arg(i).map(|a| a + o),
+            Loc::Ret(i, o) => ret(i).map(|a| a + o),
+            Loc::At(a) => Ok(a),
+        };
+        // What every block below relies on: flag and watch words lie in the instance's
+        // host-mapped words, which `_inst` keeps alive as long as the executable; staging
+        // addresses are members' staging (alive with `_inst`); XLA's buffers live until the
+        // stream reaches the work (XLA's contract); the plan sized every copy from the shapes
+        // it was made for, which XLA's buffers have.
+        match op {
+            // SAFETY: a flag word (above).
+            Op::Signal(a) => unsafe { B::write_value32_async(stream, a, 1) },
+            Op::Await { addr, code, mark } => {
+                // SAFETY: `mark` and `addr` are this member's watch and flag words (above).
+                unsafe { B::write_value32_async(stream, mark, code) }
+                    // SAFETY: as the write before it.
+                    .and_then(|()| unsafe { B::wait_value32_async(stream, addr, 1) })
+                    // SAFETY: as the write before it.
+                    .and_then(|()| unsafe { B::write_value32_async(stream, addr, 0) })
+            }
+            // SAFETY: this member's watch word (above).
+            Op::Unmark(mark) => unsafe { B::write_value32_async(stream, mark, 0) },
+            Op::Move { dst, src, width, rows, dpitch, spitch } => {
+                let (dst, src) = (at(dst)?, at(src)?);
+                if rows == 1 {
+                    // SAFETY: staging or this call's buffers, `width` bytes within them (above).
+                    unsafe { B::copy_d2d_async(stream, dst, src, width as usize) }
+                } else {
+                    let (w, r, dp, sp) = (width as usize, rows as usize, dpitch as usize, spitch as usize);
+                    // SAFETY: as the contiguous copy, every row within its buffer.
+                    unsafe { B::copy_2d_async(stream, dst, dp, src, sp, w, r) }
+                }
+            }
+            // SAFETY: a result of this call, `len` bytes within it (above).
+            Op::Zero { dst, len } => unsafe { B::memset_async(stream, at(dst)?, 0, len as usize) },
+        }
+        .map_err(internal)
+    }
+
     fn launch(
         &self,
-        stream: &B::ForeignStream,
+        stream: &B::Stream,
         func: &B::Function,
         grid: u32,
         params: &mut [*mut std::ffi::c_void],
@@ -401,9 +474,12 @@ impl<B: XlaBackend> Builder<'_, B> {
         Ok(())
     }
 
-    /// All-gather and all-to-all: push into the peers' staging, then copy my staging out.
-    fn push(&mut self, group: &[usize], idx: usize) -> Result<(), HandlerError> {
+    /// All-gather and all-to-all: push into the peers' staging, then copy my staging out; by
+    /// one `pl_exchange` launch, or (`ce`) on the copy engines.
+    fn push(&mut self, ce: bool) -> Result<(), HandlerError> {
         let (cfg, shapes, rets) = (self.x.cfg, self.x.args, self.x.rets);
+        let group = cfg.group_of(self.x.device).ok_or_else(|| internal("device in no group"))?;
+        let idx = group.iter().position(|&m| m == self.x.device).unwrap_or(0);
         let g = group.len();
         if g > MAX_TASKS {
             return Err(err(ErrorCode::InvalidArgument, format!("group of {g} > {MAX_TASKS}")));
@@ -488,11 +564,96 @@ impl<B: XlaBackend> Builder<'_, B> {
             moved = shape.byte_size();
         }
         x.ntasks = g as u64;
+        if ce {
+            return self.ce_grouped(group, idx, &x.task, &src, &outs);
+        }
         let e = ExchangeArgs { x, status: self.status() };
         let func = self.func(Unit::Base, "pl_exchange".into())?;
         self.launch(func, launch_grid(moved), Args::Exchange(e, src));
         let copies = outs.into_iter().filter(|o| o.2 > 0);
         self.steps.extend(copies.map(|(dst, src, len)| Step::Copy { dst, src: Src::Addr(src), len }));
+        Ok(())
+    }
+
+    /// Whether this call runs on the copy engines: its device takes stream memory operations
+    /// and the call stays within this process (the flag words are this process's host memory).
+    /// Otherwise the same collective runs on its direct kernel, which computes the same bytes.
+    fn copy_engines(&mut self) -> Result<bool, HandlerError> {
+        let (cfg, dev) = (self.x.cfg, &self.x.c.devices[self.x.ordinal]);
+        let why_not = if cfg.spans_processes() {
+            Some("it spans processes".to_owned())
+        } else {
+            match B::stream_mem_ops(&dev.ctx) {
+                Ok(true) => None,
+                Ok(false) => Some(format!("GPU {} takes no stream memory operations", dev.ordinal)),
+                Err(e) => Some(e.to_string()),
+            }
+        };
+        if let Some(why) = why_not {
+            log::warn!("peerless: {} '{}' runs its direct kernel, not the copy engines: {why}", cfg.target(), cfg.name);
+            return Ok(false);
+        }
+        let words = self.x.inst.ce_words(&dev.ctx, cfg.timeout_ms).map_err(|e| {
+            err(
+                ErrorCode::ResourceExhausted,
+                format!("{} '{}': cannot map the copy engines' flag words: {e}", cfg.target(), cfg.name),
+            )
+        })?;
+        self.words = Some(words);
+        Ok(true)
+    }
+
+    /// The position of member `d` among the instance's devices (its flag words).
+    fn position(&self, d: usize) -> Result<usize, HandlerError> {
+        self.x.inst.devices.iter().position(|&x| x == d).ok_or_else(|| no_state(self.x.cfg, d))
+    }
+
+    /// The copy-engine form of [`Self::push`]'s exchange: `tasks[i]` (with its source
+    /// `src[i]`) goes to member `(idx + i) % g`; `outs` (result, address in my staging,
+    /// length) are copied out after every member's data landed.
+    fn ce_grouped(
+        &mut self,
+        group: &[usize],
+        idx: usize,
+        tasks: &[Run],
+        src: &[(usize, u64)],
+        outs: &[(usize, u64, usize)],
+    ) -> Result<(), HandlerError> {
+        let words = self.words.ok_or_else(|| internal("copy engines without flag words"))?;
+        let g = group.len();
+        let positions = group.iter().map(|&m| self.position(m)).collect::<Result<Vec<_>, _>>()?;
+        let staging = group.iter().map(|&m| self.addr(m).map(|a| a.staging)).collect::<Result<Vec<_>, _>>()?;
+        let mine = staging[idx];
+        let send = |k: usize| {
+            let i = (k + g - idx) % g;
+            let (t, (arg, off)) = (tasks[i], src[i]);
+            Send {
+                src: Loc::Arg(arg, off),
+                dst: t.dst - staging[k],
+                width: t.row,
+                rows: t.rows,
+                spitch: t.sstride,
+                dpitch: t.dstride,
+            }
+        };
+        let outs: Vec<(usize, u64, u64)> = outs.iter().map(|&(r, a, len)| (r, a - mine, len as u64)).collect();
+        let ops = copy_engine::grouped(words, idx, &positions, &staging, send, &outs);
+        self.steps.extend(ops.into_iter().map(Step::Ce));
+        Ok(())
+    }
+
+    /// Collective-permute on the copy engines (`copy_engine::permute`).
+    fn ce_permute(&mut self) -> Result<(), HandlerError> {
+        let words = self.words.ok_or_else(|| internal("copy engines without flag words"))?;
+        let (cfg, d) = (self.x.cfg, self.x.device);
+        let len = self.x.args.first().map_or(0, ArrayShape::byte_size) as u64;
+        let peer = |m: usize| -> Result<Peer, HandlerError> {
+            Ok(Peer { position: self.position(m)?, staging: self.addr(m)?.staging })
+        };
+        let target = cfg.pairs.iter().find(|p| p.0 == d).map(|p| peer(p.1)).transpose()?;
+        let source = cfg.pairs.iter().find(|p| p.1 == d).map(|p| peer(p.0)).transpose()?;
+        let ops = copy_engine::permute(words, peer(d)?, target, source, len);
+        self.steps.extend(ops.into_iter().map(Step::Ce));
         Ok(())
     }
 

@@ -1,0 +1,568 @@
+//! Collectives whose members share one GPU, run through the XLA runtime's own plans
+//! ([`LocalCall`]: the same instances, copy-engine operations and kernel launches EXECUTE
+//! enqueues), without XLA: what `peerless bench --members-on-one-gpu N` runs on a machine with
+//! one GPU, and what the GPU tests prove the copy-engine forms with.
+//!
+//! - [`check`]: every form (all-gather and all-to-all along either dimension, tuple
+//!   all-to-all, permute as a ring and with missing sources and self pairs), every computable
+//!   element type, each algorithm (the copy engines and today's kernels), against a host
+//!   reference bit for bit, eagerly and replayed from CUDA graphs with fresh operands each time.
+//! - [`time`]: µs per call of each algorithm, rounds interleaved, and with `beside_gemm` what a
+//!   bf16 GEMM (8192³, cuBLAS) keeps of its speed alone while the call runs over and over.
+//!
+//! Members on one GPU share its memory and copy engines, so times are those of all members'
+//! work on one GPU (a proxy for one GPU's share on a node, never for NVLink).
+
+use std::time::Instant;
+
+use ffi::cuda::{Cuda, Graph, Stream};
+use ffi::gpu::{Gpu, Interop};
+use hlo::{ArrayShape, PrimitiveType};
+use thunks::custom_call::CustomCallConfig;
+use thunks::{CollectiveKind as Kind, KernelAlgorithm as Algo};
+
+use super::Clique;
+use crate::gpu::xla::LocalCall;
+use crate::{Error, Result};
+
+/// A collective form as users write it, on `g` members.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Form {
+    /// All-gather along dimension 0 or 1 of a rank-2 operand.
+    AllGather(usize),
+    /// All-to-all splitting and concatenating dimension 0 or 1.
+    AllToAll(usize),
+    /// Tuple all-to-all: operand k to member k.
+    TupleAllToAll,
+    /// Permute i → i + 1 mod g.
+    Ring,
+    /// Permute 0 → 1 and, with 3 or more members, 2 → 2: members without a source get zeros,
+    /// a self pair copies, other members take no part.
+    Partial,
+}
+
+impl Form {
+    pub const ALL: [Form; 7] = [
+        Form::AllGather(0),
+        Form::AllGather(1),
+        Form::AllToAll(0),
+        Form::AllToAll(1),
+        Form::TupleAllToAll,
+        Form::Ring,
+        Form::Partial,
+    ];
+
+    pub fn name(self) -> String {
+        match self {
+            Form::AllGather(d) => format!("all-gather dim {d}"),
+            Form::AllToAll(d) => format!("all-to-all dim {d}"),
+            Form::TupleAllToAll => "all-to-all tuple".into(),
+            Form::Ring => "permute ring".into(),
+            Form::Partial => "permute partial".into(),
+        }
+    }
+
+    fn kind(self) -> Kind {
+        match self {
+            Form::AllGather(_) => Kind::AllGather,
+            Form::AllToAll(_) | Form::TupleAllToAll => Kind::AllToAll,
+            Form::Ring | Form::Partial => Kind::CollectivePermute,
+        }
+    }
+
+    /// The copy-engine algorithm and today's kernel for the form.
+    pub fn algorithms(self) -> [Algo; 2] {
+        match self.kind() {
+            Kind::AllGather => [Algo::CopyEngineAllGather, Algo::DirectAllGather],
+            Kind::AllToAll => [Algo::CopyEngineAllToAll, Algo::DirectAllToAll],
+            _ => [Algo::CopyEnginePermute, Algo::DirectPermute],
+        }
+    }
+
+    fn pairs(self, g: usize) -> Vec<(usize, usize)> {
+        match self {
+            Form::Ring => (0..g).map(|i| (i, (i + 1) % g)).collect(),
+            Form::Partial if g >= 3 => vec![(0, 1), (2, 2)],
+            Form::Partial => vec![(0, 1)],
+            _ => Vec::new(),
+        }
+    }
+}
+
+/// One call of a form: its config and every member's operand and result shapes.
+struct Case {
+    form: Form,
+    g: usize,
+    cfg: CustomCallConfig,
+    args: Vec<ArrayShape>,
+    rets: Vec<ArrayShape>,
+}
+
+/// The call of `form` on `g` members with `rows` × `cols` elements of `ty` per operand
+/// (`rows` and `cols` multiples of `g` where the form splits them), running `algo`.
+fn case(form: Form, g: usize, ty: PrimitiveType, rows: usize, cols: usize, algo: Algo, blocks: u32) -> Case {
+    let (r, c) = (rows as i64, cols as i64);
+    let a = ArrayShape::new(ty, vec![r, c]);
+    let (args, rets) = match form {
+        Form::AllGather(0) => (vec![a.clone()], vec![ArrayShape::new(ty, vec![r * g as i64, c])]),
+        Form::AllGather(_) => (vec![a.clone()], vec![ArrayShape::new(ty, vec![r, c * g as i64])]),
+        Form::TupleAllToAll => (vec![a.clone(); g], vec![a.clone(); g]),
+        _ => (vec![a.clone()], vec![a]),
+    };
+    let mut cfg = CustomCallConfig::new(form.kind(), algo, format!("{} ({})", form.name(), algo));
+    match form {
+        Form::Ring | Form::Partial => cfg.pairs = form.pairs(g),
+        _ => cfg.groups = vec![(0..g).collect()],
+    }
+    cfg.dimension = match form {
+        Form::AllGather(d) | Form::AllToAll(d) => Some(d),
+        _ => None,
+    };
+    cfg.num_devices = g;
+    cfg.instance = next_instance();
+    cfg.timeout_ms = 20_000;
+    cfg.blocks = blocks;
+    Case { form, g, cfg, args, rets }
+}
+
+fn next_instance() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0x0ce0_0000_0000_0001);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+/// Member `m`'s results of `case` given every member's operands (row-major bytes).
+fn reference(case: &Case, ops: &[Vec<Vec<u8>>], m: usize) -> Vec<Vec<u8>> {
+    let g = case.g;
+    let esz = case.args[0].ty.byte_size();
+    let (rows, cols) = (case.args[0].dims[0] as usize, case.args[0].dims[1] as usize);
+    let row = cols * esz;
+    match case.form {
+        Form::AllGather(0) => vec![(0..g).flat_map(|k| ops[k][0].clone()).collect()],
+        Form::AllGather(_) => {
+            let mut out = Vec::new();
+            for r in 0..rows {
+                for op in ops.iter().take(g) {
+                    out.extend_from_slice(&op[0][r * row..(r + 1) * row]);
+                }
+            }
+            vec![out]
+        }
+        Form::AllToAll(0) => {
+            let block = rows / g * row;
+            vec![(0..g).flat_map(|k| ops[k][0][m * block..(m + 1) * block].to_vec()).collect()]
+        }
+        Form::AllToAll(_) => {
+            let brow = row / g;
+            let mut out = Vec::new();
+            for r in 0..rows {
+                for op in ops.iter().take(g) {
+                    out.extend_from_slice(&op[0][r * row + m * brow..r * row + (m + 1) * brow]);
+                }
+            }
+            vec![out]
+        }
+        Form::TupleAllToAll => (0..g).map(|k| ops[k][m].clone()).collect(),
+        Form::Ring | Form::Partial => {
+            let len = rows * row;
+            match case.cfg.pairs.iter().find(|p| p.1 == m) {
+                Some(&(s, _)) => vec![ops[s][0].clone()],
+                None => vec![vec![0u8; len]],
+            }
+        }
+    }
+}
+
+/// Seeded bytes (splitmix64), distinct per call of the generator.
+struct Bytes(u64);
+
+impl Bytes {
+    fn fill(&mut self, n: usize) -> Vec<u8> {
+        let mut out = Vec::with_capacity(n + 8);
+        while out.len() < n {
+            self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let mut z = self.0;
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            out.extend_from_slice(&(z ^ (z >> 31)).to_le_bytes());
+        }
+        out.truncate(n);
+        out
+    }
+}
+
+/// A case's plans and every member's buffers.
+struct Bound {
+    call: LocalCall<Cuda>,
+    members: Vec<usize>,
+    args: Vec<Vec<<Cuda as Gpu>::Buffer>>,
+    rets: Vec<Vec<<Cuda as Gpu>::Buffer>>,
+}
+
+fn gpu(e: impl std::fmt::Display) -> Error {
+    Error::Gpu(e.to_string())
+}
+
+impl Bound {
+    fn new(clique: &'static Clique, case: &Case) -> Result<Bound> {
+        let call = LocalCall::new(clique, case.cfg.clone(), &case.args, &case.rets).map_err(gpu)?;
+        let alloc = |m: usize, shapes: &[ArrayShape]| -> Result<Vec<_>> {
+            shapes.iter().map(|s| Ok(Cuda::alloc(&clique.devices[m].ctx, s.byte_size())?)).collect()
+        };
+        let n = case.g;
+        let args = (0..n).map(|m| alloc(m, &case.args)).collect::<Result<Vec<_>>>()?;
+        let rets = (0..n).map(|m| alloc(m, &case.rets)).collect::<Result<Vec<_>>>()?;
+        let members = call.members().to_vec();
+        Ok(Bound { call, members, args, rets })
+    }
+
+    fn enqueue(&self, clique: &Clique, m: usize) -> Result<()> {
+        let a: Vec<u64> = self.args[m].iter().map(Cuda::ptr).collect();
+        let r: Vec<u64> = self.rets[m].iter().map(Cuda::ptr).collect();
+        let dev = &clique.devices[m];
+        Cuda::bind(&dev.ctx)?;
+        self.call.run(m, &dev.stream, &a, &r).map_err(gpu)
+    }
+
+    /// Writes fresh operands, poisons the results; returns the operands.
+    fn fill(&self, bytes: &mut Bytes) -> Result<Vec<Vec<Vec<u8>>>> {
+        let mut all = Vec::new();
+        for (m, bufs) in self.args.iter().enumerate() {
+            let mut mine = Vec::new();
+            for b in bufs {
+                let data = bytes.fill(Cuda::buffer_len(b));
+                Cuda::write(b, &data)?;
+                mine.push(data);
+            }
+            for r in &self.rets[m] {
+                Cuda::write(r, &vec![0xa5u8; Cuda::buffer_len(r)])?;
+            }
+            all.push(mine);
+        }
+        Ok(all)
+    }
+
+    /// Compares every member's results with the reference; the error names the first byte off.
+    fn verify(&self, case: &Case, ops: &[Vec<Vec<u8>>], what: &str) -> Result<()> {
+        for &m in &self.members {
+            let want = reference(case, ops, m);
+            for (j, (buf, w)) in self.rets[m].iter().zip(&want).enumerate() {
+                let mut got = vec![0u8; w.len()];
+                Cuda::read(buf, &mut got)?;
+                if let Some(at) = got.iter().zip(w).position(|(a, b)| a != b) {
+                    return Err(Error::Gpu(format!(
+                        "{what}: member {m} result {j} differs from the reference at byte {at} of {} (got {:#04x}, want {:#04x})",
+                        w.len(),
+                        got[at],
+                        w[at]
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn sync_all(clique: &Clique) -> Result<()> {
+    for d in &clique.devices {
+        Cuda::bind(&d.ctx)?;
+        Cuda::synchronize(&d.stream)?;
+    }
+    Ok(())
+}
+
+/// What [`check`] did.
+#[derive(Debug, Default)]
+pub struct Checked {
+    /// (form, algorithm, element type, shape) combinations equal to the reference.
+    pub eager: usize,
+    /// Graph replays equal to the reference (each with fresh operands).
+    pub replays: usize,
+    /// Kernel launches per call of each copy-engine case (must be 0).
+    pub ce_launches: usize,
+}
+
+/// Checks every form, element type and algorithm on `members` members of GPU 0 against the
+/// host reference, then `replays` replays of a captured call per form and algorithm.
+/// (`ce_only`: the copy-engine algorithms alone, e.g. under a profiler that must see no kernel.)
+pub fn check(members: usize, replays: usize, ce_only: bool, progress: &mut dyn FnMut(&str)) -> Result<Checked> {
+    let clique: &'static Clique = Box::leak(Box::new(Clique::on_one_device(0, members)?));
+    let types: Vec<PrimitiveType> = PrimitiveType::ALL.into_iter().filter(|t| t.is_computable()).collect();
+    let mut bytes = Bytes(members as u64);
+    let mut out = Checked::default();
+    let g = members;
+    for form in Form::ALL {
+        for algo in form.algorithms().into_iter().filter(|a| a.is_copy_engine() || !ce_only) {
+            for &ty in &types {
+                for (rows, cols) in [(g, g), (3 * g, 7 * g), (40 * g, 33 * g)] {
+                    let c = case(form, g, ty, rows, cols, algo, clique.max_grid);
+                    let b = Bound::new(clique, &c)?;
+                    if algo.is_copy_engine() {
+                        out.ce_launches += b.call.launches();
+                    }
+                    for _ in 0..2 {
+                        let ops = b.fill(&mut bytes)?;
+                        for &m in &b.members {
+                            b.enqueue(clique, m)?;
+                        }
+                        sync_all(clique)?;
+                        b.verify(&c, &ops, &format!("{} {} {rows}x{cols} {ty}", form.name(), algo))?;
+                    }
+                    out.eager += 1;
+                }
+            }
+            progress(&format!("{} {algo}: every element type and shape equal to the reference", form.name()));
+            if replays == 0 {
+                continue;
+            }
+            // Captured once per member, replayed with fresh operands each time.
+            let c = case(form, g, PrimitiveType::F32, 3 * g, 7 * g, algo, clique.max_grid);
+            let b = Bound::new(clique, &c)?;
+            let mut graphs: Vec<(usize, Graph)> = Vec::new();
+            for &m in &b.members {
+                let s: &Stream = &clique.devices[m].stream;
+                Cuda::bind(&clique.devices[m].ctx)?;
+                s.begin_capture()?;
+                let queued = b.enqueue(clique, m);
+                let graph = s.end_capture();
+                queued?;
+                graphs.push((m, graph?));
+            }
+            for i in 0..replays {
+                let ops = b.fill(&mut bytes)?;
+                for (m, graph) in &graphs {
+                    Cuda::bind(&clique.devices[*m].ctx)?;
+                    graph.launch(&clique.devices[*m].stream)?;
+                }
+                sync_all(clique)?;
+                b.verify(&c, &ops, &format!("{} {algo}, graph replay {i}", form.name()))?;
+                out.replays += 1;
+            }
+            progress(&format!("{} {algo}: {replays} graph replays equal to the reference", form.name()));
+        }
+    }
+    Ok(out)
+}
+
+/// Runs each copy-engine form with member 1 missing (it never enqueues its part) and a
+/// 200 ms timeout: member 0's stream must finish (the watchdog ends its wait) and its next
+/// call must fail naming member 1. Returns those errors.
+pub fn check_missing_member(members: usize) -> Result<Vec<String>> {
+    let clique: &'static Clique = Box::leak(Box::new(Clique::on_one_device(0, members.max(2))?));
+    let g = clique.len();
+    let mut errors = Vec::new();
+    for form in [Form::AllGather(0), Form::AllToAll(1), Form::TupleAllToAll, Form::Ring] {
+        let algo = form.algorithms()[0];
+        let mut c = case(form, g, PrimitiveType::F32, 2 * g, 3 * g, algo, clique.max_grid);
+        c.cfg.timeout_ms = 200;
+        let b = Bound::new(clique, &c)?;
+        b.fill(&mut Bytes(3))?;
+        let t = Instant::now();
+        b.enqueue(clique, 0)?;
+        // Waited for on a thread of its own: a wait the watchdog never ends must not hang this.
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let d = &clique.devices[0];
+            let r = Cuda::bind(&d.ctx).and_then(|()| Cuda::synchronize(&d.stream));
+            let _ = tx.send(r);
+        });
+        match rx.recv_timeout(std::time::Duration::from_secs(30)) {
+            Ok(r) => r?,
+            Err(_) => {
+                return Err(Error::Gpu(format!("{}: member 0's stream still waits after 30 s", form.name())));
+            }
+        }
+        let waited = t.elapsed();
+        let (a, r) =
+            (b.args[0].iter().map(Cuda::ptr).collect::<Vec<_>>(), b.rets[0].iter().map(Cuda::ptr).collect::<Vec<_>>());
+        let msg = match b.call.run(0, &clique.devices[0].stream, &a, &r) {
+            Err(e) if e.code() == ffi::xla_ffi::ErrorCode::DeadlineExceeded && e.to_string().contains("[1") => {
+                e.to_string()
+            }
+            Err(e) => return Err(Error::Gpu(format!("{}: unexpected error after a missing member: {e}", form.name()))),
+            Ok(()) => return Err(Error::Gpu(format!("{}: the call after a missing member succeeded", form.name()))),
+        };
+        errors.push(format!("{} (member 0 released after {} ms): {msg}", form.name(), waited.as_millis()));
+    }
+    Ok(errors)
+}
+
+/// One timed row.
+#[derive(Clone, Debug)]
+pub struct Row {
+    pub form: String,
+    pub algorithm: Algo,
+    /// Operand bytes per member.
+    pub bytes: usize,
+    /// Kernel launches per call of a member.
+    pub launches: usize,
+    /// µs per call of every member (min, median, max over rounds).
+    pub us: [f64; 3],
+    /// With a GEMM beside: the fraction of its speed alone it kept (min, median, max).
+    pub gemm_kept: Option<[f64; 3]>,
+}
+
+/// What [`time`] measures.
+#[derive(Clone, Debug)]
+pub struct TimeOptions {
+    pub members: usize,
+    /// Operand bytes per member.
+    pub sizes: Vec<usize>,
+    pub forms: Vec<Form>,
+    pub rounds: usize,
+    /// Also run a bf16 GEMM beside the largest size of each form.
+    pub beside_gemm: bool,
+    /// The kernels' grid per member (0: the clique's cap); calls beside compute get
+    /// `--async_blocks`, so the bench splits those among the members.
+    pub blocks: u32,
+    /// The copy-engine algorithms alone.
+    pub ce_only: bool,
+}
+
+fn spread(mut v: Vec<f64>) -> [f64; 3] {
+    v.sort_by(f64::total_cmp);
+    [v[0], v[v.len() / 2], v[v.len() - 1]]
+}
+
+/// Seconds for `iters` calls of every member, enqueued back to back and then waited for.
+fn run_calls(clique: &Clique, b: &Bound, iters: usize) -> Result<f64> {
+    let t = Instant::now();
+    for _ in 0..iters {
+        for &m in &b.members {
+            b.enqueue(clique, m)?;
+        }
+    }
+    sync_all(clique)?;
+    Ok(t.elapsed().as_secs_f64())
+}
+
+/// The bf16 GEMM beside: three matrices and a cuBLAS handle on a stream of its own.
+struct Gemm {
+    n: usize,
+    mats: Vec<<Cuda as Gpu>::Buffer>,
+    stream: Stream,
+    blas: ffi::cublas::Blas,
+}
+
+impl Gemm {
+    fn new(clique: &Clique, n: usize) -> Result<Gemm> {
+        let ctx = &clique.devices[0].ctx;
+        let stream = Stream::new(ctx)?;
+        let blas = ffi::cublas::Blas::new(ctx, &stream)?;
+        let mut bytes = Bytes(7);
+        let mut mats = Vec::new();
+        for _ in 0..3 {
+            let m = Cuda::alloc(ctx, 2 * n * n)?;
+            // Random bf16 in [-1, 1): sign, exponent 126 or less, random mantissa.
+            let data: Vec<u8> = bytes.fill(2 * n * n).chunks(2).flat_map(|c| [c[0], (c[1] & 0x80) | 0x3e]).collect();
+            Cuda::write(&m, &data)?;
+            mats.push(m);
+        }
+        Ok(Gemm { n, mats, stream, blas })
+    }
+
+    /// Enqueues `k` GEMMs.
+    fn enqueue(&self, k: usize) -> Result<()> {
+        let p = |i: usize| Cuda::ptr(&self.mats[i]);
+        for _ in 0..k {
+            // SAFETY: three n×n bf16 matrices of this device, alive with `self`, which the
+            // caller synchronises before dropping.
+            unsafe { self.blas.gemm_bf16(self.n, p(0), p(1), p(2))? };
+        }
+        Ok(())
+    }
+
+    /// Seconds for `k` GEMMs alone.
+    fn alone(&self, k: usize) -> Result<f64> {
+        let t = Instant::now();
+        self.enqueue(k)?;
+        self.stream.synchronize()?;
+        Ok(t.elapsed().as_secs_f64())
+    }
+}
+
+/// GEMMs per timed batch beside a collective.
+const GEMMS: usize = 30;
+
+/// Times each form's algorithms at each size, rounds interleaved; with `beside_gemm`, the
+/// largest size again with a GEMM on its own stream.
+pub fn time(opts: &TimeOptions, progress: &mut dyn FnMut(&str)) -> Result<Vec<Row>> {
+    let clique: &'static Clique = Box::leak(Box::new(Clique::on_one_device(0, opts.members)?));
+    let g = opts.members;
+    let blocks = if opts.blocks == 0 { clique.max_grid } else { opts.blocks.min(clique.max_grid) };
+    let gemm = if opts.beside_gemm { Some(Gemm::new(clique, 8192)?) } else { None };
+    let mut table = Vec::new();
+    let mut bytes = Bytes(11);
+    for &form in &opts.forms {
+        for (si, &size) in opts.sizes.iter().enumerate() {
+            // f32 rows × cols with rows and cols multiples of g (what the forms split).
+            let elems = (size / 4).max(g * g);
+            let cols = (1024usize.min(elems / g) / g).max(1) * g;
+            let rows = (elems / cols / g).max(1) * g;
+            let bound = form
+                .algorithms()
+                .into_iter()
+                .filter(|a| a.is_copy_engine() || !opts.ce_only)
+                .map(|a| {
+                    let c = case(form, g, PrimitiveType::F32, rows, cols, a, blocks);
+                    let b = Bound::new(clique, &c)?;
+                    let ops = b.fill(&mut bytes)?;
+                    run_calls(clique, &b, 1)?;
+                    b.verify(&c, &ops, &format!("{} {a} {rows}x{cols}", form.name()))?;
+                    Ok::<_, Error>((a, b))
+                })
+                .collect::<Result<Vec<_>>>()?;
+            // Calls per round: about 20 ms of the slowest.
+            let one =
+                bound.iter().map(|(_, b)| run_calls(clique, b, 3).map(|s| s / 3.0)).collect::<Result<Vec<_>>>()?;
+            let slowest = one.iter().copied().fold(1e-6, f64::max);
+            let iters = ((0.02 / slowest).ceil() as usize).clamp(3, 2000);
+            let mut samples = vec![Vec::new(); bound.len()];
+            for _ in 0..opts.rounds.max(1) {
+                for (i, (_, b)) in bound.iter().enumerate() {
+                    samples[i].push(run_calls(clique, b, iters)? / iters as f64 * 1e6);
+                }
+            }
+            let last = si + 1 == opts.sizes.len();
+            let mut kept = vec![Vec::new(); bound.len()];
+            if let (Some(gm), true) = (&gemm, last) {
+                for _ in 0..opts.rounds.max(1) {
+                    let alone = gm.alone(GEMMS)?;
+                    for (i, (_, b)) in bound.iter().enumerate() {
+                        // Enough calls to outlast the GEMMs, then the GEMMs, timed alone.
+                        let per = samples[i].iter().copied().fold(f64::MAX, f64::min) * 1e-6;
+                        let calls = ((1.5 * alone / per).ceil() as usize + 2).min(100_000);
+                        for _ in 0..calls {
+                            for &m in &b.members {
+                                b.enqueue(clique, m)?;
+                            }
+                        }
+                        let beside = gm.alone(GEMMS)?;
+                        sync_all(clique)?;
+                        kept[i].push(alone / beside);
+                    }
+                }
+            }
+            for (i, (a, b)) in bound.iter().enumerate() {
+                let row = Row {
+                    form: form.name(),
+                    algorithm: *a,
+                    bytes: rows * cols * 4,
+                    launches: b.call.launches(),
+                    us: spread(samples[i].clone()),
+                    gemm_kept: (!kept[i].is_empty()).then(|| spread(kept[i].clone())),
+                };
+                progress(&format!(
+                    "{} {} {} B: {:.1} µs{}",
+                    row.form,
+                    row.algorithm,
+                    row.bytes,
+                    row.us[1],
+                    row.gemm_kept.map(|k| format!(", GEMM keeps {:.3}", k[1])).unwrap_or_default()
+                ));
+                table.push(row);
+            }
+        }
+    }
+    Ok(table)
+}

@@ -1,0 +1,223 @@
+//! The copy-engine forms of all-gather, all-to-all and collective-permute: a call's bytes move
+//! as device-to-device copies (`cuMemcpyAsync` / `cuMemcpy2DAsync`, which the driver gives
+//! the GPU's copy engines) and the members agree that a buffer is free and that data has
+//! landed with stream memory operations (`cuStreamWriteValue32` / `cuStreamWaitValue32`) on
+//! flag words. No kernel is launched and no SM is used, so a call beside a GEMM takes neither
+//! its SMs nor its issue slots (docs/OVERLAP.md).
+//!
+//! This file builds a member's operations ([`Op`]) from plain addresses; `launch.rs` enqueues
+//! them on XLA's stream, and the unit tests run them on a model of memory with every
+//! interleaving of the members they draw.
+//!
+//! **Flag words.** An instance keeps, in page-locked host memory mapped into every GPU of the
+//! process ([`Words`]), [`STRIDE`] words per member: `ARRIVE + k` ("member k is ready for my
+//! data: its staging is free"), `DONE + k` ("member k's data has landed in my staging") and
+//! `MARK` (the code of the wait my stream is in, for the watchdog). Words are set to 1 by
+//! the writer and reset to 0 by their owner right after its wait, so every launch of a call
+//! enqueues the same values: a captured call (XLA's command buffers, CUDA graphs) replays
+//! exactly. Host memory, not device memory, because a wait that never ends must be ended by
+//! the host: the watchdog's plain store reaches a word no matter which GPU queue is blocked.
+//!
+//! **Protocol of one grouped call** (member `idx` of `g`; `send(k)` is what `idx` puts in
+//! member k's staging):
+//! 1. `Signal(ARRIVE + idx)` at every peer: my staging is free (my last copy-out was enqueued
+//!    before this, and stream order finished it).
+//! 2. My own block into my staging.
+//! 3. For each peer k in ring order from `idx + 1`: wait for `ARRIVE + k` (k's staging is
+//!    free), reset it, copy `send(k)` into k's staging, `Signal(DONE + idx)` at k (the write
+//!    follows the copy in stream order, after a fence).
+//! 4. Wait for `DONE + k` of every peer (reset each), then copy my staging to the results.
+//!
+//! A reset cannot race the next call's write of the same word: k writes `ARRIVE + k` for the
+//! next call only after its step 4, which needs my `DONE` of this call, written after my reset.
+//! Likewise for `DONE`. Permute is the same with one target and one source.
+
+/// Words per member: `ARRIVE` .. `ARRIVE + MAX_RANKS`, `DONE` .. `DONE + MAX_RANKS`, `MARK`.
+pub(super) const STRIDE: usize = 32;
+/// `ARRIVE + k`: member k (its index in the group; permute: 0, my target) is ready for my data.
+pub(super) const ARRIVE: usize = 0;
+/// `DONE + k`: member k's data (permute: 1, my source's) has landed in my staging.
+pub(super) const DONE: usize = super::MAX_RANKS;
+/// The code (`1 + word`) of the word my stream waits on, 0 outside waits.
+pub(super) const MARK: usize = 2 * super::MAX_RANKS;
+const _: () = assert!(MARK < STRIDE, "a member's words fit its stride");
+
+/// The member index a waited word names (the missing member's bit in a timeout report;
+/// permute: bit 0 my target, bit 1 my source, as the kernels report them).
+pub(super) fn member_of_word(word: usize) -> usize {
+    word % super::MAX_RANKS
+}
+
+/// Where a copy reads or writes: an operand or result of this execution, or a fixed address
+/// (staging), each plus a byte offset.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Loc {
+    Arg(usize, u64),
+    Ret(usize, u64),
+    At(u64),
+}
+
+impl Loc {
+    /// The same place `off` bytes further.
+    fn plus(self, off: u64) -> Loc {
+        match self {
+            Loc::Arg(i, o) => Loc::Arg(i, o + off),
+            Loc::Ret(i, o) => Loc::Ret(i, o + off),
+            Loc::At(a) => Loc::At(a + off),
+        }
+    }
+}
+
+/// One operation of a copy-engine call on its member's stream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Op {
+    /// The word at this address (a member's flag) ← 1.
+    Signal(u64),
+    /// My watch word `mark` ← `code`; wait until my word `addr` is non-zero; `addr` ← 0.
+    Await { addr: u64, code: u32, mark: u64 },
+    /// My watch word ← 0: out of the waits.
+    Unmark(u64),
+    /// `rows` rows of `width` bytes from `src` (rows `spitch` apart) to `dst` (`dpitch` apart).
+    Move { dst: Loc, src: Loc, width: u64, rows: u64, dpitch: u64, spitch: u64 },
+    /// `len` zero bytes at `dst`.
+    Zero { dst: Loc, len: u64 },
+}
+
+/// A contiguous copy of `len` bytes.
+fn move1(dst: Loc, src: Loc, len: u64) -> Op {
+    Op::Move { dst, src, width: len, rows: 1, dpitch: len, spitch: len }
+}
+
+/// What a member puts in member k's staging: `rows` rows of `width` bytes from `src`, `spitch`
+/// apart, to `dst` bytes into k's staging, `dpitch` apart.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Send {
+    pub src: Loc,
+    pub dst: u64,
+    pub width: u64,
+    pub rows: u64,
+    pub spitch: u64,
+    pub dpitch: u64,
+}
+
+/// The flag words of an instance's members as this process addresses them: member at
+/// position `p` (of the instance's devices) owns words `p * STRIDE ..`.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Words {
+    pub base: u64,
+}
+
+impl Words {
+    pub fn at(self, position: usize, word: usize) -> u64 {
+        self.base + 4 * (position * STRIDE + word) as u64
+    }
+}
+
+/// Largest pitch a 2-D copy takes (the driver's limit is at least 2^31 − 1 on the GPUs
+/// Peerless runs on); rows further apart move one copy each.
+const MAX_PITCH: u64 = (1 << 31) - 1;
+
+/// Pushes `s` into the staging at `base`, as one 2-D copy or, with pitches beyond the
+/// driver's, a copy per row.
+fn push(ops: &mut Vec<Op>, s: Send, base: u64) {
+    if s.width == 0 || s.rows == 0 {
+        return;
+    }
+    let dst = Loc::At(base + s.dst);
+    if s.rows == 1 || (s.width == s.spitch && s.width == s.dpitch) {
+        ops.push(move1(dst, s.src, s.width * s.rows));
+    } else if s.spitch <= MAX_PITCH && s.dpitch <= MAX_PITCH {
+        ops.push(Op::Move { dst, src: s.src, width: s.width, rows: s.rows, dpitch: s.dpitch, spitch: s.spitch });
+    } else {
+        for r in 0..s.rows {
+            ops.push(move1(dst.plus(r * s.dpitch), s.src.plus(r * s.spitch), s.width));
+        }
+    }
+}
+
+/// A grouped call (all-gather, all-to-all) of member `idx` in a group whose members sit at
+/// `positions` (their places among the instance's devices) with staging at `staging`:
+/// `send(k)` goes into member k's staging, then `outs` (result, byte offset in my staging,
+/// length) are copied out of mine.
+pub(super) fn grouped(
+    words: Words,
+    idx: usize,
+    positions: &[usize],
+    staging: &[u64],
+    send: impl Fn(usize) -> Send,
+    outs: &[(usize, u64, u64)],
+) -> Vec<Op> {
+    let g = positions.len();
+    let me = positions[idx];
+    let mark = words.at(me, MARK);
+    let peers: Vec<usize> = (1..g).map(|i| (idx + i) % g).collect();
+    let mut ops = Vec::new();
+    for &k in &peers {
+        ops.push(Op::Signal(words.at(positions[k], ARRIVE + idx)));
+    }
+    push(&mut ops, send(idx), staging[idx]);
+    for &k in &peers {
+        ops.push(Op::Await { addr: words.at(me, ARRIVE + k), code: (1 + ARRIVE + k) as u32, mark });
+        push(&mut ops, send(k), staging[k]);
+        ops.push(Op::Signal(words.at(positions[k], DONE + idx)));
+    }
+    for &k in &peers {
+        ops.push(Op::Await { addr: words.at(me, DONE + k), code: (1 + DONE + k) as u32, mark });
+    }
+    if !peers.is_empty() {
+        ops.push(Op::Unmark(mark));
+    }
+    for &(ret, at, len) in outs.iter().filter(|o| o.2 > 0) {
+        ops.push(move1(Loc::Ret(ret, 0), Loc::At(staging[idx] + at), len));
+    }
+    ops
+}
+
+/// A member of a permute as another member sees it: its place among the instance's devices
+/// and its staging.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Peer {
+    pub position: usize,
+    pub staging: u64,
+}
+
+/// Collective-permute of `len` bytes at the member at position `me` (staging `mine`): to
+/// `target` (`None`: sends nothing; itself: a local copy), from `source` (`None`: zeros).
+pub(super) fn permute(words: Words, me: Peer, target: Option<Peer>, source: Option<Peer>, len: u64) -> Vec<Op> {
+    let mark = words.at(me.position, MARK);
+    let mut ops = Vec::new();
+    let from_peer = source.filter(|s| s.position != me.position);
+    if let Some(s) = from_peer {
+        ops.push(Op::Signal(words.at(s.position, ARRIVE)));
+    }
+    match target {
+        Some(t) if t.position == me.position && len > 0 => ops.push(move1(Loc::Ret(0, 0), Loc::Arg(0, 0), len)),
+        Some(t) if t.position == me.position => {}
+        Some(t) => {
+            ops.push(Op::Await { addr: words.at(me.position, ARRIVE), code: (1 + ARRIVE) as u32, mark });
+            if len > 0 {
+                ops.push(move1(Loc::At(t.staging), Loc::Arg(0, 0), len));
+            }
+            ops.push(Op::Signal(words.at(t.position, DONE + 1)));
+        }
+        None => {}
+    }
+    if from_peer.is_some() {
+        ops.push(Op::Await { addr: words.at(me.position, DONE + 1), code: (1 + DONE + 1) as u32, mark });
+    }
+    if from_peer.is_some() || target.is_some_and(|t| t.position != me.position) {
+        ops.push(Op::Unmark(mark));
+    }
+    if len > 0 {
+        match source {
+            Some(s) if s.position != me.position => ops.push(move1(Loc::Ret(0, 0), Loc::At(me.staging), len)),
+            Some(_) => {}
+            None => ops.push(Op::Zero { dst: Loc::Ret(0, 0), len }),
+        }
+    }
+    ops
+}
+
+#[cfg(test)]
+#[path = "../../../tests/unit/copy_engine.rs"]
+mod tests;

@@ -39,7 +39,7 @@ fi
 if has ncu; then
   # Only the copy-engine algorithms run (--impls copy-engines): check, missing member, timing.
   step ncu 150 ncu --target-processes all --print-summary per-kernel \
-    "$BIN/peerless" bench --members-on-one-gpu 4 --impls copy-engines --graph-replays 5 \
+    "$BIN/peerless" bench --members-on-one-gpu 4 --impls copy-engines --ops all-gather,all-to-all,collective-permute --graph-replays 5 \
     --min-bytes 65536 --max-bytes 1048576 --step 16 --samples 2
   if grep -q "No kernels were profiled" "$LOG/ncu.txt"; then
     echo "   ncu: no kernel ran" | tee -a "$LOG/summary.txt"

@@ -193,7 +193,9 @@ fn one_gpu(args: &BenchArgs, n: usize) -> Result<(), String> {
     let mut say = |line: &str| eprintln!("{line}");
     // `--impls copy-engines`: those alone (a profiler then must see no kernel at all).
     let ce_only = args.impls.iter().all(|i| i == "copy-engines");
-    let checked = one_gpu::check(n, args.graph_replays, ce_only, &mut say).map_err(|e| format!("check: {e}"))?;
+    let kinds = args.ops.iter().map(|s| Op::parse(s).map(Op::kind)).collect::<Result<Vec<_>, _>>()?;
+    let checked =
+        one_gpu::check(n, args.graph_replays, ce_only, &kinds, &mut say).map_err(|e| format!("check: {e}"))?;
     if checked.ce_launches != 0 {
         return Err(format!("check: the copy-engine forms launched {} kernels", checked.ce_launches));
     }
@@ -210,7 +212,10 @@ fn one_gpu(args: &BenchArgs, n: usize) -> Result<(), String> {
     let opts = TimeOptions {
         members: n,
         sizes,
-        forms: vec![Form::AllGather(0), Form::AllToAll(0), Form::Ring],
+        forms: [Form::AllGather(0), Form::AllToAll(0), Form::Ring, Form::ReduceScatter(0), Form::AllReduce]
+            .into_iter()
+            .filter(|f| kinds.contains(&f.kind()))
+            .collect(),
         rounds: args.samples.clamp(1, 20),
         beside_gemm: args.beside_gemm,
         blocks: if args.beside_gemm { (async_blocks / n as u32).max(1) } else { 0 },

@@ -209,9 +209,11 @@ fn rules(
     let red = cfg.reduction.map(|r: ReductionKind| format!(" {r}")).unwrap_or_default();
     // 7's copy-engine forms: the flag's size, or (auto) rows of the profile.
     let bytes = cfg.bytes_per_device;
-    let copy_engine = KernelAlgorithm::copy_engine_for(op.kind).filter(|_| caps.copy_engines);
+    // One operand: a variadic all-reduce stays on its one-shot.
+    let copy_engine = KernelAlgorithm::copy_engine_for(op.kind).filter(|_| caps.copy_engines && cfg.num_operands == 1);
     let ce_forced = copy_engine.filter(|_| matches!(flags.copy_engines, CopyEngines::From(n) if bytes >= n));
     let ce_why = |a: KernelAlgorithm| match flags.copy_engines {
+        CopyEngines::From(n) if reduces => format!("{bytes} bytes >= {COPY_ENGINES}={n}: {a} (SMs only to reduce)"),
         CopyEngines::From(n) => format!("{bytes} bytes >= {COPY_ENGINES}={n}: {a} (no SMs)"),
         _ => String::new(),
     };
@@ -274,11 +276,15 @@ fn rules(
         return Decision::kernel(ce, format!("{shape}, all with peer access; {}", ce_why(ce)));
     }
     if let Some(p) = profile {
-        let allowed: &[KernelAlgorithm] = match op.kind {
-            CollectiveKind::AllReduce if bytes > flags.two_shot_max_bytes => &[],
-            CollectiveKind::AllReduce => &[KernelAlgorithm::OneShotAllReduce, KernelAlgorithm::TwoShotAllReduce],
-            _ => &candidates,
+        let ce = candidates.iter().copied().filter(|a| a.is_copy_engine());
+        let allowed: Vec<KernelAlgorithm> = match op.kind {
+            CollectiveKind::AllReduce if bytes > flags.two_shot_max_bytes => ce.collect(),
+            CollectiveKind::AllReduce => {
+                [KernelAlgorithm::OneShotAllReduce, KernelAlgorithm::TwoShotAllReduce].into_iter().chain(ce).collect()
+            }
+            _ => candidates.clone(),
         };
+        let allowed = allowed.as_slice();
         if allowed.is_empty() {
             return Decision::fallback(format!("{bytes} bytes > {TWO_SHOT_MAX_BYTES}={}", flags.two_shot_max_bytes));
         }

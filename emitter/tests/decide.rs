@@ -479,3 +479,33 @@ fn decides_a_parsed_module() {
     assert_eq!(planned[0].2, Decision::fallback("no peer access 0↔1 (host_topology pairs:0-2,1-3)"));
     assert_eq!(planned[2].2, Decision::fallback("no peer access 0↔1 (host_topology pairs:0-2,1-3)"));
 }
+
+#[test]
+fn copy_engines_from_their_size_only_where_the_platform_has_them() {
+    let caps = Capabilities { copy_engines: true, ..Capabilities::default() };
+    let decide_with = |m: &Module, id: InstrId, flags: &str, caps: Capabilities, t: &emitter::tuning::Tuning| {
+        let flags = Flags::parse(flags).unwrap();
+        let peers = PeerAccessTable::for_host_topology(4, &flags.host_topology);
+        decide_tuned(m, id, 1, 4, &flags, t, &peers, caps).map(|(_, d)| d).unwrap()
+    };
+    let none = emitter::tuning::Tuning::none();
+    let (m, id) = all_gather_start(PrimitiveType::Bf16);
+    // 4 bytes of operand per device (bf16[2]).
+    let d = decide_with(&m, id, "--copy_engines=4", caps, &none);
+    assert_eq!(d.implementation, Implementation::Kernel(KernelAlgorithm::CopyEngineAllGather), "{}", d.reason);
+    assert!(d.reason.contains("4 bytes >= copy_engines=4") && d.reason.contains("no SMs"), "{}", d.reason);
+    // Below the size, off by default, or on a platform without them: the direct kernel.
+    for (flags, caps) in [("--copy_engines=5", caps), ("", caps), ("--copy_engines=0", Capabilities::default())] {
+        let d = decide_with(&m, id, flags, caps, &none);
+        assert_eq!(d.implementation, Implementation::Kernel(KernelAlgorithm::DirectAllGather), "{flags}: {}", d.reason);
+    }
+    // All-reduce above two_shot_max_bytes: the copy engines where the flag says, else XLA's.
+    let (m, id) = all_reduce(PrimitiveType::F32, &[1 << 21], Opcode::Add, ALL4);
+    let d = decide_with(&m, id, "--copy_engines=1048576", caps, &none);
+    assert_eq!(d.implementation, Implementation::Kernel(KernelAlgorithm::CopyEngineAllReduce), "{}", d.reason);
+    assert!(d.reason.contains("SMs only to reduce"), "{}", d.reason);
+    assert_eq!(decide_with(&m, id, "", caps, &none).implementation, Implementation::Fallback);
+    // auto: only where the profile measured them fastest (the test profile has no such rows).
+    let d = decide_with(&m, id, "--copy_engines=auto", caps, &tuned(false));
+    assert_eq!(d.implementation, Implementation::Fallback, "{}", d.reason);
+}

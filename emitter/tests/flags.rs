@@ -1,6 +1,6 @@
 //! `emitter::flags`: the backend flags parse, round-trip, and name every valid flag in errors.
 
-use emitter::flags::{Backend, FLAGS, Flags, HostTopology};
+use emitter::flags::{Backend, CopyEngines, FLAGS, Flags, HostTopology};
 
 #[test]
 fn defaults_come_from_one_place() {
@@ -24,7 +24,7 @@ fn parses_every_flag_and_round_trips() {
              --reduce_scatter_backend=fallback --collective_permute_backend=kernel --one_shot_max_bytes=1024 \
              --two_shot_max_bytes=65536 --collective_timeout_ms=500 --host_topology=pairs:0-1,2-3 \
              --allow_unsafe_peer_targets=true --xla_async_above_bytes=none --overlap_above_bytes=1048576 \
-             --async_blocks=8 --fuse_norm=false";
+             --async_blocks=8 --fuse_norm=false --copy_engines=65536";
     let f = Flags::parse(s).unwrap();
     assert_eq!((f.fuse_norm, Flags::default().fuse_norm), (Some(false), None));
     // The old grid flag (it never reached a launch; `async_blocks` does) is a clear error, not ignored.
@@ -44,6 +44,10 @@ fn parses_every_flag_and_round_trips() {
     for bad in ["0", "129", "x"] {
         assert!(Flags::parse(&format!("--async_blocks={bad}")).is_err(), "{bad}");
     }
+    assert_eq!((f.copy_engines, Flags::default().copy_engines), (CopyEngines::From(65536), CopyEngines::Off));
+    assert_eq!(Flags::parse("--copy_engines=auto").unwrap().copy_engines, CopyEngines::Auto);
+    assert_eq!(Flags::parse("--copy_engines=none").unwrap().copy_engines, CopyEngines::Off);
+    assert!(Flags::parse("--copy_engines=fast").is_err());
     assert_eq!(f.to_string(), s.split_whitespace().collect::<Vec<_>>().join(" "));
     assert_eq!(Flags::parse(&f.to_string()).unwrap(), f);
     let mut g = Flags::default();

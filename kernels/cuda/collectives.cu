@@ -1112,8 +1112,23 @@ PL_DEVICE void lamport_norm(const T* in, const Norm& nm, u32 rank, u32 world, co
   lamport_reset(lam.p[rank], world, slot, i, units);
 }
 
+// The copy-engine reduce-scatter's and all-reduce's one kernel: reduces the `world` arrays of
+// `n` elements at src.p[0..world) (the members' blocks the copy engines gathered into this
+// member's staging) in the fixed rank order 0..world-1 of every other reduction, so it gives the
+// same bits, into `out`. Local reads only and no flags: the copy engines and stream memory
+// operations did the rest, so a small grid does.
+template <typename T, typename R>
+PL_DEVICE void reduce_local(const Ptrs& src, u32 world, T* out, u64 n) {
+  constexpr u32 VEC = Unit<T>::VEC;
+  const u64 units = (n + VEC - 1) / VEC;
+  const bool vec_ok = aligned16(out);
+  const u64 nt = static_cast<u64>(gridDim.x) * blockDim.x;
+  for (u64 u = static_cast<u64>(blockIdx.x) * blockDim.x + threadIdx.x; u < units; u += nt)
+    reduce_unit<T, R>(out, src, 0, world, u, n, vec_ok);
+}
+
 // One macro per kernel of a reduction specialization (the host compiles them one at a time),
-// and PL_AR for all four.
+// and PL_AR for all five.
 #define PL_ONE_SHOT(NAME, T, R)                                                                              \
   PL_GLOBAL void __launch_bounds__(512) pl_one_shot_##NAME(const T* in, T* out, u64 n, u32 rank, u32 world, \
                                                           Ptrs stage, u64 stride, Ptrs flags, u32* counter,    \
@@ -1138,6 +1153,10 @@ PL_DEVICE void lamport_norm(const T* in, const Norm& nm, u32 rank, u32 world, co
                                                                 u32* counter, Blocks b, Status st) {          \
     reduce_scatter<T, R>(in, out, rank, world, stage, stride, flags, counter, b, st);                        \
   }
+#define PL_REDUCE_LOCAL(NAME, T, R)                                                                          \
+  PL_GLOBAL void __launch_bounds__(512) pl_reduce_local_##NAME(Ptrs src, u32 world, T* out, u64 n) {          \
+    reduce_local<T, R>(src, world, out, n);                                                                    \
+  }
 // The fused one-shot all-reduce + RMSNorm: float types, sum only (R is Sum).
 #define PL_ONE_SHOT_NORM(NAME, T, R)                                                                         \
   PL_GLOBAL void __launch_bounds__(512) pl_one_shot_norm_##NAME(const T* in, Norm nm, u32 rank, u32 world,  \
@@ -1159,8 +1178,9 @@ PL_DEVICE void lamport_norm(const T* in, const Norm& nm, u32 rank, u32 world, co
                                                               Status st) {                                    \
     lamport_norm<T>(in, nm, rank, world, lam, slot, counter, st);                                              \
   }
-#define PL_AR(NAME, T, R) \
-  PL_ONE_SHOT(NAME, T, R) PL_ONE_SHOT_MANY(NAME, T, R) PL_TWO_SHOT(NAME, T, R) PL_REDUCE_SCATTER(NAME, T, R)
+#define PL_AR(NAME, T, R)                                                                                   \
+  PL_ONE_SHOT(NAME, T, R) PL_ONE_SHOT_MANY(NAME, T, R) PL_TWO_SHOT(NAME, T, R) PL_REDUCE_SCATTER(NAME, T, R) \
+  PL_REDUCE_LOCAL(NAME, T, R)
 
 #define PL_AR_ARITH(NAME, T) PL_AR(NAME##_sum, T, Sum) PL_AR(NAME##_prod, T, Prod) PL_AR(NAME##_min, T, Min) PL_AR(NAME##_max, T, Max)
 #define PL_AR_FLOAT(NAME, T) PL_AR_ARITH(NAME, T) \

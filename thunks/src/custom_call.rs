@@ -45,6 +45,8 @@ pub fn algorithm_name(algo: KernelAlgorithm) -> &'static str {
         KernelAlgorithm::CopyEngineAllGather => "copy_engine_all_gather",
         KernelAlgorithm::CopyEngineAllToAll => "copy_engine_all_to_all",
         KernelAlgorithm::CopyEnginePermute => "copy_engine_permute",
+        KernelAlgorithm::CopyEngineReduceScatter => "copy_engine_reduce_scatter",
+        KernelAlgorithm::CopyEngineAllReduce => "copy_engine_all_reduce",
     }
 }
 
@@ -538,9 +540,21 @@ impl CustomCallConfig {
     pub fn gpu_staging_bytes(&self, args: &[usize], rets: &[usize]) -> usize {
         let r = |x: usize| x.max(16).div_ceil(256).saturating_mul(256);
         let max_in = args.iter().copied().max().unwrap_or(0);
+        let g = self.groups.first().map_or(1, Vec::len).max(1);
         let bytes = match self.algorithm {
+            // One slot of my result's size per member (their blocks for me).
+            KernelAlgorithm::CopyEngineReduceScatter if args.len() == 1 => {
+                (2 * r(max_in)).max(g.saturating_mul(r(rets.iter().copied().max().unwrap_or(0))))
+            }
+            // The reduce-scatter's slots, then the gathered operand.
+            KernelAlgorithm::CopyEngineAllReduce if args.len() == 1 => {
+                (2 * r(max_in)).max(g.saturating_mul(r(ce_part_bytes(max_in, g))).saturating_add(r(max_in)))
+            }
             KernelAlgorithm::OneShotAllReduce => 2 * args.iter().map(|&a| r(a)).sum::<usize>(),
-            KernelAlgorithm::TwoShotAllReduce | KernelAlgorithm::DirectReduceScatter => 2 * r(max_in),
+            KernelAlgorithm::TwoShotAllReduce
+            | KernelAlgorithm::DirectReduceScatter
+            | KernelAlgorithm::CopyEngineReduceScatter
+            | KernelAlgorithm::CopyEngineAllReduce => 2 * r(max_in),
             _ if self.kind == CollectiveKind::AllToAll && args.len() > 1 => args.len().saturating_mul(r(max_in)),
             _ => r(rets.iter().sum::<usize>()),
         };
@@ -597,6 +611,14 @@ impl fmt::Display for CustomCallConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}({}) {}", self.target(), self.name, self.backend_config())
     }
+}
+
+/// The part of an all-reduce operand of `len` bytes each of `g` members reduces on the copy
+/// engines' all-reduce: `len / g` rounded up to 16 bytes (a whole element of every type, and
+/// the kernels' vector width); member k's part starts at `k` times it (the last may be short
+/// or empty).
+pub fn ce_part_bytes(len: usize, g: usize) -> usize {
+    len.div_ceil(g.max(1)).div_ceil(16).saturating_mul(16)
 }
 
 /// The bytes an operand of `len` bytes takes in host staging: `len` rounded up to 64 (each

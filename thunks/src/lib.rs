@@ -204,11 +204,17 @@ pub enum KernelAlgorithm {
     CopyEngineAllToAll,
     /// Collective-permute on the copy engines, as [`Self::CopyEngineAllGather`].
     CopyEnginePermute,
+    /// Reduce-scatter: the copy engines gather every member's block for me into my staging,
+    /// then one small kernel reduces them with local reads (the only SMs it uses).
+    CopyEngineReduceScatter,
+    /// All-reduce as [`Self::CopyEngineReduceScatter`] of 1/N parts, then the reduced parts
+    /// all-gathered on the copy engines: a two-shot whose movement uses no SM.
+    CopyEngineAllReduce,
 }
 
 impl KernelAlgorithm {
     /// Every algorithm, for reading one back from a spelling.
-    pub const ALL: [KernelAlgorithm; 9] = [
+    pub const ALL: [KernelAlgorithm; 11] = [
         Self::OneShotAllReduce,
         Self::TwoShotAllReduce,
         Self::DirectAllGather,
@@ -218,22 +224,33 @@ impl KernelAlgorithm {
         Self::CopyEngineAllGather,
         Self::CopyEngineAllToAll,
         Self::CopyEnginePermute,
+        Self::CopyEngineReduceScatter,
+        Self::CopyEngineAllReduce,
     ];
 
-    /// The copy-engine form of `kind`'s collective, where one exists (pure data movement:
-    /// all-gather, all-to-all, collective-permute).
+    /// The copy-engine form of `kind`'s collective: all five kinds have one.
     pub fn copy_engine_for(kind: CollectiveKind) -> Option<KernelAlgorithm> {
         match kind {
             CollectiveKind::AllGather => Some(Self::CopyEngineAllGather),
             CollectiveKind::AllToAll => Some(Self::CopyEngineAllToAll),
             CollectiveKind::CollectivePermute => Some(Self::CopyEnginePermute),
+            CollectiveKind::ReduceScatter => Some(Self::CopyEngineReduceScatter),
+            CollectiveKind::AllReduce => Some(Self::CopyEngineAllReduce),
             _ => None,
         }
     }
 
-    /// Whether the algorithm moves its bytes on the copy engines (launches no kernel).
+    /// Whether the algorithm moves its bytes on the copy engines (the reductions' forms then
+    /// launch one local reduction kernel; the others none).
     pub fn is_copy_engine(self) -> bool {
-        matches!(self, Self::CopyEngineAllGather | Self::CopyEngineAllToAll | Self::CopyEnginePermute)
+        matches!(
+            self,
+            Self::CopyEngineAllGather
+                | Self::CopyEngineAllToAll
+                | Self::CopyEnginePermute
+                | Self::CopyEngineReduceScatter
+                | Self::CopyEngineAllReduce
+        )
     }
 
     pub fn name(self) -> &'static str {
@@ -247,6 +264,8 @@ impl KernelAlgorithm {
             Self::CopyEngineAllGather => "copy-engine all-gather",
             Self::CopyEngineAllToAll => "copy-engine all-to-all",
             Self::CopyEnginePermute => "copy-engine permute",
+            Self::CopyEngineReduceScatter => "copy-engine reduce-scatter",
+            Self::CopyEngineAllReduce => "copy-engine all-reduce",
         }
     }
 }

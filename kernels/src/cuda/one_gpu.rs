@@ -21,7 +21,7 @@ use hlo::{ArrayShape, PrimitiveType};
 use thunks::custom_call::CustomCallConfig;
 use thunks::{CollectiveKind as Kind, KernelAlgorithm as Algo};
 
-use super::Clique;
+use super::{Clique, Red};
 use crate::gpu::xla::LocalCall;
 use crate::{Error, Result};
 
@@ -39,10 +39,15 @@ pub enum Form {
     /// Permute 0 → 1 and, with 3 or more members, 2 → 2: members without a source get zeros,
     /// a self pair copies, other members take no part.
     Partial,
+    /// Reduce-scatter along dimension 0 or 1 of a rank-2 operand.
+    ReduceScatter(usize),
+    /// All-reduce of a rank-2 operand.
+    AllReduce,
 }
 
 impl Form {
-    pub const ALL: [Form; 7] = [
+    /// The forms that only move bytes.
+    pub const MOVES: [Form; 7] = [
         Form::AllGather(0),
         Form::AllGather(1),
         Form::AllToAll(0),
@@ -51,6 +56,8 @@ impl Form {
         Form::Ring,
         Form::Partial,
     ];
+    /// The forms that reduce.
+    pub const REDUCTIONS: [Form; 3] = [Form::ReduceScatter(0), Form::ReduceScatter(1), Form::AllReduce];
 
     pub fn name(self) -> String {
         match self {
@@ -59,14 +66,18 @@ impl Form {
             Form::TupleAllToAll => "all-to-all tuple".into(),
             Form::Ring => "permute ring".into(),
             Form::Partial => "permute partial".into(),
+            Form::ReduceScatter(d) => format!("reduce-scatter dim {d}"),
+            Form::AllReduce => "all-reduce".into(),
         }
     }
 
-    fn kind(self) -> Kind {
+    pub fn kind(self) -> Kind {
         match self {
             Form::AllGather(_) => Kind::AllGather,
             Form::AllToAll(_) | Form::TupleAllToAll => Kind::AllToAll,
             Form::Ring | Form::Partial => Kind::CollectivePermute,
+            Form::ReduceScatter(_) => Kind::ReduceScatter,
+            Form::AllReduce => Kind::AllReduce,
         }
     }
 
@@ -75,6 +86,8 @@ impl Form {
         match self.kind() {
             Kind::AllGather => [Algo::CopyEngineAllGather, Algo::DirectAllGather],
             Kind::AllToAll => [Algo::CopyEngineAllToAll, Algo::DirectAllToAll],
+            Kind::ReduceScatter => [Algo::CopyEngineReduceScatter, Algo::DirectReduceScatter],
+            Kind::AllReduce => [Algo::CopyEngineAllReduce, Algo::TwoShotAllReduce],
             _ => [Algo::CopyEnginePermute, Algo::DirectPermute],
         }
     }
@@ -107,6 +120,8 @@ fn case(form: Form, g: usize, ty: PrimitiveType, rows: usize, cols: usize, algo:
         Form::AllGather(0) => (vec![a.clone()], vec![ArrayShape::new(ty, vec![r * g as i64, c])]),
         Form::AllGather(_) => (vec![a.clone()], vec![ArrayShape::new(ty, vec![r, c * g as i64])]),
         Form::TupleAllToAll => (vec![a.clone(); g], vec![a.clone(); g]),
+        Form::ReduceScatter(0) => (vec![a.clone()], vec![ArrayShape::new(ty, vec![r / g as i64, c])]),
+        Form::ReduceScatter(_) => (vec![a.clone()], vec![ArrayShape::new(ty, vec![r, c / g as i64])]),
         _ => (vec![a.clone()], vec![a]),
     };
     let mut cfg = CustomCallConfig::new(form.kind(), algo, format!("{} ({})", form.name(), algo));
@@ -115,9 +130,12 @@ fn case(form: Form, g: usize, ty: PrimitiveType, rows: usize, cols: usize, algo:
         _ => cfg.groups = vec![(0..g).collect()],
     }
     cfg.dimension = match form {
-        Form::AllGather(d) | Form::AllToAll(d) => Some(d),
+        Form::AllGather(d) | Form::AllToAll(d) | Form::ReduceScatter(d) => Some(d),
         _ => None,
     };
+    if matches!(form, Form::ReduceScatter(_) | Form::AllReduce) {
+        cfg.reduction = Some(Red::Sum);
+    }
     cfg.num_devices = g;
     cfg.instance = next_instance();
     cfg.timeout_ms = 20_000;
@@ -168,6 +186,31 @@ fn reference(case: &Case, ops: &[Vec<Vec<u8>>], m: usize) -> Vec<Vec<u8>> {
             match case.cfg.pairs.iter().find(|p| p.1 == m) {
                 Some(&(s, _)) => vec![ops[s][0].clone()],
                 None => vec![vec![0u8; len]],
+            }
+        }
+        // Sums of f32 operands holding small integers (exact in any order): member m's block
+        // of the element-wise sum.
+        Form::ReduceScatter(_) | Form::AllReduce => {
+            let f = |b: &[u8]| -> Vec<f32> {
+                b.chunks(4).map(|c| f32::from_le_bytes(c.try_into().unwrap_or_default())).collect()
+            };
+            let mut sum = f(&ops[0][0]);
+            for op in &ops[1..g] {
+                for (a, b) in sum.iter_mut().zip(f(&op[0])) {
+                    *a += b;
+                }
+            }
+            let all: Vec<u8> = sum.iter().flat_map(|v| v.to_le_bytes()).collect();
+            match case.form {
+                Form::AllReduce => vec![all],
+                Form::ReduceScatter(0) => {
+                    let block = rows / g * row;
+                    vec![all[m * block..(m + 1) * block].to_vec()]
+                }
+                _ => {
+                    let brow = row / g;
+                    vec![(0..rows).flat_map(|r| all[r * row + m * brow..r * row + (m + 1) * brow].to_vec()).collect()]
+                }
             }
         }
     }
@@ -224,13 +267,21 @@ impl Bound {
         self.call.run(m, &dev.stream, &a, &r).map_err(gpu)
     }
 
-    /// Writes fresh operands, poisons the results; returns the operands.
-    fn fill(&self, bytes: &mut Bytes) -> Result<Vec<Vec<Vec<u8>>>> {
+    /// Writes fresh operands, poisons the results; returns the operands. `exact`: f32 small
+    /// integers (their sums are exact in any order), else any bytes.
+    fn fill_with(&self, bytes: &mut Bytes, exact: bool) -> Result<Vec<Vec<Vec<u8>>>> {
         let mut all = Vec::new();
         for (m, bufs) in self.args.iter().enumerate() {
             let mut mine = Vec::new();
             for b in bufs {
-                let data = bytes.fill(Cuda::buffer_len(b));
+                let mut data = bytes.fill(Cuda::buffer_len(b));
+                if exact {
+                    for c in data.chunks_mut(4) {
+                        let v = f32::from(c[0] % 64) - 32.0;
+                        let n = c.len();
+                        c.copy_from_slice(&v.to_le_bytes()[..n]);
+                    }
+                }
                 Cuda::write(b, &data)?;
                 mine.push(data);
             }
@@ -240,6 +291,33 @@ impl Bound {
             all.push(mine);
         }
         Ok(all)
+    }
+
+    fn fill(&self, bytes: &mut Bytes) -> Result<Vec<Vec<Vec<u8>>>> {
+        self.fill_with(bytes, false)
+    }
+
+    /// Writes `ops` as the operands (another binding's) and poisons the results.
+    fn write(&self, ops: &[Vec<Vec<u8>>]) -> Result<()> {
+        for (m, bufs) in self.args.iter().enumerate() {
+            for (b, data) in bufs.iter().zip(&ops[m]) {
+                Cuda::write(b, data)?;
+            }
+            for r in &self.rets[m] {
+                Cuda::write(r, &vec![0xa5u8; Cuda::buffer_len(r)])?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Every member's results.
+    fn results(&self) -> Result<Vec<Vec<Vec<u8>>>> {
+        let read = |b: &<Cuda as Gpu>::Buffer| -> Result<Vec<u8>> {
+            let mut v = vec![0u8; Cuda::buffer_len(b)];
+            Cuda::read(b, &mut v)?;
+            Ok(v)
+        };
+        self.rets.iter().map(|bufs| bufs.iter().map(read).collect()).collect()
     }
 
     /// Compares every member's results with the reference; the error names the first byte off.
@@ -285,13 +363,20 @@ pub struct Checked {
 /// Checks every form, element type and algorithm on `members` members of GPU 0 against the
 /// host reference, then `replays` replays of a captured call per form and algorithm.
 /// (`ce_only`: the copy-engine algorithms alone, e.g. under a profiler that must see no kernel.)
-pub fn check(members: usize, replays: usize, ce_only: bool, progress: &mut dyn FnMut(&str)) -> Result<Checked> {
+/// (`kinds`: the collective kinds whose forms to check.)
+pub fn check(
+    members: usize,
+    replays: usize,
+    ce_only: bool,
+    kinds: &[Kind],
+    progress: &mut dyn FnMut(&str),
+) -> Result<Checked> {
     let clique: &'static Clique = Box::leak(Box::new(Clique::on_one_device(0, members)?));
     let types: Vec<PrimitiveType> = PrimitiveType::ALL.into_iter().filter(|t| t.is_computable()).collect();
     let mut bytes = Bytes(members as u64);
     let mut out = Checked::default();
     let g = members;
-    for form in Form::ALL {
+    for form in Form::MOVES.into_iter().filter(|f| kinds.contains(&f.kind())) {
         for algo in form.algorithms().into_iter().filter(|a| a.is_copy_engine() || !ce_only) {
             for &ty in &types {
                 for (rows, cols) in [(g, g), (3 * g, 7 * g), (40 * g, 33 * g)] {
@@ -318,30 +403,115 @@ pub fn check(members: usize, replays: usize, ce_only: bool, progress: &mut dyn F
             // Captured once per member, replayed with fresh operands each time.
             let c = case(form, g, PrimitiveType::F32, 3 * g, 7 * g, algo, clique.max_grid);
             let b = Bound::new(clique, &c)?;
-            let mut graphs: Vec<(usize, Graph)> = Vec::new();
-            for &m in &b.members {
-                let s: &Stream = &clique.devices[m].stream;
-                Cuda::bind(&clique.devices[m].ctx)?;
-                s.begin_capture()?;
-                let queued = b.enqueue(clique, m);
-                let graph = s.end_capture();
-                queued?;
-                graphs.push((m, graph?));
-            }
+            let graphs = capture(clique, &b)?;
             for i in 0..replays {
                 let ops = b.fill(&mut bytes)?;
-                for (m, graph) in &graphs {
-                    Cuda::bind(&clique.devices[*m].ctx)?;
-                    graph.launch(&clique.devices[*m].stream)?;
-                }
-                sync_all(clique)?;
+                replay(clique, &graphs)?;
                 b.verify(&c, &ops, &format!("{} {algo}, graph replay {i}", form.name()))?;
                 out.replays += 1;
             }
             progress(&format!("{} {algo}: {replays} graph replays equal to the reference", form.name()));
         }
     }
+    let reductions: Vec<Form> = Form::REDUCTIONS.into_iter().filter(|f| kinds.contains(&f.kind())).collect();
+    check_reductions(clique, &reductions, replays, ce_only, &mut bytes, &mut out, progress)?;
     Ok(out)
+}
+
+/// Captures each member's call of `b` into a graph of its own.
+fn capture(clique: &Clique, b: &Bound) -> Result<Vec<(usize, Graph)>> {
+    let mut graphs = Vec::new();
+    for &m in &b.members {
+        let s: &Stream = &clique.devices[m].stream;
+        Cuda::bind(&clique.devices[m].ctx)?;
+        s.begin_capture()?;
+        let queued = b.enqueue(clique, m);
+        let graph = s.end_capture();
+        queued?;
+        graphs.push((m, graph?));
+    }
+    Ok(graphs)
+}
+
+/// Replays every member's graph once and waits for them.
+fn replay(clique: &Clique, graphs: &[(usize, Graph)]) -> Result<()> {
+    for (m, graph) in graphs {
+        Cuda::bind(&clique.devices[*m].ctx)?;
+        graph.launch(&clique.devices[*m].stream)?;
+    }
+    sync_all(clique)
+}
+
+/// The reductions: the copy-engine forms bit for bit equal to today's kernels on the same
+/// operands (any bytes, NaNs included) for every element type and reduction the kernels take,
+/// and equal to exact f32 sums eagerly and over `replays` graph replays.
+fn check_reductions(
+    clique: &'static Clique,
+    forms: &[Form],
+    replays: usize,
+    ce_only: bool,
+    bytes: &mut Bytes,
+    out: &mut Checked,
+    progress: &mut dyn FnMut(&str),
+) -> Result<()> {
+    let g = clique.len();
+    let types: Vec<PrimitiveType> = PrimitiveType::ALL.into_iter().filter(|t| t.is_computable()).collect();
+    let reds = [Red::Sum, Red::Prod, Red::Min, Red::Max, Red::And, Red::Or];
+    for &form in forms {
+        let [ce, direct] = form.algorithms();
+        if !ce_only {
+            for &ty in &types {
+                let Some(t) = super::Dtype::of(ty) else { continue };
+                for red in reds.into_iter().filter(|&r| crate::gpu::args::red_defined_for(r, t)) {
+                    for (rows, cols) in [(g, g), (3 * g, 7 * g), (40 * g, 33 * g)] {
+                        let bind = |algo| {
+                            let mut c = case(form, g, ty, rows, cols, algo, clique.max_grid);
+                            c.cfg.reduction = Some(red);
+                            Bound::new(clique, &c)
+                        };
+                        let (b_ce, b_direct) = (bind(ce)?, bind(direct)?);
+                        let ops = b_ce.fill(bytes)?;
+                        b_direct.write(&ops)?;
+                        for b in [&b_ce, &b_direct] {
+                            for &m in &b.members {
+                                b.enqueue(clique, m)?;
+                            }
+                            sync_all(clique)?;
+                        }
+                        if b_ce.results()? != b_direct.results()? {
+                            let what = format!("{} {ty} {} {rows}x{cols}", form.name(), red.name());
+                            return Err(Error::Gpu(format!("{what}: {ce} differs from {direct}")));
+                        }
+                        out.eager += 1;
+                    }
+                }
+            }
+            progress(&format!("{}: {ce} bit for bit {direct}, every element type and reduction", form.name()));
+        }
+        for algo in form.algorithms().into_iter().filter(|a| a.is_copy_engine() || !ce_only) {
+            let c = case(form, g, PrimitiveType::F32, 3 * g, 7 * g, algo, clique.max_grid);
+            let b = Bound::new(clique, &c)?;
+            let ops = b.fill_with(bytes, true)?;
+            for &m in &b.members {
+                b.enqueue(clique, m)?;
+            }
+            sync_all(clique)?;
+            b.verify(&c, &ops, &format!("{} {algo}: exact f32 sums", form.name()))?;
+            out.eager += 1;
+            if replays == 0 {
+                continue;
+            }
+            let graphs = capture(clique, &b)?;
+            for i in 0..replays {
+                let ops = b.fill_with(bytes, true)?;
+                replay(clique, &graphs)?;
+                b.verify(&c, &ops, &format!("{} {algo}, graph replay {i}", form.name()))?;
+                out.replays += 1;
+            }
+            progress(&format!("{} {algo}: exact sums, {replays} graph replays equal to the reference", form.name()));
+        }
+    }
+    Ok(())
 }
 
 /// Runs each copy-engine form with member 1 missing (it never enqueues its part) and a
@@ -506,7 +676,7 @@ pub fn time(opts: &TimeOptions, progress: &mut dyn FnMut(&str)) -> Result<Vec<Ro
                 .map(|a| {
                     let c = case(form, g, PrimitiveType::F32, rows, cols, a, blocks);
                     let b = Bound::new(clique, &c)?;
-                    let ops = b.fill(&mut bytes)?;
+                    let ops = b.fill_with(&mut bytes, matches!(form, Form::ReduceScatter(_) | Form::AllReduce))?;
                     run_calls(clique, &b, 1)?;
                     b.verify(&c, &ops, &format!("{} {a} {rows}x{cols}", form.name()))?;
                     Ok::<_, Error>((a, b))
@@ -526,12 +696,14 @@ pub fn time(opts: &TimeOptions, progress: &mut dyn FnMut(&str)) -> Result<Vec<Ro
             let last = si + 1 == opts.sizes.len();
             let mut kept = vec![Vec::new(); bound.len()];
             if let (Some(gm), true) = (&gemm, last) {
+                gm.alone(GEMMS / 3)?; // clocks up, cuBLAS's kernels loaded
                 for _ in 0..opts.rounds.max(1) {
-                    let alone = gm.alone(GEMMS)?;
                     for (i, (_, b)) in bound.iter().enumerate() {
-                        // Enough calls to outlast the GEMMs, then the GEMMs, timed alone.
+                        // The GEMMs alone, then again beside enough calls to outlast them (the
+                        // calls slow down beside them, and enqueueing them takes host time).
+                        let alone = gm.alone(GEMMS)?;
                         let per = samples[i].iter().copied().fold(f64::MAX, f64::min) * 1e-6;
-                        let calls = ((1.5 * alone / per).ceil() as usize + 2).min(100_000);
+                        let calls = ((4.0 * alone / per).ceil() as usize + 2).min(100_000);
                         for _ in 0..calls {
                             for &m in &b.members {
                                 b.enqueue(clique, m)?;

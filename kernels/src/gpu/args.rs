@@ -300,6 +300,8 @@ kernel_args! {
     }
     /// The arguments of `pl_exchange`.
     struct ExchangeArgs { x: Xchg, status: Status }
+    /// The arguments of `pl_reduce_local_*`, in order.
+    struct LocalArgs { src: Ptrs, world: u32, output: u64, n: u64 }
 }
 
 #[cfg(test)]

@@ -50,6 +50,8 @@ kernels! {
     OneShotMany => "pl_one_shot_many_",
     TwoShot => "pl_two_shot_",
     ReduceScatter => "pl_reduce_scatter_",
+    /// The copy-engine reduce-scatter's and all-reduce's local reduction (no flags, local reads).
+    ReduceLocal => "pl_reduce_local_",
     /// The one-shot all-reduce fused with the residual add and RMSNorm after it (f32, bf16,
     /// f16; sum).
     OneShotNorm => "pl_one_shot_norm_",

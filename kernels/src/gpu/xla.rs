@@ -56,8 +56,8 @@ use thunks::custom_call::CustomCallConfig;
 use thunks::{CollectiveKind as Kind, KernelAlgorithm as Algo};
 
 use super::args::{
-    Blocks, Dtype, ExchangeArgs, MAX_OPERANDS, MAX_TASKS, Many, ManyArgs, Norm, NormArgs, Ptrs, Red, ReduceArgs, Run,
-    ScatterArgs, Sig, Status, Wait, Xchg,
+    Blocks, Dtype, ExchangeArgs, LocalArgs, MAX_OPERANDS, MAX_TASKS, Many, ManyArgs, Norm, NormArgs, Ptrs, Red,
+    ReduceArgs, Run, ScatterArgs, Sig, Status, Wait, Xchg,
 };
 use super::{BLOCKS, Backend, Clique, DEFAULT_GRID, Kernel, MAX_RANKS, SIGNAL_BYTES, THREADS, Unit};
 use crate::ffi_handler::{At, CallState, CollectiveRuntime, Slot, SlotKey, Slots, array_shape};

@@ -266,6 +266,8 @@ impl Plan {
             Algo::CopyEngineAllGather => Algo::DirectAllGather,
             Algo::CopyEngineAllToAll => Algo::DirectAllToAll,
             Algo::CopyEnginePermute => Algo::DirectPermute,
+            Algo::CopyEngineReduceScatter => Algo::DirectReduceScatter,
+            Algo::CopyEngineAllReduce => Algo::TwoShotAllReduce,
             a => a,
         };
         let op = CollectiveOp { kind: call.kind, is_async: false };
@@ -280,10 +282,10 @@ impl Plan {
             shapes.push(ArrayShape::new(s.ty, dims));
         }
         let computes = match algorithm {
-            Algo::OneShotAllReduce | Algo::TwoShotAllReduce => Kind::AllReduce,
+            Algo::OneShotAllReduce | Algo::TwoShotAllReduce | Algo::CopyEngineAllReduce => Kind::AllReduce,
             Algo::DirectAllGather | Algo::CopyEngineAllGather => Kind::AllGather,
             Algo::DirectAllToAll | Algo::CopyEngineAllToAll => Kind::AllToAll,
-            Algo::DirectReduceScatter => Kind::ReduceScatter,
+            Algo::DirectReduceScatter | Algo::CopyEngineReduceScatter => Kind::ReduceScatter,
             Algo::DirectPermute | Algo::CopyEnginePermute => Kind::CollectivePermute,
         };
         if computes != op.kind {
@@ -499,7 +501,9 @@ impl Plan {
             | Algo::DirectPermute
             | Algo::CopyEngineAllGather
             | Algo::CopyEngineAllToAll
-            | Algo::CopyEnginePermute => {
+            | Algo::CopyEnginePermute
+            | Algo::CopyEngineReduceScatter
+            | Algo::CopyEngineAllReduce => {
                 unreachable!("{algorithm} computes outside Plan::compute")
             }
         }

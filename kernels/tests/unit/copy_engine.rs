@@ -71,32 +71,36 @@ fn simulate(mem: &mut Mem, ops: &[Vec<Op>], bufs: &[Vec<Buffers>], seed: u64) {
         }
         let m = runnable[rng.random_range(0..runnable.len())];
         let (c, i) = pc[m];
-        let b = &bufs[c][m];
-        match ops[m][i] {
-            Op::Signal(a) => {
-                assert_eq!(mem.word(a), 0, "member {m} call {c}: signal of a word still set");
-                mem.set_word(a, 1);
-            }
-            Op::Await { addr, code, mark } => {
-                assert!(code > 0);
-                mem.set_word(mark, code);
-                mem.set_word(addr, 0);
-            }
-            Op::Unmark(mark) => mem.set_word(mark, 0),
-            Op::Move { dst, src, width, rows, dpitch, spitch } => {
-                let (d, s) = (resolve(dst, b) as usize, resolve(src, b) as usize);
-                for r in 0..rows as usize {
-                    let (d, s) = (d + r * dpitch as usize, s + r * spitch as usize);
-                    let row = mem.bytes[s..s + width as usize].to_vec();
-                    mem.bytes[d..d + width as usize].copy_from_slice(&row);
-                }
-            }
-            Op::Zero { dst, len } => {
-                let d = resolve(dst, b) as usize;
-                mem.bytes[d..d + len as usize].fill(0);
+        step(mem, ops[m][i], &bufs[c][m], m, c);
+        pc[m] = if i + 1 == ops[m].len() { (c + 1, 0) } else { (c, i + 1) };
+    }
+}
+
+/// Executes operation `op` of member `m`'s call `c` (its buffers `b`) on the model.
+fn step(mem: &mut Mem, op: Op, b: &Buffers, m: usize, c: usize) {
+    match op {
+        Op::Signal(a) => {
+            assert_eq!(mem.word(a), 0, "member {m} call {c}: signal of a word still set");
+            mem.set_word(a, 1);
+        }
+        Op::Await { addr, code, mark } => {
+            assert!(code > 0);
+            mem.set_word(mark, code);
+            mem.set_word(addr, 0);
+        }
+        Op::Unmark(mark) => mem.set_word(mark, 0),
+        Op::Move { dst, src, width, rows, dpitch, spitch } => {
+            let (d, s) = (resolve(dst, b) as usize, resolve(src, b) as usize);
+            for r in 0..rows as usize {
+                let (d, s) = (d + r * dpitch as usize, s + r * spitch as usize);
+                let row = mem.bytes[s..s + width as usize].to_vec();
+                mem.bytes[d..d + width as usize].copy_from_slice(&row);
             }
         }
-        pc[m] = if i + 1 == ops[m].len() { (c + 1, 0) } else { (c, i + 1) };
+        Op::Zero { dst, len } => {
+            let d = resolve(dst, b) as usize;
+            mem.bytes[d..d + len as usize].fill(0);
+        }
     }
 }
 
@@ -157,7 +161,7 @@ fn all_gather_any_dimension() {
                             spitch: row64,
                             dpitch: g as u64 * row64,
                         };
-                        grouped(words, idx, &positions, &staging, send, &[(0, 0, rb as u64)])
+                        grouped(words, idx, &positions, &staging, send, &[(Loc::Ret(0, 0), 0, rb as u64)])
                     })
                     .collect();
                 let bufs = buffers(&mut mem, &mut rng, CALLS, g, &[outer * row], &[rb]);
@@ -202,7 +206,7 @@ fn all_to_all_array_and_tuple() {
                         spitch: row as u64,
                         dpitch: row as u64,
                     };
-                    grouped(words, idx, &positions, &staging, send, &[(0, 0, (outer * row) as u64)])
+                    grouped(words, idx, &positions, &staging, send, &[(Loc::Ret(0, 0), 0, (outer * row) as u64)])
                 })
                 .collect();
             let bufs = buffers(&mut mem, &mut rng, CALLS, g, &[outer * row], &[outer * row]);
@@ -237,8 +241,8 @@ fn all_to_all_array_and_tuple() {
                         dpitch: lens[k] as u64,
                     };
                     // Result j comes from member j and has my operand length.
-                    let outs: Vec<(usize, u64, u64)> =
-                        (0..g).map(|j| (j, j as u64 * chunk, lens[idx] as u64)).collect();
+                    let outs: Vec<(Loc, u64, u64)> =
+                        (0..g).map(|j| (Loc::Ret(j, 0), j as u64 * chunk, lens[idx] as u64)).collect();
                     grouped(words, idx, &positions, &staging, send, &outs)
                 })
                 .collect();
@@ -325,4 +329,100 @@ fn rows_beyond_the_pitch_limit_move_one_copy_each() {
     let mut ops = Vec::new();
     push(&mut ops, Send { src: Loc::Arg(0, 0), dst: 0, width: 8, rows: 3, spitch: 8, dpitch: 8 }, 0);
     assert_eq!(ops, vec![move1(Loc::At(0), Loc::Arg(0, 0), 24)]);
+}
+
+/// Runs `pieces[m]` of every member as [`simulate`] runs operations, a fold adding u32 words
+/// (wrapping) of the slots in member order.
+fn simulate_pieces(mem: &mut Mem, pieces: &[Vec<Piece>], bufs: &[Vec<Buffers>], seed: u64) {
+    // A fold is atomic in the model, like every operation: it follows its stream's earlier steps.
+    let members = pieces.len();
+    let calls = bufs.len();
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut pc = vec![(0usize, 0usize); members];
+    loop {
+        let runnable: Vec<usize> = (0..members)
+            .filter(|&m| {
+                let (c, i) = pc[m];
+                c < calls && !matches!(pieces[m][i], Piece::Op(Op::Await { addr, .. }) if mem.word(addr) == 0)
+            })
+            .collect();
+        if runnable.is_empty() {
+            assert!(pc.iter().all(|&(c, _)| c >= calls), "deadlock at {pc:?}");
+            return;
+        }
+        let m = runnable[rng.random_range(0..runnable.len())];
+        let (c, i) = pc[m];
+        match pieces[m][i] {
+            Piece::Op(op) => step(mem, op, &bufs[c][m], m, c),
+            Piece::Reduce { base, slot, world, len, at } => {
+                let out = bufs[c][m].rets[0] + at;
+                for w in (0..len).step_by(4) {
+                    let sum = (0..world as u64).fold(0u32, |acc, k| acc.wrapping_add(mem.word(base + k * slot + w)));
+                    mem.set_word(out + w, sum);
+                }
+            }
+        }
+        pc[m] = if i + 1 == pieces[m].len() { (c + 1, 0) } else { (c, i + 1) };
+    }
+}
+
+/// Element-wise u32 wrapping sums of every member's operand.
+fn sums(mem: &Mem, call: &[Buffers], len: usize) -> Vec<u8> {
+    let mut out = vec![0u32; len / 4];
+    for b in call {
+        for (i, o) in out.iter_mut().enumerate() {
+            *o = o.wrapping_add(mem.word(b.args[0] + 4 * i as u64));
+        }
+    }
+    out.iter().flat_map(|v| v.to_ne_bytes()).collect()
+}
+
+#[test]
+fn reduce_scatter_and_all_reduce_fold_every_member_once() {
+    for g in [2usize, 3, 4] {
+        for seed in 0..SEEDS {
+            let mut rng = ChaCha8Rng::seed_from_u64(seed);
+            let positions: Vec<usize> = (0..g).collect();
+            // Reduce-scatter along an inner dimension: 3 rows of g blocks of 8 bytes.
+            let (rows, brow) = (3u64, 8u64);
+            let row = g as u64 * brow;
+            let mut mem = Mem { bytes: vec![] };
+            let words = Words { base: mem.alloc(4 * STRIDE * g) };
+            let staging: Vec<u64> = (0..g).map(|_| mem.alloc(g * slot_bytes(rows * brow) as usize)).collect();
+            let pieces: Vec<Vec<Piece>> =
+                (0..g).map(|idx| reduce_scatter(words, idx, &positions, &staging, (rows, brow, row))).collect();
+            let len = (rows * row) as usize;
+            let bufs = buffers(&mut mem, &mut rng, CALLS, g, &[len], &[(rows * brow) as usize]);
+            simulate_pieces(&mut mem, &pieces, &bufs, seed);
+            for call in &bufs {
+                let all = sums(&mem, call, len);
+                for (m, b) in call.iter().enumerate() {
+                    let want: Vec<u8> = (0..rows as usize)
+                        .flat_map(|r| {
+                            let at = r * row as usize + m * brow as usize;
+                            all[at..at + brow as usize].to_vec()
+                        })
+                        .collect();
+                    assert_eq!(bytes(&mem, b.rets[0], want.len()), &want[..], "reduce-scatter g {g} seed {seed}");
+                }
+            }
+
+            // All-reduce of 100 bytes: parts of 48, 48 and 4 bytes for 3 members (the last short).
+            let n = 100u64;
+            let part = thunks::custom_call::ce_part_bytes(n as usize, g) as u64;
+            let mut mem = Mem { bytes: vec![] };
+            let words = Words { base: mem.alloc(4 * STRIDE * g) };
+            let staging: Vec<u64> = (0..g).map(|_| mem.alloc((g as u64 * slot_bytes(part) + n) as usize)).collect();
+            let pieces: Vec<Vec<Piece>> =
+                (0..g).map(|idx| all_reduce(words, idx, &positions, &staging, n, part)).collect();
+            let bufs = buffers(&mut mem, &mut rng, CALLS, g, &[n as usize], &[n as usize]);
+            simulate_pieces(&mut mem, &pieces, &bufs, seed);
+            for call in &bufs {
+                let want = sums(&mem, call, n as usize);
+                for b in call {
+                    assert_eq!(bytes(&mem, b.rets[0], n as usize), &want[..], "all-reduce g {g} seed {seed}");
+                }
+            }
+        }
+    }
 }

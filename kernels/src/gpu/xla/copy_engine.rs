@@ -135,17 +135,17 @@ fn push(ops: &mut Vec<Op>, s: Send, base: u64) {
     }
 }
 
-/// A grouped call (all-gather, all-to-all) of member `idx` in a group whose members sit at
-/// `positions` (their places among the instance's devices) with staging at `staging`:
-/// `send(k)` goes into member k's staging, then `outs` (result, byte offset in my staging,
-/// length) are copied out of mine.
+/// A grouped call (all-gather, all-to-all; each half of the reductions) of member `idx` in a
+/// group whose members sit at `positions` (their places among the instance's devices) with
+/// staging at `staging`: `send(k)` goes into member k's staging, then `outs` (where, byte
+/// offset in my staging, length) are copied out of mine.
 pub(super) fn grouped(
     words: Words,
     idx: usize,
     positions: &[usize],
     staging: &[u64],
     send: impl Fn(usize) -> Send,
-    outs: &[(usize, u64, u64)],
+    outs: &[(Loc, u64, u64)],
 ) -> Vec<Op> {
     let g = positions.len();
     let me = positions[idx];
@@ -167,10 +167,94 @@ pub(super) fn grouped(
     if !peers.is_empty() {
         ops.push(Op::Unmark(mark));
     }
-    for &(ret, at, len) in outs.iter().filter(|o| o.2 > 0) {
-        ops.push(move1(Loc::Ret(ret, 0), Loc::At(staging[idx] + at), len));
+    for &(dst, at, len) in outs.iter().filter(|o| o.2 > 0) {
+        ops.push(move1(dst, Loc::At(staging[idx] + at), len));
     }
     ops
+}
+
+/// One step of a copy-engine reduction: an operation, or the local fold (`pl_reduce_local_*`)
+/// of `world` slots of `slot` bytes from `base` (my staging), `len` bytes each, into result 0
+/// at byte `at`, in member order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Piece {
+    Op(Op),
+    Reduce { base: u64, slot: u64, world: usize, len: u64, at: u64 },
+}
+
+/// The bytes of a staging slot holding `len` bytes (256-byte aligned, as the kernels' loads want).
+pub(super) fn slot_bytes(len: u64) -> u64 {
+    len.max(16).div_ceil(256) * 256
+}
+
+/// Reduce-scatter of member `idx` (group as in [`grouped`]): member k's block for me — `rows`
+/// rows of `brow` bytes, `row` apart in its operand along the call's dimension — lands in slot
+/// k of my staging, then the slots fold into my result.
+pub(super) fn reduce_scatter(
+    words: Words,
+    idx: usize,
+    positions: &[usize],
+    staging: &[u64],
+    (rows, brow, row): (u64, u64, u64),
+) -> Vec<Piece> {
+    let part = rows * brow;
+    let slot = slot_bytes(part);
+    let send = |k: usize| Send {
+        src: Loc::Arg(0, k as u64 * brow),
+        dst: idx as u64 * slot,
+        width: brow,
+        rows,
+        spitch: row,
+        dpitch: brow,
+    };
+    let mut out: Vec<Piece> = grouped(words, idx, positions, staging, send, &[]).into_iter().map(Piece::Op).collect();
+    out.push(Piece::Reduce { base: staging[idx], slot, world: positions.len(), len: part, at: 0 });
+    out
+}
+
+/// All-reduce of `bytes` bytes at member `idx`, a two-shot on the copy engines: part k
+/// (`part` bytes from `k * part`, [`thunks::custom_call::ce_part_bytes`]) of my operand goes to
+/// slot `idx` of member k's staging; I fold my part's slots into my result; then my reduced part
+/// goes into every member's gathered half (after the slots), from which each copies the other
+/// parts into its result.
+pub(super) fn all_reduce(
+    words: Words,
+    idx: usize,
+    positions: &[usize],
+    staging: &[u64],
+    bytes: u64,
+    part: u64,
+) -> Vec<Piece> {
+    let g = positions.len();
+    let len = |k: usize| part.min(bytes.saturating_sub(k as u64 * part));
+    let slot = slot_bytes(part);
+    let gathered = g as u64 * slot;
+    let scatter = |k: usize| Send {
+        src: Loc::Arg(0, k as u64 * part),
+        dst: idx as u64 * slot,
+        width: len(k),
+        rows: 1,
+        spitch: len(k),
+        dpitch: len(k),
+    };
+    let mine = idx as u64 * part;
+    let gather = |k: usize| Send {
+        src: Loc::Ret(0, mine),
+        dst: gathered + mine,
+        width: if k == idx { 0 } else { len(idx) },
+        rows: 1,
+        spitch: len(idx),
+        dpitch: len(idx),
+    };
+    let outs: Vec<(Loc, u64, u64)> = (0..g)
+        .filter(|&j| j != idx)
+        .map(|j| (Loc::Ret(0, j as u64 * part), gathered + j as u64 * part, len(j)))
+        .collect();
+    let mut out: Vec<Piece> =
+        grouped(words, idx, positions, staging, scatter, &[]).into_iter().map(Piece::Op).collect();
+    out.push(Piece::Reduce { base: staging[idx], slot, world: g, len: len(idx), at: mine });
+    out.extend(grouped(words, idx, positions, staging, gather, &outs).into_iter().map(Piece::Op));
+    out
 }
 
 /// A member of a permute as another member sees it: its place among the instance's devices

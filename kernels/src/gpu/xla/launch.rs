@@ -6,7 +6,7 @@
 //! or lock. Covered: all-reduce (one operand, variadic, or fused with the residual add +
 //! RMSNorm after it), reduce-scatter, the pushes of all-gather and all-to-all, and permute.
 
-use super::copy_engine::{self, Loc, Op, Peer, Send, Words};
+use super::copy_engine::{self, Loc, Op, Peer, Piece, Send, Words};
 use super::*;
 
 /// Where a copy's source lies: an operand of the call, or this instance's staging.
@@ -31,6 +31,8 @@ enum Args {
     Norm(NormArgs, bool),
     /// Task `i`'s `src` ← operand `src[i].0` plus `src[i].1` bytes.
     Exchange(ExchangeArgs, [(usize, u64); MAX_TASKS]),
+    /// `output` ← result `.1` plus `.2` bytes.
+    Local(LocalArgs, usize, u64),
 }
 
 #[derive(Debug)]
@@ -45,6 +47,11 @@ enum Step {
     /// A copy-engine operation (copy_engine.rs): a copy or a stream memory operation.
     Ce(Op),
 }
+
+/// Blocks of the copy-engine reductions' one kernel (16 of an H200's 132 SMs): it reads only
+/// local memory the copy engines filled, so it needs no SMs to hide link latency, and the rest
+/// stay with the compute beside. A starting point, to be tuned when measured beside GEMMs.
+const CE_REDUCE_BLOCKS: u32 = 16;
 
 /// A call on one device, resolved at INITIALIZE.
 pub(super) struct Plan<B: XlaBackend> {
@@ -96,6 +103,9 @@ macro_rules! group_args {
 struct Builder<'a, B: XlaBackend> {
     x: &'a Frame<'a, B>,
     own: Arc<Rank<B>>,
+    /// The algorithm the kernels run (a copy-engine reduction's direct form where it cannot
+    /// run on the copy engines).
+    algo: Algo,
     /// The instance's copy-engine flag words, once a copy-engine form was chosen.
     words: Option<Words>,
     names: Vec<String>,
@@ -108,20 +118,36 @@ impl<B: XlaBackend> Plan<B> {
     /// every kernel it launches, and checks its operands.
     pub(super) fn new(x: &Frame<'_, B>) -> Result<Plan<B>, HandlerError> {
         let own = x.done.ranks.get(&x.device).cloned().ok_or_else(|| no_state(x.cfg, x.device))?;
-        let mut b = Builder { x, own, words: None, names: Vec::new(), funcs: Vec::new(), steps: Vec::new() };
+        // A copy-engine reduction that does not run on the copy engines runs its direct kernel.
+        let algo = match x.cfg.algorithm {
+            Algo::CopyEngineReduceScatter => Algo::DirectReduceScatter,
+            Algo::CopyEngineAllReduce => Algo::TwoShotAllReduce,
+            a => a,
+        };
+        let mut b = Builder { x, own, algo, words: None, names: Vec::new(), funcs: Vec::new(), steps: Vec::new() };
         let cfg = x.cfg;
-        if cfg.algorithm.is_copy_engine() && b.copy_engines()? {
-            if cfg.kind == Kind::CollectivePermute {
-                b.ce_permute()?;
-            } else {
-                b.push(true)?;
+        let single = x.args.len() == 1 && cfg.epilogue.is_none();
+        if cfg.algorithm.is_copy_engine() && (single || cfg.kind != Kind::AllReduce) && b.copy_engines()? {
+            let group = || cfg.group_of(x.device).ok_or_else(|| internal("device in no group"));
+            let idx = |g: &[usize]| g.iter().position(|&m| m == x.device).unwrap_or(0);
+            match cfg.kind {
+                Kind::CollectivePermute => b.ce_permute()?,
+                Kind::ReduceScatter => {
+                    let g = group()?;
+                    b.ce_reduce_scatter(g, idx(g))?
+                }
+                Kind::AllReduce => {
+                    let g = group()?;
+                    b.ce_all_reduce(g, idx(g))?
+                }
+                _ => b.push(true)?,
             }
         } else if cfg.kind == Kind::CollectivePermute {
             b.permute()?;
         } else {
             let group = cfg.group_of(x.device).ok_or_else(|| internal("device in no group"))?;
             let idx = group.iter().position(|&m| m == x.device).unwrap_or(0);
-            match cfg.algorithm {
+            match b.algo {
                 _ if cfg.epilogue.is_some() => b.reduce_norm(group, idx)?,
                 Algo::OneShotAllReduce if x.args.len() > 1 && group.len() > 1 => b.reduce_many(group, idx)?,
                 Algo::OneShotAllReduce | Algo::TwoShotAllReduce | Algo::DirectReduceScatter => {
@@ -132,8 +158,11 @@ impl<B: XlaBackend> Plan<B> {
                 Algo::DirectAllGather | Algo::DirectAllToAll | Algo::CopyEngineAllGather | Algo::CopyEngineAllToAll => {
                     b.push(false)?
                 }
-                Algo::DirectPermute | Algo::CopyEnginePermute => {
-                    return Err(internal("a permute algorithm on a grouped collective"));
+                Algo::DirectPermute
+                | Algo::CopyEnginePermute
+                | Algo::CopyEngineReduceScatter
+                | Algo::CopyEngineAllReduce => {
+                    return Err(internal(format!("{} on {:?}", b.algo, cfg.kind)));
                 }
             }
         }
@@ -177,6 +206,10 @@ impl<B: XlaBackend> Plan<B> {
                             a.norm.residual = arg(1)?;
                             a.norm.gamma = if gamma { arg(2)? } else { 0 };
                             (a.norm.h, a.norm.y) = (ret(0)?, ret(1)?);
+                            self.launch(stream, func, grid, &mut a.params())?;
+                        }
+                        Args::Local(mut a, i, off) => {
+                            a.output = ret(i)? + off;
                             self.launch(stream, func, grid, &mut a.params())?;
                         }
                         Args::Exchange(mut a, src) => {
@@ -449,7 +482,7 @@ impl<B: XlaBackend> Builder<'_, B> {
         }
         let red = reduction(cfg)?;
         let t = reduced_type(shape.ty, red)?;
-        if cfg.algorithm == Algo::DirectReduceScatter {
+        if self.algo == Algo::DirectReduceScatter {
             let sym = self.symmetric(group)?;
             let (outer, n, inner) = view(cfg, shape)?;
             let blocks = Blocks { outer: outer as u64, brow: block_row(n, inner, g)?, full: (n * inner) as u64 };
@@ -459,10 +492,10 @@ impl<B: XlaBackend> Builder<'_, B> {
             return Ok(());
         }
         // Float one-shots within the instance's Lamport regions cross the wire once, with no flags.
-        let lamport = cfg.algorithm == Algo::OneShotAllReduce
+        let lamport = self.algo == Algo::OneShotAllReduce
             && Kernel::Lamport.defined_for(t, red)
             && self.x.inst.fits_lamport(bytes);
-        let (kernel, sym) = match cfg.algorithm {
+        let (kernel, sym) = match self.algo {
             _ if lamport => (Kernel::Lamport, self.lamport(group)?),
             Algo::OneShotAllReduce => (Kernel::OneShot, self.symmetric(group)?),
             _ => (Kernel::TwoShot, self.symmetric(group)?),
@@ -636,10 +669,74 @@ impl<B: XlaBackend> Builder<'_, B> {
                 dpitch: t.dstride,
             }
         };
-        let outs: Vec<(usize, u64, u64)> = outs.iter().map(|&(r, a, len)| (r, a - mine, len as u64)).collect();
+        let outs: Vec<(Loc, u64, u64)> =
+            outs.iter().map(|&(r, a, len)| (Loc::Ret(r, 0), a - mine, len as u64)).collect();
         let ops = copy_engine::grouped(words, idx, &positions, &staging, send, &outs);
         self.steps.extend(ops.into_iter().map(Step::Ce));
         Ok(())
+    }
+
+    /// The members' places among the instance's devices and their staging, in group order.
+    fn ce_members(&self, group: &[usize]) -> Result<(Words, Vec<usize>, Vec<u64>), HandlerError> {
+        let words = self.words.ok_or_else(|| internal("copy engines without flag words"))?;
+        let positions = group.iter().map(|&m| self.position(m)).collect::<Result<Vec<_>, _>>()?;
+        let staging = group.iter().map(|&m| self.addr(m).map(|a| a.staging)).collect::<Result<Vec<_>, _>>()?;
+        Ok((words, positions, staging))
+    }
+
+    /// Adds `pieces`: the operations as steps, each fold as a `pl_reduce_local_*` launch on a
+    /// small grid (the copy-engine reductions' one kernel).
+    fn ce_pieces(&mut self, pieces: Vec<Piece>) -> Result<(), HandlerError> {
+        let red = reduction(self.x.cfg)?;
+        let t = reduced_type(self.x.args[0].ty, red)?;
+        for p in pieces {
+            match p {
+                Piece::Op(op) => self.steps.push(Step::Ce(op)),
+                Piece::Reduce { len: 0, .. } => {}
+                Piece::Reduce { base, slot, world, len, at } => {
+                    let src = Ptrs::of(&(0..world as u64).map(|k| base + k * slot).collect::<Vec<_>>());
+                    let a = LocalArgs { src, world: world as u32, output: 0, n: len / t.size() as u64 };
+                    let func = self.spec(Kernel::ReduceLocal, t, red)?;
+                    let grid = crate::gpu::grid(len.div_ceil(16), CE_REDUCE_BLOCKS);
+                    self.launch(func, grid, Args::Local(a, 0, at));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Reduce-scatter on the copy engines (`copy_engine::reduce_scatter`).
+    fn ce_reduce_scatter(&mut self, group: &[usize], idx: usize) -> Result<(), HandlerError> {
+        let (cfg, shape) = (self.x.cfg, &self.x.args[0]);
+        let g = group.len();
+        let (outer, n, inner) = view(cfg, shape)?;
+        let (brow, row) = (block_row(n, inner, g)?, (n * inner) as u64);
+        if g == 1 {
+            self.steps.push(Step::Copy { dst: 0, src: Src::Arg(0), len: outer * brow as usize });
+            return Ok(());
+        }
+        let (words, positions, staging) = self.ce_members(group)?;
+        let pieces = copy_engine::reduce_scatter(words, idx, &positions, &staging, (outer as u64, brow, row));
+        self.ce_pieces(pieces)
+    }
+
+    /// All-reduce on the copy engines (`copy_engine::all_reduce`).
+    fn ce_all_reduce(&mut self, group: &[usize], idx: usize) -> Result<(), HandlerError> {
+        let bytes = self.x.args[0].byte_size();
+        let g = group.len();
+        if g == 1 {
+            self.steps.push(Step::Copy { dst: 0, src: Src::Arg(0), len: bytes });
+            return Ok(());
+        }
+        let part = thunks::custom_call::ce_part_bytes(bytes, g) as u64;
+        let need = g as u64 * copy_engine::slot_bytes(part) + bytes as u64;
+        if need > self.x.inst.staging as u64 {
+            let name = &self.x.cfg.name;
+            return Err(internal(format!("'{name}': {need} bytes of staging needed, {} held", self.x.inst.staging)));
+        }
+        let (words, positions, staging) = self.ce_members(group)?;
+        let pieces = copy_engine::all_reduce(words, idx, &positions, &staging, bytes as u64, part);
+        self.ce_pieces(pieces)
     }
 
     /// Collective-permute on the copy engines (`copy_engine::permute`).

@@ -225,7 +225,7 @@ fn rules(
     if op.kind == CollectiveKind::CollectivePermute {
         let cross: Vec<(usize, usize)> = cfg.source_target_pairs.iter().copied().filter(|(s, t)| s != t).collect();
         if cross.is_empty() {
-            return Decision::kernel(default, "no cross-device pairs: local copy");
+            return Decision::kernel(ce_forced.unwrap_or(default), "no cross-device pairs: local copy");
         }
         if let Some(&(s, t)) = cross.iter().find(|&&(s, t)| !(peers.can_access(s, t) && peers.can_access(t, s))) {
             return Decision::fallback(peer_reason(peers, s, t));
@@ -259,7 +259,7 @@ fn rules(
         ));
     }
     if size <= 1 {
-        return Decision::kernel(default, "single-member groups: local copy");
+        return Decision::kernel(ce_forced.unwrap_or(default), "single-member groups: local copy");
     }
     if size > MAX_GROUP_SIZE {
         return Decision::fallback(format!("groups of {size} devices > {MAX_GROUP_SIZE} (kernel peer-pointer limit)"));

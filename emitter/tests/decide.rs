@@ -508,4 +508,10 @@ fn copy_engines_from_their_size_only_where_the_platform_has_them() {
     // auto: only where the profile measured them fastest (the test profile has no such rows).
     let d = decide_with(&m, id, "--copy_engines=auto", caps, &tuned(false));
     assert_eq!(d.implementation, Implementation::Fallback, "{}", d.reason);
+    // Groups of one (one GPU inside XLA): the flag still picks the copy-engine form.
+    let (m, id) = all_reduce(PrimitiveType::F32, &[1 << 10], Opcode::Add, &[&[0], &[1], &[2], &[3]]);
+    let d = decide_with(&m, id, "--copy_engines=0", caps, &none);
+    assert_eq!(d.implementation, Implementation::Kernel(KernelAlgorithm::CopyEngineAllReduce), "{}", d.reason);
+    let d = decide_with(&m, id, "", caps, &none);
+    assert_eq!(d.implementation, Implementation::Kernel(KernelAlgorithm::OneShotAllReduce), "{}", d.reason);
 }

@@ -9,7 +9,7 @@
 set -uo pipefail
 LOG=${1:?usage: gpu_check.sh LOGDIR [BINDIR]}
 BIN=${2:-.gpu}
-STEPS=${GPU_CHECK_STEPS:-userforms first devices collectives fused overlap inside sweep suites edge multiprocess staging order run bench tune tunebench torch jax psum}
+STEPS=${GPU_CHECK_STEPS:-userforms first devices collectives fused overlap inside sweep suites edge multiprocess staging order run bench copyengines tune tunebench torch jax psum}
 mkdir -p "$LOG"
 # NVLink multicast stays off (shared hosts): never remove these.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -103,6 +103,10 @@ if has run && [ "$NGPU" -ge 4 ]; then
     --inputs hlo-tests/goldens/all_reduce_sum.d4.npz
 fi
 has bench && [ "$NGPU" -ge 2 ] && step bench 500 "$BIN/peerless" bench --csv "$LOG/bench.csv" ${BENCH_ARGS:-}
+# The copy-engine forms (no SMs moving bytes) against today's kernels and XLA's NCCL, every
+# kind, 64 KiB to 256 MiB per device, bf16, side by side in one run.
+has copyengines && [ "$NGPU" -ge 2 ] && step copy_engines 500 "$BIN/peerless" bench --csv "$LOG/copy_engines.csv" \
+  --impls copy-engines,peerless,xla --dtypes bf16 --min-bytes 65536 --max-bytes 268435456 --step 4 --samples 10
 # Tuning: `peerless tune` over every group size up to the GPU count (at most 4) into
 # LOGDIR/tune; `tunebench` (a separate step: each may take minutes) then runs the bench with
 # `auto` deciding by the profile found there.

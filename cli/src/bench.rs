@@ -52,7 +52,7 @@ pub struct BenchArgs {
     ops: Vec<String>,
     /// Implementations: peerless (the pass without a tuning profile), auto (with the active
     /// profile), one-shot / two-shot (all-reduce forced onto that kernel), xla, xla-kernels,
-    /// copy-engines (all-gather, all-to-all and permute on the copy engines; CUDA).
+    /// copy-engines (every kind's copy-engine form: the bytes on the copy engines; CUDA).
     #[arg(long, value_delimiter = ',', default_value = "peerless,auto,xla,xla-kernels")]
     impls: Vec<String>,
     /// Emitter flags for the Peerless rows (e.g. `--one_shot_max_bytes=4194304`).
@@ -67,9 +67,9 @@ pub struct BenchArgs {
     #[arg(long, value_name = "PNG")]
     plot: Option<PathBuf>,
     /// Without XLA, on GPU 0 alone: N members sharing it, each with a stream of its own,
-    /// through the handlers' own plans. Checks every all-gather, all-to-all and permute form
-    /// (both algorithms: the copy engines and today's kernels, every element type, eagerly
-    /// and replayed from CUDA graphs) against a host reference, then times them.
+    /// through the handlers' own plans. Checks every form of every kind (the copy engines and
+    /// today's kernels, every element type and reduction, eagerly and replayed from CUDA
+    /// graphs) against a host reference, then times them.
     #[arg(long, value_name = "N")]
     members_on_one_gpu: Option<usize>,
     /// With --members-on-one-gpu: also time a bf16 GEMM (8192³, cuBLAS) beside each form's

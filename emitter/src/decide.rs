@@ -23,11 +23,11 @@
 //!    (all-reduce: one-shot, two-shot up to `two_shot_max_bytes`) at this kind, dtype class,
 //!    group size and size; the reason cites the profile and its figures. Without one:
 //!    all-reduce one-shot up to `one_shot_max_bytes`, two-shot up to `two_shot_max_bytes`,
-//!    fallback above; other ops use direct kernels at any size. All-gather, all-to-all and
-//!    permute run on the copy engines (platforms with [`Capabilities::copy_engines`]) from
+//!    fallback above; other ops use direct kernels at any size. Single-operand calls of every
+//!    kind take their copy-engine form (platforms with [`Capabilities::copy_engines`]) from
 //!    `--copy_engines=N` bytes, before the profile; with `--copy_engines=auto` the profile
-//!    chooses among XLA, the direct kernel and the copy engines. A copy-engine call across
-//!    processes (rule 9) runs the direct kernel instead. A call beside compute
+//!    chooses among XLA, today's kernels and the copy engines. A copy-engine call across
+//!    processes (rule 9) runs its direct kernel (all-reduce: the two-shot) instead. A call beside compute
 //!    (above `overlap_above_bytes`, or inside JAX's async pair) is decided without the
 //!    profile and two-shot's limit: both measure a collective run alone.
 //! 8. groups in which no device meets another (on device ids) → fallback: XLA makes them a
@@ -166,8 +166,7 @@ pub struct Capabilities {
     /// XLA runs a call whose `GpuBackendConfig` names an `operation_queue_id` other than 0
     /// asynchronously on another stream (XLA:GPU's `StreamAttributeAsyncWrapper`).
     pub async_queue: bool,
-    /// The handlers move all-gather, all-to-all and collective-permute on the copy engines
-    /// (`--copy_engines`; CUDA).
+    /// The handlers have copy-engine forms (`--copy_engines`; CUDA).
     pub copy_engines: bool,
 }
 
@@ -480,9 +479,12 @@ fn kernel_call(
         }
     };
     // The copy-engine forms' flag words are one process's host memory: across processes the
-    // direct kernel moves the same bytes.
+    // direct kernel moves the same bytes (the two-shot for an all-reduce, as the handler does).
     if crosses && algorithm.is_copy_engine() {
-        algorithm = default_kernel(config.op.kind).unwrap_or(algorithm);
+        algorithm = match algorithm {
+            KernelAlgorithm::CopyEngineAllReduce => KernelAlgorithm::TwoShotAllReduce,
+            _ => default_kernel(config.op.kind).unwrap_or(algorithm),
+        };
         decision.implementation = Implementation::Kernel(algorithm);
         decision
             .reason

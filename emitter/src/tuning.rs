@@ -610,9 +610,8 @@ pub struct TuningConfig {
     pub platform: String,
     /// The devices' kind as XLA names it ("cpu", "NVIDIA H200"), a plain value handed over by
     /// whoever holds XLA's devices (the Python package from JAX's, the CLI from its PJRT
-    /// client's): resolving the tuning asks no device. `None`: unknown; the profile is then
-    /// looked up without a kind (a profile of a named kind, like the shipped GPU ones, is not
-    /// taken).
+    /// client's): resolving the tuning asks no device. `None`: unknown; a cached profile of any
+    /// kind is then taken (`kind_fits`), a shipped one, which names its kind, is not.
     pub device_kind: Option<String>,
     pub explicit_thresholds: bool,
 }

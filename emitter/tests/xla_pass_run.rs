@@ -116,6 +116,27 @@ fn groups_across_processes_are_decided_by_host() {
 }
 
 #[test]
+fn copy_engine_calls_across_processes_run_their_direct_kernel() {
+    // The flag words are one process's host memory: a group across processes runs the kernel
+    // the handler falls back to (all-reduce: the two-shot), and the reason says why.
+    let all = include_bytes!("xla_pass/psum_mesh2x4_both.pb");
+    let mut cfg = PassConfig {
+        topology: Some(two_processes("0:0,1:0", "abcdef0123")),
+        caps: Capabilities { variadic: true, cross_process: true, copy_engines: true, ..Capabilities::default() },
+        instance_base: Some(1),
+        ..PassConfig::default()
+    };
+    cfg.flags.apply("--copy_engines=0").unwrap();
+    let d = run(all, &cfg).unwrap().decisions.into_iter().next().unwrap();
+    assert!(d.kernel && d.implementation.contains("two-shot"), "{d}");
+    assert!(d.reason.contains("the copy-engine forms run within one process"), "{d}");
+    // Within one process the same call takes its copy-engine form.
+    cfg.topology = None;
+    let d = run(all, &cfg).unwrap().decisions.into_iter().next().unwrap();
+    assert!(d.kernel && d.implementation.contains("copy-engine"), "{d}");
+}
+
+#[test]
 fn calls_carry_their_decisions_and_the_first_the_fallbacks() {
     // A permute ring and a psum; forcing the permute to XLA leaves the psum the only call.
     let pb = include_bytes!("xla_pass/ppermute_then_psum.pb");

@@ -4,9 +4,10 @@
 //! A platform supplies a [`CollectiveRuntime`] (the host backend on CPU, the peer-access
 //! kernels on CUDA); the C ABI layer (plugin) wraps [`dispatch`] in
 //! `ffi::xla_ffi::guard_with_traits`, which answers XLA's metadata probe with the runtime's traits; [`dispatch`]
-//! rebuilds the call's [`CustomCallConfig`] from its attributes, finds the calling device,
-//! and hands the execute stage to the runtime. Every error, and any panic, becomes an XLA
-//! FFI error (JAX raises it as an exception); nothing unwinds into XLA.
+//! parses the call's [`CustomCallConfig`] from its attributes at INSTANTIATE (kept in the
+//! runtime's [`CallState`]; parsed again on every stage only where XLA keeps no state), finds
+//! the calling device, and hands INITIALIZE and EXECUTE to the runtime. Every error, and any
+//! panic, becomes an XLA FFI error (JAX raises it as an exception); nothing unwinds into XLA.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};

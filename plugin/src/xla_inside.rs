@@ -10,9 +10,11 @@
 //!   and the pass: the job's topology, and the devices' kind as XLA names it, which the
 //!   tuning profile is looked up by ([`device_kind`]).
 //!
-//! Thread safety: XLA runs the pass from several compile threads at once; the pass keeps no
-//! state but an atomic instance counter and the devices' kind per platform (set once the
-//! process knows it), and the per-platform configuration is read-only after its first build.
+//! Thread safety: XLA runs the pass from several compile threads at once. Each call builds its
+//! own configuration ([`pass_config`]); the process state here is the devices' kind per
+//! platform and the client's flags (each behind a mutex), the compile's flags (thread-local),
+//! whether the Python package owns the pass and whether it is registered (plus, in `emitter`,
+//! the instance counter and the tuning profiles' cache).
 
 use std::collections::BTreeSet;
 use std::ffi::{CStr, c_char};

@@ -217,8 +217,8 @@ pub enum Impl {
     Xla,
     /// XLA's own collective kernels (`xla_gpu_experimental_use_collective_kernels`).
     XlaKernels,
-    /// All-gather, all-to-all and collective-permute on the copy engines at every size
-    /// (`--copy_engines=0`; CUDA; other ops: skipped).
+    /// Every kind's copy-engine form at every size (`--copy_engines=0`; CUDA only): the
+    /// bytes move on the copy engines, reductions fold with one small local kernel.
     CopyEngines,
 }
 
@@ -729,9 +729,6 @@ fn measure<'c>(
             if imp == Impl::CopyEngines {
                 if platform != Platform::Cuda {
                     return skipped("the copy-engine forms run on CUDA".into());
-                }
-                if !matches!(op, Op::AllGather | Op::AllToAll | Op::CollectivePermute) {
-                    return skipped("copy engines move all-gather, all-to-all and collective-permute".into());
                 }
                 flags.push(format!("--{}=kernel", op.backend_flag()));
                 flags.push(format!("--{}=0", thunks::flag::COPY_ENGINES));

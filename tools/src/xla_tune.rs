@@ -192,7 +192,11 @@ pub fn run(opts: &TuneOptions, progress: &mut dyn FnMut(&str)) -> Result<TuneRep
     if platform == plugin::Platform::Cuda {
         moves.push(Impl::CopyEngines);
     }
-    let plan = [(reduce, vec![Impl::Xla, Impl::OneShot, Impl::TwoShot]), (others, moves)];
+    let mut reductions = vec![Impl::Xla, Impl::OneShot, Impl::TwoShot];
+    if platform == plugin::Platform::Cuda {
+        reductions.push(Impl::CopyEngines);
+    }
+    let plan = [(reduce, reductions), (others, moves)];
     for &g in &groups {
         for (ops, impls) in &plan {
             if ops.is_empty() {

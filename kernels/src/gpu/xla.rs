@@ -229,12 +229,13 @@ struct Complete<B: XlaBackend> {
     _mapped: Vec<B::IpcMapping>,
 }
 
-/// A collective's per-device state. Each device allocates its own part, in its INITIALIZE
-/// stage (outside any stream capture: allocating or memsetting on another device while that
-/// device records a command buffer would break its capture), and publishes it here; a
-/// device's first execute waits (bounded) until every device it exchanges with has: in this
-/// process through `ranks`, in other processes of the host (`job` calls) through the IPC
-/// handles they post in a shared segment ([`crate::host::shm::exchange`]).
+/// A collective's per-device state. Each device allocates its own part and publishes it here
+/// when it makes its plan: in its INITIALIZE stage (outside any stream capture: allocating or
+/// memsetting on another device while that device records a command buffer would break its
+/// capture), or at EXECUTE where XLA skipped INITIALIZE or keeps no state. It then waits
+/// (bounded) until every device it exchanges with has: in this process through `ranks`, in
+/// other processes of the host (`job` calls) through the IPC handles they post in a shared
+/// segment ([`crate::host::shm::exchange`]).
 #[derive(Debug)]
 struct Instance<B: XlaBackend> {
     ranks: Mutex<HashMap<usize, Arc<Rank<B>>>>,

@@ -1,4 +1,4 @@
-//! The copy-engine forms of all-gather, all-to-all and collective-permute: a call's bytes move
+//! The copy-engine forms of every kind: a call's bytes move
 //! as device-to-device copies (`cuMemcpyAsync` / `cuMemcpy2DAsync`, which the driver gives
 //! the GPU's copy engines) and the members agree that a buffer is free and that data has
 //! landed with stream memory operations (`cuStreamWriteValue32` / `cuStreamWaitValue32`) on

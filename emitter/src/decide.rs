@@ -17,7 +17,7 @@
 //!    more than [`MAX_GROUP_SIZE`] members → fallback. Collective-permute checks its
 //!    pairs instead (self-pairs only → local copy).
 //! 6. peer access in both directions for every pair of devices that exchange data (the pass
-//!    passes a full table of logical ids and checks the real devices in rule 10).
+//!    passes a full table of logical ids and checks the real devices in rule 13).
 //! 7. size. With a tuning profile ([`crate::tuning`]) for the kind (its backend flag `auto`;
 //!    all-reduce: no explicit threshold), the fastest it measured of XLA and the kernels
 //!    (all-reduce: one-shot, two-shot up to `two_shot_max_bytes`) at this kind, dtype class,
@@ -34,11 +34,12 @@
 //!    copy or nothing (unless forced).
 //! 9. processes and hosts of the job's topology: a group across hosts → fallback; across
 //!    processes of one host → shared memory where the platform can, with a job token.
-//! 10. peer access on the device ids that really talk (this process's peer table).
-//! 11. `xla_async_above_bytes`: a partitioner-made collective above it, not beside compute →
+//! 10. `xla_async_above_bytes`: a partitioner-made collective above it, not beside compute →
 //!     fallback (XLA overlaps it with compute).
-//! 12. the async form: a start/done pair must have a form the pass rewrites.
-//! 13. layouts: operands and results must agree on one the handler can work in.
+//! 11. the async form: a start/done pair must have a form the pass rewrites.
+//! 12. layouts: operands and results must agree on one the handler can work in.
+//! 13. peer access on the device ids that really talk (this process's peer table), last: it
+//!     is the one rule that may open the GPUs, so a call another rule leaves to XLA never does.
 //!
 //! With a backend flag of `kernel`, a rule 1–7 that says "fallback" is an error instead.
 
@@ -387,7 +388,7 @@ pub(crate) struct Run<'a> {
     pub assignment: &'a Assignment,
     pub cfg: &'a PassConfig,
     pub tuning: &'a Tuning,
-    /// A full table of logical ids for rule 6 (rule 10 checks the device ids).
+    /// A full table of logical ids for rule 6 (rule 13 checks the device ids).
     pub logical: &'a PeerAccessTable,
     pub peers: &'a PeerLookup<'a>,
     pub layouts: &'a Layouts,
@@ -490,11 +491,7 @@ fn kernel_call(
             .reason
             .push_str("; across processes: the direct kernel (the copy-engine forms run within one process)");
     }
-    // 10. Peer access on device ids. The peer table is this process's; across processes shared memory reaches every device.
-    if !crosses && let Some((x, y)) = talking.iter().find_map(|g| peers.get().missing_link(g)) {
-        return Err(format!("no peer access {x}↔{y} ({})", peers.get().source()));
-    }
-    // 11. Unless on an async queue, partitioner-made collectives XLA would run asynchronously,
+    // 10. Unless on an async queue, partitioner-made collectives XLA would run asynchronously,
     // overlapped with compute: above the flag's size, overlap wins over a faster kernel in order
     // on the compute stream.
     let spmd = ins.attrs.frontend_attributes.get("is_spmd_generated").is_some_and(|v| v == "true");
@@ -508,7 +505,7 @@ fn kernel_call(
             config.bytes_per_device
         ));
     }
-    // 12. An async pair becomes one synchronous call; the forms it can take ([`Form`]).
+    // 11. An async pair becomes one synchronous call; the forms it can take ([`Form`]).
     let form = match form_of(module, id)? {
         Form::Sync if in_async => Form::InAsync,
         f => f,
@@ -518,8 +515,12 @@ fn kernel_call(
         CollectiveKind::AllToAll => config.num_operands > 1,
         _ => false,
     };
-    // 13. Operands and results agree on a layout the handler can work in.
+    // 12. Operands and results agree on a layout the handler can work in.
     let layout = common_layout(module, id, layouts, elementwise, form == Form::AsyncTuple)?;
+    // 13. Peer access on device ids, last: the only rule that opens GPUs (the peer table). The peer table is this process's; across processes shared memory reaches every device.
+    if !crosses && let Some((x, y)) = talking.iter().find_map(|g| peers.get().missing_link(g)) {
+        return Err(format!("no peer access {x}↔{y} ({})", peers.get().source()));
+    }
     let target = target_name(config.op.kind).ok_or_else(|| format!("no Peerless kernel for {}", config.op))?;
     let processes: Vec<usize> = match (crosses, &cfg.topology) {
         (true, Some(t)) => {

@@ -587,7 +587,7 @@ pub fn run(bytes: &[u8], cfg: &PassConfig) -> Result<PassOutcome, PassError> {
         host_topology: &cfg.flags.host_topology,
         table: std::cell::OnceCell::new(),
     };
-    // The rules see logical ids; peer access is checked on device ids (rule 10).
+    // The rules see logical ids; peer access is checked on device ids (rule 13).
     let logical = PeerAccessTable::full(assignment.devices.len(), "checked on device ids");
     let tuning = cfg.tuning.resolve(assignment.devices.len());
     let run = Run {

@@ -182,6 +182,12 @@ fn the_peer_table_is_made_only_when_a_collective_needs_it() {
         let out = run(pb, &cfg).unwrap();
         assert!(out.decisions.iter().all(|d| !d.kernel), "{:?}", out.decisions);
     }
+    // A partitioner-made call left to XLA by its size (rule 10) is decided before peer
+    // access (rule 13, the one rule that opens GPUs).
+    let mut big = cfg.clone();
+    big.flags.apply("--xla_async_above_bytes=1024").unwrap();
+    let out = run(include_bytes!("xla_pass/mlp_train_step.pb"), &big).unwrap();
+    assert!(out.decisions.iter().all(|d| !d.kernel && d.reason.contains("partitioner-made")), "{:?}", out.decisions);
     assert_eq!(made.load(Ordering::SeqCst), 0);
     // Two collectives that take kernels: the table is made once per run.
     let out = run(include_bytes!("xla_pass/ppermute_then_psum.pb"), &cfg).unwrap();

@@ -63,7 +63,8 @@ if has inside; then
   forced="--all_reduce_backend=kernel --all_gather_backend=kernel --all_to_all_backend=kernel"
   forced="$forced --reduce_scatter_backend=kernel --collective_permute_backend=kernel --copy_engines=0"
   step inside 300 env PEERLESS_FLAGS="$forced" python3 plugin/tests/gpu_xla_inside.py check --out "$LOG/inside"
-  grep -h "copy-engine" "$LOG"/inside/*.json 2>/dev/null | head -3 | cut -c1-300 | sed 's/^/   | /' | tee -a "$LOG/summary.txt"
+  grep -h "implementations" "$LOG/inside.txt" | sed 's/^/   | /' | tee -a "$LOG/summary.txt"
+  rm -rf "$LOG/inside" # its digests are in inside.txt's verdicts; too many files to bring back
 fi
 echo "rc=$rc" | tee -a "$LOG/summary.txt"
 exit $rc

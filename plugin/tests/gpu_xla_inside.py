@@ -163,6 +163,11 @@ def job_check(sizes: list[int]):
         out["stats"] = peerless.stats()
         out["handler_calls"] = peerless.handler_calls(os.environ.get("PEERLESS_PLATFORM", "cuda"))
         out["fallbacks"] = [d for d in peerless.decisions() if d["implementation"] == "fallback"][:10]
+        # Which algorithms ran (e.g. the copy-engine forms under --copy_engines).
+        impls = {}
+        for d in peerless.decisions():
+            impls[d["implementation"]] = impls.get(d["implementation"], 0) + 1
+        out["implementations"] = impls
         # Each executable's collectives are XLA FFI state: dropping the executables frees them.
         import gc
 
@@ -423,6 +428,8 @@ def main():
             ok = len(r["results"]) - len(bad)
             print(f"   ({exact} bit-identical)")
             print(f"{cfg:9s} {gr:9s} {ok}/{len(r['results'])} results equal XLA alone; stats {r.get('stats')}; handler calls {r.get('handler_calls')}")
+            if r.get("implementations"):
+                print(f"   implementations {r['implementations']}")
             for k, (want, got) in sorted(bad.items())[:20]:
                 print(f"   MISMATCH {k}: xla {want} | peerless {got}")
             live = r.get("live_collectives")

@@ -782,7 +782,9 @@ fn timed_out_earlier(cfg: &CustomCallConfig, device: usize, missing: u32) -> Han
     let members: Vec<usize> = if cfg.kind == Kind::CollectivePermute {
         let target = cfg.pairs.iter().find(|p| p.0 == device).map_or(device, |p| p.1);
         let source = cfg.pairs.iter().find(|p| p.1 == device).map_or(device, |p| p.0);
-        bits.map(|b| if b == 0 { target } else { source }).collect()
+        // A pair of two devices has one peer as both target and source: name it once.
+        let named: std::collections::BTreeSet<usize> = bits.map(|b| if b == 0 { target } else { source }).collect();
+        named.into_iter().collect()
     } else {
         let group = cfg.group_of(device).unwrap_or(&[]);
         bits.filter_map(|b| group.get(b).copied()).collect()

@@ -26,8 +26,7 @@
 //!    fallback above; other ops use direct kernels at any size. Single-operand calls of every
 //!    kind take their copy-engine form (platforms with [`Capabilities::copy_engines`]) from
 //!    `--copy_engines=N` bytes, before the profile; with `--copy_engines=auto` the profile
-//!    chooses among XLA, today's kernels and the copy engines. A copy-engine call across
-//!    processes (rule 9) runs its direct kernel (all-reduce: the two-shot) instead. A call beside compute
+//!    chooses among XLA, today's kernels and the copy engines. A call beside compute
 //!    (above `overlap_above_bytes`, or inside JAX's async pair) is decided without the
 //!    profile and two-shot's limit: both measure a collective run alone.
 //! 8. groups in which no device meets another (on device ids) → fallback: XLA makes them a
@@ -451,10 +450,9 @@ fn kernel_call(
         config.source_target_pairs.iter().map(|&(s, t)| (a.device(s), a.device(t))).collect();
     let permute = config.op.kind == CollectiveKind::CollectivePermute;
     d.groups = if permute { fmt_pairs(&pairs) } else { fmt_groups(&groups) };
-    let Implementation::Kernel(mut algorithm) = decision.implementation else {
+    let Implementation::Kernel(algorithm) = decision.implementation else {
         return Err(decision.reason);
     };
-    let mut decision = decision;
     // The devices that exchange data (the rules saw logical ids).
     let talking: Vec<Vec<usize>> =
         if permute { pairs.iter().filter(|(s, t)| s != t).map(|&(s, t)| vec![s, t]).collect() } else { groups.clone() };
@@ -479,18 +477,6 @@ fn kernel_call(
             false
         }
     };
-    // The copy-engine forms' flag words are one process's host memory: across processes the
-    // direct kernel moves the same bytes (the two-shot for an all-reduce, as the handler does).
-    if crosses && algorithm.is_copy_engine() {
-        algorithm = match algorithm {
-            KernelAlgorithm::CopyEngineAllReduce => KernelAlgorithm::TwoShotAllReduce,
-            _ => default_kernel(config.op.kind).unwrap_or(algorithm),
-        };
-        decision.implementation = Implementation::Kernel(algorithm);
-        decision
-            .reason
-            .push_str("; across processes: the direct kernel (the copy-engine forms run within one process)");
-    }
     // 10. Unless on an async queue, partitioner-made collectives XLA would run asynchronously,
     // overlapped with compute: above the flag's size, overlap wins over a faster kernel in order
     // on the compute stream.

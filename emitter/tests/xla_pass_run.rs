@@ -116,9 +116,9 @@ fn groups_across_processes_are_decided_by_host() {
 }
 
 #[test]
-fn copy_engine_calls_across_processes_run_their_direct_kernel() {
-    // The flag words are one process's host memory: a group across processes runs the kernel
-    // the handler falls back to (all-reduce: the two-shot), and the reason says why.
+fn copy_engine_calls_cross_processes_too() {
+    // The flag words of a call across processes are a shared segment each process registers
+    // with its GPUs: the copy-engine form runs there as within one process.
     let all = include_bytes!("xla_pass/psum_mesh2x4_both.pb");
     let mut cfg = PassConfig {
         topology: Some(two_processes("0:0,1:0", "abcdef0123")),
@@ -128,12 +128,11 @@ fn copy_engine_calls_across_processes_run_their_direct_kernel() {
     };
     cfg.flags.apply("--copy_engines=0").unwrap();
     let d = run(all, &cfg).unwrap().decisions.into_iter().next().unwrap();
-    assert!(d.kernel && d.implementation.contains("two-shot"), "{d}");
-    assert!(d.reason.contains("the copy-engine forms run within one process"), "{d}");
-    // Within one process the same call takes its copy-engine form.
+    assert!(d.kernel && d.implementation.contains("copy-engine all-reduce"), "{d}");
+    assert!(d.reason.contains("across processes of one host"), "{d}");
     cfg.topology = None;
     let d = run(all, &cfg).unwrap().decisions.into_iter().next().unwrap();
-    assert!(d.kernel && d.implementation.contains("copy-engine"), "{d}");
+    assert!(d.kernel && d.implementation.contains("copy-engine all-reduce"), "{d}");
 }
 
 #[test]

@@ -366,12 +366,15 @@ impl Drop for Stream {
     }
 }
 
-/// Page-locked host memory mapped into the device's address space ([`crate::gpu::HostWords`]).
+/// Page-locked host memory mapped into the device's address space ([`crate::gpu::HostWords`]):
+/// allocated here, or another mapping registered ([`HostMapped::register`]).
 #[derive(Debug)]
 pub struct HostMapped {
     pub words: crate::gpu::HostWords,
     ordinal: usize,
     ctx: sys::CUcontext,
+    /// Registered, not allocated: unregistered on drop, its owner frees it.
+    registered: bool,
 }
 
 // SAFETY: host words (`Send`) and device addresses, immutable; the owning context handle is
@@ -388,9 +391,31 @@ impl HostMapped {
         let ptr = call("cuMemHostAlloc", ctx.d(), || unsafe { r::malloc_host(words * 4, PORTABLE_DEVICEMAP) })?;
         // SAFETY: `ptr` holds `words` writable, page-aligned words just allocated, owned by `m`.
         let words = unsafe { crate::gpu::HostWords::zeroed(ptr, words) };
-        let mut m = HostMapped { words, ordinal: ctx.ordinal, ctx: ctx.ctx };
+        let mut m = HostMapped { words, ordinal: ctx.ordinal, ctx: ctx.ctx, registered: false };
         call("cuMemHostGetDevicePointer", ctx.d(), || {
             // SAFETY: `ptr` is a mapped host allocation of this context; the out-pointer is valid.
+            st(unsafe { sys::cuMemHostGetDevicePointer_v2(&mut m.words.device_ptr, ptr, 0) })
+        })?;
+        Ok(m)
+    }
+
+    /// Registers the `words` words at `ptr` (left as they are), portable (every context of
+    /// the process) and mapped, and looks up their device address.
+    ///
+    /// # Safety
+    /// `ptr` holds `words` writable, page-aligned words that outlive the value.
+    pub unsafe fn register(ctx: &Context, ptr: *mut c_void, words: usize) -> Result<HostMapped> {
+        ctx.bind()?;
+        const PORTABLE_DEVICEMAP: u32 = 0x01 | 0x02; // CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP
+        call("cuMemHostRegister", ctx.d(), || {
+            // SAFETY: the caller guarantees `words` words of host memory at `ptr`.
+            st(unsafe { sys::cuMemHostRegister_v2(ptr, words * 4, PORTABLE_DEVICEMAP) })
+        })?;
+        // SAFETY: the caller guarantees the words; registered above, unregistered in `drop`.
+        let words = unsafe { crate::gpu::HostWords::at(ptr, words) };
+        let mut m = HostMapped { words, ordinal: ctx.ordinal, ctx: ctx.ctx, registered: true };
+        call("cuMemHostGetDevicePointer", ctx.d(), || {
+            // SAFETY: `ptr` was registered mapped just now; the out-pointer is valid.
             st(unsafe { sys::cuMemHostGetDevicePointer_v2(&mut m.words.device_ptr, ptr, 0) })
         })?;
         Ok(m)
@@ -401,8 +426,15 @@ impl Drop for HostMapped {
     fn drop(&mut self) {
         // SAFETY: `self.ctx` is the owning primary context, retained while buffers exist.
         if guarded("cuCtxSetCurrent", Some(self.ordinal), || unsafe { r::ctx::set_current(self.ctx) }).is_ok() {
-            // SAFETY: frees the allocation made in `new`, once.
-            let _ = guarded("cuMemFreeHost", Some(self.ordinal), || unsafe { r::free_host(self.words.ptr()) });
+            if self.registered {
+                let _ = guarded("cuMemHostUnregister", Some(self.ordinal), || {
+                    // SAFETY: unregisters the range `register` registered, once; its owner frees it.
+                    st(unsafe { sys::cuMemHostUnregister(self.words.ptr()) })
+                });
+            } else {
+                // SAFETY: frees the allocation made in `new`, once.
+                let _ = guarded("cuMemFreeHost", Some(self.ordinal), || unsafe { r::free_host(self.words.ptr()) });
+            }
         }
     }
 }

@@ -117,6 +117,13 @@ pub trait Interop: Gpu {
     fn ipc_ptr(m: &Self::IpcMapping) -> u64;
     /// `words` zeroed 32-bit words (at least one) of host memory mapped into `ctx`'s device.
     fn host_mapped(ctx: &Self::Context, words: usize) -> Result<Self::HostMapped>;
+    /// Page-locks the `words` words at `ptr` (host memory this process mapped, e.g. a
+    /// segment shared with other processes; left as they are) and maps them into every GPU
+    /// of the process; unregistered on drop. CUDA only.
+    ///
+    /// # Safety
+    /// `ptr` holds `words` writable, page-aligned words that outlive the value.
+    unsafe fn host_register(ctx: &Self::Context, ptr: *mut c_void, words: usize) -> Result<Self::HostMapped>;
     /// The device address of the mapped words.
     fn host_mapped_device_ptr(h: &Self::HostMapped) -> u64;
     /// Reads word `i` (a device may be writing it). Panics if `i` is out of range.
@@ -227,6 +234,15 @@ impl HostWords {
         // SAFETY: the caller guarantees `words` writable words at `ptr`.
         unsafe { std::ptr::write_bytes(ptr, 0, words) };
         HostWords { ptr, words, device_ptr: 0 }
+    }
+
+    /// Takes the `words` words at `ptr` as they are (memory another process may already
+    /// be using); the device address is set once known.
+    ///
+    /// # Safety
+    /// As [`HostWords::zeroed`].
+    pub(crate) unsafe fn at(ptr: *mut c_void, words: usize) -> HostWords {
+        HostWords { ptr: ptr.cast(), words, device_ptr: 0 }
     }
 
     /// The host address, for the vendor's free.
@@ -352,6 +368,10 @@ macro_rules! forward_gpu {
             }
             fn host_mapped(ctx: &Context, words: usize) -> Result<HostMapped> {
                 HostMapped::new(ctx, words)
+            }
+            unsafe fn host_register(ctx: &Context, ptr: *mut std::ffi::c_void, words: usize) -> Result<HostMapped> {
+                // SAFETY: the caller's contract is `HostMapped::register`'s.
+                unsafe { HostMapped::register(ctx, ptr, words) }
             }
             fn host_mapped_device_ptr(h: &HostMapped) -> u64 {
                 h.words.device_ptr

@@ -573,6 +573,16 @@ impl HostMapped {
     }
 }
 
+impl HostMapped {
+    /// Registering another mapping serves the copy-engine collectives only: CUDA only.
+    ///
+    /// # Safety
+    /// None here (nothing is touched); the signature is CUDA's.
+    pub unsafe fn register(_ctx: &Context, _ptr: *mut c_void, _words: usize) -> Result<HostMapped> {
+        Err(not_on_hip("hipHostRegister"))
+    }
+}
+
 impl Drop for HostMapped {
     fn drop(&mut self) {
         if let Ok(s) = sys() {

@@ -6,9 +6,10 @@ use kernels::gpu::{Dtype, Kernel, Red, Unit};
 #[test]
 fn every_kernel_the_launchers_name_has_one_unit() {
     let all = Unit::all();
-    // Base; four kernels per (type, reduction); the fused norms; Lamport for the 4 float types x
-    // 4 reductions; the Lamport fused norms.
-    assert_eq!(all.len(), 1 + 4 * (4 * 4 + 9 * 6) + 3 + 4 * 4 + 3);
+    // Base; five kernels per (type, reduction: one-shot, one-shot many, two-shot, reduce-scatter,
+    // the copy engines' local fold); the fused norms; Lamport for the 4 float types x 4
+    // reductions; the Lamport fused norms.
+    assert_eq!(all.len(), 1 + 5 * (4 * 4 + 9 * 6) + 3 + 4 * 4 + 3);
     for u in &all {
         for k in u.kernels() {
             assert_eq!(Unit::of_kernel(&k), Some(*u), "{k}");
@@ -61,7 +62,7 @@ fn the_sources_instantiate_what_the_units_select() {
             norms.push((name.to_string(), t.to_string()));
         }
     }
-    assert_eq!(4 * listed + norms.len() + lamports, Unit::all().len() - 1);
+    assert_eq!(5 * listed + norms.len() + lamports, Unit::all().len() - 1);
     for (name, _) in &norms {
         let k = format!("pl_one_shot_norm_{name}");
         assert!(matches!(Unit::of_kernel(&k), Some(Unit::Spec(Kernel::OneShotNorm, ..))), "{k}");

@@ -17,7 +17,7 @@ collective; process 0 must fail with a timeout naming the missing device, with t
 order on the compute stream and on XLA's async queue (`--faults-only`: only these).
 
     PEERLESS_PJRT_LIBRARY=$PWD/.gpu/libpeerless_pjrt.so PYTHONPATH=$PWD/plugin/python \\
-      python3 plugin/tests/gpu_multiprocess.py [--out DIR]
+      python3 plugin/tests/gpu_multiprocess.py [--out DIR] [--flags "--copy_engines=0"]
 Last, the job starts twice on one fresh JAX persistent compilation cache: the second start
 loads every program from the cache and must run it right with the same decisions.
 Exit status 0 only if every check passed.
@@ -39,6 +39,8 @@ TIMEOUT_MS = 5000
 # The GPU platform under test: "cuda" (default), or "rocm" for XLA's ROCm plugin and
 # Peerless's HIP handlers (scripts/rocm_check.sh).
 PLATFORM = os.environ.get("PEERLESS_PLATFORM", "cuda")
+# `--flags "..."`: Peerless flags for every job (e.g. `--copy_engines=0`: the copy-engine forms).
+EXTRA_FLAGS = sys.argv[sys.argv.index("--flags") + 1] if "--flags" in sys.argv else ""
 
 
 def run_job(mode: str, timeout: float = 400, extra_env: dict | None = None, flags: str = "") -> list[dict]:
@@ -48,7 +50,7 @@ def run_job(mode: str, timeout: float = 400, extra_env: dict | None = None, flag
     env.update(
         JAX_PLATFORMS=PLATFORM,
         PEERLESS_ENABLE="1",
-        PEERLESS_FLAGS=f"--collective_timeout_ms={TIMEOUT_MS} {flags}".strip(),
+        PEERLESS_FLAGS=f"--collective_timeout_ms={TIMEOUT_MS} {EXTRA_FLAGS} {flags}".strip(),
         PEERLESS_XLA_PLUGIN="none",  # JAX's own CUDA backend; no "peerless" platform
         XLA_PYTHON_CLIENT_PREALLOCATE="false",  # two processes share one GPU's memory
         NCCL_NVLS_ENABLE="0",
@@ -143,6 +145,10 @@ def worker(pid: int, port: int, mode: str) -> None:
             results[name] = res
         report["results"] = results
         report["stats"] = inside.stats()
+        impls: dict = {}
+        for d in inside.decisions():
+            impls[d["implementation"]] = impls.get(d["implementation"], 0) + 1
+        report["implementations"] = impls
         report["decisions"] = [{k: d[k] for k in ("op", "groups", "implementation", "reason")}
                                for d in inside.decisions()][:12]
         # XLA alone (NCCL between two processes on one GPU): informational.
@@ -232,6 +238,7 @@ def main() -> int:
                   f"{rows[0].get('handler_calls', 0):>13d} {rows[0].get('us_per_call', 0):>10.1f} "
                   f"{rows[1].get('us_per_call', 0):>8.1f} {err[:300]}")
         print("stats:", r0.get("stats"))
+        print("implementations:", r0.get("implementations"))
         for d in r0.get("decisions", [])[:4]:
             print("  ", d)
     # The fault, with the call in order on the compute stream and on XLA's async queue

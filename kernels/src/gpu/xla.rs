@@ -256,11 +256,20 @@ struct Instance<B: XlaBackend> {
     key: u64,
     /// The copy-engine forms' flag words (`copy_engine::STRIDE` per device of `devices`),
     /// page-locked host memory mapped into every GPU, made by the first copy-engine plan.
-    ce: OnceLock<B::HostMapped>,
+    ce: OnceLock<CeWords<B>>,
     /// The longest timeout of the instance's copy-engine calls, for the watchdog.
     ce_timeout_ms: AtomicU64,
     /// Whether the watchdog watches this instance.
     ce_watched: AtomicBool,
+}
+
+/// An instance's copy-engine flag words: this process's page-locked memory, or, for a call
+/// across processes, a shared segment every process registers with its GPUs.
+#[derive(Debug)]
+struct CeWords<B: XlaBackend> {
+    /// Declared first, so dropped first: unregistered before the segment unmaps.
+    mapped: B::HostMapped,
+    _segment: Option<crate::host::shm::SharedWords>,
 }
 
 /// Where a member's Lamport regions start in its signals allocation.
@@ -276,20 +285,37 @@ impl<B: XlaBackend> Instance<B> {
     }
 
     /// The copy-engine flag words as every GPU of the process addresses them, made on first
-    /// use (on `ctx`'s device), and the instance put under the watchdog with `timeout_ms`.
-    fn ce_words(self: &Arc<Self>, ctx: &B::Context, timeout_ms: u64) -> ffi::Result<copy_engine::Words> {
-        self.ce_timeout_ms.fetch_max(timeout_ms.max(1), Ordering::Relaxed);
+    /// use (on `ctx`'s device; across processes in a segment named by the job and the
+    /// instance's key, which every process registers), and the instance put under the
+    /// watchdog with the call's timeout.
+    fn ce_words(self: &Arc<Self>, ctx: &B::Context, cfg: &CustomCallConfig) -> Result<copy_engine::Words, String> {
+        self.ce_timeout_ms.fetch_max(cfg.timeout_ms.max(1), Ordering::Relaxed);
+        let words = self.devices.len() * copy_engine::STRIDE;
         let h = match self.ce.get() {
             Some(h) => h,
+            None if cfg.spans_processes() => {
+                let job = thunks::runtime::job_for(cfg)?;
+                let processes = self.devices.iter().filter_map(|d| cfg.process_of().get(d).copied());
+                let processes = processes.collect::<BTreeSet<_>>().len() as u64;
+                let name = format!("/peerless-{job}-{:016x}-{}-ce", self.key, B::NAME);
+                let patience = std::time::Duration::from_millis(cfg.timeout_ms.max(1));
+                let seg = crate::host::shm::SharedWords::attach(&name, words, processes, patience)
+                    .map_err(|e| e.to_string())?;
+                let (ptr, n) = seg.words();
+                // SAFETY: `n` page-aligned words of the segment's mapping, which `CeWords`
+                // keeps alive until after the registration is dropped (field order).
+                let mapped = unsafe { B::host_register(ctx, ptr, n) }.map_err(|e| e.to_string())?;
+                self.ce.get_or_init(|| CeWords { mapped, _segment: Some(seg) })
+            }
             None => {
-                let made = B::host_mapped(ctx, self.devices.len() * copy_engine::STRIDE)?;
-                self.ce.get_or_init(|| made)
+                let mapped = B::host_mapped(ctx, words).map_err(|e| e.to_string())?;
+                self.ce.get_or_init(|| CeWords { mapped, _segment: None })
             }
         };
         if !self.ce_watched.swap(true, Ordering::AcqRel) {
             watch(Arc::downgrade(self));
         }
-        Ok(copy_engine::Words { base: B::host_mapped_device_ptr(h) })
+        Ok(copy_engine::Words { base: B::host_mapped_device_ptr(&h.mapped) })
     }
 
     /// Bytes of each member's signals allocation: the flags, then the Lamport regions if any.
@@ -610,7 +636,7 @@ fn watchdog<B: XlaBackend>() {
         let now = std::time::Instant::now();
         let mut next = HashMap::new();
         for inst in &live {
-            let Some(words) = inst.ce.get() else { continue };
+            let Some(words) = inst.ce.get().map(|w| &w.mapped) else { continue };
             let timeout = std::time::Duration::from_millis(inst.ce_timeout_ms.load(Ordering::Relaxed));
             let ranks = inst.ranks.lock().unwrap_or_else(PoisonError::into_inner).clone();
             for (&d, rank) in &ranks {
@@ -783,7 +809,7 @@ fn timed_out_earlier(cfg: &CustomCallConfig, device: usize, missing: u32) -> Han
         let target = cfg.pairs.iter().find(|p| p.0 == device).map_or(device, |p| p.1);
         let source = cfg.pairs.iter().find(|p| p.1 == device).map_or(device, |p| p.0);
         // A pair of two devices has one peer as both target and source: name it once.
-        let named: std::collections::BTreeSet<usize> = bits.map(|b| if b == 0 { target } else { source }).collect();
+        let named: BTreeSet<usize> = bits.map(|b| if b == 0 { target } else { source }).collect();
         named.into_iter().collect()
     } else {
         let group = cfg.group_of(device).unwrap_or(&[]);

@@ -397,6 +397,40 @@ pub fn exchange(
     Ok(devices.iter().enumerate().map(|(i, &d)| (d, seg.region.read(HEADER + i * per + 64, slot).to_vec())).collect())
 }
 
+/// 32-bit words in a segment every process of a host maps, page aligned and zero when the
+/// segment is made: the copy-engine collectives' flag words across processes. Each process
+/// registers them with its GPUs (the device layer) and touches them only through that; this
+/// keeps the mapping alive. `name` names the segment like [`exchange`]'s; `processes` attach.
+pub struct SharedWords {
+    seg: Segment,
+    words: usize,
+}
+
+impl std::fmt::Debug for SharedWords {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "SharedWords({}, {} words)", self.seg.name, self.words)
+    }
+}
+
+/// Where [`SharedWords`]' words start: a page of their own (registration is by pages).
+const WORDS_AT: usize = 4096;
+
+impl SharedWords {
+    pub fn attach(name: &str, words: usize, processes: u64, patience: Duration) -> Result<SharedWords> {
+        let size = (words.max(1) * 4).checked_next_multiple_of(WORDS_AT).and_then(|b| b.checked_add(WORDS_AT));
+        let size = size.ok_or_else(|| Error::Segment(format!("{words} words overflow")))?;
+        let print = fingerprint(&format!("words|{words}|{processes}"));
+        let seg = Segment::attach(name, size, print, processes, patience).map_err(Error::Segment)?;
+        Ok(SharedWords { seg, words })
+    }
+
+    /// The first word (page aligned) and the number of words, whole pages of them.
+    pub fn words(&self) -> (*mut std::ffi::c_void, usize) {
+        let ptr = self.seg.region.ptr().as_ptr().wrapping_add(WORDS_AT);
+        (ptr.cast(), (self.seg.region.len() - WORDS_AT) / 4)
+    }
+}
+
 /// A segment, mapped once by this process, and its layout: what one collective, or a slot
 /// of collectives that every member runs in one order (`direct.rs`'s argument),
 /// meets in across processes.

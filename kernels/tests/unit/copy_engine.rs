@@ -47,33 +47,8 @@ fn resolve(l: Loc, b: &Buffers) -> u64 {
 /// Runs `calls` calls of `ops[m]` for every member m, interleaved at random by `seed`; the
 /// buffers of member m's call c are `bufs[c][m]`. Panics on a deadlock.
 fn simulate(mem: &mut Mem, ops: &[Vec<Op>], bufs: &[Vec<Buffers>], seed: u64) {
-    let members = ops.len();
-    let calls = bufs.len();
-    let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    // Program counter per member over its calls' operations.
-    let mut pc = vec![(0usize, 0usize); members];
-    loop {
-        let runnable: Vec<usize> = (0..members)
-            .filter(|&m| {
-                let (c, i) = pc[m];
-                if c >= calls {
-                    return false;
-                }
-                match ops[m][i] {
-                    Op::Await { addr, .. } => mem.word(addr) != 0,
-                    _ => true,
-                }
-            })
-            .collect();
-        if runnable.is_empty() {
-            assert!(pc.iter().all(|&(c, _)| c >= calls), "deadlock at {pc:?}");
-            return;
-        }
-        let m = runnable[rng.random_range(0..runnable.len())];
-        let (c, i) = pc[m];
-        step(mem, ops[m][i], &bufs[c][m], m, c);
-        pc[m] = if i + 1 == ops[m].len() { (c + 1, 0) } else { (c, i + 1) };
-    }
+    let pieces: Vec<Vec<Piece>> = ops.iter().map(|o| o.iter().copied().map(Piece::Op).collect()).collect();
+    simulate_pieces(mem, &pieces, bufs, seed);
 }
 
 /// Executes operation `op` of member `m`'s call `c` (its buffers `b`) on the model.
@@ -331,13 +306,14 @@ fn rows_beyond_the_pitch_limit_move_one_copy_each() {
     assert_eq!(ops, vec![move1(Loc::At(0), Loc::Arg(0, 0), 24)]);
 }
 
-/// Runs `pieces[m]` of every member as [`simulate`] runs operations, a fold adding u32 words
-/// (wrapping) of the slots in member order.
+/// Runs `calls` calls of `pieces[m]` for every member m, interleaved at random by `seed` (a
+/// fold adds u32 words, wrapping, of the slots in member order). Panics on a deadlock.
 fn simulate_pieces(mem: &mut Mem, pieces: &[Vec<Piece>], bufs: &[Vec<Buffers>], seed: u64) {
     // A fold is atomic in the model, like every operation: it follows its stream's earlier steps.
     let members = pieces.len();
     let calls = bufs.len();
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    // Program counter per member over its calls' operations.
     let mut pc = vec![(0usize, 0usize); members];
     loop {
         let runnable: Vec<usize> = (0..members)

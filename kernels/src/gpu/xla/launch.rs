@@ -609,24 +609,20 @@ impl<B: XlaBackend> Builder<'_, B> {
     }
 
     /// Whether this call runs on the copy engines: its device takes stream memory operations
-    /// and the call stays within this process (the flag words are this process's host memory).
+    /// (across processes, the flag words are a shared segment each process registers).
     /// Otherwise the same collective runs on its direct kernel, which computes the same bytes.
     fn copy_engines(&mut self) -> Result<bool, HandlerError> {
         let (cfg, dev) = (self.x.cfg, &self.x.c.devices[self.x.ordinal]);
-        let why_not = if cfg.spans_processes() {
-            Some("it spans processes".to_owned())
-        } else {
-            match B::stream_mem_ops(&dev.ctx) {
-                Ok(true) => None,
-                Ok(false) => Some(format!("GPU {} takes no stream memory operations", dev.ordinal)),
-                Err(e) => Some(e.to_string()),
-            }
+        let why_not = match B::stream_mem_ops(&dev.ctx) {
+            Ok(true) => None,
+            Ok(false) => Some(format!("GPU {} takes no stream memory operations", dev.ordinal)),
+            Err(e) => Some(e.to_string()),
         };
         if let Some(why) = why_not {
             log::warn!("peerless: {} '{}' runs its direct kernel, not the copy engines: {why}", cfg.target(), cfg.name);
             return Ok(false);
         }
-        let words = self.x.inst.ce_words(&dev.ctx, cfg.timeout_ms).map_err(|e| {
+        let words = self.x.inst.ce_words(&dev.ctx, cfg).map_err(|e| {
             err(
                 ErrorCode::ResourceExhausted,
                 format!("{} '{}': cannot map the copy engines' flag words: {e}", cfg.target(), cfg.name),

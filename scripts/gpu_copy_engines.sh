@@ -7,11 +7,12 @@
 # element type and algorithm against the host reference, 1,000 CUDA-graph replays each, a
 # missing member), ncu (the copy-engine forms under Nsight Compute: no kernel may appear),
 # bench (µs per call, and a bf16 GEMM's speed beside 4 members' 256 MiB all-gather on the copy
-# engines and on today's kernel), inside (the forms through JAX and XLA with --copy_engines=0).
+# engines and on today's kernel), inside (the forms through JAX and XLA with --copy_engines=0),
+# multiprocess (two processes sharing GPU 0, every call on the copy engines across them).
 set -uo pipefail
 LOG=${1:?usage: gpu_copy_engines.sh LOGDIR [BINDIR]}
 BIN=${2:-.gpu}
-STEPS=${GPU_CE_STEPS:-tests ncu bench inside}
+STEPS=${GPU_CE_STEPS:-tests ncu bench inside multiprocess}
 mkdir -p "$LOG"
 # NVLink multicast stays off (shared hosts): never remove these.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -65,6 +66,16 @@ if has inside; then
   step inside 300 env PEERLESS_FLAGS="$forced" python3 plugin/tests/gpu_xla_inside.py check --out "$LOG/inside"
   grep -h "implementations" "$LOG/inside.txt" | sed 's/^/   | /' | tee -a "$LOG/summary.txt"
   rm -rf "$LOG/inside" # its digests are in inside.txt's verdicts; too many files to bring back
+fi
+if has multiprocess; then
+  # Two processes sharing GPU 0 (jax.distributed), every call on its copy-engine form across
+  # them: the flag words in a shared segment, the copies through IPC; results against numpy,
+  # then a process that never arrives.
+  if [ -f "$BIN/libpeerless_pjrt.so" ]; then
+    export PEERLESS_PJRT_LIBRARY="$PWD/$BIN/libpeerless_pjrt.so" PYTHONPATH="$PWD/plugin/python"
+  fi
+  step multiprocess 300 python3 plugin/tests/gpu_multiprocess.py --flags "--copy_engines=0" --no-cache-check \
+    --out "$LOG/multiprocess"
 fi
 echo "rc=$rc" | tee -a "$LOG/summary.txt"
 exit $rc

@@ -28,19 +28,7 @@ for m in ("jax_plugins.xla_cuda13", "jax_plugins.xla_cuda12"):
         if os.path.exists(p): print(p); raise SystemExit' 2>/dev/null)
 export PEERLESS_XLA_PLUGIN=${PEERLESS_XLA_PLUGIN:-$XLA_CUDA}
 NGPU=$(nvidia-smi -L 2>/dev/null | wc -l)
-rc=0
-has() { [[ " $STEPS " == *" $1 "* ]]; }
-step() { # step NAME SECONDS CMD...: runs CMD with a time limit, logs to NAME.txt
-  local name=$1 limit=$2
-  shift 2
-  echo "== $name: $*" | tee -a "$LOG/summary.txt"
-  local t0=$SECONDS
-  timeout -k 10 "$limit" "$@" >"$LOG/$name.txt" 2>&1
-  local r=$?
-  echo "   rc=$r in $((SECONDS - t0)) s" | tee -a "$LOG/summary.txt"
-  tail -4 "$LOG/$name.txt" | sed 's/^/   | /' | tee -a "$LOG/summary.txt"
-  [ $r -eq 0 ] || rc=1
-}
+. "$(dirname "$0")/steps.sh"
 { date -u; nvidia-smi; nvidia-smi topo -m; echo "XLA CUDA plugin: $PEERLESS_XLA_PLUGIN"; } >"$LOG/nvidia-smi.txt" 2>&1
 # The first call of a program with a collective, each case in a fresh process with an empty
 # kernel cache: stock JAX beside Peerless (prebuilt kernels, and NVRTC without them).

@@ -20,19 +20,8 @@ export PEERLESS_CACHE_DIR=/tmp/peerless-kernel-cache
 # Members on one GPU are several streams each blocked in turn on a stream wait: give every
 # stream a hardware queue of its own.
 export CUDA_DEVICE_MAX_CONNECTIONS=32
-has() { [[ " $STEPS " == *" $1 "* ]]; }
-rc=0
-step() { # step NAME SECONDS CMD...: runs CMD with a time limit, logs to NAME.txt
-  local name=$1 limit=$2
-  shift 2
-  echo "== $name: $*" | tee -a "$LOG/summary.txt"
-  local t0=$SECONDS
-  timeout -k 10 "$limit" "$@" >"$LOG/$name.txt" 2>&1
-  local r=$?
-  echo "   rc=$r in $((SECONDS - t0)) s" | tee -a "$LOG/summary.txt"
-  tail -12 "$LOG/$name.txt" | sed 's/^/   | /' | tee -a "$LOG/summary.txt"
-  [ $r -eq 0 ] || rc=1
-}
+STEP_TAIL=12
+. "$(dirname "$0")/steps.sh"
 { date -u; nvidia-smi; } >"$LOG/nvidia-smi.txt" 2>&1
 if has tests; then
   step tests 240 "$BIN/cuda_copy_engines" --ignored --test-threads=1 --nocapture

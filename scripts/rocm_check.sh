@@ -40,19 +40,7 @@ export PEERLESS_PJRT_LIBRARY="$PWD/$BIN/libpeerless_pjrt.so" PYTHONPATH="$PWD/pl
 # Every JAX step runs on JAX's own ROCm backend with Peerless enabled for platform "rocm".
 export PEERLESS_PLATFORM=rocm JAX_PLATFORMS=rocm
 NGPU=$(python3 -c 'from jax._src import hardware_utils as h; print(h.num_available_amd_gpus())' 2>/dev/null || echo 0)
-rc=0
-has() { [[ " $STEPS " == *" $1 "* ]]; }
-step() { # step NAME SECONDS CMD...: runs CMD with a time limit, logs to NAME.txt
-  local name=$1 limit=$2
-  shift 2
-  echo "== $name: $*" | tee -a "$LOG/summary.txt"
-  local t0=$SECONDS
-  timeout -k 10 "$limit" "$@" >"$LOG/$name.txt" 2>&1
-  local r=$?
-  echo "   rc=$r in $((SECONDS - t0)) s" | tee -a "$LOG/summary.txt"
-  tail -4 "$LOG/$name.txt" | sed 's/^/   | /' | tee -a "$LOG/summary.txt"
-  [ $r -eq 0 ] || rc=1
-}
+. "$(dirname "$0")/steps.sh"
 {
   date -u
   rocm-smi --showproductname --showbus 2>&1 || true

@@ -79,6 +79,8 @@ MODES = {
     "peerless-sync": "",
     "peerless-blocks64": "",
     "peerless-fuse": "",
+    "peerless-ce": "",
+    "peerless-ce-sync": "",
 }
 # Peerless's flags per mode (`enable(flags=...)`). (In the 2026-11-27 runs, `peerless` was
 # today's `peerless-overlap`, the default then; runs C and D of that day also set every backend
@@ -89,6 +91,9 @@ PEERLESS_MODES = {
     "peerless-sync": "--overlap_above_bytes=none",
     "peerless-blocks64": "--overlap_above_bytes=262144 --async_blocks=64",
     "peerless-fuse": "--fuse_norm=true",
+    # Calls of 16 MiB and more on the copy engines (no SMs), beside compute / in order.
+    "peerless-ce": "--copy_engines=16777216 --overlap_above_bytes=262144",
+    "peerless-ce-sync": "--copy_engines=16777216",
 }
 # Mode suffixes: XLA options a user may add to any mode.
 SUFFIXES = {
@@ -96,6 +101,8 @@ SUFFIXES = {
     # Command buffers replay without an update when buffers move: XLA remaps the moved
     # parameters and temporaries to the addresses the command buffer recorded (VMM).
     "va": "--xla_gpu_command_buffer_update_mode=SKIP_PROFILED",
+    # XLA's collective matmul: a TP einsum's all-gather becomes permutes inside a loop.
+    "wein": "--xla_gpu_threshold_for_windowed_einsum_mib=0",
 }
 AGREE = 5e-2
 # Kernel names of collectives (Peerless's, NCCL's, XLA's collective kernels) in a profile.

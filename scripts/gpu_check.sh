@@ -20,15 +20,10 @@ if [ -f "$BIN/libpeerless_pjrt.so" ]; then
   export PEERLESS_PJRT_LIBRARY="$PWD/$BIN/libpeerless_pjrt.so" PYTHONPATH="$PWD/plugin/python"
 fi
 # XLA's CUDA plugin, for `peerless run/bench --backend xla`.
-XLA_CUDA=$(python3 -c 'import importlib.util as u, os
-for m in ("jax_plugins.xla_cuda13", "jax_plugins.xla_cuda12"):
-    s = u.find_spec(m)
-    for d in (s.submodule_search_locations if s else []):
-        p = os.path.join(d, "xla_cuda_plugin.so")
-        if os.path.exists(p): print(p); raise SystemExit' 2>/dev/null)
+. "$(dirname "$0")/steps.sh"
+XLA_CUDA=$(xla_cuda_plugin)
 export PEERLESS_XLA_PLUGIN=${PEERLESS_XLA_PLUGIN:-$XLA_CUDA}
 NGPU=$(nvidia-smi -L 2>/dev/null | wc -l)
-. "$(dirname "$0")/steps.sh"
 { date -u; nvidia-smi; nvidia-smi topo -m; echo "XLA CUDA plugin: $PEERLESS_XLA_PLUGIN"; } >"$LOG/nvidia-smi.txt" 2>&1
 # The first call of a program with a collective, each case in a fresh process with an empty
 # kernel cache: stock JAX beside Peerless (prebuilt kernels, and NVRTC without them).

@@ -40,12 +40,7 @@ python3 -m pip install -q --no-deps --force-reinstall "$BIN"/wheel/*.whl >"$LOG/
 }
 { date -u; nvidia-smi; nvidia-smi topo -m; python3 -m pip list 2>/dev/null | grep -i -E "jax|peerless"; } >"$LOG/machine.txt" 2>&1
 # XLA's CUDA plugin, for `peerless bench`'s XLA rows.
-XLA_CUDA=$(python3 -c 'import importlib.util as u, os
-for m in ("jax_plugins.xla_cuda13", "jax_plugins.xla_cuda12"):
-    s = u.find_spec(m)
-    for d in (s.submodule_search_locations if s else []):
-        p = os.path.join(d, "xla_cuda_plugin.so")
-        if os.path.exists(p): print(p); raise SystemExit' 2>/dev/null)
+XLA_CUDA=$(xla_cuda_plugin)
 export PEERLESS_XLA_PLUGIN=${PEERLESS_XLA_PLUGIN:-$XLA_CUDA}
 counts="$NGPU"
 [ "$NGPU" -gt 2 ] && counts="2 $NGPU"

@@ -14,3 +14,13 @@ step() { # step NAME SECONDS CMD...: runs CMD with a time limit, logs to NAME.tx
   tail -"${STEP_TAIL:-4}" "$LOG/$name.txt" | sed 's/^/   | /' | tee -a "$LOG/summary.txt"
   [ $r -eq 0 ] || rc=1
 }
+# The path of XLA's CUDA PJRT plugin in the installed jax-cuda wheel (empty if none): what
+# `peerless bench/run --backend xla` load.
+xla_cuda_plugin() {
+  python3 -c 'import importlib.util as u, os
+for m in ("jax_plugins.xla_cuda13", "jax_plugins.xla_cuda12"):
+    s = u.find_spec(m)
+    for d in (s.submodule_search_locations if s else []):
+        p = os.path.join(d, "xla_cuda_plugin.so")
+        if os.path.exists(p): print(p); raise SystemExit' 2>/dev/null
+}

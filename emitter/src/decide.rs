@@ -503,7 +503,8 @@ fn kernel_call(
     };
     // 12. Operands and results agree on a layout the handler can work in.
     let layout = common_layout(module, id, layouts, elementwise, form == Form::AsyncTuple)?;
-    // 13. Peer access on device ids, last: the only rule that opens GPUs (the peer table). The peer table is this process's; across processes shared memory reaches every device.
+    // 13. Peer access on device ids, last: the only rule that opens GPUs (the peer table, this
+    // process's; across processes shared memory reaches every device).
     if !crosses && let Some((x, y)) = talking.iter().find_map(|g| peers.get().missing_link(g)) {
         return Err(format!("no peer access {x}↔{y} ({})", peers.get().source()));
     }

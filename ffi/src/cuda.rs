@@ -391,12 +391,18 @@ impl HostMapped {
         let ptr = call("cuMemHostAlloc", ctx.d(), || unsafe { r::malloc_host(words * 4, PORTABLE_DEVICEMAP) })?;
         // SAFETY: `ptr` holds `words` writable, page-aligned words just allocated, owned by `m`.
         let words = unsafe { crate::gpu::HostWords::zeroed(ptr, words) };
-        let mut m = HostMapped { words, ordinal: ctx.ordinal, ctx: ctx.ctx, registered: false };
+        HostMapped { words, ordinal: ctx.ordinal, ctx: ctx.ctx, registered: false }.mapped(ctx)
+    }
+
+    /// Looks up the device address of the words (allocated or registered mapped in `ctx`);
+    /// on failure, dropping `self` frees or unregisters them.
+    fn mapped(mut self, ctx: &Context) -> Result<HostMapped> {
+        let ptr = self.words.ptr();
         call("cuMemHostGetDevicePointer", ctx.d(), || {
-            // SAFETY: `ptr` is a mapped host allocation of this context; the out-pointer is valid.
-            st(unsafe { sys::cuMemHostGetDevicePointer_v2(&mut m.words.device_ptr, ptr, 0) })
+            // SAFETY: `ptr` is host memory mapped for this context; the out-pointer is valid.
+            st(unsafe { sys::cuMemHostGetDevicePointer_v2(&mut self.words.device_ptr, ptr, 0) })
         })?;
-        Ok(m)
+        Ok(self)
     }
 
     /// Registers the `words` words at `ptr` (left as they are), portable (every context of
@@ -413,12 +419,7 @@ impl HostMapped {
         })?;
         // SAFETY: the caller guarantees the words; registered above, unregistered in `drop`.
         let words = unsafe { crate::gpu::HostWords::at(ptr, words) };
-        let mut m = HostMapped { words, ordinal: ctx.ordinal, ctx: ctx.ctx, registered: true };
-        call("cuMemHostGetDevicePointer", ctx.d(), || {
-            // SAFETY: `ptr` was registered mapped just now; the out-pointer is valid.
-            st(unsafe { sys::cuMemHostGetDevicePointer_v2(&mut m.words.device_ptr, ptr, 0) })
-        })?;
-        Ok(m)
+        HostMapped { words, ordinal: ctx.ordinal, ctx: ctx.ctx, registered: true }.mapped(ctx)
     }
 }
 

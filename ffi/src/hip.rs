@@ -571,9 +571,7 @@ impl HostMapped {
         m.words.device_ptr = d as u64;
         Ok(m)
     }
-}
 
-impl HostMapped {
     /// Registering another mapping serves the copy-engine collectives only: CUDA only.
     ///
     /// # Safety

@@ -284,6 +284,14 @@ impl<B: XlaBackend> Instance<B> {
         self.lamport_slot > 0 && bytes <= self.lamport_slot
     }
 
+    /// Where this instance's processes meet (a shared segment's name, `suffix` after the
+    /// instance's key) and how many processes hold its devices.
+    fn meeting_place(&self, cfg: &CustomCallConfig, job: &str, suffix: &str) -> (String, u64) {
+        let processes = self.devices.iter().filter_map(|d| cfg.process_of().get(d).copied());
+        let processes = processes.collect::<BTreeSet<_>>().len() as u64;
+        (format!("/peerless-{job}-{:016x}-{}{suffix}", self.key, B::NAME), processes)
+    }
+
     /// The copy-engine flag words as every GPU of the process addresses them, made on first
     /// use (on `ctx`'s device; across processes in a segment named by the job and the
     /// instance's key, which every process registers), and the instance put under the
@@ -294,10 +302,7 @@ impl<B: XlaBackend> Instance<B> {
         let h = match self.ce.get() {
             Some(h) => h,
             None if cfg.spans_processes() => {
-                let job = thunks::runtime::job_for(cfg)?;
-                let processes = self.devices.iter().filter_map(|d| cfg.process_of().get(d).copied());
-                let processes = processes.collect::<BTreeSet<_>>().len() as u64;
-                let name = format!("/peerless-{job}-{:016x}-{}-ce", self.key, B::NAME);
+                let (name, processes) = self.meeting_place(cfg, &thunks::runtime::job_for(cfg)?, "-ce");
                 let patience = std::time::Duration::from_millis(cfg.timeout_ms.max(1));
                 let seg = crate::host::shm::SharedWords::attach(&name, words, processes, patience)
                     .map_err(|e| e.to_string())?;
@@ -555,16 +560,14 @@ fn all_ranks<'a, B: XlaBackend>(
         b.extend_from_slice(&(inst.staging as u64).to_le_bytes());
         posts.push((d, b));
     }
-    let processes = inst.devices.iter().filter_map(|d| cfg.process_of().get(d).copied()).collect::<BTreeSet<_>>();
-    let name = format!("/peerless-{job}-{:016x}-{}", inst.key, B::NAME);
+    let (name, processes) = inst.meeting_place(cfg, &job, "");
     let left = deadline.saturating_duration_since(std::time::Instant::now());
-    let all =
-        crate::host::shm::exchange(&name, &inst.devices, processes.len() as u64, &posts, SLOT, left).map_err(|e| {
-            match e.missing() {
-                Some(m) => timed_out(m.to_vec(), "posted their buffers (their processes never came)"),
-                None => err(ErrorCode::FailedPrecondition, format!("{} '{}': {e}", cfg.target(), cfg.name)),
-            }
-        })?;
+    let all = crate::host::shm::exchange(&name, &inst.devices, processes, &posts, SLOT, left).map_err(|e| {
+        match e.missing() {
+            Some(m) => timed_out(m.to_vec(), "posted their buffers (their processes never came)"),
+            None => err(ErrorCode::FailedPrecondition, format!("{} '{}': {e}", cfg.target(), cfg.name)),
+        }
+    })?;
     let ctx = &c.devices.get(ordinal).ok_or_else(|| internal(format!("no GPU {ordinal}")))?.ctx;
     let mut mapped = Vec::new();
     for (d, b) in all.iter().filter(|(d, _)| !ranks.contains_key(d)) {

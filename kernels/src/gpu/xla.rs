@@ -301,26 +301,41 @@ impl<B: XlaBackend> Instance<B> {
         let words = self.devices.len() * copy_engine::STRIDE;
         let h = match self.ce.get() {
             Some(h) => h,
-            None if cfg.spans_processes() => {
-                let (name, processes) = self.meeting_place(cfg, &thunks::runtime::job_for(cfg)?, "-ce");
-                let patience = std::time::Duration::from_millis(cfg.timeout_ms.max(1));
-                let seg = crate::host::shm::SharedWords::attach(&name, words, processes, patience)
-                    .map_err(|e| e.to_string())?;
-                let (ptr, n) = seg.words();
-                // SAFETY: `n` page-aligned words of the segment's mapping, which `CeWords`
-                // keeps alive until after the registration is dropped (field order).
-                let mapped = unsafe { B::host_register(ctx, ptr, n) }.map_err(|e| e.to_string())?;
-                self.ce.get_or_init(|| CeWords { mapped, _segment: Some(seg) })
-            }
             None => {
-                let mapped = B::host_mapped(ctx, words).map_err(|e| e.to_string())?;
-                self.ce.get_or_init(|| CeWords { mapped, _segment: None })
+                // One thread of the process makes them: a second attach of the shared segment
+                // would count this process twice among the processes that joined it.
+                let _one = self.meeting.lock().unwrap_or_else(PoisonError::into_inner);
+                match self.ce.get() {
+                    Some(h) => h,
+                    None => {
+                        let made = self.make_ce_words(ctx, cfg, words)?;
+                        self.ce.get_or_init(|| made)
+                    }
+                }
             }
         };
         if !self.ce_watched.swap(true, Ordering::AcqRel) {
             watch(Arc::downgrade(self));
         }
         Ok(copy_engine::Words { base: B::host_mapped_device_ptr(&h.mapped) })
+    }
+
+    /// [`Self::ce_words`]' words, `words` of them: this process's, or across processes the
+    /// shared segment's, registered with this process's GPUs.
+    fn make_ce_words(&self, ctx: &B::Context, cfg: &CustomCallConfig, words: usize) -> Result<CeWords<B>, String> {
+        if !cfg.spans_processes() {
+            let mapped = B::host_mapped(ctx, words).map_err(|e| e.to_string())?;
+            return Ok(CeWords { mapped, _segment: None });
+        }
+        let (name, processes) = self.meeting_place(cfg, &thunks::runtime::job_for(cfg)?, "-ce");
+        let patience = std::time::Duration::from_millis(cfg.timeout_ms.max(1));
+        let seg =
+            crate::host::shm::SharedWords::attach(&name, words, processes, patience).map_err(|e| e.to_string())?;
+        let (ptr, n) = seg.words();
+        // SAFETY: `n` page-aligned words of the segment's mapping, which `CeWords` keeps alive
+        // until after the registration is dropped (field order).
+        let mapped = unsafe { B::host_register(ctx, ptr, n) }.map_err(|e| e.to_string())?;
+        Ok(CeWords { mapped, _segment: Some(seg) })
     }
 
     /// Bytes of each member's signals allocation: the flags, then the Lamport regions if any.

@@ -835,14 +835,14 @@ impl StateType {
 
 /// Per-executable state of type `T` that XLA keeps: handed over at INSTANTIATE, read at
 /// later stages, destroyed (dropped) with the executable. Declare one `static` per type.
-pub struct ExecutableState<T: Default + Send + Sync + 'static> {
+pub struct ExecutableState<T: Send + Sync + 'static> {
     name: &'static str,
     info: StateType,
     id: std::sync::OnceLock<TypeId>,
     _t: PhantomData<fn() -> T>,
 }
 
-impl<T: Default + Send + Sync + 'static> fmt::Debug for ExecutableState<T> {
+impl<T: Send + Sync + 'static> fmt::Debug for ExecutableState<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ExecutableState").field("name", &self.name).field("id", &self.id.get()).finish()
     }
@@ -857,7 +857,7 @@ unsafe extern "C" fn drop_boxed<T>(p: *mut c_void) {
     }
 }
 
-impl<T: Default + Send + Sync + 'static> ExecutableState<T> {
+impl<T: Send + Sync + 'static> ExecutableState<T> {
     /// State registered with XLA under `name` (unique per type in the process).
     pub const fn new(name: &'static str) -> Self {
         ExecutableState { name, info: StateType::new(drop_boxed::<T>), id: std::sync::OnceLock::new(), _t: PhantomData }
@@ -870,14 +870,8 @@ impl<T: Default + Send + Sync + 'static> ExecutableState<T> {
         (id.type_id != 0).then_some(id)
     }
 
-    /// At INSTANTIATE: hands XLA a fresh `T` for this executable. False where XLA keeps
-    /// none (no type registry, or state already set); callers then keep their own.
-    pub fn instantiate(&'static self, f: &CallFrame<'_>) -> bool {
-        self.instantiate_with(f, T::default())
-    }
-
-    /// As [`Self::instantiate`], handing XLA `value` (what the executable's calls must share,
-    /// known at INSTANTIATE).
+    /// At INSTANTIATE: hands XLA `value` for this executable (what its calls must share).
+    /// False where XLA keeps none (no type registry, or state already set).
     pub fn instantiate_with(&'static self, f: &CallFrame<'_>, value: T) -> bool {
         let Some(id) = self.id(f) else { return false };
         let state = Box::into_raw(Box::new(value));

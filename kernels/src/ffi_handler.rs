@@ -4,9 +4,10 @@
 //! A platform supplies a [`CollectiveRuntime`] (the host backend on CPU, the peer-access
 //! kernels on CUDA); the C ABI layer (plugin) wraps [`dispatch`] in
 //! `ffi::xla_ffi::guard_with_traits`, which answers XLA's metadata probe with the runtime's traits; [`dispatch`]
-//! parses the call's [`CustomCallConfig`] from its attributes at INSTANTIATE (kept in the
-//! runtime's [`CallState`]; parsed again on every stage only where XLA keeps no state), finds
-//! the calling device, and hands INITIALIZE and EXECUTE to the runtime. Every error, and any
+//! parses the call's [`CustomCallConfig`] from its attributes at INSTANTIATE into a
+//! [`CallState`] (XLA's per-executable state, or where XLA keeps none one [`Adopted`] for the
+//! process), finds the calling device, and hands INITIALIZE and EXECUTE to the runtime with that
+//! state: one path, whoever holds the state. Every error, and any
 //! panic, becomes an XLA FFI error (JAX raises it as an exception); nothing unwinds into XLA.
 
 use std::collections::HashMap;
@@ -40,6 +41,9 @@ pub trait CollectiveRuntime: Sync {
     fn state<'f>(&self, _frame: &'f CallFrame<'_>) -> Option<&'f CallState<Self::Instance>> {
         None
     }
+    /// Where this runtime keeps the states of calls XLA keeps none for (one per runtime, a
+    /// `static`).
+    fn adopted(&self) -> &'static Adopted<Self::Instance>;
     /// The INITIALIZE stage on `device` (its device id; `ordinal`: the platform's local
     /// ordinal), outside any stream capture: set up per-collective state that must not be
     /// created while XLA records a command buffer.
@@ -56,12 +60,12 @@ pub trait CollectiveRuntime: Sync {
     fn execute(&self, frame: &CallFrame<'_>, at: &At<'_, Self::Instance>) -> Result<(), HandlerError>;
 }
 
-/// Where a stage of a call runs: the call's config, the state XLA keeps for it (if any), and
-/// the calling device (its id in the job and the platform's local ordinal).
+/// Where a stage of a call runs: the call's config, its state (XLA's or adopted), and the
+/// calling device (its id in the job and the platform's local ordinal).
 #[derive(Debug)]
 pub struct At<'a, I> {
     pub call: &'a CustomCallConfig,
-    pub state: Option<&'a CallState<I>>,
+    pub state: &'a CallState<I>,
     pub device: usize,
     pub ordinal: usize,
 }
@@ -73,7 +77,7 @@ pub struct At<'a, I> {
 #[derive(Debug)]
 pub struct CallState<I> {
     /// The call's attributes as INSTANTIATE parsed them (the hot path reads no attribute).
-    pub config: Option<CustomCallConfig>,
+    pub config: CustomCallConfig,
     pub instance: OnceLock<I>,
     /// Bit o: INITIALIZE finished on GPU ordinal o (XLA repeats the stage on every execution;
     /// with command buffers it is the only stage that reaches a handler).
@@ -93,7 +97,7 @@ impl<I> CallState<I> {
         } else {
             0
         };
-        CallState { config: Some(cfg.clone()), instance: OnceLock::new(), initialized: 0.into(), occurrence }
+        CallState { config: cfg.clone(), instance: OnceLock::new(), initialized: 0.into(), occurrence }
     }
 
     /// Whether INITIALIZE finished on GPU `ordinal`.
@@ -109,9 +113,83 @@ impl<I> CallState<I> {
     }
 }
 
-impl<I> Default for CallState<I> {
+/// The states of calls XLA keeps none for (an XLA without FFI state, or a failed
+/// `state_set`), made at INSTANTIATE and kept for the process by the call's `instance`: an
+/// open-addressed table of atomic keys, so a stage finds its state with one attribute read and
+/// no lock, allocation or formatting, as with XLA's state. Two executables of one module share
+/// a state here (XLA's state would tell them apart).
+pub struct Adopted<I>(OnceLock<Box<[AdoptedSlot<I>]>>);
+
+struct AdoptedSlot<I> {
+    /// `instance + 1` (0: free); claimed once, never released.
+    key: std::sync::atomic::AtomicU64,
+    state: OnceLock<CallState<I>>,
+}
+
+/// Calls a process may run without XLA's state.
+pub const ADOPTED_CALLS: usize = 4096;
+
+impl<I> Adopted<I> {
+    pub const fn new() -> Self {
+        Adopted(OnceLock::new())
+    }
+
+    fn slots(&self) -> &[AdoptedSlot<I>] {
+        self.0.get_or_init(|| {
+            (0..ADOPTED_CALLS)
+                .map(|_| AdoptedSlot { key: 0.into(), state: OnceLock::new() })
+                .collect()
+        })
+    }
+
+    /// The slot of `instance`: its own, or (`claim`) a free one claimed for it.
+    fn slot(&self, instance: u64, claim: bool) -> Option<&AdoptedSlot<I>> {
+        use std::sync::atomic::Ordering;
+        let (slots, key) = (self.slots(), instance.wrapping_add(1));
+        // Fibonacci hashing: instance ids are a random base plus a counter.
+        let start = (instance.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 52) as usize;
+        for k in 0..slots.len() {
+            let s = &slots[(start + k) % slots.len()];
+            match s.key.load(Ordering::Acquire) {
+                k if k == key => return Some(s),
+                0 if !claim => return None,
+                0 => match s.key.compare_exchange(0, key, Ordering::AcqRel, Ordering::Acquire) {
+                    Ok(_) => return Some(s),
+                    Err(k) if k == key => return Some(s),
+                    Err(_) => {}
+                },
+                _ => {}
+            }
+        }
+        None
+    }
+
+    /// The state of `cfg`'s instance, made from `cfg` unless one is kept already.
+    pub fn adopt(&self, cfg: &CustomCallConfig) -> Result<&CallState<I>, HandlerError> {
+        let slot = self.slot(cfg.instance, true).ok_or_else(|| {
+            HandlerError::new(
+                ErrorCode::ResourceExhausted,
+                format!("'{}': more than {ADOPTED_CALLS} Peerless calls in a process whose XLA keeps no FFI state", cfg.name),
+            )
+        })?;
+        Ok(slot.state.get_or_init(|| CallState::for_call(cfg)))
+    }
+
+    /// The state adopted for `instance`, if any.
+    pub fn find(&self, instance: u64) -> Option<&CallState<I>> {
+        self.slot(instance, false).map(|s| s.state.wait())
+    }
+}
+
+impl<I> Default for Adopted<I> {
     fn default() -> Self {
-        CallState { config: None, instance: OnceLock::new(), initialized: 0.into(), occurrence: 0 }
+        Self::new()
+    }
+}
+
+impl<I> std::fmt::Debug for Adopted<I> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Adopted")
     }
 }
 
@@ -236,6 +314,28 @@ pub fn array_shape(b: &BufferRef<'_>) -> Result<ArrayShape, HandlerError> {
     Ok(ArrayShape::new(element_type(b)?, b.dims.to_vec()))
 }
 
+/// The state adopted for the call of `f` (its `instance` attribute), adopted now if
+/// INSTANTIATE never reached this process's handlers for it.
+#[cold]
+fn adopted<'r, R: CollectiveRuntime>(
+    kind: CollectiveKind,
+    f: &CallFrame<'_>,
+    rt: &'r R,
+) -> Result<&'r CallState<R::Instance>, HandlerError> {
+    let instance = f.attr_i64("instance").ok().and_then(|i| u64::try_from(i).ok());
+    if let Some(s) = instance.and_then(|i| rt.adopted().find(i)) {
+        return Ok(s);
+    }
+    rt.adopted().adopt(&parse(kind, f)?)
+}
+
+/// The call's config from its attributes (INSTANTIATE; the only parse of a call's life).
+fn parse(kind: CollectiveKind, f: &CallFrame<'_>) -> Result<CustomCallConfig, HandlerError> {
+    CustomCallConfig::from_attrs(kind, &FrameAttrs(f)).map_err(|e| {
+        HandlerError::invalid_argument(format!("{}: {e}", thunks::custom_call::target_name(kind).unwrap_or("?")))
+    })
+}
+
 /// The handler body for a custom call of `kind`. One read of XLA's state and of the device
 /// ordinal per stage; the stages get them ([`At`]).
 pub fn dispatch<R: CollectiveRuntime>(kind: CollectiveKind, f: &CallFrame<'_>, rt: &R) -> Result<(), HandlerError> {
@@ -246,37 +346,30 @@ pub fn dispatch<R: CollectiveRuntime>(kind: CollectiveKind, f: &CallFrame<'_>, r
     if !matches!(stage, ExecutionStage::Execute | ExecutionStage::Initialize | ExecutionStage::Instantiate) {
         return Ok(());
     }
-    let parse = || {
-        CustomCallConfig::from_attrs(kind, &FrameAttrs(f)).map_err(|e| {
-            HandlerError::invalid_argument(format!("{}: {e}", thunks::custom_call::target_name(kind).unwrap_or("?")))
-        })
-    };
     if stage == ExecutionStage::Instantiate {
-        let call = parse()?;
+        let call = parse(kind, f)?;
         rt.instantiate(f, &call)?;
+        // Where XLA keeps no state, the process keeps one: later stages take the same path.
+        if rt.state(f).is_none() {
+            rt.adopted().adopt(&call)?;
+        }
         // An executable this process did not compile (a persistent cache hit) tells
         // `stats()` its decisions here.
         thunks::runtime::instantiated(rt.platform(), &call);
         return Ok(());
     }
-    let state = rt.state(f);
+    let state = match rt.state(f) {
+        Some(s) => s,
+        None => adopted(kind, f, rt)?,
+    };
     let ordinal = f.device_ordinal()?;
     let ordinal = usize::try_from(ordinal)
         .map_err(|_| HandlerError::new(ErrorCode::Internal, format!("XLA reported device ordinal {ordinal}")))?;
     // The replay path (command buffers reach only this stage): done before any lookup.
-    if stage == ExecutionStage::Initialize && state.is_some_and(|s| s.initialized_on(ordinal)) {
+    if stage == ExecutionStage::Initialize && state.initialized_on(ordinal) {
         return Ok(());
     }
-    // The hot path: the config INSTANTIATE parsed, else (a runtime without executable
-    // state) the attributes read now.
-    let parsed;
-    let call = match state.and_then(|s| s.config.as_ref()) {
-        Some(c) => c,
-        None => {
-            parsed = parse()?;
-            &parsed
-        }
-    };
+    let call = &state.config;
     let device = rt.device_id(ordinal)?;
     if kind != CollectiveKind::CollectivePermute && call.group_of(device).is_none() {
         return Err(HandlerError::invalid_argument(format!(
@@ -292,3 +385,7 @@ pub fn dispatch<R: CollectiveRuntime>(kind: CollectiveKind, f: &CallFrame<'_>, r
     }
     rt.execute(f, &at)
 }
+
+#[cfg(test)]
+#[path = "../tests/unit/ffi_handler.rs"]
+mod tests;

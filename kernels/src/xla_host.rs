@@ -26,16 +26,14 @@
 //! slot (`ShmCollective::on_slot`), named by the job, the slot and the occurrence, which
 //! every process derives alike, and mapped once per process.
 
-use std::collections::BTreeMap;
-use std::collections::btree_map::Entry;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 
 use ffi::xla_ffi::{BufferRef, CallFrame, ErrorCode, ExecutableState, HandlerError, Traits};
 use hlo::{ArrayShape, PrimitiveType};
 use thunks::custom_call::CustomCallConfig;
 
-use crate::ffi_handler::{At, CallState, CollectiveRuntime, Slot, SlotKey, Slots, array_shape};
+use crate::ffi_handler::{Adopted, At, CallState, CollectiveRuntime, Slot, SlotKey, Slots, array_shape};
 use crate::host::direct::{DirectCollective, DirectSlot};
 use crate::host::shm::{ShmCollective, ShmKey};
 use crate::{Error, Result};
@@ -106,8 +104,8 @@ type ExecState = CallState<Result<Arc<Instance>, String>>;
 /// Where XLA keeps each executable's [`ExecState`].
 static STATE: ExecutableState<ExecState> = ExecutableState::new("peerless.host_collective");
 
-/// Collectives of calls without XLA-held state, by instance id, kept for the process.
-static INSTANCES: Mutex<BTreeMap<u64, Arc<Instance>>> = Mutex::new(BTreeMap::new());
+/// The states of calls XLA keeps none for.
+static ADOPTED: Adopted<Result<Arc<Instance>, String>> = Adopted::new();
 
 /// The in-process collectives' shared slots.
 static SLOTS: Slots<DirectSlot> = Slots::new();
@@ -229,16 +227,16 @@ fn check_call(call: &HostCall) -> Result<()> {
     Ok(())
 }
 
-/// Runs one device's side of a Peerless custom call on the host backend, with the
-/// collective's cluster from the process-wide table (kept for the process).
-pub fn run(call: HostCall) -> Result<()> {
+/// Runs one device's side of `call` in its `state`, whose collective the first device to run
+/// builds (freed with the executable).
+fn run_in(state: &ExecState, call: HostCall) -> Result<()> {
     check_call(&call)?;
-    let cfg = call.config;
-    let instance = match INSTANCES.lock().unwrap_or_else(PoisonError::into_inner).entry(cfg.instance) {
-        Entry::Occupied(i) => Arc::clone(i.get()),
-        Entry::Vacant(v) => Arc::clone(v.insert(Arc::new(Instance::build(&call, 0)?))),
-    };
-    run_on(&instance, call)
+    let inst =
+        state.instance.get_or_init(|| Instance::build(&call, state.occurrence).map(Arc::new).map_err(|e| e.to_string()));
+    match inst {
+        Ok(i) => run_on(i, call),
+        Err(m) => Err(invalid(call.config, m.clone())),
+    }
 }
 
 /// Runs `call` on `instance`: XLA's buffers in and out, no copies of results.
@@ -296,13 +294,16 @@ impl CollectiveRuntime for HostRuntime {
     }
 
     fn instantiate(&self, f: &CallFrame<'_>, call: &CustomCallConfig) -> Result<(), HandlerError> {
-        // Without XLA-held state, calls fall back to the process-wide table.
         STATE.instantiate_with(f, ExecState::for_call(call));
         Ok(())
     }
 
     fn state<'f>(&self, f: &'f CallFrame<'_>) -> Option<&'f ExecState> {
         STATE.get(f)
+    }
+
+    fn adopted(&self) -> &'static Adopted<Self::Instance> {
+        &ADOPTED
     }
 
     fn execute(&self, f: &CallFrame<'_>, at: &At<'_, Self::Instance>) -> Result<(), HandlerError> {
@@ -356,20 +357,7 @@ impl CollectiveRuntime for HostRuntime {
             outputs.push((&mut sum[..], shape.clone()));
         }
         let call = HostCall { config: call, device, inputs, outputs };
-        // The executable's own state when XLA instantiated one (freed with the executable),
-        // else the process-wide table.
-        let result = match state {
-            Some(state) => check_call(&call).and_then(|()| {
-                let inst = state
-                    .instance
-                    .get_or_init(|| Instance::build(&call, state.occurrence).map(Arc::new).map_err(|e| e.to_string()));
-                match inst {
-                    Ok(i) => run_on(i, call),
-                    Err(m) => Err(invalid(call.config, m.clone())),
-                }
-            }),
-            None => run(call),
-        };
+        let result = run_in(state, call);
         if let (Ok(()), Some((e, shape))) = (&result, fused) {
             let d = shape.dims.last().copied().unwrap_or(0) as usize;
             let bytes_and_type = |b| -> Result<_, HandlerError> { Ok((host_bytes(b)?, array_shape(b)?.ty)) };

@@ -19,8 +19,8 @@
 //!   e are 2e - 1 and 2e, so one-shot, two-shot, reduce-scatter and exchange launches may
 //!   follow each other on one slot's flags. Each device's part is allocated in its
 //!   INITIALIZE stage and kept with the executable (XLA FFI state set at INSTANTIATE, one
-//!   reference per call of the slot; freed when XLA destroys the executable; a process-wide
-//!   table where XLA keeps no state). Launch counters (epochs) live on the device, so XLA may
+//!   reference per call of the slot; freed when XLA destroys the executable; where XLA keeps
+//!   no state, the state adopted for the process, `ffi_handler::Adopted`). Launch counters (epochs) live on the device, so XLA may
 //!   capture a call into a command buffer (CUDA or HIP graph) and replay it without the
 //!   handler.
 //! - All-reduce and reduce-scatter read XLA's operand and write XLA's result directly (the
@@ -60,7 +60,7 @@ use super::args::{
     ReduceArgs, Run, ScatterArgs, Sig, Status, Wait, Xchg,
 };
 use super::{BLOCKS, Backend, Clique, DEFAULT_GRID, Kernel, MAX_RANKS, SIGNAL_BYTES, THREADS, Unit};
-use crate::ffi_handler::{At, CallState, CollectiveRuntime, Slot, SlotKey, Slots, array_shape};
+use crate::ffi_handler::{Adopted, At, CallState, CollectiveRuntime, Slot, SlotKey, Slots, array_shape};
 
 mod copy_engine;
 mod launch;
@@ -96,8 +96,8 @@ pub struct RuntimeState<B: XlaBackend> {
     live: AtomicUsize,
     /// The executables' state for each custom call.
     exec: ExecutableState<ExecState<B>>,
-    /// Calls of executables XLA keeps no state for, by `instance` (kept for the process).
-    instances: OnceLock<Mutex<HashMap<u64, Arc<Instance<B>>>>>,
+    /// The states of calls XLA keeps none for.
+    adopted: Adopted<GpuCall<B>>,
     /// Live slots, held weakly: a slot lives as long as a call of an executable holds it.
     slots: Slots<Instance<B>>,
     /// Instances with copy-engine calls, which the watchdog ([`watchdog`]) watches.
@@ -117,7 +117,7 @@ impl<B: XlaBackend> RuntimeState<B> {
             held: [const { AtomicUsize::new(0) }; MAX_RANKS],
             live: AtomicUsize::new(0),
             exec: ExecutableState::new(state_type),
-            instances: OnceLock::new(),
+            adopted: Adopted::new(),
             slots: Slots::new(),
             watched: Mutex::new(Vec::new()),
             watchdog: OnceLock::new(),
@@ -432,10 +432,9 @@ fn new_instance<B: XlaBackend>(cfg: &CustomCallConfig, staging: usize, key: u64)
 }
 
 /// The instance of `cfg` (its slot's, or its own; created empty on first sight, allocating
-/// nothing): held by the executable's state where XLA keeps state, else by the process-wide
-/// table.
+/// nothing), held by the call's state.
 fn instance<B: XlaBackend>(
-    state: Option<&ExecState<B>>,
+    state: &ExecState<B>,
     cfg: &CustomCallConfig,
     args: &[ArrayShape],
     rets: &[ArrayShape],
@@ -446,13 +445,8 @@ fn instance<B: XlaBackend>(
         let sizes = |v: &[ArrayShape]| v.iter().map(ArrayShape::byte_size).collect::<Vec<_>>();
         cfg.gpu_staging_bytes(&sizes(args), &sizes(rets))
     };
-    if let Some(state) = state {
-        let call =
-            || GpuCall { inst: on_slot(cfg, need(), state.occurrence), plans: [const { OnceLock::new() }; MAX_RANKS] };
-        return state.instance.get_or_init(call).inst.clone();
-    }
-    let mut map = B::state().instances.get_or_init(Default::default).lock().unwrap_or_else(PoisonError::into_inner);
-    map.entry(cfg.instance).or_insert_with(|| on_slot(cfg, need(), 0)).clone()
+    let call = || GpuCall { inst: on_slot(cfg, need(), state.occurrence), plans: [const { OnceLock::new() }; MAX_RANKS] };
+    state.instance.get_or_init(call).inst.clone()
 }
 
 /// Allocates and publishes the part of `inst` of `device` (GPU `ordinal`) unless it exists.
@@ -736,13 +730,16 @@ impl<B: XlaBackend> CollectiveRuntime for GpuRuntime<B> {
     }
 
     fn instantiate(&self, f: &CallFrame<'_>, cfg: &CustomCallConfig) -> Result<(), HandlerError> {
-        // Without XLA-held state, instances live in the process-wide table.
         B::state().exec.instantiate_with(f, ExecState::for_call(cfg));
         Ok(())
     }
 
     fn state<'f>(&self, f: &'f CallFrame<'_>) -> Option<&'f ExecState<B>> {
         B::state().exec.get(f)
+    }
+
+    fn adopted(&self) -> &'static Adopted<GpuCall<B>> {
+        &B::state().adopted
     }
 
     fn device_id(&self, ordinal: usize) -> Result<usize, HandlerError> {
@@ -773,30 +770,23 @@ impl<B: XlaBackend> CollectiveRuntime for GpuRuntime<B> {
         // the kernels load (prebuilt, cached, or compiled one unit at a time), and other
         // processes' IPC handles open, neither of which a capturing stream allows.
         let plan = plan::<B>(f, cfg, state, device, ordinal)?;
-        if let Some(state) = state {
-            if let Some(call) = state.instance.get() {
-                // A second device thread of the same ordinal cannot exist: keep the first plan.
-                let _ = call.plans.get(ordinal).map(|p| p.set(plan));
-            }
-            state.mark_initialized(ordinal);
+        if let Some(call) = state.instance.get() {
+            // A second device thread of the same ordinal cannot exist: keep the first plan.
+            let _ = call.plans.get(ordinal).map(|p| p.set(plan));
         }
+        state.mark_initialized(ordinal);
         Ok(())
     }
 
     fn execute(&self, f: &CallFrame<'_>, at: &At<'_, GpuCall<B>>) -> Result<(), HandlerError> {
         let At { call: cfg, state, device, ordinal } = *at;
-        // The plan INITIALIZE made; made now where XLA skipped that stage or keeps no state
-        // (then on every call: the process-wide table's path).
-        let slot = state.and_then(|s| s.instance.get()).and_then(|c| c.plans.get(ordinal));
-        let made;
-        let plan = match slot.and_then(OnceLock::get) {
+        // The plan INITIALIZE made; made now (once) where XLA skipped that stage.
+        let plan = match state.instance.get().and_then(|c| c.plans.get(ordinal)).and_then(OnceLock::get) {
             Some(p) => p,
             None => {
-                made = plan::<B>(f, cfg, state, device, ordinal)?;
-                match slot {
-                    Some(slot) => slot.get_or_init(|| made),
-                    None => &made,
-                }
+                let made = plan::<B>(f, cfg, state, device, ordinal)?;
+                let slot = state.instance.get().and_then(|c| c.plans.get(ordinal));
+                slot.ok_or_else(|| internal(format!("GPU ordinal {ordinal} beyond {MAX_RANKS}")))?.get_or_init(|| made)
             }
         };
         let c = clique::<B>()?;
@@ -849,7 +839,7 @@ fn deadline_error(cfg: &CustomCallConfig, what: String) -> HandlerError {
 fn plan<B: XlaBackend>(
     f: &CallFrame<'_>,
     cfg: &CustomCallConfig,
-    state: Option<&ExecState<B>>,
+    state: &ExecState<B>,
     device: usize,
     ordinal: usize,
 ) -> Result<Plan<B>, HandlerError> {

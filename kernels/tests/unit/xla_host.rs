@@ -19,6 +19,13 @@ fn cfg(kind: CollectiveKind, algorithm: KernelAlgorithm, instance: u64) -> Custo
     }
 }
 
+/// Runs `call` as XLA:CPU's handler does for a call whose XLA keeps no state: in the state
+/// adopted for its instance.
+fn run(call: HostCall) -> Result<()> {
+    let state = ADOPTED.adopt(call.config).map_err(|e| invalid(call.config, e.to_string()))?;
+    run_in(state, call)
+}
+
 fn f32s(v: &[f32]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_le_bytes()).collect()
 }

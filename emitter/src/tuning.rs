@@ -443,17 +443,9 @@ impl ProfileSource {
     }
 }
 
-/// Where profiles are kept: `<cache dir>/tuning` (the kernels' cache convention:
-/// `PEERLESS_CACHE_DIR`, else `$XDG_CACHE_HOME/peerless`, else `~/.cache/peerless`).
+/// Where profiles are kept: `<cache dir>/tuning` ([`thunks::runtime::cache_dir`]).
 pub fn profile_dir() -> Option<PathBuf> {
-    let base = if let Some(d) = std::env::var_os("PEERLESS_CACHE_DIR") {
-        PathBuf::from(d)
-    } else if let Some(d) = std::env::var_os("XDG_CACHE_HOME") {
-        PathBuf::from(d).join("peerless")
-    } else {
-        PathBuf::from(std::env::var_os("HOME")?).join(".cache").join("peerless")
-    };
-    Some(base.join("tuning"))
+    Some(thunks::runtime::cache_dir()?.join("tuning"))
 }
 
 /// Profiles read so far, by path, with the file's length and modification time (a file

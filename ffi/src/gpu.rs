@@ -103,8 +103,12 @@ pub trait Interop: Gpu {
 
     /// Number of visible devices (an error where the runtime library cannot be loaded).
     fn device_count() -> Result<usize>;
-    /// Free device memory of `ctx`'s device, in bytes.
-    fn free_memory(ctx: &Self::Context) -> Result<usize>;
+    /// GPU `ordinal`'s free memory in bytes, read through a context another library (XLA)
+    /// already made; `None` where there is none (no context is made for the question).
+    fn free_memory_if_active(ordinal: usize) -> Result<Option<usize>>;
+    /// The driver's version and the visible devices' UUIDs, asking for no context: what a
+    /// cached peer probe is keyed by; `None` where this vendor keeps no cached probe.
+    fn machine_key() -> Result<Option<String>>;
     /// The buffer's length in bytes, as asked for.
     fn buffer_len(buf: &Self::Buffer) -> usize;
     /// The allocation's IPC handle, which another process of the host opens with
@@ -351,8 +355,11 @@ macro_rules! forward_gpu {
             fn device_count() -> Result<usize> {
                 device_count()
             }
-            fn free_memory(ctx: &Context) -> Result<usize> {
-                Ok(ctx.memory_info()?.0)
+            fn free_memory_if_active(ordinal: usize) -> Result<Option<usize>> {
+                free_memory_if_active(ordinal)
+            }
+            fn machine_key() -> Result<Option<String>> {
+                machine_key()
             }
             fn buffer_len(buf: &DeviceBuffer) -> usize {
                 buf.len

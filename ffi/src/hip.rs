@@ -147,6 +147,17 @@ pub fn init() -> Result<()> {
     INIT.get_or_init(|| call("hipInit", None, |s| unsafe { (s.init)(0) })).clone()
 }
 
+/// HIP device `ordinal`'s free memory: HIP keeps one implicit context per device, which the
+/// runtime made at `hipInit` (XLA:ROCm's too), so asking makes none.
+pub fn free_memory_if_active(ordinal: usize) -> Result<Option<usize>> {
+    Ok(Some(Context::new(ordinal)?.memory_info()?.0))
+}
+
+/// No cached peer probe on ROCm (its probe runs where the runtime opens the GPUs).
+pub fn machine_key() -> Result<Option<String>> {
+    Ok(None)
+}
+
 /// Number of visible HIP devices.
 pub fn device_count() -> Result<usize> {
     init()?;

@@ -135,11 +135,8 @@ impl<I> Adopted<I> {
     }
 
     fn slots(&self) -> &[AdoptedSlot<I>] {
-        self.0.get_or_init(|| {
-            (0..ADOPTED_CALLS)
-                .map(|_| AdoptedSlot { key: 0.into(), state: OnceLock::new() })
-                .collect()
-        })
+        self.0
+            .get_or_init(|| (0..ADOPTED_CALLS).map(|_| AdoptedSlot { key: 0.into(), state: OnceLock::new() }).collect())
     }
 
     /// The slot of `instance`: its own, or (`claim`) a free one claimed for it.
@@ -169,7 +166,10 @@ impl<I> Adopted<I> {
         let slot = self.slot(cfg.instance, true).ok_or_else(|| {
             HandlerError::new(
                 ErrorCode::ResourceExhausted,
-                format!("'{}': more than {ADOPTED_CALLS} Peerless calls in a process whose XLA keeps no FFI state", cfg.name),
+                format!(
+                    "'{}': more than {ADOPTED_CALLS} Peerless calls in a process whose XLA keeps no FFI state",
+                    cfg.name
+                ),
             )
         })?;
         Ok(slot.state.get_or_init(|| CallState::for_call(cfg)))

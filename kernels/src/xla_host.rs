@@ -26,8 +26,8 @@
 //! slot (`ShmCollective::on_slot`), named by the job, the slot and the occurrence, which
 //! every process derives alike, and mapped once per process.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use ffi::xla_ffi::{BufferRef, CallFrame, ErrorCode, ExecutableState, HandlerError, Traits};
 use hlo::{ArrayShape, PrimitiveType};
@@ -231,8 +231,9 @@ fn check_call(call: &HostCall) -> Result<()> {
 /// builds (freed with the executable).
 fn run_in(state: &ExecState, call: HostCall) -> Result<()> {
     check_call(&call)?;
-    let inst =
-        state.instance.get_or_init(|| Instance::build(&call, state.occurrence).map(Arc::new).map_err(|e| e.to_string()));
+    let inst = state
+        .instance
+        .get_or_init(|| Instance::build(&call, state.occurrence).map(Arc::new).map_err(|e| e.to_string()));
     match inst {
         Ok(i) => run_on(i, call),
         Err(m) => Err(invalid(call.config, m.clone())),

@@ -185,7 +185,8 @@ pub fn register_in(inner: &ffi::pjrt::InnerPlugin, platform: Platform) -> Result
 
 /// The peer-access table the pass decides with on GPU `platform` (CUDA; ROCm, on HIP ordinals,
 /// in a ROCm build) under the target policy (`allow_unsafe`: `--allow_unsafe_peer_targets`):
-/// the probed table of the process's GPUs, on device ids (`ordinals`: this process's device
+/// the runtime's probe of the process's GPUs (kept from an earlier process on the same GPUs
+/// and driver, else probed now, opening them once per process), on device ids (`ordinals`: this process's device
 /// id → ordinal, where the process does not own every device; `None`: ids are ordinals), or a
 /// table with no links when the GPUs cannot be opened or this library has no such GPU runtime
 /// (every collective then stays XLA's, with that reason). (On CPU every device reaches every
@@ -206,7 +207,7 @@ pub fn gpu_peer_table(
 }
 
 /// The least free device memory among the process's GPUs of `platform` (the pass's staging
-/// budget), or why it is unknown.
+/// budget), read through the contexts XLA made, or why it is unknown.
 pub fn gpu_least_free_memory(platform: Platform) -> Result<usize, String> {
     opens_gpus();
     match platform {

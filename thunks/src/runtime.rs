@@ -139,3 +139,14 @@ pub fn take_decisions() -> String {
     let mut b = book().lock().unwrap_or_else(PoisonError::into_inner);
     b.lines.drain(..).map(|l| l + "\n").collect()
 }
+
+/// Where Peerless keeps files between processes (compiled kernels, tuning profiles, the peer
+/// probe): `PEERLESS_CACHE_DIR`, else `$XDG_CACHE_HOME/peerless`, else `~/.cache/peerless`.
+pub fn cache_dir() -> Option<std::path::PathBuf> {
+    use std::path::PathBuf;
+    let env = std::env::var_os;
+    env("PEERLESS_CACHE_DIR")
+        .map(PathBuf::from)
+        .or_else(|| env("XDG_CACHE_HOME").map(|d| PathBuf::from(d).join("peerless")))
+        .or_else(|| env("HOME").map(|h| PathBuf::from(h).join(".cache").join("peerless")))
+}

@@ -22,15 +22,7 @@ use crate::{Error, Result};
 /// The CUDA clique: local GPUs with primary contexts, streams and the kernel module.
 pub type Clique = gpu::Clique<Cuda>;
 
-/// Where compiled kernels are kept between processes: `PEERLESS_CACHE_DIR`, else
-/// `$XDG_CACHE_HOME/peerless`, else `~/.cache/peerless`.
-pub fn cache_dir() -> Option<PathBuf> {
-    let env = std::env::var_os;
-    env("PEERLESS_CACHE_DIR")
-        .map(PathBuf::from)
-        .or_else(|| env("XDG_CACHE_HOME").map(|d| PathBuf::from(d).join("peerless")))
-        .or_else(|| env("HOME").map(|h| PathBuf::from(h).join(".cache").join("peerless")))
-}
+pub use thunks::runtime::cache_dir;
 
 /// The disk cache's file for `unit` on compute capability `cc`, named by the unit's key and
 /// NVRTC's version, so other sources or another compiler compile afresh (`None`: no cache

@@ -83,8 +83,9 @@ pub trait XlaBackend: Backend + Interop + Sized {
 /// bytes held per GPU, the live instances, the executable-state type and the slot tables.
 /// Declare one per vendor with [`RuntimeState::new`] in a `static`.
 pub struct RuntimeState<B: XlaBackend> {
-    /// Every GPU of the process, opened once.
-    clique: OnceLock<Result<Clique<B>, String>>,
+    /// Every GPU of the process, opened once (`opening`: by one thread at a time).
+    clique: OnceLock<Clique<B>>,
+    opening: Mutex<()>,
     /// Local ordinal → device id, where this process does not own every device of the job
     /// (`jax.distributed`; [`NO_ID`]: none); `mapped` false: ids are ordinals. Atomics, not a
     /// locked map: every call reads it (set once per process, before any executable runs).
@@ -112,6 +113,7 @@ impl<B: XlaBackend> RuntimeState<B> {
     pub const fn new(state_type: &'static str) -> Self {
         RuntimeState {
             clique: OnceLock::new(),
+            opening: Mutex::new(()),
             device_ids: [const { AtomicUsize::new(NO_ID) }; MAX_RANKS],
             mapped: AtomicBool::new(false),
             held: [const { AtomicUsize::new(0) }; MAX_RANKS],
@@ -137,31 +139,100 @@ fn internal(e: impl std::fmt::Display) -> HandlerError {
     HandlerError::internal(e.to_string())
 }
 
-/// Every GPU of the process, opened once.
+/// Every GPU of the process, opened once. A failure is not kept: a compile that asked before
+/// the GPUs could open leaves the runtime free to open them later.
 fn clique<B: XlaBackend>() -> Result<&'static Clique<B>, HandlerError> {
-    B::state()
-        .clique
-        .get_or_init(|| {
-            let n = B::device_count().map_err(|e| e.to_string())?.min(MAX_RANKS);
-            let ordinals: Vec<usize> = (0..n).collect();
-            Clique::new(&ordinals).map_err(|e| e.to_string())
-        })
-        .as_ref()
-        .map_err(|e| err(ErrorCode::FailedPrecondition, format!("Peerless cannot open the GPUs: {e}")))
+    let state = B::state();
+    if let Some(c) = state.clique.get() {
+        return Ok(c);
+    }
+    let _one_opener = state.opening.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some(c) = state.clique.get() {
+        return Ok(c);
+    }
+    let open = || {
+        let n = B::device_count()?.min(MAX_RANKS);
+        Clique::new(&(0..n).collect::<Vec<_>>())
+    };
+    let c = open().map_err(|e| err(ErrorCode::FailedPrecondition, format!("Peerless cannot open the GPUs: {e}")))?;
+    let c = state.clique.get_or_init(|| c);
+    // What the runtime probed serves later processes' compiles (`known_peer_table`).
+    if let Err(e) = save_probe::<B>(c) {
+        log::debug!("peerless: the {} peer probe is not kept: {e}", B::NAME);
+    }
+    Ok(c)
 }
 
-/// The peer-access table of the process's GPUs (for the pass), or why there is none: the
-/// probed table under the target policy (gfx90a's links removed unless `allow_unsafe`).
+/// Where the peer probe of this vendor's GPUs is kept between processes.
+fn probe_file<B: XlaBackend>() -> Option<std::path::PathBuf> {
+    Some(thunks::runtime::cache_dir()?.join(format!("peer-probe-{}.txt", B::NAME)))
+}
+
+/// Writes the clique's probe ([`probe_text`]) for later processes on these GPUs.
+fn save_probe<B: XlaBackend>(c: &Clique<B>) -> Result<(), String> {
+    let (Some(key), Some(path)) = (B::machine_key().map_err(|e| e.to_string())?, probe_file::<B>()) else {
+        return Ok(());
+    };
+    let text = probe_text(&key, &c.targets(), |a, b| c.probes[a][b].works());
+    std::fs::create_dir_all(path.parent().unwrap_or(&path)).map_err(|e| e.to_string())?;
+    // A whole file or none: written aside, then renamed over the old one.
+    let tmp = path.with_extension(format!("{}.tmp", std::process::id()));
+    std::fs::write(&tmp, text)
+        .and_then(|()| std::fs::rename(&tmp, &path))
+        .map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// A kept probe: the machine's key (driver and GPU UUIDs), the devices' targets, then one
+/// row of `0`/`1` per device (can its kernels reach each device's memory).
+fn probe_text(key: &str, targets: &[&str], works: impl Fn(usize, usize) -> bool) -> String {
+    let n = targets.len();
+    let rows: Vec<String> = (0..n).map(|a| (0..n).map(|b| if works(a, b) { '1' } else { '0' }).collect()).collect();
+    format!("{key}\n{}\n{}\n", targets.join(" "), rows.join(" "))
+}
+
+/// The table a kept probe holds (under the target policy) if it was made on machine `key`.
+fn read_probe(text: &str, key: &str, source: String, allow_unsafe: bool) -> Option<Arc<thunks::PeerAccessTable>> {
+    let mut lines = text.lines();
+    if lines.next() != Some(key) {
+        return None;
+    }
+    let targets: Vec<&str> = lines.next()?.split(' ').collect();
+    let rows: Vec<&[u8]> = lines.next()?.split(' ').map(str::as_bytes).collect();
+    let n = targets.len();
+    if rows.len() != n || rows.iter().any(|r| r.len() != n || r.iter().any(|c| !b"01".contains(c))) {
+        return None;
+    }
+    let table = Arc::new(thunks::PeerAccessTable::from_fn(n, source, |a, b| rows[a][b] == b'1'));
+    Some(table.with_target_policy(&targets, allow_unsafe))
+}
+
+/// The peer table (under the target policy) the pass may use without opening a GPU: the
+/// runtime's, if it opened the GPUs, else the probe an earlier process kept for these same GPUs
+/// and driver ([`save_probe`]).
+pub fn known_peer_table<B: XlaBackend>(allow_unsafe: bool) -> Option<Arc<thunks::PeerAccessTable>> {
+    if let Some(c) = B::state().clique.get() {
+        return Some(c.peer_table(allow_unsafe));
+    }
+    let (key, path) = (B::machine_key().ok()??, probe_file::<B>()?);
+    let text = std::fs::read_to_string(&path).ok()?;
+    read_probe(&text, &key, format!("{} peer probe kept in {}", B::NAME, path.display()), allow_unsafe)
+}
+
+/// The peer-access table of the process's GPUs (for the pass), or why there is none: the one
+/// known without opening a GPU, else the runtime's probe (opening the GPUs, once per process).
 pub fn peer_table<B: XlaBackend>(allow_unsafe: bool) -> Result<Arc<thunks::PeerAccessTable>, String> {
-    clique::<B>().map(|c| c.peer_table(allow_unsafe)).map_err(|e| e.to_string())
+    match known_peer_table::<B>(allow_unsafe) {
+        Some(t) => Ok(t),
+        None => clique::<B>().map(|c| c.peer_table(allow_unsafe)).map_err(|e| e.to_string()),
+    }
 }
 
 /// The least free device memory among the process's GPUs, in bytes (the pass's staging
-/// budget), or why it is unknown.
+/// budget), read through the contexts XLA made (none is made for it), or why it is unknown.
 pub fn least_free_memory<B: XlaBackend>() -> Result<usize, String> {
-    let c = clique::<B>().map_err(|e| e.to_string())?;
-    let free = c.devices.iter().map(|d| B::free_memory(&d.ctx).map_err(|e| e.to_string()));
-    free.collect::<Result<Vec<_>, _>>()?.into_iter().min().ok_or_else(|| "no GPUs".to_string())
+    let n = B::device_count().map_err(|e| e.to_string())?.min(MAX_RANKS);
+    let free = (0..n).map(|o| B::free_memory_if_active(o).map_err(|e| e.to_string()));
+    free.collect::<Result<Vec<_>, _>>()?.into_iter().flatten().min().ok_or_else(|| "no GPU context is active".into())
 }
 
 /// Records which device id each local GPU (ordinal) has in the job (from the job's topology,
@@ -445,7 +516,8 @@ fn instance<B: XlaBackend>(
         let sizes = |v: &[ArrayShape]| v.iter().map(ArrayShape::byte_size).collect::<Vec<_>>();
         cfg.gpu_staging_bytes(&sizes(args), &sizes(rets))
     };
-    let call = || GpuCall { inst: on_slot(cfg, need(), state.occurrence), plans: [const { OnceLock::new() }; MAX_RANKS] };
+    let call =
+        || GpuCall { inst: on_slot(cfg, need(), state.occurrence), plans: [const { OnceLock::new() }; MAX_RANKS] };
     state.instance.get_or_init(call).inst.clone()
 }
 

@@ -40,9 +40,9 @@ fn an_adopted_state_is_made_once_and_found_by_instance() {
 fn threads_adopting_one_instance_share_one_state() {
     let table: &'static Adopted<()> = Box::leak(Box::new(Adopted::new()));
     let states: Vec<usize> = std::thread::scope(|s| {
-        let hs: Vec<_> =
-            (0..8).map(|_| s.spawn(|| (0..64).map(|i| table.adopt(&cfg(1000 + i)).unwrap() as *const _ as usize).sum()))
-                .collect();
+        let hs: Vec<_> = (0..8)
+            .map(|_| s.spawn(|| (0..64).map(|i| table.adopt(&cfg(1000 + i)).unwrap() as *const _ as usize).sum()))
+            .collect();
         hs.into_iter().map(|h| h.join().unwrap()).collect()
     });
     assert!(states.windows(2).all(|w| w[0] == w[1]), "every thread found the same 64 states");

@@ -870,19 +870,18 @@ impl<T: Send + Sync + 'static> ExecutableState<T> {
         (id.type_id != 0).then_some(id)
     }
 
-    /// At INSTANTIATE: hands XLA `value` for this executable (what its calls must share).
-    /// False where XLA keeps none (no type registry, or state already set).
-    pub fn instantiate_with(&'static self, f: &CallFrame<'_>, value: T) -> bool {
-        let Some(id) = self.id(f) else { return false };
+    /// At INSTANTIATE: hands XLA `value` for this executable (what its calls must share);
+    /// `value` comes back where XLA keeps none (no type registry, or state already set).
+    pub fn instantiate_with(&'static self, f: &CallFrame<'_>, value: T) -> std::result::Result<(), T> {
+        let Some(id) = self.id(f) else { return Err(value) };
         let state = Box::into_raw(Box::new(value));
         // SAFETY: `state` is a fresh Box<T>, the type registered as `id` with `drop_boxed::<T>`;
         // XLA owns it on success.
         if unsafe { f.state_set(ExecutionStage::Instantiate, id, state.cast()) }.is_err() {
-            // SAFETY: XLA did not take it; it is still ours, and freed once.
-            drop(unsafe { Box::from_raw(state) });
-            return false;
+            // SAFETY: XLA did not take it; it is still ours, taken back once.
+            return Err(*unsafe { Box::from_raw(state) });
         }
-        true
+        Ok(())
     }
 
     /// The executable's `T`, if XLA holds one (set at INSTANTIATE).

@@ -13,7 +13,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 
-use ffi::xla_ffi::{BufferRef, CallFrame, ErrorCode, ExecutionStage, HandlerError, Traits};
+use ffi::xla_ffi::{BufferRef, CallFrame, ErrorCode, ExecutableState, ExecutionStage, HandlerError, Traits};
 use hlo::{ArrayShape, PrimitiveType};
 
 use thunks::CollectiveKind;
@@ -28,19 +28,10 @@ pub trait CollectiveRuntime: Sync {
     fn platform(&self) -> &'static str;
     /// Traits the handlers declare in the metadata probe (command-buffer compatibility).
     fn traits(&self) -> Traits;
-    /// The INSTANTIATE stage: once per executable and custom call (no device yet; also for an
-    /// executable loaded from a persistent compilation cache, which the pass never saw), where
-    /// a runtime may hand XLA per-executable state (`CallFrame::state_set`), which XLA
-    /// destroys with the executable.
-    fn instantiate(&self, _frame: &CallFrame<'_>, _call: &CustomCallConfig) -> Result<(), HandlerError> {
-        Ok(())
-    }
-    /// The state INSTANTIATE handed XLA for this call, where XLA keeps one: read once per
-    /// stage by [`dispatch`] and handed to the stage (XLA runs INITIALIZE and, without command
-    /// buffers, EXECUTE on every execution; re-reading the attributes would cost microseconds).
-    fn state<'f>(&self, _frame: &'f CallFrame<'_>) -> Option<&'f CallState<Self::Instance>> {
-        None
-    }
+    /// Where XLA keeps this runtime's per-executable state for a call (set at INSTANTIATE:
+    /// once per executable and custom call, also for an executable loaded from a persistent
+    /// compilation cache, which the pass never saw; destroyed with the executable).
+    fn executable_state(&self) -> &'static ExecutableState<CallState<Self::Instance>>;
     /// Where this runtime keeps the states of calls XLA keeps none for (one per runtime, a
     /// `static`).
     fn adopted(&self) -> &'static Adopted<Self::Instance>;
@@ -161,18 +152,15 @@ impl<I> Adopted<I> {
         None
     }
 
-    /// The state of `cfg`'s instance, made from `cfg` unless one is kept already.
-    pub fn adopt(&self, cfg: &CustomCallConfig) -> Result<&CallState<I>, HandlerError> {
-        let slot = self.slot(cfg.instance, true).ok_or_else(|| {
-            HandlerError::new(
-                ErrorCode::ResourceExhausted,
-                format!(
-                    "'{}': more than {ADOPTED_CALLS} Peerless calls in a process whose XLA keeps no FFI state",
-                    cfg.name
-                ),
-            )
-        })?;
-        Ok(slot.state.get_or_init(|| CallState::for_call(cfg)))
+    /// The state kept for `state`'s instance: `state`, unless one is kept already.
+    pub fn adopt(&self, state: CallState<I>) -> Result<&CallState<I>, HandlerError> {
+        let Some(slot) = self.slot(state.config.instance, true) else {
+            let name = &state.config.name;
+            let what =
+                format!("'{name}': more than {ADOPTED_CALLS} Peerless calls in a process whose XLA keeps no FFI state");
+            return Err(HandlerError::new(ErrorCode::ResourceExhausted, what));
+        };
+        Ok(slot.state.get_or_init(|| state))
     }
 
     /// The state adopted for `instance`, if any.
@@ -326,7 +314,7 @@ fn adopted<'r, R: CollectiveRuntime>(
     if let Some(s) = instance.and_then(|i| rt.adopted().find(i)) {
         return Ok(s);
     }
-    rt.adopted().adopt(&parse(kind, f)?)
+    rt.adopted().adopt(CallState::for_call(&parse(kind, f)?))
 }
 
 /// The call's config from its attributes (INSTANTIATE; the only parse of a call's life).
@@ -348,17 +336,16 @@ pub fn dispatch<R: CollectiveRuntime>(kind: CollectiveKind, f: &CallFrame<'_>, r
     }
     if stage == ExecutionStage::Instantiate {
         let call = parse(kind, f)?;
-        rt.instantiate(f, &call)?;
-        // Where XLA keeps no state, the process keeps one: later stages take the same path.
-        if rt.state(f).is_none() {
-            rt.adopted().adopt(&call)?;
-        }
         // An executable this process did not compile (a persistent cache hit) tells
         // `stats()` its decisions here.
         thunks::runtime::instantiated(rt.platform(), &call);
+        // Where XLA keeps no state, the process keeps one: later stages take the same path.
+        if let Err(state) = rt.executable_state().instantiate_with(f, CallState::for_call(&call)) {
+            rt.adopted().adopt(state)?;
+        }
         return Ok(());
     }
-    let state = match rt.state(f) {
+    let state = match rt.executable_state().get(f) {
         Some(s) => s,
         None => adopted(kind, f, rt)?,
     };

@@ -294,13 +294,8 @@ impl CollectiveRuntime for HostRuntime {
         0
     }
 
-    fn instantiate(&self, f: &CallFrame<'_>, call: &CustomCallConfig) -> Result<(), HandlerError> {
-        STATE.instantiate_with(f, ExecState::for_call(call));
-        Ok(())
-    }
-
-    fn state<'f>(&self, f: &'f CallFrame<'_>) -> Option<&'f ExecState> {
-        STATE.get(f)
+    fn executable_state(&self) -> &'static ExecutableState<ExecState> {
+        &STATE
     }
 
     fn adopted(&self) -> &'static Adopted<Self::Instance> {

@@ -801,13 +801,8 @@ impl<B: XlaBackend> CollectiveRuntime for GpuRuntime<B> {
         COMMAND_BUFFER_COMPATIBLE
     }
 
-    fn instantiate(&self, f: &CallFrame<'_>, cfg: &CustomCallConfig) -> Result<(), HandlerError> {
-        B::state().exec.instantiate_with(f, ExecState::for_call(cfg));
-        Ok(())
-    }
-
-    fn state<'f>(&self, f: &'f CallFrame<'_>) -> Option<&'f ExecState<B>> {
-        B::state().exec.get(f)
+    fn executable_state(&self) -> &'static ExecutableState<ExecState<B>> {
+        &B::state().exec
     }
 
     fn adopted(&self) -> &'static Adopted<GpuCall<B>> {

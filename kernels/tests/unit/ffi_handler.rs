@@ -18,10 +18,10 @@ fn cfg(instance: u64) -> CustomCallConfig {
 fn an_adopted_state_is_made_once_and_found_by_instance() {
     let table: Adopted<u32> = Adopted::new();
     assert!(table.find(7).is_none(), "nothing adopted yet");
-    let a = table.adopt(&cfg(7)).unwrap();
+    let a = table.adopt(CallState::for_call(&cfg(7))).unwrap();
     a.instance.set(42).unwrap();
     // Adopting again (a second executable of the module) keeps the first state.
-    let b = table.adopt(&CustomCallConfig { name: "other".into(), ..cfg(7) }).unwrap();
+    let b = table.adopt(CallState::for_call(&CustomCallConfig { name: "other".into(), ..cfg(7) })).unwrap();
     assert!(std::ptr::eq(a, b));
     assert_eq!(b.config.name, "ag");
     let found = table.find(7).expect("adopted");
@@ -30,7 +30,7 @@ fn an_adopted_state_is_made_once_and_found_by_instance() {
     // Instance 0 and the largest id are ordinary keys (the table stores id + 1).
     for id in [0, i64::MAX as u64] {
         assert!(table.find(id).is_none());
-        let s = table.adopt(&cfg(id)).unwrap();
+        let s = table.adopt(CallState::for_call(&cfg(id))).unwrap();
         assert!(std::ptr::eq(s, table.find(id).unwrap()));
         assert_eq!(s.config.instance, id);
     }
@@ -41,7 +41,13 @@ fn threads_adopting_one_instance_share_one_state() {
     let table: &'static Adopted<()> = Box::leak(Box::new(Adopted::new()));
     let states: Vec<usize> = std::thread::scope(|s| {
         let hs: Vec<_> = (0..8)
-            .map(|_| s.spawn(|| (0..64).map(|i| table.adopt(&cfg(1000 + i)).unwrap() as *const _ as usize).sum()))
+            .map(|_| {
+                s.spawn(|| {
+                    (0..64)
+                        .map(|i| table.adopt(CallState::for_call(&cfg(1000 + i))).unwrap() as *const _ as usize)
+                        .sum()
+                })
+            })
             .collect();
         hs.into_iter().map(|h| h.join().unwrap()).collect()
     });
@@ -55,9 +61,9 @@ fn threads_adopting_one_instance_share_one_state() {
 fn a_full_table_is_an_error_naming_the_call() {
     let table: Adopted<()> = Adopted::new();
     for i in 0..ADOPTED_CALLS as u64 {
-        table.adopt(&cfg(i * 7919)).unwrap();
+        table.adopt(CallState::for_call(&cfg(i * 7919))).unwrap();
     }
-    let e = table.adopt(&CustomCallConfig { name: "one-too-many".into(), ..cfg(1) }).unwrap_err();
+    let e = table.adopt(CallState::for_call(&CustomCallConfig { name: "one-too-many".into(), ..cfg(1) })).unwrap_err();
     assert!(e.to_string().contains("one-too-many") && e.to_string().contains("no FFI state"), "{e}");
     // Every adopted state is still found.
     assert_eq!(table.find(5 * 7919).unwrap().config.instance, 5 * 7919);

@@ -22,7 +22,7 @@ fn cfg(kind: CollectiveKind, algorithm: KernelAlgorithm, instance: u64) -> Custo
 /// Runs `call` as XLA:CPU's handler does for a call whose XLA keeps no state: in the state
 /// adopted for its instance.
 fn run(call: HostCall) -> Result<()> {
-    let state = ADOPTED.adopt(call.config).map_err(|e| invalid(call.config, e.to_string()))?;
+    let state = ADOPTED.adopt(ExecState::for_call(call.config)).map_err(|e| invalid(call.config, e.to_string()))?;
     run_in(state, call)
 }
 

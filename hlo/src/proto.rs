@@ -125,55 +125,33 @@ mod extra {
     }
 }
 
-/// One prost parse of a module that keeps the fields `pjrt-sys`'s messages lack: the module
-/// and each computation are their `pjrt-sys` message and their children (field `TAG`), an
-/// instruction its message and [`extra`]'s fields.
+/// One prost parse of a module that keeps the fields `pjrt-sys`'s messages lack: each message
+/// on the way to an instruction is its `pjrt-sys` message `p` and `x`, which reads fields `A`
+/// and `B` (the children, or an instruction's newer fields) and, with `p`, field `BOTH`.
 #[derive(Debug, Default)]
-struct Parsed<P, C, const TAG: u32> {
+struct Parsed<P, X, const A: u32, const B: u32, const BOTH: u32> {
     p: P,
-    items: Vec<C>,
+    x: X,
 }
 
-type ParsedModule = Parsed<pb::HloModuleProto, ParsedComp, 3>;
-type ParsedComp = Parsed<pb::HloComputationProto, ParsedInstr, 2>;
+type ParsedModule = Parsed<pb::HloModuleProto, Comps, 3, 3, 0>;
+type ParsedInstr = Parsed<pb::HloInstructionProto, extra::Instruction, 92, 93, 8>;
 
-impl<P: Message + Default, C: Message + Default, const TAG: u32> Message for Parsed<P, C, TAG> {
-    fn encode_raw(&self, buf: &mut impl BufMut) {
-        self.p.encode_raw(buf);
-        prost::encoding::message::encode_repeated(TAG, &self.items, buf);
-    }
-
-    fn merge_field(
-        &mut self,
-        tag: u32,
-        wt: WireType,
-        buf: &mut impl Buf,
-        ctx: DecodeContext,
-    ) -> Result<(), DecodeError> {
-        if tag == TAG {
-            prost::encoding::message::merge_repeated(wt, &mut self.items, buf, ctx)
-        } else {
-            self.p.merge_field(tag, wt, buf, ctx)
-        }
-    }
-
-    fn encoded_len(&self) -> usize {
-        self.p.encoded_len() + prost::encoding::message::encoded_len_repeated(TAG, &self.items)
-    }
-
-    fn clear(&mut self) {
-        self.p.clear();
-        self.items.clear();
-    }
+#[derive(prost::Message)]
+struct Comps {
+    #[prost(message, repeated, tag = "3")]
+    items: Vec<Parsed<pb::HloComputationProto, Instrs, 2, 2, 0>>,
 }
 
-#[derive(Debug, Default)]
-struct ParsedInstr {
-    p: pb::HloInstructionProto,
-    x: extra::Instruction,
+#[derive(prost::Message)]
+struct Instrs {
+    #[prost(message, repeated, tag = "2")]
+    items: Vec<ParsedInstr>,
 }
 
-impl Message for ParsedInstr {
+impl<P: Message + Default, X: Message + Default, const A: u32, const B: u32, const BOTH: u32> Message
+    for Parsed<P, X, A, B, BOTH>
+{
     fn encode_raw(&self, buf: &mut impl BufMut) {
         self.p.encode_raw(buf);
         self.x.encode_raw(buf);
@@ -186,16 +164,19 @@ impl Message for ParsedInstr {
         buf: &mut impl Buf,
         ctx: DecodeContext,
     ) -> Result<(), DecodeError> {
-        match tag {
-            92 | 93 => self.x.merge_field(tag, wt, buf, ctx),
-            8 => {
-                // Both messages read the literal: its bytes, once, go to each.
-                let mut bytes = prost::bytes::Bytes::new();
-                prost::encoding::bytes::merge(wt, &mut bytes, buf, ctx)?;
-                self.p.literal.get_or_insert_default().merge(bytes.clone())?;
-                self.x.literal.get_or_insert_default().merge(bytes)
-            }
-            _ => self.p.merge_field(tag, wt, buf, ctx),
+        if tag == A || tag == B {
+            self.x.merge_field(tag, wt, buf, ctx)
+        } else if tag == BOTH {
+            // Its bytes, read once, go to each.
+            let mut bytes = prost::bytes::Bytes::new();
+            prost::encoding::bytes::merge(wt, &mut bytes, buf, ctx.clone())?;
+            let mut field = Vec::with_capacity(bytes.len() + 10);
+            prost::encoding::encode_varint(bytes.len() as u64, &mut field);
+            field.extend_from_slice(&bytes);
+            self.p.merge_field(tag, wt, &mut &field[..], ctx.clone())?;
+            self.x.merge_field(tag, wt, &mut &field[..], ctx)
+        } else {
+            self.p.merge_field(tag, wt, buf, ctx)
         }
     }
 
@@ -204,7 +185,8 @@ impl Message for ParsedInstr {
     }
 
     fn clear(&mut self) {
-        *self = ParsedInstr::default();
+        self.p.clear();
+        self.x.clear();
     }
 }
 
@@ -370,11 +352,11 @@ impl Decoder<'_> {
         let p = &m.p;
         // Pass 1: computation and instruction ids.
         let mut ids = Numbering::default();
-        for c in &m.items {
+        for c in &m.x.items {
             let name = &c.p.name;
             ids.comp(c.p.id)
                 .ok_or_else(|| self.err(format!("computation id {} ({name}) appears more than once", c.p.id)))?;
-            for ins in &c.items {
+            for ins in &c.x.items {
                 ids.instr(ins.p.id).ok_or_else(|| {
                     self.err(format!(
                         "instruction id {} ({}) appears more than once in computation {name}",
@@ -383,15 +365,15 @@ impl Decoder<'_> {
                 })?;
             }
         }
-        if ids.count() >= u32::MAX as usize || m.items.len() >= u32::MAX as usize {
+        if ids.count() >= u32::MAX as usize || m.x.items.len() >= u32::MAX as usize {
             return Err(self.err("too many instructions"));
         }
         let comp_ids = &ids.comps;
 
         // Pass 2: build.
-        let mut comps: PrimaryMap<CompId, Computation> = PrimaryMap::with_capacity(m.items.len());
+        let mut comps: PrimaryMap<CompId, Computation> = PrimaryMap::with_capacity(m.x.items.len());
         let mut instrs: PrimaryMap<InstrId, Instruction> = PrimaryMap::with_capacity(ids.count());
-        for (ci, Parsed { p: c, items }) in m.items.iter().enumerate() {
+        for (ci, Parsed { p: c, x: Instrs { items } }) in m.x.items.iter().enumerate() {
             let cid = CompId::new(ci);
             let ids = &ids.instrs[ci];
             let mut list = Vec::with_capacity(items.len());

@@ -6,7 +6,7 @@
 //! processes and hosts, layouts, async forms: all in `decide.rs`), and rewrites each one assigned
 //! to a kernel into a typed-FFI `custom-call` to a Peerless target whose attributes are the
 //! plain-data [`CustomCallConfig`]. Fallbacks stay XLA's own collectives, untouched. A
-//! rewritten module keeps its entry layout (`wire_edit::pin_entry_layouts`).
+//! rewritten module keeps its entry layout (`wire_edit::pin_entry`).
 //!
 //! The rewrite edits the protobuf wire format in place rather than re-encoding decoded
 //! messages: our prost copy of XLA's protos predates fields newer XLA writes (mesh-axes

@@ -390,7 +390,7 @@ pub(crate) struct Run<'a> {
     /// A full table of logical ids for rule 6 (rule 13 checks the device ids).
     pub logical: &'a PeerAccessTable,
     pub peers: &'a PeerLookup<'a>,
-    pub layouts: &'a Layouts,
+    pub layouts: &'a Layouts<'a>,
 }
 
 /// Decides one collective of the pass's run: rule 0, rules 1–7 ([`decide_tuned`] on logical
@@ -615,7 +615,7 @@ fn fallback_record(module: &Module, id: InstrId) -> PassDecision {
 fn common_layout(
     module: &Module,
     id: InstrId,
-    layouts: &Layouts,
+    layouts: &Layouts<'_>,
     elementwise: bool,
     async_tuple: bool,
 ) -> Result<LeafLayout, String> {
@@ -623,12 +623,8 @@ fn common_layout(
     let show = |x: &LeafLayout| x.as_ref().map_or("row-major".to_owned(), |v| format!("{v:?}"));
     if elementwise {
         // A start's `(operand, result)`: the call computes the result only.
-        let results: Vec<_> =
-            layouts.get(&ins.name).cloned().unwrap_or_default().into_iter().skip(usize::from(async_tuple)).collect();
-        let mut operands = Vec::new();
-        for o in ins.operands.iter().filter_map(|&o| module.instrs.get(o)) {
-            operands.extend(layouts.get(&o.name).cloned().unwrap_or_default());
-        }
+        let results: Vec<_> = layouts(id).into_iter().skip(usize::from(async_tuple)).collect();
+        let operands: Vec<_> = ins.operands.iter().flat_map(|&o| layouts(o)).collect();
         for (i, (a, r)) in operands.iter().zip(&results).enumerate() {
             let a = a.clone().map_err(|e| format!("operand {i} has {e}"))?;
             let r = r.clone().map_err(|e| format!("result {i} has {e}"))?;
@@ -638,13 +634,10 @@ fn common_layout(
         }
         return Ok(None);
     }
-    let mut names: Vec<&str> =
-        ins.operands.iter().filter_map(|&o| module.instrs.get(o)).map(|o| o.name.as_str()).collect();
-    names.push(&ins.name);
     let mut seen: Option<LeafLayout> = None;
-    for name in names {
-        for l in layouts.get(name).into_iter().flatten() {
-            let l = l.clone().map_err(|e| format!("'{name}' has {e}"))?;
+    for i in ins.operands.iter().copied().chain([id]) {
+        for l in layouts(i) {
+            let l = l.map_err(|e| format!("'{}' has {e}", module.instr(i).name))?;
             match &seen {
                 None => seen = Some(l),
                 Some(s) if *s == l => {}

@@ -6,7 +6,7 @@
 //! processes and hosts, layouts, async forms: all in `decide.rs`), and rewrites each one assigned
 //! to a kernel into a typed-FFI `custom-call` to a Peerless target whose attributes are the
 //! plain-data [`CustomCallConfig`]. Fallbacks stay XLA's own collectives, untouched. A
-//! rewritten module keeps its entry layout (`wire_edit::pin_entry_layouts`).
+//! rewritten module keeps its entry layout (`wire_edit::pin_entry`).
 //!
 //! The rewrite edits the protobuf wire format in place rather than re-encoding decoded
 //! messages: our prost copy of XLA's protos predates fields newer XLA writes (mesh-axes
@@ -24,12 +24,12 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use hlo::proto::xla;
+use hlo::proto::{Message, xla};
 use hlo::wire::{
-    Field, WireError, WireType, fields, hlo_computation as computation, hlo_instruction as instruction, hlo_module,
-    ints, put_bytes, put_ints, put_varint,
+    Field, Index, WireError, WireType, fields, first_int, hlo_computation as computation,
+    hlo_instruction as instruction, hlo_module, ints, payload, put_bytes, put_ints, put_varint,
 };
-use hlo::{InstrId, Module, Opcode};
+use hlo::{CompId, InstrId, Module, Opcode};
 use thunks::CollectiveKind;
 use thunks::custom_call::CustomCallConfig;
 
@@ -103,39 +103,31 @@ const COLLECTIVE_OPCODES: [&str; 10] = [
 /// One array's layout as the pass compares them: `minor_to_major`, or `None` for the
 /// default (row-major) layout. Tiled layouts are an error.
 pub(crate) type LeafLayout = Option<Vec<i64>>;
-/// Every instruction's leaf layouts, by name.
-pub(crate) type Layouts = HashMap<String, Vec<Result<LeafLayout, String>>>;
+/// An instruction's leaf layouts, by its id in the decoded module (the IR keeps no tiles).
+pub(crate) type Layouts<'a> = dyn Fn(InstrId) -> Vec<Result<LeafLayout, String>> + 'a;
 
-fn leaf_layouts(shape: &xla::ShapeProto, out: &mut Vec<Result<LeafLayout, String>>) {
-    if !shape.tuple_shapes.is_empty() {
-        for s in &shape.tuple_shapes {
-            leaf_layouts(s, out);
-        }
-        return;
-    }
-    let rank = shape.dimensions.len() as i64;
-    let default: Vec<i64> = (0..rank).rev().collect();
-    out.push(match &shape.layout {
-        None => Ok(None),
-        Some(l) if !l.tiles.is_empty() => Err("a tiled layout".to_owned()),
-        Some(l) if l.minor_to_major.is_empty() || l.minor_to_major == default => Ok(None),
-        Some(l) => Ok(Some(l.minor_to_major.clone())),
-    });
-}
-
-/// Every instruction's leaf layouts, by name (the IR keeps no layouts).
-fn layout_map(m: &xla::HloModuleProto) -> Layouts {
-    let mut out = HashMap::new();
-    for c in &m.computations {
-        for i in &c.instructions {
-            let mut leaves = Vec::new();
-            if let Some(s) = &i.shape {
-                leaf_layouts(s, &mut leaves);
-            }
-            out.insert(i.name.clone(), leaves);
+/// The leaf layouts of a serialized shape (a tuple's, recursively), appended to `out`.
+fn leaf_layouts(shape: &[u8], out: &mut Vec<Result<LeafLayout, String>>) -> Result<(), WireError> {
+    use hlo::wire::{layout, shape::*};
+    let (mut tuple, mut rank, mut laid) = (false, 0, None);
+    for x in fields(shape)? {
+        match x.number {
+            TUPLE_SHAPES => (tuple, _) = (true, leaf_layouts(x.payload, out)?),
+            DIMENSIONS => rank += ints(&x)?.len() as i64,
+            LAYOUT => laid = Some(fields(x.payload)?),
+            _ => {}
         }
     }
-    out
+    let mut m2m = Vec::new();
+    for x in laid.iter().flatten().filter(|x| x.number == layout::MINOR_TO_MAJOR) {
+        m2m.extend(ints(x)?);
+    }
+    out.extend((!tuple).then(|| match m2m {
+        _ if laid.iter().flatten().any(|x| x.number == layout::TILES) => Err("a tiled layout".to_owned()),
+        m if m.is_empty() || m.iter().copied().eq((0..rank).rev()) => Ok(None),
+        m => Ok(Some(m)),
+    }));
+    Ok(())
 }
 
 /// How a collective the pass takes becomes a custom call (the handlers see one synchronous
@@ -165,7 +157,9 @@ pub(crate) enum Form {
 /// instruction, and the custom call it becomes (target, attributes, form).
 struct Call {
     at: usize,
+    /// In the decoded module, and in the index.
     id: InstrId,
+    ix: InstrId,
     target: &'static str,
     config: CustomCallConfig,
     form: Form,
@@ -403,12 +397,17 @@ pub fn shared_instance(fingerprint: u64, instr: &str) -> u64 {
 
 /// The module's fingerprint for [`shared_instance`]: every top-level field but `id`.
 pub fn fingerprint(module: &[u8]) -> Result<u64, PassError> {
+    Ok(fingerprint_of(&fields(module)?))
+}
+
+/// [`fingerprint`] of a module's top-level fields.
+fn fingerprint_of(top: &[Field<'_>]) -> u64 {
     use std::hash::Hasher;
     let mut h = std::hash::DefaultHasher::new();
-    for f in fields(module)?.iter().filter(|f| f.number != hlo_module::ID) {
+    for f in top.iter().filter(|f| f.number != hlo_module::ID) {
         h.write(f.raw);
     }
-    Ok(h.finish())
+    h.finish()
 }
 
 /// One collective the pass looked at.
@@ -521,7 +520,12 @@ pub(crate) struct Assignment {
 }
 
 impl Assignment {
-    fn of(da: Option<&xla::DeviceAssignmentProto>) -> Result<Self, PassError> {
+    fn of(index: &Index<'_>) -> Result<Self, PassError> {
+        let mut da: Option<xla::DeviceAssignmentProto> = None;
+        for f in index.top.iter().filter(|f| f.number == hlo_module::DEVICE_ASSIGNMENT) {
+            // Merged, as a decode of the module would.
+            da.get_or_insert_default().merge(f.payload).map_err(|e| PassError::Decode(e.to_string()))?;
+        }
         let Some(da) = da else {
             return Err(PassError::Assignment("the module carries no device assignment".into()));
         };
@@ -556,30 +560,31 @@ impl Assignment {
 
 /// Runs the pass over a serialized module.
 pub fn run(bytes: &[u8], cfg: &PassConfig) -> Result<PassOutcome, PassError> {
-    // The module is decoded once: whole where a call may fuse (the matcher reads what follows
-    // an all-reduce), else its slim copy (`slim`: on a 3.8 MB train step 46 ms instead of
-    // 125-165 ms for the whole).
+    // One walk of the bytes (the index) serves every read and edit of the module, and it is
+    // decoded once: whole where a call may fuse (the matcher reads what follows an all-reduce),
+    // else its slim copy (`slim`: on a 3.8 MB train step 46 ms instead of 125-165 ms).
+    let index = Index::new(bytes)?;
+    if !any_collective(&index) {
+        return Ok(PassOutcome::default());
+    }
     let fusing = cfg.caps.fused_norm && cfg.flags.fuse_norm.unwrap_or(cfg.caps.fused_norm_auto);
-    let slimmed;
-    let source = if fusing {
-        if !has_collectives(bytes)? {
-            return Ok(PassOutcome::default());
-        }
-        bytes
+    // Each decoded instruction's id in the index (the whole module's are the same).
+    let (module, at) = if fusing {
+        (hlo::proto::decode("module", bytes), index.instrs.keys().collect())
     } else {
-        match slim(bytes)? {
-            Some(s) => {
-                slimmed = s;
-                &slimmed[..]
-            }
-            None => return Ok(PassOutcome::default()),
-        }
+        let (slimmed, at) = slim(&index);
+        (hlo::proto::decode("module", &slimmed), at)
     };
-    let (module, proto) =
-        hlo::proto::decode_with_proto("module", source).map_err(|e| PassError::Decode(e.to_string()))?;
-    let assignment = Assignment::of(proto.device_assignment.as_ref())?;
-    let layouts = layout_map(&proto);
-    drop(proto);
+    let module = module.map_err(|e| PassError::Decode(e.to_string()))?;
+    let ix = |id: InstrId| at[id.as_u32() as usize];
+    let assignment = Assignment::of(&index)?;
+    let layouts = |id: InstrId| {
+        let mut out = Vec::new();
+        if let Err(e) = leaf_layouts(index.instrs[ix(id)].shape, &mut out) {
+            out.push(Err(format!("an unreadable shape ({e})")));
+        }
+        out
+    };
     let n = assignment.devices.iter().copied().max().map_or(1, |m| m + 1);
     let peers = PeerLookup {
         source: &cfg.peers,
@@ -599,54 +604,43 @@ pub fn run(bytes: &[u8], cfg: &PassConfig) -> Result<PassOutcome, PassError> {
         peers: &peers,
         layouts: &layouts,
     };
-    let wrapped = async_computations(bytes)?;
     let mut decisions = Vec::new();
     // Collectives across processes get ids every process derives alike (the module's
     // fingerprint, computed once, and only if the module has such a collective).
     let crossing = cfg.topology.as_ref().is_some_and(|t| t.job.is_some());
-    let mut module_key: Option<Option<u64>> = None;
-    // The collectives the pass takes, in the module's order.
+    let fingerprint = std::cell::OnceCell::new();
+    // The collectives the pass takes, in the module's order; every collective's index id.
     let mut calls: Vec<Call> = Vec::new();
+    let mut collectives = Vec::new();
     for id in module.collectives() {
         let instance = cfg.instance_base.map(|b| b.wrapping_add(calls.len() as u64) & (i64::MAX as u64));
-        let shared_id = |instr: &str| -> Option<u64> {
-            if !crossing {
-                return None;
-            }
-            let fp = (*module_key.get_or_insert_with(|| fingerprint(bytes).ok()))?;
-            Some(shared_instance(fp, instr))
+        let shared_id = |instr: &str| {
+            crossing.then(|| shared_instance(*fingerprint.get_or_init(|| fingerprint_of(&index.top)), instr))
         };
-        let in_async = wrapped.contains(&module.comps[module.instr(id).parent].name);
+        let in_async = index.comps[index.instrs[ix(id)].parent].wrapped;
         let (decision, rewrite) = decide_in_run(&run, id, instance, shared_id, in_async);
         if let Some(Rewrite { target, call, form }) = rewrite {
-            calls.push(Call { at: decisions.len(), id, target, config: call, form });
+            calls.push(Call { at: decisions.len(), id, ix: ix(id), target, config: call, form });
         }
         log::info!("peerless pass: {decision}");
         decisions.push(decision);
+        collectives.push(ix(id));
     }
-    // The module's dependencies, read once where needed: on XLA:CPU (`in_order` false) those
-    // of every collective (calls are ordered with what else blocks, and chained below where
-    // their data do not already order them); else only the calls', for shared staging (only
-    // worth it with two calls).
+    // The module's dependencies, where needed: on XLA:CPU (`in_order` false) those of every
+    // collective (calls are ordered with what else blocks, and chained below where their data
+    // do not already order them); else only the calls', for shared staging (only worth it
+    // with two calls).
     let ordering = !cfg.caps.in_order && decisions.len() > 1;
-    let deps = if ordering || calls.len() > 1 {
-        let names: Vec<&str> = if ordering {
-            decisions.iter().map(|d| d.instr.as_str()).collect()
-        } else {
-            calls.iter().map(|c| c.config.name.as_str()).collect()
-        };
-        dependencies(bytes, &names).map_err(|e| log::warn!("peerless pass: the module's dependencies: {e}")).ok()
-    } else {
-        None
-    };
-    if ordering {
-        keep_ordered(deps.as_ref(), &mut calls, &mut decisions);
+    let deps = (ordering || calls.len() > 1).then(|| {
+        let wanted: Vec<InstrId> = if ordering { collectives } else { calls.iter().map(|c| c.ix).collect() };
+        dependencies(&index, &wanted)
+    });
+    if let Some(deps) = deps.as_ref().filter(|_| ordering) {
+        keep_ordered(deps, &index, &mut calls, &mut decisions);
     }
-    if calls.len() > 1 {
-        match &deps {
-            Some(deps) => assign_slots(&module, deps, &mut calls),
-            None => log::warn!("peerless pass: collectives keep staging of their own"),
-        }
+    // (Calls only go back to XLA above: with two, the dependencies were read.)
+    if let Some(deps) = deps.as_ref().filter(|_| calls.len() > 1) {
+        assign_slots(&module, deps, &mut calls);
     } else if let Some(c) = calls.first_mut() {
         // One call: a slot of its own (so a later load of the module may still share nothing).
         c.config.slot = Some(c.config.instance);
@@ -656,32 +650,29 @@ pub fn run(bytes: &[u8], cfg: &PassConfig) -> Result<PassOutcome, PassError> {
     if let Some(probe) = cfg.device_memory.0.as_ref().filter(|_| !calls.is_empty()) {
         fit_staging(&module, probe(), &mut calls, &mut decisions);
     }
+    // The whole module is decoded where it fuses: its ids are the index's.
     let fused = if fusing { fuse_epilogues(&module, &mut calls, &mut decisions) } else { HashMap::new() };
     // Every call carries its decision, and the module's first call the collectives left to
     // XLA: an executable loaded from a cache reports them when XLA instantiates its calls.
     let fallbacks: String = decisions.iter().filter(|d| !d.kernel).map(PassDecision::report_line).collect();
     let mut rewrites = HashMap::new();
     let mut instances = Vec::with_capacity(calls.len());
-    for (k, Call { at, target, mut config, form, .. }) in calls.into_iter().enumerate() {
+    for (k, Call { at, ix, target, mut config, form, .. }) in calls.into_iter().enumerate() {
         config.decisions = decisions[at].report_line();
         if k == 0 {
             config.decisions.push_str(&fallbacks);
         }
         instances.push(config.instance);
-        rewrites.insert(decisions[at].instr.clone(), (target, config, form));
+        rewrites.insert(ix, (target, config, form));
     }
     // A call needs an ordering operand unless the previous call of its computation is already
     // one of its data-dependency ancestors (no extra operand keeps a result alive longer).
-    let unordered = |prev: &str, next: &str| deps.as_ref().is_none_or(|d| !d.precedes(prev, next));
-    let chain: Option<&dyn Fn(&str, &str) -> bool> = (!cfg.caps.in_order).then_some(&unordered);
+    let unordered = |prev: InstrId, next: InstrId| deps.as_ref().is_none_or(|d| !d.precedes(prev, next));
+    let chain: Option<&dyn Fn(InstrId, InstrId) -> bool> = (!cfg.caps.in_order).then_some(&unordered);
+    // A changed module keeps its entry layout (`pin_entry`).
     let module = match rewrites.is_empty() {
         true => None,
-        // A changed module's entry layout comes from its entry's shapes: they get the
-        // module's (the user's) entry layout, never the pass's (`pin_entry_layouts`).
-        false => {
-            let m = rewrite(bytes, &rewrites, chain, &fused)?;
-            Some(pin_entry_layouts(&m)?.unwrap_or(m))
-        }
+        false => Some(rewrite(&index, &rewrites, chain, &fused)?),
     };
     Ok(PassOutcome { module, decisions, instances })
 }
@@ -689,8 +680,12 @@ pub fn run(bytes: &[u8], cfg: &PassConfig) -> Result<PassOutcome, PassError> {
 /// Fuses the residual add and RMSNorm after each sum all-reduce call that has them
 /// ([`fuse::match_rmsnorm`]) in `module` (the whole module: the pass decodes it whole where
 /// it may fuse): the call gets the epilogue, its decision says so. Returns the matches by
-/// all-reduce name.
-fn fuse_epilogues(module: &Module, calls: &mut [Call], decisions: &mut [PassDecision]) -> HashMap<String, fuse::Fused> {
+/// all-reduce.
+fn fuse_epilogues(
+    module: &Module,
+    calls: &mut [Call],
+    decisions: &mut [PassDecision],
+) -> HashMap<InstrId, fuse::Fused> {
     let mut out = HashMap::new();
     for call in calls.iter_mut() {
         let (ins, c) = (module.instr(call.id), &call.config);
@@ -711,10 +706,10 @@ fn fuse_epilogues(module: &Module, calls: &mut [Call], decisions: &mut [PassDeci
         }
         let Some(f) = fuse::match_rmsnorm(module, ins.parent, call.id) else { continue };
         let d = &mut decisions[call.at];
-        d.reason = format!("{}; {}", d.reason, f.describe());
+        d.reason = format!("{}; {}", d.reason, f.describe(module));
         d.implementation = format!("{} + rmsnorm", d.implementation);
         call.config.epilogue = Some(f.epilogue.clone());
-        out.insert(call.config.name.clone(), f);
+        out.insert(call.id, f);
     }
     out
 }

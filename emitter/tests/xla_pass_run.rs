@@ -417,25 +417,28 @@ fn entry_layouts_the_module_already_has_change_nothing() {
 }
 
 #[test]
-fn the_pass_decodes_a_module_once() {
-    // Fusion off (a GPU's default): the slim copy; on (XLA:CPU's): the whole module, which the
-    // matcher reads. Either way one decode per run, and none without a collective.
+fn the_pass_walks_and_decodes_a_module_once() {
+    // Fusion off (a GPU's default): the slim copy is decoded; on (XLA:CPU's): the whole module,
+    // which the matcher reads. Either way one walk of the bytes (the index every read and edit
+    // uses) and one decode per run of a module it rewrites, and no decode without a collective.
     let pb = include_bytes!("xla_pass/ppermute_then_psum.pb");
     let no_fusion = {
         let mut c = PassConfig { instance_base: Some(1), ..PassConfig::default() };
         c.flags.apply("--fuse_norm=false").unwrap();
         c
     };
+    let counts = || (hlo::wire::walks_on_this_thread(), hlo::proto::decodes_on_this_thread());
     for cfg in [&no_fusion, &PassConfig { instance_base: Some(1), ..PassConfig::default() }] {
-        let before = hlo::proto::decodes_on_this_thread();
+        let (walks, decodes) = counts();
         let out = run(pb, cfg).unwrap();
         assert_eq!(out.decisions.iter().filter(|d| d.kernel).count(), 2);
-        assert_eq!(hlo::proto::decodes_on_this_thread() - before, 1, "{:?}", cfg.flags.fuse_norm);
+        assert!(out.module.is_some());
+        assert_eq!(counts(), (walks + 1, decodes + 1), "{:?}", cfg.flags.fuse_norm);
     }
-    let before = hlo::proto::decodes_on_this_thread();
+    let (walks, decodes) = counts();
     run(include_bytes!("xla_pass/no_collective.pb"), &no_fusion).unwrap();
     run(include_bytes!("xla_pass/no_collective.pb"), &PassConfig::default()).unwrap();
-    assert_eq!(hlo::proto::decodes_on_this_thread(), before);
+    assert_eq!(counts(), (walks + 2, decodes));
 }
 
 #[test]

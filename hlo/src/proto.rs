@@ -18,7 +18,11 @@ use pjrt_sys::protos::xla as pb;
 /// XLA's own messages (prost, from `pjrt-sys`), for crates that read parts of a module
 /// without the IR (the pass: the device assignment, layouts).
 pub use pjrt_sys::protos::xla;
-use prost::Message;
+use prost::DecodeError;
+/// To decode parts of a module the IR does not keep (the pass: its device assignment).
+pub use prost::Message;
+use prost::bytes::{Buf, BufMut};
+use prost::encoding::{DecodeContext, WireType};
 
 use crate::ir::{
     Attrs, CompId, ComparisonDirection, Computation, DotDims, InstrId, Instruction, IotaReplicaGroups, ModuleConfig,
@@ -28,6 +32,7 @@ use crate::literal::{Array, Literal};
 use crate::opcode::Opcode;
 use crate::print::int_list;
 use crate::types::{ArrayShape, PrimitiveType, Shape};
+use crate::wire::Numbering;
 use crate::{Error, ErrorKind, Module};
 
 /// Largest element count of one array accepted (2^40).
@@ -39,18 +44,6 @@ const MAX_DEVICES: i64 = 1 << 24;
 
 /// Fields of newer XLA protos that `pjrt-sys`'s copy lacks.
 mod extra {
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct Module {
-        #[prost(message, repeated, tag = "3")]
-        pub computations: Vec<Computation>,
-    }
-
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub struct Computation {
-        #[prost(message, repeated, tag = "2")]
-        pub instructions: Vec<Instruction>,
-    }
-
     #[derive(Clone, PartialEq, prost::Message)]
     pub struct Instruction {
         #[prost(message, optional, tag = "8")]
@@ -132,33 +125,90 @@ mod extra {
     }
 }
 
+/// One prost parse of a module that keeps the fields `pjrt-sys`'s messages lack: each message
+/// on the way to an instruction is its `pjrt-sys` message `p` and `x`, which reads fields `A`
+/// and `B` (the children, or an instruction's newer fields) and, with `p`, field `BOTH`.
+#[derive(Debug, Default)]
+struct Parsed<P, X, const A: u32, const B: u32, const BOTH: u32> {
+    p: P,
+    x: X,
+}
+
+type ParsedModule = Parsed<pb::HloModuleProto, Comps, 3, 3, 0>;
+type ParsedInstr = Parsed<pb::HloInstructionProto, extra::Instruction, 92, 93, 8>;
+
+#[derive(prost::Message)]
+struct Comps {
+    #[prost(message, repeated, tag = "3")]
+    items: Vec<Parsed<pb::HloComputationProto, Instrs, 2, 2, 0>>,
+}
+
+#[derive(prost::Message)]
+struct Instrs {
+    #[prost(message, repeated, tag = "2")]
+    items: Vec<ParsedInstr>,
+}
+
+impl<P: Message + Default, X: Message + Default, const A: u32, const B: u32, const BOTH: u32> Message
+    for Parsed<P, X, A, B, BOTH>
+{
+    fn encode_raw(&self, buf: &mut impl BufMut) {
+        self.p.encode_raw(buf);
+        self.x.encode_raw(buf);
+    }
+
+    fn merge_field(
+        &mut self,
+        tag: u32,
+        wt: WireType,
+        buf: &mut impl Buf,
+        ctx: DecodeContext,
+    ) -> Result<(), DecodeError> {
+        if tag == A || tag == B {
+            self.x.merge_field(tag, wt, buf, ctx)
+        } else if tag == BOTH {
+            // Its bytes, read once, go to each.
+            let mut bytes = prost::bytes::Bytes::new();
+            prost::encoding::bytes::merge(wt, &mut bytes, buf, ctx.clone())?;
+            let mut field = Vec::with_capacity(bytes.len() + 10);
+            prost::encoding::encode_varint(bytes.len() as u64, &mut field);
+            field.extend_from_slice(&bytes);
+            self.p.merge_field(tag, wt, &mut &field[..], ctx.clone())?;
+            self.x.merge_field(tag, wt, &mut &field[..], ctx)
+        } else {
+            self.p.merge_field(tag, wt, buf, ctx)
+        }
+    }
+
+    fn encoded_len(&self) -> usize {
+        self.p.encoded_len() + self.x.encoded_len()
+    }
+
+    fn clear(&mut self) {
+        self.p.clear();
+        self.x.clear();
+    }
+}
+
 type R<T> = Result<T, Error>;
 
 thread_local! {
     static DECODES: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
 
-/// Modules this thread has decoded so far ([`decode`], [`decode_with_proto`]): what a test
-/// counts to show a caller decodes once.
+/// Modules this thread has decoded so far ([`decode`]): what a test counts to show a caller
+/// decodes once.
 pub fn decodes_on_this_thread() -> usize {
     DECODES.with(std::cell::Cell::get)
 }
 
-/// Decodes a serialized `HloModuleProto` into an unverified module.
+/// Decodes a serialized `HloModuleProto` into an unverified module, numbered as
+/// [`Numbering`] says.
 pub fn decode(file: &str, bytes: &[u8]) -> Result<Module, Error> {
-    decode_with_proto(file, bytes).map(|(m, _)| m)
-}
-
-/// [`decode`], also handing back the decoded proto, for what the IR does not keep (layouts,
-/// the device assignment): one decode serves both.
-pub fn decode_with_proto(file: &str, bytes: &[u8]) -> Result<(Module, pb::HloModuleProto), Error> {
     DECODES.with(|n| n.set(n.get() + 1));
-    let bad = |e: prost::DecodeError| Error::new(ErrorKind::Proto, file, format!("cannot decode HloModuleProto: {e}"));
-    let proto = pb::HloModuleProto::decode(bytes).map_err(bad)?;
-    // The fields our copy of XLA's protos lacks (literals' newer types, mesh-axes groups).
-    let extra = extra::Module::decode(bytes).map_err(bad)?;
-    let module = Decoder { file }.module(&proto, &extra)?;
-    Ok((module, proto))
+    let m = ParsedModule::decode(bytes)
+        .map_err(|e| Error::new(ErrorKind::Proto, file, format!("cannot decode HloModuleProto: {e}")))?;
+    Decoder { file }.module(&m)
 }
 
 struct Decoder<'a> {
@@ -298,47 +348,42 @@ impl Decoder<'_> {
         Error::new(ErrorKind::Proto, self.file, msg)
     }
 
-    fn module(&self, p: &pb::HloModuleProto, extra: &extra::Module) -> R<Module> {
+    fn module(&self, m: &ParsedModule) -> R<Module> {
+        let p = &m.p;
         // Pass 1: computation and instruction ids.
-        let mut comp_ids: HashMap<i64, CompId> = HashMap::new();
-        let mut next_instr = 0usize;
-        let mut instr_ids: Vec<HashMap<i64, InstrId>> = Vec::with_capacity(p.computations.len());
-        for (ci, c) in p.computations.iter().enumerate() {
-            if comp_ids.insert(c.id, CompId::new(ci)).is_some() {
-                return Err(self.err(format!("computation id {} ({}) appears more than once", c.id, c.name)));
+        let mut ids = Numbering::default();
+        for c in &m.x.items {
+            let name = &c.p.name;
+            ids.comp(c.p.id)
+                .ok_or_else(|| self.err(format!("computation id {} ({name}) appears more than once", c.p.id)))?;
+            for ins in &c.x.items {
+                ids.instr(ins.p.id).ok_or_else(|| {
+                    self.err(format!(
+                        "instruction id {} ({}) appears more than once in computation {name}",
+                        ins.p.id, ins.p.name
+                    ))
+                })?;
             }
-            let mut map = HashMap::with_capacity(c.instructions.len());
-            for ins in &c.instructions {
-                if map.insert(ins.id, InstrId::new(next_instr)).is_some() {
-                    return Err(self.err(format!(
-                        "instruction id {} ({}) appears more than once in computation {}",
-                        ins.id, ins.name, c.name
-                    )));
-                }
-                next_instr += 1;
-            }
-            instr_ids.push(map);
         }
-        if next_instr >= u32::MAX as usize || p.computations.len() >= u32::MAX as usize {
+        if ids.count() >= u32::MAX as usize || m.x.items.len() >= u32::MAX as usize {
             return Err(self.err("too many instructions"));
         }
+        let comp_ids = &ids.comps;
 
         // Pass 2: build.
-        let mut comps: PrimaryMap<CompId, Computation> = PrimaryMap::with_capacity(p.computations.len());
-        let mut instrs: PrimaryMap<InstrId, Instruction> = PrimaryMap::with_capacity(next_instr);
-        for (ci, c) in p.computations.iter().enumerate() {
+        let mut comps: PrimaryMap<CompId, Computation> = PrimaryMap::with_capacity(m.x.items.len());
+        let mut instrs: PrimaryMap<InstrId, Instruction> = PrimaryMap::with_capacity(ids.count());
+        for (ci, Parsed { p: c, x: Instrs { items } }) in m.x.items.iter().enumerate() {
             let cid = CompId::new(ci);
-            let ids = &instr_ids[ci];
-            let xc = extra.computations.get(ci);
-            let mut list = Vec::with_capacity(c.instructions.len());
+            let ids = &ids.instrs[ci];
+            let mut list = Vec::with_capacity(items.len());
             let mut params: Vec<(i64, InstrId)> = Vec::new();
-            for (ii, ins) in c.instructions.iter().enumerate() {
-                let xi = xc.and_then(|x| x.instructions.get(ii));
-                let built = self.instruction(ins, xi, cid, ids, &comp_ids).map_err(|e| {
-                    self.err(format!("computation {}, instruction {}: {}", c.name, ins.name, e.message))
+            for ins in items {
+                let built = self.instruction(ins, cid, ids, comp_ids).map_err(|e| {
+                    self.err(format!("computation {}, instruction {}: {}", c.name, ins.p.name, e.message))
                 })?;
                 if built.opcode == Opcode::Parameter {
-                    params.push((ins.parameter_number, InstrId::new(instrs.len())));
+                    params.push((ins.p.parameter_number, InstrId::new(instrs.len())));
                 }
                 list.push(instrs.push(built));
             }
@@ -384,12 +429,12 @@ impl Decoder<'_> {
     #[allow(deprecated)]
     fn instruction(
         &self,
-        p: &pb::HloInstructionProto,
-        x: Option<&extra::Instruction>,
+        parsed: &ParsedInstr,
         parent: CompId,
         ids: &HashMap<i64, InstrId>,
         comp_ids: &HashMap<i64, CompId>,
     ) -> R<Instruction> {
+        let (p, x) = (&parsed.p, &parsed.x);
         let opcode = Opcode::from_name(&p.opcode).ok_or_else(|| self.err(format!("unknown opcode '{}'", p.opcode)))?;
         let shape = self.shape(p.shape.as_ref().ok_or_else(|| self.err("instruction has no shape"))?, 0)?;
         let resolve = |what: &str, id: i64| {
@@ -419,16 +464,16 @@ impl Decoder<'_> {
             Opcode::Iota => a.iota_dimension = p.dimensions.first().copied(),
             Opcode::Constant => {
                 let lp = p.literal.as_ref().ok_or_else(|| self.err("constant has no literal"))?;
-                a.literal = Some(self.literal(lp, x.and_then(|x| x.literal.as_ref()), &shape, 0)?);
+                a.literal = Some(self.literal(lp, x.literal.as_ref(), &shape, 0)?);
             }
             _ => {}
         }
         if opcode != Opcode::Iota && (has_dimensions_attr(opcode) || !p.dimensions.is_empty()) {
             a.dimensions = Some(p.dimensions.clone());
         }
-        a.replica_groups = if let Some(l) = x.and_then(|x| x.mesh_axes_list.as_ref()) {
+        a.replica_groups = if let Some(l) = &x.mesh_axes_list {
             Some(mesh_axes_groups(l).map_err(|e| self.err(format!("mesh-axes replica groups: {e}")))?)
-        } else if let Some(l) = x.and_then(|x| x.iota_device_list.as_ref()) {
+        } else if let Some(l) = &x.iota_device_list {
             Some(iota_groups(l))
         } else if let Some(l) = p.collective_device_list.as_ref().and_then(|d| d.iota_replica_group_list.as_ref()) {
             Some(iota_groups(l))

@@ -4,7 +4,13 @@
 //! re-encode them, because the prost copy of XLA's protos predates fields newer XLA writes
 //! and prost drops unknown fields: here every byte not edited passes through as it was.
 
+use std::borrow::Cow;
+use std::collections::HashMap;
+
+use cranelift_entity::{EntityRef, PrimaryMap};
 use prost::encoding::{decode_key, decode_varint, encode_key, encode_varint};
+
+use crate::ir::{CompId, InstrId};
 
 pub use prost::encoding::WireType;
 
@@ -81,6 +87,7 @@ pub mod shape {
 /// `LayoutProto`.
 pub mod layout {
     pub const MINOR_TO_MAJOR: u32 = 1;
+    pub const TILES: u32 = 6;
 }
 
 /// `ProgramShapeProto`.
@@ -198,6 +205,16 @@ pub fn ints(f: &Field<'_>) -> Result<Vec<i64>, WireError> {
     Ok(out)
 }
 
+/// The first value of integer field `number` among a message's `fs`.
+pub fn first_int(fs: &[Field<'_>], number: u32) -> Result<Option<i64>, WireError> {
+    Ok(fs.iter().find(|x| x.number == number).map(ints).transpose()?.and_then(|v| v.first().copied()))
+}
+
+/// The payload of field `number` among a message's `fs` (empty where it has none).
+pub fn payload<'a>(fs: &[Field<'a>], number: u32) -> &'a [u8] {
+    fs.iter().find(|x| x.number == number).map_or(&[], |x| x.payload)
+}
+
 /// Appends a length-delimited field (message, string, bytes).
 pub fn put_bytes(out: &mut Vec<u8>, number: u32, bytes: &[u8]) {
     encode_key(number, WireType::LengthDelimited, out);
@@ -235,4 +252,150 @@ pub fn map_field<E: From<WireError>>(
         }
     }
     Ok(out)
+}
+
+/// Proto ids to the IR's typed ids: `CompId` n is a module's n-th computation and `InstrId` n
+/// its n-th instruction, in message order, and an instruction id resolves in its computation.
+/// The decoder numbers the IR so, and [`Index`] the bytes, so both name an instruction alike.
+#[derive(Debug, Default)]
+pub struct Numbering {
+    pub comps: HashMap<i64, CompId>,
+    pub instrs: Vec<HashMap<i64, InstrId>>,
+    count: usize,
+}
+
+impl Numbering {
+    /// Numbers the next computation; `None` where its id is taken.
+    pub fn comp(&mut self, id: i64) -> Option<CompId> {
+        let c = CompId::new(self.instrs.len());
+        self.instrs.push(HashMap::new());
+        self.comps.insert(id, c).is_none().then_some(c)
+    }
+
+    /// Numbers the next instruction, of the last computation numbered; `None` where its id is
+    /// taken there.
+    pub fn instr(&mut self, id: i64) -> Option<InstrId> {
+        let i = InstrId::new(self.count);
+        self.count += 1;
+        self.instrs.last_mut()?.insert(id, i).is_none().then_some(i)
+    }
+
+    /// Instruction `id` of computation `comp`.
+    pub fn resolve(&self, comp: CompId, id: i64) -> Option<InstrId> {
+        self.instrs.get(comp.index())?.get(&id).copied()
+    }
+
+    /// How many instructions were numbered.
+    pub fn count(&self) -> usize {
+        self.count
+    }
+}
+
+thread_local! {
+    static WALKS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Modules this thread has indexed so far ([`Index::new`]): what a test counts to show a
+/// caller walks a module's bytes once.
+pub fn walks_on_this_thread() -> usize {
+    WALKS.with(std::cell::Cell::get)
+}
+
+/// A computation of an [`Index`].
+#[derive(Debug)]
+pub struct IndexedComp<'a> {
+    pub id: i64,
+    pub name: Cow<'a, str>,
+    /// Its field in the module (`raw`: as encoded) and its own fields.
+    pub field: Field<'a>,
+    pub fields: Vec<Field<'a>>,
+    /// Its instructions, in order.
+    pub instrs: Vec<InstrId>,
+    /// Whether an `async-start` (or its update or done) calls it.
+    pub wrapped: bool,
+}
+
+/// An instruction of an [`Index`].
+#[derive(Debug)]
+pub struct IndexedInstr<'a> {
+    pub id: i64,
+    pub parent: CompId,
+    pub name: Cow<'a, str>,
+    pub opcode: &'a str,
+    /// Operand and called-computation ids, as the proto has them.
+    pub operands: Vec<i64>,
+    pub called: Vec<i64>,
+    /// Its `ShapeProto` (empty: none).
+    pub shape: &'a [u8],
+    /// Its field in its computation (`raw`: as encoded) and its own fields.
+    pub field: Field<'a>,
+    pub fields: Vec<Field<'a>>,
+}
+
+/// A serialized `HloModuleProto` read in one walk: its top-level fields, and every
+/// computation and instruction with what editors of the module read, each a slice of the
+/// module's bytes. Numbered as [`Numbering`] says, so an index of the bytes a module was
+/// decoded from names its instructions by the IR's ids.
+#[derive(Debug)]
+pub struct Index<'a> {
+    pub top: Vec<Field<'a>>,
+    pub comps: PrimaryMap<CompId, IndexedComp<'a>>,
+    pub instrs: PrimaryMap<InstrId, IndexedInstr<'a>>,
+    pub ids: Numbering,
+    /// The entry computation: the one of the module's entry id, else of its entry name (as
+    /// the decoder finds it).
+    pub entry: Option<CompId>,
+}
+
+impl<'a> Index<'a> {
+    pub fn new(module: &'a [u8]) -> Result<Self, WireError> {
+        use hlo_instruction as ins;
+        WALKS.with(|n| n.set(n.get() + 1));
+        let text = |fs: &[Field<'a>], number| String::from_utf8_lossy(payload(fs, number));
+        let top = fields(module)?;
+        let (mut comps, mut instrs, mut ids) = (PrimaryMap::new(), PrimaryMap::new(), Numbering::default());
+        let mut wrapped = Vec::new();
+        for field in top.iter().filter(|c| c.number == hlo_module::COMPUTATIONS && c.wire == WireType::LengthDelimited)
+        {
+            let cf = fields(field.payload)?;
+            let id = first_int(&cf, hlo_computation::ID)?.unwrap_or(0);
+            let parent = ids.comp(id).ok_or_else(|| WireError(format!("computation id {id} appears twice")))?;
+            let mut list = Vec::new();
+            for i in
+                cf.iter().filter(|i| i.number == hlo_computation::INSTRUCTIONS && i.wire == WireType::LengthDelimited)
+            {
+                let fs = fields(i.payload)?;
+                let id = first_int(&fs, ins::ID)?.unwrap_or(0);
+                ids.instr(id)
+                    .ok_or_else(|| WireError(format!("instruction id {id} appears twice in a computation")))?;
+                let (mut operands, mut called) = (Vec::new(), Vec::new());
+                for x in &fs {
+                    match x.number {
+                        ins::OPERAND_IDS => operands.extend(ints(x)?),
+                        ins::CALLED_COMPUTATION_IDS => called.extend(ints(x)?),
+                        _ => {}
+                    }
+                }
+                let opcode = std::str::from_utf8(payload(&fs, ins::OPCODE)).unwrap_or("");
+                if matches!(opcode, "async-start" | "async-update" | "async-done") {
+                    wrapped.extend_from_slice(&called);
+                }
+                let (name, shape) = (text(&fs, ins::NAME), payload(&fs, ins::SHAPE));
+                let instr = IndexedInstr { id, parent, name, opcode, operands, called, shape, field: *i, fields: fs };
+                list.push(instrs.push(instr));
+            }
+            let name = text(&cf, hlo_computation::NAME);
+            comps.push(IndexedComp { id, name, field: *field, fields: cf, instrs: list, wrapped: false });
+        }
+        for c in wrapped.iter().filter_map(|c| ids.comps.get(c)) {
+            comps[*c].wrapped = true;
+        }
+        let entry_name = text(&top, hlo_module::ENTRY_COMPUTATION_NAME);
+        let entry = ids
+            .comps
+            .get(&first_int(&top, hlo_module::ENTRY_COMPUTATION_ID)?.unwrap_or(0))
+            .copied()
+            .or_else(|| comps.iter().find(|(_, c)| !entry_name.is_empty() && c.name == entry_name).map(|(k, _)| k));
+        Ok(Index { top, comps, instrs, ids, entry })
+    }
 }

@@ -290,13 +290,9 @@ pub fn run_pass(platform: Platform, module: &[u8], flags: &str, local_devices: &
     let flags = flags.as_str();
     let run = || -> Result<(i32, Option<Vec<u8>>, String), String> {
         // Flags are checked on every call (a bad one is an error even for an empty module);
-        // the peer table only when a collective needs it.
-        let any = xla_pass::has_collectives(module);
+        // the peer table only when a collective needs it. A module without a collective (the
+        // common case: XLA hands the pass every module) costs the pass one walk of its bytes.
         let cfg = pass_config(platform, flags, local_devices)?;
-        if let Ok(false) = any {
-            // The common case (XLA hands the pass every module): one wire scan, done.
-            return Ok((0, None, String::new()));
-        }
         let outcome = xla_pass::run(module, &cfg).map_err(|e| e.to_string())?;
         let text = report(&outcome);
         // These decisions are reported now: instantiating the calls adds none of them again.

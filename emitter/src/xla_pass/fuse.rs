@@ -17,31 +17,31 @@ use hlo::literal::Literal;
 use hlo::{CompId, InstrId, Module, Opcode, PrimitiveType, Shape};
 use thunks::custom_call::{Epilogue, Mean, RoundTo};
 
-/// A matched chain: what the call takes and what it replaces (instruction names).
+/// A matched chain: what the call takes and what it replaces.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(super) struct Fused {
-    pub residual: String,
-    pub gamma: Option<String>,
+    pub residual: InstrId,
+    pub gamma: Option<InstrId>,
     /// The instruction whose value is `h` (becomes element 0 of the call).
-    pub h: String,
+    pub h: InstrId,
     /// The instruction whose value is `y` (becomes element 1).
-    pub y: String,
+    pub y: InstrId,
     /// Whether y is cast from f32 (to bf16 / f16) at the end.
     pub cast: bool,
     /// Instructions only the chain reads, removed.
-    pub dead: Vec<String>,
+    pub dead: Vec<InstrId>,
     pub epilogue: Epilogue,
 }
 
 impl Fused {
     /// What the decision says was fused.
-    pub fn describe(&self) -> String {
+    pub fn describe(&self, m: &Module) -> String {
         format!(
             "fused: residual add + rmsnorm{}{} (h = {}, y = {})",
             if self.epilogue.gamma { " * gamma" } else { "" },
             if self.cast { " + convert" } else { "" },
-            self.h,
-            self.y
+            m.instr(self.h).name,
+            m.instr(self.y).name
         )
     }
 }
@@ -474,7 +474,7 @@ fn try_norm(
             );
             return None;
         }
-        dead.push(ins.name.clone());
+        dead.push(i);
     }
     // The all-reduce's result: only the chain reads it.
     if comp.instrs.iter().any(|&u| m.instr(u).operands.contains(&ar) && !chain.contains(&u)) || comp.root == ar {
@@ -491,10 +491,10 @@ fn try_norm(
         return None;
     }
     Some(Fused {
-        residual: m.instr(x).name.clone(),
-        gamma: gamma_id.map(|g| m.instr(g).name.clone()),
-        h: m.instr(h_instr).name.clone(),
-        y: m.instr(y).name.clone(),
+        residual: x,
+        gamma: gamma_id,
+        h: h_instr,
+        y,
         cast: false,
         dead,
         epilogue: Epilogue { round_ar, norm_of_rounded: of_rounded, mean, eps: eps.to_bits(), gamma: gamma.is_some() },

@@ -86,67 +86,63 @@ pub(super) fn fit_staging(module: &Module, free: Option<u64>, calls: &mut Vec<Ca
 /// Peerless's included, and other such instructions), up to the entry. Calls sent back are
 /// XLA's from then on, so the check repeats until nothing changes; each decision names what
 /// the call could run beside. Every process of a job decides alike (the same module).
-pub(super) fn keep_ordered(deps: Option<&Deps>, calls: &mut Vec<Call>, decisions: &mut [PassDecision]) {
-    let Some(deps) = deps else {
-        log::warn!("peerless pass: the module's dependencies could not be read: every call goes back to XLA");
-        for Call { at, .. } in calls.iter() {
-            decisions[*at].back_to_xla("the module's dependencies could not be read");
+pub(super) fn keep_ordered(deps: &Deps, index: &Index<'_>, calls: &mut Vec<Call>, decisions: &mut [PassDecision]) {
+    let ordered = |a: InstrId, b: InstrId| deps.precedes(a, b) || deps.precedes(b, a);
+    // How decisions name a collective, or a unit (`computation/id`).
+    let label = |x: InstrId| {
+        let ins = &index.instrs[x];
+        match deps.units.contains_key(&x) {
+            true => format!("{}/{}", index.comps[ins.parent].name, ins.id),
+            false => ins.name.to_string(),
         }
-        calls.clear();
-        return;
     };
-    let ordered = |a: &str, b: &str| deps.precedes(a, b) || deps.precedes(b, a);
-    // Each computation's collectives and units, by name (sorted: decisions name the first).
-    let mut in_comp: HashMap<&str, Vec<&str>> = HashMap::new();
-    for (n, (c, _)) in &deps.ancestors {
-        in_comp.entry(c.as_str()).or_default().push(n.as_str());
+    // Each computation's collectives and units (sorted by label: decisions name the first).
+    let mut in_comp: HashMap<CompId, Vec<(String, InstrId)>> = HashMap::new();
+    for (&x, &(c, _)) in &deps.ancestors {
+        in_comp.entry(c).or_default().push((label(x), x));
     }
     in_comp.values_mut().for_each(|v| v.sort_unstable());
     // What blocks in computation `comp`: its units and its collectives that stay XLA's
     // (`peerless`: those still Peerless's too).
-    let blockers = |comp: &str, kernels: &BTreeSet<String>, peerless: bool| -> Vec<String> {
-        in_comp
-            .get(comp)
-            .into_iter()
-            .flatten()
-            .filter(|n| peerless || deps.units.contains_key(**n) || !kernels.contains(**n))
-            .map(|n| n.to_string())
-            .collect()
+    let blockers = |comp: CompId, kernels: &BTreeSet<InstrId>, peerless: bool| -> Vec<InstrId> {
+        let all = in_comp.get(&comp).into_iter().flatten().map(|&(_, x)| x);
+        all.filter(|x| peerless || deps.units.contains_key(x) || !kernels.contains(x)).collect()
     };
     // The unit running computation `comp` (its one caller's instruction), if there is one.
-    let unit_running = |comp: &str| -> Option<&String> {
-        let mut found = deps.units.iter().filter(|(_, runs)| runs.iter().any(|r| r == comp)).map(|(u, _)| u);
+    let unit_running = |comp: CompId| -> Option<InstrId> {
+        let mut found = deps.units.iter().filter(|(_, runs)| runs.contains(&comp)).map(|(&u, _)| u);
         let one = found.next();
         if found.next().is_some() { None } else { one }
     };
     loop {
-        let kernels: BTreeSet<String> = calls.iter().map(|c| c.config.name.clone()).collect();
-        let beside = |name: &str| -> Option<String> {
-            let (comp, _) = deps.ancestors.get(name)?;
-            if let Some(o) = blockers(comp, &kernels, false).into_iter().find(|o| o != name && !ordered(o, name)) {
-                return Some(o);
+        let kernels: BTreeSet<InstrId> = calls.iter().map(|c| c.ix).collect();
+        let beside = |x: InstrId| -> Option<String> {
+            let &(comp, _) = deps.ancestors.get(&x)?;
+            if let Some(o) = blockers(comp, &kernels, false).into_iter().find(|&o| o != x && !ordered(o, x)) {
+                return Some(label(o));
             }
             // Up through the loops and branches that run it.
-            let mut c = comp.clone();
+            let mut c = comp;
             for _ in 0..=deps.units.len() {
-                if Some(&c) == deps.entry.as_ref() {
+                if Some(c) == deps.entry {
                     return None;
                 }
-                let Some(unit) = unit_running(&c) else {
-                    return Some(format!("another instruction that runs computation {c}"));
+                let name = &index.comps[c].name;
+                let Some(unit) = unit_running(c) else {
+                    return Some(format!("another instruction that runs computation {name}"));
                 };
-                let Some((parent, _)) = deps.ancestors.get(unit) else {
-                    return Some(format!("the caller of computation {c}"));
+                let Some(&(parent, _)) = deps.ancestors.get(&unit) else {
+                    return Some(format!("the caller of computation {name}"));
                 };
-                if let Some(o) = blockers(parent, &kernels, true).into_iter().find(|o| o != unit && !ordered(o, unit)) {
-                    return Some(format!("{o} (beside {unit}, which runs it)"));
+                if let Some(o) = blockers(parent, &kernels, true).into_iter().find(|&o| o != unit && !ordered(o, unit))
+                {
+                    return Some(format!("{} (beside {}, which runs it)", label(o), label(unit)));
                 }
-                c = parent.clone();
+                c = parent;
             }
             None
         };
-        let back: Vec<(usize, String)> =
-            calls.iter().filter_map(|c| beside(&c.config.name).map(|o| (c.at, o))).collect();
+        let back: Vec<(usize, String)> = calls.iter().filter_map(|c| beside(c.ix).map(|o| (c.at, o))).collect();
         if back.is_empty() {
             return;
         }
@@ -162,28 +158,27 @@ pub(super) fn keep_ordered(deps: Option<&Deps>, calls: &mut Vec<Call>, decisions
     }
 }
 
-/// Data dependencies between a module's collectives, read from the whole module (the slim
-/// module the decisions read keeps only collectives and their direct operands).
+/// Data dependencies between a module's collectives, read from the whole module's index (the
+/// slim module the decisions read keeps only collectives and their direct operands).
 #[derive(Debug, Default)]
 pub(super) struct Deps {
-    /// Collective name → its computation's name and its ancestors among the collectives
-    /// asked for (bit `index[name]`; a collective is its own ancestor).
-    pub(super) ancestors: HashMap<String, (String, Vec<u64>)>,
-    index: HashMap<String, usize>,
-    /// Computation name → the computations of the instructions that call it, one per call.
-    callers: HashMap<String, Vec<String>>,
-    /// The entry computation's name (the module's entry id; else its entry name).
-    pub(super) entry: Option<String>,
+    /// Each collective asked for → its computation and its ancestors among them (bit
+    /// `index[x]`; a collective is its own ancestor).
+    pub(super) ancestors: HashMap<InstrId, (CompId, Vec<u64>)>,
+    index: HashMap<InstrId, usize>,
+    /// Computation → the computations of the instructions that call it, one per call.
+    callers: HashMap<CompId, Vec<CompId>>,
+    pub(super) entry: Option<CompId>,
     /// Control-flow units: an instruction that runs a computation holding a wanted
-    /// collective (a loop, a call, a conditional), under the name `"{computation}/{id}"`
-    /// in `ancestors` (its computation, its ancestors, itself), by the computations it runs.
-    pub(super) units: HashMap<String, Vec<String>>,
+    /// collective (a loop, a call, a conditional), in `ancestors` too, by the computations
+    /// it runs.
+    pub(super) units: HashMap<InstrId, Vec<CompId>>,
 }
 
 impl Deps {
     /// Whether collective `a` is `b` or a data-dependency ancestor of it.
-    pub(super) fn precedes(&self, a: &str, b: &str) -> bool {
-        match (self.index.get(a), self.ancestors.get(b)) {
+    pub(super) fn precedes(&self, a: InstrId, b: InstrId) -> bool {
+        match (self.index.get(&a), self.ancestors.get(&b)) {
             (Some(&i), Some((_, bits))) => bits.get(i / 64).is_some_and(|w| w & (1u64 << (i % 64)) != 0),
             _ => false,
         }
@@ -192,14 +187,14 @@ impl Deps {
     /// Whether every computation from the entry down to `comp` has one caller: then each
     /// run of `comp` is ordered after the last by its caller (a loop's iterations, one call
     /// site), and its collectives never run twice at once on a device.
-    pub(super) fn runs_alone(&self, comp: &str) -> bool {
+    pub(super) fn runs_alone(&self, comp: CompId) -> bool {
         let mut c = comp;
         for _ in 0..=self.callers.len() {
-            if Some(c) == self.entry.as_deref() {
+            if Some(c) == self.entry {
                 return true;
             }
-            match self.callers.get(c).map(Vec::as_slice) {
-                Some([one]) => c = one,
+            match self.callers.get(&c).map(Vec::as_slice) {
+                Some(&[one]) => c = one,
                 _ => return false,
             }
         }
@@ -207,80 +202,26 @@ impl Deps {
     }
 }
 
-/// The [`Deps`] of the collectives named `wanted` in the serialized `module`.
-pub(super) fn dependencies(module: &[u8], wanted: &[&str]) -> Result<Deps, PassError> {
-    let wanted_names = wanted;
-    let mut deps =
-        Deps { index: wanted.iter().enumerate().map(|(k, n)| (n.to_string(), k)).collect(), ..Deps::default() };
-    let top = fields(module)?;
-    let name_of = |fs: &[Field<'_>]| -> String {
-        fs.iter()
-            .find(|x| x.number == computation::NAME)
-            .map_or(String::new(), |x| String::from_utf8_lossy(x.payload).into_owned())
+/// The [`Deps`] of the collectives `wanted` (index ids).
+pub(super) fn dependencies(index: &Index<'_>, wanted: &[InstrId]) -> Deps {
+    let mut deps = Deps {
+        index: wanted.iter().enumerate().map(|(k, &x)| (x, k)).collect(),
+        entry: index.entry,
+        ..Deps::default()
     };
-    // Computations: id → name, and each one's instructions: id → (the index of a wanted
-    // collective, operands, callees).
-    type Instr = (Option<usize>, Vec<i64>, Vec<i64>);
-    let mut comps: Vec<(String, HashMap<i64, Instr>, Vec<i64>)> = Vec::new();
-    let mut comp_name: HashMap<i64, String> = HashMap::new();
-    for c in top.iter().filter(|c| c.number == hlo_module::COMPUTATIONS && c.wire == WireType::LengthDelimited) {
-        let cf = fields(c.payload)?;
-        let name = name_of(&cf);
-        comp_name.insert(first_int(&cf, computation::ID)?.unwrap_or(0), name.clone());
-        let mut instrs = HashMap::new();
-        let mut order = Vec::new();
-        for i in cf.iter().filter(|i| i.number == computation::INSTRUCTIONS && i.wire == WireType::LengthDelimited) {
-            let fs = fields(i.payload)?;
-            let id = first_int(&fs, instruction::ID)?.unwrap_or(0);
-            let mut operands = Vec::new();
-            let mut called = Vec::new();
-            for x in &fs {
-                match x.number {
-                    instruction::OPERAND_IDS => operands.extend(ints(x)?),
-                    instruction::CALLED_COMPUTATION_IDS => called.extend(ints(x)?),
-                    _ => {}
-                }
-            }
-            order.push(id);
-            let wanted = fs
-                .iter()
-                .find(|x| x.number == instruction::NAME)
-                .and_then(|x| std::str::from_utf8(x.payload).ok())
-                .and_then(|n| deps.index.get(n).copied());
-            instrs.insert(id, (wanted, operands, called));
-        }
-        comps.push((name, instrs, order));
-    }
-    deps.entry = match first_int(&top, hlo_module::ENTRY_COMPUTATION_ID)? {
-        Some(id) if comp_name.contains_key(&id) => comp_name.get(&id).cloned(),
-        _ => top
-            .iter()
-            .find(|x| x.number == hlo_module::ENTRY_COMPUTATION_NAME)
-            .map(|x| String::from_utf8_lossy(x.payload).into_owned()),
-    };
-    for (name, instrs, _) in &comps {
-        for (_, _, called) in instrs.values() {
-            for c in called {
-                if let Some(callee) = comp_name.get(c) {
-                    deps.callers.entry(callee.clone()).or_default().push(name.clone());
-                }
-            }
+    let callees = |x: InstrId| index.instrs[x].called.iter().filter_map(|c| index.ids.comps.get(c).copied());
+    for (x, ins) in index.instrs.iter() {
+        for c in callees(x) {
+            deps.callers.entry(c).or_default().push(ins.parent);
         }
     }
     // Computations holding a wanted collective, themselves or in a computation they run.
-    let mut holds: std::collections::HashSet<String> = comps
-        .iter()
-        .filter(|(_, instrs, _)| instrs.values().any(|(k, _, _)| k.is_some()))
-        .map(|(n, _, _)| n.clone())
-        .collect();
+    let mut holds: BTreeSet<CompId> = wanted.iter().map(|&x| index.instrs[x].parent).collect();
     loop {
         let before = holds.len();
-        for (name, instrs, _) in &comps {
-            let runs_one = instrs
-                .values()
-                .any(|(_, _, called)| called.iter().any(|c| comp_name.get(c).is_some_and(|n| holds.contains(n))));
-            if runs_one {
-                holds.insert(name.clone());
+        for (x, ins) in index.instrs.iter() {
+            if callees(x).any(|c| holds.contains(&c)) {
+                holds.insert(ins.parent);
             }
         }
         if holds.len() == before {
@@ -288,65 +229,50 @@ pub(super) fn dependencies(module: &[u8], wanted: &[&str]) -> Result<Deps, PassE
         }
     }
     // Units get indices after the wanted collectives.
-    let mut unit_names: Vec<String> = Vec::new();
-    let mut unit_of: HashMap<(String, i64), usize> = HashMap::new();
-    for (name, instrs, listed) in &comps {
-        for id in listed {
-            let (_, _, called) = &instrs[id];
-            let runs: Vec<String> =
-                called.iter().filter_map(|c| comp_name.get(c)).filter(|n| holds.contains(*n)).cloned().collect();
-            if !runs.is_empty() {
-                let unit = format!("{name}/{id}");
-                unit_of.insert((name.clone(), *id), wanted.len() + unit_names.len());
-                deps.index.insert(unit.clone(), wanted.len() + unit_names.len());
-                deps.units.insert(unit.clone(), runs);
-                unit_names.push(unit);
-            }
+    for x in index.instrs.keys() {
+        let runs: Vec<CompId> = callees(x).filter(|c| holds.contains(c)).collect();
+        if !runs.is_empty() {
+            deps.index.insert(x, wanted.len() + deps.units.len());
+            deps.units.insert(x, runs);
         }
     }
-    let words = (wanted.len() + unit_names.len()).div_ceil(64);
-    for (comp, instrs, listed) in &comps {
-        if !instrs.values().any(|(k, _, _)| k.is_some())
-            && !listed.iter().any(|i| unit_of.contains_key(&(comp.clone(), *i)))
-        {
+    let words = (wanted.len() + deps.units.len()).div_ceil(64);
+    for (cid, c) in index.comps.iter() {
+        if !c.instrs.iter().any(|x| deps.index.contains_key(x)) {
             continue;
         }
         // Operands before users (a proto promises no order): depth first, without recursion
         // (modules may be deep); an instruction is entered once (a DAG: whatever was entered
         // before is finished by the time a user needs it).
-        let mut bits: HashMap<i64, Vec<u64>> = HashMap::with_capacity(instrs.len());
-        let mut entered: std::collections::HashSet<i64> = std::collections::HashSet::with_capacity(instrs.len());
-        for &root in listed {
+        let operands = |x: InstrId| index.instrs[x].operands.iter().filter_map(move |&o| index.ids.resolve(cid, o));
+        let mut bits: HashMap<InstrId, Vec<u64>> = HashMap::with_capacity(c.instrs.len());
+        let mut entered: std::collections::HashSet<InstrId> = std::collections::HashSet::with_capacity(c.instrs.len());
+        for &root in &c.instrs {
             let mut stack = vec![(root, false)];
-            while let Some((i, expanded)) = stack.pop() {
-                let Some((wanted, operands, _)) = instrs.get(&i) else { continue };
+            while let Some((x, expanded)) = stack.pop() {
                 if expanded {
                     let mut b = vec![0u64; words];
-                    for o in operands {
-                        if let Some(ob) = bits.get(o) {
+                    for o in operands(x) {
+                        if let Some(ob) = bits.get(&o) {
                             b.iter_mut().zip(ob).for_each(|(x, y)| *x |= y);
                         }
                     }
-                    if let Some(k) = *wanted {
+                    if let Some(&k) = deps.index.get(&x) {
                         b[k / 64] |= 1u64 << (k % 64);
-                        deps.ancestors.insert(wanted_names[k].to_owned(), (comp.clone(), b.clone()));
+                        deps.ancestors.insert(x, (cid, b.clone()));
                     }
-                    if let Some(&k) = unit_of.get(&(comp.clone(), i)) {
-                        b[k / 64] |= 1u64 << (k % 64);
-                        deps.ancestors.insert(unit_names[k - wanted_names.len()].clone(), (comp.clone(), b.clone()));
-                    }
-                    bits.insert(i, b);
+                    bits.insert(x, b);
                     continue;
                 }
-                if !entered.insert(i) {
+                if !entered.insert(x) {
                     continue;
                 }
-                stack.push((i, true));
-                stack.extend(operands.iter().filter(|o| !entered.contains(o)).map(|&o| (o, false)));
+                stack.push((x, true));
+                stack.extend(operands(x).filter(|o| !entered.contains(o)).map(|o| (o, false)));
             }
         }
     }
-    Ok(deps)
+    deps
 }
 
 /// Shared staging: gives each rewritten collective in one process a staging
@@ -372,19 +298,19 @@ pub(super) fn dependencies(module: &[u8], wanted: &[&str]) -> Result<Deps, PassE
 /// largest GPU staging (both platforms' sizes travel: the pass does not know which runs it).
 pub(super) fn assign_slots(module: &Module, deps: &Deps, calls: &mut [Call]) {
     // Calls by computation.
-    let mut by_comp: BTreeMap<String, Vec<usize>> = BTreeMap::new();
-    for (k, Call { config: call, .. }) in calls.iter().enumerate() {
-        if let Some((comp, _)) = deps.ancestors.get(&call.name) {
-            by_comp.entry(comp.clone()).or_default().push(k);
+    let mut by_comp: BTreeMap<CompId, Vec<usize>> = BTreeMap::new();
+    for (k, c) in calls.iter().enumerate() {
+        if let Some(&(comp, _)) = deps.ancestors.get(&c.ix) {
+            by_comp.entry(comp).or_default().push(k);
         }
     }
     for (comp, mut ks) in by_comp {
-        if !deps.runs_alone(&comp) {
+        if !deps.runs_alone(comp) {
             // Each call keeps staging of its own (`slot` none).
             continue;
         }
         // A topological order: an ancestor has fewer ancestors than its descendants.
-        let count = |k: usize| deps.ancestors[&calls[k].config.name].1.iter().map(|w| w.count_ones()).sum::<u32>();
+        let count = |k: usize| deps.ancestors[&calls[k].ix].1.iter().map(|w| w.count_ones()).sum::<u32>();
         ks.sort_by_key(|&k| count(k));
         // Open slots by group set: (its last call, its first call).
         // A call on an async queue may run beside one on the compute stream: the queue is
@@ -401,7 +327,7 @@ pub(super) fn assign_slots(module: &Module, deps: &Deps, calls: &mut [Call]) {
                 call.pairs.clone(),
             );
             let slots = open.entry(key).or_default();
-            let reuse = slots.iter_mut().find(|(last, _)| deps.precedes(&calls[*last].config.name, &call.name));
+            let reuse = slots.iter_mut().find(|(last, _)| deps.precedes(calls[*last].ix, calls[k].ix));
             let first = match reuse {
                 Some(s) => {
                     s.0 = k;

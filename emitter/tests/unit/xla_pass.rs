@@ -7,18 +7,21 @@ fn dependencies_order_chains_and_keep_independent_collectives_apart() {
     // Two independent chains (psum, pmax) in the entry, an all-gather after the psums,
     // and a psum in a loop body (see psum_chains_independent.expected for the slots).
     let pb = include_bytes!("../xla_pass/psum_chains_independent.pb");
+    let index = Index::new(pb).unwrap();
+    let id = |n: &str| index.instrs.iter().find(|(_, i)| i.name == n).unwrap().0;
     let names = ["psum_invariant.21", "psum_invariant.22", "pmax.14", "pmax.15", "all_gather.3", "psum_invariant.18"];
-    let d = dependencies(pb, &names).unwrap();
-    assert!(d.precedes("psum_invariant.21", "psum_invariant.22") && d.precedes("psum_invariant.22", "all_gather.3"));
-    assert!(d.precedes("pmax.14", "pmax.15") && !d.precedes("pmax.15", "pmax.14"));
+    let d = dependencies(&index, &names.map(id));
+    let precedes = |a: &str, b: &str| d.precedes(id(a), id(b));
+    assert!(precedes("psum_invariant.21", "psum_invariant.22") && precedes("psum_invariant.22", "all_gather.3"));
+    assert!(precedes("pmax.14", "pmax.15") && !precedes("pmax.15", "pmax.14"));
     for (a, b) in [("psum_invariant.21", "pmax.15"), ("pmax.14", "psum_invariant.22"), ("pmax.15", "all_gather.3")] {
-        assert!(!d.precedes(a, b) && !d.precedes(b, a), "{a} {b}");
+        assert!(!precedes(a, b) && !precedes(b, a), "{a} {b}");
     }
-    let entry = d.entry.clone().unwrap();
-    assert_eq!(d.ancestors["pmax.14"].0, entry);
-    let body = &d.ancestors["psum_invariant.18"].0;
-    assert_ne!(body, &entry);
-    assert!(d.runs_alone(&entry) && d.runs_alone(body));
+    let entry = d.entry.unwrap();
+    assert_eq!(d.ancestors[&id("pmax.14")].0, entry);
+    let body = d.ancestors[&id("psum_invariant.18")].0;
+    assert_ne!(body, entry);
+    assert!(d.runs_alone(entry) && d.runs_alone(body));
 }
 
 #[test]

@@ -582,3 +582,34 @@ fn fused_all_reduce_rmsnorm_edges() {
         }
     }
 }
+
+/// The runtime keeps its peer probe for later processes' compiles (the file names the driver
+/// and the GPUs' UUIDs, one row per GPU), and free memory is read through the contexts the
+/// runtime (here; XLA in a JAX process) made. Needs one GPU or more.
+#[test]
+#[ignore = "needs a GPU: run with --ignored on a GPU machine (scripts/gpu_check.sh)"]
+fn the_runtime_keeps_its_peer_probe() {
+    use kernels::gpu::xla;
+    let n = device_count().expect("CUDA").min(8);
+    assert!(n >= 1, "no GPU");
+    let table = xla::peer_table::<Cuda>(false).expect("the runtime opens the GPUs");
+    assert_eq!(table.num_devices(), n);
+    let known = xla::known_peer_table::<Cuda>(false).expect("known once the runtime opened the GPUs");
+    assert_eq!(known.num_devices(), n);
+    let path = thunks::runtime::cache_dir().expect("a cache directory").join("peer-probe-cuda.txt");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let key = ffi::cuda::machine_key().unwrap().expect("CUDA keeps a key");
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines[0], key, "{text}");
+    assert!(key.starts_with("cuda driver ") && key.split(' ').count() == 3 + n, "{key}");
+    let rows: Vec<&str> = lines[2].split(' ').collect();
+    assert_eq!(rows.len(), n, "{text}");
+    for (a, row) in rows.iter().enumerate() {
+        for b in 0..n {
+            assert_eq!(row.as_bytes()[b] == b'1', table.can_access(a, b), "{a}→{b}: {text}");
+        }
+    }
+    let free = xla::least_free_memory::<Cuda>().expect("free memory through the runtime's contexts");
+    assert!(free > 1 << 30, "{free} bytes free");
+    println!("kept probe {}: {key}; least free {:.1} GiB", path.display(), free as f64 / (1u64 << 30) as f64);
+}

@@ -55,8 +55,8 @@ fn result(status: i32, module: Option<Vec<u8>>, report: String) -> *mut PassResu
 /// The pass configuration for a platform, flags string and local device list. On CUDA the
 /// peer table is looked up lazily ([`xla_pass::Peers::Lazy`]), only by a module with a
 /// collective that passed every other rule: the runtime's probe, kept on disk for these GPUs
-/// and driver, so only the first process on a machine opens the GPUs to probe them. The tuning profile is looked up by the devices'
-/// kind this process was handed ([`device_kind`]), never by opening a GPU.
+/// and driver, so only the first process on a machine opens the GPUs to probe them. The tuning
+/// profile is looked up by the devices' kind this process was handed ([`device_kind`]).
 pub fn pass_config(platform: Platform, flags: &str, local_devices: &str) -> Result<PassConfig, String> {
     pass_config_tuned(platform, flags, local_devices, emitter::tuning::ProfileSource::from_env())
 }

@@ -1,15 +1,5 @@
-//! `peerless`: check and run XLA HLO modules on N devices.
-//!
-//! ```text
-//! peerless check FILE.hlo [--devices N] [--mode replica|partition] [--platform cpu|cuda] [--flag NAME=VALUE]...
-//! peerless flags
-//! peerless run FILE.hlo --devices N [--mode replica|partition] [--inputs IN.npz]
-//!              [--seed S] [--out OUT.npz] [--xla-plugin PATH] [--flag NAME=VALUE]...
-//! ```
-//! `run` runs the module through XLA's own PJRT plugin (XLA's CPU plugin by default) with
-//! Peerless's pass and handlers inside it: XLA is the only runtime.
-//! Arrays in npz files are named `p{i}_d{d}` (entry parameter i on device d) and
-//! `o{j}_d{d}` (leaf j of the entry result, depth first); see `runs::io`.
+//! `peerless`: check and run XLA HLO modules on N devices (`peerless --help`). `run` goes through XLA's own PJRT plugin
+//! with Peerless's pass and handlers inside it; npz arrays are named `p{i}_d{d}` / `o{j}_d{d}` (see `runs::io`).
 
 mod bench;
 mod devices;

@@ -1,44 +1,23 @@
-//! Every decision rule, in one place: for each collective, a Peerless kernel or XLA's own
-//! collective, and why, in words. [`decide_tuned`] applies rules 1–7, which read the HLO
-//! collective alone on logical ids (the CLI's `decide` and the tests call it directly);
-//! [`decide_in_run`] applies rule 0, then those, then rules 8–13, which need the pass's run
-//! (its device assignment, the job's processes, peer access, layouts, async forms).
-//!
-//! Rules, in order, first match wins:
-//! 0. inside an async computation (JAX's explicit async API) where Peerless's calls do not
-//!    run beside compute (`--overlap_above_bytes=none`, or no operation queues) → fallback.
-//! 1. no Peerless kernel for the op (ragged-all-to-all, collective-broadcast) → fallback;
-//!    backend flag `fallback` → fallback.
+//! Every decision rule, in one place: for each collective, a Peerless kernel or XLA's own collective, and why, in words.
+//! [`decide_tuned`] applies rules 1–7 (the HLO collective alone, logical ids; the CLI's `decide` and the tests call it);
+//! [`decide_in_run`] applies rule 0, then those, then rules 8–13, which need the pass's run. First match wins:
+//! 0. inside JAX's async API where calls do not run beside compute → fallback.
+//! 1. no Peerless kernel for the op, or backend flag `fallback` → fallback.
 //! 2. dtype guard on the *operands'* element types.
-//! 3. more than one operand → fallback, unless the platform's [`crate::Capabilities`] take
-//!    variadic all-reduce and tuple all-to-all.
+//! 3. more than one operand → fallback, unless [`crate::Capabilities`] take variadic all-reduce / tuple all-to-all.
 //! 4. all-reduce / reduce-scatter: `to_apply` must be a recognised reduction.
-//! 5. group shape: uniform groups; single-member groups are a local copy (kernel);
-//!    more than [`MAX_GROUP_SIZE`] members → fallback. Collective-permute checks its
-//!    pairs instead (self-pairs only → local copy).
-//! 6. peer access in both directions for every pair of devices that exchange data (the pass
-//!    passes a full table of logical ids and checks the real devices in rule 13).
-//! 7. size. With a tuning profile ([`crate::tuning`]) for the kind (its backend flag `auto`;
-//!    all-reduce: no explicit threshold), the fastest it measured of XLA and the kernels
-//!    (all-reduce: one-shot, two-shot up to `two_shot_max_bytes`) at this kind, dtype class,
-//!    group size and size; the reason cites the profile and its figures. Without one:
-//!    all-reduce one-shot up to `one_shot_max_bytes`, two-shot up to `two_shot_max_bytes`,
-//!    fallback above; other ops use direct kernels at any size. Single-operand calls of every
-//!    kind take their copy-engine form (platforms with [`Capabilities::copy_engines`]) from
-//!    `--copy_engines=N` bytes, before the profile; with `--copy_engines=auto` the profile
-//!    chooses among XLA, today's kernels and the copy engines. A call beside compute
-//!    (above `overlap_above_bytes`, or inside JAX's async pair) is decided without the
-//!    profile and two-shot's limit: both measure a collective run alone.
-//! 8. groups in which no device meets another (on device ids) → fallback: XLA makes them a
-//!    copy or nothing (unless forced).
-//! 9. processes and hosts of the job's topology: a group across hosts → fallback; across
-//!    processes of one host → shared memory where the platform can, with a job token.
-//! 10. `xla_async_above_bytes`: a partitioner-made collective above it, not beside compute →
-//!     fallback (XLA overlaps it with compute).
-//! 11. the async form: a start/done pair must have a form the pass rewrites.
-//! 12. layouts: operands and results must agree on one the handler can work in.
-//! 13. peer access on the device ids that really talk (this process's peer table), last: it
-//!     is the one rule that may open the GPUs, so a call another rule leaves to XLA never does.
+//! 5. uniform groups of at most [`MAX_GROUP_SIZE`] (single-member: a local copy); a permute checks its pairs.
+//! 6. peer access both ways between devices that exchange data (logical ids; rule 13 checks the real devices).
+//! 7. size: the copy-engine form from `--copy_engines=N` bytes ([`Capabilities::copy_engines`]); else the tuning
+//!    profile's fastest ([`crate::tuning`]; with `--copy_engines=auto` copy engines too; not for a call beside compute);
+//!    else all-reduce one-shot up to `one_shot_max_bytes`, two-shot up to `two_shot_max_bytes`, fallback above; other
+//!    ops take kernels at any size.
+//! 8. groups in which no device meets another (device ids) → fallback, unless forced.
+//! 9. a group across hosts → fallback; across processes of one host → shared memory, with a job token.
+//! 10. a partitioner-made collective above `xla_async_above_bytes`, not beside compute → fallback.
+//! 11. a start/done pair must have a form the pass rewrites.
+//! 12. operands and results must agree on a layout the handler can work in.
+//! 13. peer access on the devices that really talk, last: the one rule that may open the GPUs.
 //!
 //! With a backend flag of `kernel`, a rule 1–7 that says "fallback" is an error instead.
 

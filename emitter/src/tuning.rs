@@ -1,29 +1,8 @@
-//! Tuning profiles: measured crossovers between Peerless's kernels and XLA's own collectives.
-//!
-//! `peerless tune` times, through XLA, every Peerless algorithm of each collective kind and
-//! XLA's own path, per dtype class, group size and size, and writes a [`Profile`]: readable
-//! JSON in the cache directory (`PEERLESS_CACHE_DIR`, else `$XDG_CACHE_HOME/peerless`, else
-//! `~/.cache/peerless`; file `tuning/<key>.json`), keyed by platform, device kind and count,
-//! links and Peerless version. The pass ([`crate::decide`], rule 7) reads the matching profile
-//! by default: where a collective has passed every guard (dtype, operands, reduction, groups,
-//! peer access) and its backend flag is `auto`, the profile picks the fastest measured of XLA
-//! and the kernels allowed, and the decision's reason names the profile and the figures.
-//!
-//! Invariants:
-//! - A profile only chooses among what the guards allow: a kernel vs XLA, and one-shot vs
-//!   two-shot for all-reduce. It never sends a collective to a kernel the dtype, operand,
-//!   reduction, group or peer rules forbid, and an all-reduce above `two_shot_max_bytes`
-//!   stays XLA's.
-//! - Flags win: `--<op>_backend=kernel|fallback` decides that kind without the profile, and
-//!   an explicit `one_shot_max_bytes` / `two_shot_max_bytes` gives all-reduce back to the
-//!   size thresholds.
-//! - A profile that cannot be read is a warning, never a failed compile: the next source
-//!   (shipped defaults, then the flags' thresholds) decides.
-//!
-//! Sources, in order ([`ProfileSource`]): `PEERLESS_TUNING_PROFILE=PATH` (that file) or `=0`
-//! (none); else the cache directory's profile for this key (or, failing that, one of the same
-//! platform and version for another device count); else the shipped defaults for the
-//! platform ([`shipped`]: XLA:CPU measured on the build machine); else none (the thresholds).
+//! Tuning profiles: measured crossovers between Peerless's kernels and XLA's own collectives. `peerless tune` writes a
+//! [`Profile`] (JSON under `<cache>/tuning/<key>.json`, keyed by platform, device kind and count, links and version); the
+//! pass ([`crate::decide`], rule 7) reads the matching one, found through [`ProfileSource`]. A profile only chooses among
+//! what the guards allow, flags win over it, and an unreadable one is a warning, never a failed compile. ARCHITECTURE.md
+//! ("emitter", "Invariant (tuning)") has the sources in order and the rules.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;

@@ -1,16 +1,7 @@
-//! One device-layer interface for the GPU runtimes: [`Gpu`], which [`crate::cuda::Cuda`] (the
-//! CUDA driver) and, with feature `rocm`, [`crate::hip::Hip`] (the HIP runtime) implement.
-//!
-//! Why a trait: the collective launchers, the clique (contexts, streams, kernel modules), the
-//! peer probe and the symmetric allocations are the same code on both vendors; only these
-//! entry points differ. `kernels::gpu` is written once against this trait instead of being
-//! copied per vendor. Each method is a thin call into the vendor's result layer, so errors
-//! still name the vendor call and the device.
-//!
-//! [`Interop`] adds what the runtime behind XLA's FFI handlers (`kernels::gpu::xla`) needs on
-//! top: IPC handles of allocations and their mappings in other processes, host-mapped memory,
-//! XLA's (foreign) streams with stream-ordered copies and fills, and the free-memory query.
-//! HIP's `gcnArchName` is not here (read in `kernels::rocm`).
+//! One device-layer interface for the GPU runtimes: [`Gpu`], implemented by [`crate::cuda::Cuda`] and, with feature
+//! `rocm`, [`crate::hip::Hip`], so `kernels::gpu` (launchers, clique, peer probe, symmetric allocations) is written once;
+//! each method is a thin call whose errors still name the vendor call and the device. [`Interop`] adds what the runtime
+//! behind XLA's handlers needs: IPC, host-mapped memory, XLA's streams with stream-ordered copies and fills, free memory.
 
 use std::ffi::c_void;
 use std::fmt::Debug;

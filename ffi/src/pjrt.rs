@@ -1,31 +1,8 @@
-//! The parts of the PJRT C API the wrapper of XLA's plugin needs (`plugin::wrap`): loading an
-//! inner plugin, reading its version and extension chain, and registering an XLA FFI
-//! handler through its FFI extension. Written from the documented layout of PJRT 0.115 (jax
-//! 0.11.2's), checked against XLA's CPU plugin of that version (docs/PLUGIN.md):
-//!
-//! - `PJRT_Api`: `size_t struct_size; PJRT_Extension_Base* extension_start;
-//!   PJRT_Api_Version pjrt_api_version` (24 bytes: size, extension, int major, int minor), then
-//!   one function pointer per slot, `PJRT_Error_Destroy` (slot 0) and `PJRT_Error_Message`
-//!   (slot 1) first. Slots are only ever appended.
-//! - `PJRT_Extension_Base`: `size_t struct_size; PJRT_Extension_Type type (int); next`.
-//! - The FFI extension (type 5): the base, then `type_id_register`, `user_data_add`,
-//!   `register_handler` (48 bytes). `PJRT_FFI_Register_Handler_Args`: `struct_size`,
-//!   `target_name`, `target_name_size`, `handler` (an `XLA_FFI_Handler*`), `platform_name`,
-//!   `platform_name_size`, `traits` (a 32-bit bit set): 52 bytes.
-//!
-//! - The XlaTransform extension (type 24): the base, then `register_xla_transform` and
-//!   `clear_xla_transform` (40 bytes in PJRT 0.114; 0.115's is 56 bytes, two newer entries
-//!   appended, which this module does not call). `PJRT_Register_Xla_Transform_Args`:
-//!   `struct_size`, `name`, `name_size`, `stage` (a C enum), `callbacks`: 40 bytes, checked
-//!   against XLA's CPU plugin 0.115 (its register entry requires `struct_size >= 40` and
-//!   `callbacks->version == 1`). The callbacks struct (`version`, `dtor`,
-//!   `transform_hlo_module`) must outlive the registration; XLA hands it back to the
-//!   transform with a `PJRT_XlaTransform_Args` (struct size, a version-and-error header whose
-//!   `data`/`cleanup_fn` free the output after XLA parsed it, the serialized module in, the
-//!   transformed module out, `changed`).
-//!
-//! The FFI and transform registries are process-global inside the inner plugin (its own copy
-//! of XLA), so each is registered once per process, before or after clients exist.
+//! The parts of the PJRT C API the wrapper of XLA's plugin needs (`plugin::wrap`): loading an inner plugin, reading its
+//! version and extension chain, and registering FFI handlers and the XlaTransform pass through its extensions. Written
+//! by hand from PJRT 0.115 (jax 0.11.2's), checked against XLA's CPU plugin (docs/PLUGIN.md); each `#[repr(C)]` struct
+//! names the C type it mirrors. `PJRT_Api` slots are only ever appended. Both registries are process-global inside the
+//! inner plugin, so each registration happens once per process.
 
 use std::ffi::{c_char, c_void};
 use std::panic::{AssertUnwindSafe, catch_unwind};

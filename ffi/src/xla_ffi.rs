@@ -1,48 +1,16 @@
-//! XLA's typed FFI ("custom call" handlers), as a handler author sees it.
+//! XLA's typed FFI ("custom call" handlers), as a handler author sees it: [`sys`], the C ABI (API 0.4, jaxlib 0.11.2) by
+//! hand, checked against jaxlib's header by `tests/xla_ffi_layout.rs`; and here [`CallFrame`] (arguments, results and
+//! attributes by name, typed errors), the API calls a handler makes, and [`guard_with_traits`], which answers the
+//! registration probe and turns a [`HandlerError`] or a panic into an XLA error. ARCHITECTURE.md ("ffi") has the overview.
 //!
-//! XLA calls a handler as `XLA_FFI_Error* handler(XLA_FFI_CallFrame*)`, null meaning success.
-//! Two layers, as elsewhere in this crate:
-//! - [`sys`]: the C ABI (API version 0.4, jaxlib 0.11.2), written by hand and checked against
-//!   jaxlib's header by `tests/xla_ffi_layout.rs`;
-//! - this module: [`CallFrame`] (arguments, results and attributes by name, with typed
-//!   errors), the registration-time metadata probe, the API calls a handler makes (stream,
-//!   device ordinal, run id, state), and [`guard`], which turns a [`HandlerError`] or a panic
-//!   into an XLA error with the right code.
-//!
-//! A handler is a few lines:
-//!
-//! ```
-//! use ffi::xla_ffi::{CallFrame, HandlerError, XLA_FFI_CallFrame, XLA_FFI_Error, guard};
-//!
-//! fn scale(f: &CallFrame<'_>) -> Result<(), HandlerError> {
-//!     let (x, y) = (f.arg(0)?, f.ret(0)?);
-//!     let factor = f.attr_i64("factor")?;
-//!     # let _ = (x.byte_len()?, y.data, factor);
-//!     // ... launch work on f.stream()? reading x.data, writing y.data ...
-//!     Ok(())
-//! }
-//!
-//! /// Registered with XLA (e.g. `jax.ffi.register_ffi_target(.., pycapsule(..))`).
-//! pub unsafe extern "C" fn peerless_scale(frame: *mut XLA_FFI_CallFrame) -> *mut XLA_FFI_Error {
-//!     // SAFETY: XLA calls a handler with a call frame valid for the duration of the call.
-//!     unsafe { guard(frame, scale) }
-//! }
-//! ```
-//!
-//! or, with the macro, `ffi::xla_ffi_handler! { pub fn peerless_scale(f) { scale(f) } }`.
-//!
-//! Facts about XLA's side this layer relies on (jaxlib 0.11.2, checked on XLA:CPU):
-//! - Sub-byte element types (s1/s2/s4, u1/u2/u4, f4e2m1fn) arrive packed, low bits first:
-//!   8 s4 elements occupy 4 bytes, 8 s2 elements 2. [`BufferRef::byte_len`] counts that way
-//!   (XLA's own C++ `size_bytes()` assumes one byte per element, which over-counts them).
-//! - Attributes arrive sorted by name; Python ints as s64 scalars, floats as f64, bools as
-//!   pred, strings as strings, NumPy arrays as arrays of their dtype.
-//! - XLA_FFI_Error_Create copies the message (XLA keeps it in an `absl::Status`).
-//! - `XLA_FFI_Stream_Get` on CPU fails with UNIMPLEMENTED ("XLA FFI GPU context is not
-//!   available"); `XLA_FFI_DeviceOrdinal_Get` returns the device's id.
-//! - Registration probes the execute handler once with a metadata extension (a null `ctx`)
-//!   and accepts the reported API version only within XLA's range (jaxlib 0.11.2: 0.1 to
-//!   0.4; a handler reporting 0.5 is refused); [`guard`] answers the probe with 0.4.
+//! Facts about XLA's side this relies on (jaxlib 0.11.2, checked on XLA:CPU):
+//! - Sub-byte element types arrive packed, low bits first (8 s4 elements in 4 bytes); [`BufferRef::byte_len`] counts so
+//!   (XLA's C++ `size_bytes()` assumes a byte per element).
+//! - Attributes arrive sorted by name; Python ints as s64, floats as f64, bools as pred, NumPy arrays as their dtype.
+//! - `XLA_FFI_Error_Create` copies the message; `XLA_FFI_Stream_Get` on CPU fails with UNIMPLEMENTED;
+//!   `XLA_FFI_DeviceOrdinal_Get` returns the device's id.
+//! - Registration probes the execute handler once with a metadata extension (a null `ctx`) and accepts only API versions
+//!   within XLA's range (0.1 to 0.4); the probe is answered with 0.4.
 
 pub mod sys;
 mod types;

@@ -1,16 +1,7 @@
-//! One function per fuzz target, shared by the libFuzzer binaries (`fuzz/libfuzzer`, nightly,
-//! `cargo fuzz`) and the stable replay of the saved corpora (`fuzz/tests/corpus.rs`, part of
-//! `cargo test`). Each takes arbitrary bytes and must return (error or not) without
-//! panicking, aborting, hanging or allocating more than the input can justify.
-//!
-//! | target | parser under test | then |
-//! |---|---|---|
-//! | [`hlo_text`] | `hlo::parse_text` | encoded (`hlo::encode_proto`) and prepared for XLA as `peerless run` does (device assignment, the pass, manual shardings) on 1 and 2 devices |
-//! | [`hlo_proto`] | `hlo::decode_proto` | as `hlo_text` |
-//! | [`compile_options`] | `CompileOptionsProto` in `plugin::wrap::split_compile_options` (the wrapper's `PJRT_Client_Compile`) | the flags it takes out, applied |
-//! | [`npz`] | `runs::io::read_npz_bytes` | |
-//! | [`flags`] | `emitter::Flags::parse` and `Flags::apply` | |
-//! | [`xla_pass`] | `emitter::xla_pass::run` (the pass inside XLA) | the pass again on its rewrite |
+//! One function per fuzz target, shared by the libFuzzer binaries (`fuzz/libfuzzer`, nightly) and the stable replay of
+//! the saved corpora (`fuzz/tests/corpus.rs`). Each takes arbitrary bytes and must return without panicking, aborting,
+//! hanging or allocating more than the input justifies. What each target parses and then runs: docs/RELIABILITY.md
+//! ("Fuzzing").
 
 use emitter::Flags;
 use hlo::analysis::DeviceMode;

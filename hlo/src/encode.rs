@@ -1,27 +1,9 @@
-//! HloModuleProto encoder: the IR back to a serialized `xla.HloModuleProto`, so HLO text
-//! reaches XLA's PJRT plugins (which compile protos, not text) without XLA's own parser.
-//!
-//! The inverse of [`crate::proto::decode`] for everything the IR keeps: shapes with their
-//! layouts (row-major where none is written, as XLA's text parser assigns), constants,
-//! every typed attribute, and the attributes the IR keeps in their text form (windows,
-//! gather / scatter / convolution dimension numbers and the small flags), read back with the
-//! same accessors both front ends use ([`Window::of`], [`GatherDims::of`], ...).
-//! Instruction metadata is written back (`op_type`, `op_name`, `source_file`,
-//! `source_line`). Computations are written callees first and instructions in program
-//! order, as XLA's importer needs; instruction ids are `computation << 32 | position`, the
-//! numbering XLA itself writes.
-//!
-//! What the IR cannot say is an [`ErrorKind::Unsupported`] error naming the instruction and
-//! the attribute (with its location in the text), never a silently different module:
-//! attributes the IR keeps verbatim but this encoder does not know, custom-call operand
-//! layout constraints and output aliasing, and constants of the f8 types newer than
-//! `pjrt-sys`'s copy of XLA's protos (f8e4m3, f8e3m4, f8e8m0fnu).
-//!
-//! Two things differ from the text by necessity: instruction names are made unique in the
-//! whole module ([`unique_names`]), and iota replica groups are written as the explicit
-//! groups they stand for (XLA 0.11 reads the iota form from a field this build's copy of its
-//! protos lacks). Contract (tested over every hlo-tests case): `decode(encode(m))` prints as
-//! `m` does with those two applied and XLA's default layouts filled in.
+//! HloModuleProto encoder: the IR back to a serialized `xla.HloModuleProto`, the inverse of [`crate::proto::decode`] for
+//! everything the IR keeps, so HLO text reaches XLA's PJRT plugins without XLA's parser. Computations go callees first,
+//! instructions in program order, ids `computation << 32 | position`, as XLA writes them. What the IR cannot say (unknown
+//! verbatim attributes, custom-call layout constraints, output aliasing, f8 types newer than `pjrt-sys`'s protos) is an
+//! [`ErrorKind::Unsupported`] error, never a silently different module. By necessity names are made unique
+//! ([`unique_names`]) and iota replica groups written explicitly; `decode(encode(m))` prints as `m` with those applied.
 
 use std::collections::BTreeMap;
 

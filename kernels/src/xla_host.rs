@@ -1,30 +1,9 @@
-//! The host backend behind XLA's CPU FFI handlers: each Peerless custom call runs the
-//! host protocols (one-/two-shot all-reduce, direct all-gather / all-to-all /
-//! reduce-scatter / permute, device-side epochs, watchdog) between XLA's CPU devices, on
-//! XLA's own buffers ([`crate::host::direct`]).
-//!
-//! XLA CPU runs every device's program on its own thread and hands the handler that
-//! device's buffers. Each rewritten collective (its `instance` id) owns one
-//! [`DirectCollective`] spanning the devices it names, created on first use: staging and
-//! flags that belong to one collective for the executable's lifetime. A call copies the
-//! device's operands into its own staging buffer, meets its group, and computes its
-//! results from the members' staging straight into XLA's result buffers.
-//!
-//! Invariant: every device of a group makes the same calls of an instance in the same
-//! order (XLA runs one SPMD program per device); a device that never arrives makes its
-//! peers fail with a timeout error naming the collective, the group and the missing ranks.
-//!
-//! Shared staging: a call whose config names a `slot` runs on the
-//! [`DirectSlot`] of (slot, occurrence, groups, pairs) instead of staging of its own. The
-//! pass gives one slot only to collectives every device runs in one order (a chain of data
-//! dependencies in one computation, same groups), so a slot's calls are what the protocols
-//! already handle: repeated launches on one staging, epoch by epoch. `occurrence` (the
-//! how-manyth instantiation of the call's instance in this process, as for groups across
-//! processes) tells apart two executables loaded from one compiled module, which must not
-//! share. The process table holds slots weakly: a slot lives as long as an executable
-//! whose calls use it. Groups across processes meet in one shared-memory segment per
-//! slot (`ShmCollective::on_slot`), named by the job, the slot and the occurrence, which
-//! every process derives alike, and mapped once per process.
+//! The host backend behind XLA's CPU FFI handlers: each Peerless call runs the host protocols ([`crate::host`]) between
+//! XLA's CPU devices, on XLA's own buffers. A rewritten collective owns a [`DirectCollective`] for the executable's
+//! life, or runs on the [`DirectSlot`] of its (slot, occurrence, groups, pairs), held weakly; groups across processes
+//! meet in one shared-memory segment per slot (`ShmCollective::on_slot`). Every device of a group makes the same calls
+//! in one order (one SPMD program per device); one that never arrives makes its peers time out, naming the missing
+//! ranks. ARCHITECTURE.md ("Host protocol") has the rest.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

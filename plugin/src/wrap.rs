@@ -1,34 +1,9 @@
-//! `libpeerless_pjrt.so` as a wrapper of XLA's own PJRT plugin.
-//!
-//! With `PEERLESS_XLA_PLUGIN=/path/to/xla_plugin.so` set, `GetPjrtApi` loads that plugin,
-//! registers Peerless's typed-FFI handlers in its FFI registry (process-global inside the
-//! plugin's copy of XLA) and returns the plugin's own function table, unchanged: every slot,
-//! the version and the struct sizes are XLA's. The collective pass is registered by the
-//! Python package through the plugin's XlaTransform extension
-//! (`jax.extend.xla.register_hlo_module_transformation`, which finds the extension on the
-//! table), so JAX lowers for the inner platform and XLA compiles, partitions and runs
-//! everything; Peerless takes the collectives it rewrote.
-//!
-//! Without the variable the library looks for XLA's plugin where the Python package finds
-//! it: beside its own file in an installed `jax_plugins/peerless/` (the jax-cuda13/12-pjrt
-//! plugin where a GPU is usable, else the CPU plugin of `lammps-jax-pjrt-cpu` in the same
-//! site-packages). XLA is the only runtime (the standalone platform is retired): with no
-//! plugin to wrap, or one that cannot be loaded, `GetPjrtApi` still returns a complete table
-//! (no slot is null) whose every entry point, `PJRT_Client_Create` first, fails with
-//! [`load_error`]'s message, naming what to install.
-//!
-//! The table handed out is a copy of the plugin's with five slots replaced:
-//! `PJRT_Client_Create` registers the collective pass through the plugin's XlaTransform
-//! extension (once per process) unless the Python package loaded the wrapper (the pass is then
-//! the package's) or `PEERLESS_ENABLE=0`, and
-//! `PJRT_Client_Compile` takes Peerless's per-executable options out of the compile options
-//! (`compiler_options={"all_reduce_backend": "fallback"}`, or `peerless_flags`) and applies
-//! them to the pass for that compile; the three `PJRT_Error` slots answer for the errors
-//! those options raise and hand every other error to the plugin. So any PJRT client (JAX,
-//! a C++ or ctypes client) gets XLA plus Peerless; under JAX the Python package registers the
-//! pass instead, because only it knows the job's topology under jax.distributed and counts
-//! decisions for `stats()`. The Python package finds the inner plugin when the variable is
-//! unset.
+//! `libpeerless_pjrt.so` as a wrapper of XLA's own PJRT plugin (`PEERLESS_XLA_PLUGIN`, else found where the Python
+//! package finds it): `GetPjrtApi` registers Peerless's FFI handlers in the plugin and returns a copy of its table with
+//! five slots replaced (`PJRT_Client_Create` registers the pass, `PJRT_Client_Compile` takes Peerless's per-compile
+//! options, the three `PJRT_Error` slots answer for the errors those raise). With no plugin to wrap every entry point
+//! fails with [`load_error`]'s message, naming what to install. ARCHITECTURE.md ("plugin") and docs/PLUGIN.md have the
+//! details.
 
 use std::collections::BTreeSet;
 use std::ffi::{c_char, c_void};

@@ -1,13 +1,6 @@
-//! The typed-FFI handlers XLA calls for Peerless custom calls, one per platform and target,
-//! and the per-platform facts the pass needs (peer access, free device memory).
-//!
-//! Platforms ([`Platform`]): XLA:CPU (XLA's "Host"), CUDA ("CUDA") and, in a library built
-//! with the cargo feature `rocm`, ROCm ("ROCM"): the same generic GPU runtime
-//! (`kernels::gpu::xla`) for CUDA and HIP, each with its own state.
-//!
-//! Each handler is a C function over [`kernels::ffi_handler::dispatch`] with the platform's
-//! runtime; `ffi::xla_ffi::guard_with_traits` answers the metadata probe and turns errors
-//! and panics into XLA errors.
+//! The typed-FFI handlers XLA calls for Peerless custom calls, one per [`Platform`] (XLA:CPU, CUDA and, with feature
+//! `rocm`, ROCm) and target, and the per-platform facts the pass needs (peer access, free device memory). Each handler
+//! is a C function over [`kernels::ffi_handler::dispatch`] under `ffi::xla_ffi::guard_with_traits`.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -1,12 +1,6 @@
-//! Thunks: plain-data collective configs, the custom-call contract between the pass and
-//! the handlers, and the handlers' phases.
-//!
-//! The emitter's decision layer produces what a collective is ([`CollectiveConfig`]) and
-//! how it will run ([`Decision`]); the pass writes it into a Peerless custom call
-//! ([`custom_call`]); XLA's FFI handlers (`kernels::ffi_handler`, beside the runtimes) read
-//! it back and drive a platform's runtime through XLA's phases; [`runtime`] holds what the
-//! running process tells them (its job, its topology). Nothing here refers to a particular
-//! device, and nothing here depends on the device or FFI layers.
+//! Thunks: plain-data collective configs ([`CollectiveConfig`], [`Decision`]), the custom-call contract between the pass
+//! and the handlers ([`custom_call`]), and what the running process tells the handlers ([`runtime`]). Nothing here
+//! refers to a particular device or depends on the device or FFI layers.
 
 pub mod custom_call;
 pub mod peers;

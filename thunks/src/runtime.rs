@@ -1,22 +1,9 @@
-//! What Peerless's FFI handlers take from the process they run in rather than from the
-//! compiled module, so that a module compiled by one run (and kept in a persistent
-//! compilation cache) runs correctly in another:
-//!
-//! - the job's token (`jax.distributed`), which names the shared memory of groups across
-//!   processes: the running job's ([`set_job`], [`job`]), never the compiling one's;
-//! - which executable a group across processes belongs to: its `instance` is the same in
-//!   every process and run (it hashes the module and the instruction), so the how-manyth
-//!   instantiation of that instance in this process tells two executables of one module
-//!   apart ([`next_occurrence`], [`shared_key`]); SPMD processes load the same executables
-//!   in the same order, so every process counts alike;
-//! - the pass's decisions for executables this process did not compile (a cache hit):
-//!   every Peerless custom call carries its decision lines, registered when XLA
-//!   instantiates it ([`instantiated`]) unless the pass reported them in this process
-//!   ([`reported`]); `stats()` collects them with [`take_decisions`].
-//!
-//! Decision lines are the pass's report format: op, instruction, dtypes, bytes, groups,
-//! kernel (1/0), implementation, reason, tab-separated, one per line; [`take_decisions`]
-//! puts the platform first.
+//! What Peerless's FFI handlers take from the running process rather than the compiled module, so a module from a
+//! persistent compilation cache runs correctly in another run: the job's token ([`set_job`], [`job`]), a shared
+//! instance's occurrence ([`next_occurrence`], [`shared_key`]; SPMD processes load executables in one order, so every
+//! process counts alike) and the decisions of executables compiled elsewhere ([`instantiated`], [`reported`],
+//! [`take_decisions`]). Decision lines are the pass's report format: tab-separated op, instruction, dtypes, bytes,
+//! groups, kernel (1/0), implementation, reason; [`take_decisions`] puts the platform first.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Mutex, PoisonError, RwLock};

@@ -1,24 +1,8 @@
-//! `peerless bench`: one collective module per (op, dtype, size), built here as a binary
-//! HloModuleProto and run through XLA's own PJRT plugin (the plugin [`crate::xla_run`]
-//! finds and loads, with Peerless's typed-FFI handlers registered in it) once per [`Impl`]
-//! asked for, each a separate compile of the same module. On one device every collective
-//! of the pass's implementations is forced onto a kernel (`--<op>_backend=kernel`) so the
-//! handlers run; [`Impl::XlaKernels`] goes through `CompileOptionsProto.env_option_overrides`
-//! (XLA knows ALL_REDUCE and ALL_GATHER): CUDA plugin only, a skipped row elsewhere.
-//!
-//! The module is in replica mode (`num_replicas = n`, an n×1 device assignment, as
-//! `xla_run` compiles replicas). With `chain = K` it holds K collectives of the op, one after
-//! another, never combined ([`module`]); times are per collective.
-//!
-//! Each executable runs once on integer-valued inputs (small enough that every sum is exact
-//! in bf16) and every device's result is compared exactly with a host-computed one; a wrong
-//! result or a failed compile is an error row, never timed. Then `samples` samples of
-//! `iters` executes each (inputs stay on the devices; every execute returns when all devices
-//! finished: `ffi::pjrt::client::Executable::execute` awaits each device's completion
-//! event), and the median time per collective. The implementations of one module are all
-//! compiled and checked first and their samples then taken in turn (one of each, `samples`
-//! times), so a load that comes and goes on the machine weighs on each alike; with
-//! `sample_ms` a sample runs as many executes as take about that long instead of `iters`.
+//! `peerless bench`: one collective module per (op, dtype, size), built here as a binary HloModuleProto in replica mode
+//! and compiled through XLA's PJRT plugin once per [`Impl`]; with `chain = K`, K collectives one after another
+//! ([`module`]), times per collective. Each executable's results are first checked exactly against host-computed ones
+//! (a wrong result or failed compile is an error row, never timed); samples of the implementations are then interleaved,
+//! so a passing load weighs on each alike, and the median reported. ARCHITECTURE.md ("tools") has the overview.
 
 use std::path::PathBuf;
 use std::time::Instant;

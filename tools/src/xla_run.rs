@@ -1,20 +1,9 @@
-//! `peerless run --backend xla`: a module run by XLA's own PJRT plugin, with Peerless's
-//! collective pass applied to it first and Peerless's typed-FFI handlers registered in
-//! that plugin, so the collectives the pass takes run on Peerless's protocols inside XLA.
-//!
-//! The module is prepared as `hlo-tests/gen_goldens.py` prepares XLA's goldens: replicas
-//! get `num_replicas = N` and an N×1 device assignment; partitions get `num_partitions = N`,
-//! SPMD partitioning and a 1×N assignment, with every instruction (the pass's custom calls
-//! included: the pass runs first) marked `sharding={manual}` so that the partitioner leaves
-//! the per-partition program as written. The device assignment is also written into the
-//! module, where the pass reads it (as it does inside XLA, after XLA set it).
-//!
-//! What XLA:CPU's PJRT client does not take is adapted: an entry with a nested tuple result
-//! or tuple parameters is flattened first (`flatten`), its arguments passed as leaves and
-//! its results nested back; 4-bit integers cross one per byte ([`buffer_type`] maps the f8
-//! and 4-bit types). JAX's own modules (they carry shardings) compile as `jax.jit` compiles
-//! them: output shardings propagated, and the Shardy form with XLA's Shardy partitioner
-//! ([`module_compile_options`]).
+//! `peerless run --backend xla`: a module run by XLA's own PJRT plugin, with Peerless's pass applied first and its FFI
+//! handlers registered in the plugin. The module is prepared as `hlo-tests/gen_goldens.py` prepares XLA's goldens
+//! (replicas: an N×1 assignment; partitions: SPMD, 1×N, every instruction `sharding={manual}`; the assignment written
+//! into the module, where the pass reads it); JAX's own modules compile as `jax.jit` compiles them
+//! ([`module_compile_options`]). What XLA:CPU's client does not take (nested tuple results, tuple parameters) is
+//! flattened (`flatten`); [`buffer_type`] maps the f8 and 4-bit types.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

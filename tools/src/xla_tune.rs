@@ -1,18 +1,8 @@
-//! `peerless tune`: measures, through XLA as `peerless bench` does ([`crate::xla_bench`]),
-//! every Peerless algorithm of each collective kind against XLA's own path, per dtype class,
-//! group size and size, and writes the tuning profile the pass reads
-//! ([`emitter::tuning`]). Every row's result is checked before it is timed; a wrong result
-//! fails the tune (no profile is written from it).
-//!
-//! Per group size g (a module over the first g devices, one group of g): all-reduce as XLA's,
-//! forced onto the one-shot kernel and forced onto the two-shot kernel at every size; the
-//! other kinds as XLA's and as the pass without a profile decides (their direct kernel).
-//! Timing is the bench's (alternating samples, each after a warm-up execute); a close call,
-//! the fastest kernel and XLA within [`CLOSE`] of each other, gets [`REFINE_SAMPLES`] times
-//! the samples. Where two neighbouring sizes have different winners the crossover lies between
-//! them: their geometric midpoint is measured too (once; the pass takes a kernel between two
-//! sizes only where it won at both). The profile's key names the devices' kind as the client
-//! reports it.
+//! `peerless tune`: measures, as `peerless bench` does ([`crate::xla_bench`]), every Peerless algorithm of each kind
+//! against XLA's path per dtype class, group size and size, and writes the profile the pass reads ([`emitter::tuning`]).
+//! A wrong result fails the tune. A close call (within [`CLOSE`]) gets [`REFINE_SAMPLES`] times the samples; where
+//! neighbouring sizes have different winners their geometric midpoint is measured too (the pass takes a kernel between
+//! two sizes only where it won at both).
 
 use std::fmt::Write as _;
 use std::path::PathBuf;

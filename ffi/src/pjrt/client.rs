@@ -1,20 +1,8 @@
-//! A small PJRT client over an [`InnerPlugin`]'s function table: create a client, list its
-//! devices, compile an HLO module, move arrays in and out and run an executable on several
-//! devices at once. `peerless run --backend xla` runs modules through it
-//! (`tools::xla_run`).
-//!
-//! Written against `pjrt_sys` (PJRT 0.54's C header). The plugins are newer (0.115): the
-//! table only grows at its end and every args struct carries its size, so the 0.54 prefix
-//! is called as is. The `pjrt` crate (0.2.0) would have been the client, but its
-//! `LoadedExecutable::call_execute` hands every device the same output list
-//! (`vec![Some(output_inner.as_slice()); num_devices]`), so with N > 1 devices the plugin
-//! writes every device's outputs into one array and all but the last device's are lost;
-//! and it exposes no raw pointers to make that one call beside it.
-//!
-//! Args structs: a plugin refuses an args struct smaller than its own version's
-//! (`Unexpected PJRT_Client_Create_Args size: expected 88, got 72`), so every call passes
-//! its 0.54 struct followed by zeros ([`Padded`]) and a `struct_size` covering both: the
-//! fields appended since 0.54 read as zero, which is "not set" for each of them.
+//! A small PJRT client over an [`InnerPlugin`]'s table (create, list devices, compile, move arrays, execute on several
+//! devices at once), which `peerless run --backend xla` uses. Written on `pjrt_sys`'s 0.54 structs; the plugins are
+//! newer, and refuse an args struct smaller than their own, so each call passes its 0.54 struct followed by zeros
+//! ([`Padded`]): newer fields read as "not set". Not the `pjrt` crate: its `call_execute` hands every device the same
+//! output list, so with N > 1 devices all but the last device's outputs are lost.
 
 use std::ffi::c_void;
 use std::ptr::null_mut;

@@ -1,17 +1,8 @@
-//! Collectives whose members share one GPU, run through the XLA runtime's own plans
-//! ([`LocalCall`]: the same instances, copy-engine operations and kernel launches EXECUTE
-//! enqueues), without XLA: what `peerless bench --members-on-one-gpu N` runs on a machine with
-//! one GPU, and what the GPU tests prove the copy-engine forms with.
-//!
-//! - [`check`]: every form (all-gather and all-to-all along either dimension, tuple
-//!   all-to-all, permute as a ring and with missing sources and self pairs), every computable
-//!   element type, each algorithm (the copy engines and today's kernels), against a host
-//!   reference bit for bit, eagerly and replayed from CUDA graphs with fresh operands each time.
-//! - [`time`]: µs per call of each algorithm, rounds interleaved, and with `beside_gemm` what a
-//!   bf16 GEMM (8192³, cuBLAS) keeps of its speed alone while the call runs over and over.
-//!
-//! Members on one GPU share its memory and copy engines, so times are those of all members'
-//! work on one GPU (a proxy for one GPU's share on a node, never for NVLink).
+//! Collectives whose members share one GPU, run through the XLA runtime's own plans ([`LocalCall`]) without XLA: what
+//! `peerless bench --members-on-one-gpu N` and the GPU tests of the copy-engine forms run. [`check`]: every form, element
+//! type and algorithm against a host reference bit for bit, eagerly and replayed from CUDA graphs; [`time`]: µs per call,
+//! rounds interleaved, and with `beside_gemm` what a bf16 GEMM keeps of its speed. Members share the GPU's memory and
+//! copy engines, so times are a proxy for one GPU's share on a node, never for NVLink.
 
 use std::time::Instant;
 

@@ -1,18 +1,8 @@
-//! The GPU backends' common layer, written once over the device-layer trait [`ffi::gpu::Gpu`]
-//! (CUDA: `ffi::cuda::Cuda`; ROCm: `ffi::hip::Hip`) plus [`Backend`], what each vendor adds:
-//! how its kernels are compiled and what its device target is called.
-//!
-//! Here: one [`Clique`] of local GPUs (a context, a stream and the kernel modules per device),
-//! peer access enabled once per pair and checked by a real cross-device write/read probe
-//! (`pl_probe`), the launch geometry and signal sizing, the kernel sources (one tree, compiled by NVRTC or hipRTC through
-//! `peerless_device.h`) and the kernels' argument structs ([`args`], the kernels' C ABI; the
-//! tests' raw-buffer launchers build them too).
-//! The runtime behind XLA's FFI handlers ([`xla`]: `GpuRuntime<B>`) is written once here too.
-//! `crate::cuda` and `crate::rocm` hold only their compilers, their [`Backend`] impls, the
-//! per-vendor state of that runtime and their names for it (`CudaRuntime`, `RocmRuntime`).
-//!
-//! Every device call goes through `ffi` and returns an error naming the call and the device;
-//! nothing here panics on a missing library or device.
+//! The GPU backends' common layer, written once over [`ffi::gpu::Gpu`] and [`Backend`] (how a vendor compiles kernels
+//! and names its targets): the [`Clique`] of local GPUs with peer access proven by `pl_probe`, launch geometry, the
+//! kernels' argument structs ([`args`]) and the runtime behind XLA's handlers ([`xla`]). `crate::cuda` and
+//! `crate::rocm` hold only their compilers, `Backend` impls and runtime state. Every device call returns an error naming
+//! the call and the device; nothing here panics on a missing library or device. ARCHITECTURE.md ("GPU layer").
 
 pub mod args;
 mod units;

@@ -1,18 +1,9 @@
-//! Compilation units of the kernel sources: what one NVRTC or hipRTC program builds.
-//!
-//! Compiling the whole kernel set (every element type × reduction × algorithm) took NVRTC
-//! about 150 s on an H100 host, which a process paid before its first collective. A unit is
-//! either the kernels of no element type ([`Unit::Base`]: the exchange, the contiguous
-//! all-gather and the peer probe) or one reduction specialization ([`Unit::Spec`]: its
-//! one-shot, one-shot-many, two-shot and reduce-scatter kernels), so a process compiles only
-//! the specializations it launches, each in a fraction of a second. `collectives.cu` selects
-//! a unit with `PL_UNIT_BASE` / `PL_UNIT_SPEC`; the fused one-shot all-reduce + RMSNorm
-//! ([`Kernel::OneShotNorm`]) is a unit of its own per float type, for sums only; with neither it still instantiates everything
-//! (what `hipcc` checks in CI).
-//!
-//! Every unit has a [`key`]: a SHA-256 of the sources, the launch constants and the unit, so a
-//! stored code object (the prebuilt bundle, the disk cache) made from other sources is never
-//! loaded.
+//! Compilation units of the kernel sources: what one NVRTC or hipRTC program builds. The whole set took NVRTC about 150 s
+//! on an H100 host, so a unit is the kernels of no element type ([`Unit::Base`]) or one reduction specialization
+//! ([`Unit::Spec`]; the fused all-reduce + RMSNorm, [`Kernel::OneShotNorm`], is its own per float type), and a process
+//! compiles only what it launches. `collectives.cu` selects a unit with `PL_UNIT_BASE` / `PL_UNIT_SPEC`; with neither it
+//! instantiates everything (what `hipcc` checks in CI). A unit's [`key`] hashes the sources, the launch constants and the
+//! unit, so a stored code object made from other sources is never loaded.
 
 use std::collections::HashMap;
 use std::sync::OnceLock;

@@ -1,18 +1,8 @@
-//! The host protocol within one process: what XLA:CPU's FFI handlers run on XLA's own
-//! buffers when every member of a group is a device of this process.
-//!
-//! XLA:CPU runs each device's program on its own thread, in one address space, so "peer
-//! access" is a pointer. Each rewritten collective ([`DirectCollective`], one per custom call
-//! of an executable) runs the protocol of [`super::protocol`] on a [`DirectSlot`]: per group
-//! member two staging buffers (by epoch parity) and its flag words, and per group a mutex and
-//! a condition variable, on which waiting members sleep (8 device threads may share 2 cores);
-//! whoever changes what they wait for wakes them. A barrier is decided under the mutex: the
-//! last to arrive completes it, a member whose deadline passes first breaks the epoch for
-//! every member in it, now or later. The two-shot runs in place: members publish their
-//! operands' and results' addresses at barrier 0 and meet again at barrier 1.
-//!
-//! Several collectives may share a slot ([`DirectCollective::on_slot`]; the protocol's module
-//! docs say when). Collectives XLA may run concurrently get different slots.
+//! The host protocol within one process: XLA:CPU runs each device's program on its own thread in one address space, so
+//! peer access is a pointer. Each rewritten collective ([`DirectCollective`]) runs [`super::protocol`] on a
+//! [`DirectSlot`] (per member two staging buffers and flag words; per group a mutex and a condition variable, since 8
+//! device threads may share 2 cores); a barrier is decided under the mutex. The two-shot runs in place between barriers 0
+//! and 1. Several collectives may share a slot ([`DirectCollective::on_slot`]). ARCHITECTURE.md ("Host protocol").
 
 use std::alloc::{Layout, alloc_zeroed, dealloc};
 use std::ptr::NonNull;

@@ -1,39 +1,11 @@
-//! The host protocol, written once over two meeting places: what a rewritten collective
-//! computes ([`Plan`]) and how its members meet to compute it ([`run`]), whatever memory
-//! they meet in ([`Place`]): the device threads of one process ([`super::direct`]) or the
-//! processes of one host ([`super::shm`]). The two places differ only in where staging
-//! buffers and flag words live, how a member waits (a condition variable; polling shared
-//! memory) and how a group decides a barrier (under a mutex; one compare-and-swap), so the
-//! two agree bit for bit.
+//! The host protocol, written once over two meeting places: what a rewritten collective computes ([`Plan`]) and how its
+//! members meet to compute it ([`run`]), whatever memory they meet in ([`Place`]): the device threads of one process
+//! ([`super::direct`]) or the processes of one host ([`super::shm`]). The places differ only in where staging and flag
+//! words live, how a member waits and how a group decides a barrier, so the two agree bit for bit.
 //!
-//! A call of member `i` of a group, epoch `e` (counted per member, never reset):
-//!
-//! 1. waits until every member finished epoch `e - 2` (then nobody reads its buffer `e % 2`;
-//!    always true after a normal barrier, and what keeps the argument sound after a timeout);
-//! 2. copies its operands into its staging buffer `e % 2` (peers never write XLA's buffers,
-//!    and read them only in the in-process two-shot, which publishes its operands' addresses
-//!    instead and keeps them alive until barrier 1; so a rank that returns early, with a
-//!    timeout at barrier 0, cannot leave a peer using memory XLA has reused);
-//! 3. arrives at barrier 0 and waits for every member of its group (bounded by the call's
-//!    timeout; the error names the ranks that never came, and breaks the epoch for every
-//!    member in it, now or later; the next epoch starts clean);
-//! 4. computes its own results from the members' staging buffers ([`Plan::compute`]:
-//!    group-order folds, rotated pulls); the in-process two-shot reduces slice `i` of every
-//!    member's operand into every member's result, then meets at barrier 1;
-//! 5. marks epoch `e` finished, however the call ended.
-//!
-//! Why one barrier suffices: a member writes staging buffer `e % 2` again only at epoch
-//! `e + 2`, after step 1 saw every member finish `e`. A collective-permute has no barrier: a
-//! source waits until its target consumed epoch `e - 2`, stages and posts `e`; its target
-//! waits for the post, copies, and marks it consumed (also when it gives up); devices
-//! nothing targets write zeros.
-//!
-//! Staging, flags and epochs belong to the place, which several collectives may share (a
-//! slot): the argument is about the sequence of calls on it, not about which collective a
-//! call is, so it holds for any collectives that every member calls in one order, each with
-//! its own plan, as long as the buffers hold the largest of their staged messages. Which
-//! collectives may share (the pass's rule in `emitter::xla_pass`): same groups (a permute:
-//! same pairs), one computation, and each a data-dependency ancestor of the next.
+//! Per epoch `e` a member waits for every member to finish `e - 2`, stages into buffer `e % 2`, meets at barrier 0,
+//! computes from the members' staging and marks `e` finished. Why one barrier suffices, and why slots may share staging:
+//! docs/RELIABILITY.md ("The host protocol"); the invariants are in ARCHITECTURE.md ("Host protocol").
 
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};

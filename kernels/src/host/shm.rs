@@ -1,74 +1,11 @@
-//! The host protocols between the processes of one host, over POSIX shared memory: what
-//! XLA:CPU's FFI handlers run when a group spans devices of several processes
-//! (`jax.distributed`, e.g. 2 processes × 4 CPU devices).
+//! The host protocol between the processes of one host, over POSIX shared memory: what XLA:CPU's FFI handlers run when
+//! a group spans devices of several processes (`jax.distributed`, e.g. 2 processes × 4 CPU devices).
 //!
-//! [`ShmCollective`] is the cross-process analogue of [`super::direct::DirectCollective`]:
-//! the same plan and protocol ([`super::protocol`]). Only where members meet differs: each
-//! collective instance has one shared segment, which every process owning a member device
-//! maps; members meet through atomics in it, and peers'
-//! operands are read from their staging buffers in it (another process's XLA buffers are
-//! out of reach).
-//!
-//! # Segment
-//!
-//! Named `/peerless-{job}-{instance:016x}`: the job's unguessable token (hex, from its
-//! distributed KV store) and a per-collective key every process derives identically
-//! ([`ShmKey`]). Collectives of one pass-assigned slot (same groups or pairs,
-//! chained by data dependencies, so every member runs them in one order) share one segment
-//! ([`ShmCollective::on_slot`]), keyed by the slot and mapped once per process, with staging
-//! buffers of the slot's size; the argument below is about the sequence of calls on a
-//! segment, whichever collective each is. Created `0600`. Layout, every part 64-byte aligned:
-//!
-//! - header: magic, layout version, total size, a fingerprint of the plan, and the
-//!   `attached` word (processes that attached, those still attached, closed);
-//! - per group: two decision words, by epoch parity;
-//! - per member: its flags (epoch, finished, arrived; posted and consumed for a permute)
-//!   and two "missing members" masks, by epoch parity;
-//! - per member: two staging buffers of the plan's staging size, by epoch parity.
-//!
-//! # Protocol
-//!
-//! [`super::protocol`]'s, with flag words in the segment. A barrier is decided in the
-//! group's decision word of parity `e % 2`: a member that sees every `arrived[k] >= e`
-//! (Acquire) swaps in "e complete"; a member whose deadline passes first writes the members
-//! it misses into its mask and swaps in "e broken by i". One compare-and-swap decides, so
-//! every member of the epoch, including one that comes later, gets the same outcome. The
-//! double-buffering argument covers the decision words and masks of parity `e % 2` too: a
-//! member decides epoch `e + 2` only after every member finished `e`, so nobody still
-//! deciding `e` can see them change. Acquire/Release pairs order staging writes before the
-//! reads they enable.
-//!
-//! The two-shot all-reduce runs as the one-shot here: its second shot reads peers'
-//! operands in place, which lie in other processes' memory. The one-shot folds the same
-//! members in the same order for every element, so its results are the same bits.
-//! A collective-permute device without a peer never touches the segment.
-//!
-//! Waits spin briefly, then yield, then sleep with a growing backoff (at most 1 ms), and
-//! end at the call's deadline; a timeout unlinks the name too (below).
-//!
-//! # Lifecycle, cleanup and isolation
-//!
-//! [`ShmCollective::new`] opens the segment (`O_CREAT`, sized by whoever finds it empty),
-//! checks its size (another size: [`Error::Invalid`], the segment belongs to
-//! another collective), reserves its pages (a full `/dev/shm` is an error now, not a
-//! `SIGBUS` later), maps it, checks the header (set by the first to come; a different
-//! magic, version, size or plan is `Invalid` too), and counts itself in `attached`. The
-//! process whose attach completes the count of participating processes unlinks the name:
-//! from then on the segment lives only as long as some process maps it, so a crash leaves
-//! nothing in `/dev/shm`. Timeouts unlink too (a process that never attaches makes the
-//! others time out, and the name goes with them; a process attaching after a peer gave
-//! up gets a fresh segment and times out in turn). `Drop` unmaps, and unlinks only when it
-//! is the last attached process to leave while some participant never came: a process
-//! whose groups are done may not take the name from a slow process of another group that
-//! still has peers waiting for it in the segment. That last process closes the segment in
-//! the same atomic step that counts it out, so a process that opened the name just before
-//! the unlink sees it closed and opens a fresh one instead of waiting alone. A process
-//! that owns no participating device maps nothing.
-//!
-//! The segment is the only thing processes share. Only processes of the same user can open
-//! it, and only while it has a name; the job token keeps other jobs from guessing it. The
-//! protocol trusts the processes of its job: one that writes the segment outside the
-//! protocol can corrupt its peers' results, as a device thread could in `direct.rs`.
+//! [`ShmCollective`] is the cross-process analogue of [`super::direct::DirectCollective`]: the same plan and protocol
+//! ([`super::protocol`]), with staging and flag words in one shared segment per slot or collective, named by the job's
+//! token and a [`ShmKey`]. ARCHITECTURE.md ("Host protocol") has the invariants; the segment layout, the barrier decision
+//! and the lifecycle argument (who unlinks the name, and why a crash leaves nothing in `/dev/shm`) are in
+//! docs/RELIABILITY.md ("Shared memory between processes").
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::ptr::NonNull;

@@ -1,36 +1,11 @@
-//! The copy-engine forms of every kind: a call's bytes move
-//! as device-to-device copies (`cuMemcpyAsync` / `cuMemcpy2DAsync`, which the driver gives
-//! the GPU's copy engines) and the members agree that a buffer is free and that data has
-//! landed with stream memory operations (`cuStreamWriteValue32` / `cuStreamWaitValue32`) on
-//! flag words. No kernel is launched and no SM is used, so a call beside a GEMM takes neither
+//! The copy-engine forms of every kind: a call's bytes move as device-to-device copies (`cuMemcpyAsync` /
+//! `cuMemcpy2DAsync`, run by the GPU's copy engines) and members agree that a buffer is free and that data has landed
+//! with stream memory operations on flag words in host memory. No kernel and no SM, so a call beside a GEMM takes neither
 //! its SMs nor its issue slots (docs/OVERLAP.md).
 //!
-//! This file builds a member's operations ([`Op`]) from plain addresses; `launch.rs` enqueues
-//! them on XLA's stream, and the unit tests run them on a model of memory with every
-//! interleaving of the members they draw.
-//!
-//! **Flag words.** An instance keeps, in page-locked host memory mapped into every GPU of the
-//! process ([`Words`]), [`STRIDE`] words per member: `ARRIVE + k` ("member k is ready for my
-//! data: its staging is free"), `DONE + k` ("member k's data has landed in my staging") and
-//! `MARK` (the code of the wait my stream is in, for the watchdog). Words are set to 1 by
-//! the writer and reset to 0 by their owner right after its wait, so every launch of a call
-//! enqueues the same values: a captured call (XLA's command buffers, CUDA graphs) replays
-//! exactly. Host memory, not device memory, because a wait that never ends must be ended by
-//! the host: the watchdog's plain store reaches a word no matter which GPU queue is blocked.
-//!
-//! **Protocol of one grouped call** (member `idx` of `g`; `send(k)` is what `idx` puts in
-//! member k's staging):
-//! 1. `Signal(ARRIVE + idx)` at every peer: my staging is free (my last copy-out was enqueued
-//!    before this, and stream order finished it).
-//! 2. My own block into my staging.
-//! 3. For each peer k in ring order from `idx + 1`: wait for `ARRIVE + k` (k's staging is
-//!    free), reset it, copy `send(k)` into k's staging, `Signal(DONE + idx)` at k (the write
-//!    follows the copy in stream order, after a fence).
-//! 4. Wait for `DONE + k` of every peer (reset each), then copy my staging to the results.
-//!
-//! A reset cannot race the next call's write of the same word: k writes `ARRIVE + k` for the
-//! next call only after its step 4, which needs my `DONE` of this call, written after my reset.
-//! Likewise for `DONE`. Permute is the same with one target and one source.
+//! This file builds a member's operations ([`Op`]) from plain addresses; `launch.rs` enqueues them on XLA's stream, and
+//! the unit tests run them on a model of memory under interleavings they draw. The flag-word protocol and why a reset
+//! cannot race the next write: docs/RELIABILITY.md ("Copy-engine flags"); invariants: ARCHITECTURE.md.
 
 /// Words per member: `ARRIVE` .. `ARRIVE + MAX_RANKS`, `DONE` .. `DONE + MAX_RANKS`, `MARK`.
 pub(super) const STRIDE: usize = 32;

@@ -308,12 +308,9 @@ pub fn decide(
     decide_tuned(module, instr_id, num_replicas, num_partitions, flags, &Tuning::none(), peers, caps)
 }
 
-/// Rules 1–7 for collective `instr_id` on `num_replicas × num_partitions` devices, on a backend
-/// with `caps`, a tuning profile deciding rule 7 where the flags leave it to it.
-///
-/// Returns the collective's plain-data config with the decision and its reason. Errors
-/// if the instruction is not a collective `-start` or synchronous collective (a `-done`
-/// half is decided with its start), if its groups or pairs are invalid for this device
+/// Rules 1–7 for collective `instr_id` on `num_replicas × num_partitions` devices with `caps`, a tuning profile
+/// deciding rule 7 where the flags leave it to it. Errors if the instruction is not a collective `-start` or
+/// synchronous collective (a `-done` is decided with its start), if its groups or pairs are invalid for this device
 /// count, or if a `kernel` backend flag forces a kernel some rule rules out.
 pub fn decide_tuned(
     module: &Module,

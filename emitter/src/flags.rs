@@ -110,13 +110,8 @@ pub enum CopyEngines {
     From(usize),
 }
 
-/// Default of `--xla_async_above_bytes`: 2× H200, 2026-11-23 — a data-parallel train step
-/// whose 2 MiB gradient all-reduce ran on a Peerless kernel in order took 403 µs against XLA's
-/// 252 µs, while latency-bound all-reduces of ≤ 256 KiB (a tensor-parallel decode layer) gain
-/// 1.5× in order. `--overlap_above_bytes` is off by default: on 4× H200, 2026-11-28,
-/// realistic training steps (403M parameters, DP and FSDP) ran 0.83× and 0.72× stock with calls
-/// above 256 KiB beside compute (the kernels compete with the GEMMs and trail NCCL from 16 MiB
-/// up), 1.00× and 1.01× without; the project's small DP step gained 1.15–1.70× with them.
+/// Default of `--xla_async_above_bytes`: above it a partitioner-made collective stays XLA's, which overlaps it with
+/// compute. The measurements behind it, and behind `--overlap_above_bytes` being off: docs/PERFORMANCE.md.
 pub const DEFAULT_XLA_ASYNC_ABOVE_BYTES: usize = 256 * 1024;
 
 /// Default of `--async_blocks`: a quarter of an H100's 132 SMs (NCCL's rings use 16–32 blocks).

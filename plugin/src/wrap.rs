@@ -92,12 +92,9 @@ fn load(path: PathBuf) -> Result<Wrapped, String> {
     Ok(Wrapped { plugin: inner, table, own_errors, platform })
 }
 
-/// Where XLA's plugin lies when nothing names it: beside this library's file, where pip
-/// installs the plugins (`site-packages/jax_plugins/peerless/libpeerless_pjrt.so` next to
-/// `jax_plugins/xla_cuda13/xla_cuda_plugin.so`, `jax_plugins/xla_rocm7/xla_rocm_plugin.so` and
-/// `lammps_jax_pjrt_cpu/`), in the order the Python package tries them; the CUDA plugins only
-/// where an NVIDIA GPU is usable, the ROCm one where an AMD GPU is (or `PEERLESS_BACKEND`
-/// names either).
+/// Where XLA's plugin lies when nothing names it: beside this library, where pip installs the plugins
+/// (`jax_plugins/xla_cuda13/`, `jax_plugins/xla_rocm7/`, `lammps_jax_pjrt_cpu/`), in the Python package's order; a
+/// GPU plugin only where such a GPU is usable (or `PEERLESS_BACKEND` names it).
 fn discover() -> Result<PathBuf, String> {
     let own = ffi::libs::own_path().ok_or("cannot tell where libpeerless_pjrt.so lies")?;
     let dir = own.parent().unwrap_or(std::path::Path::new("."));
@@ -548,12 +545,9 @@ struct OverrideEntry {
     value: Option<xla::OptionOverrideProto>,
 }
 
-/// Takes Peerless's options out of a serialized `CompileOptionsProto`: entries of
-/// `env_option_overrides` named like a Peerless flag (`all_reduce_backend`, ...) or
-/// `peerless_flags` (a flag string). Returns None when there are none (the bytes go to XLA
-/// untouched), else the flags (`--name=value`, checked) and the options without them. Every
-/// other byte is kept as it is, fields this build does not know included (the message is
-/// edited on the wire, not decoded and re-encoded). Other names stay for XLA to judge.
+/// Takes Peerless's options out of a serialized `CompileOptionsProto`: `env_option_overrides` entries named like a
+/// Peerless flag, or `peerless_flags`. None when there are none (the bytes go to XLA untouched), else the checked flags
+/// and the options without them, edited on the wire so unknown fields are kept; other names stay for XLA to judge.
 pub fn split_compile_options(bytes: &[u8]) -> Result<Option<(Vec<String>, Vec<u8>)>, String> {
     use hlo::wire::{WireType, fields};
     use prost::Message;

@@ -176,14 +176,10 @@ pub fn register_in(inner: &ffi::pjrt::InnerPlugin, platform: Platform) -> Result
     Ok(xla_platform)
 }
 
-/// The peer-access table the pass decides with on GPU `platform` (CUDA; ROCm, on HIP ordinals,
-/// in a ROCm build) under the target policy (`allow_unsafe`: `--allow_unsafe_peer_targets`):
-/// the runtime's probe of the process's GPUs (kept from an earlier process on the same GPUs
-/// and driver, else probed now, opening them once per process), on device ids (`ordinals`: this process's device
-/// id → ordinal, where the process does not own every device; `None`: ids are ordinals), or a
-/// table with no links when the GPUs cannot be opened or this library has no such GPU runtime
-/// (every collective then stays XLA's, with that reason). (On CPU every device reaches every
-/// other: `xla_pass::Peers::Shared`.)
+/// The peer-access table the pass decides with on GPU `platform` under the target policy (`allow_unsafe`): the
+/// runtime's probe of the process's GPUs (kept on disk for the same GPUs and driver, else probed now), on device ids
+/// (`ordinals`: id → ordinal where the process does not own every device; `None`: ids are ordinals). With no GPUs to
+/// open or no such runtime, a table with no links: every collective then stays XLA's, with that reason.
 pub fn gpu_peer_table(
     platform: Platform,
     ordinals: Option<&BTreeMap<usize, usize>>,

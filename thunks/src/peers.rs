@@ -60,12 +60,9 @@ impl fmt::Display for HostTopology {
     }
 }
 
-/// GPU targets whose cross-device atomics are known not to be visible to peers while
-/// kernels run, with why: Peerless's kernels synchronise through system-scope flags in
-/// peers' memory, so on these targets every cross-device link counts as missing (the
-/// collective uses the fallback) unless `--allow_unsafe_peer_targets=true`. XLA excludes
-/// MI200 from its collective kernels for the same reason (`has_peer_visible_atomics()`,
-/// openxla/xla#48069).
+/// GPU targets whose cross-device atomics are not visible to peers while kernels run, with why: Peerless's kernels
+/// synchronise through system-scope flags in peers' memory, so there every link counts as missing unless
+/// `--allow_unsafe_peer_targets=true`. XLA excludes MI200 from its collective kernels likewise (openxla/xla#48069).
 pub const PEER_ATOMICS_NOT_VISIBLE: &[(&str, &str)] =
     &[("gfx90a", "MI200-class: cross-device atomics are not visible to peers (openxla/xla#48069)")];
 

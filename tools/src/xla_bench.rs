@@ -199,7 +199,8 @@ pub enum Impl {
     TwoShot,
     /// XLA's own collective (NCCL on GPU).
     Xla,
-    /// XLA's own collective kernels (`xla_gpu_experimental_use_collective_kernels`).
+    /// XLA's own collective kernels (`xla_gpu_experimental_use_collective_kernels`, through
+    /// `env_option_overrides`): CUDA plugin only, a skipped row elsewhere.
     XlaKernels,
     /// Every kind's copy-engine form at every size (`--copy_engines=0`; CUDA only): the
     /// bytes move on the copy engines, reductions fold with one small local kernel.
@@ -453,16 +454,11 @@ impl Report {
 
 // ---- the module -------------------------------------------------------------------------
 
-/// The bench module: `chain` collectives `op` over all `n` replicas of `elems`-element
-/// operands, written as HLO text and encoded by the `hlo` crate. All-to-all and permute feed
-/// each collective the previous one's result and return the last; the others run collective
-/// k on parameter k after collective k − 1 and return the tuple of all of them (`chain` > 1).
-/// The order is a data dependency, not a control one: collective k's operand is element 0 of
-/// `opt-barrier((p_k, c_{k-1}))`, which no XLA pass can see through or reorder and which costs
-/// nothing at run time. (Control dependencies crash XLA:CPU of jaxlib 0.11.2 on all-to-alls,
-/// SIGSEGV, and fail XLA:CUDA's compile of all-reduces: a RET_CHECK, "cannot remove
-/// instruction", when it makes them async.) Being data-ordered, the chain's collectives share
-/// one staging slot, as a real program's chained collectives do.
+/// The bench module: `chain` collectives `op` over all `n` replicas of `elems`-element operands, as HLO text encoded by
+/// `hlo`. Collective k takes the previous result (all-to-all, permute) or parameter k after collective k − 1 through
+/// `opt-barrier((p_k, c_{k-1}))`: a data dependency no XLA pass sees through, free at run time, so the chain shares one
+/// staging slot as a real program's does. (Control dependencies crash XLA:CPU of jaxlib 0.11.2 on all-to-alls and fail
+/// XLA:CUDA's compile of async all-reduces.)
 pub fn module(op: Op, ty: Dtype, elems: usize, n: usize, chain: usize) -> Vec<u8> {
     let (t, name) = (ty.name(), op.name());
     let (arg, out) = (format!("{t}[{elems}]"), format!("{t}[{}]", op.result_elems(elems, n)));

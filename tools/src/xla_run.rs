@@ -106,10 +106,8 @@ pub fn plugin(path: &Path, platform: Platform) -> Result<&'static InnerPlugin, S
     Ok(inner)
 }
 
-/// A client of `inner` and its devices (XLA:CPU's count is its `cpu_device_count` create
-/// option, set to `cpu_devices`). Records the devices' kind (XLA's name, "NVIDIA H200"), as
-/// the wrapper does for the clients XLA makes: the pass looks its tuning profile up by it
-/// ([`prepare`]).
+/// A client of `inner` and its devices (XLA:CPU's count: `cpu_devices`). Records the devices' kind ("NVIDIA H200"), as
+/// the wrapper does for clients XLA makes, since the pass finds its tuning profile by it ([`prepare`]).
 pub fn client(
     inner: &'static InnerPlugin,
     platform: Platform,
@@ -169,14 +167,9 @@ pub fn uses_shardy(module: &hlo::Module) -> bool {
             .any(|i| i.attrs.custom_call_target.as_deref().is_some_and(|t| t.starts_with("xla.sdy.")))
 }
 
-/// [`compile_options`] for `module` (`bytes`, its binary proto) as JAX compiles its own
-/// modules: one that carries shardings (JAX's GSPMD or Shardy form, run in partition
-/// mode) may have its outputs' shardings propagated (`allow_spmd_sharding_propagation_to_output`,
-/// what `jax.jit` sets for unspecified `out_shardings`: the results come back as each
-/// device's shard, not gathered), and a Shardy-form one is compiled with
-/// `use_shardy_partitioner`, so XLA:CPU imports it (`xla.sdy.*` round trip) and partitions
-/// it with Shardy. XLA aborts the process when Shardy meets a GSPMD-form module, so only
-/// modules in Shardy form get it.
+/// [`compile_options`] for `module` (`bytes`, its binary proto) as JAX compiles its own: a module with shardings may
+/// have its outputs' shardings propagated (what `jax.jit` sets for unspecified `out_shardings`: results come back as
+/// shards), and one in Shardy form gets `use_shardy_partitioner` (only those: XLA aborts when Shardy meets GSPMD form).
 pub fn module_compile_options(
     module: &hlo::Module,
     bytes: &[u8],
@@ -235,12 +228,9 @@ fn manualize(module: &[u8]) -> Result<Vec<u8>, String> {
     })
 }
 
-/// The module as XLA gets it: device assignment set, the pass applied, and (partitions)
-/// every instruction manual. `flags`: Peerless flags as `--name=value`. The module is
-/// edited on the wire: fields this build's copy of XLA's protos does not know (the
-/// replica groups' `collective_device_list`, ...) pass through. The pass looks its tuning
-/// profile up by the devices' kind recorded for `platform`
-/// ([`plugin::xla_inside::record_device_kind`]: [`run`] records its client's).
+/// The module as XLA gets it: device assignment set, the pass applied (`flags`: `--name=value`), and (partitions) every
+/// instruction manual, edited on the wire so fields this build's protos do not know pass through. The pass finds its
+/// tuning profile by the devices' kind recorded for `platform` ([`plugin::xla_inside::record_device_kind`]).
 pub fn prepare(
     bytes: &[u8],
     mode: Mode,

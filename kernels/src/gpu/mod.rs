@@ -27,11 +27,9 @@ pub const BLOCKS: u32 = thunks::MAX_COLLECTIVE_BLOCKS;
 pub const DEFAULT_GRID: u32 = thunks::DEFAULT_COLLECTIVE_BLOCKS;
 /// Threads per block (the kernels' `__launch_bounds__`).
 pub const THREADS: u32 = 512;
-/// Blocks for a collective launch that moves `units` 16-byte units per device and phase:
-/// one thread per unit up to `max_grid` blocks (at least one, at most [`BLOCKS`]). Small
-/// messages get one block, so one block's flags make the whole barrier, and large ones
-/// spread over `max_grid` blocks with several units per thread. Every rank of a collective
-/// computes the same grid from the same size, which the per-block barriers need.
+/// Blocks for a launch moving `units` 16-byte units per device and phase: a thread per unit up to `max_grid` blocks (at
+/// least one, at most [`BLOCKS`]), so small messages barrier on one block's flags. Every rank computes the same grid
+/// from the same size, which the per-block barriers need.
 pub fn grid(units: u64, max_grid: u32) -> u32 {
     let max = max_grid.clamp(1, BLOCKS);
     units.div_ceil(u64::from(THREADS)).clamp(1, u64::from(max)) as u32

@@ -291,15 +291,11 @@ fn fingerprint(text: &str) -> u64 {
     h.max(1)
 }
 
-/// A one-time meeting of the processes of one host: each device of `devices` posts `slot`
-/// bytes (its owner process posts for it), and everyone gets every device's. The device
-/// layer exchanges its IPC handles this way (the CUDA handlers run inside XLA, without
-/// Python's key-value store; processes of a host share memory by the topology's
-/// definition). `name` names the segment like a collective's (job token + instance, with a
-/// suffix); `processes` = the number of distinct processes owning `devices`. The segment
-/// is unlinked as soon as every process has attached, or by the last to leave on timeout.
-/// Fails with [`Error::ExchangeMissing`] naming the devices whose processes never posted
-/// ([`Error::missing`]), or [`Error::Segment`] when the segment cannot be used.
+/// A one-time meeting of the processes of one host: each device of `devices` posts `slot` bytes (its process posts for
+/// it) and everyone gets every device's; the GPU runtime exchanges its IPC handles so, inside XLA, without Python's
+/// key-value store. `name` names the segment like a collective's; `processes` counts the distinct processes owning
+/// `devices`. The name is unlinked once every process attached, or by the last to leave on timeout. Fails with
+/// [`Error::ExchangeMissing`] naming the devices never posted ([`Error::missing`]), or [`Error::Segment`].
 pub fn exchange(
     name: &str,
     devices: &[usize],

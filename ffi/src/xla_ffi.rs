@@ -37,7 +37,7 @@ pub const COMMAND_BUFFER_COMPATIBLE: Traits = sys::XLA_FFI_HANDLER_TRAITS_COMMAN
 // ---------------------------------------------------------------------------------------------
 // Errors
 
-/// Every failure a handler can report; [`guard`] hands it to XLA with [`HandlerError::code`].
+/// Every failure a handler can report; [`guard_with_traits`] hands it to XLA with [`HandlerError::code`].
 #[derive(Debug, thiserror::Error, Clone, PartialEq)]
 pub enum HandlerError {
     /// No attribute of this name (`available`: the names the call has).
@@ -435,7 +435,7 @@ impl<'a> CallFrame<'a> {
     // ---- metadata probe
 
     /// Whether this call is XLA's registration-time probe for the handler's metadata rather
-    /// than a real call ([`guard`] answers it before running the handler's body).
+    /// than a real call ([`guard_with_traits`] answers it before running the handler's body).
     pub fn is_metadata_probe(&self) -> bool {
         let ext = self.raw.extension_start;
         // SAFETY: a non-null `extension_start` points to an extension header XLA built for
@@ -867,26 +867,16 @@ impl<T: Send + Sync + 'static> ExecutableState<T> {
 // ---------------------------------------------------------------------------------------------
 // The guard
 
-/// Runs handler body `f` on the frame XLA passed: answers the metadata probe (traits 0),
-/// turns `Err` into an XLA error with [`HandlerError::code`] and a panic into `INTERNAL`
-/// ("handler panicked: .."). Null means success, as XLA expects.
+/// Runs handler body `f` on the frame XLA passed: answers the metadata probe, reporting `traits` (e.g.
+/// [`COMMAND_BUFFER_COMPATIBLE`]), turns `Err` into an XLA error with [`HandlerError::code`] and a panic into
+/// `INTERNAL` ("handler panicked: .."). Null means success, as XLA expects.
 ///
-/// A failure that cannot be reported, because the frame is null or carries no usable API
-/// table, aborts the process with a message on stderr: returning null would report success
-/// over lost work. (A probe is the exception: there, leaving the metadata unanswered already
-/// fails registration, with XLA's version-mismatch message.)
+/// A failure that cannot be reported (a null frame, or one with no usable API table) aborts the process with a
+/// message on stderr: returning null would report success over lost work. (A probe is the exception: leaving the
+/// metadata unanswered already fails registration, with XLA's version-mismatch message.)
 ///
 /// # Safety
 /// `frame` is the call frame XLA passed to the handler, valid for the call.
-pub unsafe fn guard(frame: *mut XLA_FFI_CallFrame, f: impl FnOnce(&CallFrame<'_>) -> Result<()>) -> *mut XLA_FFI_Error {
-    // SAFETY: the caller's contract.
-    unsafe { guard_with_traits(frame, 0, f) }
-}
-
-/// [`guard`], reporting `traits` (e.g. [`COMMAND_BUFFER_COMPATIBLE`]) in the metadata probe.
-///
-/// # Safety
-/// As [`guard`].
 pub unsafe fn guard_with_traits(
     frame: *mut XLA_FFI_CallFrame,
     traits: Traits,
@@ -944,43 +934,4 @@ unsafe fn report_on_short_frame(frame: *mut XLA_FFI_CallFrame, e: &HandlerError)
 fn unreportable(e: &HandlerError) -> ! {
     eprintln!("peerless: an XLA FFI handler failed and XLA gave no way to report it; aborting: {e}");
     std::process::abort()
-}
-
-/// Defines an XLA FFI handler, `unsafe extern "C" fn $name(*mut XLA_FFI_CallFrame) ->
-/// *mut XLA_FFI_Error`, whose body sees the frame as `&CallFrame` and returns
-/// `Result<(), HandlerError>`; it runs under [`xla_ffi::guard`](crate::xla_ffi::guard).
-///
-/// ```
-/// ffi::xla_ffi_handler! {
-///     /// Checks its one argument is f32.
-///     pub fn peerless_check_f32(f) {
-///         let x = f.arg(0)?;
-///         if x.dtype != ffi::xla_ffi::DataType::F32 {
-///             return Err(ffi::xla_ffi::HandlerError::invalid_argument(format!("got {}", x.dtype)));
-///         }
-///         Ok(())
-///     }
-/// }
-/// ```
-#[macro_export]
-macro_rules! xla_ffi_handler {
-    ($(#[$m:meta])* $vis:vis fn $name:ident($frame:ident) $body:block) => {
-        $(#[$m])*
-        ///
-        /// # Safety
-        /// `frame` is a call frame XLA passed, valid for the call.
-        $vis unsafe extern "C" fn $name(
-            frame: *mut $crate::xla_ffi::XLA_FFI_CallFrame,
-        ) -> *mut $crate::xla_ffi::XLA_FFI_Error {
-            // SAFETY: this function's contract.
-            unsafe {
-                $crate::xla_ffi::guard(
-                    frame,
-                    |$frame: &$crate::xla_ffi::CallFrame<'_>| -> ::core::result::Result<(), $crate::xla_ffi::HandlerError> {
-                        $body
-                    },
-                )
-            }
-        }
-    };
 }

@@ -8,11 +8,11 @@
 //! - C enums are `#[repr(transparent)]` newtypes over `i32` with associated constants, so a
 //!   value this table does not know (a newer XLA's data type) is representable rather than
 //!   undefined behaviour.
-//! - Function pointers are `Option<unsafe extern "C" fn ..>`: nullable, pointer-sized.
+//! - Function pointers are `Option<unsafe extern "C" fn ..>`: nullable, pointer-sized. Calls Peerless never makes
+//!   (handler registration, futures, device memory, thread pool, extensions) keep only their slot ([`Unused`]).
 //! - `*_STRUCT_SIZE` is what the header's `XLA_FFI_STRUCT_SIZE(T, last)` computes: the offset
 //!   of `last` plus its size. `last` is not always the final field (see
-//!   [`XLA_FFI_Metadata_STRUCT_SIZE`], [`XLA_FFI_Type_Register_Args_STRUCT_SIZE`],
-//!   [`XLA_FFI_Future_Create_Args_STRUCT_SIZE`]); callers fill `struct_size` with it and XLA
+//!   [`XLA_FFI_Metadata_STRUCT_SIZE`], [`XLA_FFI_Type_Register_Args_STRUCT_SIZE`]); callers fill `struct_size` with it and XLA
 //!   reads only that far.
 
 #![allow(non_camel_case_types, non_snake_case, non_upper_case_globals)]
@@ -121,26 +121,6 @@ pub struct XLA_FFI_InternalExtension {
     pub next: *mut XLA_FFI_InternalExtension,
 }
 pub const XLA_FFI_InternalExtension_STRUCT_SIZE: usize = struct_size!(XLA_FFI_InternalExtension, next);
-
-/// Identifies a public (backend-defined) extension.
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-pub struct XLA_FFI_ExtensionId {
-    pub extension_type: i64,
-    pub major_version: i32,
-    pub minor_version: i32,
-}
-pub const XLA_FFI_ExtensionId_STRUCT_SIZE: usize = struct_size!(XLA_FFI_ExtensionId, minor_version);
-
-/// A public extension attached to an invoke context.
-#[repr(C)]
-#[derive(Debug)]
-pub struct XLA_FFI_Extension {
-    pub struct_size: usize,
-    pub id: XLA_FFI_ExtensionId,
-    pub next: *const XLA_FFI_Extension,
-}
-pub const XLA_FFI_Extension_STRUCT_SIZE: usize = struct_size!(XLA_FFI_Extension, next);
 
 // ---------------------------------------------------------------------------------------------
 // Version
@@ -339,30 +319,6 @@ pub struct XLA_FFI_TypeInfo {
 pub const XLA_FFI_TypeInfo_STRUCT_SIZE: usize = struct_size!(XLA_FFI_TypeInfo, deleter);
 
 // ---------------------------------------------------------------------------------------------
-// Futures
-
-api_call! {
-    fn XLA_FFI_Future_Create(args: XLA_FFI_Future_Create_Args) -> *mut XLA_FFI_Error {
-        /// Out.
-        future: *mut XLA_FFI_Future,
-    }
-    /// Ends at `extension_start`, not at `future` (as the header defines it).
-    XLA_FFI_Future_Create_Args_STRUCT_SIZE = through extension_start;
-
-    fn XLA_FFI_Future_SetAvailable(args: XLA_FFI_Future_SetAvailable_Args) -> *mut XLA_FFI_Error {
-        future: *mut XLA_FFI_Future,
-    }
-    XLA_FFI_Future_SetAvailable_Args_STRUCT_SIZE = through future;
-
-    fn XLA_FFI_Future_SetError(args: XLA_FFI_Future_SetError_Args) -> *mut XLA_FFI_Error {
-        future: *mut XLA_FFI_Future,
-        /// Ownership passes to XLA.
-        error: *mut XLA_FFI_Error,
-    }
-    XLA_FFI_Future_SetError_Args_STRUCT_SIZE = through error;
-}
-
-// ---------------------------------------------------------------------------------------------
 // Call frame
 
 c_enum! {
@@ -444,32 +400,11 @@ pub const XLA_FFI_CallFrame_STRUCT_SIZE: usize = struct_size!(XLA_FFI_CallFrame,
 /// A handler: null means success; otherwise an error XLA takes ownership of.
 pub type XLA_FFI_Handler = unsafe extern "C" fn(call_frame: *mut XLA_FFI_CallFrame) -> *mut XLA_FFI_Error;
 
-/// One handler per stage; only `execute` is required.
-#[repr(C)]
-#[derive(Debug, Clone, Copy, Default)]
-pub struct XLA_FFI_Handler_Bundle {
-    pub instantiate: Option<XLA_FFI_Handler>,
-    pub prepare: Option<XLA_FFI_Handler>,
-    pub initialize: Option<XLA_FFI_Handler>,
-    pub execute: Option<XLA_FFI_Handler>,
-    pub record: Option<XLA_FFI_Handler>,
-}
-
 /// A bit set of `XLA_FFI_HANDLER_TRAITS_*`.
 pub type XLA_FFI_Handler_Traits = u32;
 /// The handler launches the same device work on every call, so it may be captured into a
 /// command buffer (a CUDA graph).
 pub const XLA_FFI_HANDLER_TRAITS_COMMAND_BUFFER_COMPATIBLE: XLA_FFI_Handler_Traits = 1 << 0;
-
-api_call! {
-    fn XLA_FFI_Handler_Register(args: XLA_FFI_Handler_Register_Args) -> *mut XLA_FFI_Error {
-        name: XLA_FFI_ByteSpan,
-        platform: XLA_FFI_ByteSpan,
-        bundle: XLA_FFI_Handler_Bundle,
-        traits: XLA_FFI_Handler_Traits,
-    }
-    XLA_FFI_Handler_Register_Args_STRUCT_SIZE = through traits;
-}
 
 // ---------------------------------------------------------------------------------------------
 // Type registration, invoke context
@@ -484,21 +419,6 @@ api_call! {
     /// Ends at `type_id`, not at `type_info`.
     XLA_FFI_Type_Register_Args_STRUCT_SIZE = through type_id;
 
-    fn XLA_FFI_InvokeContext_FindExtension(args: XLA_FFI_InvokeContext_FindExtension_Args) -> *mut XLA_FFI_Error {
-        ctx: *mut XLA_FFI_InvokeContext,
-        extension_type: i64,
-        /// Out.
-        extension: *const XLA_FFI_Extension,
-    }
-    XLA_FFI_InvokeContext_FindExtension_Args_STRUCT_SIZE = through extension;
-
-    fn XLA_FFI_InvokeContext_Get(args: XLA_FFI_InvokeContext_Get_Args) -> *mut XLA_FFI_Error {
-        ctx: *mut XLA_FFI_InvokeContext,
-        type_id: *mut XLA_FFI_TypeId,
-        /// Out.
-        data: *mut c_void,
-    }
-    XLA_FFI_InvokeContext_Get_Args_STRUCT_SIZE = through data;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -524,7 +444,7 @@ api_call! {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Stream, device memory, thread pool, run id, device ordinal
+// Stream, run id, device ordinal
 
 api_call! {
     fn XLA_FFI_Stream_Get(args: XLA_FFI_Stream_Get_Args) -> *mut XLA_FFI_Error {
@@ -533,41 +453,6 @@ api_call! {
         stream: *mut c_void,
     }
     XLA_FFI_Stream_Get_Args_STRUCT_SIZE = through stream;
-
-    fn XLA_FFI_DeviceMemory_Allocate(args: XLA_FFI_DeviceMemory_Allocate_Args) -> *mut XLA_FFI_Error {
-        ctx: *mut XLA_FFI_InvokeContext,
-        size: usize,
-        alignment: usize,
-        /// Out.
-        data: *mut c_void,
-    }
-    XLA_FFI_DeviceMemory_Allocate_Args_STRUCT_SIZE = through data;
-
-    fn XLA_FFI_DeviceMemory_Free(args: XLA_FFI_DeviceMemory_Free_Args) -> *mut XLA_FFI_Error {
-        ctx: *mut XLA_FFI_InvokeContext,
-        size: usize,
-        data: *mut c_void,
-    }
-    XLA_FFI_DeviceMemory_Free_Args_STRUCT_SIZE = through data;
-}
-
-/// A task for [`XLA_FFI_ThreadPool_Schedule`].
-pub type XLA_FFI_Task = unsafe extern "C" fn(data: *mut c_void);
-
-api_call! {
-    fn XLA_FFI_ThreadPool_Schedule(args: XLA_FFI_ThreadPool_Schedule_Args) -> *mut XLA_FFI_Error {
-        ctx: *mut XLA_FFI_InvokeContext,
-        task: Option<XLA_FFI_Task>,
-        data: *mut c_void,
-    }
-    XLA_FFI_ThreadPool_Schedule_Args_STRUCT_SIZE = through data;
-
-    fn XLA_FFI_ThreadPool_NumThreads(args: XLA_FFI_ThreadPool_NumThreads_Args) -> *mut XLA_FFI_Error {
-        ctx: *mut XLA_FFI_InvokeContext,
-        /// Out (points to caller storage).
-        num_threads: *mut i64,
-    }
-    XLA_FFI_ThreadPool_NumThreads_Args_STRUCT_SIZE = through num_threads;
 
     fn XLA_FFI_RunId_Get(args: XLA_FFI_RunId_Get_Args) -> *mut XLA_FFI_Error {
         ctx: *mut XLA_FFI_InvokeContext,
@@ -613,6 +498,10 @@ pub const XLA_FFI_Metadata_Extension_STRUCT_SIZE: usize = struct_size!(XLA_FFI_M
 // ---------------------------------------------------------------------------------------------
 // The API table
 
+/// A slot of [`XLA_FFI_Api`] Peerless never calls: pointer-sized and nullable like the others, so the table keeps
+/// XLA's layout without mirroring those calls' argument structs (add a call's ABI back before using it).
+pub type Unused = unsafe extern "C" fn();
+
 /// XLA's function table, reached through `XLA_FFI_CallFrame::api`. A slot past
 /// `struct_size` does not exist in the XLA that made the table.
 #[repr(C)]
@@ -625,24 +514,21 @@ pub struct XLA_FFI_Api {
     pub XLA_FFI_Error_Create: Option<XLA_FFI_Error_Create>,
     pub XLA_FFI_Error_GetDetails: Option<XLA_FFI_Error_GetDetails>,
     pub XLA_FFI_Error_Destroy: Option<XLA_FFI_Error_Destroy>,
-    pub XLA_FFI_Handler_Register: Option<XLA_FFI_Handler_Register>,
+    pub XLA_FFI_Handler_Register: Option<Unused>,
     pub XLA_FFI_Stream_Get: Option<XLA_FFI_Stream_Get>,
     pub XLA_FFI_Type_Register: Option<XLA_FFI_Type_Register>,
-    pub XLA_FFI_InvokeContext_Get: Option<XLA_FFI_InvokeContext_Get>,
+    pub XLA_FFI_InvokeContext_Get: Option<Unused>,
     pub XLA_FFI_State_Set: Option<XLA_FFI_State_Set>,
     pub XLA_FFI_State_Get: Option<XLA_FFI_State_Get>,
-    pub XLA_FFI_DeviceMemory_Allocate: Option<XLA_FFI_DeviceMemory_Allocate>,
-    pub XLA_FFI_DeviceMemory_Free: Option<XLA_FFI_DeviceMemory_Free>,
-    pub XLA_FFI_ThreadPool_Schedule: Option<XLA_FFI_ThreadPool_Schedule>,
-    pub XLA_FFI_ThreadPool_NumThreads: Option<XLA_FFI_ThreadPool_NumThreads>,
-    pub XLA_FFI_Future_Create: Option<XLA_FFI_Future_Create>,
-    pub XLA_FFI_Future_SetAvailable: Option<XLA_FFI_Future_SetAvailable>,
-    pub XLA_FFI_Future_SetError: Option<XLA_FFI_Future_SetError>,
+    pub XLA_FFI_DeviceMemory_Allocate: Option<Unused>,
+    pub XLA_FFI_DeviceMemory_Free: Option<Unused>,
+    pub XLA_FFI_ThreadPool_Schedule: Option<Unused>,
+    pub XLA_FFI_ThreadPool_NumThreads: Option<Unused>,
+    pub XLA_FFI_Future_Create: Option<Unused>,
+    pub XLA_FFI_Future_SetAvailable: Option<Unused>,
+    pub XLA_FFI_Future_SetError: Option<Unused>,
     pub XLA_FFI_RunId_Get: Option<XLA_FFI_RunId_Get>,
     pub XLA_FFI_DeviceOrdinal_Get: Option<XLA_FFI_DeviceOrdinal_Get>,
-    pub XLA_FFI_InvokeContext_FindExtension: Option<XLA_FFI_InvokeContext_FindExtension>,
+    pub XLA_FFI_InvokeContext_FindExtension: Option<Unused>,
 }
 pub const XLA_FFI_Api_STRUCT_SIZE: usize = struct_size!(XLA_FFI_Api, XLA_FFI_InvokeContext_FindExtension);
-
-/// The exported entry point of a library that links XLA (`XLA_FFI_GetApi`).
-pub type XLA_FFI_GetApi = unsafe extern "C" fn() -> *const XLA_FFI_Api;

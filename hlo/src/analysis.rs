@@ -26,7 +26,8 @@ pub enum ReductionKind {
 }
 
 impl ReductionKind {
-    const ALL: [Self; 6] = [Self::Sum, Self::Prod, Self::Min, Self::Max, Self::And, Self::Or];
+    /// Every reduction, in the kernels' order.
+    pub const ALL: [Self; 6] = [Self::Sum, Self::Prod, Self::Min, Self::Max, Self::And, Self::Or];
 
     /// The binary opcode the reduction applies.
     pub fn opcode(self) -> Opcode {

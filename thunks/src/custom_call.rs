@@ -33,30 +33,12 @@ pub fn target_kind(target: &str) -> Option<CollectiveKind> {
     TARGETS.iter().find(|(_, t)| *t == target).map(|(k, _)| *k)
 }
 
-/// Attribute spelling of an algorithm.
-pub fn algorithm_name(algo: KernelAlgorithm) -> &'static str {
-    match algo {
-        KernelAlgorithm::OneShotAllReduce => "one_shot",
-        KernelAlgorithm::TwoShotAllReduce => "two_shot",
-        KernelAlgorithm::DirectAllGather => "direct_all_gather",
-        KernelAlgorithm::DirectAllToAll => "direct_all_to_all",
-        KernelAlgorithm::DirectReduceScatter => "direct_reduce_scatter",
-        KernelAlgorithm::DirectPermute => "direct_permute",
-        KernelAlgorithm::CopyEngineAllGather => "copy_engine_all_gather",
-        KernelAlgorithm::CopyEngineAllToAll => "copy_engine_all_to_all",
-        KernelAlgorithm::CopyEnginePermute => "copy_engine_permute",
-        KernelAlgorithm::CopyEngineReduceScatter => "copy_engine_reduce_scatter",
-        KernelAlgorithm::CopyEngineAllReduce => "copy_engine_all_reduce",
-    }
-}
-
 fn algorithm_from_name(s: &str) -> Option<KernelAlgorithm> {
-    KernelAlgorithm::ALL.into_iter().find(|&a| algorithm_name(a) == s)
+    KernelAlgorithm::ALL.into_iter().find(|&a| a.attr_name() == s)
 }
 
 fn reduction_from_name(s: &str) -> Option<ReductionKind> {
-    use ReductionKind as R;
-    [R::Sum, R::Prod, R::Min, R::Max, R::And, R::Or].into_iter().find(|r| r.name() == s)
+    ReductionKind::ALL.into_iter().find(|r| r.name() == s)
 }
 
 /// `s` as an MLIR string literal: quotes, backslashes and control characters (the report's
@@ -374,7 +356,7 @@ impl CustomCallConfig {
             format!("{v} : i64")
         }
         let mut kv: Vec<(&str, String)> = vec![
-            ("algorithm", format!("\"{}\"", algorithm_name(self.algorithm))),
+            ("algorithm", format!("\"{}\"", self.algorithm.attr_name())),
             ("num_devices", int(self.num_devices)),
             ("instance", int(self.instance & (i64::MAX as u64))),
             ("name", format!("\"{}\"", plain_name(&self.name))),

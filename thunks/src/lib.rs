@@ -180,48 +180,61 @@ impl fmt::Display for CollectiveConfig {
     }
 }
 
-/// A Peerless peer-access kernel.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum KernelAlgorithm {
+/// Declares [`KernelAlgorithm`] from one table: each variant's display name, its attribute spelling (compiled modules
+/// in caches carry it, so it never changes) and whether it moves its bytes on the copy engines.
+macro_rules! kernel_algorithms {
+    ($($(#[$m:meta])* $v:ident = $name:literal, $attr:literal, $ce:literal;)*) => {
+        /// A Peerless peer-access kernel.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        pub enum KernelAlgorithm { $($(#[$m])* $v,)* }
+
+        impl KernelAlgorithm {
+            /// Every algorithm, for reading one back from a spelling.
+            pub const ALL: [KernelAlgorithm; [$(KernelAlgorithm::$v),*].len()] = [$(KernelAlgorithm::$v),*];
+
+            pub fn name(self) -> &'static str {
+                match self { $(Self::$v => $name,)* }
+            }
+
+            /// The spelling of the custom call's `algorithm` attribute.
+            pub fn attr_name(self) -> &'static str {
+                match self { $(Self::$v => $attr,)* }
+            }
+
+            /// Whether the algorithm moves its bytes on the copy engines (the reductions' forms then launch one local
+            /// reduction kernel; the others none).
+            pub fn is_copy_engine(self) -> bool {
+                match self { $(Self::$v => $ce,)* }
+            }
+        }
+    };
+}
+
+kernel_algorithms! {
     /// Every rank reads all peers' inputs and reduces them in fixed rank order.
-    OneShotAllReduce,
+    OneShotAllReduce = "one-shot all-reduce", "one_shot", false;
     /// Reduce-scatter of 1/N slices, then an all-gather of the reduced slices.
-    TwoShotAllReduce,
-    DirectAllGather,
-    DirectAllToAll,
-    DirectReduceScatter,
-    DirectPermute,
-    /// All-gather moved by the GPUs' copy engines (device-to-device copies, readiness by
-    /// stream memory operations): no kernel, no SM.
-    CopyEngineAllGather,
+    TwoShotAllReduce = "two-shot all-reduce", "two_shot", false;
+    DirectAllGather = "direct all-gather", "direct_all_gather", false;
+    DirectAllToAll = "direct all-to-all", "direct_all_to_all", false;
+    DirectReduceScatter = "direct reduce-scatter", "direct_reduce_scatter", false;
+    DirectPermute = "direct permute", "direct_permute", false;
+    /// All-gather moved by the GPUs' copy engines (device-to-device copies, readiness by stream memory operations): no
+    /// kernel, no SM.
+    CopyEngineAllGather = "copy-engine all-gather", "copy_engine_all_gather", true;
     /// All-to-all on the copy engines, as [`Self::CopyEngineAllGather`].
-    CopyEngineAllToAll,
+    CopyEngineAllToAll = "copy-engine all-to-all", "copy_engine_all_to_all", true;
     /// Collective-permute on the copy engines, as [`Self::CopyEngineAllGather`].
-    CopyEnginePermute,
-    /// Reduce-scatter: the copy engines gather every member's block for me into my staging,
-    /// then one small kernel reduces them with local reads (the only SMs it uses).
-    CopyEngineReduceScatter,
-    /// All-reduce as [`Self::CopyEngineReduceScatter`] of 1/N parts, then the reduced parts
-    /// all-gathered on the copy engines: a two-shot whose movement uses no SM.
-    CopyEngineAllReduce,
+    CopyEnginePermute = "copy-engine permute", "copy_engine_permute", true;
+    /// Reduce-scatter: the copy engines gather every member's block for me into my staging, then one small kernel
+    /// reduces them with local reads (the only SMs it uses).
+    CopyEngineReduceScatter = "copy-engine reduce-scatter", "copy_engine_reduce_scatter", true;
+    /// All-reduce as [`Self::CopyEngineReduceScatter`] of 1/N parts, then the reduced parts all-gathered on the copy
+    /// engines: a two-shot whose movement uses no SM.
+    CopyEngineAllReduce = "copy-engine all-reduce", "copy_engine_all_reduce", true;
 }
 
 impl KernelAlgorithm {
-    /// Every algorithm, for reading one back from a spelling.
-    pub const ALL: [KernelAlgorithm; 11] = [
-        Self::OneShotAllReduce,
-        Self::TwoShotAllReduce,
-        Self::DirectAllGather,
-        Self::DirectAllToAll,
-        Self::DirectReduceScatter,
-        Self::DirectPermute,
-        Self::CopyEngineAllGather,
-        Self::CopyEngineAllToAll,
-        Self::CopyEnginePermute,
-        Self::CopyEngineReduceScatter,
-        Self::CopyEngineAllReduce,
-    ];
-
     /// The copy-engine form of `kind`'s collective: all five kinds have one.
     pub fn copy_engine_for(kind: CollectiveKind) -> Option<KernelAlgorithm> {
         match kind {
@@ -231,35 +244,6 @@ impl KernelAlgorithm {
             CollectiveKind::ReduceScatter => Some(Self::CopyEngineReduceScatter),
             CollectiveKind::AllReduce => Some(Self::CopyEngineAllReduce),
             _ => None,
-        }
-    }
-
-    /// Whether the algorithm moves its bytes on the copy engines (the reductions' forms then
-    /// launch one local reduction kernel; the others none).
-    pub fn is_copy_engine(self) -> bool {
-        matches!(
-            self,
-            Self::CopyEngineAllGather
-                | Self::CopyEngineAllToAll
-                | Self::CopyEnginePermute
-                | Self::CopyEngineReduceScatter
-                | Self::CopyEngineAllReduce
-        )
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::OneShotAllReduce => "one-shot all-reduce",
-            Self::TwoShotAllReduce => "two-shot all-reduce",
-            Self::DirectAllGather => "direct all-gather",
-            Self::DirectAllToAll => "direct all-to-all",
-            Self::DirectReduceScatter => "direct reduce-scatter",
-            Self::DirectPermute => "direct permute",
-            Self::CopyEngineAllGather => "copy-engine all-gather",
-            Self::CopyEngineAllToAll => "copy-engine all-to-all",
-            Self::CopyEnginePermute => "copy-engine permute",
-            Self::CopyEngineReduceScatter => "copy-engine reduce-scatter",
-            Self::CopyEngineAllReduce => "copy-engine all-reduce",
         }
     }
 }

@@ -447,13 +447,12 @@ fn check_reductions(
 ) -> Result<()> {
     let g = clique.len();
     let types: Vec<PrimitiveType> = PrimitiveType::ALL.into_iter().filter(|t| t.is_computable()).collect();
-    let reds = [Red::Sum, Red::Prod, Red::Min, Red::Max, Red::And, Red::Or];
     for &form in forms {
         let [ce, direct] = form.algorithms();
         if !ce_only {
             for &ty in &types {
                 let Some(t) = super::Dtype::of(ty) else { continue };
-                for red in reds.into_iter().filter(|&r| crate::gpu::args::red_defined_for(r, t)) {
+                for red in Red::ALL.into_iter().filter(|&r| crate::gpu::args::red_defined_for(r, t)) {
                     for (rows, cols) in [(g, g), (3 * g, 7 * g), (40 * g, 33 * g)] {
                         let bind = |algo| {
                             let mut c = case(form, g, ty, rows, cols, algo, clique.max_grid);

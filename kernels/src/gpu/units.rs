@@ -84,7 +84,7 @@ impl Unit {
     pub fn all() -> Vec<Unit> {
         let mut v = vec![Unit::Base];
         for t in Dtype::ALL {
-            for r in ALL_REDS {
+            for r in Red::ALL {
                 v.extend(Kernel::ALL.iter().filter(|k| k.defined_for(t, r)).map(|&k| Unit::Spec(k, t, r)));
             }
         }
@@ -170,9 +170,6 @@ impl Dtype {
         }
     }
 }
-
-/// Every reduction.
-const ALL_REDS: [Red; 6] = [Red::Sum, Red::Prod, Red::Min, Red::Max, Red::And, Red::Or];
 
 /// Reduction `red`'s functor in the kernel sources. On pred (0 or 1), XLA's max is or, min
 /// and prod are and, and sum is xor (pred add).

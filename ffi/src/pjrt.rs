@@ -146,8 +146,6 @@ pub enum TransformStage {
     /// After SPMD partitioning and simplification, before layout assignment, fusion and
     /// async-collective conversion (on GPU); CPU's pipeline has fused by then.
     PreScheduler = 0,
-    /// After scheduling (async start/done pairs).
-    PostScheduler = 1,
 }
 
 /// A module transformation: a serialized `HloModuleProto` in; `Some(bytes)` when it changed
@@ -205,34 +203,15 @@ unsafe extern "C" fn transform_trampoline(callbacks: *mut TransformCallbacks, ar
     let _ = catch_unwind(AssertUnwindSafe(run));
 }
 
-/// `PJRT_Error_Message_Args`.
-#[repr(C)]
-pub struct ErrorMessageArgs {
-    pub struct_size: usize,
-    pub extension_start: *const c_void,
-    pub error: *mut c_void,
-    pub message: *const c_char,
-    pub message_size: usize,
-}
-
-/// `PJRT_Error_Destroy_Args`.
-#[repr(C)]
-pub struct ErrorDestroyArgs {
-    pub struct_size: usize,
-    pub extension_start: *const c_void,
-    pub error: *mut c_void,
-}
+// The args of the slots the wrapper patches, as PJRT 0.54 (pjrt-sys) has them: unchanged since.
+pub type ErrorMessageArgs = pjrt_sys::PJRT_Error_Message_Args;
+pub type ErrorDestroyArgs = pjrt_sys::PJRT_Error_Destroy_Args;
+/// `code` is a `PJRT_Error_Code`, XLA's absl status codes.
+pub type ErrorGetCodeArgs = pjrt_sys::PJRT_Error_GetCode_Args;
+/// `compile_options` is a serialized `CompileOptionsProto`.
+pub type ClientCompileArgs = pjrt_sys::PJRT_Client_Compile_Args;
 
 type ErrorFn<A> = unsafe extern "C" fn(*mut A);
-
-/// `PJRT_Error_GetCode_Args` (`code` is a `PJRT_Error_Code`, XLA's absl status codes).
-#[repr(C)]
-pub struct ErrorGetCodeArgs {
-    pub struct_size: usize,
-    pub extension_start: *const c_void,
-    pub error: *mut c_void,
-    pub code: i32,
-}
 
 /// `PJRT_Error_ForEachPayload_Args`: the error, then a callback and its argument.
 #[repr(C)]
@@ -242,18 +221,6 @@ pub struct ErrorForEachPayloadArgs {
     pub error: *mut c_void,
     pub callback: *const c_void,
     pub user_arg: *mut c_void,
-}
-
-/// `PJRT_Client_Compile_Args`: `compile_options` is a serialized `CompileOptionsProto`.
-#[repr(C)]
-pub struct ClientCompileArgs {
-    pub struct_size: usize,
-    pub extension_start: *const c_void,
-    pub client: *mut c_void,
-    pub program: *const c_void,
-    pub compile_options: *const c_char,
-    pub compile_options_size: usize,
-    pub executable: *mut c_void,
 }
 
 /// A function slot's C signature: every PJRT entry point takes one args struct.
@@ -385,10 +352,8 @@ impl InnerPlugin {
         if let Some(f) = self.slot(1) {
             let mut a = ErrorMessageArgs {
                 struct_size: size_of::<ErrorMessageArgs>(),
-                extension_start: std::ptr::null(),
-                error,
-                message: std::ptr::null(),
-                message_size: 0,
+                error: error.cast(),
+                ..Default::default()
             };
             // SAFETY: slot 1 is `PJRT_Error_Message`; `error` came from this plugin.
             unsafe { std::mem::transmute::<*const c_void, ErrorFn<ErrorMessageArgs>>(f)(&mut a) };
@@ -401,8 +366,8 @@ impl InnerPlugin {
         if let Some(f) = self.slot(0) {
             let mut a = ErrorDestroyArgs {
                 struct_size: size_of::<ErrorDestroyArgs>(),
-                extension_start: std::ptr::null(),
-                error,
+                error: error.cast(),
+                ..Default::default()
             };
             // SAFETY: slot 0 is `PJRT_Error_Destroy`; the error is freed once, after its message
             // was copied.
@@ -443,11 +408,6 @@ impl InnerPlugin {
         // 'static (the registry may keep them) and the handler is the caller's contract.
         let err = unsafe { register(&mut a) };
         if err.is_null() { Ok(()) } else { Err(format!("registering {target}: {}", self.take_error(err))) }
-    }
-
-    /// Whether the plugin has an XlaTransform extension this module can register with.
-    pub fn has_xla_transform(&self) -> bool {
-        self.find_extension(EXTENSION_XLA_TRANSFORM, XLA_TRANSFORM_EXTENSION_SIZE).is_some()
     }
 
     /// Registers `f` as the HLO module transformation `name` at `stage` of the plugin's XLA

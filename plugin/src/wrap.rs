@@ -222,7 +222,7 @@ fn unavailable_table() -> *const c_void {
 }
 
 /// `PJRT_Error_Code_FAILED_PRECONDITION`.
-const FAILED_PRECONDITION: i32 = 9;
+const FAILED_PRECONDITION: pjrt_sys::PJRT_Error_Code = 9;
 
 unsafe extern "C" fn unavailable(_args: *mut c_void) -> *mut c_void {
     let why = load_error().unwrap_or_else(|| "peerless: no XLA plugin".into());
@@ -257,23 +257,23 @@ unsafe extern "C" fn plugin_attributes(args: *mut PluginAttributesArgs) -> *mut 
 /// An error the wrapper raises (a bad Peerless compile option); the plugin's own errors are
 /// its own. Told apart by address: ours are in [`OURS`] from creation to destruction.
 struct WrapError {
-    code: i32,
+    code: pjrt_sys::PJRT_Error_Code,
     message: String,
 }
 
 static OURS: Mutex<BTreeSet<usize>> = Mutex::new(BTreeSet::new());
 
 /// `PJRT_Error_Code_INVALID_ARGUMENT` / `_INTERNAL` (absl's codes).
-const INVALID_ARGUMENT: i32 = 3;
-const INTERNAL: i32 = 13;
+const INVALID_ARGUMENT: pjrt_sys::PJRT_Error_Code = 3;
+const INTERNAL: pjrt_sys::PJRT_Error_Code = 13;
 
-fn new_error(code: i32, message: String) -> *mut c_void {
+fn new_error(code: pjrt_sys::PJRT_Error_Code, message: String) -> *mut c_void {
     let p = Box::into_raw(Box::new(WrapError { code, message }));
     OURS.lock().unwrap_or_else(|e| e.into_inner()).insert(p as usize);
     p.cast()
 }
 
-fn ours(error: *mut c_void) -> Option<&'static WrapError> {
+fn ours(error: *const c_void) -> Option<&'static WrapError> {
     let set = OURS.lock().unwrap_or_else(|e| e.into_inner());
     // SAFETY: an address in `OURS` is a live `WrapError` box (removed before it is freed).
     set.contains(&(error as usize)).then(|| unsafe { &*error.cast::<WrapError>() })
@@ -308,7 +308,7 @@ unsafe extern "C" fn error_message(args: *mut ErrorMessageArgs) {
     let _ = catch_unwind(|| {
         // SAFETY: PJRT passes a valid args struct.
         let a = unsafe { &mut *args };
-        if let Some(e) = ours(a.error) {
+        if let Some(e) = ours(a.error.cast()) {
             (a.message, a.message_size) = (e.message.as_ptr().cast::<c_char>(), e.message.len());
             return;
         }
@@ -329,7 +329,7 @@ unsafe extern "C" fn error_get_code(args: *mut ErrorGetCodeArgs) -> *mut c_void 
     catch_unwind(|| {
         // SAFETY: PJRT passes a valid args struct.
         let a = unsafe { &mut *args };
-        if let Some(e) = ours(a.error) {
+        if let Some(e) = ours(a.error.cast()) {
             a.code = e.code;
             return std::ptr::null_mut();
         }
@@ -352,7 +352,7 @@ unsafe extern "C" fn error_for_each_payload(args: *mut ErrorForEachPayloadArgs) 
     }
     catch_unwind(|| {
         // SAFETY: PJRT passes a valid args struct.
-        if ours(unsafe { (*args).error }).is_some() {
+        if ours(unsafe { (*args).error }.cast_const()).is_some() {
             return std::ptr::null_mut(); // ours carry no payloads
         }
         let Some(w) = wrapped_opt() else { return std::ptr::null_mut() };

@@ -147,12 +147,12 @@ pub(crate) fn join<T: ToString>(v: &[T], sep: &str) -> String {
 }
 
 /// `{1,2,3}`.
-pub(crate) fn int_list<T: ToString>(v: &[T]) -> String {
+pub fn int_list<T: ToString>(v: &[T]) -> String {
     format!("{{{}}}", join(v, ","))
 }
 
-/// `{{0,1},{2,3}}`.
-pub(crate) fn group_list<T: ToString>(groups: &[Vec<T>]) -> String {
+/// `{{0,1},{2,3}}`, as XLA prints replica groups.
+pub fn group_list<T: ToString>(groups: &[Vec<T>]) -> String {
     format!("{{{}}}", groups.iter().map(|g| int_list(g)).collect::<Vec<_>>().join(","))
 }
 

@@ -145,14 +145,8 @@ pub struct CollectiveConfig {
     pub num_operands: usize,
 }
 
-/// Formats groups as XLA prints replica groups: `{{0,1},{2,3}}`.
-pub fn fmt_groups(groups: &[Vec<usize>]) -> String {
-    let inner: Vec<String> = groups
-        .iter()
-        .map(|g| format!("{{{}}}", g.iter().map(usize::to_string).collect::<Vec<_>>().join(",")))
-        .collect();
-    format!("{{{}}}", inner.join(","))
-}
+/// Formats groups as XLA prints replica groups: `{{0,1},{2,3}}` (error messages and reports show them so).
+pub use hlo::print::group_list as fmt_groups;
 
 /// Formats collective-permute pairs as `[0->1,1->0]`.
 pub fn fmt_pairs(pairs: &[(usize, usize)]) -> String {

@@ -11,6 +11,4 @@ mod reduce;
 pub mod shm;
 
 /// Formats a group as `{0,1,2,3}`.
-pub(crate) fn fmt_group(group: &[usize]) -> String {
-    format!("{{{}}}", group.iter().map(usize::to_string).collect::<Vec<_>>().join(","))
-}
+pub(crate) use hlo::print::int_list as fmt_group;

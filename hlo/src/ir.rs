@@ -460,11 +460,6 @@ impl Module {
         }
     }
 
-    /// Finds a computation by name.
-    pub fn comp_by_name(&self, name: &str) -> Option<CompId> {
-        self.comps.iter().find(|(_, c)| c.name == name).map(|(id, _)| id)
-    }
-
     /// Entry parameter shapes, by parameter number.
     pub fn entry_param_shapes(&self) -> Vec<&Shape> {
         self.entry().params.iter().map(|&p| &self.instrs[p].shape).collect()

@@ -54,24 +54,6 @@ pub fn module_text_with(m: &Module, opts: &PrintOptions) -> String {
     out
 }
 
-/// One computation as it appears in [`module_text`] (signature, body, `ENTRY` if it is the
-/// entry), without a trailing newline.
-pub fn computation_text(m: &Module, comp: CompId) -> String {
-    let mut out = String::new();
-    Printer { m, opts: &PrintOptions::default() }.computation(&mut out, comp);
-    out
-}
-
-/// One instruction's line as in [`module_text`], without indentation or `ROOT`:
-/// `%name = shape opcode(%operands), attr=value, ...`.
-pub fn instruction_text(m: &Module, id: InstrId) -> String {
-    let mut out = String::new();
-    if let Some(ins) = m.instrs.get(id) {
-        Printer { m, opts: &PrintOptions::default() }.instruction(&mut out, ins);
-    }
-    out
-}
-
 impl fmt::Display for Module {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&module_text(self))

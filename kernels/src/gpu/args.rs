@@ -289,10 +289,6 @@ kernel_args! { group:
 kernel_args! {
     /// The arguments of `pl_probe(u32*, u32, u32*)`.
     struct ProbeArgs { remote: u64, value: u32, back: u64 }
-    /// The arguments of `pl_all_gather`, in order.
-    struct GatherArgs {
-        input: u64, bytes: u64, rank: u32, world: u32, out: Ptrs, flags: Ptrs, counter: u64, status: Status,
-    }
     /// The arguments of `pl_reduce_scatter_*`, in order.
     struct ScatterArgs {
         input: u64, output: u64, rank: u32, world: u32, stage: Ptrs, stride: u64, flags: Ptrs, counter: u64,

@@ -3,11 +3,42 @@
 //! the same launch geometry on CUDA and HIP.
 #![allow(dead_code)] // each test binary uses some of them
 
-use kernels::gpu::args::{GatherArgs, Norm, NormArgs, NormArray, Ptrs, ReduceArgs, Status};
+use std::ffi::c_void;
+
+use kernels::gpu::args::{Norm, NormArgs, NormArray, Ptrs, ReduceArgs, Status};
 use kernels::gpu::{Algo, BLOCKS, Backend, Clique, Dtype, Kernel, Red, SIGNAL_BYTES, THREADS};
 use kernels::gpu::{grid, lamport_bytes, lamport_init, norm_grid};
 use kernels::{Error, Result};
 use thunks::custom_call::Epilogue;
+
+/// The arguments of `pl_all_gather`, in order: only these tests launch that kernel (the runtime's all-gathers are
+/// the direct and copy-engine forms).
+struct GatherArgs {
+    input: u64,
+    bytes: u64,
+    rank: u32,
+    world: u32,
+    out: Ptrs,
+    flags: Ptrs,
+    counter: u64,
+    status: Status,
+}
+
+impl GatherArgs {
+    /// The pointer array a launch takes, one per parameter.
+    fn params(&mut self) -> [*mut c_void; 8] {
+        [
+            (&raw mut self.input).cast(),
+            (&raw mut self.bytes).cast(),
+            (&raw mut self.rank).cast(),
+            (&raw mut self.world).cast(),
+            (&raw mut self.out).cast(),
+            (&raw mut self.flags).cast(),
+            (&raw mut self.counter).cast(),
+            (&raw mut self.status).cast(),
+        ]
+    }
+}
 
 /// What the raw-buffer tests do with a clique beside the runtime's own use of it.
 pub trait CliqueExt<B: Backend> {

@@ -16,9 +16,9 @@ pub const TARGETS: &[(&str, fn(&[u8]))] = &[
     ("xla_pass", xla_pass),
 ];
 
-/// What a verified module goes through after parsing on its way into XLA (`peerless run`):
-/// encoded as an HloModuleProto, then prepared on 1 and 2 devices in both modes (the device
-/// assignment written in, the pass, partitions marked manual). No XLA plugin is loaded.
+/// What a verified module goes through after parsing on its way into XLA (`peerless run`): encoded as an
+/// HloModuleProto, then prepared on 1 and 2 devices in both modes (the device assignment written in, the pass,
+/// partitions marked manual). No XLA plugin is loaded.
 fn downstream(module: &hlo::Module) {
     let Ok(bytes) = hlo::encode_proto(module) else { return };
     for (n, mode) in [(1, DeviceMode::Replica), (2, DeviceMode::Replica), (2, DeviceMode::Partition)] {
@@ -43,9 +43,8 @@ pub fn hlo_proto(data: &[u8]) {
     }
 }
 
-/// `CompileOptionsProto` bytes as a PJRT client hands them to the wrapper's
-/// `PJRT_Client_Compile`: Peerless's options split out on the wire (the rest is XLA's), and
-/// the flags they name applied to the pass's flags, as the compile does.
+/// `CompileOptionsProto` bytes as a PJRT client hands them to the wrapper's `PJRT_Client_Compile`: Peerless's options
+/// split out on the wire (the rest is XLA's), and the flags they name applied to the pass's flags, as the compile does.
 pub fn compile_options(data: &[u8]) {
     if let Ok(Some((flags, rest))) = plugin::wrap::split_compile_options(data) {
         assert!(rest.len() <= data.len(), "the options grew");
@@ -72,9 +71,9 @@ pub fn flags(data: &[u8]) {
     }
 }
 
-/// A serialized `HloModuleProto` as XLA hands it to the Peerless pass (`emitter::xla_pass::run`,
-/// the body of the plugin's `PeerlessXlaPass`, called here without its panic guard so a panic
-/// is a finding), then the pass again on the module it rewrote.
+/// A serialized `HloModuleProto` as XLA hands it to the Peerless pass (`emitter::xla_pass::run`, the body of the
+/// plugin's `PeerlessXlaPass`, called here without its panic guard so a panic is a finding), then the pass again on the
+/// module it rewrote.
 pub fn xla_pass(data: &[u8]) {
     let cfg = emitter::xla_pass::PassConfig { instance_base: Some(1), ..Default::default() };
     if let Ok(emitter::xla_pass::PassOutcome { module: Some(m), .. }) = emitter::xla_pass::run(data, &cfg) {

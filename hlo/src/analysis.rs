@@ -1,10 +1,8 @@
-//! Analyses over the IR shared by the emitter and the tools: which reduction a
-//! collective's `to_apply` computes, and which devices each collective groups together
-//! (XLA's `CollectiveOpGroupMode` rules).
+//! Analyses over the IR shared by the emitter and the tools: which reduction a collective's `to_apply` computes, and
+//! which devices each collective groups together (XLA's `CollectiveOpGroupMode` rules).
 //!
-//! Device ids here are *global* ids: `replica * num_partitions + partition`, which is
-//! XLA's flattened id. Peerless runs either one partition (replica mode) or one replica
-//! (partition mode), so the flattened id is also the device's index.
+//! Device ids here are *global* ids: `replica * num_partitions + partition`, which is XLA's flattened id. Peerless runs
+//! either one partition (replica mode) or one replica (partition mode), so the flattened id is also the device's index.
 
 use std::fmt;
 
@@ -13,8 +11,7 @@ use crate::opcode::Opcode;
 use crate::print::group_list;
 use crate::types::Shape;
 
-/// A reduction a collective kernel can compute, recognised from a `to_apply`
-/// computation by [`recognize_reduction`].
+/// A reduction a collective kernel can compute, recognised from a `to_apply` computation by [`recognize_reduction`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum ReductionKind {
     Sum,
@@ -115,8 +112,8 @@ impl fmt::Display for GroupMode {
     }
 }
 
-/// Whether an opcode carries `use_global_device_ids` (XLA's all-reduce family and
-/// all-gather). For the others XLA passes "absent", which changes the channel rule.
+/// Whether an opcode carries `use_global_device_ids` (XLA's all-reduce family and all-gather). For the others XLA
+/// passes "absent", which changes the channel rule.
 fn has_global_device_ids_attr(op: Opcode) -> bool {
     matches!(
         op,
@@ -288,10 +285,9 @@ pub fn device_groups(
     Ok(groups)
 }
 
-/// A collective-permute's source-target pairs as global device pairs, resolved within
-/// every group of [`device_groups`] (pairs name replica ids in `CrossReplica` mode and
-/// partition ids in `CrossPartition` mode, as in XLA). Errors if an id is out of range
-/// or a device is a source (or a target) twice.
+/// A collective-permute's source-target pairs as global device pairs, resolved within every group of [`device_groups`]
+/// (pairs name replica ids in `CrossReplica` mode and partition ids in `CrossPartition` mode, as in XLA). Errors if an
+/// id is out of range or a device is a source (or a target) twice.
 pub fn permute_pairs(
     module: &Module,
     instr: InstrId,

@@ -1,8 +1,8 @@
 //! Peerless's HLO front end: one IR built from HLO text or a binary `HloModuleProto`, a verifier of every shape rule, a
-//! printer ([`print::module_text`]) the parser reads back, an encoder ([`encode_proto`]) for XLA's plugins, and analyses
-//! ([`analysis`], [`sharding`]). A [`Module`] from [`parse_text`] or [`decode_proto`] has passed [`verify::verify`]:
-//! operands refer to earlier instructions of the same computation, called computations exist, shapes match XLA's
-//! inference.
+//! printer ([`print::module_text`]) the parser reads back, an encoder ([`encode_proto`]) for XLA's plugins, and
+//! analyses ([`analysis`], [`sharding`]). A [`Module`] from [`parse_text`] or [`decode_proto`] has passed
+//! [`verify::verify`]: operands refer to earlier instructions of the same computation, called computations exist,
+//! shapes match XLA's inference.
 
 pub mod analysis;
 pub mod diag;
@@ -49,8 +49,8 @@ pub fn encode_proto(module: &Module) -> Result<Vec<u8>, Error> {
     encode::encode(module)
 }
 
-/// Reads a module from a file: HLO text, or a binary `HloModuleProto` when the
-/// content is not UTF-8 text (or the name ends in `.pb`).
+/// Reads a module from a file: HLO text, or a binary `HloModuleProto` when the content is not UTF-8 text (or the name
+/// ends in `.pb`).
 pub fn load_file(path: &std::path::Path) -> Result<Module, Error> {
     let name = path.display().to_string();
     let bytes =

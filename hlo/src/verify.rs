@@ -1,11 +1,10 @@
-//! Verifier: checks a module's structure (ids resolve, operands are defined before
-//! use in the same computation, parameters are numbered `0..n`, called computations
-//! exist and the call graph has no cycles) and every instruction's shape rule, after
-//! XLA's shape inference. Ops Peerless does not execute (while, sort, gather, ...)
-//! only get the structural checks.
+//! Verifier: checks a module's structure (ids resolve, operands are defined before use in the same computation,
+//! parameters are numbered `0..n`, called computations exist and the call graph has no cycles) and every instruction's
+//! shape rule, after XLA's shape inference. Ops Peerless does not execute (while, sort, gather, ...) only get the
+//! structural checks.
 //!
-//! Errors carry the offending instruction's span (line 0 when it has none, e.g.
-//! proto input) and a message of the form `%name: <opcode> <rule>, got <what>`.
+//! Errors carry the offending instruction's span (line 0 when it has none, e.g. proto input) and a message of the form
+//! `%name: <opcode> <rule>, got <what>`.
 
 /// `return Err(self.err(id, format!(..)))`: a failed rule names its instruction.
 macro_rules! bail {
@@ -26,8 +25,8 @@ use crate::print::{array_without_layout as arr_str, int_list as list, pct as pna
 use crate::types::{ArrayShape, PrimitiveType, Shape};
 use crate::{Error, ErrorKind, Module};
 
-/// Largest element count of one array the verifier accepts (2^40), so that
-/// downstream byte-size arithmetic can never overflow.
+/// Largest element count of one array the verifier accepts (2^40), so that downstream byte-size arithmetic can never
+/// overflow.
 pub const MAX_ELEMENTS: u128 = 1 << 40;
 /// Deepest tuple nesting accepted in a shape.
 pub const MAX_SHAPE_DEPTH: usize = 64;
@@ -100,8 +99,7 @@ fn valid_dim_set(dims: &[i64], rank: usize) -> bool {
     dims.iter().all(|&d| d >= 0 && (d as usize) < rank && !std::mem::replace(&mut seen[d as usize], true))
 }
 
-/// Expands an iota replica-group form after bounding its sizes (so the expansion
-/// cannot overflow or allocate absurdly).
+/// Expands an iota replica-group form after bounding its sizes (so the expansion cannot overflow or allocate absurdly).
 fn expand_iota(i: &IotaReplicaGroups) -> Option<Vec<Vec<i64>>> {
     let in_range = |x: i64| (0..=MAX_IOTA_DEVICES).contains(&x);
     if !in_range(i.num_groups) || !in_range(i.group_size) || !i.reshape_dims.iter().all(|&d| in_range(d)) {
@@ -890,8 +888,8 @@ impl<'a> Verifier<'a> {
         self.result_dims(id, a.ty, dims, "lo + hi + n + (n-1)*interior per dimension")
     }
 
-    /// `comp` must take `2N` scalars (`types[i]` twice: accumulators then values) and
-    /// return a scalar (`N == 1`) or an `N`-tuple of scalars of `types`.
+    /// `comp` must take `2N` scalars (`types[i]` twice: accumulators then values) and return a scalar (`N == 1`) or an
+    /// `N`-tuple of scalars of `types`.
     fn check_reducer(&self, id: InstrId, c: CompId, types: &[PrimitiveType]) -> R {
         let comp = &self.m.comps[c];
         let n = types.len();
@@ -934,8 +932,8 @@ impl<'a> Verifier<'a> {
         self.result_is(id, &expected, why)
     }
 
-    /// The operands of reduce and reduce-window: N inputs of one shape, then N scalar init
-    /// values of their element types. Returns the first input and the N element types.
+    /// The operands of reduce and reduce-window: N inputs of one shape, then N scalar init values of their element
+    /// types. Returns the first input and the N element types.
     fn inputs_and_inits(&self, id: InstrId) -> R<(&'a ArrayShape, Vec<PrimitiveType>)> {
         let op = self.op(id);
         let k = self.m.instrs[id].operands.len();
@@ -978,8 +976,8 @@ impl<'a> Verifier<'a> {
         self.reduced(id, &types, kept.collect(), "input dimensions minus the reduced ones")
     }
 
-    /// reduce-window: N inputs and N init values as reduce, a window of the inputs' rank, and
-    /// per dimension as many results as window positions (`Window::output_dims`).
+    /// reduce-window: N inputs and N init values as reduce, a window of the inputs' rank, and per dimension as many
+    /// results as window positions (`Window::output_dims`).
     fn reduce_window(&self, id: InstrId) -> R {
         let (first, types) = self.inputs_and_inits(id)?;
         let window = Window::of(&self.m.instrs[id].attrs).map_err(|e| self.err(id, format!("reduce-window {e}")))?;

@@ -1,6 +1,6 @@
-//! The fused all-reduce epilogue on the host: the residual add and RMSNorm
-//! a call's [`Epilogue`] describes, applied to the all-reduce's result row by row. The CPU
-//! handlers run it after the host protocol; the GPU kernel tests use it as their reference.
+//! The fused all-reduce epilogue on the host: the residual add and RMSNorm a call's [`Epilogue`] describes, applied to
+//! the all-reduce's result row by row. The CPU handlers run it after the host protocol; the GPU kernel tests use it as
+//! their reference.
 
 use half::{bf16, f16};
 use hlo::PrimitiveType;
@@ -49,11 +49,10 @@ pub fn sum_of_squares(hf: &[f32]) -> f32 {
     sum
 }
 
-/// Applies `e` to the all-reduce result `s` with residual `x` (and gamma `g`, `d` values),
-/// rows of `d` elements, writing `h` and `y` (each of `s`'s element count, in their types).
-/// Every operation is an f32 operation in XLA's order ([`Epilogue`]); the row's sum of squares
-/// is `row_sum` of the row's hf values: [`sum_of_squares`] on the host, the kernel's block order where the GPU
-/// kernel tests reproduce it bit for bit (kernels/tests/common/sum_order.rs).
+/// Applies `e` to the all-reduce result `s` with residual `x` (and gamma `g`, `d` values), rows of `d` elements,
+/// writing `h` and `y` (each of `s`'s element count, in their types). Every operation is an f32 operation in XLA's
+/// order ([`Epilogue`]); the row's sum of squares is `row_sum` of the row's hf values: [`sum_of_squares`] on the host,
+/// the kernel's block order where the GPU kernel tests reproduce it bit for bit (kernels/tests/common/sum_order.rs).
 pub fn apply(
     e: &Epilogue,
     d: usize,

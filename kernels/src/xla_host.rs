@@ -29,8 +29,8 @@ pub struct HostCall<'a> {
     pub outputs: Vec<(&'a mut [u8], ArrayShape)>,
 }
 
-/// Where a collective's members meet: one process's memory, or a segment shared by the
-/// processes of a host (groups across processes under jax.distributed).
+/// Where a collective's members meet: one process's memory, or a segment shared by the processes of a host (groups
+/// across processes under jax.distributed).
 #[derive(Debug)]
 enum Protocol {
     Direct(DirectCollective),
@@ -53,8 +53,7 @@ impl Protocol {
     }
 }
 
-/// A rewritten collective: the shapes it was built for and its protocol state. Opaque outside
-/// this module.
+/// A rewritten collective: the shapes it was built for and its protocol state. Opaque outside this module.
 #[derive(Debug)]
 pub struct Instance {
     /// Shapes the instance was built for: every later call must match.
@@ -76,8 +75,8 @@ pub fn live_clusters() -> usize {
     LIVE.load(Ordering::Relaxed)
 }
 
-/// The per-executable state XLA holds for one custom call: its config and the collective,
-/// built by the first device to execute.
+/// The per-executable state XLA holds for one custom call: its config and the collective, built by the first device to
+/// execute.
 type ExecState = CallState<Result<Arc<Instance>, String>>;
 
 /// Where XLA keeps each executable's [`ExecState`].
@@ -94,10 +93,9 @@ pub fn staging_bytes() -> usize {
     crate::host::direct::staging_bytes()
 }
 
-/// The slot `cfg` (with a `slot`) runs on: the live one of its key, or a new one of
-/// `max(slot_bytes, bytes)` per buffer. A live slot too small for this call (the pass sized
-/// it for every call, so only a config from elsewhere) or a slot that cannot be allocated
-/// gives the call staging of its own, with the reason logged.
+/// The slot `cfg` (with a `slot`) runs on: the live one of its key, or a new one of `max(slot_bytes, bytes)` per
+/// buffer. A live slot too small for this call (the pass sized it for every call, so only a config from elsewhere) or a
+/// slot that cannot be allocated gives the call staging of its own, with the reason logged.
 fn shared_slot(
     cfg: &CustomCallConfig,
     occurrence: u64,
@@ -138,8 +136,8 @@ fn invalid(cfg: &CustomCallConfig, message: impl Into<String>) -> Error {
 }
 
 impl Instance {
-    /// Builds the collective of `call`; a group across processes meets under the running
-    /// job's token and `occurrence` (see [`ExecState`]).
+    /// Builds the collective of `call`; a group across processes meets under the running job's token and `occurrence`
+    /// (see [`ExecState`]).
     fn build(call: &HostCall, occurrence: u64) -> Result<Instance> {
         let cfg = call.config;
         let in_shapes: Vec<ArrayShape> = call.inputs.iter().map(|(_, s)| s.clone()).collect();
@@ -153,25 +151,24 @@ impl Instance {
                 shared_slot(cfg, occurrence, groups, bytes)
             })?)
         } else {
-            // Groups across processes: every process of the host that owns a member
-            // opens the segment the running job's token and the (shared) instance id
-            // name; the module holds no token (it may come from a cache, compiled by
+            // Groups across processes: every process of the host that owns a member opens the segment the running job's
+            // token and the (shared) instance id name; the module holds no token (it may come from a cache, compiled by
             // another job).
             let job = thunks::runtime::job_for(cfg).map_err(|m| invalid(cfg, m))?;
             let by_device = cfg.process_of();
             let Some(&this) = by_device.get(&call.device) else {
                 return Err(invalid(cfg, format!("device {} has no process in the call's attributes", call.device)));
             };
-            // Devices the call does not name: process 0 (every process fills them alike, since
-            // the segment's plan fingerprint covers the whole map).
+            // Devices the call does not name: process 0 (every process fills them alike, since the segment's plan
+            // fingerprint covers the whole map).
             let mut process_of = vec![0; n];
             for (&d, &p) in &by_device {
                 if let Some(slot) = process_of.get_mut(d) {
                     *slot = p;
                 }
             }
-            // A slot's segment is named by the slot (its first call's instance, the same in
-            // every process) and this executable's occurrence, and mapped once per process.
+            // A slot's segment is named by the slot (its first call's instance, the same in every process) and this
+            // executable's occurrence, and mapped once per process.
             let (instance, slot_bytes) = match cfg.slot {
                 Some(slot) => (slot, Some(usize::try_from(cfg.slot_bytes).unwrap_or(usize::MAX))),
                 None => (cfg.instance, None),
@@ -206,8 +203,8 @@ fn check_call(call: &HostCall) -> Result<()> {
     Ok(())
 }
 
-/// Runs one device's side of `call` in its `state`, whose collective the first device to run
-/// builds (freed with the executable).
+/// Runs one device's side of `call` in its `state`, whose collective the first device to run builds (freed with the
+/// executable).
 fn run_in(state: &ExecState, call: HostCall) -> Result<()> {
     check_call(&call)?;
     let inst = state
@@ -240,8 +237,8 @@ fn host_bytes<'b>(b: &BufferRef<'b>) -> Result<&'b [u8], HandlerError> {
     if len == 0 {
         return Ok(&[]);
     }
-    // SAFETY: on XLA:CPU a buffer's `data` is host memory holding `len` bytes (its dtype and
-    // dims), valid for the duration of the call; operands are only read.
+    // SAFETY: on XLA:CPU a buffer's `data` is host memory holding `len` bytes (its dtype and dims), valid for the
+    // duration of the call; operands are only read.
     Ok(unsafe { std::slice::from_raw_parts(b.data as *const u8, len) })
 }
 
@@ -296,14 +293,13 @@ impl CollectiveRuntime for HostRuntime {
         let mut inputs: Vec<(&[u8], ArrayShape)> = args.iter().map(input).collect::<Result<_, _>>()?;
         let output = |r| -> Result<_, HandlerError> {
             let shape = array_shape(r)?;
-            // SAFETY: result buffers are distinct from each other and from the operands (the
-            // pass's custom calls declare no output-operand aliasing), so this is the only
-            // reference to these bytes during the call.
+            // SAFETY: result buffers are distinct from each other and from the operands (the pass's custom calls
+            // declare no output-operand aliasing), so this is the only reference to these bytes during the call.
             Ok((unsafe { host_bytes_mut(r)? }, shape))
         };
         let mut outputs: Vec<(&mut [u8], ArrayShape)> = rets.iter().map(output).collect::<Result<_, _>>()?;
-        // A fused epilogue: the all-reduce runs on the first operand into a buffer of its own,
-        // then the epilogue reads it and writes `h` and `y`.
+        // A fused epilogue: the all-reduce runs on the first operand into a buffer of its own, then the epilogue reads
+        // it and writes `h` and `y`.
         let mut fused = None;
         if let Some(e) = &call.epilogue {
             let extra = e.extra_operands();
@@ -344,8 +340,8 @@ impl CollectiveRuntime for HostRuntime {
             let x = bytes_and_type(&args[1])?;
             let g = args.get(2).map(bytes_and_type).transpose()?;
             let (h_ty, y_ty) = (array_shape(&rets[0])?.ty, array_shape(&rets[1])?.ty);
-            // SAFETY: as above: the two result buffers are distinct host memory of their
-            // shapes, and nothing else refers to them now (the protocol wrote `sum`).
+            // SAFETY: as above: the two result buffers are distinct host memory of their shapes, and nothing else
+            // refers to them now (the protocol wrote `sum`).
             let (h, y) = unsafe { (host_bytes_mut(&rets[0])?, host_bytes_mut(&rets[1])?) };
             crate::epilogue::apply(e, d, (&sum, shape.ty), x, g, h, h_ty, y, y_ty, &crate::epilogue::sum_of_squares);
         }

@@ -40,10 +40,9 @@ unsafe impl Sync for Wrapped {}
 
 static INNER: OnceLock<Result<Wrapped, String>> = OnceLock::new();
 
-/// The Peerless platform whose handlers the inner plugin gets: CUDA for XLA's CUDA plugin,
-/// ROCm for XLA's ROCm plugin (`xla_rocm_plugin.so`; its handlers need a library built with
-/// the cargo feature `rocm`), by `PEERLESS_XLA_PLATFORM` ("cuda", "rocm"), else the file name;
-/// XLA:CPU otherwise.
+/// The Peerless platform whose handlers the inner plugin gets: CUDA for XLA's CUDA plugin, ROCm for XLA's ROCm plugin
+/// (`xla_rocm_plugin.so`; its handlers need a library built with the cargo feature `rocm`), by `PEERLESS_XLA_PLATFORM`
+/// ("cuda", "rocm"), else the file name; XLA:CPU otherwise.
 pub fn platform_of(path: &std::path::Path) -> Platform {
     let named = |what: &str| path.file_name().is_some_and(|n| n.to_string_lossy().contains(what));
     match std::env::var("PEERLESS_XLA_PLATFORM").as_deref() {
@@ -59,10 +58,9 @@ pub fn platform_of(path: &std::path::Path) -> Platform {
 fn load(path: PathBuf) -> Result<Wrapped, String> {
     let inner = InnerPlugin::load(&path)?;
     let platform = platform_of(&path);
-    // The PJRT FFI extension registers an execute-only handler. Where JAX can reach the
-    // plugin's GPU extension (JAX's own CUDA plugin package, the same library), the Python
-    // package registers the whole bundle instead (instantiate / initialize / execute: state
-    // freed with the executable, set up outside command-buffer capture) and says so here.
+    // The PJRT FFI extension registers an execute-only handler. Where JAX can reach the plugin's GPU extension (JAX's
+    // own CUDA plugin package, the same library), the Python package registers the whole bundle instead (instantiate /
+    // initialize / execute: state freed with the executable, set up outside command-buffer capture) and says so here.
     let by_python = std::env::var("PEERLESS_XLA_HANDLERS").as_deref() == Ok("python");
     let xla_platform =
         if by_python { platform.xla_name() } else { crate::xla_handlers::register_in(&inner, platform)? };
@@ -84,17 +82,16 @@ fn load(path: PathBuf) -> Result<Wrapped, String> {
     if inner.has_slot(SLOT_ERROR_FOR_EACH_PAYLOAD) {
         patches.push((SLOT_ERROR_FOR_EACH_PAYLOAD, error_for_each_payload as *const c_void));
     }
-    // A newer plugin may read errors through slots this build does not know; then a bad
-    // Peerless option is reported by XLA itself (see `client_compile`), never by an error
-    // object of ours.
+    // A newer plugin may read errors through slots this build does not know; then a bad Peerless option is reported by
+    // XLA itself (see `client_compile`), never by an error object of ours.
     let own_errors = inner.version().0 == 0 && inner.version().1 <= KNOWN_MINOR;
     let table = inner.patched_table(&patches)?;
     Ok(Wrapped { plugin: inner, table, own_errors, platform })
 }
 
 /// Where XLA's plugin lies when nothing names it: beside this library, where pip installs the plugins
-/// (`jax_plugins/xla_cuda13/`, `jax_plugins/xla_rocm7/`, `lammps_jax_pjrt_cpu/`), in the Python package's order; a
-/// GPU plugin only where such a GPU is usable (or `PEERLESS_BACKEND` names it).
+/// (`jax_plugins/xla_cuda13/`, `jax_plugins/xla_rocm7/`, `lammps_jax_pjrt_cpu/`), in the Python package's order; a GPU
+/// plugin only where such a GPU is usable (or `PEERLESS_BACKEND` names it).
 fn discover() -> Result<PathBuf, String> {
     let own = ffi::libs::own_path().ok_or("cannot tell where libpeerless_pjrt.so lies")?;
     let dir = own.parent().unwrap_or(std::path::Path::new("."));
@@ -131,8 +128,8 @@ fn discover() -> Result<PathBuf, String> {
     ))
 }
 
-/// Whether the machine has an AMD GPU, as JAX's ROCm plugin tells (a KFD topology node with a
-/// non-zero `gpu_id`), without initialising HIP in this process (JAX avoids that too).
+/// Whether the machine has an AMD GPU, as JAX's ROCm plugin tells (a KFD topology node with a non-zero `gpu_id`),
+/// without initialising HIP in this process (JAX avoids that too).
 fn amd_gpus_present() -> bool {
     let Ok(nodes) = std::fs::read_dir("/sys/class/kfd/kfd/topology/nodes") else { return false };
     nodes.flatten().any(|n| {
@@ -140,8 +137,8 @@ fn amd_gpus_present() -> bool {
     })
 }
 
-/// Set by the Python package when it found no XLA plugin: the reason, which the table of
-/// errors reports (JAX loads the library only to register the platform).
+/// Set by the Python package when it found no XLA plugin: the reason, which the table of errors reports (JAX loads the
+/// library only to register the platform).
 const UNAVAILABLE_VAR: &str = "PEERLESS_XLA_UNAVAILABLE";
 
 fn inner() -> &'static Result<Wrapped, String> {
@@ -167,8 +164,8 @@ fn inner() -> &'static Result<Wrapped, String> {
     })
 }
 
-/// `GetPjrtApi`'s table: the inner plugin's, patched; else one whose every entry point
-/// fails with [`load_error`] (never null, never a second runtime).
+/// `GetPjrtApi`'s table: the inner plugin's, patched; else one whose every entry point fails with [`load_error`] (never
+/// null, never a second runtime).
 pub fn api() -> *const c_void {
     match inner() {
         Ok(w) => w.table,
@@ -200,9 +197,9 @@ pub fn load_error() -> Option<String> {
 
 // ---- no plugin to wrap: a table of errors ------------------------------------------------
 
-/// The table `GetPjrtApi` returns when no XLA plugin can be wrapped: plugin initialisation
-/// succeeds (so JAX registers the platform and reports the reason when it creates a client),
-/// every other entry point returns [`load_error`] as a FAILED_PRECONDITION error.
+/// The table `GetPjrtApi` returns when no XLA plugin can be wrapped: plugin initialisation succeeds (so JAX registers
+/// the platform and reports the reason when it creates a client), every other entry point returns [`load_error`] as a
+/// FAILED_PRECONDITION error.
 fn unavailable_table() -> *const c_void {
     static TABLE: OnceLock<usize> = OnceLock::new();
     *TABLE.get_or_init(|| {
@@ -233,8 +230,8 @@ unsafe extern "C" fn plugin_initialize(_args: *mut c_void) -> *mut c_void {
     std::ptr::null_mut()
 }
 
-/// `PJRT_Plugin_Attributes_Args`: struct_size, extension_start, then the attributes and
-/// their count, which we set to none.
+/// `PJRT_Plugin_Attributes_Args`: struct_size, extension_start, then the attributes and their count, which we set to
+/// none.
 #[repr(C)]
 struct PluginAttributesArgs {
     struct_size: usize,
@@ -254,8 +251,8 @@ unsafe extern "C" fn plugin_attributes(args: *mut PluginAttributesArgs) -> *mut 
 
 // ---- errors of our own ------------------------------------------------------------------
 
-/// An error the wrapper raises (a bad Peerless compile option); the plugin's own errors are
-/// its own. Told apart by address: ours are in [`OURS`] from creation to destruction.
+/// An error the wrapper raises (a bad Peerless compile option); the plugin's own errors are its own. Told apart by
+/// address: ours are in [`OURS`] from creation to destruction.
 struct WrapError {
     code: pjrt_sys::PJRT_Error_Code,
     message: String,
@@ -368,17 +365,17 @@ unsafe extern "C" fn error_for_each_payload(args: *mut ErrorForEachPayloadArgs) 
 
 // ---- client creation: the collective pass ---------------------------------------------
 
-/// The client create option that sets Peerless's flags for the process (a string of
-/// `--name=value`; from JAX: `JAX_PJRT_CLIENT_CREATE_OPTIONS="peerless_flags:--one_shot_max_bytes=1024"`).
-/// It is taken out of the options before XLA sees them.
+/// The client create option that sets Peerless's flags for the process (a string of `--name=value`; from JAX:
+/// `JAX_PJRT_CLIENT_CREATE_OPTIONS="peerless_flags:--one_shot_max_bytes=1024"`). It is taken out of the options before
+/// XLA sees them.
 pub const FLAGS_OPTION: &str = "peerless_flags";
 
-/// Splits `peerless_flags` out of a client's create options: its value (None when absent)
-/// and the other options, to hand XLA.
+/// Splits `peerless_flags` out of a client's create options: its value (None when absent) and the other options, to
+/// hand XLA.
 ///
 /// # Safety
-/// Every option's `name` points to `name_size` readable bytes, and a string option's
-/// `string_value` to `value_size` bytes (PJRT's contract for create options).
+/// Every option's `name` points to `name_size` readable bytes, and a string option's `string_value` to `value_size`
+/// bytes (PJRT's contract for create options).
 unsafe fn split_create_options(options: &[NamedValue]) -> Result<(Option<String>, Vec<NamedValue>), String> {
     let mut flags = None;
     let mut rest = Vec::with_capacity(options.len());
@@ -421,8 +418,8 @@ unsafe extern "C" fn client_create(args: *mut pjrt_sys::PJRT_Client_Create_Args)
         else {
             return new_error(INTERNAL, "peerless: the inner plugin has no PJRT_Client_Create".into());
         };
-        // Without the pass the platform would be XLA alone while claiming to be Peerless: a
-        // plugin that cannot take it is an error here, naming the plugin and the reason.
+        // Without the pass the platform would be XLA alone while claiming to be Peerless: a plugin that cannot take it
+        // is an error here, naming the plugin and the reason.
         if let Err(e) = crate::xla_inside::register_pass_in(plugin(), wrapped().platform) {
             return new_error(INTERNAL, format!("peerless: cannot register the collective pass: {e}"));
         }
@@ -452,8 +449,8 @@ unsafe extern "C" fn client_create(args: *mut pjrt_sys::PJRT_Client_Create_Args)
                 }
                 let saved = (a.create_options, a.num_options);
                 (a.create_options, a.num_options) = (rest.as_ptr(), rest.len());
-                // SAFETY: the caller's args with the options XLA knows, which outlive the call
-                // (`rest`); the originals are put back after.
+                // SAFETY: the caller's args with the options XLA knows, which outlive the call (`rest`); the originals
+                // are put back after.
                 let r = unsafe { create(args) };
                 (a.create_options, a.num_options) = saved;
                 r
@@ -468,10 +465,9 @@ unsafe extern "C" fn client_create(args: *mut pjrt_sys::PJRT_Client_Create_Args)
     .unwrap_or_else(|_| new_error(INTERNAL, "peerless: PJRT_Client_Create panicked".into()))
 }
 
-/// Records the kind of a new client's devices (XLA's name for them, "NVIDIA H200"), which the
-/// pass looks its tuning profile up by: what XLA knows, so no GPU is opened for it. A client
-/// whose devices cannot be listed leaves the kind unknown (the profile is then looked up
-/// without one), which is no reason to fail its creation.
+/// Records the kind of a new client's devices (XLA's name for them, "NVIDIA H200"), which the pass looks its tuning
+/// profile up by: what XLA knows, so no GPU is opened for it. A client whose devices cannot be listed leaves the kind
+/// unknown (the profile is then looked up without one), which is no reason to fail its creation.
 fn learn_device_kind(devices: Result<Vec<ffi::pjrt::client::Device>, String>) {
     let platform = wrapped().platform;
     match devices {
@@ -495,8 +491,7 @@ unsafe extern "C" fn client_compile(args: *mut ClientCompileArgs) -> *mut c_void
             // SAFETY: the plugin reports its own bad arguments.
             return unsafe { compile(args) };
         }
-        // SAFETY: PJRT passes a valid args struct whose options are `compile_options_size`
-        // readable bytes (or null).
+        // SAFETY: PJRT passes a valid args struct whose options are `compile_options_size` readable bytes (or null).
         let a = unsafe { &mut *args };
         let opts: &[u8] = if a.compile_options.is_null() {
             &[]

@@ -1,15 +1,15 @@
-//! Thunks: plain-data collective configs ([`CollectiveConfig`], [`Decision`]), the custom-call contract between the pass
-//! and the handlers ([`custom_call`]), and what the running process tells the handlers ([`runtime`]). Nothing here
+//! Thunks: plain-data collective configs ([`CollectiveConfig`], [`Decision`]), the custom-call contract between the
+//! pass and the handlers ([`custom_call`]), and what the running process tells the handlers ([`runtime`]). Nothing here
 //! refers to a particular device or depends on the device or FFI layers.
 
 pub mod custom_call;
 pub mod peers;
 pub mod runtime;
 
-/// The names of Peerless's flags (`--name=value`, without the dashes). The table that reads
-/// them, with their types, defaults and help, is `emitter::flags::FLAGS`, which takes its names
-/// from here; so does any code that names a flag (a message that says what to set, a flags
-/// string built or read), in this crate or above it (the GPU runtime's messages, the bench).
+/// The names of Peerless's flags (`--name=value`, without the dashes). The table that reads them, with their types,
+/// defaults and help, is `emitter::flags::FLAGS`, which takes its names from here; so does any code that names a flag
+/// (a message that says what to set, a flags string built or read), in this crate or above it (the GPU runtime's
+/// messages, the bench).
 pub mod flag {
     pub const ALL_REDUCE_BACKEND: &str = "all_reduce_backend";
     pub const ALL_GATHER_BACKEND: &str = "all_gather_backend";
@@ -32,11 +32,11 @@ use std::fmt;
 
 pub use peers::{PeerAccessTable, PeerTableKey};
 
-/// GPU backends: the most thread blocks a collective kernel's grid may have. The kernels'
-/// per-block counter and flag arrays are sized for this many (`PL_BLOCKS`).
+/// GPU backends: the most thread blocks a collective kernel's grid may have. The kernels' per-block counter and flag
+/// arrays are sized for this many (`PL_BLOCKS`).
 pub const MAX_COLLECTIVE_BLOCKS: u32 = 128;
-/// GPU backends: the default largest grid of a collective kernel (smaller messages get
-/// fewer blocks: one thread per 16-byte unit).
+/// GPU backends: the default largest grid of a collective kernel (smaller messages get fewer blocks: one thread per
+/// 16-byte unit).
 pub const DEFAULT_COLLECTIVE_BLOCKS: u32 = 64;
 
 use hlo::analysis::ReductionKind;
@@ -57,8 +57,8 @@ pub enum CollectiveKind {
 }
 
 impl CollectiveKind {
-    /// The flag choosing this kind's backend (`--all_reduce_backend=auto|kernel|fallback`, ...),
-    /// or `None` for the kinds Peerless has no kernel for.
+    /// The flag choosing this kind's backend (`--all_reduce_backend=auto|kernel|fallback`, ...), or `None` for the
+    /// kinds Peerless has no kernel for.
     pub const fn backend_flag(self) -> Option<&'static str> {
         match self {
             Self::AllReduce => Some(flag::ALL_REDUCE_BACKEND),
@@ -71,9 +71,8 @@ impl CollectiveKind {
     }
 }
 
-/// A collective operation: its kind, and whether it is the `-start` half of an async
-/// pair (`all-reduce-start`, `all-gather-start`, `collective-permute-start`). The
-/// matching `-done` is not a separate collective.
+/// A collective operation: its kind, and whether it is the `-start` half of an async pair (`all-reduce-start`,
+/// `all-gather-start`, `collective-permute-start`). The matching `-done` is not a separate collective.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct CollectiveOp {
     pub kind: CollectiveKind,
@@ -128,11 +127,11 @@ impl fmt::Display for CollectiveOp {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CollectiveConfig {
     pub op: CollectiveOp,
-    /// Groups of global device ids (`replica * num_partitions + partition`), in XLA's
-    /// participant order; every device is in exactly one group.
+    /// Groups of global device ids (`replica * num_partitions + partition`), in XLA's participant order; every device
+    /// is in exactly one group.
     pub groups: Vec<Vec<usize>>,
-    /// Element type of the *operand* (an `all-gather-start` result is a tuple, so the
-    /// result shape says nothing about what moves).
+    /// Element type of the *operand* (an `all-gather-start` result is a tuple, so the result shape says nothing about
+    /// what moves).
     pub element_type: PrimitiveType,
     /// The reduction of all-reduce / reduce-scatter, when `to_apply` is recognised.
     pub reduction: Option<ReductionKind>,
@@ -248,8 +247,8 @@ impl fmt::Display for KernelAlgorithm {
     }
 }
 
-/// How a collective runs: a Peerless kernel, or the backend's fallback path
-/// (the host backend's copy loops, NCCL/RCCL on GPUs).
+/// How a collective runs: a Peerless kernel, or the backend's fallback path (the host backend's copy loops, NCCL/RCCL
+/// on GPUs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Implementation {
     Kernel(KernelAlgorithm),
@@ -265,8 +264,8 @@ impl fmt::Display for Implementation {
     }
 }
 
-/// The emitter's choice for one collective, with the reason it was made. Every
-/// decision carries a reason a person can act on.
+/// The emitter's choice for one collective, with the reason it was made. Every decision carries a reason a person can
+/// act on.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Decision {
     pub implementation: Implementation,

@@ -17,8 +17,8 @@ pub fn valid_job(token: &str) -> bool {
     (8..=64).contains(&token.len()) && token.bytes().all(|b| b.is_ascii_hexdigit())
 }
 
-/// Sets the running job's token (the Python package learns it through JAX's key-value store;
-/// `None`: not in a multi-process job). A token that cannot name shared memory is an error.
+/// Sets the running job's token (the Python package learns it through JAX's key-value store; `None`: not in a
+/// multi-process job). A token that cannot name shared memory is an error.
 pub fn set_job(token: Option<&str>) -> Result<(), String> {
     if let Some(t) = token
         && !valid_job(t)
@@ -34,8 +34,8 @@ pub fn job() -> Option<String> {
     JOB.read().unwrap_or_else(PoisonError::into_inner).clone()
 }
 
-/// The running job's token for `call` (a group across processes), or an error that says why
-/// there is none and what to do.
+/// The running job's token for `call` (a group across processes), or an error that says why there is none and what to
+/// do.
 pub fn job_for(call: &CustomCallConfig) -> Result<String, String> {
     job().ok_or_else(|| {
         format!(
@@ -61,8 +61,8 @@ pub fn next_occurrence(instance: u64) -> u64 {
     *n - 1
 }
 
-/// The id a group across processes meets under: `instance` for an executable's first
-/// instantiation, a hash of both after (the same in every process).
+/// The id a group across processes meets under: `instance` for an executable's first instantiation, a hash of both
+/// after (the same in every process).
 pub fn shared_key(instance: u64, occurrence: u64) -> u64 {
     if occurrence == 0 {
         return instance;
@@ -90,8 +90,8 @@ fn book() -> &'static Mutex<Book> {
     BOOK.get_or_init(Default::default)
 }
 
-/// The pass reported (to `stats()`) the decisions of the calls it wrote with `instances`:
-/// their instantiation registers nothing more.
+/// The pass reported (to `stats()`) the decisions of the calls it wrote with `instances`: their instantiation registers
+/// nothing more.
 pub fn reported(instances: impl IntoIterator<Item = u64>) {
     let mut b = book().lock().unwrap_or_else(PoisonError::into_inner);
     for i in instances {
@@ -99,9 +99,8 @@ pub fn reported(instances: impl IntoIterator<Item = u64>) {
     }
 }
 
-/// At INSTANTIATE on `platform` ("cpu", "cuda"): registers `call`'s decision lines, unless
-/// the pass reported them in this process (then it only forgets that mark). Returns whether
-/// it registered.
+/// At INSTANTIATE on `platform` ("cpu", "cuda"): registers `call`'s decision lines, unless the pass reported them in
+/// this process (then it only forgets that mark). Returns whether it registered.
 pub fn instantiated(platform: &str, call: &CustomCallConfig) -> bool {
     let mut b = book().lock().unwrap_or_else(PoisonError::into_inner);
     if let Some(n) = b.reported.get_mut(&call.instance) {
@@ -120,15 +119,14 @@ pub fn instantiated(platform: &str, call: &CustomCallConfig) -> bool {
     true
 }
 
-/// Takes the decision lines registered since the last call, one per line, each led by its
-/// platform and a tab.
+/// Takes the decision lines registered since the last call, one per line, each led by its platform and a tab.
 pub fn take_decisions() -> String {
     let mut b = book().lock().unwrap_or_else(PoisonError::into_inner);
     b.lines.drain(..).map(|l| l + "\n").collect()
 }
 
-/// Where Peerless keeps files between processes (compiled kernels, tuning profiles, the peer
-/// probe): `PEERLESS_CACHE_DIR`, else `$XDG_CACHE_HOME/peerless`, else `~/.cache/peerless`.
+/// Where Peerless keeps files between processes (compiled kernels, tuning profiles, the peer probe):
+/// `PEERLESS_CACHE_DIR`, else `$XDG_CACHE_HOME/peerless`, else `~/.cache/peerless`.
 pub fn cache_dir() -> Option<std::path::PathBuf> {
     use std::path::PathBuf;
     let env = std::env::var_os;

@@ -44,9 +44,8 @@ fn cpu_plugin_in(venv: &Path) -> PathBuf {
     venv.join("lib/python3.12/site-packages/lammps_jax_pjrt_cpu/pjrt_c_api_cpu_plugin.so")
 }
 
-/// The plugin to run on: `explicit` (`--xla-plugin`), else `PEERLESS_XLA_PLUGIN`, else the
-/// CPU plugin in the JAX venv (`$PEERLESS_VENV_DIR/jax`, then `<repo>/.venv/jax`). One error
-/// naming every place looked in when none is there.
+/// The plugin to run on: `explicit` (`--xla-plugin`), else `PEERLESS_XLA_PLUGIN`, else the CPU plugin in the JAX venv
+/// (`$PEERLESS_VENV_DIR/jax`, then `<repo>/.venv/jax`). One error naming every place looked in when none is there.
 pub fn find_plugin(explicit: Option<&Path>) -> Result<PathBuf, String> {
     if let Some(p) = explicit {
         return if p.is_file() {
@@ -82,9 +81,8 @@ pub fn find_plugin(explicit: Option<&Path>) -> Result<PathBuf, String> {
     ))
 }
 
-/// Loads a plugin once per process and registers Peerless's handlers in it (XLA's FFI
-/// registry is process-global inside the plugin, and a second registration is an error).
-/// `platform`: [`platform_of`] the path.
+/// Loads a plugin once per process and registers Peerless's handlers in it (XLA's FFI registry is process-global inside
+/// the plugin, and a second registration is an error). `platform`: [`platform_of`] the path.
 pub fn plugin(path: &Path, platform: Platform) -> Result<&'static InnerPlugin, String> {
     static LOADED: Mutex<Option<HashMap<PathBuf, &'static InnerPlugin>>> = Mutex::new(None);
     let mut loaded = LOADED.lock().unwrap_or_else(|e| e.into_inner());
@@ -157,8 +155,8 @@ pub fn compile_options(mode: Mode, ids: &[i64]) -> xla::CompileOptionsProto {
     }
 }
 
-/// Whether the module is in JAX's Shardy round-trip form: `xla.sdy.*` module frontend
-/// attributes (the meshes) or custom calls (`xla.sdy.GlobalToLocalShape`, ...).
+/// Whether the module is in JAX's Shardy round-trip form: `xla.sdy.*` module frontend attributes (the meshes) or custom
+/// calls (`xla.sdy.GlobalToLocalShape`, ...).
 pub fn uses_shardy(module: &hlo::Module) -> bool {
     module.config.frontend_attributes.keys().any(|k| k.starts_with("xla.sdy."))
         || module
@@ -199,8 +197,8 @@ fn with_assignment(module: &[u8], da: &xla::DeviceAssignmentProto) -> Result<Vec
     Ok(out)
 }
 
-/// Every instruction without a sharding marked manual (a tuple: a tuple of manual leaves,
-/// what `sharding={manual}` on a tuple-shaped instruction parses to; XLA checks the form).
+/// Every instruction without a sharding marked manual (a tuple: a tuple of manual leaves, what `sharding={manual}` on a
+/// tuple-shaped instruction parses to; XLA checks the form).
 fn manualize(module: &[u8]) -> Result<Vec<u8>, String> {
     let manual = xla::OpSharding { r#type: xla::op_sharding::Type::Manual as i32, ..Default::default() };
     map_field(module, hlo_module::COMPUTATIONS, &mut |comp| {
@@ -254,9 +252,9 @@ pub fn prepare_tuned(
     let cfg = plugin::xla_inside::pass_config_tuned(platform, &flags.join(" "), "", source)?;
     let outcome = emitter::xla_pass::run(&module, &cfg).map_err(|e| format!("peerless pass: {e}"))?;
     let module = outcome.module.as_deref().unwrap_or(&module);
-    // A module that already carries shardings (JAX's GSPMD form: tiled entry, a manual
-    // shard_map body) is left to XLA's sharding propagation: marking its unsharded
-    // instructions manual would mix manual and tiled leaves (XLA aborts on that).
+    // A module that already carries shardings (JAX's GSPMD form: tiled entry, a manual shard_map body) is left to XLA's
+    // sharding propagation: marking its unsharded instructions manual would mix manual and tiled leaves (XLA aborts on
+    // that).
     let module = if mode == Mode::Partition && !has_sharding(bytes)? { manualize(module)? } else { module.to_vec() };
     Ok((module, outcome))
 }
@@ -315,8 +313,8 @@ pub fn buffer_type(ty: PrimitiveType) -> Result<u32, String> {
     })
 }
 
-/// The result's leaves (array shapes, depth first), as PJRT returns them from the flat
-/// entry ([`flatten::entry`]): a tuple result as its leaves.
+/// The result's leaves (array shapes, depth first), as PJRT returns them from the flat entry ([`flatten::entry`]): a
+/// tuple result as its leaves.
 fn result_leaves(shape: &Shape) -> Result<Vec<&ArrayShape>, String> {
     fn has_token(s: &Shape) -> bool {
         match s {
@@ -331,10 +329,9 @@ fn result_leaves(shape: &Shape) -> Result<Vec<&ArrayShape>, String> {
     Ok(shape.leaves())
 }
 
-/// An array's bytes as XLA:CPU's `BufferFromHostBuffer` takes them. 4-bit integers go one
-/// element per byte in the low nibble (measured: XLA:CPU reads them unpacked and
-/// `ToHostBuffer` returns them so, high nibble zero), where hlo's `Literal` (like numpy's
-/// int4 files) holds s4 sign-extended; every other type as it is.
+/// An array's bytes as XLA:CPU's `BufferFromHostBuffer` takes them. 4-bit integers go one element per byte in the low
+/// nibble (measured: XLA:CPU reads them unpacked and `ToHostBuffer` returns them so, high nibble zero), where hlo's
+/// `Literal` (like numpy's int4 files) holds s4 sign-extended; every other type as it is.
 fn to_host_form(a: &Array) -> std::borrow::Cow<'_, [u8]> {
     match a.ty() {
         PrimitiveType::S4 | PrimitiveType::U4 => a.data.iter().map(|b| b & 0x0f).collect::<Vec<u8>>().into(),
@@ -342,8 +339,8 @@ fn to_host_form(a: &Array) -> std::borrow::Cow<'_, [u8]> {
     }
 }
 
-/// The bytes `ToHostBuffer` returned for an array of `ty`, as hlo's `Literal` holds them:
-/// s4 sign-extended from its low nibble, u4 its low nibble.
+/// The bytes `ToHostBuffer` returned for an array of `ty`, as hlo's `Literal` holds them: s4 sign-extended from its low
+/// nibble, u4 its low nibble.
 fn from_host_form(ty: PrimitiveType, mut data: Vec<u8>) -> Vec<u8> {
     match ty {
         PrimitiveType::S4 => data.iter_mut().for_each(|b| *b = (((*b << 4) as i8) >> 4) as u8),
@@ -353,9 +350,9 @@ fn from_host_form(ty: PrimitiveType, mut data: Vec<u8>) -> Vec<u8> {
     data
 }
 
-/// Runs `bytes` (a binary HloModuleProto of `module`) on XLA's plugin at `plugin_path`;
-/// `inputs[d]` are device d's entry arguments; `xla_options` are XLA options of string value
-/// (`xla_disable_hlo_passes`, ...) set for this compile (`CompileOptionsProto.env_option_overrides`).
+/// Runs `bytes` (a binary HloModuleProto of `module`) on XLA's plugin at `plugin_path`; `inputs[d]` are device d's
+/// entry arguments; `xla_options` are XLA options of string value (`xla_disable_hlo_passes`, ...) set for this compile
+/// (`CompileOptionsProto.env_option_overrides`).
 pub fn run(
     plugin_path: &Path,
     module: &hlo::Module,
@@ -383,8 +380,8 @@ pub fn run(
     }
     let devices = &devices[..n];
     let ids: Vec<i64> = devices.iter().map(|d| i64::from(d.id)).collect();
-    // XLA:CPU's PJRT client takes no nested tuple result nor tuple parameter: such an
-    // entry is flattened, its arguments passed as their leaves and its results nested back.
+    // XLA:CPU's PJRT client takes no nested tuple result nor tuple parameter: such an entry is flattened, its arguments
+    // passed as their leaves and its results nested back.
     let flat = flatten::entry(bytes)?;
     let (program, outcome) = prepare(flat.as_deref().unwrap_or(bytes), cfg.mode, &ids, platform, flags)?;
     let mut options = module_compile_options(module, bytes, cfg.mode, &ids)?;

@@ -1,19 +1,16 @@
-//! The raw XLA FFI C ABI, API version 0.4 (jaxlib 0.11.2's `xla/ffi/api/c_api.h`), written
-//! by hand from its documented layout: names, field order and enum values are XLA's; the
-//! prose is ours. Nothing here is checked by the compiler against the header; the layout test
-//! (`tests/xla_ffi_layout.rs`) compiles a C program against jaxlib's header and compares every
-//! size, offset, `*_STRUCT_SIZE` and enum value with these definitions.
+//! The raw XLA FFI C ABI, API version 0.4 (jaxlib 0.11.2's `xla/ffi/api/c_api.h`), written by hand from its documented
+//! layout: names, field order and enum values are XLA's; the prose is ours. Nothing here is checked by the compiler
+//! against the header; the layout test (`tests/xla_ffi_layout.rs`) compiles a C program against jaxlib's header and
+//! compares every size, offset, `*_STRUCT_SIZE` and enum value with these definitions.
 //!
 //! Conventions:
-//! - C enums are `#[repr(transparent)]` newtypes over `i32` with associated constants, so a
-//!   value this table does not know (a newer XLA's data type) is representable rather than
-//!   undefined behaviour.
+//! - C enums are `#[repr(transparent)]` newtypes over `i32` with associated constants, so a value this table does not
+//!   know (a newer XLA's data type) is representable rather than undefined behaviour.
 //! - Function pointers are `Option<unsafe extern "C" fn ..>`: nullable, pointer-sized. Calls Peerless never makes
 //!   (handler registration, futures, device memory, thread pool, extensions) keep only their slot ([`Unused`]).
-//! - `*_STRUCT_SIZE` is what the header's `XLA_FFI_STRUCT_SIZE(T, last)` computes: the offset
-//!   of `last` plus its size. `last` is not always the final field (see
-//!   [`XLA_FFI_Metadata_STRUCT_SIZE`], [`XLA_FFI_Type_Register_Args_STRUCT_SIZE`]); callers fill `struct_size` with it and XLA
-//!   reads only that far.
+//! - `*_STRUCT_SIZE` is what the header's `XLA_FFI_STRUCT_SIZE(T, last)` computes: the offset of `last` plus its size.
+//!   `last` is not always the final field (see [`XLA_FFI_Metadata_STRUCT_SIZE`],
+//!   [`XLA_FFI_Type_Register_Args_STRUCT_SIZE`]); callers fill `struct_size` with it and XLA reads only that far.
 
 #![allow(non_camel_case_types, non_snake_case, non_upper_case_globals)]
 
@@ -37,8 +34,8 @@ macro_rules! struct_size {
     };
 }
 
-/// An opaque C type: zero-sized, not constructible outside this module, neither `Send`,
-/// `Sync` nor `Unpin` (the nomicon's pattern for incomplete types).
+/// An opaque C type: zero-sized, not constructible outside this module, neither `Send`, `Sync` nor `Unpin` (the
+/// nomicon's pattern for incomplete types).
 macro_rules! opaque {
     ($($(#[$m:meta])* $name:ident;)*) => {$(
         $(#[$m])*
@@ -63,9 +60,8 @@ macro_rules! c_enum {
     };
 }
 
-/// API calls, each with its argument struct (`struct_size` and `extension_start` first, then the
-/// fields given), the struct's `*_STRUCT_SIZE` (through field `last`) and the call's
-/// function type.
+/// API calls, each with its argument struct (`struct_size` and `extension_start` first, then the fields given), the
+/// struct's `*_STRUCT_SIZE` (through field `last`) and the call's function type.
 macro_rules! api_call {
     ($(
         $(#[$m:meta])* fn $f:ident(args: $args:ident) $(-> $ret:ty)? { $($(#[$fm:meta])* $field:ident: $ty:ty,)* }
@@ -92,8 +88,8 @@ macro_rules! api_call {
 opaque! {
     /// XLA's private half of the API table (for handlers linked into XLA itself; unused here).
     XLA_FFI_InternalApi;
-    /// An error (an `absl::Status` inside XLA). Owned by whoever receives it: XLA destroys
-    /// one a handler returns; a handler destroys one an API call returns.
+    /// An error (an `absl::Status` inside XLA). Owned by whoever receives it: XLA destroys one a handler returns; a
+    /// handler destroys one an API call returns.
     XLA_FFI_Error;
     /// Per-call state (device, stream, execution state) that API calls take as `ctx`.
     XLA_FFI_InvokeContext;
@@ -101,8 +97,7 @@ opaque! {
     XLA_FFI_Future;
 }
 
-// ---------------------------------------------------------------------------------------------
-// Extensions
+// --------------------------------------------------------------------------------------------- Extensions
 
 c_enum! {
     /// The kind of an [`XLA_FFI_InternalExtension`].
@@ -122,8 +117,7 @@ pub struct XLA_FFI_InternalExtension {
 }
 pub const XLA_FFI_InternalExtension_STRUCT_SIZE: usize = struct_size!(XLA_FFI_InternalExtension, next);
 
-// ---------------------------------------------------------------------------------------------
-// Version
+// --------------------------------------------------------------------------------------------- Version
 
 /// An API version; in [`XLA_FFI_Metadata`], the version a handler was built against.
 #[repr(C)]
@@ -136,8 +130,7 @@ pub struct XLA_FFI_Api_Version {
 }
 pub const XLA_FFI_Api_Version_STRUCT_SIZE: usize = struct_size!(XLA_FFI_Api_Version, minor_version);
 
-// ---------------------------------------------------------------------------------------------
-// Errors
+// --------------------------------------------------------------------------------------------- Errors
 
 c_enum! {
     /// Status codes (absl's canonical codes).
@@ -185,8 +178,8 @@ api_call! {
     XLA_FFI_Error_Destroy_Args_STRUCT_SIZE = through error;
 }
 
-// ---------------------------------------------------------------------------------------------
-// Data types, buffers, attributes
+// --------------------------------------------------------------------------------------------- Data types, buffers,
+//  attributes
 
 c_enum! {
     /// Element types; the values are `xla::PrimitiveType`'s.
@@ -295,8 +288,7 @@ pub struct XLA_FFI_Array {
     pub data: *mut c_void,
 }
 
-// ---------------------------------------------------------------------------------------------
-// Type registry
+// --------------------------------------------------------------------------------------------- Type registry
 
 /// A user type's id; 0 ([`XLA_FFI_UNKNOWN_TYPE_ID`]) asks XLA to assign one.
 #[repr(C)]
@@ -318,8 +310,7 @@ pub struct XLA_FFI_TypeInfo {
 }
 pub const XLA_FFI_TypeInfo_STRUCT_SIZE: usize = struct_size!(XLA_FFI_TypeInfo, deleter);
 
-// ---------------------------------------------------------------------------------------------
-// Call frame
+// --------------------------------------------------------------------------------------------- Call frame
 
 c_enum! {
     /// The stage a handler is called for.
@@ -379,8 +370,8 @@ pub const XLA_FFI_Attrs_STRUCT_SIZE: usize = struct_size!(XLA_FFI_Attrs, attrs);
 #[derive(Debug)]
 pub struct XLA_FFI_CallFrame {
     pub struct_size: usize,
-    /// Non-null with type [`XLA_FFI_InternalExtension_Type::XLA_FFI_Extension_Metadata`] in
-    /// the registration-time metadata probe.
+    /// Non-null with type [`XLA_FFI_InternalExtension_Type::XLA_FFI_Extension_Metadata`] in the registration-time
+    /// metadata probe.
     pub extension_start: *mut XLA_FFI_InternalExtension,
     pub api: *const XLA_FFI_Api,
     pub ctx: *mut XLA_FFI_InvokeContext,
@@ -394,20 +385,18 @@ pub struct XLA_FFI_CallFrame {
 /// Ends at `attrs`, not at `future`.
 pub const XLA_FFI_CallFrame_STRUCT_SIZE: usize = struct_size!(XLA_FFI_CallFrame, attrs);
 
-// ---------------------------------------------------------------------------------------------
-// Handlers
+// --------------------------------------------------------------------------------------------- Handlers
 
 /// A handler: null means success; otherwise an error XLA takes ownership of.
 pub type XLA_FFI_Handler = unsafe extern "C" fn(call_frame: *mut XLA_FFI_CallFrame) -> *mut XLA_FFI_Error;
 
 /// A bit set of `XLA_FFI_HANDLER_TRAITS_*`.
 pub type XLA_FFI_Handler_Traits = u32;
-/// The handler launches the same device work on every call, so it may be captured into a
-/// command buffer (a CUDA graph).
+/// The handler launches the same device work on every call, so it may be captured into a command buffer (a CUDA graph).
 pub const XLA_FFI_HANDLER_TRAITS_COMMAND_BUFFER_COMPATIBLE: XLA_FFI_Handler_Traits = 1 << 0;
 
-// ---------------------------------------------------------------------------------------------
-// Type registration, invoke context
+// --------------------------------------------------------------------------------------------- Type registration,
+//  invoke context
 
 api_call! {
     fn XLA_FFI_Type_Register(args: XLA_FFI_Type_Register_Args) -> *mut XLA_FFI_Error {
@@ -421,8 +410,7 @@ api_call! {
 
 }
 
-// ---------------------------------------------------------------------------------------------
-// State
+// --------------------------------------------------------------------------------------------- State
 
 api_call! {
     fn XLA_FFI_State_Set(args: XLA_FFI_State_Set_Args) -> *mut XLA_FFI_Error {
@@ -443,8 +431,8 @@ api_call! {
     XLA_FFI_State_Get_Args_STRUCT_SIZE = through state;
 }
 
-// ---------------------------------------------------------------------------------------------
-// Stream, run id, device ordinal
+// --------------------------------------------------------------------------------------------- Stream, run id, device
+//  ordinal
 
 api_call! {
     fn XLA_FFI_Stream_Get(args: XLA_FFI_Stream_Get_Args) -> *mut XLA_FFI_Error {
@@ -469,11 +457,11 @@ api_call! {
     XLA_FFI_DeviceOrdinal_Get_Args_STRUCT_SIZE = through device_ordinal;
 }
 
-// ---------------------------------------------------------------------------------------------
-// Metadata (the registration-time probe)
+// --------------------------------------------------------------------------------------------- Metadata (the
+//  registration-time probe)
 
-/// What a handler reports when probed: the API version it was built against, its traits,
-/// and the type id of the state its instantiate stage creates.
+/// What a handler reports when probed: the API version it was built against, its traits, and the type id of the state
+/// its instantiate stage creates.
 #[repr(C)]
 #[derive(Debug)]
 pub struct XLA_FFI_Metadata {
@@ -482,8 +470,8 @@ pub struct XLA_FFI_Metadata {
     pub traits: XLA_FFI_Handler_Traits,
     pub state_type_id: XLA_FFI_TypeId,
 }
-/// Ends at `traits`, not at `state_type_id` (XLA 0.11.2 passes exactly this size, so
-/// `state_type_id` is written only when `struct_size` covers it).
+/// Ends at `traits`, not at `state_type_id` (XLA 0.11.2 passes exactly this size, so `state_type_id` is written only
+/// when `struct_size` covers it).
 pub const XLA_FFI_Metadata_STRUCT_SIZE: usize = struct_size!(XLA_FFI_Metadata, traits);
 
 /// The extension a metadata probe's call frame starts with.
@@ -495,15 +483,14 @@ pub struct XLA_FFI_Metadata_Extension {
 }
 pub const XLA_FFI_Metadata_Extension_STRUCT_SIZE: usize = struct_size!(XLA_FFI_Metadata_Extension, metadata);
 
-// ---------------------------------------------------------------------------------------------
-// The API table
+// --------------------------------------------------------------------------------------------- The API table
 
-/// A slot of [`XLA_FFI_Api`] Peerless never calls: pointer-sized and nullable like the others, so the table keeps
-/// XLA's layout without mirroring those calls' argument structs (add a call's ABI back before using it).
+/// A slot of [`XLA_FFI_Api`] Peerless never calls: pointer-sized and nullable like the others, so the table keeps XLA's
+/// layout without mirroring those calls' argument structs (add a call's ABI back before using it).
 pub type Unused = unsafe extern "C" fn();
 
-/// XLA's function table, reached through `XLA_FFI_CallFrame::api`. A slot past
-/// `struct_size` does not exist in the XLA that made the table.
+/// XLA's function table, reached through `XLA_FFI_CallFrame::api`. A slot past `struct_size` does not exist in the XLA
+/// that made the table.
 #[repr(C)]
 #[derive(Debug)]
 pub struct XLA_FFI_Api {

@@ -1,5 +1,4 @@
-//! The verifier's rules for instructions that call computations: call, while, conditional,
-//! fusion and custom-call.
+//! The verifier's rules for instructions that call computations: call, while, conditional, fusion and custom-call.
 
 use super::*;
 
@@ -97,8 +96,8 @@ impl<'a> Verifier<'a> {
         if !SHARDING_TARGETS.contains(&target) {
             return Ok(());
         }
-        // One operand → an array of the same element type; N operands (the sdy
-        // shard_map forms) → an N-tuple, element i of operand i's element type.
+        // One operand → an array of the same element type; N operands (the sdy shard_map forms) → an N-tuple, element i
+        // of operand i's element type.
         self.min_operands(id, 1)?;
         let n = ins.operands.len();
         let results: Vec<&Shape> = match &ins.shape {

@@ -1,11 +1,11 @@
-//! The verifier's rules for collectives: replica groups, reducers, and the result shape of
-//! every collective kind and its async forms.
+//! The verifier's rules for collectives: replica groups, reducers, and the result shape of every collective kind and
+//! its async forms.
 
 use super::*;
 
 impl<'a> Verifier<'a> {
-    /// Validates replica groups; returns the explicit groups, `None` when absent or
-    /// empty (`{}`: every device, count unknown at verify time).
+    /// Validates replica groups; returns the explicit groups, `None` when absent or empty (`{}`: every device, count
+    /// unknown at verify time).
     pub(super) fn groups(&self, id: InstrId, uniform: bool) -> R<Option<Vec<Vec<i64>>>> {
         let Some(rg) = &self.m.instrs[id].attrs.replica_groups else {
             return Ok(None);
@@ -95,8 +95,8 @@ impl<'a> Verifier<'a> {
         self.operands_or_tuple(id, self.operand_shapes(id), "the operand shapes")
     }
 
-    /// Checks that the result `r` has the operand `a`'s element type and dimensions except in
-    /// dimension `d`, the one the collective `how` (gathered, scattered).
+    /// Checks that the result `r` has the operand `a`'s element type and dimensions except in dimension `d`, the one
+    /// the collective `how` (gathered, scattered).
     fn same_but_dim(&self, id: InstrId, a: &ArrayShape, r: &ArrayShape, d: usize, how: &str) -> R {
         let rest_equal =
             r.rank() == a.rank() && r.dims.iter().zip(&a.dims).enumerate().all(|(k, (x, y))| k == d || x == y);
@@ -150,8 +150,8 @@ impl<'a> Verifier<'a> {
         self.one_dim(id, dims, rank, self.arr(id, 0)?, "")
     }
 
-    /// The result shapes of a variadic collective: one array for one operand, else a tuple
-    /// with one element per operand.
+    /// The result shapes of a variadic collective: one array for one operand, else a tuple with one element per
+    /// operand.
     pub(super) fn variadic_results(&self, id: InstrId, op: &str) -> R<Vec<&'a Shape>> {
         let k = self.m.instrs[id].operands.len();
         match &self.m.instrs[id].shape {

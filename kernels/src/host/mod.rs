@@ -1,7 +1,7 @@
-//! The host protocol: Peerless's collectives between XLA:CPU's devices, on XLA's own buffers. [`protocol`] is written once
-//! over two meeting places, [`direct`] (one process) and [`shm`] (processes of one host), with the GPU kernels' rules:
-//! one-writer flags (Release / Acquire, compared "at least", never reset), per-member epochs, a deadline on every wait.
-//! [`reduce`] is the one place reductions live, [`layout`] the strided runs of split dimensions.
+//! The host protocol: Peerless's collectives between XLA:CPU's devices, on XLA's own buffers. [`protocol`] is written
+//! once over two meeting places, [`direct`] (one process) and [`shm`] (processes of one host), with the GPU kernels'
+//! rules: one-writer flags (Release / Acquire, compared "at least", never reset), per-member epochs, a deadline on
+//! every wait. [`reduce`] is the one place reductions live, [`layout`] the strided runs of split dimensions.
 
 pub mod direct;
 mod layout;

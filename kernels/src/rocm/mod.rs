@@ -1,7 +1,7 @@
 //! The ROCm backend (feature `rocm`): the vendor part of [`crate::gpu`] for [`Hip`]. Kernels are compiled by hipRTC for
 //! the device's full `gcnArchName` (so the code object matches its xnack/sramecc mode; the peer-target policy reads the
-//! target alone), and every allocation is fine-grained, since peers poll flags while kernels run. [`xla`] is the runtime
-//! behind XLA's "ROCM" handlers. Never run on an AMD GPU yet (docs/ROCM.md; ARCHITECTURE.md, "ROCm").
+//! target alone), and every allocation is fine-grained, since peers poll flags while kernels run. [`xla`] is the
+//! runtime behind XLA's "ROCM" handlers. Never run on an AMD GPU yet (docs/ROCM.md; ARCHITECTURE.md, "ROCm").
 
 pub mod xla;
 
@@ -33,8 +33,7 @@ impl Backend for Hip {
         ffi::hip::gfx_target(arch).unwrap_or(arch).to_string()
     }
 
-    /// One unit per arch compiled by hipRTC, once per process (no prebuilt code and no disk
-    /// cache for ROCm yet).
+    /// One unit per arch compiled by hipRTC, once per process (no prebuilt code and no disk cache for ROCm yet).
     fn code_object(arch: &str, unit: Unit, _prebuilt: bool) -> Result<(Arc<[u8]>, Origin)> {
         type Cache = Mutex<HashMap<(String, Unit), (Arc<[u8]>, Origin)>>;
         static CACHE: OnceLock<Cache> = OnceLock::new();

@@ -66,8 +66,6 @@ pub trait Gpu: Debug + Send + Sync + 'static {
     fn alloc(ctx: &Self::Context, len: usize) -> Result<Self::Buffer>;
     /// The buffer's device address.
     fn ptr(buf: &Self::Buffer) -> u64;
-    /// The ordinal of the device the buffer lives on.
-    fn buffer_ordinal(buf: &Self::Buffer) -> usize;
     /// Copies the buffer's first `out.len()` bytes to the host (synchronous).
     fn read(buf: &Self::Buffer, out: &mut [u8]) -> Result<()>;
     /// Copies `data` to the buffer's first bytes (synchronous).
@@ -323,9 +321,6 @@ macro_rules! forward_gpu {
             }
             fn ptr(buf: &DeviceBuffer) -> u64 {
                 buf.ptr
-            }
-            fn buffer_ordinal(buf: &DeviceBuffer) -> usize {
-                buf.ordinal
             }
             fn read(buf: &DeviceBuffer, out: &mut [u8]) -> Result<()> {
                 buf.read_at(0, out)

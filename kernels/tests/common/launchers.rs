@@ -88,9 +88,9 @@ fn round_up(x: usize, a: usize) -> usize {
     x.div_ceil(a) * a
 }
 
-/// Reads and clears the status words of `bufs` (one per device); `Err` names the members
+/// Reads and clears the status words of `bufs` (one per device, on device `ordinals[r]`); `Err` names the members
 /// (clique ranks) that never arrived.
-fn take_status<B: Backend>(bufs: &[B::Buffer], what: &str) -> Result<()> {
+fn take_status<B: Backend>(bufs: &[B::Buffer], ordinals: &[usize], what: &str) -> Result<()> {
     for (r, b) in bufs.iter().enumerate() {
         let mut w = [0u8; 8];
         B::read(b, &mut w)?;
@@ -100,7 +100,7 @@ fn take_status<B: Backend>(bufs: &[B::Buffer], what: &str) -> Result<()> {
             let missing: Vec<usize> = (0..32).filter(|i| mask & (1 << i) != 0).collect();
             return Err(Error::Gpu(format!(
                 "{what}: rank {r} (device {}) timed out waiting for ranks {missing:?}",
-                B::buffer_ordinal(b)
+                ordinals[r]
             )));
         }
     }
@@ -124,6 +124,8 @@ struct Comm<B: Backend> {
     lamport: bool,
     arena: Vec<B::Buffer>,
     status: Vec<B::Buffer>,
+    /// The device of each status word.
+    ordinals: Vec<usize>,
     funcs: Vec<B::Function>,
 }
 
@@ -142,7 +144,8 @@ impl<B: Backend> Comm<B> {
         } else {
             clique.alloc(round_up(SIGNAL_BYTES, 256) + 2 * stride)?
         };
-        Ok(Comm { max_bytes, stride, lamport, arena, status: clique.alloc(8)?, funcs })
+        let ordinals = clique.devices.iter().map(|d| d.ordinal).collect();
+        Ok(Comm { max_bytes, stride, lamport, arena, status: clique.alloc(8)?, ordinals, funcs })
     }
 
     /// Every device's staging base and flags. The Lamport kernels take their regions' bases
@@ -224,7 +227,7 @@ impl<B: Backend> AllReduce<B> {
     /// Errors if a launch since the last check timed out waiting for a peer (call after
     /// synchronising).
     pub fn check(&self) -> Result<()> {
-        take_status::<B>(&self.comm.status, "all-reduce")
+        take_status::<B>(&self.comm.status, &self.comm.ordinals, "all-reduce")
     }
 }
 
@@ -311,7 +314,7 @@ impl<B: Backend> AllReduceNorm<B> {
 
     /// As [`AllReduce::check`].
     pub fn check(&self) -> Result<()> {
-        take_status::<B>(&self.comm.status, "fused all-reduce")
+        take_status::<B>(&self.comm.status, &self.comm.ordinals, "fused all-reduce")
     }
 }
 
@@ -320,6 +323,8 @@ impl<B: Backend> AllReduceNorm<B> {
 pub struct AllGather<B: Backend> {
     arena: Vec<B::Buffer>,
     status: Vec<B::Buffer>,
+    /// The device of each status word.
+    ordinals: Vec<usize>,
     funcs: Vec<B::Function>,
 }
 
@@ -329,6 +334,7 @@ impl<B: Backend> AllGather<B> {
         Ok(AllGather {
             arena: clique.alloc(SIGNAL_BYTES)?,
             status: clique.alloc(8)?,
+            ordinals: clique.devices.iter().map(|d| d.ordinal).collect(),
             funcs: functions(clique, "pl_all_gather")?,
         })
     }
@@ -366,6 +372,6 @@ impl<B: Backend> AllGather<B> {
 
     /// As [`AllReduce::check`].
     pub fn check(&self) -> Result<()> {
-        take_status::<B>(&self.status, "all-gather")
+        take_status::<B>(&self.status, &self.ordinals, "all-gather")
     }
 }

@@ -1,6 +1,6 @@
-//! Embeds the prebuilt kernel bundle named by `PEERLESS_PREBUILT_KERNELS` (a file made by
-//! `peerless kernels build`, see kernels/src/cuda/prebuilt.rs) into the library; without it
-//! the embedded bundle is empty and kernels compile on first use.
+//! Embeds the prebuilt kernel bundle named by `PEERLESS_PREBUILT_KERNELS` (a file made by `peerless kernels build`, see
+//! kernels/src/cuda/prebuilt.rs) into the library; without it the embedded bundle is empty and kernels compile on first
+//! use.
 use std::path::PathBuf;
 
 fn main() {

@@ -1,8 +1,7 @@
-//! `peerless bench`: Peerless's collectives beside XLA's own, through XLA's PJRT plugin
-//! (`--xla-plugin`, else `PEERLESS_XLA_PLUGIN`, else the CPU plugin in the JAX venv). The logic,
-//! what each implementation and row means, and the bandwidth conventions (nccl-tests') live in
-//! [`tools::xla_bench`]; this file parses the arguments and prints. PyTorch's symmetric-memory
-//! collectives are measured by a separate script, `scripts/torch_symm_bench.py`.
+//! `peerless bench`: Peerless's collectives beside XLA's own, through XLA's PJRT plugin (`--xla-plugin`, else
+//! `PEERLESS_XLA_PLUGIN`, else the CPU plugin in the JAX venv). The logic, what each implementation and row means, and
+//! the bandwidth conventions (nccl-tests') live in [`tools::xla_bench`]; this file parses the arguments and prints.
+//! PyTorch's symmetric-memory collectives are measured by a separate script, `scripts/torch_symm_bench.py`.
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -11,8 +10,8 @@ use tools::xla_bench::{Check, Dtype, Impl, Op, Options};
 
 #[derive(clap::Args)]
 pub struct BenchArgs {
-    /// XLA's PJRT plugin (default: PEERLESS_XLA_PLUGIN, else the CPU plugin of
-    /// lammps-jax-pjrt-cpu in $PEERLESS_VENV_DIR/jax or <repo>/.venv/jax).
+    /// XLA's PJRT plugin (default: PEERLESS_XLA_PLUGIN, else the CPU plugin of lammps-jax-pjrt-cpu in
+    /// $PEERLESS_VENV_DIR/jax or <repo>/.venv/jax).
     #[arg(long, value_name = "PATH")]
     xla_plugin: Option<PathBuf>,
     /// Number of devices (default: GPUs all, at most 8; the CPU plugin 8).
@@ -33,8 +32,7 @@ pub struct BenchArgs {
     /// Executes per sample.
     #[arg(long, default_value_t = 20)]
     iters: usize,
-    /// Milliseconds of executes per sample, in place of --iters (rows of any size then take
-    /// about the same time).
+    /// Milliseconds of executes per sample, in place of --iters (rows of any size then take about the same time).
     #[arg(long)]
     sample_ms: Option<f64>,
     /// Collectives per module (µs are per collective).
@@ -50,9 +48,9 @@ pub struct BenchArgs {
         default_value = "all-reduce,all-gather,reduce-scatter,all-to-all,collective-permute"
     )]
     ops: Vec<String>,
-    /// Implementations: peerless (the pass without a tuning profile), auto (with the active
-    /// profile), one-shot / two-shot (all-reduce forced onto that kernel), xla, xla-kernels,
-    /// copy-engines (every kind's copy-engine form: the bytes on the copy engines; CUDA).
+    /// Implementations: peerless (the pass without a tuning profile), auto (with the active profile), one-shot /
+    /// two-shot (all-reduce forced onto that kernel), xla, xla-kernels, copy-engines (every kind's copy-engine form:
+    /// the bytes on the copy engines; CUDA).
     #[arg(long, value_delimiter = ',', default_value = "peerless,auto,xla,xla-kernels")]
     impls: Vec<String>,
     /// Emitter flags for the Peerless rows (e.g. `--one_shot_max_bytes=4194304`).
@@ -61,20 +59,19 @@ pub struct BenchArgs {
     /// Write every row as CSV here.
     #[arg(long)]
     csv: Option<PathBuf>,
-    /// Also draw the rows (µs and bus bandwidth against size, one line per implementation)
-    /// into this PNG, with `python3 -m jax_plugins.peerless.plot` (matplotlib: `pip install
-    /// "jax-peerless[plot]"`; PEERLESS_PYTHON names another Python).
+    /// Also draw the rows (µs and bus bandwidth against size, one line per implementation) into this PNG, with `python3
+    /// -m jax_plugins.peerless.plot` (matplotlib: `pip install "jax-peerless[plot]"`; PEERLESS_PYTHON names another
+    /// Python).
     #[arg(long, value_name = "PNG")]
     plot: Option<PathBuf>,
-    /// Without XLA, on GPU 0 alone: N members sharing it, each with a stream of its own,
-    /// through the handlers' own plans. Checks every form of every kind (the copy engines and
-    /// today's kernels, every element type and reduction, eagerly and replayed from CUDA
-    /// graphs) against a host reference, then times them.
+    /// Without XLA, on GPU 0 alone: N members sharing it, each with a stream of its own, through the handlers' own
+    /// plans. Checks every form of every kind (the copy engines and today's kernels, every element type and reduction,
+    /// eagerly and replayed from CUDA graphs) against a host reference, then times them.
     #[arg(long, value_name = "N")]
     members_on_one_gpu: Option<usize>,
-    /// With --members-on-one-gpu: also time a bf16 GEMM (8192³, cuBLAS) beside each form's
-    /// largest size and print the share of its speed alone it keeps. The kernels then get
-    /// --async_blocks blocks (32) split among the members, as a call beside compute would.
+    /// With --members-on-one-gpu: also time a bf16 GEMM (8192³, cuBLAS) beside each form's largest size and print the
+    /// share of its speed alone it keeps. The kernels then get --async_blocks blocks (32) split among the members, as a
+    /// call beside compute would.
     #[arg(long)]
     beside_gemm: bool,
     /// With --members-on-one-gpu: graph replays per form and algorithm in the check.

@@ -3,8 +3,8 @@
 use kernels::cuda::{Clique, Probe, device_count};
 
 pub fn run() -> Result<(), String> {
-    // A machine without NVIDIA's driver has no CUDA devices: an answer, not an error (Peerless
-    // then runs on XLA:CPU's devices only).
+    // A machine without NVIDIA's driver has no CUDA devices: an answer, not an error (Peerless then runs on XLA:CPU's
+    // devices only).
     let n = match device_count() {
         Ok(n) => n,
         Err(e) => {
@@ -21,8 +21,8 @@ pub fn run() -> Result<(), String> {
     for d in &clique.devices {
         println!("  {}: {} ({}, {} SMs)", d.ordinal, d.name, d.arch, d.units);
     }
-    // Where each device's kernels come from: prebuilt into the library, the disk cache of an
-    // earlier compile, or NVRTC on first use (one kernel unit at a time, at XLA's initialize).
+    // Where each device's kernels come from: prebuilt into the library, the disk cache of an earlier compile, or NVRTC
+    // on first use (one kernel unit at a time, at XLA's initialize).
     let mut archs: Vec<&str> = clique.devices.iter().map(|d| d.arch.as_str()).collect();
     archs.dedup();
     for arch in archs {

@@ -1,6 +1,5 @@
-//! `peerless kernels`: what the library carries prebuilt and where each GPU's kernels would
-//! come from; `peerless kernels build` makes the bundle that `PEERLESS_PREBUILT_KERNELS`
-//! embeds (kernels/src/cuda/prebuilt.rs).
+//! `peerless kernels`: what the library carries prebuilt and where each GPU's kernels would come from; `peerless
+//! kernels build` makes the bundle that `PEERLESS_PREBUILT_KERNELS` embeds (kernels/src/cuda/prebuilt.rs).
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -91,8 +90,8 @@ fn show(arch: Option<&str>) -> Result<(), String> {
     Ok(())
 }
 
-/// Where the kernel units for compute capability `cc` come from, counted:
-/// `281 prebuilt (sm_90)` / `cached` / `compile on first use`.
+/// Where the kernel units for compute capability `cc` come from, counted: `281 prebuilt (sm_90)` / `cached` / `compile
+/// on first use`.
 pub fn summary(cc: u32) -> String {
     let mut counts: BTreeMap<String, usize> = BTreeMap::new();
     for u in Unit::all() {

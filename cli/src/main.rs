@@ -1,15 +1,5 @@
-//! `peerless`: check and run XLA HLO modules on N devices.
-//!
-//! ```text
-//! peerless check FILE.hlo [--devices N] [--mode replica|partition] [--platform cpu|cuda] [--flag NAME=VALUE]...
-//! peerless flags
-//! peerless run FILE.hlo --devices N [--mode replica|partition] [--inputs IN.npz]
-//!              [--seed S] [--out OUT.npz] [--xla-plugin PATH] [--flag NAME=VALUE]...
-//! ```
-//! `run` runs the module through XLA's own PJRT plugin (XLA's CPU plugin by default) with
-//! Peerless's pass and handlers inside it: XLA is the only runtime.
-//! Arrays in npz files are named `p{i}_d{d}` (entry parameter i on device d) and
-//! `o{j}_d{d}` (leaf j of the entry result, depth first); see `runs::io`.
+//! `peerless`: check and run XLA HLO modules on N devices (`peerless --help`). `run` goes through XLA's own PJRT plugin
+//! with Peerless's pass and handlers inside it; npz arrays are named `p{i}_d{d}` / `o{j}_d{d}` (see `runs::io`).
 
 mod bench;
 mod devices;
@@ -34,8 +24,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Parse and verify a module (HLO text or binary HloModuleProto), print a summary and,
-    /// for N devices, how every collective would run and why.
+    /// Parse and verify a module (HLO text or binary HloModuleProto), print a summary and, for N devices, how every
+    /// collective would run and why.
     Check(CheckArgs),
     /// Run a module on N devices and print (and optionally save) every device's outputs.
     Run(RunArgs),
@@ -45,8 +35,8 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Measure Peerless's algorithms against XLA's and write the tuning profile the pass reads.
     Tune(tune::TuneArgs),
-    /// List the local GPUs, the peer-access table, the probe results and where each GPU's
-    /// kernels come from (prebuilt, cached, compiled).
+    /// List the local GPUs, the peer-access table, the probe results and where each GPU's kernels come from (prebuilt,
+    /// cached, compiled).
     Devices,
     /// The prebuilt kernels this build carries; `kernels build` makes a bundle to embed.
     Kernels(kernels_cmd::KernelsArgs),
@@ -58,14 +48,13 @@ struct CheckArgs {
     file: PathBuf,
     #[command(flatten)]
     devices: DeviceArgs,
-    /// The platform whose decisions to explain: XLA:CPU's (shared memory), or CUDA's (opens
-    /// this machine's GPUs for their peer-access table; without GPUs every collective stays
-    /// XLA's, saying why).
+    /// The platform whose decisions to explain: XLA:CPU's (shared memory), or CUDA's (opens this machine's GPUs for
+    /// their peer-access table; without GPUs every collective stays XLA's, saying why).
     #[arg(long, value_enum, default_value_t = PlatformArg::Cpu)]
     platform: PlatformArg,
-    /// The devices' kind as XLA names it (`jax.devices()[0].device_kind`, e.g. "NVIDIA H200"),
-    /// which the tuning profile is looked up by. XLA:CPU's is "cpu"; on CUDA without it the
-    /// profile is looked up without a kind (a GPU is never opened for it).
+    /// The devices' kind as XLA names it (`jax.devices()[0].device_kind`, e.g. "NVIDIA H200"), which the tuning profile
+    /// is looked up by. XLA:CPU's is "cpu"; on CUDA without it the profile is looked up without a kind (a GPU is never
+    /// opened for it).
     #[arg(long)]
     device_kind: Option<String>,
 }
@@ -82,12 +71,12 @@ struct DeviceArgs {
     /// Number of devices (default: the module's replica_count × num_partitions).
     #[arg(long)]
     devices: Option<usize>,
-    /// Whether devices are replicas or partitions (default: partition when the module
-    /// declares num_partitions > 1, else replica).
+    /// Whether devices are replicas or partitions (default: partition when the module declares num_partitions > 1, else
+    /// replica).
     #[arg(long, value_enum)]
     mode: Option<ModeArg>,
-    /// A Peerless flag, e.g. `--flag all_reduce_backend=fallback` (repeatable; applied
-    /// after PEERLESS_FLAGS). `peerless flags` lists them.
+    /// A Peerless flag, e.g. `--flag all_reduce_backend=fallback` (repeatable; applied after PEERLESS_FLAGS). `peerless
+    /// flags` lists them.
     #[arg(long = "flag", value_name = "NAME=VALUE")]
     flags: Vec<String>,
 }
@@ -107,8 +96,8 @@ struct RunArgs {
     /// Write inputs and outputs (`p{i}_d{d}`, `o{j}_d{d}`) to this npz file.
     #[arg(long)]
     out: Option<PathBuf>,
-    /// XLA's PJRT plugin that runs the module (default: PEERLESS_XLA_PLUGIN, else the CPU
-    /// plugin of lammps-jax-pjrt-cpu in $PEERLESS_VENV_DIR/jax or <repo>/.venv/jax).
+    /// XLA's PJRT plugin that runs the module (default: PEERLESS_XLA_PLUGIN, else the CPU plugin of lammps-jax-pjrt-cpu
+    /// in $PEERLESS_VENV_DIR/jax or <repo>/.venv/jax).
     #[arg(long, value_name = "PATH")]
     xla_plugin: Option<PathBuf>,
 }
@@ -157,12 +146,12 @@ fn check(args: &CheckArgs) -> CliResult<()> {
     let declared = module.config.replica_count.max(1) * module.config.num_partitions.max(1);
     let collectives = module.collectives().len();
     if args.devices.devices.is_none() && declared == 1 && collectives > 0 {
-        // JAX's dumps do not carry the device count in the header; guessing would
-        // explain decisions for a layout the user never asked about.
+        // JAX's dumps do not carry the device count in the header; guessing would explain decisions for a layout the
+        // user never asked about.
         println!("{collectives} collectives: pass --devices N to see how each would run on N devices");
     } else {
-        // The decisions of the pass inside XLA, on the module XLA would get: the same
-        // preparation as `run` (device assignment written in), no plugin needed.
+        // The decisions of the pass inside XLA, on the module XLA would get: the same preparation as `run` (device
+        // assignment written in), no plugin needed.
         let cfg = run_config(&module, &args.devices)?;
         flags(&args.devices)?;
         let platform = match args.platform {
@@ -172,8 +161,8 @@ fn check(args: &CheckArgs) -> CliResult<()> {
         if let Some(kind) = &args.device_kind {
             plugin::xla_inside::record_device_kind(platform, kind);
         }
-        // The active tuning profile (the pass inside XLA decides with it where the flags leave
-        // the choice to it; explicit all-reduce thresholds keep all-reduce on them).
+        // The active tuning profile (the pass inside XLA decides with it where the flags leave the choice to it;
+        // explicit all-reduce thresholds keep all-reduce on them).
         let pass = plugin::xla_inside::pass_config(platform, &pass_flags(&args.devices).join(" "), "")?;
         let tuning = pass.tuning.resolve(cfg.num_devices);
         match &tuning.profile {
@@ -189,8 +178,8 @@ fn check(args: &CheckArgs) -> CliResult<()> {
     Ok(())
 }
 
-/// The module as an HloModuleProto: a `.pb` file's bytes, or the parsed text encoded in
-/// Rust (the module as parsed and verified; no Python).
+/// The module as an HloModuleProto: a `.pb` file's bytes, or the parsed text encoded in Rust (the module as parsed and
+/// verified; no Python).
 fn module_bytes(file: &std::path::Path, module: &Module) -> CliResult<Vec<u8>> {
     let bytes = std::fs::read(file)?;
     let is_pb = file.extension().is_some_and(|e| e == "pb");
@@ -214,8 +203,7 @@ fn flags(args: &DeviceArgs) -> CliResult<emitter::Flags> {
     Ok(flags)
 }
 
-/// Picks device count and mode from the flags and the module header, rejecting
-/// combinations the module contradicts.
+/// Picks device count and mode from the flags and the module header, rejecting combinations the module contradicts.
 fn run_config(module: &Module, args: &DeviceArgs) -> CliResult<RunConfig> {
     let (replicas, partitions) = (module.config.replica_count.max(1), module.config.num_partitions.max(1));
     let mode = match args.mode {
@@ -286,8 +274,8 @@ fn run_xla(
     cfg: &RunConfig,
     inputs: &[Vec<hlo::Literal>],
 ) -> CliResult<Vec<hlo::Literal>> {
-    // Checked here, as the other backends check them; the pass reads them again (with
-    // PEERLESS_FLAGS) in the form XLA's plugin hands it.
+    // Checked here, as the other backends check them; the pass reads them again (with PEERLESS_FLAGS) in the form XLA's
+    // plugin hands it.
     flags(&args.devices)?;
     let pass_flags = pass_flags(&args.devices);
     let path = tools::xla_run::find_plugin(args.xla_plugin.as_deref()).map_err(|e| {

@@ -62,8 +62,7 @@ pub fn summary(module: &Module) -> String {
     s
 }
 
-/// `check`'s decision table: one line per collective with the pass's decision on
-/// `platform` and why.
+/// `check`'s decision table: one line per collective with the pass's decision on `platform` and why.
 pub fn decisions(decisions: &[emitter::xla_pass::PassDecision], cfg: &RunConfig, platform: &str) -> String {
     let mode = match cfg.mode {
         Mode::Replica => "replicas",

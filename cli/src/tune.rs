@@ -1,7 +1,6 @@
-//! `peerless tune`: measures Peerless's algorithms against XLA's own collectives through
-//! XLA (as `peerless bench`) and writes the tuning profile the pass reads by default
-//! (`tools::xla_tune`, `emitter::tuning`). Prints the crossovers as a Markdown table and
-//! where the profile went; a progress line per measured row goes to stderr.
+//! `peerless tune`: measures Peerless's algorithms against XLA's own collectives through XLA (as `peerless bench`) and
+//! writes the tuning profile the pass reads by default (`tools::xla_tune`, `emitter::tuning`). Prints the crossovers as
+//! a Markdown table and where the profile went; a progress line per measured row goes to stderr.
 
 use std::path::PathBuf;
 

@@ -1,44 +1,24 @@
-//! Every decision rule, in one place: for each collective, a Peerless kernel or XLA's own
-//! collective, and why, in words. [`decide_tuned`] applies rules 1–7, which read the HLO
-//! collective alone on logical ids (the CLI's `decide` and the tests call it directly);
-//! [`decide_in_run`] applies rule 0, then those, then rules 8–13, which need the pass's run
-//! (its device assignment, the job's processes, peer access, layouts, async forms).
-//!
-//! Rules, in order, first match wins:
-//! 0. inside an async computation (JAX's explicit async API) where Peerless's calls do not
-//!    run beside compute (`--overlap_above_bytes=none`, or no operation queues) → fallback.
-//! 1. no Peerless kernel for the op (ragged-all-to-all, collective-broadcast) → fallback;
-//!    backend flag `fallback` → fallback.
+//! Every decision rule, in one place: for each collective, a Peerless kernel or XLA's own collective, and why, in
+//! words. [`decide_tuned`] applies rules 1–7 (the HLO collective alone, logical ids; the CLI's `decide` and the tests
+//! call it); [`decide_in_run`] applies rule 0, then those, then rules 8–13, which need the pass's run. First match
+//! wins:
+//! 0. inside JAX's async API where calls do not run beside compute → fallback.
+//! 1. no Peerless kernel for the op, or backend flag `fallback` → fallback.
 //! 2. dtype guard on the *operands'* element types.
-//! 3. more than one operand → fallback, unless the platform's [`crate::Capabilities`] take
-//!    variadic all-reduce and tuple all-to-all.
+//! 3. more than one operand → fallback, unless [`crate::Capabilities`] take variadic all-reduce / tuple all-to-all.
 //! 4. all-reduce / reduce-scatter: `to_apply` must be a recognised reduction.
-//! 5. group shape: uniform groups; single-member groups are a local copy (kernel);
-//!    more than [`MAX_GROUP_SIZE`] members → fallback. Collective-permute checks its
-//!    pairs instead (self-pairs only → local copy).
-//! 6. peer access in both directions for every pair of devices that exchange data (the pass
-//!    passes a full table of logical ids and checks the real devices in rule 13).
-//! 7. size. With a tuning profile ([`crate::tuning`]) for the kind (its backend flag `auto`;
-//!    all-reduce: no explicit threshold), the fastest it measured of XLA and the kernels
-//!    (all-reduce: one-shot, two-shot up to `two_shot_max_bytes`) at this kind, dtype class,
-//!    group size and size; the reason cites the profile and its figures. Without one:
-//!    all-reduce one-shot up to `one_shot_max_bytes`, two-shot up to `two_shot_max_bytes`,
-//!    fallback above; other ops use direct kernels at any size. Single-operand calls of every
-//!    kind take their copy-engine form (platforms with [`Capabilities::copy_engines`]) from
-//!    `--copy_engines=N` bytes, before the profile; with `--copy_engines=auto` the profile
-//!    chooses among XLA, today's kernels and the copy engines. A call beside compute
-//!    (above `overlap_above_bytes`, or inside JAX's async pair) is decided without the
-//!    profile and two-shot's limit: both measure a collective run alone.
-//! 8. groups in which no device meets another (on device ids) → fallback: XLA makes them a
-//!    copy or nothing (unless forced).
-//! 9. processes and hosts of the job's topology: a group across hosts → fallback; across
-//!    processes of one host → shared memory where the platform can, with a job token.
-//! 10. `xla_async_above_bytes`: a partitioner-made collective above it, not beside compute →
-//!     fallback (XLA overlaps it with compute).
-//! 11. the async form: a start/done pair must have a form the pass rewrites.
-//! 12. layouts: operands and results must agree on one the handler can work in.
-//! 13. peer access on the device ids that really talk (this process's peer table), last: it
-//!     is the one rule that may open the GPUs, so a call another rule leaves to XLA never does.
+//! 5. uniform groups of at most [`MAX_GROUP_SIZE`] (single-member: a local copy); a permute checks its pairs.
+//! 6. peer access both ways between devices that exchange data (logical ids; rule 13 checks the real devices).
+//! 7. size: the copy-engine form from `--copy_engines=N` bytes ([`Capabilities::copy_engines`]); else the tuning
+//!    profile's fastest ([`crate::tuning`]; with `--copy_engines=auto` copy engines too; not for a call beside
+//!    compute); else all-reduce one-shot up to `one_shot_max_bytes`, two-shot up to `two_shot_max_bytes`, fallback
+//!    above; other ops take kernels at any size.
+//! 8. groups in which no device meets another (device ids) → fallback, unless forced.
+//! 9. a group across hosts → fallback; across processes of one host → shared memory, with a job token.
+//! 10. a partitioner-made collective above `xla_async_above_bytes`, not beside compute → fallback.
+//! 11. a start/done pair must have a form the pass rewrites.
+//! 12. operands and results must agree on a layout the handler can work in.
+//! 13. peer access on the devices that really talk, last: the one rule that may open the GPUs.
 //!
 //! With a backend flag of `kernel`, a rule 1–7 that says "fallback" is an error instead.
 
@@ -58,8 +38,8 @@ use crate::xla_pass::{
 };
 use crate::{EmitError, kernel_accepts_dtype};
 
-/// Most members a group may have for a kernel: the kernels keep one peer pointer per
-/// member (XLA's `kMaxNumAllReduceInputPtrs = 8`, collective_anchors.md §1 "Limits").
+/// Most members a group may have for a kernel: the kernels keep one peer pointer per member (XLA's
+/// `kMaxNumAllReduceInputPtrs = 8`, collective_anchors.md §1 "Limits").
 pub const MAX_GROUP_SIZE: usize = 8;
 
 fn invalid(ins: &Instruction, message: String) -> EmitError {
@@ -144,27 +124,25 @@ fn peer_reason(peers: &PeerAccessTable, a: usize, b: usize) -> String {
 /// What a backend's kernels can do beyond the baseline rules.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Capabilities {
-    /// Variadic all-reduce (a data-parallel gradient sync is one) and tuple-form
-    /// all-to-all run as one kernel call over several operands.
+    /// Variadic all-reduce (a data-parallel gradient sync is one) and tuple-form all-to-all run as one kernel call over
+    /// several operands.
     pub variadic: bool,
-    /// Groups whose devices belong to several processes of one host (the handlers meet
-    /// through shared memory named by the job).
+    /// Groups whose devices belong to several processes of one host (the handlers meet through shared memory named by
+    /// the job).
     pub cross_process: bool,
-    /// The platform runs each device's calls one at a time in program order (a GPU
-    /// stream). XLA:CPU does not: its thunk executor runs a device's data-independent
-    /// thunks at once on a thread pool as small as the machine's cores, so a call that
-    /// waits for its peers must be ordered with every other collective beside it
-    /// (`xla_pass::keep_ordered`).
+    /// The platform runs each device's calls one at a time in program order (a GPU stream). XLA:CPU does not: its thunk
+    /// executor runs a device's data-independent thunks at once on a thread pool as small as the machine's cores, so a
+    /// call that waits for its peers must be ordered with every other collective beside it (`xla_pass::keep_ordered`).
     pub in_order: bool,
     /// The handlers run an all-reduce fused with the residual add and RMSNorm after it
     /// (`thunks::custom_call::Epilogue`): the host runtime and the CUDA runtime do (ROCm not yet).
     pub fused_norm: bool,
-    /// `--fuse_norm=auto` fuses: the fused kernel measured faster than the plain call and
-    /// XLA's norm kernels (XLA:CPU). Not CUDA: on 4× H200 its v3 made the decode step level
-    /// (604 against 592 µs unfused; v1 and v2 were slower, docs/PERFORMANCE.md).
+    /// `--fuse_norm=auto` fuses: the fused kernel measured faster than the plain call and XLA's norm kernels (XLA:CPU).
+    /// Not CUDA: on 4× H200 its v3 made the decode step level (604 against 592 µs unfused; v1 and v2 were slower,
+    /// docs/PERFORMANCE.md).
     pub fused_norm_auto: bool,
-    /// XLA runs a call whose `GpuBackendConfig` names an `operation_queue_id` other than 0
-    /// asynchronously on another stream (XLA:GPU's `StreamAttributeAsyncWrapper`).
+    /// XLA runs a call whose `GpuBackendConfig` names an `operation_queue_id` other than 0 asynchronously on another
+    /// stream (XLA:GPU's `StreamAttributeAsyncWrapper`).
     pub async_queue: bool,
     /// The handlers have copy-engine forms (`--copy_engines`; CUDA).
     pub copy_engines: bool,
@@ -315,8 +293,8 @@ fn rules(
     Decision::kernel(default, format!("{shape}, all with peer access{red}"))
 }
 
-/// Decides how collective `instr_id` runs on `num_replicas × num_partitions` devices with
-/// no tuning profile, on a backend with the baseline capabilities: [`decide_tuned`].
+/// Decides how collective `instr_id` runs on `num_replicas × num_partitions` devices with no tuning profile, on a
+/// backend with the baseline capabilities: [`decide_tuned`].
 pub fn decide(
     module: &Module,
     instr_id: InstrId,
@@ -329,12 +307,9 @@ pub fn decide(
     decide_tuned(module, instr_id, num_replicas, num_partitions, flags, &Tuning::none(), peers, caps)
 }
 
-/// Rules 1–7 for collective `instr_id` on `num_replicas × num_partitions` devices, on a backend
-/// with `caps`, a tuning profile deciding rule 7 where the flags leave it to it.
-///
-/// Returns the collective's plain-data config with the decision and its reason. Errors
-/// if the instruction is not a collective `-start` or synchronous collective (a `-done`
-/// half is decided with its start), if its groups or pairs are invalid for this device
+/// Rules 1–7 for collective `instr_id` on `num_replicas × num_partitions` devices with `caps`, a tuning profile
+/// deciding rule 7 where the flags leave it to it. Errors if the instruction is not a collective `-start` or
+/// synchronous collective (a `-done` is decided with its start), if its groups or pairs are invalid for this device
 /// count, or if a `kernel` backend flag forces a kernel some rule rules out.
 pub fn decide_tuned(
     module: &Module,
@@ -393,10 +368,9 @@ pub(crate) struct Run<'a> {
     pub layouts: &'a Layouts<'a>,
 }
 
-/// Decides one collective of the pass's run: rule 0, rules 1–7 ([`decide_tuned`] on logical
-/// ids), then rules 8–13 on device ids. Returns its record and, for a kernel, its rewrite
-/// (with `instance` as its id, or a fresh one); `in_async`: it sits inside an async
-/// computation (JAX's explicit async API).
+/// Decides one collective of the pass's run: rule 0, rules 1–7 ([`decide_tuned`] on logical ids), then rules 8–13 on
+/// device ids. Returns its record and, for a kernel, its rewrite (with `instance` as its id, or a fresh one);
+/// `in_async`: it sits inside an async computation (JAX's explicit async API).
 pub(crate) fn decide_in_run(
     run: &Run<'_>,
     id: InstrId,
@@ -419,8 +393,8 @@ pub(crate) fn decide_in_run(
     }
 }
 
-/// Rules 1–13 for a collective outside rule 0, filling in `d` (its groups; for a kernel, its
-/// implementation and reason): the rewrite, or why the collective stays XLA's.
+/// Rules 1–13 for a collective outside rule 0, filling in `d` (its groups; for a kernel, its implementation and
+/// reason): the rewrite, or why the collective stays XLA's.
 fn kernel_call(
     run: &Run<'_>,
     id: InstrId,
@@ -431,18 +405,17 @@ fn kernel_call(
 ) -> Result<Rewrite, String> {
     let Run { module, assignment: a, cfg, tuning, logical, peers, layouts } = *run;
     let ins = module.instr(id);
-    // Above `overlap_above_bytes` (XLA:GPU) the call runs on an async queue, which XLA's
-    // scheduler overlaps with compute (the async rule), and is decided without the profile and
-    // two-shot's limit: both measure a collective run alone (docs/OVERLAP.md). `d.bytes` is
-    // the config's `bytes_per_device` (its operands' bytes).
-    // A collective inside JAX's own async pair runs beside compute whatever its size.
+    // Above `overlap_above_bytes` (XLA:GPU) the call runs on an async queue, which XLA's scheduler overlaps with
+    // compute (the async rule), and is decided without the profile and two-shot's limit: both measure a collective run
+    // alone (docs/OVERLAP.md). `d.bytes` is the config's `bytes_per_device` (its operands' bytes). A collective inside
+    // JAX's own async pair runs beside compute whatever its size.
     let overlap = cfg.flags.overlap_above_bytes.filter(|&l| cfg.caps.async_queue && d.bytes > l);
     let beside = overlap.is_some() || in_async;
     let async_flags = beside.then(|| Flags { two_shot_max_bytes: usize::MAX, ..cfg.flags.clone() });
     let no_profile = Tuning::none();
     let (flags, tuning) = async_flags.as_ref().map_or((&cfg.flags, tuning), |f| (f, &no_profile));
-    // Decide on device ids: map the logical groups through the assignment first, so peer
-    // access and process locality are checked on the devices that will really talk.
+    // Decide on device ids: map the logical groups through the assignment first, so peer access and process locality
+    // are checked on the devices that will really talk.
     let (config, decision) = decide_tuned(module, id, a.replicas, a.partitions, flags, tuning, logical, cfg.caps)
         .map_err(|e| e.to_string())?;
     let groups: Vec<Vec<usize>> = config.groups.iter().map(|g| g.iter().map(|&l| a.device(l)).collect()).collect();
@@ -456,16 +429,15 @@ fn kernel_call(
     // The devices that exchange data (the rules saw logical ids).
     let talking: Vec<Vec<usize>> =
         if permute { pairs.iter().filter(|(s, t)| s != t).map(|&(s, t)| vec![s, t]).collect() } else { groups.clone() };
-    // 8. A collective in which no device meets another moves no data: XLA makes it a copy or
-    // nothing (folded into a fusion), where a custom call would cost a launch and split the
-    // fusions around it (+20 µs per call for a one-device psum on an H100). Forced kernels
-    // still run (single-GPU checks of the handlers).
+    // 8. A collective in which no device meets another moves no data: XLA makes it a copy or nothing (folded into a
+    //    fusion), where a custom call would cost a launch and split the fusions around it (+20 µs per call for a
+    //    one-device psum on an H100). Forced kernels still run (single-GPU checks of the handlers).
     let forced = matches!(cfg.flags.backend_for(config.op.kind), Some((Backend::Kernel, _)));
     if !forced && talking.iter().all(|g| g.len() < 2) {
         return Err("no device meets another (groups of one): XLA turns it into a copy or nothing".into());
     }
-    // 9. Processes: a group inside one process runs as always; one across processes of a host
-    // meets through shared memory (named by the job); one across hosts is XLA's.
+    // 9. Processes: a group inside one process runs as always; one across processes of a host meets through shared
+    //    memory (named by the job); one across hosts is XLA's.
     let crosses = match &cfg.topology {
         Some(t) => t.check(&talking, cfg.caps.cross_process)?,
         None => {
@@ -477,9 +449,8 @@ fn kernel_call(
             false
         }
     };
-    // 10. Unless on an async queue, partitioner-made collectives XLA would run asynchronously,
-    // overlapped with compute: above the flag's size, overlap wins over a faster kernel in order
-    // on the compute stream.
+    // 10. Unless on an async queue, partitioner-made collectives XLA would run asynchronously, overlapped with compute:
+    //     above the flag's size, overlap wins over a faster kernel in order on the compute stream.
     let spmd = ins.attrs.frontend_attributes.get("is_spmd_generated").is_some_and(|v| v == "true");
     if let Some(limit) = cfg.flags.xla_async_above_bytes
         && !beside
@@ -503,8 +474,8 @@ fn kernel_call(
     };
     // 12. Operands and results agree on a layout the handler can work in.
     let layout = common_layout(module, id, layouts, elementwise, form == Form::AsyncTuple)?;
-    // 13. Peer access on device ids, last: the only rule that opens GPUs (the peer table, this
-    // process's; across processes shared memory reaches every device).
+    // 13. Peer access on device ids, last: the only rule that opens GPUs (the peer table, this process's; across
+    //     processes shared memory reaches every device).
     if !crosses && let Some((x, y)) = talking.iter().find_map(|g| peers.get().missing_link(g)) {
         return Err(format!("no peer access {x}↔{y} ({})", peers.get().source()));
     }
@@ -526,8 +497,7 @@ fn kernel_call(
     } else {
         instance.unwrap_or_else(next_instance)
     };
-    // Slots (`assign_slots`), decisions, ordering operands and epilogues come once every
-    // collective is decided.
+    // Slots (`assign_slots`), decisions, ordering operands and epilogues come once every collective is decided.
     let call = CustomCallConfig {
         groups: if permute { Vec::new() } else { groups },
         pairs,
@@ -566,11 +536,10 @@ fn kernel_call(
     Ok(Rewrite { target, call, form })
 }
 
-/// The decision for a collective inside an async computation (JAX's explicit async API:
-/// `psum_scatter_start`, `all_to_all_start`, ...) where Peerless's calls do not run beside
-/// compute: on a platform without operation queues (ROCm; XLA:CPU makes such pairs synchronous
-/// before the pass), or with `--overlap_above_bytes=none` (the default). XLA's, which runs it
-/// beside compute. (Otherwise the call takes its place, [`Form::InAsync`].)
+/// The decision for a collective inside an async computation (JAX's explicit async API: `psum_scatter_start`,
+/// `all_to_all_start`, ...) where Peerless's calls do not run beside compute: on a platform without operation queues
+/// (ROCm; XLA:CPU makes such pairs synchronous before the pass), or with `--overlap_above_bytes=none` (the default).
+/// XLA's, which runs it beside compute. (Otherwise the call takes its place, [`Form::InAsync`].)
 fn async_wrapped(module: &Module, id: InstrId, queues: bool) -> PassDecision {
     let ins = module.instr(id);
     let why = if queues {
@@ -607,11 +576,10 @@ fn fallback_record(module: &Module, id: InstrId) -> PassDecision {
     }
 }
 
-/// The layout a collective's handler works in, or why it cannot run. Collectives move bytes
-/// in the buffers' physical order. Elementwise ones (all-reduce, tuple all-to-all, permute)
-/// need each operand to share its result's layout, and then need no attribute; the others
-/// need one layout for operand and result, passed to the handler (`layout` attribute) when it
-/// is not the default.
+/// The layout a collective's handler works in, or why it cannot run. Collectives move bytes in the buffers' physical
+/// order. Elementwise ones (all-reduce, tuple all-to-all, permute) need each operand to share its result's layout, and
+/// then need no attribute; the others need one layout for operand and result, passed to the handler (`layout`
+/// attribute) when it is not the default.
 fn common_layout(
     module: &Module,
     id: InstrId,

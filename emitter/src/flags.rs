@@ -1,6 +1,6 @@
-//! XLA-style emitter flags (`--name=value`), from the `PEERLESS_FLAGS` environment
-//! variable or the CLI. [`FLAGS`] is the one table of every flag: name, type, help, and
-//! how to read and write it; defaults live in `Flags::default()` and the table shows them.
+//! XLA-style emitter flags (`--name=value`), from the `PEERLESS_FLAGS` environment variable or the CLI. [`FLAGS`] is
+//! the one table of every flag: name, type, help, and how to read and write it; defaults live in `Flags::default()` and
+//! the table shows them.
 
 use std::fmt;
 
@@ -12,12 +12,11 @@ use crate::EmitError;
 /// Environment variable [`Flags::from_env`] reads.
 pub const ENV_VAR: &str = "PEERLESS_FLAGS";
 
-/// Largest all-reduce (operand bytes per device) the one-shot kernel takes: 256 KiB,
-/// XLA's one-shot cut-off, which TensorRT-LLM's dispatch table matches
-/// (shared/research/collective_anchors.md, §1 "Limits" and §3 "Dispatch").
+/// Largest all-reduce (operand bytes per device) the one-shot kernel takes: 256 KiB, XLA's one-shot cut-off, which
+/// TensorRT-LLM's dispatch table matches (shared/research/collective_anchors.md, §1 "Limits" and §3 "Dispatch").
 pub const DEFAULT_ONE_SHOT_MAX_BYTES: usize = 256 * 1024;
-/// Largest all-reduce the two-shot kernel takes: 4 MiB, XLA's two-shot cut-off
-/// (2 MB in earlier versions); NCCL wins above it (collective_anchors.md §1, §3, lesson 6).
+/// Largest all-reduce the two-shot kernel takes: 4 MiB, XLA's two-shot cut-off (2 MB in earlier versions); NCCL wins
+/// above it (collective_anchors.md §1, §3, lesson 6).
 pub const DEFAULT_TWO_SHOT_MAX_BYTES: usize = 4 * 1024 * 1024;
 /// The simulated peer topology (`--host_topology`), which `thunks::peers` holds with the table.
 pub use thunks::peers::{HostTopology, MAX_TOPOLOGY_DEVICE};
@@ -59,8 +58,8 @@ impl fmt::Display for Backend {
     }
 }
 
-/// The emitter's flags. Build with `Flags::default()`, [`Flags::parse`] or
-/// [`Flags::from_env`]; change one with [`Flags::apply`].
+/// The emitter's flags. Build with `Flags::default()`, [`Flags::parse`] or [`Flags::from_env`]; change one with
+/// [`Flags::apply`].
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Flags {
     pub all_reduce_backend: Backend,
@@ -72,33 +71,30 @@ pub struct Flags {
     pub two_shot_max_bytes: usize,
     pub collective_timeout_ms: u64,
     pub host_topology: HostTopology,
-    /// Use peer kernels even on GPU targets whose cross-device atomics are known not to be
-    /// visible to peers ([`crate::peers::PEER_ATOMICS_NOT_VISIBLE`]).
+    /// Use peer kernels even on GPU targets whose cross-device atomics are known not to be visible to peers
+    /// ([`crate::peers::PEER_ATOMICS_NOT_VISIBLE`]).
     pub allow_unsafe_peer_targets: bool,
-    /// Inside XLA: partitioner-made collectives larger than this stay XLA's, which runs them
-    /// asynchronously, overlapped with compute (a custom call runs in order on the compute
-    /// stream). `None`: no such rule.
+    /// Inside XLA: partitioner-made collectives larger than this stay XLA's, which runs them asynchronously, overlapped
+    /// with compute (a custom call runs in order on the compute stream). `None`: no such rule.
     pub xla_async_above_bytes: Option<usize>,
-    /// Inside XLA:GPU (platforms with [`crate::Capabilities::async_queue`]): collectives above
-    /// this run on XLA's async compute stream, overlapped with compute, instead of staying XLA's
-    /// under `xla_async_above_bytes`; `None` (the default): every call on the compute stream,
-    /// and collectives inside JAX's own async pairs stay XLA's.
+    /// Inside XLA:GPU (platforms with [`crate::Capabilities::async_queue`]): collectives above this run on XLA's async
+    /// compute stream, overlapped with compute, instead of staying XLA's under `xla_async_above_bytes`; `None` (the
+    /// default): every call on the compute stream, and collectives inside JAX's own async pairs stay XLA's.
     pub overlap_above_bytes: Option<usize>,
-    /// The most thread blocks a call beside compute launches with (`overlap_above_bytes`): few
-    /// SMs for the collective, the rest for the GEMMs it overlaps.
+    /// The most thread blocks a call beside compute launches with (`overlap_above_bytes`): few SMs for the collective,
+    /// the rest for the GEMMs it overlaps.
     pub async_blocks: u32,
-    /// Inside XLA: fuse a sum all-reduce the pass gives a kernel with the residual add and
-    /// RMSNorm after it (`xla_pass::fuse`) where the platform's handlers run it: always
-    /// (`Some(true)`), never, or (`None`) where the fused kernel is the faster
-    /// ([`crate::Capabilities::fused_norm_auto`]).
+    /// Inside XLA: fuse a sum all-reduce the pass gives a kernel with the residual add and RMSNorm after it
+    /// (`xla_pass::fuse`) where the platform's handlers run it: always (`Some(true)`), never, or (`None`) where the
+    /// fused kernel is the faster ([`crate::Capabilities::fused_norm_auto`]).
     pub fuse_norm: Option<bool>,
-    /// Where all-gather, all-to-all and collective-permute move on the GPUs' copy engines (no
-    /// kernel, no SM) on platforms that have them ([`crate::Capabilities::copy_engines`]).
+    /// Where all-gather, all-to-all and collective-permute move on the GPUs' copy engines (no kernel, no SM) on
+    /// platforms that have them ([`crate::Capabilities::copy_engines`]).
     pub copy_engines: CopyEngines,
 }
 
-/// `--copy_engines`: when the copy-engine forms run. Off by default until the NVLink run
-/// measures them against NCCL and the SM kernels (docs/PERFORMANCE.md).
+/// `--copy_engines`: when the copy-engine forms run. Off by default until the NVLink run measures them against NCCL and
+/// the SM kernels (docs/PERFORMANCE.md).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum CopyEngines {
     /// Never (the default).
@@ -110,13 +106,8 @@ pub enum CopyEngines {
     From(usize),
 }
 
-/// Default of `--xla_async_above_bytes`: 2× H200, 2026-11-23 — a data-parallel train step
-/// whose 2 MiB gradient all-reduce ran on a Peerless kernel in order took 403 µs against XLA's
-/// 252 µs, while latency-bound all-reduces of ≤ 256 KiB (a tensor-parallel decode layer) gain
-/// 1.5× in order. `--overlap_above_bytes` is off by default: on 4× H200, 2026-11-28,
-/// realistic training steps (403M parameters, DP and FSDP) ran 0.83× and 0.72× stock with calls
-/// above 256 KiB beside compute (the kernels compete with the GEMMs and trail NCCL from 16 MiB
-/// up), 1.00× and 1.01× without; the project's small DP step gained 1.15–1.70× with them.
+/// Default of `--xla_async_above_bytes`: above it a partitioner-made collective stays XLA's, which overlaps it with
+/// compute. The measurements behind it, and behind `--overlap_above_bytes` being off: docs/PERFORMANCE.md.
 pub const DEFAULT_XLA_ASYNC_ABOVE_BYTES: usize = 256 * 1024;
 
 /// Default of `--async_blocks`: a quarter of an H100's 132 SMs (NCCL's rings use 16–32 blocks).
@@ -381,8 +372,7 @@ impl Flags {
         (spec.set)(self, value).map_err(|why| flag_error(format!("bad value for --{} ({}): {why}", spec.name, spec.ty)))
     }
 
-    /// The backend flag governing `kind` and its name, or `None` for kinds Peerless has
-    /// no kernel for.
+    /// The backend flag governing `kind` and its name, or `None` for kinds Peerless has no kernel for.
     pub fn backend_for(&self, kind: CollectiveKind) -> Option<(Backend, &'static str)> {
         use CollectiveKind as K;
         let backend = match kind {
@@ -397,8 +387,7 @@ impl Flags {
     }
 }
 
-/// One `--name=value` argument: the flag it names and its value (not yet checked), or why
-/// it is not a flag.
+/// One `--name=value` argument: the flag it names and its value (not yet checked), or why it is not a flag.
 fn split(arg: &str) -> Result<(&'static FlagSpec, &str), EmitError> {
     let Some(body) = arg.strip_prefix("--") else {
         return Err(flag_error(format!("'{arg}' is not a flag of the form --name=value")));
@@ -412,9 +401,8 @@ fn split(arg: &str) -> Result<(&'static FlagSpec, &str), EmitError> {
     Ok((spec, value))
 }
 
-/// Whether a flags string (whitespace-separated `--name=value`, as [`Flags::parse`] reads it)
-/// sets the flag `name` (one of [`thunks::flag`]'s). An argument that is no flag sets
-/// nothing here; [`Flags::apply`] reports it.
+/// Whether a flags string (whitespace-separated `--name=value`, as [`Flags::parse`] reads it) sets the flag `name` (one
+/// of [`thunks::flag`]'s). An argument that is no flag sets nothing here; [`Flags::apply`] reports it.
 pub fn sets(flags: &str, name: &str) -> bool {
     flags.split_whitespace().filter_map(|arg| split(arg).ok()).any(|(spec, _)| spec.name == name)
 }

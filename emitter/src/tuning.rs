@@ -1,29 +1,8 @@
-//! Tuning profiles: measured crossovers between Peerless's kernels and XLA's own collectives.
-//!
-//! `peerless tune` times, through XLA, every Peerless algorithm of each collective kind and
-//! XLA's own path, per dtype class, group size and size, and writes a [`Profile`]: readable
-//! JSON in the cache directory (`PEERLESS_CACHE_DIR`, else `$XDG_CACHE_HOME/peerless`, else
-//! `~/.cache/peerless`; file `tuning/<key>.json`), keyed by platform, device kind and count,
-//! links and Peerless version. The pass ([`crate::decide`], rule 7) reads the matching profile
-//! by default: where a collective has passed every guard (dtype, operands, reduction, groups,
-//! peer access) and its backend flag is `auto`, the profile picks the fastest measured of XLA
-//! and the kernels allowed, and the decision's reason names the profile and the figures.
-//!
-//! Invariants:
-//! - A profile only chooses among what the guards allow: a kernel vs XLA, and one-shot vs
-//!   two-shot for all-reduce. It never sends a collective to a kernel the dtype, operand,
-//!   reduction, group or peer rules forbid, and an all-reduce above `two_shot_max_bytes`
-//!   stays XLA's.
-//! - Flags win: `--<op>_backend=kernel|fallback` decides that kind without the profile, and
-//!   an explicit `one_shot_max_bytes` / `two_shot_max_bytes` gives all-reduce back to the
-//!   size thresholds.
-//! - A profile that cannot be read is a warning, never a failed compile: the next source
-//!   (shipped defaults, then the flags' thresholds) decides.
-//!
-//! Sources, in order ([`ProfileSource`]): `PEERLESS_TUNING_PROFILE=PATH` (that file) or `=0`
-//! (none); else the cache directory's profile for this key (or, failing that, one of the same
-//! platform and version for another device count); else the shipped defaults for the
-//! platform ([`shipped`]: XLA:CPU measured on the build machine); else none (the thresholds).
+//! Tuning profiles: measured crossovers between Peerless's kernels and XLA's own collectives. `peerless tune` writes a
+//! [`Profile`] (JSON under `<cache>/tuning/<key>.json`, keyed by platform, device kind and count, links and version);
+//! the pass ([`crate::decide`], rule 7) reads the matching one, found through [`ProfileSource`]. A profile only chooses
+//! among what the guards allow, flags win over it, and an unreadable one is a warning, never a failed compile.
+//! ARCHITECTURE.md ("emitter", "Invariant (tuning)") has the sources in order and the rules.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -44,8 +23,8 @@ pub const FORMAT: u32 = 1;
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 /// The name XLA's path has in a profile's figures.
 pub const XLA: &str = "xla";
-/// A kernel is chosen over XLA only if the profile measured it this much faster (a fraction
-/// of XLA's time): closer calls are within a tune's noise, and XLA's path is the safe side.
+/// A kernel is chosen over XLA only if the profile measured it this much faster (a fraction of XLA's time): closer
+/// calls are within a tune's noise, and XLA's path is the safe side.
 pub const XLA_MARGIN: f64 = 0.05;
 
 /// What a profile was measured on.
@@ -100,15 +79,13 @@ pub struct Point {
 }
 
 impl Point {
-    /// Whether kernel `imp` beat XLA here by more than [`XLA_MARGIN`] (false where either
-    /// was not measured).
+    /// Whether kernel `imp` beat XLA here by more than [`XLA_MARGIN`] (false where either was not measured).
     pub fn beats_xla(&self, imp: &str) -> bool {
         matches!((self.us.get(imp), self.us.get(XLA)), (Some(&k), Some(&x)) if k < x * (1.0 - XLA_MARGIN))
     }
 
-    /// What the pass takes at exactly this size among everything measured: the fastest
-    /// kernel where it beat XLA by more than the margin, else [`XLA`]; `None` without XLA's
-    /// figure.
+    /// What the pass takes at exactly this size among everything measured: the fastest kernel where it beat XLA by more
+    /// than the margin, else [`XLA`]; `None` without XLA's figure.
     pub fn winner(&self) -> Option<&str> {
         self.us.get(XLA)?;
         let fastest = self.us.iter().filter(|(n, _)| *n != XLA).min_by(|a, b| a.1.total_cmp(b.1));
@@ -145,8 +122,7 @@ pub struct Profile {
     pub source: String,
 }
 
-/// The class a dtype is measured under: floats by width (f16 and bf16 share one), integers
-/// by width, pred.
+/// The class a dtype is measured under: floats by width (f16 and bf16 share one), integers by width, pred.
 pub fn dtype_class(ty: PrimitiveType) -> String {
     use PrimitiveType as T;
     match ty {
@@ -268,9 +244,8 @@ impl Profile {
             .map_or(&[], |e| e.points.as_slice())
     }
 
-    /// The entry for `op`, dtype class and group size: the class itself, else one of the
-    /// same element width, else the nearest width; the group size itself, else the nearest
-    /// (the larger on a tie).
+    /// The entry for `op`, dtype class and group size: the class itself, else one of the same element width, else the
+    /// nearest width; the group size itself, else the nearest (the larger on a tie).
     fn entry(&self, op: &str, class: &str, group: usize) -> Option<&Entry> {
         let width = class_width(class);
         let rank = |e: &Entry| -> (usize, usize, usize) {
@@ -286,8 +261,8 @@ impl Profile {
         self.entries.iter().filter(|e| e.op == op && !e.points.is_empty()).min_by_key(|e| rank(e))
     }
 
-    /// What the profile says for `kind` on `ty`, groups of `group`, `bytes` per device,
-    /// choosing among XLA and `allowed` kernels; `None` where it measured nothing for the op.
+    /// What the profile says for `kind` on `ty`, groups of `group`, `bytes` per device, choosing among XLA and
+    /// `allowed` kernels; `None` where it measured nothing for the op.
     pub fn choose(
         &self,
         kind: CollectiveKind,
@@ -328,10 +303,9 @@ impl Profile {
             return None;
         }
         let fastest = *candidates.iter().min_by(|a, b| a.1.total_cmp(&b.1))?;
-        // A kernel must beat XLA by more than the margin at every measured size the decision
-        // rests on (both neighbours between two sizes). Closer than the margin the two were
-        // within the measurement's noise; where the neighbours disagree the crossover lies
-        // between them, unmeasured. XLA's own path is the safe side.
+        // A kernel must beat XLA by more than the margin at every measured size the decision rests on (both neighbours
+        // between two sizes). Closer than the margin the two were within the measurement's noise; where the neighbours
+        // disagree the crossover lies between them, unmeasured. XLA's own path is the safe side.
         let ends: &[&Point] = if frac == 0.0 { &[p0] } else { &[p0, p1] };
         let falls_short = |imp: &str| ends.iter().find(|p| !p.beats_xla(imp)).map(|p| p.bytes);
         let best = candidates
@@ -375,9 +349,9 @@ impl Profile {
     }
 }
 
-/// `points` with each implementation's time at a size the least it measured there or above: the
-/// same algorithm moving fewer bytes does not take longer, so a smaller size measured slower was
-/// noise (the shipped Hopper profile's f32 all-to-all ×4 at 256 KiB, which left FSDP's to XLA).
+/// `points` with each implementation's time at a size the least it measured there or above: the same algorithm moving
+/// fewer bytes does not take longer, so a smaller size measured slower was noise (the shipped Hopper profile's f32
+/// all-to-all ×4 at 256 KiB, which left FSDP's to XLA).
 fn monotone(points: &[Point]) -> Vec<Point> {
     let mut least: BTreeMap<String, f64> = BTreeMap::new();
     let mut out = Vec::with_capacity(points.len());
@@ -418,8 +392,8 @@ impl ProfileSource {
         }
     }
 
-    /// The profile for a module on `devices` devices of `platform` whose devices are of
-    /// `kind` (`None`: unknown), or `None` (thresholds).
+    /// The profile for a module on `devices` devices of `platform` whose devices are of `kind` (`None`: unknown), or
+    /// `None` (thresholds).
     pub fn select(&self, platform: &str, devices: usize, kind: Option<&str>) -> Option<Arc<Profile>> {
         match self {
             ProfileSource::Off => None,
@@ -448,8 +422,8 @@ pub fn profile_dir() -> Option<PathBuf> {
     Some(thunks::runtime::cache_dir()?.join("tuning"))
 }
 
-/// Profiles read so far, by path, with the file's length and modification time (a file
-/// rewritten by a later `peerless tune` is read again).
+/// Profiles read so far, by path, with the file's length and modification time (a file rewritten by a later `peerless
+/// tune` is read again).
 static LOADED: Mutex<BTreeMap<PathBuf, (u64, Option<std::time::SystemTime>, Arc<Profile>)>> =
     Mutex::new(BTreeMap::new());
 
@@ -469,9 +443,8 @@ pub fn load(path: &Path) -> Result<Arc<Profile>, String> {
     Ok(p)
 }
 
-/// Whether a profile measured on devices of kind `measured` may decide for devices of kind
-/// `kind`: the same kind, or either unknown (`None`, or a profile written before the key
-/// named GPUs, which says "gpu").
+/// Whether a profile measured on devices of kind `measured` may decide for devices of kind `kind`: the same kind, or
+/// either unknown (`None`, or a profile written before the key named GPUs, which says "gpu").
 fn kind_fits(measured: &str, kind: Option<&str>) -> bool {
     match kind {
         Some(k) => measured == k || measured == "gpu" || measured.is_empty(),
@@ -479,9 +452,8 @@ fn kind_fits(measured: &str, kind: Option<&str>) -> bool {
     }
 }
 
-/// The cache directory's profile for `platform` on `devices` devices of `kind`, of this
-/// version: the one of that kind (else one of unknown kind) whose key names that count,
-/// else the one of the nearest count.
+/// The cache directory's profile for `platform` on `devices` devices of `kind`, of this version: the one of that kind
+/// (else one of unknown kind) whose key names that count, else the one of the nearest count.
 fn cached(platform: &str, devices: usize, kind: Option<&str>) -> Option<Arc<Profile>> {
     let dir = profile_dir()?;
     let entries = std::fs::read_dir(&dir).ok()?;
@@ -512,8 +484,8 @@ fn cached(platform: &str, devices: usize, kind: Option<&str>) -> Option<Arc<Prof
     best.map(|(_, p)| p)
 }
 
-/// A profile shipped in the library: measured on a machine we ran, used where the cache
-/// holds none for the platform and device kind.
+/// A profile shipped in the library: measured on a machine we ran, used where the cache holds none for the platform and
+/// device kind.
 struct Shipped {
     platform: &'static str,
     /// Its name in reasons ("shipped xla-cpu (date)").
@@ -523,12 +495,11 @@ struct Shipped {
     json: &'static str,
 }
 
-/// The shipped profiles (`emitter/profiles/`; each file says where, when and how it was
-/// measured).
+/// The shipped profiles (`emitter/profiles/`; each file says where, when and how it was measured).
 const SHIPPED: &[Shipped] = &[
     Shipped { platform: "cpu", name: "xla-cpu", kinds: &[], json: include_str!("../profiles/xla-cpu.json") },
-    // Hopper with NVLink: measured on 4x H200 (groups of 2 and 4); H100 SXM has the same
-    // kernels (sm_90) and links. PCIe and NVL parts are other kinds: not covered.
+    // Hopper with NVLink: measured on 4x H200 (groups of 2 and 4); H100 SXM has the same kernels (sm_90) and links.
+    // PCIe and NVL parts are other kinds: not covered.
     Shipped {
         platform: "cuda",
         name: "cuda-hopper-nvlink",
@@ -537,9 +508,8 @@ const SHIPPED: &[Shipped] = &[
     },
 ];
 
-/// The shipped defaults for `platform` and device `kind`: XLA:CPU's, measured on the build
-/// machine, and Hopper NVLink GPUs', measured on 4x H200. Other GPUs have none: the flags'
-/// thresholds decide there.
+/// The shipped defaults for `platform` and device `kind`: XLA:CPU's, measured on the build machine, and Hopper NVLink
+/// GPUs', measured on 4x H200. Other GPUs have none: the flags' thresholds decide there.
 pub fn shipped(platform: &str, kind: Option<&str>) -> Option<Arc<Profile>> {
     static PARSED: std::sync::OnceLock<Vec<Option<Arc<Profile>>>> = std::sync::OnceLock::new();
     let parsed = PARSED.get_or_init(|| {
@@ -564,8 +534,8 @@ pub fn shipped(platform: &str, kind: Option<&str>) -> Option<Arc<Profile>> {
         .and_then(|(_, p)| p.clone())
 }
 
-/// What the rules need of tuning for one run: the profile (if any) and whether the flags
-/// set the all-reduce thresholds explicitly.
+/// What the rules need of tuning for one run: the profile (if any) and whether the flags set the all-reduce thresholds
+/// explicitly.
 #[derive(Clone, Debug, Default)]
 pub struct Tuning {
     pub profile: Option<Arc<Profile>>,
@@ -579,8 +549,7 @@ impl Tuning {
         Tuning::default()
     }
 
-    /// The profile, where it may decide `kind` under `flags`: backend `auto`, and for
-    /// all-reduce no explicit threshold.
+    /// The profile, where it may decide `kind` under `flags`: backend `auto`, and for all-reduce no explicit threshold.
     pub fn for_kind(&self, kind: CollectiveKind, flags: &Flags) -> Option<&Profile> {
         let p = self.profile.as_deref()?;
         if !matches!(flags.backend_for(kind), Some((Backend::Auto, _))) {
@@ -593,17 +562,16 @@ impl Tuning {
     }
 }
 
-/// How a pass configuration finds its profile: the source, the platform the profile must be
-/// for, the devices' kind, and whether the flags set the all-reduce thresholds (then
-/// all-reduce follows them).
+/// How a pass configuration finds its profile: the source, the platform the profile must be for, the devices' kind, and
+/// whether the flags set the all-reduce thresholds (then all-reduce follows them).
 #[derive(Clone, Debug, Default)]
 pub struct TuningConfig {
     pub source: ProfileSource,
     pub platform: String,
-    /// The devices' kind as XLA names it ("cpu", "NVIDIA H200"), a plain value handed over by
-    /// whoever holds XLA's devices (the Python package from JAX's, the CLI from its PJRT
-    /// client's): resolving the tuning asks no device. `None`: unknown; a cached profile of any
-    /// kind is then taken (`kind_fits`), a shipped one, which names its kind, is not.
+    /// The devices' kind as XLA names it ("cpu", "NVIDIA H200"), a plain value handed over by whoever holds XLA's
+    /// devices (the Python package from JAX's, the CLI from its PJRT client's): resolving the tuning asks no device.
+    /// `None`: unknown; a cached profile of any kind is then taken (`kind_fits`), a shipped one, which names its kind,
+    /// is not.
     pub device_kind: Option<String>,
     pub explicit_thresholds: bool,
 }

@@ -1,7 +1,6 @@
-//! cuBLAS, loaded at run time, for one job: the bf16 GEMM `peerless bench --beside-gemm` runs
-//! beside a collective to measure what the collective takes from compute. The library comes
-//! from the `nvidia-cublas` wheel JAX's CUDA plugin installs ([`crate::libs::cublas`]); nothing
-//! else in Peerless needs it.
+//! cuBLAS, loaded at run time, for one job: the bf16 GEMM `peerless bench --beside-gemm` runs beside a collective to
+//! measure what the collective takes from compute. The library comes from the `nvidia-cublas` wheel JAX's CUDA plugin
+//! installs ([`crate::libs::cublas`]); nothing else in Peerless needs it.
 
 use std::ffi::{c_int, c_void};
 use std::sync::OnceLock;
@@ -50,8 +49,8 @@ pub struct Blas {
     ordinal: usize,
 }
 
-// SAFETY: a cuBLAS handle may be used from any thread, one at a time; `Blas` is used through
-// `&self` only by its owner's thread in Peerless (the bench).
+// SAFETY: a cuBLAS handle may be used from any thread, one at a time; `Blas` is used through `&self` only by its
+// owner's thread in Peerless (the bench).
 crate::send_sync!(Blas);
 
 impl Blas {
@@ -71,15 +70,15 @@ impl Blas {
     /// Enqueues C = A·B for column-major bf16 `n`×`n` matrices (f32 accumulation).
     ///
     /// # Safety
-    /// `a`, `b` and `c` are device allocations of at least `2 n²` bytes on the handle's device,
-    /// valid until the GEMM completes.
+    /// `a`, `b` and `c` are device allocations of at least `2 n²` bytes on the handle's device, valid until the GEMM
+    /// completes.
     pub unsafe fn gemm_bf16(&self, n: usize, a: u64, b: u64, c: u64) -> Result<()> {
         let s = sys()?;
         let n = c_int::try_from(n).map_err(|_| Error::Invalid(format!("GEMM of {n}: too large")))?;
         let (one, zero) = (1.0f32, 0.0f32);
         let p = |x: &f32| (x as *const f32).cast::<c_void>();
-        // SAFETY: the caller guarantees the three matrices; alpha and beta are f32 host values
-        // (compute type 32F), alive for the call.
+        // SAFETY: the caller guarantees the three matrices; alpha and beta are f32 host values (compute type 32F),
+        // alive for the call.
         let st = unsafe {
             (s.gemm_ex)(
                 self.h,

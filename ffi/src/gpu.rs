@@ -1,31 +1,23 @@
-//! One device-layer interface for the GPU runtimes: [`Gpu`], which [`crate::cuda::Cuda`] (the
-//! CUDA driver) and, with feature `rocm`, [`crate::hip::Hip`] (the HIP runtime) implement.
-//!
-//! Why a trait: the collective launchers, the clique (contexts, streams, kernel modules), the
-//! peer probe and the symmetric allocations are the same code on both vendors; only these
-//! entry points differ. `kernels::gpu` is written once against this trait instead of being
-//! copied per vendor. Each method is a thin call into the vendor's result layer, so errors
-//! still name the vendor call and the device.
-//!
-//! [`Interop`] adds what the runtime behind XLA's FFI handlers (`kernels::gpu::xla`) needs on
-//! top: IPC handles of allocations and their mappings in other processes, host-mapped memory,
-//! XLA's (foreign) streams with stream-ordered copies and fills, and the free-memory query.
-//! HIP's `gcnArchName` is not here (read in `kernels::rocm`).
+//! One device-layer interface for the GPU runtimes: [`Gpu`], implemented by [`crate::cuda::Cuda`] and, with feature
+//! `rocm`, [`crate::hip::Hip`], so `kernels::gpu` (launchers, clique, peer probe, symmetric allocations) is written
+//! once; each method is a thin call whose errors still name the vendor call and the device. [`Interop`] adds what the
+//! runtime behind XLA's handlers needs: IPC, host-mapped memory, XLA's streams with stream-ordered copies and fills,
+//! free memory.
 
 use std::ffi::c_void;
 use std::fmt::Debug;
 
 use crate::Result;
 
-/// A GPU runtime's device layer: the handle types and the calls the collective launchers,
-/// the clique and the peer probe make. Implemented by marker types; every method is an
-/// associated function so the handle types stay the vendor modules' own.
+/// A GPU runtime's device layer: the handle types and the calls the collective launchers, the clique and the peer probe
+/// make. Implemented by marker types; every method is an associated function so the handle types stay the vendor
+/// modules' own.
 pub trait Gpu: Debug + Send + Sync + 'static {
     /// `"cuda"` or `"rocm"`: names the backend in errors and peer-table keys.
     const NAME: &'static str;
 
-    /// One device, made current with [`Gpu::bind`]. Declared last in owners, so modules,
-    /// streams and buffers drop first.
+    /// One device, made current with [`Gpu::bind`]. Declared last in owners, so modules, streams and buffers drop
+    /// first.
     type Context: Debug + Send + Sync;
     /// A loaded code object.
     type Module: Debug + Send + Sync;
@@ -59,8 +51,8 @@ pub trait Gpu: Debug + Send + Sync + 'static {
     /// Launches `f` on `stream` with `grid` blocks of `block` threads.
     ///
     /// # Safety
-    /// `params` must match the kernel's parameter list in number, order and layout, and every
-    /// pointer argument must stay valid until the kernel finishes.
+    /// `params` must match the kernel's parameter list in number, order and layout, and every pointer argument must
+    /// stay valid until the kernel finishes.
     unsafe fn launch(
         stream: &Self::Stream,
         f: &Self::Function,
@@ -68,22 +60,19 @@ pub trait Gpu: Debug + Send + Sync + 'static {
         block: u32,
         params: &mut [*mut c_void],
     ) -> Result<()>;
-    /// `len` bytes (at least 1), zeroed and settled, that peers may access while kernels run
-    /// (plain `cuMemAlloc` on CUDA; fine-grained memory on HIP, where coarse-grained memory
-    /// is coherent across devices only at kernel boundaries).
+    /// `len` bytes (at least 1), zeroed and settled, that peers may access while kernels run (plain `cuMemAlloc` on
+    /// CUDA; fine-grained memory on HIP, where coarse-grained memory is coherent across devices only at kernel
+    /// boundaries).
     fn alloc(ctx: &Self::Context, len: usize) -> Result<Self::Buffer>;
     /// The buffer's device address.
     fn ptr(buf: &Self::Buffer) -> u64;
-    /// The ordinal of the device the buffer lives on.
-    fn buffer_ordinal(buf: &Self::Buffer) -> usize;
     /// Copies the buffer's first `out.len()` bytes to the host (synchronous).
     fn read(buf: &Self::Buffer, out: &mut [u8]) -> Result<()>;
     /// Copies `data` to the buffer's first bytes (synchronous).
     fn write(buf: &Self::Buffer, data: &[u8]) -> Result<()>;
 }
 
-/// Bytes of an IPC memory handle: `CUipcMemHandle` and `hipIpcMemHandle_t` are both a
-/// 64-byte `reserved` array.
+/// Bytes of an IPC memory handle: `CUipcMemHandle` and `hipIpcMemHandle_t` are both a 64-byte `reserved` array.
 pub const IPC_HANDLE_BYTES: usize = 64;
 
 /// What a runtime living inside another library's executor (XLA's FFI handlers) needs from a
@@ -184,9 +173,9 @@ pub trait Interop: Gpu {
     ) -> Result<()>;
 }
 
-/// Checks that `n` bytes at `offset` lie inside a buffer of `len` bytes: an [`crate::Error::Invalid`]
-/// such as "write of 8 bytes at 4 into 10" where not (`access`: "write of" / "read of", `prep`:
-/// "into" / "from"). `Ok(false)` when `n` is 0: there is nothing to copy.
+/// Checks that `n` bytes at `offset` lie inside a buffer of `len` bytes: an [`crate::Error::Invalid`] such as "write of
+/// 8 bytes at 4 into 10" where not (`access`: "write of" / "read of", `prep`: "into" / "from"). `Ok(false)` when `n` is
+/// 0: there is nothing to copy.
 pub(crate) fn check_range(access: &str, n: usize, offset: usize, prep: &str, len: usize) -> Result<bool> {
     if offset.checked_add(n).is_none_or(|end| end > len) {
         return Err(crate::Error::Invalid(format!("{access} {n} bytes at {offset} {prep} {len}")));
@@ -194,9 +183,9 @@ pub(crate) fn check_range(access: &str, n: usize, offset: usize, prep: &str, len
     Ok(n > 0)
 }
 
-/// A stream another library owns (XLA's, handed to an FFI handler), borrowed for one call: it
-/// launches and copies like the vendor's stream `S` and is never destroyed here. Each vendor
-/// module names it `ForeignStream` (`forward_gpu` declares it).
+/// A stream another library owns (XLA's, handed to an FFI handler), borrowed for one call: it launches and copies like
+/// the vendor's stream `S` and is never destroyed here. Each vendor module names it `ForeignStream` (`forward_gpu`
+/// declares it).
 #[derive(Debug)]
 pub struct Borrowed<S>(std::mem::ManuallyDrop<S>);
 
@@ -214,9 +203,9 @@ impl<S> std::ops::Deref for Borrowed<S> {
     }
 }
 
-/// Zeroed 32-bit words of page-locked host memory mapped into a device's address space: a
-/// kernel writes them, and the host reads them later without synchronising a stream (a
-/// collective's timeout status). The vendor's `HostMapped` allocates and frees them.
+/// Zeroed 32-bit words of page-locked host memory mapped into a device's address space: a kernel writes them, and the
+/// host reads them later without synchronising a stream (a collective's timeout status). The vendor's `HostMapped`
+/// allocates and frees them.
 #[derive(Debug)]
 pub struct HostWords {
     ptr: *mut u32,
@@ -224,8 +213,8 @@ pub struct HostWords {
     /// The device address of the same words.
     pub device_ptr: u64,
 }
-// SAFETY: plain host memory owned by the vendor's `HostMapped`; the host touches it only
-// through volatile word accesses, which tolerate a concurrent device writer.
+// SAFETY: plain host memory owned by the vendor's `HostMapped`; the host touches it only through volatile word
+// accesses, which tolerate a concurrent device writer.
 crate::send_sync!(HostWords);
 
 impl HostWords {
@@ -240,8 +229,8 @@ impl HostWords {
         HostWords { ptr, words, device_ptr: 0 }
     }
 
-    /// Takes the `words` words at `ptr` as they are (memory another process may already
-    /// be using); the device address is set once known.
+    /// Takes the `words` words at `ptr` as they are (memory another process may already be using); the device address
+    /// is set once known.
     ///
     /// # Safety
     /// As [`HostWords::zeroed`].
@@ -257,8 +246,7 @@ impl HostWords {
     /// Reads word `i` (a device may be writing it).
     pub fn load(&self, i: usize) -> u32 {
         assert!(i < self.words, "word {i} of a {}-byte mapping", self.words * 4);
-        // SAFETY: in bounds (asserted); volatile because a device writes the word behind the
-        // compiler's back.
+        // SAFETY: in bounds (asserted); volatile because a device writes the word behind the compiler's back.
         unsafe { std::ptr::read_volatile(self.ptr.add(i)) }
     }
 
@@ -270,16 +258,14 @@ impl HostWords {
     }
 }
 
-/// Implements [`Gpu`] and [`Interop`] for a vendor module's marker type by forwarding to that
-/// module's owners (`Context`, `Module`, `Function`, `Stream`, `DeviceBuffer`, `HostMapped` and
-/// `IpcMapping`, which both vendor modules define with the same shapes), and declares the
-/// module's `ForeignStream`.
-/// Only the names that differ are arguments: the compute-unit query and the allocation that
-/// peers may access while kernels run.
+/// Implements [`Gpu`] and [`Interop`] for a vendor module's marker type by forwarding to that module's owners
+/// (`Context`, `Module`, `Function`, `Stream`, `DeviceBuffer`, `HostMapped` and `IpcMapping`, which both vendor modules
+/// define with the same shapes), and declares the module's `ForeignStream`. Only the names that differ are arguments:
+/// the compute-unit query and the allocation that peers may access while kernels run.
 macro_rules! forward_gpu {
     ($marker:ty, name: $name:literal, units: $units:ident, alloc: $alloc:ident) => {
-        /// A stream another library owns (XLA's, handed to an FFI handler), borrowed for one
-        /// call ([`Interop::foreign_stream`](crate::gpu::Interop::foreign_stream)).
+        /// A stream another library owns (XLA's, handed to an FFI handler), borrowed for one call
+        /// ([`Interop::foreign_stream`](crate::gpu::Interop::foreign_stream)).
         pub type ForeignStream = $crate::gpu::Borrowed<Stream>;
 
         impl $crate::gpu::Gpu for $marker {
@@ -335,9 +321,6 @@ macro_rules! forward_gpu {
             }
             fn ptr(buf: &DeviceBuffer) -> u64 {
                 buf.ptr
-            }
-            fn buffer_ordinal(buf: &DeviceBuffer) -> usize {
-                buf.ordinal
             }
             fn read(buf: &DeviceBuffer, out: &mut [u8]) -> Result<()> {
                 buf.read_at(0, out)

@@ -1,11 +1,10 @@
-//! hipRTC (feature `rocm`): HIP C++ source → an AMD GPU code object for one offload arch,
-//! at run time. Bound directly like [`crate::hip`]; found by [`crate::libs::hiprtc`]
-//! (`libhiprtc.so` from ROCm 5.3 on, the HIP runtime itself before). No GPU is needed to
-//! compile, so CI runs it against Debian's ROCm 5.2 packages.
+//! hipRTC (feature `rocm`): HIP C++ source → an AMD GPU code object for one offload arch, at run time. Bound directly
+//! like [`crate::hip`]; found by [`crate::libs::hiprtc`] (`libhiprtc.so` from ROCm 5.3 on, the HIP runtime itself
+//! before). No GPU is needed to compile, so CI runs it against Debian's ROCm 5.2 packages.
 //!
-//! Every call is serialised by one process-wide lock: ROCm 5.2's hipRTC crashes (SIGSEGV)
-//! when two programs compile at once in one process (measured: the two tests of
-//! `kernels/tests/rocm_hiprtc.rs` on two test threads), and compiles are once per arch anyway.
+//! Every call is serialised by one process-wide lock: ROCm 5.2's hipRTC crashes (SIGSEGV) when two programs compile at
+//! once in one process (measured: the two tests of `kernels/tests/rocm_hiprtc.rs` on two test threads), and compiles
+//! are once per arch anyway.
 
 use std::ffi::{c_char, c_int};
 use std::sync::{Mutex, MutexGuard, OnceLock};
@@ -42,8 +41,8 @@ fn sys() -> Result<&'static Sys> {
     })
 }
 
-/// The lock every hipRTC call holds (see the module docs). A poisoned lock only means a
-/// panic elsewhere while holding it; hipRTC's state is not ours, so keep going.
+/// The lock every hipRTC call holds (see the module docs). A poisoned lock only means a panic elsewhere while holding
+/// it; hipRTC's state is not ours, so keep going.
 fn serialised() -> MutexGuard<'static, ()> {
     static LOCK: Mutex<()> = Mutex::new(());
     LOCK.lock().unwrap_or_else(|e| e.into_inner())
@@ -68,16 +67,15 @@ pub fn version() -> Result<(i32, i32)> {
     Ok((a, b))
 }
 
-/// Compiles `src` (named `name` in messages) for `arch` (an offload arch such as `gfx90a` or
-/// a device's full `gcnArchName`, `gfx90a:sramecc+:xnack-`), with headers given as
-/// (name, contents). Returns the code object `hipModuleLoadData` takes.
+/// Compiles `src` (named `name` in messages) for `arch` (an offload arch such as `gfx90a` or a device's full
+/// `gcnArchName`, `gfx90a:sramecc+:xnack-`), with headers given as (name, contents). Returns the code object
+/// `hipModuleLoadData` takes.
 pub fn compile(name: &str, src: &str, headers: &[(&str, &str)], arch: &str) -> Result<Vec<u8>> {
     compile_with(name, src, headers, arch, &[])
 }
 
-/// [`compile`] with `extra` compiler options after the fixed ones. CI's check passes
-/// `-Werror`; the run-time path passes none, so a newer compiler's new warning never stops a
-/// user's program.
+/// [`compile`] with `extra` compiler options after the fixed ones. CI's check passes `-Werror`; the run-time path
+/// passes none, so a newer compiler's new warning never stops a user's program.
 pub fn compile_with(name: &str, src: &str, headers: &[(&str, &str)], arch: &str, extra: &[&str]) -> Result<Vec<u8>> {
     let s = sys()?;
     let (_c, c) = crate::c_strings(name, [src, name])?;

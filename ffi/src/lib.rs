@@ -1,15 +1,8 @@
-//! The only home of `unsafe` foreign calls besides the device layers: dynamic loading of the
-//! CUDA driver and NVRTC, and (feature `rocm`) the HIP runtime and hipRTC ([`hip`],
-//! [`hiprtc`], bound directly through `libloading`); XLA's FFI and PJRT C APIs.
-//!
-//! Layers, as in cudarc: `sys` (raw entry points: cudarc's `driver::sys` / `nvrtc::sys`) → a
-//! result layer that turns every status into an [`Error`] naming the call and the device →
-//! small safe owners ([`cuda::Context`], [`cuda::Stream`],
-//! [`cuda::DeviceBuffer`]).
-//!
-//! No panic reaches a caller: cudarc panics when a library or a symbol is missing, so every
-//! library is probed first ([`libs`]) and every cudarc call runs under `catch_unwind`, which
-//! turns a missing symbol into an error.
+//! The only home of `unsafe` foreign calls besides the device layers: the CUDA driver and NVRTC, (feature `rocm`) the
+//! HIP runtime and hipRTC ([`hip`], [`hiprtc`], through `libloading`), and XLA's FFI and PJRT C APIs. Layers as in
+//! cudarc: `sys` → a result layer whose [`Error`] names the call and the device → small safe owners ([`cuda::Context`],
+//! [`cuda::Stream`], [`cuda::DeviceBuffer`]). No panic reaches a caller: libraries are probed first ([`libs`]) and
+//! every cudarc call runs under `catch_unwind`.
 
 pub mod cublas;
 pub mod cuda;
@@ -67,8 +60,8 @@ pub(crate) fn once<T>(cell: &'static OnceLock<Result<T>>, init: impl FnOnce() ->
     cell.get_or_init(init).as_ref().map_err(Clone::clone)
 }
 
-/// `unsafe impl Send` and `Sync` for handle types; the SAFETY note above an invocation covers
-/// both traits for every type it lists.
+/// `unsafe impl Send` and `Sync` for handle types; the SAFETY note above an invocation covers both traits for every
+/// type it lists.
 macro_rules! send_sync {
     ($($t:ty),+ $(,)?) => {$(
         // SAFETY: the invocation's note.
@@ -79,8 +72,8 @@ macro_rules! send_sync {
 }
 pub(crate) use send_sync;
 
-/// `strs` as C strings, with pointers to them (valid while the strings live), for a runtime
-/// compiler (NVRTC, hipRTC); a NUL byte is an error naming the program `name`.
+/// `strs` as C strings, with pointers to them (valid while the strings live), for a runtime compiler (NVRTC, hipRTC); a
+/// NUL byte is an error naming the program `name`.
 pub(crate) fn c_strings<'a>(
     name: &str,
     strs: impl IntoIterator<Item = &'a str>,

@@ -1,18 +1,18 @@
 //! Finding and probing the device libraries.
 //!
 //! - libcuda comes from the driver (`libcuda.so.1` on the loader path).
-//! - libnvrtc: `PEERLESS_NVRTC_LIB` (a file), else the PyPI wheels' locations under every
-//!   site-packages (`nvidia/cuda_nvrtc/lib/libnvrtc.so.12`, `nvidia/cu13/lib/libnvrtc.so.13`, ...),
-//!   `LD_LIBRARY_PATH`, `CUDA_HOME`/`/usr/local/cuda`. The file is loaded by absolute path and kept
-//!   loaded; cudarc's later load by name then resolves to it through its SONAME.
+//! - libnvrtc: `PEERLESS_NVRTC_LIB` (a file), else the PyPI wheels' locations under every site-packages
+//!   (`nvidia/cuda_nvrtc/lib/libnvrtc.so.12`, `nvidia/cu13/lib/libnvrtc.so.13`, ...), `LD_LIBRARY_PATH`,
+//!   `CUDA_HOME`/`/usr/local/cuda`. The file is loaded by absolute path and kept loaded; cudarc's later load by name
+//!   then resolves to it through its SONAME.
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use crate::{Error, Result};
 
-/// Every site-packages / dist-packages directory worth searching: `python3`'s own list, the
-/// `PYTHONPATH` entries, and the usual prefixes.
+/// Every site-packages / dist-packages directory worth searching: `python3`'s own list, the `PYTHONPATH` entries, and
+/// the usual prefixes.
 pub fn site_packages() -> Vec<PathBuf> {
     let mut dirs: Vec<PathBuf> = Vec::new();
     if let Ok(p) = std::env::var("PYTHONPATH") {
@@ -43,9 +43,8 @@ pub fn site_packages() -> Vec<PathBuf> {
     dirs
 }
 
-/// The file of the shared object (or executable) this code was loaded from: the mapping in
-/// `/proc/self/maps` that holds this function. (`libpeerless_pjrt.so` finds XLA's plugins
-/// beside itself with it.)
+/// The file of the shared object (or executable) this code was loaded from: the mapping in `/proc/self/maps` that holds
+/// this function. (`libpeerless_pjrt.so` finds XLA's plugins beside itself with it.)
 pub fn own_path() -> Option<PathBuf> {
     let here = own_path as *const () as usize;
     let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
@@ -64,8 +63,8 @@ fn ld_library_path() -> Vec<PathBuf> {
     std::env::var_os("LD_LIBRARY_PATH").map(|p| std::env::split_paths(&p).collect()).unwrap_or_default()
 }
 
-/// Files in `dir` whose name starts with `prefix` and is a versioned shared object
-/// (`libnvrtc.so.12`, not `libnvrtc-builtins...`), best (highest major) first.
+/// Files in `dir` whose name starts with `prefix` and is a versioned shared object (`libnvrtc.so.12`, not
+/// `libnvrtc-builtins...`), best (highest major) first.
 fn matching(dir: &Path, prefix: &str) -> Vec<PathBuf> {
     let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
         .map(|rd| {
@@ -87,8 +86,8 @@ pub struct Loaded {
     pub lib: libloading::Library,
 }
 
-/// Loads the first that loads of: the file `env` names, `prefix*` in each of `dirs` (highest
-/// version first), then the bare `sonames` for the loader's search path.
+/// Loads the first that loads of: the file `env` names, `prefix*` in each of `dirs` (highest version first), then the
+/// bare `sonames` for the loader's search path.
 fn load_first(
     lib: &'static str,
     env: &str,
@@ -101,8 +100,8 @@ fn load_first(
     paths.extend(sonames.iter().map(PathBuf::from));
     let mut tried = Vec::new();
     for p in paths {
-        // SAFETY: loading a vendor library runs its initialisers; NVIDIA's and AMD's (HIP,
-        // hipRTC) libraries have no initialisers with preconditions on the caller.
+        // SAFETY: loading a vendor library runs its initialisers; NVIDIA's and AMD's (HIP, hipRTC) libraries have no
+        // initialisers with preconditions on the caller.
         match unsafe { libloading::Library::new(&p) } {
             Ok(l) => return Ok(Loaded { path: p, lib: l }),
             Err(e) => tried.push(format!("{}: {e}", p.display())),
@@ -132,9 +131,9 @@ pub fn nvrtc() -> Result<&'static Loaded> {
     })
 }
 
-/// Loads libcublas once (`PEERLESS_CUBLAS_LIB`, else the `nvidia-cublas` wheels that
-/// `jax[cuda13]` installs, `LD_LIBRARY_PATH`, `CUDA_HOME`/`/usr/local/cuda`): only `peerless
-/// bench --beside-gemm` uses it, for the GEMM it runs beside a collective.
+/// Loads libcublas once (`PEERLESS_CUBLAS_LIB`, else the `nvidia-cublas` wheels that `jax[cuda13]` installs,
+/// `LD_LIBRARY_PATH`, `CUDA_HOME`/`/usr/local/cuda`): only `peerless bench --beside-gemm` uses it, for the GEMM it runs
+/// beside a collective.
 pub fn cublas() -> Result<&'static Loaded> {
     static CUBLAS: OnceLock<Result<Loaded>> = OnceLock::new();
     crate::once(&CUBLAS, || {
@@ -154,8 +153,8 @@ pub fn cuda_present() -> bool {
 
 // ---- ROCm (feature `rocm`) ----
 
-/// Directories of a ROCm install, best first: `ROCM_PATH` (`/usr` for Debian's packages),
-/// `HIP_PATH`, `/opt/rocm`, then Debian's multiarch directory and `LD_LIBRARY_PATH`.
+/// Directories of a ROCm install, best first: `ROCM_PATH` (`/usr` for Debian's packages), `HIP_PATH`, `/opt/rocm`, then
+/// Debian's multiarch directory and `LD_LIBRARY_PATH`.
 #[cfg(feature = "rocm")]
 fn rocm_lib_dirs() -> Vec<PathBuf> {
     let mut roots: Vec<PathBuf> =
@@ -169,8 +168,8 @@ fn rocm_lib_dirs() -> Vec<PathBuf> {
     dirs
 }
 
-/// Loads the HIP runtime (`libamdhip64`) once: `PEERLESS_HIP_LIB`, then the ROCm directories
-/// (see [`rocm_lib_dirs`]), then `libamdhip64.so.6` / `.so.5` / `.so` by name.
+/// Loads the HIP runtime (`libamdhip64`) once: `PEERLESS_HIP_LIB`, then the ROCm directories (see [`rocm_lib_dirs`]),
+/// then `libamdhip64.so.6` / `.so.5` / `.so` by name.
 #[cfg(feature = "rocm")]
 pub fn hip() -> Result<&'static Loaded> {
     static HIP: OnceLock<Result<Loaded>> = OnceLock::new();
@@ -178,9 +177,8 @@ pub fn hip() -> Result<&'static Loaded> {
     crate::once(&HIP, || load_first("libamdhip64", "PEERLESS_HIP_LIB", rocm_lib_dirs(), "libamdhip64.so", &sonames))
 }
 
-/// Loads hipRTC once: `PEERLESS_HIPRTC_LIB`, then `libhiprtc.so*` (ROCm 5.3 and later ship it
-/// as its own library), then the HIP runtime itself, which exports the hiprtc* entry points in
-/// ROCm up to 5.2 (Debian bookworm's 5.2.3).
+/// Loads hipRTC once: `PEERLESS_HIPRTC_LIB`, then `libhiprtc.so*` (ROCm 5.3 and later ship it as its own library), then
+/// the HIP runtime itself, which exports the hiprtc* entry points in ROCm up to 5.2 (Debian bookworm's 5.2.3).
 #[cfg(feature = "rocm")]
 pub fn hiprtc() -> Result<&'static Loaded> {
     static HIPRTC: OnceLock<Result<Loaded>> = OnceLock::new();
@@ -194,8 +192,8 @@ pub fn hiprtc() -> Result<&'static Loaded> {
             lib: "libhiprtc",
             reason: format!("{e}; and the HIP runtime is unavailable too: {h}"),
         })?;
-        // SAFETY: the HIP runtime is already loaded (no initialisers run again); this only
-        // takes a second reference to it, kept for the life of the process.
+        // SAFETY: the HIP runtime is already loaded (no initialisers run again); this only takes a second reference to
+        // it, kept for the life of the process.
         match unsafe { libloading::Library::new(&hip.path) } {
             Ok(lib) => Ok(Loaded { path: hip.path.clone(), lib }),
             Err(e) => Err(Error::Library { lib: "libhiprtc", reason: format!("{}: {e}", hip.path.display()) }),
@@ -203,10 +201,9 @@ pub fn hiprtc() -> Result<&'static Loaded> {
     })
 }
 
-/// Declares `struct $name`, a table of C entry points, and `$name::load`, which fills each
-/// field with the first of its symbol names (`"a" | "b"`) that `lib` exports. `missing(names,
-/// error)` is the error for a field none of whose names resolve (`names` joined by " / ").
-/// The invocation vouches that each field's type is the C signature of its symbols.
+/// Declares `struct $name`, a table of C entry points, and `$name::load`, which fills each field with the first of its
+/// symbol names (`"a" | "b"`) that `lib` exports. `missing(names, error)` is the error for a field none of whose names
+/// resolve (`names` joined by " / "). The invocation vouches that each field's type is the C signature of its symbols.
 macro_rules! entry_points {
     ($(#[$m:meta])* struct $name:ident {
         $($field:ident: fn($($arg:ty),* $(,)?) -> $ret:ty = $($sym:literal)|+,)*
@@ -223,8 +220,8 @@ macro_rules! entry_points {
             ) -> $crate::Result<$name> {
                 Ok($name {$($field: {
                     let names = [$(concat!($sym, "\0")),+];
-                    // SAFETY: the field's type is the C signature of each of its symbols (the
-                    // invocation's contract); the library stays loaded for the process.
+                    // SAFETY: the field's type is the C signature of each of its symbols (the invocation's contract);
+                    // the library stays loaded for the process.
                     let get = |n: &str| unsafe { lib.get(n.as_bytes()) }.map(|s| *s);
                     names[1..].iter().fold(get(names[0]), |r, n| r.or_else(|_| get(n)))
                         .map_err(|e| missing([$($sym),+].join(" / "), e))?

@@ -25,8 +25,8 @@ pub fn version() -> Result<(i32, i32)> {
     Ok((a, b))
 }
 
-/// Compiles `src` (named `name` in messages) for compute capability `cc` (e.g. 90), with
-/// headers given as (name, contents).
+/// Compiles `src` (named `name` in messages) for compute capability `cc` (e.g. 90), with headers given as (name,
+/// contents).
 pub fn compile(name: &str, src: &str, headers: &[(&str, &str)], cc: u32, out: Output) -> Result<Vec<u8>> {
     crate::libs::nvrtc()?;
     let arch = match out {

@@ -1,31 +1,8 @@
-//! The parts of the PJRT C API the wrapper of XLA's plugin needs (`plugin::wrap`): loading an
-//! inner plugin, reading its version and extension chain, and registering an XLA FFI
-//! handler through its FFI extension. Written from the documented layout of PJRT 0.115 (jax
-//! 0.11.2's), checked against XLA's CPU plugin of that version (docs/PLUGIN.md):
-//!
-//! - `PJRT_Api`: `size_t struct_size; PJRT_Extension_Base* extension_start;
-//!   PJRT_Api_Version pjrt_api_version` (24 bytes: size, extension, int major, int minor), then
-//!   one function pointer per slot, `PJRT_Error_Destroy` (slot 0) and `PJRT_Error_Message`
-//!   (slot 1) first. Slots are only ever appended.
-//! - `PJRT_Extension_Base`: `size_t struct_size; PJRT_Extension_Type type (int); next`.
-//! - The FFI extension (type 5): the base, then `type_id_register`, `user_data_add`,
-//!   `register_handler` (48 bytes). `PJRT_FFI_Register_Handler_Args`: `struct_size`,
-//!   `target_name`, `target_name_size`, `handler` (an `XLA_FFI_Handler*`), `platform_name`,
-//!   `platform_name_size`, `traits` (a 32-bit bit set): 52 bytes.
-//!
-//! - The XlaTransform extension (type 24): the base, then `register_xla_transform` and
-//!   `clear_xla_transform` (40 bytes in PJRT 0.114; 0.115's is 56 bytes, two newer entries
-//!   appended, which this module does not call). `PJRT_Register_Xla_Transform_Args`:
-//!   `struct_size`, `name`, `name_size`, `stage` (a C enum), `callbacks`: 40 bytes, checked
-//!   against XLA's CPU plugin 0.115 (its register entry requires `struct_size >= 40` and
-//!   `callbacks->version == 1`). The callbacks struct (`version`, `dtor`,
-//!   `transform_hlo_module`) must outlive the registration; XLA hands it back to the
-//!   transform with a `PJRT_XlaTransform_Args` (struct size, a version-and-error header whose
-//!   `data`/`cleanup_fn` free the output after XLA parsed it, the serialized module in, the
-//!   transformed module out, `changed`).
-//!
-//! The FFI and transform registries are process-global inside the inner plugin (its own copy
-//! of XLA), so each is registered once per process, before or after clients exist.
+//! The parts of the PJRT C API the wrapper of XLA's plugin needs (`plugin::wrap`): loading an inner plugin, reading its
+//! version and extension chain, and registering FFI handlers and the XlaTransform pass through its extensions. Written
+//! by hand from PJRT 0.115 (jax 0.11.2's), checked against XLA's CPU plugin (docs/PLUGIN.md); each `#[repr(C)]` struct
+//! names the C type it mirrors. `PJRT_Api` slots are only ever appended. Both registries are process-global inside the
+//! inner plugin, so each registration happens once per process.
 
 use std::ffi::{c_char, c_void};
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -41,8 +18,8 @@ pub const EXTENSION_XLA_TRANSFORM: u32 = 24;
 /// Bytes of the `PJRT_Api` header before the first function slot.
 const API_HEADER: usize = 40;
 
-/// Function slots of `PJRT_Api` (their order is fixed since PJRT 0.1; the wrapper replaces
-/// these and keeps every other slot the inner plugin's).
+/// Function slots of `PJRT_Api` (their order is fixed since PJRT 0.1; the wrapper replaces these and keeps every other
+/// slot the inner plugin's).
 pub const SLOT_ERROR_DESTROY: usize = 0;
 pub const SLOT_ERROR_MESSAGE: usize = 1;
 pub const SLOT_ERROR_GET_CODE: usize = 2;
@@ -55,16 +32,15 @@ pub const KNOWN_MINOR: i32 = 115;
 /// `PJRT_Plugin_Initialize` and `PJRT_Plugin_Attributes`.
 pub const SLOT_PLUGIN_INITIALIZE: usize = 3;
 pub const SLOT_PLUGIN_ATTRIBUTES: usize = 4;
-/// Function slots of a PJRT 0.[`KNOWN_MINOR`] table (through `PJRT_Error_ForEachPayload`
-/// and the slots after it that plugins of that version fill; unknown trailing slots of a
-/// table a client reads are only ever read up to its `struct_size`).
+/// Function slots of a PJRT 0.[`KNOWN_MINOR`] table (through `PJRT_Error_ForEachPayload` and the slots after it that
+/// plugins of that version fill; unknown trailing slots of a table a client reads are only ever read up to its
+/// `struct_size`).
 pub const KNOWN_SLOTS: usize = 140;
 
-/// A function table of our own (`GetPjrtApi`'s answer where no XLA plugin can be wrapped):
-/// PJRT 0.[`KNOWN_MINOR`], `slots` function slots all set to `fill` (a function of the
-/// uniform `PJRT_Error* f(Args*)` shape, which every slot but `PJRT_Error_Destroy` and
-/// `PJRT_Error_Message` has) except those in `patches`, so no slot is null. Leaked: it lives
-/// for the process, as `GetPjrtApi`'s table must.
+/// A function table of our own (`GetPjrtApi`'s answer where no XLA plugin can be wrapped): PJRT 0.[`KNOWN_MINOR`],
+/// `slots` function slots all set to `fill` (a function of the uniform `PJRT_Error* f(Args*)` shape, which every slot
+/// but `PJRT_Error_Destroy` and `PJRT_Error_Message` has) except those in `patches`, so no slot is null. Leaked: it
+/// lives for the process, as `GetPjrtApi`'s table must.
 pub fn uniform_table(slots: usize, fill: *const c_void, patches: &[(usize, *const c_void)]) -> *const c_void {
     let words = (API_HEADER + 8 * slots) / 8;
     let mut t = vec![0u64; words].into_boxed_slice();
@@ -166,19 +142,17 @@ struct TransformArgs {
 /// Where in XLA's pipeline a transform runs (`PJRT_XlaTransform_PipelineStage`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TransformStage {
-    /// After SPMD partitioning and simplification, before layout assignment, fusion and
-    /// async-collective conversion (on GPU); CPU's pipeline has fused by then.
+    /// After SPMD partitioning and simplification, before layout assignment, fusion and async-collective conversion (on
+    /// GPU); CPU's pipeline has fused by then.
     PreScheduler = 0,
-    /// After scheduling (async start/done pairs).
-    PostScheduler = 1,
 }
 
-/// A module transformation: a serialized `HloModuleProto` in; `Some(bytes)` when it changed
-/// the module, `None` for "unchanged". It must not fail a compile, so it has no error path.
+/// A module transformation: a serialized `HloModuleProto` in; `Some(bytes)` when it changed the module, `None` for
+/// "unchanged". It must not fail a compile, so it has no error path.
 pub type TransformFn = fn(&[u8]) -> Option<Vec<u8>>;
 
-/// The callbacks XLA holds, with the Rust function they call. `callbacks` is the first field
-/// of a `repr(C)` struct, so the pointer XLA hands back is the pointer to the whole.
+/// The callbacks XLA holds, with the Rust function they call. `callbacks` is the first field of a `repr(C)` struct, so
+/// the pointer XLA hands back is the pointer to the whole.
 #[repr(C)]
 struct RegisteredTransform {
     callbacks: TransformCallbacks,
@@ -188,21 +162,21 @@ struct RegisteredTransform {
 /// Frees a transform's output once XLA has parsed it (`cleanup_fn`).
 unsafe extern "C" fn free_output(data: *mut c_void) {
     if !data.is_null() {
-        // SAFETY: `data` is the `Box<Vec<u8>>` leaked by `transform_trampoline`, freed once
-        // (XLA calls `cleanup_fn` once per call).
+        // SAFETY: `data` is the `Box<Vec<u8>>` leaked by `transform_trampoline`, freed once (XLA calls `cleanup_fn`
+        // once per call).
         drop(unsafe { Box::from_raw(data.cast::<Vec<u8>>()) });
     }
 }
 
-/// `transform_hlo_module`: runs the registered function; a panic or a malformed call leaves
-/// the module unchanged (a transform never breaks a compile).
+/// `transform_hlo_module`: runs the registered function; a panic or a malformed call leaves the module unchanged (a
+/// transform never breaks a compile).
 unsafe extern "C" fn transform_trampoline(callbacks: *mut TransformCallbacks, args: *mut TransformArgs) {
     let run = || {
         if callbacks.is_null() || args.is_null() {
             return;
         }
-        // SAFETY: XLA hands back the callbacks pointer registered by `register_xla_transform`,
-        // the first field of a leaked `RegisteredTransform` (repr(C)), alive for the process.
+        // SAFETY: XLA hands back the callbacks pointer registered by `register_xla_transform`, the first field of a
+        // leaked `RegisteredTransform` (repr(C)), alive for the process.
         let f = unsafe { &*callbacks.cast::<RegisteredTransform>() }.f;
         // SAFETY: XLA passes a live args struct for the duration of the call.
         let a = unsafe { &mut *args };
@@ -212,8 +186,7 @@ unsafe extern "C" fn transform_trampoline(callbacks: *mut TransformCallbacks, ar
         let input: &[u8] = if a.hlo_module.data.is_null() || a.hlo_module.size == 0 {
             &[]
         } else {
-            // SAFETY: XLA points `hlo_module` at `size` bytes of the serialized module, alive
-            // for the call.
+            // SAFETY: XLA points `hlo_module` at `size` bytes of the serialized module, alive for the call.
             unsafe { std::slice::from_raw_parts(a.hlo_module.data.cast::<u8>(), a.hlo_module.size) }
         };
         if let Some(out) = f(input) {
@@ -228,34 +201,15 @@ unsafe extern "C" fn transform_trampoline(callbacks: *mut TransformCallbacks, ar
     let _ = catch_unwind(AssertUnwindSafe(run));
 }
 
-/// `PJRT_Error_Message_Args`.
-#[repr(C)]
-pub struct ErrorMessageArgs {
-    pub struct_size: usize,
-    pub extension_start: *const c_void,
-    pub error: *mut c_void,
-    pub message: *const c_char,
-    pub message_size: usize,
-}
-
-/// `PJRT_Error_Destroy_Args`.
-#[repr(C)]
-pub struct ErrorDestroyArgs {
-    pub struct_size: usize,
-    pub extension_start: *const c_void,
-    pub error: *mut c_void,
-}
+// The args of the slots the wrapper patches, as PJRT 0.54 (pjrt-sys) has them: unchanged since.
+pub type ErrorMessageArgs = pjrt_sys::PJRT_Error_Message_Args;
+pub type ErrorDestroyArgs = pjrt_sys::PJRT_Error_Destroy_Args;
+/// `code` is a `PJRT_Error_Code`, XLA's absl status codes.
+pub type ErrorGetCodeArgs = pjrt_sys::PJRT_Error_GetCode_Args;
+/// `compile_options` is a serialized `CompileOptionsProto`.
+pub type ClientCompileArgs = pjrt_sys::PJRT_Client_Compile_Args;
 
 type ErrorFn<A> = unsafe extern "C" fn(*mut A);
-
-/// `PJRT_Error_GetCode_Args` (`code` is a `PJRT_Error_Code`, XLA's absl status codes).
-#[repr(C)]
-pub struct ErrorGetCodeArgs {
-    pub struct_size: usize,
-    pub extension_start: *const c_void,
-    pub error: *mut c_void,
-    pub code: i32,
-}
 
 /// `PJRT_Error_ForEachPayload_Args`: the error, then a callback and its argument.
 #[repr(C)]
@@ -265,18 +219,6 @@ pub struct ErrorForEachPayloadArgs {
     pub error: *mut c_void,
     pub callback: *const c_void,
     pub user_arg: *mut c_void,
-}
-
-/// `PJRT_Client_Compile_Args`: `compile_options` is a serialized `CompileOptionsProto`.
-#[repr(C)]
-pub struct ClientCompileArgs {
-    pub struct_size: usize,
-    pub extension_start: *const c_void,
-    pub client: *mut c_void,
-    pub program: *const c_void,
-    pub compile_options: *const c_char,
-    pub compile_options_size: usize,
-    pub executable: *mut c_void,
 }
 
 /// A function slot's C signature: every PJRT entry point takes one args struct.
@@ -292,16 +234,16 @@ pub struct InnerPlugin {
     _lib: libloading::Library,
 }
 
-// SAFETY: the table is immutable after `GetPjrtApi` returns and the library stays loaded for
-// the process, so the pointer may be shared between threads.
+// SAFETY: the table is immutable after `GetPjrtApi` returns and the library stays loaded for the process, so the
+// pointer may be shared between threads.
 crate::send_sync!(InnerPlugin);
 
 impl InnerPlugin {
     /// Loads the PJRT plugin at `path` and reads its function table's header.
     pub fn load(path: &Path) -> Result<Self, String> {
         let what = path.display();
-        // SAFETY: loading runs the library's initialisers; a PJRT plugin is a shared library
-        // meant to be dlopen-ed by a host process, which is what this is.
+        // SAFETY: loading runs the library's initialisers; a PJRT plugin is a shared library meant to be dlopen-ed by a
+        // host process, which is what this is.
         let lib = unsafe { libloading::Library::new(path) }.map_err(|e| format!("cannot load {what}: {e}"))?;
         // SAFETY: `GetPjrtApi` has this signature in every PJRT plugin.
         let get = unsafe { lib.get::<unsafe extern "C" fn() -> *const u8>(b"GetPjrtApi\0") }
@@ -344,8 +286,8 @@ impl InnerPlugin {
         // SAFETY: offset 8 of the header is `extension_start` (module docs).
         let mut ext = unsafe { self.api.add(8).cast::<*const ExtensionBase>().read() };
         std::iter::from_fn(move || {
-            // SAFETY: a non-null chain entry is an extension base that lives as long as the
-            // loaded plugin (its table is static).
+            // SAFETY: a non-null chain entry is an extension base that lives as long as the loaded plugin (its table is
+            // static).
             let e = unsafe { ext.as_ref() }?;
             ext = e.next;
             Some(e)
@@ -357,14 +299,14 @@ impl InnerPlugin {
         self.chain().find(|e| e.ty == ty && e.struct_size >= min_size).map(std::ptr::from_ref)
     }
 
-    /// A copy of the plugin's function table with the slots in `patches` replaced, leaked
-    /// for the process (XLA keeps the pointer). Header, version, extension chain and every
-    /// other slot are the plugin's own. Errors name a slot the table does not have.
+    /// A copy of the plugin's function table with the slots in `patches` replaced, leaked for the process (XLA keeps
+    /// the pointer). Header, version, extension chain and every other slot are the plugin's own. Errors name a slot the
+    /// table does not have.
     pub fn patched_table(&self, patches: &[(usize, *const c_void)]) -> Result<*const c_void, String> {
         let words = self.struct_size.div_ceil(8);
         let mut copy = vec![0u64; words].into_boxed_slice();
-        // SAFETY: the table has `struct_size` readable bytes (its header says so) and `copy`
-        // has at least as many; the two do not overlap.
+        // SAFETY: the table has `struct_size` readable bytes (its header says so) and `copy` has at least as many; the
+        // two do not overlap.
         unsafe { std::ptr::copy_nonoverlapping(self.api, copy.as_mut_ptr().cast::<u8>(), self.struct_size) };
         for &(i, f) in patches {
             if self.slot(i).is_none() {
@@ -381,8 +323,8 @@ impl InnerPlugin {
     /// `F` is the C signature of the PJRT function in slot `i`.
     pub unsafe fn slot_fn<F: Copy>(&self, i: usize) -> Option<F> {
         const { assert!(size_of::<F>() == size_of::<*const c_void>()) };
-        // SAFETY: a set slot holds a function pointer of the slot's signature, `F` (the
-        // caller's contract), which has a pointer's size (checked above).
+        // SAFETY: a set slot holds a function pointer of the slot's signature, `F` (the caller's contract), which has a
+        // pointer's size (checked above).
         self.slot(i).map(|p| unsafe { std::mem::transmute_copy::<*const c_void, F>(&p) })
     }
 
@@ -408,10 +350,8 @@ impl InnerPlugin {
         if let Some(f) = self.slot(1) {
             let mut a = ErrorMessageArgs {
                 struct_size: size_of::<ErrorMessageArgs>(),
-                extension_start: std::ptr::null(),
-                error,
-                message: std::ptr::null(),
-                message_size: 0,
+                error: error.cast(),
+                ..Default::default()
             };
             // SAFETY: slot 1 is `PJRT_Error_Message`; `error` came from this plugin.
             unsafe { std::mem::transmute::<*const c_void, ErrorFn<ErrorMessageArgs>>(f)(&mut a) };
@@ -424,18 +364,17 @@ impl InnerPlugin {
         if let Some(f) = self.slot(0) {
             let mut a = ErrorDestroyArgs {
                 struct_size: size_of::<ErrorDestroyArgs>(),
-                extension_start: std::ptr::null(),
-                error,
+                error: error.cast(),
+                ..Default::default()
             };
-            // SAFETY: slot 0 is `PJRT_Error_Destroy`; the error is freed once, after its message
-            // was copied.
+            // SAFETY: slot 0 is `PJRT_Error_Destroy`; the error is freed once, after its message was copied.
             unsafe { std::mem::transmute::<*const c_void, ErrorFn<ErrorDestroyArgs>>(f)(&mut a) };
         }
         message
     }
 
-    /// Registers `handler` (an `XLA_FFI_Handler*`) as the typed-FFI target `target` for the
-    /// inner plugin's platform `platform` ("Host" for XLA:CPU, "CUDA") with `traits`.
+    /// Registers `handler` (an `XLA_FFI_Handler*`) as the typed-FFI target `target` for the inner plugin's platform
+    /// `platform` ("Host" for XLA:CPU, "CUDA") with `traits`.
     ///
     /// # Safety
     /// `handler` is a typed XLA FFI handler that stays valid for the process.
@@ -462,20 +401,14 @@ impl InnerPlugin {
             platform_name_size: platform.len(),
             traits,
         };
-        // SAFETY: the extension's `register_handler` with args of its layout; the strings are
-        // 'static (the registry may keep them) and the handler is the caller's contract.
+        // SAFETY: the extension's `register_handler` with args of its layout; the strings are 'static (the registry may
+        // keep them) and the handler is the caller's contract.
         let err = unsafe { register(&mut a) };
         if err.is_null() { Ok(()) } else { Err(format!("registering {target}: {}", self.take_error(err))) }
     }
 
-    /// Whether the plugin has an XlaTransform extension this module can register with.
-    pub fn has_xla_transform(&self) -> bool {
-        self.find_extension(EXTENSION_XLA_TRANSFORM, XLA_TRANSFORM_EXTENSION_SIZE).is_some()
-    }
-
-    /// Registers `f` as the HLO module transformation `name` at `stage` of the plugin's XLA
-    /// pipeline (process-global, for every client and compile from now on). The callbacks
-    /// are leaked: XLA keeps them for the process.
+    /// Registers `f` as the HLO module transformation `name` at `stage` of the plugin's XLA pipeline (process-global,
+    /// for every client and compile from now on). The callbacks are leaked: XLA keeps them for the process.
     pub fn register_xla_transform(&self, name: &str, stage: TransformStage, f: TransformFn) -> Result<(), String> {
         let ext = self
             .find_extension(EXTENSION_XLA_TRANSFORM, XLA_TRANSFORM_EXTENSION_SIZE)
@@ -495,8 +428,8 @@ impl InnerPlugin {
             stage: stage as i32,
             callbacks: &mut registered.callbacks,
         };
-        // SAFETY: the extension's register entry with args of its layout; XLA copies the name
-        // and keeps the callbacks pointer, which is leaked (valid for the process).
+        // SAFETY: the extension's register entry with args of its layout; XLA copies the name and keeps the callbacks
+        // pointer, which is leaked (valid for the process).
         let err = unsafe { register(&mut a) };
         if err.is_null() { Ok(()) } else { Err(format!("registering transform {name}: {}", self.take_error(err))) }
     }

@@ -1,48 +1,17 @@
-//! XLA's typed FFI ("custom call" handlers), as a handler author sees it.
+//! XLA's typed FFI ("custom call" handlers), as a handler author sees it: [`sys`], the C ABI (API 0.4, jaxlib 0.11.2)
+//! by hand, checked against jaxlib's header by `tests/xla_ffi_layout.rs`; and here [`CallFrame`] (arguments, results
+//! and attributes by name, typed errors), the API calls a handler makes, and [`guard_with_traits`], which answers the
+//! registration probe and turns a [`HandlerError`] or a panic into an XLA error. ARCHITECTURE.md ("ffi") has the
+//! overview.
 //!
-//! XLA calls a handler as `XLA_FFI_Error* handler(XLA_FFI_CallFrame*)`, null meaning success.
-//! Two layers, as elsewhere in this crate:
-//! - [`sys`]: the C ABI (API version 0.4, jaxlib 0.11.2), written by hand and checked against
-//!   jaxlib's header by `tests/xla_ffi_layout.rs`;
-//! - this module: [`CallFrame`] (arguments, results and attributes by name, with typed
-//!   errors), the registration-time metadata probe, the API calls a handler makes (stream,
-//!   device ordinal, run id, state), and [`guard`], which turns a [`HandlerError`] or a panic
-//!   into an XLA error with the right code.
-//!
-//! A handler is a few lines:
-//!
-//! ```
-//! use ffi::xla_ffi::{CallFrame, HandlerError, XLA_FFI_CallFrame, XLA_FFI_Error, guard};
-//!
-//! fn scale(f: &CallFrame<'_>) -> Result<(), HandlerError> {
-//!     let (x, y) = (f.arg(0)?, f.ret(0)?);
-//!     let factor = f.attr_i64("factor")?;
-//!     # let _ = (x.byte_len()?, y.data, factor);
-//!     // ... launch work on f.stream()? reading x.data, writing y.data ...
-//!     Ok(())
-//! }
-//!
-//! /// Registered with XLA (e.g. `jax.ffi.register_ffi_target(.., pycapsule(..))`).
-//! pub unsafe extern "C" fn peerless_scale(frame: *mut XLA_FFI_CallFrame) -> *mut XLA_FFI_Error {
-//!     // SAFETY: XLA calls a handler with a call frame valid for the duration of the call.
-//!     unsafe { guard(frame, scale) }
-//! }
-//! ```
-//!
-//! or, with the macro, `ffi::xla_ffi_handler! { pub fn peerless_scale(f) { scale(f) } }`.
-//!
-//! Facts about XLA's side this layer relies on (jaxlib 0.11.2, checked on XLA:CPU):
-//! - Sub-byte element types (s1/s2/s4, u1/u2/u4, f4e2m1fn) arrive packed, low bits first:
-//!   8 s4 elements occupy 4 bytes, 8 s2 elements 2. [`BufferRef::byte_len`] counts that way
-//!   (XLA's own C++ `size_bytes()` assumes one byte per element, which over-counts them).
-//! - Attributes arrive sorted by name; Python ints as s64 scalars, floats as f64, bools as
-//!   pred, strings as strings, NumPy arrays as arrays of their dtype.
-//! - XLA_FFI_Error_Create copies the message (XLA keeps it in an `absl::Status`).
-//! - `XLA_FFI_Stream_Get` on CPU fails with UNIMPLEMENTED ("XLA FFI GPU context is not
-//!   available"); `XLA_FFI_DeviceOrdinal_Get` returns the device's id.
-//! - Registration probes the execute handler once with a metadata extension (a null `ctx`)
-//!   and accepts the reported API version only within XLA's range (jaxlib 0.11.2: 0.1 to
-//!   0.4; a handler reporting 0.5 is refused); [`guard`] answers the probe with 0.4.
+//! Facts about XLA's side this relies on (jaxlib 0.11.2, checked on XLA:CPU):
+//! - Sub-byte element types arrive packed, low bits first (8 s4 elements in 4 bytes); [`BufferRef::byte_len`] counts so
+//!   (XLA's C++ `size_bytes()` assumes a byte per element).
+//! - Attributes arrive sorted by name; Python ints as s64, floats as f64, bools as pred, NumPy arrays as their dtype.
+//! - `XLA_FFI_Error_Create` copies the message; `XLA_FFI_Stream_Get` on CPU fails with UNIMPLEMENTED;
+//!   `XLA_FFI_DeviceOrdinal_Get` returns the device's id.
+//! - Registration probes the execute handler once with a metadata extension (a null `ctx`) and accepts only API
+//!   versions within XLA's range (0.1 to 0.4); the probe is answered with 0.4.
 
 pub mod sys;
 mod types;
@@ -57,8 +26,8 @@ use std::ptr;
 pub use sys::{XLA_FFI_CallFrame, XLA_FFI_Error, XLA_FFI_Handler, XLA_FFI_TypeId as TypeId};
 pub use types::{DataType, ErrorCode, ExecutionStage};
 
-/// The (major, minor) API version handlers built on [`sys`] report: XLA accepts a handler
-/// whose version lies in its supported range (jaxlib 0.11.2: 0.1 to 0.4).
+/// The (major, minor) API version handlers built on [`sys`] report: XLA accepts a handler whose version lies in its
+/// supported range (jaxlib 0.11.2: 0.1 to 0.4).
 pub const API_VERSION: (i32, i32) = (sys::XLA_FFI_API_MAJOR, sys::XLA_FFI_API_MINOR);
 
 /// Handler traits, a bit set (reported in the metadata probe).
@@ -66,10 +35,9 @@ pub type Traits = sys::XLA_FFI_Handler_Traits;
 /// The handler may be captured into a command buffer (CUDA graph).
 pub const COMMAND_BUFFER_COMPATIBLE: Traits = sys::XLA_FFI_HANDLER_TRAITS_COMMAND_BUFFER_COMPATIBLE;
 
-// ---------------------------------------------------------------------------------------------
-// Errors
+// --------------------------------------------------------------------------------------------- Errors
 
-/// Every failure a handler can report; [`guard`] hands it to XLA with [`HandlerError::code`].
+/// Every failure a handler can report; [`guard_with_traits`] hands it to XLA with [`HandlerError::code`].
 #[derive(Debug, thiserror::Error, Clone, PartialEq)]
 pub enum HandlerError {
     /// No attribute of this name (`available`: the names the call has).
@@ -81,8 +49,8 @@ pub enum HandlerError {
     /// An argument or result index past the end (`what`: "argument" or "result").
     #[error("{what} {index} out of range: the call has {count}")]
     OutOfRange { what: &'static str, index: usize, count: usize },
-    /// The call frame breaks the ABI's rules (a null pointer, a short struct, a negative
-    /// count or dimension, a non-buffer operand).
+    /// The call frame breaks the ABI's rules (a null pointer, a short struct, a negative count or dimension, a
+    /// non-buffer operand).
     #[error("malformed XLA FFI call frame: {0}")]
     Frame(String),
     /// An XLA API call failed (or XLA's API table lacks the entry: `Unimplemented`).
@@ -139,11 +107,10 @@ fn frame_err<T>(what: impl Into<String>) -> Result<T> {
     Err(HandlerError::Frame(what.into()))
 }
 
-// ---------------------------------------------------------------------------------------------
-// The API table
+// --------------------------------------------------------------------------------------------- The API table
 
-/// The entry `$slot` of `$api` (a `&XLA_FFI_Api`), if the table is long enough to hold it and
-/// it is set; otherwise an `Unimplemented` [`HandlerError::Api`].
+/// The entry `$slot` of `$api` (a `&XLA_FFI_Api`), if the table is long enough to hold it and it is set; otherwise an
+/// `Unimplemented` [`HandlerError::Api`].
 macro_rules! slot {
     ($api:expr, $slot:ident) => {{
         let api: &sys::XLA_FFI_Api = $api;
@@ -159,9 +126,9 @@ macro_rules! slot {
     }};
 }
 
-/// Creates an XLA error through `api` (null if the table has no `XLA_FFI_Error_Create`).
-/// `OK` becomes `UNKNOWN`: XLA would read an OK error as success. NUL bytes in the message
-/// are written `\0`; XLA copies the message, so it lives only for the call.
+/// Creates an XLA error through `api` (null if the table has no `XLA_FFI_Error_Create`). `OK` becomes `UNKNOWN`: XLA
+/// would read an OK error as success. NUL bytes in the message are written `\0`; XLA copies the message, so it lives
+/// only for the call.
 fn make_error(api: &sys::XLA_FFI_Api, code: ErrorCode, message: &str) -> *mut XLA_FFI_Error {
     let Ok(create) = slot!(api, XLA_FFI_Error_Create) else {
         return ptr::null_mut();
@@ -174,13 +141,13 @@ fn make_error(api: &sys::XLA_FFI_Api, code: ErrorCode, message: &str) -> *mut XL
         message: msg.as_ptr(),
         errc: code.to_raw(),
     };
-    // SAFETY: `create` is the table's Error_Create; `args` is fully initialised and `msg`
-    // outlives the call (XLA copies the message).
+    // SAFETY: `create` is the table's Error_Create; `args` is fully initialised and `msg` outlives the call (XLA copies
+    // the message).
     unsafe { create(&mut args) }
 }
 
-/// Turns an error an API call returned into a [`HandlerError::Api`] and destroys it (its
-/// owner is the caller of the API).
+/// Turns an error an API call returned into a [`HandlerError::Api`] and destroys it (its owner is the caller of the
+/// API).
 fn take_error(api: &sys::XLA_FFI_Api, call: &'static str, err: *mut XLA_FFI_Error) -> HandlerError {
     let mut code = ErrorCode::Unknown;
     let mut message = String::from("(XLA's API table has no XLA_FFI_Error_GetDetails)");
@@ -195,8 +162,8 @@ fn take_error(api: &sys::XLA_FFI_Api, call: &'static str, err: *mut XLA_FFI_Erro
         // SAFETY: `err` is a live error the API just returned; `args` is initialised.
         unsafe { details(&mut args) };
         code = ErrorCode::from_raw(args.errc);
-        // SAFETY: GetDetails returns a NUL-terminated message (or null) valid while `err`
-        // lives; it is copied here, before `err` is destroyed below.
+        // SAFETY: GetDetails returns a NUL-terminated message (or null) valid while `err` lives; it is copied here,
+        // before `err` is destroyed below.
         message = unsafe { crate::c_text(args.message) };
     }
     if let Ok(destroy) = slot!(api, XLA_FFI_Error_Destroy) {
@@ -215,27 +182,25 @@ fn check(api: &sys::XLA_FFI_Api, call: &'static str, err: *mut XLA_FFI_Error) ->
     if err.is_null() { Ok(()) } else { Err(take_error(api, call, err)) }
 }
 
-/// Calls entry `$slot` of a [`CallFrame`]'s API table with argument struct `$args` (its
-/// `struct_size` and a null `extension_start` filled in, then the fields given) and returns
-/// the struct with XLA's out fields written; an error XLA returns is a [`HandlerError::Api`].
+/// Calls entry `$slot` of a [`CallFrame`]'s API table with argument struct `$args` (its `struct_size` and a null
+/// `extension_start` filled in, then the fields given) and returns the struct with XLA's out fields written; an error
+/// XLA returns is a [`HandlerError::Api`].
 macro_rules! call_api {
     ($frame:expr, $slot:ident, $args:ident { $($field:ident $(: $value:expr)?),* $(,)? }) => {{
         let api = $frame.api()?;
         let f = slot!(api, $slot)?;
         let mut args =
             sys::$args { struct_size: sys::$args::STRUCT_SIZE, extension_start: ptr::null_mut(), $($field $(: $value)?),* };
-        // SAFETY: `f` is the table's entry for this argument struct, fully initialised; what
-        // its pointers point to (the call's context, the callers' locals or 'static data)
-        // outlives the call.
+        // SAFETY: `f` is the table's entry for this argument struct, fully initialised; what its pointers point to (the
+        // call's context, the callers' locals or 'static data) outlives the call.
         check(api, stringify!($slot), unsafe { f(&mut args) }).map(|()| args)
     }};
 }
 
-// ---------------------------------------------------------------------------------------------
-// Buffers and attributes
+// --------------------------------------------------------------------------------------------- Buffers and attributes
 
-/// An argument or result buffer: `dims.iter().product()` elements of `dtype`, row-major, at
-/// `data` (device memory on GPU platforms).
+/// An argument or result buffer: `dims.iter().product()` elements of `dtype`, row-major, at `data` (device memory on
+/// GPU platforms).
 #[derive(Debug, Clone, Copy)]
 pub struct BufferRef<'a> {
     pub dtype: DataType,
@@ -257,8 +222,8 @@ impl BufferRef<'_> {
         })
     }
 
-    /// The buffer's size in bytes; sub-byte types packed as XLA stores them (8 s4 elements
-    /// in 4 bytes). An error for invalid or unknown element types.
+    /// The buffer's size in bytes; sub-byte types packed as XLA stores them (8 s4 elements in 4 bytes). An error for
+    /// invalid or unknown element types.
     pub fn byte_len(&self) -> Result<usize> {
         let n = self.element_count()?;
         self.dtype
@@ -267,9 +232,9 @@ impl BufferRef<'_> {
     }
 }
 
-/// Declares [`Scalar`], a variant per element type this layer decodes (pred, then the integer
-/// and float types listed), with its `Display` ("s32 7"), `Scalar::read` (one element of a
-/// given type), and the integer conversions [`Scalar::as_i64`] and [`ArrayRef::to_i64_vec`].
+/// Declares [`Scalar`], a variant per element type this layer decodes (pred, then the integer and float types listed),
+/// with its `Display` ("s32 7"), `Scalar::read` (one element of a given type), and the integer conversions
+/// [`Scalar::as_i64`] and [`ArrayRef::to_i64_vec`].
 macro_rules! scalars {
     (ints: $($i:ident($it:ty)),*; floats: $($f:ident($ft:ty)),*) => {
         /// A scalar attribute's value. `Other`: a type this layer does not decode (f16, c64, ...).
@@ -295,8 +260,8 @@ macro_rules! scalars {
             /// # Safety
             /// `v` points to one readable element of `t`.
             unsafe fn read(t: DataType, v: *const c_void) -> Scalar {
-                // SAFETY: (each arm) `v` holds one element of `t` (the caller's contract), read
-                // as the Rust type of that width; unaligned reads tolerate any producer.
+                // SAFETY: (each arm) `v` holds one element of `t` (the caller's contract), read as the Rust type of
+                // that width; unaligned reads tolerate any producer.
                 unsafe {
                     match t {
                         DataType::Pred => Scalar::Pred(ptr::read_unaligned(v as *const u8) != 0),
@@ -320,8 +285,8 @@ macro_rules! scalars {
         }
 
         impl ArrayRef<'_> {
-            /// The elements as `i64`, for any integer element type whose values fit (u64 values
-            /// past `i64::MAX` do not); `None` otherwise.
+            /// The elements as `i64`, for any integer element type whose values fit (u64 values past `i64::MAX` do
+            /// not); `None` otherwise.
             pub fn to_i64_vec(&self) -> Option<Vec<i64>> {
                 match self.dtype {
                     $(DataType::$i => (0..self.len).map(|i| i64::try_from(self.read::<$it>(i)).ok()).collect(),)*
@@ -347,9 +312,9 @@ impl ArrayRef<'_> {
     /// Reads element `i` as `T` (the caller matched `T` to `dtype`).
     fn read<T: Copy>(&self, i: usize) -> T {
         debug_assert!(i < self.len && size_of::<T>() * 8 == self.dtype.bit_width().unwrap_or(0));
-        // SAFETY: `data` holds `len` elements of `dtype` for the frame's lifetime (checked
-        // non-null when `len > 0` at construction); callers pass `i < len` and a `T` of the
-        // element's width. Unaligned reads cost nothing and tolerate any producer.
+        // SAFETY: `data` holds `len` elements of `dtype` for the frame's lifetime (checked non-null when `len > 0` at
+        // construction); callers pass `i < len` and a `T` of the element's width. Unaligned reads cost nothing and
+        // tolerate any producer.
         unsafe { ptr::read_unaligned((self.data as *const T).add(i)) }
     }
 }
@@ -368,8 +333,7 @@ pub enum Attr<'a> {
 }
 
 impl Attr<'_> {
-    /// What the attribute is, for error messages: "scalar s32 7", "array of s64 (3
-    /// elements)", "string", ...
+    /// What the attribute is, for error messages: "scalar s32 7", "array of s64 (3 elements)", "string", ...
     pub fn describe(&self) -> String {
         match self {
             Attr::Scalar(s) => format!("scalar {s}"),
@@ -396,8 +360,7 @@ unsafe fn span_bytes<'a>(span: &sys::XLA_FFI_ByteSpan) -> Result<&'a [u8]> {
     Ok(unsafe { std::slice::from_raw_parts(span.ptr as *const u8, span.len) })
 }
 
-// ---------------------------------------------------------------------------------------------
-// The call frame
+// --------------------------------------------------------------------------------------------- The call frame
 
 /// The call frame XLA passes a handler, read-only, with typed access.
 #[derive(Debug, Clone, Copy)]
@@ -422,18 +385,17 @@ impl Side {
 }
 
 impl<'a> CallFrame<'a> {
-    /// Wraps `ptr`, checking it is non-null and at least as large as the frame this layer
-    /// reads.
+    /// Wraps `ptr`, checking it is non-null and at least as large as the frame this layer reads.
     ///
     /// # Safety
-    /// `ptr` is null or a call frame XLA passed to a handler, valid (with everything it points
-    /// to, as the ABI describes) for `'a`, which must not outlive the handler call.
+    /// `ptr` is null or a call frame XLA passed to a handler, valid (with everything it points to, as the ABI
+    /// describes) for `'a`, which must not outlive the handler call.
     pub unsafe fn from_raw(ptr: *mut XLA_FFI_CallFrame) -> Result<CallFrame<'a>> {
         if ptr.is_null() {
             return frame_err("null call frame");
         }
-        // SAFETY: non-null and, by the caller's contract, a valid call frame for `'a`;
-        // `struct_size` is the first field, present in every version.
+        // SAFETY: non-null and, by the caller's contract, a valid call frame for `'a`; `struct_size` is the first
+        // field, present in every version.
         let size = unsafe { (*ptr).struct_size };
         if size < sys::XLA_FFI_CallFrame_STRUCT_SIZE {
             return frame_err(format!(
@@ -466,25 +428,24 @@ impl<'a> CallFrame<'a> {
 
     // ---- metadata probe
 
-    /// Whether this call is XLA's registration-time probe for the handler's metadata rather
-    /// than a real call ([`guard`] answers it before running the handler's body).
+    /// Whether this call is XLA's registration-time probe for the handler's metadata rather than a real call
+    /// ([`guard_with_traits`] answers it before running the handler's body).
     pub fn is_metadata_probe(&self) -> bool {
         let ext = self.raw.extension_start;
-        // SAFETY: a non-null `extension_start` points to an extension header XLA built for
-        // this call (frame contract).
+        // SAFETY: a non-null `extension_start` points to an extension header XLA built for this call (frame contract).
         !ext.is_null() && unsafe { (*ext).r#type } == sys::XLA_FFI_InternalExtension_Type::XLA_FFI_Extension_Metadata
     }
 
-    /// Answers the metadata probe: the API version of [`sys`] ([`API_VERSION`]), `traits`, and
-    /// no state type (where the metadata struct has room for it). An error if this is not a
-    /// probe or XLA's structs are shorter than this layer's.
+    /// Answers the metadata probe: the API version of [`sys`] ([`API_VERSION`]), `traits`, and no state type (where the
+    /// metadata struct has room for it). An error if this is not a probe or XLA's structs are shorter than this
+    /// layer's.
     pub fn answer_metadata_probe(&self, traits: Traits) -> Result<()> {
         if !self.is_metadata_probe() {
             return frame_err("not a metadata probe");
         }
         let ext = self.raw.extension_start as *mut sys::XLA_FFI_Metadata_Extension;
-        // SAFETY: a metadata-typed extension is an XLA_FFI_Metadata_Extension (ABI); its
-        // header's `struct_size` (first field) is readable in every version.
+        // SAFETY: a metadata-typed extension is an XLA_FFI_Metadata_Extension (ABI); its header's `struct_size` (first
+        // field) is readable in every version.
         let ext_size = unsafe { (*ext).extension_base.struct_size };
         if ext_size < sys::XLA_FFI_Metadata_Extension_STRUCT_SIZE {
             return frame_err(format!(
@@ -539,8 +500,8 @@ impl<'a> CallFrame<'a> {
         if i >= n {
             return Err(HandlerError::OutOfRange { what: side.name(), index: i, count: n });
         }
-        // SAFETY: `types` and `ptrs` hold `n` entries (frame contract, non-null checked) and
-        // `i < n`. The type is read as an i32 (both enums' representation).
+        // SAFETY: `types` and `ptrs` hold `n` entries (frame contract, non-null checked) and `i < n`. The type is read
+        // as an i32 (both enums' representation).
         let (ty, p) = unsafe { (*types.add(i), *ptrs.add(i)) };
         if ty != sys::XLA_FFI_ArgType::BUFFER.0 {
             return frame_err(format!("{} {i} has type {ty}, not a buffer", side.name()));
@@ -548,8 +509,8 @@ impl<'a> CallFrame<'a> {
         if p.is_null() {
             return frame_err(format!("{} {i} is null", side.name()));
         }
-        // SAFETY: a buffer-typed entry points to an XLA_FFI_Buffer valid for the call (ABI);
-        // `struct_size` is its first field.
+        // SAFETY: a buffer-typed entry points to an XLA_FFI_Buffer valid for the call (ABI); `struct_size` is its first
+        // field.
         let b = unsafe { &*(p as *const sys::XLA_FFI_Buffer) };
         if b.struct_size < sys::XLA_FFI_Buffer_STRUCT_SIZE {
             return frame_err(format!("{} {i}: buffer size {}", side.name(), b.struct_size));
@@ -671,8 +632,8 @@ impl<'a> CallFrame<'a> {
         })
     }
 
-    /// The attribute `name`, or `None`. A linear scan (attribute lists are short; XLA sorts
-    /// them, but this does not rely on it).
+    /// The attribute `name`, or `None`. A linear scan (attribute lists are short; XLA sorts them, but this does not
+    /// rely on it).
     pub fn attr_opt(&self, name: &str) -> Result<Option<Attr<'a>>> {
         for i in 0..self.attr_count()? {
             if self.name_at(i)? == name.as_bytes() {
@@ -682,8 +643,7 @@ impl<'a> CallFrame<'a> {
         Ok(None)
     }
 
-    /// The attribute `name`; [`HandlerError::MissingAttr`] (listing the call's attributes) if
-    /// absent.
+    /// The attribute `name`; [`HandlerError::MissingAttr`] (listing the call's attributes) if absent.
     pub fn attr(&self, name: &str) -> Result<Attr<'a>> {
         match self.attr_opt(name)? {
             Some(a) => Ok(a),
@@ -700,8 +660,7 @@ impl<'a> CallFrame<'a> {
         HandlerError::AttrType { name: name.into(), expected, found: found.describe() }
     }
 
-    /// An integer scalar attribute (any integer type whose value fits `i64`; JAX passes
-    /// Python ints as s64).
+    /// An integer scalar attribute (any integer type whose value fits `i64`; JAX passes Python ints as s64).
     pub fn attr_i64(&self, name: &str) -> Result<i64> {
         match self.attr(name)? {
             Attr::Scalar(s) if s.as_i64().is_some() => Ok(s.as_i64().unwrap_or_default()),
@@ -721,8 +680,7 @@ impl<'a> CallFrame<'a> {
         }
     }
 
-    /// An integer array attribute as `i64`s (s64 as is; other integer types converted when
-    /// every value fits).
+    /// An integer array attribute as `i64`s (s64 as is; other integer types converted when every value fits).
     pub fn attr_i64_array(&self, name: &str) -> Result<Vec<i64>> {
         match self.attr(name)? {
             Attr::Array(a) if a.to_i64_vec().is_some() => Ok(a.to_i64_vec().unwrap_or_default()),
@@ -732,8 +690,8 @@ impl<'a> CallFrame<'a> {
 
     // ---- API calls
 
-    /// The platform stream of the call (a `CUstream` on CUDA). XLA:CPU has none and answers
-    /// UNIMPLEMENTED, which comes back as [`HandlerError::Api`].
+    /// The platform stream of the call (a `CUstream` on CUDA). XLA:CPU has none and answers UNIMPLEMENTED, which comes
+    /// back as [`HandlerError::Api`].
     pub fn stream(&self) -> Result<*mut c_void> {
         call_api!(self, XLA_FFI_Stream_Get, XLA_FFI_Stream_Get_Args { ctx: self.raw.ctx, stream: ptr::null_mut() })
             .map(|a| a.stream)
@@ -770,13 +728,12 @@ impl<'a> CallFrame<'a> {
         .map(|a| a.state)
     }
 
-    /// Hands `state` to XLA as the state of type `type_id` for `stage` (an error if already
-    /// set). XLA keeps it until the executable dies and then calls the deleter registered
-    /// with `type_id`.
+    /// Hands `state` to XLA as the state of type `type_id` for `stage` (an error if already set). XLA keeps it until
+    /// the executable dies and then calls the deleter registered with `type_id`.
     ///
     /// # Safety
-    /// `state` is an object of the type registered as `type_id`, owned by the caller, which
-    /// gives ownership to XLA on success.
+    /// `state` is an object of the type registered as `type_id`, owned by the caller, which gives ownership to XLA on
+    /// success.
     pub unsafe fn state_set(&self, stage: ExecutionStage, type_id: TypeId, state: *mut c_void) -> Result<()> {
         let mut id = type_id;
         // `state`'s type and ownership are this function's contract.
@@ -788,9 +745,9 @@ impl<'a> CallFrame<'a> {
         .map(drop)
     }
 
-    /// Registers a state type named `name` whose objects XLA destroys with `deleter`, and
-    /// returns its id (XLA assigns it; registering the same name again returns the first id).
-    /// `info` must live for the process (XLA keeps the pointer).
+    /// Registers a state type named `name` whose objects XLA destroys with `deleter`, and returns its id (XLA assigns
+    /// it; registering the same name again returns the first id). `info` must live for the process (XLA keeps the
+    /// pointer).
     pub fn register_type(&self, name: &'static str, info: &'static StateType) -> Result<TypeId> {
         let mut id = sys::XLA_FFI_UNKNOWN_TYPE_ID;
         call_api!(
@@ -805,8 +762,8 @@ impl<'a> CallFrame<'a> {
         Ok(id)
     }
 
-    /// A new XLA error (for a handler to return): null if XLA's table cannot create one.
-    /// `OK` becomes `UNKNOWN`; XLA copies the message.
+    /// A new XLA error (for a handler to return): null if XLA's table cannot create one. `OK` becomes `UNKNOWN`; XLA
+    /// copies the message.
     pub fn error(&self, code: ErrorCode, message: &str) -> *mut XLA_FFI_Error {
         match self.api() {
             Ok(api) => make_error(api, code, message),
@@ -833,8 +790,8 @@ impl StateType {
     }
 }
 
-/// Per-executable state of type `T` that XLA keeps: handed over at INSTANTIATE, read at
-/// later stages, destroyed (dropped) with the executable. Declare one `static` per type.
+/// Per-executable state of type `T` that XLA keeps: handed over at INSTANTIATE, read at later stages, destroyed
+/// (dropped) with the executable. Declare one `static` per type.
 pub struct ExecutableState<T: Send + Sync + 'static> {
     name: &'static str,
     info: StateType,
@@ -851,8 +808,8 @@ impl<T: Send + Sync + 'static> fmt::Debug for ExecutableState<T> {
 /// How XLA destroys an [`ExecutableState`]'s object.
 unsafe extern "C" fn drop_boxed<T>(p: *mut c_void) {
     if !p.is_null() {
-        // SAFETY: XLA hands back the pointer `ExecutableState::instantiate` gave it (a
-        // leaked Box<T>, registered with this deleter), once, when the executable dies.
+        // SAFETY: XLA hands back the pointer `ExecutableState::instantiate` gave it (a leaked Box<T>, registered with
+        // this deleter), once, when the executable dies.
         drop(unsafe { Box::from_raw(p.cast::<T>()) });
     }
 }
@@ -870,13 +827,13 @@ impl<T: Send + Sync + 'static> ExecutableState<T> {
         (id.type_id != 0).then_some(id)
     }
 
-    /// At INSTANTIATE: hands XLA `value` for this executable (what its calls must share);
-    /// `value` comes back where XLA keeps none (no type registry, or state already set).
+    /// At INSTANTIATE: hands XLA `value` for this executable (what its calls must share); `value` comes back where XLA
+    /// keeps none (no type registry, or state already set).
     pub fn instantiate_with(&'static self, f: &CallFrame<'_>, value: T) -> std::result::Result<(), T> {
         let Some(id) = self.id(f) else { return Err(value) };
         let state = Box::into_raw(Box::new(value));
-        // SAFETY: `state` is a fresh Box<T>, the type registered as `id` with `drop_boxed::<T>`;
-        // XLA owns it on success.
+        // SAFETY: `state` is a fresh Box<T>, the type registered as `id` with `drop_boxed::<T>`; XLA owns it on
+        // success.
         if unsafe { f.state_set(ExecutionStage::Instantiate, id, state.cast()) }.is_err() {
             // SAFETY: XLA did not take it; it is still ours, taken back once.
             return Err(*unsafe { Box::from_raw(state) });
@@ -888,36 +845,24 @@ impl<T: Send + Sync + 'static> ExecutableState<T> {
     pub fn get<'f>(&'static self, f: &'f CallFrame<'_>) -> Option<&'f T> {
         let id = *self.id.get().filter(|id| id.type_id != 0)?;
         let p = f.state_get(ExecutionStage::Instantiate, id).ok()?;
-        // SAFETY: XLA keeps the state set at INSTANTIATE (a Box<T>, by the type id) alive until
-        // the executable is destroyed, which cannot happen during one of its calls; it is
-        // only read through shared references (T: Sync).
+        // SAFETY: XLA keeps the state set at INSTANTIATE (a Box<T>, by the type id) alive until the executable is
+        // destroyed, which cannot happen during one of its calls; it is only read through shared references (T: Sync).
         (!p.is_null()).then(|| unsafe { &*p.cast::<T>() })
     }
 }
 
-// ---------------------------------------------------------------------------------------------
-// The guard
+// --------------------------------------------------------------------------------------------- The guard
 
-/// Runs handler body `f` on the frame XLA passed: answers the metadata probe (traits 0),
-/// turns `Err` into an XLA error with [`HandlerError::code`] and a panic into `INTERNAL`
-/// ("handler panicked: .."). Null means success, as XLA expects.
+/// Runs handler body `f` on the frame XLA passed: answers the metadata probe, reporting `traits` (e.g.
+/// [`COMMAND_BUFFER_COMPATIBLE`]), turns `Err` into an XLA error with [`HandlerError::code`] and a panic into
+/// `INTERNAL` ("handler panicked: .."). Null means success, as XLA expects.
 ///
-/// A failure that cannot be reported, because the frame is null or carries no usable API
-/// table, aborts the process with a message on stderr: returning null would report success
-/// over lost work. (A probe is the exception: there, leaving the metadata unanswered already
-/// fails registration, with XLA's version-mismatch message.)
+/// A failure that cannot be reported (a null frame, or one with no usable API table) aborts the process with a message
+/// on stderr: returning null would report success over lost work. (A probe is the exception: leaving the metadata
+/// unanswered already fails registration, with XLA's version-mismatch message.)
 ///
 /// # Safety
 /// `frame` is the call frame XLA passed to the handler, valid for the call.
-pub unsafe fn guard(frame: *mut XLA_FFI_CallFrame, f: impl FnOnce(&CallFrame<'_>) -> Result<()>) -> *mut XLA_FFI_Error {
-    // SAFETY: the caller's contract.
-    unsafe { guard_with_traits(frame, 0, f) }
-}
-
-/// [`guard`], reporting `traits` (e.g. [`COMMAND_BUFFER_COMPATIBLE`]) in the metadata probe.
-///
-/// # Safety
-/// As [`guard`].
 pub unsafe fn guard_with_traits(
     frame: *mut XLA_FFI_CallFrame,
     traits: Traits,
@@ -947,8 +892,8 @@ pub unsafe fn guard_with_traits(
     }
 }
 
-/// Reports `e` for a frame [`CallFrame::from_raw`] refused, through its API table if the frame
-/// is long enough to hold one.
+/// Reports `e` for a frame [`CallFrame::from_raw`] refused, through its API table if the frame is long enough to hold
+/// one.
 ///
 /// # Safety
 /// `frame` is null or points to at least `struct_size` readable bytes of a call frame.
@@ -975,43 +920,4 @@ unsafe fn report_on_short_frame(frame: *mut XLA_FFI_CallFrame, e: &HandlerError)
 fn unreportable(e: &HandlerError) -> ! {
     eprintln!("peerless: an XLA FFI handler failed and XLA gave no way to report it; aborting: {e}");
     std::process::abort()
-}
-
-/// Defines an XLA FFI handler, `unsafe extern "C" fn $name(*mut XLA_FFI_CallFrame) ->
-/// *mut XLA_FFI_Error`, whose body sees the frame as `&CallFrame` and returns
-/// `Result<(), HandlerError>`; it runs under [`xla_ffi::guard`](crate::xla_ffi::guard).
-///
-/// ```
-/// ffi::xla_ffi_handler! {
-///     /// Checks its one argument is f32.
-///     pub fn peerless_check_f32(f) {
-///         let x = f.arg(0)?;
-///         if x.dtype != ffi::xla_ffi::DataType::F32 {
-///             return Err(ffi::xla_ffi::HandlerError::invalid_argument(format!("got {}", x.dtype)));
-///         }
-///         Ok(())
-///     }
-/// }
-/// ```
-#[macro_export]
-macro_rules! xla_ffi_handler {
-    ($(#[$m:meta])* $vis:vis fn $name:ident($frame:ident) $body:block) => {
-        $(#[$m])*
-        ///
-        /// # Safety
-        /// `frame` is a call frame XLA passed, valid for the call.
-        $vis unsafe extern "C" fn $name(
-            frame: *mut $crate::xla_ffi::XLA_FFI_CallFrame,
-        ) -> *mut $crate::xla_ffi::XLA_FFI_Error {
-            // SAFETY: this function's contract.
-            unsafe {
-                $crate::xla_ffi::guard(
-                    frame,
-                    |$frame: &$crate::xla_ffi::CallFrame<'_>| -> ::core::result::Result<(), $crate::xla_ffi::HandlerError> {
-                        $body
-                    },
-                )
-            }
-        }
-    };
 }

@@ -11,6 +11,33 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use ffi::xla_ffi::sys::{self, XLA_FFI_DataType as DT};
 use ffi::xla_ffi::*;
 
+/// [`guard_with_traits`] with no traits, as a plain handler reports them.
+///
+/// # Safety
+/// `frame` is the call frame XLA passed to the handler, valid for the call.
+unsafe fn guard(
+    frame: *mut XLA_FFI_CallFrame,
+    f: impl FnOnce(&CallFrame<'_>) -> Result<(), HandlerError>,
+) -> *mut XLA_FFI_Error {
+    // SAFETY: the caller's contract.
+    unsafe { guard_with_traits(frame, 0, f) }
+}
+
+/// Defines an XLA FFI handler, `unsafe extern "C" fn $name(*mut XLA_FFI_CallFrame) -> *mut XLA_FFI_Error`, whose body
+/// sees the frame as `&CallFrame` and returns `Result<(), HandlerError>`, under [`guard`].
+macro_rules! xla_ffi_handler {
+    ($(#[$m:meta])* $vis:vis fn $name:ident($frame:ident) $body:block) => {
+        $(#[$m])*
+        ///
+        /// # Safety
+        /// `frame` is a call frame XLA passed, valid for the call.
+        $vis unsafe extern "C" fn $name(frame: *mut XLA_FFI_CallFrame) -> *mut XLA_FFI_Error {
+            // SAFETY: this function's contract.
+            unsafe { guard(frame, |$frame: &CallFrame<'_>| -> Result<(), HandlerError> { $body }) }
+        }
+    };
+}
+
 // ---------------------------------------------------------------------------------------------
 // The fake XLA
 
@@ -716,7 +743,7 @@ fn frames_too_short_or_null() {
     assert!(msg.contains("call frame size 40"), "{msg}");
 }
 
-ffi::xla_ffi_handler! {
+xla_ffi_handler! {
     /// A handler defined with the macro: fails unless its first argument is f32.
     fn macro_handler(f) {
         let x = f.arg(0)?;

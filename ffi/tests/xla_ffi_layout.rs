@@ -59,8 +59,6 @@ macro_rules! values {
 fn entries() -> Vec<Entry> {
     let mut v = Vec::new();
     layout!(v; XLA_FFI_InternalExtension { struct_size, r#type, next });
-    layout!(v; XLA_FFI_ExtensionId { extension_type, major_version, minor_version });
-    layout!(v; XLA_FFI_Extension { struct_size, id, next });
     layout!(v; XLA_FFI_Api_Version { struct_size, extension_start, major_version, minor_version });
     layout!(v; XLA_FFI_Error_Create_Args { struct_size, extension_start, message, errc });
     layout!(v; XLA_FFI_Error_GetDetails_Args { struct_size, extension_start, error, message, errc });
@@ -71,25 +69,14 @@ fn entries() -> Vec<Entry> {
     layout!(v; XLA_FFI_Array { dtype, size, data });
     layout!(v; XLA_FFI_TypeId { type_id });
     layout!(v; XLA_FFI_TypeInfo { struct_size, extension_start, deleter });
-    layout!(v; XLA_FFI_Future_Create_Args { struct_size, extension_start, future });
-    layout!(v; XLA_FFI_Future_SetAvailable_Args { struct_size, extension_start, future });
-    layout!(v; XLA_FFI_Future_SetError_Args { struct_size, extension_start, future, error });
     layout!(v; XLA_FFI_Args { struct_size, extension_start, size, types, args });
     layout!(v; XLA_FFI_Rets { struct_size, extension_start, size, types, rets });
     layout!(v; XLA_FFI_Attrs { struct_size, extension_start, size, types, names, attrs });
     layout!(v; XLA_FFI_CallFrame { struct_size, extension_start, api, ctx, stage, args, rets, attrs, future });
-    layout!(v; XLA_FFI_Handler_Bundle { instantiate, prepare, initialize, execute, record });
-    layout!(v; XLA_FFI_Handler_Register_Args { struct_size, extension_start, name, platform, bundle, traits });
     layout!(v; XLA_FFI_Type_Register_Args { struct_size, extension_start, name, type_id, type_info });
-    layout!(v; XLA_FFI_InvokeContext_FindExtension_Args { struct_size, extension_start, ctx, extension_type, extension });
-    layout!(v; XLA_FFI_InvokeContext_Get_Args { struct_size, extension_start, ctx, type_id, data });
     layout!(v; XLA_FFI_State_Set_Args { struct_size, extension_start, ctx, stage, type_id, state });
     layout!(v; XLA_FFI_State_Get_Args { struct_size, extension_start, ctx, stage, type_id, state });
     layout!(v; XLA_FFI_Stream_Get_Args { struct_size, extension_start, ctx, stream });
-    layout!(v; XLA_FFI_DeviceMemory_Allocate_Args { struct_size, extension_start, ctx, size, alignment, data });
-    layout!(v; XLA_FFI_DeviceMemory_Free_Args { struct_size, extension_start, ctx, size, data });
-    layout!(v; XLA_FFI_ThreadPool_Schedule_Args { struct_size, extension_start, ctx, task, data });
-    layout!(v; XLA_FFI_ThreadPool_NumThreads_Args { struct_size, extension_start, ctx, num_threads });
     layout!(v; XLA_FFI_RunId_Get_Args { struct_size, extension_start, ctx, run_id });
     layout!(v; XLA_FFI_DeviceOrdinal_Get_Args { struct_size, extension_start, ctx, device_ordinal });
     layout!(v; XLA_FFI_Metadata { struct_size, api_version, traits, state_type_id });
@@ -121,32 +108,20 @@ fn entries() -> Vec<Entry> {
     });
     consts!(v;
         XLA_FFI_InternalExtension_STRUCT_SIZE,
-        XLA_FFI_ExtensionId_STRUCT_SIZE,
-        XLA_FFI_Extension_STRUCT_SIZE,
         XLA_FFI_Api_Version_STRUCT_SIZE,
         XLA_FFI_Error_Create_Args_STRUCT_SIZE,
         XLA_FFI_Error_GetDetails_Args_STRUCT_SIZE,
         XLA_FFI_Error_Destroy_Args_STRUCT_SIZE,
         XLA_FFI_Buffer_STRUCT_SIZE,
         XLA_FFI_TypeInfo_STRUCT_SIZE,
-        XLA_FFI_Future_Create_Args_STRUCT_SIZE,
-        XLA_FFI_Future_SetAvailable_Args_STRUCT_SIZE,
-        XLA_FFI_Future_SetError_Args_STRUCT_SIZE,
         XLA_FFI_Args_STRUCT_SIZE,
         XLA_FFI_Rets_STRUCT_SIZE,
         XLA_FFI_Attrs_STRUCT_SIZE,
         XLA_FFI_CallFrame_STRUCT_SIZE,
-        XLA_FFI_Handler_Register_Args_STRUCT_SIZE,
         XLA_FFI_Type_Register_Args_STRUCT_SIZE,
-        XLA_FFI_InvokeContext_FindExtension_Args_STRUCT_SIZE,
-        XLA_FFI_InvokeContext_Get_Args_STRUCT_SIZE,
         XLA_FFI_State_Set_Args_STRUCT_SIZE,
         XLA_FFI_State_Get_Args_STRUCT_SIZE,
         XLA_FFI_Stream_Get_Args_STRUCT_SIZE,
-        XLA_FFI_DeviceMemory_Allocate_Args_STRUCT_SIZE,
-        XLA_FFI_DeviceMemory_Free_Args_STRUCT_SIZE,
-        XLA_FFI_ThreadPool_Schedule_Args_STRUCT_SIZE,
-        XLA_FFI_ThreadPool_NumThreads_Args_STRUCT_SIZE,
         XLA_FFI_RunId_Get_Args_STRUCT_SIZE,
         XLA_FFI_DeviceOrdinal_Get_Args_STRUCT_SIZE,
         XLA_FFI_Metadata_STRUCT_SIZE,

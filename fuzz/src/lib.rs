@@ -1,16 +1,7 @@
-//! One function per fuzz target, shared by the libFuzzer binaries (`fuzz/libfuzzer`, nightly,
-//! `cargo fuzz`) and the stable replay of the saved corpora (`fuzz/tests/corpus.rs`, part of
-//! `cargo test`). Each takes arbitrary bytes and must return (error or not) without
-//! panicking, aborting, hanging or allocating more than the input can justify.
-//!
-//! | target | parser under test | then |
-//! |---|---|---|
-//! | [`hlo_text`] | `hlo::parse_text` | encoded (`hlo::encode_proto`) and prepared for XLA as `peerless run` does (device assignment, the pass, manual shardings) on 1 and 2 devices |
-//! | [`hlo_proto`] | `hlo::decode_proto` | as `hlo_text` |
-//! | [`compile_options`] | `CompileOptionsProto` in `plugin::wrap::split_compile_options` (the wrapper's `PJRT_Client_Compile`) | the flags it takes out, applied |
-//! | [`npz`] | `runs::io::read_npz_bytes` | |
-//! | [`flags`] | `emitter::Flags::parse` and `Flags::apply` | |
-//! | [`xla_pass`] | `emitter::xla_pass::run` (the pass inside XLA) | the pass again on its rewrite |
+//! One function per fuzz target, shared by the libFuzzer binaries (`fuzz/libfuzzer`, nightly) and the stable replay of
+//! the saved corpora (`fuzz/tests/corpus.rs`). Each takes arbitrary bytes and must return without panicking, aborting,
+//! hanging or allocating more than the input justifies. What each target parses and then runs: docs/RELIABILITY.md
+//! ("Fuzzing").
 
 use emitter::Flags;
 use hlo::analysis::DeviceMode;
@@ -25,9 +16,9 @@ pub const TARGETS: &[(&str, fn(&[u8]))] = &[
     ("xla_pass", xla_pass),
 ];
 
-/// What a verified module goes through after parsing on its way into XLA (`peerless run`):
-/// encoded as an HloModuleProto, then prepared on 1 and 2 devices in both modes (the device
-/// assignment written in, the pass, partitions marked manual). No XLA plugin is loaded.
+/// What a verified module goes through after parsing on its way into XLA (`peerless run`): encoded as an
+/// HloModuleProto, then prepared on 1 and 2 devices in both modes (the device assignment written in, the pass,
+/// partitions marked manual). No XLA plugin is loaded.
 fn downstream(module: &hlo::Module) {
     let Ok(bytes) = hlo::encode_proto(module) else { return };
     for (n, mode) in [(1, DeviceMode::Replica), (2, DeviceMode::Replica), (2, DeviceMode::Partition)] {
@@ -52,9 +43,8 @@ pub fn hlo_proto(data: &[u8]) {
     }
 }
 
-/// `CompileOptionsProto` bytes as a PJRT client hands them to the wrapper's
-/// `PJRT_Client_Compile`: Peerless's options split out on the wire (the rest is XLA's), and
-/// the flags they name applied to the pass's flags, as the compile does.
+/// `CompileOptionsProto` bytes as a PJRT client hands them to the wrapper's `PJRT_Client_Compile`: Peerless's options
+/// split out on the wire (the rest is XLA's), and the flags they name applied to the pass's flags, as the compile does.
 pub fn compile_options(data: &[u8]) {
     if let Ok(Some((flags, rest))) = plugin::wrap::split_compile_options(data) {
         assert!(rest.len() <= data.len(), "the options grew");
@@ -81,9 +71,9 @@ pub fn flags(data: &[u8]) {
     }
 }
 
-/// A serialized `HloModuleProto` as XLA hands it to the Peerless pass (`emitter::xla_pass::run`,
-/// the body of the plugin's `PeerlessXlaPass`, called here without its panic guard so a panic
-/// is a finding), then the pass again on the module it rewrote.
+/// A serialized `HloModuleProto` as XLA hands it to the Peerless pass (`emitter::xla_pass::run`, the body of the
+/// plugin's `PeerlessXlaPass`, called here without its panic guard so a panic is a finding), then the pass again on the
+/// module it rewrote.
 pub fn xla_pass(data: &[u8]) {
     let cfg = emitter::xla_pass::PassConfig { instance_base: Some(1), ..Default::default() };
     if let Ok(emitter::xla_pass::PassOutcome { module: Some(m), .. }) = emitter::xla_pass::run(data, &cfg) {

@@ -1,10 +1,8 @@
-//! Analyses over the IR shared by the emitter and the tools: which reduction a
-//! collective's `to_apply` computes, and which devices each collective groups together
-//! (XLA's `CollectiveOpGroupMode` rules).
+//! Analyses over the IR shared by the emitter and the tools: which reduction a collective's `to_apply` computes, and
+//! which devices each collective groups together (XLA's `CollectiveOpGroupMode` rules).
 //!
-//! Device ids here are *global* ids: `replica * num_partitions + partition`, which is
-//! XLA's flattened id. Peerless runs either one partition (replica mode) or one replica
-//! (partition mode), so the flattened id is also the device's index.
+//! Device ids here are *global* ids: `replica * num_partitions + partition`, which is XLA's flattened id. Peerless runs
+//! either one partition (replica mode) or one replica (partition mode), so the flattened id is also the device's index.
 
 use std::fmt;
 
@@ -13,8 +11,7 @@ use crate::opcode::Opcode;
 use crate::print::group_list;
 use crate::types::Shape;
 
-/// A reduction a collective kernel can compute, recognised from a `to_apply`
-/// computation by [`recognize_reduction`].
+/// A reduction a collective kernel can compute, recognised from a `to_apply` computation by [`recognize_reduction`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum ReductionKind {
     Sum,
@@ -26,7 +23,8 @@ pub enum ReductionKind {
 }
 
 impl ReductionKind {
-    const ALL: [Self; 6] = [Self::Sum, Self::Prod, Self::Min, Self::Max, Self::And, Self::Or];
+    /// Every reduction, in the kernels' order.
+    pub const ALL: [Self; 6] = [Self::Sum, Self::Prod, Self::Min, Self::Max, Self::And, Self::Or];
 
     /// The binary opcode the reduction applies.
     pub fn opcode(self) -> Opcode {
@@ -63,11 +61,9 @@ impl fmt::Display for ReductionKind {
     }
 }
 
-/// Recognises a reduction computation: two scalar parameters of one element type whose
-/// root is `add`, `multiply`, `minimum`, `maximum`, `and` or `or` of exactly those two
-/// parameters, in either order. Only the opcode is recognised (an `add` on `pred` is
-/// [`ReductionKind::Sum`], not `Or`); anything else, including a missing computation,
-/// is `None`.
+/// Recognises a reduction computation: two scalar parameters of one type whose root is `add`, `multiply`, `minimum`,
+/// `maximum`, `and` or `or` of exactly those, in either order. By opcode only (an `add` on `pred` is
+/// [`ReductionKind::Sum`]); anything else, a missing computation included, is `None`.
 pub fn recognize_reduction(module: &Module, comp: CompId) -> Option<ReductionKind> {
     let comp = module.comps.get(comp)?;
     let [p0, p1] = comp.params[..] else { return None };
@@ -116,8 +112,8 @@ impl fmt::Display for GroupMode {
     }
 }
 
-/// Whether an opcode carries `use_global_device_ids` (XLA's all-reduce family and
-/// all-gather). For the others XLA passes "absent", which changes the channel rule.
+/// Whether an opcode carries `use_global_device_ids` (XLA's all-reduce family and all-gather). For the others XLA
+/// passes "absent", which changes the channel rule.
 fn has_global_device_ids_attr(op: Opcode) -> bool {
     matches!(
         op,
@@ -134,11 +130,9 @@ fn has_global_device_ids_attr(op: Opcode) -> bool {
 /// | present    | false                          | `CrossReplicaAndPartition`    |
 /// | present    | true                           | `FlattenedId`                 |
 ///
-/// `use_global_device_ids` is an attribute of all-reduce (and its start), reduce-scatter
-/// and all-gather (and its start); all-to-all, collective-permute and
-/// collective-broadcast have none, so a channel id makes them `CrossPartition`.
-/// `use_global_device_ids` without a channel id is invalid in XLA; this returns
-/// `CrossReplica` for it and [`device_groups`] rejects it.
+/// Only all-reduce, reduce-scatter and all-gather (and their starts) have `use_global_device_ids`, so a channel id
+/// makes the others `CrossPartition`. The attribute without a channel id is invalid in XLA: `CrossReplica` here, and
+/// [`device_groups`] rejects it.
 pub fn group_mode(instr: &Instruction) -> GroupMode {
     let has_channel = instr.attrs.channel_id.is_some();
     match (has_channel, has_global_device_ids_attr(instr.opcode)) {
@@ -185,17 +179,10 @@ fn describe(instr: &Instruction) -> String {
     format!("{} '{}'", instr.opcode, instr.name)
 }
 
-/// The groups of global device ids (`replica * num_partitions + partition`) a
-/// collective runs over, in XLA's order (`GetParticipatingDevicesGroups`): iota forms
-/// are expanded, empty groups mean "all replicas" (or all partitions in
-/// `CrossPartition` mode), and every device must appear in exactly one group.
-///
-/// For collective-permute (which has no replica groups) the groups are the sets its
-/// source-target pairs are resolved within: every replica's partitions
-/// (`CrossPartition`) or every partition's replicas (`CrossReplica`); see
-/// [`permute_pairs`] for the pairs themselves.
-///
-/// Errors name the instruction and its groups.
+/// The groups of global device ids (`replica * num_partitions + partition`) a collective runs over, in XLA's order
+/// (`GetParticipatingDevicesGroups`): iota forms expanded, empty groups meaning all replicas (or partitions in
+/// `CrossPartition` mode), every device in exactly one group. A collective-permute's groups are the sets its pairs are
+/// resolved within ([`permute_pairs`] gives the pairs). Errors name the instruction and its groups.
 pub fn device_groups(
     module: &Module,
     instr: InstrId,
@@ -298,10 +285,9 @@ pub fn device_groups(
     Ok(groups)
 }
 
-/// A collective-permute's source-target pairs as global device pairs, resolved within
-/// every group of [`device_groups`] (pairs name replica ids in `CrossReplica` mode and
-/// partition ids in `CrossPartition` mode, as in XLA). Errors if an id is out of range
-/// or a device is a source (or a target) twice.
+/// A collective-permute's source-target pairs as global device pairs, resolved within every group of [`device_groups`]
+/// (pairs name replica ids in `CrossReplica` mode and partition ids in `CrossPartition` mode, as in XLA). Errors if an
+/// id is out of range or a device is a source (or a target) twice.
 pub fn permute_pairs(
     module: &Module,
     instr: InstrId,

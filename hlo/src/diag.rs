@@ -1,5 +1,5 @@
-//! Diagnostics: every error about input names the file, line and column, shows the
-//! offending line with a caret under it, and says what was expected.
+//! Diagnostics: every error about input names the file, line and column, shows the offending line with a caret under
+//! it, and says what was expected.
 
 use std::fmt;
 
@@ -16,8 +16,8 @@ pub enum ErrorKind {
     Proto,
     /// Input Peerless understands but does not support (op, dtype, attribute).
     Unsupported,
-    /// A parameter's sharding annotation that cannot be read, or that does not fit its value
-    /// or the device count (`sharding/`).
+    /// A parameter's sharding annotation that cannot be read, or that does not fit its value or the device count
+    /// (`sharding/`).
     Sharding,
 }
 
@@ -33,8 +33,8 @@ pub struct Error {
     /// The text of the offending line, for the caret display.
     pub source_line: Option<String>,
     pub caret_len: u32,
-    /// The instruction the error is about, when an analysis of a verified module raised it
-    /// ([`Error::about`]), so that a consumer can name it in its own words.
+    /// The instruction the error is about, when an analysis of a verified module raised it ([`Error::about`]), so that
+    /// a consumer can name it in its own words.
     pub instr: Option<InstrId>,
 }
 
@@ -58,8 +58,8 @@ impl Error {
         }
     }
 
-    /// Fills in the offending line from `src` when the error has a location but no
-    /// line text yet (verifier errors are raised without access to the source).
+    /// Fills in the offending line from `src` when the error has a location but no line text yet (verifier errors are
+    /// raised without access to the source).
     pub fn with_source(mut self, src: &str) -> Self {
         if self.line > 0 && self.source_line.is_none() {
             self.source_line = src.lines().nth(self.line as usize - 1).map(str::to_owned);
@@ -72,17 +72,15 @@ impl Error {
         Error::located(kind, file, Span::default(), message)
     }
 
-    /// An error about instruction `id` of `m` (an analysis's finding, not a parse error):
-    /// located at the instruction's name when it was parsed from text, its message
-    /// `%name in computation: why`, and [`Error::instr`] set.
+    /// An error about instruction `id` of `m` (an analysis's finding, not a parse error): located at the instruction's
+    /// name when it was parsed from text, its message `%name in computation: why`, and [`Error::instr`] set.
     pub fn about(kind: ErrorKind, m: &Module, id: InstrId, why: impl fmt::Display) -> Self {
         let span = m.instrs.get(id).and_then(|i| i.span).unwrap_or_default();
         Error { instr: Some(id), ..Error::located(kind, &m.source_name, span, format!("{}: {why}", m.describe(id))) }
     }
 
-    /// The message without the `%name in computation: ` that [`Error::about`] puts first
-    /// (the whole message for other errors): for consumers that name the instruction
-    /// themselves. `m` is the module the error is about.
+    /// The message without the `%name in computation: ` that [`Error::about`] puts first (the whole message for other
+    /// errors): for consumers that name the instruction themselves. `m` is the module the error is about.
     pub fn reason(&self, m: &Module) -> &str {
         self.instr
             .and_then(|id| self.message.strip_prefix(&m.describe(id)))

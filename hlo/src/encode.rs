@@ -1,27 +1,10 @@
-//! HloModuleProto encoder: the IR back to a serialized `xla.HloModuleProto`, so HLO text
-//! reaches XLA's PJRT plugins (which compile protos, not text) without XLA's own parser.
-//!
-//! The inverse of [`crate::proto::decode`] for everything the IR keeps: shapes with their
-//! layouts (row-major where none is written, as XLA's text parser assigns), constants,
-//! every typed attribute, and the attributes the IR keeps in their text form (windows,
-//! gather / scatter / convolution dimension numbers and the small flags), read back with the
-//! same accessors both front ends use ([`Window::of`], [`GatherDims::of`], ...).
-//! Instruction metadata is written back (`op_type`, `op_name`, `source_file`,
-//! `source_line`). Computations are written callees first and instructions in program
-//! order, as XLA's importer needs; instruction ids are `computation << 32 | position`, the
-//! numbering XLA itself writes.
-//!
-//! What the IR cannot say is an [`ErrorKind::Unsupported`] error naming the instruction and
-//! the attribute (with its location in the text), never a silently different module:
-//! attributes the IR keeps verbatim but this encoder does not know, custom-call operand
-//! layout constraints and output aliasing, and constants of the f8 types newer than
-//! `pjrt-sys`'s copy of XLA's protos (f8e4m3, f8e3m4, f8e8m0fnu).
-//!
-//! Two things differ from the text by necessity: instruction names are made unique in the
-//! whole module ([`unique_names`]), and iota replica groups are written as the explicit
-//! groups they stand for (XLA 0.11 reads the iota form from a field this build's copy of its
-//! protos lacks). Contract (tested over every hlo-tests case): `decode(encode(m))` prints as
-//! `m` does with those two applied and XLA's default layouts filled in.
+//! HloModuleProto encoder: the IR back to a serialized `xla.HloModuleProto`, the inverse of [`crate::proto::decode`]
+//! for everything the IR keeps, so HLO text reaches XLA's PJRT plugins without XLA's parser. Computations go callees
+//! first, instructions in program order, ids `computation << 32 | position`, as XLA writes them. What the IR cannot say
+//! (unknown verbatim attributes, custom-call layout constraints, output aliasing, f8 types newer than `pjrt-sys`'s
+//! protos) is an [`ErrorKind::Unsupported`] error, never a silently different module. By necessity names are made
+//! unique ([`unique_names`]) and iota replica groups written explicitly; `decode(encode(m))` prints as `m` with those
+//! applied.
 
 use std::collections::BTreeMap;
 
@@ -40,9 +23,9 @@ use crate::{Error, ErrorKind, Module};
 
 type R<T> = Result<T, Error>;
 
-/// Instruction names as the encoder writes them: unique in the whole module, as XLA requires
-/// (the text form only needs them unique per computation). The entry's keep theirs; a
-/// name another computation already took gets `.1`, `.2`, ... (XLA's parser does the same).
+/// Instruction names as the encoder writes them: unique in the whole module, as XLA requires (the text form only needs
+/// them unique per computation). The entry's keep theirs; a name another computation already took gets `.1`, `.2`, ...
+/// (XLA's parser does the same).
 pub fn unique_names(module: &Module) -> BTreeMap<InstrId, String> {
     let mut taken: std::collections::HashSet<String> = std::collections::HashSet::new();
     let mut out = BTreeMap::new();
@@ -157,8 +140,8 @@ fn callees_first(module: &Module) -> Vec<CompId> {
             }
         }
     }
-    // The entry last (a computation nothing calls may come after it in the walk above only
-    // if it was listed after the entry, which the roots' order rules out).
+    // The entry last (a computation nothing calls may come after it in the walk above only if it was listed after the
+    // entry, which the roots' order rules out).
     if let Some(p) = order.iter().position(|&c| c == module.entry) {
         let e = order.remove(p);
         order.push(e);
@@ -300,8 +283,8 @@ fn instruction(
     }
     let groups = match &a.replica_groups {
         Some(ReplicaGroups::Explicit(g)) if !g.is_empty() => Some(g.clone()),
-        // XLA reads the iota form from a field (92) this build's copy of its protos lacks;
-        // the groups it stands for are written out instead.
+        // XLA reads the iota form from a field (92) this build's copy of its protos lacks; the groups it stands for are
+        // written out instead.
         Some(rg @ ReplicaGroups::Iota(i)) => {
             Some(i.expand().ok_or_else(|| err(format!("inconsistent iota replica groups {rg}")))?)
         }
@@ -437,8 +420,8 @@ fn text_attrs(ins: &Instruction, p: &mut pb::HloInstructionProto) -> Result<(), 
     Ok(())
 }
 
-/// `{op_type="..." op_name="..." source_file="..." source_line=N}` (the form the decoder and
-/// XLA's printer write) as `OpMetadata`; anything else in it is left out.
+/// `{op_type="..." op_name="..." source_file="..." source_line=N}` (the form the decoder and XLA's printer write) as
+/// `OpMetadata`; anything else in it is left out.
 fn metadata(text: &str) -> pb::OpMetadata {
     let mut m = pb::OpMetadata::default();
     let body = text.trim().trim_start_matches('{').trim_end_matches('}');

@@ -1,7 +1,6 @@
-//! The HLO IR: a module owns every computation and instruction in arenas keyed by
-//! typed `u32` indices (cranelift-entity), so passes hold small copyable ids
-//! instead of pointers. Both front ends (text and proto) build this same IR, and
-//! [`crate::verify`] checks it before anything consumes it.
+//! The HLO IR: a module owns every computation and instruction in arenas keyed by typed `u32` indices
+//! (cranelift-entity), so passes hold small copyable ids instead of pointers. Both front ends (text and proto) build
+//! this same IR, and [`crate::verify`] checks it before anything consumes it.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -62,9 +61,9 @@ impl ComparisonDirection {
     }
 }
 
-/// Replica groups as XLA spells them: an explicit list `{{0,2},{1,3}}`, or the
-/// compact iota form `[G,S]<=[d0,d1,..]T(p0,p1,..)` (a reshape of `iota(prod(dims))`
-/// to `dims`, transposed by `perm`, then read as `G` groups of `S`).
+/// Replica groups as XLA spells them: an explicit list `{{0,2},{1,3}}`, or the compact iota form
+/// `[G,S]<=[d0,d1,..]T(p0,p1,..)` (a reshape of `iota(prod(dims))` to `dims`, transposed by `perm`, then read as `G`
+/// groups of `S`).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum ReplicaGroups {
     Explicit(Vec<Vec<i64>>),
@@ -82,8 +81,8 @@ pub struct IotaReplicaGroups {
 }
 
 impl IotaReplicaGroups {
-    /// `iota(total)` reshaped to `reshape_dims` and transposed, as one list: the devices of a
-    /// tile assignment or mesh in iota form. `None` if inconsistent.
+    /// `iota(total)` reshaped to `reshape_dims` and transposed, as one list: the devices of a tile assignment or mesh
+    /// in iota form. `None` if inconsistent.
     pub(crate) fn devices(total: i64, reshape_dims: Vec<i64>, transpose_perm: Vec<i64>) -> Option<Vec<i64>> {
         IotaReplicaGroups { num_groups: 1, group_size: total, reshape_dims, transpose_perm }
             .expand()?
@@ -91,8 +90,8 @@ impl IotaReplicaGroups {
             .next()
     }
 
-    /// Expands to explicit groups. `None` if the form is inconsistent
-    /// (product of dims ≠ groups × size, or a bad permutation).
+    /// Expands to explicit groups. `None` if the form is inconsistent (product of dims ≠ groups × size, or a bad
+    /// permutation).
     pub fn expand(&self) -> Option<Vec<Vec<i64>>> {
         // Checked arithmetic: this may be called on unverified input.
         if self.reshape_dims.iter().any(|&d| d < 0) {
@@ -147,8 +146,8 @@ impl IotaReplicaGroups {
 }
 
 impl ReplicaGroups {
-    /// The groups as explicit lists (iota form expanded). `None` only for an
-    /// inconsistent iota form, which the parser and verifier reject.
+    /// The groups as explicit lists (iota form expanded). `None` only for an inconsistent iota form, which the parser
+    /// and verifier reject.
     pub fn groups(&self) -> Option<Vec<Vec<i64>>> {
         match self {
             ReplicaGroups::Explicit(g) => Some(g.clone()),
@@ -156,14 +155,12 @@ impl ReplicaGroups {
         }
     }
 
-    /// XLA's mesh-axes form (both front ends read it): a mesh of axes `sizes` (devices
-    /// `device_ids` in mesh order, or iota), grouped by the listed axis references `refs`
-    /// (axis, pre-size, size; a whole axis is (1, its size)). Every axis is split into factors
-    /// at each referenced sub-axis boundary (pre-size counts the major side); the referenced
-    /// factors, in the listed order, make a group (so `{b,a}` makes `b` the major one, as
-    /// XLA:CPU and JAX's shard_map read it). The iota form, or explicit groups of `device_ids`.
-    /// With `unit_axes`, a size-1 axis stays a reshape dimension of its own (the proto
-    /// decoder's form; the text parser's leaves it out).
+    /// XLA's mesh-axes form (both front ends read it): a mesh of axes `sizes` (devices `device_ids` in mesh order, or
+    /// iota), grouped by the listed axis references `refs` (axis, pre-size, size; a whole axis is (1, its size)). Every
+    /// axis is split into factors at each referenced sub-axis boundary (pre-size counts the major side); the referenced
+    /// factors, in the listed order, make a group (so `{b,a}` makes `b` the major one, as XLA:CPU and JAX's shard_map
+    /// read it). The iota form, or explicit groups of `device_ids`. With `unit_axes`, a size-1 axis stays a reshape
+    /// dimension of its own (the proto decoder's form; the text parser's leaves it out).
     pub(crate) fn from_mesh(
         sizes: &[i64],
         refs: &[(usize, i64, i64)],
@@ -250,8 +247,8 @@ pub enum Sharding {
     Maximal {
         device: i64,
     },
-    /// `{devices=[a,b,..]<=[n]}` or `{devices=[a,b]0,1,2,3}`, optionally with
-    /// `last_tile_dim_replicate` or `last_tile_dims={manual,..}`.
+    /// `{devices=[a,b,..]<=[n]}` or `{devices=[a,b]0,1,2,3}`, optionally with `last_tile_dim_replicate` or
+    /// `last_tile_dims={manual,..}`.
     Tiled {
         /// Tile assignment dimensions (including a trailing replication dimension, if any).
         tile_dims: Vec<i64>,
@@ -291,8 +288,8 @@ pub struct DotDims {
     pub rhs_contracting: Vec<i64>,
 }
 
-/// Typed attributes of an instruction. Attributes the IR does not model are kept
-/// verbatim in `other` (key → raw text) so real XLA dumps parse and print back.
+/// Typed attributes of an instruction. Attributes the IR does not model are kept verbatim in `other` (key → raw text)
+/// so real XLA dumps parse and print back.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Attrs {
     /// `parameter(N)`.
@@ -301,8 +298,8 @@ pub struct Attrs {
     pub literal: Option<Literal>,
     /// `get-tuple-element` `index=N`.
     pub tuple_index: Option<i64>,
-    /// `dimensions={..}` (broadcast, transpose, reduce, concatenate, reverse, all-gather,
-    /// reduce-scatter, and all-to-all's split dimension in its array form).
+    /// `dimensions={..}` (broadcast, transpose, reduce, concatenate, reverse, all-gather, reduce-scatter, and
+    /// all-to-all's split dimension in its array form).
     pub dimensions: Option<Vec<i64>>,
     pub replica_groups: Option<ReplicaGroups>,
     pub channel_id: Option<i64>,
@@ -354,9 +351,8 @@ impl CustomCallApiVersion {
 }
 
 impl Attrs {
-    /// A custom-call's API version. Both front ends keep it in `other["api_version"]` as the
-    /// text spells it (absent means the original API, which XLA does not print); an unknown
-    /// name is an error, which the verifier reports.
+    /// A custom-call's API version. Both front ends keep it in `other["api_version"]` as the text spells it (absent
+    /// means the original API, which XLA does not print); an unknown name is an error, which the verifier reports.
     pub fn custom_call_api_version(&self) -> Result<CustomCallApiVersion, String> {
         match self.other.get("api_version") {
             None => Ok(CustomCallApiVersion::Original),
@@ -369,8 +365,8 @@ impl Attrs {
         }
     }
 
-    /// `custom_call_has_side_effect=true` (kept in `other` by both front ends): the call may
-    /// not be removed or duplicated.
+    /// `custom_call_has_side_effect=true` (kept in `other` by both front ends): the call may not be removed or
+    /// duplicated.
     pub fn custom_call_has_side_effect(&self) -> bool {
         self.other.get("custom_call_has_side_effect").is_some_and(|v| v.trim() == "true")
     }
@@ -383,8 +379,8 @@ pub struct Instruction {
     pub opcode: Opcode,
     pub shape: Shape,
     pub operands: Vec<InstrId>,
-    /// Called computations: `to_apply`, `calls`, branch computations, in XLA's order, except
-    /// `while`: (condition, body) from both front ends (XLA's proto has body first).
+    /// Called computations: `to_apply`, `calls`, branch computations, in XLA's order, except `while`: (condition, body)
+    /// from both front ends (XLA's proto has body first).
     pub called: Vec<CompId>,
     pub attrs: Attrs,
     /// The computation this instruction belongs to.
@@ -448,8 +444,7 @@ impl Module {
         &self.comps[id]
     }
 
-    /// `%name in computation`, how error messages name instruction `id` (`id` itself when
-    /// it is not in the module).
+    /// `%name in computation`, how error messages name instruction `id` (`id` itself when it is not in the module).
     pub fn describe(&self, id: InstrId) -> String {
         match self.instrs.get(id) {
             Some(i) => match self.comps.get(i.parent) {
@@ -458,11 +453,6 @@ impl Module {
             },
             None => format!("{id}"),
         }
-    }
-
-    /// Finds a computation by name.
-    pub fn comp_by_name(&self, name: &str) -> Option<CompId> {
-        self.comps.iter().find(|(_, c)| c.name == name).map(|(id, _)| id)
     }
 
     /// Entry parameter shapes, by parameter number.
@@ -485,9 +475,9 @@ impl Module {
     }
 }
 
-/// `gather`'s dimension numbers, read from its attributes (text form, which the proto
-/// importer writes too): `offset_dims={..}, collapsed_slice_dims={..}, start_index_map={..},
-/// index_vector_dim=N, slice_sizes={..}` and the optional batching dimensions.
+/// `gather`'s dimension numbers, read from its attributes (text form, which the proto importer writes too):
+/// `offset_dims={..}, collapsed_slice_dims={..}, start_index_map={..}, index_vector_dim=N, slice_sizes={..}` and the
+/// optional batching dimensions.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct GatherDims {
     pub offset_dims: Vec<i64>,
@@ -541,10 +531,9 @@ impl GatherDims {
     }
 }
 
-/// `convolution`'s dimension numbers and group counts, read from its attributes (text form,
-/// which the proto importer writes too): `dim_labels=b01f_01io->b01f` (per operand, which
-/// dimension is the batch / feature (`b`, `f`; kernel: input / output features `i`, `o`) and
-/// which is spatial dimension `k` (the digit `k`)), `feature_group_count=N`,
+/// `convolution`'s dimension numbers and group counts, read from its attributes (text form, which the proto importer
+/// writes too): `dim_labels=b01f_01io->b01f` (per operand, which dimension is the batch / feature (`b`, `f`; kernel:
+/// input / output features `i`, `o`) and which is spatial dimension `k` (the digit `k`)), `feature_group_count=N`,
 /// `batch_group_count=N` (both 1 when absent).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ConvDims {
@@ -607,9 +596,8 @@ impl ConvDims {
     }
 }
 
-/// `scatter`'s dimension numbers, read like [`GatherDims`]: `update_window_dims={..},
-/// inserted_window_dims={..}, scatter_dims_to_operand_dims={..}, index_vector_dim=N` and the
-/// optional batching dimensions.
+/// `scatter`'s dimension numbers, read like [`GatherDims`]: `update_window_dims={..}, inserted_window_dims={..},
+/// scatter_dims_to_operand_dims={..}, index_vector_dim=N` and the optional batching dimensions.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ScatterDims {
     pub update_window_dims: Vec<i64>,
@@ -651,12 +639,11 @@ pub struct WindowDim {
     pub reversal: bool,
 }
 
-/// The window of a windowed op (`reduce-window`; convolution and select-and-scatter print
-/// theirs the same way), read from its attributes (text form, which the proto importer
-/// writes too): `window={size=3x3 stride=2x2 pad=1_1x0_1 lhs_dilate=1x2 rhs_dilate=2x1}`, one
-/// entry per dimension joined by `x`. A field left out takes XLA's default (stride and
-/// dilations 1, no padding, no reversal), as XLA's printer leaves out fields that are all
-/// default; `window={}` is the window of a scalar.
+/// The window of a windowed op (`reduce-window`; convolution and select-and-scatter print theirs the same way), read
+/// from its attributes (text form, which the proto importer writes too): `window={size=3x3 stride=2x2 pad=1_1x0_1
+/// lhs_dilate=1x2 rhs_dilate=2x1}`, one entry per dimension joined by `x`. A field left out takes XLA's default (stride
+/// and dilations 1, no padding, no reversal), as XLA's printer leaves out fields that are all default; `window={}` is
+/// the window of a scalar.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Window {
     pub dims: Vec<WindowDim>,
@@ -725,10 +712,9 @@ impl Window {
         Ok(Window { dims })
     }
 
-    /// XLA's shape rule for a window over an input of dimensions `input`: per dimension, the
-    /// number of window positions, `(padded_dilated_input - dilated_window) / stride + 1`
-    /// (0 when the window does not fit), where a dilated size is `(n - 1) * dilation + 1` (0
-    /// stays 0). Errors say which dimension breaks which rule.
+    /// XLA's shape rule for a window over an input of dimensions `input`: per dimension, the number of window
+    /// positions, `(padded_dilated_input - dilated_window) / stride + 1` (0 when the window does not fit), where a
+    /// dilated size is `(n - 1) * dilation + 1` (0 stays 0). Errors say which dimension breaks which rule.
     pub fn output_dims(&self, input: &[i64]) -> Result<Vec<i64>, String> {
         if self.dims.len() != input.len() {
             return Err(format!("window has {} dimensions for an input of rank {}", self.dims.len(), input.len()));

@@ -1,16 +1,8 @@
-//! Peerless's HLO front end: one IR (typed indices into arenas) built from XLA's HLO
-//! text or from a binary `HloModuleProto`, and a verifier that checks every
-//! instruction's shape rule before anything downstream sees the module, a
-//! printer back to HLO text ([`print::module_text`]) that the parser reads back
-//! to the same IR, and an encoder back to `HloModuleProto` ([`encode_proto`]) for
-//! XLA's PJRT plugins. Analyses of a verified module live here too: collectives' device
-//! groups ([`analysis`]) and the shape of each partition's entry arguments
-//! ([`sharding`]).
-//!
-//! Invariants for consumers: a [`Module`] returned by [`parse_text`] or
-//! [`decode_proto`] has passed [`verify::verify`]; every operand id refers to an
-//! instruction of the same computation that precedes its user; every called
-//! computation exists; shapes are consistent with XLA's shape inference.
+//! Peerless's HLO front end: one IR built from HLO text or a binary `HloModuleProto`, a verifier of every shape rule, a
+//! printer ([`print::module_text`]) the parser reads back, an encoder ([`encode_proto`]) for XLA's plugins, and
+//! analyses ([`analysis`], [`sharding`]). A [`Module`] from [`parse_text`] or [`decode_proto`] has passed
+//! [`verify::verify`]: operands refer to earlier instructions of the same computation, called computations exist,
+//! shapes match XLA's inference.
 
 pub mod analysis;
 pub mod diag;
@@ -57,8 +49,8 @@ pub fn encode_proto(module: &Module) -> Result<Vec<u8>, Error> {
     encode::encode(module)
 }
 
-/// Reads a module from a file: HLO text, or a binary `HloModuleProto` when the
-/// content is not UTF-8 text (or the name ends in `.pb`).
+/// Reads a module from a file: HLO text, or a binary `HloModuleProto` when the content is not UTF-8 text (or the name
+/// ends in `.pb`).
 pub fn load_file(path: &std::path::Path) -> Result<Module, Error> {
     let name = path.display().to_string();
     let bytes =

@@ -1,12 +1,12 @@
 //! Host values: dense arrays of raw little-endian bytes, and tuples of them.
 //!
-//! One representation serves constants in the IR, npz I/O and the values the CLI hands XLA and
-//! reads back, so values move between them without conversion.
+//! One representation serves constants in the IR, npz I/O and the values the CLI hands XLA and reads back, so values
+//! move between them without conversion.
 
 use crate::types::{ArrayShape, PrimitiveType, Shape};
 
-/// A dense row-major array. `data.len() == shape.byte_size()` always holds
-/// (checked by [`Array::new`]); s4/u4 hold one element per byte, pred one byte (0/1).
+/// A dense row-major array. `data.len() == shape.byte_size()` always holds (checked by [`Array::new`]); s4/u4 hold one
+/// element per byte, pred one byte (0/1).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Array {
     pub shape: ArrayShape,

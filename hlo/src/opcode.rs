@@ -1,6 +1,5 @@
-//! HLO opcodes. Every opcode XLA can print is known to the parser; the ones Peerless
-//! does not execute still parse (so `check` can describe a real dump) and are
-//! rejected later with an error that names them.
+//! HLO opcodes. Every opcode XLA can print is known to the parser; the ones Peerless does not execute still parse (so
+//! `check` can describe a real dump) and are rejected later with an error that names them.
 
 use std::fmt;
 

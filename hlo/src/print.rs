@@ -1,14 +1,12 @@
-//! HLO text printer: writes a [`Module`] in XLA's text syntax, as `HloModule::ToString()`
-//! prints it (`%` names, computation signatures, callees before callers, `ENTRY` last), so
-//! that [`crate::parse_text`] reads it back to the same IR. Golden tests of HLO rewrites
-//! compare this text, so it is deterministic: attributes come in one fixed order (XLA's,
-//! for the attributes XLA has) and maps print sorted.
+//! HLO text printer: writes a [`Module`] in XLA's text syntax, as `HloModule::ToString()` prints it (`%` names,
+//! computation signatures, callees before callers, `ENTRY` last), so that [`crate::parse_text`] reads it back to the
+//! same IR. Golden tests of HLO rewrites compare this text, so it is deterministic: attributes come in one fixed order
+//! (XLA's, for the attributes XLA has) and maps print sorted.
 //!
 //! What the IR keeps verbatim (`metadata`, braced `backend_config`, attributes in
-//! [`Attrs::other`](crate::Attrs::other)) prints verbatim. Constants always print in full
-//! (XLA elides large ones as `{...}`, which does not parse), with the shortest decimal that
-//! reads back to the same bits. A tiled sharding whose devices are an iota (possibly
-//! transposed) prints in the compact `<=[..]T(..)` form XLA uses.
+//! [`Attrs::other`](crate::Attrs::other)) prints verbatim. Constants always print in full (XLA elides large ones as
+//! `{...}`, which does not parse), with the shortest decimal that reads back to the same bits. A tiled sharding whose
+//! devices are an iota (possibly transposed) prints in the compact `<=[..]T(..)` form XLA uses.
 
 use std::fmt;
 
@@ -23,11 +21,11 @@ use crate::types::{ArrayShape, PrimitiveType, Shape};
 /// What to print beyond the IR's structure.
 #[derive(Clone, Debug)]
 pub struct PrintOptions {
-    /// Print `metadata={...}` (default true). Golden tests may turn it off to keep the
-    /// expected text short; the text then no longer round-trips the metadata.
+    /// Print `metadata={...}` (default true). Golden tests may turn it off to keep the expected text short; the text
+    /// then no longer round-trips the metadata.
     pub metadata: bool,
-    /// Print each operand's shape before its name, as XLA's default `ToString` does:
-    /// `add(f32[] %a, f32[] %b)`. Default false: `add(%a, %b)`, the form JAX's dumps use.
+    /// Print each operand's shape before its name, as XLA's default `ToString` does: `add(f32[] %a, f32[] %b)`. Default
+    /// false: `add(%a, %b)`, the form JAX's dumps use.
     pub operand_shapes: bool,
 }
 
@@ -54,33 +52,14 @@ pub fn module_text_with(m: &Module, opts: &PrintOptions) -> String {
     out
 }
 
-/// One computation as it appears in [`module_text`] (signature, body, `ENTRY` if it is the
-/// entry), without a trailing newline.
-pub fn computation_text(m: &Module, comp: CompId) -> String {
-    let mut out = String::new();
-    Printer { m, opts: &PrintOptions::default() }.computation(&mut out, comp);
-    out
-}
-
-/// One instruction's line as in [`module_text`], without indentation or `ROOT`:
-/// `%name = shape opcode(%operands), attr=value, ...`.
-pub fn instruction_text(m: &Module, id: InstrId) -> String {
-    let mut out = String::new();
-    if let Some(ins) = m.instrs.get(id) {
-        Printer { m, opts: &PrintOptions::default() }.instruction(&mut out, ins);
-    }
-    out
-}
-
 impl fmt::Display for Module {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&module_text(self))
     }
 }
 
-/// Computations in printing order: every computation after the computations it calls
-/// (depth first, in the order instructions call them), computations nobody calls in module
-/// order, and the entry last.
+/// Computations in printing order: every computation after the computations it calls (depth first, in the order
+/// instructions call them), computations nobody calls in module order, and the entry last.
 pub fn computation_order(m: &Module) -> Vec<CompId> {
     let callees = |c: CompId| -> Vec<CompId> {
         let Some(comp) = m.comps.get(c) else { return Vec::new() };
@@ -147,18 +126,17 @@ pub(crate) fn join<T: ToString>(v: &[T], sep: &str) -> String {
 }
 
 /// `{1,2,3}`.
-pub(crate) fn int_list<T: ToString>(v: &[T]) -> String {
+pub fn int_list<T: ToString>(v: &[T]) -> String {
     format!("{{{}}}", join(v, ","))
 }
 
-/// `{{0,1},{2,3}}`.
-pub(crate) fn group_list<T: ToString>(groups: &[Vec<T>]) -> String {
+/// `{{0,1},{2,3}}`, as XLA prints replica groups.
+pub fn group_list<T: ToString>(groups: &[Vec<T>]) -> String {
     format!("{{{}}}", groups.iter().map(|g| int_list(g)).collect::<Vec<_>>().join(","))
 }
 
-/// A double-quoted string with the escapes the parser reads back, as XLA's `CEscape` writes
-/// them (`\"`, `\\`, `\n`, `\t`, `\r`, octal `\ooo` for other control characters). Other
-/// characters, UTF-8 included, print as is.
+/// A double-quoted string with the escapes the parser reads back, as XLA's `CEscape` writes them (`\"`, `\\`, `\n`,
+/// `\t`, `\r`, octal `\ooo` for other control characters). Other characters, UTF-8 included, print as is.
 pub(crate) fn quote(s: &str) -> String {
     let mut out = String::with_capacity(s.len() + 2);
     out.push('"');
@@ -177,8 +155,7 @@ pub(crate) fn quote(s: &str) -> String {
     out
 }
 
-/// A value XLA writes bare when it lexes as one `{...}` group (JSON-like configs), quoted
-/// otherwise.
+/// A value XLA writes bare when it lexes as one `{...}` group (JSON-like configs), quoted otherwise.
 fn braced_or_quoted(s: &str) -> String {
     if is_braced_group(s) { s.to_owned() } else { quote(s) }
 }
@@ -210,9 +187,9 @@ pub(crate) fn array_without_layout(a: &ArrayShape) -> String {
     format!("{}[{}]", a.ty, join(&a.dims, ","))
 }
 
-/// Order of instruction attributes: XLA's (opcode-specific ones, called computations,
-/// sharding, frontend attributes, control predecessors, metadata, backend config). Keys XLA
-/// does not have, or Peerless does not know, go after the opcode-specific ones, by name.
+/// Order of instruction attributes: XLA's (opcode-specific ones, called computations, sharding, frontend attributes,
+/// control predecessors, metadata, backend config). Keys XLA does not have, or Peerless does not know, go after the
+/// opcode-specific ones, by name.
 const ATTR_ORDER: &[&str] = &[
     "index",
     "kind",
@@ -292,8 +269,8 @@ const ATTR_ORDER: &[&str] = &[
 
 fn attr_rank(op: Opcode, key: &str) -> usize {
     let pos = |k: &str| ATTR_ORDER.iter().position(|&x| x == k);
-    // reduce-scatter prints all-reduce's attributes (use_global_device_ids) before its own
-    // dimension; all-gather the other way round.
+    // reduce-scatter prints all-reduce's attributes (use_global_device_ids) before its own dimension; all-gather the
+    // other way round.
     if op == Opcode::ReduceScatter && key == "use_global_device_ids" {
         return pos("dimensions").map_or(0, |p| 2 * p - 1);
     }
@@ -488,8 +465,8 @@ impl Printer<'_> {
         v
     }
 
-    /// The called computations under the attribute names XLA gives them for the opcode (the
-    /// IR keeps them in one list, in the parser's slot order, which these names restore).
+    /// The called computations under the attribute names XLA gives them for the opcode (the IR keeps them in one list,
+    /// in the parser's slot order, which these names restore).
     fn called(&self, ins: &Instruction) -> Vec<(&'static str, String)> {
         let names: Vec<String> = ins.called.iter().map(|&c| self.comp_name(c)).collect();
         let list = |ns: &[String]| format!("{{{}}}", ns.join(", "));
@@ -522,8 +499,8 @@ impl Printer<'_> {
     }
 }
 
-/// A sharding as XLA prints it: `{replicated}`, `{maximal device=1}`,
-/// `{devices=[2,2]<=[4] last_tile_dim_replicate}`, `{{..}, {..}}` for tuples.
+/// A sharding as XLA prints it: `{replicated}`, `{maximal device=1}`, `{devices=[2,2]<=[4] last_tile_dim_replicate}`,
+/// `{{..}, {..}}` for tuples.
 pub fn sharding_text(s: &Sharding) -> String {
     match s {
         Sharding::Replicated => "{replicated}".into(),
@@ -556,16 +533,15 @@ pub fn sharding_text(s: &Sharding) -> String {
     }
 }
 
-/// Tile assignments of up to this many non-trivial dimensions, and up to this many devices,
-/// are tried as transposed iotas (each of up to 5! permutations is expanded and compared).
+/// Tile assignments of up to this many non-trivial dimensions, and up to this many devices, are tried as transposed
+/// iotas (each of up to 5! permutations is expanded and compared).
 const MAX_IOTA_SEARCH_RANK: usize = 5;
 const MAX_IOTA_SEARCH_DEVICES: usize = 1 << 12;
 
-/// The canonical iota form (reshape dimensions, transpose permutation; empty when none) of a
-/// tile assignment whose devices, in row-major order, are `transpose(iota(dims), perm)`
-/// reshaped to the tile dimensions, as XLA prints it: dimensions of size 1 dropped and
-/// dimensions that stay adjacent after the transpose merged, so the identity is `<=[n]`.
-/// `None` when the devices are no such iota.
+/// The canonical iota form (reshape dimensions, transpose permutation; empty when none) of a tile assignment whose
+/// devices, in row-major order, are `transpose(iota(dims), perm)` reshaped to the tile dimensions, as XLA prints it:
+/// dimensions of size 1 dropped and dimensions that stay adjacent after the transpose merged, so the identity is
+/// `<=[n]`. `None` when the devices are no such iota.
 fn iota_form(tile_dims: &[i64], devices: &[i64]) -> Option<(Vec<i64>, Vec<i64>)> {
     let n = devices.len() as i64;
     if devices.iter().enumerate().all(|(i, &d)| d == i as i64) {
@@ -576,8 +552,8 @@ fn iota_form(tile_dims: &[i64], devices: &[i64]) -> Option<(Vec<i64>, Vec<i64>)>
     if dims.len() > MAX_IOTA_SEARCH_RANK || devices.len() > MAX_IOTA_SEARCH_DEVICES || product != Some(n) {
         return None;
     }
-    // Every permutation, in lexicographic order: reshape dims `r` with `r[perm[i]] = dims[i]`,
-    // so that the transposed array has the tile's (non-trivial) dimensions.
+    // Every permutation, in lexicographic order: reshape dims `r` with `r[perm[i]] = dims[i]`, so that the transposed
+    // array has the tile's (non-trivial) dimensions.
     let k = dims.len();
     let mut perm: Vec<usize> = (0..k).collect();
     loop {
@@ -595,8 +571,8 @@ fn iota_form(tile_dims: &[i64], devices: &[i64]) -> Option<(Vec<i64>, Vec<i64>)>
     }
 }
 
-/// Merges reshape dimensions that the permutation keeps adjacent and in order, until none
-/// are left; an identity permutation is then left out.
+/// Merges reshape dimensions that the permutation keeps adjacent and in order, until none are left; an identity
+/// permutation is then left out.
 fn canonical_iota(mut reshape: Vec<i64>, mut perm: Vec<usize>) -> (Vec<i64>, Vec<i64>) {
     while let Some(i) = (0..perm.len().saturating_sub(1)).find(|&i| perm[i + 1] == perm[i] + 1) {
         let d = perm[i];
@@ -624,8 +600,8 @@ fn next_permutation(p: &mut [usize]) -> bool {
     true
 }
 
-/// A constant's payload as XLA writes it on one line: `1`, `{1, 2}`, `{ { 1, 2 }, { 3, 4 } }`,
-/// tuples `( 1, {2, 3} )`; `pred` arrays as `{1, 0}` (a scalar as `true`).
+/// A constant's payload as XLA writes it on one line: `1`, `{1, 2}`, `{ { 1, 2 }, { 3, 4 } }`, tuples `( 1, {2, 3} )`;
+/// `pred` arrays as `{1, 0}` (a scalar as `true`).
 pub fn literal_text(out: &mut String, l: &Literal) {
     match l {
         Literal::Array(a) => array_text(out, a),
@@ -653,8 +629,8 @@ fn array_text(out: &mut String, a: &Array) {
         .chunks_exact(size)
         .map(|b| if dense_pred { u8::from(le::<1>(b)[0] != 0).to_string() } else { element_text(a.ty(), b) });
     if a.data.len() != a.shape.byte_size() {
-        // Only a hand-built array can disagree with its shape: print XLA's elided form,
-        // which the parser rejects with a clear message.
+        // Only a hand-built array can disagree with its shape: print XLA's elided form, which the parser rejects with a
+        // clear message.
         out.push_str("{...}");
     } else if a.dims().is_empty() {
         out.push_str(&elems.next().unwrap_or_default());
@@ -665,8 +641,8 @@ fn array_text(out: &mut String, a: &Array) {
     }
 }
 
-/// One brace level: the innermost of a rank-1 array is `{a, b}`, of a higher rank `{ a, b }`
-/// (`{a}` for one element), outer levels `{ {..}, {..} }`; XLA's one-line literal spacing.
+/// One brace level: the innermost of a rank-1 array is `{a, b}`, of a higher rank `{ a, b }` (`{a}` for one element),
+/// outer levels `{ {..}, {..} }`; XLA's one-line literal spacing.
 fn nested(out: &mut String, dims: &[i64], rank: usize, elems: &mut impl Iterator<Item = String>) {
     let Some((&n, rest)) = dims.split_first() else { return };
     let pad = if rest.is_empty() && (rank == 1 || n <= 1) { "" } else { " " };
@@ -738,8 +714,8 @@ fn element_text(ty: PrimitiveType, b: &[u8]) -> String {
             match F8Format::of(ty) {
                 Some(f) => match f.nan_payload(bits) {
                     Some(p) => {
-                        // The payload of the NaN the parser makes of `nan` prints as plain
-                        // `nan`; formats with one NaN (fnuz: 0x80) have no `-nan`.
+                        // The payload of the NaN the parser makes of `nan` prints as plain `nan`; formats with one NaN
+                        // (fnuz: 0x80) have no `-nan`.
                         let quiet = f.encode(f64::NAN);
                         let signed = f.encode(-f64::NAN) != quiet;
                         let default = f.nan_payload(quiet).unwrap_or_default();
@@ -775,16 +751,16 @@ fn f64_text(bits: u64) -> String {
     plain(v)
 }
 
-/// The shortest decimal that parses back to `v` (Debug; exponent form when very large or
-/// small), without the trailing `.0` XLA leaves off integral values.
+/// The shortest decimal that parses back to `v` (Debug; exponent form when very large or small), without the trailing
+/// `.0` XLA leaves off integral values.
 fn plain(v: impl fmt::Debug) -> String {
     let s = format!("{v:?}");
     s.strip_suffix(".0").map_or(s.clone(), str::to_owned)
 }
 
-/// The shortest decimal `x` (of at most 17 significant digits) with `same(x)`: narrow types
-/// read their text as f64 and round, so the shortest f64 text of `v` is often longer than
-/// needed (`0.1` rather than `0.0999755859375` for the f16 nearest 0.1).
+/// The shortest decimal `x` (of at most 17 significant digits) with `same(x)`: narrow types read their text as f64 and
+/// round, so the shortest f64 text of `v` is often longer than needed (`0.1` rather than `0.0999755859375` for the f16
+/// nearest 0.1).
 fn shortest(v: f64, same: impl Fn(f64) -> bool) -> String {
     if v.is_infinite() {
         return if v < 0.0 { "-inf" } else { "inf" }.into();

@@ -4,12 +4,12 @@ use std::fmt;
 
 use crate::print::{array_without_layout, int_list, join};
 
-/// Declares [`PrimitiveType`] from one table: variant, HLO text spelling, bytes per element,
-/// number in `xla_data.proto`'s `PrimitiveType` enum.
+/// Declares [`PrimitiveType`] from one table: variant, HLO text spelling, bytes per element, number in
+/// `xla_data.proto`'s `PrimitiveType` enum.
 macro_rules! primitive_types {
     ($(($variant:ident, $name:literal, $bytes:literal, $number:literal),)*) => {
-        /// An XLA element type. Names follow `xla_data.proto`'s `PrimitiveType`
-        /// (the text form is the lower-case spelling: `f32`, `bf16`, `f8e4m3fn`, ...).
+        /// An XLA element type. Names follow `xla_data.proto`'s `PrimitiveType` (the text form is the lower-case
+        /// spelling: `f32`, `bf16`, `f8e4m3fn`, ...).
         #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
         pub enum PrimitiveType { $($variant,)* }
 
@@ -22,8 +22,8 @@ macro_rules! primitive_types {
                 match self { $(Self::$variant => $name,)* }
             }
 
-            /// Bytes one element occupies in a Peerless buffer. Sub-byte types (s4/u4)
-            /// are stored unpacked, one element per byte, so every type is addressable.
+            /// Bytes one element occupies in a Peerless buffer. Sub-byte types (s4/u4) are stored unpacked, one element
+            /// per byte, so every type is addressable.
             pub fn byte_size(self) -> usize {
                 match self { $(Self::$variant => $bytes,)* }
             }
@@ -98,8 +98,8 @@ impl PrimitiveType {
         matches!(self, Self::C64 | Self::C128)
     }
 
-    /// Types Peerless computes with (arithmetic, reductions, collective kernels).
-    /// F8 variants, s4/u4 and complex types can be stored and moved, never computed on.
+    /// Types Peerless computes with (arithmetic, reductions, collective kernels). F8 variants, s4/u4 and complex types
+    /// can be stored and moved, never computed on.
     pub fn is_computable(self) -> bool {
         !(self.is_f8() || self.is_complex() || matches!(self, Self::S4 | Self::U4 | Self::Token))
     }
@@ -111,9 +111,8 @@ impl fmt::Display for PrimitiveType {
     }
 }
 
-/// A dense array shape: element type, logical dimensions and (optional) layout.
-/// Layouts are kept for printing; Peerless buffers are always row-major
-/// (the logical dimension order, major to minor).
+/// A dense array shape: element type, logical dimensions and (optional) layout. Layouts are kept for printing; Peerless
+/// buffers are always row-major (the logical dimension order, major to minor).
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct ArrayShape {
     pub ty: PrimitiveType,
@@ -135,9 +134,8 @@ impl ArrayShape {
         self.dims.len()
     }
 
-    /// Number of elements (1 for a scalar).
-    /// Saturates at `usize::MAX` instead of overflowing (unverified shapes may be absurd;
-    /// the verifier bounds verified ones to 2^40 elements).
+    /// Number of elements (1 for a scalar). Saturates at `usize::MAX` instead of overflowing (unverified shapes may be
+    /// absurd; the verifier bounds verified ones to 2^40 elements).
     pub fn element_count(&self) -> usize {
         self.dims.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d.max(0) as usize)).unwrap_or(usize::MAX)
     }

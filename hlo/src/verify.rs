@@ -1,11 +1,16 @@
-//! Verifier: checks a module's structure (ids resolve, operands are defined before
-//! use in the same computation, parameters are numbered `0..n`, called computations
-//! exist and the call graph has no cycles) and every instruction's shape rule, after
-//! XLA's shape inference. Ops Peerless does not execute (while, sort, gather, ...)
-//! only get the structural checks.
+//! Verifier: checks a module's structure (ids resolve, operands are defined before use in the same computation,
+//! parameters are numbered `0..n`, called computations exist and the call graph has no cycles) and every instruction's
+//! shape rule, after XLA's shape inference. Ops Peerless does not execute (while, sort, gather, ...) only get the
+//! structural checks.
 //!
-//! Errors carry the offending instruction's span (line 0 when it has none, e.g.
-//! proto input) and a message of the form `%name: <opcode> <rule>, got <what>`.
+//! Errors carry the offending instruction's span (line 0 when it has none, e.g. proto input) and a message of the form
+//! `%name: <opcode> <rule>, got <what>`.
+
+/// `return Err(self.err(id, format!(..)))`: a failed rule names its instruction.
+macro_rules! bail {
+    ($v:expr, $id:expr, $fmt:literal $(, $arg:expr)* $(,)?) => { return Err($v.err($id, format!($fmt $(, $arg)*))) };
+    ($v:expr, $id:expr, $msg:expr $(,)?) => { return Err($v.err($id, $msg)) };
+}
 
 mod calls;
 mod collectives;
@@ -20,8 +25,8 @@ use crate::print::{array_without_layout as arr_str, int_list as list, pct as pna
 use crate::types::{ArrayShape, PrimitiveType, Shape};
 use crate::{Error, ErrorKind, Module};
 
-/// Largest element count of one array the verifier accepts (2^40), so that
-/// downstream byte-size arithmetic can never overflow.
+/// Largest element count of one array the verifier accepts (2^40), so that downstream byte-size arithmetic can never
+/// overflow.
 pub const MAX_ELEMENTS: u128 = 1 << 40;
 /// Deepest tuple nesting accepted in a shape.
 pub const MAX_SHAPE_DEPTH: usize = 64;
@@ -94,8 +99,7 @@ fn valid_dim_set(dims: &[i64], rank: usize) -> bool {
     dims.iter().all(|&d| d >= 0 && (d as usize) < rank && !std::mem::replace(&mut seen[d as usize], true))
 }
 
-/// Expands an iota replica-group form after bounding its sizes (so the expansion
-/// cannot overflow or allocate absurdly).
+/// Expands an iota replica-group form after bounding its sizes (so the expansion cannot overflow or allocate absurdly).
 fn expand_iota(i: &IotaReplicaGroups) -> Option<Vec<Vec<i64>>> {
     let in_range = |x: i64| (0..=MAX_IOTA_DEVICES).contains(&x);
     if !in_range(i.num_groups) || !in_range(i.group_size) || !i.reshape_dims.iter().all(|&d| in_range(d)) {
@@ -154,7 +158,7 @@ impl<'a> Verifier<'a> {
                     );
                 }
                 if !owner.insert(id) {
-                    return Err(self.err(id, "instruction appears more than once in the module"));
+                    bail!(self, id, "instruction appears more than once in the module");
                 }
                 for (j, &op) in ins.operands.iter().enumerate() {
                     if pos.contains_key(&op) {
@@ -169,27 +173,26 @@ impl<'a> Verifier<'a> {
                         ),
                         Some(o) => format!("operand {j} ({}) is used before it is defined", pname(&o.name)),
                     };
-                    return Err(self.err(id, msg));
+                    bail!(self, id, msg);
                 }
                 for &cp in &ins.attrs.control_predecessors {
                     match m.instrs.get(cp) {
                         Some(o) if o.parent == cid && members.contains(&cp) => {}
                         Some(o) => {
-                            return Err(self.err(
+                            bail!(
+                                self,
                                 id,
-                                format!(
-                                    "control predecessor {} is not in computation {}",
-                                    pname(&o.name),
-                                    pname(&comp.name)
-                                ),
-                            ));
+                                "control predecessor {} is not in computation {}",
+                                pname(&o.name),
+                                pname(&comp.name)
+                            );
                         }
-                        None => return Err(self.err(id, format!("control predecessor {cp} does not exist"))),
+                        None => bail!(self, id, "control predecessor {cp} does not exist"),
                     }
                 }
                 for &c in &ins.called {
                     if m.comps.get(c).is_none() {
-                        return Err(self.err(id, format!("calls computation {c}, which does not exist")));
+                        bail!(self, id, "calls computation {c}, which does not exist");
                     }
                 }
                 pos.insert(id, k);
@@ -205,7 +208,7 @@ impl<'a> Verifier<'a> {
                     continue;
                 }
                 let Some(n) = ins.attrs.parameter_number else {
-                    return Err(self.err(id, "parameter has no parameter number"));
+                    bail!(self, id, "parameter has no parameter number");
                 };
                 numbers.push((n, id));
             }
@@ -213,15 +216,14 @@ impl<'a> Verifier<'a> {
             for (i, &(n, id)) in numbers.iter().enumerate() {
                 if n != i as i64 {
                     let got: Vec<i64> = numbers.iter().map(|p| p.0).collect();
-                    return Err(self.err(
+                    bail!(
+                        self,
                         id,
-                        format!(
-                            "parameters of computation {} must be numbered 0..{} without gaps or repeats, got {}",
-                            pname(&comp.name),
-                            numbers.len(),
-                            list(&got)
-                        ),
-                    ));
+                        "parameters of computation {} must be numbered 0..{} without gaps or repeats, got {}",
+                        pname(&comp.name),
+                        numbers.len(),
+                        list(&got)
+                    );
                 }
             }
             if comp.params.len() != numbers.len() || numbers.iter().any(|&(n, id)| comp.params[n as usize] != id) {
@@ -268,13 +270,12 @@ impl<'a> Verifier<'a> {
                         stack.push((callee, e, 0));
                     }
                     1 => {
-                        return Err(self.err(
+                        bail!(
+                            self,
                             caller,
-                            format!(
-                                "calls computation {}, which is already on the call stack (recursion is not allowed)",
-                                pname(&m.comps[callee].name)
-                            ),
-                        ));
+                            "calls computation {}, which is already on the call stack (recursion is not allowed)",
+                            pname(&m.comps[callee].name)
+                        );
                     }
                     _ => {}
                 }
@@ -285,12 +286,12 @@ impl<'a> Verifier<'a> {
 
     fn shape_valid(&self, id: InstrId, s: &Shape, depth: usize) -> R {
         if depth > MAX_SHAPE_DEPTH {
-            return Err(self.err(id, format!("shape nests tuples deeper than {MAX_SHAPE_DEPTH} levels")));
+            bail!(self, id, "shape nests tuples deeper than {MAX_SHAPE_DEPTH} levels");
         }
         match s {
             Shape::Array(a) => {
                 if let Some(&d) = a.dims.iter().find(|&&d| d < 0) {
-                    return Err(self.err(id, format!("shape has a negative dimension {d}")));
+                    bail!(self, id, "shape has a negative dimension {d}");
                 }
                 match elements(a) {
                     Some(n) if n <= MAX_ELEMENTS => Ok(()),
@@ -314,7 +315,7 @@ impl<'a> Verifier<'a> {
         let k = self.m.instrs[id].operands.len();
         if k != n {
             let s = if n == 1 { "" } else { "s" };
-            return Err(self.err(id, format!("{} expects {n} operand{s}, got {k}", self.op(id))));
+            bail!(self, id, "{} expects {n} operand{s}, got {k}", self.op(id));
         }
         Ok(())
     }
@@ -322,7 +323,7 @@ impl<'a> Verifier<'a> {
     fn min_operands(&self, id: InstrId, n: usize) -> R {
         let k = self.m.instrs[id].operands.len();
         if k < n {
-            return Err(self.err(id, format!("{} expects at least {n} operand(s), got {k}", self.op(id))));
+            bail!(self, id, "{} expects at least {n} operand(s), got {k}", self.op(id));
         }
         Ok(())
     }
@@ -419,10 +420,7 @@ impl<'a> Verifier<'a> {
                 let a = self.arr(id, 0)?;
                 let dims = self.dims_attr(id)?;
                 if !valid_dim_set(dims, a.rank()) {
-                    return Err(self.err(
-                        id,
-                        format!("reverse dimensions={} must be distinct dimensions of {}", list(dims), arr_str(a)),
-                    ));
+                    bail!(self, id, "reverse dimensions={} must be distinct dimensions of {}", list(dims), arr_str(a));
                 }
                 self.result_is(id, &Shape::Array(a.clone()), "same as the operand")
             }
@@ -437,20 +435,19 @@ impl<'a> Verifier<'a> {
                 self.n_operands(id, 1)?;
                 let s = self.operand_shape(id, 0);
                 let Some(elems) = s.tuple_elements() else {
-                    return Err(self.err(id, format!("get-tuple-element operand must be a tuple, got {}", sh(s))));
+                    bail!(self, id, "get-tuple-element operand must be a tuple, got {}", sh(s));
                 };
                 let Some(index) = ins.attrs.tuple_index else {
-                    return Err(self.err(id, "get-tuple-element needs an index attribute"));
+                    bail!(self, id, "get-tuple-element needs an index attribute");
                 };
                 if index < 0 || index as usize >= elems.len() {
-                    return Err(self.err(
+                    bail!(
+                        self,
                         id,
-                        format!(
-                            "get-tuple-element index={index} is out of range for a tuple of {} elements {}",
-                            elems.len(),
-                            sh(s)
-                        ),
-                    ));
+                        "get-tuple-element index={index} is out of range for a tuple of {} elements {}",
+                        elems.len(),
+                        sh(s)
+                    );
                 }
                 self.result_is(id, &elems[index as usize], &format!("element {index} of the operand"))
             }
@@ -513,14 +510,17 @@ impl<'a> Verifier<'a> {
         self.n_operands(id, 0)?;
         let ins = &self.m.instrs[id];
         let Some(lit) = &ins.attrs.literal else {
-            return Err(self.err(id, "constant has no literal"));
+            bail!(self, id, "constant has no literal");
         };
         let ls = lit.shape();
         if !ls.compatible(&ins.shape) {
-            return Err(self.err(
+            bail!(
+                self,
                 id,
-                format!("constant literal has shape {}, but the instruction's shape is {}", sh(&ls), sh(&ins.shape)),
-            ));
+                "constant literal has shape {}, but the instruction's shape is {}",
+                sh(&ls),
+                sh(&ins.shape)
+            );
         }
         for a in lit.leaves() {
             if bytes(&a.shape) != Some(a.data.len() as u128) {
@@ -545,15 +545,15 @@ impl<'a> Verifier<'a> {
         let out_ty = match op {
             IsFinite => {
                 if !t.is_float() {
-                    return Err(self.err(id, format!("is-finite needs a floating-point operand, got {}", arr_str(a))));
+                    bail!(self, id, "is-finite needs a floating-point operand, got {}", arr_str(a));
                 }
                 PrimitiveType::Pred
             }
             Not if !(t == PrimitiveType::Pred || t.is_integral()) => {
-                return Err(self.err(id, format!("not needs a pred or integer operand, got {}", arr_str(a))));
+                bail!(self, id, "not needs a pred or integer operand, got {}", arr_str(a));
             }
             PopulationCount | CountLeadingZeros if !t.is_integral() => {
-                return Err(self.err(id, format!("{} needs an integer operand, got {}", op.name(), arr_str(a))));
+                bail!(self, id, "{} needs an integer operand, got {}", op.name(), arr_str(a));
             }
             Abs | Real | Imag => component(t),
             _ => t,
@@ -568,34 +568,33 @@ impl<'a> Verifier<'a> {
         let op = ins.opcode;
         let (a, b) = (self.arr(id, 0)?, self.arr(id, 1)?);
         if !a.compatible(b) {
-            return Err(self.err(
+            bail!(
+                self,
                 id,
-                format!(
-                    "{} operands must have the same element type and dimensions, got {} and {}",
-                    op.name(),
-                    arr_str(a),
-                    arr_str(b)
-                ),
-            ));
+                "{} operands must have the same element type and dimensions, got {} and {}",
+                op.name(),
+                arr_str(a),
+                arr_str(b)
+            );
         }
         let t = a.ty;
         let out_ty = match op {
             Compare => {
                 if ins.attrs.comparison_direction.is_none() {
-                    return Err(self.err(id, "compare needs a direction attribute (EQ, NE, LT, LE, GT, GE)"));
+                    bail!(self, id, "compare needs a direction attribute (EQ, NE, LT, LE, GT, GE)");
                 }
                 PrimitiveType::Pred
             }
             And | Or | Xor if !(t == PrimitiveType::Pred || t.is_integral()) => {
-                return Err(self.err(id, format!("{} needs pred or integer operands, got {}", op.name(), arr_str(a))));
+                bail!(self, id, "{} needs pred or integer operands, got {}", op.name(), arr_str(a));
             }
             ShiftLeft | ShiftRightArithmetic | ShiftRightLogical if !t.is_integral() => {
-                return Err(self.err(id, format!("{} needs integer operands, got {}", op.name(), arr_str(a))));
+                bail!(self, id, "{} needs integer operands, got {}", op.name(), arr_str(a));
             }
             Complex => match t {
                 PrimitiveType::F32 => PrimitiveType::C64,
                 PrimitiveType::F64 => PrimitiveType::C128,
-                _ => return Err(self.err(id, format!("complex needs f32 or f64 operands, got {}", arr_str(a)))),
+                _ => bail!(self, id, "complex needs f32 or f64 operands, got {}", arr_str(a)),
             },
             _ => t,
         };
@@ -606,21 +605,20 @@ impl<'a> Verifier<'a> {
         self.n_operands(id, 3)?;
         let (p, t, f) = (self.arr(id, 0)?, self.arr(id, 1)?, self.arr(id, 2)?);
         if p.ty != PrimitiveType::Pred {
-            return Err(self.err(id, format!("select predicate must be pred, got {}", arr_str(p))));
+            bail!(self, id, "select predicate must be pred, got {}", arr_str(p));
         }
         if !t.compatible(f) {
             return Err(self
                 .err(id, format!("select branches must have the same shape, got {} and {}", arr_str(t), arr_str(f))));
         }
         if p.rank() != 0 && p.dims != t.dims {
-            return Err(self.err(
+            bail!(
+                self,
                 id,
-                format!(
-                    "select predicate must be a scalar or have the branches' dimensions, got {} for {}",
-                    arr_str(p),
-                    arr_str(t)
-                ),
-            ));
+                "select predicate must be a scalar or have the branches' dimensions, got {} for {}",
+                arr_str(p),
+                arr_str(t)
+            );
         }
         self.result_is(id, &Shape::Array(t.clone()), "same as the branches")
     }
@@ -630,14 +628,13 @@ impl<'a> Verifier<'a> {
         let (lo, x, hi) = (self.arr(id, 0)?, self.arr(id, 1)?, self.arr(id, 2)?);
         for (what, b) in [("min", lo), ("max", hi)] {
             if b.ty != x.ty || (b.rank() != 0 && b.dims != x.dims) {
-                return Err(self.err(
+                bail!(
+                    self,
                     id,
-                    format!(
-                        "clamp {what} must be a scalar or match the operand, with the same element type, got {} for {}",
-                        arr_str(b),
-                        arr_str(x)
-                    ),
-                ));
+                    "clamp {what} must be a scalar or match the operand, with the same element type, got {} for {}",
+                    arr_str(b),
+                    arr_str(x)
+                );
             }
         }
         self.result_is(id, &Shape::Array(x.clone()), "same as the operand")
@@ -647,7 +644,7 @@ impl<'a> Verifier<'a> {
         self.n_operands(id, 1)?;
         let (a, r) = (self.arr(id, 0)?, self.res(id)?);
         let (Some(ib), Some(ob)) = (bit_width(a.ty), bit_width(r.ty)) else {
-            return Err(self.err(id, "bitcast-convert cannot convert tokens"));
+            bail!(self, id, "bitcast-convert cannot convert tokens");
         };
         let expected: Option<Vec<i64>> = if ib == ob {
             Some(a.dims.clone())
@@ -693,31 +690,33 @@ impl<'a> Verifier<'a> {
             );
         }
         if dims.len() != a.rank() {
-            return Err(self.err(
+            bail!(
+                self,
                 id,
-                format!(
-                    "broadcast dimensions={} must map each of the {} operand dimensions of {}",
-                    list(dims),
-                    a.rank(),
-                    arr_str(a)
-                ),
-            ));
+                "broadcast dimensions={} must map each of the {} operand dimensions of {}",
+                list(dims),
+                a.rank(),
+                arr_str(a)
+            );
         }
         if !valid_dim_set(dims, r.rank()) {
-            return Err(self.err(
+            bail!(
+                self,
                 id,
-                format!("broadcast dimensions={} must be distinct dimensions of the result {}", list(dims), arr_str(r)),
-            ));
+                "broadcast dimensions={} must be distinct dimensions of the result {}",
+                list(dims),
+                arr_str(r)
+            );
         }
         for (i, &d) in dims.iter().enumerate() {
             if a.dims[i] != r.dims[d as usize] {
-                return Err(self.err(
+                bail!(
+                    self,
                     id,
-                    format!(
-                        "broadcast maps operand dimension {i} (size {}) to result dimension {d} (size {}): sizes must be equal",
-                        a.dims[i], r.dims[d as usize]
-                    ),
-                ));
+                    "broadcast maps operand dimension {i} (size {}) to result dimension {d} (size {}): sizes must be equal",
+                    a.dims[i],
+                    r.dims[d as usize]
+                );
             }
         }
         Ok(())
@@ -728,15 +727,14 @@ impl<'a> Verifier<'a> {
         let a = self.arr(id, 0)?;
         let perm = self.dims_attr(id)?;
         if perm.len() != a.rank() || !valid_dim_set(perm, a.rank()) {
-            return Err(self.err(
+            bail!(
+                self,
                 id,
-                format!(
-                    "transpose dimensions={} must be a permutation of 0..{} for {}",
-                    list(perm),
-                    a.rank(),
-                    arr_str(a)
-                ),
-            ));
+                "transpose dimensions={} must be a permutation of 0..{} for {}",
+                list(perm),
+                a.rank(),
+                arr_str(a)
+            );
         }
         let dims = perm.iter().map(|&p| a.dims[p as usize]).collect();
         self.result_dims(id, a.ty, dims, "operand dimensions permuted")
@@ -746,30 +744,26 @@ impl<'a> Verifier<'a> {
         self.n_operands(id, 1)?;
         let a = self.arr(id, 0)?;
         let Some(sl) = &self.m.instrs[id].attrs.slice else {
-            return Err(self.err(id, "slice needs a slice={[start:limit:stride],...} attribute"));
+            bail!(self, id, "slice needs a slice={{[start:limit:stride],...}} attribute");
         };
         if sl.len() != a.rank() {
-            return Err(self.err(
-                id,
-                format!("slice has {} dimension bounds for operand {} of rank {}", sl.len(), arr_str(a), a.rank()),
-            ));
+            bail!(self, id, "slice has {} dimension bounds for operand {} of rank {}", sl.len(), arr_str(a), a.rank());
         }
         let mut dims = Vec::with_capacity(sl.len());
         for (i, s) in sl.iter().enumerate() {
             if s.stride <= 0 {
-                return Err(self.err(id, format!("slice stride in dimension {i} must be positive, got {}", s.stride)));
+                bail!(self, id, "slice stride in dimension {i} must be positive, got {}", s.stride);
             }
             if s.start < 0 || s.start > s.limit || s.limit > a.dims[i] {
-                return Err(self.err(
+                bail!(
+                    self,
                     id,
-                    format!(
-                        "slice [{}:{}] in dimension {i} is out of bounds for operand {} (need 0 <= start <= limit <= {})",
-                        s.start,
-                        s.limit,
-                        arr_str(a),
-                        a.dims[i]
-                    ),
-                ));
+                    "slice [{}:{}] in dimension {i} is out of bounds for operand {} (need 0 <= start <= limit <= {})",
+                    s.start,
+                    s.limit,
+                    arr_str(a),
+                    a.dims[i]
+                );
             }
             let len = s.limit - s.start;
             dims.push(len / s.stride + i64::from(len % s.stride != 0));
@@ -787,10 +781,13 @@ impl<'a> Verifier<'a> {
         for i in first..first + rank {
             let s = self.arr(id, i)?;
             if s.rank() != 0 || !s.ty.is_integral() {
-                return Err(self.err(
+                bail!(
+                    self,
                     id,
-                    format!("{} start index (operand {i}) must be an integer scalar, got {}", self.op(id), arr_str(s)),
-                ));
+                    "{} start index (operand {i}) must be an integer scalar, got {}",
+                    self.op(id),
+                    arr_str(s)
+                );
             }
         }
         Ok(())
@@ -801,17 +798,16 @@ impl<'a> Verifier<'a> {
         let a = self.arr(id, 0)?;
         self.start_indices(id, 1, a.rank())?;
         let Some(sizes) = &self.m.instrs[id].attrs.dynamic_slice_sizes else {
-            return Err(self.err(id, "dynamic-slice needs a dynamic_slice_sizes attribute"));
+            bail!(self, id, "dynamic-slice needs a dynamic_slice_sizes attribute");
         };
         if sizes.len() != a.rank() || sizes.iter().zip(&a.dims).any(|(&s, &d)| s < 0 || s > d) {
-            return Err(self.err(
+            bail!(
+                self,
                 id,
-                format!(
-                    "dynamic-slice dynamic_slice_sizes={} must give one size per dimension, each within {}",
-                    list(sizes),
-                    arr_str(a)
-                ),
-            ));
+                "dynamic-slice dynamic_slice_sizes={} must give one size per dimension, each within {}",
+                list(sizes),
+                arr_str(a)
+            );
         }
         self.result_dims(id, a.ty, sizes.clone(), "the dynamic_slice_sizes")
     }
@@ -821,14 +817,13 @@ impl<'a> Verifier<'a> {
         let (a, u) = (self.arr(id, 0)?, self.arr(id, 1)?);
         self.start_indices(id, 2, a.rank())?;
         if u.ty != a.ty || u.rank() != a.rank() || u.dims.iter().zip(&a.dims).any(|(x, y)| x > y) {
-            return Err(self.err(
+            bail!(
+                self,
                 id,
-                format!(
-                    "dynamic-update-slice update {} must have the operand's element type and rank and fit within {}",
-                    arr_str(u),
-                    arr_str(a)
-                ),
-            ));
+                "dynamic-update-slice update {} must have the operand's element type and rank and fit within {}",
+                arr_str(u),
+                arr_str(a)
+            );
         }
         self.result_is(id, &Shape::Array(a.clone()), "same as the operand")
     }
@@ -844,14 +839,13 @@ impl<'a> Verifier<'a> {
             let same_rest = a.rank() == first.rank()
                 && a.dims.iter().zip(&first.dims).enumerate().all(|(k, (x, y))| k == d || x == y);
             if a.ty != first.ty || !same_rest {
-                return Err(self.err(
+                bail!(
+                    self,
                     id,
-                    format!(
-                        "concatenate operands must have the same element type and equal dimensions except dimension {d}, got {} and {}",
-                        arr_str(first),
-                        arr_str(a)
-                    ),
-                ));
+                    "concatenate operands must have the same element type and equal dimensions except dimension {d}, got {} and {}",
+                    arr_str(first),
+                    arr_str(a)
+                );
             }
             total = total.saturating_add(a.dims[d]);
         }
@@ -864,19 +858,13 @@ impl<'a> Verifier<'a> {
         self.n_operands(id, 2)?;
         let (a, v) = (self.arr(id, 0)?, self.arr(id, 1)?);
         if v.rank() != 0 || v.ty != a.ty {
-            return Err(self.err(
-                id,
-                format!("pad value must be a scalar of the operand's element type {}, got {}", a.ty, arr_str(v)),
-            ));
+            bail!(self, id, "pad value must be a scalar of the operand's element type {}, got {}", a.ty, arr_str(v));
         }
         let Some(pads) = &self.m.instrs[id].attrs.padding else {
-            return Err(self.err(id, "pad needs a padding=lo_hi_interior attribute"));
+            bail!(self, id, "pad needs a padding=lo_hi_interior attribute");
         };
         if pads.len() != a.rank() {
-            return Err(self.err(
-                id,
-                format!("pad has {} padding entries for operand {} of rank {}", pads.len(), arr_str(a), a.rank()),
-            ));
+            bail!(self, id, "pad has {} padding entries for operand {} of rank {}", pads.len(), arr_str(a), a.rank());
         }
         let mut dims = Vec::with_capacity(pads.len());
         for (i, (p, &n)) in pads.iter().zip(&a.dims).enumerate() {
@@ -887,41 +875,46 @@ impl<'a> Verifier<'a> {
             }
             let size = p.lo as i128 + p.hi as i128 + n as i128 + (n as i128 - 1).max(0) * p.interior as i128;
             if size < 0 || size > i64::MAX as i128 {
-                return Err(self.err(
+                bail!(
+                    self,
                     id,
-                    format!("pad gives dimension {i} a negative or overflowing size {size} (lo={}, hi={})", p.lo, p.hi),
-                ));
+                    "pad gives dimension {i} a negative or overflowing size {size} (lo={}, hi={})",
+                    p.lo,
+                    p.hi
+                );
             }
             dims.push(size as i64);
         }
         self.result_dims(id, a.ty, dims, "lo + hi + n + (n-1)*interior per dimension")
     }
 
-    /// `comp` must take `2N` scalars (`types[i]` twice: accumulators then values) and
-    /// return a scalar (`N == 1`) or an `N`-tuple of scalars of `types`.
+    /// `comp` must take `2N` scalars (`types[i]` twice: accumulators then values) and return a scalar (`N == 1`) or an
+    /// `N`-tuple of scalars of `types`.
     fn check_reducer(&self, id: InstrId, c: CompId, types: &[PrimitiveType]) -> R {
         let comp = &self.m.comps[c];
         let n = types.len();
         let cname = pname(&comp.name);
         let op = self.op(id);
         if comp.params.len() != 2 * n {
-            return Err(self.err(
+            bail!(
+                self,
                 id,
-                format!(
-                    "{op} to_apply computation {cname} must take {} scalar parameters, got {}",
-                    2 * n,
-                    comp.params.len()
-                ),
-            ));
+                "{op} to_apply computation {cname} must take {} scalar parameters, got {}",
+                2 * n,
+                comp.params.len()
+            );
         }
         for (k, &p) in comp.params.iter().enumerate() {
             let want = Shape::array(types[k % n], vec![]);
             let got = &self.m.instrs[p].shape;
             if !got.compatible(&want) {
-                return Err(self.err(
+                bail!(
+                    self,
                     id,
-                    format!("{op} to_apply computation {cname} parameter {k} must be {}, got {}", sh(&want), sh(got)),
-                ));
+                    "{op} to_apply computation {cname} parameter {k} must be {}, got {}",
+                    sh(&want),
+                    sh(got)
+                );
             }
         }
         let root = &self.m.instrs[comp.root].shape;
@@ -939,8 +932,8 @@ impl<'a> Verifier<'a> {
         self.result_is(id, &expected, why)
     }
 
-    /// The operands of reduce and reduce-window: N inputs of one shape, then N scalar init
-    /// values of their element types. Returns the first input and the N element types.
+    /// The operands of reduce and reduce-window: N inputs of one shape, then N scalar init values of their element
+    /// types. Returns the first input and the N element types.
     fn inputs_and_inits(&self, id: InstrId) -> R<(&'a ArrayShape, Vec<PrimitiveType>)> {
         let op = self.op(id);
         let k = self.m.instrs[id].operands.len();
@@ -955,22 +948,18 @@ impl<'a> Verifier<'a> {
         for i in 0..n {
             let a = self.arr(id, i)?;
             if a.dims != first.dims {
-                return Err(self.err(
-                    id,
-                    format!("{op} inputs must have the same dimensions, got {} and {}", arr_str(first), arr_str(a)),
-                ));
+                bail!(self, id, "{op} inputs must have the same dimensions, got {} and {}", arr_str(first), arr_str(a));
             }
             let init = self.arr(id, n + i)?;
             if init.rank() != 0 || init.ty != a.ty {
-                return Err(self.err(
+                bail!(
+                    self,
                     id,
-                    format!(
-                        "{op} init value {i} must be a scalar {} (input {i} is {}), got {}",
-                        a.ty,
-                        arr_str(a),
-                        arr_str(init)
-                    ),
-                ));
+                    "{op} init value {i} must be a scalar {} (input {i} is {}), got {}",
+                    a.ty,
+                    arr_str(a),
+                    arr_str(init)
+                );
             }
             types.push(a.ty);
         }
@@ -981,17 +970,14 @@ impl<'a> Verifier<'a> {
         let (first, types) = self.inputs_and_inits(id)?;
         let dims = self.dims_attr(id)?;
         if !valid_dim_set(dims, first.rank()) {
-            return Err(self.err(
-                id,
-                format!("reduce dimensions={} must be distinct dimensions of {}", list(dims), arr_str(first)),
-            ));
+            bail!(self, id, "reduce dimensions={} must be distinct dimensions of {}", list(dims), arr_str(first));
         }
         let kept = first.dims.iter().enumerate().filter(|(i, _)| !dims.contains(&(*i as i64))).map(|(_, &d)| d);
         self.reduced(id, &types, kept.collect(), "input dimensions minus the reduced ones")
     }
 
-    /// reduce-window: N inputs and N init values as reduce, a window of the inputs' rank, and
-    /// per dimension as many results as window positions (`Window::output_dims`).
+    /// reduce-window: N inputs and N init values as reduce, a window of the inputs' rank, and per dimension as many
+    /// results as window positions (`Window::output_dims`).
     fn reduce_window(&self, id: InstrId) -> R {
         let (first, types) = self.inputs_and_inits(id)?;
         let window = Window::of(&self.m.instrs[id].attrs).map_err(|e| self.err(id, format!("reduce-window {e}")))?;
@@ -1052,14 +1038,13 @@ impl<'a> Verifier<'a> {
         dims.extend(l.dims.iter().enumerate().filter(|(i, _)| !lhs_all.contains(&(*i as i64))).map(|(_, &d)| d));
         dims.extend(r.dims.iter().enumerate().filter(|(i, _)| !rhs_all.contains(&(*i as i64))).map(|(_, &d)| d));
         if res.dims != dims {
-            return Err(self.err(
+            bail!(
+                self,
                 id,
-                format!(
-                    "dot result must have dimensions {} (batch, lhs free, rhs free), got {}",
-                    list(&dims),
-                    arr_str(res)
-                ),
-            ));
+                "dot result must have dimensions {} (batch, lhs free, rhs free), got {}",
+                list(&dims),
+                arr_str(res)
+            );
         }
         Ok(())
     }

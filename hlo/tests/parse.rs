@@ -211,7 +211,7 @@ fn jax_control_flow_optimized() {
     assert_eq!(call.attrs.frontend_attributes.get("xla_cpu_small_call").map(String::as_str), Some("true"));
     let cond = find(&m, "cond.1.clone");
     assert_eq!(comp_names(&m, &cond.called), ["region_3.5", "region_4.6"]);
-    let c = m.comp(m.comp_by_name("wrapped_iota_computation").unwrap());
+    let c = m.comps.values().find(|c| c.name == "wrapped_iota_computation").unwrap();
     assert!(c.params.is_empty());
     assert_eq!(array(lit(&m, "constant.2")).to_vec::<i32>(), Some(vec![i32::MAX]));
 }
@@ -330,7 +330,7 @@ fn attribute_forms() {
     assert_eq!(m.config.entry_computation_layout.as_deref(), Some("(f32[8]{0}, s32[])->(f32[8]{0})"));
     assert_eq!(m.config.other.get("custom").map(String::as_str), Some("{a, {b}}"));
     assert_eq!(m.entry().name, "main.1");
-    assert_eq!(m.comp(m.comp_by_name("cond").unwrap()).params.len(), 1);
+    assert_eq!(m.comps.values().find(|c| c.name == "cond").unwrap().params.len(), 1);
 
     // Replica groups.
     assert_eq!(find(&m, "ar0").attrs.replica_groups, Some(ReplicaGroups::Explicit(vec![])));

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use cranelift_entity::EntityRef;
-use hlo::print::{PrintOptions, computation_text, instruction_text, module_text, module_text_with};
+use hlo::print::{PrintOptions, module_text, module_text_with};
 use hlo::{Attrs, CompId, InstrId, Literal, Module, ModuleConfig, Opcode, Shape, Sharding};
 
 fn root() -> PathBuf {
@@ -352,12 +352,11 @@ fn options_and_single_item_printers() {
          ROOT %n = f32[2] negate(f32[2] %a)\n}\n"
     );
     assert_eq!(m.to_string(), module_text(&m));
-    let root = m.entry().root;
-    assert_eq!(instruction_text(&m, root), "%n = f32[2] negate(%a), metadata={op_name=\"neg\"}");
+    // The default options print every instruction's metadata, and the computation as in the module.
     assert_eq!(
-        computation_text(&m, m.entry),
-        "ENTRY %main (a: f32[2]) -> f32[2] {\n  %a = f32[2] parameter(0)\n  \
-         ROOT %n = f32[2] negate(%a), metadata={op_name=\"neg\"}\n}"
+        module_text(&m),
+        "HloModule opts\n\nENTRY %main (a: f32[2]) -> f32[2] {\n  %a = f32[2] parameter(0)\n  \
+         ROOT %n = f32[2] negate(%a), metadata={op_name=\"neg\"}\n}\n"
     );
 }
 

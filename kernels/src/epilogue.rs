@@ -1,6 +1,6 @@
-//! The fused all-reduce epilogue on the host: the residual add and RMSNorm
-//! a call's [`Epilogue`] describes, applied to the all-reduce's result row by row. The CPU
-//! handlers run it after the host protocol; the GPU kernel tests use it as their reference.
+//! The fused all-reduce epilogue on the host: the residual add and RMSNorm a call's [`Epilogue`] describes, applied to
+//! the all-reduce's result row by row. The CPU handlers run it after the host protocol; the GPU kernel tests use it as
+//! their reference.
 
 use half::{bf16, f16};
 use hlo::PrimitiveType;
@@ -49,31 +49,10 @@ pub fn sum_of_squares(hf: &[f32]) -> f32 {
     sum
 }
 
-/// The row's sum of squares in the order of the GPU kernel (`pl_one_shot_norm_*` in
-/// kernels/cuda/collectives.cu) launched with `threads` threads a block (a power of two), the
-/// row read in units of `unit` elements (16 bytes of the all-reduce's type): thread t sums the
-/// squares of units t, t + threads, t + 2 threads, ... left to right, each unit's elements in
-/// order, then the threads' sums are added as a tree (t += t + s for s = threads / 2, ..., 1).
-pub fn block_sum_of_squares(hf: &[f32], threads: usize, unit: usize) -> f32 {
-    let units: Vec<&[f32]> = hf.chunks(unit.max(1)).collect();
-    let mut part: Vec<f32> = (0..threads)
-        .map(|t| units.iter().skip(t).step_by(threads).flat_map(|u| u.iter()).fold(0f32, |acc, v| acc + v * v))
-        .collect();
-    let mut s = threads / 2;
-    while s > 0 {
-        for t in 0..s {
-            part[t] += part[t + s];
-        }
-        s /= 2;
-    }
-    part.first().copied().unwrap_or(0.0)
-}
-
-/// Applies `e` to the all-reduce result `s` with residual `x` (and gamma `g`, `d` values),
-/// rows of `d` elements, writing `h` and `y` (each of `s`'s element count, in their types).
-/// Every operation is an f32 operation in XLA's order ([`Epilogue`]); the row's sum of squares
-/// is `row_sum` of the row's hf values: [`sum_of_squares`] on the host, [`block_sum_of_squares`]
-/// where the GPU kernel tests reproduce the kernel bit for bit.
+/// Applies `e` to the all-reduce result `s` with residual `x` (and gamma `g`, `d` values), rows of `d` elements,
+/// writing `h` and `y` (each of `s`'s element count, in their types). Every operation is an f32 operation in XLA's
+/// order ([`Epilogue`]); the row's sum of squares is `row_sum` of the row's hf values: [`sum_of_squares`] on the host,
+/// the kernel's block order where the GPU kernel tests reproduce it bit for bit (kernels/tests/common/sum_order.rs).
 pub fn apply(
     e: &Epilogue,
     d: usize,

@@ -1,9 +1,9 @@
-//! The crate's one error type, [`Error`]: host device memory, collective calls, cross-process
-//! meetings, XLA:CPU custom calls, the GPU layer and the host executor all fail with it, so
-//! a caller matches one enum and an error that wraps another keeps it as its `source`.
+//! The crate's one error type, [`Error`]: host device memory, collective calls, cross-process meetings, XLA:CPU custom
+//! calls, the GPU layer and the host executor all fail with it, so a caller matches one enum and an error that wraps
+//! another keeps it as its `source`.
 //!
-//! Messages name what failed (the collective, the device, the call); callers, tests and
-//! Python tests match on their text, so it is part of the interface.
+//! Messages name what failed (the collective, the device, the call); callers, tests and Python tests match on their
+//! text, so it is part of the interface.
 
 use std::time::Duration;
 
@@ -17,8 +17,8 @@ fn pct(name: &str) -> String {
 }
 
 /// Every failure of the `kernels` crate.
-// Not `Clone` or `PartialEq`: `ffi::Error` is not comparable, and no caller copies errors
-// (tests compare `Ok` values with `matches!`, errors by structure or message).
+// Not `Clone` or `PartialEq`: `ffi::Error` is not comparable, and no caller copies errors (tests compare `Ok` values
+// with `matches!`, errors by structure or message).
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     // Host memory (staging buffers).
@@ -26,10 +26,9 @@ pub enum Error {
     #[error("cannot allocate {arena_bytes} bytes of device memory for each of {num_devices} devices")]
     Alloc { num_devices: usize, arena_bytes: usize },
 
-    // One collective call (host protocols, in one process or across processes). Every
-    // variant names the collective.
-    /// A wait passed the call's deadline. `missing` are the ranks whose signal never came;
-    /// `group` is the waiting rank's group (for collective-permute, its source/target pair).
+    // One collective call (host protocols, in one process or across processes). Every variant names the collective.
+    /// A wait passed the call's deadline. `missing` are the ranks whose signal never came; `group` is the waiting
+    /// rank's group (for collective-permute, its source/target pair).
     #[error(
         "{op} {} timed out after {} ms on rank {waiting_rank} waiting for ranks {missing:?} of group {}",
         pct(collective),
@@ -50,9 +49,8 @@ pub enum Error {
     /// The host backend has no implementation for this op, type or reduction.
     #[error("{op} {} on rank {rank}: unsupported: {reason}", pct(collective))]
     Unsupported { collective: String, op: CollectiveOp, rank: usize, reason: String },
-    /// The collective's memory could not be reached or allocated; `source` is the device
-    /// memory error (boxed: the enum holds itself; in a `source()` chain it is the
-    /// `Box<Error>`).
+    /// The collective's memory could not be reached or allocated; `source` is the device memory error (boxed: the enum
+    /// holds itself; in a `source()` chain it is the `Box<Error>`).
     #[error("{op} {}: {source}", pct(collective))]
     Memory {
         collective: String,
@@ -70,8 +68,7 @@ pub enum Error {
     Segment(String),
 
     // XLA:CPU's custom calls (`xla_host`).
-    /// A custom call whose buffers, shapes or attributes do not fit its collective; `name`
-    /// is the collective's.
+    /// A custom call whose buffers, shapes or attributes do not fit its collective; `name` is the collective's.
     #[error("{name}: {message}")]
     BadCall { name: String, message: String },
 
@@ -88,15 +85,14 @@ pub enum Error {
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
-    /// Whether a peer never arrived: a collective's wait passed its deadline, or an exchange's
-    /// processes never posted. Callers report these
-    /// as deadline errors and prefer any other error as the root cause.
+    /// Whether a peer never arrived: a collective's wait passed its deadline, or an exchange's processes never posted.
+    /// Callers report these as deadline errors and prefer any other error as the root cause.
     pub fn is_timeout(&self) -> bool {
         matches!(self, Error::Timeout { .. } | Error::ExchangeMissing { .. })
     }
 
-    /// The ranks (device ids) that never arrived, for [`Error::Timeout`] and
-    /// [`Error::ExchangeMissing`]; `None` for every other error.
+    /// The ranks (device ids) that never arrived, for [`Error::Timeout`] and [`Error::ExchangeMissing`]; `None` for
+    /// every other error.
     pub fn missing(&self) -> Option<&[usize]> {
         match self {
             Error::Timeout { missing, .. } => Some(missing),
@@ -105,8 +101,8 @@ impl Error {
         }
     }
 
-    /// Whether the caller's input is at fault (a call, collective or argument that does not
-    /// fit, or an unsupported op), not the runtime.
+    /// Whether the caller's input is at fault (a call, collective or argument that does not fit, or an unsupported op),
+    /// not the runtime.
     pub fn is_invalid_argument(&self) -> bool {
         matches!(self, Error::Invalid { .. } | Error::Unsupported { .. } | Error::BadCall { .. })
     }

@@ -1,30 +1,9 @@
-//! The host backend behind XLA's CPU FFI handlers: each Peerless custom call runs the
-//! host protocols (one-/two-shot all-reduce, direct all-gather / all-to-all /
-//! reduce-scatter / permute, device-side epochs, watchdog) between XLA's CPU devices, on
-//! XLA's own buffers ([`crate::host::direct`]).
-//!
-//! XLA CPU runs every device's program on its own thread and hands the handler that
-//! device's buffers. Each rewritten collective (its `instance` id) owns one
-//! [`DirectCollective`] spanning the devices it names, created on first use: staging and
-//! flags that belong to one collective for the executable's lifetime. A call copies the
-//! device's operands into its own staging buffer, meets its group, and computes its
-//! results from the members' staging straight into XLA's result buffers.
-//!
-//! Invariant: every device of a group makes the same calls of an instance in the same
-//! order (XLA runs one SPMD program per device); a device that never arrives makes its
-//! peers fail with a timeout error naming the collective, the group and the missing ranks.
-//!
-//! Shared staging: a call whose config names a `slot` runs on the
-//! [`DirectSlot`] of (slot, occurrence, groups, pairs) instead of staging of its own. The
-//! pass gives one slot only to collectives every device runs in one order (a chain of data
-//! dependencies in one computation, same groups), so a slot's calls are what the protocols
-//! already handle: repeated launches on one staging, epoch by epoch. `occurrence` (the
-//! how-manyth instantiation of the call's instance in this process, as for groups across
-//! processes) tells apart two executables loaded from one compiled module, which must not
-//! share. The process table holds slots weakly: a slot lives as long as an executable
-//! whose calls use it. Groups across processes meet in one shared-memory segment per
-//! slot (`ShmCollective::on_slot`), named by the job, the slot and the occurrence, which
-//! every process derives alike, and mapped once per process.
+//! The host backend behind XLA's CPU FFI handlers: each Peerless call runs the host protocols ([`crate::host`]) between
+//! XLA's CPU devices, on XLA's own buffers. A rewritten collective owns a [`DirectCollective`] for the executable's
+//! life, or runs on the [`DirectSlot`] of its (slot, occurrence, groups, pairs), held weakly; groups across processes
+//! meet in one shared-memory segment per slot (`ShmCollective::on_slot`). Every device of a group makes the same calls
+//! in one order (one SPMD program per device); one that never arrives makes its peers time out, naming the missing
+//! ranks. ARCHITECTURE.md ("Host protocol") has the rest.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -50,8 +29,8 @@ pub struct HostCall<'a> {
     pub outputs: Vec<(&'a mut [u8], ArrayShape)>,
 }
 
-/// Where a collective's members meet: one process's memory, or a segment shared by the
-/// processes of a host (groups across processes under jax.distributed).
+/// Where a collective's members meet: one process's memory, or a segment shared by the processes of a host (groups
+/// across processes under jax.distributed).
 #[derive(Debug)]
 enum Protocol {
     Direct(DirectCollective),
@@ -74,8 +53,7 @@ impl Protocol {
     }
 }
 
-/// A rewritten collective: the shapes it was built for and its protocol state. Opaque outside
-/// this module.
+/// A rewritten collective: the shapes it was built for and its protocol state. Opaque outside this module.
 #[derive(Debug)]
 pub struct Instance {
     /// Shapes the instance was built for: every later call must match.
@@ -97,8 +75,8 @@ pub fn live_clusters() -> usize {
     LIVE.load(Ordering::Relaxed)
 }
 
-/// The per-executable state XLA holds for one custom call: its config and the collective,
-/// built by the first device to execute.
+/// The per-executable state XLA holds for one custom call: its config and the collective, built by the first device to
+/// execute.
 type ExecState = CallState<Result<Arc<Instance>, String>>;
 
 /// Where XLA keeps each executable's [`ExecState`].
@@ -115,10 +93,9 @@ pub fn staging_bytes() -> usize {
     crate::host::direct::staging_bytes()
 }
 
-/// The slot `cfg` (with a `slot`) runs on: the live one of its key, or a new one of
-/// `max(slot_bytes, bytes)` per buffer. A live slot too small for this call (the pass sized
-/// it for every call, so only a config from elsewhere) or a slot that cannot be allocated
-/// gives the call staging of its own, with the reason logged.
+/// The slot `cfg` (with a `slot`) runs on: the live one of its key, or a new one of `max(slot_bytes, bytes)` per
+/// buffer. A live slot too small for this call (the pass sized it for every call, so only a config from elsewhere) or a
+/// slot that cannot be allocated gives the call staging of its own, with the reason logged.
 fn shared_slot(
     cfg: &CustomCallConfig,
     occurrence: u64,
@@ -159,8 +136,8 @@ fn invalid(cfg: &CustomCallConfig, message: impl Into<String>) -> Error {
 }
 
 impl Instance {
-    /// Builds the collective of `call`; a group across processes meets under the running
-    /// job's token and `occurrence` (see [`ExecState`]).
+    /// Builds the collective of `call`; a group across processes meets under the running job's token and `occurrence`
+    /// (see [`ExecState`]).
     fn build(call: &HostCall, occurrence: u64) -> Result<Instance> {
         let cfg = call.config;
         let in_shapes: Vec<ArrayShape> = call.inputs.iter().map(|(_, s)| s.clone()).collect();
@@ -174,25 +151,24 @@ impl Instance {
                 shared_slot(cfg, occurrence, groups, bytes)
             })?)
         } else {
-            // Groups across processes: every process of the host that owns a member
-            // opens the segment the running job's token and the (shared) instance id
-            // name; the module holds no token (it may come from a cache, compiled by
+            // Groups across processes: every process of the host that owns a member opens the segment the running job's
+            // token and the (shared) instance id name; the module holds no token (it may come from a cache, compiled by
             // another job).
             let job = thunks::runtime::job_for(cfg).map_err(|m| invalid(cfg, m))?;
             let by_device = cfg.process_of();
             let Some(&this) = by_device.get(&call.device) else {
                 return Err(invalid(cfg, format!("device {} has no process in the call's attributes", call.device)));
             };
-            // Devices the call does not name: process 0 (every process fills them alike, since
-            // the segment's plan fingerprint covers the whole map).
+            // Devices the call does not name: process 0 (every process fills them alike, since the segment's plan
+            // fingerprint covers the whole map).
             let mut process_of = vec![0; n];
             for (&d, &p) in &by_device {
                 if let Some(slot) = process_of.get_mut(d) {
                     *slot = p;
                 }
             }
-            // A slot's segment is named by the slot (its first call's instance, the same in
-            // every process) and this executable's occurrence, and mapped once per process.
+            // A slot's segment is named by the slot (its first call's instance, the same in every process) and this
+            // executable's occurrence, and mapped once per process.
             let (instance, slot_bytes) = match cfg.slot {
                 Some(slot) => (slot, Some(usize::try_from(cfg.slot_bytes).unwrap_or(usize::MAX))),
                 None => (cfg.instance, None),
@@ -227,8 +203,8 @@ fn check_call(call: &HostCall) -> Result<()> {
     Ok(())
 }
 
-/// Runs one device's side of `call` in its `state`, whose collective the first device to run
-/// builds (freed with the executable).
+/// Runs one device's side of `call` in its `state`, whose collective the first device to run builds (freed with the
+/// executable).
 fn run_in(state: &ExecState, call: HostCall) -> Result<()> {
     check_call(&call)?;
     let inst = state
@@ -261,8 +237,8 @@ fn host_bytes<'b>(b: &BufferRef<'b>) -> Result<&'b [u8], HandlerError> {
     if len == 0 {
         return Ok(&[]);
     }
-    // SAFETY: on XLA:CPU a buffer's `data` is host memory holding `len` bytes (its dtype and
-    // dims), valid for the duration of the call; operands are only read.
+    // SAFETY: on XLA:CPU a buffer's `data` is host memory holding `len` bytes (its dtype and dims), valid for the
+    // duration of the call; operands are only read.
     Ok(unsafe { std::slice::from_raw_parts(b.data as *const u8, len) })
 }
 
@@ -312,14 +288,13 @@ impl CollectiveRuntime for HostRuntime {
         let mut inputs: Vec<(&[u8], ArrayShape)> = args.iter().map(input).collect::<Result<_, _>>()?;
         let output = |r| -> Result<_, HandlerError> {
             let shape = array_shape(r)?;
-            // SAFETY: result buffers are distinct from each other and from the operands (the
-            // pass's custom calls declare no output-operand aliasing), so this is the only
-            // reference to these bytes during the call.
+            // SAFETY: result buffers are distinct from each other and from the operands (the pass's custom calls
+            // declare no output-operand aliasing), so this is the only reference to these bytes during the call.
             Ok((unsafe { host_bytes_mut(r)? }, shape))
         };
         let mut outputs: Vec<(&mut [u8], ArrayShape)> = rets.iter().map(output).collect::<Result<_, _>>()?;
-        // A fused epilogue: the all-reduce runs on the first operand into a buffer of its own,
-        // then the epilogue reads it and writes `h` and `y`.
+        // A fused epilogue: the all-reduce runs on the first operand into a buffer of its own, then the epilogue reads
+        // it and writes `h` and `y`.
         let mut fused = None;
         if let Some(e) = &call.epilogue {
             let extra = e.extra_operands();
@@ -360,8 +335,8 @@ impl CollectiveRuntime for HostRuntime {
             let x = bytes_and_type(&args[1])?;
             let g = args.get(2).map(bytes_and_type).transpose()?;
             let (h_ty, y_ty) = (array_shape(&rets[0])?.ty, array_shape(&rets[1])?.ty);
-            // SAFETY: as above: the two result buffers are distinct host memory of their
-            // shapes, and nothing else refers to them now (the protocol wrote `sum`).
+            // SAFETY: as above: the two result buffers are distinct host memory of their shapes, and nothing else
+            // refers to them now (the protocol wrote `sum`).
             let (h, y) = unsafe { (host_bytes_mut(&rets[0])?, host_bytes_mut(&rets[1])?) };
             crate::epilogue::apply(e, d, (&sum, shape.ty), x, g, h, h_ty, y, y_ty, &crate::epilogue::sum_of_squares);
         }

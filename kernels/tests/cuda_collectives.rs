@@ -7,6 +7,8 @@
 
 #[path = "common/launchers.rs"]
 mod launchers;
+#[path = "common/sum_order.rs"]
+mod sum_order;
 
 use launchers::CliqueExt;
 
@@ -478,7 +480,7 @@ fn check_fused(c: &Clique, ar: &AllReduceNorm, f: &Form, rows: usize, d: usize, 
     let threads = THREADS as usize;
     // The kernel reads a row in 16-byte units of the all-reduce's type.
     let unit = 16 / f.a.size();
-    let tree = move |hf: &[f32]| kernels::epilogue::block_sum_of_squares(hf, threads, unit);
+    let tree = move |hf: &[f32]| sum_order::block_sum_of_squares(hf, threads, unit);
     kernels::epilogue::apply(&f.e, d, s_ref, x_ref, gref, &mut h2, prim(f.h), &mut y_want, prim(f.y), &tree);
     assert_eq!(h2, h_want);
     if zero_residual && f.e.round_ar.is_none() && f.a == f.h {

@@ -4,7 +4,11 @@ use half::bf16;
 use hlo::PrimitiveType;
 use thunks::custom_call::{Epilogue, Mean, RoundTo};
 
-use kernels::epilogue::{apply, block_sum_of_squares, sum_of_squares};
+use kernels::epilogue::{apply, sum_of_squares};
+
+#[path = "common/sum_order.rs"]
+mod sum_order;
+use sum_order::block_sum_of_squares;
 
 /// Element `i` of `bytes` (f32 or bf16) as f32.
 fn get(bytes: &[u8], ty: PrimitiveType, i: usize) -> f32 {

@@ -1,8 +1,7 @@
-//! Peerless inside XLA, as a library: the wrapper of XLA's own PJRT plugin ([`wrap`], the
-//! `GetPjrtApi` of the `peerless-pjrt` cdylib in plugin/so), the collective pass's entry
-//! points ([`xla_inside`]) and the FFI handlers' registration ([`xla_handlers`]): what JAX and
-//! XLA load. All logic lives here; plugin/so only re-exports it as C symbols. Running HLO
-//! files, benchmarks and the tune through XLA is the CLI's (`peerless-tools`).
+//! Peerless inside XLA, as a library: the wrapper of XLA's own PJRT plugin ([`wrap`], the `GetPjrtApi` of the
+//! `peerless-pjrt` cdylib in plugin/so), the collective pass's entry points ([`xla_inside`]) and the FFI handlers'
+//! registration ([`xla_handlers`]): what JAX and XLA load. All logic lives here; plugin/so only re-exports it as C
+//! symbols. Running HLO files, benchmarks and the tune through XLA is the CLI's (`peerless-tools`).
 
 pub mod platform;
 pub mod wrap;
@@ -15,9 +14,9 @@ pub use platform::Platform;
 pub use hlo;
 pub use pjrt_sys;
 
-/// Installs the library's logger once (stderr; `PEERLESS_LOG` takes env_logger's filter
-/// syntax, default `warn` plus the kernel-compile lines, which say why a first call waits).
-/// A host that installed a logger first (the CLI) keeps its own.
+/// Installs the library's logger once (stderr; `PEERLESS_LOG` takes env_logger's filter syntax, default `warn` plus the
+/// kernel-compile lines, which say why a first call waits). A host that installed a logger first (the CLI) keeps its
+/// own.
 pub fn init_logging() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
@@ -26,8 +25,8 @@ pub fn init_logging() {
     });
 }
 
-/// The function table (`GetPjrtApi`'s result): XLA's plugin wrapped, or a table that reports
-/// why there is none. Never null; lives for the process.
+/// The function table (`GetPjrtApi`'s result): XLA's plugin wrapped, or a table that reports why there is none. Never
+/// null; lives for the process.
 pub fn api() -> *const pjrt_sys::PJRT_Api {
     wrap::api().cast()
 }

@@ -1,13 +1,13 @@
-//! The platforms Peerless runs on inside XLA. A platform's name enters as a string only at the
-//! library's edges (the C exports the Python package calls, the wrapped plugin's file name or
-//! `PEERLESS_XLA_PLATFORM`, the CLI's plugin path), where [`Platform::parse`] reads it once and
-//! an unknown name is an error naming it; everything inside takes a [`Platform`].
+//! The platforms Peerless runs on inside XLA. A platform's name enters as a string only at the library's edges (the C
+//! exports the Python package calls, the wrapped plugin's file name or `PEERLESS_XLA_PLATFORM`, the CLI's plugin path),
+//! where [`Platform::parse`] reads it once and an unknown name is an error naming it; everything inside takes a
+//! [`Platform`].
 
 use std::fmt;
 
-/// A platform with Peerless handlers: XLA:CPU, CUDA, or ROCm. ROCm's handlers need the cargo
-/// feature `rocm`: without it the platform is known by name (a ROCm plugin is recognised and
-/// refused with the reason) but [`Platform::with_handlers`] refuses it.
+/// A platform with Peerless handlers: XLA:CPU, CUDA, or ROCm. ROCm's handlers need the cargo feature `rocm`: without it
+/// the platform is known by name (a ROCm plugin is recognised and refused with the reason) but
+/// [`Platform::with_handlers`] refuses it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Platform {
     Cpu,
@@ -19,8 +19,8 @@ impl Platform {
     /// Every platform, in [`Platform::index`] order.
     pub const ALL: [Platform; 3] = [Platform::Cpu, Platform::Cuda, Platform::Rocm];
 
-    /// The platform JAX and the Python package call `name` ("cpu", "cuda", "rocm"); an unknown
-    /// name is an error naming it.
+    /// The platform JAX and the Python package call `name` ("cpu", "cuda", "rocm"); an unknown name is an error naming
+    /// it.
     pub fn parse(name: &str) -> Result<Platform, String> {
         Platform::ALL
             .into_iter()
@@ -37,8 +37,8 @@ impl Platform {
         }
     }
 
-    /// XLA's name of the platform ("Host", "CUDA", "ROCM"), as XLA's FFI registry and JAX's
-    /// `register_ffi_target` take it.
+    /// XLA's name of the platform ("Host", "CUDA", "ROCM"), as XLA's FFI registry and JAX's `register_ffi_target` take
+    /// it.
     pub fn xla_name(self) -> &'static str {
         match self {
             Platform::Cpu => "Host",
@@ -74,8 +74,8 @@ impl Platform {
         }
     }
 
-    /// The device kind XLA gives every device of the platform, where it is one fixed name
-    /// (XLA:CPU's "cpu"); a GPU's kind is its model, which XLA knows and hands over.
+    /// The device kind XLA gives every device of the platform, where it is one fixed name (XLA:CPU's "cpu"); a GPU's
+    /// kind is its model, which XLA knows and hands over.
     pub fn fixed_device_kind(self) -> Option<&'static str> {
         (self == Platform::Cpu).then_some("cpu")
     }

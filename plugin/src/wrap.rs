@@ -1,34 +1,9 @@
-//! `libpeerless_pjrt.so` as a wrapper of XLA's own PJRT plugin.
-//!
-//! With `PEERLESS_XLA_PLUGIN=/path/to/xla_plugin.so` set, `GetPjrtApi` loads that plugin,
-//! registers Peerless's typed-FFI handlers in its FFI registry (process-global inside the
-//! plugin's copy of XLA) and returns the plugin's own function table, unchanged: every slot,
-//! the version and the struct sizes are XLA's. The collective pass is registered by the
-//! Python package through the plugin's XlaTransform extension
-//! (`jax.extend.xla.register_hlo_module_transformation`, which finds the extension on the
-//! table), so JAX lowers for the inner platform and XLA compiles, partitions and runs
-//! everything; Peerless takes the collectives it rewrote.
-//!
-//! Without the variable the library looks for XLA's plugin where the Python package finds
-//! it: beside its own file in an installed `jax_plugins/peerless/` (the jax-cuda13/12-pjrt
-//! plugin where a GPU is usable, else the CPU plugin of `lammps-jax-pjrt-cpu` in the same
-//! site-packages). XLA is the only runtime (the standalone platform is retired): with no
-//! plugin to wrap, or one that cannot be loaded, `GetPjrtApi` still returns a complete table
-//! (no slot is null) whose every entry point, `PJRT_Client_Create` first, fails with
-//! [`load_error`]'s message, naming what to install.
-//!
-//! The table handed out is a copy of the plugin's with five slots replaced:
-//! `PJRT_Client_Create` registers the collective pass through the plugin's XlaTransform
-//! extension (once per process) unless the Python package loaded the wrapper (the pass is then
-//! the package's) or `PEERLESS_ENABLE=0`, and
-//! `PJRT_Client_Compile` takes Peerless's per-executable options out of the compile options
-//! (`compiler_options={"all_reduce_backend": "fallback"}`, or `peerless_flags`) and applies
-//! them to the pass for that compile; the three `PJRT_Error` slots answer for the errors
-//! those options raise and hand every other error to the plugin. So any PJRT client (JAX,
-//! a C++ or ctypes client) gets XLA plus Peerless; under JAX the Python package registers the
-//! pass instead, because only it knows the job's topology under jax.distributed and counts
-//! decisions for `stats()`. The Python package finds the inner plugin when the variable is
-//! unset.
+//! `libpeerless_pjrt.so` as a wrapper of XLA's own PJRT plugin (`PEERLESS_XLA_PLUGIN`, else found where the Python
+//! package finds it): `GetPjrtApi` registers Peerless's FFI handlers in the plugin and returns a copy of its table with
+//! five slots replaced (`PJRT_Client_Create` registers the pass, `PJRT_Client_Compile` takes Peerless's per-compile
+//! options, the three `PJRT_Error` slots answer for the errors those raise). With no plugin to wrap every entry point
+//! fails with [`load_error`]'s message, naming what to install. ARCHITECTURE.md ("plugin") and docs/PLUGIN.md have the
+//! details.
 
 use std::collections::BTreeSet;
 use std::ffi::{c_char, c_void};
@@ -65,10 +40,9 @@ unsafe impl Sync for Wrapped {}
 
 static INNER: OnceLock<Result<Wrapped, String>> = OnceLock::new();
 
-/// The Peerless platform whose handlers the inner plugin gets: CUDA for XLA's CUDA plugin,
-/// ROCm for XLA's ROCm plugin (`xla_rocm_plugin.so`; its handlers need a library built with
-/// the cargo feature `rocm`), by `PEERLESS_XLA_PLATFORM` ("cuda", "rocm"), else the file name;
-/// XLA:CPU otherwise.
+/// The Peerless platform whose handlers the inner plugin gets: CUDA for XLA's CUDA plugin, ROCm for XLA's ROCm plugin
+/// (`xla_rocm_plugin.so`; its handlers need a library built with the cargo feature `rocm`), by `PEERLESS_XLA_PLATFORM`
+/// ("cuda", "rocm"), else the file name; XLA:CPU otherwise.
 pub fn platform_of(path: &std::path::Path) -> Platform {
     let named = |what: &str| path.file_name().is_some_and(|n| n.to_string_lossy().contains(what));
     match std::env::var("PEERLESS_XLA_PLATFORM").as_deref() {
@@ -84,10 +58,9 @@ pub fn platform_of(path: &std::path::Path) -> Platform {
 fn load(path: PathBuf) -> Result<Wrapped, String> {
     let inner = InnerPlugin::load(&path)?;
     let platform = platform_of(&path);
-    // The PJRT FFI extension registers an execute-only handler. Where JAX can reach the
-    // plugin's GPU extension (JAX's own CUDA plugin package, the same library), the Python
-    // package registers the whole bundle instead (instantiate / initialize / execute: state
-    // freed with the executable, set up outside command-buffer capture) and says so here.
+    // The PJRT FFI extension registers an execute-only handler. Where JAX can reach the plugin's GPU extension (JAX's
+    // own CUDA plugin package, the same library), the Python package registers the whole bundle instead (instantiate /
+    // initialize / execute: state freed with the executable, set up outside command-buffer capture) and says so here.
     let by_python = std::env::var("PEERLESS_XLA_HANDLERS").as_deref() == Ok("python");
     let xla_platform =
         if by_python { platform.xla_name() } else { crate::xla_handlers::register_in(&inner, platform)? };
@@ -109,20 +82,16 @@ fn load(path: PathBuf) -> Result<Wrapped, String> {
     if inner.has_slot(SLOT_ERROR_FOR_EACH_PAYLOAD) {
         patches.push((SLOT_ERROR_FOR_EACH_PAYLOAD, error_for_each_payload as *const c_void));
     }
-    // A newer plugin may read errors through slots this build does not know; then a bad
-    // Peerless option is reported by XLA itself (see `client_compile`), never by an error
-    // object of ours.
+    // A newer plugin may read errors through slots this build does not know; then a bad Peerless option is reported by
+    // XLA itself (see `client_compile`), never by an error object of ours.
     let own_errors = inner.version().0 == 0 && inner.version().1 <= KNOWN_MINOR;
     let table = inner.patched_table(&patches)?;
     Ok(Wrapped { plugin: inner, table, own_errors, platform })
 }
 
-/// Where XLA's plugin lies when nothing names it: beside this library's file, where pip
-/// installs the plugins (`site-packages/jax_plugins/peerless/libpeerless_pjrt.so` next to
-/// `jax_plugins/xla_cuda13/xla_cuda_plugin.so`, `jax_plugins/xla_rocm7/xla_rocm_plugin.so` and
-/// `lammps_jax_pjrt_cpu/`), in the order the Python package tries them; the CUDA plugins only
-/// where an NVIDIA GPU is usable, the ROCm one where an AMD GPU is (or `PEERLESS_BACKEND`
-/// names either).
+/// Where XLA's plugin lies when nothing names it: beside this library, where pip installs the plugins
+/// (`jax_plugins/xla_cuda13/`, `jax_plugins/xla_rocm7/`, `lammps_jax_pjrt_cpu/`), in the Python package's order; a GPU
+/// plugin only where such a GPU is usable (or `PEERLESS_BACKEND` names it).
 fn discover() -> Result<PathBuf, String> {
     let own = ffi::libs::own_path().ok_or("cannot tell where libpeerless_pjrt.so lies")?;
     let dir = own.parent().unwrap_or(std::path::Path::new("."));
@@ -159,8 +128,8 @@ fn discover() -> Result<PathBuf, String> {
     ))
 }
 
-/// Whether the machine has an AMD GPU, as JAX's ROCm plugin tells (a KFD topology node with a
-/// non-zero `gpu_id`), without initialising HIP in this process (JAX avoids that too).
+/// Whether the machine has an AMD GPU, as JAX's ROCm plugin tells (a KFD topology node with a non-zero `gpu_id`),
+/// without initialising HIP in this process (JAX avoids that too).
 fn amd_gpus_present() -> bool {
     let Ok(nodes) = std::fs::read_dir("/sys/class/kfd/kfd/topology/nodes") else { return false };
     nodes.flatten().any(|n| {
@@ -168,8 +137,8 @@ fn amd_gpus_present() -> bool {
     })
 }
 
-/// Set by the Python package when it found no XLA plugin: the reason, which the table of
-/// errors reports (JAX loads the library only to register the platform).
+/// Set by the Python package when it found no XLA plugin: the reason, which the table of errors reports (JAX loads the
+/// library only to register the platform).
 const UNAVAILABLE_VAR: &str = "PEERLESS_XLA_UNAVAILABLE";
 
 fn inner() -> &'static Result<Wrapped, String> {
@@ -195,8 +164,8 @@ fn inner() -> &'static Result<Wrapped, String> {
     })
 }
 
-/// `GetPjrtApi`'s table: the inner plugin's, patched; else one whose every entry point
-/// fails with [`load_error`] (never null, never a second runtime).
+/// `GetPjrtApi`'s table: the inner plugin's, patched; else one whose every entry point fails with [`load_error`] (never
+/// null, never a second runtime).
 pub fn api() -> *const c_void {
     match inner() {
         Ok(w) => w.table,
@@ -228,9 +197,9 @@ pub fn load_error() -> Option<String> {
 
 // ---- no plugin to wrap: a table of errors ------------------------------------------------
 
-/// The table `GetPjrtApi` returns when no XLA plugin can be wrapped: plugin initialisation
-/// succeeds (so JAX registers the platform and reports the reason when it creates a client),
-/// every other entry point returns [`load_error`] as a FAILED_PRECONDITION error.
+/// The table `GetPjrtApi` returns when no XLA plugin can be wrapped: plugin initialisation succeeds (so JAX registers
+/// the platform and reports the reason when it creates a client), every other entry point returns [`load_error`] as a
+/// FAILED_PRECONDITION error.
 fn unavailable_table() -> *const c_void {
     static TABLE: OnceLock<usize> = OnceLock::new();
     *TABLE.get_or_init(|| {
@@ -250,7 +219,7 @@ fn unavailable_table() -> *const c_void {
 }
 
 /// `PJRT_Error_Code_FAILED_PRECONDITION`.
-const FAILED_PRECONDITION: i32 = 9;
+const FAILED_PRECONDITION: pjrt_sys::PJRT_Error_Code = 9;
 
 unsafe extern "C" fn unavailable(_args: *mut c_void) -> *mut c_void {
     let why = load_error().unwrap_or_else(|| "peerless: no XLA plugin".into());
@@ -261,8 +230,8 @@ unsafe extern "C" fn plugin_initialize(_args: *mut c_void) -> *mut c_void {
     std::ptr::null_mut()
 }
 
-/// `PJRT_Plugin_Attributes_Args`: struct_size, extension_start, then the attributes and
-/// their count, which we set to none.
+/// `PJRT_Plugin_Attributes_Args`: struct_size, extension_start, then the attributes and their count, which we set to
+/// none.
 #[repr(C)]
 struct PluginAttributesArgs {
     struct_size: usize,
@@ -282,26 +251,26 @@ unsafe extern "C" fn plugin_attributes(args: *mut PluginAttributesArgs) -> *mut 
 
 // ---- errors of our own ------------------------------------------------------------------
 
-/// An error the wrapper raises (a bad Peerless compile option); the plugin's own errors are
-/// its own. Told apart by address: ours are in [`OURS`] from creation to destruction.
+/// An error the wrapper raises (a bad Peerless compile option); the plugin's own errors are its own. Told apart by
+/// address: ours are in [`OURS`] from creation to destruction.
 struct WrapError {
-    code: i32,
+    code: pjrt_sys::PJRT_Error_Code,
     message: String,
 }
 
 static OURS: Mutex<BTreeSet<usize>> = Mutex::new(BTreeSet::new());
 
 /// `PJRT_Error_Code_INVALID_ARGUMENT` / `_INTERNAL` (absl's codes).
-const INVALID_ARGUMENT: i32 = 3;
-const INTERNAL: i32 = 13;
+const INVALID_ARGUMENT: pjrt_sys::PJRT_Error_Code = 3;
+const INTERNAL: pjrt_sys::PJRT_Error_Code = 13;
 
-fn new_error(code: i32, message: String) -> *mut c_void {
+fn new_error(code: pjrt_sys::PJRT_Error_Code, message: String) -> *mut c_void {
     let p = Box::into_raw(Box::new(WrapError { code, message }));
     OURS.lock().unwrap_or_else(|e| e.into_inner()).insert(p as usize);
     p.cast()
 }
 
-fn ours(error: *mut c_void) -> Option<&'static WrapError> {
+fn ours(error: *const c_void) -> Option<&'static WrapError> {
     let set = OURS.lock().unwrap_or_else(|e| e.into_inner());
     // SAFETY: an address in `OURS` is a live `WrapError` box (removed before it is freed).
     set.contains(&(error as usize)).then(|| unsafe { &*error.cast::<WrapError>() })
@@ -336,7 +305,7 @@ unsafe extern "C" fn error_message(args: *mut ErrorMessageArgs) {
     let _ = catch_unwind(|| {
         // SAFETY: PJRT passes a valid args struct.
         let a = unsafe { &mut *args };
-        if let Some(e) = ours(a.error) {
+        if let Some(e) = ours(a.error.cast()) {
             (a.message, a.message_size) = (e.message.as_ptr().cast::<c_char>(), e.message.len());
             return;
         }
@@ -357,7 +326,7 @@ unsafe extern "C" fn error_get_code(args: *mut ErrorGetCodeArgs) -> *mut c_void 
     catch_unwind(|| {
         // SAFETY: PJRT passes a valid args struct.
         let a = unsafe { &mut *args };
-        if let Some(e) = ours(a.error) {
+        if let Some(e) = ours(a.error.cast()) {
             a.code = e.code;
             return std::ptr::null_mut();
         }
@@ -380,7 +349,7 @@ unsafe extern "C" fn error_for_each_payload(args: *mut ErrorForEachPayloadArgs) 
     }
     catch_unwind(|| {
         // SAFETY: PJRT passes a valid args struct.
-        if ours(unsafe { (*args).error }).is_some() {
+        if ours(unsafe { (*args).error }.cast_const()).is_some() {
             return std::ptr::null_mut(); // ours carry no payloads
         }
         let Some(w) = wrapped_opt() else { return std::ptr::null_mut() };
@@ -396,17 +365,17 @@ unsafe extern "C" fn error_for_each_payload(args: *mut ErrorForEachPayloadArgs) 
 
 // ---- client creation: the collective pass ---------------------------------------------
 
-/// The client create option that sets Peerless's flags for the process (a string of
-/// `--name=value`; from JAX: `JAX_PJRT_CLIENT_CREATE_OPTIONS="peerless_flags:--one_shot_max_bytes=1024"`).
-/// It is taken out of the options before XLA sees them.
+/// The client create option that sets Peerless's flags for the process (a string of `--name=value`; from JAX:
+/// `JAX_PJRT_CLIENT_CREATE_OPTIONS="peerless_flags:--one_shot_max_bytes=1024"`). It is taken out of the options before
+/// XLA sees them.
 pub const FLAGS_OPTION: &str = "peerless_flags";
 
-/// Splits `peerless_flags` out of a client's create options: its value (None when absent)
-/// and the other options, to hand XLA.
+/// Splits `peerless_flags` out of a client's create options: its value (None when absent) and the other options, to
+/// hand XLA.
 ///
 /// # Safety
-/// Every option's `name` points to `name_size` readable bytes, and a string option's
-/// `string_value` to `value_size` bytes (PJRT's contract for create options).
+/// Every option's `name` points to `name_size` readable bytes, and a string option's `string_value` to `value_size`
+/// bytes (PJRT's contract for create options).
 unsafe fn split_create_options(options: &[NamedValue]) -> Result<(Option<String>, Vec<NamedValue>), String> {
     let mut flags = None;
     let mut rest = Vec::with_capacity(options.len());
@@ -449,8 +418,8 @@ unsafe extern "C" fn client_create(args: *mut pjrt_sys::PJRT_Client_Create_Args)
         else {
             return new_error(INTERNAL, "peerless: the inner plugin has no PJRT_Client_Create".into());
         };
-        // Without the pass the platform would be XLA alone while claiming to be Peerless: a
-        // plugin that cannot take it is an error here, naming the plugin and the reason.
+        // Without the pass the platform would be XLA alone while claiming to be Peerless: a plugin that cannot take it
+        // is an error here, naming the plugin and the reason.
         if let Err(e) = crate::xla_inside::register_pass_in(plugin(), wrapped().platform) {
             return new_error(INTERNAL, format!("peerless: cannot register the collective pass: {e}"));
         }
@@ -480,8 +449,8 @@ unsafe extern "C" fn client_create(args: *mut pjrt_sys::PJRT_Client_Create_Args)
                 }
                 let saved = (a.create_options, a.num_options);
                 (a.create_options, a.num_options) = (rest.as_ptr(), rest.len());
-                // SAFETY: the caller's args with the options XLA knows, which outlive the call
-                // (`rest`); the originals are put back after.
+                // SAFETY: the caller's args with the options XLA knows, which outlive the call (`rest`); the originals
+                // are put back after.
                 let r = unsafe { create(args) };
                 (a.create_options, a.num_options) = saved;
                 r
@@ -496,10 +465,9 @@ unsafe extern "C" fn client_create(args: *mut pjrt_sys::PJRT_Client_Create_Args)
     .unwrap_or_else(|_| new_error(INTERNAL, "peerless: PJRT_Client_Create panicked".into()))
 }
 
-/// Records the kind of a new client's devices (XLA's name for them, "NVIDIA H200"), which the
-/// pass looks its tuning profile up by: what XLA knows, so no GPU is opened for it. A client
-/// whose devices cannot be listed leaves the kind unknown (the profile is then looked up
-/// without one), which is no reason to fail its creation.
+/// Records the kind of a new client's devices (XLA's name for them, "NVIDIA H200"), which the pass looks its tuning
+/// profile up by: what XLA knows, so no GPU is opened for it. A client whose devices cannot be listed leaves the kind
+/// unknown (the profile is then looked up without one), which is no reason to fail its creation.
 fn learn_device_kind(devices: Result<Vec<ffi::pjrt::client::Device>, String>) {
     let platform = wrapped().platform;
     match devices {
@@ -523,8 +491,7 @@ unsafe extern "C" fn client_compile(args: *mut ClientCompileArgs) -> *mut c_void
             // SAFETY: the plugin reports its own bad arguments.
             return unsafe { compile(args) };
         }
-        // SAFETY: PJRT passes a valid args struct whose options are `compile_options_size`
-        // readable bytes (or null).
+        // SAFETY: PJRT passes a valid args struct whose options are `compile_options_size` readable bytes (or null).
         let a = unsafe { &mut *args };
         let opts: &[u8] = if a.compile_options.is_null() {
             &[]
@@ -573,12 +540,9 @@ struct OverrideEntry {
     value: Option<xla::OptionOverrideProto>,
 }
 
-/// Takes Peerless's options out of a serialized `CompileOptionsProto`: entries of
-/// `env_option_overrides` named like a Peerless flag (`all_reduce_backend`, ...) or
-/// `peerless_flags` (a flag string). Returns None when there are none (the bytes go to XLA
-/// untouched), else the flags (`--name=value`, checked) and the options without them. Every
-/// other byte is kept as it is, fields this build does not know included (the message is
-/// edited on the wire, not decoded and re-encoded). Other names stay for XLA to judge.
+/// Takes Peerless's options out of a serialized `CompileOptionsProto`: `env_option_overrides` entries named like a
+/// Peerless flag, or `peerless_flags`. None when there are none (the bytes go to XLA untouched), else the checked flags
+/// and the options without them, edited on the wire so unknown fields are kept; other names stay for XLA to judge.
 pub fn split_compile_options(bytes: &[u8]) -> Result<Option<(Vec<String>, Vec<u8>)>, String> {
     use hlo::wire::{WireType, fields};
     use prost::Message;

@@ -1,13 +1,6 @@
-//! The typed-FFI handlers XLA calls for Peerless custom calls, one per platform and target,
-//! and the per-platform facts the pass needs (peer access, free device memory).
-//!
-//! Platforms ([`Platform`]): XLA:CPU (XLA's "Host"), CUDA ("CUDA") and, in a library built
-//! with the cargo feature `rocm`, ROCm ("ROCM"): the same generic GPU runtime
-//! (`kernels::gpu::xla`) for CUDA and HIP, each with its own state.
-//!
-//! Each handler is a C function over [`kernels::ffi_handler::dispatch`] with the platform's
-//! runtime; `ffi::xla_ffi::guard_with_traits` answers the metadata probe and turns errors
-//! and panics into XLA errors.
+//! The typed-FFI handlers XLA calls for Peerless custom calls, one per [`Platform`] (XLA:CPU, CUDA and, with feature
+//! `rocm`, ROCm) and target, and the per-platform facts the pass needs (peer access, free device memory). Each handler
+//! is a C function over [`kernels::ffi_handler::dispatch`] under `ffi::xla_ffi::guard_with_traits`.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -26,9 +19,8 @@ use thunks::custom_call::target_kind;
 use crate::Platform;
 
 static HOST: HostRuntime = HostRuntime;
-/// Execute-stage handler calls per platform (by [`Platform::index`]): a call captured into a
-/// command buffer and replayed by XLA does not count, which is how tests see that it was
-/// replayed.
+/// Execute-stage handler calls per platform (by [`Platform::index`]): a call captured into a command buffer and
+/// replayed by XLA does not count, which is how tests see that it was replayed.
 static CALLS: [AtomicU64; Platform::ALL.len()] = [const { AtomicU64::new(0) }; Platform::ALL.len()];
 
 /// Why GPU `platform` has no runtime here: it is no GPU platform, or its handlers were not built.
@@ -41,8 +33,8 @@ fn no_gpu_runtime(platform: Platform) -> String {
 
 #[cfg(test)]
 thread_local! {
-    /// Calls on this thread into what opens the GPU runtime (its clique: every GPU opened,
-    /// contexts made, pairs probed): tests see which paths never reach it.
+    /// Calls on this thread into what opens the GPU runtime (its clique: every GPU opened, contexts made, pairs
+    /// probed): tests see which paths never reach it.
     pub(crate) static GPU_RUNTIME_CALLS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
 
@@ -60,14 +52,13 @@ pub fn live_collectives() -> usize {
     kernels::xla_host::live_clusters() + gpu
 }
 
-/// Staging bytes the CPU handlers hold now (in-process groups: shared slots and
-/// collectives of their own).
+/// Staging bytes the CPU handlers hold now (in-process groups: shared slots and collectives of their own).
 pub fn staging_bytes() -> usize {
     kernels::xla_host::staging_bytes()
 }
 
-/// Device memory the GPU handlers hold now, per GPU ordinal of the process (CUDA's and, in a
-/// ROCm build, HIP's added: a process runs one vendor's GPUs).
+/// Device memory the GPU handlers hold now, per GPU ordinal of the process (CUDA's and, in a ROCm build, HIP's added: a
+/// process runs one vendor's GPUs).
 pub fn gpu_staging_bytes() -> Vec<usize> {
     let held = gpu_xla::staging_by_gpu::<Cuda>();
     #[cfg(feature = "rocm")]
@@ -166,31 +157,25 @@ pub fn handler(platform: Platform, target: &str) -> Option<Handler> {
     }
 }
 
-/// Registers every Peerless handler of `platform` in an inner plugin's FFI registry, through
-/// its FFI extension (execute-only handlers; XLA's platform "Host", "CUDA" or "ROCM", the GPU
-/// ones command-buffer compatible). Once per plugin and process: XLA's registry is
-/// process-global inside the plugin, and a second registration is an error.
+/// Registers every Peerless handler of `platform` in an inner plugin's FFI registry, through its FFI extension
+/// (execute-only handlers; XLA's platform "Host", "CUDA" or "ROCM", the GPU ones command-buffer compatible). Once per
+/// plugin and process: XLA's registry is process-global inside the plugin, and a second registration is an error.
 pub fn register_in(inner: &ffi::pjrt::InnerPlugin, platform: Platform) -> Result<&'static str, String> {
     let xla_platform = platform.with_handlers()?.xla_name();
     let traits = if platform.is_gpu() { 1 } else { 0 };
     for &(_, target) in thunks::custom_call::TARGETS.iter() {
         let h = handler(platform, target).ok_or_else(|| format!("Peerless has no {platform} handler for {target}"))?;
-        // SAFETY: `h` is one of this library's typed FFI handlers, a plain function valid for
-        // the process.
+        // SAFETY: `h` is one of this library's typed FFI handlers, a plain function valid for the process.
         unsafe { inner.register_ffi_handler(target, h as *const std::ffi::c_void, xla_platform, traits) }
             .map_err(|e| format!("{}: {e}", inner.path().display()))?;
     }
     Ok(xla_platform)
 }
 
-/// The peer-access table the pass decides with on GPU `platform` (CUDA; ROCm, on HIP ordinals,
-/// in a ROCm build) under the target policy (`allow_unsafe`: `--allow_unsafe_peer_targets`):
-/// the runtime's probe of the process's GPUs (kept from an earlier process on the same GPUs
-/// and driver, else probed now, opening them once per process), on device ids (`ordinals`: this process's device
-/// id → ordinal, where the process does not own every device; `None`: ids are ordinals), or a
-/// table with no links when the GPUs cannot be opened or this library has no such GPU runtime
-/// (every collective then stays XLA's, with that reason). (On CPU every device reaches every
-/// other: `xla_pass::Peers::Shared`.)
+/// The peer-access table the pass decides with on GPU `platform` under the target policy (`allow_unsafe`): the
+/// runtime's probe of the process's GPUs (kept on disk for the same GPUs and driver, else probed now), on device ids
+/// (`ordinals`: id → ordinal where the process does not own every device; `None`: ids are ordinals). With no GPUs to
+/// open or no such runtime, a table with no links: every collective then stays XLA's, with that reason.
 pub fn gpu_peer_table(
     platform: Platform,
     ordinals: Option<&BTreeMap<usize, usize>>,
@@ -206,8 +191,8 @@ pub fn gpu_peer_table(
     remapped(table, ordinals, platform)
 }
 
-/// The least free device memory among the process's GPUs of `platform` (the pass's staging
-/// budget), read through the contexts XLA made, or why it is unknown.
+/// The least free device memory among the process's GPUs of `platform` (the pass's staging budget), read through the
+/// contexts XLA made, or why it is unknown.
 pub fn gpu_least_free_memory(platform: Platform) -> Result<usize, String> {
     opens_gpus();
     match platform {

@@ -1,20 +1,17 @@
 //! npz input/output in the CLI's naming scheme, and seeded random inputs.
 //!
-//! Naming: device `d`'s entry parameter `i` is the array [`param_name`]`(i, d)` =
-//! `p{i}_d{d}`; leaf `j` of device `d`'s entry result (leaves flattened depth-first; a
-//! non-tuple result is leaf 0) is [`output_name`]`(j, d)` = `o{j}_d{d}`. In partition mode
-//! each array holds that device's local shard ([`crate::local_param_shapes`]).
+//! Naming: device `d`'s entry parameter `i` is the array [`param_name`]`(i, d)` = `p{i}_d{d}`; leaf `j` of device `d`'s
+//! entry result (leaves flattened depth-first; a non-tuple result is leaf 0) is [`output_name`]`(j, d)` = `o{j}_d{d}`.
+//! In partition mode each array holds that device's local shard ([`crate::local_param_shapes`]).
 //!
-//! dtypes: numpy `bool`↔pred, `int8..int64`↔s8..s64, `uint8..uint64`↔u8..u64,
-//! `float16`↔f16, `float32`↔f32, `float64`↔f64. numpy has no bfloat16, so bf16 is stored
-//! as `uint16` raw bits; F8 variants and s4/u4 (one element per byte) as `uint8` raw bytes.
-//! Reading therefore yields the numpy type, and [`to_type`] reinterprets it as the type the
-//! caller expects. [`inputs_from_npz`] does that for a module's parameters and checks
-//! shapes; [`outputs_to_npz`] writes every device's results.
+//! dtypes: numpy `bool`↔pred, `int8..int64`↔s8..s64, `uint8..uint64`↔u8..u64, `float16`↔f16, `float32`↔f32,
+//! `float64`↔f64. numpy has no bfloat16, so bf16 is stored as `uint16` raw bits; F8 variants and s4/u4 (one element per
+//! byte) as `uint8` raw bytes. Reading therefore yields the numpy type, and [`to_type`] reinterprets it as the type the
+//! caller expects. [`inputs_from_npz`] does that for a module's parameters and checks shapes; [`outputs_to_npz`] writes
+//! every device's results.
 //!
-//! CLI glue: [`random_inputs`] (seeded with ChaCha8: floats uniform in [-1, 1), signed ints
-//! in [-8, 8), unsigned in [0, 16), pred fair coin), [`inputs_from_npz`],
-//! [`inputs_to_npz`], [`outputs_to_npz`].
+//! CLI glue: [`random_inputs`] (seeded with ChaCha8: floats uniform in [-1, 1), signed ints in [-8, 8), unsigned in [0,
+//! 16), pred fair coin), [`inputs_from_npz`], [`inputs_to_npz`], [`outputs_to_npz`].
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -63,8 +60,8 @@ pub fn storage_type(ty: PrimitiveType) -> Option<PrimitiveType> {
     })
 }
 
-/// Reinterprets an array read from npz as `ty`: identity when the types already agree,
-/// u16 bits → bf16, u8 bytes → F8/s4/u4. `None` if the stored type does not fit `ty`.
+/// Reinterprets an array read from npz as `ty`: identity when the types already agree, u16 bits → bf16, u8 bytes →
+/// F8/s4/u4. `None` if the stored type does not fit `ty`.
 pub fn to_type(a: Array, ty: PrimitiveType) -> Option<Array> {
     if a.shape.ty == ty {
         return Some(a);
@@ -96,8 +93,7 @@ pub fn read_npz_bytes(path: impl AsRef<Path>, bytes: &[u8]) -> Result<BTreeMap<S
 /// Largest element count accepted from one npy header (2^40, as `hlo` bounds shapes).
 const MAX_NPY_ELEMENTS: u64 = 1 << 40;
 
-/// The shape of an array read from a file: no negative dimension, at most
-/// [`MAX_NPY_ELEMENTS`] elements.
+/// The shape of an array read from a file: no negative dimension, at most [`MAX_NPY_ELEMENTS`] elements.
 fn array_shape(ty: PrimitiveType, dims: Vec<i64>) -> Result<ArrayShape, String> {
     let mut count: u64 = 1;
     for &d in &dims {
@@ -115,8 +111,8 @@ fn read_npz_from<R: std::io::Read + std::io::Seek>(path: &Path, reader: R) -> Re
     let mut out = BTreeMap::new();
     for name in names {
         let bad = |why: String| IoError::Array { path: path.display().to_string(), name: name.clone(), why };
-        // Read the member's bytes first (as much as it really holds, not what a header
-        // claims), and check the npy header's shape before npyz multiplies it out.
+        // Read the member's bytes first (as much as it really holds, not what a header claims), and check the npy
+        // header's shape before npyz multiplies it out.
         let mut bytes = Vec::new();
         {
             use std::io::Read;
@@ -158,9 +154,9 @@ fn read_npz_from<R: std::io::Read + std::io::Seek>(path: &Path, reader: R) -> Re
     Ok(out)
 }
 
-/// Checks the `'shape': (...)` entry of an npy header: every dimension parses, their
-/// product fits in [`MAX_NPY_ELEMENTS`], and the data that follows the header holds at
-/// least that many bytes' worth of 1-byte elements. Headers it cannot read are left to npyz.
+/// Checks the `'shape': (...)` entry of an npy header: every dimension parses, their product fits in
+/// [`MAX_NPY_ELEMENTS`], and the data that follows the header holds at least that many bytes' worth of 1-byte elements.
+/// Headers it cannot read are left to npyz.
 fn check_npy_shape(bytes: &[u8]) -> Result<(), String> {
     let (header_len, start) = match bytes.get(6) {
         Some(1) if bytes.len() >= 10 => (usize::from(u16::from_le_bytes([bytes[8], bytes[9]])), 10usize),
@@ -284,9 +280,8 @@ pub fn random_inputs(module: &Module, cfg: &RunConfig, seed: u64) -> Result<Vec<
     shapes.iter().map(|dev| dev.iter().map(|s| random_literal(&mut rng, s)).collect()).collect()
 }
 
-/// Builds entry arguments `[device][parameter]` from npz arrays named `p{i}_d{d}` (tuple
-/// parameters are not supported: use one array per array parameter), converting stored
-/// types to the parameter types and checking local shapes.
+/// Builds entry arguments `[device][parameter]` from npz arrays named `p{i}_d{d}` (tuple parameters are not supported:
+/// use one array per array parameter), converting stored types to the parameter types and checking local shapes.
 pub fn inputs_from_npz(
     module: &Module,
     cfg: &RunConfig,

@@ -1,16 +1,15 @@
-//! A run of an HLO module on N devices, as `peerless run`, the conformance suite and
-//! the benchmarks describe one: how device ids map onto the module's replicas or partitions
-//! ([`RunConfig`], [`Mode`]), the value each device holds of every entry parameter
-//! ([`local_param_shapes`]: a shard where the parameter's sharding says so), and the inputs
-//! and outputs as npz files ([`io`]). XLA's runs (through `tools::xla_run`), the CLI and the
-//! conformance goldens share it; it runs nothing itself.
+//! A run of an HLO module on N devices, as `peerless run`, the conformance suite and the benchmarks describe one: how
+//! device ids map onto the module's replicas or partitions ([`RunConfig`], [`Mode`]), the value each device holds of
+//! every entry parameter ([`local_param_shapes`]: a shard where the parameter's sharding says so), and the inputs and
+//! outputs as npz files ([`io`]). XLA's runs (through `tools::xla_run`), the CLI and the conformance goldens share it;
+//! it runs nothing itself.
 
 pub mod io;
 
 use hlo::{Module, Shape};
 
-/// How device ids map onto the module's replicas and partitions (the emitter resolves
-/// replica groups with the same rule).
+/// How device ids map onto the module's replicas and partitions (the emitter resolves replica groups with the same
+/// rule).
 pub use hlo::analysis::DeviceMode as Mode;
 pub use io::IoError as Error;
 
@@ -42,10 +41,10 @@ pub fn check_config(module: &Module, cfg: &RunConfig) -> Result<(), Error> {
     Ok(())
 }
 
-/// Per device, per entry parameter: the shape of the value that device holds. In partition
-/// mode a parameter sharded by `sharding={devices=..}`, by Shardy's `xla.sdy.sharding`, or
-/// by the shard_map custom call that consumes it holds its shard (each dimension divided
-/// by its tile count, rounded up); otherwise (and in replica mode) the full declared shape.
+/// Per device, per entry parameter: the shape of the value that device holds. In partition mode a parameter sharded by
+/// `sharding={devices=..}`, by Shardy's `xla.sdy.sharding`, or by the shard_map custom call that consumes it holds its
+/// shard (each dimension divided by its tile count, rounded up); otherwise (and in replica mode) the full declared
+/// shape.
 pub fn local_param_shapes(module: &Module, cfg: &RunConfig) -> Result<Vec<Vec<Shape>>, Error> {
     check_config(module, cfg)?;
     let shapes = match cfg.mode {

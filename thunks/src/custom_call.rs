@@ -1,12 +1,11 @@
-//! The contract between the collective pass and the FFI handlers: which typed-FFI
-//! custom-call target a collective becomes, and the plain-data attributes it carries.
+//! The contract between the collective pass and the FFI handlers: which typed-FFI custom-call target a collective
+//! becomes, and the plain-data attributes it carries.
 //!
-//! The pass (emitter) writes a [`CustomCallConfig`] into the custom call's
-//! `backend_config` as an MLIR dictionary ([`CustomCallConfig::backend_config`]); XLA
-//! parses it and hands the handler each attribute by name; the handler rebuilds the same
-//! value with [`CustomCallConfig::from_attrs`]. Both directions live here so they cannot
-//! drift apart. Groups and pairs are *device ids* (the module's device assignment is
-//! applied by the pass), so a handler finds its rank from its own device id.
+//! The pass (emitter) writes a [`CustomCallConfig`] into the custom call's `backend_config` as an MLIR dictionary
+//! ([`CustomCallConfig::backend_config`]); XLA parses it and hands the handler each attribute by name; the handler
+//! rebuilds the same value with [`CustomCallConfig::from_attrs`]. Both directions live here so they cannot drift apart.
+//! Groups and pairs are *device ids* (the module's device assignment is applied by the pass), so a handler finds its
+//! rank from its own device id.
 
 use std::fmt;
 
@@ -33,34 +32,16 @@ pub fn target_kind(target: &str) -> Option<CollectiveKind> {
     TARGETS.iter().find(|(_, t)| *t == target).map(|(k, _)| *k)
 }
 
-/// Attribute spelling of an algorithm.
-pub fn algorithm_name(algo: KernelAlgorithm) -> &'static str {
-    match algo {
-        KernelAlgorithm::OneShotAllReduce => "one_shot",
-        KernelAlgorithm::TwoShotAllReduce => "two_shot",
-        KernelAlgorithm::DirectAllGather => "direct_all_gather",
-        KernelAlgorithm::DirectAllToAll => "direct_all_to_all",
-        KernelAlgorithm::DirectReduceScatter => "direct_reduce_scatter",
-        KernelAlgorithm::DirectPermute => "direct_permute",
-        KernelAlgorithm::CopyEngineAllGather => "copy_engine_all_gather",
-        KernelAlgorithm::CopyEngineAllToAll => "copy_engine_all_to_all",
-        KernelAlgorithm::CopyEnginePermute => "copy_engine_permute",
-        KernelAlgorithm::CopyEngineReduceScatter => "copy_engine_reduce_scatter",
-        KernelAlgorithm::CopyEngineAllReduce => "copy_engine_all_reduce",
-    }
-}
-
 fn algorithm_from_name(s: &str) -> Option<KernelAlgorithm> {
-    KernelAlgorithm::ALL.into_iter().find(|&a| algorithm_name(a) == s)
+    KernelAlgorithm::ALL.into_iter().find(|&a| a.attr_name() == s)
 }
 
 fn reduction_from_name(s: &str) -> Option<ReductionKind> {
-    use ReductionKind as R;
-    [R::Sum, R::Prod, R::Min, R::Max, R::And, R::Or].into_iter().find(|r| r.name() == s)
+    ReductionKind::ALL.into_iter().find(|r| r.name() == s)
 }
 
-/// `s` as an MLIR string literal: quotes, backslashes and control characters (the report's
-/// tabs and newlines) as `\XX` hex escapes, which XLA's attribute parser decodes.
+/// `s` as an MLIR string literal: quotes, backslashes and control characters (the report's tabs and newlines) as `\XX`
+/// hex escapes, which XLA's attribute parser decodes.
 fn mlir_string(s: &str) -> String {
     let mut out = String::with_capacity(s.len() + 2);
     out.push('"');
@@ -75,8 +56,8 @@ fn mlir_string(s: &str) -> String {
     out
 }
 
-/// The name as it goes into an MLIR string: instruction names are identifiers, but
-/// anything outside `[A-Za-z0-9_.-]` becomes `_` so no escape rules are involved.
+/// The name as it goes into an MLIR string: instruction names are identifiers, but anything outside `[A-Za-z0-9_.-]`
+/// becomes `_` so no escape rules are involved.
 fn plain_name(name: &str) -> String {
     name.chars().map(|c| if c.is_ascii_alphanumeric() || "_.-".contains(c) { c } else { '_' }).collect()
 }
@@ -94,57 +75,50 @@ pub struct CustomCallConfig {
     pub reduction: Option<ReductionKind>,
     /// Gather / scatter / split dimension (absent for tuple-form all-to-all).
     pub dimension: Option<usize>,
-    /// The buffers' shared `minor_to_major` when it is not row-major (XLA's CPU pipeline
-    /// assigns layouts before the pass runs); the handler works on the physical order.
+    /// The buffers' shared `minor_to_major` when it is not row-major (XLA's CPU pipeline assigns layouts before the
+    /// pass runs); the handler works on the physical order.
     pub layout: Option<Vec<usize>>,
-    /// Device ids the program spans (the module's device assignment: largest id + 1; 0 =
-    /// unknown). Devices outside every pair still call a permute (they receive zeros).
+    /// Device ids the program spans (the module's device assignment: largest id + 1; 0 = unknown). Devices outside
+    /// every pair still call a permute (they receive zeros).
     pub num_devices: usize,
-    /// Keys the handler's per-collective state (its plan; staging and signal flags too unless
-    /// the call names a `slot`, which then keys those): unique per rewritten instruction and compile for
-    /// a group inside one process; for a group across processes, the same in every process
-    /// and every run (the module and the instruction), told apart at run time by the job's
-    /// token and the executable ([`crate::runtime::shared_key`]).
+    /// Keys the handler's per-collective state (its plan; staging and signal flags too unless the call names a `slot`,
+    /// which then keys those): unique per rewritten instruction and compile for a group inside one process; for a group
+    /// across processes, the same in every process and every run (the module and the instruction), told apart at run
+    /// time by the job's token and the executable ([`crate::runtime::shared_key`]).
     pub instance: u64,
     pub timeout_ms: u64,
     /// The original instruction's name, for errors.
     pub name: String,
-    /// Groups that span processes of one host: the process of each device, in the order of
-    /// the flattened `groups` (or `pairs`); empty: every group lies in one process. The job's
-    /// token, which names the shared segments, is the running process's
-    /// ([`crate::runtime::job`]), never the compiling one's: a compiled module holds nothing
-    /// of the run that compiled it, so a persistent compilation cache can hand it to another.
+    /// Groups that span processes of one host: the process of each device, in the order of the flattened `groups` (or
+    /// `pairs`); empty: every group lies in one process. The job's token, which names the shared segments, is the
+    /// running process's ([`crate::runtime::job`]), never the compiling one's: a compiled module holds nothing of the
+    /// run that compiled it, so a persistent compilation cache can hand it to another.
     pub processes: Vec<usize>,
-    /// The pass's decision for this call as report lines ([`crate::runtime`]'s format), and
-    /// on the module's first call those of the collectives it left to XLA: registered when
-    /// XLA instantiates the call, so an executable loaded from a cache tells `stats()` what
-    /// it runs. Empty: none carried.
+    /// The pass's decision for this call as report lines ([`crate::runtime`]'s format), and on the module's first call
+    /// those of the collectives it left to XLA: registered when XLA instantiates the call, so an executable loaded from
+    /// a cache tells `stats()` what it runs. Empty: none carried.
     pub decisions: String,
-    /// The staging slot the call shares with other collectives of its executable (`None`:
-    /// staging of its own, as calls written before slots existed). The pass gives two calls
-    /// one slot only when every device runs them in one order: same computation, same
-    /// groups (permute: same pairs), one a data-dependency ancestor of the other
-    /// (`emitter::xla_pass`'s slot rule); the handler keys staging, flags and epochs by the
-    /// slot, so the protocols' argument for repeated launches of one collective covers the
-    /// slot's sequence of calls.
+    /// The staging slot the call shares with other collectives of its executable (`None`: staging of its own, as calls
+    /// written before slots existed). The pass gives two calls one slot only when every device runs them in one order:
+    /// same computation, same groups (permute: same pairs), one a data-dependency ancestor of the other
+    /// (`emitter::xla_pass`'s slot rule); the handler keys staging, flags and epochs by the slot, so the protocols'
+    /// argument for repeated launches of one collective covers the slot's sequence of calls.
     pub slot: Option<u64>,
-    /// Bytes of one staging buffer of the slot: the largest staged message among its calls
-    /// (0: the handler sizes it from the first call).
+    /// Bytes of one staging buffer of the slot: the largest staged message among its calls (0: the handler sizes it
+    /// from the first call).
     pub slot_bytes: u64,
-    /// Bytes of the slot's staging on each GPU: the largest [`Self::gpu_staging_bytes`]
-    /// among its calls (the GPU layout stages results, not only operands; 0: the handler
-    /// sizes it from the first call).
+    /// Bytes of the slot's staging on each GPU: the largest [`Self::gpu_staging_bytes`] among its calls (the GPU layout
+    /// stages results, not only operands; 0: the handler sizes it from the first call).
     pub slot_gpu_bytes: u64,
-    /// Trailing operand buffers that only order the call after another (XLA:CPU, where the
-    /// pass chains a computation's calls through data dependencies: its thunk executor runs
-    /// independent thunks at once): the handler ignores them.
+    /// Trailing operand buffers that only order the call after another (XLA:CPU, where the pass chains a computation's
+    /// calls through data dependencies: its thunk executor runs independent thunks at once): the handler ignores them.
     pub order_operands: usize,
-    /// What the pass fused after an all-reduce ([`Epilogue`]); `None`: the plain collective.
-    /// With one, the call takes (operand, residual, [gamma]) and returns (h, y).
+    /// What the pass fused after an all-reduce ([`Epilogue`]); `None`: the plain collective. With one, the call takes
+    /// (operand, residual, [gamma]) and returns (h, y).
     pub epilogue: Option<Epilogue>,
-    /// The most thread blocks the call's kernels launch with (0: the kernels' own grid). A
-    /// call beside compute takes few SMs, so the GEMMs it overlaps keep the device; every
-    /// rank reads the same value, which the per-block barriers need.
+    /// The most thread blocks the call's kernels launch with (0: the kernels' own grid). A call beside compute takes
+    /// few SMs, so the GEMMs it overlaps keep the device; every rank reads the same value, which the per-block barriers
+    /// need.
     pub blocks: u32,
 }
 
@@ -168,19 +142,17 @@ impl RoundTo {
     }
 }
 
-/// How the fused row mean is taken: the row's sum times a constant, or divided by one (XLA
-/// keeps whichever the program's simplified form has; the constant is the f32 XLA holds, by
-/// its bits).
+/// How the fused row mean is taken: the row's sum times a constant, or divided by one (XLA keeps whichever the
+/// program's simplified form has; the constant is the f32 XLA holds, by its bits).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mean {
     Multiply(u32),
     Divide(u32),
 }
 
-/// A residual add and RMSNorm fused after a sum all-reduce, exactly as
-/// the pass matched them after partitioning. The call's operands are the all-reduce's
-/// operand `a`, the residual `x` and, with `gamma`, the scale `g` (f32 or a type converted
-/// to f32); its results `h` and `y`, rows along the minor-most dimension. In f32:
+/// A residual add and RMSNorm fused after a sum all-reduce, exactly as the pass matched them after partitioning. The
+/// call's operands are the all-reduce's operand `a`, the residual `x` and, with `gamma`, the scale `g` (f32 or a type
+/// converted to f32); its results `h` and `y`, rows along the minor-most dimension. In f32:
 ///
 /// ```text
 /// s  = allreduce(a), rounded to `round_ar` (XLA:CPU sums bf16 in f32 and rounds once)
@@ -200,8 +172,8 @@ pub struct Epilogue {
 }
 
 impl Epilogue {
-    /// The attribute's text: `rmsnorm;round=bf16|none;of=rounded|exact;mul=HEX|div=HEX;eps=HEX;gamma=0|1`
-    /// (f32 constants by their bits, so they travel exactly).
+    /// The attribute's text: `rmsnorm;round=bf16|none;of=rounded|exact;mul=HEX|div=HEX;eps=HEX;gamma=0|1` (f32
+    /// constants by their bits, so they travel exactly).
     pub fn text(&self) -> String {
         let mean = match self.mean {
             Mean::Multiply(m) => format!("mul={m:08x}"),
@@ -287,9 +259,8 @@ pub enum AttrError {
     Invalid { name: &'static str, message: String },
 }
 
-/// Where [`CustomCallConfig::from_attrs`] reads attributes from (the FFI call frame; a
-/// map in tests). Each accessor returns `Ok(None)` for a missing attribute and an error
-/// message for one of another type.
+/// Where [`CustomCallConfig::from_attrs`] reads attributes from (the FFI call frame; a map in tests). Each accessor
+/// returns `Ok(None)` for a missing attribute and an error message for one of another type.
 pub trait AttrSource {
     /// Every attribute name the call has.
     fn names(&self) -> Result<Vec<String>, String>;
@@ -321,9 +292,9 @@ fn opt_count(a: &dyn AttrSource, name: &'static str) -> Result<Option<usize>, At
 }
 
 impl CustomCallConfig {
-    /// A call of `kind` running `algorithm`, named `name`, with nothing else set (no groups,
-    /// pairs, reduction, dimension, layout, processes, slot, epilogue or block limit; device
-    /// count, instance and timeout 0): the base the pass and tests fill in with `..`.
+    /// A call of `kind` running `algorithm`, named `name`, with nothing else set (no groups, pairs, reduction,
+    /// dimension, layout, processes, slot, epilogue or block limit; device count, instance and timeout 0): the base the
+    /// pass and tests fill in with `..`.
     pub fn new(kind: CollectiveKind, algorithm: KernelAlgorithm, name: impl Into<String>) -> Self {
         CustomCallConfig {
             kind,
@@ -363,8 +334,8 @@ impl CustomCallConfig {
         !self.processes.is_empty()
     }
 
-    /// The MLIR dictionary XLA reads a typed-FFI custom call's attributes from
-    /// (`backend_config={...}`), keys sorted as XLA sorts them.
+    /// The MLIR dictionary XLA reads a typed-FFI custom call's attributes from (`backend_config={...}`), keys sorted as
+    /// XLA sorts them.
     pub fn backend_config(&self) -> String {
         fn arr(v: impl IntoIterator<Item = usize>) -> String {
             let items: Vec<String> = v.into_iter().map(|x| x.to_string()).collect();
@@ -374,7 +345,7 @@ impl CustomCallConfig {
             format!("{v} : i64")
         }
         let mut kv: Vec<(&str, String)> = vec![
-            ("algorithm", format!("\"{}\"", algorithm_name(self.algorithm))),
+            ("algorithm", format!("\"{}\"", self.algorithm.attr_name())),
             ("num_devices", int(self.num_devices)),
             ("instance", int(self.instance & (i64::MAX as u64))),
             ("name", format!("\"{}\"", plain_name(&self.name))),
@@ -423,8 +394,8 @@ impl CustomCallConfig {
         format!("{{{}}}", body.join(", "))
     }
 
-    /// Rebuilds the config a handler of `kind` was called with. An attribute this contract
-    /// does not define is an error (a misspelt optional one would otherwise be ignored).
+    /// Rebuilds the config a handler of `kind` was called with. An attribute this contract does not define is an error
+    /// (a misspelt optional one would otherwise be ignored).
     pub fn from_attrs(kind: CollectiveKind, a: &dyn AttrSource) -> Result<Self, AttrError> {
         let names = a.names().map_err(|message| AttrError::Invalid { name: "attributes", message })?;
         if let Some(bad) = names.iter().find(|n| !ATTRIBUTES.contains(&n.as_str())) {
@@ -529,14 +500,12 @@ impl CustomCallConfig {
         })
     }
 
-    /// Staging bytes this call needs on each GPU, in the CUDA handlers' layout
-    /// (kernels/src/gpu/xla.rs), given its operands' and results' byte sizes: the
-    /// reductions double-buffer by launch parity in two equal halves (a variadic one-shot
-    /// stages all its operands side by side, each rounded to 256 bytes; the others one
-    /// operand at a time); the exchanges (all-gather, all-to-all, permute) assemble the
-    /// whole result there (tuple all-to-all: one 256-byte-aligned chunk per member). Always
-    /// a multiple of 512, so the halves stay 256-byte aligned. The pass sizes a slot with it
-    /// and the handler checks a call against its slot with it: one rule for both.
+    /// Staging bytes this call needs on each GPU, in the CUDA handlers' layout (kernels/src/gpu/xla.rs), given its
+    /// operands' and results' byte sizes: the reductions double-buffer by launch parity in two equal halves (a variadic
+    /// one-shot stages all its operands side by side, each rounded to 256 bytes; the others one operand at a time); the
+    /// exchanges (all-gather, all-to-all, permute) assemble the whole result there (tuple all-to-all: one
+    /// 256-byte-aligned chunk per member). Always a multiple of 512, so the halves stay 256-byte aligned. The pass
+    /// sizes a slot with it and the handler checks a call against its slot with it: one rule for both.
     pub fn gpu_staging_bytes(&self, args: &[usize], rets: &[usize]) -> usize {
         let r = |x: usize| x.max(16).div_ceil(256).saturating_mul(256);
         let max_in = args.iter().copied().max().unwrap_or(0);
@@ -561,9 +530,9 @@ impl CustomCallConfig {
         bytes.max(512).div_ceil(512).saturating_mul(512)
     }
 
-    /// Bytes of one host staging buffer (XLA:CPU's protocols, `kernels::host::direct`): each
-    /// operand at a 64-byte-aligned offset, in order ([`host_stage_len`]). The pass sizes a slot
-    /// with it and the handler lays out its operands by it: one rule for both, as on GPUs.
+    /// Bytes of one host staging buffer (XLA:CPU's protocols, `kernels::host::direct`): each operand at a
+    /// 64-byte-aligned offset, in order ([`host_stage_len`]). The pass sizes a slot with it and the handler lays out
+    /// its operands by it: one rule for both, as on GPUs.
     pub fn host_staging_bytes(operands: &[usize]) -> usize {
         operands.iter().fold(0usize, |at, &len| at.saturating_add(host_stage_len(len)))
     }
@@ -578,9 +547,8 @@ impl CustomCallConfig {
         devices.into_iter().zip(self.processes.iter().copied()).collect()
     }
 
-    /// Physical dimensions and the physical index of `dimension` for buffers whose logical
-    /// dimensions are `dims`: with a `layout`, the buffer is a row-major array of the
-    /// dimensions in major-to-minor order.
+    /// Physical dimensions and the physical index of `dimension` for buffers whose logical dimensions are `dims`: with
+    /// a `layout`, the buffer is a row-major array of the dimensions in major-to-minor order.
     pub fn physical(&self, dims: &[i64]) -> Result<(Vec<i64>, Option<usize>), String> {
         let Some(l) = &self.layout else { return Ok((dims.to_vec(), self.dimension)) };
         let mut sorted = l.clone();
@@ -613,16 +581,15 @@ impl fmt::Display for CustomCallConfig {
     }
 }
 
-/// The part of an all-reduce operand of `len` bytes each of `g` members reduces on the copy
-/// engines' all-reduce: `len / g` rounded up to 16 bytes (a whole element of every type, and
-/// the kernels' vector width); member k's part starts at `k` times it (the last may be short
-/// or empty).
+/// The part of an all-reduce operand of `len` bytes each of `g` members reduces on the copy engines' all-reduce: `len /
+/// g` rounded up to 16 bytes (a whole element of every type, and the kernels' vector width); member k's part starts at
+/// `k` times it (the last may be short or empty).
 pub fn ce_part_bytes(len: usize, g: usize) -> usize {
     len.div_ceil(g.max(1)).div_ceil(16).saturating_mul(16)
 }
 
-/// The bytes an operand of `len` bytes takes in host staging: `len` rounded up to 64 (each
-/// operand starts on its own cache line).
+/// The bytes an operand of `len` bytes takes in host staging: `len` rounded up to 64 (each operand starts on its own
+/// cache line).
 pub fn host_stage_len(len: usize) -> usize {
     len.div_ceil(64).saturating_mul(64)
 }

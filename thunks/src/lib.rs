@@ -1,21 +1,15 @@
-//! Thunks: plain-data collective configs, the custom-call contract between the pass and
-//! the handlers, and the handlers' phases.
-//!
-//! The emitter's decision layer produces what a collective is ([`CollectiveConfig`]) and
-//! how it will run ([`Decision`]); the pass writes it into a Peerless custom call
-//! ([`custom_call`]); XLA's FFI handlers (`kernels::ffi_handler`, beside the runtimes) read
-//! it back and drive a platform's runtime through XLA's phases; [`runtime`] holds what the
-//! running process tells them (its job, its topology). Nothing here refers to a particular
-//! device, and nothing here depends on the device or FFI layers.
+//! Thunks: plain-data collective configs ([`CollectiveConfig`], [`Decision`]), the custom-call contract between the
+//! pass and the handlers ([`custom_call`]), and what the running process tells the handlers ([`runtime`]). Nothing here
+//! refers to a particular device or depends on the device or FFI layers.
 
 pub mod custom_call;
 pub mod peers;
 pub mod runtime;
 
-/// The names of Peerless's flags (`--name=value`, without the dashes). The table that reads
-/// them, with their types, defaults and help, is `emitter::flags::FLAGS`, which takes its names
-/// from here; so does any code that names a flag (a message that says what to set, a flags
-/// string built or read), in this crate or above it (the GPU runtime's messages, the bench).
+/// The names of Peerless's flags (`--name=value`, without the dashes). The table that reads them, with their types,
+/// defaults and help, is `emitter::flags::FLAGS`, which takes its names from here; so does any code that names a flag
+/// (a message that says what to set, a flags string built or read), in this crate or above it (the GPU runtime's
+/// messages, the bench).
 pub mod flag {
     pub const ALL_REDUCE_BACKEND: &str = "all_reduce_backend";
     pub const ALL_GATHER_BACKEND: &str = "all_gather_backend";
@@ -38,11 +32,11 @@ use std::fmt;
 
 pub use peers::{PeerAccessTable, PeerTableKey};
 
-/// GPU backends: the most thread blocks a collective kernel's grid may have. The kernels'
-/// per-block counter and flag arrays are sized for this many (`PL_BLOCKS`).
+/// GPU backends: the most thread blocks a collective kernel's grid may have. The kernels' per-block counter and flag
+/// arrays are sized for this many (`PL_BLOCKS`).
 pub const MAX_COLLECTIVE_BLOCKS: u32 = 128;
-/// GPU backends: the default largest grid of a collective kernel (smaller messages get
-/// fewer blocks: one thread per 16-byte unit).
+/// GPU backends: the default largest grid of a collective kernel (smaller messages get fewer blocks: one thread per
+/// 16-byte unit).
 pub const DEFAULT_COLLECTIVE_BLOCKS: u32 = 64;
 
 use hlo::analysis::ReductionKind;
@@ -63,8 +57,8 @@ pub enum CollectiveKind {
 }
 
 impl CollectiveKind {
-    /// The flag choosing this kind's backend (`--all_reduce_backend=auto|kernel|fallback`, ...),
-    /// or `None` for the kinds Peerless has no kernel for.
+    /// The flag choosing this kind's backend (`--all_reduce_backend=auto|kernel|fallback`, ...), or `None` for the
+    /// kinds Peerless has no kernel for.
     pub const fn backend_flag(self) -> Option<&'static str> {
         match self {
             Self::AllReduce => Some(flag::ALL_REDUCE_BACKEND),
@@ -77,9 +71,8 @@ impl CollectiveKind {
     }
 }
 
-/// A collective operation: its kind, and whether it is the `-start` half of an async
-/// pair (`all-reduce-start`, `all-gather-start`, `collective-permute-start`). The
-/// matching `-done` is not a separate collective.
+/// A collective operation: its kind, and whether it is the `-start` half of an async pair (`all-reduce-start`,
+/// `all-gather-start`, `collective-permute-start`). The matching `-done` is not a separate collective.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct CollectiveOp {
     pub kind: CollectiveKind,
@@ -134,11 +127,11 @@ impl fmt::Display for CollectiveOp {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CollectiveConfig {
     pub op: CollectiveOp,
-    /// Groups of global device ids (`replica * num_partitions + partition`), in XLA's
-    /// participant order; every device is in exactly one group.
+    /// Groups of global device ids (`replica * num_partitions + partition`), in XLA's participant order; every device
+    /// is in exactly one group.
     pub groups: Vec<Vec<usize>>,
-    /// Element type of the *operand* (an `all-gather-start` result is a tuple, so the
-    /// result shape says nothing about what moves).
+    /// Element type of the *operand* (an `all-gather-start` result is a tuple, so the result shape says nothing about
+    /// what moves).
     pub element_type: PrimitiveType,
     /// The reduction of all-reduce / reduce-scatter, when `to_apply` is recognised.
     pub reduction: Option<ReductionKind>,
@@ -151,14 +144,8 @@ pub struct CollectiveConfig {
     pub num_operands: usize,
 }
 
-/// Formats groups as XLA prints replica groups: `{{0,1},{2,3}}`.
-pub fn fmt_groups(groups: &[Vec<usize>]) -> String {
-    let inner: Vec<String> = groups
-        .iter()
-        .map(|g| format!("{{{}}}", g.iter().map(usize::to_string).collect::<Vec<_>>().join(",")))
-        .collect();
-    format!("{{{}}}", inner.join(","))
-}
+/// Formats groups as XLA prints replica groups: `{{0,1},{2,3}}` (error messages and reports show them so).
+pub use hlo::print::group_list as fmt_groups;
 
 /// Formats collective-permute pairs as `[0->1,1->0]`.
 pub fn fmt_pairs(pairs: &[(usize, usize)]) -> String {
@@ -186,48 +173,61 @@ impl fmt::Display for CollectiveConfig {
     }
 }
 
-/// A Peerless peer-access kernel.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum KernelAlgorithm {
+/// Declares [`KernelAlgorithm`] from one table: each variant's display name, its attribute spelling (compiled modules
+/// in caches carry it, so it never changes) and whether it moves its bytes on the copy engines.
+macro_rules! kernel_algorithms {
+    ($($(#[$m:meta])* $v:ident = $name:literal, $attr:literal, $ce:literal;)*) => {
+        /// A Peerless peer-access kernel.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        pub enum KernelAlgorithm { $($(#[$m])* $v,)* }
+
+        impl KernelAlgorithm {
+            /// Every algorithm, for reading one back from a spelling.
+            pub const ALL: [KernelAlgorithm; [$(KernelAlgorithm::$v),*].len()] = [$(KernelAlgorithm::$v),*];
+
+            pub fn name(self) -> &'static str {
+                match self { $(Self::$v => $name,)* }
+            }
+
+            /// The spelling of the custom call's `algorithm` attribute.
+            pub fn attr_name(self) -> &'static str {
+                match self { $(Self::$v => $attr,)* }
+            }
+
+            /// Whether the algorithm moves its bytes on the copy engines (the reductions' forms then launch one local
+            /// reduction kernel; the others none).
+            pub fn is_copy_engine(self) -> bool {
+                match self { $(Self::$v => $ce,)* }
+            }
+        }
+    };
+}
+
+kernel_algorithms! {
     /// Every rank reads all peers' inputs and reduces them in fixed rank order.
-    OneShotAllReduce,
+    OneShotAllReduce = "one-shot all-reduce", "one_shot", false;
     /// Reduce-scatter of 1/N slices, then an all-gather of the reduced slices.
-    TwoShotAllReduce,
-    DirectAllGather,
-    DirectAllToAll,
-    DirectReduceScatter,
-    DirectPermute,
-    /// All-gather moved by the GPUs' copy engines (device-to-device copies, readiness by
-    /// stream memory operations): no kernel, no SM.
-    CopyEngineAllGather,
+    TwoShotAllReduce = "two-shot all-reduce", "two_shot", false;
+    DirectAllGather = "direct all-gather", "direct_all_gather", false;
+    DirectAllToAll = "direct all-to-all", "direct_all_to_all", false;
+    DirectReduceScatter = "direct reduce-scatter", "direct_reduce_scatter", false;
+    DirectPermute = "direct permute", "direct_permute", false;
+    /// All-gather moved by the GPUs' copy engines (device-to-device copies, readiness by stream memory operations): no
+    /// kernel, no SM.
+    CopyEngineAllGather = "copy-engine all-gather", "copy_engine_all_gather", true;
     /// All-to-all on the copy engines, as [`Self::CopyEngineAllGather`].
-    CopyEngineAllToAll,
+    CopyEngineAllToAll = "copy-engine all-to-all", "copy_engine_all_to_all", true;
     /// Collective-permute on the copy engines, as [`Self::CopyEngineAllGather`].
-    CopyEnginePermute,
-    /// Reduce-scatter: the copy engines gather every member's block for me into my staging,
-    /// then one small kernel reduces them with local reads (the only SMs it uses).
-    CopyEngineReduceScatter,
-    /// All-reduce as [`Self::CopyEngineReduceScatter`] of 1/N parts, then the reduced parts
-    /// all-gathered on the copy engines: a two-shot whose movement uses no SM.
-    CopyEngineAllReduce,
+    CopyEnginePermute = "copy-engine permute", "copy_engine_permute", true;
+    /// Reduce-scatter: the copy engines gather every member's block for me into my staging, then one small kernel
+    /// reduces them with local reads (the only SMs it uses).
+    CopyEngineReduceScatter = "copy-engine reduce-scatter", "copy_engine_reduce_scatter", true;
+    /// All-reduce as [`Self::CopyEngineReduceScatter`] of 1/N parts, then the reduced parts all-gathered on the copy
+    /// engines: a two-shot whose movement uses no SM.
+    CopyEngineAllReduce = "copy-engine all-reduce", "copy_engine_all_reduce", true;
 }
 
 impl KernelAlgorithm {
-    /// Every algorithm, for reading one back from a spelling.
-    pub const ALL: [KernelAlgorithm; 11] = [
-        Self::OneShotAllReduce,
-        Self::TwoShotAllReduce,
-        Self::DirectAllGather,
-        Self::DirectAllToAll,
-        Self::DirectReduceScatter,
-        Self::DirectPermute,
-        Self::CopyEngineAllGather,
-        Self::CopyEngineAllToAll,
-        Self::CopyEnginePermute,
-        Self::CopyEngineReduceScatter,
-        Self::CopyEngineAllReduce,
-    ];
-
     /// The copy-engine form of `kind`'s collective: all five kinds have one.
     pub fn copy_engine_for(kind: CollectiveKind) -> Option<KernelAlgorithm> {
         match kind {
@@ -239,35 +239,6 @@ impl KernelAlgorithm {
             _ => None,
         }
     }
-
-    /// Whether the algorithm moves its bytes on the copy engines (the reductions' forms then
-    /// launch one local reduction kernel; the others none).
-    pub fn is_copy_engine(self) -> bool {
-        matches!(
-            self,
-            Self::CopyEngineAllGather
-                | Self::CopyEngineAllToAll
-                | Self::CopyEnginePermute
-                | Self::CopyEngineReduceScatter
-                | Self::CopyEngineAllReduce
-        )
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::OneShotAllReduce => "one-shot all-reduce",
-            Self::TwoShotAllReduce => "two-shot all-reduce",
-            Self::DirectAllGather => "direct all-gather",
-            Self::DirectAllToAll => "direct all-to-all",
-            Self::DirectReduceScatter => "direct reduce-scatter",
-            Self::DirectPermute => "direct permute",
-            Self::CopyEngineAllGather => "copy-engine all-gather",
-            Self::CopyEngineAllToAll => "copy-engine all-to-all",
-            Self::CopyEnginePermute => "copy-engine permute",
-            Self::CopyEngineReduceScatter => "copy-engine reduce-scatter",
-            Self::CopyEngineAllReduce => "copy-engine all-reduce",
-        }
-    }
 }
 
 impl fmt::Display for KernelAlgorithm {
@@ -276,8 +247,8 @@ impl fmt::Display for KernelAlgorithm {
     }
 }
 
-/// How a collective runs: a Peerless kernel, or the backend's fallback path
-/// (the host backend's copy loops, NCCL/RCCL on GPUs).
+/// How a collective runs: a Peerless kernel, or the backend's fallback path (the host backend's copy loops, NCCL/RCCL
+/// on GPUs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Implementation {
     Kernel(KernelAlgorithm),
@@ -293,8 +264,8 @@ impl fmt::Display for Implementation {
     }
 }
 
-/// The emitter's choice for one collective, with the reason it was made. Every
-/// decision carries a reason a person can act on.
+/// The emitter's choice for one collective, with the reason it was made. Every decision carries a reason a person can
+/// act on.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Decision {
     pub implementation: Implementation,

@@ -1,15 +1,14 @@
-//! Which devices can read and write each other's memory directly: an N×N table the
-//! decision rules consult. It is built once per device set and shared: the host
-//! backend derives it from `--host_topology`; a GPU backend supplies its own (driver
-//! peer-access query plus a real transfer probe, since drivers can report access that
-//! does not work) through [`PeerAccessTable::from_fn`] and [`PeerAccessTable::cached`].
+//! Which devices can read and write each other's memory directly: an N×N table the decision rules consult. It is built
+//! once per device set and shared: the host backend derives it from `--host_topology`; a GPU backend supplies its own
+//! (driver peer-access query plus a real transfer probe, since drivers can report access that does not work) through
+//! [`PeerAccessTable::from_fn`] and [`PeerAccessTable::cached`].
 
 use std::collections::{BTreeSet, HashMap};
 use std::fmt;
 use std::sync::{Arc, Mutex, OnceLock};
 
-/// Which devices of a host can reach each other's memory directly. Stands in for the
-/// hardware probe on the host backend and in tests.
+/// Which devices of a host can reach each other's memory directly. Stands in for the hardware probe on the host backend
+/// and in tests.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub enum HostTopology {
     /// Every device reaches every other (`full`).
@@ -60,12 +59,9 @@ impl fmt::Display for HostTopology {
     }
 }
 
-/// GPU targets whose cross-device atomics are known not to be visible to peers while
-/// kernels run, with why: Peerless's kernels synchronise through system-scope flags in
-/// peers' memory, so on these targets every cross-device link counts as missing (the
-/// collective uses the fallback) unless `--allow_unsafe_peer_targets=true`. XLA excludes
-/// MI200 from its collective kernels for the same reason (`has_peer_visible_atomics()`,
-/// openxla/xla#48069).
+/// GPU targets whose cross-device atomics are not visible to peers while kernels run, with why: Peerless's kernels
+/// synchronise through system-scope flags in peers' memory, so there every link counts as missing unless
+/// `--allow_unsafe_peer_targets=true`. XLA excludes MI200 from its collective kernels likewise (openxla/xla#48069).
 pub const PEER_ATOMICS_NOT_VISIBLE: &[(&str, &str)] =
     &[("gfx90a", "MI200-class: cross-device atomics are not visible to peers (openxla/xla#48069)")];
 
@@ -74,8 +70,8 @@ pub const PEER_ATOMICS_NOT_VISIBLE: &[(&str, &str)] =
 pub enum PeerTableKey {
     /// The host backend's simulated devices under a `--host_topology`.
     HostTopology { num_devices: usize, topology: HostTopology },
-    /// A hardware backend's device set (`backend` names it, e.g. `cuda`; `devices` are
-    /// its ordinals, in the order table indices refer to them).
+    /// A hardware backend's device set (`backend` names it, e.g. `cuda`; `devices` are its ordinals, in the order table
+    /// indices refer to them).
     Backend { backend: String, devices: Vec<usize> },
 }
 
@@ -89,8 +85,8 @@ enum Links {
     Matrix(Vec<bool>),
 }
 
-/// Peer access between `n` devices: `can_access(a, b)` says whether device `a` can
-/// address device `b`'s memory. Self-access is always true; ids `>= n` never have access.
+/// Peer access between `n` devices: `can_access(a, b)` says whether device `a` can address device `b`'s memory.
+/// Self-access is always true; ids `>= n` never have access.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PeerAccessTable {
     n: usize,
@@ -107,9 +103,8 @@ fn cache() -> &'static Cache {
 }
 
 impl PeerAccessTable {
-    /// A table from a predicate over device pairs, evaluated once per ordered pair
-    /// (`n × n` entries, so `n` should be a real device count). Backends use this with
-    /// their hardware query.
+    /// A table from a predicate over device pairs, evaluated once per ordered pair (`n × n` entries, so `n` should be a
+    /// real device count). Backends use this with their hardware query.
     pub fn from_fn(n: usize, source: impl Into<String>, mut can_access: impl FnMut(usize, usize) -> bool) -> Self {
         let mut m = vec![false; n * n];
         for a in 0..n {
@@ -125,9 +120,8 @@ impl PeerAccessTable {
         PeerAccessTable { n, links: Links::All, source: source.into() }
     }
 
-    /// The table for `n` host-backend devices under `topology`, computed once per
-    /// `(n, topology)` and shared process-wide. `pairs:` links are symmetric; links that
-    /// name a device `>= n` are ignored.
+    /// The table for `n` host-backend devices under `topology`, computed once per `(n, topology)` and shared
+    /// process-wide. `pairs:` links are symmetric; links that name a device `>= n` are ignored.
     pub fn for_host_topology(n: usize, topology: &HostTopology) -> Arc<Self> {
         let key = PeerTableKey::HostTopology { num_devices: n, topology: topology.clone() };
         Self::cached(key, || {
@@ -143,21 +137,19 @@ impl PeerAccessTable {
         })
     }
 
-    /// The cached table for `key`, building it with `build` the first time. A backend
-    /// calls this with [`PeerTableKey::Backend`] so its probe runs once per device set.
+    /// The cached table for `key`, building it with `build` the first time. A backend calls this with
+    /// [`PeerTableKey::Backend`] so its probe runs once per device set.
     pub fn cached(key: PeerTableKey, build: impl FnOnce() -> PeerAccessTable) -> Arc<Self> {
-        // A poisoned lock only means another thread panicked mid-insert; the map is
-        // still a valid map, so keep using it.
+        // A poisoned lock only means another thread panicked mid-insert; the map is still a valid map, so keep using
+        // it.
         let mut map = cache().lock().unwrap_or_else(|e| e.into_inner());
         Arc::clone(map.entry(key).or_insert_with(|| Arc::new(build())))
     }
 
-    /// This table with every cross-device link of a device whose GPU target (`targets[i]`
-    /// for table index `i`, e.g. `gfx90a`, or a full `gfx90a:sramecc+:xnack-`) is listed in
-    /// [`PEER_ATOMICS_NOT_VISIBLE`] removed, unless `allow_unsafe` (the emitter's
-    /// `--allow_unsafe_peer_targets`). The
-    /// source names the excluded target, why, and the flag, so decision reasons say what to
-    /// change. Returns `self` when nothing is excluded.
+    /// This table with every cross-device link of a device whose GPU target (`targets[i]` for table index `i`, e.g.
+    /// `gfx90a`, or a full `gfx90a:sramecc+:xnack-`) is listed in [`PEER_ATOMICS_NOT_VISIBLE`] removed, unless
+    /// `allow_unsafe` (the emitter's `--allow_unsafe_peer_targets`). The source names the excluded target, why, and the
+    /// flag, so decision reasons say what to change. Returns `self` when nothing is excluded.
     pub fn with_target_policy(self: &Arc<Self>, targets: &[&str], allow_unsafe: bool) -> Arc<Self> {
         if allow_unsafe {
             return Arc::clone(self);
@@ -217,8 +209,7 @@ impl PeerAccessTable {
         }
     }
 
-    /// The first pair of `devices` (in listed order) without access in both
-    /// directions, if any.
+    /// The first pair of `devices` (in listed order) without access in both directions, if any.
     pub fn missing_link(&self, devices: &[usize]) -> Option<(usize, usize)> {
         for (i, &a) in devices.iter().enumerate() {
             for &b in &devices[i + 1..] {

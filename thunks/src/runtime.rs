@@ -1,22 +1,9 @@
-//! What Peerless's FFI handlers take from the process they run in rather than from the
-//! compiled module, so that a module compiled by one run (and kept in a persistent
-//! compilation cache) runs correctly in another:
-//!
-//! - the job's token (`jax.distributed`), which names the shared memory of groups across
-//!   processes: the running job's ([`set_job`], [`job`]), never the compiling one's;
-//! - which executable a group across processes belongs to: its `instance` is the same in
-//!   every process and run (it hashes the module and the instruction), so the how-manyth
-//!   instantiation of that instance in this process tells two executables of one module
-//!   apart ([`next_occurrence`], [`shared_key`]); SPMD processes load the same executables
-//!   in the same order, so every process counts alike;
-//! - the pass's decisions for executables this process did not compile (a cache hit):
-//!   every Peerless custom call carries its decision lines, registered when XLA
-//!   instantiates it ([`instantiated`]) unless the pass reported them in this process
-//!   ([`reported`]); `stats()` collects them with [`take_decisions`].
-//!
-//! Decision lines are the pass's report format: op, instruction, dtypes, bytes, groups,
-//! kernel (1/0), implementation, reason, tab-separated, one per line; [`take_decisions`]
-//! puts the platform first.
+//! What Peerless's FFI handlers take from the running process rather than the compiled module, so a module from a
+//! persistent compilation cache runs correctly in another run: the job's token ([`set_job`], [`job`]), a shared
+//! instance's occurrence ([`next_occurrence`], [`shared_key`]; SPMD processes load executables in one order, so every
+//! process counts alike) and the decisions of executables compiled elsewhere ([`instantiated`], [`reported`],
+//! [`take_decisions`]). Decision lines are the pass's report format: tab-separated op, instruction, dtypes, bytes,
+//! groups, kernel (1/0), implementation, reason; [`take_decisions`] puts the platform first.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Mutex, PoisonError, RwLock};
@@ -30,8 +17,8 @@ pub fn valid_job(token: &str) -> bool {
     (8..=64).contains(&token.len()) && token.bytes().all(|b| b.is_ascii_hexdigit())
 }
 
-/// Sets the running job's token (the Python package learns it through JAX's key-value store;
-/// `None`: not in a multi-process job). A token that cannot name shared memory is an error.
+/// Sets the running job's token (the Python package learns it through JAX's key-value store; `None`: not in a
+/// multi-process job). A token that cannot name shared memory is an error.
 pub fn set_job(token: Option<&str>) -> Result<(), String> {
     if let Some(t) = token
         && !valid_job(t)
@@ -47,8 +34,8 @@ pub fn job() -> Option<String> {
     JOB.read().unwrap_or_else(PoisonError::into_inner).clone()
 }
 
-/// The running job's token for `call` (a group across processes), or an error that says why
-/// there is none and what to do.
+/// The running job's token for `call` (a group across processes), or an error that says why there is none and what to
+/// do.
 pub fn job_for(call: &CustomCallConfig) -> Result<String, String> {
     job().ok_or_else(|| {
         format!(
@@ -74,8 +61,8 @@ pub fn next_occurrence(instance: u64) -> u64 {
     *n - 1
 }
 
-/// The id a group across processes meets under: `instance` for an executable's first
-/// instantiation, a hash of both after (the same in every process).
+/// The id a group across processes meets under: `instance` for an executable's first instantiation, a hash of both
+/// after (the same in every process).
 pub fn shared_key(instance: u64, occurrence: u64) -> u64 {
     if occurrence == 0 {
         return instance;
@@ -103,8 +90,8 @@ fn book() -> &'static Mutex<Book> {
     BOOK.get_or_init(Default::default)
 }
 
-/// The pass reported (to `stats()`) the decisions of the calls it wrote with `instances`:
-/// their instantiation registers nothing more.
+/// The pass reported (to `stats()`) the decisions of the calls it wrote with `instances`: their instantiation registers
+/// nothing more.
 pub fn reported(instances: impl IntoIterator<Item = u64>) {
     let mut b = book().lock().unwrap_or_else(PoisonError::into_inner);
     for i in instances {
@@ -112,9 +99,8 @@ pub fn reported(instances: impl IntoIterator<Item = u64>) {
     }
 }
 
-/// At INSTANTIATE on `platform` ("cpu", "cuda"): registers `call`'s decision lines, unless
-/// the pass reported them in this process (then it only forgets that mark). Returns whether
-/// it registered.
+/// At INSTANTIATE on `platform` ("cpu", "cuda"): registers `call`'s decision lines, unless the pass reported them in
+/// this process (then it only forgets that mark). Returns whether it registered.
 pub fn instantiated(platform: &str, call: &CustomCallConfig) -> bool {
     let mut b = book().lock().unwrap_or_else(PoisonError::into_inner);
     if let Some(n) = b.reported.get_mut(&call.instance) {
@@ -133,15 +119,14 @@ pub fn instantiated(platform: &str, call: &CustomCallConfig) -> bool {
     true
 }
 
-/// Takes the decision lines registered since the last call, one per line, each led by its
-/// platform and a tab.
+/// Takes the decision lines registered since the last call, one per line, each led by its platform and a tab.
 pub fn take_decisions() -> String {
     let mut b = book().lock().unwrap_or_else(PoisonError::into_inner);
     b.lines.drain(..).map(|l| l + "\n").collect()
 }
 
-/// Where Peerless keeps files between processes (compiled kernels, tuning profiles, the peer
-/// probe): `PEERLESS_CACHE_DIR`, else `$XDG_CACHE_HOME/peerless`, else `~/.cache/peerless`.
+/// Where Peerless keeps files between processes (compiled kernels, tuning profiles, the peer probe):
+/// `PEERLESS_CACHE_DIR`, else `$XDG_CACHE_HOME/peerless`, else `~/.cache/peerless`.
 pub fn cache_dir() -> Option<std::path::PathBuf> {
     use std::path::PathBuf;
     let env = std::env::var_os;

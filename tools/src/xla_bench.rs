@@ -1,24 +1,9 @@
-//! `peerless bench`: one collective module per (op, dtype, size), built here as a binary
-//! HloModuleProto and run through XLA's own PJRT plugin (the plugin [`crate::xla_run`]
-//! finds and loads, with Peerless's typed-FFI handlers registered in it) once per [`Impl`]
-//! asked for, each a separate compile of the same module. On one device every collective
-//! of the pass's implementations is forced onto a kernel (`--<op>_backend=kernel`) so the
-//! handlers run; [`Impl::XlaKernels`] goes through `CompileOptionsProto.env_option_overrides`
-//! (XLA knows ALL_REDUCE and ALL_GATHER): CUDA plugin only, a skipped row elsewhere.
-//!
-//! The module is in replica mode (`num_replicas = n`, an n×1 device assignment, as
-//! `xla_run` compiles replicas). With `chain = K` it holds K collectives of the op, one after
-//! another, never combined ([`module`]); times are per collective.
-//!
-//! Each executable runs once on integer-valued inputs (small enough that every sum is exact
-//! in bf16) and every device's result is compared exactly with a host-computed one; a wrong
-//! result or a failed compile is an error row, never timed. Then `samples` samples of
-//! `iters` executes each (inputs stay on the devices; every execute returns when all devices
-//! finished: `ffi::pjrt::client::Executable::execute` awaits each device's completion
-//! event), and the median time per collective. The implementations of one module are all
-//! compiled and checked first and their samples then taken in turn (one of each, `samples`
-//! times), so a load that comes and goes on the machine weighs on each alike; with
-//! `sample_ms` a sample runs as many executes as take about that long instead of `iters`.
+//! `peerless bench`: one collective module per (op, dtype, size), built here as a binary HloModuleProto in replica mode
+//! and compiled through XLA's PJRT plugin once per [`Impl`]; with `chain = K`, K collectives one after another
+//! ([`module`]), times per collective. Each executable's results are first checked exactly against host-computed ones
+//! (a wrong result or failed compile is an error row, never timed); samples of the implementations are then
+//! interleaved, so a passing load weighs on each alike, and the median reported. ARCHITECTURE.md ("tools") has the
+//! overview.
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -73,11 +58,10 @@ impl Op {
         self.kind().backend_flag().unwrap_or_else(|| unreachable!("every bench op has a kernel"))
     }
 
-    /// XLA's `DebugOptions.CollectiveKernelType` value for
-    /// `xla_gpu_experimental_use_collective_kernels`, if XLA has kernels for the op (jaxlib
-    /// 0.11.2's XLA: all-reduce and all-gather). The full enum name: the XLA_FLAGS parser
-    /// takes `ALL_REDUCE`, the compile options' override parser only the proto's name
-    /// ("'ALL_REDUCE' is not a valid enum value").
+    /// XLA's `DebugOptions.CollectiveKernelType` value for `xla_gpu_experimental_use_collective_kernels`, if XLA has
+    /// kernels for the op (jaxlib 0.11.2's XLA: all-reduce and all-gather). The full enum name: the XLA_FLAGS parser
+    /// takes `ALL_REDUCE`, the compile options' override parser only the proto's name ("'ALL_REDUCE' is not a valid
+    /// enum value").
     pub fn xla_kernel_name(self) -> Option<&'static str> {
         match self {
             Op::AllReduce => Some("COLLECTIVE_KERNEL_ALL_REDUCE"),
@@ -86,9 +70,9 @@ impl Op {
         }
     }
 
-    /// Whether a chain of this op feeds each collective the previous one's result (pure
-    /// data movement of one shape: exact for any length); the others run on a parameter
-    /// each, ordered by data through an `opt-barrier` (see [`module`]).
+    /// Whether a chain of this op feeds each collective the previous one's result (pure data movement of one shape:
+    /// exact for any length); the others run on a parameter each, ordered by data through an `opt-barrier` (see
+    /// [`module`]).
     fn data_chain(self) -> bool {
         matches!(self, Op::AllToAll | Op::CollectivePermute)
     }
@@ -107,10 +91,9 @@ impl Op {
         }
     }
 
-    /// (algbw factor on bytes, busbw factor on algbw), nccl-tests' conventions with
-    /// `bytes` the operand bytes per device: all-reduce busbw = bytes/t · 2(n−1)/n;
-    /// all-gather algbw = n·bytes/t; reduce-scatter, all-to-all and permute algbw = bytes/t;
-    /// their busbw = algbw · (n−1)/n (permute: busbw = algbw, as nccl-tests' sendrecv).
+    /// (algbw factor on bytes, busbw factor on algbw), nccl-tests' conventions with `bytes` the operand bytes per
+    /// device: all-reduce busbw = bytes/t · 2(n−1)/n; all-gather algbw = n·bytes/t; reduce-scatter, all-to-all and
+    /// permute algbw = bytes/t; their busbw = algbw · (n−1)/n (permute: busbw = algbw, as nccl-tests' sendrecv).
     pub fn factors(self, n: f64) -> (f64, f64) {
         match self {
             Op::AllReduce => (1.0, 2.0 * (n - 1.0) / n),
@@ -203,11 +186,11 @@ impl Dtype {
 /// How the collective runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Impl {
-    /// Peerless's pass applied without a tuning profile (the flags' thresholds): the
-    /// collectives it takes run on Peerless's handlers.
+    /// Peerless's pass applied without a tuning profile (the flags' thresholds): the collectives it takes run on
+    /// Peerless's handlers.
     Peerless,
-    /// Peerless's pass with the active tuning profile (`PEERLESS_TUNING_PROFILE`, else the
-    /// cache's, else the shipped defaults): what a program gets by default.
+    /// Peerless's pass with the active tuning profile (`PEERLESS_TUNING_PROFILE`, else the cache's, else the shipped
+    /// defaults): what a program gets by default.
     Auto,
     /// All-reduce forced onto the one-shot kernel at every size (other ops: skipped).
     OneShot,
@@ -215,10 +198,11 @@ pub enum Impl {
     TwoShot,
     /// XLA's own collective (NCCL on GPU).
     Xla,
-    /// XLA's own collective kernels (`xla_gpu_experimental_use_collective_kernels`).
+    /// XLA's own collective kernels (`xla_gpu_experimental_use_collective_kernels`, through `env_option_overrides`):
+    /// CUDA plugin only, a skipped row elsewhere.
     XlaKernels,
-    /// Every kind's copy-engine form at every size (`--copy_engines=0`; CUDA only): the
-    /// bytes move on the copy engines, reductions fold with one small local kernel.
+    /// Every kind's copy-engine form at every size (`--copy_engines=0`; CUDA only): the bytes move on the copy engines,
+    /// reductions fold with one small local kernel.
     CopyEngines,
 }
 
@@ -263,14 +247,14 @@ pub struct Options {
     pub impls: Vec<Impl>,
     /// Peerless emitter flags for the `peerless` rows (`--name=value ...`).
     pub flags: String,
-    /// If set, each sample runs as many executes as take about this long (at least one),
-    /// in place of `iters`: `peerless tune` bounds every row's time this way.
+    /// If set, each sample runs as many executes as take about this long (at least one), in place of `iters`: `peerless
+    /// tune` bounds every row's time this way.
     pub sample_ms: Option<f64>,
-    /// Close calls get more samples: where the fastest Peerless row and the `xla` row are
-    /// within `close` of each other, `more` times the samples in all (`peerless tune`).
+    /// Close calls get more samples: where the fastest Peerless row and the `xla` row are within `close` of each other,
+    /// `more` times the samples in all (`peerless tune`).
     pub close_calls: Option<CloseCalls>,
-    /// Bytes per device to measure, in place of `min_bytes`..=`max_bytes` by `step` (`peerless
-    /// tune` measures the sizes between two neighbours whose winners differ).
+    /// Bytes per device to measure, in place of `min_bytes`..=`max_bytes` by `step` (`peerless tune` measures the sizes
+    /// between two neighbours whose winners differ).
     pub sizes: Option<Vec<usize>>,
 }
 
@@ -341,8 +325,8 @@ pub struct Row {
     /// Operand bytes per device of one collective.
     pub bytes: usize,
     pub imp: Impl,
-    /// How the collectives ran: the pass's implementation (`kernel (one-shot all-reduce)`,
-    /// `fallback: reason`) for a Peerless row, XLA's for the others.
+    /// How the collectives ran: the pass's implementation (`kernel (one-shot all-reduce)`, `fallback: reason`) for a
+    /// Peerless row, XLA's for the others.
     pub path: String,
     /// The pass's decisions (Peerless rows).
     pub decisions: Vec<PassDecision>,
@@ -434,9 +418,9 @@ impl AutoVerdict {
 }
 
 impl Report {
-    /// For every (op, dtype, size) with a timed `auto` row and another timed row it chooses
-    /// among (Peerless forced or by thresholds, or XLA's own; not XLA's collective kernels,
-    /// which the pass never picks): how `auto` compares with the fastest of them.
+    /// For every (op, dtype, size) with a timed `auto` row and another timed row it chooses among (Peerless forced or
+    /// by thresholds, or XLA's own; not XLA's collective kernels, which the pass never picks): how `auto` compares with
+    /// the fastest of them.
     pub fn auto_verdicts(&self) -> Vec<AutoVerdict> {
         let mut out = Vec::new();
         for a in self.rows.iter().filter(|r| r.imp == Impl::Auto) {
@@ -469,16 +453,11 @@ impl Report {
 
 // ---- the module -------------------------------------------------------------------------
 
-/// The bench module: `chain` collectives `op` over all `n` replicas of `elems`-element
-/// operands, written as HLO text and encoded by the `hlo` crate. All-to-all and permute feed
-/// each collective the previous one's result and return the last; the others run collective
-/// k on parameter k after collective k − 1 and return the tuple of all of them (`chain` > 1).
-/// The order is a data dependency, not a control one: collective k's operand is element 0 of
-/// `opt-barrier((p_k, c_{k-1}))`, which no XLA pass can see through or reorder and which costs
-/// nothing at run time. (Control dependencies crash XLA:CPU of jaxlib 0.11.2 on all-to-alls,
-/// SIGSEGV, and fail XLA:CUDA's compile of all-reduces: a RET_CHECK, "cannot remove
-/// instruction", when it makes them async.) Being data-ordered, the chain's collectives share
-/// one staging slot, as a real program's chained collectives do.
+/// The bench module: `chain` collectives `op` over all `n` replicas of `elems`-element operands, as HLO text encoded by
+/// `hlo`. Collective k takes the previous result (all-to-all, permute) or parameter k after collective k − 1 through
+/// `opt-barrier((p_k, c_{k-1}))`: a data dependency no XLA pass sees through, free at run time, so the chain shares one
+/// staging slot as a real program's does. (Control dependencies crash XLA:CPU of jaxlib 0.11.2 on all-to-alls and fail
+/// XLA:CUDA's compile of async all-reduces.)
 pub fn module(op: Op, ty: Dtype, elems: usize, n: usize, chain: usize) -> Vec<u8> {
     let (t, name) = (ty.name(), op.name());
     let (arg, out) = (format!("{t}[{elems}]"), format!("{t}[{}]", op.result_elems(elems, n)));
@@ -529,8 +508,8 @@ pub fn module(op: Op, ty: Dtype, elems: usize, n: usize, chain: usize) -> Vec<u8
 
 // ---- running ----------------------------------------------------------------------------
 
-/// Small integers in [-8, 8] for device `d`, collective `k` (a sum over up to 32 devices is
-/// at most 256: exact in bf16 in any order).
+/// Small integers in [-8, 8] for device `d`, collective `k` (a sum over up to 32 devices is at most 256: exact in bf16
+/// in any order).
 fn inputs(elems: usize, d: usize, k: usize) -> Vec<i8> {
     let mut s = ((d as u64) << 32 | k as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ elems as u64;
     (0..elems)
@@ -541,8 +520,8 @@ fn inputs(elems: usize, d: usize, k: usize) -> Vec<i8> {
         .collect()
 }
 
-/// Compares every device's outputs with the expectation: `host[d][k]` is device d's input
-/// of parameter k; a data chain applies the op `chain` times.
+/// Compares every device's outputs with the expectation: `host[d][k]` is device d's input of parameter k; a data chain
+/// applies the op `chain` times.
 fn check(op: Op, ty: Dtype, chain: usize, host: &[Vec<Vec<i8>>], outputs: &[Vec<Buffer<'_>>]) -> Result<(), String> {
     let arrays = host[0].len();
     let n = host.len();
@@ -589,8 +568,8 @@ fn options(ids: &[i64], kernels: Option<&str>) -> Vec<u8> {
     o.encode_to_vec()
 }
 
-/// Warms `exe` up and returns the executes per sample (`iters`, or with `sample_ms` as many as
-/// take about that long, at least one) and the seconds one execute took.
+/// Warms `exe` up and returns the executes per sample (`iters`, or with `sample_ms` as many as take about that long, at
+/// least one) and the seconds one execute took.
 fn calibrate(
     exe: &ffi::pjrt::client::Executable<'_>,
     args: &[Vec<&Buffer<'_>>],
@@ -608,8 +587,8 @@ fn calibrate(
     })
 }
 
-/// With `sample_ms` (a time-bounded run), rows whose executes are slow take fewer samples:
-/// about 5 s of samples per implementation, and never fewer than 3.
+/// With `sample_ms` (a time-bounded run), rows whose executes are slow take fewer samples: about 5 s of samples per
+/// implementation, and never fewer than 3.
 fn samples_for(opts: &Options, slowest_execute_s: f64) -> usize {
     let want = opts.samples.max(1);
     match opts.sample_ms {
@@ -618,11 +597,10 @@ fn samples_for(opts: &Options, slowest_execute_s: f64) -> usize {
     }
 }
 
-/// One sample: µs per collective over `iters` executes, after one untimed execute. Samples of
-/// different implementations alternate, and the first execute after another program pays
-/// for what that program left in the caches (a bigger footprint, e.g. Peerless's staging,
-/// costs the next one more): measured on 8 host devices, XLA's program timed right after
-/// Peerless's took up to 1.3× its time after its own.
+/// One sample: µs per collective over `iters` executes, after one untimed execute. Samples of different implementations
+/// alternate, and the first execute after another program pays for what that program left in the caches (a bigger
+/// footprint, e.g. Peerless's staging, costs the next one more): measured on 8 host devices, XLA's program timed right
+/// after Peerless's took up to 1.3× its time after its own.
 fn sample(
     exe: &ffi::pjrt::client::Executable<'_>,
     args: &[Vec<&Buffer<'_>>],
@@ -637,10 +615,10 @@ fn sample(
     Ok(t.elapsed().as_secs_f64() * 1e6 / (iters * chain) as f64)
 }
 
-/// What an implementation compiled. The pass is deterministic, so two implementations whose
-/// pass made the same decisions on one module compiled the same program (up to the instance
-/// ids every compile draws afresh), e.g. `auto` choosing what `peerless` forces; one whose pass
-/// left every collective to XLA compiled XLA's own, as the `xla` row does.
+/// What an implementation compiled. The pass is deterministic, so two implementations whose pass made the same
+/// decisions on one module compiled the same program (up to the instance ids every compile draws afresh), e.g. `auto`
+/// choosing what `peerless` forces; one whose pass left every collective to XLA compiled XLA's own, as the `xla` row
+/// does.
 #[derive(Debug, PartialEq, Eq)]
 struct Program {
     /// The implementations the pass chose, if it took any collective (else XLA's own).
@@ -649,15 +627,14 @@ struct Program {
     xla_kernels: Option<&'static str>,
 }
 
-/// One implementation's compile: how it ran (path), the pass's decisions, and its executable
-/// with executes per sample, seconds per execute and what it compiled — or why not.
+/// One implementation's compile: how it ran (path), the pass's decisions, and its executable with executes per sample,
+/// seconds per execute and what it compiled — or why not.
 type Prepared<'c> =
     (String, Vec<PassDecision>, Result<(ffi::pjrt::client::Executable<'c>, usize, f64, Program), Check>);
 
-/// Takes sample rounds `rounds` of every implementation still runnable and not `same_as` an
-/// earlier one, one sample of each per round into `times`. Rounds alternate direction and
-/// start one implementation later every two rounds, so that no implementation always follows
-/// the same one.
+/// Takes sample rounds `rounds` of every implementation still runnable and not `same_as` an earlier one, one sample of
+/// each per round into `times`. Rounds alternate direction and start one implementation later every two rounds, so that
+/// no implementation always follows the same one.
 fn take_rounds(
     prepared: &mut [(Impl, Prepared<'_>)],
     times: &mut [Vec<f64>],
@@ -684,8 +661,7 @@ fn take_rounds(
     }
 }
 
-/// Whether the fastest Peerless implementation's median and XLA's own are within `close` of
-/// each other.
+/// Whether the fastest Peerless implementation's median and XLA's own are within `close` of each other.
 fn is_close<T>(prepared: &[(Impl, T)], times: &[Vec<f64>], close: f64) -> bool {
     let med = |k: usize| median(times[k].clone());
     let xla = prepared.iter().position(|(i, _)| *i == Impl::Xla).and_then(med);
@@ -703,8 +679,7 @@ fn median(mut ts: Vec<f64>) -> Option<f64> {
     ts.get(ts.len() / 2).copied()
 }
 
-/// Compiles, checks and warms up one implementation of one module: its executable and
-/// executes per sample, or why not.
+/// Compiles, checks and warms up one implementation of one module: its executable and executes per sample, or why not.
 fn measure<'c>(
     client: &'c Client,
     platform: Platform,
@@ -786,8 +761,8 @@ fn measure<'c>(
     (path, decisions, result)
 }
 
-/// The bytes per device to measure for `ty`: `opts.sizes`, else `min_bytes` (at least one
-/// element) times `step` up to `max_bytes`.
+/// The bytes per device to measure for `ty`: `opts.sizes`, else `min_bytes` (at least one element) times `step` up to
+/// `max_bytes`.
 fn sizes(opts: &Options, ty: Dtype) -> Vec<usize> {
     if let Some(s) = &opts.sizes {
         return s.clone();
@@ -820,8 +795,8 @@ pub fn run(opts: &Options, progress: &mut dyn FnMut(&str)) -> Result<Report, Str
     let devices: Vec<Device> = all[..n].to_vec();
     let ids: Vec<i64> = devices.iter().map(|d| i64::from(d.id)).collect();
     let mut rows = Vec::new();
-    // Progress: sizes done of all, and the time left at the pace so far (each size costs
-    // about the same: a compile per implementation and samples of about --sample_ms).
+    // Progress: sizes done of all, and the time left at the pace so far (each size costs about the same: a compile per
+    // implementation and samples of about --sample_ms).
     let total: usize = opts.ops.len() * opts.dtypes.iter().map(|&ty| sizes(opts, ty).len()).sum::<usize>();
     let started = std::time::Instant::now();
     let mut done = 0usize;
@@ -850,19 +825,17 @@ pub fn run(opts: &Options, progress: &mut dyn FnMut(&str)) -> Result<Report, Str
                     bufs.push(v);
                 }
                 let args: Vec<Vec<&Buffer<'_>>> = bufs.iter().map(|v| v.iter().collect()).collect();
-                // Every implementation compiled and checked first, then their samples
-                // interleaved (one of each in turn), so that a load that comes and goes on
-                // the machine weighs on all of them alike (see `sample` on what one
-                // program leaves the next).
+                // Every implementation compiled and checked first, then their samples interleaved (one of each in
+                // turn), so that a load that comes and goes on the machine weighs on all of them alike (see `sample` on
+                // what one program leaves the next).
                 let mut prepared: Vec<_> = opts
                     .impls
                     .iter()
                     .map(|&imp| (imp, measure(&client, platform, &ids, &module, op, ty, imp, opts, &host, &args)))
                     .collect();
-                // An implementation that compiled the same program as an earlier one is timed
-                // once, as that one: two timings of one program differ only by the machine's
-                // spread (up to 1.14x between `auto` and `peerless` on one CPU kernel), which
-                // is not a difference between the implementations.
+                // An implementation that compiled the same program as an earlier one is timed once, as that one: two
+                // timings of one program differ only by the machine's spread (up to 1.14x between `auto` and `peerless`
+                // on one CPU kernel), which is not a difference between the implementations.
                 let same_as: Vec<Option<usize>> = (0..prepared.len())
                     .map(|k| {
                         let program = |i: usize| prepared[i].1.2.as_ref().ok().map(|x| &x.3);

@@ -1,20 +1,9 @@
-//! `peerless run --backend xla`: a module run by XLA's own PJRT plugin, with Peerless's
-//! collective pass applied to it first and Peerless's typed-FFI handlers registered in
-//! that plugin, so the collectives the pass takes run on Peerless's protocols inside XLA.
-//!
-//! The module is prepared as `hlo-tests/gen_goldens.py` prepares XLA's goldens: replicas
-//! get `num_replicas = N` and an N×1 device assignment; partitions get `num_partitions = N`,
-//! SPMD partitioning and a 1×N assignment, with every instruction (the pass's custom calls
-//! included: the pass runs first) marked `sharding={manual}` so that the partitioner leaves
-//! the per-partition program as written. The device assignment is also written into the
-//! module, where the pass reads it (as it does inside XLA, after XLA set it).
-//!
-//! What XLA:CPU's PJRT client does not take is adapted: an entry with a nested tuple result
-//! or tuple parameters is flattened first (`flatten`), its arguments passed as leaves and
-//! its results nested back; 4-bit integers cross one per byte ([`buffer_type`] maps the f8
-//! and 4-bit types). JAX's own modules (they carry shardings) compile as `jax.jit` compiles
-//! them: output shardings propagated, and the Shardy form with XLA's Shardy partitioner
-//! ([`module_compile_options`]).
+//! `peerless run --backend xla`: a module run by XLA's own PJRT plugin, with Peerless's pass applied first and its FFI
+//! handlers registered in the plugin. The module is prepared as `hlo-tests/gen_goldens.py` prepares XLA's goldens
+//! (replicas: an N×1 assignment; partitions: SPMD, 1×N, every instruction `sharding={manual}`; the assignment written
+//! into the module, where the pass reads it); JAX's own modules compile as `jax.jit` compiles them
+//! ([`module_compile_options`]). What XLA:CPU's client does not take (nested tuple results, tuple parameters) is
+//! flattened (`flatten`); [`buffer_type`] maps the f8 and 4-bit types.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -55,9 +44,8 @@ fn cpu_plugin_in(venv: &Path) -> PathBuf {
     venv.join("lib/python3.12/site-packages/lammps_jax_pjrt_cpu/pjrt_c_api_cpu_plugin.so")
 }
 
-/// The plugin to run on: `explicit` (`--xla-plugin`), else `PEERLESS_XLA_PLUGIN`, else the
-/// CPU plugin in the JAX venv (`$PEERLESS_VENV_DIR/jax`, then `<repo>/.venv/jax`). One error
-/// naming every place looked in when none is there.
+/// The plugin to run on: `explicit` (`--xla-plugin`), else `PEERLESS_XLA_PLUGIN`, else the CPU plugin in the JAX venv
+/// (`$PEERLESS_VENV_DIR/jax`, then `<repo>/.venv/jax`). One error naming every place looked in when none is there.
 pub fn find_plugin(explicit: Option<&Path>) -> Result<PathBuf, String> {
     if let Some(p) = explicit {
         return if p.is_file() {
@@ -93,9 +81,8 @@ pub fn find_plugin(explicit: Option<&Path>) -> Result<PathBuf, String> {
     ))
 }
 
-/// Loads a plugin once per process and registers Peerless's handlers in it (XLA's FFI
-/// registry is process-global inside the plugin, and a second registration is an error).
-/// `platform`: [`platform_of`] the path.
+/// Loads a plugin once per process and registers Peerless's handlers in it (XLA's FFI registry is process-global inside
+/// the plugin, and a second registration is an error). `platform`: [`platform_of`] the path.
 pub fn plugin(path: &Path, platform: Platform) -> Result<&'static InnerPlugin, String> {
     static LOADED: Mutex<Option<HashMap<PathBuf, &'static InnerPlugin>>> = Mutex::new(None);
     let mut loaded = LOADED.lock().unwrap_or_else(|e| e.into_inner());
@@ -117,10 +104,8 @@ pub fn plugin(path: &Path, platform: Platform) -> Result<&'static InnerPlugin, S
     Ok(inner)
 }
 
-/// A client of `inner` and its devices (XLA:CPU's count is its `cpu_device_count` create
-/// option, set to `cpu_devices`). Records the devices' kind (XLA's name, "NVIDIA H200"), as
-/// the wrapper does for the clients XLA makes: the pass looks its tuning profile up by it
-/// ([`prepare`]).
+/// A client of `inner` and its devices (XLA:CPU's count: `cpu_devices`). Records the devices' kind ("NVIDIA H200"), as
+/// the wrapper does for clients XLA makes, since the pass finds its tuning profile by it ([`prepare`]).
 pub fn client(
     inner: &'static InnerPlugin,
     platform: Platform,
@@ -170,8 +155,8 @@ pub fn compile_options(mode: Mode, ids: &[i64]) -> xla::CompileOptionsProto {
     }
 }
 
-/// Whether the module is in JAX's Shardy round-trip form: `xla.sdy.*` module frontend
-/// attributes (the meshes) or custom calls (`xla.sdy.GlobalToLocalShape`, ...).
+/// Whether the module is in JAX's Shardy round-trip form: `xla.sdy.*` module frontend attributes (the meshes) or custom
+/// calls (`xla.sdy.GlobalToLocalShape`, ...).
 pub fn uses_shardy(module: &hlo::Module) -> bool {
     module.config.frontend_attributes.keys().any(|k| k.starts_with("xla.sdy."))
         || module
@@ -180,14 +165,9 @@ pub fn uses_shardy(module: &hlo::Module) -> bool {
             .any(|i| i.attrs.custom_call_target.as_deref().is_some_and(|t| t.starts_with("xla.sdy.")))
 }
 
-/// [`compile_options`] for `module` (`bytes`, its binary proto) as JAX compiles its own
-/// modules: one that carries shardings (JAX's GSPMD or Shardy form, run in partition
-/// mode) may have its outputs' shardings propagated (`allow_spmd_sharding_propagation_to_output`,
-/// what `jax.jit` sets for unspecified `out_shardings`: the results come back as each
-/// device's shard, not gathered), and a Shardy-form one is compiled with
-/// `use_shardy_partitioner`, so XLA:CPU imports it (`xla.sdy.*` round trip) and partitions
-/// it with Shardy. XLA aborts the process when Shardy meets a GSPMD-form module, so only
-/// modules in Shardy form get it.
+/// [`compile_options`] for `module` (`bytes`, its binary proto) as JAX compiles its own: a module with shardings may
+/// have its outputs' shardings propagated (what `jax.jit` sets for unspecified `out_shardings`: results come back as
+/// shards), and one in Shardy form gets `use_shardy_partitioner` (only those: XLA aborts when Shardy meets GSPMD form).
 pub fn module_compile_options(
     module: &hlo::Module,
     bytes: &[u8],
@@ -217,8 +197,8 @@ fn with_assignment(module: &[u8], da: &xla::DeviceAssignmentProto) -> Result<Vec
     Ok(out)
 }
 
-/// Every instruction without a sharding marked manual (a tuple: a tuple of manual leaves,
-/// what `sharding={manual}` on a tuple-shaped instruction parses to; XLA checks the form).
+/// Every instruction without a sharding marked manual (a tuple: a tuple of manual leaves, what `sharding={manual}` on a
+/// tuple-shaped instruction parses to; XLA checks the form).
 fn manualize(module: &[u8]) -> Result<Vec<u8>, String> {
     let manual = xla::OpSharding { r#type: xla::op_sharding::Type::Manual as i32, ..Default::default() };
     map_field(module, hlo_module::COMPUTATIONS, &mut |comp| {
@@ -246,12 +226,9 @@ fn manualize(module: &[u8]) -> Result<Vec<u8>, String> {
     })
 }
 
-/// The module as XLA gets it: device assignment set, the pass applied, and (partitions)
-/// every instruction manual. `flags`: Peerless flags as `--name=value`. The module is
-/// edited on the wire: fields this build's copy of XLA's protos does not know (the
-/// replica groups' `collective_device_list`, ...) pass through. The pass looks its tuning
-/// profile up by the devices' kind recorded for `platform`
-/// ([`plugin::xla_inside::record_device_kind`]: [`run`] records its client's).
+/// The module as XLA gets it: device assignment set, the pass applied (`flags`: `--name=value`), and (partitions) every
+/// instruction manual, edited on the wire so fields this build's protos do not know pass through. The pass finds its
+/// tuning profile by the devices' kind recorded for `platform` ([`plugin::xla_inside::record_device_kind`]).
 pub fn prepare(
     bytes: &[u8],
     mode: Mode,
@@ -275,9 +252,9 @@ pub fn prepare_tuned(
     let cfg = plugin::xla_inside::pass_config_tuned(platform, &flags.join(" "), "", source)?;
     let outcome = emitter::xla_pass::run(&module, &cfg).map_err(|e| format!("peerless pass: {e}"))?;
     let module = outcome.module.as_deref().unwrap_or(&module);
-    // A module that already carries shardings (JAX's GSPMD form: tiled entry, a manual
-    // shard_map body) is left to XLA's sharding propagation: marking its unsharded
-    // instructions manual would mix manual and tiled leaves (XLA aborts on that).
+    // A module that already carries shardings (JAX's GSPMD form: tiled entry, a manual shard_map body) is left to XLA's
+    // sharding propagation: marking its unsharded instructions manual would mix manual and tiled leaves (XLA aborts on
+    // that).
     let module = if mode == Mode::Partition && !has_sharding(bytes)? { manualize(module)? } else { module.to_vec() };
     Ok((module, outcome))
 }
@@ -336,8 +313,8 @@ pub fn buffer_type(ty: PrimitiveType) -> Result<u32, String> {
     })
 }
 
-/// The result's leaves (array shapes, depth first), as PJRT returns them from the flat
-/// entry ([`flatten::entry`]): a tuple result as its leaves.
+/// The result's leaves (array shapes, depth first), as PJRT returns them from the flat entry ([`flatten::entry`]): a
+/// tuple result as its leaves.
 fn result_leaves(shape: &Shape) -> Result<Vec<&ArrayShape>, String> {
     fn has_token(s: &Shape) -> bool {
         match s {
@@ -352,10 +329,9 @@ fn result_leaves(shape: &Shape) -> Result<Vec<&ArrayShape>, String> {
     Ok(shape.leaves())
 }
 
-/// An array's bytes as XLA:CPU's `BufferFromHostBuffer` takes them. 4-bit integers go one
-/// element per byte in the low nibble (measured: XLA:CPU reads them unpacked and
-/// `ToHostBuffer` returns them so, high nibble zero), where hlo's `Literal` (like numpy's
-/// int4 files) holds s4 sign-extended; every other type as it is.
+/// An array's bytes as XLA:CPU's `BufferFromHostBuffer` takes them. 4-bit integers go one element per byte in the low
+/// nibble (measured: XLA:CPU reads them unpacked and `ToHostBuffer` returns them so, high nibble zero), where hlo's
+/// `Literal` (like numpy's int4 files) holds s4 sign-extended; every other type as it is.
 fn to_host_form(a: &Array) -> std::borrow::Cow<'_, [u8]> {
     match a.ty() {
         PrimitiveType::S4 | PrimitiveType::U4 => a.data.iter().map(|b| b & 0x0f).collect::<Vec<u8>>().into(),
@@ -363,8 +339,8 @@ fn to_host_form(a: &Array) -> std::borrow::Cow<'_, [u8]> {
     }
 }
 
-/// The bytes `ToHostBuffer` returned for an array of `ty`, as hlo's `Literal` holds them:
-/// s4 sign-extended from its low nibble, u4 its low nibble.
+/// The bytes `ToHostBuffer` returned for an array of `ty`, as hlo's `Literal` holds them: s4 sign-extended from its low
+/// nibble, u4 its low nibble.
 fn from_host_form(ty: PrimitiveType, mut data: Vec<u8>) -> Vec<u8> {
     match ty {
         PrimitiveType::S4 => data.iter_mut().for_each(|b| *b = (((*b << 4) as i8) >> 4) as u8),
@@ -374,9 +350,9 @@ fn from_host_form(ty: PrimitiveType, mut data: Vec<u8>) -> Vec<u8> {
     data
 }
 
-/// Runs `bytes` (a binary HloModuleProto of `module`) on XLA's plugin at `plugin_path`;
-/// `inputs[d]` are device d's entry arguments; `xla_options` are XLA options of string value
-/// (`xla_disable_hlo_passes`, ...) set for this compile (`CompileOptionsProto.env_option_overrides`).
+/// Runs `bytes` (a binary HloModuleProto of `module`) on XLA's plugin at `plugin_path`; `inputs[d]` are device d's
+/// entry arguments; `xla_options` are XLA options of string value (`xla_disable_hlo_passes`, ...) set for this compile
+/// (`CompileOptionsProto.env_option_overrides`).
 pub fn run(
     plugin_path: &Path,
     module: &hlo::Module,
@@ -404,8 +380,8 @@ pub fn run(
     }
     let devices = &devices[..n];
     let ids: Vec<i64> = devices.iter().map(|d| i64::from(d.id)).collect();
-    // XLA:CPU's PJRT client takes no nested tuple result nor tuple parameter: such an
-    // entry is flattened, its arguments passed as their leaves and its results nested back.
+    // XLA:CPU's PJRT client takes no nested tuple result nor tuple parameter: such an entry is flattened, its arguments
+    // passed as their leaves and its results nested back.
     let flat = flatten::entry(bytes)?;
     let (program, outcome) = prepare(flat.as_deref().unwrap_or(bytes), cfg.mode, &ids, platform, flags)?;
     let mut options = module_compile_options(module, bytes, cfg.mode, &ids)?;

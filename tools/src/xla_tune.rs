@@ -1,18 +1,8 @@
-//! `peerless tune`: measures, through XLA as `peerless bench` does ([`crate::xla_bench`]),
-//! every Peerless algorithm of each collective kind against XLA's own path, per dtype class,
-//! group size and size, and writes the tuning profile the pass reads
-//! ([`emitter::tuning`]). Every row's result is checked before it is timed; a wrong result
-//! fails the tune (no profile is written from it).
-//!
-//! Per group size g (a module over the first g devices, one group of g): all-reduce as XLA's,
-//! forced onto the one-shot kernel and forced onto the two-shot kernel at every size; the
-//! other kinds as XLA's and as the pass without a profile decides (their direct kernel).
-//! Timing is the bench's (alternating samples, each after a warm-up execute); a close call,
-//! the fastest kernel and XLA within [`CLOSE`] of each other, gets [`REFINE_SAMPLES`] times
-//! the samples. Where two neighbouring sizes have different winners the crossover lies between
-//! them: their geometric midpoint is measured too (once; the pass takes a kernel between two
-//! sizes only where it won at both). The profile's key names the devices' kind as the client
-//! reports it.
+//! `peerless tune`: measures, as `peerless bench` does ([`crate::xla_bench`]), every Peerless algorithm of each kind
+//! against XLA's path per dtype class, group size and size, and writes the profile the pass reads
+//! ([`emitter::tuning`]). A wrong result fails the tune. A close call (within [`CLOSE`]) gets [`REFINE_SAMPLES`] times
+//! the samples; where neighbouring sizes have different winners their geometric midpoint is measured too (the pass
+//! takes a kernel between two sizes only where it won at both).
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -25,10 +15,9 @@ use crate::xla_bench::{self, Check, Dtype, Impl, Op, Row};
 /// What to measure.
 #[derive(Clone, Debug)]
 pub struct TuneOptions {
-    /// XLA's plugin, devices of the profile's key (default: the CPU plugin 8; GPUs all, at
-    /// most 8), sizes, samples (each running executes for about `sample_ms`), chain, ops and
-    /// dtypes, as `peerless bench` takes them; its implementations, iterations, flags, close
-    /// calls and sizes are the tune's own.
+    /// XLA's plugin, devices of the profile's key (default: the CPU plugin 8; GPUs all, at most 8), sizes, samples
+    /// (each running executes for about `sample_ms`), chain, ops and dtypes, as `peerless bench` takes them; its
+    /// implementations, iterations, flags, close calls and sizes are the tune's own.
     pub bench: xla_bench::Options,
     /// Group sizes to measure (default: the device count).
     pub groups: Vec<usize>,
@@ -61,8 +50,7 @@ impl Default for TuneOptions {
 }
 
 impl TuneOptions {
-    /// A short tune (CI): groups of the device count, f32, three sizes, 2 samples of ~2 ms,
-    /// no midpoints.
+    /// A short tune (CI): groups of the device count, f32, three sizes, 2 samples of ~2 ms, no midpoints.
     pub fn quick(mut self) -> Self {
         self.refine = false;
         let b = &mut self.bench;
@@ -105,14 +93,13 @@ fn recorded_name(r: &Row) -> Option<String> {
     }
 }
 
-/// A size whose fastest kernel and XLA's path are within this factor of each other is a
-/// close call: it decides a crossover, so it gets [`REFINE_SAMPLES`] times the samples.
+/// A size whose fastest kernel and XLA's path are within this factor of each other is a close call: it decides a
+/// crossover, so it gets [`REFINE_SAMPLES`] times the samples.
 const CLOSE: f64 = 1.25;
 const REFINE_SAMPLES: usize = 3;
 
-/// The sizes between neighbouring `points` (one op, dtype class and group) whose winners
-/// differ: their geometric mean, rounded to whole elements for the group (`unit` bytes); none
-/// where no such size lies strictly between them.
+/// The sizes between neighbouring `points` (one op, dtype class and group) whose winners differ: their geometric mean,
+/// rounded to whole elements for the group (`unit` bytes); none where no such size lies strictly between them.
 fn midpoints(points: &[Point], unit: usize) -> Vec<usize> {
     let w: Vec<(usize, &str)> = points.iter().filter_map(|p| Some((p.bytes, p.winner()?))).collect();
     w.windows(2)
@@ -125,8 +112,8 @@ fn midpoints(points: &[Point], unit: usize) -> Vec<usize> {
         .collect()
 }
 
-/// Runs `bench` on groups of `g`, recording every checked row in `profile` and `rows`; a row
-/// whose check failed fails the tune.
+/// Runs `bench` on groups of `g`, recording every checked row in `profile` and `rows`; a row whose check failed fails
+/// the tune.
 fn measure(
     bench: &xla_bench::Options,
     g: usize,
@@ -246,8 +233,8 @@ pub fn run(opts: &TuneOptions, progress: &mut dyn FnMut(&str)) -> Result<TuneRep
     Ok(TuneReport { profile, path, rows })
 }
 
-/// The crossovers of a profile as a Markdown table: per entry and size, each measured
-/// implementation's µs and the fastest.
+/// The crossovers of a profile as a Markdown table: per entry and size, each measured implementation's µs and the
+/// fastest.
 pub fn crossovers(p: &Profile) -> String {
     let mut t = String::new();
     let _ = writeln!(t, "| op | dtype | group | bytes/device | µs per collective | fastest | vs XLA |");

@@ -1,20 +1,8 @@
-//! A small PJRT client over an [`InnerPlugin`]'s function table: create a client, list its
-//! devices, compile an HLO module, move arrays in and out and run an executable on several
-//! devices at once. `peerless run --backend xla` runs modules through it
-//! (`tools::xla_run`).
-//!
-//! Written against `pjrt_sys` (PJRT 0.54's C header). The plugins are newer (0.115): the
-//! table only grows at its end and every args struct carries its size, so the 0.54 prefix
-//! is called as is. The `pjrt` crate (0.2.0) would have been the client, but its
-//! `LoadedExecutable::call_execute` hands every device the same output list
-//! (`vec![Some(output_inner.as_slice()); num_devices]`), so with N > 1 devices the plugin
-//! writes every device's outputs into one array and all but the last device's are lost;
-//! and it exposes no raw pointers to make that one call beside it.
-//!
-//! Args structs: a plugin refuses an args struct smaller than its own version's
-//! (`Unexpected PJRT_Client_Create_Args size: expected 88, got 72`), so every call passes
-//! its 0.54 struct followed by zeros ([`Padded`]) and a `struct_size` covering both: the
-//! fields appended since 0.54 read as zero, which is "not set" for each of them.
+//! A small PJRT client over an [`InnerPlugin`]'s table (create, list devices, compile, move arrays, execute on several
+//! devices at once), which `peerless run --backend xla` uses. Written on `pjrt_sys`'s 0.54 structs; the plugins are
+//! newer, and refuse an args struct smaller than their own, so each call passes its 0.54 struct followed by zeros
+//! ([`Padded`]): newer fields read as "not set". Not the `pjrt` crate: its `call_execute` hands every device the same
+//! output list, so with N > 1 devices all but the last device's outputs are lost.
 
 use std::ffi::c_void;
 use std::ptr::null_mut;
@@ -46,22 +34,20 @@ impl<T: Copy> Padded<T> {
     }
 }
 
-/// Calls the function in `$slot` of the table with args struct `$args` (the fields given, the
-/// rest as its `new()` sets them; passed padded) and returns the struct as the plugin left it;
-/// a plugin error becomes its message.
+/// Calls the function in `$slot` of the table with args struct `$args` (the fields given, the rest as its `new()` sets
+/// them; passed padded) and returns the struct as the plugin left it; a plugin error becomes its message.
 macro_rules! call {
     ($client:expr, $slot:ident, $args:ident { $($field:ident $(: $value:expr)?),* $(,)? }) => {{
         let plugin: &InnerPlugin = $client;
-        // SAFETY: `api` is the plugin's PJRT_Api (live for the process); its 0.54 prefix,
-        // which `sys::PJRT_Api` describes, is the start of every newer table.
+        // SAFETY: `api` is the plugin's PJRT_Api (live for the process); its 0.54 prefix, which `sys::PJRT_Api`
+        // describes, is the start of every newer table.
         let f = unsafe { (*plugin.api().cast::<sys::PJRT_Api>()).$slot };
         match f {
             None => Err(format!("{}: the plugin has no {}", plugin.path().display(), stringify!($slot))),
             Some(f) => {
                 let mut padded = Padded::new(sys::$args { $($field $(: $value)?,)* ..sys::$args::new() });
-                // SAFETY: the slot's own args struct, filled as its C header says and padded with
-                // zeros to the plugin's size; pointers in it are live for the call (each
-                // caller's SAFETY note says which).
+                // SAFETY: the slot's own args struct, filled as its C header says and padded with zeros to the plugin's
+                // size; pointers in it are live for the call (each caller's SAFETY note says which).
                 let err = unsafe { f(padded.as_mut_ptr()) };
                 if err.is_null() {
                     Ok(padded.args)
@@ -92,9 +78,9 @@ pub struct Device {
     pub kind: String,
 }
 
-/// The addressable devices of `client`, in its order, with their ids and kinds: what
-/// [`Client::devices`] lists, for a client made through the plugin's table by someone else
-/// (the wrapper's `PJRT_Client_Create` reads the kind of the client XLA just made).
+/// The addressable devices of `client`, in its order, with their ids and kinds: what [`Client::devices`] lists, for a
+/// client made through the plugin's table by someone else (the wrapper's `PJRT_Client_Create` reads the kind of the
+/// client XLA just made).
 ///
 /// # Safety
 /// `client` is a live client of `plugin` for the call.
@@ -115,8 +101,8 @@ pub unsafe fn addressable_devices(plugin: &InnerPlugin, client: *mut sys::PJRT_C
         let kind = if k.device_kind.is_null() {
             String::new()
         } else {
-            // SAFETY: the description owns `device_kind_size` bytes at `device_kind`,
-            // alive as long as the client; they are copied out here.
+            // SAFETY: the description owns `device_kind_size` bytes at `device_kind`, alive as long as the client; they
+            // are copied out here.
             let b = unsafe { std::slice::from_raw_parts(k.device_kind.cast::<u8>(), k.device_kind_size) };
             String::from_utf8_lossy(b).into_owned()
         };
@@ -139,8 +125,8 @@ pub struct Executable<'c> {
     ptr: *mut sys::PJRT_LoadedExecutable,
 }
 
-/// `PJRT_Buffer_Type` values (PJRT's enum in `xla/pjrt/c/pjrt_c_api.h`, append-only: stable
-/// since 0.1; F8E4M3 and F8E3M4 came after U2, F8E8M0FNU after them).
+/// `PJRT_Buffer_Type` values (PJRT's enum in `xla/pjrt/c/pjrt_c_api.h`, append-only: stable since 0.1; F8E4M3 and
+/// F8E3M4 came after U2, F8E8M0FNU after them).
 pub mod buffer_type {
     pub const PRED: u32 = 1;
     pub const S8: u32 = 2;
@@ -256,8 +242,8 @@ impl Client {
 
     /// Copies a dense row-major host array of PJRT type `ty` to `device`.
     pub fn buffer_from_host(&self, data: &[u8], ty: u32, dims: &[i64], device: &Device) -> Result<Buffer<'_>, String> {
-        // SAFETY (the call): `data` and `dims` outlive the call, which copies them (before it
-        // returns, so `data` may go right after).
+        // SAFETY (the call): `data` and `dims` outlive the call, which copies them (before it returns, so `data` may go
+        // right after).
         let a = call!(
             self.plugin,
             PJRT_Client_BufferFromHostBuffer,
@@ -310,9 +296,8 @@ impl Executable<'_> {
         r.map(|n| n.num_outputs)
     }
 
-    /// Runs on every device of the executable's device assignment at once: `args[d]` are
-    /// device d's arguments (buffers on that device). Returns every device's outputs, after
-    /// every device finished.
+    /// Runs on every device of the executable's device assignment at once: `args[d]` are device d's arguments (buffers
+    /// on that device). Returns every device's outputs, after every device finished.
     pub fn execute<'c>(&'c self, args: &[Vec<&Buffer<'c>>]) -> Result<Vec<Vec<Buffer<'c>>>, String> {
         let num_outputs = self.num_outputs()?;
         let n = args.len();
@@ -328,8 +313,8 @@ impl Executable<'_> {
         let output_lists: Vec<*mut *mut sys::PJRT_Buffer> = outputs.iter_mut().map(|v| v.as_mut_ptr()).collect();
         let mut events: Vec<*mut sys::PJRT_Event> = vec![null_mut(); n];
         let mut options = Padded::new(sys::PJRT_ExecuteOptions::new());
-        // SAFETY (the call): the argument lists (n × num_args live buffers), the n output
-        // lists of num_outputs slots and the n event slots outlive the call, which fills them.
+        // SAFETY (the call): the argument lists (n × num_args live buffers), the n output lists of num_outputs slots
+        // and the n event slots outlive the call, which fills them.
         call!(
             self.client.plugin,
             PJRT_LoadedExecutable_Execute,
@@ -386,15 +371,15 @@ impl Buffer<'_> {
         Ok(unsafe { std::slice::from_raw_parts(a.dims, a.num_dims) }.to_vec())
     }
 
-    /// The buffer's contents in the plugin's host layout (dense, row-major for XLA's plugins
-    /// when no layout is asked for).
+    /// The buffer's contents in the plugin's host layout (dense, row-major for XLA's plugins when no layout is asked
+    /// for).
     pub fn to_host(&self) -> Result<Vec<u8>, String> {
         let plugin = self.client.plugin;
         // Null `dst`: the call only says how many bytes it needs.
         let a = call!(plugin, PJRT_Buffer_ToHostBuffer, PJRT_Buffer_ToHostBuffer_Args { src: self.ptr })?;
         let mut out = vec![0u8; a.dst_size];
-        // SAFETY (the call): `out` has `dst_size` writable bytes and outlives the copy, awaited
-        // below before it is returned.
+        // SAFETY (the call): `out` has `dst_size` writable bytes and outlives the copy, awaited below before it is
+        // returned.
         let a = call!(
             plugin,
             PJRT_Buffer_ToHostBuffer,

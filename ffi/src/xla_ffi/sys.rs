@@ -1,19 +1,16 @@
-//! The raw XLA FFI C ABI, API version 0.4 (jaxlib 0.11.2's `xla/ffi/api/c_api.h`), written
-//! by hand from its documented layout: names, field order and enum values are XLA's; the
-//! prose is ours. Nothing here is checked by the compiler against the header; the layout test
-//! (`tests/xla_ffi_layout.rs`) compiles a C program against jaxlib's header and compares every
-//! size, offset, `*_STRUCT_SIZE` and enum value with these definitions.
+//! The raw XLA FFI C ABI, API version 0.4 (jaxlib 0.11.2's `xla/ffi/api/c_api.h`), written by hand from its documented
+//! layout: names, field order and enum values are XLA's; the prose is ours. Nothing here is checked by the compiler
+//! against the header; the layout test (`tests/xla_ffi_layout.rs`) compiles a C program against jaxlib's header and
+//! compares every size, offset, `*_STRUCT_SIZE` and enum value with these definitions.
 //!
 //! Conventions:
-//! - C enums are `#[repr(transparent)]` newtypes over `i32` with associated constants, so a
-//!   value this table does not know (a newer XLA's data type) is representable rather than
-//!   undefined behaviour.
-//! - Function pointers are `Option<unsafe extern "C" fn ..>`: nullable, pointer-sized.
-//! - `*_STRUCT_SIZE` is what the header's `XLA_FFI_STRUCT_SIZE(T, last)` computes: the offset
-//!   of `last` plus its size. `last` is not always the final field (see
-//!   [`XLA_FFI_Metadata_STRUCT_SIZE`], [`XLA_FFI_Type_Register_Args_STRUCT_SIZE`],
-//!   [`XLA_FFI_Future_Create_Args_STRUCT_SIZE`]); callers fill `struct_size` with it and XLA
-//!   reads only that far.
+//! - C enums are `#[repr(transparent)]` newtypes over `i32` with associated constants, so a value this table does not
+//!   know (a newer XLA's data type) is representable rather than undefined behaviour.
+//! - Function pointers are `Option<unsafe extern "C" fn ..>`: nullable, pointer-sized. Calls Peerless never makes
+//!   (handler registration, futures, device memory, thread pool, extensions) keep only their slot ([`Unused`]).
+//! - `*_STRUCT_SIZE` is what the header's `XLA_FFI_STRUCT_SIZE(T, last)` computes: the offset of `last` plus its size.
+//!   `last` is not always the final field (see [`XLA_FFI_Metadata_STRUCT_SIZE`],
+//!   [`XLA_FFI_Type_Register_Args_STRUCT_SIZE`]); callers fill `struct_size` with it and XLA reads only that far.
 
 #![allow(non_camel_case_types, non_snake_case, non_upper_case_globals)]
 
@@ -37,8 +34,8 @@ macro_rules! struct_size {
     };
 }
 
-/// An opaque C type: zero-sized, not constructible outside this module, neither `Send`,
-/// `Sync` nor `Unpin` (the nomicon's pattern for incomplete types).
+/// An opaque C type: zero-sized, not constructible outside this module, neither `Send`, `Sync` nor `Unpin` (the
+/// nomicon's pattern for incomplete types).
 macro_rules! opaque {
     ($($(#[$m:meta])* $name:ident;)*) => {$(
         $(#[$m])*
@@ -63,9 +60,8 @@ macro_rules! c_enum {
     };
 }
 
-/// API calls, each with its argument struct (`struct_size` and `extension_start` first, then the
-/// fields given), the struct's `*_STRUCT_SIZE` (through field `last`) and the call's
-/// function type.
+/// API calls, each with its argument struct (`struct_size` and `extension_start` first, then the fields given), the
+/// struct's `*_STRUCT_SIZE` (through field `last`) and the call's function type.
 macro_rules! api_call {
     ($(
         $(#[$m:meta])* fn $f:ident(args: $args:ident) $(-> $ret:ty)? { $($(#[$fm:meta])* $field:ident: $ty:ty,)* }
@@ -92,8 +88,8 @@ macro_rules! api_call {
 opaque! {
     /// XLA's private half of the API table (for handlers linked into XLA itself; unused here).
     XLA_FFI_InternalApi;
-    /// An error (an `absl::Status` inside XLA). Owned by whoever receives it: XLA destroys
-    /// one a handler returns; a handler destroys one an API call returns.
+    /// An error (an `absl::Status` inside XLA). Owned by whoever receives it: XLA destroys one a handler returns; a
+    /// handler destroys one an API call returns.
     XLA_FFI_Error;
     /// Per-call state (device, stream, execution state) that API calls take as `ctx`.
     XLA_FFI_InvokeContext;
@@ -101,8 +97,7 @@ opaque! {
     XLA_FFI_Future;
 }
 
-// ---------------------------------------------------------------------------------------------
-// Extensions
+// --------------------------------------------------------------------------------------------- Extensions
 
 c_enum! {
     /// The kind of an [`XLA_FFI_InternalExtension`].
@@ -122,28 +117,7 @@ pub struct XLA_FFI_InternalExtension {
 }
 pub const XLA_FFI_InternalExtension_STRUCT_SIZE: usize = struct_size!(XLA_FFI_InternalExtension, next);
 
-/// Identifies a public (backend-defined) extension.
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-pub struct XLA_FFI_ExtensionId {
-    pub extension_type: i64,
-    pub major_version: i32,
-    pub minor_version: i32,
-}
-pub const XLA_FFI_ExtensionId_STRUCT_SIZE: usize = struct_size!(XLA_FFI_ExtensionId, minor_version);
-
-/// A public extension attached to an invoke context.
-#[repr(C)]
-#[derive(Debug)]
-pub struct XLA_FFI_Extension {
-    pub struct_size: usize,
-    pub id: XLA_FFI_ExtensionId,
-    pub next: *const XLA_FFI_Extension,
-}
-pub const XLA_FFI_Extension_STRUCT_SIZE: usize = struct_size!(XLA_FFI_Extension, next);
-
-// ---------------------------------------------------------------------------------------------
-// Version
+// --------------------------------------------------------------------------------------------- Version
 
 /// An API version; in [`XLA_FFI_Metadata`], the version a handler was built against.
 #[repr(C)]
@@ -156,8 +130,7 @@ pub struct XLA_FFI_Api_Version {
 }
 pub const XLA_FFI_Api_Version_STRUCT_SIZE: usize = struct_size!(XLA_FFI_Api_Version, minor_version);
 
-// ---------------------------------------------------------------------------------------------
-// Errors
+// --------------------------------------------------------------------------------------------- Errors
 
 c_enum! {
     /// Status codes (absl's canonical codes).
@@ -205,8 +178,8 @@ api_call! {
     XLA_FFI_Error_Destroy_Args_STRUCT_SIZE = through error;
 }
 
-// ---------------------------------------------------------------------------------------------
-// Data types, buffers, attributes
+// --------------------------------------------------------------------------------------------- Data types, buffers,
+//  attributes
 
 c_enum! {
     /// Element types; the values are `xla::PrimitiveType`'s.
@@ -315,8 +288,7 @@ pub struct XLA_FFI_Array {
     pub data: *mut c_void,
 }
 
-// ---------------------------------------------------------------------------------------------
-// Type registry
+// --------------------------------------------------------------------------------------------- Type registry
 
 /// A user type's id; 0 ([`XLA_FFI_UNKNOWN_TYPE_ID`]) asks XLA to assign one.
 #[repr(C)]
@@ -338,32 +310,7 @@ pub struct XLA_FFI_TypeInfo {
 }
 pub const XLA_FFI_TypeInfo_STRUCT_SIZE: usize = struct_size!(XLA_FFI_TypeInfo, deleter);
 
-// ---------------------------------------------------------------------------------------------
-// Futures
-
-api_call! {
-    fn XLA_FFI_Future_Create(args: XLA_FFI_Future_Create_Args) -> *mut XLA_FFI_Error {
-        /// Out.
-        future: *mut XLA_FFI_Future,
-    }
-    /// Ends at `extension_start`, not at `future` (as the header defines it).
-    XLA_FFI_Future_Create_Args_STRUCT_SIZE = through extension_start;
-
-    fn XLA_FFI_Future_SetAvailable(args: XLA_FFI_Future_SetAvailable_Args) -> *mut XLA_FFI_Error {
-        future: *mut XLA_FFI_Future,
-    }
-    XLA_FFI_Future_SetAvailable_Args_STRUCT_SIZE = through future;
-
-    fn XLA_FFI_Future_SetError(args: XLA_FFI_Future_SetError_Args) -> *mut XLA_FFI_Error {
-        future: *mut XLA_FFI_Future,
-        /// Ownership passes to XLA.
-        error: *mut XLA_FFI_Error,
-    }
-    XLA_FFI_Future_SetError_Args_STRUCT_SIZE = through error;
-}
-
-// ---------------------------------------------------------------------------------------------
-// Call frame
+// --------------------------------------------------------------------------------------------- Call frame
 
 c_enum! {
     /// The stage a handler is called for.
@@ -423,8 +370,8 @@ pub const XLA_FFI_Attrs_STRUCT_SIZE: usize = struct_size!(XLA_FFI_Attrs, attrs);
 #[derive(Debug)]
 pub struct XLA_FFI_CallFrame {
     pub struct_size: usize,
-    /// Non-null with type [`XLA_FFI_InternalExtension_Type::XLA_FFI_Extension_Metadata`] in
-    /// the registration-time metadata probe.
+    /// Non-null with type [`XLA_FFI_InternalExtension_Type::XLA_FFI_Extension_Metadata`] in the registration-time
+    /// metadata probe.
     pub extension_start: *mut XLA_FFI_InternalExtension,
     pub api: *const XLA_FFI_Api,
     pub ctx: *mut XLA_FFI_InvokeContext,
@@ -438,41 +385,18 @@ pub struct XLA_FFI_CallFrame {
 /// Ends at `attrs`, not at `future`.
 pub const XLA_FFI_CallFrame_STRUCT_SIZE: usize = struct_size!(XLA_FFI_CallFrame, attrs);
 
-// ---------------------------------------------------------------------------------------------
-// Handlers
+// --------------------------------------------------------------------------------------------- Handlers
 
 /// A handler: null means success; otherwise an error XLA takes ownership of.
 pub type XLA_FFI_Handler = unsafe extern "C" fn(call_frame: *mut XLA_FFI_CallFrame) -> *mut XLA_FFI_Error;
 
-/// One handler per stage; only `execute` is required.
-#[repr(C)]
-#[derive(Debug, Clone, Copy, Default)]
-pub struct XLA_FFI_Handler_Bundle {
-    pub instantiate: Option<XLA_FFI_Handler>,
-    pub prepare: Option<XLA_FFI_Handler>,
-    pub initialize: Option<XLA_FFI_Handler>,
-    pub execute: Option<XLA_FFI_Handler>,
-    pub record: Option<XLA_FFI_Handler>,
-}
-
 /// A bit set of `XLA_FFI_HANDLER_TRAITS_*`.
 pub type XLA_FFI_Handler_Traits = u32;
-/// The handler launches the same device work on every call, so it may be captured into a
-/// command buffer (a CUDA graph).
+/// The handler launches the same device work on every call, so it may be captured into a command buffer (a CUDA graph).
 pub const XLA_FFI_HANDLER_TRAITS_COMMAND_BUFFER_COMPATIBLE: XLA_FFI_Handler_Traits = 1 << 0;
 
-api_call! {
-    fn XLA_FFI_Handler_Register(args: XLA_FFI_Handler_Register_Args) -> *mut XLA_FFI_Error {
-        name: XLA_FFI_ByteSpan,
-        platform: XLA_FFI_ByteSpan,
-        bundle: XLA_FFI_Handler_Bundle,
-        traits: XLA_FFI_Handler_Traits,
-    }
-    XLA_FFI_Handler_Register_Args_STRUCT_SIZE = through traits;
-}
-
-// ---------------------------------------------------------------------------------------------
-// Type registration, invoke context
+// --------------------------------------------------------------------------------------------- Type registration,
+//  invoke context
 
 api_call! {
     fn XLA_FFI_Type_Register(args: XLA_FFI_Type_Register_Args) -> *mut XLA_FFI_Error {
@@ -484,25 +408,9 @@ api_call! {
     /// Ends at `type_id`, not at `type_info`.
     XLA_FFI_Type_Register_Args_STRUCT_SIZE = through type_id;
 
-    fn XLA_FFI_InvokeContext_FindExtension(args: XLA_FFI_InvokeContext_FindExtension_Args) -> *mut XLA_FFI_Error {
-        ctx: *mut XLA_FFI_InvokeContext,
-        extension_type: i64,
-        /// Out.
-        extension: *const XLA_FFI_Extension,
-    }
-    XLA_FFI_InvokeContext_FindExtension_Args_STRUCT_SIZE = through extension;
-
-    fn XLA_FFI_InvokeContext_Get(args: XLA_FFI_InvokeContext_Get_Args) -> *mut XLA_FFI_Error {
-        ctx: *mut XLA_FFI_InvokeContext,
-        type_id: *mut XLA_FFI_TypeId,
-        /// Out.
-        data: *mut c_void,
-    }
-    XLA_FFI_InvokeContext_Get_Args_STRUCT_SIZE = through data;
 }
 
-// ---------------------------------------------------------------------------------------------
-// State
+// --------------------------------------------------------------------------------------------- State
 
 api_call! {
     fn XLA_FFI_State_Set(args: XLA_FFI_State_Set_Args) -> *mut XLA_FFI_Error {
@@ -523,8 +431,8 @@ api_call! {
     XLA_FFI_State_Get_Args_STRUCT_SIZE = through state;
 }
 
-// ---------------------------------------------------------------------------------------------
-// Stream, device memory, thread pool, run id, device ordinal
+// --------------------------------------------------------------------------------------------- Stream, run id, device
+//  ordinal
 
 api_call! {
     fn XLA_FFI_Stream_Get(args: XLA_FFI_Stream_Get_Args) -> *mut XLA_FFI_Error {
@@ -533,41 +441,6 @@ api_call! {
         stream: *mut c_void,
     }
     XLA_FFI_Stream_Get_Args_STRUCT_SIZE = through stream;
-
-    fn XLA_FFI_DeviceMemory_Allocate(args: XLA_FFI_DeviceMemory_Allocate_Args) -> *mut XLA_FFI_Error {
-        ctx: *mut XLA_FFI_InvokeContext,
-        size: usize,
-        alignment: usize,
-        /// Out.
-        data: *mut c_void,
-    }
-    XLA_FFI_DeviceMemory_Allocate_Args_STRUCT_SIZE = through data;
-
-    fn XLA_FFI_DeviceMemory_Free(args: XLA_FFI_DeviceMemory_Free_Args) -> *mut XLA_FFI_Error {
-        ctx: *mut XLA_FFI_InvokeContext,
-        size: usize,
-        data: *mut c_void,
-    }
-    XLA_FFI_DeviceMemory_Free_Args_STRUCT_SIZE = through data;
-}
-
-/// A task for [`XLA_FFI_ThreadPool_Schedule`].
-pub type XLA_FFI_Task = unsafe extern "C" fn(data: *mut c_void);
-
-api_call! {
-    fn XLA_FFI_ThreadPool_Schedule(args: XLA_FFI_ThreadPool_Schedule_Args) -> *mut XLA_FFI_Error {
-        ctx: *mut XLA_FFI_InvokeContext,
-        task: Option<XLA_FFI_Task>,
-        data: *mut c_void,
-    }
-    XLA_FFI_ThreadPool_Schedule_Args_STRUCT_SIZE = through data;
-
-    fn XLA_FFI_ThreadPool_NumThreads(args: XLA_FFI_ThreadPool_NumThreads_Args) -> *mut XLA_FFI_Error {
-        ctx: *mut XLA_FFI_InvokeContext,
-        /// Out (points to caller storage).
-        num_threads: *mut i64,
-    }
-    XLA_FFI_ThreadPool_NumThreads_Args_STRUCT_SIZE = through num_threads;
 
     fn XLA_FFI_RunId_Get(args: XLA_FFI_RunId_Get_Args) -> *mut XLA_FFI_Error {
         ctx: *mut XLA_FFI_InvokeContext,
@@ -584,11 +457,11 @@ api_call! {
     XLA_FFI_DeviceOrdinal_Get_Args_STRUCT_SIZE = through device_ordinal;
 }
 
-// ---------------------------------------------------------------------------------------------
-// Metadata (the registration-time probe)
+// --------------------------------------------------------------------------------------------- Metadata (the
+//  registration-time probe)
 
-/// What a handler reports when probed: the API version it was built against, its traits,
-/// and the type id of the state its instantiate stage creates.
+/// What a handler reports when probed: the API version it was built against, its traits, and the type id of the state
+/// its instantiate stage creates.
 #[repr(C)]
 #[derive(Debug)]
 pub struct XLA_FFI_Metadata {
@@ -597,8 +470,8 @@ pub struct XLA_FFI_Metadata {
     pub traits: XLA_FFI_Handler_Traits,
     pub state_type_id: XLA_FFI_TypeId,
 }
-/// Ends at `traits`, not at `state_type_id` (XLA 0.11.2 passes exactly this size, so
-/// `state_type_id` is written only when `struct_size` covers it).
+/// Ends at `traits`, not at `state_type_id` (XLA 0.11.2 passes exactly this size, so `state_type_id` is written only
+/// when `struct_size` covers it).
 pub const XLA_FFI_Metadata_STRUCT_SIZE: usize = struct_size!(XLA_FFI_Metadata, traits);
 
 /// The extension a metadata probe's call frame starts with.
@@ -610,11 +483,14 @@ pub struct XLA_FFI_Metadata_Extension {
 }
 pub const XLA_FFI_Metadata_Extension_STRUCT_SIZE: usize = struct_size!(XLA_FFI_Metadata_Extension, metadata);
 
-// ---------------------------------------------------------------------------------------------
-// The API table
+// --------------------------------------------------------------------------------------------- The API table
 
-/// XLA's function table, reached through `XLA_FFI_CallFrame::api`. A slot past
-/// `struct_size` does not exist in the XLA that made the table.
+/// A slot of [`XLA_FFI_Api`] Peerless never calls: pointer-sized and nullable like the others, so the table keeps XLA's
+/// layout without mirroring those calls' argument structs (add a call's ABI back before using it).
+pub type Unused = unsafe extern "C" fn();
+
+/// XLA's function table, reached through `XLA_FFI_CallFrame::api`. A slot past `struct_size` does not exist in the XLA
+/// that made the table.
 #[repr(C)]
 #[derive(Debug)]
 pub struct XLA_FFI_Api {
@@ -625,24 +501,21 @@ pub struct XLA_FFI_Api {
     pub XLA_FFI_Error_Create: Option<XLA_FFI_Error_Create>,
     pub XLA_FFI_Error_GetDetails: Option<XLA_FFI_Error_GetDetails>,
     pub XLA_FFI_Error_Destroy: Option<XLA_FFI_Error_Destroy>,
-    pub XLA_FFI_Handler_Register: Option<XLA_FFI_Handler_Register>,
+    pub XLA_FFI_Handler_Register: Option<Unused>,
     pub XLA_FFI_Stream_Get: Option<XLA_FFI_Stream_Get>,
     pub XLA_FFI_Type_Register: Option<XLA_FFI_Type_Register>,
-    pub XLA_FFI_InvokeContext_Get: Option<XLA_FFI_InvokeContext_Get>,
+    pub XLA_FFI_InvokeContext_Get: Option<Unused>,
     pub XLA_FFI_State_Set: Option<XLA_FFI_State_Set>,
     pub XLA_FFI_State_Get: Option<XLA_FFI_State_Get>,
-    pub XLA_FFI_DeviceMemory_Allocate: Option<XLA_FFI_DeviceMemory_Allocate>,
-    pub XLA_FFI_DeviceMemory_Free: Option<XLA_FFI_DeviceMemory_Free>,
-    pub XLA_FFI_ThreadPool_Schedule: Option<XLA_FFI_ThreadPool_Schedule>,
-    pub XLA_FFI_ThreadPool_NumThreads: Option<XLA_FFI_ThreadPool_NumThreads>,
-    pub XLA_FFI_Future_Create: Option<XLA_FFI_Future_Create>,
-    pub XLA_FFI_Future_SetAvailable: Option<XLA_FFI_Future_SetAvailable>,
-    pub XLA_FFI_Future_SetError: Option<XLA_FFI_Future_SetError>,
+    pub XLA_FFI_DeviceMemory_Allocate: Option<Unused>,
+    pub XLA_FFI_DeviceMemory_Free: Option<Unused>,
+    pub XLA_FFI_ThreadPool_Schedule: Option<Unused>,
+    pub XLA_FFI_ThreadPool_NumThreads: Option<Unused>,
+    pub XLA_FFI_Future_Create: Option<Unused>,
+    pub XLA_FFI_Future_SetAvailable: Option<Unused>,
+    pub XLA_FFI_Future_SetError: Option<Unused>,
     pub XLA_FFI_RunId_Get: Option<XLA_FFI_RunId_Get>,
     pub XLA_FFI_DeviceOrdinal_Get: Option<XLA_FFI_DeviceOrdinal_Get>,
-    pub XLA_FFI_InvokeContext_FindExtension: Option<XLA_FFI_InvokeContext_FindExtension>,
+    pub XLA_FFI_InvokeContext_FindExtension: Option<Unused>,
 }
 pub const XLA_FFI_Api_STRUCT_SIZE: usize = struct_size!(XLA_FFI_Api, XLA_FFI_InvokeContext_FindExtension);
-
-/// The exported entry point of a library that links XLA (`XLA_FFI_GetApi`).
-pub type XLA_FFI_GetApi = unsafe extern "C" fn() -> *const XLA_FFI_Api;

@@ -1,5 +1,5 @@
-//! XLA FFI's enumerations as Rust enums: element types, error codes, execution stages
-//! (each keeps a value this table does not know, from a newer XLA).
+//! XLA FFI's enumerations as Rust enums: element types, error codes, execution stages (each keeps a value this table
+//! does not know, from a newer XLA).
 
 use std::fmt;
 
@@ -30,8 +30,7 @@ macro_rules! data_types {
                 }
             }
 
-            /// XLA's spelling (`"f32"`, `"bf16"`, `"f8e4m3fn"`, ...); `"unknown"` for
-            /// [`DataType::Unknown`].
+            /// XLA's spelling (`"f32"`, `"bf16"`, `"f8e4m3fn"`, ...); `"unknown"` for [`DataType::Unknown`].
             pub fn name(self) -> &'static str {
                 match self {
                     $(DataType::$v => $name,)*
@@ -86,14 +85,14 @@ data_types! {
 }
 
 impl DataType {
-    /// Bytes per element: `None` for sub-byte types (packed, see [`DataType::byte_len`]),
-    /// invalid and unknown types; `Some(0)` for token.
+    /// Bytes per element: `None` for sub-byte types (packed, see [`DataType::byte_len`]), invalid and unknown types;
+    /// `Some(0)` for token.
     pub fn byte_width(self) -> Option<usize> {
         self.bit_width().filter(|b| b % 8 == 0).map(|b| b / 8)
     }
 
-    /// Bytes `elements` elements occupy, sub-byte types packed (`ceil(elements * bits / 8)`);
-    /// `None` for invalid and unknown types or on overflow.
+    /// Bytes `elements` elements occupy, sub-byte types packed (`ceil(elements * bits / 8)`); `None` for invalid and
+    /// unknown types or on overflow.
     pub fn byte_len(self, elements: usize) -> Option<usize> {
         let bits = self.bit_width()?;
         Some(elements.checked_mul(bits)?.div_ceil(8))
@@ -109,8 +108,7 @@ impl fmt::Display for DataType {
     }
 }
 
-// ---------------------------------------------------------------------------------------------
-// Error codes, stages
+// --------------------------------------------------------------------------------------------- Error codes, stages
 
 macro_rules! error_codes {
     ($($v:ident = $raw:ident;)*) => {

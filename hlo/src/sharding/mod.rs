@@ -1,12 +1,10 @@
-//! The shape of each device's entry arguments in partition mode, read from the module's
-//! shardings before anything runs, so that `runs` gives each device its shard of the entry's
-//! parameters (the CLI's runs through XLA, the conformance goldens). XLA's SPMD partitioner
-//! runs the module; nothing here checks what it will do with the shards.
+//! The shape of each device's entry arguments in partition mode, read from the module's shardings before anything runs,
+//! so that `runs` gives each device its shard of the entry's parameters (the CLI's runs through XLA, the conformance
+//! goldens). XLA's SPMD partitioner runs the module; nothing here checks what it will do with the shards.
 //!
-//! A parameter holds a shard where it carries a tiled sharding (`sharding={devices=..}`),
-//! Shardy's `xla.sdy.sharding`, or, unannotated, where the shard_map custom call consuming it
-//! (`Sharding`, `xla.sdy.GlobalToLocalShape`) declares one; every dimension is divided by its
-//! tile count, rounded up, as XLA's partitioner pads uneven shards.
+//! A parameter holds a shard where it carries a tiled sharding (`sharding={devices=..}`), Shardy's `xla.sdy.sharding`,
+//! or, unannotated, where the shard_map custom call consuming it (`Sharding`, `xla.sdy.GlobalToLocalShape`) declares
+//! one; every dimension is divided by its tile count, rounded up, as XLA's partitioner pads uneven shards.
 
 mod tiling;
 
@@ -45,10 +43,9 @@ impl Tag {
     }
 }
 
-/// Per entry parameter of a verified module `m` run on `n` partitions, the shape each
-/// device's argument has: its shard where the parameter is sharded, the declared shape
-/// otherwise. A sharding that cannot be read or does not fit `n` devices is an
-/// [`ErrorKind::Sharding`] error about its parameter ([`Error::about`]).
+/// Per entry parameter of a verified module `m` run on `n` partitions, the shape each device's argument has: its shard
+/// where the parameter is sharded, the declared shape otherwise. A sharding that cannot be read or does not fit `n`
+/// devices is an [`ErrorKind::Sharding`] error about its parameter ([`Error::about`]).
 pub fn param_shapes(m: &Module, n: usize) -> Result<Vec<Shape>, Error> {
     let Some(entry) = m.comps.get(m.entry) else { return Ok(Vec::new()) };
     entry

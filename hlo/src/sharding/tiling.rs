@@ -1,15 +1,14 @@
-//! [`Tiling`], a sharding reduced to what per-device shapes need: how many tiles each
-//! dimension has. Built from HLO shardings
-//! (`sharding={devices=[..]..}`) or from Shardy's string attributes
-//! (`#sdy.sharding<@mesh, [{"x"}, {}]>` with the module's `xla.sdy.meshes`).
+//! [`Tiling`], a sharding reduced to what per-device shapes need: how many tiles each dimension has. Built from HLO
+//! shardings (`sharding={devices=[..]..}`) or from Shardy's string attributes (`#sdy.sharding<@mesh, [{"x"}, {}]>` with
+//! the module's `xla.sdy.meshes`).
 //!
-//! The parsers return a bare reason (`String`); [`super::param_shapes`] turns it into an
-//! [`crate::Error`] about the instruction that carries the attribute.
+//! The parsers return a bare reason (`String`); [`super::param_shapes`] turns it into an [`crate::Error`] about the
+//! instruction that carries the attribute.
 
 use crate::{ArrayShape, Module, Sharding};
 
-/// A tiled layout of an array over devices. Uneven dimensions are padded: every shard
-/// has `ceil(dim / count)` elements along a dimension, as XLA's partitioner lays them out.
+/// A tiled layout of an array over devices. Uneven dimensions are padded: every shard has `ceil(dim / count)` elements
+/// along a dimension, as XLA's partitioner lays them out.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Tiling {
     /// Tiles per array dimension.
@@ -35,8 +34,8 @@ impl Tiling {
     }
 }
 
-/// Converts an HLO sharding for an array of `rank` dimensions on `n` devices.
-/// `Ok(None)`: replicated, manual, maximal or unknown (the full value on every device).
+/// Converts an HLO sharding for an array of `rank` dimensions on `n` devices. `Ok(None)`: replicated, manual, maximal
+/// or unknown (the full value on every device).
 pub(super) fn from_hlo(s: &Sharding, rank: usize, n: usize) -> Result<Option<Tiling>, String> {
     let Sharding::Tiled { tile_dims, devices, last_tile_dim_replicate, last_tile_dims } = s else {
         return Ok(None);
@@ -63,8 +62,7 @@ pub(super) fn from_hlo(s: &Sharding, rank: usize, n: usize) -> Result<Option<Til
     Ok(Some(Tiling { counts: tile_dims[..rank].to_vec() }))
 }
 
-/// A Shardy mesh: named axes with sizes (which device sits where does not change a shard's
-/// shape).
+/// A Shardy mesh: named axes with sizes (which device sits where does not change a shard's shape).
 #[derive(Clone, Debug)]
 struct Mesh {
     axes: Vec<(String, i64)>,
@@ -74,8 +72,8 @@ fn strip(s: &str) -> String {
     s.replace('\\', "")
 }
 
-/// Finds the bracketed text starting at `open` (which must be `[`, `{` or `<`), returning the
-/// inside and the index after the closing bracket.
+/// Finds the bracketed text starting at `open` (which must be `[`, `{` or `<`), returning the inside and the index
+/// after the closing bracket.
 fn bracketed(s: &str, open: usize) -> Option<(&str, usize)> {
     let b = s.as_bytes();
     let (o, c) = match b.get(open)? {
@@ -160,10 +158,9 @@ fn parse_values(s: &str) -> Result<Vec<(String, Vec<Vec<String>>)>, String> {
             dims.push(quoted(inner));
             i = next;
         }
-        // `unreduced={"y"}`: every device holds a partial sum over those axes, to be reduced
-        // when the value is resharded: that reduction is inserted by XLA's SPMD partitioner,
-        // and reading the value as replicated would give wrong sums. (`reduced` axes, whose
-        // values are already equal across the axis, are harmless.)
+        // `unreduced={"y"}`: every device holds a partial sum over those axes, to be reduced when the value is
+        // resharded: that reduction is inserted by XLA's SPMD partitioner, and reading the value as replicated would
+        // give wrong sums. (`reduced` axes, whose values are already equal across the axis, are harmless.)
         let rest = &s[after..];
         let tail = &rest[..rest.find('>').unwrap_or(rest.len())];
         if let Some(u) = tail.find("unreduced") {
@@ -198,8 +195,7 @@ fn tiling_from_mesh(mesh: &Mesh, dims: &[Vec<String>], n: usize) -> Result<Tilin
     Ok(Tiling { counts })
 }
 
-/// Tilings of every value of a Shardy sharding attribute, using the module's meshes.
-/// `None` for a replicated value.
+/// Tilings of every value of a Shardy sharding attribute, using the module's meshes. `None` for a replicated value.
 pub(super) fn from_sdy(module: &Module, attr: &str, n: usize) -> Result<Vec<Option<Tiling>>, String> {
     parse_values(attr)?
         .into_iter()

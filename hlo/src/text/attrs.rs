@@ -1,5 +1,5 @@
-//! Attribute values: the typed ones of [`Attrs`] and [`ModuleConfig`], replica
-//! groups (explicit, iota and mesh-axes forms), shardings, and raw values.
+//! Attribute values: the typed ones of [`Attrs`] and [`ModuleConfig`], replica groups (explicit, iota and mesh-axes
+//! forms), shardings, and raw values.
 
 use std::collections::BTreeMap;
 
@@ -9,8 +9,7 @@ use crate::ir::{
 };
 use crate::opcode::Opcode;
 
-/// Most devices an iota, mesh or tile-assignment form may name (bounds what one
-/// attribute can expand to in memory).
+/// Most devices an iota, mesh or tile-assignment form may name (bounds what one attribute can expand to in memory).
 const MAX_DEVICES: i64 = 1 << 16;
 
 /// Where a called computation goes in [`crate::Instruction::called`] (this order).
@@ -393,9 +392,8 @@ fn axis_name(c: &mut Cursor<'_>) -> PResult<String> {
     }
 }
 
-/// XLA's mesh-axes form: `mesh[a=2,b=4] {b}`, `mesh[a=2,b=4], device_ids=(...) {a:(1)2}`,
-/// `maximal_mesh[device_id=3] {}`. Converted to the iota form (or explicit groups when
-/// the mesh has its own device order).
+/// XLA's mesh-axes form: `mesh[a=2,b=4] {b}`, `mesh[a=2,b=4], device_ids=(...) {a:(1)2}`, `maximal_mesh[device_id=3]
+/// {}`. Converted to the iota form (or explicit groups when the mesh has its own device order).
 fn mesh_groups(c: &mut Cursor<'_>, start: usize) -> PResult<ReplicaGroups> {
     let Some((_, kw)) = c.ident() else {
         return Err(c.err_found("expected replica groups: {{...}}, [groups,size]<=[dims] or mesh[...] {axes}"));
@@ -521,8 +519,8 @@ fn mesh_device_ids(c: &mut Cursor<'_>, total: i64, start: usize) -> PResult<Vec<
     Ok(ids)
 }
 
-/// `{replicated}`, `{maximal device=N}`, `{manual}`, `{devices=[..]...}`, tuples `{{..}, {..}}`.
-/// Forms Peerless does not model (`{unknown}`, `shard_as`, ...) are kept as [`Sharding::Other`].
+/// `{replicated}`, `{maximal device=N}`, `{manual}`, `{devices=[..]...}`, tuples `{{..}, {..}}`. Forms Peerless does
+/// not model (`{unknown}`, `shard_as`, ...) are kept as [`Sharding::Other`].
 pub(crate) fn sharding(c: &mut Cursor<'_>, depth: u32) -> PResult<Sharding> {
     c.ws();
     let start = c.pos;
@@ -621,8 +619,8 @@ pub(crate) fn sharding(c: &mut Cursor<'_>, depth: u32) -> PResult<Sharding> {
                 c.expect(b'=', "after 'metadata'")?;
                 c.balanced()?;
             }
-            // Newer XLA prints a mesh first: `{mesh[], replicated}`, `{mesh[a=2,b=4], [{a}, {}]}`.
-            // A replicated / manual one is that; one sharded by named axes is kept verbatim.
+            // Newer XLA prints a mesh first: `{mesh[], replicated}`, `{mesh[a=2,b=4], [{a}, {}]}`. A replicated /
+            // manual one is that; one sharded by named axes is kept verbatim.
             "mesh" => {
                 c.ws();
                 if c.peek() == Some(b'[') {

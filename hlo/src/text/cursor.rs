@@ -1,9 +1,8 @@
-//! Lexing primitives over the raw source: trivia (whitespace and comments),
-//! identifiers, integers, quoted strings, balanced raw values, and diagnostics
-//! that point at a byte range of the source.
+//! Lexing primitives over the raw source: trivia (whitespace and comments), identifiers, integers, quoted strings,
+//! balanced raw values, and diagnostics that point at a byte range of the source.
 //!
-//! The cursor never panics: every read goes through `get`, and positions only
-//! ever stop on ASCII bytes (or the end), so slicing `src` at them is safe.
+//! The cursor never panics: every read goes through `get`, and positions only ever stop on ASCII bytes (or the end), so
+//! slicing `src` at them is safe.
 
 use crate::{Error, ErrorKind, Span};
 
@@ -129,9 +128,8 @@ impl<'a> Cursor<'a> {
         if self.eat(c) { Ok(()) } else { Err(self.err_found(&format!("expected '{}' {what}", c as char))) }
     }
 
-    /// The rest of a list whose opener was just read: items separated by ',' up to `close`
-    /// (none when `close` comes at once), `item` reading item number `i`; a missing `close`
-    /// is "expected '<close>' `closing`".
+    /// The rest of a list whose opener was just read: items separated by ',' up to `close` (none when `close` comes at
+    /// once), `item` reading item number `i`; a missing `close` is "expected '<close>' `closing`".
     pub fn list<T>(
         &mut self,
         close: u8,
@@ -164,8 +162,8 @@ impl<'a> Cursor<'a> {
         Some((start, self.slice(start, self.pos)))
     }
 
-    /// An instruction or computation name: an identifier with an optional `%`.
-    /// Returns the start (including the `%`) and the name without it.
+    /// An instruction or computation name: an identifier with an optional `%`. Returns the start (including the `%`)
+    /// and the name without it.
     pub fn name(&mut self) -> Option<(usize, &'a str)> {
         self.ws();
         let start = self.pos;
@@ -320,8 +318,8 @@ impl<'a> Cursor<'a> {
         }
     }
 
-    /// A bracketed value starting at the next significant byte (`{`, `(` or `[`),
-    /// returned verbatim including its brackets. Strings inside are skipped whole.
+    /// A bracketed value starting at the next significant byte (`{`, `(` or `[`), returned verbatim including its
+    /// brackets. Strings inside are skipped whole.
     pub fn balanced(&mut self) -> PResult<&'a str> {
         self.ws();
         let start = self.pos;
@@ -332,8 +330,8 @@ impl<'a> Cursor<'a> {
         Ok(self.slice(start, self.pos))
     }
 
-    /// A raw attribute value: everything up to a `,` at bracket depth 0, an
-    /// unmatched closing bracket, or a line break at depth 0. Returned verbatim.
+    /// A raw attribute value: everything up to a `,` at bracket depth 0, an unmatched closing bracket, or a line break
+    /// at depth 0. Returned verbatim.
     pub fn raw_value(&mut self) -> PResult<&'a str> {
         self.ws();
         let start = self.pos;

@@ -1,6 +1,5 @@
-//! `constant(...)` payloads, typed by the instruction's shape: scalars, nested
-//! `{...}` arrays, tuples `( a, b )`, and every element type's value syntax.
-//! Values are stored little-endian, row-major; s4/u4 one (sign-extended) byte each.
+//! `constant(...)` payloads, typed by the instruction's shape: scalars, nested `{...}` arrays, tuples `( a, b )`, and
+//! every element type's value syntax. Values are stored little-endian, row-major; s4/u4 one (sign-extended) byte each.
 
 use super::cursor::{Cursor, MAX_DEPTH, PResult};
 use crate::literal::{Array, Literal};
@@ -142,8 +141,7 @@ fn check_elided_inner(c: &mut Cursor<'_>, open: usize) -> PResult<()> {
     Ok(())
 }
 
-/// The text of one value token: sign, digits, letters, `.`, exponent sign, and a
-/// `(0x...)` NaN payload.
+/// The text of one value token: sign, digits, letters, `.`, exponent sign, and a `(0x...)` NaN payload.
 fn value_token<'a>(c: &mut Cursor<'a>) -> (usize, &'a str) {
     c.ws();
     let start = c.pos;
@@ -307,8 +305,8 @@ fn f64_bits(v: &FloatValue) -> u64 {
     v.value.to_bits()
 }
 
-/// f16/bf16 bits: `rounded` (from `half`, round-to-nearest-even) except for NaNs,
-/// which keep their sign and payload (`mant_bits` wide).
+/// f16/bf16 bits: `rounded` (from `half`, round-to-nearest-even) except for NaNs, which keep their sign and payload
+/// (`mant_bits` wide).
 fn small_float_bits(v: &FloatValue, mant_bits: u32, rounded: u16) -> u16 {
     if !v.value.is_nan() {
         return rounded;
@@ -360,8 +358,8 @@ impl F8Format {
         }
     }
 
-    /// Like [`F8Format::encode`], but a NaN of an IEEE-like format (several NaN encodings) keeps
-    /// its `nan(0x..)` payload, so that the printer's output of any byte parses back to it.
+    /// Like [`F8Format::encode`], but a NaN of an IEEE-like format (several NaN encodings) keeps its `nan(0x..)`
+    /// payload, so that the printer's output of any byte parses back to it.
     pub(crate) fn encode_with_payload(self, v: f64, payload: Option<u64>) -> u8 {
         let mask = (1u64 << self.mant) - 1;
         match payload.map(|p| (p & mask) as u8) {
@@ -373,8 +371,7 @@ impl F8Format {
         }
     }
 
-    /// The value of the encoding `b` (exact in f64). NaNs keep their sign; the payload is
-    /// [`F8Format::nan_payload`].
+    /// The value of the encoding `b` (exact in f64). NaNs keep their sign; the payload is [`F8Format::nan_payload`].
     pub(crate) fn decode(self, b: u8) -> f64 {
         let neg = b & 0x80 != 0;
         let sign = if neg { -1.0 } else { 1.0 };
@@ -412,8 +409,8 @@ impl F8Format {
         nan.then_some(frac)
     }
 
-    /// Rounds `v` to nearest (ties to even). Overflow gives inf where the format
-    /// has one, NaN otherwise (non-saturating, like XLA's conversions).
+    /// Rounds `v` to nearest (ties to even). Overflow gives inf where the format has one, NaN otherwise
+    /// (non-saturating, like XLA's conversions).
     pub(crate) fn encode(self, v: f64) -> u8 {
         let neg = v.is_sign_negative();
         let sign: u8 = if neg { 0x80 } else { 0 };

@@ -1,25 +1,20 @@
-//! HLO text parser: reads the text XLA prints (`HloModule::ToString`, JAX's
-//! `as_hlo_text()`, optimized dumps with layouts and stack-frame indices) and
-//! hand-written modules into the [`Module`] IR, unverified.
+//! HLO text parser: reads the text XLA prints (`HloModule::ToString`, JAX's `as_hlo_text()`, optimized dumps with
+//! layouts and stack-frame indices) and hand-written modules into the [`Module`] IR, unverified.
 //!
-//! Every error is a [`ErrorKind::Parse`](crate::ErrorKind::Parse) error at
-//! `file:line:col` with the offending line and a caret under the token. The parser
-//! never panics and never recurses more than 64 levels deep, whatever the input.
+//! Every error is a [`ErrorKind::Parse`](crate::ErrorKind::Parse) error at `file:line:col` with the offending line and
+//! a caret under the token. The parser never panics and never recurses more than 64 levels deep, whatever the input.
 //!
 //! Representation notes for consumers:
-//! - `replica_groups={}` is `Some(ReplicaGroups::Explicit(vec![]))` (all devices);
-//!   an absent attribute is `None`. The mesh-axes form (`mesh[a=2,b=4] {b}`) is
-//!   converted to the equivalent iota form (explicit groups when the mesh has
+//! - `replica_groups={}` is `Some(ReplicaGroups::Explicit(vec![]))` (all devices); an absent attribute is `None`. The
+//!   mesh-axes form (`mesh[a=2,b=4] {b}`) is converted to the equivalent iota form (explicit groups when the mesh has
 //!   its own `device_ids` order).
-//! - `Instruction::called` is in the order to_apply, calls, condition, body,
-//!   true_computation, false_computation, branch_computations (as written),
-//!   select, scatter (select-and-scatter), called_computations.
-//! - `metadata`, braced `backend_config` and unknown attributes are kept verbatim
-//!   (braces included); quoted values (`backend_config="..."`, frontend
-//!   attribute values, `custom_call_target`) are unescaped.
+//! - `Instruction::called` is in the order to_apply, calls, condition, body, true_computation, false_computation,
+//!   branch_computations (as written), select, scatter (select-and-scatter), called_computations.
+//! - `metadata`, braced `backend_config` and unknown attributes are kept verbatim (braces included); quoted values
+//!   (`backend_config="..."`, frontend attribute values, `custom_call_target`) are unescaped.
 //! - `entry_computation_layout` is kept verbatim without its outer braces.
-//! - Layout tiling/memory-space suffixes (`{1,0:T(8,128)}`) are dropped; only
-//!   minor-to-major numbers are kept. XLA's stack-frame index sections are skipped.
+//! - Layout tiling/memory-space suffixes (`{1,0:T(8,128)}`) are dropped; only minor-to-major numbers are kept. XLA's
+//!   stack-frame index sections are skipped.
 //! - s4/u4 constants hold one sign-/zero-extended byte per element.
 
 mod attrs;
@@ -38,9 +33,9 @@ pub fn parse(file: &str, src: &str) -> Result<Module, Error> {
     parser::parse_module(&mut c)
 }
 
-/// Whether `s` is exactly one `{...}` group as the parser reads one (brackets matched, quoted
-/// strings skipped whole). The printer writes such values (a braced `backend_config`, a frontend
-/// attribute's `{...}` value) verbatim, knowing they read back unchanged.
+/// Whether `s` is exactly one `{...}` group as the parser reads one (brackets matched, quoted strings skipped whole).
+/// The printer writes such values (a braced `backend_config`, a frontend attribute's `{...}` value) verbatim, knowing
+/// they read back unchanged.
 pub(crate) fn is_braced_group(s: &str) -> bool {
     let mut c = cursor::Cursor::new("", s);
     s.starts_with('{') && c.balanced().is_ok() && c.pos == s.len()

@@ -1,5 +1,5 @@
-//! Module structure: header, computations, instructions, shapes, and the
-//! second pass that resolves operand, control-predecessor and computation names.
+//! Module structure: header, computations, instructions, shapes, and the second pass that resolves operand,
+//! control-predecessor and computation names.
 
 use std::collections::HashMap;
 
@@ -15,8 +15,8 @@ use crate::types::{ArrayShape, PrimitiveType, Shape};
 /// Most dimensions an array shape may have.
 pub(crate) const MAX_RANK: usize = 32;
 
-/// Sections of XLA's stack-frame index printed after the header of optimized
-/// modules (`FileNames`, `FunctionNames`, `FileLocations`, `StackFrames`).
+/// Sections of XLA's stack-frame index printed after the header of optimized modules (`FileNames`, `FunctionNames`,
+/// `FileLocations`, `StackFrames`).
 const FRAME_SECTIONS: [&str; 4] = ["FileNames", "FunctionNames", "FileLocations", "StackFrames"];
 
 /// A name reference waiting for the second pass.

@@ -1,5 +1,4 @@
-//! The verifier's rules for instructions that call computations: call, while, conditional,
-//! fusion and custom-call.
+//! The verifier's rules for instructions that call computations: call, while, conditional, fusion and custom-call.
 
 use super::*;
 
@@ -10,23 +9,19 @@ impl<'a> Verifier<'a> {
         let comp = &self.m.comps[c];
         let cname = pname(&comp.name);
         if ins.operands.len() != comp.params.len() {
-            return Err(self.err(
+            bail!(
+                self,
                 id,
-                format!(
-                    "{} passes {} operands to computation {cname}, which takes {} parameters",
-                    self.op(id),
-                    ins.operands.len(),
-                    comp.params.len()
-                ),
-            ));
+                "{} passes {} operands to computation {cname}, which takes {} parameters",
+                self.op(id),
+                ins.operands.len(),
+                comp.params.len()
+            );
         }
         for (i, (&o, &p)) in ins.operands.iter().zip(&comp.params).enumerate() {
             let (os, ps) = (&self.m.instrs[o].shape, &self.m.instrs[p].shape);
             if !os.compatible(ps) {
-                return Err(self.err(
-                    id,
-                    format!("{} operand {i} is {}, but {cname} parameter {i} is {}", self.op(id), sh(os), sh(ps)),
-                ));
+                bail!(self, id, "{} operand {i} is {}, but {cname} parameter {i} is {}", self.op(id), sh(os), sh(ps));
             }
         }
         Ok(())
@@ -46,11 +41,11 @@ impl<'a> Verifier<'a> {
         let params: Vec<&Shape> = comp.params.iter().map(|&p| &self.m.instrs[p].shape).collect();
         if params.len() != 1 || !params[0].compatible(arg) {
             let got = params.iter().map(|s| sh(s)).collect::<Vec<_>>().join(", ");
-            return Err(self.err(id, format!("{what} {cname} must take one parameter {}, takes ({got})", sh(arg))));
+            bail!(self, id, "{what} {cname} must take one parameter {}, takes ({got})", sh(arg));
         }
         let got = &self.m.instrs[comp.root].shape;
         if !got.compatible(root) {
-            return Err(self.err(id, format!("{what} {cname} must return {}, returns {}", sh(root), sh(got))));
+            bail!(self, id, "{what} {cname} must return {}, returns {}", sh(root), sh(got));
         }
         Ok(())
     }
@@ -59,7 +54,7 @@ impl<'a> Verifier<'a> {
         self.n_operands(id, 1)?;
         let ins = &self.m.instrs[id];
         let &[cond, body] = ins.called.as_slice() else {
-            return Err(self.err(id, "while needs a condition= and a body= computation"));
+            bail!(self, id, "while needs a condition= and a body= computation");
         };
         let state = self.operand_shape(id, 0);
         self.result_is(id, state, "the loop state's shape")?;
@@ -71,16 +66,13 @@ impl<'a> Verifier<'a> {
         let ins = &self.m.instrs[id];
         let n = ins.called.len();
         if n == 0 {
-            return Err(self.err(id, "conditional needs branch computations"));
+            bail!(self, id, "conditional needs branch computations");
         }
         self.n_operands(id, n + 1)?;
         let sel = self.arr(id, 0)?;
         let ok = sel.rank() == 0 && (sel.ty == PrimitiveType::S32 || (sel.ty == PrimitiveType::Pred && n == 2));
         if !ok {
-            return Err(self.err(
-                id,
-                format!("conditional selector must be pred[] (two branches) or s32[], got {}", arr_str(sel)),
-            ));
+            bail!(self, id, "conditional selector must be pred[] (two branches) or s32[], got {}", arr_str(sel));
         }
         for (k, &b) in ins.called.iter().enumerate() {
             self.signature(id, b, &format!("branch {k}"), self.operand_shape(id, k + 1), &ins.shape)?;
@@ -90,7 +82,7 @@ impl<'a> Verifier<'a> {
 
     pub(super) fn fusion(&self, id: InstrId) -> R {
         let Some(&c) = self.m.instrs[id].called.first() else {
-            return Err(self.err(id, "fusion needs a calls= computation"));
+            bail!(self, id, "fusion needs a calls= computation");
         };
         self.args_match(id, c)
     }
@@ -104,27 +96,21 @@ impl<'a> Verifier<'a> {
         if !SHARDING_TARGETS.contains(&target) {
             return Ok(());
         }
-        // One operand → an array of the same element type; N operands (the sdy
-        // shard_map forms) → an N-tuple, element i of operand i's element type.
+        // One operand → an array of the same element type; N operands (the sdy shard_map forms) → an N-tuple, element i
+        // of operand i's element type.
         self.min_operands(id, 1)?;
         let n = ins.operands.len();
         let results: Vec<&Shape> = match &ins.shape {
             s @ Shape::Array(_) if n == 1 => vec![s],
             Shape::Tuple(t) if t.len() == n => t.iter().collect(),
             s => {
-                return Err(self.err(
-                    id,
-                    format!("custom-call {target} of {n} operand(s) must produce {n} result(s), got {}", sh(s)),
-                ));
+                bail!(self, id, "custom-call {target} of {n} operand(s) must produce {n} result(s), got {}", sh(s));
             }
         };
         for (i, r) in results.into_iter().enumerate() {
             let a = self.arr(id, i)?;
             if r.as_array().is_none_or(|r| r.ty != a.ty) {
-                return Err(self.err(
-                    id,
-                    format!("custom-call {target} must keep the element type, got {} -> {}", arr_str(a), sh(r)),
-                ));
+                bail!(self, id, "custom-call {target} must keep the element type, got {} -> {}", arr_str(a), sh(r));
             }
         }
         Ok(())

@@ -1,11 +1,11 @@
-//! The verifier's rules for collectives: replica groups, reducers, and the result shape of
-//! every collective kind and its async forms.
+//! The verifier's rules for collectives: replica groups, reducers, and the result shape of every collective kind and
+//! its async forms.
 
 use super::*;
 
 impl<'a> Verifier<'a> {
-    /// Validates replica groups; returns the explicit groups, `None` when absent or
-    /// empty (`{}`: every device, count unknown at verify time).
+    /// Validates replica groups; returns the explicit groups, `None` when absent or empty (`{}`: every device, count
+    /// unknown at verify time).
     pub(super) fn groups(&self, id: InstrId, uniform: bool) -> R<Option<Vec<Vec<i64>>>> {
         let Some(rg) = &self.m.instrs[id].attrs.replica_groups else {
             return Ok(None);
@@ -28,27 +28,26 @@ impl<'a> Verifier<'a> {
         for g in &groups {
             for &d in g {
                 if d < 0 {
-                    return Err(self.err(id, format!("replica_groups={rg} contains a negative id {d}")));
+                    bail!(self, id, "replica_groups={rg} contains a negative id {d}");
                 }
                 if !seen.insert(d) {
-                    return Err(self.err(id, format!("replica_groups={rg} lists id {d} more than once")));
+                    bail!(self, id, "replica_groups={rg} lists id {d} more than once");
                 }
             }
         }
         if uniform {
             let n = groups[0].len();
             if n == 0 {
-                return Err(self.err(id, format!("{} replica groups must not be empty, got {rg}", self.op(id))));
+                bail!(self, id, "{} replica groups must not be empty, got {rg}", self.op(id));
             }
             if let Some(g) = groups.iter().find(|g| g.len() != n) {
-                return Err(self.err(
+                bail!(
+                    self,
                     id,
-                    format!(
-                        "{} needs replica groups of uniform size, got sizes {n} and {} in {rg}",
-                        self.op(id),
-                        g.len()
-                    ),
-                ));
+                    "{} needs replica groups of uniform size, got sizes {n} and {} in {rg}",
+                    self.op(id),
+                    g.len()
+                );
             }
         }
         Ok(Some(groups))
@@ -65,15 +64,14 @@ impl<'a> Verifier<'a> {
         for i in 0..self.m.instrs[id].operands.len() {
             let a = self.arr(id, i)?;
             if a.ty != first.ty {
-                return Err(self.err(
+                bail!(
+                    self,
                     id,
-                    format!(
-                        "{} operands must share one element type for the reducer, got {} and {}",
-                        self.op(id),
-                        arr_str(first),
-                        arr_str(a)
-                    ),
-                ));
+                    "{} operands must share one element type for the reducer, got {} and {}",
+                    self.op(id),
+                    arr_str(first),
+                    arr_str(a)
+                );
             }
         }
         self.check_reducer(id, c, &[first.ty])
@@ -97,8 +95,8 @@ impl<'a> Verifier<'a> {
         self.operands_or_tuple(id, self.operand_shapes(id), "the operand shapes")
     }
 
-    /// Checks that the result `r` has the operand `a`'s element type and dimensions except in
-    /// dimension `d`, the one the collective `how` (gathered, scattered).
+    /// Checks that the result `r` has the operand `a`'s element type and dimensions except in dimension `d`, the one
+    /// the collective `how` (gathered, scattered).
     fn same_but_dim(&self, id: InstrId, a: &ArrayShape, r: &ArrayShape, d: usize, how: &str) -> R {
         let rest_equal =
             r.rank() == a.rank() && r.dims.iter().zip(&a.dims).enumerate().all(|(k, (x, y))| k == d || x == y);
@@ -152,8 +150,8 @@ impl<'a> Verifier<'a> {
         self.one_dim(id, dims, rank, self.arr(id, 0)?, "")
     }
 
-    /// The result shapes of a variadic collective: one array for one operand, else a tuple
-    /// with one element per operand.
+    /// The result shapes of a variadic collective: one array for one operand, else a tuple with one element per
+    /// operand.
     pub(super) fn variadic_results(&self, id: InstrId, op: &str) -> R<Vec<&'a Shape>> {
         let k = self.m.instrs[id].operands.len();
         match &self.m.instrs[id].shape {
@@ -207,10 +205,13 @@ impl<'a> Verifier<'a> {
         for (i, (in_s, out_s)) in pairs.into_iter().enumerate() {
             let a = self.arr(id, i)?;
             if !in_s.compatible(&Shape::Array(a.clone())) {
-                return Err(self.err(
+                bail!(
+                    self,
                     id,
-                    format!("all-gather-start tuple element for operand {i} must be {}, got {}", arr_str(a), sh(in_s)),
-                ));
+                    "all-gather-start tuple element for operand {i} must be {}, got {}",
+                    arr_str(a),
+                    sh(in_s)
+                );
             }
             self.gathered(id, a, out_s, d, group)?;
         }
@@ -229,14 +230,13 @@ impl<'a> Verifier<'a> {
                 if let Some(g) = group
                     && a.dims[d] % g != 0
                 {
-                    return Err(self.err(
+                    bail!(
+                        self,
                         id,
-                        format!(
-                            "all-to-all split dimension {d} of {} (size {}) must be divisible by the group size {g}",
-                            arr_str(a),
-                            a.dims[d]
-                        ),
-                    ));
+                        "all-to-all split dimension {d} of {} (size {}) must be divisible by the group size {g}",
+                        arr_str(a),
+                        a.dims[d]
+                    );
                 }
                 self.result_is(id, &Shape::Array(a.clone()), "same as the operand")
             }
@@ -258,40 +258,37 @@ impl<'a> Verifier<'a> {
         for (i, out) in outs.into_iter().enumerate() {
             let a = self.arr(id, i)?;
             let Some(r) = out.as_array() else {
-                return Err(self.err(id, format!("reduce-scatter result {i} must be an array, got {}", sh(out))));
+                bail!(self, id, "reduce-scatter result {i} must be an array, got {}", sh(out));
             };
             self.same_but_dim(id, a, r, d, "scattered")?;
             let (n, m) = (a.dims[d], r.dims[d]);
             match group {
                 Some(g) => {
                     if n % g != 0 {
-                        return Err(self.err(
+                        bail!(
+                            self,
                             id,
-                            format!(
-                                "reduce-scatter operand dimension {d} (size {n}) of {} is not divisible by the group size {g}",
-                                arr_str(a)
-                            ),
-                        ));
+                            "reduce-scatter operand dimension {d} (size {n}) of {} is not divisible by the group size {g}",
+                            arr_str(a)
+                        );
                     }
                     if m != n / g {
-                        return Err(self.err(
+                        bail!(
+                            self,
                             id,
-                            format!(
-                                "reduce-scatter result dimension {d} must be {} (operand size {n} / group size {g}), got {m}",
-                                n / g
-                            ),
-                        ));
+                            "reduce-scatter result dimension {d} must be {} (operand size {n} / group size {g}), got {m}",
+                            n / g
+                        );
                     }
                 }
                 None => {
                     if (m == 0 && n != 0) || (m != 0 && n % m != 0) {
-                        return Err(self.err(
+                        bail!(
+                            self,
                             id,
-                            format!(
-                                "reduce-scatter result dimension {d} ({m}) must divide the operand's {n} for {}",
-                                arr_str(a)
-                            ),
-                        ));
+                            "reduce-scatter result dimension {d} ({m}) must divide the operand's {n} for {}",
+                            arr_str(a)
+                        );
                     }
                 }
             }
@@ -301,7 +298,7 @@ impl<'a> Verifier<'a> {
 
     pub(super) fn source_target_pairs(&self, id: InstrId) -> R {
         let Some(pairs) = &self.m.instrs[id].attrs.source_target_pairs else {
-            return Err(self.err(id, format!("{} needs a source_target_pairs attribute", self.op(id))));
+            bail!(self, id, "{} needs a source_target_pairs attribute", self.op(id));
         };
         let (mut sources, mut targets) = (HashSet::new(), HashSet::new());
         for &(s, t) in pairs {
@@ -344,14 +341,13 @@ impl<'a> Verifier<'a> {
             _ => false,
         };
         if !ok {
-            return Err(self.err(
+            bail!(
+                self,
                 id,
-                format!(
-                    "collective-permute-start result must be the tuple ({0}, {0}) (optionally followed by u32 context), got {1}",
-                    sh(a),
-                    sh(shape)
-                ),
-            ));
+                "collective-permute-start result must be the tuple ({0}, {0}) (optionally followed by u32 context), got {1}",
+                sh(a),
+                sh(shape)
+            );
         }
         Ok(())
     }

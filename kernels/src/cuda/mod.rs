@@ -1,7 +1,6 @@
-//! The CUDA backend: the vendor part of [`crate::gpu`] (kernels prebuilt into the library
-//! ([`prebuilt`]) or compiled by NVRTC for the device's compute capability one unit at a time,
-//! cached on disk) and its names for the runtime behind XLA's FFI handlers ([`xla`]:
-//! [`crate::gpu::xla`]'s, for [`Cuda`]). The clique and the peer probe are
+//! The CUDA backend: the vendor part of [`crate::gpu`] (kernels prebuilt into the library ([`prebuilt`]) or compiled by
+//! NVRTC for the device's compute capability one unit at a time, cached on disk) and its names for the runtime behind
+//! XLA's FFI handlers ([`xla`]: [`crate::gpu::xla`]'s, for [`Cuda`]). The clique and the peer probe are
 //! [`crate::gpu`]'s, instantiated for [`Cuda`] (the alias below).
 
 pub mod one_gpu;
@@ -24,16 +23,15 @@ pub type Clique = gpu::Clique<Cuda>;
 
 pub use thunks::runtime::cache_dir;
 
-/// The disk cache's file for `unit` on compute capability `cc`, named by the unit's key and
-/// NVRTC's version, so other sources or another compiler compile afresh (`None`: no cache
-/// directory, or no NVRTC to compile with).
+/// The disk cache's file for `unit` on compute capability `cc`, named by the unit's key and NVRTC's version, so other
+/// sources or another compiler compile afresh (`None`: no cache directory, or no NVRTC to compile with).
 fn cache_file(cc: u32, unit: Unit) -> Option<PathBuf> {
     let (major, minor) = ffi::nvrtc::version().ok()?;
     Some(cache_dir()?.join(format!("{}-sm{cc}-{}-nvrtc{major}.{minor}.cubin", unit.name(), unit.key())))
 }
 
-/// Where `unit`'s code for compute capability `cc` would come from now, without compiling:
-/// what `peerless devices` reports.
+/// Where `unit`'s code for compute capability `cc` would come from now, without compiling: what `peerless devices`
+/// reports.
 pub fn availability(cc: u32, unit: Unit) -> Origin {
     if let Some((t, _)) = prebuilt::embedded().and_then(|b| b.find(cc, unit)) {
         return Origin::Prebuilt { target: t.name() };
@@ -44,8 +42,8 @@ pub fn availability(cc: u32, unit: Unit) -> Origin {
     Origin::Compiled { seconds: 0.0 }
 }
 
-/// `unit`'s code for compute capability `cc`: prebuilt (when `use_prebuilt`), else from the
-/// disk cache, else compiled by NVRTC and cached. Kept per process.
+/// `unit`'s code for compute capability `cc`: prebuilt (when `use_prebuilt`), else from the disk cache, else compiled
+/// by NVRTC and cached. Kept per process.
 fn code_for(cc: u32, unit: Unit, use_prebuilt: bool) -> Result<(Arc<[u8]>, Origin)> {
     type Cache = Mutex<HashMap<(u32, Unit, bool), (Arc<[u8]>, Origin)>>;
     static CACHE: OnceLock<Cache> = OnceLock::new();

@@ -1,17 +1,8 @@
-//! Collectives whose members share one GPU, run through the XLA runtime's own plans
-//! ([`LocalCall`]: the same instances, copy-engine operations and kernel launches EXECUTE
-//! enqueues), without XLA: what `peerless bench --members-on-one-gpu N` runs on a machine with
-//! one GPU, and what the GPU tests prove the copy-engine forms with.
-//!
-//! - [`check`]: every form (all-gather and all-to-all along either dimension, tuple
-//!   all-to-all, permute as a ring and with missing sources and self pairs), every computable
-//!   element type, each algorithm (the copy engines and today's kernels), against a host
-//!   reference bit for bit, eagerly and replayed from CUDA graphs with fresh operands each time.
-//! - [`time`]: µs per call of each algorithm, rounds interleaved, and with `beside_gemm` what a
-//!   bf16 GEMM (8192³, cuBLAS) keeps of its speed alone while the call runs over and over.
-//!
-//! Members on one GPU share its memory and copy engines, so times are those of all members'
-//! work on one GPU (a proxy for one GPU's share on a node, never for NVLink).
+//! Collectives whose members share one GPU, run through the XLA runtime's own plans ([`LocalCall`]) without XLA: what
+//! `peerless bench --members-on-one-gpu N` and the GPU tests of the copy-engine forms run. [`check`]: every form,
+//! element type and algorithm against a host reference bit for bit, eagerly and replayed from CUDA graphs; [`time`]: µs
+//! per call, rounds interleaved, and with `beside_gemm` what a bf16 GEMM keeps of its speed. Members share the GPU's
+//! memory and copy engines, so times are a proxy for one GPU's share on a node, never for NVLink.
 
 use std::time::Instant;
 
@@ -36,8 +27,8 @@ pub enum Form {
     TupleAllToAll,
     /// Permute i → i + 1 mod g.
     Ring,
-    /// Permute 0 → 1 and, with 3 or more members, 2 → 2: members without a source get zeros,
-    /// a self pair copies, other members take no part.
+    /// Permute 0 → 1 and, with 3 or more members, 2 → 2: members without a source get zeros, a self pair copies, other
+    /// members take no part.
     Partial,
     /// Reduce-scatter along dimension 0 or 1 of a rank-2 operand.
     ReduceScatter(usize),
@@ -111,8 +102,8 @@ struct Case {
     rets: Vec<ArrayShape>,
 }
 
-/// The call of `form` on `g` members with `rows` × `cols` elements of `ty` per operand
-/// (`rows` and `cols` multiples of `g` where the form splits them), running `algo`.
+/// The call of `form` on `g` members with `rows` × `cols` elements of `ty` per operand (`rows` and `cols` multiples of
+/// `g` where the form splits them), running `algo`.
 fn case(form: Form, g: usize, ty: PrimitiveType, rows: usize, cols: usize, algo: Algo, blocks: u32) -> Case {
     let (r, c) = (rows as i64, cols as i64);
     let a = ArrayShape::new(ty, vec![r, c]);
@@ -188,8 +179,7 @@ fn reference(case: &Case, ops: &[Vec<Vec<u8>>], m: usize) -> Vec<Vec<u8>> {
                 None => vec![vec![0u8; len]],
             }
         }
-        // Sums of f32 operands holding small integers (exact in any order): member m's block
-        // of the element-wise sum.
+        // Sums of f32 operands holding small integers (exact in any order): member m's block of the element-wise sum.
         Form::ReduceScatter(_) | Form::AllReduce => {
             let f = |b: &[u8]| -> Vec<f32> {
                 b.chunks(4).map(|c| f32::from_le_bytes(c.try_into().unwrap_or_default())).collect()
@@ -267,8 +257,8 @@ impl Bound {
         self.call.run(m, &dev.stream, &a, &r).map_err(gpu)
     }
 
-    /// Writes fresh operands, poisons the results; returns the operands. `exact`: f32 small
-    /// integers (their sums are exact in any order), else any bytes.
+    /// Writes fresh operands, poisons the results; returns the operands. `exact`: f32 small integers (their sums are
+    /// exact in any order), else any bytes.
     fn fill_with(&self, bytes: &mut Bytes, exact: bool) -> Result<Vec<Vec<Vec<u8>>>> {
         let mut all = Vec::new();
         for (m, bufs) in self.args.iter().enumerate() {
@@ -360,10 +350,9 @@ pub struct Checked {
     pub ce_launches: usize,
 }
 
-/// Checks every form, element type and algorithm on `members` members of GPU 0 against the
-/// host reference, then `replays` replays of a captured call per form and algorithm.
-/// (`ce_only`: the copy-engine algorithms alone, e.g. under a profiler that must see no kernel.)
-/// (`kinds`: the collective kinds whose forms to check.)
+/// Checks every form, element type and algorithm on `members` members of GPU 0 against the host reference, then
+/// `replays` replays of a captured call per form and algorithm. (`ce_only`: the copy-engine algorithms alone, e.g.
+/// under a profiler that must see no kernel.) (`kinds`: the collective kinds whose forms to check.)
 pub fn check(
     members: usize,
     replays: usize,
@@ -442,9 +431,9 @@ fn replay(clique: &Clique, graphs: &[(usize, Graph)]) -> Result<()> {
     sync_all(clique)
 }
 
-/// The reductions: the copy-engine forms bit for bit equal to today's kernels on the same
-/// operands (any bytes, NaNs included) for every element type and reduction the kernels take,
-/// and equal to exact f32 sums eagerly and over `replays` graph replays.
+/// The reductions: the copy-engine forms bit for bit equal to today's kernels on the same operands (any bytes, NaNs
+/// included) for every element type and reduction the kernels take, and equal to exact f32 sums eagerly and over
+/// `replays` graph replays.
 fn check_reductions(
     clique: &'static Clique,
     forms: &[Form],
@@ -456,13 +445,12 @@ fn check_reductions(
 ) -> Result<()> {
     let g = clique.len();
     let types: Vec<PrimitiveType> = PrimitiveType::ALL.into_iter().filter(|t| t.is_computable()).collect();
-    let reds = [Red::Sum, Red::Prod, Red::Min, Red::Max, Red::And, Red::Or];
     for &form in forms {
         let [ce, direct] = form.algorithms();
         if !ce_only {
             for &ty in &types {
                 let Some(t) = super::Dtype::of(ty) else { continue };
-                for red in reds.into_iter().filter(|&r| crate::gpu::args::red_defined_for(r, t)) {
+                for red in Red::ALL.into_iter().filter(|&r| crate::gpu::args::red_defined_for(r, t)) {
                     for (rows, cols) in [(g, g), (3 * g, 7 * g), (40 * g, 33 * g)] {
                         let bind = |algo| {
                             let mut c = case(form, g, ty, rows, cols, algo, clique.max_grid);
@@ -514,9 +502,8 @@ fn check_reductions(
     Ok(())
 }
 
-/// Runs each copy-engine form with member 1 missing (it never enqueues its part) and a
-/// 200 ms timeout: member 0's stream must finish (the watchdog ends its wait) and its next
-/// call must fail naming member 1. Returns those errors.
+/// Runs each copy-engine form with member 1 missing (it never enqueues its part) and a 200 ms timeout: member 0's
+/// stream must finish (the watchdog ends its wait) and its next call must fail naming member 1. Returns those errors.
 pub fn check_missing_member(members: usize) -> Result<Vec<String>> {
     let clique: &'static Clique = Box::leak(Box::new(Clique::on_one_device(0, members.max(2))?));
     let g = clique.len();
@@ -582,8 +569,8 @@ pub struct TimeOptions {
     pub rounds: usize,
     /// Also run a bf16 GEMM beside the largest size of each form.
     pub beside_gemm: bool,
-    /// The kernels' grid per member (0: the clique's cap); calls beside compute get
-    /// `--async_blocks`, so the bench splits those among the members.
+    /// The kernels' grid per member (0: the clique's cap); calls beside compute get `--async_blocks`, so the bench
+    /// splits those among the members.
     pub blocks: u32,
     /// The copy-engine algorithms alone.
     pub ce_only: bool,
@@ -635,8 +622,8 @@ impl Gemm {
     fn enqueue(&self, k: usize) -> Result<()> {
         let p = |i: usize| Cuda::ptr(&self.mats[i]);
         for _ in 0..k {
-            // SAFETY: three n×n bf16 matrices of this device, alive with `self`, which the
-            // caller synchronises before dropping.
+            // SAFETY: three n×n bf16 matrices of this device, alive with `self`, which the caller synchronises before
+            // dropping.
             unsafe { self.blas.gemm_bf16(self.n, p(0), p(1), p(2))? };
         }
         Ok(())
@@ -654,8 +641,8 @@ impl Gemm {
 /// GEMMs per timed batch beside a collective.
 const GEMMS: usize = 30;
 
-/// Times each form's algorithms at each size, rounds interleaved; with `beside_gemm`, the
-/// largest size again with a GEMM on its own stream.
+/// Times each form's algorithms at each size, rounds interleaved; with `beside_gemm`, the largest size again with a
+/// GEMM on its own stream.
 pub fn time(opts: &TimeOptions, progress: &mut dyn FnMut(&str)) -> Result<Vec<Row>> {
     let clique: &'static Clique = Box::leak(Box::new(Clique::on_one_device(0, opts.members)?));
     let g = opts.members;
@@ -699,8 +686,8 @@ pub fn time(opts: &TimeOptions, progress: &mut dyn FnMut(&str)) -> Result<Vec<Ro
                 gm.alone(GEMMS / 3)?; // clocks up, cuBLAS's kernels loaded
                 for _ in 0..opts.rounds.max(1) {
                     for (i, (_, b)) in bound.iter().enumerate() {
-                        // The GEMMs alone, then again beside enough calls to outlast them (the
-                        // calls slow down beside them, and enqueueing them takes host time).
+                        // The GEMMs alone, then again beside enough calls to outlast them (the calls slow down beside
+                        // them, and enqueueing them takes host time).
                         let alone = gm.alone(GEMMS)?;
                         let per = samples[i].iter().copied().fold(f64::MAX, f64::min) * 1e-6;
                         let calls = ((4.0 * alone / per).ceil() as usize + 2).min(100_000);

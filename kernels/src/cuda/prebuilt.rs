@@ -1,18 +1,15 @@
-//! Prebuilt kernels: every compilation unit ([`Unit`]) compiled ahead of time for the GPUs
-//! people run, bundled into the library, so a process on such a GPU needs no NVRTC and
-//! waits for no compile.
+//! Prebuilt kernels: every compilation unit ([`Unit`]) compiled ahead of time for the GPUs people run, bundled into the
+//! library, so a process on such a GPU needs no NVRTC and waits for no compile.
 //!
-//! `peerless kernels build --out FILE` makes a bundle ([`build`]: CUBIN for sm_80, sm_90 and
-//! sm_100, PTX for compute_100); building the library with `PEERLESS_PREBUILT_KERNELS=FILE`
-//! embeds it (kernels/build.rs; `scripts/build_wheel.sh` does both). The bundle is a protobuf
-//! message ([`Bundle`]), each code object named by its target and unit and keyed by
-//! [`Unit::key`], so code made from other sources is never loaded.
+//! `peerless kernels build --out FILE` makes a bundle ([`build`]: CUBIN for sm_80, sm_90 and sm_100, PTX for
+//! compute_100); building the library with `PEERLESS_PREBUILT_KERNELS=FILE` embeds it (kernels/build.rs;
+//! `scripts/build_wheel.sh` does both). The bundle is a protobuf message ([`Bundle`]), each code object named by its
+//! target and unit and keyed by [`Unit::key`], so code made from other sources is never loaded.
 //!
-//! Which code a device gets ([`choose`]): CUBIN for its exact architecture; else CUBIN of the
-//! same major version and a lower minor (sm_80 runs on sm_86 and sm_89: SASS is compatible
-//! within a major version); else the newest PTX at or below it, which the driver compiles
-//! for the device on load (sm_103, sm_110, sm_120, ...) and keeps in its own cache. A device
-//! older than every target (sm_75) compiles with NVRTC on first use, one unit at a time.
+//! Which code a device gets ([`choose`]): CUBIN for its exact architecture; else CUBIN of the same major version and a
+//! lower minor (sm_80 runs on sm_86 and sm_89: SASS is compatible within a major version); else the newest PTX at or
+//! below it, which the driver compiles for the device on load (sm_103, sm_110, sm_120, ...) and keeps in its own cache.
+//! A device older than every target (sm_75) compiles with NVRTC on first use, one unit at a time.
 
 use std::sync::atomic::AtomicUsize;
 use std::sync::atomic::Ordering::Relaxed;
@@ -105,8 +102,8 @@ impl Target {
 /// The bundle embedded at build time (empty unless `PEERLESS_PREBUILT_KERNELS` was set).
 static EMBEDDED: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/prebuilt_kernels.pb"));
 
-/// The embedded bundle, decoded once (`None`: none embedded, or `PEERLESS_PREBUILT_KERNELS=0`
-/// at run time, which makes every unit compile or come from the disk cache).
+/// The embedded bundle, decoded once (`None`: none embedded, or `PEERLESS_PREBUILT_KERNELS=0` at run time, which makes
+/// every unit compile or come from the disk cache).
 pub fn embedded() -> Option<&'static Bundle> {
     static DECODED: OnceLock<Option<Bundle>> = OnceLock::new();
     if std::env::var("PEERLESS_PREBUILT_KERNELS").is_ok_and(|v| v == "0") {
@@ -125,8 +122,8 @@ pub fn embedded() -> Option<&'static Bundle> {
         .as_ref()
 }
 
-/// Which of `targets` serves a device of compute capability `cc` (see the module doc), best
-/// first: exact CUBIN, same-major CUBIN (highest minor not above), then PTX (highest not above).
+/// Which of `targets` serves a device of compute capability `cc` (see the module doc), best first: exact CUBIN,
+/// same-major CUBIN (highest minor not above), then PTX (highest not above).
 pub fn choose(targets: &[Target], cc: u32) -> Vec<Target> {
     let mut cubins: Vec<Target> =
         targets.iter().copied().filter(|t| t.out == Output::Cubin && t.cc / 10 == cc / 10 && t.cc <= cc).collect();
@@ -147,8 +144,8 @@ impl Bundle {
         v
     }
 
-    /// `unit`'s blob for a device of compute capability `cc`, from the best target that has
-    /// it under the current key; with that target.
+    /// `unit`'s blob for a device of compute capability `cc`, from the best target that has it under the current key;
+    /// with that target.
     pub fn find(&self, cc: u32, unit: Unit) -> Option<(Target, &Blob)> {
         let (name, key) = (unit.name(), unit.key());
         choose(&self.targets(), cc).into_iter().find_map(|t| {
@@ -158,8 +155,7 @@ impl Bundle {
     }
 }
 
-/// Compiles every unit for every target on `jobs` threads, calling `progress(done, total)`
-/// after each.
+/// Compiles every unit for every target on `jobs` threads, calling `progress(done, total)` after each.
 pub fn build(targets: &[Target], jobs: usize, progress: impl Fn(usize, usize) + Sync) -> Result<Bundle> {
     let (major, minor) = ffi::nvrtc::version()?;
     let work: Vec<(Target, Unit)> =

@@ -1,5 +1,5 @@
-//! The CUDA runtime behind XLA's FFI handlers: [`crate::gpu::xla`]'s generic runtime for
-//! [`Cuda`], with CUDA's own process-wide state, under the names the plugin uses.
+//! The CUDA runtime behind XLA's FFI handlers: [`crate::gpu::xla`]'s generic runtime for [`Cuda`], with CUDA's own
+//! process-wide state, under the names the plugin uses.
 
 use super::Cuda;
 use crate::gpu::xla::{GpuRuntime, RuntimeState, XlaBackend};

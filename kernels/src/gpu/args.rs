@@ -1,5 +1,5 @@
-//! The kernels' element types, reductions and argument structs: one definition of each
-//! kernel's parameter list for every backend, since CUDA and HIP compile the same sources.
+//! The kernels' element types, reductions and argument structs: one definition of each kernel's parameter list for
+//! every backend, since CUDA and HIP compile the same sources.
 
 use std::ffi::c_void;
 
@@ -87,13 +87,12 @@ pub struct Status {
     pub timeout_ns: u64,
     /// Non-zero tag naming the collective (the executor uses thunk index + 1).
     pub tag: u64,
-    /// 0, or a host-mapped `u32[2]` a timeout also writes (XLA's handlers read it without
-    /// synchronising).
+    /// 0, or a host-mapped `u32[2]` a timeout also writes (XLA's handlers read it without synchronising).
     pub report: u64,
 }
 
-/// `struct Norm` of the kernels: the fused residual add + RMSNorm of a `pl_one_shot_norm_*`
-/// launch ([`thunks::custom_call::Epilogue`], with the call's buffers and element types).
+/// `struct Norm` of the kernels: the fused residual add + RMSNorm of a `pl_one_shot_norm_*` launch
+/// ([`thunks::custom_call::Epilogue`], with the call's buffers and element types).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Norm {
@@ -133,8 +132,8 @@ pub fn norm_type(t: Dtype) -> Result<u32, String> {
 }
 
 impl Norm {
-    /// The kernel's description of epilogue `e` over `rows` rows of `d` elements, with
-    /// residual `x`, gamma `g` (when `e.gamma`) and results `h`, `y`.
+    /// The kernel's description of epilogue `e` over `rows` rows of `d` elements, with residual `x`, gamma `g` (when
+    /// `e.gamma`) and results `h`, `y`.
     pub fn new(
         e: &Epilogue,
         rows: u64,
@@ -249,11 +248,11 @@ pub struct Xchg {
     pub task: [Run; MAX_TASKS],
 }
 
-/// Declares each kernel's argument struct and its `params()` (the pointer array a launch
-/// takes) from one field list, so each kernel's argument order is written exactly once.
+/// Declares each kernel's argument struct and its `params()` (the pointer array a launch takes) from one field list, so
+/// each kernel's argument order is written exactly once.
 macro_rules! kernel_args {
-    // The reduction kernels': their own fields, then the member's rank, the group's size, the
-    // symmetric staging and flags, the launch counters and the status.
+    // The reduction kernels': their own fields, then the member's rank, the group's size, the symmetric staging and
+    // flags, the launch counters and the status.
     (group: $($(#[$meta:meta])* struct $name:ident { $($field:ident: $ty:ty),* })*) => {
         kernel_args! {$(
             $(#[$meta])* struct $name {
@@ -289,10 +288,6 @@ kernel_args! { group:
 kernel_args! {
     /// The arguments of `pl_probe(u32*, u32, u32*)`.
     struct ProbeArgs { remote: u64, value: u32, back: u64 }
-    /// The arguments of `pl_all_gather`, in order.
-    struct GatherArgs {
-        input: u64, bytes: u64, rank: u32, world: u32, out: Ptrs, flags: Ptrs, counter: u64, status: Status,
-    }
     /// The arguments of `pl_reduce_scatter_*`, in order.
     struct ScatterArgs {
         input: u64, output: u64, rank: u32, world: u32, stage: Ptrs, stride: u64, flags: Ptrs, counter: u64,

@@ -1,18 +1,8 @@
-//! The GPU backends' common layer, written once over the device-layer trait [`ffi::gpu::Gpu`]
-//! (CUDA: `ffi::cuda::Cuda`; ROCm: `ffi::hip::Hip`) plus [`Backend`], what each vendor adds:
-//! how its kernels are compiled and what its device target is called.
-//!
-//! Here: one [`Clique`] of local GPUs (a context, a stream and the kernel modules per device),
-//! peer access enabled once per pair and checked by a real cross-device write/read probe
-//! (`pl_probe`), the launch geometry and signal sizing, the kernel sources (one tree, compiled by NVRTC or hipRTC through
-//! `peerless_device.h`) and the kernels' argument structs ([`args`], the kernels' C ABI; the
-//! tests' raw-buffer launchers build them too).
-//! The runtime behind XLA's FFI handlers ([`xla`]: `GpuRuntime<B>`) is written once here too.
-//! `crate::cuda` and `crate::rocm` hold only their compilers, their [`Backend`] impls, the
-//! per-vendor state of that runtime and their names for it (`CudaRuntime`, `RocmRuntime`).
-//!
-//! Every device call goes through `ffi` and returns an error naming the call and the device;
-//! nothing here panics on a missing library or device.
+//! The GPU backends' common layer, written once over [`ffi::gpu::Gpu`] and [`Backend`] (how a vendor compiles kernels
+//! and names its targets): the [`Clique`] of local GPUs with peer access proven by `pl_probe`, launch geometry, the
+//! kernels' argument structs ([`args`]) and the runtime behind XLA's handlers ([`xla`]). `crate::cuda` and
+//! `crate::rocm` hold only their compilers, `Backend` impls and runtime state. Every device call returns an error
+//! naming the call and the device; nothing here panics on a missing library or device. ARCHITECTURE.md ("GPU layer").
 
 pub mod args;
 mod units;
@@ -29,27 +19,25 @@ pub use units::{Kernel, Unit};
 
 use crate::{Error, Result};
 
-/// The most blocks a collective kernel's grid may have: the size of the per-block counter
-/// and flag arrays (the kernels get it as `PL_BLOCKS`). One constant bounds launch geometry
-/// and sizes the signals; [`grid`] picks each launch's block count at or below it.
+/// The most blocks a collective kernel's grid may have: the size of the per-block counter and flag arrays (the kernels
+/// get it as `PL_BLOCKS`). One constant bounds launch geometry and sizes the signals; [`grid`] picks each launch's
+/// block count at or below it.
 pub const BLOCKS: u32 = thunks::MAX_COLLECTIVE_BLOCKS;
 /// The largest grid [`grid`] picks: one thread per 16-byte unit up to this many blocks.
 pub const DEFAULT_GRID: u32 = thunks::DEFAULT_COLLECTIVE_BLOCKS;
 /// Threads per block (the kernels' `__launch_bounds__`).
 pub const THREADS: u32 = 512;
-/// Blocks for a collective launch that moves `units` 16-byte units per device and phase:
-/// one thread per unit up to `max_grid` blocks (at least one, at most [`BLOCKS`]). Small
-/// messages get one block, so one block's flags make the whole barrier, and large ones
-/// spread over `max_grid` blocks with several units per thread. Every rank of a collective
-/// computes the same grid from the same size, which the per-block barriers need.
+/// Blocks for a launch moving `units` 16-byte units per device and phase: a thread per unit up to `max_grid` blocks (at
+/// least one, at most [`BLOCKS`]), so small messages barrier on one block's flags. Every rank computes the same grid
+/// from the same size, which the per-block barriers need.
 pub fn grid(units: u64, max_grid: u32) -> u32 {
     let max = max_grid.clamp(1, BLOCKS);
     units.div_ceil(u64::from(THREADS)).clamp(1, u64::from(max)) as u32
 }
 
-/// Blocks for a fused all-reduce + RMSNorm launch of `rows` rows: one block per row up to
-/// [`DEFAULT_GRID`] (blocks then take rows `b`, `b + grid`, ...). Every rank computes the same
-/// grid from the same shape, which the per-block barriers need.
+/// Blocks for a fused all-reduce + RMSNorm launch of `rows` rows: one block per row up to [`DEFAULT_GRID`] (blocks then
+/// take rows `b`, `b + grid`, ...). Every rank computes the same grid from the same shape, which the per-block barriers
+/// need.
 pub fn norm_grid(rows: usize) -> u32 {
     (rows as u64).clamp(1, u64::from(DEFAULT_GRID.clamp(1, BLOCKS))) as u32
 }
@@ -59,38 +47,36 @@ pub const MAX_RANKS: usize = 8;
 /// Bytes of one communicator's signals on one device: the per-block counters and two flag sets.
 pub const SIGNAL_BYTES: usize = 4 * (BLOCKS as usize + 2 * BLOCKS as usize * MAX_RANKS);
 
-/// Bytes before the Lamport one-shot's regions on each device (`PL_LAMPORT_HDR`: its launch
-/// counters and the bytes each region last received).
+/// Bytes before the Lamport one-shot's regions on each device (`PL_LAMPORT_HDR`: its launch counters and the bytes each
+/// region last received).
 pub const LAMPORT_HDR: usize = 1024;
-/// The largest operand the Lamport one-shot takes: its regions hold three copies of every
-/// member's operand on each device, so this bounds their memory (3 x 4 x 512 KiB = 6 MiB per
-/// communicator and GPU on 4 GPUs).
+/// The largest operand the Lamport one-shot takes: its regions hold three copies of every member's operand on each
+/// device, so this bounds their memory (3 x 4 x 512 KiB = 6 MiB per communicator and GPU on 4 GPUs).
 pub const LAMPORT_MAX_BYTES: usize = 512 << 10;
 
-/// Bytes of the Lamport regions on each device for operands up to `slot` bytes in groups of
-/// `world`: the header, then three regions of `world` slots.
+/// Bytes of the Lamport regions on each device for operands up to `slot` bytes in groups of `world`: the header, then
+/// three regions of `world` slots.
 pub fn lamport_bytes(slot: usize, world: usize) -> usize {
     LAMPORT_HDR + 3 * world * slot
 }
 
-/// The initial contents of Lamport regions of `len` bytes: a zero header, sentinel (all bits
-/// set) everywhere else.
+/// The initial contents of Lamport regions of `len` bytes: a zero header, sentinel (all bits set) everywhere else.
 pub fn lamport_init(len: usize) -> Vec<u8> {
     let mut v = vec![0xFFu8; len];
     v[..LAMPORT_HDR.min(len)].fill(0);
     v
 }
 
-/// The kernel sources, as (file name, text); headers are included by name
-/// (`peerless_types.h`: the element types and 16-bit float conversions every source includes).
+/// The kernel sources, as (file name, text); headers are included by name (`peerless_types.h`: the element types and
+/// 16-bit float conversions every source includes).
 pub const SOURCES: &[(&str, &str)] = &[
     ("peerless_types.h", include_str!("../../cuda/peerless_types.h")),
     ("peerless_device.h", include_str!("../../cuda/peerless_device.h")),
     ("collectives.cu", include_str!("../../cuda/collectives.cu")),
 ];
 
-/// The translation units of [`SOURCES`] with the launch constants prepended, and the headers
-/// they include: what either compiler takes.
+/// The translation units of [`SOURCES`] with the launch constants prepended, and the headers they include: what either
+/// compiler takes.
 pub fn translation_units() -> (Vec<(&'static str, String)>, Vec<(&'static str, &'static str)>) {
     let headers = SOURCES.iter().filter(|s| s.0.ends_with(".h")).copied().collect();
     let units = SOURCES
@@ -106,8 +92,7 @@ pub trait Backend: Gpu {
     /// Threads of the one-block peer probe launch (a warp or a wavefront).
     const PROBE_THREADS: u32;
 
-    /// The device's full architecture name (`sm_90`; `gfx90a:sramecc+:xnack-`), which the
-    /// kernels are compiled for.
+    /// The device's full architecture name (`sm_90`; `gfx90a:sramecc+:xnack-`), which the kernels are compiled for.
     fn arch(ctx: &Self::Context) -> Result<String>;
 
     /// The GPU target alone (`sm_90`, `gfx90a`): what the emitter's peer-target policy reads.
@@ -115,17 +100,15 @@ pub trait Backend: Gpu {
         arch.to_string()
     }
 
-    /// `unit`'s code object for `arch` and where it came from: prebuilt (unless
-    /// `prebuilt` is false: a prebuilt one failed to load), the disk cache, or compiled now.
-    /// Compiled at most once per process and arch.
+    /// `unit`'s code object for `arch` and where it came from: prebuilt (unless `prebuilt` is false: a prebuilt one
+    /// failed to load), the disk cache, or compiled now. Compiled at most once per process and arch.
     fn code_object(arch: &str, unit: Unit, prebuilt: bool) -> Result<(Arc<[u8]>, Origin)>;
 }
 
 /// Where a loaded unit's code came from.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Origin {
-    /// Bundled with the library, for `target` (`sm_90`, or `compute_100`: PTX the driver
-    /// compiled).
+    /// Bundled with the library, for `target` (`sm_90`, or `compute_100`: PTX the driver compiled).
     Prebuilt { target: String },
     /// The disk cache of an earlier compile.
     Cached,
@@ -182,8 +165,8 @@ pub struct Device<B: Backend> {
 }
 
 impl<B: Backend> Device<B> {
-    /// Opens device `ordinal`, loads the base kernels (the peer probe's) for its
-    /// architecture and makes a stream. Specializations load on first use ([`Self::load`]).
+    /// Opens device `ordinal`, loads the base kernels (the peer probe's) for its architecture and makes a stream.
+    /// Specializations load on first use ([`Self::load`]).
     pub fn open(ordinal: usize) -> Result<Self> {
         let ctx = B::open(ordinal)?;
         let arch = B::arch(&ctx)?;
@@ -202,9 +185,9 @@ impl<B: Backend> Device<B> {
         Ok(d)
     }
 
-    /// Loads `unit` if it is not loaded yet (compiling it on a machine with neither prebuilt
-    /// nor cached code); the collective handlers call it at XLA's initialize stage, so a
-    /// compile never happens inside a run or a stream capture.
+    /// Loads `unit` if it is not loaded yet (compiling it on a machine with neither prebuilt nor cached code); the
+    /// collective handlers call it at XLA's initialize stage, so a compile never happens inside a run or a stream
+    /// capture.
     pub fn load(&self, unit: Unit) -> Result<Arc<B::Module>> {
         let mut modules = self.modules.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some((m, _)) = modules.get(&unit) {
@@ -251,12 +234,11 @@ pub struct Clique<B: Backend> {
     pub devices: Vec<Device<B>>,
     /// `probes[i][j]`: can device i's kernels access device j's memory.
     pub probes: Vec<Vec<Probe>>,
-    /// What the probe found, cached per device set ([`PeerTableKey::Backend`] named
-    /// [`Gpu::NAME`]).
+    /// What the probe found, cached per device set ([`PeerTableKey::Backend`] named [`Gpu::NAME`]).
     pub peers: Arc<PeerAccessTable>,
-    /// The largest grid the launchers give a kernel: [`DEFAULT_GRID`], or on one device shared
-    /// by several members its compute units over the members, so every member's blocks are
-    /// resident at once (a spinning block must never wait for a block that cannot start).
+    /// The largest grid the launchers give a kernel: [`DEFAULT_GRID`], or on one device shared by several members its
+    /// compute units over the members, so every member's blocks are resident at once (a spinning block must never wait
+    /// for a block that cannot start).
     pub max_grid: u32,
 }
 
@@ -284,10 +266,9 @@ impl<B: Backend> Clique<B> {
         Ok(Clique { devices, probes, peers, max_grid: DEFAULT_GRID })
     }
 
-    /// `members` members on GPU `ordinal`, each with a stream of its own: the collectives'
-    /// protocols exercised and timed on a machine with one GPU (`peerless bench
-    /// --members-on-one-gpu`, the GPU tests). Every member's kernels must be resident at once,
-    /// so grids are capped at the compute units over the members (`max_grid`); it says
+    /// `members` members on GPU `ordinal`, each with a stream of its own: the collectives' protocols exercised and
+    /// timed on a machine with one GPU (`peerless bench --members-on-one-gpu`, the GPU tests). Every member's kernels
+    /// must be resident at once, so grids are capped at the compute units over the members (`max_grid`); it says
     /// nothing of links between GPUs.
     pub fn on_one_device(ordinal: usize, members: usize) -> Result<Self> {
         if members == 0 || members > MAX_RANKS {
@@ -317,15 +298,15 @@ impl<B: Backend> Clique<B> {
     }
 
     /// The table the decision rules get: the probed table under the target policy
-    /// (`PeerAccessTable::with_target_policy`: gfx90a's links removed unless `allow_unsafe`,
-    /// the emitter's `--allow_unsafe_peer_targets`).
+    /// (`PeerAccessTable::with_target_policy`: gfx90a's links removed unless `allow_unsafe`, the emitter's
+    /// `--allow_unsafe_peer_targets`).
     pub fn peer_table(&self, allow_unsafe: bool) -> Arc<PeerAccessTable> {
         self.peers.with_target_policy(&self.targets(), allow_unsafe)
     }
 }
 
-/// Enables `a` → `b` access and checks it: a kernel on `a` writes a value into `b`'s memory
-/// and into its own; both must read back.
+/// Enables `a` → `b` access and checks it: a kernel on `a` writes a value into `b`'s memory and into its own; both must
+/// read back.
 fn probe_pair<B: Backend>(a: &Device<B>, b: &Device<B>) -> Probe {
     let run = || -> Result<Probe> {
         if !B::can_access_peer(&a.ctx, &b.ctx)? {
@@ -338,8 +319,8 @@ fn probe_pair<B: Backend>(a: &Device<B>, b: &Device<B>) -> Probe {
         let f = a.function("pl_probe")?;
         B::bind(&a.ctx)?;
         let mut args = args::ProbeArgs { remote: B::ptr(&remote), value: v, back: B::ptr(&back) };
-        // SAFETY: pl_probe(u32*, u32, u32*): the parameter list matches, and both buffers live
-        // until the stream is synchronised below.
+        // SAFETY: pl_probe(u32*, u32, u32*): the parameter list matches, and both buffers live until the stream is
+        // synchronised below.
         unsafe { B::launch(&a.stream, &f, 1, B::PROBE_THREADS, &mut args.params())? };
         B::synchronize(&a.stream)?;
         let (mut x, mut y) = ([0u8; 4], [0u8; 4]);

@@ -1,18 +1,9 @@
-//! Compilation units of the kernel sources: what one NVRTC or hipRTC program builds.
-//!
-//! Compiling the whole kernel set (every element type × reduction × algorithm) took NVRTC
-//! about 150 s on an H100 host, which a process paid before its first collective. A unit is
-//! either the kernels of no element type ([`Unit::Base`]: the exchange, the contiguous
-//! all-gather and the peer probe) or one reduction specialization ([`Unit::Spec`]: its
-//! one-shot, one-shot-many, two-shot and reduce-scatter kernels), so a process compiles only
-//! the specializations it launches, each in a fraction of a second. `collectives.cu` selects
-//! a unit with `PL_UNIT_BASE` / `PL_UNIT_SPEC`; the fused one-shot all-reduce + RMSNorm
-//! ([`Kernel::OneShotNorm`]) is a unit of its own per float type, for sums only; with neither it still instantiates everything
-//! (what `hipcc` checks in CI).
-//!
-//! Every unit has a [`key`]: a SHA-256 of the sources, the launch constants and the unit, so a
-//! stored code object (the prebuilt bundle, the disk cache) made from other sources is never
-//! loaded.
+//! Compilation units of the kernel sources: what one NVRTC or hipRTC program builds. The whole set took NVRTC about 150
+//! s on an H100 host, so a unit is the kernels of no element type ([`Unit::Base`]) or one reduction specialization
+//! ([`Unit::Spec`]; the fused all-reduce + RMSNorm, [`Kernel::OneShotNorm`], is its own per float type), and a process
+//! compiles only what it launches. `collectives.cu` selects a unit with `PL_UNIT_BASE` / `PL_UNIT_SPEC`; with neither
+//! it instantiates everything (what `hipcc` checks in CI). A unit's [`key`] hashes the sources, the launch constants
+//! and the unit, so a stored code object made from other sources is never loaded.
 
 use std::collections::HashMap;
 use std::sync::OnceLock;
@@ -52,8 +43,7 @@ kernels! {
     ReduceScatter => "pl_reduce_scatter_",
     /// The copy-engine reduce-scatter's and all-reduce's local reduction (no flags, local reads).
     ReduceLocal => "pl_reduce_local_",
-    /// The one-shot all-reduce fused with the residual add and RMSNorm after it (f32, bf16,
-    /// f16; sum).
+    /// The one-shot all-reduce fused with the residual add and RMSNorm after it (f32, bf16, f16; sum).
     OneShotNorm => "pl_one_shot_norm_",
     /// The one-shot all-reduce through Lamport regions (float types: their sentinel is a NaN).
     Lamport => "pl_lamport_",
@@ -78,8 +68,7 @@ impl Kernel {
         format!("{}{}_{}", self.prefix(), t.name(), r.name())
     }
 
-    /// The macro of `collectives.cu` that instantiates it: the prefix in capitals
-    /// (`PL_TWO_SHOT`).
+    /// The macro of `collectives.cu` that instantiates it: the prefix in capitals (`PL_TWO_SHOT`).
     pub fn macro_name(self) -> String {
         self.prefix().trim_end_matches('_').to_uppercase()
     }
@@ -93,15 +82,14 @@ impl Unit {
     pub fn all() -> Vec<Unit> {
         let mut v = vec![Unit::Base];
         for t in Dtype::ALL {
-            for r in ALL_REDS {
+            for r in Red::ALL {
                 v.extend(Kernel::ALL.iter().filter(|k| k.defined_for(t, r)).map(|&k| Unit::Spec(k, t, r)));
             }
         }
         v
     }
 
-    /// `base`, or the kernel's name without `pl_` (`two_shot_f32_sum`): names cache files and
-    /// bundle entries.
+    /// `base`, or the kernel's name without `pl_` (`two_shot_f32_sum`): names cache files and bundle entries.
     pub fn name(self) -> String {
         match self {
             Unit::Base => "base".into(),
@@ -109,8 +97,7 @@ impl Unit {
         }
     }
 
-    /// The unit that defines kernel `name`. Looked up on every launch, so the name table is
-    /// built once per process.
+    /// The unit that defines kernel `name`. Looked up on every launch, so the name table is built once per process.
     pub fn of_kernel(name: &str) -> Option<Unit> {
         static BY_NAME: OnceLock<HashMap<String, Unit>> = OnceLock::new();
         BY_NAME
@@ -144,16 +131,15 @@ impl Unit {
         }
     }
 
-    /// The unit's translation unit (`collectives.cu` with the defines prepended) and the
-    /// headers it includes: what either runtime compiler takes.
+    /// The unit's translation unit (`collectives.cu` with the defines prepended) and the headers it includes: what
+    /// either runtime compiler takes.
     pub fn source(self) -> (&'static str, String, Vec<(&'static str, &'static str)>) {
         let (units, headers) = super::translation_units();
         let (name, text) = units.into_iter().next().unwrap_or(("collectives.cu", String::new()));
         (name, format!("{}{text}", self.defines()), headers)
     }
 
-    /// Names stored code of this unit: a hash of every source file, the launch constants and
-    /// the unit, hex (16 digits).
+    /// Names stored code of this unit: a hash of every source file, the launch constants and the unit, hex (16 digits).
     pub fn key(self) -> String {
         let mut h = Sha256::new();
         for (name, text) in SOURCES {
@@ -180,11 +166,8 @@ impl Dtype {
     }
 }
 
-/// Every reduction.
-const ALL_REDS: [Red; 6] = [Red::Sum, Red::Prod, Red::Min, Red::Max, Red::And, Red::Or];
-
-/// Reduction `red`'s functor in the kernel sources. On pred (0 or 1), XLA's max is or, min
-/// and prod are and, and sum is xor (pred add).
+/// Reduction `red`'s functor in the kernel sources. On pred (0 or 1), XLA's max is or, min and prod are and, and sum is
+/// xor (pred add).
 fn c_op(red: Red, t: Dtype) -> &'static str {
     match (t, red) {
         (Dtype::Pred, Red::Max | Red::Or) => "Or",

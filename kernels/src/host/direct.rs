@@ -1,18 +1,8 @@
-//! The host protocol within one process: what XLA:CPU's FFI handlers run on XLA's own
-//! buffers when every member of a group is a device of this process.
-//!
-//! XLA:CPU runs each device's program on its own thread, in one address space, so "peer
-//! access" is a pointer. Each rewritten collective ([`DirectCollective`], one per custom call
-//! of an executable) runs the protocol of [`super::protocol`] on a [`DirectSlot`]: per group
-//! member two staging buffers (by epoch parity) and its flag words, and per group a mutex and
-//! a condition variable, on which waiting members sleep (8 device threads may share 2 cores);
-//! whoever changes what they wait for wakes them. A barrier is decided under the mutex: the
-//! last to arrive completes it, a member whose deadline passes first breaks the epoch for
-//! every member in it, now or later. The two-shot runs in place: members publish their
-//! operands' and results' addresses at barrier 0 and meet again at barrier 1.
-//!
-//! Several collectives may share a slot ([`DirectCollective::on_slot`]; the protocol's module
-//! docs say when). Collectives XLA may run concurrently get different slots.
+//! The host protocol within one process: XLA:CPU runs each device's program on its own thread in one address space, so
+//! peer access is a pointer. Each rewritten collective ([`DirectCollective`]) runs [`super::protocol`] on a
+//! [`DirectSlot`] (per member two staging buffers and flag words; per group a mutex and a condition variable, since 8
+//! device threads may share 2 cores); a barrier is decided under the mutex. The two-shot runs in place between barriers
+//! 0 and 1. Several collectives may share a slot ([`DirectCollective::on_slot`]). ARCHITECTURE.md ("Host protocol").
 
 use std::alloc::{Layout, alloc_zeroed, dealloc};
 use std::ptr::NonNull;
@@ -50,8 +40,8 @@ impl Staging {
             HELD.fetch_add(len, Ordering::Relaxed);
             ptr
         };
-        // SAFETY: a fresh allocation of `len` bytes aligned to 64 (or nothing to reach, for
-        // 0 bytes), freed only in Drop, reached only through the region.
+        // SAFETY: a fresh allocation of `len` bytes aligned to 64 (or nothing to reach, for 0 bytes), freed only in
+        // Drop, reached only through the region.
         Ok(Staging(unsafe { Region::new(ptr, len) }))
     }
 }
@@ -75,14 +65,12 @@ struct Flags {
     /// The latest epoch a timeout broke (0: none), and the ranks missing then.
     broken: u64,
     missing: Vec<usize>,
-    /// Two-shot: each member's operands and results (address, length), published before
-    /// barrier 0.
+    /// Two-shot: each member's operands and results (address, length), published before barrier 0.
     inputs: Vec<Vec<(usize, usize)>>,
     outputs: Vec<Vec<(usize, usize)>>,
 }
 
-/// One group: its members (device ids, in group order), their staging and flag words, and
-/// where they meet.
+/// One group: its members (device ids, in group order), their staging and flag words, and where they meet.
 struct Group {
     members: Vec<usize>,
     staging: Vec<[Staging; 2]>,
@@ -120,8 +108,8 @@ impl Group {
     }
 }
 
-/// Staging (two buffers per member), flags and epochs of a set of groups: what one
-/// collective, or a chain of collectives that every member runs in one order, meets in.
+/// Staging (two buffers per member), flags and epochs of a set of groups: what one collective, or a chain of
+/// collectives that every member runs in one order, meets in.
 pub struct DirectSlot {
     groups: Vec<Group>,
     /// Bytes of each staging buffer.
@@ -138,8 +126,8 @@ impl std::fmt::Debug for DirectSlot {
 }
 
 impl DirectSlot {
-    /// A slot for `groups` (device ids; a permute's: every device) with staging buffers of
-    /// `per_buffer` bytes, zeroed; epochs start at 0.
+    /// A slot for `groups` (device ids; a permute's: every device) with staging buffers of `per_buffer` bytes, zeroed;
+    /// epochs start at 0.
     pub fn new(groups: &[Vec<usize>], per_buffer: usize) -> Result<Self> {
         let groups = groups
             .iter()
@@ -232,8 +220,8 @@ impl Place for DirectSlot {
     }
 
     fn wake(&self, gi: usize) {
-        // Taking the lock orders the change before any waiter's next look (it looks holding
-        // the lock), so no wake-up is lost.
+        // Taking the lock orders the change before any waiter's next look (it looks holding the lock), so no wake-up is
+        // lost.
         drop(self.groups[gi].lock());
         self.groups[gi].wake.notify_all();
     }
@@ -250,8 +238,8 @@ impl Place for DirectSlot {
     }
 }
 
-/// One rewritten collective of an executable, shared by the device threads that run it: its
-/// plan, on a slot of its own or shared with the collectives it is chained with.
+/// One rewritten collective of an executable, shared by the device threads that run it: its plan, on a slot of its own
+/// or shared with the collectives it is chained with.
 pub struct DirectCollective {
     plan: Plan,
     slot: Arc<DirectSlot>,
@@ -268,16 +256,15 @@ impl std::fmt::Debug for DirectCollective {
 }
 
 impl DirectCollective {
-    /// The collective of `call` (groups and pairs are device ids below `num_devices`) on
-    /// operands of the given (logical) shapes.
+    /// The collective of `call` (groups and pairs are device ids below `num_devices`) on operands of the given
+    /// (logical) shapes.
     pub fn new(call: &CustomCallConfig, shapes: &[ArrayShape], num_devices: usize) -> Result<Self> {
         Self::on_slot(call, shapes, num_devices, |groups, bytes| DirectSlot::new(groups, bytes).map(Arc::new))
     }
 
-    /// A collective like [`DirectCollective::new`], on the slot `slot(groups, bytes)` returns
-    /// for its groups (device ids) and staged bytes: a new one, or one shared with the
-    /// collectives every member runs in order with this one (the caller's promise, on
-    /// which the protocol's correctness rests). The slot must have exactly these groups and
+    /// A collective like [`DirectCollective::new`], on the slot `slot(groups, bytes)` returns for its groups (device
+    /// ids) and staged bytes: a new one, or one shared with the collectives every member runs in order with this one
+    /// (the caller's promise, on which the protocol's correctness rests). The slot must have exactly these groups and
     /// buffers of at least `bytes`.
     pub fn on_slot(
         call: &CustomCallConfig,
@@ -286,8 +273,8 @@ impl DirectCollective {
         slot: impl FnOnce(&[Vec<usize>], usize) -> Result<Arc<DirectSlot>>,
     ) -> Result<Self> {
         let plan = Plan::new(call, shapes, num_devices)?;
-        // Staging holds each operand at `stage` (the two-shot, which works in XLA's buffers,
-        // leaves its share of a slot it may have with other collectives unused).
+        // Staging holds each operand at `stage` (the two-shot, which works in XLA's buffers, leaves its share of a slot
+        // it may have with other collectives unused).
         let memory = |source| Error::Memory { collective: plan.name.clone(), op: plan.op, source: Box::new(source) };
         let slot = slot(&plan.group_members, plan.per_buffer).map_err(memory)?;
         if !slot.same_groups(&plan.group_members) || slot.per_buffer < plan.per_buffer {
@@ -312,8 +299,8 @@ impl DirectCollective {
         self.plan.output_lens()
     }
 
-    /// Runs device `device`'s side of one call: `inputs` are its operands, `outputs` its
-    /// result buffers (XLA's), in operand order.
+    /// Runs device `device`'s side of one call: `inputs` are its operands, `outputs` its result buffers (XLA's), in
+    /// operand order.
     pub fn run(&self, device: usize, inputs: &[&[u8]], outputs: &mut [&mut [u8]]) -> Result<()> {
         protocol::run(&self.plan, &*self.slot, device, inputs, outputs)
     }

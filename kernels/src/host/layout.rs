@@ -1,11 +1,10 @@
-//! Where the pieces of an operand lie when a collective splits or concatenates it along a
-//! dimension. Buffers are row-major, so a block along dimension `d > 0` is not contiguous:
-//! it is `outer` runs of bytes, one per index of the dimensions before `d`.
+//! Where the pieces of an operand lie when a collective splits or concatenates it along a dimension. Buffers are
+//! row-major, so a block along dimension `d > 0` is not contiguous: it is `outer` runs of bytes, one per index of the
+//! dimensions before `d`.
 
 use hlo::ArrayShape;
 
-/// `rows` runs of `row` bytes each, `stride` bytes apart, the first `offset` bytes into
-/// a buffer.
+/// `rows` runs of `row` bytes each, `stride` bytes apart, the first `offset` bytes into a buffer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Runs {
     pub offset: usize,
@@ -22,9 +21,8 @@ impl Runs {
     }
 }
 
-/// An operand viewed along one dimension `d`: `outer` rows (the product of the dimensions
-/// before `d`), each holding `n` (= `dims[d]`) slices of `inner` bytes (the product of the
-/// dimensions after `d`, times the element size).
+/// An operand viewed along one dimension `d`: `outer` rows (the product of the dimensions before `d`), each holding `n`
+/// (= `dims[d]`) slices of `inner` bytes (the product of the dimensions after `d`, times the element size).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Split {
     outer: usize,
@@ -62,8 +60,7 @@ impl Split {
         self.gathered(1, 0)
     }
 
-    /// Where member `i`'s operand lands in an all-gather result of `g` operands
-    /// concatenated along the dimension.
+    /// Where member `i`'s operand lands in an all-gather result of `g` operands concatenated along the dimension.
     pub(crate) fn gathered(self, g: usize, i: usize) -> Runs {
         let row = self.n * self.inner;
         Runs { offset: i * row, rows: self.outer, row, stride: g * row }

@@ -1,39 +1,11 @@
-//! The host protocol, written once over two meeting places: what a rewritten collective
-//! computes ([`Plan`]) and how its members meet to compute it ([`run`]), whatever memory
-//! they meet in ([`Place`]): the device threads of one process ([`super::direct`]) or the
-//! processes of one host ([`super::shm`]). The two places differ only in where staging
-//! buffers and flag words live, how a member waits (a condition variable; polling shared
-//! memory) and how a group decides a barrier (under a mutex; one compare-and-swap), so the
-//! two agree bit for bit.
+//! The host protocol, written once over two meeting places: what a rewritten collective computes ([`Plan`]) and how its
+//! members meet to compute it ([`run`]), whatever memory they meet in ([`Place`]): the device threads of one process
+//! ([`super::direct`]) or the processes of one host ([`super::shm`]). The places differ only in where staging and flag
+//! words live, how a member waits and how a group decides a barrier, so the two agree bit for bit.
 //!
-//! A call of member `i` of a group, epoch `e` (counted per member, never reset):
-//!
-//! 1. waits until every member finished epoch `e - 2` (then nobody reads its buffer `e % 2`;
-//!    always true after a normal barrier, and what keeps the argument sound after a timeout);
-//! 2. copies its operands into its staging buffer `e % 2` (peers never write XLA's buffers,
-//!    and read them only in the in-process two-shot, which publishes its operands' addresses
-//!    instead and keeps them alive until barrier 1; so a rank that returns early, with a
-//!    timeout at barrier 0, cannot leave a peer using memory XLA has reused);
-//! 3. arrives at barrier 0 and waits for every member of its group (bounded by the call's
-//!    timeout; the error names the ranks that never came, and breaks the epoch for every
-//!    member in it, now or later; the next epoch starts clean);
-//! 4. computes its own results from the members' staging buffers ([`Plan::compute`]:
-//!    group-order folds, rotated pulls); the in-process two-shot reduces slice `i` of every
-//!    member's operand into every member's result, then meets at barrier 1;
-//! 5. marks epoch `e` finished, however the call ended.
-//!
-//! Why one barrier suffices: a member writes staging buffer `e % 2` again only at epoch
-//! `e + 2`, after step 1 saw every member finish `e`. A collective-permute has no barrier: a
-//! source waits until its target consumed epoch `e - 2`, stages and posts `e`; its target
-//! waits for the post, copies, and marks it consumed (also when it gives up); devices
-//! nothing targets write zeros.
-//!
-//! Staging, flags and epochs belong to the place, which several collectives may share (a
-//! slot): the argument is about the sequence of calls on it, not about which collective a
-//! call is, so it holds for any collectives that every member calls in one order, each with
-//! its own plan, as long as the buffers hold the largest of their staged messages. Which
-//! collectives may share (the pass's rule in `emitter::xla_pass`): same groups (a permute:
-//! same pairs), one computation, and each a data-dependency ancestor of the next.
+//! Per epoch `e` a member waits for every member to finish `e - 2`, stages into buffer `e % 2`, meets at barrier 0,
+//! computes from the members' staging and marks `e` finished. Why one barrier suffices, and why slots may share
+//! staging: docs/RELIABILITY.md ("The host protocol"); the invariants are in ARCHITECTURE.md ("Host protocol").
 
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -49,8 +21,7 @@ use super::layout::{Runs, Split, shape_bytes};
 use super::reduce::Reducer;
 use crate::{Error, Result};
 
-/// A member's flag words (each written by one member only; read with Acquire, compared "at
-/// least").
+/// A member's flag words (each written by one member only; read with Acquire, compared "at least").
 #[derive(Clone, Copy, Debug)]
 pub(super) enum Word {
     /// Its epoch counter (only it reads and writes it).
@@ -63,32 +34,29 @@ pub(super) enum Word {
     Consumed,
 }
 
-/// Where the members of a collective meet: their staging buffers, their flag words and
-/// their barrier. Groups are the plan's (a permute: one group of every device, member index =
-/// device id).
+/// Where the members of a collective meet: their staging buffers, their flag words and their barrier. Groups are the
+/// plan's (a permute: one group of every device, member index = device id).
 pub(super) trait Place {
-    /// Whether a two-shot all-reduce may work in peers' XLA buffers (one address space); if
-    /// not, it runs as the one-shot, which folds the same members in the same order.
+    /// Whether a two-shot all-reduce may work in peers' XLA buffers (one address space); if not, it runs as the
+    /// one-shot, which folds the same members in the same order.
     const IN_PLACE: bool;
 
     /// Member `k` of group `gi`: its word `w`.
     fn word(&self, gi: usize, k: usize, w: Word) -> &AtomicU64;
 
-    /// `len` bytes at `at` of member `k`'s staging buffer `par`. Caller: nobody writes them
-    /// until the borrow ends (the protocol's phases).
+    /// `len` bytes at `at` of member `k`'s staging buffer `par`. Caller: nobody writes them until the borrow ends (the
+    /// protocol's phases).
     fn staged(&self, gi: usize, k: usize, par: usize, at: usize, len: usize) -> &[u8];
 
     /// The same, to write. Caller: member `k`, in its write phase.
     #[allow(clippy::mut_from_ref)]
     fn stage(&self, gi: usize, k: usize, par: usize, at: usize, len: usize) -> &mut [u8];
 
-    /// Arrives at barrier `p` of epoch `e` and waits for the group's decision, until
-    /// `deadline` (none: every member is known to be coming); a broken epoch is the timeout
-    /// error naming the members missing when it broke.
+    /// Arrives at barrier `p` of epoch `e` and waits for the group's decision, until `deadline` (none: every member is
+    /// known to be coming); a broken epoch is the timeout error naming the members missing when it broke.
     fn barrier(&self, plan: &Plan, gi: usize, idx: usize, p: usize, e: u64, deadline: Option<Instant>) -> Result<()>;
 
-    /// Waits until `ready()` or the deadline; `false` on timeout. A waiter may sleep until
-    /// [`Place::wake`].
+    /// Waits until `ready()` or the deadline; `false` on timeout. A waiter may sleep until [`Place::wake`].
     fn wait(&self, gi: usize, deadline: Instant, ready: impl FnMut() -> bool) -> bool;
 
     /// Wakes the members of group `gi` waiting in [`Place::wait`] (after a word changed).
@@ -97,8 +65,8 @@ pub(super) trait Place {
     /// A member is about to report a timeout.
     fn timing_out(&self) {}
 
-    /// In-place two-shot ([`Place::IN_PLACE`]): member `idx` publishes its operands and
-    /// results as (address, length) before barrier 0 ...
+    /// In-place two-shot ([`Place::IN_PLACE`]): member `idx` publishes its operands and results as (address, length)
+    /// before barrier 0 ...
     fn publish(&self, _gi: usize, _idx: usize, _ins: Vec<(usize, usize)>, _outs: Vec<(usize, usize)>) {
         unreachable!("only an in-place meeting place runs the two-shot in place")
     }
@@ -109,24 +77,24 @@ pub(super) trait Place {
     }
 }
 
-/// Bytes that members reach through a raw pointer (a zeroed allocation, a shared mapping):
-/// the protocol, not the type system, says who may touch which bytes when.
+/// Bytes that members reach through a raw pointer (a zeroed allocation, a shared mapping): the protocol, not the type
+/// system, says who may touch which bytes when.
 pub(super) struct Region {
     ptr: NonNull<u8>,
     len: usize,
 }
 
-// SAFETY: all access goes through `ptr` under the protocol's rules (flag words only as
-// atomics; one writer per staging range per phase, readers only after the barrier or flag
-// that orders them after the write), so sharing a region between device threads is sound.
+// SAFETY: all access goes through `ptr` under the protocol's rules (flag words only as atomics; one writer per staging
+// range per phase, readers only after the barrier or flag that orders them after the write), so sharing a region
+// between device threads is sound.
 unsafe impl Send for Region {}
 // SAFETY: as above.
 unsafe impl Sync for Region {}
 
 impl Region {
     /// # Safety
-    /// `ptr` is valid for reads and writes of `len` bytes, 8-byte aligned, for as long as the
-    /// region lives, and reached only through it.
+    /// `ptr` is valid for reads and writes of `len` bytes, 8-byte aligned, for as long as the region lives, and reached
+    /// only through it.
     pub(super) unsafe fn new(ptr: NonNull<u8>, len: usize) -> Self {
         Region { ptr, len }
     }
@@ -142,9 +110,9 @@ impl Region {
     /// The atomic word at byte `at`.
     pub(super) fn word(&self, at: usize) -> &AtomicU64 {
         assert!(at.is_multiple_of(8) && at.checked_add(8).is_some_and(|end| end <= self.len), "word at {at}");
-        // SAFETY: in bounds and 8-byte aligned (the region is; checked above), so valid for
-        // an `AtomicU64` (same layout as `u64`) while `self` lives; the places keep flag words
-        // apart from staging, and these bytes are only ever accessed as this atomic.
+        // SAFETY: in bounds and 8-byte aligned (the region is; checked above), so valid for an `AtomicU64` (same layout
+        // as `u64`) while `self` lives; the places keep flag words apart from staging, and these bytes are only ever
+        // accessed as this atomic.
         unsafe { &*self.ptr.as_ptr().add(at).cast::<AtomicU64>() }
     }
 
@@ -154,9 +122,9 @@ impl Region {
         if len == 0 {
             return &[];
         }
-        // SAFETY: in bounds (checked above); the protocol guarantees no concurrent writer
-        // (module docs: a buffer is written only by its owner, before the barrier or post its
-        // readers wait for, and not again until they have all finished).
+        // SAFETY: in bounds (checked above); the protocol guarantees no concurrent writer (module docs: a buffer is
+        // written only by its owner, before the barrier or post its readers wait for, and not again until they have all
+        // finished).
         unsafe { std::slice::from_raw_parts(self.ptr.as_ptr().add(at), len) }
     }
 
@@ -167,9 +135,9 @@ impl Region {
         if len == 0 {
             return &mut [];
         }
-        // SAFETY: in bounds (checked above); only the owning member writes its buffer, and
-        // only while no peer reads it (before it arrives, once every member finished the
-        // epoch that last read it), so this is the only reference to these bytes.
+        // SAFETY: in bounds (checked above); only the owning member writes its buffer, and only while no peer reads it
+        // (before it arrives, once every member finished the epoch that last read it), so this is the only reference to
+        // these bytes.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr().add(at), len) }
     }
 }
@@ -177,8 +145,8 @@ impl Region {
 /// The longest sleep of a polling wait.
 const MAX_SLEEP: Duration = Duration::from_millis(1);
 
-/// A wait without a condition variable: spin briefly, then yield, then sleep longer and
-/// longer, never past the deadline.
+/// A wait without a condition variable: spin briefly, then yield, then sleep longer and longer, never past the
+/// deadline.
 #[derive(Default)]
 pub(super) struct Backoff(u32);
 
@@ -226,10 +194,9 @@ pub(super) struct Operand {
     pub(super) split: Option<Split>,
 }
 
-/// What a rewritten collective computes, whatever memory its members meet in: the
-/// operands and where each lies in a staging buffer, the groups, the permute pairs, and
-/// the results computed from members' staged operands. Both places run it, so the two
-/// agree bit for bit.
+/// What a rewritten collective computes, whatever memory its members meet in: the operands and where each lies in a
+/// staging buffer, the groups, the permute pairs, and the results computed from members' staged operands. Both places
+/// run it, so the two agree bit for bit.
 #[derive(Debug)]
 pub(super) struct Plan {
     pub(super) op: CollectiveOp,
@@ -239,8 +206,7 @@ pub(super) struct Plan {
     pub(super) ops: Vec<Operand>,
     /// Bytes of one staging buffer: every operand at its `stage` offset.
     pub(super) per_buffer: usize,
-    /// Each group's members (device ids, in group order); collective-permute: one group
-    /// of every device.
+    /// Each group's members (device ids, in group order); collective-permute: one group of every device.
     pub(super) group_members: Vec<Vec<usize>>,
     /// Device id → (group index, member index).
     pub(super) rank_of: Vec<Option<(usize, usize)>>,
@@ -256,9 +222,8 @@ fn copy_runs(src: &[u8], s: Runs, dst: &mut [u8], d: Runs) {
 }
 
 impl Plan {
-    /// The plan of `call` (groups and pairs are device ids below `num_devices`) on operands
-    /// of the given logical shapes (the protocol moves them in their physical order, the
-    /// call's `layout`).
+    /// The plan of `call` (groups and pairs are device ids below `num_devices`) on operands of the given logical shapes
+    /// (the protocol moves them in their physical order, the call's `layout`).
     pub(super) fn new(call: &CustomCallConfig, logical: &[ArrayShape], num_devices: usize) -> Result<Self> {
         let (name, timeout) = (call.name.as_str(), Duration::from_millis(call.timeout_ms));
         // Host memory has no copy engines: a copy-engine form moves its bytes as the direct one.
@@ -411,8 +376,7 @@ impl Plan {
         }
     }
 
-    /// Checks one call of device `device` against the plan; its (group index, member
-    /// index).
+    /// Checks one call of device `device` against the plan; its (group index, member index).
     pub(super) fn check_call(&self, device: usize, inputs: &[&[u8]], outputs: &[&mut [u8]]) -> Result<(usize, usize)> {
         let Some(&Some((gi, idx))) = self.rank_of.get(device) else {
             return Err(self.invalid(device, format!("device {device} is in no group of this collective")));
@@ -440,11 +404,10 @@ impl Plan {
         Ok((gi, idx))
     }
 
-    /// Member `idx`'s results, for a group of `g`, from the members' staged operands:
-    /// `member(k, at, len)` is `len` bytes at `at` of member `k`'s staging buffer of this
-    /// epoch. For the algorithms that read staging only (one-shot all-reduce, direct
-    /// reduce-scatter, all-gather and all-to-all); the two-shot and the permute are their
-    /// callers' own.
+    /// Member `idx`'s results, for a group of `g`, from the members' staged operands: `member(k, at, len)` is `len`
+    /// bytes at `at` of member `k`'s staging buffer of this epoch. For the algorithms that read staging only (one-shot
+    /// all-reduce, direct reduce-scatter, all-gather and all-to-all); the two-shot and the permute are their callers'
+    /// own.
     pub(super) fn compute<'a>(
         &self,
         algorithm: Algo,
@@ -519,8 +482,8 @@ impl Drop for Finish<'_> {
     }
 }
 
-/// Runs device `device`'s side of one call of `plan` in `place` (module docs): `inputs`
-/// are its operands, `outputs` its result buffers (XLA's), in operand order.
+/// Runs device `device`'s side of one call of `plan` in `place` (module docs): `inputs` are its operands, `outputs` its
+/// result buffers (XLA's), in operand order.
 pub(super) fn run<P: Place>(
     plan: &Plan,
     place: &P,
@@ -539,19 +502,18 @@ pub(super) fn run<P: Place>(
     }
     wait_finished(plan, place, gi, idx, e, deadline)?;
     let par = (e % 2) as usize;
-    // The in-place two-shot works in peers' XLA buffers: each member reduces its slice of
-    // every operand straight from peers' operands and writes the sum into every member's
-    // result (one read and one write of each byte, where staging the slices and gathering
-    // them again costs a second read and write). Its barrier 1, which no member passes
-    // before every member finished, keeps those buffers alive. The others stage operands.
+    // The in-place two-shot works in peers' XLA buffers: each member reduces its slice of every operand straight from
+    // peers' operands and writes the sum into every member's result (one read and one write of each byte, where staging
+    // the slices and gathering them again costs a second read and write). Its barrier 1, which no member passes before
+    // every member finished, keeps those buffers alive. The others stage operands.
     let algorithm = match plan.algorithm {
         Algo::TwoShotAllReduce if !P::IN_PLACE => Algo::OneShotAllReduce,
         a => a,
     };
     if algorithm == Algo::TwoShotAllReduce {
         let ins = inputs.iter().map(|b| (b.as_ptr() as usize, b.len())).collect();
-        // Addresses taken from the results' own `&mut`: from here to barrier 1 this member
-        // touches its results only through them (see `peer_output`).
+        // Addresses taken from the results' own `&mut`: from here to barrier 1 this member touches its results only
+        // through them (see `peer_output`).
         let outs = outputs.iter_mut().map(|b| (b.as_mut_ptr() as usize, b.len())).collect();
         place.publish(gi, idx, ins, outs);
     } else {
@@ -578,9 +540,8 @@ pub(super) fn run<P: Place>(
             }
         }
     }));
-    // Not bounded: every member passed barrier 0, so each arrives after its reads and writes
-    // (a panic included), and none may leave while a peer still reads its operand or writes
-    // its result.
+    // Not bounded: every member passed barrier 0, so each arrives after its reads and writes (a panic included), and
+    // none may leave while a peer still reads its operand or writes its result.
     place.barrier(plan, gi, idx, 1, e, None)?;
     if let Err(p) = reduce {
         std::panic::resume_unwind(p);
@@ -664,16 +625,15 @@ fn peer_input(entry: &(usize, usize), lo: usize, hi: usize) -> &[u8] {
     if lo == hi {
         return &[];
     }
-    // SAFETY: the owner published its XLA operand (valid for its call, never written during
-    // it) at barrier 0 of this epoch and cannot return before barrier 1, which this member
-    // reaches only after its last use of the slice (the reduce phase; the borrow checker
-    // cannot see the barrier, so callers keep these slices inside that phase); the range is
-    // in bounds (checked). Only an in-place place (one address space) publishes.
+    // SAFETY: the owner published its XLA operand (valid for its call, never written during it) at barrier 0 of this
+    // epoch and cannot return before barrier 1, which this member reaches only after its last use of the slice (the
+    // reduce phase; the borrow checker cannot see the barrier, so callers keep these slices inside that phase); the
+    // range is in bounds (checked). Only an in-place place (one address space) publishes.
     unsafe { std::slice::from_raw_parts((addr as *const u8).add(lo), hi - lo) }
 }
 
-/// Bytes `lo..hi` of a member's result published at barrier 0 as (address, length), for
-/// the member that owns two-shot slice `lo..hi` to write.
+/// Bytes `lo..hi` of a member's result published at barrier 0 as (address, length), for the member that owns two-shot
+/// slice `lo..hi` to write.
 #[allow(clippy::mut_from_ref)]
 fn peer_output(entry: &(usize, usize), lo: usize, hi: usize) -> &mut [u8] {
     let (addr, len) = *entry;
@@ -681,18 +641,15 @@ fn peer_output(entry: &(usize, usize), lo: usize, hi: usize) -> &mut [u8] {
     if lo == hi {
         return &mut [];
     }
-    // SAFETY: the owner published its XLA result buffer (valid for its call, and disjoint
-    // from every operand: the custom call declares no aliasing) at barrier 0 of this epoch,
-    // took the address from its own `&mut` and does not touch the buffer again before
-    // barrier 1, which it cannot pass before this member's last write (the reduce phase; the
-    // slice never leaves it). Slices of different members are disjoint, so no two members
-    // write one byte, and nobody reads the range before barrier 1 orders the write before
-    // it. The range is in bounds (checked).
+    // SAFETY: the owner published its XLA result buffer (valid for its call, and disjoint from every operand: the
+    // custom call declares no aliasing) at barrier 0 of this epoch, took the address from its own `&mut` and does not
+    // touch the buffer again before barrier 1, which it cannot pass before this member's last write (the reduce phase;
+    // the slice never leaves it). Slices of different members are disjoint, so no two members write one byte, and
+    // nobody reads the range before barrier 1 orders the write before it. The range is in bounds (checked).
     unsafe { std::slice::from_raw_parts_mut((addr as *mut u8).add(lo), hi - lo) }
 }
 
-/// Byte range of two-shot slice `k` of `g` of operand `o`: `ceil(n / g)` elements each,
-/// the last ones shorter or empty.
+/// Byte range of two-shot slice `k` of `g` of operand `o`: `ceil(n / g)` elements each, the last ones shorter or empty.
 fn slice(o: &Operand, g: usize, k: usize) -> (usize, usize) {
     let eb = o.shape.ty.byte_size().max(1);
     let n = o.len / eb;

@@ -1,20 +1,18 @@
-//! The typed reduction loops every host collective uses (one-shot, two-shot,
-//! reduce-scatter and the fallback), in one place so that all paths agree bit for bit.
+//! The typed reduction loops every host collective uses (one-shot, two-shot, reduce-scatter and the fallback), in one
+//! place so that all paths agree bit for bit.
 //!
-//! Semantics, per element, folding group members in fixed order (member 0, 1, ...):
-//! `acc = m0; acc = op(acc, m1); ...`.
-//! - `pred`: sum is xor (XLA adds `i1`), prod / min / and are and, max / or are or;
-//!   any non-zero byte is true and results are 0 or 1.
+//! Semantics, per element, folding group members in fixed order (member 0, 1, ...): `acc = m0; acc = op(acc, m1); ...`.
+//! - `pred`: sum is xor (XLA adds `i1`), prod / min / and are and, max / or are or; any non-zero byte is true and
+//!   results are 0 or 1.
 //! - integers: sum and prod wrap; min / max; and / or are bitwise.
-//! - `bf16`: members are widened to `f32`, folded in `f32` and rounded once at the end, as
-//!   the GPU kernels do (XLA:CPU widens bf16 collectives to f32 before the pass).
-//! - `f16`: sums and products round to f16 after every step, as XLA:CPU's f16 collectives
-//!   do (overflow included); min / max need no rounding.
+//! - `bf16`: members are widened to `f32`, folded in `f32` and rounded once at the end, as the GPU kernels do (XLA:CPU
+//!   widens bf16 collectives to f32 before the pass).
+//! - `f16`: sums and products round to f16 after every step, as XLA:CPU's f16 collectives do (overflow included); min /
+//!   max need no rounding.
 //! - floats: sums start from the identity +0 as XLA:CPU's do (all -0 members sum to +0).
-//! - `f32` / `f64`: folded in their own type. min / max give what XLA:CPU's collectives
-//!   give (measured, jax 0.11.2, 8 host devices): NaN members are skipped, all-NaN gives
-//!   -inf for max and +inf for min, and of -0 and +0 the earlier member wins. (The CUDA
-//!   kernels give XLA's GPU answers instead; docs/PLUGIN.md has both.)
+//! - `f32` / `f64`: folded in their own type. min / max give what XLA:CPU's collectives give (measured, jax 0.11.2, 8
+//!   host devices): NaN members are skipped, all-NaN gives -inf for max and +inf for min, and of -0 and +0 the earlier
+//!   member wins. (The CUDA kernels give XLA's GPU answers instead; docs/PLUGIN.md has both.)
 //!
 //! A single member is copied byte for byte (no widening round trip).
 
@@ -43,8 +41,8 @@ impl Reducer {
         Ok(Reducer { ty, kind })
     }
 
-    /// Reduces `members` (each at least `out.len()` bytes, a whole number of elements)
-    /// element-wise into `out`, folding members in slice order.
+    /// Reduces `members` (each at least `out.len()` bytes, a whole number of elements) element-wise into `out`, folding
+    /// members in slice order.
     pub(crate) fn reduce(self, members: &[&[u8]], out: &mut [u8]) {
         match members {
             [] => out.fill(0),
@@ -102,8 +100,8 @@ impl Reducer {
             T::F16 => {
                 let ld = |b: [u8; 2]| f16::from_le_bytes(b).to_f32();
                 let st = |v: f32| f16::from_f32(v).to_le_bytes();
-                // XLA:CPU adds and multiplies f16 collectives in f16, rounding every partial
-                // result (so 65504 + 65504 - 65504 is inf, as there); min / max are exact.
+                // XLA:CPU adds and multiplies f16 collectives in f16, rounding every partial result (so 65504 + 65504 -
+                // 65504 is inf, as there); min / max are exact.
                 let r = |v: f32| f16::from_f32(v).to_f32();
                 match self.kind {
                     K::Sum => fold_from::<2, f32>(m, out, ld, |a| a + 0.0, |a, b| r(a + b), st),
@@ -122,10 +120,10 @@ impl Reducer {
     }
 }
 
-/// XLA:CPU's collective max (`max = true`) / min, one step of the fold over members in group
-/// order. XLA:CPU starts from the identity (-inf for max, +inf for min) and takes a member only
-/// when it is strictly greater: NaN members are skipped (all-NaN gives -inf), and of -0 and +0
-/// the earlier member stays. Folding from member 0 instead, a NaN there is the identity.
+/// XLA:CPU's collective max (`max = true`) / min, one step of the fold over members in group order. XLA:CPU starts from
+/// the identity (-inf for max, +inf for min) and takes a member only when it is strictly greater: NaN members are
+/// skipped (all-NaN gives -inf), and of -0 and +0 the earlier member stays. Folding from member 0 instead, a NaN there
+/// is the identity.
 fn min_max<F: PartialOrd + Copy>(acc: F, x: F, max: bool, identity: F) -> F {
     // NaN, the one float unordered with itself.
     let acc = if acc.partial_cmp(&acc).is_none() { identity } else { acc };
@@ -172,10 +170,9 @@ fn fold_from<const W: usize, A: Copy>(
         }
         return;
     }
-    // Blocks of BLOCK elements, member by member within a block: each element still folds
-    // member 0, 1, ... in order (the same results bit for bit), but the inner loop walks one
-    // member's bytes contiguously, which the compiler vectorizes, where element-major order
-    // strode across every member per element (the host all-reduces spent most of
+    // Blocks of BLOCK elements, member by member within a block: each element still folds member 0, 1, ... in order
+    // (the same results bit for bit), but the inner loop walks one member's bytes contiguously, which the compiler
+    // vectorizes, where element-major order strode across every member per element (the host all-reduces spent most of
     // their time here at 64 KiB and up).
     const BLOCK: usize = 512;
     let word = |c: &[u8]| -> [u8; W] {

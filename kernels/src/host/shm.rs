@@ -1,74 +1,11 @@
-//! The host protocols between the processes of one host, over POSIX shared memory: what
-//! XLA:CPU's FFI handlers run when a group spans devices of several processes
-//! (`jax.distributed`, e.g. 2 processes × 4 CPU devices).
+//! The host protocol between the processes of one host, over POSIX shared memory: what XLA:CPU's FFI handlers run when
+//! a group spans devices of several processes (`jax.distributed`, e.g. 2 processes × 4 CPU devices).
 //!
-//! [`ShmCollective`] is the cross-process analogue of [`super::direct::DirectCollective`]:
-//! the same plan and protocol ([`super::protocol`]). Only where members meet differs: each
-//! collective instance has one shared segment, which every process owning a member device
-//! maps; members meet through atomics in it, and peers'
-//! operands are read from their staging buffers in it (another process's XLA buffers are
-//! out of reach).
-//!
-//! # Segment
-//!
-//! Named `/peerless-{job}-{instance:016x}`: the job's unguessable token (hex, from its
-//! distributed KV store) and a per-collective key every process derives identically
-//! ([`ShmKey`]). Collectives of one pass-assigned slot (same groups or pairs,
-//! chained by data dependencies, so every member runs them in one order) share one segment
-//! ([`ShmCollective::on_slot`]), keyed by the slot and mapped once per process, with staging
-//! buffers of the slot's size; the argument below is about the sequence of calls on a
-//! segment, whichever collective each is. Created `0600`. Layout, every part 64-byte aligned:
-//!
-//! - header: magic, layout version, total size, a fingerprint of the plan, and the
-//!   `attached` word (processes that attached, those still attached, closed);
-//! - per group: two decision words, by epoch parity;
-//! - per member: its flags (epoch, finished, arrived; posted and consumed for a permute)
-//!   and two "missing members" masks, by epoch parity;
-//! - per member: two staging buffers of the plan's staging size, by epoch parity.
-//!
-//! # Protocol
-//!
-//! [`super::protocol`]'s, with flag words in the segment. A barrier is decided in the
-//! group's decision word of parity `e % 2`: a member that sees every `arrived[k] >= e`
-//! (Acquire) swaps in "e complete"; a member whose deadline passes first writes the members
-//! it misses into its mask and swaps in "e broken by i". One compare-and-swap decides, so
-//! every member of the epoch, including one that comes later, gets the same outcome. The
-//! double-buffering argument covers the decision words and masks of parity `e % 2` too: a
-//! member decides epoch `e + 2` only after every member finished `e`, so nobody still
-//! deciding `e` can see them change. Acquire/Release pairs order staging writes before the
-//! reads they enable.
-//!
-//! The two-shot all-reduce runs as the one-shot here: its second shot reads peers'
-//! operands in place, which lie in other processes' memory. The one-shot folds the same
-//! members in the same order for every element, so its results are the same bits.
-//! A collective-permute device without a peer never touches the segment.
-//!
-//! Waits spin briefly, then yield, then sleep with a growing backoff (at most 1 ms), and
-//! end at the call's deadline; a timeout unlinks the name too (below).
-//!
-//! # Lifecycle, cleanup and isolation
-//!
-//! [`ShmCollective::new`] opens the segment (`O_CREAT`, sized by whoever finds it empty),
-//! checks its size (another size: [`Error::Invalid`], the segment belongs to
-//! another collective), reserves its pages (a full `/dev/shm` is an error now, not a
-//! `SIGBUS` later), maps it, checks the header (set by the first to come; a different
-//! magic, version, size or plan is `Invalid` too), and counts itself in `attached`. The
-//! process whose attach completes the count of participating processes unlinks the name:
-//! from then on the segment lives only as long as some process maps it, so a crash leaves
-//! nothing in `/dev/shm`. Timeouts unlink too (a process that never attaches makes the
-//! others time out, and the name goes with them; a process attaching after a peer gave
-//! up gets a fresh segment and times out in turn). `Drop` unmaps, and unlinks only when it
-//! is the last attached process to leave while some participant never came: a process
-//! whose groups are done may not take the name from a slow process of another group that
-//! still has peers waiting for it in the segment. That last process closes the segment in
-//! the same atomic step that counts it out, so a process that opened the name just before
-//! the unlink sees it closed and opens a fresh one instead of waiting alone. A process
-//! that owns no participating device maps nothing.
-//!
-//! The segment is the only thing processes share. Only processes of the same user can open
-//! it, and only while it has a name; the job token keeps other jobs from guessing it. The
-//! protocol trusts the processes of its job: one that writes the segment outside the
-//! protocol can corrupt its peers' results, as a device thread could in `direct.rs`.
+//! [`ShmCollective`] is the cross-process analogue of [`super::direct::DirectCollective`]: the same plan and protocol
+//! ([`super::protocol`]), with staging and flag words in one shared segment per slot or collective, named by the job's
+//! token and a [`ShmKey`]. ARCHITECTURE.md ("Host protocol") has the invariants; the segment layout, the barrier
+//! decision and the lifecycle argument (who unlinks the name, and why a crash leaves nothing in `/dev/shm`) are in
+//! docs/RELIABILITY.md ("Shared memory between processes").
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::ptr::NonNull;
@@ -86,8 +23,8 @@ use thunks::custom_call::CustomCallConfig;
 use super::protocol::{self, Backoff, Place, Plan, Region, Word, poll};
 use crate::{Error, Result};
 
-/// Names a shared segment: unguessable job token (hex, from the job's distributed KV
-/// store) + a per-collective key every process derives identically.
+/// Names a shared segment: unguessable job token (hex, from the job's distributed KV store) + a per-collective key
+/// every process derives identically.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ShmKey {
     pub job: String,
@@ -95,8 +32,8 @@ pub struct ShmKey {
 }
 
 const MAGIC: u64 = u64::from_le_bytes(*b"PEERLSHM");
-/// Bump when the layout or the protocol changes: processes of different versions then
-/// refuse each other's segments instead of misreading them.
+/// Bump when the layout or the protocol changes: processes of different versions then refuse each other's segments
+/// instead of misreading them.
 const VERSION: u64 = 1;
 
 /// Header words (byte offsets).
@@ -104,9 +41,8 @@ const H_MAGIC: usize = 0;
 const H_VERSION: usize = 8;
 const H_SIZE: usize = 16;
 const H_FINGERPRINT: usize = 24;
-/// The `attached` word: processes that attached (bits 0-23), those of them still
-/// attached (bits 24-47, "live"), and whether the last live one closed it (bit 63). One
-/// word, so that an attach and the last detach cannot both win.
+/// The `attached` word: processes that attached (bits 0-23), those of them still attached (bits 24-47, "live"), and
+/// whether the last live one closed it (bit 63). One word, so that an attach and the last detach cannot both win.
 const H_ATTACHED: usize = 32;
 const HEADER: usize = 64;
 const ATTACHED: u64 = 1;
@@ -135,13 +71,13 @@ fn decision(e: u64, outcome: u64, breaker: usize) -> u64 {
 /// Where everything lies in the segment; every process computes the same from the plan.
 #[derive(Debug, Default)]
 struct SegmentLayout {
-    /// Per group: the index of its first member in the per-member tables, its two decision
-    /// words, and the words of one mask.
+    /// Per group: the index of its first member in the per-member tables, its two decision words, and the words of one
+    /// mask.
     base: Vec<usize>,
     decisions: Vec<usize>,
     mask_words: Vec<usize>,
-    /// Per member (groups one after another): its flags, its two masks, its two staging
-    /// buffers (none: it stages nothing).
+    /// Per member (groups one after another): its flags, its two masks, its two staging buffers (none: it stages
+    /// nothing).
     flags: Vec<usize>,
     masks: Vec<usize>,
     staging: Vec<Option<usize>>,
@@ -157,8 +93,7 @@ fn take(at: &mut usize, n: usize) -> Option<usize> {
 }
 
 impl SegmentLayout {
-    /// `stages(d)`: whether device `d` needs staging buffers, each of `per_buffer` bytes (at
-    /// least the plan's).
+    /// `stages(d)`: whether device `d` needs staging buffers, each of `per_buffer` bytes (at least the plan's).
     fn new(plan: &Plan, stages: impl Fn(usize) -> bool, per_buffer: usize) -> Option<Self> {
         let per_buffer = per_buffer.max(plan.per_buffer).checked_next_multiple_of(64)?;
         let mut at = HEADER;
@@ -179,8 +114,7 @@ impl SegmentLayout {
     }
 }
 
-/// A mapped segment. The protocol, not the type system, says who may touch which bytes
-/// when.
+/// A mapped segment. The protocol, not the type system, says who may touch which bytes when.
 struct Segment {
     region: Region,
     name: String,
@@ -199,10 +133,9 @@ enum Join {
 }
 
 impl Segment {
-    /// Opens, checks, maps and attaches to segment `name` of `size` bytes;
-    /// `participants` processes attach in all. `Err`: why not. A segment its last process
-    /// closed (module docs) still has its name for a moment; this waits for the name to go,
-    /// at most `patience`, and opens a fresh one.
+    /// Opens, checks, maps and attaches to segment `name` of `size` bytes; `participants` processes attach in all.
+    /// `Err`: why not. A segment its last process closed (module docs) still has its name for a moment; this waits for
+    /// the name to go, at most `patience`, and opens a fresh one.
     fn attach(
         name: &str,
         size: usize,
@@ -263,8 +196,8 @@ impl Segment {
                 ));
             }
         }
-        // SAFETY: a new shared mapping of `size` bytes (the object's size, checked above) at
-        // an address the kernel picks, so it aliases no Rust memory; unmapped only in Drop.
+        // SAFETY: a new shared mapping of `size` bytes (the object's size, checked above) at an address the kernel
+        // picks, so it aliases no Rust memory; unmapped only in Drop.
         let ptr = unsafe {
             rustix::mm::mmap(std::ptr::null_mut(), size, ProtFlags::READ | ProtFlags::WRITE, MapFlags::SHARED, &fd, 0)
         }
@@ -272,8 +205,8 @@ impl Segment {
         let ptr = NonNull::new(ptr.cast::<u8>()).ok_or_else(|| format!("mmap of {name} returned null"))?;
         // The descriptor closes here; the mapping keeps the object.
         drop(fd);
-        // SAFETY: the mapping is `size` bytes, page aligned, lives until Drop unmaps it and is
-        // reached only through the region.
+        // SAFETY: the mapping is `size` bytes, page aligned, lives until Drop unmaps it and is reached only through the
+        // region.
         let region = unsafe { Region::new(ptr, size) };
         let seg = Segment { region, name: name.to_string(), participants, attached: false };
         // Each header word is set by whoever comes first and must match for everyone else.
@@ -309,8 +242,8 @@ impl Segment {
         Join::Joined(attached == self.participants)
     }
 
-    /// Counts this process out; `true`: it was the last, some participant never came, and
-    /// it closed the segment (then it unlinks the name).
+    /// Counts this process out; `true`: it was the last, some participant never came, and it closed the segment (then
+    /// it unlinks the name).
     fn leave(&self) -> bool {
         let mut close = false;
         let leave = |v: u64| {
@@ -332,37 +265,32 @@ fn unlink(name: &str) {
 
 impl Drop for Segment {
     fn drop(&mut self) {
-        // The last attached process to leave unlinks a name some participant never came
-        // for. Not any earlier: a process that is done (its groups need nobody who is
-        // missing) must not take the name from a slow one that still has peers to meet.
-        // Closing first makes a process that opened the name meanwhile look for a fresh one.
+        // The last attached process to leave unlinks a name some participant never came for. Not any earlier: a process
+        // that is done (its groups need nobody who is missing) must not take the name from a slow one that still has
+        // peers to meet. Closing first makes a process that opened the name meanwhile look for a fresh one.
         if self.attached && self.leave() {
             unlink(&self.name);
         }
-        // SAFETY: the mapping made in `attach`, unmapped once; no borrow of it outlives
-        // `self` (every accessor borrows `self`).
+        // SAFETY: the mapping made in `attach`, unmapped once; no borrow of it outlives `self` (every accessor borrows
+        // `self`).
         if let Err(e) = unsafe { rustix::mm::munmap(self.region.ptr().as_ptr().cast(), self.region.len()) } {
             log::warn!("munmap of shared segment {}: {e}", self.name);
         }
     }
 }
 
-/// FNV-1a: a fingerprint of the plan, so that two collectives that happen to share a key
-/// and a size still refuse each other.
+/// FNV-1a: a fingerprint of the plan, so that two collectives that happen to share a key and a size still refuse each
+/// other.
 fn fingerprint(text: &str) -> u64 {
     let h = text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3));
     h.max(1)
 }
 
-/// A one-time meeting of the processes of one host: each device of `devices` posts `slot`
-/// bytes (its owner process posts for it), and everyone gets every device's. The device
-/// layer exchanges its IPC handles this way (the CUDA handlers run inside XLA, without
-/// Python's key-value store; processes of a host share memory by the topology's
-/// definition). `name` names the segment like a collective's (job token + instance, with a
-/// suffix); `processes` = the number of distinct processes owning `devices`. The segment
-/// is unlinked as soon as every process has attached, or by the last to leave on timeout.
-/// Fails with [`Error::ExchangeMissing`] naming the devices whose processes never posted
-/// ([`Error::missing`]), or [`Error::Segment`] when the segment cannot be used.
+/// A one-time meeting of the processes of one host: each device of `devices` posts `slot` bytes (its process posts for
+/// it) and everyone gets every device's; the GPU runtime exchanges its IPC handles so, inside XLA, without Python's
+/// key-value store. `name` names the segment like a collective's; `processes` counts the distinct processes owning
+/// `devices`. The name is unlinked once every process attached, or by the last to leave on timeout. Fails with
+/// [`Error::ExchangeMissing`] naming the devices never posted ([`Error::missing`]), or [`Error::Segment`].
 pub fn exchange(
     name: &str,
     devices: &[usize],
@@ -397,10 +325,10 @@ pub fn exchange(
     Ok(devices.iter().enumerate().map(|(i, &d)| (d, seg.region.read(HEADER + i * per + 64, slot).to_vec())).collect())
 }
 
-/// 32-bit words in a segment every process of a host maps, page aligned and zero when the
-/// segment is made: the copy-engine collectives' flag words across processes. Each process
-/// registers them with its GPUs (the device layer) and touches them only through that; this
-/// keeps the mapping alive. `name` names the segment like [`exchange`]'s; `processes` attach.
+/// 32-bit words in a segment every process of a host maps, page aligned and zero when the segment is made: the
+/// copy-engine collectives' flag words across processes. Each process registers them with its GPUs (the device layer)
+/// and touches them only through that; this keeps the mapping alive. `name` names the segment like [`exchange`]'s;
+/// `processes` attach.
 pub struct SharedWords {
     seg: Segment,
     words: usize,
@@ -431,9 +359,8 @@ impl SharedWords {
     }
 }
 
-/// A segment, mapped once by this process, and its layout: what one collective, or a slot
-/// of collectives that every member runs in one order (`direct.rs`'s argument),
-/// meets in across processes.
+/// A segment, mapped once by this process, and its layout: what one collective, or a slot of collectives that every
+/// member runs in one order (`direct.rs`'s argument), meets in across processes.
 struct ShmSlot {
     segment_name: String,
     layout: SegmentLayout,
@@ -441,12 +368,11 @@ struct ShmSlot {
     segment: Option<Segment>,
 }
 
-/// Shared slots this process has mapped, by segment name (held weakly: a slot goes with the
-/// last collective using it).
+/// Shared slots this process has mapped, by segment name (held weakly: a slot goes with the last collective using it).
 static SHM_SLOTS: Mutex<BTreeMap<String, Weak<ShmSlot>>> = Mutex::new(BTreeMap::new());
 
-/// One rewritten collective of an executable whose groups span processes of one host;
-/// each process builds its own, shared by its device threads.
+/// One rewritten collective of an executable whose groups span processes of one host; each process builds its own,
+/// shared by its device threads.
 pub struct ShmCollective {
     plan: Plan,
     slot: Arc<ShmSlot>,
@@ -467,9 +393,9 @@ impl std::fmt::Debug for ShmCollective {
 }
 
 impl ShmCollective {
-    /// The collective of `call` on operands of the given (logical) shapes; `process_of[d]` =
-    /// the process index that owns device id d (for every device id below num_devices);
-    /// `this_process` = ours. Groups/pairs in `call` are global device ids.
+    /// The collective of `call` on operands of the given (logical) shapes; `process_of[d]` = the process index that
+    /// owns device id d (for every device id below num_devices); `this_process` = ours. Groups/pairs in `call` are
+    /// global device ids.
     pub fn new(
         call: &CustomCallConfig,
         shapes: &[ArrayShape],
@@ -481,13 +407,12 @@ impl ShmCollective {
         Self::on_slot(call, shapes, num_devices, key, None, process_of, this_process)
     }
 
-    /// With `slot_bytes`, a collective like [`ShmCollective::new`] on the slot `key` names,
-    /// shared with the collectives every member runs in order with this one (the caller's
-    /// promise, as for [`super::direct::DirectCollective::on_slot`]): this process maps the
-    /// slot's segment once, with staging buffers of `max(slot_bytes, this plan's)` bytes.
-    /// Every process derives the same segment (its fingerprint covers groups, pairs, processes
-    /// and size, not one collective's plan); a slot already mapped too small for this plan is
-    /// an error. Without, the segment is this collective's own.
+    /// With `slot_bytes`, a collective like [`ShmCollective::new`] on the slot `key` names, shared with the collectives
+    /// every member runs in order with this one (the caller's promise, as for
+    /// [`super::direct::DirectCollective::on_slot`]): this process maps the slot's segment once, with staging buffers
+    /// of `max(slot_bytes, this plan's)` bytes. Every process derives the same segment (its fingerprint covers groups,
+    /// pairs, processes and size, not one collective's plan); a slot already mapped too small for this plan is an
+    /// error. Without, the segment is this collective's own.
     pub fn on_slot(
         call: &CustomCallConfig,
         shapes: &[ArrayShape],
@@ -516,8 +441,7 @@ impl ShmCollective {
         if participants.len() as u64 > COUNT {
             return Err(invalid(format!("{} processes (at most {COUNT})", participants.len())));
         }
-        // A slot is mapped once per process: the live one, else a new one, made and recorded
-        // under the lock.
+        // A slot is mapped once per process: the live one, else a new one, made and recorded under the lock.
         let mut slots = None;
         if slot_bytes.is_some() {
             let map = slots.insert(SHM_SLOTS.lock().unwrap_or_else(PoisonError::into_inner));
@@ -542,8 +466,8 @@ impl ShmCollective {
                 plan.op.kind, plan.algorithm, shapes, plan.ops, plan.group_members, plan.pairs, process_of, layout.size
             )
         } else {
-            // What a slot's calls share is their groups (permute: pairs), the processes and
-            // the size, so that is what its fingerprint covers.
+            // What a slot's calls share is their groups (permute: pairs), the processes and the size, so that is what
+            // its fingerprint covers.
             let staging: Vec<bool> = (0..num_devices).map(|d| stages(&plan, d)).collect();
             format!(
                 "slot|{:?}|{:?}|{:?}|{:?}|{}|{}",
@@ -579,9 +503,8 @@ impl ShmCollective {
         &self.slot.segment_name
     }
 
-    /// Runs device `device`'s side of one call (a global device id owned by this process):
-    /// `inputs` are its operands, `outputs` its result buffers, in operand order; the
-    /// contract of [`super::direct::DirectCollective::run`].
+    /// Runs device `device`'s side of one call (a global device id owned by this process): `inputs` are its operands,
+    /// `outputs` its result buffers, in operand order; the contract of [`super::direct::DirectCollective::run`].
     pub fn run(&self, device: usize, inputs: &[&[u8]], outputs: &mut [&mut [u8]]) -> Result<()> {
         let plan = &self.plan;
         plan.check_call(device, inputs, outputs)?;
@@ -683,16 +606,15 @@ impl Place for ShmPlace<'_> {
                         .collect();
                     return Err(timed_out(missing));
                 }
-                // A later epoch decided: impossible while this member has not finished `e`
-                // (module docs); fail rather than read buffers of another epoch.
+                // A later epoch decided: impossible while this member has not finished `e` (module docs); fail rather
+                // than read buffers of another epoch.
                 de if de > e => {
                     return Err(timed_out((0..g).filter(|&k| arrived(k) < e).map(|k| members[k]).collect()));
                 }
                 _ => {}
             }
             if (0..g).all(|k| arrived(k) >= e) {
-                // Release: passes the members' staging writes (acquired above) on to
-                // whoever reads this decision.
+                // Release: passes the members' staging writes (acquired above) on to whoever reads this decision.
                 let _ = word.compare_exchange(v, decision(e, COMPLETE, 0), Ordering::AcqRel, Ordering::Acquire);
                 continue;
             }
@@ -719,22 +641,21 @@ impl Place for ShmPlace<'_> {
         poll(deadline, ready)
     }
 
-    /// Unlinks the name: a peer that never attached must not find it later and leave it
-    /// behind.
+    /// Unlinks the name: a peer that never attached must not find it later and leave it behind.
     fn timing_out(&self) {
         unlink(&self.seg.name);
     }
 }
 
-/// Whether device `d` meets peers in the segment: every member of a group does; a
-/// permute device only with a source or target other than itself.
+/// Whether device `d` meets peers in the segment: every member of a group does; a permute device only with a source or
+/// target other than itself.
 fn meets(plan: &Plan, d: usize) -> bool {
     let (source, target) = plan.pairs[d];
     plan.op.kind != Kind::CollectivePermute || source.is_some_and(|s| s != d) || target.is_some_and(|t| t != d)
 }
 
-/// Whether device `d` stages its operands in the segment: every member of a group does; a
-/// permute device only when it sends to another.
+/// Whether device `d` stages its operands in the segment: every member of a group does; a permute device only when it
+/// sends to another.
 fn stages(plan: &Plan, d: usize) -> bool {
     plan.op.kind != Kind::CollectivePermute || plan.pairs[d].1.is_some_and(|t| t != d)
 }

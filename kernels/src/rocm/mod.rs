@@ -1,23 +1,7 @@
-//! The ROCm backend (feature `rocm`): the vendor part of [`crate::gpu`] on AMD GPUs through
-//! HIP. The clique and the peer probe are [`crate::gpu`]'s,
-//! instantiated for [`Hip`]; the kernel sources are the same tree CUDA compiles (through
-//! `peerless_device.h`). Two AMD-specific choices live in the device layer and here:
-//! - kernels are compiled by hipRTC for the device's full `gcnArchName` (e.g.
-//!   `gfx90a:sramecc+:xnack-`), so the code object matches the device's xnack/sramecc mode;
-//!   the peer-target policy reads the target alone (`gfx90a`);
-//! - every clique allocation is fine-grained device memory ([`ffi::hip::Hip`]'s `alloc`):
-//!   peers poll signal flags and read staging while kernels run, and coarse-grained memory
-//!   (plain `hipMalloc`) is only coherent across devices at kernel boundaries.
-//!
-//! [`crate::gpu::Clique::peer_table`] applies the emitter's target policy (gfx90a excluded
-//! unless `--allow_unsafe_peer_targets=true`).
-//!
-//! [`xla`] is the runtime behind XLA's FFI handlers on ROCm ([`crate::gpu::xla`]'s generic
-//! one, for [`Hip`]), which the plugin registers for XLA's "ROCM" platform when built with
-//! `rocm`.
-//!
-//! Nothing here has run on an AMD GPU yet: CI compiles the kernels for gfx90a (hipRTC and
-//! hipcc), type-checks and lints this module and runs its unit tests (docs/ROCM.md).
+//! The ROCm backend (feature `rocm`): the vendor part of [`crate::gpu`] for [`Hip`]. Kernels are compiled by hipRTC for
+//! the device's full `gcnArchName` (so the code object matches its xnack/sramecc mode; the peer-target policy reads the
+//! target alone), and every allocation is fine-grained, since peers poll flags while kernels run. [`xla`] is the
+//! runtime behind XLA's "ROCM" handlers. Never run on an AMD GPU yet (docs/ROCM.md; ARCHITECTURE.md, "ROCm").
 
 pub mod xla;
 
@@ -49,8 +33,7 @@ impl Backend for Hip {
         ffi::hip::gfx_target(arch).unwrap_or(arch).to_string()
     }
 
-    /// One unit per arch compiled by hipRTC, once per process (no prebuilt code and no disk
-    /// cache for ROCm yet).
+    /// One unit per arch compiled by hipRTC, once per process (no prebuilt code and no disk cache for ROCm yet).
     fn code_object(arch: &str, unit: Unit, _prebuilt: bool) -> Result<(Arc<[u8]>, Origin)> {
         type Cache = Mutex<HashMap<(String, Unit), (Arc<[u8]>, Origin)>>;
         static CACHE: OnceLock<Cache> = OnceLock::new();

@@ -1,7 +1,6 @@
-//! The ROCm runtime behind XLA's FFI handlers (feature `rocm`): [`crate::gpu::xla`]'s generic
-//! runtime for [`Hip`], with HIP's own process-wide state (never shared with CUDA's). It
-//! builds and its unit tests run in CI without an AMD GPU; it has never run on one
-//! (docs/ROCM.md).
+//! The ROCm runtime behind XLA's FFI handlers (feature `rocm`): [`crate::gpu::xla`]'s generic runtime for [`Hip`], with
+//! HIP's own process-wide state (never shared with CUDA's). It builds and its unit tests run in CI without an AMD GPU;
+//! it has never run on one (docs/ROCM.md).
 
 use super::Hip;
 use crate::gpu::xla::{GpuRuntime, RuntimeState, XlaBackend};

@@ -3,11 +3,42 @@
 //! the same launch geometry on CUDA and HIP.
 #![allow(dead_code)] // each test binary uses some of them
 
-use kernels::gpu::args::{GatherArgs, Norm, NormArgs, NormArray, Ptrs, ReduceArgs, Status};
+use std::ffi::c_void;
+
+use kernels::gpu::args::{Norm, NormArgs, NormArray, Ptrs, ReduceArgs, Status};
 use kernels::gpu::{Algo, BLOCKS, Backend, Clique, Dtype, Kernel, Red, SIGNAL_BYTES, THREADS};
 use kernels::gpu::{grid, lamport_bytes, lamport_init, norm_grid};
 use kernels::{Error, Result};
 use thunks::custom_call::Epilogue;
+
+/// The arguments of `pl_all_gather`, in order: only these tests launch that kernel (the runtime's all-gathers are
+/// the direct and copy-engine forms).
+struct GatherArgs {
+    input: u64,
+    bytes: u64,
+    rank: u32,
+    world: u32,
+    out: Ptrs,
+    flags: Ptrs,
+    counter: u64,
+    status: Status,
+}
+
+impl GatherArgs {
+    /// The pointer array a launch takes, one per parameter.
+    fn params(&mut self) -> [*mut c_void; 8] {
+        [
+            (&raw mut self.input).cast(),
+            (&raw mut self.bytes).cast(),
+            (&raw mut self.rank).cast(),
+            (&raw mut self.world).cast(),
+            (&raw mut self.out).cast(),
+            (&raw mut self.flags).cast(),
+            (&raw mut self.counter).cast(),
+            (&raw mut self.status).cast(),
+        ]
+    }
+}
 
 /// What the raw-buffer tests do with a clique beside the runtime's own use of it.
 pub trait CliqueExt<B: Backend> {
@@ -57,9 +88,9 @@ fn round_up(x: usize, a: usize) -> usize {
     x.div_ceil(a) * a
 }
 
-/// Reads and clears the status words of `bufs` (one per device); `Err` names the members
+/// Reads and clears the status words of `bufs` (one per device, on device `ordinals[r]`); `Err` names the members
 /// (clique ranks) that never arrived.
-fn take_status<B: Backend>(bufs: &[B::Buffer], what: &str) -> Result<()> {
+fn take_status<B: Backend>(bufs: &[B::Buffer], ordinals: &[usize], what: &str) -> Result<()> {
     for (r, b) in bufs.iter().enumerate() {
         let mut w = [0u8; 8];
         B::read(b, &mut w)?;
@@ -69,7 +100,7 @@ fn take_status<B: Backend>(bufs: &[B::Buffer], what: &str) -> Result<()> {
             let missing: Vec<usize> = (0..32).filter(|i| mask & (1 << i) != 0).collect();
             return Err(Error::Gpu(format!(
                 "{what}: rank {r} (device {}) timed out waiting for ranks {missing:?}",
-                B::buffer_ordinal(b)
+                ordinals[r]
             )));
         }
     }
@@ -93,6 +124,8 @@ struct Comm<B: Backend> {
     lamport: bool,
     arena: Vec<B::Buffer>,
     status: Vec<B::Buffer>,
+    /// The device of each status word.
+    ordinals: Vec<usize>,
     funcs: Vec<B::Function>,
 }
 
@@ -111,7 +144,8 @@ impl<B: Backend> Comm<B> {
         } else {
             clique.alloc(round_up(SIGNAL_BYTES, 256) + 2 * stride)?
         };
-        Ok(Comm { max_bytes, stride, lamport, arena, status: clique.alloc(8)?, funcs })
+        let ordinals = clique.devices.iter().map(|d| d.ordinal).collect();
+        Ok(Comm { max_bytes, stride, lamport, arena, status: clique.alloc(8)?, ordinals, funcs })
     }
 
     /// Every device's staging base and flags. The Lamport kernels take their regions' bases
@@ -193,7 +227,7 @@ impl<B: Backend> AllReduce<B> {
     /// Errors if a launch since the last check timed out waiting for a peer (call after
     /// synchronising).
     pub fn check(&self) -> Result<()> {
-        take_status::<B>(&self.comm.status, "all-reduce")
+        take_status::<B>(&self.comm.status, &self.comm.ordinals, "all-reduce")
     }
 }
 
@@ -280,7 +314,7 @@ impl<B: Backend> AllReduceNorm<B> {
 
     /// As [`AllReduce::check`].
     pub fn check(&self) -> Result<()> {
-        take_status::<B>(&self.comm.status, "fused all-reduce")
+        take_status::<B>(&self.comm.status, &self.comm.ordinals, "fused all-reduce")
     }
 }
 
@@ -289,6 +323,8 @@ impl<B: Backend> AllReduceNorm<B> {
 pub struct AllGather<B: Backend> {
     arena: Vec<B::Buffer>,
     status: Vec<B::Buffer>,
+    /// The device of each status word.
+    ordinals: Vec<usize>,
     funcs: Vec<B::Function>,
 }
 
@@ -298,6 +334,7 @@ impl<B: Backend> AllGather<B> {
         Ok(AllGather {
             arena: clique.alloc(SIGNAL_BYTES)?,
             status: clique.alloc(8)?,
+            ordinals: clique.devices.iter().map(|d| d.ordinal).collect(),
             funcs: functions(clique, "pl_all_gather")?,
         })
     }
@@ -335,6 +372,6 @@ impl<B: Backend> AllGather<B> {
 
     /// As [`AllReduce::check`].
     pub fn check(&self) -> Result<()> {
-        take_status::<B>(&self.status, "all-gather")
+        take_status::<B>(&self.status, &self.ordinals, "all-gather")
     }
 }

@@ -1,7 +1,7 @@
-//! The shared library JAX loads (`libpeerless_pjrt.so`). It only re-exports: all logic, and
-//! every safety argument, lives in the `plugin` crate. Public symbols: `GetPjrtApi`, and for Peerless inside XLA `PeerlessXlaPass`,
-//! `PeerlessXlaPassFree`, `PeerlessXlaPassFromPython`, `PeerlessXlaHandler`,
-//! `PeerlessXlaSetTopology` and `PeerlessXlaTakeDecisions`.
+//! The shared library JAX loads (`libpeerless_pjrt.so`). It only re-exports: all logic, and every safety argument,
+//! lives in the `plugin` crate. Public symbols: `GetPjrtApi`, and for Peerless inside XLA `PeerlessXlaPass`,
+//! `PeerlessXlaPassFree`, `PeerlessXlaPassFromPython`, `PeerlessXlaHandler`, `PeerlessXlaSetTopology` and
+//! `PeerlessXlaTakeDecisions`.
 
 use plugin::pjrt_sys::PJRT_Api;
 
@@ -13,8 +13,8 @@ pub extern "C" fn GetPjrtApi() -> *const PJRT_Api {
     plugin::api()
 }
 
-/// The collective pass for XLA (`jax_plugins.peerless.enable()`); see `plugin::xla_inside`.
-/// Never returns null; free the result with `PeerlessXlaPassFree`.
+/// The collective pass for XLA (`jax_plugins.peerless.enable()`); see `plugin::xla_inside`. Never returns null; free
+/// the result with `PeerlessXlaPassFree`.
 ///
 /// # Safety
 /// `module` points to `len` readable bytes; the strings are null or NUL-terminated.
@@ -41,9 +41,9 @@ pub unsafe extern "C" fn PeerlessXlaPassFree(result: *mut plugin::xla_inside::Pa
     unsafe { plugin::xla_inside::pass_free(result) }
 }
 
-/// Hands the handlers of `platform` the job's topology (its token; on CUDA the GPUs' device
-/// ids); see `plugin::xla_inside::set_topology`. Never returns null; free the result (status
-/// 0, or -1 with the reason) with `PeerlessXlaPassFree`.
+/// Hands the handlers of `platform` the job's topology (its token; on CUDA the GPUs' device ids); see
+/// `plugin::xla_inside::set_topology`. Never returns null; free the result (status 0, or -1 with the reason) with
+/// `PeerlessXlaPassFree`.
 ///
 /// # Safety
 /// Both strings are null or NUL-terminated.
@@ -57,16 +57,16 @@ pub unsafe extern "C" fn PeerlessXlaSetTopology(
     unsafe { plugin::xla_inside::set_topology_entry(platform, topology) }
 }
 
-/// Decisions of executables loaded without the pass (a persistent compilation cache hit),
-/// registered when XLA instantiated their calls, since the last call: the `report` of the
-/// result, one line each. Never returns null; free it with `PeerlessXlaPassFree`.
+/// Decisions of executables loaded without the pass (a persistent compilation cache hit), registered when XLA
+/// instantiated their calls, since the last call: the `report` of the result, one line each. Never returns null; free
+/// it with `PeerlessXlaPassFree`.
 #[unsafe(no_mangle)]
 pub extern "C" fn PeerlessXlaTakeDecisions() -> *mut plugin::xla_inside::PassResult {
     plugin::xla_inside::take_decisions_entry()
 }
 
-/// The typed-FFI handler for `target` on `platform` ("cpu", "cuda", "rocm"), or null (an
-/// unknown platform or target, or ROCm in a library built without it).
+/// The typed-FFI handler for `target` on `platform` ("cpu", "cuda", "rocm"), or null (an unknown platform or target, or
+/// ROCm in a library built without it).
 ///
 /// # Safety
 /// Both strings are null or NUL-terminated.
@@ -90,8 +90,8 @@ pub unsafe extern "C" fn PeerlessXlaHandler(
     }
 }
 
-/// Execute-stage calls of Peerless's FFI handlers on `platform` ("cpu", "cuda", "rocm") so far;
-/// 0 for an unknown platform.
+/// Execute-stage calls of Peerless's FFI handlers on `platform` ("cpu", "cuda", "rocm") so far; 0 for an unknown
+/// platform.
 ///
 /// # Safety
 /// `platform` is null or NUL-terminated.
@@ -105,24 +105,22 @@ pub unsafe extern "C" fn PeerlessXlaHandlerCalls(platform: *const std::ffi::c_ch
     plugin::Platform::parse(&p).map_or(0, plugin::xla_handlers::handler_calls)
 }
 
-/// The Python package loaded the wrapper and owns the collective pass on it (registers it
-/// with the job's topology and `stats()`, or leaves it off): the wrapper's client creation
-/// then does not register it.
+/// The Python package loaded the wrapper and owns the collective pass on it (registers it with the job's topology and
+/// `stats()`, or leaves it off): the wrapper's client creation then does not register it.
 #[unsafe(no_mangle)]
 pub extern "C" fn PeerlessXlaPassFromPython() {
     plugin::xla_inside::python_owns_pass();
 }
 
-/// Staging bytes the CPU handlers' in-process collectives hold now (shared slots and
-/// collectives of their own; freed with executables).
+/// Staging bytes the CPU handlers' in-process collectives hold now (shared slots and collectives of their own; freed
+/// with executables).
 #[unsafe(no_mangle)]
 pub extern "C" fn PeerlessXlaStagingBytes() -> u64 {
     plugin::xla_handlers::staging_bytes() as u64
 }
 
-/// Device memory the CUDA handlers hold now on this process's GPU `ordinal` (staging, signal
-/// flags and status words of their slots; freed with executables); 0 for an ordinal out of
-/// range.
+/// Device memory the CUDA handlers hold now on this process's GPU `ordinal` (staging, signal flags and status words of
+/// their slots; freed with executables); 0 for an ordinal out of range.
 #[unsafe(no_mangle)]
 pub extern "C" fn PeerlessXlaGpuStagingBytes(ordinal: u64) -> u64 {
     let held = plugin::xla_handlers::gpu_staging_bytes();

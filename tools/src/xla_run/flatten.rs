@@ -1,22 +1,19 @@
-//! The entry computation's interface as XLA:CPU's PJRT client takes it: no nested tuples
-//! ("Nested tuples are not supported") and no tuple parameters. [`entry`] rewrites a
-//! module that has either; [`flat_args`] and [`nest`] move values across the change.
+//! The entry computation's interface as XLA:CPU's PJRT client takes it: no nested tuples ("Nested tuples are not
+//! supported") and no tuple parameters. [`entry`] rewrites a module that has either; [`flat_args`] and [`nest`] move
+//! values across the change.
 //!
-//! - A nested tuple result: the old root stays, and a new root `tuple` takes its leaves
-//!   (depth first) through `get-tuple-element` chains of it (one per tuple node).
-//! - A tuple parameter: one `parameter` per leaf, numbered in order with the others (all
-//!   parameters renumbered by their old number); the old parameter instruction keeps its
-//!   id and name and becomes the `tuple` of them (inner tuple nodes get their own `tuple`),
-//!   so its users read what they read.
+//! - A nested tuple result: the old root stays, and a new root `tuple` takes its leaves (depth first) through
+//!   `get-tuple-element` chains of it (one per tuple node).
+//! - A tuple parameter: one `parameter` per leaf, numbered in order with the others (all parameters renumbered by their
+//!   old number); the old parameter instruction keeps its id and name and becomes the `tuple` of them (inner tuple
+//!   nodes get their own `tuple`), so its users read what they read.
 //!
-//! New instructions get ids past the largest of the module and names unused in it;
-//! parameters and tuples come right before the old parameter, the get-tuple-elements and
-//! the root at the end (XLA makes instructions in proto order: operands first). Where the
-//! old value had a sharding its leaves' shardings go with the new instructions. The
-//! entry's `program_shape` and the module's `host_program_shape` (the entry layout XLA
-//! compiles for) are flattened the same way. The edit is made on the wire, so fields this
-//! build's protos do not know pass through; a module that aliases or donates parameters,
-//! or carries a schedule, is refused (their indices would need remapping).
+//! New instructions get ids past the largest of the module and names unused in it; parameters and tuples come right
+//! before the old parameter, the get-tuple-elements and the root at the end (XLA makes instructions in proto order:
+//! operands first). Where the old value had a sharding its leaves' shardings go with the new instructions. The entry's
+//! `program_shape` and the module's `host_program_shape` (the entry layout XLA compiles for) are flattened the same
+//! way. The edit is made on the wire, so fields this build's protos do not know pass through; a module that aliases or
+//! donates parameters, or carries a schedule, is refused (their indices would need remapping).
 
 use std::collections::HashSet;
 
@@ -99,8 +96,8 @@ fn tuple_shape(elems: &[&[u8]]) -> Vec<u8> {
     out
 }
 
-/// The leaves' shardings of a value of `shape` with sharding `sharding` (an OpSharding's
-/// bytes): a tuple sharding lists them; any other applies to every leaf.
+/// The leaves' shardings of a value of `shape` with sharding `sharding` (an OpSharding's bytes): a tuple sharding lists
+/// them; any other applies to every leaf.
 fn leaf_shardings(sharding: Option<&[u8]>, shape: &WireShape<'_>) -> Result<Option<Vec<Vec<u8>>>, String> {
     let Some(s) = sharding else { return Ok(None) };
     let n = shape.leaf_count();
@@ -212,8 +209,8 @@ impl Fresh {
     }
 }
 
-/// The module with a flat entry interface, or `None` when it has one already (a root
-/// without nested tuples and no tuple parameter).
+/// The module with a flat entry interface, or `None` when it has one already (a root without nested tuples and no tuple
+/// parameter).
 pub fn entry(module: &[u8]) -> Result<Option<Vec<u8>>, String> {
     let top = fields(module)?;
     let entry_id = find(&top, hlo_module::ENTRY_COMPUTATION_ID).map(value).transpose()?;
@@ -417,8 +414,8 @@ pub fn entry(module: &[u8]) -> Result<Option<Vec<u8>>, String> {
     Ok(Some(out))
 }
 
-/// A ProgramShapeProto flattened: tuple parameters as their leaves (named `names`, the new
-/// parameters' names, where given), a nested result as the tuple of its leaves.
+/// A ProgramShapeProto flattened: tuple parameters as their leaves (named `names`, the new parameters' names, where
+/// given), a nested result as the tuple of its leaves.
 fn program_shape(
     ps: &[u8],
     names: Option<&[String]>,

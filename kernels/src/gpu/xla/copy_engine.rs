@@ -1,36 +1,11 @@
-//! The copy-engine forms of every kind: a call's bytes move
-//! as device-to-device copies (`cuMemcpyAsync` / `cuMemcpy2DAsync`, which the driver gives
-//! the GPU's copy engines) and the members agree that a buffer is free and that data has
-//! landed with stream memory operations (`cuStreamWriteValue32` / `cuStreamWaitValue32`) on
-//! flag words. No kernel is launched and no SM is used, so a call beside a GEMM takes neither
-//! its SMs nor its issue slots (docs/OVERLAP.md).
+//! The copy-engine forms of every kind: a call's bytes move as device-to-device copies (`cuMemcpyAsync` /
+//! `cuMemcpy2DAsync`, run by the GPU's copy engines) and members agree that a buffer is free and that data has landed
+//! with stream memory operations on flag words in host memory. No kernel and no SM, so a call beside a GEMM takes
+//! neither its SMs nor its issue slots (docs/OVERLAP.md).
 //!
-//! This file builds a member's operations ([`Op`]) from plain addresses; `launch.rs` enqueues
-//! them on XLA's stream, and the unit tests run them on a model of memory with every
-//! interleaving of the members they draw.
-//!
-//! **Flag words.** An instance keeps, in page-locked host memory mapped into every GPU of the
-//! process ([`Words`]), [`STRIDE`] words per member: `ARRIVE + k` ("member k is ready for my
-//! data: its staging is free"), `DONE + k` ("member k's data has landed in my staging") and
-//! `MARK` (the code of the wait my stream is in, for the watchdog). Words are set to 1 by
-//! the writer and reset to 0 by their owner right after its wait, so every launch of a call
-//! enqueues the same values: a captured call (XLA's command buffers, CUDA graphs) replays
-//! exactly. Host memory, not device memory, because a wait that never ends must be ended by
-//! the host: the watchdog's plain store reaches a word no matter which GPU queue is blocked.
-//!
-//! **Protocol of one grouped call** (member `idx` of `g`; `send(k)` is what `idx` puts in
-//! member k's staging):
-//! 1. `Signal(ARRIVE + idx)` at every peer: my staging is free (my last copy-out was enqueued
-//!    before this, and stream order finished it).
-//! 2. My own block into my staging.
-//! 3. For each peer k in ring order from `idx + 1`: wait for `ARRIVE + k` (k's staging is
-//!    free), reset it, copy `send(k)` into k's staging, `Signal(DONE + idx)` at k (the write
-//!    follows the copy in stream order, after a fence).
-//! 4. Wait for `DONE + k` of every peer (reset each), then copy my staging to the results.
-//!
-//! A reset cannot race the next call's write of the same word: k writes `ARRIVE + k` for the
-//! next call only after its step 4, which needs my `DONE` of this call, written after my reset.
-//! Likewise for `DONE`. Permute is the same with one target and one source.
+//! This file builds a member's operations ([`Op`]) from plain addresses; `launch.rs` enqueues them on XLA's stream, and
+//! the unit tests run them on a model of memory under interleavings they draw. The flag-word protocol and why a reset
+//! cannot race the next write: docs/RELIABILITY.md ("Copy-engine flags"); invariants: ARCHITECTURE.md.
 
 /// Words per member: `ARRIVE` .. `ARRIVE + MAX_RANKS`, `DONE` .. `DONE + MAX_RANKS`, `MARK`.
 pub(super) const STRIDE: usize = 32;
@@ -42,14 +17,14 @@ pub(super) const DONE: usize = super::MAX_RANKS;
 pub(super) const MARK: usize = 2 * super::MAX_RANKS;
 const _: () = assert!(MARK < STRIDE, "a member's words fit its stride");
 
-/// The member index a waited word names (the missing member's bit in a timeout report;
-/// permute: bit 0 my target, bit 1 my source, as the kernels report them).
+/// The member index a waited word names (the missing member's bit in a timeout report; permute: bit 0 my target, bit 1
+/// my source, as the kernels report them).
 pub(super) fn member_of_word(word: usize) -> usize {
     word % super::MAX_RANKS
 }
 
-/// Where a copy reads or writes: an operand or result of this execution, or a fixed address
-/// (staging), each plus a byte offset.
+/// Where a copy reads or writes: an operand or result of this execution, or a fixed address (staging), each plus a byte
+/// offset.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Loc {
     Arg(usize, u64),
@@ -88,8 +63,8 @@ fn move1(dst: Loc, src: Loc, len: u64) -> Op {
     Op::Move { dst, src, width: len, rows: 1, dpitch: len, spitch: len }
 }
 
-/// What a member puts in member k's staging: `rows` rows of `width` bytes from `src`, `spitch`
-/// apart, to `dst` bytes into k's staging, `dpitch` apart.
+/// What a member puts in member k's staging: `rows` rows of `width` bytes from `src`, `spitch` apart, to `dst` bytes
+/// into k's staging, `dpitch` apart.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Send {
     pub src: Loc,
@@ -100,8 +75,8 @@ pub(super) struct Send {
     pub dpitch: u64,
 }
 
-/// The flag words of an instance's members as this process addresses them: member at
-/// position `p` (of the instance's devices) owns words `p * STRIDE ..`.
+/// The flag words of an instance's members as this process addresses them: member at position `p` (of the instance's
+/// devices) owns words `p * STRIDE ..`.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Words {
     pub base: u64,
@@ -113,12 +88,11 @@ impl Words {
     }
 }
 
-/// Largest pitch a 2-D copy takes (the driver's limit is at least 2^31 − 1 on the GPUs
-/// Peerless runs on); rows further apart move one copy each.
+/// Largest pitch a 2-D copy takes (the driver's limit is at least 2^31 − 1 on the GPUs Peerless runs on); rows further
+/// apart move one copy each.
 const MAX_PITCH: u64 = (1 << 31) - 1;
 
-/// Pushes `s` into the staging at `base`, as one 2-D copy or, with pitches beyond the
-/// driver's, a copy per row.
+/// Pushes `s` into the staging at `base`, as one 2-D copy or, with pitches beyond the driver's, a copy per row.
 fn push(ops: &mut Vec<Op>, s: Send, base: u64) {
     if s.width == 0 || s.rows == 0 {
         return;
@@ -135,10 +109,9 @@ fn push(ops: &mut Vec<Op>, s: Send, base: u64) {
     }
 }
 
-/// A grouped call (all-gather, all-to-all; each half of the reductions) of member `idx` in a
-/// group whose members sit at `positions` (their places among the instance's devices) with
-/// staging at `staging`: `send(k)` goes into member k's staging, then `outs` (where, byte
-/// offset in my staging, length) are copied out of mine.
+/// A grouped call (all-gather, all-to-all; each half of the reductions) of member `idx` in a group whose members sit at
+/// `positions` (their places among the instance's devices) with staging at `staging`: `send(k)` goes into member k's
+/// staging, then `outs` (where, byte offset in my staging, length) are copied out of mine.
 pub(super) fn grouped(
     words: Words,
     idx: usize,
@@ -173,9 +146,8 @@ pub(super) fn grouped(
     ops
 }
 
-/// One step of a copy-engine reduction: an operation, or the local fold (`pl_reduce_local_*`)
-/// of `world` slots of `slot` bytes from `base` (my staging), `len` bytes each, into result 0
-/// at byte `at`, in member order.
+/// One step of a copy-engine reduction: an operation, or the local fold (`pl_reduce_local_*`) of `world` slots of
+/// `slot` bytes from `base` (my staging), `len` bytes each, into result 0 at byte `at`, in member order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Piece {
     Op(Op),
@@ -187,9 +159,9 @@ pub(super) fn slot_bytes(len: u64) -> u64 {
     len.max(16).div_ceil(256) * 256
 }
 
-/// Reduce-scatter of member `idx` (group as in [`grouped`]): member k's block for me — `rows`
-/// rows of `brow` bytes, `row` apart in its operand along the call's dimension — lands in slot
-/// k of my staging, then the slots fold into my result.
+/// Reduce-scatter of member `idx` (group as in [`grouped`]): member k's block for me — `rows` rows of `brow` bytes,
+/// `row` apart in its operand along the call's dimension — lands in slot k of my staging, then the slots fold into my
+/// result.
 pub(super) fn reduce_scatter(
     words: Words,
     idx: usize,
@@ -212,11 +184,10 @@ pub(super) fn reduce_scatter(
     out
 }
 
-/// All-reduce of `bytes` bytes at member `idx`, a two-shot on the copy engines: part k
-/// (`part` bytes from `k * part`, [`thunks::custom_call::ce_part_bytes`]) of my operand goes to
-/// slot `idx` of member k's staging; I fold my part's slots into my result; then my reduced part
-/// goes into every member's gathered half (after the slots), from which each copies the other
-/// parts into its result.
+/// All-reduce of `bytes` bytes at member `idx`, a two-shot on the copy engines: part k (`part` bytes from `k * part`,
+/// [`thunks::custom_call::ce_part_bytes`]) of my operand goes to slot `idx` of member k's staging; I fold my part's
+/// slots into my result; then my reduced part goes into every member's gathered half (after the slots), from which each
+/// copies the other parts into its result.
 pub(super) fn all_reduce(
     words: Words,
     idx: usize,
@@ -257,16 +228,15 @@ pub(super) fn all_reduce(
     out
 }
 
-/// A member of a permute as another member sees it: its place among the instance's devices
-/// and its staging.
+/// A member of a permute as another member sees it: its place among the instance's devices and its staging.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Peer {
     pub position: usize,
     pub staging: u64,
 }
 
-/// Collective-permute of `len` bytes at the member at position `me` (staging `mine`): to
-/// `target` (`None`: sends nothing; itself: a local copy), from `source` (`None`: zeros).
+/// Collective-permute of `len` bytes at the member at position `me` (staging `mine`): to `target` (`None`: sends
+/// nothing; itself: a local copy), from `source` (`None`: zeros).
 pub(super) fn permute(words: Words, me: Peer, target: Option<Peer>, source: Option<Peer>, len: u64) -> Vec<Op> {
     let mark = words.at(me.position, MARK);
     let mut ops = Vec::new();

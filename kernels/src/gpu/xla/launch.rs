@@ -1,10 +1,9 @@
-//! A call's work on one device, worked out once at INITIALIZE ([`Plan::new`]): which kernels
-//! it launches (loaded and resolved to functions), their grids, and their argument structs
-//! with every address filled in but XLA's buffers, which change between executions. EXECUTE
-//! ([`Plan::run`]) copies each argument struct, writes this execution's buffer addresses into
-//! it and enqueues the launch on XLA's stream: no formatting, name or map lookup, allocation
-//! or lock. Covered: all-reduce (one operand, variadic, or fused with the residual add +
-//! RMSNorm after it), reduce-scatter, the pushes of all-gather and all-to-all, and permute.
+//! A call's work on one device, worked out once at INITIALIZE ([`Plan::new`]): which kernels it launches (loaded and
+//! resolved to functions), their grids, and their argument structs with every address filled in but XLA's buffers,
+//! which change between executions. EXECUTE ([`Plan::run`]) copies each argument struct, writes this execution's buffer
+//! addresses into it and enqueues the launch on XLA's stream: no formatting, name or map lookup, allocation or lock.
+//! Covered: all-reduce (one operand, variadic, or fused with the residual add + RMSNorm after it), reduce-scatter, the
+//! pushes of all-gather and all-to-all, and permute.
 
 use super::copy_engine::{self, Loc, Op, Peer, Piece, Send, Words};
 use super::*;
@@ -16,8 +15,7 @@ enum Src {
     Addr(u64),
 }
 
-/// A launch's arguments with every address but XLA's buffers in place, and where this
-/// execution's buffers go.
+/// A launch's arguments with every address but XLA's buffers in place, and where this execution's buffers go.
 #[derive(Clone, Copy, Debug)]
 #[expect(clippy::large_enum_variant, reason = "built once per plan; boxing would add an indirection to each launch")]
 enum Args {
@@ -26,8 +24,7 @@ enum Args {
     Scatter(ScatterArgs, usize),
     /// `many.input[k]` / `many.output[k]` ← operand / result `ops[k]`, for `k < many.count`.
     Many(ManyArgs, [usize; MAX_OPERANDS]),
-    /// `input` ← operand 0, the residual ← operand 1, gamma ← operand 2 (when `true`), `h` and
-    /// `y` ← results 0 and 1.
+    /// `input` ← operand 0, the residual ← operand 1, gamma ← operand 2 (when `true`), `h` and `y` ← results 0 and 1.
     Norm(NormArgs, bool),
     /// Task `i`'s `src` ← operand `src[i].0` plus `src[i].1` bytes.
     Exchange(ExchangeArgs, [(usize, u64); MAX_TASKS]),
@@ -48,9 +45,9 @@ enum Step {
     Ce(Op),
 }
 
-/// Blocks of the copy-engine reductions' one kernel (16 of an H200's 132 SMs): it reads only
-/// local memory the copy engines filled, so it needs no SMs to hide link latency, and the rest
-/// stay with the compute beside. A starting point, to be tuned when measured beside GEMMs.
+/// Blocks of the copy-engine reductions' one kernel (16 of an H200's 132 SMs): it reads only local memory the copy
+/// engines filled, so it needs no SMs to hide link latency, and the rest stay with the compute beside. A starting
+/// point, to be tuned when measured beside GEMMs.
 const CE_REDUCE_BLOCKS: u32 = 16;
 
 /// A call on one device, resolved at INITIALIZE.
@@ -69,8 +66,8 @@ impl<B: XlaBackend> std::fmt::Debug for Plan<B> {
     }
 }
 
-/// What building a plan reads: the call, its instance with every member's addresses, the
-/// calling device and its GPU, and the buffers' shapes (fixed for an executable).
+/// What building a plan reads: the call, its instance with every member's addresses, the calling device and its GPU,
+/// and the buffers' shapes (fixed for an executable).
 pub(super) struct Frame<'a, B: XlaBackend> {
     pub c: &'static Clique<B>,
     pub cfg: &'a CustomCallConfig,
@@ -82,8 +79,8 @@ pub(super) struct Frame<'a, B: XlaBackend> {
     pub rets: &'a [ArrayShape],
 }
 
-/// A reduction kernel's argument struct: its own fields, then what every one of them takes
-/// (the member's rank, the group's size, the [`Symmetric`] addresses and the status).
+/// A reduction kernel's argument struct: its own fields, then what every one of them takes (the member's rank, the
+/// group's size, the [`Symmetric`] addresses and the status).
 macro_rules! group_args {
     ($ty:ident { $($f:ident $(: $v:expr)?),* $(,)? }, $rank:expr, $world:expr, $sym:expr, $status:expr) => {
         $ty {
@@ -103,8 +100,7 @@ macro_rules! group_args {
 struct Builder<'a, B: XlaBackend> {
     x: &'a Frame<'a, B>,
     own: Arc<Rank<B>>,
-    /// The algorithm the kernels run (a copy-engine reduction's direct form where it cannot
-    /// run on the copy engines).
+    /// The algorithm the kernels run (a copy-engine reduction's direct form where it cannot run on the copy engines).
     algo: Algo,
     /// The instance's copy-engine flag words, once a copy-engine form was chosen.
     words: Option<Words>,
@@ -114,8 +110,8 @@ struct Builder<'a, B: XlaBackend> {
 }
 
 impl<B: XlaBackend> Plan<B> {
-    /// Works out `x`'s call on its device: loads (prebuilt, cached or compiled) and resolves
-    /// every kernel it launches, and checks its operands.
+    /// Works out `x`'s call on its device: loads (prebuilt, cached or compiled) and resolves every kernel it launches,
+    /// and checks its operands.
     pub(super) fn new(x: &Frame<'_, B>) -> Result<Plan<B>, HandlerError> {
         let own = x.done.ranks.get(&x.device).cloned().ok_or_else(|| no_state(x.cfg, x.device))?;
         // A copy-engine reduction that does not run on the copy engines runs its direct kernel.
@@ -174,8 +170,8 @@ impl<B: XlaBackend> Plan<B> {
         self.steps.iter().filter(|s| matches!(s, Step::Launch { .. })).count()
     }
 
-    /// Enqueues the call on `stream` with this execution's buffers: `arg(i)` / `ret(i)`, the
-    /// device addresses of operand and result `i` (XLA's, or a harness's).
+    /// Enqueues the call on `stream` with this execution's buffers: `arg(i)` / `ret(i)`, the device addresses of
+    /// operand and result `i` (XLA's, or a harness's).
     pub(super) fn run(
         &self,
         arg: impl Fn(usize) -> Result<u64, HandlerError>,
@@ -225,15 +221,14 @@ impl<B: XlaBackend> Plan<B> {
                         Src::Arg(i) => arg(i)?,
                         Src::Addr(a) => a,
                     };
-                    // SAFETY: `dst` is a result of this call and `src` an operand of it or this
-                    // instance's staging (alive with `_inst`); XLA's buffers live until the
-                    // stream reaches the copy (XLA's contract), and `len` is the result's byte
-                    // size, which the source holds (checked when the plan was made).
+                    // SAFETY: `dst` is a result of this call and `src` an operand of it or this instance's staging
+                    // (alive with `_inst`); XLA's buffers live until the stream reaches the copy (XLA's contract), and
+                    // `len` is the result's byte size, which the source holds (checked when the plan was made).
                     unsafe { B::copy_d2d_async(stream, ret(dst)?, src, len) }.map_err(internal)?;
                 }
                 Step::Fill { dst, len } => {
-                    // SAFETY: `dst` is a result of this call, holding `len` bytes and alive
-                    // until the stream reaches the fill (as in `Copy`).
+                    // SAFETY: `dst` is a result of this call, holding `len` bytes and alive until the stream reaches
+                    // the fill (as in `Copy`).
                     unsafe { B::memset_async(stream, ret(dst)?, 0, len) }.map_err(internal)?;
                 }
                 Step::Ce(op) => self.ce(op, &arg, &ret, stream)?,
@@ -255,11 +250,10 @@ impl<B: XlaBackend> Plan<B> {
             Loc::Ret(i, o) => ret(i).map(|a| a + o),
             Loc::At(a) => Ok(a),
         };
-        // What every block below relies on: flag and watch words lie in the instance's
-        // host-mapped words, which `_inst` keeps alive as long as the executable; staging
-        // addresses are members' staging (alive with `_inst`); XLA's buffers live until the
-        // stream reaches the work (XLA's contract); the plan sized every copy from the shapes
-        // it was made for, which XLA's buffers have.
+        // What every block below relies on: flag and watch words lie in the instance's host-mapped words, which `_inst`
+        // keeps alive as long as the executable; staging addresses are members' staging (alive with `_inst`); XLA's
+        // buffers live until the stream reaches the work (XLA's contract); the plan sized every copy from the shapes it
+        // was made for, which XLA's buffers have.
         match op {
             // SAFETY: a flag word (above).
             Op::Signal(a) => unsafe { B::write_value32_async(stream, a, 1) },
@@ -297,12 +291,11 @@ impl<B: XlaBackend> Plan<B> {
         grid: u32,
         params: &mut [*mut std::ffi::c_void],
     ) -> Result<(), HandlerError> {
-        // SAFETY: `params` points into a copy of one of args.rs's argument structs, alive for
-        // this call, whose field list is `func`'s kernel family's parameter list (the plan
-        // pairs them); every address in it is an XLA buffer of this execution (alive until
-        // the stream reaches it, XLA's contract) or this instance's staging, signals or mapped
-        // status, which `_inst` keeps as long as the executable (which outlives the work it
-        // enqueued) on devices whose peer access was probed.
+        // SAFETY: `params` points into a copy of one of args.rs's argument structs, alive for this call, whose field
+        // list is `func`'s kernel family's parameter list (the plan pairs them); every address in it is an XLA buffer
+        // of this execution (alive until the stream reaches it, XLA's contract) or this instance's staging, signals or
+        // mapped status, which `_inst` keeps as long as the executable (which outlives the work it enqueued) on devices
+        // whose peer access was probed.
         unsafe { B::launch(stream, func, grid, THREADS, params) }.map_err(internal)
     }
 }
@@ -351,8 +344,8 @@ impl<B: XlaBackend> Builder<'_, B> {
         }
     }
 
-    /// The group's staging and flag bases, the staging half's size and this device's launch
-    /// counters: what every double-buffered reduction kernel takes.
+    /// The group's staging and flag bases, the staging half's size and this device's launch counters: what every
+    /// double-buffered reduction kernel takes.
     fn symmetric(&self, group: &[usize]) -> Result<Symmetric, HandlerError> {
         Ok(Symmetric {
             stage: Ptrs::of(&group.iter().map(|&m| self.addr(m).map(|a| a.staging)).collect::<Result<Vec<_>, _>>()?),
@@ -362,8 +355,8 @@ impl<B: XlaBackend> Builder<'_, B> {
         })
     }
 
-    /// The group's Lamport regions (as `stage`, the slot as `stride`) and this device's Lamport
-    /// counters: what `pl_lamport_*` takes.
+    /// The group's Lamport regions (as `stage`, the slot as `stride`) and this device's Lamport counters: what
+    /// `pl_lamport_*` takes.
     fn lamport(&self, group: &[usize]) -> Result<Symmetric, HandlerError> {
         let at = lamport_at() as u64;
         let stage = group.iter().map(|&m| self.addr(m).map(|a| a.signals + at)).collect::<Result<Vec<_>, _>>()?;
@@ -375,14 +368,14 @@ impl<B: XlaBackend> Builder<'_, B> {
         })
     }
 
-    /// A variadic one-shot all-reduce: one launch per element type (up to
-    /// [`MAX_OPERANDS`] operands each), all operands staged side by side.
+    /// A variadic one-shot all-reduce: one launch per element type (up to [`MAX_OPERANDS`] operands each), all operands
+    /// staged side by side.
     fn reduce_many(&mut self, group: &[usize], idx: usize) -> Result<(), HandlerError> {
         let shapes = self.x.args;
         let red = reduction(self.x.cfg)?;
         let sym = self.symmetric(group)?;
-        // Operand j's place in a staging half: the sum of the earlier operands' rounded sizes,
-        // the layout `CustomCallConfig::gpu_staging_bytes` sized.
+        // Operand j's place in a staging half: the sum of the earlier operands' rounded sizes, the layout
+        // `CustomCallConfig::gpu_staging_bytes` sized.
         let mut offsets = Vec::with_capacity(shapes.len());
         let mut at = 0usize;
         for s in shapes {
@@ -413,10 +406,9 @@ impl<B: XlaBackend> Builder<'_, B> {
         Ok(())
     }
 
-    /// A sum all-reduce fused with the residual add and RMSNorm after it (`cfg.epilogue`): the
-    /// operands (a, x, [gamma]), the results (h, y), one `pl_one_shot_norm_*` (or, within the
-    /// Lamport regions, `pl_lamport_norm_*`) launch whatever the call's algorithm (the staging
-    /// of any all-reduce algorithm holds two halves of the operand).
+    /// A sum all-reduce fused with the residual add and RMSNorm after it (`cfg.epilogue`): the operands (a, x,
+    /// [gamma]), the results (h, y), one `pl_one_shot_norm_*` (or, within the Lamport regions, `pl_lamport_norm_*`)
+    /// launch whatever the call's algorithm (the staging of any all-reduce algorithm holds two halves of the operand).
     fn reduce_norm(&mut self, group: &[usize], idx: usize) -> Result<(), HandlerError> {
         let (cfg, shapes, rets) = (self.x.cfg, self.x.args, self.x.rets);
         let e = cfg.epilogue.as_ref().ok_or_else(|| internal("no epilogue"))?;
@@ -507,8 +499,8 @@ impl<B: XlaBackend> Builder<'_, B> {
         Ok(())
     }
 
-    /// All-gather and all-to-all: push into the peers' staging, then copy my staging out; by
-    /// one `pl_exchange` launch, or (`ce`) on the copy engines.
+    /// All-gather and all-to-all: push into the peers' staging, then copy my staging out; by one `pl_exchange` launch,
+    /// or (`ce`) on the copy engines.
     fn push(&mut self, ce: bool) -> Result<(), HandlerError> {
         let (cfg, shapes, rets) = (self.x.cfg, self.x.args, self.x.rets);
         let group = cfg.group_of(self.x.device).ok_or_else(|| internal("device in no group"))?;
@@ -608,9 +600,9 @@ impl<B: XlaBackend> Builder<'_, B> {
         Ok(())
     }
 
-    /// Whether this call runs on the copy engines: its device takes stream memory operations
-    /// (across processes, the flag words are a shared segment each process registers).
-    /// Otherwise the same collective runs on its direct kernel, which computes the same bytes.
+    /// Whether this call runs on the copy engines: its device takes stream memory operations (across processes, the
+    /// flag words are a shared segment each process registers). Otherwise the same collective runs on its direct
+    /// kernel, which computes the same bytes.
     fn copy_engines(&mut self) -> Result<bool, HandlerError> {
         let (cfg, dev) = (self.x.cfg, &self.x.c.devices[self.x.ordinal]);
         let why_not = match B::stream_mem_ops(&dev.ctx) {
@@ -637,9 +629,8 @@ impl<B: XlaBackend> Builder<'_, B> {
         self.x.inst.devices.iter().position(|&x| x == d).ok_or_else(|| no_state(self.x.cfg, d))
     }
 
-    /// The copy-engine form of [`Self::push`]'s exchange: `tasks[i]` (with its source
-    /// `src[i]`) goes to member `(idx + i) % g`; `outs` (result, address in my staging,
-    /// length) are copied out after every member's data landed.
+    /// The copy-engine form of [`Self::push`]'s exchange: `tasks[i]` (with its source `src[i]`) goes to member `(idx +
+    /// i) % g`; `outs` (result, address in my staging, length) are copied out after every member's data landed.
     fn ce_grouped(
         &mut self,
         group: &[usize],
@@ -680,8 +671,8 @@ impl<B: XlaBackend> Builder<'_, B> {
         Ok((words, positions, staging))
     }
 
-    /// Adds `pieces`: the operations as steps, each fold as a `pl_reduce_local_*` launch on a
-    /// small grid (the copy-engine reductions' one kernel).
+    /// Adds `pieces`: the operations as steps, each fold as a `pl_reduce_local_*` launch on a small grid (the
+    /// copy-engine reductions' one kernel).
     fn ce_pieces(&mut self, pieces: Vec<Piece>) -> Result<(), HandlerError> {
         let red = reduction(self.x.cfg)?;
         let t = reduced_type(self.x.args[0].ty, red)?;
@@ -750,8 +741,8 @@ impl<B: XlaBackend> Builder<'_, B> {
         Ok(())
     }
 
-    /// Collective-permute: "ready" from my target, push into its staging, "done" to it; then my
-    /// staging (what my source pushed) becomes my result, or zeros without a source.
+    /// Collective-permute: "ready" from my target, push into its staging, "done" to it; then my staging (what my source
+    /// pushed) becomes my result, or zeros without a source.
     fn permute(&mut self) -> Result<(), HandlerError> {
         let (cfg, d) = (self.x.cfg, self.x.device);
         let len = self.x.args.first().map_or(0, ArrayShape::byte_size);
@@ -797,8 +788,7 @@ impl<B: XlaBackend> Builder<'_, B> {
     }
 }
 
-/// Bytes of one of `g` blocks of a row of `n` slices of `inner` bytes, or why the row does
-/// not split into `g`.
+/// Bytes of one of `g` blocks of a row of `n` slices of `inner` bytes, or why the row does not split into `g`.
 fn block_row(n: usize, inner: usize, g: usize) -> Result<u64, HandlerError> {
     if !n.is_multiple_of(g) {
         return Err(err(ErrorCode::InvalidArgument, format!("dimension of {n} does not split into {g}")));

@@ -1,24 +1,20 @@
 //! The collective emitter as an HLO pass inside XLA's pipeline.
 //!
-//! XLA hands the pass a serialized `HloModuleProto` after SPMD partitioning
-//! (`jax.extend.xla`, stage PRE_SCHEDULER); the pass decides every collective with the
-//! emitter's rules ([`crate::decide_tuned`]) and the pass's own on device ids (peer access,
-//! processes and hosts, layouts, async forms: all in `decide.rs`), and rewrites each one assigned
-//! to a kernel into a typed-FFI `custom-call` to a Peerless target whose attributes are the
-//! plain-data [`CustomCallConfig`]. Fallbacks stay XLA's own collectives, untouched. A
-//! rewritten module keeps its entry layout (`wire_edit::pin_entry`).
+//! XLA hands the pass a serialized `HloModuleProto` after SPMD partitioning (`jax.extend.xla`, stage PRE_SCHEDULER);
+//! the pass decides every collective with the emitter's rules ([`crate::decide_tuned`]) and the pass's own on device
+//! ids (peer access, processes and hosts, layouts, async forms: all in `decide.rs`), and rewrites each one assigned to
+//! a kernel into a typed-FFI `custom-call` to a Peerless target whose attributes are the plain-data
+//! [`CustomCallConfig`]. Fallbacks stay XLA's own collectives, untouched. A rewritten module keeps its entry layout
+//! (`wire_edit::pin_entry`).
 //!
-//! The rewrite edits the protobuf wire format in place rather than re-encoding decoded
-//! messages: our prost copy of XLA's protos predates fields newer XLA writes (mesh-axes
-//! replica groups, original values, ...), and prost drops unknown fields. Every byte of
-//! the module except the rewritten instructions passes through verbatim.
+//! The rewrite edits the protobuf wire format in place rather than re-encoding decoded messages: our prost copy of
+//! XLA's protos predates fields newer XLA writes (mesh-axes replica groups, original values, ...), and prost drops
+//! unknown fields. Every byte of the module except the rewritten instructions passes through verbatim.
 //!
-//! Invariants: the pass is a pure function of (bytes, config) apart from the
-//! per-rewrite `instance` ids (its only shared state besides them is the tuning profiles'
-//! cache, behind a mutex in `tuning.rs`), and a module it already rewrote comes back
-//! unchanged (its Peerless custom calls are not collectives, and its fallbacks are decided
-//! the same way again). It never fails a compile: the C entry point turns every error into
-//! "unchanged" with the reason logged.
+//! Invariants: the pass is a pure function of (bytes, config) apart from the per-rewrite `instance` ids (its only
+//! shared state besides them is the tuning profiles' cache, behind a mutex in `tuning.rs`), and a module it already
+//! rewrote comes back unchanged (its Peerless custom calls are not collectives, and its fallbacks are decided the same
+//! way again). It never fails a compile: the C entry point turns every error into "unchanged" with the reason logged.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
@@ -52,10 +48,9 @@ use wire_edit::*;
 /// `xla.CustomCallApiVersion.API_VERSION_TYPED_FFI`.
 const API_VERSION_TYPED_FFI: i64 = 4;
 
-/// HloModuleProto: the fields the slim module keeps besides its computations (name, entry
-/// name, id, entry id, is_dynamic, device assignment, auto-SPMD flag, frontend attributes);
-/// the rest (schedule, aliasing, shardings, stack frames, ...) name instructions the slim
-/// module drops.
+/// HloModuleProto: the fields the slim module keeps besides its computations (name, entry name, id, entry id,
+/// is_dynamic, device assignment, auto-SPMD flag, frontend attributes); the rest (schedule, aliasing, shardings, stack
+/// frames, ...) name instructions the slim module drops.
 const MODULE_KEPT: [u32; 8] = [
     hlo_module::NAME,
     hlo_module::ENTRY_COMPUTATION_NAME,
@@ -67,8 +62,8 @@ const MODULE_KEPT: [u32; 8] = [
     hlo_module::FRONTEND_ATTRIBUTES,
 ];
 
-/// Fields of a collective that mean nothing on a custom call (groups, reducer, channel);
-/// they are dropped, and opcode, target, backend_config and api version are written anew.
+/// Fields of a collective that mean nothing on a custom call (groups, reducer, channel); they are dropped, and opcode,
+/// target, backend_config and api version are written anew.
 const DROPPED: [u32; 14] = [
     instruction::OPCODE,
     instruction::DIMENSIONS,
@@ -100,8 +95,8 @@ const COLLECTIVE_OPCODES: [&str; 10] = [
     "collective-broadcast",
 ];
 
-/// One array's layout as the pass compares them: `minor_to_major`, or `None` for the
-/// default (row-major) layout. Tiled layouts are an error.
+/// One array's layout as the pass compares them: `minor_to_major`, or `None` for the default (row-major) layout. Tiled
+/// layouts are an error.
 pub(crate) type LeafLayout = Option<Vec<i64>>;
 /// An instruction's leaf layouts, by its id in the decoded module (the IR keeps no tiles).
 pub(crate) type Layouts<'a> = dyn Fn(InstrId) -> Vec<Result<LeafLayout, String>> + 'a;
@@ -130,31 +125,29 @@ fn leaf_layouts(shape: &[u8], out: &mut Vec<Result<LeafLayout, String>>) -> Resu
     Ok(())
 }
 
-/// How a collective the pass takes becomes a custom call (the handlers see one synchronous
-/// collective in every form: operands in, result out).
+/// How a collective the pass takes becomes a custom call (the handlers see one synchronous collective in every form:
+/// operands in, result out).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Form {
     /// A synchronous collective: the instruction becomes the call.
     Sync,
-    /// `all-reduce-start` (result: the reduced array): the start becomes the call and its
-    /// `all-reduce-done` a `copy` of it (XLA's simplifier removes the copy where it compiles
-    /// the module from the start; users read the done as before).
+    /// `all-reduce-start` (result: the reduced array): the start becomes the call and its `all-reduce-done` a `copy` of
+    /// it (XLA's simplifier removes the copy where it compiles the module from the start; users read the done as
+    /// before).
     AsyncInPlace,
-    /// `all-gather-start` / `collective-permute-start` (result: the tuple `(operand,
-    /// result)`): a new call, inserted just before the start, computes the result; the start
-    /// becomes `tuple(operand, call)`, so any user of the start (its `-done`, a
-    /// `get-tuple-element` of either element) reads what it read before, and the `-done`
-    /// becomes `get-tuple-element(start), index=1`.
+    /// `all-gather-start` / `collective-permute-start` (result: the tuple `(operand, result)`): a new call, inserted
+    /// just before the start, computes the result; the start becomes `tuple(operand, call)`, so any user of the start
+    /// (its `-done`, a `get-tuple-element` of either element) reads what it read before, and the `-done` becomes
+    /// `get-tuple-element(start), index=1`.
     AsyncTuple,
-    /// A synchronous collective inside an `async-start`'s computation (JAX's explicit async
-    /// API): the instruction becomes the call, never on an operation queue (XLA's async
-    /// wrapper already runs it beside compute; a queue would wrap it again), limited to
-    /// `async_blocks` as a call beside compute is.
+    /// A synchronous collective inside an `async-start`'s computation (JAX's explicit async API): the instruction
+    /// becomes the call, never on an operation queue (XLA's async wrapper already runs it beside compute; a queue would
+    /// wrap it again), limited to `async_blocks` as a call beside compute is.
     InAsync,
 }
 
-/// A collective the pass takes: its decision (an index into the run's decisions), its
-/// instruction, and the custom call it becomes (target, attributes, form).
+/// A collective the pass takes: its decision (an index into the run's decisions), its instruction, and the custom call
+/// it becomes (target, attributes, form).
 struct Call {
     at: usize,
     /// In the decoded module, and in the index.
@@ -172,21 +165,21 @@ pub(crate) struct Rewrite {
     pub form: Form,
 }
 
-/// The `operation_queue_id` of calls run asynchronously (`--overlap_above_bytes`): XLA:GPU
-/// wraps them in `async-start` on thread "parallel", which its scheduler overlaps with compute,
-/// and runs them on that queue's stream (docs/OVERLAP.md).
+/// The `operation_queue_id` of calls run asynchronously (`--overlap_above_bytes`): XLA:GPU wraps them in `async-start`
+/// on thread "parallel", which its scheduler overlaps with compute, and runs them on that queue's stream
+/// (docs/OVERLAP.md).
 pub const ASYNC_QUEUE: u64 = 1;
 
-/// The operation queue `call` runs on: [`ASYNC_QUEUE`] for a call beside compute (the only
-/// calls the pass limits to `async_blocks`), else 0, the compute stream.
+/// The operation queue `call` runs on: [`ASYNC_QUEUE`] for a call beside compute (the only calls the pass limits to
+/// `async_blocks`), else 0, the compute stream.
 fn queue_of(call: &CustomCallConfig) -> u64 {
     if call.blocks > 0 { ASYNC_QUEUE } else { 0 }
 }
 
-/// Where the pass learns peer access between device ids. Probing GPUs opens them (seconds;
-/// on a cold kernel cache, minutes of compiling), so a table that must be probed is asked for
-/// only when a collective has passed every rule that needs no GPU: a module whose collectives
-/// all fall back for other reasons (groups of one, the dtype guard, sizes, hosts) opens none.
+/// Where the pass learns peer access between device ids. Probing GPUs opens them (seconds; on a cold kernel cache,
+/// minutes of compiling), so a table that must be probed is asked for only when a collective has passed every rule that
+/// needs no GPU: a module whose collectives all fall back for other reasons (groups of one, the dtype guard, sizes,
+/// hosts) opens none.
 #[derive(Clone, Default)]
 pub enum Peers {
     /// Every device reaches every other (the CPU platform: one address space).
@@ -205,9 +198,8 @@ impl fmt::Debug for Peers {
     }
 }
 
-/// Free device memory the pass may budget staging against (the least among the process's
-/// GPUs, in bytes), asked once per run, after the decisions and only if a collective was
-/// rewritten. `None` (the CPU platform): no budget.
+/// Free device memory the pass may budget staging against (the least among the process's GPUs, in bytes), asked once
+/// per run, after the decisions and only if a collective was rewritten. `None` (the CPU platform): no budget.
 #[derive(Clone, Default)]
 pub struct DeviceMemory(pub Option<std::sync::Arc<dyn Fn() -> Option<u64> + Send + Sync>>);
 
@@ -217,8 +209,8 @@ impl fmt::Debug for DeviceMemory {
     }
 }
 
-/// The share of free device memory one module's staging may take (1/4): XLA's allocator
-/// and the model need the rest, and a compile may precede others that allocate.
+/// The share of free device memory one module's staging may take (1/4): XLA's allocator and the model need the rest,
+/// and a compile may precede others that allocate.
 pub const STAGING_SHARE_OF_FREE: u64 = 4;
 
 /// One run's view of [`Peers`]: the table, made when first asked for.
@@ -245,15 +237,15 @@ pub struct PassConfig {
     pub flags: Flags,
     /// Peer access between device ids.
     pub peers: Peers,
-    /// Device ids this process owns; `None`: all of them. Without a `topology`, a group
-    /// with another device falls back (its collective needs XLA's cross-process path).
+    /// Device ids this process owns; `None`: all of them. Without a `topology`, a group with another device falls back
+    /// (its collective needs XLA's cross-process path).
     pub local_devices: Option<BTreeSet<usize>>,
     /// The job's processes and hosts (`jax.distributed`); `None`: one process.
     pub topology: Option<Topology>,
     /// What the handlers of this platform can run.
     pub caps: Capabilities,
-    /// The first `instance` id of this run, the next rewrite getting the next id (tests
-    /// want stable output); `None`: ids from a per-process random base ([`next_instance`]).
+    /// The first `instance` id of this run, the next rewrite getting the next id (tests want stable output); `None`:
+    /// ids from a per-process random base ([`next_instance`]).
     pub instance_base: Option<u64>,
     /// Free device memory for the staging budget ([`fit_staging`]); `None`: unbounded.
     pub device_memory: DeviceMemory,
@@ -284,33 +276,30 @@ impl Default for PassConfig {
     }
 }
 
-/// Which process owns each device of a job and which processes share a host. "Host" means
-/// a shared-memory domain: processes that can open each other's POSIX shared memory (the
-/// Python package checks it, rather than trusting host names: containers on one machine may
-/// not share /dev/shm). Every process of a job holds the same topology, so every process
-/// decides every collective the same way.
+/// Which process owns each device of a job and which processes share a host. "Host" means a shared-memory domain:
+/// processes that can open each other's POSIX shared memory (the Python package checks it, rather than trusting host
+/// names: containers on one machine may not share /dev/shm). Every process of a job holds the same topology, so every
+/// process decides every collective the same way.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Topology {
     /// Device id → process index, for every device of the job.
     pub process_of: BTreeMap<usize, usize>,
     /// Process index → host index.
     pub host_of: BTreeMap<usize, usize>,
-    /// The job's token (hex, from the job's key-value store): names the shared segments of
-    /// groups across processes, so another job cannot meet them. `None`: such groups fall
-    /// back. The handlers take it from the running process ([`thunks::runtime::set_job`]);
-    /// the pass only needs to know there is one, and writes it into no module.
+    /// The job's token (hex, from the job's key-value store): names the shared segments of groups across processes, so
+    /// another job cannot meet them. `None`: such groups fall back. The handlers take it from the running process
+    /// ([`thunks::runtime::set_job`]); the pass only needs to know there is one, and writes it into no module.
     pub job: Option<String>,
-    /// The process the pass runs in (its devices are the local ones); decisions never
-    /// depend on it.
+    /// The process the pass runs in (its devices are the local ones); decisions never depend on it.
     pub this_process: Option<usize>,
-    /// This process's devices: device id → the platform's local ordinal (a GPU's CUDA
-    /// ordinal), for the handlers, which XLA calls with the ordinal. Empty: not given.
+    /// This process's devices: device id → the platform's local ordinal (a GPU's CUDA ordinal), for the handlers, which
+    /// XLA calls with the ordinal. Empty: not given.
     pub ordinals: BTreeMap<usize, usize>,
 }
 
 impl Topology {
-    /// Parses `this=PROC;job=HEX;devices=ID:PROC,...;hosts=PROC:HOST,...[;ordinals=ID:ORD,...]`
-    /// (the Python package's spelling; `job` may be empty).
+    /// Parses `this=PROC;job=HEX;devices=ID:PROC,...;hosts=PROC:HOST,...[;ordinals=ID:ORD,...]` (the Python package's
+    /// spelling; `job` may be empty).
     pub fn parse(s: &str) -> Result<Topology, String> {
         let mut t = Topology::default();
         let pairs = |v: &str, what: &str| -> Result<Vec<(usize, usize)>, String> {
@@ -348,8 +337,8 @@ impl Topology {
         Some(self.process_of.iter().filter(|&(_, &p)| p == me).map(|(&d, _)| d).collect())
     }
 
-    /// Why `talking` (groups of device ids that exchange data) cannot run on Peerless's
-    /// kernels, or whether it crosses processes (`Ok(true)`).
+    /// Why `talking` (groups of device ids that exchange data) cannot run on Peerless's kernels, or whether it crosses
+    /// processes (`Ok(true)`).
     pub(crate) fn check(&self, talking: &[Vec<usize>], cross_process: bool) -> Result<bool, String> {
         let mut crosses = false;
         for g in talking {
@@ -382,11 +371,10 @@ impl Topology {
     }
 }
 
-/// A collective id every process derives alike, in every run: the module (its bytes but its
-/// per-process `id`) and the instruction. Nothing of the run: a module kept in a persistent
-/// compilation cache serves later jobs, whose handlers tell them apart by their job's token
-/// and tell two executables of one module apart by the order they are instantiated in
-/// ([`thunks::runtime::shared_key`]).
+/// A collective id every process derives alike, in every run: the module (its bytes but its per-process `id`) and the
+/// instruction. Nothing of the run: a module kept in a persistent compilation cache serves later jobs, whose handlers
+/// tell them apart by their job's token and tell two executables of one module apart by the order they are instantiated
+/// in ([`thunks::runtime::shared_key`]).
 pub fn shared_instance(fingerprint: u64, instr: &str) -> u64 {
     use std::hash::{Hash, Hasher};
     // SipHash with fixed keys: the same value in every process of one build.
@@ -435,10 +423,9 @@ impl PassDecision {
         self.reason = format!("{why} (was: {})", self.reason);
     }
 
-    /// The decision as one report line: op, instruction, dtypes, bytes, groups, kernel (1/0),
-    /// implementation, reason, tab-separated (tabs and newlines inside fields become spaces).
-    /// The Python package counts these (`stats()`); every Peerless custom call carries its
-    /// own ([`CustomCallConfig::decisions`]).
+    /// The decision as one report line: op, instruction, dtypes, bytes, groups, kernel (1/0), implementation, reason,
+    /// tab-separated (tabs and newlines inside fields become spaces). The Python package counts these (`stats()`);
+    /// every Peerless custom call carries its own ([`CustomCallConfig::decisions`]).
     pub fn report_line(&self) -> String {
         let clean = |s: &str| s.replace(['\t', '\n'], " ");
         format!(
@@ -492,9 +479,8 @@ impl From<WireError> for PassError {
     }
 }
 
-/// Instance ids: a per-process random base plus a counter, so two compiles (or two
-/// processes sharing a persistent compilation cache) never give two collectives the same
-/// handler state.
+/// Instance ids: a per-process random base plus a counter, so two compiles (or two processes sharing a persistent
+/// compilation cache) never give two collectives the same handler state.
 pub fn next_instance() -> u64 {
     static BASE: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
     static NEXT: AtomicU64 = AtomicU64::new(0);
@@ -560,9 +546,9 @@ impl Assignment {
 
 /// Runs the pass over a serialized module.
 pub fn run(bytes: &[u8], cfg: &PassConfig) -> Result<PassOutcome, PassError> {
-    // One walk of the bytes (the index) serves every read and edit of the module, and it is
-    // decoded once: whole where a call may fuse (the matcher reads what follows an all-reduce),
-    // else its slim copy (`slim`: on a 3.8 MB train step 46 ms instead of 125-165 ms).
+    // One walk of the bytes (the index) serves every read and edit of the module, and it is decoded once: whole where a
+    // call may fuse (the matcher reads what follows an all-reduce), else its slim copy (`slim`: on a 3.8 MB train step
+    // 46 ms instead of 125-165 ms).
     let index = Index::new(bytes)?;
     if !any_collective(&index) {
         return Ok(PassOutcome::default());
@@ -605,8 +591,8 @@ pub fn run(bytes: &[u8], cfg: &PassConfig) -> Result<PassOutcome, PassError> {
         layouts: &layouts,
     };
     let mut decisions = Vec::new();
-    // Collectives across processes get ids every process derives alike (the module's
-    // fingerprint, computed once, and only if the module has such a collective).
+    // Collectives across processes get ids every process derives alike (the module's fingerprint, computed once, and
+    // only if the module has such a collective).
     let crossing = cfg.topology.as_ref().is_some_and(|t| t.job.is_some());
     let fingerprint = std::cell::OnceCell::new();
     // The collectives the pass takes, in the module's order; every collective's index id.
@@ -626,10 +612,9 @@ pub fn run(bytes: &[u8], cfg: &PassConfig) -> Result<PassOutcome, PassError> {
         decisions.push(decision);
         collectives.push(ix(id));
     }
-    // The module's dependencies, where needed: on XLA:CPU (`in_order` false) those of every
-    // collective (calls are ordered with what else blocks, and chained below where their data
-    // do not already order them); else only the calls', for shared staging (only worth it
-    // with two calls).
+    // The module's dependencies, where needed: on XLA:CPU (`in_order` false) those of every collective (calls are
+    // ordered with what else blocks, and chained below where their data do not already order them); else only the
+    // calls', for shared staging (only worth it with two calls).
     let ordering = !cfg.caps.in_order && decisions.len() > 1;
     let deps = (ordering || calls.len() > 1).then(|| {
         let wanted: Vec<InstrId> = if ordering { collectives } else { calls.iter().map(|c| c.ix).collect() };
@@ -652,8 +637,8 @@ pub fn run(bytes: &[u8], cfg: &PassConfig) -> Result<PassOutcome, PassError> {
     }
     // The whole module is decoded where it fuses: its ids are the index's.
     let fused = if fusing { fuse_epilogues(&module, &mut calls, &mut decisions) } else { HashMap::new() };
-    // Every call carries its decision, and the module's first call the collectives left to
-    // XLA: an executable loaded from a cache reports them when XLA instantiates its calls.
+    // Every call carries its decision, and the module's first call the collectives left to XLA: an executable loaded
+    // from a cache reports them when XLA instantiates its calls.
     let fallbacks: String = decisions.iter().filter(|d| !d.kernel).map(PassDecision::report_line).collect();
     let mut rewrites = HashMap::new();
     let mut instances = Vec::with_capacity(calls.len());
@@ -665,8 +650,8 @@ pub fn run(bytes: &[u8], cfg: &PassConfig) -> Result<PassOutcome, PassError> {
         instances.push(config.instance);
         rewrites.insert(ix, (target, config, form));
     }
-    // A call needs an ordering operand unless the previous call of its computation is already
-    // one of its data-dependency ancestors (no extra operand keeps a result alive longer).
+    // A call needs an ordering operand unless the previous call of its computation is already one of its
+    // data-dependency ancestors (no extra operand keeps a result alive longer).
     let unordered = |prev: InstrId, next: InstrId| deps.as_ref().is_none_or(|d| !d.precedes(prev, next));
     let chain: Option<&dyn Fn(InstrId, InstrId) -> bool> = (!cfg.caps.in_order).then_some(&unordered);
     // A changed module keeps its entry layout (`pin_entry`).
@@ -677,10 +662,9 @@ pub fn run(bytes: &[u8], cfg: &PassConfig) -> Result<PassOutcome, PassError> {
     Ok(PassOutcome { module, decisions, instances })
 }
 
-/// Fuses the residual add and RMSNorm after each sum all-reduce call that has them
-/// ([`fuse::match_rmsnorm`]) in `module` (the whole module: the pass decodes it whole where
-/// it may fuse): the call gets the epilogue, its decision says so. Returns the matches by
-/// all-reduce.
+/// Fuses the residual add and RMSNorm after each sum all-reduce call that has them ([`fuse::match_rmsnorm`]) in
+/// `module` (the whole module: the pass decodes it whole where it may fuse): the call gets the epilogue, its decision
+/// says so. Returns the matches by all-reduce.
 fn fuse_epilogues(
     module: &Module,
     calls: &mut [Call],

@@ -1,6 +1,5 @@
-//! The CUDA driver: result layer (every status → [`Error::Call`] naming call and device) and
-//! small owners. Contexts are the devices' primary contexts; memory is plain `cuMemAlloc`
-//! (never managed memory).
+//! The CUDA driver: result layer (every status → [`Error::Call`] naming call and device) and small owners. Contexts are
+//! the devices' primary contexts; memory is plain `cuMemAlloc` (never managed memory).
 
 use std::ffi::c_void;
 use std::sync::OnceLock;
@@ -51,8 +50,8 @@ pub fn device_count() -> Result<usize> {
     Ok(call("cuDeviceGetCount", None, r::device::get_count)?.max(0) as usize)
 }
 
-/// The driver's version and every visible device's UUID, in ordinal order, asking for no
-/// context: what a peer probe of these GPUs stays true for (a cached probe's key).
+/// The driver's version and every visible device's UUID, in ordinal order, asking for no context: what a peer probe of
+/// these GPUs stays true for (a cached probe's key).
 pub fn machine_key() -> Result<Option<String>> {
     use std::fmt::Write;
     init()?;
@@ -69,9 +68,8 @@ pub fn machine_key() -> Result<Option<String>> {
     Ok(Some(key))
 }
 
-/// GPU `ordinal`'s free memory through its primary context where another library (XLA)
-/// already made that context active; `None` where none is active (none is made here). The
-/// calling thread's current context is restored.
+/// GPU `ordinal`'s free memory through its primary context where another library (XLA) already made that context
+/// active; `None` where none is active (none is made here). The calling thread's current context is restored.
 pub fn free_memory_if_active(ordinal: usize) -> Result<Option<usize>> {
     init()?;
     let d = Some(ordinal);
@@ -99,8 +97,8 @@ pub struct Context {
     pub ctx: sys::CUcontext,
 }
 
-// SAFETY: a CUcontext handle may be used from any thread once made current there, and every
-// method makes it current first; the driver serialises use of one context internally.
+// SAFETY: a CUcontext handle may be used from any thread once made current there, and every method makes it current
+// first; the driver serialises use of one context internally.
 crate::send_sync!(Context);
 
 impl Context {
@@ -148,9 +146,9 @@ impl Context {
         ))
     }
 
-    /// Whether the device takes stream memory operations (`cuStreamWriteValue32_v2` /
-    /// `cuStreamWaitValue32_v2`): always from CUDA 12 on, whose drivers report the deprecated
-    /// v1 attribute as 0 (seen on an H200, driver 580); before, that attribute says.
+    /// Whether the device takes stream memory operations (`cuStreamWriteValue32_v2` / `cuStreamWaitValue32_v2`): always
+    /// from CUDA 12 on, whose drivers report the deprecated v1 attribute as 0 (seen on an H200, driver 580); before,
+    /// that attribute says.
     pub fn stream_mem_ops(&self) -> Result<bool> {
         let mut v = 0;
         // SAFETY: `v` is a valid out-pointer.
@@ -218,8 +216,8 @@ pub struct Function {
     pub ordinal: usize,
 }
 
-// SAFETY: module, function and stream handles are context-wide and usable from any thread
-// (streams with their context current); modules and functions are immutable.
+// SAFETY: module, function and stream handles are context-wide and usable from any thread (streams with their context
+// current); modules and functions are immutable.
 crate::send_sync!(Module, Function, Stream);
 
 impl Module {
@@ -253,8 +251,8 @@ impl Stream {
     /// Launches `f` with `params` (pointers to each argument, in the kernel's order).
     ///
     /// # Safety
-    /// `params` must match the kernel's parameter list in number, order and layout, and every
-    /// pointer argument must stay valid until the kernel finishes.
+    /// `params` must match the kernel's parameter list in number, order and layout, and every pointer argument must
+    /// stay valid until the kernel finishes.
     pub unsafe fn launch(&self, f: &Function, grid: u32, block: u32, params: &mut [*mut c_void]) -> Result<()> {
         // SAFETY: the caller guarantees the parameter list; `f` belongs to this stream's context.
         call("cuLaunchKernel", Some(self.ordinal), || unsafe {
@@ -280,13 +278,12 @@ impl Stream {
         call("cuMemsetD8Async", Some(self.ordinal), || unsafe { r::memset_d8_async(dst, v, len, self.s) })
     }
 
-    /// Enqueues a write of `v` to the 32-bit word at `addr` (this device's memory, a peer's,
-    /// or host-mapped memory), after a memory fence: every write enqueued before it on this
-    /// stream is visible first. A stream memory operation: no kernel, no SM.
+    /// Enqueues a write of `v` to the 32-bit word at `addr` (this device's memory, a peer's, or host-mapped memory),
+    /// after a memory fence: every write enqueued before it on this stream is visible first. A stream memory operation:
+    /// no kernel, no SM.
     ///
     /// # Safety
-    /// `addr` is a 4-byte aligned word of a live allocation this device can access, valid
-    /// until the write completes.
+    /// `addr` is a 4-byte aligned word of a live allocation this device can access, valid until the write completes.
     pub unsafe fn write_u32(&self, addr: u64, v: u32) -> Result<()> {
         let flags = sys::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as std::ffi::c_uint;
         call("cuStreamWriteValue32", Some(self.ordinal), || {
@@ -295,9 +292,9 @@ impl Stream {
         })
     }
 
-    /// Enqueues a wait until the 32-bit word at `addr` is at least `v` (unsigned, wrapping
-    /// compare as the driver does): later work on this stream starts only after it. A stream
-    /// memory operation: no kernel, no SM; it waits without bound (callers keep a watchdog).
+    /// Enqueues a wait until the 32-bit word at `addr` is at least `v` (unsigned, wrapping compare as the driver does):
+    /// later work on this stream starts only after it. A stream memory operation: no kernel, no SM; it waits without
+    /// bound (callers keep a watchdog).
     ///
     /// # Safety
     /// As [`Stream::write_u32`].
@@ -309,9 +306,8 @@ impl Stream {
         })
     }
 
-    /// Async device-to-device copy of `rows` rows of `width` bytes, the rows `spitch` bytes
-    /// apart at `src` and `dpitch` apart at `dst` (same or peer device): one copy-engine
-    /// operation for a strided block.
+    /// Async device-to-device copy of `rows` rows of `width` bytes, the rows `spitch` bytes apart at `src` and `dpitch`
+    /// apart at `dst` (same or peer device): one copy-engine operation for a strided block.
     ///
     /// # Safety
     /// Every row of both ranges lies inside device allocations valid until the copy ends.
@@ -347,9 +343,8 @@ impl Stream {
         call("cuMemcpy2DAsync", Some(self.ordinal), || st(unsafe { sys::cuMemcpy2DAsync_v2(&p, self.s) }))
     }
 
-    /// Starts capturing this stream's work into a graph ([`Stream::end_capture`]); nothing
-    /// runs until the graph is launched. Thread-local mode: other threads' CUDA calls are
-    /// unaffected.
+    /// Starts capturing this stream's work into a graph ([`Stream::end_capture`]); nothing runs until the graph is
+    /// launched. Thread-local mode: other threads' CUDA calls are unaffected.
     pub fn begin_capture(&self) -> Result<()> {
         let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
         // SAFETY: `self.s` is a live stream.
@@ -406,8 +401,8 @@ impl Drop for Stream {
     }
 }
 
-/// Page-locked host memory mapped into the device's address space ([`crate::gpu::HostWords`]):
-/// allocated here, or another mapping registered ([`HostMapped::register`]).
+/// Page-locked host memory mapped into the device's address space ([`crate::gpu::HostWords`]): allocated here, or
+/// another mapping registered ([`HostMapped::register`]).
 #[derive(Debug)]
 pub struct HostMapped {
     pub words: crate::gpu::HostWords,
@@ -417,8 +412,8 @@ pub struct HostMapped {
     registered: bool,
 }
 
-// SAFETY: host words (`Send`) and device addresses, immutable; the owning context handle is
-// only bound to free or close them.
+// SAFETY: host words (`Send`) and device addresses, immutable; the owning context handle is only bound to free or close
+// them.
 crate::send_sync!(HostMapped, DeviceBuffer, IpcMapping);
 
 impl HostMapped {
@@ -434,8 +429,8 @@ impl HostMapped {
         HostMapped { words, ordinal: ctx.ordinal, ctx: ctx.ctx, registered: false }.mapped(ctx)
     }
 
-    /// Looks up the device address of the words (allocated or registered mapped in `ctx`);
-    /// on failure, dropping `self` frees or unregisters them.
+    /// Looks up the device address of the words (allocated or registered mapped in `ctx`); on failure, dropping `self`
+    /// frees or unregisters them.
     fn mapped(mut self, ctx: &Context) -> Result<HostMapped> {
         let ptr = self.words.ptr();
         call("cuMemHostGetDevicePointer", ctx.d(), || {
@@ -445,8 +440,8 @@ impl HostMapped {
         Ok(self)
     }
 
-    /// Registers the `words` words at `ptr` (left as they are), portable (every context of
-    /// the process) and mapped, and looks up their device address.
+    /// Registers the `words` words at `ptr` (left as they are), portable (every context of the process) and mapped, and
+    /// looks up their device address.
     ///
     /// # Safety
     /// `ptr` holds `words` writable, page-aligned words that outlive the value.
@@ -499,8 +494,8 @@ impl DeviceBuffer {
         let b = DeviceBuffer { ptr, len, ordinal: ctx.ordinal, ctx: ctx.ctx };
         // SAFETY: `ptr` is a fresh allocation of `n` bytes.
         call("cuMemsetD8", Some(ctx.ordinal), || unsafe { r::memset_d8_sync(ptr, 0, n) })?;
-        // cuMemsetD8 on device memory may return before it completes, on the legacy stream,
-        // which Peerless's non-blocking streams do not wait for.
+        // cuMemsetD8 on device memory may return before it completes, on the legacy stream, which Peerless's
+        // non-blocking streams do not wait for.
         b.settle()?;
         Ok(b)
     }
@@ -524,8 +519,8 @@ impl DeviceBuffer {
         call("cuMemcpyDtoH", Some(self.ordinal), || unsafe { r::memcpy_dtoh_sync(out, self.ptr) })
     }
 
-    /// Copies `data` into bytes `[offset, offset + data.len())`; returns once the bytes are in
-    /// device memory, so work enqueued afterwards on any stream sees them.
+    /// Copies `data` into bytes `[offset, offset + data.len())`; returns once the bytes are in device memory, so work
+    /// enqueued afterwards on any stream sees them.
     pub fn write_at(&self, offset: usize, data: &[u8]) -> Result<()> {
         if !crate::gpu::check_range("write of", data.len(), offset, "into", self.len)? {
             return Ok(());
@@ -546,10 +541,9 @@ impl DeviceBuffer {
         call("cuMemcpyDtoH", Some(self.ordinal), || unsafe { r::memcpy_dtoh_sync(out, self.ptr + offset as u64) })
     }
 
-    /// Waits until every copy and memset issued on the context has landed. A "synchronous"
-    /// cuMemcpyHtoD from pageable memory returns once the data is staged, with the DMA still
-    /// in flight on the legacy stream, which kernels on Peerless's non-blocking streams do
-    /// not wait for: without this, a large argument could be read before it arrives.
+    /// Waits until every copy and memset issued on the context has landed. A "synchronous" cuMemcpyHtoD from pageable
+    /// memory returns once the data is staged, with the DMA still in flight on the legacy stream, which kernels on
+    /// Peerless's non-blocking streams do not wait for: without this, a large argument could be read before it arrives.
     fn settle(&self) -> Result<()> {
         call("cuCtxSynchronize", Some(self.ordinal), r::ctx::synchronize)
     }
@@ -559,14 +553,14 @@ impl DeviceBuffer {
         call("cuCtxSetCurrent", Some(self.ordinal), || unsafe { r::ctx::set_current(self.ctx) })
     }
 
-    /// The allocation's IPC handle: another process of the host opens it with
-    /// [`IpcMapping::open`] (a `cuMemAlloc` allocation; valid while this buffer lives).
+    /// The allocation's IPC handle: another process of the host opens it with [`IpcMapping::open`] (a `cuMemAlloc`
+    /// allocation; valid while this buffer lives).
     pub fn ipc_handle(&self) -> Result<[u8; IPC_HANDLE_BYTES]> {
         self.bind()?;
         let mut h = sys::CUipcMemHandle_st { reserved: [0; IPC_HANDLE_BYTES] };
         call("cuIpcGetMemHandle", Some(self.ordinal), || {
-            // SAFETY: `self.ptr` is the base of a live `cuMemAlloc` allocation of the current
-            // context; `h` outlives the call.
+            // SAFETY: `self.ptr` is the base of a live `cuMemAlloc` allocation of the current context; `h` outlives the
+            // call.
             st(unsafe { sys::cuIpcGetMemHandle(&mut h, self.ptr) })
         })?;
         Ok(h.reserved.map(|c| c as u8))
@@ -582,9 +576,9 @@ impl Drop for DeviceBuffer {
     }
 }
 
-/// Another process's device allocation, opened from its IPC handle into this process's
-/// address space (unified addressing: the address is valid in every context of the process
-/// that has peer access to the allocation's device). Closed on drop.
+/// Another process's device allocation, opened from its IPC handle into this process's address space (unified
+/// addressing: the address is valid in every context of the process that has peer access to the allocation's device).
+/// Closed on drop.
 #[derive(Debug)]
 pub struct IpcMapping {
     pub ptr: u64,
@@ -593,16 +587,16 @@ pub struct IpcMapping {
 }
 
 impl IpcMapping {
-    /// Opens `handle` in `ctx`, enabling peer access to its device lazily where it lies on
-    /// another GPU. Fails in the process that exported the handle (CUDA's rule).
+    /// Opens `handle` in `ctx`, enabling peer access to its device lazily where it lies on another GPU. Fails in the
+    /// process that exported the handle (CUDA's rule).
     pub fn open(ctx: &Context, handle: &[u8; IPC_HANDLE_BYTES]) -> Result<IpcMapping> {
         ctx.bind()?;
         let h = sys::CUipcMemHandle_st { reserved: handle.map(|b| b as std::ffi::c_char) };
         let mut ptr: sys::CUdeviceptr = 0;
         let lazy = sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as std::ffi::c_uint;
         call("cuIpcOpenMemHandle", Some(ctx.ordinal), || {
-            // SAFETY: `h` is a handle's 64 bytes (the driver validates them and fails on
-            // garbage); `ptr` outlives the call; `ctx` is current.
+            // SAFETY: `h` is a handle's 64 bytes (the driver validates them and fails on garbage); `ptr` outlives the
+            // call; `ctx` is current.
             st(unsafe { sys::cuIpcOpenMemHandle_v2(&mut ptr, h, lazy) })
         })?;
         Ok(IpcMapping { ptr, ordinal: ctx.ordinal, ctx: ctx.ctx })
@@ -611,8 +605,8 @@ impl IpcMapping {
 
 impl Drop for IpcMapping {
     fn drop(&mut self) {
-        // SAFETY: `self.ctx` is the primary context the mapping was opened in (retained by the
-        // clique that owns this mapping's user); the mapping is closed once.
+        // SAFETY: `self.ctx` is the primary context the mapping was opened in (retained by the clique that owns this
+        // mapping's user); the mapping is closed once.
         let bound = guarded("cuCtxSetCurrent", Some(self.ordinal), || unsafe { r::ctx::set_current(self.ctx) });
         if matches!(bound, Ok(Ok(()))) {
             // SAFETY: `self.ptr` came from cuIpcOpenMemHandle and is closed once.

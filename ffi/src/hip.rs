@@ -1,21 +1,18 @@
-//! The HIP runtime (feature `rocm`), bound directly and loaded at run time (sys → result →
-//! owners, like [`crate::cuda`]): devices, streams, fine-grained device allocations, peer
-//! access, and code-object modules with kernel launches; and for the
-//! runtime behind XLA's FFI handlers ([`crate::gpu::Interop`]): IPC handles of allocations
-//! and their mappings in other processes ([`DeviceBuffer::ipc_handle`], [`IpcMapping`]),
-//! host-mapped memory ([`HostMapped`]), XLA's streams ([`ForeignStream`]) and the free-memory
-//! query. Each signature is written from HIP's documented runtime API (`hip_runtime_api.h`);
-//! none of these has run on an AMD GPU (docs/ROCM.md).
+//! The HIP runtime (feature `rocm`), bound directly and loaded at run time (sys → result → owners, like
+//! [`crate::cuda`]): devices, streams, fine-grained device allocations, peer access, and code-object modules with
+//! kernel launches; and for the runtime behind XLA's FFI handlers ([`crate::gpu::Interop`]): IPC handles of allocations
+//! and their mappings in other processes ([`DeviceBuffer::ipc_handle`], [`IpcMapping`]), host-mapped memory
+//! ([`HostMapped`]), XLA's streams ([`ForeignStream`]) and the free-memory query. Each signature is written from HIP's
+//! documented runtime API (`hip_runtime_api.h`); none of these has run on an AMD GPU (docs/ROCM.md).
 //!
-//! Why not `hip-rs`: its build script runs bindgen over `hipblas/hipblas.h` and links
-//! `libhipblas` and `libamdhip64` at build time, so it cannot even type-check against Debian's
-//! ROCm packages (no hipBLAS), and it wraps none of events, peer access, modules, launches or
-//! hipRTC. Binding the ~35 entry points we call keeps `cargo build --features rocm` free of
-//! any ROCm install, as the CUDA layer is (ARCHITECTURE.md, dependency table).
+//! Why not `hip-rs`: its build script runs bindgen over `hipblas/hipblas.h` and links `libhipblas` and `libamdhip64` at
+//! build time, so it cannot even type-check against Debian's ROCm packages (no hipBLAS), and it wraps none of events,
+//! peer access, modules, launches or hipRTC. Binding the ~35 entry points we call keeps `cargo build --features rocm`
+//! free of any ROCm install, as the CUDA layer is (ARCHITECTURE.md, dependency table).
 //!
-//! HIP has no explicit contexts: [`Context::bind`] is `hipSetDevice`, which selects the
-//! device's primary context on the calling thread; every method binds before it calls.
-//! Statuses become [`Error::Call`] naming the call and the device (`hipGetErrorName`).
+//! HIP has no explicit contexts: [`Context::bind`] is `hipSetDevice`, which selects the device's primary context on the
+//! calling thread; every method binds before it calls. Statuses become [`Error::Call`] naming the call and the device
+//! (`hipGetErrorName`).
 
 use std::ffi::{CStr, CString, c_char, c_int, c_uint, c_void};
 use std::sync::OnceLock;
@@ -31,29 +28,28 @@ type RawFunction = *mut c_void;
 const PEER_ACCESS_ALREADY_ENABLED: c_int = 704;
 /// `hipStreamNonBlocking`.
 const STREAM_NON_BLOCKING: c_uint = 1;
-/// `hipDeviceMallocFinegrained` (`hipExtMallocWithFlags`): coherent across devices while
-/// kernels run, which cross-device signal flags need.
+/// `hipDeviceMallocFinegrained` (`hipExtMallocWithFlags`): coherent across devices while kernels run, which
+/// cross-device signal flags need.
 const MALLOC_FINE_GRAINED: c_uint = 1;
 /// `hipIpcMemLazyEnablePeerAccess` (`hipIpcOpenMemHandle`'s only flag).
 const IPC_MEM_LAZY_ENABLE_PEER_ACCESS: c_uint = 0x1;
-/// `hipHostMallocPortable | hipHostMallocMapped | hipHostMallocCoherent`: pinned host memory
-/// of every device, mapped into their address spaces, and coherent (a kernel's system-scope
-/// store is visible to the host without synchronising, which the timeout report word needs;
-/// without the flag the default depends on `HIP_HOST_COHERENT`).
+/// `hipHostMallocPortable | hipHostMallocMapped | hipHostMallocCoherent`: pinned host memory of every device, mapped
+/// into their address spaces, and coherent (a kernel's system-scope store is visible to the host without synchronising,
+/// which the timeout report word needs; without the flag the default depends on `HIP_HOST_COHERENT`).
 const HOST_MALLOC_MAPPED: c_uint = 0x1 | 0x2 | 0x4000_0000;
 /// `hipMemcpyKind`.
 const H2D: c_int = 1;
 const D2H: c_int = 2;
 const D2D: c_int = 3;
-/// `hipDeviceAttributeMultiprocessorCount` (HIP's CUDA-compatible attribute range, value
-/// from ROCm 5.2's `hip_runtime_api.h`).
+/// `hipDeviceAttributeMultiprocessorCount` (HIP's CUDA-compatible attribute range, value from ROCm 5.2's
+/// `hip_runtime_api.h`).
 pub const ATTR_MULTIPROCESSOR_COUNT: c_int = 63;
-/// Bytes reserved for `hipDeviceProp_t`: larger than every layout (792 bytes in ROCm 5.2,
-/// about 1.5 KiB for ROCm 6's `R0600`).
+/// Bytes reserved for `hipDeviceProp_t`: larger than every layout (792 bytes in ROCm 5.2, about 1.5 KiB for ROCm 6's
+/// `R0600`).
 const PROPS_BYTES: usize = 16 * 1024;
 
-/// `hipIpcMemHandle_t`: `struct { char reserved[64]; }`, passed by value to
-/// `hipIpcOpenMemHandle` (the C ABI of a 64-byte aggregate, which `repr(C)` reproduces).
+/// `hipIpcMemHandle_t`: `struct { char reserved[64]; }`, passed by value to `hipIpcOpenMemHandle` (the C ABI of a
+/// 64-byte aggregate, which `repr(C)` reproduces).
 #[repr(C)]
 #[derive(Clone, Copy)]
 struct IpcMemHandle {
@@ -61,12 +57,11 @@ struct IpcMemHandle {
 }
 
 crate::libs::entry_points! {
-    /// The raw entry points, with `hip_runtime_api.h`'s signatures (`hipError_t` is a C enum,
-    /// i.e. `int`; stable across ROCm 5 and 6 for every entry point used here). ROCm 6 exports
-    /// the new `hipDeviceProp_t` layout as ...R0600 and keeps the old name for the old layout;
-    /// either holds `gcnArchName`, all we read (see `Context::arch`). hipHostAlloc and
-    /// hipFreeHost are the CUDA-named twins (same signatures and flags), for a ROCm that drops
-    /// the older names.
+    /// The raw entry points, with `hip_runtime_api.h`'s signatures (`hipError_t` is a C enum, i.e. `int`; stable across
+    /// ROCm 5 and 6 for every entry point used here). ROCm 6 exports the new `hipDeviceProp_t` layout as ...R0600 and
+    /// keeps the old name for the old layout; either holds `gcnArchName`, all we read (see `Context::arch`).
+    /// hipHostAlloc and hipFreeHost are the CUDA-named twins (same signatures and flags), for a ROCm that drops the
+    /// older names.
     struct Sys {
         get_error_name: fn(c_int) -> *const c_char = "hipGetErrorName",
         get_error_string: fn(c_int) -> *const c_char = "hipGetErrorString",
@@ -120,8 +115,7 @@ fn ck(s: &Sys, call: &'static str, device: Option<usize>, status: c_int) -> Resu
     if status == 0 {
         return Ok(());
     }
-    // SAFETY: both functions accept any status value and return static NUL-terminated
-    // strings (or null).
+    // SAFETY: both functions accept any status value and return static NUL-terminated strings (or null).
     let (name, desc) =
         unsafe { (crate::c_text((s.get_error_name)(status)), crate::c_text((s.get_error_string)(status))) };
     Err(Error::Call { call, device, status: format!("{name} ({status}): {desc}") })
@@ -135,8 +129,8 @@ fn call(name: &'static str, device: Option<usize>, f: impl FnOnce(&Sys) -> c_int
 
 /// `hipSetDevice(ordinal)`: selects the device's primary context on the calling thread.
 fn set_device(ordinal: usize) -> Result<()> {
-    // SAFETY: an out-of-range ordinal is an error status, not UB (owners hold ordinals that
-    // `Context::new` checked against hipGetDeviceCount).
+    // SAFETY: an out-of-range ordinal is an error status, not UB (owners hold ordinals that `Context::new` checked
+    // against hipGetDeviceCount).
     call("hipSetDevice", Some(ordinal), |s| unsafe { (s.set_device)(ordinal as c_int) })
 }
 
@@ -147,8 +141,8 @@ pub fn init() -> Result<()> {
     INIT.get_or_init(|| call("hipInit", None, |s| unsafe { (s.init)(0) })).clone()
 }
 
-/// HIP device `ordinal`'s free memory: HIP keeps one implicit context per device, which the
-/// runtime made at `hipInit` (XLA:ROCm's too), so asking makes none.
+/// HIP device `ordinal`'s free memory: HIP keeps one implicit context per device, which the runtime made at `hipInit`
+/// (XLA:ROCm's too), so asking makes none.
 pub fn free_memory_if_active(ordinal: usize) -> Result<Option<usize>> {
     Ok(Some(Context::new(ordinal)?.memory_info()?.0))
 }
@@ -167,16 +161,16 @@ pub fn device_count() -> Result<usize> {
     Ok(n.max(0) as usize)
 }
 
-/// The gfx target of an AMD `gcnArchName` (`gfx90a:sramecc+:xnack-` → `gfx90a`), if it is
-/// one (`gfx` followed by lowercase hex digits).
+/// The gfx target of an AMD `gcnArchName` (`gfx90a:sramecc+:xnack-` → `gfx90a`), if it is one (`gfx` followed by
+/// lowercase hex digits).
 pub fn gfx_target(arch_name: &str) -> Option<&str> {
     let t = arch_name.split(':').next()?;
     let digits = t.strip_prefix("gfx")?;
     (!digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))).then_some(t)
 }
 
-/// Finds `gcnArchName` in the bytes of a `hipDeviceProp_t` of any layout: the one
-/// NUL-terminated field of the form `gfx<hex>[:feature±]*`.
+/// Finds `gcnArchName` in the bytes of a `hipDeviceProp_t` of any layout: the one NUL-terminated field of the form
+/// `gfx<hex>[:feature±]*`.
 fn find_arch_name(props: &[u8]) -> Option<String> {
     let mut i = 0;
     while i + 3 <= props.len() {
@@ -239,8 +233,8 @@ impl Context {
         Ok(unsafe { CStr::from_ptr(buf.as_ptr()) }.to_string_lossy().into_owned())
     }
 
-    /// The device's `gcnArchName`, e.g. `gfx90a:sramecc+:xnack-` (what hipRTC's
-    /// `--offload-arch` takes, so the code object matches the device's xnack/sramecc mode).
+    /// The device's `gcnArchName`, e.g. `gfx90a:sramecc+:xnack-` (what hipRTC's `--offload-arch` takes, so the code
+    /// object matches the device's xnack/sramecc mode).
     pub fn arch(&self) -> Result<String> {
         let mut props = vec![0u64; PROPS_BYTES / 8];
         // SAFETY: `props` is zeroed, 8-byte aligned and larger than any hipDeviceProp_t layout.
@@ -262,8 +256,7 @@ impl Context {
         Ok(v)
     }
 
-    /// Compute units.
-    /// The copy-engine collectives' stream memory operations are not bound on HIP.
+    /// Compute units. The copy-engine collectives' stream memory operations are not bound on HIP.
     pub fn stream_mem_ops(&self) -> Result<bool> {
         Ok(false)
     }
@@ -329,8 +322,8 @@ pub struct Function {
     pub ordinal: usize,
 }
 
-// SAFETY: module, function and stream handles are process-wide, usable from any thread (HIP
-// serialises work on one stream internally); modules and functions are immutable.
+// SAFETY: module, function and stream handles are process-wide, usable from any thread (HIP serialises work on one
+// stream internally); modules and functions are immutable.
 crate::send_sync!(Module, Function, Stream);
 
 impl Module {
@@ -352,8 +345,8 @@ impl Module {
 impl Drop for Module {
     fn drop(&mut self) {
         if let Ok(s) = sys() {
-            // SAFETY: selects the owning device (a valid ordinal), then unloads the module
-            // loaded in `load_module`, once.
+            // SAFETY: selects the owning device (a valid ordinal), then unloads the module loaded in `load_module`,
+            // once.
             unsafe {
                 let _ = (s.set_device)(self.ordinal as c_int);
                 let _ = (s.module_unload)(self.m);
@@ -392,8 +385,8 @@ impl Stream {
     /// Launches `f` with `params` (pointers to each argument, in the kernel's order).
     ///
     /// # Safety
-    /// `params` must match the kernel's parameter list in number, order and layout, and every
-    /// pointer argument must stay valid until the kernel finishes.
+    /// `params` must match the kernel's parameter list in number, order and layout, and every pointer argument must
+    /// stay valid until the kernel finishes.
     pub unsafe fn launch(&self, f: &Function, grid: u32, block: u32, params: &mut [*mut c_void]) -> Result<()> {
         if f.ordinal != self.ordinal {
             return Err(Error::Invalid(format!(
@@ -401,8 +394,8 @@ impl Stream {
                 f.ordinal, self.ordinal
             )));
         }
-        // SAFETY: the caller guarantees the parameter list; `f` belongs to this stream's
-        // device (checked above); no dynamic shared memory and no `extra` block.
+        // SAFETY: the caller guarantees the parameter list; `f` belongs to this stream's device (checked above); no
+        // dynamic shared memory and no `extra` block.
         call("hipModuleLaunchKernel", self.d(), |s| unsafe {
             (s.module_launch_kernel)(f.f, grid, 1, 1, block, 1, 1, 0, self.s, params.as_mut_ptr(), std::ptr::null_mut())
         })
@@ -411,8 +404,7 @@ impl Stream {
     /// Async device-to-device copy of `len` bytes (same or peer device, unified addressing).
     ///
     /// # Safety
-    /// `dst` and `src` must be device allocations of at least `len` bytes that stay valid
-    /// until the copy completes.
+    /// `dst` and `src` must be device allocations of at least `len` bytes that stay valid until the copy completes.
     pub unsafe fn copy_d2d(&self, dst: u64, src: u64, len: usize) -> Result<()> {
         // SAFETY: the caller guarantees both ranges.
         call("hipMemcpyAsync", self.d(), |s| unsafe {
@@ -429,8 +421,8 @@ impl Stream {
         call("hipMemsetAsync", self.d(), |s| unsafe { (s.memset_async)(dst as *mut c_void, v as c_int, len, self.s) })
     }
 
-    /// Stream memory operations are not bound on HIP: the copy-engine collectives run on
-    /// CUDA only ([`Context::stream_mem_ops`] says no, so nothing calls this).
+    /// Stream memory operations are not bound on HIP: the copy-engine collectives run on CUDA only
+    /// ([`Context::stream_mem_ops`] says no, so nothing calls this).
     ///
     /// # Safety
     /// None needed: it enqueues nothing.
@@ -464,8 +456,7 @@ impl Drop for Stream {
     }
 }
 
-/// A fine-grained device allocation (`hipExtMallocWithFlags(hipDeviceMallocFinegrained)`),
-/// freed on drop.
+/// A fine-grained device allocation (`hipExtMallocWithFlags(hipDeviceMallocFinegrained)`), freed on drop.
 #[derive(Debug)]
 pub struct DeviceBuffer {
     pub ptr: u64,
@@ -474,10 +465,9 @@ pub struct DeviceBuffer {
 }
 
 impl DeviceBuffer {
-    /// `len` bytes (at least 1) of fine-grained device memory, zeroed: stores and atomics at
-    /// system scope are visible to peers while kernels run, which signal flags and staging
-    /// that peers poll or read need (coarse-grained `hipMalloc` memory is only coherent at
-    /// kernel boundaries).
+    /// `len` bytes (at least 1) of fine-grained device memory, zeroed: stores and atomics at system scope are visible
+    /// to peers while kernels run, which signal flags and staging that peers poll or read need (coarse-grained
+    /// `hipMalloc` memory is only coherent at kernel boundaries).
     pub fn fine_grained(ctx: &Context, len: usize) -> Result<DeviceBuffer> {
         ctx.bind()?;
         let n = len.max(1);
@@ -493,9 +483,8 @@ impl DeviceBuffer {
         Ok(b)
     }
 
-    /// Waits for the device: hipMemset and hipMemcpy from pageable memory may return before
-    /// the bytes land, on the null stream, which non-blocking streams do not wait for (the
-    /// CUDA layer's `settle`, for the same reason).
+    /// Waits for the device: hipMemset and hipMemcpy from pageable memory may return before the bytes land, on the null
+    /// stream, which non-blocking streams do not wait for (the CUDA layer's `settle`, for the same reason).
     fn settle(&self) -> Result<()> {
         // SAFETY: no arguments; the buffer's device is current (callers bind first).
         call("hipDeviceSynchronize", Some(self.ordinal), |s| unsafe { (s.device_synchronize)() })
@@ -508,8 +497,7 @@ impl DeviceBuffer {
         self.write_at(0, raw)
     }
 
-    /// Copies `data` into bytes `[offset, offset + data.len())`; returns once the bytes are in
-    /// device memory.
+    /// Copies `data` into bytes `[offset, offset + data.len())`; returns once the bytes are in device memory.
     pub fn write_at(&self, offset: usize, data: &[u8]) -> Result<()> {
         if !crate::gpu::check_range("write of", data.len(), offset, "into", self.len)? {
             return Ok(());
@@ -534,13 +522,13 @@ impl DeviceBuffer {
         })
     }
 
-    /// The allocation's IPC handle (`hipIpcGetMemHandle`): another process of the host opens
-    /// it with [`IpcMapping::open`] while this buffer lives.
+    /// The allocation's IPC handle (`hipIpcGetMemHandle`): another process of the host opens it with
+    /// [`IpcMapping::open`] while this buffer lives.
     pub fn ipc_handle(&self) -> Result<[u8; crate::gpu::IPC_HANDLE_BYTES]> {
         set_device(self.ordinal)?;
         let mut h = IpcMemHandle { reserved: [0; crate::gpu::IPC_HANDLE_BYTES] };
-        // SAFETY: `self.ptr` is the base of a live hipExtMallocWithFlags allocation of this
-        // device, which is current; `h` outlives the call.
+        // SAFETY: `self.ptr` is the base of a live hipExtMallocWithFlags allocation of this device, which is current;
+        // `h` outlives the call.
         call("hipIpcGetMemHandle", Some(self.ordinal), |s| unsafe {
             (s.ipc_get_mem_handle)(&mut h, self.ptr as *mut c_void)
         })?;
@@ -559,8 +547,8 @@ impl Drop for DeviceBuffer {
     }
 }
 
-/// Page-locked host memory mapped into the devices' address space ([`crate::gpu::HostWords`];
-/// `hipHostMalloc`, mapped, portable and coherent).
+/// Page-locked host memory mapped into the devices' address space ([`crate::gpu::HostWords`]; `hipHostMalloc`, mapped,
+/// portable and coherent).
 #[derive(Debug)]
 pub struct HostMapped {
     pub words: crate::gpu::HostWords,
@@ -601,9 +589,8 @@ impl Drop for HostMapped {
     }
 }
 
-/// Another process's device allocation, opened from its IPC handle into this process's
-/// address space (`hipIpcOpenMemHandle`, peer access to its device enabled lazily). Closed on
-/// drop.
+/// Another process's device allocation, opened from its IPC handle into this process's address space
+/// (`hipIpcOpenMemHandle`, peer access to its device enabled lazily). Closed on drop.
 #[derive(Debug)]
 pub struct IpcMapping {
     pub ptr: u64,
@@ -616,9 +603,8 @@ impl IpcMapping {
         ctx.bind()?;
         let h = IpcMemHandle { reserved: handle.map(|b| b as c_char) };
         let mut p: *mut c_void = std::ptr::null_mut();
-        // SAFETY: `h` is a handle's 64 bytes passed by value as the C API declares (the
-        // runtime validates them and fails on garbage); `p` outlives the call; the device is
-        // current.
+        // SAFETY: `h` is a handle's 64 bytes passed by value as the C API declares (the runtime validates them and
+        // fails on garbage); `p` outlives the call; the device is current.
         call("hipIpcOpenMemHandle", ctx.d(), |s| unsafe {
             (s.ipc_open_mem_handle)(&mut p, h, IPC_MEM_LAZY_ENABLE_PEER_ACCESS)
         })?;
@@ -629,8 +615,8 @@ impl IpcMapping {
 impl Drop for IpcMapping {
     fn drop(&mut self) {
         if let Ok(s) = sys() {
-            // SAFETY: selects the device the mapping was opened on (a valid ordinal), then
-            // closes the address hipIpcOpenMemHandle returned, once.
+            // SAFETY: selects the device the mapping was opened on (a valid ordinal), then closes the address
+            // hipIpcOpenMemHandle returned, once.
             unsafe {
                 let _ = (s.set_device)(self.ordinal as c_int);
                 let _ = (s.ipc_close_mem_handle)(self.ptr as *mut c_void);
@@ -643,9 +629,8 @@ impl Drop for IpcMapping {
 #[path = "../tests/unit/hip.rs"]
 mod tests;
 
-/// The HIP runtime as a [`crate::gpu::Gpu`] device layer. Its allocations are fine-grained
-/// (see [`DeviceBuffer::fine_grained`]): peers poll signal flags and read staging while
-/// kernels run.
+/// The HIP runtime as a [`crate::gpu::Gpu`] device layer. Its allocations are fine-grained (see
+/// [`DeviceBuffer::fine_grained`]): peers poll signal flags and read staging while kernels run.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Hip;
 

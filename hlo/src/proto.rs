@@ -1,22 +1,20 @@
 //! HloModuleProto decoder: turns a serialized `xla.HloModuleProto` into the IR.
 //!
-//! The message types come from `pjrt-sys` (prost-generated from its copy of XLA's
-//! protos). That copy predates a few fields newer XLA writes (the `f8e4m3`,
-//! `f8e3m4` and `f8e8m0fnu` literal payloads, and the iota replica-group list an
-//! instruction carries in field 92), which prost would silently drop; a small
-//! supplementary prost message tree below reads just those fields from the same bytes.
+//! The message types come from `pjrt-sys` (prost-generated from its copy of XLA's protos). That copy predates a few
+//! fields newer XLA writes (the `f8e4m3`, `f8e3m4` and `f8e8m0fnu` literal payloads, and the iota replica-group list an
+//! instruction carries in field 92), which prost would silently drop; a small supplementary prost message tree below
+//! reads just those fields from the same bytes.
 //!
-//! Every size is bounded before anything is allocated from it, ids must resolve,
-//! and nesting is limited, so hostile input yields an [`ErrorKind::Proto`] error
-//! rather than a panic or a huge allocation.
+//! Every size is bounded before anything is allocated from it, ids must resolve, and nesting is limited, so hostile
+//! input yields an [`ErrorKind::Proto`] error rather than a panic or a huge allocation.
 
 use std::collections::{BTreeMap, HashMap};
 
 use cranelift_entity::{EntityRef, PrimaryMap};
 use pjrt_sys::protos::xla as pb;
 
-/// XLA's own messages (prost, from `pjrt-sys`), for crates that read parts of a module
-/// without the IR (the pass: the device assignment, layouts).
+/// XLA's own messages (prost, from `pjrt-sys`), for crates that read parts of a module without the IR (the pass: the
+/// device assignment, layouts).
 pub use pjrt_sys::protos::xla;
 use prost::DecodeError;
 /// To decode parts of a module the IR does not keep (the pass: its device assignment).
@@ -51,8 +49,8 @@ mod extra {
         /// The iota replica-group list newer XLA writes outside `collective_device_list`.
         #[prost(message, optional, tag = "92")]
         pub iota_device_list: Option<pjrt_sys::protos::xla::IotaReplicaGroupListProto>,
-        /// Replica groups named by mesh axes (`replica_groups=mesh['x'=2,'y'=4] {'y'}`),
-        /// what JAX 0.11's Shardy lowering (rgv3) emits for shard_map collectives.
+        /// Replica groups named by mesh axes (`replica_groups=mesh['x'=2,'y'=4] {'y'}`), what JAX 0.11's Shardy
+        /// lowering (rgv3) emits for shard_map collectives.
         #[prost(message, optional, tag = "93")]
         pub mesh_axes_list: Option<MeshAxesList>,
     }
@@ -66,8 +64,8 @@ mod extra {
         pub axes: Vec<AxisRef>,
     }
 
-    /// `xla.MeshProto`: named axes over devices `device_ids` (row-major), or over
-    /// `iota_transform` applied to `iota(prod(sizes))`, or over plain iota.
+    /// `xla.MeshProto`: named axes over devices `device_ids` (row-major), or over `iota_transform` applied to
+    /// `iota(prod(sizes))`, or over plain iota.
     #[derive(Clone, PartialEq, prost::Message)]
     pub struct Mesh {
         #[prost(message, repeated, tag = "1")]
@@ -94,8 +92,8 @@ mod extra {
         pub transpose_perm: Vec<i64>,
     }
 
-    /// `xla.AxisRefProto`: mesh axis `mesh_axis_index`, or the sub-axis of it of size
-    /// `size` after the first `pre_size` (major) factor.
+    /// `xla.AxisRefProto`: mesh axis `mesh_axis_index`, or the sub-axis of it of size `size` after the first `pre_size`
+    /// (major) factor.
     #[derive(Clone, PartialEq, prost::Message)]
     pub struct AxisRef {
         #[prost(int64, tag = "1")]
@@ -125,9 +123,9 @@ mod extra {
     }
 }
 
-/// One prost parse of a module that keeps the fields `pjrt-sys`'s messages lack: each message
-/// on the way to an instruction is its `pjrt-sys` message `p` and `x`, which reads fields `A`
-/// and `B` (the children, or an instruction's newer fields) and, with `p`, field `BOTH`.
+/// One prost parse of a module that keeps the fields `pjrt-sys`'s messages lack: each message on the way to an
+/// instruction is its `pjrt-sys` message `p` and `x`, which reads fields `A` and `B` (the children, or an instruction's
+/// newer fields) and, with `p`, field `BOTH`.
 #[derive(Debug, Default)]
 struct Parsed<P, X, const A: u32, const B: u32, const BOTH: u32> {
     p: P,
@@ -196,14 +194,12 @@ thread_local! {
     static DECODES: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
 
-/// Modules this thread has decoded so far ([`decode`]): what a test counts to show a caller
-/// decodes once.
+/// Modules this thread has decoded so far ([`decode`]): what a test counts to show a caller decodes once.
 pub fn decodes_on_this_thread() -> usize {
     DECODES.with(std::cell::Cell::get)
 }
 
-/// Decodes a serialized `HloModuleProto` into an unverified module, numbered as
-/// [`Numbering`] says.
+/// Decodes a serialized `HloModuleProto` into an unverified module, numbered as [`Numbering`] says.
 pub fn decode(file: &str, bytes: &[u8]) -> Result<Module, Error> {
     DECODES.with(|n| n.set(n.get() + 1));
     let m = ParsedModule::decode(bytes)
@@ -249,8 +245,8 @@ fn has_dimensions_attr(op: Opcode) -> bool {
     )
 }
 
-/// Collectives that XLA always prints with `replica_groups=` (`{}` when empty): all but
-/// collective-permute (`source_target_pairs=`).
+/// Collectives that XLA always prints with `replica_groups=` (`{}` when empty): all but collective-permute
+/// (`source_target_pairs=`).
 fn has_replica_groups(op: Opcode) -> bool {
     op.is_collective() && !matches!(op, Opcode::CollectivePermute | Opcode::CollectivePermuteStart)
 }
@@ -284,8 +280,7 @@ fn to_row_major(data: &[u8], dims: &[usize], minor_to_major: &[usize], esize: us
     out
 }
 
-/// Builds an iota replica-group form, normalizing an identity permutation to empty
-/// (as the text form writes it).
+/// Builds an iota replica-group form, normalizing an identity permutation to empty (as the text form writes it).
 fn iota_groups(l: &pb::IotaReplicaGroupListProto) -> ReplicaGroups {
     let perm: Vec<i64> = l.iota_transpose_perm.iter().map(|&p| p as i64).collect();
     let identity = perm.iter().enumerate().all(|(i, &p)| p == i as i64);
@@ -297,8 +292,7 @@ fn iota_groups(l: &pb::IotaReplicaGroupListProto) -> ReplicaGroups {
     })
 }
 
-/// Replica groups named by mesh axes ([`ReplicaGroups::from_mesh`]), after the checks the
-/// text form's syntax makes.
+/// Replica groups named by mesh axes ([`ReplicaGroups::from_mesh`]), after the checks the text form's syntax makes.
 fn mesh_axes_groups(l: &extra::MeshAxesList) -> Result<ReplicaGroups, String> {
     let mesh = l.mesh.as_ref().ok_or("no mesh")?;
     let sizes: Vec<i64> = mesh.axes.iter().map(|a| a.size).collect();
@@ -424,8 +418,8 @@ impl Decoder<'_> {
         })
     }
 
-    // `replica_groups` (field 49) is deprecated in favour of `collective_device_list`,
-    // but older producers still write it.
+    // `replica_groups` (field 49) is deprecated in favour of `collective_device_list`, but older producers still write
+    // it.
     #[allow(deprecated)]
     fn instruction(
         &self,
@@ -532,8 +526,8 @@ impl Decoder<'_> {
             lhs_contracting: d.lhs_contracting_dimensions.clone(),
             rhs_contracting: d.rhs_contracting_dimensions.clone(),
         });
-        // Gather's and scatter's dimension numbers become the text form's attributes, which
-        // `GatherDims::of` / `ScatterDims::of` read for both front ends.
+        // Gather's and scatter's dimension numbers become the text form's attributes, which `GatherDims::of` /
+        // `ScatterDims::of` read for both front ends.
         if let Some(g) = &p.gather_dimension_numbers {
             a.other.insert("offset_dims".into(), int_list(&g.offset_dims));
             a.other.insert("collapsed_slice_dims".into(), int_list(&g.collapsed_slice_dims));
@@ -608,12 +602,11 @@ impl Decoder<'_> {
         Ok(Instruction { name: p.name.clone(), opcode, shape, operands, called, attrs: a, parent, span: None })
     }
 
-    /// Flags and small attributes the IR does not type, written as XLA's text form spells
-    /// them (as gather's dimension numbers are), so that both front ends keep the same
-    /// `other` entries and the printer writes them back: the custom-call ones (side effect,
-    /// API version, schedule, operand layouts, output aliasing), sort's stability, scatter's
-    /// and gather's index hints, precision, and the parameters of reduce-precision, top-k,
-    /// rng, rng-bit-generator and fft.
+    /// Flags and small attributes the IR does not type, written as XLA's text form spells them (as gather's dimension
+    /// numbers are), so that both front ends keep the same `other` entries and the printer writes them back: the
+    /// custom-call ones (side effect, API version, schedule, operand layouts, output aliasing), sort's stability,
+    /// scatter's and gather's index hints, precision, and the parameters of reduce-precision, top-k, rng,
+    /// rng-bit-generator and fft.
     fn small_attrs(&self, p: &pb::HloInstructionProto, opcode: Opcode, other: &mut BTreeMap<String, String>) -> R<()> {
         let mut put = |key: &str, value: String| {
             other.insert(key.into(), value);
@@ -645,8 +638,7 @@ impl Decoder<'_> {
         }
         match opcode {
             Opcode::CustomCall => {
-                // 0 (unspecified) and 1 (original) are both the original API, which XLA
-                // does not print.
+                // 0 (unspecified) and 1 (original) are both the original API, which XLA does not print.
                 let v = p.custom_call_api_version;
                 if v > 1 {
                     put(
@@ -902,8 +894,8 @@ impl Decoder<'_> {
     }
 }
 
-/// `{size=.. stride=.. pad=lo_hi.. lhs_dilate=.. rhs_dilate=.. rhs_reversal=..}`, as XLA prints a
-/// window: a field whose entries are all the default is left out.
+/// `{size=.. stride=.. pad=lo_hi.. lhs_dilate=.. rhs_dilate=.. rhs_reversal=..}`, as XLA prints a window: a field whose
+/// entries are all the default is left out.
 fn window_text(dims: &[pb::WindowDimension]) -> String {
     let mut fields: Vec<String> = Vec::new();
     let mut field = |name: &str, show: bool, entry: &dyn Fn(&pb::WindowDimension) -> String| {

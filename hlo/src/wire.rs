@@ -1,8 +1,7 @@
-//! Editing XLA's protos on the wire: a message as its fields, each kept as its bytes, and
-//! writers of new fields. Peerless's collective pass, the XLA runner's module preparation
-//! and the PJRT wrapper's compile options edit messages this way rather than decode and
-//! re-encode them, because the prost copy of XLA's protos predates fields newer XLA writes
-//! and prost drops unknown fields: here every byte not edited passes through as it was.
+//! Editing XLA's protos on the wire: a message as its fields, each kept as its bytes, and writers of new fields.
+//! Peerless's collective pass, the XLA runner's module preparation and the PJRT wrapper's compile options edit messages
+//! this way rather than decode and re-encode them, because the prost copy of XLA's protos predates fields newer XLA
+//! writes and prost drops unknown fields: here every byte not edited passes through as it was.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -14,8 +13,8 @@ use crate::ir::{CompId, InstrId};
 
 pub use prost::encoding::WireType;
 
-// The field numbers the editors read and write, one module per message (XLA's `hlo.proto`,
-// `xla_data.proto`, `compile_options.proto`), and the enum values they compare with.
+// The field numbers the editors read and write, one module per message (XLA's `hlo.proto`, `xla_data.proto`,
+// `compile_options.proto`), and the enum values they compare with.
 
 /// `HloModuleProto`.
 pub mod hlo_module {
@@ -109,8 +108,7 @@ pub mod compile_options {
     pub const ENV_OPTION_OVERRIDES: u32 = 7;
 }
 
-/// Enum values as [`ints`] reads them: `PrimitiveType` (the element types without a
-/// layout) and `OpSharding.Type`.
+/// Enum values as [`ints`] reads them: `PrimitiveType` (the element types without a layout) and `OpSharding.Type`.
 pub mod enums {
     pub const TUPLE_TYPE: i64 = 13;
     pub const OPAQUE_TYPE: i64 = 14;
@@ -134,9 +132,8 @@ fn err(e: prost::DecodeError) -> WireError {
     WireError(e.to_string())
 }
 
-/// One field of a message: its number, wire type, the whole encoded field (key included,
-/// what an edit copies to keep it) and its payload: a length-delimited field's contents,
-/// else the value's bytes (a varint's, or the fixed 4 or 8).
+/// One field of a message: its number, wire type, the whole encoded field (key included, what an edit copies to keep
+/// it) and its payload: a length-delimited field's contents, else the value's bytes (a varint's, or the fixed 4 or 8).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Field<'a> {
     pub number: u32,
@@ -146,8 +143,8 @@ pub struct Field<'a> {
 }
 
 impl<'a> Field<'a> {
-    /// The contents of a length-delimited field (a message, string, bytes or packed
-    /// repeated scalar); `None` for any other.
+    /// The contents of a length-delimited field (a message, string, bytes or packed repeated scalar); `None` for any
+    /// other.
     pub fn message(&self) -> Option<&'a [u8]> {
         (self.wire == WireType::LengthDelimited).then_some(self.payload)
     }
@@ -188,8 +185,7 @@ pub fn fields(msg: &[u8]) -> Result<Vec<Field<'_>>, WireError> {
     Ok(out)
 }
 
-/// The values of a repeated int64 field, packed or not (one value then), or of a scalar
-/// integer field.
+/// The values of a repeated int64 field, packed or not (one value then), or of a scalar integer field.
 pub fn ints(f: &Field<'_>) -> Result<Vec<i64>, WireError> {
     let mut out = Vec::new();
     match f.wire {
@@ -237,8 +233,8 @@ pub fn put_ints(out: &mut Vec<u8>, number: u32, v: impl IntoIterator<Item = i64>
     put_bytes(out, number, &packed);
 }
 
-/// `msg` with each length-delimited field `number` replaced by `f` of its contents, and
-/// every other field copied as it is (fields this build's protos do not know survive).
+/// `msg` with each length-delimited field `number` replaced by `f` of its contents, and every other field copied as it
+/// is (fields this build's protos do not know survive).
 pub fn map_field<E: From<WireError>>(
     msg: &[u8],
     number: u32,
@@ -254,9 +250,9 @@ pub fn map_field<E: From<WireError>>(
     Ok(out)
 }
 
-/// Proto ids to the IR's typed ids: `CompId` n is a module's n-th computation and `InstrId` n
-/// its n-th instruction, in message order, and an instruction id resolves in its computation.
-/// The decoder numbers the IR so, and [`Index`] the bytes, so both name an instruction alike.
+/// Proto ids to the IR's typed ids: `CompId` n is a module's n-th computation and `InstrId` n its n-th instruction, in
+/// message order, and an instruction id resolves in its computation. The decoder numbers the IR so, and [`Index`] the
+/// bytes, so both name an instruction alike.
 #[derive(Debug, Default)]
 pub struct Numbering {
     pub comps: HashMap<i64, CompId>,
@@ -272,8 +268,7 @@ impl Numbering {
         self.comps.insert(id, c).is_none().then_some(c)
     }
 
-    /// Numbers the next instruction, of the last computation numbered; `None` where its id is
-    /// taken there.
+    /// Numbers the next instruction, of the last computation numbered; `None` where its id is taken there.
     pub fn instr(&mut self, id: i64) -> Option<InstrId> {
         let i = InstrId::new(self.count);
         self.count += 1;
@@ -295,8 +290,8 @@ thread_local! {
     static WALKS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
 
-/// Modules this thread has indexed so far ([`Index::new`]): what a test counts to show a
-/// caller walks a module's bytes once.
+/// Modules this thread has indexed so far ([`Index::new`]): what a test counts to show a caller walks a module's bytes
+/// once.
 pub fn walks_on_this_thread() -> usize {
     WALKS.with(std::cell::Cell::get)
 }
@@ -332,18 +327,16 @@ pub struct IndexedInstr<'a> {
     pub fields: Vec<Field<'a>>,
 }
 
-/// A serialized `HloModuleProto` read in one walk: its top-level fields, and every
-/// computation and instruction with what editors of the module read, each a slice of the
-/// module's bytes. Numbered as [`Numbering`] says, so an index of the bytes a module was
-/// decoded from names its instructions by the IR's ids.
+/// A serialized `HloModuleProto` read in one walk: its top-level fields, and every computation and instruction with
+/// what editors of the module read, each a slice of the module's bytes. Numbered as [`Numbering`] says, so an index of
+/// the bytes a module was decoded from names its instructions by the IR's ids.
 #[derive(Debug)]
 pub struct Index<'a> {
     pub top: Vec<Field<'a>>,
     pub comps: PrimaryMap<CompId, IndexedComp<'a>>,
     pub instrs: PrimaryMap<InstrId, IndexedInstr<'a>>,
     pub ids: Numbering,
-    /// The entry computation: the one of the module's entry id, else of its entry name (as
-    /// the decoder finds it).
+    /// The entry computation: the one of the module's entry id, else of its entry name (as the decoder finds it).
     pub entry: Option<CompId>,
 }
 

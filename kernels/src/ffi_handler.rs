@@ -1,14 +1,12 @@
-//! Thunks as XLA FFI handlers: the phases XLA drives (instantiate / prepare / initialize /
-//! execute) for every Peerless custom call, independent of the platform.
+//! Thunks as XLA FFI handlers: the phases XLA drives (instantiate / prepare / initialize / execute) for every Peerless
+//! custom call, independent of the platform.
 //!
-//! A platform supplies a [`CollectiveRuntime`] (the host backend on CPU, the peer-access
-//! kernels on CUDA); the C ABI layer (plugin) wraps [`dispatch`] in
-//! `ffi::xla_ffi::guard_with_traits`, which answers XLA's metadata probe with the runtime's traits; [`dispatch`]
-//! parses the call's [`CustomCallConfig`] from its attributes at INSTANTIATE into a
-//! [`CallState`] (XLA's per-executable state, or where XLA keeps none one [`Adopted`] for the
-//! process), finds the calling device, and hands INITIALIZE and EXECUTE to the runtime with that
-//! state: one path, whoever holds the state. Every error, and any
-//! panic, becomes an XLA FFI error (JAX raises it as an exception); nothing unwinds into XLA.
+//! A platform supplies a [`CollectiveRuntime`] (the host backend on CPU, the peer-access kernels on CUDA); the C ABI
+//! layer (plugin) wraps [`dispatch`] in `ffi::xla_ffi::guard_with_traits`, which answers XLA's metadata probe with the
+//! runtime's traits; [`dispatch`] parses the call's [`CustomCallConfig`] from its attributes at INSTANTIATE into a
+//! [`CallState`] (XLA's per-executable state, or where XLA keeps none one [`Adopted`] for the process), finds the
+//! calling device, and hands INITIALIZE and EXECUTE to the runtime with that state: one path, whoever holds the state.
+//! Every error, and any panic, becomes an XLA FFI error (JAX raises it as an exception); nothing unwinds into XLA.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
@@ -21,29 +19,25 @@ use thunks::custom_call::{AttrSource, CustomCallConfig};
 
 /// A platform's implementation of the Peerless custom calls.
 pub trait CollectiveRuntime: Sync {
-    /// What the runtime keeps for one call of an executable beside its config (a
-    /// [`CallState`]'s instance).
+    /// What the runtime keeps for one call of an executable beside its config (a [`CallState`]'s instance).
     type Instance: Send + Sync + 'static;
     /// The platform as the Python package names it ("cpu", "cuda").
     fn platform(&self) -> &'static str;
     /// Traits the handlers declare in the metadata probe (command-buffer compatibility).
     fn traits(&self) -> Traits;
-    /// Where XLA keeps this runtime's per-executable state for a call (set at INSTANTIATE:
-    /// once per executable and custom call, also for an executable loaded from a persistent
-    /// compilation cache, which the pass never saw; destroyed with the executable).
+    /// Where XLA keeps this runtime's per-executable state for a call (set at INSTANTIATE: once per executable and
+    /// custom call, also for an executable loaded from a persistent compilation cache, which the pass never saw;
+    /// destroyed with the executable).
     fn executable_state(&self) -> &'static ExecutableState<CallState<Self::Instance>>;
-    /// Where this runtime keeps the states of calls XLA keeps none for (one per runtime, a
-    /// `static`).
+    /// Where this runtime keeps the states of calls XLA keeps none for (one per runtime, a `static`).
     fn adopted(&self) -> &'static Adopted<Self::Instance>;
-    /// The INITIALIZE stage on `device` (its device id; `ordinal`: the platform's local
-    /// ordinal), outside any stream capture: set up per-collective state that must not be
-    /// created while XLA records a command buffer.
+    /// The INITIALIZE stage on `device` (its device id; `ordinal`: the platform's local ordinal), outside any stream
+    /// capture: set up per-collective state that must not be created while XLA records a command buffer.
     fn initialize(&self, _frame: &CallFrame<'_>, _at: &At<'_, Self::Instance>) -> Result<(), HandlerError> {
         Ok(())
     }
-    /// The device id of the device XLA calls the handler on, from the ordinal XLA reports
-    /// (XLA:CPU reports the id itself; a GPU reports its local ordinal, which is the id only
-    /// in a process that owns every device).
+    /// The device id of the device XLA calls the handler on, from the ordinal XLA reports (XLA:CPU reports the id
+    /// itself; a GPU reports its local ordinal, which is the id only in a process that owns every device).
     fn device_id(&self, ordinal: usize) -> Result<usize, HandlerError> {
         Ok(ordinal)
     }
@@ -51,8 +45,8 @@ pub trait CollectiveRuntime: Sync {
     fn execute(&self, frame: &CallFrame<'_>, at: &At<'_, Self::Instance>) -> Result<(), HandlerError>;
 }
 
-/// Where a stage of a call runs: the call's config, its state (XLA's or adopted), and the
-/// calling device (its id in the job and the platform's local ordinal).
+/// Where a stage of a call runs: the call's config, its state (XLA's or adopted), and the calling device (its id in the
+/// job and the platform's local ordinal).
 #[derive(Debug)]
 pub struct At<'a, I> {
     pub call: &'a CustomCallConfig,
@@ -61,27 +55,26 @@ pub struct At<'a, I> {
     pub ordinal: usize,
 }
 
-/// What XLA keeps for one call of an executable (FFI state set at INSTANTIATE, dropped with
-/// the executable), in every runtime: the call's config, parsed once, its instance
-/// (the runtime's type, made by the first device to need it), the GPUs whose INITIALIZE ran,
-/// and the executable's occurrence of the call (see [`CallState::for_call`]).
+/// What XLA keeps for one call of an executable (FFI state set at INSTANTIATE, dropped with the executable), in every
+/// runtime: the call's config, parsed once, its instance (the runtime's type, made by the first device to need it), the
+/// GPUs whose INITIALIZE ran, and the executable's occurrence of the call (see [`CallState::for_call`]).
 #[derive(Debug)]
 pub struct CallState<I> {
     /// The call's attributes as INSTANTIATE parsed them (the hot path reads no attribute).
     pub config: CustomCallConfig,
     pub instance: OnceLock<I>,
-    /// Bit o: INITIALIZE finished on GPU ordinal o (XLA repeats the stage on every execution;
-    /// with command buffers it is the only stage that reaches a handler).
+    /// Bit o: INITIALIZE finished on GPU ordinal o (XLA repeats the stage on every execution; with command buffers it
+    /// is the only stage that reaches a handler).
     initialized: std::sync::atomic::AtomicU64,
-    /// For a group across processes or a shared slot: how many executables of this process
-    /// instantiated the call's `instance` before this one (two loads of one module never
-    /// share; every process counts alike, [`thunks::runtime::shared_key`]).
+    /// For a group across processes or a shared slot: how many executables of this process instantiated the call's
+    /// `instance` before this one (two loads of one module never share; every process counts alike,
+    /// [`thunks::runtime::shared_key`]).
     pub occurrence: u64,
 }
 
 impl<I> CallState<I> {
-    /// The state INSTANTIATE hands XLA for `cfg` (the occurrence counted here, once per
-    /// executable, in the order every process loads them).
+    /// The state INSTANTIATE hands XLA for `cfg` (the occurrence counted here, once per executable, in the order every
+    /// process loads them).
     pub fn for_call(cfg: &CustomCallConfig) -> Self {
         let occurrence = if cfg.spans_processes() || cfg.slot.is_some() {
             thunks::runtime::next_occurrence(cfg.instance)
@@ -104,11 +97,10 @@ impl<I> CallState<I> {
     }
 }
 
-/// The states of calls XLA keeps none for (an XLA without FFI state, or a failed
-/// `state_set`), made at INSTANTIATE and kept for the process by the call's `instance`: an
-/// open-addressed table of atomic keys, so a stage finds its state with one attribute read and
-/// no lock, allocation or formatting, as with XLA's state. Two executables of one module share
-/// a state here (XLA's state would tell them apart).
+/// The states of calls XLA keeps none for (an XLA without FFI state, or a failed `state_set`), made at INSTANTIATE and
+/// kept for the process by the call's `instance`: an open-addressed table of atomic keys, so a stage finds its state
+/// with one attribute read and no lock, allocation or formatting, as with XLA's state. Two executables of one module
+/// share a state here (XLA's state would tell them apart).
 pub struct Adopted<I>(OnceLock<Box<[AdoptedSlot<I>]>>);
 
 struct AdoptedSlot<I> {
@@ -181,13 +173,12 @@ impl<I> std::fmt::Debug for Adopted<I> {
     }
 }
 
-/// What a shared staging slot is keyed by: the pass's slot id, the executable's occurrence of
-/// the call's instance (two loads of one module never share), and (defensively: the pass gives
-/// a slot one group set) groups and pairs.
+/// What a shared staging slot is keyed by: the pass's slot id, the executable's occurrence of the call's instance (two
+/// loads of one module never share), and (defensively: the pass gives a slot one group set) groups and pairs.
 pub type SlotKey = (u64, u64, Vec<Vec<usize>>, Vec<(usize, usize)>);
 
-/// The shared staging slots of a runtime (the CPU's, each GPU vendor's), held weakly: a slot
-/// lives as long as a call of an executable holds it.
+/// The shared staging slots of a runtime (the CPU's, each GPU vendor's), held weakly: a slot lives as long as a call of
+/// an executable holds it.
 #[derive(Debug)]
 pub struct Slots<T>(OnceLock<Mutex<HashMap<SlotKey, Weak<T>>>>);
 
@@ -195,8 +186,8 @@ pub struct Slots<T>(OnceLock<Mutex<HashMap<SlotKey, Weak<T>>>>);
 pub enum Slot<T, E> {
     /// The live slot of the key, large enough.
     Live(Arc<T>),
-    /// The live slot of the key holds this many bytes, fewer than the call needs (only a
-    /// config from elsewhere: the pass sizes a slot for every call of it).
+    /// The live slot of the key holds this many bytes, fewer than the call needs (only a config from elsewhere: the
+    /// pass sizes a slot for every call of it).
     TooSmall(usize),
     /// None was live: what `make` gave (kept under the key when made).
     Made(Result<Arc<T>, E>),
@@ -211,8 +202,8 @@ impl<T> Slots<T> {
         self.0.get_or_init(Default::default).lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The live slot of `key` if `size(slot) >= need`; else, where none is live, a new one
-    /// from `make`, kept under `key`. Forgets the slots of freed executables.
+    /// The live slot of `key` if `size(slot) >= need`; else, where none is live, a new one from `make`, kept under
+    /// `key`. Forgets the slots of freed executables.
     pub fn get_or_make<E>(
         &self,
         key: SlotKey,
@@ -271,8 +262,8 @@ impl AttrSource for FrameAttrs<'_, '_> {
     }
 }
 
-/// The element type of a buffer, as the IR names it; sub-byte and unknown types are an
-/// error (the pass never sends them to a kernel: XLA packs them, the kernels do not).
+/// The element type of a buffer, as the IR names it; sub-byte and unknown types are an error (the pass never sends them
+/// to a kernel: XLA packs them, the kernels do not).
 pub fn element_type(b: &BufferRef<'_>) -> Result<PrimitiveType, HandlerError> {
     let name = b.dtype.name();
     match PrimitiveType::from_name(name) {
@@ -281,8 +272,8 @@ pub fn element_type(b: &BufferRef<'_>) -> Result<PrimitiveType, HandlerError> {
     }
 }
 
-/// The call's operand buffers, without the trailing ones that only order it after another
-/// call ([`CustomCallConfig::order_operands`]).
+/// The call's operand buffers, without the trailing ones that only order it after another call
+/// ([`CustomCallConfig::order_operands`]).
 pub fn operands<'a>(f: &CallFrame<'a>, call: &CustomCallConfig) -> Result<Vec<BufferRef<'a>>, HandlerError> {
     let mut args = f.args()?;
     if call.order_operands > args.len() {
@@ -302,8 +293,8 @@ pub fn array_shape(b: &BufferRef<'_>) -> Result<ArrayShape, HandlerError> {
     Ok(ArrayShape::new(element_type(b)?, b.dims.to_vec()))
 }
 
-/// The state adopted for the call of `f` (its `instance` attribute), adopted now if
-/// INSTANTIATE never reached this process's handlers for it.
+/// The state adopted for the call of `f` (its `instance` attribute), adopted now if INSTANTIATE never reached this
+/// process's handlers for it.
 #[cold]
 fn adopted<'r, R: CollectiveRuntime>(
     kind: CollectiveKind,
@@ -324,20 +315,19 @@ fn parse(kind: CollectiveKind, f: &CallFrame<'_>) -> Result<CustomCallConfig, Ha
     })
 }
 
-/// The handler body for a custom call of `kind`. One read of XLA's state and of the device
-/// ordinal per stage; the stages get them ([`At`]).
+/// The handler body for a custom call of `kind`. One read of XLA's state and of the device ordinal per stage; the
+/// stages get them ([`At`]).
 pub fn dispatch<R: CollectiveRuntime>(kind: CollectiveKind, f: &CallFrame<'_>, rt: &R) -> Result<(), HandlerError> {
-    // Instantiate: per-executable state (before any device runs), the config parsed once.
-    // Prepare: nothing to declare. Initialize: the runtime sets up this device's part of the
-    // collective's state (peers' parts are joined on execute), once per device.
+    // Instantiate: per-executable state (before any device runs), the config parsed once. Prepare: nothing to declare.
+    // Initialize: the runtime sets up this device's part of the collective's state (peers' parts are joined on
+    // execute), once per device.
     let stage = f.stage();
     if !matches!(stage, ExecutionStage::Execute | ExecutionStage::Initialize | ExecutionStage::Instantiate) {
         return Ok(());
     }
     if stage == ExecutionStage::Instantiate {
         let call = parse(kind, f)?;
-        // An executable this process did not compile (a persistent cache hit) tells
-        // `stats()` its decisions here.
+        // An executable this process did not compile (a persistent cache hit) tells `stats()` its decisions here.
         thunks::runtime::instantiated(rt.platform(), &call);
         // Where XLA keeps no state, the process keeps one: later stages take the same path.
         if let Err(state) = rt.executable_state().instantiate_with(f, CallState::for_call(&call)) {

@@ -1,20 +1,18 @@
 //! Peerless inside XLA: the C entry points behind `jax_plugins.peerless.enable()`.
 //!
-//! - [`pass_entry`] (`PeerlessXlaPass`): the collective pass. A serialized HloModuleProto
-//!   in; a [`PassResult`] out with the rewritten module (or none: unchanged) and a report of
-//!   every decision, one tab-separated line each. It never fails a compile: a decode error
-//!   or a panic comes back as status -1 with the reason, and the caller keeps the module.
+//! - [`pass_entry`] (`PeerlessXlaPass`): the collective pass. A serialized HloModuleProto in; a [`PassResult`] out with
+//!   the rewritten module (or none: unchanged) and a report of every decision, one tab-separated line each. It never
+//!   fails a compile: a decode error or a panic comes back as status -1 with the reason, and the caller keeps the
+//!   module.
 //! - [`handler`] (`PeerlessXlaHandler`): the typed-FFI handler of a platform and target.
 //!
-//! - [`set_topology`] (`PeerlessXlaSetTopology`): what the running process tells the handlers
-//!   and the pass: the job's topology, and the devices' kind as XLA names it, which the
-//!   tuning profile is looked up by ([`device_kind`]).
+//! - [`set_topology`] (`PeerlessXlaSetTopology`): what the running process tells the handlers and the pass: the job's
+//!   topology, and the devices' kind as XLA names it, which the tuning profile is looked up by ([`device_kind`]).
 //!
-//! Thread safety: XLA runs the pass from several compile threads at once. Each call builds its
-//! own configuration ([`pass_config`]); the process state here is the devices' kind per
-//! platform and the client's flags (each behind a mutex), the compile's flags (thread-local),
-//! whether the Python package owns the pass and whether it is registered (plus, in `emitter`,
-//! the instance counter and the tuning profiles' cache).
+//! Thread safety: XLA runs the pass from several compile threads at once. Each call builds its own configuration
+//! ([`pass_config`]); the process state here is the devices' kind per platform and the client's flags (each behind a
+//! mutex), the compile's flags (thread-local), whether the Python package owns the pass and whether it is registered
+//! (plus, in `emitter`, the instance counter and the tuning profiles' cache).
 
 use std::collections::BTreeSet;
 use std::ffi::{CStr, c_char};
@@ -31,8 +29,7 @@ use crate::Platform;
 #[repr(C)]
 #[derive(Debug)]
 pub struct PassResult {
-    /// 1: `module` holds the rewritten module; 0: unchanged; -1: error (unchanged, `report`
-    /// says why).
+    /// 1: `module` holds the rewritten module; 0: unchanged; -1: error (unchanged, `report` says why).
     pub status: i32,
     pub module: *mut u8,
     pub module_len: usize,
@@ -52,17 +49,16 @@ fn result(status: i32, module: Option<Vec<u8>>, report: String) -> *mut PassResu
     Box::into_raw(Box::new(PassResult { status, module, module_len, report, report_len }))
 }
 
-/// The pass configuration for a platform, flags string and local device list. On CUDA the
-/// peer table is looked up lazily ([`xla_pass::Peers::Lazy`]), only by a module with a
-/// collective that passed every other rule: the runtime's probe, kept on disk for these GPUs
-/// and driver, so only the first process on a machine opens the GPUs to probe them. The tuning
-/// profile is looked up by the devices' kind this process was handed ([`device_kind`]).
+/// The pass configuration for a platform, flags string and local device list. On CUDA the peer table is looked up
+/// lazily ([`xla_pass::Peers::Lazy`]), only by a module with a collective that passed every other rule: the runtime's
+/// probe, kept on disk for these GPUs and driver, so only the first process on a machine opens the GPUs to probe them.
+/// The tuning profile is looked up by the devices' kind this process was handed ([`device_kind`]).
 pub fn pass_config(platform: Platform, flags: &str, local_devices: &str) -> Result<PassConfig, String> {
     pass_config_tuned(platform, flags, local_devices, emitter::tuning::ProfileSource::from_env())
 }
 
-/// [`pass_config`] with the tuning profile from `source` rather than `PEERLESS_TUNING_PROFILE`
-/// (`peerless bench` measures the pass without a profile and with the active one).
+/// [`pass_config`] with the tuning profile from `source` rather than `PEERLESS_TUNING_PROFILE` (`peerless bench`
+/// measures the pass without a profile and with the active one).
 pub fn pass_config_tuned(
     platform: Platform,
     flags: &str,
@@ -74,18 +70,17 @@ pub fn pass_config_tuned(
     for arg in flags.split_whitespace() {
         f.apply(arg).map_err(|e| e.to_string())?;
     }
-    // XLA:CPU does not overlap its collectives with compute, so the rule that leaves large
-    // partitioner-made collectives to XLA (measured on GPUs) only costs there: a DP train
-    // step on 8 host devices took 0.88× XLA's time on Peerless's kernels and 1.01× with the
-    // rule (docs/PERFORMANCE.md). An explicit setting wins.
+    // XLA:CPU does not overlap its collectives with compute, so the rule that leaves large partitioner-made collectives
+    // to XLA (measured on GPUs) only costs there: a DP train step on 8 host devices took 0.88× XLA's time on Peerless's
+    // kernels and 1.01× with the rule (docs/PERFORMANCE.md). An explicit setting wins.
     let env_flags = std::env::var(emitter::flags::ENV_VAR).unwrap_or_default();
     let explicit = |s: &str| emitter::flags::sets(s, flag::XLA_ASYNC_ABOVE_BYTES);
     if platform == Platform::Cpu && !explicit(flags) && !explicit(&env_flags) {
         f.xla_async_above_bytes = None;
     }
     // `local_devices`: this process's device ids ("0,1,2"), or the job's topology
-    // ("this=0;job=...;devices=0:0,...;hosts=0:0,...") under jax.distributed, either with the
-    // devices' kind (";kind=NAME") where the Python package knows it.
+    // ("this=0;job=...;devices=0:0,...;hosts=0:0,...") under jax.distributed, either with the devices' kind
+    // (";kind=NAME") where the Python package knows it.
     let (kind, local_devices) = split_kind(local_devices);
     if let Some(kind) = kind {
         record_device_kind(platform, kind);
@@ -103,17 +98,16 @@ pub fn pass_config_tuned(
             .collect::<Result<BTreeSet<_>, _>>()?;
         (Some(ids), None)
     };
-    // Every platform reaches the other processes of a host: CPU through the host protocols
-    // over shared memory, the GPUs (CUDA; ROCm in a build with it) through staging shared
-    // with IPC handles.
+    // Every platform reaches the other processes of a host: CPU through the host protocols over shared memory, the GPUs
+    // (CUDA; ROCm in a build with it) through staging shared with IPC handles.
     let caps = Capabilities {
         variadic: true,
         cross_process: true,
         // A GPU runs a device's calls in stream order; XLA:CPU may run independent ones at once.
         in_order: platform.is_gpu(),
-        // The fused all-reduce + RMSNorm runs on the host runtime and on CUDA
-        // (`pl_one_shot_norm_*`); ROCm's runtime refuses an epilogue. The decision of a fused
-        // call already says what was fused ("<implementation> + rmsnorm", "fused: ...").
+        // The fused all-reduce + RMSNorm runs on the host runtime and on CUDA (`pl_one_shot_norm_*`); ROCm's runtime
+        // refuses an epilogue. The decision of a fused call already says what was fused ("<implementation> + rmsnorm",
+        // "fused: ...").
         fused_norm: matches!(platform, Platform::Cpu | Platform::Cuda),
         fused_norm_auto: platform == Platform::Cpu,
         // XLA:GPU's operation queues (`--overlap_above_bytes`): verified on CUDA only.
@@ -121,9 +115,8 @@ pub fn pass_config_tuned(
         // Stream memory operations and copy-engine copies (`--copy_engines`): CUDA's runtime.
         copy_engines: platform == Platform::Cuda,
     };
-    // The handlers learn the job (its token, the GPUs' device ids) from the Python package
-    // (`set_topology`), which also hands it to every compile: an executable loaded from a
-    // persistent cache runs without this pass.
+    // The handlers learn the job (its token, the GPUs' device ids) from the Python package (`set_topology`), which also
+    // hands it to every compile: an executable loaded from a persistent cache runs without this pass.
     if let Some(t) = &topology {
         learn_topology(platform, t)?;
     }
@@ -146,8 +139,8 @@ pub fn pass_config_tuned(
         }))),
         None => xla_pass::DeviceMemory::default(),
     };
-    // The tuning profile decides kernel vs XLA where the flags leave it to it; explicit
-    // all-reduce thresholds (here or in PEERLESS_FLAGS) keep all-reduce on them.
+    // The tuning profile decides kernel vs XLA where the flags leave it to it; explicit all-reduce thresholds (here or
+    // in PEERLESS_FLAGS) keep all-reduce on them.
     let tuning = emitter::tuning::TuningConfig {
         source,
         platform: platform.name().to_owned(),
@@ -157,14 +150,14 @@ pub fn pass_config_tuned(
     Ok(PassConfig { flags: f, peers, local_devices: local, topology, caps, instance_base: None, tuning, device_memory })
 }
 
-/// The devices' kind per platform ([`Platform::index`]), as XLA names it ("NVIDIA H200"):
-/// handed over by whoever holds XLA's devices ([`record_device_kind`]).
+/// The devices' kind per platform ([`Platform::index`]), as XLA names it ("NVIDIA H200"): handed over by whoever holds
+/// XLA's devices ([`record_device_kind`]).
 static DEVICE_KINDS: Mutex<[Option<String>; Platform::ALL.len()]> = Mutex::new([const { None }; Platform::ALL.len()]);
 
-/// Records the kind of `platform`'s devices as XLA names it (a PJRT device description's
-/// kind, JAX's `Device.device_kind`: "cpu", "NVIDIA H200"): the Python package hands it over
-/// with the topology ([`set_topology`]), the wrapper reads it from the client XLA created, the
-/// CLI from its PJRT client. The tuning profile is looked up by it. An empty kind is ignored.
+/// Records the kind of `platform`'s devices as XLA names it (a PJRT device description's kind, JAX's
+/// `Device.device_kind`: "cpu", "NVIDIA H200"): the Python package hands it over with the topology ([`set_topology`]),
+/// the wrapper reads it from the client XLA created, the CLI from its PJRT client. The tuning profile is looked up by
+/// it. An empty kind is ignored.
 pub fn record_device_kind(platform: Platform, kind: &str) {
     let kind = kind.trim();
     if kind.is_empty() {
@@ -178,18 +171,17 @@ pub fn record_device_kind(platform: Platform, kind: &str) {
     }
 }
 
-/// The kind of `platform`'s devices the tuning profile is looked up by: the one recorded
-/// ([`record_device_kind`]), else the platform's fixed one (XLA:CPU's "cpu"), else unknown
-/// (`None`: the profile is looked up without a kind). Never asks a device.
+/// The kind of `platform`'s devices the tuning profile is looked up by: the one recorded ([`record_device_kind`]), else
+/// the platform's fixed one (XLA:CPU's "cpu"), else unknown (`None`: the profile is looked up without a kind). Never
+/// asks a device.
 pub fn device_kind(platform: Platform) -> Option<String> {
     let recorded = DEVICE_KINDS.lock().unwrap_or_else(|e| e.into_inner())[platform.index()].clone();
     recorded.or_else(|| platform.fixed_device_kind().map(str::to_owned))
 }
 
-/// Takes the devices' kind (`kind=NAME`, the field the Python package adds to the topology
-/// string) out of a topology string: the kind, if one is given, and the other fields as they
-/// were (what [`xla_pass::Topology::parse`] reads). A kind is the rest of its field: it holds
-/// no `;`.
+/// Takes the devices' kind (`kind=NAME`, the field the Python package adds to the topology string) out of a topology
+/// string: the kind, if one is given, and the other fields as they were (what [`xla_pass::Topology::parse`] reads). A
+/// kind is the rest of its field: it holds no `;`.
 fn split_kind(s: &str) -> (Option<&str>, String) {
     let mut kind = None;
     let rest: Vec<&str> = s
@@ -205,15 +197,15 @@ fn split_kind(s: &str) -> (Option<&str>, String) {
     (kind, rest.join(";"))
 }
 
-/// One decision per line ([`xla_pass::PassDecision::report_line`]): op, instruction,
-/// dtypes, bytes, groups, kernel (1/0), implementation, reason.
+/// One decision per line ([`xla_pass::PassDecision::report_line`]): op, instruction, dtypes, bytes, groups, kernel
+/// (1/0), implementation, reason.
 pub fn report(outcome: &PassOutcome) -> String {
     outcome.decisions.iter().map(xla_pass::PassDecision::report_line).collect()
 }
 
-/// What the handlers take from the running process rather than from a compiled module
-/// (which a persistent compilation cache may have kept from another job): the job's token,
-/// and on a GPU which device id each GPU (its ordinal, as XLA calls the handlers) has.
+/// What the handlers take from the running process rather than from a compiled module (which a persistent compilation
+/// cache may have kept from another job): the job's token, and on a GPU which device id each GPU (its ordinal, as XLA
+/// calls the handlers) has.
 fn learn_topology(platform: Platform, t: &xla_pass::Topology) -> Result<(), String> {
     thunks::runtime::set_job(t.job.as_deref())?;
     if platform.is_gpu() && !t.ordinals.is_empty() {
@@ -222,12 +214,11 @@ fn learn_topology(platform: Platform, t: &xla_pass::Topology) -> Result<(), Stri
     Ok(())
 }
 
-/// `PeerlessXlaSetTopology`: the job's topology as the Python package computed it (the
-/// pass's spelling, `this=..;job=..;devices=..;hosts=..[;ordinals=..][;kind=..]`), for the
-/// handlers of `platform`; without `this=`, `job=`, `devices=` and `hosts=` (empty, or only
-/// `kind=NAME`) it says "one process". `kind`: the devices' kind as XLA names it
-/// ([`record_device_kind`]). Called once per process and platform, before any executable of
-/// the job runs, whether compiled or loaded from a cache.
+/// `PeerlessXlaSetTopology`: the job's topology as the Python package computed it (the pass's spelling,
+/// `this=..;job=..;devices=..;hosts=..[;ordinals=..][;kind=..]`), for the handlers of `platform`; without `this=`,
+/// `job=`, `devices=` and `hosts=` (empty, or only `kind=NAME`) it says "one process". `kind`: the devices' kind as XLA
+/// names it ([`record_device_kind`]). Called once per process and platform, before any executable of the job runs,
+/// whether compiled or loaded from a cache.
 pub fn set_topology(platform: Platform, topology: &str) -> Result<(), String> {
     let platform = platform.with_handlers()?;
     let (kind, topology) = split_kind(topology);
@@ -246,9 +237,8 @@ pub fn set_topology(platform: Platform, topology: &str) -> Result<(), String> {
 }
 
 thread_local! {
-    /// Per-executable flags of the compile running on this thread (`plugin::wrap` takes them
-    /// out of the compile options): XLA runs its passes, ours included, on the thread that
-    /// called `PJRT_Client_Compile`.
+    /// Per-executable flags of the compile running on this thread (`plugin::wrap` takes them out of the compile
+    /// options): XLA runs its passes, ours included, on the thread that called `PJRT_Client_Compile`.
     static COMPILE_FLAGS: std::cell::RefCell<Vec<String>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
@@ -265,12 +255,12 @@ pub fn with_compile_flags<R>(flags: Vec<String>, f: impl FnOnce() -> R) -> R {
     f()
 }
 
-/// Flags from the client's create options (`peerless_flags`, set by the wrapper's
-/// `PJRT_Client_Create`): after `PEERLESS_FLAGS`, before the caller's and the compile's.
+/// Flags from the client's create options (`peerless_flags`, set by the wrapper's `PJRT_Client_Create`): after
+/// `PEERLESS_FLAGS`, before the caller's and the compile's.
 static CLIENT_FLAGS: std::sync::Mutex<String> = std::sync::Mutex::new(String::new());
 
-/// Sets the flags a client was created with (see [`CLIENT_FLAGS`]); an unknown flag or a bad
-/// value is an error naming it, and nothing is set.
+/// Sets the flags a client was created with (see [`CLIENT_FLAGS`]); an unknown flag or a bad value is an error naming
+/// it, and nothing is set.
 pub fn set_client_flags(flags: &str) -> Result<(), String> {
     Flags::parse(flags).map_err(|e| e.to_string())?;
     *CLIENT_FLAGS.lock().unwrap_or_else(|e| e.into_inner()) = flags.to_owned();
@@ -289,9 +279,9 @@ pub fn run_pass(platform: Platform, module: &[u8], flags: &str, local_devices: &
         .join(" ");
     let flags = flags.as_str();
     let run = || -> Result<(i32, Option<Vec<u8>>, String), String> {
-        // Flags are checked on every call (a bad one is an error even for an empty module);
-        // the peer table only when a collective needs it. A module without a collective (the
-        // common case: XLA hands the pass every module) costs the pass one walk of its bytes.
+        // Flags are checked on every call (a bad one is an error even for an empty module); the peer table only when a
+        // collective needs it. A module without a collective (the common case: XLA hands the pass every module) costs
+        // the pass one walk of its bytes.
         let cfg = pass_config(platform, flags, local_devices)?;
         let outcome = xla_pass::run(module, &cfg).map_err(|e| e.to_string())?;
         let text = report(&outcome);
@@ -321,33 +311,32 @@ pub fn run_pass(platform: Platform, module: &[u8], flags: &str, local_devices: &
 
 /// The pass's answer to an error: the module unchanged, status -1 and the reason.
 fn failed(module: &[u8], e: String) -> (i32, Option<Vec<u8>>, String) {
-    // An empty module is a flag check (the Python package's `_check_flags`), whose caller
-    // reports the error once; a real module's error is logged here.
+    // An empty module is a flag check (the Python package's `_check_flags`), whose caller reports the error once; a
+    // real module's error is logged here.
     if !module.is_empty() {
         log::warn!("peerless pass: module left unchanged: {e}");
     }
     (-1, None, e)
 }
 
-/// The name the pass is registered under in XLA's transform registry (the Python package's
-/// name too: at most one of the two registers it).
+/// The name the pass is registered under in XLA's transform registry (the Python package's name too: at most one of the
+/// two registers it).
 pub const PASS_NAME: &str = "peerless_collectives";
 
-/// Set once the Python package loaded the wrapper: the pass is then the package's to register
-/// or leave off (it adds the job's topology under jax.distributed and counts decisions for
-/// `stats()`); the wrapper's client creation does not register it.
+/// Set once the Python package loaded the wrapper: the pass is then the package's to register or leave off (it adds the
+/// job's topology under jax.distributed and counts decisions for `stats()`); the wrapper's client creation does not
+/// register it.
 static PYTHON_OWNS_PASS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
-/// `PeerlessXlaPassFromPython`: the Python package owns the pass on the wrapped platform;
-/// called once it loaded the wrapper, before any client exists.
+/// `PeerlessXlaPassFromPython`: the Python package owns the pass on the wrapped platform; called once it loaded the
+/// wrapper, before any client exists.
 pub fn python_owns_pass() {
     PYTHON_OWNS_PASS.store(true, std::sync::atomic::Ordering::SeqCst);
 }
 
-/// The pass as XLA's own transform, for a process without the Python package (a C++ or
-/// ctypes PJRT client): one process, every device local, flags from `PEERLESS_FLAGS` and the
-/// compile options. Decisions go to the log (`info`); a module the pass cannot handle stays
-/// as it is (with a warning), as in `run_pass`.
+/// The pass as XLA's own transform, for a process without the Python package (a C++ or ctypes PJRT client): one
+/// process, every device local, flags from `PEERLESS_FLAGS` and the compile options. Decisions go to the log (`info`);
+/// a module the pass cannot handle stays as it is (with a warning), as in `run_pass`.
 fn transform(platform: Platform, module: &[u8]) -> Option<Vec<u8>> {
     let (status, out, report) = run_pass(platform, module, "", "");
     for line in report.lines().filter(|_| status >= 0) {
@@ -368,9 +357,9 @@ fn transform_rocm(module: &[u8]) -> Option<Vec<u8>> {
     transform(Platform::Rocm, module)
 }
 
-/// Registers the pass in `inner`'s XlaTransform registry for `platform` at PRE_SCHEDULER, once
-/// per process, unless the Python package owns it or `PEERLESS_ENABLE=0` (the wrapper without
-/// the pass, as under JAX). Returns whether this call registered it.
+/// Registers the pass in `inner`'s XlaTransform registry for `platform` at PRE_SCHEDULER, once per process, unless the
+/// Python package owns it or `PEERLESS_ENABLE=0` (the wrapper without the pass, as under JAX). Returns whether this
+/// call registered it.
 pub fn register_pass_in(inner: &ffi::pjrt::InnerPlugin, platform: Platform) -> Result<bool, String> {
     static DONE: std::sync::Mutex<bool> = std::sync::Mutex::new(false);
     let mut done = DONE.lock().unwrap_or_else(|e| e.into_inner());
@@ -407,8 +396,8 @@ unsafe fn c_str<'a>(p: *const c_char) -> &'a str {
 /// `PeerlessXlaPass(platform, module, len, flags, local_devices)`. Never returns null.
 ///
 /// # Safety
-/// `module` points to `len` readable bytes (or is null with `len == 0`); the strings are
-/// null or NUL-terminated. The result must be freed with [`pass_free`].
+/// `module` points to `len` readable bytes (or is null with `len == 0`); the strings are null or NUL-terminated. The
+/// result must be freed with [`pass_free`].
 pub unsafe fn pass_entry(
     platform: *const c_char,
     module: *const u8,
@@ -431,8 +420,8 @@ pub unsafe fn pass_entry(
     result(status, module, report)
 }
 
-/// `PeerlessXlaSetTopology(platform, topology)`: [`set_topology`]; status 0, or -1 with the
-/// reason in `report`. Never returns null.
+/// `PeerlessXlaSetTopology(platform, topology)`: [`set_topology`]; status 0, or -1 with the reason in `report`. Never
+/// returns null.
 ///
 /// # Safety
 /// The strings are null or NUL-terminated. The result must be freed with [`pass_free`].
@@ -446,9 +435,9 @@ pub unsafe fn set_topology_entry(platform: *const c_char, topology: *const c_cha
     }
 }
 
-/// `PeerlessXlaTakeDecisions()`: the decision lines of executables this process loaded
-/// without running the pass (a persistent cache hit), registered since the last call, in
-/// `report` ([`report`]'s format led by the platform and a tab; status 0). Never returns null; free with [`pass_free`].
+/// `PeerlessXlaTakeDecisions()`: the decision lines of executables this process loaded without running the pass (a
+/// persistent cache hit), registered since the last call, in `report` ([`report`]'s format led by the platform and a
+/// tab; status 0). Never returns null; free with [`pass_free`].
 pub fn take_decisions_entry() -> *mut PassResult {
     let lines = catch_unwind(thunks::runtime::take_decisions).unwrap_or_default();
     result(0, None, lines)

@@ -1,15 +1,14 @@
-//! The all-reduce epilogue the pass fuses: a sum all-reduce followed by the
-//! residual add and RMSNorm of a tensor-parallel transformer layer,
+//! The all-reduce epilogue the pass fuses: a sum all-reduce followed by the residual add and RMSNorm of a
+//! tensor-parallel transformer layer,
 //!
 //! ```text
 //! h = x + psum(a);  hf = f32(h);  y = T(hf * rsqrt(mean(hf * hf, -1) + eps) [* gamma])
 //! ```
 //!
-//! matched exactly on the module XLA hands the pass (at PRE_SCHEDULER XLA:CPU has already
-//! fused it into loop fusions, promoted bf16 arithmetic to f32 and split the row sum into a
-//! reduce-window and a reduce; the matcher reads through fusions to the operations they
-//! compute). Anything else stays as it was: a value the chain computes that anything outside
-//! it reads, another constant, another dimension, another order of operations.
+//! matched exactly on the module XLA hands the pass (at PRE_SCHEDULER XLA:CPU has already fused it into loop fusions,
+//! promoted bf16 arithmetic to f32 and split the row sum into a reduce-window and a reduce; the matcher reads through
+//! fusions to the operations they compute). Anything else stays as it was: a value the chain computes that anything
+//! outside it reads, another constant, another dimension, another order of operations.
 
 use hlo::analysis::{ReductionKind, recognize_reduction};
 use hlo::ir::Window;
@@ -73,8 +72,7 @@ impl<'m> Matcher<'m> {
         }
     }
 
-    /// `v` resolved: a fusion becomes its root (inside it), a fusion's parameter the fusion's
-    /// operand (outside it).
+    /// `v` resolved: a fusion becomes its root (inside it), a fusion's parameter the fusion's operand (outside it).
     fn enter(&self, mut v: V) -> Option<V> {
         for _ in 0..64 {
             let ins = self.m.instr(v.id);
@@ -148,8 +146,8 @@ impl<'m> Matcher<'m> {
         a.to_vec::<f32>()?.first().copied()
     }
 
-    /// Whether `v` is a broadcast of `inner` along the leading dimensions (a row's value to
-    /// every element of the row) into `dims`.
+    /// Whether `v` is a broadcast of `inner` along the leading dimensions (a row's value to every element of the row)
+    /// into `dims`.
     fn row_broadcast(&self, v: &V, dims: &[i64]) -> Option<V> {
         if !self.is(v, Opcode::Broadcast) || self.array(v)?.dims != dims {
             return None;
@@ -158,8 +156,8 @@ impl<'m> Matcher<'m> {
         (self.ins(v).attrs.dimensions.as_deref() == Some(&want[..])).then(|| self.operand(v, 0))?
     }
 
-    /// The f32 row sum over the last dimension of `dims` at `v`: what it sums. XLA:CPU's
-    /// split form (a reduce-window in chunks along the row, then a reduce) is the same sum.
+    /// The f32 row sum over the last dimension of `dims` at `v`: what it sums. XLA:CPU's split form (a reduce-window in
+    /// chunks along the row, then a reduce) is the same sum.
     fn row_sum(&self, v: &V, dims: &[i64]) -> Option<V> {
         let rank = dims.len();
         let sum_over_last = |v: &V| -> Option<V> {
@@ -225,13 +223,12 @@ fn round_to(ty: PrimitiveType) -> Option<RoundTo> {
     }
 }
 
-/// The residual add at `hc` (the sum of the all-reduce `ar` and a residual, in f32 or in the
-/// element type `t`): the residual's instruction and how the all-reduce's result is rounded.
+/// The residual add at `hc` (the sum of the all-reduce `ar` and a residual, in f32 or in the element type `t`): the
+/// residual's instruction and how the all-reduce's result is rounded.
 fn residual_add(mx: &Matcher<'_>, hc: &V, ar: InstrId, t: PrimitiveType) -> Option<(InstrId, Option<RoundTo>)> {
     let ar_ty = mx.m.instr(ar).shape.as_array()?.ty;
-    // The all-reduce's side: the result itself (same type as the add), or in an f32 add its
-    // result converted to f32, possibly through the element type (XLA:CPU sums bf16 in f32
-    // and rounds once).
+    // The all-reduce's side: the result itself (same type as the add), or in an f32 add its result converted to f32,
+    // possibly through the element type (XLA:CPU sums bf16 in f32 and rounds once).
     let is_ar = |v: &V| v.path.is_empty() && v.id == ar;
     let ar_side = |p: &V| -> Option<Option<RoundTo>> {
         if is_ar(p) {
@@ -253,8 +250,8 @@ fn residual_add(mx: &Matcher<'_>, hc: &V, ar: InstrId, t: PrimitiveType) -> Opti
     for (p, q) in mx.both(hc, Opcode::Add)? {
         let round = ar_side(&p);
         let Some(round) = round else { continue };
-        // The residual's side: an instruction of the computation of type `t`, converted to the
-        // add's type where they differ.
+        // The residual's side: an instruction of the computation of type `t`, converted to the add's type where they
+        // differ.
         let x = if mx.ty(&q) == Some(t) {
             q
         } else if mx.is(&q, Opcode::Convert) {
@@ -266,8 +263,8 @@ fn residual_add(mx: &Matcher<'_>, hc: &V, ar: InstrId, t: PrimitiveType) -> Opti
         } else {
             continue;
         };
-        // The residual is a top-level value: an instruction, or the root of a fusion (the
-        // previous layer's sum, which XLA:CPU wraps), which the matcher reads through.
+        // The residual is a top-level value: an instruction, or the root of a fusion (the previous layer's sum, which
+        // XLA:CPU wraps), which the matcher reads through.
         if let Some(top) = mx.top(&x).filter(|_| mx.array(&x).map(|a| &a.dims) == mx.array(hc).map(|a| &a.dims)) {
             return Some((top, round));
         }
@@ -275,15 +272,15 @@ fn residual_add(mx: &Matcher<'_>, hc: &V, ar: InstrId, t: PrimitiveType) -> Opti
     None
 }
 
-/// Matches the chain after all-reduce `ar` (a sum, in computation `comp`), starting from
-/// every instruction of `comp` that could be its `y`, last first. Returns the match, or `None`.
+/// Matches the chain after all-reduce `ar` (a sum, in computation `comp`), starting from every instruction of `comp`
+/// that could be its `y`, last first. Returns the match, or `None`.
 pub(super) fn match_rmsnorm(m: &Module, comp: CompId, ar: InstrId) -> Option<Fused> {
     let dims = m.instr(ar).shape.as_array()?.dims.clone();
     if dims.is_empty() || dims.iter().any(|&d| d < 1) {
         return None;
     }
-    // Latest first: where the chain goes on (n * gamma, then the cast), the longest match wins
-    // over its prefix (n alone in f32), which would leave the rest to XLA.
+    // Latest first: where the chain goes on (n * gamma, then the cast), the longest match wins over its prefix (n alone
+    // in f32), which would leave the rest to XLA.
     let instrs = &m.comp(comp).instrs;
     for &y in instrs.iter().rev() {
         let mx = Matcher { m, comp, touched: Default::default() };
@@ -400,8 +397,8 @@ fn try_norm(
     if !mx.is(&sq, Opcode::Multiply) || a != *hf || b != *hf {
         return None;
     }
-    // hf = f32(h) (h in the element type), or the f32 sum itself (XLA with excess precision
-    // reads the unrounded sum; then h is another instruction converting it).
+    // hf = f32(h) (h in the element type), or the f32 sum itself (XLA with excess precision reads the unrounded sum;
+    // then h is another instruction converting it).
     let (h_instr, hc, t, of_rounded) = if mx.is(hf, Opcode::Convert) {
         let h = mx.operand(hf, 0)?;
         let t = mx.ty(&h)?;
@@ -443,8 +440,8 @@ fn try_norm(
         return None;
     }
     let gamma_id = gamma.map(|g| g.id);
-    // Every instruction the chain read that is not an input or an output: only the chain may
-    // read it (else the program needs a value the call does not give).
+    // Every instruction the chain read that is not an input or an output: only the chain may read it (else the program
+    // needs a value the call does not give).
     let touched = mx.touched.borrow().clone();
     let inputs = [Some(x), gamma_id, Some(ar)];
     let outputs = [h_instr, y];
@@ -462,8 +459,8 @@ fn try_norm(
         let users: Vec<InstrId> = comp.instrs.iter().copied().filter(|u| m.instr(*u).operands.contains(&i)).collect();
         let external = users.iter().any(|u| !chain.contains(u)) || comp.root == i;
         if constant_like(m, i) {
-            // XLA shares a constant's broadcast among every layer's norm (CSE), so others may
-            // read it: it stays, and XLA's dead-code pass removes it if nothing does.
+            // XLA shares a constant's broadcast among every layer's norm (CSE), so others may read it: it stays, and
+            // XLA's dead-code pass removes it if nothing does.
             continue;
         }
         if external {

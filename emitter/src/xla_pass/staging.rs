@@ -1,10 +1,10 @@
-//! Shared staging: which calls may share one slot (the module's data and control order), and
-//! how much each slot stages on the host and on a GPU.
+//! Shared staging: which calls may share one slot (the module's data and control order), and how much each slot stages
+//! on the host and on a GPU.
 
 use super::*;
 
-/// Bytes of one host staging buffer a call of collective `id` stages
-/// ([`CustomCallConfig::host_staging_bytes`], the rule `kernels::host::direct` lays out by).
+/// Bytes of one host staging buffer a call of collective `id` stages ([`CustomCallConfig::host_staging_bytes`], the
+/// rule `kernels::host::direct` lays out by).
 pub(super) fn staged_bytes(module: &Module, id: InstrId) -> u64 {
     CustomCallConfig::host_staging_bytes(&operand_bytes(module, id)) as u64
 }
@@ -14,18 +14,17 @@ fn operand_bytes(module: &Module, id: InstrId) -> Vec<usize> {
     module.instr(id).operands.iter().filter_map(|&o| module.instrs.get(o)).map(|o| o.shape.byte_size()).collect()
 }
 
-/// Staging `call` (the rewrite of `id`) needs on each GPU
-/// ([`CustomCallConfig::gpu_staging_bytes`]: results too, where the host stages operands).
+/// Staging `call` (the rewrite of `id`) needs on each GPU ([`CustomCallConfig::gpu_staging_bytes`]: results too, where
+/// the host stages operands).
 pub(super) fn gpu_staged_bytes(module: &Module, id: InstrId, call: &CustomCallConfig) -> u64 {
     let rets: Vec<usize> = module.instr(id).shape.leaves().iter().map(|l| l.byte_size()).collect();
     call.gpu_staging_bytes(&operand_bytes(module, id), &rets) as u64
 }
 
-/// Keeps the module's GPU staging within [`STAGING_SHARE_OF_FREE`] of the least free device
-/// memory (`free`): while it exceeds that, the calls of the largest slot go back to XLA, each
-/// decision saying why, so a program that XLA alone could run never fails allocating
-/// Peerless's staging. Calls whose groups span processes stay: every process must rewrite
-/// the same collectives, and each would measure its own free memory.
+/// Keeps the module's GPU staging within [`STAGING_SHARE_OF_FREE`] of the least free device memory (`free`): while it
+/// exceeds that, the calls of the largest slot go back to XLA, each decision saying why, so a program that XLA alone
+/// could run never fails allocating Peerless's staging. Calls whose groups span processes stay: every process must
+/// rewrite the same collectives, and each would measure its own free memory.
 pub(super) fn fit_staging(module: &Module, free: Option<u64>, calls: &mut Vec<Call>, decisions: &mut [PassDecision]) {
     let Some(free) = free else { return };
     let budget = free / STAGING_SHARE_OF_FREE;
@@ -74,18 +73,16 @@ pub(super) fn fit_staging(module: &Module, free: Option<u64>, calls: &mut Vec<Ca
     });
 }
 
-/// On a platform that may run a device's data-independent calls at once (XLA:CPU), a call
-/// that waits for its peers on a pool thread beside an unordered collective can deadlock:
-/// device A waits in one while device B, its threads all waiting in the other, never reaches
-/// the first. XLA orders its own collectives (one communicator resource) and the rewrite
-/// chains Peerless's calls of a computation (`rewrite`'s `chain`); nothing orders a call with
-/// anything else that blocks. So a call stays a kernel only if, by data dependencies, it is
-/// ordered with every collective of its computation that stays XLA's and every loop, call or
-/// conditional there that runs a collective, and, where it lies in such a computation, that
-/// instruction is ordered likewise with everything in its caller that blocks (collectives,
-/// Peerless's included, and other such instructions), up to the entry. Calls sent back are
-/// XLA's from then on, so the check repeats until nothing changes; each decision names what
-/// the call could run beside. Every process of a job decides alike (the same module).
+/// On a platform that may run a device's data-independent calls at once (XLA:CPU), a call that waits for its peers on a
+/// pool thread beside an unordered collective can deadlock: device A waits in one while device B, its threads all
+/// waiting in the other, never reaches the first. XLA orders its own collectives (one communicator resource) and the
+/// rewrite chains Peerless's calls of a computation (`rewrite`'s `chain`); nothing orders a call with anything else
+/// that blocks. So a call stays a kernel only if, by data dependencies, it is ordered with every collective of its
+/// computation that stays XLA's and every loop, call or conditional there that runs a collective, and, where it lies in
+/// such a computation, that instruction is ordered likewise with everything in its caller that blocks (collectives,
+/// Peerless's included, and other such instructions), up to the entry. Calls sent back are XLA's from then on, so the
+/// check repeats until nothing changes; each decision names what the call could run beside. Every process of a job
+/// decides alike (the same module).
 pub(super) fn keep_ordered(deps: &Deps, index: &Index<'_>, calls: &mut Vec<Call>, decisions: &mut [PassDecision]) {
     let ordered = |a: InstrId, b: InstrId| deps.precedes(a, b) || deps.precedes(b, a);
     // How decisions name a collective, or a unit (`computation/id`).
@@ -102,8 +99,8 @@ pub(super) fn keep_ordered(deps: &Deps, index: &Index<'_>, calls: &mut Vec<Call>
         in_comp.entry(c).or_default().push((label(x), x));
     }
     in_comp.values_mut().for_each(|v| v.sort_unstable());
-    // What blocks in computation `comp`: its units and its collectives that stay XLA's
-    // (`peerless`: those still Peerless's too).
+    // What blocks in computation `comp`: its units and its collectives that stay XLA's (`peerless`: those still
+    // Peerless's too).
     let blockers = |comp: CompId, kernels: &BTreeSet<InstrId>, peerless: bool| -> Vec<InstrId> {
         let all = in_comp.get(&comp).into_iter().flatten().map(|&(_, x)| x);
         all.filter(|x| peerless || deps.units.contains_key(x) || !kernels.contains(x)).collect()
@@ -158,20 +155,19 @@ pub(super) fn keep_ordered(deps: &Deps, index: &Index<'_>, calls: &mut Vec<Call>
     }
 }
 
-/// Data dependencies between a module's collectives, read from the whole module's index (the
-/// slim module the decisions read keeps only collectives and their direct operands).
+/// Data dependencies between a module's collectives, read from the whole module's index (the slim module the decisions
+/// read keeps only collectives and their direct operands).
 #[derive(Debug, Default)]
 pub(super) struct Deps {
-    /// Each collective asked for → its computation and its ancestors among them (bit
-    /// `index[x]`; a collective is its own ancestor).
+    /// Each collective asked for → its computation and its ancestors among them (bit `index[x]`; a collective is its
+    /// own ancestor).
     pub(super) ancestors: HashMap<InstrId, (CompId, Vec<u64>)>,
     index: HashMap<InstrId, usize>,
     /// Computation → the computations of the instructions that call it, one per call.
     callers: HashMap<CompId, Vec<CompId>>,
     pub(super) entry: Option<CompId>,
-    /// Control-flow units: an instruction that runs a computation holding a wanted
-    /// collective (a loop, a call, a conditional), in `ancestors` too, by the computations
-    /// it runs.
+    /// Control-flow units: an instruction that runs a computation holding a wanted collective (a loop, a call, a
+    /// conditional), in `ancestors` too, by the computations it runs.
     pub(super) units: HashMap<InstrId, Vec<CompId>>,
 }
 
@@ -184,9 +180,9 @@ impl Deps {
         }
     }
 
-    /// Whether every computation from the entry down to `comp` has one caller: then each
-    /// run of `comp` is ordered after the last by its caller (a loop's iterations, one call
-    /// site), and its collectives never run twice at once on a device.
+    /// Whether every computation from the entry down to `comp` has one caller: then each run of `comp` is ordered after
+    /// the last by its caller (a loop's iterations, one call site), and its collectives never run twice at once on a
+    /// device.
     pub(super) fn runs_alone(&self, comp: CompId) -> bool {
         let mut c = comp;
         for _ in 0..=self.callers.len() {
@@ -241,9 +237,8 @@ pub(super) fn dependencies(index: &Index<'_>, wanted: &[InstrId]) -> Deps {
         if !c.instrs.iter().any(|x| deps.index.contains_key(x)) {
             continue;
         }
-        // Operands before users (a proto promises no order): depth first, without recursion
-        // (modules may be deep); an instruction is entered once (a DAG: whatever was entered
-        // before is finished by the time a user needs it).
+        // Operands before users (a proto promises no order): depth first, without recursion (modules may be deep); an
+        // instruction is entered once (a DAG: whatever was entered before is finished by the time a user needs it).
         let operands = |x: InstrId| index.instrs[x].operands.iter().filter_map(move |&o| index.ids.resolve(cid, o));
         let mut bits: HashMap<InstrId, Vec<u64>> = HashMap::with_capacity(c.instrs.len());
         let mut entered: std::collections::HashSet<InstrId> = std::collections::HashSet::with_capacity(c.instrs.len());
@@ -275,27 +270,23 @@ pub(super) fn dependencies(index: &Index<'_>, wanted: &[InstrId]) -> Deps {
     deps
 }
 
-/// Shared staging: gives each rewritten collective in one process a staging
-/// `slot`, shared with the collectives every device is sure to run before or after it, never
-/// at the same time.
+/// Shared staging: gives each rewritten collective in one process a staging `slot`, shared with the collectives every
+/// device is sure to run before or after it, never at the same time.
 ///
-/// The rule: two calls share a slot only if they lie in the same computation, that
-/// computation runs alone (every computation from the entry down to it has one caller, so
-/// its collectives never run twice at once), they have the same groups (a permute: the same
-/// pairs; a permute never shares with a grouped collective), and the slot's last call is a
-/// data-dependency ancestor of the new one. All devices run the same SPMD program, and
-/// XLA:CPU's thunk executor (like a stream) never runs a thunk before its operands' producers,
-/// so every device runs a slot's calls in one order, one at a time: the sequence of launches
-/// the protocols handle for one collective. Calls XLA may run concurrently or in another
-/// order on another device (data-independent ones) get different slots. Slots are opened
-/// greedily in a topological order. Calls across processes share alike (one shared-memory
-/// segment per slot); their slot id, the first call's `instance`, is then the same in every
-/// process, and every process assigns the same slots (the same module, a deterministic
-/// walk). Every call keeps staging of its own where the module's dependencies cannot be read.
+/// The rule: two calls share a slot only if they lie in the same computation, that computation runs alone (every
+/// computation from the entry down to it has one caller, so its collectives never run twice at once), they have the
+/// same groups (a permute: the same pairs; a permute never shares with a grouped collective), and the slot's last call
+/// is a data-dependency ancestor of the new one. All devices run the same SPMD program, and XLA:CPU's thunk executor
+/// (like a stream) never runs a thunk before its operands' producers, so every device runs a slot's calls in one order,
+/// one at a time: the sequence of launches the protocols handle for one collective. Calls XLA may run concurrently or
+/// in another order on another device (data-independent ones) get different slots. Slots are opened greedily in a
+/// topological order. Calls across processes share alike (one shared-memory segment per slot); their slot id, the first
+/// call's `instance`, is then the same in every process, and every process assigns the same slots (the same module, a
+/// deterministic walk). Every call keeps staging of its own where the module's dependencies cannot be read.
 ///
-/// A slot's id is its first call's `instance` (unique per compile, like instances), its
-/// `slot_bytes` the largest host staging buffer among its calls and its `slot_gpu_bytes` the
-/// largest GPU staging (both platforms' sizes travel: the pass does not know which runs it).
+/// A slot's id is its first call's `instance` (unique per compile, like instances), its `slot_bytes` the largest host
+/// staging buffer among its calls and its `slot_gpu_bytes` the largest GPU staging (both platforms' sizes travel: the
+/// pass does not know which runs it).
 pub(super) fn assign_slots(module: &Module, deps: &Deps, calls: &mut [Call]) {
     // Calls by computation.
     let mut by_comp: BTreeMap<CompId, Vec<usize>> = BTreeMap::new();
@@ -312,9 +303,8 @@ pub(super) fn assign_slots(module: &Module, deps: &Deps, calls: &mut [Call]) {
         // A topological order: an ancestor has fewer ancestors than its descendants.
         let count = |k: usize| deps.ancestors[&calls[k].ix].1.iter().map(|w| w.count_ones()).sum::<u32>();
         ks.sort_by_key(|&k| count(k));
-        // Open slots by group set: (its last call, its first call).
-        // A call on an async queue may run beside one on the compute stream: the queue is
-        // part of the key, so only calls of one stream share.
+        // Open slots by group set: (its last call, its first call). A call on an async queue may run beside one on the
+        // compute stream: the queue is part of the key, so only calls of one stream share.
         type Key = (u64, bool, Vec<Vec<usize>>, Vec<(usize, usize)>);
         let mut open: HashMap<Key, Vec<(usize, usize)>> = HashMap::new();
         let mut first_of: HashMap<usize, usize> = HashMap::new();

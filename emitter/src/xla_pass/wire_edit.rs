@@ -1,12 +1,12 @@
-//! The pass's edits on the wire: the quick scan for collectives, the slim module the decisions
-//! read, and the rewrite of the taken collectives into pinned custom calls.
+//! The pass's edits on the wire: the quick scan for collectives, the slim module the decisions read, and the rewrite of
+//! the taken collectives into pinned custom calls.
 
 use std::borrow::Cow;
 
 use super::*;
 
-/// Whether the module has any collective: the cheap check that lets the pass return at
-/// once for the many modules without one.
+/// Whether the module has any collective: the cheap check that lets the pass return at once for the many modules
+/// without one.
 pub fn has_collectives(module: &[u8]) -> Result<bool, PassError> {
     Ok(any_collective(&Index::new(module)?))
 }
@@ -15,13 +15,12 @@ pub(super) fn any_collective(index: &Index<'_>) -> bool {
     index.instrs.values().any(|i| COLLECTIVE_OPCODES.contains(&i.opcode))
 }
 
-/// What the decisions read, and nothing else: a module of the computations that hold
-/// collectives, each reduced to its collectives (verbatim but for control predecessors)
-/// and their operands (as parameters of the same name, id and shape), plus the
-/// computations the collectives call (reducers), verbatim. Decoding it costs a fraction of
-/// decoding the whole module (a 32-layer train step: 3.8 MB, 29 672 instructions in 3 435
-/// computations, of which the slim module keeps the few hundred that matter). Also returns
-/// the index id of each of its instructions, in order (as the decoder numbers them).
+/// What the decisions read, and nothing else: a module of the computations that hold collectives, each reduced to its
+/// collectives (verbatim but for control predecessors) and their operands (as parameters of the same name, id and
+/// shape), plus the computations the collectives call (reducers), verbatim. Decoding it costs a fraction of decoding
+/// the whole module (a 32-layer train step: 3.8 MB, 29 672 instructions in 3 435 computations, of which the slim module
+/// keeps the few hundred that matter). Also returns the index id of each of its instructions, in order (as the decoder
+/// numbers them).
 pub(super) fn slim(index: &Index<'_>) -> (Vec<u8>, Vec<InstrId>) {
     let mut out = Vec::with_capacity(index.top.iter().map(|f| f.raw.len()).sum::<usize>() / 8);
     for x in index.top.iter().filter(|x| MODULE_KEPT.contains(&x.number)) {
@@ -83,8 +82,8 @@ pub(super) fn slim(index: &Index<'_>) -> (Vec<u8>, Vec<InstrId>) {
     (out, at)
 }
 
-/// `shape` (a ShapeProto) with a layout on every array: the one it has, else the default
-/// (row-major). A pinned custom call must say every layout (XLA rejects one without).
+/// `shape` (a ShapeProto) with a layout on every array: the one it has, else the default (row-major). A pinned custom
+/// call must say every layout (XLA rejects one without).
 pub(super) fn with_layout(shape: &[u8]) -> Result<Vec<u8>, PassError> {
     use hlo::wire::enums::{OPAQUE_TYPE, TOKEN_TYPE, TUPLE_TYPE};
     use hlo::wire::layout::MINOR_TO_MAJOR;
@@ -130,12 +129,11 @@ pub(super) fn leaves(shape: &[u8]) -> Result<usize, PassError> {
     }
 }
 
-/// Pins a call's operand layouts (and, with its shape written by [`with_layout`], its
-/// result's): XLA's layout assignment keeps a layout-constrained custom call's layouts, where
-/// it may give an unconstrained one any (XLA:GPU assigns layouts after the pass and gave an
-/// all-to-all's call `{3,2,0,1}`, which a handler told nothing reads as row-major). The
-/// handlers are told exactly these layouts (`layout` attribute, or none where operand and
-/// result agree): the same shapes the pass decided on.
+/// Pins a call's operand layouts (and, with its shape written by [`with_layout`], its result's): XLA's layout
+/// assignment keeps a layout-constrained custom call's layouts, where it may give an unconstrained one any (XLA:GPU
+/// assigns layouts after the pass and gave an all-to-all's call `{3,2,0,1}`, which a handler told nothing reads as
+/// row-major). The handlers are told exactly these layouts (`layout` attribute, or none where operand and result
+/// agree): the same shapes the pass decided on.
 pub(super) fn pin_operands(
     ins: &mut Vec<u8>,
     operands: &[i64],
@@ -151,8 +149,8 @@ pub(super) fn pin_operands(
     Ok(())
 }
 
-/// The fields an instruction the pass turns into another opcode keeps: what names it and
-/// what users and tools see of it.
+/// The fields an instruction the pass turns into another opcode keeps: what names it and what users and tools see of
+/// it.
 const IDENTITY: [u32; 6] = [
     instruction::NAME,
     instruction::SHAPE,
@@ -169,10 +167,9 @@ fn copy_fields(fs: &[Field<'_>], keep: &[u32], out: &mut Vec<u8>) {
     }
 }
 
-/// The backend config of a call on XLA:GPU's operation queue `queue` ([`super::ASYNC_QUEUE`];
-/// 0: the MLIR dictionary itself): a `GpuBackendConfig` in proto JSON whose
-/// `custom_call_backend_config.attributes` carries the dictionary, where XLA:GPU reads a
-/// typed-FFI call's attributes from when its backend config parses as one.
+/// The backend config of a call on XLA:GPU's operation queue `queue` ([`super::ASYNC_QUEUE`]; 0: the MLIR dictionary
+/// itself): a `GpuBackendConfig` in proto JSON whose `custom_call_backend_config.attributes` carries the dictionary,
+/// where XLA:GPU reads a typed-FFI call's attributes from when its backend config parses as one.
 fn on_queue(dict: String, queue: u64) -> String {
     if queue == 0 {
         return dict;
@@ -192,27 +189,24 @@ pub(super) fn put_call(ins: &mut Vec<u8>, target: &str, config: &str) {
     put_varint(ins, instruction::CUSTOM_CALL_API_VERSION, API_VERSION_TYPED_FFI);
 }
 
-/// Re-encodes the module with the instructions in `rewrites` (index ids) turned into custom
-/// calls (target, backend_config, [`Form`]), and its entry computation's layouts pinned
-/// ([`pin_entry`]). An async start's `-done` (the instruction of that opcode whose operand
-/// is the start) is rewritten with it: a `copy` of an all-reduce's call, element 1 of the
-/// `(operand, result)` tuple of the others. An inserted call gets an id one past the largest
-/// of its computation (ids carry their computation in the upper 32 bits in modules XLA
-/// writes) that no instruction of the module has, and the start's name with `.peerless`
-/// (made unique). Computations with nothing to change are copied as they are.
+/// Re-encodes the module with the instructions in `rewrites` (index ids) turned into custom calls (target,
+/// backend_config, [`Form`]), and its entry computation's layouts pinned ([`pin_entry`]). An async start's `-done` (the
+/// instruction of that opcode whose operand is the start) is rewritten with it: a `copy` of an all-reduce's call,
+/// element 1 of the `(operand, result)` tuple of the others. An inserted call gets an id one past the largest of its
+/// computation (ids carry their computation in the upper 32 bits in modules XLA writes) that no instruction of the
+/// module has, and the start's name with `.peerless` (made unique). Computations with nothing to change are copied as
+/// they are.
 ///
-/// With `chain` (XLA:CPU, whose thunk executor runs a device's independent thunks at once),
-/// each call after the first of a computation that `chain(previous, call)` says nothing
-/// orders yet also takes, as its last operand, the previous call of that computation in
-/// instruction order (the instruction the earlier rewrite left under that id: the call, or an
-/// async form's tuple), and says how many buffers that adds (`order_operands`): every device
-/// then runs a computation's calls one at a time, in one order. Instruction order is a
-/// topological order, so the added edges make no cycle.
+/// With `chain` (XLA:CPU, whose thunk executor runs a device's independent thunks at once), each call after the first
+/// of a computation that `chain(previous, call)` says nothing orders yet also takes, as its last operand, the previous
+/// call of that computation in instruction order (the instruction the earlier rewrite left under that id: the call, or
+/// an async form's tuple), and says how many buffers that adds (`order_operands`): every device then runs a
+/// computation's calls one at a time, in one order. Instruction order is a topological order, so the added edges make
+/// no cycle.
 ///
-/// A call in `fused` ([`super::fuse::Fused`]) also takes the residual (and gamma) and returns
-/// the tuple `(h, y)`: the instructions that computed `h` and `y` become its elements, those
-/// only the chain read are dropped, and the computation's instructions are put back in a
-/// topological order (the call needs operands the all-reduce did not).
+/// A call in `fused` ([`super::fuse::Fused`]) also takes the residual (and gamma) and returns the tuple `(h, y)`: the
+/// instructions that computed `h` and `y` become its elements, those only the chain read are dropped, and the
+/// computation's instructions are put back in a topological order (the call needs operands the all-reduce did not).
 pub(super) fn rewrite(
     index: &Index<'_>,
     rewrites: &HashMap<InstrId, (&'static str, CustomCallConfig, Form)>,
@@ -245,8 +239,8 @@ pub(super) fn rewrite(
             out.extend_from_slice(f.raw);
             continue;
         }
-        // Async starts rewritten here, by id, the largest id of the computation and every
-        // instruction's shape by id (a call's operands are in its computation).
+        // Async starts rewritten here, by id, the largest id of the computation and every instruction's shape by id (a
+        // call's operands are in its computation).
         let mut starts: HashMap<i64, Form> = HashMap::new();
         let mut shapes: HashMap<i64, &[u8]> = HashMap::new();
         let mut max_id = 0i64;
@@ -266,8 +260,7 @@ pub(super) fn rewrite(
         let mut any_fused = false;
         // The previous call of this computation (`chain`): its instruction's id and index id.
         let mut prev: Option<(i64, InstrId)> = None;
-        // A call's config, with `order_operands` where it is chained after `prev`, and the
-        // operand to add.
+        // A call's config, with `order_operands` where it is chained after `prev`, and the operand to add.
         let ordered = |config: &CustomCallConfig,
                        prev: Option<(i64, InstrId)>,
                        this: InstrId|
@@ -425,8 +418,8 @@ pub(super) fn rewrite(
     Ok(out)
 }
 
-/// A computation's instructions in a topological order (operands and control predecessors
-/// first), otherwise in the order they had; its other fields as they were.
+/// A computation's instructions in a topological order (operands and control predecessors first), otherwise in the
+/// order they had; its other fields as they were.
 fn topological(comp: &[u8]) -> Result<Vec<u8>, PassError> {
     let cf = fields(comp)?;
     let mut out = Vec::with_capacity(comp.len());
@@ -466,8 +459,7 @@ fn topological(comp: &[u8]) -> Result<Vec<u8>, PassError> {
     Ok(out)
 }
 
-/// `shape` without its layouts (a tuple's, recursively): what two shapes must share for one to
-/// stand for the other.
+/// `shape` without its layouts (a tuple's, recursively): what two shapes must share for one to stand for the other.
 fn unlaid(shape: &[u8]) -> Result<Vec<u8>, PassError> {
     use hlo::wire::shape::{LAYOUT, TUPLE_SHAPES};
     let mut out = Vec::with_capacity(shape.len());
@@ -502,19 +494,17 @@ fn fully_laid(shape: &[u8]) -> Result<bool, PassError> {
     }
 }
 
-/// The rewritten entry computation `comp` with its parameters and root carrying the layouts
-/// of the module's `host_program_shape` (the entry computation layout: what the user asked
-/// for, or XLA's defaults), or `None` where they already do. `ids` and `names`: those of the
-/// rewritten module (a root copy gets fresh ones).
+/// The rewritten entry computation `comp` with its parameters and root carrying the layouts of the module's
+/// `host_program_shape` (the entry computation layout: what the user asked for, or XLA's defaults), or `None` where
+/// they already do. `ids` and `names`: those of the rewritten module (a root copy gets fresh ones).
 ///
-/// Why: before layout assignment (XLA:GPU's PRE_SCHEDULER) the entry layout lives only in the
-/// module's configuration, and XLA takes a changed module's entry layout from its entry's
-/// parameter and root shapes (the PJRT transform hook replaces the entry computation). Left
-/// as they come (row-major), a user's layout would silently become the default, and JAX
-/// refuses the executable ("Unexpected XLA layout override"). A parameter's shape constrains
-/// nothing: XLA adds a copy where a pinned call reads it in another layout. A root whose own
-/// layout is pinned (a Peerless call) keeps it and gets a `copy` in the entry layout as the
-/// new root. Shapes that leave a layout out (JAX's `AUTO`) stay as they are: XLA chooses.
+/// Why: before layout assignment (XLA:GPU's PRE_SCHEDULER) the entry layout lives only in the module's configuration,
+/// and XLA takes a changed module's entry layout from its entry's parameter and root shapes (the PJRT transform hook
+/// replaces the entry computation). Left as they come (row-major), a user's layout would silently become the default,
+/// and JAX refuses the executable ("Unexpected XLA layout override"). A parameter's shape constrains nothing: XLA adds
+/// a copy where a pinned call reads it in another layout. A root whose own layout is pinned (a Peerless call) keeps it
+/// and gets a `copy` in the entry layout as the new root. Shapes that leave a layout out (JAX's `AUTO`) stay as they
+/// are: XLA chooses.
 fn pin_entry(
     index: &Index<'_>,
     comp: &[u8],

@@ -1,48 +1,40 @@
-//! The GPU runtime behind XLA's FFI handlers, written once for both vendors over the device
-//! layer ([`XlaBackend`]: [`crate::gpu::Backend`] plus [`ffi::gpu::Interop`]): Peerless's
-//! peer-access kernels launched on XLA's stream, with XLA's buffers as operands and results.
-//! [`GpuRuntime<Cuda>`](GpuRuntime) serves XLA's CUDA platform (`crate::cuda::xla`), and with
-//! feature `rocm` [`GpuRuntime<Hip>`](GpuRuntime) XLA's ROCm platform (`crate::rocm::xla`).
-//! Each vendor keeps its own process-wide state ([`RuntimeState`], from
-//! [`XlaBackend::state`]): its clique, slot table, device ids and held-bytes counters are
-//! never shared with the other's.
+//! The GPU runtime behind XLA's FFI handlers, written once for both vendors over the device layer ([`XlaBackend`]:
+//! [`crate::gpu::Backend`] plus [`ffi::gpu::Interop`]): Peerless's peer-access kernels launched on XLA's stream, with
+//! XLA's buffers as operands and results. [`GpuRuntime<Cuda>`](GpuRuntime) serves XLA's CUDA platform
+//! (`crate::cuda::xla`), and with feature `rocm` [`GpuRuntime<Hip>`](GpuRuntime) XLA's ROCm platform
+//! (`crate::rocm::xla`). Each vendor keeps its own process-wide state ([`RuntimeState`], from [`XlaBackend::state`]):
+//! its clique, slot table, device ids and held-bytes counters are never shared with the other's.
 //!
-//! - The process's GPUs are opened once ([`Clique`]: primary contexts, the kernel module,
-//!   peer access enabled and probed per pair): XLA uses the same primary contexts.
-//! - Symmetric staging and signal flags on every device of a group ([`Instance`]) belong to
-//!   a staging *slot*: the pass gives one slot to the collectives of an executable
-//!   that every device runs one after another on its stream (same computation, same groups,
-//!   a chain of data dependencies; `emitter::xla_pass`'s slot rule), so a program of N
-//!   collectives holds its slots' staging, not N collectives' (a call without a slot keeps
-//!   staging of its own). A slot is sized by the pass for its largest call
-//!   ([`CustomCallConfig::gpu_staging_bytes`]); every kernel's barrier values of launch epoch
-//!   e are 2e - 1 and 2e, so one-shot, two-shot, reduce-scatter and exchange launches may
-//!   follow each other on one slot's flags. Each device's part is allocated in its
-//!   INITIALIZE stage and kept with the executable (XLA FFI state set at INSTANTIATE, one
-//!   reference per call of the slot; freed when XLA destroys the executable; where XLA keeps
-//!   no state, the state adopted for the process, `ffi_handler::Adopted`). Launch counters (epochs) live on the device, so XLA may
-//!   capture a call into a command buffer (CUDA or HIP graph) and replay it without the
+//! - The process's GPUs are opened once ([`Clique`]: primary contexts, the kernel module, peer access enabled and
+//!   probed per pair): XLA uses the same primary contexts.
+//! - Symmetric staging and signal flags on every device of a group ([`Instance`]) belong to a staging *slot*: the pass
+//!   gives one slot to the collectives of an executable that every device runs one after another on its stream (same
+//!   computation, same groups, a chain of data dependencies; `emitter::xla_pass`'s slot rule), so a program of N
+//!   collectives holds its slots' staging, not N collectives' (a call without a slot keeps staging of its own). A slot
+//!   is sized by the pass for its largest call ([`CustomCallConfig::gpu_staging_bytes`]); every kernel's barrier values
+//!   of launch epoch e are 2e - 1 and 2e, so one-shot, two-shot, reduce-scatter and exchange launches may follow each
+//!   other on one slot's flags. Each device's part is allocated in its INITIALIZE stage and kept with the executable
+//!   (XLA FFI state set at INSTANTIATE, one reference per call of the slot; freed when XLA destroys the executable;
+//!   where XLA keeps no state, the state adopted for the process, `ffi_handler::Adopted`). Launch counters (epochs)
+//!   live on the device, so XLA may capture a call into a command buffer (CUDA or HIP graph) and replay it without the
 //!   handler.
-//! - All-reduce and reduce-scatter read XLA's operand and write XLA's result directly (the
-//!   kernels stage the operand into the symmetric buffer themselves). All-gather, all-to-all
-//!   and permute push into the peers' symmetric staging (a peer's XLA buffer address is not
-//!   known to us), then each device copies its staging into its result, in stream order:
-//!   the next call's "ready" barrier cannot pass before that copy has run.
-//! - Groups across processes of one host (calls with `processes`, `jax.distributed`): each
-//!   process allocates its own devices' parts, and in INITIALIZE posts their IPC handles
-//!   (CUDA or HIP IPC) in a shared segment named by the running job's token
-//!   ([`thunks::runtime::job`]), the collective's shared id and the vendor
-//!   ([`crate::host::shm::exchange`]); it opens the other processes' handles (peer access
-//!   enabled lazily) and the kernels run as in one process. XLA calls the handlers with the
-//!   GPU's ordinal, which is not the device id there: [`set_device_ids`] maps it, from the
-//!   topology the Python package hands over before any executable of the job runs (compiled
-//!   or loaded from a persistent cache; the module holds nothing of the run).
-//! - A peer that never arrives ends the kernel's bounded wait: the kernel writes the missing
-//!   members into its status word and into a host-mapped report word, and the next call of the collective on that
-//!   device reports them as an error (no host synchronisation on the hot path).
+//! - All-reduce and reduce-scatter read XLA's operand and write XLA's result directly (the kernels stage the operand
+//!   into the symmetric buffer themselves). All-gather, all-to-all and permute push into the peers' symmetric staging
+//!   (a peer's XLA buffer address is not known to us), then each device copies its staging into its result, in stream
+//!   order: the next call's "ready" barrier cannot pass before that copy has run.
+//! - Groups across processes of one host (calls with `processes`, `jax.distributed`): each process allocates its own
+//!   devices' parts, and in INITIALIZE posts their IPC handles (CUDA or HIP IPC) in a shared segment named by the
+//!   running job's token ([`thunks::runtime::job`]), the collective's shared id and the vendor
+//!   ([`crate::host::shm::exchange`]); it opens the other processes' handles (peer access enabled lazily) and the
+//!   kernels run as in one process. XLA calls the handlers with the GPU's ordinal, which is not the device id there:
+//!   [`set_device_ids`] maps it, from the topology the Python package hands over before any executable of the job runs
+//!   (compiled or loaded from a persistent cache; the module holds nothing of the run).
+//! - A peer that never arrives ends the kernel's bounded wait: the kernel writes the missing members into its status
+//!   word and into a host-mapped report word, and the next call of the collective on that device reports them as an
+//!   error (no host synchronisation on the hot path).
 //!
-//! On ROCm every line here is compile-checked and unit-tested without a GPU; none of it has
-//! run on an AMD GPU (docs/ROCM.md).
+//! On ROCm every line here is compile-checked and unit-tested without a GPU; none of it has run on an AMD GPU
+//! (docs/ROCM.md).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::marker::PhantomData;
@@ -66,29 +58,29 @@ mod copy_engine;
 mod launch;
 use launch::{Frame, Plan, check_epilogue};
 
-/// A vendor's device layer as the runtime behind XLA's handlers needs it: the kernels'
-/// backend ([`Backend`]), what living inside XLA takes ([`Interop`]: IPC, host-mapped memory,
-/// XLA's streams, free memory), and the vendor's own process-wide state.
+/// A vendor's device layer as the runtime behind XLA's handlers needs it: the kernels' backend ([`Backend`]), what
+/// living inside XLA takes ([`Interop`]: IPC, host-mapped memory, XLA's streams, free memory), and the vendor's own
+/// process-wide state.
 pub trait XlaBackend: Backend + Interop + Sized {
-    /// Whether this vendor's handlers run a call with an epilogue (the fused all-reduce +
-    /// RMSNorm kernel, `pl_one_shot_norm_*`): CUDA does; ROCm refuses one (its kernel has
-    /// not run on an AMD GPU, and the pass never fuses there: capability `fused_norm`).
+    /// Whether this vendor's handlers run a call with an epilogue (the fused all-reduce + RMSNorm kernel,
+    /// `pl_one_shot_norm_*`): CUDA does; ROCm refuses one (its kernel has not run on an AMD GPU, and the pass never
+    /// fuses there: capability `fused_norm`).
     const FUSED_NORM: bool = false;
 
     /// This vendor's runtime state, one `static` per vendor (never shared with another's).
     fn state() -> &'static RuntimeState<Self>;
 }
 
-/// What the runtime of one vendor keeps for the process: the clique, the device ids, the
-/// bytes held per GPU, the live instances, the executable-state type and the slot tables.
-/// Declare one per vendor with [`RuntimeState::new`] in a `static`.
+/// What the runtime of one vendor keeps for the process: the clique, the device ids, the bytes held per GPU, the live
+/// instances, the executable-state type and the slot tables. Declare one per vendor with [`RuntimeState::new`] in a
+/// `static`.
 pub struct RuntimeState<B: XlaBackend> {
     /// Every GPU of the process, opened once (`opening`: by one thread at a time).
     clique: OnceLock<Clique<B>>,
     opening: Mutex<()>,
-    /// Local ordinal → device id, where this process does not own every device of the job
-    /// (`jax.distributed`; [`NO_ID`]: none); `mapped` false: ids are ordinals. Atomics, not a
-    /// locked map: every call reads it (set once per process, before any executable runs).
+    /// Local ordinal → device id, where this process does not own every device of the job (`jax.distributed`;
+    /// [`NO_ID`]: none); `mapped` false: ids are ordinals. Atomics, not a locked map: every call reads it (set once per
+    /// process, before any executable runs).
     device_ids: [AtomicUsize; MAX_RANKS],
     mapped: AtomicBool,
     /// Device memory held by ranks, per ordinal.
@@ -108,8 +100,8 @@ pub struct RuntimeState<B: XlaBackend> {
 }
 
 impl<B: XlaBackend> RuntimeState<B> {
-    /// Empty state whose executable state XLA registers as `state_type` (unique per vendor,
-    /// e.g. `peerless.cuda_collective`).
+    /// Empty state whose executable state XLA registers as `state_type` (unique per vendor, e.g.
+    /// `peerless.cuda_collective`).
     pub const fn new(state_type: &'static str) -> Self {
         RuntimeState {
             clique: OnceLock::new(),
@@ -139,8 +131,8 @@ fn internal(e: impl std::fmt::Display) -> HandlerError {
     HandlerError::internal(e.to_string())
 }
 
-/// Every GPU of the process, opened once. A failure is not kept: a compile that asked before
-/// the GPUs could open leaves the runtime free to open them later.
+/// Every GPU of the process, opened once. A failure is not kept: a compile that asked before the GPUs could open leaves
+/// the runtime free to open them later.
 fn clique<B: XlaBackend>() -> Result<&'static Clique<B>, HandlerError> {
     let state = B::state();
     if let Some(c) = state.clique.get() {
@@ -182,8 +174,8 @@ fn save_probe<B: XlaBackend>(c: &Clique<B>) -> Result<(), String> {
         .map_err(|e| format!("{}: {e}", path.display()))
 }
 
-/// A kept probe: the machine's key (driver and GPU UUIDs), the devices' targets, then one
-/// row of `0`/`1` per device (can its kernels reach each device's memory).
+/// A kept probe: the machine's key (driver and GPU UUIDs), the devices' targets, then one row of `0`/`1` per device
+/// (can its kernels reach each device's memory).
 fn probe_text(key: &str, targets: &[&str], works: impl Fn(usize, usize) -> bool) -> String {
     let n = targets.len();
     let rows: Vec<String> = (0..n).map(|a| (0..n).map(|b| if works(a, b) { '1' } else { '0' }).collect()).collect();
@@ -206,9 +198,8 @@ fn read_probe(text: &str, key: &str, source: String, allow_unsafe: bool) -> Opti
     Some(table.with_target_policy(&targets, allow_unsafe))
 }
 
-/// The peer table (under the target policy) the pass may use without opening a GPU: the
-/// runtime's, if it opened the GPUs, else the probe an earlier process kept for these same GPUs
-/// and driver ([`save_probe`]).
+/// The peer table (under the target policy) the pass may use without opening a GPU: the runtime's, if it opened the
+/// GPUs, else the probe an earlier process kept for these same GPUs and driver ([`save_probe`]).
 pub fn known_peer_table<B: XlaBackend>(allow_unsafe: bool) -> Option<Arc<thunks::PeerAccessTable>> {
     if let Some(c) = B::state().clique.get() {
         return Some(c.peer_table(allow_unsafe));
@@ -218,8 +209,8 @@ pub fn known_peer_table<B: XlaBackend>(allow_unsafe: bool) -> Option<Arc<thunks:
     read_probe(&text, &key, format!("{} peer probe kept in {}", B::NAME, path.display()), allow_unsafe)
 }
 
-/// The peer-access table of the process's GPUs (for the pass), or why there is none: the one
-/// known without opening a GPU, else the runtime's probe (opening the GPUs, once per process).
+/// The peer-access table of the process's GPUs (for the pass), or why there is none: the one known without opening a
+/// GPU, else the runtime's probe (opening the GPUs, once per process).
 pub fn peer_table<B: XlaBackend>(allow_unsafe: bool) -> Result<Arc<thunks::PeerAccessTable>, String> {
     match known_peer_table::<B>(allow_unsafe) {
         Some(t) => Ok(t),
@@ -227,16 +218,16 @@ pub fn peer_table<B: XlaBackend>(allow_unsafe: bool) -> Result<Arc<thunks::PeerA
     }
 }
 
-/// The least free device memory among the process's GPUs, in bytes (the pass's staging
-/// budget), read through the contexts XLA made (none is made for it), or why it is unknown.
+/// The least free device memory among the process's GPUs, in bytes (the pass's staging budget), read through the
+/// contexts XLA made (none is made for it), or why it is unknown.
 pub fn least_free_memory<B: XlaBackend>() -> Result<usize, String> {
     let n = B::device_count().map_err(|e| e.to_string())?.min(MAX_RANKS);
     let free = (0..n).map(|o| B::free_memory_if_active(o).map_err(|e| e.to_string()));
     free.collect::<Result<Vec<_>, _>>()?.into_iter().flatten().min().ok_or_else(|| "no GPU context is active".into())
 }
 
-/// Records which device id each local GPU (ordinal) has in the job (from the job's topology,
-/// which the Python package hands the plugin at its first compile or cache lookup).
+/// Records which device id each local GPU (ordinal) has in the job (from the job's topology, which the Python package
+/// hands the plugin at its first compile or cache lookup).
 pub fn set_device_ids<B: XlaBackend>(ids: BTreeMap<usize, usize>) {
     let state = B::state();
     for (ordinal, slot) in state.device_ids.iter().enumerate() {
@@ -275,8 +266,8 @@ impl<B: XlaBackend> Drop for Rank<B> {
     }
 }
 
-/// Bytes of device memory Peerless's collectives hold now (staging, signals, status words),
-/// per ordinal of this process (`peerless.staging_bytes()`, `peerless devices`).
+/// Bytes of device memory Peerless's collectives hold now (staging, signals, status words), per ordinal of this process
+/// (`peerless.staging_bytes()`, `peerless devices`).
 pub fn staging_by_gpu<B: XlaBackend>() -> Vec<usize> {
     B::state().held.iter().map(|h| h.load(Ordering::Relaxed)).collect()
 }
@@ -293,20 +284,17 @@ struct Addr {
 struct Complete<B: XlaBackend> {
     /// This process's devices' parts.
     ranks: HashMap<usize, Arc<Rank<B>>>,
-    /// Every member's staging and signals: its own buffers, or another process's opened
-    /// from their IPC handles.
+    /// Every member's staging and signals: its own buffers, or another process's opened from their IPC handles.
     addrs: HashMap<usize, Addr>,
     /// Other processes' buffers, closed when the instance goes.
     _mapped: Vec<B::IpcMapping>,
 }
 
-/// A collective's per-device state. Each device allocates its own part and publishes it here
-/// when it makes its plan: in its INITIALIZE stage (outside any stream capture: allocating or
-/// memsetting on another device while that device records a command buffer would break its
-/// capture), or at EXECUTE where XLA skipped INITIALIZE or keeps no state. It then waits
-/// (bounded) until every device it exchanges with has: in this process through `ranks`, in
-/// other processes of the host (`job` calls) through the IPC handles they post in a shared
-/// segment ([`crate::host::shm::exchange`]).
+/// A collective's per-device state. Each device allocates its own part and publishes it here when it makes its plan: in
+/// its INITIALIZE stage (outside any stream capture: allocating or memsetting on another device while that device
+/// records a command buffer would break its capture), or at EXECUTE where XLA skipped INITIALIZE or keeps no state. It
+/// then waits (bounded) until every device it exchanges with has: in this process through `ranks`, in other processes
+/// of the host (`job` calls) through the IPC handles they post in a shared segment ([`crate::host::shm::exchange`]).
 #[derive(Debug)]
 struct Instance<B: XlaBackend> {
     ranks: Mutex<HashMap<usize, Arc<Rank<B>>>>,
@@ -315,18 +303,18 @@ struct Instance<B: XlaBackend> {
     meeting: Mutex<()>,
     /// Staging bytes per device (AR / RS: two halves).
     staging: usize,
-    /// The largest operand of the Lamport one-shot's regions, which follow the signals (0: none;
-    /// all-reduces only, up to [`super::LAMPORT_MAX_BYTES`]): the same on every member, since
-    /// it follows from the staging size and the group size.
+    /// The largest operand of the Lamport one-shot's regions, which follow the signals (0: none; all-reduces only, up
+    /// to [`super::LAMPORT_MAX_BYTES`]): the same on every member, since it follows from the staging size and the group
+    /// size.
     lamport_slot: usize,
     /// Members per group (the Lamport regions hold one slot per member).
     world: usize,
     devices: Vec<usize>,
-    /// Across processes: the id the members meet under (the call's instance and this
-    /// executable's occurrence, [`thunks::runtime::shared_key`]).
+    /// Across processes: the id the members meet under (the call's instance and this executable's occurrence,
+    /// [`thunks::runtime::shared_key`]).
     key: u64,
-    /// The copy-engine forms' flag words (`copy_engine::STRIDE` per device of `devices`),
-    /// page-locked host memory mapped into every GPU, made by the first copy-engine plan.
+    /// The copy-engine forms' flag words (`copy_engine::STRIDE` per device of `devices`), page-locked host memory
+    /// mapped into every GPU, made by the first copy-engine plan.
     ce: OnceLock<CeWords<B>>,
     /// The longest timeout of the instance's copy-engine calls, for the watchdog.
     ce_timeout_ms: AtomicU64,
@@ -334,8 +322,8 @@ struct Instance<B: XlaBackend> {
     ce_watched: AtomicBool,
 }
 
-/// An instance's copy-engine flag words: this process's page-locked memory, or, for a call
-/// across processes, a shared segment every process registers with its GPUs.
+/// An instance's copy-engine flag words: this process's page-locked memory, or, for a call across processes, a shared
+/// segment every process registers with its GPUs.
 #[derive(Debug)]
 struct CeWords<B: XlaBackend> {
     /// Declared first, so dropped first: unregistered before the segment unmaps.
@@ -349,32 +337,31 @@ fn lamport_at() -> usize {
 }
 
 impl<B: XlaBackend> Instance<B> {
-    /// Whether an operand of `bytes` runs through this instance's Lamport regions (it has
-    /// some, and the operand fits a slot).
+    /// Whether an operand of `bytes` runs through this instance's Lamport regions (it has some, and the operand fits a
+    /// slot).
     fn fits_lamport(&self, bytes: usize) -> bool {
         self.lamport_slot > 0 && bytes <= self.lamport_slot
     }
 
-    /// Where this instance's processes meet (a shared segment's name, `suffix` after the
-    /// instance's key) and how many processes hold its devices.
+    /// Where this instance's processes meet (a shared segment's name, `suffix` after the instance's key) and how many
+    /// processes hold its devices.
     fn meeting_place(&self, cfg: &CustomCallConfig, job: &str, suffix: &str) -> (String, u64) {
         let processes = self.devices.iter().filter_map(|d| cfg.process_of().get(d).copied());
         let processes = processes.collect::<BTreeSet<_>>().len() as u64;
         (format!("/peerless-{job}-{:016x}-{}{suffix}", self.key, B::NAME), processes)
     }
 
-    /// The copy-engine flag words as every GPU of the process addresses them, made on first
-    /// use (on `ctx`'s device; across processes in a segment named by the job and the
-    /// instance's key, which every process registers), and the instance put under the
-    /// watchdog with the call's timeout.
+    /// The copy-engine flag words as every GPU of the process addresses them, made on first use (on `ctx`'s device;
+    /// across processes in a segment named by the job and the instance's key, which every process registers), and the
+    /// instance put under the watchdog with the call's timeout.
     fn ce_words(self: &Arc<Self>, ctx: &B::Context, cfg: &CustomCallConfig) -> Result<copy_engine::Words, String> {
         self.ce_timeout_ms.fetch_max(cfg.timeout_ms.max(1), Ordering::Relaxed);
         let words = self.devices.len() * copy_engine::STRIDE;
         let h = match self.ce.get() {
             Some(h) => h,
             None => {
-                // One thread of the process makes them: a second attach of the shared segment
-                // would count this process twice among the processes that joined it.
+                // One thread of the process makes them: a second attach of the shared segment would count this process
+                // twice among the processes that joined it.
                 let _one = self.meeting.lock().unwrap_or_else(PoisonError::into_inner);
                 match self.ce.get() {
                     Some(h) => h,
@@ -391,8 +378,8 @@ impl<B: XlaBackend> Instance<B> {
         Ok(copy_engine::Words { base: B::host_mapped_device_ptr(&h.mapped) })
     }
 
-    /// [`Self::ce_words`]' words, `words` of them: this process's, or across processes the
-    /// shared segment's, registered with this process's GPUs.
+    /// [`Self::ce_words`]' words, `words` of them: this process's, or across processes the shared segment's, registered
+    /// with this process's GPUs.
     fn make_ce_words(&self, ctx: &B::Context, cfg: &CustomCallConfig, words: usize) -> Result<CeWords<B>, String> {
         if !cfg.spans_processes() {
             let mapped = B::host_mapped(ctx, words).map_err(|e| e.to_string())?;
@@ -403,8 +390,8 @@ impl<B: XlaBackend> Instance<B> {
         let seg =
             crate::host::shm::SharedWords::attach(&name, words, processes, patience).map_err(|e| e.to_string())?;
         let (ptr, n) = seg.words();
-        // SAFETY: `n` page-aligned words of the segment's mapping, which `CeWords` keeps alive
-        // until after the registration is dropped (field order).
+        // SAFETY: `n` page-aligned words of the segment's mapping, which `CeWords` keeps alive until after the
+        // registration is dropped (field order).
         let mapped = unsafe { B::host_register(ctx, ptr, n) }.map_err(|e| e.to_string())?;
         Ok(CeWords { mapped, _segment: Some(seg) })
     }
@@ -432,8 +419,8 @@ pub fn live_instances<B: XlaBackend>() -> usize {
 /// An executable's state for one custom call (dropping it frees every device's staging).
 type ExecState<B> = CallState<GpuCall<B>>;
 
-/// What an executable keeps for one call: its instance, and per GPU ordinal the plan its
-/// INITIALIZE made (what EXECUTE replays). Opaque outside this module.
+/// What an executable keeps for one call: its instance, and per GPU ordinal the plan its INITIALIZE made (what EXECUTE
+/// replays). Opaque outside this module.
 pub struct GpuCall<B: XlaBackend> {
     inst: Arc<Instance<B>>,
     plans: [OnceLock<Plan<B>>; MAX_RANKS],
@@ -445,9 +432,9 @@ impl<B: XlaBackend> std::fmt::Debug for GpuCall<B> {
     }
 }
 
-/// The instance `cfg` runs on: its slot's (a live one of the same key, or a new one of the
-/// slot's size), or one of its own without a slot or where the live slot is too small for it
-/// (only a config from elsewhere: the pass sized the slot for every call), with a warning.
+/// The instance `cfg` runs on: its slot's (a live one of the same key, or a new one of the slot's size), or one of its
+/// own without a slot or where the live slot is too small for it (only a config from elsewhere: the pass sized the slot
+/// for every call), with a warning.
 fn on_slot<B: XlaBackend>(cfg: &CustomCallConfig, need: usize, occurrence: u64) -> Arc<Instance<B>> {
     let own = || new_instance(cfg, need, thunks::runtime::shared_key(cfg.instance, occurrence));
     let Some(slot) = cfg.slot else { return own() };
@@ -477,8 +464,7 @@ fn devices_of(cfg: &CustomCallConfig) -> Vec<usize> {
     v
 }
 
-/// An instance (nothing allocated yet) of `staging` bytes per device, meeting other
-/// processes under `key`.
+/// An instance (nothing allocated yet) of `staging` bytes per device, meeting other processes under `key`.
 fn new_instance<B: XlaBackend>(cfg: &CustomCallConfig, staging: usize, key: u64) -> Arc<Instance<B>> {
     B::state().live.fetch_add(1, Ordering::Relaxed);
     let world = cfg.groups.iter().map(Vec::len).max().unwrap_or(0);
@@ -502,16 +488,15 @@ fn new_instance<B: XlaBackend>(cfg: &CustomCallConfig, staging: usize, key: u64)
     })
 }
 
-/// The instance of `cfg` (its slot's, or its own; created empty on first sight, allocating
-/// nothing), held by the call's state.
+/// The instance of `cfg` (its slot's, or its own; created empty on first sight, allocating nothing), held by the call's
+/// state.
 fn instance<B: XlaBackend>(
     state: &ExecState<B>,
     cfg: &CustomCallConfig,
     args: &[ArrayShape],
     rets: &[ArrayShape],
 ) -> Arc<Instance<B>> {
-    // The staging a call needs on every device, worked out only when the instance is made
-    // (the sizes allocate).
+    // The staging a call needs on every device, worked out only when the instance is made (the sizes allocate).
     let need = || {
         let sizes = |v: &[ArrayShape]| v.iter().map(ArrayShape::byte_size).collect::<Vec<_>>();
         cfg.gpu_staging_bytes(&sizes(args), &sizes(rets))
@@ -552,8 +537,8 @@ fn publish_own<B: XlaBackend>(
             ),
         )
     };
-    // `Gpu::alloc`: zeroed memory peers may access while kernels run (plain `cuMemAlloc` on
-    // CUDA; fine-grained on HIP). The Lamport regions follow the signals and start as sentinel.
+    // `Gpu::alloc`: zeroed memory peers may access while kernels run (plain `cuMemAlloc` on CUDA; fine-grained on HIP).
+    // The Lamport regions follow the signals and start as sentinel.
     let signals = B::alloc(&dev.ctx, inst.signal_bytes()).map_err(no_memory)?;
     if inst.lamport_slot > 0 {
         let mut init = vec![0u8; lamport_at()];
@@ -587,9 +572,8 @@ fn local_members<B: XlaBackend>(cfg: &CustomCallConfig, inst: &Instance<B>, devi
     inst.devices.iter().copied().filter(|d| by.get(d).copied() == me).collect()
 }
 
-/// Every member's addresses, waiting (up to the call's timeout) for devices that have not
-/// published yet; the error names them. `ordinal`: the calling GPU, in whose context other
-/// processes' buffers are opened.
+/// Every member's addresses, waiting (up to the call's timeout) for devices that have not published yet; the error
+/// names them. `ordinal`: the calling GPU, in whose context other processes' buffers are opened.
 fn all_ranks<'a, B: XlaBackend>(
     c: &Clique<B>,
     cfg: &CustomCallConfig,
@@ -676,8 +660,8 @@ fn all_ranks<'a, B: XlaBackend>(
     Ok(inst.complete.get_or_init(|| Complete { ranks, addrs, _mapped: mapped }))
 }
 
-/// What a double-buffered reduction kernel takes besides its buffers: the group's staging (or
-/// Lamport regions) and flag bases, the half's (or slot's) size and this device's counters.
+/// What a double-buffered reduction kernel takes besides its buffers: the group's staging (or Lamport regions) and flag
+/// bases, the half's (or slot's) size and this device's counters.
 #[derive(Clone, Copy)]
 struct Symmetric {
     stage: Ptrs,
@@ -701,13 +685,12 @@ fn watch<B: XlaBackend>(inst: std::sync::Weak<Instance<B>>) {
 /// How often the watchdog looks at the copy-engine waits.
 const WATCH_EVERY: std::time::Duration = std::time::Duration::from_millis(2);
 
-/// Ends the copy-engine waits that outlast their call's timeout. A stream memory wait has no
-/// bound of its own, so each wait first writes its code into its member's watch word; a word
-/// that keeps one code for the whole timeout while the awaited flag stays 0 is a member that
-/// never came. The watchdog records the missing member in the waiting device's report word
-/// (the next call on that device returns DEADLINE_EXCEEDED naming it, as a kernel's timeout
-/// does) and sets the flag itself: a host store, which ends the wait whichever GPU queue is
-/// blocked. That call's data is wrong, and the instance's later calls are not trusted.
+/// Ends the copy-engine waits that outlast their call's timeout. A stream memory wait has no bound of its own, so each
+/// wait first writes its code into its member's watch word; a word that keeps one code for the whole timeout while the
+/// awaited flag stays 0 is a member that never came. The watchdog records the missing member in the waiting device's
+/// report word (the next call on that device returns DEADLINE_EXCEEDED naming it, as a kernel's timeout does) and sets
+/// the flag itself: a host store, which ends the wait whichever GPU queue is blocked. That call's data is wrong, and
+/// the instance's later calls are not trusted.
 fn watchdog<B: XlaBackend>() {
     let state = B::state();
     let mut seen: HashMap<(usize, usize), (u32, std::time::Instant)> = HashMap::new();
@@ -775,8 +758,8 @@ fn launch_grid(bytes: usize) -> u32 {
     super::grid((bytes as u64).div_ceil(16), DEFAULT_GRID)
 }
 
-/// Operand `shape` in `cfg`'s physical order, viewed along the call's dimension: (rows before
-/// it, its size, bytes after it).
+/// Operand `shape` in `cfg`'s physical order, viewed along the call's dimension: (rows before it, its size, bytes after
+/// it).
 fn view(cfg: &CustomCallConfig, shape: &ArrayShape) -> Result<(usize, usize, usize), HandlerError> {
     let (phys, dim) = cfg.physical(&shape.dims).map_err(|m| err(ErrorCode::InvalidArgument, m))?;
     let (shape, dim) = (ArrayShape::new(shape.ty, phys), dim.unwrap_or(0));
@@ -833,9 +816,9 @@ impl<B: XlaBackend> CollectiveRuntime for GpuRuntime<B> {
         if cfg.epilogue.is_some() {
             check_epilogue::<B>(cfg)?;
         }
-        // Every member's part is known and the plan made here, outside any stream capture:
-        // the kernels load (prebuilt, cached, or compiled one unit at a time), and other
-        // processes' IPC handles open, neither of which a capturing stream allows.
+        // Every member's part is known and the plan made here, outside any stream capture: the kernels load (prebuilt,
+        // cached, or compiled one unit at a time), and other processes' IPC handles open, neither of which a capturing
+        // stream allows.
         let plan = plan::<B>(f, cfg, state, device, ordinal)?;
         if let Some(call) = state.instance.get() {
             // A second device thread of the same ordinal cannot exist: keep the first plan.
@@ -858,15 +841,15 @@ impl<B: XlaBackend> CollectiveRuntime for GpuRuntime<B> {
         };
         let c = clique::<B>()?;
         B::bind(&c.devices[ordinal].ctx).map_err(internal)?;
-        // SAFETY: XLA hands an FFI handler the stream (CUstream, hipStream_t) of the calling
-        // device, alive for the call and for the work enqueued on it.
+        // SAFETY: XLA hands an FFI handler the stream (CUstream, hipStream_t) of the calling device, alive for the call
+        // and for the work enqueued on it.
         let stream = unsafe { B::foreign_stream(f.stream()?, ordinal) };
         // A previous call's kernel may have given up on a peer: report it now.
         let own = &plan.own;
         let missing = B::host_mapped_load(&own.report, 0);
         if missing != 0 {
-            // Clear both words: the device one in stream order (later launches would otherwise
-            // see the failure and skip their work).
+            // Clear both words: the device one in stream order (later launches would otherwise see the failure and skip
+            // their work).
             B::host_mapped_store(&own.report, 0, 0);
             // SAFETY: the status word is this rank's 8-byte device allocation, alive with the plan.
             unsafe { B::memset_async(&stream, B::ptr(&own.status), 0, 8) }.map_err(internal)?;
@@ -876,8 +859,8 @@ impl<B: XlaBackend> CollectiveRuntime for GpuRuntime<B> {
     }
 }
 
-/// The error for a call whose previous kernel gave up waiting for the members in `missing`
-/// (status bits name group members; permute: bit 0 my target, bit 1 my source).
+/// The error for a call whose previous kernel gave up waiting for the members in `missing` (status bits name group
+/// members; permute: bit 0 my target, bit 1 my source).
 fn timed_out_earlier(cfg: &CustomCallConfig, device: usize, missing: u32) -> HandlerError {
     let bits = (0..32usize).filter(|i| missing & (1 << i) != 0);
     let members: Vec<usize> = if cfg.kind == Kind::CollectivePermute {
@@ -901,8 +884,8 @@ fn deadline_error(cfg: &CustomCallConfig, what: String) -> HandlerError {
     err(ErrorCode::DeadlineExceeded, format!("{} '{name}'{what} (groups {groups}, pairs {pairs:?})", cfg.target()))
 }
 
-/// The call's plan on `device` (GPU `ordinal`): its part allocated and published, every
-/// member's part known (waiting, bounded, for the others), its kernels resolved.
+/// The call's plan on `device` (GPU `ordinal`): its part allocated and published, every member's part known (waiting,
+/// bounded, for the others), its kernels resolved.
 fn plan<B: XlaBackend>(
     f: &CallFrame<'_>,
     cfg: &CustomCallConfig,
@@ -920,11 +903,10 @@ fn plan<B: XlaBackend>(
     Plan::new(&Frame { c, cfg, inst: &inst, done, device, ordinal, args: &args, rets: &rets })
 }
 
-/// A call run without XLA by members that share this process's GPUs, each member a stream of
-/// its own, through the runtime's own instance, plans and steps (the copy-engine operations and
-/// kernel launches EXECUTE enqueues): what `peerless bench --members-on-one-gpu` times and the
-/// GPU tests prove the forms with. Member `m` is device id `m` and runs on `clique.devices[m]`
-/// (several may be the same GPU, [`Clique::on_one_device`]).
+/// A call run without XLA by members that share this process's GPUs, each member a stream of its own, through the
+/// runtime's own instance, plans and steps (the copy-engine operations and kernel launches EXECUTE enqueues): what
+/// `peerless bench --members-on-one-gpu` times and the GPU tests prove the forms with. Member `m` is device id `m` and
+/// runs on `clique.devices[m]` (several may be the same GPU, [`Clique::on_one_device`]).
 pub struct LocalCall<B: XlaBackend> {
     cfg: CustomCallConfig,
     /// The members taking part (device ids, ascending), and their plans in that order.
@@ -933,8 +915,8 @@ pub struct LocalCall<B: XlaBackend> {
 }
 
 impl<B: XlaBackend> LocalCall<B> {
-    /// Makes every member's part and plan for `cfg` (groups or pairs over members
-    /// `0..clique.len()`), whose every member has operands `args` and results `rets`.
+    /// Makes every member's part and plan for `cfg` (groups or pairs over members `0..clique.len()`), whose every
+    /// member has operands `args` and results `rets`.
     pub fn new(
         clique: &'static Clique<B>,
         cfg: CustomCallConfig,
@@ -969,8 +951,8 @@ impl<B: XlaBackend> LocalCall<B> {
         self.plans.first().map_or(0, Plan::launches)
     }
 
-    /// Enqueues member `m`'s part on `stream` with its buffers' device addresses; an earlier
-    /// call's timeout on this member is returned as XLA's handler would (DEADLINE_EXCEEDED).
+    /// Enqueues member `m`'s part on `stream` with its buffers' device addresses; an earlier call's timeout on this
+    /// member is returned as XLA's handler would (DEADLINE_EXCEEDED).
     pub fn run(&self, m: usize, stream: &B::Stream, args: &[u64], rets: &[u64]) -> Result<(), HandlerError> {
         let at = self.devices.iter().position(|&d| d == m);
         let plan = at.and_then(|i| self.plans.get(i)).ok_or_else(|| internal(format!("{m} is no member")))?;

@@ -669,7 +669,8 @@ def test_ops_without_collectives(name):
 
 def test_zz_peerless_handlers_ran():
     """The collectives above ran on Peerless's handlers (runs last: pytest keeps file
-    order)."""
+    order). On one device every collective above is skipped or a group of one (XLA's)."""
+    need(2)
     assert inside.handler_calls(INNER) > 0
     assert inside.stats().get("all-reduce", {}).get("kernel", 0) > 0, inside.stats()
 

@@ -1,40 +1,11 @@
 //! The GPU runtime behind XLA's FFI handlers, written once for both vendors over the device layer ([`XlaBackend`]:
-//! [`crate::gpu::Backend`] plus [`ffi::gpu::Interop`]): Peerless's peer-access kernels launched on XLA's stream, with
-//! XLA's buffers as operands and results. [`GpuRuntime<Cuda>`](GpuRuntime) serves XLA's CUDA platform
-//! (`crate::cuda::xla`), and with feature `rocm` [`GpuRuntime<Hip>`](GpuRuntime) XLA's ROCm platform
-//! (`crate::rocm::xla`). Each vendor keeps its own process-wide state ([`RuntimeState`], from [`XlaBackend::state`]):
-//! its clique, slot table, device ids and held-bytes counters are never shared with the other's.
-//!
-//! - The process's GPUs are opened once ([`Clique`]: primary contexts, the kernel module, peer access enabled and
-//!   probed per pair): XLA uses the same primary contexts.
-//! - Symmetric staging and signal flags on every device of a group ([`Instance`]) belong to a staging *slot*: the pass
-//!   gives one slot to the collectives of an executable that every device runs one after another on its stream (same
-//!   computation, same groups, a chain of data dependencies; `emitter::xla_pass`'s slot rule), so a program of N
-//!   collectives holds its slots' staging, not N collectives' (a call without a slot keeps staging of its own). A slot
-//!   is sized by the pass for its largest call ([`CustomCallConfig::gpu_staging_bytes`]); every kernel's barrier values
-//!   of launch epoch e are 2e - 1 and 2e, so one-shot, two-shot, reduce-scatter and exchange launches may follow each
-//!   other on one slot's flags. Each device's part is allocated in its INITIALIZE stage and kept with the executable
-//!   (XLA FFI state set at INSTANTIATE, one reference per call of the slot; freed when XLA destroys the executable;
-//!   where XLA keeps no state, the state adopted for the process, `ffi_handler::Adopted`). Launch counters (epochs)
-//!   live on the device, so XLA may capture a call into a command buffer (CUDA or HIP graph) and replay it without the
-//!   handler.
-//! - All-reduce and reduce-scatter read XLA's operand and write XLA's result directly (the kernels stage the operand
-//!   into the symmetric buffer themselves). All-gather, all-to-all and permute push into the peers' symmetric staging
-//!   (a peer's XLA buffer address is not known to us), then each device copies its staging into its result, in stream
-//!   order: the next call's "ready" barrier cannot pass before that copy has run.
-//! - Groups across processes of one host (calls with `processes`, `jax.distributed`): each process allocates its own
-//!   devices' parts, and in INITIALIZE posts their IPC handles (CUDA or HIP IPC) in a shared segment named by the
-//!   running job's token ([`thunks::runtime::job`]), the collective's shared id and the vendor
-//!   ([`crate::host::shm::exchange`]); it opens the other processes' handles (peer access enabled lazily) and the
-//!   kernels run as in one process. XLA calls the handlers with the GPU's ordinal, which is not the device id there:
-//!   [`set_device_ids`] maps it, from the topology the Python package hands over before any executable of the job runs
-//!   (compiled or loaded from a persistent cache; the module holds nothing of the run).
-//! - A peer that never arrives ends the kernel's bounded wait: the kernel writes the missing members into its status
-//!   word and into a host-mapped report word, and the next call of the collective on that device reports them as an
-//!   error (no host synchronisation on the hot path).
-//!
-//! On ROCm every line here is compile-checked and unit-tested without a GPU; none of it has run on an AMD GPU
-//! (docs/ROCM.md).
+//! [`crate::gpu::Backend`] plus [`ffi::gpu::Interop`]): Peerless's kernels (or copy-engine steps) on XLA's stream, XLA's
+//! buffers as operands and results. Each vendor keeps its own process-wide state ([`RuntimeState`]). The design (slots,
+//! plans made at INITIALIZE, epochs on the device so captured calls replay, the exchanges' copy-out in stream order,
+//! groups across processes through IPC handles, [`set_device_ids`] mapping XLA's ordinals) is ARCHITECTURE.md's
+//! `gpu/xla.rs` section. A peer that never arrives ends the kernel's bounded wait: the kernel writes the missing members
+//! into its status word and a host-mapped report word, and the next call on that device reports them (no host
+//! synchronisation on the hot path). On ROCm this is compile-checked and unit-tested, never run on an AMD GPU.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::marker::PhantomData;

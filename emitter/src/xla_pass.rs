@@ -547,8 +547,8 @@ impl Assignment {
 /// Runs the pass over a serialized module.
 pub fn run(bytes: &[u8], cfg: &PassConfig) -> Result<PassOutcome, PassError> {
     // One walk of the bytes (the index) serves every read and edit of the module, and it is decoded once: whole where a
-    // call may fuse (the matcher reads what follows an all-reduce), else its slim copy (`slim`: on a 3.8 MB train step
-    // 46 ms instead of 125-165 ms).
+    // call may fuse (the matcher reads what follows an all-reduce), else its slim copy (`slim`: the whole pass on a 3.8 MB
+    // train step takes 56 ms instead of 171 ms, docs/PERFORMANCE.md).
     let index = Index::new(bytes)?;
     if !any_collective(&index) {
         return Ok(PassOutcome::default());

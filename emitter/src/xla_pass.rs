@@ -176,15 +176,18 @@ fn queue_of(call: &CustomCallConfig) -> u64 {
     if call.blocks > 0 { ASYNC_QUEUE } else { 0 }
 }
 
-/// Where the pass learns peer access between device ids. Probing GPUs opens them (seconds; on a cold kernel cache,
-/// minutes of compiling), so a table that must be probed is asked for only when a collective has passed every rule that
-/// needs no GPU: a module whose collectives all fall back for other reasons (groups of one, the dtype guard, sizes,
-/// hosts) opens none.
+/// Where the pass learns peer access between device ids: a plain table where the runtime knows one without opening a
+/// GPU (its own, or the probe it kept for these GPUs), else a probe. Probing opens the GPUs (seconds; minutes on a cold
+/// kernel cache), so a table that must be probed is asked for only when a collective has passed every rule that needs
+/// no GPU: a module whose collectives all fall back for other reasons (groups of one, the dtype guard, sizes, hosts)
+/// opens none.
 #[derive(Clone, Default)]
 pub enum Peers {
     /// Every device reaches every other (the CPU platform: one address space).
     #[default]
     Shared,
+    /// The table, known before the run.
+    Known(std::sync::Arc<PeerAccessTable>),
     /// A table made on first need, at most once per run of the pass.
     Lazy(std::sync::Arc<dyn Fn() -> std::sync::Arc<PeerAccessTable> + Send + Sync>),
 }
@@ -193,19 +196,9 @@ impl fmt::Debug for Peers {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Peers::Shared => f.write_str("Shared"),
+            Peers::Known(t) => write!(f, "Known({})", t.source()),
             Peers::Lazy(_) => f.write_str("Lazy"),
         }
-    }
-}
-
-/// Free device memory the pass may budget staging against (the least among the process's GPUs, in bytes), asked once
-/// per run, after the decisions and only if a collective was rewritten. `None` (the CPU platform): no budget.
-#[derive(Clone, Default)]
-pub struct DeviceMemory(pub Option<std::sync::Arc<dyn Fn() -> Option<u64> + Send + Sync>>);
-
-impl fmt::Debug for DeviceMemory {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(if self.0.is_some() { "DeviceMemory(probe)" } else { "DeviceMemory(none)" })
     }
 }
 
@@ -226,6 +219,7 @@ impl PeerLookup<'_> {
     pub(crate) fn get(&self) -> &PeerAccessTable {
         self.table.get_or_init(|| match self.source {
             Peers::Shared => PeerAccessTable::for_host_topology(self.num_devices, self.host_topology),
+            Peers::Known(t) => std::sync::Arc::clone(t),
             Peers::Lazy(make) => make(),
         })
     }
@@ -247,8 +241,9 @@ pub struct PassConfig {
     /// The first `instance` id of this run, the next rewrite getting the next id (tests want stable output); `None`:
     /// ids from a per-process random base ([`next_instance`]).
     pub instance_base: Option<u64>,
-    /// Free device memory for the staging budget ([`fit_staging`]); `None`: unbounded.
-    pub device_memory: DeviceMemory,
+    /// Free device memory the staging budget is taken from ([`fit_staging`]: the least among the process's GPUs, in
+    /// bytes, as the runtime read it before the run); `None` (the CPU platform, or unknown): unbounded.
+    pub device_memory: Option<u64>,
     /// Where the tuning profile comes from ([`crate::tuning`]); off by default.
     pub tuning: TuningConfig,
 }
@@ -270,7 +265,7 @@ impl Default for PassConfig {
                 copy_engines: false,
             },
             instance_base: None,
-            device_memory: DeviceMemory::default(),
+            device_memory: None,
             tuning: TuningConfig::default(),
         }
     }
@@ -632,8 +627,8 @@ pub fn run(bytes: &[u8], cfg: &PassConfig) -> Result<PassOutcome, PassError> {
         c.config.slot_bytes = staged_bytes(&module, c.id);
         c.config.slot_gpu_bytes = gpu_staged_bytes(&module, c.id, &c.config);
     }
-    if let Some(probe) = cfg.device_memory.0.as_ref().filter(|_| !calls.is_empty()) {
-        fit_staging(&module, probe(), &mut calls, &mut decisions);
+    if !calls.is_empty() {
+        fit_staging(&module, cfg.device_memory, &mut calls, &mut decisions);
     }
     // The whole module is decoded where it fuses: its ids are the index's.
     let fused = if fusing { fuse_epilogues(&module, &mut calls, &mut decisions) } else { HashMap::new() };

@@ -5,9 +5,7 @@
 use std::collections::BTreeSet;
 use std::sync::atomic::Ordering;
 
-use emitter::xla_pass::{
-    DeviceMemory, PassConfig, PassDecision, PassError, PassOutcome, Peers, Topology, has_collectives, run,
-};
+use emitter::xla_pass::{PassConfig, PassDecision, PassError, PassOutcome, Peers, Topology, has_collectives, run};
 use emitter::{Capabilities, PeerAccessTable, xla_pass};
 use hlo::Opcode;
 use hlo::proto::xla;
@@ -195,15 +193,37 @@ fn the_peer_table_is_made_only_when_a_collective_needs_it() {
 }
 
 #[test]
-fn staging_beyond_a_quarter_of_free_device_memory_goes_back_to_xla() {
+fn a_known_peer_table_is_a_plain_value_of_the_configuration() {
     use std::sync::Arc;
+    // The table the runtime knows (its own, or the probe it kept on disk) decides as a probe would, and nothing is asked
+    // of a device: the configuration holds no closure.
+    let with = |table: PeerAccessTable| {
+        let cfg = PassConfig { peers: Peers::Known(Arc::new(table)), instance_base: Some(1), ..PassConfig::default() };
+        run(include_bytes!("xla_pass/ppermute_then_psum.pb"), &cfg).unwrap()
+    };
+    let linked = with(PeerAccessTable::full(8, "kept probe"));
+    assert_eq!(linked.decisions.iter().filter(|d| d.kernel).count(), 2, "{:?}", linked.decisions);
+    let unlinked = with(PeerAccessTable::from_fn(8, "kept probe", |_, _| false));
+    assert!(
+        unlinked
+            .decisions
+            .iter()
+            .all(|d| !d.kernel && d.reason.contains("no peer access") && d.reason.contains("kept probe")),
+        "{:?}",
+        unlinked.decisions
+    );
+    assert!(unlinked.module.is_none());
+}
+
+#[test]
+fn staging_beyond_a_quarter_of_free_device_memory_goes_back_to_xla() {
     // Slots of 512 (psum_invariant.18), 512 (the pmax chain) and 1024 bytes (two psums
     // and an all-gather): 2048 bytes of GPU staging in all.
     let pb = include_bytes!("xla_pass/psum_chains_independent.pb");
     let with = |free: Option<u64>| {
         let cfg = PassConfig {
             instance_base: Some(1),
-            device_memory: DeviceMemory(Some(Arc::new(move || free))),
+            device_memory: free,
             // A GPU: calls run in stream order, so independent chains keep their kernels.
             caps: Capabilities { variadic: true, in_order: true, ..Capabilities::default() },
             ..PassConfig::default()

@@ -194,7 +194,6 @@ pub fn gpu_peer_table(
 /// The least free device memory among the process's GPUs of `platform` (the pass's staging budget), read through the
 /// contexts XLA made, or why it is unknown.
 pub fn gpu_least_free_memory(platform: Platform) -> Result<usize, String> {
-    opens_gpus();
     match platform {
         Platform::Cuda => gpu_xla::least_free_memory::<Cuda>(),
         #[cfg(feature = "rocm")]
@@ -211,6 +210,22 @@ pub fn set_gpu_device_ids(platform: Platform, ids: BTreeMap<usize, usize>) {
         Platform::Rocm => gpu_xla::set_device_ids::<kernels::rocm::Hip>(ids),
         _ => {}
     }
+}
+
+/// The peer-access table of GPU `platform` known without opening a GPU (the runtime's, or the probe it kept for these
+/// GPUs and driver), on device ids as [`gpu_peer_table`]'s; `None`: it must be probed.
+pub fn gpu_known_peer_table(
+    platform: Platform,
+    ordinals: Option<&BTreeMap<usize, usize>>,
+    allow_unsafe: bool,
+) -> Option<Arc<PeerAccessTable>> {
+    let table = match platform {
+        Platform::Cuda => gpu_xla::known_peer_table::<Cuda>(allow_unsafe),
+        #[cfg(feature = "rocm")]
+        Platform::Rocm => gpu_xla::known_peer_table::<kernels::rocm::Hip>(allow_unsafe),
+        _ => None,
+    };
+    Some(remapped(Ok(table?), ordinals, platform))
 }
 
 /// A probed table (or why there is none) on device ids.

@@ -123,22 +123,21 @@ pub fn pass_config_tuned(
     let ordinals = topology.as_ref().map(|t| t.ordinals.clone()).filter(|o| !o.is_empty());
     let gpu = Some(platform).filter(|p| p.is_gpu());
     let allow_unsafe = f.allow_unsafe_peer_targets;
+    // Plain values where the runtime knows them without opening a GPU (its own table, or the probe it kept for these
+    // GPUs and driver; free memory through XLA's contexts), else a probe asked for only if a call needs it.
     let peers = match gpu {
-        Some(gpu) => xla_pass::Peers::Lazy(std::sync::Arc::new(move || {
-            crate::xla_handlers::gpu_peer_table(gpu, ordinals.as_ref(), allow_unsafe)
-        })),
+        Some(gpu) => match crate::xla_handlers::gpu_known_peer_table(gpu, ordinals.as_ref(), allow_unsafe) {
+            Some(table) => xla_pass::Peers::Known(table),
+            None => xla_pass::Peers::Lazy(std::sync::Arc::new(move || {
+                crate::xla_handlers::gpu_peer_table(gpu, ordinals.as_ref(), allow_unsafe)
+            })),
+        },
         None => xla_pass::Peers::Shared,
     };
-    // On a GPU the staging of a module's slots is budgeted against the GPUs' free memory.
-    let device_memory = match gpu {
-        Some(gpu) => xla_pass::DeviceMemory(Some(std::sync::Arc::new(move || {
-            crate::xla_handlers::gpu_least_free_memory(gpu)
-                .map_err(|e| log::warn!("peerless: no staging budget on {gpu}: {e}"))
-                .ok()
-                .map(|b| b as u64)
-        }))),
-        None => xla_pass::DeviceMemory::default(),
-    };
+    let device_memory = gpu.and_then(|gpu| {
+        let free = crate::xla_handlers::gpu_least_free_memory(gpu);
+        free.map_err(|e| log::debug!("peerless: no staging budget on {gpu}: {e}")).ok().map(|b| b as u64)
+    });
     // The tuning profile decides kernel vs XLA where the flags leave it to it; explicit all-reduce thresholds (here or
     // in PEERLESS_FLAGS) keep all-reduce on them.
     let tuning = emitter::tuning::TuningConfig {

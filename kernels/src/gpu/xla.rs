@@ -49,6 +49,8 @@ pub struct RuntimeState<B: XlaBackend> {
     /// Every GPU of the process, opened once (`opening`: by one thread at a time).
     clique: OnceLock<Clique<B>>,
     opening: Mutex<()>,
+    /// The peer probe a process kept on disk for these GPUs and driver, read once ([`known_peer_table`]).
+    kept: OnceLock<Option<KeptProbe>>,
     /// Local ordinal → device id, where this process does not own every device of the job (`jax.distributed`;
     /// [`NO_ID`]: none); `mapped` false: ids are ordinals. Atomics, not a locked map: every call reads it (set once per
     /// process, before any executable runs).
@@ -77,6 +79,7 @@ impl<B: XlaBackend> RuntimeState<B> {
         RuntimeState {
             clique: OnceLock::new(),
             opening: Mutex::new(()),
+            kept: OnceLock::new(),
             device_ids: [const { AtomicUsize::new(NO_ID) }; MAX_RANKS],
             mapped: AtomicBool::new(false),
             held: [const { AtomicUsize::new(0) }; MAX_RANKS],
@@ -154,30 +157,36 @@ fn probe_text(key: &str, targets: &[&str], works: impl Fn(usize, usize) -> bool)
 }
 
 /// The table a kept probe holds (under the target policy) if it was made on machine `key`.
-fn read_probe(text: &str, key: &str, source: String, allow_unsafe: bool) -> Option<Arc<thunks::PeerAccessTable>> {
+fn read_probe(text: &str, key: &str, source: String) -> Option<KeptProbe> {
     let mut lines = text.lines();
     if lines.next() != Some(key) {
         return None;
     }
-    let targets: Vec<&str> = lines.next()?.split(' ').collect();
+    let targets: Vec<String> = lines.next()?.split(' ').map(str::to_owned).collect();
     let rows: Vec<&[u8]> = lines.next()?.split(' ').map(str::as_bytes).collect();
     let n = targets.len();
     if rows.len() != n || rows.iter().any(|r| r.len() != n || r.iter().any(|c| !b"01".contains(c))) {
         return None;
     }
-    let table = Arc::new(thunks::PeerAccessTable::from_fn(n, source, |a, b| rows[a][b] == b'1'));
-    Some(table.with_target_policy(&targets, allow_unsafe))
+    Some((Arc::new(thunks::PeerAccessTable::from_fn(n, source, |a, b| rows[a][b] == b'1')), targets))
 }
 
+/// A kept probe's table (before the target policy) and the devices' targets.
+type KeptProbe = (Arc<thunks::PeerAccessTable>, Vec<String>);
+
 /// The peer table (under the target policy) the pass may use without opening a GPU: the runtime's, if it opened the
-/// GPUs, else the probe an earlier process kept for these same GPUs and driver ([`save_probe`]).
+/// GPUs, else the probe an earlier process kept for these same GPUs and driver ([`save_probe`]; read once per process).
 pub fn known_peer_table<B: XlaBackend>(allow_unsafe: bool) -> Option<Arc<thunks::PeerAccessTable>> {
     if let Some(c) = B::state().clique.get() {
         return Some(c.peer_table(allow_unsafe));
     }
-    let (key, path) = (B::machine_key().ok()??, probe_file::<B>()?);
-    let text = std::fs::read_to_string(&path).ok()?;
-    read_probe(&text, &key, format!("{} peer probe kept in {}", B::NAME, path.display()), allow_unsafe)
+    let kept = B::state().kept.get_or_init(|| {
+        let (key, path) = (B::machine_key().ok()??, probe_file::<B>()?);
+        let text = std::fs::read_to_string(&path).ok()?;
+        read_probe(&text, &key, format!("{} peer probe kept in {}", B::NAME, path.display()))
+    });
+    let (table, targets) = kept.as_ref()?;
+    Some(table.with_target_policy(&targets.iter().map(String::as_str).collect::<Vec<_>>(), allow_unsafe))
 }
 
 /// The peer-access table of the process's GPUs (for the pass), or why there is none: the one known without opening a

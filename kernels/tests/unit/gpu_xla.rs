@@ -69,20 +69,24 @@ fn slot_sharing<B: XlaBackend>() {
 #[test]
 fn a_kept_probe_serves_only_the_machine_it_was_made_on() {
     let key = "cuda driver 13000 aa01 bb02";
+    let read = |text: &str, key: &str, allow_unsafe: bool| {
+        let (t, targets) = read_probe(text, key, "kept".into())?;
+        Some(t.with_target_policy(&targets.iter().map(String::as_str).collect::<Vec<_>>(), allow_unsafe))
+    };
     // Three GPUs, 2 cannot reach 0.
     let text = probe_text(key, &["sm_90", "sm_90", "sm_90"], |a, b| !(a == 2 && b == 0));
-    let t = read_probe(&text, key, "kept".into(), false).expect("same machine");
+    let t = read(&text, key, false).expect("same machine");
     assert_eq!(t.source(), "kept");
     assert!(t.can_access(0, 2) && t.can_access(1, 2) && !t.can_access(2, 0));
     assert_eq!(t.missing_link(&[0, 1, 2]), Some((0, 2)));
     // Another driver or other GPUs: not this machine's probe.
-    assert!(read_probe(&text, "cuda driver 13010 aa01 bb02", "kept".into(), false).is_none());
-    assert!(read_probe(&text, "cuda driver 13000 aa01", "kept".into(), false).is_none());
+    assert!(read(&text, "cuda driver 13010 aa01 bb02", false).is_none());
+    assert!(read(&text, "cuda driver 13000 aa01", false).is_none());
     // A cut or garbled file is no table.
-    assert!(read_probe(&text[..text.len() - 4], key, "kept".into(), false).is_none());
-    assert!(read_probe(&text.replace("111", "1x1"), key, "kept".into(), false).is_none());
+    assert!(read(&text[..text.len() - 4], key, false).is_none());
+    assert!(read(&text.replace("111", "1x1"), key, false).is_none());
     // The target policy applies as to a fresh probe: gfx90a's links go unless allowed.
     let amd = probe_text(key, &["gfx90a:sramecc+:xnack-", "gfx90a:sramecc+:xnack-"], |_, _| true);
-    assert!(!read_probe(&amd, key, "kept".into(), false).unwrap().can_access(0, 1));
-    assert!(read_probe(&amd, key, "kept".into(), true).unwrap().can_access(0, 1));
+    assert!(!read(&amd, key, false).unwrap().can_access(0, 1));
+    assert!(read(&amd, key, true).unwrap().can_access(0, 1));
 }

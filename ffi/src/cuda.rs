@@ -50,15 +50,20 @@ pub fn device_count() -> Result<usize> {
     Ok(call("cuDeviceGetCount", None, r::device::get_count)?.max(0) as usize)
 }
 
-/// The driver's version and every visible device's UUID, in ordinal order, asking for no context: what a peer probe of
-/// these GPUs stays true for (a cached probe's key).
-pub fn machine_key() -> Result<Option<String>> {
-    use std::fmt::Write;
+/// The driver's CUDA version (`cuDriverGetVersion`: 13000 for 13.0).
+fn driver_version() -> Result<i32> {
     init()?;
     let mut v = 0;
     // SAFETY: `v` is a valid out-pointer.
     call("cuDriverGetVersion", None, || st(unsafe { sys::cuDriverGetVersion(&mut v) }))?;
-    let mut key = format!("cuda driver {v}");
+    Ok(v)
+}
+
+/// The driver's version and every visible device's UUID, in ordinal order, asking for no context: what a peer probe of
+/// these GPUs stays true for (a cached probe's key).
+pub fn machine_key() -> Result<Option<String>> {
+    use std::fmt::Write;
+    let mut key = format!("cuda driver {}", driver_version()?);
     for o in 0..device_count()? {
         let dev = call("cuDeviceGet", Some(o), || r::device::get(o as i32))?;
         let uuid = call("cuDeviceGetUuid", Some(o), || r::device::get_uuid(dev))?;
@@ -150,10 +155,7 @@ impl Context {
     /// from CUDA 12 on, whose drivers report the deprecated v1 attribute as 0 (seen on an H200, driver 580); before,
     /// that attribute says.
     pub fn stream_mem_ops(&self) -> Result<bool> {
-        let mut v = 0;
-        // SAFETY: `v` is a valid out-pointer.
-        call("cuDriverGetVersion", Some(self.ordinal), || st(unsafe { sys::cuDriverGetVersion(&mut v) }))?;
-        if v >= 12000 {
+        if driver_version()? >= 12000 {
             return Ok(true);
         }
         Ok(self.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_MEM_OPS_V1)? != 0)

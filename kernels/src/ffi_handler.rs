@@ -106,7 +106,8 @@ pub struct Adopted<I>(OnceLock<Box<[AdoptedSlot<I>]>>);
 struct AdoptedSlot<I> {
     /// `instance + 1` (0: free); claimed once, never released.
     key: std::sync::atomic::AtomicU64,
-    state: OnceLock<CallState<I>>,
+    /// Boxed: a free slot costs a pointer, not a whole call's state.
+    state: OnceLock<Box<CallState<I>>>,
 }
 
 /// Calls a process may run without XLA's state.
@@ -152,12 +153,12 @@ impl<I> Adopted<I> {
                 format!("'{name}': more than {ADOPTED_CALLS} Peerless calls in a process whose XLA keeps no FFI state");
             return Err(HandlerError::new(ErrorCode::ResourceExhausted, what));
         };
-        Ok(slot.state.get_or_init(|| state))
+        Ok(slot.state.get_or_init(|| Box::new(state)))
     }
 
     /// The state adopted for `instance`, if any.
     pub fn find(&self, instance: u64) -> Option<&CallState<I>> {
-        self.slot(instance, false).map(|s| s.state.wait())
+        self.slot(instance, false).map(|s| &**s.state.wait())
     }
 }
 

@@ -189,13 +189,10 @@ pub fn known_peer_table<B: XlaBackend>(allow_unsafe: bool) -> Option<Arc<thunks:
     Some(table.with_target_policy(&targets.iter().map(String::as_str).collect::<Vec<_>>(), allow_unsafe))
 }
 
-/// The peer-access table of the process's GPUs (for the pass), or why there is none: the one known without opening a
-/// GPU, else the runtime's probe (opening the GPUs, once per process).
+/// The runtime's peer-access table (opening and probing the GPUs, once per process), or why there is none: what the
+/// pass asks for where no table is known ([`known_peer_table`]).
 pub fn peer_table<B: XlaBackend>(allow_unsafe: bool) -> Result<Arc<thunks::PeerAccessTable>, String> {
-    match known_peer_table::<B>(allow_unsafe) {
-        Some(t) => Ok(t),
-        None => clique::<B>().map(|c| c.peer_table(allow_unsafe)).map_err(|e| e.to_string()),
-    }
+    clique::<B>().map(|c| c.peer_table(allow_unsafe)).map_err(|e| e.to_string())
 }
 
 /// The least free device memory among the process's GPUs, in bytes (the pass's staging budget), read through the

@@ -89,7 +89,7 @@ fn render(pb: &Path) -> Result<String, String> {
     let name = format!("{} (rewritten)", pb.display());
     let m = hlo::proto::decode(&name, module).map_err(|e| format!("the rewritten module does not decode: {e}"))?;
     hlo::verify::verify(&m).map_err(|e| format!("the rewritten module does not verify: {e}"))?;
-    out.push_str(&hlo::module_text(&m));
+    out.push_str(&hlo_tests::print::module_text(&m));
 
     // Idempotence: the kernels are custom calls now; the fallbacks are decided again, the same way.
     let again = xla_pass::run(module, &cfg).map_err(|e| format!("the pass failed on its own output: {e}"))?;

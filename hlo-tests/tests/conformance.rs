@@ -57,7 +57,7 @@ fn load_module(case: &Case, front: Front) -> Result<hlo::Module, String> {
                     }
                 }
             }
-            let (want, got) = (hlo::module_text(&want), hlo::module_text(&back));
+            let (want, got) = (hlo_tests::print::module_text(&want), hlo_tests::print::module_text(&back));
             if want != got {
                 let at = want.lines().zip(got.lines()).position(|(a, b)| a != b).unwrap_or(0);
                 return Err(format!(

@@ -83,7 +83,7 @@ pub struct IotaReplicaGroups {
 impl IotaReplicaGroups {
     /// `iota(total)` reshaped to `reshape_dims` and transposed, as one list: the devices of a tile assignment or mesh
     /// in iota form. `None` if inconsistent.
-    pub(crate) fn devices(total: i64, reshape_dims: Vec<i64>, transpose_perm: Vec<i64>) -> Option<Vec<i64>> {
+    pub fn devices(total: i64, reshape_dims: Vec<i64>, transpose_perm: Vec<i64>) -> Option<Vec<i64>> {
         IotaReplicaGroups { num_groups: 1, group_size: total, reshape_dims, transpose_perm }
             .expand()?
             .into_iter()

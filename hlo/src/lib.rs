@@ -1,5 +1,5 @@
-//! Peerless's HLO front end: one IR built from HLO text or a binary `HloModuleProto`, a verifier of every shape rule, a
-//! printer ([`print::module_text`]) the parser reads back, an encoder ([`encode_proto`]) for XLA's plugins, and
+//! Peerless's HLO front end: one IR built from HLO text or a binary `HloModuleProto`, a verifier of every shape rule, an
+//! encoder ([`encode_proto`]) for XLA's plugins, and
 //! analyses ([`analysis`], [`sharding`]). A [`Module`] from [`parse_text`] or [`decode_proto`] has passed
 //! [`verify::verify`]: operands refer to earlier instructions of the same computation, called computations exist,
 //! shapes match XLA's inference.
@@ -25,7 +25,6 @@ pub use diag::{Error, ErrorKind};
 pub use ir::*;
 pub use literal::{Array, Element, Literal};
 pub use opcode::Opcode;
-pub use print::{PrintOptions, module_text};
 pub use types::{ArrayShape, PrimitiveType, Shape};
 
 /// Parses HLO text and verifies it. `file` names the source in diagnostics.

@@ -131,9 +131,11 @@ fn every_declared_dependency_is_used() {
     for (name, dir) in CRATES {
         // Library and binary code; tests, examples and benches for dev-dependencies; the
         // build script for build-dependencies.
-        // A library whose `[lib] path` is outside src/ (hlo-tests' harness, under tests/) counts as main.
+        // A library whose `[lib] path` is outside src/ (hlo-tests' harness, tests/support/) counts as main, its folder whole.
         let manifest = std::fs::read_to_string(root().join(dir).join("Cargo.toml")).unwrap();
-        let main = text_of(dir, &["src", "build.rs", &hlo_tests::lib_root(&manifest)]);
+        let lib = hlo_tests::lib_root(&manifest);
+        let lib_dir = std::path::Path::new(&lib).parent().and_then(|d| d.to_str()).unwrap_or("src");
+        let main = text_of(dir, &["src", "build.rs", lib_dir]);
         let dev = main.clone() + &text_of(dir, &["tests", "examples", "benches"]);
         let build = text_of(dir, &["build.rs"]);
         for (section, text) in

@@ -9,6 +9,9 @@ use std::path::{Path, PathBuf};
 
 use hlo::{Array, Literal, PrimitiveType, Shape};
 
+/// The HLO text printer the golden filetests and round trips compare with.
+pub mod print;
+
 /// The suite's root directory (`hlo-tests/`): `PEERLESS_HLO_TESTS_DIR` when set (prebuilt
 /// test binaries run from another checkout, as on the GPU machines), else this crate's.
 pub fn suite_dir() -> PathBuf {

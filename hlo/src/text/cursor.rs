@@ -22,11 +22,11 @@ pub(crate) struct Cursor<'a> {
     bad_comment: Option<usize>,
 }
 
-pub(crate) fn is_ident_start(c: u8) -> bool {
+pub fn is_ident_start(c: u8) -> bool {
     c.is_ascii_alphabetic() || c == b'_'
 }
 
-pub(crate) fn is_ident_char(c: u8) -> bool {
+pub fn is_ident_char(c: u8) -> bool {
     c.is_ascii_alphanumeric() || matches!(c, b'_' | b'.' | b'-')
 }
 

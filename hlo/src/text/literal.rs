@@ -323,7 +323,7 @@ fn small_float_bits(v: &FloatValue, mant_bits: u32, rounded: u16) -> u16 {
 
 /// An 8-bit float format: 1 sign bit, `exp` exponent bits, `mant` mantissa bits.
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct F8Format {
+pub struct F8Format {
     exp: u32,
     mant: u32,
     bias: i32,
@@ -334,7 +334,7 @@ pub(crate) struct F8Format {
 }
 
 impl F8Format {
-    pub(crate) fn of(ty: PrimitiveType) -> Option<Self> {
+    pub fn of(ty: PrimitiveType) -> Option<Self> {
         use PrimitiveType as T;
         let f = |exp, mant, bias, ieee, fnuz| Some(F8Format { exp, mant, bias, ieee, fnuz });
         match ty {
@@ -372,7 +372,7 @@ impl F8Format {
     }
 
     /// The value of the encoding `b` (exact in f64). NaNs keep their sign; the payload is [`F8Format::nan_payload`].
-    pub(crate) fn decode(self, b: u8) -> f64 {
+    pub fn decode(self, b: u8) -> f64 {
         let neg = b & 0x80 != 0;
         let sign = if neg { -1.0 } else { 1.0 };
         let max_field = (1u8 << self.exp) - 1;
@@ -394,7 +394,7 @@ impl F8Format {
     }
 
     /// For a NaN encoding, its mantissa bits (the `nan(0x..)` payload); `None` otherwise.
-    pub(crate) fn nan_payload(self, b: u8) -> Option<u8> {
+    pub fn nan_payload(self, b: u8) -> Option<u8> {
         let max_field = (1u8 << self.exp) - 1;
         let field = (b >> self.mant) & max_field;
         let frac = b & ((1u8 << self.mant) - 1);
@@ -411,7 +411,7 @@ impl F8Format {
 
     /// Rounds `v` to nearest (ties to even). Overflow gives inf where the format has one, NaN otherwise
     /// (non-saturating, like XLA's conversions).
-    pub(crate) fn encode(self, v: f64) -> u8 {
+    pub fn encode(self, v: f64) -> u8 {
         let neg = v.is_sign_negative();
         let sign: u8 = if neg { 0x80 } else { 0 };
         if v.is_nan() {

@@ -22,8 +22,8 @@ mod cursor;
 mod literal;
 mod parser;
 
-pub(crate) use cursor::{is_ident_char, is_ident_start};
-pub(crate) use literal::F8Format;
+pub use cursor::{is_ident_char, is_ident_start};
+pub use literal::F8Format;
 
 use crate::{Error, Module};
 
@@ -36,7 +36,7 @@ pub fn parse(file: &str, src: &str) -> Result<Module, Error> {
 /// Whether `s` is exactly one `{...}` group as the parser reads one (brackets matched, quoted strings skipped whole).
 /// The printer writes such values (a braced `backend_config`, a frontend attribute's `{...}` value) verbatim, knowing
 /// they read back unchanged.
-pub(crate) fn is_braced_group(s: &str) -> bool {
+pub fn is_braced_group(s: &str) -> bool {
     let mut c = cursor::Cursor::new("", s);
     s.starts_with('{') && c.balanced().is_ok() && c.pos == s.len()
 }

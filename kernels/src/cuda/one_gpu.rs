@@ -148,28 +148,15 @@ fn reference(case: &Case, ops: &[Vec<Vec<u8>>], m: usize) -> Vec<Vec<u8>> {
     let row = cols * esz;
     match case.form {
         Form::AllGather(0) => vec![(0..g).flat_map(|k| ops[k][0].clone()).collect()],
-        Form::AllGather(_) => {
-            let mut out = Vec::new();
-            for r in 0..rows {
-                for op in ops.iter().take(g) {
-                    out.extend_from_slice(&op[0][r * row..(r + 1) * row]);
-                }
-            }
-            vec![out]
-        }
         Form::AllToAll(0) => {
             let block = rows / g * row;
             vec![(0..g).flat_map(|k| ops[k][0][m * block..(m + 1) * block].to_vec()).collect()]
         }
-        Form::AllToAll(_) => {
-            let brow = row / g;
-            let mut out = Vec::new();
-            for r in 0..rows {
-                for op in ops.iter().take(g) {
-                    out.extend_from_slice(&op[0][r * row + m * brow..r * row + (m + 1) * brow]);
-                }
-            }
-            vec![out]
+        // Row by row, every member's part of its row: the whole row (all-gather) or block m (all-to-all).
+        Form::AllGather(_) | Form::AllToAll(_) => {
+            let (at, w) = if case.form.kind() == Kind::AllGather { (0, row) } else { (m * (row / g), row / g) };
+            let part = |op: &Vec<Vec<u8>>, r: usize| op[0][r * row + at..r * row + at + w].to_vec();
+            vec![(0..rows).flat_map(|r| ops.iter().take(g).flat_map(move |op| part(op, r))).collect()]
         }
         Form::TupleAllToAll => (0..g).map(|k| ops[k][m].clone()).collect(),
         Form::Ring | Form::Partial => {
@@ -260,26 +247,19 @@ impl Bound {
     /// Writes fresh operands, poisons the results; returns the operands. `exact`: f32 small integers (their sums are
     /// exact in any order), else any bytes.
     fn fill_with(&self, bytes: &mut Bytes, exact: bool) -> Result<Vec<Vec<Vec<u8>>>> {
-        let mut all = Vec::new();
-        for (m, bufs) in self.args.iter().enumerate() {
-            let mut mine = Vec::new();
-            for b in bufs {
-                let mut data = bytes.fill(Cuda::buffer_len(b));
-                if exact {
-                    for c in data.chunks_mut(4) {
-                        let v = f32::from(c[0] % 64) - 32.0;
-                        let n = c.len();
-                        c.copy_from_slice(&v.to_le_bytes()[..n]);
-                    }
+        let mut data = |b| {
+            let mut data = bytes.fill(Cuda::buffer_len(b));
+            if exact {
+                for c in data.chunks_mut(4) {
+                    let v = f32::from(c[0] % 64) - 32.0;
+                    let n = c.len();
+                    c.copy_from_slice(&v.to_le_bytes()[..n]);
                 }
-                Cuda::write(b, &data)?;
-                mine.push(data);
             }
-            for r in &self.rets[m] {
-                Cuda::write(r, &vec![0xa5u8; Cuda::buffer_len(r)])?;
-            }
-            all.push(mine);
-        }
+            data
+        };
+        let all: Vec<Vec<Vec<u8>>> = self.args.iter().map(|bufs| bufs.iter().map(&mut data).collect()).collect();
+        self.write(&all)?;
         Ok(all)
     }
 
@@ -376,10 +356,7 @@ pub fn check(
                     }
                     for _ in 0..2 {
                         let ops = b.fill(&mut bytes)?;
-                        for &m in &b.members {
-                            b.enqueue(clique, m)?;
-                        }
-                        sync_all(clique)?;
+                        run_calls(clique, &b, 1)?;
                         b.verify(&c, &ops, &format!("{} {} {rows}x{cols} {ty}", form.name(), algo))?;
                     }
                     out.eager += 1;
@@ -461,10 +438,7 @@ fn check_reductions(
                         let ops = b_ce.fill(bytes)?;
                         b_direct.write(&ops)?;
                         for b in [&b_ce, &b_direct] {
-                            for &m in &b.members {
-                                b.enqueue(clique, m)?;
-                            }
-                            sync_all(clique)?;
+                            run_calls(clique, b, 1)?;
                         }
                         if b_ce.results()? != b_direct.results()? {
                             let what = format!("{} {ty} {} {rows}x{cols}", form.name(), red.name());
@@ -480,10 +454,7 @@ fn check_reductions(
             let c = case(form, g, PrimitiveType::F32, 3 * g, 7 * g, algo, clique.max_grid);
             let b = Bound::new(clique, &c)?;
             let ops = b.fill_with(bytes, true)?;
-            for &m in &b.members {
-                b.enqueue(clique, m)?;
-            }
-            sync_all(clique)?;
+            run_calls(clique, &b, 1)?;
             b.verify(&c, &ops, &format!("{} {algo}: exact f32 sums", form.name()))?;
             out.eager += 1;
             if replays == 0 {

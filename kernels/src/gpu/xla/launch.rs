@@ -124,25 +124,16 @@ impl<B: XlaBackend> Plan<B> {
         let cfg = x.cfg;
         let single = x.args.len() == 1 && cfg.epilogue.is_none();
         if cfg.algorithm.is_copy_engine() && (single || cfg.kind != Kind::AllReduce) && b.copy_engines()? {
-            let group = || cfg.group_of(x.device).ok_or_else(|| internal("device in no group"));
-            let idx = |g: &[usize]| g.iter().position(|&m| m == x.device).unwrap_or(0);
             match cfg.kind {
                 Kind::CollectivePermute => b.ce_permute()?,
-                Kind::ReduceScatter => {
-                    let g = group()?;
-                    b.ce_reduce_scatter(g, idx(g))?
-                }
-                Kind::AllReduce => {
-                    let g = group()?;
-                    b.ce_all_reduce(g, idx(g))?
-                }
+                Kind::ReduceScatter => b.ce_reduce_scatter()?,
+                Kind::AllReduce => b.ce_all_reduce()?,
                 _ => b.push(true)?,
             }
         } else if cfg.kind == Kind::CollectivePermute {
             b.permute()?;
         } else {
-            let group = cfg.group_of(x.device).ok_or_else(|| internal("device in no group"))?;
-            let idx = group.iter().position(|&m| m == x.device).unwrap_or(0);
+            let (group, idx) = b.group()?;
             match b.algo {
                 _ if cfg.epilogue.is_some() => b.reduce_norm(group, idx)?,
                 Algo::OneShotAllReduce if x.args.len() > 1 && group.len() > 1 => b.reduce_many(group, idx)?,
@@ -300,7 +291,13 @@ impl<B: XlaBackend> Plan<B> {
     }
 }
 
-impl<B: XlaBackend> Builder<'_, B> {
+impl<'a, B: XlaBackend> Builder<'a, B> {
+    /// The calling device's group and its index in it.
+    fn group(&self) -> Result<(&'a [usize], usize), HandlerError> {
+        let group = self.x.cfg.group_of(self.x.device).ok_or_else(|| internal("device in no group"))?;
+        Ok((group, group.iter().position(|&m| m == self.x.device).unwrap_or(0)))
+    }
+
     /// The kernel of `unit` named `name`, loaded and resolved once per plan.
     fn func(&mut self, unit: Unit, name: String) -> Result<usize, HandlerError> {
         if let Some(i) = self.names.iter().position(|n| *n == name) {
@@ -503,8 +500,7 @@ impl<B: XlaBackend> Builder<'_, B> {
     /// or (`ce`) on the copy engines.
     fn push(&mut self, ce: bool) -> Result<(), HandlerError> {
         let (cfg, shapes, rets) = (self.x.cfg, self.x.args, self.x.rets);
-        let group = cfg.group_of(self.x.device).ok_or_else(|| internal("device in no group"))?;
-        let idx = group.iter().position(|&m| m == self.x.device).unwrap_or(0);
+        let (group, idx) = self.group()?;
         let g = group.len();
         if g > MAX_TASKS {
             return Err(err(ErrorCode::InvalidArgument, format!("group of {g} > {MAX_TASKS}")));
@@ -639,11 +635,8 @@ impl<B: XlaBackend> Builder<'_, B> {
         src: &[(usize, u64)],
         outs: &[(usize, u64, usize)],
     ) -> Result<(), HandlerError> {
-        let words = self.words.ok_or_else(|| internal("copy engines without flag words"))?;
-        let g = group.len();
-        let positions = group.iter().map(|&m| self.position(m)).collect::<Result<Vec<_>, _>>()?;
-        let staging = group.iter().map(|&m| self.addr(m).map(|a| a.staging)).collect::<Result<Vec<_>, _>>()?;
-        let mine = staging[idx];
+        let (words, positions, staging) = self.ce_members(group)?;
+        let (g, mine) = (group.len(), staging[idx]);
         let send = |k: usize| {
             let i = (k + g - idx) % g;
             let (t, (arg, off)) = (tasks[i], src[i]);
@@ -693,8 +686,9 @@ impl<B: XlaBackend> Builder<'_, B> {
     }
 
     /// Reduce-scatter on the copy engines (`copy_engine::reduce_scatter`).
-    fn ce_reduce_scatter(&mut self, group: &[usize], idx: usize) -> Result<(), HandlerError> {
+    fn ce_reduce_scatter(&mut self) -> Result<(), HandlerError> {
         let (cfg, shape) = (self.x.cfg, &self.x.args[0]);
+        let (group, idx) = self.group()?;
         let g = group.len();
         let (outer, n, inner) = view(cfg, shape)?;
         let (brow, row) = (block_row(n, inner, g)?, (n * inner) as u64);
@@ -708,7 +702,8 @@ impl<B: XlaBackend> Builder<'_, B> {
     }
 
     /// All-reduce on the copy engines (`copy_engine::all_reduce`).
-    fn ce_all_reduce(&mut self, group: &[usize], idx: usize) -> Result<(), HandlerError> {
+    fn ce_all_reduce(&mut self) -> Result<(), HandlerError> {
+        let (group, idx) = self.group()?;
         let bytes = self.x.args[0].byte_size();
         let g = group.len();
         if g == 1 {

@@ -502,25 +502,6 @@ impl DeviceBuffer {
         Ok(b)
     }
 
-    pub fn write<T: Copy>(&self, data: &[T]) -> Result<()> {
-        if std::mem::size_of_val(data) > self.len {
-            return Err(Error::Invalid(format!("write of {} bytes into {}", std::mem::size_of_val(data), self.len)));
-        }
-        self.bind()?;
-        // SAFETY: the destination holds at least size_of_val(data) bytes (checked above).
-        call("cuMemcpyHtoD", Some(self.ordinal), || unsafe { r::memcpy_htod_sync(self.ptr, data) })?;
-        self.settle()
-    }
-
-    pub fn read<T: Copy>(&self, out: &mut [T]) -> Result<()> {
-        if std::mem::size_of_val(out) > self.len {
-            return Err(Error::Invalid(format!("read of {} bytes from {}", std::mem::size_of_val(out), self.len)));
-        }
-        self.bind()?;
-        // SAFETY: the source holds at least size_of_val(out) bytes (checked above).
-        call("cuMemcpyDtoH", Some(self.ordinal), || unsafe { r::memcpy_dtoh_sync(out, self.ptr) })
-    }
-
     /// Copies `data` into bytes `[offset, offset + data.len())`; returns once the bytes are in device memory, so work
     /// enqueued afterwards on any stream sees them.
     pub fn write_at(&self, offset: usize, data: &[u8]) -> Result<()> {

@@ -490,13 +490,6 @@ impl DeviceBuffer {
         call("hipDeviceSynchronize", Some(self.ordinal), |s| unsafe { (s.device_synchronize)() })
     }
 
-    pub fn write<T: Copy>(&self, data: &[T]) -> Result<()> {
-        let bytes = std::mem::size_of_val(data);
-        // SAFETY: `data` is a slice of plain `Copy` values: its bytes are initialised and live.
-        let raw = unsafe { std::slice::from_raw_parts(data.as_ptr() as *const u8, bytes) };
-        self.write_at(0, raw)
-    }
-
     /// Copies `data` into bytes `[offset, offset + data.len())`; returns once the bytes are in device memory.
     pub fn write_at(&self, offset: usize, data: &[u8]) -> Result<()> {
         if !crate::gpu::check_range("write of", data.len(), offset, "into", self.len)? {

@@ -137,12 +137,12 @@ fn all_reduce_matches_host_reference_bitwise() {
                         let (r, v) = random(dtype, n, &mut rng);
                         let mut padded = vec![0u8; off];
                         padded.extend_from_slice(&r);
-                        b.write(&padded).unwrap();
+                        b.write_at(0, &padded).unwrap();
                         raw.push(r);
                         vals.push(v);
                     }
                     for o in &outs {
-                        o.write(&vec![0xA5u8; bytes + off]).unwrap(); // poison
+                        o.write_at(0, &vec![0xA5u8; bytes + off]).unwrap(); // poison
                     }
                     let want = reference(dtype, red, &vals, &raw);
                     let ip: Vec<u64> = ins.iter().map(|b| b.ptr + off as u64).collect();
@@ -151,7 +151,7 @@ fn all_reduce_matches_host_reference_bitwise() {
                     c.synchronize().unwrap();
                     for (r, o) in outs.iter().enumerate() {
                         let mut got = vec![0u8; bytes + off];
-                        o.read(&mut got).unwrap();
+                        o.read_at(0, &mut got).unwrap();
                         assert!(
                             got[off..] == want[..],
                             "{algo:?} {} {} n={n} off={off}: device {r} differs from the reference",
@@ -218,7 +218,7 @@ fn float_algorithms_agree_bitwise_on_edge_values() {
                             ));
                         }
                     }
-                    b.write(&raw).unwrap();
+                    b.write_at(0, &raw).unwrap();
                 }
                 let ip: Vec<u64> = ins.iter().map(|b| b.ptr).collect();
                 let mut results = Vec::new();
@@ -229,7 +229,7 @@ fn float_algorithms_agree_bitwise_on_edge_values() {
                     c.synchronize().unwrap();
                     ar.check().unwrap();
                     let mut got = vec![0u8; n * es];
-                    outs[(round + n) % w].read(&mut got).unwrap();
+                    outs[(round + n) % w].read_at(0, &mut got).unwrap();
                     results.push((*a, got));
                 }
                 let (_, first) = &results[0];
@@ -268,7 +268,7 @@ fn repeated_launches_advance_epochs() {
                 let mut vals = Vec::new();
                 for b in &ins {
                     let (r, v) = random(Dtype::F32, n, &mut rng);
-                    b.write(&r).unwrap();
+                    b.write_at(0, &r).unwrap();
                     raw.push(r);
                     vals.push(v);
                 }
@@ -286,7 +286,7 @@ fn repeated_launches_advance_epochs() {
                 c.synchronize().unwrap();
                 for o in &outs {
                     let mut got = vec![0u8; n * 4];
-                    o.read(&mut got).unwrap();
+                    o.read_at(0, &mut got).unwrap();
                     assert!(got == *want, "{algo:?} launch {it}: wrong result");
                 }
             }
@@ -307,7 +307,7 @@ fn all_gather_matches_concatenation() {
         let mut want = Vec::new();
         for b in &ins {
             let r: Vec<u8> = (0..bytes).map(|_| rng.random()).collect();
-            b.write(&r).unwrap();
+            b.write_at(0, &r).unwrap();
             want.extend_from_slice(&r);
         }
         let ip: Vec<u64> = ins.iter().map(|b| b.ptr).collect();
@@ -318,7 +318,7 @@ fn all_gather_matches_concatenation() {
         c.synchronize().unwrap();
         for (r, o) in outs.iter().enumerate() {
             let mut got = vec![0u8; w * bytes];
-            o.read(&mut got).unwrap();
+            o.read_at(0, &mut got).unwrap();
             assert!(got == want, "all-gather {bytes} B: device {r} differs");
         }
     }
@@ -429,7 +429,7 @@ fn check_fused(c: &Clique, ar: &AllReduceNorm, f: &Form, rows: usize, d: usize, 
     let mut vals = Vec::new();
     for b in &ins {
         let (r, v) = random(f.a, n, &mut rng);
-        b.write(&r).unwrap();
+        b.write_at(0, &r).unwrap();
         raw.push(r);
         vals.push(v);
     }
@@ -440,12 +440,12 @@ fn check_fused(c: &Clique, ar: &AllReduceNorm, f: &Form, rows: usize, d: usize, 
     let hs = c.alloc(n * f.h.size()).unwrap();
     let ys = c.alloc(n * f.y.size()).unwrap();
     for r in 0..w {
-        xs[r].write(&x).unwrap();
+        xs[r].write_at(0, &x).unwrap();
         if let Some(g) = &g {
-            gs[r].write(g).unwrap();
+            gs[r].write_at(0, g).unwrap();
         }
-        hs[r].write(&vec![0xA5u8; n * f.h.size()]).unwrap(); // poison
-        ys[r].write(&vec![0xA5u8; n * f.y.size()]).unwrap();
+        hs[r].write_at(0, &vec![0xA5u8; n * f.h.size()]).unwrap(); // poison
+        ys[r].write_at(0, &vec![0xA5u8; n * f.y.size()]).unwrap();
     }
     let bufs: Vec<NormBuffers> = (0..w)
         .map(|r| NormBuffers {
@@ -492,8 +492,8 @@ fn check_fused(c: &Clique, ar: &AllReduceNorm, f: &Form, rows: usize, d: usize, 
     let tol = if f.y == Dtype::F32 { d as i64 } else { 1 };
     for r in 0..w {
         let (mut h, mut y) = (vec![0u8; n * f.h.size()], vec![0u8; n * f.y.size()]);
-        hs[r].read(&mut h).unwrap();
-        ys[r].read(&mut y).unwrap();
+        hs[r].read_at(0, &mut h).unwrap();
+        ys[r].read_at(0, &mut y).unwrap();
         if let Some(i) = (0..n).find(|&i| ordered(&h, f.h, i) != ordered(&h_want, f.h, i)) {
             panic!("{}: h[{i}] is {} ulps from the reference", what(r), ordered(&h, f.h, i) - ordered(&h_want, f.h, i));
         }

@@ -71,7 +71,7 @@ fn probe_all_reduce_and_all_gather_match_the_host() {
         let outs: Vec<DeviceBuffer> = c.alloc(n * 4 * w).unwrap();
         let vals: Vec<Vec<f32>> = (0..w).map(|r| input(r, n, launch)).collect();
         for (b, v) in ins.iter().zip(&vals) {
-            b.write(v).unwrap();
+            b.write_at(0, &bytes(v)).unwrap();
         }
         let ptrs = |bs: &[DeviceBuffer]| bs.iter().map(|b| b.ptr).collect::<Vec<_>>();
         ag.launch(&c, &ptrs(&ins), &ptrs(&outs), n * 4).unwrap();

@@ -289,11 +289,6 @@ impl DirectCollective {
         Ok(DirectCollective { plan, slot })
     }
 
-    /// Bytes of one staging buffer this collective needs.
-    pub fn staged_bytes(&self) -> usize {
-        self.plan.per_buffer
-    }
-
     /// Bytes each result buffer must have (for the caller's checks).
     pub fn output_lens(&self) -> Vec<usize> {
         self.plan.output_lens()

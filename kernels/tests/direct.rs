@@ -63,12 +63,17 @@ use common::call_of;
 
 const T10: Duration = Duration::from_secs(10);
 
+/// A staging slot of the collective's own (what the runtime gives a call without a shared slot).
+fn own_slot(groups: &[Vec<usize>], bytes: usize) -> kernels::Result<std::sync::Arc<DirectSlot>> {
+    DirectSlot::new(groups, bytes).map(std::sync::Arc::new)
+}
+
 #[test]
 fn all_reduce_one_and_two_shot_in_groups() {
     for algo in [Algo::OneShotAllReduce, Algo::TwoShotAllReduce] {
         let cfg = config(Kind::AllReduce, vec![vec![0, 2], vec![3, 1]], None, 2);
         let shapes = [ArrayShape::new(T::S32, vec![5]), ArrayShape::new(T::S32, vec![3])];
-        let c = DirectCollective::new(&call_of(&cfg, algo, T10, "ar"), &shapes, 4).unwrap();
+        let c = DirectCollective::on_slot(&call_of(&cfg, algo, T10, "ar"), &shapes, 4, own_slot).unwrap();
         let outs = run_all(&c, 4, 5, |d, j| ints((0..[5, 3][j]).map(|i| (d as i32 + 1) * 10 + i)));
         for (d, o) in outs.iter().enumerate() {
             let peer = [2, 3, 0, 1][d];
@@ -83,10 +88,11 @@ fn gather_scatter_all_to_all_and_permute() {
     let n = 4;
     // All-gather along dimension 1 of a [2, 2] operand.
     let cfg = config(Kind::AllGather, vec![vec![0, 1, 2, 3]], Some(1), 1);
-    let c = DirectCollective::new(
+    let c = DirectCollective::on_slot(
         &call_of(&cfg, Algo::DirectAllGather, T10, "ag"),
         &[ArrayShape::new(T::S32, vec![2, 2])],
         n,
+        own_slot,
     )
     .unwrap();
     let outs = run_all(&c, n, 3, |d, _| ints((0..4).map(|i| d as i32 * 100 + i)));
@@ -94,10 +100,11 @@ fn gather_scatter_all_to_all_and_permute() {
     assert!(outs.iter().all(|o| o[0] == want));
     // Reduce-scatter of 8 elements.
     let cfg = config(Kind::ReduceScatter, vec![vec![0, 1, 2, 3]], Some(0), 1);
-    let c = DirectCollective::new(
+    let c = DirectCollective::on_slot(
         &call_of(&cfg, Algo::DirectReduceScatter, T10, "rs"),
         &[ArrayShape::new(T::S32, vec![8])],
         n,
+        own_slot,
     )
     .unwrap();
     let outs = run_all(&c, n, 3, |d, _| ints((0..8).map(|i| i * (d as i32 + 1))));
@@ -106,18 +113,23 @@ fn gather_scatter_all_to_all_and_permute() {
     }
     // Array all-to-all.
     let cfg = config(Kind::AllToAll, vec![vec![0, 1, 2, 3]], Some(0), 1);
-    let c =
-        DirectCollective::new(&call_of(&cfg, Algo::DirectAllToAll, T10, "a2a"), &[ArrayShape::new(T::S32, vec![4])], n)
-            .unwrap();
+    let c = DirectCollective::on_slot(
+        &call_of(&cfg, Algo::DirectAllToAll, T10, "a2a"),
+        &[ArrayShape::new(T::S32, vec![4])],
+        n,
+        own_slot,
+    )
+    .unwrap();
     let outs = run_all(&c, n, 3, |d, _| ints((0..4).map(|i| d as i32 * 10 + i)));
     for (d, o) in outs.iter().enumerate() {
         assert_eq!(o[0], ints((0..4).map(|k| k * 10 + d as i32)));
     }
     // Tuple all-to-all.
-    let c = DirectCollective::new(
+    let c = DirectCollective::on_slot(
         &call_of(&config(Kind::AllToAll, vec![vec![0, 1, 2, 3]], None, 4), Algo::DirectAllToAll, T10, "a2a_tuple"),
         &vec![ArrayShape::new(T::S32, vec![1]); 4],
         n,
+        own_slot,
     )
     .unwrap();
     let outs = run_all(&c, n, 3, |d, j| ints([d as i32 * 10 + j as i32]));
@@ -127,9 +139,13 @@ fn gather_scatter_all_to_all_and_permute() {
     // Permute: 0→1, 1→2, 2→2; device 0 and 3 get no source (zeros).
     let mut cfg = config(Kind::CollectivePermute, vec![], None, 1);
     cfg.source_target_pairs = vec![(0, 1), (1, 2), (3, 0)];
-    let c =
-        DirectCollective::new(&call_of(&cfg, Algo::DirectPermute, T10, "cp"), &[ArrayShape::new(T::S32, vec![2])], n)
-            .unwrap();
+    let c = DirectCollective::on_slot(
+        &call_of(&cfg, Algo::DirectPermute, T10, "cp"),
+        &[ArrayShape::new(T::S32, vec![2])],
+        n,
+        own_slot,
+    )
+    .unwrap();
     let outs = run_all(&c, n, 5, |d, _| ints([d as i32, 7]));
     assert_eq!(
         outs.iter().map(|o| o[0].clone()).collect::<Vec<_>>(),
@@ -210,7 +226,8 @@ fn a_missing_rank_times_out_and_the_next_epoch_is_clean() {
     for algo in [Algo::OneShotAllReduce, Algo::TwoShotAllReduce] {
         let cfg = config(Kind::AllReduce, vec![vec![0, 1]], None, 1);
         let shape = [ArrayShape::new(T::S32, vec![3])];
-        let c = DirectCollective::new(&call_of(&cfg, algo, Duration::from_millis(50), "ar"), &shape, 2).unwrap();
+        let c = DirectCollective::on_slot(&call_of(&cfg, algo, Duration::from_millis(50), "ar"), &shape, 2, own_slot)
+            .unwrap();
         let x = ints([1, 2, 3]);
         let mut r = vec![0u8; 12];
         let e = c.run(0, &[&x], &mut [&mut r]).unwrap_err().to_string();

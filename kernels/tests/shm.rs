@@ -12,13 +12,18 @@ use hlo::analysis::ReductionKind as R;
 use rustix::fs::Mode;
 use thunks::{CollectiveConfig, CollectiveKind as Kind, KernelAlgorithm as Algo};
 
-use kernels::host::direct::DirectCollective;
+use kernels::host::direct::{DirectCollective, DirectSlot};
 use kernels::host::shm::*;
 use kernels::{Error, Result};
 
 #[path = "common/shm.rs"]
 mod common;
 use common::*;
+
+/// A staging slot of the collective's own (what the runtime gives a call without a shared slot).
+fn own_slot(groups: &[Vec<usize>], bytes: usize) -> kernels::Result<std::sync::Arc<DirectSlot>> {
+    DirectSlot::new(groups, bytes).map(std::sync::Arc::new)
+}
 
 fn key(job: &str) -> ShmKey {
     ShmKey { job: job.to_string(), instance: next_instance() }
@@ -90,7 +95,8 @@ fn run_direct(
     n: usize,
     k: std::ops::Range<usize>,
 ) -> Results {
-    let c = DirectCollective::new(&call_of(cfg, algo, Duration::from_secs(20), "direct"), shapes, n).unwrap();
+    let c =
+        DirectCollective::on_slot(&call_of(cfg, algo, Duration::from_secs(20), "direct"), shapes, n, own_slot).unwrap();
     let lens = c.output_lens();
     thread::scope(|s| {
         let hs: Vec<_> = (callers(cfg, n).into_iter())
@@ -121,11 +127,12 @@ fn run_shm(
             .map(|p| {
                 let (devices, k) = (&devices, &k);
                 s.spawn(move || {
-                    let c = ShmCollective::new(
+                    let c = ShmCollective::on_slot(
                         &call_of(cfg, algo, Duration::from_secs(20), "shm"),
                         shapes,
                         n,
                         key,
+                        None,
                         process_of,
                         p,
                     )
@@ -234,9 +241,16 @@ fn a_process_that_never_attaches_times_out_naming_its_devices() {
     let cfg = config(Kind::AllReduce, vec![vec![0, 1, 2, 3]], None, 1, R::Sum);
     let shapes = [sh(T::S32, &[4])];
     let timeout = Duration::from_millis(300);
-    let c =
-        ShmCollective::new(&call_of(&cfg, Algo::OneShotAllReduce, timeout, "ar"), &shapes, 4, &key, &[0, 0, 1, 1], 0)
-            .unwrap();
+    let c = ShmCollective::on_slot(
+        &call_of(&cfg, Algo::OneShotAllReduce, timeout, "ar"),
+        &shapes,
+        4,
+        &key,
+        None,
+        &[0, 0, 1, 1],
+        0,
+    )
+    .unwrap();
     assert_eq!(leftovers(&job), vec![c.segment_name()[1..].to_string()], "named until process 1 attaches");
     let start = Instant::now();
     let errors: Vec<Error> = thread::scope(|s| {
@@ -270,8 +284,8 @@ fn a_late_member_fails_the_broken_epoch_and_the_next_is_clean() {
         let shapes = [sh(T::S32, &[3])];
         let t = Duration::from_millis(300);
         let procs = [0, 1];
-        let c0 = ShmCollective::new(&call_of(&cfg, algo, t, "ar"), &shapes, 2, &key, &procs, 0).unwrap();
-        let c1 = ShmCollective::new(&call_of(&cfg, algo, t, "ar"), &shapes, 2, &key, &procs, 1).unwrap();
+        let c0 = ShmCollective::on_slot(&call_of(&cfg, algo, t, "ar"), &shapes, 2, &key, None, &procs, 0).unwrap();
+        let c1 = ShmCollective::on_slot(&call_of(&cfg, algo, t, "ar"), &shapes, 2, &key, None, &procs, 1).unwrap();
         assert_eq!(leftovers(&job), Vec::<String>::new(), "unlinked once both attached");
         let x = operand(&shapes[0], 0, 0, 0);
         let mut r = vec![0u8; 12];
@@ -315,7 +329,8 @@ fn a_stalled_member_breaks_the_epoch_for_its_whole_group() {
     let t = Duration::from_millis(400);
     let cs: Vec<ShmCollective> = (0..2)
         .map(|p| {
-            ShmCollective::new(&call_of(&cfg, Algo::OneShotAllReduce, t, "ar"), &shapes, 8, &key, &procs, p).unwrap()
+            ShmCollective::on_slot(&call_of(&cfg, Algo::OneShotAllReduce, t, "ar"), &shapes, 8, &key, None, &procs, p)
+                .unwrap()
         })
         .collect();
     let lens = cs[0].output_lens();
@@ -356,11 +371,12 @@ fn a_process_that_is_done_leaves_the_name_to_a_slow_one() {
     let shapes = [sh(T::F32, &[7])];
     let procs = [0, 1, 1, 2];
     let new = |p| {
-        ShmCollective::new(
+        ShmCollective::on_slot(
             &call_of(&cfg, Algo::OneShotAllReduce, Duration::from_secs(20), "ar"),
             &shapes,
             4,
             &key,
+            None,
             &procs,
             p,
         )
@@ -397,7 +413,8 @@ fn a_permute_source_that_never_posts_times_out_its_target() {
     let cfg = permute_config(vec![(0, 1)], 1);
     let shapes = [sh(T::S32, &[2])];
     let t = Duration::from_millis(300);
-    let c1 = ShmCollective::new(&call_of(&cfg, Algo::DirectPermute, t, "cp"), &shapes, 2, &key, &[0, 1], 1).unwrap();
+    let c1 = ShmCollective::on_slot(&call_of(&cfg, Algo::DirectPermute, t, "cp"), &shapes, 2, &key, None, &[0, 1], 1)
+        .unwrap();
     let mut r = vec![0u8; 8];
     let e = c1.run(1, &[&[0u8; 8]], &mut [&mut r]).unwrap_err();
     assert_eq!(timeout_of(&e), (vec![0, 1], 1, vec![0]), "{e}");
@@ -411,7 +428,7 @@ fn segments_of_another_collective_are_invalid() {
     let shapes = [sh(T::S32, &[4])];
     let t = Duration::from_millis(300);
     let new = |cfg: &CollectiveConfig, shapes: &[ArrayShape], key: &ShmKey, p: usize| {
-        ShmCollective::new(&call_of(cfg, Algo::OneShotAllReduce, t, "ar"), shapes, 2, key, &[0, 1], p)
+        ShmCollective::on_slot(&call_of(cfg, Algo::OneShotAllReduce, t, "ar"), shapes, 2, key, None, &[0, 1], p)
     };
     let invalid = |r: Result<ShmCollective>, what: &str| match r {
         Err(e @ Error::Invalid { .. }) => assert!(e.to_string().contains(what), "{e}"),

@@ -12,13 +12,18 @@ use std::time::{Duration, Instant};
 use hlo::analysis::ReductionKind as R;
 use hlo::{ArrayShape, PrimitiveType as T};
 use kernels::Error;
-use kernels::host::direct::DirectCollective;
+use kernels::host::direct::{DirectCollective, DirectSlot};
 use kernels::host::shm::{ShmCollective, ShmKey};
 use thunks::{CollectiveConfig, CollectiveKind as Kind, CollectiveOp, KernelAlgorithm as Algo};
 
 #[path = "common/shm.rs"]
 mod common;
 use common::call_of;
+
+/// A staging slot of the collective's own (what the runtime gives a call without a shared slot).
+fn own_slot(groups: &[Vec<usize>], bytes: usize) -> kernels::Result<std::sync::Arc<DirectSlot>> {
+    DirectSlot::new(groups, bytes).map(std::sync::Arc::new)
+}
 
 const SCENARIO: &str = "PEERLESS_SHM_CHILD";
 const JOB: &str = "PEERLESS_SHM_JOB";
@@ -141,9 +146,18 @@ fn shm_child() {
             for (i, (cfg, algo, shapes)) in collectives().into_iter().enumerate() {
                 let key = ShmKey { job: job.clone(), instance: i as u64 + 1 };
                 let t = Duration::from_secs(30);
-                let c =
-                    ShmCollective::new(&call_of(&cfg, algo, t, "shm"), &shapes, 8, &key, &PROCESS_OF, process).unwrap();
-                let direct = DirectCollective::new(&call_of(&cfg, algo, t, "direct"), &shapes, 8).unwrap();
+                let c = ShmCollective::on_slot(
+                    &call_of(&cfg, algo, t, "shm"),
+                    &shapes,
+                    8,
+                    &key,
+                    None,
+                    &PROCESS_OF,
+                    process,
+                )
+                .unwrap();
+                let direct =
+                    DirectCollective::on_slot(&call_of(&cfg, algo, t, "direct"), &shapes, 8, own_slot).unwrap();
                 let lens = c.output_lens();
                 let mine = devices_of(&cfg, Some(process));
                 let got = run_devices(&mine, &shapes, &lens, 0..3, &|d, i, o| c.run(d, i, o));
@@ -162,7 +176,8 @@ fn shm_child() {
             let (cfg, algo, shapes) = collectives().swap_remove(0);
             let key = ShmKey { job, instance: 1 };
             let t = Duration::from_millis(1000);
-            let c = ShmCollective::new(&call_of(&cfg, algo, t, "ar"), &shapes, 8, &key, &PROCESS_OF, process).unwrap();
+            let c = ShmCollective::on_slot(&call_of(&cfg, algo, t, "ar"), &shapes, 8, &key, None, &PROCESS_OF, process)
+                .unwrap();
             // On a line of its own: libtest's "test shm_child ... " precedes it.
             println!("\n{ATTACHED}");
             let lens = c.output_lens();
@@ -254,7 +269,7 @@ fn a_process_that_exits_mid_run_makes_its_peers_time_out() {
     let (cfg, algo, shapes) = collectives().swap_remove(0);
     let key = ShmKey { job: job.clone(), instance: 1 };
     let t = Duration::from_millis(1000);
-    let c = ShmCollective::new(&call_of(&cfg, algo, t, "ar"), &shapes, 8, &key, &PROCESS_OF, 0).unwrap();
+    let c = ShmCollective::on_slot(&call_of(&cfg, algo, t, "ar"), &shapes, 8, &key, None, &PROCESS_OF, 0).unwrap();
     let (mut child, lines) = spawn_child("dies", &job, 1);
     let until = Instant::now() + Duration::from_secs(60);
     while lines.recv_timeout(until.saturating_duration_since(Instant::now())).expect("the child attaches") != ATTACHED {
@@ -264,7 +279,7 @@ fn a_process_that_exits_mid_run_makes_its_peers_time_out() {
     let mine = devices_of(&cfg, Some(0));
     let run = |calls| run_devices(&mine, &shapes, &lens, calls, &|d, i, o| c.run(d, i, o));
     // Two good calls.
-    let direct = DirectCollective::new(&call_of(&cfg, algo, t * 30, "direct"), &shapes, 8).unwrap();
+    let direct = DirectCollective::on_slot(&call_of(&cfg, algo, t * 30, "direct"), &shapes, 8, own_slot).unwrap();
     let want = run_devices(&(0..8).collect::<Vec<_>>(), &shapes, &lens, 0..2, &|d, i, o| direct.run(d, i, o));
     for (d, got) in run(0..2).into_iter().enumerate() {
         assert!(got.unwrap() == *want[d].as_ref().unwrap(), "device {d}");

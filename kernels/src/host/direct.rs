@@ -257,15 +257,9 @@ impl std::fmt::Debug for DirectCollective {
 
 impl DirectCollective {
     /// The collective of `call` (groups and pairs are device ids below `num_devices`) on operands of the given
-    /// (logical) shapes.
-    pub fn new(call: &CustomCallConfig, shapes: &[ArrayShape], num_devices: usize) -> Result<Self> {
-        Self::on_slot(call, shapes, num_devices, |groups, bytes| DirectSlot::new(groups, bytes).map(Arc::new))
-    }
-
-    /// A collective like [`DirectCollective::new`], on the slot `slot(groups, bytes)` returns for its groups (device
-    /// ids) and staged bytes: a new one, or one shared with the collectives every member runs in order with this one
-    /// (the caller's promise, on which the protocol's correctness rests). The slot must have exactly these groups and
-    /// buffers of at least `bytes`.
+    /// (logical) shapes, on the slot `slot(groups, bytes)` returns for its groups (device ids) and staged bytes: a new
+    /// one, or one shared with the collectives every member runs in order with this one (the caller's promise, on which
+    /// the protocol's correctness rests). The slot must have exactly these groups and buffers of at least `bytes`.
     pub fn on_slot(
         call: &CustomCallConfig,
         shapes: &[ArrayShape],

@@ -396,23 +396,12 @@ impl ShmCollective {
     /// The collective of `call` on operands of the given (logical) shapes; `process_of[d]` = the process index that
     /// owns device id d (for every device id below num_devices); `this_process` = ours. Groups/pairs in `call` are
     /// global device ids.
-    pub fn new(
-        call: &CustomCallConfig,
-        shapes: &[ArrayShape],
-        num_devices: usize,
-        key: &ShmKey,
-        process_of: &[usize],
-        this_process: usize,
-    ) -> Result<Self> {
-        Self::on_slot(call, shapes, num_devices, key, None, process_of, this_process)
-    }
-
-    /// With `slot_bytes`, a collective like [`ShmCollective::new`] on the slot `key` names, shared with the collectives
-    /// every member runs in order with this one (the caller's promise, as for
-    /// [`super::direct::DirectCollective::on_slot`]): this process maps the slot's segment once, with staging buffers
-    /// of `max(slot_bytes, this plan's)` bytes. Every process derives the same segment (its fingerprint covers groups,
-    /// pairs, processes and size, not one collective's plan); a slot already mapped too small for this plan is an
-    /// error. Without, the segment is this collective's own.
+    ///
+    /// With `slot_bytes`, the collective is on the slot `key` names, shared with the collectives every member runs in
+    /// order with this one (the caller's promise, as for [`super::direct::DirectCollective::on_slot`]): this process
+    /// maps the slot's segment once, with staging buffers of `max(slot_bytes, this plan's)` bytes. Every process
+    /// derives the same segment (its fingerprint covers groups, pairs, processes and size, not one collective's plan);
+    /// a slot already mapped too small for this plan is an error. Without, the segment is this collective's own.
     pub fn on_slot(
         call: &CustomCallConfig,
         shapes: &[ArrayShape],

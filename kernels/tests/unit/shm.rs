@@ -89,7 +89,8 @@ fn a_closed_segment_is_not_joined() {
     let cfg = config(Kind::AllReduce, vec![vec![0, 1]], None, 1, R::Sum);
     let shapes = [sh(T::S32, &[2])];
     let t = Duration::from_millis(1000);
-    let new = |p| ShmCollective::new(&call_of(&cfg, Algo::OneShotAllReduce, t, "ar"), &shapes, 2, &key, &[0, 1], p);
+    let new =
+        |p| ShmCollective::on_slot(&call_of(&cfg, Algo::OneShotAllReduce, t, "ar"), &shapes, 2, &key, None, &[0, 1], p);
     let mut c0 = new(0).unwrap();
     let seg = std::sync::Arc::get_mut(&mut c0.slot).unwrap().segment.as_mut().unwrap();
     // As process 0's `leave` would: count it out and close, but keep the name a while.
@@ -122,7 +123,8 @@ fn calls_are_checked_and_processes_without_members_map_nothing() {
     let shapes = [sh(T::S32, &[2])];
     let t = Duration::from_millis(300);
     let procs = [0, 1, 2];
-    let c = ShmCollective::new(&call_of(&cfg, Algo::OneShotAllReduce, t, "ar"), &shapes, 3, &key, &procs, 0).unwrap();
+    let c = ShmCollective::on_slot(&call_of(&cfg, Algo::OneShotAllReduce, t, "ar"), &shapes, 3, &key, None, &procs, 0)
+        .unwrap();
     assert_eq!(c.segment_name(), format!("/peerless-{job}-{:016x}", key.instance));
     let x = [0u8; 8];
     let mut r = [0u8; 8];
@@ -131,17 +133,20 @@ fn calls_are_checked_and_processes_without_members_map_nothing() {
     let e = c.run(2, &[&x], &mut [&mut r]).unwrap_err();
     assert!(e.to_string().contains("device 2 is in no group"), "{e}");
     // Process 2 owns no member: it maps nothing and leaves the count alone.
-    let c2 = ShmCollective::new(&call_of(&cfg, Algo::OneShotAllReduce, t, "ar"), &shapes, 3, &key, &procs, 2).unwrap();
+    let c2 = ShmCollective::on_slot(&call_of(&cfg, Algo::OneShotAllReduce, t, "ar"), &shapes, 3, &key, None, &procs, 2)
+        .unwrap();
     assert!(c2.slot.segment.is_none());
     assert_eq!(leftovers(&job).len(), 1);
-    let c1 = ShmCollective::new(&call_of(&cfg, Algo::OneShotAllReduce, t, "ar"), &shapes, 3, &key, &procs, 1).unwrap();
+    let c1 = ShmCollective::on_slot(&call_of(&cfg, Algo::OneShotAllReduce, t, "ar"), &shapes, 3, &key, None, &procs, 1)
+        .unwrap();
     assert_eq!(leftovers(&job), Vec::<String>::new());
     // A permute device without peers never needs the segment.
-    let cp = ShmCollective::new(
+    let cp = ShmCollective::on_slot(
         &call_of(&permute_config(vec![(1, 1)], 1), Algo::DirectPermute, t, "cp"),
         &shapes,
         3,
         &key,
+        None,
         &procs,
         0,
     )

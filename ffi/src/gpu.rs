@@ -82,8 +82,9 @@ pub const IPC_HANDLE_BYTES: usize = 64;
 /// and each device's free memory. Implemented by [`crate::cuda::Cuda`] (the CUDA driver) and,
 /// with feature `rocm`, [`crate::hip::Hip`] (HIP's documented runtime API).
 pub trait Interop: Gpu {
-    /// Page-locked host memory mapped into a device's address space, freed on drop.
-    type HostMapped: Debug + Send + Sync;
+    /// Page-locked host memory mapped into a device's address space, freed on drop: its words, which the host reads
+    /// and writes and whose device address a kernel takes.
+    type HostMapped: Debug + Send + Sync + std::ops::Deref<Target = HostWords>;
     /// Another process's allocation opened from its IPC handle, closed on drop.
     type IpcMapping: Debug + Send + Sync;
     /// A stream another library owns, borrowed for one call: it launches like a
@@ -117,12 +118,6 @@ pub trait Interop: Gpu {
     /// # Safety
     /// `ptr` holds `words` writable, page-aligned words that outlive the value.
     unsafe fn host_register(ctx: &Self::Context, ptr: *mut c_void, words: usize) -> Result<Self::HostMapped>;
-    /// The device address of the mapped words.
-    fn host_mapped_device_ptr(h: &Self::HostMapped) -> u64;
-    /// Reads word `i` (a device may be writing it). Panics if `i` is out of range.
-    fn host_mapped_load(h: &Self::HostMapped, i: usize) -> u32;
-    /// Writes word `i`. Panics if `i` is out of range.
-    fn host_mapped_store(h: &Self::HostMapped, i: usize, v: u32);
     /// Borrows the raw stream `raw` of device `ordinal`.
     ///
     /// # Safety
@@ -260,8 +255,9 @@ impl HostWords {
 
 /// Implements [`Gpu`] and [`Interop`] for a vendor module's marker type by forwarding to that module's owners
 /// (`Context`, `Module`, `Function`, `Stream`, `DeviceBuffer`, `HostMapped` and `IpcMapping`, which both vendor modules
-/// define with the same shapes), and declares the module's `ForeignStream`. Only the names that differ are arguments:
-/// the compute-unit query and the allocation that peers may access while kernels run.
+/// define with the same shapes), declares the module's `ForeignStream` and makes `HostMapped` deref to its words. Only
+/// the names that differ are arguments: the compute-unit query and the allocation that peers may access while kernels
+/// run.
 macro_rules! forward_gpu {
     ($marker:ty, name: $name:literal, units: $units:ident, alloc: $alloc:ident) => {
         /// A stream another library owns (XLA's, handed to an FFI handler), borrowed for one call
@@ -330,6 +326,13 @@ macro_rules! forward_gpu {
             }
         }
 
+        impl std::ops::Deref for HostMapped {
+            type Target = $crate::gpu::HostWords;
+            fn deref(&self) -> &$crate::gpu::HostWords {
+                &self.words
+            }
+        }
+
         impl $crate::gpu::Interop for $marker {
             type HostMapped = HostMapped;
             type IpcMapping = IpcMapping;
@@ -362,15 +365,6 @@ macro_rules! forward_gpu {
             unsafe fn host_register(ctx: &Context, ptr: *mut std::ffi::c_void, words: usize) -> Result<HostMapped> {
                 // SAFETY: the caller's contract is `HostMapped::register`'s.
                 unsafe { HostMapped::register(ctx, ptr, words) }
-            }
-            fn host_mapped_device_ptr(h: &HostMapped) -> u64 {
-                h.words.device_ptr
-            }
-            fn host_mapped_load(h: &HostMapped, i: usize) -> u32 {
-                h.words.load(i)
-            }
-            fn host_mapped_store(h: &HostMapped, i: usize, v: u32) {
-                h.words.store(i, v)
             }
             unsafe fn foreign_stream(raw: *mut std::ffi::c_void, ordinal: usize) -> ForeignStream {
                 // `raw` being a live stream of `ordinal` is this method's contract.

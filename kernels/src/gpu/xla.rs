@@ -352,7 +352,7 @@ impl<B: XlaBackend> Instance<B> {
         if !self.ce_watched.swap(true, Ordering::AcqRel) {
             watch(Arc::downgrade(self));
         }
-        Ok(copy_engine::Words { base: B::host_mapped_device_ptr(&h.mapped) })
+        Ok(copy_engine::Words { base: h.mapped.device_ptr })
     }
 
     /// [`Self::ce_words`]' words, `words` of them: this process's, or across processes the shared segment's, registered
@@ -686,7 +686,7 @@ fn watchdog<B: XlaBackend>() {
             for (&d, rank) in &ranks {
                 let Some(p) = inst.devices.iter().position(|&x| x == d) else { continue };
                 let at = p * copy_engine::STRIDE;
-                let mark = B::host_mapped_load(words, at + copy_engine::MARK);
+                let mark = words.load(at + copy_engine::MARK);
                 if mark == 0 {
                     continue;
                 }
@@ -700,16 +700,16 @@ fn watchdog<B: XlaBackend>() {
                     continue;
                 }
                 let word = (mark - 1) as usize;
-                if word < copy_engine::MARK && B::host_mapped_load(words, at + word) == 0 {
+                if word < copy_engine::MARK && words.load(at + word) == 0 {
                     let member = copy_engine::member_of_word(word);
-                    let bits = B::host_mapped_load(&rank.report, 0) | (1 << member);
-                    B::host_mapped_store(&rank.report, 0, bits);
+                    let bits = rank.report.load(0) | (1 << member);
+                    rank.report.store(0, bits);
                     log::error!(
                         "peerless: device {d} waited {} ms on the copy engines for member {member} of its call; \
                          ending the wait (the next call reports it)",
                         timeout.as_millis()
                     );
-                    B::host_mapped_store(words, at + word, 1);
+                    words.store(at + word, 1);
                 }
                 next.insert(key, (mark, now));
             }
@@ -823,11 +823,11 @@ impl<B: XlaBackend> CollectiveRuntime for GpuRuntime<B> {
         let stream = unsafe { B::foreign_stream(f.stream()?, ordinal) };
         // A previous call's kernel may have given up on a peer: report it now.
         let own = &plan.own;
-        let missing = B::host_mapped_load(&own.report, 0);
+        let missing = own.report.load(0);
         if missing != 0 {
             // Clear both words: the device one in stream order (later launches would otherwise see the failure and skip
             // their work).
-            B::host_mapped_store(&own.report, 0, 0);
+            own.report.store(0, 0);
             // SAFETY: the status word is this rank's 8-byte device allocation, alive with the plan.
             unsafe { B::memset_async(&stream, B::ptr(&own.status), 0, 8) }.map_err(internal)?;
             return Err(timed_out_earlier(cfg, device, missing));
@@ -933,9 +933,9 @@ impl<B: XlaBackend> LocalCall<B> {
     pub fn run(&self, m: usize, stream: &B::Stream, args: &[u64], rets: &[u64]) -> Result<(), HandlerError> {
         let at = self.devices.iter().position(|&d| d == m);
         let plan = at.and_then(|i| self.plans.get(i)).ok_or_else(|| internal(format!("{m} is no member")))?;
-        let missing = B::host_mapped_load(&plan.own.report, 0);
+        let missing = plan.own.report.load(0);
         if missing != 0 {
-            B::host_mapped_store(&plan.own.report, 0, 0);
+            plan.own.report.store(0, 0);
             return Err(timed_out_earlier(&self.cfg, m, missing));
         }
         let at = |v: &[u64], i: usize| v.get(i).copied().ok_or_else(|| internal(format!("no buffer {i}")));

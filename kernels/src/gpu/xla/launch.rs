@@ -333,12 +333,7 @@ impl<'a, B: XlaBackend> Builder<'a, B> {
 
     fn status(&self) -> Status {
         let timeout_ns = self.x.cfg.timeout_ms.saturating_mul(1_000_000);
-        Status {
-            word: B::ptr(&self.own.status),
-            timeout_ns,
-            tag: 1,
-            report: B::host_mapped_device_ptr(&self.own.report),
-        }
+        Status { word: B::ptr(&self.own.status), timeout_ns, tag: 1, report: self.own.report.device_ptr }
     }
 
     /// The group's staging and flag bases, the staging half's size and this device's launch counters: what every

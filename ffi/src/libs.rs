@@ -74,8 +74,7 @@ fn matching(dir: &Path, prefix: &str) -> Vec<PathBuf> {
                 .collect()
         })
         .unwrap_or_default();
-    v.sort();
-    v.reverse();
+    v.sort_by(|a, b| b.cmp(a));
     v
 }
 

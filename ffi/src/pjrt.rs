@@ -47,9 +47,7 @@ pub fn uniform_table(slots: usize, fill: *const c_void, patches: &[(usize, *cons
     t[0] = (API_HEADER + 8 * slots) as u64; // struct_size; extension_start stays null
     t[2] = 24; // PJRT_Api_Version's struct_size; its extension_start stays null
     t[4] = u64::from(KNOWN_MINOR as u32) << 32; // major 0 (low half), minor (high half)
-    for i in 0..slots {
-        t[API_HEADER / 8 + i] = fill as u64;
-    }
+    t[API_HEADER / 8..].fill(fill as u64);
     for &(i, f) in patches.iter().filter(|p| p.0 < slots) {
         t[API_HEADER / 8 + i] = f as u64;
     }

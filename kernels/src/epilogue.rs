@@ -42,11 +42,7 @@ pub type Typed<'a> = (&'a [u8], PrimitiveType);
 
 /// The row's sum of squares left to right in f32 (XLA:CPU's order within a chunk).
 pub fn sum_of_squares(hf: &[f32]) -> f32 {
-    let mut sum = 0f32;
-    for v in hf {
-        sum += v * v;
-    }
-    sum
+    hf.iter().fold(0f32, |sum, v| sum + v * v)
 }
 
 /// Applies `e` to the all-reduce result `s` with residual `x` (and gamma `g`, `d` values), rows of `d` elements,

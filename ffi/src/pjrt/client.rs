@@ -332,16 +332,9 @@ impl Executable<'_> {
             .into_iter()
             .map(|v| v.into_iter().map(|ptr| Buffer { client: self.client, ptr }).collect())
             .collect();
-        let mut first_error = None;
-        for e in events {
-            if let Err(e) = self.client.await_event(e) {
-                first_error.get_or_insert(e);
-            }
-        }
-        match first_error {
-            Some(e) => Err(e),
-            None => Ok(outputs),
-        }
+        // Every event awaited (and destroyed), whatever the others give; the first error is the answer.
+        let awaited: Vec<Result<(), String>> = events.into_iter().map(|e| self.client.await_event(e)).collect();
+        awaited.into_iter().find_map(Result::err).map_or(Ok(outputs), Err)
     }
 }
 

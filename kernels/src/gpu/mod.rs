@@ -250,14 +250,8 @@ impl<B: Backend> Clique<B> {
         }
         let devices = ordinals.iter().map(|&o| Device::open(o)).collect::<Result<Vec<_>>>()?;
         let n = devices.len();
-        let mut probes = vec![vec![Probe::Local; n]; n];
-        for i in 0..n {
-            for j in 0..n {
-                if i != j {
-                    probes[i][j] = probe_pair(&devices[i], &devices[j]);
-                }
-            }
-        }
+        let probe = |i: usize, j: usize| if i == j { Probe::Local } else { probe_pair(&devices[i], &devices[j]) };
+        let probes: Vec<Vec<Probe>> = (0..n).map(|i| (0..n).map(|j| probe(i, j)).collect()).collect();
         let key = PeerTableKey::Backend { backend: B::NAME.into(), devices: ordinals.to_vec() };
         let table = probes.clone();
         let peers = PeerAccessTable::cached(key, move || {

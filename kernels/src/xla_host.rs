@@ -219,11 +219,9 @@ fn run_in(state: &ExecState, call: HostCall) -> Result<()> {
 /// Runs `call` on `instance`: XLA's buffers in and out, no copies of results.
 fn run_on(instance: &Instance, call: HostCall) -> Result<()> {
     let cfg = call.config;
-    let shapes_in: Vec<&ArrayShape> = call.inputs.iter().map(|(_, s)| s).collect();
-    let shapes_out: Vec<&ArrayShape> = call.outputs.iter().map(|(_, s)| s).collect();
-    if shapes_in != instance.shapes.0.iter().collect::<Vec<_>>()
-        || shapes_out != instance.shapes.1.iter().collect::<Vec<_>>()
-    {
+    let same_shapes = call.inputs.iter().map(|(_, s)| s).eq(&instance.shapes.0)
+        && call.outputs.iter().map(|(_, s)| s).eq(&instance.shapes.1);
+    if !same_shapes {
         return Err(invalid(cfg, "called with other shapes than the first call of this collective"));
     }
     let inputs: Vec<&[u8]> = call.inputs.iter().map(|(b, _)| *b).collect();

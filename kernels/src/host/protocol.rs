@@ -269,9 +269,7 @@ impl Plan {
                     return Err(invalid(format!("source-target pairs repeat source {s} or target {t}")));
                 }
             }
-            for (d, r) in rank_of.iter_mut().enumerate() {
-                *r = Some((0, d));
-            }
+            rank_of = (0..num_devices).map(|d| Some((0, d))).collect();
             vec![(0..num_devices).collect()]
         } else {
             for (gi, g) in call.groups.iter().enumerate() {

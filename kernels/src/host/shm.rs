@@ -216,14 +216,12 @@ impl Segment {
             (H_SIZE, want, "size"),
             (H_FINGERPRINT, fingerprint, "plan fingerprint"),
         ] {
-            match seg.region.word(at).compare_exchange(0, value, Ordering::AcqRel, Ordering::Acquire) {
-                Ok(_) => {}
-                Err(v) if v == value => {}
-                Err(v) => {
-                    return Err(format!(
-                        "shared segment {name} belongs to another collective (its {what} is {v:#x}, not {value:#x})"
-                    ));
-                }
+            if let Err(v) = seg.region.word(at).compare_exchange(0, value, Ordering::AcqRel, Ordering::Acquire)
+                && v != value
+            {
+                return Err(format!(
+                    "shared segment {name} belongs to another collective (its {what} is {v:#x}, not {value:#x})"
+                ));
             }
         }
         Ok(seg)

@@ -172,20 +172,16 @@ pub fn gfx_target(arch_name: &str) -> Option<&str> {
 /// Finds `gcnArchName` in the bytes of a `hipDeviceProp_t` of any layout: the one NUL-terminated field of the form
 /// `gfx<hex>[:feature±]*`.
 fn find_arch_name(props: &[u8]) -> Option<String> {
-    let mut i = 0;
-    while i + 3 <= props.len() {
-        if &props[i..i + 3] == b"gfx" && (i == 0 || props[i - 1] == 0 || !props[i - 1].is_ascii_graphic()) {
-            let end = props[i..].iter().position(|&b| b == 0).map(|p| i + p)?;
-            if let Ok(s) = std::str::from_utf8(&props[i..end])
-                && gfx_target(s).is_some()
-                && s.split(':').skip(1).all(|f| f.len() > 1 && (f.ends_with('+') || f.ends_with('-')))
-            {
-                return Some(s.to_string());
-            }
+    props.windows(3).enumerate().find_map(|(i, w)| {
+        if w != b"gfx" || (i > 0 && props[i - 1] != 0 && props[i - 1].is_ascii_graphic()) {
+            return None;
         }
-        i += 1;
-    }
-    None
+        // No NUL after this `gfx`: none after a later one either.
+        let end = i + props[i..].iter().position(|&b| b == 0)?;
+        let s = std::str::from_utf8(&props[i..end]).ok()?;
+        let features = s.split(':').skip(1).all(|f| f.len() > 1 && (f.ends_with('+') || f.ends_with('-')));
+        (gfx_target(s).is_some() && features).then(|| s.to_string())
+    })
 }
 
 /// One HIP device, selected with `hipSetDevice` before every call.

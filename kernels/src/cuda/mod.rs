@@ -7,9 +7,9 @@ pub mod one_gpu;
 pub mod prebuilt;
 pub mod xla;
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 
 pub use ffi::cuda::Cuda;
 use ffi::nvrtc::Output;
@@ -45,11 +45,9 @@ pub fn availability(cc: u32, unit: Unit) -> Origin {
 /// `unit`'s code for compute capability `cc`: prebuilt (when `use_prebuilt`), else from the disk cache, else compiled
 /// by NVRTC and cached. Kept per process.
 fn code_for(cc: u32, unit: Unit, use_prebuilt: bool) -> Result<(Arc<[u8]>, Origin)> {
-    type Cache = Mutex<HashMap<(u32, Unit, bool), (Arc<[u8]>, Origin)>>;
-    static CACHE: OnceLock<Cache> = OnceLock::new();
-    let cache = CACHE.get_or_init(Default::default);
+    static CACHE: Mutex<BTreeMap<(u32, Unit, bool), (Arc<[u8]>, Origin)>> = Mutex::new(BTreeMap::new());
     let id = (cc, unit, use_prebuilt);
-    if let Some(c) = cache.lock().unwrap_or_else(PoisonError::into_inner).get(&id) {
+    if let Some(c) = CACHE.lock().unwrap_or_else(PoisonError::into_inner).get(&id) {
         return Ok(c.clone());
     }
     let prebuilt = prebuilt::embedded().filter(|_| use_prebuilt).and_then(|b| b.find(cc, unit));
@@ -83,7 +81,7 @@ fn code_for(cc: u32, unit: Unit, use_prebuilt: bool) -> Result<(Arc<[u8]>, Origi
             }
         }
     };
-    cache.lock().unwrap_or_else(PoisonError::into_inner).insert(id, found.clone());
+    CACHE.lock().unwrap_or_else(PoisonError::into_inner).insert(id, found.clone());
     Ok(found)
 }
 

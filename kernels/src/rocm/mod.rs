@@ -5,8 +5,8 @@
 
 pub mod xla;
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, PoisonError};
 
 pub use ffi::hip::Hip;
 
@@ -35,11 +35,9 @@ impl Backend for Hip {
 
     /// One unit per arch compiled by hipRTC, once per process (no prebuilt code and no disk cache for ROCm yet).
     fn code_object(arch: &str, unit: Unit, _prebuilt: bool) -> Result<(Arc<[u8]>, Origin)> {
-        type Cache = Mutex<HashMap<(String, Unit), (Arc<[u8]>, Origin)>>;
-        static CACHE: OnceLock<Cache> = OnceLock::new();
-        let cache = CACHE.get_or_init(Default::default);
+        static CACHE: Mutex<BTreeMap<(String, Unit), (Arc<[u8]>, Origin)>> = Mutex::new(BTreeMap::new());
         let id = (arch.to_string(), unit);
-        if let Some(c) = cache.lock().unwrap_or_else(PoisonError::into_inner).get(&id) {
+        if let Some(c) = CACHE.lock().unwrap_or_else(PoisonError::into_inner).get(&id) {
             return Ok(c.clone());
         }
         let started = std::time::Instant::now();
@@ -48,7 +46,7 @@ impl Backend for Hip {
         let seconds = started.elapsed().as_secs_f64();
         log::info!(target: "peerless::compile", "compiled kernels {} for {arch} with hipRTC in {seconds:.2} s", unit.name());
         let found = (Arc::from(code), Origin::Compiled { seconds });
-        cache.lock().unwrap_or_else(PoisonError::into_inner).insert(id, found.clone());
+        CACHE.lock().unwrap_or_else(PoisonError::into_inner).insert(id, found.clone());
         Ok(found)
     }
 }

@@ -209,10 +209,6 @@ pub struct BufferRef<'a> {
 }
 
 impl BufferRef<'_> {
-    pub fn rank(&self) -> usize {
-        self.dims.len()
-    }
-
     /// The number of elements (1 for a scalar).
     pub fn element_count(&self) -> Result<usize> {
         self.dims.iter().try_fold(1usize, |n, &d| {

@@ -402,7 +402,7 @@ fn buffers() {
         assert_eq!((a[0].dtype, a[0].dims, a[0].data as usize), (DataType::F32, &[2i64, 3][..], 0x1000));
         assert_eq!((a[0].element_count().unwrap(), a[0].byte_len().unwrap()), (6, 24));
         assert_eq!((a[1].element_count().unwrap(), a[1].byte_len().unwrap()), (8, 4));
-        assert_eq!((a[2].rank(), a[2].element_count().unwrap(), a[2].byte_len().unwrap()), (0, 1, 4));
+        assert_eq!((a[2].dims.len(), a[2].element_count().unwrap(), a[2].byte_len().unwrap()), (0, 1, 4));
         let r = cf.rets().unwrap();
         assert_eq!(r.len(), 1);
         assert_eq!((r[0].dtype, r[0].byte_len().unwrap(), r[0].data as usize), (DataType::BF16, 0, 0x4000));

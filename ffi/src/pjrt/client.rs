@@ -205,10 +205,6 @@ impl Client {
         Ok(Client { plugin, ptr: a.client })
     }
 
-    pub fn plugin(&self) -> &'static InnerPlugin {
-        self.plugin
-    }
-
     /// The client's addressable devices, in its order.
     pub fn devices(&self) -> Result<Vec<Device>, String> {
         // SAFETY: `ptr` is this client, alive until drop.

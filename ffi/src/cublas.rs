@@ -6,6 +6,7 @@ use std::ffi::{c_int, c_void};
 use std::sync::OnceLock;
 
 use crate::cuda::{Context, Stream};
+use crate::gpu::GpuContext;
 use crate::{Error, Result};
 
 crate::libs::entry_points! {

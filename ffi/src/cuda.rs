@@ -7,7 +7,7 @@ use std::sync::OnceLock;
 use cudarc::driver::result as r;
 use cudarc::driver::sys;
 
-use crate::gpu::IPC_HANDLE_BYTES;
+use crate::gpu::{self, GpuBuffer, GpuContext, GpuHostMapped, GpuIpcMapping, GpuModule, GpuStream, IPC_HANDLE_BYTES};
 use crate::{Error, Result, guarded};
 
 /// Maps a driver status to an [`Error`] naming the call and the device.
@@ -106,8 +106,8 @@ pub struct Context {
 // first; the driver serialises use of one context internally.
 crate::send_sync!(Context);
 
-impl Context {
-    pub fn new(ordinal: usize) -> Result<Context> {
+impl GpuContext<Cuda> for Context {
+    fn new(ordinal: usize) -> Result<Context> {
         init()?;
         let d = Some(ordinal);
         let dev = call("cuDeviceGet", d, || r::device::get(ordinal as i32))?;
@@ -118,12 +118,63 @@ impl Context {
         Ok(c)
     }
 
-    /// Makes this context current on the calling thread.
-    pub fn bind(&self) -> Result<()> {
+    fn bind(&self) -> Result<()> {
         // SAFETY: `self.ctx` is a retained primary context, valid until drop.
         call("cuCtxSetCurrent", Some(self.ordinal), || unsafe { r::ctx::set_current(self.ctx) })
     }
 
+    fn name(&self) -> Result<String> {
+        call("cuDeviceGetName", self.d(), || r::device::get_name(self.dev))
+    }
+
+    /// Whether the device takes stream memory operations (`cuStreamWriteValue32_v2` / `cuStreamWaitValue32_v2`): always
+    /// from CUDA 12 on, whose drivers report the deprecated v1 attribute as 0 (seen on an H200, driver 580); before,
+    /// that attribute says.
+    fn stream_mem_ops(&self) -> Result<bool> {
+        if driver_version()? >= 12000 {
+            return Ok(true);
+        }
+        Ok(self.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_MEM_OPS_V1)? != 0)
+    }
+
+    /// Streaming multiprocessors.
+    fn compute_units(&self) -> Result<i32> {
+        self.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+    }
+
+    /// `cuDeviceCanAccessPeer(self → peer)`.
+    fn can_access_peer(&self, peer: &Context) -> Result<bool> {
+        let mut v = 0i32;
+        call("cuDeviceCanAccessPeer", self.d(), || {
+            // SAFETY: both handles are valid devices; `v` outlives the call.
+            st(unsafe { sys::cuDeviceCanAccessPeer(&mut v, self.dev, peer.dev) })
+        })?;
+        Ok(v != 0)
+    }
+
+    /// Lets kernels in this context access `peer`'s memory. Enabling twice is not an error.
+    fn enable_peer_access(&self, peer: &Context) -> Result<()> {
+        self.bind()?;
+        // SAFETY: `peer.ctx` is a retained context; this context is current.
+        let s = guarded("cuCtxEnablePeerAccess", self.d(), || unsafe { sys::cuCtxEnablePeerAccess(peer.ctx, 0) })?;
+        if s == sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED {
+            return Ok(());
+        }
+        ck("cuCtxEnablePeerAccess", self.d(), st(s))
+    }
+
+    /// Loads a CUBIN or PTX image (NUL-terminated for PTX).
+    fn load_module(&self, image: &[u8]) -> Result<Module> {
+        self.bind()?;
+        let mut img = image.to_vec();
+        img.push(0);
+        // SAFETY: `img` is a complete image that outlives the call (the driver copies it).
+        let m = call("cuModuleLoadData", self.d(), || unsafe { r::module::load_data(img.as_ptr() as *const c_void) })?;
+        Ok(Module { m, ordinal: self.ordinal })
+    }
+}
+
+impl Context {
     fn d(&self) -> Option<usize> {
         Some(self.ordinal)
     }
@@ -132,10 +183,6 @@ impl Context {
     pub fn memory_info(&self) -> Result<(usize, usize)> {
         self.bind()?;
         call("cuMemGetInfo", self.d(), r::mem_get_info)
-    }
-
-    pub fn name(&self) -> Result<String> {
-        call("cuDeviceGetName", self.d(), || r::device::get_name(self.dev))
     }
 
     pub fn attribute(&self, a: sys::CUdevice_attribute) -> Result<i32> {
@@ -149,51 +196,6 @@ impl Context {
             self.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
             self.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
         ))
-    }
-
-    /// Whether the device takes stream memory operations (`cuStreamWriteValue32_v2` / `cuStreamWaitValue32_v2`): always
-    /// from CUDA 12 on, whose drivers report the deprecated v1 attribute as 0 (seen on an H200, driver 580); before,
-    /// that attribute says.
-    pub fn stream_mem_ops(&self) -> Result<bool> {
-        if driver_version()? >= 12000 {
-            return Ok(true);
-        }
-        Ok(self.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_MEM_OPS_V1)? != 0)
-    }
-
-    pub fn sm_count(&self) -> Result<i32> {
-        self.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
-    }
-
-    /// `cuDeviceCanAccessPeer(self → peer)`.
-    pub fn can_access_peer(&self, peer: &Context) -> Result<bool> {
-        let mut v = 0i32;
-        call("cuDeviceCanAccessPeer", self.d(), || {
-            // SAFETY: both handles are valid devices; `v` outlives the call.
-            st(unsafe { sys::cuDeviceCanAccessPeer(&mut v, self.dev, peer.dev) })
-        })?;
-        Ok(v != 0)
-    }
-
-    /// Lets kernels in this context access `peer`'s memory. Enabling twice is not an error.
-    pub fn enable_peer_access(&self, peer: &Context) -> Result<()> {
-        self.bind()?;
-        // SAFETY: `peer.ctx` is a retained context; this context is current.
-        let s = guarded("cuCtxEnablePeerAccess", self.d(), || unsafe { sys::cuCtxEnablePeerAccess(peer.ctx, 0) })?;
-        if s == sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED {
-            return Ok(());
-        }
-        ck("cuCtxEnablePeerAccess", self.d(), st(s))
-    }
-
-    /// Loads a CUBIN or PTX image (NUL-terminated for PTX).
-    pub fn load_module(&self, image: &[u8]) -> Result<Module> {
-        self.bind()?;
-        let mut img = image.to_vec();
-        img.push(0);
-        // SAFETY: `img` is a complete image that outlives the call (the driver copies it).
-        let m = call("cuModuleLoadData", self.d(), || unsafe { r::module::load_data(img.as_ptr() as *const c_void) })?;
-        Ok(Module { m, ordinal: self.ordinal })
     }
 }
 
@@ -222,8 +224,8 @@ pub struct Function {
 // current); modules and functions are immutable.
 crate::send_sync!(Module, Function, Stream);
 
-impl Module {
-    pub fn function(&self, name: &str) -> Result<Function> {
+impl GpuModule<Cuda> for Module {
+    fn function(&self, name: &str) -> Result<Function> {
         let n = std::ffi::CString::new(name).map_err(|_| Error::Invalid(format!("kernel name {name:?}")))?;
         // SAFETY: `self.m` is a loaded module; `n` outlives the call.
         let f = call("cuModuleGetFunction", Some(self.ordinal), || unsafe { r::module::get_function(self.m, n) })?;
@@ -238,55 +240,41 @@ pub struct Stream {
     pub ordinal: usize,
 }
 
-impl Stream {
-    pub fn new(ctx: &Context) -> Result<Stream> {
+impl GpuStream<Cuda> for Stream {
+    fn new(ctx: &Context) -> Result<Stream> {
         ctx.bind()?;
         let s = call("cuStreamCreate", Some(ctx.ordinal), || r::stream::create(r::stream::StreamKind::NonBlocking))?;
         Ok(Stream { s, ordinal: ctx.ordinal })
     }
 
-    pub fn synchronize(&self) -> Result<()> {
+    unsafe fn foreign(raw: *mut c_void, ordinal: usize) -> gpu::Borrowed<Stream> {
+        // `raw` being a live stream of `ordinal` is this method's contract.
+        gpu::Borrowed::wrap(Stream { s: raw.cast(), ordinal })
+    }
+
+    fn synchronize(&self) -> Result<()> {
         // SAFETY: `self.s` is a live stream.
         call("cuStreamSynchronize", Some(self.ordinal), || unsafe { r::stream::synchronize(self.s) })
     }
 
-    /// Launches `f` with `params` (pointers to each argument, in the kernel's order).
-    ///
-    /// # Safety
-    /// `params` must match the kernel's parameter list in number, order and layout, and every pointer argument must
-    /// stay valid until the kernel finishes.
-    pub unsafe fn launch(&self, f: &Function, grid: u32, block: u32, params: &mut [*mut c_void]) -> Result<()> {
+    unsafe fn launch(&self, f: &Function, grid: u32, block: u32, params: &mut [*mut c_void]) -> Result<()> {
         // SAFETY: the caller guarantees the parameter list; `f` belongs to this stream's context.
         call("cuLaunchKernel", Some(self.ordinal), || unsafe {
             r::launch_kernel(f.f, (grid, 1, 1), (block, 1, 1), 0, self.s, params)
         })
     }
 
-    /// Async device-to-device copy of `len` bytes (same or peer device, unified addressing).
-    ///
-    /// # Safety
-    /// `dst` and `src` are device allocations of at least `len` bytes, valid until the copy ends.
-    pub unsafe fn copy_d2d(&self, dst: u64, src: u64, len: usize) -> Result<()> {
+    unsafe fn copy_d2d(&self, dst: u64, src: u64, len: usize) -> Result<()> {
         // SAFETY: the caller guarantees both ranges.
         call("cuMemcpyDtoDAsync", Some(self.ordinal), || unsafe { r::memcpy_dtod_async(dst, src, len, self.s) })
     }
 
-    /// Async byte fill.
-    ///
-    /// # Safety
-    /// `dst` is a device allocation of at least `len` bytes, valid until the fill ends.
-    pub unsafe fn memset_u8(&self, dst: u64, v: u8, len: usize) -> Result<()> {
+    unsafe fn memset_u8(&self, dst: u64, v: u8, len: usize) -> Result<()> {
         // SAFETY: the caller guarantees the range.
         call("cuMemsetD8Async", Some(self.ordinal), || unsafe { r::memset_d8_async(dst, v, len, self.s) })
     }
 
-    /// Enqueues a write of `v` to the 32-bit word at `addr` (this device's memory, a peer's, or host-mapped memory),
-    /// after a memory fence: every write enqueued before it on this stream is visible first. A stream memory operation:
-    /// no kernel, no SM.
-    ///
-    /// # Safety
-    /// `addr` is a 4-byte aligned word of a live allocation this device can access, valid until the write completes.
-    pub unsafe fn write_u32(&self, addr: u64, v: u32) -> Result<()> {
+    unsafe fn write_u32(&self, addr: u64, v: u32) -> Result<()> {
         let flags = sys::CUstreamWriteValue_flags::CU_STREAM_WRITE_VALUE_DEFAULT as std::ffi::c_uint;
         call("cuStreamWriteValue32", Some(self.ordinal), || {
             // SAFETY: the caller guarantees the word; `self.s` is a live stream.
@@ -294,13 +282,7 @@ impl Stream {
         })
     }
 
-    /// Enqueues a wait until the 32-bit word at `addr` is at least `v` (unsigned, wrapping compare as the driver does):
-    /// later work on this stream starts only after it. A stream memory operation: no kernel, no SM; it waits without
-    /// bound (callers keep a watchdog).
-    ///
-    /// # Safety
-    /// As [`Stream::write_u32`].
-    pub unsafe fn wait_u32(&self, addr: u64, v: u32) -> Result<()> {
+    unsafe fn wait_u32(&self, addr: u64, v: u32) -> Result<()> {
         let flags = sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_GEQ as std::ffi::c_uint;
         call("cuStreamWaitValue32", Some(self.ordinal), || {
             // SAFETY: the caller guarantees the word; `self.s` is a live stream.
@@ -308,12 +290,7 @@ impl Stream {
         })
     }
 
-    /// Async device-to-device copy of `rows` rows of `width` bytes, the rows `spitch` bytes apart at `src` and `dpitch`
-    /// apart at `dst` (same or peer device): one copy-engine operation for a strided block.
-    ///
-    /// # Safety
-    /// Every row of both ranges lies inside device allocations valid until the copy ends.
-    pub unsafe fn copy_2d(
+    unsafe fn copy_2d(
         &self,
         dst: u64,
         dpitch: usize,
@@ -344,7 +321,9 @@ impl Stream {
         // SAFETY: the caller guarantees both ranges; `p` outlives the call (the driver copies it).
         call("cuMemcpy2DAsync", Some(self.ordinal), || st(unsafe { sys::cuMemcpy2DAsync_v2(&p, self.s) }))
     }
+}
 
+impl Stream {
     /// Starts capturing this stream's work into a graph ([`Stream::end_capture`]); nothing runs until the graph is
     /// launched. Thread-local mode: other threads' CUDA calls are unaffected.
     pub fn begin_capture(&self) -> Result<()> {
@@ -418,9 +397,8 @@ pub struct HostMapped {
 // them.
 crate::send_sync!(HostMapped, DeviceBuffer, IpcMapping);
 
-impl HostMapped {
-    /// `words` zeroed 32-bit words (at least one).
-    pub fn new(ctx: &Context, words: usize) -> Result<HostMapped> {
+impl GpuHostMapped<Cuda> for HostMapped {
+    fn new(ctx: &Context, words: usize) -> Result<HostMapped> {
         ctx.bind()?;
         let words = words.max(1);
         const PORTABLE_DEVICEMAP: u32 = 0x01 | 0x02; // CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP
@@ -431,23 +409,9 @@ impl HostMapped {
         HostMapped { words, ordinal: ctx.ordinal, ctx: ctx.ctx, registered: false }.mapped(ctx)
     }
 
-    /// Looks up the device address of the words (allocated or registered mapped in `ctx`); on failure, dropping `self`
-    /// frees or unregisters them.
-    fn mapped(mut self, ctx: &Context) -> Result<HostMapped> {
-        let ptr = self.words.ptr();
-        call("cuMemHostGetDevicePointer", ctx.d(), || {
-            // SAFETY: `ptr` is host memory mapped for this context; the out-pointer is valid.
-            st(unsafe { sys::cuMemHostGetDevicePointer_v2(&mut self.words.device_ptr, ptr, 0) })
-        })?;
-        Ok(self)
-    }
-
     /// Registers the `words` words at `ptr` (left as they are), portable (every context of the process) and mapped, and
     /// looks up their device address.
-    ///
-    /// # Safety
-    /// `ptr` holds `words` writable, page-aligned words that outlive the value.
-    pub unsafe fn register(ctx: &Context, ptr: *mut c_void, words: usize) -> Result<HostMapped> {
+    unsafe fn register(ctx: &Context, ptr: *mut c_void, words: usize) -> Result<HostMapped> {
         ctx.bind()?;
         const PORTABLE_DEVICEMAP: u32 = 0x01 | 0x02; // CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP
         call("cuMemHostRegister", ctx.d(), || {
@@ -457,6 +421,26 @@ impl HostMapped {
         // SAFETY: the caller guarantees the words; registered above, unregistered in `drop`.
         let words = unsafe { crate::gpu::HostWords::at(ptr, words) };
         HostMapped { words, ordinal: ctx.ordinal, ctx: ctx.ctx, registered: true }.mapped(ctx)
+    }
+}
+
+impl std::ops::Deref for HostMapped {
+    type Target = gpu::HostWords;
+    fn deref(&self) -> &gpu::HostWords {
+        &self.words
+    }
+}
+
+impl HostMapped {
+    /// Looks up the device address of the words (allocated or registered mapped in `ctx`); on failure, dropping `self`
+    /// frees or unregisters them.
+    fn mapped(mut self, ctx: &Context) -> Result<HostMapped> {
+        let ptr = self.words.ptr();
+        call("cuMemHostGetDevicePointer", ctx.d(), || {
+            // SAFETY: `ptr` is host memory mapped for this context; the out-pointer is valid.
+            st(unsafe { sys::cuMemHostGetDevicePointer_v2(&mut self.words.device_ptr, ptr, 0) })
+        })?;
+        Ok(self)
     }
 }
 
@@ -486,9 +470,9 @@ pub struct DeviceBuffer {
     ctx: sys::CUcontext,
 }
 
-impl DeviceBuffer {
+impl GpuBuffer<Cuda> for DeviceBuffer {
     /// Allocates `len` bytes (at least 1) and zeroes them.
-    pub fn zeroed(ctx: &Context, len: usize) -> Result<DeviceBuffer> {
+    fn alloc(ctx: &Context, len: usize) -> Result<DeviceBuffer> {
         ctx.bind()?;
         let n = len.max(1);
         // SAFETY: allocation in the current context; no managed memory.
@@ -502,9 +486,15 @@ impl DeviceBuffer {
         Ok(b)
     }
 
-    /// Copies `data` into bytes `[offset, offset + data.len())`; returns once the bytes are in device memory, so work
-    /// enqueued afterwards on any stream sees them.
-    pub fn write_at(&self, offset: usize, data: &[u8]) -> Result<()> {
+    fn ptr(&self) -> u64 {
+        self.ptr
+    }
+
+    fn size(&self) -> usize {
+        self.len
+    }
+
+    fn write_at(&self, offset: usize, data: &[u8]) -> Result<()> {
         if !crate::gpu::check_range("write of", data.len(), offset, "into", self.len)? {
             return Ok(());
         }
@@ -514,8 +504,7 @@ impl DeviceBuffer {
         self.settle()
     }
 
-    /// Copies bytes `[offset, offset + out.len())` into `out` (synchronous).
-    pub fn read_at(&self, offset: usize, out: &mut [u8]) -> Result<()> {
+    fn read_at(&self, offset: usize, out: &mut [u8]) -> Result<()> {
         if !crate::gpu::check_range("read of", out.len(), offset, "from", self.len)? {
             return Ok(());
         }
@@ -524,21 +513,8 @@ impl DeviceBuffer {
         call("cuMemcpyDtoH", Some(self.ordinal), || unsafe { r::memcpy_dtoh_sync(out, self.ptr + offset as u64) })
     }
 
-    /// Waits until every copy and memset issued on the context has landed. A "synchronous" cuMemcpyHtoD from pageable
-    /// memory returns once the data is staged, with the DMA still in flight on the legacy stream, which kernels on
-    /// Peerless's non-blocking streams do not wait for: without this, a large argument could be read before it arrives.
-    fn settle(&self) -> Result<()> {
-        call("cuCtxSynchronize", Some(self.ordinal), r::ctx::synchronize)
-    }
-
-    fn bind(&self) -> Result<()> {
-        // SAFETY: `self.ctx` is the owning primary context, retained while buffers exist.
-        call("cuCtxSetCurrent", Some(self.ordinal), || unsafe { r::ctx::set_current(self.ctx) })
-    }
-
-    /// The allocation's IPC handle: another process of the host opens it with [`IpcMapping::open`] (a `cuMemAlloc`
-    /// allocation; valid while this buffer lives).
-    pub fn ipc_handle(&self) -> Result<[u8; IPC_HANDLE_BYTES]> {
+    /// The allocation's IPC handle (a `cuMemAlloc` allocation; valid while this buffer lives).
+    fn ipc_handle(&self) -> Result<[u8; IPC_HANDLE_BYTES]> {
         self.bind()?;
         let mut h = sys::CUipcMemHandle_st { reserved: [0; IPC_HANDLE_BYTES] };
         call("cuIpcGetMemHandle", Some(self.ordinal), || {
@@ -550,10 +526,24 @@ impl DeviceBuffer {
     }
 }
 
+impl DeviceBuffer {
+    /// Waits until every copy and memset issued on the context has landed. A "synchronous" cuMemcpyHtoD from pageable
+    /// memory returns once the data is staged, with the DMA still in flight on the legacy stream, which kernels on
+    /// Peerless's non-blocking streams do not wait for: without this, a large argument could be read before it arrives.
+    fn settle(&self) -> Result<()> {
+        call("cuCtxSynchronize", Some(self.ordinal), r::ctx::synchronize)
+    }
+
+    fn bind(&self) -> Result<()> {
+        // SAFETY: `self.ctx` is the owning primary context, retained while buffers exist.
+        call("cuCtxSetCurrent", Some(self.ordinal), || unsafe { r::ctx::set_current(self.ctx) })
+    }
+}
+
 impl Drop for DeviceBuffer {
     fn drop(&mut self) {
         if self.bind().is_ok() {
-            // SAFETY: frees the allocation made in `zeroed`, once.
+            // SAFETY: frees the allocation made in `alloc`, once.
             let _ = guarded("cuMemFree", Some(self.ordinal), || unsafe { r::free_sync(self.ptr) });
         }
     }
@@ -569,10 +559,10 @@ pub struct IpcMapping {
     ctx: sys::CUcontext,
 }
 
-impl IpcMapping {
+impl GpuIpcMapping<Cuda> for IpcMapping {
     /// Opens `handle` in `ctx`, enabling peer access to its device lazily where it lies on another GPU. Fails in the
     /// process that exported the handle (CUDA's rule).
-    pub fn open(ctx: &Context, handle: &[u8; IPC_HANDLE_BYTES]) -> Result<IpcMapping> {
+    fn open(ctx: &Context, handle: &[u8; IPC_HANDLE_BYTES]) -> Result<IpcMapping> {
         ctx.bind()?;
         let h = sys::CUipcMemHandle_st { reserved: handle.map(|b| b as std::ffi::c_char) };
         let mut ptr: sys::CUdeviceptr = 0;
@@ -583,6 +573,10 @@ impl IpcMapping {
             st(unsafe { sys::cuIpcOpenMemHandle_v2(&mut ptr, h, lazy) })
         })?;
         Ok(IpcMapping { ptr, ordinal: ctx.ordinal, ctx: ctx.ctx })
+    }
+
+    fn ptr(&self) -> u64 {
+        self.ptr
     }
 }
 
@@ -603,4 +597,26 @@ impl Drop for IpcMapping {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Cuda;
 
-crate::gpu::forward_gpu!(Cuda, name: "cuda", units: sm_count, alloc: zeroed);
+impl gpu::Gpu for Cuda {
+    const NAME: &'static str = "cuda";
+    type Context = Context;
+    type Module = Module;
+    type Function = Function;
+    type Stream = Stream;
+    type Buffer = DeviceBuffer;
+}
+
+impl gpu::Interop for Cuda {
+    type HostMapped = HostMapped;
+    type IpcMapping = IpcMapping;
+
+    fn device_count() -> Result<usize> {
+        device_count()
+    }
+    fn free_memory_if_active(ordinal: usize) -> Result<Option<usize>> {
+        free_memory_if_active(ordinal)
+    }
+    fn machine_key() -> Result<Option<String>> {
+        machine_key()
+    }
+}

@@ -1,6 +1,7 @@
 //! One device-layer interface for the GPU runtimes: [`Gpu`], implemented by [`crate::cuda::Cuda`] and, with feature
 //! `rocm`, [`crate::hip::Hip`], so `kernels::gpu` (launchers, clique, peer probe, symmetric allocations) is written
-//! once; each method is a thin call whose errors still name the vendor call and the device. [`Interop`] adds what the
+//! once. The calls are methods of the vendor modules' own handle types ([`GpuContext`], [`GpuModule`], [`GpuStream`],
+//! [`GpuBuffer`]); each is a thin call whose errors still name the vendor call and the device. [`Interop`] adds what the
 //! runtime behind XLA's handlers needs: IPC, host-mapped memory, XLA's streams with stream-ordered copies and fills,
 //! free memory.
 
@@ -9,67 +10,122 @@ use std::fmt::Debug;
 
 use crate::Result;
 
-/// A GPU runtime's device layer: the handle types and the calls the collective launchers, the clique and the peer probe
-/// make. Implemented by marker types; every method is an associated function so the handle types stay the vendor
-/// modules' own.
-pub trait Gpu: Debug + Send + Sync + 'static {
+/// A GPU runtime's device layer: the handle types whose methods the collective launchers, the clique and the peer probe
+/// call. Implemented by marker types; the handle types stay the vendor modules' own.
+pub trait Gpu: Debug + Send + Sync + Sized + 'static {
     /// `"cuda"` or `"rocm"`: names the backend in errors and peer-table keys.
     const NAME: &'static str;
 
-    /// One device, made current with [`Gpu::bind`]. Declared last in owners, so modules, streams and buffers drop
-    /// first.
-    type Context: Debug + Send + Sync;
+    /// One device, made current with [`GpuContext::bind`]. Declared last in owners, so modules, streams and buffers
+    /// drop first.
+    type Context: GpuContext<Self>;
     /// A loaded code object.
-    type Module: Debug + Send + Sync;
+    type Module: GpuModule<Self>;
     /// A kernel entry point of a module.
     type Function: Debug + Send + Sync;
     /// A non-blocking stream.
-    type Stream: Debug + Send + Sync;
+    type Stream: GpuStream<Self>;
     /// A zeroed device allocation peers may read, write and poll while kernels run.
-    type Buffer: Debug + Send + Sync;
+    type Buffer: GpuBuffer<Self>;
+}
 
-    /// Opens device `ordinal` (its primary context on CUDA).
-    fn open(ordinal: usize) -> Result<Self::Context>;
+/// A device of [`Gpu`] `G` (its primary context on CUDA).
+pub trait GpuContext<G: Gpu>: Debug + Send + Sync + Sized {
+    /// Opens device `ordinal` and makes it current.
+    fn new(ordinal: usize) -> Result<Self>;
     /// Makes the device current on the calling thread.
-    fn bind(ctx: &Self::Context) -> Result<()>;
+    fn bind(&self) -> Result<()>;
     /// The device's marketing name.
-    fn name(ctx: &Self::Context) -> Result<String>;
+    fn name(&self) -> Result<String>;
     /// Streaming multiprocessors (CUDA) or compute units (HIP).
-    fn compute_units(ctx: &Self::Context) -> Result<i32>;
-    /// Whether the runtime reports that `ctx`'s kernels can access `peer`'s memory.
-    fn can_access_peer(ctx: &Self::Context, peer: &Self::Context) -> Result<bool>;
-    /// Enables that access (already enabled is success).
-    fn enable_peer_access(ctx: &Self::Context, peer: &Self::Context) -> Result<()>;
+    fn compute_units(&self) -> Result<i32>;
+    /// Whether the runtime reports that this device's kernels can access `peer`'s memory.
+    fn can_access_peer(&self, peer: &Self) -> Result<bool>;
+    /// Lets kernels on this device access `peer`'s memory. Enabling twice is not an error.
+    fn enable_peer_access(&self, peer: &Self) -> Result<()>;
     /// Loads a code object (a cubin or a HIP code object) on the device.
-    fn load_module(ctx: &Self::Context, image: &[u8]) -> Result<Self::Module>;
-    /// Looks up kernel `name` in `module`.
-    fn function(module: &Self::Module, name: &str) -> Result<Self::Function>;
-    /// A new non-blocking stream on the device.
-    fn stream(ctx: &Self::Context) -> Result<Self::Stream>;
-    /// Waits for all work enqueued on `stream`.
-    fn synchronize(stream: &Self::Stream) -> Result<()>;
-    /// Launches `f` on `stream` with `grid` blocks of `block` threads.
+    fn load_module(&self, image: &[u8]) -> Result<G::Module>;
+    /// Whether the device takes stream memory operations ([`GpuStream::write_u32`], [`GpuStream::wait_u32`]): what
+    /// the copy-engine collectives synchronise with.
+    fn stream_mem_ops(&self) -> Result<bool>;
+}
+
+/// A loaded code object of [`Gpu`] `G`.
+pub trait GpuModule<G: Gpu>: Debug + Send + Sync {
+    /// Looks up kernel `name`.
+    fn function(&self, name: &str) -> Result<G::Function>;
+}
+
+/// A stream of [`Gpu`] `G`: its own non-blocking stream, or (for [`Interop`]) another library's, borrowed.
+pub trait GpuStream<G: Gpu>: Debug + Send + Sync + Sized {
+    /// A new non-blocking stream on `ctx`'s device.
+    fn new(ctx: &G::Context) -> Result<Self>;
+    /// Borrows the raw stream `raw` of device `ordinal`: it launches like a stream of this layer and is never destroyed
+    /// here.
+    ///
+    /// # Safety
+    /// `raw` is a live stream of device `ordinal` (or null, the default stream) that outlives the value.
+    unsafe fn foreign(raw: *mut c_void, ordinal: usize) -> Borrowed<Self>;
+    /// Waits for all work enqueued on the stream.
+    fn synchronize(&self) -> Result<()>;
+    /// Launches `f` with `grid` blocks of `block` threads and `params` (pointers to each argument, in the kernel's
+    /// order).
     ///
     /// # Safety
     /// `params` must match the kernel's parameter list in number, order and layout, and every pointer argument must
     /// stay valid until the kernel finishes.
-    unsafe fn launch(
-        stream: &Self::Stream,
-        f: &Self::Function,
-        grid: u32,
-        block: u32,
-        params: &mut [*mut c_void],
-    ) -> Result<()>;
+    unsafe fn launch(&self, f: &G::Function, grid: u32, block: u32, params: &mut [*mut c_void]) -> Result<()>;
+    /// Enqueues a device-to-device copy of `len` bytes (same or peer device, unified addressing).
+    ///
+    /// # Safety
+    /// `dst` and `src` are device allocations of at least `len` bytes that stay valid until the copy completes.
+    unsafe fn copy_d2d(&self, dst: u64, src: u64, len: usize) -> Result<()>;
+    /// Enqueues a fill of `len` bytes with `v`.
+    ///
+    /// # Safety
+    /// `dst` is a device allocation of at least `len` bytes, valid until the fill completes.
+    unsafe fn memset_u8(&self, dst: u64, v: u8, len: usize) -> Result<()>;
+    /// Enqueues a write of `v` to the 32-bit word at `addr` (this device's memory, a peer's, or host-mapped memory),
+    /// after a memory fence: every write enqueued before it on this stream is visible first. A stream memory operation:
+    /// no kernel, no SM.
+    ///
+    /// # Safety
+    /// `addr` is a 4-byte aligned word of a live allocation this device can access, valid until the write completes.
+    unsafe fn write_u32(&self, addr: u64, v: u32) -> Result<()>;
+    /// Enqueues a wait until the 32-bit word at `addr` is at least `v` (unsigned, wrapping compare as the driver does):
+    /// later work on this stream starts only after it. A stream memory operation: no kernel, no SM; it waits without
+    /// bound (callers keep a watchdog).
+    ///
+    /// # Safety
+    /// As [`GpuStream::write_u32`].
+    unsafe fn wait_u32(&self, addr: u64, v: u32) -> Result<()>;
+    /// Enqueues a copy of `rows` rows of `width` bytes, the rows `spitch` bytes apart at `src` and `dpitch` apart at
+    /// `dst` (same or peer device): one copy-engine operation for a strided block.
+    ///
+    /// # Safety
+    /// Every row of both ranges lies inside device allocations valid until the copy completes.
+    unsafe fn copy_2d(&self, dst: u64, dpitch: usize, src: u64, spitch: usize, width: usize, rows: usize)
+    -> Result<()>;
+}
+
+/// A device allocation of [`Gpu`] `G`, freed on drop.
+pub trait GpuBuffer<G: Gpu>: Debug + Send + Sync + Sized {
     /// `len` bytes (at least 1), zeroed and settled, that peers may access while kernels run (plain `cuMemAlloc` on
     /// CUDA; fine-grained memory on HIP, where coarse-grained memory is coherent across devices only at kernel
     /// boundaries).
-    fn alloc(ctx: &Self::Context, len: usize) -> Result<Self::Buffer>;
+    fn alloc(ctx: &G::Context, len: usize) -> Result<Self>;
     /// The buffer's device address.
-    fn ptr(buf: &Self::Buffer) -> u64;
-    /// Copies the buffer's first `out.len()` bytes to the host (synchronous).
-    fn read(buf: &Self::Buffer, out: &mut [u8]) -> Result<()>;
-    /// Copies `data` to the buffer's first bytes (synchronous).
-    fn write(buf: &Self::Buffer, data: &[u8]) -> Result<()>;
+    fn ptr(&self) -> u64;
+    /// The buffer's length in bytes, as asked for.
+    fn size(&self) -> usize;
+    /// Copies `data` into bytes `[offset, offset + data.len())`; returns once the bytes are in device memory, so work
+    /// enqueued afterwards on any stream sees them.
+    fn write_at(&self, offset: usize, data: &[u8]) -> Result<()>;
+    /// Copies bytes `[offset, offset + out.len())` into `out` (synchronous).
+    fn read_at(&self, offset: usize, out: &mut [u8]) -> Result<()>;
+    /// The allocation's IPC handle, which another process of the host opens with [`GpuIpcMapping::open`] while this
+    /// buffer lives.
+    fn ipc_handle(&self) -> Result<[u8; IPC_HANDLE_BYTES]>;
 }
 
 /// Bytes of an IPC memory handle: `CUipcMemHandle` and `hipIpcMemHandle_t` are both a 64-byte `reserved` array.
@@ -78,18 +134,15 @@ pub const IPC_HANDLE_BYTES: usize = 64;
 /// What a runtime living inside another library's executor (XLA's FFI handlers) needs from a
 /// device layer beyond [`Gpu`]: buffers that other processes of the host can open (IPC),
 /// page-locked host words a kernel writes and the host reads without synchronising, the
-/// other library's streams (borrowed, never destroyed) with stream-ordered copies and fills,
+/// other library's streams (borrowed, never destroyed: [`GpuStream::foreign`]) with stream-ordered copies and fills,
 /// and each device's free memory. Implemented by [`crate::cuda::Cuda`] (the CUDA driver) and,
 /// with feature `rocm`, [`crate::hip::Hip`] (HIP's documented runtime API).
 pub trait Interop: Gpu {
     /// Page-locked host memory mapped into a device's address space, freed on drop: its words, which the host reads
     /// and writes and whose device address a kernel takes.
-    type HostMapped: Debug + Send + Sync + std::ops::Deref<Target = HostWords>;
+    type HostMapped: GpuHostMapped<Self>;
     /// Another process's allocation opened from its IPC handle, closed on drop.
-    type IpcMapping: Debug + Send + Sync;
-    /// A stream another library owns, borrowed for one call: it launches like a
-    /// [`Gpu::Stream`] and is never destroyed here.
-    type ForeignStream: Debug + std::ops::Deref<Target = Self::Stream>;
+    type IpcMapping: GpuIpcMapping<Self>;
 
     /// Number of visible devices (an error where the runtime library cannot be loaded).
     fn device_count() -> Result<usize>;
@@ -99,73 +152,28 @@ pub trait Interop: Gpu {
     /// The driver's version and the visible devices' UUIDs, asking for no context: what a
     /// cached peer probe is keyed by; `None` where this vendor keeps no cached probe.
     fn machine_key() -> Result<Option<String>>;
-    /// The buffer's length in bytes, as asked for.
-    fn buffer_len(buf: &Self::Buffer) -> usize;
-    /// The allocation's IPC handle, which another process of the host opens with
-    /// [`Interop::ipc_open`] while this buffer lives.
-    fn ipc_handle(buf: &Self::Buffer) -> Result<[u8; IPC_HANDLE_BYTES]>;
-    /// Opens another process's `handle` on `ctx`'s device (peer access to the allocation's
-    /// device enabled lazily). Fails in the process that exported it.
-    fn ipc_open(ctx: &Self::Context, handle: &[u8; IPC_HANDLE_BYTES]) -> Result<Self::IpcMapping>;
-    /// The mapping's device address in this process.
-    fn ipc_ptr(m: &Self::IpcMapping) -> u64;
+}
+
+/// Page-locked host words of [`Interop`] `G` mapped into a device's address space ([`HostWords`]).
+pub trait GpuHostMapped<G: Gpu>: Debug + Send + Sync + Sized + std::ops::Deref<Target = HostWords> {
     /// `words` zeroed 32-bit words (at least one) of host memory mapped into `ctx`'s device.
-    fn host_mapped(ctx: &Self::Context, words: usize) -> Result<Self::HostMapped>;
+    fn new(ctx: &G::Context, words: usize) -> Result<Self>;
     /// Page-locks the `words` words at `ptr` (host memory this process mapped, e.g. a
     /// segment shared with other processes; left as they are) and maps them into every GPU
     /// of the process; unregistered on drop. CUDA only.
     ///
     /// # Safety
     /// `ptr` holds `words` writable, page-aligned words that outlive the value.
-    unsafe fn host_register(ctx: &Self::Context, ptr: *mut c_void, words: usize) -> Result<Self::HostMapped>;
-    /// Borrows the raw stream `raw` of device `ordinal`.
-    ///
-    /// # Safety
-    /// `raw` is a live stream of device `ordinal` (or null, the default stream) that outlives
-    /// the value.
-    unsafe fn foreign_stream(raw: *mut c_void, ordinal: usize) -> Self::ForeignStream;
-    /// Enqueues a device-to-device copy of `len` bytes on `stream` (same or peer device,
-    /// unified addressing).
-    ///
-    /// # Safety
-    /// `dst` and `src` are device allocations of at least `len` bytes that stay valid until
-    /// the copy completes.
-    unsafe fn copy_d2d_async(stream: &Self::Stream, dst: u64, src: u64, len: usize) -> Result<()>;
-    /// Enqueues a fill of `len` bytes with `v` on `stream`.
-    ///
-    /// # Safety
-    /// `dst` is a device allocation of at least `len` bytes, valid until the fill completes.
-    unsafe fn memset_async(stream: &Self::Stream, dst: u64, v: u8, len: usize) -> Result<()>;
-    /// Whether `ctx`'s device takes stream memory operations ([`Interop::write_value32_async`],
-    /// [`Interop::wait_value32_async`]): what the copy-engine collectives synchronise with.
-    fn stream_mem_ops(ctx: &Self::Context) -> Result<bool>;
-    /// Enqueues a write of `v` to the word at `addr` on `stream`, after a fence (earlier
-    /// writes of the stream land first): no kernel.
-    ///
-    /// # Safety
-    /// `addr` is an aligned word of an allocation the stream's device can access (its own,
-    /// a peer's or host-mapped memory), valid until the write completes.
-    unsafe fn write_value32_async(stream: &Self::Stream, addr: u64, v: u32) -> Result<()>;
-    /// Enqueues a wait until the word at `addr` is at least `v`: no kernel, no bound (callers
-    /// keep a watchdog).
-    ///
-    /// # Safety
-    /// As [`Interop::write_value32_async`].
-    unsafe fn wait_value32_async(stream: &Self::Stream, addr: u64, v: u32) -> Result<()>;
-    /// Enqueues a copy of `rows` rows of `width` bytes, `spitch` apart at `src` and `dpitch`
-    /// apart at `dst` (same or peer device): one copy-engine operation.
-    ///
-    /// # Safety
-    /// Every row of both ranges lies in device allocations valid until the copy completes.
-    unsafe fn copy_2d_async(
-        stream: &Self::Stream,
-        dst: u64,
-        dpitch: usize,
-        src: u64,
-        spitch: usize,
-        width: usize,
-        rows: usize,
-    ) -> Result<()>;
+    unsafe fn register(ctx: &G::Context, ptr: *mut c_void, words: usize) -> Result<Self>;
+}
+
+/// Another process's allocation of [`Interop`] `G`, opened from its IPC handle.
+pub trait GpuIpcMapping<G: Gpu>: Debug + Send + Sync + Sized {
+    /// Opens another process's `handle` on `ctx`'s device (peer access to the allocation's
+    /// device enabled lazily). Fails in the process that exported it.
+    fn open(ctx: &G::Context, handle: &[u8; IPC_HANDLE_BYTES]) -> Result<Self>;
+    /// The mapping's device address in this process.
+    fn ptr(&self) -> u64;
 }
 
 /// Checks that `n` bytes at `offset` lie inside a buffer of `len` bytes: an [`crate::Error::Invalid`] such as "write of
@@ -179,8 +187,7 @@ pub(crate) fn check_range(access: &str, n: usize, offset: usize, prep: &str, len
 }
 
 /// A stream another library owns (XLA's, handed to an FFI handler), borrowed for one call: it launches and copies like
-/// the vendor's stream `S` and is never destroyed here. Each vendor module names it `ForeignStream` (`forward_gpu`
-/// declares it).
+/// the vendor's stream `S` and is never destroyed here ([`GpuStream::foreign`]).
 #[derive(Debug)]
 pub struct Borrowed<S>(std::mem::ManuallyDrop<S>);
 
@@ -252,156 +259,3 @@ impl HostWords {
         unsafe { std::ptr::write_volatile(self.ptr.add(i), v) }
     }
 }
-
-/// Implements [`Gpu`] and [`Interop`] for a vendor module's marker type by forwarding to that module's owners
-/// (`Context`, `Module`, `Function`, `Stream`, `DeviceBuffer`, `HostMapped` and `IpcMapping`, which both vendor modules
-/// define with the same shapes), declares the module's `ForeignStream` and makes `HostMapped` deref to its words. Only
-/// the names that differ are arguments: the compute-unit query and the allocation that peers may access while kernels
-/// run.
-macro_rules! forward_gpu {
-    ($marker:ty, name: $name:literal, units: $units:ident, alloc: $alloc:ident) => {
-        /// A stream another library owns (XLA's, handed to an FFI handler), borrowed for one call
-        /// ([`Interop::foreign_stream`](crate::gpu::Interop::foreign_stream)).
-        pub type ForeignStream = $crate::gpu::Borrowed<Stream>;
-
-        impl $crate::gpu::Gpu for $marker {
-            const NAME: &'static str = $name;
-            type Context = Context;
-            type Module = Module;
-            type Function = Function;
-            type Stream = Stream;
-            type Buffer = DeviceBuffer;
-
-            fn open(ordinal: usize) -> Result<Context> {
-                Context::new(ordinal)
-            }
-            fn bind(ctx: &Context) -> Result<()> {
-                ctx.bind()
-            }
-            fn name(ctx: &Context) -> Result<String> {
-                ctx.name()
-            }
-            fn compute_units(ctx: &Context) -> Result<i32> {
-                ctx.$units()
-            }
-            fn can_access_peer(ctx: &Context, peer: &Context) -> Result<bool> {
-                ctx.can_access_peer(peer)
-            }
-            fn enable_peer_access(ctx: &Context, peer: &Context) -> Result<()> {
-                ctx.enable_peer_access(peer)
-            }
-            fn load_module(ctx: &Context, image: &[u8]) -> Result<Module> {
-                ctx.load_module(image)
-            }
-            fn function(module: &Module, name: &str) -> Result<Function> {
-                module.function(name)
-            }
-            fn stream(ctx: &Context) -> Result<Stream> {
-                Stream::new(ctx)
-            }
-            fn synchronize(stream: &Stream) -> Result<()> {
-                stream.synchronize()
-            }
-            unsafe fn launch(
-                stream: &Stream,
-                f: &Function,
-                grid: u32,
-                block: u32,
-                params: &mut [*mut std::ffi::c_void],
-            ) -> Result<()> {
-                // SAFETY: the caller upholds `Stream::launch`'s contract (this method's own).
-                unsafe { stream.launch(f, grid, block, params) }
-            }
-            fn alloc(ctx: &Context, len: usize) -> Result<DeviceBuffer> {
-                DeviceBuffer::$alloc(ctx, len)
-            }
-            fn ptr(buf: &DeviceBuffer) -> u64 {
-                buf.ptr
-            }
-            fn read(buf: &DeviceBuffer, out: &mut [u8]) -> Result<()> {
-                buf.read_at(0, out)
-            }
-            fn write(buf: &DeviceBuffer, data: &[u8]) -> Result<()> {
-                buf.write_at(0, data)
-            }
-        }
-
-        impl std::ops::Deref for HostMapped {
-            type Target = $crate::gpu::HostWords;
-            fn deref(&self) -> &$crate::gpu::HostWords {
-                &self.words
-            }
-        }
-
-        impl $crate::gpu::Interop for $marker {
-            type HostMapped = HostMapped;
-            type IpcMapping = IpcMapping;
-            type ForeignStream = ForeignStream;
-
-            fn device_count() -> Result<usize> {
-                device_count()
-            }
-            fn free_memory_if_active(ordinal: usize) -> Result<Option<usize>> {
-                free_memory_if_active(ordinal)
-            }
-            fn machine_key() -> Result<Option<String>> {
-                machine_key()
-            }
-            fn buffer_len(buf: &DeviceBuffer) -> usize {
-                buf.len
-            }
-            fn ipc_handle(buf: &DeviceBuffer) -> Result<[u8; $crate::gpu::IPC_HANDLE_BYTES]> {
-                buf.ipc_handle()
-            }
-            fn ipc_open(ctx: &Context, handle: &[u8; $crate::gpu::IPC_HANDLE_BYTES]) -> Result<IpcMapping> {
-                IpcMapping::open(ctx, handle)
-            }
-            fn ipc_ptr(m: &IpcMapping) -> u64 {
-                m.ptr
-            }
-            fn host_mapped(ctx: &Context, words: usize) -> Result<HostMapped> {
-                HostMapped::new(ctx, words)
-            }
-            unsafe fn host_register(ctx: &Context, ptr: *mut std::ffi::c_void, words: usize) -> Result<HostMapped> {
-                // SAFETY: the caller's contract is `HostMapped::register`'s.
-                unsafe { HostMapped::register(ctx, ptr, words) }
-            }
-            unsafe fn foreign_stream(raw: *mut std::ffi::c_void, ordinal: usize) -> ForeignStream {
-                // `raw` being a live stream of `ordinal` is this method's contract.
-                $crate::gpu::Borrowed::wrap(Stream { s: raw.cast(), ordinal })
-            }
-            unsafe fn copy_d2d_async(stream: &Stream, dst: u64, src: u64, len: usize) -> Result<()> {
-                // SAFETY: the caller's contract is `Stream::copy_d2d`'s.
-                unsafe { stream.copy_d2d(dst, src, len) }
-            }
-            unsafe fn memset_async(stream: &Stream, dst: u64, v: u8, len: usize) -> Result<()> {
-                // SAFETY: the caller's contract is `Stream::memset_u8`'s.
-                unsafe { stream.memset_u8(dst, v, len) }
-            }
-            fn stream_mem_ops(ctx: &Context) -> Result<bool> {
-                ctx.stream_mem_ops()
-            }
-            unsafe fn write_value32_async(stream: &Stream, addr: u64, v: u32) -> Result<()> {
-                // SAFETY: the caller's contract is `Stream::write_u32`'s.
-                unsafe { stream.write_u32(addr, v) }
-            }
-            unsafe fn wait_value32_async(stream: &Stream, addr: u64, v: u32) -> Result<()> {
-                // SAFETY: the caller's contract is `Stream::wait_u32`'s.
-                unsafe { stream.wait_u32(addr, v) }
-            }
-            unsafe fn copy_2d_async(
-                stream: &Stream,
-                dst: u64,
-                dpitch: usize,
-                src: u64,
-                spitch: usize,
-                width: usize,
-                rows: usize,
-            ) -> Result<()> {
-                // SAFETY: the caller's contract is `Stream::copy_2d`'s.
-                unsafe { stream.copy_2d(dst, dpitch, src, spitch, width, rows) }
-            }
-        }
-    };
-}
-pub(crate) use forward_gpu;

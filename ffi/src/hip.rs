@@ -2,7 +2,7 @@
 //! [`crate::cuda`]): devices, streams, fine-grained device allocations, peer access, and code-object modules with
 //! kernel launches; and for the runtime behind XLA's FFI handlers ([`crate::gpu::Interop`]): IPC handles of allocations
 //! and their mappings in other processes ([`DeviceBuffer::ipc_handle`], [`IpcMapping`]), host-mapped memory
-//! ([`HostMapped`]), XLA's streams ([`ForeignStream`]) and the free-memory query. Each signature is written from HIP's
+//! ([`HostMapped`]), XLA's streams ([`GpuStream::foreign`]) and the free-memory query. Each signature is written from HIP's
 //! documented runtime API (`hip_runtime_api.h`); none of these has run on an AMD GPU (docs/ROCM.md).
 //!
 //! Why not `hip-rs`: its build script runs bindgen over `hipblas/hipblas.h` and links `libhipblas` and `libamdhip64` at
@@ -17,6 +17,7 @@
 use std::ffi::{CStr, CString, c_char, c_int, c_uint, c_void};
 use std::sync::OnceLock;
 
+use crate::gpu::{self, GpuBuffer, GpuContext, GpuHostMapped, GpuIpcMapping, GpuModule, GpuStream};
 use crate::{Error, Result};
 
 /// `hipStream_t`, `hipModule_t`, `hipFunction_t`: opaque handles.
@@ -190,8 +191,8 @@ pub struct Context {
     pub ordinal: usize,
 }
 
-impl Context {
-    pub fn new(ordinal: usize) -> Result<Context> {
+impl GpuContext<Hip> for Context {
+    fn new(ordinal: usize) -> Result<Context> {
         let n = device_count()?;
         if ordinal >= n {
             return Err(Error::Call {
@@ -205,20 +206,11 @@ impl Context {
         Ok(c)
     }
 
-    fn d(&self) -> Option<usize> {
-        Some(self.ordinal)
-    }
-
-    fn id(&self) -> c_int {
-        self.ordinal as c_int
-    }
-
-    /// Makes this device current on the calling thread.
-    pub fn bind(&self) -> Result<()> {
+    fn bind(&self) -> Result<()> {
         set_device(self.ordinal)
     }
 
-    pub fn name(&self) -> Result<String> {
+    fn name(&self) -> Result<String> {
         let mut buf = [0 as c_char; 256];
         // SAFETY: `buf` holds the 256 bytes passed as its length.
         call("hipDeviceGetName", self.d(), |s| unsafe {
@@ -227,6 +219,57 @@ impl Context {
         buf[255] = 0;
         // SAFETY: the last byte of `buf` is NUL, so the string ends inside it.
         Ok(unsafe { CStr::from_ptr(buf.as_ptr()) }.to_string_lossy().into_owned())
+    }
+
+    /// The copy-engine collectives' stream memory operations are not bound on HIP.
+    fn stream_mem_ops(&self) -> Result<bool> {
+        Ok(false)
+    }
+
+    fn compute_units(&self) -> Result<i32> {
+        self.attribute(ATTR_MULTIPROCESSOR_COUNT)
+    }
+
+    /// `hipDeviceCanAccessPeer(self → peer)`.
+    fn can_access_peer(&self, peer: &Context) -> Result<bool> {
+        let mut v = 0;
+        // SAFETY: both ordinals are valid devices; `v` outlives the call.
+        call("hipDeviceCanAccessPeer", self.d(), |s| unsafe {
+            (s.device_can_access_peer)(&mut v, self.id(), peer.id())
+        })?;
+        Ok(v != 0)
+    }
+
+    fn enable_peer_access(&self, peer: &Context) -> Result<()> {
+        self.bind()?;
+        let s = sys()?;
+        // SAFETY: this device is current; `peer` is a valid ordinal; flags must be 0.
+        let st = unsafe { (s.device_enable_peer_access)(peer.id(), 0) };
+        if st == PEER_ACCESS_ALREADY_ENABLED {
+            return Ok(());
+        }
+        ck(s, "hipDeviceEnablePeerAccess", self.d(), st)
+    }
+
+    /// Loads a code object (hipRTC's output for this device's arch).
+    fn load_module(&self, image: &[u8]) -> Result<Module> {
+        self.bind()?;
+        let mut m: RawModule = std::ptr::null_mut();
+        // SAFETY: `image` is a complete code object that outlives the call (HIP copies it).
+        call("hipModuleLoadData", self.d(), |s| unsafe {
+            (s.module_load_data)(&mut m, image.as_ptr() as *const c_void)
+        })?;
+        Ok(Module { m, ordinal: self.ordinal })
+    }
+}
+
+impl Context {
+    fn d(&self) -> Option<usize> {
+        Some(self.ordinal)
+    }
+
+    fn id(&self) -> c_int {
+        self.ordinal as c_int
     }
 
     /// The device's `gcnArchName`, e.g. `gfx90a:sramecc+:xnack-` (what hipRTC's `--offload-arch` takes, so the code
@@ -252,37 +295,6 @@ impl Context {
         Ok(v)
     }
 
-    /// Compute units. The copy-engine collectives' stream memory operations are not bound on HIP.
-    pub fn stream_mem_ops(&self) -> Result<bool> {
-        Ok(false)
-    }
-
-    pub fn cu_count(&self) -> Result<i32> {
-        self.attribute(ATTR_MULTIPROCESSOR_COUNT)
-    }
-
-    /// `hipDeviceCanAccessPeer(self → peer)`.
-    pub fn can_access_peer(&self, peer: &Context) -> Result<bool> {
-        let mut v = 0;
-        // SAFETY: both ordinals are valid devices; `v` outlives the call.
-        call("hipDeviceCanAccessPeer", self.d(), |s| unsafe {
-            (s.device_can_access_peer)(&mut v, self.id(), peer.id())
-        })?;
-        Ok(v != 0)
-    }
-
-    /// Lets kernels on this device access `peer`'s memory. Enabling twice is not an error.
-    pub fn enable_peer_access(&self, peer: &Context) -> Result<()> {
-        self.bind()?;
-        let s = sys()?;
-        // SAFETY: this device is current; `peer` is a valid ordinal; flags must be 0.
-        let st = unsafe { (s.device_enable_peer_access)(peer.id(), 0) };
-        if st == PEER_ACCESS_ALREADY_ENABLED {
-            return Ok(());
-        }
-        ck(s, "hipDeviceEnablePeerAccess", self.d(), st)
-    }
-
     /// Free and total memory of this device, in bytes (`hipMemGetInfo`).
     pub fn memory_info(&self) -> Result<(usize, usize)> {
         self.bind()?;
@@ -290,17 +302,6 @@ impl Context {
         // SAFETY: both out-pointers outlive the call; this device is current.
         call("hipMemGetInfo", self.d(), |s| unsafe { (s.mem_get_info)(&mut free, &mut total) })?;
         Ok((free, total))
-    }
-
-    /// Loads a code object (hipRTC's output for this device's arch).
-    pub fn load_module(&self, image: &[u8]) -> Result<Module> {
-        self.bind()?;
-        let mut m: RawModule = std::ptr::null_mut();
-        // SAFETY: `image` is a complete code object that outlives the call (HIP copies it).
-        call("hipModuleLoadData", self.d(), |s| unsafe {
-            (s.module_load_data)(&mut m, image.as_ptr() as *const c_void)
-        })?;
-        Ok(Module { m, ordinal: self.ordinal })
     }
 }
 
@@ -322,8 +323,8 @@ pub struct Function {
 // stream internally); modules and functions are immutable.
 crate::send_sync!(Module, Function, Stream);
 
-impl Module {
-    pub fn function(&self, name: &str) -> Result<Function> {
+impl GpuModule<Hip> for Module {
+    fn function(&self, name: &str) -> Result<Function> {
         let n = CString::new(name).map_err(|_| Error::Invalid(format!("kernel name {name:?}")))?;
         let mut f: RawFunction = std::ptr::null_mut();
         // SAFETY: `self.m` is a loaded module; `n` outlives the call.
@@ -358,8 +359,8 @@ pub struct Stream {
     pub ordinal: usize,
 }
 
-impl Stream {
-    pub fn new(ctx: &Context) -> Result<Stream> {
+impl GpuStream<Hip> for Stream {
+    fn new(ctx: &Context) -> Result<Stream> {
         ctx.bind()?;
         let mut st: RawStream = std::ptr::null_mut();
         // SAFETY: `st` outlives the call; the device is current.
@@ -369,21 +370,17 @@ impl Stream {
         Ok(Stream { s: st, ordinal: ctx.ordinal })
     }
 
-    fn d(&self) -> Option<usize> {
-        Some(self.ordinal)
+    unsafe fn foreign(raw: *mut c_void, ordinal: usize) -> gpu::Borrowed<Stream> {
+        // `raw` being a live stream of `ordinal` is this method's contract.
+        gpu::Borrowed::wrap(Stream { s: raw, ordinal })
     }
 
-    pub fn synchronize(&self) -> Result<()> {
+    fn synchronize(&self) -> Result<()> {
         // SAFETY: `self.s` is a live stream.
         call("hipStreamSynchronize", self.d(), |s| unsafe { (s.stream_synchronize)(self.s) })
     }
 
-    /// Launches `f` with `params` (pointers to each argument, in the kernel's order).
-    ///
-    /// # Safety
-    /// `params` must match the kernel's parameter list in number, order and layout, and every pointer argument must
-    /// stay valid until the kernel finishes.
-    pub unsafe fn launch(&self, f: &Function, grid: u32, block: u32, params: &mut [*mut c_void]) -> Result<()> {
+    unsafe fn launch(&self, f: &Function, grid: u32, block: u32, params: &mut [*mut c_void]) -> Result<()> {
         if f.ordinal != self.ordinal {
             return Err(Error::Invalid(format!(
                 "kernel of device {} launched on a stream of device {}",
@@ -397,49 +394,38 @@ impl Stream {
         })
     }
 
-    /// Async device-to-device copy of `len` bytes (same or peer device, unified addressing).
-    ///
-    /// # Safety
-    /// `dst` and `src` must be device allocations of at least `len` bytes that stay valid until the copy completes.
-    pub unsafe fn copy_d2d(&self, dst: u64, src: u64, len: usize) -> Result<()> {
+    unsafe fn copy_d2d(&self, dst: u64, src: u64, len: usize) -> Result<()> {
         // SAFETY: the caller guarantees both ranges.
         call("hipMemcpyAsync", self.d(), |s| unsafe {
             (s.memcpy_async)(dst as *mut c_void, src as *const c_void, len, D2D, self.s)
         })
     }
 
-    /// Async byte fill.
-    ///
-    /// # Safety
-    /// `dst` must be a device allocation of at least `len` bytes, valid until the fill ends.
-    pub unsafe fn memset_u8(&self, dst: u64, v: u8, len: usize) -> Result<()> {
+    unsafe fn memset_u8(&self, dst: u64, v: u8, len: usize) -> Result<()> {
         // SAFETY: the caller guarantees the range.
         call("hipMemsetAsync", self.d(), |s| unsafe { (s.memset_async)(dst as *mut c_void, v as c_int, len, self.s) })
     }
 
     /// Stream memory operations are not bound on HIP: the copy-engine collectives run on CUDA only
-    /// ([`Context::stream_mem_ops`] says no, so nothing calls this).
-    ///
-    /// # Safety
-    /// None needed: it enqueues nothing.
-    pub unsafe fn write_u32(&self, _addr: u64, _v: u32) -> Result<()> {
+    /// ([`Context::stream_mem_ops`] says no, so nothing calls this). Enqueues nothing.
+    unsafe fn write_u32(&self, _addr: u64, _v: u32) -> Result<()> {
         Err(not_on_hip("hipStreamWriteValue32"))
     }
 
     /// As [`Stream::write_u32`].
-    ///
-    /// # Safety
-    /// None needed: it enqueues nothing.
-    pub unsafe fn wait_u32(&self, _addr: u64, _v: u32) -> Result<()> {
+    unsafe fn wait_u32(&self, _addr: u64, _v: u32) -> Result<()> {
         Err(not_on_hip("hipStreamWaitValue32"))
     }
 
     /// As [`Stream::write_u32`].
-    ///
-    /// # Safety
-    /// None needed: it enqueues nothing.
-    pub unsafe fn copy_2d(&self, _d: u64, _dp: usize, _s: u64, _sp: usize, _w: usize, _r: usize) -> Result<()> {
+    unsafe fn copy_2d(&self, _d: u64, _dp: usize, _s: u64, _sp: usize, _w: usize, _r: usize) -> Result<()> {
         Err(not_on_hip("hipMemcpy2DAsync"))
+    }
+}
+
+impl Stream {
+    fn d(&self) -> Option<usize> {
+        Some(self.ordinal)
     }
 }
 
@@ -460,11 +446,11 @@ pub struct DeviceBuffer {
     pub ordinal: usize,
 }
 
-impl DeviceBuffer {
+impl GpuBuffer<Hip> for DeviceBuffer {
     /// `len` bytes (at least 1) of fine-grained device memory, zeroed: stores and atomics at system scope are visible
     /// to peers while kernels run, which signal flags and staging that peers poll or read need (coarse-grained
     /// `hipMalloc` memory is only coherent at kernel boundaries).
-    pub fn fine_grained(ctx: &Context, len: usize) -> Result<DeviceBuffer> {
+    fn alloc(ctx: &Context, len: usize) -> Result<DeviceBuffer> {
         ctx.bind()?;
         let n = len.max(1);
         let mut p: *mut c_void = std::ptr::null_mut();
@@ -479,15 +465,15 @@ impl DeviceBuffer {
         Ok(b)
     }
 
-    /// Waits for the device: hipMemset and hipMemcpy from pageable memory may return before the bytes land, on the null
-    /// stream, which non-blocking streams do not wait for (the CUDA layer's `settle`, for the same reason).
-    fn settle(&self) -> Result<()> {
-        // SAFETY: no arguments; the buffer's device is current (callers bind first).
-        call("hipDeviceSynchronize", Some(self.ordinal), |s| unsafe { (s.device_synchronize)() })
+    fn ptr(&self) -> u64 {
+        self.ptr
     }
 
-    /// Copies `data` into bytes `[offset, offset + data.len())`; returns once the bytes are in device memory.
-    pub fn write_at(&self, offset: usize, data: &[u8]) -> Result<()> {
+    fn size(&self) -> usize {
+        self.len
+    }
+
+    fn write_at(&self, offset: usize, data: &[u8]) -> Result<()> {
         if !crate::gpu::check_range("write of", data.len(), offset, "into", self.len)? {
             return Ok(());
         }
@@ -499,8 +485,7 @@ impl DeviceBuffer {
         self.settle()
     }
 
-    /// Copies bytes `[offset, offset + out.len())` into `out` (synchronous).
-    pub fn read_at(&self, offset: usize, out: &mut [u8]) -> Result<()> {
+    fn read_at(&self, offset: usize, out: &mut [u8]) -> Result<()> {
         if !crate::gpu::check_range("read of", out.len(), offset, "from", self.len)? {
             return Ok(());
         }
@@ -511,9 +496,8 @@ impl DeviceBuffer {
         })
     }
 
-    /// The allocation's IPC handle (`hipIpcGetMemHandle`): another process of the host opens it with
-    /// [`IpcMapping::open`] while this buffer lives.
-    pub fn ipc_handle(&self) -> Result<[u8; crate::gpu::IPC_HANDLE_BYTES]> {
+    /// The allocation's IPC handle (`hipIpcGetMemHandle`).
+    fn ipc_handle(&self) -> Result<[u8; crate::gpu::IPC_HANDLE_BYTES]> {
         set_device(self.ordinal)?;
         let mut h = IpcMemHandle { reserved: [0; crate::gpu::IPC_HANDLE_BYTES] };
         // SAFETY: `self.ptr` is the base of a live hipExtMallocWithFlags allocation of this device, which is current;
@@ -525,12 +509,21 @@ impl DeviceBuffer {
     }
 }
 
+impl DeviceBuffer {
+    /// Waits for the device: hipMemset and hipMemcpy from pageable memory may return before the bytes land, on the null
+    /// stream, which non-blocking streams do not wait for (the CUDA layer's `settle`, for the same reason).
+    fn settle(&self) -> Result<()> {
+        // SAFETY: no arguments; the buffer's device is current (callers bind first).
+        call("hipDeviceSynchronize", Some(self.ordinal), |s| unsafe { (s.device_synchronize)() })
+    }
+}
+
 impl Drop for DeviceBuffer {
     fn drop(&mut self) {
         if set_device(self.ordinal).is_ok()
             && let Ok(s) = sys()
         {
-            // SAFETY: frees the allocation made in `fine_grained`, once.
+            // SAFETY: frees the allocation made in `alloc`, once.
             let _ = unsafe { (s.free)(self.ptr as *mut c_void) };
         }
     }
@@ -543,9 +536,8 @@ pub struct HostMapped {
     pub words: crate::gpu::HostWords,
 }
 
-impl HostMapped {
-    /// `words` zeroed 32-bit words (at least one), mapped into `ctx`'s device.
-    pub fn new(ctx: &Context, words: usize) -> Result<HostMapped> {
+impl GpuHostMapped<Hip> for HostMapped {
+    fn new(ctx: &Context, words: usize) -> Result<HostMapped> {
         ctx.bind()?;
         let words = words.max(1);
         let mut p: *mut c_void = std::ptr::null_mut();
@@ -560,12 +552,16 @@ impl HostMapped {
         Ok(m)
     }
 
-    /// Registering another mapping serves the copy-engine collectives only: CUDA only.
-    ///
-    /// # Safety
-    /// None here (nothing is touched); the signature is CUDA's.
-    pub unsafe fn register(_ctx: &Context, _ptr: *mut c_void, _words: usize) -> Result<HostMapped> {
+    /// Registering another mapping serves the copy-engine collectives only: CUDA only (nothing is touched).
+    unsafe fn register(_ctx: &Context, _ptr: *mut c_void, _words: usize) -> Result<HostMapped> {
         Err(not_on_hip("hipHostRegister"))
+    }
+}
+
+impl std::ops::Deref for HostMapped {
+    type Target = gpu::HostWords;
+    fn deref(&self) -> &gpu::HostWords {
+        &self.words
     }
 }
 
@@ -586,9 +582,8 @@ pub struct IpcMapping {
     pub ordinal: usize,
 }
 
-impl IpcMapping {
-    /// Opens `handle` on `ctx`'s device. Fails in the process that exported the handle.
-    pub fn open(ctx: &Context, handle: &[u8; crate::gpu::IPC_HANDLE_BYTES]) -> Result<IpcMapping> {
+impl GpuIpcMapping<Hip> for IpcMapping {
+    fn open(ctx: &Context, handle: &[u8; crate::gpu::IPC_HANDLE_BYTES]) -> Result<IpcMapping> {
         ctx.bind()?;
         let h = IpcMemHandle { reserved: handle.map(|b| b as c_char) };
         let mut p: *mut c_void = std::ptr::null_mut();
@@ -598,6 +593,10 @@ impl IpcMapping {
             (s.ipc_open_mem_handle)(&mut p, h, IPC_MEM_LAZY_ENABLE_PEER_ACCESS)
         })?;
         Ok(IpcMapping { ptr: p as u64, ordinal: ctx.ordinal })
+    }
+
+    fn ptr(&self) -> u64 {
+        self.ptr
     }
 }
 
@@ -619,11 +618,33 @@ impl Drop for IpcMapping {
 mod tests;
 
 /// The HIP runtime as a [`crate::gpu::Gpu`] device layer. Its allocations are fine-grained (see
-/// [`DeviceBuffer::fine_grained`]): peers poll signal flags and read staging while kernels run.
+/// [`DeviceBuffer::alloc`]): peers poll signal flags and read staging while kernels run.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Hip;
 
-crate::gpu::forward_gpu!(Hip, name: "rocm", units: cu_count, alloc: fine_grained);
+impl gpu::Gpu for Hip {
+    const NAME: &'static str = "rocm";
+    type Context = Context;
+    type Module = Module;
+    type Function = Function;
+    type Stream = Stream;
+    type Buffer = DeviceBuffer;
+}
+
+impl gpu::Interop for Hip {
+    type HostMapped = HostMapped;
+    type IpcMapping = IpcMapping;
+
+    fn device_count() -> Result<usize> {
+        device_count()
+    }
+    fn free_memory_if_active(ordinal: usize) -> Result<Option<usize>> {
+        free_memory_if_active(ordinal)
+    }
+    fn machine_key() -> Result<Option<String>> {
+        machine_key()
+    }
+}
 
 /// The error of a CUDA-only device-layer call made on HIP.
 fn not_on_hip(call: &'static str) -> Error {

@@ -13,6 +13,7 @@ mod sum_order;
 use launchers::CliqueExt;
 
 use ffi::cuda::{Cuda, DeviceBuffer};
+use ffi::gpu::GpuBuffer;
 use kernels::cuda::{Algo, Clique, Dtype, Red, device_count};
 
 type AllReduce = launchers::AllReduce<Cuda>;

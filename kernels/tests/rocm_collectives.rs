@@ -11,6 +11,7 @@ mod launchers;
 
 use launchers::CliqueExt;
 
+use ffi::gpu::GpuBuffer;
 use ffi::hip::{DeviceBuffer, Hip};
 use kernels::rocm::{Algo, Clique, Dtype, Red, device_count};
 

@@ -6,8 +6,8 @@
 
 use std::time::Instant;
 
-use ffi::cuda::{Cuda, Graph, Stream};
-use ffi::gpu::{Gpu, Interop};
+use ffi::cuda::{Cuda, DeviceBuffer, Graph, Stream};
+use ffi::gpu::{GpuBuffer, GpuContext, GpuStream};
 use hlo::{ArrayShape, PrimitiveType};
 use thunks::custom_call::CustomCallConfig;
 use thunks::{CollectiveKind as Kind, KernelAlgorithm as Algo};
@@ -215,8 +215,8 @@ impl Bytes {
 struct Bound {
     call: LocalCall<Cuda>,
     members: Vec<usize>,
-    args: Vec<Vec<<Cuda as Gpu>::Buffer>>,
-    rets: Vec<Vec<<Cuda as Gpu>::Buffer>>,
+    args: Vec<Vec<DeviceBuffer>>,
+    rets: Vec<Vec<DeviceBuffer>>,
 }
 
 fn gpu(e: impl std::fmt::Display) -> Error {
@@ -227,7 +227,7 @@ impl Bound {
     fn new(clique: &'static Clique, case: &Case) -> Result<Bound> {
         let call = LocalCall::new(clique, case.cfg.clone(), &case.args, &case.rets).map_err(gpu)?;
         let alloc = |m: usize, shapes: &[ArrayShape]| -> Result<Vec<_>> {
-            shapes.iter().map(|s| Ok(Cuda::alloc(&clique.devices[m].ctx, s.byte_size())?)).collect()
+            shapes.iter().map(|s| Ok(DeviceBuffer::alloc(&clique.devices[m].ctx, s.byte_size())?)).collect()
         };
         let n = case.g;
         let args = (0..n).map(|m| alloc(m, &case.args)).collect::<Result<Vec<_>>>()?;
@@ -237,18 +237,18 @@ impl Bound {
     }
 
     fn enqueue(&self, clique: &Clique, m: usize) -> Result<()> {
-        let a: Vec<u64> = self.args[m].iter().map(Cuda::ptr).collect();
-        let r: Vec<u64> = self.rets[m].iter().map(Cuda::ptr).collect();
+        let a: Vec<u64> = self.args[m].iter().map(DeviceBuffer::ptr).collect();
+        let r: Vec<u64> = self.rets[m].iter().map(DeviceBuffer::ptr).collect();
         let dev = &clique.devices[m];
-        Cuda::bind(&dev.ctx)?;
+        dev.ctx.bind()?;
         self.call.run(m, &dev.stream, &a, &r).map_err(gpu)
     }
 
     /// Writes fresh operands, poisons the results; returns the operands. `exact`: f32 small integers (their sums are
     /// exact in any order), else any bytes.
     fn fill_with(&self, bytes: &mut Bytes, exact: bool) -> Result<Vec<Vec<Vec<u8>>>> {
-        let mut data = |b| {
-            let mut data = bytes.fill(Cuda::buffer_len(b));
+        let mut data = |b: &DeviceBuffer| {
+            let mut data = bytes.fill(b.size());
             if exact {
                 for c in data.chunks_mut(4) {
                     let v = f32::from(c[0] % 64) - 32.0;
@@ -271,10 +271,10 @@ impl Bound {
     fn write(&self, ops: &[Vec<Vec<u8>>]) -> Result<()> {
         for (m, bufs) in self.args.iter().enumerate() {
             for (b, data) in bufs.iter().zip(&ops[m]) {
-                Cuda::write(b, data)?;
+                b.write_at(0, data)?;
             }
             for r in &self.rets[m] {
-                Cuda::write(r, &vec![0xa5u8; Cuda::buffer_len(r)])?;
+                r.write_at(0, &vec![0xa5u8; r.size()])?;
             }
         }
         Ok(())
@@ -282,9 +282,9 @@ impl Bound {
 
     /// Every member's results.
     fn results(&self) -> Result<Vec<Vec<Vec<u8>>>> {
-        let read = |b: &<Cuda as Gpu>::Buffer| -> Result<Vec<u8>> {
-            let mut v = vec![0u8; Cuda::buffer_len(b)];
-            Cuda::read(b, &mut v)?;
+        let read = |b: &DeviceBuffer| -> Result<Vec<u8>> {
+            let mut v = vec![0u8; b.size()];
+            b.read_at(0, &mut v)?;
             Ok(v)
         };
         self.rets.iter().map(|bufs| bufs.iter().map(read).collect()).collect()
@@ -296,7 +296,7 @@ impl Bound {
             let want = reference(case, ops, m);
             for (j, (buf, w)) in self.rets[m].iter().zip(&want).enumerate() {
                 let mut got = vec![0u8; w.len()];
-                Cuda::read(buf, &mut got)?;
+                buf.read_at(0, &mut got)?;
                 if let Some(at) = got.iter().zip(w).position(|(a, b)| a != b) {
                     return Err(Error::Gpu(format!(
                         "{what}: member {m} result {j} differs from the reference at byte {at} of {} (got {:#04x}, want {:#04x})",
@@ -313,8 +313,8 @@ impl Bound {
 
 fn sync_all(clique: &Clique) -> Result<()> {
     for d in &clique.devices {
-        Cuda::bind(&d.ctx)?;
-        Cuda::synchronize(&d.stream)?;
+        d.ctx.bind()?;
+        d.stream.synchronize()?;
     }
     Ok(())
 }
@@ -389,7 +389,7 @@ fn capture(clique: &Clique, b: &Bound) -> Result<Vec<(usize, Graph)>> {
     let mut graphs = Vec::new();
     for &m in &b.members {
         let s: &Stream = &clique.devices[m].stream;
-        Cuda::bind(&clique.devices[m].ctx)?;
+        clique.devices[m].ctx.bind()?;
         s.begin_capture()?;
         let queued = b.enqueue(clique, m);
         let graph = s.end_capture();
@@ -402,7 +402,7 @@ fn capture(clique: &Clique, b: &Bound) -> Result<Vec<(usize, Graph)>> {
 /// Replays every member's graph once and waits for them.
 fn replay(clique: &Clique, graphs: &[(usize, Graph)]) -> Result<()> {
     for (m, graph) in graphs {
-        Cuda::bind(&clique.devices[*m].ctx)?;
+        clique.devices[*m].ctx.bind()?;
         graph.launch(&clique.devices[*m].stream)?;
     }
     sync_all(clique)
@@ -491,7 +491,7 @@ pub fn check_missing_member(members: usize) -> Result<Vec<String>> {
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             let d = &clique.devices[0];
-            let r = Cuda::bind(&d.ctx).and_then(|()| Cuda::synchronize(&d.stream));
+            let r = d.ctx.bind().and_then(|()| d.stream.synchronize());
             let _ = tx.send(r);
         });
         match rx.recv_timeout(std::time::Duration::from_secs(30)) {
@@ -501,8 +501,10 @@ pub fn check_missing_member(members: usize) -> Result<Vec<String>> {
             }
         }
         let waited = t.elapsed();
-        let (a, r) =
-            (b.args[0].iter().map(Cuda::ptr).collect::<Vec<_>>(), b.rets[0].iter().map(Cuda::ptr).collect::<Vec<_>>());
+        let (a, r) = (
+            b.args[0].iter().map(DeviceBuffer::ptr).collect::<Vec<_>>(),
+            b.rets[0].iter().map(DeviceBuffer::ptr).collect::<Vec<_>>(),
+        );
         let msg = match b.call.run(0, &clique.devices[0].stream, &a, &r) {
             Err(e) if e.code() == ffi::xla_ffi::ErrorCode::DeadlineExceeded && e.to_string().contains("[1") => {
                 e.to_string()
@@ -567,7 +569,7 @@ fn run_calls(clique: &Clique, b: &Bound, iters: usize) -> Result<f64> {
 /// The bf16 GEMM beside: three matrices and a cuBLAS handle on a stream of its own.
 struct Gemm {
     n: usize,
-    mats: Vec<<Cuda as Gpu>::Buffer>,
+    mats: Vec<DeviceBuffer>,
     stream: Stream,
     blas: ffi::cublas::Blas,
 }
@@ -580,10 +582,10 @@ impl Gemm {
         let mut bytes = Bytes(7);
         let mut mats = Vec::new();
         for _ in 0..3 {
-            let m = Cuda::alloc(ctx, 2 * n * n)?;
+            let m = DeviceBuffer::alloc(ctx, 2 * n * n)?;
             // Random bf16 in [-1, 1): sign, exponent 126 or less, random mantissa.
             let data: Vec<u8> = bytes.fill(2 * n * n).chunks(2).flat_map(|c| [c[0], (c[1] & 0x80) | 0x3e]).collect();
-            Cuda::write(&m, &data)?;
+            m.write_at(0, &data)?;
             mats.push(m);
         }
         Ok(Gemm { n, mats, stream, blas })
@@ -591,7 +593,7 @@ impl Gemm {
 
     /// Enqueues `k` GEMMs.
     fn enqueue(&self, k: usize) -> Result<()> {
-        let p = |i: usize| Cuda::ptr(&self.mats[i]);
+        let p = |i: usize| self.mats[i].ptr();
         for _ in 0..k {
             // SAFETY: three n×n bf16 matrices of this device, alive with `self`, which the caller synchronises before
             // dropping.

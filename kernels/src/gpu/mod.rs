@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 pub use args::NormArray;
 pub use args::{Algo, Dtype, Red};
 pub use ffi::gpu::Gpu;
+use ffi::gpu::{GpuBuffer, GpuContext, GpuModule, GpuStream};
 use thunks::{PeerAccessTable, PeerTableKey};
 pub use units::{Kernel, Unit};
 
@@ -168,15 +169,15 @@ impl<B: Backend> Device<B> {
     /// Opens device `ordinal`, loads the base kernels (the peer probe's) for its architecture and makes a stream.
     /// Specializations load on first use ([`Self::load`]).
     pub fn open(ordinal: usize) -> Result<Self> {
-        let ctx = B::open(ordinal)?;
+        let ctx = B::Context::new(ordinal)?;
         let arch = B::arch(&ctx)?;
-        let stream = B::stream(&ctx)?;
+        let stream = B::Stream::new(&ctx)?;
         let d = Device {
             ordinal,
-            name: B::name(&ctx)?,
+            name: ctx.name()?,
             target: B::target(&arch),
             arch,
-            units: B::compute_units(&ctx)?,
+            units: ctx.compute_units()?,
             modules: Mutex::default(),
             stream,
             ctx,
@@ -194,13 +195,13 @@ impl<B: Backend> Device<B> {
             return Ok(m.clone());
         }
         let (code, origin) = B::code_object(&self.arch, unit, true)?;
-        let (module, origin) = match B::load_module(&self.ctx, &code) {
+        let (module, origin) = match self.ctx.load_module(&code) {
             Ok(m) => (m, origin),
             Err(e) if matches!(origin, Origin::Prebuilt { .. }) => {
                 // E.g. PTX newer than the driver's JIT: compile for this device instead.
                 log::warn!("{}: prebuilt kernels {} ({origin}) did not load ({e}); compiling", self.arch, unit.name());
                 let (code, origin) = B::code_object(&self.arch, unit, false)?;
-                (B::load_module(&self.ctx, &code)?, origin)
+                (self.ctx.load_module(&code)?, origin)
             }
             Err(e) => return Err(e.into()),
         };
@@ -224,7 +225,7 @@ impl<B: Backend> Device<B> {
 
     /// Kernel `name` of `unit`, loading the unit.
     pub fn function_of(&self, unit: Unit, name: &str) -> Result<B::Function> {
-        Ok(B::function(&*self.load(unit)?, name)?)
+        Ok(self.load(unit)?.function(name)?)
     }
 }
 
@@ -303,23 +304,23 @@ impl<B: Backend> Clique<B> {
 /// read back.
 fn probe_pair<B: Backend>(a: &Device<B>, b: &Device<B>) -> Probe {
     let run = || -> Result<Probe> {
-        if !B::can_access_peer(&a.ctx, &b.ctx)? {
+        if !a.ctx.can_access_peer(&b.ctx)? {
             return Ok(Probe::NotReported);
         }
-        B::enable_peer_access(&a.ctx, &b.ctx)?;
-        let remote = B::alloc(&b.ctx, 4)?;
-        let back = B::alloc(&a.ctx, 4)?;
+        a.ctx.enable_peer_access(&b.ctx)?;
+        let remote = B::Buffer::alloc(&b.ctx, 4)?;
+        let back = B::Buffer::alloc(&a.ctx, 4)?;
         let v: u32 = 0x5eed_0000 | ((a.ordinal as u32) << 8) | b.ordinal as u32;
         let f = a.function("pl_probe")?;
-        B::bind(&a.ctx)?;
-        let mut args = args::ProbeArgs { remote: B::ptr(&remote), value: v, back: B::ptr(&back) };
+        a.ctx.bind()?;
+        let mut args = args::ProbeArgs { remote: remote.ptr(), value: v, back: back.ptr() };
         // SAFETY: pl_probe(u32*, u32, u32*): the parameter list matches, and both buffers live until the stream is
         // synchronised below.
-        unsafe { B::launch(&a.stream, &f, 1, B::PROBE_THREADS, &mut args.params())? };
-        B::synchronize(&a.stream)?;
+        unsafe { a.stream.launch(&f, 1, B::PROBE_THREADS, &mut args.params())? };
+        a.stream.synchronize()?;
         let (mut x, mut y) = ([0u8; 4], [0u8; 4]);
-        B::read(&remote, &mut x)?;
-        B::read(&back, &mut y)?;
+        remote.read_at(0, &mut x)?;
+        back.read_at(0, &mut y)?;
         let (x, y) = (u32::from_ne_bytes(x), u32::from_ne_bytes(y));
         Ok(if x == v && y == v {
             Probe::Ok

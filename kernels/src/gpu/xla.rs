@@ -12,7 +12,7 @@ use std::marker::PhantomData;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
-use ffi::gpu::{IPC_HANDLE_BYTES, Interop};
+use ffi::gpu::{GpuBuffer, GpuContext, GpuHostMapped, GpuIpcMapping, GpuStream, IPC_HANDLE_BYTES, Interop};
 use ffi::xla_ffi::{COMMAND_BUFFER_COMPATIBLE, CallFrame, ErrorCode, ExecutableState, HandlerError, Traits};
 use hlo::ArrayShape;
 use thunks::custom_call::CustomCallConfig;
@@ -231,7 +231,7 @@ struct Rank<B: XlaBackend> {
 
 impl<B: XlaBackend> Rank<B> {
     fn held(&self) -> usize {
-        B::buffer_len(&self.staging) + B::buffer_len(&self.signals) + B::buffer_len(&self.status)
+        self.staging.size() + self.signals.size() + self.status.size()
     }
 }
 
@@ -359,7 +359,7 @@ impl<B: XlaBackend> Instance<B> {
     /// with this process's GPUs.
     fn make_ce_words(&self, ctx: &B::Context, cfg: &CustomCallConfig, words: usize) -> Result<CeWords<B>, String> {
         if !cfg.spans_processes() {
-            let mapped = B::host_mapped(ctx, words).map_err(|e| e.to_string())?;
+            let mapped = B::HostMapped::new(ctx, words).map_err(|e| e.to_string())?;
             return Ok(CeWords { mapped, _segment: None });
         }
         let (name, processes) = self.meeting_place(cfg, &thunks::runtime::job_for(cfg)?, "-ce");
@@ -369,7 +369,7 @@ impl<B: XlaBackend> Instance<B> {
         let (ptr, n) = seg.words();
         // SAFETY: `n` page-aligned words of the segment's mapping, which `CeWords` keeps alive until after the
         // registration is dropped (field order).
-        let mapped = unsafe { B::host_register(ctx, ptr, n) }.map_err(|e| e.to_string())?;
+        let mapped = unsafe { B::HostMapped::register(ctx, ptr, n) }.map_err(|e| e.to_string())?;
         Ok(CeWords { mapped, _segment: Some(seg) })
     }
 
@@ -516,17 +516,17 @@ fn publish_own<B: XlaBackend>(
     };
     // `Gpu::alloc`: zeroed memory peers may access while kernels run (plain `cuMemAlloc` on CUDA; fine-grained on HIP).
     // The Lamport regions follow the signals and start as sentinel.
-    let signals = B::alloc(&dev.ctx, inst.signal_bytes()).map_err(no_memory)?;
+    let signals = B::Buffer::alloc(&dev.ctx, inst.signal_bytes()).map_err(no_memory)?;
     if inst.lamport_slot > 0 {
         let mut init = vec![0u8; lamport_at()];
         init.extend_from_slice(&super::lamport_init(super::lamport_bytes(inst.lamport_slot, inst.world)));
-        B::write(&signals, &init).map_err(internal)?;
+        signals.write_at(0, &init).map_err(internal)?;
     }
     let rank = Rank::<B> {
-        staging: B::alloc(&dev.ctx, inst.staging).map_err(no_memory)?,
+        staging: B::Buffer::alloc(&dev.ctx, inst.staging).map_err(no_memory)?,
         signals,
-        status: B::alloc(&dev.ctx, 8).map_err(no_memory)?,
-        report: B::host_mapped(&dev.ctx, 2).map_err(no_memory)?,
+        status: B::Buffer::alloc(&dev.ctx, 8).map_err(no_memory)?,
+        report: B::HostMapped::new(&dev.ctx, 2).map_err(no_memory)?,
         ordinal,
     };
     let mut ranks = inst.ranks.lock().unwrap_or_else(PoisonError::into_inner);
@@ -580,7 +580,7 @@ fn all_ranks<'a, B: XlaBackend>(
         }
         std::thread::sleep(std::time::Duration::from_micros(50));
     };
-    let own = |r: &Rank<B>| Addr { staging: B::ptr(&r.staging), signals: B::ptr(&r.signals) };
+    let own = |r: &Rank<B>| Addr { staging: r.staging.ptr(), signals: r.signals.ptr() };
     let mut addrs: HashMap<usize, Addr> = ranks.iter().map(|(&d, r)| (d, own(r))).collect();
     if !cfg.spans_processes() {
         return Ok(inst.complete.get_or_init(|| Complete { ranks, addrs, _mapped: vec![] }));
@@ -597,8 +597,8 @@ fn all_ranks<'a, B: XlaBackend>(
     for &d in &local {
         let r = &ranks[&d];
         let mut b = Vec::with_capacity(SLOT);
-        b.extend_from_slice(&B::ipc_handle(&r.staging).map_err(internal)?);
-        b.extend_from_slice(&B::ipc_handle(&r.signals).map_err(internal)?);
+        b.extend_from_slice(&r.staging.ipc_handle().map_err(internal)?);
+        b.extend_from_slice(&r.signals.ipc_handle().map_err(internal)?);
         b.extend_from_slice(&(inst.staging as u64).to_le_bytes());
         posts.push((d, b));
     }
@@ -622,7 +622,7 @@ fn all_ranks<'a, B: XlaBackend>(
         }
         let open = |at: usize| {
             let h = b[at..at + IPC_HANDLE_BYTES].try_into().expect("a posted slot holds two handles");
-            B::ipc_open(ctx, h).map_err(|e| {
+            B::IpcMapping::open(ctx, h).map_err(|e| {
                 err(
                     ErrorCode::FailedPrecondition,
                     format!("'{}': cannot map device {d}'s buffers from another process: {e}", cfg.name),
@@ -630,7 +630,7 @@ fn all_ranks<'a, B: XlaBackend>(
             })
         };
         let (staging, signals) = (open(0)?, open(IPC_HANDLE_BYTES)?);
-        addrs.insert(*d, Addr { staging: B::ipc_ptr(&staging), signals: B::ipc_ptr(&signals) });
+        addrs.insert(*d, Addr { staging: staging.ptr(), signals: signals.ptr() });
         mapped.push(staging);
         mapped.push(signals);
     }
@@ -817,10 +817,10 @@ impl<B: XlaBackend> CollectiveRuntime for GpuRuntime<B> {
             }
         };
         let c = clique::<B>()?;
-        B::bind(&c.devices[ordinal].ctx).map_err(internal)?;
+        c.devices[ordinal].ctx.bind().map_err(internal)?;
         // SAFETY: XLA hands an FFI handler the stream (CUstream, hipStream_t) of the calling device, alive for the call
         // and for the work enqueued on it.
-        let stream = unsafe { B::foreign_stream(f.stream()?, ordinal) };
+        let stream = unsafe { B::Stream::foreign(f.stream()?, ordinal) };
         // A previous call's kernel may have given up on a peer: report it now.
         let own = &plan.own;
         let missing = own.report.load(0);
@@ -829,7 +829,7 @@ impl<B: XlaBackend> CollectiveRuntime for GpuRuntime<B> {
             // their work).
             own.report.store(0, 0);
             // SAFETY: the status word is this rank's 8-byte device allocation, alive with the plan.
-            unsafe { B::memset_async(&stream, B::ptr(&own.status), 0, 8) }.map_err(internal)?;
+            unsafe { stream.memset_u8(own.status.ptr(), 0, 8) }.map_err(internal)?;
             return Err(timed_out_earlier(cfg, device, missing));
         }
         plan.run(|i| f.arg(i).map(|b| b.data as u64), |i| f.ret(i).map(|b| b.data as u64), &stream)

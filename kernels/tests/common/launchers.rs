@@ -5,6 +5,7 @@
 
 use std::ffi::c_void;
 
+use ffi::gpu::{GpuBuffer, GpuContext, GpuStream};
 use kernels::gpu::args::{Norm, NormArgs, NormArray, Ptrs, ReduceArgs, Status};
 use kernels::gpu::{Algo, BLOCKS, Backend, Clique, Dtype, Kernel, Red, SIGNAL_BYTES, THREADS};
 use kernels::gpu::{grid, lamport_bytes, lamport_init, norm_grid};
@@ -65,14 +66,14 @@ impl<B: Backend> CliqueExt<B> for Clique<B> {
 
     fn synchronize(&self) -> Result<()> {
         for d in &self.devices {
-            B::bind(&d.ctx)?;
-            B::synchronize(&d.stream)?;
+            d.ctx.bind()?;
+            d.stream.synchronize()?;
         }
         Ok(())
     }
 
     fn alloc(&self, len: usize) -> Result<Vec<B::Buffer>> {
-        self.devices.iter().map(|d| Ok(B::alloc(&d.ctx, len)?)).collect()
+        self.devices.iter().map(|d| Ok(B::Buffer::alloc(&d.ctx, len)?)).collect()
     }
 }
 
@@ -93,10 +94,10 @@ fn round_up(x: usize, a: usize) -> usize {
 fn take_status<B: Backend>(bufs: &[B::Buffer], ordinals: &[usize], what: &str) -> Result<()> {
     for (r, b) in bufs.iter().enumerate() {
         let mut w = [0u8; 8];
-        B::read(b, &mut w)?;
+        b.read_at(0, &mut w)?;
         let mask = u32::from_ne_bytes([w[0], w[1], w[2], w[3]]);
         if mask != 0 {
-            B::write(b, &[0u8; 8])?;
+            b.write_at(0, &[0u8; 8])?;
             let missing: Vec<usize> = (0..32).filter(|i| mask & (1 << i) != 0).collect();
             return Err(Error::Gpu(format!(
                 "{what}: rank {r} (device {}) timed out waiting for ranks {missing:?}",
@@ -112,7 +113,7 @@ fn functions<B: Backend>(clique: &Clique<B>, name: &str) -> Result<Vec<B::Functi
 }
 
 fn status<B: Backend>(buf: &B::Buffer) -> Status {
-    Status { word: B::ptr(buf), timeout_ns: TIMEOUT_NS, tag: 1, report: 0 }
+    Status { word: buf.ptr(), timeout_ns: TIMEOUT_NS, tag: 1, report: 0 }
 }
 
 /// A reduction communicator's memory on every device, for operands up to `max_bytes`: signals
@@ -138,7 +139,7 @@ impl<B: Backend> Comm<B> {
             let len = lamport_bytes(stride, clique.len());
             let arena = clique.alloc(len)?;
             for b in &arena {
-                B::write(b, &lamport_init(len))?;
+                b.write_at(0, &lamport_init(len))?;
             }
             arena
         } else {
@@ -153,8 +154,8 @@ impl<B: Backend> Comm<B> {
     /// have no flags).
     fn stage_and_flags(&self) -> (Ptrs, Ptrs) {
         let sig = if self.lamport { 0 } else { round_up(SIGNAL_BYTES, 256) as u64 };
-        let flags: Vec<u64> = self.arena.iter().map(|b| B::ptr(b) + 4 * BLOCKS as u64).collect();
-        let stage: Vec<u64> = self.arena.iter().map(|b| B::ptr(b) + sig).collect();
+        let flags: Vec<u64> = self.arena.iter().map(|b| b.ptr() + 4 * BLOCKS as u64).collect();
+        let stage: Vec<u64> = self.arena.iter().map(|b| b.ptr() + sig).collect();
         (Ptrs::of(&stage), Ptrs::of(&flags))
     }
 }
@@ -211,15 +212,15 @@ impl<B: Backend> AllReduce<B> {
                 stage,
                 stride: c.stride as u64,
                 flags,
-                counter: B::ptr(&c.arena[r]),
+                counter: c.arena[r].ptr(),
                 status: status::<B>(&c.status[r]),
             };
-            B::bind(&d.ctx)?;
+            d.ctx.bind()?;
             let grid = grid((n * self.dtype.size()).div_ceil(16) as u64, clique.max_grid);
             // SAFETY: ReduceArgs::params matches the kernel's parameter list (one source for
             // both vendors); every pointer is a device allocation of the clique (peer access
             // probed) that outlives the launch.
-            unsafe { B::launch(&d.stream, &c.funcs[r], grid, THREADS, &mut a.params())? };
+            unsafe { d.stream.launch(&c.funcs[r], grid, THREADS, &mut a.params())? };
         }
         Ok(())
     }
@@ -299,15 +300,15 @@ impl<B: Backend> AllReduceNorm<B> {
                 stage,
                 stride: c.stride as u64,
                 flags,
-                counter: B::ptr(&c.arena[r]),
+                counter: c.arena[r].ptr(),
                 status: status::<B>(&c.status[r]),
             };
-            B::bind(&d_.ctx)?;
+            d_.ctx.bind()?;
             let grid = norm_grid(rows).min(clique.max_grid);
             // SAFETY: NormArgs::params matches pl_one_shot_norm_*'s and pl_lamport_norm_*'s
             // parameter list (one source for both vendors); every pointer is a device
             // allocation of the clique (peer access probed) that outlives the launch.
-            unsafe { B::launch(&d_.stream, &c.funcs[r], grid, THREADS, &mut a.params())? };
+            unsafe { d_.stream.launch(&c.funcs[r], grid, THREADS, &mut a.params())? };
         }
         Ok(())
     }
@@ -349,7 +350,7 @@ impl<B: Backend> AllGather<B> {
                 outs.len()
             )));
         }
-        let flags: Vec<u64> = self.arena.iter().map(|b| B::ptr(b) + 4 * BLOCKS as u64).collect();
+        let flags: Vec<u64> = self.arena.iter().map(|b| b.ptr() + 4 * BLOCKS as u64).collect();
         for (r, d) in clique.devices.iter().enumerate() {
             let mut a = GatherArgs {
                 input: ins[r],
@@ -358,14 +359,14 @@ impl<B: Backend> AllGather<B> {
                 world: w as u32,
                 out: Ptrs::of(outs),
                 flags: Ptrs::of(&flags),
-                counter: B::ptr(&self.arena[r]),
+                counter: self.arena[r].ptr(),
                 status: status::<B>(&self.status[r]),
             };
-            B::bind(&d.ctx)?;
+            d.ctx.bind()?;
             let grid = grid(bytes.div_ceil(16) as u64, clique.max_grid);
             // SAFETY: GatherArgs::params matches pl_all_gather's parameters; buffers are clique
             // allocations with probed peer access that outlive the launch.
-            unsafe { B::launch(&d.stream, &self.funcs[r], grid, THREADS, &mut a.params())? };
+            unsafe { d.stream.launch(&self.funcs[r], grid, THREADS, &mut a.params())? };
         }
         Ok(())
     }

@@ -215,12 +215,12 @@ impl<B: XlaBackend> Plan<B> {
                     // SAFETY: `dst` is a result of this call and `src` an operand of it or this instance's staging
                     // (alive with `_inst`); XLA's buffers live until the stream reaches the copy (XLA's contract), and
                     // `len` is the result's byte size, which the source holds (checked when the plan was made).
-                    unsafe { B::copy_d2d_async(stream, ret(dst)?, src, len) }.map_err(internal)?;
+                    unsafe { stream.copy_d2d(ret(dst)?, src, len) }.map_err(internal)?;
                 }
                 Step::Fill { dst, len } => {
                     // SAFETY: `dst` is a result of this call, holding `len` bytes and alive until the stream reaches
                     // the fill (as in `Copy`).
-                    unsafe { B::memset_async(stream, ret(dst)?, 0, len) }.map_err(internal)?;
+                    unsafe { stream.memset_u8(ret(dst)?, 0, len) }.map_err(internal)?;
                 }
                 Step::Ce(op) => self.ce(op, &arg, &ret, stream)?,
             }
@@ -247,30 +247,30 @@ impl<B: XlaBackend> Plan<B> {
         // was made for, which XLA's buffers have.
         match op {
             // SAFETY: a flag word (above).
-            Op::Signal(a) => unsafe { B::write_value32_async(stream, a, 1) },
+            Op::Signal(a) => unsafe { stream.write_u32(a, 1) },
             Op::Await { addr, code, mark } => {
                 // SAFETY: `mark` and `addr` are this member's watch and flag words (above).
-                unsafe { B::write_value32_async(stream, mark, code) }
+                unsafe { stream.write_u32(mark, code) }
                     // SAFETY: as the write before it.
-                    .and_then(|()| unsafe { B::wait_value32_async(stream, addr, 1) })
+                    .and_then(|()| unsafe { stream.wait_u32(addr, 1) })
                     // SAFETY: as the write before it.
-                    .and_then(|()| unsafe { B::write_value32_async(stream, addr, 0) })
+                    .and_then(|()| unsafe { stream.write_u32(addr, 0) })
             }
             // SAFETY: this member's watch word (above).
-            Op::Unmark(mark) => unsafe { B::write_value32_async(stream, mark, 0) },
+            Op::Unmark(mark) => unsafe { stream.write_u32(mark, 0) },
             Op::Move { dst, src, width, rows, dpitch, spitch } => {
                 let (dst, src) = (at(dst)?, at(src)?);
                 if rows == 1 {
                     // SAFETY: staging or this call's buffers, `width` bytes within them (above).
-                    unsafe { B::copy_d2d_async(stream, dst, src, width as usize) }
+                    unsafe { stream.copy_d2d(dst, src, width as usize) }
                 } else {
                     let (w, r, dp, sp) = (width as usize, rows as usize, dpitch as usize, spitch as usize);
                     // SAFETY: as the contiguous copy, every row within its buffer.
-                    unsafe { B::copy_2d_async(stream, dst, dp, src, sp, w, r) }
+                    unsafe { stream.copy_2d(dst, dp, src, sp, w, r) }
                 }
             }
             // SAFETY: a result of this call, `len` bytes within it (above).
-            Op::Zero { dst, len } => unsafe { B::memset_async(stream, at(dst)?, 0, len as usize) },
+            Op::Zero { dst, len } => unsafe { stream.memset_u8(at(dst)?, 0, len as usize) },
         }
         .map_err(internal)
     }
@@ -287,7 +287,7 @@ impl<B: XlaBackend> Plan<B> {
         // of this execution (alive until the stream reaches it, XLA's contract) or this instance's staging, signals or
         // mapped status, which `_inst` keeps as long as the executable (which outlives the work it enqueued) on devices
         // whose peer access was probed.
-        unsafe { B::launch(stream, func, grid, THREADS, params) }.map_err(internal)
+        unsafe { stream.launch(func, grid, THREADS, params) }.map_err(internal)
     }
 }
 
@@ -333,7 +333,7 @@ impl<'a, B: XlaBackend> Builder<'a, B> {
 
     fn status(&self) -> Status {
         let timeout_ns = self.x.cfg.timeout_ms.saturating_mul(1_000_000);
-        Status { word: B::ptr(&self.own.status), timeout_ns, tag: 1, report: self.own.report.device_ptr }
+        Status { word: self.own.status.ptr(), timeout_ns, tag: 1, report: self.own.report.device_ptr }
     }
 
     /// The group's staging and flag bases, the staging half's size and this device's launch counters: what every
@@ -343,7 +343,7 @@ impl<'a, B: XlaBackend> Builder<'a, B> {
             stage: Ptrs::of(&group.iter().map(|&m| self.addr(m).map(|a| a.staging)).collect::<Result<Vec<_>, _>>()?),
             flags: Ptrs::of(&group.iter().map(|&m| self.flags(m)).collect::<Result<Vec<_>, _>>()?),
             stride: (self.x.inst.staging / 2) as u64,
-            counter: B::ptr(&self.own.signals),
+            counter: self.own.signals.ptr(),
         })
     }
 
@@ -356,7 +356,7 @@ impl<'a, B: XlaBackend> Builder<'a, B> {
             stage: Ptrs::of(&stage),
             flags: Ptrs::default(),
             stride: self.x.inst.lamport_slot as u64,
-            counter: B::ptr(&self.own.signals) + at,
+            counter: self.own.signals.ptr() + at,
         })
     }
 
@@ -510,14 +510,14 @@ impl<'a, B: XlaBackend> Builder<'a, B> {
             wait.n += 1;
         }
         let mut x = Xchg {
-            counter: B::ptr(&self.own.signals),
+            counter: self.own.signals.ptr(),
             flags: self.flags(self.x.device)?,
             sig: [sig, sig],
             wait: [wait, wait],
             ..Xchg::default()
         };
         let mut src = [(0usize, 0u64); MAX_TASKS];
-        let mine = B::ptr(&self.own.staging);
+        let mine = self.own.staging.ptr();
         // Copies from my staging into results j, once every push has landed.
         let mut outs: Vec<(usize, u64, usize)> = Vec::new();
         let moved: usize;
@@ -596,7 +596,7 @@ impl<'a, B: XlaBackend> Builder<'a, B> {
     /// kernel, which computes the same bytes.
     fn copy_engines(&mut self) -> Result<bool, HandlerError> {
         let (cfg, dev) = (self.x.cfg, &self.x.c.devices[self.x.ordinal]);
-        let why_not = match B::stream_mem_ops(&dev.ctx) {
+        let why_not = match dev.ctx.stream_mem_ops() {
             Ok(true) => None,
             Ok(false) => Some(format!("GPU {} takes no stream memory operations", dev.ordinal)),
             Err(e) => Some(e.to_string()),
@@ -738,8 +738,8 @@ impl<'a, B: XlaBackend> Builder<'a, B> {
         let len = self.x.args.first().map_or(0, ArrayShape::byte_size);
         let target = cfg.pairs.iter().find(|p| p.0 == d).map(|p| p.1);
         let source = cfg.pairs.iter().find(|p| p.1 == d).map(|p| p.0);
-        let mine = B::ptr(&self.own.staging);
-        let mut x = Xchg { counter: B::ptr(&self.own.signals), flags: self.flags(d)?, ..Xchg::default() };
+        let mine = self.own.staging.ptr();
+        let mut x = Xchg { counter: self.own.signals.ptr(), flags: self.flags(d)?, ..Xchg::default() };
         if let Some(s) = source.filter(|&s| s != d) {
             x.sig[0].base[0] = self.flags(s)?;
             x.sig[0].slot[0] = 0;

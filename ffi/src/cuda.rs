@@ -59,41 +59,6 @@ fn driver_version() -> Result<i32> {
     Ok(v)
 }
 
-/// The driver's version and every visible device's UUID, in ordinal order, asking for no context: what a peer probe of
-/// these GPUs stays true for (a cached probe's key).
-pub fn machine_key() -> Result<Option<String>> {
-    use std::fmt::Write;
-    let mut key = format!("cuda driver {}", driver_version()?);
-    for o in 0..device_count()? {
-        let dev = call("cuDeviceGet", Some(o), || r::device::get(o as i32))?;
-        let uuid = call("cuDeviceGetUuid", Some(o), || r::device::get_uuid(dev))?;
-        key.push(' ');
-        uuid.bytes.iter().for_each(|b| _ = write!(key, "{:02x}", *b as u8));
-    }
-    Ok(Some(key))
-}
-
-/// GPU `ordinal`'s free memory through its primary context where another library (XLA) already made that context
-/// active; `None` where none is active (none is made here). The calling thread's current context is restored.
-pub fn free_memory_if_active(ordinal: usize) -> Result<Option<usize>> {
-    init()?;
-    let d = Some(ordinal);
-    let dev = call("cuDeviceGet", d, || r::device::get(ordinal as i32))?;
-    let (mut flags, mut active) = (0u32, 0i32);
-    call("cuDevicePrimaryCtxGetState", d, || {
-        // SAFETY: `dev` is a valid device handle; both out-pointers are valid.
-        st(unsafe { sys::cuDevicePrimaryCtxGetState(dev, &mut flags, &mut active) })
-    })?;
-    if active == 0 {
-        return Ok(None);
-    }
-    let before = call("cuCtxGetCurrent", d, r::ctx::get_current)?;
-    let free = Context::new(ordinal).and_then(|c| c.memory_info());
-    // SAFETY: `before` was current on this thread (or none was): XLA's threads keep theirs.
-    let _ = guarded("cuCtxSetCurrent", d, || unsafe { r::ctx::set_current(before.unwrap_or(std::ptr::null_mut())) });
-    Ok(Some(free?.0))
-}
-
 /// A device's primary context, retained for the life of the value.
 #[derive(Debug)]
 pub struct Context {
@@ -613,10 +578,38 @@ impl gpu::Interop for Cuda {
     fn device_count() -> Result<usize> {
         device_count()
     }
+    /// GPU `ordinal`'s free memory through its primary context where another library (XLA) already made that context
+    /// active; `None` where none is active (none is made here). The calling thread's current context is restored.
     fn free_memory_if_active(ordinal: usize) -> Result<Option<usize>> {
-        free_memory_if_active(ordinal)
+        init()?;
+        let d = Some(ordinal);
+        let dev = call("cuDeviceGet", d, || r::device::get(ordinal as i32))?;
+        let (mut flags, mut active) = (0u32, 0i32);
+        call("cuDevicePrimaryCtxGetState", d, || {
+            // SAFETY: `dev` is a valid device handle; both out-pointers are valid.
+            st(unsafe { sys::cuDevicePrimaryCtxGetState(dev, &mut flags, &mut active) })
+        })?;
+        if active == 0 {
+            return Ok(None);
+        }
+        let before = call("cuCtxGetCurrent", d, r::ctx::get_current)?;
+        let free = Context::new(ordinal).and_then(|c| c.memory_info());
+        // SAFETY: `before` was current on this thread (or none was): XLA's threads keep theirs.
+        let _ =
+            guarded("cuCtxSetCurrent", d, || unsafe { r::ctx::set_current(before.unwrap_or(std::ptr::null_mut())) });
+        Ok(Some(free?.0))
     }
+    /// The driver's version and every visible device's UUID, in ordinal order, asking for no context: what a peer probe
+    /// of these GPUs stays true for (a cached probe's key).
     fn machine_key() -> Result<Option<String>> {
-        machine_key()
+        use std::fmt::Write;
+        let mut key = format!("cuda driver {}", driver_version()?);
+        for o in 0..device_count()? {
+            let dev = call("cuDeviceGet", Some(o), || r::device::get(o as i32))?;
+            let uuid = call("cuDeviceGetUuid", Some(o), || r::device::get_uuid(dev))?;
+            key.push(' ');
+            uuid.bytes.iter().for_each(|b| _ = write!(key, "{:02x}", *b as u8));
+        }
+        Ok(Some(key))
     }
 }

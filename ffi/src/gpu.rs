@@ -1,9 +1,9 @@
 //! One device-layer interface for the GPU runtimes: [`Gpu`], implemented by [`crate::cuda::Cuda`] and, with feature
 //! `rocm`, [`crate::hip::Hip`], so `kernels::gpu` (launchers, clique, peer probe, symmetric allocations) is written
 //! once. The calls are methods of the vendor modules' own handle types ([`GpuContext`], [`GpuModule`], [`GpuStream`],
-//! [`GpuBuffer`]); each is a thin call whose errors still name the vendor call and the device. [`Interop`] adds what the
-//! runtime behind XLA's handlers needs: IPC, host-mapped memory, XLA's streams with stream-ordered copies and fills,
-//! free memory.
+//! [`GpuBuffer`]); each is a thin call whose errors still name the vendor call and the device. [`Interop`] adds what
+//! the runtime behind XLA's handlers needs: IPC, host-mapped memory, XLA's streams with stream-ordered copies and
+//! fills, free memory.
 
 use std::ffi::c_void;
 use std::fmt::Debug;

@@ -2,8 +2,8 @@
 //! [`crate::cuda`]): devices, streams, fine-grained device allocations, peer access, and code-object modules with
 //! kernel launches; and for the runtime behind XLA's FFI handlers ([`crate::gpu::Interop`]): IPC handles of allocations
 //! and their mappings in other processes ([`DeviceBuffer::ipc_handle`], [`IpcMapping`]), host-mapped memory
-//! ([`HostMapped`]), XLA's streams ([`GpuStream::foreign`]) and the free-memory query. Each signature is written from HIP's
-//! documented runtime API (`hip_runtime_api.h`); none of these has run on an AMD GPU (docs/ROCM.md).
+//! ([`HostMapped`]), XLA's streams ([`GpuStream::foreign`]) and the free-memory query. Each signature is written from
+//! HIP's documented runtime API (`hip_runtime_api.h`); none of these has run on an AMD GPU (docs/ROCM.md).
 //!
 //! Why not `hip-rs`: its build script runs bindgen over `hipblas/hipblas.h` and links `libhipblas` and `libamdhip64` at
 //! build time, so it cannot even type-check against Debian's ROCm packages (no hipBLAS), and it wraps none of events,
@@ -140,17 +140,6 @@ pub fn init() -> Result<()> {
     static INIT: OnceLock<Result<()>> = OnceLock::new();
     // SAFETY: hipInit takes a flags word that must be 0.
     INIT.get_or_init(|| call("hipInit", None, |s| unsafe { (s.init)(0) })).clone()
-}
-
-/// HIP device `ordinal`'s free memory: HIP keeps one implicit context per device, which the runtime made at `hipInit`
-/// (XLA:ROCm's too), so asking makes none.
-pub fn free_memory_if_active(ordinal: usize) -> Result<Option<usize>> {
-    Ok(Some(Context::new(ordinal)?.memory_info()?.0))
-}
-
-/// No cached peer probe on ROCm (its probe runs where the runtime opens the GPUs).
-pub fn machine_key() -> Result<Option<String>> {
-    Ok(None)
 }
 
 /// Number of visible HIP devices.
@@ -638,11 +627,14 @@ impl gpu::Interop for Hip {
     fn device_count() -> Result<usize> {
         device_count()
     }
+    /// HIP device `ordinal`'s free memory: HIP keeps one implicit context per device, which the runtime made at
+    /// `hipInit` (XLA:ROCm's too), so asking makes none.
     fn free_memory_if_active(ordinal: usize) -> Result<Option<usize>> {
-        free_memory_if_active(ordinal)
+        Ok(Some(Context::new(ordinal)?.memory_info()?.0))
     }
+    /// No cached peer probe on ROCm (its probe runs where the runtime opens the GPUs).
     fn machine_key() -> Result<Option<String>> {
-        machine_key()
+        Ok(None)
     }
 }
 

@@ -601,7 +601,7 @@ fn the_runtime_keeps_its_peer_probe() {
     assert_eq!(known.num_devices(), n);
     let path = thunks::runtime::cache_dir().expect("a cache directory").join("peer-probe-cuda.txt");
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    let key = ffi::cuda::machine_key().unwrap().expect("CUDA keeps a key");
+    let key = <Cuda as ffi::gpu::Interop>::machine_key().unwrap().expect("CUDA keeps a key");
     let lines: Vec<&str> = text.lines().collect();
     assert_eq!(lines[0], key, "{text}");
     assert!(key.starts_with("cuda driver ") && key.split(' ').count() == 3 + n, "{key}");

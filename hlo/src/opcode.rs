@@ -3,8 +3,28 @@
 
 use std::fmt;
 
+/// What the opcode table says of an opcode besides its spelling.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Other,
+    Unary,
+    Binary,
+    Collective,
+}
+
+/// An entry's kind: the word after its spelling, `Other` when there is none.
+macro_rules! kind {
+    () => {
+        Kind::Other
+    };
+    ($kind:ident) => {
+        Kind::$kind
+    };
+}
+
+/// Declares [`Opcode`] from one table: variant, HLO text spelling and, for elementwise ops and collectives, its kind.
 macro_rules! opcodes {
-    ($($variant:ident => $name:literal,)*) => {
+    ($($variant:ident => $name:literal $($kind:ident)?,)*) => {
         /// An HLO opcode, spelled as XLA prints it.
         #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
         pub enum Opcode { $($variant,)* }
@@ -21,6 +41,10 @@ macro_rules! opcodes {
             /// Parses the HLO text spelling.
             pub fn from_name(s: &str) -> Option<Opcode> {
                 match s { $($name => Some(Opcode::$variant),)* _ => None }
+            }
+
+            fn kind(self) -> Kind {
+                match self { $(Opcode::$variant => kind!($($kind)?),)* }
             }
         }
     };
@@ -49,49 +73,49 @@ opcodes! {
     BitcastConvert => "bitcast-convert",
     Reverse => "reverse",
     // Unary elementwise.
-    Negate => "negate",
-    Abs => "abs",
-    Exp => "exponential",
-    Expm1 => "exponential-minus-one",
-    Log => "log",
-    Log1p => "log-plus-one",
-    Sqrt => "sqrt",
-    Rsqrt => "rsqrt",
-    Cbrt => "cbrt",
-    Tanh => "tanh",
-    Logistic => "logistic",
-    Floor => "floor",
-    Ceil => "ceil",
-    RoundNearestAfz => "round-nearest-afz",
-    RoundNearestEven => "round-nearest-even",
-    Sign => "sign",
-    Not => "not",
-    Sine => "sine",
-    Cosine => "cosine",
-    Tan => "tan",
-    IsFinite => "is-finite",
-    PopulationCount => "popcnt",
-    CountLeadingZeros => "clz",
-    Real => "real",
-    Imag => "imag",
+    Negate => "negate" Unary,
+    Abs => "abs" Unary,
+    Exp => "exponential" Unary,
+    Expm1 => "exponential-minus-one" Unary,
+    Log => "log" Unary,
+    Log1p => "log-plus-one" Unary,
+    Sqrt => "sqrt" Unary,
+    Rsqrt => "rsqrt" Unary,
+    Cbrt => "cbrt" Unary,
+    Tanh => "tanh" Unary,
+    Logistic => "logistic" Unary,
+    Floor => "floor" Unary,
+    Ceil => "ceil" Unary,
+    RoundNearestAfz => "round-nearest-afz" Unary,
+    RoundNearestEven => "round-nearest-even" Unary,
+    Sign => "sign" Unary,
+    Not => "not" Unary,
+    Sine => "sine" Unary,
+    Cosine => "cosine" Unary,
+    Tan => "tan" Unary,
+    IsFinite => "is-finite" Unary,
+    PopulationCount => "popcnt" Unary,
+    CountLeadingZeros => "clz" Unary,
+    Real => "real" Unary,
+    Imag => "imag" Unary,
     // Binary elementwise.
-    Add => "add",
-    Subtract => "subtract",
-    Multiply => "multiply",
-    Divide => "divide",
-    Maximum => "maximum",
-    Minimum => "minimum",
-    Power => "power",
-    Remainder => "remainder",
-    And => "and",
-    Or => "or",
-    Xor => "xor",
-    ShiftLeft => "shift-left",
-    ShiftRightArithmetic => "shift-right-arithmetic",
-    ShiftRightLogical => "shift-right-logical",
-    Atan2 => "atan2",
-    Complex => "complex",
-    Compare => "compare",
+    Add => "add" Binary,
+    Subtract => "subtract" Binary,
+    Multiply => "multiply" Binary,
+    Divide => "divide" Binary,
+    Maximum => "maximum" Binary,
+    Minimum => "minimum" Binary,
+    Power => "power" Binary,
+    Remainder => "remainder" Binary,
+    And => "and" Binary,
+    Or => "or" Binary,
+    Xor => "xor" Binary,
+    ShiftLeft => "shift-left" Binary,
+    ShiftRightArithmetic => "shift-right-arithmetic" Binary,
+    ShiftRightLogical => "shift-right-logical" Binary,
+    Atan2 => "atan2" Binary,
+    Complex => "complex" Binary,
+    Compare => "compare" Binary,
     // Ternary.
     Select => "select",
     Clamp => "clamp",
@@ -113,19 +137,19 @@ opcodes! {
     ReplicaId => "replica-id",
     PartitionId => "partition-id",
     // Collectives.
-    AllReduce => "all-reduce",
-    AllReduceStart => "all-reduce-start",
+    AllReduce => "all-reduce" Collective,
+    AllReduceStart => "all-reduce-start" Collective,
     AllReduceDone => "all-reduce-done",
-    AllGather => "all-gather",
-    AllGatherStart => "all-gather-start",
+    AllGather => "all-gather" Collective,
+    AllGatherStart => "all-gather-start" Collective,
     AllGatherDone => "all-gather-done",
-    AllToAll => "all-to-all",
-    RaggedAllToAll => "ragged-all-to-all",
-    ReduceScatter => "reduce-scatter",
-    CollectivePermute => "collective-permute",
-    CollectivePermuteStart => "collective-permute-start",
+    AllToAll => "all-to-all" Collective,
+    RaggedAllToAll => "ragged-all-to-all" Collective,
+    ReduceScatter => "reduce-scatter" Collective,
+    CollectivePermute => "collective-permute" Collective,
+    CollectivePermuteStart => "collective-permute-start" Collective,
     CollectivePermuteDone => "collective-permute-done",
-    CollectiveBroadcast => "collective-broadcast",
+    CollectiveBroadcast => "collective-broadcast" Collective,
     AsyncStart => "async-start",
     AsyncUpdate => "async-update",
     AsyncDone => "async-done",
@@ -154,7 +178,7 @@ opcodes! {
     Domain => "domain",
     Infeed => "infeed",
     Outfeed => "outfeed",
-    Erf => "erf",
+    Erf => "erf" Unary,
     StochasticConvert => "stochastic-convert",
     TopK => "topk",
 }
@@ -162,78 +186,17 @@ opcodes! {
 impl Opcode {
     /// Collective operations (including async halves), which the emitter decides on.
     pub fn is_collective(self) -> bool {
-        use Opcode::*;
-        matches!(
-            self,
-            AllReduce
-                | AllReduceStart
-                | AllGather
-                | AllGatherStart
-                | AllToAll
-                | RaggedAllToAll
-                | ReduceScatter
-                | CollectivePermute
-                | CollectivePermuteStart
-                | CollectiveBroadcast
-        )
+        self.kind() == Kind::Collective
     }
 
     /// Elementwise ops of one operand.
     pub fn is_elementwise_unary(self) -> bool {
-        use Opcode::*;
-        matches!(
-            self,
-            Negate
-                | Abs
-                | Exp
-                | Expm1
-                | Log
-                | Log1p
-                | Sqrt
-                | Rsqrt
-                | Cbrt
-                | Tanh
-                | Logistic
-                | Floor
-                | Ceil
-                | RoundNearestAfz
-                | RoundNearestEven
-                | Sign
-                | Not
-                | Sine
-                | Cosine
-                | Tan
-                | IsFinite
-                | PopulationCount
-                | CountLeadingZeros
-                | Erf
-                | Real
-                | Imag
-        )
+        self.kind() == Kind::Unary
     }
 
     /// Elementwise ops of two operands (compare included).
     pub fn is_elementwise_binary(self) -> bool {
-        use Opcode::*;
-        matches!(
-            self,
-            Add | Subtract
-                | Multiply
-                | Divide
-                | Maximum
-                | Minimum
-                | Power
-                | Remainder
-                | And
-                | Or
-                | Xor
-                | ShiftLeft
-                | ShiftRightArithmetic
-                | ShiftRightLogical
-                | Atan2
-                | Complex
-                | Compare
-        )
+        self.kind() == Kind::Binary
     }
 }
 

@@ -226,20 +226,23 @@ fn element(c: &mut Cursor<'_>, ty: PrimitiveType, out: &mut Vec<u8>) -> PResult<
         }
         _ => {
             let Some(v) = float_value(tok) else { return Err(bad(c, "a number, inf, -inf or nan")) };
-            match ty {
-                T::F32 => out.extend_from_slice(&f32_bits(tok, &v).to_le_bytes()),
-                T::F64 => out.extend_from_slice(&f64_bits(&v).to_le_bytes()),
-                T::F16 => out
-                    .extend_from_slice(&small_float_bits(&v, 10, half::f16::from_f64(v.value).to_bits()).to_le_bytes()),
-                T::Bf16 => out
-                    .extend_from_slice(&small_float_bits(&v, 7, half::bf16::from_f64(v.value).to_bits()).to_le_bytes()),
-                _ => match F8Format::of(ty) {
-                    Some(f) => out.push(f.encode_with_payload(v.value, v.nan_payload)),
-                    None => {
-                        return Err(c.err_range(start, end, &format!("constants of type {ty} are not supported")));
-                    }
-                },
+            if let Some(f) = F8Format::of(ty) {
+                out.push(f.encode_with_payload(v.value, v.nan_payload));
+                return Ok(());
             }
+            let (width, mant_bits, rounded) = match ty {
+                // Decimal straight to f32 (one rounding), not through f64.
+                T::F32 => {
+                    (32, 23, tok.parse::<f32>().ok().filter(|x| !x.is_nan()).unwrap_or(v.value as f32).to_bits().into())
+                }
+                T::F64 => (64, 52, v.value.to_bits()),
+                // f16/bf16 rounded by `half` (round-to-nearest-even).
+                T::F16 => (16, 10, half::f16::from_f64(v.value).to_bits().into()),
+                T::Bf16 => (16, 7, half::bf16::from_f64(v.value).to_bits().into()),
+                _ => return Err(c.err_range(start, end, &format!("constants of type {ty} are not supported"))),
+            };
+            let bits = nan_bits(&v, width, mant_bits).unwrap_or(rounded);
+            out.extend_from_slice(&bits.to_le_bytes()[..width as usize / 8]);
         }
     }
     Ok(())
@@ -280,45 +283,20 @@ fn float_value(tok: &str) -> Option<FloatValue> {
     Some(FloatValue { value: sign * v, nan_payload: None })
 }
 
-fn f32_bits(tok: &str, v: &FloatValue) -> u32 {
-    if v.value.is_nan() {
-        let sign = if v.value.is_sign_negative() { 0x8000_0000 } else { 0 };
-        let payload = match v.nan_payload.map(|p| (p & 0x7f_ffff) as u32) {
-            Some(p) if p != 0 => p,
-            _ => 0x40_0000,
-        };
-        return sign | 0x7f80_0000 | payload;
-    }
-    // Decimal straight to f32 (one rounding), not through f64.
-    tok.parse::<f32>().ok().filter(|x| !x.is_nan()).unwrap_or(v.value as f32).to_bits()
-}
-
-fn f64_bits(v: &FloatValue) -> u64 {
-    if v.value.is_nan() {
-        let sign = if v.value.is_sign_negative() { 1u64 << 63 } else { 0 };
-        let payload = match v.nan_payload.map(|p| p & ((1 << 52) - 1)) {
-            Some(p) if p != 0 => p,
-            _ => 1 << 51,
-        };
-        return sign | (0x7ff << 52) | payload;
-    }
-    v.value.to_bits()
-}
-
-/// f16/bf16 bits: `rounded` (from `half`, round-to-nearest-even) except for NaNs, which keep their sign and payload
-/// (`mant_bits` wide).
-fn small_float_bits(v: &FloatValue, mant_bits: u32, rounded: u16) -> u16 {
+/// The bits of a NaN in an IEEE format `width` bits wide with `mant_bits` mantissa bits: its sign and its payload (the
+/// quiet bit when it has none); `None` for any other value.
+fn nan_bits(v: &FloatValue, width: u32, mant_bits: u32) -> Option<u64> {
     if !v.value.is_nan() {
-        return rounded;
+        return None;
     }
-    let sign: u16 = if v.value.is_sign_negative() { 0x8000 } else { 0 };
-    let exp_mask: u16 = !(0x8000 | ((1u16 << mant_bits) - 1));
+    let sign = if v.value.is_sign_negative() { 1 << (width - 1) } else { 0 };
     let mask = (1u64 << mant_bits) - 1;
-    let payload = match v.nan_payload.map(|p| (p & mask) as u16) {
+    let exp_mask = ((1u64 << (width - 1)) - 1) & !mask;
+    let payload = match v.nan_payload.map(|p| p & mask) {
         Some(p) if p != 0 => p,
         _ => 1 << (mant_bits - 1),
     };
-    sign | exp_mask | payload
+    Some(sign | exp_mask | payload)
 }
 
 /// An 8-bit float format: 1 sign bit, `exp` exponent bits, `mant` mantissa bits.

@@ -12,9 +12,7 @@ use cranelift_entity::EntityRef;
 use pjrt_sys::protos::xla as pb;
 use prost::Message;
 
-use crate::ir::{
-    CompId, ConvDims, GatherDims, InstrId, Instruction, ReplicaGroups, ScatterDims, Sharding, Window, list_attr,
-};
+use crate::ir::{Attrs, CompId, InstrId, Instruction, ReplicaGroups, Sharding, Window};
 use crate::literal::{Array, Literal};
 use crate::opcode::Opcode;
 use crate::proto::SHARDING_TYPES;
@@ -315,46 +313,47 @@ fn text_attrs(ins: &Instruction, p: &mut pb::HloInstructionProto) -> Result<(), 
         other.get(key).map_or(Ok(0), |v| v.trim().parse::<i64>().map_err(|_| format!("bad {key}={v}")))
     };
     let flag = |key: &str| other.get(key).is_some_and(|v| v.trim() == "true");
+    // Gather's, scatter's and convolution's dimension numbers, from the text form's attributes (which the decoder
+    // writes too).
+    let op = ins.opcode.name();
+    let req = |key: &str| list_attr(&ins.attrs, op, key)?.ok_or(format!("{op} without {key}"));
+    let opt = |key: &str| Ok::<_, String>(list_attr(&ins.attrs, op, key)?.unwrap_or_default());
+    let index_vector_dim = || {
+        let v = other.get("index_vector_dim").ok_or(format!("{op} without index_vector_dim"))?;
+        v.trim().parse::<i64>().map_err(|_| format!("{op}: bad index_vector_dim"))
+    };
     match ins.opcode {
         Opcode::Gather => {
-            let g = GatherDims::of(&ins.attrs)?;
+            let (offset_dims, collapsed_slice_dims) = (req("offset_dims")?, opt("collapsed_slice_dims")?);
+            let (start_index_map, index_vector_dim) = (req("start_index_map")?, index_vector_dim()?);
+            p.gather_slice_sizes = req("slice_sizes")?;
             p.gather_dimension_numbers = Some(pb::GatherDimensionNumbers {
-                offset_dims: g.offset_dims,
-                collapsed_slice_dims: g.collapsed_slice_dims,
-                start_index_map: g.start_index_map,
-                index_vector_dim: g.index_vector_dim,
-                operand_batching_dims: g.operand_batching_dims,
-                start_indices_batching_dims: g.start_indices_batching_dims,
+                offset_dims,
+                collapsed_slice_dims,
+                start_index_map,
+                index_vector_dim,
+                operand_batching_dims: opt("operand_batching_dims")?,
+                start_indices_batching_dims: opt("start_indices_batching_dims")?,
             });
-            p.gather_slice_sizes = g.slice_sizes;
         }
         Opcode::Scatter => {
-            let s = ScatterDims::of(&ins.attrs)?;
             p.scatter_dimension_numbers = Some(pb::ScatterDimensionNumbers {
-                update_window_dims: s.update_window_dims,
-                inserted_window_dims: s.inserted_window_dims,
-                scatter_dims_to_operand_dims: s.scatter_dims_to_operand_dims,
-                index_vector_dim: s.index_vector_dim,
-                input_batching_dims: s.input_batching_dims,
-                scatter_indices_batching_dims: s.scatter_indices_batching_dims,
+                update_window_dims: req("update_window_dims")?,
+                inserted_window_dims: opt("inserted_window_dims")?,
+                scatter_dims_to_operand_dims: req("scatter_dims_to_operand_dims")?,
+                index_vector_dim: index_vector_dim()?,
+                input_batching_dims: opt("input_batching_dims")?,
+                scatter_indices_batching_dims: opt("scatter_indices_batching_dims")?,
             });
         }
         Opcode::Convolution => {
-            let c = ConvDims::of(&ins.attrs)?;
-            let v = |x: &[usize]| x.iter().map(|&d| d as i64).collect::<Vec<_>>();
-            p.convolution_dimension_numbers = Some(pb::ConvolutionDimensionNumbers {
-                input_batch_dimension: c.input_batch as i64,
-                input_feature_dimension: c.input_feature as i64,
-                input_spatial_dimensions: v(&c.input_spatial),
-                kernel_input_feature_dimension: c.kernel_input as i64,
-                kernel_output_feature_dimension: c.kernel_output as i64,
-                kernel_spatial_dimensions: v(&c.kernel_spatial),
-                output_batch_dimension: c.output_batch as i64,
-                output_feature_dimension: c.output_feature as i64,
-                output_spatial_dimensions: v(&c.output_spatial),
-            });
-            p.feature_group_count = c.feature_groups;
-            p.batch_group_count = c.batch_groups;
+            p.convolution_dimension_numbers = Some(conv_dims(other)?);
+            // Both 1 when absent.
+            let count = |key: &str| -> Result<i64, String> {
+                other.get(key).map_or(Ok(1), |v| v.trim().parse().map_err(|_| format!("convolution: bad {key}={v}")))
+            };
+            p.feature_group_count = count("feature_group_count")?;
+            p.batch_group_count = count("batch_group_count")?;
         }
         _ => {}
     }
@@ -416,8 +415,63 @@ fn text_attrs(ins: &Instruction, p: &mut pb::HloInstructionProto) -> Result<(), 
         p.rng_algorithm = enum_value("algorithm", true, |s| pb::RandomAlgorithm::from_str_name(s).map(|e| e as i32))?;
     }
     p.fft_type = enum_value("fft_type", false, |s| pb::FftType::from_str_name(s).map(|e| e as i32))?;
-    p.fft_length = list_attr(&ins.attrs, ins.opcode.name(), "fft_length")?.unwrap_or_default();
+    p.fft_length = opt("fft_length")?;
     Ok(())
+}
+
+/// A `{a,b,..}` list attribute of `op` (`None` when absent), as the text form writes it.
+fn list_attr(attrs: &Attrs, op: &str, key: &str) -> Result<Option<Vec<i64>>, String> {
+    let Some(v) = attrs.other.get(key) else { return Ok(None) };
+    let inner = v.trim().trim_start_matches('{').trim_end_matches('}').trim();
+    if inner.is_empty() {
+        return Ok(Some(Vec::new()));
+    }
+    inner
+        .split(',')
+        .map(|x| x.trim().parse::<i64>().map_err(|_| format!("{op}: bad {key}={v}")))
+        .collect::<Result<_, _>>()
+        .map(Some)
+}
+
+/// A convolution's `dim_labels=b01f_01io->b01f`: per operand, which dimension is the batch / feature (`b`, `f`; kernel:
+/// input / output features `i`, `o`) and which is spatial dimension `k` (the digit `k`).
+fn conv_dims(other: &BTreeMap<String, String>) -> Result<pb::ConvolutionDimensionNumbers, String> {
+    let raw = other.get("dim_labels").ok_or("convolution without dim_labels")?;
+    let bad = || format!("convolution: bad dim_labels={raw}");
+    let (lhs, rest) = raw.trim().split_once('_').ok_or_else(bad)?;
+    let (rhs, out) = rest.split_once("->").ok_or_else(bad)?;
+    // (position of `a`, position of `b`, position of each spatial digit in order)
+    let labels = |l: &str, a: char, b: char| -> Result<(i64, i64, Vec<i64>), String> {
+        let (mut pa, mut pb) = (None, None);
+        let mut spatial = vec![None; l.len().saturating_sub(2)];
+        for (p, ch) in l.chars().enumerate() {
+            let slot = match ch {
+                _ if ch == a => &mut pa,
+                _ if ch == b => &mut pb,
+                _ => ch.to_digit(10).and_then(|k| spatial.get_mut(k as usize)).ok_or_else(bad)?,
+            };
+            if slot.replace(p as i64).is_some() {
+                return Err(bad());
+            }
+        }
+        let spatial = spatial.into_iter().collect::<Option<Vec<_>>>().ok_or_else(bad)?;
+        Ok((pa.ok_or_else(bad)?, pb.ok_or_else(bad)?, spatial))
+    };
+    let (input_batch_dimension, input_feature_dimension, input_spatial_dimensions) = labels(lhs, 'b', 'f')?;
+    let (kernel_input_feature_dimension, kernel_output_feature_dimension, kernel_spatial_dimensions) =
+        labels(rhs, 'i', 'o')?;
+    let (output_batch_dimension, output_feature_dimension, output_spatial_dimensions) = labels(out, 'b', 'f')?;
+    Ok(pb::ConvolutionDimensionNumbers {
+        input_batch_dimension,
+        input_feature_dimension,
+        input_spatial_dimensions,
+        kernel_input_feature_dimension,
+        kernel_output_feature_dimension,
+        kernel_spatial_dimensions,
+        output_batch_dimension,
+        output_feature_dimension,
+        output_spatial_dimensions,
+    })
 }
 
 /// `{op_type="..." op_name="..." source_file="..." source_line=N}` (the form the decoder and XLA's printer write) as

@@ -526,8 +526,8 @@ impl Decoder<'_> {
             lhs_contracting: d.lhs_contracting_dimensions.clone(),
             rhs_contracting: d.rhs_contracting_dimensions.clone(),
         });
-        // Gather's and scatter's dimension numbers become the text form's attributes, which `GatherDims::of` /
-        // `ScatterDims::of` read for both front ends.
+        // Gather's and scatter's dimension numbers become the text form's attributes, which the encoder reads for both
+        // front ends.
         if let Some(g) = &p.gather_dimension_numbers {
             a.other.insert("offset_dims".into(), int_list(&g.offset_dims));
             a.other.insert("collapsed_slice_dims".into(), int_list(&g.collapsed_slice_dims));
@@ -550,7 +550,7 @@ impl Decoder<'_> {
             }
         }
         if let Some(c) = &p.convolution_dimension_numbers {
-            // dim_labels as the text form prints it, which `ConvDims::of` reads.
+            // dim_labels as the text form prints it, which the encoder reads.
             let labels = |rank: usize, a: (i64, char), b: (i64, char), spatial: &[i64]| -> String {
                 let mut l = vec!['?'; rank];
                 for (d, ch) in [a, b]

@@ -10,7 +10,7 @@ use cranelift_entity::{PrimaryMap, entity_impl};
 use crate::literal::Literal;
 use crate::opcode::Opcode;
 use crate::print::{group_list, join};
-use crate::types::{ArrayShape, Shape};
+use crate::types::Shape;
 
 /// Index of an instruction in [`Module::instrs`].
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -387,13 +387,6 @@ pub struct Instruction {
     pub parent: CompId,
     /// Where the instruction's name starts in the source, when parsed from text.
     pub span: Option<Span>,
-}
-
-impl Instruction {
-    /// The array shape, for instructions that produce an array.
-    pub fn array_shape(&self) -> Option<&ArrayShape> {
-        self.shape.as_array()
-    }
 }
 
 /// A named computation: instructions in program order, its parameters by number, and its root.

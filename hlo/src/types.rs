@@ -126,10 +126,6 @@ impl ArrayShape {
         ArrayShape { ty, dims, layout: None }
     }
 
-    pub fn scalar(ty: PrimitiveType) -> Self {
-        Self::new(ty, Vec::new())
-    }
-
     pub fn rank(&self) -> usize {
         self.dims.len()
     }

@@ -153,9 +153,7 @@ impl<'a> Verifier<'a> {
                 };
                 if ins.parent != cid {
                     let other = m.comps.get(ins.parent).map_or_else(|| ins.parent.to_string(), |c| pname(&c.name));
-                    return Err(
-                        self.err(id, format!("listed in computation {} but its parent is {other}", pname(&comp.name)))
-                    );
+                    bail!(self, id, "listed in computation {} but its parent is {other}", pname(&comp.name));
                 }
                 if !owner.insert(id) {
                     bail!(self, id, "instruction appears more than once in the module");
@@ -341,9 +339,7 @@ impl<'a> Verifier<'a> {
     fn result_is(&self, id: InstrId, expected: &Shape, why: &str) -> R {
         let got = &self.m.instrs[id].shape;
         if !got.compatible(expected) {
-            return Err(
-                self.err(id, format!("{} result must be {} ({why}), got {}", self.op(id), sh(expected), sh(got)))
-            );
+            bail!(self, id, "{} result must be {} ({why}), got {}", self.op(id), sh(expected), sh(got));
         }
         Ok(())
     }
@@ -524,8 +520,7 @@ impl<'a> Verifier<'a> {
         }
         for a in lit.leaves() {
             if bytes(&a.shape) != Some(a.data.len() as u128) {
-                return Err(self
-                    .err(id, format!("constant literal of shape {} holds {} bytes", arr_str(&a.shape), a.data.len())));
+                bail!(self, id, "constant literal of shape {} holds {} bytes", arr_str(&a.shape), a.data.len());
             }
         }
         Ok(())
@@ -608,8 +603,7 @@ impl<'a> Verifier<'a> {
             bail!(self, id, "select predicate must be pred, got {}", arr_str(p));
         }
         if !t.compatible(f) {
-            return Err(self
-                .err(id, format!("select branches must have the same shape, got {} and {}", arr_str(t), arr_str(f))));
+            bail!(self, id, "select branches must have the same shape, got {} and {}", arr_str(t), arr_str(f));
         }
         if p.rank() != 0 && p.dims != t.dims {
             bail!(
@@ -685,9 +679,7 @@ impl<'a> Verifier<'a> {
         let (a, r) = (self.arr(id, 0)?, self.res(id)?);
         let dims = self.dims_attr(id)?;
         if a.ty != r.ty {
-            return Err(
-                self.err(id, format!("broadcast must keep the element type, got {} -> {}", arr_str(a), arr_str(r)))
-            );
+            bail!(self, id, "broadcast must keep the element type, got {} -> {}", arr_str(a), arr_str(r));
         }
         if dims.len() != a.rank() {
             bail!(
@@ -774,9 +766,7 @@ impl<'a> Verifier<'a> {
     fn start_indices(&self, id: InstrId, first: usize, rank: usize) -> R {
         let n = self.m.instrs[id].operands.len() - first;
         if n != rank {
-            return Err(
-                self.err(id, format!("{} needs one start index per operand dimension ({rank}), got {n}", self.op(id)))
-            );
+            bail!(self, id, "{} needs one start index per operand dimension ({rank}), got {n}", self.op(id));
         }
         for i in first..first + rank {
             let s = self.arr(id, i)?;
@@ -869,9 +859,7 @@ impl<'a> Verifier<'a> {
         let mut dims = Vec::with_capacity(pads.len());
         for (i, (p, &n)) in pads.iter().zip(&a.dims).enumerate() {
             if p.interior < 0 {
-                return Err(
-                    self.err(id, format!("pad interior padding in dimension {i} must be >= 0, got {}", p.interior))
-                );
+                bail!(self, id, "pad interior padding in dimension {i} must be >= 0, got {}", p.interior);
             }
             let size = p.lo as i128 + p.hi as i128 + n as i128 + (n as i128 - 1).max(0) * p.interior as i128;
             if size < 0 || size > i64::MAX as i128 {
@@ -938,9 +926,7 @@ impl<'a> Verifier<'a> {
         let op = self.op(id);
         let k = self.m.instrs[id].operands.len();
         if k == 0 || !k.is_multiple_of(2) {
-            return Err(
-                self.err(id, format!("{op} needs N inputs and N init values (an even count), got {k} operands"))
-            );
+            bail!(self, id, "{op} needs N inputs and N init values (an even count), got {k} operands");
         }
         let n = k / 2;
         let first = self.arr(id, 0)?;

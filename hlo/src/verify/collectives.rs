@@ -102,9 +102,7 @@ impl<'a> Verifier<'a> {
             r.rank() == a.rank() && r.dims.iter().zip(&a.dims).enumerate().all(|(k, (x, y))| k == d || x == y);
         if r.ty != a.ty || !rest_equal {
             let (op, r, a) = (self.op(id), arr_str(r), arr_str(a));
-            return Err(
-                self.err(id, format!("{op} result {r} must match operand {a} except in the {how} dimension {d}"))
-            );
+            bail!(self, id, "{op} result {r} must match operand {a} except in the {how} dimension {d}");
         }
         Ok(())
     }
@@ -113,9 +111,7 @@ impl<'a> Verifier<'a> {
     pub(super) fn gathered(&self, id: InstrId, a: &ArrayShape, out: &Shape, d: usize, group: Option<i64>) -> R {
         let op = self.op(id);
         let Some(r) = out.as_array() else {
-            return Err(
-                self.err(id, format!("{op} result for operand {} must be an array, got {}", arr_str(a), sh(out)))
-            );
+            bail!(self, id, "{op} result for operand {} must be an array, got {}", arr_str(a), sh(out));
         };
         self.same_but_dim(id, a, r, d, "gathered")?;
         let (n, m) = (a.dims[d], r.dims[d]);
@@ -303,19 +299,13 @@ impl<'a> Verifier<'a> {
         let (mut sources, mut targets) = (HashSet::new(), HashSet::new());
         for &(s, t) in pairs {
             if s < 0 || t < 0 {
-                return Err(
-                    self.err(id, format!("{} source_target_pairs has a negative id in {{{s},{t}}}", self.op(id)))
-                );
+                bail!(self, id, "{} source_target_pairs has a negative id in {{{s},{t}}}", self.op(id));
             }
             if !sources.insert(s) {
-                return Err(
-                    self.err(id, format!("{} source_target_pairs lists source {s} more than once", self.op(id)))
-                );
+                bail!(self, id, "{} source_target_pairs lists source {s} more than once", self.op(id));
             }
             if !targets.insert(t) {
-                return Err(
-                    self.err(id, format!("{} source_target_pairs lists target {t} more than once", self.op(id)))
-                );
+                bail!(self, id, "{} source_target_pairs lists target {t} more than once", self.op(id));
             }
         }
         Ok(())

@@ -11,6 +11,7 @@ use crate::literal::Literal;
 use crate::opcode::Opcode;
 use crate::print::{group_list, join};
 use crate::types::Shape;
+use crate::verify::valid_dim_set;
 
 /// Index of an instruction in [`Module::instrs`].
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -108,40 +109,37 @@ impl IotaReplicaGroups {
         let perm: Vec<usize> = if self.transpose_perm.is_empty() {
             (0..rank).collect()
         } else {
-            if self.transpose_perm.len() != rank {
+            if self.transpose_perm.len() != rank || !valid_dim_set(&self.transpose_perm, rank) {
                 return None;
             }
-            let p: Vec<usize> = self.transpose_perm.iter().map(|&x| x as usize).collect();
-            let mut seen = vec![false; rank];
-            for &x in &p {
-                if x >= rank || std::mem::replace(&mut seen[x], true) {
-                    return None;
-                }
-            }
-            p
+            self.transpose_perm.iter().map(|&x| x as usize).collect()
         };
-        // Strides of the reshaped (pre-transpose) array.
         let dims: Vec<usize> = self.reshape_dims.iter().map(|&d| d as usize).collect();
-        let mut strides = vec![1usize; rank];
-        for i in (0..rank.saturating_sub(1)).rev() {
-            strides[i] = strides[i + 1] * dims[i + 1];
-        }
-        let tdims: Vec<usize> = perm.iter().map(|&p| dims[p]).collect();
         let mut flat = Vec::with_capacity(total as usize);
-        let mut idx = vec![0usize; rank];
-        for _ in 0..total {
-            let src: usize = (0..rank).map(|k| idx[k] * strides[perm[k]]).sum();
-            flat.push(src as i64);
-            for k in (0..rank).rev() {
-                idx[k] += 1;
-                if idx[k] < tdims[k] {
-                    break;
-                }
-                idx[k] = 0;
-            }
-        }
+        for_each_transposed(&dims, &perm, |_, src| flat.push(src as i64));
         let size = self.group_size.max(1) as usize;
         Some(if self.group_size == 0 { Vec::new() } else { flat.chunks(size).map(<[i64]>::to_vec).collect() })
+    }
+}
+
+/// Walks an array of dimensions `dims` in the order of its dimensions permuted by `perm` (major to minor): `f(k, o)` for
+/// the `k`-th element visited, `o` its row-major offset. What an iota form's transpose and a laid-out literal need.
+pub(crate) fn for_each_transposed(dims: &[usize], perm: &[usize], mut f: impl FnMut(usize, usize)) {
+    let rank = dims.len();
+    let mut strides = vec![1usize; rank];
+    for i in (0..rank.saturating_sub(1)).rev() {
+        strides[i] = strides[i + 1] * dims[i + 1];
+    }
+    let mut idx = vec![0usize; rank];
+    for k in 0..dims.iter().product() {
+        f(k, (0..rank).map(|j| idx[j] * strides[perm[j]]).sum());
+        for j in (0..rank).rev() {
+            idx[j] += 1;
+            if idx[j] < dims[perm[j]] {
+                break;
+            }
+            idx[j] = 0;
+        }
     }
 }
 

@@ -24,17 +24,16 @@ use prost::encoding::{DecodeContext, WireType};
 
 use crate::ir::{
     Attrs, CompId, ComparisonDirection, Computation, DotDims, InstrId, Instruction, IotaReplicaGroups, ModuleConfig,
-    PadDim, ReplicaGroups, Sharding, SliceDim,
+    PadDim, ReplicaGroups, Sharding, SliceDim, for_each_transposed,
 };
 use crate::literal::{Array, Literal};
 use crate::opcode::Opcode;
 use crate::print::int_list;
 use crate::types::{ArrayShape, PrimitiveType, Shape};
+use crate::verify::{MAX_ELEMENTS, valid_dim_set};
 use crate::wire::Numbering;
 use crate::{Error, ErrorKind, Module};
 
-/// Largest element count of one array accepted (2^40).
-const MAX_ELEMENTS: u128 = 1 << 40;
 /// Deepest tuple nesting accepted in shapes, literals and shardings.
 const MAX_DEPTH: usize = 64;
 /// Largest device count an iota tile assignment may expand to.
@@ -256,27 +255,12 @@ pub(crate) const SHARDING_TYPES: [&str; 6] = ["replicated", "maximal", "tuple", 
 
 /// Reorders `data` (elements of `esize` bytes laid out per `minor_to_major`) into row-major order.
 fn to_row_major(data: &[u8], dims: &[usize], minor_to_major: &[usize], esize: usize) -> Vec<u8> {
-    let rank = dims.len();
-    let n: usize = dims.iter().product();
-    let mut strides = vec![1usize; rank];
-    for i in (0..rank.saturating_sub(1)).rev() {
-        strides[i] = strides[i + 1] * dims[i + 1];
-    }
     // Physical order, major to minor.
     let order: Vec<usize> = minor_to_major.iter().rev().copied().collect();
     let mut out = vec![0u8; data.len()];
-    let mut idx = vec![0usize; rank];
-    for p in 0..n {
-        let off: usize = (0..rank).map(|k| idx[k] * strides[order[k]]).sum();
+    for_each_transposed(dims, &order, |p, off| {
         out[off * esize..(off + 1) * esize].copy_from_slice(&data[p * esize..(p + 1) * esize]);
-        for k in (0..rank).rev() {
-            idx[k] += 1;
-            if idx[k] < dims[order[k]] {
-                break;
-            }
-            idx[k] = 0;
-        }
-    }
+    });
     out
 }
 
@@ -550,44 +534,31 @@ impl Decoder<'_> {
             }
         }
         if let Some(c) = &p.convolution_dimension_numbers {
-            // dim_labels as the text form prints it, which the encoder reads.
-            let labels = |rank: usize, a: (i64, char), b: (i64, char), spatial: &[i64]| -> String {
+            // dim_labels as the text form prints it, which the encoder reads: per operand, the letters of its two
+            // non-spatial dimensions and the digit of each spatial one, at their positions.
+            let rank = 2 + c.input_spatial_dimensions.len();
+            let [lhs, rhs, out] = [
+                (c.input_batch_dimension, c.input_feature_dimension, &c.input_spatial_dimensions, "bf"),
+                (
+                    c.kernel_input_feature_dimension,
+                    c.kernel_output_feature_dimension,
+                    &c.kernel_spatial_dimensions,
+                    "io",
+                ),
+                (c.output_batch_dimension, c.output_feature_dimension, &c.output_spatial_dimensions, "bf"),
+            ]
+            .map(|(a, b, spatial, letters)| {
                 let mut l = vec!['?'; rank];
-                for (d, ch) in [a, b]
-                    .into_iter()
-                    .chain(spatial.iter().enumerate().map(|(k, &d)| (d, char::from_digit(k as u32, 10).unwrap_or('?'))))
-                {
+                let digits =
+                    spatial.iter().enumerate().map(|(k, &d)| (d, char::from_digit(k as u32, 10).unwrap_or('?')));
+                for (d, ch) in [a, b].into_iter().zip(letters.chars()).chain(digits) {
                     if let Some(x) = usize::try_from(d).ok().and_then(|d| l.get_mut(d)) {
                         *x = ch;
                     }
                 }
-                l.into_iter().collect()
-            };
-            let rank = 2 + c.input_spatial_dimensions.len();
-            a.other.insert(
-                "dim_labels".into(),
-                format!(
-                    "{}_{}->{}",
-                    labels(
-                        rank,
-                        (c.input_batch_dimension, 'b'),
-                        (c.input_feature_dimension, 'f'),
-                        &c.input_spatial_dimensions
-                    ),
-                    labels(
-                        rank,
-                        (c.kernel_input_feature_dimension, 'i'),
-                        (c.kernel_output_feature_dimension, 'o'),
-                        &c.kernel_spatial_dimensions
-                    ),
-                    labels(
-                        rank,
-                        (c.output_batch_dimension, 'b'),
-                        (c.output_feature_dimension, 'f'),
-                        &c.output_spatial_dimensions
-                    ),
-                ),
-            );
+                l.into_iter().collect::<String>()
+            });
+            a.other.insert("dim_labels".into(), format!("{lhs}_{rhs}->{out}"));
             a.other.insert("feature_group_count".into(), p.feature_group_count.max(1).to_string());
             a.other.insert("batch_group_count".into(), p.batch_group_count.max(1).to_string());
         }
@@ -731,12 +702,7 @@ impl Decoder<'_> {
                     None
                 } else {
                     let rank = s.dimensions.len();
-                    let mut seen = vec![false; rank];
-                    let ok = m2m.len() == rank
-                        && m2m
-                            .iter()
-                            .all(|&d| d >= 0 && (d as usize) < rank && !std::mem::replace(&mut seen[d as usize], true));
-                    if !ok {
+                    if m2m.len() != rank || !valid_dim_set(&m2m, rank) {
                         return Err(self.err(format!(
                             "layout minor_to_major {m2m:?} is not a permutation of the {rank} dimensions"
                         )));

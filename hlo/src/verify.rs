@@ -94,7 +94,7 @@ fn one_or_tuple(got: &Shape, shapes: Vec<Shape>) -> Result<(), String> {
 }
 
 /// `dims` must be distinct and each in `0..rank`.
-fn valid_dim_set(dims: &[i64], rank: usize) -> bool {
+pub(crate) fn valid_dim_set(dims: &[i64], rank: usize) -> bool {
     let mut seen = vec![false; rank];
     dims.iter().all(|&d| d >= 0 && (d as usize) < rank && !std::mem::replace(&mut seen[d as usize], true))
 }

@@ -8,6 +8,7 @@ use crate::ir::{
     Attrs, ComparisonDirection, DotDims, IotaReplicaGroups, ModuleConfig, PadDim, ReplicaGroups, Sharding, SliceDim,
 };
 use crate::opcode::Opcode;
+use crate::verify::valid_dim_set;
 
 /// Most devices an iota, mesh or tile-assignment form may name (bounds what one attribute can expand to in memory).
 const MAX_DEVICES: i64 = 1 << 16;
@@ -354,12 +355,7 @@ fn check_iota(c: &Cursor<'_>, start: usize, i: &IotaReplicaGroups) -> PResult<()
     }
     if !i.transpose_perm.is_empty() {
         let n = i.reshape_dims.len();
-        let mut seen = vec![false; n];
-        let ok = i.transpose_perm.len() == n
-            && i.transpose_perm.iter().all(|&p| {
-                usize::try_from(p).ok().and_then(|p| seen.get_mut(p)).is_some_and(|s| !std::mem::replace(s, true))
-            });
-        if !ok {
+        if i.transpose_perm.len() != n || !valid_dim_set(&i.transpose_perm, n) {
             return Err(err(format!(
                 "bad transpose permutation {:?}; expected a permutation of 0..{n}",
                 i.transpose_perm

@@ -264,21 +264,14 @@ impl<'a> Cursor<'a> {
                         b'n' => out.push(b'\n'),
                         b't' => out.push(b'\t'),
                         b'r' => out.push(b'\r'),
-                        b'x' => {
-                            let mut v: u32 = 0;
-                            let mut n = 0;
-                            while n < 2 && self.raw_peek().is_some_and(|h| h.is_ascii_hexdigit()) {
-                                v = v * 16 + (self.raw_peek().unwrap_or(b'0') as char).to_digit(16).unwrap_or(0);
-                                self.pos += 1;
-                                n += 1;
-                            }
-                            out.push(v as u8);
-                        }
-                        b'0'..=b'7' => {
-                            let mut v: u32 = u32::from(e - b'0');
-                            let mut n = 1;
-                            while n < 3 && self.raw_peek().is_some_and(|d| (b'0'..=b'7').contains(&d)) {
-                                v = v * 8 + u32::from(self.raw_peek().unwrap_or(b'0') - b'0');
+                        // `\xHH` (up to two hex digits) or octal `\OOO` (up to three digits).
+                        b'x' | b'0'..=b'7' => {
+                            let (radix, max, mut v, mut n) =
+                                if e == b'x' { (16, 2, 0, 0) } else { (8, 3, u32::from(e - b'0'), 1) };
+                            while n < max
+                                && let Some(d) = self.raw_peek().and_then(|d| (d as char).to_digit(radix))
+                            {
+                                v = v * radix + d;
                                 self.pos += 1;
                                 n += 1;
                             }

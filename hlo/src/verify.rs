@@ -979,33 +979,26 @@ impl<'a> Verifier<'a> {
         let res = self.res(id)?;
         let dd = self.m.instrs[id].attrs.dot.clone().unwrap_or_default();
         let bad = |msg: String| Err(self.err(id, format!("dot {msg}, for {} x {}", arr_str(l), arr_str(r))));
-        if dd.lhs_batch.len() != dd.rhs_batch.len() {
-            return bad(format!(
-                "lhs_batch_dims={} and rhs_batch_dims={} must have the same length",
-                list(&dd.lhs_batch),
-                list(&dd.rhs_batch)
-            ));
-        }
-        if dd.lhs_contracting.len() != dd.rhs_contracting.len() {
-            return bad(format!(
-                "lhs_contracting_dims={} and rhs_contracting_dims={} must have the same length",
-                list(&dd.lhs_contracting),
-                list(&dd.rhs_contracting)
-            ));
+        for (what, lhs, rhs) in
+            [("batch", &dd.lhs_batch, &dd.rhs_batch), ("contracting", &dd.lhs_contracting, &dd.rhs_contracting)]
+        {
+            if lhs.len() != rhs.len() {
+                return bad(format!(
+                    "lhs_{what}_dims={} and rhs_{what}_dims={} must have the same length",
+                    list(lhs),
+                    list(rhs)
+                ));
+            }
         }
         let lhs_all: Vec<i64> = dd.lhs_batch.iter().chain(&dd.lhs_contracting).copied().collect();
         let rhs_all: Vec<i64> = dd.rhs_batch.iter().chain(&dd.rhs_contracting).copied().collect();
-        if !valid_dim_set(&lhs_all, l.rank()) {
-            return bad(format!(
-                "lhs batch and contracting dimensions {} must be distinct and in range",
-                list(&lhs_all)
-            ));
-        }
-        if !valid_dim_set(&rhs_all, r.rank()) {
-            return bad(format!(
-                "rhs batch and contracting dimensions {} must be distinct and in range",
-                list(&rhs_all)
-            ));
+        for (side, all, a) in [("lhs", &lhs_all, l), ("rhs", &rhs_all, r)] {
+            if !valid_dim_set(all, a.rank()) {
+                return bad(format!(
+                    "{side} batch and contracting dimensions {} must be distinct and in range",
+                    list(all)
+                ));
+            }
         }
         for (&a, &b) in dd.lhs_batch.iter().zip(&dd.rhs_batch) {
             if l.dims[a as usize] != r.dims[b as usize] {

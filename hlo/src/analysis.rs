@@ -219,49 +219,28 @@ pub fn device_groups(
         }
         vec![(0..id_limit).collect()]
     } else {
-        let mut out = Vec::with_capacity(logical.len());
-        for g in &logical {
-            let mut ids = Vec::with_capacity(g.len());
-            for &id in g {
-                match usize::try_from(id) {
-                    Ok(u) if u < id_limit => ids.push(u),
-                    _ => {
-                        return Err(format!(
-                            "{what}: id {id} in replica_groups={} is out of range for {mode} mode \
-                             ({nr} replicas, {np} partitions)",
-                            shown()
-                        ));
-                    }
-                }
-            }
-            out.push(ids);
-        }
-        out
+        let checked = |id: i64| match usize::try_from(id) {
+            Ok(u) if u < id_limit => Ok(u),
+            _ => Err(format!(
+                "{what}: id {id} in replica_groups={} is out of range for {mode} mode ({nr} replicas, {np} partitions)",
+                shown()
+            )),
+        };
+        logical.iter().map(|g| g.iter().map(|&id| checked(id)).collect()).collect::<Result<_, _>>()?
     };
     let dev = |r: usize, p: usize| r * np + p;
-    let mut groups: Vec<Vec<usize>> = Vec::new();
-    match mode {
+    let groups: Vec<Vec<usize>> = match mode {
         GroupMode::CrossReplica => {
-            for g in &logical {
-                for p in 0..np {
-                    groups.push(g.iter().map(|&r| dev(r, p)).collect());
-                }
-            }
+            logical.iter().flat_map(|g| (0..np).map(move |p| g.iter().map(|&r| dev(r, p)).collect())).collect()
         }
         GroupMode::CrossPartition => {
-            for g in &logical {
-                for r in 0..nr {
-                    groups.push(g.iter().map(|&p| dev(r, p)).collect());
-                }
-            }
+            logical.iter().flat_map(|g| (0..nr).map(move |r| g.iter().map(|&p| dev(r, p)).collect())).collect()
         }
         GroupMode::CrossReplicaAndPartition => {
-            for g in &logical {
-                groups.push(g.iter().flat_map(|&r| (0..np).map(move |p| dev(r, p))).collect());
-            }
+            logical.iter().map(|g| g.iter().flat_map(|&r| (0..np).map(move |p| dev(r, p))).collect()).collect()
         }
-        GroupMode::FlattenedId => groups = logical,
-    }
+        GroupMode::FlattenedId => logical,
+    };
     let mut seen = vec![false; n];
     for g in &groups {
         for &d in g {

@@ -122,8 +122,8 @@ impl IotaReplicaGroups {
     }
 }
 
-/// Walks an array of dimensions `dims` in the order of its dimensions permuted by `perm` (major to minor): `f(k, o)` for
-/// the `k`-th element visited, `o` its row-major offset. What an iota form's transpose and a laid-out literal need.
+/// Walks an array of dimensions `dims` in the order of its dimensions permuted by `perm` (major to minor): `f(k, o)`
+/// for the `k`-th element visited, `o` its row-major offset. What an iota form's transpose and a laid-out literal need.
 pub(crate) fn for_each_transposed(dims: &[usize], perm: &[usize], mut f: impl FnMut(usize, usize)) {
     let rank = dims.len();
     let mut strides = vec![1usize; rank];

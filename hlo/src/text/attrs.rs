@@ -37,9 +37,7 @@ pub(crate) struct Pending<'a> {
 
 /// One `key=value` of the `HloModule` header (the `,` and nothing else consumed).
 pub(crate) fn header_attr(c: &mut Cursor<'_>, config: &mut ModuleConfig) -> PResult<()> {
-    let Some((_, key)) = c.ident() else {
-        return Err(c.err_found("expected a header attribute name after ','"));
-    };
+    let (_, key) = c.expect_ident("expected a header attribute name after ','")?;
     c.expect(b'=', &format!("after header attribute '{key}'"))?;
     match key {
         "replica_count" => config.replica_count = positive(c, "replica_count")?,
@@ -104,7 +102,7 @@ pub(crate) fn instr_attr<'a>(
         "custom_call_target" => a.custom_call_target = Some(c.string()?),
         "control-predecessors" => pending.control.extend(name_list(c, "control-predecessors")?),
         "direction" => {
-            let Some((s, d)) = c.ident() else { return Err(c.err_found("expected a comparison direction")) };
+            let (s, d) = c.expect_ident("expected a comparison direction")?;
             let Some(dir) = ComparisonDirection::from_name(d) else {
                 return Err(c.err_range(
                     s,
@@ -115,7 +113,7 @@ pub(crate) fn instr_attr<'a>(
             a.comparison_direction = Some(dir);
         }
         "type" if opcode == Opcode::Compare => {
-            let Some((s, t)) = c.ident() else { return Err(c.err_found("expected a comparison type")) };
+            let (s, t) = c.expect_ident("expected a comparison type")?;
             if !matches!(t, "TOTALORDER" | "FLOAT" | "SIGNED" | "UNSIGNED" | "PARTIALORDER") {
                 return Err(c.err_range(
                     s,
@@ -161,7 +159,7 @@ fn called<'a>(c: &mut Cursor<'a>, slot: CallSlot, pending: &mut Pending<'a>) -> 
     if c.peek() == Some(b'{') {
         pending.calls.extend(name_list(c, "computation names")?.into_iter().map(|(n, s, e)| (slot, n, s, e)));
     } else {
-        let Some((s, n)) = c.name() else { return Err(c.err_found("expected a computation name")) };
+        let (s, n) = c.expect_name("expected a computation name")?;
         pending.calls.push((slot, n, s, c.pos));
     }
     Ok(())
@@ -249,10 +247,7 @@ pub(crate) fn frontend_attributes(c: &mut Cursor<'_>) -> PResult<BTreeMap<String
     let pairs = c.list(b'}', "or ',' in frontend_attributes", |c, _| {
         let key = match c.peek() {
             Some(b'"') => c.string()?,
-            _ => match c.ident() {
-                Some((_, k)) => k.to_owned(),
-                None => return Err(c.err_found("expected an attribute name in frontend_attributes")),
-            },
+            _ => c.expect_ident("expected an attribute name in frontend_attributes")?.1.to_owned(),
         };
         c.expect(b'=', &format!("after frontend attribute '{key}'"))?;
         let value = match c.peek() {
@@ -381,19 +376,14 @@ fn axis_name(c: &mut Cursor<'_>) -> PResult<String> {
             c.pos += 1;
             Ok(c.slice(s + 1, c.pos - 1).to_owned())
         }
-        _ => match c.ident() {
-            Some((_, n)) => Ok(n.to_owned()),
-            None => Err(c.err_found("expected a mesh axis name")),
-        },
+        _ => Ok(c.expect_ident("expected a mesh axis name")?.1.to_owned()),
     }
 }
 
 /// XLA's mesh-axes form: `mesh[a=2,b=4] {b}`, `mesh[a=2,b=4], device_ids=(...) {a:(1)2}`, `maximal_mesh[device_id=3]
 /// {}`. Converted to the iota form (or explicit groups when the mesh has its own device order).
 fn mesh_groups(c: &mut Cursor<'_>, start: usize) -> PResult<ReplicaGroups> {
-    let Some((_, kw)) = c.ident() else {
-        return Err(c.err_found("expected replica groups: {{...}}, [groups,size]<=[dims] or mesh[...] {axes}"));
-    };
+    let (_, kw) = c.expect_ident("expected replica groups: {{...}}, [groups,size]<=[dims] or mesh[...] {axes}")?;
     match kw {
         "maximal_mesh" => {
             c.expect(b'[', "after 'maximal_mesh'")?;
@@ -547,9 +537,8 @@ pub(crate) fn sharding(c: &mut Cursor<'_>, depth: u32) -> PResult<Sharding> {
         if c.eat(b'}') {
             break;
         }
-        let Some((_, kw)) = c.ident() else {
-            return Err(c.err_found("expected a sharding keyword (replicated, manual, maximal, devices=...) or '}'"));
-        };
+        let (_, kw) =
+            c.expect_ident("expected a sharding keyword (replicated, manual, maximal, devices=...) or '}'")?;
         match kw {
             "replicated" => kind = Some(Sharding::Replicated),
             "manual" => kind = Some(Sharding::Manual),
@@ -606,9 +595,8 @@ pub(crate) fn sharding(c: &mut Cursor<'_>, depth: u32) -> PResult<Sharding> {
             "last_tile_dims" => {
                 c.expect(b'=', "after 'last_tile_dims'")?;
                 c.expect(b'{', "to open last_tile_dims")?;
-                last_tile_dims = c.list(b'}', "or ',' in last_tile_dims", |c, _| match c.ident() {
-                    Some((_, t)) => Ok(t.to_owned()),
-                    None => Err(c.err_found("expected a subgroup type (manual, replicated, ...)")),
+                last_tile_dims = c.list(b'}', "or ',' in last_tile_dims", |c, _| {
+                    Ok(c.expect_ident("expected a subgroup type (manual, replicated, ...)")?.1.to_owned())
                 })?;
             }
             "metadata" => {

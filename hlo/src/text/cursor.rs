@@ -162,6 +162,11 @@ impl<'a> Cursor<'a> {
         Some((start, self.slice(start, self.pos)))
     }
 
+    /// An identifier, or the error "`msg`, found X".
+    pub fn expect_ident(&mut self, msg: &str) -> PResult<(usize, &'a str)> {
+        self.ident().ok_or_else(|| self.err_found(msg))
+    }
+
     /// An instruction or computation name: an identifier with an optional `%`. Returns the start (including the `%`)
     /// and the name without it.
     pub fn name(&mut self) -> Option<(usize, &'a str)> {
@@ -177,6 +182,11 @@ impl<'a> Cursor<'a> {
                 None
             }
         }
+    }
+
+    /// A name, or the error "`msg`, found X".
+    pub fn expect_name(&mut self, msg: &str) -> PResult<(usize, &'a str)> {
+        self.name().ok_or_else(|| self.err_found(msg))
     }
 
     /// A decimal integer with an optional sign.

@@ -35,9 +35,7 @@ pub(crate) fn parse_module(c: &mut Cursor<'_>) -> PResult<Module> {
     if !c.eat_kw("HloModule") {
         return Err(c.err_found("expected 'HloModule <name>' at the start of HLO text"));
     }
-    let Some((_, name)) = c.name() else {
-        return Err(c.err_found("expected a module name after 'HloModule'"));
-    };
+    let (_, name) = c.expect_name("expected a module name after 'HloModule'")?;
     let mut config = ModuleConfig { replica_count: 1, num_partitions: 1, ..Default::default() };
     while c.eat(b',') {
         attrs::header_attr(c, &mut config)?;
@@ -211,9 +209,7 @@ impl<'a> CompBuilder<'a> {
         allow_attrs: bool,
     ) -> PResult<Rhs<'a>> {
         let shape = parse_shape(c, 0)?;
-        let Some((op_start, opname)) = c.ident() else {
-            return Err(c.err_found("expected an opcode after the instruction's shape"));
-        };
+        let (op_start, opname) = c.expect_ident("expected an opcode after the instruction's shape")?;
         let Some(opcode) = Opcode::from_name(opname) else {
             return Err(c.err_range(op_start, c.pos, &format!("unknown opcode '{opname}'; expected an HLO opcode")));
         };
@@ -239,9 +235,7 @@ impl<'a> CompBuilder<'a> {
         let mut pending = Pending::default();
         let mut seen: Vec<&'a str> = Vec::new();
         while allow_attrs && c.eat(b',') {
-            let Some((kstart, key)) = c.ident() else {
-                return Err(c.err_found("expected an attribute name after ','"));
-            };
+            let (kstart, key) = c.expect_ident("expected an attribute name after ','")?;
             let kend = c.pos;
             if seen.contains(&key) {
                 return Err(c.err_range(
@@ -294,9 +288,7 @@ impl<'a> CompBuilder<'a> {
             }
             c.pos = save;
         }
-        let Some((ostart, oname)) = c.name() else {
-            return Err(c.err_found("expected an operand name"));
-        };
+        let (ostart, oname) = c.expect_name("expected an operand name")?;
         Ok(OpRef::Name(NameRef { name: oname, start: ostart, end: c.pos }))
     }
 }
@@ -308,9 +300,7 @@ fn parse_computation<'a>(
     comp_id: CompId,
     instrs: &mut PrimaryMap<InstrId, Instruction>,
 ) -> PResult<(Computation, Calls<'a>, (usize, usize))> {
-    let Some((name_start, name)) = c.name() else {
-        return Err(c.err_found("expected a computation name (or 'ENTRY')"));
-    };
+    let (name_start, name) = c.expect_name("expected a computation name (or 'ENTRY')")?;
     let name_end = c.pos;
     let comp_span = c.span(name_start, name_end);
     if c.peek() == Some(b'(') {
@@ -360,9 +350,7 @@ fn parse_computation<'a>(
         }
         let root_start = c.pos;
         let is_root = c.eat_kw("ROOT");
-        let Some((istart, iname)) = c.name() else {
-            return Err(c.err_found("expected an instruction name or '}'"));
-        };
+        let (istart, iname) = c.expect_name("expected an instruction name or '}'")?;
         let iend = c.pos;
         if b.by_name.contains_key(iname) {
             return Err(c.err_range(
@@ -492,9 +480,7 @@ pub(crate) fn parse_shape(c: &mut Cursor<'_>, depth: u32) -> PResult<Shape> {
     if c.eat(b'(') {
         return Ok(Shape::Tuple(c.list(b')', "or ',' in the tuple shape", |c, _| parse_shape(c, depth + 1))?));
     }
-    let Some((tstart, tname)) = c.ident() else {
-        return Err(c.err_found("expected a shape (e.g. f32[2,3] or a tuple)"));
-    };
+    let (tstart, tname) = c.expect_ident("expected a shape (e.g. f32[2,3] or a tuple)")?;
     let tend = c.pos;
     let Some(ty) = PrimitiveType::from_name(tname) else {
         return Err(c.err_range(

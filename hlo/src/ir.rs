@@ -81,6 +81,9 @@ pub struct IotaReplicaGroups {
     pub transpose_perm: Vec<i64>,
 }
 
+/// Largest device count an iota form (replica groups, a tile assignment, a mesh) may expand to.
+pub(crate) const MAX_IOTA_DEVICES: i64 = 1 << 24;
+
 impl IotaReplicaGroups {
     /// `iota(total)` reshaped to `reshape_dims` and transposed, as one list: the devices of a tile assignment or mesh
     /// in iota form. `None` if inconsistent.
@@ -102,7 +105,7 @@ impl IotaReplicaGroups {
         if self.num_groups < 0 || self.group_size < 0 || Some(total) != self.num_groups.checked_mul(self.group_size) {
             return None;
         }
-        if total > (1 << 24) {
+        if total > MAX_IOTA_DEVICES {
             return None;
         }
         let rank = self.reshape_dims.len();

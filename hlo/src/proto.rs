@@ -23,8 +23,8 @@ use prost::bytes::{Buf, BufMut};
 use prost::encoding::{DecodeContext, WireType};
 
 use crate::ir::{
-    Attrs, CompId, ComparisonDirection, Computation, DotDims, InstrId, Instruction, IotaReplicaGroups, ModuleConfig,
-    PadDim, ReplicaGroups, Sharding, SliceDim, for_each_transposed,
+    Attrs, CompId, ComparisonDirection, Computation, DotDims, InstrId, Instruction, IotaReplicaGroups,
+    MAX_IOTA_DEVICES, ModuleConfig, PadDim, ReplicaGroups, Sharding, SliceDim, for_each_transposed,
 };
 use crate::literal::{Array, Literal};
 use crate::opcode::Opcode;
@@ -36,8 +36,6 @@ use crate::{Error, ErrorKind, Module};
 
 /// Deepest tuple nesting accepted in shapes, literals and shardings.
 const MAX_DEPTH: usize = 64;
-/// Largest device count an iota tile assignment may expand to.
-const MAX_DEVICES: i64 = 1 << 24;
 
 /// Fields of newer XLA protos that `pjrt-sys`'s copy lacks.
 mod extra {
@@ -283,8 +281,8 @@ fn mesh_axes_groups(l: &extra::MeshAxesList) -> Result<ReplicaGroups, String> {
     if sizes.iter().any(|&s| s < 1) {
         return Err(format!("mesh axis sizes {sizes:?} must be positive"));
     }
-    let total = sizes.iter().try_fold(1i64, |acc, &s| acc.checked_mul(s)).filter(|&t| t <= MAX_DEVICES);
-    let total = total.ok_or_else(|| format!("mesh {sizes:?} has more than {MAX_DEVICES} devices"))?;
+    let total = sizes.iter().try_fold(1i64, |acc, &s| acc.checked_mul(s)).filter(|&t| t <= MAX_IOTA_DEVICES);
+    let total = total.ok_or_else(|| format!("mesh {sizes:?} has more than {MAX_IOTA_DEVICES} devices"))?;
     let refs = l
         .axes
         .iter()
@@ -687,14 +685,14 @@ impl Decoder<'_> {
             17 => Ok(Shape::Token),
             t => {
                 let ty = primitive_type(t).map_err(|m| self.err(m))?;
-                let mut count: u128 = 1;
-                for &d in &s.dimensions {
-                    if d < 0 {
-                        return Err(self.err(format!("shape has a negative dimension {d}")));
-                    }
-                    count = count.saturating_mul(d as u128);
+                if let Some(&d) = s.dimensions.iter().find(|&&d| d < 0) {
+                    return Err(self.err(format!("shape has a negative dimension {d}")));
                 }
-                if count > MAX_ELEMENTS {
+                if s.dimensions
+                    .iter()
+                    .try_fold(1u128, |n, &d| n.checked_mul(d as u128))
+                    .is_none_or(|n| n > MAX_ELEMENTS)
+                {
                     return Err(self.err(format!("shape {:?} has more than 2^40 elements", s.dimensions)));
                 }
                 let m2m = s.layout.as_ref().map(|l| l.minor_to_major.clone()).unwrap_or_default();
@@ -815,12 +813,9 @@ impl Decoder<'_> {
             2 => Sharding::Tuple(s.tuple_shardings.iter().map(|t| self.sharding(t, depth + 1)).collect::<R<Vec<_>>>()?),
             3 => {
                 let tile_dims = s.tile_assignment_dimensions.clone();
-                let bounded =
-                    |v: &[i64]| {
-                        v.iter().try_fold(1i64, |acc, &d| {
-                            if d < 0 { None } else { acc.checked_mul(d).filter(|&t| t <= MAX_DEVICES) }
-                        })
-                    };
+                let bounded = |v: &[i64]| {
+                    v.iter().try_fold(1i64, |acc, &d| acc.checked_mul(d).filter(|&t| d >= 0 && t <= MAX_IOTA_DEVICES))
+                };
                 let total = bounded(&tile_dims).ok_or_else(|| {
                     self.err(format!("sharding tile assignment {tile_dims:?} is too large or negative"))
                 })?;

@@ -18,7 +18,7 @@ mod collectives;
 use std::collections::{HashMap, HashSet};
 use std::fmt::Display;
 
-use crate::ir::{CompId, InstrId, IotaReplicaGroups, ReplicaGroups, Span, Window};
+use crate::ir::{CompId, InstrId, IotaReplicaGroups, MAX_IOTA_DEVICES, ReplicaGroups, Span, Window};
 use crate::opcode::Opcode;
 // The printer's spellings, under the short names the messages here use.
 use crate::print::{array_without_layout as arr_str, int_list as list, pct as pname, shape_without_layout as sh};
@@ -30,8 +30,6 @@ use crate::{Error, ErrorKind, Module};
 pub const MAX_ELEMENTS: u128 = 1 << 40;
 /// Deepest tuple nesting accepted in a shape.
 pub const MAX_SHAPE_DEPTH: usize = 64;
-/// Largest device count an iota replica-group form may expand to.
-const MAX_IOTA_DEVICES: i64 = 1 << 24;
 
 /// Custom-call targets whose shape rule is known: one operand, result of the same element type.
 const SHARDING_TARGETS: &[&str] = &[

@@ -63,10 +63,7 @@ pub(super) fn from_hlo(s: &Sharding, rank: usize, n: usize) -> Result<Option<Til
 }
 
 /// A Shardy mesh: named axes with sizes (which device sits where does not change a shard's shape).
-#[derive(Clone, Debug)]
-struct Mesh {
-    axes: Vec<(String, i64)>,
-}
+type Mesh = Vec<(String, i64)>;
 
 fn strip(s: &str) -> String {
     s.replace('\\', "")
@@ -104,14 +101,12 @@ fn parse_mesh(body: &str) -> Result<Mesh, String> {
     // body: `["a"=2, "b"=4], device_ids=[...]` (the inside of `#sdy.mesh<...>`).
     let start = body.find('[').ok_or("mesh without axes")?;
     let (axes_s, _) = bracketed(body, start).ok_or("unbalanced mesh")?;
-    let mut axes = Vec::new();
-    for part in axes_s.split(',').filter(|p| !p.trim().is_empty()) {
+    let axis = |part: &str| {
         let (name, size) = part.split_once('=').ok_or(format!("bad mesh axis '{part}'"))?;
         let name = quoted(name).into_iter().next().ok_or(format!("bad mesh axis '{part}'"))?;
-        let size: i64 = size.trim().parse().map_err(|_| format!("bad mesh axis size '{part}'"))?;
-        axes.push((name, size));
-    }
-    Ok(Mesh { axes })
+        Ok((name, size.trim().parse().map_err(|_| format!("bad mesh axis size '{part}'"))?))
+    };
+    axes_s.split(',').filter(|p| !p.trim().is_empty()).map(axis).collect()
 }
 
 fn find_mesh(module: &Module, name: &str) -> Result<Mesh, String> {
@@ -179,16 +174,16 @@ fn parse_values(s: &str) -> Result<Vec<(String, Vec<Vec<String>>)>, String> {
 fn tiling_from_mesh(mesh: &Mesh, dims: &[Vec<String>], n: usize) -> Result<Tiling, String> {
     // Checked arithmetic: axis sizes come straight from the attribute text.
     let overflow = || "mesh axis sizes overflow".to_string();
-    let total = mesh.axes.iter().try_fold(1i64, |p, a| p.checked_mul(a.1)).ok_or_else(overflow)?;
+    let total = mesh.iter().try_fold(1i64, |p, a| p.checked_mul(a.1)).ok_or_else(overflow)?;
     if total as usize != n {
         return Err(format!("mesh has {total} devices, running on {n}"));
     }
-    let axis = |name: &str| mesh.axes.iter().position(|a| a.0 == name).ok_or(format!("unknown mesh axis '{name}'"));
+    let axis = |name: &str| mesh.iter().position(|a| a.0 == name).ok_or(format!("unknown mesh axis '{name}'"));
     let mut counts = Vec::new();
     for d in dims {
         let mut c = 1;
         for a in d {
-            c = mesh.axes[axis(a)?].1.checked_mul(c).ok_or_else(overflow)?;
+            c = mesh[axis(a)?].1.checked_mul(c).ok_or_else(overflow)?;
         }
         counts.push(c);
     }

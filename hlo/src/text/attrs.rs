@@ -279,18 +279,18 @@ pub(crate) fn replica_groups(c: &mut Cursor<'_>) -> PResult<ReplicaGroups> {
                     )));
                 }
                 groups.push(int_list(c, "replica ids")?);
-                if c.eat(b',') {
-                    continue;
+                if !c.eat(b',') {
+                    break;
                 }
-                if c.at_eof() || c.peek() != Some(b'}') {
-                    return Err(c.err_found(&format!(
-                        "expected '}}' to close replica_groups opened at {} (or ',' and another group)",
-                        c.loc(start)
-                    )));
-                }
-                c.pos += 1;
-                return Ok(ReplicaGroups::Explicit(groups));
             }
+            if c.at_eof() || c.peek() != Some(b'}') {
+                return Err(c.err_found(&format!(
+                    "expected '}}' to close replica_groups opened at {} (or ',' and another group)",
+                    c.loc(start)
+                )));
+            }
+            c.pos += 1;
+            Ok(ReplicaGroups::Explicit(groups))
         }
         Some(b'[') => {
             let g = bracket_list(c, "replica group count and size [groups,size]")?;
@@ -518,11 +518,10 @@ pub(crate) fn sharding(c: &mut Cursor<'_>, depth: u32) -> PResult<Sharding> {
         let mut elems = Vec::new();
         loop {
             elems.push(sharding(c, depth + 1)?);
-            if c.eat(b',') {
-                continue;
+            if !c.eat(b',') {
+                c.expect(b'}', "or ',' in the tuple sharding")?;
+                return Ok(Sharding::Tuple(elems));
             }
-            c.expect(b'}', "or ',' in the tuple sharding")?;
-            return Ok(Sharding::Tuple(elems));
         }
     }
     if c.eat(b'}') {

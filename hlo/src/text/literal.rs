@@ -107,15 +107,14 @@ fn nested(c: &mut Cursor<'_>, a: &ArrayShape, dim: usize, out: &mut Vec<u8>) -> 
                 element(c, a.ty, out)?;
             }
             n += 1;
-            if c.eat(b',') {
-                continue;
+            if !c.eat(b',') {
+                break;
             }
-            if c.peek() != Some(b'}') {
-                return Err(c.err_found(&format!("expected ',' or '}}' in the array constant (shape {a})")));
-            }
-            c.pos += 1;
-            break;
         }
+        if c.peek() != Some(b'}') {
+            return Err(c.err_found(&format!("expected ',' or '}}' in the array constant (shape {a})")));
+        }
+        c.pos += 1;
     }
     if n != want {
         return Err(c.err_range(

@@ -526,10 +526,9 @@ pub(crate) fn parse_shape(c: &mut Cursor<'_>, depth: u32) -> PResult<Shape> {
                     return Err(c.err_range(ls, c.pos, &format!("layout has more than {MAX_RANK} entries")));
                 }
                 m2m.push(v);
-                if c.eat(b',') {
-                    continue;
+                if !c.eat(b',') {
+                    break;
                 }
-                break;
             }
         }
         if c.eat(b':') {

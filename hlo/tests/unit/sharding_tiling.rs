@@ -10,7 +10,7 @@ fn parse_shardy_values() {
     assert_eq!(v[0].1, vec![vec!["a".to_string()], vec!["b".to_string()]]);
     assert_eq!(v[1].1, vec![vec![], vec!["b".to_string(), "a".to_string()]]);
     let m = parse_mesh(r#"["a"=2, "b"=4], device_ids=[7,6,5,4,3,2,1,0]"#).unwrap();
-    assert_eq!(m.axes, vec![("a".to_string(), 2), ("b".to_string(), 4)]);
+    assert_eq!(m, vec![("a".to_string(), 2), ("b".to_string(), 4)]);
     let t = tiling_from_mesh(&m, &v[1].1, 8).unwrap();
     assert_eq!(t.counts, vec![1, 8]);
 }

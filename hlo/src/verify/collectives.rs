@@ -116,22 +116,20 @@ impl<'a> Verifier<'a> {
         self.same_but_dim(id, a, r, d, "gathered")?;
         let (n, m) = (a.dims[d], r.dims[d]);
         match group {
-            Some(g) if n.checked_mul(g) != Some(m) => Err(self.err(
+            Some(g) if n.checked_mul(g) != Some(m) => bail!(
+                self,
                 id,
-                format!(
-                    "{op} result dimension {d} must be {} (operand size {n} x group size {g}), got {} for {}",
-                    n.saturating_mul(g),
-                    m,
-                    arr_str(r)
-                ),
-            )),
-            None if (n == 0 && m != 0) || (n != 0 && (m == 0 || m % n != 0)) => Err(self.err(
+                "{op} result dimension {d} must be {} (operand size {n} x group size {g}), got {} for {}",
+                n.saturating_mul(g),
+                m,
+                arr_str(r)
+            ),
+            None if (n == 0 && m != 0) || (n != 0 && (m == 0 || m % n != 0)) => bail!(
+                self,
                 id,
-                format!(
-                    "{op} result dimension {d} must be a positive multiple of the operand's {n}, got {m} for {}",
-                    arr_str(r)
-                ),
-            )),
+                "{op} result dimension {d} must be a positive multiple of the operand's {n}, got {m} for {}",
+                arr_str(r)
+            ),
             _ => Ok(()),
         }
     }

@@ -605,17 +605,12 @@ pub(crate) fn sharding(c: &mut Cursor<'_>, depth: u32) -> PResult<Sharding> {
             // Newer XLA prints a mesh first: `{mesh[], replicated}`, `{mesh[a=2,b=4], [{a}, {}]}`. A replicated /
             // manual one is that; one sharded by named axes is kept verbatim.
             "mesh" => {
-                c.ws();
                 if c.peek() == Some(b'[') {
                     c.balanced()?;
                 }
-                c.ws();
-                if c.eat(b',') {
-                    c.ws();
-                    if matches!(c.peek(), Some(b'{' | b'[' | b'(')) {
-                        c.balanced()?;
-                        unmodelled = true;
-                    }
+                if c.eat(b',') && matches!(c.peek(), Some(b'{' | b'[' | b'(')) {
+                    c.balanced()?;
+                    unmodelled = true;
                 }
             }
             _ => {

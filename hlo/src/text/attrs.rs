@@ -205,22 +205,17 @@ fn padding(c: &mut Cursor<'_>) -> PResult<Vec<PadDim>> {
             &format!("bad padding '{text}'; expected lo_hi or lo_hi_interior per dimension, separated by 'x'"),
         )
     };
-    let mut v = Vec::new();
     if text.is_empty() {
         return Err(bad(c));
     }
-    for dim in text.split('x') {
-        let nums: Vec<&str> = dim.split('_').collect();
-        let parse = |s: &str| s.parse::<i64>().ok();
-        let (lo, hi, interior) = match nums.as_slice() {
-            [lo, hi] => (parse(lo), parse(hi), Some(0)),
-            [lo, hi, i] => (parse(lo), parse(hi), parse(i)),
-            _ => return Err(bad(c)),
-        };
-        let (Some(lo), Some(hi), Some(interior)) = (lo, hi, interior) else { return Err(bad(c)) };
-        v.push(PadDim { lo, hi, interior });
-    }
-    Ok(v)
+    let dim = |d: &str| -> Option<PadDim> {
+        match d.split('_').map(|s| s.parse().ok()).collect::<Option<Vec<i64>>>()?[..] {
+            [lo, hi] => Some(PadDim { lo, hi, interior: 0 }),
+            [lo, hi, interior] => Some(PadDim { lo, hi, interior }),
+            _ => None,
+        }
+    };
+    text.split('x').map(dim).collect::<Option<_>>().ok_or_else(|| bad(c))
 }
 
 /// `{{0,1},{1,0}}`.
@@ -532,10 +527,7 @@ pub(crate) fn sharding(c: &mut Cursor<'_>, depth: u32) -> PResult<Sharding> {
     let mut tile: Option<(Vec<i64>, Vec<i64>)> = None;
     let mut last_tile_dim_replicate = false;
     let mut last_tile_dims: Vec<String> = Vec::new();
-    loop {
-        if c.eat(b'}') {
-            break;
-        }
+    while !c.eat(b'}') {
         let (_, kw) =
             c.expect_ident("expected a sharding keyword (replicated, manual, maximal, devices=...) or '}'")?;
         match kw {

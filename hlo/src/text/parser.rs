@@ -47,10 +47,7 @@ pub(crate) fn parse_module(c: &mut Cursor<'_>) -> PResult<Module> {
     let mut entry: Option<CompId> = None;
     let mut calls: Calls = Vec::new();
 
-    loop {
-        if c.at_eof() {
-            break;
-        }
+    while !c.at_eof() {
         if skip_frame_section(c)? {
             continue;
         }
@@ -341,10 +338,7 @@ fn parse_computation<'a>(
     };
     let mut root: Option<(InstrId, usize)> = None;
 
-    loop {
-        if c.eat(b'}') {
-            break;
-        }
+    while !c.eat(b'}') {
         if c.at_eof() {
             return Err(c.err_found(&format!("expected an instruction or '}}' to close computation '{name}'")));
         }

@@ -43,12 +43,9 @@ fn literal(c: &mut Cursor<'_>, shape: &Shape, depth: u32) -> PResult<Literal> {
                 let start = c.pos;
                 let total = a.element_count();
                 // `{}` stands for any zero-element array.
-                let save = c.pos;
                 c.pos += 1;
-                if total == 0 && c.eat(b'}') {
-                    // done
-                } else {
-                    c.pos = save;
+                if total != 0 || !c.eat(b'}') {
+                    c.pos = start;
                     nested(c, a, 0, &mut data)?;
                 }
                 if data.len() != total * size {
@@ -69,11 +66,10 @@ fn literal(c: &mut Cursor<'_>, shape: &Shape, depth: u32) -> PResult<Literal> {
 /// XLA prints big constants as `{...}`: the values are not in the text.
 fn check_elided(c: &mut Cursor<'_>) -> PResult<()> {
     let start = c.pos;
-    let save = c.pos;
     let brace = c.eat(b'{');
     if c.eat_str("...") {
         let end = c.pos + usize::from(brace);
-        c.pos = save;
+        c.pos = start;
         return Err(c.err_range(
             start,
             end,
@@ -81,7 +77,7 @@ fn check_elided(c: &mut Cursor<'_>) -> PResult<()> {
              (print with print_large_constants=true)",
         ));
     }
-    c.pos = save;
+    c.pos = start;
     Ok(())
 }
 

@@ -671,21 +671,59 @@ fn element_text(ty: PrimitiveType, b: &[u8]) -> String {
         _ => {
             let bits = le::<1>(b)[0];
             match F8Format::of(ty) {
-                Some(f) => match f.nan_payload(bits) {
+                Some(f) => match f8_nan_payload(f, bits) {
                     Some(p) => {
                         // The payload of the NaN the parser makes of `nan` prints as plain `nan`; formats with one NaN
                         // (fnuz: 0x80) have no `-nan`.
                         let quiet = f.encode(f64::NAN);
                         let signed = f.encode(-f64::NAN) != quiet;
-                        let default = f.nan_payload(quiet).unwrap_or_default();
+                        let default = f8_nan_payload(f, quiet).unwrap_or_default();
                         nan_text(signed && bits & 0x80 != 0, u64::from(p), u64::from(default))
                     }
-                    None => shortest(f.decode(bits), |x| f.encode(x) == bits),
+                    None => shortest(f8_decode(f, bits), |x| f.encode(x) == bits),
                 },
                 None => bits.to_string(),
             }
         }
     }
+}
+
+/// The value of the f8 encoding `b` (exact in f64). NaNs keep their sign; the payload is [`f8_nan_payload`].
+fn f8_decode(f: F8Format, b: u8) -> f64 {
+    let neg = b & 0x80 != 0;
+    let sign = if neg { -1.0 } else { 1.0 };
+    let max_field = (1u8 << f.exp) - 1;
+    let field = (b >> f.mant) & max_field;
+    let frac = b & ((1u8 << f.mant) - 1);
+    if f8_nan_payload(f, b).is_some() {
+        return if neg { -f64::NAN } else { f64::NAN };
+    }
+    if f.ieee && field == max_field {
+        return sign * f64::INFINITY;
+    }
+    let m = f.mant as i32;
+    let magnitude = if field == 0 {
+        f64::from(frac) * 2f64.powi(1 - f.bias - m)
+    } else {
+        f64::from((1u16 << f.mant) + u16::from(frac)) * 2f64.powi(i32::from(field) - f.bias - m)
+    };
+    sign * magnitude
+}
+
+/// For a NaN encoding of `f`, its mantissa bits (the `nan(0x..)` payload); `None` otherwise.
+fn f8_nan_payload(f: F8Format, b: u8) -> Option<u8> {
+    let max_field = (1u8 << f.exp) - 1;
+    let field = (b >> f.mant) & max_field;
+    let frac = b & ((1u8 << f.mant) - 1);
+    let all_ones = (1u8 << f.mant) - 1;
+    let nan = if f.fnuz {
+        b == 0x80
+    } else if f.ieee {
+        field == max_field && frac != 0
+    } else {
+        field == max_field && frac == all_ones
+    };
+    nan.then_some(frac)
 }
 
 /// `nan`, `-nan`, or `nan(0x..)` when the payload is not the default quiet one.

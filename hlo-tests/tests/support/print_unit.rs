@@ -43,3 +43,21 @@ fn strings_quote_and_escape() {
     assert_eq!(braced_or_quoted("{a} {b}"), "\"{a} {b}\"");
     assert_eq!(braced_or_quoted("x"), "\"x\"");
 }
+
+#[test]
+fn f8_decode_inverts_encode() {
+    use PrimitiveType as T;
+    for ty in [T::F8E5M2, T::F8E4M3, T::F8E3M4, T::F8E4M3FN, T::F8E4M3FNUZ, T::F8E5M2FNUZ, T::F8E4M3B11FNUZ] {
+        for b in 0..=255u8 {
+            // The printer's text of every byte (its value, or its NaN payload) parses back to it.
+            let text = format!("HloModule m\nENTRY e {{\n  ROOT c = {ty}[] constant({})\n}}\n", element_text(ty, &[b]));
+            let m = hlo::parse_text("f8", &text).unwrap_or_else(|e| panic!("{ty} {b:#04x}: {e}"));
+            let lit =
+                m.instr(m.entry().root).attrs.literal.as_ref().and_then(Literal::as_array).map(|a| a.data.clone());
+            assert_eq!(lit, Some(vec![b]), "{ty} {b:#04x}");
+        }
+    }
+    let f = F8Format::of(T::F8E4M3FN).unwrap();
+    assert_eq!((f8_decode(f, 0x38), f8_decode(f, 0x7E), f8_decode(f, 0x01)), (1.0, 448.0, 2f64.powi(-9)));
+    assert!(f8_decode(f, 0x7F).is_nan());
+}

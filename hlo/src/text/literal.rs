@@ -297,13 +297,13 @@ fn nan_bits(v: &FloatValue, width: u32, mant_bits: u32) -> Option<u64> {
 /// An 8-bit float format: 1 sign bit, `exp` exponent bits, `mant` mantissa bits.
 #[derive(Clone, Copy, Debug)]
 pub struct F8Format {
-    exp: u32,
-    mant: u32,
-    bias: i32,
+    pub exp: u32,
+    pub mant: u32,
+    pub bias: i32,
     /// IEEE-like: the top exponent encodes inf (mantissa 0) and NaN.
-    ieee: bool,
+    pub ieee: bool,
     /// "fnuz": no negative zero, the only NaN is 0x80, no infinity.
-    fnuz: bool,
+    pub fnuz: bool,
 }
 
 impl F8Format {
@@ -342,44 +342,6 @@ impl F8Format {
             }
             _ => self.encode(v),
         }
-    }
-
-    /// The value of the encoding `b` (exact in f64). NaNs keep their sign; the payload is [`F8Format::nan_payload`].
-    pub fn decode(self, b: u8) -> f64 {
-        let neg = b & 0x80 != 0;
-        let sign = if neg { -1.0 } else { 1.0 };
-        let max_field = (1u8 << self.exp) - 1;
-        let field = (b >> self.mant) & max_field;
-        let frac = b & ((1u8 << self.mant) - 1);
-        if self.nan_payload(b).is_some() {
-            return if neg { -f64::NAN } else { f64::NAN };
-        }
-        if self.ieee && field == max_field {
-            return sign * f64::INFINITY;
-        }
-        let m = self.mant as i32;
-        let magnitude = if field == 0 {
-            f64::from(frac) * pow2(1 - self.bias - m)
-        } else {
-            f64::from((1u16 << self.mant) + u16::from(frac)) * pow2(i32::from(field) - self.bias - m)
-        };
-        sign * magnitude
-    }
-
-    /// For a NaN encoding, its mantissa bits (the `nan(0x..)` payload); `None` otherwise.
-    pub fn nan_payload(self, b: u8) -> Option<u8> {
-        let max_field = (1u8 << self.exp) - 1;
-        let field = (b >> self.mant) & max_field;
-        let frac = b & ((1u8 << self.mant) - 1);
-        let all_ones = (1u8 << self.mant) - 1;
-        let nan = if self.fnuz {
-            b == 0x80
-        } else if self.ieee {
-            field == max_field && frac != 0
-        } else {
-            field == max_field && frac == all_ones
-        };
-        nan.then_some(frac)
     }
 
     /// Rounds `v` to nearest (ties to even). Overflow gives inf where the format has one, NaN otherwise

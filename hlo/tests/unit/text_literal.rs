@@ -35,21 +35,6 @@ fn f8_e5m2() {
 }
 
 #[test]
-fn f8_decode_inverts_encode() {
-    use PrimitiveType as T;
-    for ty in [T::F8E5M2, T::F8E4M3, T::F8E3M4, T::F8E4M3FN, T::F8E4M3FNUZ, T::F8E5M2FNUZ, T::F8E4M3B11FNUZ] {
-        let f = F8Format::of(ty).unwrap();
-        for b in 0..=255u8 {
-            let payload = f.nan_payload(b).map(u64::from);
-            assert_eq!(f.encode_with_payload(f.decode(b), payload), b, "{ty} {b:#04x}");
-        }
-    }
-    let f = F8Format::of(T::F8E4M3FN).unwrap();
-    assert_eq!((f.decode(0x38), f.decode(0x7E), f.decode(0x01)), (1.0, 448.0, 2f64.powi(-9)));
-    assert!(f.decode(0x7F).is_nan());
-}
-
-#[test]
 fn f8_fnuz() {
     let f = F8Format::of(PrimitiveType::F8E4M3FNUZ).unwrap();
     assert_eq!(f.encode(-0.0), 0x00);

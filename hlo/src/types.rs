@@ -75,18 +75,9 @@ impl PrimitiveType {
         matches!(self, Self::F16 | Self::Bf16 | Self::F32 | Self::F64) || self.is_f8()
     }
 
+    /// The 8-bit float types, every one spelled `f8...`.
     pub fn is_f8(self) -> bool {
-        matches!(
-            self,
-            Self::F8E5M2
-                | Self::F8E4M3
-                | Self::F8E4M3FN
-                | Self::F8E4M3B11FNUZ
-                | Self::F8E5M2FNUZ
-                | Self::F8E4M3FNUZ
-                | Self::F8E3M4
-                | Self::F8E8M0FNU
-        )
+        self.name().starts_with("f8")
     }
 
     pub fn is_integral(self) -> bool {

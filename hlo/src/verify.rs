@@ -174,22 +174,18 @@ impl<'a> Verifier<'a> {
                 for &cp in &ins.attrs.control_predecessors {
                     match m.instrs.get(cp) {
                         Some(o) if o.parent == cid && members.contains(&cp) => {}
-                        Some(o) => {
-                            bail!(
-                                self,
-                                id,
-                                "control predecessor {} is not in computation {}",
-                                pname(&o.name),
-                                pname(&comp.name)
-                            );
-                        }
+                        Some(o) => bail!(
+                            self,
+                            id,
+                            "control predecessor {} is not in computation {}",
+                            pname(&o.name),
+                            pname(&comp.name)
+                        ),
                         None => bail!(self, id, "control predecessor {cp} does not exist"),
                     }
                 }
-                for &c in &ins.called {
-                    if m.comps.get(c).is_none() {
-                        bail!(self, id, "calls computation {c}, which does not exist");
-                    }
+                if let Some(c) = ins.called.iter().find(|&&c| m.comps.get(c).is_none()) {
+                    bail!(self, id, "calls computation {c}, which does not exist");
                 }
                 pos.insert(id, k);
             }
@@ -265,14 +261,12 @@ impl<'a> Verifier<'a> {
                         let e = edges(callee);
                         stack.push((callee, e, 0));
                     }
-                    1 => {
-                        bail!(
-                            self,
-                            caller,
-                            "calls computation {}, which is already on the call stack (recursion is not allowed)",
-                            pname(&m.comps[callee].name)
-                        );
-                    }
+                    1 => bail!(
+                        self,
+                        caller,
+                        "calls computation {}, which is already on the call stack (recursion is not allowed)",
+                        pname(&m.comps[callee].name)
+                    ),
                     _ => {}
                 }
             }
@@ -543,10 +537,10 @@ impl<'a> Verifier<'a> {
                 PrimitiveType::Pred
             }
             Not if !(t == PrimitiveType::Pred || t.is_integral()) => {
-                bail!(self, id, "not needs a pred or integer operand, got {}", arr_str(a));
+                bail!(self, id, "not needs a pred or integer operand, got {}", arr_str(a))
             }
             PopulationCount | CountLeadingZeros if !t.is_integral() => {
-                bail!(self, id, "{} needs an integer operand, got {}", op.name(), arr_str(a));
+                bail!(self, id, "{} needs an integer operand, got {}", op.name(), arr_str(a))
             }
             Abs | Real | Imag => component(t),
             _ => t,
@@ -579,10 +573,10 @@ impl<'a> Verifier<'a> {
                 PrimitiveType::Pred
             }
             And | Or | Xor if !(t == PrimitiveType::Pred || t.is_integral()) => {
-                bail!(self, id, "{} needs pred or integer operands, got {}", op.name(), arr_str(a));
+                bail!(self, id, "{} needs pred or integer operands, got {}", op.name(), arr_str(a))
             }
             ShiftLeft | ShiftRightArithmetic | ShiftRightLogical if !t.is_integral() => {
-                bail!(self, id, "{} needs integer operands, got {}", op.name(), arr_str(a));
+                bail!(self, id, "{} needs integer operands, got {}", op.name(), arr_str(a))
             }
             Complex => match t {
                 PrimitiveType::F32 => PrimitiveType::C64,

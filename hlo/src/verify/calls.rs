@@ -103,9 +103,7 @@ impl<'a> Verifier<'a> {
         let results: Vec<&Shape> = match &ins.shape {
             s @ Shape::Array(_) if n == 1 => vec![s],
             Shape::Tuple(t) if t.len() == n => t.iter().collect(),
-            s => {
-                bail!(self, id, "custom-call {target} of {n} operand(s) must produce {n} result(s), got {}", sh(s));
-            }
+            s => bail!(self, id, "custom-call {target} of {n} operand(s) must produce {n} result(s), got {}", sh(s)),
         };
         for (i, r) in results.into_iter().enumerate() {
             let a = self.arr(id, i)?;

@@ -447,16 +447,15 @@ impl Decoder<'_> {
         if opcode != Opcode::Iota && (has_dimensions_attr(opcode) || !p.dimensions.is_empty()) {
             a.dimensions = Some(p.dimensions.clone());
         }
+        let list = p.collective_device_list.as_ref();
         a.replica_groups = if let Some(l) = &x.mesh_axes_list {
             Some(mesh_axes_groups(l).map_err(|e| self.err(format!("mesh-axes replica groups: {e}")))?)
-        } else if let Some(l) = &x.iota_device_list {
+        } else if let Some(l) = x.iota_device_list.as_ref().or(list.and_then(|d| d.iota_replica_group_list.as_ref())) {
             Some(iota_groups(l))
-        } else if let Some(l) = p.collective_device_list.as_ref().and_then(|d| d.iota_replica_group_list.as_ref()) {
-            Some(iota_groups(l))
-        } else if let Some(d) = p.collective_device_list.as_ref().filter(|d| !d.replica_groups.is_empty()) {
-            Some(ReplicaGroups::Explicit(d.replica_groups.iter().map(|g| g.replica_ids.clone()).collect()))
-        } else if !p.replica_groups.is_empty() {
-            Some(ReplicaGroups::Explicit(p.replica_groups.iter().map(|g| g.replica_ids.clone()).collect()))
+        } else if let Some(g) =
+            [list.map_or(&[][..], |d| &d.replica_groups), &p.replica_groups].iter().find(|g| !g.is_empty())
+        {
+            Some(ReplicaGroups::Explicit(g.iter().map(|g| g.replica_ids.clone()).collect()))
         } else if has_replica_groups(opcode) {
             Some(ReplicaGroups::Explicit(Vec::new()))
         } else {

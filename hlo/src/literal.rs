@@ -84,12 +84,6 @@ impl Array {
         Ok(Array { shape, data })
     }
 
-    /// An all-zero array (zero bits: 0, 0.0, false).
-    pub fn zeros(shape: ArrayShape) -> Self {
-        let n = shape.byte_size();
-        Array { shape, data: vec![0; n] }
-    }
-
     pub fn from_slice<T: Element>(dims: Vec<i64>, values: &[T]) -> Self {
         let shape = ArrayShape::new(T::TYPE, dims);
         assert_eq!(shape.element_count(), values.len(), "from_slice: element count");
@@ -155,15 +149,6 @@ impl Literal {
             Literal::Array(a) => vec![a],
             Literal::Tuple(t) => t.iter().flat_map(Literal::leaves).collect(),
             Literal::Token => Vec::new(),
-        }
-    }
-
-    /// A zero-filled value of `shape`.
-    pub fn zeros(shape: &Shape) -> Literal {
-        match shape {
-            Shape::Array(a) => Literal::Array(Array::zeros(a.clone())),
-            Shape::Tuple(t) => Literal::Tuple(t.iter().map(Literal::zeros).collect()),
-            Shape::Token => Literal::Token,
         }
     }
 }

@@ -104,22 +104,14 @@ pub(crate) fn instr_attr<'a>(
         "direction" => {
             let (s, d) = c.expect_ident("expected a comparison direction")?;
             let Some(dir) = ComparisonDirection::from_name(d) else {
-                return Err(c.err_range(
-                    s,
-                    c.pos,
-                    &format!("unknown comparison direction '{d}'; expected EQ, NE, LT, LE, GT or GE"),
-                ));
+                fail!(c, s, c.pos, "unknown comparison direction '{d}'; expected EQ, NE, LT, LE, GT or GE");
             };
             a.comparison_direction = Some(dir);
         }
         "type" if opcode == Opcode::Compare => {
             let (s, t) = c.expect_ident("expected a comparison type")?;
             if !matches!(t, "TOTALORDER" | "FLOAT" | "SIGNED" | "UNSIGNED" | "PARTIALORDER") {
-                return Err(c.err_range(
-                    s,
-                    c.pos,
-                    &format!("unknown comparison type '{t}'; expected TOTALORDER, FLOAT, SIGNED or UNSIGNED"),
-                ));
+                fail!(c, s, c.pos, "unknown comparison type '{t}'; expected TOTALORDER, FLOAT, SIGNED or UNSIGNED");
             }
             a.comparison_type = Some(t.to_owned());
         }
@@ -226,11 +218,7 @@ fn source_target_pairs(c: &mut Cursor<'_>) -> PResult<Vec<(i64, i64)>> {
         let ps = c.pos;
         let pair = int_list(c, "a source-target pair")?;
         let [s, t] = pair[..] else {
-            return Err(c.err_range(
-                ps,
-                c.pos,
-                &format!("source-target pair has {} entries; expected {{source,target}}", pair.len()),
-            ));
+            fail!(c, ps, c.pos, "source-target pair has {} entries; expected {{source,target}}", pair.len());
         };
         Ok((s, t))
     })
@@ -290,11 +278,7 @@ pub(crate) fn replica_groups(c: &mut Cursor<'_>) -> PResult<ReplicaGroups> {
         Some(b'[') => {
             let g = bracket_list(c, "replica group count and size [groups,size]")?;
             let [num_groups, group_size] = g[..] else {
-                return Err(c.err_range(
-                    start,
-                    c.pos,
-                    &format!("iota replica groups need [groups,size]; found {} numbers", g.len()),
-                ));
+                fail!(c, start, c.pos, "iota replica groups need [groups,size]; found {} numbers", g.len());
             };
             let (reshape_dims, transpose_perm) = iota_tail(c)?;
             let iota = IotaReplicaGroups { num_groups, group_size, reshape_dims, transpose_perm };
@@ -406,11 +390,7 @@ fn mesh_groups(c: &mut Cursor<'_>, start: usize) -> PResult<ReplicaGroups> {
             let (names, sizes): (Vec<String>, Vec<i64>) = axes.into_iter().unzip();
             let total = sizes.iter().try_fold(1i64, |a, &d| a.checked_mul(d)).filter(|&t| t <= MAX_DEVICES);
             let Some(total) = total else {
-                return Err(c.err_range(
-                    start,
-                    c.pos,
-                    &format!("mesh is too large; expected at most {MAX_DEVICES} devices"),
-                ));
+                fail!(c, start, c.pos, "mesh is too large; expected at most {MAX_DEVICES} devices");
             };
             // Optional explicit device order.
             let save = c.pos;
@@ -430,11 +410,7 @@ fn mesh_groups(c: &mut Cursor<'_>, start: usize) -> PResult<ReplicaGroups> {
                 let as_ = c.pos;
                 let n = axis_name(c)?;
                 let Some(axis) = names.iter().position(|x| *x == n) else {
-                    return Err(c.err_range(
-                        as_,
-                        c.pos,
-                        &format!("unknown mesh axis '{n}'; expected one of {names:?}"),
-                    ));
+                    fail!(c, as_, c.pos, "unknown mesh axis '{n}'; expected one of {names:?}");
                 };
                 let full = sizes.get(axis).copied().unwrap_or(1);
                 let (pre, size) = if c.eat(b':') {
@@ -448,11 +424,7 @@ fn mesh_groups(c: &mut Cursor<'_>, start: usize) -> PResult<ReplicaGroups> {
                 };
                 let fits = pre >= 1 && size >= 1 && pre.checked_mul(size).is_some_and(|ps| full % ps == 0);
                 if !fits {
-                    return Err(c.err_range(
-                        as_,
-                        c.pos,
-                        &format!("sub-axis {n}:({pre}){size} does not divide axis size {full}"),
-                    ));
+                    fail!(c, as_, c.pos, "sub-axis {n}:({pre}){size} does not divide axis size {full}");
                 }
                 Ok((axis, pre, size))
             })?;
@@ -570,15 +542,14 @@ pub(crate) fn sharding(c: &mut Cursor<'_>, depth: u32) -> PResult<Sharding> {
                 };
                 let want = dims.iter().try_fold(1i64, |a, &d| a.checked_mul(d));
                 if want != Some(devices.len() as i64) || dims.iter().any(|&d| d < 1) {
-                    return Err(c.err_range(
+                    fail!(
+                        c,
                         ds,
                         c.pos,
-                        &format!(
-                            "tile assignment dims {dims:?} need {} devices but {} are given",
-                            want.map_or("too many".to_owned(), |w| w.to_string()),
-                            devices.len()
-                        ),
-                    ));
+                        "tile assignment dims {dims:?} need {} devices but {} are given",
+                        want.map_or("too many".to_owned(), |w| w.to_string()),
+                        devices.len()
+                    );
                 }
                 tile = Some((dims, devices));
             }

@@ -113,11 +113,7 @@ fn nested(c: &mut Cursor<'_>, a: &ArrayShape, dim: usize, out: &mut Vec<u8>) -> 
         c.pos += 1;
     }
     if n != want {
-        return Err(c.err_range(
-            open,
-            c.pos,
-            &format!("dimension {dim} of the array constant has {n} entries; expected {want} for shape {a}"),
-        ));
+        fail!(c, open, c.pos, "dimension {dim} of the array constant has {n} entries; expected {want} for shape {a}");
     }
     Ok(())
 }
@@ -210,11 +206,7 @@ fn element(c: &mut Cursor<'_>, ty: PrimitiveType, out: &mut Vec<u8>) -> PResult<
                 _ => (0, u64::MAX.into()),
             };
             if v < lo || v > hi {
-                return Err(c.err_range(
-                    start,
-                    end,
-                    &format!("integer {v} is out of range for {ty}; expected {lo}..={hi}"),
-                ));
+                fail!(c, start, end, "integer {v} is out of range for {ty}; expected {lo}..={hi}");
             }
             let bytes = v.to_le_bytes();
             out.extend_from_slice(bytes.get(..ty.byte_size()).unwrap_or(&[]));

@@ -17,6 +17,13 @@
 //!   stack-frame index sections are skipped.
 //! - s4/u4 constants hold one sign-/zero-extended byte per element.
 
+/// `return Err(c.err_range(start, end, &format!(..)))`: a parse error over `src[start..end]`.
+macro_rules! fail {
+    ($c:expr, $start:expr, $end:expr, $fmt:literal $(, $arg:expr)* $(,)?) => {
+        return Err($c.err_range($start, $end, &format!($fmt $(, $arg)*)))
+    };
+}
+
 mod attrs;
 mod cursor;
 mod literal;

@@ -66,11 +66,7 @@ pub(crate) fn parse_module(c: &mut Cursor<'_>) -> PResult<Module> {
         let name: &str = c.slice(ns, ne);
         let name = name.strip_prefix('%').unwrap_or(name);
         if comp_names.contains_key(name) {
-            return Err(c.err_range(
-                ns,
-                ne,
-                &format!("duplicate computation name '{name}'; expected each computation to have a unique name"),
-            ));
+            fail!(c, ns, ne, "duplicate computation name '{name}'; expected each computation to have a unique name");
         }
         comp_names.insert(name, comp_id);
         calls.extend(comp_calls);
@@ -95,11 +91,7 @@ pub(crate) fn parse_module(c: &mut Cursor<'_>) -> PResult<Module> {
         let mut slots: Vec<(CallSlot, CompId)> = Vec::with_capacity(refs.len());
         for (slot, name, start, end) in refs {
             let Some(&target) = comp_names.get(name) else {
-                return Err(c.err_range(
-                    start,
-                    end,
-                    &format!("unknown computation '{name}'; expected the name of a computation in this module"),
-                ));
+                fail!(c, start, end, "unknown computation '{name}'; expected the name of a computation in this module");
             };
             slots.push((slot, target));
         }
@@ -235,11 +227,7 @@ impl<'a> CompBuilder<'a> {
             let (kstart, key) = c.expect_ident("expected an attribute name after ','")?;
             let kend = c.pos;
             if seen.contains(&key) {
-                return Err(c.err_range(
-                    kstart,
-                    kend,
-                    &format!("duplicate attribute '{key}'; expected each attribute once"),
-                ));
+                fail!(c, kstart, kend, "duplicate attribute '{key}'; expected each attribute once");
             }
             seen.push(key);
             c.expect(b'=', &format!("after attribute name '{key}'"))?;
@@ -266,11 +254,7 @@ impl<'a> CompBuilder<'a> {
                 && Opcode::from_name(word).is_some()
             {
                 if depth >= MAX_DEPTH {
-                    return Err(c.err_range(
-                        start,
-                        c.pos,
-                        &format!("instructions nested too deeply (more than {MAX_DEPTH} levels)"),
-                    ));
+                    fail!(c, start, c.pos, "instructions nested too deeply (more than {MAX_DEPTH} levels)");
                 }
                 c.pos = start;
                 let rhs = self.rhs(c, instrs, depth + 1, false)?;
@@ -369,11 +353,7 @@ fn parse_computation<'a>(
     }
 
     let Some(&last) = b.ids.last() else {
-        return Err(c.err_range(
-            name_start,
-            name_end,
-            &format!("computation '{name}' has no instructions; expected at least one"),
-        ));
+        fail!(c, name_start, name_end, "computation '{name}' has no instructions; expected at least one");
     };
     let root = root.map_or(last, |(r, _)| r);
 
@@ -414,14 +394,13 @@ fn parse_computation<'a>(
             match b.by_name.get(r.name) {
                 Some(&o) if o < p.id => ops.push(o),
                 Some(_) => {
-                    return Err(c.err_range(
+                    fail!(
+                        c,
                         r.start,
                         r.end,
-                        &format!(
-                            "operand '{}' is used before its definition; expected operands defined earlier",
-                            r.name
-                        ),
-                    ));
+                        "operand '{}' is used before its definition; expected operands defined earlier",
+                        r.name
+                    );
                 }
                 None => {
                     return Err(c.err_range(
@@ -477,11 +456,7 @@ pub(crate) fn parse_shape(c: &mut Cursor<'_>, depth: u32) -> PResult<Shape> {
     let (tstart, tname) = c.expect_ident("expected a shape (e.g. f32[2,3] or a tuple)")?;
     let tend = c.pos;
     let Some(ty) = PrimitiveType::from_name(tname) else {
-        return Err(c.err_range(
-            tstart,
-            tend,
-            &format!("unknown element type '{tname}'; expected a type such as f32, s32, pred"),
-        ));
+        fail!(c, tstart, tend, "unknown element type '{tname}'; expected a type such as f32, s32, pred");
     };
     if c.raw_peek() != Some(b'[') {
         return Err(c.err_found(&format!("expected '[' and the dimensions after element type '{tname}'")));

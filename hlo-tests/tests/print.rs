@@ -375,7 +375,7 @@ ENTRY %main (a: f32[8], b: (f32[4], s32[2])) -> (f32[8], (f32[4], s32[2])) {
     let ar = &m.instrs[m.entry().root];
     assert_eq!(ar.attrs.custom_call_target.as_deref(), Some("peerless.all_reduce"));
     assert_eq!(ar.attrs.custom_call_api_version(), Ok(hlo::CustomCallApiVersion::TypedFfi));
-    assert!(!ar.attrs.custom_call_has_side_effect());
+    assert_eq!(ar.attrs.other.get("custom_call_has_side_effect"), None);
     assert_eq!(
         ar.attrs.backend_config.as_deref(),
         Some(
@@ -442,7 +442,7 @@ fn proto_custom_call_attributes_round_trip() {
     let m = hlo::decode_proto("m.pb", &bytes).unwrap_or_else(|e| panic!("{e}"));
     let root = &m.instrs[m.entry().root];
     assert_eq!(root.attrs.custom_call_api_version(), Ok(hlo::CustomCallApiVersion::TypedFfi));
-    assert!(root.attrs.custom_call_has_side_effect());
+    assert_eq!(root.attrs.other.get("custom_call_has_side_effect").map(String::as_str), Some("true"));
     let text = round_trip("m.pb", &m);
     let want = format!(
         "  ROOT %i2 = f32[4]{{0}} custom-call(%i1), custom_call_target=\"peerless.all_reduce\", \

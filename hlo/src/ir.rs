@@ -365,12 +365,6 @@ impl Attrs {
             }),
         }
     }
-
-    /// `custom_call_has_side_effect=true` (kept in `other` by both front ends): the call may not be removed or
-    /// duplicated.
-    pub fn custom_call_has_side_effect(&self) -> bool {
-        self.other.get("custom_call_has_side_effect").is_some_and(|v| v.trim() == "true")
-    }
 }
 
 /// One HLO instruction.

@@ -430,13 +430,12 @@ fn mesh_groups(c: &mut Cursor<'_>, start: usize) -> PResult<ReplicaGroups> {
             })?;
             ReplicaGroups::from_mesh(&sizes, &refs, device_ids, false).map_err(|m| c.err_range(start, c.pos, &m))
         }
-        other => Err(c.err_range(
+        other => fail!(
+            c,
             start,
             c.pos,
-            &format!(
-                "unknown replica groups form '{other}'; expected {{...}}, [groups,size]<=[dims] or mesh[...] {{axes}}"
-            ),
-        )),
+            "unknown replica groups form '{other}'; expected {{...}}, [groups,size]<=[dims] or mesh[...] {{axes}}"
+        ),
     }
 }
 

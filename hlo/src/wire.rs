@@ -176,11 +176,11 @@ pub fn fields(msg: &[u8]) -> Result<Vec<Field<'_>>, WireError> {
         if len > buf.len() {
             return Err(WireError(format!("field {number} runs past the end of its message")));
         }
-        let payload_at = msg.len() - buf.len();
+        // A length-delimited field's contents follow its length; any other value's bytes start after the key.
+        let from = if wire == WireType::LengthDelimited { msg.len() - buf.len() } else { value_start };
         buf = &buf[len..];
         let end = msg.len() - buf.len();
-        let payload = if wire == WireType::LengthDelimited { &msg[payload_at..end] } else { &msg[value_start..end] };
-        out.push(Field { number, wire, raw: &msg[start..end], payload });
+        out.push(Field { number, wire, raw: &msg[start..end], payload: &msg[from..end] });
     }
     Ok(out)
 }

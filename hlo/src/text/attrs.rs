@@ -455,10 +455,7 @@ fn mesh_device_ids(c: &mut Cursor<'_>, total: i64, start: usize) -> PResult<Vec<
             while c.eat(b'{') {}
             v.push(c.int("a device id")?);
             while c.eat(b'}') {}
-            if !c.eat(b',') {
-                break;
-            }
-            if v.len() as i64 > total {
+            if !c.eat(b',') || v.len() as i64 > total {
                 break;
             }
         }

@@ -123,7 +123,10 @@ fn plan(
     mode: DeviceMode,
     flags: &Flags,
 ) -> Result<Vec<(String, CollectiveConfig, Decision)>, EmitError> {
-    let (replicas, partitions) = mode.counts(n);
+    let (replicas, partitions) = match mode {
+        DeviceMode::Replica => (n, 1),
+        DeviceMode::Partition => (1, n),
+    };
     let peers = PeerAccessTable::for_host_topology(n, &flags.host_topology);
     m.collectives()
         .into_iter()

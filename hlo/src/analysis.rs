@@ -155,16 +155,6 @@ pub enum DeviceMode {
     Partition,
 }
 
-impl DeviceMode {
-    /// `(num_replicas, num_partitions)` for `num_devices` devices.
-    pub fn counts(self, num_devices: usize) -> (usize, usize) {
-        match self {
-            Self::Replica => (num_devices, 1),
-            Self::Partition => (1, num_devices),
-        }
-    }
-}
-
 /// Checks `num_replicas × num_partitions` and returns the device count.
 fn device_count(what: &str, num_replicas: usize, num_partitions: usize) -> Result<usize, String> {
     match num_replicas.checked_mul(num_partitions) {

@@ -95,10 +95,6 @@ impl Array {
         Array { shape, data }
     }
 
-    pub fn scalar<T: Element>(v: T) -> Self {
-        Self::from_slice(Vec::new(), &[v])
-    }
-
     pub fn ty(&self) -> PrimitiveType {
         self.shape.ty
     }

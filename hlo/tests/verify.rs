@@ -902,7 +902,7 @@ fn accepts_valid_modules() {
         i.called = vec![add];
     });
     let io = b.with("io", Opcode::Iota, a(T::S32, &[4, 6]), &[], |i| i.attrs.iota_dimension = Some(1));
-    let zi = b.constant("zi", Array::scalar(0i32));
+    let zi = b.constant("zi", Array::from_slice(Vec::new(), &[0i32]));
     let am = b.with("am", Opcode::Reduce, tup(&[f32s(&[4]), a(T::S32, &[4])]), &[x, io, z, zi], |i| {
         i.attrs.dimensions = Some(vec![1]);
         i.called = vec![argmax];
@@ -921,7 +921,7 @@ fn accepts_valid_modules() {
     let pd = b.with("pd", Opcode::Pad, f32s(&[3]), &[sl, z], |i| {
         i.attrs.padding = Some(vec![PadDim { lo: -1, hi: 0, interior: 0 }])
     });
-    let idx = b.constant("idx", Array::scalar(1u32));
+    let idx = b.constant("idx", Array::from_slice(Vec::new(), &[1u32]));
     let ds =
         b.with("ds", Opcode::DynamicSlice, f32s(&[2]), &[pd, idx], |i| i.attrs.dynamic_slice_sizes = Some(vec![2]));
     let dus = b.op("dus", Opcode::DynamicUpdateSlice, f32s(&[3]), &[pd, ds, idx]);

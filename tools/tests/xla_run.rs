@@ -236,7 +236,7 @@ ENTRY main {
     let module = hlo::parse_text("tuple_io.hlo", TEXT).map_err(|e| format!("parse: {e}"))?;
     let bytes = hlo::encode_proto(&module).map_err(|e| format!("encode_proto: {e}"))?;
     let f32s = |v: &[f32]| Literal::Array(Array::from_slice(vec![v.len() as i64], v));
-    let f32_0 = || Literal::Array(Array::scalar(0.5f32));
+    let f32_0 = || Literal::Array(Array::from_slice(Vec::new(), &[0.5f32]));
     let s32s = |d: i32| Literal::Array(Array::from_slice(vec![3], &[d, -d, 7]));
     let preds = |d: u8| {
         Literal::Array(Array::new(ArrayShape::new(PrimitiveType::Pred, vec![2]), vec![d, 1 - d]).expect("pred[2]"))

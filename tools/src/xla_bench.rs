@@ -9,13 +9,16 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use emitter::xla_pass::PassDecision;
-use ffi::pjrt::client::{Buffer, Client, Device, buffer_type as bt};
+use ffi::pjrt::client::{Buffer, Client, Device};
+use hlo::PrimitiveType;
 use pjrt_sys::protos::xla;
 use plugin::Platform;
 use prost::Message;
 use runs::Mode;
 use thunks::flag::{ALL_REDUCE_BACKEND, ONE_SHOT_MAX_BYTES, TWO_SHOT_MAX_BYTES};
 use thunks::{CollectiveKind, CollectiveOp};
+
+use crate::xla_run::buffer_type;
 
 /// The collectives the bench measures.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -44,13 +47,9 @@ impl Op {
 
     /// The collective kind the op is.
     pub fn kind(self) -> CollectiveKind {
-        match self {
-            Op::AllReduce => CollectiveKind::AllReduce,
-            Op::AllGather => CollectiveKind::AllGather,
-            Op::ReduceScatter => CollectiveKind::ReduceScatter,
-            Op::AllToAll => CollectiveKind::AllToAll,
-            Op::CollectivePermute => CollectiveKind::CollectivePermute,
-        }
+        use CollectiveKind as K;
+        // In `Op::ALL`'s order.
+        [K::AllReduce, K::AllGather, K::ReduceScatter, K::AllToAll, K::CollectivePermute][self as usize]
     }
 
     /// The Peerless flag choosing this op's backend.
@@ -141,25 +140,20 @@ impl Dtype {
             .ok_or_else(|| format!("bench dtype {s} (f32, bf16)"))
     }
 
-    pub fn name(self) -> &'static str {
+    /// The HLO element type.
+    pub fn hlo(self) -> PrimitiveType {
         match self {
-            Dtype::F32 => "f32",
-            Dtype::Bf16 => "bf16",
+            Dtype::F32 => PrimitiveType::F32,
+            Dtype::Bf16 => PrimitiveType::Bf16,
         }
+    }
+
+    pub fn name(self) -> &'static str {
+        self.hlo().name()
     }
 
     pub fn bytes(self) -> usize {
-        match self {
-            Dtype::F32 => 4,
-            Dtype::Bf16 => 2,
-        }
-    }
-
-    fn pjrt(self) -> u32 {
-        match self {
-            Dtype::F32 => bt::F32,
-            Dtype::Bf16 => bt::BF16,
-        }
+        self.hlo().byte_size()
     }
 
     /// Small integers, exact in both types (a bf16 is the top half of the f32).
@@ -820,7 +814,12 @@ pub fn run(opts: &Options, progress: &mut dyn FnMut(&str)) -> Result<Report, Str
                 for (d, dev) in devices.iter().enumerate() {
                     let mut v = Vec::with_capacity(chain);
                     for vals in &host[d] {
-                        v.push(client.buffer_from_host(&ty.encode(vals), ty.pjrt(), &[elems as i64], dev)?);
+                        v.push(client.buffer_from_host(
+                            &ty.encode(vals),
+                            buffer_type(ty.hlo())?,
+                            &[elems as i64],
+                            dev,
+                        )?);
                     }
                     bufs.push(v);
                 }

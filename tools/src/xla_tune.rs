@@ -8,7 +8,6 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 
 use emitter::tuning::{Key, Measured, Point, Profile, XLA, dtype_class};
-use hlo::PrimitiveType;
 
 use crate::xla_bench::{self, Check, Dtype, Impl, Op, Row};
 
@@ -71,13 +70,6 @@ pub struct TuneReport {
     pub rows: Vec<Row>,
 }
 
-fn primitive(d: Dtype) -> PrimitiveType {
-    match d {
-        Dtype::F32 => PrimitiveType::F32,
-        Dtype::Bf16 => PrimitiveType::Bf16,
-    }
-}
-
 /// The implementation name a checked row is recorded under, if it is one the profile keeps.
 fn recorded_name(r: &Row) -> Option<String> {
     match r.imp {
@@ -136,7 +128,7 @@ fn measure(
             ));
         }
         if let (Some(us), Some(name)) = (r.us, recorded_name(&r)) {
-            profile.record(r.op.name(), &dtype_class(primitive(r.dtype)), g, r.bytes, &name, us);
+            profile.record(r.op.name(), &dtype_class(r.dtype.hlo()), g, r.bytes, &name, us);
         }
         rows.push(r);
     }
@@ -206,7 +198,7 @@ pub fn run(opts: &TuneOptions, progress: &mut dyn FnMut(&str)) -> Result<TuneRep
             }
             for &op in ops {
                 for &dt in &opts.bench.dtypes {
-                    let points = profile.points(op.name(), &dtype_class(primitive(dt)), g);
+                    let points = profile.points(op.name(), &dtype_class(dt.hlo()), g);
                     let mids = midpoints(points, dt.bytes() * g);
                     if mids.is_empty() {
                         continue;

@@ -81,19 +81,10 @@ const DROPPED: [u32; 14] = [
     instruction::MESH_AXES_LIST,
 ];
 
-/// Opcodes the pass looks at (and the quick scan looks for).
-const COLLECTIVE_OPCODES: [&str; 10] = [
-    "all-reduce",
-    "all-gather",
-    "all-to-all",
-    "reduce-scatter",
-    "collective-permute",
-    "all-reduce-start",
-    "all-gather-start",
-    "collective-permute-start",
-    "ragged-all-to-all",
-    "collective-broadcast",
-];
+/// Whether the pass looks at an instruction of `opcode` (and the quick scan looks for it): a collective or its start.
+fn is_collective(opcode: &str) -> bool {
+    Opcode::from_name(opcode).and_then(thunks::CollectiveOp::from_opcode).is_some()
+}
 
 /// One array's layout as the pass compares them: `minor_to_major`, or `None` for the default (row-major) layout. Tiled
 /// layouts are an error.

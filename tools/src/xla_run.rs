@@ -187,12 +187,7 @@ pub fn module_compile_options(
 
 /// The module with its device assignment replaced by `da`.
 fn with_assignment(module: &[u8], da: &xla::DeviceAssignmentProto) -> Result<Vec<u8>, String> {
-    let mut out = Vec::with_capacity(module.len() + 64);
-    for x in fields(module)? {
-        if x.number != hlo_module::DEVICE_ASSIGNMENT {
-            out.extend_from_slice(x.raw);
-        }
-    }
+    let mut out = flatten::without(module, &[hlo_module::DEVICE_ASSIGNMENT])?;
     put_bytes(&mut out, hlo_module::DEVICE_ASSIGNMENT, &da.encode_to_vec());
     Ok(out)
 }
@@ -261,16 +256,8 @@ pub fn prepare_tuned(
 
 /// Whether any instruction of the module has a sharding.
 fn has_sharding(module: &[u8]) -> Result<bool, String> {
-    for comp in fields(module)?.iter().filter(|x| x.number == hlo_module::COMPUTATIONS) {
-        for instr in
-            fields(comp.message().unwrap_or_default())?.iter().filter(|x| x.number == hlo_computation::INSTRUCTIONS)
-        {
-            if fields(instr.message().unwrap_or_default())?.iter().any(|x| x.number == hlo_instruction::SHARDING) {
-                return Ok(true);
-            }
-        }
-    }
-    Ok(false)
+    let index = hlo::wire::Index::new(module)?;
+    Ok(index.instrs.values().any(|i| i.fields.iter().any(|x| x.number == hlo_instruction::SHARDING)))
 }
 
 fn is_tuple(shape: &xla::ShapeProto) -> bool {

@@ -12,7 +12,7 @@ pub fn has_collectives(module: &[u8]) -> Result<bool, PassError> {
 }
 
 pub(super) fn any_collective(index: &Index<'_>) -> bool {
-    index.instrs.values().any(|i| COLLECTIVE_OPCODES.contains(&i.opcode))
+    index.instrs.values().any(|i| is_collective(i.opcode))
 }
 
 /// What the decisions read, and nothing else: a module of the computations that hold collectives, each reduced to its
@@ -27,7 +27,7 @@ pub(super) fn slim(index: &Index<'_>) -> (Vec<u8>, Vec<InstrId>) {
         out.extend_from_slice(x.raw);
     }
     let (mut at, mut called, mut entry) = (Vec::new(), Vec::new(), None);
-    let collective = |i: &InstrId| COLLECTIVE_OPCODES.contains(&index.instrs[*i].opcode);
+    let collective = |i: &InstrId| is_collective(index.instrs[*i].opcode);
     for (cid, c) in index.comps.iter() {
         let colls: Vec<InstrId> = c.instrs.iter().copied().filter(collective).collect();
         let Some(&last) = colls.last() else { continue };

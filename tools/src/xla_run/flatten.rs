@@ -20,22 +20,9 @@ use std::collections::HashSet;
 use hlo::{Array, Literal, Shape};
 
 use hlo::wire::{
-    self, Field, enums, fields, hlo_computation, hlo_instruction, hlo_module, ints, op_sharding, put_bytes, put_ints,
-    put_varint,
+    self, Field, IndexedInstr, enums, fields, first_int, hlo_computation, hlo_instruction, hlo_module, op_sharding,
+    put_bytes, put_ints, put_varint,
 };
-
-/// The value of a varint field.
-fn value(f: &Field<'_>) -> Result<u64, String> {
-    Ok(ints(f)?.first().map_or(0, |&v| v as u64))
-}
-
-fn find<'a, 'b>(fs: &'b [Field<'a>], number: u32) -> Option<&'b Field<'a>> {
-    fs.iter().find(|f| f.number == number)
-}
-
-fn string(f: Option<&Field<'_>>) -> String {
-    f.and_then(|f| f.message()).map(|p| String::from_utf8_lossy(p).into_owned()).unwrap_or_default()
-}
 
 /// A ShapeProto on the wire: its bytes and, for a tuple, its elements.
 struct WireShape<'a> {
@@ -46,8 +33,7 @@ struct WireShape<'a> {
 impl<'a> WireShape<'a> {
     fn parse(bytes: &'a [u8]) -> Result<Self, String> {
         let fs = fields(bytes)?;
-        let ty = find(&fs, wire::shape::ELEMENT_TYPE).map(value).transpose()?.unwrap_or(0);
-        let elems = if ty == enums::TUPLE_TYPE as u64 {
+        let elems = if first_int(&fs, wire::shape::ELEMENT_TYPE)? == Some(enums::TUPLE_TYPE) {
             let e = fs
                 .iter()
                 .filter(|f| f.number == wire::shape::TUPLE_SHAPES)
@@ -102,7 +88,7 @@ fn leaf_shardings(sharding: Option<&[u8]>, shape: &WireShape<'_>) -> Result<Opti
     let Some(s) = sharding else { return Ok(None) };
     let n = shape.leaf_count();
     let fs = fields(s)?;
-    if find(&fs, op_sharding::TYPE).map(value).transpose()? == Some(enums::SHARDING_TUPLE as u64) {
+    if first_int(&fs, op_sharding::TYPE)? == Some(enums::SHARDING_TUPLE) {
         let leaves: Vec<Vec<u8>> = fs
             .iter()
             .filter(|f| f.number == op_sharding::TUPLE_SHARDINGS)
@@ -148,7 +134,7 @@ fn instruction(id: u64, name: &str, opcode: &str, shape: &[u8], operands: &[u64]
 }
 
 /// The message without the fields `drop`.
-fn without(msg: &[u8], drop: &[u32]) -> Result<Vec<u8>, String> {
+pub(super) fn without(msg: &[u8], drop: &[u32]) -> Result<Vec<u8>, String> {
     let mut out = Vec::with_capacity(msg.len());
     for f in fields(msg)? {
         if !drop.contains(&f.number) {
@@ -163,24 +149,22 @@ struct Instr<'a> {
     bytes: &'a [u8],
     id: u64,
     name: String,
-    opcode: String,
+    opcode: &'a str,
     shape: WireShape<'a>,
     parameter_number: u64,
     sharding: Option<&'a [u8]>,
 }
 
 impl<'a> Instr<'a> {
-    fn parse(bytes: &'a [u8]) -> Result<Self, String> {
-        let fs = fields(bytes)?;
-        let shape = find(&fs, hlo_instruction::SHAPE).and_then(|f| f.message()).unwrap_or_default();
+    fn of(i: &IndexedInstr<'a>) -> Result<Self, String> {
         Ok(Instr {
-            bytes,
-            id: find(&fs, hlo_instruction::ID).map(value).transpose()?.unwrap_or(0),
-            name: string(find(&fs, hlo_instruction::NAME)),
-            opcode: string(find(&fs, hlo_instruction::OPCODE)),
-            shape: WireShape::parse(shape)?,
-            parameter_number: find(&fs, hlo_instruction::PARAMETER_NUMBER).map(value).transpose()?.unwrap_or(0),
-            sharding: find(&fs, hlo_instruction::SHARDING).and_then(|f| f.message()),
+            bytes: i.field.payload,
+            id: i.id as u64,
+            name: i.name.to_string(),
+            opcode: i.opcode,
+            shape: WireShape::parse(i.shape)?,
+            parameter_number: first_int(&i.fields, hlo_instruction::PARAMETER_NUMBER)?.unwrap_or(0) as u64,
+            sharding: i.fields.iter().find(|f| f.number == hlo_instruction::SHARDING).and_then(|f| f.message()),
         })
     }
 }
@@ -212,38 +196,16 @@ impl Fresh {
 /// The module with a flat entry interface, or `None` when it has one already (a root without nested tuples and no tuple
 /// parameter).
 pub fn entry(module: &[u8]) -> Result<Option<Vec<u8>>, String> {
-    let top = fields(module)?;
-    let entry_id = find(&top, hlo_module::ENTRY_COMPUTATION_ID).map(value).transpose()?;
-    let entry_name = string(find(&top, hlo_module::ENTRY_COMPUTATION_NAME));
-    let mut entry_at = None;
-    let mut fresh = Fresh { next_id: 0, names: HashSet::new() };
-    for (k, c) in top.iter().enumerate().filter(|(_, f)| f.number == hlo_module::COMPUTATIONS) {
-        let cf = fields(c.message().unwrap_or_default())?;
-        let id = find(&cf, hlo_computation::ID).map(value).transpose()?.unwrap_or(0);
-        let is_entry = match entry_id {
-            Some(e) => id == e,
-            None => string(find(&cf, hlo_computation::NAME)) == entry_name,
-        };
-        if is_entry {
-            entry_at = Some(k);
-        }
-        for i in cf.iter().filter(|f| f.number == hlo_computation::INSTRUCTIONS) {
-            let fs = fields(i.message().unwrap_or_default())?;
-            let id = find(&fs, hlo_instruction::ID).map(value).transpose()?.unwrap_or(0);
-            fresh.next_id = fresh.next_id.max(id.saturating_add(1));
-            fresh.names.insert(string(find(&fs, hlo_instruction::NAME)));
-        }
-    }
-    let entry_at = entry_at.ok_or("the module names no entry computation it has")?;
-    let comp = top[entry_at].message().unwrap_or_default();
-    let cf = fields(comp)?;
-    let instrs = cf
-        .iter()
-        .filter(|f| f.number == hlo_computation::INSTRUCTIONS)
-        .map(|f| Instr::parse(f.message().unwrap_or_default()))
-        .collect::<Result<Vec<_>, _>>()?;
-    let root_id =
-        find(&cf, hlo_computation::ROOT_ID).map(value).transpose()?.ok_or("the entry computation has no root_id")?;
+    let index = wire::Index::new(module)?;
+    let top = &index.top;
+    let mut fresh = Fresh {
+        next_id: index.instrs.values().map(|i| (i.id as u64).saturating_add(1)).max().unwrap_or(0),
+        names: index.instrs.values().map(|i| i.name.to_string()).collect(),
+    };
+    let entry = &index.comps[index.entry.ok_or("the module names no entry computation it has")?];
+    let (comp, cf) = (entry.field.payload, &entry.fields);
+    let instrs = entry.instrs.iter().map(|&i| Instr::of(&index.instrs[i])).collect::<Result<Vec<_>, _>>()?;
+    let root_id = first_int(cf, hlo_computation::ROOT_ID)?.ok_or("the entry computation has no root_id")? as u64;
     let root =
         instrs.iter().find(|i| i.id == root_id).ok_or("the entry computation's root_id is none of its instructions")?;
     let flatten_result = root.shape.is_nested();
@@ -385,7 +347,7 @@ pub fn entry(module: &[u8]) -> Result<Option<Vec<u8>>, String> {
     let names = flatten_params.then_some(param_names.as_slice());
     let mut new_comp = Vec::with_capacity(comp.len() + 256);
     let mut emitted = false;
-    for f in &cf {
+    for f in cf {
         match f.number {
             hlo_computation::INSTRUCTIONS if !emitted => {
                 emitted = true;
@@ -401,8 +363,8 @@ pub fn entry(module: &[u8]) -> Result<Option<Vec<u8>>, String> {
         }
     }
     let mut out = Vec::with_capacity(module.len() + 256);
-    for (k, f) in top.iter().enumerate() {
-        if k == entry_at {
+    for f in top {
+        if std::ptr::eq(f.raw, entry.field.raw) {
             put_bytes(&mut out, hlo_module::COMPUTATIONS, &new_comp);
         } else if f.number == hlo_module::HOST_PROGRAM_SHAPE {
             let ps = program_shape(f.message().unwrap_or_default(), names, &params, flatten_result)?;
@@ -450,8 +412,11 @@ fn program_shape(
         }
     }
     if let Some(names) = names {
-        let old: Vec<String> =
-            fs.iter().filter(|f| f.number == wire::program_shape::PARAMETER_NAMES).map(|f| string(Some(f))).collect();
+        let old: Vec<String> = fs
+            .iter()
+            .filter(|f| f.number == wire::program_shape::PARAMETER_NAMES)
+            .map(|f| String::from_utf8_lossy(f.payload).into_owned())
+            .collect();
         let mut new = names.iter();
         for (k, p) in params.iter().enumerate() {
             if p.shape.is_tuple() {

@@ -384,7 +384,7 @@ pub fn register_pass_in(inner: &ffi::pjrt::InnerPlugin, platform: Platform) -> R
 ///
 /// # Safety
 /// `p` is null or a NUL-terminated string valid for the call.
-unsafe fn c_str<'a>(p: *const c_char) -> &'a str {
+pub unsafe fn c_str<'a>(p: *const c_char) -> &'a str {
     if p.is_null() {
         return "";
     }

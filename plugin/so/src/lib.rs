@@ -4,6 +4,7 @@
 //! `PeerlessXlaTakeDecisions`.
 
 use plugin::pjrt_sys::PJRT_Api;
+use plugin::xla_inside::c_str;
 
 /// The PJRT entry point: XLA's loader `dlsym`s this name and reads the function table.
 #[unsafe(no_mangle)]
@@ -76,15 +77,9 @@ pub unsafe extern "C" fn PeerlessXlaHandler(
     target: *const std::ffi::c_char,
 ) -> *const std::ffi::c_void {
     plugin::init_logging();
-    let read = |p: *const std::ffi::c_char| {
-        if p.is_null() {
-            return String::new();
-        }
-        // SAFETY: the caller passes a NUL-terminated string.
-        unsafe { std::ffi::CStr::from_ptr(p) }.to_string_lossy().into_owned()
-    };
-    let platform = plugin::Platform::parse(&read(platform));
-    match platform.ok().and_then(|p| plugin::xla_handlers::handler(p, &read(target))) {
+    // SAFETY: the caller passes null or NUL-terminated strings.
+    let (platform, target) = unsafe { (c_str(platform), c_str(target)) };
+    match plugin::Platform::parse(platform).ok().and_then(|p| plugin::xla_handlers::handler(p, target)) {
         Some(h) => h as *const std::ffi::c_void,
         None => std::ptr::null(),
     }
@@ -97,12 +92,9 @@ pub unsafe extern "C" fn PeerlessXlaHandler(
 /// `platform` is null or NUL-terminated.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn PeerlessXlaHandlerCalls(platform: *const std::ffi::c_char) -> u64 {
-    if platform.is_null() {
-        return 0;
-    }
-    // SAFETY: the caller passes a NUL-terminated string.
-    let p = unsafe { std::ffi::CStr::from_ptr(platform) }.to_string_lossy();
-    plugin::Platform::parse(&p).map_or(0, plugin::xla_handlers::handler_calls)
+    // SAFETY: the caller passes null or a NUL-terminated string.
+    let p = unsafe { c_str(platform) };
+    plugin::Platform::parse(p).map_or(0, plugin::xla_handlers::handler_calls)
 }
 
 /// The Python package loaded the wrapper and owns the collective pass on it (registers it with the job's topology and

@@ -12,8 +12,6 @@ pub use thunks::peers;
 pub mod tuning;
 pub mod xla_pass;
 
-use std::fmt;
-
 use hlo::PrimitiveType;
 
 pub use decide::{Capabilities, MAX_GROUP_SIZE, decide, decide_tuned};
@@ -28,27 +26,16 @@ pub fn kernel_accepts_dtype(ty: PrimitiveType) -> bool {
 }
 
 /// Emitter errors. Each names what to fix; none is a silent fallback.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum EmitError {
     /// A flag that does not parse; the message lists every valid flag.
+    #[error("invalid flag: {0}")]
     InvalidFlag(String),
     /// A collective that cannot run on this device count as written (groups, pairs, operands). `message` names the
     /// instruction.
+    #[error("{message}")]
     InvalidCollective { instr: String, message: String },
     /// `--<flag>=kernel` forces a kernel, but a rule rules it out.
+    #[error("{op} '{instr}': --{flag}=kernel forces a Peerless kernel, but {reason}")]
     KernelForced { instr: String, op: String, flag: String, reason: String },
 }
-
-impl fmt::Display for EmitError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::InvalidFlag(m) => write!(f, "invalid flag: {m}"),
-            Self::InvalidCollective { message, .. } => f.write_str(message),
-            Self::KernelForced { instr, op, flag, reason } => {
-                write!(f, "{op} '{instr}': --{flag}=kernel forces a Peerless kernel, but {reason}")
-            }
-        }
-    }
-}
-
-impl std::error::Error for EmitError {}

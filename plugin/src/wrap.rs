@@ -175,10 +175,7 @@ pub fn api() -> *const c_void {
 
 /// The loaded inner plugin, if there is one.
 fn wrapped_opt() -> Option<&'static Wrapped> {
-    match INNER.get() {
-        Some(Ok(w)) => Some(w),
-        _ => None,
-    }
+    INNER.get()?.as_ref().ok()
 }
 
 /// The loaded inner plugin (only reached through its patched table, so it loaded).

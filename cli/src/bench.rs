@@ -199,12 +199,8 @@ fn one_gpu(args: &BenchArgs, n: usize) -> Result<(), String> {
     for e in one_gpu::check_missing_member(n).map_err(|e| format!("check: {e}"))? {
         say(&format!("missing member: {e}"));
     }
-    let mut sizes = Vec::new();
-    let mut b = args.min_bytes.max(4 * n * n);
-    while b <= args.max_bytes.unwrap_or(64 << 20) {
-        sizes.push(b);
-        b = b.saturating_mul(args.step.max(2));
-    }
+    let (min, max) = (args.min_bytes.max(4 * n * n), args.max_bytes.unwrap_or(64 << 20));
+    let sizes = tools::xla_bench::geometric_sizes(min, max, args.step);
     let async_blocks = emitter::flags::DEFAULT_ASYNC_BLOCKS;
     let opts = TimeOptions {
         members: n,

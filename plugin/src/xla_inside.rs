@@ -221,14 +221,9 @@ fn learn_topology(platform: Platform, t: &xla_pass::Topology) -> Result<(), Stri
 pub fn set_topology(platform: Platform, topology: &str) -> Result<(), String> {
     let platform = platform.with_handlers()?;
     let (kind, topology) = split_kind(topology);
-    if topology.trim().is_empty() {
-        if let Some(kind) = kind {
-            record_device_kind(platform, kind);
-        }
-        return Ok(());
+    if !topology.trim().is_empty() {
+        learn_topology(platform, &xla_pass::Topology::parse(&topology)?)?;
     }
-    let t = xla_pass::Topology::parse(&topology)?;
-    learn_topology(platform, &t)?;
     if let Some(kind) = kind {
         record_device_kind(platform, kind);
     }
@@ -288,10 +283,7 @@ pub fn run_pass(platform: Platform, module: &[u8], flags: &str, local_devices: &
         if outcome.module.is_some() {
             thunks::runtime::reported(outcome.instances.iter().copied());
         }
-        Ok(match outcome.module {
-            Some(m) => (1, Some(m), text),
-            None => (0, None, text),
-        })
+        Ok((i32::from(outcome.module.is_some()), outcome.module, text))
     };
     match catch_unwind(AssertUnwindSafe(run)) {
         Ok(Ok(r)) => r,

@@ -758,16 +758,13 @@ fn measure<'c>(
 /// The bytes per device to measure for `ty`: `opts.sizes`, else `min_bytes` (at least one element) times `step` up to
 /// `max_bytes`.
 fn sizes(opts: &Options, ty: Dtype) -> Vec<usize> {
-    if let Some(s) = &opts.sizes {
-        return s.clone();
-    }
-    let mut v = Vec::new();
-    let mut bytes = opts.min_bytes.max(ty.bytes());
-    while bytes <= opts.max_bytes {
-        v.push(bytes);
-        bytes = bytes.saturating_mul(opts.step.max(2));
-    }
-    v
+    let steps = || geometric_sizes(opts.min_bytes.max(ty.bytes()), opts.max_bytes, opts.step);
+    opts.sizes.clone().unwrap_or_else(steps)
+}
+
+/// `min`, then each size `step` (at least 2) times the last, up to `max`.
+pub fn geometric_sizes(min: usize, max: usize, step: usize) -> Vec<usize> {
+    std::iter::successors(Some(min), |&b| Some(b.saturating_mul(step.max(2)))).take_while(|&b| b <= max).collect()
 }
 
 /// Runs the bench; `progress` gets a line per measured row (the CLI prints them to stderr).

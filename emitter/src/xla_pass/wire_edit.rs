@@ -23,18 +23,14 @@ pub(super) fn any_collective(index: &Index<'_>) -> bool {
 /// numbers them).
 pub(super) fn slim(index: &Index<'_>) -> (Vec<u8>, Vec<InstrId>) {
     let mut out = Vec::with_capacity(index.top.iter().map(|f| f.raw.len()).sum::<usize>() / 8);
-    for x in index.top.iter().filter(|x| MODULE_KEPT.contains(&x.number)) {
-        out.extend_from_slice(x.raw);
-    }
+    copy_fields(&index.top, &MODULE_KEPT, &mut out);
     let (mut at, mut called, mut entry) = (Vec::new(), Vec::new(), None);
     let collective = |i: &InstrId| is_collective(index.instrs[*i].opcode);
     for (cid, c) in index.comps.iter() {
         let colls: Vec<InstrId> = c.instrs.iter().copied().filter(collective).collect();
         let Some(&last) = colls.last() else { continue };
         let mut comp = Vec::new();
-        for x in c.fields.iter().filter(|x| matches!(x.number, computation::NAME | computation::ID)) {
-            comp.extend_from_slice(x.raw);
-        }
+        copy_fields(&c.fields, &[computation::NAME, computation::ID], &mut comp);
         // Operands that are not collectives themselves become parameters.
         let mut stand_ins: Vec<InstrId> = Vec::new();
         for &i in &colls {
@@ -47,11 +43,7 @@ pub(super) fn slim(index: &Index<'_>) -> (Vec<u8>, Vec<InstrId>) {
         }
         for (k, &i) in stand_ins.iter().enumerate() {
             let mut ins = Vec::new();
-            for x in index.instrs[i].fields.iter() {
-                if matches!(x.number, instruction::NAME | instruction::SHAPE | instruction::ID) {
-                    ins.extend_from_slice(x.raw);
-                }
-            }
+            copy_fields(&index.instrs[i].fields, &[instruction::NAME, instruction::SHAPE, instruction::ID], &mut ins);
             put_bytes(&mut ins, instruction::OPCODE, b"parameter");
             put_varint(&mut ins, instruction::PARAMETER_NUMBER, k as i64);
             put_bytes(&mut comp, computation::INSTRUCTIONS, &ins);

@@ -246,15 +246,7 @@ impl Default for PassConfig {
             peers: Peers::Shared,
             local_devices: None,
             topology: None,
-            caps: Capabilities {
-                variadic: true,
-                cross_process: false,
-                in_order: false,
-                fused_norm: true,
-                fused_norm_auto: true,
-                async_queue: false,
-                copy_engines: false,
-            },
+            caps: Capabilities { variadic: true, fused_norm: true, fused_norm_auto: true, ..Capabilities::default() },
             instance_base: None,
             device_memory: None,
             tuning: TuningConfig::default(),
@@ -362,11 +354,7 @@ impl Topology {
 /// tell them apart by their job's token and tell two executables of one module apart by the order they are instantiated
 /// in ([`thunks::runtime::shared_key`]).
 pub fn shared_instance(fingerprint: u64, instr: &str) -> u64 {
-    use std::hash::{Hash, Hasher};
-    // SipHash with fixed keys: the same value in every process of one build.
-    let mut h = std::hash::DefaultHasher::new();
-    (fingerprint, instr).hash(&mut h);
-    h.finish() & (i64::MAX as u64)
+    thunks::runtime::stable_hash((fingerprint, instr))
 }
 
 /// The module's fingerprint for [`shared_instance`]: every top-level field but `id`.

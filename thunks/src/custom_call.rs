@@ -9,6 +9,7 @@
 
 use std::fmt;
 
+use hlo::PrimitiveType;
 use hlo::analysis::ReductionKind;
 
 use crate::{CollectiveKind, Implementation, KernelAlgorithm};
@@ -130,15 +131,17 @@ pub enum RoundTo {
 }
 
 impl RoundTo {
-    fn name(self) -> &'static str {
+    /// The element type (its HLO spelling is the attribute's).
+    pub fn ty(self) -> PrimitiveType {
         match self {
-            RoundTo::Bf16 => "bf16",
-            RoundTo::F16 => "f16",
+            RoundTo::Bf16 => PrimitiveType::Bf16,
+            RoundTo::F16 => PrimitiveType::F16,
         }
     }
 
-    fn from_name(s: &str) -> Option<Self> {
-        [RoundTo::Bf16, RoundTo::F16].into_iter().find(|r| r.name() == s)
+    /// The `RoundTo` of element type `ty`, if an epilogue rounds through it.
+    pub fn of(ty: PrimitiveType) -> Option<Self> {
+        [RoundTo::Bf16, RoundTo::F16].into_iter().find(|r| r.ty() == ty)
     }
 }
 
@@ -181,7 +184,7 @@ impl Epilogue {
         };
         format!(
             "rmsnorm;round={};of={};{mean};eps={:08x};gamma={}",
-            self.round_ar.map_or("none", RoundTo::name),
+            self.round_ar.map_or("none", |r| r.ty().name()),
             if self.norm_of_rounded { "rounded" } else { "exact" },
             self.eps,
             u8::from(self.gamma)
@@ -200,7 +203,10 @@ impl Epilogue {
             let (k, v) = p.split_once('=').ok_or_else(|| format!("'{p}' is not key=value"))?;
             match k {
                 "round" if v == "none" => round_ar = Some(None),
-                "round" => round_ar = Some(Some(RoundTo::from_name(v).ok_or_else(|| format!("round '{v}'"))?)),
+                "round" => {
+                    let r = PrimitiveType::from_name(v).and_then(RoundTo::of);
+                    round_ar = Some(Some(r.ok_or_else(|| format!("round '{v}'"))?));
+                }
                 "of" => of = Some(v == "rounded"),
                 "mul" => mean = Some(Mean::Multiply(bits(v)?)),
                 "div" => mean = Some(Mean::Divide(bits(v)?)),

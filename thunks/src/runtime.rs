@@ -48,14 +48,11 @@ pub fn job_for(call: &CustomCallConfig) -> Result<String, String> {
     })
 }
 
-fn occurrences() -> &'static Mutex<BTreeMap<u64, u64>> {
-    static MAP: Mutex<BTreeMap<u64, u64>> = Mutex::new(BTreeMap::new());
-    &MAP
-}
+static OCCURRENCES: Mutex<BTreeMap<u64, u64>> = Mutex::new(BTreeMap::new());
 
 /// How many times this process instantiated `instance` before (0 the first time).
 pub fn next_occurrence(instance: u64) -> u64 {
-    let mut m = occurrences().lock().unwrap_or_else(PoisonError::into_inner);
+    let mut m = OCCURRENCES.lock().unwrap_or_else(PoisonError::into_inner);
     let n = m.entry(instance).or_insert(0);
     *n += 1;
     *n - 1
@@ -67,17 +64,20 @@ pub fn shared_key(instance: u64, occurrence: u64) -> u64 {
     if occurrence == 0 {
         return instance;
     }
-    use std::hash::{Hash, Hasher};
-    // SipHash with fixed keys: the same value in every process of one build.
+    stable_hash((instance, occurrence))
+}
+
+/// A hash of `x` that every process of one build computes alike (SipHash with fixed keys), as a non-negative int64.
+pub fn stable_hash(x: impl std::hash::Hash) -> u64 {
+    use std::hash::Hasher;
     let mut h = std::hash::DefaultHasher::new();
-    (instance, occurrence).hash(&mut h);
+    x.hash(&mut h);
     h.finish() & (i64::MAX as u64)
 }
 
 /// Decision lines kept at most (a process without the Python package never collects them).
 const KEPT: usize = 100_000;
 
-#[derive(Default)]
 struct Book {
     /// Instances whose decisions the pass reported in this process, not yet instantiated.
     reported: BTreeMap<u64, u64>,
@@ -85,15 +85,12 @@ struct Book {
     lines: VecDeque<String>,
 }
 
-fn book() -> &'static Mutex<Book> {
-    static BOOK: std::sync::OnceLock<Mutex<Book>> = std::sync::OnceLock::new();
-    BOOK.get_or_init(Default::default)
-}
+static BOOK: Mutex<Book> = Mutex::new(Book { reported: BTreeMap::new(), lines: VecDeque::new() });
 
 /// The pass reported (to `stats()`) the decisions of the calls it wrote with `instances`: their instantiation registers
 /// nothing more.
 pub fn reported(instances: impl IntoIterator<Item = u64>) {
-    let mut b = book().lock().unwrap_or_else(PoisonError::into_inner);
+    let mut b = BOOK.lock().unwrap_or_else(PoisonError::into_inner);
     for i in instances {
         *b.reported.entry(i).or_insert(0) += 1;
     }
@@ -102,7 +99,7 @@ pub fn reported(instances: impl IntoIterator<Item = u64>) {
 /// At INSTANTIATE on `platform` ("cpu", "cuda"): registers `call`'s decision lines, unless the pass reported them in
 /// this process (then it only forgets that mark). Returns whether it registered.
 pub fn instantiated(platform: &str, call: &CustomCallConfig) -> bool {
-    let mut b = book().lock().unwrap_or_else(PoisonError::into_inner);
+    let mut b = BOOK.lock().unwrap_or_else(PoisonError::into_inner);
     if let Some(n) = b.reported.get_mut(&call.instance) {
         *n -= 1;
         if *n == 0 {
@@ -121,7 +118,7 @@ pub fn instantiated(platform: &str, call: &CustomCallConfig) -> bool {
 
 /// Takes the decision lines registered since the last call, one per line, each led by its platform and a tab.
 pub fn take_decisions() -> String {
-    let mut b = book().lock().unwrap_or_else(PoisonError::into_inner);
+    let mut b = BOOK.lock().unwrap_or_else(PoisonError::into_inner);
     b.lines.drain(..).map(|l| l + "\n").collect()
 }
 

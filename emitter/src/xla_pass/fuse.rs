@@ -215,14 +215,6 @@ impl<'m> Matcher<'m> {
     }
 }
 
-fn round_to(ty: PrimitiveType) -> Option<RoundTo> {
-    match ty {
-        PrimitiveType::Bf16 => Some(RoundTo::Bf16),
-        PrimitiveType::F16 => Some(RoundTo::F16),
-        _ => None,
-    }
-}
-
 /// The residual add at `hc` (the sum of the all-reduce `ar` and a residual, in f32 or in the element type `t`): the
 /// residual's instruction and how the all-reduce's result is rounded.
 fn residual_add(mx: &Matcher<'_>, hc: &V, ar: InstrId, t: PrimitiveType) -> Option<(InstrId, Option<RoundTo>)> {
@@ -243,7 +235,7 @@ fn residual_add(mx: &Matcher<'_>, hc: &V, ar: InstrId, t: PrimitiveType) -> Opti
         }
         if mx.is(&inner, Opcode::Convert) && mx.ty(&inner) == Some(t) && ar_ty == PrimitiveType::F32 {
             let r = mx.operand(&inner, 0)?;
-            return if is_ar(&r) { round_to(t).map(Some) } else { None };
+            return if is_ar(&r) { RoundTo::of(t).map(Some) } else { None };
         }
         None
     };
@@ -402,7 +394,7 @@ fn try_norm(
     let (h_instr, hc, t, of_rounded) = if mx.is(hf, Opcode::Convert) {
         let h = mx.operand(hf, 0)?;
         let t = mx.ty(&h)?;
-        round_to(t)?;
+        RoundTo::of(t)?;
         (mx.top(&h)?, h, t, true)
     } else if mx.is(hf, Opcode::Add) {
         let ar_ty = m.instr(ar).shape.as_array()?.ty;
@@ -419,7 +411,7 @@ fn try_norm(
                     return None;
                 }
                 let t = probe.ty(&v)?;
-                round_to(t)?;
+                RoundTo::of(t)?;
                 (probe.operand(&v, 0)? == *hf).then_some((i, t, probe.touched.into_inner()))
             });
             let (h_instr, t, seen) = found?;

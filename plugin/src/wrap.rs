@@ -496,8 +496,8 @@ unsafe extern "C" fn client_compile(args: *mut ClientCompileArgs) -> *mut c_void
             // SAFETY: as above.
             unsafe { std::slice::from_raw_parts(a.compile_options.cast::<u8>(), a.compile_options_size) }
         };
-        match split_compile_options(opts) {
-            Err(e) if wrapped().own_errors => new_error(INVALID_ARGUMENT, e),
+        let (flags, options) = match split_compile_options(opts) {
+            Err(e) if wrapped().own_errors => return new_error(INVALID_ARGUMENT, e),
             Err(e) => {
                 // XLA's own "No such compile option" error, carrying ours as the name.
                 let mut bad = opts.to_vec();
@@ -506,24 +506,18 @@ unsafe extern "C" fn client_compile(args: *mut ClientCompileArgs) -> *mut c_void
                     &OverrideEntry { key: e, value: None },
                     &mut bad,
                 );
-                let saved = (a.compile_options, a.compile_options_size);
-                (a.compile_options, a.compile_options_size) = (bad.as_ptr().cast(), bad.len());
-                // SAFETY: the caller's args with options that outlive the call (`bad`).
-                let r = unsafe { compile(args) };
-                (a.compile_options, a.compile_options_size) = saved;
-                r
+                (Vec::new(), bad)
             }
             // SAFETY: the caller's args, unchanged.
-            Ok(None) => unsafe { compile(args) },
-            Ok(Some((flags, rest))) => {
-                let saved = (a.compile_options, a.compile_options_size);
-                (a.compile_options, a.compile_options_size) = (rest.as_ptr().cast(), rest.len());
-                // SAFETY: the caller's args with options that outlive the call (`rest`).
-                let r = crate::xla_inside::with_compile_flags(flags, || unsafe { compile(args) });
-                (a.compile_options, a.compile_options_size) = saved;
-                r
-            }
-        }
+            Ok(None) => return unsafe { compile(args) },
+            Ok(Some(split)) => split,
+        };
+        let saved = (a.compile_options, a.compile_options_size);
+        (a.compile_options, a.compile_options_size) = (options.as_ptr().cast(), options.len());
+        // SAFETY: the caller's args with options that outlive the call (`options`).
+        let r = crate::xla_inside::with_compile_flags(flags, || unsafe { compile(args) });
+        (a.compile_options, a.compile_options_size) = saved;
+        r
     }))
     .unwrap_or_else(|_| new_error(INTERNAL, "peerless: PJRT_Client_Compile panicked".into()))
 }

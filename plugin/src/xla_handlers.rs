@@ -98,51 +98,34 @@ unsafe fn call<R: CollectiveRuntime>(
 /// A typed-FFI handler as XLA registers it.
 pub type Handler = unsafe extern "C" fn(*mut XLA_FFI_CallFrame) -> *mut XLA_FFI_Error;
 
-/// One platform's handlers, one per collective kind, and `$lookup(kind)`: the one of `kind`.
+/// One platform's handlers, one per collective kind with a Peerless kernel, and `$lookup(kind)`: the one of `kind`.
 macro_rules! handlers {
-    ($lookup:ident, $rt:expr, $counter:expr; $($name:ident => $kind:ident),* $(,)?) => {
+    ($lookup:ident, $rt:expr, $counter:expr) => {
+        fn $lookup(kind: CollectiveKind) -> Option<Handler> {
+            handlers!(@each kind, $rt, $counter; AllReduce, AllGather, AllToAll, ReduceScatter, CollectivePermute)
+        }
+    };
+    (@each $kind:ident, $rt:expr, $counter:expr; $($k:ident),*) => {{
         $(
             /// # Safety
             /// Called by XLA with a live call frame.
-            unsafe extern "C" fn $name(frame: *mut XLA_FFI_CallFrame) -> *mut XLA_FFI_Error {
+            #[allow(non_snake_case)]
+            unsafe extern "C" fn $k(frame: *mut XLA_FFI_CallFrame) -> *mut XLA_FFI_Error {
                 // SAFETY: XLA calls handlers with a call frame valid for the call.
-                unsafe { call(CollectiveKind::$kind, frame, $rt, $counter) }
+                unsafe { call(CollectiveKind::$k, frame, $rt, $counter) }
             }
         )*
-
-        fn $lookup(kind: CollectiveKind) -> Option<Handler> {
-            match kind {
-                $(CollectiveKind::$kind => Some($name),)*
-                _ => None,
-            }
+        match $kind {
+            $(CollectiveKind::$k => Some($k as Handler),)*
+            _ => None,
         }
-    };
+    }};
 }
 
-handlers! { cpu_handler, &HOST, &CALLS[Platform::Cpu as usize];
-    cpu_all_reduce => AllReduce,
-    cpu_all_gather => AllGather,
-    cpu_all_to_all => AllToAll,
-    cpu_reduce_scatter => ReduceScatter,
-    cpu_collective_permute => CollectivePermute,
-}
-
-handlers! { cuda_handler, &CUDA, &CALLS[Platform::Cuda as usize];
-    cuda_all_reduce => AllReduce,
-    cuda_all_gather => AllGather,
-    cuda_all_to_all => AllToAll,
-    cuda_reduce_scatter => ReduceScatter,
-    cuda_collective_permute => CollectivePermute,
-}
-
+handlers!(cpu_handler, &HOST, &CALLS[Platform::Cpu as usize]);
+handlers!(cuda_handler, &CUDA, &CALLS[Platform::Cuda as usize]);
 #[cfg(feature = "rocm")]
-handlers! { rocm_handler, &ROCM, &CALLS[Platform::Rocm as usize];
-    rocm_all_reduce => AllReduce,
-    rocm_all_gather => AllGather,
-    rocm_all_to_all => AllToAll,
-    rocm_reduce_scatter => ReduceScatter,
-    rocm_collective_permute => CollectivePermute,
-}
+handlers!(rocm_handler, &ROCM, &CALLS[Platform::Rocm as usize]);
 
 /// The handler of `target` on `platform` (ROCm's in a ROCm build), or `None`.
 pub fn handler(platform: Platform, target: &str) -> Option<Handler> {

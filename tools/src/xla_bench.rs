@@ -807,19 +807,11 @@ pub fn run(opts: &Options, progress: &mut dyn FnMut(&str)) -> Result<Report, Str
                 let module = module(op, ty, elems, n, chain);
                 let host: Vec<Vec<Vec<i8>>> =
                     (0..n).map(|d| (0..op.arrays(chain)).map(|k| inputs(elems, d, k)).collect()).collect();
-                let mut bufs = Vec::with_capacity(n);
-                for (d, dev) in devices.iter().enumerate() {
-                    let mut v = Vec::with_capacity(chain);
-                    for vals in &host[d] {
-                        v.push(client.buffer_from_host(
-                            &ty.encode(vals),
-                            buffer_type(ty.hlo())?,
-                            &[elems as i64],
-                            dev,
-                        )?);
-                    }
-                    bufs.push(v);
-                }
+                let pjrt = buffer_type(ty.hlo())?;
+                let upload = |(dev, vals): (&Device, &Vec<Vec<i8>>)| {
+                    vals.iter().map(|v| client.buffer_from_host(&ty.encode(v), pjrt, &[elems as i64], dev)).collect()
+                };
+                let bufs: Vec<Vec<Buffer<'_>>> = devices.iter().zip(&host).map(upload).collect::<Result<_, _>>()?;
                 let args: Vec<Vec<&Buffer<'_>>> = bufs.iter().map(|v| v.iter().collect()).collect();
                 // Every implementation compiled and checked first, then their samples interleaved (one of each in
                 // turn), so that a load that comes and goes on the machine weighs on all of them alike (see `sample` on

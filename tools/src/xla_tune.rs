@@ -164,17 +164,11 @@ pub fn run(opts: &TuneOptions, progress: &mut dyn FnMut(&str)) -> Result<TuneRep
     let measured = Measured { date, machine: opts.machine.clone(), command: opts.command.clone(), note: String::new() };
     let mut profile = Profile::new(key, measured);
     let mut rows = Vec::new();
-    let reduce: Vec<Op> = opts.bench.ops.iter().copied().filter(|&o| o == Op::AllReduce).collect();
-    let others: Vec<Op> = opts.bench.ops.iter().copied().filter(|&o| o != Op::AllReduce).collect();
+    let (reduce, others): (Vec<Op>, Vec<Op>) = opts.bench.ops.iter().partition(|&&o| o == Op::AllReduce);
     // On CUDA the copy-engine forms are rows too (`--copy_engines=auto` chooses by them).
-    let mut moves = vec![Impl::Xla, Impl::Peerless];
-    if platform == plugin::Platform::Cuda {
-        moves.push(Impl::CopyEngines);
-    }
-    let mut reductions = vec![Impl::Xla, Impl::OneShot, Impl::TwoShot];
-    if platform == plugin::Platform::Cuda {
-        reductions.push(Impl::CopyEngines);
-    }
+    let ce = (platform == plugin::Platform::Cuda).then_some(Impl::CopyEngines);
+    let moves: Vec<Impl> = [Impl::Xla, Impl::Peerless].into_iter().chain(ce).collect();
+    let reductions: Vec<Impl> = [Impl::Xla, Impl::OneShot, Impl::TwoShot].into_iter().chain(ce).collect();
     let plan = [(reduce, reductions), (others, moves)];
     for &g in &groups {
         for (ops, impls) in &plan {

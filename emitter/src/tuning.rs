@@ -288,15 +288,8 @@ impl Profile {
             let (a, b) = (*p0.us.get(imp)?, *p1.us.get(imp)?);
             (a > 0.0 && b > 0.0).then(|| (a.ln() + frac * (b.ln() - a.ln())).exp())
         };
-        let mut candidates: Vec<(&str, f64)> = Vec::new();
-        if let Some(t) = at(XLA) {
-            candidates.push((XLA, t));
-        }
-        for a in allowed {
-            if let Some(t) = at(a.name()) {
-                candidates.push((a.name(), t));
-            }
-        }
+        let names = std::iter::once(XLA).chain(allowed.iter().map(|a| a.name()));
+        let candidates: Vec<(&str, f64)> = names.filter_map(|n| Some((n, at(n)?))).collect();
         // Without XLA's time, or without any allowed kernel's, there is nothing to compare.
         let xla = candidates.iter().find(|c| c.0 == XLA)?.1;
         if candidates.len() < 2 {
@@ -446,10 +439,7 @@ pub fn load(path: &Path) -> Result<Arc<Profile>, String> {
 /// Whether a profile measured on devices of kind `measured` may decide for devices of kind `kind`: the same kind, or
 /// either unknown (`None`, or a profile written before the key named GPUs, which says "gpu").
 fn kind_fits(measured: &str, kind: Option<&str>) -> bool {
-    match kind {
-        Some(k) => measured == k || measured == "gpu" || measured.is_empty(),
-        None => true,
-    }
+    kind.is_none_or(|k| measured == k || measured == "gpu" || measured.is_empty())
 }
 
 /// The cache directory's profile for `platform` on `devices` devices of `kind`, of this version: the one of that kind

@@ -245,22 +245,18 @@ fn run(args: &RunArgs) -> CliResult<()> {
     let t = Instant::now();
     let outputs = run_xla(args, &module, &cfg, &inputs)?;
     let run_secs = t.elapsed().as_secs_f64();
-    print!("{}", report::outputs_table(&module, &cfg, &outputs));
+    print!("{}", report::outputs_table(&cfg, &outputs));
     if let Some(out) = &args.out {
         let mut arrays = runs::io::inputs_to_npz(&inputs)?;
         arrays.extend(runs::io::outputs_to_npz(&outputs));
         runs::io::write_npz(out, &arrays)?;
         println!("wrote {}", out.display());
     }
-    let mode = match cfg.mode {
-        Mode::Replica => "replicas",
-        Mode::Partition => "partitions",
-    };
     println!(
-        "{}: {} {} inside XLA: parse+verify {}, run {}",
+        "{}: {} {}s inside XLA: parse+verify {}, run {}",
         module.name,
         cfg.num_devices,
-        mode,
+        report::device_word(cfg.mode),
         report::duration(parse_secs),
         report::duration(run_secs)
     );

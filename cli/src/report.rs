@@ -43,6 +43,14 @@ pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
     out
 }
 
+/// What a device is in `mode`: a replica or a partition.
+pub fn device_word(mode: Mode) -> &'static str {
+    match mode {
+        Mode::Replica => "replica",
+        Mode::Partition => "partition",
+    }
+}
+
 /// `check`'s summary: the module and its entry signature.
 pub fn summary(module: &Module) -> String {
     let mut s = String::new();
@@ -64,10 +72,7 @@ pub fn summary(module: &Module) -> String {
 
 /// `check`'s decision table: one line per collective with the pass's decision on `platform` and why.
 pub fn decisions(decisions: &[emitter::xla_pass::PassDecision], cfg: &RunConfig, platform: &str) -> String {
-    let mode = match cfg.mode {
-        Mode::Replica => "replicas",
-        Mode::Partition => "partitions",
-    };
+    let mode = format!("{}s", device_word(cfg.mode));
     if decisions.is_empty() {
         return format!("collectives on {} {mode} ({platform}): none\n", cfg.num_devices);
     }
@@ -93,18 +98,14 @@ pub fn decisions(decisions: &[emitter::xla_pass::PassDecision], cfg: &RunConfig,
 }
 
 /// `run`'s output table: one row per device and result leaf.
-pub fn outputs_table(module: &Module, cfg: &RunConfig, outputs: &[Literal]) -> String {
-    let mode = match cfg.mode {
-        Mode::Replica => "replica",
-        Mode::Partition => "partition",
-    };
+pub fn outputs_table(cfg: &RunConfig, outputs: &[Literal]) -> String {
+    let mode = device_word(cfg.mode);
     let mut rows = Vec::new();
     for (d, out) in outputs.iter().enumerate() {
         for (j, leaf) in out.leaves().into_iter().enumerate() {
             rows.push(vec![format!("o{j}"), format!("{mode} {d}"), leaf.shape.to_string(), preview(leaf, 6)]);
         }
     }
-    let _ = module;
     table(&["output", "device", "shape", "values"], &rows)
 }
 

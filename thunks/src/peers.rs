@@ -106,12 +106,7 @@ impl PeerAccessTable {
     /// A table from a predicate over device pairs, evaluated once per ordered pair (`n × n` entries, so `n` should be a
     /// real device count). Backends use this with their hardware query.
     pub fn from_fn(n: usize, source: impl Into<String>, mut can_access: impl FnMut(usize, usize) -> bool) -> Self {
-        let mut m = vec![false; n * n];
-        for a in 0..n {
-            for b in 0..n {
-                m[a * n + b] = a == b || can_access(a, b);
-            }
-        }
+        let m = (0..n * n).map(|k| k / n == k % n || can_access(k / n, k % n)).collect();
         PeerAccessTable { n, links: Links::Matrix(m), source: source.into() }
     }
 

@@ -5,7 +5,7 @@
 //! ([`module_compile_options`]). What XLA:CPU's client does not take (nested tuple results, tuple parameters) is
 //! flattened (`flatten`); [`buffer_type`] maps the f8 and 4-bit types.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
@@ -84,9 +84,8 @@ pub fn find_plugin(explicit: Option<&Path>) -> Result<PathBuf, String> {
 /// Loads a plugin once per process and registers Peerless's handlers in it (XLA's FFI registry is process-global inside
 /// the plugin, and a second registration is an error). `platform`: [`platform_of`] the path.
 pub fn plugin(path: &Path, platform: Platform) -> Result<&'static InnerPlugin, String> {
-    static LOADED: Mutex<Option<HashMap<PathBuf, &'static InnerPlugin>>> = Mutex::new(None);
-    let mut loaded = LOADED.lock().unwrap_or_else(|e| e.into_inner());
-    let map = loaded.get_or_insert_with(HashMap::new);
+    static LOADED: Mutex<BTreeMap<PathBuf, &'static InnerPlugin>> = Mutex::new(BTreeMap::new());
+    let mut map = LOADED.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(p) = map.get(path) {
         return Ok(p);
     }

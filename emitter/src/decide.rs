@@ -208,24 +208,17 @@ fn rules(
             return Decision::fallback(peer_reason(peers, s, t));
         }
         let members = cross.iter().flat_map(|&(s, t)| [s, t]).collect::<std::collections::BTreeSet<_>>().len();
+        let what = format!("{} cross-device pairs, all with peer access", cross.len());
         if let Some(ce) = ce_forced {
-            return Decision::kernel(
-                ce,
-                format!("{} cross-device pairs, all with peer access; {}", cross.len(), ce_why(ce)),
-            );
+            return Decision::kernel(ce, format!("{what}; {}", ce_why(ce)));
         }
-        if let Some(c) =
-            profile.and_then(|p| p.choose(op.kind, cfg.element_type, members, cfg.bytes_per_device, &candidates))
-        {
+        if let Some(c) = profile.and_then(|p| p.choose(op.kind, cfg.element_type, members, bytes, &candidates)) {
             return match c.algorithm {
-                Some(a) => Decision::kernel(
-                    a,
-                    format!("{} cross-device pairs, all with peer access; {}", cross.len(), c.reason),
-                ),
+                Some(a) => Decision::kernel(a, format!("{what}; {}", c.reason)),
                 None => Decision::fallback(c.reason),
             };
         }
-        return Decision::kernel(default, format!("{} cross-device pairs, all with peer access", cross.len()));
+        return Decision::kernel(default, what);
     }
     // 5. group shape.
     let size = cfg.groups.first().map_or(0, Vec::len);

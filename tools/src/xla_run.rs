@@ -201,14 +201,11 @@ fn manualize(module: &[u8]) -> Result<Vec<u8>, String> {
             if fs.iter().any(|x| x.number == hlo_instruction::SHARDING) {
                 return Ok(instr.to_vec());
             }
-            let shape = match fs.iter().find(|x| x.number == hlo_instruction::SHAPE).and_then(|x| x.message()) {
-                Some(p) => Some(xla::ShapeProto::decode(p).map_err(|e| format!("instruction shape: {e}"))?),
-                None => None,
-            };
-            let sharding = match shape.as_ref().filter(|s| is_tuple(s)) {
+            let shape = fs.iter().find(|x| x.number == hlo_instruction::SHAPE).and_then(|x| x.message());
+            let sharding = match shape.map(flatten::WireShape::parse).transpose()?.filter(|s| s.is_tuple()) {
                 Some(shape) => xla::OpSharding {
                     r#type: xla::op_sharding::Type::Tuple as i32,
-                    tuple_shardings: vec![manual.clone(); leaf_count(shape)],
+                    tuple_shardings: vec![manual.clone(); shape.leaf_count()],
                     ..Default::default()
                 },
                 None => manual.clone(),
@@ -257,15 +254,6 @@ pub fn prepare_tuned(
 fn has_sharding(module: &[u8]) -> Result<bool, String> {
     let index = hlo::wire::Index::new(module)?;
     Ok(index.instrs.values().any(|i| i.fields.iter().any(|x| x.number == hlo_instruction::SHARDING)))
-}
-
-fn is_tuple(shape: &xla::ShapeProto) -> bool {
-    shape.element_type == xla::PrimitiveType::Tuple as i32
-}
-
-/// Leaves of a shape, depth first (a tuple's sharding lists one per leaf).
-fn leaf_count(shape: &xla::ShapeProto) -> usize {
-    if is_tuple(shape) { shape.tuple_shapes.iter().map(leaf_count).sum() } else { 1 }
 }
 
 /// PJRT's buffer type of an element type (the ones XLA's goldens use).

@@ -25,13 +25,13 @@ use hlo::wire::{
 };
 
 /// A ShapeProto on the wire: its bytes and, for a tuple, its elements.
-struct WireShape<'a> {
+pub(super) struct WireShape<'a> {
     bytes: &'a [u8],
     elems: Option<Vec<WireShape<'a>>>,
 }
 
 impl<'a> WireShape<'a> {
-    fn parse(bytes: &'a [u8]) -> Result<Self, String> {
+    pub(super) fn parse(bytes: &'a [u8]) -> Result<Self, String> {
         let fs = fields(bytes)?;
         let elems = if first_int(&fs, wire::shape::ELEMENT_TYPE)? == Some(enums::TUPLE_TYPE) {
             let e = fs
@@ -45,7 +45,7 @@ impl<'a> WireShape<'a> {
         Ok(WireShape { bytes, elems })
     }
 
-    fn is_tuple(&self) -> bool {
+    pub(super) fn is_tuple(&self) -> bool {
         self.elems.is_some()
     }
 
@@ -54,7 +54,8 @@ impl<'a> WireShape<'a> {
         self.elems.as_ref().is_some_and(|e| e.iter().any(WireShape::is_tuple))
     }
 
-    fn leaf_count(&self) -> usize {
+    /// Leaves, depth first (a tuple's sharding lists one per leaf).
+    pub(super) fn leaf_count(&self) -> usize {
         self.elems.as_ref().map_or(1, |e| e.iter().map(WireShape::leaf_count).sum())
     }
 

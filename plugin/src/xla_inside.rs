@@ -336,16 +336,9 @@ fn transform(platform: Platform, module: &[u8]) -> Option<Vec<u8>> {
     if status == 1 { out } else { None }
 }
 
-fn transform_cpu(module: &[u8]) -> Option<Vec<u8>> {
-    transform(Platform::Cpu, module)
-}
-
-fn transform_cuda(module: &[u8]) -> Option<Vec<u8>> {
-    transform(Platform::Cuda, module)
-}
-
-fn transform_rocm(module: &[u8]) -> Option<Vec<u8>> {
-    transform(Platform::Rocm, module)
+/// [`transform`] on `Platform::ALL[P]`, as a plain function (what XLA's registry takes).
+fn transform_on<const P: usize>(module: &[u8]) -> Option<Vec<u8>> {
+    transform(Platform::ALL[P], module)
 }
 
 /// Registers the pass in `inner`'s XlaTransform registry for `platform` at PRE_SCHEDULER, once per process, unless the
@@ -361,11 +354,7 @@ pub fn register_pass_in(inner: &ffi::pjrt::InnerPlugin, platform: Platform) -> R
     if !platform.has_handlers() {
         return Err(format!("Peerless has no pass for platform '{platform}'"));
     }
-    let f: ffi::pjrt::TransformFn = match platform {
-        Platform::Cpu => transform_cpu,
-        Platform::Cuda => transform_cuda,
-        Platform::Rocm => transform_rocm,
-    };
+    let f: ffi::pjrt::TransformFn = [transform_on::<0>, transform_on::<1>, transform_on::<2>][platform.index()];
     inner.register_xla_transform(PASS_NAME, ffi::pjrt::TransformStage::PreScheduler, f)?;
     *done = true;
     log::info!("peerless: collective pass registered in {} for {platform}", inner.path().display());

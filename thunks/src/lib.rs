@@ -79,41 +79,34 @@ pub struct CollectiveOp {
     pub is_async: bool,
 }
 
+/// Every opcode that starts a collective, with the collective's kind and whether it is the `-start` of an async pair.
+const OPCODES: [(Opcode, CollectiveKind, bool); 10] = {
+    use CollectiveKind as K;
+    [
+        (Opcode::AllReduce, K::AllReduce, false),
+        (Opcode::AllReduceStart, K::AllReduce, true),
+        (Opcode::AllGather, K::AllGather, false),
+        (Opcode::AllGatherStart, K::AllGather, true),
+        (Opcode::AllToAll, K::AllToAll, false),
+        (Opcode::ReduceScatter, K::ReduceScatter, false),
+        (Opcode::CollectivePermute, K::CollectivePermute, false),
+        (Opcode::CollectivePermuteStart, K::CollectivePermute, true),
+        (Opcode::RaggedAllToAll, K::RaggedAllToAll, false),
+        (Opcode::CollectiveBroadcast, K::CollectiveBroadcast, false),
+    ]
+};
+
 impl CollectiveOp {
     /// The collective an opcode starts, or `None` for non-collectives and `-done` halves.
     pub fn from_opcode(op: Opcode) -> Option<Self> {
-        use CollectiveKind as K;
-        let (kind, is_async) = match op {
-            Opcode::AllReduce => (K::AllReduce, false),
-            Opcode::AllReduceStart => (K::AllReduce, true),
-            Opcode::AllGather => (K::AllGather, false),
-            Opcode::AllGatherStart => (K::AllGather, true),
-            Opcode::AllToAll => (K::AllToAll, false),
-            Opcode::ReduceScatter => (K::ReduceScatter, false),
-            Opcode::CollectivePermute => (K::CollectivePermute, false),
-            Opcode::CollectivePermuteStart => (K::CollectivePermute, true),
-            Opcode::RaggedAllToAll => (K::RaggedAllToAll, false),
-            Opcode::CollectiveBroadcast => (K::CollectiveBroadcast, false),
-            _ => return None,
-        };
-        Some(CollectiveOp { kind, is_async })
+        OPCODES.iter().find(|e| e.0 == op).map(|&(_, kind, is_async)| CollectiveOp { kind, is_async })
     }
 
-    /// The HLO opcode spelling (`all-gather-start` for an async all-gather).
+    /// The HLO opcode spelling (`all-gather-start` for an async all-gather; a kind without an async form by its one
+    /// opcode).
     pub fn name(self) -> &'static str {
-        use CollectiveKind as K;
-        match (self.kind, self.is_async) {
-            (K::AllReduce, false) => "all-reduce",
-            (K::AllReduce, true) => "all-reduce-start",
-            (K::AllGather, false) => "all-gather",
-            (K::AllGather, true) => "all-gather-start",
-            (K::AllToAll, _) => "all-to-all",
-            (K::ReduceScatter, _) => "reduce-scatter",
-            (K::CollectivePermute, false) => "collective-permute",
-            (K::CollectivePermute, true) => "collective-permute-start",
-            (K::RaggedAllToAll, _) => "ragged-all-to-all",
-            (K::CollectiveBroadcast, _) => "collective-broadcast",
-        }
+        let opcode = |is_async| OPCODES.iter().find(|e| (e.1, e.2) == (self.kind, is_async)).map(|e| e.0.name());
+        opcode(self.is_async).or_else(|| opcode(false)).unwrap_or("collective")
     }
 }
 

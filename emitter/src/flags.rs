@@ -52,12 +52,6 @@ impl Backend {
     }
 }
 
-impl fmt::Display for Backend {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
 /// The emitter's flags. Build with `Flags::default()`, [`Flags::parse`] or [`Flags::from_env`]; change one with
 /// [`Flags::apply`].
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]

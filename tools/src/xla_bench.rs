@@ -20,6 +20,12 @@ use thunks::{CollectiveKind, CollectiveOp};
 
 use crate::xla_run::buffer_type;
 
+/// The one of `all` that `name` calls `s`, else an error naming `what` and every name.
+fn by_name<T: Copy>(all: &[T], name: fn(T) -> &'static str, what: &str, s: &str) -> Result<T, String> {
+    let names: Vec<&str> = all.iter().map(|&x| name(x)).collect();
+    all.iter().copied().find(|&x| name(x) == s).ok_or_else(|| format!("{what} {s} ({})", names.join(", ")))
+}
+
 /// The collectives the bench measures.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Op {
@@ -35,9 +41,7 @@ impl Op {
     pub const ALL: [Op; 5] = [Op::AllReduce, Op::AllGather, Op::ReduceScatter, Op::AllToAll, Op::CollectivePermute];
 
     pub fn parse(s: &str) -> Result<Op, String> {
-        Op::ALL.into_iter().find(|o| o.name() == s).ok_or_else(|| {
-            format!("bench op {s} ({})", Op::ALL.iter().map(|o| o.name()).collect::<Vec<_>>().join(", "))
-        })
+        by_name(&Op::ALL, Op::name, "bench op", s)
     }
 
     /// The HLO opcode, which is also the name the bench prints.
@@ -134,10 +138,7 @@ pub enum Dtype {
 
 impl Dtype {
     pub fn parse(s: &str) -> Result<Dtype, String> {
-        [Dtype::F32, Dtype::Bf16]
-            .into_iter()
-            .find(|d| d.name() == s)
-            .ok_or_else(|| format!("bench dtype {s} (f32, bf16)"))
+        by_name(&[Dtype::F32, Dtype::Bf16], Dtype::name, "bench dtype", s)
     }
 
     /// The HLO element type.
@@ -205,9 +206,7 @@ impl Impl {
         [Impl::Peerless, Impl::Auto, Impl::OneShot, Impl::TwoShot, Impl::Xla, Impl::XlaKernels, Impl::CopyEngines];
 
     pub fn parse(s: &str) -> Result<Impl, String> {
-        Impl::ALL.into_iter().find(|i| i.name() == s).ok_or_else(|| {
-            format!("bench implementation {s} ({})", Impl::ALL.iter().map(|i| i.name()).collect::<Vec<_>>().join(", "))
-        })
+        by_name(&Impl::ALL, Impl::name, "bench implementation", s)
     }
 
     pub fn name(self) -> &'static str {

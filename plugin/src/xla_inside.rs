@@ -182,17 +182,8 @@ pub fn device_kind(platform: Platform) -> Option<String> {
 /// string: the kind, if one is given, and the other fields as they were (what [`xla_pass::Topology::parse`] reads). A
 /// kind is the rest of its field: it holds no `;`.
 fn split_kind(s: &str) -> (Option<&str>, String) {
-    let mut kind = None;
-    let rest: Vec<&str> = s
-        .split(';')
-        .filter(|part| match part.trim_start().strip_prefix("kind=") {
-            Some(k) => {
-                kind = Some(k.trim()).filter(|k| !k.is_empty());
-                false
-            }
-            None => true,
-        })
-        .collect();
+    let (kinds, rest): (Vec<&str>, Vec<&str>) = s.split(';').partition(|p| p.trim_start().starts_with("kind="));
+    let kind = kinds.last().and_then(|p| p.trim_start().strip_prefix("kind=")).map(str::trim).filter(|k| !k.is_empty());
     (kind, rest.join(";"))
 }
 

@@ -473,41 +473,28 @@ fn kernel_call(
         return Err(format!("no peer access {x}↔{y} ({})", peers.get().source()));
     }
     let target = target_name(config.op.kind).ok_or_else(|| format!("no Peerless kernel for {}", config.op))?;
-    let processes: Vec<usize> = match (crosses, &cfg.topology) {
-        (true, Some(t)) => {
-            let named: Vec<usize> = if permute {
-                pairs.iter().flat_map(|&(s, t)| [s, t]).collect()
-            } else {
-                groups.iter().flatten().copied().collect()
-            };
-            // `check` found every talking device; a permute's idle self-pairs may be unknown.
-            named.iter().map(|d| t.process_of.get(d).copied().unwrap_or(0)).collect()
-        }
-        _ => Vec::new(),
-    };
     let instance = if crosses {
         shared_id(&ins.name).ok_or("across processes, and the module could not be fingerprinted")?
     } else {
         instance.unwrap_or_else(next_instance)
     };
     // Slots (`assign_slots`), decisions, ordering operands and epilogues come once every collective is decided.
-    let call = CustomCallConfig {
+    let mut call = CustomCallConfig {
         groups: if permute { Vec::new() } else { groups },
         pairs,
         reduction: config.reduction,
-        dimension: if config.op.kind == CollectiveKind::AllToAll && config.num_operands > 1 {
-            None
-        } else {
-            config.dimension
-        },
+        dimension: config.dimension.filter(|_| config.op.kind != CollectiveKind::AllToAll || config.num_operands == 1),
         layout: layout.map(|l| l.into_iter().map(|x| x as usize).collect()),
         num_devices: a.devices.iter().copied().max().map_or(0, |m| m + 1),
         instance,
         timeout_ms: cfg.flags.collective_timeout_ms,
-        processes,
         blocks: if beside { cfg.flags.async_blocks } else { 0 },
         ..CustomCallConfig::new(config.op.kind, algorithm, ins.name.clone())
     };
+    if let (true, Some(t)) = (crosses, &cfg.topology) {
+        // `check` found every talking device; a permute's idle self-pairs may be unknown.
+        call.processes = call.devices().iter().map(|d| t.process_of.get(d).copied().unwrap_or(0)).collect();
+    }
     d.implementation = decision.implementation.to_string();
     d.kernel = true;
     d.reason = decision.reason;

@@ -543,14 +543,17 @@ impl CustomCallConfig {
         operands.iter().fold(0usize, |at, &len| at.saturating_add(host_stage_len(len)))
     }
 
+    /// The device ids the call names, in `processes`' order: the flattened `groups` (or `pairs`).
+    pub fn devices(&self) -> Vec<usize> {
+        match self.kind {
+            CollectiveKind::CollectivePermute => self.pairs.iter().flat_map(|&(s, t)| [s, t]).collect(),
+            _ => self.groups.iter().flatten().copied().collect(),
+        }
+    }
+
     /// With `processes`: each named device's process (device id → process index).
     pub fn process_of(&self) -> std::collections::BTreeMap<usize, usize> {
-        let devices: Vec<usize> = if self.kind == CollectiveKind::CollectivePermute {
-            self.pairs.iter().flat_map(|&(s, t)| [s, t]).collect()
-        } else {
-            self.groups.iter().flatten().copied().collect()
-        };
-        devices.into_iter().zip(self.processes.iter().copied()).collect()
+        self.devices().into_iter().zip(self.processes.iter().copied()).collect()
     }
 
     /// Physical dimensions and the physical index of `dimension` for buffers whose logical dimensions are `dims`: with

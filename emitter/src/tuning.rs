@@ -249,12 +249,10 @@ impl Profile {
     fn entry(&self, op: &str, class: &str, group: usize) -> Option<&Entry> {
         let width = class_width(class);
         let rank = |e: &Entry| -> (usize, usize, usize) {
-            let cls = if e.dtype == class {
-                0
-            } else if class_width(&e.dtype) == width {
-                1
-            } else {
-                2 + class_width(&e.dtype).abs_diff(width)
+            let cls = match class_width(&e.dtype) {
+                _ if e.dtype == class => 0,
+                w if w == width => 1,
+                w => 2 + w.abs_diff(width),
             };
             (cls, e.group.abs_diff(group), usize::MAX - e.group)
         };
@@ -377,9 +375,8 @@ impl ProfileSource {
     /// [`ENV_VAR`]: unset or empty → [`ProfileSource::Default`]; `0`, `off`, `none` → off;
     /// anything else is a path.
     pub fn from_env() -> ProfileSource {
-        match std::env::var_os(ENV_VAR) {
+        match std::env::var_os(ENV_VAR).filter(|v| !v.is_empty()) {
             None => ProfileSource::Default,
-            Some(v) if v.is_empty() => ProfileSource::Default,
             Some(v) if matches!(v.to_str(), Some("0" | "off" | "none")) => ProfileSource::Off,
             Some(v) => ProfileSource::File(v.into()),
         }

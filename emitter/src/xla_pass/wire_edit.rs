@@ -540,10 +540,8 @@ fn pin_entry(
         let want = if opcode == b"parameter" {
             let k = first_int(&fs, instruction::PARAMETER_NUMBER)?.unwrap_or(0);
             usize::try_from(k).ok().and_then(|k| params.get(k).copied())
-        } else if is_root {
-            result
         } else {
-            None
+            result.filter(|_| is_root)
         };
         let Some(new_shape) = wanted(want, shape)? else {
             out.extend_from_slice(x.raw);

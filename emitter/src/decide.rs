@@ -1,5 +1,5 @@
 //! Every decision rule, in one place: for each collective, a Peerless kernel or XLA's own collective, and why, in
-//! words. [`decide_tuned`] applies rules 1–7 (the HLO collective alone, logical ids; the CLI's `decide` and the tests
+//! words. [`decide_tuned`] applies rules 1–7 (the HLO collective alone, logical ids; the tests
 //! call it); [`decide_in_run`] applies rule 0, then those, then rules 8–13, which need the pass's run. First match
 //! wins:
 //! 0. inside JAX's async API where calls do not run beside compute → fallback.
@@ -284,20 +284,6 @@ fn rules(
         };
     }
     Decision::kernel(default, format!("{shape}, all with peer access{red}"))
-}
-
-/// Decides how collective `instr_id` runs on `num_replicas × num_partitions` devices with no tuning profile, on a
-/// backend with the baseline capabilities: [`decide_tuned`].
-pub fn decide(
-    module: &Module,
-    instr_id: InstrId,
-    num_replicas: usize,
-    num_partitions: usize,
-    flags: &Flags,
-    peers: &PeerAccessTable,
-) -> Result<(CollectiveConfig, Decision), EmitError> {
-    let caps = Capabilities::default();
-    decide_tuned(module, instr_id, num_replicas, num_partitions, flags, &Tuning::none(), peers, caps)
 }
 
 /// Rules 1–7 for collective `instr_id` on `num_replicas × num_partitions` devices with `caps`, a tuning profile

@@ -14,7 +14,7 @@ pub mod xla_pass;
 
 use hlo::PrimitiveType;
 
-pub use decide::{Capabilities, MAX_GROUP_SIZE, decide, decide_tuned};
+pub use decide::{Capabilities, MAX_GROUP_SIZE, decide_tuned};
 pub use flags::{Backend, CopyEngines, FLAGS, FlagSpec, Flags, HostTopology, flags_help};
 pub use peers::{PeerAccessTable, PeerTableKey};
 

@@ -1,7 +1,8 @@
 //! `emitter::decide`: the decision rules (kernel or fallback, and why) on modules built by hand
 //! and written as HLO text.
 
-use emitter::{Capabilities, EmitError, Flags, PeerAccessTable, decide, decide_tuned};
+use emitter::tuning::Tuning;
+use emitter::{Capabilities, EmitError, Flags, PeerAccessTable, decide_tuned};
 use hlo::analysis::{DeviceMode, ReductionKind};
 use hlo::{
     Attrs, CompId, Computation, InstrId, Instruction, Module, ModuleConfig, Opcode, PrimitiveType, ReplicaGroups, Shape,
@@ -13,6 +14,18 @@ struct B {
     m: Module,
     entry: Vec<InstrId>,
     params: Vec<InstrId>,
+}
+
+/// Rules 1–7 with no tuning profile, on a backend with the baseline capabilities.
+fn decide(
+    m: &Module,
+    id: InstrId,
+    replicas: usize,
+    partitions: usize,
+    flags: &Flags,
+    peers: &PeerAccessTable,
+) -> Result<(CollectiveConfig, Decision), EmitError> {
+    decide_tuned(m, id, replicas, partitions, flags, &Tuning::none(), peers, Capabilities::default())
 }
 
 fn arr(ty: PrimitiveType, dims: &[i64]) -> Shape {

@@ -207,8 +207,6 @@ pub type ErrorGetCodeArgs = pjrt_sys::PJRT_Error_GetCode_Args;
 /// `compile_options` is a serialized `CompileOptionsProto`.
 pub type ClientCompileArgs = pjrt_sys::PJRT_Client_Compile_Args;
 
-type ErrorFn<A> = unsafe extern "C" fn(*mut A);
-
 /// `PJRT_Error_ForEachPayload_Args`: the error, then a callback and its argument.
 #[repr(C)]
 pub struct ErrorForEachPayloadArgs {
@@ -345,28 +343,30 @@ impl InnerPlugin {
     /// Takes a `PJRT_Error*` from the plugin: its message, and the error freed.
     pub(crate) fn take_error(&self, error: *mut c_void) -> String {
         let mut message = String::from("(the plugin gave no message)");
-        if let Some(f) = self.slot(1) {
+        // SAFETY: the slot is `PJRT_Error_Message`, of this signature.
+        if let Some(f) = unsafe { self.slot_fn::<unsafe extern "C" fn(*mut ErrorMessageArgs)>(SLOT_ERROR_MESSAGE) } {
             let mut a = ErrorMessageArgs {
                 struct_size: size_of::<ErrorMessageArgs>(),
                 error: error.cast(),
                 ..Default::default()
             };
-            // SAFETY: slot 1 is `PJRT_Error_Message`; `error` came from this plugin.
-            unsafe { std::mem::transmute::<*const c_void, ErrorFn<ErrorMessageArgs>>(f)(&mut a) };
+            // SAFETY: `error` came from this plugin.
+            unsafe { f(&mut a) };
             if !a.message.is_null() {
                 // SAFETY: the plugin points `message` at `message_size` bytes owned by `error`.
                 let b = unsafe { std::slice::from_raw_parts(a.message.cast::<u8>(), a.message_size) };
                 message = String::from_utf8_lossy(b).into_owned();
             }
         }
-        if let Some(f) = self.slot(0) {
+        // SAFETY: the slot is `PJRT_Error_Destroy`, of this signature.
+        if let Some(f) = unsafe { self.slot_fn::<unsafe extern "C" fn(*mut ErrorDestroyArgs)>(SLOT_ERROR_DESTROY) } {
             let mut a = ErrorDestroyArgs {
                 struct_size: size_of::<ErrorDestroyArgs>(),
                 error: error.cast(),
                 ..Default::default()
             };
-            // SAFETY: slot 0 is `PJRT_Error_Destroy`; the error is freed once, after its message was copied.
-            unsafe { std::mem::transmute::<*const c_void, ErrorFn<ErrorDestroyArgs>>(f)(&mut a) };
+            // SAFETY: the error is freed once, after its message was copied.
+            unsafe { f(&mut a) };
         }
         message
     }

@@ -336,10 +336,7 @@ pub fn dispatch<R: CollectiveRuntime>(kind: CollectiveKind, f: &CallFrame<'_>, r
         }
         return Ok(());
     }
-    let state = match rt.executable_state().get(f) {
-        Some(s) => s,
-        None => adopted(kind, f, rt)?,
-    };
+    let state = rt.executable_state().get(f).map_or_else(|| adopted(kind, f, rt), Ok)?;
     let ordinal = f.device_ordinal()?;
     let ordinal = usize::try_from(ordinal)
         .map_err(|_| HandlerError::new(ErrorCode::Internal, format!("XLA reported device ordinal {ordinal}")))?;

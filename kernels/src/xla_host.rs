@@ -161,12 +161,7 @@ impl Instance {
             };
             // Devices the call does not name: process 0 (every process fills them alike, since the segment's plan
             // fingerprint covers the whole map).
-            let mut process_of = vec![0; n];
-            for (&d, &p) in &by_device {
-                if let Some(slot) = process_of.get_mut(d) {
-                    *slot = p;
-                }
-            }
+            let process_of: Vec<_> = (0..n).map(|d| by_device.get(&d).copied().unwrap_or(0)).collect();
             // A slot's segment is named by the slot (its first call's instance, the same in every process) and this
             // executable's occurrence, and mapped once per process.
             let (instance, slot_bytes) = match cfg.slot {
@@ -210,10 +205,8 @@ fn run_in(state: &ExecState, call: HostCall) -> Result<()> {
     let inst = state
         .instance
         .get_or_init(|| Instance::build(&call, state.occurrence).map(Arc::new).map_err(|e| e.to_string()));
-    match inst {
-        Ok(i) => run_on(i, call),
-        Err(m) => Err(invalid(call.config, m.clone())),
-    }
+    let cfg = call.config;
+    inst.as_ref().map_err(|m| invalid(cfg, m.clone())).and_then(|i| run_on(i, call))
 }
 
 /// Runs `call` on `instance`: XLA's buffers in and out, no copies of results.
@@ -279,17 +272,11 @@ impl CollectiveRuntime for HostRuntime {
     fn execute(&self, f: &CallFrame<'_>, at: &At<'_, Self::Instance>) -> Result<(), HandlerError> {
         let At { call, state, device, .. } = *at;
         let (args, rets) = (crate::ffi_handler::operands(f, call)?, f.rets()?);
-        let input = |a| -> Result<_, HandlerError> {
-            let shape = array_shape(a)?;
-            Ok((host_bytes(a)?, shape))
-        };
+        let input = |a| array_shape(a).and_then(|shape| Ok((host_bytes(a)?, shape)));
         let mut inputs: Vec<(&[u8], ArrayShape)> = args.iter().map(input).collect::<Result<_, _>>()?;
-        let output = |r| -> Result<_, HandlerError> {
-            let shape = array_shape(r)?;
-            // SAFETY: result buffers are distinct from each other and from the operands (the pass's custom calls
-            // declare no output-operand aliasing), so this is the only reference to these bytes during the call.
-            Ok((unsafe { host_bytes_mut(r)? }, shape))
-        };
+        // SAFETY: result buffers are distinct from each other and from the operands (the pass's custom calls declare
+        // no output-operand aliasing), so this is the only reference to these bytes during the call.
+        let output = |r| array_shape(r).and_then(|shape| Ok((unsafe { host_bytes_mut(r)? }, shape)));
         let mut outputs: Vec<(&mut [u8], ArrayShape)> = rets.iter().map(output).collect::<Result<_, _>>()?;
         // A fused epilogue: the all-reduce runs on the first operand into a buffer of its own, then the epilogue reads
         // it and writes `h` and `y`.

@@ -368,12 +368,10 @@ impl<'a, B: XlaBackend> Builder<'a, B> {
         let sym = self.symmetric(group)?;
         // Operand j's place in a staging half: the sum of the earlier operands' rounded sizes, the layout
         // `CustomCallConfig::gpu_staging_bytes` sized.
-        let mut offsets = Vec::with_capacity(shapes.len());
-        let mut at = 0usize;
-        for s in shapes {
-            offsets.push(at);
-            at += round_up(s.byte_size().max(16), 256);
-        }
+        let offsets: Vec<usize> = shapes
+            .iter()
+            .scan(0, |at, s| Some(std::mem::replace(at, *at + round_up(s.byte_size().max(16), 256))))
+            .collect();
         let mut types: Vec<hlo::PrimitiveType> = shapes.iter().map(|s| s.ty).collect();
         types.sort_unstable_by_key(|t| *t as i32);
         types.dedup();

@@ -5,31 +5,44 @@ use std::fmt;
 
 use super::sys;
 
-macro_rules! data_types {
-    ($($v:ident = $raw:ident, $name:literal, $bits:expr;)*) => {
-        /// An element type. `Unknown` keeps a value this table does not know (a newer XLA's).
-        #[allow(clippy::upper_case_acronyms)]
+/// Declares `$name`, the Rust enumeration of XLA's C enumeration `sys::$sys` (an `i32` newtype), with `from_raw` and
+/// `to_raw`; `Unknown` keeps a value the table does not know (a newer XLA's).
+macro_rules! open_enum {
+    ($(#[$m:meta])* $name:ident($sys:ident) { $($v:ident = $raw:ident),* $(,)? }) => {
+        $(#[$m])*
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-        pub enum DataType {
+        pub enum $name {
             $($v,)*
             Unknown(i32),
         }
 
-        impl DataType {
-            pub fn from_raw(t: sys::XLA_FFI_DataType) -> DataType {
+        impl $name {
+            pub fn from_raw(t: sys::$sys) -> $name {
                 match t {
-                    $(sys::XLA_FFI_DataType::$raw => DataType::$v,)*
-                    sys::XLA_FFI_DataType(n) => DataType::Unknown(n),
+                    $(sys::$sys::$raw => $name::$v,)*
+                    sys::$sys(n) => $name::Unknown(n),
                 }
             }
 
-            pub fn to_raw(self) -> sys::XLA_FFI_DataType {
+            pub fn to_raw(self) -> sys::$sys {
                 match self {
-                    $(DataType::$v => sys::XLA_FFI_DataType::$raw,)*
-                    DataType::Unknown(n) => sys::XLA_FFI_DataType(n),
+                    $($name::$v => sys::$sys::$raw,)*
+                    $name::Unknown(n) => sys::$sys(n),
                 }
             }
+        }
+    };
+}
 
+macro_rules! data_types {
+    ($($v:ident = $raw:ident, $name:literal, $bits:expr;)*) => {
+        open_enum! {
+            /// An element type. `Unknown` keeps a value this table does not know (a newer XLA's).
+            #[allow(clippy::upper_case_acronyms)]
+            DataType(XLA_FFI_DataType) { $($v = $raw),* }
+        }
+
+        impl DataType {
             /// XLA's spelling (`"f32"`, `"bf16"`, `"f8e4m3fn"`, ...); `"unknown"` for [`DataType::Unknown`].
             pub fn name(self) -> &'static str {
                 match self {
@@ -169,39 +182,13 @@ impl fmt::Display for ErrorCode {
     }
 }
 
-/// The stage a handler is called for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum ExecutionStage {
-    Instantiate,
-    Prepare,
-    Initialize,
-    Execute,
-    Record,
-    Unknown(i32),
-}
-
-impl ExecutionStage {
-    pub fn from_raw(s: sys::XLA_FFI_ExecutionStage) -> ExecutionStage {
-        use sys::XLA_FFI_ExecutionStage as S;
-        match s {
-            S::INSTANTIATE => ExecutionStage::Instantiate,
-            S::PREPARE => ExecutionStage::Prepare,
-            S::INITIALIZE => ExecutionStage::Initialize,
-            S::EXECUTE => ExecutionStage::Execute,
-            S::RECORD => ExecutionStage::Record,
-            S(n) => ExecutionStage::Unknown(n),
-        }
-    }
-
-    pub fn to_raw(self) -> sys::XLA_FFI_ExecutionStage {
-        use sys::XLA_FFI_ExecutionStage as S;
-        match self {
-            ExecutionStage::Instantiate => S::INSTANTIATE,
-            ExecutionStage::Prepare => S::PREPARE,
-            ExecutionStage::Initialize => S::INITIALIZE,
-            ExecutionStage::Execute => S::EXECUTE,
-            ExecutionStage::Record => S::RECORD,
-            ExecutionStage::Unknown(n) => S(n),
-        }
+open_enum! {
+    /// The stage a handler is called for.
+    ExecutionStage(XLA_FFI_ExecutionStage) {
+        Instantiate = INSTANTIATE,
+        Prepare = PREPARE,
+        Initialize = INITIALIZE,
+        Execute = EXECUTE,
+        Record = RECORD,
     }
 }

@@ -224,11 +224,6 @@ impl<T> Slots<T> {
         }
         Slot::Made(made)
     }
-
-    /// The live slot of `key` (tests).
-    pub fn get(&self, key: &SlotKey) -> Option<Arc<T>> {
-        self.map().get(key).and_then(Weak::upgrade)
-    }
 }
 
 impl<T> Default for Slots<T> {

@@ -5,6 +5,13 @@ use thunks::KernelAlgorithm;
 
 use super::*;
 
+impl<T> Slots<T> {
+    /// The live slot of `key` (the tests of every runtime read their slots through it).
+    pub(crate) fn get(&self, key: &SlotKey) -> Option<Arc<T>> {
+        self.map().get(key).and_then(Weak::upgrade)
+    }
+}
+
 fn cfg(instance: u64) -> CustomCallConfig {
     CustomCallConfig {
         groups: vec![vec![0, 1]],

@@ -528,10 +528,6 @@ impl<'a> CallFrame<'a> {
         Ok(self.list(Side::Arg)?.0)
     }
 
-    pub fn ret_count(&self) -> Result<usize> {
-        Ok(self.list(Side::Ret)?.0)
-    }
-
     /// Argument `i` (a buffer).
     pub fn arg(&self, i: usize) -> Result<BufferRef<'a>> {
         self.buffer(Side::Arg, i)
@@ -547,7 +543,7 @@ impl<'a> CallFrame<'a> {
     }
 
     pub fn rets(&self) -> Result<Vec<BufferRef<'a>>> {
-        (0..self.ret_count()?).map(|i| self.ret(i)).collect()
+        (0..self.list(Side::Ret)?.0).map(|i| self.ret(i)).collect()
     }
 
     // ---- attributes

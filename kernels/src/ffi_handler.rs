@@ -168,12 +168,6 @@ impl<I> Default for Adopted<I> {
     }
 }
 
-impl<I> std::fmt::Debug for Adopted<I> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Adopted")
-    }
-}
-
 /// What a shared staging slot is keyed by: the pass's slot id, the executable's occurrence of the call's instance (two
 /// loads of one module never share), and (defensively: the pass gives a slot one group set) groups and pairs.
 pub type SlotKey = (u64, u64, Vec<Vec<usize>>, Vec<(usize, usize)>);

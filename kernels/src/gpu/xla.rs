@@ -403,12 +403,6 @@ pub struct GpuCall<B: XlaBackend> {
     plans: [OnceLock<Plan<B>>; MAX_RANKS],
 }
 
-impl<B: XlaBackend> std::fmt::Debug for GpuCall<B> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("GpuCall").field("inst", &self.inst).finish_non_exhaustive()
-    }
-}
-
 /// The instance `cfg` runs on: its slot's (a live one of the same key, or a new one of the slot's size), or one of its
 /// own without a slot or where the live slot is too small for it (only a config from elsewhere: the pass sized the slot
 /// for every call), with a warning.

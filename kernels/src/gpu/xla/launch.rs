@@ -60,12 +60,6 @@ pub(super) struct Plan<B: XlaBackend> {
     steps: Vec<Step>,
 }
 
-impl<B: XlaBackend> std::fmt::Debug for Plan<B> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Plan").field("funcs", &self.funcs.len()).field("steps", &self.steps).finish()
-    }
-}
-
 /// What building a plan reads: the call, its instance with every member's addresses, the calling device and its GPU,
 /// and the buffers' shapes (fixed for an executable).
 pub(super) struct Frame<'a, B: XlaBackend> {

@@ -791,12 +791,6 @@ pub struct ExecutableState<T: Send + Sync + 'static> {
     _t: PhantomData<fn() -> T>,
 }
 
-impl<T: Send + Sync + 'static> fmt::Debug for ExecutableState<T> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ExecutableState").field("name", &self.name).field("id", &self.id.get()).finish()
-    }
-}
-
 /// How XLA destroys an [`ExecutableState`]'s object.
 unsafe extern "C" fn drop_boxed<T>(p: *mut c_void) {
     if !p.is_null() {

@@ -718,12 +718,6 @@ fn watchdog<B: XlaBackend>() {
 /// The [`CollectiveRuntime`] of vendor `B`'s XLA platform (`B::NAME`: "cuda", "rocm").
 pub struct GpuRuntime<B: XlaBackend>(pub(crate) PhantomData<fn() -> B>);
 
-impl<B: XlaBackend> std::fmt::Debug for GpuRuntime<B> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "GpuRuntime<{}>", B::NAME)
-    }
-}
-
 /// A launch's blocks for `bytes` per device and phase.
 fn launch_grid(bytes: usize) -> u32 {
     super::grid((bytes as u64).div_ceil(16), DEFAULT_GRID)

@@ -757,10 +757,7 @@ impl<'a> CallFrame<'a> {
     /// A new XLA error (for a handler to return): null if XLA's table cannot create one. `OK` becomes `UNKNOWN`; XLA
     /// copies the message.
     pub fn error(&self, code: ErrorCode, message: &str) -> *mut XLA_FFI_Error {
-        match self.api() {
-            Ok(api) => make_error(api, code, message),
-            Err(_) => ptr::null_mut(),
-        }
+        self.api().map_or(ptr::null_mut(), |api| make_error(api, code, message))
     }
 }
 

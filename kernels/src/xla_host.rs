@@ -107,7 +107,7 @@ fn shared_slot(
     let key: SlotKey = (id, occurrence, groups.to_vec(), cfg.pairs.clone());
     let want = bytes.max(usize::try_from(cfg.slot_bytes).unwrap_or(usize::MAX));
     match SLOTS.get_or_make(key, bytes, DirectSlot::per_buffer, || DirectSlot::new(groups, want).map(Arc::new)) {
-        Slot::Live(slot) => Ok(slot),
+        Slot::Live(slot) | Slot::Made(Ok(slot)) => Ok(slot),
         Slot::TooSmall(have) => {
             log::warn!(
                 "peerless: {} '{}' stages {bytes} bytes, more than its slot's {have}: staging of its own",
@@ -116,7 +116,6 @@ fn shared_slot(
             );
             own()
         }
-        Slot::Made(Ok(slot)) => Ok(slot),
         Slot::Made(Err(e)) if want > bytes => {
             log::warn!(
                 "peerless: {} '{}': its shared slot of {want} bytes per buffer cannot be allocated ({e}); \

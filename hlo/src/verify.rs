@@ -48,18 +48,9 @@ pub fn verify(module: &Module) -> Result<(), Error> {
     let v = Verifier { m: module };
     v.structure()?;
     v.call_graph_acyclic()?;
-    for comp in module.comps.values() {
-        for &id in &comp.instrs {
-            let ins = &module.instrs[id];
-            v.shape_valid(id, &ins.shape, 0)?;
-        }
-    }
-    for comp in module.comps.values() {
-        for &id in &comp.instrs {
-            v.instruction(id)?;
-        }
-    }
-    Ok(())
+    let ids = || module.comps.values().flat_map(|comp| comp.instrs.iter().copied());
+    ids().try_for_each(|id| v.shape_valid(id, &module.instrs[id].shape, 0))?;
+    ids().try_for_each(|id| v.instruction(id))
 }
 
 /// Element count, `None` on a negative dimension or overflow.
@@ -89,6 +80,11 @@ fn one_or_tuple(got: &Shape, shapes: Vec<Shape>) -> Result<(), String> {
         return Ok(());
     }
     Err(sh(one.as_ref().unwrap_or(&tuple)))
+}
+
+/// Whether `a` and `b` have one element type and equal dimensions except dimension `d`.
+fn same_but_dim(a: &ArrayShape, b: &ArrayShape, d: usize) -> bool {
+    a.ty == b.ty && a.rank() == b.rank() && a.dims.iter().zip(&b.dims).enumerate().all(|(k, (x, y))| k == d || x == y)
 }
 
 /// `dims` must be distinct and each in `0..rank`.
@@ -818,9 +814,7 @@ impl<'a> Verifier<'a> {
         let mut total = 0i64;
         for i in 0..self.m.instrs[id].operands.len() {
             let a = self.arr(id, i)?;
-            let same_rest = a.rank() == first.rank()
-                && a.dims.iter().zip(&first.dims).enumerate().all(|(k, (x, y))| k == d || x == y);
-            if a.ty != first.ty || !same_rest {
+            if !same_but_dim(a, first, d) {
                 bail!(
                     self,
                     id,

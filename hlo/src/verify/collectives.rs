@@ -97,10 +97,8 @@ impl<'a> Verifier<'a> {
 
     /// Checks that the result `r` has the operand `a`'s element type and dimensions except in dimension `d`, the one
     /// the collective `how` (gathered, scattered).
-    fn same_but_dim(&self, id: InstrId, a: &ArrayShape, r: &ArrayShape, d: usize, how: &str) -> R {
-        let rest_equal =
-            r.rank() == a.rank() && r.dims.iter().zip(&a.dims).enumerate().all(|(k, (x, y))| k == d || x == y);
-        if r.ty != a.ty || !rest_equal {
+    fn result_but_dim(&self, id: InstrId, a: &ArrayShape, r: &ArrayShape, d: usize, how: &str) -> R {
+        if !same_but_dim(r, a, d) {
             let (op, r, a) = (self.op(id), arr_str(r), arr_str(a));
             bail!(self, id, "{op} result {r} must match operand {a} except in the {how} dimension {d}");
         }
@@ -113,7 +111,7 @@ impl<'a> Verifier<'a> {
         let Some(r) = out.as_array() else {
             bail!(self, id, "{op} result for operand {} must be an array, got {}", arr_str(a), sh(out));
         };
-        self.same_but_dim(id, a, r, d, "gathered")?;
+        self.result_but_dim(id, a, r, d, "gathered")?;
         let (n, m) = (a.dims[d], r.dims[d]);
         match group {
             Some(g) if n.checked_mul(g) != Some(m) => bail!(
@@ -137,10 +135,8 @@ impl<'a> Verifier<'a> {
     pub(super) fn gather_dim(&self, id: InstrId) -> R<usize> {
         let dims = self.dims_attr(id)?;
         // A dimension of every operand.
-        let mut rank = usize::MAX;
-        for i in 0..self.m.instrs[id].operands.len() {
-            rank = rank.min(self.arr(id, i)?.rank());
-        }
+        let ranks = (0..self.m.instrs[id].operands.len()).map(|i| self.arr(id, i).map(|a| a.rank()));
+        let rank = ranks.collect::<R<Vec<_>>>()?.into_iter().min().unwrap_or(usize::MAX);
         self.one_dim(id, dims, rank, self.arr(id, 0)?, "")
     }
 
@@ -235,9 +231,7 @@ impl<'a> Verifier<'a> {
                 self.result_is(id, &Shape::Array(a.clone()), "same as the operand")
             }
             None => {
-                for i in 0..ins.operands.len() {
-                    self.arr(id, i)?;
-                }
+                (0..ins.operands.len()).try_for_each(|i| self.arr(id, i).map(drop))?;
                 self.operands_or_tuple(id, self.operand_shapes(id), "the operand shapes")
             }
         }
@@ -254,7 +248,7 @@ impl<'a> Verifier<'a> {
             let Some(r) = out.as_array() else {
                 bail!(self, id, "reduce-scatter result {i} must be an array, got {}", sh(out));
             };
-            self.same_but_dim(id, a, r, d, "scattered")?;
+            self.result_but_dim(id, a, r, d, "scattered")?;
             let (n, m) = (a.dims[d], r.dims[d]);
             match group {
                 Some(g) => {

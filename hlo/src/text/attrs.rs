@@ -61,7 +61,7 @@ fn positive(c: &mut Cursor<'_>, what: &str) -> PResult<i64> {
     let start = c.pos;
     let v = c.int(what)?;
     if v < 1 {
-        return Err(c.err_range(start, c.pos, &format!("{what} must be at least 1, found {v}")));
+        fail!(c, start, c.pos, "{what} must be at least 1, found {v}");
     }
     Ok(v)
 }
@@ -350,7 +350,7 @@ fn axis_name(c: &mut Cursor<'_>) -> PResult<String> {
                 c.pos += 1;
             }
             if c.raw_peek() != Some(q) {
-                return Err(c.err_range(s, s + 1, "unterminated axis name; expected a closing quote"));
+                fail!(c, s, s + 1, "unterminated axis name; expected a closing quote");
             }
             c.pos += 1;
             Ok(c.slice(s + 1, c.pos - 1).to_owned())
@@ -463,7 +463,7 @@ fn mesh_device_ids(c: &mut Cursor<'_>, total: i64, start: usize) -> PResult<Vec<
     };
     c.expect(b')', "to close the mesh device ids")?;
     if ids.len() as i64 != total {
-        return Err(c.err_range(start, c.pos, &format!("mesh has {total} devices but device_ids lists {}", ids.len())));
+        fail!(c, start, c.pos, "mesh has {total} devices but device_ids lists {}", ids.len());
     }
     Ok(ids)
 }

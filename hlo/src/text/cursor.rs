@@ -207,11 +207,7 @@ impl<'a> Cursor<'a> {
         // Identifier characters glued to the digits (`3x`, `1.5`) are not an integer.
         if self.raw_peek().is_some_and(|c| c.is_ascii_alphabetic() || c == b'.') {
             let end = self.token_end(start);
-            return Err(self.err_range(
-                start,
-                end,
-                &format!("expected {what} (an integer), found '{}'", self.slice(start, end)),
-            ));
+            fail!(self, start, end, "expected {what} (an integer), found '{}'", self.slice(start, end));
         }
         let text = self.slice(start, self.pos);
         text.parse::<i64>().map_err(|_| {
@@ -229,11 +225,7 @@ impl<'a> Cursor<'a> {
         let start = self.pos;
         let v = self.int(what)?;
         if v < 0 {
-            return Err(self.err_range(
-                start,
-                self.pos,
-                &format!("expected {what} (a non-negative integer), found {v}"),
-            ));
+            fail!(self, start, self.pos, "expected {what} (a non-negative integer), found {v}");
         }
         Ok(v)
     }
@@ -304,11 +296,7 @@ impl<'a> Cursor<'a> {
         loop {
             match self.raw_peek() {
                 None => {
-                    return Err(self.err_range(
-                        start,
-                        start + 1,
-                        &format!("unterminated string; expected a closing '{}'", q as char),
-                    ));
+                    fail!(self, start, start + 1, "unterminated string; expected a closing '{}'", q as char);
                 }
                 Some(b'\\') => self.pos += 2.min(self.b.len() - self.pos),
                 Some(c) => {

@@ -226,7 +226,7 @@ fn element(c: &mut Cursor<'_>, ty: PrimitiveType, out: &mut Vec<u8>) -> PResult<
                 // f16/bf16 rounded by `half` (round-to-nearest-even).
                 T::F16 => (16, 10, half::f16::from_f64(v.value).to_bits().into()),
                 T::Bf16 => (16, 7, half::bf16::from_f64(v.value).to_bits().into()),
-                _ => return Err(c.err_range(start, end, &format!("constants of type {ty} are not supported"))),
+                _ => fail!(c, start, end, "constants of type {ty} are not supported"),
             };
             let bits = nan_bits(&v, width, mant_bits).unwrap_or(rounded);
             out.extend_from_slice(&bits.to_le_bytes()[..width as usize / 8]);

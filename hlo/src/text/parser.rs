@@ -29,7 +29,7 @@ struct NameRef<'a> {
 pub(crate) fn parse_module(c: &mut Cursor<'_>) -> PResult<Module> {
     if c.at_eof() {
         c.check_comment()?;
-        return Err(c.err_range(0, 0, "empty input; expected 'HloModule <name>'"));
+        fail!(c, 0, 0, "empty input; expected 'HloModule <name>'");
     }
     let hm_start = c.pos;
     if !c.eat_kw("HloModule") {
@@ -79,11 +79,7 @@ pub(crate) fn parse_module(c: &mut Cursor<'_>) -> PResult<Module> {
 
     let Some(entry) = entry else {
         let end = hm_start + "HloModule".len();
-        return Err(c.err_range(
-            hm_start,
-            end,
-            "module has no ENTRY computation; expected one computation marked 'ENTRY'",
-        ));
+        fail!(c, hm_start, end, "module has no ENTRY computation; expected one computation marked 'ENTRY'");
     };
 
     // Second pass: called computations.
@@ -200,7 +196,7 @@ impl<'a> CompBuilder<'a> {
         let shape = parse_shape(c, 0)?;
         let (op_start, opname) = c.expect_ident("expected an opcode after the instruction's shape")?;
         let Some(opcode) = Opcode::from_name(opname) else {
-            return Err(c.err_range(op_start, c.pos, &format!("unknown opcode '{opname}'; expected an HLO opcode")));
+            fail!(c, op_start, c.pos, "unknown opcode '{opname}'; expected an HLO opcode");
         };
         c.expect(b'(', &format!("to open the operand list of '{opname}'"))?;
         let mut attrs_v = Attrs::default();
@@ -467,11 +463,11 @@ pub(crate) fn parse_shape(c: &mut Cursor<'_>, depth: u32) -> PResult<Shape> {
         let dstart = c.pos;
         if c.raw_peek() == Some(b'?') || (c.raw_peek() == Some(b'<') && c.byte_at(c.pos + 1) == Some(b'=')) {
             let end = if c.raw_peek() == Some(b'?') { dstart + 1 } else { dstart + 2 };
-            return Err(c.err_range(dstart, end, "dynamic dimensions are not supported; expected a static size"));
+            fail!(c, dstart, end, "dynamic dimensions are not supported; expected a static size");
         }
         let d = c.uint("a dimension size")?;
         if i >= MAX_RANK {
-            return Err(c.err_range(dstart, c.pos, &format!("shape has more than {MAX_RANK} dimensions")));
+            fail!(c, dstart, c.pos, "shape has more than {MAX_RANK} dimensions");
         }
         Ok(d)
     })?;
@@ -479,7 +475,7 @@ pub(crate) fn parse_shape(c: &mut Cursor<'_>, depth: u32) -> PResult<Shape> {
     let elems = dims.iter().try_fold(1i64, |acc, &d| acc.checked_mul(d));
     let bytes = elems.and_then(|n| n.checked_mul(ty.byte_size().max(1) as i64));
     if bytes.is_none() {
-        return Err(c.err_range(tstart, c.pos, "shape is too large: its size overflows a 64-bit byte count"));
+        fail!(c, tstart, c.pos, "shape is too large: its size overflows a 64-bit byte count");
     }
     // A layout must follow the `]` directly (a `{` after a space opens a computation body).
     let mut layout = None;
@@ -492,7 +488,7 @@ pub(crate) fn parse_shape(c: &mut Cursor<'_>, depth: u32) -> PResult<Shape> {
                 let ls = c.pos;
                 let v = c.uint("a layout dimension")?;
                 if m2m.len() >= MAX_RANK {
-                    return Err(c.err_range(ls, c.pos, &format!("layout has more than {MAX_RANK} entries")));
+                    fail!(c, ls, c.pos, "layout has more than {MAX_RANK} entries");
                 }
                 m2m.push(v);
                 if !c.eat(b',') {
@@ -510,7 +506,7 @@ pub(crate) fn parse_shape(c: &mut Cursor<'_>, depth: u32) -> PResult<Shape> {
     }
     if ty == PrimitiveType::Token {
         if !dims.is_empty() {
-            return Err(c.err_range(tstart, c.pos, "token shapes have no dimensions; expected token[]"));
+            fail!(c, tstart, c.pos, "token shapes have no dimensions; expected token[]");
         }
         return Ok(Shape::Token);
     }

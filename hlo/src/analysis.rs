@@ -11,21 +11,21 @@ use crate::opcode::Opcode;
 use crate::print::group_list;
 use crate::types::Shape;
 
-/// A reduction a collective kernel can compute, recognised from a `to_apply` computation by [`recognize_reduction`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum ReductionKind {
-    Sum,
-    Prod,
-    Min,
-    Max,
-    And,
-    Or,
+named_enum! {
+    /// A reduction a collective kernel can compute, recognised from a `to_apply` computation by [`recognize_reduction`].
+    /// `ALL` is in the kernels' order.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+    pub enum ReductionKind {
+        Sum => "sum",
+        Prod => "prod",
+        Min => "min",
+        Max => "max",
+        And => "and",
+        Or => "or",
+    }
 }
 
 impl ReductionKind {
-    /// Every reduction, in the kernels' order.
-    pub const ALL: [Self; 6] = [Self::Sum, Self::Prod, Self::Min, Self::Max, Self::And, Self::Or];
-
     /// The binary opcode the reduction applies.
     pub fn opcode(self) -> Opcode {
         match self {
@@ -41,17 +41,6 @@ impl ReductionKind {
     /// The reduction applied by `op`, if `op` is one of the six.
     pub fn from_opcode(op: Opcode) -> Option<Self> {
         Self::ALL.into_iter().find(|k| k.opcode() == op)
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Sum => "sum",
-            Self::Prod => "prod",
-            Self::Min => "min",
-            Self::Max => "max",
-            Self::And => "and",
-            Self::Or => "or",
-        }
     }
 }
 

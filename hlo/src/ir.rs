@@ -32,33 +32,16 @@ pub struct Span {
     pub len: u32,
 }
 
-/// Comparison direction of a `compare` instruction.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum ComparisonDirection {
-    Eq,
-    Ne,
-    Lt,
-    Le,
-    Gt,
-    Ge,
-}
-
-impl ComparisonDirection {
-    const ALL: [Self; 6] = [Self::Eq, Self::Ne, Self::Lt, Self::Le, Self::Gt, Self::Ge];
-
-    pub fn from_name(s: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|d| d.name() == s)
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Eq => "EQ",
-            Self::Ne => "NE",
-            Self::Lt => "LT",
-            Self::Le => "LE",
-            Self::Gt => "GT",
-            Self::Ge => "GE",
-        }
+named_enum! {
+    /// Comparison direction of a `compare` instruction.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+    pub enum ComparisonDirection {
+        Eq => "EQ",
+        Ne => "NE",
+        Lt => "LT",
+        Le => "LE",
+        Gt => "GT",
+        Ge => "GE",
     }
 }
 
@@ -324,30 +307,15 @@ pub struct Attrs {
     pub other: BTreeMap<String, String>,
 }
 
-/// A custom-call's `api_version=`: how XLA calls its target (XLA's `CustomCallApiVersion`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum CustomCallApiVersion {
-    Original,
-    StatusReturning,
-    StatusReturningUnified,
-    /// XLA FFI: typed buffers and attributes (Peerless's own custom calls use this).
-    TypedFfi,
-}
-
-impl CustomCallApiVersion {
-    const ALL: [Self; 4] = [Self::Original, Self::StatusReturning, Self::StatusReturningUnified, Self::TypedFfi];
-
-    pub fn from_name(s: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|v| v.name() == s)
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Original => "API_VERSION_ORIGINAL",
-            Self::StatusReturning => "API_VERSION_STATUS_RETURNING",
-            Self::StatusReturningUnified => "API_VERSION_STATUS_RETURNING_UNIFIED",
-            Self::TypedFfi => "API_VERSION_TYPED_FFI",
-        }
+named_enum! {
+    /// A custom-call's `api_version=`: how XLA calls its target (XLA's `CustomCallApiVersion`).
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+    pub enum CustomCallApiVersion {
+        Original => "API_VERSION_ORIGINAL",
+        StatusReturning => "API_VERSION_STATUS_RETURNING",
+        StatusReturningUnified => "API_VERSION_STATUS_RETURNING_UNIFIED",
+        /// XLA FFI: typed buffers and attributes (Peerless's own custom calls use this).
+        TypedFfi => "API_VERSION_TYPED_FFI",
     }
 }
 

@@ -4,6 +4,28 @@
 //! [`verify::verify`]: operands refer to earlier instructions of the same computation, called computations exist,
 //! shapes match XLA's inference.
 
+/// Declares a fieldless enum from one table of variants and their spellings, with `ALL` (every variant, in table
+/// order), `name` (the spelling) and `from_name` (its inverse).
+macro_rules! named_enum {
+    ($(#[$attr:meta])* pub enum $ty:ident { $($(#[$vattr:meta])* $variant:ident => $name:literal,)* }) => {
+        $(#[$attr])*
+        pub enum $ty { $($(#[$vattr])* $variant,)* }
+
+        impl $ty {
+            /// Every variant, in table order.
+            pub const ALL: [Self; [$($name,)*].len()] = [$(Self::$variant,)*];
+
+            pub fn name(self) -> &'static str {
+                match self { $(Self::$variant => $name,)* }
+            }
+
+            pub fn from_name(s: &str) -> Option<Self> {
+                match s { $($name => Some(Self::$variant),)* _ => None }
+            }
+        }
+    };
+}
+
 pub mod analysis;
 pub mod diag;
 #[cfg(feature = "proto")]

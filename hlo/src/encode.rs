@@ -129,13 +129,8 @@ fn callees_first(module: &Module) -> Vec<CompId> {
             }
             state[c.index()] = 1;
             stack.push((c, true));
-            for &i in &module.comp(c).instrs {
-                for &callee in &module.instr(i).called {
-                    if state.get(callee.index()) == Some(&0) {
-                        stack.push((callee, false));
-                    }
-                }
-            }
+            let callees = module.comp(c).instrs.iter().flat_map(|&i| &module.instr(i).called);
+            stack.extend(callees.filter(|cc| state.get(cc.index()) == Some(&0)).map(|&cc| (cc, false)));
         }
     }
     // The entry last (a computation nothing calls may come after it in the walk above only if it was listed after the

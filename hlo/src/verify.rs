@@ -189,17 +189,11 @@ impl<'a> Verifier<'a> {
                 return Err(self.comp_err(cid, format!("root {} is not one of its instructions", comp.root)));
             }
             // Parameters: numbered 0..n without gaps, and `params[i]` is parameter(i).
-            let mut numbers = Vec::new();
-            for &id in &comp.instrs {
-                let ins = &m.instrs[id];
-                if ins.opcode != Opcode::Parameter {
-                    continue;
-                }
-                let Some(n) = ins.attrs.parameter_number else {
-                    bail!(self, id, "parameter has no parameter number");
-                };
-                numbers.push((n, id));
-            }
+            let params = comp.instrs.iter().filter(|&&id| m.instrs[id].opcode == Opcode::Parameter);
+            let number = |id| {
+                m.instrs[id].attrs.parameter_number.ok_or_else(|| self.err(id, "parameter has no parameter number"))
+            };
+            let mut numbers = params.map(|&id| Ok((number(id)?, id))).collect::<R<Vec<_>>>()?;
             numbers.sort();
             for (i, &(n, id)) in numbers.iter().enumerate() {
                 if n != i as i64 {
@@ -254,8 +248,7 @@ impl<'a> Verifier<'a> {
                 match state.get(&callee).copied().unwrap_or(0) {
                     0 => {
                         state.insert(callee, 1);
-                        let e = edges(callee);
-                        stack.push((callee, e, 0));
+                        stack.push((callee, edges(callee), 0));
                     }
                     1 => bail!(
                         self,

@@ -310,31 +310,29 @@ fn iota_tail(c: &mut Cursor<'_>) -> PResult<(Vec<i64>, Vec<i64>)> {
 }
 
 fn check_iota(c: &Cursor<'_>, start: usize, i: &IotaReplicaGroups) -> PResult<()> {
-    let err = |msg: String| c.err_range(start, c.pos, &msg);
     if i.reshape_dims.iter().any(|&d| d < 0) || i.num_groups < 0 || i.group_size < 0 {
-        return Err(err("iota form has a negative size; expected non-negative sizes".into()));
+        fail!(c, start, c.pos, "iota form has a negative size; expected non-negative sizes");
     }
     let total = i.reshape_dims.iter().try_fold(1i64, |a, &d| a.checked_mul(d));
     let Some(total) = total.filter(|&t| t <= MAX_DEVICES) else {
-        return Err(err(format!("iota form is too large; expected at most {MAX_DEVICES} devices")));
+        fail!(c, start, c.pos, "iota form is too large; expected at most {MAX_DEVICES} devices");
     };
     if i.num_groups.checked_mul(i.group_size) != Some(total) {
-        return Err(err(format!(
+        fail!(
+            c,
+            start,
+            c.pos,
             "iota form [{},{}] has {} devices but its reshape dims {:?} have {total}; expected groups x size = product of dims",
             i.num_groups,
             i.group_size,
             i.num_groups.saturating_mul(i.group_size),
             i.reshape_dims
-        )));
+        );
     }
-    if !i.transpose_perm.is_empty() {
-        let n = i.reshape_dims.len();
-        if i.transpose_perm.len() != n || !valid_dim_set(&i.transpose_perm, n) {
-            return Err(err(format!(
-                "bad transpose permutation {:?}; expected a permutation of 0..{n}",
-                i.transpose_perm
-            )));
-        }
+    let n = i.reshape_dims.len();
+    if !i.transpose_perm.is_empty() && (i.transpose_perm.len() != n || !valid_dim_set(&i.transpose_perm, n)) {
+        let perm = &i.transpose_perm;
+        fail!(c, start, c.pos, "bad transpose permutation {perm:?}; expected a permutation of 0..{n}");
     }
     Ok(())
 }

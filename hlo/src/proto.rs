@@ -209,10 +209,7 @@ struct Decoder<'a> {
 }
 
 fn primitive_type(v: i32) -> Result<PrimitiveType, String> {
-    if let Some(t) = PrimitiveType::ALL.into_iter().find(|t| t.proto_number() == v) {
-        return Ok(t);
-    }
-    Err(match v {
+    PrimitiveType::ALL.into_iter().find(|t| t.proto_number() == v).ok_or_else(|| match v {
         14 => "element type OPAQUE_TYPE is not supported".into(),
         26 | 27 => "2-bit element types (s2/u2) are not supported".into(),
         30 | 31 => "1-bit element types are not supported".into(),

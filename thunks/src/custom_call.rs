@@ -37,10 +37,6 @@ fn algorithm_from_name(s: &str) -> Option<KernelAlgorithm> {
     KernelAlgorithm::ALL.into_iter().find(|&a| a.attr_name() == s)
 }
 
-fn reduction_from_name(s: &str) -> Option<ReductionKind> {
-    ReductionKind::ALL.into_iter().find(|r| r.name() == s)
-}
-
 /// `s` as an MLIR string literal: quotes, backslashes and control characters (the report's tabs and newlines) as `\XX`
 /// hex escapes, which XLA's attribute parser decodes.
 fn mlir_string(s: &str) -> String {
@@ -417,7 +413,7 @@ impl CustomCallConfig {
         let name = opt("name", a.str("name"))?.unwrap_or_default();
         let reduction = opt("reduction", a.str("reduction"))?
             .map(|r| {
-                reduction_from_name(&r).ok_or_else(|| AttrError::Invalid {
+                ReductionKind::from_name(&r).ok_or_else(|| AttrError::Invalid {
                     name: "reduction",
                     message: format!("unknown reduction '{r}'"),
                 })

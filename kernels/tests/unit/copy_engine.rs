@@ -125,19 +125,9 @@ fn all_gather_any_dimension() {
                 let words = Words { base: mem.alloc(4 * STRIDE * g) };
                 let staging: Vec<u64> = (0..g).map(|_| mem.alloc(outer * row * g)).collect();
                 let positions: Vec<usize> = (0..g).collect();
-                let (rb, row64) = (outer * row * g, row as u64);
+                let rb = outer * row * g;
                 let ops: Vec<Vec<Op>> = (0..g)
-                    .map(|idx| {
-                        let send = |_k: usize| Send {
-                            src: Loc::Arg(0, 0),
-                            dst: idx as u64 * row64,
-                            width: row64,
-                            rows: outer as u64,
-                            spitch: row64,
-                            dpitch: g as u64 * row64,
-                        };
-                        grouped(words, idx, &positions, &staging, send, &[(Loc::Ret(0, 0), 0, rb as u64)])
-                    })
+                    .map(|idx| all_gather(words, idx, &positions, &staging, (outer as u64, row as u64)))
                     .collect();
                 let bufs = buffers(&mut mem, &mut rng, CALLS, g, &[outer * row], &[rb]);
                 simulate(&mut mem, &ops, &bufs, seed);
@@ -281,12 +271,81 @@ fn permute_pairs_self_and_missing_sources() {
     }
 }
 
+/// `op` with operand and result 0 renamed `i`: one call of the model runs several collectives.
+fn renamed(op: Op, i: usize) -> Op {
+    let at = |l: Loc| match l {
+        Loc::Arg(0, o) => Loc::Arg(i, o),
+        Loc::Ret(0, o) => Loc::Ret(i, o),
+        other => other,
+    };
+    match op {
+        Op::Move { dst, src, width, rows, dpitch, spitch } => {
+            Op::Move { dst: at(dst), src: at(src), width, rows, dpitch, spitch }
+        }
+        Op::Zero { dst, len } => Op::Zero { dst: at(dst), len },
+        other => other,
+    }
+}
+
+#[test]
+fn pulls_and_pushes_share_flags_and_staging() {
+    // All-gather (pulls), all-to-all (pushes), all-gather again, back to back on one instance's
+    // words and staging: neither protocol's words or staging may be taken by the other's.
+    for g in [2usize, 3, 4] {
+        for seed in 0..SEEDS {
+            let mut rng = ChaCha8Rng::seed_from_u64(seed);
+            let (part, brow) = (24usize, 8usize);
+            let row = g * brow;
+            let mut mem = Mem { bytes: vec![] };
+            let words = Words { base: mem.alloc(4 * STRIDE * g) };
+            let staging: Vec<u64> = (0..g).map(|_| mem.alloc(g * part)).collect();
+            let positions: Vec<usize> = (0..g).collect();
+            let ops: Vec<Vec<Op>> = (0..g)
+                .map(|idx| {
+                    let send = |k: usize| Send {
+                        src: Loc::Arg(1, (k * brow) as u64),
+                        dst: (idx * brow) as u64,
+                        width: brow as u64,
+                        rows: 1,
+                        spitch: brow as u64,
+                        dpitch: brow as u64,
+                    };
+                    let gather = all_gather(words, idx, &positions, &staging, (1, part as u64));
+                    let mut ops = gather.clone();
+                    ops.extend(grouped(words, idx, &positions, &staging, send, &[(Loc::Ret(1, 0), 0, row as u64)]));
+                    ops.extend(gather.into_iter().map(|op| renamed(op, 2)));
+                    ops
+                })
+                .collect();
+            let bufs = buffers(&mut mem, &mut rng, CALLS, g, &[part, row, part], &[g * part, row, g * part]);
+            simulate(&mut mem, &ops, &bufs, seed);
+            for call in &bufs {
+                for (idx, b) in call.iter().enumerate() {
+                    for (k, src) in call.iter().enumerate() {
+                        for i in [0, 2] {
+                            let got = &bytes(&mem, b.rets[i], g * part)[k * part..(k + 1) * part];
+                            assert_eq!(got, bytes(&mem, src.args[i], part), "g {g} seed {seed} gather {i}");
+                        }
+                        let got = &bytes(&mem, b.rets[1], row)[k * brow..(k + 1) * brow];
+                        assert_eq!(
+                            got,
+                            &bytes(&mem, src.args[1], row)[idx * brow..(idx + 1) * brow],
+                            "g {g} seed {seed}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn waits_name_the_member_they_wait_for() {
-    // Grouped: a wait on ARRIVE + k or DONE + k reports member k.
+    // Grouped and pulled: a wait on ARRIVE + k, DONE + k, READY + k or TAKEN + k reports member k.
     for k in 0..super::super::MAX_RANKS {
-        assert_eq!(member_of_word(ARRIVE + k), k);
-        assert_eq!(member_of_word(DONE + k), k);
+        for base in [ARRIVE, DONE, READY, TAKEN] {
+            assert_eq!(member_of_word(base + k), k);
+        }
     }
     // Permute: bit 0 is the target (ARRIVE), bit 1 the source (DONE + 1).
     assert_eq!(member_of_word(ARRIVE), 0);

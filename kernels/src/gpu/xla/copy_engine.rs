@@ -7,14 +7,18 @@
 //! the unit tests run them on a model of memory under interleavings they draw. The flag-word protocol and why a reset
 //! cannot race the next write: docs/RELIABILITY.md ("Copy-engine flags"); invariants: ARCHITECTURE.md.
 
-/// Words per member: `ARRIVE` .. `ARRIVE + MAX_RANKS`, `DONE` .. `DONE + MAX_RANKS`, `MARK`.
-pub(super) const STRIDE: usize = 32;
+/// Words per member: `ARRIVE`, `DONE`, `READY` and `TAKEN` (`MAX_RANKS` each), then `MARK`.
+pub(super) const STRIDE: usize = 40;
 /// `ARRIVE + k`: member k (its index in the group; permute: 0, my target) is ready for my data.
 pub(super) const ARRIVE: usize = 0;
 /// `DONE + k`: member k's data (permute: 1, my source's) has landed in my staging.
 pub(super) const DONE: usize = super::MAX_RANKS;
+/// `READY + k` (all-gathers by pulls): member k's part is in its staging.
+pub(super) const READY: usize = 2 * super::MAX_RANKS;
+/// `TAKEN + k` (all-gathers by pulls): member k has read my part out of my staging.
+pub(super) const TAKEN: usize = 3 * super::MAX_RANKS;
 /// The code (`1 + word`) of the word my stream waits on, 0 outside waits.
-pub(super) const MARK: usize = 2 * super::MAX_RANKS;
+pub(super) const MARK: usize = 4 * super::MAX_RANKS;
 const _: () = assert!(MARK < STRIDE, "a member's words fit its stride");
 
 /// The member index a waited word names (the missing member's bit in a timeout report; permute: bit 0 my target, bit 1
@@ -92,26 +96,31 @@ impl Words {
 /// apart move one copy each.
 const MAX_PITCH: u64 = (1 << 31) - 1;
 
-/// Pushes `s` into the staging at `base`, as one 2-D copy or, with pitches beyond the driver's, a copy per row.
-fn push(ops: &mut Vec<Op>, s: Send, base: u64) {
-    if s.width == 0 || s.rows == 0 {
+/// Adds a copy of `rows` rows of `width` bytes, `spitch` apart from `src` and `dpitch` apart at `dst`: one copy where
+/// the rows abut, one 2-D copy, or, with pitches beyond the driver's, a copy per row.
+fn copy(ops: &mut Vec<Op>, dst: Loc, src: Loc, (width, rows, dpitch, spitch): (u64, u64, u64, u64)) {
+    if width == 0 || rows == 0 {
         return;
     }
-    let dst = Loc::At(base + s.dst);
-    if s.rows == 1 || (s.width == s.spitch && s.width == s.dpitch) {
-        ops.push(move1(dst, s.src, s.width * s.rows));
-    } else if s.spitch <= MAX_PITCH && s.dpitch <= MAX_PITCH {
-        ops.push(Op::Move { dst, src: s.src, width: s.width, rows: s.rows, dpitch: s.dpitch, spitch: s.spitch });
+    if rows == 1 || (width == spitch && width == dpitch) {
+        ops.push(move1(dst, src, width * rows));
+    } else if spitch <= MAX_PITCH && dpitch <= MAX_PITCH {
+        ops.push(Op::Move { dst, src, width, rows, dpitch, spitch });
     } else {
-        for r in 0..s.rows {
-            ops.push(move1(dst.plus(r * s.dpitch), s.src.plus(r * s.spitch), s.width));
+        for r in 0..rows {
+            ops.push(move1(dst.plus(r * dpitch), src.plus(r * spitch), width));
         }
     }
 }
 
-/// A grouped call (all-gather, all-to-all; each half of the reductions) of member `idx` in a group whose members sit at
-/// `positions` (their places among the instance's devices) with staging at `staging`: `send(k)` goes into member k's
-/// staging, then `outs` (where, byte offset in my staging, length) are copied out of mine.
+/// Pushes `s` into the staging at `base`.
+fn push(ops: &mut Vec<Op>, s: Send, base: u64) {
+    copy(ops, Loc::At(base + s.dst), s.src, (s.width, s.rows, s.dpitch, s.spitch));
+}
+
+/// A grouped call (all-to-all; reduce-scatter and the all-reduce's first half) of member `idx` in a group whose members
+/// sit at `positions` (their places among the instance's devices) with staging at `staging`: `send(k)` goes into member
+/// k's staging, then `outs` (where, byte offset in my staging, length) are copied out of mine.
 pub(super) fn grouped(
     words: Words,
     idx: usize,
@@ -144,6 +153,68 @@ pub(super) fn grouped(
         ops.push(move1(dst, Loc::At(staging[idx] + at), len));
     }
     ops
+}
+
+/// An all-gather by pulls (all-gather; all-reduce's second half) of member `idx` (group as in [`grouped`]): `stage`
+/// puts my part into my own staging, "ready" goes to every peer, `take(idx)` copies my part into my result meanwhile,
+/// then for each peer k `take(k)` (its `dst` an offset in my result) reads k's part out of k's staging into my result and "taken" goes back to k; the call
+/// ends once every peer has taken mine, so my staging is free again. A push into the peers' staging would need a
+/// copy-out of the whole result after it: pulls move `g + 1` parts per member where that moves `2g`, and the HBM the
+/// copies leave is what a GEMM beside them runs on.
+pub(super) fn pulled(
+    words: Words,
+    idx: usize,
+    positions: &[usize],
+    staging: &[u64],
+    stage: Send,
+    take: impl Fn(usize) -> Send,
+) -> Vec<Op> {
+    let g = positions.len();
+    let me = positions[idx];
+    let mark = words.at(me, MARK);
+    let peers: Vec<usize> = (1..g).map(|i| (idx + i) % g).collect();
+    let mut ops = Vec::new();
+    // `take`'s `dst` is a byte offset in my result 0.
+    let into_result = |ops: &mut Vec<Op>, s: Send| {
+        let Send { src, dst, width, rows, spitch, dpitch } = s;
+        copy(ops, Loc::Ret(0, dst), src, (width, rows, dpitch, spitch));
+    };
+    if !peers.is_empty() {
+        push(&mut ops, stage, staging[idx]);
+    }
+    for &k in &peers {
+        ops.push(Op::Signal(words.at(positions[k], READY + idx)));
+    }
+    into_result(&mut ops, take(idx));
+    for &k in &peers {
+        ops.push(Op::Await { addr: words.at(me, READY + k), code: (1 + READY + k) as u32, mark });
+        into_result(&mut ops, take(k));
+        ops.push(Op::Signal(words.at(positions[k], TAKEN + idx)));
+    }
+    for &k in &peers {
+        ops.push(Op::Await { addr: words.at(me, TAKEN + k), code: (1 + TAKEN + k) as u32, mark });
+    }
+    if !peers.is_empty() {
+        ops.push(Op::Unmark(mark));
+    }
+    ops
+}
+
+/// All-gather of member `idx` (group as in [`grouped`]) along a dimension that makes my operand `rows` rows of `row`
+/// bytes: part k lands at `k * row` in each of the result's rows (`g * row` bytes), pulled from k's staging.
+pub(super) fn all_gather(
+    words: Words,
+    idx: usize,
+    positions: &[usize],
+    staging: &[u64],
+    (rows, row): (u64, u64),
+) -> Vec<Op> {
+    let g = positions.len() as u64;
+    let part = |src: Loc, k: usize| Send { src, dst: k as u64 * row, width: row, rows, spitch: row, dpitch: g * row };
+    let len = rows * row;
+    let stage = Send { src: Loc::Arg(0, 0), dst: 0, width: len, rows: 1, spitch: len, dpitch: len };
+    let take = |k: usize| part(if k == idx { Loc::Arg(0, 0) } else { Loc::At(staging[k]) }, k);
+    pulled(words, idx, positions, staging, stage, take)
 }
 
 /// One step of a copy-engine reduction: an operation, or the local fold (`pl_reduce_local_*`) of `world` slots of
@@ -186,8 +257,8 @@ pub(super) fn reduce_scatter(
 
 /// All-reduce of `bytes` bytes at member `idx`, a two-shot on the copy engines: part k (`part` bytes from `k * part`,
 /// [`thunks::custom_call::ce_part_bytes`]) of my operand goes to slot `idx` of member k's staging; I fold my part's
-/// slots into my result; then my reduced part goes into every member's gathered half (after the slots), from which each
-/// copies the other parts into its result.
+/// slots into my result; then my reduced part goes into my staging's gathered half (after the slots), from which the
+/// others pull it ([`pulled`]).
 pub(super) fn all_reduce(
     words: Words,
     idx: usize,
@@ -209,22 +280,13 @@ pub(super) fn all_reduce(
         dpitch: len(k),
     };
     let mine = idx as u64 * part;
-    let gather = |k: usize| Send {
-        src: Loc::Ret(0, mine),
-        dst: gathered + mine,
-        width: if k == idx { 0 } else { len(idx) },
-        rows: 1,
-        spitch: len(idx),
-        dpitch: len(idx),
-    };
-    let outs: Vec<(Loc, u64, u64)> = (0..g)
-        .filter(|&j| j != idx)
-        .map(|j| (Loc::Ret(0, j as u64 * part), gathered + j as u64 * part, len(j)))
-        .collect();
+    let one = |src: Loc, dst: u64, width: u64| Send { src, dst, width, rows: 1, spitch: width, dpitch: width };
+    let stage = one(Loc::Ret(0, mine), gathered, len(idx));
+    let take = |k: usize| one(Loc::At(staging[k] + gathered), k as u64 * part, if k == idx { 0 } else { len(k) });
     let mut out: Vec<Piece> =
         grouped(words, idx, positions, staging, scatter, &[]).into_iter().map(Piece::Op).collect();
     out.push(Piece::Reduce { base: staging[idx], slot, world: g, len: len(idx), at: mine });
-    out.extend(grouped(words, idx, positions, staging, gather, &outs).into_iter().map(Piece::Op));
+    out.extend(pulled(words, idx, positions, staging, stage, take).into_iter().map(Piece::Op));
     out
 }
 

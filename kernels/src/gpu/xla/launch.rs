@@ -484,13 +484,20 @@ impl<'a, B: XlaBackend> Builder<'a, B> {
     }
 
     /// All-gather and all-to-all: push into the peers' staging, then copy my staging out; by one `pl_exchange` launch,
-    /// or (`ce`) on the copy engines.
+    /// or (`ce`) on the copy engines, where an all-gather pulls instead (`copy_engine::all_gather`).
     fn push(&mut self, ce: bool) -> Result<(), HandlerError> {
         let (cfg, shapes, rets) = (self.x.cfg, self.x.args, self.x.rets);
         let (group, idx) = self.group()?;
         let g = group.len();
         if g > MAX_TASKS {
             return Err(err(ErrorCode::InvalidArgument, format!("group of {g} > {MAX_TASKS}")));
+        }
+        if ce && cfg.kind == Kind::AllGather {
+            let (outer, n, inner) = view(cfg, &shapes[0])?;
+            let (words, positions, staging) = self.ce_members(group)?;
+            let ops = copy_engine::all_gather(words, idx, &positions, &staging, (outer as u64, (n * inner) as u64));
+            self.steps.extend(ops.into_iter().map(Step::Ce));
+            return Ok(());
         }
         let mut sig = Sig::default();
         let mut wait = Wait::default();

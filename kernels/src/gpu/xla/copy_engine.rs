@@ -118,6 +118,13 @@ fn push(ops: &mut Vec<Op>, s: Send, base: u64) {
     copy(ops, Loc::At(base + s.dst), s.src, (s.width, s.rows, s.dpitch, s.spitch));
 }
 
+/// Member `idx`'s place, its watch word, and its peers' indices in ring order from `idx + 1`.
+fn ring(words: Words, idx: usize, positions: &[usize]) -> (usize, u64, Vec<usize>) {
+    let g = positions.len();
+    let me = positions[idx];
+    (me, words.at(me, MARK), (1..g).map(|i| (idx + i) % g).collect())
+}
+
 /// A grouped call (all-to-all; reduce-scatter and the all-reduce's first half) of member `idx` in a group whose members
 /// sit at `positions` (their places among the instance's devices) with staging at `staging`: `send(k)` goes into member
 /// k's staging, then `outs` (where, byte offset in my staging, length) are copied out of mine.
@@ -129,10 +136,7 @@ pub(super) fn grouped(
     send: impl Fn(usize) -> Send,
     outs: &[(Loc, u64, u64)],
 ) -> Vec<Op> {
-    let g = positions.len();
-    let me = positions[idx];
-    let mark = words.at(me, MARK);
-    let peers: Vec<usize> = (1..g).map(|i| (idx + i) % g).collect();
+    let (me, mark, peers) = ring(words, idx, positions);
     let mut ops = Vec::new();
     for &k in &peers {
         ops.push(Op::Signal(words.at(positions[k], ARRIVE + idx)));
@@ -157,10 +161,10 @@ pub(super) fn grouped(
 
 /// An all-gather by pulls (all-gather; all-reduce's second half) of member `idx` (group as in [`grouped`]): `stage`
 /// puts my part into my own staging, "ready" goes to every peer, `take(idx)` copies my part into my result meanwhile,
-/// then for each peer k `take(k)` (its `dst` an offset in my result) reads k's part out of k's staging into my result and "taken" goes back to k; the call
-/// ends once every peer has taken mine, so my staging is free again. A push into the peers' staging would need a
-/// copy-out of the whole result after it: pulls move `g + 1` parts per member where that moves `2g`, and the HBM the
-/// copies leave is what a GEMM beside them runs on.
+/// then for each peer k `take(k)` (its `dst` an offset in my result) reads k's part out of k's staging into my result
+/// and "taken" goes back to k; the call ends once every peer has taken mine, so my staging is free again. A push into
+/// the peers' staging would need a copy-out of the whole result after it: pulls move `g + 1` parts per member where
+/// that moves `2g`, and the HBM the copies leave is what a GEMM beside them runs on.
 pub(super) fn pulled(
     words: Words,
     idx: usize,
@@ -169,10 +173,7 @@ pub(super) fn pulled(
     stage: Send,
     take: impl Fn(usize) -> Send,
 ) -> Vec<Op> {
-    let g = positions.len();
-    let me = positions[idx];
-    let mark = words.at(me, MARK);
-    let peers: Vec<usize> = (1..g).map(|i| (idx + i) % g).collect();
+    let (me, mark, peers) = ring(words, idx, positions);
     let mut ops = Vec::new();
     // `take`'s `dst` is a byte offset in my result 0.
     let into_result = |ops: &mut Vec<Op>, s: Send| {

@@ -215,24 +215,20 @@ fn one_gpu(args: &BenchArgs, n: usize) -> Result<(), String> {
         ce_only,
     };
     let rows = one_gpu::time(&opts, &mut say).map_err(|e| format!("bench: {e}"))?;
-    let mut t = String::new();
-    let _ = writeln!(
-        t,
+    println!(
         "# {n} members on GPU 0 (one stream each): {} combinations and {} graph replays equal to the host reference",
         checked.eager, checked.replays
     );
-    let _ = writeln!(t, "# µs: every member's call on the one GPU, min / median / max of {} rounds", opts.rounds);
-    let _ = writeln!(t, "| form | algorithm | bytes/member | kernels/call | µs/call | GEMM keeps |");
-    let _ = writeln!(t, "|---|---|---:|---:|---|---|");
+    println!("# µs: every member's call on the one GPU, min / median / max of {} rounds", opts.rounds);
+    println!("# copies alone: the all-gather's bytes as bare copies, no flags (what the bytes alone take and cost)");
+    println!("| form | algorithm | bytes/member | kernels/call | µs/call | GEMM keeps |\n|---|---|---:|---:|---|---|");
     for r in &rows {
         let kept = r.gemm_kept.map_or_else(|| "—".into(), |k| format!("{:.3} ({:.3}–{:.3})", k[1], k[0], k[2]));
-        let _ = writeln!(
-            t,
+        println!(
             "| {} | {} | {} | {} | {:.1} ({:.1}–{:.1}) | {kept} |",
             r.form, r.algorithm, r.bytes, r.launches, r.us[1], r.us[0], r.us[2]
         );
     }
-    print!("{t}");
     Ok(())
 }
 

@@ -244,6 +244,12 @@ impl Bound {
         self.call.run(m, &dev.stream, &a, &r).map_err(gpu)
     }
 
+    /// One call of every member, waited for.
+    fn run_once(&self, clique: &Clique) -> Result<()> {
+        self.members.iter().try_for_each(|&m| self.enqueue(clique, m))?;
+        sync_all(clique)
+    }
+
     /// Writes fresh operands, poisons the results; returns the operands. `exact`: f32 small integers (their sums are
     /// exact in any order), else any bytes.
     fn fill_with(&self, bytes: &mut Bytes, exact: bool) -> Result<Vec<Vec<Vec<u8>>>> {
@@ -261,10 +267,6 @@ impl Bound {
         let all: Vec<Vec<Vec<u8>>> = self.args.iter().map(|bufs| bufs.iter().map(&mut data).collect()).collect();
         self.write(&all)?;
         Ok(all)
-    }
-
-    fn fill(&self, bytes: &mut Bytes) -> Result<Vec<Vec<Vec<u8>>>> {
-        self.fill_with(bytes, false)
     }
 
     /// Writes `ops` as the operands (another binding's) and poisons the results.
@@ -292,11 +294,9 @@ impl Bound {
 
     /// Compares every member's results with the reference; the error names the first byte off.
     fn verify(&self, case: &Case, ops: &[Vec<Vec<u8>>], what: &str) -> Result<()> {
+        let results = self.results()?;
         for &m in &self.members {
-            let want = reference(case, ops, m);
-            for (j, (buf, w)) in self.rets[m].iter().zip(&want).enumerate() {
-                let mut got = vec![0u8; w.len()];
-                buf.read_at(0, &mut got)?;
+            for (j, (got, w)) in results[m].iter().zip(&reference(case, ops, m)).enumerate() {
                 if let Some(at) = got.iter().zip(w).position(|(a, b)| a != b) {
                     return Err(Error::Gpu(format!(
                         "{what}: member {m} result {j} differs from the reference at byte {at} of {} (got {:#04x}, want {:#04x})",
@@ -355,8 +355,8 @@ pub fn check(
                         out.ce_launches += b.call.launches();
                     }
                     for _ in 0..2 {
-                        let ops = b.fill(&mut bytes)?;
-                        run_calls(clique, &b, 1)?;
+                        let ops = b.fill_with(&mut bytes, false)?;
+                        b.run_once(clique)?;
                         b.verify(&c, &ops, &format!("{} {} {rows}x{cols} {ty}", form.name(), algo))?;
                     }
                     out.eager += 1;
@@ -371,7 +371,7 @@ pub fn check(
             let b = Bound::new(clique, &c)?;
             let graphs = capture(clique, &b)?;
             for i in 0..replays {
-                let ops = b.fill(&mut bytes)?;
+                let ops = b.fill_with(&mut bytes, false)?;
                 replay(clique, &graphs)?;
                 b.verify(&c, &ops, &format!("{} {algo}, graph replay {i}", form.name()))?;
                 out.replays += 1;
@@ -435,10 +435,10 @@ fn check_reductions(
                             Bound::new(clique, &c)
                         };
                         let (b_ce, b_direct) = (bind(ce)?, bind(direct)?);
-                        let ops = b_ce.fill(bytes)?;
+                        let ops = b_ce.fill_with(bytes, false)?;
                         b_direct.write(&ops)?;
                         for b in [&b_ce, &b_direct] {
-                            run_calls(clique, b, 1)?;
+                            b.run_once(clique)?;
                         }
                         if b_ce.results()? != b_direct.results()? {
                             let what = format!("{} {ty} {} {rows}x{cols}", form.name(), red.name());
@@ -454,7 +454,7 @@ fn check_reductions(
             let c = case(form, g, PrimitiveType::F32, 3 * g, 7 * g, algo, clique.max_grid);
             let b = Bound::new(clique, &c)?;
             let ops = b.fill_with(bytes, true)?;
-            run_calls(clique, &b, 1)?;
+            b.run_once(clique)?;
             b.verify(&c, &ops, &format!("{} {algo}: exact f32 sums", form.name()))?;
             out.eager += 1;
             if replays == 0 {
@@ -484,7 +484,7 @@ pub fn check_missing_member(members: usize) -> Result<Vec<String>> {
         let mut c = case(form, g, PrimitiveType::F32, 2 * g, 3 * g, algo, clique.max_grid);
         c.cfg.timeout_ms = 200;
         let b = Bound::new(clique, &c)?;
-        b.fill(&mut Bytes(3))?;
+        b.fill_with(&mut Bytes(3), false)?;
         let t = Instant::now();
         b.enqueue(clique, 0)?;
         // Waited for on a thread of its own: a wait the watchdog never ends must not hang this.
@@ -521,7 +521,8 @@ pub fn check_missing_member(members: usize) -> Result<Vec<String>> {
 #[derive(Clone, Debug)]
 pub struct Row {
     pub form: String,
-    pub algorithm: Algo,
+    /// An algorithm, or the all-gather's bare copies ([`Copies`]).
+    pub algorithm: String,
     /// Operand bytes per member.
     pub bytes: usize,
     /// Kernel launches per call of a member.
@@ -554,16 +555,42 @@ fn spread(mut v: Vec<f64>) -> [f64; 3] {
     [v[0], v[v.len() / 2], v[v.len() - 1]]
 }
 
-/// Seconds for `iters` calls of every member, enqueued back to back and then waited for.
-fn run_calls(clique: &Clique, b: &Bound, iters: usize) -> Result<f64> {
+/// What a row times: enqueues one call of every member.
+type Load<'a> = Box<dyn Fn() -> Result<()> + 'a>;
+
+/// Seconds for `iters` calls, enqueued back to back and then waited for.
+fn run_calls(clique: &Clique, load: &Load, iters: usize) -> Result<f64> {
     let t = Instant::now();
     for _ in 0..iters {
-        for &m in &b.members {
-            b.enqueue(clique, m)?;
-        }
+        load()?;
     }
     sync_all(clique)?;
     Ok(t.elapsed().as_secs_f64())
+}
+
+/// The copy-engine all-gather's bytes with no flags: each member's part into a staging buffer, then every staged part
+/// into each member's result; on the members' own streams, or all on member 0's, in order, as a GPU of a node runs
+/// its own member's copies. What the bytes alone take and cost a GEMM: the floor of any all-gather moving them.
+fn bare_copies(clique: &Clique, n: usize, one_stream: bool) -> Result<Load<'_>> {
+    let g = clique.len();
+    let alloc = |m: usize, n: usize| DeviceBuffer::alloc(&clique.devices[m].ctx, n);
+    let bufs: Vec<[DeviceBuffer; 3]> =
+        (0..g).map(|m| Ok([alloc(m, n)?, alloc(m, n)?, alloc(m, g * n)?])).collect::<Result<_>>()?;
+    Ok(Box::new(move || {
+        for (m, [src, staging, res]) in bufs.iter().enumerate() {
+            let d = &clique.devices[if one_stream { 0 } else { m }];
+            d.ctx.bind()?;
+            // SAFETY: parts of `n` bytes within buffers of this GPU sized `n` (results `g * n`), alive with the closure,
+            // whose caller synchronises before dropping it.
+            unsafe {
+                d.stream.copy_d2d(staging.ptr(), src.ptr(), n)?;
+                for k in 0..g {
+                    d.stream.copy_d2d(res.ptr() + (k * n) as u64, bufs[(m + k) % g][1].ptr(), n)?;
+                }
+            }
+        }
+        Ok(())
+    }))
 }
 
 /// The bf16 GEMM beside: three matrices and a cuBLAS handle on a stream of its own.
@@ -591,21 +618,13 @@ impl Gemm {
         Ok(Gemm { n, mats, stream, blas })
     }
 
-    /// Enqueues `k` GEMMs.
-    fn enqueue(&self, k: usize) -> Result<()> {
-        let p = |i: usize| self.mats[i].ptr();
+    /// Seconds for `k` GEMMs on the GEMM's stream.
+    fn alone(&self, k: usize) -> Result<f64> {
+        let (t, p) = (Instant::now(), |i: usize| self.mats[i].ptr());
         for _ in 0..k {
-            // SAFETY: three n×n bf16 matrices of this device, alive with `self`, which the caller synchronises before
-            // dropping.
+            // SAFETY: three n×n bf16 matrices of this device, alive with `self`; the stream is synchronised below.
             unsafe { self.blas.gemm_bf16(self.n, p(0), p(1), p(2))? };
         }
-        Ok(())
-    }
-
-    /// Seconds for `k` GEMMs alone.
-    fn alone(&self, k: usize) -> Result<f64> {
-        let t = Instant::now();
-        self.enqueue(k)?;
         self.stream.synchronize()?;
         Ok(t.elapsed().as_secs_f64())
     }
@@ -629,7 +648,7 @@ pub fn time(opts: &TimeOptions, progress: &mut dyn FnMut(&str)) -> Result<Vec<Ro
             let elems = (size / 4).max(g * g);
             let cols = (1024usize.min(elems / g) / g).max(1) * g;
             let rows = (elems / cols / g).max(1) * g;
-            let bound = form
+            let mut bound = form
                 .algorithms()
                 .into_iter()
                 .filter(|a| a.is_copy_engine() || !opts.ce_only)
@@ -637,19 +656,29 @@ pub fn time(opts: &TimeOptions, progress: &mut dyn FnMut(&str)) -> Result<Vec<Ro
                     let c = case(form, g, PrimitiveType::F32, rows, cols, a, blocks);
                     let b = Bound::new(clique, &c)?;
                     let ops = b.fill_with(&mut bytes, matches!(form, Form::ReduceScatter(_) | Form::AllReduce))?;
-                    run_calls(clique, &b, 1)?;
+                    b.run_once(clique)?;
                     b.verify(&c, &ops, &format!("{} {a} {rows}x{cols}", form.name()))?;
-                    Ok::<_, Error>((a, b))
+                    let launches = b.call.launches();
+                    Ok::<_, Error>((
+                        a.to_string(),
+                        launches,
+                        Box::new(move || b.members.iter().try_for_each(|&m| b.enqueue(clique, m))) as Load,
+                    ))
                 })
                 .collect::<Result<Vec<_>>>()?;
+            if let Form::AllGather(_) = form {
+                for (one, on) in [(false, "members' streams"), (true, "one stream")] {
+                    bound.push((format!("copies alone, {on}"), 0, bare_copies(clique, rows * cols * 4, one)?));
+                }
+            }
             // Calls per round: about 20 ms of the slowest.
             let one =
-                bound.iter().map(|(_, b)| run_calls(clique, b, 3).map(|s| s / 3.0)).collect::<Result<Vec<_>>>()?;
+                bound.iter().map(|(_, _, b)| run_calls(clique, b, 3).map(|s| s / 3.0)).collect::<Result<Vec<_>>>()?;
             let slowest = one.iter().copied().fold(1e-6, f64::max);
             let iters = ((0.02 / slowest).ceil() as usize).clamp(3, 2000);
             let mut samples = vec![Vec::new(); bound.len()];
             for _ in 0..opts.rounds.max(1) {
-                for (i, (_, b)) in bound.iter().enumerate() {
+                for (i, (_, _, b)) in bound.iter().enumerate() {
                     samples[i].push(run_calls(clique, b, iters)? / iters as f64 * 1e6);
                 }
             }
@@ -658,16 +687,14 @@ pub fn time(opts: &TimeOptions, progress: &mut dyn FnMut(&str)) -> Result<Vec<Ro
             if let (Some(gm), true) = (&gemm, last) {
                 gm.alone(GEMMS / 3)?; // clocks up, cuBLAS's kernels loaded
                 for _ in 0..opts.rounds.max(1) {
-                    for (i, (_, b)) in bound.iter().enumerate() {
+                    for (i, (_, _, b)) in bound.iter().enumerate() {
                         // The GEMMs alone, then again beside enough calls to outlast them (the calls slow down beside
                         // them, and enqueueing them takes host time).
                         let alone = gm.alone(GEMMS)?;
                         let per = samples[i].iter().copied().fold(f64::MAX, f64::min) * 1e-6;
                         let calls = ((4.0 * alone / per).ceil() as usize + 2).min(100_000);
                         for _ in 0..calls {
-                            for &m in &b.members {
-                                b.enqueue(clique, m)?;
-                            }
+                            b()?;
                         }
                         let beside = gm.alone(GEMMS)?;
                         sync_all(clique)?;
@@ -675,23 +702,17 @@ pub fn time(opts: &TimeOptions, progress: &mut dyn FnMut(&str)) -> Result<Vec<Ro
                     }
                 }
             }
-            for (i, (a, b)) in bound.iter().enumerate() {
+            for (i, (algorithm, launches, _)) in bound.into_iter().enumerate() {
                 let row = Row {
                     form: form.name(),
-                    algorithm: *a,
+                    algorithm,
                     bytes: rows * cols * 4,
-                    launches: b.call.launches(),
+                    launches,
                     us: spread(samples[i].clone()),
                     gemm_kept: (!kept[i].is_empty()).then(|| spread(kept[i].clone())),
                 };
-                progress(&format!(
-                    "{} {} {} B: {:.1} µs{}",
-                    row.form,
-                    row.algorithm,
-                    row.bytes,
-                    row.us[1],
-                    row.gemm_kept.map(|k| format!(", GEMM keeps {:.3}", k[1])).unwrap_or_default()
-                ));
+                let kept = row.gemm_kept.map(|k| format!(", GEMM keeps {:.3}", k[1])).unwrap_or_default();
+                progress(&format!("{} {} {} B: {:.1} µs{kept}", row.form, row.algorithm, row.bytes, row.us[1]));
                 table.push(row);
             }
         }

@@ -66,7 +66,7 @@ pub struct BenchArgs {
     plot: Option<PathBuf>,
     /// Without XLA, on GPU 0 alone: N members sharing it, each with a stream of its own, through the handlers' own
     /// plans. Checks every form of every kind (the copy engines and today's kernels, every element type and reduction,
-    /// eagerly and replayed from CUDA graphs) against a host reference, then times them.
+    /// eagerly and in CUDA graph replays) against a host reference, then times them (all-gathers also as bare copies).
     #[arg(long, value_name = "N")]
     members_on_one_gpu: Option<usize>,
     /// With --members-on-one-gpu: also time a bf16 GEMM (8192³, cuBLAS) beside each form's largest size and print the

@@ -4,7 +4,7 @@
 //! per call, rounds interleaved, and with `beside_gemm` what a bf16 GEMM keeps of its speed. Members share the GPU's
 //! memory and copy engines, so times are a proxy for one GPU's share on a node, never for NVLink.
 
-use std::time::Instant;
+use std::{rc::Rc, time::Instant};
 
 use ffi::cuda::{Cuda, DeviceBuffer, Graph, Stream};
 use ffi::gpu::{GpuBuffer, GpuContext, GpuStream};
@@ -569,28 +569,30 @@ fn run_calls(clique: &Clique, load: &Load, iters: usize) -> Result<f64> {
 }
 
 /// The copy-engine all-gather's bytes with no flags: each member's part into a staging buffer, then every staged part
-/// into each member's result; on the members' own streams, or all on member 0's, in order, as a GPU of a node runs
-/// its own member's copies. What the bytes alone take and cost a GEMM: the floor of any all-gather moving them.
-fn bare_copies(clique: &Clique, n: usize, one_stream: bool) -> Result<Load<'_>> {
+/// into each member's result; on the members' own streams, then (one buffer set) all in order on member 0's, as a GPU
+/// of a node runs its own member's copies. What the bytes alone take and cost a GEMM: the floor of any all-gather.
+fn bare_copies(clique: &Clique, n: usize) -> Result<Vec<(String, usize, Load<'_>)>> {
     let g = clique.len();
     let alloc = |m: usize, n: usize| DeviceBuffer::alloc(&clique.devices[m].ctx, n);
-    let bufs: Vec<[DeviceBuffer; 3]> =
-        (0..g).map(|m| Ok([alloc(m, n)?, alloc(m, n)?, alloc(m, g * n)?])).collect::<Result<_>>()?;
-    Ok(Box::new(move || {
-        for (m, [src, staging, res]) in bufs.iter().enumerate() {
-            let d = &clique.devices[if one_stream { 0 } else { m }];
-            d.ctx.bind()?;
-            // SAFETY: parts of `n` bytes within buffers of this GPU sized `n` (results `g * n`), alive with the closure,
-            // whose caller synchronises before dropping it.
-            unsafe {
-                d.stream.copy_d2d(staging.ptr(), src.ptr(), n)?;
-                for k in 0..g {
-                    d.stream.copy_d2d(res.ptr() + (k * n) as u64, bufs[(m + k) % g][1].ptr(), n)?;
+    let bufs = (0..g).map(|m| Ok([alloc(m, n)?, alloc(m, n)?, alloc(m, g * n)?])).collect::<Result<Rc<[_]>>>()?;
+    Ok(Vec::from([(false, "members' streams"), (true, "one stream")].map(|(one_stream, on)| {
+        let bufs = bufs.clone();
+        let load: Load = Box::new(move || {
+            for (m, [src, staging, res]) in bufs.iter().enumerate() {
+                let d = &clique.devices[if one_stream { 0 } else { m }];
+                d.ctx.bind()?;
+                // SAFETY: `n`-byte parts of this GPU's buffers (results `g * n`); a caller syncs before dropping them.
+                unsafe {
+                    d.stream.copy_d2d(staging.ptr(), src.ptr(), n)?;
+                    for k in 0..g {
+                        d.stream.copy_d2d(res.ptr() + (k * n) as u64, bufs[(m + k) % g][1].ptr(), n)?;
+                    }
                 }
             }
-        }
-        Ok(())
-    }))
+            Ok(())
+        });
+        (format!("copies alone, {on}"), 0, load)
+    })))
 }
 
 /// The bf16 GEMM beside: three matrices and a cuBLAS handle on a stream of its own.
@@ -667,9 +669,7 @@ pub fn time(opts: &TimeOptions, progress: &mut dyn FnMut(&str)) -> Result<Vec<Ro
                 })
                 .collect::<Result<Vec<_>>>()?;
             if let Form::AllGather(_) = form {
-                for (one, on) in [(false, "members' streams"), (true, "one stream")] {
-                    bound.push((format!("copies alone, {on}"), 0, bare_copies(clique, rows * cols * 4, one)?));
-                }
+                bound.extend(bare_copies(clique, rows * cols * 4)?);
             }
             // Calls per round: about 20 ms of the slowest.
             let one =

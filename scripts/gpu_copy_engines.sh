@@ -7,8 +7,9 @@
 # element type and algorithm against the host reference, 1,000 CUDA-graph replays each, a
 # missing member), ncu (the copy-engine forms under Nsight Compute: no kernel may appear),
 # bench (µs per call, and a bf16 GEMM's speed beside 4 members' 256 MiB all-gather on the copy
-# engines, on today's kernel and as bare copies of the same bytes, the floor), inside (the forms through JAX and XLA with --copy_engines=0),
-# multiprocess (two processes sharing GPU 0, every call on the copy engines across them).
+# engines, on today's kernel and as bare copies of the same bytes, the floor), inside (the
+# forms through JAX and XLA with --copy_engines=0), multiprocess (two processes sharing GPU 0,
+# every call on the copy engines across them).
 set -uo pipefail
 LOG=${1:?usage: gpu_copy_engines.sh LOGDIR [BINDIR]}
 BIN=${2:-.gpu}

@@ -244,10 +244,14 @@ impl Bound {
         self.call.run(m, &dev.stream, &a, &r).map_err(gpu)
     }
 
+    /// Enqueues one call of every member.
+    fn enqueue_all(&self, clique: &Clique) -> Result<()> {
+        self.members.iter().try_for_each(|&m| self.enqueue(clique, m))
+    }
+
     /// One call of every member, waited for.
     fn run_once(&self, clique: &Clique) -> Result<()> {
-        self.members.iter().try_for_each(|&m| self.enqueue(clique, m))?;
-        sync_all(clique)
+        self.enqueue_all(clique).and_then(|()| sync_all(clique))
     }
 
     /// Writes fresh operands, poisons the results; returns the operands. `exact`: f32 small integers (their sums are
@@ -521,7 +525,7 @@ pub fn check_missing_member(members: usize) -> Result<Vec<String>> {
 #[derive(Clone, Debug)]
 pub struct Row {
     pub form: String,
-    /// An algorithm, or the all-gather's bare copies ([`Copies`]).
+    /// An algorithm, or `copies alone, …`: the all-gather's bytes as bare copies, no flags.
     pub algorithm: String,
     /// Operand bytes per member.
     pub bytes: usize,
@@ -573,7 +577,7 @@ fn run_calls(clique: &Clique, load: &Load, iters: usize) -> Result<f64> {
 /// of a node runs its own member's copies. What the bytes alone take and cost a GEMM: the floor of any all-gather.
 fn bare_copies(clique: &Clique, n: usize) -> Result<Vec<(String, usize, Load<'_>)>> {
     let g = clique.len();
-    let alloc = |m: usize, n: usize| DeviceBuffer::alloc(&clique.devices[m].ctx, n);
+    let alloc = |m: usize, len: usize| DeviceBuffer::alloc(&clique.devices[m].ctx, len);
     let bufs = (0..g).map(|m| Ok([alloc(m, n)?, alloc(m, n)?, alloc(m, g * n)?])).collect::<Result<Rc<[_]>>>()?;
     Ok(Vec::from([(false, "members' streams"), (true, "one stream")].map(|(one_stream, on)| {
         let bufs = bufs.clone();
@@ -660,12 +664,7 @@ pub fn time(opts: &TimeOptions, progress: &mut dyn FnMut(&str)) -> Result<Vec<Ro
                     let ops = b.fill_with(&mut bytes, matches!(form, Form::ReduceScatter(_) | Form::AllReduce))?;
                     b.run_once(clique)?;
                     b.verify(&c, &ops, &format!("{} {a} {rows}x{cols}", form.name()))?;
-                    let launches = b.call.launches();
-                    Ok::<_, Error>((
-                        a.to_string(),
-                        launches,
-                        Box::new(move || b.members.iter().try_for_each(|&m| b.enqueue(clique, m))) as Load,
-                    ))
+                    Ok::<_, Error>((a.to_string(), b.call.launches(), Box::new(move || b.enqueue_all(clique)) as Load))
                 })
                 .collect::<Result<Vec<_>>>()?;
             if let Form::AllGather(_) = form {
